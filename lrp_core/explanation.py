@@ -1,0 +1,77 @@
+"""The result object of :func:`lrp_core.explain`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Explanation:
+    """Token relevance for a batch, with what was needed to compute it.
+
+    Attributes:
+        scores: (B, T) token relevance. ViT: patch tokens in raster order, no
+            [CLS]. BERT: every token, specials included, padding positions 0.
+        target: (B,) the class (or -1 for a concept target) that was explained.
+        logits: (B, C) the model's logits on ``inputs``.
+        method: name of the method in :data:`lrp_core.METHODS`.
+        pixels: (B, H, W) pixel relevance (``lrp`` only), else ``None``.
+        layers: (B, L, N, N) the per-block matrices the method aggregates
+            (e.g. Ā_b for ``transformer_attribution``), where it has them.
+        grid: (h, w) patch grid of a ViT, ``None`` for text.
+        image_size: (H, W) of the input images, ``None`` for text.
+        start_layer: first block that enters the layer product, where used.
+        attention_mask: (B, T) text mask (1 = real token), ``None`` for images.
+        options: the method options used.
+    """
+
+    scores: torch.Tensor
+    target: torch.Tensor
+    logits: torch.Tensor
+    method: str
+    pixels: Optional[torch.Tensor] = None
+    layers: Optional[torch.Tensor] = None
+    grid: Optional[tuple[int, int]] = None
+    image_size: Optional[tuple[int, int]] = None
+    start_layer: Optional[int] = None
+    attention_mask: Optional[torch.Tensor] = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.scores.shape[0]
+
+    def patch_map(self) -> torch.Tensor:
+        """Patch scores on the patch grid: (B, h, w)."""
+        if self.grid is None:
+            raise ValueError("patch_map() needs an image explanation; this one is for text")
+        h, w = self.grid
+        return self.scores.reshape(self.scores.shape[0], h, w)
+
+    def upsample(self, size: Optional[tuple[int, int]] = None, mode: str = "bilinear") -> torch.Tensor:
+        """Patch scores upsampled to the image size (or ``size``): (B, H, W)."""
+        size = tuple(size or self.image_size)  # type: ignore[arg-type]
+        grid = self.patch_map().unsqueeze(1)
+        kwargs = {"align_corners": False} if mode in ("bilinear", "bicubic") else {}
+        return F.interpolate(grid, size=size, mode=mode, **kwargs).squeeze(1)
+
+    def pixel_map(self) -> torch.Tensor:
+        """(B, H, W): pixel relevance for ``lrp``, else the upsampled patch map."""
+        return self.pixels if self.pixels is not None else self.upsample()
+
+    def __getitem__(self, i: int) -> "Explanation":
+        """The explanation of sample ``i`` as a batch of one."""
+        sl = slice(i, i + 1)
+        pick = lambda t: None if t is None else t[sl]  # noqa: E731
+        return Explanation(
+            scores=self.scores[sl], target=self.target[sl], logits=self.logits[sl],
+            method=self.method, pixels=pick(self.pixels), layers=pick(self.layers),
+            grid=self.grid, image_size=self.image_size, start_layer=self.start_layer,
+            attention_mask=pick(self.attention_mask), options=dict(self.options),
+        )
+
+    def __len__(self) -> int:
+        return self.batch_size

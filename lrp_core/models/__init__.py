@@ -1,0 +1,57 @@
+"""One loader for every model the course uses.
+
+``load(name)`` returns a :class:`LoadedModel`. Embedded names always work
+offline; timm and Hugging Face hub names load real pretrained weights when the
+hub (or a local cache) can serve them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to explain.
+
+    Attributes:
+        name: the name it was loaded under.
+        model: the torch module, in eval mode.
+        preprocess: image (PIL / array) -> (1, 3, H, W) normalised tensor, or
+            list of texts -> tokenized batch dict (``input_ids``, ``attention_mask``).
+        labels: class names, index = class id.
+        kind: ``"image"`` or ``"text"``.
+        tokenizer: the tokenizer (text models only).
+        info: free-form facts (source, licence, accuracy, image size, mean/std...).
+    """
+
+    name: str
+    model: torch.nn.Module
+    preprocess: Callable[[Any], Any]
+    labels: Sequence[str]
+    kind: str
+    tokenizer: Any = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+EMBEDDED = ("toy-vit", "dinov2-s14", "minilm-sentiment")
+
+
+def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
+    """Load an embedded model or a timm / Hugging Face hub model by name."""
+    if name == "toy-vit":
+        from .toy_vit import load_toy_vit
+        return load_toy_vit(pretrained=pretrained)
+    if name == "dinov2-s14":
+        from .dinov2 import load_dinov2_s14
+        return load_dinov2_s14(pretrained=pretrained)
+    if name == "minilm-sentiment":
+        from .minilm import load_minilm_sentiment
+        return load_minilm_sentiment(pretrained=pretrained)
+    from .hub import load_hub
+    return load_hub(name, pretrained=pretrained)
+
+
+__all__ = ["LoadedModel", "EMBEDDED", "load"]

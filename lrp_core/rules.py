@@ -1,0 +1,359 @@
+"""Relevance propagation rules on plain tensors.
+
+Every rule takes the forward quantities of one operation and the relevance of
+its output, and returns the relevance of its input(s). Relevance flows from the
+output to the input; shapes are those of the forward tensors.
+
+The functions are the reference formulas of ``METHODS.md`` §1. The small rule
+objects at the bottom wrap them so that a :class:`Composite` can map module
+types (``nn.Linear``, ``nn.LayerNorm`` ...) and tensor operations (``"add"``,
+``"matmul"`` ...) to rules, zennit-style. The engine's model adapters look up
+their rules in a composite; the course calls the functions directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+EPS = 1e-9
+
+
+# --------------------------------------------------------------------------
+# the stabilised ratio
+# --------------------------------------------------------------------------
+def safe_div(a: Tensor, b: Tensor, eps: float = EPS, signed: bool = False) -> Tensor:
+    """``a / (b + eps)``, and 0 where ``b == 0``.
+
+    The reference adds a constant ``+eps`` whatever the sign of ``b`` (so a
+    denominator of exactly ``-eps`` would divide by 0; it is then bumped by
+    another ``eps``, as the reference does). ``signed=True`` uses
+    ``b + eps * sign(b)`` instead, the textbook epsilon rule.
+    """
+    if signed:
+        den = b + eps * torch.where(b >= 0, 1.0, -1.0).to(b.dtype)
+    else:
+        den = b + eps
+        den = torch.where(den == 0, den + eps, den)
+    return torch.where(b == 0, torch.zeros((), dtype=a.dtype, device=a.device), a / den)
+
+
+def _sum_per_sample(t: Tensor) -> Tensor:
+    """Sum over every dimension but the first: (B, ...) -> (B, 1, ..., 1)."""
+    return t.reshape(t.shape[0], -1).sum(dim=1).reshape((-1,) + (1,) * (t.dim() - 1))
+
+
+# --------------------------------------------------------------------------
+# generic Deep Taylor rule
+# --------------------------------------------------------------------------
+def generic(fn: Callable[[Tensor], Tensor], x: Tensor, R: Tensor) -> Tensor:
+    """The generic DTD rule ``R_x = x ⊙ ∂/∂x ⟨fn(x), safe_div(R, fn(x))⟩``.
+
+    Gradient × input of the ratio: it conserves relevance exactly when ``fn``
+    is linear without bias (Euler's theorem for homogeneous functions).
+
+    Args:
+        fn: the layer, (...) -> (...).
+        x: its input.
+        R: relevance of ``fn(x)``, same shape as ``fn(x)``.
+    """
+    with torch.enable_grad():
+        x = x.detach().requires_grad_(True)
+        z = fn(x)
+        s = safe_div(R, z.detach())
+        (g,) = torch.autograd.grad(z, x, grad_outputs=s)
+    return x.detach() * g
+
+
+# --------------------------------------------------------------------------
+# Linear layers (x: (..., D_in), weight: (D_out, D_in), R: (..., D_out))
+# --------------------------------------------------------------------------
+def linear_signed(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
+    """Signed-input rule G_q (α=1, β=0) with one shared denominator.
+
+    Only the contributions ``x_j w_ji ≥ 0`` count: ``z⁺ = x⁺W⁺ + x⁻W⁻`` (no
+    bias), ``R_x = x⁺ ⊙ W⁺ᵀs + x⁻ ⊙ W⁻ᵀs`` with ``s = safe_div(R, z⁺)``.
+    Relevance is conserved (``ΣR_x = ΣR`` wherever ``z⁺ > 0``).
+    """
+    wp, wn = weight.clamp(min=0), weight.clamp(max=0)
+    xp, xn = x.clamp(min=0), x.clamp(max=0)
+    z = F.linear(xp, wp) + F.linear(xn, wn)
+    s = safe_div(R, z)
+    return xp * (s @ wp) + xn * (s @ wn)
+
+
+def linear_baseline(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
+    """The LRP baseline's α=1, β=0 rule with separate denominators.
+
+    ``R_x = x⁺ ⊙ W⁺ᵀ safe_div(R, x⁺W⁺) + x⁻ ⊙ W⁻ᵀ safe_div(R, x⁻W⁻)``: each
+    part gets all of ``R`` wherever it is non-zero, so relevance is not
+    conserved (it can double).
+    """
+    wp, wn = weight.clamp(min=0), weight.clamp(max=0)
+    xp, xn = x.clamp(min=0), x.clamp(max=0)
+    sp = safe_div(R, F.linear(xp, wp))
+    sn = safe_div(R, F.linear(xn, wn))
+    return xp * (sp @ wp) + xn * (sn @ wn)
+
+
+def linear_generic(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
+    """The generic rule for a bias-free Linear: ``R_x = x ⊙ Wᵀ safe_div(R, xWᵀ)``."""
+    s = safe_div(R, F.linear(x, weight))
+    return x * (s @ weight)
+
+
+# --------------------------------------------------------------------------
+# two tensors meet: addition, clone, product
+# --------------------------------------------------------------------------
+def add_generic(u: Tensor, v: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
+    """Generic rule for ``u + v``: each operand gets its share ``u ⊙ R/(u+v)``."""
+    s = safe_div(R, u + v)
+    return u * s, v * s
+
+
+def add_normalized(u: Tensor, v: Tensor, R: Tensor, per_sample: bool = True) -> tuple[Tensor, Tensor]:
+    """Generic rule for ``u + v`` followed by the normalisation of the paper.
+
+    Each operand's relevance is rescaled so that (1) the two sums add up to
+    ``ΣR`` (conservation) and (2) each operand's share of the total is
+    ``|ΣR_u| / (|ΣR_u| + |ΣR_v|)``, bounded in [0, 1] (Lemma 2).
+
+    Sums run per sample (over every dimension but the batch dimension 0);
+    ``per_sample=False`` sums over the whole tensor as the single-image
+    reference code does.
+    """
+    Ru, Rv = add_generic(u, v, R)
+    total = _sum_per_sample if per_sample else (lambda t: t.sum())
+    su, sv, sR = total(Ru), total(Rv), total(R)
+    den = su.abs() + sv.abs()
+    fu = safe_div(su.abs(), den) * sR
+    fv = safe_div(sv.abs(), den) * sR
+    return Ru * safe_div(fu, su), Rv * safe_div(fv, sv)
+
+
+def clone(*Rs: Tensor) -> Tensor:
+    """A tensor used by several branches receives the sum of their relevances."""
+    out = Rs[0]
+    for r in Rs[1:]:
+        out = out + r
+    return out
+
+
+def matmul(a: Tensor, b: Tensor, R: Tensor, halve: bool = True) -> tuple[Tensor, Tensor]:
+    """Generic rule for the product of two activations ``Z = a @ b``.
+
+    ``R_a = a ⊙ (S bᵀ)``, ``R_b = b ⊙ (aᵀ S)`` with ``S = safe_div(R, Z)``.
+    Each operand alone already receives (about) all of ``R``, so both are
+    halved to keep the total: ``ΣR_a + ΣR_b ≈ ΣR`` only with ``halve=True``.
+
+    Args:
+        a: (..., n, k); b: (..., k, m); R: (..., n, m).
+    """
+    S = safe_div(R, a @ b)
+    Ra = a * (S @ b.transpose(-1, -2))
+    Rb = b * (a.transpose(-1, -2) @ S)
+    if halve:
+        Ra, Rb = Ra / 2, Rb / 2
+    return Ra, Rb
+
+
+def identity(R: Tensor) -> Tensor:
+    """Elementwise non-linearities and normalisations pass relevance unchanged."""
+    return R
+
+
+# --------------------------------------------------------------------------
+# the first layer: patch-embedding convolution with the z^B (box) rule
+# --------------------------------------------------------------------------
+def zbox_conv2d(
+    x: Tensor,
+    weight: Tensor,
+    R: Tensor,
+    stride: int | tuple[int, int],
+    padding: int | tuple[int, int] = 0,
+    low: Tensor | None = None,
+    high: Tensor | None = None,
+) -> Tensor:
+    """zᴮ rule for a convolution on a bounded input (pixels).
+
+    Bounds default to the per-sample min and max of ``x`` over (C, H, W).
+    ``z = conv(x, W) − conv(l, W⁺) − conv(h, W⁻) + 1e-9``, ``s = R / z``,
+    ``R_x = x ⊙ convᵀ(s, W) − l ⊙ convᵀ(s, W⁺) − h ⊙ convᵀ(s, W⁻)``.
+
+    Args:
+        x: (B, C, H, W) input; weight: (D, C, k, k); R: (B, D, h, w).
+    Returns:
+        (B, C, H, W) pixel relevance.
+    """
+    B = x.shape[0]
+    if low is None:
+        low = x.reshape(B, -1).min(dim=1).values.reshape(B, 1, 1, 1)
+    if high is None:
+        high = x.reshape(B, -1).max(dim=1).values.reshape(B, 1, 1, 1)
+    low, high = low.expand_as(x), high.expand_as(x)
+    wp, wn = weight.clamp(min=0), weight.clamp(max=0)
+    conv = lambda inp, w: F.conv2d(inp, w, stride=stride, padding=padding)  # noqa: E731
+    z = conv(x, weight) - conv(low, wp) - conv(high, wn) + EPS
+    s = R / z
+    # the transposed convolution must restore the input size exactly
+    out_pad = _transpose_output_padding(x.shape[-2:], s.shape[-2:], weight.shape[-2:], stride, padding)
+    back = lambda w: F.conv_transpose2d(s, w, stride=stride, padding=padding, output_padding=out_pad)  # noqa: E731
+    return x * back(weight) - low * back(wp) - high * back(wn)
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _transpose_output_padding(in_hw, out_hw, k_hw, stride, padding) -> tuple[int, int]:
+    st, pd = _pair(stride), _pair(padding)
+    return tuple(
+        int(in_hw[i]) - ((int(out_hw[i]) - 1) * st[i] - 2 * pd[i] + int(k_hw[i])) for i in range(2)
+    )  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------
+# rule objects and composites
+# --------------------------------------------------------------------------
+class Rule:
+    """A relevance rule: call it with the forward quantities and ``R``."""
+
+    name = "rule"
+
+    def __call__(self, *args, **kwargs):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class Identity(Rule):
+    name = "identity"
+
+    def __call__(self, R: Tensor) -> Tensor:
+        return identity(R)
+
+
+class SignedLinear(Rule):
+    """``linear_signed``: α=1, β=0 on signed inputs, shared denominator."""
+
+    name = "signed"
+
+    def __call__(self, x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
+        return linear_signed(x, weight, R)
+
+
+class BaselineLinear(Rule):
+    """``linear_baseline``: α=1, β=0 with separate denominators (LRP baseline)."""
+
+    name = "baseline"
+
+    def __call__(self, x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
+        return linear_baseline(x, weight, R)
+
+
+class GenericLinear(Rule):
+    name = "generic"
+
+    def __call__(self, x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
+        return linear_generic(x, weight, R)
+
+
+class NormalizedAdd(Rule):
+    name = "normalized_add"
+
+    def __init__(self, per_sample: bool = True):
+        self.per_sample = per_sample
+
+    def __call__(self, u: Tensor, v: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
+        return add_normalized(u, v, R, per_sample=self.per_sample)
+
+
+class GenericAdd(Rule):
+    name = "generic_add"
+
+    def __call__(self, u: Tensor, v: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
+        return add_generic(u, v, R)
+
+
+class HalvedMatMul(Rule):
+    name = "halved_matmul"
+
+    def __call__(self, a: Tensor, b: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
+        return matmul(a, b, R, halve=True)
+
+
+class Clone(Rule):
+    name = "clone"
+
+    def __call__(self, *Rs: Tensor) -> Tensor:
+        return clone(*Rs)
+
+
+class ZBox(Rule):
+    name = "zbox"
+
+    def __call__(self, x: Tensor, weight: Tensor, R: Tensor, stride, padding=0) -> Tensor:
+        return zbox_conv2d(x, weight, R, stride=stride, padding=padding)
+
+
+@dataclass
+class Composite:
+    """Maps module types and tensor operations to rules.
+
+    ``modules`` maps ``nn.Module`` subclasses to rules (looked up along the
+    MRO, so a subclass of ``nn.Linear`` gets the Linear rule); ``ops`` maps the
+    names of operations that are not modules (``"add"``, ``"matmul"``,
+    ``"clone"``, ``"mask_add"``, ``"pos_add"``) to rules.
+    """
+
+    name: str
+    modules: Mapping[type, Rule]
+    ops: Mapping[str, Rule] = field(default_factory=dict)
+
+    def rule_for(self, module: nn.Module) -> Rule:
+        for cls in type(module).__mro__:
+            if cls in self.modules:
+                return self.modules[cls]
+        return Identity()
+
+    def op(self, name: str) -> Rule:
+        return self.ops[name]
+
+    def linear(self, module_or_weight, x: Tensor, R: Tensor) -> Tensor:
+        """Relevance through a Linear (module or its weight matrix)."""
+        weight = module_or_weight.weight if isinstance(module_or_weight, nn.Module) else module_or_weight
+        rule = self.modules.get(nn.Linear, SignedLinear())
+        return rule(x, weight, R)
+
+
+def _elementwise_identities() -> dict[type, Rule]:
+    return {cls: Identity() for cls in (nn.LayerNorm, nn.GELU, nn.Tanh, nn.Softmax, nn.Dropout, nn.Identity)}
+
+
+#: The rules of Chefer et al. (CVPR 2021), used by ``transformer_attribution``.
+TRANSFORMER_ATTRIBUTION = Composite(
+    name="transformer_attribution",
+    modules={nn.Linear: SignedLinear(), nn.Conv2d: ZBox(), **_elementwise_identities()},
+    ops={"add": NormalizedAdd(), "mask_add": NormalizedAdd(), "pos_add": GenericAdd(),
+         "matmul": HalvedMatMul(), "clone": Clone()},
+)
+
+#: The LRP baseline (``lrp``, ``partial_lrp``): no Add normalisation, separate denominators.
+LRP_BASELINE = Composite(
+    name="lrp_baseline",
+    modules={nn.Linear: BaselineLinear(), nn.Conv2d: ZBox(), **_elementwise_identities()},
+    ops={"add": GenericAdd(), "mask_add": GenericAdd(), "pos_add": GenericAdd(),
+         "matmul": HalvedMatMul(), "clone": Clone()},
+)
+
+__all__ = [
+    "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic",
+    "add_generic", "add_normalized", "clone", "matmul", "identity", "zbox_conv2d",
+    "Rule", "Identity", "SignedLinear", "BaselineLinear", "GenericLinear", "NormalizedAdd",
+    "GenericAdd", "HalvedMatMul", "Clone", "ZBox", "Composite",
+    "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE",
+]

@@ -1,0 +1,1 @@
+"""Interactive views of relevance for JupyterLab (ipywidgets)."""
