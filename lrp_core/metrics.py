@@ -1,0 +1,545 @@
+"""Evaluation metrics for relevance maps (``METHODS.md`` §3).
+
+Every function works on plain tensors / arrays, so it can be checked on tiny
+hand-made cases and used on any model:
+
+- :func:`perturbation_curve`, :func:`perturbation_auc` — pixel flipping
+  (positive and negative tests).
+- :func:`segmentation_scores` — pixel accuracy, background/foreground IoU,
+  mIoU and mAP of a relevance map against an object mask.
+- :func:`word_scores`, :func:`word_ids_from_offsets`, :func:`rationale_scores`
+  — ERASER token-level precision / recall / F1 at top-k words.
+- :func:`class_sensitivity`, :func:`class_map_correlation` — how class-specific
+  the maps are on scenes with two objects of different classes.
+- :func:`sparsity`, :func:`pooled_correlation` — the CDAM statistics.
+
+Conventions: maps are (B, H, W) at image size unless said otherwise; higher
+score = more relevant. Ties in a ranking are broken by position (row-major
+pixel index, word index), lowest first, so every result is deterministic.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .errors import InputError
+
+FRACTIONS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+"""Perturbation levels p of the pixel-flipping test (the x axis, without 0)."""
+
+TOP_K: tuple[int, ...] = (10, 20, 30, 40, 50, 60, 70, 80)
+"""The k of the rationale token-F1 (number of top words taken)."""
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+def _tqdm(iterable: Iterable, progress: bool, **kwargs: Any) -> Iterable:
+    if not progress:
+        return iterable
+    from tqdm.auto import tqdm
+    return tqdm(iterable, **kwargs)
+
+
+def _as_tensor(x: Any, name: str, dtype: torch.dtype = torch.float32) -> Tensor:
+    if isinstance(x, Tensor):
+        return x.detach().to("cpu", dtype)
+    try:
+        return torch.as_tensor(np.asarray(x), dtype=dtype)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"{name} must be a tensor or array, got {type(x).__name__}") from err
+
+
+def _logits(model: Callable[[Tensor], Any], x: Tensor) -> Tensor:
+    """Call ``model`` and return its logits (timm tensor or HF output)."""
+    out = model(x)
+    if hasattr(out, "logits"):
+        out = out.logits
+    if not isinstance(out, Tensor) or out.dim() != 2:
+        raise InputError("the model must return logits of shape (B, C)")
+    return out
+
+
+def upsample_maps(maps: Tensor, size: tuple[int, int]) -> Tensor:
+    """Bilinearly resize maps (B, h, w) to (B, *size) (``align_corners=False``)."""
+    maps = _as_tensor(maps, "maps")
+    if maps.dim() != 3:
+        raise InputError(f"maps must be (B, h, w), got shape {tuple(maps.shape)}")
+    if tuple(maps.shape[-2:]) == tuple(size):
+        return maps
+    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
+                         align_corners=False).squeeze(1)
+
+
+def minmax_normalise(maps: Tensor) -> Tensor:
+    """Scale each map (B, ...) to [0, 1]; a constant map becomes all zeros."""
+    flat = maps.reshape(maps.shape[0], -1)
+    lo = flat.min(dim=1, keepdim=True).values
+    hi = flat.max(dim=1, keepdim=True).values
+    span = hi - lo
+    out = torch.where(span > 0, (flat - lo) / torch.where(span > 0, span, torch.ones_like(span)),
+                      torch.zeros_like(flat))
+    return out.reshape(maps.shape)
+
+
+def _descending_rank(maps: Tensor) -> Tensor:
+    """(B, P) -> (B, P) rank of each entry, 0 = highest; ties by index."""
+    order = torch.argsort(-maps, dim=1, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(maps.shape[1]).expand_as(order).contiguous())
+    return rank
+
+
+# --------------------------------------------------------------------------
+# perturbation (pixel flipping)
+# --------------------------------------------------------------------------
+def n_removed(fraction: float, n_pixels: int) -> int:
+    """Number of pixels zeroed at level ``fraction``: ``floor(fraction * n_pixels)``.
+
+    (The reference uses ``int(p * n)``; a 1e-9 guard keeps 0.3 * 10 at 3.)
+    """
+    return int(math.floor(fraction * n_pixels + 1e-9))
+
+
+def perturbation_masks(maps: Tensor, fractions: Sequence[float] = FRACTIONS,
+                       negative: bool = False) -> Tensor:
+    """Which pixels are zeroed at each level.
+
+    Args:
+        maps: (B, H, W) relevance at image size.
+        fractions: the levels p (each in [0, 1]).
+        negative: zero the *least* relevant pixels (the map is negated).
+
+    Returns:
+        (P, B, H, W) bool, ``True`` = zeroed; level i removes the top
+        ``n_removed(fractions[i], H*W)`` pixels of the (negated) map.
+    """
+    maps = _as_tensor(maps, "maps")
+    if maps.dim() != 3:
+        raise InputError(f"maps must be (B, H, W), got shape {tuple(maps.shape)}")
+    if any(not 0.0 <= p <= 1.0 for p in fractions):
+        raise InputError(f"fractions must lie in [0, 1], got {list(fractions)}")
+    b, h, w = maps.shape
+    flat = maps.reshape(b, h * w)
+    if negative:
+        flat = -flat
+    flat = torch.nan_to_num(flat, nan=-math.inf)
+    rank = _descending_rank(flat)
+    ks = torch.tensor([n_removed(p, h * w) for p in fractions])
+    return (rank.unsqueeze(0) < ks.view(-1, 1, 1)).reshape(len(fractions), b, h, w)
+
+
+@torch.no_grad()
+def perturbation_curve(
+    model: Callable[[Tensor], Any],
+    images: Tensor,
+    maps: Tensor,
+    labels: Tensor,
+    *,
+    negative: bool = False,
+    fractions: Sequence[float] = FRACTIONS,
+    batch_size: int = 64,
+    progress: bool = False,
+    return_correct: bool = False,
+) -> np.ndarray:
+    """Top-1 accuracy as the most (or least) relevant pixels are zeroed.
+
+    The zeroing happens in the model's input space (the normalised images), on
+    every channel of a chosen pixel.
+
+    Args:
+        model: images (B, C, H, W) -> logits (B, K) (or an output with ``.logits``).
+        images: (N, C, H, W) model inputs.
+        maps: (N, H, W) relevance at image size (see :func:`upsample_maps`).
+        labels: (N,) the true classes accuracy is measured against.
+        negative: negative test (remove the least relevant pixels first).
+        fractions: perturbation levels p.
+        batch_size: images per forward pass (each pass holds
+            ``batch_size`` perturbed copies).
+        progress: show a progress bar.
+        return_correct: return the (1 + P, N) bool matrix of correct
+            predictions instead of the accuracies.
+
+    Returns:
+        (1 + P,) accuracies in [0, 1]: the clean accuracy, then one per level.
+    """
+    images = _as_tensor(images, "images")
+    maps = _as_tensor(maps, "maps")
+    labels = _as_tensor(labels, "labels", torch.long).reshape(-1)
+    if images.dim() != 4:
+        raise InputError(f"images must be (N, C, H, W), got shape {tuple(images.shape)}")
+    n, _, h, w = images.shape
+    if tuple(maps.shape) != (n, h, w):
+        raise InputError(f"maps must be (N, H, W) = {(n, h, w)} to match the images, "
+                         f"got {tuple(maps.shape)}; upsample patch maps first")
+    if labels.shape[0] != n:
+        raise InputError(f"labels must have {n} entries, got {labels.shape[0]}")
+    if batch_size < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    device = _model_device(model)
+    n_lv = len(fractions) + 1
+    correct = torch.zeros(n_lv, n, dtype=torch.bool)
+    # every (level, image) pair is one job; batches mix levels and images
+    jobs = [(lv, i) for i in range(n) for lv in range(n_lv)]
+    starts = range(0, len(jobs), batch_size)
+    for s in _tqdm(starts, progress, desc="perturbation" + (" (neg)" if negative else ""),
+                   total=len(starts)):
+        chunk = jobs[s:s + batch_size]
+        lv = torch.tensor([j[0] for j in chunk])
+        idx = torch.tensor([j[1] for j in chunk])
+        keep = _keep_masks(maps[idx], lv, fractions, negative)      # (b, H, W)
+        x = images[idx] * keep.unsqueeze(1).to(images.dtype)
+        pred = _logits(model, x.to(device)).argmax(dim=1).cpu()
+        correct[lv, idx] = pred == labels[idx]
+    if return_correct:
+        return correct.numpy()
+    return correct.float().mean(dim=1).numpy()
+
+
+def _keep_masks(maps: Tensor, levels: Tensor, fractions: Sequence[float], negative: bool) -> Tensor:
+    """(b, H, W) bool: pixels kept for each (map, level) pair; level 0 = clean."""
+    b, h, w = maps.shape
+    flat = maps.reshape(b, h * w)
+    if negative:
+        flat = -flat
+    rank = _descending_rank(torch.nan_to_num(flat, nan=-math.inf))
+    ks = torch.tensor([0] + [n_removed(p, h * w) for p in fractions])[levels]
+    return (rank >= ks.unsqueeze(1)).reshape(b, h, w)
+
+
+def _model_device(model: Any) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration):
+        return torch.device("cpu")
+
+
+def perturbation_auc(accuracy: Sequence[float], fractions: Sequence[float] = FRACTIONS) -> float:
+    """Area under the perturbation curve × 100.
+
+    Trapezoid over x = [0, *fractions] of ``accuracy`` (clean accuracy first),
+    e.g. with the default levels the maximum is 90 (accuracy 1 throughout).
+    """
+    acc = np.asarray(accuracy, dtype=np.float64)
+    x = np.asarray([0.0, *fractions], dtype=np.float64)
+    if acc.shape != x.shape:
+        raise InputError(f"accuracy must have {len(x)} values (clean + one per level), "
+                         f"got {acc.shape}")
+    return float(np.sum((x[1:] - x[:-1]) * (acc[1:] + acc[:-1]) / 2.0) * 100.0)
+
+
+# --------------------------------------------------------------------------
+# segmentation
+# --------------------------------------------------------------------------
+def segmentation_scores(maps: Tensor, masks: Tensor) -> dict[str, float]:
+    """Segmentation quality of relevance maps against object masks.
+
+    Each map is min–max normalised and thresholded at its own mean (pixels
+    strictly above the mean are foreground). Pixel accuracy and the IoU of
+    background and foreground are accumulated over the whole set (total
+    intersection / total union); ``miou`` is their mean. ``map`` is the
+    average precision of the soft (normalised) map against the mask, per
+    image, averaged over the images whose mask has both classes.
+
+    Args:
+        maps: (N, H, W) relevance at image size (see :func:`upsample_maps`).
+        masks: (N, H, W) bool, ``True`` = object.
+
+    Returns:
+        ``pixel_accuracy``, ``iou_background``, ``iou_foreground``, ``miou``, ``map``.
+    """
+    maps = _as_tensor(maps, "maps")
+    masks = _as_tensor(masks, "masks", torch.bool)
+    if maps.dim() != 3 or maps.shape != masks.shape:
+        raise InputError(f"maps and masks must both be (N, H, W), got {tuple(maps.shape)} "
+                         f"and {tuple(masks.shape)}")
+    soft = minmax_normalise(torch.nan_to_num(maps))
+    mean = soft.reshape(soft.shape[0], -1).mean(dim=1).view(-1, 1, 1)
+    pred = soft > mean
+    inter_fg = (pred & masks).sum().item()
+    union_fg = (pred | masks).sum().item()
+    inter_bg = (~pred & ~masks).sum().item()
+    union_bg = (~pred | ~masks).sum().item()
+    iou_fg = inter_fg / union_fg if union_fg else 1.0
+    iou_bg = inter_bg / union_bg if union_bg else 1.0
+    aps = [average_precision(s.reshape(-1), m.reshape(-1)) for s, m in zip(soft, masks)]
+    aps = [a for a in aps if not math.isnan(a)]
+    return {
+        "pixel_accuracy": (inter_fg + inter_bg) / masks.numel(),
+        "iou_background": iou_bg,
+        "iou_foreground": iou_fg,
+        "miou": (iou_bg + iou_fg) / 2.0,
+        "map": float(np.mean(aps)) if aps else math.nan,
+    }
+
+
+def average_precision(scores: Tensor, truth: Tensor) -> float:
+    """Average precision of ``scores`` (P,) for the positives ``truth`` (P,) bool.
+
+    ``AP = Σ_n (R_n − R_{n−1}) P_n`` over the distinct score thresholds (tied
+    scores enter together), as ``sklearn.metrics.average_precision_score``.
+    NaN when there is no positive.
+    """
+    s = _as_tensor(scores, "scores", torch.float64).reshape(-1)
+    t = _as_tensor(truth, "truth", torch.bool).reshape(-1)
+    n_pos = int(t.sum())
+    if n_pos == 0:
+        return math.nan
+    order = torch.argsort(-s, stable=True)
+    s, t = s[order], t[order].double()
+    tp = torch.cumsum(t, 0)
+    # the last index of each group of equal scores is a threshold
+    last = torch.ones_like(s, dtype=torch.bool)
+    last[:-1] = s[1:] != s[:-1]
+    tp = tp[last]
+    counted = torch.nonzero(last).reshape(-1).double() + 1.0
+    precision = tp / counted
+    recall = tp / n_pos
+    prev = torch.cat([torch.zeros(1, dtype=recall.dtype), recall[:-1]])
+    return float(((recall - prev) * precision).sum())
+
+
+# --------------------------------------------------------------------------
+# rationales (ERASER token level)
+# --------------------------------------------------------------------------
+def word_spans(text: str, words: Sequence[str]) -> list[tuple[int, int]]:
+    """Character span (start, end) of each word, found in order in ``text``."""
+    spans, pos = [], 0
+    for w in words:
+        start = text.find(w, pos)
+        if start < 0:
+            raise InputError(f"word {w!r} not found in the text after character {pos}")
+        spans.append((start, start + len(w)))
+        pos = start + len(w)
+    return spans
+
+
+def word_ids_from_offsets(offsets: Sequence[tuple[int, int]],
+                          spans: Sequence[tuple[int, int]]) -> list[Optional[int]]:
+    """Map word-pieces to words through character offsets.
+
+    Args:
+        offsets: (T,) character span of each word-piece, as a fast tokenizer's
+            ``offset_mapping``; special tokens and padding have (0, 0).
+        spans: (W,) character span of each word (see :func:`word_spans`).
+
+    Returns:
+        (T,) the word index of each piece, ``None`` for specials / pieces
+        outside every word (e.g. whitespace).
+    """
+    starts = np.array([s for s, _ in spans])
+    ends = np.array([e for _, e in spans])
+    out: list[Optional[int]] = []
+    for a, b in offsets:
+        a, b = int(a), int(b)
+        if b <= a:
+            out.append(None)
+            continue
+        hit = np.nonzero((starts < b) & (ends > a))[0]   # overlapping words
+        out.append(int(hit[0]) if hit.size else None)
+    return out
+
+
+def word_scores(token_scores: Sequence[float], word_ids: Sequence[Optional[int]],
+                n_words: int) -> np.ndarray:
+    """Word score = max over its word-pieces.
+
+    Args:
+        token_scores: (T,) relevance of each piece.
+        word_ids: (T,) word index of each piece or ``None`` (as a HF fast
+            tokenizer's ``word_ids()``, or :func:`word_ids_from_offsets`).
+        n_words: number of words W.
+
+    Returns:
+        (W,) scores; ``-inf`` for a word with no piece (e.g. truncated away),
+        so that it ranks last.
+    """
+    ts = np.asarray(token_scores, dtype=np.float64).reshape(-1)
+    if len(word_ids) != ts.shape[0]:
+        raise InputError(f"{len(word_ids)} word ids for {ts.shape[0]} token scores")
+    out = np.full(n_words, -np.inf)
+    for s, wid in zip(ts, word_ids):
+        if wid is None:
+            continue
+        if not 0 <= wid < n_words:
+            raise InputError(f"word id {wid} outside 0..{n_words - 1}")
+        out[wid] = max(out[wid], s)
+    return out
+
+
+def top_k_words(scores: np.ndarray, k: int) -> np.ndarray:
+    """(W,) bool: the ``min(k, W)`` highest-scoring words (ties by position)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    order = np.argsort(-scores, kind="stable")
+    pick = np.zeros(scores.shape[0], dtype=bool)
+    pick[order[:min(k, scores.shape[0])]] = True
+    return pick
+
+
+def rationale_scores(scores: Sequence[np.ndarray], rationales: Sequence[Sequence[bool]],
+                     ks: Sequence[int] = TOP_K) -> dict[int, dict[str, float]]:
+    """Token-level precision / recall / F1 of the top-k words, per document, averaged.
+
+    For each document and k, the top ``min(k, W)`` words are the predicted
+    rationale (ERASER: a shorter document contributes all its words).
+    F1 = 2PR / (P + R), 0 when P + R = 0.
+
+    Args:
+        scores: per document, (W,) word scores.
+        rationales: per document, (W,) bool human rationale.
+        ks: the k values.
+
+    Returns:
+        ``{k: {"precision", "recall", "f1"}}`` (means over documents).
+    """
+    if len(scores) != len(rationales):
+        raise InputError(f"{len(scores)} score vectors for {len(rationales)} rationales")
+    if not scores:
+        raise InputError("no documents to score")
+    out: dict[int, dict[str, float]] = {}
+    for k in ks:
+        if k < 1:
+            raise InputError(f"k must be >= 1, got {k}")
+        p_all, r_all, f_all = [], [], []
+        for s, gold in zip(scores, rationales):
+            gold = np.asarray(gold, dtype=bool)
+            s = np.asarray(s)
+            if s.shape != gold.shape:
+                raise InputError(f"scores {s.shape} and rationale {gold.shape} differ in length")
+            pred = top_k_words(s, k)
+            hit = int((pred & gold).sum())
+            p = hit / pred.sum() if pred.sum() else 0.0
+            r = hit / gold.sum() if gold.sum() else 0.0
+            f = 2 * p * r / (p + r) if p + r > 0 else 0.0
+            p_all.append(p), r_all.append(r), f_all.append(f)
+        out[k] = {"precision": float(np.mean(p_all)), "recall": float(np.mean(r_all)),
+                  "f1": float(np.mean(f_all))}
+    return out
+
+
+# --------------------------------------------------------------------------
+# class sensitivity (two-object scenes)
+# --------------------------------------------------------------------------
+def own_mask_share(maps: Tensor, masks: Tensor) -> np.ndarray:
+    """Share of each map's positive relevance inside its mask.
+
+    Args:
+        maps: (N, H, W) relevance at image size.
+        masks: (N, H, W) bool.
+
+    Returns:
+        (N,) ``Σ max(m, 0)·mask / Σ max(m, 0)``; NaN where a map has no
+        positive relevance.
+    """
+    maps = _as_tensor(maps, "maps")
+    masks = _as_tensor(masks, "masks", torch.bool)
+    if maps.dim() != 3 or maps.shape != masks.shape:
+        raise InputError(f"maps and masks must both be (N, H, W), got {tuple(maps.shape)} "
+                         f"and {tuple(masks.shape)}")
+    pos = torch.nan_to_num(maps).clamp(min=0).double()
+    total = pos.sum(dim=(1, 2))
+    inside = (pos * masks).sum(dim=(1, 2))
+    share = torch.where(total > 0, inside / torch.where(total > 0, total, torch.ones_like(total)),
+                        torch.full_like(total, math.nan))
+    return share.numpy()
+
+
+def class_sensitivity(maps_a: Tensor, maps_b: Tensor, masks_a: Tensor, masks_b: Tensor) -> float:
+    """How much of each class's positive relevance lies on that class's own object.
+
+    On scenes with two objects of different classes a and b: the share of the
+    map for target a inside a's mask and the share of the map for target b
+    inside b's mask, averaged over both targets and all scenes (NaN shares of
+    maps without positive relevance are left out). A class-agnostic method
+    gives the same map for both targets, so its shares add up to at most 1
+    (≈ 0.5 when both objects get equal relevance); 1 means every target's
+    relevance lies exactly on its own object.
+
+    Args:
+        maps_a, maps_b: (N, H, W) maps explaining class a / class b.
+        masks_a, masks_b: (N, H, W) bool masks of object a / object b.
+    """
+    shares = np.concatenate([own_mask_share(maps_a, masks_a), own_mask_share(maps_b, masks_b)])
+    shares = shares[~np.isnan(shares)]
+    return float(shares.mean()) if shares.size else math.nan
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson correlation of two equal-length vectors.
+
+    Returns 1.0 when both are constant and equal, NaN when one is constant
+    otherwise (correlation undefined).
+    """
+    x = np.asarray(x, dtype=np.float64).reshape(-1)
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    if x.shape != y.shape:
+        raise InputError(f"vectors of different lengths: {x.shape} and {y.shape}")
+    if x.size < 2:
+        raise InputError("correlation needs at least two values")
+    dx, dy = x - x.mean(), y - y.mean()
+    sx, sy = math.sqrt(float(dx @ dx)), math.sqrt(float(dy @ dy))
+    if sx == 0 or sy == 0:
+        return 1.0 if np.array_equal(x, y) else math.nan
+    return float(np.clip((dx @ dy) / (sx * sy), -1.0, 1.0))
+
+
+def class_map_correlation(maps_a: Tensor, maps_b: Tensor) -> float:
+    """Mean per-image Pearson correlation between the maps of the two targets.
+
+    1 for a class-agnostic method (identical maps); lower = more class-specific.
+
+    Args:
+        maps_a, maps_b: (N, ...) maps of the same images for two targets.
+    """
+    a = _as_tensor(maps_a, "maps_a").reshape(len(maps_a), -1).numpy()
+    b = _as_tensor(maps_b, "maps_b").reshape(len(maps_b), -1).numpy()
+    if a.shape != b.shape:
+        raise InputError(f"maps of different shapes: {a.shape} and {b.shape}")
+    r = np.array([pearson(x, y) for x, y in zip(a, b)])
+    r = r[~np.isnan(r)]
+    return float(r.mean()) if r.size else math.nan
+
+
+# --------------------------------------------------------------------------
+# CDAM statistics
+# --------------------------------------------------------------------------
+def sparsity(scores: Tensor, rel_threshold: float = 0.05) -> float:
+    """Mean fraction of tokens with ``|score| < rel_threshold · max |score|`` of their map.
+
+    Args:
+        scores: (N, T) token scores (one map per row).
+        rel_threshold: the fraction of the map's largest magnitude.
+
+    Returns:
+        mean over maps; an all-zero map counts as fully sparse (1.0).
+    """
+    s = _as_tensor(scores, "scores", torch.float64)
+    if s.dim() < 2:
+        raise InputError(f"scores must be (N, T), got shape {tuple(s.shape)}")
+    s = s.reshape(s.shape[0], -1).abs()
+    peak = s.max(dim=1, keepdim=True).values
+    small = torch.where(peak > 0, s < rel_threshold * peak, torch.ones_like(s, dtype=torch.bool))
+    return float(small.double().mean(dim=1).mean())
+
+
+def pooled_correlation(scores_a: Tensor, scores_b: Tensor) -> float:
+    """Pearson correlation of two sets of maps (N, T), all tokens of all images pooled."""
+    a = _as_tensor(scores_a, "scores_a", torch.float64)
+    b = _as_tensor(scores_b, "scores_b", torch.float64)
+    if a.shape != b.shape:
+        raise InputError(f"maps of different shapes: {tuple(a.shape)} and {tuple(b.shape)}")
+    return pearson(a.numpy(), b.numpy())
+
+
+__all__ = [
+    "FRACTIONS", "TOP_K", "average_precision", "class_map_correlation", "class_sensitivity",
+    "minmax_normalise", "n_removed", "own_mask_share", "pearson", "perturbation_auc",
+    "perturbation_curve", "perturbation_masks", "pooled_correlation", "rationale_scores",
+    "segmentation_scores", "sparsity", "top_k_words", "upsample_maps", "word_ids_from_offsets",
+    "word_scores", "word_spans",
+]
