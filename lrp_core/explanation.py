@@ -19,8 +19,15 @@ class Explanation:
         logits: (B, C) the model's logits on ``inputs``.
         method: name of the method in :data:`lrp_core.METHODS`.
         pixels: (B, H, W) pixel relevance (``lrp`` only), else ``None``.
-        layers: (B, L, N, N) the per-block matrices the method aggregates
-            (e.g. Ā_b for ``transformer_attribution``), where it has them.
+        layers: (B, L, N, N) the per-block matrices Ā_b the method aggregates,
+            before ``I +`` is added (zeros for blocks below ``start_layer``),
+            where the method has them. Aggregate a range of blocks with
+            :func:`lrp_core.rollout.accumulate`.
+        layers_per_head: (B, L, H, N, N) the same before the head mean
+            (only with ``keep_heads=True``).
+        token_relevance: (B, L, N) relevance of each token in the residual
+            stream entering block b, summed over channels (methods with a
+            relevance pass; zeros below the block where the pass stopped).
         grid: (h, w) patch grid of a ViT, ``None`` for text.
         image_size: (H, W) of the input images, ``None`` for text.
         start_layer: first block that enters the layer product, where used.
@@ -34,6 +41,8 @@ class Explanation:
     method: str
     pixels: Optional[torch.Tensor] = None
     layers: Optional[torch.Tensor] = None
+    layers_per_head: Optional[torch.Tensor] = None
+    token_relevance: Optional[torch.Tensor] = None
     grid: Optional[tuple[int, int]] = None
     image_size: Optional[tuple[int, int]] = None
     start_layer: Optional[int] = None
@@ -69,6 +78,7 @@ class Explanation:
         return Explanation(
             scores=self.scores[sl], target=self.target[sl], logits=self.logits[sl],
             method=self.method, pixels=pick(self.pixels), layers=pick(self.layers),
+            layers_per_head=pick(self.layers_per_head), token_relevance=pick(self.token_relevance),
             grid=self.grid, image_size=self.image_size, start_layer=self.start_layer,
             attention_mask=pick(self.attention_mask), options=dict(self.options),
         )

@@ -1,0 +1,206 @@
+"""The public call: ``explain(model, inputs, method=..., target=...)``."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+from .adapters import get_adapter
+from .errors import InputError, UnknownMethodError
+from .explanation import Explanation
+from .methods import CLASS_AGNOSTIC, REGISTRY, ConceptTarget, Options, cdam
+from .rollout import NORMS
+
+#: Every method ``explain`` knows, in the order the course introduces them.
+METHODS: tuple[str, ...] = tuple(REGISTRY)
+
+Target = Union[None, int, Sequence[int], Tensor, ConceptTarget]
+
+_OPTION_NAMES = ("start_layer", "end_layer", "rollout_norm", "use_gradient", "keep_heads", "progress", "batch_size")
+
+
+def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None,
+            **options: Any) -> Explanation:
+    """Explain a batch of predictions of an unmodified timm / Hugging Face Transformer.
+
+    Args:
+        model: timm ``VisionTransformer``, Hugging Face ``BertForSequenceClassification`` (BERT family) or
+            ``ViTForImageClassification``. It is left exactly as it was (parameters, modes, flags, hooks).
+        inputs: images (B, 3, H, W) float, or a tokenizer output with ``input_ids`` and ``attention_mask``.
+        method: one of :data:`METHODS`.
+        target: ``None`` (argmax per sample), an int, a sequence of B ints, a tensor (B,), or — for ``cdam`` —
+            a :class:`ConceptTarget` from :func:`concept_target`.
+        **options: ``start_layer`` (first block in the layer product, default 0; negative counts from the
+            end), ``end_layer`` (last block, default the last), ``rollout_norm`` ("none" | "row"; default "none"
+            for ViTs, "row" for BERT), ``use_gradient`` (default True; False is the paper's ablation),
+            ``keep_heads`` (also return the per-head matrices), ``progress`` (progress bar), ``batch_size``
+            (sequences per forward pass in ``token_ablation``).
+
+    Returns:
+        An :class:`Explanation` with ``scores`` (B, T) and what the method aggregated.
+    """
+    if method not in REGISTRY:
+        raise UnknownMethodError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    adapter = get_adapter(model)
+    opt = _parse_options(options, adapter.num_blocks)
+    prepared = adapter.check_inputs(inputs)
+    batch = _batch_size(prepared)
+    concept = target if isinstance(target, ConceptTarget) else None
+    if concept is not None and method != "cdam":
+        raise InputError(f"a concept target works with method='cdam' only, not {method!r}")
+    if concept is None and adapter.num_classes == 0 and method not in CLASS_AGNOSTIC:
+        raise InputError(f"{type(model).__name__} has no classification head: explain it with a class-agnostic "
+                         f"method ({', '.join(CLASS_AGNOSTIC)}) or with method='cdam' and a concept target "
+                         "(lrp_core.concept_target)")
+    resolve = _target_resolver(target if concept is None else None, batch, adapter.num_classes)
+    with model_guard(model):
+        if concept is not None:
+            result = cdam(adapter, prepared, resolve, opt, concept=concept)
+        else:
+            result = REGISTRY[method](adapter, prepared, resolve, opt)
+    images = adapter.family == "vit"
+    used = {k: v for k, v in result.used.items()}
+    return Explanation(
+        scores=result.scores.detach(), target=result.target, logits=result.logits.detach(), method=method,
+        pixels=result.pixels, layers=result.layers, layers_per_head=result.layers_per_head,
+        token_relevance=result.token_relevance,
+        grid=adapter.grid(prepared) if images else None,
+        image_size=tuple(prepared["images"].shape[-2:]) if images else None,
+        start_layer=used.get("start_layer"),
+        attention_mask=None if images else prepared["attention_mask"],
+        options=used,
+    )
+
+
+def concept_target(model: nn.Module, examples: Any, name: str = "concept") -> ConceptTarget:
+    """A CDAM concept target: the mean final [CLS] embedding of a few example inputs.
+
+    Args:
+        model: a supported model.
+        examples: images (K, 3, H, W) or a tokenizer output for K texts.
+    """
+    adapter = get_adapter(model)
+    prepared = adapter.check_inputs(examples)
+    with model_guard(model), torch.no_grad():
+        pooled = adapter.forward(prepared, grad=False).pooled
+    return ConceptTarget(vector=pooled.mean(dim=0), n_examples=pooled.shape[0], name=name)
+
+
+# ----------------------------------------------------------------------------
+# validation
+# ----------------------------------------------------------------------------
+def _batch_size(prepared: dict) -> int:
+    return (prepared["images"] if "images" in prepared else prepared["input_ids"]).shape[0]
+
+
+def _parse_options(options: dict, num_blocks: int) -> Options:
+    unknown = sorted(set(options) - set(_OPTION_NAMES))
+    if unknown:
+        raise InputError(f"unknown option(s) {unknown}; accepted: {', '.join(_OPTION_NAMES)}")
+    opt = Options(**{k: v for k, v in options.items() if v is not None or k in ("rollout_norm", "progress", "end_layer")})
+    L = num_blocks
+
+    def block(name: str, v: Optional[int]) -> Optional[int]:
+        if v is None:
+            return None
+        if not isinstance(v, (int,)) or isinstance(v, bool):
+            raise InputError(f"{name} must be an int, got {type(v).__name__}")
+        if not -L <= v < L:
+            raise InputError(f"{name}={v} is out of range: the model has {L} blocks, so use 0 … {L - 1} "
+                             f"(or -{L} … -1 from the end)")
+        return v % L
+
+    opt.start_layer = block("start_layer", opt.start_layer)
+    opt.end_layer = block("end_layer", opt.end_layer)
+    if opt.end_layer is not None and opt.end_layer < opt.start_layer:
+        raise InputError(f"end_layer={opt.end_layer} is before start_layer={opt.start_layer}")
+    if opt.rollout_norm is not None and opt.rollout_norm not in NORMS:
+        raise InputError(f"rollout_norm must be one of {NORMS}, got {opt.rollout_norm!r}")
+    if not isinstance(opt.use_gradient, bool):
+        raise InputError(f"use_gradient must be True or False, got {opt.use_gradient!r}")
+    if not isinstance(opt.batch_size, int) or opt.batch_size < 1:
+        raise InputError(f"batch_size must be a positive int, got {opt.batch_size!r}")
+    return opt
+
+
+def _target_resolver(target, batch: int, num_classes: int):
+    """Validate ``target`` now; return a function that turns the logits (B, C) into targets (B,)."""
+    if target is None:
+        return lambda logits: logits.argmax(dim=-1)
+    if isinstance(target, bool):
+        raise InputError("target must be None, an int, a sequence of ints or a tensor (B,), not a bool")
+    if isinstance(target, int):
+        t = torch.full((batch,), target, dtype=torch.long)
+    elif isinstance(target, Tensor):
+        if target.is_floating_point() or target.is_complex():
+            raise InputError(f"a target tensor must hold integer class ids, got dtype {target.dtype}")
+        t = target.reshape(-1).long() if target.dim() <= 1 else None
+        if t is None or (t.numel() == 1 and batch > 1):
+            t = t.expand(batch).clone() if t is not None and t.numel() == 1 else None
+        if t is None or t.shape[0] != batch:
+            raise InputError(f"a target tensor must have shape ({batch},) (one class per sample), "
+                             f"got {tuple(target.shape)}")
+    else:
+        try:
+            t = torch.as_tensor(list(target), dtype=torch.long)
+        except (TypeError, ValueError):
+            raise InputError(f"target must be None, an int, a sequence of ints or a tensor (B,); "
+                             f"got {type(target).__name__}") from None
+        if t.shape != (batch,):
+            raise InputError(f"target has {t.numel()} entries for a batch of {batch}")
+    bad = (t < 0) | (t >= num_classes)
+    if bad.any():
+        raise InputError(f"target {t[bad].tolist()} out of range: the model has {num_classes} classes "
+                         f"(0 … {num_classes - 1})")
+    return lambda logits: t.to(logits.device)
+
+
+# ----------------------------------------------------------------------------
+# leave the model as it was
+# ----------------------------------------------------------------------------
+_FLAGS = ("fused_attn",)
+
+
+@contextmanager
+def model_guard(model: nn.Module) -> Iterator[None]:
+    """Restore training modes, ``requires_grad``, attention flags and hooks after the call, also on error.
+
+    The engine does not change any of these itself; the guard makes that a
+    guarantee (a user's hook that flips a mode mid-call is undone too).
+    """
+    modules = list(model.modules())
+    training = [m.training for m in modules]
+    flags = [{f: getattr(m, f) for f in _FLAGS if f in m.__dict__ or hasattr(type(m), f)} for m in modules]
+    hooks = [(dict(m._forward_hooks), dict(m._forward_pre_hooks), dict(m._backward_hooks)) for m in modules]
+    params = list(model.parameters())
+    req = [p.requires_grad for p in params]
+    grads = [p.grad for p in params]
+    cfg = getattr(model, "config", None)
+    attn_impl = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
+    try:
+        yield
+    finally:
+        for m, t, f, (fh, fph, bh) in zip(modules, training, flags, hooks):
+            if m.training != t:
+                m.training = t
+            for k, v in f.items():
+                if getattr(m, k) != v:
+                    setattr(m, k, v)
+            for live, saved in ((m._forward_hooks, fh), (m._forward_pre_hooks, fph), (m._backward_hooks, bh)):
+                for key in [k for k in live if k not in saved]:
+                    del live[key]
+        for p, r, g in zip(params, req, grads):
+            if p.requires_grad != r:
+                p.requires_grad_(r)
+            if p.grad is not g:
+                p.grad = g
+        if cfg is not None and attn_impl is not None and getattr(cfg, "_attn_implementation", None) != attn_impl:
+            try:
+                cfg._attn_implementation = attn_impl
+            except Exception:  # pragma: no cover - read-only config property in some versions
+                pass
+
+
+__all__ = ["explain", "METHODS", "concept_target", "ConceptTarget", "model_guard"]

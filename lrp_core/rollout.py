@@ -1,0 +1,79 @@
+"""Aggregating per-block token-mixing matrices into one map.
+
+Every layer-product method (rollout, transformer attribution, generic
+attention) turns its per-block matrices Ā_b (B, N, N) into one (B, N, N)
+matrix by multiplying (I + Ā_b) over blocks; they differ in what Ā_b is and in
+whether each factor is row-normalised.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+NORMS = ("none", "row")
+
+
+def _factor(layer: Tensor, norm: str) -> Tensor:
+    """I + Ā (B, N, N), row-normalised with ``norm="row"``."""
+    eye = torch.eye(layer.shape[-1], dtype=layer.dtype, device=layer.device)
+    m = layer + eye
+    if norm == "row":
+        m = m / m.sum(dim=-1, keepdim=True)
+    return m
+
+
+def accumulate(layers: Sequence[Tensor] | Tensor, start: int = 0, stop: Optional[int] = None,
+               norm: str = "none") -> Tensor:
+    """The product (I+Ā_stop)·…·(I+Ā_start), accumulated as ``C ← (I+Ā_b)·C``.
+
+    Args:
+        layers: Ā_b per block, a list of (B, N, N) or a tensor (B, L, N, N).
+        start: first block in the product (0-based, ``start_layer``).
+        stop: last block in the product (inclusive); default the last block.
+        norm: ``"none"`` or ``"row"`` (each factor divided by its row sums).
+    Returns:
+        (B, N, N); its row 0 is the [CLS] token's map.
+    """
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    if isinstance(layers, Tensor):
+        layers = layers.unbind(dim=1)
+    L = len(layers)
+    stop = L - 1 if stop is None else stop
+    if not 0 <= start <= stop < L:
+        raise ValueError(f"need 0 <= start <= stop < {L}, got start={start}, stop={stop}")
+    joint = _factor(layers[start], norm)
+    for b in range(start + 1, stop + 1):
+        joint = torch.bmm(_factor(layers[b], norm), joint)
+    return joint
+
+
+def accumulate_residual(layers: Sequence[Tensor] | Tensor, start: int = 0) -> Tensor:
+    """Generic attention's update ``R ← R + Ā_b·R`` from ``R = I`` (forward order).
+
+    Mathematically ``accumulate(layers, start, norm="none")``; written as the
+    update rule of Chefer et al. (ICCV 2021) so that round-off matches it.
+    """
+    if isinstance(layers, Tensor):
+        layers = layers.unbind(dim=1)
+    B, N, _ = layers[0].shape
+    R = torch.eye(N, dtype=layers[0].dtype, device=layers[0].device).expand(B, N, N).clone()
+    for layer in layers[start:]:
+        R = R + torch.bmm(layer, R)
+    return R
+
+
+def rollout(attentions: Sequence[Tensor], start: int = 0) -> Tensor:
+    """Attention rollout (Abnar & Zuidema): heads averaged, ``+I``, row-normalised, multiplied.
+
+    Args:
+        attentions: per block A_b (B, H, N, N) after softmax.
+    Returns:
+        (B, N, N).
+    """
+    return accumulate([a.mean(dim=1) for a in attentions], start=start, norm="row")
+
+
+__all__ = ["accumulate", "accumulate_residual", "rollout", "NORMS"]
