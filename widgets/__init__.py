@@ -1,1 +1,18 @@
-"""Interactive views of relevance for JupyterLab (ipywidgets)."""
+"""Interactive views of relevance for JupyterLab (ipywidgets).
+
+* :class:`RelevanceExplorer`: an image, its relevance overlay, class / method /
+  block / head / sign / opacity controls; per-block views show the layer
+  product growing and the conserved relevance.
+* :class:`TokenRelevance`: BERT text coloured by token relevance.
+* :class:`MethodGrid`: several methods side by side.
+* :class:`ConceptBuilder`: a concept from example images, its CDAM on a query.
+
+All use core ipywidgets controls only (no custom JavaScript) and carry a static
+picture in their display data for places where widgets cannot render.
+"""
+from .concept import ConceptBuilder
+from .explorer import RelevanceExplorer
+from .grid import MethodGrid
+from .text import TokenRelevance
+
+__all__ = ["ConceptBuilder", "MethodGrid", "RelevanceExplorer", "TokenRelevance"]

@@ -1,0 +1,189 @@
+"""Pieces every relevance widget shares: model facts, class lists, errors, static fallback."""
+from __future__ import annotations
+
+import base64
+import html
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import ipywidgets as W
+import numpy as np
+import torch
+
+from lrp_core.viz import denormalize, to_rgb_uint8
+
+TOP_K = 5
+
+
+@dataclass
+class ModelFacts:
+    """What a widget needs to know about the model it explains."""
+
+    module: torch.nn.Module
+    kind: str  # "image" | "text" | "unknown"
+    labels: list[str]
+    tokenizer: Any = None
+    mean: Optional[Sequence[float]] = None
+    std: Optional[Sequence[float]] = None
+    preprocess: Any = None
+
+
+def _kind_of(module: torch.nn.Module) -> str:
+    name = type(module).__name__
+    if "VisionTransformer" in name or "ViT" in name or hasattr(module, "patch_embed"):
+        return "image"
+    cfg = getattr(module, "config", None)
+    if cfg is not None and getattr(cfg, "model_type", "") in ("vit", "deit", "dinov2"):
+        return "image"
+    if cfg is not None and hasattr(cfg, "vocab_size"):
+        return "text"
+    return "unknown"
+
+
+def resolve_model(model: Any) -> ModelFacts:
+    """Accept a ``lrp_core.models.LoadedModel`` or a bare torch module."""
+    if hasattr(model, "model") and hasattr(model, "kind"):  # LoadedModel
+        info = dict(getattr(model, "info", {}) or {})
+        return ModelFacts(module=model.model, kind=model.kind, labels=list(model.labels or []),
+                          tokenizer=getattr(model, "tokenizer", None), mean=info.get("mean"),
+                          std=info.get("std"), preprocess=getattr(model, "preprocess", None))
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"expected a torch model or a lrp_core.models.LoadedModel; got "
+                        f"{type(model).__name__}")
+    labels: list[str] = []
+    cfg = getattr(model, "config", None)
+    id2label = getattr(cfg, "id2label", None) if cfg is not None else None
+    if id2label:
+        labels = [str(id2label[i]) for i in sorted(id2label)]
+    pcfg = getattr(model, "pretrained_cfg", None) or {}
+    return ModelFacts(module=model, kind=_kind_of(model), labels=labels,
+                      mean=pcfg.get("mean"), std=pcfg.get("std"))
+
+
+SUPPORTED = ("timm VisionTransformer, Hugging Face ViTForImageClassification (images) and "
+             "Hugging Face BertForSequenceClassification (text)")
+
+
+def check_kind(facts: ModelFacts, expected: str, widget: str) -> None:
+    """Raise a readable error when the model is not of the kind the widget explains."""
+    from lrp_core.errors import UnsupportedModelError
+    kind = facts.kind
+    name = type(facts.module).__name__
+    if kind == "unknown":
+        raise UnsupportedModelError(f"{name} is not a model lrp_core can explain; supported: {SUPPORTED}")
+    if kind != expected:
+        other = "widgets.TokenRelevance" if kind == "text" else "widgets.RelevanceExplorer"
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise UnsupportedModelError(f"{widget} explains {expected} models; this is {article} {kind} "
+                                    f"model ({name}): use {other}")
+
+
+def class_names(labels: Sequence[str], n_classes: int) -> list[str]:
+    """``labels`` when they cover every class, else ``class i`` names."""
+    if len(labels) == n_classes:
+        return [str(x) for x in labels]
+    return [f"class {i}" for i in range(n_classes)]
+
+
+def class_options(logits: torch.Tensor, names: Sequence[str], k: int = TOP_K) -> list[tuple[str, int]]:
+    """Dropdown options: the top-k classes by probability first, then every other class."""
+    probs = torch.softmax(logits.detach().float().reshape(-1), dim=0)
+    order = torch.argsort(probs, descending=True).tolist()
+    top = order[:k]
+    opts = [(f"#{r + 1} {names[c]}  ({probs[c].item():.1%})", c) for r, c in enumerate(top)]
+    opts += [(f"{names[c]}  ({probs[c].item():.1%})", c) for c in range(len(names)) if c not in top]
+    return opts
+
+
+def image_rgb(inputs: torch.Tensor, facts: ModelFacts) -> np.ndarray:
+    """(B, H, W, 3) uint8 display images from normalised model inputs."""
+    out = []
+    for x in inputs.detach().cpu():
+        if facts.mean is not None and facts.std is not None:
+            rgb = denormalize(x, facts.mean, facts.std)
+        else:  # unknown normalisation: stretch each image to [0, 1]
+            lo, hi = x.min().item(), x.max().item()
+            rgb = ((x - lo) / (hi - lo if hi > lo else 1.0)).permute(1, 2, 0).numpy()
+        out.append(to_rgb_uint8(rgb))
+    return np.stack(out)
+
+
+def error_html(message: str, title: str = "Cannot show this explanation") -> str:
+    """A readable red error box (no traceback)."""
+    return ('<div class="trl-error" style="border:1px solid #c62828;background:#fdecea;'
+            'color:#611a15;padding:8px 12px;border-radius:4px;max-width:640px">'
+            f'<b>{html.escape(title)}</b><br>{html.escape(str(message))}</div>')
+
+
+def describe_error(err: BaseException) -> str:
+    """One readable sentence for an exception: the library's own messages as they are."""
+    from lrp_core.errors import LRPError
+    if isinstance(err, (LRPError, ValueError, TypeError, RuntimeError)) and str(err):
+        msg = str(err)
+    else:
+        msg = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return msg.strip().splitlines()[0] if len(msg) > 600 else msg.strip()
+
+
+class RelevanceWidget(W.VBox):
+    """Base class: an error area, a busy note, timings and a static fallback.
+
+    Subclasses implement :meth:`_static_bundle` (the fallback shown where widgets
+    cannot render, e.g. nbconvert / nbval / GitHub).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.message = W.HTML(value="", layout=W.Layout(width="auto"))
+        self.last_error: Optional[str] = None
+        self.timings: dict[str, float] = {}
+
+    # -- errors ---------------------------------------------------------
+    def show_error(self, message: str, title: str = "Cannot show this explanation") -> None:
+        """Show ``message`` in the widget's red error box."""
+        self.last_error = message
+        self.message.value = error_html(message, title)
+
+    def clear_error(self) -> None:
+        self.last_error = None
+        self.message.value = ""
+
+    def _guarded(self, label: str, fn: Callable[[], None]) -> bool:
+        """Run ``fn``; on failure show a readable error instead of a traceback."""
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001 - every failure becomes a message
+            self.show_error(describe_error(err))
+            self._debug_trace = traceback.format_exc()
+            return False
+        finally:
+            self.timings[label] = time.perf_counter() - t0
+        return True
+
+    # -- static fallback ------------------------------------------------
+    def _static_bundle(self) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        data = super()._repr_mimebundle_(**kwargs) or {}
+        try:
+            data.update(self._static_bundle())
+        except Exception as err:  # noqa: BLE001 - a fallback must never break display
+            data["text/html"] = error_html(describe_error(err))
+        return data
+
+    def show_static(self) -> None:
+        """Display the static picture (for places where widgets cannot render)."""
+        from IPython.display import display
+        display(self._static_bundle(), raw=True)
+
+
+def png_bundle(png: bytes, error: Optional[str] = None) -> dict[str, Any]:
+    """A mimebundle with the PNG (and the error message as HTML, if any)."""
+    data: dict[str, Any] = {"image/png": base64.b64encode(png).decode("ascii")}
+    if error:
+        data["text/html"] = error_html(error)
+    return data

@@ -1,0 +1,324 @@
+"""Shared machinery of the image and text explorers: class / method / block / head controls.
+
+An explanation is computed once per (sample, class, method, start_layer) and
+cached; moving the block slider, switching the head, the view or the sign only
+re-slices the cached tensors and redraws (no forward or backward pass).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Optional, Sequence
+
+import ipywidgets as W
+import numpy as np
+import torch
+
+from . import _engine, views
+from ._common import (ModelFacts, RelevanceWidget, check_kind, class_names, class_options,
+                      describe_error, resolve_model)
+
+CACHE_SIZE = 48
+DEFAULT_METHOD = "transformer_attribution"
+
+
+def forward_logits(module: torch.nn.Module, inputs: Any) -> torch.Tensor:
+    """The model's logits (B, C) without gradients."""
+    with torch.no_grad():
+        out = module(**inputs) if isinstance(inputs, dict) else module(inputs)
+    logits = getattr(out, "logits", out)
+    if isinstance(logits, (tuple, list)):
+        logits = logits[0]
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise TypeError("the model does not return class logits (B, C); explain it with a "
+                        "concept target (widgets.ConceptBuilder) instead")
+    return logits.float()
+
+
+class LayerExplorer(RelevanceWidget):
+    """Base of :class:`RelevanceExplorer` and :class:`TokenRelevance` (not used directly).
+
+    Subclasses define ``expected_kind``, :meth:`_prepare_inputs`, :meth:`_sample`,
+    :meth:`_render` and :meth:`_extra_controls`.
+    """
+
+    expected_kind = "image"
+
+    def __init__(self, model: Any, inputs: Any, labels: Optional[Sequence[str]] = None,
+                 methods: Optional[Sequence[str]] = None) -> None:
+        super().__init__()
+        self._cache: "OrderedDict[tuple, Any]" = OrderedDict()
+        self._rows: dict[tuple, np.ndarray] = {}
+        self._quiet = False
+        self._sync_count = 0
+        self.explanation: Any = None
+        self.displayed_map: Optional[np.ndarray] = None
+        self.class_selector = W.Dropdown(description="class", layout=W.Layout(width="320px"))
+        self.class_search = W.Combobox(placeholder="any class by name\u2026", ensure_option=True,
+                                       layout=W.Layout(width="200px"))
+        self.method_selector = W.Dropdown(description="method", layout=W.Layout(width="300px"))
+        self.sample_selector = W.Dropdown(description="sample", options=[("0", 0)],
+                                          layout=W.Layout(width="160px"))
+        self.view_selector = W.ToggleButtons(options=[(views.VIEW_LABELS["output"], "output")],
+                                             style={"button_width": "150px"})
+        self.layer_slider = W.IntSlider(description="block b", min=0, max=0, value=0,
+                                        continuous_update=True)
+        self.start_layer = W.IntSlider(description="start layer", min=0, max=0, value=0,
+                                       continuous_update=False)
+        self.head_selector = W.Dropdown(description="head", options=[("mean", "mean")],
+                                        value="mean", layout=W.Layout(width="160px"))
+        self.sign_toggle = W.ToggleButtons(options=[("signed", True), ("positive", False)],
+                                           value=True, style={"button_width": "80px"})
+        self.info = W.HTML(value="")
+        self.status = W.HTML(value="")
+        try:
+            self.facts: ModelFacts = resolve_model(model)
+            self._check_kind()
+            self.inputs = self._prepare_inputs(inputs)
+            self.logits = forward_logits(self.facts.module, self.inputs)
+            self.names = class_names(list(labels) if labels is not None else self.facts.labels,
+                                     self.logits.shape[1])
+            self._set_methods(methods)
+        except Exception as err:  # noqa: BLE001 - shown as a message in the widget
+            self.show_error(describe_error(err), title="Cannot build this widget")
+            self.children = [self.message]
+            return
+        n = self.logits.shape[0]
+        self.sample_selector.options = [(str(i), i) for i in range(n)]
+        self.sample_selector.layout.display = None if n > 1 else "none"
+        self.class_search.options = tuple(self.names)
+        self._fill_classes()
+        self._build_layout()
+        self._wire()
+        self._guarded("first", self._recompute)
+
+    # -- set-up ---------------------------------------------------------
+    def _check_kind(self) -> None:
+        check_kind(self.facts, self.expected_kind, type(self).__name__)
+
+    def _set_methods(self, methods: Optional[Sequence[str]]) -> None:
+        known = _engine.methods()
+        chosen = list(methods) if methods is not None else list(known)
+        unknown = [m for m in chosen if m not in known]
+        if unknown or not chosen:
+            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
+        self.method_selector.options = chosen
+        self.method_selector.value = DEFAULT_METHOD if DEFAULT_METHOD in chosen else chosen[0]
+
+    def _fill_classes(self) -> None:
+        logits = self.logits[self.sample_selector.value]
+        self._quiet = True
+        try:
+            self.class_selector.options = class_options(logits, self.names)
+            self.class_selector.value = int(logits.argmax())
+        finally:
+            self._quiet = False
+
+    def _controls(self) -> list[W.Widget]:
+        row1 = W.HBox([self.class_selector, self.class_search, self.method_selector,
+                       self.sample_selector])
+        row2 = W.HBox([self.view_selector])
+        row3 = W.HBox([self.layer_slider, self.start_layer, self.head_selector])
+        row4 = W.HBox([self.sign_toggle] + self._extra_controls())
+        return [row1, row2, row3, row4]
+
+    def _build_layout(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _wire(self) -> None:
+        for w in (self.class_selector, self.method_selector, self.sample_selector):
+            w.observe(self._on_compute_change, names="value")
+        self.start_layer.observe(self._on_start_change, names="value")
+        self.layer_slider.observe(self._on_layer_change, names="value")
+        for w in (self.view_selector, self.head_selector, self.sign_toggle):
+            w.observe(self._on_redraw, names="value")
+        self.class_search.observe(self._on_search, names="value")
+
+    # -- hooks for subclasses -------------------------------------------
+    def _prepare_inputs(self, inputs: Any) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _sample(self, i: int) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _render(self, values: np.ndarray, title: str) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _extra_controls(self) -> list[W.Widget]:
+        return []
+
+    # -- state ----------------------------------------------------------
+    @property
+    def target(self) -> int:
+        """The class being explained."""
+        return int(self.class_selector.value)
+
+    @property
+    def method(self) -> str:
+        return str(self.method_selector.value)
+
+    @property
+    def head(self) -> Optional[int]:
+        """Selected head index, or None for the head mean."""
+        v = self.head_selector.value
+        return None if v == "mean" else int(v)
+
+    @property
+    def signed(self) -> bool:
+        return bool(self.sign_toggle.value)
+
+    def _key(self) -> tuple:
+        start = self.start_layer.value if self.method in _engine.START_LAYER_METHODS else None
+        return (self.sample_selector.value, self.target, self.method, start)
+
+    def explanation_for(self, key: Optional[tuple] = None) -> Any:
+        """The cached explanation for ``key`` (default: the current controls)."""
+        key = key or self._key()
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        sample, target, method, start = key
+        exp = _engine.explain(self.facts.module, self._sample(sample), method, target=target,
+                              start_layer=start)
+        self._cache[key] = exp
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return exp
+
+    # -- observers ------------------------------------------------------
+    def _on_compute_change(self, change: dict) -> None:
+        if self._quiet:
+            return
+        if change["owner"] is self.sample_selector:
+            self._fill_classes()
+        self._guarded("compute", self._recompute)
+
+    def _on_start_change(self, change: dict) -> None:
+        if self._quiet:
+            return
+        if self.method in _engine.START_LAYER_METHODS:
+            self._guarded("compute", self._recompute)
+        else:
+            self._guarded("redraw", self._redraw)
+
+    def _on_layer_change(self, change: dict) -> None:
+        if self._quiet:
+            return
+        if self.view_selector.value == "output" and "accumulated" in self._views():
+            self._quiet = True  # moving the block slider asks for a per-block view
+            self.view_selector.value = "accumulated"
+            self._quiet = False
+        self._guarded("redraw", self._redraw)
+
+    def _on_redraw(self, change: dict) -> None:
+        if not self._quiet:
+            self._guarded("redraw", self._redraw)
+
+    def _on_search(self, change: dict) -> None:
+        name = change["new"]
+        if name in self.names:
+            self.class_selector.value = self.names.index(name)
+
+    # -- computing and drawing -------------------------------------------
+    def _views(self) -> list[str]:
+        return [v for _, v in self.view_selector.options]
+
+    def _recompute(self) -> None:
+        self.clear_error()
+        exp = self.explanation_for()
+        self.explanation = exp
+        self._sync_controls(exp)
+        self._warm()
+        self._redraw()
+
+    def _sync_controls(self, exp: Any) -> None:
+        """Fit the block / head / view controls to what this explanation offers."""
+        self._quiet = True
+        try:
+            avail = views.available_views(exp)
+            current = self.view_selector.value
+            first = self._sync_count == 0
+            self._sync_count += 1
+            self.view_selector.options = [(views.VIEW_LABELS[v], v) for v in avail]
+            if current in avail and not first:
+                self.view_selector.value = current
+            else:
+                self.view_selector.value = "accumulated" if "accumulated" in avail else "output"
+            L = views.n_blocks(exp)
+            has_blocks = L > 0
+            if has_blocks and self.layer_slider.max != L - 1:
+                self.layer_slider.max = L - 1
+                self.layer_slider.value = L - 1
+                self.start_layer.max = L - 1
+            self.layer_slider.disabled = not has_blocks
+            self.start_layer.disabled = not has_blocks
+            H = views.n_heads(exp)
+            opts = [("mean", "mean")] + [(f"head {h}", h) for h in range(H)]
+            if [v for _, v in self.head_selector.options] != [v for _, v in opts]:
+                keep = self.head_selector.value
+                self.head_selector.options = opts
+                self.head_selector.value = keep if keep in [v for _, v in opts] else "mean"
+            self.head_selector.disabled = H == 0
+        finally:
+            self._quiet = False
+
+    def values_for(self, view: str, block: int, start: int, head: Optional[int]) -> np.ndarray:
+        """Signed values of a view of the current explanation (memoised: a slider move
+        that was seen before costs a dictionary look-up)."""
+        if view in ("output", "residual"):
+            head = None
+        if view in ("output", "block", "residual"):
+            start = 0
+        if view == "output":
+            block = 0
+        key = (self._key(), view, block, start, head)
+        if key not in self._rows:
+            if len(self._rows) > 4096:
+                self._rows.clear()
+            self._rows[key] = views.view_map(self.explanation, view, block=block, start=start,
+                                             head=head)
+        return self._rows[key]
+
+    def current_values(self) -> np.ndarray:
+        """The (signed) values of the current view, before the sign toggle."""
+        view = self.view_selector.value
+        head = self.head if view in ("block", "accumulated") else None
+        return self.values_for(view, self.layer_slider.value, self.start_layer.value, head)
+
+    def _warm(self) -> None:
+        """Precompute the accumulated maps for every block, so the slider never multiplies."""
+        if "accumulated" not in views.available_views(self.explanation):
+            return
+        for b in range(self.start_layer.value, views.n_blocks(self.explanation)):
+            self.values_for("accumulated", b, self.start_layer.value, self.head)
+
+    def _redraw(self) -> None:
+        if self.explanation is None:
+            return
+        values = self.current_values()
+        shown = values if self.signed else np.clip(values, 0.0, None)
+        self.displayed_map = shown
+        self._render(shown, self._title())
+        self.info.value = self._info_html(shown)
+
+    def _title(self) -> str:
+        view = self.view_selector.value
+        b, s = self.layer_slider.value, self.start_layer.value
+        head = "" if self.head is None or view not in ("block", "accumulated") else f", head {self.head}"
+        where = {"output": "", "accumulated": f" blocks {s}\u2192{b}", "block": f" block {b}",
+                 "residual": f" entering block {b}"}[view]
+        return f"{self.names[self.target]} | {self.method} |{where}{head}"
+
+    def _info_html(self, shown: np.ndarray) -> str:
+        probs = torch.softmax(self.logits[self.sample_selector.value], 0)
+        pred = int(probs.argmax())
+        lines = [f"explaining <b>{self.names[self.target]}</b> (p = {probs[self.target]:.1%}); "
+                 f"predicted: {self.names[pred]} ({probs[pred]:.1%})",
+                 f"view: {views.VIEW_LABELS[self.view_selector.value]}; "
+                 f"\u03a3 shown = {shown.sum():.4g}, max |value| = {np.abs(shown).max():.4g}"]
+        totals = views.block_totals(self.explanation)
+        if totals is not None:
+            b = self.layer_slider.value
+            seq = ", ".join(f"{t:.3g}" for t in totals)
+            lines.append(f"relevance entering block {b}: \u03a3 R = <b>{totals[b]:.4g}</b> "
+                         f"(every block: {seq} \u2014 conserved)")
+        return "<br>".join(lines)

@@ -1,0 +1,159 @@
+"""``TokenRelevance``: BERT text with each token coloured by its relevance."""
+from __future__ import annotations
+
+import html as _html
+from typing import Any, Optional, Sequence
+
+import ipywidgets as W
+import numpy as np
+import torch
+
+from lrp_core.errors import InputError
+from lrp_core.viz import merge_wordpieces, token_html
+
+from ._layered import LayerExplorer, forward_logits
+
+_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def tokenize(texts: Sequence[str], tokenizer: Any) -> dict[str, torch.Tensor]:
+    """Tokenise texts (padding to the longest); empty texts are an :class:`InputError`."""
+    if tokenizer is None:
+        raise InputError("texts need a tokenizer: pass tokenizer=..., a LoadedModel, or "
+                         "already tokenised inputs (a dict with input_ids and attention_mask)")
+    if not texts:
+        raise InputError("no text given: type a sentence to explain")
+    for t in texts:
+        if not isinstance(t, str):
+            raise InputError(f"texts must be strings; got {type(t).__name__}")
+        if not t.strip():
+            raise InputError("the text is empty: type a sentence to explain")
+    enc = tokenizer(list(texts), return_tensors="pt", padding=True, truncation=True)
+    return {k: enc[k] for k in _TEXT_KEYS if k in enc}
+
+
+def check_text_inputs(inputs: Any) -> dict[str, torch.Tensor]:
+    """A plain dict of (B, T) tensors with ``input_ids`` and ``attention_mask``."""
+    if not hasattr(inputs, "keys") or "input_ids" not in inputs:
+        raise InputError("text inputs must be a dict / BatchEncoding with 'input_ids' and "
+                         f"'attention_mask' (or pass texts=...); got {type(inputs).__name__}")
+    ids = torch.as_tensor(inputs["input_ids"])
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    if ids.dim() != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
+        raise InputError(f"input_ids must be (B, T) with T > 0; got shape {tuple(ids.shape)}: "
+                         "the text is empty")
+    mask = torch.as_tensor(inputs.get("attention_mask", torch.ones_like(ids))).reshape(ids.shape)
+    if (mask.sum(-1) == 0).any():
+        raise InputError("a text has no real tokens (its attention_mask is all zero)")
+    out = {"input_ids": ids.long(), "attention_mask": mask.long()}
+    if "token_type_ids" in inputs:
+        out["token_type_ids"] = torch.as_tensor(inputs["token_type_ids"]).reshape(ids.shape).long()
+    return out
+
+
+class TokenRelevance(LayerExplorer):
+    """Text with every token coloured by relevance (red for, blue against the class).
+
+    Args:
+        model: a HF ``BertForSequenceClassification`` (BERT family) or a
+            ``lrp_core.models.LoadedModel`` of kind ``"text"``.
+        inputs: tokenised inputs (dict / BatchEncoding with ``input_ids``,
+            ``attention_mask``), or a text / list of texts (then a tokenizer is needed).
+        labels: class names (default: the model's).
+        methods: the methods offered (default: all).
+        texts: texts to tokenise (alternative to ``inputs``).
+        tokenizer: the tokenizer (default: the LoadedModel's).
+
+    Controls as in :class:`RelevanceExplorer` plus ``word_toggle`` (word-pieces or
+    whole words, a word's score being its largest piece score) and ``text_box``
+    (type a new text; needs a tokenizer). The coloured text is ``html``; the values
+    shown are ``displayed_map`` for the tokens ``displayed_tokens``.
+    """
+
+    expected_kind = "text"
+
+    def __init__(self, model: Any, inputs: Any = None, labels: Optional[Sequence[str]] = None,
+                 methods: Optional[Sequence[str]] = None, texts: Any = None,
+                 tokenizer: Any = None) -> None:
+        self._tokenizer_arg = tokenizer
+        self._texts_arg = texts
+        self.html = W.HTML(value="", layout=W.Layout(width="100%"))
+        self.word_toggle = W.ToggleButtons(options=[("word-pieces", "pieces"), ("words", "words")],
+                                           value="pieces", style={"button_width": "100px"})
+        self.text_box = W.Text(placeholder="type a text and press Enter", continuous_update=False,
+                               layout=W.Layout(width="520px"))
+        self.displayed_tokens: list[str] = []
+        super().__init__(model, inputs, labels=labels, methods=methods)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer_arg if self._tokenizer_arg is not None else self.facts.tokenizer
+
+    def _prepare_inputs(self, inputs: Any) -> dict[str, torch.Tensor]:
+        texts = self._texts_arg if inputs is None else inputs
+        if texts is None:
+            raise InputError("give the inputs (tokenised) or texts=... to explain")
+        if isinstance(texts, str):
+            texts = [texts]
+        if isinstance(texts, (list, tuple)):
+            return tokenize(texts, self.tokenizer)
+        return check_text_inputs(texts)
+
+    def _sample(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i:i + 1] for k, v in self.inputs.items()}
+
+    def tokens(self, i: Optional[int] = None) -> list[str]:
+        """The real (non-padding) word-pieces of sample ``i`` (default: the selected one)."""
+        i = self.sample_selector.value if i is None else i
+        n = int(self.inputs["attention_mask"][i].sum())
+        ids = self.inputs["input_ids"][i, :n].tolist()
+        tok = self.tokenizer
+        if tok is not None and hasattr(tok, "convert_ids_to_tokens"):
+            return [str(t) for t in tok.convert_ids_to_tokens(ids)]
+        return [f"[{t}]" for t in ids]
+
+    def _extra_controls(self) -> list[W.Widget]:
+        self.word_toggle.observe(self._on_redraw, names="value")
+        self.text_box.observe(self._on_text, names="value")
+        self.text_box.layout.display = None if self.tokenizer is not None else "none"
+        return [self.word_toggle]
+
+    def _build_layout(self) -> None:
+        self.children = [self.text_box, *self._controls(), self.message, self.html, self.info,
+                         self.status]
+
+    def _on_text(self, change: dict) -> None:
+        def use_text() -> None:
+            self.inputs = tokenize([change["new"]], self.tokenizer)
+            self.logits = forward_logits(self.facts.module, self.inputs)
+            self._cache.clear()
+            self._rows.clear()
+            self._quiet = True
+            self.sample_selector.options = [("0", 0)]
+            self.sample_selector.value = 0
+            self.sample_selector.layout.display = "none"
+            self._quiet = False
+            self._fill_classes()
+            self._recompute()
+        self._guarded("compute", use_text)
+
+    def _render(self, values: np.ndarray, title: str) -> None:
+        tokens = self.tokens()
+        if len(tokens) != len(values):
+            raise ValueError(f"{len(tokens)} tokens but {len(values)} scores")
+        if self.word_toggle.value == "words":
+            tokens, values = merge_wordpieces(tokens, values, reduce="max")
+            self.displayed_map = values
+        self.displayed_tokens = list(tokens)
+        self.html.value = (f'<div style="color:#333;margin:4px 0">{_html.escape(title)}</div>'
+                           + token_html(tokens, values, signed=self.signed))
+
+    def _static_bundle(self) -> dict[str, Any]:
+        from ._common import error_html
+        if self.displayed_map is None:
+            return {"text/html": error_html(self.last_error or "nothing to show")}
+        body = self.html.value + f'<div style="font-size:90%">{self.info.value}</div>'
+        if self.last_error:
+            body = error_html(self.last_error) + body
+        return {"text/html": body}
