@@ -106,6 +106,8 @@ class TextRecord:
     words: list[str]
     rationale: np.ndarray
     label: int
+    spans: Optional[list[tuple[int, int]]] = None
+    """(W,) character span of each word in ``text``; found by search when ``None``."""
 
 
 @dataclass
@@ -150,8 +152,12 @@ def _as_record(rec: Any, names: Sequence[str]) -> TextRecord:
     if len(words) != rationale.shape[0]:
         raise InputError(f"{len(words)} words but {rationale.shape[0]} rationale flags")
     text = get("text") or " ".join(words)
+    spans = get("offsets")
+    spans = [(int(a), int(b)) for a, b in spans] if spans is not None else None
+    if spans is not None and len(spans) != len(words):
+        raise InputError(f"{len(words)} words but {len(spans)} offsets")
     return TextRecord(text=str(text), words=words, rationale=rationale,
-                      label=_label_id(get("label"), names))
+                      label=_label_id(get("label"), names), spans=spans)
 
 
 def load_data_folder(path: str | Path, kind: str, preprocess: Any = None,
@@ -433,8 +439,8 @@ def text_word_scores(model: Any, tokenizer: Any, records: Sequence[TextRecord], 
         exp = _explain(model, inputs, method, tgt)
         sc = exp.scores.detach().float().cpu().numpy()
         for i, r in enumerate(chunk):
-            wid = M.word_ids_from_offsets(enc["offset_mapping"][i].tolist(),
-                                          M.word_spans(r.text, r.words))
+            spans = r.spans if r.spans is not None else M.word_spans(r.text, r.words)
+            wid = M.word_ids_from_offsets(enc["offset_mapping"][i].tolist(), spans)
             words_out.append(M.word_scores(sc[i], wid, len(r.words)))
             tokens_out.append(sc[i][enc["attention_mask"][i].bool().numpy()])
     return words_out, tokens_out
@@ -573,10 +579,10 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     """
     from .models import load
     t0 = time.perf_counter()
-    loaded = load(model) if isinstance(model, str) else model
     names = resolve_methods(methods)
     if n < 1:
         raise InputError(f"n must be >= 1, got {n}")
+    loaded = load(model) if isinstance(model, str) else model
     out: dict[str, Any] = {"model": getattr(loaded, "name", str(model)), "kind": loaded.kind,
                            "methods": names, "seed": seed}
     if loaded.kind == "image":
