@@ -1,0 +1,261 @@
+"""RelevanceExplorer driven programmatically: the picture and the arrays follow the controls."""
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+import torch
+
+import lrp_core
+import widgets
+from widgets import _engine
+
+GRID = (4, 4)
+
+
+def independent_product(layers: torch.Tensor, start: int, stop: int, norm: str = "none") -> torch.Tensor:
+    """(I+Ā_stop)…(I+Ā_start) for sample 0, computed by hand (not with lrp_core.rollout)."""
+    n = layers.shape[-1]
+    c = torch.eye(n, dtype=torch.float64)
+    for b in range(start, stop + 1):
+        f = layers[0, b].double() + torch.eye(n, dtype=torch.float64)
+        if norm == "row":
+            f = f / f.sum(-1, keepdim=True)
+        c = f @ c
+    return c
+
+
+@pytest.fixture(scope="module")
+def explorer(vit, images):
+    w = widgets.RelevanceExplorer(vit, images[:1], labels=list("ABCDE"))
+    assert w.last_error is None, w.last_error
+    return w
+
+
+@pytest.fixture(scope="module")
+def reference(vit, images, explorer):
+    """The explanation of the widget's class, computed directly with the engine."""
+    return lrp_core.explain(vit, images[:1], method="transformer_attribution",
+                            target=explorer.target, keep_heads=True)
+
+
+def test_first_picture_is_a_png_of_the_display_width(explorer, decode_png):
+    arr = decode_png(explorer.image.value)
+    assert arr.shape[1] == explorer.display_size
+    assert arr.shape[0] > explorer.display_size  # title line and colourbar around the square image
+    assert explorer.displayed_map.shape == GRID
+    assert explorer.layer_slider.max == 2 and explorer.layer_slider.value == 2
+
+
+def test_default_class_is_the_prediction_and_options_list_top_k_then_all(vit, images, explorer):
+    logits = vit(images[:1])[0]
+    assert explorer.target == int(logits.argmax())
+    values = [v for _, v in explorer.class_selector.options]
+    assert sorted(values) == list(range(5))
+    probs = torch.softmax(logits, 0)
+    assert values[:5] == torch.argsort(probs, descending=True).tolist()
+    label = explorer.class_selector.options[0][0]
+    assert f"{probs.max().item():.1%}" in label and "ABCDE"[values[0]] in label
+
+
+@pytest.mark.parametrize("block", [0, 1, 2])
+def test_accumulated_view_is_the_cls_row_of_the_hand_computed_product(explorer, reference, block):
+    explorer.head_selector.value = "mean"
+    explorer.view_selector.value = "accumulated"
+    explorer.sign_toggle.value = True
+    explorer.layer_slider.value = block
+    want = independent_product(reference.layers, 0, block)[0, 1:].reshape(GRID).numpy()
+    np.testing.assert_allclose(explorer.displayed_map, want, rtol=1e-4, atol=1e-9)
+
+
+def test_last_block_of_the_accumulated_view_is_the_method_output(explorer, reference):
+    explorer.view_selector.value = "accumulated"
+    explorer.head_selector.value = "mean"
+    explorer.layer_slider.value = explorer.layer_slider.max
+    acc = explorer.displayed_map.copy()
+    explorer.view_selector.value = "output"
+    np.testing.assert_allclose(explorer.displayed_map, reference.scores[0].reshape(GRID).numpy(),
+                               rtol=1e-5)
+    np.testing.assert_allclose(acc, explorer.displayed_map, rtol=1e-4, atol=1e-9)
+
+
+def test_block_view_shows_the_blocks_own_cls_row_per_head_and_mean(explorer, reference):
+    explorer.view_selector.value = "block"
+    explorer.layer_slider.value = 1
+    explorer.head_selector.value = "mean"
+    np.testing.assert_allclose(explorer.displayed_map,
+                               reference.layers[0, 1, 0, 1:].reshape(GRID).numpy(), rtol=1e-5)
+    for h in (0, 1):
+        explorer.head_selector.value = h
+        np.testing.assert_allclose(explorer.displayed_map,
+                                   reference.layers_per_head[0, 1, h, 0, 1:].reshape(GRID).numpy(),
+                                   rtol=1e-5)
+    explorer.head_selector.value = "mean"
+
+
+def test_head_in_the_accumulated_view_replaces_that_blocks_factor(explorer, reference):
+    explorer.view_selector.value = "accumulated"
+    explorer.layer_slider.value = 2
+    explorer.head_selector.value = 1
+    layers = reference.layers.clone()
+    layers[:, 2] = reference.layers_per_head[:, 2, 1]
+    want = independent_product(layers, 0, 2)[0, 1:].reshape(GRID).numpy()
+    np.testing.assert_allclose(explorer.displayed_map, want, rtol=1e-4, atol=1e-9)
+    explorer.head_selector.value = "mean"
+
+
+def test_head_choices_come_from_the_per_head_matrices(explorer):
+    assert [v for _, v in explorer.head_selector.options] == ["mean", 0, 1]
+
+
+def test_moving_the_slider_changes_the_picture(explorer, decode_png):
+    explorer.view_selector.value = "accumulated"
+    explorer.layer_slider.value = 0
+    a = decode_png(explorer.image.value)
+    explorer.layer_slider.value = 2
+    b = decode_png(explorer.image.value)
+    assert a.shape == b.shape
+    assert np.abs(a.astype(int) - b.astype(int)).sum() > 0
+
+
+def test_moving_the_slider_from_the_output_view_switches_to_a_block_view(explorer):
+    explorer.view_selector.value = "output"
+    explorer.layer_slider.value = 1 if explorer.layer_slider.value != 1 else 0
+    assert explorer.view_selector.value == "accumulated"
+
+
+def test_positive_view_is_the_clamp_of_the_signed_view(explorer, decode_png):
+    explorer.view_selector.value = "residual"  # token relevance has both signs
+    explorer.layer_slider.value = 2
+    explorer.sign_toggle.value = True
+    signed, png_signed = explorer.displayed_map.copy(), explorer.image.value
+    assert (signed < 0).any() and (signed > 0).any(), "the test needs a map with both signs"
+    explorer.sign_toggle.value = False
+    np.testing.assert_array_equal(explorer.displayed_map, np.clip(signed, 0, None))
+    assert explorer.image.value != png_signed
+    explorer.sign_toggle.value = True
+    np.testing.assert_array_equal(explorer.displayed_map, signed)
+
+
+def test_residual_view_shows_token_relevance_and_its_conserved_sum(explorer, reference):
+    explorer.view_selector.value = "residual"
+    explorer.sign_toggle.value = True
+    b = 2
+    explorer.layer_slider.value = b
+    tr = reference.token_relevance[0, b]
+    np.testing.assert_allclose(explorer.displayed_map, tr[1:].reshape(GRID).numpy(), rtol=1e-5)
+    assert f"{tr.sum().item():.4g}" in explorer.info.value
+
+
+def test_slider_head_and_sign_never_recompute_but_a_new_class_does_once(vit, images, monkeypatch):
+    w = widgets.RelevanceExplorer(vit, images[:1])
+    calls = []
+    real = _engine.explain
+    monkeypatch.setattr(_engine, "explain", lambda *a, **k: calls.append(k["target"]) or real(*a, **k))
+    for b in (0, 1, 2, 0):
+        w.layer_slider.value = b
+    w.head_selector.value = 0
+    w.sign_toggle.value = False
+    w.view_selector.value = "block"
+    w.opacity.value = 0.3
+    assert calls == []
+    first = w.target
+    other = next(v for _, v in w.class_selector.options if v != first)
+    w.class_selector.value = other
+    assert calls == [other]
+    w.layer_slider.value = 2
+    w.class_selector.value = first  # cached
+    assert calls == [other]
+
+
+def test_switching_class_changes_the_map(explorer):
+    explorer.view_selector.value = "output"
+    explorer.sign_toggle.value = True
+    before = explorer.displayed_map.copy()
+    first = explorer.target
+    other = next(v for _, v in explorer.class_selector.options if v != first)
+    explorer.class_selector.value = other
+    assert explorer.explanation.target.item() == other
+    assert not np.allclose(before, explorer.displayed_map)
+    explorer.class_selector.value = first
+
+
+def test_class_search_by_name_selects_that_class(explorer):
+    explorer.class_search.value = "C"
+    assert explorer.target == 2
+
+
+def test_start_layer_recomputes_and_the_product_starts_there(vit, images):
+    w = widgets.RelevanceExplorer(vit, images[:1])
+    w.start_layer.value = 1
+    ref = lrp_core.explain(vit, images[:1], target=w.target, start_layer=1)
+    w.view_selector.value = "output"
+    np.testing.assert_allclose(w.displayed_map, ref.scores[0].reshape(GRID).numpy(), rtol=1e-5)
+    w.view_selector.value = "accumulated"
+    w.layer_slider.value = 2
+    want = independent_product(ref.layers, 1, 2)[0, 1:].reshape(GRID).numpy()
+    np.testing.assert_allclose(w.displayed_map, want, rtol=1e-4, atol=1e-9)
+    w.layer_slider.value = 0  # before the start: empty product, nothing reaches the patches
+    np.testing.assert_array_equal(w.displayed_map, np.zeros(GRID))
+
+
+def test_methods_without_blocks_disable_the_block_controls(explorer):
+    explorer.method_selector.value = "cdam"
+    assert [v for _, v in explorer.view_selector.options] == ["output"]
+    assert explorer.layer_slider.disabled and explorer.head_selector.disabled
+    explorer.method_selector.value = "lrp"  # pixel map
+    assert explorer.displayed_map.shape == (32, 32)
+    explorer.method_selector.value = "rollout"
+    assert not explorer.layer_slider.disabled
+    explorer.method_selector.value = "transformer_attribution"
+
+
+def test_opacity_zero_shows_the_plain_image(vit, images, decode_png):
+    rgb = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    w = widgets.RelevanceExplorer(vit, images[:1], image=rgb, display_size=32)
+    w.opacity.value = 0.0
+    arr = decode_png(w.image.value)
+    top = arr.shape[0] - 32 - 26  # the title line above the 32 px picture
+    np.testing.assert_array_equal(arr[top:top + 32], rgb)
+    w.opacity.value = 1.0
+    assert not np.array_equal(decode_png(w.image.value)[top:top + 32], rgb)
+
+
+def test_batch_inputs_get_a_sample_selector(vit, images):
+    w = widgets.RelevanceExplorer(vit, images)
+    assert w.sample_selector.layout.display != "none"
+    w.view_selector.value = "output"
+    a = w.displayed_map.copy()
+    w.sample_selector.value = 1
+    ref = lrp_core.explain(vit, images[1:2], target=w.target)
+    np.testing.assert_allclose(w.displayed_map, ref.scores[0].reshape(GRID).numpy(), rtol=1e-5)
+    assert not np.allclose(a, w.displayed_map)
+
+
+def test_mimebundle_carries_a_static_png_next_to_the_widget_view(explorer, decode_png):
+    data = explorer._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data
+    arr = decode_png(base64.b64decode(data["image/png"]))
+    assert arr.shape[1] == explorer.display_size
+
+
+@pytest.mark.parametrize("make_bad, expected", [
+    (lambda vit, bert: (vit, torch.randn(1, 3, 64, 64)), "32\u00d732"),
+    (lambda vit, bert: (torch.nn.Linear(3, 3), torch.randn(1, 3, 32, 32)), "not a model"),
+    (lambda vit, bert: (bert, {"input_ids": torch.ones(1, 4, dtype=torch.long)}), "TokenRelevance"),
+    (lambda vit, bert: (vit, torch.randn(1, 1, 32, 32)), "(B, 3, H, W)"),
+    (lambda vit, bert: (vit, "a picture"), "tensor"),
+])
+def test_bad_input_shows_a_readable_message_in_the_widget(vit, bert, make_bad, expected):
+    model, inputs = make_bad(vit, bert)
+    w = widgets.RelevanceExplorer(model, inputs)
+    assert expected in w.last_error
+    assert "trl-error" in w.message.value and "Traceback" not in w.message.value
+    assert list(w.children) == [w.message]
+    assert "text/html" in w._repr_mimebundle_()
+
+
+def test_unknown_method_is_a_readable_message(vit, images):
+    w = widgets.RelevanceExplorer(vit, images[:1], methods=["rollout", "magic"])
+    assert "magic" in w.last_error and "transformer_attribution" in w.last_error
