@@ -26,8 +26,9 @@ class Explanation:
         layers_per_head: (B, L, H, N, N) the same before the head mean
             (only with ``keep_heads=True``).
         token_relevance: (B, L, N) relevance of each token in the residual
-            stream entering block b, summed over channels (methods with a
+            stream leaving block b, summed over channels (methods with a
             relevance pass; zeros below the block where the pass stopped).
+            Its sum over tokens is the relevance total at that depth.
         grid: (h, w) patch grid of a ViT, ``None`` for text.
         image_size: (H, W) of the input images, ``None`` for text.
         start_layer: first block that enters the layer product, where used.

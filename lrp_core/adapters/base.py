@@ -39,7 +39,7 @@ class BlockRelevance:
 
     Attributes:
         attn: per block, R^{A_b} (B, H, N, N) — ``None`` below the block where the pass stopped.
-        tokens: (B, L, N) relevance of each token in the residual stream entering block b
+        tokens: (B, L, N) relevance of each token in the residual stream leaving block b
             (summed over channels; zeros below the stop block).
         pixels: (B, H, W) pixel relevance (ViT, ``to_pixels=True`` only).
     """

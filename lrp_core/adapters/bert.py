@@ -191,9 +191,8 @@ class BertAdapter(Adapter):
         R[:, 0] = R_cls
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, T, dtype=R.dtype, device=R.device))
         for b in range(L - 1, stop_block - 1, -1):
+            out.tokens[:, b] = R.sum(-1)  # leaving layer b
             R, out.attn[b] = _layer_relprop(self.layers[b], trace.acts[b], R, composite, b > stop_block)
-            if R is not None:
-                out.tokens[:, b] = R.sum(-1)
         return out
 
 

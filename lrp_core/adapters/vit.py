@@ -168,10 +168,9 @@ class PreLNViTAdapter(Adapter):
         out = BlockRelevance(attn=[None] * L,
                              tokens=torch.zeros(B, L, N, dtype=R.dtype, device=R.device))
         for b in range(L - 1, stop_block - 1, -1):
+            out.tokens[:, b] = R.sum(-1)  # leaving block b
             deeper = to_pixels or b > stop_block
             R, out.attn[b] = _block_relprop(self.blocks[b], trace.acts[b], R, composite, deeper)
-            if R is not None:
-                out.tokens[:, b] = R.sum(-1)
         if to_pixels:
             out.pixels = self._relprop_pixels(trace, R, composite, prepared)
         return out
