@@ -305,7 +305,7 @@ class LayerExplorer(RelevanceWidget):
         b, s = self.layer_slider.value, self.start_layer.value
         head = "" if self.head is None or view not in ("block", "accumulated") else f", head {self.head}"
         where = {"output": "", "accumulated": f" blocks {s}\u2192{b}", "block": f" block {b}",
-                 "residual": f" entering block {b}"}[view]
+                 "residual": f" residual stream, block {b}"}[view]
         return f"{self.names[self.target]} | {self.method} |{where}{head}"
 
     def _info_html(self, shown: np.ndarray) -> str:
@@ -319,6 +319,7 @@ class LayerExplorer(RelevanceWidget):
         if totals is not None:
             b = self.layer_slider.value
             seq = ", ".join(f"{t:.3g}" for t in totals)
-            lines.append(f"relevance entering block {b}: \u03a3 R = <b>{totals[b]:.4g}</b> "
-                         f"(every block: {seq} \u2014 conserved)")
+            lines.append(f"relevance in the residual stream at block {b}: "
+                         f"\u03a3 R = <b>{totals[b]:.4g}</b> "
+                         f"(every block: {seq}; conservation keeps these equal)")
         return "<br>".join(lines)

@@ -7,7 +7,7 @@ Views (``exp`` is the explanation of one sample, a batch of one):
   (I+Ā_b)…(I+Ā_start): how the method's product looks after block b.
 * ``"block"``: the [CLS] row of block b's own matrix Ā_b (``exp.layers[:, b]``).
 * ``"residual"``: ``exp.token_relevance[:, b]``, the relevance of each token in the
-  residual stream entering block b (LRP-pass methods); its sum is conserved.
+  residual stream at block b (LRP-pass methods); its sum is the conserved total.
 
 ViT rows keep the patch tokens only (the last h·w tokens). Text rows keep every
 real token; in the accumulated view the [CLS] entry (dominated by the identity)
@@ -27,7 +27,7 @@ VIEW_LABELS = {
     "output": "method output",
     "accumulated": "accumulated start\u2192b",
     "block": "block b alone",
-    "residual": "relevance entering b",
+    "residual": "residual stream at b",
 }
 
 

@@ -126,8 +126,7 @@ def test_moving_the_slider_from_the_output_view_switches_to_a_block_view(explore
 
 
 def test_positive_view_is_the_clamp_of_the_signed_view(explorer, decode_png):
-    explorer.view_selector.value = "residual"  # token relevance has both signs
-    explorer.layer_slider.value = 2
+    explorer.method_selector.value = "cdam"  # gradient x input: both signs
     explorer.sign_toggle.value = True
     signed, png_signed = explorer.displayed_map.copy(), explorer.image.value
     assert (signed < 0).any() and (signed > 0).any(), "the test needs a map with both signs"
@@ -136,6 +135,7 @@ def test_positive_view_is_the_clamp_of_the_signed_view(explorer, decode_png):
     assert explorer.image.value != png_signed
     explorer.sign_toggle.value = True
     np.testing.assert_array_equal(explorer.displayed_map, signed)
+    explorer.method_selector.value = "transformer_attribution"
 
 
 def test_residual_view_shows_token_relevance_and_its_conserved_sum(explorer, reference):
