@@ -34,10 +34,13 @@ __all__ = [
     "show_methods", "render_png", "token_html", "merge_wordpieces", "denormalize",
 ]
 
-#: Diverging colormap used for every relevance picture (blue < 0 < red, white at 0).
-relevance_cmap: mcolors.Colormap = matplotlib.colormaps["bwr"]
+#: Diverging colormap used for every relevance picture (blue < 0 < red). Like
+#: matplotlib's "bwr", but with an odd number of entries so that zero is exactly white.
+relevance_cmap: mcolors.Colormap = mcolors.LinearSegmentedColormap.from_list(
+    "trl_relevance", [(0.0, 0.0, 1.0), (1.0, 1.0, 1.0), (1.0, 0.0, 0.0)], N=257)
 
-_LUT = (relevance_cmap(np.linspace(0.0, 1.0, 256))[:, :3] * 255).round().astype(np.uint8)
+# 257 entries: index 128 is exactly the colormap's centre (white for zero relevance).
+_LUT = (relevance_cmap(np.linspace(0.0, 1.0, 257))[:, :3] * 255).round().astype(np.uint8)
 
 
 def _as_numpy(values: Any) -> np.ndarray:
@@ -76,7 +79,7 @@ def colorize(values: Any, signed: bool = True, limit: Optional[float] = None) ->
     """
     arr = _view(np.nan_to_num(_as_numpy(values)), signed)
     m = symmetric_limit(arr) if limit is None else float(limit)
-    idx = np.clip(np.rint((arr / m + 1.0) * 127.5), 0, 255).astype(np.intp)
+    idx = np.clip(np.rint((arr / m + 1.0) * 128.0), 0, 256).astype(np.intp)
     return _LUT[idx]
 
 
@@ -327,10 +330,10 @@ def token_html(tokens: Sequence[str], scores: Any, signed: bool = True, legend: 
     body = " ".join(spans)
     out = f'<div class="trl-tokens" style="line-height:1.9;max-width:100%">{body}</div>'
     if legend:
-        lo = _fmt(-m) if signed else "0"
+        scale = (f"{_fmt(-m)} (blue, against) \u2026 0 (white) \u2026 {_fmt(m)} (red, for the class)"
+                 if signed else f"0 (white) \u2026 {_fmt(m)} (red, for the class); negatives hidden")
         out += ('<div class="trl-legend" style="font-size:85%;color:#444;margin-top:4px">'
-                f'colour scale {lo} (blue, against) \u2026 0 (white) \u2026 {_fmt(m)} '
-                '(red, for the class)</div>')
+                f"colour scale {scale}</div>")
     return out
 
 
