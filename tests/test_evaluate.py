@@ -142,7 +142,7 @@ def test_text_pipeline_hand_computed(monkeypatch, tokenizer):
     ws, ts = E.text_word_scores(None, tokenizer, data.records, "x", batch_size=2)
     np.testing.assert_allclose(ws[0], [1.0, 3.0, 1.5, 4.0, 0.5])
     np.testing.assert_allclose(ws[1], [1.0, 2.0, 1.5, 5.0])     # max over un ##watch ##able
-    assert len(ts[0]) == 7 and len(ts[1]) == 8                   # padding dropped
+    assert len(ts[0]) == 5 and len(ts[1]) == 6                   # specials, padding dropped
     res, skipped = E.evaluate_text(None, tokenizer, data, ["x"], ks=(1, 2, 10), progress=False)
     r = res["x"]
     assert skipped == []
