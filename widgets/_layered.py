@@ -70,6 +70,10 @@ class LayerExplorer(RelevanceWidget):
                                            value=True, style={"button_width": "80px"})
         self.info = W.HTML(value="")
         self.status = W.HTML(value="")
+        for name in ("class_selector", "method_selector", "view_selector", "layer_slider",
+                     "start_layer", "head_selector", "sign_toggle", "info"):
+            getattr(self, name).add_class("trl-" + name.replace("_", "-"))  # stable CSS hooks
+        self.add_class("trl-widget")
         try:
             self.facts: ModelFacts = resolve_model(model)
             self._check_kind()

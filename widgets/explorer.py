@@ -74,6 +74,7 @@ class RelevanceExplorer(LayerExplorer):
         self._rgb_arg = image
         self.display_size = int(display_size)
         self.image = W.Image(format="png", layout=W.Layout(width=f"{self.display_size}px"))
+        self.image.add_class("trl-image")
         self.opacity = W.FloatSlider(description="opacity", min=0.0, max=1.0, step=0.05, value=0.7,
                                      continuous_update=True)
         super().__init__(model, inputs, labels=labels, methods=methods)

@@ -1,0 +1,100 @@
+"""Measure how fast the widgets respond: ``python -m widgets.bench [--model toy-vit]``.
+
+Times, on this machine, what a person waits for after touching a control of a
+:class:`~widgets.RelevanceExplorer` (server side: recompute or re-slice, draw,
+encode the PNG). The first computation is reported separately; later moves of
+the block slider, head switches and sign toggles must not recompute anything.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+
+def _model(name: str) -> tuple[Any, torch.Tensor, str]:
+    """The named embedded model and one input; a tiny random ViT if it is not available."""
+    try:
+        from lrp_core.data import make_scenes
+        from lrp_core.models import load
+        loaded = load(name)
+        if loaded.kind != "image":
+            raise ValueError(f"{name} is not an image model")
+        try:
+            x = make_scenes(1, seed=0).images
+        except Exception:  # noqa: BLE001 - any image of the right size will do
+            size = loaded.model.patch_embed.img_size
+            x = torch.randn(1, 3, *size)
+        return loaded, x, name
+    except Exception as err:  # noqa: BLE001
+        from timm.models.vision_transformer import VisionTransformer
+        torch.manual_seed(0)
+        m = VisionTransformer(img_size=64, patch_size=8, embed_dim=96, depth=4, num_heads=4,
+                              num_classes=10).eval()
+        return m, torch.randn(1, 3, 64, 64), f"random ViT 64px/8, 4 blocks ({name}: {err})"
+
+
+def _time(action: Callable[[], None], repeat: int) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        action()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def run(name: str = "toy-vit", repeat: int = 10) -> dict[str, list[float]]:
+    """Time each kind of interaction; returns milliseconds per action."""
+    from widgets import RelevanceExplorer
+    model, x, label = _model(name)
+    t0 = time.perf_counter()
+    w = RelevanceExplorer(model, x)
+    first = (time.perf_counter() - t0) * 1000
+    if w.last_error:
+        raise SystemExit(f"the widget could not be built: {w.last_error}")
+    L = w.layer_slider.max + 1
+    heads = [v for _, v in w.head_selector.options]
+    state = {"b": 0, "h": 0, "c": 0}
+    classes = [v for _, v in w.class_selector.options]
+
+    def slider() -> None:
+        state["b"] = (state["b"] + 1) % L
+        w.layer_slider.value = state["b"]
+
+    def head() -> None:
+        state["h"] = (state["h"] + 1) % len(heads)
+        w.head_selector.value = heads[state["h"]]
+
+    def sign() -> None:
+        w.sign_toggle.value = not w.sign_toggle.value
+
+    def new_class() -> None:  # every call a class not seen before: a real recomputation
+        state["c"] += 1
+        w.class_selector.value = classes[state["c"] % len(classes)]
+
+    results = {"first computation": [first]}
+    results["block slider move"] = _time(slider, repeat)
+    results["head switch"] = _time(head, repeat)
+    results["sign toggle"] = _time(sign, repeat)
+    results["class switch (new class)"] = _time(new_class, min(repeat, len(classes) - 1))
+    results["class switch (cached)"] = _time(new_class, min(repeat, len(classes) - 1))
+    print(f"model: {label}; {L} blocks, {len(heads) - 1} heads; torch threads: "
+          f"{torch.get_num_threads()}")
+    for k, v in results.items():
+        print(f"  {k:28s} median {statistics.median(v):7.1f} ms   max {max(v):7.1f} ms   (n={len(v)})")
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="toy-vit")
+    ap.add_argument("--repeat", type=int, default=10)
+    args = ap.parse_args()
+    run(args.model, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
