@@ -1,0 +1,96 @@
+"""The course notebooks: every one of them is validated by nbval.
+
+``test_course_passes_nbval`` runs nbval (lax mode: only cells marked
+``# NBVAL_CHECK_OUTPUT`` are compared with their stored outputs, every cell
+must run without error) on the whole ``notebooks/`` folder in a subprocess,
+with the sanitiser ``notebooks/nbval_sanitize.cfg``. The other tests check
+that this run covers every notebook and that the notebooks follow the
+course's conventions (stored outputs, python3 kernel, seeds, thread count,
+checked cells, revealable solutions).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NB_DIR = ROOT / "notebooks"
+SANITIZE = NB_DIR / "nbval_sanitize.cfg"
+NOTEBOOKS = sorted(p for p in NB_DIR.glob("*.ipynb"))
+
+#: The exact command CI uses (also usable by hand from the repository root).
+NBVAL_ARGS = [
+    "--nbval-lax", "--nbval-current-env", "--nbval-sanitize-with", str(SANITIZE.relative_to(ROOT)),
+    "-p", "no:cacheprovider", str(NB_DIR.relative_to(ROOT)) + "/",
+]
+
+
+def _pytest(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _code(nb: dict) -> list[str]:
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def test_there_is_a_course():
+    assert len(NOTEBOOKS) >= 3, "the course notebooks are missing"
+    assert SANITIZE.is_file()
+
+
+def test_every_notebook_is_part_of_the_nbval_run():
+    """Collect with exactly the arguments of the nbval run: each notebook must contribute cells."""
+    res = _pytest("--collect-only", "-q", *NBVAL_ARGS, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    collected = {line.split("::")[0] for line in res.stdout.splitlines() if ".ipynb::" in line}
+    expected = {str(p.relative_to(ROOT)) for p in NOTEBOOKS}
+    missing = expected - collected
+    assert not missing, f"notebooks not validated by nbval: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_conventions(path: Path):
+    nb = _load(path)
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    code = _code(nb)
+    setup = "\n".join(code[:3])
+    assert "torch.set_num_threads(2)" in setup and "manual_seed" in setup, "seed and thread count at the top"
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c.get("execution_count") for c in cells if "".join(c["source"]).strip()), \
+        "store outputs: execute the notebook and save it"
+    assert any("# NBVAL_CHECK_OUTPUT" in src for src in code), "no cell carries checked numbers"
+    for cell in cells:
+        for out in cell.get("outputs", []):
+            assert out.get("output_type") != "error", f"{path.name} was saved with an error output"
+    text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert re.search(r"(?i)exercise", text), "each notebook has exercises"
+    assert nb["cells"][0]["cell_type"] == "markdown", "prose before code"
+
+
+def test_every_revealed_solution_exists():
+    sys.path.insert(0, str(NB_DIR))
+    try:
+        import solutions
+        for path in NOTEBOOKS:
+            for name in re.findall(r'reveal\("(ex\d+_\d+)"', "\n".join(_code(_load(path)))):
+                assert callable(getattr(solutions, name)), f"{path.name}: missing solution {name}"
+    finally:
+        sys.path.remove(str(NB_DIR))
+
+
+@pytest.mark.slow
+def test_course_passes_nbval():
+    res = _pytest(*NBVAL_ARGS)
+    tail = (res.stdout + res.stderr)[-6000:]
+    assert res.returncode == 0, f"nbval failed:\n{tail}"
+    assert re.search(r"\d+ passed", res.stdout), tail
