@@ -505,6 +505,7 @@ SHORT = {
     "perturbation_negative_auc_target": "neg↑ true", "pixel_accuracy": "pix acc",
     "miou": "mIoU", "map": "mAP", "class_sensitivity": "class sens", "class_map_correlation":
     "class corr", "cdam_sparsity": "sparsity", "tam_correlation": "r(TAM)",
+    **{f"token_f1@{k}": f"F1@{k}" for k in M.TOP_K},
 }
 
 
@@ -634,7 +635,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         prog="python -m lrp_core.evaluate",
         description="Evaluate explanation methods (perturbation, segmentation, class "
                     "sensitivity, CDAM statistics; rationale token-F1 for text models).",
-        epilog=__doc__.split("``--data PATH``", 1)[-1] if __doc__ else None,
+        epilog=("--data PATH" + __doc__.split("``--data PATH``", 1)[-1]) if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="toy-vit", help="a name lrp_core.models.load accepts")
     p.add_argument("--methods", default="all", help="'all' or a comma list")
@@ -647,6 +648,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="class explained in the rationale evaluation")
     p.add_argument("--out", default=None, help="JSON file to write (plot goes next to it)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     a = p.parse_args(argv)
     try:
         run = evaluate(a.model, a.methods, a.n, a.batch_size, a.seed, a.data, a.split,
@@ -657,7 +659,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results = run["results"]
     extra = f", clean accuracy {run['accuracy']:.3f}" if "accuracy" in run else ""
     print(f"{run['model']} ({run['kind']}), n={run['n']}{extra}, {run['seconds']:.0f} s")
-    print(format_table(results))
+    cols = None
+    if run["kind"] == "text":  # precision / recall stay in the JSON
+        cols = [c for c in text_metric_names() if not c.startswith(("token_precision",
+                                                                    "token_recall"))]
+    print(format_table(results, markdown=a.markdown, columns=cols))
     for s in run.get("skipped", []):
         print(f"skipped {s}")
     if a.out:
