@@ -23,7 +23,9 @@ Image models (``kind == "image"``)
 
 Text models (``kind == "text"``)
     Token-level rationale precision / recall / F1 at k = 10 … 80 on
-    :func:`lrp_core.data.load_rationales`, explaining the true label.
+    :func:`lrp_core.data.load_rationales`, explaining the true label, and
+    ``token_f1@gold`` (k = the size of each human rationale), which stays
+    informative on texts shorter than k words.
 
 ``--data PATH`` evaluates on your own data instead (see :func:`load_data_folder`):
 
@@ -77,7 +79,7 @@ IMAGE_METRICS: tuple[str, ...] = (
 def text_metric_names(ks: Sequence[int] = M.TOP_K) -> tuple[str, ...]:
     """Metric names of a text evaluation: ``token_f1@k`` (+ precision, recall) per k."""
     names = [f"token_{m}@{k}" for m in ("f1", "precision", "recall") for k in ks]
-    return tuple(names) + ("cdam_sparsity", "tam_correlation")
+    return tuple(names) + ("token_f1@gold", "cdam_sparsity", "tam_correlation")
 
 
 # --------------------------------------------------------------------------
@@ -480,6 +482,7 @@ def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
         for k, v in M.rationale_scores(ws, gold, ks).items():
             for m in ("f1", "precision", "recall"):
                 res[f"token_{m}@{k}"] = v[m]
+        res["token_f1@gold"] = M.rationale_f1_at_gold_size(ws, gold)
         if method == "cdam":
             res["cdam_sparsity"] = float(np.mean([M.sparsity(t[None]) for t in ts]))
             try:
@@ -505,7 +508,7 @@ SHORT = {
     "perturbation_negative_auc_target": "neg↑ true", "pixel_accuracy": "pix acc",
     "miou": "mIoU", "map": "mAP", "class_sensitivity": "class sens", "class_map_correlation":
     "class corr", "cdam_sparsity": "sparsity", "tam_correlation": "r(TAM)",
-    **{f"token_f1@{k}": f"F1@{k}" for k in M.TOP_K},
+    **{f"token_f1@{k}": f"F1@{k}" for k in M.TOP_K}, "token_f1@gold": "F1@|gold|",
 }
 
 

@@ -422,6 +422,28 @@ def rationale_scores(scores: Sequence[np.ndarray], rationales: Sequence[Sequence
     return out
 
 
+def rationale_f1_at_gold_size(scores: Sequence[np.ndarray],
+                              rationales: Sequence[Sequence[bool]]) -> float:
+    """Token F1 with k = the size of each document's human rationale, averaged.
+
+    At that k precision, recall and F1 are equal (the share of the top-|gold|
+    words that are rationale words: R-precision). Unlike a fixed k it stays
+    informative on short texts, where k >= the number of words takes every
+    word. Documents without rationale words are left out.
+    """
+    if len(scores) != len(rationales):
+        raise InputError(f"{len(scores)} score vectors for {len(rationales)} rationales")
+    vals = []
+    for s, gold in zip(scores, rationales):
+        gold = np.asarray(gold, dtype=bool)
+        if np.asarray(s).shape != gold.shape:
+            raise InputError(f"scores {np.shape(s)} and rationale {gold.shape} differ in length")
+        k = int(gold.sum())
+        if k:
+            vals.append(int((top_k_words(s, k) & gold).sum()) / k)
+    return float(np.mean(vals)) if vals else math.nan
+
+
 # --------------------------------------------------------------------------
 # class sensitivity (two-object scenes)
 # --------------------------------------------------------------------------
@@ -539,7 +561,8 @@ def pooled_correlation(scores_a: Tensor, scores_b: Tensor) -> float:
 __all__ = [
     "FRACTIONS", "TOP_K", "average_precision", "class_map_correlation", "class_sensitivity",
     "minmax_normalise", "n_removed", "own_mask_share", "pearson", "perturbation_auc",
-    "perturbation_curve", "perturbation_masks", "pooled_correlation", "rationale_scores",
+    "perturbation_curve", "perturbation_masks", "pooled_correlation", "rationale_f1_at_gold_size",
+    "rationale_scores",
     "segmentation_scores", "sparsity", "top_k_words", "upsample_maps", "word_ids_from_offsets",
     "word_scores", "word_spans",
 ]

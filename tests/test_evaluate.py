@@ -57,7 +57,9 @@ def test_evaluate_images_tiny_vit():
         assert 0.0 <= r["pixel_accuracy"] <= 1.0 and 0.0 <= r["miou"] <= 1.0
         assert 0.0 <= r["class_sensitivity"] <= 1.0
         if m != "cdam":
-            assert r["cdam_sparsity"] is None and r["tam_correlation"] is None
+            assert r["cdam_sparsity"] is None
+    # k = |gold| = 1: great, unwatchable are both top-1 -> 1
+    assert r["token_f1@gold"] == 1.0 and r["tam_correlation"] is None
     # class-agnostic methods: identical maps for both classes
     for m in ("rollout", "raw_attention"):
         assert res[m]["class_map_correlation"] == pytest.approx(1.0, abs=1e-9)
@@ -154,6 +156,8 @@ def test_text_pipeline_hand_computed(monkeypatch, tokenizer):
     assert r["token_f1@10"] == pytest.approx((1 / 3 + 0.4) / 2)
     assert r["token_recall@10"] == 1.0
     assert r["cdam_sparsity"] is None
+    # k = |gold| = 1: great, unwatchable are both top-1 -> 1
+    assert r["token_f1@gold"] == 1.0
 
 
 def test_text_evaluation_tiny_bert_real_engine(tokenizer):

@@ -229,6 +229,15 @@ def test_rationale_f1_hand_computed():
     assert out[10]["f1"] == pytest.approx((2 / 3 + 0.5) / 2)
 
 
+def test_rationale_f1_at_gold_size():
+    scores = [np.array([5.0, 4, 3, 2, 1, 0]), np.array([0.0, 1, 2]), np.array([1.0, 2])]
+    gold = [np.array([1, 1, 0, 0, 0, 1], bool), np.array([1, 0, 0], bool),
+            np.array([0, 0], bool)]
+    # doc0: k=3 -> {0,1,2}, 2 hits: 2/3; doc1: k=1 -> {2}: 0; doc2 has no rationale: left out
+    assert M.rationale_f1_at_gold_size(scores, gold) == pytest.approx(1 / 3)
+    assert math.isnan(M.rationale_f1_at_gold_size(scores[2:], gold[2:]))
+
+
 def test_top_k_ties_by_position_and_errors():
     assert M.top_k_words(np.array([1.0, 2, 2, 0]), 2).tolist() == [False, True, True, False]
     assert M.top_k_words(np.array([1.0, 1, 1]), 1).tolist() == [True, False, False]
