@@ -28,17 +28,17 @@ EPS = 1e-9
 def safe_div(a: Tensor, b: Tensor, eps: float = EPS, signed: bool = False) -> Tensor:
     """``a / (b + eps)``, and 0 where ``b == 0``.
 
-    The reference adds a constant ``+eps`` whatever the sign of ``b`` (so a
-    denominator of exactly ``-eps`` would divide by 0; it is then bumped by
-    another ``eps``, as the reference does). ``signed=True`` uses
-    ``b + eps * sign(b)`` instead, the textbook epsilon rule.
+    The reference adds a constant ``+eps`` whatever the sign of ``b`` (a
+    denominator of exactly ``-eps`` then becomes ``eps``, as in the reference);
+    ``signed=True`` uses ``b + eps * sign(b)`` instead, the textbook epsilon
+    rule.
     """
     if signed:
         den = b + eps * torch.where(b >= 0, 1.0, -1.0).to(b.dtype)
     else:
         den = b + eps
-        den = torch.where(den == 0, den + eps, den)
-    return torch.where(b == 0, torch.zeros((), dtype=a.dtype, device=a.device), a / den)
+        den.masked_fill_(den == 0, eps)
+    return (a / den).masked_fill_(b == 0, 0.0)
 
 
 def _sum_per_sample(t: Tensor) -> Tensor:
@@ -79,10 +79,16 @@ def linear_signed(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
     Relevance is conserved (``ΣR_x = ΣR`` wherever ``z⁺ > 0``).
     """
     wp, wn = weight.clamp(min=0), weight.clamp(max=0)
-    xp, xn = x.clamp(min=0), x.clamp(max=0)
-    z = F.linear(xp, wp) + F.linear(xn, wn)
-    s = safe_div(R, z)
-    return xp * (s @ wp) + xn * (s @ wn)
+    x2, R2 = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
+    xp = x2.clamp(min=0)
+    xn = x2 - xp  # = min(x, 0), exactly
+    z = torch.addmm(xp @ wp.T, xn, wn.T)
+    # z⁺ = 0 only where every term x_j·w_ji ≥ 0 is 0, and then each of those
+    # products is 0 below: the unit passes nothing without masking s.
+    s = R2 / z.add_(EPS)
+    out = xp * (s @ wp)
+    out.addcmul_(xn, s @ wn)
+    return out.reshape(x.shape)
 
 
 def linear_baseline(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
@@ -93,10 +99,13 @@ def linear_baseline(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
     conserved (it can double).
     """
     wp, wn = weight.clamp(min=0), weight.clamp(max=0)
-    xp, xn = x.clamp(min=0), x.clamp(max=0)
-    sp = safe_div(R, F.linear(xp, wp))
-    sn = safe_div(R, F.linear(xn, wn))
-    return xp * (sp @ wp) + xn * (sn @ wn)
+    x2, R2 = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
+    xp = x2.clamp(min=0)
+    xn = x2 - xp
+    # as in linear_signed, a zero denominator comes with zero products: no mask needed
+    out = xp * ((R2 / (xp @ wp.T).add_(EPS)) @ wp)
+    out.addcmul_(xn, (R2 / (xn @ wn.T).add_(EPS)) @ wn)
+    return out.reshape(x.shape)
 
 
 def linear_generic(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
@@ -142,7 +151,7 @@ def clone(*Rs: Tensor) -> Tensor:
     return out
 
 
-def matmul(a: Tensor, b: Tensor, R: Tensor, halve: bool = True) -> tuple[Tensor, Tensor]:
+def matmul(a: Tensor, b: Tensor, R: Tensor, halve: bool = True, z: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Generic rule for the product of two activations ``Z = a @ b``.
 
     ``R_a = a ⊙ (S bᵀ)``, ``R_b = b ⊙ (aᵀ S)`` with ``S = safe_div(R, Z)``.
@@ -151,8 +160,9 @@ def matmul(a: Tensor, b: Tensor, R: Tensor, halve: bool = True) -> tuple[Tensor,
 
     Args:
         a: (..., n, k); b: (..., k, m); R: (..., n, m).
+        z: ``a @ b`` if the forward pass has it already.
     """
-    S = safe_div(R, a @ b)
+    S = safe_div(R, a @ b if z is None else z)
     Ra = a * (S @ b.transpose(-1, -2))
     Rb = b * (a.transpose(-1, -2) @ S)
     if halve:
@@ -282,8 +292,8 @@ class GenericAdd(Rule):
 class HalvedMatMul(Rule):
     name = "halved_matmul"
 
-    def __call__(self, a: Tensor, b: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
-        return matmul(a, b, R, halve=True)
+    def __call__(self, a: Tensor, b: Tensor, R: Tensor, z: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return matmul(a, b, R, halve=True, z=z)
 
 
 class Clone(Rule):

@@ -202,13 +202,14 @@ def _layer_forward(p: LayerParts, x: Tensor, bias: Tensor) -> tuple[Tensor, dict
     q, k, v = (lin(x).reshape(B, T, H, d).transpose(1, 2) for lin in (p.query, p.key, p.value))
     s = (q @ k.transpose(-2, -1)) * p.scale  # (B, H, T, T)
     A = (s + bias).softmax(dim=-1)
-    o = (A @ v).transpose(1, 2).reshape(B, T, H * d)
+    ctx = A @ v
+    o = ctx.transpose(1, 2).reshape(B, T, H * d)
     d1 = p.attn_dense(o)
     a = p.attn_norm(d1 + x)
     g = p.act(p.inter_dense(a))
     d2 = p.out_dense(g)
     out = p.out_norm(d2 + a)
-    return out, {"h": x, "q": q, "k": k, "v": v, "s": s, "bias": bias, "A": A, "o": o,
+    return out, {"h": x, "q": q, "k": k, "v": v, "s": s, "bias": bias, "A": A, "ctx": ctx, "o": o,
                  "d1": d1, "a": a, "g": g, "d2": d2}
 
 
@@ -224,7 +225,7 @@ def _layer_relprop(p: LayerParts, act: dict, R: Tensor, c: Composite, deeper: bo
     # attention LayerNorm: identity; attention output dense | skip
     R_d1, R_h = add(act["d1"], act["h"], R_a)
     R_o = c.linear(p.attn_dense, act["o"], R_d1).reshape(B, T, H, d).transpose(1, 2)
-    R_A, R_v = matmul(act["A"], act["v"], R_o)
+    R_A, R_v = matmul(act["A"], act["v"], R_o, z=act["ctx"])
     if not deeper:
         return None, R_A
     s = act["s"]

@@ -203,14 +203,15 @@ def _block_forward(p: BlockParts, x: Tensor) -> tuple[Tensor, dict]:
     else:
         scores = (q @ k.transpose(-2, -1)) * p.scale
     A = scores.softmax(dim=-1)  # (B, H, N, N)
-    o = p.attn_norm((A @ v).transpose(1, 2).reshape(B, N, H * d))
+    ctx = A @ v  # (B, H, N, d)
+    o = p.attn_norm(ctx.transpose(1, 2).reshape(B, N, H * d))
     a = p.ls1(p.proj(o))
     x2 = x + a
     h2 = p.norm2(x2)
     g = p.mlp_norm(p.act(p.fc1(h2)))
     f = p.ls2(p.fc2(g))
     x3 = x2 + f
-    return x3, {"x": x, "h1": h1, "q": q, "k": k, "v": v, "A": A, "o": o, "a": a,
+    return x3, {"x": x, "h1": h1, "q": q, "k": k, "v": v, "A": A, "ctx": ctx, "o": o, "a": a,
                 "x2": x2, "h2": h2, "g": g, "f": f}
 
 
@@ -226,7 +227,7 @@ def _block_relprop(p: BlockParts, act: dict, R: Tensor, c: Composite, deeper: bo
     # attention branch
     R_x, R_a = add(act["x"], act["a"], R_x2)
     R_o = c.linear(p.proj, act["o"], R_a).reshape(B, N, H, d).transpose(1, 2)
-    R_A, R_v = matmul(act["A"], act["v"], R_o)
+    R_A, R_v = matmul(act["A"], act["v"], R_o, z=act["ctx"])
     if not deeper:
         return None, R_A
     R_q, R_kT = matmul(act["q"], act["k"].transpose(-2, -1), R_A)  # softmax: identity
