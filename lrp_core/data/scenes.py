@@ -154,21 +154,30 @@ def _interp_matrix(src: int, dst: int) -> np.ndarray:
     return m
 
 
+_LUMA = np.array([0.299, 0.587, 0.114])
+
+
 def _random_colors(rng: np.random.Generator, avoid: list[np.ndarray], min_dist: float,
-                   n: int) -> np.ndarray:
-    """(n, 3) colours in [0, 1] at least ``min_dist`` (Euclidean) from every row of ``avoid``."""
-    col = rng.uniform(0.0, 1.0, (n, 3))
-    for _ in range(50):
-        bad = np.zeros(n, dtype=bool)
+                   n: int, min_luma: float = 0.0) -> np.ndarray:
+    """(n, 3) colours in [0, 1] at least ``min_dist`` (Euclidean) from every row of ``avoid``
+    and, if ``min_luma > 0``, differing by at least ``min_luma`` in luminance from ``avoid[0]``."""
+    def bad_rows(col: np.ndarray) -> np.ndarray:
+        bad = np.zeros(len(col), dtype=bool)
         for a in avoid:
             bad |= np.linalg.norm(col - a, axis=1) < min_dist
+        if min_luma > 0:
+            bad |= np.abs((col - avoid[0]) @ _LUMA) < min_luma
+        return bad
+
+    col = rng.uniform(0.0, 1.0, (n, 3))
+    for _ in range(60):
+        bad = bad_rows(col)
         if not bad.any():
             break
         col[bad] = rng.uniform(0.0, 1.0, (int(bad.sum()), 3))
-    else:  # vanishingly rare: push the remaining ones to the far corner of the cube
-        for a in avoid:
-            close = np.linalg.norm(col - a, axis=1) < min_dist
-            col[close] = np.where(a[close] > 0.5, 0.05, 0.95)
+    else:  # rare: black or white, whichever is farther from the background
+        bad = bad_rows(col)
+        col[bad] = np.where((avoid[0][bad] @ _LUMA > 0.5)[:, None], 0.05, 0.95)
     return col
 
 
@@ -222,12 +231,12 @@ def _background(rng: np.random.Generator, n: int, size: int, clutter: bool) -> n
 
 def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
                   cy: np.ndarray, radius: np.ndarray, size: int, textures: bool,
-                  color: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                  color: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Render one object per image.
 
     Args:
         classes: (n,) class ids; cx, cy, radius: (n,) centre and radius in pixels;
-        color: (n, 3) main colour.
+        color: (n, 3) main colour; base: (n, 3) background colour.
 
     Returns:
         mask (n, H, W) bool of the full object and its texture (n, H, W, 3) float32.
@@ -253,8 +262,10 @@ def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
     if not textures:
         return mask, tex
     kind = rng.integers(0, len(_TEXTURES), n)
-    shift = np.where(color.mean(1, keepdims=True) > 0.5, -0.4, 0.4)
-    second = np.clip(color + shift, 0, 1).astype(np.float32)  # same hue, other brightness
+    away = np.sign((color - base) @ _LUMA)[:, None]  # lighter objects get a lighter texture
+    second = np.clip(color + 0.3 * away, 0, 1).astype(np.float32)  # same hue, more contrast
+    second = np.where(np.abs(second - color).sum(1, keepdims=True) < 0.3,
+                      np.clip(color - 0.3 * away, 0, 1), second).astype(np.float32)
     period = rng.uniform(3.0, 7.0, n).astype(np.float32)[:, None, None]
     phase = rng.uniform(0, 2 * np.pi, n).astype(np.float32)[:, None, None]
     ang = rng.uniform(0, np.pi, n).astype(np.float32)[:, None, None]
@@ -294,7 +305,7 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
     colors = np.zeros((n, n_objects, 3))
     for j in range(n_objects):
         avoid = [base] + [colors[:, i] for i in range(j)]
-        colors[:, j] = _random_colors(rng, avoid, 0.45 if j == 0 else 0.35, n)
+        colors[:, j] = _random_colors(rng, avoid, 0.45 if j == 0 else 0.35, n, min_luma=0.3)
     colors = colors.astype(np.float32)
 
     # positions: the object stays inside the frame; two objects overlap only a little
@@ -317,7 +328,8 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
                 close = far < 0.75 * radius[pending].sum(1)
         for j in range(n_objects):
             m, t = _object_layer(rng, labels[pending, j], cx[pending, j], cy[pending, j],
-                                 radius[pending, j], size, textures, colors[pending, j])
+                                 radius[pending, j], size, textures, colors[pending, j],
+                                 base[pending])
             masks[pending, j] = m
             layers[pending, j] = t
         if n_objects == 1:
