@@ -364,11 +364,11 @@ def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods:
         if truth is not None:
             variants["target"] = _maps_for(model, one.images, method, truth, maps, targets,
                                            batch_size)
-        for which, mp in variants.items():
-            for sign in ("positive", "negative"):
-                acc = M.perturbation_curve(model, one.images, mp, reference,
-                                           negative=sign == "negative",
-                                           batch_size=max(batch_size, 64), progress=False)
+        for sign in ("positive", "negative"):
+            correct = _perturbation_correct(model, one.images, variants, reference,
+                                            sign == "negative", max(batch_size, 64))
+            for which, c in correct.items():
+                acc = c.mean(axis=1)
                 cur[f"{sign}_{which}"] = acc.tolist()
                 res[f"perturbation_{sign}_auc_{which}"] = M.perturbation_auc(acc)
         seg = M.segmentation_scores(maps, one.masks[:, 0])
@@ -390,6 +390,32 @@ def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods:
         curves[method] = cur
     order = [m for m in methods if m in results]
     return {m: results[m] for m in order}, {m: curves[m] for m in order}
+
+
+def _perturbation_correct(model: Any, images: Tensor, variants: dict[str, Tensor],
+                          labels: Tensor, negative: bool, batch_size: int) -> dict[str, np.ndarray]:
+    """(1 + P, N) correctness matrix of each map variant (``predicted``, ``target``).
+
+    The perturbed inputs of an image are the same for two variants whose maps
+    are equal (the true class is the predicted one, or a class-agnostic
+    method), so only the images whose maps differ are run again.
+    """
+    out: dict[str, np.ndarray] = {}
+    first: Optional[tuple[Tensor, np.ndarray]] = None
+    for which, mp in variants.items():
+        if first is None:
+            c = M.perturbation_curve(model, images, mp, labels, negative=negative,
+                                     batch_size=batch_size, return_correct=True)
+            first = (mp, c)
+        else:
+            c = first[1].copy()
+            differ = (mp != first[0]).reshape(len(mp), -1).any(dim=1)
+            if differ.any():
+                c[:, differ.numpy()] = M.perturbation_curve(
+                    model, images[differ], mp[differ], labels[differ], negative=negative,
+                    batch_size=batch_size, return_correct=True)
+        out[which] = c
+    return out
 
 
 def _tam_first(methods: Sequence[str]) -> list[str]:
