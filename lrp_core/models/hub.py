@@ -1,0 +1,290 @@
+"""Models from the timm and Hugging Face hubs, failing fast when the hub is unreachable.
+
+- timm names (``deit_small_patch16_224``, ``vit_base_patch16_224.augreg_in1k``,
+  ``timm/<repo>``): :func:`timm.create_model`, preprocess from the model's
+  data config, ImageNet class names from the files timm ships.
+- Hugging Face repo ids (``google/vit-base-patch16-224``,
+  ``textattack/bert-base-uncased-SST-2``): transformers Auto classes, labels
+  from ``config.id2label``.
+
+With ``pretrained=False`` a timm architecture is built with random weights and
+no network access. Pretrained weights come from the local cache when present;
+otherwise the hub is contacted only after a short connectivity check, and an
+unreachable hub raises :class:`HubUnavailableError` at once, naming the
+embedded alternatives.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Sequence
+from urllib.parse import urlparse
+
+import torch
+
+from ..data.photos import as_pil_image
+from . import LoadedModel
+
+__all__ = ["HubUnavailableError", "hub_reachable", "imagenet_class_names", "load_hub"]
+
+_IMAGE_ALTERNATIVES = "load('toy-vit') or load('dinov2-s14')"
+_TEXT_ALTERNATIVES = "load('minilm-sentiment')"
+
+
+class HubUnavailableError(OSError):
+    """Pretrained weights were asked for, but the hub is unreachable and nothing is cached."""
+
+
+def hub_reachable(timeout: float = 1.5) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection within ``timeout`` seconds.
+
+    ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``) counts as unreachable;
+    ``HF_ENDPOINT`` selects the host.
+    """
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host = url.hostname or "huggingface.co"
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _unavailable(name: str, kind: str, detail: str = "") -> HubUnavailableError:
+    alt = _TEXT_ALTERNATIVES if kind == "text" else _IMAGE_ALTERNATIVES
+    extra = f" ({detail})" if detail else ""
+    return HubUnavailableError(
+        f"cannot load pretrained {name!r}: the Hugging Face hub is unreachable and the "
+        f"weights are not in the local cache{extra}. Embedded models work offline: {alt}"
+        + ("" if kind == "text" else ", or load(name, pretrained=False) for random weights")
+        + ".")
+
+
+# ---------------------------------------------------------------------------
+# timm
+# ---------------------------------------------------------------------------
+
+def imagenet_class_names(subset: str = "imagenet-1k") -> list[str]:
+    """Readable class names (first lemma of each synset) from the files timm ships."""
+    from timm.data import ImageNetInfo
+
+    info = ImageNetInfo(subset)
+    return [info.index_to_description(i).split(",")[0].strip() for i in range(info.num_classes())]
+
+
+def _is_timm_name(name: str) -> bool:
+    import timm
+
+    if name.startswith(("hf-hub:", "hf_hub:", "timm/")):
+        return True
+    try:
+        return bool(timm.is_model(name))
+    except Exception:  # pragma: no cover - very old timm
+        return name.split(".")[0] in timm.list_models()
+
+
+def _timm_cached_file(name: str) -> str | None:
+    """Path of the cached pretrained weights of a timm model, or None."""
+    import timm
+
+    try:
+        cfg = timm.models.get_pretrained_cfg(name, allow_unregistered=False)
+    except Exception:
+        cfg = None
+    if cfg is None:
+        return None
+    hub_id = getattr(cfg, "hf_hub_id", None)
+    if hub_id:
+        from huggingface_hub import try_to_load_from_cache
+
+        repo = hub_id.split("@")[0]
+        for fname in ("model.safetensors", "open_clip_pytorch_model.bin", "pytorch_model.bin"):
+            hit = try_to_load_from_cache(repo, fname)
+            if isinstance(hit, str):
+                return hit
+    url = getattr(cfg, "url", None)
+    if url:
+        path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
+        if path.is_file():
+            return str(path)
+    return None
+
+
+def _timm_labels(model: torch.nn.Module) -> list[str]:
+    n = int(getattr(model, "num_classes", 0) or 0)
+    try:
+        from timm.data import ImageNetInfo, infer_imagenet_subset
+
+        subset = infer_imagenet_subset(model)
+        if subset:
+            info = ImageNetInfo(subset)
+            if info.num_classes() == n:
+                return [info.index_to_description(i).split(",")[0].strip() for i in range(n)]
+    except Exception:  # fall back to the 1k names below / generic names
+        pass
+    if n == 1000:
+        return imagenet_class_names()
+    return [f"class {i}" for i in range(n)]
+
+
+def _load_timm(name: str, pretrained: bool) -> LoadedModel:
+    import timm
+    from timm.data import create_transform, resolve_data_config
+
+    source = "random weights (architecture only)"
+    if not pretrained:
+        model = timm.create_model(name, pretrained=False)
+    else:
+        cached = None if name.startswith(("hf-hub:", "hf_hub:", "timm/")) else _timm_cached_file(name)
+        if cached is not None:
+            model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": cached})
+            source = f"timm pretrained (cache: {cached})"
+        else:
+            if not hub_reachable():
+                raise _unavailable(name, "image")
+            hub_name = "hf-hub:" + name if name.startswith("timm/") else name
+            try:
+                model = timm.create_model(hub_name, pretrained=True)
+            except (OSError, RuntimeError, ValueError) as err:  # network / HTTP errors
+                raise _unavailable(name, "image", f"{type(err).__name__}: {err}") from err
+            source = "timm pretrained (downloaded)"
+    model.eval()
+    data_cfg = resolve_data_config({}, model=model)
+    transform = create_transform(**data_cfg)
+
+    def preprocess(image: Any) -> torch.Tensor:
+        """PIL image / (H, W, 3) array -> (1, 3, H, W) tensor normalised as the model expects."""
+        return transform(as_pil_image(image)).unsqueeze(0)
+
+    pcfg = getattr(model, "pretrained_cfg", {}) or {}
+    info = {"source": source, "library": "timm", "pretrained": bool(pretrained),
+            "image_size": tuple(data_cfg["input_size"][1:]), "mean": tuple(data_cfg["mean"]),
+            "std": tuple(data_cfg["std"]), "licence": pcfg.get("license", "see the model card"),
+            "data_config": data_cfg}
+    return LoadedModel(name=name, model=model, preprocess=preprocess, labels=_timm_labels(model),
+                       kind="image", info=info)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face transformers
+# ---------------------------------------------------------------------------
+
+def _hf_config(name: str, online: bool) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(name, local_files_only=not online)
+
+
+def _is_image_config(config: Any) -> bool:
+    return hasattr(config, "image_size") or hasattr(config, "num_channels")
+
+
+def _load_hf(name: str, pretrained: bool) -> LoadedModel:
+    from transformers import AutoConfig  # noqa: F401 - fail early if transformers is missing
+
+    online = None  # checked lazily: the cache is tried first
+    try:
+        config = _hf_config(name, online=False)
+    except OSError:
+        online = hub_reachable()
+        if not online:
+            kind = "text" if "bert" in name.lower() or "sst" in name.lower() else "image"
+            raise _unavailable(name, kind, "its config is not cached either") from None
+        try:
+            config = _hf_config(name, online=True)
+        except OSError as err:
+            raise ValueError(
+                f"{name!r} is neither an embedded model (toy-vit, dinov2-s14, minilm-sentiment), "
+                f"a timm model name, nor a loadable Hugging Face repo id: {err}") from err
+    kind = "image" if _is_image_config(config) else "text"
+    local_only = not online if online is not None else True
+    if kind == "image":
+        from transformers import AutoImageProcessor, AutoModelForImageClassification as Auto
+    else:
+        from transformers import AutoModelForSequenceClassification as Auto, AutoTokenizer
+
+    def fetch(fn: Any, **kw: Any) -> Any:
+        nonlocal online
+        try:
+            return fn(name, local_files_only=local_only, **kw)
+        except OSError:
+            if online is None:
+                online = hub_reachable()
+            if not online:
+                raise _unavailable(name, kind) from None
+            try:
+                return fn(name, local_files_only=False, **kw)
+            except OSError as err:
+                raise _unavailable(name, kind, f"{type(err).__name__}: {err}") from err
+
+    if pretrained:
+        try:
+            model = fetch(Auto.from_pretrained, attn_implementation="eager")
+        except TypeError:  # older transformers without attn_implementation
+            model = fetch(Auto.from_pretrained)
+        source = "Hugging Face pretrained"
+    else:
+        model = Auto.from_config(config)
+        source = "random weights (architecture only)"
+    model.eval()
+    id2label = getattr(config, "id2label", None) or {}
+    labels = [str(id2label.get(i, id2label.get(str(i), f"class {i}"))) for i in range(len(id2label))]
+    info: dict[str, Any] = {"source": source, "library": "transformers",
+                            "pretrained": bool(pretrained), "model_type": config.model_type}
+    tokenizer = None
+    if kind == "image":
+        processor = fetch(AutoImageProcessor.from_pretrained)
+
+        def preprocess(image: Any) -> torch.Tensor:
+            """PIL image / (H, W, 3) array -> (1, 3, H, W) ``pixel_values``."""
+            return processor(images=as_pil_image(image), return_tensors="pt")["pixel_values"]
+
+        info.update(mean=tuple(getattr(processor, "image_mean", ()) or ()),
+                    std=tuple(getattr(processor, "image_std", ()) or ()))
+    else:
+        tokenizer = fetch(AutoTokenizer.from_pretrained)
+
+        def preprocess(texts: str | Sequence[str]) -> Any:
+            """One text or a list of texts -> padded batch (``input_ids``, ``attention_mask``)."""
+            if isinstance(texts, str):
+                texts = [texts]
+            return tokenizer(list(texts), padding=True, truncation=True, return_tensors="pt")
+
+    return LoadedModel(name=name, model=model, preprocess=preprocess, labels=labels, kind=kind,
+                       tokenizer=tokenizer, info=info)
+
+
+# ---------------------------------------------------------------------------
+
+def load_hub(name: str, pretrained: str | bool = "auto") -> LoadedModel:
+    """Load a timm or Hugging Face hub model.
+
+    Args:
+        name: a timm model name (``deit_small_patch16_224``), ``timm/<repo>``, or a
+            Hugging Face repo id ``owner/name``.
+        pretrained: ``"auto"`` / ``True``: pretrained weights (local cache first,
+            else the hub; :class:`HubUnavailableError` at once when unreachable);
+            ``False``: the architecture with random weights (timm: fully offline).
+
+    Raises:
+        ValueError: the name is not a known model; HubUnavailableError: see above.
+    """
+    if pretrained not in ("auto", True, False):
+        raise ValueError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"model name must be a non-empty string, got {name!r}")
+    name = name.strip()
+    if _is_timm_name(name):
+        return _load_timm(name, bool(pretrained))
+    if "/" in name:
+        return _load_hf(name, bool(pretrained))
+    raise ValueError(
+        f"unknown model {name!r}: use an embedded model ('toy-vit', 'dinov2-s14', "
+        "'minilm-sentiment'), a timm model name (see timm.list_models(), e.g. "
+        "'deit_small_patch16_224'), or a Hugging Face repo id 'owner/name' "
+        "(e.g. 'google/vit-base-patch16-224').")
