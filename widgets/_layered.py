@@ -59,7 +59,7 @@ class LayerExplorer(RelevanceWidget):
         self.sample_selector = W.Dropdown(description="sample", options=[("0", 0)],
                                           layout=W.Layout(width="160px"))
         self.view_selector = W.ToggleButtons(options=[(views.VIEW_LABELS["output"], "output")],
-                                             style={"button_width": "150px"})
+                                             style={"button_width": "140px"})
         self.layer_slider = W.IntSlider(description="block b", min=0, max=0, value=0,
                                         continuous_update=True)
         self.start_layer = W.IntSlider(description="start layer", min=0, max=0, value=0,
@@ -308,7 +308,7 @@ class LayerExplorer(RelevanceWidget):
         view = self.view_selector.value
         b, s = self.layer_slider.value, self.start_layer.value
         head = "" if self.head is None or view not in ("block", "accumulated") else f", head {self.head}"
-        where = {"output": "", "accumulated": f" blocks {s}\u2192{b}", "block": f" block {b}",
+        where = {"output": "", "accumulated": f" blocks {s}..{b}", "block": f" block {b}",
                  "residual": f" residual stream, block {b}"}[view]
         return f"{self.names[self.target]} | {self.method} |{where}{head}"
 

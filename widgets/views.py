@@ -25,9 +25,9 @@ from . import _engine
 
 VIEW_LABELS = {
     "output": "method output",
-    "accumulated": "accumulated start\u2192b",
-    "block": "block b alone",
-    "residual": "residual stream at b",
+    "accumulated": "product start\u2192b",
+    "block": "block b only",
+    "residual": "residual at b",
 }
 
 

@@ -1,0 +1,230 @@
+"""End to end in a real browser: JupyterLab + headless Chromium + a RelevanceExplorer.
+
+The test starts JupyterLab on a free localhost port (no token, no network
+checks) in a temporary folder holding a generated notebook, opens it in
+Debian's Chromium driven by Playwright, runs all cells from the menu, waits
+for the widget's picture, then moves the block slider with the keyboard and
+switches the class in the dropdown, and checks from screenshots of the
+widget's <img> that the picture a person sees changed each time.
+
+Chromium comes from ``scripts/install_chromium.sh`` (``make browser``); no
+browser is ever downloaded. Without Chromium the test skips locally but fails
+when ``CI=true``.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+SERVER_START_S = 180  # a loaded 2-core machine can be slow
+KERNEL_RUN_S = 420  # kernel start + imports + first explanation
+CHANGE_S = 120  # one interaction: comm round trip + recompute + redraw
+
+NOTEBOOK_CODE = [
+    """\
+import torch
+from widgets import RelevanceExplorer
+try:  # the embedded toy-vit when its weights are there, else a tiny random ViT
+    from lrp_core.data import make_scenes
+    from lrp_core.models import load
+    model = load("toy-vit")
+    x = make_scenes(1, seed=0).images
+    print("model: toy-vit")
+except Exception as err:
+    from timm.models.vision_transformer import VisionTransformer
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2,
+                              num_classes=5).eval()
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    print("model: tiny random ViT (toy-vit unavailable: %s)" % err)""",
+    """\
+w = RelevanceExplorer(model, x, methods=["transformer_attribution", "rollout"])
+assert w.last_error is None, w.last_error
+w""",
+]
+
+
+def _chromium() -> Optional[str]:
+    for cand in (shutil.which("chromium"), "/usr/bin/chromium", shutil.which("chromium-browser")):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+def _require(ok: bool, why: str) -> None:
+    if ok:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{why} (required in CI: run `make browser`)")
+    pytest.skip(why)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_notebook(path: Path) -> None:
+    cells = [{"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {},
+              "outputs": [], "source": code} for i, code in enumerate(NOTEBOOK_CODE)]
+    nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                      "language": "python"}}}
+    path.write_text(json.dumps(nb, indent=1))
+
+
+def _wait(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = cond()
+        if isinstance(value, np.ndarray) or value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _server_up(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "api/status", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _start_lab(root: Path, port: int, log: Path) -> subprocess.Popen:
+    env = dict(os.environ)
+    for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"),
+                     ("JUPYTER_DATA_DIR", "data"), ("IPYTHONDIR", "ipython"),
+                     ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+                     ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")):
+        env[var] = str(root.parent / sub)
+    # no "get notified about Jupyter news?" toast over the widget
+    notify = root.parent / "settings" / "@jupyterlab" / "apputils-extension"
+    notify.mkdir(parents=True, exist_ok=True)
+    (notify / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+           f"--ServerApp.root_dir={root}", "--IdentityProvider.token=", "--ServerApp.password=",
+           "--ServerApp.disable_check_xsrf=True", "--ServerApp.port_retries=0",
+           "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           "--LabApp.extension_manager=readonly"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI containers often run as root
+        cmd.append("--allow-root")
+    return subprocess.Popen(cmd, cwd=root, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the server and its kernels (its own process group, started by this test)."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def _shot(locator: Any) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(locator.screenshot())).convert("RGB")).astype(np.int16)
+
+
+def _differs(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape != b.shape or int(np.abs(a - b).sum()) > 0
+
+
+def test_widget_responds_in_jupyterlab(tmp_path: Path) -> None:
+    chromium = _chromium()
+    _require(chromium is not None, "Debian chromium is not installed (bash scripts/install_chromium.sh)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _require(False, "the playwright Python package is not installed")
+    root = tmp_path / "lab"
+    root.mkdir()
+    _write_notebook(root / "e2e.ipynb")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/"
+    log = tmp_path / "jupyterlab.log"
+    proc = _start_lab(root, port, log)
+    shots: dict[str, np.ndarray] = {}
+    try:
+        _wait(lambda: _server_up(url) or proc.poll() is not None, SERVER_START_S, "JupyterLab")
+        assert proc.poll() is None, f"JupyterLab exited:\n{log.read_text()[-3000:]}"
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.set_default_timeout(60_000)
+                page.goto(url + "lab/tree/e2e.ipynb", timeout=SERVER_START_S * 1000)
+                page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=SERVER_START_S * 1000)
+                # the kernel is ready before running: the status bar reads "... | Idle"
+                page.locator(".jp-StatusBar-Widget", has_text="Idle").first.wait_for(
+                    timeout=KERNEL_RUN_S * 1000)
+                time.sleep(1.0)
+                page.locator(".jp-Notebook").first.click()
+                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+                page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+                img = page.locator("img.trl-image").first
+                img.wait_for(state="visible", timeout=KERNEL_RUN_S * 1000)
+                _wait(lambda: img.evaluate("e => e.complete && e.naturalWidth > 0"), CHANGE_S,
+                      "the widget's picture to load")
+                img.scroll_into_view_if_needed()
+                time.sleep(1.0)
+                shots["first"] = _shot(img)
+
+                # 1. the block slider, by keyboard on its focused handle
+                handle = page.locator(".trl-layer-slider .noUi-handle").first
+                readout = page.locator(".trl-layer-slider .widget-readout").first
+                before = readout.inner_text().strip()
+                handle.focus()
+                handle.press("Home")  # block 0: the first block of the product
+                _wait(lambda: readout.inner_text().strip() != before, CHANGE_S, "the slider to move")
+                shots["slider"] = _wait(lambda: (lambda s: s if _differs(s, shots["first"]) else None)(
+                    _shot(img)), CHANGE_S, "the picture to follow the slider")
+
+                # 2. another class, from the dropdown
+                select = page.locator(".trl-class-selector select").first
+                current = select.input_value()
+                values = select.locator("option").evaluate_all("os => os.map(o => o.value)")
+                other = next(v for v in values if v != current)
+                select.select_option(value=other)
+                shots["class"] = _wait(lambda: (lambda s: s if _differs(s, shots["slider"]) else None)(
+                    _shot(img)), CHANGE_S, "the picture to follow the class")
+                assert page.locator(".trl-widget .trl-error").count() == 0
+            finally:
+                for name, arr in shots.items():  # kept for a person to look at after a failure
+                    Image.fromarray(arr.astype(np.uint8)).save(tmp_path / f"{name}.png")
+                try:
+                    page.screenshot(path=str(tmp_path / "page.png"))
+                except Exception:  # noqa: BLE001 - only a diagnostic
+                    pass
+                browser.close()
+    finally:
+        _stop(proc)
+    assert _differs(shots["first"], shots["slider"]) and _differs(shots["slider"], shots["class"])
