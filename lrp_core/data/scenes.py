@@ -391,3 +391,21 @@ def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_
     return Scenes(images=normalize(rgb), labels=torch.from_numpy(labels),
                   masks=torch.from_numpy(masks), rgb=rgb, colors=colors,
                   seed=seed if isinstance(seed, int) else 0)
+
+
+def benchmark(n: int = 4096, seed: int = 0) -> dict[str, float]:
+    """Scenes per second for one- and two-object scenes (``python -m lrp_core.data.scenes``)."""
+    import time
+
+    out = {}
+    for k in (1, 2):
+        make_scenes(64, seed, k)  # warm-up
+        t = time.perf_counter()
+        make_scenes(n, seed, k)
+        out[f"{k}_object_images_per_s"] = n / (time.perf_counter() - t)
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    for key, val in benchmark().items():
+        print(f"{key}: {val:,.0f}")
