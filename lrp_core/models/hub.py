@@ -55,14 +55,31 @@ def hub_reachable(timeout: float = 1.5) -> bool:
         return False
 
 
+_TEXT_HINTS = ("bert", "sst", "sentiment", "roberta", "distil", "minilm", "nli", "text", "gpt",
+               "emotion", "imdb")
+_IMAGE_HINTS = ("vit", "deit", "beit", "dino", "image", "swin", "convnext", "resnet", "patch")
+
+
+def _guess_kind(name: str) -> str:
+    """'text', 'image' or 'unknown' from a repo id (used before its config is available)."""
+    low = name.lower()
+    if any(h in low for h in _TEXT_HINTS):
+        return "text"
+    if any(h in low for h in _IMAGE_HINTS):
+        return "image"
+    return "unknown"
+
+
 def _unavailable(name: str, kind: str, detail: str = "") -> HubUnavailableError:
-    alt = _TEXT_ALTERNATIVES if kind == "text" else _IMAGE_ALTERNATIVES
+    alt = {"text": _TEXT_ALTERNATIVES, "image": _IMAGE_ALTERNATIVES}.get(
+        kind, f"{_IMAGE_ALTERNATIVES} for images, {_TEXT_ALTERNATIVES} for text")
     extra = f" ({detail})" if detail else ""
+    random_hint = ", or load(name, pretrained=False) for random weights" if kind == "image" \
+        and ("/" not in name or name.startswith("timm/")) else ""
     return HubUnavailableError(
         f"cannot load pretrained {name!r}: the Hugging Face hub is unreachable and the "
-        f"weights are not in the local cache{extra}. Embedded models work offline: {alt}"
-        + ("" if kind == "text" else ", or load(name, pretrained=False) for random weights")
-        + ".")
+        f"weights are not in the local cache{extra}. Embedded models work offline: "
+        f"{alt}{random_hint}.")
 
 
 # ---------------------------------------------------------------------------
@@ -193,8 +210,9 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     except OSError:
         online = hub_reachable()
         if not online:
-            kind = "text" if "bert" in name.lower() or "sst" in name.lower() else "image"
-            raise _unavailable(name, kind, "its config is not cached either") from None
+            detail = ("its config is not cached either" if pretrained else
+                      "pretrained=False still needs its config.json, which is not cached")
+            raise _unavailable(name, _guess_kind(name), detail) from None
         try:
             config = _hf_config(name, online=True)
         except OSError as err:
