@@ -228,7 +228,13 @@ class LayerExplorer(RelevanceWidget):
 
     def _recompute(self) -> None:
         self.clear_error()
-        exp = self.explanation_for()
+        if self._key() not in self._cache:  # reaches the browser before the work starts
+            self.status.value = (f'<i style="color:#666">computing {self.method} for '
+                                 f'{self.names[self.target]}\u2026</i>')
+        try:
+            exp = self.explanation_for()
+        finally:
+            self.status.value = ""
         self.explanation = exp
         self._sync_controls(exp)
         self._warm()

@@ -1,8 +1,9 @@
 """Measure how fast the widgets respond: ``python -m widgets.bench [--model toy-vit]``.
 
 Times, on this machine, what a person waits for after touching a control of a
-:class:`~widgets.RelevanceExplorer` (server side: recompute or re-slice, draw,
-encode the PNG). The first computation is reported separately; later moves of
+:class:`~widgets.RelevanceExplorer` (or :class:`~widgets.TokenRelevance` for a
+text model such as ``minilm-sentiment``): server side, i.e. recompute or
+re-slice, draw, encode the PNG / HTML. The first computation is reported separately; later moves of
 the block slider, head switches and sign toggles must not recompute anything.
 """
 from __future__ import annotations
@@ -15,14 +16,17 @@ from typing import Any, Callable
 import torch
 
 
-def _model(name: str) -> tuple[Any, torch.Tensor, str]:
+TEXT = "an unbelievably charming film with a dull and lifeless ending"
+
+
+def _model(name: str) -> tuple[Any, Any, str]:
     """The named embedded model and one input; a tiny random ViT if it is not available."""
     try:
         from lrp_core.data import make_scenes
         from lrp_core.models import load
         loaded = load(name)
-        if loaded.kind != "image":
-            raise ValueError(f"{name} is not an image model")
+        if loaded.kind == "text":
+            return loaded, TEXT, name
         try:
             x = make_scenes(1, seed=0).images
         except Exception:  # noqa: BLE001 - any image of the right size will do
@@ -48,10 +52,10 @@ def _time(action: Callable[[], None], repeat: int) -> list[float]:
 
 def run(name: str = "toy-vit", repeat: int = 10) -> dict[str, list[float]]:
     """Time each kind of interaction; returns milliseconds per action."""
-    from widgets import RelevanceExplorer
+    from widgets import RelevanceExplorer, TokenRelevance
     model, x, label = _model(name)
     t0 = time.perf_counter()
-    w = RelevanceExplorer(model, x)
+    w = TokenRelevance(model, x) if isinstance(x, str) else RelevanceExplorer(model, x)
     first = (time.perf_counter() - t0) * 1000
     if w.last_error:
         raise SystemExit(f"the widget could not be built: {w.last_error}")

@@ -259,3 +259,19 @@ def test_bad_input_shows_a_readable_message_in_the_widget(vit, bert, make_bad, e
 def test_unknown_method_is_a_readable_message(vit, images):
     w = widgets.RelevanceExplorer(vit, images[:1], methods=["rollout", "magic"])
     assert "magic" in w.last_error and "transformer_attribution" in w.last_error
+
+
+def test_hugging_face_vit_works_too():
+    from transformers import ViTConfig, ViTForImageClassification
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=2, intermediate_size=64, num_labels=4)
+    model = ViTForImageClassification(cfg).eval()
+    x = torch.randn(1, 3, 32, 32)
+    w = widgets.RelevanceExplorer(model, x, methods=["transformer_attribution"])
+    assert w.last_error is None, w.last_error
+    ref = lrp_core.explain(model, x, target=w.target)
+    w.view_selector.value = "output"
+    np.testing.assert_allclose(w.displayed_map, ref.scores[0].reshape(GRID).numpy(), rtol=1e-5)
+    bad = widgets.RelevanceExplorer(model, torch.randn(1, 3, 48, 48))
+    assert "32\u00d732" in bad.last_error
