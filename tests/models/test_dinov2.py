@@ -51,6 +51,8 @@ def test_conversion_writes_cache_and_architecture(loaded: LoadedModel, cache) ->
     assert m.num_prefix_tokens == 1  # [CLS] only, no register tokens
     assert m.global_pool == "token" and m.num_classes == 0
     assert not m.training
+    # built on the meta device and assigned: every weight is a real, trainable CPU parameter
+    assert all(p.device.type == "cpu" and p.requires_grad for p in m.parameters())
     # LayerScale really carries the converted values (DINOv2's are small, far from timm's init of 1e-5 / 1).
     g = m.blocks[5].ls1.gamma.detach()
     assert g.abs().max() > 1e-3 and not torch.allclose(g, g[0].expand_as(g))
