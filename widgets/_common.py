@@ -138,6 +138,9 @@ class RelevanceWidget(W.VBox):
         super().__init__(**kwargs)
         self.message = W.HTML(value="", layout=W.Layout(width="auto"))
         self.last_error: Optional[str] = None
+        #: the full traceback behind ``last_error`` (for debugging; never shown in the widget)
+        self.last_traceback: Optional[str] = None
+        #: seconds the last action of each kind took ("first", "compute", "redraw")
         self.timings: dict[str, float] = {}
 
     # -- errors ---------------------------------------------------------
@@ -157,7 +160,7 @@ class RelevanceWidget(W.VBox):
             fn()
         except Exception as err:  # noqa: BLE001 - every failure becomes a message
             self.show_error(describe_error(err))
-            self._debug_trace = traceback.format_exc()
+            self.last_traceback = traceback.format_exc()
             return False
         finally:
             self.timings[label] = time.perf_counter() - t0
