@@ -295,12 +295,12 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
     img, base = _background(rng, n, size, clutter)
     if n_objects == 1:
         labels = rng.integers(0, n_cls, (n, 1))
-        r_lo, r_hi = 7.0, 15.0
+        r_lo, r_hi = 10.0, 18.0
     else:
         first = rng.integers(0, n_cls, n)
         second = (first + rng.integers(1, n_cls, n)) % n_cls  # always a different class
         labels = np.stack([first, second], axis=1)
-        r_lo, r_hi = 7.0, 11.5
+        r_lo, r_hi = 8.5, 13.0
     radius = rng.uniform(r_lo, r_hi, (n, n_objects)) * (size / IMAGE_SIZE)
     colors = np.zeros((n, n_objects, 3))
     for j in range(n_objects):
