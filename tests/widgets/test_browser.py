@@ -3,7 +3,7 @@
 The test starts JupyterLab on a free localhost port (no token, no network
 checks) in a temporary folder holding a generated notebook, opens it in
 Debian's Chromium driven by Playwright, runs all cells from the menu, waits
-for the widget's picture, then moves the block slider with the keyboard and
+for the widget's picture, then moves the block slider with the arrow keys and
 switches the class in the dropdown, and checks from screenshots of the
 widget's <img> that the picture a person sees changed each time.
 
@@ -201,10 +201,12 @@ def test_widget_responds_in_jupyterlab(tmp_path: Path) -> None:
                 # 1. the block slider, by keyboard on its focused handle
                 handle = page.locator(".trl-layer-slider .noUi-handle").first
                 readout = page.locator(".trl-layer-slider .widget-readout").first
-                before = readout.inner_text().strip()
+                before = int(readout.inner_text().strip())
+                assert before > 0, "the slider starts at the last block"
                 handle.focus()
-                handle.press("Home")  # block 0: the first block of the product
-                _wait(lambda: readout.inner_text().strip() != before, CHANGE_S, "the slider to move")
+                handle.press("ArrowLeft")  # one block down
+                _wait(lambda: readout.inner_text().strip() == str(before - 1), CHANGE_S,
+                      "the slider to move one block down")
                 shots["slider"] = _wait(lambda: (lambda s: s if _differs(s, shots["first"]) else None)(
                     _shot(img)), CHANGE_S, "the picture to follow the slider")
 
