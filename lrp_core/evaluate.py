@@ -6,8 +6,11 @@ Command line::
     python -m lrp_core.evaluate --model minilm-sentiment --methods all --out results/minilm.json
 
 prints a method × metric table, writes ``{method: {metric: value}}`` as JSON
-(``null`` where a metric does not apply) and, for image models, a plot of the
-perturbation curves next to it (``perturbation_<model>.png``).
+(``null`` where a metric does not apply; the extra row ``random`` is a
+reference of seeded random maps, ``--no-baseline`` leaves it out), the run's
+facts (curves, n, seed, clean accuracy, seconds, command) to
+``<out>.meta.json`` and, for image models, a plot of the perturbation curves
+next to it (``perturbation_<model>.png``).
 
 From a notebook::
 
@@ -330,7 +333,7 @@ def predict(model: Any, images: Tensor, batch_size: int = 64) -> Tensor:
 
 
 def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Sequence[str],
-                    batch_size: int = 32, progress: bool = True,
+                    batch_size: int = 32, progress: bool = True, baseline: bool = False,
                     ) -> tuple[dict[str, dict[str, Optional[float]]], dict[str, dict[str, list]]]:
     """All image metrics for each method.
 
@@ -339,6 +342,7 @@ def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods:
         one: one-object set (perturbation, segmentation); ``labels`` may be None.
         two: two-object set of different classes (class sensitivity) or None.
         methods: method names.
+        baseline: add a row ``random`` (seeded uniform random patch maps).
 
     Returns:
         ``results[method][metric]`` (see :data:`IMAGE_METRICS`; ``None`` = not
@@ -356,29 +360,17 @@ def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods:
     for method in bar:
         if progress and hasattr(bar, "set_postfix_str"):
             bar.set_postfix_str(method)
-        res: dict[str, Optional[float]] = {k: None for k in IMAGE_METRICS}
-        cur: dict[str, list] = {}
         maps, scores, targets = image_maps(model, one.images, method, None, batch_size, progress)
         cache[method] = scores
         variants = {"predicted": maps}
         if truth is not None:
             variants["target"] = _maps_for(model, one.images, method, truth, maps, targets,
                                            batch_size)
-        for sign in ("positive", "negative"):
-            correct = _perturbation_correct(model, one.images, variants, reference,
-                                            sign == "negative", max(batch_size, 64))
-            for which, c in correct.items():
-                acc = c.mean(axis=1)
-                cur[f"{sign}_{which}"] = acc.tolist()
-                res[f"perturbation_{sign}_auc_{which}"] = M.perturbation_auc(acc)
-        seg = M.segmentation_scores(maps, one.masks[:, 0])
-        res.update(pixel_accuracy=seg["pixel_accuracy"], miou=seg["miou"], map=seg["map"])
+        pair = None
         if two is not None and two.labels is not None and two.labels.shape[1] == 2:
-            ma = image_maps(model, two.images, method, two.labels[:, 0], batch_size)[0]
-            mb = image_maps(model, two.images, method, two.labels[:, 1], batch_size)[0]
-            res["class_sensitivity"] = M.class_sensitivity(ma, mb, two.masks[:, 0],
-                                                           two.masks[:, 1])
-            res["class_map_correlation"] = M.class_map_correlation(ma, mb)
+            pair = (image_maps(model, two.images, method, two.labels[:, 0], batch_size)[0],
+                    image_maps(model, two.images, method, two.labels[:, 1], batch_size)[0])
+        res, cur = _score_maps(model, one, two, variants, pair, reference, batch_size)
         if method == "cdam":
             res["cdam_sparsity"] = M.sparsity(scores)
             tam = cache.get("token_ablation")
@@ -388,8 +380,71 @@ def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods:
             res["tam_correlation"] = M.pooled_correlation(scores, tam)
         results[method] = {k: _clean(v) for k, v in res.items()}
         curves[method] = cur
+    if baseline:
+        variants, pair = _random_maps(one, two, cache, truth is not None, seed=0)
+        res, cur = _score_maps(model, one, two, variants, pair, reference, batch_size)
+        results["random"] = {k: _clean(v) for k, v in res.items()}
+        curves["random"] = cur
+        methods = [*methods, "random"]
     order = [m for m in methods if m in results]
     return {m: results[m] for m in order}, {m: curves[m] for m in order}
+
+
+def _score_maps(model: Any, one: ImageSet, two: Optional[ImageSet], variants: dict[str, Tensor],
+                pair: Optional[tuple[Tensor, Tensor]], reference: Tensor, batch_size: int,
+                ) -> tuple[dict[str, Optional[float]], dict[str, list]]:
+    """Perturbation, segmentation and class-sensitivity metrics of given maps.
+
+    Args:
+        variants: ``predicted`` (and ``target``) maps (N, H, W) of the one-object set.
+        pair: maps (N2, H, W) of the two-object set for its first and second class.
+        reference: (N,) labels the perturbation accuracy is measured against.
+    """
+    res: dict[str, Optional[float]] = {k: None for k in IMAGE_METRICS}
+    cur: dict[str, list] = {}
+    for sign in ("positive", "negative"):
+        correct = _perturbation_correct(model, one.images, variants, reference,
+                                        sign == "negative", max(batch_size, 64))
+        for which, c in correct.items():
+            acc = c.mean(axis=1)
+            cur[f"{sign}_{which}"] = acc.tolist()
+            res[f"perturbation_{sign}_auc_{which}"] = M.perturbation_auc(acc)
+    seg = M.segmentation_scores(variants["predicted"], one.masks[:, 0])
+    res.update(pixel_accuracy=seg["pixel_accuracy"], miou=seg["miou"], map=seg["map"])
+    if pair is not None and two is not None:
+        res["class_sensitivity"] = M.class_sensitivity(pair[0], pair[1], two.masks[:, 0],
+                                                       two.masks[:, 1])
+        res["class_map_correlation"] = M.class_map_correlation(pair[0], pair[1])
+    return res, cur
+
+
+def _random_maps(one: ImageSet, two: Optional[ImageSet], cache: dict[str, Tensor],
+                 with_target: bool, seed: int = 0,
+                 ) -> tuple[dict[str, Tensor], Optional[tuple[Tensor, Tensor]]]:
+    """Seeded uniform random patch maps (the reference row ``random``).
+
+    The patch grid is taken from the methods' token scores (square grid), else
+    the maps are random per pixel. A random map knows no class: the same draw
+    serves the predicted and the true class, and both classes of a two-object
+    scene.
+    """
+    g = torch.Generator().manual_seed(seed)
+    size = tuple(one.images.shape[-2:])
+    t = next(iter(cache.values())).shape[1] if cache else 0
+    side = int(round(math.sqrt(t))) if t else 0
+    grid = (side, side) if side * side == t and t else size
+
+    def draw(n: int) -> Tensor:
+        return M.upsample_maps(torch.rand(n, *grid, generator=g), size)
+
+    variants = {"predicted": draw(len(one))}
+    if with_target:
+        variants["target"] = variants["predicted"]
+    pair = None
+    if two is not None and two.labels is not None and two.labels.shape[1] == 2:
+        m = draw(len(two))
+        pair = (m, m)
+    return variants, pair
 
 
 def _perturbation_correct(model: Any, images: Tensor, variants: dict[str, Tensor],
@@ -482,9 +537,33 @@ def text_word_scores(model: Any, tokenizer: Any, records: Sequence[TextRecord], 
     return words_out, tokens_out
 
 
+def random_word_scores(data: TextSet, seed: int = 0) -> list[np.ndarray]:
+    """Seeded uniform random word scores (the reference row ``random``)."""
+    rng = np.random.default_rng(seed)
+    return [rng.random(len(r.words)) for r in data.records]
+
+
+@torch.no_grad()
+def text_accuracy(model: Any, tokenizer: Any, data: TextSet, batch_size: int = 32) -> float:
+    """Share of documents whose predicted class is their label."""
+    device = M._model_device(model)
+    max_len = _max_length(tokenizer, model)
+    hits = 0
+    for s in range(0, len(data), batch_size):
+        chunk = data.records[s:s + batch_size]
+        enc = tokenizer([r.text for r in chunk], padding=True, truncation=True,
+                        max_length=max_len, return_tensors="pt")
+        out = model(input_ids=enc["input_ids"].to(device),
+                    attention_mask=enc["attention_mask"].to(device))
+        logits = out.logits if hasattr(out, "logits") else out
+        hits += int((logits.argmax(-1).cpu() == torch.tensor([r.label for r in chunk])).sum())
+    return hits / max(len(data), 1)
+
+
 def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[str],
                   ks: Sequence[int] = M.TOP_K, target: str = "true", batch_size: int = 16,
-                  progress: bool = True) -> tuple[dict[str, dict[str, Optional[float]]], list[str]]:
+                  progress: bool = True, baseline: bool = False,
+                  ) -> tuple[dict[str, dict[str, Optional[float]]], list[str]]:
     """Rationale token precision / recall / F1 at each k, per method.
 
     Methods the engine cannot apply to the model are skipped (listed in the
@@ -504,11 +583,7 @@ def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
             skipped.append(f"{method}: {err}")
             continue
         tokens[method] = ts
-        res: dict[str, Optional[float]] = {k: None for k in text_metric_names(ks)}
-        for k, v in M.rationale_scores(ws, gold, ks).items():
-            for m in ("f1", "precision", "recall"):
-                res[f"token_{m}@{k}"] = v[m]
-        res["token_f1@gold"] = M.rationale_f1_at_gold_size(ws, gold)
+        res = _rationale_metrics(ws, gold, ks)
         if method == "cdam":
             res["cdam_sparsity"] = float(np.mean([M.sparsity(t[None]) for t in ts]))
             try:
@@ -522,7 +597,20 @@ def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
             except LRPError as err:
                 skipped.append(f"tam_correlation: {err}")
         results[method] = {k: _clean(v) for k, v in res.items()}
+    if baseline:
+        methods = [*methods, "random"]
+        results["random"] = _rationale_metrics(random_word_scores(data), gold, ks)
     return {m: results[m] for m in methods if m in results}, skipped
+
+
+def _rationale_metrics(ws: list[np.ndarray], gold: list[np.ndarray], ks: Sequence[int],
+                       ) -> dict[str, Optional[float]]:
+    res: dict[str, Optional[float]] = {k: None for k in text_metric_names(ks)}
+    for k, v in M.rationale_scores(ws, gold, ks).items():
+        for m in ("f1", "precision", "recall"):
+            res[f"token_{m}@{k}"] = v[m]
+    res["token_f1@gold"] = M.rationale_f1_at_gold_size(ws, gold)
+    return {k: _clean(v) for k, v in res.items()}
 
 
 # --------------------------------------------------------------------------
@@ -609,12 +697,14 @@ def resolve_methods(spec: str | Sequence[str]) -> list[str]:
 def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all", n: int = 500,
              batch_size: int = 32, seed: int = SCENE_SEED, data: Optional[str] = None,
              split: str = "val", text_target: str = "true", progress: bool = True,
-             ) -> dict[str, Any]:
+             baseline: bool = True) -> dict[str, Any]:
     """Run the evaluation of ``model`` (a name for :func:`lrp_core.models.load` or a LoadedModel).
 
-    Returns a dict with ``results`` ({method: {metric: value}}), ``curves``
-    (image models), ``kind``, ``model``, ``n``, ``accuracy`` (clean, image
-    models), ``skipped`` and ``seconds``.
+    ``baseline`` adds a reference row ``random`` (seeded uniform random maps
+    / word scores). Returns a dict with ``results`` ({method: {metric:
+    value}}), ``curves`` (image models), ``kind``, ``model``, ``n``,
+    ``accuracy`` (clean accuracy on the evaluated data), ``skipped`` and
+    ``seconds``.
     """
     from .models import load
     t0 = time.perf_counter()
@@ -640,7 +730,7 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
         out["accuracy"] = float((pred == ref).float().mean())
         out["n"] = len(one)
         out["results"], out["curves"] = evaluate_images(loaded.model, one, two, names,
-                                                        batch_size, progress)
+                                                        batch_size, progress, baseline)
         out["skipped"] = []
     elif loaded.kind == "text":
         if data is not None:
@@ -650,9 +740,10 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
             ds = TextSet([_as_record(r, loaded.labels) for r in load_rationales()])
         ds = TextSet(ds.records[:n])
         out["n"] = len(ds)
+        out["accuracy"] = text_accuracy(loaded.model, loaded.tokenizer, ds)
         out["results"], out["skipped"] = evaluate_text(
             loaded.model, loaded.tokenizer, ds, names, target=text_target,
-            batch_size=min(batch_size, 16), progress=progress)
+            batch_size=min(batch_size, 16), progress=progress, baseline=baseline)
     else:
         raise InputError(f"unknown model kind {loaded.kind!r}")
     out["seconds"] = time.perf_counter() - t0
@@ -678,10 +769,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", default=None, help="JSON file to write (plot goes next to it)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="leave out the reference row 'random' (seeded random maps)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (1 is fastest on a busy machine)")
     a = p.parse_args(argv)
+    if a.threads is not None:
+        if a.threads < 1:
+            p.error("--threads must be >= 1")
+        torch.set_num_threads(a.threads)
     try:
         run = evaluate(a.model, a.methods, a.n, a.batch_size, a.seed, a.data, a.split,
-                       a.text_target, progress=not a.quiet)
+                       a.text_target, progress=not a.quiet, baseline=not a.no_baseline)
     except LRPError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

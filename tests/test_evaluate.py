@@ -43,7 +43,10 @@ def test_evaluate_images_tiny_vit():
     one = E.ImageSet(x, pred.view(-1, 1), masks[:, :1])     # true label = prediction
     two = E.ImageSet(x, labels2, masks)
     methods = ["transformer_attribution", "rollout", "raw_attention", "cdam"]
-    res, curves = E.evaluate_images(model, one, two, methods, batch_size=4, progress=False)
+    res, curves = E.evaluate_images(model, one, two, methods, batch_size=4, progress=False,
+                                    baseline=True)
+    assert res.pop("random")["class_map_correlation"] == 1.0   # a random map knows no class
+    curves.pop("random")
     assert list(res) == methods
     for m, r in res.items():
         assert set(r) == set(E.IMAGE_METRICS)
@@ -150,8 +153,12 @@ def test_text_pipeline_hand_computed(monkeypatch, tokenizer):
     np.testing.assert_allclose(ws[0], [1.0, 3.0, 1.5, 4.0, 0.5])
     np.testing.assert_allclose(ws[1], [1.0, 2.0, 1.5, 5.0])     # max over un ##watch ##able
     assert len(ts[0]) == 5 and len(ts[1]) == 6                   # specials, padding dropped
-    res, skipped = E.evaluate_text(None, tokenizer, data, ["x"], ks=(1, 2, 10), progress=False)
+    res, skipped = E.evaluate_text(None, tokenizer, data, ["x"], ks=(1, 2, 10), progress=False,
+                                   baseline=True)
     r = res["x"]
+    # every word is taken at k=10, whatever the ranking: the random row agrees
+    assert list(res) == ["x", "random"]
+    assert res["random"]["token_f1@10"] == pytest.approx(r["token_f1@10"])
     assert skipped == []
     assert r["token_f1@1"] == pytest.approx(1.0)                 # great; unwatchable
     # k=2: {great, film} and {unwatchable, plot}: P=1/2, R=1, F1=2/3 each
