@@ -23,6 +23,11 @@ DEFAULT_METHOD = "transformer_attribution"
 
 def forward_logits(module: torch.nn.Module, inputs: Any) -> torch.Tensor:
     """The model's logits (B, C) without gradients."""
+    if getattr(module, "num_classes", None) == 0:  # timm backbone without a head (e.g. DINOv2)
+        raise TypeError(f"{type(module).__name__} has no classification head, so there are no "
+                        "classes to explain: use widgets.ConceptBuilder (a concept from example "
+                        "images) or a class-agnostic method such as lrp_core.explain(..., "
+                        "method='rollout')")
     with torch.no_grad():
         out = module(**inputs) if isinstance(inputs, dict) else module(inputs)
     logits = getattr(out, "logits", out)

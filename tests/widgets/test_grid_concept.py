@@ -95,3 +95,14 @@ def test_concept_map_is_cdam_with_the_mean_embedding_of_the_ticked_examples(vit,
 def test_concept_builder_refuses_mismatched_images(vit, candidates):
     c = widgets.ConceptBuilder(vit, candidates, torch.randn(1, 3, 48, 48))
     assert "32\u00d732" in c.last_error and list(c.children) == [c.message]
+
+
+def test_head_less_backbone_concept_works_and_class_widgets_explain_why_not(make_vit, images, candidates):
+    backbone = make_vit(num_classes=0)
+    c = widgets.ConceptBuilder(backbone, candidates, images[:1], selected=[0, 1])
+    assert c.last_error is None, c.last_error
+    ref = lrp_core.explain(backbone, images[:1], method="cdam",
+                           target=lrp_core.concept_target(backbone, candidates[[0, 1]]))
+    np.testing.assert_allclose(c.displayed_map, ref.scores[0].reshape(4, 4).numpy(), rtol=1e-4)
+    for w in (widgets.RelevanceExplorer(backbone, images[:1]), widgets.MethodGrid(backbone, images[:1])):
+        assert "no classification head" in w.last_error and "ConceptBuilder" in w.last_error
