@@ -108,8 +108,11 @@ class LayerExplorer(RelevanceWidget):
         known = _engine.methods()
         chosen = list(methods) if methods is not None else list(known)
         unknown = [m for m in chosen if m not in known]
-        if unknown or not chosen:
-            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
+        if not chosen:
+            raise ValueError(f"no method given; choose from {', '.join(known)}")
+        if unknown:
+            raise ValueError(f"unknown method(s) {', '.join(map(repr, unknown))}; "
+                             f"choose from {', '.join(known)}")
         self.method_selector.options = chosen
         self.method_selector.value = DEFAULT_METHOD if DEFAULT_METHOD in chosen else chosen[0]
 
@@ -309,6 +312,9 @@ class LayerExplorer(RelevanceWidget):
     def _redraw(self) -> None:
         if self.explanation is None:
             return
+        view = self.view_selector.value
+        self.head_selector.disabled = (views.n_heads(self.explanation) == 0
+                                       or view not in ("block", "accumulated"))
         values = self.current_values()
         shown = values if self.signed else np.clip(values, 0.0, None)
         self.displayed_map = shown
