@@ -53,6 +53,7 @@ class LayerExplorer(RelevanceWidget):
         super().__init__()
         self._cache: "OrderedDict[tuple, Any]" = OrderedDict()
         self._rows: dict[tuple, np.ndarray] = {}
+        self._products_cache: dict[tuple, views.LayerProducts] = {}
         self._quiet = False
         self._sync_count = 0
         self.explanation: Any = None
@@ -292,9 +293,21 @@ class LayerExplorer(RelevanceWidget):
         if key not in self._rows:
             if len(self._rows) > 4096:
                 self._rows.clear()
-            self._rows[key] = views.view_map(self.explanation, view, block=block, start=start,
-                                             head=head)
+            if view == "accumulated":
+                self._rows[key] = self._products().view(block, start, head)
+            else:
+                self._rows[key] = views.view_map(self.explanation, view, block=block, start=start,
+                                                 head=head)
         return self._rows[key]
+
+    def _products(self) -> views.LayerProducts:
+        """The partial products of the current explanation (built once per explanation)."""
+        key = self._key()
+        if key not in self._products_cache:
+            if len(self._products_cache) > CACHE_SIZE:
+                self._products_cache.clear()
+            self._products_cache[key] = views.LayerProducts(self.explanation)
+        return self._products_cache[key]
 
     def current_values(self) -> np.ndarray:
         """The (signed) values of the current view, before the sign toggle."""
@@ -303,11 +316,9 @@ class LayerExplorer(RelevanceWidget):
         return self.values_for(view, self.layer_slider.value, self.start_layer.value, head)
 
     def _warm(self) -> None:
-        """Precompute the accumulated maps for every block, so the slider never multiplies."""
-        if "accumulated" not in views.available_views(self.explanation):
-            return
-        for b in range(self.start_layer.value, views.n_blocks(self.explanation)):
-            self.values_for("accumulated", b, self.start_layer.value, self.head)
+        """Precompute the partial products, so the slider and the heads never multiply matrices."""
+        if "accumulated" in views.available_views(self.explanation):
+            self._products().prefix(self.start_layer.value)
 
     def _redraw(self) -> None:
         if self.explanation is None:

@@ -129,6 +129,7 @@ class TokenRelevance(LayerExplorer):
             self.logits = forward_logits(self.facts.module, self.inputs)
             self._cache.clear()
             self._rows.clear()
+            self._products_cache.clear()
             self._quiet = True
             self.sample_selector.options = [("0", 0)]
             self.sample_selector.value = 0

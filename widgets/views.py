@@ -78,14 +78,16 @@ def real_tokens(exp: Any) -> int:
     return int(mask[0].sum().item())
 
 
-def _row(exp: Any, row: torch.Tensor, replace_cls: bool = False) -> np.ndarray:
+def _row(exp: Any, row: Any, replace_cls: bool = False) -> np.ndarray:
     """Cut one [CLS] row (N,) to what is displayed: patches (grid) or real tokens."""
-    row = row.detach().float().cpu()
+    if isinstance(row, torch.Tensor):
+        row = row.detach().float().cpu().numpy()
+    row = np.asarray(row, dtype=np.float64)
     if exp.grid is not None:
         h, w = exp.grid
-        return row[-h * w:].reshape(h, w).numpy().astype(np.float64)
+        return row[-h * w:].reshape(h, w).copy()
     t = real_tokens(exp)
-    out = row[:t].numpy().astype(np.float64).copy()
+    out = row[:t].copy()
     if replace_cls and t > 1:
         out[0] = out.min()
     return out
@@ -148,3 +150,58 @@ def block_totals(exp: Any) -> Optional[np.ndarray]:
     if mask is not None:
         t = t[:, : real_tokens(exp)]
     return t.detach().float().sum(-1).cpu().numpy().astype(np.float64)
+
+
+class LayerProducts:
+    """Fast accumulated views of one explanation, for sliders that must answer at once.
+
+    Each factor (I+Ā_b) is taken from the engine (``accumulate(layers, b, b, norm)``,
+    so normalisation follows ``lrp_core.rollout``); the partial products
+    P_b = (I+Ā_b)…(I+Ā_start) are chained once per start block in numpy. A head
+    substituted at block b then costs one vector-matrix product:
+    row0(P_b with head h) = row0(I+Ā_b^h) · P_{b-1}.
+    """
+
+    def __init__(self, exp: Any) -> None:
+        self.exp = exp
+        self.norm = rollout_norm(exp)
+        L = n_blocks(exp)
+        self.factors = [_engine.accumulate(exp.layers[:1], b, b, norm=self.norm)[0].double().numpy()
+                        for b in range(L)]
+        self._prefix: dict[int, list[np.ndarray]] = {}
+        self._head_rows: dict[tuple[int, int], np.ndarray] = {}
+
+    def prefix(self, start: int) -> list[np.ndarray]:
+        """[P_start, …, P_{L-1}] (full N×N matrices)."""
+        if start not in self._prefix:
+            out = [self.factors[start]]
+            for b in range(start + 1, len(self.factors)):
+                out.append(self.factors[b] @ out[-1])
+            self._prefix[start] = out
+        return self._prefix[start]
+
+    def head_factor_row(self, block: int, head: int) -> np.ndarray:
+        """Row 0 of (I+Ā_b^h) with head h's own matrix (engine normalisation)."""
+        key = (block, head)
+        if key not in self._head_rows:
+            heads = per_head(self.exp)
+            if heads is None:
+                raise ValueError("this explanation has no per-head matrices "
+                                 "(explain(..., keep_heads=True))")
+            one = heads[:1, block:block + 1, head]
+            self._head_rows[key] = _engine.accumulate(one, 0, 0, norm=self.norm)[0, 0].double().numpy()
+        return self._head_rows[key]
+
+    def cls_row(self, block: int, start: int, head: Optional[int] = None) -> np.ndarray:
+        """Row 0 of the product from ``start`` to ``block`` (head h at ``block`` if given)."""
+        if block < start:  # empty product = identity
+            return np.eye(len(self.factors[0]))[0]
+        prefix = self.prefix(start)
+        if head is None:
+            return prefix[block - start][0]
+        row = self.head_factor_row(block, head)
+        return row if block == start else row @ prefix[block - start - 1]
+
+    def view(self, block: int, start: int, head: Optional[int] = None) -> np.ndarray:
+        """What the accumulated view shows (same cut as :func:`view_map`)."""
+        return _row(self.exp, self.cls_row(block, start, head), replace_cls=self.exp.grid is None)

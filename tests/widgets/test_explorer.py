@@ -275,3 +275,19 @@ def test_hugging_face_vit_works_too():
     np.testing.assert_allclose(w.displayed_map, ref.scores[0].reshape(GRID).numpy(), rtol=1e-5)
     bad = widgets.RelevanceExplorer(model, torch.randn(1, 3, 48, 48))
     assert "32\u00d732" in bad.last_error
+
+
+@pytest.mark.parametrize("method, norm", [("transformer_attribution", "none"), ("rollout", "row")])
+def test_layer_products_match_the_engines_accumulate(vit, images, method, norm):
+    from widgets import views
+    exp = lrp_core.explain(vit, images[:1], method=method, keep_heads=True)
+    prods = views.LayerProducts(exp)
+    assert prods.norm == norm
+    for start in (0, 1):
+        for stop in range(start, 3):
+            want = lrp_core.rollout.accumulate(exp.layers, start, stop, norm=norm)[0].double().numpy()
+            np.testing.assert_allclose(prods.prefix(start)[stop - start], want, rtol=1e-5, atol=1e-8)
+    layers = exp.layers.clone()
+    layers[:, 1] = exp.layers_per_head[:, 1, 0]
+    want = lrp_core.rollout.accumulate(layers, 0, 1, norm=norm)[0, 0].double().numpy()
+    np.testing.assert_allclose(prods.cls_row(1, 0, head=0), want, rtol=1e-5, atol=1e-8)
