@@ -82,12 +82,11 @@ def linear_signed(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
     x2, R2 = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
     xp = x2.clamp(min=0)
     xn = x2 - xp  # = min(x, 0), exactly
-    z = torch.addmm(xp @ wp.T, xn, wn.T)
+    z = (xp @ wp.T).add_(xn @ wn.T)
     # z⁺ = 0 only where every term x_j·w_ji ≥ 0 is 0, and then each of those
     # products is 0 below: the unit passes nothing without masking s.
     s = R2 / z.add_(EPS)
-    out = xp * (s @ wp)
-    out.addcmul_(xn, s @ wn)
+    out = (xp * (s @ wp)).add_(xn * (s @ wn))
     return out.reshape(x.shape)
 
 
@@ -104,7 +103,7 @@ def linear_baseline(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
     xn = x2 - xp
     # as in linear_signed, a zero denominator comes with zero products: no mask needed
     out = xp * ((R2 / (xp @ wp.T).add_(EPS)) @ wp)
-    out.addcmul_(xn, (R2 / (xn @ wn.T).add_(EPS)) @ wn)
+    out.add_(xn * ((R2 / (xn @ wn.T).add_(EPS)) @ wn))
     return out.reshape(x.shape)
 
 
@@ -143,12 +142,29 @@ def add_normalized(u: Tensor, v: Tensor, R: Tensor, per_sample: bool = True) -> 
     return Ru * safe_div(fu, su), Rv * safe_div(fv, sv)
 
 
-def clone(*Rs: Tensor) -> Tensor:
-    """A tensor used by several branches receives the sum of their relevances."""
-    out = Rs[0]
+def clone(*Rs: Tensor, x: Tensor | None = None) -> Tensor:
+    """A tensor used by several branches receives the sum of their relevances.
+
+    With ``x`` (the cloned tensor) the sum is formed as the generic rule of the
+    copy, ``x ⊙ Σ_i safe_div(R_i, x)``, the reference's arithmetic: the same
+    sum up to ``1e-9/|x|``, but relevance passes are ill-conditioned enough
+    (the Q·Kᵀ rule divides by near-zero dot products) that matching the
+    reference to float32 round-off needs its exact operations.
+    """
+    if x is None:
+        out = Rs[0]
+        for r in Rs[1:]:
+            out = out + r
+        return out
+    ratio = safe_div(Rs[0], x)
     for r in Rs[1:]:
-        out = out + r
-    return out
+        ratio = ratio.add_(safe_div(r, x))
+    return x * ratio
+
+
+def select(x: Tensor, R: Tensor) -> Tensor:
+    """Token selection ([CLS] pooling): ``x ⊙ safe_div(R, x)`` on the selected token (≈ R)."""
+    return x * safe_div(R, x)
 
 
 def matmul(a: Tensor, b: Tensor, R: Tensor, halve: bool = True, z: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -299,8 +315,8 @@ class HalvedMatMul(Rule):
 class Clone(Rule):
     name = "clone"
 
-    def __call__(self, *Rs: Tensor) -> Tensor:
-        return clone(*Rs)
+    def __call__(self, *Rs: Tensor, x: Tensor | None = None) -> Tensor:
+        return clone(*Rs, x=x)
 
 
 class ZBox(Rule):
@@ -362,7 +378,7 @@ LRP_BASELINE = Composite(
 
 __all__ = [
     "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic",
-    "add_generic", "add_normalized", "clone", "matmul", "identity", "zbox_conv2d",
+    "add_generic", "add_normalized", "clone", "select", "matmul", "identity", "zbox_conv2d",
     "Rule", "Identity", "SignedLinear", "BaselineLinear", "GenericLinear", "NormalizedAdd",
     "GenericAdd", "HalvedMatMul", "Clone", "ZBox", "Composite",
     "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE",

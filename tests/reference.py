@@ -79,6 +79,13 @@ def clone_rel(X: Tensor, Rs: list) -> Tensor:
     return (X * C).detach()
 
 
+def select_rel(X: Tensor, R: Tensor) -> Tensor:
+    """IndexSelect: ``X ⊙ grad(Z, X, safe_divide(R, Z))`` with Z the selected token."""
+    X = _leaf(X)
+    Z = X * 1.0
+    return (X * _grad(Z, X, safe_divide(R, Z))[0]).detach()
+
+
 def zbox_rel(X: Tensor, W: Tensor, R: Tensor, stride, padding) -> Tensor:
     pw, nw = W.clamp(min=0), W.clamp(max=0)
     L = X * 0 + X.amin(dim=(1, 2, 3), keepdim=True)
@@ -92,7 +99,7 @@ def zbox_rel(X: Tensor, W: Tensor, R: Tensor, stride, padding) -> Tensor:
 
 def rollout(mats: list, start: int, row_norm: bool) -> Tensor:
     n = mats[0].shape[-1]
-    eye = torch.eye(n).expand(mats[0].shape[0], n, n)
+    eye = torch.eye(n, dtype=mats[0].dtype).expand(mats[0].shape[0], n, n)
     mats = [m + eye for m in mats]
     if row_norm:
         mats = [m / m.sum(dim=-1, keepdim=True) for m in mats]
@@ -152,8 +159,8 @@ def vit_relprop(model, saved: dict, blocks: list, one_hot: Tensor, ours: bool, s
     m = model
     R = linear_rel(saved["cls"], m.head.weight, one_hot, shared=ours)
     N = blocks[0]["x"].shape[1]
-    Rt = torch.zeros(1, N, R.shape[-1])
-    Rt[:, 0] = R
+    Rt = torch.zeros(1, N, R.shape[-1], dtype=R.dtype)
+    Rt[:, 0] = select_rel(saved["cls"], R)
     R = Rt
     cams = [None] * len(blocks)
     for i in range(len(blocks) - 1, stop - 1, -1):
@@ -193,7 +200,7 @@ def vit_transformer_attribution(model, x: Tensor, target: int | None = None, sta
         mats = []
         for b, s in enumerate(blocks):
             if cams[b] is None:
-                mats.append(torch.zeros(1, s["attn"].shape[-1], s["attn"].shape[-1]))
+                mats.append(torch.zeros(1, s["attn"].shape[-1], s["attn"].shape[-1], dtype=s["attn"].dtype))
                 continue
             cam = (s["attn"].grad * cams[b]).clamp(min=0).mean(dim=1)
             mats.append(cam)
@@ -269,8 +276,8 @@ def bert_transformer_attribution(model, input_ids: Tensor, target: int | None = 
     R = linear_rel(pooled, model.classifier.weight, one_hot, shared=True)
     R = linear_rel(cls, base.pooler.dense.weight, R, shared=True)
     n = input_ids.shape[1]
-    Rt = torch.zeros(1, n, R.shape[-1])
-    Rt[:, 0] = R
+    Rt = torch.zeros(1, n, R.shape[-1], dtype=R.dtype)
+    Rt[:, 0] = select_rel(cls, R)
     R = Rt
     cams = [None] * len(blocks)
     for i in range(len(blocks) - 1, start_layer - 1, -1):

@@ -35,8 +35,9 @@ def test_signed_linear_conserves(seed, n, d_in, d_out):
     Rx = rules.linear_signed(x, W, R)
     xp, xn = x.clamp(min=0), x.clamp(max=0)
     zp = xp @ W.clamp(min=0).T + xn @ W.clamp(max=0).T
-    expected = (R * (zp > 1e-6)).sum()  # units with no positive contribution pass nothing
-    assert torch.allclose(Rx.sum(), expected, rtol=1e-6, atol=1e-6)
+    # each unit passes on R_i·z⁺/(z⁺+1e-9): all of it, but for the stabiliser (and nothing where z⁺ = 0)
+    expected = (R * zp / (zp + 1e-9)).sum()
+    assert torch.allclose(Rx.sum(), expected, rtol=1e-9, atol=1e-9)
 
 
 @settings(max_examples=40, deadline=None)

@@ -28,6 +28,7 @@ class Trace:
     tokens: Optional[Tensor] = None
     x_pos: Optional[Tensor] = None
     mask: Optional[Tensor] = None
+    cls_token: Optional[Tensor] = None  # (B, D) the selected token before fc_norm (ViT)
 
     def attention(self, b: int) -> Tensor:
         return self.acts[b]["A"]

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules import Composite
+from ..rules import Composite, select
 from .base import Adapter, BlockRelevance, Trace
 
 #: Additive mask value of the reference implementation; softmax gives exactly 0 there.
@@ -188,7 +188,7 @@ class BertAdapter(Adapter):
         R_pooled = composite.linear(self.classifier, trace.pooled, R_out)  # dropout: identity
         R_cls = composite.linear(self.pool_dense, trace.acts[L]["cls"], R_pooled)  # tanh: identity
         R = torch.zeros(B, T, D, dtype=R_cls.dtype, device=R_cls.device)
-        R[:, 0] = R_cls
+        R[:, 0] = select(trace.acts[L]["cls"], R_cls)
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, T, dtype=R.dtype, device=R.device))
         for b in range(L - 1, stop_block - 1, -1):
             out.tokens[:, b] = R.sum(-1)  # leaving layer b
@@ -215,13 +215,13 @@ def _layer_forward(p: LayerParts, x: Tensor, bias: Tensor) -> tuple[Tensor, dict
 
 def _layer_relprop(p: LayerParts, act: dict, R: Tensor, c: Composite, deeper: bool):
     """Relevance of the layer output -> (relevance of the layer input or None, R^A)."""
-    add, matmul = c.op("add"), c.op("matmul")
+    add, matmul, clone = c.op("add"), c.op("matmul"), c.op("clone")
     B, T, D = R.shape
     H, d = p.num_heads, p.head_dim
     # output LayerNorm: identity; FFN branch | skip
     R_d2, R_a = add(act["d2"], act["a"], R)
     R_g = c.linear(p.out_dense, act["g"], R_d2)
-    R_a = R_a + c.linear(p.inter_dense, act["a"], R_g)  # Clone
+    R_a = clone(c.linear(p.inter_dense, act["a"], R_g), R_a, x=act["a"])
     # attention LayerNorm: identity; attention output dense | skip
     R_d1, R_h = add(act["d1"], act["h"], R_a)
     R_o = c.linear(p.attn_dense, act["o"], R_d1).reshape(B, T, H, d).transpose(1, 2)
@@ -233,9 +233,9 @@ def _layer_relprop(p: LayerParts, act: dict, R: Tensor, c: Composite, deeper: bo
     R_q, R_kT = matmul(act["q"], act["k"].transpose(-2, -1), R_s)
     flat = lambda t: t.transpose(1, 2).reshape(B, T, H * d)  # noqa: E731
     h = act["h"]
-    R_qkv = (c.linear(p.query, h, flat(R_q)) + c.linear(p.key, h, flat(R_kT.transpose(-2, -1)))
-             + c.linear(p.value, h, flat(R_v)))
-    return R_h + R_qkv, R_A
+    R_qkv = clone(c.linear(p.query, h, flat(R_q)), c.linear(p.key, h, flat(R_kT.transpose(-2, -1))),
+                  c.linear(p.value, h, flat(R_v)), x=h)  # the three-way Clone
+    return clone(R_qkv, R_h, x=h), R_A
 
 
 __all__ = ["BertAdapter", "LayerParts", "MASK_VALUE"]

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules import Composite, EPS, safe_div, zbox_conv2d
+from ..rules import Composite, EPS, safe_div, select, zbox_conv2d
 from .base import Adapter, BlockRelevance, Trace
 
 
@@ -150,7 +150,8 @@ class PreLNViTAdapter(Adapter):
         for p in self.blocks:
             x, acts = _block_forward(p, x)
             trace.acts.append(acts)
-        trace.pooled = self.fc_norm(self.final_norm(x)[:, 0])
+        trace.cls_token = self.final_norm(x)[:, 0]
+        trace.pooled = self.fc_norm(trace.cls_token)
         trace.logits = self.head(trace.pooled) if self.head is not None else trace.pooled
         return trace
 
@@ -164,7 +165,7 @@ class PreLNViTAdapter(Adapter):
         L = self.num_blocks
         R_pooled = composite.linear(self.head, trace.pooled, R_out)  # fc_norm: identity
         R = torch.zeros(B, N, D, dtype=R_pooled.dtype, device=R_pooled.device)
-        R[:, 0] = R_pooled  # [CLS] select; final norm: identity
+        R[:, 0] = select(trace.cls_token, R_pooled)  # [CLS] select; final norm: identity
         out = BlockRelevance(attn=[None] * L,
                              tokens=torch.zeros(B, L, N, dtype=R.dtype, device=R.device))
         for b in range(L - 1, stop_block - 1, -1):
@@ -217,13 +218,13 @@ def _block_forward(p: BlockParts, x: Tensor) -> tuple[Tensor, dict]:
 
 def _block_relprop(p: BlockParts, act: dict, R: Tensor, c: Composite, deeper: bool):
     """Relevance of the block output -> (relevance of the block input or None, R^A)."""
-    add, matmul = c.op("add"), c.op("matmul")
+    add, matmul, clone = c.op("add"), c.op("matmul"), c.op("clone")
     B, N, _ = R.shape
     H, d = p.num_heads, p.head_dim
     # MLP branch (ls2, GELU, norms: identity)
     R_x2, R_f = add(act["x2"], act["f"], R)
     R_g = c.linear(p.fc2, act["g"], R_f)
-    R_x2 = R_x2 + c.linear(p.fc1, act["h2"], R_g)  # Clone
+    R_x2 = clone(R_x2, c.linear(p.fc1, act["h2"], R_g), x=act["x2"])
     # attention branch
     R_x, R_a = add(act["x"], act["a"], R_x2)
     R_o = c.linear(p.proj, act["o"], R_a).reshape(B, N, H, d).transpose(1, 2)
@@ -238,9 +239,9 @@ def _block_relprop(p: BlockParts, act: dict, R: Tensor, c: Composite, deeper: bo
         R_h1 = c.linear(p.qkv, h1, R_qkv)
     else:
         flat = lambda t: t.transpose(1, 2).reshape(B, N, H * d)  # noqa: E731
-        R_h1 = (c.linear(p.q, h1, flat(R_q)) + c.linear(p.k, h1, flat(R_k))
-                + c.linear(p.v, h1, flat(R_v)))
-    return R_x + R_h1, R_A
+        R_h1 = c.op("clone")(c.linear(p.q, h1, flat(R_q)), c.linear(p.k, h1, flat(R_k)),
+                             c.linear(p.v, h1, flat(R_v)), x=h1)  # the three-way Clone
+    return clone(R_x, R_h1, x=act["x"]), R_A
 
 
 # ----------------------------------------------------------------------------
