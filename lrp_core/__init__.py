@@ -13,8 +13,6 @@ __all__ = [
     "Explanation", "InputError", "LRPError", "UnknownMethodError", "UnsupportedModelError",
 ]
 
-try:  # the engine (issue 2) lands these
-    from .api import METHODS, ConceptTarget, concept_target, explain  # noqa: F401
-    __all__ += ["METHODS", "ConceptTarget", "concept_target", "explain"]
-except ImportError:  # pragma: no cover - only while the engine is being built
-    pass
+from .api import METHODS, AttentionParts, ConceptTarget, attention_parts, concept_target, explain
+
+__all__ += ["METHODS", "AttentionParts", "ConceptTarget", "attention_parts", "concept_target", "explain"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
@@ -12,6 +13,7 @@ from .errors import InputError, UnknownMethodError
 from .explanation import Explanation
 from .methods import CLASS_AGNOSTIC, REGISTRY, ConceptTarget, Options, cdam
 from .rollout import NORMS
+from .rules import TRANSFORMER_ATTRIBUTION
 
 #: Every method ``explain`` knows, in the order the course introduces them.
 METHODS: tuple[str, ...] = tuple(REGISTRY)
@@ -86,6 +88,48 @@ def concept_target(model: nn.Module, examples: Any, name: str = "concept") -> Co
     with model_guard(model), torch.no_grad():
         pooled = adapter.forward(prepared, grad=False).pooled
     return ConceptTarget(vector=pooled.mean(dim=0), n_examples=pooled.shape[0], name=name)
+
+
+@dataclass
+class AttentionParts:
+    """The ingredients of ``transformer_attribution`` for every block, before they are combined.
+
+    Attributes:
+        attention: (B, L, H, N, N) A_b after softmax.
+        gradient: (B, L, H, N, N) ∇A_b = ∂y_t/∂A_b.
+        relevance: (B, L, H, N, N) R^{A_b}, the relevance of A_b (Chefer et al. rules).
+        target: (B,) the explained class; logits: (B, C).
+    """
+
+    attention: Tensor
+    gradient: Tensor
+    relevance: Tensor
+    target: Tensor
+    logits: Tensor
+
+
+def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> AttentionParts:
+    """A_b, ∇A_b and R^{A_b} per block and head — what ``transformer_attribution`` multiplies and clamps.
+
+    For teaching and inspection: ``(gradient * relevance).clamp(min=0).mean(2)`` is ``explain(...).layers``.
+    """
+    adapter = get_adapter(model)
+    if adapter.num_classes == 0:
+        raise InputError(f"{type(model).__name__} has no classification head: there is no class to explain")
+    prepared = adapter.check_inputs(inputs)
+    resolve = _target_resolver(target, _batch_size(prepared), adapter.num_classes)
+    with model_guard(model):
+        trace = adapter.forward(prepared, grad=True)
+        t = resolve(trace.logits.detach())
+        L = adapter.num_blocks
+        attns = [trace.attention(b) for b in range(L)]
+        grads = torch.autograd.grad(trace.logits.gather(1, t[:, None]).sum(), attns)
+        with torch.no_grad():
+            one_hot = torch.zeros_like(trace.logits).scatter_(1, t[:, None], 1.0)
+            rel = adapter.relprop(trace, one_hot, TRANSFORMER_ATTRIBUTION, stop_block=0)
+    stack = lambda ts: torch.stack([x.detach() for x in ts], dim=1)  # noqa: E731
+    return AttentionParts(attention=stack(attns), gradient=stack(grads), relevance=stack(rel.attn),
+                          target=t, logits=trace.logits.detach())
 
 
 # ----------------------------------------------------------------------------
@@ -203,4 +247,5 @@ def model_guard(model: nn.Module) -> Iterator[None]:
                 pass
 
 
-__all__ = ["explain", "METHODS", "concept_target", "ConceptTarget", "model_guard"]
+__all__ = ["explain", "METHODS", "concept_target", "ConceptTarget", "model_guard", "attention_parts",
+           "AttentionParts"]

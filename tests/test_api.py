@@ -174,3 +174,12 @@ def test_headless_model_needs_a_concept(images):
     assert explain(vit, images, method="cdam", target=c).scores.shape == (3, 16)
     with pytest.raises(InputError, match="concept target works with method='cdam' only"):
         explain(vit, images, method="rollout", target=c)
+
+
+def test_attention_parts_are_what_transformer_attribution_combines(tiny_vit, images):
+    from lrp_core import attention_parts
+    parts = attention_parts(tiny_vit, images, target=[0, 1, 2])
+    assert parts.attention.shape == (3, 3, 3, 17, 17)
+    exp = explain(tiny_vit, images, target=[0, 1, 2])
+    assert torch.allclose((parts.gradient * parts.relevance).clamp(min=0).mean(2), exp.layers, atol=1e-7)
+    assert torch.allclose(parts.attention.sum(-1), torch.ones(3, 3, 3, 17), atol=1e-5)
