@@ -132,7 +132,13 @@ class RelevanceWidget(W.VBox):
 
     Subclasses implement :meth:`_static_bundle` (the fallback shown where widgets
     cannot render, e.g. nbconvert / nbval / GitHub).
+
+    ``threads``: CPU threads torch uses for this widget's computations: ``"auto"``
+    (one thread for small models, see :func:`widgets._engine.torch_threads`),
+    an int, or ``None`` for torch's own setting. Set it on the class or an instance.
     """
+
+    threads: Any = "auto"
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -154,10 +160,12 @@ class RelevanceWidget(W.VBox):
         self.message.value = ""
 
     def _guarded(self, label: str, fn: Callable[[], None]) -> bool:
-        """Run ``fn``; on failure show a readable error instead of a traceback."""
+        """Run ``fn`` (on :attr:`threads` CPU threads); show a readable error if it fails."""
+        from ._engine import torch_threads
         t0 = time.perf_counter()
         try:
-            fn()
+            with torch_threads(getattr(getattr(self, "facts", None), "module", None), self.threads):
+                fn()
         except Exception as err:  # noqa: BLE001 - every failure becomes a message
             self.show_error(describe_error(err))
             self.last_traceback = traceback.format_exc()

@@ -6,12 +6,52 @@ an engine error into a readable message, and one place tests can patch.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Union
 
 import torch
 
 #: Methods whose result depends on ``start_layer`` (the others ignore it).
 START_LAYER_METHODS = ("transformer_attribution", "rollout")
+
+
+#: Models below this many parameters are explained on one CPU thread by default.
+SMALL_MODEL_PARAMS = 50_000_000
+
+
+def _threads_for(module: Optional[torch.nn.Module], threads: Union[str, int, None]) -> Optional[int]:
+    if threads is None:
+        return None
+    if threads == "auto":
+        if module is None:
+            return None
+        n = sum(p.numel() for p in module.parameters())
+        return 1 if n < SMALL_MODEL_PARAMS else None
+    return max(1, int(threads))
+
+
+@contextmanager
+def torch_threads(module: Optional[torch.nn.Module], threads: Union[str, int, None] = "auto"
+                  ) -> Iterator[None]:
+    """Run torch on ``threads`` CPU threads inside the block, then restore the setting.
+
+    ``"auto"``: one thread for models under :data:`SMALL_MODEL_PARAMS` parameters.
+    One input through a small model is made of tiny operations that gain nothing
+    from several threads, and on a busy machine (a notebook server next to a
+    browser, 2 cores) the threads wait for each other: measured here, one
+    explanation of toy-vit took 4 s on 2 threads and 0.04 s on one, MiniLM 8.7 s
+    and 0.11 s. ``None`` leaves torch's setting alone.
+    """
+    n = _threads_for(module, threads)
+    old = torch.get_num_threads()
+    if n is None or n == old:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def _api() -> Any:

@@ -21,14 +21,14 @@ CACHE_SIZE = 48
 DEFAULT_METHOD = "transformer_attribution"
 
 
-def forward_logits(module: torch.nn.Module, inputs: Any) -> torch.Tensor:
-    """The model's logits (B, C) without gradients."""
+def forward_logits(module: torch.nn.Module, inputs: Any, threads: Any = "auto") -> torch.Tensor:
+    """The model's logits (B, C) without gradients (on ``threads`` CPU threads)."""
     if getattr(module, "num_classes", None) == 0:  # timm backbone without a head (e.g. DINOv2)
         raise TypeError(f"{type(module).__name__} has no classification head, so there are no "
                         "classes to explain: use widgets.ConceptBuilder (a concept from example "
                         "images) or a class-agnostic method such as lrp_core.explain(..., "
                         "method='rollout')")
-    with torch.no_grad():
+    with torch.no_grad(), _engine.torch_threads(module, threads):
         out = module(**inputs) if isinstance(inputs, dict) else module(inputs)
     logits = getattr(out, "logits", out)
     if isinstance(logits, (tuple, list)):
@@ -84,7 +84,7 @@ class LayerExplorer(RelevanceWidget):
             self.facts: ModelFacts = resolve_model(model)
             self._check_kind()
             self.inputs = self._prepare_inputs(inputs)
-            self.logits = forward_logits(self.facts.module, self.inputs)
+            self.logits = forward_logits(self.facts.module, self.inputs, self.threads)
             self.names = class_names(list(labels) if labels is not None else self.facts.labels,
                                      self.logits.shape[1])
             self._set_methods(methods)

@@ -91,8 +91,10 @@ def run(name: str = "toy-vit", repeat: int = 10) -> dict[str, list[float]]:
     results["sign toggle"] = _time(sign, repeat)
     results["class switch (new class)"] = _time(new_class, min(repeat, len(classes) - 1))
     results["class switch (cached)"] = _time(new_class, min(repeat, len(classes) - 1))
+    from widgets._engine import _threads_for
+    used = _threads_for(w.facts.module, w.threads) or torch.get_num_threads()
     print(f"model: {label}; {L} blocks, {len(heads) - 1} heads; torch threads: "
-          f"{torch.get_num_threads()}")
+          f"{torch.get_num_threads()}, widget computes on {used} (threads={w.threads!r})")
     for k, v in results.items():
         print(f"  {k:28s} median {statistics.median(v):7.1f} ms   max {max(v):7.1f} ms   (n={len(v)})")
     return results
@@ -102,7 +104,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="toy-vit")
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--threads", default="auto",
+                    help='CPU threads for the widget: "auto" (default), a number, or "torch"')
     args = ap.parse_args()
+    from widgets._common import RelevanceWidget
+    RelevanceWidget.threads = None if args.threads == "torch" else (
+        args.threads if args.threads == "auto" else int(args.threads))
     run(args.model, args.repeat)
 
 

@@ -90,7 +90,7 @@ class MethodGrid(RelevanceWidget):
         unknown = [m for m in self.methods if m not in known]
         if unknown or not self.methods:
             raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
-        self.logits = forward_logits(self.facts.module, self.inputs)
+        self.logits = forward_logits(self.facts.module, self.inputs, self.threads)
         self.names = class_names(list(labels) if labels is not None else self.facts.labels,
                                  self.logits.shape[1])
         self.class_selector.options = class_options(self.logits[0], self.names)

@@ -291,3 +291,20 @@ def test_layer_products_match_the_engines_accumulate(vit, images, method, norm):
     layers[:, 1] = exp.layers_per_head[:, 1, 0]
     want = lrp_core.rollout.accumulate(layers, 0, 1, norm=norm)[0, 0].double().numpy()
     np.testing.assert_allclose(prods.cls_row(1, 0, head=0), want, rtol=1e-5, atol=1e-8)
+
+
+def test_small_models_compute_on_one_thread_and_the_setting_is_restored(vit, images, monkeypatch):
+    from widgets import _engine
+    before = torch.get_num_threads()
+    seen = []
+    real = _engine.explain
+    monkeypatch.setattr(_engine, "explain",
+                        lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    w = widgets.RelevanceExplorer(vit, images[:1])
+    w.class_selector.value = next(v for _, v in w.class_selector.options if v != w.target)
+    assert seen == [1, 1]
+    assert torch.get_num_threads() == before
+    w2 = widgets.RelevanceExplorer(vit, images[:1])
+    w2.threads = None  # torch's own setting
+    w2.class_selector.value = next(v for _, v in w2.class_selector.options if v != w2.target)
+    assert seen[-1] == before
