@@ -622,7 +622,7 @@ SHORT = {
     "perturbation_negative_auc_target": "neg↑ true", "pixel_accuracy": "pix acc",
     "miou": "mIoU", "map": "mAP", "class_sensitivity": "class sens", "class_map_correlation":
     "class corr", "cdam_sparsity": "sparsity", "tam_correlation": "r(TAM)",
-    **{f"token_f1@{k}": f"F1@{k}" for k in M.TOP_K}, "token_f1@gold": "F1@|gold|",
+    **{f"token_f1@{k}": f"F1@{k}" for k in M.TOP_K}, "token_f1@gold": "F1@gold",
 }
 
 
