@@ -186,10 +186,18 @@ class RelevanceWidget(W.VBox):
             data["text/html"] = error_html(describe_error(err))
         return data
 
+    def static_display(self) -> Any:
+        """The static picture as an IPython display object (``Image`` or ``HTML``)."""
+        from IPython.display import HTML, Image
+        bundle = self._static_bundle()
+        if "image/png" in bundle:
+            return Image(data=base64.b64decode(bundle["image/png"]), format="png")
+        return HTML(bundle.get("text/html", ""))
+
     def show_static(self) -> None:
         """Display the static picture (for places where widgets cannot render)."""
         from IPython.display import display
-        display(self._static_bundle(), raw=True)
+        display(self.static_display())
 
 
 def png_bundle(png: bytes, error: Optional[str] = None) -> dict[str, Any]:

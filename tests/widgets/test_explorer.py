@@ -308,3 +308,13 @@ def test_small_models_compute_on_one_thread_and_the_setting_is_restored(vit, ima
     w2.threads = None  # torch's own setting
     w2.class_selector.value = next(v for _, v in w2.class_selector.options if v != w2.target)
     assert seen[-1] == before
+
+
+def test_static_display_objects(explorer, decode_png):
+    from IPython.display import HTML, Image
+    img = explorer.static_display()
+    assert isinstance(img, Image)
+    assert decode_png(img.data).shape[1] == explorer.display_size
+    bad = widgets.RelevanceExplorer(torch.nn.Linear(2, 2), torch.zeros(1, 3, 32, 32))
+    html = bad.static_display()
+    assert isinstance(html, HTML) and "trl-error" in html.data
