@@ -80,8 +80,14 @@ def check_kind(facts: ModelFacts, expected: str, widget: str) -> None:
                                     f"model ({name}): use {other}")
 
 
-def class_names(labels: Sequence[str], n_classes: int) -> list[str]:
-    """``labels`` when they cover every class, else ``class i`` names."""
+def class_names(labels: Sequence[str], n_classes: int, strict: bool = False) -> list[str]:
+    """``labels`` when they cover every class, else ``class i`` names.
+
+    With ``strict=True`` (labels given by the user) a wrong count is an error.
+    """
+    if strict and len(labels) != n_classes:
+        from lrp_core.errors import InputError
+        raise InputError(f"got {len(labels)} labels for a model with {n_classes} classes")
     if len(labels) == n_classes:
         return [str(x) for x in labels]
     return [f"class {i}" for i in range(n_classes)]

@@ -86,7 +86,7 @@ class LayerExplorer(RelevanceWidget):
             self.inputs = self._prepare_inputs(inputs)
             self.logits = forward_logits(self.facts.module, self.inputs, self.threads)
             self.names = class_names(list(labels) if labels is not None else self.facts.labels,
-                                     self.logits.shape[1])
+                                     self.logits.shape[1], strict=labels is not None)
             self._set_methods(methods)
         except Exception as err:  # noqa: BLE001 - shown as a message in the widget
             self.show_error(describe_error(err), title="Cannot build this widget")

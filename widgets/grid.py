@@ -92,7 +92,7 @@ class MethodGrid(RelevanceWidget):
             raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
         self.logits = forward_logits(self.facts.module, self.inputs, self.threads)
         self.names = class_names(list(labels) if labels is not None else self.facts.labels,
-                                 self.logits.shape[1])
+                                 self.logits.shape[1], strict=labels is not None)
         self.class_selector.options = class_options(self.logits[0], self.names)
         if target is None:
             self.class_selector.value = int(self.logits[0].argmax())

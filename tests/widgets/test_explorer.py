@@ -246,6 +246,7 @@ def test_mimebundle_carries_a_static_png_next_to_the_widget_view(explorer, decod
     (lambda vit, bert: (bert, {"input_ids": torch.ones(1, 4, dtype=torch.long)}), "TokenRelevance"),
     (lambda vit, bert: (vit, torch.randn(1, 1, 32, 32)), "(B, 3, H, W)"),
     (lambda vit, bert: (vit, "a picture"), "tensor"),
+    (lambda vit, bert: (vit, torch.zeros(0, 3, 32, 32)), "empty"),
 ])
 def test_bad_input_shows_a_readable_message_in_the_widget(vit, bert, make_bad, expected):
     model, inputs = make_bad(vit, bert)
@@ -318,3 +319,8 @@ def test_static_display_objects(explorer, decode_png):
     bad = widgets.RelevanceExplorer(torch.nn.Linear(2, 2), torch.zeros(1, 3, 32, 32))
     html = bad.static_display()
     assert isinstance(html, HTML) and "trl-error" in html.data
+
+
+def test_wrong_number_of_labels_is_a_readable_message(vit, images):
+    w = widgets.RelevanceExplorer(vit, images[:1], labels=["a", "b"])
+    assert "2 labels for a model with 5 classes" in w.last_error
