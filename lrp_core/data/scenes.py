@@ -3,9 +3,10 @@
 Every scene is drawn on a coordinate grid with numpy: a cluttered background
 (colour gradient, low-frequency noise, small distractor dots and thin lines
 that are not class shapes), then one or two objects whose classes differ in
-*shape*. Each object gets a random colour, texture, size, tilt (any orientation for the ellipse) and
-position. Masks are exact: they mark the pixels where the object is visible
-(an object partly hidden by another one does not own the occluder's pixels).
+*shape*. Each object gets a random colour, texture, size, tilt (any
+orientation for the ellipse) and position. Masks are exact: they mark the
+pixels where the object is visible (an object partly hidden by another one
+does not own the occluder's pixels).
 
 >>> s = make_scenes(8, seed=0, n_objects=2)
 >>> s.images.shape, s.labels.shape, s.masks.shape, s.rgb.shape
