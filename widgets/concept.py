@@ -6,6 +6,7 @@ from typing import Any, Optional
 import ipywidgets as W
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from lrp_core.errors import InputError
 from lrp_core.viz import render_overlay_png, to_rgb_uint8
@@ -27,6 +28,32 @@ def _encode(rgb: np.ndarray, size: int) -> bytes:
     return buf.getvalue()
 
 
+def model_image_size(module: torch.nn.Module) -> Optional[tuple[int, int]]:
+    """The (H, W) a ViT takes, where it is fixed."""
+    pe = getattr(module, "patch_embed", None)
+    if pe is not None and getattr(pe, "img_size", None) is not None:
+        return tuple(int(v) for v in pe.img_size)  # type: ignore[return-value]
+    size = getattr(getattr(module, "config", None), "image_size", None)
+    return (int(size), int(size)) if isinstance(size, int) else None
+
+
+def stack_crops(module: torch.nn.Module, crops: list[Any]) -> torch.Tensor:
+    """Normalised crops (3, h, w) of any sizes, resized bilinearly to the model's input size."""
+    if not crops:
+        raise InputError("no example images given: pass at least one candidate image or crop")
+    size = model_image_size(module)
+    out = []
+    for i, c in enumerate(crops):
+        c = torch.as_tensor(c, dtype=torch.float32)
+        if c.dim() == 4 and c.shape[0] == 1:
+            c = c[0]
+        if c.dim() != 3 or c.shape[0] != 3 or min(c.shape[1:]) < 1:
+            raise InputError(f"crop {i} must be a normalised (3, h, w) tensor; got {tuple(c.shape)}")
+        target = size or tuple(c.shape[1:])
+        out.append(F.interpolate(c[None], size=target, mode="bilinear", align_corners=False)[0])
+    return torch.stack(out)
+
+
 class ConceptBuilder(RelevanceWidget):
     """Define a concept by ticking example images; show its CDAM on a query image.
 
@@ -37,7 +64,8 @@ class ConceptBuilder(RelevanceWidget):
 
     Args:
         model: an image model (or ``LoadedModel``); it needs no classification head.
-        candidate_images: (K, 3, H, W) normalised example images to choose from.
+        candidate_images: (K, 3, H, W) normalised example images to choose from, or a
+            list of normalised crops (3, h, w) of any size (resized to the model's input).
         query_image: (3, H, W) or (Q, 3, H, W) normalised image(s) to explain.
         candidate_rgb, query_rgb: RGB pictures to draw (default: de-normalised inputs).
         selected: indices ticked at the start (default: none).
@@ -67,6 +95,8 @@ class ConceptBuilder(RelevanceWidget):
         try:
             self.facts = resolve_model(model)
             check_kind(self.facts, "image", "ConceptBuilder")
+            if isinstance(candidate_images, (list, tuple)):  # crops of any size
+                candidate_images = stack_crops(self.facts.module, candidate_images)
             self.candidates = check_image_inputs(self.facts.module, candidate_images,
                                                  self.facts.preprocess)
             self.queries = check_image_inputs(self.facts.module, query_image, self.facts.preprocess)

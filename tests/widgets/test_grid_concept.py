@@ -106,3 +106,18 @@ def test_head_less_backbone_concept_works_and_class_widgets_explain_why_not(make
     np.testing.assert_allclose(c.displayed_map, ref.scores[0].reshape(4, 4).numpy(), rtol=1e-4)
     for w in (widgets.RelevanceExplorer(backbone, images[:1]), widgets.MethodGrid(backbone, images[:1])):
         assert "no classification head" in w.last_error and "ConceptBuilder" in w.last_error
+
+
+def test_concept_from_crops_of_any_size(vit, images):
+    import torch.nn.functional as F
+    big = torch.randn(3, 64, 64, generator=torch.Generator().manual_seed(5))
+    crops = [big[:, :20, :30], big[:, 30:, 10:50]]
+    c = widgets.ConceptBuilder(vit, crops, images[:1], selected=[0, 1])
+    assert c.last_error is None, c.last_error
+    resized = torch.stack([F.interpolate(k[None], size=(32, 32), mode="bilinear",
+                                         align_corners=False)[0] for k in crops])
+    ref = lrp_core.explain(vit, images[:1], method="cdam",
+                           target=lrp_core.concept_target(vit, resized))
+    np.testing.assert_allclose(c.displayed_map, ref.scores[0].reshape(4, 4).numpy(), rtol=1e-4)
+    bad = widgets.ConceptBuilder(vit, [torch.zeros(1, 8, 8)], images[:1])
+    assert "crop 0" in bad.last_error
