@@ -215,8 +215,9 @@ def lrp(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options) -> Me
     trace, target, _ = _attention_only(a, prepared, resolve)
     with torch.no_grad():
         images = a.family == "vit"
+        extra = {"to_pixels": True} if images else {"to_inputs": True}
         rel = a.relprop(trace, _one_hot(trace.logits, target), LRP_BASELINE, stop_block=0,
-                        to_pixels=images, prepared=prepared)
+                        prepared=prepared, **extra)
         if images:
             pixels = rel.pixels
             ph, pw = a.patch_size
@@ -224,7 +225,7 @@ def lrp(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options) -> Me
             scores = pixels.reshape(B, H // ph, ph, W // pw, pw).sum(dim=(2, 4)).reshape(B, -1)
         else:
             pixels = None
-            scores = rel.tokens[:, 0] * prepared["attention_mask"].to(rel.tokens.dtype)
+            scores = rel.inputs * prepared["attention_mask"].to(rel.inputs.dtype)  # at the embeddings
     return MethodResult(scores=scores, target=target, logits=trace.logits, pixels=pixels,
                         token_relevance=rel.tokens)
 

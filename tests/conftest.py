@@ -32,17 +32,18 @@ def make_tiny_vit(seed: int = 0, **kw):
     return model
 
 
-def make_tiny_bert(seed: int = 0, **kw):
+def make_tiny_bert(seed: int = 0, weight_scale: float = 1.0, **kw):
+    """A 2-layer BERT classifier. ``weight_scale`` > 1 enlarges the matrices beyond HF's init (std 0.02)."""
     from transformers import BertConfig, BertForSequenceClassification
     torch.manual_seed(seed)
     cfg = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                max_position_embeddings=40, num_labels=3, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
     cfg.update(kw)
     model = BertForSequenceClassification(BertConfig(**cfg)).eval()
-    with torch.no_grad():  # HF initialises with std 0.02; larger weights exercise the rules better
+    with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
-                p.mul_(5.0)
+                p.mul_(weight_scale)
     _perturb_norms(model, seed)
     return model
 
@@ -55,6 +56,12 @@ def tiny_vit():
 @pytest.fixture
 def tiny_bert():
     return make_tiny_bert()
+
+
+@pytest.fixture
+def wide_bert():
+    """Weights 5× HF's init: larger activations, a harder case for the rules (and for float32)."""
+    return make_tiny_bert(weight_scale=5.0)
 
 
 @pytest.fixture

@@ -38,12 +38,14 @@ def test_vit_lrp_and_partial_lrp_match_reference(tiny_vit, images):
     assert rel_err(explain(tiny_vit, images, method="partial_lrp").scores, partial) < 1e-4
 
 
-def test_bert_transformer_attribution_matches_reference(tiny_bert):
+@pytest.mark.parametrize("scale", [1.0, 5.0])
+def test_bert_transformer_attribution_matches_reference(scale):
+    model = make_tiny_bert(weight_scale=scale)
     ids = torch.tensor([[2, 11, 17, 5, 40, 33, 3]])
     for start_layer in (0, 1):
-        exp = explain(tiny_bert, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+        exp = explain(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
                       method="transformer_attribution", start_layer=start_layer)
-        expected = ref.bert_transformer_attribution(tiny_bert, ids, start_layer=start_layer)
+        expected = ref.bert_transformer_attribution(model, ids, start_layer=start_layer)
         assert rel_err(exp.scores, expected) < 1e-4
 
 
@@ -188,14 +190,29 @@ def test_vit_batch_equals_single(tiny_vit, images, method):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_bert_batch_with_padding_equals_single(tiny_bert, text_batch, method):
-    batch = explain(tiny_bert, text_batch, method=method)
+def test_bert_batch_with_padding_equals_single(tiny_bert, wide_bert, text_batch, method):
+    # token ablation scores are differences of logits: at HF's init they are ~1e-5 of logits ~1, at the
+    # float32 noise floor, so it is checked on the model with larger weights (where logits really move)
+    model = wide_bert if method == "token_ablation" else tiny_bert
+    batch = explain(model, text_batch, method=method)
     mask = text_batch["attention_mask"]
     for i in range(3):
         n = int(mask[i].sum())
-        one = explain(tiny_bert, {k: v[i:i + 1, :n] for k, v in text_batch.items()}, method=method)
+        one = explain(model, {k: v[i:i + 1, :n] for k, v in text_batch.items()}, method=method)
         assert rel_err(batch.scores[i, :n], one.scores[0]) < 1e-5, method
         assert (batch.scores[i, n:] == 0).all(), "padding positions must score 0"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bert_batch_equals_single_exactly_in_float64(wide_bert, text_batch, method):
+    """The math is batch-independent; in float32 the relevance pass amplifies round-off with weight size."""
+    model = wide_bert.double()
+    batch = explain(model, text_batch, method=method)
+    mask = text_batch["attention_mask"]
+    for i in range(3):
+        n = int(mask[i].sum())
+        one = explain(model, {k: v[i:i + 1, :n] for k, v in text_batch.items()}, method=method)
+        assert rel_err(batch.scores[i, :n], one.scores[0]) < 1e-10, method
 
 
 def test_bert_cls_entry_is_row_minimum(tiny_bert, text_batch):
@@ -326,3 +343,19 @@ def test_agreement_with_reference_on_real_pretrained_weights():
     pixels, partial = ref.vit_lrp(model, x)
     assert rel_err(explain(model, x, method="lrp").pixels, pixels) < 1e-4
     assert rel_err(explain(model, x, method="partial_lrp").scores, partial) < 1e-4
+
+
+def test_bert_lrp_reaches_the_embeddings(tiny_bert, text_batch):
+    """BERT `lrp` scores are the relevance of the embedding output: the relevance pass through every layer."""
+    from lrp_core.adapters import get_adapter
+    from lrp_core.rules import LRP_BASELINE
+    exp = explain(tiny_bert, text_batch, method="lrp")
+    a = get_adapter(tiny_bert)
+    prepared = a.check_inputs(text_batch)
+    trace = a.forward(prepared)
+    one_hot = torch.zeros_like(trace.logits).scatter_(1, exp.target[:, None], 1.0)
+    deep = a.relprop(trace, one_hot, LRP_BASELINE, stop_block=0, to_inputs=True)
+    shallow = a.relprop(trace, one_hot, LRP_BASELINE, stop_block=0)
+    assert shallow.inputs is None and deep.inputs is not None
+    assert torch.allclose(exp.scores, deep.inputs * text_batch["attention_mask"], atol=1e-7)
+    assert not torch.allclose(exp.scores, exp.token_relevance[:, 0])  # not the output of layer 0

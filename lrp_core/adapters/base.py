@@ -43,11 +43,14 @@ class BlockRelevance:
         tokens: (B, L, N) relevance of each token in the residual stream leaving block b
             (summed over channels; zeros below the stop block).
         pixels: (B, H, W) pixel relevance (ViT, ``to_pixels=True`` only).
+        inputs: (B, N) relevance of the block-0 input tokens (summed over channels), where the
+            pass went below block 0's attention (``stop_block=0`` with ``deeper`` propagation).
     """
 
     attn: list
     tokens: Tensor
     pixels: Optional[Tensor] = None
+    inputs: Optional[Tensor] = None
 
 
 class Adapter:

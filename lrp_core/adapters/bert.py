@@ -180,7 +180,8 @@ class BertAdapter(Adapter):
 
     # ------------------------------------------------------------- relevance
     def relprop(self, trace: Trace, R_out: Tensor, composite: Composite, stop_block: int = 0,
-                to_pixels: bool = False, prepared: Optional[dict] = None) -> BlockRelevance:
+                to_pixels: bool = False, prepared: Optional[dict] = None, to_inputs: bool = False) -> BlockRelevance:
+        """``to_inputs``: continue below ``stop_block``'s attention to the embeddings (``out.inputs``)."""
         if to_pixels:
             raise InputError("pixel relevance exists for images only")
         B, T, D = trace.x0.shape
@@ -192,7 +193,10 @@ class BertAdapter(Adapter):
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, T, dtype=R.dtype, device=R.device))
         for b in range(L - 1, stop_block - 1, -1):
             out.tokens[:, b] = R.sum(-1)  # leaving layer b
-            R, out.attn[b] = _layer_relprop(self.layers[b], trace.acts[b], R, composite, b > stop_block)
+            R, out.attn[b] = _layer_relprop(self.layers[b], trace.acts[b], R, composite,
+                                            to_inputs or b > stop_block)
+        if R is not None:
+            out.inputs = R.sum(-1)
         return out
 
 

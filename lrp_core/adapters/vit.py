@@ -172,6 +172,8 @@ class PreLNViTAdapter(Adapter):
             out.tokens[:, b] = R.sum(-1)  # leaving block b
             deeper = to_pixels or b > stop_block
             R, out.attn[b] = _block_relprop(self.blocks[b], trace.acts[b], R, composite, deeper)
+        if R is not None:
+            out.inputs = R.sum(-1)
         if to_pixels:
             out.pixels = self._relprop_pixels(trace, R, composite, prepared)
         return out
