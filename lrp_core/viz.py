@@ -22,7 +22,6 @@ import html
 import io
 from typing import Any, Mapping, Optional, Sequence
 
-import matplotlib
 import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import numpy as np

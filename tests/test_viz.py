@@ -155,7 +155,8 @@ def test_merge_wordpieces_errors_and_leading_piece():
 def test_denormalize_inverts_normalisation():
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
     rgb = np.random.default_rng(1).random((6, 7, 3))
-    x = (torch.tensor(rgb).permute(2, 0, 1) - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    m, s = torch.tensor(mean)[:, None, None], torch.tensor(std)[:, None, None]
+    x = (torch.tensor(rgb).permute(2, 0, 1) - m) / s
     np.testing.assert_allclose(viz.denormalize(x.unsqueeze(0), mean, std), rgb, atol=1e-6)
     with pytest.raises(ValueError, match="one image"):
         viz.denormalize(torch.zeros(2, 3, 4, 4), mean, std)

@@ -12,7 +12,8 @@ from lrp_core.errors import InputError
 from lrp_core.viz import render_overlay_png, to_rgb_uint8
 
 from . import _engine, views
-from ._common import RelevanceWidget, check_kind, describe_error, error_html, image_rgb, png_bundle, resolve_model
+from ._common import (RelevanceWidget, check_kind, describe_error, error_html, image_rgb,
+                      png_bundle, resolve_model)
 from .explorer import check_image_inputs
 
 

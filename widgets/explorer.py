@@ -36,7 +36,8 @@ def check_image_inputs(module: torch.nn.Module, inputs: Any, preprocess: Any = N
     size = tuple(inputs.shape[-2:])
     expected = None
     pe = getattr(module, "patch_embed", None)
-    if pe is not None and getattr(pe, "strict_img_size", False) and not getattr(module, "dynamic_img_size", False):
+    strict = pe is not None and getattr(pe, "strict_img_size", False)
+    if strict and not getattr(module, "dynamic_img_size", False):
         expected = tuple(pe.img_size)
     cfg = getattr(module, "config", None)
     if expected is None and cfg is not None and isinstance(getattr(cfg, "image_size", None), int):

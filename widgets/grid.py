@@ -10,8 +10,8 @@ import numpy as np
 from lrp_core.viz import overlay_image, tile_pngs, token_html
 
 from . import _engine, views
-from ._common import (RelevanceWidget, check_kind, class_names, class_options, describe_error, error_html,
-                      image_rgb, png_bundle, resolve_model)
+from ._common import (RelevanceWidget, check_kind, class_names, class_options, describe_error,
+                      error_html, image_rgb, png_bundle, resolve_model)
 from ._layered import forward_logits
 
 
