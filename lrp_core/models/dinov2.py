@@ -30,6 +30,7 @@ it with timm's ``forward_features``.
 """
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import time
@@ -319,6 +320,20 @@ def load_dinov2_s14(pretrained: str | bool = "auto") -> LoadedModel:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _backbone_session(path: str) -> Any:
+    """onnxruntime session of the graph with the backbone's final tokens as an extra output."""
+    import onnx
+    import onnxruntime as ort
+
+    proto = onnx.load(path)
+    vi = onnx.helper.make_tensor_value_info(ONNX_BACKBONE_OUTPUT, onnx.TensorProto.FLOAT, None)
+    proto.graph.output.append(vi)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(1, torch.get_num_threads())
+    return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
 def verify_against_onnx(model: torch.nn.Module, x: torch.Tensor, path: Path | None = None) -> dict[str, float]:
     """Compare ``model.forward_features(x)`` with the ONNX backbone's final tokens.
 
@@ -327,15 +342,7 @@ def verify_against_onnx(model: torch.nn.Module, x: torch.Tensor, path: Path | No
     ``{"max_abs": ..., "max_rel": ..., "cls_max_abs": ...}`` where ``max_rel`` is
     the max abs difference divided by the max abs ONNX value.
     """
-    import onnx
-    import onnxruntime as ort
-
-    proto = onnx.load(str(path if path is not None else onnx_path()))
-    vi = onnx.helper.make_tensor_value_info(ONNX_BACKBONE_OUTPUT, onnx.TensorProto.FLOAT, None)
-    proto.graph.output.append(vi)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = max(1, torch.get_num_threads())
-    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = _backbone_session(str(path if path is not None else onnx_path()))
     (ref,) = sess.run([ONNX_BACKBONE_OUTPUT], {"input_image": x.detach().cpu().numpy().astype(np.float32)})
     with torch.no_grad():
         ours = model.forward_features(x).cpu().numpy()
