@@ -150,6 +150,16 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def _new_src(img: Any, old: Optional[str], t0: float) -> float:
+    """Seconds from ``t0`` until the <img> shows a new picture (its blob URL changes)."""
+    end = t0 + CHANGE_S
+    while time.perf_counter() < end:
+        if img.get_attribute("src") != old:
+            return time.perf_counter() - t0
+        time.sleep(0.01)
+    raise AssertionError(f"the picture did not change within {CHANGE_S} s")
+
+
 def _shot(locator: Any) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(locator.screenshot())).convert("RGB")).astype(np.int16)
 
@@ -173,6 +183,7 @@ def test_widget_responds_in_jupyterlab(tmp_path: Path) -> None:
     log = tmp_path / "jupyterlab.log"
     proc = _start_lab(root, port, log)
     shots: dict[str, np.ndarray] = {}
+    latency: dict[str, float] = {}
     try:
         _wait(lambda: _server_up(url) or proc.poll() is not None, SERVER_START_S, "JupyterLab")
         assert proc.poll() is None, f"JupyterLab exited:\n{log.read_text()[-3000:]}"
@@ -204,7 +215,10 @@ def test_widget_responds_in_jupyterlab(tmp_path: Path) -> None:
                 before = int(readout.inner_text().strip())
                 assert before > 0, "the slider starts at the last block"
                 handle.focus()
+                src = img.get_attribute("src")
+                t0 = time.perf_counter()
                 handle.press("ArrowLeft")  # one block down
+                latency["slider"] = _new_src(img, src, t0)
                 _wait(lambda: readout.inner_text().strip() == str(before - 1), CHANGE_S,
                       "the slider to move one block down")
                 shots["slider"] = _wait(lambda: (lambda s: s if _differs(s, shots["first"]) else None)(
@@ -215,7 +229,10 @@ def test_widget_responds_in_jupyterlab(tmp_path: Path) -> None:
                 current = select.input_value()
                 values = select.locator("option").evaluate_all("os => os.map(o => o.value)")
                 other = next(v for v in values if v != current)
+                src = img.get_attribute("src")
+                t0 = time.perf_counter()
                 select.select_option(value=other)
+                latency["class"] = _new_src(img, src, t0)
                 shots["class"] = _wait(lambda: (lambda s: s if _differs(s, shots["slider"]) else None)(
                     _shot(img)), CHANGE_S, "the picture to follow the class")
                 assert page.locator(".trl-widget .trl-error").count() == 0
@@ -229,4 +246,6 @@ def test_widget_responds_in_jupyterlab(tmp_path: Path) -> None:
                 browser.close()
     finally:
         _stop(proc)
+    # measured in the browser (key press / selection -> new picture), reported, not asserted
+    print("browser latency: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in latency.items()))
     assert _differs(shots["first"], shots["slider"]) and _differs(shots["slider"], shots["class"])
