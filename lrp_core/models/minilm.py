@@ -19,7 +19,6 @@ import csv
 import importlib.metadata
 import io
 import json
-import os
 import random
 import re
 import time
@@ -244,7 +243,8 @@ def load_minilm_sentiment(pretrained: str | bool = "auto") -> LoadedModel:
     """
     if pretrained not in ("auto", True, False):
         raise ValueError(f"pretrained must be 'auto', True or False; got {pretrained!r}")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only; never reach for the hub
+    # local_files_only=True below keeps this offline without touching HF_HUB_OFFLINE,
+    # which would also cut off the hub loader for the other models.
     t0 = time.perf_counter()
     torch_state = torch.random.get_rng_state()
     torch.manual_seed(0)  # the classifier's init, when untrained, is then reproducible

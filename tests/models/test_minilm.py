@@ -47,6 +47,15 @@ def test_loads_offline_quickly(loaded: LoadedModel, monkeypatch: pytest.MonkeyPa
         assert torch.equal(a, b), k
 
 
+def test_load_leaves_hub_settings_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading must not switch the whole process offline (the hub loader needs it)."""
+    import os
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    load("minilm-sentiment")
+    assert "HF_HUB_OFFLINE" not in os.environ
+
+
 def test_architecture_is_bert_minilm(loaded: LoadedModel) -> None:
     from transformers import BertForSequenceClassification
 
