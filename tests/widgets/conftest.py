@@ -84,7 +84,7 @@ def bert() -> torch.nn.Module:
     return tiny_bert()
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def tokenizer() -> WordPieceTokenizer:
     return WordPieceTokenizer()
 

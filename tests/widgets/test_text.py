@@ -15,9 +15,8 @@ TEXTS = ["the film was unbelievably good", "a bad story"]
 
 
 @pytest.fixture(scope="module")
-def text_widget(bert):
-    from conftest import WordPieceTokenizer  # noqa: PLC0415 - the widgets' conftest
-    w = widgets.TokenRelevance(bert, texts=TEXTS, tokenizer=WordPieceTokenizer())
+def text_widget(bert, tokenizer):
+    w = widgets.TokenRelevance(bert, texts=TEXTS, tokenizer=tokenizer)
     assert w.last_error is None, w.last_error
     return w
 
