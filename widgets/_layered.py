@@ -352,6 +352,6 @@ class LayerExplorer(RelevanceWidget):
             b = self.layer_slider.value
             seq = ", ".join(f"{t:.3g}" for t in totals)
             lines.append(f"relevance in the residual stream at block {b}: "
-                         f"\u03a3 R = <b>{totals[b]:.4g}</b> "
-                         f"(every block: {seq}; conservation keeps these equal)")
+                         f"\u03a3 R = <b>{totals[b]:.4g}</b> (every block: {seq}; "
+                         f"{views.conservation_note(totals)})")
         return "<br>".join(lines)

@@ -140,6 +140,16 @@ def view_map(exp: Any, view: str, block: int = 0, start: int = 0,
     raise ValueError(f"unknown view {view!r}; choose one of {sorted(VIEW_LABELS)}")
 
 
+def conservation_note(totals: np.ndarray, rtol: float = 1e-3) -> str:
+    """Say whether the per-block totals are conserved (equal across the computed blocks)."""
+    computed = totals[totals != 0]
+    if computed.size < 2:
+        return "one block computed"
+    if np.allclose(computed, computed[0], rtol=rtol, atol=1e-9):
+        return "conserved: equal at every block"
+    return "not conserved by this method's rules"
+
+
 def block_totals(exp: Any) -> Optional[np.ndarray]:
     """Σ over tokens of ``token_relevance`` for every block (the conserved total), or None."""
     tr = getattr(exp, "token_relevance", None)

@@ -324,3 +324,13 @@ def test_static_display_objects(explorer, decode_png):
 def test_wrong_number_of_labels_is_a_readable_message(vit, images):
     w = widgets.RelevanceExplorer(vit, images[:1], labels=["a", "b"])
     assert "2 labels for a model with 5 classes" in w.last_error
+
+
+def test_info_says_whether_the_block_totals_are_conserved(vit, images):
+    from widgets import views
+    assert views.conservation_note(np.array([1.0, 1.0, 1.0])).startswith("conserved")
+    assert views.conservation_note(np.array([6.3, 3.9, 2.0])).startswith("not conserved")
+    assert views.conservation_note(np.array([0.0, 0.0, 2.0])) == "one block computed"
+    w = widgets.RelevanceExplorer(vit, images[:1], methods=["transformer_attribution", "lrp"])
+    totals = views.block_totals(w.explanation)
+    assert views.conservation_note(totals) in w.info.value
