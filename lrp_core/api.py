@@ -57,11 +57,14 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
                          f"method ({', '.join(CLASS_AGNOSTIC)}) or with method='cdam' and a concept target "
                          "(lrp_core.concept_target)")
     resolve = _target_resolver(target if concept is None else None, batch, adapter.num_classes)
+    run = (lambda a, p, r, o: cdam(a, p, r, o, concept=concept)) if concept is not None else REGISTRY[method]
     with model_guard(model):
-        if concept is not None:
-            result = cdam(adapter, prepared, resolve, opt, concept=concept)
+        groups = _length_groups(prepared) if adapter.family == "bert" else None
+        if groups is None:
+            result = run(adapter, prepared, resolve, opt)
         else:
-            result = REGISTRY[method](adapter, prepared, resolve, opt)
+            result = _merge([(rows, n, run(adapter, _take(prepared, rows, n), _sub_resolver(resolve, rows), opt))
+                             for rows, n in groups], batch, prepared["attention_mask"].shape[1])
     images = adapter.family == "vit"
     used = {k: v for k, v in result.used.items()}
     return Explanation(
@@ -74,6 +77,58 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         attention_mask=None if images else prepared["attention_mask"],
         options=used,
     )
+
+
+def _length_groups(prepared: dict) -> Optional[list[tuple[Tensor, int]]]:
+    """Right-padded text of several lengths: the samples grouped by length, else ``None``.
+
+    Each group is explained without padding, so every sample gets exactly the
+    arithmetic of explaining it alone: relevance passes amplify round-off, and
+    padding changes the length of the reductions (softmax, A·V) and hence
+    their rounding.
+    """
+    mask = prepared["attention_mask"]
+    lengths = mask.sum(dim=1)
+    T = mask.shape[1]
+    prefix = (torch.arange(T, device=mask.device)[None, :] < lengths[:, None]).long()
+    if not torch.equal(mask, prefix) or bool((lengths == T).all()):
+        return None  # no padding, or not right-padded (positions would shift if trimmed)
+    return [(torch.nonzero(lengths == n).flatten(), int(n)) for n in lengths.unique().tolist()]
+
+
+def _take(prepared: dict, rows: Tensor, n: int) -> dict:
+    return {k: (None if v is None else v[rows, :n]) for k, v in prepared.items()}
+
+
+def _sub_resolver(resolve, rows: Tensor):
+    return lambda logits: resolve(logits, rows)
+
+
+def _merge(parts: list, batch: int, T: int):
+    """Scatter the per-length results back into zero-padded (B, T, ...) tensors."""
+    from .methods import MethodResult
+
+    first = parts[0][2]
+
+    def gather(name: str, pad_dims: int):
+        if getattr(first, name) is None:
+            return None
+        like = getattr(first, name)
+        shape = (batch,) + tuple(like.shape[1:like.dim() - pad_dims]) + (T,) * pad_dims
+        out = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        for rows, n, res in parts:
+            idx = (rows,) + (slice(None),) * (like.dim() - 1 - pad_dims) + (slice(0, n),) * pad_dims
+            out[idx] = getattr(res, name)
+        return out
+
+    target = torch.empty(batch, dtype=torch.long)
+    logits = torch.empty((batch,) + tuple(first.logits.shape[1:]), dtype=first.logits.dtype)
+    for rows, _, res in parts:
+        target[rows] = res.target
+        logits[rows] = res.logits
+    return MethodResult(scores=gather("scores", 1), target=target, logits=logits, layers=gather("layers", 2),
+                        layers_per_head=gather("layers_per_head", 2), token_relevance=gather("token_relevance", 1),
+                        used=first.used)
 
 
 def concept_target(model: nn.Module, examples: Any, name: str = "concept") -> ConceptTarget:
@@ -172,7 +227,7 @@ def _parse_options(options: dict, num_blocks: int) -> Options:
 def _target_resolver(target, batch: int, num_classes: int):
     """Validate ``target`` now; return a function that turns the logits (B, C) into targets (B,)."""
     if target is None:
-        return lambda logits: logits.argmax(dim=-1)
+        return lambda logits, rows=None: logits.argmax(dim=-1)
     if isinstance(target, bool):
         raise InputError("target must be None, an int, a sequence of ints or a tensor (B,), not a bool")
     if isinstance(target, int):
@@ -198,7 +253,7 @@ def _target_resolver(target, batch: int, num_classes: int):
     if bad.any():
         raise InputError(f"target {t[bad].tolist()} out of range: the model has {num_classes} classes "
                          f"(0 … {num_classes - 1})")
-    return lambda logits: t.to(logits.device)
+    return lambda logits, rows=None: (t if rows is None else t[rows]).to(logits.device)
 
 
 # ----------------------------------------------------------------------------

@@ -190,10 +190,9 @@ def test_vit_batch_equals_single(tiny_vit, images, method):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_bert_batch_with_padding_equals_single(tiny_bert, wide_bert, text_batch, method):
-    # token ablation scores are differences of logits: at HF's init they are ~1e-5 of logits ~1, at the
-    # float32 noise floor, so it is checked on the model with larger weights (where logits really move)
-    model = wide_bert if method == "token_ablation" else tiny_bert
+@pytest.mark.parametrize("scale", [1.0, 5.0])
+def test_bert_batch_with_padding_equals_single(text_batch, method, scale):
+    model = make_tiny_bert(weight_scale=scale)
     batch = explain(model, text_batch, method=method)
     mask = text_batch["attention_mask"]
     for i in range(3):
@@ -213,6 +212,17 @@ def test_bert_batch_equals_single_exactly_in_float64(wide_bert, text_batch, meth
         n = int(mask[i].sum())
         one = explain(model, {k: v[i:i + 1, :n] for k, v in text_batch.items()}, method=method)
         assert rel_err(batch.scores[i, :n], one.scores[0]) < 1e-10, method
+
+
+def test_bert_left_padding_is_explained_padded(tiny_bert):
+    """Left padding cannot be trimmed (positions would shift): the padded batch is explained as given."""
+    ids = torch.tensor([[0, 0, 2, 11, 12, 3], [2, 21, 22, 23, 24, 3]])
+    mask = (ids != 0).long()
+    exp = explain(tiny_bert, {"input_ids": ids, "attention_mask": mask}, method="transformer_attribution")
+    assert (exp.scores[0, :2] == 0).all() and (exp.scores[0, 2:] != 0).any()
+    with torch.no_grad():
+        logits = tiny_bert(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(exp.logits, logits, atol=1e-5)
 
 
 def test_bert_cls_entry_is_row_minimum(tiny_bert, text_batch):
@@ -359,3 +369,15 @@ def test_bert_lrp_reaches_the_embeddings(tiny_bert, text_batch):
     assert shallow.inputs is None and deep.inputs is not None
     assert torch.allclose(exp.scores, deep.inputs * text_batch["attention_mask"], atol=1e-7)
     assert not torch.allclose(exp.scores, exp.token_relevance[:, 0])  # not the output of layer 0
+
+
+def test_bert_agreement_with_reference_on_real_pretrained_weights():
+    """minilm-sentiment (pretrained MiniLM-L6 encoder, trained head), one sentence, both classes."""
+    from lrp_core.models import load
+
+    loaded = load("minilm-sentiment")
+    enc = loaded.preprocess(["The plot is thin, but the acting is wonderful."])
+    for target in (0, 1):
+        exp = explain(loaded.model, enc, method="transformer_attribution", target=target)
+        expected = ref.bert_transformer_attribution(loaded.model, enc["input_ids"], target=target)
+        assert rel_err(exp.scores, expected) < 1e-4
