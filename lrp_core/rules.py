@@ -71,23 +71,58 @@ def generic(fn: Callable[[Tensor], Tensor], x: Tensor, R: Tensor) -> Tensor:
 # --------------------------------------------------------------------------
 # Linear layers (x: (..., D_in), weight: (D_out, D_in), R: (..., D_out))
 # --------------------------------------------------------------------------
-def linear_signed(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
+def linear_signed(x: Tensor, weight: Tensor, R: Tensor, out: Tensor | None = None,
+                  bias: Tensor | None = None, cache: dict | None = None) -> Tensor:
     """Signed-input rule G_q (α=1, β=0) with one shared denominator.
 
     Only the contributions ``x_j w_ji ≥ 0`` count: ``z⁺ = x⁺W⁺ + x⁻W⁻`` (no
     bias), ``R_x = x⁺ ⊙ W⁺ᵀs + x⁻ ⊙ W⁻ᵀs`` with ``s = safe_div(R, z⁺)``.
     Relevance is conserved (``ΣR_x = ΣR`` wherever ``z⁺ > 0``).
+
+    Args:
+        x: (..., D_in); weight: (D_out, D_in); R: (..., D_out).
+        out, bias: the layer's forward output ``x Wᵀ + b`` and its bias, if at
+            hand: then ``z⁺ = (x Wᵀ + |x| |W|ᵀ) / 2`` costs one matrix product
+            instead of two (the same value up to float32 round-off).
+        cache: a dict to keep the weight's signed parts in across calls.
     """
-    wp, wn = weight.clamp(min=0), weight.clamp(max=0)
+    wp, wn, wabs = _weight_parts(weight, cache)
     x2, R2 = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
     xp = x2.clamp(min=0)
     xn = x2 - xp  # = min(x, 0), exactly
-    z = (xp @ wp.T).add_(xn @ wn.T)
     # z⁺ = 0 only where every term x_j·w_ji ≥ 0 is 0, and then each of those
-    # products is 0 below: the unit passes nothing without masking s.
-    s = R2 / z.add_(EPS)
-    out = (xp * (s @ wp)).add_(xn * (s @ wn))
-    return out.reshape(x.shape)
+    # products is 0: the unit passes nothing, so s needs no masking.
+    if out is None:
+        z = (xp @ wp.T).add_(xn @ wn.T).add_(EPS)
+        s = R2 / z
+        return (xp * (s @ wp)).add_(xn * (s @ wn)).reshape(x.shape)
+    # x⁺W⁺ + x⁻W⁻ = (xW + |x||W|) / 2; the halving is folded into the weights (exact in binary)
+    y = (x2.abs() @ wabs.T).add_(out.reshape(-1, out.shape[-1]))
+    if bias is not None:
+        y.sub_(bias)
+    s = R2 / y.add_(2 * EPS)  # = ½ R / (z⁺ + ε)
+    wp2, wn2 = _doubled(weight, wp, wn, cache)
+    return (xp * (s @ wp2)).add_(xn * (s @ wn2)).reshape(x.shape)
+
+
+def _weight_parts(weight: Tensor, cache: dict | None) -> tuple[Tensor, Tensor, Tensor]:
+    key = ("parts", id(weight))
+    if cache is not None and key in cache:
+        return cache[key]
+    parts = (weight.clamp(min=0), weight.clamp(max=0), weight.abs())
+    if cache is not None:
+        cache[key] = parts
+    return parts
+
+
+def _doubled(weight: Tensor, wp: Tensor, wn: Tensor, cache: dict | None) -> tuple[Tensor, Tensor]:
+    key = ("doubled", id(weight))
+    if cache is not None and key in cache:
+        return cache[key]
+    parts = (2 * wp, 2 * wn)
+    if cache is not None:
+        cache[key] = parts
+    return parts
 
 
 def linear_baseline(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
@@ -148,18 +183,21 @@ def clone(*Rs: Tensor, x: Tensor | None = None) -> Tensor:
     With ``x`` (the cloned tensor) the sum is formed as the generic rule of the
     copy, ``x ⊙ Σ_i safe_div(R_i, x)``, the reference's arithmetic: the same
     sum up to ``1e-9/|x|``, but relevance passes are ill-conditioned enough
-    (the Q·Kᵀ rule divides by near-zero dot products) that matching the
-    reference to float32 round-off needs its exact operations.
+    that matching the reference to float32 round-off needs its exact
+    operations. (Where ``x == 0`` the product is 0 whatever the ratio, so the
+    ratio needs no mask.)
     """
     if x is None:
         out = Rs[0]
         for r in Rs[1:]:
             out = out + r
         return out
-    ratio = safe_div(Rs[0], x)
+    den = x + EPS
+    den.masked_fill_(den == 0, EPS)
+    ratio = Rs[0] / den
     for r in Rs[1:]:
-        ratio = ratio.add_(safe_div(r, x))
-    return x * ratio
+        ratio.add_(r / den)
+    return ratio.mul_(x)
 
 
 def select(x: Tensor, R: Tensor) -> Tensor:
@@ -267,9 +305,11 @@ class SignedLinear(Rule):
     """``linear_signed``: α=1, β=0 on signed inputs, shared denominator."""
 
     name = "signed"
+    uses_output = True
 
-    def __call__(self, x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
-        return linear_signed(x, weight, R)
+    def __call__(self, x: Tensor, weight: Tensor, R: Tensor, out: Tensor | None = None,
+                 bias: Tensor | None = None, cache: dict | None = None) -> Tensor:
+        return linear_signed(x, weight, R, out=out, bias=bias, cache=cache)
 
 
 class BaselineLinear(Rule):
@@ -349,10 +389,18 @@ class Composite:
     def op(self, name: str) -> Rule:
         return self.ops[name]
 
-    def linear(self, module_or_weight, x: Tensor, R: Tensor) -> Tensor:
-        """Relevance through a Linear (module or its weight matrix)."""
-        weight = module_or_weight.weight if isinstance(module_or_weight, nn.Module) else module_or_weight
+    def linear(self, module_or_weight, x: Tensor, R: Tensor, out: Tensor | None = None,
+               cache: dict | None = None) -> Tensor:
+        """Relevance through a Linear (module or its weight matrix).
+
+        ``out``: the module's forward output, which rules that can use it
+        (``SignedLinear``) turn into one matrix product less.
+        """
+        module = module_or_weight if isinstance(module_or_weight, nn.Module) else None
+        weight = module.weight if module is not None else module_or_weight
         rule = self.modules.get(nn.Linear, SignedLinear())
+        if getattr(rule, "uses_output", False):
+            return rule(x, weight, R, out=out, bias=getattr(module, "bias", None), cache=cache)
         return rule(x, weight, R)
 
 

@@ -135,3 +135,14 @@ def test_composites_pick_rules_by_module_type():
     assert isinstance(rules.TRANSFORMER_ATTRIBUTION.rule_for(torch.nn.GELU()), rules.Identity)
     assert isinstance(rules.TRANSFORMER_ATTRIBUTION.op("add"), rules.NormalizedAdd)
     assert isinstance(rules.LRP_BASELINE.op("add"), rules.GenericAdd)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=SEEDS, n=st.integers(1, 6), d_in=st.integers(1, 16), d_out=st.integers(1, 16))
+def test_signed_linear_from_the_forward_output_is_the_same_rule(seed, n, d_in, d_out):
+    """z⁺ = (xW + |x||W|)/2 from the layer's own output: one product less, the same relevance."""
+    x, W, R = _rand(seed, n, d_in), _rand(seed + 1, d_out, d_in), _rand(seed + 2, n, d_out)
+    b = _rand(seed + 3, d_out)
+    plain = rules.linear_signed(x, W, R)
+    fast = rules.linear_signed(x, W, R, out=x @ W.T + b, bias=b, cache={})
+    assert torch.allclose(fast, plain, rtol=1e-7, atol=1e-9)

@@ -186,6 +186,7 @@ class BertAdapter(Adapter):
             raise InputError("pixel relevance exists for images only")
         B, T, D = trace.x0.shape
         L = self.num_blocks
+        cache: dict = {}  # the weights' signed parts, computed once per pass
         R_pooled = composite.linear(self.classifier, trace.pooled, R_out)  # dropout: identity
         R_cls = composite.linear(self.pool_dense, trace.acts[L]["cls"], R_pooled)  # tanh: identity
         R = torch.zeros(B, T, D, dtype=R_cls.dtype, device=R_cls.device)
@@ -194,7 +195,7 @@ class BertAdapter(Adapter):
         for b in range(L - 1, stop_block - 1, -1):
             out.tokens[:, b] = R.sum(-1)  # leaving layer b
             R, out.attn[b] = _layer_relprop(self.layers[b], trace.acts[b], R, composite,
-                                            to_inputs or b > stop_block)
+                                            to_inputs or b > stop_block, cache)
         if R is not None:
             out.inputs = R.sum(-1)
         return out
@@ -203,32 +204,37 @@ class BertAdapter(Adapter):
 def _layer_forward(p: LayerParts, x: Tensor, bias: Tensor) -> tuple[Tensor, dict]:
     B, T, D = x.shape
     H, d = p.num_heads, p.head_dim
-    q, k, v = (lin(x).reshape(B, T, H, d).transpose(1, 2) for lin in (p.query, p.key, p.value))
+    lin_out = {"q": p.query(x), "k": p.key(x), "v": p.value(x)}
+    q, k, v = (lin_out[n].reshape(B, T, H, d).transpose(1, 2) for n in "qkv")
     s = (q @ k.transpose(-2, -1)) * p.scale  # (B, H, T, T)
     A = (s + bias).softmax(dim=-1)
     ctx = A @ v
     o = ctx.transpose(1, 2).reshape(B, T, H * d)
     d1 = p.attn_dense(o)
     a = p.attn_norm(d1 + x)
-    g = p.act(p.inter_dense(a))
+    lin_out["inter"] = p.inter_dense(a)
+    g = p.act(lin_out["inter"])
     d2 = p.out_dense(g)
     out = p.out_norm(d2 + a)
+    lin_out.update(attn=d1, out=d2)
     return out, {"h": x, "q": q, "k": k, "v": v, "s": s, "bias": bias, "A": A, "ctx": ctx, "o": o,
-                 "d1": d1, "a": a, "g": g, "d2": d2}
+                 "d1": d1, "a": a, "g": g, "d2": d2, "out": lin_out}
 
 
-def _layer_relprop(p: LayerParts, act: dict, R: Tensor, c: Composite, deeper: bool):
+def _layer_relprop(p: LayerParts, act: dict, R: Tensor, c: Composite, deeper: bool, cache: dict):
     """Relevance of the layer output -> (relevance of the layer input or None, R^A)."""
     add, matmul, clone = c.op("add"), c.op("matmul"), c.op("clone")
     B, T, D = R.shape
     H, d = p.num_heads, p.head_dim
+    out = act["out"]
+    lin = lambda m, name, x, r: c.linear(m, x, r, out=out[name], cache=cache)  # noqa: E731
     # output LayerNorm: identity; FFN branch | skip
     R_d2, R_a = add(act["d2"], act["a"], R)
-    R_g = c.linear(p.out_dense, act["g"], R_d2)
-    R_a = clone(c.linear(p.inter_dense, act["a"], R_g), R_a, x=act["a"])
+    R_g = lin(p.out_dense, "out", act["g"], R_d2)
+    R_a = clone(lin(p.inter_dense, "inter", act["a"], R_g), R_a, x=act["a"])
     # attention LayerNorm: identity; attention output dense | skip
     R_d1, R_h = add(act["d1"], act["h"], R_a)
-    R_o = c.linear(p.attn_dense, act["o"], R_d1).reshape(B, T, H, d).transpose(1, 2)
+    R_o = lin(p.attn_dense, "attn", act["o"], R_d1).reshape(B, T, H, d).transpose(1, 2)
     R_A, R_v = matmul(act["A"], act["v"], R_o, z=act["ctx"])
     if not deeper:
         return None, R_A
@@ -237,8 +243,8 @@ def _layer_relprop(p: LayerParts, act: dict, R: Tensor, c: Composite, deeper: bo
     R_q, R_kT = matmul(act["q"], act["k"].transpose(-2, -1), R_s)
     flat = lambda t: t.transpose(1, 2).reshape(B, T, H * d)  # noqa: E731
     h = act["h"]
-    R_qkv = clone(c.linear(p.query, h, flat(R_q)), c.linear(p.key, h, flat(R_kT.transpose(-2, -1))),
-                  c.linear(p.value, h, flat(R_v)), x=h)  # the three-way Clone
+    R_qkv = clone(lin(p.query, "q", h, flat(R_q)), lin(p.key, "k", h, flat(R_kT.transpose(-2, -1))),
+                  lin(p.value, "v", h, flat(R_v)), x=h)  # the three-way Clone
     return clone(R_qkv, R_h, x=h), R_A
 
 

@@ -163,6 +163,7 @@ class PreLNViTAdapter(Adapter):
                 to_pixels: bool = False, prepared: Optional[dict] = None) -> BlockRelevance:
         B, N, D = trace.x0.shape
         L = self.num_blocks
+        cache: dict = {}  # the weights' signed parts, computed once per pass
         R_pooled = composite.linear(self.head, trace.pooled, R_out)  # fc_norm: identity
         R = torch.zeros(B, N, D, dtype=R_pooled.dtype, device=R_pooled.device)
         R[:, 0] = select(trace.cls_token, R_pooled)  # [CLS] select; final norm: identity
@@ -171,7 +172,7 @@ class PreLNViTAdapter(Adapter):
         for b in range(L - 1, stop_block - 1, -1):
             out.tokens[:, b] = R.sum(-1)  # leaving block b
             deeper = to_pixels or b > stop_block
-            R, out.attn[b] = _block_relprop(self.blocks[b], trace.acts[b], R, composite, deeper)
+            R, out.attn[b] = _block_relprop(self.blocks[b], trace.acts[b], R, composite, deeper, cache)
         if R is not None:
             out.inputs = R.sum(-1)
         if to_pixels:
@@ -197,9 +198,12 @@ def _block_forward(p: BlockParts, x: Tensor) -> tuple[Tensor, dict]:
     H, d = p.num_heads, p.head_dim
     h1 = p.norm1(x)
     if p.qkv is not None:
-        q, k, v = p.qkv(h1).reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+        qkv_out = p.qkv(h1)  # (B, N, 3·H·d)
+        q, k, v = qkv_out.reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+        lin_out = {"qkv": qkv_out}
     else:
-        q, k, v = (lin(h1).reshape(B, N, H, d).transpose(1, 2) for lin in (p.q, p.k, p.v))
+        lin_out = {n: lin(h1) for n, lin in (("q", p.q), ("k", p.k), ("v", p.v))}
+        q, k, v = (lin_out[n].reshape(B, N, H, d).transpose(1, 2) for n in "qkv")
     q, k = p.q_norm(q), p.k_norm(k)
     if p.scale_queries_first:
         scores = (q * p.scale) @ k.transpose(-2, -1)
@@ -208,28 +212,33 @@ def _block_forward(p: BlockParts, x: Tensor) -> tuple[Tensor, dict]:
     A = scores.softmax(dim=-1)  # (B, H, N, N)
     ctx = A @ v  # (B, H, N, d)
     o = p.attn_norm(ctx.transpose(1, 2).reshape(B, N, H * d))
-    a = p.ls1(p.proj(o))
+    lin_out["proj"] = p.proj(o)
+    a = p.ls1(lin_out["proj"])
     x2 = x + a
     h2 = p.norm2(x2)
-    g = p.mlp_norm(p.act(p.fc1(h2)))
-    f = p.ls2(p.fc2(g))
+    lin_out["fc1"] = p.fc1(h2)
+    g = p.mlp_norm(p.act(lin_out["fc1"]))
+    lin_out["fc2"] = p.fc2(g)
+    f = p.ls2(lin_out["fc2"])
     x3 = x2 + f
     return x3, {"x": x, "h1": h1, "q": q, "k": k, "v": v, "A": A, "ctx": ctx, "o": o, "a": a,
-                "x2": x2, "h2": h2, "g": g, "f": f}
+                "x2": x2, "h2": h2, "g": g, "f": f, "out": lin_out}
 
 
-def _block_relprop(p: BlockParts, act: dict, R: Tensor, c: Composite, deeper: bool):
+def _block_relprop(p: BlockParts, act: dict, R: Tensor, c: Composite, deeper: bool, cache: dict):
     """Relevance of the block output -> (relevance of the block input or None, R^A)."""
     add, matmul, clone = c.op("add"), c.op("matmul"), c.op("clone")
     B, N, _ = R.shape
     H, d = p.num_heads, p.head_dim
+    out = act["out"]
+    lin = lambda m, name, x, r: c.linear(m, x, r, out=out[name], cache=cache)  # noqa: E731
     # MLP branch (ls2, GELU, norms: identity)
     R_x2, R_f = add(act["x2"], act["f"], R)
-    R_g = c.linear(p.fc2, act["g"], R_f)
-    R_x2 = clone(R_x2, c.linear(p.fc1, act["h2"], R_g), x=act["x2"])
+    R_g = lin(p.fc2, "fc2", act["g"], R_f)
+    R_x2 = clone(R_x2, lin(p.fc1, "fc1", act["h2"], R_g), x=act["x2"])
     # attention branch
     R_x, R_a = add(act["x"], act["a"], R_x2)
-    R_o = c.linear(p.proj, act["o"], R_a).reshape(B, N, H, d).transpose(1, 2)
+    R_o = lin(p.proj, "proj", act["o"], R_a).reshape(B, N, H, d).transpose(1, 2)
     R_A, R_v = matmul(act["A"], act["v"], R_o, z=act["ctx"])
     if not deeper:
         return None, R_A
@@ -238,11 +247,11 @@ def _block_relprop(p: BlockParts, act: dict, R: Tensor, c: Composite, deeper: bo
     h1 = act["h1"]
     if p.qkv is not None:
         R_qkv = torch.stack([R_q, R_k, R_v], dim=2).transpose(1, 3).reshape(B, N, 3 * H * d)
-        R_h1 = c.linear(p.qkv, h1, R_qkv)
+        R_h1 = lin(p.qkv, "qkv", h1, R_qkv)
     else:
         flat = lambda t: t.transpose(1, 2).reshape(B, N, H * d)  # noqa: E731
-        R_h1 = c.op("clone")(c.linear(p.q, h1, flat(R_q)), c.linear(p.k, h1, flat(R_k)),
-                             c.linear(p.v, h1, flat(R_v)), x=h1)  # the three-way Clone
+        R_h1 = clone(lin(p.q, "q", h1, flat(R_q)), lin(p.k, "k", h1, flat(R_k)),
+                     lin(p.v, "v", h1, flat(R_v)), x=h1)  # the three-way Clone
     return clone(R_x, R_h1, x=act["x"]), R_A
 
 
