@@ -409,6 +409,9 @@ def _score_maps(model: Any, one: ImageSet, two: Optional[ImageSet], variants: di
             acc = c.mean(axis=1)
             cur[f"{sign}_{which}"] = acc.tolist()
             res[f"perturbation_{sign}_auc_{which}"] = M.perturbation_auc(acc)
+            # the AUC is linear in the curve: it is the mean of these per-image AUCs
+            cur[f"{sign}_{which}_auc_per_image"] = [
+                round(M.perturbation_auc(col), 2) for col in c.T.astype(np.float64)]
     seg = M.segmentation_scores(variants["predicted"], one.masks[:, 0])
     res.update(pixel_accuracy=seg["pixel_accuracy"], miou=seg["miou"], map=seg["map"])
     if pair is not None and two is not None:

@@ -57,6 +57,10 @@ def test_evaluate_images_tiny_vit():
         assert r["perturbation_negative_auc_target"] == r["perturbation_negative_auc_predicted"]
         # clean accuracy is 1 (labels = predictions)
         assert curves[m]["positive_predicted"][0] == 1.0
+        per_image = curves[m]["positive_predicted_auc_per_image"]
+        assert len(per_image) == 6
+        assert np.mean(per_image) == pytest.approx(r["perturbation_positive_auc_predicted"],
+                                                   abs=0.01)
         assert 0.0 <= r["pixel_accuracy"] <= 1.0 and 0.0 <= r["miou"] <= 1.0
         assert 0.0 <= r["class_sensitivity"] <= 1.0
         if m != "cdam":
