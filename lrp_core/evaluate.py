@@ -660,21 +660,27 @@ def plot_curves(curves: dict[str, dict[str, list]], path: str | Path, title: str
     tests = [t for t in ("positive_predicted", "negative_predicted", "positive_target",
                          "negative_target") if any(t in c for c in curves.values())]
     x = [0.0, *M.FRACTIONS]
-    fig, axes = plt.subplots(1, len(tests), figsize=(4.2 * len(tests), 3.8), squeeze=False,
+    cols = 2 if len(tests) > 1 else 1
+    rows = (len(tests) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols + 2.2, 3.6 * rows), squeeze=False,
                              sharey=True)
-    for ax, test in zip(axes[0], tests):
+    for ax, test in zip(axes.flat, tests):
         for method, c in curves.items():
             if test in c:
-                ax.plot(x, c[test], marker="o", ms=3, label=method)
+                style = dict(ls="--", color="0.35", marker=None) if method == "random" else {}
+                ax.plot(x, c[test], **{"marker": "o", "ms": 3, "label": method, **style})
         sign, which = test.split("_")
         ax.set_title(f"{sign} test, {'predicted' if which == 'predicted' else 'true'} class")
         ax.set_xlabel("fraction of pixels removed")
+        ax.set_ylabel("top-1 accuracy")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("top-1 accuracy")
-    axes[0][-1].legend(fontsize=7, loc="best")
+    for ax in list(axes.flat)[len(tests):]:
+        ax.set_visible(False)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="center right", fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1 - 2.0 / (5.0 * cols + 2.2), 1))
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
