@@ -9,7 +9,6 @@ training). Ratios are what carries across machines.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from typing import Callable, Sequence
 
@@ -22,7 +21,7 @@ BATCHES = (1, 16)
 
 
 def _time(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
-    """Median wall time of ``fn`` in seconds."""
+    """Best wall time of ``fn`` over ``repeat`` runs, in seconds (the least disturbed by other load)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -30,7 +29,7 @@ def _time(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def forward_backward(model: torch.nn.Module, x: torch.Tensor) -> None:
@@ -69,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated timm model names")
     p.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated batch sizes")
     p.add_argument("--methods", default="all", help="'all' or comma-separated method names")
-    p.add_argument("--repeat", type=int, default=3, help="timed repetitions (median is reported)")
+    p.add_argument("--repeat", type=int, default=3, help="timed repetitions (the best is reported)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     a = p.parse_args(argv)
     if a.threads:
