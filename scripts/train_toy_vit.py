@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Train ``toy-vit`` on freshly generated procedural scenes (CPU, 2 threads, seeded).
 
-Every step draws a new batch: half one-object scenes (one-hot target), half
-two-object scenes (soft target 0.5 / 0.5 on the two classes), trained with
+Every step draws a new batch: one-object scenes (one-hot target) and
+(``--two-object-share``, default half) two-object scenes (soft target 0.5 / 0.5 on the two classes), trained with
 soft-target cross-entropy on the [CLS] output, AdamW and a warm-up + cosine
 learning rate. A token-labelling term (``--token-loss``) also asks the same
 head to classify the patch tokens that objects cover (targets from the exact
@@ -14,6 +14,8 @@ end the model is measured on held-out seeds and the weights
 
     .venv/bin/python scripts/train_toy_vit.py            # default recipe
     .venv/bin/python scripts/train_toy_vit.py --steps 50 --out /tmp/toy  # quick try
+    .venv/bin/python scripts/train_toy_vit.py --init lrp_core/assets/toy_vit/model.safetensors \
+        --seed 1 ...                                     # continue training (records phase 1)
 """
 from __future__ import annotations
 
@@ -82,12 +84,14 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--batch", type=int, default=64, help="scenes per step (half with two objects)")
+    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument("--batch", type=int, default=64, help="scenes per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--log-every", type=int, default=100, help="quick held-out check (0: never)")
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--two-object-share", type=float, default=0.5,
+                   help="fraction of each batch with two objects")
     p.add_argument("--token-loss", type=float, default=0.5,
                    help="weight of the token-labelling loss on the patch tokens (0: off)")
     p.add_argument("--seed", type=int, default=0)
@@ -109,7 +113,7 @@ def main() -> None:
     no_decay = [q for n, q in model.named_parameters() if not (q.ndim > 1 and "pos_embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
-    half = args.batch // 2
+    half = int(round(args.batch * args.two_object_share))  # two-object scenes per step
     patch, n_cls = TOY_VIT_CONFIG["patch_size"], len(CLASS_NAMES)
     t0 = time.perf_counter()
     bar = tqdm(range(args.steps), desc="toy-vit", unit="step")
@@ -160,7 +164,8 @@ def main() -> None:
         "accuracy": metrics, "eval_seed": EVAL_SEED,
         "training": {"steps": args.steps, "batch": args.batch, "lr": args.lr,
                      "weight_decay": args.weight_decay,
-                     "token_loss": args.token_loss, "warmup": args.warmup, "seed": args.seed,
+                     "token_loss": args.token_loss,
+                     "two_object_share": args.two_object_share, "warmup": args.warmup, "seed": args.seed,
                      "threads": args.threads, "seconds": round(train_s, 1),
                      "init": str(args.init) if args.init else None,
                      "scenes_seen": args.steps * args.batch,
@@ -168,6 +173,12 @@ def main() -> None:
                              "soft cross-entropy of the head on object patch tokens",
                      "torch": torch.__version__},
     }
+    prev = args.init.parent / "info.json" if args.init is not None else None
+    if prev is not None and prev.is_file():  # keep the provenance of a continued run
+        before = json.loads(prev.read_text())
+        info["training"]["previous_phases"] = before["training"].get("previous_phases", []) + [
+            {**before["training"], "accuracy": before.get("accuracy")}]
+        info["training"]["previous_phases"][-1].pop("previous_phases", None)
     (args.out / "info.json").write_text(json.dumps(info, indent=1) + "\n")
     print(f"wrote {args.out / 'model.safetensors'} and info.json")
 
