@@ -52,10 +52,14 @@ def toy_vit_preprocess(image: Any) -> torch.Tensor:
     if isinstance(image, torch.Tensor) and image.is_floating_point() \
             and tuple(image.shape) in ((3, IMAGE_SIZE, IMAGE_SIZE), (1, 3, IMAGE_SIZE, IMAGE_SIZE)):
         return image.reshape(1, 3, IMAGE_SIZE, IMAGE_SIZE).float()
-    pil = as_pil_image(image)
-    if pil.size != (IMAGE_SIZE, IMAGE_SIZE):
-        pil = pil.resize((IMAGE_SIZE, IMAGE_SIZE), resample=2)  # PIL.Image.BILINEAR
-    arr = np.asarray(pil, dtype=np.float32) / 255.0
+    if isinstance(image, np.ndarray) and image.dtype.kind == "f" \
+            and image.shape == (IMAGE_SIZE, IMAGE_SIZE, 3):  # e.g. Scenes.rgb[i]: no rounding
+        arr = np.clip(image, 0.0, 1.0).astype(np.float32)
+    else:
+        pil = as_pil_image(image)
+        if pil.size != (IMAGE_SIZE, IMAGE_SIZE):
+            pil = pil.resize((IMAGE_SIZE, IMAGE_SIZE), resample=2)  # PIL.Image.BILINEAR
+        arr = np.asarray(pil, dtype=np.float32) / 255.0
     x = torch.from_numpy(arr).permute(2, 0, 1)
     mean = torch.tensor(MEAN).view(3, 1, 1)
     std = torch.tensor(STD).view(3, 1, 1)
