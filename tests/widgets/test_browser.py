@@ -43,13 +43,13 @@ NOTEBOOK_CODE = [
     """\
 import torch
 from widgets import RelevanceExplorer
-try:  # the embedded toy-vit when its weights are there, else a tiny random ViT
-    from lrp_core.data import make_scenes
-    from lrp_core.models import load
+from lrp_core.data import make_scenes
+from lrp_core.models import load
+try:  # the embedded toy-vit; a tiny random ViT only where its weights are not built
     model = load("toy-vit")
     x = make_scenes(1, seed=0).images
     print("model: toy-vit")
-except Exception as err:
+except FileNotFoundError as err:
     from timm.models.vision_transformer import VisionTransformer
     torch.manual_seed(0)
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2,
