@@ -271,11 +271,18 @@ def test_method_names_and_tables():
 def test_command_line_toy_vit(tmp_path, capsys):
     pytest.importorskip("lrp_core.models.toy_vit")
     out = tmp_path / "r" / "toy.json"
-    rc = E.main(["--model", "toy-vit", "--methods", "transformer_attribution,rollout,cdam",
-                 "--n", "16", "--batch-size", "16", "--quiet", "--out", str(out)])
+    threads = torch.get_num_threads()
+    try:  # one thread: fastest on a busy CI machine
+        rc = E.main(["--model", "toy-vit", "--methods", "transformer_attribution,rollout,cdam",
+                     "--n", "16", "--batch-size", "16", "--quiet", "--threads", "1",
+                     "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
     assert rc == 0
     res = json.loads(out.read_text())
-    assert list(res) == ["transformer_attribution", "rollout", "cdam"]
+    assert list(res) == ["transformer_attribution", "rollout", "cdam", "random"]
+    meta = json.loads((out.parent / "toy.meta.json").read_text())
+    assert meta["n"] == 16 and meta["seed"] == E.SCENE_SEED and 0 <= meta["accuracy"] <= 1
     assert res["cdam"]["cdam_sparsity"] is not None and res["rollout"]["cdam_sparsity"] is None
     assert res["rollout"]["class_map_correlation"] == pytest.approx(1.0)
     for r in res.values():
