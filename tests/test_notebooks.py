@@ -64,7 +64,7 @@ def test_notebook_conventions(path: Path):
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
     code = _code(nb)
     setup = "\n".join(code[:3])
-    assert "torch.set_num_threads(2)" in setup and "manual_seed" in setup, "seed and thread count at the top"
+    assert "torch.set_num_threads(1)" in setup and "manual_seed" in setup, "seed and thread count at the top"
     cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert all(c.get("execution_count") for c in cells if "".join(c["source"]).strip()), \
         "store outputs: execute the notebook and save it"
