@@ -815,7 +815,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         meta_path.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {meta_path}")
         if run.get("curves"):
-            png = plot_curves(run["curves"], path.parent / f"perturbation_{run['model']}.png",
+            safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run["model"])
+            png = plot_curves(run["curves"], path.parent / f"perturbation_{safe}.png",
                               title=f"{run['model']}, n={run['n']}")
             print(f"wrote {png}")
     return 0
