@@ -12,7 +12,8 @@ end the model is measured on held-out seeds and the weights
 (``model.safetensors``) and facts (``info.json``) are written to
 ``lrp_core/assets/toy_vit/``.
 
-    .venv/bin/python scripts/train_toy_vit.py            # default recipe
+    .venv/bin/python scripts/train_toy_vit.py --recipe committed   # the committed weights
+    .venv/bin/python scripts/train_toy_vit.py            # one phase with the default options
     .venv/bin/python scripts/train_toy_vit.py --steps 50 --out /tmp/toy  # quick try
     .venv/bin/python scripts/train_toy_vit.py --init lrp_core/assets/toy_vit/model.safetensors \
         --seed 1 ...                                     # continue training (records phase 1)
@@ -100,8 +101,40 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ASSET_DIR)
     p.add_argument("--init", type=Path, default=None,
                    help="start from these weights (a model.safetensors) instead of random ones")
+    p.add_argument("--recipe", choices=["single", "committed"], default="single",
+                   help="single: one run with the options above; committed: the phases that\n"
+                        "produced the committed weights (PHASES), chained through --init")
     args = p.parse_args()
+    if args.recipe == "single":
+        train(args)
+        return
+    import copy
+    import tempfile
 
+    work = Path(tempfile.mkdtemp(prefix="toy_vit_"))
+    init = None
+    for i, phase in enumerate(PHASES):
+        a = copy.copy(args)
+        for key, val in phase.items():
+            setattr(a, key, val)
+        a.init = init
+        a.out = args.out if i == len(PHASES) - 1 else work / f"phase{i + 1}"
+        print(f"phase {i + 1}/{len(PHASES)}: {phase}")
+        train(a)
+        init = a.out / "model.safetensors"
+
+
+#: The phases behind the committed weights (each continues the previous one).
+PHASES: list[dict] = [
+    dict(seed=0, steps=2400, lr=1e-3, warmup=30, two_object_share=0.5),
+    dict(seed=1, steps=3600, lr=1e-3, warmup=50, two_object_share=0.6),
+    dict(seed=2, steps=3000, lr=7e-4, warmup=50, two_object_share=0.75),
+    dict(seed=3, steps=2400, lr=5e-4, warmup=30, two_object_share=0.75),
+]
+
+
+def train(args: argparse.Namespace) -> None:
+    """One training run (a phase) with the parsed options; writes weights and info.json."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model = build_toy_vit()
