@@ -35,22 +35,10 @@ def ex4_2(toy, x, image):
 
 
 def ex4_3(toy, x, image):
-    import torch.nn.functional as F
-    from lrp_core.adapters import get_adapter
-    from lrp_core.api import model_guard
-    from lrp_core.rules import TRANSFORMER_ATTRIBUTION
+    from lrp_core import attention_parts
 
-    model = toy.model
-    adapter = get_adapter(model)
-    with model_guard(model):
-        trace = adapter.forward(adapter.check_inputs(x), grad=True)
-        t = int(trace.logits.argmax())
-        A_last = trace.attention(len(model.blocks) - 1)
-        (grad,) = torch.autograd.grad(trace.logits[0, t], [A_last])
-        with torch.no_grad():
-            rel = adapter.relprop(trace, F.one_hot(torch.tensor([t]), len(toy.labels)).float(),
-                                  TRANSFORMER_ATTRIBUTION)
-    prod = (grad * rel.attn[len(model.blocks) - 1])[0, :, 0, 1:]      # (H, 64), signed
+    parts = attention_parts(toy.model, x)                       # the predicted class
+    prod = (parts.gradient * parts.relevance)[0, -1, :, 0, 1:]  # last block, (H, 64), signed
     unclipped = prod.mean(0)
     clipped = prod.clamp(min=0).mean(0)
     cancel = (prod.clamp(min=0).sum(0) > 0) & (prod.clamp(max=0).sum(0) < 0)
