@@ -275,8 +275,9 @@ def token_ablation(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Opt
         x0 = trace.x0
         B, N, D = x0.shape
         mask = trace.mask
-        # (sample, token) pairs to ablate: ViT every patch; BERT every real token but [CLS] (the readout)
-        first = a.output_slice().start or (1 if a.family == "bert" else 0)
+        # (sample, token) pairs to ablate: ViT every patch (after the prefix tokens); BERT every real
+        # token but [CLS], the token the classifier reads (its score stays 0)
+        first = 1 if a.family == "bert" else a.output_slice().start
         tok = torch.arange(first, N)
         pairs = torch.cartesian_prod(torch.arange(B), tok)
         if mask is not None:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules import Composite, EPS, safe_div, select, zbox_conv2d
+from ..rules import Composite, safe_div, select, zbox_conv2d
 from .base import Adapter, BlockRelevance, Trace
 
 
@@ -377,4 +377,4 @@ class HFViTAdapter(PreLNViTAdapter):
         return tokens, tokens + emb.position_embeddings
 
 
-__all__ = ["BlockParts", "PreLNViTAdapter", "TimmViTAdapter", "HFViTAdapter", "EPS", "safe_div"]
+__all__ = ["BlockParts", "PreLNViTAdapter", "TimmViTAdapter", "HFViTAdapter"]
