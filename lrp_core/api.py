@@ -66,7 +66,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
             result = _merge([(rows, n, run(adapter, _take(prepared, rows, n), _sub_resolver(resolve, rows), opt))
                              for rows, n in groups], batch, prepared["attention_mask"].shape[1])
     images = adapter.family == "vit"
-    used = {k: v for k, v in result.used.items()}
+    used = dict(result.used)
     return Explanation(
         scores=result.scores.detach(), target=result.target, logits=result.logits.detach(), method=method,
         pixels=result.pixels, layers=result.layers, layers_per_head=result.layers_per_head,
