@@ -189,29 +189,27 @@ def test_vit_batch_equals_single(tiny_vit, images, method):
             assert rel_err(batch.pixels[i:i + 1], one.pixels) < 1e-5
 
 
+def _assert_text_batch_equals_single(model, text_batch, method: str, tol: float) -> None:
+    """Each padded sample of the batch scores as it does alone, unpadded; padding scores 0."""
+    batch = explain(model, text_batch, method=method)
+    mask = text_batch["attention_mask"]
+    for i in range(mask.shape[0]):
+        n = int(mask[i].sum())
+        one = explain(model, {k: v[i:i + 1, :n] for k, v in text_batch.items()}, method=method)
+        assert rel_err(batch.scores[i, :n], one.scores[0]) < tol, method
+        assert (batch.scores[i, n:] == 0).all(), "padding positions must score 0"
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("scale", [1.0, 5.0])
 def test_bert_batch_with_padding_equals_single(text_batch, method, scale):
-    model = make_tiny_bert(weight_scale=scale)
-    batch = explain(model, text_batch, method=method)
-    mask = text_batch["attention_mask"]
-    for i in range(3):
-        n = int(mask[i].sum())
-        one = explain(model, {k: v[i:i + 1, :n] for k, v in text_batch.items()}, method=method)
-        assert rel_err(batch.scores[i, :n], one.scores[0]) < 1e-5, method
-        assert (batch.scores[i, n:] == 0).all(), "padding positions must score 0"
+    _assert_text_batch_equals_single(make_tiny_bert(weight_scale=scale), text_batch, method, tol=1e-5)
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_bert_batch_equals_single_exactly_in_float64(wide_bert, text_batch, method):
     """The math is batch-independent; in float32 the relevance pass amplifies round-off with weight size."""
-    model = wide_bert.double()
-    batch = explain(model, text_batch, method=method)
-    mask = text_batch["attention_mask"]
-    for i in range(3):
-        n = int(mask[i].sum())
-        one = explain(model, {k: v[i:i + 1, :n] for k, v in text_batch.items()}, method=method)
-        assert rel_err(batch.scores[i, :n], one.scores[0]) < 1e-10, method
+    _assert_text_batch_equals_single(wide_bert.double(), text_batch, method, tol=1e-10)
 
 
 def test_bert_left_padding_is_explained_padded(tiny_bert):
