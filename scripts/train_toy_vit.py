@@ -91,15 +91,15 @@ def make_pool(n_single: int, n_double: int, seed: int, workers: int
             "two": torch.cat([torch.full((j[0],), j[2] == 2) for j in jobs])}
 
 
-def sample_batch(pool: dict[str, torch.Tensor], batch: int, two_share: float,
-                 gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_batch(pool: dict[str, torch.Tensor], one_idx: torch.Tensor, two_idx: torch.Tensor,
+                 batch: int, two_share: float, gen: torch.Generator
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A random batch with ``round(batch * two_share)`` two-object scenes, randomly mirrored.
 
+    ``one_idx`` / ``two_idx`` are the pool rows of the one- and two-object scenes.
     Returns images (B, 3, 64, 64), labels (B, 2) and cover (B, 2, 8, 8).
     """
     n_two = int(round(batch * two_share))
-    two_idx = torch.nonzero(pool["two"]).flatten()
-    one_idx = torch.nonzero(~pool["two"]).flatten()
     idx = torch.cat([one_idx[torch.randint(len(one_idx), (batch - n_two,), generator=gen)],
                      two_idx[torch.randint(len(two_idx), (n_two,), generator=gen)]])
     x, y, cover = pool["images"][idx].float(), pool["labels"][idx], pool["cover"][idx].float()
@@ -325,11 +325,12 @@ def _fit(rank: int, args: argparse.Namespace, pool: dict[str, torch.Tensor],
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
     local_batch = args.batch // args.processes
     drop_steps = int(args.steps * (1 - args.full_fraction)) if args.keep < 64 else 0
+    one_idx, two_idx = torch.nonzero(~pool["two"]).flatten(), torch.nonzero(pool["two"]).flatten()
     model.train()
     ema, t0 = None, time.perf_counter()
     bar = tqdm(range(args.steps), desc="toy-vit", unit="step", disable=rank > 0)
     for step in bar:
-        x, y, cover = sample_batch(pool, local_batch, args.two_object_share, gen)
+        x, y, cover = sample_batch(pool, one_idx, two_idx, local_batch, args.two_object_share, gen)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         if step < drop_steps:
