@@ -8,19 +8,17 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
+from . import registry
 from .adapters import get_adapter
-from .errors import InputError, UnknownMethodError
+from .composites import TRANSFORMER_ATTRIBUTION
+from .errors import InputError
 from .explanation import Explanation
-from .methods import CLASS_AGNOSTIC, REGISTRY, ConceptTarget, Options, cdam
-from .rollout import NORMS
-from .rules import TRANSFORMER_ATTRIBUTION
+from .methods import Call, ConceptTarget, MethodResult, one_hot
 
 #: Every method ``explain`` knows, in the order the course introduces them.
-METHODS: tuple[str, ...] = tuple(REGISTRY)
+METHODS: tuple[str, ...] = registry.METHOD_NAMES
 
 Target = Union[None, int, Sequence[int], Tensor, ConceptTarget]
-
-_OPTION_NAMES = ("start_layer", "end_layer", "rollout_norm", "use_gradient", "keep_heads", "progress", "batch_size")
 
 
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None,
@@ -28,54 +26,54 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     """Explain a batch of predictions of an unmodified timm / Hugging Face Transformer.
 
     Args:
-        model: timm ``VisionTransformer``, Hugging Face ``BertForSequenceClassification`` (BERT family) or
-            ``ViTForImageClassification``. It is left exactly as it was (parameters, modes, flags, hooks).
+        model: a supported model (:data:`lrp_core.adapters.SUPPORTED`). It is left exactly as it was
+            (parameters, modes, flags, hooks).
         inputs: images (B, 3, H, W) float, or a tokenizer output with ``input_ids`` and ``attention_mask``.
         method: one of :data:`METHODS`.
-        target: ``None`` (argmax per sample), an int, a sequence of B ints, a tensor (B,), or — for ``cdam`` —
-            a :class:`ConceptTarget` from :func:`concept_target`.
-        **options: ``start_layer`` (first block in the layer product, default 0; negative counts from the
-            end), ``end_layer`` (last block, default the last), ``rollout_norm`` ("none" | "row"; default "none"
-            for ViTs, "row" for BERT), ``use_gradient`` (default True; False is the paper's ablation),
-            ``keep_heads`` (also return the per-head matrices), ``progress`` (progress bar), ``batch_size``
-            (sequences per forward pass in ``token_ablation``).
+        target: ``None`` (argmax per sample), an int, a sequence of B ints, a tensor (B,), or — for methods
+            that take one (``cdam``) — a :class:`ConceptTarget` from :func:`concept_target`.
+        **options: the options the method takes (``lrp_core.registry.METHODS[method].options``); any other
+            option is an error naming the accepted ones. ``start_layer`` (first block in the layer product,
+            default 0; negative counts from the end), ``end_layer`` (last block, default the last),
+            ``rollout_norm`` ("none" | "row"; default "none" for images, "row" for text), ``use_gradient``
+            (default True; False is the paper's ablation), ``keep_heads`` (also return the per-head matrices),
+            ``progress`` (progress bar), ``batch_size`` (sequences per forward pass in ``token_ablation``).
 
     Returns:
         An :class:`Explanation` with ``scores`` (B, T) and what the method aggregated.
     """
-    if method not in REGISTRY:
-        raise UnknownMethodError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    spec = registry.get(method)
     adapter = get_adapter(model)
-    opt = _parse_options(options, adapter.num_blocks)
     prepared = adapter.check_inputs(inputs)
+    layout = adapter.layout(prepared)
+    opt = registry.parse_options(spec, options, adapter.num_blocks, layout.modality)
     batch = _batch_size(prepared)
     concept = target if isinstance(target, ConceptTarget) else None
-    if concept is not None and method != "cdam":
-        raise InputError(f"a concept target works with method='cdam' only, not {method!r}")
-    if concept is None and adapter.num_classes == 0 and method not in CLASS_AGNOSTIC:
+    if concept is not None and not spec.concept_target:
+        takers = [n for n, s in registry.METHODS.items() if s.concept_target]
+        raise InputError(f"a concept target works with method={takers[0]!r} only, not {method!r}")
+    if concept is None and adapter.num_classes == 0 and not spec.class_agnostic:
         raise InputError(f"{type(model).__name__} has no classification head: explain it with a class-agnostic "
-                         f"method ({', '.join(CLASS_AGNOSTIC)}) or with method='cdam' and a concept target "
+                         f"method ({', '.join(registry.CLASS_AGNOSTIC)}) or with method='cdam' and a concept target "
                          "(lrp_core.concept_target)")
     resolve = _target_resolver(target if concept is None else None, batch, adapter.num_classes)
-    run = (lambda a, p, r, o: cdam(a, p, r, o, concept=concept)) if concept is not None else REGISTRY[method]
     with model_guard(model):
-        groups = _length_groups(prepared) if adapter.family == "bert" else None
+        groups = _length_groups(prepared) if "attention_mask" in prepared else None
         if groups is None:
-            result = run(adapter, prepared, resolve, opt)
+            result = spec.run(Call(adapter, prepared, layout, resolve, opt, concept))
         else:
-            result = _merge([(rows, n, run(adapter, _take(prepared, rows, n), _sub_resolver(resolve, rows), opt))
-                             for rows, n in groups], batch, prepared["attention_mask"].shape[1])
-    images = adapter.family == "vit"
+            parts = []
+            for rows, n in groups:
+                sub = _take(prepared, rows, n)
+                parts.append((rows, n, spec.run(Call(adapter, sub, adapter.layout(sub), _sub_resolver(resolve, rows),
+                                                     opt, concept))))
+            result = _merge(parts, batch, prepared["attention_mask"].shape[1])
     used = dict(result.used)
     return Explanation(
         scores=result.scores.detach(), target=result.target, logits=result.logits.detach(), method=method,
         pixels=result.pixels, layers=result.layers, layers_per_head=result.layers_per_head,
-        token_relevance=result.token_relevance,
-        grid=adapter.grid(prepared) if images else None,
-        image_size=tuple(prepared["images"].shape[-2:]) if images else None,
-        start_layer=used.get("start_layer"),
-        attention_mask=None if images else prepared["attention_mask"],
-        options=used,
+        token_relevance=result.token_relevance, grid=layout.grid, image_size=layout.image_size,
+        start_layer=used.get("start_layer"), attention_mask=layout.mask, options=used,
     )
 
 
@@ -106,8 +104,6 @@ def _sub_resolver(resolve, rows: Tensor):
 
 def _merge(parts: list, batch: int, T: int):
     """Scatter the per-length results back into zero-padded (B, T, ...) tensors."""
-    from .methods import MethodResult
-
     first = parts[0][2]
 
     def gather(name: str, pad_dims: int):
@@ -180,8 +176,7 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
         attns = [trace.attention(b) for b in range(L)]
         grads = torch.autograd.grad(trace.logits.gather(1, t[:, None]).sum(), attns)
         with torch.no_grad():
-            one_hot = torch.zeros_like(trace.logits).scatter_(1, t[:, None], 1.0)
-            rel = adapter.relprop(trace, one_hot, TRANSFORMER_ATTRIBUTION, stop_block=0)
+            rel = adapter.relprop(trace, one_hot(trace.logits, t), TRANSFORMER_ATTRIBUTION, stop_block=0)
     stack = lambda ts: torch.stack([x.detach() for x in ts], dim=1)  # noqa: E731
     return AttentionParts(attention=stack(attns), gradient=stack(grads), relevance=stack(rel.attn),
                           target=t, logits=trace.logits.detach())
@@ -192,36 +187,6 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
 # ----------------------------------------------------------------------------
 def _batch_size(prepared: dict) -> int:
     return (prepared["images"] if "images" in prepared else prepared["input_ids"]).shape[0]
-
-
-def _parse_options(options: dict, num_blocks: int) -> Options:
-    unknown = sorted(set(options) - set(_OPTION_NAMES))
-    if unknown:
-        raise InputError(f"unknown option(s) {unknown}; accepted: {', '.join(_OPTION_NAMES)}")
-    opt = Options(**{k: v for k, v in options.items() if v is not None or k in ("rollout_norm", "progress", "end_layer")})
-    L = num_blocks
-
-    def block(name: str, v: Optional[int]) -> Optional[int]:
-        if v is None:
-            return None
-        if not isinstance(v, (int,)) or isinstance(v, bool):
-            raise InputError(f"{name} must be an int, got {type(v).__name__}")
-        if not -L <= v < L:
-            raise InputError(f"{name}={v} is out of range: the model has {L} blocks, so use 0 … {L - 1} "
-                             f"(or -{L} … -1 from the end)")
-        return v % L
-
-    opt.start_layer = block("start_layer", opt.start_layer)
-    opt.end_layer = block("end_layer", opt.end_layer)
-    if opt.end_layer is not None and opt.end_layer < opt.start_layer:
-        raise InputError(f"end_layer={opt.end_layer} is before start_layer={opt.start_layer}")
-    if opt.rollout_norm is not None and opt.rollout_norm not in NORMS:
-        raise InputError(f"rollout_norm must be one of {NORMS}, got {opt.rollout_norm!r}")
-    if not isinstance(opt.use_gradient, bool):
-        raise InputError(f"use_gradient must be True or False, got {opt.use_gradient!r}")
-    if not isinstance(opt.batch_size, int) or opt.batch_size < 1:
-        raise InputError(f"batch_size must be a positive int, got {opt.batch_size!r}")
-    return opt
 
 
 def _target_resolver(target, batch: int, num_classes: int):

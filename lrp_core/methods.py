@@ -1,8 +1,10 @@
-"""The explanation methods of ``METHODS.md`` §2, on top of a model adapter.
+"""The explanation methods of ``docs/METHODS.md`` §2, on top of a model adapter.
 
-Each method takes the adapter, the validated inputs, a target resolver and the
-options, and returns a :class:`MethodResult`. ``lrp_core.api.explain`` wraps
-them with validation and the model guard.
+Each method takes a :class:`Call` (the adapter, the validated inputs, their
+token layout, the target resolver and the parsed options) and returns a
+:class:`MethodResult`. Which options a method takes, its defaults and what it
+returns are declared in :mod:`lrp_core.registry`; ``lrp_core.api.explain``
+validates, guards the model and builds the :class:`~lrp_core.Explanation`.
 """
 from __future__ import annotations
 
@@ -13,17 +15,17 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .adapters.base import Adapter, Trace
+from .adapters.base import Adapter, TokenLayout, Trace
+from .composites import LRP_BASELINE, TRANSFORMER_ATTRIBUTION
 from .rollout import accumulate, accumulate_residual
-from .rules import LRP_BASELINE, TRANSFORMER_ATTRIBUTION
 
 
 @dataclass
 class ConceptTarget:
-    """A concept instead of a class: ``y = ⟨z, c⟩`` with ``z`` the final [CLS] embedding.
+    """A concept instead of a class: ``y = ⟨z, c⟩`` with ``z`` the model's final embedding (head removed).
 
     Attributes:
-        vector: (D,) the mean [CLS] embedding ``c`` of the example inputs.
+        vector: (D,) the mean final embedding ``c`` of the example inputs.
         n_examples: how many examples defined it.
         name: an optional label for plots.
     """
@@ -50,6 +52,8 @@ TargetResolver = Callable[[Tensor], Tensor]  # logits (B, C) -> target (B,)
 
 @dataclass
 class Options:
+    """Every option any method takes; :mod:`lrp_core.registry` says which method takes which."""
+
     start_layer: int = 0
     end_layer: Optional[int] = None
     rollout_norm: Optional[str] = None
@@ -59,22 +63,34 @@ class Options:
     batch_size: int = 64
 
 
+@dataclass
+class Call:
+    """One method call: what every method receives."""
+
+    adapter: Adapter
+    prepared: dict
+    layout: TokenLayout
+    resolve: TargetResolver
+    opt: Options
+    concept: Optional[ConceptTarget] = None
+
+
 # ----------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------
-def _one_hot(logits: Tensor, target: Tensor) -> Tensor:
+def one_hot(logits: Tensor, target: Tensor) -> Tensor:
+    """(B, C) one-hot rows of the target classes: the relevance the passes start from."""
     return torch.zeros_like(logits).scatter_(1, target[:, None], 1.0)
 
 
-def _target_output(trace: Trace, target: Tensor) -> Tensor:
+def target_output(trace: Trace, target: Tensor) -> Tensor:
     """y_t per sample (B,): the target logit."""
     return trace.logits.gather(1, target[:, None]).squeeze(1)
 
 
-def _cls_row(a: Adapter, joint: Tensor, mask: Optional[Tensor]) -> Tensor:
-    """Row 0 of a (B, N, N) matrix as token scores: ViT drops the prefix tokens, BERT zeroes padding."""
-    row = joint[:, 0, a.output_slice()]
-    return row if mask is None else row * mask.to(row.dtype)
+def _readout_scores(c: Call, M: Tensor) -> Tensor:
+    """Token scores from a token-mixing matrix M (B, N, N): the readout's row, scored tokens only."""
+    return c.layout.scores(c.adapter.readout.row(M))
 
 
 def _stack(layers: list) -> Tensor:
@@ -89,110 +105,98 @@ def _full_layers(parts: dict, L: int, like: Tensor) -> Tensor:
     return out
 
 
-def _mask(prepared: dict) -> Optional[Tensor]:
-    return prepared.get("attention_mask")
+def _per_head_result(per_head: dict, L: int, first: int, keep: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """Head means as (B, L, N, N), and the per-head matrices (B, L, H, N, N) when kept."""
+    parts = {b: m.mean(dim=1) for b, m in per_head.items()}
+    return _full_layers(parts, L, parts[first]), (_full_layers(per_head, L, per_head[first]) if keep else None)
 
 
 # ----------------------------------------------------------------------------
 # the methods
 # ----------------------------------------------------------------------------
-def transformer_attribution(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options) -> MethodResult:
+def transformer_attribution(c: Call) -> MethodResult:
     """Chefer et al. (CVPR 2021): gradient-weighted relevance of the attention maps, multiplied over blocks."""
+    a, opt = c.adapter, c.opt
     L, s = a.num_blocks, opt.start_layer
     end = L - 1 if opt.end_layer is None else opt.end_layer
-    norm = opt.rollout_norm or ("row" if a.family == "bert" else "none")
-    trace = a.forward(prepared, grad=opt.use_gradient)
-    target = resolve(trace.logits.detach())
+    trace = a.forward(c.prepared, grad=opt.use_gradient)
+    target = c.resolve(trace.logits.detach())
     if opt.use_gradient:
-        y = _target_output(trace, target).sum()
+        y = target_output(trace, target).sum()
         weights = torch.autograd.grad(y, [trace.attention(b) for b in range(s, L)])
     else:
         weights = [trace.attention(b).detach() for b in range(s, L)]
     with torch.no_grad():
-        rel = a.relprop(trace, _one_hot(trace.logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s)
+        rel = a.relprop(trace, one_hot(trace.logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s)
         per_head = {b: (weights[b - s] * rel.attn[b]).clamp(min=0) for b in range(s, L)}
-        parts = {b: m.mean(dim=1) for b, m in per_head.items()}
-        layers = _full_layers(parts, L, parts[s])
-        joint = accumulate(layers, s, end, norm=norm)
-        scores = _cls_row(a, joint, _mask(prepared))
-        if a.family == "bert":
-            scores = _replace_cls_with_min(scores, _mask(prepared))
+        layers, heads = _per_head_result(per_head, L, s, opt.keep_heads)
+        joint = accumulate(layers, s, end, norm=opt.rollout_norm)
+        scores = c.layout.readout_minimum(_readout_scores(c, joint))
     return MethodResult(
-        scores=scores, target=target, logits=trace.logits.detach(), layers=layers,
-        layers_per_head=_full_layers(per_head, L, per_head[s]) if opt.keep_heads else None,
+        scores=scores, target=target, logits=trace.logits.detach(), layers=layers, layers_per_head=heads,
         token_relevance=rel.tokens,
-        used={"start_layer": s, "end_layer": end, "rollout_norm": norm, "use_gradient": opt.use_gradient})
+        used={"start_layer": s, "end_layer": end, "rollout_norm": opt.rollout_norm, "use_gradient": opt.use_gradient})
 
 
-def _replace_cls_with_min(scores: Tensor, mask: Tensor) -> Tensor:
-    """BERT reference: the [CLS] entry becomes the row's minimum over the real tokens."""
-    big = torch.finfo(scores.dtype).max
-    row_min = torch.where(mask.bool(), scores, torch.full_like(scores, big)).min(dim=1).values
-    scores = scores.clone()
-    scores[:, 0] = row_min
-    return scores * mask.to(scores.dtype)
-
-
-def generic_attention(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options) -> MethodResult:
+def generic_attention(c: Call) -> MethodResult:
     """Chefer et al. (ICCV 2021): ``Ā_b = mean_h((∇A_b ⊙ A_b)⁺)``, ``R ← R + Ā_b R``. One forward, one backward."""
-    L, s = a.num_blocks, opt.start_layer
-    trace = a.forward(prepared, grad=True)
-    target = resolve(trace.logits.detach())
+    a, s = c.adapter, c.opt.start_layer
+    L = a.num_blocks
+    trace = a.forward(c.prepared, grad=True)
+    target = c.resolve(trace.logits.detach())
     attns = [trace.attention(b) for b in range(s, L)]
-    grads = torch.autograd.grad(_target_output(trace, target).sum(), attns)
+    grads = torch.autograd.grad(target_output(trace, target).sum(), attns)
     with torch.no_grad():
         per_head = {b: (grads[b - s] * attns[b - s]).clamp(min=0) for b in range(s, L)}
-        parts = {b: m.mean(dim=1) for b, m in per_head.items()}
-        layers = _full_layers(parts, L, parts[s])
-        joint = accumulate_residual(layers, s)
-        scores = _cls_row(a, joint, _mask(prepared))
+        layers, heads = _per_head_result(per_head, L, s, c.opt.keep_heads)
+        scores = _readout_scores(c, accumulate_residual(layers, s))
     return MethodResult(scores=scores, target=target, logits=trace.logits.detach(), layers=layers,
-                        layers_per_head=_full_layers(per_head, L, per_head[s]) if opt.keep_heads else None,
-                        used={"start_layer": s})
+                        layers_per_head=heads, used={"start_layer": s})
 
 
-def _attention_only(a: Adapter, prepared: dict, resolve: TargetResolver) -> tuple[Trace, Tensor, list]:
+def _attention_only(c: Call) -> tuple[Trace, Tensor, list]:
     with torch.no_grad():
-        trace = a.forward(prepared, grad=False)
-    target = resolve(trace.logits)
-    return trace, target, [trace.attention(b) for b in range(a.num_blocks)]
+        trace = c.adapter.forward(c.prepared, grad=False)
+    target = c.resolve(trace.logits)
+    return trace, target, [trace.attention(b) for b in range(c.adapter.num_blocks)]
 
 
-def rollout(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options) -> MethodResult:
+def rollout(c: Call) -> MethodResult:
     """Abnar & Zuidema: ``mean_h(A_b) + I``, row-normalised, multiplied over blocks. Class-agnostic."""
-    trace, target, attns = _attention_only(a, prepared, resolve)
+    trace, target, attns = _attention_only(c)
     layers = _stack([A.mean(dim=1) for A in attns])
-    joint = accumulate(layers, opt.start_layer, opt.end_layer, norm="row")
-    return MethodResult(scores=_cls_row(a, joint, _mask(prepared)), target=target, logits=trace.logits,
-                        layers=layers, layers_per_head=_stack(attns) if opt.keep_heads else None,
-                        used={"start_layer": opt.start_layer})
+    joint = accumulate(layers, c.opt.start_layer, c.opt.end_layer, norm="row")
+    return MethodResult(scores=_readout_scores(c, joint), target=target, logits=trace.logits, layers=layers,
+                        layers_per_head=_stack(attns) if c.opt.keep_heads else None,
+                        used={"start_layer": c.opt.start_layer})
 
 
-def raw_attention(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options) -> MethodResult:
-    """The last block's attention from [CLS], averaged over heads. Class-agnostic."""
-    trace, target, attns = _attention_only(a, prepared, resolve)
+def raw_attention(c: Call) -> MethodResult:
+    """The last block's attention from the readout token(s), averaged over heads. Class-agnostic."""
+    trace, target, attns = _attention_only(c)
     layers = _stack([A.mean(dim=1) for A in attns])
-    return MethodResult(scores=_cls_row(a, layers[:, -1], _mask(prepared)), target=target, logits=trace.logits,
-                        layers=layers, layers_per_head=_stack(attns) if opt.keep_heads else None)
+    return MethodResult(scores=_readout_scores(c, layers[:, -1]), target=target, logits=trace.logits,
+                        layers=layers, layers_per_head=_stack(attns) if c.opt.keep_heads else None)
 
 
-def attention_gradcam(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options) -> MethodResult:
-    """Grad-CAM on the last attention map: head weights = mean gradient of the [CLS] row."""
-    trace = a.forward(prepared, grad=True)
-    target = resolve(trace.logits.detach())
+def attention_gradcam(c: Call) -> MethodResult:
+    """Grad-CAM on the last attention map: head weights = mean gradient of the readout row."""
+    a = c.adapter
+    trace = a.forward(c.prepared, grad=True)
+    target = c.resolve(trace.logits.detach())
     A = trace.attention(a.num_blocks - 1)
-    (grad,) = torch.autograd.grad(_target_output(trace, target).sum(), [A])
-    mask = _mask(prepared)
+    (grad,) = torch.autograd.grad(target_output(trace, target).sum(), [A])
+    mask = c.layout.mask
     with torch.no_grad():
-        cols = a.output_slice()
-        g_row, a_row = grad[:, :, 0, cols], A.detach()[:, :, 0, cols]  # (B, H, T)
+        first = c.layout.output_start
+        g_row, a_row = a.readout.row(grad)[..., first:], a.readout.row(A.detach())[..., first:]  # (B, H, T)
         if mask is None:
             w = g_row.mean(dim=-1, keepdim=True)
         else:
-            m = mask[:, None, :].to(g_row.dtype)
+            m = mask[:, None, first:].to(g_row.dtype)
             w = (g_row * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True)
         cam = (w * a_row).mean(dim=1).clamp(min=0)  # (B, T)
-        scores = _minmax(cam, mask)
+        scores = _minmax(cam, None if mask is None else mask[:, first:])
     return MethodResult(scores=scores, target=target, logits=trace.logits.detach())
 
 
@@ -210,76 +214,61 @@ def _minmax(x: Tensor, mask: Optional[Tensor]) -> Tensor:
     return out if mask is None else out * mask.to(out.dtype)
 
 
-def lrp(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options) -> MethodResult:
-    """Full LRP with the baseline rules, down to the pixels (ViT) or the embeddings (BERT)."""
-    trace, target, _ = _attention_only(a, prepared, resolve)
+def lrp(c: Call) -> MethodResult:
+    """Full LRP with the baseline rules, down to input space (pixels for images, embeddings for text)."""
+    trace, target, _ = _attention_only(c)
     with torch.no_grad():
-        images = a.family == "vit"
-        extra = {"to_pixels": True} if images else {"to_inputs": True}
-        rel = a.relprop(trace, _one_hot(trace.logits, target), LRP_BASELINE, stop_block=0,
-                        prepared=prepared, **extra)
-        if images:
-            pixels = rel.pixels
-            ph, pw = a.patch_size
-            B, H, W = pixels.shape
-            scores = pixels.reshape(B, H // ph, ph, W // pw, pw).sum(dim=(2, 4)).reshape(B, -1)
-        else:
-            pixels = None
-            scores = rel.inputs * prepared["attention_mask"].to(rel.inputs.dtype)  # at the embeddings
-    return MethodResult(scores=scores, target=target, logits=trace.logits, pixels=pixels,
+        rel = c.adapter.relprop(trace, one_hot(trace.logits, target), LRP_BASELINE, stop_block=0,
+                                to_input=True, prepared=c.prepared)
+    return MethodResult(scores=rel.scores, target=target, logits=trace.logits, pixels=rel.pixels,
                         token_relevance=rel.tokens)
 
 
-def partial_lrp(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options) -> MethodResult:
-    """Baseline LRP down to the last block only: ``mean_h((R^{A_L})⁺)`` from [CLS]."""
-    trace, target, _ = _attention_only(a, prepared, resolve)
-    L = a.num_blocks
+def partial_lrp(c: Call) -> MethodResult:
+    """Baseline LRP down to the last block only: ``mean_h((R^{A_L})⁺)``, the readout's row."""
+    trace, target, _ = _attention_only(c)
+    L = c.adapter.num_blocks
     with torch.no_grad():
-        rel = a.relprop(trace, _one_hot(trace.logits, target), LRP_BASELINE, stop_block=L - 1)
+        rel = c.adapter.relprop(trace, one_hot(trace.logits, target), LRP_BASELINE, stop_block=L - 1)
         last = rel.attn[L - 1].clamp(min=0).mean(dim=1)
-    return MethodResult(scores=_cls_row(a, last, _mask(prepared)), target=target, logits=trace.logits,
+    return MethodResult(scores=_readout_scores(c, last), target=target, logits=trace.logits,
                         token_relevance=rel.tokens)
 
 
-def cdam(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options,
-         concept: Optional[ConceptTarget] = None) -> MethodResult:
+def cdam(c: Call) -> MethodResult:
     """Brocki & Chung: gradient × tokens entering the last attention (after its LayerNorm)."""
-    trace = a.forward(prepared, grad=True)
+    a = c.adapter
+    trace = a.forward(c.prepared, grad=True)
     T = a.cdam_tokens(trace)
-    if concept is None:
-        target = resolve(trace.logits.detach())
-        y = _target_output(trace, target)
+    if c.concept is None:
+        target = c.resolve(trace.logits.detach())
+        y = target_output(trace, target)
     else:
-        c = concept.vector.to(trace.pooled.dtype)
-        if c.shape[-1] != trace.pooled.shape[-1]:
-            raise ValueError(f"concept vector has size {c.shape[-1]}, the model's [CLS] embedding "
+        v = c.concept.vector.to(trace.pooled.dtype)
+        if v.shape[-1] != trace.pooled.shape[-1]:
+            raise ValueError(f"concept vector has size {v.shape[-1]}, the model's final embedding "
                              f"{trace.pooled.shape[-1]}")
         target = torch.full((T.shape[0],), -1, dtype=torch.long)
-        y = trace.pooled @ c
+        y = trace.pooled @ v
     (g,) = torch.autograd.grad(y.sum(), [T])
     with torch.no_grad():
-        scores = (T * g).sum(dim=-1)[:, a.output_slice()]
-        mask = _mask(prepared)
-        if mask is not None:
-            scores = scores * mask.to(scores.dtype)
+        scores = c.layout.scores((T * g).sum(dim=-1))
     return MethodResult(scores=scores, target=target, logits=trace.logits.detach(),
-                        used={"concept": concept.name} if concept is not None else {})
+                        used={"concept": c.concept.name} if c.concept is not None else {})
 
 
-def token_ablation(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Options) -> MethodResult:
+def token_ablation(c: Call) -> MethodResult:
     """Token ablation map: ``y_t(all tokens) − y_t(without token i)``, the removals batched."""
+    a, opt = c.adapter, c.opt
     with torch.no_grad():
-        trace = a.forward(prepared, grad=False)
-        target = resolve(trace.logits)
-        y_full = _target_output(trace, target)
+        trace = a.forward(c.prepared, grad=False)
+        target = c.resolve(trace.logits)
+        y_full = target_output(trace, target)
         x0 = trace.x0
         B, N, D = x0.shape
         mask = trace.mask
-        # (sample, token) pairs to ablate: ViT every patch (after the prefix tokens); BERT every real
-        # token but [CLS], the token the classifier reads (its score stays 0)
-        first = 1 if a.family == "bert" else a.output_slice().start
-        tok = torch.arange(first, N)
-        pairs = torch.cartesian_prod(torch.arange(B), tok)
+        # (sample, token) pairs to ablate: every scored token but those the classifier reads (their score stays 0)
+        pairs = torch.cartesian_prod(torch.arange(B), c.layout.ablatable())
         if mask is not None:
             pairs = pairs[mask[pairs[:, 0], pairs[:, 1]].bool()]
         keep = torch.arange(N - 1)
@@ -295,20 +284,9 @@ def token_ablation(a: Adapter, prepared: dict, resolve: TargetResolver, opt: Opt
             scores[bi, ti] = y_full[bi] - y
             bar.update(len(chunk))
         bar.close()
-    return MethodResult(scores=scores[:, a.output_slice()], target=target, logits=trace.logits)
+    return MethodResult(scores=scores[:, c.layout.output_start:], target=target, logits=trace.logits)
 
 
-REGISTRY: dict[str, Callable[..., MethodResult]] = {
-    "transformer_attribution": transformer_attribution,
-    "generic_attention": generic_attention,
-    "rollout": rollout,
-    "raw_attention": raw_attention,
-    "attention_gradcam": attention_gradcam,
-    "lrp": lrp,
-    "partial_lrp": partial_lrp,
-    "cdam": cdam,
-    "token_ablation": token_ablation,
-}
-
-#: Methods whose map does not depend on the target class.
-CLASS_AGNOSTIC = ("rollout", "raw_attention")
+__all__ = ["ConceptTarget", "MethodResult", "Options", "Call", "one_hot", "target_output",
+           "transformer_attribution", "generic_attention", "rollout", "raw_attention", "attention_gradcam", "lrp",
+           "partial_lrp", "cdam", "token_ablation"]

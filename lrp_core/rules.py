@@ -4,20 +4,18 @@ Every rule takes the forward quantities of one operation and the relevance of
 its output, and returns the relevance of its input(s). Relevance flows from the
 output to the input; shapes are those of the forward tensors.
 
-The functions are the reference formulas of ``METHODS.md`` §1. The small rule
-objects at the bottom wrap them so that a :class:`Composite` can map module
-types (``nn.Linear``, ``nn.LayerNorm`` ...) and tensor operations (``"add"``,
-``"matmul"`` ...) to rules, zennit-style. The engine's model adapters look up
-their rules in a composite; the course calls the functions directly.
+The functions are the reference formulas of ``docs/METHODS.md`` §1. The rule
+objects of :mod:`lrp_core.composites` wrap them, and a composite maps each
+operation of a relevance pass to one of them; the course calls the functions
+directly.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 EPS = 1e-9
 
@@ -279,155 +277,15 @@ def _transpose_output_padding(in_hw, out_hw, k_hw, stride, padding) -> tuple[int
     )  # type: ignore[return-value]
 
 
-# --------------------------------------------------------------------------
-# rule objects and composites
-# --------------------------------------------------------------------------
-class Rule:
-    """A relevance rule: call it with the forward quantities and ``R``."""
+def __getattr__(name: str):
+    """The rule objects and composites live in :mod:`lrp_core.composites`; reachable from here too."""
+    from . import composites
+    if name in composites.__all__:
+        return getattr(composites, name)
+    raise AttributeError(f"module 'lrp_core.rules' has no attribute {name!r}")
 
-    name = "rule"
-
-    def __call__(self, *args, **kwargs):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-class Identity(Rule):
-    name = "identity"
-
-    def __call__(self, R: Tensor) -> Tensor:
-        return identity(R)
-
-
-class SignedLinear(Rule):
-    """``linear_signed``: α=1, β=0 on signed inputs, shared denominator."""
-
-    name = "signed"
-    uses_output = True
-
-    def __call__(self, x: Tensor, weight: Tensor, R: Tensor, out: Tensor | None = None,
-                 bias: Tensor | None = None, cache: dict | None = None) -> Tensor:
-        return linear_signed(x, weight, R, out=out, bias=bias, cache=cache)
-
-
-class BaselineLinear(Rule):
-    """``linear_baseline``: α=1, β=0 with separate denominators (LRP baseline)."""
-
-    name = "baseline"
-
-    def __call__(self, x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
-        return linear_baseline(x, weight, R)
-
-
-class GenericLinear(Rule):
-    name = "generic"
-
-    def __call__(self, x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
-        return linear_generic(x, weight, R)
-
-
-class NormalizedAdd(Rule):
-    name = "normalized_add"
-
-    def __init__(self, per_sample: bool = True):
-        self.per_sample = per_sample
-
-    def __call__(self, u: Tensor, v: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
-        return add_normalized(u, v, R, per_sample=self.per_sample)
-
-
-class GenericAdd(Rule):
-    name = "generic_add"
-
-    def __call__(self, u: Tensor, v: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
-        return add_generic(u, v, R)
-
-
-class HalvedMatMul(Rule):
-    name = "halved_matmul"
-
-    def __call__(self, a: Tensor, b: Tensor, R: Tensor, z: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return matmul(a, b, R, halve=True, z=z)
-
-
-class Clone(Rule):
-    name = "clone"
-
-    def __call__(self, *Rs: Tensor, x: Tensor | None = None) -> Tensor:
-        return clone(*Rs, x=x)
-
-
-class ZBox(Rule):
-    name = "zbox"
-
-    def __call__(self, x: Tensor, weight: Tensor, R: Tensor, stride, padding=0) -> Tensor:
-        return zbox_conv2d(x, weight, R, stride=stride, padding=padding)
-
-
-@dataclass
-class Composite:
-    """Maps module types and tensor operations to rules.
-
-    ``modules`` maps ``nn.Module`` subclasses to rules (looked up along the
-    MRO, so a subclass of ``nn.Linear`` gets the Linear rule); ``ops`` maps the
-    names of operations that are not modules (``"add"``, ``"matmul"``,
-    ``"clone"``, ``"mask_add"``, ``"pos_add"``) to rules.
-    """
-
-    name: str
-    modules: Mapping[type, Rule]
-    ops: Mapping[str, Rule] = field(default_factory=dict)
-
-    def rule_for(self, module: nn.Module) -> Rule:
-        for cls in type(module).__mro__:
-            if cls in self.modules:
-                return self.modules[cls]
-        return Identity()
-
-    def op(self, name: str) -> Rule:
-        return self.ops[name]
-
-    def linear(self, module_or_weight, x: Tensor, R: Tensor, out: Tensor | None = None,
-               cache: dict | None = None) -> Tensor:
-        """Relevance through a Linear (module or its weight matrix).
-
-        ``out``: the module's forward output, which rules that can use it
-        (``SignedLinear``) turn into one matrix product less.
-        """
-        module = module_or_weight if isinstance(module_or_weight, nn.Module) else None
-        weight = module.weight if module is not None else module_or_weight
-        rule = self.modules.get(nn.Linear, SignedLinear())
-        if getattr(rule, "uses_output", False):
-            return rule(x, weight, R, out=out, bias=getattr(module, "bias", None), cache=cache)
-        return rule(x, weight, R)
-
-
-def _elementwise_identities() -> dict[type, Rule]:
-    return {cls: Identity() for cls in (nn.LayerNorm, nn.GELU, nn.Tanh, nn.Softmax, nn.Dropout, nn.Identity)}
-
-
-#: The rules of Chefer et al. (CVPR 2021), used by ``transformer_attribution``.
-TRANSFORMER_ATTRIBUTION = Composite(
-    name="transformer_attribution",
-    modules={nn.Linear: SignedLinear(), nn.Conv2d: ZBox(), **_elementwise_identities()},
-    ops={"add": NormalizedAdd(), "mask_add": NormalizedAdd(), "pos_add": GenericAdd(),
-         "matmul": HalvedMatMul(), "clone": Clone()},
-)
-
-#: The LRP baseline (``lrp``, ``partial_lrp``): no Add normalisation, separate denominators.
-LRP_BASELINE = Composite(
-    name="lrp_baseline",
-    modules={nn.Linear: BaselineLinear(), nn.Conv2d: ZBox(), **_elementwise_identities()},
-    ops={"add": GenericAdd(), "mask_add": GenericAdd(), "pos_add": GenericAdd(),
-         "matmul": HalvedMatMul(), "clone": Clone()},
-)
 
 __all__ = [
     "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic",
     "add_generic", "add_normalized", "clone", "select", "matmul", "identity", "zbox_conv2d",
-    "Rule", "Identity", "SignedLinear", "BaselineLinear", "GenericLinear", "NormalizedAdd",
-    "GenericAdd", "HalvedMatMul", "Clone", "ZBox", "Composite",
-    "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE",
 ]

@@ -356,13 +356,13 @@ def test_agreement_with_reference_on_real_pretrained_weights():
 def test_bert_lrp_reaches_the_embeddings(tiny_bert, text_batch):
     """BERT `lrp` scores are the relevance of the embedding output: the relevance pass through every layer."""
     from lrp_core.adapters import get_adapter
-    from lrp_core.rules import LRP_BASELINE
+    from lrp_core.composites import LRP_BASELINE
     exp = explain(tiny_bert, text_batch, method="lrp")
     a = get_adapter(tiny_bert)
     prepared = a.check_inputs(text_batch)
     trace = a.forward(prepared)
     one_hot = torch.zeros_like(trace.logits).scatter_(1, exp.target[:, None], 1.0)
-    deep = a.relprop(trace, one_hot, LRP_BASELINE, stop_block=0, to_inputs=True)
+    deep = a.relprop(trace, one_hot, LRP_BASELINE, stop_block=0, to_input=True, prepared=prepared)
     shallow = a.relprop(trace, one_hot, LRP_BASELINE, stop_block=0)
     assert shallow.inputs is None and deep.inputs is not None
     assert torch.allclose(exp.scores, deep.inputs * text_batch["attention_mask"], atol=1e-7)

@@ -5,15 +5,10 @@ an engine error into a readable message, and one place tests can patch.
 """
 from __future__ import annotations
 
-import inspect
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Union
 
 import torch
-
-#: Methods whose result depends on ``start_layer`` (the others ignore it).
-START_LAYER_METHODS = ("transformer_attribution", "rollout")
-
 
 #: Models below this many parameters are explained on one CPU thread by default.
 SMALL_MODEL_PARAMS = 50_000_000
@@ -54,40 +49,30 @@ def torch_threads(module: Optional[torch.nn.Module], threads: Union[str, int, No
         torch.set_num_threads(old)
 
 
-def _api() -> Any:
-    try:
-        from lrp_core import api
-    except ImportError as err:  # pragma: no cover - only before the engine lands
-        raise RuntimeError("lrp_core's engine (lrp_core.api) is not installed: "
-                           f"cannot compute explanations ({err})") from err
-    return api
-
-
 def methods() -> tuple[str, ...]:
     """Names of all explanation methods (``lrp_core.METHODS``)."""
-    return tuple(_api().METHODS)
+    from lrp_core import registry
+    return registry.METHOD_NAMES
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+def takes(method: str, option: str) -> bool:
+    """Whether ``method`` accepts ``option`` (read from the method registry)."""
+    from lrp_core import registry
+    return registry.get(method).takes(option)
 
 
 def explain(model: torch.nn.Module, inputs: Any, method: str, target: Any = None,
             start_layer: Optional[int] = None, keep_heads: bool = True) -> Any:
-    """``lrp_core.explain`` with the options a widget needs.
+    """``lrp_core.explain`` with the options a widget needs, where the method takes them.
 
-    ``start_layer`` is passed only to methods that use it; per-head matrices
-    are requested (``keep_heads=True``) where the engine offers that option.
+    ``start_layer`` is passed to the methods that take it; per-head matrices are
+    requested (``keep_heads=True``) from the methods that offer them.
     """
-    api = _api()
+    from lrp_core import api
     kwargs: dict[str, Any] = {"method": method, "target": target}
-    if start_layer is not None and method in START_LAYER_METHODS:
+    if start_layer is not None and takes(method, "start_layer"):
         kwargs["start_layer"] = int(start_layer)
-    if keep_heads and _accepts(api.explain, "keep_heads"):
+    if keep_heads and takes(method, "keep_heads"):
         kwargs["keep_heads"] = True
     return api.explain(model, inputs, **kwargs)
 
@@ -100,4 +85,5 @@ def accumulate(layers: torch.Tensor, start: int, stop: int, norm: str = "none") 
 
 def concept_target(model: torch.nn.Module, examples: torch.Tensor) -> Any:
     """``lrp_core.concept_target``: the mean final [CLS] embedding of ``examples``."""
-    return _api().concept_target(model, examples)
+    from lrp_core import api
+    return api.concept_target(model, examples)

@@ -180,7 +180,7 @@ class LayerExplorer(RelevanceWidget):
         return bool(self.sign_toggle.value)
 
     def _key(self) -> tuple:
-        start = self.start_layer.value if self.method in _engine.START_LAYER_METHODS else None
+        start = self.start_layer.value if _engine.takes(self.method, "start_layer") else None
         return (self.sample_selector.value, self.target, self.method, start)
 
     def explanation_for(self, key: Optional[tuple] = None) -> Any:
@@ -208,7 +208,7 @@ class LayerExplorer(RelevanceWidget):
     def _on_start_change(self, change: dict) -> None:
         if self._quiet:
             return
-        if self.method in _engine.START_LAYER_METHODS:
+        if _engine.takes(self.method, "start_layer"):
             self._guarded("compute", self._recompute)
         else:
             self._guarded("redraw", self._redraw)

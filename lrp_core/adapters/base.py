@@ -1,83 +1,130 @@
-"""What every model adapter provides to the explanation methods."""
+"""The typed seam between the methods and a model family.
+
+An adapter says, for one model: how to validate and embed its inputs, which
+of its submodules form each block (:class:`~lrp_core.adapters.blocks.BlockSpec`),
+how it reads its prediction (:class:`~lrp_core.adapters.readouts.Readout`),
+how its tokens are laid out (:class:`TokenLayout`), and how relevance at
+block 0 reaches input space (pixels or embeddings). The replay, the
+relevance pass and every method are shared; a new model family is one small
+subclass plus a line in :data:`lrp_core.adapters.ADAPTERS`.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
 from typing import Optional
 
+import torch
 from torch import Tensor, nn
 
-
-@dataclass
-class Trace:
-    """Everything one replayed forward pass recorded.
-
-    Attributes:
-        x0: (B, N, D) input of block 0.
-        acts: per block, the activations the rules need; ``acts[b]["A"]`` is the
-            attention after softmax (B, H, N, N).
-        pooled: (B, D) the final [CLS] embedding that enters the classifier.
-        logits: (B, C) (or ``pooled`` when the model has no head).
-        tokens, x_pos: ViT only, the tokens before / after the position embedding.
-        mask: BERT only, (B, N) attention mask (1 = real token).
-    """
-
-    x0: Tensor
-    acts: list = field(default_factory=list)
-    pooled: Optional[Tensor] = None
-    logits: Optional[Tensor] = None
-    tokens: Optional[Tensor] = None
-    x_pos: Optional[Tensor] = None
-    mask: Optional[Tensor] = None
-    cls_token: Optional[Tensor] = None  # (B, D) the selected token before fc_norm (ViT)
-
-    def attention(self, b: int) -> Tensor:
-        return self.acts[b]["A"]
+from ..composites import Composite, Propagation
+from .blocks import PLAIN, BlockSpec, Replay, block_forward, block_relprop
+from .readouts import Readout
+from .records import (AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout,
+                      Trace)
 
 
-@dataclass
-class BlockRelevance:
-    """Result of a relevance pass.
+class Adapter(ABC):
+    """One model, replayed from its own submodules. Subclasses set the attributes and the abstract methods."""
 
-    Attributes:
-        attn: per block, R^{A_b} (B, H, N, N) — ``None`` below the block where the pass stopped.
-        tokens: (B, L, N) relevance of each token in the residual stream leaving block b
-            (summed over channels; zeros below the stop block).
-        pixels: (B, H, W) pixel relevance (ViT, ``to_pixels=True`` only).
-        inputs: (B, N) relevance of the block-0 input tokens (summed over channels), where the
-            pass went below block 0's attention (``stop_block=0`` with ``deeper`` propagation).
-    """
-
-    attn: list
-    tokens: Tensor
-    pixels: Optional[Tensor] = None
-    inputs: Optional[Tensor] = None
-
-
-class Adapter:
-    """Interface of a model family. See ``vit.py`` and ``bert.py``."""
-
-    family: str = ""
     model: nn.Module
+    blocks: list  # BlockSpec per block, in forward order (a shared layer appears once per use)
+    readout: Readout
+    modality: str  # "image" | "text"
+    #: additive value at padded key positions (text); ``None``: the model takes no padding mask
+    mask_value: Optional[float] = None
 
-    num_blocks: int
-    num_heads: int
-    num_classes: int
+    # ------------------------------------------------------------------ facts
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
 
-    def check_inputs(self, inputs) -> dict:  # pragma: no cover - interface
-        raise NotImplementedError
+    @property
+    def num_heads(self) -> int:
+        return self.blocks[0].attn.num_heads
 
-    def forward(self, prepared: dict, *, grad: bool = False) -> Trace:  # pragma: no cover
-        raise NotImplementedError
+    @property
+    def num_classes(self) -> int:
+        return self.readout.num_classes
 
-    def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None) -> Trace:  # pragma: no cover
-        raise NotImplementedError
+    # ------------------------------------------------------- the family's part
+    @abstractmethod
+    def check_inputs(self, inputs) -> dict:
+        """Validate user inputs; return the prepared dict (``images`` or ``input_ids``/``attention_mask``...)."""
 
-    def relprop(self, trace: Trace, R_out: Tensor, composite, stop_block: int = 0,
-                to_pixels: bool = False, prepared: Optional[dict] = None) -> BlockRelevance:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+        """The input layer up to block 0's input. ``track``: make the input-space tensors
+        (``images``, word ``embeds``) leaves that require gradients."""
 
-    def cdam_tokens(self, trace: Trace) -> Tensor:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def layout(self, prepared: dict) -> TokenLayout:
+        """The token layout of a prepared batch."""
 
-    def output_slice(self) -> slice:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
+                        prepared: dict) -> tuple[Tensor, Optional[Tensor]]:
+        """Relevance of block 0's input (B, N, D) -> (token scores (B, T), pixels (B, H, W) or ``None``)."""
+
+    # --------------------------------------------------------------- forward
+    def forward(self, prepared: dict, *, grad: bool = False, composite: Optional[Composite] = None,
+                track: bool = False) -> Trace:
+        """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations."""
+        r = Replay(composite)
+        with torch.set_grad_enabled(grad):
+            emb = self.embed(prepared, r, track=track)
+            x0 = emb.x0
+            if grad and not x0.requires_grad:  # frozen models still need a graph to the attention maps
+                x0 = x0.detach().requires_grad_(True)
+                emb.x0 = x0
+            trace = self.run_blocks(x0, prepared.get("attention_mask"), r)
+            trace.embedding = emb
+        return trace
+
+    def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = PLAIN) -> Trace:
+        """Blocks and readout from the block-0 input ``x0`` (B, N, D); ``mask`` (B, N) 1 = real token."""
+        bias = None
+        if self.mask_value is not None:
+            B, N, _ = x0.shape
+            mask = torch.ones(B, N, dtype=torch.long, device=x0.device) if mask is None else mask
+            bias = (1.0 - mask[:, None, None, :].to(x0.dtype)) * self.mask_value  # (B, 1, 1, N)
+        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None)
+        x = x0
+        for spec in self.blocks:
+            rec = block_forward(spec, x, bias, r)
+            trace.blocks.append(rec)
+            x = rec.out
+        trace.readout = self.readout.forward(x, r)
+        return trace
+
+    def cdam_tokens(self, trace: Trace) -> Tensor:
+        """CDAM's tokens: those entering the last block's attention (after its norm in pre-LN blocks)."""
+        return trace.blocks[-1].attn.h
+
+    # ------------------------------------------------------------- relevance
+    def relprop(self, trace: Trace, R_out: Tensor, composite: Composite, stop_block: int = 0,
+                to_input: bool = False, prepared: Optional[dict] = None) -> BlockRelevance:
+        """The explicit relevance pass, every rule chosen by ``composite``.
+
+        Args:
+            R_out: (B, C) relevance of the logits (the one-hot target).
+            stop_block: the lowest block whose attention relevance is needed.
+            to_input: continue through every block to input space (``scores``, ``pixels``).
+        """
+        prop = Propagation(composite)
+        R = self.readout.relprop(trace.readout, R_out, prop)
+        B, N, _ = R.shape
+        L = self.num_blocks
+        out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, N, dtype=R.dtype, device=R.device))
+        for b in range(L - 1, stop_block - 1, -1):
+            out.tokens[:, b] = R.sum(-1)  # leaving block b
+            R, out.attn[b] = block_relprop(self.blocks[b], trace.blocks[b], R, prop,
+                                           deeper=to_input or b > stop_block)
+        if R is not None:
+            out.inputs = R.sum(-1)
+        if to_input:
+            out.scores, out.pixels = self.input_relevance(trace, R, prop, prepared)
+        return out
+
+
+__all__ = ["Adapter", "AttentionRecord", "BlockRecord", "BlockRelevance", "BlockSpec", "EmbeddingRecord",
+           "ReadoutRecord", "TokenLayout", "Trace"]

@@ -1,0 +1,211 @@
+"""Typed records of one replayed forward pass, and the token layout of an input batch.
+
+Shapes: B batch, N tokens, D width, H heads, d head width, C classes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class AttentionRecord:
+    """One self-attention, forward quantities the rules need.
+
+    Attributes:
+        h: (B, N, D) the attention's input (pre-LN: after ``norm1``; post-LN: the block input).
+        q, k, v: (B, H, N, d) queries (unscaled), keys, values — after ``q_norm``/``k_norm``.
+        A: (B, H, N, N) attention after softmax.
+        ctx: (B, H, N, d) ``A @ v``.
+        o: (B, N, H·d) the heads concatenated (after any context norm), input of the output projection.
+        lin: outputs of the attention's Linears by role: ``"qkv"`` or ``"q"``, ``"k"``, ``"v"``; ``"proj"``.
+        scores: (B, H, N, N) scaled ``q·kᵀ`` before the mask is added (models with a padding mask).
+        bias: (B, 1, 1, N) the additive padding mask, or ``None``.
+    """
+
+    h: Tensor
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    A: Tensor
+    ctx: Tensor
+    o: Tensor
+    lin: dict
+    scores: Optional[Tensor] = None
+    bias: Optional[Tensor] = None
+
+
+@dataclass
+class BlockRecord:
+    """One Transformer block, pre-LN or post-LN, in one vocabulary.
+
+    Attributes:
+        x: (B, N, D) block input.
+        attn: the attention record.
+        a: (B, N, D) attention branch output as it enters the residual Add (after LayerScale).
+        mid: (B, N, D) the residual stream between attention and MLP (pre-LN: ``x + a``;
+            post-LN: ``norm1(x + a)``).
+        m: (B, N, D) the MLP's input (pre-LN: ``norm2(mid)``; post-LN: ``mid``).
+        g: (B, N, D_mlp) the MLP's hidden units after the activation (and its norm, if any).
+        f: (B, N, D) MLP branch output as it enters the residual Add.
+        out: (B, N, D) block output.
+        lin: outputs of the MLP's Linears: ``"fc1"``, ``"fc2"``.
+    """
+
+    x: Tensor
+    attn: AttentionRecord
+    a: Tensor
+    mid: Tensor
+    m: Tensor
+    g: Tensor
+    f: Tensor
+    out: Tensor
+    lin: dict
+
+
+@dataclass
+class ReadoutRecord:
+    """The readout: the final hidden states to the logits.
+
+    Attributes:
+        hidden: (B, N, D) the last block's output.
+        normed: (B, N, D) after the final norm (the same tensor where there is none).
+        token: (B, D) what the head reads: the selected token, or the pooled tokens.
+        inputs: the input of each head layer, in order.
+        pooled: (B, D') the embedding the classifier reads (input of the last Linear), the
+            "final embedding" of concept targets.
+        logits: (B, C), or ``pooled`` for a model without a head.
+    """
+
+    hidden: Tensor
+    normed: Tensor
+    token: Tensor
+    inputs: list
+    pooled: Tensor
+    logits: Tensor
+
+
+@dataclass
+class EmbeddingRecord:
+    """The input layer: what input-space relevance needs.
+
+    Attributes:
+        x0: (B, N, D) input of block 0.
+        embeds: (B, P, D) ViT: the patch embedding's output (before the prefix tokens and the
+            position embedding); text: the word embeddings (before position and token-type
+            embeddings). Gradient × input here gives token relevance (AttnLRP, CP-LRP).
+        tokens: (B, N, D) ViT: prefix tokens and patches before the position embedding.
+        x_pos: (B, N, D) ViT: ``tokens`` + position embedding.
+        images: (B, 3, H, W) ViT: the pixels.
+    """
+
+    x0: Tensor
+    embeds: Optional[Tensor] = None
+    tokens: Optional[Tensor] = None
+    x_pos: Optional[Tensor] = None
+    images: Optional[Tensor] = None
+
+
+@dataclass
+class Trace:
+    """Everything one replayed forward pass recorded."""
+
+    x0: Tensor
+    blocks: list = field(default_factory=list)  # BlockRecord per block
+    readout: Optional[ReadoutRecord] = None
+    mask: Optional[Tensor] = None  # (B, N) 1 = real token; None for images
+    embedding: Optional[EmbeddingRecord] = None
+
+    def attention(self, b: int) -> Tensor:
+        """A_b (B, H, N, N)."""
+        return self.blocks[b].attn.A
+
+    @property
+    def logits(self) -> Tensor:
+        return self.readout.logits
+
+    @property
+    def pooled(self) -> Tensor:
+        return self.readout.pooled
+
+
+@dataclass
+class BlockRelevance:
+    """Result of an explicit relevance pass.
+
+    Attributes:
+        attn: per block R^{A_b} (B, H, N, N); ``None`` below the block where the pass stopped.
+        tokens: (B, L, N) relevance of each token in the residual stream leaving block b
+            (summed over channels; zeros below the stop block).
+        inputs: (B, N) relevance of the block-0 input tokens (summed over channels), where the
+            pass went below block 0's attention.
+        scores: (B, T) input-space token relevance (``to_input=True``): ViT patch sums of the
+            pixel relevance, text the embedding output's relevance (padding 0).
+        pixels: (B, H, W) pixel relevance (images, ``to_input=True``).
+    """
+
+    attn: list
+    tokens: Tensor
+    inputs: Optional[Tensor] = None
+    scores: Optional[Tensor] = None
+    pixels: Optional[Tensor] = None
+
+
+@dataclass
+class TokenLayout:
+    """How a batch's tokens are laid out, and which of them a method scores.
+
+    Attributes:
+        modality: ``"image"`` or ``"text"``.
+        num_tokens: N.
+        output_start: first token that gets a score (ViT: after the prefix tokens; text: 0).
+        readout_tokens: the tokens the classifier reads directly (``(0,)`` for [CLS] pooling,
+            ``()`` for average pooling).
+        grid: (h, w) patch grid (images).
+        image_size: (H, W) (images).
+        mask: (B, N) 1 = real token (text), else ``None``.
+    """
+
+    modality: str
+    num_tokens: int
+    output_start: int
+    readout_tokens: tuple
+    grid: Optional[tuple] = None
+    image_size: Optional[tuple] = None
+    mask: Optional[Tensor] = None
+
+    def scores(self, row: Tensor) -> Tensor:
+        """Token scores from a (B, N) row: the scored tokens, padding set to 0."""
+        row = row[:, self.output_start:]
+        return row if self.mask is None else row * self.mask[:, self.output_start:].to(row.dtype)
+
+    def ablatable(self) -> Tensor:
+        """Positions a token-ablation removes: every scored token the classifier does not read itself."""
+        return torch.tensor([i for i in range(self.output_start, self.num_tokens) if i not in self.readout_tokens],
+                            dtype=torch.long)
+
+    def readout_minimum(self, scores: Tensor) -> Tensor:
+        """Scored readout tokens' entries replaced by the row minimum over real tokens (BERT reference quirk).
+
+        The readout token's own entry of ``Π(I + Ā)`` is dominated by the identity; Chefer et al.'s
+        text code replaces it by the smallest score. A readout that is not scored (ViT [CLS]) changes
+        nothing.
+        """
+        positions = [t - self.output_start for t in self.readout_tokens if t >= self.output_start]
+        if not positions:
+            return scores
+        mask = torch.ones_like(scores, dtype=torch.bool) if self.mask is None else \
+            self.mask[:, self.output_start:].bool()
+        big = torch.finfo(scores.dtype).max
+        row_min = torch.where(mask, scores, torch.full_like(scores, big)).min(dim=1).values
+        scores = scores.clone()
+        for p in positions:
+            scores[:, p] = row_min
+        return scores * mask.to(scores.dtype)
+
+
+__all__ = ["AttentionRecord", "BlockRecord", "ReadoutRecord", "EmbeddingRecord", "Trace", "BlockRelevance",
+           "TokenLayout"]

@@ -1,0 +1,299 @@
+"""Rule objects and composites: the one place where a relevance rule is chosen.
+
+A relevance pass is made of a handful of operation kinds (:data:`OP_KINDS`).
+Every step of the pass — the engine's block drivers, the readout, the input
+layer — asks a :class:`Composite` for the rule of its kind and calls it, so a
+new rule set is a new composite and nothing else (zennit's design).
+
+One rule contract (:class:`Rule`), with two faces:
+
+* ``relevance(op, R)``: the explicit backward step of the Deep Taylor
+  Decomposition passes (``transformer_attribution``, ``lrp``, ``partial_lrp``):
+  the relevance of the operation's output → one relevance per input.
+* ``forward(fn, *inputs, module=None)``: the forward computation as the
+  replay runs it. Plain rules compute ``fn(*inputs)``; modified-gradient rules
+  (AttnLRP, CP-LRP: gradient × input with modified gradients) compute the same
+  value with the gradient their paper prescribes.
+
+Every rule uses the one stabiliser :data:`lrp_core.rules.EPS` through the
+functions of :mod:`lrp_core.rules` (``docs/METHODS.md`` §1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+from torch import Tensor, nn
+
+from . import rules as F
+
+# ----------------------------------------------------------------------------
+# operation kinds
+# ----------------------------------------------------------------------------
+LINEAR = "linear"  # nn.Linear: x (..., D_in) -> (..., D_out)
+PATCH_CONV = "patch_conv"  # the patch embedding's Conv2d on pixels
+LAYERNORM = "layernorm"  # LayerNorm (and RMSNorm-like normalisations)
+ELEMENTWISE = "elementwise"  # GELU, tanh, ReLU, SiLU, LayerScale γ, dropout
+SOFTMAX = "softmax"  # attention scores -> A
+MATMUL_QK = "matmul_qk"  # q · kᵀ -> scores
+MATMUL_AV = "matmul_av"  # A · v -> context
+ADD = "add"  # residual Add u + v
+CLONE = "clone"  # a tensor used by several branches
+MASK_ADD = "mask_add"  # attention scores + additive padding mask
+POS_ADD = "pos_add"  # tokens + position embedding
+READOUT = "readout"  # selecting the token(s) the classifier reads
+
+OP_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SOFTMAX, MATMUL_QK, MATMUL_AV, ADD, CLONE, MASK_ADD,
+            POS_ADD, READOUT)
+
+RelevanceIn = Union[Tensor, Sequence[Tensor]]
+
+
+@dataclass
+class Op:
+    """One operation of the replayed forward pass, as a rule sees it.
+
+    Attributes:
+        kind: one of :data:`OP_KINDS`.
+        inputs: the forward inputs (e.g. ``(x,)`` for a Linear, ``(u, v)`` for an Add,
+            ``(a, b)`` for a product ``a @ b``, ``(x,)`` for a Clone).
+        output: the forward output, where the pass has it (rules may reuse it).
+        module: the model's own submodule, for kinds that have one (Linear, Conv, norms).
+    """
+
+    kind: str
+    inputs: tuple
+    output: Optional[Tensor] = None
+    module: Optional[nn.Module] = None
+
+
+# ----------------------------------------------------------------------------
+# the rule contract
+# ----------------------------------------------------------------------------
+class Rule:
+    """A relevance rule. Subclasses override :meth:`relevance`, :meth:`forward`, or both."""
+
+    name = "rule"
+
+    def relevance(self, op: Op, R: RelevanceIn, cache: Optional[dict] = None) -> tuple[Tensor, ...]:
+        """Relevance of ``op.inputs`` from the relevance ``R`` of its output (one tensor per input)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no explicit relevance step; it is a "
+                                  "modified-gradient rule (use it through a replay with gradients)")
+
+    def forward(self, fn: Callable[..., Tensor], *inputs: Tensor, module: Optional[nn.Module] = None) -> Tensor:
+        """The operation's output as the replay computes it; plain rules just call ``fn``."""
+        return fn(*inputs)
+
+    # the course and older code call rules directly on tensors
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"call {type(self).__name__}.relevance(op, R), or the function in lrp_core.rules")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class Identity(Rule):
+    """Relevance passes unchanged (element-wise layers, normalisations, softmax). docs/METHODS.md §1.2."""
+
+    name = "identity"
+
+    def relevance(self, op, R, cache=None):
+        return (R,)
+
+
+class SignedLinear(Rule):
+    """:func:`lrp_core.rules.linear_signed` — α=1, β=0 on signed inputs, one shared denominator. docs/METHODS.md §1.1.
+
+    Where the pass has the layer's output it is reused: one matrix product less.
+    """
+
+    name = "signed"
+
+    def relevance(self, op, R, cache=None):
+        m = op.module
+        return (F.linear_signed(op.inputs[0], m.weight, R, out=op.output,
+                                bias=getattr(m, "bias", None), cache=cache),)
+
+
+class BaselineLinear(Rule):
+    """:func:`lrp_core.rules.linear_baseline` — the LRP baseline's separate denominators. docs/METHODS.md §1.7."""
+
+    name = "baseline"
+
+    def relevance(self, op, R, cache=None):
+        return (F.linear_baseline(op.inputs[0], op.module.weight, R),)
+
+
+class GenericRule(Rule):
+    """:func:`lrp_core.rules.generic` — gradient × input of the ratio, for any module."""
+
+    name = "generic"
+
+    def relevance(self, op, R, cache=None):
+        return (F.generic(op.module, op.inputs[0], R),)
+
+
+class NormalizedAdd(Rule):
+    """:func:`lrp_core.rules.add_normalized` — generic share, then the paper's normalisation. docs/METHODS.md §1.3."""
+
+    name = "normalized_add"
+
+    def __init__(self, per_sample: bool = True):
+        self.per_sample = per_sample
+
+    def relevance(self, op, R, cache=None):
+        u, v = op.inputs
+        return F.add_normalized(u, v, R, per_sample=self.per_sample)
+
+
+class GenericAdd(Rule):
+    """:func:`lrp_core.rules.add_generic` — each operand its share ``u ⊙ R / (u + v)``.
+
+    Where the pass has the sum (``op.output``), the share is formed from it.
+    """
+
+    name = "generic_add"
+
+    def relevance(self, op, R, cache=None):
+        u, v = op.inputs
+        if op.output is None:
+            return F.add_generic(u, v, R)
+        s = F.safe_div(R, op.output)
+        return tuple(None if t is None else t * s for t in (u, v))  # None: an operand whose share is not needed
+
+
+class HalvedMatMul(Rule):
+    """:func:`lrp_core.rules.matmul` with ``halve=True`` — both operands, each halved. docs/METHODS.md §1.5."""
+
+    name = "halved_matmul"
+
+    def relevance(self, op, R, cache=None):
+        a, b = op.inputs
+        return F.matmul(a, b, R, halve=True, z=op.output)
+
+
+class Clone(Rule):
+    """:func:`lrp_core.rules.clone` — the branches' relevances summed as ``x ⊙ Σ R_i / x``. docs/METHODS.md §1.4."""
+
+    name = "clone"
+
+    def relevance(self, op, R, cache=None):
+        return (F.clone(*R, x=op.inputs[0]),)
+
+
+class Select(Rule):
+    """:func:`lrp_core.rules.select` — relevance to the token the classifier reads. docs/METHODS.md §1.6."""
+
+    name = "select"
+
+    def relevance(self, op, R, cache=None):
+        return (F.select(op.inputs[0], R),)
+
+
+class ZBox(Rule):
+    """:func:`lrp_core.rules.zbox_conv2d` — zᴮ on the pixels, bounds per sample. docs/METHODS.md §1.8."""
+
+    name = "zbox"
+
+    def relevance(self, op, R, cache=None):
+        conv = op.module
+        return (F.zbox_conv2d(op.inputs[0], conv.weight, R, stride=conv.stride, padding=conv.padding),)
+
+
+# ----------------------------------------------------------------------------
+# composites
+# ----------------------------------------------------------------------------
+@dataclass
+class Composite:
+    """Maps operation kinds (and, optionally, module types) to rules.
+
+    ``rules`` maps every kind of :data:`OP_KINDS` the pass meets to a rule;
+    ``modules`` overrides it for submodules of a given type (looked up along
+    the MRO, so a subclass of ``nn.Linear`` gets the ``nn.Linear`` entry).
+    """
+
+    name: str
+    rules: Mapping[str, Rule]
+    modules: Mapping[type, Rule] = field(default_factory=dict)
+
+    def rule(self, kind: str, module: Optional[nn.Module] = None) -> Rule:
+        if module is not None:
+            for cls in type(module).__mro__:
+                if cls in self.modules:
+                    return self.modules[cls]
+        try:
+            return self.rules[kind]
+        except KeyError:
+            raise KeyError(f"composite {self.name!r} has no rule for operation {kind!r}; "
+                           f"it covers {', '.join(self.rules)}") from None
+
+    def rule_for(self, module: nn.Module) -> Rule:
+        """The rule of a module, its kind read from its type (for inspection and the course)."""
+        return self.rule(_kind_of_module(module), module)
+
+    def op(self, kind: str) -> Rule:
+        """The rule of an operation kind."""
+        return self.rule(kind)
+
+    def with_rules(self, name: str, **rules: Rule) -> "Composite":
+        """A copy with some kinds' rules replaced (``name`` names the new rule set)."""
+        return Composite(name=name, rules={**self.rules, **rules}, modules=dict(self.modules))
+
+
+def _kind_of_module(module: nn.Module) -> str:
+    if isinstance(module, nn.Linear):
+        return LINEAR
+    if isinstance(module, nn.Conv2d):
+        return PATCH_CONV
+    if isinstance(module, nn.LayerNorm) or "Norm" in type(module).__name__:
+        return LAYERNORM
+    if isinstance(module, nn.Softmax):
+        return SOFTMAX
+    return ELEMENTWISE
+
+
+class Propagation:
+    """One explicit relevance pass: a composite and the cache its rules share (weights' signed parts)."""
+
+    def __init__(self, composite: Composite):
+        self.composite = composite
+        self.cache: dict = {}
+
+    def __call__(self, kind: str, inputs: tuple, R: RelevanceIn, output: Optional[Tensor] = None,
+                 module: Optional[nn.Module] = None) -> tuple[Tensor, ...]:
+        op = Op(kind, inputs, output, module)
+        return self.composite.rule(kind, module).relevance(op, R, self.cache)
+
+    # one-input shorthands
+    def linear(self, module: nn.Module, x: Tensor, R: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        return self(LINEAR, (x,), R, out, module)[0]
+
+    def unary(self, kind: str, x: Tensor, R: Tensor, module: Optional[nn.Module] = None) -> Tensor:
+        return self(kind, (x,), R, None, module)[0]
+
+    def clone(self, x: Tensor, *Rs: Tensor) -> Tensor:
+        return self(CLONE, (x,), Rs)[0]
+
+
+def _identities() -> dict[str, Rule]:
+    return {LAYERNORM: Identity(), ELEMENTWISE: Identity(), SOFTMAX: Identity()}
+
+
+#: The rules of Chefer et al. (CVPR 2021), used by ``transformer_attribution``.
+TRANSFORMER_ATTRIBUTION = Composite(
+    name="transformer_attribution",
+    rules={LINEAR: SignedLinear(), PATCH_CONV: ZBox(), **_identities(), ADD: NormalizedAdd(),
+           MASK_ADD: NormalizedAdd(), POS_ADD: GenericAdd(), MATMUL_QK: HalvedMatMul(),
+           MATMUL_AV: HalvedMatMul(), CLONE: Clone(), READOUT: Select()},
+)
+
+#: The LRP baseline (``lrp``, ``partial_lrp``): no Add normalisation, separate denominators.
+LRP_BASELINE = TRANSFORMER_ATTRIBUTION.with_rules(
+    "lrp_baseline", **{LINEAR: BaselineLinear(), ADD: GenericAdd(), MASK_ADD: GenericAdd()})
+
+__all__ = [
+    "OP_KINDS", "LINEAR", "PATCH_CONV", "LAYERNORM", "ELEMENTWISE", "SOFTMAX", "MATMUL_QK", "MATMUL_AV", "ADD",
+    "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "Op", "Rule", "Identity", "SignedLinear", "BaselineLinear",
+    "GenericRule", "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "ZBox", "Composite",
+    "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE",
+]
