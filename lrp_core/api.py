@@ -12,7 +12,7 @@ from . import registry
 from .adapters import get_adapter
 from .composites import TRANSFORMER_ATTRIBUTION
 from .errors import InputError
-from .explanation import Explanation
+from .explanation import Conservation, Explanation
 from .methods import Call, ConceptTarget, MethodResult, one_hot
 
 #: Every method ``explain`` knows, in the order the course introduces them.
@@ -73,7 +73,8 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         scores=result.scores.detach(), target=result.target, logits=result.logits.detach(), method=method,
         pixels=result.pixels, layers=result.layers, layers_per_head=result.layers_per_head,
         token_relevance=result.token_relevance, grid=layout.grid, image_size=layout.image_size,
-        start_layer=used.get("start_layer"), attention_mask=layout.mask, options=used,
+        start_layer=used.get("start_layer"), attention_mask=layout.mask, conservation=result.conservation,
+        options=used,
     )
 
 
@@ -124,7 +125,25 @@ def _merge(parts: list, batch: int, T: int):
         logits[rows] = res.logits
     return MethodResult(scores=gather("scores", 1), target=target, logits=logits, layers=gather("layers", 2),
                         layers_per_head=gather("layers_per_head", 2), token_relevance=gather("token_relevance", 1),
-                        used=first.used)
+                        conservation=_merge_conservation(parts, batch), used=first.used)
+
+
+def _merge_conservation(parts: list, batch: int) -> Optional[Conservation]:
+    """The per-sample totals of each length group, back in batch order."""
+    first = parts[0][2].conservation
+    if first is None:
+        return None
+    fields = {}
+    for name in ("output", "blocks", "input", "pixels"):
+        like = getattr(first, name)
+        if like is None:
+            fields[name] = None
+            continue
+        out = torch.empty((batch,) + tuple(like.shape[1:]), dtype=like.dtype, device=like.device)
+        for rows, _, res in parts:
+            out[rows] = getattr(res.conservation, name)
+        fields[name] = out
+    return Conservation(**fields)
 
 
 def concept_target(model: nn.Module, examples: Any, name: str = "concept") -> ConceptTarget:

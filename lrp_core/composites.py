@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence, Union
 
+import torch
 from torch import Tensor, nn
 
 from . import rules as F
@@ -33,7 +34,8 @@ from . import rules as F
 LINEAR = "linear"  # nn.Linear: x (..., D_in) -> (..., D_out)
 PATCH_CONV = "patch_conv"  # the patch embedding's Conv2d on pixels
 LAYERNORM = "layernorm"  # LayerNorm (and RMSNorm-like normalisations)
-ELEMENTWISE = "elementwise"  # GELU, tanh, ReLU, SiLU, LayerScale γ, dropout
+ELEMENTWISE = "elementwise"  # element-wise non-linearities: GELU, tanh, ReLU, SiLU
+SCALE = "scale"  # LayerScale: x ⊙ γ, linear and element-wise
 SOFTMAX = "softmax"  # attention scores -> A
 MATMUL_QK = "matmul_qk"  # q · kᵀ -> scores
 MATMUL_AV = "matmul_av"  # A · v -> context
@@ -43,7 +45,7 @@ MASK_ADD = "mask_add"  # attention scores + additive padding mask
 POS_ADD = "pos_add"  # tokens + position embedding
 READOUT = "readout"  # selecting the token(s) the classifier reads
 
-OP_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SOFTMAX, MATMUL_QK, MATMUL_AV, ADD, CLONE, MASK_ADD,
+OP_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SCALE, SOFTMAX, MATMUL_QK, MATMUL_AV, ADD, CLONE, MASK_ADD,
             POS_ADD, READOUT)
 
 RelevanceIn = Union[Tensor, Sequence[Tensor]]
@@ -276,7 +278,7 @@ class Propagation:
 
 
 def _identities() -> dict[str, Rule]:
-    return {LAYERNORM: Identity(), ELEMENTWISE: Identity(), SOFTMAX: Identity()}
+    return {LAYERNORM: Identity(), ELEMENTWISE: Identity(), SCALE: Identity(), SOFTMAX: Identity()}
 
 
 #: The rules of Chefer et al. (CVPR 2021), used by ``transformer_attribution``.
@@ -291,9 +293,115 @@ TRANSFORMER_ATTRIBUTION = Composite(
 LRP_BASELINE = TRANSFORMER_ATTRIBUTION.with_rules(
     "lrp_baseline", **{LINEAR: BaselineLinear(), ADD: GenericAdd(), MASK_ADD: GenericAdd()})
 
+# ----------------------------------------------------------------------------
+# modified-gradient rules: AttnLRP and CP-LRP as gradient × input (docs/METHODS.md §2b)
+# ----------------------------------------------------------------------------
+#: the identity rule's stabiliser (a plain +1e-10, as in LXT; not sign-matched)
+IDENTITY_RULE_EPS = 1e-10
+
+
+class _IdentityRuleFn(torch.autograd.Function):
+    """``y = f(x)`` whose backward multiplies the incoming gradient by ``f(x) / (x + 1e-10)``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        y = fn(x)
+        ctx.save_for_backward(y / (x + IDENTITY_RULE_EPS))
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (ratio,) = ctx.saved_tensors
+        return grad * ratio, None
+
+
+class _DivideGradientFn(torch.autograd.Function):
+    """Identity forward; the backward divides the gradient by ``factor``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, factor: float) -> Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad / ctx.factor, None
+
+
+class Gradient(Rule):
+    """The plain gradient: Linear/Conv (ε-rule with ε → 0), Add, Clone, LayerScale, softmax under AttnLRP."""
+
+    name = "gradient"
+
+
+class IdentityRule(Rule):
+    """Element-wise non-linearity: gradient replaced by ``f(x) / (x + 1e-10)`` (AttnLRP Prop. 3.1's identity rule).
+
+    Relevance passes through the non-linearity unchanged: ``x ⊙ f(x)/x · ∂y/∂f = f(x) ⊙ ∂y/∂f``.
+    """
+
+    name = "identity_rule"
+
+    def forward(self, fn, x, module=None):
+        return _IdentityRuleFn.apply(x, fn)
+
+
+class DetachedStdLayerNorm(Rule):
+    """LayerNorm with ``sqrt(var + eps)`` a constant: mean-centring, γ and β stay linear (AttnLRP §3.3, CP-LRP)."""
+
+    name = "detached_std"
+
+    def forward(self, fn, x, module=None):
+        if module is None or len(getattr(module, "normalized_shape", (0, 0))) != 1:
+            raise TypeError(f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}")
+        mean = x.mean(dim=-1, keepdim=True)
+        centred = x - mean
+        std = (centred.pow(2).mean(dim=-1, keepdim=True) + module.eps).sqrt()  # biased variance, as LayerNorm
+        y = centred / std.detach()
+        if module.weight is not None:
+            y = y * module.weight
+        if module.bias is not None:
+            y = y + module.bias
+        return y
+
+
+class HalvedGradient(Rule):
+    """A product of two activations, each operand's gradient halved: AttnLRP's uniform rule (Prop. 3.2)."""
+
+    name = "halved_gradient"
+
+    def forward(self, fn, a, b, module=None):
+        return fn(_DivideGradientFn.apply(a, 2.0), _DivideGradientFn.apply(b, 2.0))
+
+
+class DetachedOperands(Rule):
+    """A product of two activations taken as constants (CP-LRP: Q and K detached, the attention weights fixed)."""
+
+    name = "detached"
+
+    def forward(self, fn, *inputs, module=None):
+        return fn(*(t.detach() for t in inputs))
+
+
+def _gradient_everywhere() -> dict[str, Rule]:
+    return {kind: Gradient() for kind in OP_KINDS}
+
+
+#: AttnLRP (Achtibat et al., ICML 2024), LXT 2.1's efficient mode: ``attnlrp``.
+ATTNLRP = Composite(
+    name="attnlrp",
+    rules={**_gradient_everywhere(), LAYERNORM: DetachedStdLayerNorm(), ELEMENTWISE: IdentityRule(),
+           MATMUL_QK: HalvedGradient(), MATMUL_AV: HalvedGradient()},
+)
+
+#: CP-LRP (Ali et al., ICML 2022): AttnLRP's rules, but Q and K detached and no halving: ``cp_lrp``.
+CP_LRP = ATTNLRP.with_rules("cp_lrp", **{MATMUL_QK: DetachedOperands(), MATMUL_AV: Gradient()})
+
+
 __all__ = [
-    "OP_KINDS", "LINEAR", "PATCH_CONV", "LAYERNORM", "ELEMENTWISE", "SOFTMAX", "MATMUL_QK", "MATMUL_AV", "ADD",
+    "OP_KINDS", "LINEAR", "PATCH_CONV", "LAYERNORM", "ELEMENTWISE", "SCALE", "SOFTMAX", "MATMUL_QK", "MATMUL_AV", "ADD",
     "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "Op", "Rule", "Identity", "SignedLinear", "BaselineLinear",
     "GenericRule", "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "ZBox", "Composite",
-    "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE",
+    "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "IDENTITY_RULE_EPS", "Gradient", "IdentityRule",
+    "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "ATTNLRP", "CP_LRP",
 ]

@@ -9,6 +9,40 @@ import torch.nn.functional as F
 
 
 @dataclass
+class Conservation:
+    """Relevance totals from the output to the input, per sample: where relevance is kept and where it is absorbed.
+
+    Attributes:
+        output: (B,) the relevance put in at the top (``y_t`` for gradient × input methods).
+        blocks: (B, L) Σ over tokens of the residual stream's relevance leaving block b.
+        input: (B,) Σ of the token scores at the input (patch / word embeddings).
+        pixels: (B,) Σ of the pixel relevance (images), else ``None``.
+    """
+
+    output: torch.Tensor
+    blocks: torch.Tensor
+    input: torch.Tensor
+    pixels: Optional[torch.Tensor] = None
+
+    def stages(self) -> torch.Tensor:
+        """(B, L + 2) totals in the order the relevance flows: output, block L-1 … block 0, input."""
+        return torch.cat([self.output[:, None], self.blocks.flip(1), self.input[:, None]], dim=1)
+
+    def absorbed(self) -> torch.Tensor:
+        """(B, L + 1) relevance lost at each step (a stage's total minus the next one's): 0 where conserved.
+
+        Step 0 is the readout and the last block, step L the embedding layer below block 0.
+        """
+        s = self.stages()
+        return s[:, :-1] - s[:, 1:]
+
+    def __getitem__(self, i: int) -> "Conservation":
+        sl = slice(i, i + 1)
+        return Conservation(self.output[sl], self.blocks[sl], self.input[sl],
+                            None if self.pixels is None else self.pixels[sl])
+
+
+@dataclass
 class Explanation:
     """Token relevance for a batch, with what was needed to compute it.
 
@@ -33,6 +67,7 @@ class Explanation:
         image_size: (H, W) of the input images, ``None`` for text.
         start_layer: first block that enters the layer product, where used.
         attention_mask: (B, T) text mask (1 = real token), ``None`` for images.
+        conservation: relevance totals block by block (AttnLRP, CP-LRP), see :class:`Conservation`.
         options: the method options used.
     """
 
@@ -48,6 +83,7 @@ class Explanation:
     image_size: Optional[tuple[int, int]] = None
     start_layer: Optional[int] = None
     attention_mask: Optional[torch.Tensor] = None
+    conservation: Optional[Conservation] = None
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -81,7 +117,8 @@ class Explanation:
             method=self.method, pixels=pick(self.pixels), layers=pick(self.layers),
             layers_per_head=pick(self.layers_per_head), token_relevance=pick(self.token_relevance),
             grid=self.grid, image_size=self.image_size, start_layer=self.start_layer,
-            attention_mask=pick(self.attention_mask), options=dict(self.options),
+            attention_mask=pick(self.attention_mask),
+            conservation=None if self.conservation is None else self.conservation[i], options=dict(self.options),
         )
 
     def __len__(self) -> int:

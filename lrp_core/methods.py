@@ -16,7 +16,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .adapters.base import Adapter, TokenLayout, Trace
-from .composites import LRP_BASELINE, TRANSFORMER_ATTRIBUTION
+from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Composite
+from .explanation import Conservation
 from .rollout import accumulate, accumulate_residual
 
 
@@ -44,6 +45,7 @@ class MethodResult:
     layers_per_head: Optional[Tensor] = None  # (B, L, H, N, N)
     token_relevance: Optional[Tensor] = None  # (B, L, N)
     pixels: Optional[Tensor] = None  # (B, H, W)
+    conservation: Optional[Conservation] = None
     used: dict = field(default_factory=dict)
 
 
@@ -287,6 +289,48 @@ def token_ablation(c: Call) -> MethodResult:
     return MethodResult(scores=scores[:, c.layout.output_start:], target=target, logits=trace.logits)
 
 
+def _modified_gradient(c: Call, composite: Composite) -> MethodResult:
+    """Gradient × input with a modified-gradient rule set: one forward replay, one backward pass.
+
+    Gradients are taken only with respect to the input-space tensors and the
+    block outputs (no parameter gradients). Token relevance is read at the
+    patch-/word-embedding output, pixels (images) at the input, and the
+    residual stream's relevance after every block (docs/METHODS.md §2b).
+    """
+    a = c.adapter
+    trace = a.forward(c.prepared, grad=True, composite=composite, track=True)
+    target = c.resolve(trace.logits.detach())
+    y = target_output(trace, target)
+    emb = trace.embedding
+    hidden = [rec.out for rec in trace.blocks]
+    wrt = [emb.embeds] + hidden + ([emb.images] if emb.images is not None else [])
+    grads = torch.autograd.grad(y.sum(), wrt)
+    with torch.no_grad():
+        scores = (emb.embeds * grads[0]).sum(-1)  # (B, T) the scored tokens' embeddings
+        mask = c.layout.mask
+        if mask is not None:
+            scores = scores * mask[:, c.layout.output_start:].to(scores.dtype)
+        blocks = torch.stack([(h * g).sum(-1) for h, g in zip(hidden, grads[1:1 + len(hidden)])], dim=1)
+        if mask is not None:
+            blocks = blocks * mask[:, None, :].to(blocks.dtype)
+        pixels = (emb.images * grads[-1]).sum(1) if emb.images is not None else None
+        conservation = Conservation(output=y.detach(), blocks=blocks.sum(-1), input=scores.sum(-1),
+                                    pixels=None if pixels is None else pixels.sum(dim=(1, 2)))
+    return MethodResult(scores=scores, target=target, logits=trace.logits.detach(), pixels=pixels,
+                        token_relevance=blocks, conservation=conservation)
+
+
+def attnlrp(c: Call) -> MethodResult:
+    """AttnLRP (Achtibat et al., ICML 2024): LayerNorm std detached, identity rule on non-linearities,
+    plain softmax gradient, the uniform ÷2 rule at ``Q·Kᵀ`` and ``A·V``."""
+    return _modified_gradient(c, ATTNLRP)
+
+
+def cp_lrp(c: Call) -> MethodResult:
+    """CP-LRP (Ali et al., ICML 2022): as AttnLRP, but Q and K detached (attention weights constant), no halving."""
+    return _modified_gradient(c, CP_LRP)
+
+
 __all__ = ["ConceptTarget", "MethodResult", "Options", "Call", "one_hot", "target_output",
            "transformer_attribution", "generic_attention", "rollout", "raw_attention", "attention_gradcam", "lrp",
-           "partial_lrp", "cdam", "token_ablation"]
+           "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp"]

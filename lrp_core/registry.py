@@ -71,6 +71,11 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                concept_target=True),
     MethodSpec("token_ablation", M.token_ablation, "y_t(all tokens) − y_t(without token i), batched",
                options=("batch_size", "progress")),
+    MethodSpec("attnlrp", M.attnlrp,
+               "Achtibat et al. (ICML 2024): gradient × input, std detached, identity rule, ÷2 at Q·Kᵀ and A·V",
+               returns=("pixels", "token_relevance", "conservation")),
+    MethodSpec("cp_lrp", M.cp_lrp, "Ali et al. (ICML 2022): gradient × input, std detached, Q and K detached",
+               returns=("pixels", "token_relevance", "conservation")),
 )}
 
 #: Method names in the order the course introduces them.

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..composites import (ADD, ELEMENTWISE, LAYERNORM, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, SOFTMAX,
+from ..composites import (ADD, ELEMENTWISE, LAYERNORM, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, SCALE, SOFTMAX,
                           Composite, Propagation)
 from .records import AttentionRecord, BlockRecord
 
@@ -146,7 +146,7 @@ def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = P
     """One block on ``x`` (B, N, D); ``bias`` (B, 1, 1, N) is the additive padding mask or ``None``."""
     pre = p.layout == "pre_ln"
     att = attention_forward(p.attn, r.module(LAYERNORM, p.norm1, x) if pre else x, bias, r)
-    a = r.module(ELEMENTWISE, p.ls1, att.lin["proj"])
+    a = r.module(SCALE, p.ls1, att.lin["proj"])
     mid = r(ADD, _add, x, a)
     if not pre:
         mid = r.module(LAYERNORM, p.norm1, mid)
@@ -154,7 +154,7 @@ def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = P
     lin = {"fc1": r.module(LINEAR, p.mlp.fc1, m)}
     g = r.module(LAYERNORM, p.mlp.mid_norm, r.module(ELEMENTWISE, p.mlp.act, lin["fc1"]))
     lin["fc2"] = r.module(LINEAR, p.mlp.fc2, g)
-    f = r.module(ELEMENTWISE, p.ls2, lin["fc2"])
+    f = r.module(SCALE, p.ls2, lin["fc2"])
     out = r(ADD, _add, mid, f)
     if not pre:
         out = r.module(LAYERNORM, p.norm2, out)
@@ -176,7 +176,7 @@ def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
         R = prop.unary(LAYERNORM, rec.out, R, p.norm2)
     # MLP branch | skip
     R_mid, R_f = prop(ADD, (rec.mid, rec.f), R)
-    R_fc2 = prop.unary(ELEMENTWISE, rec.lin["fc2"], R_f, p.ls2)
+    R_fc2 = prop.unary(SCALE, rec.lin["fc2"], R_f, p.ls2)
     R_g = prop.linear(p.mlp.fc2, rec.g, R_fc2, out=rec.lin["fc2"])
     R_g = prop.unary(ELEMENTWISE, rec.lin["fc1"], prop.unary(LAYERNORM, rec.g, R_g, p.mlp.mid_norm), p.mlp.act)
     R_m = prop.linear(p.mlp.fc1, rec.m, R_g, out=rec.lin["fc1"])
@@ -187,7 +187,7 @@ def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
         R_mid = prop.unary(LAYERNORM, rec.mid, R_mid, p.norm1)
     # attention branch | skip
     R_x, R_a = prop(ADD, (rec.x, rec.a), R_mid)
-    R_proj = prop.unary(ELEMENTWISE, rec.attn.lin["proj"], R_a, p.ls1)
+    R_proj = prop.unary(SCALE, rec.attn.lin["proj"], R_a, p.ls1)
     R_A, R_h = _attention_relprop(p.attn, rec.attn, R_proj, prop, deeper)
     if not deeper:
         return None, R_A
