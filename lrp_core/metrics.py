@@ -20,7 +20,7 @@ pixel index, word index), lowest first, so every result is deterministic.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .errors import InputError
+from .utils import logits_of, model_device, progress_bar
 
 FRACTIONS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """Perturbation levels p of the pixel-flipping test (the x axis, without 0)."""
@@ -39,13 +40,6 @@ TOP_K: tuple[int, ...] = (10, 20, 30, 40, 50, 60, 70, 80)
 # --------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------
-def _tqdm(iterable: Iterable, progress: bool, **kwargs: Any) -> Iterable:
-    if not progress:
-        return iterable
-    from tqdm.auto import tqdm
-    return tqdm(iterable, **kwargs)
-
-
 def _as_tensor(x: Any, name: str, dtype: torch.dtype = torch.float32) -> Tensor:
     if isinstance(x, Tensor):
         return x.detach().to("cpu", dtype)
@@ -53,16 +47,6 @@ def _as_tensor(x: Any, name: str, dtype: torch.dtype = torch.float32) -> Tensor:
         return torch.as_tensor(np.asarray(x), dtype=dtype)
     except (TypeError, ValueError) as err:
         raise InputError(f"{name} must be a tensor or array, got {type(x).__name__}") from err
-
-
-def _logits(model: Callable[[Tensor], Any], x: Tensor) -> Tensor:
-    """Call ``model`` and return its logits (timm tensor or HF output)."""
-    out = model(x)
-    if hasattr(out, "logits"):
-        out = out.logits
-    if not isinstance(out, Tensor) or out.dim() != 2:
-        raise InputError("the model must return logits of shape (B, C)")
-    return out
 
 
 def upsample_maps(maps: Tensor, size: tuple[int, int]) -> Tensor:
@@ -181,20 +165,20 @@ def perturbation_curve(
         raise InputError(f"labels must have {n} entries, got {labels.shape[0]}")
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
-    device = _model_device(model)
+    device = model_device(model)
     n_lv = len(fractions) + 1
     correct = torch.zeros(n_lv, n, dtype=torch.bool)
     # every (level, image) pair is one job; batches mix levels and images
     jobs = [(lv, i) for i in range(n) for lv in range(n_lv)]
     starts = range(0, len(jobs), batch_size)
-    for s in _tqdm(starts, progress, desc="perturbation" + (" (neg)" if negative else ""),
-                   total=len(starts)):
+    for s in progress_bar(starts, progress, desc="perturbation" + (" (neg)" if negative else ""),
+                          total=len(starts)):
         chunk = jobs[s:s + batch_size]
         lv = torch.tensor([j[0] for j in chunk])
         idx = torch.tensor([j[1] for j in chunk])
         keep = _keep_masks(maps[idx], lv, fractions, negative)      # (b, H, W)
         x = images[idx] * keep.unsqueeze(1).to(images.dtype)
-        pred = _logits(model, x.to(device)).argmax(dim=1).cpu()
+        pred = logits_of(model, x.to(device)).argmax(dim=1).cpu()
         correct[lv, idx] = pred == labels[idx]
     if return_correct:
         return correct.numpy()
@@ -210,13 +194,6 @@ def _keep_masks(maps: Tensor, levels: Tensor, fractions: Sequence[float], negati
     rank = _descending_rank(torch.nan_to_num(flat, nan=-math.inf))
     ks = torch.tensor([0] + [n_removed(p, h * w) for p in fractions])[levels]
     return (rank >= ks.unsqueeze(1)).reshape(b, h, w)
-
-
-def _model_device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (AttributeError, StopIteration):
-        return torch.device("cpu")
 
 
 def perturbation_auc(accuracy: Sequence[float], fractions: Sequence[float] = FRACTIONS) -> float:

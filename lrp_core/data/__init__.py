@@ -3,24 +3,24 @@
 - :func:`make_scenes`: procedural scenes with exact object masks (toy ViT input).
 - :func:`sample_image`, :func:`list_images`, :func:`compose_pair`: photos that
   ship inside installed packages (scikit-image, scikit-learn, matplotlib).
-- :func:`load_rationales`: sentiment sentences with human rationales.
+- :func:`load_rationales`: sentiment sentences with human rationales
+  (:class:`RationaleRecord`, also known as :class:`TextRecord`).
+- :class:`ImageSet`, :class:`TextSet`, :func:`scene_sets`: evaluation data;
+  :func:`load_data_folder`: your own images with masks, or texts with rationales.
 """
 from __future__ import annotations
 
-from typing import Any
-
+from .folders import load_data_folder
 from .photos import compose_pair, list_images, sample_image
+from .rationales import RationaleRecord, TextRecord, load_rationales
 from .scenes import CLASS_NAMES, IMAGE_SIZE, MEAN, STD, Scenes, make_scenes, normalize
-
-
-def load_rationales(*args: Any, **kwargs: Any) -> Any:
-    """Sentences with human rationale masks; see :func:`lrp_core.data.rationales.load_rationales`."""
-    from .rationales import load_rationales as _load
-
-    return _load(*args, **kwargs)
+from .sets import (BUILTIN_IMAGE_SETS, SCENE_SEED, ImageSet, TextSet, as_record, label_id,
+                   rationale_set, scene_sets)
 
 
 __all__ = [
     "CLASS_NAMES", "IMAGE_SIZE", "MEAN", "STD", "Scenes", "make_scenes", "normalize",
     "sample_image", "list_images", "compose_pair", "load_rationales",
+    "RationaleRecord", "TextRecord", "ImageSet", "TextSet", "SCENE_SEED", "BUILTIN_IMAGE_SETS",
+    "scene_sets", "rationale_set", "label_id", "as_record", "load_data_folder",
 ]

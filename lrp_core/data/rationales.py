@@ -19,6 +19,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional, Sequence
 
 LABELS = ("negative", "positive")
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "assets" / "rationales.jsonl"
@@ -39,25 +40,32 @@ def tokenize(text: str) -> list[tuple[str, int, int]]:
 
 @dataclass(frozen=True)
 class RationaleRecord:
-    """One annotated review.
+    """One document with a human rationale per word.
+
+    The one record type of the library: :func:`load_rationales` builds it from
+    the shipped file, :mod:`lrp_core.data.folders` from user folders (ERASER,
+    JSONL), and the rationale evaluation reads it.
 
     Attributes:
-        id: the ``annotation_id``.
-        text: the review.
-        label: 0 = negative, 1 = positive.
+        text: the document.
         words: the tokens (W,).
-        rationale: (W,) booleans, True where a word is part of the human rationale.
-        offsets: (W,) (start, end) character offsets of each word in ``text``.
+        rationale: (W,) booleans, True where a word is part of the human
+            rationale (a list from :func:`load_rationales`, a bool array from
+            the evaluation's loaders).
+        label: the class id (here 0 = negative, 1 = positive).
+        offsets: (W,) (start, end) character offsets of each word in ``text``;
+            ``None`` when unknown (the evaluation then finds them by search).
+        id: the ``annotation_id`` (``""`` when the source has none).
         evidences: the (start_token, end_token) spans, end exclusive.
     """
 
-    id: str
     text: str
-    label: int
     words: list[str]
-    rationale: list[bool]
-    offsets: list[tuple[int, int]] = field(repr=False)
-    evidences: list[tuple[int, int]] = field(repr=False)
+    rationale: Sequence[bool]
+    label: int
+    offsets: Optional[list[tuple[int, int]]] = field(default=None, repr=False)
+    id: str = ""
+    evidences: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
     @property
     def label_name(self) -> str:
@@ -66,6 +74,10 @@ class RationaleRecord:
     @property
     def rationale_words(self) -> list[str]:
         return [w for w, r in zip(self.words, self.rationale) if r]
+
+
+TextRecord = RationaleRecord
+"""The name the evaluation API has always used for :class:`RationaleRecord`."""
 
 
 def _fail(path: Path, line_no: int, msg: str) -> RationaleFormatError:
@@ -158,4 +170,4 @@ def make_record(annotation_id: str, text: str, label: str, evidence_spans: list[
     }
 
 
-__all__ = ["RationaleRecord", "RationaleFormatError", "load_rationales", "tokenize", "make_record", "DEFAULT_PATH"]
+__all__ = ["RationaleRecord", "TextRecord", "RationaleFormatError", "load_rationales", "tokenize", "make_record", "DEFAULT_PATH"]

@@ -24,7 +24,9 @@ class LoadedModel:
         labels: class names, index = class id.
         kind: ``"image"`` or ``"text"``.
         tokenizer: the tokenizer (text models only).
-        info: free-form facts (source, licence, accuracy, image size, mean/std...).
+        info: free-form facts (source, licence, accuracy, image size, mean/std...);
+            ``evaluation_data`` names the model's built-in evaluation data (a key of
+            :data:`lrp_core.data.BUILTIN_IMAGE_SETS`), if it has any.
     """
 
     name: str

@@ -90,6 +90,8 @@ def load_toy_vit(pretrained: str | bool = "auto") -> LoadedModel:
         "source": "embedded (lrp_core/assets/toy_vit), trained by scripts/train_toy_vit.py",
         "image_size": IMAGE_SIZE, "patch_size": TOY_VIT_CONFIG["patch_size"],
         "mean": MEAN, "std": STD, "config": dict(TOY_VIT_CONFIG), "licence": "MIT (this project)",
+        # held-out scenes of the kind it was trained on (lrp_core.data.BUILTIN_IMAGE_SETS)
+        "evaluation_data": "scenes",
     }
     if pretrained:
         weights = ASSET_DIR / "model.safetensors"

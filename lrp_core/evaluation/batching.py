@@ -1,0 +1,47 @@
+"""The engine calls shared by the image and text protocols.
+
+Both protocols explain through :func:`explain_batch` (one place to spy on in
+tests, one place that sets the engine options of the evaluation) and run the
+methods in the order of :func:`method_order`.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from torch import Tensor
+
+from .. import explain
+
+TAM_BATCH = 256
+"""Sequences per forward pass of ``token_ablation``."""
+
+
+def explain_batch(model: Any, inputs: Any, method: str, target: Optional[Tensor]) -> Any:
+    """One :func:`lrp_core.explain` call without a progress bar.
+
+    Args:
+        inputs: (B, 3, H, W) images, or a tokenized batch (``input_ids``,
+            ``attention_mask``: (B, T)).
+        target: (B,) classes, or ``None`` for the predicted class.
+
+    Returns:
+        The :class:`lrp_core.Explanation` (``scores``: (B, T)).
+    """
+    extra = {"batch_size": TAM_BATCH} if method == "token_ablation" else {}
+    return explain(model, inputs, method=method, target=target, progress=False, **extra)
+
+
+def method_order(methods: Sequence[str]) -> list[str]:
+    """``methods`` with ``token_ablation`` moved before ``cdam``.
+
+    CDAM's statistics correlate it with token ablation; running that first
+    lets the CDAM row reuse its scores instead of a second, costly pass.
+    """
+    names = list(methods)
+    if "token_ablation" in names and "cdam" in names:
+        names.remove("token_ablation")
+        names.insert(names.index("cdam"), "token_ablation")
+    return names
+
+
+__all__ = ["TAM_BATCH", "explain_batch", "method_order"]

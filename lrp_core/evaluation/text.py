@@ -1,0 +1,167 @@
+"""The text protocol: rationale precision / recall / F1 of each method's top-k words.
+
+:func:`text_word_scores` explains documents in batches and pools the
+word-piece scores to words (max over the pieces of a word);
+:func:`evaluate_text` compares the top-k words with the human rationale at each
+k (ERASER's token-level metrics) and at k = the size of each rationale.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .. import metrics as M
+from ..data.rationales import RationaleRecord
+from ..data.sets import TextSet
+from ..errors import InputError, LRPError
+from ..utils import logits_of, model_device, progress_bar
+from . import batching
+from .report import Results, metric_value
+
+
+def text_metric_names(ks: Sequence[int] = M.TOP_K) -> tuple[str, ...]:
+    """Metric names of a text evaluation: ``token_f1@k`` (+ precision, recall) per k."""
+    names = [f"token_{m}@{k}" for m in ("f1", "precision", "recall") for k in ks]
+    return tuple(names) + ("token_f1@gold", "cdam_sparsity", "tam_correlation")
+
+
+def _max_length(tokenizer: Any, model: Any) -> int:
+    """Longest input the model takes: its position embeddings, capped by the tokenizer.
+
+    ``model_max_length`` is a huge sentinel (~1e30) when a tokenizer sets no limit.
+    """
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", 512) or 512
+    mml = getattr(tokenizer, "model_max_length", limit) or limit
+    return int(min(limit, mml if mml < 1e6 else limit))
+
+
+def text_word_scores(model: Any, tokenizer: Any, records: Sequence[RationaleRecord], method: str,
+                     target: str = "true", batch_size: int = 16, progress: bool = False,
+                     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Word scores (max over word-pieces) of each document for one method.
+
+    Args:
+        target: ``"true"`` (explain the document's label) or ``"predicted"``.
+
+    Returns:
+        per document: (W,) word scores and (T_i,) scores of the word-pieces
+        that belong to a word (no specials, no padding).
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise InputError("the rationale evaluation needs a fast tokenizer (offset mapping)")
+    device = model_device(model)
+    max_len = _max_length(tokenizer, model)
+    words_out, tokens_out = [], []
+    for s in progress_bar(range(0, len(records), batch_size), progress, desc=method, leave=False):
+        chunk = records[s:s + batch_size]
+        enc = tokenizer([r.text for r in chunk], padding=True, truncation=True,
+                        max_length=max_len, return_offsets_mapping=True, return_tensors="pt")
+        inputs = {"input_ids": enc["input_ids"].to(device),
+                  "attention_mask": enc["attention_mask"].to(device)}
+        tgt = (torch.tensor([r.label for r in chunk], device=device)
+               if target == "true" else None)
+        exp = batching.explain_batch(model, inputs, method, tgt)
+        sc = exp.scores.detach().float().cpu().numpy()
+        for i, r in enumerate(chunk):
+            spans = r.offsets if r.offsets is not None else M.word_spans(r.text, r.words)
+            wid = M.word_ids_from_offsets(enc["offset_mapping"][i].tolist(), spans)
+            words_out.append(M.word_scores(sc[i], wid, len(r.words)))
+            tokens_out.append(sc[i][np.array([w is not None for w in wid])])
+    return words_out, tokens_out
+
+
+def random_word_scores(data: TextSet, seed: int = 0) -> list[np.ndarray]:
+    """Seeded uniform random word scores (W,) per document (the reference row ``random``)."""
+    rng = np.random.default_rng(seed)
+    return [rng.random(len(r.words)) for r in data.records]
+
+
+@torch.no_grad()
+def text_accuracy(model: Any, tokenizer: Any, data: TextSet, batch_size: int = 32) -> float:
+    """Share of documents whose predicted class is their label."""
+    device = model_device(model)
+    max_len = _max_length(tokenizer, model)
+    hits = 0
+    for s in range(0, len(data), batch_size):
+        chunk = data.records[s:s + batch_size]
+        enc = tokenizer([r.text for r in chunk], padding=True, truncation=True,
+                        max_length=max_len, return_tensors="pt")
+        logits = logits_of(model, {"input_ids": enc["input_ids"].to(device),
+                                   "attention_mask": enc["attention_mask"].to(device)})
+        hits += int((logits.argmax(-1).cpu() == torch.tensor([r.label for r in chunk])).sum())
+    return hits / max(len(data), 1)
+
+
+def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[str],
+                  ks: Sequence[int] = M.TOP_K, target: str = "true", batch_size: int = 16,
+                  progress: bool = True, baseline: bool = False,
+                  ) -> tuple[Results, list[str]]:
+    """Rationale token precision / recall / F1 at each k, per method.
+
+    Methods the engine cannot apply to the model are skipped (listed in the
+    second return value). ``cdam`` also gets its sparsity and its correlation
+    with ``token_ablation`` (over the word-pieces of the texts, specials left
+    out) when both apply.
+    """
+    results: Results = {}
+    skipped: list[str] = []
+    tokens: dict[str, list[np.ndarray]] = {}  # word-piece scores per method, TAM reused by CDAM
+    gold = [r.rationale for r in data.records]
+    for method in progress_bar(batching.method_order(methods), progress, desc="methods"):
+        try:
+            ws, ts = text_word_scores(model, tokenizer, data.records, method, target,
+                                      batch_size, progress)
+        except LRPError as err:
+            skipped.append(f"{method}: {err}")
+            continue
+        tokens[method] = ts
+        res = _rationale_metrics(ws, gold, ks)
+        if method == "cdam":
+            res.update(_cdam_stats(model, tokenizer, data, ts, tokens, target, batch_size,
+                                   skipped))
+        results[method] = {k: metric_value(v) for k, v in res.items()}
+    if baseline:
+        methods = [*methods, "random"]
+        results["random"] = _rationale_metrics(random_word_scores(data), gold, ks)
+    return {m: results[m] for m in methods if m in results}, skipped
+
+
+def _cdam_stats(model: Any, tokenizer: Any, data: TextSet, ts: list[np.ndarray],
+                tokens: dict[str, list[np.ndarray]], target: str, batch_size: int,
+                skipped: list[str]) -> dict[str, Optional[float]]:
+    """CDAM's sparsity and correlation with token ablation over word-piece scores ``ts`` (T_i,).
+
+    Token ablation's scores come from ``tokens`` when it ran already, else are
+    computed and cached there; when the engine cannot apply it the correlation
+    is left out and the reason appended to ``skipped``.
+    """
+    out: dict[str, Optional[float]] = {
+        "cdam_sparsity": float(np.mean([M.sparsity(t[None]) for t in ts]))}
+    try:
+        tam = tokens.get("token_ablation")
+        if tam is None:
+            tam = text_word_scores(model, tokenizer, data.records, "token_ablation",
+                                   target, batch_size)[1]
+        tokens["token_ablation"] = tam
+        out["tam_correlation"] = M.pooled_correlation(
+            torch.as_tensor(np.concatenate(ts)), torch.as_tensor(np.concatenate(tam)))
+    except LRPError as err:
+        skipped.append(f"tam_correlation: {err}")
+    return out
+
+
+def _rationale_metrics(ws: list[np.ndarray], gold: list[Sequence[bool]], ks: Sequence[int],
+                       ) -> dict[str, Optional[float]]:
+    """Token precision / recall / F1 at each k and F1 at gold size of word scores ``ws`` (W,)."""
+    res: dict[str, Optional[float]] = {k: None for k in text_metric_names(ks)}
+    for k, v in M.rationale_scores(ws, gold, ks).items():
+        for m in ("f1", "precision", "recall"):
+            res[f"token_{m}@{k}"] = v[m]
+    res["token_f1@gold"] = M.rationale_f1_at_gold_size(ws, gold)
+    return {k: metric_value(v) for k, v in res.items()}
+
+
+__all__ = ["text_metric_names", "text_word_scores", "random_word_scores", "text_accuracy",
+           "evaluate_text"]

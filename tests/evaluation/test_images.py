@@ -1,0 +1,107 @@
+"""The image protocols (lrp_core.evaluation.images) on a tiny random ViT (real engine)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lrp_core import evaluation as E
+from lrp_core.evaluation import batching
+
+
+def tiny_vit(num_classes: int = 6):
+    from timm.models.vision_transformer import VisionTransformer
+    torch.manual_seed(0)
+    return VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                             num_classes=num_classes).eval()
+
+
+def quadrant_sets(n: int = 6):
+    """Random images with object a in the top-left and object b in the bottom-right quadrant."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 3, 32, 32, generator=g)
+    masks = torch.zeros(n, 2, 32, 32, dtype=torch.bool)
+    masks[:, 0, :16, :16] = True
+    masks[:, 1, 16:, 16:] = True
+    labels2 = torch.stack([torch.arange(n) % 6, (torch.arange(n) + 1) % 6], dim=1)
+    return x, masks, labels2
+
+
+def test_evaluate_images_tiny_vit():
+    model = tiny_vit()
+    x, masks, labels2 = quadrant_sets()
+    pred = E.predict(model, x)
+    one = E.ImageSet(x, pred.view(-1, 1), masks[:, :1])     # true label = prediction
+    two = E.ImageSet(x, labels2, masks)
+    methods = ["transformer_attribution", "rollout", "raw_attention", "cdam"]
+    res, curves = E.evaluate_images(model, one, two, methods, batch_size=4, progress=False,
+                                    baseline=True)
+    assert res.pop("random")["class_map_correlation"] == 1.0   # a random map knows no class
+    curves.pop("random")
+    assert list(res) == methods
+    for m, r in res.items():
+        assert set(r) == set(E.IMAGE_METRICS)
+        for k in ("perturbation_positive_auc_predicted", "perturbation_negative_auc_target"):
+            assert 0.0 <= r[k] <= 90.0
+        # the labels are the predictions: both targets give the same maps and AUCs
+        assert r["perturbation_positive_auc_target"] == r["perturbation_positive_auc_predicted"]
+        assert r["perturbation_negative_auc_target"] == r["perturbation_negative_auc_predicted"]
+        # clean accuracy is 1 (labels = predictions)
+        assert curves[m]["positive_predicted"][0] == 1.0
+        per_image = curves[m]["positive_predicted_auc_per_image"]
+        assert len(per_image) == 6
+        assert np.mean(per_image) == pytest.approx(r["perturbation_positive_auc_predicted"],
+                                                   abs=0.01)
+        assert 0.0 <= r["pixel_accuracy"] <= 1.0 and 0.0 <= r["miou"] <= 1.0
+        assert 0.0 <= r["class_sensitivity"] <= 1.0
+        if m != "cdam":
+            assert r["cdam_sparsity"] is None and r["tam_correlation"] is None
+    # class-agnostic methods: identical maps for both classes
+    for m in ("rollout", "raw_attention"):
+        assert res[m]["class_map_correlation"] == pytest.approx(1.0, abs=1e-9)
+    assert res["transformer_attribution"]["class_map_correlation"] < 0.999
+    assert 0.0 <= res["cdam"]["cdam_sparsity"] <= 1.0
+    assert -1.0 <= res["cdam"]["tam_correlation"] <= 1.0
+
+
+def test_true_class_maps_are_recomputed_only_where_needed(monkeypatch):
+    model = tiny_vit()
+    x, masks, _ = quadrant_sets(4)
+    pred = E.predict(model, x)
+    truth = pred.clone()
+    truth[1] = (pred[1] + 1) % 6
+    calls = []
+    real = batching.explain_batch
+
+    def spy(model, inputs, method, target):
+        calls.append(None if target is None else target.tolist())
+        return real(model, inputs, method, target)
+
+    monkeypatch.setattr(batching, "explain_batch", spy)
+    one = E.ImageSet(x, truth.view(-1, 1), masks[:, :1])
+    res, _ = E.evaluate_images(model, one, None, ["transformer_attribution"], batch_size=8,
+                               progress=False)
+    assert calls == [None, [int(truth[1])]]
+    assert res["transformer_attribution"]["class_sensitivity"] is None
+    # the merged curve equals the one computed from scratch with the true-class maps
+    direct = E.image_maps(model, x, "transformer_attribution", truth)[0]
+    from lrp_core import metrics as M
+    for sign in ("positive", "negative"):
+        acc = M.perturbation_curve(model, x, direct, truth, negative=sign == "negative")
+        assert res["transformer_attribution"][f"perturbation_{sign}_auc_target"] == (
+            pytest.approx(M.perturbation_auc(acc)))
+
+
+def test_cdam_reuses_token_ablation_and_keeps_the_order(monkeypatch):
+    model = tiny_vit()
+    x, masks, _ = quadrant_sets(3)
+    one = E.ImageSet(x, None, masks[:, :1])
+    seen = []
+    real = batching.explain_batch
+    monkeypatch.setattr(batching, "explain_batch",
+                        lambda m, i, method, t: (seen.append(method), real(m, i, method, t))[1])
+    res, _ = E.evaluate_images(model, one, None, ["cdam", "token_ablation"], batch_size=8,
+                               progress=False)
+    assert list(res) == ["cdam", "token_ablation"]
+    assert seen == ["token_ablation", "cdam"]            # no second token_ablation pass
+    assert res["cdam"]["perturbation_positive_auc_target"] is None   # no labels
