@@ -10,14 +10,14 @@ from typing import Any, Optional, Sequence
 
 from torch import Tensor
 
-from .. import explain
+from .. import explain, registry
 
 TAM_BATCH = 256
 """Sequences per forward pass of ``token_ablation``."""
 
 
 def explain_batch(model: Any, inputs: Any, method: str, target: Optional[Tensor]) -> Any:
-    """One :func:`lrp_core.explain` call without a progress bar.
+    """One :func:`lrp_core.explain` call without a progress bar (for the methods that have one).
 
     Args:
         inputs: (B, 3, H, W) images, or a tokenized batch (``input_ids``,
@@ -27,8 +27,9 @@ def explain_batch(model: Any, inputs: Any, method: str, target: Optional[Tensor]
     Returns:
         The :class:`lrp_core.Explanation` (``scores``: (B, T)).
     """
-    extra = {"batch_size": TAM_BATCH} if method == "token_ablation" else {}
-    return explain(model, inputs, method=method, target=target, progress=False, **extra)
+    spec = registry.get(method)
+    extra = {k: v for k, v in (("batch_size", TAM_BATCH), ("progress", False)) if spec.takes(k)}
+    return explain(model, inputs, method=method, target=target, **extra)
 
 
 def method_order(methods: Sequence[str]) -> list[str]:
