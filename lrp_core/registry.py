@@ -9,7 +9,7 @@ modality, and which :class:`~lrp_core.Explanation` fields it fills.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from . import methods as M
 from .errors import InputError, UnknownMethodError
@@ -41,6 +41,9 @@ class MethodSpec:
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Explanation fields the method fills besides scores, target and logits
     returns: tuple = ()
+    #: normalisation of the factors I + Ā_b when this method's ``layers`` are multiplied, where the
+    #: method fixes it; methods that take ``rollout_norm`` record theirs in ``Explanation.options``
+    product_norm: Optional[str] = None
 
     def takes(self, option: str) -> bool:
         return option in self.options
@@ -56,12 +59,13 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                returns=("layers", "layers_per_head", "token_relevance")),
     MethodSpec("generic_attention", M.generic_attention,
                "Chefer et al. (ICCV 2021): Ā_b = mean_h((∇A_b ⊙ A_b)⁺), R ← R + Ā_b R",
-               options=("start_layer", "keep_heads"), returns=("layers", "layers_per_head")),
+               options=("start_layer", "keep_heads"), returns=("layers", "layers_per_head"), product_norm="none"),
     MethodSpec("rollout", M.rollout, "Abnar & Zuidema: row-normalised Π (I + mean_h A_b)",
                options=_LAYER_PRODUCT + ("keep_heads",), class_agnostic=True,
-               returns=("layers", "layers_per_head")),
+               returns=("layers", "layers_per_head"), product_norm="row"),
     MethodSpec("raw_attention", M.raw_attention, "the last block's readout attention, head mean",
-               options=("keep_heads",), class_agnostic=True, returns=("layers", "layers_per_head")),
+               options=("keep_heads",), class_agnostic=True, returns=("layers", "layers_per_head"),
+               product_norm="row"),  # attention maps: their product is rollout's
     MethodSpec("attention_gradcam", M.attention_gradcam, "Grad-CAM on the last attention map"),
     MethodSpec("lrp", M.lrp, "full LRP with the baseline rules down to input space",
                returns=("pixels", "token_relevance")),
@@ -95,6 +99,13 @@ def get(method: str) -> MethodSpec:
 def methods_taking(option: str) -> tuple:
     """Names of the methods that accept ``option``."""
     return tuple(n for n, s in METHODS.items() if s.takes(option))
+
+
+def product_norm(method: str, options: Mapping[str, Any]) -> Optional[str]:
+    """How the factors I + Ā_b of ``method``'s layer product are normalised, given the options an
+    explanation used (``Explanation.options``); ``None`` for a method without per-block matrices."""
+    spec = get(method)
+    return options.get("rollout_norm") if spec.takes("rollout_norm") else spec.product_norm
 
 
 def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int, modality: str) -> "M.Options":
@@ -144,4 +155,4 @@ def _accepted(spec: MethodSpec) -> str:
 
 
 __all__ = ["MethodSpec", "METHODS", "METHOD_NAMES", "CLASS_AGNOSTIC", "OPTION_HELP", "get", "methods_taking",
-           "parse_options"]
+           "parse_options", "product_norm"]

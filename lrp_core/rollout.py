@@ -65,15 +65,4 @@ def accumulate_residual(layers: Sequence[Tensor] | Tensor, start: int = 0) -> Te
     return R
 
 
-def rollout(attentions: Sequence[Tensor], start: int = 0) -> Tensor:
-    """Attention rollout (Abnar & Zuidema): heads averaged, ``+I``, row-normalised, multiplied.
-
-    Args:
-        attentions: per block A_b (B, H, N, N) after softmax.
-    Returns:
-        (B, N, N).
-    """
-    return accumulate([a.mean(dim=1) for a in attentions], start=start, norm="row")
-
-
-__all__ = ["accumulate", "accumulate_residual", "rollout", "NORMS"]
+__all__ = ["accumulate", "accumulate_residual", "NORMS"]

@@ -12,72 +12,84 @@ import ipywidgets as W
 import numpy as np
 import torch
 
+from lrp_core.adapters import Adapter, get_adapter
+from lrp_core.errors import InputError, LRPError, UnsupportedModelError
+from lrp_core.models import LoadedModel
 from lrp_core.viz import denormalize, to_rgb_uint8
+
+from ._engine import torch_threads
 
 TOP_K = 5
 
 
 @dataclass
 class ModelFacts:
-    """What a widget needs to know about the model it explains."""
+    """What a widget needs to know about the model it explains.
+
+    ``adapter`` is the engine's (:func:`lrp_core.adapters.get_adapter`): the one
+    place a model is dispatched, validated and described.
+    """
 
     module: torch.nn.Module
-    kind: str  # "image" | "text" | "unknown"
+    adapter: Adapter
     labels: list[str]
     tokenizer: Any = None
     mean: Optional[Sequence[float]] = None
     std: Optional[Sequence[float]] = None
     preprocess: Any = None
 
-
-def _kind_of(module: torch.nn.Module) -> str:
-    name = type(module).__name__
-    if "VisionTransformer" in name or "ViT" in name or hasattr(module, "patch_embed"):
-        return "image"
-    cfg = getattr(module, "config", None)
-    if cfg is not None and getattr(cfg, "model_type", "") in ("vit", "deit", "dinov2"):
-        return "image"
-    if cfg is not None and hasattr(cfg, "vocab_size"):
-        return "text"
-    return "unknown"
+    @property
+    def kind(self) -> str:
+        """``"image"`` or ``"text"``: the adapter's modality (``LoadedModel.kind`` uses the same words)."""
+        return self.adapter.modality
 
 
-def resolve_model(model: Any) -> ModelFacts:
-    """Accept a ``lrp_core.models.LoadedModel`` or a bare torch module."""
-    if hasattr(model, "model") and hasattr(model, "kind"):  # LoadedModel
-        info = dict(getattr(model, "info", {}) or {})
-        return ModelFacts(module=model.model, kind=model.kind, labels=list(model.labels or []),
-                          tokenizer=getattr(model, "tokenizer", None), mean=info.get("mean"),
-                          std=info.get("std"), preprocess=getattr(model, "preprocess", None))
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"expected a torch model or a lrp_core.models.LoadedModel; got "
-                        f"{type(model).__name__}")
-    labels: list[str] = []
-    cfg = getattr(model, "config", None)
-    id2label = getattr(cfg, "id2label", None) if cfg is not None else None
-    if id2label:
-        labels = [str(id2label[i]) for i in sorted(id2label)]
-    pcfg = getattr(model, "pretrained_cfg", None) or {}
-    return ModelFacts(module=model, kind=_kind_of(model), labels=labels,
-                      mean=pcfg.get("mean"), std=pcfg.get("std"))
+def resolve_model(model: Any, widget: str) -> ModelFacts:
+    """Accept a ``lrp_core.models.LoadedModel`` or a bare torch module the engine supports."""
+    loaded = model if isinstance(model, LoadedModel) else None
+    module = loaded.model if loaded is not None else model
+    try:
+        adapter = get_adapter(module)
+    except UnsupportedModelError as err:  # say which widget refused it; the engine says what is supported
+        raise UnsupportedModelError(f"{widget} got {type(module).__name__}, not a model lrp_core can "
+                                    f"explain: {err}") from None
+    if loaded is not None:
+        info = dict(loaded.info or {})
+        return ModelFacts(module=module, adapter=adapter, labels=list(loaded.labels or []),
+                          tokenizer=loaded.tokenizer, mean=info.get("mean"), std=info.get("std"),
+                          preprocess=loaded.preprocess)
+    id2label = getattr(getattr(module, "config", None), "id2label", None)
+    labels = [str(id2label[i]) for i in sorted(id2label)] if id2label else []
+    pcfg = getattr(module, "pretrained_cfg", None) or {}
+    return ModelFacts(module=module, adapter=adapter, labels=labels, mean=pcfg.get("mean"),
+                      std=pcfg.get("std"))
 
 
-SUPPORTED = ("timm VisionTransformer, Hugging Face ViTForImageClassification (images) and "
-             "Hugging Face BertForSequenceClassification (text)")
+#: The widget that explains each modality (named in the error when a model reaches the wrong one).
+WIDGET_FOR = {"image": "widgets.RelevanceExplorer", "text": "widgets.TokenRelevance"}
 
 
 def check_kind(facts: ModelFacts, expected: str, widget: str) -> None:
-    """Raise a readable error when the model is not of the kind the widget explains."""
-    from lrp_core.errors import UnsupportedModelError
+    """Raise a readable error when the model's modality is not the one the widget explains."""
     kind = facts.kind
-    name = type(facts.module).__name__
-    if kind == "unknown":
-        raise UnsupportedModelError(f"{name} is not a model lrp_core can explain; supported: {SUPPORTED}")
     if kind != expected:
-        other = "widgets.TokenRelevance" if kind == "text" else "widgets.RelevanceExplorer"
         article = "an" if kind[0] in "aeiou" else "a"
         raise UnsupportedModelError(f"{widget} explains {expected} models; this is {article} {kind} "
-                                    f"model ({name}): use {other}")
+                                    f"model ({type(facts.module).__name__}): use {WIDGET_FOR[kind]}")
+
+
+def prepare_images(facts: ModelFacts, inputs: Any) -> torch.Tensor:
+    """Images (B, 3, H, W) as the engine takes them, validated by the model's adapter.
+
+    Two conveniences of the widgets come first: a PIL image or array goes through
+    the model's ``preprocess`` (where the ``LoadedModel`` has one), and a single
+    (3, H, W) image gets a batch axis. Every other check, and its message, is the engine's.
+    """
+    if not isinstance(inputs, torch.Tensor) and facts.preprocess is not None:
+        inputs = facts.preprocess(inputs)
+    if isinstance(inputs, torch.Tensor) and inputs.dim() == 3:
+        inputs = inputs.unsqueeze(0)
+    return facts.adapter.check_inputs(inputs)["images"]
 
 
 def class_names(labels: Sequence[str], n_classes: int, strict: bool = False) -> list[str]:
@@ -86,7 +98,6 @@ def class_names(labels: Sequence[str], n_classes: int, strict: bool = False) -> 
     With ``strict=True`` (labels given by the user) a wrong count is an error.
     """
     if strict and len(labels) != n_classes:
-        from lrp_core.errors import InputError
         raise InputError(f"got {len(labels)} labels for a model with {n_classes} classes")
     if len(labels) == n_classes:
         return [str(x) for x in labels]
@@ -125,7 +136,6 @@ def error_html(message: str, title: str = "Cannot show this explanation") -> str
 
 def describe_error(err: BaseException) -> str:
     """One readable sentence for an exception: the library's own messages as they are."""
-    from lrp_core.errors import LRPError
     if isinstance(err, (LRPError, ValueError, TypeError, RuntimeError)) and str(err):
         msg = str(err)
     else:
@@ -167,7 +177,6 @@ class RelevanceWidget(W.VBox):
 
     def _guarded(self, label: str, fn: Callable[[], None]) -> bool:
         """Run ``fn`` (on :attr:`threads` CPU threads); show a readable error if it fails."""
-        from ._engine import torch_threads
         t0 = time.perf_counter()
         try:
             with torch_threads(getattr(getattr(self, "facts", None), "module", None), self.threads):

@@ -1,14 +1,18 @@
-"""The widgets' single door to the engine (``lrp_core``), imported lazily.
+"""The widgets' single door to the engine (``lrp_core``).
 
-Keeping every engine call here gives one place that turns a missing engine or
-an engine error into a readable message, and one place tests can patch.
+Every engine call and every method fact a widget uses goes through here: one
+place tests can patch, and no widget keeps its own copy of what the engine
+(:mod:`lrp_core.registry`, :mod:`lrp_core.adapters`) already says.
 """
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
+
+from lrp_core import api, registry, rollout
 
 #: Models below this many parameters are explained on one CPU thread by default.
 SMALL_MODEL_PARAMS = 50_000_000
@@ -50,15 +54,38 @@ def torch_threads(module: Optional[torch.nn.Module], threads: Union[str, int, No
 
 
 def methods() -> tuple[str, ...]:
-    """Names of all explanation methods (``lrp_core.METHODS``)."""
-    from lrp_core import registry
+    """Names of all explanation methods, in the registry's order."""
     return registry.METHOD_NAMES
+
+
+def default_method() -> str:
+    """The method ``lrp_core.explain`` uses when none is named (the explorers start with it)."""
+    return inspect.signature(api.explain).parameters["method"].default
+
+
+def check_methods(names: Sequence[str]) -> list[str]:
+    """``names`` as a list, each validated by the registry (its error names the choices)."""
+    chosen = list(names)
+    if not chosen:
+        raise ValueError(f"no method given; choose from {', '.join(methods())}")
+    for name in chosen:
+        registry.get(name)
+    return chosen
 
 
 def takes(method: str, option: str) -> bool:
     """Whether ``method`` accepts ``option`` (read from the method registry)."""
-    from lrp_core import registry
     return registry.get(method).takes(option)
+
+
+def class_agnostic() -> tuple[str, ...]:
+    """The methods whose map does not depend on the class (read from the method registry)."""
+    return registry.CLASS_AGNOSTIC
+
+
+def concept_method() -> str:
+    """The method that explains a concept target (the first the registry marks as taking one)."""
+    return next(n for n, s in registry.METHODS.items() if s.concept_target)
 
 
 def explain(model: torch.nn.Module, inputs: Any, method: str, target: Any = None,
@@ -68,7 +95,6 @@ def explain(model: torch.nn.Module, inputs: Any, method: str, target: Any = None
     ``start_layer`` is passed to the methods that take it; per-head matrices are
     requested (``keep_heads=True``) from the methods that offer them.
     """
-    from lrp_core import api
     kwargs: dict[str, Any] = {"method": method, "target": target}
     if start_layer is not None and takes(method, "start_layer"):
         kwargs["start_layer"] = int(start_layer)
@@ -79,11 +105,9 @@ def explain(model: torch.nn.Module, inputs: Any, method: str, target: Any = None
 
 def accumulate(layers: torch.Tensor, start: int, stop: int, norm: str = "none") -> torch.Tensor:
     """``lrp_core.rollout.accumulate``: the product (I+Ā_stop)…(I+Ā_start), (B, N, N)."""
-    from lrp_core import rollout
     return rollout.accumulate(layers, start, stop, norm=norm)
 
 
 def concept_target(model: torch.nn.Module, examples: torch.Tensor) -> Any:
     """``lrp_core.concept_target``: the mean final [CLS] embedding of ``examples``."""
-    from lrp_core import api
     return api.concept_target(model, examples)

@@ -1,42 +1,69 @@
 """Shared machinery of the image and text explorers: class / method / block / head controls.
 
-An explanation is computed once per (sample, class, method, start_layer) and
-cached; moving the block slider, switching the head, the view or the sign only
-re-slices the cached tensors and redraws (no forward or backward pass).
+One cache: an explanation is computed once per (sample, class, method,
+start_layer) and kept, with everything derived from it (its partial layer
+products and the arrays each view showed), in one bounded LRU of
+:data:`CACHE_SIZE` entries. Moving the block slider, switching the head, the
+view or the sign only re-slices the cached tensors and redraws (no forward or
+backward pass).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import ipywidgets as W
 import numpy as np
 import torch
 
+from lrp_core.adapters import TokenLayout
+
 from . import _engine, views
 from ._common import (ModelFacts, RelevanceWidget, check_kind, class_names, class_options,
                       describe_error, resolve_model)
 
+#: Explanations kept (least recently used first out), each with its derived views.
 CACHE_SIZE = 48
-DEFAULT_METHOD = "transformer_attribution"
 
 
-def forward_logits(module: torch.nn.Module, inputs: Any, threads: Any = "auto") -> torch.Tensor:
+def forward_logits(facts: ModelFacts, inputs: Any, threads: Any = "auto") -> torch.Tensor:
     """The model's logits (B, C) without gradients (on ``threads`` CPU threads)."""
-    if getattr(module, "num_classes", None) == 0:  # timm backbone without a head (e.g. DINOv2)
-        raise TypeError(f"{type(module).__name__} has no classification head, so there are no "
+    if facts.adapter.num_classes == 0:  # a backbone without a head (e.g. DINOv2): no classes to pick
+        raise TypeError(f"{type(facts.module).__name__} has no classification head, so there are no "
                         "classes to explain: use widgets.ConceptBuilder (a concept from example "
-                        "images) or a class-agnostic method such as lrp_core.explain(..., "
-                        "method='rollout')")
-    with torch.no_grad(), _engine.torch_threads(module, threads):
-        out = module(**inputs) if isinstance(inputs, dict) else module(inputs)
-    logits = getattr(out, "logits", out)
-    if isinstance(logits, (tuple, list)):
-        logits = logits[0]
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
-        raise TypeError("the model does not return class logits (B, C); explain it with a "
-                        "concept target (widgets.ConceptBuilder) instead")
-    return logits.float()
+                        "images) or a class-agnostic method "
+                        f"({', '.join(_engine.class_agnostic())}) with lrp_core.explain")
+    with torch.no_grad(), _engine.torch_threads(facts.module, threads):
+        out = facts.module(**inputs) if isinstance(inputs, dict) else facts.module(inputs)
+    return getattr(out, "logits", out).float()
+
+
+@dataclass
+class Cached:
+    """One explanation and everything a widget derives from it (evicted together)."""
+
+    explanation: Any
+    layout: TokenLayout  # the sample's token layout, for the accumulated view
+    products: Optional[views.LayerProducts] = None
+    values: dict = field(default_factory=dict)  # (view, block, start, head) -> shown array
+
+    def layer_products(self) -> views.LayerProducts:
+        """The partial products (built on first use)."""
+        if self.products is None:
+            self.products = views.LayerProducts(self.explanation, self.layout)
+        return self.products
+
+    def view(self, view: str, block: int, start: int, head: Optional[int]) -> np.ndarray:
+        """The signed values of one view (memoised: a view seen before costs a dictionary look-up)."""
+        key = (view, block, start, head)
+        if key not in self.values:
+            if view == "accumulated":  # from the partial products: one vector-matrix product at most
+                self.values[key] = self.layer_products().view(block, start, head)
+            else:
+                self.values[key] = views.view_map(self.explanation, view, block=block, start=start,
+                                                  head=head)
+        return self.values[key]
 
 
 class LayerExplorer(RelevanceWidget):
@@ -51,9 +78,8 @@ class LayerExplorer(RelevanceWidget):
     def __init__(self, model: Any, inputs: Any, labels: Optional[Sequence[str]] = None,
                  methods: Optional[Sequence[str]] = None) -> None:
         super().__init__()
-        self._cache: "OrderedDict[tuple, Any]" = OrderedDict()
-        self._rows: dict[tuple, np.ndarray] = {}
-        self._products_cache: dict[tuple, views.LayerProducts] = {}
+        self._cache: "OrderedDict[tuple, Cached]" = OrderedDict()
+        self._current: Optional[Cached] = None
         self._quiet = False
         self._sync_count = 0
         self.explanation: Any = None
@@ -81,10 +107,10 @@ class LayerExplorer(RelevanceWidget):
             getattr(self, name).add_class("trl-" + name.replace("_", "-"))  # stable CSS hooks
         self.add_class("trl-widget")
         try:
-            self.facts: ModelFacts = resolve_model(model)
+            self.facts: ModelFacts = resolve_model(model, type(self).__name__)
             self._check_kind()
             self.inputs = self._prepare_inputs(inputs)
-            self.logits = forward_logits(self.facts.module, self.inputs, self.threads)
+            self.logits = forward_logits(self.facts, self.inputs, self.threads)
             self.names = class_names(list(labels) if labels is not None else self.facts.labels,
                                      self.logits.shape[1], strict=labels is not None)
             self._set_methods(methods)
@@ -106,16 +132,10 @@ class LayerExplorer(RelevanceWidget):
         check_kind(self.facts, self.expected_kind, type(self).__name__)
 
     def _set_methods(self, methods: Optional[Sequence[str]]) -> None:
-        known = _engine.methods()
-        chosen = list(methods) if methods is not None else list(known)
-        unknown = [m for m in chosen if m not in known]
-        if not chosen:
-            raise ValueError(f"no method given; choose from {', '.join(known)}")
-        if unknown:
-            raise ValueError(f"unknown method(s) {', '.join(map(repr, unknown))}; "
-                             f"choose from {', '.join(known)}")
+        chosen = _engine.check_methods(methods if methods is not None else _engine.methods())
+        default = _engine.default_method()
         self.method_selector.options = chosen
-        self.method_selector.value = DEFAULT_METHOD if DEFAULT_METHOD in chosen else chosen[0]
+        self.method_selector.value = default if default in chosen else chosen[0]
 
     def _fill_classes(self) -> None:
         logits = self.logits[self.sample_selector.value]
@@ -183,19 +203,24 @@ class LayerExplorer(RelevanceWidget):
         start = self.start_layer.value if _engine.takes(self.method, "start_layer") else None
         return (self.sample_selector.value, self.target, self.method, start)
 
-    def explanation_for(self, key: Optional[tuple] = None) -> Any:
-        """The cached explanation for ``key`` (default: the current controls)."""
+    def _entry(self, key: Optional[tuple] = None) -> Cached:
+        """The cache entry for ``key`` (default: the current controls), computed on a miss."""
         key = key or self._key()
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
         sample, target, method, start = key
-        exp = _engine.explain(self.facts.module, self._sample(sample), method, target=target,
-                              start_layer=start)
-        self._cache[key] = exp
+        inputs = self._sample(sample)
+        exp = _engine.explain(self.facts.module, inputs, method, target=target, start_layer=start)
+        layout = self.facts.adapter.layout(self.facts.adapter.check_inputs(inputs))
+        self._cache[key] = entry = Cached(exp, layout)
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
-        return exp
+        return entry
+
+    def explanation_for(self, key: Optional[tuple] = None) -> Any:
+        """The cached explanation for ``key`` (default: the current controls)."""
+        return self._entry(key).explanation
 
     # -- observers ------------------------------------------------------
     def _on_compute_change(self, change: dict) -> None:
@@ -241,10 +266,10 @@ class LayerExplorer(RelevanceWidget):
             self.status.value = (f'<i style="color:#666">computing {self.method} for '
                                  f'{self.names[self.target]}\u2026</i>')
         try:
-            exp = self.explanation_for()
+            self._current = self._entry()
         finally:
             self.status.value = ""
-        self.explanation = exp
+        self.explanation = exp = self._current.explanation
         self._sync_controls(exp)
         self._warm()
         self._redraw()
@@ -281,33 +306,14 @@ class LayerExplorer(RelevanceWidget):
             self._quiet = False
 
     def values_for(self, view: str, block: int, start: int, head: Optional[int]) -> np.ndarray:
-        """Signed values of a view of the current explanation (memoised: a slider move
-        that was seen before costs a dictionary look-up)."""
+        """Signed values of a view of the current explanation (memoised in its cache entry)."""
         if view in ("output", "residual"):
             head = None
         if view in ("output", "block", "residual"):
             start = 0
         if view == "output":
             block = 0
-        key = (self._key(), view, block, start, head)
-        if key not in self._rows:
-            if len(self._rows) > 4096:
-                self._rows.clear()
-            if view == "accumulated":
-                self._rows[key] = self._products().view(block, start, head)
-            else:
-                self._rows[key] = views.view_map(self.explanation, view, block=block, start=start,
-                                                 head=head)
-        return self._rows[key]
-
-    def _products(self) -> views.LayerProducts:
-        """The partial products of the current explanation (built once per explanation)."""
-        key = self._key()
-        if key not in self._products_cache:
-            if len(self._products_cache) > CACHE_SIZE:
-                self._products_cache.clear()
-            self._products_cache[key] = views.LayerProducts(self.explanation)
-        return self._products_cache[key]
+        return self._current.view(view, block, start, head)
 
     def current_values(self) -> np.ndarray:
         """The (signed) values of the current view, before the sign toggle."""
@@ -318,7 +324,7 @@ class LayerExplorer(RelevanceWidget):
     def _warm(self) -> None:
         """Precompute the partial products, so the slider and the heads never multiply matrices."""
         if "accumulated" in views.available_views(self.explanation):
-            self._products().prefix(self.start_layer.value)
+            self._current.layer_products().prefix(self.start_layer.value)
 
     def _redraw(self) -> None:
         if self.explanation is None:

@@ -13,8 +13,7 @@ from lrp_core.viz import render_overlay_png, to_rgb_uint8
 
 from . import _engine, views
 from ._common import (RelevanceWidget, check_kind, describe_error, error_html, image_rgb,
-                      png_bundle, resolve_model)
-from .explorer import check_image_inputs
+                      png_bundle, prepare_images, resolve_model)
 
 
 def _encode(rgb: np.ndarray, size: int) -> bytes:
@@ -94,13 +93,12 @@ class ConceptBuilder(RelevanceWidget):
         self.explanation: Any = None
         self._cache: dict[tuple, Any] = {}
         try:
-            self.facts = resolve_model(model)
+            self.facts = resolve_model(model, "ConceptBuilder")
             check_kind(self.facts, "image", "ConceptBuilder")
             if isinstance(candidate_images, (list, tuple)):  # crops of any size
                 candidate_images = stack_crops(self.facts.module, candidate_images)
-            self.candidates = check_image_inputs(self.facts.module, candidate_images,
-                                                 self.facts.preprocess)
-            self.queries = check_image_inputs(self.facts.module, query_image, self.facts.preprocess)
+            self.candidates = prepare_images(self.facts, candidate_images)
+            self.queries = prepare_images(self.facts, query_image)
             self.candidate_rgb = self._rgb(candidate_rgb, self.candidates)
             self.query_rgb = self._rgb(query_rgb, self.queries)
         except Exception as err:  # noqa: BLE001 - shown as a message in the widget
@@ -165,8 +163,8 @@ class ConceptBuilder(RelevanceWidget):
         key = (tuple(chosen), q)
         if key not in self._cache:
             concept = _engine.concept_target(self.facts.module, self.candidates[chosen])
-            exp = _engine.explain(self.facts.module, self.queries[q:q + 1], "cdam", target=concept,
-                                  keep_heads=False)
+            exp = _engine.explain(self.facts.module, self.queries[q:q + 1], _engine.concept_method(),
+                                  target=concept, keep_heads=False)
             self._cache[key] = (concept, exp)
         self.concept, self.explanation = self._cache[key]
         self._redraw()

@@ -10,42 +10,8 @@ import torch
 from lrp_core.errors import InputError
 from lrp_core.viz import render_overlay_png, to_rgb_uint8
 
-from ._common import image_rgb, png_bundle
+from ._common import error_html, image_rgb, png_bundle, prepare_images
 from ._layered import LayerExplorer
-
-
-def check_image_inputs(module: torch.nn.Module, inputs: Any, preprocess: Any = None) -> torch.Tensor:
-    """Validate (and, where unambiguous, fix) image inputs: a float (B, 3, H, W) tensor.
-
-    A single (3, H, W) image gets a batch axis; a PIL image or array goes through the
-    model's ``preprocess`` when one is known. A size the model cannot take is an
-    :class:`~lrp_core.errors.InputError` that says which size it needs.
-    """
-    if not isinstance(inputs, torch.Tensor):
-        if preprocess is None:
-            raise InputError(f"images must be a float tensor (B, 3, H, W); got {type(inputs).__name__}")
-        inputs = preprocess(inputs)
-    if inputs.dim() == 3:
-        inputs = inputs.unsqueeze(0)
-    if inputs.dim() != 4 or inputs.shape[1] != 3:
-        raise InputError(f"images must have shape (B, 3, H, W); got {tuple(inputs.shape)}")
-    if inputs.shape[0] == 0:
-        raise InputError("no image given (the batch is empty)")
-    if not inputs.is_floating_point():
-        raise InputError(f"images must be a float tensor normalised for the model; got {inputs.dtype}")
-    size = tuple(inputs.shape[-2:])
-    expected = None
-    pe = getattr(module, "patch_embed", None)
-    strict = pe is not None and getattr(pe, "strict_img_size", False)
-    if strict and not getattr(module, "dynamic_img_size", False):
-        expected = tuple(pe.img_size)
-    cfg = getattr(module, "config", None)
-    if expected is None and cfg is not None and isinstance(getattr(cfg, "image_size", None), int):
-        expected = (cfg.image_size, cfg.image_size)
-    if expected is not None and size != expected:
-        raise InputError(f"this model takes {expected[0]}\u00d7{expected[1]} images but the input is "
-                         f"{size[0]}\u00d7{size[1]}; resize it first (e.g. with the model's preprocess)")
-    return inputs
 
 
 class RelevanceExplorer(LayerExplorer):
@@ -81,7 +47,7 @@ class RelevanceExplorer(LayerExplorer):
         super().__init__(model, inputs, labels=labels, methods=methods)
 
     def _prepare_inputs(self, inputs: Any) -> torch.Tensor:
-        x = check_image_inputs(self.facts.module, inputs, self.facts.preprocess)
+        x = prepare_images(self.facts, inputs)
         if self._rgb_arg is None:
             self.rgb = image_rgb(x, self.facts)
         else:
@@ -121,6 +87,5 @@ class RelevanceExplorer(LayerExplorer):
 
     def _static_bundle(self) -> dict[str, Any]:
         if self.displayed_map is None:
-            from ._common import error_html
             return {"text/html": error_html(self.last_error or "nothing to show")}
         return png_bundle(self.static_png(), self.last_error)

@@ -7,12 +7,13 @@ from typing import Any, Optional, Sequence
 import ipywidgets as W
 import numpy as np
 
-from lrp_core.viz import overlay_image, tile_pngs, token_html
+from lrp_core.viz import overlay_image, tile_pngs, to_rgb_uint8, token_html
 
 from . import _engine, views
-from ._common import (RelevanceWidget, check_kind, class_names, class_options, describe_error,
-                      error_html, image_rgb, png_bundle, resolve_model)
+from ._common import (RelevanceWidget, class_names, class_options, describe_error, error_html,
+                      image_rgb, png_bundle, prepare_images, resolve_model)
 from ._layered import forward_logits
+from .text import prepare_text
 
 
 class MethodGrid(RelevanceWidget):
@@ -64,33 +65,21 @@ class MethodGrid(RelevanceWidget):
 
     def _setup(self, model: Any, inputs: Any, methods: Optional[Sequence[str]], target: Any,
                labels: Optional[Sequence[str]], image: Any, sample: int, tokenizer: Any) -> None:
-        self.facts = resolve_model(model)
-        self.kind = "text" if self.facts.kind == "text" else "image"
-        check_kind(self.facts, self.kind, "MethodGrid")
+        self.facts = resolve_model(model, "MethodGrid")
+        self.kind = self.facts.kind  # images and texts alike
         if self.kind == "text":
-            from .text import check_text_inputs, tokenize
             self.tokenizer = tokenizer if tokenizer is not None else self.facts.tokenizer
-            if isinstance(inputs, str):
-                inputs = [inputs]
-            full = (tokenize(inputs, self.tokenizer) if isinstance(inputs, (list, tuple))
-                    else check_text_inputs(inputs))
+            full = prepare_text(self.facts, inputs, self.tokenizer)
             self.inputs = {k: v[sample:sample + 1] for k, v in full.items()}
         else:
-            from .explorer import check_image_inputs
-            x = check_image_inputs(self.facts.module, inputs, self.facts.preprocess)
-            self.inputs = x[sample:sample + 1]
-            from lrp_core.viz import to_rgb_uint8
+            self.inputs = prepare_images(self.facts, inputs)[sample:sample + 1]
             if image is None:
                 self.rgb = image_rgb(self.inputs, self.facts)[0]
             else:
                 arr = np.asarray(image)
                 self.rgb = to_rgb_uint8(arr[sample] if arr.ndim == 4 else arr)
-        known = _engine.methods()
-        self.methods = list(methods) if methods is not None else list(known)
-        unknown = [m for m in self.methods if m not in known]
-        if unknown or not self.methods:
-            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(known)}")
-        self.logits = forward_logits(self.facts.module, self.inputs, self.threads)
+        self.methods = _engine.check_methods(methods if methods is not None else _engine.methods())
+        self.logits = forward_logits(self.facts, self.inputs, self.threads)
         self.names = class_names(list(labels) if labels is not None else self.facts.labels,
                                  self.logits.shape[1], strict=labels is not None)
         self.class_selector.options = class_options(self.logits[0], self.names)

@@ -11,6 +11,7 @@ import torch
 from lrp_core.errors import InputError
 from lrp_core.viz import merge_wordpieces, token_html
 
+from ._common import ModelFacts, error_html
 from ._layered import LayerExplorer, forward_logits
 
 _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -32,24 +33,18 @@ def tokenize(texts: Sequence[str], tokenizer: Any) -> dict[str, torch.Tensor]:
     return {k: enc[k] for k in _TEXT_KEYS if k in enc}
 
 
-def check_text_inputs(inputs: Any) -> dict[str, torch.Tensor]:
-    """A plain dict of (B, T) tensors with ``input_ids`` and ``attention_mask``."""
-    if not hasattr(inputs, "keys") or "input_ids" not in inputs:
-        raise InputError("text inputs must be a dict / BatchEncoding with 'input_ids' and "
-                         f"'attention_mask' (or pass texts=...); got {type(inputs).__name__}")
-    ids = torch.as_tensor(inputs["input_ids"])
-    if ids.dim() == 1:
-        ids = ids.unsqueeze(0)
-    if ids.dim() != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
-        raise InputError(f"input_ids must be (B, T) with T > 0; got shape {tuple(ids.shape)}: "
-                         "the text is empty")
-    mask = torch.as_tensor(inputs.get("attention_mask", torch.ones_like(ids))).reshape(ids.shape)
-    if (mask.sum(-1) == 0).any():
-        raise InputError("a text has no real tokens (its attention_mask is all zero)")
-    out = {"input_ids": ids.long(), "attention_mask": mask.long()}
-    if "token_type_ids" in inputs:
-        out["token_type_ids"] = torch.as_tensor(inputs["token_type_ids"]).reshape(ids.shape).long()
-    return out
+def prepare_text(facts: ModelFacts, inputs: Any, tokenizer: Any) -> dict[str, torch.Tensor]:
+    """Tokenised text as the engine takes it, validated by the model's adapter.
+
+    A text or a list of texts is tokenised first (the widgets take raw text, the
+    engine token ids); every check of the ids, and its message, is the engine's.
+    """
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if isinstance(inputs, (list, tuple)):
+        inputs = tokenize(inputs, tokenizer)
+    prepared = facts.adapter.check_inputs(inputs)
+    return {k: v for k, v in prepared.items() if v is not None}  # no token_type_ids: the model's own
 
 
 class TokenRelevance(LayerExplorer):
@@ -94,11 +89,7 @@ class TokenRelevance(LayerExplorer):
         texts = self._texts_arg if inputs is None else inputs
         if texts is None:
             raise InputError("give the inputs (tokenised) or texts=... to explain")
-        if isinstance(texts, str):
-            texts = [texts]
-        if isinstance(texts, (list, tuple)):
-            return tokenize(texts, self.tokenizer)
-        return check_text_inputs(texts)
+        return prepare_text(self.facts, texts, self.tokenizer)
 
     def _sample(self, i: int) -> dict[str, torch.Tensor]:
         return {k: v[i:i + 1] for k, v in self.inputs.items()}
@@ -125,11 +116,9 @@ class TokenRelevance(LayerExplorer):
 
     def _on_text(self, change: dict) -> None:
         def use_text() -> None:
-            self.inputs = tokenize([change["new"]], self.tokenizer)
-            self.logits = forward_logits(self.facts.module, self.inputs)
-            self._cache.clear()
-            self._rows.clear()
-            self._products_cache.clear()
+            self.inputs = prepare_text(self.facts, [change["new"]], self.tokenizer)
+            self.logits = forward_logits(self.facts, self.inputs, self.threads)
+            self._cache.clear()  # every entry is of the old text
             self._quiet = True
             self.sample_selector.options = [("0", 0)]
             self.sample_selector.value = 0
@@ -151,7 +140,6 @@ class TokenRelevance(LayerExplorer):
                            + token_html(tokens, values, signed=self.signed))
 
     def _static_bundle(self) -> dict[str, Any]:
-        from ._common import error_html
         if self.displayed_map is None:
             return {"text/html": error_html(self.last_error or "nothing to show")}
         body = self.html.value + f'<div style="font-size:90%">{self.info.value}</div>'

@@ -21,6 +21,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from lrp_core import registry
+from lrp_core.adapters import TokenLayout
+
 from . import _engine
 
 VIEW_LABELS = {
@@ -33,8 +36,7 @@ VIEW_LABELS = {
 
 def n_blocks(exp: Any) -> int:
     """Number of blocks the explanation has per-block data for (0 if none)."""
-    for name in ("layers", "token_relevance"):
-        t = getattr(exp, name, None)
+    for t in (exp.layers, exp.token_relevance):
         if t is not None:
             return int(t.shape[1])
     return 0
@@ -42,7 +44,7 @@ def n_blocks(exp: Any) -> int:
 
 def per_head(exp: Any) -> Optional[torch.Tensor]:
     """(B, L, H, N, N) per-head block matrices, where the engine kept them."""
-    return getattr(exp, "layers_per_head", None)
+    return exp.layers_per_head
 
 
 def n_heads(exp: Any) -> int:
@@ -53,32 +55,29 @@ def n_heads(exp: Any) -> int:
 def available_views(exp: Any) -> list[str]:
     """The views this explanation supports, ``"output"`` first."""
     views = ["output"]
-    if getattr(exp, "layers", None) is not None:
+    if exp.layers is not None:
         views += ["accumulated", "block"]
-    if getattr(exp, "token_relevance", None) is not None:
+    if exp.token_relevance is not None:
         views.append("residual")
     return views
 
 
 def rollout_norm(exp: Any) -> str:
-    """The normalisation of the layer product used by the method."""
-    norm = (exp.options or {}).get("rollout_norm")
-    if norm in ("none", "row"):
-        return norm
-    if exp.method in ("rollout", "raw_attention") or exp.grid is None:  # attention; BERT
-        return "row"
-    return "none"
+    """The normalisation of the factors of the method's layer product, as the engine used it."""
+    norm = registry.product_norm(exp.method, exp.options)
+    if norm is None:
+        raise ValueError(f"method {exp.method!r} has no layer product")
+    return norm
 
 
 def real_tokens(exp: Any) -> int:
     """Number of non-padding tokens of a one-sample text explanation."""
-    mask = getattr(exp, "attention_mask", None)
-    if mask is None:
+    if exp.attention_mask is None:
         return int(exp.scores.shape[-1])
-    return int(mask[0].sum().item())
+    return int(exp.attention_mask[0].sum().item())
 
 
-def _row(exp: Any, row: Any, replace_cls: bool = False) -> np.ndarray:
+def _row(exp: Any, row: Any) -> np.ndarray:
     """Cut one [CLS] row (N,) to what is displayed: patches (grid) or real tokens."""
     if isinstance(row, torch.Tensor):
         row = row.detach().float().cpu().numpy()
@@ -86,33 +85,27 @@ def _row(exp: Any, row: Any, replace_cls: bool = False) -> np.ndarray:
     if exp.grid is not None:
         h, w = exp.grid
         return row[-h * w:].reshape(h, w).copy()
-    t = real_tokens(exp)
-    out = row[:t].copy()
-    if replace_cls and t > 1:
-        out[0] = out.min()
-    return out
+    return row[:real_tokens(exp)].copy()
 
 
-def layers_with_head(exp: Any, block: int, head: Optional[int]) -> torch.Tensor:
-    """``exp.layers`` with block ``block``'s head mean replaced by head ``head`` (if given)."""
-    layers = exp.layers
-    if head is None:
-        return layers
-    heads = per_head(exp)
-    if heads is None:
-        raise ValueError("this explanation has no per-head matrices (explain(..., keep_heads=True))")
-    layers = layers.clone()
-    layers[:, block] = heads[:, block, head]
-    return layers
+def product_row(exp: Any, layout: TokenLayout, row: np.ndarray) -> np.ndarray:
+    """What the accumulated view shows of a product's [CLS] row (N,): the engine's readout of it.
+
+    ``layout`` is the sample's token layout (``adapter.layout``): its scored tokens,
+    with its readout-minimum rule, then the display cut of :func:`_row`.
+    """
+    scored = layout.readout_minimum(layout.scores(torch.as_tensor(row, dtype=torch.float64)[None]))
+    return _row(exp, scored[0].numpy())  # float64 kept: the product was chained in float64
 
 
-def view_map(exp: Any, view: str, block: int = 0, start: int = 0,
-             head: Optional[int] = None) -> np.ndarray:
+def view_map(exp: Any, view: str, block: int = 0, start: int = 0, head: Optional[int] = None,
+             layout: Optional[TokenLayout] = None) -> np.ndarray:
     """The values a widget shows: (h, w) for images (or (H, W) pixels), (T,) for text.
 
     ``head=None`` uses the head mean (``exp.layers``); an int uses that head's
     matrix for block ``block`` (block view), or substitutes it for block
-    ``block`` in the product (accumulated view).
+    ``block`` in the product (accumulated view; it needs the sample's ``layout``,
+    see :func:`product_row`).
     """
     if view == "output":
         if exp.pixels is not None:
@@ -122,21 +115,16 @@ def view_map(exp: Any, view: str, block: int = 0, start: int = 0,
     if not 0 <= block < max(L, 1):
         raise ValueError(f"block must be in 0..{L - 1}; got {block}")
     if view == "residual":
-        if getattr(exp, "token_relevance", None) is None:
+        if exp.token_relevance is None:
             raise ValueError(f"method {exp.method!r} has no per-block token relevance")
         return _row(exp, exp.token_relevance[0, block])
-    if getattr(exp, "layers", None) is None:
+    if exp.layers is None:
         raise ValueError(f"method {exp.method!r} has no per-block matrices")
     if view == "block":
         mat = exp.layers[0, block] if head is None else per_head(exp)[0, block, head]
         return _row(exp, mat[0])
     if view == "accumulated":
-        if block < start:  # empty product = identity: no patch gets anything
-            n = exp.layers.shape[-1]
-            return _row(exp, torch.eye(n)[0], replace_cls=exp.grid is None)
-        prod = _engine.accumulate(layers_with_head(exp, block, head), start, block,
-                                  norm=rollout_norm(exp))
-        return _row(exp, prod[0, 0], replace_cls=exp.grid is None)
+        return LayerProducts(exp, layout).view(block, start, head)
     raise ValueError(f"unknown view {view!r}; choose one of {sorted(VIEW_LABELS)}")
 
 
@@ -152,12 +140,10 @@ def conservation_note(totals: np.ndarray, rtol: float = 1e-3) -> str:
 
 def block_totals(exp: Any) -> Optional[np.ndarray]:
     """Σ over tokens of ``token_relevance`` for every block (the conserved total), or None."""
-    tr = getattr(exp, "token_relevance", None)
-    if tr is None:
+    if exp.token_relevance is None:
         return None
-    t = tr[0]
-    mask = getattr(exp, "attention_mask", None)
-    if mask is not None:
+    t = exp.token_relevance[0]
+    if exp.attention_mask is not None:
         t = t[:, : real_tokens(exp)]
     return t.detach().float().sum(-1).cpu().numpy().astype(np.float64)
 
@@ -172,8 +158,8 @@ class LayerProducts:
     row0(P_b with head h) = row0(I+Ā_b^h) · P_{b-1}.
     """
 
-    def __init__(self, exp: Any) -> None:
-        self.exp = exp
+    def __init__(self, exp: Any, layout: Optional[TokenLayout] = None) -> None:
+        self.exp, self.layout = exp, layout
         self.norm = rollout_norm(exp)
         L = n_blocks(exp)
         self.factors = [_engine.accumulate(exp.layers[:1], b, b, norm=self.norm)[0].double().numpy()
@@ -213,5 +199,7 @@ class LayerProducts:
         return row if block == start else row @ prefix[block - start - 1]
 
     def view(self, block: int, start: int, head: Optional[int] = None) -> np.ndarray:
-        """What the accumulated view shows (same cut as :func:`view_map`)."""
-        return _row(self.exp, self.cls_row(block, start, head), replace_cls=self.exp.grid is None)
+        """What the accumulated view shows (as :func:`view_map`; needs ``layout``)."""
+        if self.layout is None:
+            raise ValueError("the accumulated view needs the sample's token layout (adapter.layout)")
+        return product_row(self.exp, self.layout, self.cls_row(block, start, head))

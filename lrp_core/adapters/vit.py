@@ -49,8 +49,8 @@ class ViTAdapter(Adapter):
             raise InputError(f"images must be a float tensor (normalised), got dtype {inputs.dtype}")
         H, W = inputs.shape[-2:]
         if self.image_size is not None and (H, W) != tuple(self.image_size):
-            raise InputError(f"{name} expects images of size {tuple(self.image_size)}, got ({H}, {W}); "
-                             "resize them (e.g. with the model's preprocess)")
+            raise InputError(f"{name} expects images of size {self.image_size[0]}\u00d7{self.image_size[1]}, "
+                             f"got {H}\u00d7{W}; resize them (e.g. with the model's preprocess)")
         ph, pw = self.patch_size
         if H % ph or W % pw:
             raise InputError(f"image size ({H}, {W}) is not a multiple of the patch size {self.patch_size}")

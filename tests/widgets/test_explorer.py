@@ -80,6 +80,16 @@ def test_last_block_of_the_accumulated_view_is_the_method_output(explorer, refer
     np.testing.assert_allclose(acc, explorer.displayed_map, rtol=1e-4, atol=1e-9)
 
 
+@pytest.mark.parametrize("method", ["generic_attention", "rollout"])
+def test_the_full_product_is_the_method_output_for_every_layer_product_method(vit, images, method):
+    """The accumulated view multiplies the factors normalised as the engine's method did."""
+    w = widgets.RelevanceExplorer(vit, images[:1], methods=[method])
+    w.view_selector.value = "accumulated"
+    w.layer_slider.value = w.layer_slider.max
+    ref = lrp_core.explain(vit, images[:1], method=method, target=w.target)
+    np.testing.assert_allclose(w.displayed_map, ref.scores[0].reshape(GRID).numpy(), rtol=1e-4, atol=1e-8)
+
+
 def test_block_view_shows_the_blocks_own_cls_row_per_head_and_mean(explorer, reference):
     explorer.view_selector.value = "block"
     explorer.layer_slider.value = 1

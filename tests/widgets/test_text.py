@@ -64,6 +64,16 @@ def test_accumulated_view_replaces_cls_by_the_row_minimum(bert, text_widget):
     np.testing.assert_allclose(text_widget.displayed_map, ref.scores[0, :9].numpy(), rtol=1e-4)
 
 
+def test_generic_attention_product_is_the_engines_unnormalised_one(bert, tokenizer):
+    w = widgets.TokenRelevance(bert, texts=TEXTS[:1], tokenizer=tokenizer, methods=["generic_attention"])
+    w.view_selector.value = "accumulated"
+    w.layer_slider.value = w.layer_slider.max
+    ref = lrp_core.explain(bert, w.inputs, method="generic_attention", target=w.target)
+    # every token but [CLS], whose entry the view replaces by the row minimum; the tiny model's
+    # Ā_b are small, so normalised factors would differ by ~3e-5 (relative) only
+    np.testing.assert_allclose(w.displayed_map[1:], ref.scores[0, 1:].numpy(), rtol=1e-5, atol=0)
+
+
 def test_second_sample_has_its_own_tokens(text_widget):
     text_widget.sample_selector.value = 1
     assert text_widget.displayed_tokens == ["[CLS]", "a", "bad", "story", "[SEP]"]
