@@ -10,7 +10,22 @@ from lrp_core import METHODS, InputError, UnknownMethodError, UnsupportedModelEr
 
 def test_methods_list_is_the_contract():
     assert set(METHODS) == {"transformer_attribution", "generic_attention", "rollout", "raw_attention",
-                            "attention_gradcam", "lrp", "partial_lrp", "cdam", "token_ablation"}
+                            "attention_gradcam", "lrp", "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp"}
+
+
+def test_an_option_the_method_does_not_take_is_refused(tiny_vit, images):
+    from lrp_core import registry
+    with pytest.raises(InputError, match=r"'rollout' does not take option\(s\) \['use_gradient'\]; "
+                                         r"method 'rollout' accepts: start_layer"):
+        explain(tiny_vit, images, method="rollout", use_gradient=False)
+    with pytest.raises(InputError, match="'cdam' accepts no options"):
+        explain(tiny_vit, images, method="cdam", keep_heads=True)
+    # the registry is the one source: every option a method declares is accepted by explain
+    for name, spec in registry.METHODS.items():
+        for option in spec.options:
+            value = {"start_layer": 0, "end_layer": None, "rollout_norm": None, "use_gradient": True,
+                     "keep_heads": False, "progress": False, "batch_size": 64}[option]
+            assert explain(tiny_vit, images[:1], method=name, **{option: value}).scores.shape == (1, 16)
 
 
 def test_target_forms_agree(tiny_vit, images):

@@ -83,7 +83,7 @@ def _without_additive_constants(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_cp_lrp_conserves_exactly_without_additive_constants(seed):
     model = _without_additive_constants(make_tiny_vit(seed=seed % 7)).double()
@@ -92,9 +92,10 @@ def test_cp_lrp_conserves_exactly_without_additive_constants(seed):
     c = exp.conservation
     y = c.output.abs()
     # every stage — the logit, each block's residual stream, the patch embeddings, the pixels — holds y_t;
-    # the residue is the identity rule's 1e-10 stabiliser
-    assert (c.absorbed().abs().max(dim=1).values / y < 1e-8).all()
-    assert ((c.pixels - c.output).abs() / y < 1e-8).all()
+    # the residue is the identity rule's 1e-10 stabiliser: about 1e-10 per GELU unit, absolute (≤ 1e-9 here)
+    tol = 1e-8 * y + 1e-9
+    assert (c.absorbed().abs().max(dim=1).values < tol).all()
+    assert ((c.pixels - c.output).abs() < tol).all()
 
 
 def test_attnlrp_does_not_conserve_through_the_softmax():
