@@ -360,4 +360,7 @@ class LayerExplorer(RelevanceWidget):
             lines.append(f"relevance in the residual stream at block {b}: "
                          f"\u03a3 R = <b>{totals[b]:.4g}</b> (every block: {seq}; "
                          f"{views.conservation_note(totals)})")
+        absorbed = views.absorbed_note(self.explanation)
+        if absorbed is not None:
+            lines.append(absorbed)
         return "<br>".join(lines)

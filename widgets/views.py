@@ -138,6 +138,22 @@ def conservation_note(totals: np.ndarray, rtol: float = 1e-3) -> str:
     return "not conserved by this method's rules"
 
 
+def absorbed_note(exp: Any) -> Optional[str]:
+    """Where relevance is lost on its way down (``exp.conservation``, AttnLRP / CP-LRP), as a share of y_t.
+
+    Steps: the readout, each block from the last, and block 0 with the embedding layer below it.
+    """
+    c = exp.conservation
+    if c is None:
+        return None
+    out = float(c.output[0])
+    steps = (c.absorbed()[0] / (out if out != 0 else 1.0)).tolist()
+    L = len(steps) - 1
+    names = ["readout"] + [f"block {L - k}" for k in range(1, L)] + ["block 0 + embedding"]
+    parts = ", ".join(f"{n} {100 * v:+.1f}%" for n, v in zip(names, steps))
+    return f"y_t = {out:.4g} enters at the top; absorbed on the way down: {parts}"
+
+
 def block_totals(exp: Any) -> Optional[np.ndarray]:
     """Σ over tokens of ``token_relevance`` for every block (the conserved total), or None."""
     if exp.token_relevance is None:

@@ -344,3 +344,16 @@ def test_info_says_whether_the_block_totals_are_conserved(vit, images):
     w = widgets.RelevanceExplorer(vit, images[:1], methods=["transformer_attribution", "lrp"])
     totals = views.block_totals(w.explanation)
     assert views.conservation_note(totals) in w.info.value
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
+def test_attnlrp_and_cp_lrp_show_the_residual_stream_and_where_relevance_is_absorbed(vit, images, method):
+    w = widgets.RelevanceExplorer(vit, images[:1], methods=[method])
+    assert w.last_error is None, w.last_error
+    ref = lrp_core.explain(vit, images[:1], method=method, target=w.target)
+    w.view_selector.value = "residual"
+    w.layer_slider.value = 1
+    np.testing.assert_allclose(w.displayed_map, ref.token_relevance[0, 1, 1:].reshape(GRID).numpy(), rtol=1e-5)
+    steps = (ref.conservation.absorbed()[0] / ref.conservation.output[0]).tolist()
+    assert f"y_t = {ref.conservation.output[0].item():.4g}" in w.info.value
+    assert f"block 1 {100 * steps[2]:+.1f}%" in w.info.value  # L = 3: readout, block 2, block 1, block 0 + embedding
