@@ -1,50 +1,67 @@
-"""Solutions to the course exercises.
+"""Exercises of the course, with checkers, hints and solutions.
 
-Every exercise ``exN_k`` (notebook N, exercise k) is a function in the module
-of its notebook. ``reveal("ex1_2")`` prints its source and runs it, so a
-learner can compare with their own attempt; nbval runs the reveal cells too,
-so every solution is checked in CI.
+Every exercise ``exN_k`` (notebook N, exercise k) is an :class:`~solutions.exercise.Exercise`
+defined in the module of its notebook (``nb01`` ... ``nb10``)::
 
->>> from solutions import reveal
->>> reveal("ex1_1")          # prints the code, then runs it
->>> reveal("ex1_1", run=False)
+    from solutions import ex1_1
+    ex1_1.check(my_answer)   # a verdict with specific feedback; True / False
+    ex1_1.hint()             # the next hint
+    ex1_1.solution()         # the reference code and its result, only when asked
+
+``reveal("ex1_1")`` is the older spelling of ``ex1_1.solution()``.
 """
 from __future__ import annotations
 
 import importlib
-import inspect
 from typing import Any
+
+from .exercise import NOT_ATTEMPTED, Exercise, Mistake
 
 _MODULES = ("nb00", "nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09", "nb10")
 
 
-def _find(name: str):
+def _module(mod: str):
+    try:
+        return importlib.import_module(f"{__name__}.{mod}")
+    except ModuleNotFoundError as err:
+        if err.name == f"{__name__}.{mod}":
+            return None
+        raise
+
+
+def all_exercises() -> dict[str, Exercise]:
+    """Every exercise of the course, by name, in course order."""
+    out: dict[str, Exercise] = {}
     for mod in _MODULES:
-        try:
-            m = importlib.import_module(f"{__name__}.{mod}")
-        except ModuleNotFoundError as err:
-            if err.name == f"{__name__}.{mod}":
-                continue
-            raise
-        if hasattr(m, name):
+        m = _module(mod)
+        if m is None:
+            continue
+        for name, obj in vars(m).items():
+            if isinstance(obj, Exercise):
+                out[name] = obj
+    return out
+
+
+def _find(name: str) -> Exercise:
+    for mod in _MODULES:
+        m = _module(mod)
+        if m is not None and isinstance(getattr(m, name, None), Exercise):
             return getattr(m, name)
-    raise KeyError(f"no solution called {name!r}")
+    raise KeyError(f"no exercise called {name!r}")
 
 
-def reveal(name: str, run: bool = True, **kwargs: Any) -> Any:
-    """Print the solution ``name`` and (by default) run it, returning its result."""
-    fn = _find(name)
-    print(inspect.getsource(fn))
-    if run:
-        print("--- output ---")
-        return fn(**kwargs)
-    return None
+def reveal(name: str, run: bool = True, **ctx: Any) -> None:
+    """Print the solution of exercise ``name`` (same as ``exN_k.solution()``)."""
+    _find(name).solution(run=run, **ctx)
 
 
 def __getattr__(name: str):  # ``from solutions import ex1_1``
-    if name.startswith("ex"):
-        return _find(name)
+    if name.startswith("ex") and name[2:3].isdigit():
+        try:
+            return _find(name)
+        except KeyError:
+            raise AttributeError(name) from None
     raise AttributeError(name)
 
 
-__all__ = ["reveal"]
+__all__ = ["Exercise", "Mistake", "NOT_ATTEMPTED", "all_exercises", "reveal"]
