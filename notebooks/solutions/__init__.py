@@ -42,17 +42,25 @@ def all_exercises() -> dict[str, Exercise]:
     return out
 
 
-def _find(name: str) -> Exercise:
+def _find(name: str):
     for mod in _MODULES:
         m = _module(mod)
-        if m is not None and isinstance(getattr(m, name, None), Exercise):
+        if m is not None and callable(getattr(m, name, None)):
             return getattr(m, name)
     raise KeyError(f"no exercise called {name!r}")
 
 
-def reveal(name: str, run: bool = True, **ctx: Any) -> None:
+def reveal(name: str, run: bool = True, **ctx: Any) -> Any:
     """Print the solution of exercise ``name`` (same as ``exN_k.solution()``)."""
-    _find(name).solution(run=run, **ctx)
+    ex = _find(name)
+    if isinstance(ex, Exercise):
+        return ex.solution(run=run, **ctx)
+    import inspect  # a plain solution function (not yet an Exercise)
+    print(inspect.getsource(ex))
+    if run:
+        print("--- output ---")
+        return ex(**ctx)
+    return None
 
 
 def __getattr__(name: str):  # ``from solutions import ex1_1``
