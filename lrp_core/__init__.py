@@ -13,6 +13,6 @@ __all__ = [
     "Explanation", "InputError", "LRPError", "UnknownMethodError", "UnsupportedModelError",
 ]
 
-from .api import METHODS, AttentionParts, ConceptTarget, attention_parts, concept_target, explain
+from .api import METHODS, AttentionParts, ConceptTarget, Contrast, attention_parts, concept_target, explain
 
-__all__ += ["METHODS", "AttentionParts", "ConceptTarget", "attention_parts", "concept_target", "explain"]
+__all__ += ["METHODS", "AttentionParts", "ConceptTarget", "Contrast", "attention_parts", "concept_target", "explain"]

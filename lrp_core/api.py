@@ -13,12 +13,12 @@ from .adapters import get_adapter
 from .composites import TRANSFORMER_ATTRIBUTION
 from .errors import InputError
 from .explanation import Conservation, Explanation
-from .methods import Call, ConceptTarget, MethodResult, one_hot
+from .methods import Call, ConceptTarget, Contrast, MethodResult, one_hot
 
 #: Every method ``explain`` knows, in the order the course introduces them.
 METHODS: tuple[str, ...] = registry.METHOD_NAMES
 
-Target = Union[None, int, Sequence[int], Tensor, ConceptTarget]
+Target = Union[None, int, Sequence[int], Tensor, ConceptTarget, Contrast]
 
 
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None,
@@ -30,8 +30,10 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
             (parameters, modes, flags, hooks).
         inputs: images (B, 3, H, W) float, or a tokenizer output with ``input_ids`` and ``attention_mask``.
         method: one of :data:`METHODS`.
-        target: ``None`` (argmax per sample), an int, a sequence of B ints, a tensor (B,), or — for methods
-            that take one (``cdam``) — a :class:`ConceptTarget` from :func:`concept_target`.
+        target: ``None`` (argmax per sample), an int, a sequence of B ints, a tensor (B,),
+            ``Contrast(positive, negative)`` (explain ``y_positive − y_negative``: "this class rather than that
+            one"), or — for methods that take one (``cdam``) — a :class:`ConceptTarget` from
+            :func:`concept_target`.
         **options: the options the method takes (``lrp_core.registry.METHODS[method].options``); any other
             option is an error naming the accepted ones. ``start_layer`` (first block in the layer product,
             default 0; negative counts from the end), ``end_layer`` (last block, default the last),
@@ -56,19 +58,32 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         raise InputError(f"{type(model).__name__} has no classification head: explain it with a class-agnostic "
                          f"method ({', '.join(registry.CLASS_AGNOSTIC)}) or with method='cdam' and a concept target "
                          "(lrp_core.concept_target)")
+    negative = None
+    if isinstance(target, Contrast):
+        if spec.class_agnostic:
+            raise InputError(f"{method!r} does not depend on the target class, so a contrast explains nothing; "
+                             "use a class-sensitive method")
+        if target.negative is None:
+            raise InputError("Contrast(positive, negative) needs the class to contrast with (negative), e.g. "
+                             "Contrast(positive=None, negative=3): the prediction rather than class 3")
+        negative = _target_resolver(target.negative, batch, adapter.num_classes)(torch.empty(0))
+        target = target.positive
     resolve = _target_resolver(target if concept is None else None, batch, adapter.num_classes)
     with model_guard(model):
         groups = _length_groups(prepared) if "attention_mask" in prepared else None
         if groups is None:
-            result = spec.run(Call(adapter, prepared, layout, resolve, opt, concept))
+            result = spec.run(Call(adapter, prepared, layout, resolve, opt, concept, negative))
         else:
             parts = []
             for rows, n in groups:
                 sub = _take(prepared, rows, n)
-                parts.append((rows, n, spec.run(Call(adapter, sub, adapter.layout(sub), _sub_resolver(resolve, rows),
-                                                     opt, concept))))
+                call = Call(adapter, sub, adapter.layout(sub), _sub_resolver(resolve, rows), opt, concept,
+                            None if negative is None else negative[rows])
+                parts.append((rows, n, spec.run(call)))
             result = _merge(parts, batch, prepared["attention_mask"].shape[1])
     used = dict(result.used)
+    if negative is not None:
+        used["contrast_with"] = negative.tolist()
     return Explanation(
         scores=result.scores.detach(), target=result.target, logits=result.logits.detach(), method=method,
         pixels=result.pixels, layers=result.layers, layers_per_head=result.layers_per_head,
@@ -286,5 +301,5 @@ def model_guard(model: nn.Module) -> Iterator[None]:
                 pass
 
 
-__all__ = ["explain", "METHODS", "concept_target", "ConceptTarget", "model_guard", "attention_parts",
+__all__ = ["explain", "METHODS", "concept_target", "ConceptTarget", "Contrast", "model_guard", "attention_parts",
            "AttentionParts"]

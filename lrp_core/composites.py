@@ -347,11 +347,16 @@ class IdentityRule(Rule):
 
 
 class DetachedStdLayerNorm(Rule):
-    """LayerNorm with ``sqrt(var + eps)`` a constant: mean-centring, γ and β stay linear (AttnLRP §3.3, CP-LRP)."""
+    """LayerNorm with ``sqrt(var + eps)`` a constant: mean-centring, γ and β stay linear (AttnLRP §3.3, CP-LRP).
+
+    A normalisation module with a ``denominator(x)`` method (CLIP's L2 normalisation) has that divisor held constant.
+    """
 
     name = "detached_std"
 
     def forward(self, fn, x, module=None):
+        if hasattr(module, "denominator"):  # a normalisation that names its divisor (e.g. CLIP's L2 norm)
+            return x / module.denominator(x).detach()
         if module is None or len(getattr(module, "normalized_shape", (0, 0))) != 1:
             raise TypeError(f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}")
         mean = x.mean(dim=-1, keepdim=True)

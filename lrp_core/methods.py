@@ -9,7 +9,7 @@ validates, guards the model and builds the :class:`~lrp_core.Explanation`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -66,8 +66,23 @@ class Options:
 
 
 @dataclass
+class Contrast:
+    """Explain class ``positive`` *rather than* class ``negative``: ``y = y_positive − y_negative``.
+
+    Each is what ``target`` accepts (``None`` = the predicted class, an int, a sequence or a tensor (B,)).
+    For CLIP: this image as prompt ``positive`` rather than prompt ``negative``.
+    """
+
+    positive: Any = None
+    negative: Any = None
+
+
+@dataclass
 class Call:
-    """One method call: what every method receives."""
+    """One method call: what every method receives.
+
+    ``negative`` (B,): the classes subtracted from the target (a :class:`Contrast`), else ``None``.
+    """
 
     adapter: Adapter
     prepared: dict
@@ -75,6 +90,20 @@ class Call:
     resolve: TargetResolver
     opt: Options
     concept: Optional[ConceptTarget] = None
+    negative: Optional[Tensor] = None
+
+    def start(self, logits: Tensor, target: Tensor) -> Tensor:
+        """(B, C) relevance the explicit passes start from: one-hot of the target (minus the contrast class)."""
+        w = one_hot(logits, target)
+        return w if self.negative is None else w - one_hot(logits, self.negative.to(target.device))
+
+    def output(self, logits: Tensor, target: Tensor, rows: Optional[Tensor] = None) -> Tensor:
+        """(B,) the explained output: y_t (minus y of the contrast class); ``rows``: a subset of the batch."""
+        y = logits.gather(1, target[:, None]).squeeze(1)
+        if self.negative is None:
+            return y
+        neg = self.negative if rows is None else self.negative[rows]
+        return y - logits.gather(1, neg.to(target.device)[:, None]).squeeze(1)
 
 
 # ----------------------------------------------------------------------------
@@ -124,12 +153,12 @@ def transformer_attribution(c: Call) -> MethodResult:
     trace = a.forward(c.prepared, grad=opt.use_gradient)
     target = c.resolve(trace.logits.detach())
     if opt.use_gradient:
-        y = target_output(trace, target).sum()
+        y = c.output(trace.logits, target).sum()
         weights = torch.autograd.grad(y, [trace.attention(b) for b in range(s, L)])
     else:
         weights = [trace.attention(b).detach() for b in range(s, L)]
     with torch.no_grad():
-        rel = a.relprop(trace, one_hot(trace.logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s)
+        rel = a.relprop(trace, c.start(trace.logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s)
         per_head = {b: (weights[b - s] * rel.attn[b]).clamp(min=0) for b in range(s, L)}
         layers, heads = _per_head_result(per_head, L, s, opt.keep_heads)
         joint = accumulate(layers, s, end, norm=opt.rollout_norm)
@@ -147,7 +176,7 @@ def generic_attention(c: Call) -> MethodResult:
     trace = a.forward(c.prepared, grad=True)
     target = c.resolve(trace.logits.detach())
     attns = [trace.attention(b) for b in range(s, L)]
-    grads = torch.autograd.grad(target_output(trace, target).sum(), attns)
+    grads = torch.autograd.grad(c.output(trace.logits, target).sum(), attns)
     with torch.no_grad():
         per_head = {b: (grads[b - s] * attns[b - s]).clamp(min=0) for b in range(s, L)}
         layers, heads = _per_head_result(per_head, L, s, c.opt.keep_heads)
@@ -187,7 +216,7 @@ def attention_gradcam(c: Call) -> MethodResult:
     trace = a.forward(c.prepared, grad=True)
     target = c.resolve(trace.logits.detach())
     A = trace.attention(a.num_blocks - 1)
-    (grad,) = torch.autograd.grad(target_output(trace, target).sum(), [A])
+    (grad,) = torch.autograd.grad(c.output(trace.logits, target).sum(), [A])
     mask = c.layout.mask
     with torch.no_grad():
         first = c.layout.output_start
@@ -220,7 +249,7 @@ def lrp(c: Call) -> MethodResult:
     """Full LRP with the baseline rules, down to input space (pixels for images, embeddings for text)."""
     trace, target, _ = _attention_only(c)
     with torch.no_grad():
-        rel = c.adapter.relprop(trace, one_hot(trace.logits, target), LRP_BASELINE, stop_block=0,
+        rel = c.adapter.relprop(trace, c.start(trace.logits, target), LRP_BASELINE, stop_block=0,
                                 to_input=True, prepared=c.prepared)
     return MethodResult(scores=rel.scores, target=target, logits=trace.logits, pixels=rel.pixels,
                         token_relevance=rel.tokens)
@@ -231,7 +260,7 @@ def partial_lrp(c: Call) -> MethodResult:
     trace, target, _ = _attention_only(c)
     L = c.adapter.num_blocks
     with torch.no_grad():
-        rel = c.adapter.relprop(trace, one_hot(trace.logits, target), LRP_BASELINE, stop_block=L - 1)
+        rel = c.adapter.relprop(trace, c.start(trace.logits, target), LRP_BASELINE, stop_block=L - 1)
         last = rel.attn[L - 1].clamp(min=0).mean(dim=1)
     return MethodResult(scores=_readout_scores(c, last), target=target, logits=trace.logits,
                         token_relevance=rel.tokens)
@@ -244,7 +273,7 @@ def cdam(c: Call) -> MethodResult:
     T = a.cdam_tokens(trace)
     if c.concept is None:
         target = c.resolve(trace.logits.detach())
-        y = target_output(trace, target)
+        y = c.output(trace.logits, target)
     else:
         v = c.concept.vector.to(trace.pooled.dtype)
         if v.shape[-1] != trace.pooled.shape[-1]:
@@ -265,7 +294,7 @@ def token_ablation(c: Call) -> MethodResult:
     with torch.no_grad():
         trace = a.forward(c.prepared, grad=False)
         target = c.resolve(trace.logits)
-        y_full = target_output(trace, target)
+        y_full = c.output(trace.logits, target)
         x0 = trace.x0
         B, N, D = x0.shape
         mask = trace.mask
@@ -282,7 +311,7 @@ def token_ablation(c: Call) -> MethodResult:
             idx = keep[None, :] + (keep[None, :] >= ti[:, None]).long()  # positions without token ti
             xs = x0[bi].gather(1, idx[..., None].expand(-1, -1, D))
             ms = None if mask is None else mask[bi].gather(1, idx)
-            y = a.run_blocks(xs, ms).logits.gather(1, target[bi][:, None]).squeeze(1)
+            y = c.output(a.run_blocks(xs, ms).logits, target[bi], rows=bi)
             scores[bi, ti] = y_full[bi] - y
             bar.update(len(chunk))
         bar.close()
@@ -300,7 +329,7 @@ def _modified_gradient(c: Call, composite: Composite) -> MethodResult:
     a = c.adapter
     trace = a.forward(c.prepared, grad=True, composite=composite, track=True)
     target = c.resolve(trace.logits.detach())
-    y = target_output(trace, target)
+    y = c.output(trace.logits, target)
     emb = trace.embedding
     hidden = [rec.out for rec in trace.blocks]
     wrt = [emb.embeds] + hidden + ([emb.images] if emb.images is not None else [])
@@ -331,6 +360,6 @@ def cp_lrp(c: Call) -> MethodResult:
     return _modified_gradient(c, CP_LRP)
 
 
-__all__ = ["ConceptTarget", "MethodResult", "Options", "Call", "one_hot", "target_output",
+__all__ = ["ConceptTarget", "Contrast", "MethodResult", "Options", "Call", "one_hot", "target_output",
            "transformer_attribution", "generic_attention", "rollout", "raw_attention", "attention_gradcam", "lrp",
            "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp"]

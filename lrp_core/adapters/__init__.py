@@ -30,6 +30,15 @@ def _is_hf_sequence_classifier(model: nn.Module) -> bool:
     return type(model).__name__.endswith("ForSequenceClassification")
 
 
+def _is_hf_clip(model: nn.Module) -> bool:
+    return hasattr(model, "vision_model") and hasattr(model, "text_model") and hasattr(model, "logit_scale")
+
+
+def _clip(model):
+    from .clip import CLIPImageAdapter
+    return CLIPImageAdapter(model)
+
+
 def _timm_vit(model):
     from .vit import TimmViTAdapter
     return TimmViTAdapter(model)
@@ -49,6 +58,8 @@ def _bert(model):
 ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Adapter]]] = [
     ("timm VisionTransformer (ViT, DeiT, DINO, DINOv2; token pooling)", _is_timm_vit, _timm_vit),
     ("Hugging Face ViTForImageClassification", _is_hf_vit, _hf_vit),
+    ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip,
+     _clip),
     ("Hugging Face BertForSequenceClassification and BERT-family encoders with a pooler/[CLS] classification "
      "head (e.g. RoBERTa)", _is_hf_sequence_classifier, _bert),
 ]
