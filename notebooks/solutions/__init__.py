@@ -45,8 +45,9 @@ def all_exercises() -> dict[str, Exercise]:
 def _find(name: str):
     for mod in _MODULES:
         m = _module(mod)
-        if m is not None and callable(getattr(m, name, None)):
-            return getattr(m, name)
+        obj = getattr(m, name, None) if m is not None else None
+        if isinstance(obj, Exercise) or callable(obj):
+            return obj
     raise KeyError(f"no exercise called {name!r}")
 
 
