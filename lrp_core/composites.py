@@ -44,9 +44,10 @@ CLONE = "clone"  # a tensor used by several branches
 MASK_ADD = "mask_add"  # attention scores + additive padding mask
 POS_ADD = "pos_add"  # tokens + position embedding
 READOUT = "readout"  # selecting the token(s) the classifier reads
+POOL = "pool"  # a weighted sum of tokens the classifier reads (average pooling): Σ_i w_i h_i
 
 OP_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SCALE, SOFTMAX, MATMUL_QK, MATMUL_AV, ADD, CLONE, MASK_ADD,
-            POS_ADD, READOUT)
+            POS_ADD, READOUT, POOL)
 
 RelevanceIn = Union[Tensor, Sequence[Tensor]]
 
@@ -192,6 +193,19 @@ class Select(Rule):
         return (F.select(op.inputs[0], R),)
 
 
+class WeightedSum(Rule):
+    """:func:`lrp_core.rules.weighted_sum` — the generic rule on a pooled token ``Σ_i w_i h_i``. docs/METHODS.md §4.4.
+
+    ``op.inputs`` = (tokens (B, n, D), weights (B or 1, n)); the weights are constants (relevance ``None``).
+    """
+
+    name = "weighted_sum"
+
+    def relevance(self, op, R, cache=None):
+        x, w = op.inputs
+        return F.weighted_sum(x, w, R, out=op.output), None
+
+
 class ZBox(Rule):
     """:func:`lrp_core.rules.zbox_conv2d` — zᴮ on the pixels, bounds per sample. docs/METHODS.md §1.8."""
 
@@ -286,7 +300,7 @@ TRANSFORMER_ATTRIBUTION = Composite(
     name="transformer_attribution",
     rules={LINEAR: SignedLinear(), PATCH_CONV: ZBox(), **_identities(), ADD: NormalizedAdd(),
            MASK_ADD: NormalizedAdd(), POS_ADD: GenericAdd(), MATMUL_QK: HalvedMatMul(),
-           MATMUL_AV: HalvedMatMul(), CLONE: Clone(), READOUT: Select()},
+           MATMUL_AV: HalvedMatMul(), CLONE: Clone(), READOUT: Select(), POOL: WeightedSum()},
 )
 
 #: The LRP baseline (``lrp``, ``partial_lrp``): no Add normalisation, separate denominators.
@@ -405,8 +419,8 @@ CP_LRP = ATTNLRP.with_rules("cp_lrp", **{MATMUL_QK: DetachedOperands(), MATMUL_A
 
 __all__ = [
     "OP_KINDS", "LINEAR", "PATCH_CONV", "LAYERNORM", "ELEMENTWISE", "SCALE", "SOFTMAX", "MATMUL_QK", "MATMUL_AV", "ADD",
-    "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "Op", "Rule", "Identity", "SignedLinear", "BaselineLinear",
-    "GenericRule", "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "ZBox", "Composite",
+    "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "POOL", "Op", "Rule", "Identity", "SignedLinear", "BaselineLinear",
+    "GenericRule", "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "WeightedSum", "ZBox", "Composite",
     "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "IDENTITY_RULE_EPS", "Gradient", "IdentityRule",
     "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "ATTNLRP", "CP_LRP",
 ]

@@ -203,6 +203,21 @@ def select(x: Tensor, R: Tensor) -> Tensor:
     return x * safe_div(R, x)
 
 
+def weighted_sum(x: Tensor, w: Tensor, R: Tensor, out: Tensor | None = None) -> Tensor:
+    """Generic rule for a pooled token ``out = Σ_i w_i x_i`` (average pooling; docs/METHODS.md §4.4).
+
+    Args:
+        x: (B, n, D) the pooled tokens; w: (B or 1, n) their weights; R: (B, D) relevance of ``out``.
+        out: (B, D) the forward result, where the pass has it (formed here otherwise).
+
+    Returns (B, n, D): ``w_i x_i ⊙ safe_div(R, out)`` — for ``w = e_0`` the selection rule :func:`select`.
+    """
+    wx = w.to(x.dtype)[..., None] * x
+    if out is None:
+        out = wx.sum(dim=1)
+    return wx * safe_div(R, out)[:, None]
+
+
 def matmul(a: Tensor, b: Tensor, R: Tensor, halve: bool = True, z: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Generic rule for the product of two activations ``Z = a @ b``.
 
@@ -287,5 +302,5 @@ def __getattr__(name: str):
 
 __all__ = [
     "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic",
-    "add_generic", "add_normalized", "clone", "select", "matmul", "identity", "zbox_conv2d",
+    "add_generic", "add_normalized", "clone", "select", "weighted_sum", "matmul", "identity", "zbox_conv2d",
 ]

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..composites import LAYERNORM, LINEAR, READOUT, Propagation
+from ..composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation
 from .blocks import PLAIN, Replay
 from .records import ReadoutRecord
 
@@ -35,6 +35,8 @@ class Readout(ABC):
     #: the head layers after pooling, in forward order (the last Linear gives the logits)
     head: Sequence[HeadLayer]
     norm: nn.Module
+    #: the operation kind of :meth:`pool` in the replay (a selection, or a weighted sum of tokens)
+    pool_kind: str = READOUT
 
     @property
     def num_classes(self) -> int:
@@ -64,7 +66,7 @@ class Readout(ABC):
     # ------------------------------------------------------------------ replay
     def forward(self, hidden: Tensor, r: Replay = PLAIN) -> ReadoutRecord:
         normed = r.module(LAYERNORM, self.norm, hidden)
-        token = self.pool(normed)
+        token = r(self.pool_kind, self.pool, normed)
         h, inputs = token, []
         for layer in self.head:
             inputs.append(h)
@@ -117,4 +119,150 @@ class TokenReadout(Readout):
         return R
 
 
-__all__ = ["HeadLayer", "Readout", "TokenReadout"]
+def _range_weights(num_tokens: int, start: int) -> Tensor:
+    """(1, N) float64: 1/P on the P tokens from ``start`` on, 0 before (exact in float64, rounded once on use)."""
+    w = torch.zeros(1, num_tokens, dtype=torch.float64)
+    w[0, start:] = 1.0 / (num_tokens - start)
+    return w
+
+
+class MeanReadout(Readout):
+    """The classifier reads the average of the tokens from ``start`` on: ``head(mean_{i ≥ start} norm(h)_i)``.
+
+    timm ``global_pool='avg'`` (``start`` = the number of prefix tokens, or 0 with ``class_token=False``),
+    with ``fc_norm`` as the first head layer; HF BEiT-style mean pooling.
+    """
+
+    pool_kind = POOL
+
+    def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], start: int = 0):
+        self.norm, self.head, self.start = norm, [l for l in head if not isinstance(l.module, nn.Identity)], start
+
+    def pool(self, normed: Tensor) -> Tensor:
+        return normed[:, self.start:].mean(dim=1)
+
+    def weights(self, num_tokens: int, mask: Optional[Tensor] = None) -> Tensor:
+        return _range_weights(num_tokens, self.start)
+
+    def row(self, M: Tensor) -> Tensor:
+        return M[..., self.start:, :].mean(dim=-2)  # = wᵀM
+
+    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
+        """Generic rule on the mean: ``R_i = h_i/P ⊙ safe_div(R, mean)`` (docs/METHODS.md §4.4)."""
+        B, N, D = rec.normed.shape
+        R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
+        w = self.weights(N)[:, self.start:]
+        R[:, self.start:], _ = prop(POOL, (rec.normed[:, self.start:], w), R_token, output=rec.token)
+        return R
+
+
+class ClsMeanReadout(Readout):
+    """``head(concat(norm(h)_0, mean_{i ≥ start} norm(h)_i))`` — HF ``Dinov2ForImageClassification``.
+
+    The Linear reads two D-vectors; each counts half in the token weights (docs/METHODS.md §4.2):
+    ``w = ½ e_0 + ½ · (1/P on the patch tokens)``.
+    """
+
+    pool_kind = POOL
+
+    def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], start: int = 1):
+        self.norm, self.head, self.start = norm, [l for l in head if not isinstance(l.module, nn.Identity)], start
+
+    @property
+    def tokens(self) -> tuple:
+        return (0,)
+
+    def pool(self, normed: Tensor) -> Tensor:
+        """(B, N, D) -> (B, 2D)."""
+        return torch.cat([normed[:, 0], normed[:, self.start:].mean(dim=1)], dim=-1)
+
+    def weights(self, num_tokens: int, mask: Optional[Tensor] = None) -> Tensor:
+        w = 0.5 * _range_weights(num_tokens, self.start)
+        w[0, 0] = 0.5
+        return w
+
+    def row(self, M: Tensor) -> Tensor:
+        return 0.5 * (M[..., 0, :] + M[..., self.start:, :].mean(dim=-2))
+
+    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
+        """The classifier input's two halves: [CLS] selection (§1.6) and the generic rule on the mean (§4.4)."""
+        B, N, D = rec.normed.shape
+        R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
+        (R[:, 0],) = prop(READOUT, (rec.normed[:, 0],), R_token[:, :D])
+        w = _range_weights(N, self.start)[:, self.start:]
+        R[:, self.start:], _ = prop(POOL, (rec.normed[:, self.start:], w), R_token[:, D:], output=rec.token[:, D:])
+        return R
+
+
+@dataclass
+class TwoHeadRecord(ReadoutRecord):
+    """A two-head readout: ``halves`` = (head(t_0)/2, head_dist(t_1)/2), ``outs`` = the heads' outputs."""
+
+    halves: tuple = ()
+    outs: tuple = ()
+
+
+def _half(t: Tensor) -> Tensor:
+    return t / 2
+
+
+def _add(u: Tensor, v: Tensor) -> Tensor:
+    return u + v
+
+
+class TwoHeadReadout(Readout):
+    """Two tokens, each read by its own head; the logits are the heads' mean (distilled DeiT at inference).
+
+    timm ``VisionTransformerDistilled`` (``head`` on [CLS], ``head_dist`` on the distillation token) and HF
+    ``DeiTForImageClassificationWithTeacher``. Token weights ``½ (e_cls + e_dist)``; the pooled embedding
+    (concept targets) is timm's ``pre_logits``, ``(t_cls + t_dist) / 2``.
+    """
+
+    def __init__(self, norm: nn.Module, head: nn.Module, head_dist: nn.Module, indices: tuple = (0, 1)):
+        self.norm, self.indices = norm, tuple(indices)
+        self.heads = (head, head_dist)
+        self.head = [HeadLayer(LINEAR, head)] if not isinstance(head, nn.Identity) else []
+
+    @property
+    def tokens(self) -> tuple:
+        return self.indices
+
+    def pool(self, normed: Tensor) -> Tensor:
+        i, j = self.indices
+        return (normed[:, i] + normed[:, j]) / 2
+
+    def weights(self, num_tokens: int, mask: Optional[Tensor] = None) -> Tensor:
+        w = torch.zeros(1, num_tokens, dtype=torch.float64)
+        w[0, list(self.indices)] = 0.5
+        return w
+
+    def row(self, M: Tensor) -> Tensor:
+        i, j = self.indices
+        return (M[..., i, :] + M[..., j, :]) / 2
+
+    def forward(self, hidden: Tensor, r: Replay = PLAIN) -> TwoHeadRecord:
+        normed = r.module(LAYERNORM, self.norm, hidden)
+        tokens = [r(READOUT, lambda t, k=k: t[:, k], normed) for k in self.indices]
+        outs = tuple(r.module(LINEAR, head, t) for head, t in zip(self.heads, tokens))
+        halves = tuple(_half(o) for o in outs)  # a constant scale: relevance passes unchanged
+        logits = r(ADD, _add, *halves)  # = (u + v) / 2 exactly (halving is exact in floating point)
+        pooled = self.pool(normed)
+        return TwoHeadRecord(hidden=hidden, normed=normed, token=pooled, inputs=tokens, pooled=pooled,
+                             logits=logits, halves=halves, outs=outs)
+
+    def relprop(self, rec: TwoHeadRecord, R_out: Tensor, prop: Propagation) -> Tensor:
+        """The Add of the halved logits (the rule set's Add rule), each head's Linear, each token's selection."""
+        B, N, D = rec.normed.shape
+        R = torch.zeros(B, N, D, dtype=R_out.dtype, device=R_out.device)
+        for k, head, t, out, R_half in zip(self.indices, self.heads, rec.inputs, rec.outs,
+                                           prop(ADD, rec.halves, R_out)):
+            R_t = R_half if isinstance(head, nn.Identity) else prop.linear(head, t, R_half, out=out)
+            (R[:, k],) = prop(READOUT, (t,), R_t)
+        return prop.unary(LAYERNORM, rec.hidden, R, self.norm)
+
+    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
+        raise NotImplementedError("TwoHeadReadout passes relevance through its two heads in relprop")
+
+
+__all__ = ["HeadLayer", "Readout", "TokenReadout", "MeanReadout", "ClsMeanReadout", "TwoHeadReadout",
+           "TwoHeadRecord"]

@@ -1,4 +1,8 @@
-"""Pre-LayerNorm Vision Transformers: timm ``VisionTransformer`` and Hugging Face ``ViTForImageClassification``.
+"""Pre-LayerNorm Vision Transformers: timm ``VisionTransformer`` (incl. distilled DeiT), Hugging Face ViT and DeiT.
+
+Readouts: [CLS] (``global_pool='token'``), the mean of the patch tokens
+(``global_pool='avg'``, also without a class token) and the two heads of a
+distilled DeiT (docs/METHODS.md §4). HF DINOv2 is :mod:`.dinov2`.
 
 The adapter never changes the model: it names the model's own submodules
 (block descriptions, readout) and replays the forward pass with the attention
@@ -18,7 +22,7 @@ from ..composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import IDENTITY, PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
-from .readouts import HeadLayer, TokenReadout
+from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
 
@@ -89,19 +93,17 @@ class ViTAdapter(Adapter):
 # timm
 # ----------------------------------------------------------------------------
 class TimmViTAdapter(ViTAdapter):
-    """timm ``VisionTransformer`` (ViT, DeiT, DINO, DINOv2 with LayerScale, register tokens)."""
+    """timm ``VisionTransformer`` (ViT, DeiT, DINO, DINOv2 with LayerScale, register tokens) and
+    ``VisionTransformerDistilled``; [CLS] or average pooling, with or without a class token."""
 
     def __init__(self, model: nn.Module):
         self.model = model
         name = type(model).__name__
-        if getattr(model, "attn_pool", None) is not None or model.global_pool != "token":
+        if getattr(model, "attn_pool", None) is not None or model.global_pool not in ("token", "avg"):
             raise UnsupportedModelError(
-                f"{name} with global_pool={model.global_pool!r} is not supported: relevance is read at the "
-                "[CLS] token, so the model must pool with global_pool='token'")
-        if getattr(model, "cls_token", None) is None:
-            raise UnsupportedModelError(f"{name} without a class token is not supported (no [CLS] to explain)")
-        if getattr(model, "head_dist", None) is not None:
-            raise UnsupportedModelError(f"{name} is a distilled model with two heads; not supported")
+                f"{name} with global_pool={model.global_pool!r} is not supported: the readout must be a weighted "
+                "sum of tokens — global_pool='token' ([CLS]) or 'avg' (mean of the patch tokens); attention "
+                "pooling ('map') and max pooling ('max', 'avgmax') are not")
         pe = model.patch_embed
         if not isinstance(getattr(pe, "proj", None), nn.Conv2d):
             raise UnsupportedModelError(f"{name}: patch embedding {type(pe).__name__} is not a plain Conv2d")
@@ -112,10 +114,22 @@ class TimmViTAdapter(ViTAdapter):
         self.num_prefix_tokens = int(model.num_prefix_tokens)
         self.blocks = [self._block(i, blk) for i, blk in enumerate(model.blocks)]
         self.norm_pre = model.norm_pre
-        if not isinstance(model.head, (nn.Linear, nn.Identity)):
-            raise UnsupportedModelError(f"{name}: head {type(model.head).__name__} is not a Linear layer")
-        self.readout = TokenReadout(norm=model.norm, head=[HeadLayer(LAYERNORM, model.fc_norm),
-                                                           HeadLayer(LINEAR, model.head)])
+        self.readout = self._readout(model)
+
+    @staticmethod
+    def _readout(model: nn.Module) -> Readout:
+        """[CLS], the mean of the tokens after the prefix, or the distilled model's two heads."""
+        heads = [model.head] + ([model.head_dist] if getattr(model, "head_dist", None) is not None else [])
+        for h in heads:
+            if not isinstance(h, (nn.Linear, nn.Identity)):
+                raise UnsupportedModelError(f"{type(model).__name__}: head {type(h).__name__} is not a Linear layer")
+        if len(heads) == 2:  # timm's distilled forward_head reads tokens 0 and 1, no fc_norm
+            return TwoHeadReadout(norm=model.norm, head=model.head, head_dist=model.head_dist)
+        head = [HeadLayer(LAYERNORM, model.fc_norm), HeadLayer(LINEAR, model.head)]
+        if model.global_pool == "avg":
+            start = 0 if getattr(model, "pool_include_prefix", False) else int(model.num_prefix_tokens)
+            return MeanReadout(norm=model.norm, head=head, start=start)
+        return TokenReadout(norm=model.norm, head=head)
 
     @staticmethod
     def _block(i: int, blk: nn.Module) -> BlockSpec:
@@ -147,8 +161,8 @@ class TimmViTAdapter(ViTAdapter):
         patches = m.patch_embed(images)  # conv (+ norm); plain gradient under every rule set
         flat = patches.reshape(patches.shape[0], -1, patches.shape[-1]) if patches.dim() == 4 else patches
         x_pos = m._pos_embed(patches)  # prefix tokens + position embedding, as the model does it
-        prefix = [t.expand(images.shape[0], -1, -1) for t in (m.cls_token, getattr(m, "reg_token", None))
-                  if t is not None]
+        prefix = [t.expand(images.shape[0], -1, -1) for t in
+                  (m.cls_token, getattr(m, "dist_token", None), getattr(m, "reg_token", None)) if t is not None]
         tokens = torch.cat(prefix + [flat], dim=1)
         x0 = r.module(LAYERNORM, self.norm_pre, x_pos)
         return EmbeddingRecord(x0=x0, embeds=flat, tokens=tokens, x_pos=x_pos, images=images)
@@ -157,52 +171,101 @@ class TimmViTAdapter(ViTAdapter):
 # ----------------------------------------------------------------------------
 # Hugging Face
 # ----------------------------------------------------------------------------
+def hf_attention(att: nn.Module) -> tuple:
+    """(q, k, v, output projection) of a Hugging Face ViT-style attention, transformers 5.x or 4.x names."""
+    if hasattr(att, "q_proj"):  # transformers >= 5
+        return att.q_proj, att.k_proj, att.v_proj, att.o_proj
+    sa = att.attention
+    return sa.query, sa.key, sa.value, att.output.dense
+
+
+def hf_mlp(layer: nn.Module) -> MlpSpec:
+    """The two-layer MLP of a Hugging Face ViT-style layer (``mlp`` in 5.x; ``intermediate``/``output`` in 4.x)."""
+    if hasattr(layer, "mlp"):
+        mlp = layer.mlp
+        act = getattr(mlp, "activation_fn", None) or getattr(mlp, "activation", None)
+        return MlpSpec(fc1=mlp.fc1, act=act, fc2=mlp.fc2)
+    return MlpSpec(fc1=layer.intermediate.dense, act=layer.intermediate.intermediate_act_fn, fc2=layer.output.dense)
+
+
+def hf_layers(base: nn.Module) -> nn.ModuleList:
+    layers = getattr(base, "layers", None)
+    return base.encoder.layer if layers is None else layers
+
+
+def hf_linear_head(model: nn.Module, *names: str) -> list:
+    """The named Linear classifiers of a Hugging Face model (Identity where it has no labels)."""
+    out = []
+    for n in names:
+        m = getattr(model, n)
+        if not isinstance(m, (nn.Linear, nn.Identity)):
+            raise UnsupportedModelError(f"{type(model).__name__}: {n} {type(m).__name__} is not a Linear layer")
+        out.append(m)
+    return out
+
+
 class HFViTAdapter(ViTAdapter):
     """Hugging Face ``ViTForImageClassification`` (transformers 4.x and 5.x layouts)."""
 
+    #: the attribute holding the backbone (``model.vit``)
+    backbone = "vit"
+    #: the prefix tokens the embeddings prepend, in order
+    prefix_names: tuple = ("cls_token",)
+
     def __init__(self, model: nn.Module):
         self.model = model
-        vit = model.vit
-        emb = vit.embeddings
+        base = getattr(model, self.backbone)
+        emb = base.embeddings
         self.patch_conv = emb.patch_embeddings.projection
         ps = emb.patch_embeddings.patch_size
         self.patch_size = tuple(ps) if not isinstance(ps, int) else (ps, ps)
         self.image_size = tuple(emb.patch_embeddings.image_size)
-        self.num_prefix_tokens = 1
-        layers = getattr(vit, "layers", None)
-        if layers is None:
-            layers = vit.encoder.layer
-        self.blocks = [self._block(layer, model.config) for layer in layers]
-        if not isinstance(model.classifier, (nn.Linear, nn.Identity)):
-            raise UnsupportedModelError(f"{type(model).__name__}: classifier {type(model.classifier).__name__} "
-                                        "is not a Linear layer")
-        self.readout = TokenReadout(norm=vit.layernorm, head=[HeadLayer(LINEAR, model.classifier)])
+        self.num_prefix_tokens = len(self.prefix_names)
+        self.blocks = [self._block(layer, model.config) for layer in hf_layers(base)]
+        self.readout = self._readout(model, base)
+
+    def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
+        (clf,) = hf_linear_head(model, "classifier")
+        return TokenReadout(norm=base.layernorm, head=[HeadLayer(LINEAR, clf)])
 
     @staticmethod
     def _block(layer: nn.Module, cfg) -> BlockSpec:
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-        if hasattr(layer, "mlp"):  # transformers >= 5
-            att = layer.attention
-            q, k, v, proj = att.q_proj, att.k_proj, att.v_proj, att.o_proj
-            fc1, act, fc2 = layer.mlp.fc1, layer.mlp.activation_fn, layer.mlp.fc2
-        else:  # transformers 4.x
-            sa = layer.attention.attention
-            q, k, v, proj = sa.query, sa.key, sa.value, layer.attention.output.dense
-            fc1, act, fc2 = layer.intermediate.dense, layer.intermediate.intermediate_act_fn, layer.output.dense
+        q, k, v, proj = hf_attention(layer.attention)
         return BlockSpec(layout="pre_ln", norm1=layer.layernorm_before, norm2=layer.layernorm_after,
                          attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d ** -0.5),
-                         mlp=MlpSpec(fc1=fc1, act=act, fc2=fc2))
+                         mlp=hf_mlp(layer))
 
     def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
-        emb = self.model.vit.embeddings
+        emb = getattr(self.model, self.backbone).embeddings
         images = prepared["images"]
         if track:
             images = images.detach().requires_grad_(True)
         patches = r.module(PATCH_CONV, self.patch_conv, images).flatten(2).transpose(1, 2)
-        tokens = torch.cat([emb.cls_token.expand(images.shape[0], -1, -1), patches], dim=1)
-        x_pos = r(POS_ADD, torch.add, tokens, emb.position_embeddings)
+        prefix = [getattr(emb, n).expand(images.shape[0], -1, -1) for n in self.prefix_names]
+        tokens = torch.cat(prefix + [patches], dim=1)
+        x_pos = r(POS_ADD, torch.add, tokens, self.position_embedding(tokens, images))
         return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images)
 
+    def position_embedding(self, tokens: Tensor, images: Tensor) -> Tensor:
+        """(1, N, D) the position embedding added to ``tokens``; fixed image size: the parameter itself."""
+        return getattr(self.model, self.backbone).embeddings.position_embeddings
 
-__all__ = ["ViTAdapter", "TimmViTAdapter", "HFViTAdapter"]
+
+class HFDeiTAdapter(HFViTAdapter):
+    """Hugging Face ``DeiTForImageClassification`` ([CLS] head; the distillation token is present but not read)
+    and ``DeiTForImageClassificationWithTeacher`` (the mean of the [CLS] and distillation heads)."""
+
+    backbone = "deit"
+    prefix_names = ("cls_token", "distillation_token")
+
+    def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
+        if hasattr(model, "distillation_classifier"):
+            head, head_dist = hf_linear_head(model, "cls_classifier", "distillation_classifier")
+            return TwoHeadReadout(norm=base.layernorm, head=head, head_dist=head_dist)
+        return super()._readout(model, base)
+
+
+__all__ = ["ViTAdapter", "TimmViTAdapter", "HFViTAdapter", "HFDeiTAdapter", "hf_attention", "hf_mlp", "hf_layers",
+           "hf_linear_head"]

@@ -1,0 +1,58 @@
+"""Hugging Face ``Dinov2ForImageClassification``: pre-LN blocks with LayerScale, interpolated position
+embeddings, and a classifier on ``concat([CLS], mean of the patch tokens)``.
+
+The embeddings are reproduced with the model's own ``interpolate_pos_encoding``
+(bicubic resampling of the position grid for any image size that is a multiple
+of the patch size), so the replay equals the model at every resolution. The
+readout is :class:`~lrp_core.adapters.readouts.ClsMeanReadout` (token weights
+``½ e_0 + ½ · 1/P`` on the patches, docs/METHODS.md §4.2).
+
+Shapes: B batch, N = 1 + P tokens, D width.
+"""
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ..composites import LINEAR
+from ..errors import UnsupportedModelError
+from .blocks import AttentionSpec, BlockSpec
+from .readouts import ClsMeanReadout, HeadLayer, Readout
+from .vit import HFViTAdapter, hf_attention, hf_linear_head, hf_mlp
+
+
+class HFDinov2Adapter(HFViTAdapter):
+    """Hugging Face ``Dinov2ForImageClassification`` (two-layer MLP; the SwiGLU variant is refused)."""
+
+    backbone = "dinov2"
+    prefix_names = ("cls_token",)
+
+    def __init__(self, model: nn.Module):
+        if getattr(model.config, "use_swiglu_ffn", False):
+            raise UnsupportedModelError(
+                f"{type(model).__name__} with use_swiglu_ffn=True (DINOv2 giant) is not supported: its MLP "
+                "multiplies two activations (a SwiGLU gate), which the block description does not cover; "
+                "the two-layer-MLP DINOv2 models (small, base, large) are supported")
+        super().__init__(model)
+        self.image_size = None  # the position grid is interpolated: any multiple of the patch size
+
+    def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
+        (clf,) = hf_linear_head(model, "classifier")
+        return ClsMeanReadout(norm=base.layernorm, head=[HeadLayer(LINEAR, clf)], start=self.num_prefix_tokens)
+
+    @staticmethod
+    def _block(layer: nn.Module, cfg) -> BlockSpec:
+        H = cfg.num_attention_heads
+        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+        q, k, v, proj = hf_attention(layer.attention)
+        return BlockSpec(layout="pre_ln", norm1=layer.norm1, norm2=layer.norm2, ls1=layer.layer_scale1,
+                         ls2=layer.layer_scale2,
+                         attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d ** -0.5),
+                         mlp=hf_mlp(layer))
+
+    def position_embedding(self, tokens: Tensor, images: Tensor) -> Tensor:
+        """The model's own interpolation of its position grid to the image size, (1, N, D)."""
+        H, W = images.shape[-2:]
+        return self.model.dinov2.embeddings.interpolate_pos_encoding(tokens, H, W)
+
+
+__all__ = ["HFDinov2Adapter"]
