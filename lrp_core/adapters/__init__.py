@@ -30,6 +30,26 @@ def _is_hf_sequence_classifier(model: nn.Module) -> bool:
     return type(model).__name__.endswith("ForSequenceClassification")
 
 
+def _named(*class_names: str) -> Callable[[nn.Module], bool]:
+    """A model whose class (or a base class) has one of these names."""
+    return lambda model: bool(_mro_names(model) & set(class_names))
+
+
+def _hf_type(*model_types: str) -> Callable[[nn.Module], bool]:
+    """A Hugging Face model (any head) whose ``config.model_type`` is one of ``model_types``."""
+    return lambda model: getattr(getattr(model, "config", None), "model_type", None) in model_types
+
+
+def _hf_deit(model):
+    from .vit import HFDeiTAdapter
+    return HFDeiTAdapter(model)
+
+
+def _hf_dinov2(model):
+    from .dinov2 import HFDinov2Adapter
+    return HFDinov2Adapter(model)
+
+
 def _is_hf_clip(model: nn.Module) -> bool:
     return hasattr(model, "vision_model") and hasattr(model, "text_model") and hasattr(model, "logit_scale")
 
@@ -54,10 +74,39 @@ def _bert(model):
     return BertAdapter(model)
 
 
+#: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
+REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
+    ("Swin and other windowed / hierarchical vision transformers",
+     lambda m: _named("SwinTransformer", "SwinTransformerV2", "SwinTransformerV2Cr", "PyramidVisionTransformerV2",
+                      "MultiScaleVit", "Twins", "Hiera", "Davit", "MaxxVit", "NextViT", "FocalNet")(m)
+     or _hf_type("swin", "swinv2", "donut-swin", "maskformer-swin", "pvt", "pvt_v2", "hiera", "focalnet",
+                 "dinat", "nat")(m),
+     "attention runs inside local windows and patch tokens are merged between stages, so there is no single "
+     "token set whose token-to-token attention matrices can be multiplied across blocks (rollout, "
+     "transformer_attribution and the other layer-product methods have no meaning) and the block replay does "
+     "not describe window shifts or patch merging. Use a plain ViT / DeiT / DINOv2 (timm or Hugging Face) to "
+     "explain with this library, or gradient-based input attributions (e.g. Captum's IntegratedGradients, "
+     "LayerGradCam on the last stage) for this model"),
+    ("EVA / EVA-02 and rotary-position ViTs", _named("Eva"),
+     "the attention rotates queries and keys by their position (rotary embedding applied to q and k inside "
+     "every attention) — a position-dependent product the block replay and its relevance rules do not describe "
+     "— and its blocks use SwiGLU MLPs. Use a timm VisionTransformer / DeiT / DINOv2 instead"),
+    ("BEiT / Data2Vec-vision", lambda m: _named("Beit")(m) or _hf_type("beit", "data2vec-vision")(m),
+     "every block adds its own learned relative position bias (a table indexed by token offsets, one per block) "
+     "to the attention scores; the block description carries no per-block score bias, so the replay would not "
+     "be the model. Use a ViT / DeiT / DINOv2 instead"),
+]
+
 #: (what the family is called, how to recognise a model, its adapter), tried in order.
 ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Adapter]]] = [
-    ("timm VisionTransformer (ViT, DeiT, DINO, DINOv2; token pooling)", _is_timm_vit, _timm_vit),
+    ("timm VisionTransformer (ViT, DeiT, DINO, DINOv2; [CLS] or average pooling, with or without a class token) "
+     "and VisionTransformerDistilled (distilled DeiT: [CLS] and distillation heads averaged)", _is_timm_vit,
+     _timm_vit),
     ("Hugging Face ViTForImageClassification", _is_hf_vit, _hf_vit),
+    ("Hugging Face DeiTForImageClassification and DeiTForImageClassificationWithTeacher",
+     _named("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), _hf_deit),
+    ("Hugging Face Dinov2ForImageClassification ([CLS] and mean of the patch tokens)",
+     _named("Dinov2ForImageClassification"), _hf_dinov2),
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip,
      _clip),
     ("Hugging Face BertForSequenceClassification and BERT-family encoders with a pooler/[CLS] classification "
@@ -72,6 +121,10 @@ def get_adapter(model: nn.Module) -> Adapter:
     if not isinstance(model, nn.Module):
         raise UnsupportedModelError(f"expected a torch.nn.Module, got {type(model).__name__}. "
                                     f"Supported: {SUPPORTED}")
+    for family, recognise, reason in REFUSED:
+        if recognise(model):
+            raise UnsupportedModelError(f"{type(model).__name__} ({family}) is not supported: {reason}. "
+                                        f"Supported: {SUPPORTED}")
     for _, recognise, build in ADAPTERS:
         if recognise(model):
             return build(model)
@@ -83,5 +136,5 @@ def modality_of(model: nn.Module) -> str:
     return get_adapter(model).modality
 
 
-__all__ = ["ADAPTERS", "Adapter", "BlockRelevance", "TokenLayout", "Trace", "get_adapter", "modality_of",
+__all__ = ["ADAPTERS", "REFUSED", "Adapter", "BlockRelevance", "TokenLayout", "Trace", "get_adapter", "modality_of",
            "SUPPORTED"]
