@@ -26,7 +26,7 @@ import torch
 from ..data.photos import as_pil_image
 from . import LoadedModel
 
-__all__ = ["HubUnavailableError", "hub_reachable", "imagenet_class_names", "load_hub"]
+__all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_reachable", "imagenet_class_names", "load_hub"]
 
 _IMAGE_ALTERNATIVES = "load('toy-vit') or load('dinov2-s14')"
 _TEXT_ALTERNATIVES = "load('minilm-sentiment')"
@@ -60,8 +60,19 @@ _TEXT_HINTS = ("bert", "sst", "sentiment", "roberta", "distil", "minilm", "nli",
 _IMAGE_HINTS = ("vit", "deit", "beit", "dino", "image", "swin", "convnext", "resnet", "patch")
 
 
+#: Hugging Face classifiers the engine explains, by repo id -> (kind, architecture); known before any download.
+KNOWN_HF_MODELS = {
+    "facebook/deit-small-patch16-224": ("image", "ViTForImageClassification (DeiT weights, [CLS] head)"),
+    "facebook/deit-base-distilled-patch16-224": ("image", "DeiTForImageClassificationWithTeacher (two heads)"),
+    "facebook/dinov2-small-imagenet1k-1-layer": ("image", "Dinov2ForImageClassification ([CLS] + mean of patches)"),
+    "facebook/dinov2-base-imagenet1k-1-layer": ("image", "Dinov2ForImageClassification ([CLS] + mean of patches)"),
+}
+
+
 def _guess_kind(name: str) -> str:
     """'text', 'image' or 'unknown' from a repo id (used before its config is available)."""
+    if name in KNOWN_HF_MODELS:
+        return KNOWN_HF_MODELS[name][0]
     low = name.lower()
     if any(h in low for h in _TEXT_HINTS):
         return "text"

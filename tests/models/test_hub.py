@@ -68,3 +68,15 @@ def test_unknown_names_and_bad_pretrained_are_clear_errors():
         load("definitely_not_a_model")
     with pytest.raises(ValueError, match="pretrained must be"):
         load("deit_tiny_patch16_224", pretrained="yes")
+
+
+@pytest.mark.parametrize("name", ["facebook/deit-small-patch16-224", "facebook/deit-base-distilled-patch16-224",
+                                  "facebook/dinov2-small-imagenet1k-1-layer"])
+def test_known_vision_classifiers_fail_fast_offline_naming_the_embedded_models(offline, name):
+    from lrp_core.models.hub import KNOWN_HF_MODELS
+    assert KNOWN_HF_MODELS[name][0] == "image"
+    t = time.perf_counter()
+    with pytest.raises(HubUnavailableError) as err:
+        load(name)
+    assert time.perf_counter() - t < 5
+    assert name in str(err.value) and "toy-vit" in str(err.value) and "dinov2-s14" in str(err.value)
