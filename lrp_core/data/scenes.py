@@ -291,8 +291,14 @@ def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
 
 
 def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
-                  textures: bool, clutter: bool) -> tuple[np.ndarray, ...]:
-    """Render ``n`` scenes: rgb (n,H,W,3), labels (n,k), masks (n,k,H,W), colours (n,k,3)."""
+                  textures: bool, clutter: bool, drop: int | None = None,
+                  ) -> tuple[np.ndarray, ...]:
+    """Render ``n`` scenes: rgb (n,H,W,3), labels (n,k), masks (n,k,H,W), colours (n,k,3).
+
+    ``drop`` (an object index) leaves that object out of the picture while
+    drawing exactly the same random numbers, so everything else is identical:
+    its mask is empty and the other object is drawn (and masked) whole.
+    """
     n_cls = len(CLASS_NAMES)
     img, base = _background(rng, n, size, clutter)
     if n_objects == 1:
@@ -317,6 +323,7 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
     order = rng.integers(0, 2, n) if n_objects == 2 else np.zeros(n, dtype=int)
     pending = np.arange(n)
     masks = np.zeros((n, n_objects, size, size), dtype=bool)
+    whole = np.zeros((n, n_objects, size, size), dtype=bool)  # shapes before occlusion
     layers = np.zeros((n, n_objects, size, size, 3), dtype=np.float32)
     for attempt in range(100):
         if n_objects == 2:
@@ -333,6 +340,7 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
                                  radius[pending, j], size, textures, colors[pending, j],
                                  base[pending])
             masks[pending, j] = m
+            whole[pending, j] = m
             layers[pending, j] = t
         if n_objects == 1:
             break
@@ -354,6 +362,9 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
     else:  # pragma: no cover - the distance rule makes this practically impossible
         raise RuntimeError("could not place two objects with limited overlap")
 
+    if drop is not None:  # nothing hides the remaining object any more
+        masks = whole
+        masks[:, drop] = False
     for j in range(n_objects):
         np.copyto(img, layers[:, j], where=masks[:, j, :, :, None])
     if clutter:
@@ -363,7 +374,7 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
 
 
 def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_SIZE,
-                textures: bool = True, clutter: bool = True) -> Scenes:
+                textures: bool = True, clutter: bool = True, drop: int | None = None) -> Scenes:
     """Draw ``n`` procedural scenes (deterministic for a given ``seed``).
 
     Args:
@@ -375,6 +386,14 @@ def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_
         clutter: cluttered background (gradient, noise, distractors, pixel noise);
             ``False`` gives a flat background and noise-free pixels, so every
             masked pixel has exactly the object's colour when ``textures=False``.
+        drop: ``None``, or the index j < ``n_objects`` of an object to leave out:
+            the same scenes (same seed, background, noise, the other object)
+            rendered without object j — the counterfactual of the deletion
+            check. Outside the original ``masks[:, j]`` the pixels are
+            identical; inside, the background (or the part of the other object
+            that j hid) shows. ``labels`` stay as in the full scenes,
+            ``masks[:, j]`` is empty and the other object's mask is its whole
+            shape.
 
     Returns:
         :class:`Scenes` with ``images`` (n, 3, size, size), ``labels`` (n, k),
@@ -386,8 +405,10 @@ def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_
         raise ValueError(f"n_objects must be 1 or 2, got {n_objects!r}")
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 32:
         raise ValueError(f"size must be an integer >= 32, got {size!r}")
+    if drop is not None and (isinstance(drop, bool) or drop not in range(n_objects)):
+        raise ValueError(f"drop must be None or an object index below {n_objects}, got {drop!r}")
     rng = np.random.default_rng(seed)
-    parts = [_render_chunk(rng, min(_CHUNK, n - i), n_objects, int(size), textures, clutter)
+    parts = [_render_chunk(rng, min(_CHUNK, n - i), n_objects, int(size), textures, clutter, drop)
              for i in range(0, int(n), _CHUNK)]
     rgb, labels, masks, colors = (np.concatenate(p, axis=0) for p in zip(*parts))
     return Scenes(images=normalize(rgb), labels=torch.from_numpy(labels),
