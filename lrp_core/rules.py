@@ -84,40 +84,37 @@ def linear_signed(x: Tensor, weight: Tensor, R: Tensor, out: Tensor | None = Non
             instead of two (the same value up to float32 round-off).
         cache: a dict to keep the weight's signed parts in across calls.
     """
-    wp, wn, wabs = _weight_parts(weight, cache)
     x2, R2 = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
     xp = x2.clamp(min=0)
     xn = x2 - xp  # = min(x, 0), exactly
     # z⁺ = 0 only where every term x_j·w_ji ≥ 0 is 0, and then each of those
     # products is 0: the unit passes nothing, so s needs no masking.
     if out is None:
+        wp, wn = _weight_parts(weight, cache, "signed", lambda w: (w.clamp(min=0), w.clamp(max=0)))
         z = (xp @ wp.T).add_(xn @ wn.T).add_(EPS)
         s = R2 / z
         return (xp * (s @ wp)).add_(xn * (s @ wn)).reshape(x.shape)
-    # x⁺W⁺ + x⁻W⁻ = (xW + |x||W|) / 2; the halving is folded into the weights (exact in binary)
+    # x⁺W⁺ + x⁻W⁻ = (xW + |x||W|) / 2; the halving is folded into the weights: W + |W| = 2W⁺ and
+    # W − |W| = 2W⁻ exactly in binary, so three weight-sized tensors suffice
+    wabs, wp2, wn2 = _weight_parts(weight, cache, "doubled", _doubled_parts)
     y = (x2.abs() @ wabs.T).add_(out.reshape(-1, out.shape[-1]))
     if bias is not None:
         y.sub_(bias)
     s = R2 / y.add_(2 * EPS)  # = ½ R / (z⁺ + ε)
-    wp2, wn2 = _doubled(weight, wp, wn, cache)
     return (xp * (s @ wp2)).add_(xn * (s @ wn2)).reshape(x.shape)
 
 
-def _weight_parts(weight: Tensor, cache: dict | None) -> tuple[Tensor, Tensor, Tensor]:
-    key = ("parts", id(weight))
-    if cache is not None and key in cache:
-        return cache[key]
-    parts = (weight.clamp(min=0), weight.clamp(max=0), weight.abs())
-    if cache is not None:
-        cache[key] = parts
-    return parts
+def _doubled_parts(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    wabs = weight.abs()
+    return wabs, weight + wabs, weight - wabs
 
 
-def _doubled(weight: Tensor, wp: Tensor, wn: Tensor, cache: dict | None) -> tuple[Tensor, Tensor]:
-    key = ("doubled", id(weight))
+def _weight_parts(weight: Tensor, cache: dict | None, kind: str, make: Callable) -> tuple:
+    """``make(weight)``, kept in ``cache`` (if given) for weights used again in the same pass (shared layers)."""
+    key = (kind, id(weight))
     if cache is not None and key in cache:
         return cache[key]
-    parts = (2 * wp, 2 * wn)
+    parts = make(weight)
     if cache is not None:
         cache[key] = parts
     return parts
