@@ -100,8 +100,8 @@ def test_bad_text_is_refused_clearly(tiny_bert):
 def test_unsupported_models_are_named():
     with pytest.raises(UnsupportedModelError, match="Sequential is not supported. Supported: timm"):
         explain(torch.nn.Sequential(torch.nn.Linear(3, 3)), torch.randn(1, 3))
-    with pytest.raises(UnsupportedModelError, match="global_pool='avg'"):
-        explain(make_tiny_vit(global_pool="avg"), torch.randn(1, 3, 32, 32))
+    with pytest.raises(UnsupportedModelError, match="global_pool='map'"):  # average pooling is supported (§4)
+        explain(make_tiny_vit(global_pool="map"), torch.randn(1, 3, 32, 32))
     import timm
     resnet = timm.create_model("resnet18", pretrained=False, num_classes=3)
     with pytest.raises(UnsupportedModelError, match="ResNet"):
