@@ -1,0 +1,67 @@
+"""``python -m lrp_core.doctor``: verifies an installation before a workshop, offline."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lrp_core import doctor
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CI": "true", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "lrp_core.doctor", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_quick_run_passes_here():
+    res = _run("--quick")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    for line in ("✓ python", "✓ import torch", "✓ lrp_core + widgets", "kernel python3", "✓ ready for the workshop"):
+        assert line in out, out
+    assert "✗" not in out
+
+
+@pytest.mark.slow
+def test_full_run_loads_every_embedded_model_and_a_widget():
+    res = _run()
+    assert res.returncode == 0, res.stdout + res.stderr
+    for name in ("toy-vit", "dinov2-s14", "minilm-sentiment"):
+        assert f"✓ model {name}" in res.stdout
+    assert "✓ widget renders" in res.stdout
+
+
+def test_a_missing_package_fails_with_a_fix(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "PACKAGES", [("no_such_module_xyz", "no-such-dist", None, True)])
+    monkeypatch.setattr(doctor, "check_kernel", lambda: doctor.Result("kernel python3", "ok"))
+    assert doctor.main(["--quick"]) == 1
+    out = capsys.readouterr().out
+    assert "✗ import no_such_module_xyz" in out and "fix: run `make install`" in out
+    assert "1 essential check(s) failed" in out
+
+
+def test_an_old_version_is_reported():
+    res = doctor.check_package("numpy", "numpy", "999.0")
+    assert res.status == "fail" and "older than 999.0" in res.detail and "numpy>=999.0" in res.fix
+
+
+def test_a_check_that_raises_becomes_a_line(capsys):
+    d = doctor.Doctor()
+    r = d.run("model toy-vit", lambda: 1 / 0)
+    assert r.status == "fail" and "ZeroDivisionError" in r.detail and d.failed == [r]
+    assert "✗ model toy-vit" in capsys.readouterr().out
+
+
+def test_warnings_do_not_fail(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "PACKAGES", [])
+    monkeypatch.setattr(doctor, "check_threads", lambda: doctor.Result("threads", "warn", "too many", "fewer"))
+    monkeypatch.setattr(doctor, "check_kernel", lambda: doctor.Result("kernel python3", "ok"))
+    assert doctor.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "! threads: too many" in out and "fix: fewer" in out and "1 warning(s)" in out
