@@ -78,6 +78,12 @@ def check_kind(facts: ModelFacts, expected: str, widget: str) -> None:
                                     f"model ({type(facts.module).__name__}): use {WIDGET_FOR[kind]}")
 
 
+def is_clip(facts: ModelFacts) -> bool:
+    """Whether the model is a CLIP explained on its image side (prompts in place of classes)."""
+    from lrp_core.adapters.clip import CLIPImageAdapter
+    return isinstance(facts.adapter, CLIPImageAdapter)
+
+
 def prepare_images(facts: ModelFacts, inputs: Any) -> torch.Tensor:
     """Images (B, 3, H, W) as the engine takes them, validated by the model's adapter.
 

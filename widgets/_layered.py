@@ -9,6 +9,7 @@ backward pass).
 """
 from __future__ import annotations
 
+import html
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -110,7 +111,7 @@ class LayerExplorer(RelevanceWidget):
             self.facts: ModelFacts = resolve_model(model, type(self).__name__)
             self._check_kind()
             self.inputs = self._prepare_inputs(inputs)
-            self.logits = forward_logits(self.facts, self.inputs, self.threads)
+            self.logits = self._forward_logits()
             self.names = class_names(list(labels) if labels is not None else self.facts.labels,
                                      self.logits.shape[1], strict=labels is not None)
             self._set_methods(methods)
@@ -179,6 +180,22 @@ class LayerExplorer(RelevanceWidget):
     def _extra_controls(self) -> list[W.Widget]:
         return []
 
+    def _forward_logits(self) -> torch.Tensor:
+        """The logits (B, C) the class selector ranks (subclasses may compute them otherwise)."""
+        return forward_logits(self.facts, self.inputs, self.threads)
+
+    def _target_key(self) -> Any:
+        """The target part of the cache key (hashable); :meth:`_engine_target` turns it into the engine's."""
+        return self.target
+
+    def _engine_target(self, key: Any) -> Any:
+        """The ``target`` passed to ``lrp_core.explain`` for the target part of a cache key."""
+        return key
+
+    def _target_name(self) -> str:
+        """What is explained, in words (title, info line, busy note)."""
+        return self.names[self.target]
+
     # -- state ----------------------------------------------------------
     @property
     def target(self) -> int:
@@ -201,7 +218,7 @@ class LayerExplorer(RelevanceWidget):
 
     def _key(self) -> tuple:
         start = self.start_layer.value if _engine.takes(self.method, "start_layer") else None
-        return (self.sample_selector.value, self.target, self.method, start)
+        return (self.sample_selector.value, self._target_key(), self.method, start)
 
     def _entry(self, key: Optional[tuple] = None) -> Cached:
         """The cache entry for ``key`` (default: the current controls), computed on a miss."""
@@ -211,7 +228,8 @@ class LayerExplorer(RelevanceWidget):
             return self._cache[key]
         sample, target, method, start = key
         inputs = self._sample(sample)
-        exp = _engine.explain(self.facts.module, inputs, method, target=target, start_layer=start)
+        exp = _engine.explain(self.facts.module, inputs, method, target=self._engine_target(target),
+                              start_layer=start)
         layout = self.facts.adapter.layout(self.facts.adapter.check_inputs(inputs))
         self._cache[key] = entry = Cached(exp, layout)
         while len(self._cache) > CACHE_SIZE:
@@ -264,7 +282,7 @@ class LayerExplorer(RelevanceWidget):
         self.clear_error()
         if self._key() not in self._cache:  # reaches the browser before the work starts
             self.status.value = (f'<i style="color:#666">computing {self.method} for '
-                                 f'{self.names[self.target]}\u2026</i>')
+                                 f'{html.escape(self._target_name())}\u2026</i>')
         try:
             self._current = self._entry()
         finally:
@@ -344,13 +362,13 @@ class LayerExplorer(RelevanceWidget):
         head = "" if self.head is None or view not in ("block", "accumulated") else f", head {self.head}"
         where = {"output": "", "accumulated": f" blocks {s}..{b}", "block": f" block {b}",
                  "residual": f" residual stream, block {b}"}[view]
-        return f"{self.names[self.target]} | {self.method} |{where}{head}"
+        return f"{self._target_name()} | {self.method} |{where}{head}"
 
     def _info_html(self, shown: np.ndarray) -> str:
         probs = torch.softmax(self.logits[self.sample_selector.value], 0)
         pred = int(probs.argmax())
-        lines = [f"explaining <b>{self.names[self.target]}</b> (p = {probs[self.target]:.1%}); "
-                 f"predicted: {self.names[pred]} ({probs[pred]:.1%})",
+        lines = [f"explaining <b>{html.escape(self._target_name())}</b> (p = {probs[self.target]:.1%}); "
+                 f"predicted: {html.escape(self.names[pred])} ({probs[pred]:.1%})",
                  f"view: {views.VIEW_LABELS[self.view_selector.value]}; "
                  f"\u03a3 shown = {shown.sum():.4g}, max |value| = {np.abs(shown).max():.4g}"]
         totals = views.block_totals(self.explanation)

@@ -7,10 +7,10 @@ import ipywidgets as W
 import numpy as np
 import torch
 
-from lrp_core.errors import InputError
+from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.viz import render_overlay_png, to_rgb_uint8
 
-from ._common import error_html, image_rgb, png_bundle, prepare_images
+from ._common import error_html, image_rgb, is_clip, png_bundle, prepare_images
 from ._layered import LayerExplorer
 
 
@@ -19,7 +19,7 @@ class RelevanceExplorer(LayerExplorer):
 
     Args:
         model: a timm ``VisionTransformer`` / HF ``ViTForImageClassification``, or a
-            ``lrp_core.models.LoadedModel``.
+            ``lrp_core.models.LoadedModel`` (a ``CLIPModel``: :class:`widgets.ClipExplorer`).
         inputs: normalised images (B, 3, H, W) (or one (3, H, W) image).
         labels: class names (default: the model's).
         methods: the methods offered (default: all of ``lrp_core.METHODS``).
@@ -46,8 +46,15 @@ class RelevanceExplorer(LayerExplorer):
                                      continuous_update=True)
         super().__init__(model, inputs, labels=labels, methods=methods)
 
+    def _check_kind(self) -> None:
+        super()._check_kind()
+        if is_clip(self.facts):
+            raise UnsupportedModelError(
+                f"{type(self.facts.module).__name__} scores images against text prompts, not classes: use "
+                "widgets.ClipExplorer(model, images, prompts=['a dog', 'a cat'], tokenizer=processor)")
+
     def _prepare_inputs(self, inputs: Any) -> torch.Tensor:
-        x = prepare_images(self.facts, inputs)
+        x = self._images(inputs)
         if self._rgb_arg is None:
             self.rgb = image_rgb(x, self.facts)
         else:
@@ -59,6 +66,10 @@ class RelevanceExplorer(LayerExplorer):
                 raise InputError(f"got {arr.shape[0]} display images for {x.shape[0]} inputs")
             self.rgb = np.stack([to_rgb_uint8(a) for a in arr])
         return x
+
+    def _images(self, inputs: Any) -> torch.Tensor:
+        """The normalised images (B, 3, H, W), validated by the engine's adapter."""
+        return prepare_images(self.facts, inputs)
 
     def _sample(self, i: int) -> torch.Tensor:
         return self.inputs[i:i + 1]
