@@ -30,6 +30,12 @@ def _is_hf_sequence_classifier(model: nn.Module) -> bool:
     return type(model).__name__.endswith("ForSequenceClassification")
 
 
+def _hf_text(*model_types: str) -> Callable[[nn.Module], bool]:
+    """A Hugging Face sequence classifier whose ``config.model_type`` is one of ``model_types``."""
+    return lambda model: _is_hf_sequence_classifier(model) and \
+        getattr(getattr(model, "config", None), "model_type", None) in model_types
+
+
 def _named(*class_names: str) -> Callable[[nn.Module], bool]:
     """A model whose class (or a base class) has one of these names."""
     return lambda model: bool(_mro_names(model) & set(class_names))
@@ -74,8 +80,33 @@ def _bert(model):
     return BertAdapter(model)
 
 
+def _distilbert(model):
+    from .distilbert import DistilBertAdapter
+    return DistilBertAdapter(model)
+
+
+def _albert(model):
+    from .albert import AlbertAdapter
+    return AlbertAdapter(model)
+
+
+def _mpnet(model):
+    from .mpnet import MPNetAdapter
+    return MPNetAdapter(model)
+
+
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
 REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
+    ("DeBERTa / DeBERTa-v2", _hf_text("deberta", "deberta-v2"),
+     "its disentangled attention adds content-to-position and position-to-content score terms that depend on "
+     "the tokens (relative position embeddings multiplied with the queries and keys), so the scores are not "
+     "q·kᵀ plus a constant and the block replay and its relevance rules do not apply. Use a BERT, RoBERTa, "
+     "DistilBERT, ALBERT, ELECTRA or MPNet classifier instead"),
+    ("ModernBERT", _hf_text("modernbert"),
+     "it rotates queries and keys by their position (rotary embeddings, a product the rules do not cover), "
+     "alternates global with sliding-window local attention, and uses gated (GLU) MLPs without biases, none of "
+     "which the post-LN/pre-LN block replay describes. Use a BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA or MPNet "
+     "classifier instead"),
     ("Swin and other windowed / hierarchical vision transformers",
      lambda m: _named("SwinTransformer", "SwinTransformerV2", "SwinTransformerV2Cr", "PyramidVisionTransformerV2",
                       "MultiScaleVit", "Twins", "Hiera", "Davit", "MaxxVit", "NextViT", "FocalNet")(m)
@@ -109,8 +140,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("Dinov2ForImageClassification"), _hf_dinov2),
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip,
      _clip),
+    ("Hugging Face DistilBertForSequenceClassification", _hf_text("distilbert"), _distilbert),
+    ("Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings)", _hf_text("albert"),
+     _albert),
+    ("Hugging Face MPNetForSequenceClassification (relative position bias)", _hf_text("mpnet"), _mpnet),
     ("Hugging Face BertForSequenceClassification and BERT-family encoders with a pooler/[CLS] classification "
-     "head (e.g. RoBERTa)", _is_hf_sequence_classifier, _bert),
+     "head (RoBERTa, XLM-RoBERTa, ELECTRA)", _is_hf_sequence_classifier, _bert),
 ]
 
 SUPPORTED = "; ".join(name for name, _, _ in ADAPTERS)

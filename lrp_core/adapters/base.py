@@ -46,6 +46,11 @@ class Adapter(ABC):
     def num_classes(self) -> int:
         return self.readout.num_classes
 
+    def for_inputs(self, inputs) -> "Adapter":
+        """The adapter that explains these inputs: ``self``, or a sibling view of the same model
+        (CLIP: the text side when ``inputs["explain"] == "text"``)."""
+        return self
+
     # ------------------------------------------------------- the family's part
     @abstractmethod
     def check_inputs(self, inputs) -> dict:
@@ -82,11 +87,9 @@ class Adapter(ABC):
 
     def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = PLAIN) -> Trace:
         """Blocks and readout from the block-0 input ``x0`` (B, N, D); ``mask`` (B, N) 1 = real token."""
-        bias = None
-        if self.mask_value is not None:
-            B, N, _ = x0.shape
-            mask = torch.ones(B, N, dtype=torch.long, device=x0.device) if mask is None else mask
-            bias = (1.0 - mask[:, None, None, :].to(x0.dtype)) * self.mask_value  # (B, 1, 1, N)
+        if self.mask_value is not None and mask is None:
+            mask = torch.ones(x0.shape[:2], dtype=torch.long, device=x0.device)
+        bias = self.attention_bias(x0, mask)
         trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None)
         x = x0
         for spec in self.blocks:
@@ -95,6 +98,16 @@ class Adapter(ABC):
             x = rec.out
         trace.readout = self.readout.forward(x, r)
         return trace
+
+    def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
+        """The constant every block adds to its scaled scores before the softmax (the MASK_ADD operand).
+
+        Default: the padding mask ``(1 − mask) · mask_value`` (B, 1, 1, N), or ``None`` where the
+        model takes no mask. A family with a position bias (MPNet) adds it here, (B, H, N, N).
+        """
+        if self.mask_value is None:
+            return None
+        return (1.0 - mask[:, None, None, :].to(x0.dtype)) * self.mask_value
 
     def cdam_tokens(self, trace: Trace) -> Tensor:
         """CDAM's tokens: those entering the last block's attention (after its norm in pre-LN blocks)."""

@@ -130,21 +130,31 @@ class BertAdapter(Adapter):
 
     # --------------------------------------------------------------- forward
     def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
-        """Word + token-type + position embeddings, LayerNorm — the embeddings module's own order."""
+        """Word (+ token-type) + position embeddings, LayerNorm (+ projection) — the model's own order.
+
+        ``embeds`` (B, T, E) are the word embeddings, the read-out of attnlrp/cp_lrp; ``x0``
+        (B, T, D) is block 0's input (after the projection where E != D: ELECTRA, ALBERT).
+        """
         emb = self.base.embeddings
         ids = prepared["input_ids"]
-        words = emb.word_embeddings(ids)  # (B, T, D)
+        words = emb.word_embeddings(ids)  # (B, T, E)
         if track:
             words = words.detach().requires_grad_(True)
-        tt = prepared.get("token_type_ids")
-        tt = torch.zeros_like(ids) if tt is None else tt
-        x = r(ADD, torch.add, words, emb.token_type_embeddings(tt))
+        x = words
+        types = getattr(emb, "token_type_embeddings", None)  # DistilBERT, MPNet have none
+        if types is not None:
+            tt = prepared.get("token_type_ids")
+            x = r(ADD, torch.add, x, types(torch.zeros_like(ids) if tt is None else tt))
         x = r(ADD, torch.add, x, emb.position_embeddings(self._positions(ids)))
         x0 = r.module(LAYERNORM, emb.LayerNorm, x)  # dropout: inference
-        project = getattr(self.base, "embeddings_project", None)  # ELECTRA: embedding width != hidden width
+        project = self.embedding_projection()
         if project is not None:
             x0 = r.module(LINEAR, project, x0)
         return EmbeddingRecord(x0=x0, embeds=words)
+
+    def embedding_projection(self) -> Optional[nn.Module]:
+        """The Linear from the embedding width to the hidden width, or ``None`` (ELECTRA's ``embeddings_project``)."""
+        return getattr(self.base, "embeddings_project", None)
 
     def _positions(self, ids: Tensor) -> Tensor:
         emb = self.base.embeddings

@@ -56,7 +56,7 @@ def hub_reachable(timeout: float = 1.5) -> bool:
 
 
 _TEXT_HINTS = ("bert", "sst", "sentiment", "roberta", "distil", "minilm", "nli", "text", "gpt",
-               "emotion", "imdb")
+               "emotion", "imdb", "electra", "mpnet")
 _IMAGE_HINTS = ("vit", "deit", "beit", "dino", "image", "swin", "convnext", "resnet", "patch")
 
 
@@ -66,6 +66,15 @@ KNOWN_HF_MODELS = {
     "facebook/deit-base-distilled-patch16-224": ("image", "DeiTForImageClassificationWithTeacher (two heads)"),
     "facebook/dinov2-small-imagenet1k-1-layer": ("image", "Dinov2ForImageClassification ([CLS] + mean of patches)"),
     "facebook/dinov2-base-imagenet1k-1-layer": ("image", "Dinov2ForImageClassification ([CLS] + mean of patches)"),
+    # text: the sentiment classifiers people actually use, one per supported family
+    "distilbert-base-uncased-finetuned-sst-2-english": ("text", "DistilBertForSequenceClassification (SST-2)"),
+    "distilbert/distilbert-base-uncased-finetuned-sst-2-english": ("text",
+                                                                   "DistilBertForSequenceClassification (SST-2)"),
+    "cardiffnlp/twitter-roberta-base-sentiment-latest": ("text", "RobertaForSequenceClassification (tweets, "
+                                                                 "negative / neutral / positive)"),
+    "cardiffnlp/twitter-xlm-roberta-base-sentiment": ("text", "XLMRobertaForSequenceClassification (multilingual "
+                                                              "tweets, negative / neutral / positive)"),
+    "textattack/albert-base-v2-SST-2": ("text", "AlbertForSequenceClassification (SST-2)"),
 }
 
 
@@ -310,7 +319,7 @@ def load_hub(name: str, pretrained: str | bool = "auto") -> LoadedModel:
     name = name.strip()
     if _is_timm_name(name):
         return _load_timm(name, bool(pretrained))
-    if "/" in name:
+    if "/" in name or name in KNOWN_HF_MODELS:  # legacy ids without an owner, e.g. distilbert-base-…-sst-2-english
         return _load_hf(name, bool(pretrained))
     raise ValueError(
         f"unknown model {name!r}: use an embedded model ('toy-vit', 'dinov2-s14', "

@@ -80,3 +80,16 @@ def test_known_vision_classifiers_fail_fast_offline_naming_the_embedded_models(o
         load(name)
     assert time.perf_counter() - t < 5
     assert name in str(err.value) and "toy-vit" in str(err.value) and "dinov2-s14" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["distilbert-base-uncased-finetuned-sst-2-english",
+                                  "cardiffnlp/twitter-roberta-base-sentiment-latest",
+                                  "textattack/albert-base-v2-SST-2"])
+def test_known_text_classifiers_fail_fast_offline_naming_the_embedded_model(offline, name):
+    from lrp_core.models.hub import KNOWN_HF_MODELS
+    assert KNOWN_HF_MODELS[name][0] == "text"
+    t = time.perf_counter()
+    with pytest.raises(HubUnavailableError) as err:
+        load(name)
+    assert time.perf_counter() - t < 5
+    assert name in str(err.value) and "minilm-sentiment" in str(err.value)

@@ -1,0 +1,79 @@
+"""ALBERT sequence classifiers from Hugging Face (``AlbertForSequenceClassification``).
+
+Two twists on BERT:
+
+* factorised embeddings: word + token-type + position embeddings of width E,
+  LayerNorm, then ``encoder.embedding_hidden_mapping_in`` (a Linear E → D);
+* shared layers: ``num_hidden_layers`` uses of ``num_hidden_groups`` layer
+  groups (each of ``inner_group_num`` layers), group ``⌊i·G/L⌋`` at use i as the
+  model computes it. Each use is listed as its own :class:`BlockSpec` (the same
+  modules), so relevance, attention and per-block views treat it as its own block.
+
+The readout is the pooler (Linear + tanh) on [CLS], then the classifier. attnlrp /
+cp_lrp read token relevance at the word embeddings, before the projection.
+
+Shapes: B batch, T tokens, E embedding width, D hidden width.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import nn
+
+from ..composites import ELEMENTWISE, LINEAR
+from ..errors import UnsupportedModelError
+from .bert import BertAdapter
+from .blocks import AttentionSpec, BlockSpec, MlpSpec
+from .readouts import HeadLayer, TokenReadout
+
+
+class AlbertAdapter(BertAdapter):
+    """``AlbertForSequenceClassification``: shared post-LN layers, pooler (dense + tanh) → classifier."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        name = type(model).__name__
+        base = getattr(model, "albert", None)
+        cfg = getattr(model, "config", None)
+        enc = getattr(base, "encoder", None)
+        if cfg is None or base is None or not hasattr(enc, "albert_layer_groups") \
+                or not isinstance(getattr(enc, "embedding_hidden_mapping_in", None), nn.Linear):
+            raise UnsupportedModelError(f"{name}: not an ALBERT classifier (expected albert.embeddings and "
+                                        "albert.encoder.albert_layer_groups / embedding_hidden_mapping_in)")
+        if not isinstance(getattr(base, "pooler", None), nn.Linear) or not isinstance(model.classifier, nn.Linear):
+            raise UnsupportedModelError(f"{name}: expected a pooler (Linear + tanh) and a Linear classifier; "
+                                        "ALBERT without its pooling layer is not supported")
+        self.base = base
+        self.blocks = [self._block(layer, cfg) for layer in self.layer_uses(enc, cfg)]
+        self.readout = TokenReadout(norm=nn.Identity(), head=[
+            HeadLayer(LINEAR, base.pooler), HeadLayer(ELEMENTWISE, base.pooler_activation),
+            HeadLayer(LINEAR, model.classifier)])
+        self.max_length = int(cfg.max_position_embeddings)
+        self.vocab_size = int(cfg.vocab_size)
+
+    @staticmethod
+    def layer_uses(enc: nn.Module, cfg) -> list:
+        """The ALBERT layers in the order the encoder runs them (a shared layer once per use)."""
+        L, G = cfg.num_hidden_layers, cfg.num_hidden_groups
+        return [layer for i in range(L) for layer in enc.albert_layer_groups[int(i / (L / G))].albert_layers]
+
+    @staticmethod
+    def _block(layer: nn.Module, cfg) -> BlockSpec:
+        try:
+            att = layer.attention
+            H, d = att.num_attention_heads, att.attention_head_size
+            return BlockSpec(
+                layout="post_ln", norm1=att.LayerNorm, norm2=layer.full_layer_layer_norm,
+                attn=AttentionSpec(q=att.query, k=att.key, v=att.value, proj=att.dense, num_heads=H, head_dim=d,
+                                   scale=d ** -0.5),
+                mlp=MlpSpec(fc1=layer.ffn, act=layer.activation, fc2=layer.ffn_output))
+        except AttributeError as e:
+            raise UnsupportedModelError(
+                f"{type(layer).__name__} does not have the ALBERT layout (attention.query/key/value/dense/LayerNorm, "
+                f"ffn, activation, ffn_output, full_layer_layer_norm): {e}") from None
+
+    def embedding_projection(self) -> Optional[nn.Module]:
+        return self.base.encoder.embedding_hidden_mapping_in
+
+
+__all__ = ["AlbertAdapter"]

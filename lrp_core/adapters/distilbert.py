@@ -1,0 +1,68 @@
+"""DistilBERT sequence classifiers from Hugging Face (``DistilBertForSequenceClassification``).
+
+Post-LN blocks like BERT's, under other names (``attention.q_lin/k_lin/v_lin/out_lin``,
+``sa_layer_norm``, ``ffn.lin1/activation/lin2``, ``output_layer_norm``); word +
+position embeddings (learned or sinusoidal: both are a lookup table), no token
+types; the classifier reads [CLS] through ``pre_classifier → ReLU → classifier``.
+
+Padding mask: transformers masks padded keys with the dtype's minimum (eager) or
+a boolean mask (sdpa); the replay adds −10000 as for BERT. Both give exactly 0
+after the softmax (``exp(−10000 + O(scores))`` underflows to 0 in float32 and
+float64), so the logits agree; −10000 keeps the mask add's relevance shares finite.
+
+Shapes: B batch, T tokens, D width, C classes.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from ..composites import ELEMENTWISE, LINEAR
+from ..errors import UnsupportedModelError
+from .bert import BertAdapter
+from .blocks import AttentionSpec, BlockSpec, MlpSpec
+from .readouts import HeadLayer, TokenReadout
+
+#: the classifier's ReLU (the model applies a fresh ``nn.ReLU()`` inline; it has no state)
+_RELU = nn.ReLU()
+
+
+class DistilBertAdapter(BertAdapter):
+    """``DistilBertForSequenceClassification``: [CLS] → pre_classifier → ReLU → classifier."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        name = type(model).__name__
+        base = getattr(model, "distilbert", None)
+        cfg = getattr(model, "config", None)
+        if cfg is None or base is None or not hasattr(base, "embeddings") \
+                or not hasattr(getattr(base, "transformer", None), "layer"):
+            raise UnsupportedModelError(f"{name}: not a DistilBERT classifier (expected distilbert.embeddings "
+                                        "and distilbert.transformer.layer)")
+        for part in ("pre_classifier", "classifier"):
+            if not isinstance(getattr(model, part, None), nn.Linear):
+                raise UnsupportedModelError(f"{name}: expected a Linear {part!r} (DistilBERT's [CLS] head)")
+        self.base = base
+        self.blocks = [self._block(i, layer, cfg) for i, layer in enumerate(base.transformer.layer)]
+        self.readout = TokenReadout(norm=nn.Identity(), head=[
+            HeadLayer(LINEAR, model.pre_classifier), HeadLayer(ELEMENTWISE, _RELU), HeadLayer(LINEAR, model.classifier)])
+        self.max_length = int(cfg.max_position_embeddings)
+        self.vocab_size = int(cfg.vocab_size)
+
+    @staticmethod
+    def _block(i: int, layer: nn.Module, cfg) -> BlockSpec:
+        try:
+            att, ffn = layer.attention, layer.ffn
+            H = cfg.n_heads
+            d = cfg.dim // H
+            return BlockSpec(
+                layout="post_ln", norm1=layer.sa_layer_norm, norm2=layer.output_layer_norm,
+                attn=AttentionSpec(q=att.q_lin, k=att.k_lin, v=att.v_lin, proj=att.out_lin, num_heads=H,
+                                   head_dim=d, scale=d ** -0.5),
+                mlp=MlpSpec(fc1=ffn.lin1, act=ffn.activation, fc2=ffn.lin2))
+        except AttributeError as e:
+            raise UnsupportedModelError(
+                f"layer {i} ({type(layer).__name__}) does not have the DistilBERT layout (attention.q_lin/k_lin/"
+                f"v_lin/out_lin, sa_layer_norm, ffn.lin1/activation/lin2, output_layer_norm): {e}") from None
+
+
+__all__ = ["DistilBertAdapter"]
