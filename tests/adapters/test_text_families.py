@@ -183,3 +183,19 @@ def test_refused_families_say_why_and_what_is_supported(build, why):
     with pytest.raises(UnsupportedModelError, match=why) as err:
         explain(model, {"input_ids": torch.tensor([[5, 6, 7]])})
     assert "Supported:" in str(err.value) and "DistilBert" in str(err.value)
+
+
+@pytest.mark.parametrize("family,impl", CASES)
+def test_left_padding_is_explained_padded_and_matches_the_model(family, impl):
+    """Left padding cannot be trimmed: the replay runs with the mask (and, for RoBERTa/MPNet, the model's
+    own position ids); its logits are the model's and padding scores 0."""
+    model = make(family, impl)
+    batch = text_batch(model)
+    T = batch["input_ids"].shape[1]
+    shift = (T - batch["attention_mask"].sum(1)).tolist()
+    left = {k: torch.stack([torch.roll(v[i], s) for i, s in enumerate(shift)]) for k, v in batch.items()}
+    with torch.no_grad():
+        expected = model(**left).logits
+    exp = explain(model, left, method="transformer_attribution")
+    assert (exp.logits - expected).abs().max() <= 1e-5
+    assert (exp.scores[left["attention_mask"] == 0] == 0).all()
