@@ -45,7 +45,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         An :class:`Explanation` with ``scores`` (B, T) and what the method aggregated.
     """
     spec = registry.get(method)
-    adapter = get_adapter(model)
+    adapter = get_adapter(model).for_inputs(inputs)
     prepared = adapter.check_inputs(inputs)
     layout = adapter.layout(prepared)
     opt = registry.parse_options(spec, options, adapter.num_blocks, layout.modality)
@@ -168,7 +168,7 @@ def concept_target(model: nn.Module, examples: Any, name: str = "concept") -> Co
         model: a supported model.
         examples: images (K, 3, H, W) or a tokenizer output for K texts.
     """
-    adapter = get_adapter(model)
+    adapter = get_adapter(model).for_inputs(examples)
     prepared = adapter.check_inputs(examples)
     with model_guard(model), torch.no_grad():
         pooled = adapter.forward(prepared, grad=False).pooled
@@ -198,7 +198,7 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
 
     For teaching and inspection: ``(gradient * relevance).clamp(min=0).mean(2)`` is ``explain(...).layers``.
     """
-    adapter = get_adapter(model)
+    adapter = get_adapter(model).for_inputs(inputs)
     if adapter.num_classes == 0:
         raise InputError(f"{type(model).__name__} has no classification head: there is no class to explain")
     prepared = adapter.check_inputs(inputs)

@@ -15,15 +15,18 @@ Shapes: B images, P prompts, T prompt tokens, N = 1 + patches, D width, E projec
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..composites import LAYERNORM, LINEAR, POS_ADD
+from ..composites import LAYERNORM, LINEAR, POS_ADD, Propagation
 from ..errors import InputError
+from .base import Adapter
+from .bert import MASK_VALUE
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .readouts import HeadLayer, TokenReadout
-from .records import EmbeddingRecord
+from .records import EmbeddingRecord, TokenLayout, Trace
 from .vit import ViTAdapter
 
 
@@ -69,6 +72,13 @@ class CLIPImageAdapter(ViTAdapter):
                          attn=AttentionSpec(q=att.q_proj, k=att.k_proj, v=att.v_proj, proj=att.out_proj,
                                             num_heads=H, head_dim=d, scale=att.scale),
                          mlp=MlpSpec(fc1=layer.mlp.fc1, act=layer.mlp.activation_fn, fc2=layer.mlp.fc2))
+
+    def for_inputs(self, inputs) -> Adapter:
+        """``inputs["explain"] == "text"``: the text side (the prompts' tokens given the images)."""
+        side = inputs.get("explain", "image") if isinstance(inputs, Mapping) else "image"
+        if side not in SIDES:
+            raise InputError(f"inputs['explain'] must be one of {SIDES}, got {side!r}")
+        return CLIPTextAdapter(self.model) if side == "text" else self
 
     # ------------------------------------------------------------ validation
     def check_inputs(self, inputs) -> dict:
@@ -117,4 +127,100 @@ class CLIPImageAdapter(ViTAdapter):
         return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images)
 
 
-__all__ = ["CLIPImageAdapter", "L2Normalize"]
+
+
+#: ``inputs["explain"]`` chooses the side: "image" (default) or "text".
+SIDES = ("image", "text")
+
+
+class CLIPTextAdapter(Adapter):
+    """The text tower of a Hugging Face ``CLIPModel``: the prompts' tokens, read out as similarity to the images.
+
+    The batch is the prompts (P) and the "classes" are the images (B): the logits are the model's
+    ``logits_per_text`` (P, B), a target is an image index. Blocks are pre-LN with a causal mask;
+    the readout is the end-of-text token after ``final_layer_norm`` → ``text_projection`` → L2
+    normalisation → the images' normalised embeddings × ``logit_scale.exp()``. A right-padded batch
+    is explained one length at a time (``docs/METHODS.md`` §5.8), where the end-of-text token is the
+    last real token; the adapter checks that.
+    """
+
+    modality = "text"
+    mask_value = MASK_VALUE
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        text = model.text_model
+        cfg = model.config.text_config
+        self.blocks = [CLIPImageAdapter._block(layer, cfg) for layer in text.encoder.layers]
+        self.images = nn.Linear(model.text_projection.out_features, 1, bias=False)  # replaced per call
+        self.readout = TokenReadout(norm=text.final_layer_norm, index=-1, head=[
+            HeadLayer(LINEAR, model.text_projection), HeadLayer(LAYERNORM, L2Normalize()),
+            HeadLayer(LINEAR, self.images)])
+        self.max_length = int(text.embeddings.position_embedding.weight.shape[0])
+
+    def check_inputs(self, inputs) -> dict:
+        ids = torch.as_tensor(inputs["input_ids"])
+        if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32) or ids.numel() == 0:
+            raise InputError(f"input_ids must be an integer tensor (P, T) of tokenized prompts; got "
+                             f"{tuple(ids.shape)} {ids.dtype}")
+        if ids.shape[1] > self.max_length:
+            raise InputError(f"the prompts are {ids.shape[1]} tokens long; the text tower accepts at most "
+                             f"{self.max_length}: tokenize with truncation=True")
+        mask = inputs.get("attention_mask")
+        mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask).to(ids.device)
+        if mask.shape != ids.shape:
+            raise InputError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(ids.shape)}")
+        last = mask.sum(dim=1) - 1
+        if not torch.equal(self._end_of_text(ids), last):
+            raise InputError("the end-of-text token must be the last real token of every prompt (right padding, "
+                             "as CLIP's tokenizer gives with padding=True)")
+        if "pixel_values" not in inputs:
+            raise InputError("explaining the prompts needs the images they are compared with: 'pixel_values'")
+        images = ViTAdapter.check_inputs(CLIPImageAdapter(self.model), torch.as_tensor(inputs["pixel_values"]))
+        self._set_images(images["images"])
+        return {"input_ids": ids.long(), "attention_mask": mask.long()}
+
+    def _end_of_text(self, ids: Tensor) -> Tensor:
+        """Where the model pools, by its own rule (the highest id for old configs, else the first EOS)."""
+        eos = self.model.text_model.eos_token_id
+        return ids.argmax(dim=-1) if eos == 2 else (ids == eos).int().argmax(dim=-1)
+
+    def _set_images(self, images: Tensor) -> None:
+        """The readout's last Linear: the images' normalised embeddings × logit_scale.exp() (B, E)."""
+        with torch.no_grad():
+            out = self.model.get_image_features(pixel_values=images)
+            emb = L2Normalize()(getattr(out, "pooler_output", out))
+            weight = (emb * self.model.logit_scale.exp()).to(images.dtype)
+        self.images = nn.Linear(weight.shape[1], weight.shape[0], bias=False).to(images.dtype)
+        self.images.weight.data.copy_(weight)
+        self.images.requires_grad_(False)
+        self.readout.head[-1] = HeadLayer(LINEAR, self.images)
+
+    def layout(self, prepared: dict) -> TokenLayout:
+        mask = prepared["attention_mask"]
+        T = mask.shape[1]
+        return TokenLayout(modality="text", num_tokens=T, output_start=0, readout_tokens=(T - 1,), mask=mask)
+
+    def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
+        """Padding mask (B, 1, 1, T) plus the causal mask (1, 1, T, T): a token sees only itself and earlier ones."""
+        T = x0.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=x0.device).triu(1)
+        future = causal.to(x0.dtype)[None, None] * self.mask_value
+        return super().attention_bias(x0, mask) + future
+
+    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+        emb = self.model.text_model.embeddings
+        ids = prepared["input_ids"]
+        words = emb.token_embedding(ids)
+        if track:
+            words = words.detach().requires_grad_(True)
+        x0 = r(POS_ADD, torch.add, words, emb.position_embedding(emb.position_ids[:, :ids.shape[1]]))
+        return EmbeddingRecord(x0=x0, embeds=words)
+
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
+                        prepared: dict) -> tuple[Tensor, None]:
+        """Relevance at the embedding output, summed over channels; padding scores 0."""
+        return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
+
+
+__all__ = ["CLIPImageAdapter", "CLIPTextAdapter", "L2Normalize", "SIDES"]

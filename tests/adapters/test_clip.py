@@ -13,7 +13,7 @@ def make_clip(seed: int = 0):
     torch.manual_seed(seed)
     cfg = CLIPConfig(
         text_config=dict(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, max_position_embeddings=16, bos_token_id=1, eos_token_id=2),
+                         num_attention_heads=2, max_position_embeddings=16, bos_token_id=1, eos_token_id=98),
         vision_config=dict(image_size=32, patch_size=8, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                            num_attention_heads=3), projection_dim=24)
     model = CLIPModel(cfg).eval()
@@ -33,7 +33,7 @@ def clip():
 
 @pytest.fixture
 def inputs():
-    ids = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 9, 2, 0], [1, 10, 2, 0, 0]])
+    ids = torch.tensor([[1, 5, 6, 7, 98], [1, 8, 9, 98, 0], [1, 10, 98, 0, 0]])  # 98: end of text
     return {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)),
             "input_ids": ids, "attention_mask": (ids != 0).long()}
 
@@ -100,3 +100,36 @@ def test_the_model_is_left_as_it_was(inputs):
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert modes == [m.training for m in model.modules()]
     assert all(p.grad is None for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------
+# the text side: the prompts' tokens given the images
+# ----------------------------------------------------------------------------
+def test_text_side_replay_reproduces_logits_per_text(clip, inputs):
+    a = get_adapter(clip).for_inputs({**inputs, "explain": "text"})
+    prepared = a.check_inputs({**inputs, "explain": "text"})
+    one = {k: v[:1, :5] for k, v in prepared.items()}  # the first prompt is unpadded
+    logits = a.forward(one).logits
+    assert torch.allclose(logits, clip(**inputs).logits_per_text[:1], atol=1e-5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_text_side_every_method_scores_the_prompt_tokens_padding_zero(inputs, method):
+    model = make_clip(4).double()
+    x = {**inputs, "pixel_values": inputs["pixel_values"].double(), "explain": "text"}
+    exp = explain(model, x, method=method, target=[1, 0, 1])
+    mask = inputs["attention_mask"].bool()
+    assert exp.scores.shape == (3, 5) and torch.isfinite(exp.scores).all()
+    assert (exp.scores[~mask] == 0).all()
+    single = explain(model, {**x, "input_ids": x["input_ids"][1:2, :4], "attention_mask": x["attention_mask"][1:2, :4]},
+                     method=method, target=0)
+    assert torch.allclose(exp.scores[1, :4], single.scores[0], rtol=1e-9, atol=1e-12)
+
+
+def test_text_side_errors(clip, inputs):
+    with pytest.raises(InputError, match=r"inputs\['explain'\] must be one of"):
+        explain(clip, {**inputs, "explain": "both"})
+    left = {**inputs, "input_ids": torch.tensor([[0, 1, 5, 98]]), "attention_mask": torch.tensor([[0, 1, 1, 1]]),
+            "explain": "text"}
+    with pytest.raises(InputError, match="end-of-text token must be the last real token"):
+        explain(clip, left, method="cdam")
