@@ -6,7 +6,7 @@ must run without error) on the whole ``notebooks/`` folder in a subprocess,
 with the sanitiser ``notebooks/nbval_sanitize.cfg``. The other tests check
 that this run covers every notebook and that the notebooks follow the
 course's conventions (stored outputs, python3 kernel, seeds, thread count,
-checked cells, revealable solutions).
+checked cells, exercises that check and reveal nothing).
 """
 from __future__ import annotations
 
@@ -77,15 +77,77 @@ def test_notebook_conventions(path: Path):
     assert nb["cells"][0]["cell_type"] == "markdown", "prose before code"
 
 
-def test_every_revealed_solution_exists():
+def _exercises():
     sys.path.insert(0, str(NB_DIR))
     try:
         import solutions
-        for path in NOTEBOOKS:
-            for name in re.findall(r'reveal\("(ex\d+_\d+)"', "\n".join(_code(_load(path)))):
-                assert callable(getattr(solutions, name)), f"{path.name}: missing solution {name}"
+        return solutions.all_exercises()
     finally:
         sys.path.remove(str(NB_DIR))
+
+
+def test_every_exercise_is_checked_in_its_notebook():
+    """Each notebook's exercises are Exercise objects, each with a check cell; nothing reveals a solution."""
+    exercises = _exercises()
+    used = set()
+    for path in NOTEBOOKS:
+        code = "\n".join(_code(_load(path)))
+        assert "reveal(" not in code and ".solution(" not in code, f"{path.name} reveals a solution"
+        names = set(re.findall(r"\b(ex\d+_\d+)\.check\(", code))
+        number = int(path.name[:2])
+        own = {n for n in exercises if n.startswith(f"ex{number}_")}
+        assert names == own, f"{path.name}: check cells for {sorted(names)}, exercises {sorted(own)}"
+        used |= names
+    assert used == set(exercises)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_opens_with_goals_prerequisites_and_time(path: Path):
+    first = "".join(_load(path)["cells"][0]["source"])
+    for word in ("Learning goals", "Prerequisites", "Time"):
+        assert f"**{word}" in first, f"{path.name}: the first cell names no {word.lower()}"
+    assert re.search(r"\*\*Time\*\* about \d+ min", first), "time in minutes"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_exercise_cells_are_stored_unattempted(path: Path):
+    """The stored check cells say "not attempted yet" and nothing else."""
+    nb = _load(path)
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] != "code" or not re.search(r"\bex\d+_\d+\.check\(", src):
+            continue
+        assert re.search(r"= \.\.\.|^\s+\.\.\.", src, re.M), "the stored exercise is a placeholder"
+        text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+        assert "not attempted yet" in text and "✓" not in text and "✗" not in text, text
+        markdown = [("".join(c["source"])) for c in nb["cells"] if c["cell_type"] == "markdown"]
+        name = re.search(r"\b(ex\d+_\d+)\.check\(", src).group(1)
+        intro = next(m for m in markdown if f"{name}.hint()" in m)
+        assert "difficulty" in intro and re.search(r"about \d+ min", intro) and f"{name}.solution()" in intro
+
+
+def _stored_output_text(nb: dict) -> str:
+    parts = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            parts.append("".join(out.get("text", "")))
+            for kind, data in out.get("data", {}).items():
+                if kind.startswith("text/"):
+                    parts.append("".join(data))
+    return "\n".join(parts)
+
+
+def test_no_solution_code_in_stored_outputs():
+    """No line of any reference solution appears in a stored output (the results: tests/course)."""
+    import inspect
+    outputs = {p.name: _stored_output_text(_load(p)) for p in NOTEBOOKS}
+    for name, ex in _exercises().items():
+        lines = [ln.strip() for ln in inspect.getsource(ex.reference).splitlines()]
+        lines = [ln for ln in lines if len(ln) >= 25 and not ln.startswith(("#", '"""'))]
+        assert lines, name
+        for nb_name, text in outputs.items():
+            leaked = [ln for ln in lines if ln in text]
+            assert not leaked, f"{nb_name} shows solution code of {name}: {leaked[:2]}"
 
 
 @pytest.mark.slow

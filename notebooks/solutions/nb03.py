@@ -115,13 +115,11 @@ ex3_3 = Exercise(
            "to rules.matmul.",
            "The answer is (R_x.sum() + R_A.sum()).item(); compare it with ΣR_y."],
     mistakes=[Mistake(lambda: _block_total(rules.add_normalized, True),
-                      "that is the total with both fixes (section 4); use rules.add_generic and halve=False"),
-              Mistake(lambda: _block_total(rules.add_generic, True),
-                      "you removed the normalisation but kept the halving: pass halve=False too"),
-              Mistake(lambda: _block_total(rules.add_normalized, False),
-                      "you removed the halving but kept the normalisation: use rules.add_generic too")],
+                      "that total is conserved (≈ ΣR_y, as in section 4): the halving is still in place; use "
+                      "rules.add_generic and halve=False")],
     discussion="The total almost doubles (23.65 against ΣR_y = 11.86): the product hands each operand the whole "
-               "relevance. Relevance that crosses the attention path of every block can pick up a factor 2 per "
+               "relevance. (The normalisation of the sum does not change the total — both sum rules conserve — it "
+               "only keeps the two shares in bounds.) Relevance that crosses the attention path of every block can pick up a factor 2 per "
                "block — up to 2^12 = 4096 after 12 blocks — while the skip path keeps factor 1, so the map ends "
                "up dominated by whichever path crossed the most products.",
 )

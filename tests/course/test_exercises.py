@@ -1,0 +1,251 @@
+"""The course's exercise checkers, run both ways.
+
+For every exercise of ``notebooks/solutions``: the reference answer passes,
+a placeholder is "not attempted yet", and typical wrong answers fail with the
+message the checker is meant to give. The notebooks' own objects (models,
+scenes) come from each module's ``context()``, built once per module.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "notebooks"))
+
+import solutions  # noqa: E402
+from solutions import exercise as exmod  # noqa: E402
+from solutions import nb01, nb02  # noqa: E402
+
+EXERCISES = solutions.all_exercises()
+NEEDS_MODELS = {name for name, ex in EXERCISES.items() if ex.needs}
+
+_CONTEXTS: dict[str, dict] = {}
+
+
+def context_for(name: str) -> dict:
+    ex = EXERCISES[name]
+    if not ex.needs:
+        return {}
+    mod = sys.modules[ex.reference.__module__]
+    key = mod.__name__
+    if key not in _CONTEXTS:
+        if hasattr(mod, "context"):
+            _CONTEXTS[key] = mod.context()
+        else:  # notebook 0: the toy model only
+            from lrp_core.models import load
+            _CONTEXTS[key] = {"toy": load("toy-vit")}
+    return {k: _CONTEXTS[key][k] for k in ex.needs}
+
+
+def verdict(name: str, answer):
+    ex = EXERCISES[name]
+    ctx = context_for(name)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return ex.verdict(answer, **ctx)
+
+
+def reference_answer(name: str):
+    ex = EXERCISES[name]
+    if ex.cases is not None:
+        return ex.reference
+    if name == "ex2_1":
+        return (torch.tensor([1.0, -0.5]), torch.tensor([-1.0, 2.0]))
+    with contextlib.redirect_stdout(io.StringIO()):
+        return ex.reference(**context_for(name))
+
+
+# ---------------------------------------------------------------- metadata
+def test_the_course_has_exercises():
+    assert len(EXERCISES) >= 20
+    assert {n.split("_")[0] for n in EXERCISES} >= {f"ex{i}" for i in range(11)}
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_metadata(name):
+    ex = EXERCISES[name]
+    assert ex.name == name
+    assert ex.difficulty in (1, 2, 3)
+    assert 1 <= ex.minutes <= 60
+    assert ex.title and ex.answer and ex.hints
+    assert ex.discussion, "say what the result means"
+
+
+# ---------------------------------------------------------------- both ways
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_placeholder_is_not_attempted(name):
+    for placeholder in (..., None):
+        ok, msg = EXERCISES[name].verdict(placeholder)     # no context needed for a placeholder
+        assert not ok and exmod.NOT_ATTEMPTED in msg
+        assert "Error" not in msg and "Traceback" not in msg
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_reference_answer_passes(name):
+    ok, msg = verdict(name, reference_answer(name))
+    assert ok, msg
+    assert msg.startswith("✓")
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_known_mistakes_are_recognised(name):
+    ex = EXERCISES[name]
+    for mk in ex.mistakes:
+        if ex.cases is not None:
+            answer = mk.compute
+        else:
+            with contextlib.redirect_stdout(io.StringIO()):
+                answer = mk.compute(**context_for(name))
+        ok, msg = verdict(name, answer)
+        assert not ok, f"{name}: the mistake '{mk.message}' passes"
+        assert mk.message in msg
+
+
+def _ref(name):
+    return reference_answer(name)
+
+
+#: typical wrong answers beyond the exercises' own mistakes, with the message they must produce
+WRONG = {
+    "ex0_1": [(lambda: (4, 4), "wrong shape"),
+              (lambda: (4, 4, 65), "includes the [CLS] token")],
+    "ex1_1": [(lambda: -_ref("ex1_1"), "sign error"),
+              (lambda: _ref("ex1_1").T, None),                 # (4, 1) holds the same numbers: passes
+              (lambda: _ref("ex1_1").reshape(2, 2), "wrong shape"),
+              (lambda: _ref("ex1_1").sum(), "single number"),
+              (lambda: 2 * _ref("ex1_1"), "twice the expected value — a missing ÷2"),
+              (lambda: torch.zeros(1, 4), "all zeros"),
+              (lambda: "R_x", "should be a number or a tensor")],
+    "ex1_2": [(lambda: _ref("ex1_2") + torch.tensor([0.1, 0.0, 0.0]), "conservation violated"),
+              (lambda: _ref("ex1_2") + torch.tensor([0.1, 0.0, 0.0]), "off by 0.1"),
+              (lambda: _ref("ex1_2")[:, :2], "wrong shape")],
+    "ex1_3": [(lambda: (lambda Ws, x: nb01.explain_output0(Ws, x) / 2), "half the expected value"),
+              (lambda: (lambda Ws, x: None), "not attempted yet"),
+              (lambda: (lambda Ws, x: x @ Ws[0]), "raised"),
+              (lambda: _ref("ex1_1"), "expects a function")],
+    "ex2_1": [(lambda: ([1.0, 0.5], [1.0, -2.0]), "is ≥ 0, so the kept set is not empty"),
+              (lambda: ([1.0, -0.5, 2.0], [-1.0, 2.0]), "one weight per input"),
+              (lambda: 3.0, "hand in a pair (x, W)")],
+    "ex2_2": [(lambda: _ref("ex2_2")[:100], "wrong shape"),
+              (lambda: _ref("ex2_2") - 1, "differs from the reference")],
+    "ex2_3": [(lambda: (lambda x, W, R: -nb02.zplus(x, W, R)), "sign error"),
+              (lambda: (lambda x, W, R: nb02.zplus(x, W, R).T), "transposed"),
+              (lambda: (lambda x, W, R: 2 * nb02.zplus(x, W, R)), "a missing ÷2")],
+    "ex3_1": [(lambda: torch.stack(_ref("ex3_1")), "should be a tuple of 2 items"),
+              (lambda: (_ref("ex3_1")[0].sum(), _ref("ex3_1")[1].sum()), "single number")],
+    "ex3_2": [(lambda: tuple(-v for v in _ref("ex3_2")), "sign error")],
+    "ex3_3": [(lambda: _ref("ex3_3") / 2, "half the expected value"),
+              (lambda: 11.9807, "the halving is still in place"),
+              (lambda: 5.0, "too small")],
+    "ex4_1": [(lambda: _ref("ex4_1")[:10], "wrong shape")],
+    "ex4_2": [(lambda: _ref("ex4_2") * 2, "a missing ÷2")],
+    "ex4_3": [(lambda: -_ref("ex4_3"), "sign error")],
+    "ex5_1": [(lambda: _ref("ex5_1").reshape(8, 8), None)],   # the 8 × 8 grid is the same map: passes
+    "ex5_2": [(lambda: {k: v for k, v in _ref("ex5_2").items() if k != "full"}, "lacks the key(s) ['full']"),
+              (lambda: list(_ref("ex5_2").values()), "should be a dict")],
+    "ex6_1": [(lambda: {s: v for s, v in _ref("ex6_1").items() if s != 3}, "lacks the key(s) [3]")],
+    "ex6_2": [(lambda: _ref("ex6_2")[:32], "wrong shape")],
+    "ex7_1": [(lambda: -_ref("ex7_1"), "sign error")],
+    "ex7_2": [(lambda: -_ref("ex7_2"), "sign error")],
+    "ex8_1": [(lambda: ["[CLS]"] + _ref("ex8_1")[:4], "contains ['[CLS]']"),
+              (lambda: _ref("ex8_1")[::-1], "right items in the wrong order")],
+    "ex8_2": [(lambda: torch.cat([_ref("ex8_2"), torch.full((6,), 0.1)]), "relevance on padding"),
+              (lambda: torch.cat([_ref("ex8_2"), torch.zeros(6)]), None)],   # zeros on the padding: right
+    "ex9_1": [(lambda: {"rollout": 1.0}, "lacks the key(s) ['transformer_attribution']")],
+    "ex9_2": [(lambda: {**_ref("ex9_2"), "miou": 0.1}, "your answer['miou']")],
+    "ex10_1": [(lambda: {"rollout"}, "is missing ['raw_attention']"),
+               (lambda: {"rollout", "raw_attention", "cdam"}, "should not contain ['cdam']")],
+    "ex10_2": [(lambda: {k: v[::-1] for k, v in _ref("ex10_2").items()}, "differs from the reference")],
+}
+
+
+def test_every_exercise_has_typical_wrong_answers():
+    assert set(WRONG) == set(EXERCISES)
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_typical_wrong_answers(name):
+    for make, expected in WRONG[name]:
+        ok, msg = verdict(name, make())
+        if expected is None:
+            assert ok, msg
+        else:
+            assert not ok and expected in msg, f"{name}: expected {expected!r} in {msg!r}"
+            assert f"{name}.hint()" in msg or exmod.NOT_ATTEMPTED in msg
+
+
+def test_check_prints_and_returns_a_bool():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert EXERCISES["ex1_1"].check(_ref("ex1_1")) is True
+        assert EXERCISES["ex1_1"].check(-_ref("ex1_1")) is False
+        assert EXERCISES["ex1_1"].check(...) is False
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("✓") and lines[1].startswith("✗") and exmod.NOT_ATTEMPTED in lines[-1]
+
+
+def test_a_missing_context_is_a_message_not_an_error():
+    ex = EXERCISES["ex9_2"]
+    saved, ex._ctx = ex._ctx, {}
+    try:
+        ok, msg = ex.verdict({"miou": 1.0})
+    finally:
+        ex._ctx = saved
+    assert not ok and "pass toy=toy, one=one" in msg
+
+
+def test_hints_cycle_and_solution_prints_code_and_result():
+    ex = EXERCISES["ex1_1"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ex._hint_pos = 0
+        for _ in range(len(ex.hints) + 1):
+            ex.hint()
+        ex.solution()
+    text = out.getvalue()
+    assert f"Hint 1/{len(ex.hints)}" in text and text.count("Hint 1/") == 2
+    assert "def one_hot_start" in text and "0.6667" in text and "add up to 1" in text
+
+
+def test_reveal_is_the_solution():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        solutions.reveal("ex3_2")
+    assert "def operand_totals" in out.getvalue()
+
+
+# ---------------------------------------------------------------- nothing leaks into the stored notebooks
+def _stored_outputs() -> str:
+    import json
+    parts = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            for out in cell.get("outputs", []):
+                parts.append("".join(out.get("text", "")))
+                for kind, data in out.get("data", {}).items():
+                    if kind.startswith("text/"):
+                        parts.append("".join(data))
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_no_solution_output_in_stored_notebooks(name):
+    """What ``solution()`` prints (code and results) appears in no stored output of any notebook."""
+    ex = EXERCISES[name]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ex.solution(**context_for(name))
+    printed = out.getvalue()
+    assert "--- returns ---" in printed
+    lines = {ln.strip() for ln in printed.splitlines()}
+    lines = {ln for ln in lines if len(ln) >= 12 and not ln.startswith(("---", "Solution to"))
+             and not set(ln) <= set("()[]{}, ")}
+    stored = {ln.strip() for ln in _stored_outputs().splitlines()}
+    leaked = sorted(lines & stored)
+    assert not leaked, f"stored notebook outputs show the solution of {name}: {leaked[:3]}"
