@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from ..errors import InputError
@@ -35,11 +36,15 @@ class ImageSet:
         images: (N, 3, H, W) model inputs (normalised).
         labels: (N, k) true classes, or ``None`` when unknown.
         masks: (N, k, H, W) bool object masks (object j has class ``labels[:, j]``).
+        removed: (N, k, 3, H, W) model inputs of the same scenes with object j
+            left out (everything else identical), or ``None``; the deletion
+            check measures the logit drops with them.
     """
 
     images: Tensor
     labels: Optional[Tensor]
     masks: Tensor
+    removed: Optional[Tensor] = None
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -47,7 +52,7 @@ class ImageSet:
     def head(self, n: int) -> "ImageSet":
         """The first ``n`` images (all of them when there are fewer)."""
         return ImageSet(self.images[:n], None if self.labels is None else self.labels[:n],
-                        self.masks[:n])
+                        self.masks[:n], None if self.removed is None else self.removed[:n])
 
 
 @dataclass
@@ -64,17 +69,38 @@ class TextSet:
         return TextSet(self.records[:n])
 
 
-def scene_sets(n: int, seed: int = SCENE_SEED) -> tuple[ImageSet, ImageSet]:
-    """Held-out toy scenes: ``n`` one-object and ``n`` two-object scenes."""
+def scene_sets(n: int, seed: int = SCENE_SEED, size: int = 64,
+               inputs: Optional[Callable[[np.ndarray], Tensor]] = None,
+               ) -> tuple[ImageSet, ImageSet]:
+    """Held-out scenes: ``n`` one-object and ``n`` two-object scenes (with ``removed``).
+
+    Args:
+        size: side in pixels the scenes are drawn at (64: the toy ViT's input).
+        inputs: rgb (N, H, W, 3) in [0, 1] -> model inputs (N, 3, H, W); default
+            the toy ViT's normalisation (``Scenes.images``).
+    """
     from .scenes import make_scenes
-    one = make_scenes(n, seed=seed, n_objects=1)
-    two = make_scenes(n, seed=seed + 1, n_objects=2)
-    return (ImageSet(one.images, one.labels, one.masks),
-            ImageSet(two.images, two.labels, two.masks))
+
+    def draw(k: int, s: int, drop: Optional[int] = None) -> Any:
+        sc = make_scenes(n, seed=s, n_objects=k, size=size, drop=drop)
+        return sc, (sc.images if inputs is None else inputs(sc.rgb))
+
+    one, x1 = draw(1, seed)
+    two, x2 = draw(2, seed + 1)
+    removed = torch.stack([draw(2, seed + 1, j)[1] for j in (0, 1)], dim=1)
+    return (ImageSet(x1, one.labels, one.masks),
+            ImageSet(x2, two.labels, two.masks, removed))
+
+
+def dinov2_scene_sets(n: int, seed: int = SCENE_SEED) -> tuple[ImageSet, ImageSet]:
+    """The held-out scenes drawn at ``dinov2-scenes``' input size, ImageNet-normalised."""
+    from ..models.dinov2_scenes import IMAGE_SIZE, scene_inputs
+    return scene_sets(n, seed, size=IMAGE_SIZE, inputs=scene_inputs)
 
 
 BUILTIN_IMAGE_SETS: dict[str, Callable[[int, int], tuple[ImageSet, ImageSet]]] = {
     "scenes": scene_sets,
+    "dinov2-scenes": dinov2_scene_sets,
 }
 """Built-in image evaluation data by name: ``(n, seed) -> (one-object set, two-object set)``.
 
@@ -125,5 +151,6 @@ def as_record(rec: Any, names: Sequence[str]) -> RationaleRecord:
                            id=str(get("id") or ""))
 
 
-__all__ = ["SCENE_SEED", "ImageSet", "TextSet", "scene_sets", "BUILTIN_IMAGE_SETS",
+__all__ = ["SCENE_SEED", "ImageSet", "TextSet", "scene_sets", "dinov2_scene_sets",
+           "BUILTIN_IMAGE_SETS",
            "rationale_set", "label_id", "as_record"]

@@ -1,9 +1,10 @@
-"""The image protocols: perturbation, segmentation, class sensitivity, CDAM statistics.
+"""The image protocols: perturbation, segmentation, class sensitivity, deletion check, CDAM statistics.
 
 :func:`evaluate_images` scores every method on a one-object :class:`ImageSet`
 (perturbation, explaining the predicted and the true class; segmentation,
 explaining the predicted class) and, when given, a two-object set (class
-sensitivity: explain each of the two classes). :func:`image_maps` explains
+sensitivity: explain each of the two classes; with ``removed`` scenes also the
+deletion check, :func:`lrp_core.metrics.deletion_agreement`). :func:`image_maps` explains
 images in batches; the reference row ``random`` uses seeded random maps.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ IMAGE_METRICS: tuple[str, ...] = (
     "perturbation_positive_auc_target", "perturbation_negative_auc_target",
     "pixel_accuracy", "miou", "map", "class_sensitivity", "class_map_correlation",
     "cdam_sparsity", "tam_correlation",
+    "deletion_order", "deletion_correlation", "deletion_distraction",
 )
 """Metric names of an image evaluation (keys of each method's result)."""
 
@@ -105,7 +107,7 @@ def predict(model: Any, images: Tensor, batch_size: int = 64) -> Tensor:
 # --------------------------------------------------------------------------
 def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Sequence[str],
                     batch_size: int = 32, progress: bool = True, baseline: bool = False,
-                    ) -> tuple[Results, Curves]:
+                    drops: Optional[Tensor] = None) -> tuple[Results, Curves]:
     """All image metrics for each method.
 
     Args:
@@ -114,6 +116,9 @@ def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods:
         two: two-object set of different classes (class sensitivity) or None.
         methods: method names.
         baseline: add a row ``random`` (seeded uniform random patch maps).
+        drops: (N2, 2, 2) logit drops of the two-object set
+            (:func:`lrp_core.metrics.deletion_drops`: class j, object k removed);
+            computed here when ``two.removed`` is given and ``drops`` is not.
 
     Returns:
         ``results[method][metric]`` (see :data:`IMAGE_METRICS`; ``None`` = not
@@ -124,6 +129,8 @@ def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods:
     pred = predict(model, one.images, batch_size)
     truth = one.labels[:, 0] if one.labels is not None else None
     reference = truth if truth is not None else pred
+    if drops is None and _has_pairs(two) and two.removed is not None:
+        drops = M.deletion_drops(model, two.images, two.removed, two.labels, max(batch_size, 64))
     results: Results = {}
     curves: Curves = {}
     cache: dict[str, Tensor] = {}  # token scores (N, T) per method: TAM for CDAM, grid for random
@@ -138,14 +145,14 @@ def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods:
             variants["target"] = _maps_for(model, one.images, method, truth, maps, targets,
                                            batch_size)
         pair = _pair_maps(model, two, method, batch_size)
-        res, cur = _score_maps(model, one, two, variants, pair, reference, batch_size)
+        res, cur = _score_maps(model, one, two, variants, pair, reference, batch_size, drops)
         if method == "cdam":
             res.update(_cdam_stats(model, one.images, scores, targets, cache, batch_size))
         results[method] = {k: metric_value(v) for k, v in res.items()}
         curves[method] = cur
     if baseline:
         variants, pair = random_maps(one, two, cache, truth is not None, seed=0)
-        res, cur = _score_maps(model, one, two, variants, pair, reference, batch_size)
+        res, cur = _score_maps(model, one, two, variants, pair, reference, batch_size, drops)
         results["random"] = {k: metric_value(v) for k, v in res.items()}
         curves["random"] = cur
         methods = [*methods, "random"]
@@ -171,13 +178,15 @@ def _cdam_stats(model: Any, images: Tensor, scores: Tensor, targets: Tensor,
 
 def _score_maps(model: Any, one: ImageSet, two: Optional[ImageSet], variants: dict[str, Tensor],
                 pair: Optional[MapPair], reference: Tensor, batch_size: int,
+                drops: Optional[Tensor] = None,
                 ) -> tuple[dict[str, Optional[float]], dict[str, list]]:
-    """Perturbation, segmentation and class-sensitivity metrics of given maps.
+    """Perturbation, segmentation, class-sensitivity and deletion metrics of given maps.
 
     Args:
         variants: ``predicted`` (and ``target``) maps (N, H, W) of the one-object set.
         pair: maps (N2, H, W) of the two-object set for its first and second class.
         reference: (N,) labels the perturbation accuracy is measured against.
+        drops: (N2, 2, 2) logit drops (class j, object k removed), or ``None``.
     """
     res: dict[str, Optional[float]] = {k: None for k in IMAGE_METRICS}
     cur: dict[str, list] = {}
@@ -197,7 +206,38 @@ def _score_maps(model: Any, one: ImageSet, two: Optional[ImageSet], variants: di
         res["class_sensitivity"] = M.class_sensitivity(pair[0], pair[1], two.masks[:, 0],
                                                        two.masks[:, 1])
         res["class_map_correlation"] = M.class_map_correlation(pair[0], pair[1])
+        if drops is not None:
+            dres, dcur = _deletion(pair, two.masks, drops)
+            res.update(dres)
+            cur.update(dcur)
     return res, cur
+
+
+def _deletion(pair: MapPair, masks: Tensor, drops: Tensor,
+              ) -> tuple[dict[str, float], dict[str, list]]:
+    """The deletion check on both classes of every two-object scene.
+
+    Args:
+        pair: maps (N2, H, W) explaining the class of object 0 and of object 1.
+        masks: (N2, 2, H, W) object masks; drops: (N2, 2, 2) (class j, object k removed).
+
+    Returns:
+        the three ``deletion_*`` metrics and, for the bootstrap, the per-case
+        values (2 N2 cases: class of object 0 for every scene, then object 1):
+        ``deletion_order_per_case``, ``deletion_distraction_per_case``,
+        ``deletion_shares`` (2 N2, 2) and ``deletion_drops`` (2 N2, 2).
+    """
+    n = len(pair[0])
+    maps = torch.cat([pair[0], pair[1]])
+    both = torch.cat([masks, masks])
+    d = torch.cat([drops[:, 0], drops[:, 1]])
+    own = torch.cat([torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.long)])
+    cases = M.deletion_cases(maps, both, d, own)
+    rnd = _json_floats
+    cur = {"deletion_order_per_case": rnd(cases["order"]),
+           "deletion_distraction_per_case": rnd(cases["distraction"]),
+           "deletion_shares": rnd(cases["shares"]), "deletion_drops": rnd(d.numpy())}
+    return M.deletion_agreement(maps, both, d, own), cur
 
 
 def _perturbation_correct(model: Any, images: Tensor, variants: dict[str, Tensor],
@@ -224,6 +264,12 @@ def _perturbation_correct(model: Any, images: Tensor, variants: dict[str, Tensor
                     batch_size=batch_size, return_correct=True)
         out[which] = c
     return out
+
+
+def _json_floats(a: Any) -> list:
+    """Array -> nested lists of floats rounded to 4 digits, ``None`` for NaN (valid JSON)."""
+    arr = np.round(np.asarray(a, dtype=np.float64), 4)
+    return np.where(np.isnan(arr), None, arr).tolist()
 
 
 # --------------------------------------------------------------------------

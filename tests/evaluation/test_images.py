@@ -105,3 +105,37 @@ def test_cdam_reuses_token_ablation_and_keeps_the_order(monkeypatch):
     assert list(res) == ["cdam", "token_ablation"]
     assert seen == ["token_ablation", "cdam"]            # no second token_ablation pass
     assert res["cdam"]["perturbation_positive_auc_target"] is None   # no labels
+
+
+def test_deletion_check_is_wired_into_the_image_protocol():
+    """With removed-object scenes the run reports the deletion metrics and per-case values."""
+    model = tiny_vit()
+    x, masks, labels2 = quadrant_sets()
+    removed = x.unsqueeze(1).repeat(1, 2, 1, 1, 1)
+    removed[:, 0, :, :16, :16] = 0.0
+    removed[:, 1, :, 16:, 16:] = 0.0
+    one = E.ImageSet(x, None, masks[:, :1])
+    two = E.ImageSet(x, labels2, masks, removed)
+    res, curves = E.evaluate_images(model, one, two, ["rollout", "transformer_attribution"],
+                                    batch_size=4, progress=False, baseline=True)
+    from lrp_core import metrics as M
+    drops = M.deletion_drops(model, x, removed, labels2)
+    for m, r in res.items():
+        assert 0.0 <= r["deletion_order"] <= 1.0 and 0.0 <= r["deletion_distraction"] <= 1.0
+        assert -1.0 <= r["deletion_correlation"] <= 1.0
+        c = curves[m]
+        assert len(c["deletion_order_per_case"]) == 12 and len(c["deletion_shares"]) == 12
+        # the stored drops are those of class j (case j*N + i) for each removed object
+        np.testing.assert_allclose(c["deletion_drops"][:6], drops[:, 0].numpy(), atol=1e-4)
+        np.testing.assert_allclose(c["deletion_drops"][6:], drops[:, 1].numpy(), atol=1e-4)
+        # distraction = the share on the object of the other class
+        sh = np.array(c["deletion_shares"], dtype=float)
+        np.testing.assert_allclose(c["deletion_distraction_per_case"][:6], sh[:6, 1], atol=1e-4)
+        np.testing.assert_allclose(c["deletion_distraction_per_case"][6:], sh[6:, 0], atol=1e-4)
+    # rollout knows no class: the same shares for both classes of a scene
+    sh = np.array(curves["rollout"]["deletion_shares"], dtype=float)
+    np.testing.assert_allclose(sh[:6], sh[6:], atol=1e-4)
+    # without removed scenes the metrics are not applicable
+    res2, _ = E.evaluate_images(model, one, E.ImageSet(x, labels2, masks), ["rollout"],
+                                batch_size=4, progress=False)
+    assert res2["rollout"]["deletion_order"] is None
