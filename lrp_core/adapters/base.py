@@ -43,6 +43,12 @@ class Adapter(ABC):
         return self.blocks[0].attn.num_heads
 
     @property
+    def shares_weights(self) -> bool:
+        """Whether some block's modules are used by another block too (a shared layer, e.g. ALBERT)."""
+        fc1 = [id(spec.mlp.fc1) for spec in self.blocks]
+        return len(set(fc1)) < len(fc1)
+
+    @property
     def num_classes(self) -> int:
         return self.readout.num_classes
 
@@ -123,7 +129,7 @@ class Adapter(ABC):
             stop_block: the lowest block whose attention relevance is needed.
             to_input: continue through every block to input space (``scores``, ``pixels``).
         """
-        prop = Propagation(composite)
+        prop = Propagation(composite, cache=self.shares_weights)
         R = self.readout.relprop(trace.readout, R_out, prop)
         B, N, _ = R.shape
         L = self.num_blocks
