@@ -391,8 +391,3 @@ class Exercise:
             return True, f"✓ {self.label}: correct."
         return False, f"✗ {self.label}: {msg if msg[-1:] in '.?!' else msg + '.'}\n  Stuck? {self.name}.hint() gives a hint, {self.name}.solution() the answer."
 
-
-def by_name(registry: dict, name: str) -> Exercise:
-    if name not in registry:
-        raise KeyError(f"no exercise called {name!r}")
-    return registry[name]
