@@ -75,6 +75,10 @@ KNOWN_HF_MODELS = {
     "cardiffnlp/twitter-xlm-roberta-base-sentiment": ("text", "XLMRobertaForSequenceClassification (multilingual "
                                                               "tweets, negative / neutral / positive)"),
     "textattack/albert-base-v2-SST-2": ("text", "AlbertForSequenceClassification (SST-2)"),
+    # image–text: CLIP, explained as the similarity of an image to text prompts
+    "openai/clip-vit-base-patch32": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
+    "openai/clip-vit-base-patch16": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
+    "openai/clip-vit-large-patch14": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
 }
 
 
@@ -221,6 +225,10 @@ def _is_image_config(config: Any) -> bool:
     return hasattr(config, "image_size") or hasattr(config, "num_channels")
 
 
+def _is_clip_config(config: Any) -> bool:
+    return getattr(config, "model_type", None) == "clip"
+
+
 def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     from transformers import AutoConfig  # noqa: F401 - fail early if transformers is missing
 
@@ -239,9 +247,11 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
             raise ValueError(
                 f"{name!r} is neither an embedded model (toy-vit, dinov2-s14, minilm-sentiment), "
                 f"a timm model name, nor a loadable Hugging Face repo id: {err}") from err
-    kind = "image" if _is_image_config(config) else "text"
+    kind = "image" if _is_image_config(config) or _is_clip_config(config) else "text"
     local_only = not online if online is not None else True
-    if kind == "image":
+    if _is_clip_config(config):
+        from transformers import CLIPModel as Auto
+    elif kind == "image":
         from transformers import AutoImageProcessor, AutoModelForImageClassification as Auto
     else:
         from transformers import AutoModelForSequenceClassification as Auto, AutoTokenizer
@@ -275,7 +285,20 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     info: dict[str, Any] = {"source": source, "library": "transformers",
                             "pretrained": bool(pretrained), "model_type": config.model_type}
     tokenizer = None
-    if kind == "image":
+    if _is_clip_config(config):
+        from transformers import CLIPProcessor
+
+        clip_processor = fetch(CLIPProcessor.from_pretrained)
+        tokenizer = clip_processor.tokenizer
+
+        def preprocess(image: Any, prompts: Sequence[str] = ("a photo",)) -> Any:
+            """An image (or a list) and the text prompts -> ``pixel_values`` + tokenized prompts."""
+            images = [as_pil_image(i) for i in image] if isinstance(image, (list, tuple)) else as_pil_image(image)
+            return clip_processor(text=list(prompts), images=images, padding=True, return_tensors="pt")
+
+        improc = clip_processor.image_processor
+        info.update(mean=tuple(improc.image_mean), std=tuple(improc.image_std), task="image-text similarity")
+    elif kind == "image":
         processor = fetch(AutoImageProcessor.from_pretrained)
 
         def preprocess(image: Any) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Hub loader: offline behaviour, random-weights path, ImageNet names from timm's files."""
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -71,7 +72,7 @@ def test_unknown_names_and_bad_pretrained_are_clear_errors():
 
 
 @pytest.mark.parametrize("name", ["facebook/deit-small-patch16-224", "facebook/deit-base-distilled-patch16-224",
-                                  "facebook/dinov2-small-imagenet1k-1-layer"])
+                                  "facebook/dinov2-small-imagenet1k-1-layer", "openai/clip-vit-base-patch32"])
 def test_known_vision_classifiers_fail_fast_offline_naming_the_embedded_models(offline, name):
     from lrp_core.models.hub import KNOWN_HF_MODELS
     assert KNOWN_HF_MODELS[name][0] == "image"
@@ -93,3 +94,34 @@ def test_known_text_classifiers_fail_fast_offline_naming_the_embedded_model(offl
         load(name)
     assert time.perf_counter() - t < 5
     assert name in str(err.value) and "minilm-sentiment" in str(err.value)
+
+
+def test_a_cached_clip_checkpoint_loads_with_its_processor_and_is_explained(tmp_path):
+    """A CLIP repo saved locally (tiny, random, with a CLIP tokenizer built from a tiny vocabulary) loads as
+    CLIPModel + processor; its preprocess gives what explain takes."""
+    import json
+
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+
+    from lrp_core import explain
+    words = ["a", "photo", "of", "dog", "cat"]
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, **{w + "</w>": i + 2 for i, w in enumerate(words)}}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    tok = CLIPTokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    proc = CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32},
+                                                            crop_size={"height": 32, "width": 32}), tokenizer=tok)
+    cfg = CLIPConfig(text_config=dict(vocab_size=len(vocab), hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=16,
+                                      bos_token_id=0, eos_token_id=1),
+                     vision_config=dict(image_size=32, patch_size=8, hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=1, num_attention_heads=2), projection_dim=8)
+    repo = tmp_path / "tiny-clip"
+    CLIPModel(cfg).save_pretrained(repo)
+    proc.save_pretrained(repo)
+    loaded = load(str(repo))
+    assert type(loaded.model).__name__ == "CLIPModel" and loaded.kind == "image"
+    image = (np.random.default_rng(0).random((40, 40, 3)) * 255).astype(np.uint8)
+    inputs = loaded.preprocess(image, ["a photo of a dog", "a photo of a cat"])
+    exp = explain(loaded.model, inputs, method="generic_attention", target=[1])
+    assert exp.scores.shape == (1, 16) and exp.logits.shape == (1, 2)
