@@ -8,7 +8,9 @@ hand-made cases and used on any model:
 - :func:`segmentation_scores` — pixel accuracy, background/foreground IoU,
   mIoU and mAP of a relevance map against an object mask.
 - :func:`word_scores`, :func:`word_ids_from_offsets`, :func:`rationale_scores`
-  — ERASER token-level precision / recall / F1 at top-k words.
+  — ERASER token-level precision / recall / F1 at top-k words;
+  :func:`eraser_texts`, :func:`aopc` — ERASER's comprehensiveness and
+  sufficiency (AOPC over removal fractions).
 - :func:`class_sensitivity`, :func:`class_map_correlation` — how class-specific
   the maps are on scenes with two objects of different classes.
 - :func:`deletion_drops`, :func:`deletion_agreement` (:func:`deletion_cases`,
@@ -424,6 +426,46 @@ def rationale_f1_at_gold_size(scores: Sequence[np.ndarray],
     return float(np.mean(vals)) if vals else math.nan
 
 
+ERASER_FRACTIONS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)
+"""Removal fractions q of ERASER's comprehensiveness and sufficiency (AOPC bins)."""
+
+
+def eraser_texts(words: Sequence[str], scores: np.ndarray,
+                 fractions: Sequence[float] = ERASER_FRACTIONS) -> list[tuple[str, str]]:
+    """The inputs of ERASER's faithfulness metrics, one pair per fraction q.
+
+    The top ``ceil(q · W)`` words (:func:`top_k_words`, ties by position; at
+    least one) are the rationale; the pair is (the text *without* them, for
+    comprehensiveness; the text of *only* them, for sufficiency), the kept words
+    in their original order joined by single spaces.
+
+    Args:
+        words: (W,) the document's words; scores: (W,) their scores.
+    """
+    out = []
+    for q in fractions:
+        if not 0.0 < q <= 1.0:
+            raise InputError(f"fractions must lie in (0, 1], got {q}")
+        k = max(1, math.ceil(q * len(words) - 1e-9))
+        top = top_k_words(np.asarray(scores, dtype=np.float64), k)
+        out.append((" ".join(w for w, t in zip(words, top) if not t),
+                    " ".join(w for w, t in zip(words, top) if t)))
+    return out
+
+
+def aopc(p_full: float, p_perturbed: Sequence[float]) -> float:
+    """Area over the perturbation curve: mean over the bins of ``p_full − p_q``.
+
+    Comprehensiveness passes the class probability of the texts without the
+    rationale (higher = more faithful); sufficiency of the texts of the
+    rationale alone (lower = more faithful).
+    """
+    p = np.asarray(p_perturbed, dtype=np.float64)
+    if p.size == 0:
+        raise InputError("aopc needs at least one perturbed probability")
+    return float(np.mean(float(p_full) - p))
+
+
 # --------------------------------------------------------------------------
 # class sensitivity (two-object scenes)
 # --------------------------------------------------------------------------
@@ -663,6 +705,7 @@ def pooled_correlation(scores_a: Tensor, scores_b: Tensor) -> float:
 __all__ = [
     "FRACTIONS", "TOP_K", "average_precision", "class_map_correlation", "class_sensitivity",
     "deletion_agreement", "deletion_cases", "deletion_drops", "object_mass_shares",
+    "ERASER_FRACTIONS", "aopc", "eraser_texts",
     "minmax_normalise", "n_removed", "own_mask_share", "pearson", "perturbation_auc",
     "perturbation_curve", "perturbation_masks", "pooled_correlation", "rationale_f1_at_gold_size",
     "rationale_scores",

@@ -1,4 +1,5 @@
-"""The text protocol: rationale precision / recall / F1 of each method's top-k words.
+"""The text protocol: rationale precision / recall / F1 of each method's top-k words,
+and ERASER's comprehensiveness / sufficiency (:func:`faithfulness`).
 
 :func:`text_word_scores` explains documents in batches and pools the
 word-piece scores to words (max over the pieces of a word);
@@ -24,7 +25,8 @@ from .report import Results, metric_value
 def text_metric_names(ks: Sequence[int] = M.TOP_K) -> tuple[str, ...]:
     """Metric names of a text evaluation: ``token_f1@k`` (+ precision, recall) per k."""
     names = [f"token_{m}@{k}" for m in ("f1", "precision", "recall") for k in ks]
-    return tuple(names) + ("token_f1@gold", "cdam_sparsity", "tam_correlation")
+    return tuple(names) + ("token_f1@gold", "comprehensiveness", "sufficiency",
+                           "cdam_sparsity", "tam_correlation")
 
 
 def _max_length(tokenizer: Any, model: Any) -> int:
@@ -79,6 +81,45 @@ def random_word_scores(data: TextSet, seed: int = 0) -> list[np.ndarray]:
 
 
 @torch.no_grad()
+def class_probabilities(model: Any, tokenizer: Any, texts: Sequence[str], classes: Sequence[int],
+                        batch_size: int = 32) -> np.ndarray:
+    """(len(texts),) softmax probability of ``classes[i]`` for each text (empty text: specials only)."""
+    device = model_device(model)
+    max_len = _max_length(tokenizer, model)
+    out = []
+    for s in range(0, len(texts), batch_size):
+        enc = tokenizer(list(texts[s:s + batch_size]), padding=True, truncation=True,
+                        max_length=max_len, return_tensors="pt")
+        logits = logits_of(model, {"input_ids": enc["input_ids"].to(device),
+                                   "attention_mask": enc["attention_mask"].to(device)})
+        p = torch.softmax(logits.double(), -1).cpu()
+        out.append(p[torch.arange(len(p)), torch.as_tensor(classes[s:s + batch_size])].numpy())
+    return np.concatenate(out)
+
+
+def faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
+                 word_scores: Sequence[np.ndarray], classes: Sequence[int],
+                 fractions: Sequence[float] = M.ERASER_FRACTIONS, batch_size: int = 32,
+                 ) -> dict[str, float]:
+    """ERASER comprehensiveness and sufficiency (AOPC over ``fractions``), means over documents.
+
+    Args:
+        word_scores: per document (W,) scores; classes: the class explained per document.
+    """
+    texts, full = [], [" ".join(r.words) for r in records]
+    for r, ws in zip(records, word_scores):
+        texts.extend(t for pair in M.eraser_texts(r.words, ws, fractions) for t in pair)
+    q = len(fractions)
+    cls = list(classes)
+    p_full = class_probabilities(model, tokenizer, full, cls, batch_size)
+    p = class_probabilities(model, tokenizer, texts, [c for c in cls for _ in range(2 * q)],
+                            batch_size).reshape(len(records), q, 2)
+    comp = [M.aopc(pf, pi[:, 0]) for pf, pi in zip(p_full, p)]
+    suff = [M.aopc(pf, pi[:, 1]) for pf, pi in zip(p_full, p)]
+    return {"comprehensiveness": float(np.mean(comp)), "sufficiency": float(np.mean(suff))}
+
+
+@torch.no_grad()
 def text_accuracy(model: Any, tokenizer: Any, data: TextSet, batch_size: int = 32) -> float:
     """Share of documents whose predicted class is their label."""
     device = model_device(model)
@@ -109,6 +150,7 @@ def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
     skipped: list[str] = []
     tokens: dict[str, list[np.ndarray]] = {}  # word-piece scores per method, TAM reused by CDAM
     gold = [r.rationale for r in data.records]
+    classes = _explained_classes(model, tokenizer, data, target) if model is not None else []
     for method in progress_bar(batching.method_order(methods), progress, desc="methods"):
         try:
             ws, ts = text_word_scores(model, tokenizer, data.records, method, target,
@@ -118,14 +160,34 @@ def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
             continue
         tokens[method] = ts
         res = _rationale_metrics(ws, gold, ks)
+        if model is not None:  # scoring alone (stubbed engines in tests) has no model to ask
+            res.update(faithfulness(model, tokenizer, data.records, ws, classes))
         if method == "cdam":
             res.update(_cdam_stats(model, tokenizer, data, ts, tokens, target, batch_size,
                                    skipped))
         results[method] = {k: metric_value(v) for k, v in res.items()}
     if baseline:
         methods = [*methods, "random"]
-        results["random"] = _rationale_metrics(random_word_scores(data), gold, ks)
+        rnd = random_word_scores(data)
+        results["random"] = _rationale_metrics(rnd, gold, ks)
+        if model is not None:
+            results["random"].update(faithfulness(model, tokenizer, data.records, rnd, classes))
     return {m: results[m] for m in methods if m in results}, skipped
+
+
+def _explained_classes(model: Any, tokenizer: Any, data: TextSet, target: str) -> list[int]:
+    """The class each document's maps explain: its label, or the model's prediction."""
+    if target == "true":
+        return [r.label for r in data.records]
+    texts = [r.text for r in data.records]
+    p = np.stack([class_probabilities(model, tokenizer, texts, [c] * len(texts))
+                  for c in range(_n_classes(model))], axis=1)
+    return p.argmax(1).tolist()
+
+
+def _n_classes(model: Any) -> int:
+    """Number of classes of a Hugging Face classifier."""
+    return int(getattr(getattr(model, "config", None), "num_labels", 2))
 
 
 def _cdam_stats(model: Any, tokenizer: Any, data: TextSet, ts: list[np.ndarray],
@@ -164,4 +226,5 @@ def _rationale_metrics(ws: list[np.ndarray], gold: list[Sequence[bool]], ks: Seq
 
 
 __all__ = ["text_metric_names", "text_word_scores", "random_word_scores", "text_accuracy",
+           "class_probabilities", "faithfulness",
            "evaluate_text"]
