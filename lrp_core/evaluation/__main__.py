@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--no-baseline", action="store_true",
                    help="leave out the reference row 'random' (seeded random maps)")
+    p.add_argument("--device", default="cpu", help="torch device of the model (e.g. cuda)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (1 is fastest on a busy machine)")
     return p
@@ -56,7 +57,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torch.set_num_threads(a.threads)
     try:
         run = evaluate(a.model, a.methods, a.n, a.batch_size, a.seed, a.data, a.split,
-                       a.text_target, progress=not a.quiet, baseline=not a.no_baseline)
+                       a.text_target, progress=not a.quiet, baseline=not a.no_baseline,
+                       device=a.device)
     except LRPError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

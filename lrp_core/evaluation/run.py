@@ -26,14 +26,15 @@ def resolve_methods(spec: str | Sequence[str]) -> list[str]:
 def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all", n: int = 500,
              batch_size: int = 32, seed: int = SCENE_SEED, data: Optional[str] = None,
              split: str = "val", text_target: str = "true", progress: bool = True,
-             baseline: bool = True) -> dict[str, Any]:
+             baseline: bool = True, device: str = "cpu") -> dict[str, Any]:
     """Run the evaluation of ``model`` (a name for :func:`lrp_core.models.load` or a LoadedModel).
 
     ``baseline`` adds a reference row ``random`` (seeded uniform random maps
     / word scores). Returns a dict with ``results`` ({method: {metric:
     value}}), ``curves`` (image models), ``kind``, ``model``, ``n``,
     ``accuracy`` (clean accuracy on the evaluated data), ``skipped`` and
-    ``seconds``.
+    ``seconds``. ``device`` is where the model runs (the data stay on the CPU
+    and move batch by batch).
     """
     from ..models import load  # late: the model zoo pulls in timm / transformers
     t0 = time.perf_counter()
@@ -41,8 +42,10 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     if n < 1:
         raise InputError(f"n must be >= 1, got {n}")
     loaded = load(model) if isinstance(model, str) else model
+    if device != "cpu":
+        loaded.model.to(device)
     out: dict[str, Any] = {"model": getattr(loaded, "name", str(model)), "kind": loaded.kind,
-                           "methods": names, "seed": seed}
+                           "methods": names, "seed": seed, "device": str(device)}
     if loaded.kind == "image":
         out.update(_image_run(loaded, out["model"], names, n, batch_size, seed, data, progress,
                               baseline))
