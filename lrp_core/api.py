@@ -78,7 +78,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
             for rows, n in groups:
                 sub = _take(prepared, rows, n)
                 call = Call(adapter, sub, adapter.layout(sub), _sub_resolver(resolve, rows), opt, concept,
-                            None if negative is None else negative[rows])
+                            None if negative is None else negative.to(rows.device)[rows])
                 parts.append((rows, n, spec.run(call)))
             result = _merge(parts, batch, prepared["attention_mask"].shape[1])
     used = dict(result.used)
@@ -133,8 +133,9 @@ def _merge(parts: list, batch: int, T: int):
             out[idx] = getattr(res, name)
         return out
 
-    target = torch.empty(batch, dtype=torch.long)
-    logits = torch.empty((batch,) + tuple(first.logits.shape[1:]), dtype=first.logits.dtype)
+    dev = first.logits.device
+    target = torch.empty(batch, dtype=torch.long, device=dev)
+    logits = torch.empty((batch,) + tuple(first.logits.shape[1:]), dtype=first.logits.dtype, device=dev)
     for rows, _, res in parts:
         target[rows] = res.target
         logits[rows] = res.logits
@@ -252,7 +253,11 @@ def _target_resolver(target, batch: int, num_classes: int):
     if bad.any():
         raise InputError(f"target {t[bad].tolist()} out of range: the model has {num_classes} classes "
                          f"(0 … {num_classes - 1})")
-    return lambda logits, rows=None: (t if rows is None else t[rows]).to(logits.device)
+
+    def resolve(logits: Tensor, rows: Optional[Tensor] = None) -> Tensor:
+        on = t.to(logits.device)
+        return on if rows is None else on[rows.to(logits.device)]
+    return resolve
 
 
 # ----------------------------------------------------------------------------

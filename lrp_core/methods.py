@@ -102,8 +102,9 @@ class Call:
         y = logits.gather(1, target[:, None]).squeeze(1)
         if self.negative is None:
             return y
-        neg = self.negative if rows is None else self.negative[rows]
-        return y - logits.gather(1, neg.to(target.device)[:, None]).squeeze(1)
+        neg = self.negative.to(target.device)
+        neg = neg if rows is None else neg[rows]
+        return y - logits.gather(1, neg[:, None]).squeeze(1)
 
 
 # ----------------------------------------------------------------------------
@@ -299,11 +300,12 @@ def token_ablation(c: Call) -> MethodResult:
         B, N, D = x0.shape
         mask = trace.mask
         # (sample, token) pairs to ablate: every scored token but those the classifier reads (their score stays 0)
-        pairs = torch.cartesian_prod(torch.arange(B), c.layout.ablatable())
+        dev = x0.device  # every index lives where the activations are (CUDA too)
+        pairs = torch.cartesian_prod(torch.arange(B, device=dev), c.layout.ablatable().to(dev))
         if mask is not None:
             pairs = pairs[mask[pairs[:, 0], pairs[:, 1]].bool()]
-        keep = torch.arange(N - 1)
-        scores = torch.zeros(B, N, dtype=x0.dtype)
+        keep = torch.arange(N - 1, device=dev)
+        scores = torch.zeros(B, N, dtype=x0.dtype, device=dev)
         bar = tqdm(total=len(pairs), desc="token ablation", unit="seq",
                    disable=not opt.progress if opt.progress is not None else len(pairs) < 2048, leave=False)
         for chunk in pairs.split(opt.batch_size):

@@ -108,7 +108,7 @@ class CLIPImageAdapter(ViTAdapter):
             text = getattr(out, "pooler_output", out)
             text = L2Normalize()(text)
             weight = (text * self.model.logit_scale.exp()).to(dtype)
-        self.prompts = nn.Linear(weight.shape[1], weight.shape[0], bias=False).to(dtype)
+        self.prompts = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=dtype)
         self.prompts.weight.data.copy_(weight)
         self.prompts.requires_grad_(False)
         self.readout.head[-1] = HeadLayer(LINEAR, self.prompts)
@@ -191,7 +191,8 @@ class CLIPTextAdapter(Adapter):
             out = self.model.get_image_features(pixel_values=images)
             emb = L2Normalize()(getattr(out, "pooler_output", out))
             weight = (emb * self.model.logit_scale.exp()).to(images.dtype)
-        self.images = nn.Linear(weight.shape[1], weight.shape[0], bias=False).to(images.dtype)
+        self.images = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device,
+                                dtype=images.dtype)
         self.images.weight.data.copy_(weight)
         self.images.requires_grad_(False)
         self.readout.head[-1] = HeadLayer(LINEAR, self.images)
