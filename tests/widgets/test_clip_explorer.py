@@ -13,27 +13,14 @@ from lrp_core import Contrast
 from lrp_core.adapters import get_adapter
 from widgets import _engine
 from widgets.clip import NO_CONTRAST
+from tiny_clip import make_clip
 
 GRID = (4, 4)
 
 
 def tiny_clip(seed: int = 0) -> torch.nn.Module:
-    """A random HF CLIPModel: 32 px images, 8 px patches (4x4 grid), 2 vision blocks, 3 heads."""
-    from transformers import CLIPConfig, CLIPModel
-    torch.manual_seed(seed)
-    cfg = CLIPConfig(
-        text_config=dict(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, max_position_embeddings=16, bos_token_id=1, eos_token_id=2),
-        vision_config=dict(image_size=32, patch_size=8, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                           num_attention_heads=3), projection_dim=24)
-    model = CLIPModel(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # non-trivial LayerNorms
-        for m in model.modules():
-            if isinstance(m, torch.nn.LayerNorm):
-                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=g))
-                m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
-    return model
+    """The shared tiny CLIPModel with end-of-text id 2, as the word tokenizer below writes it."""
+    return make_clip(seed, eos_token_id=2)
 
 
 class WordTokenizer:
