@@ -165,9 +165,10 @@ def check_model(name: str) -> Result:
         x = m.preprocess(["A warm and funny film."])
         exp = explain(m.model, x, method="cdam")
     else:
-        size = 224 if name.startswith("dinov2") else 64
-        x = torch.rand(1, 3, size, size)
-        if name.startswith("dinov2"):
+        size = m.info.get("image_size", 64)  # each embedded image model says its own input size
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        x = torch.rand(1, 3, h, w)
+        if getattr(m.model, "num_classes", 1) == 0:  # a backbone without a head: explain a concept
             from lrp_core import concept_target
             exp = explain(m.model, x, method="cdam", target=concept_target(m.model, x, name="self"))
         else:
