@@ -115,11 +115,6 @@ def one_hot(logits: Tensor, target: Tensor) -> Tensor:
     return torch.zeros_like(logits).scatter_(1, target[:, None], 1.0)
 
 
-def target_output(trace: Trace, target: Tensor) -> Tensor:
-    """y_t per sample (B,): the target logit."""
-    return trace.logits.gather(1, target[:, None]).squeeze(1)
-
-
 def _readout_scores(c: Call, M: Tensor) -> Tensor:
     """Token scores from a token-mixing matrix M (B, N, N): the readout's row, scored tokens only."""
     return c.layout.scores(c.adapter.readout.row(M))
@@ -362,6 +357,6 @@ def cp_lrp(c: Call) -> MethodResult:
     return _modified_gradient(c, CP_LRP)
 
 
-__all__ = ["ConceptTarget", "Contrast", "MethodResult", "Options", "Call", "one_hot", "target_output",
+__all__ = ["ConceptTarget", "Contrast", "MethodResult", "Options", "Call", "one_hot",
            "transformer_attribution", "generic_attention", "rollout", "raw_attention", "attention_gradcam", "lrp",
            "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp"]

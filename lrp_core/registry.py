@@ -96,11 +96,6 @@ def get(method: str) -> MethodSpec:
         raise UnknownMethodError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}") from None
 
 
-def methods_taking(option: str) -> tuple:
-    """Names of the methods that accept ``option``."""
-    return tuple(n for n, s in METHODS.items() if s.takes(option))
-
-
 def product_norm(method: str, options: Mapping[str, Any]) -> Optional[str]:
     """How the factors I + Ā_b of ``method``'s layer product are normalised, given the options an
     explanation used (``Explanation.options``); ``None`` for a method without per-block matrices."""
@@ -154,5 +149,5 @@ def _accepted(spec: MethodSpec) -> str:
     return f"method {spec.name!r} accepts: " + "; ".join(f"{o} ({OPTION_HELP[o]})" for o in spec.options)
 
 
-__all__ = ["MethodSpec", "METHODS", "METHOD_NAMES", "CLASS_AGNOSTIC", "OPTION_HELP", "get", "methods_taking",
+__all__ = ["MethodSpec", "METHODS", "METHOD_NAMES", "CLASS_AGNOSTIC", "OPTION_HELP", "get",
            "parse_options", "product_norm"]

@@ -166,10 +166,5 @@ def get_adapter(model: nn.Module) -> Adapter:
     raise UnsupportedModelError(f"{type(model).__name__} is not supported. Supported: {SUPPORTED}")
 
 
-def modality_of(model: nn.Module) -> str:
-    """``"image"`` or ``"text"`` for a supported model (raises :class:`UnsupportedModelError` otherwise)."""
-    return get_adapter(model).modality
-
-
-__all__ = ["ADAPTERS", "REFUSED", "Adapter", "BlockRelevance", "TokenLayout", "Trace", "get_adapter", "modality_of",
+__all__ = ["ADAPTERS", "REFUSED", "Adapter", "BlockRelevance", "TokenLayout", "Trace", "get_adapter",
            "SUPPORTED"]
