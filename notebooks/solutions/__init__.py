@@ -1,7 +1,7 @@
 """Exercises of the course, with checkers, hints and solutions.
 
 Every exercise ``exN_k`` (notebook N, exercise k) is an :class:`~solutions.exercise.Exercise`
-defined in the module of its notebook (``nb01`` ... ``nb10``)::
+defined in the module of its notebook (``nb01`` ... ``nb12``)::
 
     from solutions import ex1_1
     ex1_1.check(my_answer)   # a verdict with specific feedback; True / False
@@ -17,7 +17,8 @@ from typing import Any
 
 from .exercise import NOT_ATTEMPTED, Exercise, Mistake
 
-_MODULES = ("nb00", "nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09", "nb10")
+_MODULES = ("nb00", "nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09", "nb10", "nb11",
+            "nb12")
 
 
 def _module(mod: str):

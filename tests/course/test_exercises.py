@@ -64,7 +64,7 @@ def reference_answer(name: str):
 # ---------------------------------------------------------------- metadata
 def test_the_course_has_exercises():
     assert len(EXERCISES) >= 20
-    assert {n.split("_")[0] for n in EXERCISES} >= {f"ex{i}" for i in range(11)}
+    assert {n.split("_")[0] for n in EXERCISES} >= {f"ex{i}" for i in range(13)}
 
 
 @pytest.mark.parametrize("name", sorted(EXERCISES))
@@ -162,6 +162,16 @@ WRONG = {
     "ex10_1": [(lambda: {"rollout"}, "is missing ['raw_attention']"),
                (lambda: {"rollout", "raw_attention", "cdam"}, "should not contain ['cdam']")],
     "ex10_2": [(lambda: {k: v[::-1] for k, v in _ref("ex10_2").items()}, "differs from the reference")],
+    "ex11_1": [(lambda: 2 * _ref("ex11_1"), "a missing ÷2"),
+               (lambda: _ref("ex11_1") + torch.tensor([0.5, 0.0, 0.0, 0.0], dtype=torch.float64),
+                "conservation violated"),
+               (lambda: _ref("ex11_1").sum(), "single number")],
+    "ex11_2": [(lambda: (_ref("ex11_2")[0], 0.25), "differs from the reference"),
+               (lambda: (2, _ref("ex11_2")[1]), "differs from the reference")],
+    "ex12_1": [(lambda: _ref("ex12_1")[:32], "wrong shape"),
+               (lambda: _ref("ex12_1").reshape(8, 8), None)],          # the 8 × 8 grid is the same map: passes
+    "ex12_2": [(lambda: -_ref("ex12_2"), "sign error"),
+               (lambda: _ref("ex12_2").reshape(4, 4), None)],
 }
 
 
