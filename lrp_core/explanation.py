@@ -31,7 +31,8 @@ class Conservation:
     def absorbed(self) -> torch.Tensor:
         """(B, L + 1) relevance lost at each step (a stage's total minus the next one's): 0 where conserved.
 
-        Step 0 is the readout and the last block, step L the embedding layer below block 0.
+        Step 0 is the readout (head, final norm: output → leaving block L−1), step k (1 … L−1) is
+        block L−k, and step L is block 0 together with the embedding layer below it.
         """
         s = self.stages()
         return s[:, :-1] - s[:, 1:]
