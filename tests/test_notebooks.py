@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from notebook_text import stored_output_text
 
 ROOT = Path(__file__).resolve().parents[1]
 NB_DIR = ROOT / "notebooks"
@@ -126,21 +127,10 @@ def test_exercise_cells_are_stored_unattempted(path: Path):
         assert "difficulty" in intro and re.search(r"about \d+ min", intro) and f"{name}.solution()" in intro
 
 
-def _stored_output_text(nb: dict) -> str:
-    parts = []
-    for cell in nb["cells"]:
-        for out in cell.get("outputs", []):
-            parts.append("".join(out.get("text", "")))
-            for kind, data in out.get("data", {}).items():
-                if kind.startswith("text/"):
-                    parts.append("".join(data))
-    return "\n".join(parts)
-
-
 def test_no_solution_code_in_stored_outputs():
     """No line of any reference solution appears in a stored output (the results: tests/course)."""
     import inspect
-    outputs = {p.name: _stored_output_text(_load(p)) for p in NOTEBOOKS}
+    outputs = {p.name: stored_output_text(_load(p)) for p in NOTEBOOKS}
     for name, ex in _exercises().items():
         lines = [ln.strip() for ln in inspect.getsource(ex.reference).splitlines()]
         lines = [ln for ln in lines if len(ln) >= 25 and not ln.startswith(("#", '"""'))]

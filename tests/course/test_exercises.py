@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from notebook_text import stored_output_text
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "notebooks"))
@@ -233,15 +234,8 @@ def test_reveal_is_the_solution():
 # ---------------------------------------------------------------- nothing leaks into the stored notebooks
 def _stored_outputs() -> str:
     import json
-    parts = []
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
-            for out in cell.get("outputs", []):
-                parts.append("".join(out.get("text", "")))
-                for kind, data in out.get("data", {}).items():
-                    if kind.startswith("text/"):
-                        parts.append("".join(data))
-    return "\n".join(parts)
+    return "\n".join(stored_output_text(json.loads(p.read_text(encoding="utf-8")))
+                     for p in sorted((ROOT / "notebooks").glob("*.ipynb")))
 
 
 @pytest.mark.parametrize("name", sorted(EXERCISES))
