@@ -1,4 +1,4 @@
-"""Evaluation metrics for relevance maps (``METHODS.md`` §3).
+"""Evaluation metrics for relevance maps (``docs/METHODS.md`` §3).
 
 Every function works on plain tensors / arrays, so it can be checked on tiny
 hand-made cases and used on any model:

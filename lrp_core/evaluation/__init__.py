@@ -1,4 +1,4 @@
-"""Evaluation runner: every explanation method on the protocols of ``METHODS.md`` §3.
+"""Evaluation runner: every explanation method on the protocols of ``docs/METHODS.md`` §3.
 
 Command line::
 
