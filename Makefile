@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lab test browser bench evaluate clean
+.PHONY: install lab test browser bench bench-quick evaluate clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,13 @@ lab: $(STAMP)
 test: $(STAMP) browser
 	$(BIN)/python -m pytest
 
+# The scaling table (about an hour on 2 cores; BENCH_ARGS="--threads 1" etc. to tune) and the short run.
+BENCH_ARGS ?=
 bench: $(STAMP)
-	$(BIN)/python -m lrp_core.bench
+	$(BIN)/python -m lrp_core.bench --json results/bench.json --markdown $(BENCH_ARGS)
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m lrp_core.bench --quick $(BENCH_ARGS)
 
 evaluate: $(STAMP)
 	$(BIN)/python -m lrp_core.evaluate --model toy-vit --methods all --n 500 --out results/toy-vit.json

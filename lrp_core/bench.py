@@ -1,84 +1,514 @@
-"""Speed benchmark: ``python -m lrp_core.bench``.
+"""Speed and memory benchmark: ``python -m lrp_core.bench``.
 
-For every method, milliseconds per image on timm ``deit_tiny_patch16_224`` and
-``deit_small_patch16_224`` (random weights: speed does not depend on them) at
-batch 1 and 16, and the ratio to a plain forward + backward of the same model
-and batch (loss = the target logit, gradients for the parameters as in
-training). Ratios are what carries across machines.
+The default run (also ``--scaling``) prints a **scaling table**. Cases: timm
+``deit_tiny_patch16_224``, ``deit_small_patch16_224`` and
+``vit_base_patch16_224`` at batch 1, 8 and 16 (224² images, 197 tokens), and
+Hugging Face BERT-base (``BertConfig()`` defaults, 2 labels) at batch 1 and 8 ×
+128, 256 and 512 tokens (random token ids, full attention mask). All weights
+are random (speed does not depend on them) and every random draw is seeded.
+
+For every case and every method of :data:`lrp_core.api.METHODS`, and for a
+plain forward + backward of the same model and batch (loss = the target logit,
+gradients for the parameters as in training), it reports
+
+* ms per sample (best of ``--repeat`` timed runs after one warm-up run),
+* the ratio to forward + backward (what carries across machines),
+* peak memory: each (case, method) and each case's forward + backward runs in
+  a fresh subprocess, whose peak RSS (``ru_maxrss``) is reported, with the part
+  above the loaded model and inputs (the RSS right before the first call), and
+  the ratio of the peaks to forward + backward's (issue #15's target: ≤ 1.5).
+
+Honest limits, on purpose:
+
+* ``token_ablation`` runs one forward pass per token and sample (197, or up to
+  512, per sample: minutes per case at the large sizes). It is timed only where
+  batch × tokens ≤ ``--ablation-max`` (default 256: batch 1 up to 256 tokens);
+  elsewhere the table shows "—" and a footnote says why.
+* Long calls get fewer timed runs: after the warm-up, ``min(--repeat,
+  --budget // warm-up time)`` runs (at least 1), and a call whose warm-up alone
+  takes longer than ``--budget`` seconds (default 20) is timed by that one run.
+  The ``runs`` field of ``--json`` records how many runs each number is the
+  best of.
+
+``--quick`` is the short run: deit tiny and small at batch 1 and 16, all in
+this process (no subprocesses, so no memory columns). ``--json PATH`` saves the
+rows (rewritten after every row, so an interrupted run keeps what it measured),
+``--markdown`` prints a Markdown table for the README at the end. The model
+names ``tiny-vit`` and ``tiny-bert`` are seconds-fast stand-ins (2 blocks,
+width 48 / 32) for the tests and for a smoke run of the machinery.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import time
-from typing import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from .api import METHODS, explain
 
-MODELS = ("deit_tiny_patch16_224", "deit_small_patch16_224")
-BATCHES = (1, 16)
+#: The baseline every method is compared with (a row of its own in the table).
+BASELINE = "forward+backward"
+IMAGE_MODELS = ("deit_tiny_patch16_224", "deit_small_patch16_224", "vit_base_patch16_224")
+TEXT_MODELS = ("bert-base",)
+#: Seconds-fast stand-ins for the tests and a smoke run (2 blocks, random weights).
+TINY_MODELS = ("tiny-vit", "tiny-bert")
+IMAGE_BATCHES = (1, 8, 16)
+TEXT_BATCHES = (1, 8)
+LENGTHS = (128, 256, 512)
+QUICK_MODELS = ("deit_tiny_patch16_224", "deit_small_patch16_224")
+QUICK_BATCHES = (1, 16)
+#: token_ablation is timed only where batch × tokens is at most this (it costs one forward per token and sample).
+ABLATION_MAX = 256
+#: Seconds: a call slower than this gets fewer timed runs (see the module docstring).
+BUDGET_S = 20.0
+#: The worker's stdout line that carries its result (JSON after the tag).
+RESULT_TAG = "BENCH_RESULT "
+
+Inputs = Union[Tensor, dict]
 
 
-def _time(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
-    """Best wall time of ``fn`` over ``repeat`` runs, in seconds (the least disturbed by other load)."""
+@dataclass(frozen=True)
+class Case:
+    """One model at one input size: ``batch`` samples of ``tokens`` tokens.
+
+    ``tokens`` is the sequence length the Transformer sees: patches + class
+    token for a ViT (197 at 224² with 16² patches), the text length for BERT.
+    """
+
+    model: str
+    batch: int
+    tokens: int
+
+    @property
+    def text(self) -> bool:
+        return is_text(self.model)
+
+    @property
+    def size(self) -> str:
+        return f"{self.batch} × {self.tokens}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How each (case, method) is measured."""
+
+    repeat: int = 3
+    budget: float = BUDGET_S
+    threads: int = 0  # torch threads in the measuring process; 0: torch's default
+    seed: int = 0
+    ablation_max: int = ABLATION_MAX
+
+
+# ----------------------------------------------------------------------------------------------- models, inputs
+
+
+def is_text(name: str) -> bool:
+    return name in TEXT_MODELS or name == "tiny-bert"
+
+
+def build_model(name: str) -> nn.Module:
+    """``name`` with random weights, in eval mode (seed torch first for reproducible weights).
+
+    ``name``: a timm ViT name, ``"bert-base"`` (``BertConfig()`` defaults, 2 labels), or a tiny stand-in.
+    """
+    if name == "bert-base":
+        from transformers import BertConfig, BertForSequenceClassification
+        return BertForSequenceClassification(BertConfig(num_labels=2)).eval()
+    if name == "tiny-bert":
+        from transformers import BertConfig, BertForSequenceClassification
+        cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, num_labels=2)
+        return BertForSequenceClassification(cfg).eval()
+    if name == "tiny-vit":
+        from timm.models.vision_transformer import VisionTransformer
+        return VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=5).eval()
+    import timm
+    return timm.create_model(name, pretrained=False).eval()
+
+
+def image_tokens(name: str) -> int:
+    """Sequence length (patches + prefix tokens) of the ViT ``name``, from a weightless (meta) copy."""
+    with torch.device("meta"):
+        model = build_model(name)
+    return int(model.patch_embed.num_patches + model.num_prefix_tokens)
+
+
+def make_inputs(model: nn.Module, case: Case, seed: int = 0) -> Inputs:
+    """Seeded random inputs: images (B, 3, H, W), or ``{"input_ids", "attention_mask"}`` (B, T) for text."""
+    g = torch.Generator().manual_seed(seed)
+    if case.text:
+        ids = torch.randint(0, model.config.vocab_size, (case.batch, case.tokens), generator=g)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    h, w = model.patch_embed.img_size
+    return torch.randn(case.batch, 3, h, w, generator=g)
+
+
+def prepare(case: Case, seed: int = 0) -> tuple[nn.Module, Inputs]:
+    """The model (torch seeded with ``seed`` first) and the inputs of ``case``."""
+    torch.manual_seed(seed)
+    model = build_model(case.model)
+    return model, make_inputs(model, case, seed)
+
+
+# ----------------------------------------------------------------------------------------------- measuring
+
+
+def forward_backward(model: nn.Module, inputs: Inputs) -> None:
+    """The baseline: forward, loss = target (argmax) logit (B, C) → scalar, backward into the parameters."""
+    logits = model(**inputs).logits if isinstance(inputs, dict) else model(inputs)
+    logits.gather(1, logits.argmax(1, keepdim=True)).sum().backward()
+    model.zero_grad(set_to_none=True)
+
+
+def call_for(model: nn.Module, inputs: Inputs, method: str) -> Callable[[], object]:
+    """The call to time: the baseline or ``explain(model, inputs, method=method)``."""
+    if method == BASELINE:
+        return lambda: forward_backward(model, inputs)
+    return lambda: explain(model, inputs, method=method)
+
+
+def best_time(fn: Callable[[], object], repeat: int, warmup: int = 1,
+              budget: Optional[float] = None) -> tuple[float, int]:
+    """Best wall time of ``fn`` in seconds (the least disturbed by other load), and how many runs it is the best of.
+
+    After ``warmup`` untimed runs, ``repeat`` timed runs — fewer when a budget
+    is given: ``min(repeat, budget // t_warmup)`` (at least 1), and none when
+    the last warm-up run alone took longer than ``budget`` (that run is then the
+    time: for a call that long, warm-up effects are noise).
+    """
+    t_warm = None
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
+        t_warm = time.perf_counter() - t0
+    if budget is not None and t_warm is not None:
+        if t_warm > budget:
+            return t_warm, 1
+        repeat = max(1, min(repeat, int(budget // max(t_warm, 1e-9))))
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(times), repeat
 
 
-def forward_backward(model: torch.nn.Module, x: torch.Tensor) -> None:
-    """The baseline: forward, loss = target (argmax) logit, backward into the parameters."""
-    logits = model(x)
-    logits.gather(1, logits.argmax(1, keepdim=True)).sum().backward()
-    model.zero_grad(set_to_none=True)
+def rss_kb() -> Optional[int]:
+    """This process's resident set size now, in KB (Linux ``/proc``; ``None`` elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
-def run(models: Sequence[str] = MODELS, batches: Sequence[int] = BATCHES, methods: Sequence[str] = METHODS,
-        repeat: int = 3, seed: int = 0, printer: Callable[[str], None] = print) -> list[dict]:
-    import timm
+def peak_rss_kb() -> int:
+    """This process's peak resident set size so far, in KB (``ru_maxrss``; bytes on macOS)."""
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak
 
-    rows = []
-    torch.manual_seed(seed)
-    printer(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    printer(f"{'model':<24}{'batch':>6}  {'method':<26}{'ms/image':>10}{'× fwd+bwd':>11}")
+
+def measure(model: nn.Module, inputs: Inputs, method: str, settings: Settings) -> dict:
+    """Time ``method`` on (model, inputs); with this process's RSS before the first call and its peak after."""
+    fn = call_for(model, inputs, method)
+    before = rss_kb()
+    seconds, runs = best_time(fn, settings.repeat, budget=settings.budget)
+    peak = peak_rss_kb()
+    return {"seconds": seconds, "runs": runs, "rss_before_kb": before if before is not None else peak,
+            "peak_rss_kb": peak}
+
+
+def worker(job: dict) -> dict:
+    """The subprocess's work: build ``job``'s case, measure its method (``job``: Case and Settings fields + method)."""
+    settings = Settings(**{k: job[k] for k in Settings.__dataclass_fields__ if k in job})
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    case = Case(job["model"], job["batch"], job["tokens"])
+    model, inputs = prepare(case, settings.seed)
+    out = measure(model, inputs, job["method"], settings)
+    out["threads"] = torch.get_num_threads()
+    return out
+
+
+class BenchError(RuntimeError):
+    """A worker subprocess failed (its stderr's tail is in the message)."""
+
+
+def run_worker(case: Case, method: str, settings: Settings) -> dict:
+    """Measure (case, method) in a fresh Python process, so that its peak RSS is its own."""
+    job = {**asdict(case), **asdict(settings), "method": method}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, "-m", "lrp_core.bench", "--_worker", json.dumps(job)],
+                          capture_output=True, text=True, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise BenchError(f"{case.model} {case.size} {method}: worker exited {proc.returncode}: " + " | ".join(tail))
+    return json.loads(lines[-1][len(RESULT_TAG):])
+
+
+class InProcess:
+    """``--quick``: measure in this process, keeping the last case's model and inputs (no memory numbers)."""
+
+    def __init__(self) -> None:
+        self._case: Optional[Case] = None
+        self._built: Optional[tuple[nn.Module, Inputs]] = None
+
+    def __call__(self, case: Case, method: str, settings: Settings) -> dict:
+        if case != self._case:
+            self._case, self._built = case, prepare(case, settings.seed)
+        out = measure(*self._built, method, settings)
+        return {**out, "rss_before_kb": None, "peak_rss_kb": None}
+
+
+# ----------------------------------------------------------------------------------------------- the table
+
+
+def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
+               lengths: Sequence[int] = LENGTHS) -> list[Case]:
+    """Every (model, batch, length); ``batches=None``: 1, 8, 16 for images and 1, 8 for text."""
+    cases = []
     for name in models:
-        model = timm.create_model(name, pretrained=False).eval()
-        for B in batches:
-            x = torch.randn(B, 3, 224, 224)
-            base = _time(lambda: forward_backward(model, x), repeat)
-            printer(f"{name:<24}{B:>6}  {'forward+backward':<26}{1000 * base / B:>10.1f}{1.0:>11.2f}")
-            for method in methods:
-                reps = 1 if method == "token_ablation" else repeat
-                warm = 0 if method == "token_ablation" else 1
-                t = _time(lambda: explain(model, x, method=method), reps, warmup=warm)
-                rows.append({"model": name, "batch": B, "method": method, "ms_per_image": 1000 * t / B,
-                             "ratio": t / base})
-                printer(f"{name:<24}{B:>6}  {method:<26}{1000 * t / B:>10.1f}{t / base:>11.2f}")
+        if is_text(name):
+            cases += [Case(name, B, T) for B in (batches or TEXT_BATCHES) for T in lengths]
+        else:
+            T = image_tokens(name)
+            cases += [Case(name, B, T) for B in (batches or IMAGE_BATCHES)]
+    return cases
+
+
+def skip_reason(case: Case, method: str, settings: Settings) -> Optional[str]:
+    """Why (case, method) is not timed, or ``None``."""
+    if method == "token_ablation" and case.batch * case.tokens > settings.ablation_max:
+        return (f"token_ablation not timed where batch × tokens > {settings.ablation_max}: it runs one forward "
+                f"pass per token and sample ({case.batch * case.tokens} here)")
+    return None
+
+
+def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dict], note: str = "") -> dict:
+    """One table row. ``result``/``base``: what :func:`measure` returned for the method and the baseline.
+
+    ``ratio`` = method time / baseline time; ``peak_mb`` = the process's peak RSS; ``call_mb`` = that peak
+    minus the RSS right before the first call (what the call itself costs above the loaded model and
+    inputs); ``peak_ratio`` = peak / the baseline's peak; ``runs`` = how many timed runs the time is the best of.
+    """
+    row: dict[str, Any] = {"model": case.model, "batch": case.batch, "tokens": case.tokens, "method": method,
+                           "ms_per_sample": None, "ratio": None, "peak_mb": None, "call_mb": None,
+                           "peak_ratio": None, "runs": None, "seconds": None, "threads": None, "note": note}
+    if result is None:
+        return row
+    row["ms_per_sample"] = 1000 * result["seconds"] / case.batch
+    row["runs"], row["seconds"], row["threads"] = result["runs"], result["seconds"], result.get("threads")
+    if base is not None:
+        row["ratio"] = result["seconds"] / base["seconds"]
+    if result.get("peak_rss_kb") is not None:
+        row["peak_mb"] = result["peak_rss_kb"] / 1024
+        row["call_mb"] = (result["peak_rss_kb"] - result["rss_before_kb"]) / 1024
+        if base is not None and base.get("peak_rss_kb"):
+            row["peak_ratio"] = result["peak_rss_kb"] / base["peak_rss_kb"]
+    return row
+
+
+def _fmt(value: Optional[float], spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+HEADER = f"{'model':<24}{'batch × tok':>12}  {'method':<24}{'ms/sample':>10}{'×fwd+bwd':>9}" \
+         f"{'peak MB':>9}{'call MB':>9}{'peak×fb':>8}"
+
+
+def format_row(row: dict) -> str:
+    """One row as a line of the plain-text table (under :data:`HEADER`)."""
+    size = f"{row['batch']} × {row['tokens']}"
+    line = (f"{row['model']:<24}{size:>12}  {row['method']:<24}{_fmt(row['ms_per_sample'], '.1f'):>10}"
+            f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
+            f"{_fmt(row['peak_ratio'], '.2f'):>8}")
+    return line + (f"  ({row['note']})" if row["note"] else "")
+
+
+def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated: bool = True) -> str:
+    """The rows as a Markdown table for the README, with footnotes for the cells shown as "—".
+
+    ``settings`` adds a line saying how it was measured; ``isolated``: whether peaks were measured."""
+    lines = ["| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB | above model MB "
+             "| peak ÷ fwd+bwd peak |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    skipped = errors = False
+    for r in rows:
+        ms = _fmt(r["ms_per_sample"], ".1f")
+        if r["ms_per_sample"] is None:
+            skipped |= r["method"] == "token_ablation"
+            errors |= r["method"] != "token_ablation"
+            ms = "—¹" if r["method"] == "token_ablation" else "error²"
+        method = r["method"] if r["method"] == BASELINE else f"`{r['method']}`"
+        lines.append(f"| {r['model']} | {r['batch']} × {r['tokens']} | {method} | {ms} | {_fmt(r['ratio'], '.2f')} "
+                     f"| {_fmt(r['peak_mb'], '.0f')} | {_fmt(r['call_mb'], '.0f')} | {_fmt(r['peak_ratio'], '.2f')} |")
+    lines.append("")
+    if skipped:
+        limit = settings.ablation_max if settings else ABLATION_MAX
+        lines.append(f"¹ `token_ablation` runs one forward pass per token and sample; it is timed only where "
+                     f"batch × tokens ≤ {limit} (`--ablation-max`).")
+    if errors:
+        lines.append("² the measuring subprocess failed; see the run's output.")
+    if settings is not None:
+        threads = settings.threads or torch.get_num_threads()
+        memory = "peak = peak RSS of a fresh process per cell" if isolated else "in one process, no memory"
+        lines.append(f"torch {torch.__version__}, {threads} thread(s), best of up to {settings.repeat} timed run(s) "
+                     f"(fewer for calls over {settings.budget:g} s), {memory}.")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Settings = Settings(),
+        isolate: bool = True, printer: Callable[[str], None] = tqdm.write,
+        json_path: Optional[str] = None) -> list[dict]:
+    """Measure the baseline and every method on every case; print each row as it completes.
+
+    ``isolate``: one fresh subprocess per (case, method) (peak memory), else in this process (``--quick``).
+    Returns the rows (see :func:`make_row`); with ``json_path``, also saved there after every row.
+    """
+    measure_one = run_worker if isolate else InProcess()
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        printer(format_row(row))
+        if json_path:
+            save_json(json_path, rows, settings)
+
+    printer(f"torch {torch.__version__}, {settings.threads or torch.get_num_threads()} thread(s), "
+            f"{'one subprocess per (case, method)' if isolate else 'in process'}")
+    printer(HEADER)
+    bar = tqdm(cases, desc="bench cases", unit="case")
+    for case in bar:
+        bar.set_postfix_str(f"{case.model} {case.size}")
+        base = _try(measure_one, case, BASELINE, settings, emit)
+        if base is not None:
+            emit(make_row(case, BASELINE, base, base))
+        for method in methods:
+            reason = skip_reason(case, method, settings)
+            if reason:
+                emit(make_row(case, method, None, None, note=reason))
+                continue
+            res = _try(measure_one, case, method, settings, emit)
+            if res is not None:
+                emit(make_row(case, method, res, base))
+    bar.close()
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated timm model names")
-    p.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated batch sizes")
+def _try(measure_one: Callable[[Case, str, Settings], dict], case: Case, method: str, settings: Settings,
+         emit: Callable[[dict], None]) -> Optional[dict]:
+    """``measure_one(case, method, settings)``; on a worker failure an error row is emitted and ``None`` returned."""
+    try:
+        return measure_one(case, method, settings)
+    except BenchError as e:
+        emit(make_row(case, method, None, None, note=f"error: {e}"))
+        return None
+
+
+def save_json(path: str, rows: Sequence[dict], settings: Settings) -> None:
+    """``{"torch", "settings", "rows"}`` to ``path``."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"torch": torch.__version__, "settings": asdict(settings), "rows": list(rows)}, f, indent=1)
+
+
+# ----------------------------------------------------------------------------------------------- command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lrp_core.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--scaling", action="store_true", help="the full scaling table (the default)")
+    mode.add_argument("--quick", action="store_true",
+                      help="short in-process run: deit tiny + small at batch 1 and 16, no memory columns")
+    p.add_argument("--models", help="comma-separated: timm ViT names, bert-base, or the stand-ins tiny-vit, "
+                                    f"tiny-bert (default: {', '.join(IMAGE_MODELS + TEXT_MODELS)})")
+    p.add_argument("--batches", help="comma-separated batch sizes for every model (default: 1,8,16 for images, "
+                                     "1,8 for text; --quick: 1,16)")
+    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated text lengths (tokens)")
     p.add_argument("--methods", default="all", help="'all' or comma-separated method names")
-    p.add_argument("--repeat", type=int, default=3, help="timed repetitions (the best is reported)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    methods = METHODS if a.methods == "all" else tuple(m.strip() for m in a.methods.split(","))
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs after one warm-up (the best is reported)")
+    p.add_argument("--budget", type=float, default=BUDGET_S,
+                   help="seconds: slower calls get fewer timed runs (default %(default)s)")
+    p.add_argument("--ablation-max", type=int, default=ABLATION_MAX,
+                   help="time token_ablation only where batch × tokens ≤ this (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="save the rows as JSON (rewritten after every row)")
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table for the README at the end")
+    p.add_argument("--_worker", help=argparse.SUPPRESS)
+    return p
+
+
+def _ints(p: argparse.ArgumentParser, flag: str, text: Optional[str]) -> Optional[list[int]]:
+    """``"1,8"`` → ``[1, 8]``; anything but positive integers is an error naming ``flag``."""
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        p.error(f"{flag} takes comma-separated positive integers, e.g. 1,8; got {text!r}")
+    return values
+
+
+def _methods(p: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
+    methods = METHODS if text == "all" else tuple(m.strip() for m in text.split(","))
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
-        p.error(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
-    run(models=[m.strip() for m in a.models.split(",")], batches=[int(b) for b in a.batches.split(",")],
-        methods=methods, repeat=a.repeat)
+        p.error(f"unknown method(s) {unknown}; choose 'all' or from {', '.join(METHODS)}")
+    return methods
+
+
+def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool) -> list[str]:
+    if text is None:
+        return list(QUICK_MODELS if quick else IMAGE_MODELS + TEXT_MODELS)
+    import timm
+    models = [m.strip() for m in text.split(",")]
+    known = set(TEXT_MODELS + TINY_MODELS)
+    unknown = [m for m in models if m not in known and not timm.is_model(m)]
+    if unknown:
+        p.error(f"unknown model(s) {unknown}; choose timm ViT names (e.g. {', '.join(IMAGE_MODELS)}), "
+                f"{', '.join(TEXT_MODELS)}, or the stand-ins {', '.join(TINY_MODELS)}")
+    return models
+
+
+def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
+    p = _parser()
+    a = p.parse_args(argv)
+    if a._worker is not None:
+        print(RESULT_TAG + json.dumps(worker(json.loads(a._worker))), flush=True)
+        return []
+    if a.repeat < 1 or a.threads < 0 or a.budget <= 0 or a.ablation_max < 0:
+        p.error("--repeat must be ≥ 1, --threads ≥ 0, --budget > 0 and --ablation-max ≥ 0")
+    methods = _methods(p, a.methods)
+    models = _models(p, a.models, a.quick)
+    batches = _ints(p, "--batches", a.batches) or (list(QUICK_BATCHES) if a.quick else None)
+    lengths = _ints(p, "--lengths", a.lengths)
+    settings = Settings(repeat=a.repeat, budget=a.budget, threads=a.threads, seed=a.seed,
+                        ablation_max=a.ablation_max)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    rows = run(make_cases(models, batches, lengths), methods, settings, isolate=not a.quick, json_path=a.json)
+    if a.markdown:
+        print("\n" + markdown(rows, settings, isolated=not a.quick), end="")
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,0 +1,106 @@
+"""The benchmark's machinery on the seconds-fast stand-ins (tiny-vit, tiny-bert); no timed assertions."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lrp_core import bench
+from lrp_core.api import METHODS
+from lrp_core.bench import BASELINE, Case, Settings
+
+FAST = Settings(repeat=1, budget=5.0, threads=1, ablation_max=20)
+
+
+def test_cases_cover_the_grid():
+    cases = bench.make_cases(["tiny-vit", "tiny-bert"], batches=None, lengths=[8, 16])
+    assert [c.size for c in cases if c.model == "tiny-vit"] == ["1 × 17", "8 × 17", "16 × 17"]
+    assert [c.size for c in cases if c.model == "tiny-bert"] == ["1 × 8", "1 × 16", "8 × 8", "8 × 16"]
+
+
+def test_inputs_match_the_case():
+    model, x = bench.prepare(Case("tiny-vit", 2, 17))
+    assert x.shape == (2, 3, 32, 32)
+    model, inputs = bench.prepare(Case("tiny-bert", 3, 12))
+    assert inputs["input_ids"].shape == inputs["attention_mask"].shape == (3, 12)
+    assert bool(inputs["attention_mask"].eq(1).all())
+
+
+def test_token_ablation_is_skipped_only_over_the_limit():
+    assert bench.skip_reason(Case("m", 1, 17), "token_ablation", FAST) is None
+    assert "one forward pass per token" in bench.skip_reason(Case("m", 2, 17), "token_ablation", FAST)
+    assert bench.skip_reason(Case("m", 64, 512), "rollout", FAST) is None
+
+
+@pytest.mark.slow
+def test_scaling_run_in_subprocesses(tmp_path):
+    """Each (case, method) in a fresh process: positive times, peak ≥ pre-call RSS, consistent ratios."""
+    path = tmp_path / "rows.json"
+    printed: list[str] = []
+    rows = bench.run([Case("tiny-vit", 1, 17), Case("tiny-bert", 1, 24)], ["rollout", "token_ablation"], FAST,
+                     isolate=True, printer=printed.append, json_path=str(path))
+    assert [(r["model"], r["method"]) for r in rows] == [
+        ("tiny-vit", BASELINE), ("tiny-vit", "rollout"), ("tiny-vit", "token_ablation"),
+        ("tiny-bert", BASELINE), ("tiny-bert", "rollout"), ("tiny-bert", "token_ablation")]
+    timed = [r for r in rows if r["ms_per_sample"] is not None]
+    assert len(timed) == 5  # token_ablation on tiny-bert 1 × 24 is over the limit of 20
+    skipped = rows[-1]
+    assert skipped["ratio"] is None and "not timed" in skipped["note"]
+    for r in timed:
+        base = next(b for b in rows if b["model"] == r["model"] and b["method"] == BASELINE)
+        assert not r["note"], r["note"]
+        assert r["seconds"] > 0 and r["ms_per_sample"] == pytest.approx(1000 * r["seconds"])
+        assert r["runs"] >= 1 and r["threads"] == 1
+        assert r["ratio"] == pytest.approx(r["seconds"] / base["seconds"])
+        assert r["ratio"] == pytest.approx(r["ms_per_sample"] / base["ms_per_sample"])
+        assert r["peak_mb"] > 0 and r["call_mb"] >= 0  # peak RSS ≥ the RSS before the first call
+        assert r["peak_ratio"] == pytest.approx(r["peak_mb"] / base["peak_mb"])
+    assert any(line.startswith("tiny-bert") and "token_ablation" in line for line in printed)
+    saved = json.loads(path.read_text())
+    assert saved["rows"] == rows and saved["settings"]["repeat"] == 1
+
+
+def test_worker_failure_is_a_row_not_a_crash():
+    rows = bench.run([Case("tiny-bert", 1, 600)], [], FAST, printer=lambda s: None)  # > 512 positions
+    assert [r["method"] for r in rows] == [BASELINE]
+    assert rows[0]["ms_per_sample"] is None and rows[0]["note"].startswith("error: tiny-bert 1 × 600")
+    assert "error²" in bench.markdown(rows)
+
+
+def test_quick_markdown_has_one_row_per_case_and_method(capsys, tmp_path):
+    methods = ["rollout", "raw_attention", "token_ablation"]
+    bench.main(["--quick", "--models", "tiny-vit", "--batches", "1,2", "--methods", ",".join(methods),
+                "--repeat", "1", "--threads", "1", "--ablation-max", "20", "--markdown",
+                "--json", str(tmp_path / "q.json")])
+    out = capsys.readouterr().out
+    table = [ln for ln in out.splitlines() if ln.startswith("| tiny-vit")]
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in table]
+    assert [(c[1], c[2]) for c in cells] == [(size, m) for size in ("1 × 17", "2 × 17")
+                                             for m in [BASELINE] + [f"`{m}`" for m in methods]]
+    assert cells[-1][3] == "—¹" and "¹ `token_ablation`" in out  # 2 × 17 > 20: not timed, with a footnote
+    assert all(c[5] == "—" for c in cells)  # in-process: no memory columns
+    assert len(json.loads((tmp_path / "q.json").read_text())["rows"]) == len(table)
+
+
+def test_markdown_columns():
+    row = bench.make_row(Case("m", 8, 197), "lrp", {"seconds": 2.0, "runs": 3, "rss_before_kb": 1024,
+                                                    "peak_rss_kb": 3072},
+                         {"seconds": 1.0, "runs": 3, "rss_before_kb": 1024, "peak_rss_kb": 2048})
+    lines = bench.markdown([row]).splitlines()
+    assert lines[0].startswith("| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB |")
+    assert lines[2] == "| m | 8 × 197 | `lrp` | 250.0 | 2.00 | 3 | 2 | 1.50 |"
+
+
+@pytest.mark.parametrize("argv, accepted", [
+    (["--methods", "rollout,nope"], ", ".join(METHODS)),
+    (["--models", "not_a_model"], "bert-base"),
+    (["--batches", "1,x"], "positive integers"),
+    (["--lengths", "0"], "positive integers"),
+    (["--repeat", "0"], "--repeat must be ≥ 1"),
+])
+def test_bad_flags_name_what_is_accepted(argv, accepted, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert accepted in err
