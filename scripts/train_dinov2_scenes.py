@@ -1,22 +1,32 @@
-"""Train the ``dinov2-scenes`` head: a Linear(384, 8) on DINOv2's frozen [CLS] feature at 112 px.
+"""Train ``dinov2-scenes``: DINOv2 ViT-S/14 at 112 px, its last block and a mean-pooled head tuned on the scenes.
 
-    python scripts/train_dinov2_scenes.py              # the committed recipe
+    python scripts/train_dinov2_scenes.py              # the committed recipe (about 6 min on 2 cores)
     python scripts/train_dinov2_scenes.py --tiny --out /tmp/x   # a seconds-long run (tests)
 
 Recipe (seeded; the same machine and thread count give the same bits):
 
 1. draw ``--n-single`` one-object and ``--n-two`` two-object scenes at 112 px
    (seeds :data:`TRAIN_SEED`, ``+1``), ImageNet-normalised;
-2. run the frozen backbone once (``forward_features``, batches of 32) and cache
-   the final normalised [CLS] token (N, 384) — the only input the head sees;
-3. fit the head in float64 with full-batch L-BFGS on one-vs-rest logistic
-   losses with multi-hot targets (each present class 1) + ``--l2`` ||W||²;
-4. measure held-out single-object accuracy and two-object top-2 rate (seeds
-   :data:`EVAL_SEED`, ``+1``), write ``head.safetensors`` and ``info.json``.
+2. run the frozen blocks 1-11 once (batches of 64) and cache the tokens that
+   enter block 12, (N, 65, 384) — blocks 1-11 are never trained;
+3. tune block 12, the final LayerNorm and a ``Linear(384, 8)`` head on the mean
+   of the normalised patch tokens (timm ``global_pool='avg'``, ``fc_norm=False``)
+   with AdamW (one-cycle schedule, ``--epochs`` epochs of batches of 64) on
+   one-vs-rest logistic losses with multi-hot targets (each present class 1);
+4. store the tuned tensors in float16 (``tuned.safetensors``, 3.5 MB), load
+   them back into the full timm model and measure, with that model, held-out
+   single-object accuracy and two-object top-2 rate (seeds :data:`EVAL_SEED`,
+   ``+1``); write ``info.json``.
 
-Why one-vs-rest: with the same features, soft-target softmax cross-entropy
-(0.5 / 0.5 for two objects) reached a lower two-object top-2 rate (GPU probe,
-16,000 scenes: 0.75 vs 0.81) at the same single-object accuracy.
+Why not a head on the frozen features alone (measured here, 2,000 + 4,000
+training scenes, 300 + 300 held out, best of L2 1e-5 / 1e-4): a linear head
+on [CLS] reaches single 0.940 / two-object top-2 0.790, on the patch mean
+0.923 / 0.750, on [CLS] ‖ mean 0.953 / 0.803 — DINOv2's final features
+separate one shape well but do not let a linear map read out *two* shapes.
+Tuning the last block as well (a nonlinear head the timm model expresses
+without any new module) reaches 0.99 / 0.91. Why one-vs-rest: soft-target
+softmax cross-entropy (½ / ½ for two objects) gave lower top-2 rates on the
+same features (e.g. 0.733 vs 0.790 on [CLS]).
 """
 from __future__ import annotations
 
@@ -29,7 +39,8 @@ import numpy as np
 import torch
 
 from lrp_core.data.scenes import CLASS_NAMES, make_scenes
-from lrp_core.models.dinov2_scenes import ASSET_DIR, IMAGE_SIZE, build_dinov2_scenes, scene_inputs
+from lrp_core.models.dinov2_scenes import (ASSET_DIR, IMAGE_SIZE, TUNED_PREFIXES, build_dinov2_scenes,
+                                           scene_inputs)
 
 TRAIN_SEED = 30_000_001
 """Seeds of the training scenes (one-object; two-object = +1); apart from every evaluation seed."""
@@ -37,47 +48,62 @@ EVAL_SEED = 30_000_011
 """Seeds of the script's own held-out measurement (one-object; two-object = +1)."""
 
 
-def cls_features(model: torch.nn.Module, rgb: np.ndarray, batch: int = 32,
-                 progress: bool = True, desc: str = "features") -> torch.Tensor:
-    """(N, 384) final normalised [CLS] tokens of scenes ``rgb`` (N, H, W, 3)."""
+def frozen_tokens(model: torch.nn.Module, rgb: np.ndarray, batch: int = 64, progress: bool = True,
+                  desc: str = "blocks 1-11") -> torch.Tensor:
+    """(N, 65, 384) tokens entering the last block, for scenes ``rgb`` (N, H, W, 3)."""
     from tqdm.auto import tqdm
 
     out = []
     with torch.inference_mode():
         for s in tqdm(range(0, len(rgb), batch), desc=desc, disable=not progress):
-            out.append(model.forward_features(scene_inputs(rgb[s:s + batch]))[:, 0])
+            h = model.norm_pre(model._pos_embed(model.patch_embed(scene_inputs(rgb[s:s + batch]))))
+            for blk in model.blocks[:-1]:
+                h = blk(h)
+            out.append(h)
     return torch.cat(out)
 
 
+def tail(model: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """Last block -> norm -> mean of the patch tokens -> head: (B, 65, 384) -> (B, 8), as timm's forward."""
+    return model.forward_head(model.norm(model.blocks[-1](h)))
+
+
 def multi_hot(labels: torch.Tensor, n: int = len(CLASS_NAMES)) -> torch.Tensor:
-    """(N, k) class ids -> (N, n) float64 targets, 1 for each present class."""
-    return torch.nn.functional.one_hot(labels, n).sum(1).clamp(max=1).double()
+    """(N, k) class ids -> (N, n) float targets, 1 for each present class."""
+    return torch.nn.functional.one_hot(labels, n).sum(1).clamp(max=1).float()
 
 
-def fit_head(x: torch.Tensor, y: torch.Tensor, l2: float, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Full-batch L-BFGS (float64) on one-vs-rest logistic losses.
+def tune(model: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, epochs: int, lr_block: float,
+         lr_head: float, batch: int = 64, progress: bool = True) -> None:
+    """Train the last block, the final norm and the head in place on cached tokens ``h`` (N, 65, 384)."""
+    from tqdm.auto import tqdm
 
-    Args:
-        x: (N, D) features; y: (N, C) multi-hot targets.
-
-    Returns:
-        weight (C, D) and bias (C,), float32.
-    """
-    x = x.double()
-    w = torch.zeros(y.shape[1], x.shape[1], dtype=torch.float64, requires_grad=True)
-    b = torch.zeros(y.shape[1], dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], max_iter=iters, tolerance_grad=1e-9, tolerance_change=1e-12,
-                            history_size=20, line_search_fn="strong_wolfe")
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w.T + b, y)
-        loss = loss + l2 * (w * w).sum()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return w.detach().float(), b.detach().float()
+    tuned = [p for n, p in model.named_parameters() if n.startswith(TUNED_PREFIXES)]
+    for n, p in model.named_parameters():
+        p.requires_grad_(n.startswith(TUNED_PREFIXES))
+    head = list(model.head.parameters())
+    body = [p for p in tuned if all(p is not q for q in head)]
+    opt = torch.optim.AdamW([{"params": body, "lr": lr_block}, {"params": head, "lr": lr_head}],
+                            weight_decay=1e-4)
+    steps = epochs * -(-len(h) // batch)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[lr_block, lr_head], total_steps=steps,
+                                                pct_start=0.1)
+    model.train()  # no dropout / drop-path in this model: train mode changes nothing but the flag
+    bar = tqdm(total=steps, desc="tuning block 12 + head", disable=not progress)
+    for _ in range(epochs):
+        order = torch.randperm(len(h))
+        for s in range(0, len(h), batch):
+            i = order[s:s + batch]
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(tail(model, h[i]), y[i])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+    bar.close()
+    model.eval().requires_grad_(True)
+    model.zero_grad(set_to_none=True)
 
 
 def accuracy(logits1: torch.Tensor, labels1: torch.Tensor, logits2: torch.Tensor,
@@ -88,45 +114,60 @@ def accuracy(logits1: torch.Tensor, labels1: torch.Tensor, logits2: torch.Tensor
             "two_object_top2_accuracy": float((top2 == labels2.sort(1).values).all(1).float().mean())}
 
 
+def logits(model: torch.nn.Module, rgb: np.ndarray, batch: int = 64) -> torch.Tensor:
+    """The full timm model's (N, 8) logits for scenes ``rgb``."""
+    with torch.inference_mode():
+        return torch.cat([model(scene_inputs(rgb[s:s + batch])) for s in range(0, len(rgb), batch)])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n-single", type=int, default=700)
-    p.add_argument("--n-two", type=int, default=1500)
+    p.add_argument("--n-single", type=int, default=2000)
+    p.add_argument("--n-two", type=int, default=4000)
     p.add_argument("--n-eval", type=int, default=300, help="held-out scenes of each kind")
-    p.add_argument("--l2", type=float, default=1e-5)
-    p.add_argument("--iters", type=int, default=500)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--lr-block", type=float, default=2e-4, help="peak learning rate of block 12 and the norm")
+    p.add_argument("--lr-head", type=float, default=2e-3, help="peak learning rate of the head")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--tiny", action="store_true", help="24 + 24 scenes, 8 + 8 held out, 50 iterations")
+    p.add_argument("--tiny", action="store_true", help="24 + 24 scenes, 8 + 8 held out, 3 epochs")
     p.add_argument("--out", default=str(ASSET_DIR))
     a = p.parse_args()
     if a.tiny:
-        a.n_single, a.n_two, a.n_eval, a.iters = 24, 24, 8, 50
+        a.n_single, a.n_two, a.n_eval, a.epochs = 24, 24, 8, 3
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     t0 = time.perf_counter()
     model = build_dinov2_scenes()
     one = make_scenes(a.n_single, TRAIN_SEED, 1, size=IMAGE_SIZE)
     two = make_scenes(a.n_two, TRAIN_SEED + 1, 2, size=IMAGE_SIZE)
-    x = torch.cat([cls_features(model, one.rgb, desc="train 1-object"),
-                   cls_features(model, two.rgb, desc="train 2-object")])
+    h = torch.cat([frozen_tokens(model, one.rgb, desc="blocks 1-11, 1-object"),
+                   frozen_tokens(model, two.rgb, desc="blocks 1-11, 2-object")])
     y = torch.cat([multi_hot(one.labels), multi_hot(two.labels)])
-    weight, bias = fit_head(x, y, a.l2, a.iters)
+    del one, two
+    tune(model, h, y, a.epochs, a.lr_block, a.lr_head)
+    del h
     train_s = time.perf_counter() - t0
-    e1 = make_scenes(a.n_eval, EVAL_SEED, 1, size=IMAGE_SIZE)
-    e2 = make_scenes(a.n_eval, EVAL_SEED + 1, 2, size=IMAGE_SIZE)
-    f1 = cls_features(model, e1.rgb, desc="held-out 1-object")
-    f2 = cls_features(model, e2.rgb, desc="held-out 2-object")
-    acc = accuracy(f1 @ weight.T + bias, e1.labels, f2 @ weight.T + bias, e2.labels)
+
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    from safetensors.torch import save_file
-    save_file({"weight": weight.contiguous(), "bias": bias.contiguous()}, str(out / "head.safetensors"))
+    from safetensors.torch import load_file, save_file
+    tuned = {n: t.detach().half().contiguous() for n, t in model.state_dict().items()
+             if n.startswith(TUNED_PREFIXES)}
+    save_file(tuned, str(out / "tuned.safetensors"))
+    # measure the model as shipped: the float16 tensors loaded back
+    model.load_state_dict({n: t.float() for n, t in load_file(str(out / "tuned.safetensors")).items()},
+                          strict=False)
+    e1 = make_scenes(a.n_eval, EVAL_SEED, 1, size=IMAGE_SIZE)
+    e2 = make_scenes(a.n_eval, EVAL_SEED + 1, 2, size=IMAGE_SIZE)
+    acc = accuracy(logits(model, e1.rgb), e1.labels, logits(model, e2.rgb), e2.labels)
     info = {"class_names": list(CLASS_NAMES), "image_size": IMAGE_SIZE,
             "accuracy": {**acc, "n_eval_each": a.n_eval, "eval_seed": EVAL_SEED},
             "training": {"seconds": round(train_s, 1), "n_single": a.n_single, "n_two": a.n_two,
-                         "train_seed": TRAIN_SEED, "l2": a.l2, "iters": a.iters,
+                         "train_seed": TRAIN_SEED, "epochs": a.epochs, "lr_block": a.lr_block,
+                         "lr_head": a.lr_head, "batch": 64, "optimizer": "AdamW, one-cycle, weight decay 1e-4",
                          "threads": a.threads, "loss": "one-vs-rest logistic, multi-hot targets",
-                         "features": "final normalised [CLS] of the frozen DINOv2 ViT-S/14"}}
+                         "tuned": "block 12, final norm, head (float16 on disk); blocks 1-11, patch and "
+                                  "position embeddings: DINOv2's, frozen"}}
     (out / "info.json").write_text(json.dumps(info, indent=1) + "\n")
     print(json.dumps(info, indent=1))
 
