@@ -260,6 +260,53 @@ def segmentation_scores(maps: Tensor, masks: Tensor) -> dict[str, float]:
     }
 
 
+def segmentation_per_image(maps: Tensor, masks: Tensor) -> dict[str, np.ndarray]:
+    """The per-image values behind :func:`segmentation_scores` (same maps, threshold, AP).
+
+    Returns:
+        ``pixel_accuracy`` (N,): share of each image's pixels classified right
+        (all images have H·W pixels, so their mean is the pooled pixel
+        accuracy); ``iou_counts`` (N, 4) int: foreground intersection, foreground
+        union, background intersection, background union per image (the IoUs
+        are pooled: total intersection / total union over the images, so a
+        resample of images recomputes them from these sums);
+        ``ap`` (N,): average precision per image, NaN where the mask lacks
+        a class (the mAP is the mean of the defined values).
+    """
+    maps = _as_tensor(maps, "maps")
+    masks = _as_tensor(masks, "masks", torch.bool)
+    if maps.dim() != 3 or maps.shape != masks.shape:
+        raise InputError(f"maps and masks must both be (N, H, W), got {tuple(maps.shape)} "
+                         f"and {tuple(masks.shape)}")
+    soft = minmax_normalise(torch.nan_to_num(maps))
+    mean = soft.reshape(soft.shape[0], -1).mean(dim=1).view(-1, 1, 1)
+    pred = soft > mean
+
+    def per(x: Tensor) -> Tensor:
+        return x.reshape(x.shape[0], -1).sum(dim=1)
+
+    counts = torch.stack([per(pred & masks), per(pred | masks), per(~pred & ~masks),
+                          per(~pred | ~masks)], dim=1)
+    n_pix = masks[0].numel() if len(masks) else 1
+    return {"pixel_accuracy": ((counts[:, 0] + counts[:, 2]).double() / n_pix).numpy(),
+            "iou_counts": counts.numpy().astype(np.int64),
+            "ap": np.array([average_precision(s.reshape(-1), m.reshape(-1))
+                            for s, m in zip(soft, masks)], dtype=np.float64)}
+
+
+def pooled_miou(iou_counts: np.ndarray) -> np.ndarray:
+    """mIoU of :func:`segmentation_scores` from per-image counts (..., N, 4) -> (...).
+
+    The counts are those of :func:`segmentation_per_image`; the leading axes
+    (e.g. bootstrap resamples) are kept. An empty union counts as IoU 1.
+    """
+    c = np.asarray(iou_counts, dtype=np.float64).sum(axis=-2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fg = np.where(c[..., 1] > 0, c[..., 0] / c[..., 1], 1.0)
+        bg = np.where(c[..., 3] > 0, c[..., 2] / c[..., 3], 1.0)
+    return (fg + bg) / 2.0
+
+
 def average_precision(scores: Tensor, truth: Tensor) -> float:
     """Average precision of ``scores`` (P,) for the positives ``truth`` (P,) bool.
 
@@ -413,6 +460,14 @@ def rationale_f1_at_gold_size(scores: Sequence[np.ndarray],
     informative on short texts, where k >= the number of words takes every
     word. Documents without rationale words are left out.
     """
+    per = rationale_f1_at_gold_size_per_document(scores, rationales)
+    vals = per[~np.isnan(per)]
+    return float(np.mean(vals)) if len(vals) else math.nan
+
+
+def rationale_f1_at_gold_size_per_document(scores: Sequence[np.ndarray],
+                                           rationales: Sequence[Sequence[bool]]) -> np.ndarray:
+    """(D,) the per-document values of :func:`rationale_f1_at_gold_size`; NaN without rationale."""
     if len(scores) != len(rationales):
         raise InputError(f"{len(scores)} score vectors for {len(rationales)} rationales")
     vals = []
@@ -421,9 +476,8 @@ def rationale_f1_at_gold_size(scores: Sequence[np.ndarray],
         if np.asarray(s).shape != gold.shape:
             raise InputError(f"scores {np.shape(s)} and rationale {gold.shape} differ in length")
         k = int(gold.sum())
-        if k:
-            vals.append(int((top_k_words(s, k) & gold).sum()) / k)
-    return float(np.mean(vals)) if vals else math.nan
+        vals.append(int((top_k_words(s, k) & gold).sum()) / k if k else math.nan)
+    return np.asarray(vals, dtype=np.float64)
 
 
 ERASER_FRACTIONS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)
@@ -707,7 +761,9 @@ __all__ = [
     "deletion_agreement", "deletion_cases", "deletion_drops", "object_mass_shares",
     "ERASER_FRACTIONS", "aopc", "eraser_texts",
     "minmax_normalise", "n_removed", "own_mask_share", "pearson", "perturbation_auc",
-    "perturbation_curve", "perturbation_masks", "pooled_correlation", "rationale_f1_at_gold_size",
+    "perturbation_curve", "perturbation_masks", "pooled_correlation", "pooled_miou",
+    "rationale_f1_at_gold_size", "rationale_f1_at_gold_size_per_document",
+    "segmentation_per_image",
     "rationale_scores",
     "segmentation_scores", "sparsity", "top_k_words", "upsample_maps", "word_ids_from_offsets",
     "word_scores", "word_spans",

@@ -1,29 +1,57 @@
-"""Paired bootstrap intervals for the paper's comparisons, from an image run's meta file.
+"""Paired bootstrap intervals for the paper's comparisons, from a run's meta file.
 
     python -m lrp_core.evaluation.bootstrap docs/results/dinov2-scenes.meta.json
+    python -m lrp_core.evaluation.bootstrap docs/results/minilm-sentiment.meta.json
 
-For the reference method (``transformer_attribution``) against each other
-method: the mean per-case difference and its 95 % interval from 2,000 paired
-resamples (``numpy.random.default_rng(0)``) of the perturbation AUCs (per image,
-predicted class) and of the deletion check's per-case order hits and
-distraction shares (per map; cases undefined for either method left out).
+The mode follows the meta's ``kind``. For the reference method
+(``transformer_attribution``) against each other method: the mean per-case
+difference and its 95 % interval from 2,000 paired resamples
+(``numpy.random.default_rng(0)``) of the cases.
+
+Image runs (:data:`IMAGE_COLUMNS`): the perturbation AUCs (per image; positive
+and negative, predicted and true class), the segmentation pixel accuracy and AP
+(per image; their means are the results' ``pixel_accuracy`` and ``map``), the
+mIoU (pooled over the images: each resample recomputes it from the images'
+intersection / union counts, :func:`lrp_core.metrics.pooled_miou`), and the
+deletion check's per-case order hits and distraction shares (per map).
+Text runs (:data:`TEXT_COLUMNS`): per document, F1 at gold size and ERASER
+comprehensiveness and sufficiency. Cases undefined for either method are left out.
 """
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
+
+from ..metrics import pooled_miou
 
 PAPER_BASELINES = ("rollout", "raw_attention", "lrp", "partial_lrp", "attention_gradcam",
                    "generic_attention", "attnlrp", "cp_lrp")
 """Methods the reference is compared with (those present in a run)."""
-PER_CASE = {"pos AUC ↓": "positive_predicted_auc_per_image",
-            "neg AUC ↑": "negative_predicted_auc_per_image",
-            "deletion order ↑": "deletion_order_per_case",
-            "distraction ↓": "deletion_distraction_per_case"}
-"""Column name -> per-case list in ``curves[method]``."""
+IMAGE_COLUMNS = {"pos AUC pred ↓": "positive_predicted_auc_per_image",
+                 "neg AUC pred ↑": "negative_predicted_auc_per_image",
+                 "pos AUC target ↓": "positive_target_auc_per_image",
+                 "neg AUC target ↑": "negative_target_auc_per_image",
+                 "pixel acc ↑": "segmentation_pixel_accuracy_per_image",
+                 "mIoU ↑": "segmentation_iou_counts_per_image",
+                 "mAP ↑": "segmentation_ap_per_image",
+                 "deletion order ↑": "deletion_order_per_case",
+                 "distraction ↓": "deletion_distraction_per_case"}
+"""Column name -> per-case list in ``curves[method]`` of an image run."""
+TEXT_COLUMNS = {"F1@gold ↑": "f1_gold_per_document",
+                "comprehensiveness ↑": "comprehensiveness_per_document",
+                "sufficiency ↓": "sufficiency_per_document"}
+"""Column name -> per-document list in ``curves[method]`` of a text run."""
+PER_CASE = IMAGE_COLUMNS
+"""The image columns (former name)."""
+POOLED: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "segmentation_iou_counts_per_image": pooled_miou}
+"""Per-case keys whose statistic is pooled: resampled cases (R, N, ...) -> (R,)."""
+TWO_DIGITS = {"positive_predicted_auc_per_image", "negative_predicted_auc_per_image",
+              "positive_target_auc_per_image", "negative_target_auc_per_image"}
+"""Keys printed with two decimals (AUCs in %); the others get three."""
 
 
 def paired_interval(a: Sequence[Any], b: Sequence[Any], resamples: int = 2000,
@@ -41,20 +69,49 @@ def paired_interval(a: Sequence[Any], b: Sequence[Any], resamples: int = 2000,
     return float(d.mean()), float(lo), float(hi)
 
 
+def paired_statistic_interval(a: Any, b: Any, statistic: Callable[[np.ndarray], np.ndarray],
+                              resamples: int = 2000, seed: int = 0,
+                              ) -> tuple[float, float, float]:
+    """``statistic(a) − statistic(b)`` and its 95 % paired-bootstrap interval, for pooled metrics.
+
+    Args:
+        a, b: (N, ...) per-case values of two methods on the same cases (no undefined ones).
+        statistic: (R, N, ...) resampled cases -> (R,), one value per resample.
+    """
+    x = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    lo, hi = np.percentile(statistic(x[idx]) - statistic(y[idx]), [2.5, 97.5])
+    return float(statistic(x[None])[0] - statistic(y[None])[0]), float(lo), float(hi)
+
+
 def comparison_table(curves: dict[str, dict[str, list]], reference: str = "transformer_attribution",
-                     ) -> str:
-    """Markdown table: one row per baseline, ``reference − baseline`` [interval] per column."""
-    cols = [c for c, key in PER_CASE.items() if key in curves[reference]]
+                     kind: str = "image", columns: Optional[dict[str, str]] = None) -> str:
+    """Markdown table: one row per baseline, ``reference − baseline`` [interval] per column.
+
+    ``kind`` (``image`` / ``text``) picks :data:`IMAGE_COLUMNS` or :data:`TEXT_COLUMNS`
+    unless ``columns`` is given; columns the reference lacks are left out.
+    """
+    spec = columns if columns is not None else (TEXT_COLUMNS if kind == "text" else IMAGE_COLUMNS)
+    cols = [c for c, key in spec.items() if key in curves[reference]]
     lines = [f"| {reference} − method | " + " | ".join(cols) + " |",
              "|---|" + "---|" * len(cols)]
     for m in [m for m in PAPER_BASELINES if m in curves and m != reference] + \
             [m for m in ("random",) if m in curves]:
         cells = []
         for c in cols:
-            mean, lo, hi = paired_interval(_floats(curves[reference][PER_CASE[c]]),
-                                           _floats(curves[m][PER_CASE[c]]))
-            cells.append(f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]" if "deletion" in PER_CASE[c]
-                         or "distraction" in c else f"{mean:+.2f} [{lo:+.2f}, {hi:+.2f}]")
+            key = spec[c]
+            if key not in curves[m]:
+                cells.append("—")
+                continue
+            if key in POOLED:
+                mean, lo, hi = paired_statistic_interval(curves[reference][key], curves[m][key],
+                                                         POOLED[key])
+            else:
+                mean, lo, hi = paired_interval(_floats(curves[reference][key]),
+                                               _floats(curves[m][key]))
+            d = 2 if key in TWO_DIGITS else 3
+            cells.append(f"{mean:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -63,12 +120,14 @@ def _floats(v: Sequence[Any]) -> list[float]:
     return [np.nan if x is None else float(x) for x in v]
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("meta")
     p.add_argument("--reference", default="transformer_attribution")
-    a = p.parse_args()
-    print(comparison_table(json.load(open(a.meta))["curves"], a.reference))
+    a = p.parse_args(argv)
+    with open(a.meta, encoding="utf-8") as f:
+        meta = json.load(f)
+    print(comparison_table(meta["curves"], a.reference, kind=meta.get("kind", "image")))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -112,7 +112,7 @@ def write_run(run: dict[str, Any], path: str | Path, command: str) -> list[Path]
     meta_path = path.with_name(path.stem + ".meta.json")
     meta_path.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     written = [path, meta_path]
-    if run.get("curves"):
+    if run.get("curves") and run.get("kind", "image") == "image":
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run["model"])
         written.append(plot_curves(run["curves"], path.parent / f"perturbation_{safe}.png",
                                    title=f"{run['model']}, n={run['n']}"))

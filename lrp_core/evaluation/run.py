@@ -31,7 +31,8 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
 
     ``baseline`` adds a reference row ``random`` (seeded uniform random maps
     / word scores). Returns a dict with ``results`` ({method: {metric:
-    value}}), ``curves`` (image models), ``kind``, ``model``, ``n``,
+    value}}), ``curves`` (image models: perturbation curves and per-image values; text
+    models: per-document values), ``kind``, ``model``, ``n``,
     ``accuracy`` (clean accuracy on the evaluated data), ``skipped`` and
     ``seconds``. ``device`` is where the model runs (the data stay on the CPU
     and move batch by batch).
@@ -92,7 +93,10 @@ def _image_sets(loaded: Any, name: str, n: int, seed: int, data: Optional[str],
 
 def _text_run(loaded: Any, methods: list[str], n: int, batch_size: int, data: Optional[str],
               split: str, text_target: str, progress: bool, baseline: bool) -> dict[str, Any]:
-    """``n``, ``accuracy``, ``results``, ``skipped`` of a text model, in this order (meta JSON).
+    """``n``, ``accuracy``, ``results``, ``curves``, ``skipped`` of a text model, in this order.
+
+    The order is that of the keys in ``<out>.meta.json``; ``curves[method]`` holds
+    the per-document values for the bootstrap (see :func:`evaluate_text`).
 
     Without ``data`` every text model is scored on the shipped rationale set.
     """
@@ -101,9 +105,13 @@ def _text_run(loaded: Any, methods: list[str], n: int, batch_size: int, data: Op
     ds = ds.head(n)
     out: dict[str, Any] = {"n": len(ds),
                            "accuracy": text_accuracy(loaded.model, loaded.tokenizer, ds)}
-    out["results"], out["skipped"] = evaluate_text(
+    curves: dict[str, dict[str, list]] = {}
+    results, skipped = evaluate_text(
         loaded.model, loaded.tokenizer, ds, methods, target=text_target,
-        batch_size=min(batch_size, 16), progress=progress, baseline=baseline)
+        batch_size=min(batch_size, 16), progress=progress, baseline=baseline, curves=curves)
+    out["results"] = results
+    out["curves"] = {m: curves[m] for m in results if m in curves}
+    out["skipped"] = skipped
     return out
 
 

@@ -100,11 +100,12 @@ def class_probabilities(model: Any, tokenizer: Any, texts: Sequence[str], classe
 def faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
                  word_scores: Sequence[np.ndarray], classes: Sequence[int],
                  fractions: Sequence[float] = M.ERASER_FRACTIONS, batch_size: int = 32,
-                 ) -> dict[str, float]:
+                 per_document: bool = False) -> dict[str, Any]:
     """ERASER comprehensiveness and sufficiency (AOPC over ``fractions``), means over documents.
 
     Args:
         word_scores: per document (W,) scores; classes: the class explained per document.
+        per_document: return the (D,) per-document values (lists) instead of their means.
     """
     texts, full = [], [" ".join(r.words) for r in records]
     for r, ws in zip(records, word_scores):
@@ -116,6 +117,8 @@ def faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
                             batch_size).reshape(len(records), q, 2)
     comp = [M.aopc(pf, pi[:, 0]) for pf, pi in zip(p_full, p)]
     suff = [M.aopc(pf, pi[:, 1]) for pf, pi in zip(p_full, p)]
+    if per_document:
+        return {"comprehensiveness": comp, "sufficiency": suff}
     return {"comprehensiveness": float(np.mean(comp)), "sufficiency": float(np.mean(suff))}
 
 
@@ -138,8 +141,15 @@ def text_accuracy(model: Any, tokenizer: Any, data: TextSet, batch_size: int = 3
 def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[str],
                   ks: Sequence[int] = M.TOP_K, target: str = "true", batch_size: int = 16,
                   progress: bool = True, baseline: bool = False,
+                  curves: Optional[dict[str, dict[str, list]]] = None,
                   ) -> tuple[Results, list[str]]:
     """Rationale token precision / recall / F1 at each k, per method.
+
+    ``curves``, when given, is filled with ``curves[method]`` = the per-document
+    values behind the results, for the paired bootstrap: ``f1_gold_per_document``
+    (``None`` without rationale words; the mean of the rest is ``token_f1@gold``)
+    and, with a model, ``comprehensiveness_per_document`` and
+    ``sufficiency_per_document`` (their means are the results).
 
     Methods the engine cannot apply to the model are skipped (listed in the
     second return value). ``cdam`` also gets its sparsity and its correlation
@@ -161,7 +171,8 @@ def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
         tokens[method] = ts
         res = _rationale_metrics(ws, gold, ks)
         if model is not None:  # scoring alone (stubbed engines in tests) has no model to ask
-            res.update(faithfulness(model, tokenizer, data.records, ws, classes))
+            res.update(_faithfulness(model, tokenizer, data.records, ws, classes, curves, method))
+        _f1_per_document(ws, gold, curves, method)
         if method == "cdam":
             res.update(_cdam_stats(model, tokenizer, data, ts, tokens, target, batch_size,
                                    skipped))
@@ -171,8 +182,30 @@ def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
         rnd = random_word_scores(data)
         results["random"] = _rationale_metrics(rnd, gold, ks)
         if model is not None:
-            results["random"].update(faithfulness(model, tokenizer, data.records, rnd, classes))
+            results["random"].update(_faithfulness(model, tokenizer, data.records, rnd, classes,
+                                                   curves, "random"))
+        _f1_per_document(rnd, gold, curves, "random")
     return {m: results[m] for m in methods if m in results}, skipped
+
+
+def _faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
+                  ws: list[np.ndarray], classes: list[int],
+                  curves: Optional[dict[str, dict[str, list]]], method: str) -> dict[str, float]:
+    """:func:`faithfulness` (means), keeping the per-document values in ``curves`` if given."""
+    per = faithfulness(model, tokenizer, records, ws, classes, per_document=True)
+    if curves is not None:
+        curves.setdefault(method, {}).update(
+            {f"{k}_per_document": [float(v) for v in vals] for k, vals in per.items()})
+    return {k: float(np.mean(vals)) for k, vals in per.items()}
+
+
+def _f1_per_document(ws: list[np.ndarray], gold: list[Sequence[bool]],
+                     curves: Optional[dict[str, dict[str, list]]], method: str) -> None:
+    """Store the per-document F1 at gold size in ``curves[method]`` (when ``curves`` is given)."""
+    if curves is not None:
+        per = M.rationale_f1_at_gold_size_per_document(ws, gold)
+        curves.setdefault(method, {})["f1_gold_per_document"] = [
+            None if np.isnan(v) else float(v) for v in per]
 
 
 def _explained_classes(model: Any, tokenizer: Any, data: TextSet, target: str) -> list[int]:

@@ -139,3 +139,45 @@ def test_deletion_check_is_wired_into_the_image_protocol():
     res2, _ = E.evaluate_images(model, one, E.ImageSet(x, labels2, masks), ["rollout"],
                                 batch_size=4, progress=False)
     assert res2["rollout"]["deletion_order"] is None
+
+
+def test_per_image_values_average_to_the_results():
+    """The meta's per-image lists (bootstrap) reproduce the reported metrics."""
+    from lrp_core import metrics as M
+    model = tiny_vit()
+    x, masks, _ = quadrant_sets()
+    labels = (E.predict(model, x) + 1) % 6                      # true class != predicted
+    one = E.ImageSet(x, labels.view(-1, 1), masks[:, :1])
+    res, curves = E.evaluate_images(model, one, None, ["transformer_attribution"], batch_size=8,
+                                    progress=False, baseline=True)
+    for m in ("transformer_attribution", "random"):
+        r, c = res[m], curves[m]
+        for sign in ("positive", "negative"):
+            for which in ("predicted", "target"):
+                per = c[f"{sign}_{which}_auc_per_image"]
+                assert len(per) == 6     # rounded to 2 digits in the meta
+                assert np.mean(per) == pytest.approx(r[f"perturbation_{sign}_auc_{which}"],
+                                                     abs=0.006)
+        pa = c["segmentation_pixel_accuracy_per_image"]
+        assert len(pa) == 6 and abs(np.mean(pa) - r["pixel_accuracy"]) < 1e-9
+        ap = c["segmentation_ap_per_image"]
+        assert len(ap) == 6 and abs(np.mean([a for a in ap if a is not None]) - r["map"]) < 1e-9
+        counts = c["segmentation_iou_counts_per_image"]
+        assert np.shape(counts) == (6, 4)
+        assert abs(float(M.pooled_miou(counts)) - r["miou"]) < 1e-9     # pooled: recomputed
+
+
+def test_segmentation_per_image_by_hand():
+    from lrp_core import metrics as M
+    maps = torch.zeros(2, 2, 2)
+    maps[0, 0, 0] = 1.0                                       # predicts pixel (0, 0)
+    maps[1, 1, 1] = 1.0                                       # predicts pixel (1, 1)
+    masks = torch.zeros(2, 2, 2, dtype=torch.bool)
+    masks[:, 0, 0] = True
+    per = M.segmentation_per_image(maps, masks)
+    np.testing.assert_allclose(per["pixel_accuracy"], [1.0, 0.5])
+    assert per["iou_counts"].tolist() == [[1, 1, 3, 3], [0, 2, 2, 4]]
+    seg = M.segmentation_scores(maps, masks)
+    assert float(M.pooled_miou(per["iou_counts"])) == pytest.approx(seg["miou"])
+    assert seg["miou"] == pytest.approx((1 / 3 + 5 / 7) / 2)
+    assert np.mean(per["ap"]) == pytest.approx(seg["map"])
