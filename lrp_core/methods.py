@@ -308,7 +308,7 @@ def token_ablation(c: Call) -> MethodResult:
             idx = keep[None, :] + (keep[None, :] >= ti[:, None]).long()  # positions without token ti
             xs = x0[bi].gather(1, idx[..., None].expand(-1, -1, D))
             ms = None if mask is None else mask[bi].gather(1, idx)
-            y = c.output(a.run_blocks(xs, ms).logits, target[bi], rows=bi)
+            y = c.output(a.run_blocks(xs, ms, keep=False).logits, target[bi], rows=bi)  # logits only
             scores[bi, ti] = y_full[bi] - y
             bar.update(len(chunk))
         bar.close()

@@ -91,8 +91,13 @@ class Adapter(ABC):
             trace.embedding = emb
         return trace
 
-    def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = PLAIN) -> Trace:
-        """Blocks and readout from the block-0 input ``x0`` (B, N, D); ``mask`` (B, N) 1 = real token."""
+    def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = PLAIN,
+                   keep: bool = True) -> Trace:
+        """Blocks and readout from the block-0 input ``x0`` (B, N, D); ``mask`` (B, N) 1 = real token.
+
+        ``keep=False`` drops each block's record once the next block has its output (the trace then
+        has no ``blocks``): a logits-only pass holds one block's activations at a time, not all of them.
+        """
         if self.mask_value is not None and mask is None:
             mask = torch.ones(x0.shape[:2], dtype=torch.long, device=x0.device)
         bias = self.attention_bias(x0, mask)
@@ -100,7 +105,8 @@ class Adapter(ABC):
         x = x0
         for spec in self.blocks:
             rec = block_forward(spec, x, bias, r)
-            trace.blocks.append(rec)
+            if keep:
+                trace.blocks.append(rec)
             x = rec.out
         trace.readout = self.readout.forward(x, r)
         return trace
