@@ -8,12 +8,13 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from . import registry
+from . import memory, registry
 from .adapters import get_adapter
 from .composites import TRANSFORMER_ATTRIBUTION
 from .errors import InputError
 from .explanation import Conservation, Explanation
 from .methods import Call, ConceptTarget, Contrast, MethodResult, one_hot
+from .utils import progress_bar
 
 #: Every method ``explain`` knows, in the order the course introduces them.
 METHODS: tuple[str, ...] = registry.METHOD_NAMES
@@ -39,7 +40,19 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
             default 0; negative counts from the end), ``end_layer`` (last block, default the last),
             ``rollout_norm`` ("none" | "row"; default "none" for images, "row" for text), ``use_gradient``
             (default True; False is the paper's ablation), ``keep_heads`` (also return the per-head matrices),
-            ``progress`` (progress bar), ``batch_size`` (sequences per forward pass in ``token_ablation``).
+            ``batch_size`` (sequences per forward pass in ``token_ablation``). Every method also takes
+            ``progress`` (a progress bar; ``None``: only for long runs), ``max_memory`` and ``chunk_size``.
+        max_memory: the memory the call may use. ``None`` / ``"auto"`` (default): half of what the device of
+            the model has free (CPU: ``MemAvailable``; CUDA: ``torch.cuda.mem_get_info``); an int (bytes) or a
+            string such as ``"512MB"`` / ``"2GiB"``; ``float("inf")`` / ``"none"``: never split. A batch whose
+            estimated peak (:func:`lrp_core.memory.estimate`) exceeds it is explained in pieces of as many
+            samples as fit (at least one) and the results merged in batch order — every field, as if explained
+            at once. Each piece gets exactly the arithmetic of being explained alone; against the whole batch
+            at once it may differ by round-off, as a batch does from its samples one by one (the BLAS kernels
+            depend on the number of rows; docs/ARCHITECTURE.md, "Memory and pieces").
+        chunk_size: explain in pieces of at most this many samples (an int ≥ 1) instead; giving it together
+            with an explicit ``max_memory`` is an error. Padded text is grouped by length first (each group
+            explained unpadded, docs/METHODS.md §5.8), then each group is cut into pieces.
 
     Returns:
         An :class:`Explanation` with ``scores`` (B, T) and what the method aggregated.
@@ -70,17 +83,18 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         target = target.positive
     resolve = _target_resolver(target if concept is None else None, batch, adapter.num_classes)
     with model_guard(model):
-        groups = _length_groups(prepared) if "attention_mask" in prepared else None
-        if groups is None:
+        pieces = _pieces(prepared, adapter, method, opt, batch)
+        if len(pieces) == 1 and pieces[0][1] is None:  # the whole batch at once, as given
             result = spec.run(Call(adapter, prepared, layout, resolve, opt, concept, negative))
         else:
             parts = []
-            for rows, n in groups:
+            for rows, n in progress_bar(pieces, opt.progress or (opt.progress is None and len(pieces) >= 16),
+                                        desc=method, unit="piece", leave=False):
                 sub = _take(prepared, rows, n)
                 call = Call(adapter, sub, adapter.layout(sub), _sub_resolver(resolve, rows), opt, concept,
                             None if negative is None else negative.to(rows.device)[rows])
                 parts.append((rows, n, spec.run(call)))
-            result = _merge(parts, batch, prepared["attention_mask"].shape[1])
+            result = _merge(parts, batch, None if "images" in prepared else _batch_tensor(prepared).shape[1])
     used = dict(result.used)
     if negative is not None:
         used["contrast_with"] = negative.tolist()
@@ -110,26 +124,67 @@ def _length_groups(prepared: dict) -> Optional[list[tuple[Tensor, int]]]:
     return [(torch.nonzero(lengths == n).flatten(), int(n)) for n in lengths.unique().tolist()]
 
 
-def _take(prepared: dict, rows: Tensor, n: int) -> dict:
-    return {k: (None if v is None else v[rows, :n]) for k, v in prepared.items()}
+def _pieces(prepared: dict, adapter, method: str, opt, batch: int) -> list[tuple[Tensor, Optional[int]]]:
+    """The pieces a batch is explained in: ``(rows, n)`` — sample indices, and the length the text is trimmed
+    to (``None``: not trimmed).
+
+    Right-padded text of several lengths is first grouped by length (:func:`_length_groups`); each group
+    (or the whole batch) is then cut into runs of at most ``k`` consecutive samples: ``k = chunk_size``
+    if given, else as many as fit ``max_memory`` by :mod:`lrp_core.memory`'s estimate (at least one).
+    """
+    groups = _length_groups(prepared) if "attention_mask" in prepared and "images" not in prepared else None
+    x = _batch_tensor(prepared)
+    if groups is None:
+        groups = [(torch.arange(batch, device=x.device), None)]
+    budget = None
+    if opt.chunk_size is None:
+        budget = memory.budget(opt.max_memory, adapter.blocks[0].attn.proj.weight.device)
+    pieces = []
+    for rows, n in groups:
+        if opt.chunk_size is not None:
+            k = opt.chunk_size
+        else:
+            facts = memory.facts_of(adapter, prepared, tokens=n)
+            k = memory.piece_size(budget, method, facts, len(rows), keep_heads=opt.keep_heads,
+                                  batch_size=opt.batch_size)
+        pieces += [(part, n) for part in rows.split(k)]
+    return pieces
+
+
+def _take(prepared: dict, rows: Tensor, n: Optional[int]) -> dict:
+    """The samples ``rows`` of a prepared batch, text trimmed to ``n`` tokens (``None``: as is).
+
+    Images: only ``images`` is per sample (CLIP's prompts are shared by the whole batch); text: every entry.
+    """
+    if "images" in prepared:
+        return {k: (v[rows.to(v.device)] if k == "images" else v) for k, v in prepared.items()}
+    cut = slice(None) if n is None else slice(0, n)
+    return {k: (None if v is None else v[rows.to(v.device), cut]) for k, v in prepared.items()}
 
 
 def _sub_resolver(resolve, rows: Tensor):
     return lambda logits: resolve(logits, rows)
 
 
-def _merge(parts: list, batch: int, T: int):
-    """Scatter the per-length results back into zero-padded (B, T, ...) tensors."""
+def _merge(parts: list, batch: int, T: Optional[int]):
+    """Scatter the results of the pieces back into (B, ...) tensors in batch order.
+
+    ``parts``: ``(rows, n, MethodResult)`` per piece. Text (``T`` the padded length): the token axes of
+    ``scores``, ``layers``, ``layers_per_head`` and ``token_relevance`` are zero-padded from ``n`` back to
+    ``T``. Images (``T`` is ``None``): every piece has the whole token axes; ``pixels`` is merged as is.
+    """
     first = parts[0][2]
 
     def gather(name: str, pad_dims: int):
-        if getattr(first, name) is None:
-            return None
         like = getattr(first, name)
+        if like is None:
+            return None
+        if T is None:
+            pad_dims = 0
         shape = (batch,) + tuple(like.shape[1:like.dim() - pad_dims]) + (T,) * pad_dims
         out = torch.zeros(shape, dtype=like.dtype, device=like.device)
         for rows, n, res in parts:
-            idx = (rows,) + (slice(None),) * (like.dim() - 1 - pad_dims) + (slice(0, n),) * pad_dims
+            idx = (rows.to(out.device),) + (slice(None),) * (like.dim() - 1 - pad_dims) + (slice(0, n),) * pad_dims
             out[idx] = getattr(res, name)
         return out
 
@@ -137,15 +192,15 @@ def _merge(parts: list, batch: int, T: int):
     target = torch.empty(batch, dtype=torch.long, device=dev)
     logits = torch.empty((batch,) + tuple(first.logits.shape[1:]), dtype=first.logits.dtype, device=dev)
     for rows, _, res in parts:
-        target[rows] = res.target
-        logits[rows] = res.logits
+        target[rows.to(dev)] = res.target.to(dev)
+        logits[rows.to(dev)] = res.logits
     return MethodResult(scores=gather("scores", 1), target=target, logits=logits, layers=gather("layers", 2),
                         layers_per_head=gather("layers_per_head", 2), token_relevance=gather("token_relevance", 1),
-                        conservation=_merge_conservation(parts, batch), used=first.used)
+                        pixels=gather("pixels", 0), conservation=_merge_conservation(parts, batch), used=first.used)
 
 
 def _merge_conservation(parts: list, batch: int) -> Optional[Conservation]:
-    """The per-sample totals of each length group, back in batch order."""
+    """The per-sample totals of each piece, back in batch order."""
     first = parts[0][2].conservation
     if first is None:
         return None
@@ -157,7 +212,7 @@ def _merge_conservation(parts: list, batch: int) -> Optional[Conservation]:
             continue
         out = torch.empty((batch,) + tuple(like.shape[1:]), dtype=like.dtype, device=like.device)
         for rows, _, res in parts:
-            out[rows] = getattr(res.conservation, name)
+            out[rows.to(out.device)] = getattr(res.conservation, name)
         fields[name] = out
     return Conservation(**fields)
 
@@ -220,8 +275,12 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
 # ----------------------------------------------------------------------------
 # validation
 # ----------------------------------------------------------------------------
+def _batch_tensor(prepared: dict) -> Tensor:
+    return prepared["images"] if "images" in prepared else prepared["input_ids"]
+
+
 def _batch_size(prepared: dict) -> int:
-    return (prepared["images"] if "images" in prepared else prepared["input_ids"]).shape[0]
+    return _batch_tensor(prepared).shape[0]
 
 
 def _target_resolver(target, batch: int, num_classes: int):

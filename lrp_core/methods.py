@@ -63,6 +63,9 @@ class Options:
     keep_heads: bool = False
     progress: Optional[bool] = None
     batch_size: int = 64
+    #: how the call is split into pieces (lrp_core.memory; read by ``explain``, not by the methods)
+    max_memory: Any = None
+    chunk_size: Optional[int] = None
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The method registry: every fact about a method in one place.
 
-Per method: the function that computes it, the options it accepts (any other
-option is an error naming the accepted ones), whether its map depends on the
+Per method: the function that computes it, the options it accepts (besides
+:data:`GENERIC_OPTIONS`, which every method takes; any other option is an
+error naming the accepted ones), whether its map depends on the
 target class, whether it takes a concept target, its defaults per input
 modality, and which :class:`~lrp_core.Explanation` fields it fills.
 ``explain``, the widgets and the evaluation read this table.
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
+from . import memory
 from . import methods as M
 from .errors import InputError, UnknownMethodError
 from .rollout import NORMS
@@ -22,9 +24,14 @@ OPTION_HELP: dict[str, str] = {
     "rollout_norm": f"normalisation of each factor I + Ā_b, one of {NORMS}",
     "use_gradient": "weight R^A by ∇A (True) or by A (False, the paper's ablation)",
     "keep_heads": "also return the per-head matrices (layers_per_head)",
-    "progress": "show a progress bar (None: only for long runs)",
     "batch_size": "sequences per forward pass",
+    "progress": "show a progress bar (None: only for long runs)",
+    "max_memory": "bytes or '2GB' a call may use, else it runs in pieces; None/'auto': half the free memory, "
+                  "'none': never split",
+    "chunk_size": "samples per piece, instead of max_memory",
 }
+#: Options every method takes: how the call runs, not what it computes (a progress bar, pieces).
+GENERIC_OPTIONS: tuple = ("progress", "max_memory", "chunk_size")
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ class MethodSpec:
     product_norm: Optional[str] = None
 
     def takes(self, option: str) -> bool:
-        return option in self.options
+        return option in self.options or option in GENERIC_OPTIONS
 
 
 _LAYER_PRODUCT = ("start_layer", "end_layer")
@@ -74,7 +81,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     MethodSpec("cdam", M.cdam, "Brocki & Chung: gradient × tokens entering the last attention",
                concept_target=True),
     MethodSpec("token_ablation", M.token_ablation, "y_t(all tokens) − y_t(without token i), batched",
-               options=("batch_size", "progress")),
+               options=("batch_size",)),
     MethodSpec("attnlrp", M.attnlrp,
                "Achtibat et al. (ICML 2024): gradient × input, std detached, identity rule, ÷2 at Q·Kᵀ and A·V",
                returns=("pixels", "token_relevance", "conservation")),
@@ -140,14 +147,23 @@ def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int,
         raise InputError(f"keep_heads must be True or False, got {opt.keep_heads!r}")
     if not isinstance(opt.batch_size, int) or isinstance(opt.batch_size, bool) or opt.batch_size < 1:
         raise InputError(f"batch_size must be a positive int, got {opt.batch_size!r}")
+    if opt.chunk_size is not None and (not isinstance(opt.chunk_size, int) or isinstance(opt.chunk_size, bool)
+                                       or opt.chunk_size < 1):
+        raise InputError(f"chunk_size must be a positive int (samples per piece), got {opt.chunk_size!r}")
+    opt.max_memory = memory.parse_max_memory(opt.max_memory)
+    if opt.chunk_size is not None and opt.max_memory is not None:
+        raise InputError("give chunk_size (samples per piece) or max_memory (a budget the pieces are sized to), "
+                         "not both")
     return opt
 
 
 def _accepted(spec: MethodSpec) -> str:
+    generic = "; ".join(f"{o} ({OPTION_HELP[o]})" for o in GENERIC_OPTIONS)
     if not spec.options:
-        return f"method {spec.name!r} accepts no options"
-    return f"method {spec.name!r} accepts: " + "; ".join(f"{o} ({OPTION_HELP[o]})" for o in spec.options)
+        return f"method {spec.name!r} accepts no options of its own; like every method it accepts {generic}"
+    own = "; ".join(f"{o} ({OPTION_HELP[o]})" for o in spec.options)
+    return f"method {spec.name!r} accepts: {own}; and, like every method, {generic}"
 
 
-__all__ = ["MethodSpec", "METHODS", "METHOD_NAMES", "CLASS_AGNOSTIC", "OPTION_HELP", "get",
+__all__ = ["MethodSpec", "METHODS", "METHOD_NAMES", "CLASS_AGNOSTIC", "OPTION_HELP", "GENERIC_OPTIONS", "get",
            "parse_options", "product_norm"]

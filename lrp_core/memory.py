@@ -1,0 +1,230 @@
+"""How much memory an explanation needs, and how much there is: the arithmetic behind ``max_memory``.
+
+:func:`lrp_core.explain` splits a batch into pieces when the estimated peak of
+explaining it at once exceeds a memory budget (docs/ARCHITECTURE.md, "Memory
+and pieces"). This module holds the three parts of that decision:
+
+- :func:`estimate` — an upper bound on the peak memory of one method's pass
+  over a batch, from the model's facts (:class:`ModelFacts`): blocks ``L``,
+  tokens ``N``, width ``D``, heads ``H``, MLP width ``F``, bytes per element.
+- :func:`budget` — the memory a call may use: ``max_memory`` as given, or a
+  fraction of what the model's device has free.
+- :func:`piece_size` — how many samples fit in the budget.
+
+What the estimate counts, per sample and block (elements):
+
+- **the replay** the methods read back (every block's activations are kept
+  for the relevance pass or the gradients): ``a·N·D + m·N·F + s·H·N²`` — the
+  ``N·D`` activations (norm outputs, q/k/v, context, projections, residual
+  stream), the ``N·F`` MLP activations (fc1 output, activation) and the
+  ``H·N²`` attention scores and maps. With a graph (gradient methods) autograd
+  saves a few more of each; AttnLRP / CP-LRP's rules save more still
+  (decomposed LayerNorms, the identity rule's ratios).
+- **the matrices a method keeps** for every block: attention gradients,
+  attention relevances, per-head products ``(B, L, H, N, N)`` and their head
+  means ``(B, L, N, N)`` (``k·H·N² + N²``; ``keep_heads`` adds ``H·N²``).
+- **one block's temporaries** while the relevance or gradient pass crosses
+  it (the signed Linear rule forms several ``N·F`` tensors at the MLP, the
+  product rule several ``H·N²`` at the attention): ``t_a·N·D + t_m·N·F +
+  t_s·H·N²``, counted once, not per block.
+
+plus a fixed part independent of the batch: the weight-sized tensors of the
+signed Linear rule (three of the largest weight) and, for ``token_ablation``,
+the forward passes of ``batch_size`` ablated sequences.
+
+The coefficients are upper bounds calibrated by measurement (peak resident
+memory of a fresh process on CPU, ``scripts/measure_memory.py``): the
+estimate is 1.2× … 1.8× the measured peak on BERT and ViT of width 256, 4
+blocks, 128 … 257 tokens, batches 2 and 8, and 1.25× … 1.65× at width 384, 6
+blocks, in float32 and float64 (``token_ablation``, whose peak varies with
+the allocator from run to run, up to 2.5×; the table in
+docs/ARCHITECTURE.md). It does not count the model's weights (already
+resident) or the inputs. On CUDA the same tensors are allocated; the estimate
+was not measured there.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Union
+
+import torch
+
+from .errors import InputError
+
+#: Fraction of the device's free memory a call may use when ``max_memory`` is ``None`` / ``"auto"``.
+SAFETY_FRACTION = 0.5
+
+MaxMemory = Union[None, int, float, str]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The sizes the estimate needs: blocks, tokens, width, heads, MLP width, bytes per element."""
+
+    blocks: int
+    tokens: int
+    width: int
+    heads: int
+    mlp: int
+    itemsize: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Elements per sample of one method's pass, as coefficients of ``N·D``, ``N·F`` and ``H·N²``.
+
+    ``act``, ``mlp``, ``att``: kept per block (the replay, with or without a graph).
+    ``kept``: ``H·N²`` matrices kept per block by the method (gradients, relevances, products);
+    ``layers``: whether it returns ``(B, L, N, N)`` head means (``keep_heads`` then adds ``H·N²``).
+    ``tmp_act``, ``tmp_mlp``, ``tmp_att``: one block's temporaries, counted once.
+    """
+
+    act: float
+    mlp: float
+    att: float
+    kept: float = 0.0
+    layers: bool = False
+    tmp_act: float = 0.0
+    tmp_mlp: float = 0.0
+    tmp_att: float = 0.0
+
+
+_PLAIN = dict(act=16, mlp=2, att=3)  # replay without a graph
+_GRAPH = dict(act=18, mlp=3, att=4)  # replay with autograd's saved tensors
+_MODIFIED = dict(act=24, mlp=4, att=5)  # the modified-gradient replay (decomposed LayerNorm, ratios)
+_RELPROP = dict(tmp_act=8, tmp_mlp=8, tmp_att=6)  # the explicit pass at one block
+_BACKWARD = dict(tmp_act=6, tmp_mlp=3, tmp_att=3)  # autograd's backward at one block
+
+#: The profile of every method in :data:`lrp_core.registry.METHODS`; a method not listed gets :data:`WORST`.
+PROFILES: dict[str, Profile] = {
+    "transformer_attribution": Profile(**_GRAPH, kept=3, layers=True, **_RELPROP),
+    "generic_attention": Profile(**_GRAPH, kept=2, layers=True, **_BACKWARD),
+    "rollout": Profile(**_PLAIN, layers=True, tmp_att=1),
+    "raw_attention": Profile(**_PLAIN, layers=True, tmp_att=1),
+    "attention_gradcam": Profile(**_GRAPH, **_BACKWARD),
+    "lrp": Profile(**_PLAIN, kept=1, **_RELPROP),
+    "partial_lrp": Profile(**_PLAIN, kept=1, **_RELPROP),
+    "cdam": Profile(**_GRAPH, **_BACKWARD),
+    "token_ablation": Profile(**_PLAIN),
+    "attnlrp": Profile(**_MODIFIED, **_BACKWARD),
+    "cp_lrp": Profile(**_MODIFIED, **_BACKWARD),
+}
+WORST = Profile(**_MODIFIED, kept=3, layers=True, **_RELPROP)
+
+
+def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = None) -> ModelFacts:
+    """The :class:`ModelFacts` of an adapter's model on a prepared batch (``tokens``: override ``N``)."""
+    first = adapter.blocks[0]
+    widths = [spec.mlp.fc1.out_features for spec in adapter.blocks]
+    n = tokens if tokens is not None else adapter.layout(prepared).num_tokens
+    return ModelFacts(blocks=adapter.num_blocks, tokens=int(n), width=int(first.attn.proj.out_features),
+                      heads=int(first.attn.num_heads), mlp=int(max(widths)),
+                      itemsize=first.attn.proj.weight.element_size())
+
+
+def per_sample(method: str, f: ModelFacts, keep_heads: bool = False) -> int:
+    """Bytes one more sample adds to the peak of ``method``'s pass."""
+    p = PROFILES.get(method, WORST)
+    N, D, H, F, L = f.tokens, f.width, f.heads, f.mlp, f.blocks
+    nd, nf, hnn = N * D, N * F, H * N * N
+    block = p.act * nd + p.mlp * nf + (p.att + p.kept + (1 if keep_heads and p.layers else 0)) * hnn
+    block += N * N if p.layers else 0
+    once = p.tmp_act * nd + p.tmp_mlp * nf + p.tmp_att * hnn
+    return int(math.ceil((L * block + once) * f.itemsize))
+
+
+def fixed(method: str, f: ModelFacts, batch_size: int = 64) -> int:
+    """Bytes of the pass that do not grow with the batch (weight-sized temporaries; ablated sequences)."""
+    out = 3 * f.width * f.mlp * f.itemsize
+    if method == "token_ablation":
+        out += batch_size * per_sample("rollout", ModelFacts(f.blocks, max(f.tokens - 1, 1), f.width, f.heads,
+                                                             f.mlp, f.itemsize))
+    return int(out)
+
+
+def estimate(method: str, f: ModelFacts, batch: int, keep_heads: bool = False, batch_size: int = 64) -> int:
+    """Upper bound on the peak bytes of explaining ``batch`` samples at once with ``method``."""
+    return fixed(method, f, batch_size) + batch * per_sample(method, f, keep_heads)
+
+
+# ----------------------------------------------------------------------------
+# the budget
+# ----------------------------------------------------------------------------
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_ACCEPTED = ("max_memory must be None or 'auto' (a share of the free memory of the model's device), a number of "
+             "bytes (> 0), a string such as '512MB' or '2GiB', or float('inf') / 'none' (never split)")
+
+
+def parse_max_memory(value: MaxMemory) -> Union[None, float]:
+    """``None`` for "auto", ``math.inf`` for "never split", else a positive number of bytes."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise InputError(f"{_ACCEPTED}; got {value!r}")
+    if isinstance(value, str):
+        s = value.strip().upper().replace(" ", "")
+        if s == "AUTO":
+            return None
+        if s in ("NONE", "INF", "OFF"):
+            return math.inf
+        m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)([KMGT]I?B|B)?", s)
+        if m is None:
+            raise InputError(f"{_ACCEPTED}; got {value!r}")
+        value = float(m.group(1)) * _UNITS[m.group(2) or ""]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value == math.inf:
+            return math.inf
+        if not value > 0 or math.isnan(value):
+            raise InputError(f"{_ACCEPTED}; got {value!r}")
+        return float(value)
+    raise InputError(f"{_ACCEPTED}; got {type(value).__name__}")
+
+
+def available(device: torch.device) -> Optional[int]:
+    """Free bytes on ``device``: ``torch.cuda.mem_get_info`` plus what PyTorch's allocator holds unused on
+    CUDA, ``MemAvailable`` (/proc/meminfo, else psutil) on CPU; ``None`` where it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        # memory PyTorch's caching allocator holds but does not use is free to this process too
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil  # optional
+        return int(psutil.virtual_memory().available)
+    except Exception:  # not installed, or no reading on this system
+        return None
+
+
+def budget(max_memory: MaxMemory, device: torch.device) -> float:
+    """The bytes a call may use: ``max_memory`` parsed, or :data:`SAFETY_FRACTION` of :func:`available`
+    (``math.inf`` when that cannot be read: never split)."""
+    b = parse_max_memory(max_memory)
+    if b is not None:
+        return b
+    free = available(device)
+    return math.inf if free is None else SAFETY_FRACTION * free
+
+
+def piece_size(budget_bytes: float, method: str, f: ModelFacts, batch: int, keep_heads: bool = False,
+               batch_size: int = 64) -> int:
+    """Samples per piece: ``batch`` if the whole batch fits, else ``⌊(budget − fixed) / per sample⌋`` (≥ 1)."""
+    if budget_bytes == math.inf or estimate(method, f, batch, keep_heads, batch_size) <= budget_bytes:
+        return batch
+    room = budget_bytes - fixed(method, f, batch_size)
+    return max(1, min(batch, int(room // max(per_sample(method, f, keep_heads), 1))))
+
+
+__all__ = ["ModelFacts", "Profile", "PROFILES", "SAFETY_FRACTION", "facts_of", "per_sample", "fixed", "estimate",
+           "parse_max_memory", "available", "budget", "piece_size"]
