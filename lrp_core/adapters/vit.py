@@ -160,7 +160,9 @@ class TimmViTAdapter(ViTAdapter):
             images = images.detach().requires_grad_(True)
         patches = m.patch_embed(images)  # conv (+ norm); plain gradient under every rule set
         flat = patches.reshape(patches.shape[0], -1, patches.shape[-1]) if patches.dim() == 4 else patches
-        x_pos = m._pos_embed(patches)  # prefix tokens + position embedding, as the model does it
+        # prefix tokens + position embedding, as the model does it; built from `flat` (the token embeddings
+        # gradients are read at), reshaped back to (B, h, w, D) where timm's dynamic_img_size keeps the grid
+        x_pos = m._pos_embed(flat.reshape(patches.shape))
         prefix = [t.expand(images.shape[0], -1, -1) for t in
                   (m.cls_token, getattr(m, "dist_token", None), getattr(m, "reg_token", None)) if t is not None]
         tokens = torch.cat(prefix + [flat], dim=1)

@@ -297,3 +297,15 @@ def test_refused_families_say_why(build, words):
         explain(model, _images(1), method="rollout")
     for w in words:
         assert w in str(err.value)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_dynamic_img_size_vit_explains_like_the_fixed_size_one(method):
+    """timm's ``dynamic_img_size=True`` keeps the patch grid (B, h, w, D): same weights, same maps, every method."""
+    fixed = make_tiny_vit().double()
+    dynamic = make_tiny_vit(dynamic_img_size=True).double()
+    dynamic.load_state_dict(fixed.state_dict())
+    x = _images().double()
+    a = explain(fixed, x, method=method)
+    b = explain(dynamic, x, method=method)
+    assert torch.allclose(a.scores, b.scores, rtol=1e-10, atol=1e-12)
