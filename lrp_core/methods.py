@@ -153,17 +153,34 @@ def transformer_attribution(c: Call) -> MethodResult:
     target = c.resolve(trace.logits.detach())
     if opt.use_gradient:
         y = c.output(trace.logits, target).sum()
-        weights = torch.autograd.grad(y, [trace.attention(b) for b in range(s, L)])
+        weights = list(torch.autograd.grad(y, [trace.attention(b) for b in range(s, L)]))
     else:
         weights = [trace.attention(b).detach() for b in range(s, L)]
+    logits = trace.logits.detach()
+
+    def weigh(b: int, R_A: Tensor) -> Tensor:
+        """(∇A_b ⊙ R^A_b)⁺ (B, H, N, N) — or its head mean (B, N, N) — as the pass reaches block b."""
+        w, weights[b - s] = weights[b - s], None  # ∇A_b is not needed again
+        per_head = (w * R_A).clamp(min=0)
+        return per_head if opt.keep_heads else per_head.mean(dim=1)
+
     with torch.no_grad():
-        rel = a.relprop(trace, c.start(trace.logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s)
-        per_head = {b: (weights[b - s] * rel.attn[b]).clamp(min=0) for b in range(s, L)}
-        layers, heads = _per_head_result(per_head, L, s, opt.keep_heads)
+        # the pass weighs each block's map as it goes and drops the records behind it: the peak
+        # memory holds one block's relevance maps, not all of them (issue #15)
+        rel = a.relprop(trace, c.start(logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s,
+                        on_attention=weigh, release=True)
+        del trace
+        kept = {b: rel.attn[b] for b in range(s, L)}
+        rel.attn = None
+        if opt.keep_heads:
+            layers, heads = _per_head_result(kept, L, s, True)
+        else:
+            layers, heads = _full_layers(kept, L, kept[s]), None
+        del kept
         joint = accumulate(layers, s, end, norm=opt.rollout_norm)
         scores = c.layout.readout_minimum(_readout_scores(c, joint))
     return MethodResult(
-        scores=scores, target=target, logits=trace.logits.detach(), layers=layers, layers_per_head=heads,
+        scores=scores, target=target, logits=logits, layers=layers, layers_per_head=heads,
         token_relevance=rel.tokens,
         used={"start_layer": s, "end_layer": end, "rollout_norm": opt.rollout_norm, "use_gradient": opt.use_gradient})
 
@@ -175,12 +192,21 @@ def generic_attention(c: Call) -> MethodResult:
     trace = a.forward(c.prepared, grad=True)
     target = c.resolve(trace.logits.detach())
     attns = [trace.attention(b) for b in range(s, L)]
-    grads = torch.autograd.grad(c.output(trace.logits, target).sum(), attns)
+    grads = list(torch.autograd.grad(c.output(trace.logits, target).sum(), attns))
+    logits = trace.logits.detach()
+    del trace  # only the maps and their gradients are needed from here on
     with torch.no_grad():
-        per_head = {b: (grads[b - s] * attns[b - s]).clamp(min=0) for b in range(s, L)}
-        layers, heads = _per_head_result(per_head, L, s, c.opt.keep_heads)
+        kept = {}
+        for b in range(s, L):  # one block's product at a time, each map and gradient dropped once used
+            (g, A), grads[b - s], attns[b - s] = (grads[b - s], attns[b - s]), None, None
+            per_head = (g * A).clamp(min=0)
+            kept[b] = per_head if c.opt.keep_heads else per_head.mean(dim=1)
+        if c.opt.keep_heads:
+            layers, heads = _per_head_result(kept, L, s, True)
+        else:
+            layers, heads = _full_layers(kept, L, kept[s]), None
         scores = _readout_scores(c, accumulate_residual(layers, s))
-    return MethodResult(scores=scores, target=target, logits=trace.logits.detach(), layers=layers,
+    return MethodResult(scores=scores, target=target, logits=logits, layers=layers,
                         layers_per_head=heads, used={"start_layer": s})
 
 

@@ -11,7 +11,7 @@ subclass plus a line in :data:`lrp_core.adapters.ADAPTERS`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -127,13 +127,21 @@ class Adapter(ABC):
 
     # ------------------------------------------------------------- relevance
     def relprop(self, trace: Trace, R_out: Tensor, composite: Composite, stop_block: int = 0,
-                to_input: bool = False, prepared: Optional[dict] = None) -> BlockRelevance:
+                to_input: bool = False, prepared: Optional[dict] = None,
+                on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]] = None,
+                release: bool = False) -> BlockRelevance:
         """The explicit relevance pass, every rule chosen by ``composite``.
 
         Args:
             R_out: (B, C) relevance of the logits (the one-hot target).
             stop_block: the lowest block whose attention relevance is needed.
             to_input: continue through every block to input space (``scores``, ``pixels``).
+            on_attention: ``f(b, R_A)`` called with each block's attention relevance (B, H, N, N) as the
+                pass reaches it; ``attn[b]`` keeps what it returns instead of R_A, so a method that only
+                needs a reduction of R_A never holds all blocks' maps at once.
+            release: drop ``trace.blocks[b]`` once block b is done (unless ``to_input``; the pass goes top-down, never
+                looking at a block again): the memory of the records falls as the pass goes on. The
+                trace then has ``None`` for those blocks.
         """
         prop = Propagation(composite, cache=self.shares_weights)
         R = self.readout.relprop(trace.readout, R_out, prop)
@@ -142,8 +150,11 @@ class Adapter(ABC):
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, N, dtype=R.dtype, device=R.device))
         for b in range(L - 1, stop_block - 1, -1):
             out.tokens[:, b] = R.sum(-1)  # leaving block b
-            R, out.attn[b] = block_relprop(self.blocks[b], trace.blocks[b], R, prop,
-                                           deeper=to_input or b > stop_block)
+            R, R_A = block_relprop(self.blocks[b], trace.blocks[b], R, prop, deeper=to_input or b > stop_block)
+            out.attn[b] = R_A if on_attention is None else on_attention(b, R_A)
+            del R_A
+            if release and not to_input:  # a pass to input space hands the trace on to input_relevance
+                trace.blocks[b] = None
         if R is not None:
             out.inputs = R.sum(-1)
         if to_input:
