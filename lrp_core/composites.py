@@ -325,13 +325,14 @@ class _IdentityRuleFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
         y = fn(x)
-        ctx.save_for_backward(y / (x + IDENTITY_RULE_EPS))
+        # x and y are kept by the replay's records anyway; a saved ratio would be one more tensor of their size
+        ctx.save_for_backward(x, y)
         return y
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (ratio,) = ctx.saved_tensors
-        return grad * ratio, None
+        x, y = ctx.saved_tensors
+        return grad * (y / (x + IDENTITY_RULE_EPS)), None
 
 
 class _DivideGradientFn(torch.autograd.Function):
@@ -380,12 +381,14 @@ class DetachedStdLayerNorm(Rule):
             raise TypeError(f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}")
         mean = x.mean(dim=-1, keepdim=True)
         centred = x - mean
-        std = (centred.pow(2).mean(dim=-1, keepdim=True) + module.eps).sqrt()  # biased variance, as LayerNorm
-        y = centred / std.detach()
+        # the std, γ and β are constants of the pass (no parameter gradients are taken): built from
+        # detached tensors, autograd keeps no activation-sized tensor for them — the same values
+        std = (centred.detach().pow(2).mean(dim=-1, keepdim=True) + module.eps).sqrt()  # biased, as LayerNorm
+        y = centred / std
         if module.weight is not None:
-            y = y * module.weight
+            y = y * module.weight.detach()
         if module.bias is not None:
-            y = y + module.bias
+            y = y + module.bias.detach()
         return y
 
 

@@ -39,6 +39,9 @@ RUNS: list[tuple[str, dict]] = [
     ("partial_lrp", {}),
     ("cdam", {}),
     ("token_ablation", {}),
+    ("transformer_attribution", {}),
+    ("attnlrp", {}),
+    ("cp_lrp", {}),
 ]
 
 
