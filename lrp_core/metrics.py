@@ -235,24 +235,21 @@ def segmentation_scores(maps: Tensor, masks: Tensor) -> dict[str, float]:
     Returns:
         ``pixel_accuracy``, ``iou_background``, ``iou_foreground``, ``miou``, ``map``.
     """
-    maps = _as_tensor(maps, "maps")
-    masks = _as_tensor(masks, "masks", torch.bool)
-    if maps.dim() != 3 or maps.shape != masks.shape:
-        raise InputError(f"maps and masks must both be (N, H, W), got {tuple(maps.shape)} "
-                         f"and {tuple(masks.shape)}")
-    soft = minmax_normalise(torch.nan_to_num(maps))
-    mean = soft.reshape(soft.shape[0], -1).mean(dim=1).view(-1, 1, 1)
-    pred = soft > mean
-    inter_fg = (pred & masks).sum().item()
-    union_fg = (pred | masks).sum().item()
-    inter_bg = (~pred & ~masks).sum().item()
-    union_bg = (~pred | ~masks).sum().item()
+    return segmentation_summary(segmentation_per_image(maps, masks))
+
+
+def segmentation_summary(per: dict[str, np.ndarray]) -> dict[str, float]:
+    """:func:`segmentation_scores` from the per-image values of :func:`segmentation_per_image`.
+
+    The counts are summed before dividing (pooled IoUs); the mAP averages the defined APs.
+    """
+    c = per["iou_counts"]
+    inter_fg, union_fg, inter_bg, union_bg = (int(c[:, k].sum()) for k in range(4))
     iou_fg = inter_fg / union_fg if union_fg else 1.0
     iou_bg = inter_bg / union_bg if union_bg else 1.0
-    aps = [average_precision(s.reshape(-1), m.reshape(-1)) for s, m in zip(soft, masks)]
-    aps = [a for a in aps if not math.isnan(a)]
+    aps = [a for a in per["ap"].tolist() if not math.isnan(a)]
     return {
-        "pixel_accuracy": (inter_fg + inter_bg) / masks.numel(),
+        "pixel_accuracy": (inter_fg + inter_bg) / (len(c) * per["pixels"]),
         "iou_background": iou_bg,
         "iou_foreground": iou_fg,
         "miou": (iou_bg + iou_fg) / 2.0,
@@ -271,7 +268,7 @@ def segmentation_per_image(maps: Tensor, masks: Tensor) -> dict[str, np.ndarray]
         are pooled: total intersection / total union over the images, so a
         resample of images recomputes them from these sums);
         ``ap`` (N,): average precision per image, NaN where the mask lacks
-        a class (the mAP is the mean of the defined values).
+        a class (the mAP is the mean of the defined values); ``pixels``: H·W.
     """
     maps = _as_tensor(maps, "maps")
     masks = _as_tensor(masks, "masks", torch.bool)
@@ -291,7 +288,8 @@ def segmentation_per_image(maps: Tensor, masks: Tensor) -> dict[str, np.ndarray]
     return {"pixel_accuracy": ((counts[:, 0] + counts[:, 2]).double() / n_pix).numpy(),
             "iou_counts": counts.numpy().astype(np.int64),
             "ap": np.array([average_precision(s.reshape(-1), m.reshape(-1))
-                            for s, m in zip(soft, masks)], dtype=np.float64)}
+                            for s, m in zip(soft, masks)], dtype=np.float64),
+            "pixels": n_pix}
 
 
 def pooled_miou(iou_counts: np.ndarray) -> np.ndarray:
@@ -763,7 +761,7 @@ __all__ = [
     "minmax_normalise", "n_removed", "own_mask_share", "pearson", "perturbation_auc",
     "perturbation_curve", "perturbation_masks", "pooled_correlation", "pooled_miou",
     "rationale_f1_at_gold_size", "rationale_f1_at_gold_size_per_document",
-    "segmentation_per_image",
+    "segmentation_per_image", "segmentation_summary",
     "rationale_scores",
     "segmentation_scores", "sparsity", "top_k_words", "upsample_maps", "word_ids_from_offsets",
     "word_scores", "word_spans",

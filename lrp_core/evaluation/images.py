@@ -200,11 +200,11 @@ def _score_maps(model: Any, one: ImageSet, two: Optional[ImageSet], variants: di
             # the AUC is linear in the curve: it is the mean of these per-image AUCs
             cur[f"{sign}_{which}_auc_per_image"] = [
                 round(M.perturbation_auc(col), 2) for col in c.T.astype(np.float64)]
-    seg = M.segmentation_scores(variants["predicted"], one.masks[:, 0])
-    res.update(pixel_accuracy=seg["pixel_accuracy"], miou=seg["miou"], map=seg["map"])
     # per image, for the bootstrap: pixel accuracy and AP average to the results; the IoUs
     # are pooled, so their counts (fg ∩, fg ∪, bg ∩, bg ∪) are kept (M.pooled_miou)
     per = M.segmentation_per_image(variants["predicted"], one.masks[:, 0])
+    seg = M.segmentation_summary(per)
+    res.update(pixel_accuracy=seg["pixel_accuracy"], miou=seg["miou"], map=seg["map"])
     cur["segmentation_pixel_accuracy_per_image"] = per["pixel_accuracy"].tolist()
     cur["segmentation_iou_counts_per_image"] = per["iou_counts"].tolist()
     cur["segmentation_ap_per_image"] = [None if math.isnan(a) else float(a) for a in per["ap"]]
