@@ -53,6 +53,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .api import METHODS, explain
+from .utils import proc_kib
 
 #: The baseline every method is compared with (a row of its own in the table).
 BASELINE = "forward+backward"
@@ -203,14 +204,7 @@ def best_time(fn: Callable[[], object], repeat: int, warmup: int = 1,
 
 def rss_kb() -> Optional[int]:
     """This process's resident set size now, in KB (Linux ``/proc``; ``None`` elsewhere)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+    return proc_kib("/proc/self/status", "VmRSS")
 
 
 def peak_rss_kb() -> int:

@@ -52,6 +52,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 
 from .errors import InputError
+from .utils import proc_kib
 
 #: Fraction of the device's free memory a call may use when ``max_memory`` is ``None`` / ``"auto"``.
 SAFETY_FRACTION = 0.5
@@ -193,13 +194,9 @@ def available(device: torch.device) -> Optional[int]:
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
     if device.type != "cpu":
         return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    kib = proc_kib("/proc/meminfo", "MemAvailable")
+    if kib is not None:
+        return kib * 1024
     try:
         import psutil  # optional
         return int(psutil.virtual_memory().available)

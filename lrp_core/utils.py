@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -47,4 +47,17 @@ def logits_of(model: Callable[..., Any], inputs: Tensor | Mapping[str, Tensor]) 
     return out
 
 
-__all__ = ["model_device", "progress_bar", "logits_of"]
+def proc_kib(path: str, key: str) -> Optional[int]:
+    """The value of a ``key: N kB`` line of a Linux ``/proc`` file (``/proc/meminfo``, ``/proc/self/status``),
+    in KiB; ``None`` where the file or the line is missing (other systems)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+__all__ = ["model_device", "progress_bar", "logits_of", "proc_kib"]

@@ -71,14 +71,10 @@ def rss_bytes() -> int:
 def peak_bytes() -> int:
     """The process's peak resident set size: ``VmHWM`` (this process's own, unlike ``ru_maxrss``, which Linux
     carries over from the parent across ``exec``), else ``ru_maxrss``."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from lrp_core.utils import proc_kib
+
+    kib = proc_kib("/proc/self/status", "VmHWM")
+    return (kib if kib is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def reset_peak() -> bool:
