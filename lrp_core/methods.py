@@ -135,10 +135,15 @@ def _full_layers(parts: dict, L: int, like: Tensor) -> Tensor:
     return out
 
 
-def _per_head_result(per_head: dict, L: int, first: int, keep: bool) -> tuple[Tensor, Optional[Tensor]]:
-    """Head means as (B, L, N, N), and the per-head matrices (B, L, H, N, N) when kept."""
-    parts = {b: m.mean(dim=1) for b, m in per_head.items()}
-    return _full_layers(parts, L, parts[first]), (_full_layers(per_head, L, per_head[first]) if keep else None)
+def _layers_result(kept: dict, L: int, first: int, per_head: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """Head means as (B, L, N, N), and the per-head matrices (B, L, H, N, N) when ``kept`` holds them.
+
+    ``kept[b]``: block b's per-head matrices (B, H, N, N) if ``per_head``, else their head mean (B, N, N).
+    """
+    if not per_head:
+        return _full_layers(kept, L, kept[first]), None
+    means = {b: m.mean(dim=1) for b, m in kept.items()}
+    return _full_layers(means, L, means[first]), _full_layers(kept, L, kept[first])
 
 
 # ----------------------------------------------------------------------------
@@ -172,10 +177,7 @@ def transformer_attribution(c: Call) -> MethodResult:
         del trace
         kept = {b: rel.attn[b] for b in range(s, L)}
         rel.attn = None
-        if opt.keep_heads:
-            layers, heads = _per_head_result(kept, L, s, True)
-        else:
-            layers, heads = _full_layers(kept, L, kept[s]), None
+        layers, heads = _layers_result(kept, L, s, opt.keep_heads)
         del kept
         joint = accumulate(layers, s, end, norm=opt.rollout_norm)
         scores = c.layout.readout_minimum(_readout_scores(c, joint))
@@ -201,10 +203,7 @@ def generic_attention(c: Call) -> MethodResult:
             (g, A), grads[b - s], attns[b - s] = (grads[b - s], attns[b - s]), None, None
             per_head = (g * A).clamp(min=0)
             kept[b] = per_head if c.opt.keep_heads else per_head.mean(dim=1)
-        if c.opt.keep_heads:
-            layers, heads = _per_head_result(kept, L, s, True)
-        else:
-            layers, heads = _full_layers(kept, L, kept[s]), None
+        layers, heads = _layers_result(kept, L, s, c.opt.keep_heads)
         scores = _readout_scores(c, accumulate_residual(layers, s))
     return MethodResult(scores=scores, target=target, logits=logits, layers=layers,
                         layers_per_head=heads, used={"start_layer": s})
