@@ -78,11 +78,10 @@ def tune(model: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, epochs: int, 
     """Train the last block, the final norm and the head in place on cached tokens ``h`` (N, 65, 384)."""
     from tqdm.auto import tqdm
 
-    tuned = [p for n, p in model.named_parameters() if n.startswith(TUNED_PREFIXES)]
     for n, p in model.named_parameters():
         p.requires_grad_(n.startswith(TUNED_PREFIXES))
     head = list(model.head.parameters())
-    body = [p for p in tuned if all(p is not q for q in head)]
+    body = [p for n, p in model.named_parameters() if n.startswith(TUNED_PREFIXES) and not n.startswith("head.")]
     opt = torch.optim.AdamW([{"params": body, "lr": lr_block}, {"params": head, "lr": lr_head}],
                             weight_decay=1e-4)
     steps = epochs * -(-len(h) // batch)
