@@ -38,7 +38,7 @@ class LoadedModel:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-EMBEDDED = ("toy-vit", "dinov2-s14", "dinov2-scenes", "minilm-sentiment")
+EMBEDDED = ("toy-vit", "dinov2-s14", "dinov2-scenes", "dinov2-scenes-avg", "minilm-sentiment")
 
 
 def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
@@ -49,9 +49,9 @@ def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
     if name == "dinov2-s14":
         from .dinov2 import load_dinov2_s14
         return load_dinov2_s14(pretrained=pretrained)
-    if name == "dinov2-scenes":
+    if name in ("dinov2-scenes", "dinov2-scenes-avg"):
         from .dinov2_scenes import load_dinov2_scenes
-        return load_dinov2_scenes(pretrained=pretrained)
+        return load_dinov2_scenes(pretrained=pretrained, readout="avg" if name.endswith("-avg") else "token")
     if name == "minilm-sentiment":
         from .minilm import load_minilm_sentiment
         return load_minilm_sentiment(pretrained=pretrained)

