@@ -28,7 +28,7 @@ on [CLS] reaches single 0.940 / two-object top-2 0.790, on the patch mean
 separate one shape well but do not let a linear map read out *two* shapes.
 Tuning the last block as well (a nonlinear head the timm model expresses
 without any new module) reaches 0.99 / 0.91 (avg) and 0.99 / 0.90 ([CLS]).
-A first [CLS] probe with a tenth of the learning rate (5e-5, 3,000 scenes,
+A first [CLS] probe with a quarter of the learning rate (5e-5, 3,000 scenes,
 3 epochs) stayed at 0.957 / 0.707: the recipe, not the readout, was short.
 Why one-vs-rest: soft-target
 softmax cross-entropy (½ / ½ for two objects) gave lower top-2 rates on the
