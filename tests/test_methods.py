@@ -379,3 +379,17 @@ def test_bert_agreement_with_reference_on_real_pretrained_weights():
         exp = explain(loaded.model, enc, method="transformer_attribution", target=target)
         expected = ref.bert_transformer_attribution(loaded.model, enc["input_ids"], target=target)
         assert rel_err(exp.scores, expected) < 1e-4
+
+
+def test_a_mean_readout_reads_the_mean_patch_row_so_every_patch_gets_the_identity_share(images):
+    """global_pool='avg': the map is the mean of the patch rows of Π(I + Ā) (docs/METHODS.md §4), so the
+    identity gives every one of the N patches 1/N on top of Ā's signal (docs/RESULTS.md, dinov2-scenes-avg)."""
+    model = make_tiny_vit(global_pool="avg")
+    exp = explain(model, images, method="transformer_attribution")
+    prod = accumulate(exp.layers, 0, norm="none")                     # (B, 17, 17)
+    assert torch.allclose(exp.scores, prod[:, 1:, 1:].mean(1), atol=1e-6)
+    n = exp.scores.shape[1]
+    assert (exp.scores >= 1 / n - 1e-6).all()                         # Ā ≥ 0 adds, never removes
+    cls = explain(make_tiny_vit(global_pool="token"), images, method="transformer_attribution")
+    # [CLS] readout: its own row, whose identity entry falls on [CLS] (not scored), not on a patch
+    assert torch.allclose(cls.scores, accumulate(cls.layers, 0, norm="none")[:, 0, 1:], atol=1e-6)
