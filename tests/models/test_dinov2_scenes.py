@@ -98,3 +98,10 @@ def test_training_script_is_deterministic_on_a_tiny_run(tmp_path):
     # three steps moved block 12 away from DINOv2's weights
     base = load("dinov2-s14").model.state_dict()
     assert not torch.equal(a["blocks.11.attn.qkv.weight"].float(), base["blocks.11.attn.qkv.weight"])
+
+
+def test_random_weights_keep_the_variant_and_say_so():
+    for readout, name in READOUTS.items():
+        m = load(name, pretrained=False)
+        assert m.name == name and m.model.global_pool == readout
+        assert m.info["readout"] == readout and m.info["pretrained"] is False
