@@ -13,8 +13,9 @@ Recipe (seeded; the same machine and thread count give the same bits):
 3. tune block 12, the final LayerNorm and a ``Linear(384, 8)`` head reading
    the normalised [CLS] token (``--readout token``, timm ``global_pool='token'``)
    or the mean of the normalised patch tokens (``--readout avg``,
-   ``global_pool='avg'``, ``fc_norm=False``) with AdamW (one-cycle schedule, ``--epochs`` epochs of batches of 64) on
-   one-vs-rest logistic losses with multi-hot targets (each present class 1);
+   ``global_pool='avg'``, ``fc_norm=False``) with AdamW (one-cycle schedule,
+   ``--epochs`` epochs of batches of 64) on one-vs-rest logistic losses with
+   multi-hot targets (each present class 1);
 4. store the tuned tensors in float16 (``tuned.safetensors``, or
    ``tuned_avg.safetensors`` for ``avg``; 3.5 MB), load
    them back into the full timm model and measure, with that model, held-out
@@ -30,8 +31,7 @@ Tuning the last block as well (a nonlinear head the timm model expresses
 without any new module) reaches 0.99 / 0.91 (avg) and 0.99 / 0.90 ([CLS]).
 A first [CLS] probe with a quarter of the learning rate (5e-5, 3,000 scenes,
 3 epochs) stayed at 0.957 / 0.707: the recipe, not the readout, was short.
-Why one-vs-rest: soft-target
-softmax cross-entropy (½ / ½ for two objects) gave lower top-2 rates on the
+Why one-vs-rest: soft-target softmax cross-entropy (½ / ½ for two objects) gave lower top-2 rates on the
 same features (e.g. 0.733 vs 0.790 on [CLS]).
 """
 from __future__ import annotations

@@ -50,8 +50,9 @@ def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
         from .dinov2 import load_dinov2_s14
         return load_dinov2_s14(pretrained=pretrained)
     if name in ("dinov2-scenes", "dinov2-scenes-avg"):
-        from .dinov2_scenes import load_dinov2_scenes
-        return load_dinov2_scenes(pretrained=pretrained, readout="avg" if name.endswith("-avg") else "token")
+        from .dinov2_scenes import READOUTS, load_dinov2_scenes
+        readout = next(r for r, n in READOUTS.items() if n == name)
+        return load_dinov2_scenes(pretrained=pretrained, readout=readout)
     if name == "minilm-sentiment":
         from .minilm import load_minilm_sentiment
         return load_minilm_sentiment(pretrained=pretrained)

@@ -11,7 +11,8 @@ each its own tuned tensors:
 - ``dinov2-scenes-avg``: the head reads the mean of the 64 normalised patch
   tokens (``global_pool='avg'``, ``fc_norm=False``) — kept because the
   readout changes what transformer attribution's maps hold (docs/RESULTS.md).
- Blocks 1-11, the patch and position embeddings are the real DINOv2 of
+
+Blocks 1-11, the patch and position embeddings are the real DINOv2 of
 ``dinov2-s14``, untouched; its position embedding, stored for 224 px
 (16 x 16), is resampled once at creation to 8 x 8 with timm's
 ``resample_abs_pos_embed`` (bicubic, antialiased). Block 12, the final norm
@@ -43,7 +44,7 @@ __all__ = ["IMAGE_SIZE", "ASSET_DIR", "TUNED_PREFIXES", "READOUTS", "asset_paths
 IMAGE_SIZE = 112
 """Input side in pixels (8 x 8 patches of 14 px); chosen by measurement, see README."""
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "dinov2_scenes"
-"""Folder of the tuned tensors (``tuned.safetensors``) and their facts (``info.json``)."""
+"""Folder of each readout's tuned tensors and their facts (file names: :func:`asset_paths`)."""
 TUNED_PREFIXES = ("blocks.11.", "norm.", "head.")
 """State-dict names trained on the scenes (everything else is DINOv2's)."""
 READOUTS: dict[str, str] = {"token": "dinov2-scenes", "avg": "dinov2-scenes-avg"}
