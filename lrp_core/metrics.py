@@ -244,12 +244,10 @@ def segmentation_summary(per: dict[str, np.ndarray]) -> dict[str, float]:
     The counts are summed before dividing (pooled IoUs); the mAP averages the defined APs.
     """
     c = per["iou_counts"]
-    inter_fg, union_fg, inter_bg, union_bg = (int(c[:, k].sum()) for k in range(4))
-    iou_fg = inter_fg / union_fg if union_fg else 1.0
-    iou_bg = inter_bg / union_bg if union_bg else 1.0
+    iou_fg, iou_bg = (float(v) for v in _pooled_ious(c))
     aps = [a for a in per["ap"].tolist() if not math.isnan(a)]
     return {
-        "pixel_accuracy": (inter_fg + inter_bg) / (len(c) * per["pixels"]),
+        "pixel_accuracy": int(c[:, 0].sum() + c[:, 2].sum()) / (len(c) * per["pixels"]),
         "iou_background": iou_bg,
         "iou_foreground": iou_fg,
         "miou": (iou_bg + iou_fg) / 2.0,
@@ -298,11 +296,17 @@ def pooled_miou(iou_counts: np.ndarray) -> np.ndarray:
     The counts are those of :func:`segmentation_per_image`; the leading axes
     (e.g. bootstrap resamples) are kept. An empty union counts as IoU 1.
     """
+    fg, bg = _pooled_ious(iou_counts)
+    return (bg + fg) / 2.0
+
+
+def _pooled_ious(iou_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Foreground and background IoU, total intersection / total union over the images: (..., N, 4) -> (...)."""
     c = np.asarray(iou_counts, dtype=np.float64).sum(axis=-2)
     with np.errstate(invalid="ignore", divide="ignore"):
         fg = np.where(c[..., 1] > 0, c[..., 0] / c[..., 1], 1.0)
         bg = np.where(c[..., 3] > 0, c[..., 2] / c[..., 3], 1.0)
-    return (fg + bg) / 2.0
+    return fg, bg
 
 
 def average_precision(scores: Tensor, truth: Tensor) -> float:
