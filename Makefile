@@ -5,13 +5,26 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lab test browser bench bench-quick evaluate clean
+# A room without internet: fill a wheelhouse once where PyPI can be reached
+# (`make wheelhouse`), carry the folder over, then `make install WHEELHOUSE=wheelhouse`
+# installs from it alone (pip --no-index). docs/TEACHING.md has the recipe.
+WHEELHOUSE ?=
+PIP_FROM   := $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
+PIP        := $(BIN)/python -m pip install --disable-pip-version-check -q $(PIP_FROM)
+
+# Extra arguments for Jupyter, e.g. in a container: make lab LAB_ARGS="--ip 0.0.0.0 --no-browser".
+# Jupyter refuses to start as root without --allow-root; containers often run as root.
+LAB_ARGS ?=
+USER_ID  ?= $(shell id -u)
+LAB_ROOT := $(if $(filter 0,$(USER_ID)),--allow-root)
+
+.PHONY: install lab test browser bench bench-quick evaluate wheelhouse figures answers clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --disable-pip-version-check -q --upgrade pip
-	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements-torch.txt
-	$(BIN)/python -m pip install --disable-pip-version-check -q -c requirements-torch.txt -e ".[dev]"
+	$(PIP) --upgrade pip
+	$(PIP) -r requirements-torch.txt
+	$(PIP) -c requirements-torch.txt -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,10 +35,25 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || bash scripts/install_chromium.sh
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/00_welcome.ipynb
+	$(BIN)/jupyter lab notebooks/00_welcome.ipynb $(LAB_ROOT) $(LAB_ARGS)
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest
+
+# Every wheel `make install` needs, for this machine's Python and platform (run it
+# on a machine like the room's). WHEELHOUSE_DIR is where they go.
+WHEELHOUSE_DIR ?= wheelhouse
+wheelhouse:
+	$(PYTHON) -m pip download --disable-pip-version-check -q -d $(WHEELHOUSE_DIR) pip "setuptools>=68" wheel
+	$(PYTHON) -m pip download --disable-pip-version-check -q -d $(WHEELHOUSE_DIR) -r requirements-torch.txt
+	$(PYTHON) -m pip download --disable-pip-version-check -q -d $(WHEELHOUSE_DIR) -c requirements-torch.txt ".[dev]"
+
+# The README's pictures and the teacher's answer key, generated from the code.
+figures: $(STAMP)
+	$(BIN)/python scripts/make_readme_figures.py
+
+answers: $(STAMP)
+	$(BIN)/python scripts/make_answer_key.py
 
 # The scaling table (about an hour on 2 cores; BENCH_ARGS="--threads 1" etc. to tune) and the short run.
 BENCH_ARGS ?=
