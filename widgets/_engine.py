@@ -160,5 +160,6 @@ def accumulate(layers: torch.Tensor, start: int, stop: int, norm: str = "none") 
 
 
 def concept_target(model: torch.nn.Module, examples: torch.Tensor) -> Any:
-    """``lrp_core.concept_target``: the mean final [CLS] embedding of ``examples``."""
+    """``lrp_core.concept_target``: the mean final embedding of ``examples``, pooled as the model's readout
+    pools it (the [CLS] state, the patch mean, …; docs/METHODS.md §4.4)."""
     return api.concept_target(model, examples)

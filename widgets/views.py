@@ -6,14 +6,15 @@ readout weights, :class:`~widgets._engine.SampleReadout`):
 * ``"output"``: the method's own result, ``exp.scores`` (or ``exp.pixels`` for ``lrp``).
 * ``"accumulated"``: the readout row ``wᵀ accumulate(exp.layers, start, b)``, i.e. of
   (I+Ā_b)…(I+Ā_start): how the method's product looks after block b. At the last
-  block, from the method's start layer, it is ``exp.scores``.
+  block, from the method's start layer, it is ``exp.scores`` (raw attention's
+  ``exp.scores`` is the block view at the last block).
 * ``"block"``: the readout row ``wᵀĀ_b`` of block b's own matrix (``exp.layers[:, b]``,
   or one head's).
 * ``"residual"``: ``exp.token_relevance[:, b]``, the relevance of each token in the
   residual stream at block b (LRP-pass methods); its sum is the conserved total.
 
 The readout row is what the engine reads from a matrix (docs/METHODS.md §4):
-row 0 for [CLS] pooling, the mean of the patch rows for average pooling, half of
+row 0 for [CLS] pooling, the mean of the averaged rows for average pooling, half of
 each of two rows for a distilled DeiT, ½ [CLS] + ½ mean for DINOv2, the
 end-of-text row for CLIP's text side. Every view keeps the scored tokens only
 (images: the patches, as an (h, w) grid; text: the real tokens). Where the
