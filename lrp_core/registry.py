@@ -51,6 +51,10 @@ class MethodSpec:
     #: normalisation of the factors I + Ā_b when this method's ``layers`` are multiplied, where the
     #: method fixes it; methods that take ``rollout_norm`` record theirs in ``Explanation.options``
     product_norm: Optional[str] = None
+    #: whether ``scores`` is the readout row of the product with the scored readout tokens' entries replaced
+    #: by the row minimum (``TokenLayout.readout_minimum``, docs/METHODS.md §5.6); the widgets' product view
+    #: reads it here
+    readout_minimum: bool = False
 
     def takes(self, option: str) -> bool:
         return option in self.options or option in GENERIC_OPTIONS
@@ -63,7 +67,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                "Chefer et al. (CVPR 2021): Ā_b = mean_h((∇A_b ⊙ R^{A_b})⁺), C = Π (I + Ā_b)",
                options=_LAYER_PRODUCT + ("rollout_norm", "use_gradient", "keep_heads"),
                defaults={"image": {"rollout_norm": "none"}, "text": {"rollout_norm": "row"}},
-               returns=("layers", "layers_per_head", "token_relevance")),
+               returns=("layers", "layers_per_head", "token_relevance"), readout_minimum=True),
     MethodSpec("generic_attention", M.generic_attention,
                "Chefer et al. (ICCV 2021): Ā_b = mean_h((∇A_b ⊙ A_b)⁺), R ← R + Ā_b R",
                options=("start_layer", "keep_heads"), returns=("layers", "layers_per_head"), product_norm="none"),

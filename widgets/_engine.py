@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from lrp_core import api, registry, rollout
+from lrp_core.adapters import Adapter, TokenLayout, get_adapter
 
 #: Models below this many parameters are explained on one CPU thread by default.
 SMALL_MODEL_PARAMS = 50_000_000
@@ -103,11 +106,60 @@ def explain(model: torch.nn.Module, inputs: Any, method: str, target: Any = None
     return api.explain(model, inputs, **kwargs)
 
 
+def readout_minimum(method: str) -> bool:
+    """Whether ``method``'s map is its product's readout row with the scored readout tokens' entries
+    replaced by the row minimum (the BERT rule of docs/METHODS.md §5.6; read from the method registry)."""
+    return registry.get(method).readout_minimum
+
+
+@dataclass(frozen=True)
+class SampleReadout:
+    """How the engine reads one sample's token-mixing matrices (docs/METHODS.md §4).
+
+    Attributes:
+        weights: (N,) float64, the readout's token weights w (``Readout.weights``): the classifier
+            reads ``Σ_i w_i h_i``, and the map of a matrix M (N, N) is ``wᵀM`` — row 0 for [CLS]
+            pooling, the mean of the averaged rows, half of each of two rows, the end-of-text row.
+            Right-padded text is explained unpadded (§5.8): w is that of the real tokens, 0 on the padding.
+        layout: the sample's :class:`~lrp_core.adapters.TokenLayout` (scored tokens, readout tokens,
+            padding mask).
+    """
+
+    weights: np.ndarray
+    layout: TokenLayout
+
+
+def sample_readout(model: Any, inputs: Any) -> SampleReadout:
+    """The readout of one sample (a batch of one) as ``lrp_core.explain`` applies it.
+
+    ``model``: the model or its adapter; ``inputs``: what ``explain`` takes (CLIP's text side included:
+    the adapter is the one ``explain`` uses for these inputs). Right-padded text is read as the engine
+    explains it, without its padding (docs/METHODS.md §5.8): the weights and the readout tokens are those
+    of the real tokens (CLIP's end-of-text token is the last real one, not the last position).
+    """
+    adapter = (model if isinstance(model, Adapter) else get_adapter(model)).for_inputs(inputs)
+    prepared = adapter.check_inputs(inputs)
+    layout = adapter.layout(prepared)
+    N = n = layout.num_tokens
+    if layout.mask is not None:
+        if layout.mask.shape[0] != 1:
+            raise ValueError(f"a view reads one sample; got a batch of {layout.mask.shape[0]}")
+        real = int(layout.mask[0].sum())
+        if real < N and bool(layout.mask[0, :real].all()):  # right-padded: explained as its real tokens
+            n = real
+            trimmed = adapter.layout({k: (v if v is None else v[:, :n]) for k, v in prepared.items()})
+            layout = replace(layout, readout_tokens=trimmed.readout_tokens)
+    weights = np.zeros(N)
+    weights[:n] = adapter.readout.weights(n).double()[0].cpu().numpy()
+    return SampleReadout(weights=weights, layout=layout)
+
+
 def accumulate(layers: torch.Tensor, start: int, stop: int, norm: str = "none") -> torch.Tensor:
     """``lrp_core.rollout.accumulate``: the product (I+Ā_stop)…(I+Ā_start), (B, N, N)."""
     return rollout.accumulate(layers, start, stop, norm=norm)
 
 
 def concept_target(model: torch.nn.Module, examples: torch.Tensor) -> Any:
-    """``lrp_core.concept_target``: the mean final [CLS] embedding of ``examples``."""
+    """``lrp_core.concept_target``: the mean final embedding of ``examples``, pooled as the model's readout
+    pools it (the [CLS] state, the patch mean, …; docs/METHODS.md §4.4)."""
     return api.concept_target(model, examples)

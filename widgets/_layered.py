@@ -18,8 +18,6 @@ import ipywidgets as W
 import numpy as np
 import torch
 
-from lrp_core.adapters import TokenLayout
-
 from . import _engine, views
 from ._common import (ModelFacts, RelevanceWidget, check_kind, class_names, class_options,
                       describe_error, resolve_model)
@@ -45,14 +43,14 @@ class Cached:
     """One explanation and everything a widget derives from it (evicted together)."""
 
     explanation: Any
-    layout: TokenLayout  # the sample's token layout, for the accumulated view
+    readout: _engine.SampleReadout  # how the engine reads the sample's matrices (block / accumulated views)
     products: Optional[views.LayerProducts] = None
     values: dict = field(default_factory=dict)  # (view, block, start, head) -> shown array
 
     def layer_products(self) -> views.LayerProducts:
         """The partial products (built on first use)."""
         if self.products is None:
-            self.products = views.LayerProducts(self.explanation, self.layout)
+            self.products = views.LayerProducts(self.explanation, self.readout)
         return self.products
 
     def view(self, view: str, block: int, start: int, head: Optional[int]) -> np.ndarray:
@@ -63,7 +61,7 @@ class Cached:
                 self.values[key] = self.layer_products().view(block, start, head)
             else:
                 self.values[key] = views.view_map(self.explanation, view, block=block, start=start,
-                                                  head=head)
+                                                  head=head, readout=self.readout)
         return self.values[key]
 
 
@@ -230,8 +228,7 @@ class LayerExplorer(RelevanceWidget):
         inputs = self._sample(sample)
         exp = _engine.explain(self.facts.module, inputs, method, target=self._engine_target(target),
                               start_layer=start)
-        layout = self.facts.adapter.layout(self.facts.adapter.check_inputs(inputs))
-        self._cache[key] = entry = Cached(exp, layout)
+        self._cache[key] = entry = Cached(exp, _engine.sample_readout(self.facts.adapter, inputs))
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return entry

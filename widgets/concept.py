@@ -57,8 +57,9 @@ def stack_crops(module: torch.nn.Module, crops: list[Any]) -> torch.Tensor:
 class ConceptBuilder(RelevanceWidget):
     """Define a concept by ticking example images; show its CDAM on a query image.
 
-    The concept is ``lrp_core.concept_target(model, examples)`` (the mean final
-    [CLS] embedding of the ticked examples); the map is
+    The concept is ``lrp_core.concept_target(model, examples)`` (the mean of the ticked
+    examples' final embeddings as the model's readout pools them: the [CLS] state, the
+    patch mean, …); the map is
     ``explain(model, query, method="cdam", target=concept)``: red patches move the
     query's embedding towards the concept, blue ones away from it.
 

@@ -1,18 +1,25 @@
 """What a widget shows for one explanation, one block and one head (pure functions).
 
-Views (``exp`` is the explanation of one sample, a batch of one):
+Views (``exp`` is the explanation of one sample, a batch of one; w the sample's
+readout weights, :class:`~widgets._engine.SampleReadout`):
 
 * ``"output"``: the method's own result, ``exp.scores`` (or ``exp.pixels`` for ``lrp``).
-* ``"accumulated"``: the [CLS] row of ``accumulate(exp.layers, start, b)``, i.e. of
-  (I+Ā_b)…(I+Ā_start): how the method's product looks after block b.
-* ``"block"``: the [CLS] row of block b's own matrix Ā_b (``exp.layers[:, b]``).
+* ``"accumulated"``: the readout row ``wᵀ accumulate(exp.layers, start, b)``, i.e. of
+  (I+Ā_b)…(I+Ā_start): how the method's product looks after block b. At the last
+  block, from the method's start layer, it is ``exp.scores`` (raw attention's
+  ``exp.scores`` is the block view at the last block).
+* ``"block"``: the readout row ``wᵀĀ_b`` of block b's own matrix (``exp.layers[:, b]``,
+  or one head's).
 * ``"residual"``: ``exp.token_relevance[:, b]``, the relevance of each token in the
   residual stream at block b (LRP-pass methods); its sum is the conserved total.
 
-ViT rows keep the patch tokens only (the last h·w tokens). Text rows keep every
-real token; in the accumulated view the [CLS] entry (dominated by the identity)
-is replaced by the row's minimum over the real tokens, as the engine does
-for BERT outputs.
+The readout row is what the engine reads from a matrix (docs/METHODS.md §4):
+row 0 for [CLS] pooling, the mean of the averaged rows for average pooling, half of
+each of two rows for a distilled DeiT, ½ [CLS] + ½ mean for DINOv2, the
+end-of-text row for CLIP's text side. Every view keeps the scored tokens only
+(images: the patches, as an (h, w) grid; text: the real tokens). Where the
+method replaces the scored readout tokens' entries by the row minimum
+(transformer attribution on text, docs/METHODS.md §5.6), the accumulated view does too.
 """
 from __future__ import annotations
 
@@ -22,7 +29,6 @@ import numpy as np
 import torch
 
 from lrp_core import registry
-from lrp_core.adapters import TokenLayout
 
 from . import _engine
 
@@ -78,9 +84,12 @@ def real_tokens(exp: Any) -> int:
 
 
 def _row(exp: Any, row: Any) -> np.ndarray:
-    """Cut one [CLS] row (N,) to what is displayed: patches (grid) or real tokens."""
+    """Cut one token row to what is displayed: the patches as an (h, w) grid, or the real tokens (T,).
+
+    ``row`` holds the scored tokens (``exp.scores[0]``) or every token (the patches are the last h·w).
+    """
     if isinstance(row, torch.Tensor):
-        row = row.detach().float().cpu().numpy()
+        row = row.detach().double().cpu().numpy()
     row = np.asarray(row, dtype=np.float64)
     if exp.grid is not None:
         h, w = exp.grid
@@ -88,28 +97,53 @@ def _row(exp: Any, row: Any) -> np.ndarray:
     return row[:real_tokens(exp)].copy()
 
 
-def product_row(exp: Any, layout: TokenLayout, row: np.ndarray) -> np.ndarray:
-    """What the accumulated view shows of a product's [CLS] row (N,): the engine's readout of it.
+def _as_numpy(m: Any) -> np.ndarray:
+    """A tensor or array as float64 numpy (the views read the engine's tensors in float64)."""
+    if isinstance(m, torch.Tensor):
+        return m.detach().double().cpu().numpy()
+    return np.asarray(m, dtype=np.float64)
 
-    ``layout`` is the sample's token layout (``adapter.layout``): its scored tokens,
-    with its readout-minimum rule, then the display cut of :func:`_row`.
+
+def readout_row(readout: _engine.SampleReadout, M: Any) -> np.ndarray:
+    """``wᵀM`` (N,): the readout's row of one token-mixing matrix M (N, N), in float64."""
+    M = _as_numpy(M)
+    if M.shape[-1] != readout.weights.shape[0]:
+        raise ValueError(f"the matrix has {M.shape[-1]} tokens, the sample's readout {readout.weights.shape[0]}")
+    return readout.weights @ M
+
+
+def scored_map(exp: Any, readout: _engine.SampleReadout, row: np.ndarray, minimum: bool = False) -> np.ndarray:
+    """What a view shows of a readout row (N,): the scored tokens (padding 0), cut for display.
+
+    ``minimum``: replace the scored readout tokens' entries by the row minimum, as the
+    engine does for the methods the registry marks (``_engine.readout_minimum``).
     """
-    scored = layout.readout_minimum(layout.scores(torch.as_tensor(row, dtype=torch.float64)[None]))
+    layout = readout.layout
+    scored = layout.scores(torch.as_tensor(row, dtype=torch.float64)[None])
+    if minimum:
+        scored = layout.readout_minimum(scored)
     return _row(exp, scored[0].numpy())  # float64 kept: the product was chained in float64
 
 
+def _need_readout(readout: Optional[_engine.SampleReadout], view: str) -> _engine.SampleReadout:
+    if readout is None:
+        raise ValueError(f"the {view!r} view reads the matrices through the sample's readout: pass "
+                         "readout=widgets._engine.sample_readout(model, inputs)")
+    return readout
+
+
 def view_map(exp: Any, view: str, block: int = 0, start: int = 0, head: Optional[int] = None,
-             layout: Optional[TokenLayout] = None) -> np.ndarray:
+             readout: Optional[_engine.SampleReadout] = None) -> np.ndarray:
     """The values a widget shows: (h, w) for images (or (H, W) pixels), (T,) for text.
 
     ``head=None`` uses the head mean (``exp.layers``); an int uses that head's
     matrix for block ``block`` (block view), or substitutes it for block
-    ``block`` in the product (accumulated view; it needs the sample's ``layout``,
-    see :func:`product_row`).
+    ``block`` in the product (accumulated view). The block and accumulated
+    views need the sample's ``readout`` (:func:`widgets._engine.sample_readout`).
     """
     if view == "output":
         if exp.pixels is not None:
-            return exp.pixels[0].detach().float().cpu().numpy().astype(np.float64)
+            return _as_numpy(exp.pixels[0])
         return _row(exp, exp.scores[0])
     L = n_blocks(exp)
     if not 0 <= block < max(L, 1):
@@ -118,14 +152,22 @@ def view_map(exp: Any, view: str, block: int = 0, start: int = 0, head: Optional
         if exp.token_relevance is None:
             raise ValueError(f"method {exp.method!r} has no per-block token relevance")
         return _row(exp, exp.token_relevance[0, block])
+    if view not in VIEW_LABELS:
+        raise ValueError(f"unknown view {view!r}; choose one of {sorted(VIEW_LABELS)}")
     if exp.layers is None:
         raise ValueError(f"method {exp.method!r} has no per-block matrices")
+    readout = _need_readout(readout, view)
     if view == "block":
-        mat = exp.layers[0, block] if head is None else per_head(exp)[0, block, head]
-        return _row(exp, mat[0])
-    if view == "accumulated":
-        return LayerProducts(exp, layout).view(block, start, head)
-    raise ValueError(f"unknown view {view!r}; choose one of {sorted(VIEW_LABELS)}")
+        mat = exp.layers[0, block] if head is None else _heads(exp)[0, block, head]
+        return scored_map(exp, readout, readout_row(readout, mat))
+    return LayerProducts(exp, readout).view(block, start, head)
+
+
+def _heads(exp: Any) -> torch.Tensor:
+    heads = per_head(exp)
+    if heads is None:
+        raise ValueError("this explanation has no per-head matrices (explain(..., keep_heads=True))")
+    return heads
 
 
 def conservation_note(totals: np.ndarray, rtol: float = 1e-3) -> str:
@@ -169,14 +211,15 @@ class LayerProducts:
 
     Each factor (I+Ā_b) is taken from the engine (``accumulate(layers, b, b, norm)``,
     so normalisation follows ``lrp_core.rollout``); the partial products
-    P_b = (I+Ā_b)…(I+Ā_start) are chained once per start block in numpy. A head
-    substituted at block b then costs one vector-matrix product:
-    row0(P_b with head h) = row0(I+Ā_b^h) · P_{b-1}.
+    P_b = (I+Ā_b)…(I+Ā_start) are chained once per start block in numpy. A view is
+    the readout row wᵀP_b (one vector-matrix product); a head h substituted at
+    block b costs one more: wᵀ(P_b with head h) = wᵀ(I+Ā_b^h) · P_{b-1}.
     """
 
-    def __init__(self, exp: Any, layout: Optional[TokenLayout] = None) -> None:
-        self.exp, self.layout = exp, layout
+    def __init__(self, exp: Any, readout: _engine.SampleReadout) -> None:
+        self.exp, self.readout = exp, _need_readout(readout, "accumulated")
         self.norm = rollout_norm(exp)
+        self.minimum = _engine.readout_minimum(exp.method)
         L = n_blocks(exp)
         self.factors = [_engine.accumulate(exp.layers[:1], b, b, norm=self.norm)[0].double().numpy()
                         for b in range(L)]
@@ -193,29 +236,24 @@ class LayerProducts:
         return self._prefix[start]
 
     def head_factor_row(self, block: int, head: int) -> np.ndarray:
-        """Row 0 of (I+Ā_b^h) with head h's own matrix (engine normalisation)."""
+        """wᵀ(I+Ā_b^h) (N,), with head h's own matrix (engine normalisation)."""
         key = (block, head)
         if key not in self._head_rows:
-            heads = per_head(self.exp)
-            if heads is None:
-                raise ValueError("this explanation has no per-head matrices "
-                                 "(explain(..., keep_heads=True))")
-            one = heads[:1, block:block + 1, head]
-            self._head_rows[key] = _engine.accumulate(one, 0, 0, norm=self.norm)[0, 0].double().numpy()
+            one = _heads(self.exp)[:1, block:block + 1, head]
+            factor = _engine.accumulate(one, 0, 0, norm=self.norm)[0]
+            self._head_rows[key] = readout_row(self.readout, factor)
         return self._head_rows[key]
 
-    def cls_row(self, block: int, start: int, head: Optional[int] = None) -> np.ndarray:
-        """Row 0 of the product from ``start`` to ``block`` (head h at ``block`` if given)."""
+    def readout_row(self, block: int, start: int, head: Optional[int] = None) -> np.ndarray:
+        """wᵀ of the product from ``start`` to ``block`` (head h at ``block`` if given), (N,)."""
         if block < start:  # empty product = identity
-            return np.eye(len(self.factors[0]))[0]
+            return self.readout.weights.copy()
         prefix = self.prefix(start)
         if head is None:
-            return prefix[block - start][0]
+            return readout_row(self.readout, prefix[block - start])
         row = self.head_factor_row(block, head)
         return row if block == start else row @ prefix[block - start - 1]
 
     def view(self, block: int, start: int, head: Optional[int] = None) -> np.ndarray:
-        """What the accumulated view shows (as :func:`view_map`; needs ``layout``)."""
-        if self.layout is None:
-            raise ValueError("the accumulated view needs the sample's token layout (adapter.layout)")
-        return product_row(self.exp, self.layout, self.cls_row(block, start, head))
+        """What the accumulated view shows (as :func:`view_map`)."""
+        return scored_map(self.exp, self.readout, self.readout_row(block, start, head), self.minimum)

@@ -292,7 +292,7 @@ def test_hugging_face_vit_works_too():
 def test_layer_products_match_the_engines_accumulate(vit, images, method, norm):
     from widgets import views
     exp = lrp_core.explain(vit, images[:1], method=method, keep_heads=True)
-    prods = views.LayerProducts(exp)
+    prods = views.LayerProducts(exp, _engine.sample_readout(vit, images[:1]))
     assert prods.norm == norm
     for start in (0, 1):
         for stop in range(start, 3):
@@ -301,7 +301,7 @@ def test_layer_products_match_the_engines_accumulate(vit, images, method, norm):
     layers = exp.layers.clone()
     layers[:, 1] = exp.layers_per_head[:, 1, 0]
     want = lrp_core.rollout.accumulate(layers, 0, 1, norm=norm)[0, 0].double().numpy()
-    np.testing.assert_allclose(prods.cls_row(1, 0, head=0), want, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(prods.readout_row(1, 0, head=0), want, rtol=1e-5, atol=1e-8)  # [CLS]: row 0
 
 
 def test_small_models_compute_on_one_thread_and_the_setting_is_restored(vit, images, monkeypatch):
