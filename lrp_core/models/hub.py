@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
@@ -26,7 +28,8 @@ import torch
 from ..data.photos import as_pil_image
 from . import LoadedModel
 
-__all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_reachable", "imagenet_class_names", "load_hub"]
+__all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_endpoint", "hub_reachable", "imagenet_class_names",
+           "load_hub"]
 
 _IMAGE_ALTERNATIVES = "load('toy-vit') or load('dinov2-s14')"
 _TEXT_ALTERNATIVES = "load('minilm-sentiment')"
@@ -36,23 +39,75 @@ class HubUnavailableError(OSError):
     """Pretrained weights were asked for, but the hub is unreachable and nothing is cached."""
 
 
-def hub_reachable(timeout: float = 1.5) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection within ``timeout`` seconds.
+_TRUE = ("1", "true", "yes", "on")
+_DEFAULT_ENDPOINT = "https://huggingface.co"
 
-    ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``) counts as unreachable;
-    ``HF_ENDPOINT`` selects the host.
-    """
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
-            return False
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host = url.hostname or "huggingface.co"
-    port = url.port or (80 if url.scheme == "http" else 443)
+
+def _offline_flag() -> bool:
+    """Whether offline mode is on: ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` now, or when huggingface_hub
+    was imported (it reads the flag once, at import)."""
+    if any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        return True
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
+        from huggingface_hub import constants
+        return bool(constants.HF_HUB_OFFLINE)
+    except Exception:  # huggingface_hub missing or broken: the environment decides
         return False
+
+
+def hub_endpoint() -> str:
+    """The hub address downloads go to: huggingface_hub's ``ENDPOINT``, i.e. ``HF_ENDPOINT`` as it was when
+    huggingface_hub was first imported (later changes of the variable do not redirect its downloads)."""
+    try:
+        from huggingface_hub import constants
+        return str(constants.ENDPOINT)
+    except Exception:
+        return os.environ.get("HF_ENDPOINT", _DEFAULT_ENDPOINT).rstrip("/")
+
+
+def _first_hop(endpoint: str) -> tuple[str, int]:
+    """(host, port) a connection to ``endpoint`` opens first: the proxy from ``HTTPS_PROXY`` / ``HTTP_PROXY``
+    when one applies (``NO_PROXY`` respected, as the download client does), else the endpoint itself."""
+    url = urlparse(endpoint if "://" in endpoint else "https://" + endpoint)
+    scheme = url.scheme or "https"
+    host = url.hostname
+    if not host:
+        raise ValueError(f"no host in hub endpoint {endpoint!r}")
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass_environment(host, proxies):
+        return _first_hop(proxy)
+    return host, url.port or (80 if scheme == "http" else 443)
+
+
+def hub_reachable(timeout: float = 1.5) -> bool:
+    """Whether the Hugging Face hub (``HF_ENDPOINT``, default huggingface.co) accepts a TCP connection.
+
+    Offline mode (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``) counts as unreachable without any
+    network access. The whole check, name lookup included, takes at most about ``timeout`` seconds, and it
+    never raises: a malformed endpoint, a failed lookup or a refused connection all give ``False``.
+    Behind a proxy (``HTTPS_PROXY``) the proxy is what is checked.
+    """
+    try:
+        if _offline_flag():
+            return False
+        host, port = _first_hop(hub_endpoint())
+    except Exception:
+        return False
+    answered: list[bool] = []
+
+    def connect() -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                answered.append(True)
+        except Exception:  # OSError for refused / unreachable / timeout, UnicodeError for odd host names
+            pass
+
+    # a daemon thread, because the name lookup inside create_connection ignores the timeout
+    probe = threading.Thread(target=connect, name="hub_reachable", daemon=True)
+    probe.start()
+    probe.join(timeout)
+    return bool(answered)
 
 
 _TEXT_HINTS = ("bert", "sst", "sentiment", "roberta", "distil", "minilm", "nli", "text", "gpt",
