@@ -65,19 +65,24 @@ def hub_endpoint() -> str:
         return os.environ.get("HF_ENDPOINT", _DEFAULT_ENDPOINT).rstrip("/")
 
 
+def _address(url: str) -> tuple[str, int]:
+    """(host, port) of a URL; a bare host means https."""
+    parts = urlparse(url if "://" in url else "https://" + url)
+    if not parts.hostname:
+        raise ValueError(f"no host in {url!r}")
+    return parts.hostname, parts.port or (80 if parts.scheme == "http" else 443)
+
+
 def _first_hop(endpoint: str) -> tuple[str, int]:
     """(host, port) a connection to ``endpoint`` opens first: the proxy from ``HTTPS_PROXY`` / ``HTTP_PROXY``
     when one applies (``NO_PROXY`` respected, as the download client does), else the endpoint itself."""
-    url = urlparse(endpoint if "://" in endpoint else "https://" + endpoint)
-    scheme = url.scheme or "https"
-    host = url.hostname
-    if not host:
-        raise ValueError(f"no host in hub endpoint {endpoint!r}")
+    host, port = _address(endpoint)
+    scheme = urlparse(endpoint).scheme or "https"
     proxies = urllib.request.getproxies_environment()
     proxy = proxies.get(scheme) or proxies.get("all")
     if proxy and not urllib.request.proxy_bypass_environment(host, proxies):
-        return _first_hop(proxy)
-    return host, url.port or (80 if scheme == "http" else 443)
+        return _address(proxy)
+    return host, port
 
 
 def hub_reachable(timeout: float = 1.5) -> bool:
@@ -211,6 +216,27 @@ def _timm_cached_file(name: str) -> str | None:
     return None
 
 
+_TIMM_HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
+_TIMM_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth")  # timm reads these
+
+
+def _timm_hub_cached_dir(name: str) -> str | None:
+    """The cached snapshot folder of a timm hub repo (``timm/<repo>[@revision]``, ``hf-hub:<repo>``) holding
+    its config.json and weights, or None. timm's ``local-dir:`` source loads such a folder offline."""
+    from huggingface_hub import try_to_load_from_cache
+
+    repo = name.split(":", 1)[1] if name.startswith(("hf-hub:", "hf_hub:")) else name
+    repo, _, revision = repo.partition("@")
+    try:
+        config = try_to_load_from_cache(repo, "config.json", revision=revision or None)
+    except Exception:  # a malformed repo id: not cached
+        return None
+    if not isinstance(config, str):
+        return None
+    folder = Path(config).parent
+    return str(folder) if any((folder / f).is_file() for f in _TIMM_WEIGHT_FILES) else None
+
+
 def _timm_labels(model: torch.nn.Module) -> list[str]:
     n = int(getattr(model, "num_classes", 0) or 0)
     try:
@@ -228,16 +254,36 @@ def _timm_labels(model: torch.nn.Module) -> list[str]:
     return [f"class {i}" for i in range(n)]
 
 
+def _timm_random(name: str) -> torch.nn.Module:
+    """The architecture ``name`` stands for, with random weights. A hub name (``timm/<arch>.<tag>``) of an
+    architecture timm registers is built offline; any other hub name needs its config.json from the hub."""
+    import timm
+
+    if not name.startswith(_TIMM_HUB_PREFIXES):
+        return timm.create_model(name, pretrained=False)
+    repo = name.split(":", 1)[1] if name.startswith(("hf-hub:", "hf_hub:")) else name
+    owner, _, rest = repo.partition("@")[0].partition("/")
+    if owner == "timm" and timm.is_model(rest):
+        return timm.create_model(rest, pretrained=False)
+    if _timm_hub_cached_dir(name) is None and not hub_reachable():
+        raise _unavailable(name, "image", "pretrained=False still needs its config.json, which is not cached")
+    return timm.create_model("hf-hub:" + repo, pretrained=False)
+
+
 def _load_timm(name: str, pretrained: bool) -> LoadedModel:
     import timm
     from timm.data import create_transform, resolve_data_config
 
     source = "random weights (architecture only)"
     if not pretrained:
-        model = timm.create_model(name, pretrained=False)
+        model = _timm_random(name)
     else:
-        cached = None if name.startswith(("hf-hub:", "hf_hub:", "timm/")) else _timm_cached_file(name)
-        if cached is not None:
+        on_hub = name.startswith(_TIMM_HUB_PREFIXES)
+        cached = _timm_hub_cached_dir(name) if on_hub else _timm_cached_file(name)
+        if cached is not None and on_hub:  # config.json and weights from the hub cache, no network
+            model = timm.create_model("local-dir:" + cached, pretrained=True)
+            source = f"timm pretrained (cache: {cached})"
+        elif cached is not None:
             model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": cached})
             source = f"timm pretrained (cache: {cached})"
         else:
@@ -337,6 +383,8 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     model.eval()
     id2label = getattr(config, "id2label", None) or {}
     labels = [str(id2label.get(i, id2label.get(str(i), f"class {i}"))) for i in range(len(id2label))]
+    if _is_clip_config(config):
+        labels = []  # CLIP has no classes (its config's default LABEL_0/LABEL_1 mean nothing): targets are prompts
     info: dict[str, Any] = {"source": source, "library": "transformers",
                             "pretrained": bool(pretrained), "model_type": config.model_type}
     tokenizer = None

@@ -73,10 +73,10 @@ def _hashes(model: torch.nn.Module) -> dict[str, str]:
 def _logits(model: torch.nn.Module, inputs: Any) -> torch.Tensor:
     """(B, C) logits: timm output, a classifier's ``.logits``, or CLIP's image-to-prompt ``logits_per_image``."""
     with torch.no_grad():
-        if isinstance(inputs, torch.Tensor):
-            return model(inputs)
-        out = model(**inputs)
-        return out.logits_per_image if hasattr(out, "logits_per_image") else out.logits
+        out = model(inputs) if isinstance(inputs, torch.Tensor) else model(**inputs)
+    if isinstance(out, torch.Tensor):
+        return out
+    return out.logits_per_image if hasattr(out, "logits_per_image") else out.logits
 
 
 def _free_port() -> int:
@@ -254,9 +254,10 @@ def test_explain_runs_on_the_loaded_model(served, run, name):
         assert (res["text_scores"][mask == 0] == 0).all()
 
 
+@pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("name", list(CASES))
-def test_labels_and_kind(served, name):
-    res = _case(served, "online", name)
+def test_labels_and_kind(served, run, name):
+    res = _case(served, run, name)
     repo, kind, _ = CASES[name]
     assert res["kind"] == ("text" if kind == "text" else "image")
     if repo.startswith("timm/"):
