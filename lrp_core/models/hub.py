@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 import torch
 
 from ..data.photos import as_pil_image
+from ..errors import InputError
 from . import LoadedModel
 
 __all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_endpoint", "hub_reachable", "imagenet_class_names",
@@ -166,6 +167,29 @@ def _unavailable(name: str, kind: str, detail: str = "") -> HubUnavailableError:
         f"{alt}{random_hint}.")
 
 
+def _is_network_error(err: BaseException) -> bool:
+    """A failure to talk to the hub (refused, timed out, dropped, HTTP error), not a fault of the files."""
+    root = type(err).__module__.split(".")[0]
+    return isinstance(err, OSError) or root in ("httpx", "httpx2", "httpcore", "requests", "urllib3")
+
+
+def _download_error(name: str, kind: str, err: BaseException) -> Exception:
+    """The error for a download that failed although the hub answered the connectivity check: the repo (or a
+    file, or the revision) is not on the hub -> :class:`InputError`; anything else -> unreachable."""
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+
+    where = f"the hub at {hub_endpoint()}"
+    if isinstance(err, GatedRepoError):
+        return InputError(f"{name!r} is gated on {where}: accept its conditions on its page and log in "
+                          f"(`hf auth login`) to download it")
+    if isinstance(err, (RepositoryNotFoundError, RevisionNotFoundError)) or (
+            isinstance(err, EntryNotFoundError) and not isinstance(err, LocalEntryNotFoundError)):
+        return InputError(f"{name!r} was not found on {where} ({type(err).__name__}): check the spelling, or use "
+                          f"a timm model name (timm.list_models()) or a Hugging Face repo id 'owner/name'")
+    return _unavailable(name, kind, f"{type(err).__name__}: {err}")
+
+
 # ---------------------------------------------------------------------------
 # timm
 # ---------------------------------------------------------------------------
@@ -292,8 +316,10 @@ def _load_timm(name: str, pretrained: bool) -> LoadedModel:
             hub_name = "hf-hub:" + name if name.startswith("timm/") else name
             try:
                 model = timm.create_model(hub_name, pretrained=True)
-            except (OSError, RuntimeError, ValueError) as err:  # network / HTTP errors
-                raise _unavailable(name, "image", f"{type(err).__name__}: {err}") from err
+            except Exception as err:
+                if not _is_network_error(err):  # e.g. weights that do not fit the architecture: as they are
+                    raise
+                raise _download_error(name, "image", err) from err
             source = "timm pretrained (downloaded)"
     model.eval()
     data_cfg = resolve_data_config({}, model=model)
@@ -345,7 +371,7 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
         try:
             config = _hf_config(name, online=True)
         except OSError as err:
-            raise ValueError(
+            raise InputError(
                 f"{name!r} is neither an embedded model (toy-vit, dinov2-s14, minilm-sentiment), "
                 f"a timm model name, nor a loadable Hugging Face repo id: {err}") from err
     kind = "image" if _is_image_config(config) or _is_clip_config(config) else "text"
@@ -369,7 +395,7 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
             try:
                 return fn(name, local_files_only=False, **kw)
             except OSError as err:
-                raise _unavailable(name, kind, f"{type(err).__name__}: {err}") from err
+                raise _download_error(name, kind, err) from err
 
     if pretrained:
         try:
@@ -436,18 +462,19 @@ def load_hub(name: str, pretrained: str | bool = "auto") -> LoadedModel:
             ``False``: the architecture with random weights (timm: fully offline).
 
     Raises:
-        ValueError: the name is not a known model; HubUnavailableError: see above.
+        InputError (a ValueError): the name is not a known model, or not on the hub;
+        HubUnavailableError: see above.
     """
     if pretrained not in ("auto", True, False):
-        raise ValueError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
+        raise InputError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"model name must be a non-empty string, got {name!r}")
+        raise InputError(f"model name must be a non-empty string, got {name!r}")
     name = name.strip()
     if _is_timm_name(name):
         return _load_timm(name, bool(pretrained))
     if "/" in name or name in KNOWN_HF_MODELS:  # legacy ids without an owner, e.g. distilbert-base-…-sst-2-english
         return _load_hf(name, bool(pretrained))
-    raise ValueError(
+    raise InputError(
         f"unknown model {name!r}: use an embedded model ('toy-vit', 'dinov2-s14', "
         "'minilm-sentiment'), a timm model name (see timm.list_models(), e.g. "
         "'deit_small_patch16_224'), or a Hugging Face repo id 'owner/name' "

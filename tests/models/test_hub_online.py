@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,9 @@ CASES: dict[str, tuple[str, str, str]] = {
     "facebook/deit-small-patch16-224": ("facebook/deit-small-patch16-224", "image", "transformer_attribution"),
     "openai/clip-vit-base-patch32": ("openai/clip-vit-base-patch32", "clip", "generic_attention"),
 }
+
+#: names that are on no hub: an HF repo id, and a timm hub repo
+MISSING = ("nobody/not-on-this-hub", "timm/nobody_model.x")
 
 
 def _build_repo(repo: str, folder: Path, vocab: Path) -> torch.nn.Module:
@@ -101,7 +105,9 @@ def _driver(spec_file: str, out_file: str) -> None:
     results: dict[str, Any] = {"hub_reachable": hub_reachable(), "cases": {}}
     for name, (_, kind, method) in CASES.items():
         try:
+            start = time.perf_counter()
             m = load(name)
+            loaded = time.perf_counter()
             if kind == "image":
                 inputs = m.preprocess(image)
             elif kind == "text":
@@ -112,13 +118,21 @@ def _driver(spec_file: str, out_file: str) -> None:
             exp = explain(m.model, inputs, method=method, target=1 if kind == "clip" else None)
             res = {"class": type(m.model).__name__, "kind": m.kind, "labels": list(m.labels), "info": m.info,
                    "hashes": _hashes(m.model), "inputs": inputs, "logits": logits, "scores": exp.scores,
-                   "exp_logits": exp.logits, "target": exp.target, "grid": exp.grid}
+                   "exp_logits": exp.logits, "target": exp.target, "grid": exp.grid,
+                   "seconds": {"load": loaded - start, "explain": time.perf_counter() - loaded}}
             if kind == "clip":
                 text_exp = explain(m.model, dict(inputs, explain="text"), method=method, target=0)
                 res["text_scores"] = text_exp.scores
             results["cases"][name] = res
         except Exception:
             results["cases"][name] = {"error": traceback.format_exc()}
+    results["errors"] = {}
+    for missing in MISSING:
+        try:
+            load(missing)
+            results["errors"][missing] = None
+        except Exception as err:
+            results["errors"][missing] = {"types": [c.__name__ for c in type(err).__mro__], "message": str(err)}
     torch.save(results, out_file)
 
 
@@ -277,6 +291,21 @@ def test_weights_came_over_http_from_the_hub(served, name):
     fetched = {p.rsplit("/", 1)[1] for method, p, status in served["hub_requests"]
                if method == "GET" and status == 200 and p.startswith(f"/{repo}/resolve/")}
     assert fetched & weights, f"no weights of {repo} were downloaded; requests: {served['hub_requests'][:20]}"
+
+
+@pytest.mark.parametrize("missing", MISSING)
+def test_a_name_missing_from_a_live_hub_is_an_input_error_not_unreachable(served, missing):
+    err = served["runs"]["online"]["errors"][missing]
+    assert err is not None, f"load({missing!r}) did not raise"
+    assert "InputError" in err["types"] and "ValueError" in err["types"]
+    assert missing in err["message"] and "unreachable" not in err["message"]
+
+
+@pytest.mark.parametrize("missing", MISSING)
+def test_a_name_not_cached_with_the_hub_gone_is_hub_unavailable(served, missing):
+    err = served["runs"]["cached"]["errors"][missing]
+    assert err is not None and "HubUnavailableError" in err["types"]
+    assert missing in err["message"] and "unreachable" in err["message"]
 
 
 def test_hub_reachable_in_the_subprocesses(served):
