@@ -34,64 +34,6 @@ def _commit_of(repo_id: str) -> str:
     return hashlib.sha1(f"commit of {repo_id}".encode()).hexdigest()
 
 
-class LocalHub:
-    """An HTTP server on 127.0.0.1 (a free port) serving ``{repo_id: folder}`` as hub model repos."""
-
-    def __init__(self) -> None:
-        self.repos: dict[str, Path] = {}
-        self.requests: list[tuple[str, str, int]] = []
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def add(self, repo_id: str, folder: str | Path) -> None:
-        """Serve ``folder`` (its files, recursively) as the model repo ``repo_id``."""
-        self.repos[repo_id] = Path(folder)
-
-    @property
-    def endpoint(self) -> str:
-        """``http://127.0.0.1:<port>``, the value for ``HF_ENDPOINT``."""
-        if self._server is None:
-            raise RuntimeError("the hub is not started")
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> "LocalHub":
-        hub = self
-
-        class Handler(_HubHandler):
-            owner = hub
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="localhub", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "LocalHub":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    # -- what the handler asks
-
-    def split_repo(self, rest: str) -> tuple[str, str] | None:
-        """``'owner/name/tail'`` -> ``('owner/name', 'tail')`` for a served repo (longest id first), else None."""
-        for repo_id in sorted(self.repos, key=len, reverse=True):
-            if rest == repo_id or rest.startswith(repo_id + "/"):
-                return repo_id, rest[len(repo_id) + 1:]
-        return None
-
-    def files(self, repo_id: str) -> list[str]:
-        root = self.repos[repo_id]
-        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-
-
 class _HubHandler(BaseHTTPRequestHandler):
     owner: LocalHub
     protocol_version = "HTTP/1.0"  # one request per connection: simple, and enough for tests
@@ -105,8 +47,6 @@ class _HubHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         self._route(body=True)
 
-    # a proxy request (CONNECT host:443, or POST to another host) is logged and refused like any other route
-    do_CONNECT = do_POST = do_HEAD  # noqa: N815
 
     # -- routing
 
@@ -114,7 +54,9 @@ class _HubHandler(BaseHTTPRequestHandler):
         path = unquote(urlsplit(self.path).path)
         status = 404
         try:
-            if path.startswith("/api/models/"):
+            if path == "/":  # the home page, which hub_reachable asks for
+                status = self._json({"hub": "local"}, body)
+            elif path.startswith("/api/models/"):
                 status = self._api(path[len("/api/models/"):], body)
             elif "/resolve/" in path:
                 status = self._resolve(path.lstrip("/"), body)
@@ -201,6 +143,94 @@ class _HubHandler(BaseHTTPRequestHandler):
         if body:
             self.wfile.write(data)
         return status
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    owner: ProxyStub
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+    def _answer(self) -> None:
+        self.owner.requests.append((self.command, self.path, self.owner.status))
+        self.send_response(self.owner.status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_CONNECT = do_GET = do_HEAD = do_POST = do_PUT = _answer  # noqa: N815
+
+
+class _Server:
+    """An HTTP server on 127.0.0.1 (a free port) in a daemon thread; ``with`` starts and stops it."""
+
+    handler: type[BaseHTTPRequestHandler]
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, int]] = []  # (method, path or target, status), in arrival order
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        if self._server is None:
+            raise RuntimeError("the server is not started")
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> "_Server":
+        handler = type("Handler", (self.handler,), {"owner": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, name=type(self).__name__, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class LocalHub(_Server):
+    """Serves ``{repo_id: folder}`` as hub model repos; :attr:`endpoint` is the value for ``HF_ENDPOINT``."""
+
+    handler = _HubHandler
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.repos: dict[str, Path] = {}
+
+    def add(self, repo_id: str, folder: str | Path) -> None:
+        """Serve ``folder`` (its files, recursively) as the model repo ``repo_id``."""
+        self.repos[repo_id] = Path(folder)
+
+    def split_repo(self, rest: str) -> tuple[str, str] | None:
+        """``'owner/name/tail'`` -> ``('owner/name', 'tail')`` for a served repo (longest id first), else None."""
+        for repo_id in sorted(self.repos, key=len, reverse=True):
+            if rest == repo_id or rest.startswith(repo_id + "/"):
+                return repo_id, rest[len(repo_id) + 1:]
+        return None
+
+    def files(self, repo_id: str) -> list[str]:
+        root = self.repos[repo_id]
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+class ProxyStub(_Server):
+    """A forward proxy that forwards nothing: it logs every request (``CONNECT host:port`` or an absolute URL)
+    and answers it with ``status`` (403: the proxy refuses). As ``HTTP(S)_PROXY`` it shows what tried to leave."""
+
+    handler = _ProxyHandler
+
+    def __init__(self, status: int = 403) -> None:
+        super().__init__()
+        self.status = status
 
 
 # ----------------------------------------------------------------------------- repos under famous names

@@ -16,8 +16,8 @@ embedded alternatives.
 from __future__ import annotations
 
 import os
-import socket
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
@@ -66,54 +66,51 @@ def hub_endpoint() -> str:
         return os.environ.get("HF_ENDPOINT", _DEFAULT_ENDPOINT).rstrip("/")
 
 
-def _address(url: str) -> tuple[str, int]:
-    """(host, port) of a URL; a bare host means https."""
-    parts = urlparse(url if "://" in url else "https://" + url)
-    if not parts.hostname:
-        raise ValueError(f"no host in {url!r}")
-    return parts.hostname, parts.port or (80 if parts.scheme == "http" else 443)
+#: statuses a proxy (or a hub that is down) answers with: the hub itself did not serve the request
+_NOT_THE_HUB = (403, 407, 502, 503, 504)
 
 
-def _first_hop(endpoint: str) -> tuple[str, int]:
-    """(host, port) a connection to ``endpoint`` opens first: the proxy from ``HTTPS_PROXY`` / ``HTTP_PROXY``
-    when one applies (``NO_PROXY`` respected, as the download client does), else the endpoint itself."""
-    host, port = _address(endpoint)
-    scheme = urlparse(endpoint).scheme or "https"
-    proxies = urllib.request.getproxies_environment()
-    proxy = proxies.get(scheme) or proxies.get("all")
-    if proxy and not urllib.request.proxy_bypass_environment(host, proxies):
-        return _address(proxy)
-    return host, port
+def _hub_answers(endpoint: str, timeout: float) -> bool:
+    """Whether a HEAD request for the endpoint's home page gets an HTTP answer from the hub. It travels as a
+    download does: through the proxy ``HTTPS_PROXY`` / ``HTTP_PROXY`` name unless ``NO_PROXY`` exempts the
+    host, so a proxy that refuses the hub (403, a failed tunnel) means unreachable."""
+    try:
+        if not urlparse(endpoint).hostname:
+            return False
+        request = urllib.request.Request(endpoint.rstrip("/") + "/", method="HEAD",
+                                         headers={"User-Agent": "lrp_core.hub_reachable"})
+        # a fresh opener: urlopen's shared one keeps the proxies of its first use
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler())
+        with opener.open(request, timeout=timeout):
+            return True
+    except urllib.error.HTTPError as err:  # an HTTP answer: the hub's own, unless a proxy's refusal
+        err.close()
+        return err.code not in _NOT_THE_HUB
+    except Exception:  # refused, timed out, name unknown, tunnel refused, TLS failed, malformed URL
+        return False
 
 
 def hub_reachable(timeout: float = 1.5) -> bool:
-    """Whether the Hugging Face hub (``HF_ENDPOINT``, default huggingface.co) accepts a TCP connection.
+    """Whether the Hugging Face hub (``HF_ENDPOINT``, default huggingface.co) answers an HTTP request.
 
     Offline mode (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``) counts as unreachable without any
-    network access. The whole check, name lookup included, takes at most about ``timeout`` seconds, and it
-    never raises: a malformed endpoint, a failed lookup or a refused connection all give ``False``.
-    Behind a proxy (``HTTPS_PROXY``) the proxy is what is checked.
+    network access. The request goes where downloads go (:func:`hub_endpoint`, through the environment's
+    proxy). The whole check, name lookup included, takes at most about ``timeout`` seconds, and it never
+    raises: a malformed endpoint, a failed lookup, a refused connection or a proxy's refusal give ``False``.
     """
     try:
         if _offline_flag():
             return False
-        host, port = _first_hop(hub_endpoint())
+        endpoint = hub_endpoint()
     except Exception:
         return False
     answered: list[bool] = []
-
-    def connect() -> None:
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                answered.append(True)
-        except Exception:  # OSError for refused / unreachable / timeout, UnicodeError for odd host names
-            pass
-
-    # a daemon thread, because the name lookup inside create_connection ignores the timeout
-    probe = threading.Thread(target=connect, name="hub_reachable", daemon=True)
+    # a daemon thread, because the name lookup inside urlopen ignores the timeout
+    probe = threading.Thread(target=lambda: answered.append(_hub_answers(endpoint, timeout)),
+                             name="hub_reachable", daemon=True)
     probe.start()
     probe.join(timeout)
-    return bool(answered)
+    return bool(answered) and answered[0]
 
 
 _TEXT_HINTS = ("bert", "sst", "sentiment", "roberta", "distil", "minilm", "nli", "text", "gpt",
@@ -373,7 +370,7 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
         except OSError as err:
             raise InputError(
                 f"{name!r} is neither an embedded model (toy-vit, dinov2-s14, minilm-sentiment), "
-                f"a timm model name, nor a loadable Hugging Face repo id: {err}") from err
+                f"a timm model name, nor a loadable repo id on the hub at {hub_endpoint()}: {err}") from err
     kind = "image" if _is_image_config(config) or _is_clip_config(config) else "text"
     local_only = not online if online is not None else True
     if _is_clip_config(config):

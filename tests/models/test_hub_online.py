@@ -4,8 +4,8 @@ A :class:`localhub.LocalHub` on 127.0.0.1 serves repos built here (random weight
 names) under the names the notebooks load with ``ONLINE = True``. A subprocess whose ``HF_ENDPOINT`` points
 at it (huggingface_hub reads the variable once, at import), with an empty ``HF_HOME``, runs
 ``load(name)`` then ``explain`` for each name (:func:`_driver`, this file run as a script). Its
-``HTTP(S)_PROXY`` is a second local server that records any request for another host, so nothing can
-reach the real hub. A second run, with the hub gone, loads the same names from the cache the first
+``HTTP(S)_PROXY`` is a local stub proxy that records and refuses any request for another host, so nothing
+can reach the real hub. A second run, with the hub gone, loads the same names from the cache the first
 filled. The tests compare what was loaded with what was served: weights, preprocessing, logits.
 """
 from __future__ import annotations
@@ -171,7 +171,7 @@ def served(tmp_path_factory):
     image = (np.random.default_rng(0).random((240, 320, 3)) * 255).astype(np.uint8)
     np.save(tmp / "image.npy", image)
     hf_home = tmp / "hf_home"
-    with localhub.LocalHub() as hub, localhub.LocalHub() as catcher:
+    with localhub.LocalHub() as hub, localhub.ProxyStub(403) as catcher:
         for name, (repo, _, _) in CASES.items():
             hub.add(repo, folders[name])
         online = _run_driver(tmp, "online", hub.endpoint, catcher.endpoint, hf_home)
@@ -299,6 +299,7 @@ def test_a_name_missing_from_a_live_hub_is_an_input_error_not_unreachable(served
     assert err is not None, f"load({missing!r}) did not raise"
     assert "InputError" in err["types"] and "ValueError" in err["types"]
     assert missing in err["message"] and "unreachable" not in err["message"]
+    assert "http://127.0.0.1:" in err["message"]  # it names the hub it asked
 
 
 @pytest.mark.parametrize("missing", MISSING)
@@ -306,6 +307,12 @@ def test_a_name_not_cached_with_the_hub_gone_is_hub_unavailable(served, missing)
     err = served["runs"]["cached"]["errors"][missing]
     assert err is not None and "HubUnavailableError" in err["types"]
     assert missing in err["message"] and "unreachable" in err["message"]
+
+
+@pytest.mark.parametrize("name", [n for n, (repo, _, _) in CASES.items() if repo.startswith("timm/")])
+def test_timm_names_say_where_their_weights_came_from(served, name):
+    assert _case(served, "online", name)["info"]["source"] == "timm pretrained (downloaded)"
+    assert _case(served, "cached", name)["info"]["source"].startswith("timm pretrained (cache: ")
 
 
 def test_hub_reachable_in_the_subprocesses(served):
@@ -370,15 +377,43 @@ def test_hub_reachable_never_raises_on_a_malformed_endpoint(endpoint, bad):
     assert hub_reachable() is False
 
 
-def test_hub_reachable_checks_the_proxy_unless_no_proxy_exempts_the_host(endpoint, monkeypatch):
+@pytest.mark.parametrize("status,reachable", [(200, True), (404, True), (401, True), (503, False), (403, False)])
+def test_hub_reachable_is_an_http_answer_that_is_not_a_refusal(endpoint, status, reachable):
+    """Any answer of the hub counts (a mirror may have no home page: 404); 403 / 407 / 5xx from the gateway
+    mean the hub did not serve it."""
     from lrp_core.models.hub import hub_reachable
 
-    endpoint(f"http://127.0.0.1:{_free_port()}")  # the hub itself refuses
-    with localhub.LocalHub() as proxy:
+    with localhub.ProxyStub(status) as server:
+        endpoint(server.endpoint)
+        assert hub_reachable() is reachable
+        assert [(m, path) for m, path, _ in server.requests] == [("HEAD", "/")]
+
+
+@pytest.mark.parametrize("status,reachable", [(200, True), (403, False)])
+def test_hub_reachable_goes_through_the_proxy_unless_no_proxy_exempts_the_host(endpoint, monkeypatch, status,
+                                                                              reachable):
+    from lrp_core.models.hub import hub_reachable
+
+    hub = f"http://127.0.0.1:{_free_port()}"  # the hub itself refuses connections
+    endpoint(hub)
+    with localhub.ProxyStub(status) as proxy:
         monkeypatch.setenv("HTTP_PROXY", proxy.endpoint)
-        assert hub_reachable() is True  # the first hop, the proxy, answers
+        assert hub_reachable() is reachable  # what the proxy answers decides
+        assert [(m, path) for m, path, _ in proxy.requests] == [("HEAD", hub + "/")]
         monkeypatch.setenv("NO_PROXY", "127.0.0.1")
         assert hub_reachable() is False  # exempt: a direct connection, refused
+        assert len(proxy.requests) == 1
+
+
+def test_hub_reachable_is_false_when_the_proxy_refuses_the_tunnel(endpoint, monkeypatch):
+    """The CI case: HTTPS goes through a proxy that lets the package registries through, not the hub."""
+    from lrp_core.models.hub import hub_reachable
+
+    endpoint("https://huggingface.co")
+    with localhub.ProxyStub(403) as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.endpoint)
+        assert hub_reachable() is False
+        assert proxy.requests == [("CONNECT", "huggingface.co:443", 403)]
 
 
 if __name__ == "__main__":
