@@ -343,14 +343,16 @@ def endpoint(monkeypatch):
 
 
 def test_hub_reachable_true_for_a_live_hub_false_for_a_refusing_port(endpoint):
+    from lrp_core.models import hub_reachable as from_models
     from lrp_core.models.hub import hub_endpoint, hub_reachable
 
     with localhub.LocalHub() as hub:
         endpoint(hub.endpoint)
         assert hub_endpoint() == hub.endpoint
-        assert hub_reachable() is True
+        assert hub_reachable() is True and from_models() is True
+        assert [(m, p) for m, p, _ in hub.requests] == [("HEAD", "/"), ("HEAD", "/")]
     endpoint(f"http://127.0.0.1:{_free_port()}")
-    assert hub_reachable() is False
+    assert hub_reachable() is False and from_models() is False
 
 
 def test_hub_reachable_false_in_offline_mode_even_with_a_live_hub(endpoint, monkeypatch):
