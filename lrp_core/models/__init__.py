@@ -60,4 +60,13 @@ def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
     return load_hub(name, pretrained=pretrained)
 
 
-__all__ = ["LoadedModel", "EMBEDDED", "load"]
+def hub_reachable(timeout: float = 1.5) -> bool:
+    """Whether the Hugging Face hub answers (``HF_ENDPOINT``; ``False`` offline); see :func:`.hub.hub_reachable`.
+
+    The notebooks' ``ONLINE = hub_reachable()``: never raises, takes at most about ``timeout`` seconds.
+    """
+    from .hub import hub_reachable as _reachable
+    return _reachable(timeout)
+
+
+__all__ = ["LoadedModel", "EMBEDDED", "hub_reachable", "load"]

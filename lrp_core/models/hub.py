@@ -16,7 +16,9 @@ embedded alternatives.
 from __future__ import annotations
 
 import os
-import socket
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
@@ -24,9 +26,11 @@ from urllib.parse import urlparse
 import torch
 
 from ..data.photos import as_pil_image
+from ..errors import InputError
 from . import LoadedModel
 
-__all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_reachable", "imagenet_class_names", "load_hub"]
+__all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_endpoint", "hub_reachable", "imagenet_class_names",
+           "load_hub"]
 
 _IMAGE_ALTERNATIVES = "load('toy-vit') or load('dinov2-s14')"
 _TEXT_ALTERNATIVES = "load('minilm-sentiment')"
@@ -36,23 +40,77 @@ class HubUnavailableError(OSError):
     """Pretrained weights were asked for, but the hub is unreachable and nothing is cached."""
 
 
-def hub_reachable(timeout: float = 1.5) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection within ``timeout`` seconds.
+_TRUE = ("1", "true", "yes", "on")
+_DEFAULT_ENDPOINT = "https://huggingface.co"
 
-    ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``) counts as unreachable;
-    ``HF_ENDPOINT`` selects the host.
-    """
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
-            return False
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host = url.hostname or "huggingface.co"
-    port = url.port or (80 if url.scheme == "http" else 443)
+
+def _offline_flag() -> bool:
+    """Whether offline mode is on: ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` now, or when huggingface_hub
+    was imported (it reads the flag once, at import)."""
+    if any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        return True
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
+        from huggingface_hub import constants
+        return bool(constants.HF_HUB_OFFLINE)
+    except Exception:  # huggingface_hub missing or broken: the environment decides
         return False
+
+
+def hub_endpoint() -> str:
+    """The hub address downloads go to: huggingface_hub's ``ENDPOINT``, i.e. ``HF_ENDPOINT`` as it was when
+    huggingface_hub was first imported (later changes of the variable do not redirect its downloads)."""
+    try:
+        from huggingface_hub import constants
+        return str(constants.ENDPOINT)
+    except Exception:
+        return os.environ.get("HF_ENDPOINT", _DEFAULT_ENDPOINT).rstrip("/")
+
+
+#: statuses a proxy (or a hub that is down) answers with: the hub itself did not serve the request
+_NOT_THE_HUB = (403, 407, 502, 503, 504)
+
+
+def _hub_answers(endpoint: str, timeout: float) -> bool:
+    """Whether a HEAD request for the endpoint's home page gets an HTTP answer from the hub. It travels as a
+    download does: through the proxy ``HTTPS_PROXY`` / ``HTTP_PROXY`` name unless ``NO_PROXY`` exempts the
+    host, so a proxy that refuses the hub (403, a failed tunnel) means unreachable."""
+    try:
+        if not urlparse(endpoint).hostname:
+            return False
+        request = urllib.request.Request(endpoint.rstrip("/") + "/", method="HEAD",
+                                         headers={"User-Agent": "lrp_core.hub_reachable"})
+        # a fresh opener: urlopen's shared one keeps the proxies of its first use
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler())
+        with opener.open(request, timeout=timeout):
+            return True
+    except urllib.error.HTTPError as err:  # an HTTP answer: the hub's own, unless a proxy's refusal
+        err.close()
+        return err.code not in _NOT_THE_HUB
+    except Exception:  # refused, timed out, name unknown, tunnel refused, TLS failed, malformed URL
+        return False
+
+
+def hub_reachable(timeout: float = 1.5) -> bool:
+    """Whether the Hugging Face hub (``HF_ENDPOINT``, default huggingface.co) answers an HTTP request.
+
+    Offline mode (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``) counts as unreachable without any
+    network access. The request goes where downloads go (:func:`hub_endpoint`, through the environment's
+    proxy). The whole check, name lookup included, takes at most about ``timeout`` seconds, and it never
+    raises: a malformed endpoint, a failed lookup, a refused connection or a proxy's refusal give ``False``.
+    """
+    try:
+        if _offline_flag():
+            return False
+        endpoint = hub_endpoint()
+    except Exception:
+        return False
+    answered: list[bool] = []
+    # a daemon thread, because the name lookup inside urlopen ignores the timeout
+    probe = threading.Thread(target=lambda: answered.append(_hub_answers(endpoint, timeout)),
+                             name="hub_reachable", daemon=True)
+    probe.start()
+    probe.join(timeout)
+    return bool(answered) and answered[0]
 
 
 _TEXT_HINTS = ("bert", "sst", "sentiment", "roberta", "distil", "minilm", "nli", "text", "gpt",
@@ -106,6 +164,29 @@ def _unavailable(name: str, kind: str, detail: str = "") -> HubUnavailableError:
         f"{alt}{random_hint}.")
 
 
+def _is_network_error(err: BaseException) -> bool:
+    """A failure to talk to the hub (refused, timed out, dropped, HTTP error), not a fault of the files."""
+    root = type(err).__module__.split(".")[0]
+    return isinstance(err, OSError) or root in ("httpx", "httpx2", "httpcore", "requests", "urllib3")
+
+
+def _download_error(name: str, kind: str, err: BaseException) -> Exception:
+    """The error for a download that failed although the hub answered the connectivity check: the repo (or a
+    file, or the revision) is not on the hub -> :class:`InputError`; anything else -> unreachable."""
+    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+
+    where = f"the hub at {hub_endpoint()}"
+    if isinstance(err, GatedRepoError):
+        return InputError(f"{name!r} is gated on {where}: accept its conditions on its page and log in "
+                          f"(`hf auth login`) to download it")
+    if isinstance(err, (RepositoryNotFoundError, RevisionNotFoundError)) or (
+            isinstance(err, EntryNotFoundError) and not isinstance(err, LocalEntryNotFoundError)):
+        return InputError(f"{name!r} was not found on {where} ({type(err).__name__}): check the spelling, or use "
+                          f"a timm model name (timm.list_models()) or a Hugging Face repo id 'owner/name'")
+    return _unavailable(name, kind, f"{type(err).__name__}: {err}")
+
+
 # ---------------------------------------------------------------------------
 # timm
 # ---------------------------------------------------------------------------
@@ -156,6 +237,27 @@ def _timm_cached_file(name: str) -> str | None:
     return None
 
 
+_TIMM_HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
+_TIMM_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth")  # timm reads these
+
+
+def _timm_hub_cached_dir(name: str) -> str | None:
+    """The cached snapshot folder of a timm hub repo (``timm/<repo>[@revision]``, ``hf-hub:<repo>``) holding
+    its config.json and weights, or None. timm's ``local-dir:`` source loads such a folder offline."""
+    from huggingface_hub import try_to_load_from_cache
+
+    repo = name.split(":", 1)[1] if name.startswith(("hf-hub:", "hf_hub:")) else name
+    repo, _, revision = repo.partition("@")
+    try:
+        config = try_to_load_from_cache(repo, "config.json", revision=revision or None)
+    except Exception:  # a malformed repo id: not cached
+        return None
+    if not isinstance(config, str):
+        return None
+    folder = Path(config).parent
+    return str(folder) if any((folder / f).is_file() for f in _TIMM_WEIGHT_FILES) else None
+
+
 def _timm_labels(model: torch.nn.Module) -> list[str]:
     n = int(getattr(model, "num_classes", 0) or 0)
     try:
@@ -173,16 +275,36 @@ def _timm_labels(model: torch.nn.Module) -> list[str]:
     return [f"class {i}" for i in range(n)]
 
 
+def _timm_random(name: str) -> torch.nn.Module:
+    """The architecture ``name`` stands for, with random weights. A hub name (``timm/<arch>.<tag>``) of an
+    architecture timm registers is built offline; any other hub name needs its config.json from the hub."""
+    import timm
+
+    if not name.startswith(_TIMM_HUB_PREFIXES):
+        return timm.create_model(name, pretrained=False)
+    repo = name.split(":", 1)[1] if name.startswith(("hf-hub:", "hf_hub:")) else name
+    owner, _, rest = repo.partition("@")[0].partition("/")
+    if owner == "timm" and timm.is_model(rest):
+        return timm.create_model(rest, pretrained=False)
+    if _timm_hub_cached_dir(name) is None and not hub_reachable():
+        raise _unavailable(name, "image", "pretrained=False still needs its config.json, which is not cached")
+    return timm.create_model("hf-hub:" + repo, pretrained=False)
+
+
 def _load_timm(name: str, pretrained: bool) -> LoadedModel:
     import timm
     from timm.data import create_transform, resolve_data_config
 
     source = "random weights (architecture only)"
     if not pretrained:
-        model = timm.create_model(name, pretrained=False)
+        model = _timm_random(name)
     else:
-        cached = None if name.startswith(("hf-hub:", "hf_hub:", "timm/")) else _timm_cached_file(name)
-        if cached is not None:
+        on_hub = name.startswith(_TIMM_HUB_PREFIXES)
+        cached = _timm_hub_cached_dir(name) if on_hub else _timm_cached_file(name)
+        if cached is not None and on_hub:  # config.json and weights from the hub cache, no network
+            model = timm.create_model("local-dir:" + cached, pretrained=True)
+            source = f"timm pretrained (cache: {cached})"
+        elif cached is not None:
             model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": cached})
             source = f"timm pretrained (cache: {cached})"
         else:
@@ -191,8 +313,10 @@ def _load_timm(name: str, pretrained: bool) -> LoadedModel:
             hub_name = "hf-hub:" + name if name.startswith("timm/") else name
             try:
                 model = timm.create_model(hub_name, pretrained=True)
-            except (OSError, RuntimeError, ValueError) as err:  # network / HTTP errors
-                raise _unavailable(name, "image", f"{type(err).__name__}: {err}") from err
+            except Exception as err:
+                if not _is_network_error(err):  # e.g. weights that do not fit the architecture: as they are
+                    raise
+                raise _download_error(name, "image", err) from err
             source = "timm pretrained (downloaded)"
     model.eval()
     data_cfg = resolve_data_config({}, model=model)
@@ -244,9 +368,9 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
         try:
             config = _hf_config(name, online=True)
         except OSError as err:
-            raise ValueError(
+            raise InputError(
                 f"{name!r} is neither an embedded model (toy-vit, dinov2-s14, minilm-sentiment), "
-                f"a timm model name, nor a loadable Hugging Face repo id: {err}") from err
+                f"a timm model name, nor a loadable repo id on the hub at {hub_endpoint()}: {err}") from err
     kind = "image" if _is_image_config(config) or _is_clip_config(config) else "text"
     local_only = not online if online is not None else True
     if _is_clip_config(config):
@@ -268,7 +392,7 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
             try:
                 return fn(name, local_files_only=False, **kw)
             except OSError as err:
-                raise _unavailable(name, kind, f"{type(err).__name__}: {err}") from err
+                raise _download_error(name, kind, err) from err
 
     if pretrained:
         try:
@@ -282,6 +406,8 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     model.eval()
     id2label = getattr(config, "id2label", None) or {}
     labels = [str(id2label.get(i, id2label.get(str(i), f"class {i}"))) for i in range(len(id2label))]
+    if _is_clip_config(config):
+        labels = []  # CLIP has no classes (its config's default LABEL_0/LABEL_1 mean nothing): targets are prompts
     info: dict[str, Any] = {"source": source, "library": "transformers",
                             "pretrained": bool(pretrained), "model_type": config.model_type}
     tokenizer = None
@@ -333,18 +459,19 @@ def load_hub(name: str, pretrained: str | bool = "auto") -> LoadedModel:
             ``False``: the architecture with random weights (timm: fully offline).
 
     Raises:
-        ValueError: the name is not a known model; HubUnavailableError: see above.
+        InputError (a ValueError): the name is not a known model, or not on the hub;
+        HubUnavailableError: see above.
     """
     if pretrained not in ("auto", True, False):
-        raise ValueError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
+        raise InputError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"model name must be a non-empty string, got {name!r}")
+        raise InputError(f"model name must be a non-empty string, got {name!r}")
     name = name.strip()
     if _is_timm_name(name):
         return _load_timm(name, bool(pretrained))
     if "/" in name or name in KNOWN_HF_MODELS:  # legacy ids without an owner, e.g. distilbert-base-…-sst-2-english
         return _load_hf(name, bool(pretrained))
-    raise ValueError(
+    raise InputError(
         f"unknown model {name!r}: use an embedded model ('toy-vit', 'dinov2-s14', "
         "'minilm-sentiment'), a timm model name (see timm.list_models(), e.g. "
         "'deit_small_patch16_224'), or a Hugging Face repo id 'owner/name' "

@@ -15,6 +15,8 @@ def offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", "/nonexistent-hf-home")
     monkeypatch.setattr("lrp_core.models.hub._timm_cached_file", lambda name: None)
+    # huggingface_hub read HF_HOME at import: the hub cache it looks in must be emptied here too
+    monkeypatch.setattr("lrp_core.models.hub._timm_hub_cached_dir", lambda name: None)
     import lrp_core.models.hub as hub
 
     real = hub._hf_config
@@ -51,6 +53,24 @@ def test_random_weights_timm_model_works_offline(offline):
         assert m.model(x).shape == (1, 1000)
 
 
+@pytest.mark.parametrize("name", ["timm/deit_tiny_patch16_224.fb_in1k", "hf-hub:timm/deit_tiny_patch16_224.fb_in1k"])
+def test_random_weights_from_a_timm_hub_name_of_a_registered_architecture_work_offline(offline, name):
+    """timm/<arch>.<tag> with pretrained=False builds <arch> from timm's registry, no config.json needed."""
+    import timm
+
+    m = load(name, pretrained=False)
+    reference = timm.create_model("deit_tiny_patch16_224", pretrained=False)
+    assert type(m.model) is type(reference)
+    assert {k: v.shape for k, v in m.model.state_dict().items()} == \
+        {k: v.shape for k, v in reference.state_dict().items()}
+
+
+def test_random_weights_of_an_unregistered_timm_hub_name_need_the_hub(offline):
+    with pytest.raises(HubUnavailableError, match="config.json") as err:
+        load("timm/not_an_architecture.x", pretrained=False)
+    assert "timm/not_an_architecture.x" in str(err.value)
+
+
 @pytest.mark.parametrize("name,alternative", [
     ("deit_small_patch16_224", "toy-vit"),
     ("textattack/bert-base-uncased-SST-2", "minilm-sentiment"),
@@ -65,7 +85,8 @@ def test_pretrained_fails_fast_offline_naming_the_embedded_model(offline, name, 
 
 
 def test_unknown_names_and_bad_pretrained_are_clear_errors():
-    with pytest.raises(ValueError, match="timm model name"):
+    from lrp_core.errors import InputError
+    with pytest.raises(InputError, match="timm model name"):
         load("definitely_not_a_model")
     with pytest.raises(ValueError, match="pretrained must be"):
         load("deit_tiny_patch16_224", pretrained="yes")
