@@ -21,6 +21,16 @@ from ._engine import torch_threads
 
 TOP_K = 5
 
+#: Smallest pictures the widgets draw (px, longest side), so that titles, colourbars and
+#: their numbers stay readable on a projector: the main picture, a grid panel, a
+#: thumbnail to tick. Smaller requests are raised to these.
+MIN_PICTURE_PX, MIN_PANEL_PX, MIN_TILE_PX = 320, 200, 96
+
+
+def readable_size(requested: int, minimum: int) -> int:
+    """``requested`` px, raised to ``minimum`` (a picture smaller than that is unreadable in a room)."""
+    return max(int(requested), int(minimum))
+
 
 @dataclass
 class ModelFacts:

@@ -12,8 +12,8 @@ from lrp_core.errors import InputError
 from lrp_core.viz import render_overlay_png, to_rgb_uint8
 
 from . import _engine, views
-from ._common import (RelevanceWidget, check_kind, describe_error, error_html, image_rgb,
-                      png_bundle, prepare_images, resolve_model)
+from ._common import (MIN_PICTURE_PX, MIN_TILE_PX, RelevanceWidget, check_kind, describe_error,
+                      error_html, image_rgb, png_bundle, prepare_images, readable_size, resolve_model)
 
 
 def _encode(rgb: np.ndarray, size: int) -> bytes:
@@ -69,6 +69,9 @@ class ConceptBuilder(RelevanceWidget):
         query_image: (3, H, W) or (Q, 3, H, W) normalised image(s) to explain.
         candidate_rgb, query_rgb: RGB pictures to draw (default: de-normalised inputs).
         selected: indices ticked at the start (default: none).
+        display_size, tile_size: px of the query picture (at least 320) and of each
+            example thumbnail (at least 96); each checkbox label ("example 3") is
+            given room to be read in full.
 
     Controls: ``checkboxes`` (one per candidate), ``query_selector`` (Q > 1),
     ``sign_toggle``, ``opacity``; the picture is ``image``, the values ``displayed_map``.
@@ -79,7 +82,8 @@ class ConceptBuilder(RelevanceWidget):
                  selected: Optional[list[int]] = None, display_size: int = 320,
                  tile_size: int = 96) -> None:
         super().__init__()
-        self.display_size, self.tile_size = int(display_size), int(tile_size)
+        self.display_size = readable_size(display_size, MIN_PICTURE_PX)
+        self.tile_size = readable_size(tile_size, MIN_TILE_PX)
         self.image = W.Image(format="png", layout=W.Layout(width=f"{self.display_size}px"))
         self.sign_toggle = W.ToggleButtons(options=[("signed", True), ("positive", False)],
                                            value=True, style={"button_width": "80px"})
@@ -108,7 +112,7 @@ class ConceptBuilder(RelevanceWidget):
         tiles = []
         for i, rgb in enumerate(self.candidate_rgb):
             box = W.Checkbox(value=bool(selected and i in selected), description=f"example {i}",
-                             indent=False, layout=W.Layout(width=f"{self.tile_size + 8}px"))
+                             indent=False, layout=W.Layout(width=f"{self._column_px()}px"))
             box.observe(lambda _: self._guarded("compute", self._recompute), "value")
             self.checkboxes.append(box)
             pic = W.Image(value=_encode(rgb, self.tile_size), format="png",
@@ -121,11 +125,16 @@ class ConceptBuilder(RelevanceWidget):
         for w in (self.sign_toggle, self.opacity):
             w.observe(lambda _: self._guarded("redraw", self._redraw), "value")
         gallery = W.GridBox(tiles, layout=W.Layout(
-            grid_template_columns=f"repeat(auto-fill, {self.tile_size + 12}px)", width="100%"))
+            grid_template_columns=f"repeat(auto-fill, {self._column_px() + 4}px)", width="100%"))
         self.children = [W.HTML("<b>Tick example images that show the concept:</b>"), gallery,
                          W.HBox([self.query_selector, self.sign_toggle, self.opacity]),
                          self.message, W.HBox([self.image, self.info])]
         self._guarded("first", self._recompute)
+
+    def _column_px(self) -> int:
+        """Width of one gallery column: the thumbnail, but never too narrow for "example 12"
+        (ipywidgets cuts a checkbox label that does not fit with an ellipsis)."""
+        return max(self.tile_size + 8, 120)
 
     def _rgb(self, arg: Any, x: torch.Tensor) -> np.ndarray:
         if arg is None:

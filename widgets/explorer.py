@@ -10,7 +10,8 @@ import torch
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.viz import render_overlay_png, to_rgb_uint8
 
-from ._common import error_html, image_rgb, is_clip, png_bundle, prepare_images
+from ._common import (MIN_PICTURE_PX, error_html, image_rgb, is_clip, png_bundle, prepare_images,
+                      readable_size)
 from ._layered import LayerExplorer
 
 
@@ -25,7 +26,9 @@ class RelevanceExplorer(LayerExplorer):
         methods: the methods offered (default: all of ``lrp_core.METHODS``).
         image: the RGB pictures to draw on, (B, H, W, 3) or (H, W, 3), float in
             [0, 1] or uint8 (default: ``inputs`` de-normalised with the model's mean/std).
-        display_size: size in pixels of the longest side of the picture.
+        display_size: size in pixels of the longest side of the picture (at least
+            ``MIN_PICTURE_PX`` = 320: smaller values are raised to it). The title
+            above it is wrapped onto as many lines as it needs, never cut.
 
     Public controls: ``class_selector``, ``class_search``, ``method_selector``,
     ``view_selector``, ``layer_slider``, ``start_layer``, ``head_selector``,
@@ -39,7 +42,7 @@ class RelevanceExplorer(LayerExplorer):
                  methods: Optional[Sequence[str]] = None, image: Any = None,
                  display_size: int = 320) -> None:
         self._rgb_arg = image
-        self.display_size = int(display_size)
+        self.display_size = readable_size(display_size, MIN_PICTURE_PX)
         self.image = W.Image(format="png", layout=W.Layout(width=f"{self.display_size}px"))
         self.image.add_class("trl-image")
         self.opacity = W.FloatSlider(description="opacity", min=0.0, max=1.0, step=0.05, value=0.7,

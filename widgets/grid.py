@@ -10,8 +10,8 @@ import numpy as np
 from lrp_core.viz import overlay_image, tile_pngs, to_rgb_uint8, token_html
 
 from . import _engine, views
-from ._common import (RelevanceWidget, class_names, class_options, describe_error, error_html,
-                      image_rgb, png_bundle, prepare_images, resolve_model)
+from ._common import (MIN_PANEL_PX, RelevanceWidget, class_names, class_options, describe_error,
+                      error_html, image_rgb, png_bundle, prepare_images, readable_size, resolve_model)
 from ._layered import forward_logits
 from .text import prepare_text
 
@@ -26,8 +26,9 @@ class MethodGrid(RelevanceWidget):
         methods: the methods to compare (default: all of ``lrp_core.METHODS``).
         target: the class, by index or name (default: the predicted class).
         labels: class names; image: RGB picture to draw on; tokenizer: for texts.
+        panel_size: px of each image panel (at least 200; titles wrap, never cut).
 
-    Each panel has its own symmetric colour limits. ``maps`` holds each method's
+    Each panel has its own symmetric colour limit (``lrp_core.viz.colour_scale``). ``maps`` holds each method's
     signed output, ``displayed_maps`` what is drawn (after the sign toggle),
     ``errors`` the methods that could not run and why.
     """
@@ -37,7 +38,7 @@ class MethodGrid(RelevanceWidget):
                  sample: int = 0, tokenizer: Any = None, ncols: int = 4,
                  panel_size: int = 200) -> None:
         super().__init__()
-        self.ncols, self.panel_size = int(ncols), int(panel_size)
+        self.ncols, self.panel_size = int(ncols), readable_size(panel_size, MIN_PANEL_PX)
         self.image = W.Image(format="png")
         self.html = W.HTML(value="")
         self.class_selector = W.Dropdown(description="class", layout=W.Layout(width="320px"))

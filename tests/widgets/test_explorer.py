@@ -42,7 +42,7 @@ def reference(vit, images, explorer):
 
 def test_first_picture_is_a_png_of_the_display_width(explorer, decode_png):
     arr = decode_png(explorer.image.value)
-    assert arr.shape[1] == explorer.display_size
+    assert arr.shape[1] == explorer.display_size >= 320
     assert arr.shape[0] > explorer.display_size  # title line and colourbar around the square image
     assert explorer.displayed_map.shape == GRID
     assert explorer.layer_slider.max == 2 and explorer.layer_slider.value == 2
@@ -222,15 +222,25 @@ def test_methods_without_blocks_disable_the_block_controls(explorer):
 
 
 def test_opacity_zero_shows_the_plain_image(vit, images, decode_png):
-    rgb = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
-    w = widgets.RelevanceExplorer(vit, images[:1], image=rgb, display_size=32)
+    rgb = np.random.default_rng(0).integers(0, 256, (320, 320, 3), dtype=np.uint8)
+    w = widgets.RelevanceExplorer(vit, images[:1], image=rgb, display_size=320)
     w.opacity.value = 0.0
     arr = decode_png(w.image.value)
-    # the 32 px picture lies between the title lines above and the colourbar below
-    top = [t for t in range(arr.shape[0] - 31) if np.array_equal(arr[t:t + 32], rgb)]
+    # the 320 px picture lies between the title lines above and the colourbar below
+    top = [t for t in range(arr.shape[0] - 319) if np.array_equal(arr[t:t + 320], rgb)]
     assert len(top) == 1
     w.opacity.value = 1.0
-    assert not np.array_equal(decode_png(w.image.value)[top[0]:top[0] + 32], rgb)
+    assert not np.array_equal(decode_png(w.image.value)[top[0]:top[0] + 320], rgb)
+
+
+def test_small_display_size_is_raised_and_the_title_is_whole(vit, images, decode_png):
+    w = widgets.RelevanceExplorer(vit, images[:1], display_size=144)
+    assert w.display_size == 320 and decode_png(w.image.value).shape[1] == 320
+    w.view_selector.value = "block"  # the longest title: class | method | block b, head h
+    w.head_selector.value = w.head_selector.options[-1][1]
+    one = decode_png(w.static_png()).shape[0]
+    three = decode_png(w._png(w.displayed_map, title=" ".join([w._title()] * 3))).shape[0]
+    assert three > one  # a title too long for one line gets more lines, it is not cut
 
 
 def test_batch_inputs_get_a_sample_selector(vit, images):

@@ -28,7 +28,8 @@ def test_each_panel_is_the_engines_output_for_the_same_class(vit, images, grid):
 
 def test_grid_picture_has_one_tile_per_method(grid, decode_png):
     arr = decode_png(grid.image.value)
-    assert arr.shape[1] == 4 * 96 + 3 * 6  # four columns and the gaps between them
+    assert grid.panel_size == 200  # 96 px asked for: raised to the readable minimum
+    assert arr.shape[1] == 4 * 200 + 3 * 6  # four columns and the gaps between them
 
 
 def test_class_switch_recomputes_every_panel(vit, images, grid):
@@ -73,6 +74,13 @@ def test_grid_bad_arguments_are_readable_messages(vit, images, kwargs, expected)
 @pytest.fixture(scope="module")
 def candidates():
     return torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(11))
+
+
+def test_concept_checkbox_labels_have_room_and_pictures_are_readable(vit, images, candidates):
+    c = widgets.ConceptBuilder(vit, candidates, images[0], tile_size=48, display_size=144)
+    assert (c.tile_size, c.display_size) == (96, 320)  # raised to the readable minimum
+    # ipywidgets cuts a label that does not fit ("ex…"): each checkbox is a column wide
+    assert all(int(b.layout.width.rstrip("px")) >= 120 for b in c.checkboxes)
 
 
 def test_concept_map_is_cdam_with_the_mean_embedding_of_the_ticked_examples(vit, images, candidates):
