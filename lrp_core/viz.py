@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 import matplotlib.colors as mcolors
+import matplotlib.ticker as mticker
 import matplotlib.pyplot as plt
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -446,8 +447,8 @@ def show_relevance(image_rgb: Any, relmap: Any, ax: Optional[plt.Axes] = None, a
     grey photo tinted by the map, colour limit from :func:`colour_scale` (``clip``,
     ``None`` = exact maximum), colour gamma ``gamma``. ``image_rgb=None`` draws the
     map alone, one square per value. The colourbar has its ticks at the true values;
-    when values were clipped its ends are arrows and its label says
-    "clipped at p99 = ... (max ...)".
+    when values were clipped its ends are arrows and a line under the picture says
+    "clipped at p99 (max ...)".
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(4, 4))
@@ -463,11 +464,14 @@ def show_relevance(image_rgb: Any, relmap: Any, ax: Optional[plt.Axes] = None, a
         norm = signed_norm([scale.limit], gamma=gamma)
         mappable = plt.cm.ScalarMappable(norm=norm, cmap=relevance_cmap)
         extend = ("both" if signed else "max") if scale.clipped else "neither"
-        cb = ax.figure.colorbar(mappable, ax=ax, fraction=0.046, pad=0.04, extend=extend)
+        cb = ax.figure.colorbar(mappable, ax=ax, fraction=0.046, pad=0.03, extend=extend)
+        # plain numbers on each tick (no "1e-5" offset text that lands on the next title)
+        cb.ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.2g}"))
         if not signed:
             cb.ax.set_ylim(0.0, scale.limit)
-        if scale.clipped:
-            cb.set_label(f"clipped at p{scale.percentile:g}\n(max {_fmt(scale.maximum)})")
+        if scale.clipped:  # under the picture, where it costs no width
+            ax.text(0.5, -0.015, f"clipped at p{scale.percentile:g} (max {_fmt(scale.maximum)})",
+                    transform=ax.transAxes, ha="center", va="top", fontsize="small", color="#a30")
     ax.set_axis_off()
     if title:
         ax.set_title(title)
