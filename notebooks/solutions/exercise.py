@@ -68,9 +68,23 @@ def _as_array(a: Any) -> np.ndarray | None:
         return None
     if isinstance(a, (int, float, np.number, np.ndarray)):
         return np.asarray(a, dtype=float)
-    if isinstance(a, (list, tuple)) and a and all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
-                                                  for v in a):
-        return np.asarray(a, dtype=float)
+    if isinstance(a, (list, tuple)) and a:
+        items = [_one_number(v) for v in a]
+        if all(v is not None for v in items):
+            return np.asarray(items, dtype=float)
+    return None
+
+
+def _one_number(v: Any) -> float | None:
+    """A number, or a one-element array / tensor (what ``own_mask_share(...)`` of one map returns), as a float."""
+    if isinstance(v, (bool, np.bool_)):
+        return None
+    if isinstance(v, (int, float, np.number)):
+        return float(v)
+    if hasattr(v, "detach"):  # a torch tensor
+        v = v.detach().cpu().double().numpy()
+    if isinstance(v, np.ndarray) and v.size == 1 and v.dtype.kind in "iuf":
+        return float(v.reshape(-1)[0])
     return None
 
 

@@ -71,7 +71,8 @@ ex12_1 = Exercise(
     "ex12_1", "The readout's row", average_readout_row, difficulty=2, minutes=10, needs=("avg", "x"),
     answer="the 64 patch scores of scene 0 for the average-pooled model, computed by hand as wᵀC from "
            "exp.layers",
-    hints=["lrp_core.rollout.accumulate(exp.layers) gives C, shape (1, 65, 65); token 0 is [CLS].",
+    hints=["exp = explain(avg, x[:1], method=\"transformer_attribution\"); accumulate(exp.layers) gives C, "
+           "shape (1, 65, 65); token 0 is [CLS].",
            "The classifier reads the mean of the 64 patch tokens: w = 1/64 on rows 1…64 and 0 on row 0.",
            "wᵀC is then C[0, 1:, :].mean(dim=0); keep the patch columns 1…64."],
     mistakes=[Mistake(_cls_row, "this is the [CLS] row: right for the token-pooled toy-vit, but this model reads "

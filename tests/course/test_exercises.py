@@ -253,3 +253,97 @@ def test_no_solution_output_in_stored_notebooks(name):
     stored = {ln.strip() for ln in _stored_outputs().splitlines()}
     leaked = sorted(lines & stored)
     assert not leaked, f"stored notebook outputs show the solution of {name}: {leaked[:3]}"
+
+
+# ---------------------------------------------------------------- the texts can be followed literally
+#: notebooks whose exercise texts are checked for undefined names (07-12; 00-06 are checked by their own owners)
+TEXT_CHECKED = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if 7 <= int(p.name[:2]) <= 12)
+
+
+def _names_defined(code: list[str]) -> set[str]:
+    """Names that the code cells import, assign or define (IPython magics left out)."""
+    import ast
+    names: set[str] = set()
+    for src in code:
+        src = "\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return names
+
+
+def _names_called(markdown: str) -> set[str]:
+    """Names read by the code spans of an exercise text that call something, minus those the text assigns."""
+    import ast
+    import re
+    read, assigned = set(), set()
+    for span in re.findall(r"`([^`]+)`", markdown):
+        try:
+            tree = ast.parse(span.strip())
+        except SyntaxError:
+            continue                          # prose in backticks, shapes, `...`
+        nodes = list(ast.walk(tree))
+        if not any(isinstance(n, ast.Call) for n in nodes):
+            continue                          # a bare name or module path is a reference, not code to run
+        read |= {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        assigned |= {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return read - assigned
+
+
+@pytest.mark.parametrize("path", TEXT_CHECKED, ids=lambda p: p.name)
+def test_exercise_texts_use_names_their_notebook_defines(path):
+    """Code an exercise text tells the learner to run uses only names defined before its check cell."""
+    import builtins
+    import json
+    import re
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    checked = 0
+    for i, cell in enumerate(cells):
+        text = "".join(cell["source"])
+        name = re.search(r"\b(ex\d+_\d+)\.hint\(\)", text)
+        if cell["cell_type"] != "markdown" or not name or not re.search(r"\*\*\d+\.\d+ ·", text):
+            continue
+        end = next(k for k in range(i, len(cells)) if f"{name.group(1)}.check(" in "".join(cells[k]["source"]))
+        code = ["".join(c["source"]) for c in cells[:end + 1] if c["cell_type"] == "code"]
+        undefined = _names_called(text) - _names_defined(code) - set(dir(builtins))
+        assert not undefined, f"{path.name} {name.group(1)}: the text uses {sorted(undefined)}, never defined there"
+        checked += 1
+    assert checked >= 2, f"{path.name}: found {checked} exercise texts"
+
+
+def test_the_name_check_finds_an_undefined_name():
+    """The check above fails on the text of exercise 10.2 as it was (explain, x, exp, lrp_core, mask undefined)."""
+    old = ("`explain(toy.model, x, method=..., target=...)` ... "
+           "`lrp_core.metrics.own_mask_share(exp.upsample(), mask)` (the masks are `scenes.masks[:1, j]`)")
+    code = ["import torch\nfrom lrp_core.models import load\ntoy = load('toy-vit')\nscenes = None\n%config X"]
+    assert _names_called(old) - _names_defined(code) == {"explain", "x", "exp", "lrp_core", "mask"}
+
+
+def test_ex10_2_done_as_its_text_says_passes():
+    """Exercise 10.2 followed literally: a list of own_mask_share(...) results (one-element arrays) per method."""
+    from lrp_core import explain
+    from lrp_core.metrics import own_mask_share
+    ctx = context_for("ex10_2")
+    toy, scenes = ctx["toy"], ctx["scenes"]
+    x = scenes.images[:1]
+    classes = [int(c) for c in scenes.labels[0]]
+    answer = {m: [own_mask_share(explain(toy.model, x, method=m, target=c).upsample(), scenes.masks[:1, j])
+                  for j, c in enumerate(classes)]
+              for m in ["transformer_attribution", "rollout", "attention_gradcam", "cdam"]}
+    ok, msg = verdict("ex10_2", answer)
+    assert ok, msg
+    swapped = {m: v[::-1] for m, v in answer.items()}
+    assert not verdict("ex10_2", swapped)[0]
+
+
+def test_one_element_arrays_count_as_numbers_in_a_list():
+    tol = exmod.Tolerance()
+    exmod.compare([np.array([0.3]), torch.tensor([0.2])], [0.3, 0.2], tol)     # passes: no exception
+    with pytest.raises(exmod.Mismatch):
+        exmod.compare([np.array([0.3]), torch.tensor([0.25])], [0.3, 0.2], tol)
+    with pytest.raises(exmod.Mismatch, match="should be a number or a tensor"):
+        exmod.compare([np.array([0.3, 0.1]), 0.2], [0.3, 0.2], tol)           # two numbers are not one
