@@ -11,6 +11,7 @@ checked cells, exercises that check and reveal nothing).
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -34,8 +35,11 @@ NBVAL_ARGS = [
 
 
 def _pytest(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    # The stored outputs are the offline path's: ``ONLINE = hub_reachable()`` must be False in this run
+    # even on a machine that can reach the hub, or the checked cells would compare other models' numbers.
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
     return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 def _load(path: Path) -> dict:

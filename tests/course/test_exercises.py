@@ -256,8 +256,8 @@ def test_no_solution_output_in_stored_notebooks(name):
 
 
 # ---------------------------------------------------------------- the texts can be followed literally
-#: notebooks whose exercise texts are checked for undefined names (07-12; 00-06 are checked by their own owners)
-TEXT_CHECKED = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if 7 <= int(p.name[:2]) <= 12)
+#: notebooks whose exercise texts are checked for undefined names (every notebook with exercises)
+TEXT_CHECKED = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def _names_defined(code: list[str]) -> set[str]:
@@ -271,6 +271,8 @@ def _names_defined(code: list[str]) -> set[str]:
                 names |= {(a.asname or a.name).split(".")[0] for a in node.names}
             elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 names.add(node.name)
+            elif isinstance(node, ast.arg):       # a function the learner writes: its signature's names
+                names.add(node.arg)
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 names.add(node.id)
     return names
@@ -312,7 +314,7 @@ def test_exercise_texts_use_names_their_notebook_defines(path):
         undefined = _names_called(text) - _names_defined(code) - set(dir(builtins))
         assert not undefined, f"{path.name} {name.group(1)}: the text uses {sorted(undefined)}, never defined there"
         checked += 1
-    assert checked >= 2, f"{path.name}: found {checked} exercise texts"
+    assert checked >= 1, f"{path.name}: found {checked} exercise texts"
 
 
 def test_the_name_check_finds_an_undefined_name():
