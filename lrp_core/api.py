@@ -13,7 +13,7 @@ from .adapters import get_adapter
 from .composites import TRANSFORMER_ATTRIBUTION
 from .errors import InputError
 from .explanation import Conservation, Explanation
-from .guard import autograd_on, check_not_inference_model, model_guard, normal_tensors, warn_unreflected_hooks
+from .guard import autograd_on, inference_model_named, model_guard, normal_tensors, warn_unreflected_hooks
 from .methods import Call, ConceptTarget, Contrast, MethodResult, one_hot
 from .targets import Target
 from .targets import resolver as _target_resolver
@@ -41,9 +41,8 @@ def _robust(fn: F) -> F:
         if not isinstance(model, nn.Module):
             return fn(model, inputs, *args, **kwargs)  # get_adapter names what is supported
         model = unwrap(model)
-        with autograd_on():
+        with autograd_on(), inference_model_named(model):
             with model_guard(model) as seen:
-                check_not_inference_model(model)
                 out = fn(model, normal_tensors(inputs), *args, **kwargs)
         warn_unreflected_hooks(seen, stacklevel=3)
         return out

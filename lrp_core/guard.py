@@ -277,13 +277,24 @@ def normal_tensors(inputs: Any) -> Any:
     return inputs
 
 
-def check_not_inference_model(model: nn.Module) -> None:
-    """A model whose parameters were made under ``torch.inference_mode`` cannot be differentiated: say so."""
-    if any(p.is_inference() for p in model.parameters()):
+@contextmanager
+def inference_model_named(model: nn.Module) -> Iterator[None]:
+    """Turn autograd's error about a model made under ``torch.inference_mode`` into an :class:`InputError`.
+
+    Such a model's parameters are inference tensors: the methods that need no gradient (rollout,
+    raw_attention, lrp, partial_lrp, token_ablation) still explain it; the gradient methods cannot.
+    """
+    try:
+        yield
+    except RuntimeError as err:
+        if "Inference tensors" not in str(err) or not any(p.is_inference() for p in model.parameters()):
+            raise
         raise InputError(f"{type(model).__name__}'s parameters are inference tensors (the model was created or "
-                         "loaded inside torch.inference_mode()), so no gradient can flow through them; create or "
-                         "load the model outside inference_mode — explain itself may run inside it")
+                         "loaded inside torch.inference_mode()), so no gradient flows through them and this method "
+                         "needs one; create or load the model outside inference_mode (explain itself may run "
+                         "inside it), or use a method without gradients (rollout, raw_attention, lrp, partial_lrp, "
+                         "token_ablation)") from err
 
 
 __all__ = ["GuardReport", "model_guard", "warn_unreflected_hooks", "autograd_on", "normal_tensors",
-           "check_not_inference_model", "FLAGS", "HOOK_DICTS"]
+           "inference_model_named", "FLAGS", "HOOK_DICTS"]
