@@ -55,11 +55,16 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     """Explain a batch of predictions of an unmodified timm / Hugging Face Transformer.
 
     Args:
-        model: a supported model (:data:`lrp_core.adapters.SUPPORTED`). It is left exactly as it was
-            (parameters, modes, flags, hooks).
-        inputs: images (B, 3, H, W) float, or a tokenizer output with ``input_ids`` and ``attention_mask``.
+        model: a supported model (:data:`lrp_core.adapters.SUPPORTED`), also inside ``torch.compile`` /
+            ``DataParallel`` / ``DistributedDataParallel``. What the call changes (through the user's hooks) is
+            undone; what other threads change meanwhile stays (:mod:`lrp_core.guard`). Forward hooks on
+            modules the replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`.
+            The call works the same inside ``torch.no_grad()`` and ``torch.inference_mode()``.
+        inputs: images (B, 3, H, W) float (another float dtype is cast to the model's), or a tokenizer output
+            with ``input_ids`` and a 0/1 ``attention_mask``.
         method: one of :data:`METHODS`.
-        target: ``None`` (argmax per sample), an int, a sequence of B ints, a tensor (B,),
+        target: ``None`` (argmax per sample), an int (Python or NumPy), a sequence / array of B ints, an integer
+            tensor (B,) — floats and bools are refused (:mod:`lrp_core.targets`),
             ``Contrast(positive, negative)`` (explain ``y_positive − y_negative``: "this class rather than that
             one"), or — for methods that take one (``cdam``) — a :class:`ConceptTarget` from
             :func:`concept_target`.
