@@ -349,7 +349,7 @@ def test_a_steering_hook_on_a_block_is_named_and_a_hook_on_a_leaf_is_replayed():
         steered = explain(model, x)
     _same(steered, plain)
     with torch.no_grad():
-        assert not torch.allclose(model(x), plain.logits)  # the explanation is not the hooked model's: hence the warning
+        assert not torch.allclose(model(x), plain.logits)  # not the hooked model's function: hence the warning
     model = make_tiny_vit()
     model.head.register_forward_hook(lambda m, i, o: 2 * o)  # a leaf the replay calls: reflected, no warning
     with warnings.catch_warnings():
