@@ -1,9 +1,9 @@
 """The public call: ``explain(model, inputs, method=..., target=...)``."""
 from __future__ import annotations
 
-from contextlib import contextmanager
+import functools
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -13,25 +13,58 @@ from .adapters import get_adapter
 from .composites import TRANSFORMER_ATTRIBUTION
 from .errors import InputError
 from .explanation import Conservation, Explanation
+from .guard import autograd_on, inference_model_named, model_guard, normal_tensors, warn_unreflected_hooks
 from .methods import Call, ConceptTarget, Contrast, MethodResult, one_hot
+from .targets import Target
+from .targets import resolver as _target_resolver
 from .utils import progress_bar
+from .wrappers import unwrap
 
 #: Every method ``explain`` knows, in the order the course introduces them.
 METHODS: tuple[str, ...] = registry.METHOD_NAMES
 
-Target = Union[None, int, Sequence[int], Tensor, ConceptTarget, Contrast]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _robust(fn: F) -> F:
+    """The same footing for every public call (``explain``, ``concept_target``, ``attention_parts``):
+
+    * wrappers are looked through (``torch.compile``, ``DataParallel``, ``DistributedDataParallel``;
+      :func:`lrp_core.wrappers.unwrap`), TorchScript is refused;
+    * gradients are recorded whatever the caller's context (``no_grad``, ``inference_mode``), and inputs
+      made under ``inference_mode`` are cloned into ordinary tensors (:mod:`lrp_core.guard`);
+    * the model is left as found (:func:`lrp_core.guard.model_guard`, also on error), and forward hooks on
+      modules the replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`.
+    """
+    @functools.wraps(fn)
+    def call(model, inputs, *args, **kwargs):
+        if not isinstance(model, nn.Module):
+            return fn(model, inputs, *args, **kwargs)  # get_adapter names what is supported
+        model = unwrap(model)
+        with autograd_on(), inference_model_named(model):
+            with model_guard(model) as seen:
+                out = fn(model, normal_tensors(inputs), *args, **kwargs)
+        warn_unreflected_hooks(seen, stacklevel=3)
+        return out
+    return call  # type: ignore[return-value]
+
+
+@_robust
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None,
             **options: Any) -> Explanation:
     """Explain a batch of predictions of an unmodified timm / Hugging Face Transformer.
 
     Args:
-        model: a supported model (:data:`lrp_core.adapters.SUPPORTED`). It is left exactly as it was
-            (parameters, modes, flags, hooks).
-        inputs: images (B, 3, H, W) float, or a tokenizer output with ``input_ids`` and ``attention_mask``.
+        model: a supported model (:data:`lrp_core.adapters.SUPPORTED`), also inside ``torch.compile`` /
+            ``DataParallel`` / ``DistributedDataParallel``. What the call changes (through the user's hooks) is
+            undone; what other threads change meanwhile stays (:mod:`lrp_core.guard`). Forward hooks on
+            modules the replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`.
+            The call works the same inside ``torch.no_grad()`` and ``torch.inference_mode()``.
+        inputs: images (B, 3, H, W) float (another float dtype is cast to the model's), or a tokenizer output
+            with ``input_ids`` and a 0/1 ``attention_mask``.
         method: one of :data:`METHODS`.
-        target: ``None`` (argmax per sample), an int, a sequence of B ints, a tensor (B,),
+        target: ``None`` (argmax per sample), an int (Python or NumPy), a sequence / array of B ints, an integer
+            tensor (B,) — floats and bools are refused (:mod:`lrp_core.targets`),
             ``Contrast(positive, negative)`` (explain ``y_positive − y_negative``: "this class rather than that
             one"), or — for methods that take one (``cdam``) — a :class:`ConceptTarget` from
             :func:`concept_target`.
@@ -82,19 +115,18 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         negative = _target_resolver(target.negative, batch, adapter.num_classes)(torch.empty(0))
         target = target.positive
     resolve = _target_resolver(target if concept is None else None, batch, adapter.num_classes)
-    with model_guard(model):
-        pieces = _pieces(prepared, adapter, method, opt, batch)
-        if len(pieces) == 1 and pieces[0][1] is None:  # the whole batch at once, as given
-            result = spec.run(Call(adapter, prepared, layout, resolve, opt, concept, negative))
-        else:
-            parts = []
-            for rows, n in progress_bar(pieces, opt.progress or (opt.progress is None and len(pieces) >= 16),
-                                        desc=method, unit="piece", leave=False):
-                sub = _take(prepared, rows, n)
-                call = Call(adapter, sub, adapter.layout(sub), _sub_resolver(resolve, rows), opt, concept,
-                            None if negative is None else negative.to(rows.device)[rows])
-                parts.append((rows, n, spec.run(call)))
-            result = _merge(parts, batch, None if "images" in prepared else _batch_tensor(prepared).shape[1])
+    pieces = _pieces(prepared, adapter, method, opt, batch)
+    if len(pieces) == 1 and pieces[0][1] is None:  # the whole batch at once, as given
+        result = spec.run(Call(adapter, prepared, layout, resolve, opt, concept, negative))
+    else:
+        parts = []
+        for rows, n in progress_bar(pieces, opt.progress or (opt.progress is None and len(pieces) >= 16),
+                                    desc=method, unit="piece", leave=False):
+            sub = _take(prepared, rows, n)
+            call = Call(adapter, sub, adapter.layout(sub), _sub_resolver(resolve, rows), opt, concept,
+                        None if negative is None else negative.to(rows.device)[rows])
+            parts.append((rows, n, spec.run(call)))
+        result = _merge(parts, batch, None if "images" in prepared else _batch_tensor(prepared).shape[1])
     used = dict(result.used)
     if negative is not None:
         used["contrast_with"] = negative.tolist()
@@ -217,6 +249,7 @@ def _merge_conservation(parts: list, batch: int) -> Optional[Conservation]:
     return Conservation(**fields)
 
 
+@_robust
 def concept_target(model: nn.Module, examples: Any, name: str = "concept") -> ConceptTarget:
     """A CDAM concept target: the mean final [CLS] embedding of a few example inputs.
 
@@ -226,7 +259,7 @@ def concept_target(model: nn.Module, examples: Any, name: str = "concept") -> Co
     """
     adapter = get_adapter(model).for_inputs(examples)
     prepared = adapter.check_inputs(examples)
-    with model_guard(model), torch.no_grad():
+    with torch.no_grad():
         pooled = adapter.forward(prepared, grad=False).pooled
     return ConceptTarget(vector=pooled.mean(dim=0), n_examples=pooled.shape[0], name=name)
 
@@ -249,6 +282,7 @@ class AttentionParts:
     logits: Tensor
 
 
+@_robust
 def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> AttentionParts:
     """A_b, ∇A_b and R^{A_b} per block and head — what ``transformer_attribution`` multiplies and clamps.
 
@@ -259,14 +293,13 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
         raise InputError(f"{type(model).__name__} has no classification head: there is no class to explain")
     prepared = adapter.check_inputs(inputs)
     resolve = _target_resolver(target, _batch_size(prepared), adapter.num_classes)
-    with model_guard(model):
-        trace = adapter.forward(prepared, grad=True)
-        t = resolve(trace.logits.detach())
-        L = adapter.num_blocks
-        attns = [trace.attention(b) for b in range(L)]
-        grads = torch.autograd.grad(trace.logits.gather(1, t[:, None]).sum(), attns)
-        with torch.no_grad():
-            rel = adapter.relprop(trace, one_hot(trace.logits, t), TRANSFORMER_ATTRIBUTION, stop_block=0)
+    trace = adapter.forward(prepared, grad=True)
+    t = resolve(trace.logits.detach())
+    L = adapter.num_blocks
+    attns = [trace.attention(b) for b in range(L)]
+    grads = torch.autograd.grad(trace.logits.gather(1, t[:, None]).sum(), attns)
+    with torch.no_grad():
+        rel = adapter.relprop(trace, one_hot(trace.logits, t), TRANSFORMER_ATTRIBUTION, stop_block=0)
     stack = lambda ts: torch.stack([x.detach() for x in ts], dim=1)  # noqa: E731
     return AttentionParts(attention=stack(attns), gradient=stack(grads), relevance=stack(rel.attn),
                           target=t, logits=trace.logits.detach())
@@ -281,88 +314,6 @@ def _batch_tensor(prepared: dict) -> Tensor:
 
 def _batch_size(prepared: dict) -> int:
     return _batch_tensor(prepared).shape[0]
-
-
-def _target_resolver(target, batch: int, num_classes: int):
-    """Validate ``target`` now; return a function that turns the logits (B, C) into targets (B,)."""
-    if target is None:
-        return lambda logits, rows=None: logits.argmax(dim=-1)
-    if isinstance(target, bool):
-        raise InputError("target must be None, an int, a sequence of ints or a tensor (B,), not a bool")
-    if isinstance(target, int):
-        t = torch.full((batch,), target, dtype=torch.long)
-    elif isinstance(target, Tensor):
-        if target.is_floating_point() or target.is_complex():
-            raise InputError(f"a target tensor must hold integer class ids, got dtype {target.dtype}")
-        t = target.reshape(-1).long() if target.dim() <= 1 else None
-        if t is None or (t.numel() == 1 and batch > 1):
-            t = t.expand(batch).clone() if t is not None and t.numel() == 1 else None
-        if t is None or t.shape[0] != batch:
-            raise InputError(f"a target tensor must have shape ({batch},) (one class per sample), "
-                             f"got {tuple(target.shape)}")
-    else:
-        try:
-            t = torch.as_tensor(list(target), dtype=torch.long)
-        except (TypeError, ValueError):
-            raise InputError(f"target must be None, an int, a sequence of ints or a tensor (B,); "
-                             f"got {type(target).__name__}") from None
-        if t.shape != (batch,):
-            raise InputError(f"target has {t.numel()} entries for a batch of {batch}")
-    bad = (t < 0) | (t >= num_classes)
-    if bad.any():
-        raise InputError(f"target {t[bad].tolist()} out of range: the model has {num_classes} classes "
-                         f"(0 … {num_classes - 1})")
-
-    def resolve(logits: Tensor, rows: Optional[Tensor] = None) -> Tensor:
-        on = t.to(logits.device)
-        return on if rows is None else on[rows.to(logits.device)]
-    return resolve
-
-
-# ----------------------------------------------------------------------------
-# leave the model as it was
-# ----------------------------------------------------------------------------
-_FLAGS = ("fused_attn",)
-
-
-@contextmanager
-def model_guard(model: nn.Module) -> Iterator[None]:
-    """Restore training modes, ``requires_grad``, attention flags and hooks after the call, also on error.
-
-    The engine does not change any of these itself; the guard makes that a
-    guarantee (a user's hook that flips a mode mid-call is undone too).
-    """
-    modules = list(model.modules())
-    training = [m.training for m in modules]
-    flags = [{f: getattr(m, f) for f in _FLAGS if f in m.__dict__ or hasattr(type(m), f)} for m in modules]
-    hooks = [(dict(m._forward_hooks), dict(m._forward_pre_hooks), dict(m._backward_hooks)) for m in modules]
-    params = list(model.parameters())
-    req = [p.requires_grad for p in params]
-    grads = [p.grad for p in params]
-    cfg = getattr(model, "config", None)
-    attn_impl = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
-    try:
-        yield
-    finally:
-        for m, t, f, (fh, fph, bh) in zip(modules, training, flags, hooks):
-            if m.training != t:
-                m.training = t
-            for k, v in f.items():
-                if getattr(m, k) != v:
-                    setattr(m, k, v)
-            for live, saved in ((m._forward_hooks, fh), (m._forward_pre_hooks, fph), (m._backward_hooks, bh)):
-                for key in [k for k in live if k not in saved]:
-                    del live[key]
-        for p, r, g in zip(params, req, grads):
-            if p.requires_grad != r:
-                p.requires_grad_(r)
-            if p.grad is not g:
-                p.grad = g
-        if cfg is not None and attn_impl is not None and getattr(cfg, "_attn_implementation", None) != attn_impl:
-            try:
-                cfg._attn_implementation = attn_impl
-            except Exception:  # pragma: no cover - read-only config property in some versions
-                pass
 
 
 __all__ = ["explain", "METHODS", "concept_target", "ConceptTarget", "Contrast", "model_guard", "attention_parts",

@@ -18,3 +18,12 @@ class UnknownMethodError(LRPError, KeyError):
 
 class InputError(LRPError):
     """The inputs (images, text, target, options) are not acceptable."""
+
+
+class LRPWarning(UserWarning):
+    """Base class of the library's warnings: the call ran, but something about it deserves a word."""
+
+
+class UnreflectedHookWarning(LRPWarning):
+    """The model carries forward hooks on modules the replay does not run, so the explained function is not
+    the hooked model's. ``warnings.simplefilter("error", UnreflectedHookWarning)`` makes it an error."""

@@ -147,6 +147,9 @@ def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int,
         raise InputError(f"rollout_norm must be one of {NORMS}, got {opt.rollout_norm!r}")
     if not isinstance(opt.use_gradient, bool):
         raise InputError(f"use_gradient must be True or False, got {opt.use_gradient!r}")
+    if opt.progress is not None and not isinstance(opt.progress, bool):
+        raise InputError(f"progress must be True (a progress bar), False (none) or None (only for long runs), "
+                         f"got {opt.progress!r}")
     if not isinstance(opt.keep_heads, bool):
         raise InputError(f"keep_heads must be True or False, got {opt.keep_heads!r}")
     if not isinstance(opt.batch_size, int) or isinstance(opt.batch_size, bool) or opt.batch_size < 1:

@@ -11,6 +11,7 @@ from typing import Callable
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from ..wrappers import unwrap
 from .base import Adapter, BlockRelevance, TokenLayout, Trace
 
 
@@ -152,10 +153,15 @@ SUPPORTED = "; ".join(name for name, _, _ in ADAPTERS)
 
 
 def get_adapter(model: nn.Module) -> Adapter:
-    """The adapter for ``model``, or :class:`UnsupportedModelError` naming what is supported."""
+    """The adapter for ``model``, or :class:`UnsupportedModelError` naming what is supported.
+
+    ``torch.compile``, ``DataParallel`` and ``DistributedDataParallel`` wrappers are looked through
+    (:func:`lrp_core.wrappers.unwrap`); TorchScript is refused.
+    """
     if not isinstance(model, nn.Module):
         raise UnsupportedModelError(f"expected a torch.nn.Module, got {type(model).__name__}. "
                                     f"Supported: {SUPPORTED}")
+    model = unwrap(model)
     for family, recognise, reason in REFUSED:
         if recognise(model):
             raise UnsupportedModelError(f"{type(model).__name__} ({family}) is not supported: {reason}. "

@@ -19,6 +19,7 @@ from ..composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
+from .checks import attention_mask, token_ids
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -97,18 +98,11 @@ class BertAdapter(Adapter):
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
             raise InputError(f"{type(self.model).__name__} explains text: pass a dict / BatchEncoding with "
                              f"'input_ids' and 'attention_mask', got {type(inputs).__name__}")
-        ids = torch.as_tensor(inputs["input_ids"])
-        if ids.dim() == 1:
-            raise InputError(f"input_ids must be batched (B, T); got shape {tuple(ids.shape)} — use ids.unsqueeze(0)")
-        if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
-            raise InputError(f"input_ids must be an integer tensor of shape (B, T); got {tuple(ids.shape)} {ids.dtype}")
+        ids = token_ids(inputs["input_ids"])
         B, T = ids.shape
         if B == 0 or T == 0:
             raise InputError("the text is empty: no tokens to explain")
-        mask = inputs.get("attention_mask")
-        mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask).to(ids.device)
-        if mask.shape != ids.shape:
-            raise InputError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(ids.shape)}")
+        mask = attention_mask(inputs.get("attention_mask"), ids)
         lengths = mask.sum(dim=1)
         if (lengths == 0).any():
             empty = torch.nonzero(lengths == 0).flatten().tolist()
@@ -120,8 +114,12 @@ class BertAdapter(Adapter):
         if self.vocab_size is not None and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise InputError(f"input_ids must lie in [0, {self.vocab_size}) (the vocabulary size)")
         tt = inputs.get("token_type_ids")
-        return {"input_ids": ids.long(), "attention_mask": mask.long(),
-                "token_type_ids": None if tt is None else torch.as_tensor(tt).long()}
+        if tt is not None:
+            tt = token_ids(tt, "token_type_ids").to(ids.device)
+            if tt.shape != ids.shape:
+                raise InputError(f"token_type_ids has shape {tuple(tt.shape)}, input_ids {tuple(ids.shape)}: they "
+                                 "must be the same (one segment id per token)")
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}
 
     def layout(self, prepared: dict) -> TokenLayout:
         mask = prepared["attention_mask"]

@@ -25,6 +25,7 @@ from ..errors import InputError
 from .base import Adapter
 from .bert import MASK_VALUE
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
+from .checks import attention_mask, pixel_values, token_ids
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .vit import ViTAdapter
@@ -88,17 +89,10 @@ class CLIPImageAdapter(ViTAdapter):
                 "processor output, a dict with 'pixel_values' (B, 3, H, W) and the prompts' 'input_ids' / "
                 "'attention_mask' (P, T), e.g. processor(text=['a dog', 'a cat'], images=img, padding=True, "
                 f"return_tensors='pt'); got {type(inputs).__name__}")
-        prepared = super().check_inputs(torch.as_tensor(inputs["pixel_values"]))
-        ids = torch.as_tensor(inputs["input_ids"])
-        if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32) or ids.numel() == 0:
-            raise InputError(f"input_ids must be an integer tensor (P, T) of tokenized prompts; got "
-                             f"{tuple(ids.shape)} {ids.dtype}")
-        mask = inputs.get("attention_mask")
-        mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
-        if mask.shape != ids.shape:
-            raise InputError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(ids.shape)}")
-        self._set_prompts(ids.long(), mask.long(), prepared["images"].dtype)
-        prepared.update(prompt_ids=ids.long(), prompt_mask=mask.long())
+        prepared = super().check_inputs(pixel_values(inputs["pixel_values"]))
+        ids, mask = _prompts(inputs)
+        self._set_prompts(ids, mask, prepared["images"].dtype)
+        prepared.update(prompt_ids=ids, prompt_mask=mask)
         return prepared
 
     def _set_prompts(self, ids: Tensor, mask: Tensor, dtype: torch.dtype) -> None:
@@ -127,6 +121,16 @@ class CLIPImageAdapter(ViTAdapter):
         return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images)
 
 
+
+
+def _prompts(inputs: Mapping) -> tuple[Tensor, Tensor]:
+    """The prompts' ids and 0/1 mask (P, T), long; at least one prompt of at least one token."""
+    ids = token_ids(inputs["input_ids"], rows="P")
+    if ids.numel() == 0:
+        raise InputError(f"CLIP needs at least one text prompt (of at least one token) to compare the images with; "
+                         f"input_ids has shape {tuple(ids.shape)} — pass e.g. processor(text=['a dog', 'a cat'], "
+                         "images=..., padding=True, return_tensors='pt')")
+    return ids, attention_mask(inputs.get("attention_mask"), ids)
 
 
 #: ``inputs["explain"]`` chooses the side: "image" (default) or "text".
@@ -159,26 +163,27 @@ class CLIPTextAdapter(Adapter):
         self.max_length = int(text.embeddings.position_embedding.weight.shape[0])
 
     def check_inputs(self, inputs) -> dict:
-        ids = torch.as_tensor(inputs["input_ids"])
-        if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32) or ids.numel() == 0:
-            raise InputError(f"input_ids must be an integer tensor (P, T) of tokenized prompts; got "
-                             f"{tuple(ids.shape)} {ids.dtype}")
+        if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
+            raise InputError("explaining CLIP's prompts needs CLIP's processor output: a dict with the prompts' "
+                             f"'input_ids' / 'attention_mask' (P, T) and the 'pixel_values' (B, 3, H, W) they are "
+                             f"compared with, and explain='text'; got {type(inputs).__name__}")
+        ids, mask = _prompts(inputs)
         if ids.shape[1] > self.max_length:
             raise InputError(f"the prompts are {ids.shape[1]} tokens long; the text tower accepts at most "
                              f"{self.max_length}: tokenize with truncation=True")
-        mask = inputs.get("attention_mask")
-        mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask).to(ids.device)
-        if mask.shape != ids.shape:
-            raise InputError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(ids.shape)}")
         last = mask.sum(dim=1) - 1
         if not torch.equal(self._end_of_text(ids), last):
             raise InputError("the end-of-text token must be the last real token of every prompt (right padding, "
                              "as CLIP's tokenizer gives with padding=True)")
         if "pixel_values" not in inputs:
             raise InputError("explaining the prompts needs the images they are compared with: 'pixel_values'")
-        images = ViTAdapter.check_inputs(CLIPImageAdapter(self.model), torch.as_tensor(inputs["pixel_values"]))
+        pixels = pixel_values(inputs["pixel_values"])
+        if pixels.dim() == 4 and pixels.shape[0] == 0:
+            raise InputError("explaining the prompts needs at least one image to compare them with: 'pixel_values' "
+                             "has B = 0 images")
+        images = ViTAdapter.check_inputs(CLIPImageAdapter(self.model), pixels)
         self._set_images(images["images"])
-        return {"input_ids": ids.long(), "attention_mask": mask.long()}
+        return {"input_ids": ids, "attention_mask": mask}
 
     def _end_of_text(self, ids: Tensor) -> Tensor:
         """Where the model pools, by its own rule (the highest id for old configs, else the first EOS)."""

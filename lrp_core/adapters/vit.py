@@ -22,6 +22,7 @@ from ..composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import IDENTITY, PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
+from .checks import to_model_dtype
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -51,6 +52,7 @@ class ViTAdapter(Adapter):
             raise InputError("the batch is empty (B = 0)")
         if not inputs.is_floating_point():
             raise InputError(f"images must be a float tensor (normalised), got dtype {inputs.dtype}")
+        inputs = to_model_dtype(inputs, self.patch_conv.weight.dtype)  # float64 on a float32 model, and back
         H, W = inputs.shape[-2:]
         if self.image_size is not None and (H, W) != tuple(self.image_size):
             raise InputError(f"{name} expects images of size {self.image_size[0]}\u00d7{self.image_size[1]}, "

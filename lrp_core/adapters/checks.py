@@ -1,0 +1,84 @@
+"""Input checks the families share: token ids, attention masks, pixel values, the model's dtype.
+
+Each turns what a user may pass (tensors, NumPy arrays, nested lists) into
+the tensor the replay needs, or raises :class:`~lrp_core.errors.InputError`
+naming what was wrong and what is accepted — never a raw ``ValueError`` from
+``torch.as_tensor`` or a silent reinterpretation (a mask of 0.5s read as 0).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+
+_PAD_HINT = "tokenize with padding=True and return_tensors='pt' (or pad the lists to one length yourself)"
+
+
+def _tensor(value: Any, name: str) -> Tensor:
+    """``value`` as a tensor; ragged lists and non-numbers are an :class:`InputError`."""
+    if isinstance(value, Tensor):
+        return value
+    try:
+        return torch.as_tensor(np.asarray(value) if isinstance(value, np.ndarray) else value)
+    except (ValueError, TypeError, RuntimeError):
+        lengths = sorted({len(v) for v in value if hasattr(v, "__len__")}) if isinstance(value, (list, tuple)) else []
+        ragged = f" of different lengths {lengths}" if len(lengths) > 1 else ""
+        raise InputError(f"{name} must be a rectangular batch (B, T) of integer ids: a tensor, an array, or lists of "
+                         f"one length; got a {type(value).__name__} of lists{ragged} — {_PAD_HINT}") from None
+
+
+def token_ids(value: Any, name: str = "input_ids", rows: str = "B") -> Tensor:
+    """Token ids (``rows``, T) as a long tensor: integers only (int32 / int64 / lists of ints)."""
+    ids = _tensor(value, name)
+    if ids.dim() == 1:
+        raise InputError(f"{name} must be batched ({rows}, T); got shape {tuple(ids.shape)} — use ids.unsqueeze(0)")
+    if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
+        raise InputError(f"{name} must be an integer tensor of shape ({rows}, T) (int64 or int32 token ids); got "
+                         f"shape {tuple(ids.shape)} and dtype {ids.dtype}")
+    return ids.long()
+
+
+def attention_mask(value: Any, ids: Tensor) -> Tensor:
+    """The mask (B, T) as 1 (token) / 0 (padding), long; ``None``: every token is real.
+
+    Any dtype is accepted as long as every value is 0 or 1 (bools, ints, 0.0 / 1.0): a value in
+    between has no meaning for the model, which adds it to the scores as a large negative bias.
+    """
+    if value is None:
+        return torch.ones_like(ids)
+    mask = _tensor(value, "attention_mask").to(ids.device)
+    if mask.shape != ids.shape:
+        raise InputError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(ids.shape)}: they must be "
+                         "the same (one 0/1 per token)")
+    if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
+        odd = mask[(mask != 0) & (mask != 1)].unique()[:5].tolist()
+        raise InputError(f"attention_mask must hold 1 (a token) and 0 (padding) only, e.g. the tokenizer's mask; "
+                         f"got the values {odd}")
+    return mask.long()
+
+
+def pixel_values(value: Any, name: str = "pixel_values") -> Tensor:
+    """Pixel values (B, 3, H, W): a tensor, or a NumPy array; a list is an :class:`InputError` with the fix."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, Tensor):
+        return value
+    what = f"a list of {len(value)} {type(value[0]).__name__}" if isinstance(value, (list, tuple)) and value \
+        else f"a {type(value).__name__}"
+    raise InputError(f"{name} must be a float tensor (B, 3, H, W) (or a NumPy array); got {what} — ask the "
+                     "processor for return_tensors='pt', or torch.stack the images into one batch")
+
+
+def to_model_dtype(images: Tensor, dtype: torch.dtype) -> Tensor:
+    """Floating images in the model's dtype, as Hugging Face pipelines cast them (float64 → float32, ...).
+
+    The explanation is then that of the cast images, exactly.
+    """
+    return images if images.dtype == dtype else images.to(dtype)
+
+
+__all__ = ["token_ids", "attention_mask", "pixel_values", "to_model_dtype"]

@@ -1,0 +1,107 @@
+"""What ``target=`` accepts, checked before any work is done.
+
+A target names the class (or, for CLIP, the prompt / image) each sample is
+explained for. Only integers are class ids: Python ints, NumPy integer
+scalars and integer arrays, integer tensors. Floats are refused rather than
+truncated (``0.7`` is not class 0), bools rather than read as 0 / 1, and an
+id outside ``0 … C−1`` is an :class:`~lrp_core.errors.InputError` whatever
+its size (``10**20`` included), never an ``OverflowError``.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .errors import InputError
+from .methods import ConceptTarget, Contrast
+
+Target = Union[None, int, Sequence[int], Tensor, np.ndarray, ConceptTarget, Contrast]
+
+#: the accepted forms, for error messages
+ACCEPTED = ("target must be None (the predicted class), an integer class id (a Python int or a NumPy integer), "
+            "a sequence / 1-D NumPy array / integer tensor of one class id per sample, Contrast(positive, negative), "
+            "or — for method='cdam' — a ConceptTarget")
+
+_INTEGERS = "targets are integer class ids: a float is not rounded, a bool is not a class"
+
+#: ``resolve(logits (B, C), rows=None) -> (B,)`` long targets; ``rows`` picks the samples of a piece
+Resolver = Callable[..., Tensor]
+
+
+def _is_int(x: Any) -> bool:
+    """A Python / NumPy integer (bools excluded) or a 0-dim integer tensor / array."""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    if isinstance(x, numbers.Integral):  # int and every NumPy integer type
+        return True
+    if isinstance(x, (Tensor, np.ndarray)) and x.ndim == 0:
+        return _integer_dtype(x)
+    return False
+
+
+def _integer_dtype(x: Union[Tensor, np.ndarray]) -> bool:
+    if isinstance(x, Tensor):
+        return not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+    return x.dtype.kind in "iu"
+
+
+def _kind(x: Any) -> str:
+    """How to name ``x`` in an error: its type, and its dtype where it has one."""
+    dtype = getattr(x, "dtype", None)
+    return f"{type(x).__name__} of dtype {dtype}" if dtype is not None else type(x).__name__
+
+
+def class_ids(target: Any, batch: int) -> list[int]:
+    """``target`` (not ``None``) as ``batch`` Python ints, or :class:`InputError` naming the accepted forms.
+
+    A single id, a one-element tensor or a one-element array applies to every sample.
+    """
+    if _is_int(target):
+        return [int(target)] * batch
+    if isinstance(target, (Tensor, np.ndarray)):
+        if not _integer_dtype(target):
+            raise InputError(f"{ACCEPTED}; got a {_kind(target)} — {_INTEGERS}")
+        if target.ndim > 1:
+            raise InputError(f"{ACCEPTED}; got a {type(target).__name__} of shape {tuple(target.shape)} — "
+                             f"one class per sample needs shape ({batch},)")
+        ids = [int(v) for v in target.reshape(-1).tolist()]
+        if len(ids) == 1:
+            ids = ids * batch
+    elif isinstance(target, (list, tuple, range)):
+        bad = [v for v in target if not _is_int(v)]
+        if bad:
+            raise InputError(f"{ACCEPTED}; got a {type(target).__name__} holding {_kind(bad[0])} ({bad[0]!r}) — "
+                             f"{_INTEGERS}")
+        ids = [int(v) for v in target]
+    else:
+        raise InputError(f"{ACCEPTED}; got {_kind(target)}")
+    if len(ids) != batch:
+        raise InputError(f"target has {len(ids)} class ids for a batch of {batch} (one per sample, or a single "
+                         "int for all)")
+    return ids
+
+
+def resolver(target: Any, batch: int, num_classes: int) -> Resolver:
+    """Validate ``target`` now; return a function that turns the logits (B, C) into targets (B,).
+
+    ``None``: the argmax of each sample's logits, read when the logits exist.
+    """
+    if target is None:
+        return lambda logits, rows=None: logits.argmax(dim=-1)
+    ids = class_ids(target, batch)
+    bad = list(dict.fromkeys(v for v in ids if not 0 <= v < num_classes))  # Python ints: no overflow
+    if bad:
+        raise InputError(f"target {bad} out of range: the model has {num_classes} classes (0 … {num_classes - 1})")
+    t = torch.tensor(ids, dtype=torch.long)
+
+    def resolve(logits: Tensor, rows: Optional[Tensor] = None) -> Tensor:
+        on = t.to(logits.device)
+        return on if rows is None else on[rows.to(logits.device)]
+    return resolve
+
+
+__all__ = ["ACCEPTED", "Target", "class_ids", "resolver"]
