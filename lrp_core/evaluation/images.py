@@ -6,11 +6,16 @@ explaining the predicted class) and, when given, a two-object set (class
 sensitivity: explain each of the two classes; with ``removed`` scenes also the
 deletion check, :func:`lrp_core.metrics.deletion_agreement`). :func:`image_maps` explains
 images in batches; the reference row ``random`` uses seeded random maps.
+
+The work is done in blocks of one batch (:func:`image_protocol`, :mod:`.shards`):
+each block yields per-image values (correctness under perturbation,
+segmentation counts, own-mask shares, deletion cases, token scores), and the
+summaries are computed from all blocks' values, concatenated in order.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -341,11 +346,10 @@ def _deletion(dels: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, l
         values: ``deletion_order_per_case``, ``deletion_distraction_per_case``,
         ``deletion_shares`` (2 N2, 2) and ``deletion_drops`` (2 N2, 2).
     """
-    def both(get: Callable[[dict[str, Any], int], np.ndarray]) -> np.ndarray:
-        return np.concatenate([get(x, j) for j in (0, 1) for x in dels])
-
-    cases = {k: both(lambda x, j, k=k: x["cases"][j][k]) for k in ("shares", "order", "distraction")}
-    d = both(lambda x, j: x["drops"][j])
+    order = [(x, j) for j in (0, 1) for x in dels]   # class j of every block's scenes
+    cases = {k: np.concatenate([x["cases"][j][k] for x, j in order])
+             for k in ("shares", "order", "distraction")}
+    d = np.concatenate([x["drops"][j] for x, j in order])
     ok = ~np.isnan(cases["shares"]).any(1)
     corr = (M.pearson(cases["shares"][ok].reshape(-1), d[ok].reshape(-1)) if ok.sum() >= 1
             else math.nan)
