@@ -12,6 +12,17 @@ facts (curves, n, seed, clean accuracy, seconds, command) to
 ``<out>.meta.json`` and, for image models, a plot of the perturbation curves
 next to it (``perturbation_<model>.png``).
 
+On several processes (CPU cores, GPUs: one process per GPU)::
+
+    torchrun --nproc_per_node 4 -m lrp_core.evaluate --model toy-vit --methods all \
+        --samples 500 --device cuda --out results/toy-vit.json
+
+writes the same files as one process (:mod:`.shards`: blocks of one batch,
+spread over the ranks, gathered on rank 0); ``--resume`` continues a run that
+was interrupted, from the finished blocks in ``<out>.partial/``. (Under
+torchrun, write ``--samples`` or ``-n`` for ``--n``: torchrun's own parser takes
+``--n`` for an abbreviation of its options.)
+
 From a notebook::
 
     from lrp_core.evaluation import evaluate
@@ -36,8 +47,9 @@ Text models (``kind == "text"``, :mod:`.text`)
 :mod:`lrp_core.data.folders` (:func:`load_data_folder`) and in ``--help``.
 
 Modules: :mod:`.images` and :mod:`.text` (the protocols), :mod:`.batching`
-(the engine calls they share), :mod:`.report` (tables, plots, JSON),
-:mod:`.run` (one whole run), ``__main__`` (the command line).
+(the engine calls they share), :mod:`.shards` (blocks, processes,
+checkpoints), :mod:`.report` (tables, plots, JSON), :mod:`.run` (one whole
+run), ``__main__`` (the command line).
 """
 from ..data import SCENE_SEED, ImageSet, TextRecord, TextSet, load_data_folder, scene_sets
 from .batching import TAM_BATCH

@@ -1,8 +1,14 @@
-"""The command line: ``python -m lrp_core.evaluate`` (or ``python -m lrp_core.evaluation``)."""
+"""The command line: ``python -m lrp_core.evaluate`` (or ``python -m lrp_core.evaluation``).
+
+Under ``torchrun --nproc_per_node N -m lrp_core.evaluate ...`` the processes
+share the samples (:mod:`.shards`); rank 0 prints and writes the same files as
+a one-process run would (only ``seconds`` and ``processes`` of the meta differ).
+"""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
@@ -10,6 +16,7 @@ import torch
 from ..data import folders
 from ..data.sets import SCENE_SEED
 from ..errors import LRPError
+from . import shards
 from .report import format_table, write_run
 from .run import evaluate
 from .text import text_metric_names
@@ -29,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="toy-vit", help="a name lrp_core.models.load accepts")
     p.add_argument("--methods", default="all", help="'all' or a comma list")
-    p.add_argument("--n", type=int, default=500, help="number of images / documents")
+    # --samples / -n: under torchrun, whose parser reads --n as an abbreviation of its own options
+    p.add_argument("--n", "--samples", "-n", dest="n", type=int, default=500,
+                   help="number of images / documents (under torchrun: --samples or -n)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=SCENE_SEED, help="scene seed (toy-vit)")
     p.add_argument("--data", default=None, help="your own data folder (layouts above)")
@@ -44,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device of the model (e.g. cuda)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (1 is fastest on a busy machine)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from the finished blocks in <out>.partial/")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="torch.distributed backend under torchrun (auto: nccl on CUDA, else gloo)")
+    # developer option (tests of --resume): each process stops after K new blocks, exit status 3
+    p.add_argument("--stop-after-blocks", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -55,15 +70,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if a.threads < 1:
             p.error("--threads must be >= 1")
         torch.set_num_threads(a.threads)
+    if a.resume and not a.out:
+        p.error("--resume needs --out (the finished blocks are kept in <out>.partial/)")
     try:
+        shard, device = shards.from_environment(a.device, a.backend)
+        shard.folder = Path(str(a.out) + ".partial") if a.out else None
+        shard.resume, shard.stop_after = a.resume, a.stop_after_blocks
         run = evaluate(a.model, a.methods, a.n, a.batch_size, a.seed, a.data, a.split,
-                       a.text_target, progress=not a.quiet, baseline=not a.no_baseline,
-                       device=a.device)
+                       a.text_target, progress=not a.quiet and shard.rank == 0,
+                       baseline=not a.no_baseline, device=device, shard=shard)
     except LRPError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if run is None:  # not rank 0: the results are rank 0's to write
+        shards.leave()
+        return 0
+    run["device"] = a.device  # as asked (rank 0 of a torchrun holds cuda:0 of "cuda")
     extra = f", clean accuracy {run['accuracy']:.3f}" if "accuracy" in run else ""
-    print(f"{run['model']} ({run['kind']}), n={run['n']}{extra}, {run['seconds']:.0f} s")
+    procs = f", {shard.world} processes" if shard.world > 1 else ""
+    print(f"{run['model']} ({run['kind']}), n={run['n']}{extra}, {run['seconds']:.0f} s{procs}")
     print(format_table(run["results"], markdown=a.markdown, columns=_columns(run["kind"])))
     for s in run.get("skipped", []):
         print(f"skipped {s}")
@@ -71,6 +96,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         command = f"{PROG} " + " ".join(sys.argv[1:] if argv is None else list(argv))
         for path in write_run(run, a.out, command):
             print(f"wrote {path}")
+        shard.finish()
+    shards.leave()
     return 0
 
 

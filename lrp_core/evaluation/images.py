@@ -6,6 +6,11 @@ explaining the predicted class) and, when given, a two-object set (class
 sensitivity: explain each of the two classes; with ``removed`` scenes also the
 deletion check, :func:`lrp_core.metrics.deletion_agreement`). :func:`image_maps` explains
 images in batches; the reference row ``random`` uses seeded random maps.
+
+The work is done in blocks of one batch (:func:`image_protocol`, :mod:`.shards`):
+each block yields per-image values (correctness under perturbation,
+segmentation counts, own-mask shares, deletion cases, token scores), and the
+summaries are computed from all blocks' values, concatenated in order.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from ..data.sets import ImageSet
 from ..utils import logits_of, model_device, progress_bar
 from . import batching
 from .report import Results, metric_value
+from .shards import Shard, block_spans
 
 IMAGE_METRICS: tuple[str, ...] = (
     "perturbation_positive_auc_predicted", "perturbation_negative_auc_predicted",
@@ -103,7 +109,7 @@ def predict(model: Any, images: Tensor, batch_size: int = 64) -> Tensor:
 
 
 # --------------------------------------------------------------------------
-# the protocol
+# the protocol: per-image values block by block, then the summaries
 # --------------------------------------------------------------------------
 def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Sequence[str],
                     batch_size: int = 32, progress: bool = True, baseline: bool = False,
@@ -126,124 +132,240 @@ def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods:
         for tests ``positive_predicted``, ``negative_predicted``, ``positive_target``,
         ``negative_target``.
     """
-    pred = predict(model, one.images, batch_size)
-    truth = one.labels[:, 0] if one.labels is not None else None
-    reference = truth if truth is not None else pred
-    if drops is None and _has_pairs(two) and two.removed is not None:
-        drops = M.deletion_drops(model, two.images, two.removed, two.labels, max(batch_size, 64))
+    out = image_protocol(model, one, two, methods, batch_size, progress, baseline, drops)
+    assert out is not None  # one process holds every block
+    return out[0], out[1]
+
+
+def image_protocol(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Sequence[str],
+                   batch_size: int = 32, progress: bool = True, baseline: bool = False,
+                   drops: Optional[Tensor] = None, shard: Optional[Shard] = None,
+                   ) -> Optional[tuple[Results, Curves, Tensor]]:
+    """:func:`evaluate_images` in blocks of ``batch_size`` images, spread over ``shard``'s ranks.
+
+    Every model call sees the images of one block only (:mod:`.shards`), so
+    the per-image values do not depend on the number of processes.
+
+    Returns:
+        On rank 0: results, curves and the (N,) predicted classes of ``one``;
+        ``None`` on the other ranks.
+    """
+    shard = shard or Shard()
+    n_two = len(two) if _has_pairs(two) else 0
+    spans = _spans(len(one), n_two, batch_size)
+    draws = RandomDraws(len(one), n_two)
+
+    def block(b: int) -> dict[str, Any]:
+        return _image_block(model, one, two if n_two else None, methods, spans[b], batch_size,
+                            baseline, drops, draws)
+
+    blocks = shard.map(len(spans), block, progress, desc="image blocks")
+    if blocks is None:
+        return None
+    names = [*methods, "random"] if baseline else list(methods)
     results: Results = {}
     curves: Curves = {}
-    cache: dict[str, Tensor] = {}  # token scores (N, T) per method: TAM for CDAM, grid for random
-    bar = progress_bar(batching.method_order(methods), progress, desc="methods")
-    for method in bar:
-        if progress and hasattr(bar, "set_postfix_str"):
-            bar.set_postfix_str(method)
-        maps, scores, targets = image_maps(model, one.images, method, None, batch_size, progress)
+    for m in names:
+        res, cur = _summarise([b["values"][m] for b in blocks], with_cdam=m == "cdam")
+        results[m] = {k: metric_value(v) for k, v in res.items()}
+        curves[m] = cur
+    return results, curves, torch.cat([b["pred"] for b in blocks])
+
+
+Span = tuple[int, int]
+
+
+def _spans(n_one: int, n_two: int, size: int) -> list[tuple[Span, Span]]:
+    """Per block: its ``[start, stop)`` in the one-object and in the two-object set.
+
+    Block b covers the same indices of both sets; the last block takes any
+    two-object scenes beyond the one-object set.
+    """
+    one = block_spans(n_one, size)
+    two = [(min(s, n_two), min(e, n_two)) for s, e in one]
+    if two and n_two > n_one:
+        two[-1] = (two[-1][0], n_two)
+    return list(zip(one, two))
+
+
+def _rows(data: ImageSet, s: int, e: int) -> ImageSet:
+    """Images ``s:e`` of ``data`` (views, no copies)."""
+    cut = lambda t: None if t is None else t[s:e]  # noqa: E731
+    return ImageSet(data.images[s:e], cut(data.labels), data.masks[s:e], cut(data.removed))
+
+
+def _image_block(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Sequence[str],
+                 spans: tuple[Span, Span], batch_size: int, baseline: bool,
+                 drops: Optional[Tensor], draws: "RandomDraws") -> dict[str, Any]:
+    """Every model call of one block, and the per-image values they give.
+
+    Returns:
+        ``pred`` (b,) predicted classes and ``values[method]`` (see :func:`_map_values`,
+        plus ``cdam``: token scores of CDAM and token ablation).
+    """
+    (s, e), (s2, e2) = spans
+    o = _rows(one, s, e)
+    t = _rows(two, s2, e2) if two is not None and e2 > s2 else None
+    pred = predict(model, o.images, batch_size)
+    truth = o.labels[:, 0] if o.labels is not None else None
+    reference = truth if truth is not None else pred
+    d = drops[s2:e2] if drops is not None else None
+    if d is None and t is not None and t.removed is not None:
+        d = M.deletion_drops(model, t.images, t.removed, t.labels, max(batch_size, 64))
+    values: dict[str, dict[str, Any]] = {}
+    cache: dict[str, Tensor] = {}  # token scores (b, T) per method: TAM for CDAM, grid for random
+    for method in batching.method_order(methods):
+        maps, scores, targets = image_maps(model, o.images, method, None, batch_size)
         cache[method] = scores
         variants = {"predicted": maps}
         if truth is not None:
-            variants["target"] = _maps_for(model, one.images, method, truth, maps, targets,
+            variants["target"] = _maps_for(model, o.images, method, truth, maps, targets,
                                            batch_size)
-        pair = _pair_maps(model, two, method, batch_size)
-        res, cur = _score_maps(model, one, two, variants, pair, reference, batch_size, drops)
+        pair = _pair_maps(model, t, method, batch_size)
+        values[method] = _map_values(model, o, t, variants, pair, reference, batch_size, d)
         if method == "cdam":
-            res.update(_cdam_stats(model, one.images, scores, targets, cache, batch_size))
-        results[method] = {k: metric_value(v) for k, v in res.items()}
-        curves[method] = cur
+            values[method]["cdam"] = _cdam_scores(model, o.images, scores, targets, cache,
+                                                  batch_size)
     if baseline:
-        variants, pair = random_maps(one, two, cache, truth is not None, seed=0)
-        res, cur = _score_maps(model, one, two, variants, pair, reference, batch_size, drops)
-        results["random"] = {k: metric_value(v) for k, v in res.items()}
-        curves["random"] = cur
-        methods = [*methods, "random"]
-    order = [m for m in methods if m in results]
-    return {m: results[m] for m in order}, {m: curves[m] for m in order}
+        variants, pair = draws.maps(cache, tuple(o.images.shape[-2:]), (s, e),
+                                    (s2, e2) if t is not None else None, truth is not None)
+        values["random"] = _map_values(model, o, t, variants, pair, reference, batch_size, d)
+    return {"pred": pred, "values": values}
 
 
-def _cdam_stats(model: Any, images: Tensor, scores: Tensor, targets: Tensor,
-                cache: dict[str, Tensor], batch_size: int) -> dict[str, float]:
-    """CDAM's sparsity and its correlation with token ablation, on scores (N, T).
+def _cdam_scores(model: Any, images: Tensor, scores: Tensor, targets: Tensor,
+                 cache: dict[str, Tensor], batch_size: int) -> dict[str, Tensor]:
+    """CDAM's token scores (b, T) and token ablation's for the same ``targets`` (b,).
 
-    Token ablation's scores come from ``cache`` when that method ran already
-    (:func:`batching.method_order` puts it first); else they are computed for
-    the same ``targets`` (N,) and cached.
+    Token ablation's come from ``cache`` when that method ran already
+    (:func:`batching.method_order` puts it first); else they are computed and cached.
     """
     tam = cache.get("token_ablation")
     if tam is None:
         tam = image_maps(model, images, "token_ablation", targets, batch_size)[1]
         cache["token_ablation"] = tam
-    return {"cdam_sparsity": M.sparsity(scores),
-            "tam_correlation": M.pooled_correlation(scores, tam)}
+    return {"scores": scores, "tam": tam}
 
 
-def _score_maps(model: Any, one: ImageSet, two: Optional[ImageSet], variants: dict[str, Tensor],
+def _map_values(model: Any, one: ImageSet, two: Optional[ImageSet], variants: dict[str, Tensor],
                 pair: Optional[MapPair], reference: Tensor, batch_size: int,
-                drops: Optional[Tensor] = None,
-                ) -> tuple[dict[str, Optional[float]], dict[str, list]]:
-    """Perturbation, segmentation, class-sensitivity and deletion metrics of given maps.
+                drops: Optional[Tensor] = None) -> dict[str, Any]:
+    """The per-image values behind every metric of given maps (one block).
 
     Args:
-        variants: ``predicted`` (and ``target``) maps (N, H, W) of the one-object set.
-        pair: maps (N2, H, W) of the two-object set for its first and second class.
-        reference: (N,) labels the perturbation accuracy is measured against.
-        drops: (N2, 2, 2) logit drops (class j, object k removed), or ``None``.
+        variants: ``predicted`` (and ``target``) maps (b, H, W) of the one-object images.
+        pair: maps (b2, H, W) of the two-object scenes for their first and second class.
+        reference: (b,) labels the perturbation accuracy is measured against.
+        drops: (b2, 2, 2) logit drops (class j, object k removed), or ``None``.
+
+    Returns:
+        ``correct[f"{sign}_{which}"]``: (1 + P, b) bool correctness of the
+        perturbation tests; ``seg``: :func:`lrp_core.metrics.segmentation_per_image`;
+        with a pair, ``pair``: own-mask shares ``share_a``, ``share_b`` (b2,)
+        and map correlations ``r`` (b2,); with drops also ``deletion``:
+        :func:`lrp_core.metrics.deletion_cases` and the drops (b2, 2), per class j.
     """
-    res: dict[str, Optional[float]] = {k: None for k in IMAGE_METRICS}
-    cur: dict[str, list] = {}
+    out: dict[str, Any] = {"correct": {}}
     for sign in ("positive", "negative"):
         correct = _perturbation_correct(model, one.images, variants, reference,
                                         sign == "negative", max(batch_size, 64))
         for which, c in correct.items():
-            acc = c.mean(axis=1)
-            cur[f"{sign}_{which}"] = acc.tolist()
-            res[f"perturbation_{sign}_auc_{which}"] = M.perturbation_auc(acc)
-            # the AUC is linear in the curve: it is the mean of these per-image AUCs
-            cur[f"{sign}_{which}_auc_per_image"] = [
-                round(M.perturbation_auc(col), 2) for col in c.T.astype(np.float64)]
+            out["correct"][f"{sign}_{which}"] = c
+    out["seg"] = M.segmentation_per_image(variants["predicted"], one.masks[:, 0])
+    if pair is not None and two is not None:
+        a = pair[0].reshape(len(pair[0]), -1).numpy()
+        b = pair[1].reshape(len(pair[1]), -1).numpy()
+        out["pair"] = {"share_a": M.own_mask_share(pair[0], two.masks[:, 0]),
+                       "share_b": M.own_mask_share(pair[1], two.masks[:, 1]),
+                       "r": np.array([M.pearson(x, y) for x, y in zip(a, b)], dtype=np.float64)}
+        if drops is not None:
+            own = [torch.full((len(pair[j]),), j, dtype=torch.long) for j in (0, 1)]
+            d = [drops[:, j].to(torch.float64) for j in (0, 1)]
+            out["deletion"] = {"cases": [M.deletion_cases(pair[j], two.masks, d[j], own[j])
+                                         for j in (0, 1)],
+                               "drops": [x.numpy() for x in d]}
+    return out
+
+
+def _summarise(vals: list[dict[str, Any]], with_cdam: bool = False,
+               ) -> tuple[dict[str, Optional[float]], dict[str, list]]:
+    """One method's metrics and curves from its per-image values of every block, in block order.
+
+    Each summary is computed from the concatenated values exactly as over the
+    whole set at once (pooled counts pooled, means over all images).
+    """
+    res: dict[str, Optional[float]] = {k: None for k in IMAGE_METRICS}
+    cur: dict[str, list] = {}
+    for test in vals[0]["correct"]:
+        c = np.concatenate([v["correct"][test] for v in vals], axis=1)   # (1 + P, N)
+        sign, which = test.split("_")
+        acc = c.mean(axis=1)
+        cur[test] = acc.tolist()
+        res[f"perturbation_{sign}_auc_{which}"] = M.perturbation_auc(acc)
+        # the AUC is linear in the curve: it is the mean of these per-image AUCs
+        cur[f"{test}_auc_per_image"] = [
+            round(M.perturbation_auc(col), 2) for col in c.T.astype(np.float64)]
     # per image, for the bootstrap: pixel accuracy and AP average to the results; the IoUs
     # are pooled, so their counts (fg ∩, fg ∪, bg ∩, bg ∪) are kept (M.pooled_miou)
-    per = M.segmentation_per_image(variants["predicted"], one.masks[:, 0])
+    per = {k: np.concatenate([v["seg"][k] for v in vals])
+           for k in ("pixel_accuracy", "iou_counts", "ap")}
+    per["pixels"] = vals[0]["seg"]["pixels"]
     seg = M.segmentation_summary(per)
     res.update(pixel_accuracy=seg["pixel_accuracy"], miou=seg["miou"], map=seg["map"])
     cur["segmentation_pixel_accuracy_per_image"] = per["pixel_accuracy"].tolist()
     cur["segmentation_iou_counts_per_image"] = per["iou_counts"].tolist()
     cur["segmentation_ap_per_image"] = [None if math.isnan(a) else float(a) for a in per["ap"]]
-    if pair is not None and two is not None:
-        res["class_sensitivity"] = M.class_sensitivity(pair[0], pair[1], two.masks[:, 0],
-                                                       two.masks[:, 1])
-        res["class_map_correlation"] = M.class_map_correlation(pair[0], pair[1])
-        if drops is not None:
-            dres, dcur = _deletion(pair, two.masks, drops)
+    pairs = [v["pair"] for v in vals if "pair" in v]
+    if pairs:
+        # M.class_sensitivity: the shares for class a of every scene, then those for class b
+        shares = np.concatenate([p["share_a"] for p in pairs] + [p["share_b"] for p in pairs])
+        res["class_sensitivity"] = _nanmean(shares)
+        res["class_map_correlation"] = _nanmean(np.concatenate([p["r"] for p in pairs]))
+        dels = [v["deletion"] for v in vals if "deletion" in v]
+        if dels:
+            dres, dcur = _deletion(dels)
             res.update(dres)
             cur.update(dcur)
+    if with_cdam:
+        scores = torch.cat([v["cdam"]["scores"] for v in vals])
+        tam = torch.cat([v["cdam"]["tam"] for v in vals])
+        res.update(cdam_sparsity=M.sparsity(scores),
+                   tam_correlation=M.pooled_correlation(scores, tam))
     return res, cur
 
 
-def _deletion(pair: MapPair, masks: Tensor, drops: Tensor,
-              ) -> tuple[dict[str, float], dict[str, list]]:
-    """The deletion check on both classes of every two-object scene.
+def _deletion(dels: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, list]]:
+    """The deletion check on both classes of every two-object scene, from the blocks' cases.
 
-    Args:
-        pair: maps (N2, H, W) explaining the class of object 0 and of object 1.
-        masks: (N2, 2, H, W) object masks; drops: (N2, 2, 2) (class j, object k removed).
+    The cases are ordered as in :func:`lrp_core.metrics.deletion_agreement` over
+    the whole set: the class of object 0 for every scene, then that of object 1
+    (2 N2 cases).
 
     Returns:
         the three ``deletion_*`` metrics and, for the bootstrap, the per-case
-        values (2 N2 cases: class of object 0 for every scene, then object 1):
-        ``deletion_order_per_case``, ``deletion_distraction_per_case``,
+        values: ``deletion_order_per_case``, ``deletion_distraction_per_case``,
         ``deletion_shares`` (2 N2, 2) and ``deletion_drops`` (2 N2, 2).
     """
-    n = len(pair[0])
-    maps = torch.cat([pair[0], pair[1]])
-    both = torch.cat([masks, masks])
-    d = torch.cat([drops[:, 0], drops[:, 1]])
-    own = torch.cat([torch.zeros(n, dtype=torch.long), torch.ones(n, dtype=torch.long)])
-    cases = M.deletion_cases(maps, both, d, own)
+    order = [(x, j) for j in (0, 1) for x in dels]   # class j of every block's scenes
+    cases = {k: np.concatenate([x["cases"][j][k] for x, j in order])
+             for k in ("shares", "order", "distraction")}
+    d = np.concatenate([x["drops"][j] for x, j in order])
+    ok = ~np.isnan(cases["shares"]).any(1)
+    corr = (M.pearson(cases["shares"][ok].reshape(-1), d[ok].reshape(-1)) if ok.sum() >= 1
+            else math.nan)
     rnd = _json_floats
     cur = {"deletion_order_per_case": rnd(cases["order"]),
            "deletion_distraction_per_case": rnd(cases["distraction"]),
-           "deletion_shares": rnd(cases["shares"]), "deletion_drops": rnd(d.numpy())}
-    return M.deletion_agreement(maps, both, d, own), cur
+           "deletion_shares": rnd(cases["shares"]), "deletion_drops": rnd(d)}
+    res = {"deletion_order": _nanmean(cases["order"]), "deletion_correlation": corr,
+           "deletion_distraction": _nanmean(cases["distraction"])}
+    return res, cur
+
+
+def _nanmean(x: np.ndarray) -> float:
+    """Mean of the defined values; NaN when there are none."""
+    x = x[~np.isnan(x)]
+    return float(x.mean()) if x.size else math.nan
 
 
 def _perturbation_correct(model: Any, images: Tensor, variants: dict[str, Tensor],
@@ -284,7 +406,7 @@ def _json_floats(a: Any) -> list:
 def random_maps(one: ImageSet, two: Optional[ImageSet], cache: dict[str, Tensor],
                 with_target: bool, seed: int = 0,
                 ) -> tuple[dict[str, Tensor], Optional[MapPair]]:
-    """Seeded uniform random patch maps (the reference row ``random``).
+    """Seeded uniform random patch maps (the reference row ``random``) for whole sets.
 
     The patch grid is taken from the methods' token scores (N, T) in ``cache``
     (square grid), else the maps are random per pixel. A random map knows no
@@ -295,23 +417,53 @@ def random_maps(one: ImageSet, two: Optional[ImageSet], cache: dict[str, Tensor]
         ``{"predicted": (N, H, W)[, "target": the same]}`` and the pair of the
         two-object set (the same (N2, H, W) draw twice) or ``None``.
     """
-    g = torch.Generator().manual_seed(seed)
-    size = tuple(one.images.shape[-2:])
-    t = next(iter(cache.values())).shape[1] if cache else 0
-    side = int(round(math.sqrt(t))) if t else 0
-    grid = (side, side) if side * side == t and t else size
-
-    def draw(n: int) -> Tensor:
-        return M.upsample_maps(torch.rand(n, *grid, generator=g), size)
-
-    variants = {"predicted": draw(len(one))}
-    if with_target:
-        variants["target"] = variants["predicted"]
-    pair = None
-    if _has_pairs(two):
-        m = draw(len(two))
-        pair = (m, m)
-    return variants, pair
+    n_two = len(two) if _has_pairs(two) else 0
+    draws = RandomDraws(len(one), n_two, seed)
+    return draws.maps(cache, tuple(one.images.shape[-2:]), (0, len(one)),
+                      (0, n_two) if n_two else None, with_target)
 
 
-__all__ = ["IMAGE_METRICS", "Curves", "image_maps", "predict", "evaluate_images", "random_maps"]
+class RandomDraws:
+    """The random maps of the reference row, drawn once for the whole run and cut into blocks.
+
+    One generator (``seed``) draws the (N, *grid) maps of the one-object set,
+    then the (N2, *grid) maps of the two-object set, so a block gets the same
+    rows whatever the blocks and processes are.
+    """
+
+    def __init__(self, n_one: int, n_two: int, seed: int = 0) -> None:
+        self.n_one, self.n_two, self.seed = n_one, n_two, seed
+        self._one: Optional[Tensor] = None
+        self._two: Optional[Tensor] = None
+
+    def _draw(self, cache: dict[str, Tensor], size: tuple[int, int]) -> None:
+        g = torch.Generator().manual_seed(self.seed)
+        t = next(iter(cache.values())).shape[1] if cache else 0
+        side = int(round(math.sqrt(t))) if t else 0
+        grid = (side, side) if side * side == t and t else size
+        self._one = torch.rand(self.n_one, *grid, generator=g)
+        self._two = torch.rand(self.n_two, *grid, generator=g) if self.n_two else None
+
+    def maps(self, cache: dict[str, Tensor], size: tuple[int, int], one: Span,
+             two: Optional[Span], with_target: bool,
+             ) -> tuple[dict[str, Tensor], Optional[MapPair]]:
+        """Maps at ``size`` of one-object images ``one`` = (start, stop) and scenes ``two``.
+
+        Returns:
+            as :func:`random_maps`, for those rows.
+        """
+        if self._one is None:
+            self._draw(cache, size)
+        assert self._one is not None
+        variants = {"predicted": M.upsample_maps(self._one[one[0]:one[1]], size)}
+        if with_target:
+            variants["target"] = variants["predicted"]
+        pair = None
+        if two is not None and self._two is not None:
+            m = M.upsample_maps(self._two[two[0]:two[1]], size)
+            pair = (m, m)
+        return variants, pair
+
+
+__all__ = ["IMAGE_METRICS", "Curves", "image_maps", "predict", "evaluate_images", "image_protocol",
+           "random_maps", "RandomDraws"]

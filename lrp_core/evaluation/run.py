@@ -1,15 +1,21 @@
-"""One whole evaluation run: load the model and its data, run the protocol of its kind."""
+"""One whole evaluation run: load the model and its data, run the protocol of its kind.
+
+A run is done in blocks of samples, possibly spread over processes (:mod:`.shards`).
+"""
 from __future__ import annotations
 
 import time
 from typing import Any, Optional, Sequence
 
+import torch
+
 from .. import METHODS
 from ..data.folders import load_data_folder
 from ..data.sets import BUILTIN_IMAGE_SETS, SCENE_SEED, ImageSet, TextSet, rationale_set
 from ..errors import InputError, UnknownMethodError
-from .images import evaluate_images, predict
-from .text import evaluate_text, text_accuracy
+from .images import image_protocol
+from .shards import Shard
+from .text import text_protocol
 
 
 def resolve_methods(spec: str | Sequence[str]) -> list[str]:
@@ -26,53 +32,74 @@ def resolve_methods(spec: str | Sequence[str]) -> list[str]:
 def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all", n: int = 500,
              batch_size: int = 32, seed: int = SCENE_SEED, data: Optional[str] = None,
              split: str = "val", text_target: str = "true", progress: bool = True,
-             baseline: bool = True, device: str = "cpu") -> dict[str, Any]:
+             baseline: bool = True, device: str = "cpu",
+             shard: Optional[Shard] = None) -> Optional[dict[str, Any]]:
     """Run the evaluation of ``model`` (a name for :func:`lrp_core.models.load` or a LoadedModel).
 
     ``baseline`` adds a reference row ``random`` (seeded uniform random maps
     / word scores). Returns a dict with ``results`` ({method: {metric:
     value}}), ``curves`` (image models: perturbation curves and per-image values; text
     models: per-document values), ``kind``, ``model``, ``n``,
-    ``accuracy`` (clean accuracy on the evaluated data), ``skipped`` and
-    ``seconds``. ``device`` is where the model runs (the data stay on the CPU
-    and move batch by batch).
+    ``accuracy`` (clean accuracy on the evaluated data), ``skipped``,
+    ``seconds`` and ``processes``. ``device`` is where the model runs (the data
+    stay on the CPU and move batch by batch).
+
+    The samples are evaluated in blocks of ``batch_size`` (text: at most 16).
+    ``shard`` (:mod:`.shards`) spreads the blocks over the processes of a
+    ``torchrun`` and keeps checkpoints; then only rank 0 gets the dict, the
+    other ranks ``None``. The per-sample values and results do not depend on
+    the number of processes.
     """
     from ..models import load  # late: the model zoo pulls in timm / transformers
     t0 = time.perf_counter()
+    shard = shard or Shard()
     names = resolve_methods(methods)
     if n < 1:
         raise InputError(f"n must be >= 1, got {n}")
+    if batch_size < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
     loaded = load(model) if isinstance(model, str) else model
     if device != "cpu":
         loaded.model.to(device)
     out: dict[str, Any] = {"model": getattr(loaded, "name", str(model)), "kind": loaded.kind,
                            "methods": names, "seed": seed, "device": str(device)}
+    config = {"model": out["model"], "kind": loaded.kind, "methods": names, "n": n,
+              "batch_size": batch_size, "seed": seed, "data": data, "split": split,
+              "text_target": text_target, "baseline": baseline,
+              "device": torch.device(device).type}  # cuda:0 and cuda:1 give the same values
     if loaded.kind == "image":
-        out.update(_image_run(loaded, out["model"], names, n, batch_size, seed, data, progress,
-                              baseline))
+        part = _image_run(loaded, out["model"], names, n, batch_size, seed, data, progress,
+                          baseline, shard, config)
     elif loaded.kind == "text":
-        out.update(_text_run(loaded, names, n, batch_size, data, split, text_target, progress,
-                             baseline))
+        part = _text_run(loaded, names, n, batch_size, data, split, text_target, progress,
+                         baseline, shard, config)
     else:
         raise InputError(f"unknown model kind {loaded.kind!r}")
+    if part is None:  # a rank other than 0: its blocks went to rank 0
+        return None
+    out.update(part)
     out["seconds"] = time.perf_counter() - t0
+    out["processes"] = shard.world
     return out
 
 
 def _image_run(loaded: Any, name: str, methods: list[str], n: int, batch_size: int, seed: int,
-               data: Optional[str], progress: bool, baseline: bool) -> dict[str, Any]:
+               data: Optional[str], progress: bool, baseline: bool, shard: Shard,
+               config: dict[str, Any]) -> Optional[dict[str, Any]]:
     """``accuracy``, ``n``, ``results``, ``curves``, ``skipped`` of an image model, in this order.
 
-    The order is that of the keys in ``<out>.meta.json``.
+    The order is that of the keys in ``<out>.meta.json``. ``None`` on ranks other than 0.
     """
     one, two = _image_sets(loaded, name, n, seed, data)
-    pred = predict(loaded.model, one.images, batch_size)
+    shard.start({**config, "samples": len(one)})
+    done = image_protocol(loaded.model, one, two, methods, batch_size, progress, baseline,
+                          shard=shard)
+    if done is None:
+        return None
+    results, curves, pred = done
     ref = one.labels[:, 0] if one.labels is not None else pred
-    out: dict[str, Any] = {"accuracy": float((pred == ref).float().mean()), "n": len(one)}
-    out["results"], out["curves"] = evaluate_images(loaded.model, one, two, methods, batch_size,
-                                                    progress, baseline)
-    out["skipped"] = []
-    return out
+    return {"accuracy": float((pred == ref).float().mean()), "n": len(one), "results": results,
+            "curves": curves, "skipped": []}
 
 
 def _image_sets(loaded: Any, name: str, n: int, seed: int, data: Optional[str],
@@ -92,27 +119,29 @@ def _image_sets(loaded: Any, name: str, n: int, seed: int, data: Optional[str],
 
 
 def _text_run(loaded: Any, methods: list[str], n: int, batch_size: int, data: Optional[str],
-              split: str, text_target: str, progress: bool, baseline: bool) -> dict[str, Any]:
+              split: str, text_target: str, progress: bool, baseline: bool, shard: Shard,
+              config: dict[str, Any]) -> Optional[dict[str, Any]]:
     """``n``, ``accuracy``, ``results``, ``curves``, ``skipped`` of a text model, in this order.
 
     The order is that of the keys in ``<out>.meta.json``; ``curves[method]`` holds
     the per-document values for the bootstrap (see :func:`evaluate_text`).
+    ``None`` on ranks other than 0.
 
     Without ``data`` every text model is scored on the shipped rationale set.
     """
     ds: TextSet = (load_data_folder(data, "text", labels=loaded.labels, split=split)
                    if data is not None else rationale_set(loaded.labels))
     ds = ds.head(n)
-    out: dict[str, Any] = {"n": len(ds),
-                           "accuracy": text_accuracy(loaded.model, loaded.tokenizer, ds)}
+    shard.start({**config, "samples": len(ds)})
     curves: dict[str, dict[str, list]] = {}
-    results, skipped = evaluate_text(
-        loaded.model, loaded.tokenizer, ds, methods, target=text_target,
-        batch_size=min(batch_size, 16), progress=progress, baseline=baseline, curves=curves)
-    out["results"] = results
-    out["curves"] = {m: curves[m] for m in results if m in curves}
-    out["skipped"] = skipped
-    return out
+    done = text_protocol(loaded.model, loaded.tokenizer, ds, methods, target=text_target,
+                         batch_size=min(batch_size, 16), progress=progress, baseline=baseline,
+                         curves=curves, shard=shard)
+    if done is None:
+        return None
+    results, skipped, accuracy = done
+    return {"n": len(ds), "accuracy": accuracy, "results": results,
+            "curves": {m: curves[m] for m in results if m in curves}, "skipped": skipped}
 
 
 __all__ = ["resolve_methods", "evaluate"]

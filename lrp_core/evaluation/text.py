@@ -20,6 +20,7 @@ from ..errors import InputError, LRPError
 from ..utils import logits_of, model_device, progress_bar
 from . import batching
 from .report import Results, metric_value
+from .shards import Shard, block_spans
 
 
 def text_metric_names(ks: Sequence[int] = M.TOP_K) -> tuple[str, ...]:
@@ -125,17 +126,23 @@ def faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
 @torch.no_grad()
 def text_accuracy(model: Any, tokenizer: Any, data: TextSet, batch_size: int = 32) -> float:
     """Share of documents whose predicted class is their label."""
+    return _hits(model, tokenizer, data.records, batch_size) / max(len(data), 1)
+
+
+@torch.no_grad()
+def _hits(model: Any, tokenizer: Any, records: Sequence[RationaleRecord], batch_size: int) -> int:
+    """Number of ``records`` whose predicted class is their label."""
     device = model_device(model)
     max_len = _max_length(tokenizer, model)
     hits = 0
-    for s in range(0, len(data), batch_size):
-        chunk = data.records[s:s + batch_size]
+    for s in range(0, len(records), batch_size):
+        chunk = records[s:s + batch_size]
         enc = tokenizer([r.text for r in chunk], padding=True, truncation=True,
                         max_length=max_len, return_tensors="pt")
         logits = logits_of(model, {"input_ids": enc["input_ids"].to(device),
                                    "attention_mask": enc["attention_mask"].to(device)})
         hits += int((logits.argmax(-1).cpu() == torch.tensor([r.label for r in chunk])).sum())
-    return hits / max(len(data), 1)
+    return hits
 
 
 def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[str],
@@ -156,47 +163,117 @@ def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
     with ``token_ablation`` (over the word-pieces of the texts, specials left
     out) when both apply.
     """
+    out = text_protocol(model, tokenizer, data, methods, ks, target, batch_size, progress,
+                        baseline, curves)
+    assert out is not None  # one process holds every block
+    return out[0], out[1]
+
+
+def text_protocol(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[str],
+                  ks: Sequence[int] = M.TOP_K, target: str = "true", batch_size: int = 16,
+                  progress: bool = True, baseline: bool = False,
+                  curves: Optional[dict[str, dict[str, list]]] = None,
+                  shard: Optional[Shard] = None,
+                  ) -> Optional[tuple[Results, list[str], Optional[float]]]:
+    """:func:`evaluate_text` in blocks of ``batch_size`` documents, spread over ``shard``'s ranks.
+
+    Every model call sees the documents of one block only (:mod:`.shards`).
+
+    Returns:
+        On rank 0: results, skipped methods and the clean accuracy (``None``
+        without a model); ``None`` on the other ranks.
+    """
+    shard = shard or Shard()
+    spans = block_spans(len(data), batch_size)
+    rnd = random_word_scores(data) if baseline else None  # one draw for the whole set
+
+    def block(b: int) -> dict[str, Any]:
+        s, e = spans[b]
+        return _text_block(model, tokenizer, data.records[s:e], methods, target, batch_size,
+                           None if rnd is None else rnd[s:e])
+
+    blocks = shard.map(len(spans), block, progress, desc="text blocks")
+    if blocks is None:
+        return None
     results: Results = {}
     skipped: list[str] = []
-    tokens: dict[str, list[np.ndarray]] = {}  # word-piece scores per method, TAM reused by CDAM
     gold = [r.rationale for r in data.records]
-    classes = _explained_classes(model, tokenizer, data, target) if model is not None else []
-    for method in progress_bar(batching.method_order(methods), progress, desc="methods"):
-        try:
-            ws, ts = text_word_scores(model, tokenizer, data.records, method, target,
-                                      batch_size, progress)
-        except LRPError as err:
-            skipped.append(f"{method}: {err}")
+    names = batching.method_order(methods) + (["random"] if baseline else [])
+    for method in names:
+        vals = [b["values"][method] for b in blocks]
+        why = [v["skipped"] for v in vals if "skipped" in v]
+        if why:
+            skipped.append(why[0])
             continue
-        tokens[method] = ts
+        ws = [w for v in vals for w in v["ws"]]
         res = _rationale_metrics(ws, gold, ks)
         if model is not None:  # scoring alone (stubbed engines in tests) has no model to ask
-            res.update(_faithfulness(model, tokenizer, data.records, ws, classes, curves, method))
+            res.update(_faithfulness(vals, curves, method))
         _f1_per_document(ws, gold, curves, method)
         if method == "cdam":
-            res.update(_cdam_stats(model, tokenizer, data, ts, tokens, target, batch_size,
-                                   skipped))
-        results[method] = {k: metric_value(v) for k, v in res.items()}
-    if baseline:
-        methods = [*methods, "random"]
-        rnd = random_word_scores(data)
-        results["random"] = _rationale_metrics(rnd, gold, ks)
+            res.update(_cdam_stats(vals, skipped))
+        results[method] = ({k: metric_value(v) for k, v in res.items()} if method != "random"
+                           else res)
+    order = [*methods, "random"] if baseline else list(methods)
+    accuracy = (sum(b["hits"] for b in blocks) / max(len(data), 1)) if model is not None else None
+    return {m: results[m] for m in order if m in results}, skipped, accuracy
+
+
+def _text_block(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
+                methods: Sequence[str], target: str, batch_size: int,
+                rnd: Optional[list[np.ndarray]]) -> dict[str, Any]:
+    """Every model call of one block of documents, and the per-document values they give.
+
+    Returns:
+        ``hits`` (documents predicted right; ``None`` without a model) and
+        ``values[method]``: ``ws`` (W,) word and ``ts`` (T_i,) word-piece scores
+        per document, ``faith`` (per-document comprehensiveness / sufficiency,
+        with a model), for ``cdam`` ``tam`` (token ablation's ``ts``) or
+        ``tam_skipped``; ``skipped`` instead when the engine rejected the method.
+        ``random`` (given ``rnd``, its word scores) gets ``ws`` and ``faith``.
+    """
+    block = TextSet(list(records))
+    classes = _explained_classes(model, tokenizer, block, target) if model is not None else []
+    out: dict[str, Any] = {"hits": None if model is None else
+                           _hits(model, tokenizer, records, batch_size), "values": {}}
+    tokens: dict[str, list[np.ndarray]] = {}  # word-piece scores per method, TAM reused by CDAM
+    for method in batching.method_order(methods):
+        try:
+            ws, ts = text_word_scores(model, tokenizer, records, method, target, batch_size)
+        except LRPError as err:
+            out["values"][method] = {"skipped": f"{method}: {err}"}
+            continue
+        tokens[method] = ts
+        v: dict[str, Any] = {"ws": ws, "ts": ts}
         if model is not None:
-            results["random"].update(_faithfulness(model, tokenizer, data.records, rnd, classes,
-                                                   curves, "random"))
-        _f1_per_document(rnd, gold, curves, "random")
-    return {m: results[m] for m in methods if m in results}, skipped
+            v["faith"] = faithfulness(model, tokenizer, records, ws, classes, per_document=True)
+        if method == "cdam":
+            try:
+                tam = tokens.get("token_ablation")
+                if tam is None:
+                    tam = text_word_scores(model, tokenizer, records, "token_ablation", target,
+                                           batch_size)[1]
+                tokens["token_ablation"] = tam
+                v["tam"] = tam
+            except LRPError as err:
+                v["tam_skipped"] = f"tam_correlation: {err}"
+        out["values"][method] = v
+    if rnd is not None:
+        v = {"ws": rnd}
+        if model is not None:
+            v["faith"] = faithfulness(model, tokenizer, records, rnd, classes, per_document=True)
+        out["values"]["random"] = v
+    return out
 
 
-def _faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
-                  ws: list[np.ndarray], classes: list[int],
-                  curves: Optional[dict[str, dict[str, list]]], method: str) -> dict[str, float]:
-    """:func:`faithfulness` (means), keeping the per-document values in ``curves`` if given."""
-    per = faithfulness(model, tokenizer, records, ws, classes, per_document=True)
+def _faithfulness(vals: list[dict[str, Any]], curves: Optional[dict[str, dict[str, list]]],
+                  method: str) -> dict[str, float]:
+    """Means of the blocks' per-document :func:`faithfulness`, kept in ``curves`` if given."""
+    per = {k: [x for v in vals for x in v["faith"][k]] for k in vals[0]["faith"]}
     if curves is not None:
         curves.setdefault(method, {}).update(
-            {f"{k}_per_document": [float(v) for v in vals] for k, vals in per.items()})
-    return {k: float(np.mean(vals)) for k, vals in per.items()}
+            {f"{k}_per_document": [float(v) for v in xs] for k, xs in per.items()})
+    return {k: float(np.mean(xs)) for k, xs in per.items()}
 
 
 def _f1_per_document(ws: list[np.ndarray], gold: list[Sequence[bool]],
@@ -223,27 +300,22 @@ def _n_classes(model: Any) -> int:
     return int(getattr(getattr(model, "config", None), "num_labels", 2))
 
 
-def _cdam_stats(model: Any, tokenizer: Any, data: TextSet, ts: list[np.ndarray],
-                tokens: dict[str, list[np.ndarray]], target: str, batch_size: int,
-                skipped: list[str]) -> dict[str, Optional[float]]:
-    """CDAM's sparsity and correlation with token ablation over word-piece scores ``ts`` (T_i,).
+def _cdam_stats(vals: list[dict[str, Any]], skipped: list[str]) -> dict[str, Optional[float]]:
+    """CDAM's sparsity and correlation with token ablation over all word-piece scores (T_i,).
 
-    Token ablation's scores come from ``tokens`` when it ran already, else are
-    computed and cached there; when the engine cannot apply it the correlation
-    is left out and the reason appended to ``skipped``.
+    When the engine could not apply token ablation the correlation is left out
+    and the reason appended to ``skipped``.
     """
+    ts = [t for v in vals for t in v["ts"]]
     out: dict[str, Optional[float]] = {
         "cdam_sparsity": float(np.mean([M.sparsity(t[None]) for t in ts]))}
-    try:
-        tam = tokens.get("token_ablation")
-        if tam is None:
-            tam = text_word_scores(model, tokenizer, data.records, "token_ablation",
-                                   target, batch_size)[1]
-        tokens["token_ablation"] = tam
-        out["tam_correlation"] = M.pooled_correlation(
-            torch.as_tensor(np.concatenate(ts)), torch.as_tensor(np.concatenate(tam)))
-    except LRPError as err:
-        skipped.append(f"tam_correlation: {err}")
+    why = [v["tam_skipped"] for v in vals if "tam_skipped" in v]
+    if why:
+        skipped.append(why[0])
+        return out
+    tam = [t for v in vals for t in v["tam"]]
+    out["tam_correlation"] = M.pooled_correlation(
+        torch.as_tensor(np.concatenate(ts)), torch.as_tensor(np.concatenate(tam)))
     return out
 
 
@@ -260,4 +332,4 @@ def _rationale_metrics(ws: list[np.ndarray], gold: list[Sequence[bool]], ks: Seq
 
 __all__ = ["text_metric_names", "text_word_scores", "random_word_scores", "text_accuracy",
            "class_probabilities", "faithfulness",
-           "evaluate_text"]
+           "evaluate_text", "text_protocol"]
