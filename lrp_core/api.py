@@ -14,6 +14,7 @@ from .composites import TRANSFORMER_ATTRIBUTION
 from .errors import InputError
 from .explanation import Conservation, Explanation
 from .methods import Call, ConceptTarget, Contrast, MethodResult, one_hot
+from .precision import compute_precision  # [half]
 from .utils import progress_bar
 
 #: Every method ``explain`` knows, in the order the course introduces them.
@@ -342,7 +343,8 @@ def model_guard(model: nn.Module) -> Iterator[None]:
     cfg = getattr(model, "config", None)
     attn_impl = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
     try:
-        yield
+        with compute_precision(model):  # [half] fp16/bf16 models, autocast: computed in float32 (lrp_core.precision)
+            yield
     finally:
         for m, t, f, (fh, fph, bh) in zip(modules, training, flags, hooks):
             if m.training != t:
