@@ -27,7 +27,6 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
 
 #: the dtypes computed in float32 instead
 HALF = (torch.float16, torch.bfloat16)
@@ -115,7 +114,7 @@ class Float32Mode(TorchFunctionMode):
             # a write into a half tensor would round the float32 result back to 8 or 11 bits
             raise RuntimeError(f"lrp_core.precision: in-place {name} on a {args[0].dtype} tensor inside a "
                                "float32 pass (an engine bug: build the tensor in float32)")
-        return func(*tree_map(_convert, args), **tree_map(_convert, kwargs))
+        return func(*_convert(args), **{k: _convert(v) for k, v in kwargs.items()})
 
 
 def _writes_in_place(name: str, kwargs: dict) -> bool:
@@ -128,9 +127,14 @@ def _is_half(t: Any) -> bool:
 
 
 def _convert(v: Any) -> Any:
+    """A half tensor upcast, a half dtype replaced by float32, inside lists and tuples too; anything else as is."""
+    if isinstance(v, Tensor):
+        return _upcast(v) if v.dtype in HALF else v
     if isinstance(v, torch.dtype):
         return torch.float32 if v in HALF else v
-    return _upcast(v) if _is_half(v) else v
+    if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):  # not a named tuple (torch.Size is a tuple)
+        return type(v)(_convert(x) for x in v)
+    return v
 
 
 def _upcast(t: Tensor) -> Tensor:
