@@ -1,7 +1,7 @@
 """Half-precision models explained in float32, without copying or changing the model.
 
 Relevance passes divide by sums of products that nearly cancel (``docs/METHODS.md`` §1): in float16 or
-bfloat16 (8 significant bits) the ratios lose every digit, so a map computed in the model's own half
+bfloat16 (11 or 8 significant bits) the ratios lose every digit, so a map computed in the model's own half
 precision is wrong — silently: zeros, NaN, or a map far from the float32 one (issue #25). The engine
 therefore computes every pass of a half-precision model (and of any model under ``torch.autocast``) in
 float32:
@@ -15,11 +15,13 @@ float32:
   pass), that is a float32 copy of the model by the end of the forward; instead it keeps a reference to
   the half parameter and upcasts it again when the backward pass needs it.
 
-The result is the float32 result of the same weights: what ``model.float()`` would give, up to the order of
-float32 round-off. Float32 and float64 models never enter the mode (their arithmetic is unchanged).
+The result is the float32 result of the same weights: what ``model.float()`` would give (bitwise on CPU).
+Float32 and float64 models never enter the mode (their arithmetic is unchanged). Tolerances, and the errors
+before and after: ``docs/METHODS.md`` §5.9.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import ExitStack, contextmanager
 from typing import Any, Callable, Iterator
@@ -90,11 +92,10 @@ def compute_precision(model: nn.Module) -> Iterator[None]:
 
 def in_float32(method: Callable) -> Callable:
     """Decorator for a method ``f(call)``: run it under :func:`compute_precision` of the call's model."""
+    @functools.wraps(method)
     def run(c, *args, **kwargs):
         with compute_precision(c.adapter.model):
             return method(c, *args, **kwargs)
-    run.__name__, run.__qualname__, run.__doc__ = method.__name__, method.__qualname__, method.__doc__
-    run.__wrapped__ = method
     return run
 
 
