@@ -15,6 +15,7 @@ from .errors import InputError
 from .explanation import Conservation, Explanation
 from .guard import autograd_on, inference_model_named, model_guard, normal_tensors, warn_unreflected_hooks
 from .methods import Call, ConceptTarget, Contrast, MethodResult, one_hot
+from .precision import compute_precision
 from .targets import Target
 from .targets import resolver as _target_resolver
 from .utils import progress_bar
@@ -42,7 +43,8 @@ def _robust(fn: F) -> F:
             return fn(model, inputs, *args, **kwargs)  # get_adapter names what is supported
         model = unwrap(model)
         with autograd_on(), inference_model_named(model):
-            with model_guard(model) as seen:
+            # compute_precision: fp16 / bf16 models and autocast are computed in float32 (lrp_core.precision)
+            with model_guard(model) as seen, compute_precision(model):
                 out = fn(model, normal_tensors(inputs), *args, **kwargs)
         warn_unreflected_hooks(seen, stacklevel=3)
         return out

@@ -30,6 +30,11 @@ Honest limits, on purpose:
   The ``runs`` field of ``--json`` records how many runs each number is the
   best of.
 
+``--dtype bfloat16`` (or ``float16``) builds every model in that dtype (the weights are made in it, never
+held in float32, so the peak RSS is the half model's): the memory row of issue #25 for a half-precision model
+explained in float32 (``lrp_core.precision``), e.g.
+``python -m lrp_core.bench --models bert-base --batches 1 --lengths 128 --dtype bfloat16``.
+
 ``--quick`` is the short run: deit tiny and small at batch 1 and 16, all in
 this process (no subprocesses, so no memory columns). ``--json PATH`` saves the
 rows (rewritten after every row, so an interrupted run keeps what it measured),
@@ -70,6 +75,8 @@ QUICK_BATCHES = (1, 16)
 ABLATION_MAX = 256
 #: Seconds: a call slower than this gets fewer timed runs (see the module docstring).
 BUDGET_S = 20.0
+#: The dtypes ``--dtype`` builds models in.
+DTYPES = ("float32", "bfloat16", "float16")
 #: The worker's stdout line that carries its result (JSON after the tag).
 RESULT_TAG = "BENCH_RESULT "
 
@@ -87,6 +94,7 @@ class Case:
     model: str
     batch: int
     tokens: int
+    dtype: str = "float32"  # the dtype the model's weights are built in
 
     @property
     def text(self) -> bool:
@@ -153,10 +161,22 @@ def make_inputs(model: nn.Module, case: Case, seed: int = 0) -> Inputs:
 
 
 def prepare(case: Case, seed: int = 0) -> tuple[nn.Module, Inputs]:
-    """The model (torch seeded with ``seed`` first) and the inputs of ``case``."""
+    """The model (torch seeded with ``seed`` first, built in ``case.dtype``) and the inputs of ``case``."""
     torch.manual_seed(seed)
-    model = build_model(case.model)
-    return model, make_inputs(model, case, seed)
+    model = build_in(case.model, getattr(torch, case.dtype))
+    inputs = make_inputs(model, case, seed)
+    return model, (inputs.to(getattr(torch, case.dtype)) if isinstance(inputs, Tensor) else inputs)
+
+
+def build_in(name: str, dtype: torch.dtype) -> nn.Module:
+    """:func:`build_model` with its weights made in ``dtype`` (the default dtype while it is built): a half
+    model never exists in float32, so the process's peak RSS is that of the half model."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return build_model(name).to(dtype)  # .to: buffers built with an explicit float32 dtype
+    finally:
+        torch.set_default_dtype(old)
 
 
 # ----------------------------------------------------------------------------------------------- measuring
@@ -229,7 +249,7 @@ def worker(job: dict) -> dict:
     settings = Settings(**{k: job[k] for k in Settings.__dataclass_fields__ if k in job})
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    case = Case(job["model"], job["batch"], job["tokens"])
+    case = Case(job["model"], job["batch"], job["tokens"], job.get("dtype", "float32"))
     model, inputs = prepare(case, settings.seed)
     out = measure(model, inputs, job["method"], settings)
     out["threads"] = torch.get_num_threads()
@@ -272,15 +292,15 @@ class InProcess:
 
 
 def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
-               lengths: Sequence[int] = LENGTHS) -> list[Case]:
+               lengths: Sequence[int] = LENGTHS, dtype: str = "float32") -> list[Case]:
     """Every (model, batch, length); ``batches=None``: 1, 8, 16 for images and 1, 8 for text."""
     cases = []
     for name in models:
         if is_text(name):
-            cases += [Case(name, B, T) for B in (batches or TEXT_BATCHES) for T in lengths]
+            cases += [Case(name, B, T, dtype) for B in (batches or TEXT_BATCHES) for T in lengths]
         else:
             T = image_tokens(name)
-            cases += [Case(name, B, T) for B in (batches or IMAGE_BATCHES)]
+            cases += [Case(name, B, T, dtype) for B in (batches or IMAGE_BATCHES)]
     return cases
 
 
@@ -299,7 +319,8 @@ def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dic
     minus the RSS right before the first call (what the call itself costs above the loaded model and
     inputs); ``peak_ratio`` = peak / the baseline's peak; ``runs`` = how many timed runs the time is the best of.
     """
-    row: dict[str, Any] = {"model": case.model, "batch": case.batch, "tokens": case.tokens, "method": method,
+    row: dict[str, Any] = {"model": case.model, "dtype": case.dtype, "batch": case.batch, "tokens": case.tokens,
+                           "method": method,
                            "ms_per_sample": None, "ratio": None, "peak_mb": None, "call_mb": None,
                            "peak_ratio": None, "runs": None, "seconds": None, "threads": None, "note": note}
     if result is None:
@@ -327,10 +348,16 @@ HEADER = f"{'model':<24}{'batch × tok':>12}  {'method':<24}{'ms/sample':>10}{'�
 def format_row(row: dict) -> str:
     """One row as a line of the plain-text table (under :data:`HEADER`)."""
     size = f"{row['batch']} × {row['tokens']}"
-    line = (f"{row['model']:<24}{size:>12}  {row['method']:<24}{_fmt(row['ms_per_sample'], '.1f'):>10}"
+    line = (f"{_model_label(row):<24}{size:>12}  {row['method']:<24}{_fmt(row['ms_per_sample'], '.1f'):>10}"
             f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
             f"{_fmt(row['peak_ratio'], '.2f'):>8}")
     return line + (f"  ({row['note']})" if row["note"] else "")
+
+
+def _model_label(row: dict) -> str:
+    """The model's name, with its dtype where that is not float32 (e.g. ``bert-base (bfloat16)``)."""
+    dtype = row.get("dtype", "float32")
+    return row["model"] if dtype == "float32" else f"{row['model']} ({dtype})"
 
 
 def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated: bool = True) -> str:
@@ -348,7 +375,8 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
             errors |= r["method"] != "token_ablation"
             ms = "—¹" if r["method"] == "token_ablation" else "error²"
         method = r["method"] if r["method"] == BASELINE else f"`{r['method']}`"
-        lines.append(f"| {r['model']} | {r['batch']} × {r['tokens']} | {method} | {ms} | {_fmt(r['ratio'], '.2f')} "
+        lines.append(f"| {_model_label(r)} | {r['batch']} × {r['tokens']} | {method} | {ms} "
+                     f"| {_fmt(r['ratio'], '.2f')} "
                      f"| {_fmt(r['peak_mb'], '.0f')} | {_fmt(r['call_mb'], '.0f')} | {_fmt(r['peak_ratio'], '.2f')} |")
     lines.append("")
     if skipped:
@@ -442,6 +470,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds: slower calls get fewer timed runs (default %(default)s)")
     p.add_argument("--ablation-max", type=int, default=ABLATION_MAX,
                    help="time token_ablation only where batch × tokens ≤ this (default %(default)s)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="the dtype the models are built in; half dtypes are explained in float32 (lrp_core.precision)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="save the rows as JSON (rewritten after every row)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table for the README at the end")
@@ -499,7 +529,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
                         ablation_max=a.ablation_max)
     if a.threads:
         torch.set_num_threads(a.threads)
-    rows = run(make_cases(models, batches, lengths), methods, settings, isolate=not a.quick, json_path=a.json)
+    rows = run(make_cases(models, batches, lengths, a.dtype), methods, settings, isolate=not a.quick, json_path=a.json)
     if a.markdown:
         print("\n" + markdown(rows, settings, isolated=not a.quick), end="")
     return rows

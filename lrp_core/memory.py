@@ -52,6 +52,7 @@ from typing import Any, Mapping, Optional, Union
 import torch
 
 from .errors import InputError
+from .precision import HALF
 from .utils import proc_kib
 
 #: Fraction of the device's free memory a call may use when ``max_memory`` is ``None`` / ``"auto"``.
@@ -122,7 +123,12 @@ def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = 
     n = tokens if tokens is not None else adapter.layout(prepared).num_tokens
     return ModelFacts(blocks=adapter.num_blocks, tokens=int(n), width=int(first.attn.proj.out_features),
                       heads=int(first.attn.num_heads), mlp=int(max(widths)),
-                      itemsize=first.attn.proj.weight.element_size())
+                      itemsize=_compute_itemsize(first.attn.proj.weight))
+
+
+def _compute_itemsize(weight: Any) -> int:
+    """Bytes per activation element: a half-precision model is explained in float32 (lrp_core.precision)."""
+    return 4 if weight.dtype in HALF else weight.element_size()
 
 
 def per_sample(method: str, f: ModelFacts, keep_heads: bool = False) -> int:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..composites import Composite, Propagation
+from ..precision import compute_precision
 from .blocks import PLAIN, BlockSpec, Replay, block_forward, block_relprop
 from .readouts import Readout
 from .records import (AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout,
@@ -81,7 +82,8 @@ class Adapter(ABC):
                 track: bool = False) -> Trace:
         """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations."""
         r = Replay(composite)
-        with torch.set_grad_enabled(grad):
+        # a half-precision model is replayed in float32 (lrp_core.precision; a no-op inside a method)
+        with compute_precision(self.model), torch.set_grad_enabled(grad):
             emb = self.embed(prepared, r, track=track)
             x0 = emb.x0
             if grad and not x0.requires_grad:  # frozen models still need a graph to the attention maps
@@ -143,6 +145,12 @@ class Adapter(ABC):
                 looking at a block again): the memory of the records falls as the pass goes on. The
                 trace then has ``None`` for those blocks.
         """
+        with compute_precision(self.model):  # in float32 for a half-precision model (a no-op inside a method)
+            return self._relprop(trace, R_out, composite, stop_block, to_input, prepared, on_attention, release)
+
+    def _relprop(self, trace: Trace, R_out: Tensor, composite: Composite, stop_block: int, to_input: bool,
+                 prepared: Optional[dict], on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
+                 release: bool) -> BlockRelevance:
         prop = Propagation(composite, cache=self.shares_weights)
         R = self.readout.relprop(trace.readout, R_out, prop)
         B, N, _ = R.shape

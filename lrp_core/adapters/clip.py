@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..composites import LAYERNORM, LINEAR, POS_ADD, Propagation
 from ..errors import InputError
+from ..precision import compute_precision
 from .base import Adapter
 from .bert import MASK_VALUE
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
@@ -96,13 +97,18 @@ class CLIPImageAdapter(ViTAdapter):
         return prepared
 
     def _set_prompts(self, ids: Tensor, mask: Tensor, dtype: torch.dtype) -> None:
-        """The readout's last Linear: the prompts' normalised text embeddings × logit_scale.exp() (P, E)."""
-        with torch.no_grad():
+        """The readout's last Linear: the prompts' normalised text embeddings × logit_scale.exp() (P, E).
+
+        A half-precision model embeds the prompts in float32, and the Linear is float32 (lrp_core.precision).
+        """
+        with torch.no_grad(), compute_precision(self.model):
             out = self.model.get_text_features(input_ids=ids, attention_mask=mask)
             text = getattr(out, "pooler_output", out)
             text = L2Normalize()(text)
             weight = (text * self.model.logit_scale.exp()).to(dtype)
-        self.prompts = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=dtype)
+        # weight.dtype: ``dtype``, or float32 where the prompts were embedded in float32
+        self.prompts = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device,
+                                 dtype=weight.dtype)
         self.prompts.weight.data.copy_(weight)
         self.prompts.requires_grad_(False)
         self.readout.head[-1] = HeadLayer(LINEAR, self.prompts)
@@ -191,13 +197,16 @@ class CLIPTextAdapter(Adapter):
         return ids.argmax(dim=-1) if eos == 2 else (ids == eos).int().argmax(dim=-1)
 
     def _set_images(self, images: Tensor) -> None:
-        """The readout's last Linear: the images' normalised embeddings × logit_scale.exp() (B, E)."""
-        with torch.no_grad():
+        """The readout's last Linear: the images' normalised embeddings × logit_scale.exp() (B, E).
+
+        A half-precision model embeds the images in float32, and the Linear is float32 (lrp_core.precision).
+        """
+        with torch.no_grad(), compute_precision(self.model):
             out = self.model.get_image_features(pixel_values=images)
             emb = L2Normalize()(getattr(out, "pooler_output", out))
             weight = (emb * self.model.logit_scale.exp()).to(images.dtype)
         self.images = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device,
-                                dtype=images.dtype)
+                                dtype=weight.dtype)  # images.dtype, or float32 (embedded in float32)
         self.images.weight.data.copy_(weight)
         self.images.requires_grad_(False)
         self.readout.head[-1] = HeadLayer(LINEAR, self.images)
