@@ -18,6 +18,8 @@ import ipywidgets as W
 import numpy as np
 import torch
 
+from lrp_core.utils import logits_of
+
 from . import _engine, views
 from ._common import (ModelFacts, RelevanceWidget, check_kind, class_names, class_options,
                       describe_error, resolve_model)
@@ -34,8 +36,7 @@ def forward_logits(facts: ModelFacts, inputs: Any, threads: Any = "auto") -> tor
                         "images) or a class-agnostic method "
                         f"({', '.join(_engine.class_agnostic())}) with lrp_core.explain")
     with torch.no_grad(), _engine.torch_threads(facts.module, threads):
-        out = facts.module(**inputs) if isinstance(inputs, dict) else facts.module(inputs)
-    return getattr(out, "logits", out).float()
+        return logits_of(facts.module, inputs).float()
 
 
 @dataclass

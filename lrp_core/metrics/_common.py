@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import InputError
+from ..utils import minmax_rows
 
 
 def _as_tensor(x: Any, name: str, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -33,13 +34,7 @@ def upsample_maps(maps: Tensor, size: tuple[int, int]) -> Tensor:
 
 def minmax_normalise(maps: Tensor) -> Tensor:
     """Scale each map (B, ...) to [0, 1]; a constant map becomes all zeros."""
-    flat = maps.reshape(maps.shape[0], -1)
-    lo = flat.min(dim=1, keepdim=True).values
-    hi = flat.max(dim=1, keepdim=True).values
-    span = hi - lo
-    out = torch.where(span > 0, (flat - lo) / torch.where(span > 0, span, torch.ones_like(span)),
-                      torch.zeros_like(flat))
-    return out.reshape(maps.shape)
+    return minmax_rows(maps.reshape(maps.shape[0], -1)).reshape(maps.shape)
 
 
 __all__ = ['upsample_maps', 'minmax_normalise']

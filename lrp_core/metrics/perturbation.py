@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..utils import logits_of, model_device, progress_bar
+from ..utils import logits_in_batches
 from ._common import _as_tensor
 
 
@@ -113,24 +113,28 @@ def perturbation_curve(
         raise InputError(f"labels must have {n} entries, got {labels.shape[0]}")
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
-    device = model_device(model)
     n_lv = len(fractions) + 1
     correct = torch.zeros(n_lv, n, dtype=torch.bool)
     # every (level, image) pair is one job; batches mix levels and images
     jobs = [(lv, i) for i in range(n) for lv in range(n_lv)]
-    starts = range(0, len(jobs), batch_size)
-    for s in progress_bar(starts, progress, desc="perturbation" + (" (neg)" if negative else ""),
-                          total=len(starts)):
-        chunk = jobs[s:s + batch_size]
-        lv = torch.tensor([j[0] for j in chunk])
-        idx = torch.tensor([j[1] for j in chunk])
+
+    def perturbed(chunk: list[tuple[int, int]]) -> Tensor:
+        lv, idx = _job_index(chunk)
         keep = _keep_masks(maps[idx], lv, fractions, negative)      # (b, H, W)
-        x = images[idx] * keep.unsqueeze(1).to(images.dtype)
-        pred = logits_of(model, x.to(device)).argmax(dim=1).cpu()
-        correct[lv, idx] = pred == labels[idx]
+        return images[idx] * keep.unsqueeze(1).to(images.dtype)
+
+    for block, logits in logits_in_batches(model, jobs, batch_size, perturbed, progress=progress,
+                                           desc="perturbation" + (" (neg)" if negative else "")):
+        lv, idx = _job_index(jobs[block])
+        correct[lv, idx] = logits.argmax(dim=1).cpu() == labels[idx]
     if return_correct:
         return correct.numpy()
     return correct.float().mean(dim=1).numpy()
+
+
+def _job_index(chunk: list[tuple[int, int]]) -> tuple[Tensor, Tensor]:
+    """(levels (b,), image indices (b,)) of a block of (level, image) jobs."""
+    return torch.tensor([j[0] for j in chunk]), torch.tensor([j[1] for j in chunk])
 
 
 def _keep_masks(maps: Tensor, levels: Tensor, fractions: Sequence[float], negative: bool) -> Tensor:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..utils import logits_of, model_device
+from ..utils import logits_in_batches
 from ._common import _as_tensor
 from .statistics import _nanmean, pearson
 
@@ -104,10 +104,9 @@ def deletion_drops(model: Callable[[Tensor], Any], images: Tensor, removed: Tens
             removed.shape[2:] != images.shape[1:]:
         raise InputError(f"removed must be (N, K, C, H, W) matching images {tuple(images.shape)}, "
                          f"got {tuple(removed.shape)}")
-    device = model_device(model)
     stack = torch.cat([images.unsqueeze(1), removed], dim=1).reshape(n * (k + 1), *images.shape[1:])
-    logits = torch.cat([logits_of(model, stack[s:s + batch_size].to(device)).double().cpu()
-                        for s in range(0, len(stack), batch_size)]).reshape(n, k + 1, -1)
+    logits = torch.cat([lg.double().cpu() for _, lg in logits_in_batches(model, stack, batch_size)])
+    logits = logits.reshape(n, k + 1, -1)
     y = torch.gather(logits, 2, classes.unsqueeze(1).expand(n, k + 1, classes.shape[1]))  # (N, K+1, J)
     return (y[:, :1] - y[:, 1:]).transpose(1, 2).contiguous()
 
