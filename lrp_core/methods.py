@@ -23,6 +23,7 @@ from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, 
 from .explanation import Conservation
 from .precision import in_float32
 from .rollout import accumulate, accumulate_residual
+from .utils import minmax_rows
 
 
 @dataclass
@@ -260,22 +261,8 @@ def attention_gradcam(c: Call) -> MethodResult:
             m = mask[:, None, first:].to(g_row.dtype)
             w = (g_row * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True)
         cam = (w * a_row).mean(dim=1).clamp(min=0)  # (B, T)
-        scores = _minmax(cam, None if mask is None else mask[:, first:])
+        scores = minmax_rows(cam, None if mask is None else mask[:, first:])  # over real tokens
     return MethodResult(scores=scores, target=target, logits=trace.logits.detach())
-
-
-def _minmax(x: Tensor, mask: Optional[Tensor]) -> Tensor:
-    """Per-sample min–max scaling to [0, 1] (over real tokens); a constant map becomes 0."""
-    if mask is None:
-        lo, hi = x.min(dim=1, keepdim=True).values, x.max(dim=1, keepdim=True).values
-    else:
-        big = torch.finfo(x.dtype).max
-        m = mask.bool()
-        lo = torch.where(m, x, torch.full_like(x, big)).min(dim=1, keepdim=True).values
-        hi = torch.where(m, x, torch.full_like(x, -big)).max(dim=1, keepdim=True).values
-    span = hi - lo
-    out = torch.where(span > 0, (x - lo) / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(x))
-    return out if mask is None else out * mask.to(out.dtype)
 
 
 @in_float32

@@ -3,10 +3,13 @@
 - :func:`model_device`: where a model's parameters live.
 - :func:`progress_bar`: an optional tqdm bar around an iterable.
 - :func:`logits_of`: call a classifier and return its (B, C) logits.
+- :func:`logits_in_batches`: run a classifier over N samples in blocks of
+  ``batch_size`` (the one loop behind every "predict / score in batches").
+- :func:`minmax_rows`: per-row min–max scaling to [0, 1] (optionally over a mask).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -47,6 +50,61 @@ def logits_of(model: Callable[..., Any], inputs: Tensor | Mapping[str, Tensor]) 
     return out
 
 
+def to_device(inputs: Tensor | Mapping[str, Any], device: torch.device) -> Tensor | dict[str, Any]:
+    """``inputs`` on ``device``: a tensor, or every tensor of a mapping (other values as they are)."""
+    if isinstance(inputs, Mapping):
+        return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
+    return inputs.to(device)
+
+
+def logits_in_batches(model: Callable[..., Any], samples: Sequence[Any] | Tensor,
+                      batch_size: int, prepare: Optional[Callable[[Any], Any]] = None, *,
+                      progress: bool = False, desc: Optional[str] = None) -> Iterator[tuple[slice, Tensor]]:
+    """Run ``model`` over ``samples`` in consecutive blocks of ``batch_size``.
+
+    Each block ``samples[s:s + batch_size]`` is turned into model inputs by
+    ``prepare`` (default: the block as is, e.g. images (b, 3, H, W)), moved to
+    the model's device and passed through :func:`logits_of`. The caller
+    reduces each block's logits itself (argmax, softmax, ...) on the device
+    they come back on, so every call site keeps its arithmetic.
+
+    Args:
+        samples: anything sliceable with a length: (N, ...) tensor, list of
+            texts, list of jobs.
+        prepare: block -> model inputs (a tensor or a tokenized mapping).
+        progress, desc: show a progress bar over the blocks.
+
+    Yields:
+        (``slice`` of the block in ``samples``, its logits (b, C) on the model's device).
+    """
+    if batch_size < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    device = model_device(model)
+    starts = range(0, len(samples), batch_size)
+    for s in progress_bar(starts, progress, desc=desc, total=len(starts)):
+        block = slice(s, s + batch_size)
+        x = samples[block] if prepare is None else prepare(samples[block])
+        yield block, logits_of(model, to_device(x, device))
+
+
+def minmax_rows(x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    """Scale each row of ``x`` (B, T) to [0, 1]; a constant row becomes all zeros.
+
+    With ``mask`` (B, T) the minimum and maximum are taken over the masked
+    entries only and the entries outside the mask are set to 0.
+    """
+    if mask is None:
+        lo, hi = x.min(dim=1, keepdim=True).values, x.max(dim=1, keepdim=True).values
+    else:
+        big = torch.finfo(x.dtype).max
+        m = mask.bool()
+        lo = torch.where(m, x, torch.full_like(x, big)).min(dim=1, keepdim=True).values
+        hi = torch.where(m, x, torch.full_like(x, -big)).max(dim=1, keepdim=True).values
+    span = hi - lo
+    out = torch.where(span > 0, (x - lo) / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(x))
+    return out if mask is None else out * mask.to(out.dtype)
+
+
 def proc_kib(path: str, key: str) -> Optional[int]:
     """The value of a ``key: N kB`` line of a Linux ``/proc`` file (``/proc/meminfo``, ``/proc/self/status``),
     in KiB; ``None`` where the file or the line is missing (other systems)."""
@@ -60,4 +118,4 @@ def proc_kib(path: str, key: str) -> Optional[int]:
     return None
 
 
-__all__ = ["model_device", "progress_bar", "logits_of", "proc_kib"]
+__all__ = ["model_device", "progress_bar", "logits_of", "logits_in_batches", "to_device", "minmax_rows", "proc_kib"]

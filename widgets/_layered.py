@@ -1,30 +1,25 @@
 """Shared machinery of the image and text explorers: class / method / block / head controls.
 
-One cache: an explanation is computed once per (sample, class, method,
-start_layer) and kept, with everything derived from it (its partial layer
-products and the arrays each view showed), in one bounded LRU of
-:data:`CACHE_SIZE` entries. Moving the block slider, switching the head, the
-view or the sign only re-slices the cached tensors and redraws (no forward or
-backward pass).
+The controls and their observers live here; the cache of explanations in
+:mod:`widgets._cache` (one bounded LRU: moving the block slider, switching the
+head, the view or the sign only re-slices cached tensors), and the title and
+info line in :mod:`widgets._render`. Subclasses draw the map (``_render``).
 """
 from __future__ import annotations
 
 import html
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import ipywidgets as W
 import numpy as np
 import torch
 
-from . import _engine, views
+from lrp_core.utils import logits_of
+
+from . import _engine, _render, views
+from ._cache import CACHE_SIZE, Cached, ExplanationCache
 from ._common import (ModelFacts, RelevanceWidget, check_kind, class_names, class_options,
                       describe_error, resolve_model)
-
-#: Explanations kept (least recently used first out), each with its derived views.
-CACHE_SIZE = 48
-
 
 def forward_logits(facts: ModelFacts, inputs: Any, threads: Any = "auto") -> torch.Tensor:
     """The model's logits (B, C) without gradients (on ``threads`` CPU threads)."""
@@ -34,35 +29,7 @@ def forward_logits(facts: ModelFacts, inputs: Any, threads: Any = "auto") -> tor
                         "images) or a class-agnostic method "
                         f"({', '.join(_engine.class_agnostic())}) with lrp_core.explain")
     with torch.no_grad(), _engine.torch_threads(facts.module, threads):
-        out = facts.module(**inputs) if isinstance(inputs, dict) else facts.module(inputs)
-    return getattr(out, "logits", out).float()
-
-
-@dataclass
-class Cached:
-    """One explanation and everything a widget derives from it (evicted together)."""
-
-    explanation: Any
-    readout: _engine.SampleReadout  # how the engine reads the sample's matrices (block / accumulated views)
-    products: Optional[views.LayerProducts] = None
-    values: dict = field(default_factory=dict)  # (view, block, start, head) -> shown array
-
-    def layer_products(self) -> views.LayerProducts:
-        """The partial products (built on first use)."""
-        if self.products is None:
-            self.products = views.LayerProducts(self.explanation, self.readout)
-        return self.products
-
-    def view(self, view: str, block: int, start: int, head: Optional[int]) -> np.ndarray:
-        """The signed values of one view (memoised: a view seen before costs a dictionary look-up)."""
-        key = (view, block, start, head)
-        if key not in self.values:
-            if view == "accumulated":  # from the partial products: one vector-matrix product at most
-                self.values[key] = self.layer_products().view(block, start, head)
-            else:
-                self.values[key] = views.view_map(self.explanation, view, block=block, start=start,
-                                                  head=head, readout=self.readout)
-        return self.values[key]
+        return logits_of(facts.module, inputs).float()
 
 
 class LayerExplorer(RelevanceWidget):
@@ -77,7 +44,7 @@ class LayerExplorer(RelevanceWidget):
     def __init__(self, model: Any, inputs: Any, labels: Optional[Sequence[str]] = None,
                  methods: Optional[Sequence[str]] = None) -> None:
         super().__init__()
-        self._cache: "OrderedDict[tuple, Cached]" = OrderedDict()
+        self._cache = ExplanationCache(CACHE_SIZE)
         self._current: Optional[Cached] = None
         self._quiet = False
         self._sync_count = 0
@@ -221,17 +188,15 @@ class LayerExplorer(RelevanceWidget):
     def _entry(self, key: Optional[tuple] = None) -> Cached:
         """The cache entry for ``key`` (default: the current controls), computed on a miss."""
         key = key or self._key()
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        sample, target, method, start = key
-        inputs = self._sample(sample)
-        exp = _engine.explain(self.facts.module, inputs, method, target=self._engine_target(target),
-                              start_layer=start)
-        self._cache[key] = entry = Cached(exp, _engine.sample_readout(self.facts.adapter, inputs))
-        while len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
-        return entry
+
+        def compute() -> Cached:
+            sample, target, method, start = key
+            inputs = self._sample(sample)
+            exp = _engine.explain(self.facts.module, inputs, method, target=self._engine_target(target),
+                                  start_layer=start)
+            return Cached(exp, _engine.sample_readout(self.facts.adapter, inputs))
+
+        return self._cache.get(key, compute)
 
     def explanation_for(self, key: Optional[tuple] = None) -> Any:
         """The cached explanation for ``key`` (default: the current controls)."""
@@ -354,28 +319,10 @@ class LayerExplorer(RelevanceWidget):
         self.info.value = self._info_html(shown)
 
     def _title(self) -> str:
-        view = self.view_selector.value
-        b, s = self.layer_slider.value, self.start_layer.value
-        head = "" if self.head is None or view not in ("block", "accumulated") else f", head {self.head}"
-        where = {"output": "", "accumulated": f" blocks {s}..{b}", "block": f" block {b}",
-                 "residual": f" residual stream, block {b}"}[view]
-        return f"{self._target_name()} | {self.method} |{where}{head}"
+        return _render.view_title(self._target_name(), self.method, self.view_selector.value,
+                                  self.layer_slider.value, self.start_layer.value, self.head)
 
     def _info_html(self, shown: np.ndarray) -> str:
-        probs = torch.softmax(self.logits[self.sample_selector.value], 0)
-        pred = int(probs.argmax())
-        lines = [f"explaining <b>{html.escape(self._target_name())}</b> (p = {probs[self.target]:.1%}); "
-                 f"predicted: {html.escape(self.names[pred])} ({probs[pred]:.1%})",
-                 f"view: {views.VIEW_LABELS[self.view_selector.value]}; "
-                 f"\u03a3 shown = {shown.sum():.4g}, max |value| = {np.abs(shown).max():.4g}"]
-        totals = views.block_totals(self.explanation)
-        if totals is not None:
-            b = self.layer_slider.value
-            seq = ", ".join(f"{t:.3g}" for t in totals)
-            lines.append(f"relevance in the residual stream at block {b}: "
-                         f"\u03a3 R = <b>{totals[b]:.4g}</b> (every block: {seq}; "
-                         f"{views.conservation_note(totals)})")
-        absorbed = views.absorbed_note(self.explanation)
-        if absorbed is not None:
-            lines.append(absorbed)
-        return "<br>".join(lines)
+        return _render.info_html(self.logits[self.sample_selector.value], self.target, self.names,
+                                 self._target_name(), self.view_selector.value, shown,
+                                 self.explanation, self.layer_slider.value)

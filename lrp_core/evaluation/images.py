@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .. import metrics as M
 from ..data.sets import ImageSet
-from ..utils import logits_of, model_device, progress_bar
+from ..utils import logits_in_batches, model_device, progress_bar
 from . import batching
 from .report import Results, metric_value
 from .shards import Shard, block_spans
@@ -103,9 +103,7 @@ def _has_pairs(two: Optional[ImageSet]) -> bool:
 @torch.no_grad()
 def predict(model: Any, images: Tensor, batch_size: int = 64) -> Tensor:
     """(N,) argmax class of ``model`` on ``images`` (N, 3, H, W)."""
-    device = model_device(model)
-    return torch.cat([logits_of(model, images[s:s + batch_size].to(device)).argmax(1).cpu()
-                      for s in range(0, len(images), batch_size)])
+    return torch.cat([lg.argmax(1).cpu() for _, lg in logits_in_batches(model, images, batch_size)])
 
 
 # --------------------------------------------------------------------------

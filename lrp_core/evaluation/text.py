@@ -17,7 +17,7 @@ from .. import metrics as M
 from ..data.rationales import RationaleRecord
 from ..data.sets import TextSet
 from ..errors import InputError, LRPError
-from ..utils import logits_of, model_device, progress_bar
+from ..utils import logits_in_batches, model_device, progress_bar
 from . import batching
 from .report import Results, metric_value
 from .shards import Shard, block_spans
@@ -28,6 +28,14 @@ def text_metric_names(ks: Sequence[int] = M.TOP_K) -> tuple[str, ...]:
     names = [f"token_{m}@{k}" for m in ("f1", "precision", "recall") for k in ks]
     return tuple(names) + ("token_f1@gold", "comprehensiveness", "sufficiency",
                            "cdam_sparsity", "tam_correlation")
+
+
+def _tokenizing(tokenizer: Any, max_len: int) -> Any:
+    """texts -> the (B, T) ``input_ids`` / ``attention_mask`` of one padded block."""
+    def tokenize(texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        enc = tokenizer(list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    return tokenize
 
 
 def _max_length(tokenizer: Any, model: Any) -> int:
@@ -85,16 +93,11 @@ def random_word_scores(data: TextSet, seed: int = 0) -> list[np.ndarray]:
 def class_probabilities(model: Any, tokenizer: Any, texts: Sequence[str], classes: Sequence[int],
                         batch_size: int = 32) -> np.ndarray:
     """(len(texts),) softmax probability of ``classes[i]`` for each text (empty text: specials only)."""
-    device = model_device(model)
-    max_len = _max_length(tokenizer, model)
+    tokenize = _tokenizing(tokenizer, _max_length(tokenizer, model))
     out = []
-    for s in range(0, len(texts), batch_size):
-        enc = tokenizer(list(texts[s:s + batch_size]), padding=True, truncation=True,
-                        max_length=max_len, return_tensors="pt")
-        logits = logits_of(model, {"input_ids": enc["input_ids"].to(device),
-                                   "attention_mask": enc["attention_mask"].to(device)})
+    for block, logits in logits_in_batches(model, list(texts), batch_size, tokenize):
         p = torch.softmax(logits.double(), -1).cpu()
-        out.append(p[torch.arange(len(p)), torch.as_tensor(classes[s:s + batch_size])].numpy())
+        out.append(p[torch.arange(len(p)), torch.as_tensor(classes[block])].numpy())
     return np.concatenate(out)
 
 
@@ -132,16 +135,11 @@ def text_accuracy(model: Any, tokenizer: Any, data: TextSet, batch_size: int = 3
 @torch.no_grad()
 def _hits(model: Any, tokenizer: Any, records: Sequence[RationaleRecord], batch_size: int) -> int:
     """Number of ``records`` whose predicted class is their label."""
-    device = model_device(model)
-    max_len = _max_length(tokenizer, model)
+    tokenize = _tokenizing(tokenizer, _max_length(tokenizer, model))
     hits = 0
-    for s in range(0, len(records), batch_size):
-        chunk = records[s:s + batch_size]
-        enc = tokenizer([r.text for r in chunk], padding=True, truncation=True,
-                        max_length=max_len, return_tensors="pt")
-        logits = logits_of(model, {"input_ids": enc["input_ids"].to(device),
-                                   "attention_mask": enc["attention_mask"].to(device)})
-        hits += int((logits.argmax(-1).cpu() == torch.tensor([r.label for r in chunk])).sum())
+    for block, logits in logits_in_batches(model, list(records), batch_size,
+                                           lambda chunk: tokenize([r.text for r in chunk])):
+        hits += int((logits.argmax(-1).cpu() == torch.tensor([r.label for r in records[block]])).sum())
     return hits
 
 

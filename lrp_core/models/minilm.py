@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..utils import logits_in_batches
 from . import LoadedModel
 
 LABELS = ["negative", "positive"]
@@ -213,10 +214,7 @@ def make_preprocess(tokenizer: Any, max_length: int = MAX_LENGTH):
 def predict(model: torch.nn.Module, preprocess, texts: Sequence[str], batch_size: int = 64) -> torch.Tensor:
     """Predicted class ids (N,) for ``texts``, batched."""
     model.eval()
-    out = []
-    for i in range(0, len(texts), batch_size):
-        batch = preprocess(list(texts[i : i + batch_size]))
-        out.append(model(**batch).logits.argmax(-1))
+    out = [logits.argmax(-1) for _, logits in logits_in_batches(model, list(texts), batch_size, preprocess)]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
