@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Optional, TypeVar
 
 import torch
@@ -12,7 +12,7 @@ from . import memory, registry
 from .adapters import get_adapter
 from .composites import TRANSFORMER_ATTRIBUTION
 from .errors import InputError
-from .explanation import Conservation, Explanation
+from .explanation import RESULT_FIELDS, Conservation, Explanation, ResultField, result_fields
 from .guard import autograd_on, inference_model_named, model_guard, normal_tensors, warn_unreflected_hooks
 from .methods import Call, ConceptTarget, Contrast, MethodResult, one_hot
 from .precision import compute_precision
@@ -132,13 +132,9 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     used = dict(result.used)
     if negative is not None:
         used["contrast_with"] = negative.tolist()
-    return Explanation(
-        scores=result.scores.detach(), target=result.target, logits=result.logits.detach(), method=method,
-        pixels=result.pixels, layers=result.layers, layers_per_head=result.layers_per_head,
-        token_relevance=result.token_relevance, grid=layout.grid, image_size=layout.image_size,
-        start_layer=used.get("start_layer"), attention_mask=layout.mask, conservation=result.conservation,
-        options=used,
-    )
+    return Explanation(method=method, grid=layout.grid, image_size=layout.image_size,
+                       start_layer=used.get("start_layer"), attention_mask=layout.mask, options=used,
+                       **result_fields(result))
 
 
 def _length_groups(prepared: dict) -> Optional[list[tuple[Tensor, int]]]:
@@ -203,34 +199,28 @@ def _sub_resolver(resolve, rows: Tensor):
 def _merge(parts: list, batch: int, T: Optional[int]):
     """Scatter the results of the pieces back into (B, ...) tensors in batch order.
 
-    ``parts``: ``(rows, n, MethodResult)`` per piece. Text (``T`` the padded length): the token axes of
-    ``scores``, ``layers``, ``layers_per_head`` and ``token_relevance`` are zero-padded from ``n`` back to
-    ``T``. Images (``T`` is ``None``): every piece has the whole token axes; ``pixels`` is merged as is.
+    ``parts``: ``(rows, n, MethodResult)`` per piece. Every field of
+    :data:`~lrp_core.explanation.RESULT_FIELDS` is merged by its own rule: text (``T`` the padded length):
+    its ``token_axes`` trailing axes are zero-padded from ``n`` back to ``T``; images (``T`` is ``None``):
+    every piece has the whole token axes. ``conservation`` is merged total by total.
     """
     first = parts[0][2]
 
-    def gather(name: str, pad_dims: int):
-        like = getattr(first, name)
+    def gather(f: ResultField):
+        like = getattr(first, f.name)
         if like is None:
             return None
-        if T is None:
-            pad_dims = 0
+        if isinstance(like, Conservation):
+            return _merge_conservation(parts, batch)
+        pad_dims = 0 if T is None else f.token_axes
         shape = (batch,) + tuple(like.shape[1:like.dim() - pad_dims]) + (T,) * pad_dims
         out = torch.zeros(shape, dtype=like.dtype, device=like.device)
         for rows, n, res in parts:
             idx = (rows.to(out.device),) + (slice(None),) * (like.dim() - 1 - pad_dims) + (slice(0, n),) * pad_dims
-            out[idx] = getattr(res, name)
+            out[idx] = getattr(res, f.name).to(out.device)
         return out
 
-    dev = first.logits.device
-    target = torch.empty(batch, dtype=torch.long, device=dev)
-    logits = torch.empty((batch,) + tuple(first.logits.shape[1:]), dtype=first.logits.dtype, device=dev)
-    for rows, _, res in parts:
-        target[rows.to(dev)] = res.target.to(dev)
-        logits[rows.to(dev)] = res.logits
-    return MethodResult(scores=gather("scores", 1), target=target, logits=logits, layers=gather("layers", 2),
-                        layers_per_head=gather("layers_per_head", 2), token_relevance=gather("token_relevance", 1),
-                        pixels=gather("pixels", 0), conservation=_merge_conservation(parts, batch), used=first.used)
+    return MethodResult(**{f.name: gather(f) for f in RESULT_FIELDS}, used=first.used)
 
 
 def _merge_conservation(parts: list, batch: int) -> Optional[Conservation]:
@@ -238,17 +228,17 @@ def _merge_conservation(parts: list, batch: int) -> Optional[Conservation]:
     first = parts[0][2].conservation
     if first is None:
         return None
-    fields = {}
-    for name in ("output", "blocks", "input", "pixels"):
+    totals = {}
+    for name in (f.name for f in fields(Conservation)):
         like = getattr(first, name)
         if like is None:
-            fields[name] = None
+            totals[name] = None
             continue
         out = torch.empty((batch,) + tuple(like.shape[1:]), dtype=like.dtype, device=like.device)
         for rows, _, res in parts:
             out[rows.to(out.device)] = getattr(res.conservation, name)
-        fields[name] = out
-    return Conservation(**fields)
+        totals[name] = out
+    return Conservation(**totals)
 
 
 @_robust

@@ -1,7 +1,17 @@
-"""The result object of :func:`lrp_core.explain`."""
+"""The result object of :func:`lrp_core.explain`, and the one list of its per-sample fields.
+
+:data:`RESULT_FIELDS` names every field a method computes per sample (scores,
+target, logits, and what a method may add: pixels, layers, ...), its shape and
+how pieces of a batch are merged. :class:`lrp_core.methods.MethodResult` is
+built from it; :class:`Explanation` declares the same fields (checked at import),
+and ``Explanation.__getitem__``, the merge of pieces (``lrp_core.api._merge``)
+and ``explain``'s hand-over (:func:`result_fields`) loop over it. Which
+method fills which optional field is ``MethodSpec.returns`` in
+:mod:`lrp_core.registry` (:func:`lrp_core.registry.filled_by`).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 import torch
@@ -43,6 +53,60 @@ class Conservation:
                             None if self.pixels is None else self.pixels[sl])
 
 
+@dataclass(frozen=True)
+class ResultField:
+    """One per-sample field of a method's result.
+
+    Attributes:
+        name: the attribute of :class:`~lrp_core.methods.MethodResult` and :class:`Explanation`.
+        shape: its shape, for docs (``B`` the batch, ``T`` tokens, ``N`` tokens incl. specials, ``L`` blocks).
+        type: the annotation of the field.
+        token_axes: how many trailing axes are token axes: merging pieces of padded text that were explained
+            unpadded (``n`` tokens), they are zero-padded back to the batch's ``T``.
+        required: every method fills it (else ``None`` where the method does not).
+        detach: ``explain`` detaches it from the graph the method built.
+    """
+
+    name: str
+    shape: str
+    type: Any
+    token_axes: int = 0
+    required: bool = False
+    detach: bool = False
+
+
+#: Every per-sample field of a result, in the order of :class:`~lrp_core.methods.MethodResult`. The batch
+#: dimension is the first of each; ``conservation`` is a :class:`Conservation` (its own per-sample totals).
+RESULT_FIELDS: tuple[ResultField, ...] = (
+    ResultField("scores", "(B, T)", torch.Tensor, token_axes=1, required=True, detach=True),
+    ResultField("target", "(B,)", torch.Tensor, required=True),
+    ResultField("logits", "(B, C)", torch.Tensor, required=True, detach=True),
+    ResultField("layers", "(B, L, N, N)", Optional[torch.Tensor], token_axes=2),
+    ResultField("layers_per_head", "(B, L, H, N, N)", Optional[torch.Tensor], token_axes=2),
+    ResultField("token_relevance", "(B, L, N)", Optional[torch.Tensor], token_axes=1),
+    ResultField("pixels", "(B, H, W)", Optional[torch.Tensor]),
+    ResultField("conservation", "Conservation of (B, ...) totals", Optional[Conservation]),
+)
+#: The optional fields: what a method may add (``MethodSpec.returns``).
+OPTIONAL_FIELDS: tuple[str, ...] = tuple(f.name for f in RESULT_FIELDS if not f.required)
+
+
+def result_fields(result: Any) -> dict[str, Any]:
+    """The :data:`RESULT_FIELDS` of a method's result, as ``explain`` hands them to :class:`Explanation`."""
+    out = {}
+    for f in RESULT_FIELDS:
+        v = getattr(result, f.name)
+        out[f.name] = v.detach() if f.detach and v is not None else v
+    return out
+
+
+def _sample(value: Any, i: int) -> Any:
+    """Sample ``i`` of a per-sample field as a batch of one."""
+    if value is None:
+        return None
+    return value[i] if isinstance(value, Conservation) else value[i:i + 1]
+
+
 @dataclass
 class Explanation:
     """Token relevance for a batch, with what was needed to compute it.
@@ -53,7 +117,8 @@ class Explanation:
         target: (B,) the class (or -1 for a concept target) that was explained.
         logits: (B, C) the model's logits on ``inputs``.
         method: name of the method in :data:`lrp_core.METHODS`.
-        pixels: (B, H, W) pixel relevance (``lrp`` only), else ``None``.
+        pixels: (B, H, W) pixel relevance from the methods that carry relevance down to the pixels
+            (``lrp``, ``attnlrp``, ``cp_lrp``: ``lrp_core.registry.filled_by("pixels")``), else ``None``.
         layers: (B, L, N, N) the per-block matrices Ā_b the method aggregates,
             before ``I +`` is added (zeros for blocks below ``start_layer``),
             where the method has them. Aggregate a range of blocks with
@@ -106,21 +171,22 @@ class Explanation:
         return F.interpolate(grid, size=size, mode=mode, **kwargs).squeeze(1)
 
     def pixel_map(self) -> torch.Tensor:
-        """(B, H, W): pixel relevance for ``lrp``, else the upsampled patch map."""
+        """(B, H, W): the pixel relevance where the method computed it (``pixels``), else the upsampled patch map."""
         return self.pixels if self.pixels is not None else self.upsample()
 
     def __getitem__(self, i: int) -> "Explanation":
         """The explanation of sample ``i`` as a batch of one."""
-        sl = slice(i, i + 1)
-        pick = lambda t: None if t is None else t[sl]  # noqa: E731
-        return Explanation(
-            scores=self.scores[sl], target=self.target[sl], logits=self.logits[sl],
-            method=self.method, pixels=pick(self.pixels), layers=pick(self.layers),
-            layers_per_head=pick(self.layers_per_head), token_relevance=pick(self.token_relevance),
-            grid=self.grid, image_size=self.image_size, start_layer=self.start_layer,
-            attention_mask=pick(self.attention_mask),
-            conservation=None if self.conservation is None else self.conservation[i], options=dict(self.options),
-        )
+        per_sample = {f.name: _sample(getattr(self, f.name), i) for f in RESULT_FIELDS}
+        return Explanation(method=self.method, grid=self.grid, image_size=self.image_size,
+                           start_layer=self.start_layer, attention_mask=_sample(self.attention_mask, i),
+                           options=dict(self.options), **per_sample)
 
     def __len__(self) -> int:
         return self.batch_size
+
+
+# Explanation declares every result field by hand (its docstring documents them): a field added to
+# RESULT_FIELDS but not here fails at import instead of being dropped silently.
+_missing = {f.name for f in RESULT_FIELDS} - {f.name for f in fields(Explanation)}
+if _missing:
+    raise TypeError(f"Explanation lacks the result field(s) {sorted(_missing)} of RESULT_FIELDS")

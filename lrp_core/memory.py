@@ -93,27 +93,31 @@ class Profile:
     tmp_att: float = 0.0
 
 
-_PLAIN = dict(act=16, mlp=2, att=3)  # replay without a graph
-_GRAPH = dict(act=18, mlp=3, att=4)  # replay with autograd's saved tensors
-_MODIFIED = dict(act=24, mlp=4, att=5)  # the modified-gradient replay (decomposed LayerNorm, ratios)
-_RELPROP = dict(tmp_act=8, tmp_mlp=8, tmp_att=6)  # the explicit pass at one block
-_BACKWARD = dict(tmp_act=6, tmp_mlp=3, tmp_att=3)  # autograd's backward at one block
+# The parts a method's Profile is made of (each method's profile is ``MethodSpec.memory`` in lrp_core.registry).
+PLAIN = dict(act=16, mlp=2, att=3)  # replay without a graph
+GRAPH = dict(act=18, mlp=3, att=4)  # replay with autograd's saved tensors
+MODIFIED = dict(act=24, mlp=4, att=5)  # the modified-gradient replay (decomposed LayerNorm, ratios)
+RELPROP = dict(tmp_act=8, tmp_mlp=8, tmp_att=6)  # the explicit pass at one block
+BACKWARD = dict(tmp_act=6, tmp_mlp=3, tmp_att=3)  # autograd's backward at one block
 
-#: The profile of every method in :data:`lrp_core.registry.METHODS`; a method not listed gets :data:`WORST`.
-PROFILES: dict[str, Profile] = {
-    "transformer_attribution": Profile(**_GRAPH, kept=3, layers=True, **_RELPROP),
-    "generic_attention": Profile(**_GRAPH, kept=2, layers=True, **_BACKWARD),
-    "rollout": Profile(**_PLAIN, layers=True, tmp_att=1),
-    "raw_attention": Profile(**_PLAIN, layers=True, tmp_att=1),
-    "attention_gradcam": Profile(**_GRAPH, **_BACKWARD),
-    "lrp": Profile(**_PLAIN, kept=1, **_RELPROP),
-    "partial_lrp": Profile(**_PLAIN, kept=1, **_RELPROP),
-    "cdam": Profile(**_GRAPH, **_BACKWARD),
-    "token_ablation": Profile(**_PLAIN),
-    "attnlrp": Profile(**_MODIFIED, **_BACKWARD),
-    "cp_lrp": Profile(**_MODIFIED, **_BACKWARD),
-}
-WORST = Profile(**_MODIFIED, kept=3, layers=True, **_RELPROP)
+#: The profile of a method not in the registry: the largest of every part.
+WORST = Profile(**MODIFIED, kept=3, layers=True, **RELPROP)
+
+
+def profile(method: str) -> Profile:
+    """The :class:`Profile` of ``method``: its ``MethodSpec.memory`` in :mod:`lrp_core.registry`, else
+    :data:`WORST`."""
+    from . import registry  # the registry imports this module for Profile
+    spec = registry.METHODS.get(method)
+    return WORST if spec is None else spec.memory
+
+
+def __getattr__(name: str) -> Any:
+    # PROFILES, read from the registry (where each method declares its profile) when first asked for
+    if name == "PROFILES":
+        from . import registry
+        return {n: s.memory for n, s in registry.METHODS.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = None) -> ModelFacts:
@@ -133,7 +137,7 @@ def _compute_itemsize(weight: Any) -> int:
 
 def per_sample(method: str, f: ModelFacts, keep_heads: bool = False) -> int:
     """Bytes one more sample adds to the peak of ``method``'s pass."""
-    p = PROFILES.get(method, WORST)
+    p = profile(method)
     N, D, H, F, L = f.tokens, f.width, f.heads, f.mlp, f.blocks
     nd, nf, hnn = N * D, N * F, H * N * N
     block = p.act * nd + p.mlp * nf + (p.att + p.kept + (1 if keep_heads and p.layers else 0)) * hnn
@@ -229,5 +233,5 @@ def piece_size(budget_bytes: float, method: str, f: ModelFacts, batch: int, keep
     return max(1, min(batch, int(room // max(per_sample(method, f, keep_heads), 1))))
 
 
-__all__ = ["ModelFacts", "Profile", "PROFILES", "SAFETY_FRACTION", "facts_of", "per_sample", "fixed", "estimate",
+__all__ = ["ModelFacts", "Profile", "PROFILES", "WORST", "profile", "SAFETY_FRACTION", "facts_of", "per_sample", "fixed", "estimate",
            "parse_max_memory", "available", "budget", "piece_size"]

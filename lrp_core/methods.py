@@ -11,7 +11,7 @@ bfloat16 model (or any model under ``torch.autocast``) is explained in float32.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -20,7 +20,8 @@ from tqdm.auto import tqdm
 
 from .adapters.base import Adapter, TokenLayout, Trace
 from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Composite
-from .explanation import Conservation
+from .explanation import RESULT_FIELDS, Conservation
+from .options import OPTIONS
 from .precision import in_float32
 from .rollout import accumulate, accumulate_residual
 from .utils import minmax_rows
@@ -41,36 +42,31 @@ class ConceptTarget:
     name: str = "concept"
 
 
-@dataclass
-class MethodResult:
-    scores: Tensor  # (B, T)
-    target: Tensor  # (B,)
-    logits: Tensor  # (B, C)
-    layers: Optional[Tensor] = None  # (B, L, N, N)
-    layers_per_head: Optional[Tensor] = None  # (B, L, H, N, N)
-    token_relevance: Optional[Tensor] = None  # (B, L, N)
-    pixels: Optional[Tensor] = None  # (B, H, W)
-    conservation: Optional[Conservation] = None
-    used: dict = field(default_factory=dict)
+def _result_class() -> type:
+    """:class:`MethodResult`: the :data:`~lrp_core.explanation.RESULT_FIELDS` (scores (B, T), target (B,),
+    logits (B, C), then the optional ones, ``None`` by default) and ``used``, the options the method used."""
+    spec = [(f.name, f.type) if f.required else (f.name, f.type, None) for f in RESULT_FIELDS]
+    cls = make_dataclass("MethodResult", spec + [("used", dict, field(default_factory=dict))])
+    cls.__module__, cls.__doc__ = __name__, _result_class.__doc__
+    return cls
 
+
+#: What a method returns; its fields are :data:`lrp_core.explanation.RESULT_FIELDS` and ``used``.
+MethodResult = _result_class()
 
 TargetResolver = Callable[[Tensor], Tensor]  # logits (B, C) -> target (B,)
 
 
-@dataclass
-class Options:
-    """Every option any method takes; :mod:`lrp_core.registry` says which method takes which."""
+def _options_class() -> type:
+    """:class:`Options`: every option any method takes, with its default (:data:`lrp_core.options.OPTIONS`,
+    where each is declared once); :mod:`lrp_core.registry` says which method takes which."""
+    cls = make_dataclass("Options", [(o.name, o.type, o.default) for o in OPTIONS])
+    cls.__module__, cls.__doc__ = __name__, _options_class.__doc__
+    return cls
 
-    start_layer: int = 0
-    end_layer: Optional[int] = None
-    rollout_norm: Optional[str] = None
-    use_gradient: bool = True
-    keep_heads: bool = False
-    progress: Optional[bool] = None
-    batch_size: int = 64
-    #: how the call is split into pieces (lrp_core.memory; read by ``explain``, not by the methods)
-    max_memory: Any = None
-    chunk_size: Optional[int] = None
+
+#: The parsed options a method reads (``call.opt.start_layer``, ...).
+Options = _options_class()
 
 
 @dataclass

@@ -4,34 +4,27 @@ Per method: the function that computes it, the options it accepts (besides
 :data:`GENERIC_OPTIONS`, which every method takes; any other option is an
 error naming the accepted ones), whether its map depends on the
 target class, whether it takes a concept target, its defaults per input
-modality, and which :class:`~lrp_core.Explanation` fields it fills.
-``explain``, the widgets and the evaluation read this table.
+modality, which :class:`~lrp_core.Explanation` fields it fills and its memory
+profile (:mod:`lrp_core.memory`). ``explain``, the widgets, the memory
+estimate and the evaluation read this table. The options themselves (name,
+default, help, check) are declared once in :mod:`lrp_core.options`; the result
+fields in :data:`lrp_core.explanation.RESULT_FIELDS`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from . import memory
 from . import methods as M
+from . import options as O
 from .errors import InputError, UnknownMethodError
-from .rollout import NORMS
+from .explanation import OPTIONAL_FIELDS
+from .memory import BACKWARD, GRAPH, MODIFIED, PLAIN, RELPROP, Profile
+from .options import GENERIC_OPTIONS
 
-#: Every option a method may take, with what it means (for error messages and docs).
-OPTION_HELP: dict[str, str] = {
-    "start_layer": "first block in the layer product (0-based; negative counts from the end)",
-    "end_layer": "last block in the layer product (default: the last)",
-    "rollout_norm": f"normalisation of each factor I + Ā_b, one of {NORMS}",
-    "use_gradient": "weight R^A by ∇A (True) or by A (False, the paper's ablation)",
-    "keep_heads": "also return the per-head matrices (layers_per_head)",
-    "batch_size": "sequences per forward pass",
-    "progress": "show a progress bar (None: only for long runs)",
-    "max_memory": "bytes or '2GB' a call may use, else it runs in pieces; None/'auto': half the free memory, "
-                  "'none': never split",
-    "chunk_size": "samples per piece, instead of max_memory",
-}
-#: Options every method takes: how the call runs, not what it computes (a progress bar, pieces).
-GENERIC_OPTIONS: tuple = ("progress", "max_memory", "chunk_size")
+#: Every option a method may take, with what it means (for error messages and docs): read from
+#: :data:`lrp_core.options.OPTIONS`, where each option is declared.
+OPTION_HELP: dict[str, str] = {o.name: o.help for o in O.OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -40,13 +33,15 @@ class MethodSpec:
 
     name: str
     run: Callable[["M.Call"], "M.MethodResult"]
-    summary: str
+    #: elements per sample of its pass (:class:`lrp_core.memory.Profile`), for the memory estimate
+    memory: Profile
+    #: names of the options it takes besides GENERIC_OPTIONS (each declared in lrp_core.options.OPTIONS)
     options: tuple = ()
     class_agnostic: bool = False
     concept_target: bool = False
     #: option defaults per modality ("image" | "text"), applied when the user does not set them
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: Explanation fields the method fills besides scores, target and logits
+    #: Explanation fields the method fills besides scores, target and logits (lrp_core.explanation.OPTIONAL_FIELDS)
     returns: tuple = ()
     #: normalisation of the factors I + Ā_b when this method's ``layers`` are multiplied, where the
     #: method fixes it; methods that take ``rollout_norm`` record theirs in ``Explanation.options``
@@ -63,33 +58,38 @@ class MethodSpec:
 _LAYER_PRODUCT = ("start_layer", "end_layer")
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
+    # Chefer et al. (CVPR 2021): Ā_b = mean_h((∇A_b ⊙ R^{A_b})⁺), C = Π (I + Ā_b)
     MethodSpec("transformer_attribution", M.transformer_attribution,
-               "Chefer et al. (CVPR 2021): Ā_b = mean_h((∇A_b ⊙ R^{A_b})⁺), C = Π (I + Ā_b)",
+               Profile(**GRAPH, kept=3, layers=True, **RELPROP),
                options=_LAYER_PRODUCT + ("rollout_norm", "use_gradient", "keep_heads"),
                defaults={"image": {"rollout_norm": "none"}, "text": {"rollout_norm": "row"}},
                returns=("layers", "layers_per_head", "token_relevance"), readout_minimum=True),
-    MethodSpec("generic_attention", M.generic_attention,
-               "Chefer et al. (ICCV 2021): Ā_b = mean_h((∇A_b ⊙ A_b)⁺), R ← R + Ā_b R",
+    # Chefer et al. (ICCV 2021): Ā_b = mean_h((∇A_b ⊙ A_b)⁺), R ← R + Ā_b R
+    MethodSpec("generic_attention", M.generic_attention, Profile(**GRAPH, kept=2, layers=True, **BACKWARD),
                options=("start_layer", "keep_heads"), returns=("layers", "layers_per_head"), product_norm="none"),
-    MethodSpec("rollout", M.rollout, "Abnar & Zuidema: row-normalised Π (I + mean_h A_b)",
+    # Abnar & Zuidema: row-normalised Π (I + mean_h A_b)
+    MethodSpec("rollout", M.rollout, Profile(**PLAIN, layers=True, tmp_att=1),
                options=_LAYER_PRODUCT + ("keep_heads",), class_agnostic=True,
                returns=("layers", "layers_per_head"), product_norm="row"),
-    MethodSpec("raw_attention", M.raw_attention, "the last block's readout attention, head mean",
+    # the last block's readout attention, head mean
+    MethodSpec("raw_attention", M.raw_attention, Profile(**PLAIN, layers=True, tmp_att=1),
                options=("keep_heads",), class_agnostic=True, returns=("layers", "layers_per_head"),
                product_norm="row"),  # attention maps: their product is rollout's
-    MethodSpec("attention_gradcam", M.attention_gradcam, "Grad-CAM on the last attention map"),
-    MethodSpec("lrp", M.lrp, "full LRP with the baseline rules down to input space",
-               returns=("pixels", "token_relevance")),
-    MethodSpec("partial_lrp", M.partial_lrp, "baseline LRP, the last block's attention relevance",
-               returns=("token_relevance",)),
-    MethodSpec("cdam", M.cdam, "Brocki & Chung: gradient × tokens entering the last attention",
-               concept_target=True),
-    MethodSpec("token_ablation", M.token_ablation, "y_t(all tokens) − y_t(without token i), batched",
-               options=("batch_size",)),
-    MethodSpec("attnlrp", M.attnlrp,
-               "Achtibat et al. (ICML 2024): gradient × input, std detached, identity rule, ÷2 at Q·Kᵀ and A·V",
+    # Grad-CAM on the last attention map
+    MethodSpec("attention_gradcam", M.attention_gradcam, Profile(**GRAPH, **BACKWARD)),
+    # full LRP with the baseline rules down to input space
+    MethodSpec("lrp", M.lrp, Profile(**PLAIN, kept=1, **RELPROP), returns=("pixels", "token_relevance")),
+    # baseline LRP, the last block's attention relevance
+    MethodSpec("partial_lrp", M.partial_lrp, Profile(**PLAIN, kept=1, **RELPROP), returns=("token_relevance",)),
+    # Brocki & Chung: gradient × tokens entering the last attention
+    MethodSpec("cdam", M.cdam, Profile(**GRAPH, **BACKWARD), concept_target=True),
+    # y_t(all tokens) − y_t(without token i), batched
+    MethodSpec("token_ablation", M.token_ablation, Profile(**PLAIN), options=("batch_size",)),
+    # Achtibat et al. (ICML 2024): gradient × input, std detached, identity rule, ÷2 at Q·Kᵀ and A·V
+    MethodSpec("attnlrp", M.attnlrp, Profile(**MODIFIED, **BACKWARD),
                returns=("pixels", "token_relevance", "conservation")),
-    MethodSpec("cp_lrp", M.cp_lrp, "Ali et al. (ICML 2022): gradient × input, std detached, Q and K detached",
+    # Ali et al. (ICML 2022): gradient × input, std detached, Q and K detached
+    MethodSpec("cp_lrp", M.cp_lrp, Profile(**MODIFIED, **BACKWARD),
                returns=("pixels", "token_relevance", "conservation")),
 )}
 
@@ -97,6 +97,27 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
 METHOD_NAMES: tuple = tuple(METHODS)
 #: Methods whose map does not depend on the target class.
 CLASS_AGNOSTIC: tuple = tuple(n for n, s in METHODS.items() if s.class_agnostic)
+
+
+def _check_declarations() -> None:
+    """A method that names an undeclared option or result field fails at import, not at its first call."""
+    for spec in METHODS.values():
+        bad = [o for o in spec.options if o not in O.BY_NAME or o in GENERIC_OPTIONS]
+        if bad:
+            raise TypeError(f"method {spec.name!r} lists option(s) {bad} not declared (or generic) in "
+                            "lrp_core.options.OPTIONS")
+        bad = [f for f in spec.returns if f not in OPTIONAL_FIELDS]
+        if bad:
+            raise TypeError(f"method {spec.name!r} returns {bad}, not in lrp_core.explanation.RESULT_FIELDS "
+                            f"(optional: {OPTIONAL_FIELDS})")
+
+
+_check_declarations()
+
+
+def filled_by(field: str) -> tuple[str, ...]:
+    """The methods that fill the optional :class:`~lrp_core.Explanation` field ``field`` (e.g. ``"pixels"``)."""
+    return tuple(n for n, s in METHODS.items() if field in s.returns)
 
 
 def get(method: str) -> MethodSpec:
@@ -116,61 +137,28 @@ def product_norm(method: str, options: Mapping[str, Any]) -> Optional[str]:
 
 def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int, modality: str) -> "M.Options":
     """Validate ``options`` for ``spec``; fill the method's defaults for ``modality``."""
-    unknown = sorted(set(options) - set(OPTION_HELP))
+    unknown = sorted(set(options) - set(O.BY_NAME))
     if unknown:
         raise InputError(f"unknown option(s) {unknown}; {_accepted(spec)}")
     refused = sorted(k for k in options if not spec.takes(k))
     if refused:
         raise InputError(f"method {spec.name!r} does not take option(s) {refused}; {_accepted(spec)}")
-    given = {k: v for k, v in options.items() if v is not None or k in ("rollout_norm", "progress", "end_layer")}
+    given = {k: v for k, v in options.items() if v is not None or O.BY_NAME[k].none_is_value}
     for k, v in spec.defaults.get(modality, {}).items():
         if given.get(k) is None:
             given[k] = v
-    opt = M.Options(**given)
-    L = num_blocks
-
-    def block(name: str, v):
-        if v is None:
-            return None
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise InputError(f"{name} must be an int, got {type(v).__name__}")
-        if not -L <= v < L:
-            raise InputError(f"{name}={v} is out of range: the model has {L} blocks, so use 0 … {L - 1} "
-                             f"(or -{L} … -1 from the end)")
-        return v % L
-
-    opt.start_layer = block("start_layer", opt.start_layer)
-    opt.end_layer = block("end_layer", opt.end_layer)
-    if opt.end_layer is not None and opt.end_layer < opt.start_layer:
-        raise InputError(f"end_layer={opt.end_layer} is before start_layer={opt.start_layer}")
-    if opt.rollout_norm is not None and opt.rollout_norm not in NORMS:
-        raise InputError(f"rollout_norm must be one of {NORMS}, got {opt.rollout_norm!r}")
-    if not isinstance(opt.use_gradient, bool):
-        raise InputError(f"use_gradient must be True or False, got {opt.use_gradient!r}")
-    if opt.progress is not None and not isinstance(opt.progress, bool):
-        raise InputError(f"progress must be True (a progress bar), False (none) or None (only for long runs), "
-                         f"got {opt.progress!r}")
-    if not isinstance(opt.keep_heads, bool):
-        raise InputError(f"keep_heads must be True or False, got {opt.keep_heads!r}")
-    if not isinstance(opt.batch_size, int) or isinstance(opt.batch_size, bool) or opt.batch_size < 1:
-        raise InputError(f"batch_size must be a positive int, got {opt.batch_size!r}")
-    if opt.chunk_size is not None and (not isinstance(opt.chunk_size, int) or isinstance(opt.chunk_size, bool)
-                                       or opt.chunk_size < 1):
-        raise InputError(f"chunk_size must be a positive int (samples per piece), got {opt.chunk_size!r}")
-    opt.max_memory = memory.parse_max_memory(opt.max_memory)
-    if opt.chunk_size is not None and opt.max_memory is not None:
-        raise InputError("give chunk_size (samples per piece) or max_memory (a budget the pieces are sized to), "
-                         "not both")
-    return opt
+    values = {o.name: o.check(given.get(o.name, o.default), num_blocks) for o in O.OPTIONS}
+    O.check_together(values)
+    return M.Options(**values)
 
 
 def _accepted(spec: MethodSpec) -> str:
-    generic = "; ".join(f"{o} ({OPTION_HELP[o]})" for o in GENERIC_OPTIONS)
+    generic = "; ".join(O.describe(o) for o in GENERIC_OPTIONS)
     if not spec.options:
         return f"method {spec.name!r} accepts no options of its own; like every method it accepts {generic}"
-    own = "; ".join(f"{o} ({OPTION_HELP[o]})" for o in spec.options)
+    own = "; ".join(O.describe(o) for o in spec.options)
     return f"method {spec.name!r} accepts: {own}; and, like every method, {generic}"
 
 
 __all__ = ["MethodSpec", "METHODS", "METHOD_NAMES", "CLASS_AGNOSTIC", "OPTION_HELP", "GENERIC_OPTIONS", "get",
-           "parse_options", "product_norm"]
+           "parse_options", "product_norm", "filled_by"]

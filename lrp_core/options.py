@@ -1,0 +1,136 @@
+"""Every method option, declared once: its name, default, help text and check.
+
+:data:`OPTIONS` is the one place an option is written. What reads it:
+
+- :class:`lrp_core.methods.Options` (the parsed options a method receives) is
+  built from it, so the defaults are these;
+- :func:`lrp_core.registry.parse_options` (``explain``'s option parsing) runs
+  each option's ``check`` and names the ``help`` texts in its errors;
+- a method takes an option when its :class:`~lrp_core.registry.MethodSpec`
+  lists the name (``MethodSpec.options``); the widgets ask the registry.
+
+Adding an option: one :class:`Option` here, its name in the ``options`` of
+the methods that take it (``lrp_core/registry.py``), and the method code that
+reads ``call.opt.<name>``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from . import memory
+from .errors import InputError
+from .rollout import NORMS
+
+
+@dataclass(frozen=True)
+class Option:
+    """One method option.
+
+    Attributes:
+        name: the keyword ``explain`` takes.
+        default: its value when not given (a method's per-modality defaults, ``MethodSpec.defaults``, come first).
+        help: what it means, for error messages and docs.
+        check: ``(value, num_blocks) -> value``: raises :class:`~lrp_core.errors.InputError` naming what is
+            accepted, else returns the value normalised (e.g. a negative block counted from the end).
+        none_is_value: ``explain(..., name=None)`` means ``None`` itself, not "use the default".
+        generic: every method takes it (how the call runs, not what it computes).
+        type: the annotation of the field of :class:`lrp_core.methods.Options`.
+    """
+
+    name: str
+    default: Any
+    help: str
+    check: Callable[[Any, int], Any]
+    none_is_value: bool = False
+    generic: bool = False
+    type: Any = Any
+
+
+def _block(name: str) -> Callable[[Any, int], Optional[int]]:
+    """A check for a block index: an int in -L … L-1, returned as 0 … L-1 (``None`` passes)."""
+    def check(v: Any, L: int) -> Optional[int]:
+        if v is None:
+            return None
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise InputError(f"{name} must be an int, got {type(v).__name__}")
+        if not -L <= v < L:
+            raise InputError(f"{name}={v} is out of range: the model has {L} blocks, so use 0 … {L - 1} "
+                             f"(or -{L} … -1 from the end)")
+        return v % L
+    return check
+
+
+def _flag(name: str) -> Callable[[Any, int], bool]:
+    def check(v: Any, L: int) -> bool:
+        if not isinstance(v, bool):
+            raise InputError(f"{name} must be True or False, got {v!r}")
+        return v
+    return check
+
+
+def _positive_int(name: str, what: str = "", optional: bool = False) -> Callable[[Any, int], Optional[int]]:
+    def check(v: Any, L: int) -> Optional[int]:
+        if optional and v is None:
+            return None
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise InputError(f"{name} must be a positive int{what}, got {v!r}")
+        return v
+    return check
+
+
+def _norm(v: Any, L: int) -> Optional[str]:
+    if v is not None and v not in NORMS:
+        raise InputError(f"rollout_norm must be one of {NORMS}, got {v!r}")
+    return v
+
+
+def _progress(v: Any, L: int) -> Optional[bool]:
+    if v is not None and not isinstance(v, bool):
+        raise InputError(f"progress must be True (a progress bar), False (none) or None (only for long runs), "
+                         f"got {v!r}")
+    return v
+
+
+#: Every option any method takes, in the order they are checked.
+OPTIONS: tuple[Option, ...] = (
+    Option("start_layer", 0, "first block in the layer product (0-based; negative counts from the end)",
+           _block("start_layer"), type=int),
+    Option("end_layer", None, "last block in the layer product (default: the last)", _block("end_layer"),
+           none_is_value=True, type=Optional[int]),
+    Option("rollout_norm", None, f"normalisation of each factor I + Ā_b, one of {NORMS}", _norm,
+           none_is_value=True, type=Optional[str]),
+    Option("use_gradient", True, "weight R^A by ∇A (True) or by A (False, the paper's ablation)",
+           _flag("use_gradient"), type=bool),
+    Option("progress", None, "show a progress bar (None: only for long runs)", _progress,
+           none_is_value=True, generic=True, type=Optional[bool]),
+    Option("keep_heads", False, "also return the per-head matrices (layers_per_head)", _flag("keep_heads"),
+           type=bool),
+    Option("batch_size", 64, "sequences per forward pass", _positive_int("batch_size"), type=int),
+    # how the call is split into pieces (lrp_core.memory; read by ``explain``, not by the methods)
+    Option("max_memory", None, "bytes or '2GB' a call may use, else it runs in pieces; None/'auto': half the "
+           "free memory, 'none': never split", lambda v, L: memory.parse_max_memory(v), generic=True),
+    Option("chunk_size", None, "samples per piece, instead of max_memory",
+           _positive_int("chunk_size", " (samples per piece)", optional=True), generic=True, type=Optional[int]),
+)
+#: The options by name.
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+#: Options every method takes: how the call runs, not what it computes (a progress bar, pieces).
+GENERIC_OPTIONS: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.generic)
+
+
+def check_together(values: dict) -> None:
+    """The checks that involve two options (``values``: every option, already checked one by one)."""
+    if values["end_layer"] is not None and values["end_layer"] < values["start_layer"]:
+        raise InputError(f"end_layer={values['end_layer']} is before start_layer={values['start_layer']}")
+    if values["chunk_size"] is not None and values["max_memory"] is not None:
+        raise InputError("give chunk_size (samples per piece) or max_memory (a budget the pieces are sized to), "
+                         "not both")
+
+
+def describe(name: str) -> str:
+    """``name (help)`` for error messages."""
+    return f"{name} ({BY_NAME[name].help})"
+
+
+__all__ = ["Option", "OPTIONS", "BY_NAME", "GENERIC_OPTIONS", "check_together", "describe"]

@@ -1,0 +1,47 @@
+"""Issue #21 item 2: an option and a result field are each declared once, and what reads them agrees."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lrp_core import InputError, explain, registry
+from lrp_core.explanation import OPTIONAL_FIELDS, RESULT_FIELDS, Explanation
+from lrp_core.methods import MethodResult, Options
+from lrp_core.options import OPTIONS
+
+
+def test_options_defaults_and_help_come_from_the_declarations():
+    assert [(f.name, f.default) for f in dataclasses.fields(Options)] == [(o.name, o.default) for o in OPTIONS]
+    assert registry.OPTION_HELP == {o.name: o.help for o in OPTIONS}
+    for o in OPTIONS:  # every default passes its own check unchanged (4 blocks)
+        assert o.check(o.default, 4) == o.default, o.name
+
+
+def test_an_option_check_is_what_explain_raises(tiny_vit, images):
+    # the check declared for keep_heads is the one explain runs
+    with pytest.raises(InputError, match="keep_heads must be True or False, got 'yes'"):
+        explain(tiny_vit, images[:1], method="rollout", keep_heads="yes")
+    with pytest.raises(InputError, match="start_layer=7 is out of range: the model has 3 blocks"):
+        explain(tiny_vit, images[:1], method="rollout", start_layer=7)
+
+
+def test_result_fields_are_the_fields_of_method_result_and_explanation():
+    names = [f.name for f in RESULT_FIELDS]
+    assert [f.name for f in dataclasses.fields(MethodResult)] == names + ["used"]
+    assert set(names) <= {f.name for f in dataclasses.fields(Explanation)}
+
+
+@pytest.mark.parametrize("method", registry.METHOD_NAMES)
+def test_returns_says_which_fields_a_method_fills(tiny_vit, images, method):
+    spec = registry.get(method)
+    exp = explain(tiny_vit, images[:2], method=method, **({"keep_heads": True} if spec.takes("keep_heads") else {}))
+    filled = {name for name in OPTIONAL_FIELDS if getattr(exp, name) is not None}
+    assert filled == set(spec.returns), method
+    one = exp[1]
+    for name in filled - {"conservation"}:
+        assert getattr(one, name).shape[0] == 1 and getattr(one, name).equal(getattr(exp, name)[1:2]), name
+
+
+def test_pixels_are_filled_by_the_methods_down_to_the_pixels():
+    assert registry.filled_by("pixels") == ("lrp", "attnlrp", "cp_lrp")
