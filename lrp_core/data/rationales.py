@@ -76,9 +76,6 @@ class RationaleRecord:
         return [w for w, r in zip(self.words, self.rationale) if r]
 
 
-TextRecord = RationaleRecord
-"""The name the evaluation API has always used for :class:`RationaleRecord`."""
-
 
 def _fail(path: Path, line_no: int, msg: str) -> RationaleFormatError:
     return RationaleFormatError(f"{path}, line {line_no}: {msg}")
@@ -170,4 +167,4 @@ def make_record(annotation_id: str, text: str, label: str, evidence_spans: list[
     }
 
 
-__all__ = ["RationaleRecord", "TextRecord", "RationaleFormatError", "load_rationales", "tokenize", "make_record", "DEFAULT_PATH"]
+__all__ = ["RationaleRecord", "RationaleFormatError", "load_rationales", "tokenize", "make_record", "DEFAULT_PATH"]
