@@ -22,6 +22,7 @@ import torch
 
 __all__ = [
     "CLASS_NAMES", "IMAGE_SIZE", "MEAN", "STD", "Scenes", "make_scenes", "normalize",
+    "IMAGENET_MEAN", "IMAGENET_STD", "DINOV2_SCENE_SIZE", "imagenet_normalize",
 ]
 
 #: Object classes, index = class id. They differ in shape; colour is random.
@@ -33,6 +34,11 @@ IMAGE_SIZE = 64
 #: Per-channel normalisation constants for the toy ViT (measured on 20,000 scenes).
 MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
 STD: tuple[float, float, float] = (0.25, 0.25, 0.25)
+#: The ImageNet normalisation of the DINOv2 models (their preprocessing; ``lrp_core.models.dinov2`` reads it here).
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+#: Side of the scenes drawn for ``dinov2-scenes`` (8 x 8 patches of 14 px); chosen by measurement, see README.
+DINOV2_SCENE_SIZE = 112
 
 _CHUNK = 128  # images rendered at once (bounds the memory of the grids)
 _MIN_VISIBLE = 0.6  # least visible fraction of an occluded object's area
@@ -82,6 +88,14 @@ def normalize(rgb: np.ndarray | torch.Tensor) -> torch.Tensor:
     x = torch.as_tensor(np.asarray(rgb, dtype=np.float32)).permute(0, 3, 1, 2)
     mean = torch.tensor(MEAN, dtype=torch.float32).view(1, 3, 1, 1)
     std = torch.tensor(STD, dtype=torch.float32).view(1, 3, 1, 1)
+    return ((x - mean) / std).contiguous()
+
+
+def imagenet_normalize(rgb: np.ndarray) -> torch.Tensor:
+    """Scenes (N, H, W, 3) floats in [0, 1] (``Scenes.rgb``) -> (N, 3, H, W) ImageNet-normalised."""
+    x = torch.as_tensor(np.asarray(rgb, dtype=np.float32)).permute(0, 3, 1, 2)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     return ((x - mean) / std).contiguous()
 
 

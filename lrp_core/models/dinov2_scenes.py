@@ -34,14 +34,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.scenes import CLASS_NAMES
+from ..data.scenes import CLASS_NAMES, DINOV2_SCENE_SIZE, IMAGENET_MEAN, IMAGENET_STD
+from ..data.scenes import imagenet_normalize as scene_inputs  # the scenes' input convention lives with the data
 from . import LoadedModel
-from .dinov2 import IMAGENET_MEAN, IMAGENET_STD, PATCH_SIZE
+from .dinov2 import PATCH_SIZE
 
 __all__ = ["IMAGE_SIZE", "ASSET_DIR", "TUNED_PREFIXES", "READOUTS", "asset_paths", "build_dinov2_scenes",
            "scene_inputs", "preprocess", "load_dinov2_scenes"]
 
-IMAGE_SIZE = 112
+IMAGE_SIZE = DINOV2_SCENE_SIZE
 """Input side in pixels (8 x 8 patches of 14 px); chosen by measurement, see README."""
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "dinov2_scenes"
 """Folder of each readout's tuned tensors and their facts (file names: :func:`asset_paths`)."""
@@ -106,14 +107,6 @@ def _backbone_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     sd["head.weight"] = torch.zeros(n, d)
     sd["head.bias"] = torch.zeros(n)
     return sd
-
-
-def scene_inputs(rgb: np.ndarray) -> torch.Tensor:
-    """Scenes (N, H, W, 3) floats in [0, 1] (``Scenes.rgb``) -> (N, 3, H, W) ImageNet-normalised."""
-    x = torch.as_tensor(np.asarray(rgb, dtype=np.float32)).permute(0, 3, 1, 2)
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-    return ((x - mean) / std).contiguous()
 
 
 def preprocess(image: Any) -> torch.Tensor:
