@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from . import rules as F
+from .errors import UnknownNameError, UnsupportedModelError
 
 # ----------------------------------------------------------------------------
 # operation kinds
@@ -227,7 +228,7 @@ class Composite:
         try:
             return self.rules[kind]
         except KeyError:
-            raise KeyError(f"composite {self.name!r} has no rule for operation {kind!r}; "
+            raise UnknownNameError(f"composite {self.name!r} has no rule for operation {kind!r}; "
                            f"it covers {', '.join(self.rules)}") from None
 
     def with_rules(self, name: str, **rules: Rule) -> "Composite":
@@ -345,7 +346,7 @@ class DetachedStdLayerNorm(Rule):
         if hasattr(module, "denominator"):  # a normalisation that names its divisor (e.g. CLIP's L2 norm)
             return x / module.denominator(x).detach()
         if module is None or len(getattr(module, "normalized_shape", (0, 0))) != 1:
-            raise TypeError(f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}")
+            raise UnsupportedModelError(f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}")
         mean = x.mean(dim=-1, keepdim=True)
         centred = x - mean
         # the std, γ and β are constants of the pass (no parameter gradients are taken): built from

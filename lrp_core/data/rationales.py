@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..errors import LRPError, MissingFileError
+
 LABELS = ("negative", "positive")
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "assets" / "rationales.jsonl"
 
@@ -29,7 +31,7 @@ DEFAULT_PATH = Path(__file__).resolve().parent.parent / "assets" / "rationales.j
 _TOKEN = re.compile(r"\w+(?:['\u2019-]\w+)*|[^\w\s]")
 
 
-class RationaleFormatError(ValueError):
+class RationaleFormatError(LRPError):
     """The rationale file is malformed; the message names the line and the problem."""
 
 
@@ -133,7 +135,7 @@ def load_rationales(path: str | Path | None = None) -> list[RationaleRecord]:
     """
     path = Path(path) if path is not None else DEFAULT_PATH
     if not path.is_file():
-        raise FileNotFoundError(f"rationale file not found: {path}")
+        raise MissingFileError(f"rationale file not found: {path}")
     records: list[RationaleRecord] = []
     seen: set[str] = set()
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

@@ -20,6 +20,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..errors import InputError
+
 __all__ = [
     "CLASS_NAMES", "IMAGE_SIZE", "MEAN", "STD", "Scenes", "make_scenes", "normalize",
     "IMAGENET_MEAN", "IMAGENET_STD", "DINOV2_SCENE_SIZE", "imagenet_normalize",
@@ -414,13 +416,13 @@ def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_
         ``masks`` (n, k, size, size), ``rgb`` (n, size, size, 3), ``colors`` (n, k, 3).
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+        raise InputError(f"n must be a positive integer, got {n!r}")
     if n_objects not in (1, 2):
-        raise ValueError(f"n_objects must be 1 or 2, got {n_objects!r}")
+        raise InputError(f"n_objects must be 1 or 2, got {n_objects!r}")
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 32:
-        raise ValueError(f"size must be an integer >= 32, got {size!r}")
+        raise InputError(f"size must be an integer >= 32, got {size!r}")
     if drop is not None and (isinstance(drop, bool) or drop not in range(n_objects)):
-        raise ValueError(f"drop must be None or an object index below {n_objects}, got {drop!r}")
+        raise InputError(f"drop must be None or an object index below {n_objects}, got {drop!r}")
     rng = np.random.default_rng(seed)
     parts = [_render_chunk(rng, min(_CHUNK, n - i), n_objects, int(size), textures, clutter, drop)
              for i in range(0, int(n), _CHUNK)]

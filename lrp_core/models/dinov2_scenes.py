@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from ..data.scenes import CLASS_NAMES, DINOV2_SCENE_SIZE, IMAGENET_MEAN, IMAGENET_STD
 from ..data.scenes import imagenet_normalize as scene_inputs  # the scenes' input convention lives with the data
+from ..errors import InputError, LRPError, MissingFileError
 from . import LoadedModel
 from .dinov2 import PATCH_SIZE
 
@@ -54,7 +55,7 @@ READOUTS: dict[str, str] = {"token": "dinov2-scenes", "avg": "dinov2-scenes-avg"
 
 def _check_readout(readout: str) -> None:
     if readout not in READOUTS:
-        raise ValueError(f"readout must be one of {sorted(READOUTS)} ('token': the [CLS] token, 'avg': "
+        raise InputError(f"readout must be one of {sorted(READOUTS)} ('token': the [CLS] token, 'avg': "
                          f"the mean of the patch tokens), got {readout!r}")
 
 
@@ -143,7 +144,7 @@ def load_dinov2_scenes(pretrained: str | bool = "auto", readout: str = "token") 
         ``info["evaluation_data"] = "dinov2-scenes"``: held-out scenes at 112 px).
     """
     if pretrained not in ("auto", True, False):
-        raise ValueError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
+        raise InputError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
     model = build_dinov2_scenes(pretrained_backbone=bool(pretrained), readout=readout)
     name = READOUTS[readout]
     info: dict[str, Any] = {
@@ -158,12 +159,12 @@ def load_dinov2_scenes(pretrained: str | bool = "auto", readout: str = "token") 
         weights, facts = asset_paths(readout)
         retrain = f"`python scripts/train_dinov2_scenes.py --readout {readout}`"
         if not weights.is_file():
-            raise FileNotFoundError(f"{name} weights not found at {weights}; train them with {retrain}")
+            raise MissingFileError(f"{name} weights not found at {weights}; train them with {retrain}")
         from safetensors.torch import load_file
 
         tuned = load_file(str(weights))
         if sorted(tuned) != sorted(n for n in model.state_dict() if n.startswith(TUNED_PREFIXES)):
-            raise ValueError(f"{weights} does not hold exactly the tensors of {TUNED_PREFIXES}; "
+            raise LRPError(f"{weights} does not hold exactly the tensors of {TUNED_PREFIXES}; "
                              f"re-create it with {retrain}")
         model.load_state_dict({n: t.float() for n, t in tuned.items()}, strict=False)
         if facts.is_file():

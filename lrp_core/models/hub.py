@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import torch
 
 from ..data.photos import as_pil_image
-from ..errors import InputError
+from ..errors import InputError, LRPError
 from . import LoadedModel
 
 __all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_endpoint", "hub_reachable", "imagenet_class_names",
@@ -36,7 +36,7 @@ _IMAGE_ALTERNATIVES = "load('toy-vit') or load('dinov2-s14')"
 _TEXT_ALTERNATIVES = "load('minilm-sentiment')"
 
 
-class HubUnavailableError(OSError):
+class HubUnavailableError(LRPError, OSError):
     """Pretrained weights were asked for, but the hub is unreachable and nothing is cached."""
 
 
