@@ -50,8 +50,7 @@ __all__ = [
     "relevance_cmap", "DEFAULT_CLIP", "DEFAULT_GAMMA", "ColourScale", "colour_scale",
     "signed_norm", "symmetric_limit", "colorize", "upsample_map", "to_rgb_uint8", "PHOTO_FLOOR", "grey_photo",
     "overlay", "overlay_image", "render_overlay_png", "tile_pngs", "show_relevance",
-    "show_methods", "render_png", "token_html", "merge_wordpieces", "denormalize",
-]
+    "show_methods", "render_png", "token_html", "merge_wordpieces", "denormalize"]
 
 #: Diverging colormap used for every relevance picture (blue < 0 < red). Like
 #: matplotlib's "bwr", but with an odd number of entries so that zero is exactly white.

@@ -306,17 +306,13 @@ def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
     return mask, tex
 
 
-def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
-                  textures: bool, clutter: bool, drop: int | None = None,
-                  ) -> tuple[np.ndarray, ...]:
-    """Render ``n`` scenes: rgb (n,H,W,3), labels (n,k), masks (n,k,H,W), colours (n,k,3).
+def _classes_sizes_colours(rng: np.random.Generator, n: int, n_objects: int, size: int,
+                           base: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Class ids (n, k), radii in pixels (n, k) and colours (n, k, 3) of the objects, k = ``n_objects``.
 
-    ``drop`` (an object index) leaves that object out of the picture while
-    drawing exactly the same random numbers, so everything else is identical:
-    its mask is empty and the other object is drawn (and masked) whole.
+    Colours keep away from the background's ``base`` colour (n, 3) and from each other.
     """
     n_cls = len(CLASS_NAMES)
-    img, base = _background(rng, n, size, clutter)
     if n_objects == 1:
         labels = rng.integers(0, n_cls, (n, 1))
         r_lo, r_hi = 10.0, 18.0
@@ -330,9 +326,45 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
     for j in range(n_objects):
         avoid = [base] + [colors[:, i] for i in range(j)]
         colors[:, j] = _random_colors(rng, avoid, 0.45 if j == 0 else 0.35, n, min_luma=0.3)
-    colors = colors.astype(np.float32)
+    return labels, radius, colors.astype(np.float32)
 
-    # positions: the object stays inside the frame; two objects overlap only a little
+
+def _keep_apart(rng: np.random.Generator, cx: np.ndarray, cy: np.ndarray, radius: np.ndarray,
+                lo: np.ndarray, hi: np.ndarray, pending: np.ndarray) -> None:
+    """Redraw the second object's centre (``cx``, ``cy`` (n, 2), in place) until the two are apart enough."""
+    far = np.hypot(cx[pending, 0] - cx[pending, 1], cy[pending, 0] - cy[pending, 1])
+    close = far < 0.75 * radius[pending].sum(1)
+    while close.any():
+        p = pending[close]
+        cx[p, 1] = rng.uniform(lo[p, 1], hi[p, 1])
+        cy[p, 1] = rng.uniform(lo[p, 1], hi[p, 1])
+        far = np.hypot(cx[pending, 0] - cx[pending, 1], cy[pending, 0] - cy[pending, 1])
+        close = far < 0.75 * radius[pending].sum(1)
+
+
+def _occlude(masks: np.ndarray, order: np.ndarray, pending: np.ndarray) -> np.ndarray:
+    """The object on top (index ``order``) hides the other one: ``masks`` (n, 2, H, W) cut in place.
+
+    Returns (len(pending),) bool: True where too little of the hidden object stays visible.
+    """
+    top = order[pending]
+    full = masks[pending]  # (p, 2, H, W)
+    top_mask = full[np.arange(len(pending)), top]
+    under = 1 - top
+    under_full = full[np.arange(len(pending)), under]
+    visible = under_full & ~top_mask
+    frac = visible.sum((1, 2)) / np.maximum(under_full.sum((1, 2)), 1)
+    masks[pending, under] = visible
+    return frac < _MIN_VISIBLE
+
+
+def _place_objects(rng: np.random.Generator, labels: np.ndarray, radius: np.ndarray, colors: np.ndarray,
+                   base: np.ndarray, size: int, textures: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Place and draw the objects: visible masks and whole shapes (n, k, H, W), pictures (n, k, H, W, 3).
+
+    The object stays inside the frame; two objects overlap only a little (redrawn until they do).
+    """
+    n, n_objects = labels.shape
     lo, hi = radius, size - radius
     cx = rng.uniform(lo, hi)
     cy = rng.uniform(lo, hi)
@@ -343,14 +375,7 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
     layers = np.zeros((n, n_objects, size, size, 3), dtype=np.float32)
     for attempt in range(100):
         if n_objects == 2:
-            far = np.hypot(cx[pending, 0] - cx[pending, 1], cy[pending, 0] - cy[pending, 1])
-            close = far < 0.75 * radius[pending].sum(1)
-            while close.any():  # redraw the second object's centre until apart enough
-                p = pending[close]
-                cx[p, 1] = rng.uniform(lo[p, 1], hi[p, 1])
-                cy[p, 1] = rng.uniform(lo[p, 1], hi[p, 1])
-                far = np.hypot(cx[pending, 0] - cx[pending, 1], cy[pending, 0] - cy[pending, 1])
-                close = far < 0.75 * radius[pending].sum(1)
+            _keep_apart(rng, cx, cy, radius, lo, hi, pending)
         for j in range(n_objects):
             m, t = _object_layer(rng, labels[pending, j], cx[pending, j], cy[pending, j],
                                  radius[pending, j], size, textures, colors[pending, j],
@@ -360,16 +385,7 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
             layers[pending, j] = t
         if n_objects == 1:
             break
-        # the object on top (index `order`) hides the other one
-        top = order[pending]
-        full = masks[pending]  # (p, 2, H, W)
-        top_mask = full[np.arange(len(pending)), top]
-        under = 1 - top
-        under_full = full[np.arange(len(pending)), under]
-        visible = under_full & ~top_mask
-        frac = visible.sum((1, 2)) / np.maximum(under_full.sum((1, 2)), 1)
-        masks[pending, under] = visible
-        bad = frac < _MIN_VISIBLE
+        bad = _occlude(masks, order, pending)
         if not bad.any():
             break
         pending = pending[bad]
@@ -377,7 +393,21 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
         cy[pending, 1] = rng.uniform(lo[pending, 1], hi[pending, 1])
     else:  # pragma: no cover - the distance rule makes this practically impossible
         raise RuntimeError("could not place two objects with limited overlap")
+    return masks, whole, layers
 
+
+def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
+                  textures: bool, clutter: bool, drop: int | None = None,
+                  ) -> tuple[np.ndarray, ...]:
+    """Render ``n`` scenes: rgb (n,H,W,3), labels (n,k), masks (n,k,H,W), colours (n,k,3).
+
+    ``drop`` (an object index) leaves that object out of the picture while
+    drawing exactly the same random numbers, so everything else is identical:
+    its mask is empty and the other object is drawn (and masked) whole.
+    """
+    img, base = _background(rng, n, size, clutter)
+    labels, radius, colors = _classes_sizes_colours(rng, n, n_objects, size, base)
+    masks, whole, layers = _place_objects(rng, labels, radius, colors, base, size, textures)
     if drop is not None:  # nothing hides the remaining object any more
         masks = whole
         masks[:, drop] = False
