@@ -58,6 +58,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .api import METHODS, explain
+from .errors import LRPError
 from .utils import proc_kib
 
 #: The baseline every method is compared with (a row of its own in the table).
@@ -256,7 +257,7 @@ def worker(job: dict) -> dict:
     return out
 
 
-class BenchError(RuntimeError):
+class BenchError(LRPError, RuntimeError):
     """A worker subprocess failed (its stderr's tail is in the message)."""
 
 

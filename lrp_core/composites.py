@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from . import rules as F
+from .errors import UnknownNameError, UnsupportedModelError
 
 # ----------------------------------------------------------------------------
 # operation kinds
@@ -87,10 +88,6 @@ class Rule:
         """The operation's output as the replay computes it; plain rules just call ``fn``."""
         return fn(*inputs)
 
-    # the course and older code call rules directly on tensors
-    def __call__(self, *args, **kwargs):
-        raise TypeError(f"call {type(self).__name__}.relevance(op, R), or the function in lrp_core.rules")
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -125,15 +122,6 @@ class BaselineLinear(Rule):
 
     def relevance(self, op, R, cache=None):
         return (F.linear_baseline(op.inputs[0], op.module.weight, R),)
-
-
-class GenericRule(Rule):
-    """:func:`lrp_core.rules.generic` — gradient × input of the ratio, for any module."""
-
-    name = "generic"
-
-    def relevance(self, op, R, cache=None):
-        return (F.generic(op.module, op.inputs[0], R),)
 
 
 class NormalizedAdd(Rule):
@@ -240,32 +228,12 @@ class Composite:
         try:
             return self.rules[kind]
         except KeyError:
-            raise KeyError(f"composite {self.name!r} has no rule for operation {kind!r}; "
+            raise UnknownNameError(f"composite {self.name!r} has no rule for operation {kind!r}; "
                            f"it covers {', '.join(self.rules)}") from None
-
-    def rule_for(self, module: nn.Module) -> Rule:
-        """The rule of a module, its kind read from its type (for inspection and the course)."""
-        return self.rule(_kind_of_module(module), module)
-
-    def op(self, kind: str) -> Rule:
-        """The rule of an operation kind."""
-        return self.rule(kind)
 
     def with_rules(self, name: str, **rules: Rule) -> "Composite":
         """A copy with some kinds' rules replaced (``name`` names the new rule set)."""
         return Composite(name=name, rules={**self.rules, **rules}, modules=dict(self.modules))
-
-
-def _kind_of_module(module: nn.Module) -> str:
-    if isinstance(module, nn.Linear):
-        return LINEAR
-    if isinstance(module, nn.Conv2d):
-        return PATCH_CONV
-    if isinstance(module, nn.LayerNorm) or "Norm" in type(module).__name__:
-        return LAYERNORM
-    if isinstance(module, nn.Softmax):
-        return SOFTMAX
-    return ELEMENTWISE
 
 
 class Propagation:
@@ -378,7 +346,7 @@ class DetachedStdLayerNorm(Rule):
         if hasattr(module, "denominator"):  # a normalisation that names its divisor (e.g. CLIP's L2 norm)
             return x / module.denominator(x).detach()
         if module is None or len(getattr(module, "normalized_shape", (0, 0))) != 1:
-            raise TypeError(f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}")
+            raise UnsupportedModelError(f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}")
         mean = x.mean(dim=-1, keepdim=True)
         centred = x - mean
         # the std, γ and β are constants of the pass (no parameter gradients are taken): built from
@@ -428,7 +396,7 @@ CP_LRP = ATTNLRP.with_rules("cp_lrp", **{MATMUL_QK: DetachedOperands(), MATMUL_A
 __all__ = [
     "OP_KINDS", "LINEAR", "PATCH_CONV", "LAYERNORM", "ELEMENTWISE", "SCALE", "SOFTMAX", "MATMUL_QK", "MATMUL_AV", "ADD",
     "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "POOL", "Op", "Rule", "Identity", "SignedLinear", "BaselineLinear",
-    "GenericRule", "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "WeightedSum", "ZBox", "Composite",
+    "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "WeightedSum", "ZBox", "Composite",
     "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "IDENTITY_RULE_EPS", "Gradient", "IdentityRule",
     "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "ATTNLRP", "CP_LRP",
 ]

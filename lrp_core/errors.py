@@ -9,15 +9,27 @@ class UnsupportedModelError(LRPError, TypeError):
     """The model is not one of the architectures the engine can explain."""
 
 
-class UnknownMethodError(LRPError, KeyError):
-    """The method name is not in :data:`lrp_core.METHODS`."""
+class UnknownNameError(LRPError, KeyError):
+    """A name (a method, an image, an operation kind) that is not among those on offer."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 
 
+class UnknownMethodError(UnknownNameError):
+    """The method name is not in :data:`lrp_core.METHODS`."""
+
+
 class InputError(LRPError):
     """The inputs (images, text, target, options) are not acceptable."""
+
+
+class InputTypeError(InputError, TypeError):
+    """An input of a type the call does not take (a ``TypeError`` too, for callers that catch that)."""
+
+
+class MissingFileError(LRPError, FileNotFoundError):
+    """A file the library needs (weights, a data file) is not where it should be; the message says how to make it."""
 
 
 class LRPWarning(UserWarning):

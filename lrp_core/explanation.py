@@ -17,6 +17,8 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from .errors import InputError
+
 
 @dataclass
 class Conservation:
@@ -159,7 +161,7 @@ class Explanation:
     def patch_map(self) -> torch.Tensor:
         """Patch scores on the patch grid: (B, h, w)."""
         if self.grid is None:
-            raise ValueError("patch_map() needs an image explanation; this one is for text")
+            raise InputError("patch_map() needs an image explanation; this one is for text")
         h, w = self.grid
         return self.scores.reshape(self.scores.shape[0], h, w)
 

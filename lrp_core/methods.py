@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from .adapters.base import Adapter, TokenLayout, Trace
 from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Composite
+from .errors import InputError
 from .explanation import RESULT_FIELDS, Conservation
 from .options import OPTIONS
 from .precision import in_float32
@@ -296,7 +297,7 @@ def cdam(c: Call) -> MethodResult:
     else:
         v = c.concept.vector.to(trace.pooled.dtype)
         if v.shape[-1] != trace.pooled.shape[-1]:
-            raise ValueError(f"concept vector has size {v.shape[-1]}, the model's final embedding "
+            raise InputError(f"concept vector has size {v.shape[-1]}, the model's final embedding "
                              f"{trace.pooled.shape[-1]}")
         target = torch.full((T.shape[0],), -1, dtype=torch.long)
         y = trace.pooled @ v

@@ -12,6 +12,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from .errors import InputError
+
 NORMS = ("none", "row")
 
 
@@ -37,13 +39,13 @@ def accumulate(layers: Sequence[Tensor] | Tensor, start: int = 0, stop: Optional
         (B, N, N); its row 0 is the [CLS] token's map.
     """
     if norm not in NORMS:
-        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        raise InputError(f"norm must be one of {NORMS}, got {norm!r}")
     if isinstance(layers, Tensor):
         layers = layers.unbind(dim=1)
     L = len(layers)
     stop = L - 1 if stop is None else stop
     if not 0 <= start <= stop < L:
-        raise ValueError(f"need 0 <= start <= stop < {L}, got start={start}, stop={stop}")
+        raise InputError(f"need 0 <= start <= stop < {L}, got start={start}, stop={stop}")
     joint = _factor(layers[start], norm)
     for b in range(start + 1, stop + 1):
         joint = torch.bmm(_factor(layers[b], norm), joint)

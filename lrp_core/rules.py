@@ -289,14 +289,6 @@ def _transpose_output_padding(in_hw, out_hw, k_hw, stride, padding) -> tuple[int
     )  # type: ignore[return-value]
 
 
-def __getattr__(name: str):
-    """The rule objects and composites live in :mod:`lrp_core.composites`; reachable from here too."""
-    from . import composites
-    if name in composites.__all__:
-        return getattr(composites, name)
-    raise AttributeError(f"module 'lrp_core.rules' has no attribute {name!r}")
-
-
 __all__ = [
     "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic",
     "add_generic", "add_normalized", "clone", "select", "weighted_sum", "matmul", "identity", "zbox_conv2d",

@@ -44,12 +44,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from .errors import InputError
+
 __all__ = [
     "relevance_cmap", "DEFAULT_CLIP", "DEFAULT_GAMMA", "ColourScale", "colour_scale",
     "signed_norm", "symmetric_limit", "colorize", "upsample_map", "to_rgb_uint8", "PHOTO_FLOOR", "grey_photo",
     "overlay", "overlay_image", "render_overlay_png", "tile_pngs", "show_relevance",
-    "show_methods", "render_png", "token_html", "merge_wordpieces", "denormalize",
-]
+    "show_methods", "render_png", "token_html", "merge_wordpieces", "denormalize"]
 
 #: Diverging colormap used for every relevance picture (blue < 0 < red). Like
 #: matplotlib's "bwr", but with an odd number of entries so that zero is exactly white.
@@ -115,7 +116,7 @@ _NOT_WORTH_CLIPPING = 0.95
 
 def _check_clip(clip: Optional[float]) -> None:
     if clip is not None and not 0.0 < float(clip) <= 100.0:
-        raise ValueError(f"clip is a percentile of |values| in (0, 100], or None for the exact "
+        raise InputError(f"clip is a percentile of |values| in (0, 100], or None for the exact "
                          f"maximum; got {clip!r}")
 
 
@@ -148,7 +149,7 @@ def symmetric_limit(values: Any, clip: Optional[float] = None) -> float:
 
 def _check_gamma(gamma: float) -> None:
     if not 0.0 < float(gamma) <= 1.0:
-        raise ValueError(f"gamma must lie in (0, 1] (1 = linear colours); got {gamma!r}")
+        raise InputError(f"gamma must lie in (0, 1] (1 = linear colours); got {gamma!r}")
 
 
 def _power(x: np.ndarray, gamma: float) -> np.ndarray:
@@ -201,7 +202,7 @@ def upsample_map(relmap: Any, size: tuple[int, int]) -> np.ndarray:
     """Bilinear upsampling of a 2-D map to ``size = (H, W)`` (float32)."""
     arr = np.nan_to_num(_as_numpy(relmap)).astype(np.float32)
     if arr.ndim != 2:
-        raise ValueError(f"a relevance map must be 2-D (h, w); got shape {tuple(arr.shape)}")
+        raise InputError(f"a relevance map must be 2-D (h, w); got shape {tuple(arr.shape)}")
     h, w = int(size[0]), int(size[1])
     if arr.shape == (h, w):
         return arr
@@ -218,7 +219,7 @@ def to_rgb_uint8(image: Any) -> np.ndarray:
     if arr.ndim == 2:
         arr = arr[..., None]
     if arr.ndim != 3 or arr.shape[-1] not in (1, 3, 4):
-        raise ValueError(f"expected an (H, W, 3) RGB image; got shape {tuple(arr.shape)}")
+        raise InputError(f"expected an (H, W, 3) RGB image; got shape {tuple(arr.shape)}")
     arr = arr[..., :3]
     if arr.shape[-1] == 1:
         arr = np.repeat(arr, 3, axis=-1)
@@ -277,7 +278,7 @@ def overlay(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool = True
     colours). ``image_rgb=None`` draws the map alone.
     """
     if not 0.0 <= float(alpha) <= 1.0:
-        raise ValueError(f"alpha must lie in [0, 1]; got {alpha}")
+        raise InputError(f"alpha must lie in [0, 1]; got {alpha}")
     if image_rgb is None:
         shape = size or _as_numpy(relmap).shape
         base = np.full((int(shape[0]), int(shape[1]), 3), 255, dtype=np.uint8)
@@ -410,7 +411,7 @@ def overlay_image(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool 
     if image_rgb is None:  # the map alone: one flat square per value, not a blur
         rel = _as_numpy(relmap)
         if rel.ndim != 2:
-            raise ValueError(f"a relevance map must be 2-D (h, w); got shape {tuple(rel.shape)}")
+            raise InputError(f"a relevance map must be 2-D (h, w); got shape {tuple(rel.shape)}")
         small = overlay(None, rel, signed=signed, clip=clip, gamma=gamma)
         panel = np.asarray(Image.fromarray(small).resize((size[1], size[0]), Image.NEAREST))
     else:
@@ -425,7 +426,7 @@ def overlay_image(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool 
 def tile_pngs(images: Sequence[Image.Image], ncols: Optional[int] = None, pad: int = 6) -> bytes:
     """Lay PIL images out in a grid (row-major) and encode it as one PNG."""
     if not images:
-        raise ValueError("tile_pngs needs at least one image")
+        raise InputError("tile_pngs needs at least one image")
     ncols = ncols or len(images)
     nrows = -(-len(images) // ncols)
     cw = max(im.width for im in images)
@@ -454,7 +455,7 @@ def show_relevance(image_rgb: Any, relmap: Any, ax: Optional[plt.Axes] = None, a
         _, ax = plt.subplots(figsize=(4, 4))
     rel = _view(np.nan_to_num(_as_numpy(relmap)), signed)
     if rel.ndim != 2:
-        raise ValueError(f"a relevance map must be 2-D (h, w); got shape {tuple(rel.shape)}")
+        raise InputError(f"a relevance map must be 2-D (h, w); got shape {tuple(rel.shape)}")
     size = to_rgb_uint8(image_rgb).shape[:2] if image_rgb is not None else None
     pixels = overlay(image_rgb, rel, alpha=alpha, signed=signed, size=size, clip=clip, gamma=gamma,
                      grey=grey)
@@ -488,7 +489,7 @@ def show_methods(image: Any, maps: Mapping[str, Any], ncols: Optional[int] = Non
     ``gamma`` as in :func:`show_relevance`.
     """
     if not maps:
-        raise ValueError("show_methods needs at least one {name: map} entry")
+        raise InputError("show_methods needs at least one {name: map} entry")
     n = len(maps)
     ncols = min(ncols or n, n)
     nrows = -(-n // ncols)
@@ -529,7 +530,7 @@ def token_html(tokens: Sequence[str], scores: Any, signed: bool = True, legend: 
     """
     vals = _view(np.nan_to_num(_as_numpy(scores)).reshape(-1), signed)
     if len(tokens) != vals.shape[0]:
-        raise ValueError(f"token_html: {len(tokens)} tokens but {vals.shape[0]} scores")
+        raise InputError(f"token_html: {len(tokens)} tokens but {vals.shape[0]} scores")
     scale = colour_scale(vals, clip)
     m = scale.limit
     colours = colorize(vals, signed=True, limit=m, gamma=gamma)
@@ -564,10 +565,10 @@ def merge_wordpieces(tokens: Sequence[str], scores: Any,
         ``(words, word_scores)``; special tokens stay words of their own.
     """
     if reduce not in ("max", "sum"):
-        raise ValueError(f'reduce must be "max" or "sum"; got {reduce!r}')
+        raise InputError(f'reduce must be "max" or "sum"; got {reduce!r}')
     vals = _as_numpy(scores).reshape(-1)
     if len(tokens) != vals.shape[0]:
-        raise ValueError(f"merge_wordpieces: {len(tokens)} tokens but {vals.shape[0]} scores")
+        raise InputError(f"merge_wordpieces: {len(tokens)} tokens but {vals.shape[0]} scores")
     words: list[str] = []
     groups: list[list[float]] = []
     for tok, v in zip(tokens, vals):
@@ -587,10 +588,10 @@ def denormalize(image_tensor: Any, mean: Sequence[float], std: Sequence[float]) 
     arr = _as_numpy(image_tensor)
     if arr.ndim == 4:
         if arr.shape[0] != 1:
-            raise ValueError(f"denormalize takes one image; got a batch of {arr.shape[0]}")
+            raise InputError(f"denormalize takes one image; got a batch of {arr.shape[0]}")
         arr = arr[0]
     if arr.ndim != 3 or arr.shape[0] not in (1, 3):
-        raise ValueError(f"expected a (3, H, W) image tensor; got shape {tuple(arr.shape)}")
+        raise InputError(f"expected a (3, H, W) image tensor; got shape {tuple(arr.shape)}")
     m = np.asarray(mean, dtype=np.float64).reshape(-1, 1, 1)
     s = np.asarray(std, dtype=np.float64).reshape(-1, 1, 1)
     out = np.moveaxis(arr * s + m, 0, -1)

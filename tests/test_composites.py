@@ -8,7 +8,18 @@ from conftest import make_tiny_vit
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
 from lrp_core.composites import (ADD, LINEAR, MASK_ADD, OP_KINDS, TRANSFORMER_ATTRIBUTION, Composite, GenericAdd,
-                                 GenericRule, Identity, Op, Propagation, Rule)
+                                 Identity, Op, Propagation, Rule)
+from lrp_core.rules import generic
+
+
+class GenericRule(Rule):
+    """A rule written outside the library: :func:`lrp_core.rules.generic` (gradient × input of the ratio)."""
+
+    name = "generic"
+
+    def relevance(self, op, R, cache=None):
+        return (generic(op.module, op.inputs[0], R),)
+
 
 #: the generic DTD rule everywhere it applies: Linear, the residual Adds; everything else as before
 GENERIC = TRANSFORMER_ATTRIBUTION.with_rules("generic", **{LINEAR: GenericRule(), ADD: GenericAdd(),

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lrp_core import composites as C
 from lrp_core import rules
 
 SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
@@ -133,13 +134,13 @@ def test_zbox_conserves_on_patch_conv(seed):
     assert torch.allclose(Rx.sum(dim=(1, 2, 3)), R.sum(dim=(1, 2, 3)), rtol=1e-5, atol=1e-5)
 
 
-def test_composites_pick_rules_by_module_type():
+def test_composites_pick_rules_by_operation_kind():
     lin = torch.nn.Linear(3, 2)
-    assert isinstance(rules.TRANSFORMER_ATTRIBUTION.rule_for(lin), rules.SignedLinear)
-    assert isinstance(rules.LRP_BASELINE.rule_for(lin), rules.BaselineLinear)
-    assert isinstance(rules.TRANSFORMER_ATTRIBUTION.rule_for(torch.nn.GELU()), rules.Identity)
-    assert isinstance(rules.TRANSFORMER_ATTRIBUTION.op("add"), rules.NormalizedAdd)
-    assert isinstance(rules.LRP_BASELINE.op("add"), rules.GenericAdd)
+    assert isinstance(C.TRANSFORMER_ATTRIBUTION.rule(C.LINEAR, lin), C.SignedLinear)
+    assert isinstance(C.LRP_BASELINE.rule(C.LINEAR, lin), C.BaselineLinear)
+    assert isinstance(C.TRANSFORMER_ATTRIBUTION.rule(C.ELEMENTWISE, torch.nn.GELU()), C.Identity)
+    assert isinstance(C.TRANSFORMER_ATTRIBUTION.rule(C.ADD), C.NormalizedAdd)
+    assert isinstance(C.LRP_BASELINE.rule(C.ADD), C.GenericAdd)
 
 
 @settings(max_examples=40, deadline=None)

@@ -16,6 +16,7 @@ import torch
 
 from lrp_core import api, registry, rollout
 from lrp_core.adapters import Adapter, TokenLayout, get_adapter
+from lrp_core.errors import InputError
 
 #: Models below this many parameters are explained on one CPU thread by default.
 SMALL_MODEL_PARAMS = 50_000_000
@@ -70,7 +71,7 @@ def check_methods(names: Sequence[str]) -> list[str]:
     """``names`` as a list, each validated by the registry (its error names the choices)."""
     chosen = list(names)
     if not chosen:
-        raise ValueError(f"no method given; choose from {', '.join(methods())}")
+        raise InputError(f"no method given; choose from {', '.join(methods())}")
     for name in chosen:
         registry.get(name)
     return chosen
@@ -143,7 +144,7 @@ def sample_readout(model: Any, inputs: Any) -> SampleReadout:
     N = n = layout.num_tokens
     if layout.mask is not None:
         if layout.mask.shape[0] != 1:
-            raise ValueError(f"a view reads one sample; got a batch of {layout.mask.shape[0]}")
+            raise InputError(f"a view reads one sample; got a batch of {layout.mask.shape[0]}")
         real = int(layout.mask[0].sum())
         if real < N and bool(layout.mask[0, :real].all()):  # right-padded: explained as its real tokens
             n = real

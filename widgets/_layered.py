@@ -14,6 +14,7 @@ import ipywidgets as W
 import numpy as np
 import torch
 
+from lrp_core.errors import UnsupportedModelError
 from lrp_core.utils import logits_of
 
 from . import _engine, _render, views
@@ -24,7 +25,7 @@ from ._common import (ModelFacts, RelevanceWidget, check_kind, class_names, clas
 def forward_logits(facts: ModelFacts, inputs: Any, threads: Any = "auto") -> torch.Tensor:
     """The model's logits (B, C) without gradients (on ``threads`` CPU threads)."""
     if facts.adapter.num_classes == 0:  # a backbone without a head (e.g. DINOv2): no classes to pick
-        raise TypeError(f"{type(facts.module).__name__} has no classification head, so there are no "
+        raise UnsupportedModelError(f"{type(facts.module).__name__} has no classification head, so there are no "
                         "classes to explain: use widgets.ConceptBuilder (a concept from example "
                         "images) or a class-agnostic method "
                         f"({', '.join(_engine.class_agnostic())}) with lrp_core.explain")

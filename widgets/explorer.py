@@ -96,7 +96,7 @@ class RelevanceExplorer(LayerExplorer):
     def static_png(self) -> bytes:
         """The current picture with its title and colourbar, as PNG bytes."""
         if self.displayed_map is None:
-            raise ValueError(self.last_error or "nothing has been computed yet")
+            raise InputError(self.last_error or "nothing has been computed yet")
         return self._png(self.displayed_map, title=self._title())
 
     def _static_bundle(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence
 import ipywidgets as W
 import numpy as np
 
+from lrp_core.errors import InputError
 from lrp_core.viz import overlay_image, tile_pngs, to_rgb_uint8, token_html
 
 from . import _engine, views
@@ -88,11 +89,11 @@ class MethodGrid(RelevanceWidget):
             self.class_selector.value = int(self.logits[0].argmax())
         elif isinstance(target, str):
             if target not in self.names:
-                raise ValueError(f"unknown class {target!r}; the classes are {', '.join(self.names)}")
+                raise InputError(f"unknown class {target!r}; the classes are {', '.join(self.names)}")
             self.class_selector.value = self.names.index(target)
         else:
             if not 0 <= int(target) < len(self.names):
-                raise ValueError(f"target must be a class index in 0..{len(self.names) - 1}; got {target}")
+                raise InputError(f"target must be a class index in 0..{len(self.names) - 1}; got {target}")
             self.class_selector.value = int(target)
 
     @property

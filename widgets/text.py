@@ -131,7 +131,7 @@ class TokenRelevance(LayerExplorer):
     def _render(self, values: np.ndarray, title: str) -> None:
         tokens = self.tokens()
         if len(tokens) != len(values):
-            raise ValueError(f"{len(tokens)} tokens but {len(values)} scores")
+            raise InputError(f"{len(tokens)} tokens but {len(values)} scores")
         if self.word_toggle.value == "words":
             tokens, values = merge_wordpieces(tokens, values, reduce="max")
             self.displayed_map = values

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from lrp_core import registry
+from lrp_core.errors import InputError
 
 from . import _engine
 
@@ -72,7 +73,7 @@ def rollout_norm(exp: Any) -> str:
     """The normalisation of the factors of the method's layer product, as the engine used it."""
     norm = registry.product_norm(exp.method, exp.options)
     if norm is None:
-        raise ValueError(f"method {exp.method!r} has no layer product")
+        raise InputError(f"method {exp.method!r} has no layer product")
     return norm
 
 
@@ -108,7 +109,7 @@ def readout_row(readout: _engine.SampleReadout, M: Any) -> np.ndarray:
     """``wᵀM`` (N,): the readout's row of one token-mixing matrix M (N, N), in float64."""
     M = _as_numpy(M)
     if M.shape[-1] != readout.weights.shape[0]:
-        raise ValueError(f"the matrix has {M.shape[-1]} tokens, the sample's readout {readout.weights.shape[0]}")
+        raise InputError(f"the matrix has {M.shape[-1]} tokens, the sample's readout {readout.weights.shape[0]}")
     return readout.weights @ M
 
 
@@ -127,7 +128,7 @@ def scored_map(exp: Any, readout: _engine.SampleReadout, row: np.ndarray, minimu
 
 def _need_readout(readout: Optional[_engine.SampleReadout], view: str) -> _engine.SampleReadout:
     if readout is None:
-        raise ValueError(f"the {view!r} view reads the matrices through the sample's readout: pass "
+        raise InputError(f"the {view!r} view reads the matrices through the sample's readout: pass "
                          "readout=widgets._engine.sample_readout(model, inputs)")
     return readout
 
@@ -147,15 +148,15 @@ def view_map(exp: Any, view: str, block: int = 0, start: int = 0, head: Optional
         return _row(exp, exp.scores[0])
     L = n_blocks(exp)
     if not 0 <= block < max(L, 1):
-        raise ValueError(f"block must be in 0..{L - 1}; got {block}")
+        raise InputError(f"block must be in 0..{L - 1}; got {block}")
     if view == "residual":
         if exp.token_relevance is None:
-            raise ValueError(f"method {exp.method!r} has no per-block token relevance")
+            raise InputError(f"method {exp.method!r} has no per-block token relevance")
         return _row(exp, exp.token_relevance[0, block])
     if view not in VIEW_LABELS:
-        raise ValueError(f"unknown view {view!r}; choose one of {sorted(VIEW_LABELS)}")
+        raise InputError(f"unknown view {view!r}; choose one of {sorted(VIEW_LABELS)}")
     if exp.layers is None:
-        raise ValueError(f"method {exp.method!r} has no per-block matrices")
+        raise InputError(f"method {exp.method!r} has no per-block matrices")
     readout = _need_readout(readout, view)
     if view == "block":
         mat = exp.layers[0, block] if head is None else _heads(exp)[0, block, head]
@@ -166,7 +167,7 @@ def view_map(exp: Any, view: str, block: int = 0, start: int = 0, head: Optional
 def _heads(exp: Any) -> torch.Tensor:
     heads = per_head(exp)
     if heads is None:
-        raise ValueError("this explanation has no per-head matrices (explain(..., keep_heads=True))")
+        raise InputError("this explanation has no per-head matrices (explain(..., keep_heads=True))")
     return heads
 
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ..composites import (ADD, ELEMENTWISE, LAYERNORM, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, SCALE, SOFTMAX,
                           Composite, Propagation)
+from ..errors import InputError
 from .records import AttentionRecord, BlockRecord
 
 IDENTITY = nn.Identity()
@@ -72,7 +73,7 @@ class BlockSpec:
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+            raise InputError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
 
 
 # ----------------------------------------------------------------------------

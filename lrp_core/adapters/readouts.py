@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -54,7 +54,7 @@ class Readout(ABC):
         """(B, N, D) -> (B, D)."""
 
     @abstractmethod
-    def weights(self, num_tokens: int, mask: Optional[Tensor] = None) -> Tensor:
+    def weights(self, num_tokens: int) -> Tensor:
         """The readout's token weights w (B or 1, N): the pooled token is ``Σ_i w_i h_i``."""
 
     def row(self, M: Tensor) -> Tensor:
@@ -104,7 +104,7 @@ class TokenReadout(Readout):
     def pool(self, normed: Tensor) -> Tensor:
         return normed[:, self.index]
 
-    def weights(self, num_tokens: int, mask: Optional[Tensor] = None) -> Tensor:
+    def weights(self, num_tokens: int) -> Tensor:
         w = torch.zeros(1, num_tokens)
         w[0, self.index] = 1.0
         return w
@@ -141,7 +141,7 @@ class MeanReadout(Readout):
     def pool(self, normed: Tensor) -> Tensor:
         return normed[:, self.start:].mean(dim=1)
 
-    def weights(self, num_tokens: int, mask: Optional[Tensor] = None) -> Tensor:
+    def weights(self, num_tokens: int) -> Tensor:
         return _range_weights(num_tokens, self.start)
 
     def row(self, M: Tensor) -> Tensor:
@@ -176,7 +176,7 @@ class ClsMeanReadout(Readout):
         """(B, N, D) -> (B, 2D)."""
         return torch.cat([normed[:, 0], normed[:, self.start:].mean(dim=1)], dim=-1)
 
-    def weights(self, num_tokens: int, mask: Optional[Tensor] = None) -> Tensor:
+    def weights(self, num_tokens: int) -> Tensor:
         w = 0.5 * _range_weights(num_tokens, self.start)
         w[0, 0] = 0.5
         return w
@@ -231,7 +231,7 @@ class TwoHeadReadout(Readout):
         i, j = self.indices
         return (normed[:, i] + normed[:, j]) / 2
 
-    def weights(self, num_tokens: int, mask: Optional[Tensor] = None) -> Tensor:
+    def weights(self, num_tokens: int) -> Tensor:
         w = torch.zeros(1, num_tokens, dtype=torch.float64)
         w[0, list(self.indices)] = 0.5
         return w

@@ -4,7 +4,7 @@
 - :func:`sample_image`, :func:`list_images`, :func:`compose_pair`: photos that
   ship inside installed packages (scikit-image, scikit-learn, matplotlib).
 - :func:`load_rationales`: sentiment sentences with human rationales
-  (:class:`RationaleRecord`, also known as :class:`TextRecord`).
+  (:class:`RationaleRecord`).
 - :class:`ImageSet`, :class:`TextSet`, :func:`scene_sets`, :func:`dinov2_scene_sets`: evaluation data;
   :func:`load_data_folder`: your own images with masks, or texts with rationales.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .folders import load_data_folder
 from .photos import compose_pair, list_images, sample_image
-from .rationales import RationaleRecord, TextRecord, load_rationales
+from .rationales import RationaleRecord, load_rationales
 from .scenes import CLASS_NAMES, IMAGE_SIZE, MEAN, STD, Scenes, make_scenes, normalize
 from .sets import (BUILTIN_IMAGE_SETS, SCENE_SEED, ImageSet, TextSet, as_record, dinov2_scene_sets, label_id,
                    rationale_set, scene_sets)
@@ -21,6 +21,6 @@ from .sets import (BUILTIN_IMAGE_SETS, SCENE_SEED, ImageSet, TextSet, as_record,
 __all__ = [
     "CLASS_NAMES", "IMAGE_SIZE", "MEAN", "STD", "Scenes", "make_scenes", "normalize",
     "sample_image", "list_images", "compose_pair", "load_rationales",
-    "RationaleRecord", "TextRecord", "ImageSet", "TextSet", "SCENE_SEED", "BUILTIN_IMAGE_SETS",
+    "RationaleRecord", "ImageSet", "TextSet", "SCENE_SEED", "BUILTIN_IMAGE_SETS",
     "scene_sets", "dinov2_scene_sets", "rationale_set", "label_id", "as_record", "load_data_folder",
 ]

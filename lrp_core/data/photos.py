@@ -21,6 +21,8 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
+from ..errors import InputError, InputTypeError, UnknownNameError
+
 __all__ = ["PHOTO_SOURCES", "as_pil_image", "compose_pair", "list_images", "sample_image"]
 
 
@@ -90,7 +92,7 @@ def as_pil_image(image: Any) -> Image.Image:
     if hasattr(image, "detach"):  # torch tensor
         image = image.detach().cpu().numpy()
     if not isinstance(image, np.ndarray):
-        raise TypeError("expected a PIL image or an (H, W[, 3|4]) uint8 / float array, "
+        raise InputTypeError("expected a PIL image or an (H, W[, 3|4]) uint8 / float array, "
                         f"got {type(image).__name__}")
     arr = image
     if arr.ndim == 3 and arr.shape[0] in (3, 4) and arr.shape[-1] not in (3, 4):
@@ -98,7 +100,7 @@ def as_pil_image(image: Any) -> Image.Image:
     if arr.ndim == 2:
         arr = np.stack([arr] * 3, axis=-1)
     if arr.ndim != 3 or arr.shape[-1] not in (3, 4):
-        raise ValueError("expected an (H, W), (H, W, 3) or (H, W, 4) array, "
+        raise InputError("expected an (H, W), (H, W, 3) or (H, W, 4) array, "
                          f"got shape {tuple(image.shape)}")
     arr = arr[..., :3]
     if arr.dtype == np.uint8:
@@ -120,7 +122,7 @@ def sample_image(name: str) -> Image.Image:
     try:
         loader, _ = PHOTO_SOURCES[name]
     except (KeyError, TypeError):
-        raise KeyError(f"unknown image {name!r}; available: {', '.join(list_images())}") from None
+        raise UnknownNameError(f"unknown image {name!r}; available: {', '.join(list_images())}") from None
     return as_pil_image(loader())
 
 
@@ -152,7 +154,7 @@ def compose_pair(img_a: Any, img_b: Any, size: int = 224, return_masks: bool = F
         array: the left and the right half.
     """
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 2:
-        raise ValueError(f"size must be an integer >= 2, got {size!r}")
+        raise InputError(f"size must be an integer >= 2, got {size!r}")
     a = sample_image(img_a) if isinstance(img_a, str) else as_pil_image(img_a)
     b = sample_image(img_b) if isinstance(img_b, str) else as_pil_image(img_b)
     left_w = size // 2

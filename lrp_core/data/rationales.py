@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..errors import LRPError, MissingFileError
+
 LABELS = ("negative", "positive")
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "assets" / "rationales.jsonl"
 
@@ -29,7 +31,7 @@ DEFAULT_PATH = Path(__file__).resolve().parent.parent / "assets" / "rationales.j
 _TOKEN = re.compile(r"\w+(?:['\u2019-]\w+)*|[^\w\s]")
 
 
-class RationaleFormatError(ValueError):
+class RationaleFormatError(LRPError):
     """The rationale file is malformed; the message names the line and the problem."""
 
 
@@ -75,9 +77,6 @@ class RationaleRecord:
     def rationale_words(self) -> list[str]:
         return [w for w, r in zip(self.words, self.rationale) if r]
 
-
-TextRecord = RationaleRecord
-"""The name the evaluation API has always used for :class:`RationaleRecord`."""
 
 
 def _fail(path: Path, line_no: int, msg: str) -> RationaleFormatError:
@@ -136,7 +135,7 @@ def load_rationales(path: str | Path | None = None) -> list[RationaleRecord]:
     """
     path = Path(path) if path is not None else DEFAULT_PATH
     if not path.is_file():
-        raise FileNotFoundError(f"rationale file not found: {path}")
+        raise MissingFileError(f"rationale file not found: {path}")
     records: list[RationaleRecord] = []
     seen: set[str] = set()
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -170,4 +169,4 @@ def make_record(annotation_id: str, text: str, label: str, evidence_spans: list[
     }
 
 
-__all__ = ["RationaleRecord", "TextRecord", "RationaleFormatError", "load_rationales", "tokenize", "make_record", "DEFAULT_PATH"]
+__all__ = ["RationaleRecord", "RationaleFormatError", "load_rationales", "tokenize", "make_record", "DEFAULT_PATH"]

@@ -20,8 +20,11 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..errors import InputError
+
 __all__ = [
     "CLASS_NAMES", "IMAGE_SIZE", "MEAN", "STD", "Scenes", "make_scenes", "normalize",
+    "IMAGENET_MEAN", "IMAGENET_STD", "DINOV2_SCENE_SIZE", "imagenet_normalize",
 ]
 
 #: Object classes, index = class id. They differ in shape; colour is random.
@@ -33,6 +36,11 @@ IMAGE_SIZE = 64
 #: Per-channel normalisation constants for the toy ViT (measured on 20,000 scenes).
 MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
 STD: tuple[float, float, float] = (0.25, 0.25, 0.25)
+#: The ImageNet normalisation of the DINOv2 models (their preprocessing; ``lrp_core.models.dinov2`` reads it here).
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+#: Side of the scenes drawn for ``dinov2-scenes`` (8 x 8 patches of 14 px); chosen by measurement, see README.
+DINOV2_SCENE_SIZE = 112
 
 _CHUNK = 128  # images rendered at once (bounds the memory of the grids)
 _MIN_VISIBLE = 0.6  # least visible fraction of an occluded object's area
@@ -82,6 +90,14 @@ def normalize(rgb: np.ndarray | torch.Tensor) -> torch.Tensor:
     x = torch.as_tensor(np.asarray(rgb, dtype=np.float32)).permute(0, 3, 1, 2)
     mean = torch.tensor(MEAN, dtype=torch.float32).view(1, 3, 1, 1)
     std = torch.tensor(STD, dtype=torch.float32).view(1, 3, 1, 1)
+    return ((x - mean) / std).contiguous()
+
+
+def imagenet_normalize(rgb: np.ndarray) -> torch.Tensor:
+    """Scenes (N, H, W, 3) floats in [0, 1] (``Scenes.rgb``) -> (N, 3, H, W) ImageNet-normalised."""
+    x = torch.as_tensor(np.asarray(rgb, dtype=np.float32)).permute(0, 3, 1, 2)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     return ((x - mean) / std).contiguous()
 
 
@@ -290,17 +306,13 @@ def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
     return mask, tex
 
 
-def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
-                  textures: bool, clutter: bool, drop: int | None = None,
-                  ) -> tuple[np.ndarray, ...]:
-    """Render ``n`` scenes: rgb (n,H,W,3), labels (n,k), masks (n,k,H,W), colours (n,k,3).
+def _classes_sizes_colours(rng: np.random.Generator, n: int, n_objects: int, size: int,
+                           base: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Class ids (n, k), radii in pixels (n, k) and colours (n, k, 3) of the objects, k = ``n_objects``.
 
-    ``drop`` (an object index) leaves that object out of the picture while
-    drawing exactly the same random numbers, so everything else is identical:
-    its mask is empty and the other object is drawn (and masked) whole.
+    Colours keep away from the background's ``base`` colour (n, 3) and from each other.
     """
     n_cls = len(CLASS_NAMES)
-    img, base = _background(rng, n, size, clutter)
     if n_objects == 1:
         labels = rng.integers(0, n_cls, (n, 1))
         r_lo, r_hi = 10.0, 18.0
@@ -314,9 +326,45 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
     for j in range(n_objects):
         avoid = [base] + [colors[:, i] for i in range(j)]
         colors[:, j] = _random_colors(rng, avoid, 0.45 if j == 0 else 0.35, n, min_luma=0.3)
-    colors = colors.astype(np.float32)
+    return labels, radius, colors.astype(np.float32)
 
-    # positions: the object stays inside the frame; two objects overlap only a little
+
+def _keep_apart(rng: np.random.Generator, cx: np.ndarray, cy: np.ndarray, radius: np.ndarray,
+                lo: np.ndarray, hi: np.ndarray, pending: np.ndarray) -> None:
+    """Redraw the second object's centre (``cx``, ``cy`` (n, 2), in place) until the two are apart enough."""
+    far = np.hypot(cx[pending, 0] - cx[pending, 1], cy[pending, 0] - cy[pending, 1])
+    close = far < 0.75 * radius[pending].sum(1)
+    while close.any():
+        p = pending[close]
+        cx[p, 1] = rng.uniform(lo[p, 1], hi[p, 1])
+        cy[p, 1] = rng.uniform(lo[p, 1], hi[p, 1])
+        far = np.hypot(cx[pending, 0] - cx[pending, 1], cy[pending, 0] - cy[pending, 1])
+        close = far < 0.75 * radius[pending].sum(1)
+
+
+def _occlude(masks: np.ndarray, order: np.ndarray, pending: np.ndarray) -> np.ndarray:
+    """The object on top (index ``order``) hides the other one: ``masks`` (n, 2, H, W) cut in place.
+
+    Returns (len(pending),) bool: True where too little of the hidden object stays visible.
+    """
+    top = order[pending]
+    full = masks[pending]  # (p, 2, H, W)
+    top_mask = full[np.arange(len(pending)), top]
+    under = 1 - top
+    under_full = full[np.arange(len(pending)), under]
+    visible = under_full & ~top_mask
+    frac = visible.sum((1, 2)) / np.maximum(under_full.sum((1, 2)), 1)
+    masks[pending, under] = visible
+    return frac < _MIN_VISIBLE
+
+
+def _place_objects(rng: np.random.Generator, labels: np.ndarray, radius: np.ndarray, colors: np.ndarray,
+                   base: np.ndarray, size: int, textures: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Place and draw the objects: visible masks and whole shapes (n, k, H, W), pictures (n, k, H, W, 3).
+
+    The object stays inside the frame; two objects overlap only a little (redrawn until they do).
+    """
+    n, n_objects = labels.shape
     lo, hi = radius, size - radius
     cx = rng.uniform(lo, hi)
     cy = rng.uniform(lo, hi)
@@ -327,14 +375,7 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
     layers = np.zeros((n, n_objects, size, size, 3), dtype=np.float32)
     for attempt in range(100):
         if n_objects == 2:
-            far = np.hypot(cx[pending, 0] - cx[pending, 1], cy[pending, 0] - cy[pending, 1])
-            close = far < 0.75 * radius[pending].sum(1)
-            while close.any():  # redraw the second object's centre until apart enough
-                p = pending[close]
-                cx[p, 1] = rng.uniform(lo[p, 1], hi[p, 1])
-                cy[p, 1] = rng.uniform(lo[p, 1], hi[p, 1])
-                far = np.hypot(cx[pending, 0] - cx[pending, 1], cy[pending, 0] - cy[pending, 1])
-                close = far < 0.75 * radius[pending].sum(1)
+            _keep_apart(rng, cx, cy, radius, lo, hi, pending)
         for j in range(n_objects):
             m, t = _object_layer(rng, labels[pending, j], cx[pending, j], cy[pending, j],
                                  radius[pending, j], size, textures, colors[pending, j],
@@ -344,16 +385,7 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
             layers[pending, j] = t
         if n_objects == 1:
             break
-        # the object on top (index `order`) hides the other one
-        top = order[pending]
-        full = masks[pending]  # (p, 2, H, W)
-        top_mask = full[np.arange(len(pending)), top]
-        under = 1 - top
-        under_full = full[np.arange(len(pending)), under]
-        visible = under_full & ~top_mask
-        frac = visible.sum((1, 2)) / np.maximum(under_full.sum((1, 2)), 1)
-        masks[pending, under] = visible
-        bad = frac < _MIN_VISIBLE
+        bad = _occlude(masks, order, pending)
         if not bad.any():
             break
         pending = pending[bad]
@@ -361,7 +393,21 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
         cy[pending, 1] = rng.uniform(lo[pending, 1], hi[pending, 1])
     else:  # pragma: no cover - the distance rule makes this practically impossible
         raise RuntimeError("could not place two objects with limited overlap")
+    return masks, whole, layers
 
+
+def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
+                  textures: bool, clutter: bool, drop: int | None = None,
+                  ) -> tuple[np.ndarray, ...]:
+    """Render ``n`` scenes: rgb (n,H,W,3), labels (n,k), masks (n,k,H,W), colours (n,k,3).
+
+    ``drop`` (an object index) leaves that object out of the picture while
+    drawing exactly the same random numbers, so everything else is identical:
+    its mask is empty and the other object is drawn (and masked) whole.
+    """
+    img, base = _background(rng, n, size, clutter)
+    labels, radius, colors = _classes_sizes_colours(rng, n, n_objects, size, base)
+    masks, whole, layers = _place_objects(rng, labels, radius, colors, base, size, textures)
     if drop is not None:  # nothing hides the remaining object any more
         masks = whole
         masks[:, drop] = False
@@ -400,13 +446,13 @@ def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_
         ``masks`` (n, k, size, size), ``rgb`` (n, size, size, 3), ``colors`` (n, k, 3).
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+        raise InputError(f"n must be a positive integer, got {n!r}")
     if n_objects not in (1, 2):
-        raise ValueError(f"n_objects must be 1 or 2, got {n_objects!r}")
+        raise InputError(f"n_objects must be 1 or 2, got {n_objects!r}")
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 32:
-        raise ValueError(f"size must be an integer >= 32, got {size!r}")
+        raise InputError(f"size must be an integer >= 32, got {size!r}")
     if drop is not None and (isinstance(drop, bool) or drop not in range(n_objects)):
-        raise ValueError(f"drop must be None or an object index below {n_objects}, got {drop!r}")
+        raise InputError(f"drop must be None or an object index below {n_objects}, got {drop!r}")
     rng = np.random.default_rng(seed)
     parts = [_render_chunk(rng, min(_CHUNK, n - i), n_objects, int(size), textures, clutter, drop)
              for i in range(0, int(n), _CHUNK)]

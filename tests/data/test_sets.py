@@ -5,13 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from lrp_core.data import (SCENE_SEED, RationaleRecord, TextRecord, as_record, label_id,
+from lrp_core.data import (SCENE_SEED, RationaleRecord, as_record, label_id,
                            load_rationales, rationale_set, scene_sets)
 from lrp_core.errors import InputError
 
 
 def test_one_record_type_serves_loader_and_evaluation():
-    assert TextRecord is RationaleRecord
     rec = load_rationales()[0]
     norm = as_record(rec, ["negative", "positive"])
     assert isinstance(norm, RationaleRecord)

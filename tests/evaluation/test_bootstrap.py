@@ -63,7 +63,7 @@ def _tiny_text_run():
         intermediate_size=32, num_labels=2, max_position_embeddings=32)).eval()
     texts = [("the film was great .", [0, 0, 0, 1, 0], 1), ("the plot was dull", [0, 1, 0, 1], 0),
              ("the film was dull .", [0, 0, 0, 0, 0], 0)]
-    data = E.TextSet([E.TextRecord(t, t.split(), np.array(g, bool), y) for t, g, y in texts])
+    data = E.TextSet([E.RationaleRecord(t, t.split(), np.array(g, bool), y) for t, g, y in texts])
     curves: dict = {}
     res, skipped = E.evaluate_text(model, tok, data, ["transformer_attribution", "rollout"],
                                    ks=(1,), progress=False, baseline=True, curves=curves)

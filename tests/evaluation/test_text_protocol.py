@@ -40,9 +40,9 @@ def fake_explain(tokenizer):
 def test_text_pipeline_hand_computed(monkeypatch, tokenizer):
     monkeypatch.setattr(batching, "explain_batch", fake_explain(tokenizer))
     data = E.TextSet([
-        E.TextRecord("The film was great.", ["The", "film", "was", "great", "."],
+        E.RationaleRecord("The film was great.", ["The", "film", "was", "great", "."],
                      np.array([0, 0, 0, 1, 0], bool), 1),
-        E.TextRecord("the plot was unwatchable", ["the", "plot", "was", "unwatchable"],
+        E.RationaleRecord("the plot was unwatchable", ["the", "plot", "was", "unwatchable"],
                      np.array([0, 0, 0, 1], bool), 0),
     ])
     ws, ts = E.text_word_scores(None, tokenizer, data.records, "x", batch_size=2)
@@ -75,9 +75,9 @@ def test_text_evaluation_tiny_bert_real_engine(tokenizer):
                      num_attention_heads=2, intermediate_size=32, num_labels=2,
                      max_position_embeddings=32)
     model = BertForSequenceClassification(cfg).eval()
-    data = E.TextSet([E.TextRecord("the film was great", "the film was great".split(),
+    data = E.TextSet([E.RationaleRecord("the film was great", "the film was great".split(),
                                    np.array([0, 0, 0, 1], bool), 1),
-                      E.TextRecord("the plot was unwatchable .",
+                      E.RationaleRecord("the plot was unwatchable .",
                                    "the plot was unwatchable .".split(),
                                    np.array([0, 0, 0, 1, 0], bool), 0)])
     res, skipped = E.evaluate_text(model, tokenizer, data, ["transformer_attribution", "rollout"],
