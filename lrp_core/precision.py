@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from contextlib import ExitStack, contextmanager
 from typing import Any, Callable, Iterator
 
@@ -140,14 +141,22 @@ def _convert(v: Any) -> Any:
 
 def _upcast(t: Tensor) -> Tensor:
     """``t`` in float32. A parameter becomes a constant (no graph to the model's weights; none is asked for),
-    marked so that autograd saves the parameter, not the float32 copy."""
+    registered so that autograd saves the parameter, not the float32 copy (see :func:`_pack`)."""
     if isinstance(t, nn.Parameter) or not t.requires_grad:
         with torch.no_grad():
             up = t.float()
-        if isinstance(t, nn.Parameter):
-            up._lrp_half_source = t
+        if isinstance(t, nn.Parameter) and up.numel():
+            # keyed by the copy's memory: autograd often saves a view of it (Linear saves weight.t()); the entry
+            # goes when the copy does, so the address cannot be taken by another tensor while it is listed
+            ptr = up.untyped_storage().data_ptr()
+            _UPCAST[ptr] = t
+            weakref.finalize(up, _UPCAST.pop, ptr, None)
         return up
     return t.float()  # an activation: the graph goes on through the cast
+
+
+#: memory address of a live float32 copy -> the half parameter it was made from
+_UPCAST: dict[int, Tensor] = {}
 
 
 def _embedding(input: Tensor, weight: Tensor, *args, **kwargs) -> Tensor:
@@ -158,14 +167,21 @@ def _embedding(input: Tensor, weight: Tensor, *args, **kwargs) -> Tensor:
 
 
 def _pack(t: Tensor) -> Any:
-    source = getattr(t, "_lrp_half_source", None)
-    return (source,) if source is not None else t
+    """What autograd keeps of a tensor it saves: for (a view of) a parameter's float32 copy, the half parameter
+    and the view's geometry — not a float32 copy of every weight until the backward pass."""
+    if t.layout != torch.strided or t.dtype != torch.float32 or not t.numel():
+        return t
+    source = _UPCAST.get(t.untyped_storage().data_ptr())
+    if source is None:
+        return t
+    return (source, t.size(), t.stride(), t.storage_offset())
 
 
 def _unpack(saved: Any) -> Tensor:
     if isinstance(saved, tuple):
-        with torch.no_grad():
-            return saved[0].float()
+        source, size, stride, offset = saved
+        with torch.no_grad():  # the copy has the parameter's layout (float() keeps the strides)
+            return source.float().as_strided(size, stride, offset)
     return saved
 
 

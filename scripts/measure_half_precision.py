@@ -141,19 +141,19 @@ def describe(got: torch.Tensor, ref: torch.Tensor) -> str:
     return f"{e:.1e}"
 
 
-def measure(names: list[str], size: str, methods: list[str], device: str = "cpu") -> dict:
+def measure(names: list[str], size: str, methods: list[str], cases: tuple = CASES, device: str = "cpu") -> dict:
     """{(family, method, case): text} — the relative error, or why there is none."""
     builders = families(size)
     table = {}
     for name in names:
         for method in methods:
-            for case in CASES:
+            for case in cases:
                 model, inputs = builders[name]()
                 try:
                     table[name, method, case] = describe(*run_case(model, inputs, method, case, device))
                 except Exception as err:  # noqa: BLE001 - a refusal (or a crash) is part of the table
                     table[name, method, case] = type(err).__name__
-        print(f"  {name} done", file=sys.stderr, flush=True)
+                print(f"  {name} {method} {case}: {table[name, method, case]}", file=sys.stderr, flush=True)
     return table
 
 
@@ -165,15 +165,15 @@ def _worst(cells: list[str]) -> str:
     return max(cells, key=float)
 
 
-def print_table(table: dict, names: list[str], methods: list[str], detail: bool) -> None:
-    print(f"{'method':<24}" + "".join(f"{c:>16}" for c in CASES) + "   (worst over: " + ", ".join(names) + ")")
+def print_table(table: dict, names: list[str], methods: list[str], detail: bool, cases: tuple = CASES) -> None:
+    print(f"{'method':<24}" + "".join(f"{c:>16}" for c in cases) + "   (worst over: " + ", ".join(names) + ")")
     for m in methods:
-        print(f"{m:<24}" + "".join(f"{_worst([table[n, m, c] for n in names]):>16}" for c in CASES))
+        print(f"{m:<24}" + "".join(f"{_worst([table[n, m, c] for n in names]):>16}" for c in cases))
     if detail:
         for n in names:
             print(f"\n{n}")
             for m in methods:
-                print(f"  {m:<22}" + "".join(f"{table[n, m, c]:>16}" for c in CASES))
+                print(f"  {m:<22}" + "".join(f"{table[n, m, c]:>16}" for c in cases))
 
 
 def main() -> int:
@@ -182,12 +182,14 @@ def main() -> int:
     p.add_argument("--size", choices=("tiny", "base"), default="tiny")
     p.add_argument("--families", nargs="*")
     p.add_argument("--methods", nargs="*", default=list(METHODS))
+    p.add_argument("--cases", nargs="*", choices=CASES, default=list(CASES))
     p.add_argument("--detail", action="store_true", help="also print every family's row")
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     names = args.families or list(families(args.size))
-    table = measure(names, args.size, args.methods)
-    print_table(table, names, args.methods, args.detail)
+    cases = tuple(args.cases)
+    table = measure(names, args.size, args.methods, cases)
+    print_table(table, names, args.methods, args.detail, cases)
     return 0
 
 

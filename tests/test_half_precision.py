@@ -210,25 +210,28 @@ def test_float32_and_float64_models_do_not_enter_the_float32_mode():
     assert precision.compute_dtype(vit.double()) == torch.float64
 
 
-def test_the_mode_upcasts_weights_per_operation_and_saves_the_half_parameter():
-    """Inside the mode a half Linear computes in float32; autograd keeps the half parameter for the backward
-    pass (upcast again when needed), not a float32 copy; gradients flow to the input, none to the weight."""
+def test_the_mode_upcasts_weights_per_operation_and_saves_the_half_parameter(monkeypatch):
+    """Inside the mode a half Linear computes in float32; what autograd keeps for the backward pass is the half
+    parameter (upcast again when needed), never a float32 copy of the weight; gradients reach the input, none
+    the weight."""
     g = torch.Generator().manual_seed(0)
     lin = torch.nn.Linear(8, 4).to(torch.bfloat16)
     x = torch.randn(3, 8, generator=g)
-    w32, b32 = lin.weight.detach().float(), lin.bias.detach().float()
-    saved = []
+    kept = []
+    pack = precision._pack
+    monkeypatch.setattr(precision, "_pack", lambda t: kept.append(pack(t)) or kept[-1])
     with precision.compute_precision(lin):
         xr = x.clone().requires_grad_(True)
         y = lin(xr)
-        saved.append(precision._pack(precision._upcast(lin.weight)))
         (gx,) = torch.autograd.grad(y.square().sum(), xr)
     xr = x.clone().requires_grad_(True)
-    y_ref = F.linear(xr, w32, b32)
+    y_ref = F.linear(xr, lin.weight.detach().float(), lin.bias.detach().float())
     (gx_ref,) = torch.autograd.grad(y_ref.square().sum(), xr)
     assert y.dtype == torch.float32 and torch.equal(y, y_ref) and torch.equal(gx, gx_ref)
-    assert saved[0][0] is lin.weight  # what autograd keeps: the bfloat16 parameter itself
+    assert any(isinstance(k, tuple) and k[0] is lin.weight for k in kept)  # the bfloat16 parameter itself
+    assert not any(isinstance(k, torch.Tensor) and k.shape in ((4, 8), (8, 4)) for k in kept)  # no float32 copy
     assert lin.weight.grad is None and lin.weight.dtype == torch.bfloat16
+    assert not precision._UPCAST  # every float32 copy is gone, and so is its entry
 
 
 def test_an_in_place_write_into_a_half_tensor_is_an_error_inside_the_mode():
@@ -240,3 +243,15 @@ def test_an_in_place_write_into_a_half_tensor_is_an_error_inside_the_mode():
         with pytest.raises(RuntimeError, match="in-place"):
             t.add_(1)
     assert t.dtype == torch.float16 and not t.any()
+
+
+def test_bench_builds_a_half_model_in_its_dtype_and_labels_its_rows():
+    """``python -m lrp_core.bench --dtype bfloat16``: the weights are made in bfloat16 (never held in float32),
+    images too; the rows say which dtype they measured."""
+    from lrp_core import bench
+    model, x = bench.prepare(bench.Case("tiny-vit", 2, 17, "bfloat16"))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and x.dtype == torch.bfloat16
+    rows = bench.run([bench.Case("tiny-bert", 1, 8, "bfloat16")], ["lrp"], bench.Settings(repeat=1, threads=1),
+                     isolate=False, printer=lambda s: None)
+    assert [(r["method"], r["dtype"]) for r in rows] == [(bench.BASELINE, "bfloat16"), ("lrp", "bfloat16")]
+    assert rows[1]["ms_per_sample"] is not None and "tiny-bert (bfloat16)" in bench.markdown(rows)
