@@ -21,7 +21,7 @@ from lrp_core import precision
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "adapters"))
 
-from conftest import make_tiny_bert, make_tiny_vit  # noqa: E402
+from conftest import _perturb_norms, make_tiny_bert, make_tiny_vit  # noqa: E402  (at import: tests/widgets has a conftest too)
 from test_vision_families import FAMILIES as VISION  # noqa: E402
 from text_families import make, text_batch  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402
@@ -62,7 +62,6 @@ FAMILIES = {
 
 def _hf_vit():
     from transformers import ViTConfig, ViTForImageClassification
-    from conftest import _perturb_norms
     torch.manual_seed(5)
     model = ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2,
                                                 num_attention_heads=3, intermediate_size=96, num_labels=5)).eval()
