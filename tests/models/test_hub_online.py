@@ -350,6 +350,11 @@ def test_hub_reachable_true_for_a_live_hub_false_for_a_refusing_port(endpoint):
         endpoint(hub.endpoint)
         assert hub_endpoint() == hub.endpoint
         assert hub_reachable() is True and from_models() is True
+        # the server logs a request after answering it: wait for the handler thread, not for a time limit
+        for _ in range(200):
+            if len(hub.requests) >= 2:
+                break
+            time.sleep(0.01)
         assert [(m, p) for m, p, _ in hub.requests] == [("HEAD", "/"), ("HEAD", "/")]
     endpoint(f"http://127.0.0.1:{_free_port()}")
     assert hub_reachable() is False and from_models() is False
