@@ -6,8 +6,8 @@ token layout, the target resolver and the parsed options) and returns a
 returns are declared in :mod:`lrp_core.registry`; ``lrp_core.api.explain``
 validates, guards the model and builds the :class:`~lrp_core.Explanation`.
 
-Every method runs under :func:`lrp_core.precision.compute_precision`: a float16 /
-bfloat16 model (or any model under ``torch.autocast``) is explained in float32.
+``explain`` runs every method under :func:`lrp_core.precision.compute_precision`: a
+float16 / bfloat16 model (or any model under ``torch.autocast``) is explained in float32.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, 
 from .errors import InputError
 from .explanation import RESULT_FIELDS, Conservation
 from .options import OPTIONS
-from .precision import in_float32
 from .rollout import accumulate, accumulate_residual
 from .utils import minmax_rows
 
@@ -151,7 +150,6 @@ def _layers_result(kept: dict, L: int, first: int, per_head: bool) -> tuple[Tens
 # ----------------------------------------------------------------------------
 # the methods
 # ----------------------------------------------------------------------------
-@in_float32
 def transformer_attribution(c: Call) -> MethodResult:
     """Chefer et al. (CVPR 2021): gradient-weighted relevance of the attention maps, multiplied over blocks."""
     a, opt = c.adapter, c.opt
@@ -190,7 +188,6 @@ def transformer_attribution(c: Call) -> MethodResult:
         used={"start_layer": s, "end_layer": end, "rollout_norm": opt.rollout_norm, "use_gradient": opt.use_gradient})
 
 
-@in_float32
 def generic_attention(c: Call) -> MethodResult:
     """Chefer et al. (ICCV 2021): ``Ā_b = mean_h((∇A_b ⊙ A_b)⁺)``, ``R ← R + Ā_b R``. One forward, one backward."""
     a, s = c.adapter, c.opt.start_layer
@@ -220,7 +217,6 @@ def _attention_only(c: Call) -> tuple[Trace, Tensor, list]:
     return trace, target, [trace.attention(b) for b in range(c.adapter.num_blocks)]
 
 
-@in_float32
 def rollout(c: Call) -> MethodResult:
     """Abnar & Zuidema: ``mean_h(A_b) + I``, row-normalised, multiplied over blocks. Class-agnostic."""
     trace, target, attns = _attention_only(c)
@@ -231,7 +227,6 @@ def rollout(c: Call) -> MethodResult:
                         used={"start_layer": c.opt.start_layer})
 
 
-@in_float32
 def raw_attention(c: Call) -> MethodResult:
     """The last block's attention from the readout token(s), averaged over heads. Class-agnostic."""
     trace, target, attns = _attention_only(c)
@@ -240,7 +235,6 @@ def raw_attention(c: Call) -> MethodResult:
                         layers=layers, layers_per_head=_stack(attns) if c.opt.keep_heads else None)
 
 
-@in_float32
 def attention_gradcam(c: Call) -> MethodResult:
     """Grad-CAM on the last attention map: head weights = mean gradient of the readout row."""
     a = c.adapter
@@ -262,7 +256,6 @@ def attention_gradcam(c: Call) -> MethodResult:
     return MethodResult(scores=scores, target=target, logits=trace.logits.detach())
 
 
-@in_float32
 def lrp(c: Call) -> MethodResult:
     """Full LRP with the baseline rules, down to input space (pixels for images, embeddings for text)."""
     trace, target, _ = _attention_only(c)
@@ -273,7 +266,6 @@ def lrp(c: Call) -> MethodResult:
                         token_relevance=rel.tokens)
 
 
-@in_float32
 def partial_lrp(c: Call) -> MethodResult:
     """Baseline LRP down to the last block only: ``mean_h((R^{A_L})⁺)``, the readout's row."""
     trace, target, _ = _attention_only(c)
@@ -285,7 +277,6 @@ def partial_lrp(c: Call) -> MethodResult:
                         token_relevance=rel.tokens)
 
 
-@in_float32
 def cdam(c: Call) -> MethodResult:
     """Brocki & Chung: gradient × tokens entering the last attention (after its LayerNorm)."""
     a = c.adapter
@@ -308,7 +299,6 @@ def cdam(c: Call) -> MethodResult:
                         used={"concept": c.concept.name} if c.concept is not None else {})
 
 
-@in_float32
 def token_ablation(c: Call) -> MethodResult:
     """Token ablation map: ``y_t(all tokens) − y_t(without token i)``, the removals batched."""
     a, opt = c.adapter, c.opt
@@ -371,14 +361,12 @@ def _modified_gradient(c: Call, composite: Composite) -> MethodResult:
                         token_relevance=blocks, conservation=conservation)
 
 
-@in_float32
 def attnlrp(c: Call) -> MethodResult:
     """AttnLRP (Achtibat et al., ICML 2024): LayerNorm std detached, identity rule on non-linearities,
     plain softmax gradient, the uniform ÷2 rule at ``Q·Kᵀ`` and ``A·V``."""
     return _modified_gradient(c, ATTNLRP)
 
 
-@in_float32
 def cp_lrp(c: Call) -> MethodResult:
     """CP-LRP (Ali et al., ICML 2022): as AttnLRP, but Q and K detached (attention weights constant), no halving."""
     return _modified_gradient(c, CP_LRP)

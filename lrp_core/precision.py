@@ -6,7 +6,8 @@ precision is wrong — silently: zeros, NaN, or a map far from the float32 one (
 therefore computes every pass of a half-precision model (and of any model under ``torch.autocast``) in
 float32:
 
-* :func:`compute_precision` is entered around a method; while it is active every torch operation sees
+* :func:`compute_precision` is entered around every call of the engine (``explain`` and the adapters'
+  forward and relevance passes, for their direct users); while it is active every torch operation sees
   its float16 / bfloat16 tensors as float32 — the model's weights are upcast one operation at a time,
   transiently (an embedding table only in the rows looked up), and a cast to a half dtype is a cast to
   float32. The model itself is never touched: no ``.float()``, no copy.
@@ -21,11 +22,10 @@ before and after: ``docs/METHODS.md`` §5.9.
 """
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from contextlib import ExitStack, contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -89,15 +89,6 @@ def compute_precision(model: nn.Module) -> Iterator[None]:
             yield
     finally:
         _state.active = False
-
-
-def in_float32(method: Callable) -> Callable:
-    """Decorator for a method ``f(call)``: run it under :func:`compute_precision` of the call's model."""
-    @functools.wraps(method)
-    def run(c, *args, **kwargs):
-        with compute_precision(c.adapter.model):
-            return method(c, *args, **kwargs)
-    return run
 
 
 class Float32Mode(TorchFunctionMode):
@@ -195,5 +186,5 @@ def _tensors(model: nn.Module) -> Iterator[Tensor]:
             yield t
 
 
-__all__ = ["HALF", "autocast_active", "is_half", "needs_float32", "compute_dtype", "compute_precision", "in_float32",
+__all__ = ["HALF", "autocast_active", "is_half", "needs_float32", "compute_dtype", "compute_precision",
            "Float32Mode"]
