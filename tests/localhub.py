@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import torch
+from by_path import root_fixtures
 
 # ----------------------------------------------------------------------------- the server
 
@@ -241,12 +242,14 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def _randomise_norms(model: torch.nn.Module, seed: int) -> None:
     """Non-trivial LayerNorm weights, so that a model loaded without them would give other logits."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.LayerNorm) and m.weight is not None:
-                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=g))
-                m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
+    root_fixtures()._perturb_norms(model, seed)
+
+
+def _save_bin_checkpoint(folder: Path, model: torch.nn.Module) -> None:
+    """The legacy layout of the older hub repos: config.json and pytorch_model.bin (no safetensors)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(folder)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
 
 
 def timm_repo(folder: Path, hub_id: str, model_args: dict[str, Any] | None = None, seed: int = 0) -> torch.nn.Module:
@@ -280,9 +283,7 @@ def bert_sst2_repo(folder: Path, vocab_file: Path, seed: int = 1) -> torch.nn.Mo
                      architectures=["BertForSequenceClassification"], finetuning_task="sst-2")
     model = BertForSequenceClassification(cfg).eval()
     _randomise_norms(model, seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg.save_pretrained(folder)
-    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    _save_bin_checkpoint(folder, model)
     (folder / "vocab.txt").write_text(vocab, encoding="utf-8")
     _write_json(folder / "tokenizer_config.json", {"do_lower_case": True, "model_max_length": 512})
     _write_json(folder / "special_tokens_map.json", {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
@@ -332,9 +333,7 @@ def roberta_sentiment_repo(folder: Path, seed: int = 3) -> torch.nn.Module:
                         architectures=["RobertaForSequenceClassification"])
     model = RobertaForSequenceClassification(cfg).eval()
     _randomise_norms(model, seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg.save_pretrained(folder)
-    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    _save_bin_checkpoint(folder, model)
     _write_json(folder / "vocab.json", vocab)
     (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
     _write_json(folder / "special_tokens_map.json", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
@@ -355,9 +354,7 @@ def deit_image_repo(folder: Path, seed: int = 4) -> torch.nn.Module:
                     architectures=["ViTForImageClassification"])
     model = ViTForImageClassification(cfg).eval()
     _randomise_norms(model, seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg.save_pretrained(folder)
-    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    _save_bin_checkpoint(folder, model)
     _write_json(folder / "preprocessor_config.json", {
         "crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
         "feature_extractor_type": "DeiTFeatureExtractor", "image_mean": [0.485, 0.456, 0.406],

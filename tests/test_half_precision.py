@@ -12,8 +12,6 @@ import math
 import os
 import sys
 
-import importlib.util
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,11 +21,10 @@ from lrp_core import precision
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "adapters"))
 
-# the fixtures of tests/conftest.py, by path: the name ``conftest`` may be tests/widgets' conftest when both are loaded
-_spec = importlib.util.spec_from_file_location("_root_conftest", os.path.join(os.path.dirname(__file__), "conftest.py"))
-_root = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_root)
-_perturb_norms, make_tiny_bert, make_tiny_vit = _root._perturb_norms, _root.make_tiny_bert, _root.make_tiny_vit
+from by_path import root_fixtures  # noqa: E402  (the root conftest by path: tests/widgets has one too)
+
+_perturb_norms, make_tiny_bert, make_tiny_vit = (root_fixtures()._perturb_norms, root_fixtures().make_tiny_bert,
+                                                 root_fixtures().make_tiny_vit)
 from test_vision_families import FAMILIES as VISION  # noqa: E402
 from text_families import make, text_batch  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402

@@ -1,12 +1,12 @@
 """scripts/make_answer_key.py: docs/ANSWERS.md is what the script generates now, and its code is the solution."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from by_path import registered_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "make_answer_key.py"
@@ -14,14 +14,8 @@ SCRIPT = ROOT / "scripts" / "make_answer_key.py"
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("make_answer_key", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod                       # dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(mod)
+    with registered_module("make_answer_key", SCRIPT) as mod:
         yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 @pytest.fixture(scope="module")

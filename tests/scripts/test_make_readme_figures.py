@@ -1,13 +1,12 @@
 """scripts/make_readme_figures.py runs on the embedded models and writes real, readable PNGs."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from by_path import registered_module
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,14 +15,8 @@ SCRIPT = ROOT / "scripts" / "make_readme_figures.py"
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("make_readme_figures", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod                       # dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(mod)
+    with registered_module("make_readme_figures", SCRIPT) as mod:
         yield mod
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_small_run_writes_two_valid_pngs(script, tmp_path):

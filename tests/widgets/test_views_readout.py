@@ -10,8 +10,6 @@ table of docs/METHODS.md §4.2, not read from the adapter. The models are tiny, 
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
@@ -20,20 +18,13 @@ import torch
 
 import lrp_core
 import widgets
+from by_path import root_fixtures
 from lrp_core import registry
 from tiny_clip import make_clip
 from widgets import _engine, views
 
 
-def _root_conftest():
-    """tests/conftest.py by path (the name ``conftest`` is this folder's own here)."""
-    spec = importlib.util.spec_from_file_location("_trl_root_conftest", Path(__file__).parents[1] / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ROOT = _root_conftest()
+ROOT = root_fixtures()  # tests/conftest.py by path (the name ``conftest`` is this folder's own here)
 GRID, P = (4, 4), 16
 #: every map here is within this share of its largest entry of the reference (float64 throughout)
 TOL = 1e-10
