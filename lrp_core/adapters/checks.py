@@ -23,7 +23,7 @@ def _tensor(value: Any, name: str) -> Tensor:
     if isinstance(value, Tensor):
         return value
     try:
-        return torch.as_tensor(np.asarray(value) if isinstance(value, np.ndarray) else value)
+        return torch.as_tensor(value)  # tensors, arrays and rectangular lists alike
     except (ValueError, TypeError, RuntimeError):
         lengths = sorted({len(v) for v in value if hasattr(v, "__len__")}) if isinstance(value, (list, tuple)) else []
         ragged = f" of different lengths {lengths}" if len(lengths) > 1 else ""
