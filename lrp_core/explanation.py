@@ -4,7 +4,7 @@
 target, logits, and what a method may add: pixels, layers, ...), its shape and
 how pieces of a batch are merged. :class:`lrp_core.methods.MethodResult` is
 built from it; :class:`Explanation` declares the same fields (checked at import),
-and ``Explanation.__getitem__``, the merge of pieces (``lrp_core.api._merge``)
+and ``Explanation.__getitem__``, the merge of pieces (``lrp_core.pieces.merge``)
 and ``explain``'s hand-over (:func:`result_fields`) loop over it. Which
 method fills which optional field is ``MethodSpec.returns`` in
 :mod:`lrp_core.registry` (:func:`lrp_core.registry.filled_by`).

@@ -39,17 +39,20 @@ explanation, and :func:`warn_unreflected_hooks` names those modules with an
 """
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
 from .errors import InputError, UnreflectedHookWarning
+from .precision import compute_precision
+from .wrappers import unwrap
 
 #: module attributes the engine's families read as flags (timm's fused attention)
 FLAGS = ("fused_attn",)
@@ -296,5 +299,33 @@ def inference_model_named(model: nn.Module) -> Iterator[None]:
                          "token_ablation)") from err
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def public_call(fn: F) -> F:
+    """The same footing for every public call ``fn(model, inputs, ...)`` (``explain``, ``concept_target``,
+    ``attention_parts``):
+
+    * wrappers are looked through (``torch.compile``, ``DataParallel``, ``DistributedDataParallel``;
+      :func:`lrp_core.wrappers.unwrap`), TorchScript is refused;
+    * gradients are recorded whatever the caller's context (``no_grad``, ``inference_mode``), and inputs
+      made under ``inference_mode`` are cloned into ordinary tensors (:func:`normal_tensors`);
+    * the model is left as found (:func:`model_guard`, also on error), and forward hooks on modules the
+      replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`;
+    * a half-precision model (or autocast) is computed in float32 (:mod:`lrp_core.precision`).
+    """
+    @functools.wraps(fn)
+    def call(model, inputs, *args, **kwargs):
+        if not isinstance(model, nn.Module):
+            return fn(model, inputs, *args, **kwargs)  # get_adapter names what is supported
+        model = unwrap(model)
+        with autograd_on(), inference_model_named(model):
+            with model_guard(model) as seen, compute_precision(model):
+                out = fn(model, normal_tensors(inputs), *args, **kwargs)
+        warn_unreflected_hooks(seen, stacklevel=3)
+        return out
+    return call  # type: ignore[return-value]
+
+
 __all__ = ["GuardReport", "model_guard", "warn_unreflected_hooks", "autograd_on", "normal_tensors",
-           "inference_model_named", "FLAGS", "HOOK_DICTS"]
+           "inference_model_named", "public_call", "FLAGS", "HOOK_DICTS"]

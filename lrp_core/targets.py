@@ -10,12 +10,14 @@ its size (``10**20`` included), never an ``OverflowError``.
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from . import registry
 from .errors import InputError
 from .methods import ConceptTarget, Contrast
 
@@ -104,4 +106,39 @@ def resolver(target: Any, batch: int, num_classes: int) -> Resolver:
     return resolve
 
 
-__all__ = ["ACCEPTED", "Target", "class_ids", "resolver"]
+@dataclass
+class Goal:
+    """What a call explains, checked before any work: the target resolver, the contrast class ``negative``
+    (B,) of a :class:`Contrast` (else ``None``) and the :class:`ConceptTarget` (else ``None``)."""
+
+    resolve: Resolver
+    negative: Optional[Tensor] = None
+    concept: Optional[ConceptTarget] = None
+
+
+def goal(spec: Any, target: Any, batch: int, num_classes: int, model_name: str) -> Goal:
+    """Check ``target`` against the method ``spec`` (:class:`lrp_core.registry.MethodSpec`) and the batch's
+    readout (``num_classes``, 0 without a classification head); :class:`InputError` naming what is accepted.
+    """
+    concept = target if isinstance(target, ConceptTarget) else None
+    if concept is not None and not spec.concept_target:
+        takers = [n for n, s in registry.METHODS.items() if s.concept_target]
+        raise InputError(f"a concept target works with method={takers[0]!r} only, not {spec.name!r}")
+    if concept is None and num_classes == 0 and not spec.class_agnostic:
+        raise InputError(f"{model_name} has no classification head: explain it with a class-agnostic "
+                         f"method ({', '.join(registry.CLASS_AGNOSTIC)}) or with method='cdam' and a concept target "
+                         "(lrp_core.concept_target)")
+    negative = None
+    if isinstance(target, Contrast):
+        if spec.class_agnostic:
+            raise InputError(f"{spec.name!r} does not depend on the target class, so a contrast explains nothing; "
+                             "use a class-sensitive method")
+        if target.negative is None:
+            raise InputError("Contrast(positive, negative) needs the class to contrast with (negative), e.g. "
+                             "Contrast(positive=None, negative=3): the prediction rather than class 3")
+        negative = resolver(target.negative, batch, num_classes)(torch.empty(0))
+        target = target.positive
+    return Goal(resolver(target if concept is None else None, batch, num_classes), negative, concept)
+
+
+__all__ = ["ACCEPTED", "Target", "class_ids", "resolver", "Goal", "goal"]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from conftest import make_tiny_bert, make_tiny_vit
-from lrp_core import METHODS, ConceptTarget, Contrast, InputError, api, concept_target, explain, memory, registry
+from lrp_core import METHODS, ConceptTarget, Contrast, InputError, concept_target, explain, memory, registry
+from lrp_core import pieces as lrp_pieces
 from lrp_core.adapters import get_adapter
 
 TENSOR_FIELDS = ("scores", "target", "logits", "pixels", "layers", "layers_per_head", "token_relevance",
@@ -116,7 +117,7 @@ def test_text_pieces_compose_with_length_groups(method):
     model, text = make_tiny_bert(weight_scale=5.0).double(), _text()
     prepared = get_adapter(model).check_inputs(text)
     opt = registry.parse_options(registry.get(method), {"chunk_size": 2}, 2, "text")
-    pieces = api._pieces(prepared, get_adapter(model), method, opt, 5)
+    pieces = lrp_pieces.plan(get_adapter(model), prepared, method, opt)
     assert [(r.tolist(), n) for r, n in pieces] == [([1, 4], 4), ([0, 2], 7), ([3], 7)]
     chunked = explain(model, text, method=method, chunk_size=2, **_options(method))
     for rows, n in pieces:
@@ -184,8 +185,8 @@ def test_targets_follow_the_rows(tiny_vit):
 def test_a_tiny_budget_splits_and_a_fitting_one_does_not(tiny_vit, monkeypatch):
     x = _images(torch.float32)
     seen = []
-    pieces = api._pieces
-    monkeypatch.setattr(api, "_pieces", lambda *a: seen.append(pieces(*a)) or seen[-1])
+    plan = lrp_pieces.plan
+    monkeypatch.setattr(lrp_pieces, "plan", lambda *a: seen.append(plan(*a)) or seen[-1])
     adapter = get_adapter(tiny_vit)
     facts = memory.facts_of(adapter, adapter.check_inputs(x))
     two = memory.estimate("transformer_attribution", facts, 2)

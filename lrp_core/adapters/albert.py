@@ -24,32 +24,35 @@ from ..composites import ELEMENTWISE, LINEAR
 from ..errors import UnsupportedModelError
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
-from .readouts import HeadLayer, TokenReadout
+from .readouts import HeadLayer
 
 
 class AlbertAdapter(BertAdapter):
     """``AlbertForSequenceClassification``: shared post-LN layers, pooler (dense + tanh) → classifier."""
 
-    def __init__(self, model: nn.Module):
-        self.model = model
+    def _backbone(self) -> nn.Module:
+        model = self.model
         name = type(model).__name__
         base = getattr(model, "albert", None)
-        cfg = getattr(model, "config", None)
         enc = getattr(base, "encoder", None)
-        if cfg is None or base is None or not hasattr(enc, "albert_layer_groups") \
+        if getattr(model, "config", None) is None or base is None or not hasattr(enc, "albert_layer_groups") \
                 or not isinstance(getattr(enc, "embedding_hidden_mapping_in", None), nn.Linear):
             raise UnsupportedModelError(f"{name}: not an ALBERT classifier (expected albert.embeddings and "
                                         "albert.encoder.albert_layer_groups / embedding_hidden_mapping_in)")
         if not isinstance(getattr(base, "pooler", None), nn.Linear) or not isinstance(model.classifier, nn.Linear):
             raise UnsupportedModelError(f"{name}: expected a pooler (Linear + tanh) and a Linear classifier; "
                                         "ALBERT without its pooling layer is not supported")
-        self.base = base
-        self.blocks = [self._block(layer, cfg) for layer in self.layer_uses(enc, cfg)]
-        self.readout = TokenReadout(norm=nn.Identity(), head=[
-            HeadLayer(LINEAR, base.pooler), HeadLayer(ELEMENTWISE, base.pooler_activation),
-            HeadLayer(LINEAR, model.classifier)])
-        self.max_length = int(cfg.max_position_embeddings)
-        self.vocab_size = int(cfg.vocab_size)
+        return base
+
+    def _layers(self) -> list:
+        return self.layer_uses(self.base.encoder, self.model.config)
+
+    def _max_length(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+    def _head(self) -> list:
+        return [HeadLayer(LINEAR, self.base.pooler), HeadLayer(ELEMENTWISE, self.base.pooler_activation),
+                HeadLayer(LINEAR, self.model.classifier)]
 
     @staticmethod
     def layer_uses(enc: nn.Module, cfg) -> list:
@@ -57,8 +60,7 @@ class AlbertAdapter(BertAdapter):
         L, G = cfg.num_hidden_layers, cfg.num_hidden_groups
         return [layer for i in range(L) for layer in enc.albert_layer_groups[int(i / (L / G))].albert_layers]
 
-    @staticmethod
-    def _block(layer: nn.Module, cfg) -> BlockSpec:
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
         try:
             att = layer.attention
             H, d = att.num_attention_heads, att.attention_head_size

@@ -81,6 +81,11 @@ class Adapter(ABC):
 
     # ------------------------------------------------------- the family's part
     @abstractmethod
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        """The description of the model's block ``i`` (its module ``layer``); the configuration is read from
+        ``self.model``. Raises :class:`~lrp_core.errors.UnsupportedModelError` naming what does not match."""
+
+    @abstractmethod
     def check_inputs(self, inputs) -> dict:
         """Validate user inputs; return the prepared dict (``images`` or ``input_ids``/``attention_mask``...)."""
 

@@ -34,7 +34,18 @@ class BertAdapter(Adapter):
     mask_value = MASK_VALUE
 
     def __init__(self, model: nn.Module):
-        self.model = model
+        """The family's facts, each from its own hook: :meth:`_backbone` (checks the layout, returns the
+        module holding ``embeddings``), :meth:`_layers`, :meth:`_block`, :meth:`_head`, :meth:`_max_length`."""
+        super().__init__(model)
+        self.base = self._backbone()
+        self.blocks = [self._block(i, layer) for i, layer in enumerate(self._layers())]
+        self.readout = TokenReadout(norm=nn.Identity(), head=self._head())
+        self.max_length = self._max_length()
+        self.vocab_size = int(getattr(model.config, "vocab_size", 0)) or None
+
+    def _backbone(self) -> nn.Module:
+        """The encoder holding ``embeddings`` (``model.base_model``), after checking the BERT layout."""
+        model = self.model
         name = type(model).__name__
         cfg = getattr(model, "config", None)
         base = getattr(model, "base_model", None)
@@ -47,23 +58,26 @@ class BertAdapter(Adapter):
         pet = getattr(cfg, "position_embedding_type", "absolute")
         if pet not in (None, "absolute"):
             raise UnsupportedModelError(f"{name}: position_embedding_type={pet!r} is not supported (only 'absolute')")
-        self.base = base
-        self.blocks = [self._block(i, layer, cfg) for i, layer in enumerate(base.encoder.layer)]
-        self.readout = TokenReadout(norm=nn.Identity(), head=self._head(model, base))
-        self.max_length = int(getattr(cfg, "max_position_embeddings", 512))
-        pad_offset = getattr(cfg, "pad_token_id", None) if "Roberta" in name else None
-        if pad_offset is not None:  # RoBERTa positions start after the padding index
-            self.max_length -= int(pad_offset) + 1
-        self.vocab_size = int(getattr(cfg, "vocab_size", 0)) or None
+        return base
 
-    @staticmethod
-    def _block(i: int, layer: nn.Module, cfg) -> BlockSpec:
+    def _layers(self) -> list:
+        """The encoder layers in the order the model runs them."""
+        return list(self.base.encoder.layer)
+
+    def _max_length(self) -> int:
+        """The longest input the position embeddings cover (RoBERTa's positions start after the padding index)."""
+        cfg = self.model.config
+        max_length = int(getattr(cfg, "max_position_embeddings", 512))
+        pad_offset = getattr(cfg, "pad_token_id", None) if "Roberta" in type(self.model).__name__ else None
+        return max_length - (int(pad_offset) + 1 if pad_offset is not None else 0)
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
         if getattr(layer, "crossattention", None) is not None:
             raise UnsupportedModelError(f"layer {i} has cross-attention; only encoders are supported")
         try:
             sa, so = layer.attention.self, layer.attention.output
-            H = cfg.num_attention_heads
-            d = cfg.hidden_size // H
+            H = self.model.config.num_attention_heads
+            d = self.model.config.hidden_size // H
             return BlockSpec(
                 layout="post_ln", norm1=so.LayerNorm, norm2=layer.output.LayerNorm,
                 attn=AttentionSpec(q=sa.query, k=sa.key, v=sa.value, proj=so.dense, num_heads=H, head_dim=d,
@@ -75,10 +89,11 @@ class BertAdapter(Adapter):
                 f"layer {i} ({type(layer).__name__}) does not have the BERT layout "
                 f"(attention.self.query/key/value, attention.output, intermediate, output): {e}") from None
 
-    @staticmethod
-    def _head(model: nn.Module, base: nn.Module) -> list:
+    def _head(self) -> list:
+        """The classification head on [CLS], layer by layer (pooler dense + tanh + classifier, or RoBERTa's)."""
+        model = self.model
         clf = getattr(model, "classifier", None)
-        pooler = getattr(base, "pooler", None)
+        pooler = getattr(self.base, "pooler", None)
         if isinstance(clf, nn.Linear) and pooler is not None and isinstance(getattr(pooler, "dense", None), nn.Linear):
             # BERT: [CLS] -> dense -> tanh -> classifier
             return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation), HeadLayer(LINEAR, clf)]

@@ -39,8 +39,8 @@ class HFDinov2Adapter(HFViTAdapter):
         (clf,) = hf_linear_head(model, "classifier")
         return ClsMeanReadout(norm=base.layernorm, head=[HeadLayer(LINEAR, clf)], start=self.num_prefix_tokens)
 
-    @staticmethod
-    def _block(layer: nn.Module, cfg) -> BlockSpec:
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        cfg = self.model.config
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
         q, k, v, proj = hf_attention(layer.attention)

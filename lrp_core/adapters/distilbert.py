@@ -20,7 +20,7 @@ from ..composites import ELEMENTWISE, LINEAR
 from ..errors import UnsupportedModelError
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
-from .readouts import HeadLayer, TokenReadout
+from .readouts import HeadLayer
 
 #: the classifier's ReLU (the model applies a fresh ``nn.ReLU()`` inline; it has no state)
 _RELU = nn.ReLU()
@@ -29,31 +29,34 @@ _RELU = nn.ReLU()
 class DistilBertAdapter(BertAdapter):
     """``DistilBertForSequenceClassification``: [CLS] → pre_classifier → ReLU → classifier."""
 
-    def __init__(self, model: nn.Module):
-        self.model = model
+    def _backbone(self) -> nn.Module:
+        model = self.model
         name = type(model).__name__
         base = getattr(model, "distilbert", None)
-        cfg = getattr(model, "config", None)
-        if cfg is None or base is None or not hasattr(base, "embeddings") \
+        if getattr(model, "config", None) is None or base is None or not hasattr(base, "embeddings") \
                 or not hasattr(getattr(base, "transformer", None), "layer"):
             raise UnsupportedModelError(f"{name}: not a DistilBERT classifier (expected distilbert.embeddings "
                                         "and distilbert.transformer.layer)")
         for part in ("pre_classifier", "classifier"):
             if not isinstance(getattr(model, part, None), nn.Linear):
                 raise UnsupportedModelError(f"{name}: expected a Linear {part!r} (DistilBERT's [CLS] head)")
-        self.base = base
-        self.blocks = [self._block(i, layer, cfg) for i, layer in enumerate(base.transformer.layer)]
-        self.readout = TokenReadout(norm=nn.Identity(), head=[
-            HeadLayer(LINEAR, model.pre_classifier), HeadLayer(ELEMENTWISE, _RELU), HeadLayer(LINEAR, model.classifier)])
-        self.max_length = int(cfg.max_position_embeddings)
-        self.vocab_size = int(cfg.vocab_size)
+        return base
 
-    @staticmethod
-    def _block(i: int, layer: nn.Module, cfg) -> BlockSpec:
+    def _layers(self) -> list:
+        return list(self.base.transformer.layer)
+
+    def _max_length(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+    def _head(self) -> list:
+        return [HeadLayer(LINEAR, self.model.pre_classifier), HeadLayer(ELEMENTWISE, _RELU),
+                HeadLayer(LINEAR, self.model.classifier)]
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
         try:
             att, ffn = layer.attention, layer.ffn
-            H = cfg.n_heads
-            d = cfg.dim // H
+            H = self.model.config.n_heads
+            d = self.model.config.dim // H
             return BlockSpec(
                 layout="post_ln", norm1=layer.sa_layer_norm, norm2=layer.output_layer_norm,
                 attn=AttentionSpec(q=att.q_lin, k=att.k_lin, v=att.v_lin, proj=att.out_lin, num_heads=H,

@@ -27,30 +27,27 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
-from .readouts import TokenReadout
 
 
 class MPNetAdapter(BertAdapter):
     """``MPNetForSequenceClassification``: post-LN layers with a relative position bias."""
 
-    def __init__(self, model: nn.Module):
-        self.model = model
-        name = type(model).__name__
+    def _backbone(self) -> nn.Module:
+        model = self.model
         base = getattr(model, "mpnet", None)
-        cfg = getattr(model, "config", None)
         enc = getattr(base, "encoder", None)
-        if cfg is None or base is None or not hasattr(enc, "layer") or not hasattr(enc, "compute_position_bias"):
-            raise UnsupportedModelError(f"{name}: not an MPNet classifier (expected mpnet.embeddings and "
-                                        "mpnet.encoder.layer / compute_position_bias)")
-        self.base = base
-        self.blocks = [self._block(i, layer, cfg) for i, layer in enumerate(enc.layer)]
-        self.readout = TokenReadout(norm=nn.Identity(), head=self._head(model, base))
+        if getattr(model, "config", None) is None or base is None or not hasattr(enc, "layer") \
+                or not hasattr(enc, "compute_position_bias"):
+            raise UnsupportedModelError(f"{type(model).__name__}: not an MPNet classifier (expected mpnet.embeddings "
+                                        "and mpnet.encoder.layer / compute_position_bias)")
         self.padding_idx = int(base.embeddings.padding_idx)
-        self.max_length = int(cfg.max_position_embeddings) - self.padding_idx - 1
-        self.vocab_size = int(cfg.vocab_size)
+        return base
 
-    @staticmethod
-    def _block(i: int, layer: nn.Module, cfg) -> BlockSpec:
+    def _max_length(self) -> int:
+        """Positions start after the padding index (as RoBERTa's)."""
+        return int(self.model.config.max_position_embeddings) - self.padding_idx - 1
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
         try:
             att = layer.attention.attn
             H, d = att.num_attention_heads, att.attention_head_size

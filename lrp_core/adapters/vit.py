@@ -99,7 +99,7 @@ class TimmViTAdapter(ViTAdapter):
     ``VisionTransformerDistilled``; [CLS] or average pooling, with or without a class token."""
 
     def __init__(self, model: nn.Module):
-        self.model = model
+        super().__init__(model)
         name = type(model).__name__
         if getattr(model, "attn_pool", None) is not None or model.global_pool not in ("token", "avg"):
             raise UnsupportedModelError(
@@ -133,8 +133,7 @@ class TimmViTAdapter(ViTAdapter):
             return MeanReadout(norm=model.norm, head=head, start=start)
         return TokenReadout(norm=model.norm, head=head)
 
-    @staticmethod
-    def _block(i: int, blk: nn.Module) -> BlockSpec:
+    def _block(self, i: int, blk: nn.Module) -> BlockSpec:
         where = f"block {i} ({type(blk).__name__})"
         needed = ("norm1", "attn", "ls1", "norm2", "mlp", "ls2")
         if not all(hasattr(blk, n) for n in needed) or type(blk).__name__ != "Block":
@@ -217,7 +216,7 @@ class HFViTAdapter(ViTAdapter):
     prefix_names: tuple = ("cls_token",)
 
     def __init__(self, model: nn.Module):
-        self.model = model
+        super().__init__(model)
         base = getattr(model, self.backbone)
         emb = base.embeddings
         self.patch_conv = emb.patch_embeddings.projection
@@ -225,15 +224,15 @@ class HFViTAdapter(ViTAdapter):
         self.patch_size = tuple(ps) if not isinstance(ps, int) else (ps, ps)
         self.image_size = tuple(emb.patch_embeddings.image_size)
         self.num_prefix_tokens = len(self.prefix_names)
-        self.blocks = [self._block(layer, model.config) for layer in hf_layers(base)]
+        self.blocks = [self._block(i, layer) for i, layer in enumerate(hf_layers(base))]
         self.readout = self._readout(model, base)
 
     def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
         (clf,) = hf_linear_head(model, "classifier")
         return TokenReadout(norm=base.layernorm, head=[HeadLayer(LINEAR, clf)])
 
-    @staticmethod
-    def _block(layer: nn.Module, cfg) -> BlockSpec:
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        cfg = self.model.config
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
         q, k, v, proj = hf_attention(layer.attention)

@@ -1,0 +1,150 @@
+"""A batch explained in pieces: which pieces, how each is cut out, and how their results are merged.
+
+``explain`` hands a batch here once it is validated. A batch whose estimated peak memory exceeds the
+budget (:mod:`lrp_core.memory`), or a ``chunk_size``, is explained in runs of consecutive samples and the
+results are scattered back in batch order — every field, as if explained at once. Right-padded text of
+several lengths is first grouped by length and each group explained without its padding
+(docs/METHODS.md §5.8): every sample then gets exactly the arithmetic of being explained alone.
+
+What is per sample and what is shared by the batch (CLIP's prompts / images) is the adapter's fact
+(:meth:`~lrp_core.adapters.base.Adapter.take`); so is the modality (``adapter.modality``).
+
+Shapes: B batch, T (padded) tokens, n a group's length.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from . import memory
+from .adapters.base import Adapter
+from .explanation import RESULT_FIELDS, Conservation, ResultField
+from .methods import Call, MethodResult
+from .utils import progress_bar
+
+
+class Piece(NamedTuple):
+    """One piece of a batch: the sample indices ``rows`` (K,), and the length ``n`` the text is trimmed to
+    (``None``: not trimmed)."""
+
+    rows: Tensor
+    n: Optional[int]
+
+
+def length_groups(prepared: dict) -> Optional[list[Piece]]:
+    """Right-padded text of several lengths: the samples grouped by length, else ``None``.
+
+    Each group is explained without padding, so every sample gets exactly the
+    arithmetic of explaining it alone: relevance passes amplify round-off, and
+    padding changes the length of the reductions (softmax, A·V) and hence
+    their rounding.
+    """
+    mask = prepared["attention_mask"]
+    lengths = mask.sum(dim=1)
+    T = mask.shape[1]
+    prefix = (torch.arange(T, device=mask.device)[None, :] < lengths[:, None]).long()
+    if not torch.equal(mask, prefix) or bool((lengths == T).all()):
+        return None  # no padding, or not right-padded (positions would shift if trimmed)
+    return [Piece(torch.nonzero(lengths == n).flatten(), int(n)) for n in lengths.unique().tolist()]
+
+
+def plan(adapter: Adapter, prepared: dict, method: str, opt: Any) -> list[Piece]:
+    """The pieces a batch is explained in.
+
+    Right-padded text of several lengths is first grouped by length (:func:`length_groups`); each group
+    (or the whole batch) is then cut into runs of at most ``k`` consecutive samples: ``k = chunk_size``
+    if given, else as many as fit ``max_memory`` by :mod:`lrp_core.memory`'s estimate (at least one).
+    """
+    groups = length_groups(prepared) if adapter.modality == "text" else None
+    if groups is None:
+        groups = [Piece(torch.arange(adapter.batch_size(prepared)), None)]  # indices, moved where they index
+    budget = None
+    if opt.chunk_size is None:
+        budget = memory.budget(opt.max_memory, adapter.blocks[0].attn.proj.weight.device)
+    pieces = []
+    for rows, n in groups:
+        if opt.chunk_size is not None:
+            k = opt.chunk_size
+        else:
+            facts = memory.facts_of(adapter, prepared, tokens=n)
+            k = memory.piece_size(budget, method, facts, len(rows), keep_heads=opt.keep_heads,
+                                  batch_size=opt.batch_size)
+        pieces += [Piece(part, n) for part in rows.split(k)]
+    return pieces
+
+
+def call_for(call: Call, piece: Piece) -> Call:
+    """The call of one piece: its samples (:meth:`Adapter.take`), their layout, readout, targets, contrast."""
+    a, (rows, n) = call.adapter, piece
+    sub = a.take(call.prepared, rows, n)
+    negative = None if call.negative is None else call.negative.to(rows.device)[rows]
+    return Call(a, sub, a.layout(sub), _sub_resolver(call.resolve, rows), call.opt, call.concept, negative,
+                a.readout_for(sub))
+
+
+def _sub_resolver(resolve, rows: Tensor):
+    return lambda logits: resolve(logits, rows)
+
+
+def run(spec: Any, call: Call, pieces: list[Piece]) -> MethodResult:
+    """``spec.run`` on the whole batch (one untrimmed piece), else on every piece and the results merged."""
+    if len(pieces) == 1 and pieces[0].n is None:  # the whole batch at once, as given
+        return spec.run(call)
+    opt = call.opt
+    parts = []
+    for piece in progress_bar(pieces, opt.progress or (opt.progress is None and len(pieces) >= 16),
+                              desc=spec.name, unit="piece", leave=False):
+        parts.append((piece.rows, piece.n, spec.run(call_for(call, piece))))
+    a = call.adapter
+    return merge(parts, a.batch_size(call.prepared), call.layout.num_tokens if a.modality == "text" else None)
+
+
+def merge(parts: list, batch: int, T: Optional[int]) -> MethodResult:
+    """Scatter the results of the pieces back into (B, ...) tensors in batch order.
+
+    ``parts``: ``(rows, n, MethodResult)`` per piece. Every field of
+    :data:`~lrp_core.explanation.RESULT_FIELDS` is merged by its own rule: text (``T`` the padded length):
+    its ``token_axes`` trailing axes are zero-padded from ``n`` back to ``T``; images (``T`` is ``None``):
+    every piece has the whole token axes. ``conservation`` is merged total by total.
+    """
+    first = parts[0][2]
+
+    def gather(f: ResultField):
+        like = getattr(first, f.name)
+        if like is None:
+            return None
+        if isinstance(like, Conservation):
+            return _merge_conservation(parts, batch)
+        pad_dims = 0 if T is None else f.token_axes
+        shape = (batch,) + tuple(like.shape[1:like.dim() - pad_dims]) + (T,) * pad_dims
+        out = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        for rows, n, res in parts:
+            idx = (rows.to(out.device),) + (slice(None),) * (like.dim() - 1 - pad_dims) + (slice(0, n),) * pad_dims
+            out[idx] = getattr(res, f.name).to(out.device)
+        return out
+
+    return MethodResult(**{f.name: gather(f) for f in RESULT_FIELDS}, used=first.used)
+
+
+def _merge_conservation(parts: list, batch: int) -> Optional[Conservation]:
+    """The per-sample totals of each piece, back in batch order."""
+    first = parts[0][2].conservation
+    if first is None:
+        return None
+    totals = {}
+    for name in (f.name for f in fields(Conservation)):
+        like = getattr(first, name)
+        if like is None:
+            totals[name] = None
+            continue
+        out = torch.empty((batch,) + tuple(like.shape[1:]), dtype=like.dtype, device=like.device)
+        for rows, _, res in parts:
+            out[rows.to(out.device)] = getattr(res.conservation, name)
+        totals[name] = out
+    return Conservation(**totals)
+
+
+__all__ = ["Piece", "length_groups", "plan", "call_for", "run", "merge"]
