@@ -11,6 +11,7 @@ subclass plus a line in :data:`lrp_core.adapters.ADAPTERS`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import cached_property
 from typing import Callable, Optional
 
 import torch
@@ -53,6 +54,16 @@ class Adapter(ABC):
     def num_classes(self) -> int:
         return self.readout.num_classes
 
+    @cached_property
+    def module_names(self) -> dict:
+        """The model's module → its qualified name (``"blocks.0.mlp.fc1"``), built once per adapter: what a
+        composite's ``names`` patterns are matched against (a module used twice keeps its first name)."""
+        return {module: name for name, module in self.model.named_modules()}
+
+    def _names_for(self, composite: Optional[Composite]) -> Optional[dict]:
+        """The module names, where the composite chooses rules by name (built only then)."""
+        return self.module_names if composite is not None and composite.names else None
+
     def for_inputs(self, inputs) -> "Adapter":
         """The adapter that explains these inputs: ``self``, or a sibling view of the same model
         (CLIP: the text side when ``inputs["explain"] == "text"``)."""
@@ -80,8 +91,9 @@ class Adapter(ABC):
     # --------------------------------------------------------------- forward
     def forward(self, prepared: dict, *, grad: bool = False, composite: Optional[Composite] = None,
                 track: bool = False) -> Trace:
-        """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations."""
-        r = Replay(composite)
+        """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations (an
+        explicit-pass one is refused at once); ``None``: the plain replay."""
+        r = Replay(composite, names=self._names_for(composite))
         # a half-precision model is replayed in float32 (lrp_core.precision; a no-op inside a method)
         with compute_precision(self.model), torch.set_grad_enabled(grad):
             emb = self.embed(prepared, r, track=track)
@@ -103,7 +115,7 @@ class Adapter(ABC):
         if self.mask_value is not None and mask is None:
             mask = torch.ones(x0.shape[:2], dtype=torch.long, device=x0.device)
         bias = self.attention_bias(x0, mask)
-        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None)
+        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None, first=r.first)
         x = x0
         for spec in self.blocks:
             rec = block_forward(spec, x, bias, r)
@@ -132,7 +144,8 @@ class Adapter(ABC):
                 to_input: bool = False, prepared: Optional[dict] = None,
                 on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]] = None,
                 release: bool = False) -> BlockRelevance:
-        """The explicit relevance pass, every rule chosen by ``composite``.
+        """The explicit relevance pass, every rule chosen by ``composite`` (an explicit-pass rule set; a
+        modified-gradient one is refused at once).
 
         Args:
             R_out: (B, C) relevance of the logits (the one-hot target).
@@ -151,7 +164,7 @@ class Adapter(ABC):
     def _relprop(self, trace: Trace, R_out: Tensor, composite: Composite, stop_block: int, to_input: bool,
                  prepared: Optional[dict], on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
                  release: bool) -> BlockRelevance:
-        prop = Propagation(composite, cache=self.shares_weights)
+        prop = Propagation(composite, cache=self.shares_weights, names=self._names_for(composite), first=trace.first)
         R = self.readout.relprop(trace.readout, R_out, prop)
         B, N, _ = R.shape
         L = self.num_blocks
