@@ -84,7 +84,8 @@ class ViTAdapter(Adapter):
             (R_patch, _) = prop(POS_ADD, (emb.tokens[:, P0:], None), R_patch, output=emb.x_pos[:, P0:])
         R_patch = prop.unary(LAYERNORM, emb.patches, R_patch, self.patch_norm)
         h, w = self.layout(prepared).grid
-        R_map = R_patch.transpose(1, 2).reshape(R0.shape[0], -1, h, w)
+        # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
+        R_map = R_patch.contiguous().transpose(1, 2).reshape(R0.shape[0], -1, h, w)
         (R_px,) = prop(PATCH_CONV, (prepared["images"],), R_map, module=self.patch_conv)
         pixels = R_px.sum(dim=1)  # (B, H, W)
         ph, pw = self.patch_size
@@ -177,7 +178,8 @@ class TimmViTAdapter(ViTAdapter):
         flat = r.module(LAYERNORM, self.patch_norm, patches)  # the token embeddings gradients are read at
         prefix = [t.expand(images.shape[0], -1, -1) for t in
                   (m.cls_token, getattr(m, "dist_token", None), getattr(m, "reg_token", None)) if t is not None]
-        tokens = torch.cat(prefix + [flat], dim=1)
+        # no prefix: the patches themselves, in their layout (a copy would change the round-off of what follows)
+        tokens = torch.cat(prefix + [flat], dim=1) if prefix else flat
         pos = self._position_embedding(conv.shape[-2:])
         if pos is None:
             x_pos = tokens
