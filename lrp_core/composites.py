@@ -5,29 +5,38 @@ Every step of the pass — the engine's block drivers, the readout, the input
 layer — asks a :class:`Composite` for the rule of its kind and calls it, so a
 new rule set is a new composite and nothing else (zennit's design).
 
-One rule contract (:class:`Rule`), with two faces:
+Two kinds of pass, one rule contract each (:data:`PASS_KINDS`):
 
-* ``relevance(op, R)``: the explicit backward step of the Deep Taylor
-  Decomposition passes (``transformer_attribution``, ``lrp``, ``partial_lrp``):
-  the relevance of the operation's output → one relevance per input.
-* ``forward(fn, *inputs, module=None)``: the forward computation as the
-  replay runs it. Plain rules compute ``fn(*inputs)``; modified-gradient rules
-  (AttnLRP, CP-LRP: gradient × input with modified gradients) compute the same
-  value with the gradient their paper prescribes.
+* :class:`ExplicitRule` — ``relevance(op, R)``: the explicit backward step of the
+  Deep Taylor Decomposition passes (``transformer_attribution``, ``lrp``,
+  ``partial_lrp``; docs/METHODS.md §1), driven by :class:`Propagation`: the
+  relevance of the operation's output → one relevance per input.
+* :class:`GradientRule` — ``forward(fn, *inputs, module=None)``: the forward
+  computation with the gradient a modified-gradient method prescribes (AttnLRP,
+  CP-LRP: gradient × input; docs/METHODS.md §2b), driven by
+  :class:`lrp_core.adapters.blocks.Replay`.
 
-Every rule uses the one stabiliser :data:`lrp_core.rules.EPS` through the
+A composite holds rules of one kind only and knows which pass it serves
+(``Composite.serves``, checked when it is built); each pass refuses a composite of
+the other kind at once (:class:`~lrp_core.errors.RuleSetError`). Besides the
+operation kind, a composite can choose a rule by the module's qualified name in
+the model (``names``: fnmatch patterns, zennit's name map) or for the first
+layer of a kind in input order (``first``, zennit's first-layer map).
+
+Every explicit rule uses the one stabiliser :data:`lrp_core.rules.EPS` through the
 functions of :mod:`lrp_core.rules` (``docs/METHODS.md`` §1).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from . import rules as F
-from .errors import UnknownNameError, UnsupportedModelError
+from .errors import RuleSetError, UnknownNameError, UnsupportedModelError
 
 # ----------------------------------------------------------------------------
 # operation kinds
@@ -49,6 +58,15 @@ POOL = "pool"  # a weighted sum of tokens the classifier reads (average pooling)
 
 OP_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SCALE, SOFTMAX, MATMUL_QK, MATMUL_AV, ADD, CLONE, MASK_ADD,
             POS_ADD, READOUT, POOL)
+#: the kinds whose operations are modules of the model (layers): those a ``first`` entry can name
+LAYER_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SCALE)
+
+# ----------------------------------------------------------------------------
+# kinds of pass
+# ----------------------------------------------------------------------------
+EXPLICIT = "explicit"  # an explicit relevance pass (Propagation): rule.relevance(op, R)
+MODIFIED_GRADIENT = "modified_gradient"  # a replay with modified gradients (Replay): rule.forward(fn, *inputs)
+PASS_KINDS = (EXPLICIT, MODIFIED_GRADIENT)
 
 RelevanceIn = Union[Tensor, Sequence[Tensor]]
 
@@ -72,27 +90,51 @@ class Op:
 
 
 # ----------------------------------------------------------------------------
-# the rule contract
+# the rule contracts
 # ----------------------------------------------------------------------------
 class Rule:
-    """A relevance rule. Subclasses override :meth:`relevance`, :meth:`forward`, or both."""
+    """What every rule has: a name and the kind of pass it serves (``serves``, one of :data:`PASS_KINDS`).
+
+    A rule derives from :class:`ExplicitRule` or :class:`GradientRule`, never from ``Rule`` itself:
+    a composite refuses a rule that serves no kind of pass.
+    """
 
     name = "rule"
-
-    def relevance(self, op: Op, R: RelevanceIn, cache: Optional[dict] = None) -> tuple[Tensor, ...]:
-        """Relevance of ``op.inputs`` from the relevance ``R`` of its output (one tensor per input)."""
-        raise NotImplementedError(f"{type(self).__name__} defines no explicit relevance step; it is a "
-                                  "modified-gradient rule (use it through a replay with gradients)")
-
-    def forward(self, fn: Callable[..., Tensor], *inputs: Tensor, module: Optional[nn.Module] = None) -> Tensor:
-        """The operation's output as the replay computes it; plain rules just call ``fn``."""
-        return fn(*inputs)
+    serves = ""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
-class Identity(Rule):
+class ExplicitRule(Rule):
+    """A rule of the explicit relevance passes (docs/METHODS.md §1), driven by :class:`Propagation`.
+
+    Subclasses define :meth:`relevance`.
+    """
+
+    serves = EXPLICIT
+
+    def relevance(self, op: Op, R: RelevanceIn, cache: Optional[dict] = None) -> tuple[Tensor, ...]:
+        """Relevance of ``op.inputs`` from the relevance ``R`` of its output (one tensor per input, ``None`` for
+        an input whose relevance is not needed). ``cache``: the pass's store for the weights' parts."""
+        raise NotImplementedError(f"{type(self).__name__} must define relevance(op, R, cache)")
+
+
+class GradientRule(Rule):
+    """A rule of the modified-gradient replays (docs/METHODS.md §2b.1), driven by
+    :class:`lrp_core.adapters.blocks.Replay`: the operation's forward value, with the gradient the rule prescribes.
+
+    Subclasses override :meth:`forward`; the default is the operation itself (the plain gradient).
+    """
+
+    serves = MODIFIED_GRADIENT
+
+    def forward(self, fn: Callable[..., Tensor], *inputs: Tensor, module: Optional[nn.Module] = None) -> Tensor:
+        """The operation's output ``fn(*inputs)`` as the replay computes it (``module``: the model's own, if any)."""
+        return fn(*inputs)
+
+
+class Identity(ExplicitRule):
     """Relevance passes unchanged (element-wise layers, normalisations, softmax). docs/METHODS.md §1.2."""
 
     name = "identity"
@@ -101,7 +143,7 @@ class Identity(Rule):
         return (R,)
 
 
-class SignedLinear(Rule):
+class SignedLinear(ExplicitRule):
     """:func:`lrp_core.rules.linear_signed` — α=1, β=0 on signed inputs, one shared denominator. docs/METHODS.md §1.1.
 
     Where the pass has the layer's output it is reused: one matrix product less.
@@ -115,7 +157,7 @@ class SignedLinear(Rule):
                                 bias=getattr(m, "bias", None), cache=cache),)
 
 
-class BaselineLinear(Rule):
+class BaselineLinear(ExplicitRule):
     """:func:`lrp_core.rules.linear_baseline` — the LRP baseline's separate denominators. docs/METHODS.md §1.7."""
 
     name = "baseline"
@@ -124,7 +166,7 @@ class BaselineLinear(Rule):
         return (F.linear_baseline(op.inputs[0], op.module.weight, R),)
 
 
-class NormalizedAdd(Rule):
+class NormalizedAdd(ExplicitRule):
     """:func:`lrp_core.rules.add_normalized` — generic share, then the paper's normalisation. docs/METHODS.md §1.3."""
 
     name = "normalized_add"
@@ -137,8 +179,8 @@ class NormalizedAdd(Rule):
         return F.add_normalized(u, v, R, per_sample=self.per_sample)
 
 
-class GenericAdd(Rule):
-    """:func:`lrp_core.rules.add_generic` — each operand its share ``u ⊙ R / (u + v)``.
+class GenericAdd(ExplicitRule):
+    """:func:`lrp_core.rules.add_generic` — each operand its share ``u ⊙ R / (u + v)``. docs/METHODS.md §1.7, §1.13.
 
     Where the pass has the sum (``op.output``), the share is formed from it.
     """
@@ -153,7 +195,7 @@ class GenericAdd(Rule):
         return tuple(None if t is None else t * s for t in (u, v))  # None: an operand whose share is not needed
 
 
-class HalvedMatMul(Rule):
+class HalvedMatMul(ExplicitRule):
     """:func:`lrp_core.rules.matmul` with ``halve=True`` — both operands, each halved. docs/METHODS.md §1.5."""
 
     name = "halved_matmul"
@@ -163,7 +205,7 @@ class HalvedMatMul(Rule):
         return F.matmul(a, b, R, halve=True, z=op.output)
 
 
-class Clone(Rule):
+class Clone(ExplicitRule):
     """:func:`lrp_core.rules.clone` — the branches' relevances summed as ``x ⊙ Σ R_i / x``. docs/METHODS.md §1.4."""
 
     name = "clone"
@@ -172,7 +214,7 @@ class Clone(Rule):
         return (F.clone(*R, x=op.inputs[0]),)
 
 
-class Select(Rule):
+class Select(ExplicitRule):
     """:func:`lrp_core.rules.select` — relevance to the token the classifier reads. docs/METHODS.md §1.6."""
 
     name = "select"
@@ -181,7 +223,7 @@ class Select(Rule):
         return (F.select(op.inputs[0], R),)
 
 
-class WeightedSum(Rule):
+class WeightedSum(ExplicitRule):
     """:func:`lrp_core.rules.weighted_sum` — the generic rule on a pooled token ``Σ_i w_i h_i``. docs/METHODS.md §4.4.
 
     ``op.inputs`` = (tokens (B, n, D), weights (B or 1, n)); the weights are constants (relevance ``None``).
@@ -194,7 +236,7 @@ class WeightedSum(Rule):
         return F.weighted_sum(x, w, R, out=op.output), None
 
 
-class ZBox(Rule):
+class ZBox(ExplicitRule):
     """:func:`lrp_core.rules.zbox_conv2d` — zᴮ on the pixels, bounds per sample. docs/METHODS.md §1.8."""
 
     name = "zbox"
@@ -209,19 +251,49 @@ class ZBox(Rule):
 # ----------------------------------------------------------------------------
 @dataclass
 class Composite:
-    """Maps operation kinds (and, optionally, module types) to rules.
+    """A rule set: which rule each operation of one kind of pass gets.
 
-    ``rules`` maps every kind of :data:`OP_KINDS` the pass meets to a rule;
-    ``modules`` overrides it for submodules of a given type (looked up along
-    the MRO, so a subclass of ``nn.Linear`` gets the ``nn.Linear`` entry).
+    Attributes:
+        name: names the rule set in messages.
+        rules: operation kind (:data:`OP_KINDS`) → rule, for every kind the pass meets.
+        modules: module type → rule, overriding ``rules`` (looked up along the MRO, so a subclass of
+            ``nn.Linear`` gets the ``nn.Linear`` entry).
+        names: fnmatch pattern on the module's qualified name in the model (``"head"``,
+            ``"blocks.*.mlp.fc1"``) → rule, overriding both (zennit's name map); the first matching
+            pattern wins. A pattern should name layers of one kind.
+        first: layer kind (:data:`LAYER_KINDS`) → rule for the first module of that kind in input order
+            (zennit's first-layer map; a layer used again, as ALBERT's shared layer, keeps it at every use).
+        serves: the kind of pass the rules serve (:data:`PASS_KINDS`), found when the composite is built.
+
+    Precedence: ``names``, then ``first``, then ``modules``, then ``rules``. Rules of both kinds of pass in one
+    composite, a rule of neither kind, or a ``first`` entry for a kind without modules: :class:`RuleSetError`.
     """
 
     name: str
     rules: Mapping[str, Rule]
     modules: Mapping[type, Rule] = field(default_factory=dict)
+    names: Mapping[str, Rule] = field(default_factory=dict)
+    first: Mapping[str, Rule] = field(default_factory=dict)
+    serves: str = field(init=False, default="")
 
-    def rule(self, kind: str, module: Optional[nn.Module] = None) -> Rule:
-        if module is not None:
+    def __post_init__(self) -> None:
+        self.serves = _pass_served(self)
+        odd = [k for k in self.first if k not in LAYER_KINDS]
+        if odd:
+            raise RuleSetError(f"composite {self.name!r}: 'first' names the first layer of a kind, but {odd} have no "
+                               f"module; it accepts {', '.join(LAYER_KINDS)}")
+
+    def rule(self, kind: str, module: Optional[nn.Module] = None, name: Optional[str] = None,
+             first: bool = False) -> Rule:
+        """The rule of one operation: ``kind``, the model's ``module`` (if any), its qualified ``name`` in the
+        model (if known) and whether it is the ``first`` module of its kind in input order."""
+        if name is not None:
+            for pattern, rule in self.names.items():
+                if fnmatchcase(name, pattern):
+                    return rule
+        if first and kind in self.first:
+            return self.first[kind]
+        if module is not None and self.modules:
             for cls in type(module).__mro__:
                 if cls in self.modules:
                     return self.modules[cls]
@@ -229,29 +301,117 @@ class Composite:
             return self.rules[kind]
         except KeyError:
             raise UnknownNameError(f"composite {self.name!r} has no rule for operation {kind!r}; "
-                           f"it covers {', '.join(self.rules)}") from None
+                                   f"it covers {', '.join(self.rules)}") from None
 
-    def with_rules(self, name: str, **rules: Rule) -> "Composite":
-        """A copy with some kinds' rules replaced (``name`` names the new rule set)."""
-        return Composite(name=name, rules={**self.rules, **rules}, modules=dict(self.modules))
+    def with_rules(self, name: str, *, names: Optional[Mapping[str, Rule]] = None,
+                   first: Optional[Mapping[str, Rule]] = None, **rules: Rule) -> "Composite":
+        """A copy with some kinds' rules replaced (``name`` names the new rule set); ``names`` patterns are
+        tried before the copied ones, ``first`` entries replace those of the same kind."""
+        names = dict(names or {})
+        return Composite(name=name, rules={**self.rules, **rules}, modules=dict(self.modules),
+                         names={**names, **{p: r for p, r in self.names.items() if p not in names}},
+                         first={**self.first, **(first or {})})
 
 
-class Propagation:
-    """One explicit relevance pass: a composite, and a cache for the weights' signed parts.
+def _pass_served(c: Composite) -> str:
+    """The one kind of pass all of ``c``'s rules serve."""
+    every = [*c.rules.values(), *c.modules.values(), *c.names.values(), *c.first.values()]
+    if not every:
+        raise RuleSetError(f"composite {c.name!r} has no rules")
+    seen: dict[str, Rule] = {}
+    for rule in every:
+        if getattr(rule, "serves", "") not in PASS_KINDS:
+            raise RuleSetError(f"composite {c.name!r}: {rule!r} serves no kind of pass; derive a rule from "
+                               "ExplicitRule (relevance(op, R), explicit passes) or GradientRule "
+                               "(forward(fn, *inputs), modified-gradient replays)")
+        seen.setdefault(rule.serves, rule)
+    if len(seen) > 1:
+        raise RuleSetError(f"composite {c.name!r} mixes explicit-pass rules (e.g. {seen[EXPLICIT]!r}) with "
+                           f"modified-gradient rules (e.g. {seen[MODIFIED_GRADIENT]!r}); a composite serves one "
+                           "kind of pass: make one composite of each")
+    return next(iter(seen))
+
+
+#: what to use instead, per kind of pass, for the messages of :func:`check_pass`
+_INSTEAD = {
+    EXPLICIT: "run it as an explicit relevance pass — Propagation(composite), adapter.relprop(trace, R, composite) "
+              "(as the methods transformer_attribution, lrp and partial_lrp do)",
+    MODIFIED_GRADIENT: "run it as a modified-gradient replay — Replay(composite), adapter.forward(prepared, "
+                       "grad=True, composite=composite), then gradient × input (as the methods attnlrp and cp_lrp do)",
+}
+_SETS = {EXPLICIT: "TRANSFORMER_ATTRIBUTION, LRP_BASELINE", MODIFIED_GRADIENT: "ATTNLRP, CP_LRP"}
+_WORDS = {EXPLICIT: "an explicit relevance pass", MODIFIED_GRADIENT: "a modified-gradient replay"}
+
+
+def check_pass(composite: Composite, serves: str, where: str) -> None:
+    """Refuse at once a composite that does not serve the pass ``where`` runs (:class:`RuleSetError`)."""
+    if not isinstance(composite, Composite):
+        raise RuleSetError(f"{where} runs {_WORDS[serves]} and takes a Composite (e.g. {_SETS[serves]}), "
+                           f"got {type(composite).__name__}")
+    got = composite.serves
+    if got == serves:
+        return
+    raise RuleSetError(f"{where} runs {_WORDS[serves]}, but composite {composite.name!r} is a rule set for "
+                       f"{_WORDS[got]}: {_INSTEAD[got]}; or pass a rule set for {_WORDS[serves]} "
+                       f"(e.g. {_SETS[serves]}) to {where}")
+
+
+class RuleChoice:
+    """What both kinds of pass share: a composite checked to serve the pass, and where each module sits.
+
+    Args:
+        composite: the rule set; refused at once unless it serves ``serves`` (the subclass's kind of pass).
+        names: the model's module → qualified name (``Adapter.module_names``); needed when the composite
+            has a ``names`` map.
+        first: operation kind → the first module of that kind in input order (``Trace.first``, recorded by
+            the replay); needed when the composite has a ``first`` map.
+    """
+
+    serves = ""
+
+    def __init__(self, composite: Composite, names: Optional[Mapping[nn.Module, str]] = None,
+                 first: Optional[Mapping[str, nn.Module]] = None):
+        where = type(self).__name__
+        check_pass(composite, self.serves, where)
+        if composite.names and names is None:
+            raise RuleSetError(f"composite {composite.name!r} chooses rules by module name: {where} needs the "
+                               "model's module names (names=adapter.module_names)")
+        if composite.first and first is None:
+            raise RuleSetError(f"composite {composite.name!r} chooses rules for the first layer of a kind: "
+                               f"{where} needs the replay's order (first=trace.first)")
+        self.composite = composite
+        self._names = names if composite.names else None  # looked up only where the composite reads names
+        self._first = first if composite.first else None
+
+    def rule(self, kind: str, module: Optional[nn.Module] = None) -> Rule:
+        """The composite's rule for one operation, told the module's name and place where it reads them."""
+        if module is None or (self._names is None and self._first is None):
+            return self.composite.rule(kind, module)
+        name = None if self._names is None else self._names.get(module)
+        first = self._first is not None and self._first.get(kind) is module
+        return self.composite.rule(kind, module, name, first)
+
+
+class Propagation(RuleChoice):
+    """One explicit relevance pass: an explicit composite, and a cache for the weights' signed parts.
 
     ``cache=True`` keeps each weight's parts for the rest of the pass: worth it only when a
     weight is used again (ALBERT's shared layer). Otherwise the parts are made and dropped
     layer by layer, so the pass never holds more than one layer's (BERT-base: about 1 GB less).
+    A modified-gradient composite (ATTNLRP, CP_LRP) is refused at once (:class:`RuleSetError`).
     """
 
-    def __init__(self, composite: Composite, cache: bool = False):
-        self.composite = composite
+    serves = EXPLICIT
+
+    def __init__(self, composite: Composite, cache: bool = False, names: Optional[Mapping[nn.Module, str]] = None,
+                 first: Optional[Mapping[str, nn.Module]] = None):
+        super().__init__(composite, names, first)
         self.cache: Optional[dict] = {} if cache else None
 
     def __call__(self, kind: str, inputs: tuple, R: RelevanceIn, output: Optional[Tensor] = None,
                  module: Optional[nn.Module] = None) -> tuple[Tensor, ...]:
         op = Op(kind, inputs, output, module)
-        return self.composite.rule(kind, module).relevance(op, R, self.cache)
+        return self.rule(kind, module).relevance(op, R, self.cache)
 
     # one-input shorthands
     def linear(self, module: nn.Module, x: Tensor, R: Tensor, out: Optional[Tensor] = None) -> Tensor:
@@ -316,16 +476,18 @@ class _DivideGradientFn(torch.autograd.Function):
         return grad / ctx.factor, None
 
 
-class Gradient(Rule):
-    """The plain gradient: Linear/Conv (ε-rule with ε → 0), Add, Clone, LayerScale, softmax under AttnLRP."""
+class Gradient(GradientRule):
+    """The plain gradient: Linear/Conv (ε-rule with ε → 0), Add, Clone, LayerScale, softmax under AttnLRP.
+    docs/METHODS.md §2b.1."""
 
     name = "gradient"
 
 
-class IdentityRule(Rule):
+class IdentityRule(GradientRule):
     """Element-wise non-linearity: gradient replaced by ``f(x) / (x + 1e-10)`` (AttnLRP Prop. 3.1's identity rule).
 
     Relevance passes through the non-linearity unchanged: ``x ⊙ f(x)/x · ∂y/∂f = f(x) ⊙ ∂y/∂f``.
+    docs/METHODS.md §2b.1.
     """
 
     name = "identity_rule"
@@ -334,10 +496,11 @@ class IdentityRule(Rule):
         return _IdentityRuleFn.apply(x, fn)
 
 
-class DetachedStdLayerNorm(Rule):
+class DetachedStdLayerNorm(GradientRule):
     """LayerNorm with ``sqrt(var + eps)`` a constant: mean-centring, γ and β stay linear (AttnLRP §3.3, CP-LRP).
 
     A normalisation module with a ``denominator(x)`` method (CLIP's L2 normalisation) has that divisor held constant.
+    docs/METHODS.md §2b.1.
     """
 
     name = "detached_std"
@@ -360,8 +523,9 @@ class DetachedStdLayerNorm(Rule):
         return y
 
 
-class HalvedGradient(Rule):
-    """A product of two activations, each operand's gradient halved: AttnLRP's uniform rule (Prop. 3.2)."""
+class HalvedGradient(GradientRule):
+    """A product of two activations, each operand's gradient halved: AttnLRP's uniform rule (Prop. 3.2).
+    docs/METHODS.md §2b.1."""
 
     name = "halved_gradient"
 
@@ -369,8 +533,9 @@ class HalvedGradient(Rule):
         return fn(_DivideGradientFn.apply(a, 2.0), _DivideGradientFn.apply(b, 2.0))
 
 
-class DetachedOperands(Rule):
-    """A product of two activations taken as constants (CP-LRP: Q and K detached, the attention weights fixed)."""
+class DetachedOperands(GradientRule):
+    """A product of two activations taken as constants (CP-LRP: Q and K detached, the attention weights fixed).
+    docs/METHODS.md §2b.1."""
 
     name = "detached"
 
@@ -395,7 +560,8 @@ CP_LRP = ATTNLRP.with_rules("cp_lrp", **{MATMUL_QK: DetachedOperands(), MATMUL_A
 
 __all__ = [
     "OP_KINDS", "LINEAR", "PATCH_CONV", "LAYERNORM", "ELEMENTWISE", "SCALE", "SOFTMAX", "MATMUL_QK", "MATMUL_AV", "ADD",
-    "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "POOL", "Op", "Rule", "Identity", "SignedLinear", "BaselineLinear",
+    "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "POOL", "LAYER_KINDS", "EXPLICIT", "MODIFIED_GRADIENT", "PASS_KINDS",
+    "Op", "Rule", "ExplicitRule", "GradientRule", "check_pass", "RuleChoice", "Identity", "SignedLinear", "BaselineLinear",
     "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "WeightedSum", "ZBox", "Composite",
     "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "IDENTITY_RULE_EPS", "Gradient", "IdentityRule",
     "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "ATTNLRP", "CP_LRP",

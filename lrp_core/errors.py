@@ -24,6 +24,11 @@ class InputError(LRPError):
     """The inputs (images, text, target, options) are not acceptable."""
 
 
+class RuleSetError(LRPError, TypeError):
+    """A rule set (composite) that cannot serve the pass it was handed to, or is built inconsistently: rules of
+    both kinds of pass mixed, a rule of neither kind, a pass of the other kind (docs/ARCHITECTURE.md, Rules)."""
+
+
 class InputTypeError(InputError, TypeError):
     """An input of a type the call does not take (a ``TypeError`` too, for callers that catch that)."""
 

@@ -191,7 +191,8 @@ def test_gradient_rules_refuse_an_explicit_pass(tiny_vit, images):
     from lrp_core.adapters import get_adapter
     a = get_adapter(tiny_vit)
     trace = a.forward(a.check_inputs(images))
-    with pytest.raises(NotImplementedError, match="modified-gradient rule"):
+    from lrp_core.errors import RuleSetError
+    with pytest.raises(RuleSetError, match="'cp_lrp' is a rule set for a modified-gradient replay"):
         a.relprop(trace, torch.eye(5)[:3], CP_LRP)
 
 

@@ -8,11 +8,11 @@ from conftest import make_tiny_vit
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
 from lrp_core.composites import (ADD, LINEAR, MASK_ADD, OP_KINDS, TRANSFORMER_ATTRIBUTION, Composite, GenericAdd,
-                                 Identity, Op, Propagation, Rule)
+                                 ExplicitRule, Identity, Op, Propagation, Rule)
 from lrp_core.rules import generic
 
 
-class GenericRule(Rule):
+class GenericRule(ExplicitRule):
     """A rule written outside the library: :func:`lrp_core.rules.generic` (gradient × input of the ratio)."""
 
     name = "generic"
@@ -53,7 +53,7 @@ def test_every_step_asks_the_composite():
     """A composite that records what it is asked: every operation kind of a pre-LN pass, none skipped."""
     asked: list = []
 
-    class Recording(Rule):
+    class Recording(ExplicitRule):
         def __init__(self, inner: Rule):
             self.inner = inner
 
@@ -86,3 +86,294 @@ def test_explain_is_unchanged_by_building_composites(tiny_vit, images):
     before = explain(tiny_vit, images).scores
     TRANSFORMER_ATTRIBUTION.with_rules("x", **{LINEAR: GenericRule()})  # a copy: the original is untouched
     assert torch.equal(explain(tiny_vit, images).scores, before)
+
+
+# ---------------------------------------------------------------- one contract per kind of pass
+from lrp_core import rules as F  # noqa: E402
+from lrp_core.adapters.blocks import Replay  # noqa: E402
+from lrp_core.composites import (ATTNLRP, CP_LRP, ELEMENTWISE, EXPLICIT, LRP_BASELINE,  # noqa: E402
+                                 MODIFIED_GRADIENT, PATCH_CONV, POS_ADD, BaselineLinear, Gradient, GradientRule,
+                                 SignedLinear)
+from lrp_core.errors import RuleSetError  # noqa: E402
+
+BUILT_IN = {"transformer_attribution": (TRANSFORMER_ATTRIBUTION, EXPLICIT), "lrp_baseline": (LRP_BASELINE, EXPLICIT),
+            "attnlrp": (ATTNLRP, MODIFIED_GRADIENT), "cp_lrp": (CP_LRP, MODIFIED_GRADIENT)}
+
+
+def _count_module_calls(model: torch.nn.Module) -> list:
+    calls: list = []
+    for m in model.modules():
+        m.register_forward_pre_hook(lambda mod, inp: calls.append(mod))
+    return calls
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_a_composite_in_the_other_kind_of_pass_is_refused_at_once(name, images):
+    """Each built-in rule set knows its pass; the other pass refuses it before running anything, naming the
+    composite, the pass and what to use instead."""
+    composite, serves = BUILT_IN[name]
+    assert composite.serves == serves
+    model = make_tiny_vit()
+    a = get_adapter(model)
+    prepared = a.check_inputs(images)
+    trace = a.forward(prepared, grad=True)
+    calls = _count_module_calls(model)
+    if serves == EXPLICIT:
+        Propagation(composite)  # its own pass takes it
+        with pytest.raises(RuleSetError, match=rf"Replay runs a modified-gradient replay, but composite '{name}' is a "
+                                               r"rule set for an explicit relevance pass: run it as an explicit .*"
+                                               r"Propagation.*ATTNLRP, CP_LRP"):
+            Replay(composite)
+        with pytest.raises(RuleSetError, match=f"composite '{name}'"):
+            a.forward(prepared, grad=True, composite=composite)
+    else:
+        Replay(composite)
+        with pytest.raises(RuleSetError, match=rf"Propagation runs an explicit relevance pass, but composite '{name}' "
+                                               r"is a rule set for a modified-gradient replay: .*Replay.*"
+                                               r"TRANSFORMER_ATTRIBUTION, LRP_BASELINE"):
+            Propagation(composite)
+        with pytest.raises(RuleSetError, match=f"composite '{name}'"):
+            a.relprop(trace, torch.eye(5)[:3], composite, stop_block=0, to_input=True, prepared=prepared)
+    assert calls == []  # refused before a single module ran
+    with pytest.raises(RuleSetError, match="takes a Composite"):
+        Propagation(SignedLinear())
+
+
+def test_the_plain_replay_is_the_model():
+    model = make_tiny_vit()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    a = get_adapter(model)
+    assert Replay(None).composite is None
+    with torch.no_grad():
+        assert torch.allclose(a.forward(a.check_inputs(x)).logits, model(x), atol=1e-5)
+
+
+def test_a_composite_that_mixes_kinds_of_pass_is_an_error_when_built():
+    with pytest.raises(RuleSetError, match="'mixed' mixes explicit-pass rules .*SignedLinear.* with modified-gradient "
+                                           "rules .*Gradient"):
+        Composite("mixed", {LINEAR: SignedLinear(), ADD: Gradient()})
+    with pytest.raises(RuleSetError, match="mixes"):
+        TRANSFORMER_ATTRIBUTION.with_rules("x", names={"head": Gradient()})
+    with pytest.raises(RuleSetError, match="mixes"):
+        ATTNLRP.with_rules("y", first={LINEAR: BaselineLinear()})
+
+    class Neither(Rule):
+        pass
+
+    with pytest.raises(RuleSetError, match="Neither.* serves no kind of pass; derive a rule from ExplicitRule"):
+        Composite("odd", {LINEAR: Neither()})
+    with pytest.raises(RuleSetError, match="'first' names the first layer of a kind, but \\['add'\\] have no module"):
+        TRANSFORMER_ATTRIBUTION.with_rules("z", first={ADD: GenericAdd()})
+    with pytest.raises(RuleSetError, match="has no rules"):
+        Composite("empty", {})
+
+
+# ---------------------------------------------------------------- rules by name and by position
+def _attention_relevance_of_the_last_block(model, trace, R_out: torch.Tensor, head_rule, fc1_rule) -> torch.Tensor:
+    """R^A of the last pre-LN block of a timm ViT ([CLS] head), by hand with the functions of lrp_core.rules:
+    the transformer-attribution rules, with ``head_rule`` / ``fc1_rule`` (x, W, R, out, bias) at the head and fc1."""
+    blk, rec, ro = model.blocks[-1], trace.blocks[-1], trace.readout
+    R_cls = F.select(ro.token, head_rule(ro.inputs[-1], model.head.weight, R_out, None, model.head.bias))
+    R = torch.zeros_like(ro.hidden)
+    R[:, 0] = R_cls  # the final norm: identity
+    R_mid, R_f = F.add_normalized(rec.mid, rec.f, R)
+    fc1, fc2 = blk.mlp.fc1, blk.mlp.fc2  # LayerScale, GELU and the norms: identity
+    R_g = F.linear_signed(rec.g, fc2.weight, R_f, out=rec.lin["fc2"], bias=fc2.bias)
+    R_m = fc1_rule(rec.m, fc1.weight, R_g, rec.lin["fc1"], fc1.bias)
+    R_x, R_a = F.add_normalized(rec.x, rec.a, F.clone(R_mid, R_m, x=rec.mid))
+    proj, att = blk.attn.proj, rec.attn
+    R_o = F.linear_signed(att.o, proj.weight, R_a, out=att.lin["proj"], bias=proj.bias)
+    B, N, _ = R_o.shape
+    R_o = R_o.reshape(B, N, blk.attn.num_heads, -1).transpose(1, 2)
+    return F.matmul(att.A, att.v, R_o, halve=True, z=att.ctx)[0]
+
+
+def signed(x, W, R, out, bias):
+    return F.linear_signed(x, W, R, out=out, bias=bias)
+
+
+def baseline(x, W, R, out, bias):
+    return F.linear_baseline(x, W, R)
+
+
+def test_a_name_map_swaps_exactly_the_named_layers_rules():
+    """ε-like swap by name: the LRP baseline's Linear rule at the head and at every block's fc1 — what the
+    hand computation with those rules gives, bit for bit, and not what the default gives."""
+    model = make_tiny_vit(seed=1).double()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    a = get_adapter(model)
+    trace = a.forward(a.check_inputs(x))
+    R_out = torch.eye(5, dtype=torch.float64)[[1, 3]]
+    named = TRANSFORMER_ATTRIBUTION.with_rules(
+        "baseline head and fc1", names={"head": BaselineLinear(), "blocks.*.mlp.fc1": BaselineLinear()})
+    last = a.num_blocks - 1
+    got = a.relprop(trace, R_out, named, stop_block=last).attn[last]
+    default = a.relprop(trace, R_out, TRANSFORMER_ATTRIBUTION, stop_block=last).attn[last]
+    assert torch.equal(got, _attention_relevance_of_the_last_block(model, trace, R_out, baseline, baseline))
+    assert torch.equal(default, _attention_relevance_of_the_last_block(model, trace, R_out, signed, signed))
+    assert (got - default).abs().max() > 1e-3 * default.abs().max()
+    # the patterns reach exactly the layers they name, in the explicit pass
+    asked = _names_asked(a, trace, named, x)
+    assert asked == {"head"} | {f"blocks.{b}.mlp.fc1" for b in range(a.num_blocks)}
+
+
+def _names_asked(a, trace, composite, x) -> set:
+    """The qualified names of the modules whose rule came from ``composite``'s name map, in a pass to the pixels."""
+    seen: set = set()
+
+    class Spy(ExplicitRule):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def relevance(self, op, R, cache=None):
+            seen.add(a.module_names[op.module])
+            return self.inner.relevance(op, R, cache)
+
+    spied = Composite("spied", dict(composite.rules), names={p: Spy(r) for p, r in composite.names.items()},
+                      first={k: Spy(r) for k, r in composite.first.items()})
+    a.relprop(trace, torch.eye(5, dtype=x.dtype)[:x.shape[0]], spied, stop_block=0, to_input=True,
+              prepared={"images": x})
+    return seen
+
+
+def test_the_first_layer_map_is_the_name_map_of_the_first_layer_in_input_order():
+    """``first={LINEAR: rule}``: the first Linear in input order (block 0's qkv), the same pass as naming it."""
+    model = make_tiny_vit(seed=2).double()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    a = get_adapter(model)
+    prepared = a.check_inputs(x)
+    trace = a.forward(prepared)
+    assert trace.first[LINEAR] is model.blocks[0].attn.qkv and trace.first[PATCH_CONV] is model.patch_embed.proj
+    first = TRANSFORMER_ATTRIBUTION.with_rules("first", first={LINEAR: BaselineLinear()})
+    named = TRANSFORMER_ATTRIBUTION.with_rules("named", names={"blocks.0.attn.qkv": BaselineLinear()})
+    R_out = torch.eye(5, dtype=torch.float64)[[0, 2]]
+    runs = [a.relprop(trace, R_out, c, to_input=True, prepared=prepared)
+            for c in (first, named, TRANSFORMER_ATTRIBUTION)]
+    assert torch.equal(runs[0].pixels, runs[1].pixels) and torch.equal(runs[0].attn[0], runs[1].attn[0])
+    assert not torch.allclose(runs[0].pixels, runs[2].pixels)
+    assert _names_asked(a, trace, first, x) == {"blocks.0.attn.qkv"}
+
+
+def test_name_and_first_maps_in_a_modified_gradient_replay():
+    """In a replay: a name map that covers every GELU equals the kind map; a first map reaches one module."""
+    model = make_tiny_vit(seed=3).double()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    a = get_adapter(model)
+    prepared = a.check_inputs(x)
+
+    def relevance(composite):
+        trace = a.forward(prepared, grad=True, composite=composite, track=True)
+        y = trace.logits[:, 1].sum()
+        (g,) = torch.autograd.grad(y, trace.embedding.images)
+        return (g * trace.embedding.images).sum(1)
+
+    by_name = relevance(ATTNLRP.with_rules("plain gelu by name", names={"blocks.*.mlp.act": Gradient()}))
+    assert torch.equal(by_name, relevance(ATTNLRP.with_rules("plain gelu", **{ELEMENTWISE: Gradient()})))
+    assert not torch.allclose(by_name, relevance(ATTNLRP))
+    met: list = []
+
+    class Spy(GradientRule):
+        def forward(self, fn, *inputs, module=None):
+            met.append(a.module_names[module])
+            return fn(*inputs)
+
+    relevance(ATTNLRP.with_rules("spy", first={LINEAR: Spy(), PATCH_CONV: Spy()}))
+    assert met == ["patch_embed.proj", "blocks.0.attn.qkv"]
+
+
+def test_maps_need_what_they_read():
+    with pytest.raises(RuleSetError, match="chooses rules by module name: Propagation needs the model's module names"):
+        Propagation(TRANSFORMER_ATTRIBUTION.with_rules("n", names={"head": BaselineLinear()}))
+    with pytest.raises(RuleSetError, match="first layer of a kind: Replay needs the replay's order"):
+        Replay(ATTNLRP.with_rules("f", first={LINEAR: Gradient()}), record=False)
+
+
+# ---------------------------------------------------------------- every operation asks the composite
+def _hf_vit() -> torch.nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+    torch.manual_seed(5)
+    return ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2,
+                                               num_attention_heads=3, intermediate_size=96, num_labels=5)).eval()
+
+
+def _clip_inputs() -> dict:
+    ids = torch.tensor([[1, 5, 6, 98], [1, 8, 98, 0]])
+    return {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)),
+            "input_ids": ids, "attention_mask": (ids != 0).long()}
+
+
+def _clip():
+    from tiny_clip import make_clip
+    return make_clip()
+
+
+REPLAYED = {
+    "timm": (make_tiny_vit, lambda: torch.randn(2, 3, 32, 32)),
+    "timm registers, no_embed_class": (lambda: make_tiny_vit(reg_tokens=2, no_embed_class=True, init_values=0.5),
+                                       lambda: torch.randn(2, 3, 32, 32)),
+    "timm dynamic_img_size": (lambda: make_tiny_vit(dynamic_img_size=True), lambda: torch.randn(2, 3, 40, 24)),
+    "hf vit": (_hf_vit, lambda: torch.randn(2, 3, 32, 32)),
+    "clip": (_clip, _clip_inputs),
+}
+
+
+@pytest.mark.parametrize("family", REPLAYED)
+def test_every_operation_of_the_replay_goes_through_the_composite(family):
+    """Each module the replay runs is run by a rule of the composite (a hook on every layer sees a rule
+    running), and the composite is asked for the patch conv and the position add too."""
+    build, inputs = REPLAYED[family]
+    model = build()
+    a = get_adapter(model)
+    prepared = a.check_inputs(inputs())
+    kinds: list = []
+    inside = [0]
+
+    class Spy(GradientRule):
+        def __init__(self, kind, inner):
+            self.kind, self.inner = kind, inner
+
+        def forward(self, fn, *xs, module=None):
+            kinds.append(self.kind)
+            inside[0] += 1
+            try:
+                return self.inner.forward(fn, *xs, module=module)
+            finally:
+                inside[0] -= 1
+
+    bypassed: list = []
+    for name, m in model.named_modules():
+        # an nn.Embedding is a table lookup of the inputs or positions, no operation on activations
+        if not list(m.children()) and not isinstance(m, torch.nn.Embedding):
+            m.register_forward_pre_hook(lambda mod, inp, name=name: None if inside[0] else bypassed.append(name))
+    spy = Composite("spy", {k: Spy(k, r) for k, r in ATTNLRP.rules.items()})
+    trace = a.forward(prepared, grad=True, composite=spy)
+    assert bypassed == []
+    assert {PATCH_CONV, POS_ADD, LINEAR, "layernorm", "matmul_qk", "matmul_av", "softmax", ADD} <= set(kinds)
+    assert kinds.count(PATCH_CONV) == 1 and kinds.count(POS_ADD) == 1
+    ref = a.forward(prepared, grad=True, composite=ATTNLRP)
+    assert torch.equal(trace.logits, ref.logits)
+
+
+@pytest.mark.parametrize("family", ["hf vit", "clip", "timm registers, no_embed_class"])
+def test_the_explicit_pass_asks_for_the_patch_conv_and_the_position_add(family):
+    build, inputs = REPLAYED[family]
+    a = get_adapter(build())
+    prepared = a.check_inputs(inputs())
+    asked: list = []
+
+    class Recording(ExplicitRule):
+        def __init__(self, kind, inner):
+            self.kind, self.inner = kind, inner
+
+        def relevance(self, op, R, cache=None):
+            asked.append(self.kind)
+            return self.inner.relevance(op, R, cache)
+
+    spy = Composite("spy", {k: Recording(k, r) for k, r in LRP_BASELINE.rules.items()})
+    trace = a.forward(prepared)
+    R_out = torch.zeros_like(trace.logits)
+    R_out[:, 0] = 1.0
+    got = a.relprop(trace, R_out, spy, to_input=True, prepared=prepared)
+    ref = a.relprop(trace, R_out, LRP_BASELINE, to_input=True, prepared=prepared)
+    assert torch.equal(got.pixels, ref.pixels)
+    assert asked.count(PATCH_CONV) == 1 and asked.count(POS_ADD) == 1

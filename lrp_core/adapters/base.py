@@ -11,6 +11,7 @@ subclass plus a line in :data:`lrp_core.adapters.ADAPTERS`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import cached_property
 from typing import Callable, Optional
 
 import torch
@@ -74,6 +75,16 @@ class Adapter(ABC):
             return v[rows_here] if n is None else v[rows_here, :n]
         return {k: v if v is None or k in self.shared else one(v) for k, v in prepared.items()}
 
+    @cached_property
+    def module_names(self) -> dict:
+        """The model's module → its qualified name (``"blocks.0.mlp.fc1"``), built once per adapter: what a
+        composite's ``names`` patterns are matched against (a module used twice keeps its first name)."""
+        return {module: name for name, module in self.model.named_modules()}
+
+    def _names_for(self, composite: Optional[Composite]) -> Optional[dict]:
+        """The module names, where the composite chooses rules by name (built only then)."""
+        return self.module_names if composite is not None and composite.names else None
+
     def for_inputs(self, inputs) -> "Adapter":
         """The adapter that explains these inputs: ``self``, or a sibling view of the same model
         (CLIP: the text side when ``inputs["explain"] == "text"``)."""
@@ -115,9 +126,10 @@ class Adapter(ABC):
     # --------------------------------------------------------------- forward
     def forward(self, prepared: dict, *, grad: bool = False, composite: Optional[Composite] = None,
                 track: bool = False, readout: Optional[Readout] = None) -> Trace:
-        """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations.
-        ``readout``: the batch's readout (default :meth:`readout_for`); the trace keeps it as ``trace.head``."""
-        r = Replay(composite)
+        """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations (an
+        explicit-pass one is refused at once); ``None``: the plain replay. ``readout``: the batch's readout
+        (default :meth:`readout_for`); the trace keeps it as ``trace.head``."""
+        r = Replay(composite, names=self._names_for(composite))
         head = self.readout_for(prepared) if readout is None else readout
         # a half-precision model is replayed in float32 (lrp_core.precision; a no-op inside a method)
         with compute_precision(self.model), torch.set_grad_enabled(grad):
@@ -142,7 +154,7 @@ class Adapter(ABC):
         if self.mask_value is not None and mask is None:
             mask = torch.ones(x0.shape[:2], dtype=torch.long, device=x0.device)
         bias = self.attention_bias(x0, mask)
-        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None, head=head)
+        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None, head=head, first=r.first)
         x = x0
         for spec in self.blocks:
             rec = block_forward(spec, x, bias, r)
@@ -171,7 +183,8 @@ class Adapter(ABC):
                 to_input: bool = False, prepared: Optional[dict] = None,
                 on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]] = None,
                 release: bool = False) -> BlockRelevance:
-        """The explicit relevance pass, every rule chosen by ``composite``.
+        """The explicit relevance pass, every rule chosen by ``composite`` (an explicit-pass rule set; a
+        modified-gradient one is refused at once).
 
         Args:
             R_out: (B, C) relevance of the logits (the one-hot target).
@@ -190,7 +203,7 @@ class Adapter(ABC):
     def _relprop(self, trace: Trace, R_out: Tensor, composite: Composite, stop_block: int, to_input: bool,
                  prepared: Optional[dict], on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
                  release: bool) -> BlockRelevance:
-        prop = Propagation(composite, cache=self.shares_weights)
+        prop = Propagation(composite, cache=self.shares_weights, names=self._names_for(composite), first=trace.first)
         R = trace.head.relprop(trace.readout, R_out, prop)  # the readout the trace was run with
         B, N, _ = R.shape
         L = self.num_blocks

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, Propagation
+from ..composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
@@ -158,7 +158,7 @@ class BertAdapter(Adapter):
         if types is not None:
             tt = prepared.get("token_type_ids")
             x = r(ADD, torch.add, x, types(torch.zeros_like(ids) if tt is None else tt))
-        x = r(ADD, torch.add, x, emb.position_embeddings(self._positions(ids)))
+        x = r(POS_ADD, torch.add, x, emb.position_embeddings(self._positions(ids)))
         x0 = r.module(LAYERNORM, emb.LayerNorm, x)  # dropout: inference
         project = self.embedding_projection()
         if project is not None:

@@ -13,13 +13,13 @@ Shapes: B batch, N tokens, D width, H heads, d head width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..composites import (ADD, ELEMENTWISE, LAYERNORM, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, SCALE, SOFTMAX,
-                          Composite, Propagation)
+from ..composites import (ADD, ELEMENTWISE, LAYERNORM, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, MODIFIED_GRADIENT,
+                          SCALE, SOFTMAX, Composite, Propagation, RuleChoice)
 from ..errors import InputError
 from .records import AttentionRecord, BlockRecord
 
@@ -79,31 +79,45 @@ class BlockSpec:
 # ----------------------------------------------------------------------------
 # the replay
 # ----------------------------------------------------------------------------
-class Replay:
+class Replay(RuleChoice):
     """Runs each operation of the forward pass through its rule's ``forward``.
 
-    Without a composite every operation is computed plainly (the model's own
-    arithmetic); with a modified-gradient composite (AttnLRP, CP-LRP) each
-    operation keeps its value and gets the gradient its rule prescribes.
+    ``Replay(None)`` computes every operation plainly (the model's own arithmetic); with a
+    modified-gradient composite (AttnLRP, CP-LRP) each operation keeps its value and gets the gradient its
+    rule prescribes. An explicit-pass composite (TRANSFORMER_ATTRIBUTION, LRP_BASELINE) is refused at once
+    (:class:`~lrp_core.errors.RuleSetError`): its rules define no gradient.
+
+    ``first`` records the first module of each operation kind the replay meets (input order): the
+    first-layer rules of a composite, in this replay and in a later explicit pass (``Trace.first``).
+    ``names``: the model's module → qualified name, for a composite that chooses rules by name.
     """
 
-    def __init__(self, composite: Optional[Composite] = None):
-        self.composite = composite
+    serves = MODIFIED_GRADIENT
+
+    def __init__(self, composite: Optional[Composite] = None, names: Optional[Mapping[nn.Module, str]] = None,
+                 record: bool = True):
+        self.first: Optional[dict] = {} if record else None
+        self.composite = None
+        if composite is not None:
+            super().__init__(composite, names, self.first)
 
     def __call__(self, kind: str, fn: Callable[..., Tensor], *inputs: Tensor,
                  module: Optional[nn.Module] = None) -> Tensor:
         if self.composite is None:
             return fn(*inputs)
-        return self.composite.rule(kind, module).forward(fn, *inputs, module=module)
+        return self.rule(kind, module).forward(fn, *inputs, module=module)
 
     def module(self, kind: str, module: nn.Module, x: Tensor) -> Tensor:
         """A submodule of the model; identities are skipped."""
         if isinstance(module, nn.Identity):
             return x
+        if self.first is not None:
+            self.first.setdefault(kind, module)
         return self(kind, module, x, module=module)
 
 
-PLAIN = Replay()
+#: the plain replay of code that needs no record of the order (a module-level default: it keeps nothing)
+PLAIN = Replay(record=False)
 
 
 def _add(u: Tensor, v: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..composites import LAYERNORM, LINEAR, POS_ADD, Propagation
+from ..composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
 from ..errors import InputError
 from ..precision import compute_precision
 from .base import Adapter
@@ -154,14 +154,13 @@ class CLIPImageAdapter(ViTAdapter):
         images = prepared["images"]
         if track:
             images = images.detach().requires_grad_(True)
-        patches = self.patch_conv(images.to(self.patch_conv.weight.dtype)).flatten(2).transpose(1, 2)
+        conv = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))  # (B, D, h, w)
+        patches = conv.flatten(2).transpose(1, 2)
         cls = emb.class_embedding.expand(images.shape[0], 1, -1)
         tokens = torch.cat([cls, patches], dim=1)
         x_pos = r(POS_ADD, torch.add, tokens, emb.position_embedding(emb.position_ids))
         x0 = r.module(LAYERNORM, self.norm_pre, x_pos)
-        return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images)
-
-
+        return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
 
 
 def _prompts(inputs: Mapping) -> tuple[Tensor, Tensor]:

@@ -101,8 +101,10 @@ class EmbeddingRecord:
             position embedding); text: the word embeddings (before position and token-type
             embeddings). Gradient × input here gives token relevance (AttnLRP, CP-LRP).
         tokens: (B, N, D) ViT: prefix tokens and patches before the position embedding.
-        x_pos: (B, N, D) ViT: ``tokens`` + position embedding.
+        x_pos: (B, N, D) ViT: ``tokens`` + position embedding (``tokens`` itself where the model adds none).
         images: (B, 3, H, W) ViT: the pixels.
+        patches: (B, P, D) ViT: the patch convolution's output as tokens, before the patch embedding's
+            norm (timm; ``embeds`` itself where there is none).
     """
 
     x0: Tensor
@@ -110,6 +112,7 @@ class EmbeddingRecord:
     tokens: Optional[Tensor] = None
     x_pos: Optional[Tensor] = None
     images: Optional[Tensor] = None
+    patches: Optional[Tensor] = None
 
 
 @dataclass
@@ -127,6 +130,9 @@ class Trace:
     mask: Optional[Tensor] = None  # (B, N) 1 = real token; None for images
     embedding: Optional[EmbeddingRecord] = None
     head: Optional["Readout"] = None
+    #: operation kind → the first module of that kind the replay met (input order), for a composite's
+    #: first-layer rules; ``None`` where the replay kept no record
+    first: Optional[dict] = None
 
     def attention(self, b: int) -> Tensor:
         """A_b (B, H, N, N)."""

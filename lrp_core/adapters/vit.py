@@ -74,13 +74,18 @@ class ViTAdapter(Adapter):
     # ------------------------------------------------------------- relevance
     def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
                         prepared: dict) -> tuple[Tensor, Tensor]:
-        """Block-0 input relevance -> pixels: (norm_pre), position add (token part), drop prefix, zᴮ conv."""
+        """Block-0 input relevance -> pixels: (norm_pre), drop prefix, position add (token part), (patch norm),
+        zᴮ conv (docs/METHODS.md §1.13)."""
         emb = trace.embedding
         R = prop.unary(LAYERNORM, emb.x_pos, R0, self.norm_pre)
-        (R_tok, _) = prop(POS_ADD, (emb.tokens, None), R, output=emb.x_pos)
-        R_patch = R_tok[:, self.num_prefix_tokens:]
+        P0 = self.num_prefix_tokens  # the prefix tokens' relevance is dropped; the rules are element-wise
+        R_patch = R[:, P0:]
+        if emb.x_pos is not emb.tokens:  # a position embedding was added: the tokens' share of the sum
+            (R_patch, _) = prop(POS_ADD, (emb.tokens[:, P0:], None), R_patch, output=emb.x_pos[:, P0:])
+        R_patch = prop.unary(LAYERNORM, emb.patches, R_patch, self.patch_norm)
         h, w = self.layout(prepared).grid
-        R_map = R_patch.transpose(1, 2).reshape(R0.shape[0], -1, h, w)
+        # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
+        R_map = R_patch.contiguous().transpose(1, 2).reshape(R0.shape[0], -1, h, w)
         (R_px,) = prop(PATCH_CONV, (prepared["images"],), R_map, module=self.patch_conv)
         pixels = R_px.sum(dim=1)  # (B, H, W)
         ph, pw = self.patch_size
@@ -89,6 +94,7 @@ class ViTAdapter(Adapter):
         return scores, pixels
 
     norm_pre: nn.Module = IDENTITY
+    patch_norm: nn.Module = IDENTITY  # the norm inside the patch embedding (timm's PatchEmbed.norm)
 
 
 # ----------------------------------------------------------------------------
@@ -154,21 +160,45 @@ class TimmViTAdapter(ViTAdapter):
                                head_dim=attn.head_dim, scale=attn.scale, scale_queries_first=True),
             mlp=MlpSpec(fc1=mlp.fc1, act=mlp.act, fc2=mlp.fc2, mid_norm=getattr(mlp, "norm", IDENTITY)))
 
+    @property
+    def patch_norm(self) -> nn.Module:
+        return self.model.patch_embed.norm
+
     def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+        """timm's ``patch_embed`` and ``_pos_embed``, each operation through the replay: the patch conv, its
+        norm, the prefix tokens (cls, dist, reg) and the position add (after them, or on the patches alone
+        with ``no_embed_class``). Dropout and patch dropout: inference (identities)."""
         m = self.model
         images = prepared["images"]
         if track:
             images = images.detach().requires_grad_(True)
-        patches = m.patch_embed(images)  # conv (+ norm); plain gradient under every rule set
-        flat = patches.reshape(patches.shape[0], -1, patches.shape[-1]) if patches.dim() == 4 else patches
-        # prefix tokens + position embedding, as the model does it; built from `flat` (the token embeddings
-        # gradients are read at), reshaped back to (B, h, w, D) where timm's dynamic_img_size keeps the grid
-        x_pos = m._pos_embed(flat.reshape(patches.shape))
+        conv = r.module(PATCH_CONV, self.patch_conv, images)  # (B, D, h, w); the size is a multiple of the patch
+        patches = conv.flatten(2).transpose(1, 2)  # (B, P, D)
+        flat = r.module(LAYERNORM, self.patch_norm, patches)  # the token embeddings gradients are read at
         prefix = [t.expand(images.shape[0], -1, -1) for t in
                   (m.cls_token, getattr(m, "dist_token", None), getattr(m, "reg_token", None)) if t is not None]
-        tokens = torch.cat(prefix + [flat], dim=1)
+        # no prefix: the patches themselves, in their layout (a copy would change the round-off of what follows)
+        tokens = torch.cat(prefix + [flat], dim=1) if prefix else flat
+        pos = self._position_embedding(conv.shape[-2:])
+        if pos is None:
+            x_pos = tokens
+        elif getattr(m, "no_embed_class", False):  # DeiT-3: the position embedding covers the patches only
+            x_pos = torch.cat(prefix + [r(POS_ADD, torch.add, flat, pos)], dim=1)
+        else:
+            x_pos = r(POS_ADD, torch.add, tokens, pos)
         x0 = r.module(LAYERNORM, self.norm_pre, x_pos)
-        return EmbeddingRecord(x0=x0, embeds=flat, tokens=tokens, x_pos=x_pos, images=images)
+        return EmbeddingRecord(x0=x0, embeds=flat, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
+
+    def _position_embedding(self, grid: tuple) -> Optional[Tensor]:
+        """(1, N or P, D) what timm's ``_pos_embed`` adds, resampled to the grid (h, w) with ``dynamic_img_size``
+        as timm does it; ``None`` for a model without one."""
+        m = self.model
+        if m.pos_embed is None or not getattr(m, "dynamic_img_size", False):
+            return m.pos_embed
+        from timm.layers import resample_abs_pos_embed  # only a timm model gets here
+        prefix = 0 if getattr(m, "no_embed_class", False) else m.num_prefix_tokens
+        return resample_abs_pos_embed(m.pos_embed, new_size=(int(grid[0]), int(grid[1])),
+                                      old_size=m.patch_embed.grid_size, num_prefix_tokens=prefix)
 
 
 # ----------------------------------------------------------------------------
@@ -249,7 +279,8 @@ class HFViTAdapter(ViTAdapter):
         prefix = [getattr(emb, n).expand(images.shape[0], -1, -1) for n in self.prefix_names]
         tokens = torch.cat(prefix + [patches], dim=1)
         x_pos = r(POS_ADD, torch.add, tokens, self.position_embedding(tokens, images))
-        return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images)
+        return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images,
+                               patches=patches)
 
     def position_embedding(self, tokens: Tensor, images: Tensor) -> Tensor:
         """(1, N, D) the position embedding added to ``tokens``; fixed image size: the parameter itself."""
