@@ -97,6 +97,8 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     prepared = adapter.check_inputs(inputs)
     layout = adapter.layout(prepared)
     opt = registry.parse_options(spec, options, adapter.num_blocks, layout.modality)
+    if opt.position is not None:  # decoders: explain the prediction at another token
+        prepared = adapter.at_position(prepared, opt.position)
     batch = _batch_size(prepared)
     concept = target if isinstance(target, ConceptTarget) else None
     if concept is not None and not spec.concept_target:

@@ -121,7 +121,7 @@ def one_hot(logits: Tensor, target: Tensor) -> Tensor:
 
 def _readout_scores(c: Call, M: Tensor) -> Tensor:
     """Token scores from a token-mixing matrix M (B, N, N): the readout's row, scored tokens only."""
-    return c.layout.scores(c.adapter.readout.row(M))
+    return c.layout.scores(c.adapter.readout_for(c.prepared).row(M))
 
 
 def _stack(layers: list) -> Tensor:
@@ -245,7 +245,8 @@ def attention_gradcam(c: Call) -> MethodResult:
     mask = c.layout.mask
     with torch.no_grad():
         first = c.layout.output_start
-        g_row, a_row = a.readout.row(grad)[..., first:], a.readout.row(A.detach())[..., first:]  # (B, H, T)
+        readout = a.readout_for(c.prepared)
+        g_row, a_row = readout.row(grad)[..., first:], readout.row(A.detach())[..., first:]  # (B, H, T)
         if mask is None:
             w = g_row.mean(dim=-1, keepdim=True)
         else:
@@ -299,8 +300,25 @@ def cdam(c: Call) -> MethodResult:
                         used={"concept": c.concept.name} if c.concept is not None else {})
 
 
+def _ablation_pairs(c: Call, trace: Trace, read: Optional[Tensor]) -> Tensor:
+    """(P, 2) the (sample, token) pairs to ablate: every scored real token the classifier does not read itself.
+
+    ``read`` (B,): a per-row read position (decoders): only tokens before it (later ones cannot reach it).
+    """
+    dev = trace.x0.device  # every index lives where the activations are (CUDA too)
+    pairs = torch.cartesian_prod(torch.arange(trace.x0.shape[0], device=dev), c.layout.ablatable().to(dev))
+    if trace.mask is not None:
+        pairs = pairs[trace.mask[pairs[:, 0], pairs[:, 1]].bool()]
+    if read is not None:
+        pairs = pairs[pairs[:, 1] < read.to(dev)[pairs[:, 0]]]
+    return pairs
+
+
 def token_ablation(c: Call) -> MethodResult:
-    """Token ablation map: ``y_t(all tokens) − y_t(without token i)``, the removals batched."""
+    """Token ablation map: ``y_t(all tokens) − y_t(without token i)``, the removals batched.
+
+    Decoders: the other tokens keep their position ids, and the head reads the same token.
+    """
     a, opt = c.adapter, c.opt
     with torch.no_grad():
         trace = a.forward(c.prepared, grad=False)
@@ -308,14 +326,11 @@ def token_ablation(c: Call) -> MethodResult:
         y_full = c.output(trace.logits, target)
         x0 = trace.x0
         B, N, D = x0.shape
-        mask = trace.mask
-        # (sample, token) pairs to ablate: every scored token but those the classifier reads (their score stays 0)
-        dev = x0.device  # every index lives where the activations are (CUDA too)
-        pairs = torch.cartesian_prod(torch.arange(B, device=dev), c.layout.ablatable().to(dev))
-        if mask is not None:
-            pairs = pairs[mask[pairs[:, 0], pairs[:, 1]].bool()]
-        keep = torch.arange(N - 1, device=dev)
-        scores = torch.zeros(B, N, dtype=x0.dtype, device=dev)
+        mask, positions = trace.mask, trace.positions
+        read = getattr(trace.head, "positions", None)
+        pairs = _ablation_pairs(c, trace, read)
+        keep = torch.arange(N - 1, device=x0.device)
+        scores = torch.zeros(B, N, dtype=x0.dtype, device=x0.device)
         bar = tqdm(total=len(pairs), desc="token ablation", unit="seq",
                    disable=not opt.progress if opt.progress is not None else len(pairs) < 2048, leave=False)
         for chunk in pairs.split(opt.batch_size):
@@ -323,8 +338,10 @@ def token_ablation(c: Call) -> MethodResult:
             idx = keep[None, :] + (keep[None, :] >= ti[:, None]).long()  # positions without token ti
             xs = x0[bi].gather(1, idx[..., None].expand(-1, -1, D))
             ms = None if mask is None else mask[bi].gather(1, idx)
-            y = c.output(a.run_blocks(xs, ms, keep=False).logits, target[bi], rows=bi)  # logits only
-            scores[bi, ti] = y_full[bi] - y
+            ps = None if positions is None else positions[bi].gather(1, idx)
+            head = None if read is None else trace.head.at(read.to(bi.device)[bi] - 1)  # one token before it fewer
+            out = a.run_blocks(xs, ms, keep=False, positions=ps, readout=head)  # logits only
+            scores[bi, ti] = y_full[bi] - c.output(out.logits, target[bi], rows=bi)
             bar.update(len(chunk))
         bar.close()
     return MethodResult(scores=scores[:, c.layout.output_start:], target=target, logits=trace.logits)

@@ -53,6 +53,24 @@ class Adapter(ABC):
     def num_classes(self) -> int:
         return self.readout.num_classes
 
+    def readout_for(self, prepared: dict) -> Readout:
+        """The readout of this batch (default: the adapter's one; decoders: the head at each row's position)."""
+        return self.readout
+
+    def at_position(self, prepared: dict, position) -> dict:
+        """``prepared`` read at another position (``explain(..., position=)``): only causal language models."""
+        from ..errors import InputError
+        raise InputError(f"position= names the token a decoder language model is explained at; "
+                         f"{type(self.model).__name__} reads its prediction from a fixed token")
+
+    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor]) -> list:
+        """Per block ``(bias, rope)``: the additive attention mask and the rotary tables (``None``: none).
+
+        Default: every block gets :meth:`attention_bias` and no rotary tables (decoders override).
+        """
+        bias = self.attention_bias(x0, mask)
+        return [(bias, None)] * len(self.blocks)
+
     def for_inputs(self, inputs) -> "Adapter":
         """The adapter that explains these inputs: ``self``, or a sibling view of the same model
         (CLIP: the text side when ``inputs["explain"] == "text"``)."""
@@ -81,7 +99,8 @@ class Adapter(ABC):
     def forward(self, prepared: dict, *, grad: bool = False, composite: Optional[Composite] = None,
                 track: bool = False) -> Trace:
         """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations."""
-        r = Replay(composite)
+        # a modified-gradient pass never reads A: models that run sdpa may keep their fused attention
+        r = Replay(composite, fuse=composite is not None)
         # a half-precision model is replayed in float32 (lrp_core.precision; a no-op inside a method)
         with compute_precision(self.model), torch.set_grad_enabled(grad):
             emb = self.embed(prepared, r, track=track)
@@ -89,28 +108,32 @@ class Adapter(ABC):
             if grad and not x0.requires_grad:  # frozen models still need a graph to the attention maps
                 x0 = x0.detach().requires_grad_(True)
                 emb.x0 = x0
-            trace = self.run_blocks(x0, prepared.get("attention_mask"), r)
+            trace = self.run_blocks(x0, prepared.get("attention_mask"), r, positions=prepared.get("position_ids"),
+                                    readout=self.readout_for(prepared))
             trace.embedding = emb
         return trace
 
     def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = PLAIN,
-                   keep: bool = True) -> Trace:
+                   keep: bool = True, positions: Optional[Tensor] = None,
+                   readout: Optional[Readout] = None) -> Trace:
         """Blocks and readout from the block-0 input ``x0`` (B, N, D); ``mask`` (B, N) 1 = real token.
 
         ``keep=False`` drops each block's record once the next block has its output (the trace then
         has no ``blocks``): a logits-only pass holds one block's activations at a time, not all of them.
+        ``positions`` (B, N): position ids (decoders; default from the mask); ``readout``: this batch's
+        readout (default the adapter's), kept in ``trace.head``.
         """
         if self.mask_value is not None and mask is None:
             mask = torch.ones(x0.shape[:2], dtype=torch.long, device=x0.device)
-        bias = self.attention_bias(x0, mask)
-        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None)
+        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None, positions=positions,
+                      head=self.readout if readout is None else readout)
         x = x0
-        for spec in self.blocks:
-            rec = block_forward(spec, x, bias, r)
+        for spec, (bias, rope) in zip(self.blocks, self.block_context(x0, mask, positions)):
+            rec = block_forward(spec, x, bias, r, rope)
             if keep:
                 trace.blocks.append(rec)
             x = rec.out
-        trace.readout = self.readout.forward(x, r)
+        trace.readout = trace.head.forward(x, r)
         return trace
 
     def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
@@ -152,7 +175,7 @@ class Adapter(ABC):
                  prepared: Optional[dict], on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
                  release: bool) -> BlockRelevance:
         prop = Propagation(composite, cache=self.shares_weights)
-        R = self.readout.relprop(trace.readout, R_out, prop)
+        R = (trace.head or self.readout).relprop(trace.readout, R_out, prop)
         B, N, _ = R.shape
         L = self.num_blocks
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, N, dtype=R.dtype, device=R.device))

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from ..composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation
+from ..composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation, norm_kind
+from ..errors import InputError
 from .blocks import PLAIN, Replay
 from .records import ReadoutRecord
 
@@ -65,7 +66,7 @@ class Readout(ABC):
 
     # ------------------------------------------------------------------ replay
     def forward(self, hidden: Tensor, r: Replay = PLAIN) -> ReadoutRecord:
-        normed = r.module(LAYERNORM, self.norm, hidden)
+        normed = r.norm(self.norm, hidden)
         token = r(self.pool_kind, self.pool, normed)
         h, inputs = token, []
         for layer in self.head:
@@ -84,7 +85,7 @@ class Readout(ABC):
                 continue
             R = prop.unary(layer.kind, x, R, layer.module)  # Linears: the rule forms z from two products
         R_hidden = self.unpool(rec, R, prop)
-        return prop.unary(LAYERNORM, rec.hidden, R_hidden, self.norm)
+        return prop.unary(norm_kind(self.norm), rec.hidden, R_hidden, self.norm)
 
     @abstractmethod
     def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
@@ -116,6 +117,51 @@ class TokenReadout(Readout):
         B, N, D = rec.normed.shape
         R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
         (R[:, self.index],) = prop(READOUT, (rec.token,), R_token)
+        return R
+
+
+class PositionReadout(Readout):
+    """The head reads one token per row, at a position that differs by row (decoders: each row's last real
+    token, whichever side the batch is padded on, or a named position): ``head(norm(h)[b, positions[b]])``.
+
+    Immutable: :meth:`at` gives the readout of a batch; ``positions`` ``None`` is the adapter's template.
+    """
+
+    def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], positions: Optional[Tensor] = None):
+        self.norm, self.head = norm, [l for l in head if not isinstance(l.module, nn.Identity)]
+        self.positions = positions
+
+    def at(self, positions: Tensor) -> "PositionReadout":
+        """The same head read at ``positions`` (B,)."""
+        return PositionReadout(self.norm, self.head, positions)
+
+    def _rows(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        if self.positions is None:
+            raise InputError("this readout has no positions yet: take Adapter.readout_for(prepared)")
+        pos = self.positions.to(like.device)
+        return torch.arange(pos.shape[0], device=like.device), pos
+
+    def pool(self, normed: Tensor) -> Tensor:
+        rows, pos = self._rows(normed)
+        return normed[rows, pos]
+
+    def weights(self, num_tokens: int) -> Tensor:
+        rows, pos = self._rows(self.positions)
+        w = torch.zeros(len(pos), num_tokens, dtype=torch.float64, device=pos.device)
+        w[rows, pos] = 1.0
+        return w
+
+    def row(self, M: Tensor) -> Tensor:
+        """Row ``positions[b]`` of each sample's M (B, ..., N, N) -> (B, ..., N), without a product's round-off."""
+        _, pos = self._rows(M)
+        idx = pos.reshape((-1,) + (1,) * (M.dim() - 1)).expand(*M.shape[:-2], 1, M.shape[-1])
+        return M.gather(-2, idx).squeeze(-2)
+
+    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
+        B, N, D = rec.normed.shape
+        rows, pos = self._rows(R_token)
+        R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
+        (R[rows, pos],) = prop(READOUT, (rec.token,), R_token)
         return R
 
 
@@ -264,5 +310,5 @@ class TwoHeadReadout(Readout):
         raise NotImplementedError("TwoHeadReadout passes relevance through its two heads in relprop")
 
 
-__all__ = ["HeadLayer", "Readout", "TokenReadout", "MeanReadout", "ClsMeanReadout", "TwoHeadReadout",
+__all__ = ["HeadLayer", "Readout", "TokenReadout", "PositionReadout", "MeanReadout", "ClsMeanReadout", "TwoHeadReadout",
            "TwoHeadRecord"]

@@ -5,7 +5,7 @@ Shapes: B batch, N tokens, D width, H heads, d head width, C classes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -23,7 +23,11 @@ class AttentionRecord:
         o: (B, N, H·d) the heads concatenated (after any context norm), input of the output projection.
         lin: outputs of the attention's Linears by role: ``"qkv"`` or ``"q"``, ``"k"``, ``"v"``; ``"proj"``.
         scores: (B, H, N, N) scaled ``q·kᵀ`` before the mask is added (models with a padding mask).
-        bias: (B, 1, 1, N) the additive padding mask, or ``None``.
+        bias: (B, 1, 1, N) the additive padding mask, (B, 1, N, N) a causal one, or ``None``.
+        q_pre, k_pre: decoders with rotary embeddings: q (B, H, N, d) and k (B, Hkv, N, d) before the rotation
+            (``q``, ``k`` are after it; ``k`` and ``v`` hold the Hkv shared heads, not repeated).
+        rope: the rotation tables (cos, sin), each (B, N, r), or ``None``.
+        A is ``None`` where the attention ran fused (sdpa under a modified-gradient rule set).
     """
 
     h: Tensor
@@ -36,6 +40,9 @@ class AttentionRecord:
     lin: dict
     scores: Optional[Tensor] = None
     bias: Optional[Tensor] = None
+    q_pre: Optional[Tensor] = None
+    k_pre: Optional[Tensor] = None
+    rope: Optional[tuple] = None
 
 
 @dataclass
@@ -52,7 +59,11 @@ class BlockRecord:
         g: (B, N, D_mlp) the MLP's hidden units after the activation (and its norm, if any).
         f: (B, N, D) MLP branch output as it enters the residual Add.
         out: (B, N, D) block output.
-        lin: outputs of the MLP's Linears: ``"fc1"``, ``"fc2"``.
+        lin: outputs of the MLP's Linears: ``"fc1"``, ``"fc2"`` (gated MLPs: ``"fc1"`` is the up projection,
+            or the fused gate-up one, and ``"gate"`` the gate projection where it is separate).
+        gate: gated MLPs: (B, N, D_mlp) ``act(gate(m))``, the first operand of the product ``g``.
+        up: gated MLPs: (B, N, D_mlp) ``up(m)``, the second operand.
+        att_out, mlp_out: post-branch norms (Gemma 3): the branch output before its norm.
     """
 
     x: Tensor
@@ -64,6 +75,10 @@ class BlockRecord:
     f: Tensor
     out: Tensor
     lin: dict
+    gate: Optional[Tensor] = None
+    up: Optional[Tensor] = None
+    att_out: Optional[Tensor] = None
+    mlp_out: Optional[Tensor] = None
 
 
 @dataclass
@@ -118,6 +133,8 @@ class Trace:
     readout: Optional[ReadoutRecord] = None
     mask: Optional[Tensor] = None  # (B, N) 1 = real token; None for images
     embedding: Optional[EmbeddingRecord] = None
+    positions: Optional[Tensor] = None  # (B, N) position ids (decoders), else None
+    head: Any = None  # the Readout the pass was run with (per batch: decoders read each row at its position)
 
     def attention(self, b: int) -> Tensor:
         """A_b (B, H, N, N)."""
