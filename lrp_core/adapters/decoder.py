@@ -66,7 +66,7 @@ class DecoderAdapter(Adapter):
     mask_value = float("-inf")
 
     def __init__(self, model: nn.Module):
-        self.model = model
+        super().__init__(model)
         self.config = getattr(model, "config", None)
         self.base = getattr(model, "model", None)
         name = type(model).__name__
@@ -74,7 +74,8 @@ class DecoderAdapter(Adapter):
             raise UnsupportedModelError(f"{name}: not a decoder language model (expected model.model.layers)")
         self.sdpa = getattr(self.config, "_attn_implementation", "eager") == "sdpa"
         self.blocks = [self._block(i, layer) for i, layer in enumerate(self.base.layers)]
-        self.readout = PositionReadout(norm=self.base.norm, head=[HeadLayer(LINEAR, self._head())])
+        # the head; a batch is read at its rows' positions (readout_for), this one at token 0 only names the head
+        self.readout = PositionReadout(self.base.norm, [HeadLayer(LINEAR, self._head())], torch.zeros(1))
         self.vocab_size = int(self.config.vocab_size)
         self.max_length = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
 
@@ -168,11 +169,12 @@ class DecoderAdapter(Adapter):
 
     def layout(self, prepared: dict) -> TokenLayout:
         mask = prepared["attention_mask"]
-        return TokenLayout(modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=(), mask=mask)
+        return TokenLayout(modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=(), mask=mask,
+                           readout_rows=prepared["read_at"].argmax(dim=-1), readout_minimum_applies=False)
 
     def readout_for(self, prepared: dict) -> PositionReadout:
         """The readout of this batch: the head at each row's read position."""
-        return self.readout.at(prepared["read_at"].argmax(dim=-1))
+        return PositionReadout(self.readout.norm, self.readout.head, prepared["read_at"].argmax(dim=-1))
 
     # ------------------------------------------------------------ forward
     def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:

@@ -47,8 +47,19 @@ class Readout(ABC):
 
     @property
     def tokens(self) -> tuple:
-        """Token positions the classifier reads directly (``()`` where it reads a pooled average)."""
+        """Token positions the classifier reads directly in every row (``()`` where it reads a pooled average,
+        or a position that differs by row: :attr:`positions`)."""
         return ()
+
+    @property
+    def positions(self) -> Optional[Tensor]:
+        """(B,) the one token each row is read at, where it differs by row (:class:`PositionReadout`); else ``None``."""
+        return None
+
+    def after_removal(self, rows: Tensor, removed: Tensor) -> "Readout":
+        """The readout of the sequences ``rows`` (K,) of this batch, each with the token at ``removed`` (K,) taken
+        out (token ablation). Default: ``self`` — a readout whose token weights do not depend on the row."""
+        return self
 
     @abstractmethod
     def pool(self, normed: Tensor) -> Tensor:
@@ -121,48 +132,50 @@ class TokenReadout(Readout):
 
 
 class PositionReadout(Readout):
-    """The head reads one token per row, at a position that differs by row (decoders: each row's last real
-    token, whichever side the batch is padded on, or a named position): ``head(norm(h)[b, positions[b]])``.
+    """The classifier reads one token per row, at a position that differs by row: ``head(norm(h)[b, p_b])``.
 
-    Immutable: :meth:`at` gives the readout of a batch; ``positions`` ``None`` is the adapter's template.
+    A decoder's last real token (padding on either side), CLIP's end-of-text token of each prompt.
+    ``positions`` (B,) long. The token weights are one-hot per row, (B, N); the selection is the
+    READOUT operation of the composite, as for :class:`TokenReadout`.
     """
 
-    def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], positions: Optional[Tensor] = None):
+    def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], positions: Tensor):
         self.norm, self.head = norm, [l for l in head if not isinstance(l.module, nn.Identity)]
-        self.positions = positions
+        self._positions = positions.long()
 
-    def at(self, positions: Tensor) -> "PositionReadout":
-        """The same head read at ``positions`` (B,)."""
-        return PositionReadout(self.norm, self.head, positions)
+    @property
+    def positions(self) -> Tensor:
+        return self._positions
 
     def _rows(self, like: Tensor) -> tuple[Tensor, Tensor]:
-        if self.positions is None:
-            raise InputError("this readout has no positions yet: take Adapter.readout_for(prepared)")
-        pos = self.positions.to(like.device)
-        return torch.arange(pos.shape[0], device=like.device), pos
+        """(arange(B), positions) on ``like``'s device: the advanced index of each row's token."""
+        p = self._positions.to(like.device)
+        return torch.arange(p.shape[0], device=like.device), p
 
     def pool(self, normed: Tensor) -> Tensor:
-        rows, pos = self._rows(normed)
-        return normed[rows, pos]
+        return normed[self._rows(normed)]
 
     def weights(self, num_tokens: int) -> Tensor:
-        rows, pos = self._rows(self.positions)
-        w = torch.zeros(len(pos), num_tokens, dtype=torch.float64, device=pos.device)
-        w[rows, pos] = 1.0
+        p = self._positions.cpu()
+        w = torch.zeros(p.shape[0], num_tokens)
+        w[torch.arange(p.shape[0]), p] = 1.0
         return w
 
     def row(self, M: Tensor) -> Tensor:
-        """Row ``positions[b]`` of each sample's M (B, ..., N, N) -> (B, ..., N), without a product's round-off."""
-        _, pos = self._rows(M)
-        idx = pos.reshape((-1,) + (1,) * (M.dim() - 1)).expand(*M.shape[:-2], 1, M.shape[-1])
-        return M.gather(-2, idx).squeeze(-2)
+        """Row p_b of each sample's M (B, ..., N, N) -> (B, ..., N): ``wᵀM`` without the round-off of a product."""
+        b, p = self._rows(M)
+        return M[b, ..., p, :]  # the advanced indices are split by the ellipsis: their axis B comes first
 
     def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
         B, N, D = rec.normed.shape
-        rows, pos = self._rows(R_token)
         R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
-        (R[rows, pos],) = prop(READOUT, (rec.token,), R_token)
+        (R[self._rows(R)],) = prop(READOUT, (rec.token,), R_token)
         return R
+
+    def after_removal(self, rows: Tensor, removed: Tensor) -> "PositionReadout":
+        """Each row's token moves one place to the left where a token before it was removed."""
+        p = self._positions.to(rows.device)[rows]
+        return PositionReadout(self.norm, self.head, p - (removed.to(p.device) < p).long())
 
 
 def _range_weights(num_tokens: int, start: int) -> Tensor:
