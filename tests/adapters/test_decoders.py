@@ -107,7 +107,9 @@ def test_model_untouched_and_targets():
     c = lrp_core.explain(model, inputs, method="cp_lrp", target=Contrast(5, 6))
     d = lrp_core.explain(model, inputs, method="cp_lrp", target=6)
     a5 = lrp_core.explain(model, inputs, method="cp_lrp", target=5)
-    assert _rel(c.scores, a5.scores - d.scores) < 1e-10  # CP-LRP is linear in the explained output
+    # CP-LRP is linear in the explained output, up to the float32 round-off the model's RMSNorm puts on the
+    # gradient (Hugging Face computes it in float32 inside a float64 model; measured 1.4e-7)
+    assert _rel(c.scores, a5.scores - d.scores) < 1e-5
 
 
 # ----------------------------------------------------------------------------- sdpa == eager, fused
