@@ -312,6 +312,8 @@ def main() -> int:
     ap.add_argument("--compare-only", action="store_true",
                     help="no LXT run: self-checks and engine comparison on the committed fixtures")
     ap.add_argument("--with-encoders", action="store_true", help="also run scripts/check_against_lxt.py")
+    ap.add_argument("--lxt21-python", default="/work/lxt21-venv/bin/python",
+                    help="LXT 2.1 + transformers 4.51.3 venv for the encoder cases (LXT's BERT needs 4.x)")
     ap.add_argument("--reference-mode", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     dtypes = ["float64", "float32"] if args.dtype == "both" else args.dtype.split(",")
@@ -348,7 +350,8 @@ def main() -> int:
         ok = compare(workdir, families, methods, dtypes)
     enc_ok = True
     if args.with_encoders:
-        enc = [sys.executable, str(Path(__file__).with_name("check_against_lxt.py")), "--lxt-python", args.lxt_python]
+        enc = [sys.executable, str(Path(__file__).with_name("check_against_lxt.py")), "--lxt-python", args.lxt21_python,
+               "--save-reference", "none"]
         enc_ok = subprocess.run(enc).returncode == 0
     if not ref_ok:
         print("reference self-checks FAILED")
