@@ -33,20 +33,21 @@ def build_model(model_class: str, config: dict, state_dict: dict, dtype: torch.d
                 attn: str = "eager") -> torch.nn.Module:
     """``transformers.<model_class>`` from ``config`` (a ``to_dict()``), weights loaded, in eval mode.
 
-    Built in float32 (as ``from_pretrained`` does), the float64 state dict loaded, then cast to
-    ``dtype``: non-persistent buffers (RoPE ``inv_freq``, Gemma 3's ``embed_scale``) keep the float32
+    Built in float32 (as ``from_pretrained`` does), cast to ``dtype``, then the float64 state dict
+    loaded (in that order, so that a float64 model gets the float64 weights, not float32-rounded
+    ones). Non-persistent buffers (RoPE ``inv_freq``, Gemma 3's ``embed_scale``) keep the float32
     values they are created with, as in the LXT process.
     """
     import transformers
     cls = getattr(transformers, model_class)
     conf = cls.config_class.from_dict(dict(config))
     conf._attn_implementation = attn
-    model = cls(conf)
+    model = cls(conf).to(dtype)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", {})]
     if missing or unexpected:
         raise RuntimeError(f"{model_class}: missing {missing}, unexpected {unexpected}")
-    model = model.to(dtype).eval()
+    model.eval()
     if model.config._attn_implementation != attn:
         raise RuntimeError(f"{model_class}: attention is {model.config._attn_implementation}, wanted {attn}")
     return model

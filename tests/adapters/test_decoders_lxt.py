@@ -44,6 +44,9 @@ def test_fixture_model_reproduces_lxt_logits(family, method, dtype):
     lengths = [len(s) for s in fx["sequences"]]
     assert len(lengths) >= 3 and len(set(lengths)) == len(lengths)
     assert all(p.dtype == torch.float64 for p in fx["state_dict"].values() if p.is_floating_point())
+    for name, p in model.state_dict().items():  # the model holds the stored weights, not a float32 rounding
+        if name in fx["state_dict"]:
+            assert torch.equal(p, fx["state_dict"][name].to(p.dtype)), name
     with torch.no_grad():
         last = torch.stack([model(s[None]).logits[0, -1] for s in fx["sequences"]])
     assert torch.equal(last.argmax(-1), fx["targets"])
