@@ -312,7 +312,10 @@ def cdam(c: Call) -> MethodResult:
 
 
 def token_ablation(c: Call) -> MethodResult:
-    """Token ablation map: ``y_t(all tokens) − y_t(without token i)``, the removals batched."""
+    """Token ablation map: ``y_t(all tokens) − y_t(without token i)``, the removals batched.
+
+    Decoders: the other tokens keep their position ids, and the head reads the same token.
+    """
     a, opt = c.adapter, c.opt
     with torch.no_grad():
         trace = c.forward(grad=False)
@@ -320,7 +323,7 @@ def token_ablation(c: Call) -> MethodResult:
         y_full = c.output(trace.logits, target)
         x0 = trace.x0
         B, N, D = x0.shape
-        mask = trace.mask
+        mask, positions = trace.mask, trace.positions
         # (sample, token) pairs to ablate: every scored token but those the classifier reads (their score stays 0)
         dev = x0.device  # every index lives where the activations are (CUDA too)
         pairs = c.layout.ablation_pairs(B, dev)
@@ -333,9 +336,10 @@ def token_ablation(c: Call) -> MethodResult:
             idx = keep[None, :] + (keep[None, :] >= ti[:, None]).long()  # positions without token ti
             xs = x0[bi].gather(1, idx[..., None].expand(-1, -1, D))
             ms = None if mask is None else mask[bi].gather(1, idx)
+            ps = None if positions is None else positions[bi].gather(1, idx)  # the others keep their positions
             head = c.readout.after_removal(bi, ti)  # a per-row readout position moves with the removal
-            y = c.output(a.run_blocks(xs, ms, keep=False, readout=head).logits, target[bi], rows=bi)  # logits only
-            scores[bi, ti] = y_full[bi] - y
+            out = a.run_blocks(xs, ms, keep=False, readout=head, positions=ps)  # logits only
+            scores[bi, ti] = y_full[bi] - c.output(out.logits, target[bi], rows=bi)
             bar.update(len(chunk))
         bar.close()
     return MethodResult(scores=scores[:, c.layout.output_start:], target=target, logits=trace.logits)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..composites import Composite, Propagation
+from ..errors import InputError
 from ..precision import compute_precision
 from .blocks import PLAIN, BlockSpec, Replay, block_forward, block_relprop
 from .readouts import Readout
@@ -123,13 +124,29 @@ class Adapter(ABC):
         """
         return self.readout
 
+    def at_position(self, prepared: dict, position) -> dict:
+        """``prepared`` read at another position (``explain(..., position=)``): only decoder language models."""
+        raise InputError(f"position= names the token a decoder language model is explained at; "
+                         f"{type(self.model).__name__} reads its prediction from a fixed token")
+
+    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
+                      fused: bool = False) -> list:
+        """Per block ``(bias, rope)``: the additive attention mask and the rotary tables (``None``: none).
+
+        Default: every block gets :meth:`attention_bias` and no rotary tables (decoders override; ``fused``:
+        the replay runs fused attention, which needs no mask tensor for plain causal attention).
+        """
+        bias = self.attention_bias(x0, mask)
+        return [(bias, None)] * len(self.blocks)
+
     # --------------------------------------------------------------- forward
     def forward(self, prepared: dict, *, grad: bool = False, composite: Optional[Composite] = None,
                 track: bool = False, readout: Optional[Readout] = None) -> Trace:
         """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations (an
         explicit-pass one is refused at once); ``None``: the plain replay. ``readout``: the batch's readout
         (default :meth:`readout_for`); the trace keeps it as ``trace.head``."""
-        r = Replay(composite, names=self._names_for(composite))
+        # a modified-gradient pass never reads A: models that run sdpa may keep their fused attention
+        r = Replay(composite, names=self._names_for(composite), fuse=composite is not None)
         head = self.readout_for(prepared) if readout is None else readout
         # a half-precision model is replayed in float32 (lrp_core.precision; a no-op inside a method)
         with compute_precision(self.model), torch.set_grad_enabled(grad):
@@ -138,26 +155,29 @@ class Adapter(ABC):
             if grad and not x0.requires_grad:  # frozen models still need a graph to the attention maps
                 x0 = x0.detach().requires_grad_(True)
                 emb.x0 = x0
-            trace = self.run_blocks(x0, prepared.get("attention_mask"), r, readout=head)
+            trace = self.run_blocks(x0, prepared.get("attention_mask"), r, readout=head,
+                                    positions=prepared.get("position_ids"))
             trace.embedding = emb
         return trace
 
     def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = PLAIN,
-                   keep: bool = True, readout: Optional[Readout] = None) -> Trace:
+                   keep: bool = True, readout: Optional[Readout] = None,
+                   positions: Optional[Tensor] = None) -> Trace:
         """Blocks and readout from the block-0 input ``x0`` (B, N, D); ``mask`` (B, N) 1 = real token.
 
         ``readout``: the batch's readout (default :attr:`readout`, for a family whose readout does not
         depend on the batch). ``keep=False`` drops each block's record once the next block has its output
         (the trace then has no ``blocks``): a logits-only pass holds one block's activations at a time.
+        ``positions`` (B, N): position ids (decoders: default from the mask; token ablation keeps them).
         """
         head = self.readout if readout is None else readout
         if self.mask_value is not None and mask is None:
             mask = torch.ones(x0.shape[:2], dtype=torch.long, device=x0.device)
-        bias = self.attention_bias(x0, mask)
-        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None, head=head, first=r.first)
+        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None, head=head, positions=positions,
+                      first=r.first)
         x = x0
-        for spec in self.blocks:
-            rec = block_forward(spec, x, bias, r)
+        for spec, (bias, rope) in zip(self.blocks, self.block_context(x0, mask, positions, r.fuse)):
+            rec = block_forward(spec, x, bias, r, rope)
             if keep:
                 trace.blocks.append(rec)
             x = rec.out

@@ -16,7 +16,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation
+from ..composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation, norm_kind
+from ..errors import InputError
 from .blocks import PLAIN, Replay
 from .records import ReadoutRecord
 
@@ -76,7 +77,7 @@ class Readout(ABC):
 
     # ------------------------------------------------------------------ replay
     def forward(self, hidden: Tensor, r: Replay = PLAIN) -> ReadoutRecord:
-        normed = r.module(LAYERNORM, self.norm, hidden)
+        normed = r.norm(self.norm, hidden)
         token = r(self.pool_kind, self.pool, normed)
         h, inputs = token, []
         for layer in self.head:
@@ -95,7 +96,7 @@ class Readout(ABC):
                 continue
             R = prop.unary(layer.kind, x, R, layer.module)  # Linears: the rule forms z from two products
         R_hidden = self.unpool(rec, R, prop)
-        return prop.unary(LAYERNORM, rec.hidden, R_hidden, self.norm)
+        return prop.unary(norm_kind(self.norm), rec.hidden, R_hidden, self.norm)
 
     @abstractmethod
     def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:

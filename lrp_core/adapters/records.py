@@ -5,7 +5,7 @@ Shapes: B batch, N tokens, D width, H heads, d head width, C classes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import Tensor
@@ -26,7 +26,11 @@ class AttentionRecord:
         o: (B, N, H·d) the heads concatenated (after any context norm), input of the output projection.
         lin: outputs of the attention's Linears by role: ``"qkv"`` or ``"q"``, ``"k"``, ``"v"``; ``"proj"``.
         scores: (B, H, N, N) scaled ``q·kᵀ`` before the mask is added (models with a padding mask).
-        bias: (B, 1, 1, N) the additive padding mask, or ``None``.
+        bias: (B, 1, 1, N) the additive padding mask, (B, 1, N, N) a causal one, or ``None``.
+        q_pre, k_pre: decoders with rotary embeddings: q (B, H, N, d) and k (B, Hkv, N, d) before the rotation
+            (``q``, ``k`` are after it; ``k`` and ``v`` hold the Hkv shared heads, not repeated).
+        rope: the rotation tables (cos, sin), each (B, N, r), or ``None``.
+        A is ``None`` where the attention ran fused (sdpa under a modified-gradient rule set).
     """
 
     h: Tensor
@@ -39,6 +43,9 @@ class AttentionRecord:
     lin: dict
     scores: Optional[Tensor] = None
     bias: Optional[Tensor] = None
+    q_pre: Optional[Tensor] = None
+    k_pre: Optional[Tensor] = None
+    rope: Optional[tuple] = None
 
 
 @dataclass
@@ -55,7 +62,11 @@ class BlockRecord:
         g: (B, N, D_mlp) the MLP's hidden units after the activation (and its norm, if any).
         f: (B, N, D) MLP branch output as it enters the residual Add.
         out: (B, N, D) block output.
-        lin: outputs of the MLP's Linears: ``"fc1"``, ``"fc2"``.
+        lin: outputs of the MLP's Linears: ``"fc1"``, ``"fc2"`` (gated MLPs: ``"fc1"`` is the up projection,
+            or the fused gate-up one, and ``"gate"`` the gate projection where it is separate).
+        gate: gated MLPs: (B, N, D_mlp) ``act(gate(m))``, the first operand of the product ``g``.
+        up: gated MLPs: (B, N, D_mlp) ``up(m)``, the second operand.
+        att_out, mlp_out: post-branch norms (Gemma 3): the branch output before its norm.
     """
 
     x: Tensor
@@ -67,6 +78,10 @@ class BlockRecord:
     f: Tensor
     out: Tensor
     lin: dict
+    gate: Optional[Tensor] = None
+    up: Optional[Tensor] = None
+    att_out: Optional[Tensor] = None
+    mlp_out: Optional[Tensor] = None
 
 
 @dataclass
@@ -133,6 +148,7 @@ class Trace:
     #: operation kind → the first module of that kind the replay met (input order), for a composite's
     #: first-layer rules; ``None`` where the replay kept no record
     first: Optional[dict] = None
+    positions: Optional[Tensor] = None  # (B, N) position ids (decoders), else None
 
     def attention(self, b: int) -> Tensor:
         """A_b (B, H, N, N)."""
@@ -194,6 +210,9 @@ class TokenLayout:
     image_size: Optional[tuple] = None
     mask: Optional[Tensor] = None
     readout_rows: Optional[Tensor] = None
+    #: whether :meth:`readout_minimum` replaces the read tokens' entries (encoders: Chefer et al.'s [CLS] quirk;
+    #: decoders: no — docs/METHODS.md §2c)
+    readout_minimum_applies: bool = True
 
     def scores(self, row: Tensor) -> Tensor:
         """Token scores from a (B, N) row: the scored tokens, padding set to 0."""
@@ -223,7 +242,7 @@ class TokenLayout:
         nothing.
         """
         positions = [t - self.output_start for t in self.readout_tokens if t >= self.output_start]
-        if not positions and self.readout_rows is None:
+        if not self.readout_minimum_applies or (not positions and self.readout_rows is None):
             return scores
         mask = torch.ones_like(scores, dtype=torch.bool) if self.mask is None else \
             self.mask[:, self.output_start:].bool()
