@@ -51,8 +51,9 @@ class BertAdapter(Adapter):
         self.blocks = [self._block(i, layer, cfg) for i, layer in enumerate(base.encoder.layer)]
         self.readout = TokenReadout(norm=nn.Identity(), head=self._head(model, base))
         self.max_length = int(getattr(cfg, "max_position_embeddings", 512))
-        pad_offset = getattr(cfg, "pad_token_id", None) if "Roberta" in name else None
-        if pad_offset is not None:  # RoBERTa positions start after the padding index
+        roberta_positions = hasattr(base.embeddings, "create_position_ids_from_input_ids")
+        pad_offset = getattr(cfg, "pad_token_id", None) if roberta_positions else None
+        if pad_offset is not None:  # RoBERTa (CamemBERT, Data2Vec-text) positions start after the padding index
             self.max_length -= int(pad_offset) + 1
         self.vocab_size = int(getattr(cfg, "vocab_size", 0)) or None
 
