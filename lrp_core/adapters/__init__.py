@@ -83,8 +83,8 @@ def _is_soft_capped(model: nn.Module) -> bool:
 
 def _is_multimodal_decoder(model: nn.Module) -> bool:
     """A generative vision-language model (Llava, Gemma 3 multimodal, Qwen2-VL, ...): its model type is one that
-    transformers' image-text-to-text task lists, or it has a vision config and generates (``...ForConditionalGeneration``).
-    CLIP (``CLIPModel``: a similarity, no generation) is neither."""
+    transformers' image-text-to-text task lists, or it has a vision config and generates
+    (``...ForConditionalGeneration``). CLIP (``CLIPModel``: a similarity, no generation) is neither."""
     cfg = getattr(model, "config", None)
     if cfg is None or not _model_types(model):
         return False
