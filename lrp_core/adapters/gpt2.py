@@ -1,13 +1,26 @@
-"""GPT-2 (Hugging Face ``GPT2LMHeadModel``, ``GPT2ForSequenceClassification``).
+"""GPT-2 (Hugging Face ``GPT2LMHeadModel``, ``GPT2ForSequenceClassification``; DistilGPT-2 too).
 
-GPT-2's projections are ``Conv1D`` layers: a Linear whose weight is stored transposed, ``(D_in, D_out)``.
-:class:`Conv1DLinear` shows one to the engine as a Linear without touching the model.
+Pre-LN blocks with LayerNorm, one fused ``c_attn`` projection (q, k, v, each H·d wide), a GELU MLP
+(``gelu_new``), a learned position embedding added to the token embedding, ``ln_f`` and the tied LM head (or the
+``score`` classifier read at the last real token). Its projections are ``Conv1D`` layers — a Linear whose
+weight is stored transposed, ``(D_in, D_out)`` —; :class:`Conv1DLinear` shows each to the engine as a Linear
+without touching the model. docs/METHODS.md §2c: the position add is the ViT one (``lrp`` keeps the token part);
+AttnLRP / CP-LRP read relevance at the token embedding ``wte(ids)``, before the positions are added.
+
+Shapes: B batch, T tokens (padding included), D width.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import torch
 from torch import Tensor, nn
 
-from ..errors import UnsupportedModelError
+from ..composites import POS_ADD, Propagation
+from ..errors import InputError, UnsupportedModelError
+from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
+from .decoder import DecoderAdapter
+from .records import EmbeddingRecord, Trace
 
 
 class Conv1DLinear(nn.Module):
@@ -54,4 +67,56 @@ class Conv1DLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, view of {self.conv!r}"
 
 
-__all__ = ["Conv1DLinear"]
+class GPT2Adapter(DecoderAdapter):
+    """Hugging Face GPT-2 decoders (eager or sdpa attention)."""
+
+    def __init__(self, model: nn.Module):
+        cfg = getattr(model, "config", None)
+        if getattr(cfg, "add_cross_attention", False):
+            raise UnsupportedModelError(f"{type(model).__name__}: GPT-2 with cross-attention (add_cross_attention) "
+                                        "is an encoder-decoder's decoder; only the self-attention GPT-2 is supported")
+        super().__init__(model)
+
+    def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
+        base = getattr(self.model, "transformer", None)
+        if self.config is None or base is None or not hasattr(base, "h"):
+            raise UnsupportedModelError(f"{type(self.model).__name__}: not a GPT-2 (expected model.transformer.h)")
+        return base, base.h, base.ln_f
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        """ln_1 → attention (fused c_attn, c_proj) → + → ln_2 → c_fc → GELU → c_proj → +; pre-LN."""
+        try:
+            att, mlp = layer.attn, layer.mlp
+            H = int(att.num_heads)
+            return BlockSpec(
+                layout="pre_ln", norm1=layer.ln_1, norm2=layer.ln_2,
+                attn=AttentionSpec(qkv=Conv1DLinear(att.c_attn), proj=Conv1DLinear(att.c_proj), num_heads=H,
+                                   head_dim=int(att.head_dim), scale=float(att.scaling), sdpa=self.sdpa),
+                mlp=MlpSpec(fc1=Conv1DLinear(mlp.c_fc), act=mlp.act, fc2=Conv1DLinear(mlp.c_proj)))
+        except AttributeError as e:
+            raise UnsupportedModelError(f"layer {i} ({type(layer).__name__}) does not have the GPT-2 layout (ln_1, "
+                                        f"attn.c_attn / c_proj, ln_2, mlp.c_fc / act / c_proj): {e}") from None
+
+    def check_inputs(self, inputs) -> dict:
+        prepared = super().check_inputs(inputs)
+        if inputs.get("token_type_ids") is not None:  # GPT-2 would add wte(token_type_ids) to every token
+            raise InputError("GPT-2 is explained without token_type_ids (the model would add their token embeddings "
+                             "to the input): pass input_ids and attention_mask only")
+        return prepared
+
+    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+        """``wte(ids)`` (the tokens e, read by AttnLRP / CP-LRP) + ``wpe(position ids)`` -> block 0's input (B, T, D)."""
+        tokens = self.embed_tokens(prepared["input_ids"])
+        if track:
+            tokens = tokens.detach().requires_grad_(True)
+        x0 = r(POS_ADD, torch.add, tokens, self.base.wpe(prepared["position_ids"]))  # dropout: inference
+        return EmbeddingRecord(x0=x0, embeds=tokens, tokens=tokens, x_pos=x0)
+
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
+        """Block-0 input relevance -> the token part of the position add, summed over channels; padding 0."""
+        emb = trace.embedding
+        (R_tok, _) = prop(POS_ADD, (emb.tokens, None), R0, output=emb.x_pos)
+        return R_tok.sum(-1) * prepared["attention_mask"].to(R_tok.dtype), None
+
+
+__all__ = ["Conv1DLinear", "GPT2Adapter"]
