@@ -91,13 +91,14 @@ def _zero_additive_constants(model: torch.nn.Module) -> torch.nn.Module:
 @pytest.mark.parametrize("head", HEADS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cp_lrp_conserves_the_logit_with_every_additive_constant_zero(family, head):
-    """Σ_tokens scores = y_t per row. GPT-2: to round-off. Gemma 3 / Phi-3: their RMSNorm computes in float32 (the
-    model's arithmetic, kept by LXT's patch), so a float64 model conserves to float32 round-off only."""
+    """Σ_tokens scores = y_t per row. GPT-2: up to the identity rule's stabiliser (f(x) / (x + 1e-10) at GELU:
+    measured 3e-10 relative). Gemma 3 / Phi-3: their RMSNorm computes in float32 (the model's arithmetic, kept by
+    LXT's patch), so a float64 model conserves to float32 round-off only."""
     model = _zero_additive_constants(make_decoder(family, attn="sdpa", head=head))
     inputs = batch(rows(), "left")
     exp = explain(model, inputs, method="cp_lrp")
     y = exp.logits.gather(1, exp.target[:, None])[:, 0]
-    tol = 1e-10 if family == "gpt2" else 1e-5
+    tol = 1e-8 if family == "gpt2" else 1e-5
     assert ((exp.scores.sum(1) - y).abs() / y.abs()).max() <= tol, (exp.scores.sum(1), y)
 
 
@@ -122,14 +123,15 @@ def test_position_is_teacher_forcing(family, method):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_contrast_is_the_difference_of_the_two_maps(family):
-    """AttnLRP / CP-LRP are linear in the explained output: y_a − y_b gives map(a) − map(b)."""
+    """AttnLRP / CP-LRP are linear in the explained output: y_a − y_b gives map(a) − map(b) (to float32 round-off
+    where the gradient passes an RMSNorm computed in float32)."""
     model = make_decoder(family, attn="sdpa")
     inputs = batch(rows(), "right")
     for method in ("attnlrp", "cp_lrp"):
         a = explain(model, inputs, method=method, target=[3, 4, 5]).scores
         b = explain(model, inputs, method=method, target=[7, 8, 9]).scores
         both = explain(model, inputs, method=method, target=Contrast([3, 4, 5], [7, 8, 9])).scores
-        assert _rel(both, a - b) <= 1e-10
+        assert _rel(both, a - b) <= (1e-10 if family == "gpt2" else 1e-6)
 
 
 # ---------------------------------------------------------------- the model is untouched; bad input
