@@ -54,6 +54,7 @@ def _hashes(model: torch.nn.Module) -> dict[str, str]:
 def _driver(out_file: str) -> None:
     """Load every case; record what came out (or the traceback)."""
     torch.set_num_threads(1)
+    from lrp_core import explain
     from lrp_core.models import load
 
     results: dict[str, Any] = {}
@@ -63,11 +64,13 @@ def _driver(out_file: str) -> None:
             inputs = dict(m.preprocess(TEXTS))
             with torch.no_grad():
                 logits = m.model(**inputs).logits
+            exp = explain(m.model, inputs, method="attnlrp")
             results[name] = {"class": type(m.model).__name__, "kind": m.kind, "info": m.info,
                              "attn": m.model.config._attn_implementation, "training": m.model.training,
                              "hashes": _hashes(m.model), "inputs": inputs, "logits": logits,
                              "labels": (len(m.labels), [m.labels[i] for i in (0, 40, 41)]),
-                             "tokenizer": type(m.tokenizer).__name__}
+                             "tokenizer": type(m.tokenizer).__name__,
+                             "explained": (exp.scores, exp.logits, exp.target, m.labels[int(exp.target[0])])}
         except Exception:
             results[name] = {"error": traceback.format_exc()}
     torch.save(results, out_file)
@@ -155,6 +158,26 @@ def test_preprocess_is_the_served_tokenizer_padded_and_logits_match(served, run,
     size, some = res["labels"]
     assert size == served["models"][name].config.vocab_size
     assert some == [tokenizer.decode([i]) for i in (0, 40, 41)]
+
+
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_loaded_lm_is_explained_at_each_rows_last_real_token(served, run, name):
+    """explain(loaded.model, loaded.preprocess(texts), method="attnlrp"): one score per token, padding 0, the next-token
+    logits of each row's last real token (whichever side the tokenizer pads), labels naming the target."""
+    from transformers import AutoTokenizer
+
+    res = _case(served, run, name)
+    scores, logits, target, word = res["explained"]
+    mask = res["inputs"]["attention_mask"]
+    assert scores.shape == mask.shape and torch.isfinite(scores).all() and (scores[mask == 0] == 0).all()
+    last = (torch.arange(mask.shape[1]) * mask).argmax(1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        full = served["models"][name](**res["inputs"], position_ids=positions).logits
+    torch.testing.assert_close(logits, full[torch.arange(len(last)), last], rtol=1e-5, atol=1e-5)
+    assert torch.equal(target, logits.argmax(1))
+    assert word == AutoTokenizer.from_pretrained(served["folders"][name]).decode([int(target[0])])
 
 
 @pytest.mark.parametrize("name", list(CASES))
