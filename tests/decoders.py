@@ -18,11 +18,38 @@ FAMILIES = {
     "mistral": ("mistral", "MistralForCausalLM", "MistralForSequenceClassification", "MistralConfig"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification", "Qwen2Config"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification", "Qwen3Config"),
+    "gpt2": ("gpt2", "GPT2LMHeadModel", "GPT2ForSequenceClassification", "GPT2Config"),
+    "gemma3": ("gemma3", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification", "Gemma3TextConfig"),
+    "phi3": ("phi3", "Phi3ForCausalLM", "Phi3ForSequenceClassification", "Phi3Config"),
 }
+
+#: the gpt2 helper's families (tests/adapters/test_decoders_gpt2.py etc.): configurations that differ from Llama's
+GPT2_HELPER_FAMILIES = ("gpt2", "gemma3", "phi3")
+
+
+def _other_config(family: str, attn: str) -> dict:
+    """GPT-2: its own names and a tied LM head; Gemma 3: a sliding then a global layer with their own rotary
+    bases, query_pre_attn_scalar ≠ head_dim, GELU-tanh; Phi-3: fused projections, partial rotary, a window."""
+    if family == "gpt2":
+        return dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, pad_token_id=PAD,
+                    bos_token_id=1, eos_token_id=1, attn_implementation=attn)
+    if family == "gemma3":
+        return dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12, sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention"], max_position_embeddings=64,
+                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                     "full_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                    pad_token_id=PAD, bos_token_id=1, eos_token_id=1, attn_implementation=attn)
+    return dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, sliding_window=4, pad_token_id=PAD, bos_token_id=1,
+                eos_token_id=1, tie_word_embeddings=False, attn_implementation=attn,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
 
 
 def _config(family: str, attn: str, **overrides):
     import transformers
+    if family in GPT2_HELPER_FAMILIES:
+        return getattr(transformers, FAMILIES[family][3])(**{**_other_config(family, attn), **overrides})
     kw = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, pad_token_id=PAD,
               tie_word_embeddings=False, attn_implementation=attn)

@@ -387,3 +387,56 @@ def clip_repo(folder: Path, seed: int = 5) -> torch.nn.Module:
     _randomise_norms(model, seed)
     model.save_pretrained(folder)
     return model
+
+
+# ----------------------------------------------------------------------------- decoder LMs under famous names
+
+#: tiny causal-LM configurations per family: (transformers config class, model class, config arguments)
+_DECODER_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=2, n_positions=64)),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                      num_attention_heads=4, num_key_value_heads=2,
+                                                      tie_word_embeddings=True)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                      num_attention_heads=4, num_key_value_heads=2,
+                                                      tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                                      tie_word_embeddings=True)),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(hidden_size=32, intermediate_size=64,
+                                                                  num_hidden_layers=2, num_attention_heads=4,
+                                                                  num_key_value_heads=2, head_dim=8,
+                                                                  sliding_window=4, query_pre_attn_scalar=8)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                   num_attention_heads=4, num_key_value_heads=2, pad_token_id=None)),
+}
+
+
+def decoder_repo(folder: Path, family: str, seed: int = 6) -> torch.nn.Module:
+    """A causal LM repo as the hub's decoder repos hold it: config.json (``architectures`` = the causal-LM class),
+    model.safetensors and a byte-level BPE tokenizer — GPT-2's vocab.json + merges.txt for ``gpt2``, a
+    tokenizer.json + tokenizer_config.json (fast tokenizer, end-of-text token, no padding token) for the others.
+    ``family`` is a key of :data:`_DECODER_FAMILIES`; tiny sizes, random weights, norms perturbed."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    eos = "<|endoftext|>"
+    vocab = _byte_level_vocab([eos])
+    config_class, model_class, sizes = _DECODER_FAMILIES[family]
+    folder.mkdir(parents=True, exist_ok=True)
+    if family == "gpt2":
+        _write_json(folder / "vocab.json", vocab)
+        (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+        transformers.GPT2Tokenizer(str(folder / "vocab.json"), str(folder / "merges.txt")).save_pretrained(folder)
+    else:
+        bpe = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.decoder = decoders.ByteLevel()
+        transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=eos, bos_token=eos).save_pretrained(folder)
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, config_class)(vocab_size=len(vocab), bos_token_id=0, eos_token_id=0,
+                                              architectures=[model_class], **sizes)
+    model = getattr(transformers, model_class)(cfg).eval()
+    _randomise_norms(model, seed)
+    model.save_pretrained(folder)
+    return model

@@ -47,6 +47,52 @@ def _hf_type(*model_types: str) -> Callable[[nn.Module], bool]:
     return lambda model: getattr(getattr(model, "config", None), "model_type", None) in model_types
 
 
+#: ``config.model_type`` of the encoders the BERT adapter replays exactly (post-LN blocks with attention.self /
+#: attention.output / intermediate / output, absolute positions, a pooler or dense + out_proj head). Recognised
+#: positively: any other ``*ForSequenceClassification`` (a decoder, BigBird, LayoutLM, ...) is not sent there.
+BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "electra", "camembert", "data2vec-text")
+
+
+def _model_types(model: nn.Module) -> set:
+    """``config.model_type`` of a Hugging Face model and of its text sub-config, if any (empty for other models)."""
+    cfg = getattr(model, "config", None)
+    types = {getattr(c, "model_type", None) for c in (cfg, getattr(cfg, "text_config", None)) if c is not None}
+    return {t for t in types if isinstance(t, str)}
+
+
+def _config_values(model: nn.Module, *names: str) -> list:
+    """The values of the named attributes on the config, its text sub-config and DBRX's ``ffn_config``."""
+    cfg = getattr(model, "config", None)
+    configs = [c for c in (cfg, getattr(cfg, "text_config", None), getattr(cfg, "ffn_config", None)) if c is not None]
+    return [getattr(c, n) for c in configs for n in names if getattr(c, n, None) is not None]
+
+
+def _is_mixture_of_experts(model: nn.Module) -> bool:
+    """A mixture-of-experts model: a ``*moe*`` model type, or a config naming more than one expert."""
+    counts = _config_values(model, "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    return any("moe" in t or t in ("mixtral", "dbrx", "jamba", "gpt_oss", "deepseek_v2", "deepseek_v3")
+               for t in _model_types(model)) \
+        or any(isinstance(c, int) and c > 1 for c in counts)
+
+
+def _is_soft_capped(model: nn.Module) -> bool:
+    """Gemma 2 (and any config that turns attention- or final-logit soft-capping on)."""
+    return "gemma2" in _model_types(model) or \
+        bool(_config_values(model, "attn_logit_softcapping", "final_logit_softcapping"))
+
+
+def _is_multimodal_decoder(model: nn.Module) -> bool:
+    """A generative vision-language model (Llava, Gemma 3 multimodal, Qwen2-VL, ...): its model type is one that
+    transformers' image-text-to-text task lists, or it has a vision config and generates
+    (``...ForConditionalGeneration``). CLIP (``CLIPModel``: a similarity, no generation) is neither."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not _model_types(model):
+        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as IMAGE_TEXT
+    generates = type(model).__name__.endswith(("ForConditionalGeneration", "ForImageTextToText"))
+    return getattr(cfg, "model_type", None) in IMAGE_TEXT or (generates and hasattr(cfg, "vision_config"))
+
+
 def _hf_deit(model):
     from .vit import HFDeiTAdapter
     return HFDeiTAdapter(model)
@@ -131,6 +177,19 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "the attention rotates queries and keys by their position (rotary embedding applied to q and k inside "
      "every attention) — a position-dependent product the block replay and its relevance rules do not describe "
      "— and its blocks use SwiGLU MLPs. Use a timm VisionTransformer / DeiT / DINOv2 instead"),
+    ("multimodal decoders (Llava, Gemma 3 with images, Qwen2-VL, Idefics, PaliGemma, ...)", _is_multimodal_decoder,
+     "images enter the token stream through a vision tower and a projector (image features replace placeholder "
+     "tokens), so the text tokens are not the whole input and the vision tower is not described by the decoder "
+     "replay. Explain the language model alone (e.g. Gemma3ForCausalLM, a Qwen2 / Llama causal LM) on text, or "
+     "the image side with a ViT / CLIP"),
+    ("mixture-of-experts decoders (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek, GPT-OSS, ...)",
+     _is_mixture_of_experts,
+     "a router picks a few experts per token (a top-k choice, then a weighted sum of the chosen experts' MLPs), "
+     "a data-dependent switch the relevance rules do not describe. Use a dense decoder (Llama, Mistral, Qwen2 / "
+     "Qwen2.5, Qwen3, Gemma 3, Phi-3, GPT-2)"),
+    ("Gemma 2 and soft-capped decoders", _is_soft_capped,
+     "attention-logit and final-logit soft-capping (cap · tanh(x / cap) on the attention scores and on the "
+     "logits) are tanh caps the rules do not describe. Use Gemma 3 (Gemma3ForCausalLM) or another dense decoder"),
     ("BEiT / Data2Vec-vision", lambda m: _named("Beit")(m) or _hf_type("beit", "data2vec-vision")(m),
      "every block adds its own learned relative position bias (a table indexed by token offsets, one per block) "
      "to the attention scores; the block description carries no per-block score bias, so the replay would not "
@@ -157,12 +216,18 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"), _decoder("qwen2", "Qwen2Adapter")),
     ("Hugging Face Qwen3ForCausalLM / Qwen3ForSequenceClassification",
      _named("Qwen3ForCausalLM", "Qwen3ForSequenceClassification"), _decoder("qwen3", "Qwen3Adapter")),
+    ("Hugging Face GPT2LMHeadModel / GPT2ForSequenceClassification (GPT-2, DistilGPT-2)",
+     _named("GPT2LMHeadModel", "GPT2ForSequenceClassification"), _decoder("gpt2", "GPT2Adapter")),
+    ("Hugging Face Gemma3ForCausalLM / Gemma3TextForSequenceClassification (Gemma 3 text: gemma-3-270m, 1b)",
+     _named("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"), _decoder("gemma3", "Gemma3Adapter")),
+    ("Hugging Face Phi3ForCausalLM / Phi3ForSequenceClassification (Phi-3; fused qkv and gate_up)",
+     _named("Phi3ForCausalLM", "Phi3ForSequenceClassification"), _decoder("phi3", "Phi3Adapter")),
     ("Hugging Face DistilBertForSequenceClassification", _hf_text("distilbert"), _distilbert),
     ("Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings)", _hf_text("albert"),
      _albert),
     ("Hugging Face MPNetForSequenceClassification (relative position bias)", _hf_text("mpnet"), _mpnet),
     ("Hugging Face BertForSequenceClassification and BERT-family encoders with a pooler/[CLS] classification "
-     "head (RoBERTa, XLM-RoBERTa, ELECTRA)", _is_hf_sequence_classifier, _bert),
+     "head (RoBERTa, XLM-RoBERTa, ELECTRA, CamemBERT, Data2Vec-text)", _hf_text(*BERT_FAMILY), _bert),
 ]
 
 SUPPORTED = "; ".join(name for name, _, _ in ADAPTERS)
@@ -188,5 +253,5 @@ def get_adapter(model: nn.Module) -> Adapter:
     raise UnsupportedModelError(f"{type(model).__name__} is not supported. Supported: {SUPPORTED}")
 
 
-__all__ = ["ADAPTERS", "REFUSED", "Adapter", "BlockRelevance", "TokenLayout", "Trace", "get_adapter",
+__all__ = ["ADAPTERS", "BERT_FAMILY", "REFUSED", "Adapter", "BlockRelevance", "TokenLayout", "Trace", "get_adapter",
            "SUPPORTED"]

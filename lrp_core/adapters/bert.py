@@ -68,7 +68,9 @@ class BertAdapter(Adapter):
         """The longest input the position embeddings cover (RoBERTa's positions start after the padding index)."""
         cfg = self.model.config
         max_length = int(getattr(cfg, "max_position_embeddings", 512))
-        pad_offset = getattr(cfg, "pad_token_id", None) if "Roberta" in type(self.model).__name__ else None
+        # RoBERTa (CamemBERT, Data2Vec-text) positions start after the padding index: known by the embeddings' kind
+        roberta_positions = hasattr(self.base.embeddings, "create_position_ids_from_input_ids")
+        pad_offset = getattr(cfg, "pad_token_id", None) if roberta_positions else None
         return max_length - (int(pad_offset) + 1 if pad_offset is not None else 0)
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:

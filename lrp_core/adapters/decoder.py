@@ -16,7 +16,7 @@ Shapes: B batch, T tokens (padding included), D width, V vocabulary, H heads, d 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import torch
@@ -68,18 +68,24 @@ class DecoderAdapter(Adapter):
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.config = getattr(model, "config", None)
-        self.base = getattr(model, "model", None)
-        name = type(model).__name__
-        if self.config is None or self.base is None or not hasattr(self.base, "layers"):
-            raise UnsupportedModelError(f"{name}: not a decoder language model (expected model.model.layers)")
+        self.base, layers, final_norm = self._stack()
         self.sdpa = getattr(self.config, "_attn_implementation", "eager") == "sdpa"
-        self.blocks = [self._block(i, layer) for i, layer in enumerate(self.base.layers)]
+        self.blocks = [self._block(i, layer) for i, layer in enumerate(layers)]
         # the head; a batch is read at its rows' positions (readout_for), this one at token 0 only names the head
-        self.readout = PositionReadout(self.base.norm, [HeadLayer(LINEAR, self._head())], torch.zeros(1))
+        self.readout = PositionReadout(final_norm, [HeadLayer(LINEAR, self._head())], torch.zeros(1))
         self.vocab_size = int(self.config.vocab_size)
         self.max_length = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
 
     # ------------------------------------------------------------ the family's part
+    def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
+        """(the decoder stack, its layers, its final norm): the Llama layout ``model.model`` with ``layers``
+        and ``norm`` (GPT-2 overrides: ``model.transformer`` with ``h`` and ``ln_f``)."""
+        base = getattr(self.model, "model", None)
+        if self.config is None or base is None or not hasattr(base, "layers"):
+            raise UnsupportedModelError(f"{type(self.model).__name__}: not a decoder language model (expected "
+                                        "model.model.layers)")
+        return base, base.layers, base.norm
+
     def _head(self) -> nn.Linear:
         """The LM head (``lm_head``, tied or not) or the sequence classifier (``score``)."""
         head = getattr(self.model, "lm_head", None) or getattr(self.model, "score", None)

@@ -5,7 +5,9 @@
   data config, ImageNet class names from the files timm ships.
 - Hugging Face repo ids (``google/vit-base-patch16-224``,
   ``textattack/bert-base-uncased-SST-2``): transformers Auto classes, labels
-  from ``config.id2label``.
+  from ``config.id2label``. A repo whose config declares a causal LM (``gpt2``,
+  ``Qwen/Qwen2.5-0.5B``, ...) loads as ``AutoModelForCausalLM`` with its
+  tokenizer (:mod:`.lm`).
 
 With ``pretrained=False`` a timm architecture is built with random weights and
 no network access. Pretrained weights come from the local cache when present;
@@ -28,6 +30,7 @@ import torch
 from ..data.photos import as_pil_image
 from ..errors import InputError, LRPError
 from . import LoadedModel
+from .lm import KNOWN_DECODERS, LM_HINTS, is_causal_lm, lm_alternative, lm_labels, lm_preprocess
 
 __all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_endpoint", "hub_reachable", "imagenet_class_names",
            "load_hub"]
@@ -118,7 +121,8 @@ _TEXT_HINTS = ("bert", "sst", "sentiment", "roberta", "distil", "minilm", "nli",
 _IMAGE_HINTS = ("vit", "deit", "beit", "dino", "image", "swin", "convnext", "resnet", "patch")
 
 
-#: Hugging Face classifiers the engine explains, by repo id -> (kind, architecture); known before any download.
+#: Hugging Face models the engine explains, by repo id -> (kind, architecture); known before any download.
+#: kind: "image", "text" (a classifier) or "lm" (a causal language model, loaded as kind "text").
 KNOWN_HF_MODELS = {
     "facebook/deit-small-patch16-224": ("image", "ViTForImageClassification (DeiT weights, [CLS] head)"),
     "facebook/deit-base-distilled-patch16-224": ("image", "DeiTForImageClassificationWithTeacher (two heads)"),
@@ -137,6 +141,8 @@ KNOWN_HF_MODELS = {
     "openai/clip-vit-base-patch32": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
     "openai/clip-vit-base-patch16": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
     "openai/clip-vit-large-patch14": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
+    # decoder language models (lm.py): the next-token logit explained
+    **{name: ("lm", what) for name, what in KNOWN_DECODERS.items()},
 }
 
 
@@ -145,6 +151,8 @@ def _guess_kind(name: str) -> str:
     if name in KNOWN_HF_MODELS:
         return KNOWN_HF_MODELS[name][0]
     low = name.lower()
+    if any(h in low for h in LM_HINTS):
+        return "lm"
     if any(h in low for h in _TEXT_HINTS):
         return "text"
     if any(h in low for h in _IMAGE_HINTS):
@@ -153,7 +161,7 @@ def _guess_kind(name: str) -> str:
 
 
 def _unavailable(name: str, kind: str, detail: str = "") -> HubUnavailableError:
-    alt = {"text": _TEXT_ALTERNATIVES, "image": _IMAGE_ALTERNATIVES}.get(
+    alt = {"text": _TEXT_ALTERNATIVES, "image": _IMAGE_ALTERNATIVES, "lm": lm_alternative()}.get(
         kind, f"{_IMAGE_ALTERNATIVES} for images, {_TEXT_ALTERNATIVES} for text")
     extra = f" ({detail})" if detail else ""
     random_hint = ", or load(name, pretrained=False) for random weights" if kind == "image" \
@@ -393,22 +401,32 @@ class _Fetch:
                 raise _download_error(self.name, self.kind, err) from err
 
 
+def _auto_class(config: Any, kind: str) -> tuple[Any, str]:
+    """The transformers class that builds ``config``'s model, and the attention implementation to load it with."""
+    if _is_clip_config(config):
+        from transformers import CLIPModel
+        return CLIPModel, "eager"
+    if is_causal_lm(config):  # sdpa: AttnLRP / CP-LRP then never form the (T, T) attention matrices
+        from transformers import AutoModelForCausalLM
+        return AutoModelForCausalLM, "sdpa"
+    if kind == "image":
+        from transformers import AutoModelForImageClassification
+        return AutoModelForImageClassification, "eager"
+    from transformers import AutoModelForSequenceClassification
+    return AutoModelForSequenceClassification, "eager"
+
+
 def _hf_model(config: Any, kind: str, pretrained: bool, fetch: _Fetch) -> tuple[torch.nn.Module, str]:
     """The transformers model (eval mode) for ``config``, and the words for its weights' source."""
-    if _is_clip_config(config):
-        from transformers import CLIPModel as Auto
-    elif kind == "image":
-        from transformers import AutoModelForImageClassification as Auto
-    else:
-        from transformers import AutoModelForSequenceClassification as Auto
+    Auto, attention = _auto_class(config, kind)
     if pretrained:
         try:
-            model = fetch(Auto.from_pretrained, attn_implementation="eager")
+            model = fetch(Auto.from_pretrained, attn_implementation=attention)
         except TypeError:  # older transformers without attn_implementation
             model = fetch(Auto.from_pretrained)
         source = "Hugging Face pretrained"
-    else:
-        model = Auto.from_config(config)
+    else:  # random weights; a causal LM as it will be explained (sdpa), the others as transformers builds them
+        model = Auto.from_config(config, **({"attn_implementation": attention} if is_causal_lm(config) else {}))
         source = "random weights (architecture only)"
     return model.eval(), source
 
@@ -449,6 +467,8 @@ def _text_preprocess(fetch: _Fetch, info: dict[str, Any]) -> tuple[Callable, Any
     from transformers import AutoTokenizer
 
     tokenizer = fetch(AutoTokenizer.from_pretrained)
+    if info.get("task") == "causal-lm":
+        return lm_preprocess(tokenizer), tokenizer
 
     def preprocess(texts: str | Sequence[str]) -> Any:
         """One text or a list of texts -> padded batch (``input_ids``, ``attention_mask``)."""
@@ -473,8 +493,12 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
         labels = []  # CLIP has no classes (its config's default LABEL_0/LABEL_1 mean nothing): targets are prompts
     info: dict[str, Any] = {"source": source, "library": "transformers",
                             "pretrained": bool(pretrained), "model_type": config.model_type}
+    if is_causal_lm(config):
+        info["task"] = "causal-lm"
     make = _clip_preprocess if clip else _image_preprocess if kind == "image" else _text_preprocess
     preprocess, tokenizer = make(fetch, info)
+    if info.get("task") == "causal-lm":
+        labels = lm_labels(model, tokenizer)
     return LoadedModel(name=name, model=model, preprocess=preprocess, labels=labels, kind=kind,
                        tokenizer=tokenizer, info=info)
 
