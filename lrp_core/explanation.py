@@ -88,6 +88,7 @@ RESULT_FIELDS: tuple[ResultField, ...] = (
     ResultField("token_relevance", "(B, L, N)", Optional[torch.Tensor], token_axes=1),
     ResultField("pixels", "(B, H, W)", Optional[torch.Tensor]),
     ResultField("conservation", "Conservation of (B, ...) totals", Optional[Conservation]),
+    ResultField("convergence_delta", "(B,)", Optional[torch.Tensor], detach=True),
 )
 #: The optional fields: what a method may add (``MethodSpec.returns``).
 OPTIONAL_FIELDS: tuple[str, ...] = tuple(f.name for f in RESULT_FIELDS if not f.required)
@@ -136,6 +137,8 @@ class Explanation:
         start_layer: first block that enters the layer product, where used.
         attention_mask: (B, T) text mask (1 = real token), ``None`` for images.
         conservation: relevance totals block by block (AttnLRP, CP-LRP), see :class:`Conservation`.
+        convergence_delta: (B,) Captum's convergence delta where it gives one (``integrated_gradients``):
+            Σ attributions − (f(x) − f(baseline)), 0 for an exact integral; else ``None``.
         options: the method options used.
     """
 
@@ -152,6 +155,7 @@ class Explanation:
     start_layer: Optional[int] = None
     attention_mask: Optional[torch.Tensor] = None
     conservation: Optional[Conservation] = None
+    convergence_delta: Optional[torch.Tensor] = None
     options: dict[str, Any] = field(default_factory=dict)
 
     @property

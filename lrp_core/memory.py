@@ -81,6 +81,8 @@ class Profile:
     ``kept``: ``H·N²`` matrices kept per block by the method (gradients, relevances, products);
     ``layers``: whether it returns ``(B, L, N, N)`` head means (``keep_heads`` then adds ``H·N²``).
     ``tmp_act``, ``tmp_mlp``, ``tmp_att``: one block's temporaries, counted once.
+    ``batched``: its passes run up to ``batch_size`` sequences at a time besides the batch (the Captum
+    baselines' steps, perturbations, noisy copies): the fixed part holds ``batch_size`` samples' pass.
     """
 
     act: float
@@ -91,6 +93,7 @@ class Profile:
     tmp_act: float = 0.0
     tmp_mlp: float = 0.0
     tmp_att: float = 0.0
+    batched: bool = False
 
 
 # The parts a method's Profile is made of (each method's profile is ``MethodSpec.memory`` in lrp_core.registry).
@@ -152,6 +155,8 @@ def fixed(method: str, f: ModelFacts, batch_size: int = 64) -> int:
     if method == "token_ablation":
         out += batch_size * per_sample("rollout", ModelFacts(f.blocks, max(f.tokens - 1, 1), f.width, f.heads,
                                                              f.mlp, f.itemsize))
+    elif profile(method).batched:
+        out += batch_size * per_sample(method, f)
     return int(out)
 
 

@@ -79,6 +79,34 @@ def _positive_int(name: str, what: str = "", optional: bool = False) -> Callable
     return check
 
 
+def _positive_float(name: str) -> Callable[[Any, int], float]:
+    def check(v: Any, L: int) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
+            raise InputError(f"{name} must be a positive number, got {v!r}")
+        return float(v)
+    return check
+
+
+def _seed(v: Any, L: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise InputError(f"seed must be an int >= 0, got {v!r}")
+    return v
+
+
+#: The reference inputs of the Captum baselines (lrp_core.baselines): images, text, or a token id (text).
+BASELINES = ("zeros", "blur", "pad", "mask")
+
+
+def _baseline(v: Any, L: int) -> Any:
+    """A name of :data:`BASELINES` or a token id (an int >= 0); which fits the modality, the method checks."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    if v not in BASELINES:
+        raise InputError(f"baseline must be one of {BASELINES} (images: 'zeros', 'blur'; text: 'zeros', 'pad', "
+                         f"'mask') or a token id (an int >= 0, text), got {v!r}")
+    return v
+
+
 def _norm(v: Any, L: int) -> Optional[str]:
     if v is not None and v not in NORMS:
         raise InputError(f"rollout_norm must be one of {NORMS}, got {v!r}")
@@ -124,6 +152,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("position", None, "decoder language models: the token whose prediction is explained, an int or one per "
            "row (default: each row's last real token; negative counts from the end)", _position,
            none_is_value=True, generic=True),
+    # the Captum baselines (lrp_core.baselines); their per-method defaults are in the registry
+    Option("n_steps", 50, "integration steps of Integrated Gradients", _positive_int("n_steps"), type=int),
+    Option("baseline", "zeros", "reference input: 'zeros' | 'blur' (images), 'zeros' | 'pad' | 'mask' | a token id "
+           "(text; padding positions kept)", _baseline),
+    Option("n_samples", 16, "noisy copies (smoothgrad) or coalitions (kernel_shap) per sample",
+           _positive_int("n_samples"), type=int),
+    Option("stdevs", 0.6, "std of SmoothGrad's Gaussian noise, in input units (normalised pixels, embedding "
+           "entries)", _positive_float("stdevs"), type=float),
+    Option("seed", 0, "seed of the random draws (noise, coalitions), the same for every sample", _seed, type=int),
     # how the call is split into pieces (lrp_core.memory; read by ``explain``, not by the methods)
     Option("max_memory", None, "bytes or '2GB' a call may use, else it runs in pieces; None/'auto': half the "
            "free memory, 'none': never split", lambda v, L: memory.parse_max_memory(v), generic=True),

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
+from . import baselines as CB
 from . import methods as M
 from . import options as O
 from .errors import InputError, UnknownMethodError
@@ -56,6 +57,8 @@ class MethodSpec:
 
 
 _LAYER_PRODUCT = ("start_layer", "end_layer")
+#: text's reference input of the Captum baselines: the padding token's embedding
+_TEXT_PAD = {"text": {"baseline": "pad"}}
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Chefer et al. (CVPR 2021): Ā_b = mean_h((∇A_b ⊙ R^{A_b})⁺), C = Π (I + Ā_b)
@@ -91,6 +94,25 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Ali et al. (ICML 2022): gradient × input, std detached, Q and K detached
     MethodSpec("cp_lrp", M.cp_lrp, Profile(**MODIFIED, **BACKWARD),
                returns=("pixels", "token_relevance", "conservation")),
+    # --- the field's attribution baselines, computed by Captum at the pixels / word embeddings (lrp_core.baselines)
+    # x ⊙ ∂y_t/∂x
+    MethodSpec("input_x_gradient", CB.input_x_gradient, Profile(**GRAPH, **BACKWARD), returns=("pixels",)),
+    # Sundararajan et al. (2017): (x − x̄) ⊙ ∫ ∂y_t/∂x along the straight path from the baseline x̄
+    MethodSpec("integrated_gradients", CB.integrated_gradients, Profile(**GRAPH, **BACKWARD, batched=True),
+               options=("n_steps", "baseline", "batch_size"), defaults=_TEXT_PAD,
+               returns=("pixels", "convergence_delta")),
+    # Smilkov et al. (2017): input × gradient averaged over noisy copies
+    MethodSpec("smoothgrad", CB.smoothgrad, Profile(**GRAPH, **BACKWARD, batched=True),
+               options=("n_samples", "stdevs", "seed", "batch_size"),
+               defaults={"image": {"stdevs": 0.6}, "text": {"stdevs": 0.02}}, returns=("pixels",)),
+    # y_t(x) − y_t(x with one patch / token replaced by the baseline)
+    MethodSpec("occlusion", CB.occlusion, Profile(**PLAIN, batched=True), options=("baseline", "batch_size"),
+               defaults=_TEXT_PAD, returns=("pixels",)),
+    # Lundberg & Lee (2017): Shapley values of the patches / tokens from weighted coalitions
+    MethodSpec("kernel_shap", CB.kernel_shap, Profile(**PLAIN, batched=True),
+               options=("n_samples", "baseline", "seed", "batch_size"),
+               defaults={"image": {"n_samples": 256}, "text": {"n_samples": 256, "baseline": "pad"}},
+               returns=("pixels",)),
 )}
 
 #: Method names in the order the course introduces them.

@@ -10,7 +10,8 @@ from lrp_core import METHODS, InputError, UnknownMethodError, UnsupportedModelEr
 
 def test_methods_list_is_the_contract():
     assert set(METHODS) == {"transformer_attribution", "generic_attention", "rollout", "raw_attention",
-                            "attention_gradcam", "lrp", "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp"}
+                            "attention_gradcam", "lrp", "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp",
+                            "input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap"}
 
 
 def test_an_option_the_method_does_not_take_is_refused(tiny_vit, images):

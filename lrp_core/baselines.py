@@ -1,0 +1,328 @@
+"""The field's attribution baselines, computed by Captum on the adapter's replay (docs/METHODS.md §2d).
+
+Input × Gradient, Integrated Gradients, SmoothGrad, occlusion and KernelSHAP
+are what papers compare relevance methods with. Captum implements them; this
+module only hands Captum a forward function and reads its attributions back:
+
+* **where**: the same input-space tensors as AttnLRP — the pixels of an image
+  (``pixels`` (B, H, W) = Σ over colour channels, ``scores`` = patch sums) and
+  the word-embedding output of a text model (``scores`` = Σ over channels,
+  padding 0). Nothing in the adapters changes: the forward function replays
+  the model with :meth:`Adapter.forward`; for text it substitutes the given
+  embeddings for the output of the model's word-embedding module (found by
+  identity, :func:`word_embedding_module`) with a forward hook that lives
+  only for that replay.
+* **what**: ``f(x, *args)`` returns the logits (B, C) — minus the logit of
+  the contrast class where the target is a ``Contrast`` — and Captum's
+  ``target`` picks the explained class. ``args`` are the per-sample entries
+  of the prepared batch (ids, masks); Captum repeats them with the samples it
+  builds (integration steps, perturbations, noise).
+* **padding**: the baselines equal the input at padding positions, so no
+  method moves them (the integration path, an ablated token and a KernelSHAP
+  coalition leave them as they are); their scores are set to 0.
+* **randomness** (``smoothgrad``, ``kernel_shap``): each sample is attributed
+  alone with the generator seeded by ``seed`` (the global generator is left as
+  it was), so a sample gets the same map whatever batch it is in.
+
+:func:`forward_function` is public so that a test (or a reader) can call
+Captum directly on the very function the methods use.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .adapters.base import Adapter
+from .errors import InputError, UnsupportedModelError
+from .methods import Call, MethodResult
+
+#: What ``baseline`` may name: images "zeros" | "blur", text "zeros" | "pad" | "mask" (or a token id).
+IMAGE_BASELINES = ("zeros", "blur")
+TEXT_BASELINES = ("zeros", "pad", "mask")
+#: σ of the Gaussian blur of the "blur" baseline, in patches (one patch: the detail inside a patch is gone).
+BLUR_SIGMA_PATCHES = 1.0
+
+
+@dataclass
+class Attributed:
+    """What Captum attributes: ``forward(inputs, *args)`` → logits (B, C).
+
+    Attributes:
+        forward: the adapter's replay from ``inputs`` to the (contrasted) logits.
+        inputs: (B, 3, H, W) pixels or (B, T, E) word embeddings, detached.
+        args: the per-sample additional forward arguments (text: the prepared entries; the contrast class).
+        mask: (B, T) 1 = real token (text), else ``None``.
+        module: the word-embedding module (text), else ``None``.
+    """
+
+    forward: Callable[..., Tensor]
+    inputs: Tensor
+    args: tuple
+    mask: Optional[Tensor] = None
+    module: Optional[nn.Module] = None
+
+    @property
+    def image(self) -> bool:
+        return self.mask is None and self.inputs.dim() == 4
+
+    def row(self, i: int) -> tuple:
+        """The additional arguments of sample ``i`` (a batch of one)."""
+        return tuple(a[i:i + 1] if isinstance(a, Tensor) else a for a in self.args)
+
+
+def _contrast(logits: Tensor, negative: Optional[Tensor]) -> Tensor:
+    """(B, C) logits, or ``y_c − y_negative`` for every class c (Captum's target then picks y_t − y_negative)."""
+    return logits if negative is None else logits - logits.gather(1, negative[:, None].to(logits.device))
+
+
+@contextmanager
+def _output_replaced(module: nn.Module, value: Tensor) -> Iterator[None]:
+    """``module`` returns ``value`` instead of its output while the context lasts (a hook removed on exit)."""
+    def hook(mod: nn.Module, args: Any, out: Tensor) -> Tensor:
+        if out.shape != value.shape:
+            raise InputError(f"embeddings of shape {tuple(value.shape)} given for a batch whose word embeddings "
+                             f"have shape {tuple(out.shape)}")
+        return value
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
+    """The ``nn.Embedding`` whose output the adapter reads as the word embeddings (``EmbeddingRecord.embeds``).
+
+    Found by identity on one embedding pass (temporary hooks on the model's ``nn.Embedding`` modules),
+    so no family has to name it.
+    """
+    outputs: list = []
+    handles = [m.register_forward_hook(lambda mod, a, out: outputs.append((mod, out)))
+               for m in adapter.model.modules() if isinstance(m, nn.Embedding)]
+    try:
+        with torch.no_grad():
+            embeds = adapter.embed(prepared).embeds
+    finally:
+        for h in handles:
+            h.remove()
+    for mod, out in outputs:
+        if out is embeds:
+            return mod
+    raise UnsupportedModelError(f"{type(adapter.model).__name__}: its word embeddings are not the output of one "
+                                "nn.Embedding module, so the Captum baselines cannot attribute at them")
+
+
+def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor] = None) -> Attributed:
+    """The forward function the baselines hand Captum, its inputs and its additional arguments.
+
+    Images: ``f(pixels, negative)``. Text: ``f(embeddings, *prepared entries, negative)`` — the word-embedding
+    module's output replaced by ``embeddings`` for one replay. Captum called as
+    ``Method(a.forward).attribute(a.inputs, target=..., additional_forward_args=a.args)`` is what the methods compute.
+    """
+    if "images" in prepared:
+        def forward(images: Tensor, neg: Optional[Tensor] = None) -> Tensor:
+            trace = adapter.forward({**prepared, "images": images}, grad=torch.is_grad_enabled())
+            return _contrast(trace.logits, neg)
+        return Attributed(forward, prepared["images"].detach(), (negative,))
+
+    keys = tuple(prepared)
+    module = word_embedding_module(adapter, prepared)
+
+    def forward(embeds: Tensor, *values: Any) -> Tensor:
+        *entries, neg = values
+        with _output_replaced(module, embeds):
+            trace = adapter.forward(dict(zip(keys, entries)), grad=torch.is_grad_enabled())
+        return _contrast(trace.logits, neg)
+
+    with torch.no_grad():
+        embeds = adapter.embed(prepared).embeds.detach()
+    return Attributed(forward, embeds, tuple(prepared[k] for k in keys) + (negative,), prepared["attention_mask"],
+                      module)
+
+
+# ----------------------------------------------------------------------------
+# reference inputs
+# ----------------------------------------------------------------------------
+def gaussian_blur(images: Tensor, sigma: float) -> Tensor:
+    """(B, C, H, W) images blurred per channel by a Gaussian of std ``sigma`` pixels (reflecting borders)."""
+    radius = max(1, min(int(3 * sigma + 0.5), min(images.shape[-2:]) - 1))
+    x = torch.arange(-radius, radius + 1, dtype=images.dtype, device=images.device)
+    k = torch.exp(-0.5 * (x / sigma) ** 2)
+    k = k / k.sum()
+    C = images.shape[1]
+    out = F.pad(images, (radius, radius, radius, radius), mode="reflect")
+    out = F.conv2d(out, k.view(1, 1, 1, -1).expand(C, 1, 1, -1), groups=C)  # along the width
+    return F.conv2d(out, k.view(1, 1, -1, 1).expand(C, 1, -1, 1), groups=C)  # along the height
+
+
+def _special_token(adapter: Adapter, name: str) -> int:
+    """``config.<name>_token_id`` of the model (or of its text tower), else an error saying what to pass."""
+    config = getattr(adapter.model, "config", None)
+    for cfg in (config, getattr(config, "text_config", None)):
+        tok = getattr(cfg, f"{name}_token_id", None)
+        if isinstance(tok, int):
+            return tok
+    raise InputError(f"baseline={name!r}: {type(adapter.model).__name__}'s config names no {name} token; pass its id "
+                     f"instead, e.g. baseline=tokenizer.{name}_token_id")
+
+
+def reference(c: Call, a: Attributed) -> Tensor:
+    """The baseline input of IG, occlusion and KernelSHAP, shaped like ``a.inputs``.
+
+    Images: ``"zeros"`` (0 in the model's normalised input: the mean colour) or ``"blur"`` (the image blurred,
+    σ = one patch). Text: ``"zeros"`` (zero vectors), ``"pad"`` / ``"mask"`` / a token id (that token's
+    embedding) at the real tokens; padding positions keep their embeddings.
+    """
+    choice: Union[str, int] = c.opt.baseline
+    if a.image:
+        if choice not in IMAGE_BASELINES:
+            raise InputError(f"baseline={choice!r} is not one for images: use one of {IMAGE_BASELINES}")
+        if choice == "zeros":
+            return torch.zeros_like(a.inputs)
+        sigma = BLUR_SIGMA_PATCHES * a.inputs.shape[-1] / c.layout.grid[1]
+        return gaussian_blur(a.inputs.detach(), sigma)
+    if choice == "blur":
+        raise InputError(f"baseline='blur' is for images; for text use one of {TEXT_BASELINES} or a token id")
+    if choice == "zeros":
+        ref = torch.zeros_like(a.inputs)
+    else:
+        tok = choice if isinstance(choice, int) else _special_token(c.adapter, choice)
+        if not 0 <= tok < a.module.num_embeddings:
+            raise InputError(f"baseline token id {tok} is outside the vocabulary (0 … {a.module.num_embeddings - 1})")
+        ids = torch.full(a.inputs.shape[:2], tok, dtype=torch.long, device=a.inputs.device)
+        with torch.no_grad():
+            ref = a.module(ids).to(a.inputs.dtype)
+    real = a.mask.bool()[..., None].to(a.inputs.device)
+    return torch.where(real, ref, a.inputs.detach())  # padding stays as it is: no method moves it
+
+
+def feature_mask(c: Call, a: Attributed) -> Tensor:
+    """Occlusion's and KernelSHAP's features: one per patch (1, 1, H, W) or per real token (B, T, 1).
+
+    A padding position shares the id of a real token: its baseline is its own value, so ablating that
+    feature leaves it unchanged, and it costs no extra forward pass.
+    """
+    if a.image:
+        h, w = c.layout.grid
+        H, W = a.inputs.shape[-2:]
+        ids = torch.arange(h * w, device=a.inputs.device).reshape(h, w)
+        return ids.repeat_interleave(H // h, 0).repeat_interleave(W // w, 1)[None, None]
+    mask = a.mask.to(a.inputs.device).long()
+    return (mask.cumsum(dim=1) - 1).clamp(min=0)[..., None]
+
+
+# ----------------------------------------------------------------------------
+# the methods
+# ----------------------------------------------------------------------------
+def _start(c: Call, grad: bool = False) -> tuple[Attributed, Tensor, Tensor]:
+    """The forward function, the target (B,) and the logits (B, C) of one call.
+
+    ``grad``: the inputs are made to require gradients (as Captum would, with a warning, for a gradient method).
+    """
+    with torch.no_grad():
+        logits = c.adapter.forward(c.prepared).logits
+    target = c.resolve(logits)
+    a = forward_function(c.adapter, c.prepared, c.negative)
+    if grad:
+        a.inputs.requires_grad_(True)  # a detached tensor of the method's own: the caller's stays as it is
+    return a, target.to(logits.device), logits
+
+
+def _result(c: Call, a: Attributed, attr: Tensor, target: Tensor, logits: Tensor, per_feature: bool,
+            **extra: Any) -> MethodResult:
+    """Scores (and pixels) from Captum's attributions ``attr`` (shaped like ``a.inputs``).
+
+    ``per_feature`` (occlusion, KernelSHAP): every element of a patch / token carries the feature's value, and
+    that value is the score (a pixel shows its patch's value); else scores are sums over the patch / channels.
+    """
+    attr = attr.detach().to(a.inputs.dtype)  # KernelSHAP's regression returns float32
+    if a.image:
+        h, w = c.layout.grid
+        B, _, H, W = attr.shape
+        pixels = attr[:, 0] if per_feature else attr.sum(dim=1)
+        patches = pixels.reshape(B, h, H // h, w, W // w)
+        scores = (patches[:, :, 0, :, 0] if per_feature else patches.sum(dim=(2, 4))).reshape(B, h * w)
+        return MethodResult(scores=scores, target=target, logits=logits, pixels=pixels, **extra)
+    scores = attr[..., 0] if per_feature else attr.sum(dim=-1)
+    scores = scores * a.mask.to(scores.device, scores.dtype)
+    return MethodResult(scores=scores, target=target, logits=logits, **extra)
+
+
+def _per_sample(c: Call, a: Attributed, attribute: Callable[[int], Tensor]) -> Tensor:
+    """``attribute(i)`` for every sample, each with the generator seeded by ``seed`` (restored afterwards)."""
+    dev = a.inputs.device
+    out = []
+    for i in range(a.inputs.shape[0]):
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.manual_seed(c.opt.seed)
+            out.append(attribute(i))
+    return torch.cat(out)
+
+
+def input_x_gradient(c: Call) -> MethodResult:
+    """Input × gradient (Captum ``InputXGradient``) at the pixels / word embeddings."""
+    from captum.attr import InputXGradient
+    a, target, logits = _start(c, grad=True)
+    attr = InputXGradient(a.forward).attribute(a.inputs, target=target, additional_forward_args=a.args)
+    return _result(c, a, attr, target, logits, per_feature=False)
+
+
+def integrated_gradients(c: Call) -> MethodResult:
+    """Integrated Gradients (Captum ``IntegratedGradients``, ``n_steps``, Gauss–Legendre) from ``baseline``."""
+    from captum.attr import IntegratedGradients
+    a, target, logits = _start(c, grad=True)
+    attr, delta = IntegratedGradients(a.forward).attribute(
+        a.inputs, baselines=reference(c, a), target=target, additional_forward_args=a.args, n_steps=c.opt.n_steps,
+        internal_batch_size=c.opt.batch_size, return_convergence_delta=True)
+    return _result(c, a, attr, target, logits, per_feature=False, convergence_delta=delta.detach(),
+                   used={"baseline": c.opt.baseline, "n_steps": c.opt.n_steps})
+
+
+def smoothgrad(c: Call) -> MethodResult:
+    """SmoothGrad over input × gradient (Captum ``NoiseTunnel``): the mean over ``n_samples`` noisy copies."""
+    from captum.attr import InputXGradient, NoiseTunnel
+    a, target, logits = _start(c, grad=True)
+    tunnel = NoiseTunnel(InputXGradient(a.forward))
+    attr = _per_sample(c, a, lambda i: tunnel.attribute(
+        a.inputs[i:i + 1], nt_type="smoothgrad", nt_samples=c.opt.n_samples, nt_samples_batch_size=c.opt.batch_size,
+        stdevs=float(c.opt.stdevs), target=target[i:i + 1], additional_forward_args=a.row(i)))
+    return _result(c, a, attr, target, logits, per_feature=False,
+                   used={"n_samples": c.opt.n_samples, "stdevs": c.opt.stdevs, "seed": c.opt.seed})
+
+
+def occlusion(c: Call) -> MethodResult:
+    """Occlusion: ``y_t(x) − y_t(x with one patch / token replaced by the baseline)`` (Captum ``FeatureAblation``)."""
+    from captum.attr import FeatureAblation
+    a, target, logits = _start(c)
+    attr = FeatureAblation(a.forward).attribute(
+        a.inputs, baselines=reference(c, a), target=target, additional_forward_args=a.args,
+        feature_mask=feature_mask(c, a), perturbations_per_eval=max(1, c.opt.batch_size // a.inputs.shape[0]))
+    return _result(c, a, attr, target, logits, per_feature=True, used={"baseline": c.opt.baseline})
+
+
+def kernel_shap(c: Call) -> MethodResult:
+    """KernelSHAP over the patches / tokens (Captum ``KernelShap``, ``n_samples`` coalitions per sample)."""
+    from captum.attr import KernelShap
+    a, target, logits = _start(c)
+    ref, mask = reference(c, a), feature_mask(c, a)
+    shap = KernelShap(a.forward)
+    attr = _per_sample(c, a, lambda i: shap.attribute(
+        a.inputs[i:i + 1], baselines=ref[i:i + 1], target=target[i:i + 1], additional_forward_args=a.row(i),
+        feature_mask=mask if mask.shape[0] == 1 else mask[i:i + 1], n_samples=c.opt.n_samples,
+        perturbations_per_eval=c.opt.batch_size))
+    return _result(c, a, attr, target, logits, per_feature=True,
+                   used={"baseline": c.opt.baseline, "n_samples": c.opt.n_samples, "seed": c.opt.seed})
+
+
+#: The methods of this module, in the order of the registry.
+CAPTUM_METHODS: tuple[str, ...] = ("input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion",
+                                   "kernel_shap")
+
+__all__ = ["Attributed", "forward_function", "word_embedding_module", "gaussian_blur", "reference", "feature_mask",
+           "input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap", "CAPTUM_METHODS",
+           "IMAGE_BASELINES", "TEXT_BASELINES"]
