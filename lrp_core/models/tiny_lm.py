@@ -102,7 +102,7 @@ def _loaded(model, tok, meta: dict) -> LoadedModel:
         return dict(tok(list(texts), return_tensors="pt", padding=True))
 
     return LoadedModel(name="tiny-lm", model=model, preprocess=preprocess, labels=tok.convert_ids_to_tokens(
-        list(range(len(tok)))), kind="text", tokenizer=tok, info={
+        list(range(len(tok)))), kind="lm", tokenizer=tok, info={
         "source": "trained by scripts/train_tiny_lm.py on lrp_core.data.make_facts", "architecture": "Llama",
         "task": "facts: answer a question about one of several facts", **meta})
 

@@ -22,7 +22,7 @@ def _greedy_answers(lm, records):
 
 def test_architecture_is_the_llama_family(lm):
     cfg = lm.model.config
-    assert type(lm.model).__name__ == "LlamaForCausalLM" and lm.kind == "text"
+    assert type(lm.model).__name__ == "LlamaForCausalLM" and lm.kind == "lm"
     assert cfg.num_key_value_heads < cfg.num_attention_heads  # grouped-query attention
     assert type(lm.tokenizer).__name__ == "PreTrainedTokenizerFast"
     assert sum(p.numel() for p in lm.model.parameters()) < 5_000_000
