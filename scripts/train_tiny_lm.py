@@ -5,7 +5,8 @@ Deterministic: the weights are initialised from ``--seed``, step ``s`` trains on
 ``make_facts(batch, seed=s)`` (training seeds 0 … steps−1, all below
 ``HELD_OUT_SEED``), and torch runs on a fixed number of threads. The loss is the
 cross-entropy of the answer word at the last prompt position (the model is
-asked "Answer:" and must write the asked fact's value). Held-out accuracy —
+asked "Answer:" and must write the asked fact's value), plus ``--lm-weight`` ×
+the next-token loss over the prompt. Held-out accuracy —
 the greedy next token equals the answer — is measured on seeds from
 ``HELD_OUT_SEED`` on and written to ``meta.json``.
 
@@ -48,7 +49,13 @@ def accuracy(model, tok, n: int, seed: int, batch: int = 250) -> float:
     return hits / n
 
 
-def train(steps: int, batch: int, lr: float, seed: int, threads: int) -> tuple:
+def lm_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy over the prompt's real tokens (an auxiliary signal: it shapes the attention early)."""
+    keep = (mask[:, 1:] * mask[:, :-1]).bool()
+    return F.cross_entropy(logits[:, :-1][keep], ids[:, 1:][keep])
+
+
+def train(steps: int, batch: int, lr: float, seed: int, threads: int, lm_weight: float) -> tuple:
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     tok = build_tokenizer()
@@ -61,7 +68,10 @@ def train(steps: int, batch: int, lr: float, seed: int, threads: int) -> tuple:
     bar = tqdm(range(steps), desc="training tiny-lm")
     for step in bar:
         enc, answers = batch_of(tok, make_facts(batch, seed=step))
-        loss = F.cross_entropy(model(**enc).logits[:, -1], answers)
+        logits = model(**enc).logits
+        loss = F.cross_entropy(logits[:, -1], answers)
+        if lm_weight:
+            loss = loss + lm_weight * lm_loss(logits, enc["input_ids"], enc["attention_mask"])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -80,13 +90,14 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lm-weight", type=float, default=0.5, help="weight of the next-token loss over the prompt")
     ap.add_argument("--eval", type=int, default=2000, help="held-out prompts for the accuracy")
     ap.add_argument("--out", type=Path, default=ASSET_DIR)
     args = ap.parse_args(argv)
     if args.steps >= HELD_OUT_SEED:
         ap.error(f"--steps must stay below the held-out seeds ({HELD_OUT_SEED})")
     t0 = time.time()
-    model, tok = train(args.steps, args.batch, args.lr, args.seed, args.threads)
+    model, tok = train(args.steps, args.batch, args.lr, args.seed, args.threads, args.lm_weight)
     minutes = (time.time() - t0) / 60
     acc = accuracy(model, tok, args.eval, HELD_OUT_SEED)
     print(f"held-out accuracy {acc:.4f} on {args.eval} prompts (seed {HELD_OUT_SEED}); trained in {minutes:.1f} min")
@@ -96,7 +107,7 @@ def main(argv=None) -> None:
     save_file(state, str(args.out / "model.safetensors"))
     meta = {"held_out_accuracy": acc, "held_out_prompts": args.eval, "held_out_seed": HELD_OUT_SEED,
             "train_steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
-            "threads": args.threads, "train_minutes": round(minutes, 1), "parameters": sum(
+            "threads": args.threads, "lm_weight": args.lm_weight, "train_minutes": round(minutes, 1), "parameters": sum(
                 p.numel() for p in model.parameters()), "config": CONFIG}
     (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
