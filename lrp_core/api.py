@@ -96,13 +96,17 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     adapter = get_adapter(model).for_inputs(inputs)
     prepared = adapter.check_inputs(inputs)
     layout = adapter.layout(prepared)
-    opt = registry.parse_options(spec, options, adapter.num_blocks, layout.modality)
-    batch = _batch_size(prepared)
+    opt = registry.parse_options(spec, options, adapter.num_blocks, adapter.modality)
+    if opt.position is not None:  # decoders: explain the prediction at another token
+        prepared = adapter.at_position(prepared, opt.position)
+    readout = adapter.readout_for(prepared)
+    num_classes = readout.num_classes
+    batch = adapter.batch_size(prepared)
     concept = target if isinstance(target, ConceptTarget) else None
     if concept is not None and not spec.concept_target:
         takers = [n for n, s in registry.METHODS.items() if s.concept_target]
         raise InputError(f"a concept target works with method={takers[0]!r} only, not {method!r}")
-    if concept is None and adapter.num_classes == 0 and not spec.class_agnostic:
+    if concept is None and num_classes == 0 and not spec.class_agnostic:
         raise InputError(f"{type(model).__name__} has no classification head: explain it with a class-agnostic "
                          f"method ({', '.join(registry.CLASS_AGNOSTIC)}) or with method='cdam' and a concept target "
                          "(lrp_core.concept_target)")
@@ -114,21 +118,21 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         if target.negative is None:
             raise InputError("Contrast(positive, negative) needs the class to contrast with (negative), e.g. "
                              "Contrast(positive=None, negative=3): the prediction rather than class 3")
-        negative = _target_resolver(target.negative, batch, adapter.num_classes)(torch.empty(0))
+        negative = _target_resolver(target.negative, batch, num_classes)(torch.empty(0))
         target = target.positive
-    resolve = _target_resolver(target if concept is None else None, batch, adapter.num_classes)
+    resolve = _target_resolver(target if concept is None else None, batch, num_classes)
     pieces = _pieces(prepared, adapter, method, opt, batch)
     if len(pieces) == 1 and pieces[0][1] is None:  # the whole batch at once, as given
-        result = spec.run(Call(adapter, prepared, layout, resolve, opt, concept, negative))
+        result = spec.run(Call(adapter, prepared, layout, resolve, opt, concept, negative, readout))
     else:
         parts = []
         for rows, n in progress_bar(pieces, opt.progress or (opt.progress is None and len(pieces) >= 16),
                                     desc=method, unit="piece", leave=False):
-            sub = _take(prepared, rows, n)
+            sub = adapter.take(prepared, rows, n)
             call = Call(adapter, sub, adapter.layout(sub), _sub_resolver(resolve, rows), opt, concept,
                         None if negative is None else negative.to(rows.device)[rows])
             parts.append((rows, n, spec.run(call)))
-        result = _merge(parts, batch, None if "images" in prepared else _batch_tensor(prepared).shape[1])
+        result = _merge(parts, batch, layout.num_tokens if adapter.modality == "text" else None)
     used = dict(result.used)
     if negative is not None:
         used["contrast_with"] = negative.tolist()
@@ -162,10 +166,9 @@ def _pieces(prepared: dict, adapter, method: str, opt, batch: int) -> list[tuple
     (or the whole batch) is then cut into runs of at most ``k`` consecutive samples: ``k = chunk_size``
     if given, else as many as fit ``max_memory`` by :mod:`lrp_core.memory`'s estimate (at least one).
     """
-    groups = _length_groups(prepared) if "attention_mask" in prepared and "images" not in prepared else None
-    x = _batch_tensor(prepared)
+    groups = _length_groups(prepared) if adapter.modality == "text" else None
     if groups is None:
-        groups = [(torch.arange(batch, device=x.device), None)]
+        groups = [(torch.arange(batch), None)]  # indices; moved to each tensor's device where they index it
     budget = None
     if opt.chunk_size is None:
         budget = memory.budget(opt.max_memory, adapter.blocks[0].attn.proj.weight.device)
@@ -284,8 +287,9 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
     if adapter.num_classes == 0:
         raise InputError(f"{type(model).__name__} has no classification head: there is no class to explain")
     prepared = adapter.check_inputs(inputs)
-    resolve = _target_resolver(target, _batch_size(prepared), adapter.num_classes)
-    trace = adapter.forward(prepared, grad=True)
+    readout = adapter.readout_for(prepared)
+    resolve = _target_resolver(target, adapter.batch_size(prepared), readout.num_classes)
+    trace = adapter.forward(prepared, grad=True, readout=readout)
     t = resolve(trace.logits.detach())
     L = adapter.num_blocks
     attns = [trace.attention(b) for b in range(L)]

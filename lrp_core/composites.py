@@ -400,3 +400,149 @@ __all__ = [
     "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "IDENTITY_RULE_EPS", "Gradient", "IdentityRule",
     "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "ATTNLRP", "CP_LRP",
 ]
+
+
+# ----------------------------------------------------------------------------
+# decoder operations (issue #22: Llama, Mistral, Qwen2/3, Gemma 3, GPT-2, Phi-3; docs/METHODS.md §2c)
+# ----------------------------------------------------------------------------
+RMSNORM = "rmsnorm"  # RMSNorm x·rsqrt(mean(x²)+ε)·w (Gemma: ·(1+w)); also per-head q/k norms
+ROPE = "rope"  # rotary position embedding of q or k: inputs (x, cos, sin), rotating the first cos.shape[-1] channels
+KV_REPEAT = "kv_repeat"  # key/value heads shared by several query heads (GQA/MQA): (B, Hkv, N, d) -> (B, H, N, d)
+GATE_MUL = "gate_mul"  # the gated MLP's product act(gate(x)) ⊙ up(x): inputs (act(gate), up)
+ATTENTION = "attention"  # fused softmax(q·kᵀ·scale + bias)·v (sdpa), inputs (q, k, v) with k, v not repeated
+
+DECODER_KINDS = (RMSNORM, ROPE, KV_REPEAT, GATE_MUL, ATTENTION)
+OP_KINDS = OP_KINDS + DECODER_KINDS
+
+
+def norm_kind(module: nn.Module) -> str:
+    """The operation kind of a normalisation module: RMSNORM for RMSNorm-like modules, else LAYERNORM."""
+    if "RMSNorm" in type(module).__name__ or hasattr(module, "variance_epsilon"):
+        return RMSNORM
+    return LAYERNORM
+
+
+class Rotary(Rule):
+    """RoPE, a bias-free linear map given the positions: the generic DTD rule ``x ⊙ Rotᵀ safe_div(R, Rot x)``.
+
+    Conserves up to the stabiliser (docs/METHODS.md §2c). ``op.inputs`` = (x, cos, sin), ``op.output`` = Rot x.
+    """
+
+    name = "rotary"
+
+    def relevance(self, op, R, cache=None):
+        x, cos, sin = op.inputs
+        z = F.apply_rotary(x, cos, sin) if op.output is None else op.output
+        return x * F.rotary_transpose(F.safe_div(R, z), cos, sin), None, None
+
+
+class SharedHeads(Rule):
+    """Shared key/value heads are a Clone: the relevances of the query heads sharing a head are summed into it.
+
+    ``op.inputs`` = (kv (B, Hkv, N, d),); R (B, H, N, d) with H = Hkv·groups (consecutive query heads per kv head).
+    """
+
+    name = "shared_heads"
+
+    def relevance(self, op, R, cache=None):
+        (kv,) = op.inputs
+        B, Hkv, N, d = kv.shape
+        groups = R.shape[1] // Hkv
+        if groups == 1:
+            return (R,)
+        parts = R.reshape(B, Hkv, groups, N, d).unbind(2)
+        return (F.clone(*parts, x=kv),)
+
+
+class HalvedProduct(Rule):
+    """An element-wise product of two activations ``a ⊙ b`` (gated MLP): the generic rule per operand, both halved.
+
+    ``R_a = a ⊙ s / 2``, ``R_b = b ⊙ s / 2`` with ``s = safe_div(R, a ⊙ b)`` (§1's MatMul rule, element-wise).
+    """
+
+    name = "halved_product"
+
+    def relevance(self, op, R, cache=None):
+        a, b = op.inputs
+        s = F.safe_div(R, a * b if op.output is None else op.output)
+        return a * s / 2, b * s / 2
+
+
+class DetachedRMSNorm(Rule):
+    """RMSNorm with ``rsqrt(mean(x²)+ε)`` a constant, γ linear — LXT's patch, in LXT's arithmetic.
+
+    Llama-style modules (``variance_epsilon``; Llama, Mistral, Qwen2/3): computed in float32 and cast back
+    before ``w ·`` (so a float64 model rounds here, as the model and LXT do). Gemma-style modules (``eps``,
+    weight ``1 + w``): ``_norm`` on ``x.float()`` with the factor detached, times ``(1 + w)``, cast back.
+    """
+
+    name = "detached_rms"
+
+    def forward(self, fn, x, module=None):
+        w = module.weight.detach()
+        if hasattr(module, "variance_epsilon"):
+            dtype = x.dtype
+            h = x.to(torch.float32)
+            variance = h.pow(2).mean(-1, keepdim=True)
+            h = h * torch.rsqrt(variance + module.variance_epsilon).detach()
+            return w * h.to(dtype)
+        if hasattr(module, "eps"):
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.eps).detach()
+            return (h * (1.0 + w.float())).type_as(x)
+        raise UnsupportedModelError(f"{type(self).__name__}: {type(module).__name__} is not an RMSNorm "
+                                    "(expected variance_epsilon or eps)")
+
+
+class DetachedGate(Rule):
+    """CP-LRP's gated product: the gate (first operand) a constant, no halving."""
+
+    name = "detached_gate"
+
+    def forward(self, fn, a, b, module=None):
+        return fn(a.detach(), b)
+
+
+class FusedAttentionLRP(Rule):
+    """AttnLRP on a fused attention (sdpa): the gradient into q and k ÷4, into v ÷2, then the plain kernel.
+
+    The same gradient as the ÷2 rules at ``q·kᵀ`` and ``A·v`` with the plain softmax gradient between them
+    (powers of two commute with every step), without the N×N attention in memory.
+    """
+
+    name = "fused_attnlrp"
+
+    def forward(self, fn, q, k, v, module=None):
+        return fn(_DivideGradientFn.apply(q, 4.0), _DivideGradientFn.apply(k, 4.0), _DivideGradientFn.apply(v, 2.0))
+
+
+class FusedAttentionCP(Rule):
+    """CP-LRP on a fused attention: q and k detached (the attention weights constant), linear in v."""
+
+    name = "fused_cp"
+
+    def forward(self, fn, q, k, v, module=None):
+        return fn(q.detach(), k.detach(), v)
+
+
+class NoExplicitFusedAttention(Rule):
+    """Explicit passes need the attention map A: the replay computes attention eagerly for them."""
+
+    name = "eager_only"
+
+    def relevance(self, op, R, cache=None):
+        raise UnsupportedModelError("an explicit relevance pass needs the attention map: replay the attention "
+                                    "eagerly (the fused kind is for modified-gradient rules only)")
+
+
+_DECODER_EXPLICIT = {RMSNORM: Identity(), ROPE: Rotary(), KV_REPEAT: SharedHeads(), GATE_MUL: HalvedProduct(),
+                     ATTENTION: NoExplicitFusedAttention()}
+TRANSFORMER_ATTRIBUTION = TRANSFORMER_ATTRIBUTION.with_rules("transformer_attribution", **_DECODER_EXPLICIT)
+LRP_BASELINE = LRP_BASELINE.with_rules("lrp_baseline", **_DECODER_EXPLICIT)
+ATTNLRP = ATTNLRP.with_rules("attnlrp", **{RMSNORM: DetachedRMSNorm(), ROPE: Gradient(), KV_REPEAT: Gradient(),
+                                           GATE_MUL: HalvedGradient(), ATTENTION: FusedAttentionLRP()})
+CP_LRP = CP_LRP.with_rules("cp_lrp", **{RMSNORM: DetachedRMSNorm(), ROPE: Gradient(), KV_REPEAT: Gradient(),
+                                        GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP()})
+
+__all__ += ["RMSNORM", "ROPE", "KV_REPEAT", "GATE_MUL", "ATTENTION", "DECODER_KINDS", "norm_kind", "Rotary", "SharedHeads", "HalvedProduct",
+            "DetachedRMSNorm", "DetachedGate", "FusedAttentionLRP", "FusedAttentionCP", "NoExplicitFusedAttention"]

@@ -19,6 +19,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .adapters.base import Adapter, TokenLayout, Trace
+from .adapters.readouts import Readout
 from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Composite
 from .errors import InputError
 from .explanation import RESULT_FIELDS, Conservation
@@ -86,6 +87,8 @@ class Call:
     """One method call: what every method receives.
 
     ``negative`` (B,): the classes subtracted from the target (a :class:`Contrast`), else ``None``.
+    ``readout``: the batch's readout (``adapter.readout_for(prepared)`` when not given); every replay of
+    the call (:meth:`forward`) runs with it and every map is read through it.
     """
 
     adapter: Adapter
@@ -95,6 +98,15 @@ class Call:
     opt: Options
     concept: Optional[ConceptTarget] = None
     negative: Optional[Tensor] = None
+    readout: Optional[Readout] = None
+
+    def __post_init__(self) -> None:
+        if self.readout is None:
+            self.readout = self.adapter.readout_for(self.prepared)
+
+    def forward(self, **kwargs: Any) -> Trace:
+        """The adapter's replay of the call's batch, read out with the call's readout (``trace.head``)."""
+        return self.adapter.forward(self.prepared, readout=self.readout, **kwargs)
 
     def start(self, logits: Tensor, target: Tensor) -> Tensor:
         """(B, C) relevance the explicit passes start from: one-hot of the target (minus the contrast class)."""
@@ -121,7 +133,7 @@ def one_hot(logits: Tensor, target: Tensor) -> Tensor:
 
 def _readout_scores(c: Call, M: Tensor) -> Tensor:
     """Token scores from a token-mixing matrix M (B, N, N): the readout's row, scored tokens only."""
-    return c.layout.scores(c.adapter.readout.row(M))
+    return c.layout.scores(c.readout.row(M))
 
 
 def _stack(layers: list) -> Tensor:
@@ -155,7 +167,7 @@ def transformer_attribution(c: Call) -> MethodResult:
     a, opt = c.adapter, c.opt
     L, s = a.num_blocks, opt.start_layer
     end = L - 1 if opt.end_layer is None else opt.end_layer
-    trace = a.forward(c.prepared, grad=opt.use_gradient)
+    trace = c.forward(grad=opt.use_gradient)
     target = c.resolve(trace.logits.detach())
     if opt.use_gradient:
         y = c.output(trace.logits, target).sum()
@@ -192,7 +204,7 @@ def generic_attention(c: Call) -> MethodResult:
     """Chefer et al. (ICCV 2021): ``Ā_b = mean_h((∇A_b ⊙ A_b)⁺)``, ``R ← R + Ā_b R``. One forward, one backward."""
     a, s = c.adapter, c.opt.start_layer
     L = a.num_blocks
-    trace = a.forward(c.prepared, grad=True)
+    trace = c.forward(grad=True)
     target = c.resolve(trace.logits.detach())
     attns = [trace.attention(b) for b in range(s, L)]
     grads = list(torch.autograd.grad(c.output(trace.logits, target).sum(), attns))
@@ -212,7 +224,7 @@ def generic_attention(c: Call) -> MethodResult:
 
 def _attention_only(c: Call) -> tuple[Trace, Tensor, list]:
     with torch.no_grad():
-        trace = c.adapter.forward(c.prepared, grad=False)
+        trace = c.forward(grad=False)
     target = c.resolve(trace.logits)
     return trace, target, [trace.attention(b) for b in range(c.adapter.num_blocks)]
 
@@ -238,14 +250,14 @@ def raw_attention(c: Call) -> MethodResult:
 def attention_gradcam(c: Call) -> MethodResult:
     """Grad-CAM on the last attention map: head weights = mean gradient of the readout row."""
     a = c.adapter
-    trace = a.forward(c.prepared, grad=True)
+    trace = c.forward(grad=True)
     target = c.resolve(trace.logits.detach())
     A = trace.attention(a.num_blocks - 1)
     (grad,) = torch.autograd.grad(c.output(trace.logits, target).sum(), [A])
     mask = c.layout.mask
     with torch.no_grad():
         first = c.layout.output_start
-        g_row, a_row = a.readout.row(grad)[..., first:], a.readout.row(A.detach())[..., first:]  # (B, H, T)
+        g_row, a_row = c.readout.row(grad)[..., first:], c.readout.row(A.detach())[..., first:]  # (B, H, T)
         if mask is None:
             w = g_row.mean(dim=-1, keepdim=True)
         else:
@@ -280,7 +292,7 @@ def partial_lrp(c: Call) -> MethodResult:
 def cdam(c: Call) -> MethodResult:
     """Brocki & Chung: gradient × tokens entering the last attention (after its LayerNorm)."""
     a = c.adapter
-    trace = a.forward(c.prepared, grad=True)
+    trace = c.forward(grad=True)
     T = a.cdam_tokens(trace)
     if c.concept is None:
         target = c.resolve(trace.logits.detach())
@@ -300,20 +312,21 @@ def cdam(c: Call) -> MethodResult:
 
 
 def token_ablation(c: Call) -> MethodResult:
-    """Token ablation map: ``y_t(all tokens) − y_t(without token i)``, the removals batched."""
+    """Token ablation map: ``y_t(all tokens) − y_t(without token i)``, the removals batched.
+
+    Decoders: the other tokens keep their position ids, and the head reads the same token.
+    """
     a, opt = c.adapter, c.opt
     with torch.no_grad():
-        trace = a.forward(c.prepared, grad=False)
+        trace = c.forward(grad=False)
         target = c.resolve(trace.logits)
         y_full = c.output(trace.logits, target)
         x0 = trace.x0
         B, N, D = x0.shape
-        mask = trace.mask
+        mask, positions = trace.mask, trace.positions
         # (sample, token) pairs to ablate: every scored token but those the classifier reads (their score stays 0)
         dev = x0.device  # every index lives where the activations are (CUDA too)
-        pairs = torch.cartesian_prod(torch.arange(B, device=dev), c.layout.ablatable().to(dev))
-        if mask is not None:
-            pairs = pairs[mask[pairs[:, 0], pairs[:, 1]].bool()]
+        pairs = c.layout.ablation_pairs(B, dev)
         keep = torch.arange(N - 1, device=dev)
         scores = torch.zeros(B, N, dtype=x0.dtype, device=dev)
         bar = tqdm(total=len(pairs), desc="token ablation", unit="seq",
@@ -323,8 +336,10 @@ def token_ablation(c: Call) -> MethodResult:
             idx = keep[None, :] + (keep[None, :] >= ti[:, None]).long()  # positions without token ti
             xs = x0[bi].gather(1, idx[..., None].expand(-1, -1, D))
             ms = None if mask is None else mask[bi].gather(1, idx)
-            y = c.output(a.run_blocks(xs, ms, keep=False).logits, target[bi], rows=bi)  # logits only
-            scores[bi, ti] = y_full[bi] - y
+            ps = None if positions is None else positions[bi].gather(1, idx)  # the others keep their positions
+            head = c.readout.after_removal(bi, ti)  # a per-row readout position moves with the removal
+            out = a.run_blocks(xs, ms, keep=False, readout=head, positions=ps)  # logits only
+            scores[bi, ti] = y_full[bi] - c.output(out.logits, target[bi], rows=bi)
             bar.update(len(chunk))
         bar.close()
     return MethodResult(scores=scores[:, c.layout.output_start:], target=target, logits=trace.logits)
@@ -339,7 +354,7 @@ def _modified_gradient(c: Call, composite: Composite) -> MethodResult:
     residual stream's relevance after every block (docs/METHODS.md §2b).
     """
     a = c.adapter
-    trace = a.forward(c.prepared, grad=True, composite=composite, track=True)
+    trace = c.forward(grad=True, composite=composite, track=True)
     target = c.resolve(trace.logits.detach())
     y = c.output(trace.logits, target)
     emb = trace.embedding

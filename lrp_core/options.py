@@ -92,6 +92,20 @@ def _progress(v: Any, L: int) -> Optional[bool]:
     return v
 
 
+def _position(v: Any, L: int) -> Any:
+    """An int or a sequence / 1-D integer tensor of ints (whether each is a real token: the adapter checks)."""
+    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    try:
+        import torch
+        t = torch.as_tensor(v)
+    except (TypeError, ValueError, RuntimeError):
+        t = None
+    if t is None or t.dim() != 1 or t.dtype not in (torch.int64, torch.int32):
+        raise InputError(f"position must be an int or one int per row (a list or 1-D integer tensor), got {v!r}")
+    return t.long()
+
+
 #: Every option any method takes, in the order they are checked.
 OPTIONS: tuple[Option, ...] = (
     Option("start_layer", 0, "first block in the layer product (0-based; negative counts from the end)",
@@ -107,6 +121,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("keep_heads", False, "also return the per-head matrices (layers_per_head)", _flag("keep_heads"),
            type=bool),
     Option("batch_size", 64, "sequences per forward pass", _positive_int("batch_size"), type=int),
+    Option("position", None, "decoder language models: the token whose prediction is explained, an int or one per "
+           "row (default: each row's last real token; negative counts from the end)", _position,
+           none_is_value=True, generic=True),
     # how the call is split into pieces (lrp_core.memory; read by ``explain``, not by the methods)
     Option("max_memory", None, "bytes or '2GB' a call may use, else it runs in pieces; None/'auto': half the "
            "free memory, 'none': never split", lambda v, L: memory.parse_max_memory(v), generic=True),

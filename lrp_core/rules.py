@@ -289,7 +289,49 @@ def _transpose_output_padding(in_hw, out_hw, k_hw, stride, padding) -> tuple[int
     )  # type: ignore[return-value]
 
 
+# ---- decoders (docs/METHODS.md §2c): the rotary embedding as a linear map, shared key/value heads
+def rotate_half(x: Tensor) -> Tensor:
+    """(…, d) -> (…, d): ``cat(-x₂, x₁)`` with x₁, x₂ the two halves — the rotary embedding's 90° turn."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x·cos + rotate_half(x)·sin`` on the first ``cos.shape[-1]`` channels of x (B, H, N, d); the rest pass.
+
+    ``cos``, ``sin``: (B, N, r), r ≤ d (partial rotary when r < d). Hugging Face's arithmetic, in its order.
+    """
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return (x * cos) + (rotate_half(x) * sin)
+    rot, rest = x[..., :r], x[..., r:]
+    return torch.cat(((rot * cos) + (rotate_half(rot) * sin), rest), dim=-1)
+
+
+def rotary_transpose(s: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The transpose of :func:`apply_rotary`'s linear map applied to s (B, H, N, d): ``Rotᵀ s``.
+
+    ``rotate_half`` maps (x₁, x₂) to (−x₂, x₁); its transpose maps (y₁, y₂) to (y₂, −y₁) = −rotate_half(y).
+    """
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    r = cos.shape[-1]
+    rot = s[..., :r]
+    out = rot * cos - rotate_half(rot * sin)
+    return out if r == s.shape[-1] else torch.cat((out, s[..., r:]), dim=-1)
+
+
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """(B, Hkv, N, d) -> (B, Hkv·groups, N, d): each key/value head used by ``groups`` consecutive query heads."""
+    if groups == 1:
+        return x
+    B, Hkv, N, d = x.shape
+    return x[:, :, None].expand(B, Hkv, groups, N, d).reshape(B, Hkv * groups, N, d)
+
+
+
 __all__ = [
     "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic",
     "add_generic", "add_normalized", "clone", "select", "weighted_sum", "matmul", "identity", "zbox_conv2d",
+    "rotate_half", "apply_rotary", "rotary_transpose", "repeat_kv",
 ]

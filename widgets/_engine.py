@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -134,24 +134,17 @@ def sample_readout(model: Any, inputs: Any) -> SampleReadout:
     """The readout of one sample (a batch of one) as ``lrp_core.explain`` applies it.
 
     ``model``: the model or its adapter; ``inputs``: what ``explain`` takes (CLIP's text side included:
-    the adapter is the one ``explain`` uses for these inputs). Right-padded text is read as the engine
-    explains it, without its padding (docs/METHODS.md §5.8): the weights and the readout tokens are those
-    of the real tokens (CLIP's end-of-text token is the last real one, not the last position).
+    the adapter is the one ``explain`` uses for these inputs). The weights are those of the batch's own
+    readout (``Adapter.readout_for``): a token position that differs by row (CLIP's end-of-text token, a
+    decoder's last real token) is the sample's real position, padding gets weight 0 — as when the engine
+    explains the sample without its padding (docs/METHODS.md §5.8).
     """
     adapter = (model if isinstance(model, Adapter) else get_adapter(model)).for_inputs(inputs)
     prepared = adapter.check_inputs(inputs)
     layout = adapter.layout(prepared)
-    N = n = layout.num_tokens
-    if layout.mask is not None:
-        if layout.mask.shape[0] != 1:
-            raise InputError(f"a view reads one sample; got a batch of {layout.mask.shape[0]}")
-        real = int(layout.mask[0].sum())
-        if real < N and bool(layout.mask[0, :real].all()):  # right-padded: explained as its real tokens
-            n = real
-            trimmed = adapter.layout({k: (v if v is None else v[:, :n]) for k, v in prepared.items()})
-            layout = replace(layout, readout_tokens=trimmed.readout_tokens)
-    weights = np.zeros(N)
-    weights[:n] = adapter.readout.weights(n).double()[0].cpu().numpy()
+    if layout.mask is not None and layout.mask.shape[0] != 1:
+        raise InputError(f"a view reads one sample; got a batch of {layout.mask.shape[0]}")
+    weights = adapter.readout_for(prepared).weights(layout.num_tokens).double()[0].cpu().numpy()
     return SampleReadout(weights=weights, layout=layout)
 
 

@@ -96,6 +96,14 @@ def _mpnet(model):
     return MPNetAdapter(model)
 
 
+def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
+    """A decoder family's adapter, imported when first used."""
+    def build(model):
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(model)
+    return build
+
+
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
 REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ("DeBERTa / DeBERTa-v2", _hf_text("deberta", "deberta-v2"),
@@ -141,6 +149,14 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("Dinov2ForImageClassification"), _hf_dinov2),
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip,
      _clip),
+    ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
+     _named("LlamaForCausalLM", "LlamaForSequenceClassification"), _decoder("llama", "LlamaAdapter")),
+    ("Hugging Face MistralForCausalLM / MistralForSequenceClassification (sliding window)",
+     _named("MistralForCausalLM", "MistralForSequenceClassification"), _decoder("mistral", "MistralAdapter")),
+    ("Hugging Face Qwen2ForCausalLM / Qwen2ForSequenceClassification (Qwen2, Qwen2.5)",
+     _named("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"), _decoder("qwen2", "Qwen2Adapter")),
+    ("Hugging Face Qwen3ForCausalLM / Qwen3ForSequenceClassification",
+     _named("Qwen3ForCausalLM", "Qwen3ForSequenceClassification"), _decoder("qwen3", "Qwen3Adapter")),
     ("Hugging Face DistilBertForSequenceClassification", _hf_text("distilbert"), _distilbert),
     ("Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings)", _hf_text("albert"),
      _albert),

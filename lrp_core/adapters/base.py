@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..composites import Composite, Propagation
+from ..errors import InputError
 from ..precision import compute_precision
 from .blocks import PLAIN, BlockSpec, Replay, block_forward, block_relprop
 from .readouts import Readout
@@ -29,10 +30,16 @@ class Adapter(ABC):
 
     model: nn.Module
     blocks: list  # BlockSpec per block, in forward order (a shared layer appears once per use)
-    readout: Readout
+    readout: Readout  # the readout, where it does not depend on the batch (else see readout_for)
     modality: str  # "image" | "text"
     #: additive value at padded key positions (text); ``None``: the model takes no padding mask
     mask_value: Optional[float] = None
+    #: entries of a prepared batch shared by all its samples, not one per sample (CLIP: the other tower's
+    #: embeddings); :meth:`take` keeps them whole
+    shared: tuple = ()
+
+    def __init__(self, model: nn.Module):
+        self.model = model
 
     # ------------------------------------------------------------------ facts
     @property
@@ -52,6 +59,21 @@ class Adapter(ABC):
     @property
     def num_classes(self) -> int:
         return self.readout.num_classes
+
+    def batch_size(self, prepared: dict) -> int:
+        """B, the number of samples of a prepared batch (the first axis of its per-sample entries)."""
+        return next(v.shape[0] for k, v in prepared.items() if isinstance(v, Tensor) and k not in self.shared)
+
+    def take(self, prepared: dict, rows: Tensor, n: Optional[int] = None) -> dict:
+        """The samples ``rows`` of a prepared batch, text trimmed to its first ``n`` tokens (``None``: as is).
+
+        Every per-sample entry is indexed by ``rows`` (and cut to ``n`` along its token axis, axis 1); the
+        :attr:`shared` entries are kept whole.
+        """
+        def one(v: Tensor) -> Tensor:
+            rows_here = rows.to(v.device)
+            return v[rows_here] if n is None else v[rows_here, :n]
+        return {k: v if v is None or k in self.shared else one(v) for k, v in prepared.items()}
 
     def for_inputs(self, inputs) -> "Adapter":
         """The adapter that explains these inputs: ``self``, or a sibling view of the same model
@@ -77,11 +99,36 @@ class Adapter(ABC):
                         prepared: dict) -> tuple[Tensor, Optional[Tensor]]:
         """Relevance of block 0's input (B, N, D) -> (token scores (B, T), pixels (B, H, W) or ``None``)."""
 
+    # --------------------------------------------------------------- readout
+    def readout_for(self, prepared: dict) -> Readout:
+        """The readout that reads this prepared batch: :attr:`readout`, unless the family's readout depends on
+        the batch (CLIP: the other tower's embeddings; a token position that differs by row).
+
+        A readout is an immutable object built for the batch; no adapter state changes per call.
+        """
+        return self.readout
+
+    def at_position(self, prepared: dict, position) -> dict:
+        """``prepared`` read at another position (``explain(..., position=)``): only decoder language models."""
+        raise InputError(f"position= names the token a decoder language model is explained at; "
+                         f"{type(self.model).__name__} reads its prediction from a fixed token")
+
+    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor]) -> list:
+        """Per block ``(bias, rope)``: the additive attention mask and the rotary tables (``None``: none).
+
+        Default: every block gets :meth:`attention_bias` and no rotary tables (decoders override).
+        """
+        bias = self.attention_bias(x0, mask)
+        return [(bias, None)] * len(self.blocks)
+
     # --------------------------------------------------------------- forward
     def forward(self, prepared: dict, *, grad: bool = False, composite: Optional[Composite] = None,
-                track: bool = False) -> Trace:
-        """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations."""
-        r = Replay(composite)
+                track: bool = False, readout: Optional[Readout] = None) -> Trace:
+        """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations.
+        ``readout``: the batch's readout (default :meth:`readout_for`); the trace keeps it as ``trace.head``."""
+        # a modified-gradient pass never reads A: models that run sdpa may keep their fused attention
+        r = Replay(composite, fuse=composite is not None)
+        head = self.readout_for(prepared) if readout is None else readout
         # a half-precision model is replayed in float32 (lrp_core.precision; a no-op inside a method)
         with compute_precision(self.model), torch.set_grad_enabled(grad):
             emb = self.embed(prepared, r, track=track)
@@ -89,28 +136,32 @@ class Adapter(ABC):
             if grad and not x0.requires_grad:  # frozen models still need a graph to the attention maps
                 x0 = x0.detach().requires_grad_(True)
                 emb.x0 = x0
-            trace = self.run_blocks(x0, prepared.get("attention_mask"), r)
+            trace = self.run_blocks(x0, prepared.get("attention_mask"), r, readout=head,
+                                    positions=prepared.get("position_ids"))
             trace.embedding = emb
         return trace
 
     def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = PLAIN,
-                   keep: bool = True) -> Trace:
+                   keep: bool = True, readout: Optional[Readout] = None,
+                   positions: Optional[Tensor] = None) -> Trace:
         """Blocks and readout from the block-0 input ``x0`` (B, N, D); ``mask`` (B, N) 1 = real token.
 
-        ``keep=False`` drops each block's record once the next block has its output (the trace then
-        has no ``blocks``): a logits-only pass holds one block's activations at a time, not all of them.
+        ``readout``: the batch's readout (default :attr:`readout`, for a family whose readout does not
+        depend on the batch). ``keep=False`` drops each block's record once the next block has its output
+        (the trace then has no ``blocks``): a logits-only pass holds one block's activations at a time.
+        ``positions`` (B, N): position ids (decoders: default from the mask; token ablation keeps them).
         """
+        head = self.readout if readout is None else readout
         if self.mask_value is not None and mask is None:
             mask = torch.ones(x0.shape[:2], dtype=torch.long, device=x0.device)
-        bias = self.attention_bias(x0, mask)
-        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None)
+        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None, head=head, positions=positions)
         x = x0
-        for spec in self.blocks:
-            rec = block_forward(spec, x, bias, r)
+        for spec, (bias, rope) in zip(self.blocks, self.block_context(x0, mask, positions)):
+            rec = block_forward(spec, x, bias, r, rope)
             if keep:
                 trace.blocks.append(rec)
             x = rec.out
-        trace.readout = self.readout.forward(x, r)
+        trace.readout = head.forward(x, r)
         return trace
 
     def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
@@ -152,7 +203,7 @@ class Adapter(ABC):
                  prepared: Optional[dict], on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
                  release: bool) -> BlockRelevance:
         prop = Propagation(composite, cache=self.shares_weights)
-        R = self.readout.relprop(trace.readout, R_out, prop)
+        R = trace.head.relprop(trace.readout, R_out, prop)  # the readout the trace was run with
         B, N, _ = R.shape
         L = self.num_blocks
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, N, dtype=R.dtype, device=R.device))

@@ -18,8 +18,9 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..composites import (ADD, ELEMENTWISE, LAYERNORM, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, SCALE, SOFTMAX,
-                          Composite, Propagation)
+from ..composites import (ADD, ATTENTION, ELEMENTWISE, GATE_MUL, KV_REPEAT, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK,
+                          ROPE, SCALE, SOFTMAX, Composite, Propagation, norm_kind)
+from ..rules import apply_rotary, repeat_kv
 from ..errors import InputError
 from .records import AttentionRecord, BlockRecord
 
@@ -31,8 +32,15 @@ LAYOUTS = ("pre_ln", "post_ln")
 class AttentionSpec:
     """The parts of one multi-head self-attention.
 
-    Either ``qkv`` (one fused Linear, timm) or ``q``, ``k``, ``v`` (Hugging Face).
+    Either ``qkv`` (one fused Linear, timm, Phi-3) or ``q``, ``k``, ``v`` (Hugging Face).
     ``scale_queries_first``: timm scales q before ``q·kᵀ``; Hugging Face scales the product.
+
+    Decoders (docs/METHODS.md §2c): ``num_kv_heads`` key/value heads shared by ``num_heads // num_kv_heads``
+    consecutive query heads each (``None``: as many as query heads); ``rotary``: q and k are rotated by the
+    batch's rotary tables (``rope_key`` names which, for models with several, e.g. Gemma 3's local and global
+    bases); ``window``: sliding-window attention over that many positions (the adapter builds the mask);
+    ``softmax_dtype``: the dtype the model's softmax computes in (Hugging Face eager: float32, cast back);
+    ``sdpa``: the model runs fused attention, so a modified-gradient replay may too (no N×N map in memory).
     """
 
     proj: nn.Linear
@@ -47,21 +55,50 @@ class AttentionSpec:
     k_norm: nn.Module = IDENTITY
     ctx_norm: nn.Module = IDENTITY
     scale_queries_first: bool = False
+    num_kv_heads: Optional[int] = None
+    rotary: bool = False
+    rope_key: str = "default"
+    window: Optional[int] = None
+    softmax_dtype: Optional[torch.dtype] = None
+    sdpa: bool = False
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head."""
+        return self.num_heads // self.kv_heads
 
 
 @dataclass
 class MlpSpec:
-    """``fc2(mid_norm(act(fc1(x))))``."""
+    """``fc2(mid_norm(act(fc1(x))))``, or gated: ``fc2(mid_norm(act(gate(x)) ⊙ fc1(x)))``.
+
+    Gated MLPs (SwiGLU, GeGLU) name ``gate`` (the gate projection; ``fc1`` is then the up projection), or set
+    ``fused_gate`` when ``fc1`` computes gate and up in one Linear (Phi-3's ``gate_up_proj``: gate first).
+    """
 
     fc1: nn.Linear
     act: nn.Module
     fc2: nn.Linear
     mid_norm: nn.Module = IDENTITY
+    gate: Optional[nn.Linear] = None
+    fused_gate: bool = False
+
+    @property
+    def gated(self) -> bool:
+        return self.gate is not None or self.fused_gate
 
 
 @dataclass
 class BlockSpec:
-    """One block: its layout, attention, MLP, norms and LayerScales (identity where absent)."""
+    """One block: its layout, attention, MLP, norms and LayerScales (identity where absent).
+
+    ``post1`` / ``post2``: norms on the attention / MLP branch output before its residual Add (Gemma 3's
+    sandwich norms; pre-LN layout).
+    """
 
     layout: str
     attn: AttentionSpec
@@ -70,6 +107,8 @@ class BlockSpec:
     norm2: nn.Module
     ls1: nn.Module = IDENTITY
     ls2: nn.Module = IDENTITY
+    post1: nn.Module = IDENTITY
+    post2: nn.Module = IDENTITY
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -85,10 +124,13 @@ class Replay:
     Without a composite every operation is computed plainly (the model's own
     arithmetic); with a modified-gradient composite (AttnLRP, CP-LRP) each
     operation keeps its value and gets the gradient its rule prescribes.
+    ``fuse``: attention of models that run sdpa is computed fused (the ATTENTION
+    kind; no attention map is recorded) — for passes that never read A.
     """
 
-    def __init__(self, composite: Optional[Composite] = None):
+    def __init__(self, composite: Optional[Composite] = None, fuse: bool = False):
         self.composite = composite
+        self.fuse = fuse
 
     def __call__(self, kind: str, fn: Callable[..., Tensor], *inputs: Tensor,
                  module: Optional[nn.Module] = None) -> Tensor:
@@ -102,6 +144,10 @@ class Replay:
             return x
         return self(kind, module, x, module=module)
 
+    def norm(self, module: nn.Module, x: Tensor) -> Tensor:
+        """A normalisation of the model (LayerNorm or RMSNorm: its kind from the module); identities skipped."""
+        return self.module(norm_kind(module), module, x)
+
 
 PLAIN = Replay()
 
@@ -110,56 +156,119 @@ def _add(u: Tensor, v: Tensor) -> Tensor:
     return u + v
 
 
+def _mul(u: Tensor, v: Tensor) -> Tensor:
+    return u * v
+
+
 def _softmax(s: Tensor) -> Tensor:
     return s.softmax(dim=-1)
+
+
+def _softmax_float32(s: Tensor) -> Tensor:
+    """Hugging Face eager attention: the softmax computed in float32 and cast back."""
+    return s.softmax(dim=-1, dtype=torch.float32).to(s.dtype)
 
 
 def _matmul(a: Tensor, b: Tensor) -> Tensor:
     return a @ b
 
 
-def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Replay) -> AttentionRecord:
-    """Multi-head self-attention on ``h`` (B, N, D), the attention computed explicitly."""
+def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tensor, Tensor]:
+    """The q, k, v projections of h (B, N, D) -> (Linear outputs by role, q (B, H, N, d), k, v (B, Hkv, N, d)).
+
+    q/k norms act on each head's d channels (Qwen3: before the heads are transposed, as the model does).
+    """
     B, N, _ = h.shape
-    H, d = p.num_heads, p.head_dim
+    H, Hkv, d = p.num_heads, p.kv_heads, p.head_dim
     if p.qkv is not None:
-        lin = {"qkv": r.module(LINEAR, p.qkv, h)}  # (B, N, 3·H·d)
-        q, k, v = lin["qkv"].reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+        lin = {"qkv": r.module(LINEAR, p.qkv, h)}  # (B, N, (H + 2·Hkv)·d)
+        if Hkv == H:
+            q, k, v = lin["qkv"].reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+        else:  # fused GQA projection (Phi-3): the query heads, then the key heads, then the value heads
+            q, k, v = (t.reshape(B, N, -1, d).transpose(1, 2)
+                       for t in lin["qkv"].split([H * d, Hkv * d, Hkv * d], dim=-1))
+        return lin, r.norm(p.q_norm, q), r.norm(p.k_norm, k), v
+    lin = {n: r.module(LINEAR, m, h) for n, m in (("q", p.q), ("k", p.k), ("v", p.v))}
+    q, k, v = (lin[n].reshape(B, N, -1, d) for n in "qkv")
+    return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
+
+
+def _fused(bias: Optional[Tensor], scale: float, groups: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """softmax(q·kᵀ·scale + bias)·v by ``F.scaled_dot_product_attention`` (q (B, H, N, d); k, v (B, Hkv, N, d))."""
+    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        mask = None if bias is None else bias.to(q.dtype)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask, scale=scale)
+    return attend
+
+
+def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Replay,
+                      rope: Optional[tuple] = None) -> AttentionRecord:
+    """Multi-head self-attention on ``h`` (B, N, D); the attention computed explicitly unless fused.
+
+    ``bias``: the additive mask (B, 1, 1 or N, N) or ``None``; ``rope``: (cos, sin) (B, N, r) where ``p.rotary``.
+    """
+    B, N, _ = h.shape
+    H, d, groups = p.num_heads, p.head_dim, p.groups
+    lin, q, k, v = _project(p, h, r)
+    q_pre = k_pre = None
+    if p.rotary:
+        cos, sin = rope
+        q_pre, k_pre = q, k
+        q, k = r(ROPE, apply_rotary, q, cos, sin), r(ROPE, apply_rotary, k, cos, sin)
+    A = scores = None
+    if p.sdpa and r.fuse:
+        ctx = r(ATTENTION, _fused(bias, p.scale, groups), q, k, v)  # (B, H, N, d), no N×N map kept
     else:
-        lin = {n: r.module(LINEAR, m, h) for n, m in (("q", p.q), ("k", p.k), ("v", p.v))}
-        q, k, v = (lin[n].reshape(B, N, H, d).transpose(1, 2) for n in "qkv")
-    q, k = r.module(LAYERNORM, p.q_norm, q), r.module(LAYERNORM, p.k_norm, k)
-    kT = k.transpose(-2, -1)
-    if p.scale_queries_first:
-        scores = r(MATMUL_QK, _matmul, q * p.scale, kT)
-    else:
-        scores = r(MATMUL_QK, _matmul, q, kT) * p.scale
-    masked = scores if bias is None else r(MASK_ADD, _add, scores, bias)
-    A = r(SOFTMAX, _softmax, masked)  # (B, H, N, N)
-    ctx = r(MATMUL_AV, _matmul, A, v)  # (B, H, N, d)
-    o = r.module(LAYERNORM, p.ctx_norm, ctx.transpose(1, 2).reshape(B, N, H * d))
+        k_all, v_all = (k, v) if groups == 1 else \
+            (r(KV_REPEAT, lambda t: repeat_kv(t, groups), t) for t in (k, v))
+        kT = k_all.transpose(-2, -1)
+        if p.scale_queries_first:
+            scores = r(MATMUL_QK, _matmul, q * p.scale, kT)
+        else:
+            scores = r(MATMUL_QK, _matmul, q, kT) * p.scale
+        masked = scores if bias is None else r(MASK_ADD, _add, scores, bias)
+        A = r(SOFTMAX, _softmax if p.softmax_dtype is None else _softmax_float32, masked)  # (B, H, N, N)
+        ctx = r(MATMUL_AV, _matmul, A, v_all)  # (B, H, N, d)
+    o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N, H * d))
     lin["proj"] = r.module(LINEAR, p.proj, o)
     return AttentionRecord(h=h, q=q, k=k, v=v, A=A, ctx=ctx, o=o, lin=lin,
-                           scores=None if bias is None else scores, bias=bias)
+                           scores=None if bias is None else scores, bias=bias, q_pre=q_pre, k_pre=k_pre,
+                           rope=rope if p.rotary else None)
 
 
-def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = PLAIN) -> BlockRecord:
-    """One block on ``x`` (B, N, D); ``bias`` (B, 1, 1, N) is the additive padding mask or ``None``."""
+def _mlp_forward(p: MlpSpec, m: Tensor, r: Replay) -> tuple[dict, Tensor, Optional[Tensor], Optional[Tensor]]:
+    """The MLP's hidden units from its input m (B, N, D) -> (Linear outputs, g, gate, up); gate/up for gated MLPs."""
+    if not p.gated:
+        lin = {"fc1": r.module(LINEAR, p.fc1, m)}
+        return lin, r.norm(p.mid_norm, r.module(ELEMENTWISE, p.act, lin["fc1"])), None, None
+    if p.gate is not None:
+        lin = {"gate": r.module(LINEAR, p.gate, m), "fc1": r.module(LINEAR, p.fc1, m)}
+        pre_gate, up = lin["gate"], lin["fc1"]
+    else:
+        lin = {"fc1": r.module(LINEAR, p.fc1, m)}
+        pre_gate, up = lin["fc1"].chunk(2, dim=-1)
+    gate = r.module(ELEMENTWISE, p.act, pre_gate)
+    return lin, r.norm(p.mid_norm, r(GATE_MUL, _mul, gate, up)), gate, up
+
+
+def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = PLAIN,
+                  rope: Optional[tuple] = None) -> BlockRecord:
+    """One block on ``x`` (B, N, D); ``bias`` the additive mask or ``None``; ``rope`` the rotary tables."""
     pre = p.layout == "pre_ln"
-    att = attention_forward(p.attn, r.module(LAYERNORM, p.norm1, x) if pre else x, bias, r)
-    a = r.module(SCALE, p.ls1, att.lin["proj"])
+    att = attention_forward(p.attn, r.norm(p.norm1, x) if pre else x, bias, r, rope)
+    a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
     mid = r(ADD, _add, x, a)
     if not pre:
-        mid = r.module(LAYERNORM, p.norm1, mid)
-    m = r.module(LAYERNORM, p.norm2, mid) if pre else mid
-    lin = {"fc1": r.module(LINEAR, p.mlp.fc1, m)}
-    g = r.module(LAYERNORM, p.mlp.mid_norm, r.module(ELEMENTWISE, p.mlp.act, lin["fc1"]))
+        mid = r.norm(p.norm1, mid)
+    m = r.norm(p.norm2, mid) if pre else mid
+    lin, g, gate, up = _mlp_forward(p.mlp, m, r)
     lin["fc2"] = r.module(LINEAR, p.mlp.fc2, g)
-    f = r.module(SCALE, p.ls2, lin["fc2"])
+    f = r.module(SCALE, p.ls2, r.norm(p.post2, lin["fc2"]))
     out = r(ADD, _add, mid, f)
     if not pre:
-        out = r.module(LAYERNORM, p.norm2, out)
-    return BlockRecord(x=x, attn=att, a=a, mid=mid, m=m, g=g, f=f, out=out, lin=lin)
+        out = r.norm(p.norm2, out)
+    return BlockRecord(x=x, attn=att, a=a, mid=mid, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up)
 
 
 # ----------------------------------------------------------------------------
@@ -174,49 +283,78 @@ def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
     """
     pre = p.layout == "pre_ln"
     if not pre:
-        R = prop.unary(LAYERNORM, rec.out, R, p.norm2)
+        R = prop.unary(norm_kind(p.norm2), rec.out, R, p.norm2)
     # MLP branch | skip
     R_mid, R_f = prop(ADD, (rec.mid, rec.f), R)
     R_fc2 = prop.unary(SCALE, rec.lin["fc2"], R_f, p.ls2)
+    R_fc2 = prop.unary(norm_kind(p.post2), rec.lin["fc2"], R_fc2, p.post2)
     R_g = prop.linear(p.mlp.fc2, rec.g, R_fc2, out=rec.lin["fc2"])
-    R_g = prop.unary(ELEMENTWISE, rec.lin["fc1"], prop.unary(LAYERNORM, rec.g, R_g, p.mlp.mid_norm), p.mlp.act)
-    R_m = prop.linear(p.mlp.fc1, rec.m, R_g, out=rec.lin["fc1"])
+    R_m = _mlp_relprop(p.mlp, rec, prop.unary(norm_kind(p.mlp.mid_norm), rec.g, R_g, p.mlp.mid_norm), prop)
     if pre:
-        R_m = prop.unary(LAYERNORM, rec.mid, R_m, p.norm2)
+        R_m = prop.unary(norm_kind(p.norm2), rec.mid, R_m, p.norm2)
     R_mid = prop.clone(rec.mid, R_mid, R_m)
     if not pre:
-        R_mid = prop.unary(LAYERNORM, rec.mid, R_mid, p.norm1)
+        R_mid = prop.unary(norm_kind(p.norm1), rec.mid, R_mid, p.norm1)
     # attention branch | skip
     R_x, R_a = prop(ADD, (rec.x, rec.a), R_mid)
     R_proj = prop.unary(SCALE, rec.attn.lin["proj"], R_a, p.ls1)
+    R_proj = prop.unary(norm_kind(p.post1), rec.attn.lin["proj"], R_proj, p.post1)
     R_A, R_h = _attention_relprop(p.attn, rec.attn, R_proj, prop, deeper)
     if not deeper:
         return None, R_A
     if pre:
-        R_h = prop.unary(LAYERNORM, rec.x, R_h, p.norm1)
+        R_h = prop.unary(norm_kind(p.norm1), rec.x, R_h, p.norm1)
     return prop.clone(rec.x, R_x, R_h), R_A
+
+
+def _mlp_relprop(p: MlpSpec, rec: BlockRecord, R_g: Tensor, prop: Propagation) -> Tensor:
+    """Relevance of the MLP's hidden units (B, N, F) -> relevance of its input m (B, N, D)."""
+    if not p.gated:
+        R_g = prop.unary(ELEMENTWISE, rec.lin["fc1"], R_g, p.act)
+        return prop.linear(p.fc1, rec.m, R_g, out=rec.lin["fc1"])
+    product = rec.g if isinstance(p.mid_norm, nn.Identity) else None
+    R_gate, R_up = prop(GATE_MUL, (rec.gate, rec.up), R_g, output=product)
+    if p.gate is not None:  # x feeds gate and up: a Clone
+        R_pre = prop.unary(ELEMENTWISE, rec.lin["gate"], R_gate, p.act)
+        return prop.clone(rec.m, prop.linear(p.gate, rec.m, R_pre, out=rec.lin["gate"]),
+                          prop.linear(p.fc1, rec.m, R_up, out=rec.lin["fc1"]))
+    pre_gate = rec.lin["fc1"][..., :R_gate.shape[-1]]
+    R_pre = prop.unary(ELEMENTWISE, pre_gate, R_gate, p.act)  # one fused Linear: its outputs' relevance side by side
+    return prop.linear(p.fc1, rec.m, torch.cat([R_pre, R_up], dim=-1), out=rec.lin["fc1"])
 
 
 def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: Propagation,
                        deeper: bool) -> tuple[Tensor, Optional[Tensor]]:
     """Relevance of the output projection's output -> (R^A, relevance of the attention input or ``None``)."""
     B, N, _ = R.shape
-    H, d = p.num_heads, p.head_dim
+    H, d, groups = p.num_heads, p.head_dim, p.groups
     R_o = prop.linear(p.proj, rec.o, R, out=rec.lin["proj"])
-    R_o = prop.unary(LAYERNORM, rec.o, R_o, p.ctx_norm).reshape(B, N, H, d).transpose(1, 2)
-    R_A, R_v = prop(MATMUL_AV, (rec.A, rec.v), R_o, output=rec.ctx)
+    R_o = prop.unary(norm_kind(p.ctx_norm), rec.o, R_o, p.ctx_norm).reshape(B, N, H, d).transpose(1, 2)
+    R_A, R_v = prop(MATMUL_AV, (rec.A, repeat_kv(rec.v, groups)), R_o, output=rec.ctx)
     if not deeper:
         return R_A, None
     (R_s,) = prop(SOFTMAX, (), R_A, output=rec.A)  # the pass keeps only the softmax's output
     if rec.bias is not None:  # keep the scores' share of the mask add
         R_s, _ = prop(MASK_ADD, (rec.scores, rec.bias.expand_as(rec.scores)), R_s)
-    R_q, R_kT = prop(MATMUL_QK, (rec.q, rec.k.transpose(-2, -1)), R_s)
-    R_q = prop.unary(LAYERNORM, rec.q, R_q, p.q_norm)
-    R_k = prop.unary(LAYERNORM, rec.k, R_kT.transpose(-2, -1), p.k_norm)
+    R_q, R_kT = prop(MATMUL_QK, (rec.q, repeat_kv(rec.k, groups).transpose(-2, -1)), R_s)
+    R_k = R_kT.transpose(-2, -1)
+    if groups > 1:  # the shared key/value heads: a Clone over the query heads that use them
+        (R_k,), (R_v,) = prop(KV_REPEAT, (rec.k,), R_k), prop(KV_REPEAT, (rec.v,), R_v)
+    q, k = rec.q, rec.k
+    if rec.rope is not None:
+        cos, sin = rec.rope
+        R_q = prop(ROPE, (rec.q_pre, cos, sin), R_q, output=rec.q)[0]
+        R_k = prop(ROPE, (rec.k_pre, cos, sin), R_k, output=rec.k)[0]
+        q, k = rec.q_pre, rec.k_pre
+    R_q = prop.unary(norm_kind(p.q_norm), q, R_q, p.q_norm)
+    R_k = prop.unary(norm_kind(p.k_norm), k, R_k, p.k_norm)
     if p.qkv is not None:
-        R_qkv = torch.stack([R_q, R_k, R_v], dim=2).transpose(1, 3).reshape(B, N, 3 * H * d)
+        if groups == 1:
+            R_qkv = torch.stack([R_q, R_k, R_v], dim=2).transpose(1, 3).reshape(B, N, 3 * H * d)
+        else:
+            R_qkv = torch.cat([t.transpose(1, 2).reshape(B, N, -1) for t in (R_q, R_k, R_v)], dim=-1)
         return R_A, prop.linear(p.qkv, rec.h, R_qkv, out=rec.lin["qkv"])
-    flat = lambda t: t.transpose(1, 2).reshape(B, N, H * d)  # noqa: E731
+    flat = lambda t: t.transpose(1, 2).reshape(B, N, -1)  # noqa: E731
     R_parts = [prop.linear(m, rec.h, flat(r), out=rec.lin[n])
                for n, m, r in (("q", p.q, R_q), ("k", p.k, R_k), ("v", p.v, R_v))]
     return R_A, prop.clone(rec.h, *R_parts)  # the three-way Clone

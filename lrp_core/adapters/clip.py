@@ -27,7 +27,7 @@ from .base import Adapter
 from .bert import MASK_VALUE
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import attention_mask, pixel_values, token_ids
-from .readouts import HeadLayer, TokenReadout
+from .readouts import HeadLayer, PositionReadout, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .vit import ViTAdapter
 
@@ -45,11 +45,49 @@ class L2Normalize(nn.Module):
         return x / self.denominator(x)
 
 
+def clip_block(layer: nn.Module, cfg) -> BlockSpec:
+    """A CLIP encoder layer (either tower): pre-LN, q/k/v/out projections, two-layer MLP."""
+    att = layer.self_attn
+    H = cfg.num_attention_heads
+    d = cfg.hidden_size // H
+    return BlockSpec(layout="pre_ln", norm1=layer.layer_norm1, norm2=layer.layer_norm2,
+                     attn=AttentionSpec(q=att.q_proj, k=att.k_proj, v=att.v_proj, proj=att.out_proj,
+                                        num_heads=H, head_dim=d, scale=att.scale),
+                     mlp=MlpSpec(fc1=layer.mlp.fc1, act=layer.mlp.activation_fn, fc2=layer.mlp.fc2))
+
+
+def similarity_linear(weight: Tensor) -> nn.Linear:
+    """A frozen bias-free Linear with this weight (C, E): the "classes" a CLIP readout compares with.
+
+    Built without initialising random weights first (``skip_init``): making a readout draws no random numbers.
+    """
+    lin = torch.nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], bias=False, device=weight.device,
+                                   dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+    return lin.requires_grad_(False)
+
+
+def _scaled_embeddings(model: nn.Module, features: Tensor, dtype: torch.dtype) -> Tensor:
+    """The other tower's output → its normalised embeddings × ``logit_scale.exp()`` (K, E), in ``dtype``
+    (or float32 where a half-precision model computed them in float32, lrp_core.precision)."""
+    emb = L2Normalize()(getattr(features, "pooler_output", features))
+    return (emb * model.logit_scale.exp()).to(dtype)
+
+
 class CLIPImageAdapter(ViTAdapter):
-    """The vision tower of a Hugging Face ``CLIPModel``, read out as similarity to text prompts."""
+    """The vision tower of a Hugging Face ``CLIPModel``, read out as similarity to text prompts.
+
+    ``check_inputs`` embeds the prompts (the text tower, without gradients) into ``prepared["prompt_embeddings"]``
+    (P, E): they are shared by every image of the batch, and :meth:`readout_for` builds the batch's readout
+    from them. The adapter itself never changes.
+    """
+
+    #: entries of a prepared batch shared by all its images (kept whole when the batch is cut into pieces)
+    shared = ("prompt_ids", "prompt_mask", "prompt_embeddings")
 
     def __init__(self, model: nn.Module):
-        self.model = model
+        super().__init__(model)
         vision = model.vision_model
         emb = vision.embeddings
         self.patch_conv = emb.patch_embedding
@@ -58,22 +96,25 @@ class CLIPImageAdapter(ViTAdapter):
         self.image_size = (emb.image_size, emb.image_size)
         self.num_prefix_tokens = 1
         self.norm_pre = vision.pre_layrnorm
-        cfg = model.config.vision_config
-        self.blocks = [self._block(layer, cfg) for layer in vision.encoder.layers]
-        self.prompts = nn.Linear(model.visual_projection.out_features, 1, bias=False)  # replaced per call
-        self.readout = TokenReadout(norm=nn.Identity(), head=[
-            HeadLayer(LAYERNORM, vision.post_layernorm), HeadLayer(LINEAR, model.visual_projection),
-            HeadLayer(LAYERNORM, L2Normalize()), HeadLayer(LINEAR, self.prompts)])
+        self.blocks = [self._block(i, layer) for i, layer in enumerate(vision.encoder.layers)]
+        # without a batch: one placeholder prompt (zero weight); readout_for builds the batch's readout
+        self.readout = self._readout(torch.zeros(1, model.visual_projection.out_features,
+                                                 dtype=model.visual_projection.weight.dtype,
+                                                 device=model.visual_projection.weight.device))
 
-    @staticmethod
-    def _block(layer: nn.Module, cfg) -> BlockSpec:
-        att = layer.self_attn
-        H = cfg.num_attention_heads
-        d = cfg.hidden_size // H
-        return BlockSpec(layout="pre_ln", norm1=layer.layer_norm1, norm2=layer.layer_norm2,
-                         attn=AttentionSpec(q=att.q_proj, k=att.k_proj, v=att.v_proj, proj=att.out_proj,
-                                            num_heads=H, head_dim=d, scale=att.scale),
-                         mlp=MlpSpec(fc1=layer.mlp.fc1, act=layer.mlp.activation_fn, fc2=layer.mlp.fc2))
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        return clip_block(layer, self.model.config.vision_config)
+
+    def _readout(self, prompts: Tensor) -> TokenReadout:
+        """[CLS] → post_layernorm → visual_projection → L2 normalisation → ``prompts`` (P, E)."""
+        vision = self.model.vision_model
+        return TokenReadout(norm=nn.Identity(), head=[
+            HeadLayer(LAYERNORM, vision.post_layernorm), HeadLayer(LINEAR, self.model.visual_projection),
+            HeadLayer(LAYERNORM, L2Normalize()), HeadLayer(LINEAR, similarity_linear(prompts))])
+
+    def readout_for(self, prepared: dict) -> TokenReadout:
+        """The readout of a batch: the similarity to its prompts' embeddings ``prepared["prompt_embeddings"]``."""
+        return self._readout(prepared["prompt_embeddings"])
 
     def for_inputs(self, inputs) -> Adapter:
         """``inputs["explain"] == "text"``: the text side (the prompts' tokens given the images)."""
@@ -84,6 +125,8 @@ class CLIPImageAdapter(ViTAdapter):
 
     # ------------------------------------------------------------ validation
     def check_inputs(self, inputs) -> dict:
+        """Validate the images and prompts; ``prepared``: ``images``, ``prompt_ids`` / ``prompt_mask`` and
+        the prompts' scaled normalised embeddings ``prompt_embeddings`` (P, E)."""
         if not isinstance(inputs, Mapping) or "pixel_values" not in inputs or "input_ids" not in inputs:
             raise InputError(
                 f"{type(self.model).__name__} explains the similarity of images to text prompts: pass CLIP's "
@@ -92,26 +135,18 @@ class CLIPImageAdapter(ViTAdapter):
                 f"return_tensors='pt'); got {type(inputs).__name__}")
         prepared = super().check_inputs(pixel_values(inputs["pixel_values"]))
         ids, mask = _prompts(inputs)
-        self._set_prompts(ids, mask, prepared["images"].dtype)
-        prepared.update(prompt_ids=ids, prompt_mask=mask)
+        embeddings = self.embed_prompts(ids, mask, prepared["images"].dtype)
+        prepared.update(prompt_ids=ids, prompt_mask=mask, prompt_embeddings=embeddings)
         return prepared
 
-    def _set_prompts(self, ids: Tensor, mask: Tensor, dtype: torch.dtype) -> None:
-        """The readout's last Linear: the prompts' normalised text embeddings × logit_scale.exp() (P, E).
+    def embed_prompts(self, ids: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
+        """The prompts' normalised text embeddings × logit_scale.exp() (P, E), without gradients.
 
-        A half-precision model embeds the prompts in float32, and the Linear is float32 (lrp_core.precision).
+        A half-precision model embeds the prompts in float32, and they stay float32 (lrp_core.precision).
         """
         with torch.no_grad(), compute_precision(self.model):
-            out = self.model.get_text_features(input_ids=ids, attention_mask=mask)
-            text = getattr(out, "pooler_output", out)
-            text = L2Normalize()(text)
-            weight = (text * self.model.logit_scale.exp()).to(dtype)
-        # weight.dtype: ``dtype``, or float32 where the prompts were embedded in float32
-        self.prompts = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device,
-                                 dtype=weight.dtype)
-        self.prompts.weight.data.copy_(weight)
-        self.prompts.requires_grad_(False)
-        self.readout.head[-1] = HeadLayer(LINEAR, self.prompts)
+            return _scaled_embeddings(self.model, self.model.get_text_features(input_ids=ids, attention_mask=mask),
+                                      dtype)
 
     # --------------------------------------------------------------- forward
     def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
@@ -148,27 +183,45 @@ class CLIPTextAdapter(Adapter):
 
     The batch is the prompts (P) and the "classes" are the images (B): the logits are the model's
     ``logits_per_text`` (P, B), a target is an image index. Blocks are pre-LN with a causal mask;
-    the readout is the end-of-text token after ``final_layer_norm`` → ``text_projection`` → L2
-    normalisation → the images' normalised embeddings × ``logit_scale.exp()``. A right-padded batch
-    is explained one length at a time (``docs/METHODS.md`` §5.8), where the end-of-text token is the
-    last real token; the adapter checks that.
+    the readout (:class:`~lrp_core.adapters.readouts.PositionReadout`) reads each prompt's end-of-text
+    token, after ``final_layer_norm`` → ``text_projection`` → L2 normalisation → the images' normalised
+    embeddings × ``logit_scale.exp()`` (``prepared["image_embeddings"]``, shared by all prompts). ``explain``
+    explains a right-padded batch one length at a time (``docs/METHODS.md`` §5.8) for round-off parity
+    with explaining each prompt alone; the readout reads the right token with or without that grouping.
     """
 
     modality = "text"
     mask_value = MASK_VALUE
+    #: the images' embeddings are shared by every prompt of the batch
+    shared = ("image_embeddings",)
 
     def __init__(self, model: nn.Module):
-        self.model = model
+        super().__init__(model)
         text = model.text_model
-        cfg = model.config.text_config
-        self.blocks = [CLIPImageAdapter._block(layer, cfg) for layer in text.encoder.layers]
-        self.images = nn.Linear(model.text_projection.out_features, 1, bias=False)  # replaced per call
-        self.readout = TokenReadout(norm=text.final_layer_norm, index=-1, head=[
-            HeadLayer(LINEAR, model.text_projection), HeadLayer(LAYERNORM, L2Normalize()),
-            HeadLayer(LINEAR, self.images)])
+        self.blocks = [self._block(i, layer) for i, layer in enumerate(text.encoder.layers)]
+        # without a batch: one placeholder image (zero weight), read at the last position; see readout_for
+        placeholder = torch.zeros(1, model.text_projection.out_features, dtype=model.text_projection.weight.dtype,
+                                  device=model.text_projection.weight.device)
+        self.readout = TokenReadout(norm=text.final_layer_norm, head=self._head(placeholder), index=-1)
         self.max_length = int(text.embeddings.position_embedding.weight.shape[0])
 
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        return clip_block(layer, self.model.config.text_config)
+
+    def _head(self, images: Tensor) -> list:
+        """text_projection → L2 normalisation → ``images`` (B, E)."""
+        return [HeadLayer(LINEAR, self.model.text_projection), HeadLayer(LAYERNORM, L2Normalize()),
+                HeadLayer(LINEAR, similarity_linear(images))]
+
+    def readout_for(self, prepared: dict) -> PositionReadout:
+        """Each prompt's end-of-text token, compared with the batch's images ``prepared["image_embeddings"]``."""
+        return PositionReadout(norm=self.model.text_model.final_layer_norm,
+                               head=self._head(prepared["image_embeddings"]),
+                               positions=self._end_of_text(prepared["input_ids"]))
+
     def check_inputs(self, inputs) -> dict:
+        """Validate prompts and images; ``prepared``: ``input_ids`` / ``attention_mask`` (P, T) and the
+        images' scaled normalised embeddings ``image_embeddings`` (B, E)."""
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
             raise InputError("explaining CLIP's prompts needs CLIP's processor output: a dict with the prompts' "
                              f"'input_ids' / 'attention_mask' (P, T) and the 'pixel_values' (B, 3, H, W) they are "
@@ -187,34 +240,26 @@ class CLIPTextAdapter(Adapter):
         if pixels.dim() == 4 and pixels.shape[0] == 0:
             raise InputError("explaining the prompts needs at least one image to compare them with: 'pixel_values' "
                              "has B = 0 images")
-        images = ViTAdapter.check_inputs(CLIPImageAdapter(self.model), pixels)
-        self._set_images(images["images"])
-        return {"input_ids": ids, "attention_mask": mask}
+        images = ViTAdapter.check_inputs(CLIPImageAdapter(self.model), pixels)["images"]
+        return {"input_ids": ids, "attention_mask": mask, "image_embeddings": self.embed_images(images)}
 
     def _end_of_text(self, ids: Tensor) -> Tensor:
-        """Where the model pools, by its own rule (the highest id for old configs, else the first EOS)."""
+        """(P,) where the model pools, by its own rule (the highest id for old configs, else the first EOS)."""
         eos = self.model.text_model.eos_token_id
         return ids.argmax(dim=-1) if eos == 2 else (ids == eos).int().argmax(dim=-1)
 
-    def _set_images(self, images: Tensor) -> None:
-        """The readout's last Linear: the images' normalised embeddings × logit_scale.exp() (B, E).
+    def embed_images(self, images: Tensor) -> Tensor:
+        """The images' normalised embeddings × logit_scale.exp() (B, E), without gradients.
 
-        A half-precision model embeds the images in float32, and the Linear is float32 (lrp_core.precision).
+        A half-precision model embeds the images in float32, and they stay float32 (lrp_core.precision).
         """
         with torch.no_grad(), compute_precision(self.model):
-            out = self.model.get_image_features(pixel_values=images)
-            emb = L2Normalize()(getattr(out, "pooler_output", out))
-            weight = (emb * self.model.logit_scale.exp()).to(images.dtype)
-        self.images = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device,
-                                dtype=weight.dtype)  # images.dtype, or float32 (embedded in float32)
-        self.images.weight.data.copy_(weight)
-        self.images.requires_grad_(False)
-        self.readout.head[-1] = HeadLayer(LINEAR, self.images)
+            return _scaled_embeddings(self.model, self.model.get_image_features(pixel_values=images), images.dtype)
 
     def layout(self, prepared: dict) -> TokenLayout:
         mask = prepared["attention_mask"]
-        T = mask.shape[1]
-        return TokenLayout(modality="text", num_tokens=T, output_start=0, readout_tokens=(T - 1,), mask=mask)
+        return TokenLayout(modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=(),
+                           mask=mask, readout_rows=self._end_of_text(prepared["input_ids"]))
 
     def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
         """Padding mask (B, 1, 1, T) plus the causal mask (1, 1, T, T): a token sees only itself and earlier ones."""
@@ -238,4 +283,4 @@ class CLIPTextAdapter(Adapter):
         return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
 
 
-__all__ = ["CLIPImageAdapter", "CLIPTextAdapter", "L2Normalize", "SIDES"]
+__all__ = ["CLIPImageAdapter", "CLIPTextAdapter", "L2Normalize", "SIDES", "clip_block", "similarity_linear"]

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from ..composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation
+from ..composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation, norm_kind
+from ..errors import InputError
 from .blocks import PLAIN, Replay
 from .records import ReadoutRecord
 
@@ -46,8 +47,19 @@ class Readout(ABC):
 
     @property
     def tokens(self) -> tuple:
-        """Token positions the classifier reads directly (``()`` where it reads a pooled average)."""
+        """Token positions the classifier reads directly in every row (``()`` where it reads a pooled average,
+        or a position that differs by row: :attr:`positions`)."""
         return ()
+
+    @property
+    def positions(self) -> Optional[Tensor]:
+        """(B,) the one token each row is read at, where it differs by row (:class:`PositionReadout`); else ``None``."""
+        return None
+
+    def after_removal(self, rows: Tensor, removed: Tensor) -> "Readout":
+        """The readout of the sequences ``rows`` (K,) of this batch, each with the token at ``removed`` (K,) taken
+        out (token ablation). Default: ``self`` — a readout whose token weights do not depend on the row."""
+        return self
 
     @abstractmethod
     def pool(self, normed: Tensor) -> Tensor:
@@ -65,7 +77,7 @@ class Readout(ABC):
 
     # ------------------------------------------------------------------ replay
     def forward(self, hidden: Tensor, r: Replay = PLAIN) -> ReadoutRecord:
-        normed = r.module(LAYERNORM, self.norm, hidden)
+        normed = r.norm(self.norm, hidden)
         token = r(self.pool_kind, self.pool, normed)
         h, inputs = token, []
         for layer in self.head:
@@ -84,7 +96,7 @@ class Readout(ABC):
                 continue
             R = prop.unary(layer.kind, x, R, layer.module)  # Linears: the rule forms z from two products
         R_hidden = self.unpool(rec, R, prop)
-        return prop.unary(LAYERNORM, rec.hidden, R_hidden, self.norm)
+        return prop.unary(norm_kind(self.norm), rec.hidden, R_hidden, self.norm)
 
     @abstractmethod
     def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
@@ -117,6 +129,53 @@ class TokenReadout(Readout):
         R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
         (R[:, self.index],) = prop(READOUT, (rec.token,), R_token)
         return R
+
+
+class PositionReadout(Readout):
+    """The classifier reads one token per row, at a position that differs by row: ``head(norm(h)[b, p_b])``.
+
+    A decoder's last real token (padding on either side), CLIP's end-of-text token of each prompt.
+    ``positions`` (B,) long. The token weights are one-hot per row, (B, N); the selection is the
+    READOUT operation of the composite, as for :class:`TokenReadout`.
+    """
+
+    def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], positions: Tensor):
+        self.norm, self.head = norm, [l for l in head if not isinstance(l.module, nn.Identity)]
+        self._positions = positions.long()
+
+    @property
+    def positions(self) -> Tensor:
+        return self._positions
+
+    def _rows(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        """(arange(B), positions) on ``like``'s device: the advanced index of each row's token."""
+        p = self._positions.to(like.device)
+        return torch.arange(p.shape[0], device=like.device), p
+
+    def pool(self, normed: Tensor) -> Tensor:
+        return normed[self._rows(normed)]
+
+    def weights(self, num_tokens: int) -> Tensor:
+        p = self._positions.cpu()
+        w = torch.zeros(p.shape[0], num_tokens)
+        w[torch.arange(p.shape[0]), p] = 1.0
+        return w
+
+    def row(self, M: Tensor) -> Tensor:
+        """Row p_b of each sample's M (B, ..., N, N) -> (B, ..., N): ``wᵀM`` without the round-off of a product."""
+        b, p = self._rows(M)
+        return M[b, ..., p, :]  # the advanced indices are split by the ellipsis: their axis B comes first
+
+    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
+        B, N, D = rec.normed.shape
+        R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
+        (R[self._rows(R)],) = prop(READOUT, (rec.token,), R_token)
+        return R
+
+    def after_removal(self, rows: Tensor, removed: Tensor) -> "PositionReadout":
+        """Each row's token moves one place to the left where a token before it was removed."""
+        p = self._positions.to(rows.device)[rows]
+        return PositionReadout(self.norm, self.head, p - (removed.to(p.device) < p).long())
 
 
 def _range_weights(num_tokens: int, start: int) -> Tensor:
@@ -264,5 +323,5 @@ class TwoHeadReadout(Readout):
         raise NotImplementedError("TwoHeadReadout passes relevance through its two heads in relprop")
 
 
-__all__ = ["HeadLayer", "Readout", "TokenReadout", "MeanReadout", "ClsMeanReadout", "TwoHeadReadout",
+__all__ = ["HeadLayer", "Readout", "TokenReadout", "PositionReadout", "MeanReadout", "ClsMeanReadout", "TwoHeadReadout",
            "TwoHeadRecord"]

@@ -5,10 +5,13 @@ Shapes: B batch, N tokens, D width, H heads, d head width, C classes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .readouts import Readout
 
 
 @dataclass
@@ -23,7 +26,11 @@ class AttentionRecord:
         o: (B, N, H·d) the heads concatenated (after any context norm), input of the output projection.
         lin: outputs of the attention's Linears by role: ``"qkv"`` or ``"q"``, ``"k"``, ``"v"``; ``"proj"``.
         scores: (B, H, N, N) scaled ``q·kᵀ`` before the mask is added (models with a padding mask).
-        bias: (B, 1, 1, N) the additive padding mask, or ``None``.
+        bias: (B, 1, 1, N) the additive padding mask, (B, 1, N, N) a causal one, or ``None``.
+        q_pre, k_pre: decoders with rotary embeddings: q (B, H, N, d) and k (B, Hkv, N, d) before the rotation
+            (``q``, ``k`` are after it; ``k`` and ``v`` hold the Hkv shared heads, not repeated).
+        rope: the rotation tables (cos, sin), each (B, N, r), or ``None``.
+        A is ``None`` where the attention ran fused (sdpa under a modified-gradient rule set).
     """
 
     h: Tensor
@@ -36,6 +43,9 @@ class AttentionRecord:
     lin: dict
     scores: Optional[Tensor] = None
     bias: Optional[Tensor] = None
+    q_pre: Optional[Tensor] = None
+    k_pre: Optional[Tensor] = None
+    rope: Optional[tuple] = None
 
 
 @dataclass
@@ -52,7 +62,11 @@ class BlockRecord:
         g: (B, N, D_mlp) the MLP's hidden units after the activation (and its norm, if any).
         f: (B, N, D) MLP branch output as it enters the residual Add.
         out: (B, N, D) block output.
-        lin: outputs of the MLP's Linears: ``"fc1"``, ``"fc2"``.
+        lin: outputs of the MLP's Linears: ``"fc1"``, ``"fc2"`` (gated MLPs: ``"fc1"`` is the up projection,
+            or the fused gate-up one, and ``"gate"`` the gate projection where it is separate).
+        gate: gated MLPs: (B, N, D_mlp) ``act(gate(m))``, the first operand of the product ``g``.
+        up: gated MLPs: (B, N, D_mlp) ``up(m)``, the second operand.
+        att_out, mlp_out: post-branch norms (Gemma 3): the branch output before its norm.
     """
 
     x: Tensor
@@ -64,6 +78,10 @@ class BlockRecord:
     f: Tensor
     out: Tensor
     lin: dict
+    gate: Optional[Tensor] = None
+    up: Optional[Tensor] = None
+    att_out: Optional[Tensor] = None
+    mlp_out: Optional[Tensor] = None
 
 
 @dataclass
@@ -111,13 +129,20 @@ class EmbeddingRecord:
 
 @dataclass
 class Trace:
-    """Everything one replayed forward pass recorded."""
+    """Everything one replayed forward pass recorded.
+
+    ``head`` is the :class:`~lrp_core.adapters.readouts.Readout` the pass was read out with (per batch:
+    :meth:`Adapter.readout_for`); the relevance pass and the methods read the readout from here, so a
+    batch is explained with the readout it was run with. ``readout`` is that readout's record.
+    """
 
     x0: Tensor
     blocks: list = field(default_factory=list)  # BlockRecord per block
     readout: Optional[ReadoutRecord] = None
     mask: Optional[Tensor] = None  # (B, N) 1 = real token; None for images
     embedding: Optional[EmbeddingRecord] = None
+    head: Optional["Readout"] = None
+    positions: Optional[Tensor] = None  # (B, N) position ids (decoders), else None
 
     def attention(self, b: int) -> Tensor:
         """A_b (B, H, N, N)."""
@@ -162,8 +187,10 @@ class TokenLayout:
         modality: ``"image"`` or ``"text"``.
         num_tokens: N.
         output_start: first token that gets a score (ViT: after the prefix tokens; text: 0).
-        readout_tokens: the tokens the classifier reads directly (``(0,)`` for [CLS] pooling,
-            ``()`` for average pooling).
+        readout_tokens: the tokens the classifier reads directly in every row (``(0,)`` for [CLS]
+            pooling, ``()`` for average pooling or a position that differs by row).
+        readout_rows: (B,) the token each row is read at where it differs by row (``Readout.positions``:
+            a decoder's last real token, CLIP's end-of-text token), else ``None``.
         grid: (h, w) patch grid (images).
         image_size: (H, W) (images).
         mask: (B, N) 1 = real token (text), else ``None``.
@@ -176,6 +203,10 @@ class TokenLayout:
     grid: Optional[tuple] = None
     image_size: Optional[tuple] = None
     mask: Optional[Tensor] = None
+    readout_rows: Optional[Tensor] = None
+    #: whether :meth:`readout_minimum` replaces the read tokens' entries (encoders: Chefer et al.'s [CLS] quirk;
+    #: decoders: no — docs/METHODS.md §2c)
+    readout_minimum_applies: bool = True
 
     def scores(self, row: Tensor) -> Tensor:
         """Token scores from a (B, N) row: the scored tokens, padding set to 0."""
@@ -183,9 +214,19 @@ class TokenLayout:
         return row if self.mask is None else row * self.mask[:, self.output_start:].to(row.dtype)
 
     def ablatable(self) -> Tensor:
-        """Positions a token-ablation removes: every scored token the classifier does not read itself."""
+        """Positions a token-ablation may remove in every row: every scored token not in ``readout_tokens``."""
         return torch.tensor([i for i in range(self.output_start, self.num_tokens) if i not in self.readout_tokens],
                             dtype=torch.long)
+
+    def ablation_pairs(self, batch: int, device: torch.device) -> Tensor:
+        """(K, 2) the (sample, token) pairs a token ablation removes, sample-major: every real scored token
+        but those the classifier reads itself (``readout_tokens``, and each row's ``readout_rows``)."""
+        pairs = torch.cartesian_prod(torch.arange(batch, device=device), self.ablatable().to(device))
+        if self.mask is not None:
+            pairs = pairs[self.mask.to(device)[pairs[:, 0], pairs[:, 1]].bool()]
+        if self.readout_rows is not None:
+            pairs = pairs[pairs[:, 1] != self.readout_rows.to(device)[pairs[:, 0]]]
+        return pairs
 
     def readout_minimum(self, scores: Tensor) -> Tensor:
         """Scored readout tokens' entries replaced by the row minimum over real tokens (BERT reference quirk).
@@ -195,7 +236,7 @@ class TokenLayout:
         nothing.
         """
         positions = [t - self.output_start for t in self.readout_tokens if t >= self.output_start]
-        if not positions:
+        if not self.readout_minimum_applies or (not positions and self.readout_rows is None):
             return scores
         mask = torch.ones_like(scores, dtype=torch.bool) if self.mask is None else \
             self.mask[:, self.output_start:].bool()
@@ -204,6 +245,9 @@ class TokenLayout:
         scores = scores.clone()
         for p in positions:
             scores[:, p] = row_min
+        if self.readout_rows is not None:  # one readout token per row (read at or after output_start)
+            rows = torch.arange(scores.shape[0], device=scores.device)
+            scores[rows, self.readout_rows.to(scores.device) - self.output_start] = row_min
         return scores * mask.to(scores.dtype)
 
 

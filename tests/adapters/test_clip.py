@@ -40,8 +40,7 @@ def test_every_method_one_map_per_prompt_and_batch_equals_single(clip, inputs, m
 
 def test_cdam_with_the_text_embedding_as_concept_is_cdam_of_that_prompt(clip, inputs):
     a = get_adapter(clip)
-    a.check_inputs(inputs)
-    text = a.prompts.weight[1].clone()  # the normalised text embedding × logit scale
+    text = a.check_inputs(inputs)["prompt_embeddings"][1].clone()  # the normalised text embedding × logit scale
     by_prompt = explain(clip, inputs, method="cdam", target=1).scores
     by_concept = explain(clip, inputs, method="cdam", target=ConceptTarget(vector=text)).scores
     assert torch.allclose(by_prompt, by_concept, rtol=1e-5, atol=1e-7)
@@ -91,7 +90,7 @@ def test_the_model_is_left_as_it_was(inputs):
 def test_text_side_replay_reproduces_logits_per_text(clip, inputs):
     a = get_adapter(clip).for_inputs({**inputs, "explain": "text"})
     prepared = a.check_inputs({**inputs, "explain": "text"})
-    one = {k: v[:1, :5] for k, v in prepared.items()}  # the first prompt is unpadded
+    one = a.take(prepared, torch.tensor([0]), 5)  # the first prompt is unpadded
     logits = a.forward(one).logits
     assert torch.allclose(logits, clip(**inputs).logits_per_text[:1], atol=1e-5)
 

@@ -1,0 +1,92 @@
+"""Tiny decoder language models for the tests (issue #22), built in milliseconds, every parameter random.
+
+``make_decoder(family, ...)`` gives a seeded model of hidden 32, 2 blocks, 4 query heads / 2 key-value heads,
+vocabulary 96; ``batch(rows, side)`` pads unpadded id rows on the left or the right.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+VOCAB = 96
+PAD = 0
+
+#: family -> (transformers module, causal-LM class, sequence-classifier class, config class)
+FAMILIES = {
+    "llama": ("llama", "LlamaForCausalLM", "LlamaForSequenceClassification", "LlamaConfig"),
+    "mistral": ("mistral", "MistralForCausalLM", "MistralForSequenceClassification", "MistralConfig"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification", "Qwen2Config"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification", "Qwen3Config"),
+}
+
+
+def _config(family: str, attn: str, **overrides):
+    import transformers
+    kw = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, pad_token_id=PAD,
+              tie_word_embeddings=False, attn_implementation=attn)
+    if family == "mistral":
+        kw["sliding_window"] = 4  # shorter than the test rows, so the window matters
+    if family == "qwen2":
+        kw.update(use_sliding_window=True, sliding_window=4, max_window_layers=1)  # layer 1 slides
+    if family == "qwen3":
+        kw.update(head_dim=8)
+    kw.update(overrides)
+    return getattr(transformers, FAMILIES[family][3])(**kw)
+
+
+def perturb(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter random (norm weights around 1, so they are not all ones), deterministically."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * noise)
+            else:
+                p.copy_(0.3 * noise)
+    return model
+
+
+def make_decoder(family: str = "llama", attn: str = "eager", head: str = "causal", dtype=torch.float64,
+                 seed: int = 0, num_labels: int = 3, **overrides) -> torch.nn.Module:
+    """A tiny seeded decoder: ``head`` "causal" (LM head) or "seq" (sequence classifier)."""
+    import transformers
+    _, causal, seq, _ = FAMILIES[family]
+    cfg = _config(family, attn, **overrides)
+    if head == "seq":
+        cfg.num_labels = num_labels
+    torch.manual_seed(seed)
+    model = getattr(transformers, causal if head == "causal" else seq)(cfg)
+    return perturb(model, seed).to(dtype).eval()
+
+
+def rows(seed: int = 1, lengths=(5, 9, 7)) -> list:
+    """Unpadded id rows (no padding id inside)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=g) for n in lengths]
+
+
+def batch(sequences: list, side: str = "right", pad_id: int = PAD) -> dict:
+    """``{"input_ids", "attention_mask"}`` (B, T) with the rows padded on ``side``."""
+    T = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), T, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        sl = slice(0, len(s)) if side == "right" else slice(T - len(s), T)
+        ids[i, sl], mask[i, sl] = s, 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def model_logits(model, inputs: dict, position: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The model's own logits (B, V or C) at each row's last real token (or ``position``), position ids from the mask."""
+    mask = inputs["attention_mask"]
+    pos_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        out = model(input_ids=inputs["input_ids"], attention_mask=mask, position_ids=pos_ids).logits
+    if out.dim() == 2:  # a sequence classifier pools itself
+        return out
+    if position is None:
+        position = (torch.arange(mask.shape[1]) * mask).argmax(-1)
+    return out[torch.arange(len(out)), position]
