@@ -1,14 +1,15 @@
 """explain_generation: one map per generated token, each equal to explaining its teacher-forced prefix."""
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import lrp_core
-from lrp_core import models
 from lrp_core.errors import InputError
 from lrp_core.generation import explain_generation, greedy_continuation
 from lrp_core.methods import Contrast
+from lrp_core.models.tiny_lm import build_model, build_tokenizer
 
 PROMPTS = ["Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer:",
            "Carla has a cat. Where does Carla live? Answer:"]
@@ -16,9 +17,10 @@ PROMPTS = ["Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answ
 
 @pytest.fixture(scope="module")
 def lm():
-    loaded = models.load("tiny-lm", pretrained=False)  # random weights: the equalities hold for any weights
-    loaded.model.double()
-    return loaded
+    """tiny-lm's tokenizer and shape with random weights (seed 0): the properties hold for any weights."""
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    return SimpleNamespace(model=build_model(len(tok)).double().eval(), tokenizer=tok)  # (.double(): HF keeps a float32 mask)
 
 
 def _alone(lm, prompt_ids, method, target, **options):
