@@ -44,6 +44,9 @@ TEXT_COLUMNS = {"F1@gold ↑": "f1_gold_per_document",
                 "comprehensiveness ↑": "comprehensiveness_per_document",
                 "sufficiency ↓": "sufficiency_per_document"}
 """Column name -> per-document list in ``curves[method]`` of a text run."""
+LM_COLUMNS = {"evidence hit@1 ↑": "evidence_hit1_per_prompt", "evidence AP ↑": "evidence_ap_per_prompt",
+              "MoRF AUC ↓": "morf_auc_per_prompt", "LeRF AUC ↑": "lerf_auc_per_prompt"}
+"""Column name -> per-prompt list in ``curves[method]`` of a language-model run (docs/METHODS.md §3b)."""
 PER_CASE = IMAGE_COLUMNS
 """The image columns (former name)."""
 POOLED: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -92,7 +95,7 @@ def comparison_table(curves: dict[str, dict[str, list]], reference: str = "trans
     ``kind`` (``image`` / ``text``) picks :data:`IMAGE_COLUMNS` or :data:`TEXT_COLUMNS`
     unless ``columns`` is given; columns the reference lacks are left out.
     """
-    spec = columns if columns is not None else (TEXT_COLUMNS if kind == "text" else IMAGE_COLUMNS)
+    spec = columns if columns is not None else {"text": TEXT_COLUMNS, "lm": LM_COLUMNS}.get(kind, IMAGE_COLUMNS)
     cols = [c for c, key in spec.items() if key in curves[reference]]
     lines = [f"| {reference} − method | " + " | ".join(cols) + " |",
              "|---|" + "---|" * len(cols)]

@@ -73,6 +73,8 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     elif loaded.kind == "text":
         part = _text_run(loaded, names, n, batch_size, data, split, text_target, progress,
                          baseline, shard, config)
+    elif loaded.kind == "lm":
+        part = _lm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard)
     else:
         raise InputError(f"unknown model kind {loaded.kind!r}")
     if part is None:  # a rank other than 0: its blocks went to rank 0
@@ -142,6 +144,27 @@ def _text_run(loaded: Any, methods: list[str], n: int, batch_size: int, data: Op
     results, skipped, accuracy = done
     return {"n": len(ds), "accuracy": accuracy, "results": results,
             "curves": {m: curves[m] for m in results if m in curves}, "skipped": skipped}
+
+
+def _lm_run(loaded: Any, methods: list[str], n: int, batch_size: int, seed: int, data: Optional[str],
+            progress: bool, baseline: bool, shard: Shard) -> dict[str, Any]:
+    """``n``, ``accuracy``, ``answered``, ``results``, ``curves``, ``skipped`` of a causal LM on the facts task
+    (:mod:`.lm`): prompts ``make_facts(n, seed)``, seeds at or above tiny-lm's held-out seed by default."""
+    from ..data.facts import make_facts
+    from ..models.tiny_lm import HELD_OUT_SEED
+    from .lm import lm_protocol
+
+    if data is not None:
+        raise InputError("a language model is evaluated on the built-in facts task; --data is for image and text "
+                         "classifiers")
+    if shard.world > 1:
+        raise InputError("the language-model evaluation runs in one process; start it without torchrun")
+    records = make_facts(n, HELD_OUT_SEED + seed if seed < HELD_OUT_SEED else seed)
+    results, curves, accuracy, answered = lm_protocol(loaded.model, loaded.tokenizer, records, methods,
+                                                      batch_size=min(batch_size, 16), progress=progress,
+                                                      baseline=baseline)
+    return {"n": n, "accuracy": accuracy, "answered": answered, "results": results, "curves": curves,
+            "skipped": []}
 
 
 __all__ = ["resolve_methods", "evaluate"]

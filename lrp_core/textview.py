@@ -1,0 +1,154 @@
+"""Tokens as people read them, and the generation heat map as a self-contained HTML page.
+
+Language-model tokenizers mark word boundaries inside their pieces: byte-level
+BPE (GPT-2, Llama 3, Qwen) writes a leading space as ``Ġ`` and a newline as
+``Ċ``; SentencePiece (Llama 2, Gemma, Phi-3) writes a leading space as ``▁``;
+WordPiece (BERT) marks a continuation with ``##``. :func:`readable` turns a
+piece into the text it stands for, :func:`merge_words` joins pieces into words
+(summing relevance by default, so the total is kept), and
+:func:`generation_html` draws one row per generated token over its context
+with the colours of :mod:`lrp_core.viz` (zero-centred, white = 0, red for,
+blue against). The page has no script, remote font or style sheet: it opens
+offline and outside Jupyter.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .errors import InputError
+from .viz import DEFAULT_CLIP, DEFAULT_GAMMA, _text_colour, colorize, colour_scale
+
+#: markers of a leading space (byte-level BPE, SentencePiece) and of a newline (byte-level BPE)
+SPACE_MARKS = ("Ġ", "▁")
+NEWLINE_MARKS = ("Ċ",)
+CONTINUATION = "##"
+SCALES = ("row", "all")
+
+
+def readable(piece: str) -> str:
+    """The text a tokenizer piece stands for: ``'Ġcat'`` → ``' cat'``, ``'▁Rome'`` → ``' Rome'``, ``'Ċ'`` → ``'\\n'``,
+    ``'##ly'`` → ``'ly'``; other pieces unchanged."""
+    text = str(piece)
+    if text.startswith(CONTINUATION) and len(text) > 2:
+        return text[2:]
+    for mark in SPACE_MARKS:
+        text = text.replace(mark, " ")
+    for mark in NEWLINE_MARKS:
+        text = text.replace(mark, "\n")
+    return text
+
+
+def merge_words(pieces: Sequence[str], scores: Any = None, reduce: str = "sum",
+                scheme: Optional[str] = None) -> tuple[list[str], Optional[np.ndarray]]:
+    """Join sub-word pieces into words, and their scores (``reduce="sum"`` keeps the total, ``"max"``).
+
+    ``scheme``: ``"marks"`` — a piece starting with ``Ġ``/``▁`` begins a word (byte-level BPE, SentencePiece),
+    ``"wordpiece"`` — a piece starting with ``##`` continues one; ``None`` chooses from the pieces. Special
+    tokens (``<s>``, ``[CLS]``) stay words of their own.
+
+    Returns ``(words, word_scores)`` (``word_scores`` is ``None`` without ``scores``).
+    """
+    if reduce not in ("sum", "max"):
+        raise InputError(f"reduce must be 'sum' or 'max', got {reduce!r}")
+    pieces = [str(p) for p in pieces]
+    vals = None if scores is None else np.asarray(scores, dtype=np.float64).reshape(-1)
+    if vals is not None and len(vals) != len(pieces):
+        raise InputError(f"merge_words: {len(pieces)} pieces but {len(vals)} scores")
+    if scheme is None:
+        scheme = "wordpiece" if any(p.startswith(CONTINUATION) for p in pieces) else "marks"
+    if scheme not in ("marks", "wordpiece"):
+        raise InputError(f"scheme must be 'marks', 'wordpiece' or None, got {scheme!r}")
+    groups: list[list[int]] = []
+    for i, p in enumerate(pieces):
+        if not groups or _special(p) or _special(pieces[groups[-1][0]]):
+            new = True  # special tokens stand alone
+        elif scheme == "wordpiece":
+            new = not p.startswith(CONTINUATION)
+        else:
+            new = p[:1] in SPACE_MARKS + NEWLINE_MARKS
+        if new:
+            groups.append([i])
+        else:
+            groups[-1].append(i)
+    words = ["".join(readable(pieces[i]) for i in g) for g in groups]
+    if vals is None:
+        return words, None
+    agg = np.sum if reduce == "sum" else np.max
+    return words, np.array([agg(vals[g]) for g in groups])
+
+
+def _special(piece: str) -> bool:
+    return (piece.startswith("<") and piece.endswith(">")) or (piece.startswith("[") and piece.endswith("]"))
+
+
+def _cell(text: str, value: Optional[float], rgb: Optional[np.ndarray]) -> str:
+    shown = html.escape(text.replace("\n", "↵")) or "&nbsp;"
+    if value is None:  # after the step's prefix: not part of its context
+        return f'<span class="c off">{shown}</span>'
+    style = f"background:rgb({rgb[0]},{rgb[1]},{rgb[2]});color:{_text_colour(rgb)}"
+    return f'<span class="c" style="{style}" title="{html.escape(repr(text))}: {value:.4g}">{shown}</span>'
+
+
+_STYLE = ("body{font-family:system-ui,sans-serif;margin:12px}"
+          ".trl-gen{border-collapse:collapse;font-size:13px}"
+          ".trl-gen td{padding:3px 6px;vertical-align:top;border-bottom:1px solid #eee}"
+          ".trl-gen td.g{font-family:monospace;font-weight:bold;white-space:nowrap}"
+          ".c{font-family:monospace;display:inline-block;padding:1px 3px;margin:1px;border-radius:3px;"
+          "border:1px solid #ddd;white-space:pre}"
+          ".c.off{color:#bbb;border-color:#f3f3f3}"
+          ".trl-note{color:#555;font-size:12px;margin-top:6px}")
+
+
+def generation_html(context: Sequence[str], generated: Sequence[str], scores: Any, scale: str = "row",
+                    clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA,
+                    title: Optional[str] = None, contrasts: Optional[Sequence[Optional[str]]] = None) -> str:
+    """One row per generated token: the relevance of every context token for it.
+
+    Args:
+        context: the P+K−1 input tokens (prompt and all but the last generated token), as pieces.
+        generated: the K generated tokens.
+        scores: (K, P+K−1); row k is zero from its prefix's end on (those cells are drawn greyed).
+        scale: ``"row"`` — each row its own colour limit (steps' logits differ in size), ``"all"`` — one limit.
+        contrasts: per step, the token it was contrasted with (``None``: no contrast).
+
+    Returns an HTML fragment (a ``<div>``) with its own ``<style>``; :func:`page` makes it a whole document.
+    """
+    vals = np.nan_to_num(np.asarray(scores, dtype=np.float64))
+    K, P = len(generated), len(context) - len(generated) + 1
+    if vals.shape != (K, len(context)):
+        raise InputError(f"generation_html: scores have shape {vals.shape}, expected (K, P+K−1) = "
+                         f"({K}, {len(context)}) for {K} generated and {len(context)} context tokens")
+    if scale not in SCALES:
+        raise InputError(f"scale must be one of {SCALES}, got {scale!r}")
+    limit_all = colour_scale(vals, clip).limit
+    rows, notes = [], []
+    for k in range(K):
+        visible = P + k  # the step's prefix: the prompt and the tokens generated before it
+        limit = colour_scale(vals[k, :visible], clip).limit if scale == "row" else limit_all
+        rgb = colorize(vals[k, :visible], signed=True, limit=limit, gamma=gamma)
+        cells = [_cell(readable(t), float(vals[k, i]), rgb[i]) for i, t in enumerate(context[:visible])]
+        cells += [_cell(readable(t), None, None) for t in context[visible:]]
+        versus = "" if not contrasts or contrasts[k] is None else \
+            f' <span style="font-weight:normal">rather than {html.escape(readable(contrasts[k]))}</span>'
+        rows.append(f'<tr><td class="g">{html.escape(readable(generated[k]))}{versus}</td>'
+                    f'<td>{"".join(cells)}</td></tr>')
+        notes.append(limit)
+    head = f"<h3>{html.escape(title)}</h3>" if title else ""
+    how = ("each row has its own colour limit" if scale == "row" else f"one colour limit ±{limit_all:.3g}")
+    note = (f'<div class="trl-note">Row k: the relevance of each context token for generated token k '
+            f"(red for, blue against, white 0; {how}; greyed tokens come after the step's prefix). "
+            f"Hover a token for its exact score.</div>")
+    return (f'<div class="trl-generation"><style>{_STYLE}</style>{head}'
+            f'<table class="trl-gen">{"".join(rows)}</table>{note}</div>')
+
+
+def page(fragment: str, title: str = "Transformer Relevance Lab") -> str:
+    """A whole HTML document around a fragment: UTF-8, no external resource."""
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"</head><body>{fragment}</body></html>")
+
+
+__all__ = ["readable", "merge_words", "generation_html", "page", "SPACE_MARKS", "SCALES"]

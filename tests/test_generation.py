@@ -1,0 +1,94 @@
+"""explain_generation: one map per generated token, each equal to explaining its teacher-forced prefix."""
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import lrp_core
+from lrp_core.errors import InputError
+from lrp_core.generation import explain_generation, greedy_continuation
+from lrp_core.methods import Contrast
+from lrp_core.models.tiny_lm import build_model, build_tokenizer
+
+PROMPTS = ["Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer:",
+           "Carla has a cat. Where does Carla live? Answer:"]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    """tiny-lm's tokenizer and shape with random weights (seed 0): the properties hold for any weights."""
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    return SimpleNamespace(model=build_model(len(tok)).double().eval(), tokenizer=tok)  # (.double(): HF keeps a float32 mask)
+
+
+def _alone(lm, prompt_ids, method, target, **options):
+    """explain() of one unpadded prefix, read at its last token."""
+    ids = torch.tensor([prompt_ids])
+    return lrp_core.explain(lm.model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method=method,
+                            target=target, **options).scores[0]
+
+
+def test_greedy_matches_generate(lm):
+    enc = lm.tokenizer(PROMPTS, return_tensors="pt", padding=True)  # left padding
+    ours = greedy_continuation(lm.model, enc["input_ids"], enc["attention_mask"], 4)
+    ref = lm.model.generate(**enc, max_new_tokens=4, do_sample=False, min_new_tokens=4,
+                            pad_token_id=lm.tokenizer.pad_token_id)[:, enc["input_ids"].shape[1]:]
+    assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "cp_lrp", "transformer_attribution", "generic_attention"])
+def test_each_step_equals_its_prefix_alone(lm, method):
+    out = explain_generation(lm.model, lm.tokenizer, PROMPTS, method=method, max_new_tokens=3)
+    B, K, W = out.scores.shape
+    P = out.prompt_length
+    assert (B, K, W) == (2, 3, P + 2) and out.input_ids.shape == (2, P + 3)
+    for b in range(B):
+        real = out.attention_mask[b].bool()
+        ids = out.input_ids[b][real].tolist()
+        pad = int((~real).sum())
+        for k in range(K):
+            prefix = ids[:len(ids) - K + k]
+            ref = _alone(lm, prefix, method, int(out.targets[b, k]))
+            got = out.scores[b, k]
+            assert torch.all(got[:pad] == 0) and torch.all(got[P + k:] == 0)
+            torch.testing.assert_close(got[pad:P + k], ref.double(), rtol=1e-9, atol=1e-9 * ref.abs().max())
+
+
+def test_contrast_per_step(lm):
+    out = explain_generation(lm.model, lm.tokenizer, PROMPTS[:1], method="attnlrp", continuation=" Oslo Rome",
+                             contrast=["Rome", None])
+    assert out.targets[0].tolist() == lm.tokenizer.convert_tokens_to_ids(["Oslo", "Rome"])
+    rome = lm.tokenizer.convert_tokens_to_ids("Rome")
+    assert out.contrasts[0].tolist() == [rome, -1]
+    ids = out.input_ids[0].tolist()
+    P = out.prompt_length
+    ref = _alone(lm, ids[:P], "attnlrp", Contrast(int(out.targets[0, 0]), rome))
+    torch.testing.assert_close(out.scores[0, 0, :P], ref.double(), rtol=1e-9, atol=1e-12)
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([ids[:P]])).logits[0, -1]
+    assert float(out.logits[0, 0]) == pytest.approx(float(logits[out.targets[0, 0]] - logits[rome]), rel=1e-9)
+    assert "rather than Rome" in out.html(0)
+
+
+def test_html_page_is_self_contained(lm, tmp_path):
+    out = explain_generation(lm.model, lm.tokenizer, PROMPTS, method="rollout", max_new_tokens=2)
+    path = out.save_html(tmp_path / "gen.html")
+    doc = path.read_text(encoding="utf-8")
+    assert doc.startswith("<!DOCTYPE html>") and doc.count('<table class="trl-gen">') == 2
+    assert not re.search(r"<script|<link|@import|https?://", doc)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(prompts=[]), "prompts must be"),
+    (dict(prompts=[""]), "prompts must be"),
+    (dict(prompts=PROMPTS, max_new_tokens=0), "max_new_tokens"),
+    (dict(prompts=PROMPTS, continuation=[" Oslo", " Rome Oslo"]), "same, non-zero number"),
+    (dict(prompts=PROMPTS[:1], continuation=" Oslo", max_new_tokens=2), "max_new_tokens=2"),
+    (dict(prompts=PROMPTS, max_new_tokens=2, contrast=[["Rome", None], [None, "Oslo"]]), "every prompt or for none"),
+    (dict(prompts=PROMPTS, max_new_tokens=1, step_batch=0), "step_batch"),
+])
+def test_bad_input(lm, kwargs, match):
+    with pytest.raises(InputError, match=match):
+        explain_generation(lm.model, lm.tokenizer, method="attnlrp", **kwargs)
