@@ -7,7 +7,7 @@ from conftest import make_tiny_vit
 
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
-from lrp_core.composites import (ADD, LINEAR, MASK_ADD, OP_KINDS, TRANSFORMER_ATTRIBUTION, Composite, GenericAdd,
+from lrp_core.composites import (DECODER_KINDS, ADD, LINEAR, MASK_ADD, OP_KINDS, TRANSFORMER_ATTRIBUTION, Composite, GenericAdd,
                                  ExplicitRule, Identity, Op, Propagation, Rule)
 from lrp_core.rules import generic
 
@@ -71,8 +71,9 @@ def test_every_step_asks_the_composite():
     got = a.relprop(trace, torch.eye(5)[:1], spy, stop_block=0, to_input=True, prepared={"images": x})
     assert torch.equal(ref.pixels, got.pixels)
     used = set(asked)
-    # [CLS] pooling selects (READOUT, no weighted sum); an image model has no padding mask
-    assert used == set(OP_KINDS) - {"pool", "mask_add"}
+    # [CLS] pooling selects (READOUT, no weighted sum); an image model has no padding mask and none of the
+    # decoders' operations
+    assert used == set(OP_KINDS) - {"pool", "mask_add"} - set(DECODER_KINDS)
     assert asked.count(LINEAR) == 3 * 4 + 1  # qkv, proj, fc1, fc2 per block, and the head
 
 
