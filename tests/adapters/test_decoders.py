@@ -38,7 +38,7 @@ def _real(scores: torch.Tensor, inputs: dict, i: int) -> torch.Tensor:
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-300))
+    return float(((a - b).abs().max() / b.abs().max().clamp(min=1e-300)).detach())
 
 
 # ----------------------------------------------------------------------------- the replay is the model
