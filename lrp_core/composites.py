@@ -455,17 +455,19 @@ class SharedHeads(Rule):
 
 
 class HalvedProduct(Rule):
-    """An element-wise product of two activations ``a ⊙ b`` (gated MLP): the generic rule per operand, both halved.
+    """An element-wise product of two activations ``z = a ⊙ b`` (gated MLP): the generic rule per operand, halved.
 
-    ``R_a = a ⊙ s / 2``, ``R_b = b ⊙ s / 2`` with ``s = safe_div(R, a ⊙ b)`` (§1's MatMul rule, element-wise).
+    ``R_a = a ⊙ ∂z/∂a ⊙ s / 2 = z ⊙ s / 2`` and likewise ``R_b``, with ``s = safe_div(R, z)`` (§1's MatMul
+    rule, element-wise: each operand's share is the whole product's, so both get half of it).
     """
 
     name = "halved_product"
 
     def relevance(self, op, R, cache=None):
         a, b = op.inputs
-        s = F.safe_div(R, a * b if op.output is None else op.output)
-        return a * s / 2, b * s / 2
+        z = a * b if op.output is None else op.output
+        half = z * F.safe_div(R, z) / 2
+        return half, half
 
 
 class DetachedRMSNorm(Rule):

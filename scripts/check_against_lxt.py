@@ -2,12 +2,15 @@
 """Developer check: ``attnlrp`` / ``cp_lrp`` of lrp_core against the authors' library LXT 2.1.
 
 NOT a test, and LXT is never a dependency of the package: it lives in its own
-virtualenv (``/work/lxt-venv``, see scripts/lxt_findings.md for how it is
-built and for what LXT's efficient mode does, rule by rule).
+virtualenv (``/work/lxt21-venv``: LXT 2.1 with transformers 4.51.3, because LXT's
+copy of ``modeling_bert`` needs transformers 4.x — also at LXT's git HEAD; see
+scripts/lxt_findings.md for how it is built and for what LXT's efficient mode
+does, rule by rule). The decoder cases are in scripts/check_decoders_against_lxt.py
+(LXT git HEAD, ``/work/lxt-venv``), which runs this script with ``--with-encoders``.
 
 Run from the project venv::
 
-    .venv/bin/python scripts/check_against_lxt.py [--lxt-python /work/lxt-venv/bin/python]
+    .venv/bin/python scripts/check_against_lxt.py [--lxt-python /work/lxt21-venv/bin/python]
                                                   [--dtype float64|float32|both]
                                                   [--save-reference /work/lxt_reference | none]
 
@@ -547,7 +550,7 @@ def compare(workdir: Path, dtypes: list) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lxt-python", default="/work/lxt-venv/bin/python")
+    ap.add_argument("--lxt-python", default="/work/lxt21-venv/bin/python")
     ap.add_argument("--dtype", default="both", help="float64, float32 or both (reference mode: comma list)")
     ap.add_argument("--save-reference", default="/work/lxt_reference",
                     help="copy weights, inputs and LXT outputs here ('none' to skip)")

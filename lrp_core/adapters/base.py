@@ -113,10 +113,12 @@ class Adapter(ABC):
         raise InputError(f"position= names the token a decoder language model is explained at; "
                          f"{type(self.model).__name__} reads its prediction from a fixed token")
 
-    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor]) -> list:
+    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
+                      fused: bool = False) -> list:
         """Per block ``(bias, rope)``: the additive attention mask and the rotary tables (``None``: none).
 
-        Default: every block gets :meth:`attention_bias` and no rotary tables (decoders override).
+        Default: every block gets :meth:`attention_bias` and no rotary tables (decoders override; ``fused``:
+        the replay runs fused attention, which needs no mask tensor for plain causal attention).
         """
         bias = self.attention_bias(x0, mask)
         return [(bias, None)] * len(self.blocks)
@@ -156,7 +158,7 @@ class Adapter(ABC):
             mask = torch.ones(x0.shape[:2], dtype=torch.long, device=x0.device)
         trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None, head=head, positions=positions)
         x = x0
-        for spec, (bias, rope) in zip(self.blocks, self.block_context(x0, mask, positions)):
+        for spec, (bias, rope) in zip(self.blocks, self.block_context(x0, mask, positions, r.fuse)):
             rec = block_forward(spec, x, bias, r, rope)
             if keep:
                 trace.blocks.append(rec)

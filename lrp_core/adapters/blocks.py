@@ -40,7 +40,8 @@ class AttentionSpec:
     batch's rotary tables (``rope_key`` names which, for models with several, e.g. Gemma 3's local and global
     bases); ``window``: sliding-window attention over that many positions (the adapter builds the mask);
     ``softmax_dtype``: the dtype the model's softmax computes in (Hugging Face eager: float32, cast back);
-    ``sdpa``: the model runs fused attention, so a modified-gradient replay may too (no N×N map in memory).
+    ``sdpa``: the model runs fused attention, so a modified-gradient replay may too (no N×N map in memory);
+    ``causal``: causal attention — where the fused replay gets no mask (no padding, no window), the kernel's own.
     """
 
     proj: nn.Linear
@@ -61,6 +62,7 @@ class AttentionSpec:
     window: Optional[int] = None
     softmax_dtype: Optional[torch.dtype] = None
     sdpa: bool = False
+    causal: bool = False
 
     @property
     def kv_heads(self) -> int:
@@ -193,12 +195,14 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
     return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
 
 
-def _fused(bias: Optional[Tensor], scale: float, groups: int) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    """softmax(q·kᵀ·scale + bias)·v by ``F.scaled_dot_product_attention`` (q (B, H, N, d); k, v (B, Hkv, N, d))."""
+def _fused(bias: Optional[Tensor], scale: float, groups: int, causal: bool) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """softmax(q·kᵀ·scale + bias)·v by ``F.scaled_dot_product_attention`` (q (B, H, N, d); k, v (B, Hkv, N, d)).
+
+    ``causal`` with ``bias`` ``None``: the kernel's own causal mask (no N×N tensor at all).
+    """
     def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        mask = None if bias is None else bias.to(q.dtype)
         return torch.nn.functional.scaled_dot_product_attention(
-            q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=mask, scale=scale)
+            q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=bias, scale=scale, is_causal=causal)
     return attend
 
 
@@ -218,7 +222,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         q, k = r(ROPE, apply_rotary, q, cos, sin), r(ROPE, apply_rotary, k, cos, sin)
     A = scores = None
     if p.sdpa and r.fuse:
-        ctx = r(ATTENTION, _fused(bias, p.scale, groups), q, k, v)  # (B, H, N, d), no N×N map kept
+        ctx = r(ATTENTION, _fused(bias, p.scale, groups, p.causal and bias is None), q, k, v)  # (B, H, N, d)
     else:
         k_all, v_all = (k, v) if groups == 1 else \
             (r(KV_REPEAT, lambda t: repeat_kv(t, groups), t) for t in (k, v))

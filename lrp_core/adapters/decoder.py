@@ -114,7 +114,8 @@ class DecoderAdapter(Adapter):
                              head_dim=att.head_dim, scale=float(att.scaling), rotary=True,
                              q_norm=getattr(att, "q_norm", nn.Identity()), k_norm=getattr(att, "k_norm", nn.Identity()),
                              window=int(window) if window else None,
-                             softmax_dtype=None if self.sdpa else torch.float32, sdpa=self.sdpa, **extra)
+                             softmax_dtype=None if self.sdpa else torch.float32, sdpa=self.sdpa, causal=True,
+                             **extra)
 
     def embed_tokens(self, ids: Tensor) -> Tensor:
         """e = ``model.get_input_embeddings()(ids)`` (B, T, D): what AttnLRP / CP-LRP read relevance at."""
@@ -189,11 +190,17 @@ class DecoderAdapter(Adapter):
             words = words.detach().requires_grad_(True)
         return EmbeddingRecord(x0=words, embeds=words)
 
-    def block_context(self, x0: Tensor, mask: Tensor, positions: Optional[Tensor]) -> list:
-        """Per block (bias, rope): the causal (+ window) mask and the rotary tables of this batch."""
+    def block_context(self, x0: Tensor, mask: Tensor, positions: Optional[Tensor], fused: bool = False) -> list:
+        """Per block (bias, rope): the causal (+ window) mask and the rotary tables of this batch.
+
+        A fused replay of an unpadded batch gets no mask for its full-attention blocks: the kernel's own
+        causal mask, so long sequences hold no N×N tensor at all.
+        """
         if positions is None:
             positions = position_ids(mask)
-        biases = {w: causal_bias(mask, positions, w, x0.dtype) for w in {s.attn.window for s in self.blocks}}
+        plain = fused and self.sdpa and bool(mask.all())
+        biases = {w: None if plain and w is None else causal_bias(mask, positions, w, x0.dtype)
+                  for w in {s.attn.window for s in self.blocks}}
         ropes = {k: self.rotary_tables(x0, positions, k) for k in {s.attn.rope_key for s in self.blocks if s.attn.rotary}}
         return [(biases[s.attn.window], ropes.get(s.attn.rope_key)) for s in self.blocks]
 

@@ -107,7 +107,9 @@ def test_model_untouched_and_targets():
     c = lrp_core.explain(model, inputs, method="cp_lrp", target=Contrast(5, 6))
     d = lrp_core.explain(model, inputs, method="cp_lrp", target=6)
     a5 = lrp_core.explain(model, inputs, method="cp_lrp", target=5)
-    assert _rel(c.scores, a5.scores - d.scores) < 1e-10  # CP-LRP is linear in the explained output
+    # CP-LRP is linear in the explained output, up to the float32 round-off the model's RMSNorm puts on the
+    # gradient (Hugging Face computes it in float32 inside a float64 model; measured 1.4e-7)
+    assert _rel(c.scores, a5.scores - d.scores) < 1e-5
 
 
 # ----------------------------------------------------------------------------- sdpa == eager, fused
@@ -156,12 +158,19 @@ def _zero_additive_constants(model):
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_cp_lrp_conserves_without_additive_constants(family):
     """CP-LRP is exact gradient × input of a function that is linear given the detached factors: with no bias
-    (Llama has none; Qwen2's q/k/v biases zeroed) Σ scores = y_t (float64)."""
+    (Llama has none; Qwen2's q/k/v biases zeroed) Σ scores = y_t (float64) — up to the float32 round-off of the
+    model's own RMSNorm (Hugging Face computes it in float32 and casts back; the rule keeps that arithmetic,
+    as LXT does), which rounds the gradient at every norm: measured ≤ 1e-7 relative."""
     model = _zero_additive_constants(make_decoder(family))
     exp = lrp_core.explain(model, batch(rows(), "left"), method="cp_lrp")
     y = exp.logits.gather(1, exp.target[:, None]).squeeze(1)
-    assert torch.allclose(exp.scores.sum(-1), y, rtol=1e-10, atol=1e-12)
-    assert torch.allclose(exp.conservation.blocks[:, -1], y, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(exp.scores.sum(-1), y, rtol=1e-6, atol=0)
+    assert torch.allclose(exp.conservation.blocks[:, -1], y, rtol=1e-6, atol=0)
+    # the biases matter: with Qwen2's q/k/v biases kept, their share is missing well beyond round-off
+    if family == "qwen2":
+        kept = lrp_core.explain(make_decoder(family), batch(rows(), "left"), method="cp_lrp")
+        y_kept = kept.logits.gather(1, kept.target[:, None]).squeeze(1)
+        assert not torch.allclose(kept.scores.sum(-1), y_kept, rtol=1e-3)
 
 
 @settings(max_examples=25, deadline=None)
@@ -188,12 +197,17 @@ def test_shared_heads_clone_and_gated_product_conserve(seed, groups):
     kv = torch.randn(2, 2, 5, 4, generator=g, dtype=torch.float64)
     R = torch.randn(2, 2 * groups, 5, 4, generator=g, dtype=torch.float64)
     (Rkv,) = C.SharedHeads().relevance(C.Op(C.KV_REPEAT, (kv,)), R)
-    assert torch.allclose(Rkv, R.reshape(2, 2, groups, 5, 4).sum(2), rtol=1e-6)  # Σ over the sharing heads
+    # Σ over the query heads sharing each kv head, formed as the Clone's x ⊙ Σ safe_div(R_g, x) (§5.2)
+    # (one query head per kv head: nothing is shared, the relevance passes as is)
+    expected = R if groups == 1 else R.reshape(2, 2, groups, 5, 4).sum(2) * kv / (kv + F.EPS)
+    assert torch.allclose(Rkv, expected, rtol=1e-12)
     a, b = (torch.randn(3, 7, generator=g, dtype=torch.float64) for _ in range(2))
     Rz = torch.randn(3, 7, generator=g, dtype=torch.float64)
     Ra, Rb = C.HalvedProduct().relevance(C.Op(C.GATE_MUL, (a, b)), Rz)
     z = a * b
-    assert torch.allclose(Ra, Rb) and torch.allclose((Ra + Rb).sum(), (Rz * z / (z + F.EPS)).sum(), rtol=1e-10)
+    # each operand gets half of the product's relevance (up to the stabiliser): the two halves conserve
+    assert torch.equal(Ra, Rb)
+    assert torch.allclose(Ra + Rb, Rz * z / (z + F.EPS), rtol=1e-12)
 
 
 def test_lrp_pass_is_finite_and_padding_stays_zero():
