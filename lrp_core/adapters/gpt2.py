@@ -91,7 +91,7 @@ class GPT2Adapter(DecoderAdapter):
             return BlockSpec(
                 layout="pre_ln", norm1=layer.ln_1, norm2=layer.ln_2,
                 attn=AttentionSpec(qkv=Conv1DLinear(att.c_attn), proj=Conv1DLinear(att.c_proj), num_heads=H,
-                                   head_dim=int(att.head_dim), scale=float(att.scaling), sdpa=self.sdpa),
+                                   head_dim=int(att.head_dim), scale=float(att.scaling), sdpa=self.sdpa, causal=True),
                 mlp=MlpSpec(fc1=Conv1DLinear(mlp.c_fc), act=mlp.act, fc2=Conv1DLinear(mlp.c_proj)))
         except AttributeError as e:
             raise UnsupportedModelError(f"layer {i} ({type(layer).__name__}) does not have the GPT-2 layout (ln_1, "
@@ -105,7 +105,7 @@ class GPT2Adapter(DecoderAdapter):
         return prepared
 
     def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
-        """``wte(ids)`` (the tokens e, read by AttnLRP / CP-LRP) + ``wpe(position ids)`` -> block 0's input (B, T, D)."""
+        """``wte(ids)`` (the tokens e, read by AttnLRP / CP-LRP) + ``wpe(position ids)``: block 0's input (B, T, D)."""
         tokens = self.embed_tokens(prepared["input_ids"])
         if track:
             tokens = tokens.detach().requires_grad_(True)

@@ -38,7 +38,7 @@ class Phi3Adapter(DecoderAdapter):
         return AttentionSpec(qkv=att.qkv_proj, proj=att.o_proj, num_heads=cfg.num_attention_heads,
                              num_kv_heads=cfg.num_key_value_heads, head_dim=att.head_dim, scale=float(att.scaling),
                              rotary=True, window=int(window) if window else None,
-                             softmax_dtype=None if self.sdpa else torch.float32, sdpa=self.sdpa)
+                             softmax_dtype=None if self.sdpa else torch.float32, sdpa=self.sdpa, causal=True)
 
 
 __all__ = ["Phi3Adapter"]

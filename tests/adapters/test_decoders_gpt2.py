@@ -229,7 +229,8 @@ def _lxt_gpt2(model, ids: torch.Tensor, cp: bool) -> tuple[torch.Tensor, torch.T
 
     causal = torch.full((T, T), float("-inf"), dtype=x.dtype).triu(1)
     for blk in tr.h:
-        q, k, v = (t.reshape(1, T, H, D // H).transpose(1, 2) for t in conv(blk.attn.c_attn, ln(blk.ln_1, x)).split(D, -1))
+        qkv = conv(blk.attn.c_attn, ln(blk.ln_1, x)).split(D, -1)
+        q, k, v = (t.reshape(1, T, H, D // H).transpose(1, 2) for t in qkv)
         q, k, v = (q.detach(), k.detach(), v) if cp else \
             (_DivideGradient.apply(q, 4.0), _DivideGradient.apply(k, 4.0), _DivideGradient.apply(v, 2.0))
         A = ((q @ k.transpose(-1, -2)) * blk.attn.scaling + causal).softmax(-1)

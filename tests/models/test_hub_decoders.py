@@ -23,6 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for localhub
 import localhub  # noqa: E402
 
+from lrp_core.models.lm import KNOWN_DECODERS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["The capital of France is", "Once upon a time, a small robot"]
 
@@ -209,10 +211,7 @@ def offline(monkeypatch):
     monkeypatch.setattr(hub, "_hf_config", no_cache)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "distilgpt2", "HuggingFaceTB/SmolLM2-135M",
-                                  "HuggingFaceTB/SmolLM2-135M-Instruct", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen3-0.6B",
-                                  "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct",
-                                  "google/gemma-3-270m", "microsoft/Phi-3-mini-4k-instruct"])
+@pytest.mark.parametrize("name", list(KNOWN_DECODERS))
 def test_known_decoders_fail_fast_offline_naming_an_embedded_model(offline, name):
     from lrp_core.models import EMBEDDED, load
     from lrp_core.models.hub import KNOWN_HF_MODELS, HubUnavailableError
