@@ -1,249 +1,37 @@
-"""Rule objects and composites: the one place where a relevance rule is chosen.
+"""Composites: the one place where a relevance rule is chosen.
 
-A relevance pass is made of a handful of operation kinds (:data:`OP_KINDS`).
-Every step of the pass — the engine's block drivers, the readout, the input
-layer — asks a :class:`Composite` for the rule of its kind and calls it, so a
-new rule set is a new composite and nothing else (zennit's design).
+Every step of a relevance pass — the engine's block drivers, the readout, the input layer — asks a
+:class:`Composite` for the rule of its operation kind (:data:`lrp_core.ops.OP_KINDS`) and calls it, so a new
+rule set is a new composite and nothing else (zennit's design). The rule contracts are in :mod:`lrp_core.ops`,
+the rules themselves in :mod:`lrp_core.explicit_rules` (explicit passes) and :mod:`lrp_core.gradient_rules`
+(modified-gradient replays).
 
-Two kinds of pass, one rule contract each (:data:`PASS_KINDS`):
-
-* :class:`ExplicitRule` — ``relevance(op, R)``: the explicit backward step of the
-  Deep Taylor Decomposition passes (``transformer_attribution``, ``lrp``,
-  ``partial_lrp``; docs/METHODS.md §1), driven by :class:`Propagation`: the
-  relevance of the operation's output → one relevance per input.
-* :class:`GradientRule` — ``forward(fn, *inputs, module=None)``: the forward
-  computation with the gradient a modified-gradient method prescribes (AttnLRP,
-  CP-LRP: gradient × input; docs/METHODS.md §2b), driven by
-  :class:`lrp_core.adapters.blocks.Replay`.
-
-A composite holds rules of one kind only and knows which pass it serves
-(``Composite.serves``, checked when it is built); each pass refuses a composite of
-the other kind at once (:class:`~lrp_core.errors.RuleSetError`). Besides the
-operation kind, a composite can choose a rule by the module's qualified name in
-the model (``names``: fnmatch patterns, zennit's name map) or for the first
-layer of a kind in input order (``first``, zennit's first-layer map).
-
-Every explicit rule uses the one stabiliser :data:`lrp_core.rules.EPS` through the
-functions of :mod:`lrp_core.rules` (``docs/METHODS.md`` §1).
+A composite holds rules of one kind only and knows which pass it serves (``Composite.serves``, checked when
+it is built); each pass refuses a composite of the other kind at once (:class:`~lrp_core.errors.RuleSetError`).
+Besides the operation kind, a composite can choose a rule by the module's qualified name in the model
+(``names``: fnmatch patterns, zennit's name map) or for the first layer of a kind in input order (``first``,
+zennit's first-layer map).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Mapping, Optional
 
-import torch
 from torch import Tensor, nn
 
-from . import rules as F
-from .errors import RuleSetError, UnknownNameError, UnsupportedModelError
-
-# ----------------------------------------------------------------------------
-# operation kinds
-# ----------------------------------------------------------------------------
-LINEAR = "linear"  # nn.Linear: x (..., D_in) -> (..., D_out)
-PATCH_CONV = "patch_conv"  # the patch embedding's Conv2d on pixels
-LAYERNORM = "layernorm"  # LayerNorm (and RMSNorm-like normalisations)
-ELEMENTWISE = "elementwise"  # element-wise non-linearities: GELU, tanh, ReLU, SiLU
-SCALE = "scale"  # LayerScale: x ⊙ γ, linear and element-wise
-SOFTMAX = "softmax"  # attention scores -> A
-MATMUL_QK = "matmul_qk"  # q · kᵀ -> scores
-MATMUL_AV = "matmul_av"  # A · v -> context
-ADD = "add"  # residual Add u + v
-CLONE = "clone"  # a tensor used by several branches
-MASK_ADD = "mask_add"  # attention scores + additive padding mask
-POS_ADD = "pos_add"  # tokens + position embedding
-READOUT = "readout"  # selecting the token(s) the classifier reads
-POOL = "pool"  # a weighted sum of tokens the classifier reads (average pooling): Σ_i w_i h_i
-
-OP_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SCALE, SOFTMAX, MATMUL_QK, MATMUL_AV, ADD, CLONE, MASK_ADD,
-            POS_ADD, READOUT, POOL)
-#: the kinds whose operations are modules of the model (layers): those a ``first`` entry can name
-LAYER_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SCALE)
-
-# ----------------------------------------------------------------------------
-# kinds of pass
-# ----------------------------------------------------------------------------
-EXPLICIT = "explicit"  # an explicit relevance pass (Propagation): rule.relevance(op, R)
-MODIFIED_GRADIENT = "modified_gradient"  # a replay with modified gradients (Replay): rule.forward(fn, *inputs)
-PASS_KINDS = (EXPLICIT, MODIFIED_GRADIENT)
-
-RelevanceIn = Union[Tensor, Sequence[Tensor]]
-
-
-@dataclass
-class Op:
-    """One operation of the replayed forward pass, as a rule sees it.
-
-    Attributes:
-        kind: one of :data:`OP_KINDS`.
-        inputs: the forward inputs (e.g. ``(x,)`` for a Linear, ``(u, v)`` for an Add,
-            ``(a, b)`` for a product ``a @ b``, ``(x,)`` for a Clone).
-        output: the forward output, where the pass has it (rules may reuse it).
-        module: the model's own submodule, for kinds that have one (Linear, Conv, norms).
-    """
-
-    kind: str
-    inputs: tuple
-    output: Optional[Tensor] = None
-    module: Optional[nn.Module] = None
-
-
-# ----------------------------------------------------------------------------
-# the rule contracts
-# ----------------------------------------------------------------------------
-class Rule:
-    """What every rule has: a name and the kind of pass it serves (``serves``, one of :data:`PASS_KINDS`).
-
-    A rule derives from :class:`ExplicitRule` or :class:`GradientRule`, never from ``Rule`` itself:
-    a composite refuses a rule that serves no kind of pass.
-    """
-
-    name = "rule"
-    serves = ""
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-class ExplicitRule(Rule):
-    """A rule of the explicit relevance passes (docs/METHODS.md §1), driven by :class:`Propagation`.
-
-    Subclasses define :meth:`relevance`.
-    """
-
-    serves = EXPLICIT
-
-    def relevance(self, op: Op, R: RelevanceIn, cache: Optional[dict] = None) -> tuple[Tensor, ...]:
-        """Relevance of ``op.inputs`` from the relevance ``R`` of its output (one tensor per input, ``None`` for
-        an input whose relevance is not needed). ``cache``: the pass's store for the weights' parts."""
-        raise NotImplementedError(f"{type(self).__name__} must define relevance(op, R, cache)")
-
-
-class GradientRule(Rule):
-    """A rule of the modified-gradient replays (docs/METHODS.md §2b.1), driven by
-    :class:`lrp_core.adapters.blocks.Replay`: the operation's forward value, with the gradient the rule prescribes.
-
-    Subclasses override :meth:`forward`; the default is the operation itself (the plain gradient).
-    """
-
-    serves = MODIFIED_GRADIENT
-
-    def forward(self, fn: Callable[..., Tensor], *inputs: Tensor, module: Optional[nn.Module] = None) -> Tensor:
-        """The operation's output ``fn(*inputs)`` as the replay computes it (``module``: the model's own, if any)."""
-        return fn(*inputs)
-
-
-class Identity(ExplicitRule):
-    """Relevance passes unchanged (element-wise layers, normalisations, softmax). docs/METHODS.md §1.2."""
-
-    name = "identity"
-
-    def relevance(self, op, R, cache=None):
-        return (R,)
-
-
-class SignedLinear(ExplicitRule):
-    """:func:`lrp_core.rules.linear_signed` — α=1, β=0 on signed inputs, one shared denominator. docs/METHODS.md §1.1.
-
-    Where the pass has the layer's output it is reused: one matrix product less.
-    """
-
-    name = "signed"
-
-    def relevance(self, op, R, cache=None):
-        m = op.module
-        return (F.linear_signed(op.inputs[0], m.weight, R, out=op.output,
-                                bias=getattr(m, "bias", None), cache=cache),)
-
-
-class BaselineLinear(ExplicitRule):
-    """:func:`lrp_core.rules.linear_baseline` — the LRP baseline's separate denominators. docs/METHODS.md §1.7."""
-
-    name = "baseline"
-
-    def relevance(self, op, R, cache=None):
-        return (F.linear_baseline(op.inputs[0], op.module.weight, R),)
-
-
-class NormalizedAdd(ExplicitRule):
-    """:func:`lrp_core.rules.add_normalized` — generic share, then the paper's normalisation. docs/METHODS.md §1.3."""
-
-    name = "normalized_add"
-
-    def __init__(self, per_sample: bool = True):
-        self.per_sample = per_sample
-
-    def relevance(self, op, R, cache=None):
-        u, v = op.inputs
-        return F.add_normalized(u, v, R, per_sample=self.per_sample)
-
-
-class GenericAdd(ExplicitRule):
-    """:func:`lrp_core.rules.add_generic` — each operand its share ``u ⊙ R / (u + v)``. docs/METHODS.md §1.7, §1.13.
-
-    Where the pass has the sum (``op.output``), the share is formed from it.
-    """
-
-    name = "generic_add"
-
-    def relevance(self, op, R, cache=None):
-        u, v = op.inputs
-        if op.output is None:
-            return F.add_generic(u, v, R)
-        s = F.safe_div(R, op.output)
-        return tuple(None if t is None else t * s for t in (u, v))  # None: an operand whose share is not needed
-
-
-class HalvedMatMul(ExplicitRule):
-    """:func:`lrp_core.rules.matmul` with ``halve=True`` — both operands, each halved. docs/METHODS.md §1.5."""
-
-    name = "halved_matmul"
-
-    def relevance(self, op, R, cache=None):
-        a, b = op.inputs
-        return F.matmul(a, b, R, halve=True, z=op.output)
-
-
-class Clone(ExplicitRule):
-    """:func:`lrp_core.rules.clone` — the branches' relevances summed as ``x ⊙ Σ R_i / x``. docs/METHODS.md §1.4."""
-
-    name = "clone"
-
-    def relevance(self, op, R, cache=None):
-        return (F.clone(*R, x=op.inputs[0]),)
-
-
-class Select(ExplicitRule):
-    """:func:`lrp_core.rules.select` — relevance to the token the classifier reads. docs/METHODS.md §1.6."""
-
-    name = "select"
-
-    def relevance(self, op, R, cache=None):
-        return (F.select(op.inputs[0], R),)
-
-
-class WeightedSum(ExplicitRule):
-    """:func:`lrp_core.rules.weighted_sum` — the generic rule on a pooled token ``Σ_i w_i h_i``. docs/METHODS.md §4.4.
-
-    ``op.inputs`` = (tokens (B, n, D), weights (B or 1, n)); the weights are constants (relevance ``None``).
-    """
-
-    name = "weighted_sum"
-
-    def relevance(self, op, R, cache=None):
-        x, w = op.inputs
-        return F.weighted_sum(x, w, R, out=op.output), None
-
-
-class ZBox(ExplicitRule):
-    """:func:`lrp_core.rules.zbox_conv2d` — zᴮ on the pixels, bounds per sample. docs/METHODS.md §1.8."""
-
-    name = "zbox"
-
-    def relevance(self, op, R, cache=None):
-        conv = op.module
-        return (F.zbox_conv2d(op.inputs[0], conv.weight, R, stride=conv.stride, padding=conv.padding),)
+from .errors import RuleSetError, UnknownNameError
+from .explicit_rules import *  # noqa: F401,F403  (the rule objects, importable from here as before)
+from .explicit_rules import (BaselineLinear, Clone, GenericAdd, HalvedMatMul, HalvedProduct, Identity,
+                             NoExplicitFusedAttention, NormalizedAdd, Rotary, Select, SharedHeads, SignedLinear,
+                             WeightedSum, ZBox)
+from .gradient_rules import *  # noqa: F401,F403
+from .gradient_rules import (DetachedGate, DetachedOperands, DetachedRMSNorm, DetachedStdLayerNorm,
+                             FusedAttentionCP, FusedAttentionLRP, Gradient, HalvedGradient, IdentityRule)
+from .ops import *  # noqa: F401,F403  (operation kinds and rule contracts, importable from here as before)
+from .ops import (ADD, ATTENTION, CLONE, ELEMENTWISE, EXPLICIT, GATE_MUL, KV_REPEAT, LAYER_KINDS, LAYERNORM,
+                  LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, MODIFIED_GRADIENT, OP_KINDS, PASS_KINDS, PATCH_CONV,
+                  POOL, POS_ADD, READOUT, RMSNORM, ROPE, SCALE, SOFTMAX, Op, RelevanceIn, Rule)
 
 
 # ----------------------------------------------------------------------------
@@ -339,7 +127,11 @@ _INSTEAD = {
     MODIFIED_GRADIENT: "run it as a modified-gradient replay — Replay(composite), adapter.forward(prepared, "
                        "grad=True, composite=composite), then gradient × input (as the methods attnlrp and cp_lrp do)",
 }
+
+
 _SETS = {EXPLICIT: "TRANSFORMER_ATTRIBUTION, LRP_BASELINE", MODIFIED_GRADIENT: "ATTNLRP, CP_LRP"}
+
+
 _WORDS = {EXPLICIT: "an explicit relevance pass", MODIFIED_GRADIENT: "a modified-gradient replay"}
 
 
@@ -424,293 +216,47 @@ class Propagation(RuleChoice):
         return self(CLONE, (x,), Rs)[0]
 
 
+# ----------------------------------------------------------------------------
+# the rule sets
+# ----------------------------------------------------------------------------
 def _identities() -> dict[str, Rule]:
-    return {LAYERNORM: Identity(), ELEMENTWISE: Identity(), SCALE: Identity(), SOFTMAX: Identity()}
+    """Operations that pass relevance unchanged in the explicit passes (docs/METHODS.md §1.2, §2c)."""
+    return {LAYERNORM: Identity(), RMSNORM: Identity(), ELEMENTWISE: Identity(), SCALE: Identity(),
+            SOFTMAX: Identity()}
 
 
-#: The rules of Chefer et al. (CVPR 2021), used by ``transformer_attribution``.
+#: The rules of Chefer et al. (CVPR 2021), used by ``transformer_attribution``; decoders' operations per §2c.
 TRANSFORMER_ATTRIBUTION = Composite(
     name="transformer_attribution",
     rules={LINEAR: SignedLinear(), PATCH_CONV: ZBox(), **_identities(), ADD: NormalizedAdd(),
            MASK_ADD: NormalizedAdd(), POS_ADD: GenericAdd(), MATMUL_QK: HalvedMatMul(),
-           MATMUL_AV: HalvedMatMul(), CLONE: Clone(), READOUT: Select(), POOL: WeightedSum()},
+           MATMUL_AV: HalvedMatMul(), CLONE: Clone(), READOUT: Select(), POOL: WeightedSum(),
+           ROPE: Rotary(), KV_REPEAT: SharedHeads(), GATE_MUL: HalvedProduct(), ATTENTION: NoExplicitFusedAttention()},
 )
 
 #: The LRP baseline (``lrp``, ``partial_lrp``): no Add normalisation, separate denominators.
 LRP_BASELINE = TRANSFORMER_ATTRIBUTION.with_rules(
     "lrp_baseline", **{LINEAR: BaselineLinear(), ADD: GenericAdd(), MASK_ADD: GenericAdd()})
 
-# ----------------------------------------------------------------------------
-# modified-gradient rules: AttnLRP and CP-LRP as gradient × input (docs/METHODS.md §2b)
-# ----------------------------------------------------------------------------
-#: the identity rule's stabiliser (a plain +1e-10, as in LXT; not sign-matched)
-IDENTITY_RULE_EPS = 1e-10
-
-
-class _IdentityRuleFn(torch.autograd.Function):
-    """``y = f(x)`` whose backward multiplies the incoming gradient by ``f(x) / (x + 1e-10)``."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
-        y = fn(x)
-        # x and y are kept by the replay's records anyway; a saved ratio would be one more tensor of their size
-        ctx.save_for_backward(x, y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x, y = ctx.saved_tensors
-        return grad * (y / (x + IDENTITY_RULE_EPS)), None
-
-
-class _DivideGradientFn(torch.autograd.Function):
-    """Identity forward; the backward divides the gradient by ``factor``."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, factor: float) -> Tensor:
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return grad / ctx.factor, None
-
-
-class Gradient(GradientRule):
-    """The plain gradient: Linear/Conv (ε-rule with ε → 0), Add, Clone, LayerScale, softmax under AttnLRP.
-    docs/METHODS.md §2b.1."""
-
-    name = "gradient"
-
-
-class IdentityRule(GradientRule):
-    """Element-wise non-linearity: gradient replaced by ``f(x) / (x + 1e-10)`` (AttnLRP Prop. 3.1's identity rule).
-
-    Relevance passes through the non-linearity unchanged: ``x ⊙ f(x)/x · ∂y/∂f = f(x) ⊙ ∂y/∂f``.
-    docs/METHODS.md §2b.1.
-    """
-
-    name = "identity_rule"
-
-    def forward(self, fn, x, module=None):
-        return _IdentityRuleFn.apply(x, fn)
-
-
-class DetachedStdLayerNorm(GradientRule):
-    """LayerNorm with ``sqrt(var + eps)`` a constant: mean-centring, γ and β stay linear (AttnLRP §3.3, CP-LRP).
-
-    A normalisation module with a ``denominator(x)`` method (CLIP's L2 normalisation) has that divisor held constant.
-    docs/METHODS.md §2b.1.
-    """
-
-    name = "detached_std"
-
-    def forward(self, fn, x, module=None):
-        if hasattr(module, "denominator"):  # a normalisation that names its divisor (e.g. CLIP's L2 norm)
-            return x / module.denominator(x).detach()
-        if module is None or len(getattr(module, "normalized_shape", (0, 0))) != 1:
-            raise UnsupportedModelError(f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}")
-        mean = x.mean(dim=-1, keepdim=True)
-        centred = x - mean
-        # the std, γ and β are constants of the pass (no parameter gradients are taken): built from
-        # detached tensors, autograd keeps no activation-sized tensor for them — the same values
-        std = (centred.detach().pow(2).mean(dim=-1, keepdim=True) + module.eps).sqrt()  # biased, as LayerNorm
-        y = centred / std
-        if module.weight is not None:
-            y = y * module.weight.detach()
-        if module.bias is not None:
-            y = y + module.bias.detach()
-        return y
-
-
-class HalvedGradient(GradientRule):
-    """A product of two activations, each operand's gradient halved: AttnLRP's uniform rule (Prop. 3.2).
-    docs/METHODS.md §2b.1."""
-
-    name = "halved_gradient"
-
-    def forward(self, fn, a, b, module=None):
-        return fn(_DivideGradientFn.apply(a, 2.0), _DivideGradientFn.apply(b, 2.0))
-
-
-class DetachedOperands(GradientRule):
-    """A product of two activations taken as constants (CP-LRP: Q and K detached, the attention weights fixed).
-    docs/METHODS.md §2b.1."""
-
-    name = "detached"
-
-    def forward(self, fn, *inputs, module=None):
-        return fn(*(t.detach() for t in inputs))
-
 
 def _gradient_everywhere() -> dict[str, Rule]:
     return {kind: Gradient() for kind in OP_KINDS}
 
 
-#: AttnLRP (Achtibat et al., ICML 2024), LXT 2.1's efficient mode: ``attnlrp``.
+#: AttnLRP (Achtibat et al., ICML 2024) as LXT's efficient mode: ``attnlrp`` (decoders: LXT git HEAD, §2c).
 ATTNLRP = Composite(
     name="attnlrp",
-    rules={**_gradient_everywhere(), LAYERNORM: DetachedStdLayerNorm(), ELEMENTWISE: IdentityRule(),
-           MATMUL_QK: HalvedGradient(), MATMUL_AV: HalvedGradient()},
+    rules={**_gradient_everywhere(), LAYERNORM: DetachedStdLayerNorm(), RMSNORM: DetachedRMSNorm(),
+           ELEMENTWISE: IdentityRule(), MATMUL_QK: HalvedGradient(), MATMUL_AV: HalvedGradient(),
+           GATE_MUL: HalvedGradient(), ATTENTION: FusedAttentionLRP()},
 )
 
-#: CP-LRP (Ali et al., ICML 2022): AttnLRP's rules, but Q and K detached and no halving: ``cp_lrp``.
-CP_LRP = ATTNLRP.with_rules("cp_lrp", **{MATMUL_QK: DetachedOperands(), MATMUL_AV: Gradient()})
+#: CP-LRP (Ali et al., ICML 2022): AttnLRP's rules, but Q and K detached, the gate detached, no halving: ``cp_lrp``.
+CP_LRP = ATTNLRP.with_rules("cp_lrp", **{MATMUL_QK: DetachedOperands(), MATMUL_AV: Gradient(),
+                                        GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP()})
 
 
 __all__ = [
-    "OP_KINDS", "LINEAR", "PATCH_CONV", "LAYERNORM", "ELEMENTWISE", "SCALE", "SOFTMAX", "MATMUL_QK", "MATMUL_AV", "ADD",
-    "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "POOL", "LAYER_KINDS", "EXPLICIT", "MODIFIED_GRADIENT", "PASS_KINDS",
-    "Op", "Rule", "ExplicitRule", "GradientRule", "check_pass", "RuleChoice", "Identity", "SignedLinear", "BaselineLinear",
-    "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "WeightedSum", "ZBox", "Composite",
-    "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "IDENTITY_RULE_EPS", "Gradient", "IdentityRule",
-    "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "ATTNLRP", "CP_LRP",
+    "Composite", "check_pass", "RuleChoice", "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "ATTNLRP",
+    "CP_LRP",
 ]
-
-
-# ----------------------------------------------------------------------------
-# decoder operations (issue #22: Llama, Mistral, Qwen2/3, Gemma 3, GPT-2, Phi-3; docs/METHODS.md §2c)
-# ----------------------------------------------------------------------------
-RMSNORM = "rmsnorm"  # RMSNorm x·rsqrt(mean(x²)+ε)·w (Gemma: ·(1+w)); also per-head q/k norms
-ROPE = "rope"  # rotary position embedding of q or k: inputs (x, cos, sin), rotating the first cos.shape[-1] channels
-KV_REPEAT = "kv_repeat"  # key/value heads shared by several query heads (GQA/MQA): (B, Hkv, N, d) -> (B, H, N, d)
-GATE_MUL = "gate_mul"  # the gated MLP's product act(gate(x)) ⊙ up(x): inputs (act(gate), up)
-ATTENTION = "attention"  # fused softmax(q·kᵀ·scale + bias)·v (sdpa), inputs (q, k, v) with k, v not repeated
-
-DECODER_KINDS = (RMSNORM, ROPE, KV_REPEAT, GATE_MUL, ATTENTION)
-OP_KINDS = OP_KINDS + DECODER_KINDS
-
-
-def norm_kind(module: nn.Module) -> str:
-    """The operation kind of a normalisation module: RMSNORM for RMSNorm-like modules, else LAYERNORM."""
-    if "RMSNorm" in type(module).__name__ or hasattr(module, "variance_epsilon"):
-        return RMSNORM
-    return LAYERNORM
-
-
-class Rotary(ExplicitRule):
-    """RoPE, a bias-free linear map given the positions: the generic DTD rule ``x ⊙ Rotᵀ safe_div(R, Rot x)``.
-
-    Conserves up to the stabiliser (docs/METHODS.md §2c). ``op.inputs`` = (x, cos, sin), ``op.output`` = Rot x.
-    """
-
-    name = "rotary"
-
-    def relevance(self, op, R, cache=None):
-        x, cos, sin = op.inputs
-        z = F.apply_rotary(x, cos, sin) if op.output is None else op.output
-        return x * F.rotary_transpose(F.safe_div(R, z), cos, sin), None, None
-
-
-class SharedHeads(ExplicitRule):
-    """Shared key/value heads are a Clone: the relevances of the query heads sharing a head are summed into it.
-
-    ``op.inputs`` = (kv (B, Hkv, N, d),); R (B, H, N, d) with H = Hkv·groups (consecutive query heads per kv head).
-    """
-
-    name = "shared_heads"
-
-    def relevance(self, op, R, cache=None):
-        (kv,) = op.inputs
-        B, Hkv, N, d = kv.shape
-        groups = R.shape[1] // Hkv
-        if groups == 1:
-            return (R,)
-        parts = R.reshape(B, Hkv, groups, N, d).unbind(2)
-        return (F.clone(*parts, x=kv),)
-
-
-class HalvedProduct(ExplicitRule):
-    """An element-wise product of two activations ``z = a ⊙ b`` (gated MLP): the generic rule per operand, halved.
-
-    ``R_a = a ⊙ ∂z/∂a ⊙ s / 2 = z ⊙ s / 2`` and likewise ``R_b``, with ``s = safe_div(R, z)`` (§1's MatMul
-    rule, element-wise: each operand's share is the whole product's, so both get half of it).
-    """
-
-    name = "halved_product"
-
-    def relevance(self, op, R, cache=None):
-        a, b = op.inputs
-        z = a * b if op.output is None else op.output
-        half = z * F.safe_div(R, z) / 2
-        return half, half
-
-
-class DetachedRMSNorm(GradientRule):
-    """RMSNorm with ``rsqrt(mean(x²)+ε)`` a constant, γ linear — LXT's patch, in LXT's arithmetic.
-
-    Llama-style modules (``variance_epsilon``; Llama, Mistral, Qwen2/3): computed in float32 and cast back
-    before ``w ·`` (so a float64 model rounds here, as the model and LXT do). Gemma-style modules (``eps``,
-    weight ``1 + w``): ``_norm`` on ``x.float()`` with the factor detached, times ``(1 + w)``, cast back.
-    """
-
-    name = "detached_rms"
-
-    def forward(self, fn, x, module=None):
-        w = module.weight.detach()
-        if hasattr(module, "variance_epsilon"):
-            dtype = x.dtype
-            h = x.to(torch.float32)
-            variance = h.pow(2).mean(-1, keepdim=True)
-            h = h * torch.rsqrt(variance + module.variance_epsilon).detach()
-            return w * h.to(dtype)
-        if hasattr(module, "eps"):
-            h = x.float()
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.eps).detach()
-            return (h * (1.0 + w.float())).type_as(x)
-        raise UnsupportedModelError(f"{type(self).__name__}: {type(module).__name__} is not an RMSNorm "
-                                    "(expected variance_epsilon or eps)")
-
-
-class DetachedGate(GradientRule):
-    """CP-LRP's gated product: the gate (first operand) a constant, no halving."""
-
-    name = "detached_gate"
-
-    def forward(self, fn, a, b, module=None):
-        return fn(a.detach(), b)
-
-
-class FusedAttentionLRP(GradientRule):
-    """AttnLRP on a fused attention (sdpa): the gradient into q and k ÷4, into v ÷2, then the plain kernel.
-
-    The same gradient as the ÷2 rules at ``q·kᵀ`` and ``A·v`` with the plain softmax gradient between them
-    (powers of two commute with every step), without the N×N attention in memory.
-    """
-
-    name = "fused_attnlrp"
-
-    def forward(self, fn, q, k, v, module=None):
-        return fn(_DivideGradientFn.apply(q, 4.0), _DivideGradientFn.apply(k, 4.0), _DivideGradientFn.apply(v, 2.0))
-
-
-class FusedAttentionCP(GradientRule):
-    """CP-LRP on a fused attention: q and k detached (the attention weights constant), linear in v."""
-
-    name = "fused_cp"
-
-    def forward(self, fn, q, k, v, module=None):
-        return fn(q.detach(), k.detach(), v)
-
-
-class NoExplicitFusedAttention(ExplicitRule):
-    """Explicit passes need the attention map A: the replay computes attention eagerly for them."""
-
-    name = "eager_only"
-
-    def relevance(self, op, R, cache=None):
-        raise UnsupportedModelError("an explicit relevance pass needs the attention map: replay the attention "
-                                    "eagerly (the fused kind is for modified-gradient rules only)")
-
-
-_DECODER_EXPLICIT = {RMSNORM: Identity(), ROPE: Rotary(), KV_REPEAT: SharedHeads(), GATE_MUL: HalvedProduct(),
-                     ATTENTION: NoExplicitFusedAttention()}
-TRANSFORMER_ATTRIBUTION = TRANSFORMER_ATTRIBUTION.with_rules("transformer_attribution", **_DECODER_EXPLICIT)
-LRP_BASELINE = LRP_BASELINE.with_rules("lrp_baseline", **_DECODER_EXPLICIT)
-ATTNLRP = ATTNLRP.with_rules("attnlrp", **{RMSNORM: DetachedRMSNorm(), ROPE: Gradient(), KV_REPEAT: Gradient(),
-                                           GATE_MUL: HalvedGradient(), ATTENTION: FusedAttentionLRP()})
-CP_LRP = CP_LRP.with_rules("cp_lrp", **{RMSNORM: DetachedRMSNorm(), ROPE: Gradient(), KV_REPEAT: Gradient(),
-                                        GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP()})
-
-__all__ += ["RMSNORM", "ROPE", "KV_REPEAT", "GATE_MUL", "ATTENTION", "DECODER_KINDS", "norm_kind", "Rotary", "SharedHeads", "HalvedProduct",
-            "DetachedRMSNorm", "DetachedGate", "FusedAttentionLRP", "FusedAttentionCP", "NoExplicitFusedAttention"]

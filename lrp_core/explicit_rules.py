@@ -1,0 +1,183 @@
+"""The rules of the explicit relevance passes (``relevance(op, R)``; docs/METHODS.md §1 and §2c).
+
+Each rule object wraps a plain-tensor function of :mod:`lrp_core.rules` (the course calls those directly)
+and uses its one stabiliser :data:`lrp_core.rules.EPS`. A composite (:mod:`lrp_core.composites`) chooses
+which rule each operation gets.
+"""
+from __future__ import annotations
+
+from . import rules as F
+from .errors import UnsupportedModelError
+from .ops import ExplicitRule
+
+class Identity(ExplicitRule):
+    """Relevance passes unchanged (element-wise layers, normalisations, softmax). docs/METHODS.md §1.2."""
+
+    name = "identity"
+
+    def relevance(self, op, R, cache=None):
+        return (R,)
+
+
+class SignedLinear(ExplicitRule):
+    """:func:`lrp_core.rules.linear_signed` — α=1, β=0 on signed inputs, one shared denominator. docs/METHODS.md §1.1.
+
+    Where the pass has the layer's output it is reused: one matrix product less.
+    """
+
+    name = "signed"
+
+    def relevance(self, op, R, cache=None):
+        m = op.module
+        return (F.linear_signed(op.inputs[0], m.weight, R, out=op.output,
+                                bias=getattr(m, "bias", None), cache=cache),)
+
+
+class BaselineLinear(ExplicitRule):
+    """:func:`lrp_core.rules.linear_baseline` — the LRP baseline's separate denominators. docs/METHODS.md §1.7."""
+
+    name = "baseline"
+
+    def relevance(self, op, R, cache=None):
+        return (F.linear_baseline(op.inputs[0], op.module.weight, R),)
+
+
+class NormalizedAdd(ExplicitRule):
+    """:func:`lrp_core.rules.add_normalized` — generic share, then the paper's normalisation. docs/METHODS.md §1.3."""
+
+    name = "normalized_add"
+
+    def __init__(self, per_sample: bool = True):
+        self.per_sample = per_sample
+
+    def relevance(self, op, R, cache=None):
+        u, v = op.inputs
+        return F.add_normalized(u, v, R, per_sample=self.per_sample)
+
+
+class GenericAdd(ExplicitRule):
+    """:func:`lrp_core.rules.add_generic` — each operand its share ``u ⊙ R / (u + v)``. docs/METHODS.md §1.7, §1.13.
+
+    Where the pass has the sum (``op.output``), the share is formed from it.
+    """
+
+    name = "generic_add"
+
+    def relevance(self, op, R, cache=None):
+        u, v = op.inputs
+        if op.output is None:
+            return F.add_generic(u, v, R)
+        s = F.safe_div(R, op.output)
+        return tuple(None if t is None else t * s for t in (u, v))  # None: an operand whose share is not needed
+
+
+class HalvedMatMul(ExplicitRule):
+    """:func:`lrp_core.rules.matmul` with ``halve=True`` — both operands, each halved. docs/METHODS.md §1.5."""
+
+    name = "halved_matmul"
+
+    def relevance(self, op, R, cache=None):
+        a, b = op.inputs
+        return F.matmul(a, b, R, halve=True, z=op.output)
+
+
+class Clone(ExplicitRule):
+    """:func:`lrp_core.rules.clone` — the branches' relevances summed as ``x ⊙ Σ R_i / x``. docs/METHODS.md §1.4."""
+
+    name = "clone"
+
+    def relevance(self, op, R, cache=None):
+        return (F.clone(*R, x=op.inputs[0]),)
+
+
+class Select(ExplicitRule):
+    """:func:`lrp_core.rules.select` — relevance to the token the classifier reads. docs/METHODS.md §1.6."""
+
+    name = "select"
+
+    def relevance(self, op, R, cache=None):
+        return (F.select(op.inputs[0], R),)
+
+
+class WeightedSum(ExplicitRule):
+    """:func:`lrp_core.rules.weighted_sum` — the generic rule on a pooled token ``Σ_i w_i h_i``. docs/METHODS.md §4.4.
+
+    ``op.inputs`` = (tokens (B, n, D), weights (B or 1, n)); the weights are constants (relevance ``None``).
+    """
+
+    name = "weighted_sum"
+
+    def relevance(self, op, R, cache=None):
+        x, w = op.inputs
+        return F.weighted_sum(x, w, R, out=op.output), None
+
+
+class ZBox(ExplicitRule):
+    """:func:`lrp_core.rules.zbox_conv2d` — zᴮ on the pixels, bounds per sample. docs/METHODS.md §1.8."""
+
+    name = "zbox"
+
+    def relevance(self, op, R, cache=None):
+        conv = op.module
+        return (F.zbox_conv2d(op.inputs[0], conv.weight, R, stride=conv.stride, padding=conv.padding),)
+
+
+class Rotary(ExplicitRule):
+    """RoPE, a bias-free linear map given the positions: the generic DTD rule ``x ⊙ Rotᵀ safe_div(R, Rot x)``.
+
+    Conserves up to the stabiliser (docs/METHODS.md §2c). ``op.inputs`` = (x, cos, sin), ``op.output`` = Rot x.
+    """
+
+    name = "rotary"
+
+    def relevance(self, op, R, cache=None):
+        x, cos, sin = op.inputs
+        z = F.apply_rotary(x, cos, sin) if op.output is None else op.output
+        return x * F.rotary_transpose(F.safe_div(R, z), cos, sin), None, None
+
+
+class SharedHeads(ExplicitRule):
+    """Shared key/value heads are a Clone: the relevances of the query heads sharing a head are summed into it.
+
+    ``op.inputs`` = (kv (B, Hkv, N, d),); R (B, H, N, d) with H = Hkv·groups (consecutive query heads per kv head).
+    """
+
+    name = "shared_heads"
+
+    def relevance(self, op, R, cache=None):
+        (kv,) = op.inputs
+        B, Hkv, N, d = kv.shape
+        groups = R.shape[1] // Hkv
+        if groups == 1:
+            return (R,)
+        parts = R.reshape(B, Hkv, groups, N, d).unbind(2)
+        return (F.clone(*parts, x=kv),)
+
+
+class HalvedProduct(ExplicitRule):
+    """An element-wise product of two activations ``z = a ⊙ b`` (gated MLP): the generic rule per operand, halved.
+
+    ``R_a = a ⊙ ∂z/∂a ⊙ s / 2 = z ⊙ s / 2`` and likewise ``R_b``, with ``s = safe_div(R, z)`` (§1's MatMul
+    rule, element-wise: each operand's share is the whole product's, so both get half of it).
+    """
+
+    name = "halved_product"
+
+    def relevance(self, op, R, cache=None):
+        a, b = op.inputs
+        z = a * b if op.output is None else op.output
+        half = z * F.safe_div(R, z) / 2
+        return half, half
+
+
+class NoExplicitFusedAttention(ExplicitRule):
+    """Explicit passes need the attention map A: the replay computes attention eagerly for them."""
+
+    name = "eager_only"
+
+    def relevance(self, op, R, cache=None):
+        raise UnsupportedModelError("an explicit relevance pass needs the attention map: replay the attention "
+                                    "eagerly (the fused kind is for modified-gradient rules only)")
+
+
+__all__ = ["Identity", "SignedLinear", "BaselineLinear", "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "WeightedSum", "ZBox", "Rotary", "SharedHeads", "HalvedProduct", "NoExplicitFusedAttention"]

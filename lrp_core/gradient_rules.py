@@ -1,0 +1,173 @@
+"""The rules of the modified-gradient replays (``forward(fn, *inputs)``; AttnLRP and CP-LRP, docs/METHODS.md §2b, §2c).
+
+Each rule computes its operation's value with the gradient its paper prescribes; relevance is then
+gradient × input. A composite (:mod:`lrp_core.composites`) chooses which rule each operation gets.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .errors import UnsupportedModelError
+from .ops import GradientRule
+
+#: the identity rule's stabiliser (a plain +1e-10, as in LXT; not sign-matched)
+IDENTITY_RULE_EPS = 1e-10
+
+
+class _IdentityRuleFn(torch.autograd.Function):
+    """``y = f(x)`` whose backward multiplies the incoming gradient by ``f(x) / (x + 1e-10)``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        y = fn(x)
+        # x and y are kept by the replay's records anyway; a saved ratio would be one more tensor of their size
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, y = ctx.saved_tensors
+        return grad * (y / (x + IDENTITY_RULE_EPS)), None
+
+
+class _DivideGradientFn(torch.autograd.Function):
+    """Identity forward; the backward divides the gradient by ``factor``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, factor: float) -> Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad / ctx.factor, None
+
+
+class Gradient(GradientRule):
+    """The plain gradient: Linear/Conv (ε-rule with ε → 0), Add, Clone, LayerScale, softmax under AttnLRP.
+    docs/METHODS.md §2b.1."""
+
+    name = "gradient"
+
+
+class IdentityRule(GradientRule):
+    """Element-wise non-linearity: gradient replaced by ``f(x) / (x + 1e-10)`` (AttnLRP Prop. 3.1's identity rule).
+
+    Relevance passes through the non-linearity unchanged: ``x ⊙ f(x)/x · ∂y/∂f = f(x) ⊙ ∂y/∂f``.
+    docs/METHODS.md §2b.1.
+    """
+
+    name = "identity_rule"
+
+    def forward(self, fn, x, module=None):
+        return _IdentityRuleFn.apply(x, fn)
+
+
+class DetachedStdLayerNorm(GradientRule):
+    """LayerNorm with ``sqrt(var + eps)`` a constant: mean-centring, γ and β stay linear (AttnLRP §3.3, CP-LRP).
+
+    A normalisation module with a ``denominator(x)`` method (CLIP's L2 normalisation) has that divisor held constant.
+    docs/METHODS.md §2b.1.
+    """
+
+    name = "detached_std"
+
+    def forward(self, fn, x, module=None):
+        if hasattr(module, "denominator"):  # a normalisation that names its divisor (e.g. CLIP's L2 norm)
+            return x / module.denominator(x).detach()
+        if module is None or len(getattr(module, "normalized_shape", (0, 0))) != 1:
+            raise UnsupportedModelError(f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}")
+        mean = x.mean(dim=-1, keepdim=True)
+        centred = x - mean
+        # the std, γ and β are constants of the pass (no parameter gradients are taken): built from
+        # detached tensors, autograd keeps no activation-sized tensor for them — the same values
+        std = (centred.detach().pow(2).mean(dim=-1, keepdim=True) + module.eps).sqrt()  # biased, as LayerNorm
+        y = centred / std
+        if module.weight is not None:
+            y = y * module.weight.detach()
+        if module.bias is not None:
+            y = y + module.bias.detach()
+        return y
+
+
+class HalvedGradient(GradientRule):
+    """A product of two activations, each operand's gradient halved: AttnLRP's uniform rule (Prop. 3.2).
+    docs/METHODS.md §2b.1."""
+
+    name = "halved_gradient"
+
+    def forward(self, fn, a, b, module=None):
+        return fn(_DivideGradientFn.apply(a, 2.0), _DivideGradientFn.apply(b, 2.0))
+
+
+class DetachedOperands(GradientRule):
+    """A product of two activations taken as constants (CP-LRP: Q and K detached, the attention weights fixed).
+    docs/METHODS.md §2b.1."""
+
+    name = "detached"
+
+    def forward(self, fn, *inputs, module=None):
+        return fn(*(t.detach() for t in inputs))
+
+
+class DetachedRMSNorm(GradientRule):
+    """RMSNorm with ``rsqrt(mean(x²)+ε)`` a constant, γ linear — LXT's patch, in LXT's arithmetic.
+
+    Llama-style modules (``variance_epsilon``; Llama, Mistral, Qwen2/3): computed in float32 and cast back
+    before ``w ·`` (so a float64 model rounds here, as the model and LXT do). Gemma-style modules (``eps``,
+    weight ``1 + w``): ``_norm`` on ``x.float()`` with the factor detached, times ``(1 + w)``, cast back.
+    """
+
+    name = "detached_rms"
+
+    def forward(self, fn, x, module=None):
+        w = module.weight.detach()
+        if hasattr(module, "variance_epsilon"):
+            dtype = x.dtype
+            h = x.to(torch.float32)
+            variance = h.pow(2).mean(-1, keepdim=True)
+            h = h * torch.rsqrt(variance + module.variance_epsilon).detach()
+            return w * h.to(dtype)
+        if hasattr(module, "eps"):
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.eps).detach()
+            return (h * (1.0 + w.float())).type_as(x)
+        raise UnsupportedModelError(f"{type(self).__name__}: {type(module).__name__} is not an RMSNorm "
+                                    "(expected variance_epsilon or eps)")
+
+
+class DetachedGate(GradientRule):
+    """CP-LRP's gated product: the gate (first operand) a constant, no halving."""
+
+    name = "detached_gate"
+
+    def forward(self, fn, a, b, module=None):
+        return fn(a.detach(), b)
+
+
+class FusedAttentionLRP(GradientRule):
+    """AttnLRP on a fused attention (sdpa): the gradient into q and k ÷4, into v ÷2, then the plain kernel.
+
+    The same gradient as the ÷2 rules at ``q·kᵀ`` and ``A·v`` with the plain softmax gradient between them
+    (powers of two commute with every step), without the N×N attention in memory.
+    """
+
+    name = "fused_attnlrp"
+
+    def forward(self, fn, q, k, v, module=None):
+        return fn(_DivideGradientFn.apply(q, 4.0), _DivideGradientFn.apply(k, 4.0), _DivideGradientFn.apply(v, 2.0))
+
+
+class FusedAttentionCP(GradientRule):
+    """CP-LRP on a fused attention: q and k detached (the attention weights constant), linear in v."""
+
+    name = "fused_cp"
+
+    def forward(self, fn, q, k, v, module=None):
+        return fn(q.detach(), k.detach(), v)
+
+
+__all__ = ["IDENTITY_RULE_EPS", "Gradient", "IdentityRule", "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "DetachedRMSNorm", "DetachedGate", "FusedAttentionLRP", "FusedAttentionCP"]
