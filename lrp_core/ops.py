@@ -49,7 +49,7 @@ OP_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SCALE, SOFTMAX, MATMUL_Q
             POS_ADD, READOUT, POOL, RMSNORM, ROPE, KV_REPEAT, GATE_MUL, ATTENTION)
 DECODER_KINDS = (RMSNORM, ROPE, KV_REPEAT, GATE_MUL, ATTENTION)
 #: the kinds whose operations are modules of the model (layers): those a ``first`` entry can name
-LAYER_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SCALE)
+LAYER_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, RMSNORM, ELEMENTWISE, SCALE)
 
 # ----------------------------------------------------------------------------
 # kinds of pass
