@@ -73,7 +73,7 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     elif loaded.kind == "text":
         part = _text_run(loaded, names, n, batch_size, data, split, text_target, progress,
                          baseline, shard, config)
-    elif loaded.kind == "lm":
+    elif loaded.kind == "lm" or (getattr(loaded, "info", None) or {}).get("task") == "causal-lm":
         part = _lm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard)
     else:
         raise InputError(f"unknown model kind {loaded.kind!r}")
