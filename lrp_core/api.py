@@ -70,6 +70,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     """
     spec = registry.get(method)
     adapter = get_adapter(model).for_inputs(inputs)
+    registry.check_model(spec, adapter)
     prepared = adapter.check_inputs(inputs)
     layout = adapter.layout(prepared)
     opt = registry.parse_options(spec, options, adapter.num_blocks, adapter.modality)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Optional
 from . import baselines as CB
 from . import methods as M
 from . import options as O
-from .errors import InputError, UnknownMethodError
+from .errors import InputError, UnknownMethodError, UnsupportedModelError
 from .explanation import OPTIONAL_FIELDS
 from .memory import BACKWARD, GRAPH, MODIFIED, PLAIN, RELPROP, Profile
 from .options import GENERIC_OPTIONS
@@ -51,6 +51,8 @@ class MethodSpec:
     #: by the row minimum (``TokenLayout.readout_minimum``, docs/METHODS.md §5.6); the widgets' product view
     #: reads it here
     readout_minimum: bool = False
+    #: whether it runs on decoder language models (lrp_core.adapters.decoder); the Captum baselines do not yet
+    decoders: bool = True
 
     def takes(self, option: str) -> bool:
         return option in self.options or option in GENERIC_OPTIONS
@@ -96,29 +98,31 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                returns=("pixels", "token_relevance", "conservation")),
     # --- the field's attribution baselines, computed by Captum at the pixels / word embeddings (lrp_core.baselines)
     # x ⊙ ∂y_t/∂x
-    MethodSpec("input_x_gradient", CB.input_x_gradient, Profile(**GRAPH, **BACKWARD), returns=("pixels",)),
+    MethodSpec("input_x_gradient", CB.input_x_gradient, Profile(**GRAPH, **BACKWARD), returns=("pixels",), decoders=False),
     # Sundararajan et al. (2017): (x − x̄) ⊙ ∫ ∂y_t/∂x along the straight path from the baseline x̄
     MethodSpec("integrated_gradients", CB.integrated_gradients, Profile(**GRAPH, **BACKWARD, batched=True),
                options=("n_steps", "baseline", "batch_size"), defaults=_TEXT_PAD,
-               returns=("pixels", "convergence_delta")),
+               returns=("pixels", "convergence_delta"), decoders=False),
     # Smilkov et al. (2017): input × gradient averaged over noisy copies
     MethodSpec("smoothgrad", CB.smoothgrad, Profile(**GRAPH, **BACKWARD, batched=True),
                options=("n_samples", "stdevs", "seed", "batch_size"),
-               defaults={"image": {"stdevs": 0.6}, "text": {"stdevs": 0.02}}, returns=("pixels",)),
+               defaults={"image": {"stdevs": 0.6}, "text": {"stdevs": 0.02}}, returns=("pixels",), decoders=False),
     # y_t(x) − y_t(x with one patch / token replaced by the baseline)
     MethodSpec("occlusion", CB.occlusion, Profile(**PLAIN, batched=True), options=("baseline", "batch_size"),
-               defaults=_TEXT_PAD, returns=("pixels",)),
+               defaults=_TEXT_PAD, returns=("pixels",), decoders=False),
     # Lundberg & Lee (2017): Shapley values of the patches / tokens from weighted coalitions
     MethodSpec("kernel_shap", CB.kernel_shap, Profile(**PLAIN, batched=True),
                options=("n_samples", "baseline", "seed", "batch_size"),
                defaults={"image": {"n_samples": 256}, "text": {"n_samples": 256, "baseline": "pad"}},
-               returns=("pixels",)),
+               returns=("pixels",), decoders=False),
 )}
 
 #: Method names in the order the course introduces them.
 METHOD_NAMES: tuple = tuple(METHODS)
 #: Methods whose map does not depend on the target class.
 CLASS_AGNOSTIC: tuple = tuple(n for n, s in METHODS.items() if s.class_agnostic)
+#: the methods that run on decoder language models
+DECODER_METHODS: tuple = tuple(n for n, s in METHODS.items() if s.decoders)
 
 
 def _check_declarations() -> None:
@@ -155,6 +159,15 @@ def product_norm(method: str, options: Mapping[str, Any]) -> Optional[str]:
     explanation used (``Explanation.options``); ``None`` for a method without per-block matrices."""
     spec = get(method)
     return options.get("rollout_norm") if spec.takes("rollout_norm") else spec.product_norm
+
+
+def check_model(spec: MethodSpec, adapter: Any) -> None:
+    """Refuse a method on a kind of model it does not run on (named, with what to use instead)."""
+    if getattr(adapter, "is_decoder", False) and not spec.decoders:
+        takers = [n for n, s in METHODS.items() if s.decoders]
+        raise UnsupportedModelError(
+            f"method {spec.name!r} does not run on decoder language models yet ({type(adapter.model).__name__}): "
+            f"the Captum baselines attribute at encoders' and ViTs' inputs; for a decoder use one of {takers}")
 
 
 def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int, modality: str) -> "M.Options":

@@ -35,6 +35,8 @@ class Adapter(ABC):
     modality: str  # "image" | "text"
     #: additive value at padded key positions (text); ``None``: the model takes no padding mask
     mask_value: Optional[float] = None
+    #: a decoder language model (lrp_core.adapters.decoder): methods declare whether they run on one
+    is_decoder: bool = False
     #: entries of a prepared batch shared by all its samples, not one per sample (CLIP: the other tower's
     #: embeddings); :meth:`take` keeps them whole
     shared: tuple = ()

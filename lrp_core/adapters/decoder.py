@@ -62,6 +62,7 @@ class DecoderAdapter(Adapter):
     """A Hugging Face decoder-only LM (``*ForCausalLM``) or its ``*ForSequenceClassification``."""
 
     modality = "text"
+    is_decoder = True
     #: text with a padding mask; the additive values are the dtype's minimum (:func:`causal_bias`)
     mask_value = float("-inf")
 

@@ -27,7 +27,7 @@ from lrp_core import rules as F  # noqa: E402
 from lrp_core.adapters import get_adapter  # noqa: E402
 from lrp_core.errors import InputError  # noqa: E402
 from lrp_core.methods import Contrast  # noqa: E402
-from lrp_core.registry import METHOD_NAMES  # noqa: E402
+from lrp_core.registry import DECODER_METHODS, METHOD_NAMES  # noqa: E402
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 TOL = 1e-10  # float64, relative to the row's largest |score|
@@ -82,7 +82,7 @@ def test_every_method_left_right_alone(family, head):
     model = make_decoder(family, "eager", head=head)
     seqs = rows()
     left, right = batch(seqs, "left"), batch(seqs, "right")
-    for method in METHOD_NAMES:
+    for method in DECODER_METHODS:
         el, er = (lrp_core.explain(model, b, method=method) for b in (left, right))
         for exp, inputs in ((el, left), (er, right)):
             assert exp.scores.shape == inputs["input_ids"].shape
@@ -98,7 +98,7 @@ def test_model_untouched_and_targets():
     model = make_decoder("qwen3", "sdpa")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     inputs = batch(rows(), "left")
-    for method in METHOD_NAMES:
+    for method in DECODER_METHODS:
         lrp_core.explain(model, inputs, method=method)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not model.training and all(p.grad is None for p in model.parameters())
@@ -255,3 +255,10 @@ def test_position_refused_for_encoders():
     with pytest.raises(InputError, match="position"):
         lrp_core.explain(bert, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method="attnlrp",
                          position=1)
+
+
+@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m not in DECODER_METHODS])
+def test_methods_without_decoder_support_are_refused(method):
+    model = make_decoder("llama", attn="eager", head="causal")
+    with pytest.raises(lrp_core.errors.UnsupportedModelError, match="does not run on decoder language models"):
+        lrp_core.explain(model, batch(rows(), "left"), method=method)

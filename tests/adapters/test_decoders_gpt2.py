@@ -15,6 +15,7 @@ from lrp_core import METHODS, Contrast, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.adapters.gpt2 import Conv1DLinear, GPT2Adapter
 from lrp_core.errors import InputError
+from lrp_core.registry import DECODER_METHODS
 from test_api import _assert_same, _state
 
 FAMILIES = ("gpt2", "gemma3", "phi3")
@@ -54,7 +55,7 @@ def test_replay_logits_are_the_models(family, attn, head, side):
 def test_every_method_gives_each_row_its_own_map_padded_left_right_or_alone(family, head):
     model = make_decoder(family, attn="sdpa", head=head)
     seqs = rows()
-    for method in METHODS:
+    for method in DECODER_METHODS:
         alone = [explain(model, {"input_ids": s[None]}, method=method).scores[0] for s in seqs]
         for side in ("left", "right"):
             inputs = batch(seqs, side)
@@ -142,7 +143,7 @@ def test_model_is_untouched(family, head):
     model.train()  # an unusual mode must survive too (dropout is an identity in the replay)
     inputs = batch(rows(), "left")
     before = _state(model)
-    for method in METHODS:
+    for method in DECODER_METHODS:
         explain(model, inputs, method=method)
         _assert_same(before, _state(model))
 

@@ -9,6 +9,7 @@ import torch
 from decoders import batch, make_decoder, rows
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
+from lrp_core.registry import DECODER_METHODS
 
 
 def _as_llama(phi3: torch.nn.Module) -> torch.nn.Module:
@@ -50,7 +51,7 @@ def test_fused_projections_explain_as_the_split_ones(attn):
     llama = _as_llama(phi3)
     # left-padded (an explicit causal mask) and unpadded (sdpa's own causal mask in the fused passes)
     for inputs in (batch(rows(), "left"), {"input_ids": rows()[1][None]}):
-        for method in METHODS:
+        for method in DECODER_METHODS:
             a, b = explain(phi3, inputs, method=method), explain(llama, inputs, method=method)
             torch.testing.assert_close(a.logits, b.logits, rtol=1e-12, atol=1e-12)
             scale = b.scores.abs().max().clamp(min=1e-30)
