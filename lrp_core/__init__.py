@@ -16,3 +16,7 @@ __all__ = [
 from .api import METHODS, AttentionParts, ConceptTarget, Contrast, attention_parts, concept_target, explain
 
 __all__ += ["METHODS", "AttentionParts", "ConceptTarget", "Contrast", "attention_parts", "concept_target", "explain"]
+
+from .generation import GenerationExplanation, explain_generation  # noqa: E402
+
+__all__ += ["explain_generation", "GenerationExplanation"]
