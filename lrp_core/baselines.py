@@ -130,13 +130,16 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
             return _contrast(trace.logits, neg)
         return Attributed(forward, prepared["images"].detach(), (negative,))
 
-    keys = tuple(prepared)
+    # per-sample entries travel with the samples (Captum repeats / slices them); shared ones (CLIP's images of the
+    # text side) are the adapter's fact and stay whole
+    shared = {k: v for k, v in prepared.items() if k in adapter.shared}
+    keys = tuple(k for k in prepared if k not in shared)
     module = word_embedding_module(adapter, prepared)
 
     def forward(embeds: Tensor, *values: Any) -> Tensor:
         *entries, neg = values
         with _output_replaced(module, embeds):
-            trace = adapter.forward(dict(zip(keys, entries)), grad=torch.is_grad_enabled())
+            trace = adapter.forward({**shared, **dict(zip(keys, entries))}, grad=torch.is_grad_enabled())
         return _contrast(trace.logits, neg)
 
     with torch.no_grad():
@@ -288,9 +291,14 @@ def smoothgrad(c: Call) -> MethodResult:
     from captum.attr import InputXGradient, NoiseTunnel
     a, target, logits = _start(c, grad=True)
     tunnel = NoiseTunnel(InputXGradient(a.forward))
-    attr = _per_sample(c, a, lambda i: tunnel.attribute(
-        a.inputs[i:i + 1], nt_type="smoothgrad", nt_samples=c.opt.n_samples, nt_samples_batch_size=c.opt.batch_size,
-        stdevs=float(c.opt.stdevs), target=target[i:i + 1], additional_forward_args=a.row(i)))
+
+    def one(i: int) -> Tensor:
+        x, args, n = _unpadded(a, i)  # the noise is drawn for the real tokens only: padding changes nothing
+        got = tunnel.attribute(x, nt_type="smoothgrad", nt_samples=c.opt.n_samples,
+                               nt_samples_batch_size=c.opt.batch_size, stdevs=float(c.opt.stdevs),
+                               target=target[i:i + 1], additional_forward_args=args)
+        return got if n is None else F.pad(got, (0, 0, 0, a.inputs.shape[1] - n))
+    attr = _per_sample(c, a, one)
     return _result(c, a, attr, target, logits, per_feature=False,
                    used={"n_samples": c.opt.n_samples, "stdevs": c.opt.stdevs, "seed": c.opt.seed})
 
@@ -311,12 +319,40 @@ def kernel_shap(c: Call) -> MethodResult:
     a, target, logits = _start(c)
     ref, mask = reference(c, a), feature_mask(c, a)
     shap = KernelShap(a.forward)
-    attr = _per_sample(c, a, lambda i: shap.attribute(
-        a.inputs[i:i + 1], baselines=ref[i:i + 1], target=target[i:i + 1], additional_forward_args=a.row(i),
-        feature_mask=mask if mask.shape[0] == 1 else mask[i:i + 1], n_samples=c.opt.n_samples,
-        perturbations_per_eval=c.opt.batch_size))
+
+    def one(i: int) -> Tensor:
+        m = mask if mask.shape[0] == 1 else mask[i:i + 1]
+        if int(m.max()) == 0:  # one feature: its Shapley value is f(x) − f(reference) (efficiency); Captum's
+            return _whole_input_value(a, ref, target, i)  # kernel weights are undefined for a single feature
+        return shap.attribute(a.inputs[i:i + 1], baselines=ref[i:i + 1], target=target[i:i + 1],
+                              additional_forward_args=a.row(i), feature_mask=m, n_samples=c.opt.n_samples,
+                              perturbations_per_eval=c.opt.batch_size)
+    attr = _per_sample(c, a, one)
     return _result(c, a, attr, target, logits, per_feature=True,
                    used={"baseline": c.opt.baseline, "n_samples": c.opt.n_samples, "seed": c.opt.seed})
+
+
+def _unpadded(a: Attributed, i: int) -> tuple[Tensor, tuple, Optional[int]]:
+    """Sample ``i`` cut to its real tokens where they come first (right padding: positions unchanged), as
+    ``(inputs (1, n, D), its additional arguments, n)``; images and other text as they are (``n = None``)."""
+    x, args = a.inputs[i:i + 1], a.row(i)
+    if a.image or a.mask is None:
+        return x, args, None
+    m = a.mask[i]
+    n = int(m.sum())
+    if n == m.shape[0] or not bool(m[:n].all()):
+        return x, args, None
+    cut = tuple(v[:, :n] if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == m.shape[0] else v
+                for v in args)
+    return x[:, :n], cut, n
+
+
+def _whole_input_value(a: Attributed, ref: Tensor, target: Tensor, i: int) -> Tensor:
+    """``y_t(x) − y_t(reference)`` of sample ``i``, on every element of its input (1, ...)."""
+    with torch.no_grad():
+        x, r = a.inputs[i:i + 1].detach(), ref[i:i + 1]
+        drop = a.forward(x, *a.row(i))[0, target[i]] - a.forward(r, *a.row(i))[0, target[i]]
+    return torch.full_like(x, float(drop))
 
 
 #: The methods of this module, in the order of the registry.

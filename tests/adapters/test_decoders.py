@@ -249,8 +249,8 @@ def test_bad_targets_and_positions():
 
 
 def test_position_refused_for_encoders():
-    from conftest import make_tiny_bert
-    bert = make_tiny_bert()
+    from by_path import root_fixtures  # the root conftest by path (tests/widgets has a conftest too)
+    bert = root_fixtures().make_tiny_bert()
     ids = torch.tensor([[2, 5, 6, 3]])
     with pytest.raises(InputError, match="position"):
         lrp_core.explain(bert, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method="attnlrp",
