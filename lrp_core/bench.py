@@ -35,12 +35,22 @@ held in float32, so the peak RSS is the half model's): the memory row of issue #
 explained in float32 (``lrp_core.precision``), e.g.
 ``python -m lrp_core.bench --models bert-base --batches 1 --lengths 128 --dtype bfloat16``.
 
+**Decoder rows** (issue #22), ``--decoders``: ``llama``, a Llama-shaped random
+causal LM (``LlamaConfig``: width 512, 8 blocks, 8 heads / 2 key-value heads,
+MLP 1376, vocabulary 32,000, sdpa) at 1 × 512, 1 × 1024, 1 × 4096 and 8 × 512
+tokens (``--batches`` / ``--lengths`` give another grid), every method that runs
+on decoders (:data:`lrp_core.registry.DECODER_METHODS`). What is explained is
+the next-token logit at the last position; the baseline is the same model's
+forward with the LM head on the last position only (``logits_to_keep=1``, what
+a next-token gradient needs), backward from the argmax logit into the
+parameters. ``--quick --decoders`` runs the stand-in ``tiny-llama`` in process.
+
 ``--quick`` is the short run: deit tiny and small at batch 1 and 16, all in
 this process (no subprocesses, so no memory columns). ``--json PATH`` saves the
 rows (rewritten after every row, so an interrupted run keeps what it measured),
 ``--markdown`` prints a Markdown table for the README at the end. The model
-names ``tiny-vit`` and ``tiny-bert`` are seconds-fast stand-ins (2 blocks,
-width 48 / 32) for the tests and for a smoke run of the machinery.
+names ``tiny-vit``, ``tiny-bert`` and ``tiny-llama`` are seconds-fast stand-ins (2 blocks,
+width 48 / 32 / 32) for the tests and for a smoke run of the machinery.
 """
 from __future__ import annotations
 
@@ -58,6 +68,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .api import METHODS, explain
+from .registry import DECODER_METHODS
 from .errors import LRPError
 from .utils import proc_kib
 
@@ -65,8 +76,13 @@ from .utils import proc_kib
 BASELINE = "forward+backward"
 IMAGE_MODELS = ("deit_tiny_patch16_224", "deit_small_patch16_224", "vit_base_patch16_224")
 TEXT_MODELS = ("bert-base",)
+#: Decoder-only causal LMs (issue #22): explained at their next-token logit.
+DECODER_MODELS = ("llama",)
 #: Seconds-fast stand-ins for the tests and a smoke run (2 blocks, random weights).
-TINY_MODELS = ("tiny-vit", "tiny-bert")
+TINY_MODELS = ("tiny-vit", "tiny-bert", "tiny-llama")
+#: (batch, tokens) of the decoder rows, and of ``--quick --decoders`` (tiny-llama).
+DECODER_SIZES = ((1, 512), (1, 1024), (1, 4096), (8, 512))
+QUICK_DECODER_SIZES = ((1, 32), (2, 32))
 IMAGE_BATCHES = (1, 8, 16)
 TEXT_BATCHES = (1, 8)
 LENGTHS = (128, 256, 512)
@@ -121,14 +137,36 @@ class Settings:
 
 
 def is_text(name: str) -> bool:
-    return name in TEXT_MODELS or name == "tiny-bert"
+    return name in TEXT_MODELS or name == "tiny-bert" or is_decoder(name)
+
+
+def is_decoder(name: str) -> bool:
+    """Whether ``name`` is a decoder-only causal LM (explained at its next-token logit)."""
+    return name in DECODER_MODELS or name == "tiny-llama"
+
+
+def llama_config(tiny: bool = False) -> Any:
+    """The decoder rows' ``LlamaConfig`` (issue #22: D 512, 8 blocks, 8 / 2 heads, F 1376, V 32,000, sdpa),
+    or the 2-block stand-in's (D 32, 4 / 2 heads, F 48, V 100)."""
+    from transformers import LlamaConfig
+    if tiny:
+        return LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=48, max_position_embeddings=4096,
+                           attn_implementation="sdpa")
+    return LlamaConfig(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                       num_key_value_heads=2, intermediate_size=1376, max_position_embeddings=4096,
+                       attn_implementation="sdpa")
 
 
 def build_model(name: str) -> nn.Module:
     """``name`` with random weights, in eval mode (seed torch first for reproducible weights).
 
-    ``name``: a timm ViT name, ``"bert-base"`` (``BertConfig()`` defaults, 2 labels), or a tiny stand-in.
+    ``name``: a timm ViT name, ``"bert-base"`` (``BertConfig()`` defaults, 2 labels), ``"llama"``
+    (:func:`llama_config`), or a tiny stand-in.
     """
+    if is_decoder(name):
+        from transformers import LlamaForCausalLM
+        return LlamaForCausalLM(llama_config(tiny=name == "tiny-llama")).eval()
     if name == "bert-base":
         from transformers import BertConfig, BertForSequenceClassification
         return BertForSequenceClassification(BertConfig(num_labels=2)).eval()
@@ -184,8 +222,14 @@ def build_in(name: str, dtype: torch.dtype) -> nn.Module:
 
 
 def forward_backward(model: nn.Module, inputs: Inputs) -> None:
-    """The baseline: forward, loss = target (argmax) logit (B, C) → scalar, backward into the parameters."""
-    logits = model(**inputs).logits if isinstance(inputs, dict) else model(inputs)
+    """The baseline: forward, loss = target (argmax) logit (B, C) → scalar, backward into the parameters.
+
+    A causal LM (``lm_head``) computes its head on the last position only (``logits_to_keep=1``): the
+    (B, V) next-token logits, as the methods explain them (the rows are unpadded)."""
+    if isinstance(inputs, dict) and hasattr(model, "lm_head"):
+        logits = model(**inputs, logits_to_keep=1).logits[:, -1]
+    else:
+        logits = model(**inputs).logits if isinstance(inputs, dict) else model(inputs)
     logits.gather(1, logits.argmax(1, keepdim=True)).sum().backward()
     model.zero_grad(set_to_none=True)
 
@@ -293,12 +337,17 @@ class InProcess:
 
 
 def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
-               lengths: Sequence[int] = LENGTHS, dtype: str = "float32") -> list[Case]:
-    """Every (model, batch, length); ``batches=None``: 1, 8, 16 for images and 1, 8 for text."""
+               lengths: Optional[Sequence[int]] = None, dtype: str = "float32") -> list[Case]:
+    """Every (model, batch, length); ``batches=None``: 1, 8, 16 for images and 1, 8 for text;
+    ``lengths=None``: 128, 256, 512. A decoder with neither given: :data:`DECODER_SIZES`
+    (``tiny-llama``: :data:`QUICK_DECODER_SIZES`)."""
     cases = []
     for name in models:
-        if is_text(name):
-            cases += [Case(name, B, T, dtype) for B in (batches or TEXT_BATCHES) for T in lengths]
+        if is_decoder(name) and batches is None and lengths is None:
+            sizes = QUICK_DECODER_SIZES if name == "tiny-llama" else DECODER_SIZES
+            cases += [Case(name, B, T, dtype) for B, T in sizes]
+        elif is_text(name):
+            cases += [Case(name, B, T, dtype) for B in (batches or TEXT_BATCHES) for T in (lengths or LENGTHS)]
         else:
             T = image_tokens(name)
             cases += [Case(name, B, T, dtype) for B in (batches or IMAGE_BATCHES)]
@@ -307,6 +356,8 @@ def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
 
 def skip_reason(case: Case, method: str, settings: Settings) -> Optional[str]:
     """Why (case, method) is not timed, or ``None``."""
+    if is_decoder(case.model) and method not in DECODER_METHODS:
+        return f"{method} does not run on decoder LMs (lrp_core.registry.DECODER_METHODS)"
     if method == "token_ablation" and case.batch * case.tokens > settings.ablation_max:
         return (f"token_ablation not timed where batch × tokens > {settings.ablation_max}: it runs one forward "
                 f"pass per token and sample ({case.batch * case.tokens} here)")
@@ -421,6 +472,8 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Setti
         if base is not None:
             emit(make_row(case, BASELINE, base, base))
         for method in methods:
+            if is_decoder(case.model) and method not in DECODER_METHODS:
+                continue  # refused on decoders by design (the Captum baselines): no row
             reason = skip_reason(case, method, settings)
             if reason:
                 emit(make_row(case, method, None, None, note=reason))
@@ -458,12 +511,17 @@ def _parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--scaling", action="store_true", help="the full scaling table (the default)")
     mode.add_argument("--quick", action="store_true",
-                      help="short in-process run: deit tiny + small at batch 1 and 16, no memory columns")
-    p.add_argument("--models", help="comma-separated: timm ViT names, bert-base, or the stand-ins tiny-vit, "
-                                    f"tiny-bert (default: {', '.join(IMAGE_MODELS + TEXT_MODELS)})")
+                      help="short in-process run: deit tiny + small at batch 1 and 16 (with --decoders: "
+                           "tiny-llama at 1 × 32 and 2 × 32), no memory columns")
+    p.add_argument("--decoders", action="store_true",
+                   help="the decoder rows: llama at " + ", ".join(f"{b} × {t}" for b, t in DECODER_SIZES)
+                        + " (a Llama-shaped random causal LM; see above)")
+    p.add_argument("--models", help="comma-separated: timm ViT names, bert-base, llama, or the stand-ins "
+                                    f"{', '.join(TINY_MODELS)} (default: {', '.join(IMAGE_MODELS + TEXT_MODELS)})")
     p.add_argument("--batches", help="comma-separated batch sizes for every model (default: 1,8,16 for images, "
                                      "1,8 for text; --quick: 1,16)")
-    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated text lengths (tokens)")
+    p.add_argument("--lengths", help="comma-separated text lengths (tokens; default: "
+                                     f"{','.join(map(str, LENGTHS))}; decoders: their sizes above)")
     p.add_argument("--methods", default="all", help="'all' or comma-separated method names")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--repeat", type=int, default=3, help="timed runs after one warm-up (the best is reported)")
@@ -501,16 +559,18 @@ def _methods(p: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
     return methods
 
 
-def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool) -> list[str]:
+def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool, decoders: bool = False) -> list[str]:
+    if text is None and decoders:
+        return ["tiny-llama" if quick else "llama"]
     if text is None:
         return list(QUICK_MODELS if quick else IMAGE_MODELS + TEXT_MODELS)
     import timm
     models = [m.strip() for m in text.split(",")]
-    known = set(TEXT_MODELS + TINY_MODELS)
+    known = set(TEXT_MODELS + DECODER_MODELS + TINY_MODELS)
     unknown = [m for m in models if m not in known and not timm.is_model(m)]
     if unknown:
         p.error(f"unknown model(s) {unknown}; choose timm ViT names (e.g. {', '.join(IMAGE_MODELS)}), "
-                f"{', '.join(TEXT_MODELS)}, or the stand-ins {', '.join(TINY_MODELS)}")
+                f"{', '.join(TEXT_MODELS + DECODER_MODELS)}, or the stand-ins {', '.join(TINY_MODELS)}")
     return models
 
 
@@ -523,8 +583,9 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     if a.repeat < 1 or a.threads < 0 or a.budget <= 0 or a.ablation_max < 0:
         p.error("--repeat must be ≥ 1, --threads ≥ 0, --budget > 0 and --ablation-max ≥ 0")
     methods = _methods(p, a.methods)
-    models = _models(p, a.models, a.quick)
-    batches = _ints(p, "--batches", a.batches) or (list(QUICK_BATCHES) if a.quick else None)
+    models = _models(p, a.models, a.quick, a.decoders)
+    quick_batches = list(QUICK_BATCHES) if a.quick and not all(is_decoder(m) for m in models) else None
+    batches = _ints(p, "--batches", a.batches) or quick_batches
     lengths = _ints(p, "--lengths", a.lengths)
     settings = Settings(repeat=a.repeat, budget=a.budget, threads=a.threads, seed=a.seed,
                         ablation_max=a.ablation_max)

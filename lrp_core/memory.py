@@ -32,6 +32,16 @@ plus a fixed part independent of the batch: the weight-sized tensors of the
 signed Linear rule (three of the largest weight) and, for ``token_ablation``,
 the forward passes of ``batch_size`` ablated sequences.
 
+Decoders (issue #22): the head's ``C`` outputs (a causal LM's vocabulary
+``V``) cost ``2·C`` per sample (the logits read and their gradient), and its
+``C·D`` weight counts among the largest weights of the fixed part (for a
+language model the LM head is the largest by far). A gated MLP counts as
+twice its width (gate and up outputs, the activation and the product). On a
+model that runs sdpa, the methods whose pass is one modified backward
+(``Profile.fused``: AttnLRP, CP-LRP) keep no ``H·N²`` maps: the fused
+kernel's replay holds at most the additive masks, ``2·N²`` per sample (one
+per distinct window; none for an unpadded batch).
+
 The coefficients are upper bounds calibrated by measurement (peak resident
 memory of a fresh process on CPU, ``scripts/measure_memory.py``): the
 estimate is 1.2× … 1.8× the measured peak on BERT and ViT of width 256, 4
@@ -63,7 +73,11 @@ MaxMemory = Union[None, int, float, str]
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """The sizes the estimate needs: blocks, tokens, width, heads, MLP width, bytes per element."""
+    """The sizes the estimate needs: blocks, tokens, width, heads, MLP width, bytes per element.
+
+    ``outputs``: the head's outputs ``C`` (a causal LM's vocabulary ``V``; 0: not counted);
+    ``sdpa``: the model runs fused attention, so a ``Profile.fused`` method keeps no N×N maps.
+    """
 
     blocks: int
     tokens: int
@@ -71,6 +85,8 @@ class ModelFacts:
     heads: int
     mlp: int
     itemsize: int
+    outputs: int = 0
+    sdpa: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,8 @@ class Profile:
     ``tmp_act``, ``tmp_mlp``, ``tmp_att``: one block's temporaries, counted once.
     ``batched``: its passes run up to ``batch_size`` sequences at a time besides the batch (the Captum
     baselines' steps, perturbations, noisy copies): the fixed part holds ``batch_size`` samples' pass.
+    ``fused``: its pass is one modified backward that replays sdpa attention fused (no ``H·N²`` on an
+    sdpa model, :attr:`ModelFacts.sdpa`).
     """
 
     act: float
@@ -94,6 +112,7 @@ class Profile:
     tmp_mlp: float = 0.0
     tmp_att: float = 0.0
     batched: bool = False
+    fused: bool = False
 
 
 # The parts a method's Profile is made of (each method's profile is ``MethodSpec.memory`` in lrp_core.registry).
@@ -126,11 +145,20 @@ def __getattr__(name: str) -> Any:
 def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = None) -> ModelFacts:
     """The :class:`ModelFacts` of an adapter's model on a prepared batch (``tokens``: override ``N``)."""
     first = adapter.blocks[0]
-    widths = [spec.mlp.fc1.out_features for spec in adapter.blocks]
+    # a gated MLP keeps gate and up outputs, the activation and the product: twice a plain one's N·F
+    widths = [spec.mlp.fc1.out_features * (2 if getattr(spec.mlp, "gated", False) else 1)
+              for spec in adapter.blocks]
     n = tokens if tokens is not None else adapter.layout(prepared).num_tokens
     return ModelFacts(blocks=adapter.num_blocks, tokens=int(n), width=int(first.attn.proj.out_features),
                       heads=int(first.attn.num_heads), mlp=int(max(widths)),
-                      itemsize=_compute_itemsize(first.attn.proj.weight))
+                      itemsize=_compute_itemsize(first.attn.proj.weight), outputs=_head_outputs(adapter),
+                      sdpa=bool(getattr(first.attn, "sdpa", False)))
+
+
+def _head_outputs(adapter: Any) -> int:
+    """``C``: the outputs of the head's last Linear (an LM head's vocabulary), 0 where there is none."""
+    linears = [layer.module for layer in getattr(adapter.readout, "head", ()) if isinstance(layer.module, torch.nn.Linear)]
+    return int(linears[-1].out_features) if linears else 0
 
 
 def _compute_itemsize(weight: Any) -> int:
@@ -143,18 +171,21 @@ def per_sample(method: str, f: ModelFacts, keep_heads: bool = False) -> int:
     p = profile(method)
     N, D, H, F, L = f.tokens, f.width, f.heads, f.mlp, f.blocks
     nd, nf, hnn = N * D, N * F, H * N * N
-    block = p.act * nd + p.mlp * nf + (p.att + p.kept + (1 if keep_heads and p.layers else 0)) * hnn
+    fused = p.fused and f.sdpa  # one modified backward through the fused kernel: no attention maps
+    att, tmp_att = (0.0, 0.0) if fused else (p.att + p.kept + (1 if keep_heads and p.layers else 0), p.tmp_att)
+    block = p.act * nd + p.mlp * nf + att * hnn
     block += N * N if p.layers else 0
-    once = p.tmp_act * nd + p.tmp_mlp * nf + p.tmp_att * hnn
+    once = p.tmp_act * nd + p.tmp_mlp * nf + tmp_att * hnn + 2 * f.outputs
+    once += 2 * N * N if fused else 0  # the additive masks of a padded or windowed batch, one per window
     return int(math.ceil((L * block + once) * f.itemsize))
 
 
 def fixed(method: str, f: ModelFacts, batch_size: int = 64) -> int:
     """Bytes of the pass that do not grow with the batch (weight-sized temporaries; ablated sequences)."""
-    out = 3 * f.width * f.mlp * f.itemsize
+    out = 3 * f.width * max(f.mlp, f.outputs) * f.itemsize  # the largest weight: an LM head's V·D
     if method == "token_ablation":
         out += batch_size * per_sample("rollout", ModelFacts(f.blocks, max(f.tokens - 1, 1), f.width, f.heads,
-                                                             f.mlp, f.itemsize))
+                                                             f.mlp, f.itemsize, f.outputs, f.sdpa))
     elif profile(method).batched:
         out += batch_size * per_sample(method, f)
     return int(out)

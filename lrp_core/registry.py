@@ -91,10 +91,10 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # y_t(all tokens) − y_t(without token i), batched
     MethodSpec("token_ablation", M.token_ablation, Profile(**PLAIN), options=("batch_size",)),
     # Achtibat et al. (ICML 2024): gradient × input, std detached, identity rule, ÷2 at Q·Kᵀ and A·V
-    MethodSpec("attnlrp", M.attnlrp, Profile(**MODIFIED, **BACKWARD),
+    MethodSpec("attnlrp", M.attnlrp, Profile(**MODIFIED, **BACKWARD, fused=True),
                returns=("pixels", "token_relevance", "conservation")),
     # Ali et al. (ICML 2022): gradient × input, std detached, Q and K detached
-    MethodSpec("cp_lrp", M.cp_lrp, Profile(**MODIFIED, **BACKWARD),
+    MethodSpec("cp_lrp", M.cp_lrp, Profile(**MODIFIED, **BACKWARD, fused=True),
                returns=("pixels", "token_relevance", "conservation")),
     # --- the field's attribution baselines, computed by Captum at the pixels / word embeddings (lrp_core.baselines)
     # x ⊙ ∂y_t/∂x

@@ -50,6 +50,18 @@ def build(family: str, width: int, blocks: int, heads: int, tokens: int):
             return {"input_ids": torch.randint(5, 1000, (b, n), generator=g),
                     "attention_mask": torch.ones(b, n, dtype=torch.long)}
         return model, batch
+    if family == "llama":  # a Llama-shaped causal LM (grouped-query sdpa attention, gated MLP, LM head)
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=8000, hidden_size=width, num_hidden_layers=blocks, num_attention_heads=heads,
+                          num_key_value_heads=max(1, heads // 4), intermediate_size=(8 * width) // 3,
+                          max_position_embeddings=max(512, tokens), attn_implementation="sdpa")
+        model = LlamaForCausalLM(cfg).eval()
+
+        def batch(b: int, n: int = tokens):
+            g = torch.Generator().manual_seed(1)
+            return {"input_ids": torch.randint(5, 8000, (b, n), generator=g),
+                    "attention_mask": torch.ones(b, n, dtype=torch.long)}
+        return model, batch
     from timm.models.vision_transformer import VisionTransformer
     side = int(round((tokens - 1) ** 0.5))
     if side * side + 1 != tokens:
@@ -128,7 +140,7 @@ def measure(family: str, method: str, tokens: int, batch: int, width: int = 256,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--family", choices=("bert", "vit"), default="bert")
+    p.add_argument("--family", choices=("bert", "vit", "llama"), default="bert")
     p.add_argument("--method", default="transformer_attribution")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--batch", type=int, default=2)

@@ -1,13 +1,15 @@
-"""The benchmark's machinery on the seconds-fast stand-ins (tiny-vit, tiny-bert); no timed assertions."""
+"""The benchmark's machinery on the seconds-fast stand-ins (tiny-vit, tiny-bert, tiny-llama); no timed assertions."""
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 from lrp_core import bench
 from lrp_core.api import METHODS
 from lrp_core.bench import BASELINE, Case, Settings
+from lrp_core.registry import DECODER_METHODS
 
 FAST = Settings(repeat=1, budget=5.0, threads=1, ablation_max=20)
 
@@ -24,6 +26,29 @@ def test_inputs_match_the_case():
     model, inputs = bench.prepare(Case("tiny-bert", 3, 12))
     assert inputs["input_ids"].shape == inputs["attention_mask"].shape == (3, 12)
     assert bool(inputs["attention_mask"].eq(1).all())
+
+
+def test_decoder_cases_are_the_issue_sizes_unless_a_grid_is_given():
+    assert [c.size for c in bench.make_cases(["llama"])] == ["1 × 512", "1 × 1024", "1 × 4096", "8 × 512"]
+    assert [c.size for c in bench.make_cases(["llama"], batches=[2], lengths=[64, 128])] == ["2 × 64", "2 × 128"]
+    cfg = bench.llama_config()
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.intermediate_size, cfg.vocab_size, cfg._attn_implementation) == (512, 8, 8, 2, 1376, 32000, "sdpa")
+
+
+def test_decoder_inputs_and_baseline():
+    """tiny-llama: unpadded ids; the baseline's backward reaches the LM head and leaves no gradients behind."""
+    model, inputs = bench.prepare(Case("tiny-llama", 2, 16))
+    assert inputs["input_ids"].shape == (2, 16) and bool(inputs["attention_mask"].eq(1).all())
+    seen = []
+    model.lm_head.weight.register_hook(lambda g: seen.append(g))
+    bench.forward_backward(model, inputs)
+    assert len(seen) == 1 and seen[0].abs().sum() > 0
+    # the loss is the argmax next-token logit of each row at its last position
+    logits = model(**inputs).logits[:, -1]
+    assert torch.equal(seen[0].ne(0).any(1).nonzero().flatten().sort().values,
+                       logits.argmax(1).unique().sort().values)
+    assert all(p.grad is None for p in model.parameters())
 
 
 def test_token_ablation_is_skipped_only_over_the_limit():
@@ -80,6 +105,30 @@ def test_quick_markdown_has_one_row_per_case_and_method(capsys, tmp_path):
     assert cells[-1][3] == "—¹" and "¹ `token_ablation`" in out  # 2 × 17 > 20: not timed, with a footnote
     assert all(c[5] == "—" for c in cells)  # in-process: no memory columns
     assert len(json.loads((tmp_path / "q.json").read_text())["rows"]) == len(table)
+
+
+def test_quick_decoders_run_every_decoder_method(capsys):
+    """``--quick --decoders``: tiny-llama at 1 × 32 and 2 × 32, the baseline and every method that runs on decoders
+    (the Captum baselines, refused on decoders, get no rows)."""
+    rows = bench.main(["--quick", "--decoders", "--repeat", "1", "--threads", "1", "--ablation-max", "40"])
+    assert [(r["batch"], r["tokens"], r["method"]) for r in rows] == [
+        (b, 32, m) for b in (1, 2) for m in (BASELINE,) + tuple(DECODER_METHODS)]
+    for r in rows:
+        if r["method"] == "token_ablation" and r["batch"] == 2:  # 64 tokens > 40: not timed
+            assert r["ms_per_sample"] is None and "not timed" in r["note"]
+            continue
+        assert r["model"] == "tiny-llama" and not r["note"], r
+        assert r["seconds"] > 0 and r["ratio"] > 0 and r["peak_mb"] is None
+
+
+@pytest.mark.slow
+def test_decoder_row_in_a_subprocess():
+    """A decoder cell in a fresh process: peak memory columns and the ratio to the baseline's peak."""
+    rows = bench.run([Case("tiny-llama", 1, 24)], ["attnlrp"], FAST, isolate=True, printer=lambda s: None)
+    assert [r["method"] for r in rows] == [BASELINE, "attnlrp"]
+    base, r = rows
+    assert not r["note"], r["note"]
+    assert r["peak_mb"] > 0 and r["call_mb"] >= 0 and r["peak_ratio"] == pytest.approx(r["peak_mb"] / base["peak_mb"])
 
 
 def test_markdown_columns():

@@ -288,3 +288,47 @@ def test_estimate_bounds_the_measured_peak():
     r = measure("bert", "transformer_attribution", tokens=128, batch=2)
     assert r["reliable"], r
     assert r["measured_mb"] <= r["estimated_mb"] <= 3 * r["measured_mb"], r
+
+
+def test_decoder_facts_know_the_lm_head_sdpa_and_the_gated_mlp():
+    """A Llama's facts: the head's outputs are the vocabulary, sdpa is read, a gated MLP counts twice its width."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=48, attn_implementation="sdpa")
+    adapter = get_adapter(LlamaForCausalLM(cfg).eval())
+    ids = torch.randint(0, 500, (2, 9), generator=torch.Generator().manual_seed(0))
+    f = memory.facts_of(adapter, adapter.check_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids)}))
+    assert (f.blocks, f.tokens, f.width, f.heads, f.mlp, f.outputs, f.sdpa) == (2, 9, 32, 4, 96, 500, True)
+
+
+def test_fused_methods_keep_no_attention_maps_on_sdpa():
+    """AttnLRP / CP-LRP on an sdpa model: the estimate has no H·N² term (only N² masks); elsewhere it does."""
+    def facts(n: int, sdpa: bool) -> memory.ModelFacts:
+        return memory.ModelFacts(blocks=8, tokens=n, width=512, heads=8, mlp=2752, itemsize=4, outputs=32000,
+                                 sdpa=sdpa)
+    for method in ("attnlrp", "cp_lrp"):
+        eager = memory.per_sample(method, facts(4096, False))
+        fused = memory.per_sample(method, facts(4096, True))
+        hnn = 8 * 4096 ** 2 * 4
+        assert eager - fused >= 8 * 5 * hnn, method  # the replay's maps of every block are gone
+        # what stays: linear in N, plus two N² masks and the logits
+        lin = memory.per_sample(method, facts(2, True)) / 2
+        assert fused <= 4096 * lin + (2 * 4096 ** 2 + 2 * 32000) * 4, method
+    ta = memory.per_sample("transformer_attribution", facts(4096, True))
+    assert ta == memory.per_sample("transformer_attribution", facts(4096, False))  # keeps its maps either way
+    # the LM head: 2·V per sample, and its V·D weight is the largest weight of the fixed part
+    f = facts(16, True)
+    assert memory.fixed("attnlrp", f) == 3 * 512 * 32000 * 4
+    no_head = memory.ModelFacts(8, 16, 512, 8, 2752, 4, outputs=0, sdpa=True)
+    assert memory.per_sample("attnlrp", f) - memory.per_sample("attnlrp", no_head) == 2 * 32000 * 4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+@pytest.mark.parametrize("method, tokens", [("attnlrp", 512), ("transformer_attribution", 256)])
+def test_decoder_estimate_bounds_the_measured_peak(method, tokens):
+    """A fresh process: an sdpa Llama of width 256, 4 blocks, 8 heads / 2 key-value heads, vocabulary 8000."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
+    from measure_memory import measure
+    r = measure("llama", method, tokens=tokens, batch=1, heads=8)
+    assert r["reliable"], r
+    assert r["measured_mb"] <= r["estimated_mb"] <= 3 * r["measured_mb"], r
