@@ -29,6 +29,10 @@ Honest limits, on purpose:
   takes longer than ``--budget`` seconds (default 20) is timed by that one run.
   The ``runs`` field of ``--json`` records how many runs each number is the
   best of.
+* A cell whose estimated peak (:func:`lrp_core.memory.estimate`, an upper
+  bound) exceeds the memory available is not run (its row says so; e.g.
+  ``transformer_attribution`` on the decoder at 1 × 4096 keeps its N×N maps:
+  about 34 GiB), rather than pushing a shared machine into swap.
 
 ``--dtype bfloat16`` (or ``float16``) builds every model in that dtype (the weights are made in it, never
 held in float32, so the peak RSS is the half model's): the memory row of issue #25 for a half-precision model
@@ -55,6 +59,7 @@ width 48 / 32 / 32) for the tests and for a smoke run of the machinery.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -67,6 +72,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from . import memory
 from .api import METHODS, explain
 from .registry import DECODER_METHODS
 from .errors import LRPError
@@ -364,6 +370,29 @@ def skip_reason(case: Case, method: str, settings: Settings) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def case_facts(model: str, tokens: int) -> Optional[memory.ModelFacts]:
+    """The memory estimate's facts of ``model`` at ``tokens`` tokens, from a weightless (meta) copy;
+    ``None`` where the engine does not take the model."""
+    from .adapters import get_adapter
+    try:
+        with torch.device("meta"):
+            adapter = get_adapter(build_model(model))
+        return memory.facts_of(adapter, {}, tokens=tokens)
+    except LRPError:
+        return None
+
+
+def memory_reason(case: Case, method: str, free: Optional[int]) -> Optional[str]:
+    """Why (case, method) is not run: its estimated peak exceeds ``free`` bytes; else ``None``."""
+    facts = case_facts(case.model, case.tokens) if free is not None and method != BASELINE else None
+    need = memory.estimate(method, facts, case.batch) if facts is not None else 0
+    if need <= (free or 0):
+        return None
+    return (f"not run: estimated peak {need / 2**30:.1f} GiB > {free / 2**30:.1f} GiB available "
+            f"(lrp_core.memory.estimate)")
+
+
 def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dict], note: str = "") -> dict:
     """One table row. ``result``/``base``: what :func:`measure` returned for the method and the baseline.
 
@@ -419,10 +448,12 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
     lines = ["| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB | above model MB "
              "| peak ÷ fwd+bwd peak |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]
-    skipped = errors = False
+    skipped = errors = too_big = False
     for r in rows:
         ms = _fmt(r["ms_per_sample"], ".1f")
-        if r["ms_per_sample"] is None:
+        if r["ms_per_sample"] is None and r["note"].startswith("not run"):
+            too_big, ms = True, "—³"
+        elif r["ms_per_sample"] is None:
             skipped |= r["method"] == "token_ablation"
             errors |= r["method"] != "token_ablation"
             ms = "—¹" if r["method"] == "token_ablation" else "error²"
@@ -437,6 +468,8 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
                      f"batch × tokens ≤ {limit} (`--ablation-max`).")
     if errors:
         lines.append("² the measuring subprocess failed; see the run's output.")
+    if too_big:
+        lines.append("³ not run: the estimated peak (`lrp_core.memory.estimate`) exceeds the available memory.")
     if settings is not None:
         threads = settings.threads or torch.get_num_threads()
         memory = "peak = peak RSS of a fresh process per cell" if isolated else "in one process, no memory"
@@ -454,6 +487,7 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Setti
     Returns the rows (see :func:`make_row`); with ``json_path``, also saved there after every row.
     """
     measure_one = run_worker if isolate else InProcess()
+    free = memory.available(torch.device("cpu"))
     rows: list[dict] = []
 
     def emit(row: dict) -> None:
@@ -474,7 +508,7 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Setti
         for method in methods:
             if is_decoder(case.model) and method not in DECODER_METHODS:
                 continue  # refused on decoders by design (the Captum baselines): no row
-            reason = skip_reason(case, method, settings)
+            reason = skip_reason(case, method, settings) or memory_reason(case, method, free)
             if reason:
                 emit(make_row(case, method, None, None, note=reason))
                 continue

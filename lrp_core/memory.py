@@ -157,7 +157,8 @@ def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = 
 
 def _head_outputs(adapter: Any) -> int:
     """``C``: the outputs of the head's last Linear (an LM head's vocabulary), 0 where there is none."""
-    linears = [layer.module for layer in getattr(adapter.readout, "head", ()) if isinstance(layer.module, torch.nn.Linear)]
+    head = getattr(getattr(adapter, "readout", None), "head", None) or ()
+    linears = [layer.module for layer in head if isinstance(layer.module, torch.nn.Linear)]
     return int(linears[-1].out_features) if linears else 0
 
 

@@ -131,6 +131,21 @@ def test_decoder_row_in_a_subprocess():
     assert r["peak_mb"] > 0 and r["call_mb"] >= 0 and r["peak_ratio"] == pytest.approx(r["peak_mb"] / base["peak_mb"])
 
 
+def test_a_cell_over_the_available_memory_is_not_run():
+    """The estimate (an upper bound) decides: TA on the decoder at 1 × 4096 keeps N×N maps, AttnLRP does not."""
+    big = Case("llama", 1, 4096)
+    free = 16 * 2**30
+    assert bench.memory_reason(big, "attnlrp", free) is None
+    reason = bench.memory_reason(big, "transformer_attribution", free)
+    assert reason.startswith("not run: estimated peak") and "16.0 GiB available" in reason
+    assert bench.memory_reason(big, "transformer_attribution", None) is None  # unknown free memory: run
+    rows = bench.run([Case("tiny-llama", 1, 16)], ["attnlrp"], FAST, isolate=False, printer=lambda s: None)
+    row = bench.make_row(big, "transformer_attribution", None, None, note=reason)
+    md = bench.markdown(rows + [row])
+    assert "| llama | 1 × 4096 | `transformer_attribution` | —³ |" in md and "³ not run" in md
+    assert "error²" not in md
+
+
 def test_markdown_columns():
     row = bench.make_row(Case("m", 8, 197), "lrp", {"seconds": 2.0, "runs": 3, "rss_before_kb": 1024,
                                                     "peak_rss_kb": 3072},
