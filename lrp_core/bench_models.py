@@ -1,0 +1,105 @@
+"""The benchmark's models and inputs: which model a case name builds, with what random inputs.
+
+Separate from :mod:`lrp_core.bench` (the measuring and the tables) so each stays one concept.
+"""
+from __future__ import annotations
+
+from typing import Any, Union
+
+import torch
+from torch import Tensor, nn
+
+Inputs = Union[Tensor, dict]
+
+IMAGE_MODELS = ("deit_tiny_patch16_224", "deit_small_patch16_224", "vit_base_patch16_224")
+TEXT_MODELS = ("bert-base",)
+#: Decoder-only causal LMs (issue #22): explained at their next-token logit.
+DECODER_MODELS = ("llama",)
+#: Seconds-fast stand-ins for the tests and a smoke run (2 blocks, random weights).
+TINY_MODELS = ("tiny-vit", "tiny-bert", "tiny-llama")
+
+
+def is_text(name: str) -> bool:
+    return name in TEXT_MODELS or name == "tiny-bert" or is_decoder(name)
+
+
+def is_decoder(name: str) -> bool:
+    """Whether ``name`` is a decoder-only causal LM (explained at its next-token logit)."""
+    return name in DECODER_MODELS or name == "tiny-llama"
+
+
+def llama_config(tiny: bool = False) -> Any:
+    """The decoder rows' ``LlamaConfig`` (issue #22: D 512, 8 blocks, 8 / 2 heads, F 1376, V 32,000, sdpa),
+    or the 2-block stand-in's (D 32, 4 / 2 heads, F 48, V 100)."""
+    from transformers import LlamaConfig
+    if tiny:
+        return LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=48, max_position_embeddings=4096,
+                           attn_implementation="sdpa")
+    return LlamaConfig(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                       num_key_value_heads=2, intermediate_size=1376, max_position_embeddings=4096,
+                       attn_implementation="sdpa")
+
+
+def build_model(name: str) -> nn.Module:
+    """``name`` with random weights, in eval mode (seed torch first for reproducible weights).
+
+    ``name``: a timm ViT name, ``"bert-base"`` (``BertConfig()`` defaults, 2 labels), ``"llama"``
+    (:func:`llama_config`), or a tiny stand-in.
+    """
+    if is_decoder(name):
+        from transformers import LlamaForCausalLM
+        return LlamaForCausalLM(llama_config(tiny=name == "tiny-llama")).eval()
+    if name == "bert-base":
+        from transformers import BertConfig, BertForSequenceClassification
+        return BertForSequenceClassification(BertConfig(num_labels=2)).eval()
+    if name == "tiny-bert":
+        from transformers import BertConfig, BertForSequenceClassification
+        cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, num_labels=2)
+        return BertForSequenceClassification(cfg).eval()
+    if name == "tiny-vit":
+        from timm.models.vision_transformer import VisionTransformer
+        return VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=5).eval()
+    import timm
+    return timm.create_model(name, pretrained=False).eval()
+
+
+def image_tokens(name: str) -> int:
+    """Sequence length (patches + prefix tokens) of the ViT ``name``, from a weightless (meta) copy."""
+    with torch.device("meta"):
+        model = build_model(name)
+    return int(model.patch_embed.num_patches + model.num_prefix_tokens)
+
+
+def make_inputs(model: nn.Module, case: Any, seed: int = 0) -> Inputs:
+    """Seeded random inputs: images (B, 3, H, W), or ``{"input_ids", "attention_mask"}`` (B, T) for text."""
+    g = torch.Generator().manual_seed(seed)
+    if case.text:
+        ids = torch.randint(0, model.config.vocab_size, (case.batch, case.tokens), generator=g)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    h, w = model.patch_embed.img_size
+    return torch.randn(case.batch, 3, h, w, generator=g)
+
+
+def prepare(case: Any, seed: int = 0) -> tuple[nn.Module, Inputs]:
+    """The model (torch seeded with ``seed`` first, built in ``case.dtype``) and the inputs of ``case``."""
+    torch.manual_seed(seed)
+    model = build_in(case.model, getattr(torch, case.dtype))
+    inputs = make_inputs(model, case, seed)
+    return model, (inputs.to(getattr(torch, case.dtype)) if isinstance(inputs, Tensor) else inputs)
+
+
+def build_in(name: str, dtype: torch.dtype) -> nn.Module:
+    """:func:`build_model` with its weights made in ``dtype`` (the default dtype while it is built): a half
+    model never exists in float32, so the process's peak RSS is that of the half model."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return build_model(name).to(dtype)  # .to: buffers built with an explicit float32 dtype
+    finally:
+        torch.set_default_dtype(old)
+
+
+__all__ = ["IMAGE_MODELS", "TEXT_MODELS", "DECODER_MODELS", "TINY_MODELS", "Inputs", "is_text", "is_decoder",
+           "llama_config", "build_model", "image_tokens", "make_inputs", "prepare", "build_in"]
