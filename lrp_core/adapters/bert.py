@@ -19,7 +19,7 @@ from ..composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD, Propagati
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
-from .checks import attention_mask, token_ids
+from .checks import token_ids, tokenized
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -109,21 +109,8 @@ class BertAdapter(Adapter):
 
     # ------------------------------------------------------------ validation
     def check_inputs(self, inputs) -> dict:
-        if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str)):
-            raise InputError("text must be tokenized first: pass the tokenizer's output (a dict / BatchEncoding with "
-                             "input_ids and attention_mask), e.g. tokenizer(texts, padding=True, return_tensors='pt')")
-        if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
-            raise InputError(f"{type(self.model).__name__} explains text: pass a dict / BatchEncoding with "
-                             f"'input_ids' and 'attention_mask', got {type(inputs).__name__}")
-        ids = token_ids(inputs["input_ids"])
-        B, T = ids.shape
-        if B == 0 or T == 0:
-            raise InputError("the text is empty: no tokens to explain")
-        mask = attention_mask(inputs.get("attention_mask"), ids)
-        lengths = mask.sum(dim=1)
-        if (lengths == 0).any():
-            empty = torch.nonzero(lengths == 0).flatten().tolist()
-            raise InputError(f"sample(s) {empty} are empty (attention_mask is all zeros)")
+        ids, mask = tokenized(inputs, type(self.model).__name__)
+        T = ids.shape[1]
         if T > self.max_length:
             raise InputError(
                 f"the text is {T} tokens long; {type(self.model).__name__} accepts at most {self.max_length}. "

@@ -7,7 +7,7 @@ naming what was wrong and what is accepted — never a raw ``ValueError`` from
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -61,6 +61,25 @@ def attention_mask(value: Any, ids: Tensor) -> Tensor:
     return mask.long()
 
 
+def tokenized(inputs: Any, model_name: str) -> tuple[Tensor, Tensor]:
+    """A tokenizer's output → ``(input_ids (B, T), attention_mask (B, T))``, checked: not raw strings, a mapping with
+    ``input_ids``, at least one token, no row that is all padding."""
+    if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str)):
+        raise InputError("text must be tokenized first: pass the tokenizer's output (a dict / BatchEncoding with "
+                         "input_ids and attention_mask), e.g. tokenizer(texts, padding=True, return_tensors='pt')")
+    if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
+        raise InputError(f"{model_name} explains text: pass a dict / BatchEncoding with 'input_ids' (and "
+                         f"'attention_mask'), got {type(inputs).__name__}")
+    ids = token_ids(inputs["input_ids"])
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise InputError("the text is empty: no tokens to explain")
+    mask = attention_mask(inputs.get("attention_mask"), ids)
+    empty = torch.nonzero(mask.sum(dim=1) == 0).flatten().tolist()
+    if empty:
+        raise InputError(f"row(s) {empty} are empty: all padding (attention_mask all zeros), nothing to explain")
+    return ids, mask
+
+
 def pixel_values(value: Any, name: str = "pixel_values") -> Tensor:
     """Pixel values (B, 3, H, W): a tensor, or a NumPy array; a list is an :class:`InputError` with the fix."""
     if isinstance(value, np.ndarray):
@@ -81,4 +100,4 @@ def to_model_dtype(images: Tensor, dtype: torch.dtype) -> Tensor:
     return images if images.dtype == dtype else images.to(dtype)
 
 
-__all__ = ["token_ids", "attention_mask", "pixel_values", "to_model_dtype"]
+__all__ = ["token_ids", "attention_mask", "tokenized", "pixel_values", "to_model_dtype"]

@@ -26,7 +26,7 @@ from ..composites import LINEAR, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
-from .checks import attention_mask, token_ids
+from .checks import tokenized
 from .readouts import HeadLayer, PositionReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -128,20 +128,8 @@ class DecoderAdapter(Adapter):
 
     # ------------------------------------------------------------ validation
     def check_inputs(self, inputs) -> dict:
-        if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str)):
-            raise InputError("text must be tokenized first: pass the tokenizer's output (input_ids and "
-                             "attention_mask), e.g. tokenizer(texts, padding=True, return_tensors='pt')")
-        if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
-            raise InputError(f"{type(self.model).__name__} explains text: pass a dict / BatchEncoding with "
-                             f"'input_ids' (and 'attention_mask'), got {type(inputs).__name__}")
-        ids = token_ids(inputs["input_ids"])
+        ids, mask = tokenized(inputs, type(self.model).__name__)
         B, T = ids.shape
-        if B == 0 or T == 0:
-            raise InputError("the text is empty: no tokens to explain")
-        mask = attention_mask(inputs.get("attention_mask"), ids)
-        empty = torch.nonzero(mask.sum(dim=1) == 0).flatten().tolist()
-        if empty:
-            raise InputError(f"row(s) {empty} are all padding (attention_mask all zeros): nothing to explain")
         if self.max_length is not None and T > self.max_length:
             raise InputError(f"the text is {T} tokens long; {type(self.model).__name__} accepts at most "
                              f"{self.max_length} (max_position_embeddings)")
