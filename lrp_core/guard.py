@@ -215,11 +215,11 @@ def model_guard(model: nn.Module) -> Iterator[GuardReport]:
 
     Yields a :class:`GuardReport`: which hooked modules the call ran (for :func:`warn_unreflected_hooks`).
     """
-    watch = _Watch(model)
     report = GuardReport(hooked=_hooked_modules(model))
     if not report.hooked:  # no foreign code runs on the model: nothing the call does can change it
         yield report
         return
+    watch = _Watch(model)  # only here: listing every module and parameter costs a walk of the model
     start = watch.capture()
     brackets = _Brackets(watch, report)
     brackets.install()

@@ -62,13 +62,15 @@ def plan(adapter: Adapter, prepared: dict, method: str, opt: Any) -> list[Piece]
     if groups is None:
         groups = [Piece(torch.arange(adapter.batch_size(prepared)), None)]  # indices, moved where they index
     budget = None
-    if opt.chunk_size is None:
-        budget = memory.budget(opt.max_memory, adapter.blocks[0].attn.proj.weight.device)
     pieces = []
     for rows, n in groups:
         if opt.chunk_size is not None:
             k = opt.chunk_size
+        elif len(rows) == 1:
+            k = 1  # one sample is never split: no need to read the free memory (a file read, or a CUDA query)
         else:
+            if budget is None:
+                budget = memory.budget(opt.max_memory, adapter.blocks[0].attn.proj.weight.device)
             facts = memory.facts_of(adapter, prepared, tokens=n)
             k = memory.piece_size(budget, method, facts, len(rows), keep_heads=opt.keep_heads,
                                   batch_size=opt.batch_size)

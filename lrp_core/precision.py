@@ -73,10 +73,20 @@ def compute_dtype(model: nn.Module) -> torch.dtype:
 def compute_precision(model: nn.Module) -> Iterator[None]:
     """Run the enclosed passes in float32 if ``model`` is half precision or autocast is on; else do nothing.
 
-    Re-entrant: a nested call inside an active one does nothing more.
+    Re-entrant: a nested call inside an active one does nothing more, and a nested call for the model an
+    enclosing call found in float32 does not look through its weights again (the engine changes no dtype;
+    ``explain`` enters this three times per call, and each look walks every parameter and buffer).
     """
-    if getattr(_state, "active", False) or not needs_float32(model):
+    if getattr(_state, "active", False):
         yield
+        return
+    outer = getattr(_state, "float32_model", None)  # the model an enclosing call found in float32, if any
+    if not (autocast_active() or (outer is not model and is_half(model))):
+        _state.float32_model = model
+        try:
+            yield
+        finally:
+            _state.float32_model = outer
         return
     _state.active = True
     try:
