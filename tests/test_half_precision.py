@@ -212,6 +212,34 @@ def test_float32_and_float64_models_do_not_enter_the_float32_mode():
     assert precision.compute_dtype(vit.double()) == torch.float64
 
 
+def test_one_call_looks_through_the_weights_once_and_nested_calls_still_see_half_models_and_autocast(monkeypatch):
+    """``explain`` enters compute_precision three times (the call, the forward, the relevance pass) but walks a
+    float32 model's weights once; a nested call for another (half) model, or under autocast, still enters the
+    mode, and a model made half after a call is seen by the next one."""
+    vit, x = make_tiny_vit(), _images(1)
+    looks = []
+    is_half = precision.is_half
+    monkeypatch.setattr(precision, "is_half", lambda m: looks.append(m) or is_half(m))
+    explain(vit, x)
+    assert looks == [vit]
+
+    def active() -> bool:
+        return isinstance(torch.overrides._get_current_function_mode(), precision.Float32Mode)
+
+    half = torch.nn.Linear(2, 2).half()
+    with precision.compute_precision(vit):
+        with precision.compute_precision(vit):
+            assert not active()
+        with precision.compute_precision(half):
+            assert active()
+        with torch.autocast("cpu", dtype=torch.bfloat16), precision.compute_precision(vit):
+            assert active()
+        assert not active()
+    vit.half()
+    with precision.compute_precision(vit):
+        assert active()
+
+
 def test_the_mode_upcasts_weights_per_operation_and_saves_the_half_parameter(monkeypatch):
     """Inside the mode a half Linear computes in float32; what autograd keeps for the backward pass is the half
     parameter (upcast again when needed), never a float32 copy of the weight; gradients reach the input, none

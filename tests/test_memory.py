@@ -201,6 +201,23 @@ def test_a_tiny_budget_splits_and_a_fitting_one_does_not(tiny_vit, monkeypatch):
     assert [len(r) for r, _ in seen[-1]] == [5]
 
 
+def test_one_sample_is_never_split_and_reads_no_free_memory(tiny_vit, text_batch, monkeypatch):
+    """A piece has at least one sample, so a one-sample group is one piece whatever the budget: the free
+    memory is not read for it (a file read per call, a device query on CUDA). A batch of several still reads
+    it, and a malformed max_memory is refused at batch 1 too."""
+    reads = []
+    monkeypatch.setattr(memory, "available", lambda device: reads.append(device) or 1)
+    x = _images(torch.float32)
+    explain(tiny_vit, x[:1])
+    bert = make_tiny_bert()
+    explain(bert, text_batch)  # distinct lengths: every length group is one sample
+    assert reads == []
+    explain(tiny_vit, x[:2])
+    assert len(reads) == 1
+    with pytest.raises(InputError, match="max_memory"):
+        explain(tiny_vit, x[:1], max_memory="lots")
+
+
 def test_model_is_untouched_by_a_call_in_pieces(images, text_batch):
     from test_api import _assert_same, _state
     vit = make_tiny_vit()

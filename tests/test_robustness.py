@@ -295,6 +295,32 @@ def test_another_threads_hooks_flags_and_modes_survive_a_call(family):
         assert model.blocks[0].attn.fused_attn != make_tiny_vit().blocks[0].attn.fused_attn
 
 
+def test_the_guard_lists_the_model_only_when_a_hook_can_change_it(monkeypatch):
+    """Without hooks nothing foreign runs on the model, so the guard builds no watch (a walk of every module and
+    parameter per call); with a hook it does, and undoes what the hook changes."""
+    from lrp_core import guard
+    built = []
+
+    class Counted(guard._Watch):
+        def __init__(self, model):
+            built.append(model)
+            super().__init__(model)
+
+    monkeypatch.setattr(guard, "_Watch", Counted)
+    model, x = make_tiny_vit(), _images(1)
+    plain = explain(model, x)
+    assert built == []
+    leaf = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+    def flip(module, args, output) -> None:  # a hook that changes the model (and not its output)
+        model.train()
+
+    handle = leaf.register_forward_hook(flip)
+    _same(explain(model, x), plain)
+    handle.remove()
+    assert built == [model] and not model.training
+
+
 def test_the_calls_own_changes_are_undone_and_another_threads_survive():
     model, x = make_tiny_vit(), _images()
     plain = explain(model, x)
