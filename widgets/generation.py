@@ -320,11 +320,9 @@ class GenerationExplorer(RelevanceWidget):
 
         def compute() -> Cached:
             inputs = self.prefix(step)
+            self._check_contrast(contrast, step)
             target: Any = self.target_id(step)
             if contrast is not None:
-                if contrast == target:
-                    raise InputError(f"the contrast {self._name(contrast)!r} is the token written at this step: "
-                                     "choose another token (the difference would be zero)")
                 target = Contrast([target], [contrast])
             exp = _engine.explain(self.facts.module, inputs, method, target=target, keep_heads=False)
             return Cached(exp, _engine.sample_readout(self.facts.adapter, inputs))
@@ -349,18 +347,29 @@ class GenerationExplorer(RelevanceWidget):
         def use() -> None:
             text = str(change["new"]).strip()
             hint = f" — likely here: {', '.join(repr(t) for t, _ in self._top())}" if self._current else ""
-            self.contrast = None if not text else token_id(self.tokenizer, text, self.facts.adapter.vocab_size, hint)
+            new = None if not text else token_id(self.tokenizer, text, self.facts.adapter.vocab_size, hint)
+            self._check_contrast(new, self.step)  # a refused contrast leaves the map as it was
+            self.contrast = new
             self._recompute()
         self._guarded("compute", use)
+
+    def _check_contrast(self, contrast: Optional[int], step: int) -> None:
+        if contrast is not None and contrast == self.target_id(step):
+            raise InputError(f"the contrast {self._name(contrast)!r} is the token written at this step: choose "
+                             "another token (the difference would be zero)")
 
     # -- computing and drawing --------------------------------------------------------------------
     def _recompute(self) -> None:
         self.clear_error()
         if self._key() not in self._cache:  # reaches the browser before the work starts
             self.status.value = (f'<i style="color:#666">computing {html.escape(self.method)} for '
-                                 f'{html.escape(self._name(self.target_id()))!s}\u2026</i>')
+                                 f'{html.escape(self._name(self.target_id()))}\u2026</i>')
         try:
             self._current = self._entry(self._key())
+        except Exception:
+            self._current = self.explanation = self.displayed_map = None  # no stale map under this error
+            self.html.value = self.info.value = ""
+            raise
         finally:
             self.status.value = ""
         self.explanation = self._current.explanation

@@ -96,7 +96,9 @@ def test_every_decoder_family_every_method_equals_explain_generation(family):
     w = GenerationExplorer(model, prompt=prompt, max_new_tokens=K)
     assert w.last_error is None, w.last_error
     assert w.pieces[:3] == [f"#{i}" for i in prompt[:3]]  # no tokenizer: ids as pieces
-    check_every_method(w, model, None, {"input_ids": torch.tensor([prompt])}, zeros_allowed=2)
+    worst = check_every_method(w, model, None, {"input_ids": torch.tensor([prompt])}, zeros_allowed=2)
+    print(family, "max |view - engine| / max |engine|:", f"{max(worst.values()):.1e}",
+          max(worst, key=worst.get))
 
 
 # ----------------------------------------------------------------------------- the other stops
@@ -173,10 +175,23 @@ def test_contrast_box(lm):
     assert w.contrast == lm.tokenizer.convert_tokens_to_ids(other)
     w.contrast_box.value = f"#{generated[1]}"  # the written token itself: the difference would be zero
     assert "is the token written at this step" in w.last_error
+    assert w.contrast == lm.tokenizer.convert_tokens_to_ids(other) and w.displayed_map is not None  # map kept
     w.contrast_box.value = ""
     plain = explain_generation(lm.model, lm.tokenizer, PROMPT, continuation=generated).scores[0, 1]
     assert w.last_error is None and w.contrast is None
     assert rel(w.current_values(), plain[:w.prompt_length + 1].numpy()) < TOL
+
+
+def test_a_step_whose_token_is_the_contrast_shows_the_error_not_a_stale_map(lm):
+    w = GenerationExplorer(lm.model, lm.tokenizer, prompt=PROMPT, continuation=" Oslo Rome", methods=["cp_lrp"])
+    w.step_selector.value = 1
+    w.contrast_box.value = "Oslo"  # "Rome rather than Oslo" at step 2
+    assert w.last_error is None and "rather than" in w.html.value
+    w.step_selector.value = 0  # step 1 wrote "Oslo" itself
+    assert "is the token written at this step" in w.last_error and "trl-error" in w.message.value
+    assert w.html.value == "" and w.displayed_map is None
+    w.step_selector.value = 1
+    assert w.last_error is None and w.displayed_map is not None
 
 
 def test_explanations_are_cached_per_method_step_and_contrast(lm, monkeypatch):
@@ -243,6 +258,14 @@ def test_loaded_model_is_accepted(lm, explorer):
     assert w.last_error is None
     assert torch.equal(w.input_ids, explorer.input_ids)
     np.testing.assert_array_equal(w.current_values(), show(explorer, "cp_lrp", 0))
+
+
+def test_bench_times_the_generation_explorer(capsys):
+    from widgets import bench
+    results = bench.run_generation("tiny-lm", repeat=2, steps=2)
+    assert [len(results[k]) for k in ("first computation", "layer slider move", "step switch (new step)",
+                                      "step switch (cached)", "layer slider move (product)")] == [1, 2, 1, 1, 2]
+    assert "layer slider move" in capsys.readouterr().out
 
 
 def test_static_picture_is_the_coloured_context(explorer):
