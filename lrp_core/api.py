@@ -72,10 +72,10 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     adapter = get_adapter(model).for_inputs(inputs)
     registry.check_model(spec, adapter)
     prepared = adapter.check_inputs(inputs)
-    layout = adapter.layout(prepared)
     opt = registry.parse_options(spec, options, adapter.num_blocks, adapter.modality)
     if opt.position is not None:  # decoders: explain the prediction at another token
         prepared = adapter.at_position(prepared, opt.position)
+    layout = adapter.layout(prepared)  # after the position: the layout names the token read (token ablation skips it)
     readout = adapter.readout_for(prepared)
     aim = goal(spec, target, adapter.batch_size(prepared), readout.num_classes, type(model).__name__)
     call = Call(adapter, prepared, layout, aim.resolve, opt, aim.concept, aim.negative, readout)

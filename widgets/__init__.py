@@ -5,6 +5,7 @@
   product growing and the conserved relevance.
 * :class:`ClipExplorer`: the explorer for CLIP, free-text prompts in place of classes.
 * :class:`TokenRelevance`: BERT text coloured by token relevance.
+* :class:`GenerationExplorer`: each token a language model wrote, explained over its context.
 * :class:`MethodGrid`: several methods side by side.
 * :class:`ConceptBuilder`: a concept from example images, its CDAM on a query.
 
@@ -14,7 +15,8 @@ picture in their display data for places where widgets cannot render.
 from .clip import ClipExplorer
 from .concept import ConceptBuilder
 from .explorer import RelevanceExplorer
+from .generation import GenerationExplorer
 from .grid import MethodGrid
 from .text import TokenRelevance
 
-__all__ = ["ClipExplorer", "ConceptBuilder", "MethodGrid", "RelevanceExplorer", "TokenRelevance"]
+__all__ = ["ClipExplorer", "ConceptBuilder", "GenerationExplorer", "MethodGrid", "RelevanceExplorer", "TokenRelevance"]

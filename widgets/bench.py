@@ -2,9 +2,9 @@
 
 Times, on this machine, what a person waits for after touching a control of a
 :class:`~widgets.RelevanceExplorer` (or :class:`~widgets.TokenRelevance` for a
-text model such as ``minilm-sentiment``): server side, i.e. recompute or
-re-slice, draw, encode the PNG / HTML. The first computation is reported separately; later moves of
-the block slider, head switches and sign toggles must not recompute anything.
+text model such as ``minilm-sentiment``, :class:`~widgets.GenerationExplorer` for ``--model tiny-lm``):
+server side, i.e. recompute or re-slice, draw, encode the PNG / HTML. The first computation is reported
+separately; later moves of the block slider, head switches and sign toggles must not recompute anything.
 """
 from __future__ import annotations
 
@@ -56,8 +56,64 @@ def _time(action: Callable[[], None], repeat: int) -> list[float]:
     return out
 
 
+def _language_model(name: str) -> tuple[Any, Any, str]:
+    """(model or LoadedModel, tokenizer, label): the registered LM, else tiny-lm's shape with random weights."""
+    try:
+        from lrp_core.models import load
+        return load(name), None, name
+    except Exception as err:  # noqa: BLE001 - not registered / weights not built yet: same shape, same speed
+        if name != "tiny-lm":
+            raise
+        from lrp_core.models.tiny_lm import build_model, build_tokenizer
+        tok = build_tokenizer()
+        torch.manual_seed(0)
+        return build_model(len(tok)).eval(), tok, f"tiny-lm shape, random weights ({type(err).__name__})"
+
+
+def _report(results: dict[str, list[float]]) -> None:
+    for k, v in results.items():
+        print(f"  {k:28s} median {statistics.median(v):7.1f} ms   max {max(v):7.1f} ms   (n={len(v)})")
+
+
+def run_generation(name: str = "tiny-lm", repeat: int = 10, steps: int = 5) -> dict[str, list[float]]:
+    """Time a :class:`~widgets.GenerationExplorer`: layer slider moves (cached), steps and methods (new, cached)."""
+    from lrp_core.data.facts import make_facts
+    from lrp_core.models.tiny_lm import HELD_OUT_SEED
+    from widgets import GenerationExplorer
+    model, tok, label = _language_model(name)
+    prompt = make_facts(1, seed=HELD_OUT_SEED)[0].prompt  # a held-out facts prompt (about 45 tokens)
+    t0 = time.perf_counter()
+    w = GenerationExplorer(model, tok, prompt=prompt, max_new_tokens=steps)
+    first = (time.perf_counter() - t0) * 1000
+    if w.last_error:
+        raise SystemExit(f"the widget could not be built: {w.last_error}")
+    state = {"s": 0, "k": 0}
+
+    def slider() -> None:  # every stop of the method's slider in turn
+        opts = w.layer_slider.options
+        state["s"] = (state["s"] + 1) % len(opts)
+        w.layer_slider.value = opts[state["s"]][1]
+
+    def step() -> None:
+        state["k"] = (state["k"] + 1) % steps
+        w.step_selector.value = state["k"]
+
+    results = {"first computation": [first], "layer slider move": _time(slider, repeat),
+               "step switch (new step)": _time(step, steps - 1)}
+    state["k"] = 0
+    results["step switch (cached)"] = _time(step, steps - 1)
+    w.method_selector.value = "transformer_attribution"
+    results["layer slider move (product)"] = _time(slider, repeat)
+    print(f"model: {label}; {len(w.layer_slider.options)} product stops, {steps} steps, prompt of "
+          f"{w.prompt_length} tokens; torch threads {torch.get_num_threads()}")
+    _report(results)
+    return results
+
+
 def run(name: str = "toy-vit", repeat: int = 10) -> dict[str, list[float]]:
     """Time each kind of interaction; returns milliseconds per action."""
+    if name == "tiny-lm":
+        return run_generation(name, repeat)
     from widgets import RelevanceExplorer, TokenRelevance
     model, x, label = _model(name)
     t0 = time.perf_counter()
@@ -95,8 +151,7 @@ def run(name: str = "toy-vit", repeat: int = 10) -> dict[str, list[float]]:
     used = _threads_for(w.facts.module, w.threads) or torch.get_num_threads()
     print(f"model: {label}; {L} blocks, {len(heads) - 1} heads; torch threads: "
           f"{torch.get_num_threads()}, widget computes on {used} (threads={w.threads!r})")
-    for k, v in results.items():
-        print(f"  {k:28s} median {statistics.median(v):7.1f} ms   max {max(v):7.1f} ms   (n={len(v)})")
+    _report(results)
     return results
 
 

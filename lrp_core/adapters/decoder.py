@@ -164,9 +164,13 @@ class DecoderAdapter(Adapter):
         return {**prepared, "read_at": read}
 
     def layout(self, prepared: dict) -> TokenLayout:
-        mask = prepared["attention_mask"]
-        return TokenLayout(modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=(), mask=mask,
-                           readout_rows=prepared["read_at"].argmax(dim=-1), readout_minimum_applies=False)
+        """The tokens a row's map covers: its real tokens up to the one read (``position=``), the context of the
+        explained prediction — so a map read inside a longer sequence is that of the row cut after it (token
+        ablation removes, and Grad-CAM averages and min-max scales over, the context only)."""
+        mask, read = prepared["attention_mask"], prepared["read_at"].argmax(dim=-1)
+        context = mask * (torch.arange(mask.shape[1], device=mask.device)[None, :] <= read[:, None]).to(mask.dtype)
+        return TokenLayout(modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=(), mask=context,
+                           readout_rows=read, readout_minimum_applies=False)
 
     def readout_for(self, prepared: dict) -> PositionReadout:
         """The readout of this batch: the head at each row's read position."""

@@ -105,7 +105,7 @@ def test_cp_lrp_conserves_the_logit_with_every_additive_constant_zero(family, he
 
 # ---------------------------------------------------------------- what is explained
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("method", ["attnlrp", "transformer_attribution", "lrp"])
+@pytest.mark.parametrize("method", ["attnlrp", "transformer_attribution", "lrp", "token_ablation", "attention_gradcam"])
 def test_position_is_teacher_forcing(family, method):
     """``position=p`` explains the prediction at p: the same map as the row cut after p, zero after p."""
     model = make_decoder(family, attn="sdpa")

@@ -1,0 +1,451 @@
+"""``GenerationExplorer``: why a language model wrote each token of its continuation.
+
+The widget continues a prompt once (greedily, or takes the continuation it is
+given), then shows the generated tokens as a row of buttons. Choosing token k
+shows its relevance map over its context — the prompt and the tokens written
+before it — as :func:`lrp_core.explain_generation` computes it (step k is the
+teacher-forced prefix "prompt + g_1 … g_{k−1}" explained for ``y_{g_k}``,
+``docs/METHODS.md`` §2c, Generation). A contrast token turns the map into
+``y_{g_k} − y_{a_k}``: "this token rather than that one".
+
+The layer slider walks through what the method builds, and its right end is
+always the method's map:
+
+* layer-product methods (``transformer_attribution``, ``generic_attention``,
+  ``rollout``): the product from the start block up to block b, read at the
+  explained position (``widgets.views`` "accumulated" view);
+* ``raw_attention``: block b's own attention, read the same way;
+* methods with a relevance pass (``attnlrp``, ``cp_lrp``, ``lrp``,
+  ``partial_lrp``): the relevance of the residual stream leaving block b,
+  from the top block down (at the top it all sits on the explained position,
+  as the logit), then the map at the input;
+* the others (``attention_gradcam``, ``cdam``, ``token_ablation``): the map only.
+
+Every value shown is the engine's (``lrp_core.explain`` on the step's prefix);
+explanations are cached per (method, step, contrast) as in the other explorers.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any, Optional, Sequence
+
+import ipywidgets as W
+import numpy as np
+import torch
+
+from lrp_core import registry
+from lrp_core.adapters import get_adapter
+from lrp_core.errors import InputError, UnsupportedModelError
+from lrp_core.generation import _continuation, _prompts, greedy_continuation
+from lrp_core.methods import Contrast
+from lrp_core.models import LoadedModel
+from lrp_core.textview import NEWLINE_MARKS, SPACE_MARKS, merge_words, readable
+from lrp_core.viz import token_html
+
+from . import _engine, views
+from ._cache import CACHE_SIZE, Cached, ExplanationCache
+from ._common import ModelFacts, RelevanceWidget, error_html
+
+#: greedy tokens written when neither ``max_new_tokens`` nor a continuation is given
+DEFAULT_NEW_TOKENS = 5
+#: the method the widget starts with (the one explain_generation uses by default), where offered
+DEFAULT_METHOD = "attnlrp"
+TOP_K = 5
+MAP_LABEL = "input: the map"
+
+Stop = tuple[str, tuple[str, int]]  # (slider label, (view, block))
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def decoder_methods(methods: Optional[Sequence[str]] = None) -> list[str]:
+    """The methods offered: ``methods`` (default: every method that runs on decoders), each checked."""
+    accepted = registry.DECODER_METHODS
+    chosen = list(accepted if methods is None else ([methods] if isinstance(methods, str) else methods))
+    if not chosen:
+        raise InputError(f"no method given; choose from {', '.join(accepted)}")
+    for name in chosen:
+        if name not in accepted:
+            why = "does not run on decoder language models" if name in registry.METHODS else "is not a method"
+            raise InputError(f"method {name!r} {why}; a GenerationExplorer accepts {', '.join(accepted)}")
+    return chosen
+
+
+def resolve_lm(model: Any, tokenizer: Any) -> ModelFacts:
+    """A causal LM the engine explains (a module or a ``LoadedModel``) and its tokenizer."""
+    loaded = model if isinstance(model, LoadedModel) else None
+    module = loaded.model if loaded is not None else model
+    if tokenizer is None and loaded is not None:
+        tokenizer = loaded.tokenizer
+    try:
+        adapter = get_adapter(module)
+    except UnsupportedModelError as err:
+        raise UnsupportedModelError(f"GenerationExplorer got {type(module).__name__}, not a model lrp_core can "
+                                    f"explain: {err}") from None
+    lm_head = getattr(module, "get_output_embeddings", lambda: None)()
+    if not getattr(adapter, "is_decoder", False) or lm_head is None:
+        raise UnsupportedModelError(
+            f"GenerationExplorer explains causal language models (LlamaForCausalLM, GPT2LMHeadModel, ...); "
+            f"{type(module).__name__} has no language-model head: use widgets.TokenRelevance for classifiers")
+    return ModelFacts(module=module, adapter=adapter, labels=[], tokenizer=tokenizer)
+
+
+def prompt_ids(tokenizer: Any, prompt: Any) -> torch.Tensor:
+    """The prompt as one row of token ids (1, P): a text, a list / 1-D tensor of ids, or a tokenizer dict."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise InputError("the prompt is empty: give a text for the model to continue (or token ids)")
+        return _prompts(tokenizer, prompt)[0]
+    if isinstance(prompt, (list, tuple, torch.Tensor)) and not isinstance(prompt, dict):
+        ids = torch.as_tensor(prompt)
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point():
+            raise InputError(f"a prompt of token ids must be a non-empty 1-D list or tensor of ints, got shape "
+                             f"{tuple(ids.shape)}")
+        return ids.long()[None]
+    if isinstance(prompt, dict) or hasattr(prompt, "keys"):
+        ids, mask = _prompts(tokenizer, prompt)
+        if ids.shape[0] != 1:
+            raise InputError(f"a GenerationExplorer continues one prompt; got {ids.shape[0]}")
+        return ids[:, mask[0].bool()]
+    raise InputError(f"prompt must be a non-empty text, token ids or a tokenizer dict, got {type(prompt).__name__}")
+
+
+def new_tokens(module: torch.nn.Module, tokenizer: Any, ids: torch.Tensor, max_new_tokens: Any,
+               continuation: Any) -> torch.Tensor:
+    """The K tokens (1, K) to explain: the given continuation, or the model's greedy choices."""
+    if continuation is not None:
+        return _continuation(tokenizer, continuation, 1, max_new_tokens)
+    K = DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise InputError(f"max_new_tokens must be a positive integer (the tokens to write), got {max_new_tokens!r}")
+    return greedy_continuation(module, ids, torch.ones_like(ids), K)
+
+
+def word_scheme(tokenizer: Any) -> Optional[str]:
+    """``"marks"`` when the tokenizer's pieces mark a word's start (``Ġ`` / ``▁``), else ``None``.
+
+    Without marks (a word-level tokenizer such as tiny-lm's) every piece is a word already, and
+    :func:`lrp_core.textview.merge_words` must not join them.
+    """
+    try:
+        pieces = tokenizer.convert_ids_to_tokens(tokenizer(" the cat", add_special_tokens=False)["input_ids"])
+    except Exception:  # noqa: BLE001 - no tokenizer, or one that cannot say: show the pieces as they are
+        return None
+    return "marks" if any(m in str(p) for p in pieces for m in SPACE_MARKS + NEWLINE_MARKS) else None
+
+
+def shown_token(piece: str) -> str:
+    """A piece as a short label: its text without the space mark, newlines as ↵, a lone space as ␣."""
+    text = readable(piece).replace("\n", "\u21b5")
+    return text.strip() or ("\u2423" if text else repr(text))
+
+
+def token_id(tokenizer: Any, text: str, vocab_size: int, hint: str = "") -> int:
+    """One token typed in a box: ``#17`` (an id), a piece of the vocabulary, or a word that is one token."""
+    text = text.strip()
+    if text.startswith("#") and text[1:].isdigit():
+        i = int(text[1:])
+    elif tokenizer is None:
+        if not text.isdigit():
+            raise InputError(f"{text!r}: without a tokenizer, type a token id (e.g. #17){hint}")
+        i = int(text)
+    else:
+        i = _vocabulary_id(tokenizer, text, hint)
+    if not 0 <= i < vocab_size:
+        raise InputError(f"token id {i} is outside the vocabulary [0, {vocab_size}){hint}")
+    return i
+
+
+def _vocabulary_id(tokenizer: Any, text: str, hint: str) -> int:
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    if text in vocab:
+        return int(vocab[text])
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for candidate in (" " + text, text):  # a word after a space is one piece in most LM vocabularies
+        ids = tokenizer(candidate, add_special_tokens=False)["input_ids"]
+        if len(ids) == 1 and ids[0] != unk:
+            return int(ids[0])
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer(text, add_special_tokens=False)["input_ids"])
+    raise InputError(f"{text!r} is not one token of this model's vocabulary (the tokenizer reads it as "
+                     f"{[str(p) for p in pieces]}); type a single token, or #id{hint}")
+
+
+def stops(exp: Any) -> list[Stop]:
+    """The layer slider's stops for one explanation, left to right; the last one shows the method's map."""
+    L = views.n_blocks(exp)
+    if exp.layers is not None and _engine.takes(exp.method, "start_layer"):
+        start = exp.start_layer or 0
+        return [(f"blocks {start}\u2026{b}", ("accumulated", b)) for b in range(start, L)]
+    if exp.layers is not None:
+        return [(f"block {b}", ("block", b)) for b in range(L)]
+    if exp.token_relevance is not None:
+        computed = [b for b in range(L) if bool(exp.token_relevance[0, b].abs().sum() > 0)]
+        return [(f"leaving block {b}", ("residual", b)) for b in reversed(computed)] + [(MAP_LABEL, ("output", 0))]
+    return [(MAP_LABEL, ("output", 0))]
+
+
+def stop_values(entry: Cached, stop: tuple[str, int]) -> np.ndarray:
+    """The (P+k,) values of one stop of a cached explanation (memoised in the entry)."""
+    view, block = stop
+    start = (entry.explanation.start_layer or 0) if view == "accumulated" else 0
+    return entry.view(view, block, start, None)
+
+
+# ----------------------------------------------------------------------------- the widget
+class GenerationExplorer(RelevanceWidget):
+    """Each token a causal LM wrote, explained over its context; method, layer slider and contrast box.
+
+    Args:
+        model: a causal LM the engine supports (``LlamaForCausalLM``, ``GPT2LMHeadModel``, …) or a
+            ``lrp_core.models.LoadedModel`` of one.
+        tokenizer: its tokenizer (default: the LoadedModel's); without one, prompts are token ids.
+        prompt: the text to continue (or token ids, or a tokenizer dict of one row).
+        max_new_tokens: K, the greedy tokens to write (default 5; with a continuation, its length).
+        methods: the methods offered (default: every method that runs on decoders).
+        continuation: the tokens to explain instead of the greedy ones (text or ids).
+
+    Bad arguments raise an :class:`~lrp_core.errors.InputError` naming what is accepted; errors while
+    using the widget (an unknown contrast token) are shown in it. The map shown is ``displayed_map``
+    for the tokens ``displayed_tokens``; ``current_values()`` is the per-piece map of the current stop.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None, prompt: Any = "", max_new_tokens: Optional[int] = None,
+                 methods: Optional[Sequence[str]] = None, continuation: Any = None) -> None:
+        super().__init__()
+        self.facts = resolve_lm(model, tokenizer)
+        chosen = decoder_methods(methods)
+        with _engine.torch_threads(self.facts.module, self.threads):
+            ids = prompt_ids(self.tokenizer, prompt)
+            self.facts.adapter.check_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+            gen = new_tokens(self.facts.module, self.tokenizer, ids, max_new_tokens, continuation)
+        #: (1, P+K) the prompt and the K tokens explained; P the prompt's length
+        self.input_ids = torch.cat([ids, gen.to(ids.device)], 1)
+        self.prompt_length = int(ids.shape[1])
+        self._check_length()
+        self.pieces = self._pieces()
+        self._scheme = word_scheme(self.tokenizer)
+        self._cache = ExplanationCache(CACHE_SIZE)
+        self._current: Optional[Cached] = None
+        self._quiet = False
+        self.contrast: Optional[int] = None
+        self.explanation: Any = None
+        self.displayed_map: Optional[np.ndarray] = None
+        self.displayed_tokens: list[str] = []
+        self._build(chosen)
+        self._guarded("first", self._recompute)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.facts.tokenizer
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.input_ids.shape[1]) - self.prompt_length
+
+    def _check_length(self) -> None:
+        limit = self.facts.adapter.max_length
+        if limit is not None and self.input_ids.shape[1] - 1 > limit:
+            raise InputError(f"prompt and continuation need {self.input_ids.shape[1] - 1} positions; "
+                             f"{type(self.facts.module).__name__} reads at most {limit}: write fewer tokens")
+
+    def _pieces(self) -> list[str]:
+        ids = self.input_ids[0].tolist()
+        if self.tokenizer is None or not hasattr(self.tokenizer, "convert_ids_to_tokens"):
+            return [f"#{i}" for i in ids]
+        return [str(p) for p in self.tokenizer.convert_ids_to_tokens(ids)]
+
+    # -- controls ---------------------------------------------------------------------------
+    def _build(self, methods: list[str]) -> None:
+        self.method_selector = W.Dropdown(description="method", options=methods, layout=W.Layout(width="300px"),
+                                          value=DEFAULT_METHOD if DEFAULT_METHOD in methods else methods[0])
+        generated = self.pieces[self.prompt_length:]
+        self.step_selector = W.ToggleButtons(
+            options=[(shown_token(p), k) for k, p in enumerate(generated)], value=0,
+            tooltips=[f"step {k + 1}: {readable(p)!r}" for k, p in enumerate(generated)],
+            style={"button_width": "auto"})
+        self.layer_slider = W.SelectionSlider(description="layer", options=[(MAP_LABEL, ("output", 0))],
+                                              continuous_update=True, layout=W.Layout(width="420px"))
+        self.contrast_box = W.Text(placeholder="rather than\u2026 (a token, Enter)", continuous_update=False,
+                                   description="contrast", layout=W.Layout(width="300px"))
+        self.word_toggle = W.ToggleButtons(options=[("words", "words"), ("pieces", "pieces")], value="words",
+                                           style={"button_width": "80px"})
+        self.word_toggle.layout.display = None if self._scheme else "none"  # pieces are words already
+        self.html = W.HTML(value="", layout=W.Layout(width="100%"))
+        self.info = W.HTML(value="")
+        self.status = W.HTML(value="")
+        for name in ("method_selector", "step_selector", "layer_slider", "contrast_box", "word_toggle", "info"):
+            getattr(self, name).add_class("trl-" + name.replace("_", "-"))  # stable CSS hooks
+        self.add_class("trl-widget")
+        self.add_class("trl-generation-explorer")
+        label = W.HTML(value="<b>generated:</b>&nbsp;")
+        self.children = [W.HBox([self.method_selector, self.contrast_box, self.word_toggle]),
+                         W.HBox([label, self.step_selector]), self.layer_slider, self.message, self.html,
+                         self.info, self.status]
+        for w in (self.method_selector, self.step_selector):
+            w.observe(self._on_compute_change, names="value")
+        self.layer_slider.observe(self._on_redraw, names="value")
+        self.word_toggle.observe(self._on_redraw, names="value")
+        self.contrast_box.observe(self._on_contrast, names="value")
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def method(self) -> str:
+        return str(self.method_selector.value)
+
+    @property
+    def step(self) -> int:
+        """k (0-based): the generated token explained."""
+        return int(self.step_selector.value)
+
+    def target_id(self, step: Optional[int] = None) -> int:
+        """The token id written at ``step`` (default: the selected one)."""
+        return int(self.input_ids[0, self.prompt_length + (self.step if step is None else step)])
+
+    def _key(self) -> tuple:
+        return (self.method, self.step, self.contrast)
+
+    def prefix(self, step: int) -> dict[str, torch.Tensor]:
+        """The inputs of step k: the prompt and the k tokens written before g_k, (1, P+k)."""
+        ids = self.input_ids[:, :self.prompt_length + step]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    def explanation_for(self, method: str, step: int, contrast: Optional[int] = None) -> Any:
+        """The engine's explanation of step k (cached): ``explain`` on the step's prefix for ``y_{g_k}``
+        (minus ``y_contrast``)."""
+        return self._entry((method, step, contrast)).explanation
+
+    def _entry(self, key: tuple) -> Cached:
+        method, step, contrast = key
+
+        def compute() -> Cached:
+            inputs = self.prefix(step)
+            self._check_contrast(contrast, step)
+            target: Any = self.target_id(step)
+            if contrast is not None:
+                target = Contrast([target], [contrast])
+            exp = _engine.explain(self.facts.module, inputs, method, target=target, keep_heads=False)
+            return Cached(exp, _engine.sample_readout(self.facts.adapter, inputs))
+
+        return self._cache.get(key, compute)
+
+    def _name(self, token: int) -> str:
+        if self.tokenizer is None:
+            return f"#{token}"
+        return readable(str(self.tokenizer.convert_ids_to_tokens([token])[0]))
+
+    # -- observers ------------------------------------------------------------------------------
+    def _on_compute_change(self, change: dict) -> None:
+        if not self._quiet:
+            self._guarded("compute", self._recompute)
+
+    def _on_redraw(self, change: dict) -> None:
+        if not self._quiet:
+            self._guarded("redraw", self._redraw)
+
+    def _on_contrast(self, change: dict) -> None:
+        def use() -> None:
+            text = str(change["new"]).strip()
+            hint = f" — likely here: {', '.join(repr(t) for t, _ in self._top())}" if self._current else ""
+            new = None if not text else token_id(self.tokenizer, text, self.facts.adapter.vocab_size, hint)
+            self._check_contrast(new, self.step)  # a refused contrast leaves the map as it was
+            self.contrast = new
+            self._recompute()
+        self._guarded("compute", use)
+
+    def _check_contrast(self, contrast: Optional[int], step: int) -> None:
+        if contrast is not None and contrast == self.target_id(step):
+            raise InputError(f"the contrast {self._name(contrast)!r} is the token written at this step: choose "
+                             "another token (the difference would be zero)")
+
+    # -- computing and drawing --------------------------------------------------------------------
+    def _recompute(self) -> None:
+        self.clear_error()
+        if self._key() not in self._cache:  # reaches the browser before the work starts
+            self.status.value = (f'<i style="color:#666">computing {html.escape(self.method)} for '
+                                 f'{html.escape(self._name(self.target_id()))}\u2026</i>')
+        try:
+            self._current = self._entry(self._key())
+        except Exception:
+            self._current = self.explanation = self.displayed_map = None  # no stale map under this error
+            self.html.value = self.info.value = ""
+            raise
+        finally:
+            self.status.value = ""
+        self.explanation = self._current.explanation
+        self._sync_slider()
+        if self.layer_slider.value[0] == "accumulated":  # the partial products, once per explanation
+            self._current.layer_products().prefix(self.explanation.start_layer or 0)
+        self._redraw()
+
+    def _sync_slider(self) -> None:
+        """Give the slider this explanation's stops (kept, with the position, when they are the same)."""
+        new = stops(self.explanation)
+        if list(self.layer_slider.options) == new:
+            return
+        self._quiet = True
+        try:
+            self.layer_slider.options = new
+            self.layer_slider.value = new[-1][1]
+            self.layer_slider.disabled = len(new) == 1
+        finally:
+            self._quiet = False
+
+    def current_values(self) -> np.ndarray:
+        """The per-piece values (P+k,) of the current stop, before words are merged."""
+        return stop_values(self._current, self.layer_slider.value)
+
+    def _redraw(self) -> None:
+        if self._current is None:
+            return
+        values = self.current_values()
+        pieces = self.pieces[:self.prompt_length + self.step]
+        if self._scheme and self.word_toggle.value == "words":  # the sum keeps the total
+            tokens, values = merge_words(pieces, values, reduce="sum", scheme=self._scheme)
+            tokens = [shown_token(t) for t in tokens]
+        else:
+            tokens = [shown_token(p) for p in pieces]
+        self.displayed_map, self.displayed_tokens = np.asarray(values, dtype=np.float64), tokens
+        nxt = html.escape(shown_token(self.pieces[self.prompt_length + self.step]))
+        self.html.value = (f'<div style="color:#333;margin:4px 0">{html.escape(self._title())}</div>'
+                           + token_html(tokens, values, signed=True)
+                           + f'<div class="trl-next" style="margin-top:4px">\u2192 next token: <b>{nxt}</b></div>')
+        self.info.value = self._info_html()
+
+    def _title(self) -> str:
+        versus = "" if self.contrast is None else f" rather than {self._name(self.contrast)!r}"
+        label = next(lab for lab, v in self.layer_slider.options if v == self.layer_slider.value)
+        return (f"{self.method}: why {self._name(self.target_id())!r}{versus} "
+                f"(step {self.step + 1} of {self.num_steps}) | {label}")
+
+    def _top(self) -> list[tuple[str, float]]:
+        """The model's most likely next tokens at this step, with their probabilities (from the engine's logits)."""
+        probs = torch.softmax(self.explanation.logits[0].double(), 0)
+        top = torch.topk(probs, min(TOP_K, probs.numel()))
+        return [(self._name(int(i)), float(p)) for p, i in zip(top.values, top.indices)]
+
+    def _info_html(self) -> str:
+        exp, g = self.explanation, self.target_id()
+        logits = exp.logits[0].double()
+        p = float(torch.softmax(logits, 0)[g])
+        y = float(logits[g]) - (0.0 if self.contrast is None else float(logits[self.contrast]))
+        what = "y" if self.contrast is None else f"y \u2212 y_{html.escape(self._name(self.contrast))}"
+        shown = self.displayed_map
+        lines = [f"explaining <b>{html.escape(self._name(g))}</b> (p = {p:.1%}; {what} = {y:.4g}); likely here: "
+                 + ", ".join(f"{html.escape(t)} ({q:.1%})" for t, q in self._top()),
+                 f"\u03a3 shown = {shown.sum():.4g}, max |value| = {np.abs(shown).max():.4g}"]
+        note = views.absorbed_note(exp)
+        if note is not None:
+            lines.append(html.escape(note))
+        return "<br>".join(lines)
+
+    def _static_bundle(self) -> dict[str, Any]:
+        if self.displayed_map is None:
+            return {"text/html": error_html(self.last_error or "nothing to show")}
+        body = self.html.value + f'<div style="font-size:90%">{self.info.value}</div>'
+        if self.last_error:
+            body = error_html(self.last_error) + body
+        return {"text/html": body}
+
+
+__all__ = ["GenerationExplorer", "decoder_methods", "stops", "token_id", "word_scheme"]
