@@ -46,8 +46,10 @@ def merge_words(pieces: Sequence[str], scores: Any = None, reduce: str = "sum",
     """Join sub-word pieces into words, and their scores (``reduce="sum"`` keeps the total, ``"max"``).
 
     ``scheme``: ``"marks"`` — a piece starting with ``Ġ``/``▁`` begins a word (byte-level BPE, SentencePiece),
-    ``"wordpiece"`` — a piece starting with ``##`` continues one; ``None`` chooses from the pieces. Special
-    tokens (``<s>``, ``[CLS]``) stay words of their own.
+    ``"wordpiece"`` — a piece starting with ``##`` continues one, ``"words"`` — every piece is a word already
+    (a word-level tokenizer such as tiny-lm's); ``None`` chooses from the pieces: ``##`` anywhere means
+    wordpiece, a space mark anywhere means marks, neither means words (no piece says where a word starts,
+    so nothing is joined). Special tokens (``<s>``, ``[CLS]``) stay words of their own.
 
     Returns ``(words, word_scores)`` (``word_scores`` is ``None`` without ``scores``).
     """
@@ -58,13 +60,15 @@ def merge_words(pieces: Sequence[str], scores: Any = None, reduce: str = "sum",
     if vals is not None and len(vals) != len(pieces):
         raise InputError(f"merge_words: {len(pieces)} pieces but {len(vals)} scores")
     if scheme is None:
-        scheme = "wordpiece" if any(p.startswith(CONTINUATION) for p in pieces) else "marks"
-    if scheme not in ("marks", "wordpiece"):
-        raise InputError(f"scheme must be 'marks', 'wordpiece' or None, got {scheme!r}")
+        scheme = _scheme_of(pieces)
+    if scheme not in ("marks", "wordpiece", "words"):
+        raise InputError(f"scheme must be 'marks', 'wordpiece', 'words' or None, got {scheme!r}")
     groups: list[list[int]] = []
     for i, p in enumerate(pieces):
         if not groups or _special(p) or _special(pieces[groups[-1][0]]):
             new = True  # special tokens stand alone
+        elif scheme == "words":
+            new = True
         elif scheme == "wordpiece":
             new = not p.startswith(CONTINUATION)
         else:
@@ -78,6 +82,15 @@ def merge_words(pieces: Sequence[str], scores: Any = None, reduce: str = "sum",
         return words, None
     agg = np.sum if reduce == "sum" else np.max
     return words, np.array([agg(vals[g]) for g in groups])
+
+
+def _scheme_of(pieces: Sequence[str]) -> str:
+    """The sub-word scheme the pieces show: ``##`` continuations, leading space marks, or whole words."""
+    if any(p.startswith(CONTINUATION) for p in pieces):
+        return "wordpiece"
+    if any(p[:1] in SPACE_MARKS + NEWLINE_MARKS for p in pieces):
+        return "marks"
+    return "words"
 
 
 def _special(piece: str) -> bool:

@@ -27,11 +27,28 @@ def test_merge_sentencepiece_and_wordpiece():
     assert words == ["[CLS]", "unlikely", "[SEP]"] and list(s) == [0, 5, 0]
 
 
+def test_merge_word_level_pieces_stay_words():
+    """A word-level tokenizer (tiny-lm's) marks no word starts: every piece is a word, none is joined."""
+    from lrp_core.data.facts import make_facts
+    from lrp_core.models.tiny_lm import build_tokenizer
+
+    tok = build_tokenizer()
+    record = make_facts(1, seed=3)[0]
+    pieces = tok.convert_ids_to_tokens(tok(record.prompt)["input_ids"])
+    scores = np.arange(len(pieces), dtype=float)
+    words, s = merge_words(pieces, scores)
+    assert words == ["<s>"] + record.words
+    np.testing.assert_array_equal(s, scores)
+    assert merge_words(["Ġa", "b"], scheme="words")[0] == [" a", "b"]  # asked for explicitly, marks are ignored
+
+
 def test_merge_errors():
     with pytest.raises(InputError, match="pieces but"):
         merge_words(["a", "b"], [1.0])
     with pytest.raises(InputError, match="reduce"):
         merge_words(["a"], [1.0], reduce="mean")
+    with pytest.raises(InputError, match="'words'"):
+        merge_words(["a"], [1.0], scheme="bpe")
 
 
 def _cells(html_text):
