@@ -104,21 +104,24 @@ def _left_padded(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return ids.gather(1, order), mask.gather(1, order)
 
 
-def _positions(mask: Tensor) -> Tensor:
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
 @torch.no_grad()
 def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, steps: int) -> Tensor:
-    """``steps`` greedy tokens after left-padded prompts (B, P): (B, steps). No stopping at end-of-text."""
-    ids, mask, out = input_ids, attention_mask, []
-    for _ in range(steps):
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask)).logits[:, -1]
-        nxt = logits.argmax(-1, keepdim=True)
-        out.append(nxt)
-        ids = torch.cat([ids, nxt], 1)
-        mask = torch.cat([mask, torch.ones_like(nxt)], 1)
-    return torch.cat(out, 1) if out else input_ids[:, :0]
+    """``steps`` greedy tokens after left-padded prompts (B, P): (B, steps). No stopping at end-of-text.
+
+    Rows of equal length run together and unpadded, so each row continues exactly as it would alone: the model
+    never sees a padding position (Hugging Face's eager attention in float64 turns fully masked padding rows
+    into NaN, and 0 × NaN reaches the real rows of a padded batch).
+    """
+    out = torch.zeros(input_ids.shape[0], steps, dtype=torch.long, device=input_ids.device)
+    lengths = attention_mask.sum(1)
+    for n in lengths.unique().tolist():
+        rows = (lengths == n).nonzero().squeeze(1)
+        ids = input_ids[rows, input_ids.shape[1] - n:]  # left-padded: the real tokens are the last n columns
+        for k in range(steps):
+            nxt = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, -1].argmax(-1, keepdim=True)
+            out[rows, k] = nxt[:, 0]
+            ids = torch.cat([ids, nxt], 1)
+    return out
 
 
 def _token_ids(tokenizer, values: Any, what: str) -> list:

@@ -10,6 +10,8 @@ from lrp_core.errors import InputError
 from lrp_core.generation import explain_generation, greedy_continuation
 from lrp_core.methods import Contrast
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
+from decoders import FAMILIES, make_decoder
+from decoders import batch as decoder_batch, rows as decoder_rows
 
 PROMPTS = ["Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer:",
            "Carla has a cat. Where does Carla live? Answer:"]
@@ -31,11 +33,28 @@ def _alone(lm, prompt_ids, method, target, **options):
 
 
 def test_greedy_matches_generate(lm):
+    """Each prompt of a padded batch continues as generate() continues it alone."""
     enc = lm.tokenizer(PROMPTS, return_tensors="pt", padding=True)  # left padding
     ours = greedy_continuation(lm.model, enc["input_ids"], enc["attention_mask"], 4)
-    ref = lm.model.generate(**enc, max_new_tokens=4, do_sample=False, min_new_tokens=4,
-                            pad_token_id=lm.tokenizer.pad_token_id)[:, enc["input_ids"].shape[1]:]
-    assert torch.equal(ours, ref)
+    for b, prompt in enumerate(PROMPTS):
+        one = lm.tokenizer(prompt, return_tensors="pt")
+        ref = lm.model.generate(**one, max_new_tokens=4, do_sample=False, min_new_tokens=4,
+                                pad_token_id=lm.tokenizer.pad_token_id)[0, one["input_ids"].shape[1]:]
+        assert torch.equal(ours[b], ref)
+
+
+def test_greedy_never_shows_padding_to_the_model():
+    """A float64 eager Llama puts NaN into the real rows of a left-padded batch (0 x NaN from the fully masked
+    padding rows); the continuation must not inherit it: each row equals the row alone."""
+    model = make_decoder("llama")
+    prompts = decoder_batch(decoder_rows(seed=3, lengths=(4, 6)), side="left")
+    with torch.no_grad():
+        assert torch.isnan(model(**prompts).logits[:, -1]).any()  # the trap is real for this model
+    got = greedy_continuation(model, prompts["input_ids"], prompts["attention_mask"], 3)
+    for b, row in enumerate(decoder_rows(seed=3, lengths=(4, 6))):
+        alone = model.generate(input_ids=row[None], attention_mask=torch.ones_like(row[None]), max_new_tokens=3,
+                               min_new_tokens=3, do_sample=False, pad_token_id=0)[0, len(row):]
+        assert torch.equal(got[b], alone)
 
 
 @pytest.mark.parametrize("method", ["attnlrp", "cp_lrp", "transformer_attribution", "generic_attention"])
@@ -53,7 +72,9 @@ def test_each_step_equals_its_prefix_alone(lm, method):
             ref = _alone(lm, prefix, method, int(out.targets[b, k]))
             got = out.scores[b, k]
             assert torch.all(got[:pad] == 0) and torch.all(got[P + k:] == 0)
-            torch.testing.assert_close(got[pad:P + k], ref.double(), rtol=1e-9, atol=1e-9 * ref.abs().max())
+            # Hugging Face's eager attention takes the softmax in float32 whatever the model's dtype (the engine
+            # replays it so), and a float32 sum over a padded row may round differently: float32 round-off
+            torch.testing.assert_close(got[pad:P + k], ref.double(), rtol=2e-6, atol=2e-6 * ref.abs().max())
 
 
 def test_contrast_per_step(lm):
@@ -92,3 +113,24 @@ def test_html_page_is_self_contained(lm, tmp_path):
 def test_bad_input(lm, kwargs, match):
     with pytest.raises(InputError, match=match):
         explain_generation(lm.model, lm.tokenizer, method="attnlrp", **kwargs)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("method", ["attnlrp", "transformer_attribution"])
+def test_every_decoder_family(family, method):
+    """On each family of issue #22 (tiny, random), batched over right-padded id prompts: greedy steps equal
+    generate(), and step k's map equals explain() of that row's prefix alone, read at its last token."""
+    model = make_decoder(family)
+    prompts = decoder_batch(decoder_rows(seed=3, lengths=(4, 6)), side="right")
+    out = explain_generation(model, None, prompts, method=method, max_new_tokens=2, progress=False)
+    assert out.scores.shape == (2, 2, 6 + 1)
+    for b, row in enumerate(decoder_rows(seed=3, lengths=(4, 6))):
+        ids = row.tolist() + out.input_ids[b, -2:].tolist()
+        for k in range(2):
+            prefix = torch.tensor([ids[:len(row) + k]])
+            with torch.no_grad():
+                assert int(out.targets[b, k]) == int(model(input_ids=prefix).logits[0, -1].argmax())  # greedy
+            ref = lrp_core.explain(model, {"input_ids": prefix, "attention_mask": torch.ones_like(prefix)},
+                                   method=method, target=int(out.targets[b, k])).scores[0]
+            got = out.scores[b, k][out.attention_mask[b, :-1].bool()][:len(row) + k]
+            torch.testing.assert_close(got, ref, rtol=2e-6, atol=2e-6 * float(ref.abs().max()))  # float32 softmax
