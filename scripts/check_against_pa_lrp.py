@@ -18,15 +18,24 @@ Run from the project venv::
    composite registered, explained as ``NLP_demo.py`` does (per-layer (cos, sin) made leaves, max logit at the
    last position, ``backward(max_logit)``; tokens ``input_embeds.grad.sum(-1)``, positions
    ``Σ_layers (cos.grad + sin.grad).sum(-1)``, both raw: before their normalisation and ``abs``). Their
-   attention softmax casts its input to float32 (``attn_weights.float()``); for the float64 comparison that one
-   cast is removed from a copy of their file (``--keep-float32-softmax`` keeps it), and their stabiliser
-   ``x + eps`` (eps 1e-6 / 1e-8, not sign-matched) is made ``x`` (``--keep-eps`` keeps it);
-3. here: ``explain(model, row, method="pa_lrp")`` on the same weights, rows alone and padded left / right;
-   max |ours − theirs| / max |theirs| for tokens and positions.
+   stabiliser ``x + eps`` (eps 1e-6 / 1e-8, not sign-matched) is made ``x``, our rules' eps → 0 limit
+   (``--keep-eps`` keeps it);
+3. here: ``explain(model, row, method="pa_lrp", target=their token)`` on the same weights, rows alone and
+   padded left / right; max |ours − theirs| / max |theirs| for tokens and positions, and the logit.
+
+Three modes, each a fresh pair of runs:
+
+* "float64": their softmax's float32 cast (``attn_weights.float()``) removed from a copy of their file; ours
+  with sdpa attention (the engine then keeps the softmax in float64). RMSNorm is float32 inside on both sides
+  (transformers' arithmetic, theirs copies it). Writes the test fixture.
+* "float64, RMSNorm in float64": as above with RMSNorm's float32 cast removed on both sides for this run
+  only; the pass / fail of the script (float64 tolerance 1e-8).
+* "float32 softmax (as written)": their file as it is; ours eager (Hugging Face's eager softmax is float32).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -44,6 +53,7 @@ REFERENCE = r'''
 import importlib.machinery as M, importlib.util, json, sys, types
 import torch
 authors, data, out, keep32, no_eps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5] == "1"
+rms64 = sys.argv[6] == "1"
 sys.path.insert(0, authors)
 for name, attrs in (("bitsandbytes", {}), ("bitsandbytes.nn", {"Linear4bit": type("Linear4bit", (), {}),
                     "Linear8bitLt": type("Linear8bitLt", (), {})}), ("tabulate", {"tabulate": lambda *a, **k: ""})):
@@ -53,6 +63,11 @@ sys.modules["bitsandbytes"].nn = sys.modules["bitsandbytes.nn"]
 if no_eps:  # their stabiliser adds +eps (1e-6 in Linear / AV / q·k rules, 1e-8 in add2); our rules are its eps -> 0 limit
     import lxt.functional as lf_, lxt.rules as rules_
     lf_._stabilize = rules_._stabilize = lambda x, epsilon=0.0, inplace=False: x
+if rms64:  # RMSNorm in the model's dtype (transformers computes it in float32): the float64 comparison's 2nd mode
+    import lxt.functional as lf_
+    def _rms64(ctx, h, w, eps):
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+    lf_.rms_norm_identity_fn.forward = staticmethod(_rms64)
 src = open(f"{authors}/lxt/models/llama_PE.py").read()
 cast = "attn_weights = self.softmax(attn_weights.float()).to(query_states.dtype)"
 assert src.count(cast) == 1, "their softmax line moved: update the check"
@@ -86,14 +101,15 @@ torch.save(results, out)
 '''
 
 
-def make_llama():
-    """The tiny random Llama (transformers 5 here), float64, and its config as a plain dict."""
+def make_llama(attn: str = "eager"):
+    """The tiny random Llama (transformers 5 here), float64, and its config as a plain dict; ``attn``: "eager"
+    (Hugging Face's softmax in float32, as their file) or "sdpa" (float64 throughout)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, pad_token_id=0,
                bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, rope_theta=10000.0)
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(LlamaConfig(**cfg, attn_implementation="eager"))
+    model = LlamaForCausalLM(LlamaConfig(**cfg, attn_implementation=attn))
     g = torch.Generator().manual_seed(SEED)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -117,7 +133,7 @@ def ours(model, seqs: list, refs: list) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from lxt_decoders import pad
     from lrp_core import explain
-    worst = {"tokens": 0.0, "positional": 0.0, "tokens_padded": 0.0, "positional_padded": 0.0, "conservation": 0.0}
+    worst = {"tokens": 0.0, "positional": 0.0, "tokens_padded": 0.0, "positional_padded": 0.0}
     for ids, ref in zip(seqs, refs):
         e = explain(model, {"input_ids": ids[None], "attention_mask": torch.ones(1, len(ids), dtype=torch.long)},
                     method="pa_lrp", target=ref["target"])
@@ -134,40 +150,85 @@ def ours(model, seqs: list, refs: list) -> dict:
     return worst
 
 
+def reference(args, model, cfg, seqs, float32_softmax: bool, keep_eps: bool, rms64: bool = False) -> list:
+    """The authors' code on ``model``'s weights (see the module docstring), one result per row."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data, out, script = Path(tmp, "in.pt"), Path(tmp, "out.pt"), Path(tmp, "ref.py")
+        torch.save({"config": cfg, "state_dict": model.state_dict(), "rows": seqs}, data)
+        script.write_text(REFERENCE)
+        subprocess.run([args.ref_python, str(script), args.authors, str(data), str(out),
+                        "1" if float32_softmax else "0", "1" if not keep_eps else "0", "1" if rms64 else "0"],
+                       check=True)
+        return torch.load(out)
+
+
+@contextlib.contextmanager
+def _rmsnorm_float64(on: bool):
+    """For the check's 3rd mode only: transformers' LlamaRMSNorm and our DetachedRMSNorm without the float32 cast."""
+    if not on:
+        yield
+        return
+    from transformers.models.llama import modeling_llama
+    from lrp_core import gradient_rules
+    old_hf, old_rule = modeling_llama.LlamaRMSNorm.forward, gradient_rules.DetachedRMSNorm.forward
+
+    def hf(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rule(self, fn, x, module=None):
+        c = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).detach()
+        return module.weight.detach() * (x * c)
+    modeling_llama.LlamaRMSNorm.forward, gradient_rules.DetachedRMSNorm.forward = hf, rule
+    try:
+        yield
+    finally:
+        modeling_llama.LlamaRMSNorm.forward, gradient_rules.DetachedRMSNorm.forward = old_hf, old_rule
+
+
+def logit_gap(model, seqs: list, refs: list) -> float:
+    """max relative difference of the explained logit: the two forwards agree before any rule is compared."""
+    gap = 0.0
+    for ids, ref in zip(seqs, refs):
+        with torch.no_grad():
+            gap = max(gap, abs(model(ids[None]).logits[0, -1].max().item() - ref["logit"]) / abs(ref["logit"]))
+    return gap
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref-python", default="/work/lxt21-venv/bin/python")
     ap.add_argument("--authors", default="/work/palrp-ref/NLP", help="their NLP/ folder (git archive of NLP/lxt)")
     ap.add_argument("--write-fixture", default="tests/fixtures/pa_lrp/llama.pt")
-    ap.add_argument("--keep-float32-softmax", action="store_true")
     ap.add_argument("--keep-eps", action="store_true", help="their stabilisers as they are (+1e-6 / +1e-8)")
     args = ap.parse_args()
-    model, cfg = make_llama()
     seqs = rows()
-    with tempfile.TemporaryDirectory() as tmp:
-        data, out, script = Path(tmp, "in.pt"), Path(tmp, "out.pt"), Path(tmp, "ref.py")
-        state = {k: v.clone() for k, v in model.state_dict().items()}
-        torch.save({"config": cfg, "state_dict": state, "rows": seqs}, data)
-        script.write_text(REFERENCE)
-        subprocess.run([args.ref_python, str(script), args.authors, str(data), str(out),
-                        "1" if args.keep_float32_softmax else "0", "0" if args.keep_eps else "1"], check=True)
-        refs = torch.load(out)
-    gap = 0.0  # self-check: the same model gives the same logit on both sides
-    for ids, ref in zip(seqs, refs):
-        with torch.no_grad():
-            gap = max(gap, abs(model(ids[None]).logits[0, -1].max().item() - ref["logit"]) / abs(ref["logit"]))
-    print(f"logit: max relative difference {gap:.2e}")
-    worst = ours(model, seqs, refs)
-    print(json.dumps(worst, indent=1))
-    if args.write_fixture != "none" and not (args.keep_float32_softmax or args.keep_eps):
-        path = Path(args.write_fixture)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"source": "YardenBakish/PE-AWARE-LRP NLP/lxt (their attnlrp composite), float64, softmax cast "
-                              "removed, stabilisers eps -> 0", "config": cfg, "state_dict": state, "rows": seqs, "reference": refs}, path)
-        print("wrote", path)
-    bad = {k: v for k, v in worst.items() if v > TOL}
-    print("FAIL" if bad else "OK", f"(tolerance {TOL:g})", bad or "")
-    return 1 if bad else 0
+    failed = False
+    # 1. float64 throughout: their softmax cast removed; ours with sdpa (no float32 softmax in the model)
+    # 2. as written: their softmax in float32; ours eager, where Hugging Face's softmax is float32 too
+    # 3. float64 with RMSNorm in float64 on both sides (both patched for this run only): what is left in 1. is
+    #    RMSNorm's float32 round-off, which their explicit rule passes on (R_in = R_out) and gradient × input
+    #    reads at x (R_in = x·w·c versus w·fl32(x·c))
+    for label, attn, f32, rms64 in (("float64", "sdpa", False, False), ("float64, RMSNorm in float64", "sdpa", False, True),
+                                    ("float32 softmax (as written)", "eager", True, False)):
+        model, cfg = make_llama(attn)
+        refs = reference(args, model, cfg, seqs, float32_softmax=f32, keep_eps=args.keep_eps, rms64=rms64)
+        with _rmsnorm_float64(rms64):
+            worst = ours(model, seqs, refs)
+            worst["logit"] = logit_gap(model, seqs, refs)
+        print(label, json.dumps({k: f"{v:.2e}" for k, v in worst.items()}))
+        if label == "float64, RMSNorm in float64":
+            bad = {k: v for k, v in worst.items() if v > TOL}
+            failed = bool(bad)
+            print("FAIL" if bad else "OK", f"(float64 tolerance {TOL:g})", bad or "")
+        if label == "float64":  # the fixture: the models as they are (the tests patch nothing)
+            if args.write_fixture != "none" and not args.keep_eps:
+                path = Path(args.write_fixture)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save({"source": "YardenBakish/PE-AWARE-LRP NLP/lxt/models/llama_PE.py + NLP/lxt (their attnlrp "
+                                      "composite), float64: softmax cast removed, stabilisers eps -> 0",
+                            "config": cfg, "state_dict": model.state_dict(), "rows": seqs, "reference": refs}, path)
+                print("wrote", path)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

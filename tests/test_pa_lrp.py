@@ -104,18 +104,19 @@ def test_bad_options_and_models_without_positions_refused():
 
 
 def test_agrees_with_the_authors_code_fixture():
-    """The held-out reference of scripts/check_against_pa_lrp.py: the authors' llama_PE + their LXT, float64
-    (softmax cast and +eps stabilisers removed). Their forward already differs from transformers' by ~1e-7
-    relative (float32 round-off in their model), so the bound is 1e-5 of max |reference|
-    (measured: tokens 3.9e-7, positions 3.5e-6; scripts/pa_lrp_findings.md)."""
+    """The held-out reference of scripts/check_against_pa_lrp.py ("float64" mode): the authors' llama_PE + their
+    LXT in float64 (their softmax cast and +eps stabilisers removed), ours with sdpa (softmax in float64). What is
+    left is RMSNorm's float32 round-off, which their explicit rule passes on and gradient × input reads at x
+    (measured 9.6e-8 tokens, 1.1e-7 positions; 1.3e-10 / 2.0e-10 with RMSNorm in float64 on both sides:
+    scripts/pa_lrp_findings.md), so the bound is 1e-6 of max |reference|."""
     from pathlib import Path
     from transformers import LlamaConfig, LlamaForCausalLM
     fx = torch.load(Path(__file__).parent / "fixtures" / "pa_lrp" / "llama.pt")
-    model = LlamaForCausalLM(LlamaConfig(**fx["config"], attn_implementation="eager"))
+    model = LlamaForCausalLM(LlamaConfig(**fx["config"], attn_implementation="sdpa"))
     model.load_state_dict(fx["state_dict"])
     model = model.double().eval()
     for ids, ref in zip(fx["rows"], fx["reference"]):
         e = explain(model, {"input_ids": ids[None]}, method="pa_lrp", target=ref["target"])
         pos = ref["positional_per_layer"].sum(0)
-        assert (e.scores[0] - ref["tokens"]).abs().max() <= 1e-5 * ref["tokens"].abs().max()
-        assert (e.positional[0] - pos).abs().max() <= 1e-5 * pos.abs().max()
+        assert (e.scores[0] - ref["tokens"]).abs().max() <= 1e-6 * ref["tokens"].abs().max()
+        assert (e.positional[0] - pos).abs().max() <= 1e-6 * pos.abs().max()
