@@ -262,7 +262,7 @@ PA_LRP_BASES = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP}
 
 def pa_lrp_composite(base: str = "attnlrp") -> tuple[Composite, PositionLeaves]:
     """PA-LRP (Bakish et al., 2025) on ``base`` (AttnLRP or CP-LRP): ``base``'s rules, with the rotary tables
-    (ROPE) and the added position embeddings (POS_ADD) made inputs that take relevance (docs/METHODS.md §2d).
+    (ROPE) and the added position embeddings (POS_ADD) made inputs that take relevance (docs/METHODS.md §2e).
 
     Returns the composite and the :class:`PositionLeaves` its rules fill during one replay (a fresh pair per call:
     the leaves belong to one pass).

@@ -171,7 +171,7 @@ class FusedAttentionCP(GradientRule):
 
 
 # ----------------------------------------------------------------------------
-# PA-LRP (Bakish et al., 2025): the position encodings as inputs of their own (docs/METHODS.md §2d)
+# PA-LRP (Bakish et al., 2025): the position encodings as inputs of their own (docs/METHODS.md §2e)
 # ----------------------------------------------------------------------------
 class PositionLeaves:
     """The position tensors one PA-LRP replay took as inputs, each made a leaf that gradients are read at.

@@ -353,7 +353,7 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
     block outputs (no parameter gradients). Token relevance is read at the
     patch-/word-embedding output, pixels (images) at the input, and the
     residual stream's relevance after every block (docs/METHODS.md §2b). ``positions``: the leaves a PA-LRP
-    composite's rules made of the position encodings; their relevance is read too (§2d).
+    composite's rules made of the position encodings; their relevance is read too (§2e).
     """
     trace = c.forward(grad=True, composite=composite, track=True)
     target = c.resolve(trace.logits.detach())

@@ -1,4 +1,4 @@
-"""pa_lrp (PA-LRP, Bakish et al. 2025; docs/METHODS.md §2d): positions take relevance; conservation counts them."""
+"""pa_lrp (PA-LRP, Bakish et al. 2025; docs/METHODS.md §2e): positions take relevance; conservation counts them."""
 from __future__ import annotations
 
 import pytest
