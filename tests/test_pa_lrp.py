@@ -120,3 +120,13 @@ def test_agrees_with_the_authors_code_fixture():
         pos = ref["positional_per_layer"].sum(0)
         assert (e.scores[0] - ref["tokens"]).abs().max() <= 1e-6 * ref["tokens"].abs().max()
         assert (e.positional[0] - pos).abs().max() <= 1e-6 * pos.abs().max()
+
+
+def test_pieces_merge_positional_like_scores():
+    """explain in pieces (chunk_size=1) gives the same positional field and totals as one batch."""
+    model = make_decoder("llama")
+    inp = batch(rows(), "right")
+    whole = explain(model, inp, method="pa_lrp")
+    parts = explain(model, inp, method="pa_lrp", chunk_size=1)
+    assert torch.allclose(parts.positional, whole.positional, atol=1e-10)
+    assert torch.allclose(parts.conservation.positional, whole.conservation.positional, atol=1e-10)
