@@ -84,6 +84,8 @@ def test_vit_positions_and_model_untouched():
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     e = explain(model, x, method="pa_lrp")
     assert e.positional.shape == e.scores.shape == (2, 16)
+    ref = explain(model, x, method="attnlrp")  # an added embedding's plain gradient leaves tokens and pixels alone
+    assert torch.allclose(e.scores, ref.scores, atol=1e-12) and torch.allclose(e.pixels, ref.pixels, atol=1e-12)
     single = explain(model, x[1:], method="pa_lrp")
     assert torch.allclose(e.positional[1], single.positional[0], atol=1e-12)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
