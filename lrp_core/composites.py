@@ -27,7 +27,8 @@ from .explicit_rules import (BaselineLinear, Clone, GenericAdd, HalvedMatMul, Ha
                              WeightedSum, ZBox)
 from .gradient_rules import *  # noqa: F401,F403
 from .gradient_rules import (DetachedGate, DetachedOperands, DetachedRMSNorm, DetachedStdLayerNorm,
-                             FusedAttentionCP, FusedAttentionLRP, Gradient, HalvedGradient, IdentityRule)
+                             FusedAttentionCP, FusedAttentionLRP, Gradient, HalvedGradient, IdentityRule,
+                             PositionalAdd, PositionalRotary, PositionLeaves)
 from .ops import *  # noqa: F401,F403  (operation kinds and rule contracts, importable from here as before)
 from .ops import (ADD, ATTENTION, CLONE, ELEMENTWISE, EXPLICIT, GATE_MUL, KV_REPEAT, LAYER_KINDS, LAYERNORM,
                   LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, MODIFIED_GRADIENT, OP_KINDS, PASS_KINDS, PATCH_CONV,
@@ -255,8 +256,25 @@ ATTNLRP = Composite(
 CP_LRP = ATTNLRP.with_rules("cp_lrp", **{MATMUL_QK: DetachedOperands(), MATMUL_AV: Gradient(),
                                         GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP()})
 
+#: the rule sets PA-LRP builds on (``pa_lrp``'s option ``base``)
+PA_LRP_BASES = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP}
+
+
+def pa_lrp_composite(base: str = "attnlrp") -> tuple[Composite, PositionLeaves]:
+    """PA-LRP (Bakish et al., 2025) on ``base`` (AttnLRP or CP-LRP): ``base``'s rules, with the rotary tables
+    (ROPE) and the added position embeddings (POS_ADD) made inputs that take relevance (docs/METHODS.md §2e).
+
+    Returns the composite and the :class:`PositionLeaves` its rules fill during one replay (a fresh pair per call:
+    the leaves belong to one pass).
+    """
+    positions = PositionLeaves()
+    composite = PA_LRP_BASES[base].with_rules(f"pa_lrp[{base}]", **{ROPE: PositionalRotary(positions),
+                                                                     POS_ADD: PositionalAdd(positions)})
+    return composite, positions
+
 
 __all__ = [
+    "PA_LRP_BASES", "pa_lrp_composite",
     "Composite", "check_pass", "RuleChoice", "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "ATTNLRP",
     "CP_LRP",
 ]

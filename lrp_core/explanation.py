@@ -29,16 +29,21 @@ class Conservation:
         blocks: (B, L) Σ over tokens of the residual stream's relevance leaving block b.
         input: (B,) Σ of the token scores at the input (patch / word embeddings).
         pixels: (B,) Σ of the pixel relevance (images), else ``None``.
+        positional: (B,) Σ of the relevance the position encodings took (``pa_lrp``: every position, every
+            block's rotary tables), else ``None``. The input stage counts it: tokens + positions.
     """
 
     output: torch.Tensor
     blocks: torch.Tensor
     input: torch.Tensor
     pixels: Optional[torch.Tensor] = None
+    positional: Optional[torch.Tensor] = None
 
     def stages(self) -> torch.Tensor:
-        """(B, L + 2) totals in the order the relevance flows: output, block L-1 … block 0, input."""
-        return torch.cat([self.output[:, None], self.blocks.flip(1), self.input[:, None]], dim=1)
+        """(B, L + 2) totals in the order the relevance flows: output, block L-1 … block 0, input
+        (with ``positional``: input tokens + positions)."""
+        bottom = self.input if self.positional is None else self.input + self.positional
+        return torch.cat([self.output[:, None], self.blocks.flip(1), bottom[:, None]], dim=1)
 
     def absorbed(self) -> torch.Tensor:
         """(B, L + 1) relevance lost at each step (a stage's total minus the next one's): 0 where conserved.
@@ -52,7 +57,8 @@ class Conservation:
     def __getitem__(self, i: int) -> "Conservation":
         sl = slice(i, i + 1)
         return Conservation(self.output[sl], self.blocks[sl], self.input[sl],
-                            None if self.pixels is None else self.pixels[sl])
+                            None if self.pixels is None else self.pixels[sl],
+                            None if self.positional is None else self.positional[sl])
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ RESULT_FIELDS: tuple[ResultField, ...] = (
     ResultField("pixels", "(B, H, W)", Optional[torch.Tensor]),
     ResultField("conservation", "Conservation of (B, ...) totals", Optional[Conservation]),
     ResultField("convergence_delta", "(B,)", Optional[torch.Tensor], detach=True),
+    ResultField("positional", "(B, T)", Optional[torch.Tensor], token_axes=1, detach=True),
 )
 #: The optional fields: what a method may add (``MethodSpec.returns``).
 OPTIONAL_FIELDS: tuple[str, ...] = tuple(f.name for f in RESULT_FIELDS if not f.required)
@@ -139,6 +146,8 @@ class Explanation:
         conservation: relevance totals block by block (AttnLRP, CP-LRP), see :class:`Conservation`.
         convergence_delta: (B,) Captum's convergence delta where it gives one (``integrated_gradients``):
             Σ attributions − (f(x) − f(baseline)), 0 for an exact integral; else ``None``.
+        positional: (B, T) the relevance of each scored token's position encoding (``pa_lrp``: the learned /
+            absolute embedding added at its position, or its rotary tables summed over blocks), else ``None``.
         options: the method options used.
     """
 
@@ -156,6 +165,7 @@ class Explanation:
     attention_mask: Optional[torch.Tensor] = None
     conservation: Optional[Conservation] = None
     convergence_delta: Optional[torch.Tensor] = None
+    positional: Optional[torch.Tensor] = None
     options: dict[str, Any] = field(default_factory=dict)
 
     @property

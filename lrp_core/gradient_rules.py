@@ -170,4 +170,71 @@ class FusedAttentionCP(GradientRule):
         return fn(q.detach(), k.detach(), v)
 
 
-__all__ = ["IDENTITY_RULE_EPS", "Gradient", "IdentityRule", "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "DetachedRMSNorm", "DetachedGate", "FusedAttentionLRP", "FusedAttentionCP"]
+# ----------------------------------------------------------------------------
+# PA-LRP (Bakish et al., 2025): the position encodings as inputs of their own (docs/METHODS.md §2e)
+# ----------------------------------------------------------------------------
+class PositionLeaves:
+    """The position tensors one PA-LRP replay took as inputs, each made a leaf that gradients are read at.
+
+    One leaf per distinct tensor (the same rotary table feeds q and k of every block: their gradients add up
+    there, which is the sum over blocks the paper takes). A leaf is the tensor expanded to the batch, so a
+    (1, N, D) position table gets one gradient per sample. Make a fresh one per call (:func:`pa_lrp_composite`).
+    """
+
+    def __init__(self) -> None:
+        self._leaves: dict[int, tuple[Tensor, Tensor, str]] = {}
+
+    def leaf(self, t: Tensor, batch: int, kind: str) -> Tensor:
+        """The leaf standing for ``t`` (…, N, C) with its first axis expanded to ``batch``; ``kind``: "rope" | "add"."""
+        got = self._leaves.get(id(t))
+        if got is None:
+            shape = (batch,) + tuple(t.shape[1:])
+            leaf = t.detach().expand(shape).clone().requires_grad_(True)
+            got = self._leaves[id(t)] = (t, leaf, kind)  # t kept: its id stays unique while we hold it
+        return got[1]
+
+    @property
+    def leaves(self) -> list[Tensor]:
+        """Every leaf made, in the order first met."""
+        return [leaf for _, leaf, _ in self._leaves.values()]
+
+    def kinds(self) -> set[str]:
+        return {k for _, _, k in self._leaves.values()}
+
+
+class PositionalRotary(GradientRule):
+    """PA-LRP's RoPE rule: ``x·cos + rotate_half(x)·sin`` with ``cos`` and ``sin`` inputs, each product under the
+    uniform rule (gradient ÷2 into x and into cos / sin; the authors' ``lf.mul2``); the sum gets the plain
+    gradient (their ``lf.add2``). So half of the rotated q's (k's) relevance stays with q (k), half goes to the
+    position tables. Partial rotary: the channels not rotated pass unchanged, undivided."""
+
+    name = "positional_rotary"
+
+    def __init__(self, positions: PositionLeaves):
+        self.positions = positions
+
+    def forward(self, fn, x, cos, sin, module=None):
+        c = self.positions.leaf(cos, x.shape[0], "rope")
+        s = self.positions.leaf(sin, x.shape[0], "rope")
+        half = (lambda t: _DivideGradientFn.apply(t, 2.0))
+        r = cos.shape[-1]
+        if r == x.shape[-1]:
+            return fn(half(x), half(c), half(s))
+        return torch.cat((fn(half(x[..., :r]), half(c), half(s)), x[..., r:]), dim=-1)
+
+
+class PositionalAdd(GradientRule):
+    """PA-LRP's rule for an added position embedding ``tokens + pos``: the position embedding is an input too;
+    the sum passes the plain gradient (the ε-rule of an Add, ε → 0), so ``R_tokens + R_pos = R_sum``."""
+
+    name = "positional_add"
+
+    def __init__(self, positions: PositionLeaves):
+        self.positions = positions
+
+    def forward(self, fn, tokens, pos, module=None):
+        return fn(tokens, self.positions.leaf(pos, tokens.shape[0], "add"))
+
+
+__all__ = ["IDENTITY_RULE_EPS", "Gradient", "IdentityRule", "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "DetachedRMSNorm", "DetachedGate", "FusedAttentionLRP", "FusedAttentionCP",
+           "PositionLeaves", "PositionalRotary", "PositionalAdd"]

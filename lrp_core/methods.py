@@ -20,8 +20,9 @@ from tqdm.auto import tqdm
 
 from .adapters.base import Adapter, TokenLayout, Trace
 from .adapters.readouts import Readout
-from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Composite
-from .errors import InputError
+from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Composite, pa_lrp_composite
+from .errors import InputError, UnsupportedModelError
+from .gradient_rules import PositionLeaves
 from .explanation import RESULT_FIELDS, Conservation
 from .options import OPTIONS
 from .rollout import accumulate, accumulate_residual
@@ -345,22 +346,29 @@ def token_ablation(c: Call) -> MethodResult:
     return MethodResult(scores=scores[:, c.layout.output_start:], target=target, logits=trace.logits)
 
 
-def _modified_gradient(c: Call, composite: Composite) -> MethodResult:
+def _modified_gradient(c: Call, composite: Composite, positions: Optional[PositionLeaves] = None) -> MethodResult:
     """Gradient × input with a modified-gradient rule set: one forward replay, one backward pass.
 
     Gradients are taken only with respect to the input-space tensors and the
     block outputs (no parameter gradients). Token relevance is read at the
     patch-/word-embedding output, pixels (images) at the input, and the
-    residual stream's relevance after every block (docs/METHODS.md §2b).
+    residual stream's relevance after every block (docs/METHODS.md §2b). ``positions``: the leaves a PA-LRP
+    composite's rules made of the position encodings; their relevance is read too (§2e).
     """
-    a = c.adapter
     trace = c.forward(grad=True, composite=composite, track=True)
     target = c.resolve(trace.logits.detach())
     y = c.output(trace.logits, target)
     emb = trace.embedding
     hidden = [rec.out for rec in trace.blocks]
     wrt = [emb.embeds] + hidden + ([emb.images] if emb.images is not None else [])
-    grads = torch.autograd.grad(y.sum(), wrt)
+    leaves = [] if positions is None else positions.leaves
+    if positions is not None and not leaves:
+        raise UnsupportedModelError(
+            f"pa_lrp gives relevance to the position encoding, but {type(c.adapter.model).__name__} adds none that "
+            "the engine sees (no learned / absolute position embedding added to the tokens, no rotary q/k); "
+            "use attnlrp or cp_lrp")
+    grads = torch.autograd.grad(y.sum(), wrt + leaves, allow_unused=True)
+    pos_grads, grads = grads[len(wrt):], grads[:len(wrt)]
     with torch.no_grad():
         scores = (emb.embeds * grads[0]).sum(-1)  # (B, T) the scored tokens' embeddings
         mask = c.layout.mask
@@ -370,10 +378,29 @@ def _modified_gradient(c: Call, composite: Composite) -> MethodResult:
         if mask is not None:
             blocks = blocks * mask[:, None, :].to(blocks.dtype)
         pixels = (emb.images * grads[-1]).sum(1) if emb.images is not None else None
+        per_position = _positional(leaves, pos_grads, mask)
         conservation = Conservation(output=y.detach(), blocks=blocks.sum(-1), input=scores.sum(-1),
-                                    pixels=None if pixels is None else pixels.sum(dim=(1, 2)))
+                                    pixels=None if pixels is None else pixels.sum(dim=(1, 2)),
+                                    positional=None if per_position is None else per_position.sum(-1))
+    positional = None if per_position is None else per_position[:, -scores.shape[1]:]  # the scored tokens'
     return MethodResult(scores=scores, target=target, logits=trace.logits.detach(), pixels=pixels,
-                        token_relevance=blocks, conservation=conservation)
+                        token_relevance=blocks, conservation=conservation, positional=positional)
+
+
+def _positional(leaves: list, grads: tuple, mask: Optional[Tensor]) -> Optional[Tensor]:
+    """(B, N) the position encodings' relevance per position: Σ over leaves (position tables; a rotary table
+    holds every block's share) of leaf ⊙ gradient, summed over channels; padding 0. ``None`` without leaves."""
+    if not leaves:
+        return None
+    total = None
+    for leaf, g in zip(leaves, grads):
+        if g is None:  # a table the output does not depend on (e.g. CP-LRP: q, k detached after RoPE)
+            g = torch.zeros_like(leaf)
+        r = (leaf * g).sum(-1)  # (B, N)
+        total = r if total is None else total + r
+    if mask is not None and mask.shape[1] == total.shape[1]:
+        total = total * mask.to(total.dtype)
+    return total
 
 
 def attnlrp(c: Call) -> MethodResult:
@@ -387,6 +414,14 @@ def cp_lrp(c: Call) -> MethodResult:
     return _modified_gradient(c, CP_LRP)
 
 
+def pa_lrp(c: Call) -> MethodResult:
+    """PA-LRP (Bakish et al., 2025): AttnLRP (or CP-LRP, option ``base``) with the position encodings as inputs:
+    an added position embedding takes its ε-rule share of the sum; the rotary tables take half of each rotated
+    q / k (the uniform rule). ``positional`` (B, T): their relevance per scored token; ``conservation.positional``."""
+    composite, positions = pa_lrp_composite(c.opt.base)
+    return _modified_gradient(c, composite, positions)
+
+
 __all__ = ["ConceptTarget", "Contrast", "MethodResult", "Options", "Call", "one_hot",
            "transformer_attribution", "generic_attention", "rollout", "raw_attention", "attention_gradcam", "lrp",
-           "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp"]
+           "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp", "pa_lrp"]

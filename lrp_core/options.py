@@ -113,6 +113,15 @@ def _norm(v: Any, L: int) -> Optional[str]:
     return v
 
 
+def _choice(name: str, choices: tuple) -> Callable[[Any, int], Any]:
+    """A check for one of ``choices``."""
+    def check(v: Any, L: int) -> Any:
+        if v not in choices:
+            raise InputError(f"{name} must be one of {choices}, got {v!r}")
+        return v
+    return check
+
+
 def _progress(v: Any, L: int) -> Optional[bool]:
     if v is not None and not isinstance(v, bool):
         raise InputError(f"progress must be True (a progress bar), False (none) or None (only for long runs), "
@@ -162,6 +171,8 @@ OPTIONS: tuple[Option, ...] = (
            "entries)", _positive_float("stdevs"), type=float),
     Option("seed", 0, "seed of the random draws (noise, coalitions), the same for every sample", _seed, type=int),
     # how the call is split into pieces (lrp_core.memory; read by ``explain``, not by the methods)
+    Option("base", "attnlrp", "pa_lrp: the rule set the positional rules are added to, 'attnlrp' or 'cp_lrp'",
+           _choice("base", ("attnlrp", "cp_lrp")), type=str),
     Option("max_memory", None, "bytes or '2GB' a call may use, else it runs in pieces; None/'auto': half the "
            "free memory, 'none': never split", lambda v, L: memory.parse_max_memory(v), generic=True),
     Option("chunk_size", None, "samples per piece, instead of max_memory",

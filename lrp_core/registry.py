@@ -96,6 +96,9 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Ali et al. (ICML 2022): gradient × input, std detached, Q and K detached
     MethodSpec("cp_lrp", M.cp_lrp, Profile(**MODIFIED, **BACKWARD, fused=True),
                returns=("pixels", "token_relevance", "conservation")),
+    # Bakish et al. (2025): AttnLRP / CP-LRP with the position encodings (learned, absolute, rotary) as inputs
+    MethodSpec("pa_lrp", M.pa_lrp, Profile(**MODIFIED, **BACKWARD, fused=True), options=("base",),
+               returns=("pixels", "token_relevance", "conservation", "positional")),
     # --- the field's attribution baselines, computed by Captum at the pixels / word embeddings (lrp_core.baselines)
     # x ⊙ ∂y_t/∂x
     MethodSpec("input_x_gradient", CB.input_x_gradient, Profile(**GRAPH, **BACKWARD), returns=("pixels",), decoders=False),

@@ -44,5 +44,5 @@ def test_returns_says_which_fields_a_method_fills(tiny_vit, images, method):
 
 
 def test_pixels_are_filled_by_the_methods_down_to_the_pixels():
-    assert registry.filled_by("pixels") == ("lrp", "attnlrp", "cp_lrp", "input_x_gradient", "integrated_gradients",
+    assert registry.filled_by("pixels") == ("lrp", "attnlrp", "cp_lrp", "pa_lrp", "input_x_gradient", "integrated_gradients",
                                             "smoothgrad", "occlusion", "kernel_shap")
