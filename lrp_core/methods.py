@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .adapters.base import Adapter, TokenLayout, Trace
 from .adapters.readouts import Readout
 from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Composite
-from .errors import InputError
+from .errors import InputError, LRPError
 from .explanation import RESULT_FIELDS, Conservation
 from .options import OPTIONS
 from .rollout import accumulate, accumulate_residual, accumulate_row
@@ -188,7 +188,7 @@ class _TopDownGradients:
     def __call__(self, b: int) -> Tensor:
         """(B, H, N, N) ∂y/∂A_b; blocks must be asked for top-down, each once."""
         if b != self.next:
-            raise RuntimeError(f"gradients are handed out top-down: block {self.next} next, asked for {b}")
+            raise LRPError(f"gradients are handed out top-down: block {self.next} next, asked for {b}")
         A, out, self.attns[b], self.outs[b] = self.attns[b], self.outs[b], None, None
         wrt = [A] + ([self.ins[b]] if b > self.start else [])
         grads = torch.autograd.grad(out, wrt, grad_outputs=self.g)

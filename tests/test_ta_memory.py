@@ -92,3 +92,16 @@ def test_vector_chain_is_the_row_of_the_product():
         accumulate_row(layers, w, norm="col")
     with pytest.raises(InputError, match="start <= stop"):
         accumulate_row(layers, w, 3, 1)
+
+
+def test_gradients_are_handed_out_top_down_only():
+    from lrp_core.errors import LRPError
+    from lrp_core.methods import _TopDownGradients
+    model = make_decoder("llama", dtype=torch.float64)
+    adapter = get_adapter(model)
+    trace = adapter.forward(adapter.check_inputs(batch(rows(lengths=(6,)))), grad=True)
+    assert _TopDownGradients.applies(trace)
+    grads = _TopDownGradients(trace, trace.logits[:, 3].sum(), 0)
+    with pytest.raises(LRPError, match="top-down: block 1 next, asked for 0"):
+        grads(0)
+    assert grads(1).shape == trace.attention(1).shape
