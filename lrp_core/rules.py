@@ -42,6 +42,8 @@ def safe_div(a: Tensor, b: Tensor, eps: float = EPS, signed: bool = False) -> Te
 def _safe_div_into(a: Tensor, b: Tensor) -> Tensor:
     """:func:`safe_div` ``(a, b)`` (unsigned, ``EPS``) written into ``b``, a temporary the caller gives up:
     the same numbers, without the two extra tensors of b's size (an (B, H, N, N) map each at attention)."""
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):  # out= takes no graph: a differentiated pass
+        return safe_div(a, b)
     zero = b == 0
     b.add_(EPS).masked_fill_(b == 0, EPS)
     return torch.div(a, b, out=b).masked_fill_(zero, 0.0)
