@@ -21,11 +21,11 @@ from tqdm.auto import tqdm
 from .adapters.base import Adapter, TokenLayout, Trace
 from .adapters.readouts import Readout
 from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Composite, pa_lrp_composite
-from .errors import InputError, UnsupportedModelError
+from .errors import InputError, LRPError, UnsupportedModelError
 from .gradient_rules import PositionLeaves
 from .explanation import RESULT_FIELDS, Conservation
 from .options import OPTIONS
-from .rollout import accumulate, accumulate_residual
+from .rollout import accumulate, accumulate_residual, accumulate_row
 from .utils import minmax_rows
 
 
@@ -163,38 +163,89 @@ def _layers_result(kept: dict, L: int, first: int, per_head: bool) -> tuple[Tens
 # ----------------------------------------------------------------------------
 # the methods
 # ----------------------------------------------------------------------------
+class _TopDownGradients:
+    """∂y/∂A_b handed out top-down, one block's backward at a time (issue #22 item 6).
+
+    The relevance pass reaches the blocks top-down, and so does a backward split at the block outputs:
+    ``∂y/∂h_L`` first, then per block ``(∂y/∂A_b, ∂y/∂h_b) = backward(h_{b+1}, ∂y/∂h_{b+1})``. Each
+    block's gradient is made when the pass needs it and its graph is freed then, so at most one block's
+    ``(B, H, N, N)`` gradient is alive, not all L of them. Needs a plain stack (each block's input is the
+    previous block's output): :meth:`applies`.
+    """
+
+    def __init__(self, trace: Trace, y: Tensor, start: int) -> None:
+        blocks = trace.blocks
+        self.start, self.next = start, len(blocks) - 1
+        self.attns = [rec.attn.A for rec in blocks]  # dropped one by one as they are used
+        self.ins = [rec.x for rec in blocks]
+        self.outs = [rec.out for rec in blocks]
+        (self.g,) = torch.autograd.grad(y, [blocks[-1].out])  # (B, N, D) through the readout only
+
+    @staticmethod
+    def applies(trace: Trace) -> bool:
+        """Whether every block's input is the previous block's output (then y reaches A_b only via h_{b+1})."""
+        return all(trace.blocks[b].x is trace.blocks[b - 1].out for b in range(1, len(trace.blocks)))
+
+    def __call__(self, b: int) -> Tensor:
+        """(B, H, N, N) ∂y/∂A_b; blocks must be asked for top-down, each once."""
+        if b != self.next:
+            raise LRPError(f"gradients are handed out top-down: block {self.next} next, asked for {b}")
+        A, out, self.attns[b], self.outs[b] = self.attns[b], self.outs[b], None, None
+        wrt = [A] + ([self.ins[b]] if b > self.start else [])
+        grads = torch.autograd.grad(out, wrt, grad_outputs=self.g)
+        self.g = grads[1] if b > self.start else None
+        self.ins[b], self.next = None, b - 1
+        return grads[0]
+
+
 def transformer_attribution(c: Call) -> MethodResult:
-    """Chefer et al. (CVPR 2021): gradient-weighted relevance of the attention maps, multiplied over blocks."""
+    """Chefer et al. (CVPR 2021): gradient-weighted relevance of the attention maps, multiplied over blocks.
+
+    Memory (issue #22 item 6): the attention gradients are made block by block as the top-down relevance
+    pass reaches each block (:class:`_TopDownGradients`), each block's ``mean_h((∇A ⊙ R^A)⁺)`` is formed in
+    place in the gradient, and the map is the readout row of the product carried as a vector
+    (:func:`~lrp_core.rollout.accumulate_row`): no N×N product.
+    """
     a, opt = c.adapter, c.opt
     L, s = a.num_blocks, opt.start_layer
     end = L - 1 if opt.end_layer is None else opt.end_layer
     trace = c.forward(grad=opt.use_gradient)
     target = c.resolve(trace.logits.detach())
-    if opt.use_gradient:
+    if not opt.use_gradient:
+        weights = [trace.attention(b).detach() for b in range(s, L)]
+        grad_of = lambda b: weights[b - s]  # noqa: E731
+    elif _TopDownGradients.applies(trace):
+        grad_of = _TopDownGradients(trace, c.output(trace.logits, target).sum(), s)
+    else:  # not a plain stack: one backward for every block's gradient
         y = c.output(trace.logits, target).sum()
         weights = list(torch.autograd.grad(y, [trace.attention(b) for b in range(s, L)]))
-    else:
-        weights = [trace.attention(b).detach() for b in range(s, L)]
+        grad_of = lambda b: weights[b - s]  # noqa: E731
     logits = trace.logits.detach()
+    kept: dict = {}
 
-    def weigh(b: int, R_A: Tensor) -> Tensor:
-        """(∇A_b ⊙ R^A_b)⁺ (B, H, N, N) — or its head mean (B, N, N) — as the pass reaches block b."""
-        w, weights[b - s] = weights[b - s], None  # ∇A_b is not needed again
-        per_head = (w * R_A).clamp(min=0)
-        return per_head if opt.keep_heads else per_head.mean(dim=1)
+    def weigh(b: int, R_A: Tensor) -> None:
+        """Keep (∇A_b ⊙ R^A_b)⁺ (B, H, N, N) — or its head mean (B, N, N) — as the pass reaches block b."""
+        with torch.enable_grad() if opt.use_gradient else torch.no_grad():
+            w = grad_of(b)
+        if opt.use_gradient:  # a fresh gradient, ours alone: the product is formed in it, no H·N² temporary
+            per_head = w.mul_(R_A).clamp_(min=0)
+        else:
+            per_head = (w * R_A).clamp_(min=0)
+            weights[b - s] = None
+        del w
+        kept[b] = per_head if opt.keep_heads else per_head.mean(dim=1)
 
     with torch.no_grad():
         # the pass weighs each block's map as it goes and drops the records behind it: the peak
         # memory holds one block's relevance maps, not all of them (issue #15)
         rel = a.relprop(trace, c.start(logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s,
                         on_attention=weigh, release=True)
-        del trace
-        kept = {b: rel.attn[b] for b in range(s, L)}
+        del trace, grad_of
         rel.attn = None
         layers, heads = _layers_result(kept, L, s, opt.keep_heads)
         del kept
-        joint = accumulate(layers, s, end, norm=opt.rollout_norm)
-        scores = c.layout.readout_minimum(_readout_scores(c, joint))
+        w = c.readout.weights(layers.shape[-1])
+        scores = c.layout.readout_minimum(c.layout.scores(accumulate_row(layers, w, s, end, norm=opt.rollout_norm)))
     return MethodResult(
         scores=scores, target=target, logits=logits, layers=layers, layers_per_head=heads,
         token_relevance=rel.tokens,

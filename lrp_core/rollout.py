@@ -52,6 +52,39 @@ def accumulate(layers: Sequence[Tensor] | Tensor, start: int = 0, stop: Optional
     return joint
 
 
+def accumulate_row(layers: Sequence[Tensor] | Tensor, w: Tensor, start: int = 0, stop: Optional[int] = None,
+                   norm: str = "none") -> Tensor:
+    """The readout row ``wᵀ·(I+Ā_stop)·…·(I+Ā_start)`` of :func:`accumulate`'s product, as a vector chain.
+
+    A map reads only the readout's row(s) of the product, so it is carried from the top as a vector,
+    ``v ← v·(I+Ā_b)`` for b = stop … start: O(N²) work and O(N) state per block instead of the N×N product's
+    O(N³) and N×N (issue #22: 4096-token decoders). Equal to ``readout.row(accumulate(...))`` up to round-off.
+
+    Args:
+        layers: Ā_b per block, a list of (B, N, N) or a tensor (B, L, N, N).
+        w: (B or 1, N) the readout's token weights (``Readout.weights``).
+        start, stop, norm: as :func:`accumulate`.
+    Returns:
+        (B, N) the readout's row.
+    """
+    if norm not in NORMS:
+        raise InputError(f"norm must be one of {NORMS}, got {norm!r}")
+    if isinstance(layers, Tensor):
+        layers = layers.unbind(dim=1)
+    L = len(layers)
+    stop = L - 1 if stop is None else stop
+    if not 0 <= start <= stop < L:
+        raise InputError(f"need 0 <= start <= stop < {L}, got start={start}, stop={stop}")
+    B, N, _ = layers[start].shape
+    v = w.to(dtype=layers[start].dtype, device=layers[start].device).expand(B, N)[:, None, :]  # (B, 1, N)
+    for b in range(stop, start - 1, -1):
+        layer = layers[b]
+        if norm == "row":  # (I+Ā) row-normalised: v·D⁻¹(I+Ā) = (v/d)·Ā + v/d, d the rows' sums
+            v = v / (layer.sum(dim=-1) + 1.0)[:, None, :]
+        v = v + torch.bmm(v, layer)
+    return v[:, 0]
+
+
 def accumulate_residual(layers: Sequence[Tensor] | Tensor, start: int = 0) -> Tensor:
     """Generic attention's update ``R ← R + Ā_b·R`` from ``R = I`` (forward order).
 
@@ -67,4 +100,4 @@ def accumulate_residual(layers: Sequence[Tensor] | Tensor, start: int = 0) -> Te
     return R
 
 
-__all__ = ["accumulate", "accumulate_residual", "NORMS"]
+__all__ = ["accumulate", "accumulate_row", "accumulate_residual", "NORMS"]

@@ -39,6 +39,16 @@ def safe_div(a: Tensor, b: Tensor, eps: float = EPS, signed: bool = False) -> Te
     return (a / den).masked_fill_(b == 0, 0.0)
 
 
+def _safe_div_into(a: Tensor, b: Tensor) -> Tensor:
+    """:func:`safe_div` ``(a, b)`` (unsigned, ``EPS``) written into ``b``, a temporary the caller gives up:
+    the same numbers, without the two extra tensors of b's size (an (B, H, N, N) map each at attention)."""
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):  # out= takes no graph: a differentiated pass
+        return safe_div(a, b)
+    zero = b == 0
+    b.add_(EPS).masked_fill_(b == 0, EPS)
+    return torch.div(a, b, out=b).masked_fill_(zero, 0.0)
+
+
 def _sum_per_sample(t: Tensor) -> Tensor:
     """Sum over every dimension but the first: (B, ...) -> (B, 1, ..., 1)."""
     return t.reshape(t.shape[0], -1).sum(dim=1).reshape((-1,) + (1,) * (t.dim() - 1))
@@ -148,8 +158,9 @@ def linear_generic(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
 # --------------------------------------------------------------------------
 def add_generic(u: Tensor, v: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
     """Generic rule for ``u + v``: each operand gets its share ``u ⊙ R/(u+v)``."""
-    s = safe_div(R, u + v)
-    return u * s, v * s
+    s = _safe_div_into(R, u + v)
+    Ru = u * s
+    return Ru, s.mul_(v)  # v's share formed in s (s·v = v·s exactly): one temporary less
 
 
 def add_normalized(u: Tensor, v: Tensor, R: Tensor, per_sample: bool = True) -> tuple[Tensor, Tensor]:
@@ -169,7 +180,7 @@ def add_normalized(u: Tensor, v: Tensor, R: Tensor, per_sample: bool = True) -> 
     den = su.abs() + sv.abs()
     fu = safe_div(su.abs(), den) * sR
     fv = safe_div(sv.abs(), den) * sR
-    return Ru * safe_div(fu, su), Rv * safe_div(fv, sv)
+    return Ru.mul_(safe_div(fu, su)), Rv.mul_(safe_div(fv, sv))  # add_generic's fresh tensors, rescaled in place
 
 
 def clone(*Rs: Tensor, x: Tensor | None = None) -> Tensor:
@@ -226,11 +237,12 @@ def matmul(a: Tensor, b: Tensor, R: Tensor, halve: bool = True, z: Tensor | None
         a: (..., n, k); b: (..., k, m); R: (..., n, m).
         z: ``a @ b`` if the forward pass has it already.
     """
-    S = safe_div(R, a @ b if z is None else z)
-    Ra = a * (S @ b.transpose(-1, -2))
-    Rb = b * (a.transpose(-1, -2) @ S)
+    S = _safe_div_into(R, a @ b) if z is None else safe_div(R, z)  # the forward's z is not ours to overwrite
+    # formed in the fresh products (x·a = a·x exactly): no extra (…, n, k) temporaries, e.g. H·N² for R^A
+    Ra = (S @ b.transpose(-1, -2)).mul_(a)
+    Rb = (a.transpose(-1, -2) @ S).mul_(b)
     if halve:
-        Ra, Rb = Ra / 2, Rb / 2
+        Ra, Rb = Ra.div_(2), Rb.div_(2)
     return Ra, Rb
 
 

@@ -234,7 +234,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         cos, sin = rope
         q_pre, k_pre = q, k
         q, k = r(ROPE, apply_rotary, q, cos, sin), r(ROPE, apply_rotary, k, cos, sin)
-    A = scores = None
+    A = None
     if p.sdpa and r.fuse:
         ctx = r(ATTENTION, _fused(bias, p.scale, groups, p.causal and bias is None), q, k, v)  # (B, H, N, d)
     else:
@@ -251,7 +251,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
     o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N, H * d))
     lin["proj"] = r.module(LINEAR, p.proj, o)
     return AttentionRecord(h=h, q=q, k=k, v=v, A=A, ctx=ctx, o=o, lin=lin,
-                           scores=None if bias is None else scores, bias=bias, q_pre=q_pre, k_pre=k_pre,
+                           bias=bias, q_pre=q_pre, k_pre=k_pre,
                            rope=rope if p.rotary else None)
 
 
@@ -341,6 +341,13 @@ def _mlp_relprop(p: MlpSpec, rec: BlockRecord, R_g: Tensor, prop: Propagation) -
     return prop.linear(p.fc1, rec.m, torch.cat([R_pre, R_up], dim=-1), out=rec.lin["fc1"])
 
 
+def _scores(p: AttentionSpec, rec: AttentionRecord) -> Tensor:
+    """(B, H, N, N) the forward's scaled ``q·kᵀ``, the same operations again: the replay does not keep it,
+    so a long sequence's records hold one ``H·N²`` map per block (A), not two (issue #22 item 6)."""
+    kT = repeat_kv(rec.k, p.groups).transpose(-2, -1)
+    return _matmul(rec.q * p.scale, kT) if p.scale_queries_first else _matmul(rec.q, kT) * p.scale
+
+
 def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: Propagation,
                        deeper: bool) -> tuple[Tensor, Optional[Tensor]]:
     """Relevance of the output projection's output -> (R^A, relevance of the attention input or ``None``)."""
@@ -353,7 +360,9 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
         return R_A, None
     (R_s,) = prop(SOFTMAX, (), R_A, output=rec.A)  # the pass keeps only the softmax's output
     if rec.bias is not None:  # keep the scores' share of the mask add
-        R_s, _ = prop(MASK_ADD, (rec.scores, rec.bias.expand_as(rec.scores)), R_s)
+        scores = _scores(p, rec)
+        R_s, _ = prop(MASK_ADD, (scores, rec.bias.expand_as(scores)), R_s)
+        del scores
     R_q, R_kT = prop(MATMUL_QK, (rec.q, repeat_kv(rec.k, groups).transpose(-2, -1)), R_s)
     R_k = R_kT.transpose(-2, -1)
     if groups > 1:  # the shared key/value heads: a Clone over the query heads that use them

@@ -25,7 +25,8 @@ class AttentionRecord:
         ctx: (B, H, N, d) ``A @ v``.
         o: (B, N, H·d) the heads concatenated (after any context norm), input of the output projection.
         lin: outputs of the attention's Linears by role: ``"qkv"`` or ``"q"``, ``"k"``, ``"v"``; ``"proj"``.
-        scores: (B, H, N, N) scaled ``q·kᵀ`` before the mask is added (models with a padding mask).
+        scores: unused (``None``): the relevance pass recomputes the scaled ``q·kᵀ`` from q and k rather
+            than the replay keeping an (B, H, N, N) map per block.
         bias: (B, 1, 1, N) the additive padding mask, (B, 1, N, N) a causal one, or ``None``.
         q_pre, k_pre: decoders with rotary embeddings: q (B, H, N, d) and k (B, Hkv, N, d) before the rotation
             (``q``, ``k`` are after it; ``k`` and ``v`` hold the Hkv shared heads, not repeated).
