@@ -30,9 +30,9 @@ Honest limits, on purpose:
   The ``runs`` field of ``--json`` records how many runs each number is the
   best of.
 * A cell whose estimated peak (:func:`lrp_core.memory.estimate`, an upper
-  bound) exceeds the memory available is not run (its row says so; e.g.
-  ``transformer_attribution`` on the decoder at 1 × 4096 keeps its N×N maps:
-  about 34 GiB), rather than pushing a shared machine into swap.
+  bound) exceeds the memory available is not run (its row says so; e.g. a
+  method that keeps one H×N×N map per block on a long decoder input), rather
+  than pushing a shared machine into swap.
 
 ``--dtype bfloat16`` (or ``float16``) builds every model in that dtype (the weights are made in it, never
 held in float32, so the peak RSS is the half model's): the memory row of issue #25 for a half-precision model
