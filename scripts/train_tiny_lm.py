@@ -141,7 +141,7 @@ def main(argv=None) -> None:
     ap.add_argument("--lm-weight", type=float, default=0.0, help="weight of the next-token loss over the prompt")
     ap.add_argument("--aux-weight", type=float, default=1.0, help="weight of the layer-k binding loss (0: off)")
     ap.add_argument("--aux-layer", type=int, default=1, help="the layer whose output the binding loss reads")
-    ap.add_argument("--curriculum", type=int, default=3000, help="steps that start from 2-fact prompts (0: none)")
+    ap.add_argument("--curriculum", type=int, default=2000, help="steps that start from 2-fact prompts (0: none)")
     ap.add_argument("--eval", type=int, default=2000, help="held-out prompts for the accuracy")
     ap.add_argument("--out", type=Path, default=ASSET_DIR)
     args = ap.parse_args(argv)
