@@ -10,8 +10,10 @@ evidence of a prompt is a whole token.
 ``scripts/train_tiny_lm.py`` trains it from scratch on prompts of
 :func:`lrp_core.data.make_facts` (training seeds below :data:`HELD_OUT_SEED`) and
 writes ``lrp_core/assets/tiny_lm/``. This module builds the tokenizer and the
-model's shape; the trained weights are not shipped yet, so ``models.load`` does not
-know the name ``tiny-lm`` (the tests use the shape with random weights).
+model's shape. The trained weights ship in ``assets/tiny_lm/model.safetensors``
+(``lm_head`` is tied to the embedding, so it is not stored; ``meta.json`` holds the
+held-out accuracy, 99.9 % on 2000 prompts); ``models.load`` does not know the name
+``tiny-lm`` yet (the tests use the shape with random weights).
 """
 from __future__ import annotations
 
