@@ -87,10 +87,10 @@ def vocabulary() -> list[str]:
     return sorted({w for t in texts for w, _, _ in words_of(t.replace("{n}", "").replace("{v}", ""))})
 
 
-def _record(rng: random.Random) -> FactRecord:
+def _record(rng: random.Random, n_facts: tuple[int, int]) -> FactRecord:
     relation = rng.choice(sorted(RELATIONS))
     values, states, asks = RELATIONS[relation]
-    k = rng.randint(MIN_FACTS, MAX_FACTS)
+    k = rng.randint(*n_facts)
     people, vals = rng.sample(NAMES, k), rng.sample(values, k)
     asked = rng.randrange(k)
     parts, spans, pos = [], [], 0
@@ -110,16 +110,27 @@ def _record(rng: random.Random) -> FactRecord:
                       distractors=[v for i, v in enumerate(vals) if i != asked])
 
 
-def make_facts(n: int, seed: int = 0) -> list[FactRecord]:
+#: the most facts a prompt can hold: every fact needs its own person and its own value
+_MOST_FACTS = min(len(NAMES), *(len(values) for values, _, _ in RELATIONS.values()))
+
+
+def make_facts(n: int, seed: int = 0, n_facts: tuple[int, int] = (MIN_FACTS, MAX_FACTS)) -> list[FactRecord]:
     """``n`` prompts of the evidence task, the same for the same ``seed``.
 
-    Record ``i`` depends on ``(seed, i)`` only, so ``make_facts(n, s)[:m] == make_facts(m, s)``.
+    Record ``i`` depends on ``(seed, i, n_facts)`` only, so ``make_facts(n, s)[:m] == make_facts(m, s)``.
+    ``n_facts = (lo, hi)``: each prompt states between ``lo`` and ``hi`` facts (inclusive). The task is
+    defined with the default (3 to 5); other ranges exist for training curricula (tiny-lm starts with 2).
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise InputError(f"n must be a non-negative integer (how many prompts), got {n!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InputError(f"seed must be an integer, got {seed!r}")
-    return [_record(random.Random(f"facts-{seed}-{i}")) for i in range(n)]
+    ok = (isinstance(n_facts, tuple) and len(n_facts) == 2
+          and all(isinstance(k, int) and not isinstance(k, bool) for k in n_facts))
+    if not ok or not 1 <= n_facts[0] <= n_facts[1] <= _MOST_FACTS:
+        raise InputError(f"n_facts must be a pair of integers (lo, hi) with 1 <= lo <= hi <= {_MOST_FACTS}, "
+                         f"got {n_facts!r}")
+    return [_record(random.Random(f"facts-{seed}-{i}"), n_facts) for i in range(n)]
 
 
 def evidence_tokens(record: FactRecord, offsets: Sequence[tuple[int, int]]) -> list[int]:

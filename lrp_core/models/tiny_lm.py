@@ -10,8 +10,10 @@ evidence of a prompt is a whole token.
 ``scripts/train_tiny_lm.py`` trains it from scratch on prompts of
 :func:`lrp_core.data.make_facts` (training seeds below :data:`HELD_OUT_SEED`) and
 writes ``lrp_core/assets/tiny_lm/``. This module builds the tokenizer and the
-model's shape; the trained weights are not shipped yet, so ``models.load`` does not
-know the name ``tiny-lm`` (the tests use the shape with random weights).
+model's shape. The trained weights ship in ``assets/tiny_lm/model.safetensors``
+(``lm_head`` is tied to the embedding, so it is not stored; ``meta.json`` holds the
+held-out accuracy, 99.9 % on 2000 prompts); ``models.load`` does not know the name
+``tiny-lm`` yet (the tests use the shape with random weights).
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ SPECIAL = ("<pad>", "<unk>", "<s>", "</s>")
 #: facts seeds from here on are never used in training (the held-out sets)
 HELD_OUT_SEED = 1_000_000
 
-#: the model's shape: Llama with grouped-query attention (4 query heads share 2 key/value heads)
-CONFIG = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+#: the model's shape: Llama with grouped-query attention (2 query heads of width 48 share 1 key/value head;
+#: head width 48 rather than 24 lifted the 3-5-fact accuracy from 55 % to 77 % at 3000 steps)
+CONFIG = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=2,
+              num_key_value_heads=1, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
               tie_word_embeddings=True, hidden_act="silu")
 
 

@@ -43,3 +43,17 @@ def test_evidence_tokens_from_offsets():
 def test_bad_arguments(n, seed):
     with pytest.raises(InputError, match="must be"):
         make_facts(n, seed)
+
+
+def test_fact_count_range():
+    for lo, hi in [(2, 2), (1, 3), (3, 5)]:
+        counts = {len(r.distractors) + 1 for r in make_facts(200, seed=4, n_facts=(lo, hi))}
+        assert counts == set(range(lo, hi + 1))
+    # the default is the task's own range
+    assert [r.prompt for r in make_facts(30, seed=4)] == [r.prompt for r in make_facts(30, seed=4, n_facts=(3, 5))]
+
+
+@pytest.mark.parametrize("n_facts", [(0, 2), (3, 2), (2, 13), (2.0, 3), [2, 3], (2,)])
+def test_bad_fact_count_range(n_facts):
+    with pytest.raises(InputError, match="n_facts must be"):
+        make_facts(3, 0, n_facts=n_facts)
