@@ -38,7 +38,7 @@ class LoadedModel:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-EMBEDDED = ("toy-vit", "dinov2-s14", "dinov2-scenes", "dinov2-scenes-avg", "minilm-sentiment")
+EMBEDDED = ("toy-vit", "dinov2-s14", "dinov2-scenes", "dinov2-scenes-avg", "minilm-sentiment", "tiny-lm")
 
 
 def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
@@ -56,6 +56,9 @@ def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
     if name == "minilm-sentiment":
         from .minilm import load_minilm_sentiment
         return load_minilm_sentiment(pretrained=pretrained)
+    if name == "tiny-lm":
+        from .tiny_lm import load_tiny_lm
+        return load_tiny_lm(pretrained=pretrained)
     from .hub import load_hub
     return load_hub(name, pretrained=pretrained)
 

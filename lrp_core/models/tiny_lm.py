@@ -9,19 +9,24 @@ evidence of a prompt is a whole token.
 
 ``scripts/train_tiny_lm.py`` trains it from scratch on prompts of
 :func:`lrp_core.data.make_facts` (training seeds below :data:`HELD_OUT_SEED`) and
-writes ``lrp_core/assets/tiny_lm/``. This module builds the tokenizer and the
-model's shape. The trained weights ship in ``assets/tiny_lm/model.safetensors``
-(``lm_head`` is tied to the embedding, so it is not stored; ``meta.json`` holds the
-held-out accuracy, 99.9 % on 2000 prompts); ``models.load`` does not know the name
-``tiny-lm`` yet (the tests use the shape with random weights).
+writes ``lrp_core/assets/tiny_lm/`` (``model.safetensors`` without ``lm_head``, which is
+tied to the embedding; ``meta.json`` with the held-out accuracy); this module builds the
+tokenizer and the model and loads those weights (``models.load("tiny-lm")``).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
+from ..errors import InputError, LRPError
+from . import LoadedModel
+
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny_lm"
+WEIGHTS_FILE = ASSET_DIR / "model.safetensors"
+META_FILE = ASSET_DIR / "meta.json"
 SPECIAL = ("<pad>", "<unk>", "<s>", "</s>")
 #: facts seeds from here on are never used in training (the held-out sets)
 HELD_OUT_SEED = 1_000_000
@@ -31,6 +36,10 @@ HELD_OUT_SEED = 1_000_000
 CONFIG = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=2,
               num_key_value_heads=1, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
               tie_word_embeddings=True, hidden_act="silu")
+
+
+class TinyLMAssetError(LRPError, FileNotFoundError):
+    """The weights of tiny-lm are missing from the installed package."""
 
 
 def build_tokenizer():
@@ -59,4 +68,45 @@ def build_model(vocab_size: int, dtype: torch.dtype = torch.float32):
     return LlamaForCausalLM(cfg).to(dtype)
 
 
-__all__ = ["build_tokenizer", "build_model", "CONFIG", "HELD_OUT_SEED", "ASSET_DIR"]
+def load_tiny_lm(pretrained: str | bool = "auto") -> LoadedModel:
+    """tiny-lm with its trained weights (``pretrained=False``: freshly initialised, seed 0), in eval mode, and its
+    tokenizer."""
+    if pretrained not in ("auto", True, False):
+        raise InputError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
+    tok = build_tokenizer()
+    if pretrained is False:
+        torch.manual_seed(0)
+        return _loaded(build_model(len(tok)).eval(), tok, {"weights": "random (pretrained=False)"})
+    return _loaded(_trained(tok), tok, json.loads(META_FILE.read_text()) if META_FILE.exists() else {})
+
+
+def _trained(tok):
+    from safetensors.torch import load_file
+
+    if not WEIGHTS_FILE.exists():
+        raise TinyLMAssetError(f"tiny-lm's weights are missing ({WEIGHTS_FILE}); reinstall the package or run "
+                               "`python scripts/train_tiny_lm.py`")
+    model = build_model(len(tok))
+    state = load_file(str(WEIGHTS_FILE))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:  # the head is tied to the embedding
+        raise TinyLMAssetError(f"tiny-lm's weights do not fit its shape: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    return model.eval()
+
+
+def _loaded(model, tok, meta: dict) -> LoadedModel:
+    def preprocess(texts: Sequence[str] | str) -> dict[str, Any]:
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise InputError("tiny-lm's preprocess takes a prompt or a list of prompts (strings)")
+        return dict(tok(list(texts), return_tensors="pt", padding=True))
+
+    return LoadedModel(name="tiny-lm", model=model, preprocess=preprocess, labels=tok.convert_ids_to_tokens(
+        list(range(len(tok)))), kind="lm", tokenizer=tok, info={
+        "source": "trained by scripts/train_tiny_lm.py on lrp_core.data.make_facts", "architecture": "Llama",
+        "task": "facts: answer a question about one of several facts", **meta})
+
+
+__all__ = ["load_tiny_lm", "build_tokenizer", "build_model", "CONFIG", "HELD_OUT_SEED", "TinyLMAssetError"]
