@@ -2,7 +2,7 @@
 
 The architecture is the one people explain in 2026 — RMSNorm, rotary position
 embedding, grouped-query attention, a SiLU-gated MLP — as a Hugging Face
-``LlamaForCausalLM``, small enough to ship (about 1 M parameters) and to explain
+``LlamaForCausalLM``, small enough to ship (317 k parameters, 1.3 MB) and to explain
 in milliseconds on a laptop. Its tokenizer is a word-level
 ``PreTrainedTokenizerFast`` over the words of :mod:`lrp_core.data.facts`, so the
 evidence of a prompt is a whole token.
