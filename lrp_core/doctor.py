@@ -164,6 +164,17 @@ def check_model(name: str) -> Result:
     if name == "minilm-sentiment":
         x = m.preprocess(["A warm and funny film."])
         exp = explain(m.model, x, method="cdam")
+    elif name == "tiny-lm":  # it must answer, not only run: one held-out facts prompt, its answer's AttnLRP map
+        from lrp_core.data.facts import make_facts
+        from lrp_core.models.tiny_lm import HELD_OUT_SEED
+        record = make_facts(1, HELD_OUT_SEED + 1)[0]
+        x = m.preprocess([record.prompt])
+        with torch.no_grad():
+            written = m.tokenizer.convert_ids_to_tokens(int(m.model(**x).logits[0, -1].argmax()))
+        if written != record.answer:
+            return Result(f"model {name}", "fail", f"wrote {written!r} where the answer is {record.answer!r}: its "
+                          "weights are not the trained ones", "reinstall the package (lrp_core/assets/tiny_lm/)")
+        exp = explain(m.model, x, method="attnlrp")
     else:
         size = m.info.get("image_size", 64)  # each embedded image model says its own input size
         h, w = (size, size) if isinstance(size, int) else tuple(size)

@@ -32,7 +32,7 @@ def test_quick_run_passes_here():
 def test_full_run_loads_every_embedded_model_and_a_widget():
     res = _run()
     assert res.returncode == 0, res.stdout + res.stderr
-    for name in ("toy-vit", "dinov2-s14", "minilm-sentiment"):
+    for name in ("toy-vit", "dinov2-s14", "minilm-sentiment", "tiny-lm"):
         assert f"✓ model {name}" in res.stdout
     assert "✓ widget renders" in res.stdout
 
@@ -65,3 +65,12 @@ def test_warnings_do_not_fail(monkeypatch, capsys):
     assert doctor.main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert "! threads: too many" in out and "fix: fewer" in out and "1 warning(s)" in out
+
+
+def test_tiny_lm_check_fails_on_untrained_weights(monkeypatch):
+    """The tiny-lm check asks for an answer, so random weights (a broken install) fail it with the fix."""
+    from lrp_core import models
+    real = models.load
+    monkeypatch.setattr(models, "load", lambda name, **kw: real(name, pretrained=False))
+    res = doctor.check_model("tiny-lm")
+    assert res.status == "fail" and "not the trained ones" in res.detail and "reinstall" in res.fix

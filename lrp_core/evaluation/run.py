@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .. import METHODS
+from .. import METHODS, registry
 from ..data.folders import load_data_folder
 from ..data.sets import BUILTIN_IMAGE_SETS, SCENE_SEED, ImageSet, TextSet, rationale_set
 from ..errors import InputError, UnknownMethodError
@@ -59,6 +59,9 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     loaded = load(model) if isinstance(model, str) else model
+    is_lm = loaded.kind == "lm" or (getattr(loaded, "info", None) or {}).get("task") == "causal-lm"
+    if is_lm and methods == "all":  # 'all' on a decoder: the methods that run there (no Captum baselines yet)
+        names = [m for m in names if m in registry.DECODER_METHODS]
     if device != "cpu":
         loaded.model.to(device)
     out: dict[str, Any] = {"model": getattr(loaded, "name", str(model)), "kind": loaded.kind,
@@ -73,7 +76,7 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     elif loaded.kind == "text":
         part = _text_run(loaded, names, n, batch_size, data, split, text_target, progress,
                          baseline, shard, config)
-    elif loaded.kind == "lm" or (getattr(loaded, "info", None) or {}).get("task") == "causal-lm":
+    elif is_lm:
         part = _lm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard)
     else:
         raise InputError(f"unknown model kind {loaded.kind!r}")

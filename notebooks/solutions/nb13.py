@@ -18,53 +18,44 @@ def _encoded(lm, record) -> tuple[dict, list[int], int]:
 
 
 # ---------------------------------------------------------------- 13.1
-def evidence_hit_rate(lm, records, method: str = "attnlrp") -> float:
-    hits = 0
+def _ranks(lm, records, method: str, skip_bos: bool = True, base: int = 1) -> list[int]:
+    ranks = []
     for r in records:
         enc, evidence, answer = _encoded(lm, r)
-        scores = explain(lm.model, enc, method=method, target=answer).scores[0]
-        scores[0] = -float("inf")                         # the begin-of-text token is not part of the context
-        hits += int(int(scores.argmax()) in evidence)
-    rate = hits / len(records)
-    print(f"{method}: the top context token is the evidence in {hits} of {len(records)} prompts ({rate:.0%})")
-    return rate
+        scores = explain(lm.model, enc, method=method, target=answer).scores[0].clone()
+        if skip_bos:
+            scores[0] = -float("inf")                     # the begin-of-text token is not part of the context
+        order = torch.argsort(scores, descending=True).tolist()
+        ranks.append(order.index(evidence[0]) + base)
+    return ranks
 
 
-def _with_bos(lm, records):
-    hits = 0
-    for r in records:
-        enc, evidence, answer = _encoded(lm, r)
-        hits += int(int(explain(lm.model, enc, method="attnlrp", target=answer).scores[0].argmax()) in evidence)
-    return hits / len(records)
-
-
-def _by_absolute(lm, records):
-    hits = 0
-    for r in records:
-        enc, evidence, answer = _encoded(lm, r)
-        scores = explain(lm.model, enc, method="attnlrp", target=answer).scores[0].abs()
-        scores[0] = -1.0
-        hits += int(int(scores.argmax()) in evidence)
-    return hits / len(records)
+def evidence_rank(lm, records, method: str = "transformer_attribution") -> float:
+    ranks = _ranks(lm, records, method)
+    mean = sum(ranks) / len(ranks)
+    print(f"{method}: mean rank of the evidence token {mean:.2f} (1 = top; ranks {ranks})")
+    return mean
 
 
 ex13_1 = Exercise(
-    "ex13_1", "Does AttnLRP point at the evidence?", evidence_hit_rate, difficulty=1, minutes=10,
+    "ex13_1", "Where does transformer attribution put the evidence?", evidence_rank, difficulty=1, minutes=10,
     needs=("lm", "records"),
-    answer="a number in [0, 1]: the share of the prompts in `records` whose highest AttnLRP score over the context "
-           "tokens (the begin-of-text token left out) lies on the evidence",
+    answer="a number: the mean, over the 20 prompts in `records`, of the evidence token's rank in the "
+           "transformer_attribution map (1 = the highest score among the context tokens; the <s> token left out)",
     hints=["For one record r: tokenize r.prompt with return_offsets_mapping=True; evidence_tokens(r, offsets) gives "
-           "the evidence positions; the target is lm.tokenizer.convert_tokens_to_ids(r.answer).",
-           "explain(lm.model, enc, method='attnlrp', target=answer).scores[0] has one score per token; set position 0 "
-           "(the <s> token) to -inf before taking the argmax.",
-           "Count the prompts whose argmax is among the evidence positions and divide by len(records)."],
-    mistakes=[Mistake(_with_bos, "the <s> token took part: it is not part of the context; leave position 0 out"),
-              Mistake(_by_absolute, "that ranks by |score|: a token that speaks strongly *against* the answer is not "
-                                    "evidence for it; rank by the signed score")],
+           "the evidence position; the target is lm.tokenizer.convert_tokens_to_ids(r.answer).",
+           "explain(lm.model, enc, method='transformer_attribution', target=answer).scores[0] has one score per "
+           "token; set position 0 (the <s> token) to -inf, then torch.argsort(scores, descending=True).",
+           "The rank is the place of the evidence position in that order, counted from 1; average over the prompts."],
+    mistakes=[Mistake(lambda lm, records: sum(_ranks(lm, records, "transformer_attribution", skip_bos=False))
+                      / len(records), "the <s> token took part: it is not part of the context; leave position 0 out"),
+              Mistake(lambda lm, records: sum(_ranks(lm, records, "transformer_attribution", base=0)) / len(records),
+                      "ranks counted from 0: the top token has rank 1")],
     atol=1e-9,
-    discussion="The evidence is one word in a prompt of about forty tokens, so a random pick would hit it about one "
-               "time in forty. Where AttnLRP's top token misses, look at what it picked: most often the question's "
-               "name (which decides *which* fact is asked) or a distractor value with a negative partner nearby.",
+    discussion="AttnLRP ranks the evidence first on these prompts; transformer attribution puts it several places "
+               "down. Its map is the readout row of a product of (I + Ā_b): the identity keeps a large share on the "
+               "explained position itself and its neighbours (the question), and the evidence only gets what the "
+               "attention of the last position passes to it.",
 )
 
 
