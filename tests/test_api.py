@@ -11,7 +11,7 @@ from lrp_core import METHODS, InputError, UnknownMethodError, UnsupportedModelEr
 def test_methods_list_is_the_contract():
     assert set(METHODS) == {"transformer_attribution", "generic_attention", "rollout", "raw_attention",
                             "attention_gradcam", "lrp", "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp",
-                            "input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap"}
+                            "input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap", "pa_lrp"}
 
 
 def test_an_option_the_method_does_not_take_is_refused(tiny_vit, images):
@@ -26,7 +26,7 @@ def test_an_option_the_method_does_not_take_is_refused(tiny_vit, images):
         for option in spec.options:
             value = {"start_layer": 0, "end_layer": None, "rollout_norm": None, "use_gradient": True,
                      "keep_heads": False, "progress": False, "batch_size": 64, "n_steps": 4, "baseline": "zeros",
-                     "n_samples": 8, "stdevs": 0.5, "seed": 1}[option]
+                     "n_samples": 8, "stdevs": 0.5, "seed": 1, "base": "cp_lrp"}[option]
             assert explain(tiny_vit, images[:1], method=name, **{option: value}).scores.shape == (1, 16)
 
 

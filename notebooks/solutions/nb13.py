@@ -10,6 +10,16 @@ from lrp_core.methods import Contrast
 from .exercise import Exercise, Mistake
 
 
+def context():
+    """The notebook's objects (for the tests), built as the notebook builds them."""
+    from lrp_core.data.facts import make_facts
+    from lrp_core.models import load
+    from lrp_core.models.tiny_lm import HELD_OUT_SEED
+
+    records = make_facts(20, seed=HELD_OUT_SEED + 13)
+    return {"lm": load("tiny-lm"), "records": records, "record": records[0]}
+
+
 def _encoded(lm, record) -> tuple[dict, list[int], int]:
     """One prompt as the model takes it, its evidence token positions and the answer's token id."""
     enc = lm.tokenizer(record.prompt, return_tensors="pt", return_offsets_mapping=True)
@@ -18,14 +28,14 @@ def _encoded(lm, record) -> tuple[dict, list[int], int]:
 
 
 # ---------------------------------------------------------------- 13.1
-def _ranks(lm, records, method: str, skip_bos: bool = True, base: int = 1) -> list[int]:
+def _ranks(lm, records, method: str, skip_bos: bool = True, base: int = 1, descending: bool = True) -> list[int]:
     ranks = []
     for r in records:
         enc, evidence, answer = _encoded(lm, r)
         scores = explain(lm.model, enc, method=method, target=answer).scores[0].clone()
         if skip_bos:
             scores[0] = -float("inf")                     # the begin-of-text token is not part of the context
-        order = torch.argsort(scores, descending=True).tolist()
+        order = torch.argsort(scores if descending else -scores, descending=True).tolist()
         ranks.append(order.index(evidence[0]) + base)
     return ranks
 
@@ -47,8 +57,8 @@ ex13_1 = Exercise(
            "explain(lm.model, enc, method='transformer_attribution', target=answer).scores[0] has one score per "
            "token; set position 0 (the <s> token) to -inf, then torch.argsort(scores, descending=True).",
            "The rank is the place of the evidence position in that order, counted from 1; average over the prompts."],
-    mistakes=[Mistake(lambda lm, records: sum(_ranks(lm, records, "transformer_attribution", skip_bos=False))
-                      / len(records), "the <s> token took part: it is not part of the context; leave position 0 out"),
+    mistakes=[Mistake(lambda lm, records: sum(_ranks(lm, records, "transformer_attribution", descending=False))
+                      / len(records), "that counts from the lowest score: rank 1 is the highest score"),
               Mistake(lambda lm, records: sum(_ranks(lm, records, "transformer_attribution", base=0)) / len(records),
                       "ranks counted from 0: the top token has rank 1")],
     atol=1e-9,

@@ -173,6 +173,10 @@ WRONG = {
                (lambda: _ref("ex12_1").reshape(8, 8), None)],          # the 8 × 8 grid is the same map: passes
     "ex12_2": [(lambda: -_ref("ex12_2"), "sign error"),
                (lambda: _ref("ex12_2").reshape(4, 4), None)],
+    "ex13_1": [(lambda: _ref("ex13_1") - 1, "ranks counted from 0"),
+               (lambda: float(_ref("ex13_1")), None)],
+    "ex13_2": [(lambda: -_ref("ex13_2"), "other way round"),
+               (lambda: 2 * _ref("ex13_2"), "twice the expected value")],
 }
 
 
