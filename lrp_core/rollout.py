@@ -26,6 +26,19 @@ def _factor(layer: Tensor, norm: str) -> Tensor:
     return m
 
 
+def _span(layers: Sequence[Tensor] | Tensor, start: int, stop: Optional[int], norm: str) -> tuple:
+    """The checked arguments of a product: the blocks as a sequence of (B, N, N) and the last block's index."""
+    if norm not in NORMS:
+        raise InputError(f"norm must be one of {NORMS}, got {norm!r}")
+    if isinstance(layers, Tensor):
+        layers = layers.unbind(dim=1)
+    L = len(layers)
+    stop = L - 1 if stop is None else stop
+    if not 0 <= start <= stop < L:
+        raise InputError(f"need 0 <= start <= stop < {L}, got start={start}, stop={stop}")
+    return layers, stop
+
+
 def accumulate(layers: Sequence[Tensor] | Tensor, start: int = 0, stop: Optional[int] = None,
                norm: str = "none") -> Tensor:
     """The product (I+Ā_stop)·…·(I+Ā_start), accumulated as ``C ← (I+Ā_b)·C``.
@@ -38,14 +51,7 @@ def accumulate(layers: Sequence[Tensor] | Tensor, start: int = 0, stop: Optional
     Returns:
         (B, N, N); its row 0 is the [CLS] token's map.
     """
-    if norm not in NORMS:
-        raise InputError(f"norm must be one of {NORMS}, got {norm!r}")
-    if isinstance(layers, Tensor):
-        layers = layers.unbind(dim=1)
-    L = len(layers)
-    stop = L - 1 if stop is None else stop
-    if not 0 <= start <= stop < L:
-        raise InputError(f"need 0 <= start <= stop < {L}, got start={start}, stop={stop}")
+    layers, stop = _span(layers, start, stop, norm)
     joint = _factor(layers[start], norm)
     for b in range(start + 1, stop + 1):
         joint = torch.bmm(_factor(layers[b], norm), joint)
@@ -67,14 +73,7 @@ def accumulate_row(layers: Sequence[Tensor] | Tensor, w: Tensor, start: int = 0,
     Returns:
         (B, N) the readout's row.
     """
-    if norm not in NORMS:
-        raise InputError(f"norm must be one of {NORMS}, got {norm!r}")
-    if isinstance(layers, Tensor):
-        layers = layers.unbind(dim=1)
-    L = len(layers)
-    stop = L - 1 if stop is None else stop
-    if not 0 <= start <= stop < L:
-        raise InputError(f"need 0 <= start <= stop < {L}, got start={start}, stop={stop}")
+    layers, stop = _span(layers, start, stop, norm)
     B, N, _ = layers[start].shape
     v = w.to(dtype=layers[start].dtype, device=layers[start].device).expand(B, N)[:, None, :]  # (B, 1, N)
     for b in range(stop, start - 1, -1):

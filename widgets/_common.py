@@ -159,6 +159,16 @@ def describe_error(err: BaseException) -> str:
     return msg.strip().splitlines()[0] if len(msg) > 600 else msg.strip()
 
 
+def token_page_bundle(widget: Any) -> dict[str, Any]:
+    """The static view of a token widget (text, generation): its coloured tokens and info line, or its error."""
+    if widget.displayed_map is None:
+        return {"text/html": error_html(widget.last_error or "nothing to show")}
+    body = widget.html.value + f'<div style="font-size:90%">{widget.info.value}</div>'
+    if widget.last_error:
+        body = error_html(widget.last_error) + body
+    return {"text/html": body}
+
+
 class RelevanceWidget(W.VBox):
     """Base class: an error area, a busy note, timings and a static fallback.
 

@@ -44,7 +44,7 @@ from lrp_core.viz import token_html
 
 from . import _engine, views
 from ._cache import CACHE_SIZE, Cached, ExplanationCache
-from ._common import ModelFacts, RelevanceWidget, error_html
+from ._common import ModelFacts, RelevanceWidget, error_html, token_page_bundle
 
 #: greedy tokens written when neither ``max_new_tokens`` nor a continuation is given
 DEFAULT_NEW_TOKENS = 5
@@ -440,12 +440,7 @@ class GenerationExplorer(RelevanceWidget):
         return "<br>".join(lines)
 
     def _static_bundle(self) -> dict[str, Any]:
-        if self.displayed_map is None:
-            return {"text/html": error_html(self.last_error or "nothing to show")}
-        body = self.html.value + f'<div style="font-size:90%">{self.info.value}</div>'
-        if self.last_error:
-            body = error_html(self.last_error) + body
-        return {"text/html": body}
+        return token_page_bundle(self)
 
 
 __all__ = ["GenerationExplorer", "decoder_methods", "stops", "token_id", "word_scheme"]

@@ -11,7 +11,7 @@ import torch
 from lrp_core.errors import InputError
 from lrp_core.viz import merge_wordpieces, token_html
 
-from ._common import ModelFacts, error_html
+from ._common import ModelFacts, error_html, token_page_bundle
 from ._layered import LayerExplorer, forward_logits
 
 _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -140,9 +140,4 @@ class TokenRelevance(LayerExplorer):
                            + token_html(tokens, values, signed=self.signed))
 
     def _static_bundle(self) -> dict[str, Any]:
-        if self.displayed_map is None:
-            return {"text/html": error_html(self.last_error or "nothing to show")}
-        body = self.html.value + f'<div style="font-size:90%">{self.info.value}</div>'
-        if self.last_error:
-            body = error_html(self.last_error) + body
-        return {"text/html": body}
+        return token_page_bundle(self)

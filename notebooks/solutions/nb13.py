@@ -70,40 +70,34 @@ ex13_1 = Exercise(
 
 
 # ---------------------------------------------------------------- 13.2
-def distractor_share(lm, record) -> float:
+def _rival(lm, record) -> tuple[dict, list[int], int, int, int]:
+    """The prompt, its evidence, the answer's id, the distractor the model scores highest and its position."""
     enc, evidence, answer = _encoded(lm, record)
     with torch.no_grad():
         logits = lm.model(**enc).logits[0, -1]
     ids = lm.tokenizer.convert_tokens_to_ids(record.distractors)
-    rival = ids[int(logits[ids].argmax())]                # the distractor the model likes best
+    rival = ids[int(logits[ids].argmax())]
+    at = enc["input_ids"][0].tolist().index(rival)        # each value occurs once in a prompt
+    return enc, evidence, answer, rival, at
+
+
+def distractor_share(lm, record) -> float:
+    enc, evidence, answer, rival, at = _rival(lm, record)
     scores = explain(lm.model, enc, method="attnlrp", target=Contrast(answer, rival)).scores[0]
-    pieces = lm.tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
-    at = pieces.index(lm.tokenizer.convert_ids_to_tokens(rival))
+    word = lm.tokenizer.convert_ids_to_tokens(rival)
     value = float(scores[at])
-    print(f"rather than {pieces[at]!r}: relevance on {pieces[at]!r} = {value:+.4f}, on the evidence = "
+    print(f"rather than {word!r}: relevance on {word!r} = {value:+.4f}, on the evidence = "
           f"{float(scores[evidence].sum()):+.4f}")
     return value
 
 
 def _plain(lm, record):
-    enc, _, answer = _encoded(lm, record)
-    with torch.no_grad():
-        logits = lm.model(**enc).logits[0, -1]
-    ids = lm.tokenizer.convert_tokens_to_ids(record.distractors)
-    rival = ids[int(logits[ids].argmax())]
-    pieces = lm.tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
-    at = pieces.index(lm.tokenizer.convert_ids_to_tokens(rival))
+    enc, _, answer, _, at = _rival(lm, record)
     return float(explain(lm.model, enc, method="attnlrp", target=answer).scores[0, at])
 
 
 def _reversed(lm, record):
-    enc, _, answer = _encoded(lm, record)
-    with torch.no_grad():
-        logits = lm.model(**enc).logits[0, -1]
-    ids = lm.tokenizer.convert_tokens_to_ids(record.distractors)
-    rival = ids[int(logits[ids].argmax())]
-    pieces = lm.tokenizer.convert_ids_to_tokens(enc["input_ids"][0].tolist())
-    at = pieces.index(lm.tokenizer.convert_ids_to_tokens(rival))
+    enc, _, answer, rival, at = _rival(lm, record)
     return float(explain(lm.model, enc, method="attnlrp", target=Contrast(rival, answer)).scores[0, at])
 
 
