@@ -25,7 +25,7 @@ from .errors import InputError, LRPError, UnsupportedModelError
 from .gradient_rules import PositionLeaves
 from .explanation import RESULT_FIELDS, Conservation
 from .options import OPTIONS
-from .rollout import accumulate, accumulate_residual, accumulate_row
+from .rollout import accumulate_row
 from .utils import minmax_rows
 
 
@@ -253,23 +253,39 @@ def transformer_attribution(c: Call) -> MethodResult:
 
 
 def generic_attention(c: Call) -> MethodResult:
-    """Chefer et al. (ICCV 2021): ``Ā_b = mean_h((∇A_b ⊙ A_b)⁺)``, ``R ← R + Ā_b R``. One forward, one backward."""
+    """Chefer et al. (ICCV 2021): ``Ā_b = mean_h((∇A_b ⊙ A_b)⁺)``, ``R ← R + Ā_b R``. One forward, one backward.
+
+    Memory (issue #22 item 6): on a plain stack the backward is split at the block outputs and run top-down
+    (:class:`_TopDownGradients`), each block's ``(∇A_b ⊙ A_b)⁺`` formed in its fresh gradient and reduced at
+    once, so one block's ``(B, H, N, N)`` gradient is alive at a time, not L of them; the map is the readout
+    row of ``Π (I + Ā_b)`` carried as a vector (:func:`~lrp_core.rollout.accumulate_row`): no N×N product.
+    """
     a, s = c.adapter, c.opt.start_layer
     L = a.num_blocks
     trace = c.forward(grad=True)
     target = c.resolve(trace.logits.detach())
-    attns = [trace.attention(b) for b in range(s, L)]
-    grads = list(torch.autograd.grad(c.output(trace.logits, target).sum(), attns))
+    y = c.output(trace.logits, target).sum()
+    attns = {b: trace.attention(b) for b in range(s, L)}
+    if _TopDownGradients.applies(trace):
+        grad_of = _TopDownGradients(trace, y, s)
+    else:  # not a plain stack: one backward for every block's gradient
+        grads = dict(zip(range(s, L), torch.autograd.grad(y, list(attns.values()))))
+        grad_of = grads.pop
     logits = trace.logits.detach()
-    del trace  # only the maps and their gradients are needed from here on
-    with torch.no_grad():
-        kept = {}
-        for b in range(s, L):  # one block's product at a time, each map and gradient dropped once used
-            (g, A), grads[b - s], attns[b - s] = (grads[b - s], attns[b - s]), None, None
-            per_head = (g * A).clamp(min=0)
+    del trace, y  # the graph lives on in grad_of's block outputs, freed block by block
+    kept = {}
+    for b in range(L - 1, s - 1, -1):  # top-down, as the split backward hands the gradients out
+        with torch.enable_grad():
+            g = grad_of(b)
+        with torch.no_grad():
+            per_head = g.mul_(attns.pop(b)).clamp_(min=0)  # a fresh gradient, ours alone: formed in place
             kept[b] = per_head if c.opt.keep_heads else per_head.mean(dim=1)
+        del g, per_head
+    del grad_of
+    with torch.no_grad():
         layers, heads = _layers_result(kept, L, s, c.opt.keep_heads)
-        scores = _readout_scores(c, accumulate_residual(layers, s))
+        del kept
+        scores = c.layout.scores(accumulate_row(layers, c.readout.weights(layers.shape[-1]), s))
     return MethodResult(scores=scores, target=target, logits=logits, layers=layers,
                         layers_per_head=heads, used={"start_layer": s})
 
@@ -285,8 +301,9 @@ def rollout(c: Call) -> MethodResult:
     """Abnar & Zuidema: ``mean_h(A_b) + I``, row-normalised, multiplied over blocks. Class-agnostic."""
     trace, target, attns = _attention_only(c)
     layers = _stack([A.mean(dim=1) for A in attns])
-    joint = accumulate(layers, c.opt.start_layer, c.opt.end_layer, norm="row")
-    return MethodResult(scores=_readout_scores(c, joint), target=target, logits=trace.logits, layers=layers,
+    # the readout row of the product, carried as a vector (O(N²) per block, not the N×N product's O(N³))
+    row = accumulate_row(layers, c.readout.weights(layers.shape[-1]), c.opt.start_layer, c.opt.end_layer, norm="row")
+    return MethodResult(scores=c.layout.scores(row), target=target, logits=trace.logits, layers=layers,
                         layers_per_head=_stack(attns) if c.opt.keep_heads else None,
                         used={"start_layer": c.opt.start_layer})
 

@@ -73,7 +73,10 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                defaults={"image": {"rollout_norm": "none"}, "text": {"rollout_norm": "row"}},
                returns=("layers", "layers_per_head", "token_relevance"), readout_minimum=True),
     # Chefer et al. (ICCV 2021): Ā_b = mean_h((∇A_b ⊙ A_b)⁺), R ← R + Ā_b R
-    MethodSpec("generic_attention", M.generic_attention, Profile(**GRAPH, kept=2, layers=True, **BACKWARD),
+    # (issue #22: the gradients are made block by block, top-down, like transformer attribution's: the replay's
+    # graph keeps A, and one block's gradient and product are the once-counted tmp_att)
+    MethodSpec("generic_attention", M.generic_attention,
+               Profile(**{**GRAPH, "att": 2}, layers=True, **{**BACKWARD, "tmp_att": 4}),
                options=("start_layer", "keep_heads"), returns=("layers", "layers_per_head"), product_norm="none"),
     # Abnar & Zuidema: row-normalised Π (I + mean_h A_b)
     MethodSpec("rollout", M.rollout, Profile(**PLAIN, layers=True, tmp_att=1),
