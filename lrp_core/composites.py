@@ -27,7 +27,7 @@ from .explicit_rules import (BaselineLinear, Clone, GenericAdd, HalvedMatMul, Ha
                              WeightedSum, ZBox)
 from .gradient_rules import *  # noqa: F401,F403
 from .gradient_rules import (DetachedGate, DetachedOperands, DetachedRMSNorm, DetachedStdLayerNorm,
-                             FusedAttentionCP, FusedAttentionLRP, Gradient, HalvedGradient, IdentityRule,
+                             FusedAttentionCP, FusedAttentionCPHalved, FusedAttentionLRP, Gradient, HalvedGradient, IdentityRule,
                              PositionalAdd, PositionalRotary, PositionLeaves)
 from .ops import *  # noqa: F401,F403  (operation kinds and rule contracts, importable from here as before)
 from .ops import (ADD, ATTENTION, CLONE, ELEMENTWISE, EXPLICIT, GATE_MUL, KV_REPEAT, LAYER_KINDS, LAYERNORM,
@@ -256,13 +256,18 @@ ATTNLRP = Composite(
 CP_LRP = ATTNLRP.with_rules("cp_lrp", **{MATMUL_QK: DetachedOperands(), MATMUL_AV: Gradient(),
                                         GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP()})
 
+#: The PA-LRP authors' ViT rule set (their ``cp_rule``): CP-LRP, but ``A·V`` keeps AttnLRP's uniform rule, so v
+#: gets half of its relevance and the attention weights' half is dropped (not conservative; §2e.4).
+CP_HALVED = CP_LRP.with_rules("cp_halved", **{MATMUL_AV: HalvedGradient(), ATTENTION: FusedAttentionCPHalved()})
+
 #: the rule sets PA-LRP builds on (``pa_lrp``'s option ``base``)
-PA_LRP_BASES = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP}
+PA_LRP_BASES = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "cp_halved": CP_HALVED}
 
 
 def pa_lrp_composite(base: str = "attnlrp") -> tuple[Composite, PositionLeaves]:
-    """PA-LRP (Bakish et al., 2025) on ``base`` (AttnLRP or CP-LRP): ``base``'s rules, with the rotary tables
-    (ROPE) and the added position embeddings (POS_ADD) made inputs that take relevance (docs/METHODS.md §2e).
+    """PA-LRP (Bakish et al., 2025) on ``base`` (AttnLRP, CP-LRP, or the authors' ViT rules "cp_halved"):
+    ``base``'s rules, with the rotary tables (ROPE) and the added position embeddings (POS_ADD) made inputs that
+    take relevance (docs/METHODS.md §2e).
 
     Returns the composite and the :class:`PositionLeaves` its rules fill during one replay (a fresh pair per call:
     the leaves belong to one pass).
@@ -276,5 +281,5 @@ def pa_lrp_composite(base: str = "attnlrp") -> tuple[Composite, PositionLeaves]:
 __all__ = [
     "PA_LRP_BASES", "pa_lrp_composite",
     "Composite", "check_pass", "RuleChoice", "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "ATTNLRP",
-    "CP_LRP",
+    "CP_LRP", "CP_HALVED",
 ]

@@ -170,6 +170,16 @@ class FusedAttentionCP(GradientRule):
         return fn(q.detach(), k.detach(), v)
 
 
+class FusedAttentionCPHalved(GradientRule):
+    """The PA-LRP authors' ViT rule on a fused attention: q and k detached, the gradient into v ÷2 (``A·V``'s
+    uniform rule with the attention weights' half dropped; ``pa_lrp``'s ``base="cp_halved"``, §2e.4)."""
+
+    name = "fused_cp_halved"
+
+    def forward(self, fn, q, k, v, module=None):
+        return fn(q.detach(), k.detach(), _DivideGradientFn.apply(v, 2.0))
+
+
 # ----------------------------------------------------------------------------
 # PA-LRP (Bakish et al., 2025): the position encodings as inputs of their own (docs/METHODS.md §2e)
 # ----------------------------------------------------------------------------
@@ -237,4 +247,5 @@ class PositionalAdd(GradientRule):
 
 
 __all__ = ["IDENTITY_RULE_EPS", "Gradient", "IdentityRule", "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "DetachedRMSNorm", "DetachedGate", "FusedAttentionLRP", "FusedAttentionCP",
+           "FusedAttentionCPHalved",
            "PositionLeaves", "PositionalRotary", "PositionalAdd"]

@@ -483,7 +483,8 @@ def cp_lrp(c: Call) -> MethodResult:
 
 
 def pa_lrp(c: Call) -> MethodResult:
-    """PA-LRP (Bakish et al., 2025): AttnLRP (or CP-LRP, option ``base``) with the position encodings as inputs:
+    """PA-LRP (Bakish et al., 2025): AttnLRP (or CP-LRP, or the authors' ViT rules "cp_halved": option ``base``)
+    with the position encodings as inputs:
     an added position embedding takes its ε-rule share of the sum; the rotary tables take half of each rotated
     q / k (the uniform rule). ``positional`` (B, T): their relevance per scored token; ``conservation.positional``."""
     composite, positions = pa_lrp_composite(c.opt.base)

@@ -171,8 +171,9 @@ OPTIONS: tuple[Option, ...] = (
            "entries)", _positive_float("stdevs"), type=float),
     Option("seed", 0, "seed of the random draws (noise, coalitions), the same for every sample", _seed, type=int),
     # how the call is split into pieces (lrp_core.memory; read by ``explain``, not by the methods)
-    Option("base", "attnlrp", "pa_lrp: the rule set the positional rules are added to, 'attnlrp' or 'cp_lrp'",
-           _choice("base", ("attnlrp", "cp_lrp")), type=str),
+    Option("base", "attnlrp", "pa_lrp: the rule set the positional rules are added to, 'attnlrp', 'cp_lrp' or "
+           "'cp_halved' (the authors' ViT rules: CP-LRP with A·V's ÷2 kept; not conservative)",
+           _choice("base", ("attnlrp", "cp_lrp", "cp_halved")), type=str),
     Option("max_memory", None, "bytes or '2GB' a call may use, else it runs in pieces; None/'auto': half the "
            "free memory, 'none': never split", lambda v, L: memory.parse_max_memory(v), generic=True),
     Option("chunk_size", None, "samples per piece, instead of max_memory",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Developer check: ``pa_lrp`` on a tiny random Llama against the PA-LRP authors' code (YardenBakish/PE-AWARE-LRP).
+"""Developer check: ``pa_lrp`` on a tiny random Llama / DeiT against the PA-LRP authors' code (YardenBakish/PE-AWARE-LRP).
 
 NOT a test; the authors' code is never a dependency. It needs transformers 4.x and their own copy of an old
 LXT (``NLP/lxt``, relevance carried in ``.grad``), so it runs under another python (default
@@ -9,8 +9,12 @@ a table printer), are stubbed. Findings and figures: scripts/pa_lrp_findings.md.
 
 Run from the project venv::
 
-    .venv/bin/python scripts/check_against_pa_lrp.py [--ref-python /work/lxt21-venv/bin/python]
-        [--authors /work/palrp-ref/NLP] [--write-fixture tests/fixtures/pa_lrp/llama.pt | none]
+    .venv/bin/python scripts/check_against_pa_lrp.py [--family llama | deit] [--ref-python /work/lxt21-venv/bin/python]
+        [--authors /work/palrp-ref/NLP | /work/palrp-ref/vision] [--write-fixture PATH | none]
+
+``--family deit`` (their vision code: an explicit LRP of their own ViT, ``models/model.py`` +
+``modules/layers_ours.py``; needs einops in the reference python): see :func:`main_deit`. The rest of this
+docstring is the Llama check.
 
 1. here: a tiny Llama (hidden 32, 2 blocks, 4 / 2 heads, vocabulary 64), every parameter random, float64,
    saved with three unpadded rows;
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -194,13 +199,201 @@ def logit_gap(model, seqs: list, refs: list) -> float:
     return gap
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# DeiT: their vision code (models/model.py VisionTransformer.relprop, modules/layers_ours.py rules)
+# ----------------------------------------------------------------------------------------------------------------
+DEIT = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=5, mlp_ratio=4.0)
+DEIT_BATCH = 3
+
+REFERENCE_DEIT = r"""
+import importlib.machinery as M, json, sys, types
+from functools import partial
+import torch
+authors, data, out, opts = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+torch.set_default_dtype(torch.float64)  # their gamma rule builds a fresh nn.Linear per call
+sys.path.insert(0, authors)
+for name in ("cv2", "matplotlib", "matplotlib.pyplot"):  # imported by models/model.py, used by plotting only
+    mod = types.ModuleType(name); mod.__spec__ = M.ModuleSpec(name, None); sys.modules[name] = mod
+sys.modules["matplotlib"].pyplot = sys.modules["matplotlib.pyplot"]
+import modules.layers_ours as L
+from models import model as V
+if opts["no_eps"]:  # their stabilisers: x + eps (1e-8 Linear; 1e-6 Add, einsum, LayerNorm) and safe_divide's
+    L._stabilize = lambda x, epsilon=None, inplace=False: x       # a / (b + 1e-9) (Clone, IndexSelect): eps -> 0
+    L.safe_divide = lambda a, b: torch.where(b != 0, a / b, torch.zeros_like(a))
+
+class SoftmaxAttnLRP(L.Softmax):
+    # AttnLRP's softmax rule x (R - s sum R); their Softmax passes R unchanged (the 'attnlrp' mode only)
+    def relprop(self, R, **kw):
+        s = torch.softmax(self.X, dim=-1)
+        return self.X * (R - s * R.sum(-1, keepdim=True))
+
+d = torch.load(data)
+c = d["config"]
+norm = partial(L.CustomLRPLayerNorm, eps=c["norm_eps"])  # their demo's norm (std detached); final norm too
+model = V.VisionTransformer(img_size=c["img_size"], patch_size=c["patch_size"], embed_dim=c["embed_dim"],
+                            depth=c["depth"], num_heads=c["num_heads"], num_classes=c["num_classes"],
+                            mlp_ratio=c["mlp_ratio"], qkv_bias=True, layer_norm=norm, last_norm=norm,
+                            activation=L.GELU(), attn_activation=L.Softmax(dim=-1))
+for blk in model.blocks:  # one softmax per block (their default argument is one instance shared by all blocks)
+    blk.attn.attn_activation = (SoftmaxAttnLRP if opts["softmax"] == "attnlrp" else L.Softmax)(dim=-1)
+model = model.double().eval()
+sd, D = dict(d["state_dict"]), c["embed_dim"]
+for i in range(c["depth"]):  # their v_proj (the cp_rule's path) is qkv's v rows; .double() made it a copy
+    sd[f"blocks.{i}.attn.v_proj.weight"] = sd[f"blocks.{i}.attn.qkv.weight"][2 * D:]
+    sd[f"blocks.{i}.attn.v_proj.bias"] = sd[f"blocks.{i}.attn.qkv.bias"][2 * D:]
+missing, unexpected = model.load_state_dict(sd, strict=False)
+assert not missing and not unexpected, (missing, unexpected)
+if opts["cp"] and not opts["halve_v"]:  # their cp_rule keeps A.V's uniform 1/2 for v; CP-LRP gives v all of it
+    for blk in model.blocks:
+        blk.attn.v_proj.relprop = (lambda f: lambda R, **kw: f(2 * R, **kw))(blk.attn.v_proj.relprop)
+split, add_relprop = {}, model.add.relprop
+def grab(R, **kw):  # the split of x + pos_embed, before their map takes norms over channels
+    split["out"] = add_relprop(R, **kw)
+    return split["out"]
+model.add.relprop = grab
+x = d["images"]
+logits = model(x)
+target = d["targets"]
+one_hot = torch.nn.functional.one_hot(target, logits.shape[-1]).to(logits.dtype)  # as generate_LRP: R = 1 at y_t
+kw = dict(alpha=opts["alpha"], epsilon_rule=opts["epsilon_rule"], gamma_rule=opts["gamma_rule"], default_op=False,
+          conv_gamma_rule=False)
+maps = model.relprop(one_hot, method="custom_lrp", cp_rule=opts["cp"], **kw)
+sem, pos = split["out"]
+torch.save({"logit": logits.gather(1, target[:, None])[:, 0].detach(), "tokens": sem.sum(-1).detach(),
+            "positional": pos.sum(-1).detach(), "norm_map": maps.detach()}, out)
+"""
+
+#: label -> (their options, our pa_lrp base). Their rule switches: epsilon_rule (ε-rule in Linear, Add, einsum;
+#: else Linear α-β with alpha, Add normalised), gamma_rule (zennit Gamma in the Linear layers outside attention),
+#: cp (their cp_rule), halve_v (cp_rule as written: v keeps A·V's ½), softmax ("identity" = their file,
+#: "attnlrp" = AttnLRP's rule put in its place).
+_EPS = dict(no_eps=True, epsilon_rule=True, gamma_rule=False, alpha=1, softmax="identity", cp=False, halve_v=True)
+DEIT_MODES = {
+    "cp_rule as written (their vision setting)": (dict(_EPS, cp=True), "cp_halved"),
+    "cp_rule, v undivided (CP-LRP)": (dict(_EPS, cp=True, halve_v=False), "cp_lrp"),
+    "attention on, AttnLRP softmax rule": (dict(_EPS, softmax="attnlrp"), "attnlrp"),
+}
+#: modes that measure a difference (not pass / fail): their rule as written against ours
+DEIT_FIGURES = {
+    "their cp_rule (v gets ½) vs our cp_lrp": (dict(_EPS, cp=True), "cp_lrp"),
+    "attention on, their softmax (R passed unchanged) vs attnlrp": (dict(_EPS), "attnlrp"),
+    "cp_rule, their stabilisers kept": (dict(_EPS, cp=True, no_eps=False), "cp_halved"),
+    "their evaluation rules (γ=0.05 Linear outside attention) vs cp_halved": (dict(_EPS, cp=True, gamma_rule=0.05),
+                                                                              "cp_halved"),
+    "their demo rules (α1β0 Linear, normalised Add) vs cp_halved": (dict(_EPS, cp=True, epsilon_rule=False),
+                                                                    "cp_halved"),
+}
+
+
+def make_deit():
+    """The tiny DeiT (timm's VisionTransformer, as DeiT: cls token, learned positions over cls + patches), every
+    parameter random, float64; 17 tokens ≠ head dim 16 (their einsum rule tells q·kᵀ from A·V by these sizes)."""
+    from timm.models.vision_transformer import VisionTransformer
+    torch.manual_seed(SEED)
+    model = VisionTransformer(**DEIT, qkv_bias=True)
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * noise)
+            else:  # positions and cls as large as the patch tokens, so that they matter
+                p.copy_(noise if name in ("pos_embed", "cls_token") else 0.2 * noise)
+    return model.double().eval()
+
+
+def deit_inputs(model) -> tuple:
+    """(B, 3, 32, 32) random images and their predicted classes."""
+    g = torch.Generator().manual_seed(SEED + 2)
+    x = torch.randn(DEIT_BATCH, 3, DEIT["img_size"], DEIT["img_size"], generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        return x, model(x).argmax(-1)
+
+
+def reference_deit(args, model, x, targets, opts: dict) -> dict:
+    """Their ViT on ``model``'s weights; relevance seeded with 1 at the target (theirs) — returned × the logit,
+    ours' seed. ``tokens`` / ``positional``: (B, 1 + P) channel sums of the two parts of ``x + pos_embed``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data, out, script = Path(tmp, "in.pt"), Path(tmp, "out.pt"), Path(tmp, "ref.py")
+        torch.save({"config": {**DEIT, "norm_eps": model.norm.eps}, "state_dict": model.state_dict(),
+                    "images": x, "targets": targets}, data)
+        script.write_text(REFERENCE_DEIT)
+        subprocess.run([args.ref_python, str(script), args.authors, str(data), str(out), json.dumps(opts)], check=True)
+        r = torch.load(out)
+    y = r["logit"][:, None]
+    return {"logit": r["logit"], "tokens": r["tokens"] * y, "positional": r["positional"] * y}
+
+
+@contextlib.contextmanager
+def _identity_rule_eps(value: Optional[float]):
+    """The identity rule's stabiliser (``f(x) / (x + 1e-10)`` at GELU) set to ``value`` for one comparison."""
+    from lrp_core import gradient_rules
+    old = gradient_rules.IDENTITY_RULE_EPS
+    gradient_rules.IDENTITY_RULE_EPS = old if value is None else value
+    try:
+        yield
+    finally:
+        gradient_rules.IDENTITY_RULE_EPS = old
+
+
+def ours_deit(model, x, targets, ref: dict, base: str) -> dict:
+    """max |ours − theirs| / max |theirs|: patch tokens, patch positions, every position's total (cls's too), logit."""
+    from lrp_core import explain
+    e = explain(model, x, method="pa_lrp", base=base, target=targets)
+    with torch.no_grad():
+        y = model(x).gather(1, targets[:, None])[:, 0]
+    return {"tokens": rel(e.scores, ref["tokens"][:, 1:]), "positional": rel(e.positional, ref["positional"][:, 1:]),
+            "positional_total": rel(e.conservation.positional, ref["positional"].sum(-1)),
+            "logit": rel(y, ref["logit"])}
+
+
+def main_deit(args) -> int:
+    """Pass / fail: each of DEIT_MODES within TOL with GELU's identity-rule stabiliser at 0 (theirs passes R
+    unchanged); also printed: the engine as it is (the fixture's figures) and the DEIT_FIGURES differences."""
+    model = make_deit()
+    x, targets = deit_inputs(model)
+    failed, refs = False, {}
+    for label, (opts, base) in DEIT_MODES.items():
+        refs[label] = ref = reference_deit(args, model, x, targets, opts)
+        as_is = ours_deit(model, x, targets, ref, base)
+        with _identity_rule_eps(0.0):
+            exact = ours_deit(model, x, targets, ref, base)
+        bad = {k: v for k, v in exact.items() if v > TOL}
+        failed |= bool(bad)
+        print(f"{label} [base={base}]\n  identity-rule eps 0: {_fmt(exact)}\n  engine as is:        {_fmt(as_is)}"
+              f"\n  {'FAIL' if bad else 'OK'} (float64 tolerance {TOL:g}) {bad or ''}")
+    for label, (opts, base) in DEIT_FIGURES.items():
+        ref = reference_deit(args, model, x, targets, opts)
+        print(f"{label} [base={base}]: {_fmt(ours_deit(model, x, targets, ref, base))}")
+    if args.write_fixture != "none":
+        path = Path(args.write_fixture)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"source": "YardenBakish/PE-AWARE-LRP models/model.py + modules/layers_ours.py (relprop, "
+                              "method custom_lrp, epsilon_rule), float64, stabilisers eps -> 0",
+                    "config": DEIT, "state_dict": model.state_dict(), "images": x, "targets": targets,
+                    "reference": {DEIT_MODES[k][1]: v for k, v in refs.items()}}, path)
+        print("wrote", path)
+    return 1 if failed else 0
+
+
+def _fmt(d: dict) -> str:
+    return json.dumps({k: f"{v:.1e}" for k, v in d.items()})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", choices=("llama", "deit"), default="llama")
     ap.add_argument("--ref-python", default="/work/lxt21-venv/bin/python")
-    ap.add_argument("--authors", default="/work/palrp-ref/NLP", help="their NLP/ folder (git archive of NLP/lxt)")
-    ap.add_argument("--write-fixture", default="tests/fixtures/pa_lrp/llama.pt")
+    ap.add_argument("--authors", default=None, help="llama: their NLP/ folder (git archive of NLP/lxt); deit: their "
+                    "repository's root (git archive of models/, modules/, baselines/); default /work/palrp-ref/NLP, "
+                    "/work/palrp-ref/vision")
+    ap.add_argument("--write-fixture", default=None, help="default tests/fixtures/pa_lrp/<family>.pt; 'none': none")
     ap.add_argument("--keep-eps", action="store_true", help="their stabilisers as they are (+1e-6 / +1e-8)")
     args = ap.parse_args()
+    args.authors = args.authors or f"/work/palrp-ref/{'NLP' if args.family == 'llama' else 'vision'}"
+    args.write_fixture = args.write_fixture or f"tests/fixtures/pa_lrp/{args.family}.pt"
+    if args.family == "deit":
+        return main_deit(args)
     seqs = rows()
     failed = False
     # 1. float64 throughout: their softmax cast removed; ours with sdpa (no float32 softmax in the model)

@@ -132,3 +132,77 @@ def test_pieces_merge_positional_like_scores():
     parts = explain(model, inp, method="pa_lrp", chunk_size=1)
     assert torch.allclose(parts.positional, whole.positional, atol=1e-10)
     assert torch.allclose(parts.conservation.positional, whole.conservation.positional, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# DeiT: the authors' vision code (scripts/check_against_pa_lrp.py --family deit, scripts/pa_lrp_findings.md)
+# ----------------------------------------------------------------------------------------------------------------
+def _fixture_deit():
+    from pathlib import Path
+    from timm.models.vision_transformer import VisionTransformer
+    fx = torch.load(Path(__file__).parent / "fixtures" / "pa_lrp" / "deit.pt")
+    model = VisionTransformer(**fx["config"], qkv_bias=True)
+    model.load_state_dict(fx["state_dict"])
+    return model.double().eval(), fx
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("base", ["cp_halved", "cp_lrp", "attnlrp"])
+def test_agrees_with_the_authors_vit_fixture(base, monkeypatch):
+    """The authors' ViT relprop (models/model.py, method custom_lrp, epsilon_rule; float64, their stabilisers at 0):
+    "cp_halved" is their cp_rule as written, "cp_lrp" their cp_rule with v's ½ undone, "attnlrp" their attention
+    path with AttnLRP's softmax rule in place of theirs (R passed unchanged). Their relevance is seeded with 1 at
+    the logit: the fixture holds it × the logit. Tokens and positions per patch, and every position's total (the
+    cls position's too). Rules equal: 1e-15 with the GELU identity rule's stabiliser (1e-10) at 0 as theirs;
+    the engine as is: 1.8e-8 (scripts/pa_lrp_findings.md)."""
+    from lrp_core import gradient_rules
+    model, fx = _fixture_deit()
+    ref = fx["reference"][base]
+    x, t = fx["images"], fx["targets"]
+    as_is = explain(model, x, method="pa_lrp", base=base, target=t)
+    monkeypatch.setattr(gradient_rules, "IDENTITY_RULE_EPS", 0.0)
+    exact = explain(model, x, method="pa_lrp", base=base, target=t)
+    for e, tol in ((exact, 1e-8), (as_is, 1e-7)):
+        assert _rel(e.scores, ref["tokens"][:, 1:]) <= tol
+        assert _rel(e.positional, ref["positional"][:, 1:]) <= tol
+        assert _rel(e.conservation.positional, ref["positional"].sum(-1)) <= tol
+    with torch.no_grad():
+        assert _rel(model(x).gather(1, t[:, None])[:, 0], ref["logit"]) <= 1e-12
+
+
+def test_vit_cp_base_conserves_and_cp_halved_drops_half_the_attention():
+    """Biases and the cls token 0: under CP-LRP a ViT is linear in patches and positions, so Σ patches + Σ positions
+    (the cls position's included) is the logit. The authors' rules (cp_halved) drop the attention weights' half at
+    every A·V: less reaches the input (measured 61-70% on the fixture's model)."""
+    model, fx = _fixture_deit()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias") or name == "cls_token":
+                p.zero_()
+    x = fx["images"]
+    c = explain(model, x, method="pa_lrp", base="cp_lrp").conservation
+    assert c.positional.abs().min() > 0.1 * c.output.abs().min()  # the positions take a real share
+    assert torch.allclose(c.input + c.positional, c.output, rtol=1e-8, atol=0)
+    h = explain(model, x, method="pa_lrp", base="cp_halved").conservation
+    assert torch.all((h.input + h.positional) / h.output < 0.9)
+
+
+def test_fused_cp_halved_rule_is_the_explicit_one():
+    """On a fused attention (sdpa models) "cp_halved" is q, k detached and v's gradient ÷2: the same as
+    ``softmax(q kᵀ s)`` held constant times v under the uniform rule (explicit path: MATMUL_AV halved)."""
+    from lrp_core.gradient_rules import FusedAttentionCPHalved
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    w = torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64)
+    y = FusedAttentionCPHalved().forward(torch.nn.functional.scaled_dot_product_attention, q, k, v)
+    (y * w).sum().backward()
+    v2 = v.detach().clone().requires_grad_(True)
+    A = torch.softmax(q.detach() @ k.detach().transpose(-1, -2) / 8 ** 0.5, dim=-1)
+    y2 = A @ v2
+    (y2 * w).sum().backward()
+    assert torch.allclose(y, y2, atol=1e-12)
+    assert torch.allclose(v.grad, v2.grad / 2, atol=1e-12)
+    assert q.grad is None and k.grad is None
