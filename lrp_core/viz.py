@@ -519,14 +519,14 @@ def _text_colour(rgb: np.ndarray) -> str:
 
 
 def token_html(tokens: Sequence[str], scores: Any, signed: bool = True, legend: bool = True,
-               clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA) -> str:
+               clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA, explained: str = "the class") -> str:
     """Tokens as HTML spans whose background shows their relevance.
 
     Zero-centred diverging colours (white = 0, red > 0, blue < 0) with the same
     colour limit and gamma as the pictures (:func:`colour_scale`, :func:`colorize`);
     the text colour switches to white on dark backgrounds; each span's tooltip gives
     the exact score; the legend says when scores were clipped. ``signed=False``
-    shows ``clamp(min=0)``.
+    shows ``clamp(min=0)``. ``explained``: what red speaks for in the legend (an LM's map: "the token").
     """
     vals = _view(np.nan_to_num(_as_numpy(scores)).reshape(-1), signed)
     if len(tokens) != vals.shape[0]:
@@ -544,8 +544,8 @@ def token_html(tokens: Sequence[str], scores: Any, signed: bool = True, legend: 
     body = " ".join(spans)
     out = f'<div class="trl-tokens" style="line-height:1.9;max-width:100%">{body}</div>'
     if legend:
-        scale_text = (f"{_fmt(-m)} (blue, against) \u2026 0 (white) \u2026 {_fmt(m)} (red, for the class)"
-                      if signed else f"0 (white) \u2026 {_fmt(m)} (red, for the class); negatives hidden")
+        scale_text = (f"{_fmt(-m)} (blue, against) \u2026 0 (white) \u2026 {_fmt(m)} (red, for {explained})"
+                      if signed else f"0 (white) \u2026 {_fmt(m)} (red, for {explained}); negatives hidden")
         out += ('<div class="trl-legend" style="font-size:85%;color:#444;margin-top:4px">'
                 f"colour scale {scale_text}; {html.escape(scale.describe())}</div>")
     return out

@@ -231,6 +231,9 @@ def test_token_html_colours_escapes_and_explains():
     assert int(spans[1][2]) > int(spans[1][0])  # negative is blue
     assert "&lt;b&gt;" in out and "<b>" not in out.split("trl-legend")[0]
     assert "colour scale -2" in out and "max |R| = 2" in out
+    assert "(red, for the class)" in out  # a classifier's map speaks for the class; a language model's for the token
+    lm = viz.token_html(["Paris"], [1.0], explained="the token")
+    assert "(red, for the token)" in lm and "the class" not in lm
 
 
 def test_token_html_says_when_scores_are_clipped():

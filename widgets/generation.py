@@ -408,7 +408,7 @@ class GenerationExplorer(RelevanceWidget):
         self.displayed_map, self.displayed_tokens = np.asarray(values, dtype=np.float64), tokens
         nxt = html.escape(shown_token(self.pieces[self.prompt_length + self.step]))
         self.html.value = (f'<div style="color:#333;margin:4px 0">{html.escape(self._title())}</div>'
-                           + token_html(tokens, values, signed=True)
+                           + token_html(tokens, values, signed=True, explained="the token")
                            + f'<div class="trl-next" style="margin-top:4px">\u2192 next token: <b>{nxt}</b></div>')
         self.info.value = self._info_html()
 

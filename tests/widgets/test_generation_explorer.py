@@ -170,6 +170,7 @@ def test_contrast_box(lm):
     ref = explain_generation(lm.model, lm.tokenizer, PROMPT, continuation=generated, contrast=[None, other, None])
     assert rel(w.current_values(), ref.scores[0, 1, :w.prompt_length + 1].numpy()) < TOL
     assert "rather than" in w.html.value and other in w.html.value
+    assert "red, for the token" in w.html.value and "for the class" not in w.html.value  # the legend names the token
     w.contrast_box.value = "zzzz"  # not a word of tiny-lm's vocabulary: a message, the map kept
     assert "zzzz" in w.last_error and "not one token" in w.last_error and "trl-error" in w.message.value
     assert w.contrast == lm.tokenizer.convert_tokens_to_ids(other)
