@@ -25,9 +25,12 @@ module only hands Captum a forward function and reads its attributions back:
   features are the row's *context* — its real tokens up to the one read
   (``adapter.layout(prepared).mask``). Tokens after the read position are
   treated like padding: they keep their embeddings and score 0.
-* **randomness** (``smoothgrad``, ``kernel_shap``): each sample is attributed
-  alone with the generator seeded by ``seed`` (the global generator is left as
-  it was), so a sample gets the same map whatever batch it is in.
+* **one sample at a time** (all but Input × Gradient): each sample is
+  attributed alone, cut to its features where the cut row is the row alone
+  (:class:`_Row`), with the generator seeded by ``seed`` (the global generator
+  is left as it was): its noise, coalitions and Captum's chunks of steps /
+  perturbations are those of the sample alone, so a sample gets the same map
+  whatever batch (and padding) it is in.
 
 :func:`forward_function` is public so that a test (or a reader) can call
 Captum directly on the very function the methods use.
@@ -294,10 +297,17 @@ def integrated_gradients(c: Call) -> MethodResult:
     """Integrated Gradients (Captum ``IntegratedGradients``, ``n_steps``, Gauss–Legendre) from ``baseline``."""
     from captum.attr import IntegratedGradients
     a, target, logits = _start(c, grad=True)
-    attr, delta = IntegratedGradients(a.forward).attribute(
-        a.inputs, baselines=reference(c, a), target=target, additional_forward_args=a.args, n_steps=c.opt.n_steps,
-        internal_batch_size=c.opt.batch_size, return_convergence_delta=True)
-    return _result(c, a, attr, target, logits, per_feature=False, convergence_delta=delta.detach(),
+    ref, ig, deltas = reference(c, a), IntegratedGradients(a.forward), []
+
+    def one(i: int) -> Tensor:
+        row = _Row.of(a, i)  # alone: Captum's chunks of steps are those of the sample alone, whatever the batch
+        attr, delta = ig.attribute(row.x, baselines=row.cut(ref[i:i + 1]), target=target[i:i + 1],
+                                   additional_forward_args=row.args, n_steps=c.opt.n_steps,
+                                   internal_batch_size=c.opt.batch_size, return_convergence_delta=True)
+        deltas.append(delta.detach())
+        return row.back(attr)
+    attr = _per_sample(c, a, one)
+    return _result(c, a, attr, target, logits, per_feature=False, convergence_delta=torch.cat(deltas),
                    used={"baseline": c.opt.baseline, "n_steps": c.opt.n_steps})
 
 
@@ -322,9 +332,15 @@ def occlusion(c: Call) -> MethodResult:
     """Occlusion: ``y_t(x) − y_t(x with one patch / token replaced by the baseline)`` (Captum ``FeatureAblation``)."""
     from captum.attr import FeatureAblation
     a, target, logits = _start(c)
-    attr = FeatureAblation(a.forward).attribute(
-        a.inputs, baselines=reference(c, a), target=target, additional_forward_args=a.args,
-        feature_mask=feature_mask(c, a), perturbations_per_eval=max(1, c.opt.batch_size // a.inputs.shape[0]))
+    ref, mask, ablation = reference(c, a), feature_mask(c, a), FeatureAblation(a.forward)
+
+    def one(i: int) -> Tensor:
+        row = _Row.of(a, i)  # alone: its perturbations are evaluated in the chunks of the sample alone
+        m = mask if mask.shape[0] == 1 else row.cut(mask[i:i + 1])
+        return row.back(ablation.attribute(row.x, baselines=row.cut(ref[i:i + 1]), target=target[i:i + 1],
+                                           additional_forward_args=row.args, feature_mask=m,
+                                           perturbations_per_eval=c.opt.batch_size))
+    attr = _per_sample(c, a, one)
     return _result(c, a, attr, target, logits, per_feature=True, used={"baseline": c.opt.baseline})
 
 
