@@ -336,7 +336,7 @@ def occlusion(c: Call) -> MethodResult:
 
     def one(i: int) -> Tensor:
         row = _Row.of(a, i)  # alone: its perturbations are evaluated in the chunks of the sample alone
-        m = mask if mask.shape[0] == 1 else row.cut(mask[i:i + 1])
+        m = mask if a.image else row.cut(mask[i:i + 1])  # images: one mask for all
         return row.back(ablation.attribute(row.x, baselines=row.cut(ref[i:i + 1]), target=target[i:i + 1],
                                            additional_forward_args=row.args, feature_mask=m,
                                            perturbations_per_eval=c.opt.batch_size))
@@ -355,7 +355,7 @@ def kernel_shap(c: Call) -> MethodResult:
         # a row cut to its features (text), so that its coalitions are those of the row alone
         row = _Row.of(a, i)
         r = row.cut(ref[i:i + 1])
-        m = mask if mask.shape[0] == 1 else row.cut(mask[i:i + 1])
+        m = mask if a.image else row.cut(mask[i:i + 1])  # images: one mask for all
         if int(m.max()) == 0:  # one feature: its Shapley value is f(x) − f(reference) (efficiency);
             return row.back(_whole_input_value(a.forward, row, r, target[i]))  # Captum's weights are undefined
         return row.back(shap.attribute(row.x, baselines=r, target=target[i:i + 1],

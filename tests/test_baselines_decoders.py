@@ -179,6 +179,8 @@ def test_a_position_equals_the_row_cut_after_it(method):
         alone = explain(model, _alone(seq[:cut_at[i] + 1]), method=method, target=t, **FAST[method]).scores[0]
         assert rel(e.scores[i, starts[i]:pos[i] + 1], alone) < 1e-9
         assert (e.scores[i, pos[i] + 1:] == 0).all() and (e.scores[i, :starts[i]] == 0).all()
+        one = explain(model, _alone(seq), method=method, target=t, position=cut_at[i], **FAST[method]).scores[0]
+        assert rel(one[:cut_at[i] + 1], alone) < 1e-9 and (one[cut_at[i] + 1:] == 0).all()  # a batch of one too
 
 
 def test_kernel_shap_with_one_context_token_is_the_logit_drop():
