@@ -25,6 +25,7 @@ from lrp_core.generation import explain_generation
 from lrp_core.models import LoadedModel
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
 from widgets import GenerationExplorer
+from widgets import _engine
 from widgets import generation as G
 
 PROMPT = "Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer:"
@@ -70,7 +71,10 @@ def check_every_method(w: GenerationExplorer, model, tokenizer, prompt, zeros_al
     worst, zeros = {}, 0
     generated = w.input_ids[0, w.prompt_length:].tolist()
     for method in METHODS:
-        ref = explain_generation(model, tokenizer, prompt, method=method, continuation=generated).scores[0]
+        # on the widget's thread count: Hugging Face's float32 RMSNorm inside the float64 model rounds a 50-row
+        # batch (Integrated Gradients' steps) differently on 1 and 2 threads (measured 3.8e-8)
+        with _engine.torch_threads(model, w.threads):
+            ref = explain_generation(model, tokenizer, prompt, method=method, continuation=generated).scores[0]
         for k in STEPS:
             want = ref[k, :w.prompt_length + k].numpy()
             zeros += int(np.abs(want).max() == 0)
