@@ -72,7 +72,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     adapter = get_adapter(model).for_inputs(inputs)
     registry.check_model(spec, adapter)
     prepared = adapter.check_inputs(inputs)
-    opt = registry.parse_options(spec, options, adapter.num_blocks, adapter.modality)
+    opt = registry.parse_options(spec, options, adapter.num_blocks, registry.defaults_key(adapter))
     if opt.position is not None:  # decoders: explain the prediction at another token
         prepared = adapter.at_position(prepared, opt.position)
     layout = adapter.layout(prepared)  # after the position: the layout names the token read (token ablation skips it)

@@ -20,9 +20,17 @@ module only hands Captum a forward function and reads its attributions back:
 * **padding**: the baselines equal the input at padding positions, so no
   method moves them (the integration path, an ablated token and a KernelSHAP
   coalition leave them as they are); their scores are set to 0.
-* **randomness** (``smoothgrad``, ``kernel_shap``): each sample is attributed
-  alone with the generator seeded by ``seed`` (the global generator is left as
-  it was), so a sample gets the same map whatever batch it is in.
+* **decoders** (``adapter.is_decoder``): the explained output is the logit at
+  each row's read position (``read_at``, ``explain(..., position=p)``); the
+  features are the row's *context* — its real tokens up to the one read
+  (``adapter.layout(prepared).mask``). Tokens after the read position are
+  treated like padding: they keep their embeddings and score 0.
+* **one sample at a time** (all but Input × Gradient): each sample is
+  attributed alone, cut to its features where the cut row is the row alone
+  (:class:`_Row`), with the generator seeded by ``seed`` (the global generator
+  is left as it was): its noise, coalitions and Captum's chunks of steps /
+  perturbations are those of the sample alone, so a sample gets the same map
+  whatever batch (and padding) it is in.
 
 :func:`forward_function` is public so that a test (or a reader) can call
 Captum directly on the very function the methods use.
@@ -56,8 +64,11 @@ class Attributed:
         forward: the adapter's replay from ``inputs`` to the (contrasted) logits.
         inputs: (B, 3, H, W) pixels or (B, T, E) word embeddings, detached.
         args: the per-sample additional forward arguments (text: the prepared entries; the contrast class).
-        mask: (B, T) 1 = real token (text), else ``None``.
+        mask: (B, T) 1 = a feature (text: a real token; decoders: a context token), else ``None``.
         module: the word-embedding module (text), else ``None``.
+        cut_anywhere: a row may be cut to its features wherever they lie (decoders: position ids follow the
+            mask, so a row cut to its context is the row alone); else only a leading run is cut (encoders'
+            position ids count from the first token).
     """
 
     forward: Callable[..., Tensor]
@@ -65,6 +76,7 @@ class Attributed:
     args: tuple
     mask: Optional[Tensor] = None
     module: Optional[nn.Module] = None
+    cut_anywhere: bool = False
 
     @property
     def image(self) -> bool:
@@ -121,7 +133,8 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
     """The forward function the baselines hand Captum, its inputs and its additional arguments.
 
     Images: ``f(pixels, negative)``. Text: ``f(embeddings, *prepared entries, negative)`` — the word-embedding
-    module's output replaced by ``embeddings`` for one replay. Captum called as
+    module's output replaced by ``embeddings`` for one replay (decoders: the prepared entries include
+    ``read_at``, so the logits are those at each row's read position). Captum called as
     ``Method(a.forward).attribute(a.inputs, target=..., additional_forward_args=a.args)`` is what the methods compute.
     """
     if "images" in prepared:
@@ -144,8 +157,11 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
 
     with torch.no_grad():
         embeds = adapter.embed(prepared).embeds.detach()
-    return Attributed(forward, embeds, tuple(prepared[k] for k in keys) + (negative,), prepared["attention_mask"],
-                      module)
+    decoder = bool(getattr(adapter, "is_decoder", False))
+    # a decoder's features are the context of the prediction read (the layout's mask), an encoder's its real tokens
+    features = adapter.layout(prepared).mask if decoder else prepared["attention_mask"]
+    return Attributed(forward, embeds, tuple(prepared[k] for k in keys) + (negative,), features, module,
+                      cut_anywhere=decoder)
 
 
 # ----------------------------------------------------------------------------
@@ -179,7 +195,8 @@ def reference(c: Call, a: Attributed) -> Tensor:
 
     Images: ``"zeros"`` (0 in the model's normalised input: the mean colour) or ``"blur"`` (the image blurred,
     σ = one patch). Text: ``"zeros"`` (zero vectors), ``"pad"`` / ``"mask"`` / a token id (that token's
-    embedding) at the real tokens; padding positions keep their embeddings.
+    embedding) at the features (real tokens; decoders: context tokens); padding positions (and a decoder's
+    tokens after the read position) keep their embeddings.
     """
     choice: Union[str, int] = c.opt.baseline
     if a.image:
@@ -205,10 +222,11 @@ def reference(c: Call, a: Attributed) -> Tensor:
 
 
 def feature_mask(c: Call, a: Attributed) -> Tensor:
-    """Occlusion's and KernelSHAP's features: one per patch (1, 1, H, W) or per real token (B, T, 1).
+    """Occlusion's and KernelSHAP's features: one per patch (1, 1, H, W) or per feature token (B, T, 1).
 
-    A padding position shares the id of a real token: its baseline is its own value, so ablating that
-    feature leaves it unchanged, and it costs no extra forward pass.
+    A padding position (or a decoder's token after the read position) shares the id of a feature token: its
+    baseline is its own value, so ablating that feature leaves it unchanged, and it costs no extra forward
+    pass. Ids count 0, 1, … along each row's feature tokens.
     """
     if a.image:
         h, w = c.layout.grid
@@ -279,10 +297,17 @@ def integrated_gradients(c: Call) -> MethodResult:
     """Integrated Gradients (Captum ``IntegratedGradients``, ``n_steps``, Gauss–Legendre) from ``baseline``."""
     from captum.attr import IntegratedGradients
     a, target, logits = _start(c, grad=True)
-    attr, delta = IntegratedGradients(a.forward).attribute(
-        a.inputs, baselines=reference(c, a), target=target, additional_forward_args=a.args, n_steps=c.opt.n_steps,
-        internal_batch_size=c.opt.batch_size, return_convergence_delta=True)
-    return _result(c, a, attr, target, logits, per_feature=False, convergence_delta=delta.detach(),
+    ref, ig, deltas = reference(c, a), IntegratedGradients(a.forward), []
+
+    def one(i: int) -> Tensor:
+        row = _Row.of(a, i)  # alone: Captum's chunks of steps are those of the sample alone, whatever the batch
+        attr, delta = ig.attribute(row.x, baselines=row.cut(ref[i:i + 1]), target=target[i:i + 1],
+                                   additional_forward_args=row.args, n_steps=c.opt.n_steps,
+                                   internal_batch_size=c.opt.batch_size, return_convergence_delta=True)
+        deltas.append(delta.detach())
+        return row.back(attr)
+    attr = _per_sample(c, a, one)
+    return _result(c, a, attr, target, logits, per_feature=False, convergence_delta=torch.cat(deltas),
                    used={"baseline": c.opt.baseline, "n_steps": c.opt.n_steps})
 
 
@@ -293,11 +318,11 @@ def smoothgrad(c: Call) -> MethodResult:
     tunnel = NoiseTunnel(InputXGradient(a.forward))
 
     def one(i: int) -> Tensor:
-        x, args, n = _unpadded(a, i)  # the noise is drawn for the real tokens only: padding changes nothing
-        got = tunnel.attribute(x, nt_type="smoothgrad", nt_samples=c.opt.n_samples,
+        row = _Row.of(a, i)  # the noise is drawn for the features only: padding changes nothing
+        got = tunnel.attribute(row.x, nt_type="smoothgrad", nt_samples=c.opt.n_samples,
                                nt_samples_batch_size=c.opt.batch_size, stdevs=float(c.opt.stdevs),
-                               target=target[i:i + 1], additional_forward_args=args)
-        return got if n is None else F.pad(got, (0, 0, 0, a.inputs.shape[1] - n))
+                               target=target[i:i + 1], additional_forward_args=row.args)
+        return row.back(got)
     attr = _per_sample(c, a, one)
     return _result(c, a, attr, target, logits, per_feature=False,
                    used={"n_samples": c.opt.n_samples, "stdevs": c.opt.stdevs, "seed": c.opt.seed})
@@ -307,9 +332,15 @@ def occlusion(c: Call) -> MethodResult:
     """Occlusion: ``y_t(x) − y_t(x with one patch / token replaced by the baseline)`` (Captum ``FeatureAblation``)."""
     from captum.attr import FeatureAblation
     a, target, logits = _start(c)
-    attr = FeatureAblation(a.forward).attribute(
-        a.inputs, baselines=reference(c, a), target=target, additional_forward_args=a.args,
-        feature_mask=feature_mask(c, a), perturbations_per_eval=max(1, c.opt.batch_size // a.inputs.shape[0]))
+    ref, mask, ablation = reference(c, a), feature_mask(c, a), FeatureAblation(a.forward)
+
+    def one(i: int) -> Tensor:
+        row = _Row.of(a, i)  # alone: its perturbations are evaluated in the chunks of the sample alone
+        m = mask if a.image else row.cut(mask[i:i + 1])  # images: one mask for all
+        return row.back(ablation.attribute(row.x, baselines=row.cut(ref[i:i + 1]), target=target[i:i + 1],
+                                           additional_forward_args=row.args, feature_mask=m,
+                                           perturbations_per_eval=c.opt.batch_size))
+    attr = _per_sample(c, a, one)
     return _result(c, a, attr, target, logits, per_feature=True, used={"baseline": c.opt.baseline})
 
 
@@ -321,37 +352,75 @@ def kernel_shap(c: Call) -> MethodResult:
     shap = KernelShap(a.forward)
 
     def one(i: int) -> Tensor:
-        m = mask if mask.shape[0] == 1 else mask[i:i + 1]
-        if int(m.max()) == 0:  # one feature: its Shapley value is f(x) − f(reference) (efficiency); Captum's
-            return _whole_input_value(a, ref, target, i)  # kernel weights are undefined for a single feature
-        return shap.attribute(a.inputs[i:i + 1], baselines=ref[i:i + 1], target=target[i:i + 1],
-                              additional_forward_args=a.row(i), feature_mask=m, n_samples=c.opt.n_samples,
-                              perturbations_per_eval=c.opt.batch_size)
+        # a row cut to its features (text), so that its coalitions are those of the row alone
+        row = _Row.of(a, i)
+        r = row.cut(ref[i:i + 1])
+        m = mask if a.image else row.cut(mask[i:i + 1])  # images: one mask for all
+        if int(m.max()) == 0:  # one feature: its Shapley value is f(x) − f(reference) (efficiency);
+            return row.back(_whole_input_value(a.forward, row, r, target[i]))  # Captum's weights are undefined
+        return row.back(shap.attribute(row.x, baselines=r, target=target[i:i + 1],
+                                       additional_forward_args=row.args, feature_mask=m,
+                                       n_samples=c.opt.n_samples, perturbations_per_eval=c.opt.batch_size))
     attr = _per_sample(c, a, one)
     return _result(c, a, attr, target, logits, per_feature=True,
                    used={"baseline": c.opt.baseline, "n_samples": c.opt.n_samples, "seed": c.opt.seed})
 
 
-def _unpadded(a: Attributed, i: int) -> tuple[Tensor, tuple, Optional[int]]:
-    """Sample ``i`` cut to its real tokens where they come first (right padding: positions unchanged), as
-    ``(inputs (1, n, D), its additional arguments, n)``; images and other text as they are (``n = None``)."""
-    x, args = a.inputs[i:i + 1], a.row(i)
-    if a.image or a.mask is None:
-        return x, args, None
-    m = a.mask[i]
-    n = int(m.sum())
-    if n == m.shape[0] or not bool(m[:n].all()):
-        return x, args, None
-    cut = tuple(v[:, :n] if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == m.shape[0] else v
-                for v in args)
-    return x[:, :n], cut, n
+@dataclass
+class _Row:
+    """Sample ``i`` of an :class:`Attributed`, cut to the span of its features where that is the row alone.
+
+    Text: right-padded encoder rows lose their padding (positions unchanged); decoder rows (``cut_anywhere``)
+    are cut to their context — the first to the last feature, padding on either side and the tokens after the
+    read position dropped (position ids follow the mask, so the cut row is the row alone). Images and other
+    text stay as they are (``span = None``).
+
+    Attributes:
+        x: (1, n, D) the cut input (or (1, ...) as is).
+        args: its additional forward arguments, cut alike.
+        span: ``(start, end)`` of the cut in the row, or ``None``.
+        length: T, the row's length before the cut.
+    """
+
+    x: Tensor
+    args: tuple
+    span: Optional[tuple[int, int]]
+    length: int
+
+    @staticmethod
+    def of(a: Attributed, i: int) -> "_Row":
+        x, args = a.inputs[i:i + 1], a.row(i)
+        if a.image or a.mask is None:
+            return _Row(x, args, None, 0)
+        m = a.mask[i].bool()
+        T = m.shape[0]
+        where = torch.nonzero(m).flatten().tolist()
+        if not where:  # no feature at all: nothing to cut to
+            return _Row(x, args, None, T)
+        start, end = (where[0], where[-1] + 1) if a.cut_anywhere else (0, len(where))
+        if (start, end) == (0, T) or not bool(m[start:end].all()):
+            return _Row(x, args, None, T)  # nothing to cut, or features that are not one run
+        row = _Row(x, args, (start, end), T)
+        return _Row(row.cut(x), tuple(row.cut(v) for v in args), (start, end), T)
+
+    def cut(self, v: Any) -> Any:
+        """``v`` (1, T, ...) cut to the span; another value (shared entries, ``None``) as it is."""
+        if self.span is None or not isinstance(v, Tensor) or v.dim() < 2 or v.shape[1] != self.length:
+            return v
+        return v[:, self.span[0]:self.span[1]]
+
+    def back(self, attr: Tensor) -> Tensor:
+        """Attributions of the cut row (1, n, D) padded back with zeros to the row's length (1, T, D)."""
+        if self.span is None:
+            return attr
+        return F.pad(attr, (0, 0, self.span[0], self.length - self.span[1]))
 
 
-def _whole_input_value(a: Attributed, ref: Tensor, target: Tensor, i: int) -> Tensor:
-    """``y_t(x) − y_t(reference)`` of sample ``i``, on every element of its input (1, ...)."""
+def _whole_input_value(forward: Callable[..., Tensor], row: _Row, ref: Tensor, target: Tensor) -> Tensor:
+    """``y_t(x) − y_t(reference)`` of one (cut) row, on every element of its input (1, ...)."""
     with torch.no_grad():
-        x, r = a.inputs[i:i + 1].detach(), ref[i:i + 1]
-        drop = a.forward(x, *a.row(i))[0, target[i]] - a.forward(r, *a.row(i))[0, target[i]]
+        x = row.x.detach()
+        drop = forward(x, *row.args)[0, target] - forward(ref, *row.args)[0, target]
     return torch.full_like(x, float(drop))
 
 

@@ -40,7 +40,8 @@ class MethodSpec:
     options: tuple = ()
     class_agnostic: bool = False
     concept_target: bool = False
-    #: option defaults per modality ("image" | "text"), applied when the user does not set them
+    #: option defaults per modality ("image" | "text" | "decoder"), applied when the user does not set them; a
+    #: decoder LM reads "text" overridden by "decoder" (:func:`defaults_key`)
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Explanation fields the method fills besides scores, target and logits (lrp_core.explanation.OPTIONAL_FIELDS)
     returns: tuple = ()
@@ -51,7 +52,8 @@ class MethodSpec:
     #: by the row minimum (``TokenLayout.readout_minimum``, docs/METHODS.md §5.6); the widgets' product view
     #: reads it here
     readout_minimum: bool = False
-    #: whether it runs on decoder language models (lrp_core.adapters.decoder); the Captum baselines do not yet
+    #: whether it runs on decoder language models (lrp_core.adapters.decoder); every method does today, the flag
+    #: (and :func:`check_model`) is there for one that cannot
     decoders: bool = True
 
     def takes(self, option: str) -> bool:
@@ -59,8 +61,9 @@ class MethodSpec:
 
 
 _LAYER_PRODUCT = ("start_layer", "end_layer")
-#: text's reference input of the Captum baselines: the padding token's embedding
-_TEXT_PAD = {"text": {"baseline": "pad"}}
+#: the reference input of the Captum baselines: text encoders the padding token's embedding; decoder LMs zero
+#: vectors (many decoder configs name no padding token — GPT-2, Llama — and zeros always exist); images zeros
+_TEXT_PAD = {"text": {"baseline": "pad"}, "decoder": {"baseline": "zeros"}}
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Chefer et al. (CVPR 2021): Ā_b = mean_h((∇A_b ⊙ R^{A_b})⁺), C = Π (I + Ā_b)
@@ -107,23 +110,24 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                returns=("pixels", "token_relevance", "conservation", "positional")),
     # --- the field's attribution baselines, computed by Captum at the pixels / word embeddings (lrp_core.baselines)
     # x ⊙ ∂y_t/∂x
-    MethodSpec("input_x_gradient", CB.input_x_gradient, Profile(**GRAPH, **BACKWARD), returns=("pixels",), decoders=False),
+    MethodSpec("input_x_gradient", CB.input_x_gradient, Profile(**GRAPH, **BACKWARD), returns=("pixels",)),
     # Sundararajan et al. (2017): (x − x̄) ⊙ ∫ ∂y_t/∂x along the straight path from the baseline x̄
     MethodSpec("integrated_gradients", CB.integrated_gradients, Profile(**GRAPH, **BACKWARD, batched=True),
                options=("n_steps", "baseline", "batch_size"), defaults=_TEXT_PAD,
-               returns=("pixels", "convergence_delta"), decoders=False),
+               returns=("pixels", "convergence_delta")),
     # Smilkov et al. (2017): input × gradient averaged over noisy copies
     MethodSpec("smoothgrad", CB.smoothgrad, Profile(**GRAPH, **BACKWARD, batched=True),
                options=("n_samples", "stdevs", "seed", "batch_size"),
-               defaults={"image": {"stdevs": 0.6}, "text": {"stdevs": 0.02}}, returns=("pixels",), decoders=False),
+               defaults={"image": {"stdevs": 0.6}, "text": {"stdevs": 0.02}}, returns=("pixels",)),
     # y_t(x) − y_t(x with one patch / token replaced by the baseline)
     MethodSpec("occlusion", CB.occlusion, Profile(**PLAIN, batched=True), options=("baseline", "batch_size"),
-               defaults=_TEXT_PAD, returns=("pixels",), decoders=False),
+               defaults=_TEXT_PAD, returns=("pixels",)),
     # Lundberg & Lee (2017): Shapley values of the patches / tokens from weighted coalitions
     MethodSpec("kernel_shap", CB.kernel_shap, Profile(**PLAIN, batched=True),
                options=("n_samples", "baseline", "seed", "batch_size"),
-               defaults={"image": {"n_samples": 256}, "text": {"n_samples": 256, "baseline": "pad"}},
-               returns=("pixels",), decoders=False),
+               defaults={"image": {"n_samples": 256}, "text": {"n_samples": 256, "baseline": "pad"},
+                         "decoder": {"baseline": "zeros"}},
+               returns=("pixels",)),
 )}
 
 #: Method names in the order the course introduces them.
@@ -170,17 +174,23 @@ def product_norm(method: str, options: Mapping[str, Any]) -> Optional[str]:
     return options.get("rollout_norm") if spec.takes("rollout_norm") else spec.product_norm
 
 
+def defaults_key(adapter: Any) -> str:
+    """The key of :attr:`MethodSpec.defaults` an adapter's calls read: its modality ("image" | "text"), or
+    "decoder" for a decoder LM (whose defaults are "text"'s, overridden by "decoder"'s where given)."""
+    return "decoder" if getattr(adapter, "is_decoder", False) else adapter.modality
+
+
 def check_model(spec: MethodSpec, adapter: Any) -> None:
     """Refuse a method on a kind of model it does not run on (named, with what to use instead)."""
     if getattr(adapter, "is_decoder", False) and not spec.decoders:
         takers = [n for n, s in METHODS.items() if s.decoders]
         raise UnsupportedModelError(
-            f"method {spec.name!r} does not run on decoder language models yet ({type(adapter.model).__name__}): "
-            f"the Captum baselines attribute at encoders' and ViTs' inputs; for a decoder use one of {takers}")
+            f"method {spec.name!r} does not run on decoder language models ({type(adapter.model).__name__}); "
+            f"for a decoder use one of {takers}")
 
 
 def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int, modality: str) -> "M.Options":
-    """Validate ``options`` for ``spec``; fill the method's defaults for ``modality``."""
+    """Validate ``options`` for ``spec``; fill the method's defaults for ``modality`` (:func:`defaults_key`)."""
     unknown = sorted(set(options) - set(O.BY_NAME))
     if unknown:
         raise InputError(f"unknown option(s) {unknown}; {_accepted(spec)}")
@@ -188,7 +198,9 @@ def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int,
     if refused:
         raise InputError(f"method {spec.name!r} does not take option(s) {refused}; {_accepted(spec)}")
     given = {k: v for k, v in options.items() if v is not None or O.BY_NAME[k].none_is_value}
-    for k, v in spec.defaults.get(modality, {}).items():
+    defaults = {**spec.defaults.get("text", {}), **spec.defaults.get("decoder", {})} if modality == "decoder" \
+        else spec.defaults.get(modality, {})
+    for k, v in defaults.items():
         if given.get(k) is None:
             given[k] = v
     values = {o.name: o.check(given.get(o.name, o.default), num_blocks) for o in O.OPTIONS}
@@ -205,4 +217,4 @@ def _accepted(spec: MethodSpec) -> str:
 
 
 __all__ = ["MethodSpec", "METHODS", "METHOD_NAMES", "CLASS_AGNOSTIC", "OPTION_HELP", "GENERIC_OPTIONS", "get",
-           "parse_options", "product_norm", "filled_by"]
+           "parse_options", "defaults_key", "check_model", "product_norm", "filled_by"]

@@ -109,7 +109,7 @@ def test_quick_markdown_has_one_row_per_case_and_method(capsys, tmp_path):
 
 def test_quick_decoders_run_every_decoder_method(capsys):
     """``--quick --decoders``: tiny-llama at 1 × 32 and 2 × 32, the baseline and every method that runs on decoders
-    (the Captum baselines, refused on decoders, get no rows)."""
+    (all of them, the Captum baselines included)."""
     rows = bench.main(["--quick", "--decoders", "--repeat", "1", "--threads", "1", "--ablation-max", "40"])
     assert [(r["batch"], r["tokens"], r["method"]) for r in rows] == [
         (b, 32, m) for b in (1, 2) for m in (BASELINE,) + tuple(DECODER_METHODS)]

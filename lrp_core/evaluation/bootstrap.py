@@ -29,7 +29,9 @@ from ..metrics import pooled_miou
 
 PAPER_BASELINES = ("rollout", "raw_attention", "lrp", "partial_lrp", "attention_gradcam",
                    "generic_attention", "attnlrp", "cp_lrp")
-"""Methods the reference is compared with (those present in a run)."""
+"""The rows that come first, in this order (the paper's comparisons); every other method of the run follows in
+the run's order, then ``random``. (Before, only these were compared: methods added later — token_ablation, cdam,
+pa_lrp, the Captum baselines — had no interval row.)"""
 IMAGE_COLUMNS = {"pos AUC pred ↓": "positive_predicted_auc_per_image",
                  "neg AUC pred ↑": "negative_predicted_auc_per_image",
                  "pos AUC target ↓": "positive_target_auc_per_image",
@@ -99,8 +101,7 @@ def comparison_table(curves: dict[str, dict[str, list]], reference: str = "trans
     cols = [c for c, key in spec.items() if key in curves[reference]]
     lines = [f"| {reference} − method | " + " | ".join(cols) + " |",
              "|---|" + "---|" * len(cols)]
-    for m in [m for m in PAPER_BASELINES if m in curves and m != reference] + \
-            [m for m in ("random",) if m in curves]:
+    for m in compared(curves, reference):
         cells = []
         for c in cols:
             key = spec[c]
@@ -117,6 +118,14 @@ def comparison_table(curves: dict[str, dict[str, list]], reference: str = "trans
             cells.append(f"{mean:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def compared(curves: dict, reference: str) -> list[str]:
+    """The methods of a run the reference is compared with: every one but the reference, the paper's first
+    (:data:`PAPER_BASELINES`), then the others in the run's order, ``random`` last."""
+    others = [m for m in curves if m not in (reference, "random")]
+    first = [m for m in PAPER_BASELINES if m in others]
+    return first + [m for m in others if m not in first] + [m for m in ("random",) if m in curves]
 
 
 def _floats(v: Sequence[Any]) -> list[float]:

@@ -28,6 +28,15 @@ def test_table_rows_for_present_baselines():
     assert "| rollout | +0.00 [+0.00, +0.00] | +0.000 [+0.000, +0.000] |" in t
 
 
+def test_every_method_of_the_run_gets_a_row_paper_baselines_first_random_last():
+    """token_ablation, cdam, pa_lrp and the Captum baselines were once left out of the table."""
+    names = ("transformer_attribution", "kernel_shap", "token_ablation", "attnlrp", "cdam", "rollout", "pa_lrp",
+             "random")
+    c = {m: {"evidence_ap_per_prompt": [float(i), 1.0, 0.5]} for i, m in enumerate(names)}
+    rows = [line.split(" | ")[0][2:] for line in comparison_table(c, kind="lm").splitlines()[2:]]
+    assert rows == ["rollout", "attnlrp", "kernel_shap", "token_ablation", "cdam", "pa_lrp", "random"]
+
+
 def test_swapping_the_methods_negates_the_interval():
     rng = np.random.default_rng(2)
     a, b = rng.normal(size=80), rng.normal(size=80)
