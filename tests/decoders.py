@@ -63,6 +63,17 @@ def _config(family: str, attn: str, **overrides):
     return getattr(transformers, FAMILIES[family][3])(**kw)
 
 
+#: Small settings for the Captum baselines in the loops over every decoder method: the properties those loops test
+#: (each row its own map, the model untouched, families equal) do not depend on the number of integration steps,
+#: noisy copies or coalitions, and the defaults (50 / 16 / 256 per sample) make the loops minutes long.
+QUICK = {"integrated_gradients": {"n_steps": 4}, "smoothgrad": {"n_samples": 3}, "kernel_shap": {"n_samples": 16}}
+
+
+def quick(method: str) -> dict:
+    """The options a loop over every decoder method passes to ``method`` (:data:`QUICK`; none for the rest)."""
+    return dict(QUICK.get(method, {}))
+
+
 def perturb(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Every parameter random (norm weights around 1, so they are not all ones), deterministically."""
     g = torch.Generator().manual_seed(seed)

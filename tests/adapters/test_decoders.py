@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from decoders import batch, make_decoder, model_logits, rows  # noqa: E402
+from decoders import batch, make_decoder, model_logits, quick, rows  # noqa: E402
 
 import lrp_core  # noqa: E402
 from lrp_core import composites as C  # noqa: E402
@@ -83,12 +83,12 @@ def test_every_method_left_right_alone(family, head):
     seqs = rows()
     left, right = batch(seqs, "left"), batch(seqs, "right")
     for method in DECODER_METHODS:
-        el, er = (lrp_core.explain(model, b, method=method) for b in (left, right))
+        el, er = (lrp_core.explain(model, b, method=method, **quick(method)) for b in (left, right))
         for exp, inputs in ((el, left), (er, right)):
             assert exp.scores.shape == inputs["input_ids"].shape
             assert (exp.scores[inputs["attention_mask"] == 0] == 0).all(), method
         for i, s in enumerate(seqs):
-            one = lrp_core.explain(model, batch([s]), method=method).scores[0]
+            one = lrp_core.explain(model, batch([s]), method=method, **quick(method)).scores[0]
             scale = one.abs().max().clamp(min=1e-12)
             for exp, inputs in ((el, left), (er, right)):
                 assert float((_real(exp.scores, inputs, i) - one).abs().max() / scale) < TOL, (method, i)
@@ -99,7 +99,7 @@ def test_model_untouched_and_targets():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     inputs = batch(rows(), "left")
     for method in DECODER_METHODS:
-        lrp_core.explain(model, inputs, method=method)
+        lrp_core.explain(model, inputs, method=method, **quick(method))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not model.training and all(p.grad is None for p in model.parameters())
     exp = lrp_core.explain(model, inputs, method="cp_lrp", target=[5, 6, 7])

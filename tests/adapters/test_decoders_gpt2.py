@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoders import batch, make_decoder, model_logits, rows
+from decoders import batch, make_decoder, model_logits, quick, rows
 from lrp_core import METHODS, Contrast, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.adapters.gpt2 import Conv1DLinear, GPT2Adapter
@@ -56,10 +56,10 @@ def test_every_method_gives_each_row_its_own_map_padded_left_right_or_alone(fami
     model = make_decoder(family, attn="sdpa", head=head)
     seqs = rows()
     for method in DECODER_METHODS:
-        alone = [explain(model, {"input_ids": s[None]}, method=method).scores[0] for s in seqs]
+        alone = [explain(model, {"input_ids": s[None]}, method=method, **quick(method)).scores[0] for s in seqs]
         for side in ("left", "right"):
             inputs = batch(seqs, side)
-            exp = explain(model, inputs, method=method)
+            exp = explain(model, inputs, method=method, **quick(method))
             mask = inputs["attention_mask"].bool()
             assert exp.scores.shape == mask.shape and torch.isfinite(exp.scores).all(), (method, side)
             assert (exp.scores[~mask] == 0).all(), (method, side, "padding scores 0")
@@ -144,7 +144,7 @@ def test_model_is_untouched(family, head):
     inputs = batch(rows(), "left")
     before = _state(model)
     for method in DECODER_METHODS:
-        explain(model, inputs, method=method)
+        explain(model, inputs, method=method, **quick(method))
         _assert_same(before, _state(model))
 
 
