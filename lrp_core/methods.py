@@ -132,6 +132,12 @@ def one_hot(logits: Tensor, target: Tensor) -> Tensor:
     return torch.zeros_like(logits).scatter_(1, target[:, None], 1.0)
 
 
+def _product_scores(c: Call, layers: Tensor, start: int, stop: Optional[int] = None, norm: str = "none") -> Tensor:
+    """Token scores from the readout's row of ``Π (I + Ā_b)`` over blocks ``start … stop`` of ``layers``
+    (B, L, N, N), carried as a vector (:func:`~lrp_core.rollout.accumulate_row`); scored tokens only."""
+    return c.layout.scores(accumulate_row(layers, c.readout.weights(layers.shape[-1]), start, stop, norm=norm))
+
+
 def _readout_scores(c: Call, M: Tensor) -> Tensor:
     """Token scores from a token-mixing matrix M (B, N, N): the readout's row, scored tokens only."""
     return c.layout.scores(c.readout.row(M))
@@ -244,8 +250,7 @@ def transformer_attribution(c: Call) -> MethodResult:
         rel.attn = None
         layers, heads = _layers_result(kept, L, s, opt.keep_heads)
         del kept
-        w = c.readout.weights(layers.shape[-1])
-        scores = c.layout.readout_minimum(c.layout.scores(accumulate_row(layers, w, s, end, norm=opt.rollout_norm)))
+        scores = c.layout.readout_minimum(_product_scores(c, layers, s, end, norm=opt.rollout_norm))
     return MethodResult(
         scores=scores, target=target, logits=logits, layers=layers, layers_per_head=heads,
         token_relevance=rel.tokens,
@@ -285,7 +290,7 @@ def generic_attention(c: Call) -> MethodResult:
     with torch.no_grad():
         layers, heads = _layers_result(kept, L, s, c.opt.keep_heads)
         del kept
-        scores = c.layout.scores(accumulate_row(layers, c.readout.weights(layers.shape[-1]), s))
+        scores = _product_scores(c, layers, s)
     return MethodResult(scores=scores, target=target, logits=logits, layers=layers,
                         layers_per_head=heads, used={"start_layer": s})
 
@@ -302,8 +307,8 @@ def rollout(c: Call) -> MethodResult:
     trace, target, attns = _attention_only(c)
     layers = _stack([A.mean(dim=1) for A in attns])
     # the readout row of the product, carried as a vector (O(N²) per block, not the N×N product's O(N³))
-    row = accumulate_row(layers, c.readout.weights(layers.shape[-1]), c.opt.start_layer, c.opt.end_layer, norm="row")
-    return MethodResult(scores=c.layout.scores(row), target=target, logits=trace.logits, layers=layers,
+    scores = _product_scores(c, layers, c.opt.start_layer, c.opt.end_layer, norm="row")
+    return MethodResult(scores=scores, target=target, logits=trace.logits, layers=layers,
                         layers_per_head=_stack(attns) if c.opt.keep_heads else None,
                         used={"start_layer": c.opt.start_layer})
 
