@@ -79,12 +79,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         run = evaluate(a.model, a.methods, a.n, a.batch_size, a.seed, a.data, a.split,
                        a.text_target, progress=not a.quiet and shard.rank == 0,
                        baseline=not a.no_baseline, device=device, shard=shard)
+        if run is not None:  # rank 0 (or alone) writes the results; the other ranks are done
+            _report(run, a, argv, shard)
     except LRPError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if run is None:  # not rank 0: the results are rank 0's to write
-        shards.leave()
-        return 0
+    finally:
+        shards.leave()  # on every path: a group left to interpreter shutdown can abort the process
+    return 0
+
+
+def _report(run: dict, a: argparse.Namespace, argv: Optional[Sequence[str]], shard: shards.Shard) -> None:
+    """Print the table of a finished run and, with ``--out``, write its files."""
     run["device"] = a.device  # as asked (rank 0 of a torchrun holds cuda:0 of "cuda")
     extra = f", clean accuracy {run['accuracy']:.3f}" if "accuracy" in run else ""
     procs = f", {shard.world} processes" if shard.world > 1 else ""
@@ -97,8 +103,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for path in write_run(run, a.out, command):
             print(f"wrote {path}")
         shard.finish()
-    shards.leave()
-    return 0
 
 
 def _columns(kind: str) -> Optional[list[str]]:

@@ -211,12 +211,22 @@ def from_environment(device: str, backend: str = "auto") -> tuple[Shard, str]:
     if backend not in ("gloo", "nccl"):
         raise InputError(f"unknown backend {backend!r}; choose auto, gloo or nccl")
     if not dist.is_initialized():
+        # torch.distributed.nn.functional takes ``group.WORLD`` as a default argument when it is
+        # first imported (model code imports it through torch._dynamo). Imported after the group
+        # exists, those defaults hold the group for good: destroy_process_group then leaves its
+        # gloo threads running into interpreter shutdown, where freeing a gathered tensor aborts
+        # the process (SIGABRT, about 1 run in 50). Imported first, the defaults are None.
+        import torch.distributed.nn  # noqa: F401
         dist.init_process_group(backend=backend, timeout=GROUP_TIMEOUT)
     return Shard(rank=rank, world=world), device
 
 
 def leave() -> None:
-    """Leave the process group (if this process joined one)."""
+    """Leave the process group (if this process joined one).
+
+    Nothing else may hold the group: then destroying it here joins its worker
+    threads while Python is still running (see :func:`from_environment`).
+    """
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
