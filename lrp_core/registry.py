@@ -63,7 +63,7 @@ class MethodSpec:
 _LAYER_PRODUCT = ("start_layer", "end_layer")
 #: the reference input of the Captum baselines: text encoders the padding token's embedding; decoder LMs zero
 #: vectors (many decoder configs name no padding token — GPT-2, Llama — and zeros always exist); images zeros
-_TEXT_PAD = {"text": {"baseline": "pad"}, "decoder": {"baseline": "zeros"}}
+_REFERENCE = {"text": {"baseline": "pad"}, "decoder": {"baseline": "zeros"}}
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Chefer et al. (CVPR 2021): Ā_b = mean_h((∇A_b ⊙ R^{A_b})⁺), C = Π (I + Ā_b)
@@ -113,7 +113,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     MethodSpec("input_x_gradient", CB.input_x_gradient, Profile(**GRAPH, **BACKWARD), returns=("pixels",)),
     # Sundararajan et al. (2017): (x − x̄) ⊙ ∫ ∂y_t/∂x along the straight path from the baseline x̄
     MethodSpec("integrated_gradients", CB.integrated_gradients, Profile(**GRAPH, **BACKWARD, batched=True),
-               options=("n_steps", "baseline", "batch_size"), defaults=_TEXT_PAD,
+               options=("n_steps", "baseline", "batch_size"), defaults=_REFERENCE,
                returns=("pixels", "convergence_delta")),
     # Smilkov et al. (2017): input × gradient averaged over noisy copies
     MethodSpec("smoothgrad", CB.smoothgrad, Profile(**GRAPH, **BACKWARD, batched=True),
@@ -121,12 +121,12 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                defaults={"image": {"stdevs": 0.6}, "text": {"stdevs": 0.02}}, returns=("pixels",)),
     # y_t(x) − y_t(x with one patch / token replaced by the baseline)
     MethodSpec("occlusion", CB.occlusion, Profile(**PLAIN, batched=True), options=("baseline", "batch_size"),
-               defaults=_TEXT_PAD, returns=("pixels",)),
+               defaults=_REFERENCE, returns=("pixels",)),
     # Lundberg & Lee (2017): Shapley values of the patches / tokens from weighted coalitions
     MethodSpec("kernel_shap", CB.kernel_shap, Profile(**PLAIN, batched=True),
                options=("n_samples", "baseline", "seed", "batch_size"),
-               defaults={"image": {"n_samples": 256}, "text": {"n_samples": 256, "baseline": "pad"},
-                         "decoder": {"baseline": "zeros"}},
+               defaults={"image": {"n_samples": 256}, "text": {"n_samples": 256, **_REFERENCE["text"]},
+                         "decoder": _REFERENCE["decoder"]},
                returns=("pixels",)),
 )}
 
