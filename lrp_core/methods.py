@@ -204,6 +204,18 @@ class _TopDownGradients:
         return grads[0]
 
 
+def _attention_gradients(trace: Trace, y: Tensor, start: int) -> Callable[[int], Tensor]:
+    """``grad_of(b)``: (B, H, N, N) ∂y/∂A_b for blocks ``start … L−1``, each asked for once, top-down.
+
+    On a plain stack the backward is split per block (:class:`_TopDownGradients`: one block's gradient
+    alive at a time); otherwise one backward makes them all, and each is dropped as it is handed out.
+    """
+    if _TopDownGradients.applies(trace):
+        return _TopDownGradients(trace, y, start)
+    blocks = range(start, len(trace.blocks))
+    return dict(zip(blocks, torch.autograd.grad(y, [trace.attention(b) for b in blocks]))).pop
+
+
 def transformer_attribution(c: Call) -> MethodResult:
     """Chefer et al. (CVPR 2021): gradient-weighted relevance of the attention maps, multiplied over blocks.
 
@@ -217,15 +229,10 @@ def transformer_attribution(c: Call) -> MethodResult:
     end = L - 1 if opt.end_layer is None else opt.end_layer
     trace = c.forward(grad=opt.use_gradient)
     target = c.resolve(trace.logits.detach())
-    if not opt.use_gradient:
-        weights = [trace.attention(b).detach() for b in range(s, L)]
-        grad_of = lambda b: weights[b - s]  # noqa: E731
-    elif _TopDownGradients.applies(trace):
-        grad_of = _TopDownGradients(trace, c.output(trace.logits, target).sum(), s)
-    else:  # not a plain stack: one backward for every block's gradient
-        y = c.output(trace.logits, target).sum()
-        weights = list(torch.autograd.grad(y, [trace.attention(b) for b in range(s, L)]))
-        grad_of = lambda b: weights[b - s]  # noqa: E731
+    if opt.use_gradient:
+        grad_of = _attention_gradients(trace, c.output(trace.logits, target).sum(), s)
+    else:  # the maps themselves weigh the relevance, each dropped once used
+        grad_of = {b: trace.attention(b).detach() for b in range(s, L)}.pop
     logits = trace.logits.detach()
     kept: dict = {}
 
@@ -235,9 +242,8 @@ def transformer_attribution(c: Call) -> MethodResult:
             w = grad_of(b)
         if opt.use_gradient:  # a fresh gradient, ours alone: the product is formed in it, no H·N² temporary
             per_head = w.mul_(R_A).clamp_(min=0)
-        else:
+        else:  # the attention map itself: not ours to change
             per_head = (w * R_A).clamp_(min=0)
-            weights[b - s] = None
         del w
         kept[b] = per_head if opt.keep_heads else per_head.mean(dim=1)
 
@@ -271,11 +277,7 @@ def generic_attention(c: Call) -> MethodResult:
     target = c.resolve(trace.logits.detach())
     y = c.output(trace.logits, target).sum()
     attns = {b: trace.attention(b) for b in range(s, L)}
-    if _TopDownGradients.applies(trace):
-        grad_of = _TopDownGradients(trace, y, s)
-    else:  # not a plain stack: one backward for every block's gradient
-        grads = dict(zip(range(s, L), torch.autograd.grad(y, list(attns.values()))))
-        grad_of = grads.pop
+    grad_of = _attention_gradients(trace, y, s)
     logits = trace.logits.detach()
     del trace, y  # the graph lives on in grad_of's block outputs, freed block by block
     kept = {}

@@ -105,3 +105,21 @@ def test_gradients_are_handed_out_top_down_only():
     with pytest.raises(LRPError, match="top-down: block 1 next, asked for 0"):
         grads(0)
     assert grads(1).shape == trace.attention(1).shape
+
+
+@pytest.mark.parametrize("method", ["transformer_attribution", "generic_attention"])
+@pytest.mark.parametrize("options", [{}, {"keep_heads": True}, {"start_layer": 1}])
+def test_one_backward_for_all_blocks_gives_the_split_backwards_maps(monkeypatch, method, options):
+    """A model that is not a plain stack gets every ∂y/∂A_b from one backward: the same maps, float64."""
+    from lrp_core.methods import _TopDownGradients
+    model = make_tiny_vit().double()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    split = explain(model, x, method=method, **options)
+    monkeypatch.setattr(_TopDownGradients, "applies", staticmethod(lambda trace: False))
+
+    def not_split(*args):
+        raise AssertionError("the split backward ran")
+    monkeypatch.setattr(_TopDownGradients, "__init__", not_split)
+    whole = explain(model, x, method=method, **options)
+    assert _rel(whole.scores, split.scores) <= TOL
+    assert _rel(whole.layers, split.layers) <= TOL
