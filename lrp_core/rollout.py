@@ -1,9 +1,10 @@
 """Aggregating per-block token-mixing matrices into one map.
 
 Every layer-product method (rollout, transformer attribution, generic
-attention) turns its per-block matrices Ā_b (B, N, N) into one (B, N, N)
-matrix by multiplying (I + Ā_b) over blocks; they differ in what Ā_b is and in
-whether each factor is row-normalised.
+attention) multiplies (I + Ā_b) over blocks; they differ in what Ā_b (B, N, N)
+is and in whether each factor is row-normalised. :func:`accumulate` forms the
+(B, N, N) product (the course and the widgets' partial products);
+the methods read only the readout's row of it, :func:`accumulate_row`.
 """
 from __future__ import annotations
 
@@ -84,19 +85,4 @@ def accumulate_row(layers: Sequence[Tensor] | Tensor, w: Tensor, start: int = 0,
     return v[:, 0]
 
 
-def accumulate_residual(layers: Sequence[Tensor] | Tensor, start: int = 0) -> Tensor:
-    """Generic attention's update ``R ← R + Ā_b·R`` from ``R = I`` (forward order).
-
-    Mathematically ``accumulate(layers, start, norm="none")``; written as the
-    update rule of Chefer et al. (ICCV 2021) so that round-off matches it.
-    """
-    if isinstance(layers, Tensor):
-        layers = layers.unbind(dim=1)
-    B, N, _ = layers[0].shape
-    R = torch.eye(N, dtype=layers[0].dtype, device=layers[0].device).expand(B, N, N).clone()
-    for layer in layers[start:]:
-        R = R + torch.bmm(layer, R)
-    return R
-
-
-__all__ = ["accumulate", "accumulate_row", "accumulate_residual", "NORMS"]
+__all__ = ["accumulate", "accumulate_row", "NORMS"]
