@@ -157,7 +157,7 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
 
     with torch.no_grad():
         embeds = adapter.embed(prepared).embeds.detach()
-    decoder = bool(getattr(adapter, "is_decoder", False))
+    decoder = adapter.is_decoder
     # a decoder's features are the context of the prediction read (the layout's mask), an encoder's its real tokens
     features = adapter.layout(prepared).mask if decoder else prepared["attention_mask"]
     return Attributed(forward, embeds, tuple(prepared[k] for k in keys) + (negative,), features, module,
