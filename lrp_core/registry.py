@@ -177,12 +177,12 @@ def product_norm(method: str, options: Mapping[str, Any]) -> Optional[str]:
 def defaults_key(adapter: Any) -> str:
     """The key of :attr:`MethodSpec.defaults` an adapter's calls read: its modality ("image" | "text"), or
     "decoder" for a decoder LM (whose defaults are "text"'s, overridden by "decoder"'s where given)."""
-    return "decoder" if getattr(adapter, "is_decoder", False) else adapter.modality
+    return "decoder" if adapter.is_decoder else adapter.modality
 
 
 def check_model(spec: MethodSpec, adapter: Any) -> None:
     """Refuse a method on a kind of model it does not run on (named, with what to use instead)."""
-    if getattr(adapter, "is_decoder", False) and not spec.decoders:
+    if adapter.is_decoder and not spec.decoders:
         takers = [n for n, s in METHODS.items() if s.decoders]
         raise UnsupportedModelError(
             f"method {spec.name!r} does not run on decoder language models ({type(adapter.model).__name__}); "
