@@ -42,7 +42,7 @@ RUN if [ -n "${HUB_PACKAGES}" ]; then \
 ENV PATH=${LAB}/.venv/bin:${PATH} \
     OMP_NUM_THREADS=1 \
     RELEVANCE_LAB_CACHE=${LAB}/.cache/relevance-lab
-RUN python -m lrp_core.doctor --quick \
+RUN python -m lrp_core.tools.doctor --quick \
  && python -c "from lrp_core.models import load; load('dinov2-s14'); load('dinov2-scenes')"
 
 EXPOSE 8888

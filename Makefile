@@ -58,13 +58,13 @@ answers: $(STAMP)
 # The scaling table (about an hour on 2 cores; BENCH_ARGS="--threads 1" etc. to tune) and the short run.
 BENCH_ARGS ?=
 bench: $(STAMP)
-	$(BIN)/python -m lrp_core.bench --json results/bench.json --markdown $(BENCH_ARGS)
+	$(BIN)/python -m lrp_core.tools.bench --json results/bench.json --markdown $(BENCH_ARGS)
 
 bench-quick: $(STAMP)
-	$(BIN)/python -m lrp_core.bench --quick $(BENCH_ARGS)
+	$(BIN)/python -m lrp_core.tools.bench --quick $(BENCH_ARGS)
 
 evaluate: $(STAMP)
-	$(BIN)/python -m lrp_core.evaluate --model toy-vit --methods all --n 500 --out results/toy-vit.json
+	$(BIN)/python -m lrp_core.evaluation --model toy-vit --methods all --n 500 --out results/toy-vit.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -2,9 +2,9 @@
 ``attention_parts``.
 
 Each call only wires the seams together: the adapter (:mod:`lrp_core.adapters`: validation, modality,
-readout, what is per sample), the method registry and its options (:mod:`lrp_core.registry`), the
-targets (:mod:`lrp_core.targets`), the pieces a batch is explained in (:mod:`lrp_core.pieces`) and
-the model guard (:mod:`lrp_core.guard`).
+readout, what is per sample), the method registry and its options (:mod:`lrp_core.methods.registry`), the
+targets (:mod:`lrp_core.methods.targets`), the pieces a batch is explained in (:mod:`lrp_core.runtime.pieces`) and
+the model guard (:mod:`lrp_core.runtime.guard`).
 """
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import pieces, registry
+from .runtime import pieces
+from .methods import registry
 from .adapters import get_adapter
-from .composites import TRANSFORMER_ATTRIBUTION
+from .rules.composites import TRANSFORMER_ATTRIBUTION
 from .errors import InputError
 from .explanation import Explanation, result_fields
-from .guard import model_guard, public_call
-from .methods import Call, ConceptTarget, Contrast, one_hot
-from .targets import Target, goal, resolver
+from .runtime.guard import model_guard, public_call
+from .methods.call import Call, ConceptTarget, Contrast, one_hot
+from .methods.targets import Target, goal, resolver
 
 #: Every method ``explain`` knows, in the order the course introduces them.
 METHODS: tuple[str, ...] = registry.METHOD_NAMES
@@ -35,14 +36,14 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     Args:
         model: a supported model (:data:`lrp_core.adapters.SUPPORTED`), also inside ``torch.compile`` /
             ``DataParallel`` / ``DistributedDataParallel``. What the call changes (through the user's hooks) is
-            undone; what other threads change meanwhile stays (:mod:`lrp_core.guard`). Forward hooks on
+            undone; what other threads change meanwhile stays (:mod:`lrp_core.runtime.guard`). Forward hooks on
             modules the replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`.
             The call works the same inside ``torch.no_grad()`` and ``torch.inference_mode()``.
         inputs: images (B, 3, H, W) float (another float dtype is cast to the model's), or a tokenizer output
             with ``input_ids`` and a 0/1 ``attention_mask``.
         method: one of :data:`METHODS`.
         target: ``None`` (argmax per sample), an int (Python or NumPy), a sequence / array of B ints, an integer
-            tensor (B,) — floats and bools are refused (:mod:`lrp_core.targets`),
+            tensor (B,) — floats and bools are refused (:mod:`lrp_core.methods.targets`),
             ``Contrast(positive, negative)`` (explain ``y_positive − y_negative``: "this class rather than that
             one"), or — for methods that take one (``cdam``) — a :class:`ConceptTarget` from
             :func:`concept_target`.

@@ -7,7 +7,7 @@ built from it; :class:`Explanation` declares the same fields (checked at import)
 and ``Explanation.__getitem__``, the merge of pieces (``lrp_core.pieces.merge``)
 and ``explain``'s hand-over (:func:`result_fields`) loop over it. Which
 method fills which optional field is ``MethodSpec.returns`` in
-:mod:`lrp_core.registry` (:func:`lrp_core.registry.filled_by`).
+:mod:`lrp_core.methods.registry` (:func:`lrp_core.registry.filled_by`).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import numpy as np
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("meta", help="the <out>.meta.json written by python -m lrp_core.evaluate")
+    p.add_argument("meta", help="the <out>.meta.json written by python -m lrp_core.evaluation")
     p.add_argument("--reference", default="transformer_attribution")
     p.add_argument("--resamples", type=int, default=2000)
     a = p.parse_args()

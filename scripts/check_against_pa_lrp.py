@@ -174,7 +174,7 @@ def _rmsnorm_float64(on: bool):
         yield
         return
     from transformers.models.llama import modeling_llama
-    from lrp_core import gradient_rules
+    from lrp_core.rules.functional import gradient as gradient_rules
     old_hf, old_rule = modeling_llama.LlamaRMSNorm.forward, gradient_rules.DetachedRMSNorm.forward
 
     def hf(self, x):
@@ -327,7 +327,7 @@ def reference_deit(args, model, x, targets, opts: dict) -> dict:
 @contextlib.contextmanager
 def _identity_rule_eps(value: Optional[float]):
     """The identity rule's stabiliser (``f(x) / (x + 1e-10)`` at GELU) set to ``value`` for one comparison."""
-    from lrp_core import gradient_rules
+    from lrp_core.rules.functional import gradient as gradient_rules
     old = gradient_rules.IDENTITY_RULE_EPS
     gradient_rules.IDENTITY_RULE_EPS = old if value is None else value
     try:

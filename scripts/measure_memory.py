@@ -1,4 +1,4 @@
-"""Measure the peak memory of one ``explain`` call and compare it with ``lrp_core.memory``'s estimate.
+"""Measure the peak memory of one ``explain`` call and compare it with ``lrp_core.runtime.memory``'s estimate.
 
     python scripts/measure_memory.py --family bert --width 256 --blocks 4 --tokens 128 --batch 2 \\
         --method transformer_attribution [--dtype float64] [--json]
@@ -83,7 +83,7 @@ def rss_bytes() -> int:
 def peak_bytes() -> int:
     """The process's peak resident set size: ``VmHWM`` (this process's own, unlike ``ru_maxrss``, which Linux
     carries over from the parent across ``exec``), else ``ru_maxrss``."""
-    from lrp_core.utils import proc_kib
+    from lrp_core.runtime.utils import proc_kib
 
     kib = proc_kib("/proc/self/status", "VmHWM")
     return (kib if kib is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -103,7 +103,8 @@ def measure_here(a) -> dict:
     """Measure in this process (called in a fresh one)."""
     import torch
     torch.set_num_threads(a.threads)
-    from lrp_core import explain, memory
+    from lrp_core import explain
+from lrp_core.runtime import memory
     from lrp_core.adapters import get_adapter
     dtype = getattr(torch, a.dtype)
     model, batch = build(a.family, a.width, a.blocks, a.heads, a.tokens)

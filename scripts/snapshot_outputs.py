@@ -42,6 +42,12 @@ RUNS: list[tuple[str, dict]] = [
     ("transformer_attribution", {}),
     ("attnlrp", {}),
     ("cp_lrp", {}),
+    ("pa_lrp", {}),
+    ("input_x_gradient", {}),
+    ("integrated_gradients", {"n_steps": 4}),
+    ("smoothgrad", {"n_samples": 3, "seed": 0}),
+    ("occlusion", {}),
+    ("kernel_shap", {"n_samples": 16, "seed": 0}),
 ]
 
 
@@ -79,6 +85,11 @@ def _cases() -> Iterator[tuple[str, Callable[[], tuple[torch.nn.Module, Any]]]]:
 
     yield "toy-vit", toy
     yield "minilm-sentiment", minilm
+
+    from decoders import FAMILIES, batch, make_decoder, rows
+    for family in FAMILIES:
+        yield f"{family}-causal", lambda family=family: (make_decoder(family), batch(rows(), "left"))
+    yield "llama-seq", lambda: (make_decoder("llama", head="seq"), batch(rows(), "right"))
 
 
 def _unfused(model):

@@ -15,7 +15,7 @@ def test_methods_list_is_the_contract():
 
 
 def test_an_option_the_method_does_not_take_is_refused(tiny_vit, images):
-    from lrp_core import registry
+    from lrp_core.methods import registry
     with pytest.raises(InputError, match=r"'rollout' does not take option\(s\) \['use_gradient'\]; "
                                          r"method 'rollout' accepts: start_layer"):
         explain(tiny_vit, images, method="rollout", use_gradient=False)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lrp_core import explain
-from lrp_core.composites import ATTNLRP, CP_LRP, MATMUL_QK, HalvedGradient, IdentityRule
+from lrp_core.rules.composites import ATTNLRP, CP_LRP, MATMUL_QK, HalvedGradient, IdentityRule
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lxt"
 METHODS = ("attnlrp", "cp_lrp")

@@ -1,4 +1,4 @@
-"""The Captum baselines (lrp_core/baselines.py): each equals Captum called directly on the same forward function.
+"""The Captum baselines (lrp_core/methods/baselines.py): each equals Captum called directly on the same forward function.
 
 Every check runs in float64 on tiny random models (timm ViT, Hugging Face ViT, CLIP's image side, BERT). The
 references below build their own baselines and feature masks by hand — only the forward function is shared,
@@ -13,10 +13,11 @@ from conftest import make_tiny_bert, make_tiny_vit
 from test_api import _assert_same, _state
 from tiny_clip import make_clip
 
-from lrp_core import Contrast, InputError, explain, registry
+from lrp_core import Contrast, InputError, explain
+from lrp_core.methods import registry
 from lrp_core.adapters import get_adapter
-from lrp_core.baselines import CAPTUM_METHODS, forward_function, gaussian_blur
-from lrp_core.methods import Call
+from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function, gaussian_blur
+from lrp_core.methods.call import Call
 
 #: small settings so that the suite stays fast; batch_size 8 makes Captum split its passes
 FAST = {"integrated_gradients": {"n_steps": 20, "batch_size": 8}, "smoothgrad": {"n_samples": 6, "batch_size": 4},

@@ -1,4 +1,4 @@
-"""The Captum baselines on decoder language models (lrp_core/baselines.py, docs/METHODS.md §2d).
+"""The Captum baselines on decoder language models (lrp_core/methods/baselines.py, docs/METHODS.md §2d).
 
 Tiny random decoders (tests/decoders.py) in float64. What is explained is the logit at each row's read position;
 the features are the row's context tokens (its real tokens up to the one read). The references call Captum
@@ -15,9 +15,10 @@ from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients, Ke
 from decoders import batch, make_decoder, model_logits, rows
 from test_api import _assert_same, _state
 
-from lrp_core import Contrast, InputError, explain, registry
+from lrp_core import Contrast, InputError, explain
+from lrp_core.methods import registry
 from lrp_core.adapters import get_adapter
-from lrp_core.baselines import CAPTUM_METHODS, forward_function
+from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function
 from lrp_core.errors import UnsupportedModelError
 
 #: small settings so that the suite stays fast; the batch sizes make Captum split its passes

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from lrp_core import bench
+from lrp_core.tools import bench
 from lrp_core.api import METHODS
-from lrp_core.bench import BASELINE, Case, Settings
-from lrp_core.registry import DECODER_METHODS
+from lrp_core.tools.bench import BASELINE, Case, Settings
+from lrp_core.methods.registry import DECODER_METHODS
 
 FAST = Settings(repeat=1, budget=5.0, threads=1, ablation_max=20)
 

@@ -5,10 +5,11 @@ import dataclasses
 
 import pytest
 
-from lrp_core import InputError, explain, registry
+from lrp_core import InputError, explain
+from lrp_core.methods import registry
 from lrp_core.explanation import OPTIONAL_FIELDS, RESULT_FIELDS, Explanation
-from lrp_core.methods import MethodResult, Options
-from lrp_core.options import OPTIONS
+from lrp_core.methods.call import MethodResult, Options
+from lrp_core.methods.options import OPTIONS
 
 
 def test_options_defaults_and_help_come_from_the_declarations():

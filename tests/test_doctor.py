@@ -1,4 +1,4 @@
-"""``python -m lrp_core.doctor``: verifies an installation before a workshop, offline."""
+"""``python -m lrp_core.tools.doctor``: verifies an installation before a workshop, offline."""
 from __future__ import annotations
 
 import os
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from lrp_core import doctor
+from lrp_core.tools import doctor
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "CI": "true", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "lrp_core.doctor", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "lrp_core.tools.doctor", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -7,8 +7,8 @@ import torch
 
 import lrp_core
 from lrp_core.errors import InputError
-from lrp_core.generation import explain_generation, greedy_continuation
-from lrp_core.methods import Contrast
+from lrp_core.methods.generation import explain_generation, greedy_continuation
+from lrp_core.methods.call import Contrast
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
 from decoders import FAMILIES, make_decoder
 from decoders import batch as decoder_batch, rows as decoder_rows

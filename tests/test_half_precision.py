@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from lrp_core import METHODS, attention_parts, concept_target, explain
-from lrp_core import precision
+from lrp_core.runtime import precision
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "adapters"))
 
@@ -188,7 +188,7 @@ def test_float32_inputs_to_a_half_model_are_not_rounded():
 
 def test_memory_estimate_counts_float32_activations_for_a_half_model():
     """The pass of a bfloat16 model holds float32 activations: the piece planner must count 4 bytes, not 2."""
-    from lrp_core import memory
+    from lrp_core.runtime import memory
     from lrp_core.adapters import get_adapter
     model, _, x, _ = _models("bert", "bfloat16")
     a = get_adapter(model)
@@ -276,9 +276,9 @@ def test_an_in_place_write_into_a_half_tensor_is_an_error_inside_the_mode():
 
 
 def test_bench_builds_a_half_model_in_its_dtype_and_labels_its_rows():
-    """``python -m lrp_core.bench --dtype bfloat16``: the weights are made in bfloat16 (never held in float32),
+    """``python -m lrp_core.tools.bench --dtype bfloat16``: the weights are made in bfloat16 (never held in float32),
     images too; the rows say which dtype they measured."""
-    from lrp_core import bench
+    from lrp_core.tools import bench
     model, x = bench.prepare(bench.Case("tiny-vit", 2, 17, "bfloat16"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and x.dtype == torch.bfloat16
     rows = bench.run([bench.Case("tiny-bert", 1, 8, "bfloat16")], ["lrp"], bench.Settings(repeat=1, threads=1),

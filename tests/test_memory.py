@@ -1,4 +1,4 @@
-"""Memory and pieces (lrp_core.memory, explain's max_memory / chunk_size): a batch explained in pieces is the
+"""Memory and pieces (lrp_core.runtime.memory, explain's max_memory / chunk_size): a batch explained in pieces is the
 batch explained at once, every field; the estimate is an upper bound of the measured peak."""
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from conftest import make_tiny_bert, make_tiny_vit
-from lrp_core import METHODS, ConceptTarget, Contrast, InputError, concept_target, explain, memory, registry
-from lrp_core import pieces as lrp_pieces
+from lrp_core import METHODS, ConceptTarget, Contrast, InputError, concept_target, explain
+from lrp_core.runtime import memory
+from lrp_core.methods import registry
+from lrp_core.runtime import pieces as lrp_pieces
 from lrp_core.adapters import get_adapter
 
 TENSOR_FIELDS = ("scores", "target", "logits", "pixels", "layers", "layers_per_head", "token_relevance",

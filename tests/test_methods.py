@@ -7,7 +7,7 @@ import torch
 import reference as ref
 from conftest import make_tiny_bert, make_tiny_vit
 from lrp_core import METHODS, explain
-from lrp_core.rollout import accumulate
+from lrp_core.methods.products import accumulate
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -356,7 +356,7 @@ def test_agreement_with_reference_on_real_pretrained_weights():
 def test_bert_lrp_reaches_the_embeddings(tiny_bert, text_batch):
     """BERT `lrp` scores are the relevance of the embedding output: the relevance pass through every layer."""
     from lrp_core.adapters import get_adapter
-    from lrp_core.composites import LRP_BASELINE
+    from lrp_core.rules.composites import LRP_BASELINE
     exp = explain(tiny_bert, text_batch, method="lrp")
     a = get_adapter(tiny_bert)
     prepared = a.check_inputs(text_batch)

@@ -8,8 +8,8 @@ from conftest import make_tiny_vit
 from decoders import batch, make_decoder, rows
 from lrp_core import explain
 from lrp_core.errors import LRPError
-from lrp_core.gradient_rules import PositionalRotary, PositionLeaves
-from lrp_core.rules import apply_rotary
+from lrp_core.rules.gradient import PositionalRotary, PositionLeaves
+from lrp_core.rules.functional import apply_rotary
 
 
 def _zero_biases(model: torch.nn.Module) -> torch.nn.Module:
@@ -158,7 +158,7 @@ def test_agrees_with_the_authors_vit_fixture(base, monkeypatch):
     the logit: the fixture holds it × the logit. Tokens and positions per patch, and every position's total (the
     cls position's too). Rules equal: 1e-15 with the GELU identity rule's stabiliser (1e-10) at 0 as theirs;
     the engine as is: 1.8e-8 (scripts/pa_lrp_findings.md)."""
-    from lrp_core import gradient_rules
+    from lrp_core.rules.functional import gradient as gradient_rules
     model, fx = _fixture_deit()
     ref = fx["reference"][base]
     x, t = fx["images"], fx["targets"]
@@ -193,7 +193,7 @@ def test_vit_cp_base_conserves_and_cp_halved_drops_half_the_attention():
 def test_fused_cp_halved_rule_is_the_explicit_one():
     """On a fused attention (sdpa models) "cp_halved" is q, k detached and v's gradient ÷2: the same as
     ``softmax(q kᵀ s)`` held constant times v under the uniform rule (explicit path: MATMUL_AV halved)."""
-    from lrp_core.gradient_rules import FusedAttentionCPHalved
+    from lrp_core.rules.gradient import FusedAttentionCPHalved
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
     w = torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64)

@@ -298,7 +298,7 @@ def test_another_threads_hooks_flags_and_modes_survive_a_call(family):
 def test_the_guard_lists_the_model_only_when_a_hook_can_change_it(monkeypatch):
     """Without hooks nothing foreign runs on the model, so the guard builds no watch (a walk of every module and
     parameter per call); with a hook it does, and undoes what the hook changes."""
-    from lrp_core import guard
+    from lrp_core.runtime import guard
     built = []
 
     class Counted(guard._Watch):

@@ -1,4 +1,4 @@
-"""Rule-by-rule properties of lrp_core.rules on random tensors (hypothesis)."""
+"""Rule-by-rule properties of lrp_core.rules.functional on random tensors (hypothesis)."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lrp_core import composites as C
-from lrp_core import rules
+from lrp_core.rules import composites as C
+from lrp_core.rules import functional as rules
 
 SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
 

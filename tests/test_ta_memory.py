@@ -15,7 +15,7 @@ from decoders import FAMILIES as DECODER_FAMILIES, make_decoder, rows, batch
 from lrp_core import attention_parts, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import InputError
-from lrp_core.rollout import accumulate, accumulate_row
+from lrp_core.methods.products import accumulate, accumulate_row
 
 TOL = 1e-12  # relative, float64
 
@@ -96,7 +96,7 @@ def test_vector_chain_is_the_row_of_the_product():
 
 def test_gradients_are_handed_out_top_down_only():
     from lrp_core.errors import LRPError
-    from lrp_core.methods import _TopDownGradients
+    from lrp_core.methods.attention import _TopDownGradients
     model = make_decoder("llama", dtype=torch.float64)
     adapter = get_adapter(model)
     trace = adapter.forward(adapter.check_inputs(batch(rows(lengths=(6,)))), grad=True)
@@ -111,7 +111,7 @@ def test_gradients_are_handed_out_top_down_only():
 @pytest.mark.parametrize("options", [{}, {"keep_heads": True}, {"start_layer": 1}])
 def test_one_backward_for_all_blocks_gives_the_split_backwards_maps(monkeypatch, method, options):
     """A model that is not a plain stack gets every ∂y/∂A_b from one backward: the same maps, float64."""
-    from lrp_core.methods import _TopDownGradients
+    from lrp_core.methods.attention import _TopDownGradients
     model = make_tiny_vit().double()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     split = explain(model, x, method=method, **options)

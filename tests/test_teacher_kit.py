@@ -189,7 +189,7 @@ def plan_rows(title: str) -> list[str]:
 
 def taught_in() -> dict[str, int]:
     """Each method of the library -> the first notebook (from 1 on) whose *code* uses it."""
-    from lrp_core.registry import METHODS
+    from lrp_core.methods.registry import METHODS
     first: dict[str, int] = {}
     for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         n = int(nb.name[:2])
@@ -205,7 +205,7 @@ def taught_in() -> dict[str, int]:
 
 def methods_of(exercise) -> set[str]:
     """Method names an exercise's reference uses: in its source, or in module constants it names."""
-    from lrp_core.registry import METHODS
+    from lrp_core.methods.registry import METHODS
     src = inspect.getsource(exercise.reference)
     module = sys.modules[exercise.reference.__module__]
     for const in set(re.findall(r"\b[A-Z][A-Z_0-9]{2,}\b", src)):

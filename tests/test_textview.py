@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from lrp_core.errors import InputError
-from lrp_core.textview import generation_html, merge_words, page, readable
+from lrp_core.viz.text import generation_html, merge_words, page, readable
 
 
 @pytest.mark.parametrize("piece, text", [("Ġcat", " cat"), ("▁Rome", " Rome"), ("Ċ", "\n"), ("##ly", "ly"),

@@ -1,4 +1,4 @@
-"""Shared helpers (lrp_core.utils): model device, progress bars, logits."""
+"""Shared helpers (lrp_core.runtime.utils): model device, progress bars, logits."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lrp_core.errors import InputError
-from lrp_core.utils import logits_in_batches, logits_of, minmax_rows, model_device, progress_bar
+from lrp_core.runtime.utils import logits_in_batches, logits_of, minmax_rows, model_device, progress_bar
 
 
 def test_model_device():

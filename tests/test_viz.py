@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
-from lrp_core import viz  # noqa: E402
+from lrp_core.viz import maps as viz  # noqa: E402
 
 
 def decode(png: bytes) -> np.ndarray:

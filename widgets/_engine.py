@@ -2,7 +2,7 @@
 
 Every engine call and every method fact a widget uses goes through here: one
 place tests can patch, and no widget keeps its own copy of what the engine
-(:mod:`lrp_core.registry`, :mod:`lrp_core.adapters`) already says.
+(:mod:`lrp_core.methods.registry`, :mod:`lrp_core.adapters`) already says.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from lrp_core import api, registry, rollout
+from lrp_core import api
+from lrp_core.methods import registry, products as rollout
 from lrp_core.adapters import Adapter, TokenLayout, get_adapter
 from lrp_core.errors import InputError
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from lrp_core.errors import UnsupportedModelError
-from lrp_core.utils import logits_of
+from lrp_core.runtime.utils import logits_of
 
 from . import _engine, _render, views
 from ._cache import CACHE_SIZE, Cached, ExplanationCache

@@ -33,13 +33,13 @@ import ipywidgets as W
 import numpy as np
 import torch
 
-from lrp_core import registry
+from lrp_core.methods import registry
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import InputError, UnsupportedModelError
-from lrp_core.generation import _continuation, _prompts, greedy_continuation
-from lrp_core.methods import Contrast
+from lrp_core.methods.generation import _continuation, _prompts, greedy_continuation
+from lrp_core.methods.call import Contrast
 from lrp_core.models import LoadedModel
-from lrp_core.textview import NEWLINE_MARKS, SPACE_MARKS, merge_words, readable
+from lrp_core.viz.text import NEWLINE_MARKS, SPACE_MARKS, merge_words, readable
 from lrp_core.viz import token_html
 
 from . import _engine, views

@@ -28,7 +28,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from lrp_core import registry
+from lrp_core.methods import registry
 from lrp_core.errors import InputError
 
 from . import _engine
@@ -211,7 +211,7 @@ class LayerProducts:
     """Fast accumulated views of one explanation, for sliders that must answer at once.
 
     Each factor (I+Ā_b) is taken from the engine (``accumulate(layers, b, b, norm)``,
-    so normalisation follows ``lrp_core.rollout``); the partial products
+    so normalisation follows ``lrp_core.methods.products``); the partial products
     P_b = (I+Ā_b)…(I+Ā_start) are chained once per start block in numpy. A view is
     the readout row wᵀP_b (one vector-matrix product); a head h substituted at
     block b costs one more: wᵀ(P_b with head h) = wᵀ(I+Ā_b^h) · P_{b-1}.

@@ -11,7 +11,7 @@ from typing import Callable
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..wrappers import unwrap
+from ..runtime.wrappers import unwrap
 from .base import Adapter, BlockRelevance, TokenLayout, Trace
 
 

@@ -20,7 +20,7 @@ from typing import Optional
 
 from torch import nn
 
-from ..composites import ELEMENTWISE, LINEAR
+from ..rules.composites import ELEMENTWISE, LINEAR
 from ..errors import UnsupportedModelError
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec

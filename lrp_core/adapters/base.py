@@ -17,9 +17,9 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..composites import Composite, Propagation
+from ..rules.composites import Composite, Propagation
 from ..errors import InputError
-from ..precision import compute_precision
+from ..runtime.precision import compute_precision
 from .blocks import PLAIN, BlockSpec, Replay, block_forward, block_relprop
 from .readouts import Readout
 from .records import (AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout,
@@ -150,7 +150,7 @@ class Adapter(ABC):
         # a modified-gradient pass never reads A: models that run sdpa may keep their fused attention
         r = Replay(composite, names=self._names_for(composite), fuse=composite is not None)
         head = self.readout_for(prepared) if readout is None else readout
-        # a half-precision model is replayed in float32 (lrp_core.precision; a no-op inside a method)
+        # a half-precision model is replayed in float32 (lrp_core.runtime.precision; a no-op inside a method)
         with compute_precision(self.model), torch.set_grad_enabled(grad):
             emb = self.embed(prepared, r, track=track)
             x0 = emb.x0

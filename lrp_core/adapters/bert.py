@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD, Propagation
+from ..rules.composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay

@@ -18,9 +18,10 @@ from typing import Callable, Mapping, Optional
 import torch
 from torch import Tensor, nn
 
-from ..composites import (ADD, ATTENTION, ELEMENTWISE, GATE_MUL, KV_REPEAT, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK,
-                          MODIFIED_GRADIENT, ROPE, SCALE, SOFTMAX, Composite, Propagation, RuleChoice, norm_kind)
-from ..rules import apply_rotary, repeat_kv
+from ..rules.composites import (ADD, ATTENTION, ELEMENTWISE, GATE_MUL, KV_REPEAT, LINEAR, MASK_ADD, MATMUL_AV,
+                                MATMUL_QK, MODIFIED_GRADIENT, ROPE, SCALE, SOFTMAX, Composite, Propagation,
+                                RuleChoice, norm_kind)
+from ..rules.functional import apply_rotary, repeat_kv
 from ..errors import InputError
 from .records import AttentionRecord, BlockRecord
 

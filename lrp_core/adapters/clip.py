@@ -20,9 +20,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
+from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
 from ..errors import InputError
-from ..precision import compute_precision
+from ..runtime.precision import compute_precision
 from .base import Adapter
 from .bert import MASK_VALUE
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
@@ -70,7 +70,7 @@ def similarity_linear(weight: Tensor) -> nn.Linear:
 
 def _scaled_embeddings(model: nn.Module, features: Tensor, dtype: torch.dtype) -> Tensor:
     """The other tower's output → its normalised embeddings × ``logit_scale.exp()`` (K, E), in ``dtype``
-    (or float32 where a half-precision model computed them in float32, lrp_core.precision)."""
+    (or float32 where a half-precision model computed them in float32, lrp_core.runtime.precision)."""
     emb = L2Normalize()(getattr(features, "pooler_output", features))
     return (emb * model.logit_scale.exp()).to(dtype)
 
@@ -142,7 +142,7 @@ class CLIPImageAdapter(ViTAdapter):
     def embed_prompts(self, ids: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
         """The prompts' normalised text embeddings × logit_scale.exp() (P, E), without gradients.
 
-        A half-precision model embeds the prompts in float32, and they stay float32 (lrp_core.precision).
+        A half-precision model embeds the prompts in float32, and they stay float32 (lrp_core.runtime.precision).
         """
         with torch.no_grad(), compute_precision(self.model):
             return _scaled_embeddings(self.model, self.model.get_text_features(input_ids=ids, attention_mask=mask),
@@ -250,7 +250,7 @@ class CLIPTextAdapter(Adapter):
     def embed_images(self, images: Tensor) -> Tensor:
         """The images' normalised embeddings × logit_scale.exp() (B, E), without gradients.
 
-        A half-precision model embeds the images in float32, and they stay float32 (lrp_core.precision).
+        A half-precision model embeds the images in float32, and they stay float32 (lrp_core.runtime.precision).
         """
         with torch.no_grad(), compute_precision(self.model):
             return _scaled_embeddings(self.model, self.model.get_image_features(pixel_values=images), images.dtype)

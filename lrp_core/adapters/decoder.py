@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from ..composites import LINEAR, Propagation
+from ..rules.composites import LINEAR, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay

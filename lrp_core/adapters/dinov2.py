@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..composites import LINEAR
+from ..rules.composites import LINEAR
 from ..errors import UnsupportedModelError
 from .blocks import AttentionSpec, BlockSpec
 from .readouts import ClsMeanReadout, HeadLayer, Readout

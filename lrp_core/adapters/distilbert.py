@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..composites import ELEMENTWISE, LINEAR
+from ..rules.composites import ELEMENTWISE, LINEAR
 from ..errors import UnsupportedModelError
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..composites import POS_ADD, Propagation
+from ..rules.composites import POS_ADD, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .decoder import DecoderAdapter

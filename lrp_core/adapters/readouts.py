@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation, norm_kind
+from ..rules.composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation, norm_kind
 from ..errors import InputError
 from .blocks import PLAIN, Replay
 from .records import ReadoutRecord

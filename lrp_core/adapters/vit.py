@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
+from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import IDENTITY, PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay

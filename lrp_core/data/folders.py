@@ -1,4 +1,4 @@
-"""User data folders for the evaluation (``python -m lrp_core.evaluate --data PATH``).
+"""User data folders for the evaluation (``python -m lrp_core.evaluation --data PATH``).
 
 ``--data PATH`` evaluates on your own data instead (see :func:`load_data_folder`):
 

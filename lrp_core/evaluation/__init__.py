@@ -2,8 +2,8 @@
 
 Command line::
 
-    python -m lrp_core.evaluate --model toy-vit --methods all --n 500 --out results/toy-vit.json
-    python -m lrp_core.evaluate --model minilm-sentiment --methods all --out results/minilm.json
+    python -m lrp_core.evaluation --model toy-vit --methods all --n 500 --out results/toy-vit.json
+    python -m lrp_core.evaluation --model minilm-sentiment --methods all --out results/minilm.json
 
 prints a method × metric table, writes ``{method: {metric: value}}`` as JSON
 (``null`` where a metric does not apply; the extra row ``random`` is a
@@ -14,7 +14,7 @@ next to it (``perturbation_<model>.png``).
 
 On several processes (CPU cores, GPUs: one process per GPU)::
 
-    torchrun --nproc_per_node 4 -m lrp_core.evaluate --model toy-vit --methods all \
+    torchrun --nproc_per_node 4 -m lrp_core.evaluation --model toy-vit --methods all \
         --samples 500 --device cuda --out results/toy-vit.json
 
 writes the same files as one process (:mod:`.shards`: blocks of one batch,

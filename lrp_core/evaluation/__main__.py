@@ -1,6 +1,6 @@
-"""The command line: ``python -m lrp_core.evaluate`` (or ``python -m lrp_core.evaluation``).
+"""The command line: ``python -m lrp_core.evaluation`` (or ``python -m lrp_core.evaluation``).
 
-Under ``torchrun --nproc_per_node N -m lrp_core.evaluate ...`` the processes
+Under ``torchrun --nproc_per_node N -m lrp_core.evaluation ...`` the processes
 share the samples (:mod:`.shards`); rank 0 prints and writes the same files as
 a one-process run would (only ``seconds`` and ``processes`` of the meta differ).
 """
@@ -21,7 +21,7 @@ from .report import format_table, write_run
 from .run import evaluate
 from .text import text_metric_names
 
-PROG = "python -m lrp_core.evaluate"
+PROG = "python -m lrp_core.evaluation"
 """The documented command (kept as the name in ``--help`` and in the written ``command``)."""
 
 

@@ -10,7 +10,8 @@ from typing import Any, Optional, Sequence
 
 from torch import Tensor
 
-from .. import explain, registry
+from .. import explain
+from ..methods import registry
 
 TAM_BATCH = 256
 """Sequences per forward pass of ``token_ablation``."""

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .. import metrics as M
 from ..data.sets import ImageSet
-from ..utils import logits_in_batches, model_device, progress_bar
+from ..runtime.utils import logits_in_batches, model_device, progress_bar
 from . import batching
 from .report import Results, metric_value
 from .shards import Shard, block_spans

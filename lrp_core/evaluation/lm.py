@@ -24,7 +24,7 @@ import torch
 
 from ..data.facts import FactRecord, evidence_tokens
 from ..errors import InputError
-from ..utils import progress_bar
+from ..runtime.utils import progress_bar
 from . import batching
 from .report import Results, metric_value
 

@@ -9,7 +9,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .. import METHODS, registry
+from .. import METHODS
+from ..methods import registry
 from ..data.folders import load_data_folder
 from ..data.sets import BUILTIN_IMAGE_SETS, SCENE_SEED, ImageSet, TextSet, rationale_set
 from ..errors import InputError, UnknownMethodError
@@ -119,7 +120,7 @@ def _image_sets(loaded: Any, name: str, n: int, seed: int, data: Optional[str],
     source = (getattr(loaded, "info", None) or {}).get("evaluation_data")
     if source not in BUILTIN_IMAGE_SETS:
         raise InputError(f"{name} has no built-in evaluation data: pass --data with "
-                         f"images/ and masks/ (see python -m lrp_core.evaluate --help)")
+                         f"images/ and masks/ (see python -m lrp_core.evaluation --help)")
     return BUILTIN_IMAGE_SETS[source](n, seed)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import InputError
-from ..utils import progress_bar
+from ..runtime.utils import progress_bar
 
 INTERRUPTED = 3
 """Exit status of a run stopped on purpose by ``stop_after`` (a simulated interruption)."""

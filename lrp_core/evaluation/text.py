@@ -17,7 +17,7 @@ from .. import metrics as M
 from ..data.rationales import RationaleRecord
 from ..data.sets import TextSet
 from ..errors import InputError, LRPError
-from ..utils import logits_in_batches, model_device, progress_bar
+from ..runtime.utils import logits_in_batches, model_device, progress_bar
 from . import batching
 from .report import Results, metric_value
 from .shards import Shard, block_spans

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import InputError
-from ..utils import minmax_rows
+from ..runtime.utils import minmax_rows
 
 
 def _as_tensor(x: Any, name: str, dtype: torch.dtype = torch.float32) -> Tensor:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..utils import logits_in_batches
+from ..runtime.utils import logits_in_batches
 from ._common import _as_tensor
 from .statistics import _nanmean, pearson
 

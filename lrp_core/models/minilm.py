@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import InputError, LRPError
-from ..utils import logits_in_batches
+from ..runtime.utils import logits_in_batches
 from . import LoadedModel
 
 LABELS = ["negative", "positive"]

@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from lrp_core import rules
+from lrp_core.rules import functional as rules
 
 from .exercise import Exercise, Mistake
 

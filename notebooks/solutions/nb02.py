@@ -3,7 +3,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lrp_core import rules
+from lrp_core.rules import functional as rules
 
 from .exercise import Exercise, Mistake
 

@@ -1,7 +1,7 @@
 """Exercises of notebook 3 (skip connections and matrix products)."""
 import torch
 
-from lrp_core import rules
+from lrp_core.rules import functional as rules
 
 from .exercise import Exercise, Mistake
 

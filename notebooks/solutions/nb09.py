@@ -1,5 +1,6 @@
 """Exercises of notebook 9 (evaluation). Each needs the notebook's ``toy`` and ``one`` (one-object scenes)."""
-from lrp_core import evaluate, metrics
+from lrp_core import evaluation as evaluate
+from lrp_core import metrics
 
 from .exercise import Exercise, Mistake
 

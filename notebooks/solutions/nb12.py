@@ -3,7 +3,7 @@ scenes ``x``; 12.2 the tiny CLIP ``clip`` and its ``inputs`` (one image, three p
 import torch
 
 from lrp_core import Contrast, explain
-from lrp_core.rollout import accumulate
+from lrp_core.methods.products import accumulate
 
 from .exercise import Exercise, Mistake
 

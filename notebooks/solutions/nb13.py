@@ -5,7 +5,7 @@ import torch
 
 from lrp_core import explain
 from lrp_core.data.facts import evidence_tokens
-from lrp_core.methods import Contrast
+from lrp_core import Contrast
 
 from .exercise import Exercise, Mistake
 

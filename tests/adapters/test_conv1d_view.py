@@ -8,7 +8,7 @@ from transformers.pytorch_utils import Conv1D
 
 from lrp_core.adapters.blocks import Replay
 from lrp_core.adapters.gpt2 import Conv1DLinear
-from lrp_core.composites import ATTNLRP, CP_LRP, LINEAR, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Propagation
+from lrp_core.rules.composites import ATTNLRP, CP_LRP, LINEAR, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Propagation
 from lrp_core.errors import UnsupportedModelError
 
 

@@ -15,7 +15,7 @@ from lrp_core import METHODS, Contrast, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.adapters.gpt2 import Conv1DLinear, GPT2Adapter
 from lrp_core.errors import InputError
-from lrp_core.registry import DECODER_METHODS
+from lrp_core.methods.registry import DECODER_METHODS
 from test_api import _assert_same, _state
 
 FAMILIES = ("gpt2", "gemma3", "phi3")

@@ -9,7 +9,7 @@ import torch
 from decoders import batch, make_decoder, quick, rows
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
-from lrp_core.registry import DECODER_METHODS
+from lrp_core.methods.registry import DECODER_METHODS
 
 
 def _as_llama(phi3: torch.nn.Module) -> torch.nn.Module:

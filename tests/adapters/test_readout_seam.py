@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lrp_core import METHODS, InputError, explain, registry
+from lrp_core import METHODS, InputError, explain
+from lrp_core.methods import registry
 from lrp_core.adapters import get_adapter
 from lrp_core.adapters.readouts import PositionReadout, TokenReadout
-from lrp_core.composites import LRP_BASELINE
-from lrp_core.methods import Call, one_hot
-from lrp_core.targets import resolver
+from lrp_core.rules.composites import LRP_BASELINE
+from lrp_core.methods.call import Call, one_hot
+from lrp_core.methods.targets import resolver
 from tiny_clip import make_clip
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lrp_core import METHODS, explain, registry
+from lrp_core import METHODS, explain
+from lrp_core.methods import registry
 from lrp_core.adapters import get_adapter
-from lrp_core.composites import ELEMENTWISE, LINEAR
+from lrp_core.rules.composites import ELEMENTWISE, LINEAR
 from lrp_core.errors import InputError, UnsupportedModelError
 from test_api import _assert_same, _state
 from text_families import CASES, FAMILIES, make, rel_err, text_batch

@@ -1,4 +1,4 @@
-"""The command line (python -m lrp_core.evaluate): end to end on the embedded toy ViT."""
+"""The command line (python -m lrp_core.evaluation): end to end on the embedded toy ViT."""
 from __future__ import annotations
 
 import json

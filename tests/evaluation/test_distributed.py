@@ -39,18 +39,18 @@ def _free_port() -> int:
 
 
 def _torchrun(args: list[str], cwd: Path, processes: int = 2) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node processes -m lrp_core.evaluate args`` in ``cwd``."""
+    """``torchrun --nproc_per_node processes -m lrp_core.evaluation args`` in ``cwd``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-              "-m", "lrp_core.evaluate"]
+              "-m", "lrp_core.evaluation"]
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.run([*launch, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
 
 
 def _alone(args: list[str], cwd: Path) -> int:
-    """``python -m lrp_core.evaluate args`` run by this process in ``cwd`` (its exit status)."""
+    """``python -m lrp_core.evaluation args`` run by this process in ``cwd`` (its exit status)."""
     here, threads = os.getcwd(), torch.get_num_threads()
     cwd.mkdir(parents=True, exist_ok=True)
     try:

@@ -17,15 +17,6 @@ def test_method_names_and_tables():
     assert table.splitlines()[2] == "| rollout | 0.500 | — |"
 
 
-def test_the_old_module_is_the_package():
-    """``from lrp_core import evaluate`` (notebooks, scripts) gets the same objects."""
-    from lrp_core import evaluate as old
-    from lrp_core.evaluation.__main__ import main
-    for name in E.__all__:
-        assert getattr(old, name) is getattr(E, name), name
-    assert old.main is main
-
-
 def test_builtin_image_data_comes_from_the_model_info():
     from timm.models.vision_transformer import VisionTransformer
 

@@ -15,7 +15,7 @@ GRID = (4, 4)
 
 
 def independent_product(layers: torch.Tensor, start: int, stop: int, norm: str = "none") -> torch.Tensor:
-    """(I+Ā_stop)…(I+Ā_start) for sample 0, computed by hand (not with lrp_core.rollout)."""
+    """(I+Ā_stop)…(I+Ā_start) for sample 0, computed by hand (not with lrp_core.methods.products)."""
     n = layers.shape[-1]
     c = torch.eye(n, dtype=torch.float64)
     for b in range(start, stop + 1):

@@ -19,7 +19,7 @@ import torch
 import lrp_core
 import widgets
 from by_path import root_fixtures
-from lrp_core import registry
+from lrp_core.methods import registry
 from tiny_clip import make_clip
 from widgets import _engine, views
 
@@ -179,7 +179,7 @@ def shown(case: str, row: torch.Tensor, minimum: bool = False) -> np.ndarray:
 
 
 def factor(layer: torch.Tensor, norm: str) -> torch.Tensor:
-    """I + Ā, divided by its row sums for ``norm == "row"`` (written out, not lrp_core.rollout)."""
+    """I + Ā, divided by its row sums for ``norm == "row"`` (written out, not lrp_core.methods.products)."""
     f = layer.double() + torch.eye(layer.shape[-1], dtype=torch.float64)
     return f / f.sum(-1, keepdim=True) if norm == "row" else f
 

@@ -1,13 +1,13 @@
 """The rules of the explicit relevance passes (``relevance(op, R)``; docs/METHODS.md §1 and §2c).
 
-Each rule object wraps a plain-tensor function of :mod:`lrp_core.rules` (the course calls those directly)
-and uses its one stabiliser :data:`lrp_core.rules.EPS`. A composite (:mod:`lrp_core.composites`) chooses
+Each rule object wraps a plain-tensor function of :mod:`lrp_core.rules.functional` (the course calls those directly)
+and uses its one stabiliser :data:`lrp_core.rules.EPS`. A composite (:mod:`lrp_core.rules.composites`) chooses
 which rule each operation gets.
 """
 from __future__ import annotations
 
-from . import rules as F
-from .errors import UnsupportedModelError
+from . import functional as F
+from ..errors import UnsupportedModelError
 from .ops import ExplicitRule
 
 class Identity(ExplicitRule):

@@ -20,9 +20,9 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from .errors import InputError
-from .methods import Contrast
-from .textview import generation_html, page
+from ..errors import InputError
+from .call import Contrast
+from ..viz.text import generation_html, page
 
 TokenLike = Union[int, str]
 
@@ -267,7 +267,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
 
     Returns a :class:`GenerationExplanation`: ``scores`` (B, K, P+K−1), ``.show()``, ``.save_html(path)``.
     """
-    from .api import explain
+    from ..api import explain
 
     if isinstance(step_batch, bool) or not isinstance(step_batch, int) or step_batch < 1:
         raise InputError(f"step_batch must be a positive integer, got {step_batch!r}")

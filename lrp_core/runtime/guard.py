@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
-from .errors import InputError, UnreflectedHookWarning
+from ..errors import InputError, UnreflectedHookWarning
 from .precision import compute_precision
 from .wrappers import unwrap
 
@@ -312,7 +312,7 @@ def public_call(fn: F) -> F:
       made under ``inference_mode`` are cloned into ordinary tensors (:func:`normal_tensors`);
     * the model is left as found (:func:`model_guard`, also on error), and forward hooks on modules the
       replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`;
-    * a half-precision model (or autocast) is computed in float32 (:mod:`lrp_core.precision`).
+    * a half-precision model (or autocast) is computed in float32 (:mod:`lrp_core.runtime.precision`).
     """
     @functools.wraps(fn)
     def call(model, inputs, *args, **kwargs):

@@ -5,9 +5,9 @@ Per method: the function that computes it, the options it accepts (besides
 error naming the accepted ones), whether its map depends on the
 target class, whether it takes a concept target, its defaults per input
 modality, which :class:`~lrp_core.Explanation` fields it fills and its memory
-profile (:mod:`lrp_core.memory`). ``explain``, the widgets, the memory
+profile (:mod:`lrp_core.runtime.memory`). ``explain``, the widgets, the memory
 estimate and the evaluation read this table. The options themselves (name,
-default, help, check) are declared once in :mod:`lrp_core.options`; the result
+default, help, check) are declared once in :mod:`lrp_core.methods.options`; the result
 fields in :data:`lrp_core.explanation.RESULT_FIELDS`.
 """
 from __future__ import annotations
@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from . import baselines as CB
-from . import methods as M
+from . import attention as A
+from . import lrp as LRP
+from . import perturbation as P
+from .call import Call, MethodResult, Options
 from . import options as O
-from .errors import InputError, UnknownMethodError, UnsupportedModelError
-from .explanation import OPTIONAL_FIELDS
-from .memory import BACKWARD, GRAPH, MODIFIED, PLAIN, RELPROP, Profile
+from ..errors import InputError, UnknownMethodError, UnsupportedModelError
+from ..explanation import OPTIONAL_FIELDS
+from ..runtime.memory import BACKWARD, GRAPH, MODIFIED, PLAIN, RELPROP, Profile
 from .options import GENERIC_OPTIONS
 
 #: Every option a method may take, with what it means (for error messages and docs): read from
@@ -33,7 +36,7 @@ class MethodSpec:
     """What the engine, the widgets and the evaluation need to know about one method."""
 
     name: str
-    run: Callable[["M.Call"], "M.MethodResult"]
+    run: Callable[["Call"], "MethodResult"]
     #: elements per sample of its pass (:class:`lrp_core.memory.Profile`), for the memory estimate
     memory: Profile
     #: names of the options it takes besides GENERIC_OPTIONS (each declared in lrp_core.options.OPTIONS)
@@ -67,7 +70,7 @@ _REFERENCE = {"text": {"baseline": "pad"}, "decoder": {"baseline": "zeros"}}
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Chefer et al. (CVPR 2021): Ā_b = mean_h((∇A_b ⊙ R^{A_b})⁺), C = Π (I + Ā_b)
-    MethodSpec("transformer_attribution", M.transformer_attribution,
+    MethodSpec("transformer_attribution", A.transformer_attribution,
                # the replay keeps one H·N² map per block (A) and no gradient or relevance maps: each block's
                # ∇A is made when the top-down pass reaches it (issue #22 item 6); that block's gradient, its
                # backward and its relevance temporaries are the once-counted tmp_att
@@ -78,37 +81,37 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Chefer et al. (ICCV 2021): Ā_b = mean_h((∇A_b ⊙ A_b)⁺), R ← R + Ā_b R
     # (issue #22: the gradients are made block by block, top-down, like transformer attribution's: the replay's
     # graph keeps A, and one block's gradient and product are the once-counted tmp_att)
-    MethodSpec("generic_attention", M.generic_attention,
+    MethodSpec("generic_attention", A.generic_attention,
                Profile(**{**GRAPH, "att": 2}, layers=True, **{**BACKWARD, "tmp_att": 4}),
                options=("start_layer", "keep_heads"), returns=("layers", "layers_per_head"), product_norm="none"),
     # Abnar & Zuidema: row-normalised Π (I + mean_h A_b)
-    MethodSpec("rollout", M.rollout, Profile(**PLAIN, layers=True, tmp_att=1),
+    MethodSpec("rollout", A.rollout, Profile(**PLAIN, layers=True, tmp_att=1),
                options=_LAYER_PRODUCT + ("keep_heads",), class_agnostic=True,
                returns=("layers", "layers_per_head"), product_norm="row"),
     # the last block's readout attention, head mean
-    MethodSpec("raw_attention", M.raw_attention, Profile(**PLAIN, layers=True, tmp_att=1),
+    MethodSpec("raw_attention", A.raw_attention, Profile(**PLAIN, layers=True, tmp_att=1),
                options=("keep_heads",), class_agnostic=True, returns=("layers", "layers_per_head"),
                product_norm="row"),  # attention maps: their product is rollout's
     # Grad-CAM on the last attention map
-    MethodSpec("attention_gradcam", M.attention_gradcam, Profile(**GRAPH, **BACKWARD)),
+    MethodSpec("attention_gradcam", A.attention_gradcam, Profile(**GRAPH, **BACKWARD)),
     # full LRP with the baseline rules down to input space
-    MethodSpec("lrp", M.lrp, Profile(**PLAIN, kept=1, **RELPROP), returns=("pixels", "token_relevance")),
+    MethodSpec("lrp", LRP.lrp, Profile(**PLAIN, kept=1, **RELPROP), returns=("pixels", "token_relevance")),
     # baseline LRP, the last block's attention relevance
-    MethodSpec("partial_lrp", M.partial_lrp, Profile(**PLAIN, kept=1, **RELPROP), returns=("token_relevance",)),
+    MethodSpec("partial_lrp", LRP.partial_lrp, Profile(**PLAIN, kept=1, **RELPROP), returns=("token_relevance",)),
     # Brocki & Chung: gradient × tokens entering the last attention
-    MethodSpec("cdam", M.cdam, Profile(**GRAPH, **BACKWARD), concept_target=True),
+    MethodSpec("cdam", A.cdam, Profile(**GRAPH, **BACKWARD), concept_target=True),
     # y_t(all tokens) − y_t(without token i), batched
-    MethodSpec("token_ablation", M.token_ablation, Profile(**PLAIN), options=("batch_size",)),
+    MethodSpec("token_ablation", P.token_ablation, Profile(**PLAIN), options=("batch_size",)),
     # Achtibat et al. (ICML 2024): gradient × input, std detached, identity rule, ÷2 at Q·Kᵀ and A·V
-    MethodSpec("attnlrp", M.attnlrp, Profile(**MODIFIED, **BACKWARD, fused=True),
+    MethodSpec("attnlrp", LRP.attnlrp, Profile(**MODIFIED, **BACKWARD, fused=True),
                returns=("pixels", "token_relevance", "conservation")),
     # Ali et al. (ICML 2022): gradient × input, std detached, Q and K detached
-    MethodSpec("cp_lrp", M.cp_lrp, Profile(**MODIFIED, **BACKWARD, fused=True),
+    MethodSpec("cp_lrp", LRP.cp_lrp, Profile(**MODIFIED, **BACKWARD, fused=True),
                returns=("pixels", "token_relevance", "conservation")),
     # Bakish et al. (2025): AttnLRP / CP-LRP with the position encodings (learned, absolute, rotary) as inputs
-    MethodSpec("pa_lrp", M.pa_lrp, Profile(**MODIFIED, **BACKWARD, fused=True), options=("base",),
+    MethodSpec("pa_lrp", LRP.pa_lrp, Profile(**MODIFIED, **BACKWARD, fused=True), options=("base",),
                returns=("pixels", "token_relevance", "conservation", "positional")),
-    # --- the field's attribution baselines, computed by Captum at the pixels / word embeddings (lrp_core.baselines)
+    # --- the field's attribution baselines, computed by Captum at the pixels / word embeddings (lrp_core.methods.baselines)
     # x ⊙ ∂y_t/∂x
     MethodSpec("input_x_gradient", CB.input_x_gradient, Profile(**GRAPH, **BACKWARD), returns=("pixels",)),
     # Sundararajan et al. (2017): (x − x̄) ⊙ ∫ ∂y_t/∂x along the straight path from the baseline x̄
@@ -189,7 +192,7 @@ def check_model(spec: MethodSpec, adapter: Any) -> None:
             f"for a decoder use one of {takers}")
 
 
-def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int, modality: str) -> "M.Options":
+def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int, modality: str) -> "Options":
     """Validate ``options`` for ``spec``; fill the method's defaults for ``modality`` (:func:`defaults_key`)."""
     unknown = sorted(set(options) - set(O.BY_NAME))
     if unknown:
@@ -205,7 +208,7 @@ def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int,
             given[k] = v
     values = {o.name: o.check(given.get(o.name, o.default), num_blocks) for o in O.OPTIONS}
     O.check_together(values)
-    return M.Options(**values)
+    return Options(**values)
 
 
 def _accepted(spec: MethodSpec) -> str:

@@ -6,12 +6,12 @@ contract each (:data:`PASS_KINDS`):
 * :class:`ExplicitRule` — ``relevance(op, R)``: the explicit backward step of the Deep Taylor Decomposition
   passes (``transformer_attribution``, ``lrp``, ``partial_lrp``; docs/METHODS.md §1), driven by
   :class:`lrp_core.composites.Propagation`: the relevance of the operation's output → one relevance per input.
-  The rules are in :mod:`lrp_core.explicit_rules`.
+  The rules are in :mod:`lrp_core.rules.explicit`.
 * :class:`GradientRule` — ``forward(fn, *inputs, module=None)``: the forward computation with the gradient a
   modified-gradient method prescribes (AttnLRP, CP-LRP: gradient × input; docs/METHODS.md §2b), driven by
-  :class:`lrp_core.adapters.blocks.Replay`. The rules are in :mod:`lrp_core.gradient_rules`.
+  :class:`lrp_core.adapters.blocks.Replay`. The rules are in :mod:`lrp_core.rules.gradient`.
 
-Which rule each operation gets is chosen in one place: :mod:`lrp_core.composites`.
+Which rule each operation gets is chosen in one place: :mod:`lrp_core.rules.composites`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Check an installation before a workshop: ``python -m lrp_core.doctor``.
+"""Check an installation before a workshop: ``python -m lrp_core.tools.doctor``.
 
 Runs every check a course room needs and prints one line per check — ✓ for
 fine, ! for a warning, ✗ for a failure — with the fix for anything that is
@@ -6,8 +6,8 @@ not fine. The exit status is 1 if an essential check fails (imports, the
 embedded models, a widget, the notebook kernel), 0 otherwise. Nothing here
 touches the network: the embedded models ship with the library.
 
-    python -m lrp_core.doctor            # everything (about half a minute)
-    python -m lrp_core.doctor --quick    # skip loading the models and the widget
+    python -m lrp_core.tools.doctor            # everything (about half a minute)
+    python -m lrp_core.tools.doctor --quick    # skip loading the models and the widget
 """
 from __future__ import annotations
 
@@ -267,7 +267,7 @@ def check_writable() -> Result:
 
 # ---------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lrp_core.doctor", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m lrp_core.tools.doctor", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip loading the models and rendering a widget")
     args = ap.parse_args(argv)
     print(f"Transformer Relevance Lab — checking this installation ({platform.platform()})")

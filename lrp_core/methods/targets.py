@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from . import registry
-from .errors import InputError
-from .methods import ConceptTarget, Contrast
+from ..errors import InputError
+from .call import ConceptTarget, Contrast
 
 Target = Union[None, int, Sequence[int], Tensor, np.ndarray, ConceptTarget, Contrast]
 

@@ -115,7 +115,7 @@ class Float32Mode(TorchFunctionMode):
             return _embedding(*args, **kwargs)
         if _writes_in_place(name, kwargs) and _is_half(args[0] if args else None):
             # a write into a half tensor would round the float32 result back to 8 or 11 bits
-            raise RuntimeError(f"lrp_core.precision: in-place {name} on a {args[0].dtype} tensor inside a "
+            raise RuntimeError(f"lrp_core.runtime.precision: in-place {name} on a {args[0].dtype} tensor inside a "
                                "float32 pass (an engine bug: build the tensor in float32)")
         return func(*_convert(args), **{k: _convert(v) for k, v in kwargs.items()})
 

@@ -45,9 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .adapters.base import Adapter
-from .errors import InputError, UnsupportedModelError
-from .methods import Call, MethodResult
+from ..adapters.base import Adapter
+from ..errors import InputError, UnsupportedModelError
+from .call import Call, MethodResult
 
 #: What ``baseline`` may name: images "zeros" | "blur", text "zeros" | "pad" | "mask" (or a token id).
 IMAGE_BASELINES = ("zeros", "blur")

@@ -61,7 +61,7 @@ from typing import Any, Mapping, Optional, Union
 
 import torch
 
-from .errors import InputError
+from ..errors import InputError
 from .precision import HALF
 from .utils import proc_kib
 
@@ -115,7 +115,7 @@ class Profile:
     fused: bool = False
 
 
-# The parts a method's Profile is made of (each method's profile is ``MethodSpec.memory`` in lrp_core.registry).
+# The parts a method's Profile is made of (each method's profile is ``MethodSpec.memory`` in lrp_core.methods.registry).
 PLAIN = dict(act=16, mlp=2, att=3)  # replay without a graph
 GRAPH = dict(act=18, mlp=3, att=4)  # replay with autograd's saved tensors
 MODIFIED = dict(act=24, mlp=4, att=5)  # the modified-gradient replay (decomposed LayerNorm, ratios)
@@ -127,9 +127,9 @@ WORST = Profile(**MODIFIED, kept=3, layers=True, **RELPROP)
 
 
 def profile(method: str) -> Profile:
-    """The :class:`Profile` of ``method``: its ``MethodSpec.memory`` in :mod:`lrp_core.registry`, else
+    """The :class:`Profile` of ``method``: its ``MethodSpec.memory`` in :mod:`lrp_core.methods.registry`, else
     :data:`WORST`."""
-    from . import registry  # the registry imports this module for Profile
+    from ..methods import registry  # the registry imports this module for Profile
     spec = registry.METHODS.get(method)
     return WORST if spec is None else spec.memory
 
@@ -137,7 +137,7 @@ def profile(method: str) -> Profile:
 def __getattr__(name: str) -> Any:
     # PROFILES, read from the registry (where each method declares its profile) when first asked for
     if name == "PROFILES":
-        from . import registry
+        from ..methods import registry
         return {n: s.memory for n, s in registry.METHODS.items()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -163,7 +163,7 @@ def _head_outputs(adapter: Any) -> int:
 
 
 def _compute_itemsize(weight: Any) -> int:
-    """Bytes per activation element: a half-precision model is explained in float32 (lrp_core.precision)."""
+    """Bytes per activation element: a half-precision model is explained in float32 (lrp_core.runtime.precision)."""
     return 4 if weight.dtype in HALF else weight.element_size()
 
 

@@ -10,7 +10,7 @@
   lists the name (``MethodSpec.options``); the widgets ask the registry.
 
 Adding an option: one :class:`Option` here, its name in the ``options`` of
-the methods that take it (``lrp_core/registry.py``), and the method code that
+the methods that take it (``lrp_core/methods/registry.py``), and the method code that
 reads ``call.opt.<name>``.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from . import memory
-from .errors import InputError
-from .rollout import NORMS
+from ..runtime import memory
+from ..errors import InputError
+from .products import NORMS
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def _seed(v: Any, L: int) -> int:
     return v
 
 
-#: The reference inputs of the Captum baselines (lrp_core.baselines): images, text, or a token id (text).
+#: The reference inputs of the Captum baselines (lrp_core.methods.baselines): images, text, or a token id (text).
 BASELINES = ("zeros", "blur", "pad", "mask")
 
 
@@ -161,7 +161,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("position", None, "decoder language models: the token whose prediction is explained, an int or one per "
            "row (default: each row's last real token; negative counts from the end)", _position,
            none_is_value=True, generic=True),
-    # the Captum baselines (lrp_core.baselines); their per-method defaults are in the registry
+    # the Captum baselines (lrp_core.methods.baselines); their per-method defaults are in the registry
     Option("n_steps", 50, "integration steps of Integrated Gradients", _positive_int("n_steps"), type=int),
     Option("baseline", "zeros", "reference input: 'zeros' | 'blur' (images), 'zeros' | 'pad' | 'mask' | a token id "
            "(text; padding positions kept)", _baseline),
@@ -170,7 +170,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("stdevs", 0.6, "std of SmoothGrad's Gaussian noise, in input units (normalised pixels, embedding "
            "entries)", _positive_float("stdevs"), type=float),
     Option("seed", 0, "seed of the random draws (noise, coalitions), the same for every sample", _seed, type=int),
-    # how the call is split into pieces (lrp_core.memory; read by ``explain``, not by the methods)
+    # how the call is split into pieces (lrp_core.runtime.memory; read by ``explain``, not by the methods)
     Option("base", "attnlrp", "pa_lrp: the rule set the positional rules are added to, 'attnlrp', 'cp_lrp' or "
            "'cp_halved' (the authors' ViT rules: CP-LRP with A·V's ÷2 kept; not conservative)",
            _choice("base", ("attnlrp", "cp_lrp", "cp_halved")), type=str),

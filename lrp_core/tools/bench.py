@@ -1,4 +1,4 @@
-"""Speed and memory benchmark: ``python -m lrp_core.bench``.
+"""Speed and memory benchmark: ``python -m lrp_core.tools.bench``.
 
 The default run (also ``--scaling``) prints a **scaling table**. Cases: timm
 ``deit_tiny_patch16_224``, ``deit_small_patch16_224`` and
@@ -36,8 +36,8 @@ Honest limits, on purpose:
 
 ``--dtype bfloat16`` (or ``float16``) builds every model in that dtype (the weights are made in it, never
 held in float32, so the peak RSS is the half model's): the memory row of issue #25 for a half-precision model
-explained in float32 (``lrp_core.precision``), e.g.
-``python -m lrp_core.bench --models bert-base --batches 1 --lengths 128 --dtype bfloat16``.
+explained in float32 (``lrp_core.runtime.precision``), e.g.
+``python -m lrp_core.tools.bench --models bert-base --batches 1 --lengths 128 --dtype bfloat16``.
 
 **Decoder rows** (issue #22), ``--decoders``: ``llama``, a Llama-shaped random
 causal LM (``LlamaConfig``: width 512, 8 blocks, 8 heads / 2 key-value heads,
@@ -72,13 +72,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import memory
-from .api import METHODS, explain
-from .errors import LRPError
-from .registry import DECODER_METHODS
-from .utils import proc_kib
-from .bench_models import (DECODER_MODELS, IMAGE_MODELS, TEXT_MODELS, TINY_MODELS, Inputs, build_in,  # noqa: F401
-                           build_model, image_tokens, is_decoder, is_text, llama_config, make_inputs, prepare)
+from ..runtime import memory
+from ..api import METHODS, explain
+from ..errors import LRPError
+from ..methods.registry import DECODER_METHODS
+from ..runtime.utils import proc_kib
+from .bench_models import (DECODER_MODELS, IMAGE_MODELS, TEXT_MODELS, TINY_MODELS, Inputs, build_in, build_model,
+                           image_tokens, is_decoder, is_text, llama_config, make_inputs, prepare)
 
 #: The baseline every method is compared with (a row of its own in the table).
 BASELINE = "forward+backward"
@@ -228,7 +228,7 @@ def run_worker(case: Case, method: str, settings: Settings) -> dict:
     job = {**asdict(case), **asdict(settings), "method": method}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, "-m", "lrp_core.bench", "--_worker", json.dumps(job)],
+    proc = subprocess.run([sys.executable, "-m", "lrp_core.tools.bench", "--_worker", json.dumps(job)],
                           capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not lines:
@@ -286,7 +286,7 @@ def skip_reason(case: Case, method: str, settings: Settings) -> Optional[str]:
 def case_facts(model: str, tokens: int) -> Optional[memory.ModelFacts]:
     """The memory estimate's facts of ``model`` at ``tokens`` tokens, from a weightless (meta) copy;
     ``None`` where the engine does not take the model."""
-    from .adapters import get_adapter
+    from ..adapters import get_adapter
     try:
         with torch.device("meta"):
             adapter = get_adapter(build_model(model))
@@ -452,7 +452,7 @@ def save_json(path: str, rows: Sequence[dict], settings: Settings) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lrp_core.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m lrp_core.tools.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--scaling", action="store_true", help="the full scaling table (the default)")
@@ -476,7 +476,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation-max", type=int, default=ABLATION_MAX,
                    help="time token_ablation only where batch × tokens ≤ this (default %(default)s)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="the dtype the models are built in; half dtypes are explained in float32 (lrp_core.precision)")
+                   help="the dtype the models are built in; half dtypes are explained in float32 (lrp_core.runtime.precision)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="save the rows as JSON (rewritten after every row)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table for the README at the end")

@@ -2,8 +2,8 @@
 
 Every step of a relevance pass — the engine's block drivers, the readout, the input layer — asks a
 :class:`Composite` for the rule of its operation kind (:data:`lrp_core.ops.OP_KINDS`) and calls it, so a new
-rule set is a new composite and nothing else (zennit's design). The rule contracts are in :mod:`lrp_core.ops`,
-the rules themselves in :mod:`lrp_core.explicit_rules` (explicit passes) and :mod:`lrp_core.gradient_rules`
+rule set is a new composite and nothing else (zennit's design). The rule contracts are in :mod:`lrp_core.rules.ops`,
+the rules themselves in :mod:`lrp_core.rules.explicit` (explicit passes) and :mod:`lrp_core.rules.gradient`
 (modified-gradient replays).
 
 A composite holds rules of one kind only and knows which pass it serves (``Composite.serves``, checked when
@@ -20,19 +20,19 @@ from typing import Mapping, Optional
 
 from torch import Tensor, nn
 
-from .errors import RuleSetError, UnknownNameError
-from .explicit_rules import *  # noqa: F401,F403  (the rule objects, importable from here as before)
-from .explicit_rules import (BaselineLinear, Clone, GenericAdd, HalvedMatMul, HalvedProduct, Identity,
-                             NoExplicitFusedAttention, NormalizedAdd, Rotary, Select, SharedHeads, SignedLinear,
-                             WeightedSum, ZBox)
-from .gradient_rules import *  # noqa: F401,F403
-from .gradient_rules import (DetachedGate, DetachedOperands, DetachedRMSNorm, DetachedStdLayerNorm,
-                             FusedAttentionCP, FusedAttentionCPHalved, FusedAttentionLRP, Gradient, HalvedGradient, IdentityRule,
-                             PositionalAdd, PositionalRotary, PositionLeaves)
+from ..errors import RuleSetError, UnknownNameError
+from .explicit import *  # noqa: F401,F403  (the rule objects, importable from here as before)
+from .explicit import (BaselineLinear, Clone, GenericAdd, HalvedMatMul, HalvedProduct, Identity,
+                       NoExplicitFusedAttention, NormalizedAdd, Rotary, Select, SharedHeads, SignedLinear,
+                       WeightedSum, ZBox)
+from .gradient import *  # noqa: F401,F403
+from .gradient import (DetachedGate, DetachedOperands, DetachedRMSNorm, DetachedStdLayerNorm, FusedAttentionCP,
+                       FusedAttentionCPHalved, FusedAttentionLRP, Gradient, HalvedGradient, IdentityRule,
+                       PositionalAdd, PositionalRotary, PositionLeaves)
 from .ops import *  # noqa: F401,F403  (operation kinds and rule contracts, importable from here as before)
-from .ops import (ADD, ATTENTION, CLONE, ELEMENTWISE, EXPLICIT, GATE_MUL, KV_REPEAT, LAYER_KINDS, LAYERNORM,
-                  LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, MODIFIED_GRADIENT, OP_KINDS, PASS_KINDS, PATCH_CONV,
-                  POOL, POS_ADD, READOUT, RMSNORM, ROPE, SCALE, SOFTMAX, Op, RelevanceIn, Rule)
+from .ops import (ADD, ATTENTION, CLONE, ELEMENTWISE, EXPLICIT, GATE_MUL, KV_REPEAT, LAYER_KINDS, LAYERNORM, LINEAR,
+                  MASK_ADD, MATMUL_AV, MATMUL_QK, MODIFIED_GRADIENT, OP_KINDS, PASS_KINDS, PATCH_CONV, POOL,
+                  POS_ADD, READOUT, RMSNORM, ROPE, SCALE, SOFTMAX, Op, RelevanceIn, Rule)
 
 
 # ----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The benchmark's models and inputs: which model a case name builds, with what random inputs.
 
-Separate from :mod:`lrp_core.bench` (the measuring and the tables) so each stays one concept.
+Separate from :mod:`lrp_core.tools.bench` (the measuring and the tables) so each stays one concept.
 """
 from __future__ import annotations
 

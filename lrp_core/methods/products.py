@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from .errors import InputError
+from ..errors import InputError
 
 NORMS = ("none", "row")
 

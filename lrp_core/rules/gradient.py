@@ -1,7 +1,7 @@
 """The rules of the modified-gradient replays (``forward(fn, *inputs)``; AttnLRP and CP-LRP, docs/METHODS.md §2b, §2c).
 
 Each rule computes its operation's value with the gradient its paper prescribes; relevance is then
-gradient × input. A composite (:mod:`lrp_core.composites`) chooses which rule each operation gets.
+gradient × input. A composite (:mod:`lrp_core.rules.composites`) chooses which rule each operation gets.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .errors import UnsupportedModelError
+from ..errors import UnsupportedModelError
 from .ops import GradientRule
 
 #: the identity rule's stabiliser (a plain +1e-10, as in LXT; not sign-matched)

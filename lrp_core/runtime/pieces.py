@@ -1,7 +1,7 @@
 """A batch explained in pieces: which pieces, how each is cut out, and how their results are merged.
 
 ``explain`` hands a batch here once it is validated. A batch whose estimated peak memory exceeds the
-budget (:mod:`lrp_core.memory`), or a ``chunk_size``, is explained in runs of consecutive samples and the
+budget (:mod:`lrp_core.runtime.memory`), or a ``chunk_size``, is explained in runs of consecutive samples and the
 results are scattered back in batch order — every field, as if explained at once. Right-padded text of
 several lengths is first grouped by length and each group explained without its padding
 (docs/METHODS.md §5.8): every sample then gets exactly the arithmetic of being explained alone.
@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 
 from . import memory
-from .adapters.base import Adapter
-from .explanation import RESULT_FIELDS, Conservation, ResultField
-from .methods import Call, MethodResult
+from ..adapters.base import Adapter
+from ..explanation import RESULT_FIELDS, Conservation, ResultField
+from ..methods.call import Call, MethodResult
 from .utils import progress_bar
 
 
@@ -56,7 +56,7 @@ def plan(adapter: Adapter, prepared: dict, method: str, opt: Any) -> list[Piece]
 
     Right-padded text of several lengths is first grouped by length (:func:`length_groups`); each group
     (or the whole batch) is then cut into runs of at most ``k`` consecutive samples: ``k = chunk_size``
-    if given, else as many as fit ``max_memory`` by :mod:`lrp_core.memory`'s estimate (at least one).
+    if given, else as many as fit ``max_memory`` by :mod:`lrp_core.runtime.memory`'s estimate (at least one).
     """
     groups = length_groups(prepared) if adapter.modality == "text" else None
     if groups is None:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 import torch
 from torch import Tensor
 
-from .errors import InputError
+from ..errors import InputError
 
 
 def model_device(model: Any) -> torch.device:

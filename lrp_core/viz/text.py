@@ -18,8 +18,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .errors import InputError
-from .viz import DEFAULT_CLIP, DEFAULT_GAMMA, _text_colour, colorize, colour_scale
+from ..errors import InputError
+from .maps import DEFAULT_CLIP, DEFAULT_GAMMA, _text_colour, colorize, colour_scale
 
 #: markers of a leading space (byte-level BPE, SentencePiece) and of a newline (byte-level BPE)
 SPACE_MARKS = ("Ġ", "▁")

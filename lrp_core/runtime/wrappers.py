@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .errors import UnsupportedModelError
+from ..errors import UnsupportedModelError
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -5,7 +5,7 @@ its output, and returns the relevance of its input(s). Relevance flows from the
 output to the input; shapes are those of the forward tensors.
 
 The functions are the reference formulas of ``docs/METHODS.md`` §1. The rule
-objects of :mod:`lrp_core.composites` wrap them, and a composite maps each
+objects of :mod:`lrp_core.rules.composites` wrap them, and a composite maps each
 operation of a relevance pass to one of them; the course calls the functions
 directly.
 """

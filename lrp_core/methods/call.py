@@ -1,0 +1,120 @@
+"""What every method receives and returns: :class:`Call`, :class:`MethodResult`, :class:`Options`,
+and the two target forms :class:`Contrast` and :class:`ConceptTarget`.
+
+A method is a function ``Call -> MethodResult``; which options it takes, its defaults and what it returns are
+declared in :mod:`lrp_core.methods.registry`. ``lrp_core.api.explain`` validates the inputs, guards the model and
+builds the :class:`~lrp_core.Explanation`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ..adapters.base import Adapter, TokenLayout, Trace
+from ..adapters.readouts import Readout
+from ..explanation import RESULT_FIELDS
+from .options import OPTIONS
+
+@dataclass
+class ConceptTarget:
+    """A concept instead of a class: ``y = ⟨z, c⟩`` with ``z`` the model's final embedding (head removed).
+
+    Attributes:
+        vector: (D,) the mean final embedding ``c`` of the example inputs.
+        n_examples: how many examples defined it.
+        name: an optional label for plots.
+    """
+
+    vector: Tensor
+    n_examples: int = 0
+    name: str = "concept"
+
+
+def _result_class() -> type:
+    """:class:`MethodResult`: the :data:`~lrp_core.explanation.RESULT_FIELDS` (scores (B, T), target (B,),
+    logits (B, C), then the optional ones, ``None`` by default) and ``used``, the options the method used."""
+    spec = [(f.name, f.type) if f.required else (f.name, f.type, None) for f in RESULT_FIELDS]
+    cls = make_dataclass("MethodResult", spec + [("used", dict, field(default_factory=dict))])
+    cls.__module__, cls.__doc__ = __name__, _result_class.__doc__
+    return cls
+
+
+#: What a method returns; its fields are :data:`lrp_core.explanation.RESULT_FIELDS` and ``used``.
+MethodResult = _result_class()
+
+TargetResolver = Callable[[Tensor], Tensor]  # logits (B, C) -> target (B,)
+
+
+def _options_class() -> type:
+    """:class:`Options`: every option any method takes, with its default (:data:`lrp_core.options.OPTIONS`,
+    where each is declared once); :mod:`lrp_core.methods.registry` says which method takes which."""
+    cls = make_dataclass("Options", [(o.name, o.type, o.default) for o in OPTIONS])
+    cls.__module__, cls.__doc__ = __name__, _options_class.__doc__
+    return cls
+
+
+#: The parsed options a method reads (``call.opt.start_layer``, ...).
+Options = _options_class()
+
+
+@dataclass
+class Contrast:
+    """Explain class ``positive`` *rather than* class ``negative``: ``y = y_positive − y_negative``.
+
+    Each is what ``target`` accepts (``None`` = the predicted class, an int, a sequence or a tensor (B,)).
+    For CLIP: this image as prompt ``positive`` rather than prompt ``negative``.
+    """
+
+    positive: Any = None
+    negative: Any = None
+
+
+@dataclass
+class Call:
+    """One method call: what every method receives.
+
+    ``negative`` (B,): the classes subtracted from the target (a :class:`Contrast`), else ``None``.
+    ``readout``: the batch's readout (``adapter.readout_for(prepared)`` when not given); every replay of
+    the call (:meth:`forward`) runs with it and every map is read through it.
+    """
+
+    adapter: Adapter
+    prepared: dict
+    layout: TokenLayout
+    resolve: TargetResolver
+    opt: Options
+    concept: Optional[ConceptTarget] = None
+    negative: Optional[Tensor] = None
+    readout: Optional[Readout] = None
+
+    def __post_init__(self) -> None:
+        if self.readout is None:
+            self.readout = self.adapter.readout_for(self.prepared)
+
+    def forward(self, **kwargs: Any) -> Trace:
+        """The adapter's replay of the call's batch, read out with the call's readout (``trace.head``)."""
+        return self.adapter.forward(self.prepared, readout=self.readout, **kwargs)
+
+    def start(self, logits: Tensor, target: Tensor) -> Tensor:
+        """(B, C) relevance the explicit passes start from: one-hot of the target (minus the contrast class)."""
+        w = one_hot(logits, target)
+        return w if self.negative is None else w - one_hot(logits, self.negative.to(target.device))
+
+    def output(self, logits: Tensor, target: Tensor, rows: Optional[Tensor] = None) -> Tensor:
+        """(B,) the explained output: y_t (minus y of the contrast class); ``rows``: a subset of the batch."""
+        y = logits.gather(1, target[:, None]).squeeze(1)
+        if self.negative is None:
+            return y
+        neg = self.negative.to(target.device)
+        neg = neg if rows is None else neg[rows]
+        return y - logits.gather(1, neg[:, None]).squeeze(1)
+
+
+def one_hot(logits: Tensor, target: Tensor) -> Tensor:
+    """(B, C) one-hot rows of the target classes: the relevance the passes start from."""
+    return torch.zeros_like(logits).scatter_(1, target[:, None], 1.0)
+
+

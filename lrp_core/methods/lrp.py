@@ -1,0 +1,116 @@
+"""The LRP family (docs/METHODS.md §2.4–2.5, §2b, §2e): relevance conserved from the output to the input.
+
+``lrp`` and ``partial_lrp`` run the explicit pass with the baseline rules; ``attnlrp``, ``cp_lrp`` and
+``pa_lrp`` are gradient × input through a replay whose operations carry their rules' modified gradients.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..errors import UnsupportedModelError
+from ..explanation import Conservation
+from ..rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE, Composite, pa_lrp_composite
+from ..rules.gradient import PositionLeaves
+from .attention import _attention_only, _readout_scores
+from .call import Call, MethodResult
+
+
+def lrp(c: Call) -> MethodResult:
+    """Full LRP with the baseline rules, down to input space (pixels for images, embeddings for text)."""
+    trace, target, _ = _attention_only(c)
+    with torch.no_grad():
+        rel = c.adapter.relprop(trace, c.start(trace.logits, target), LRP_BASELINE, stop_block=0,
+                                to_input=True, prepared=c.prepared)
+    return MethodResult(scores=rel.scores, target=target, logits=trace.logits, pixels=rel.pixels,
+                        token_relevance=rel.tokens)
+
+
+def partial_lrp(c: Call) -> MethodResult:
+    """Baseline LRP down to the last block only: ``mean_h((R^{A_L})⁺)``, the readout's row."""
+    trace, target, _ = _attention_only(c)
+    L = c.adapter.num_blocks
+    with torch.no_grad():
+        rel = c.adapter.relprop(trace, c.start(trace.logits, target), LRP_BASELINE, stop_block=L - 1)
+        last = rel.attn[L - 1].clamp(min=0).mean(dim=1)
+    return MethodResult(scores=_readout_scores(c, last), target=target, logits=trace.logits,
+                        token_relevance=rel.tokens)
+
+
+def _modified_gradient(c: Call, composite: Composite, positions: Optional[PositionLeaves] = None) -> MethodResult:
+    """Gradient × input with a modified-gradient rule set: one forward replay, one backward pass.
+
+    Gradients are taken only with respect to the input-space tensors and the
+    block outputs (no parameter gradients). Token relevance is read at the
+    patch-/word-embedding output, pixels (images) at the input, and the
+    residual stream's relevance after every block (docs/METHODS.md §2b). ``positions``: the leaves a PA-LRP
+    composite's rules made of the position encodings; their relevance is read too (§2e).
+    """
+    trace = c.forward(grad=True, composite=composite, track=True)
+    target = c.resolve(trace.logits.detach())
+    y = c.output(trace.logits, target)
+    emb = trace.embedding
+    hidden = [rec.out for rec in trace.blocks]
+    wrt = [emb.embeds] + hidden + ([emb.images] if emb.images is not None else [])
+    leaves = [] if positions is None else positions.leaves
+    if positions is not None and not leaves:
+        raise UnsupportedModelError(
+            f"pa_lrp gives relevance to the position encoding, but {type(c.adapter.model).__name__} adds none that "
+            "the engine sees (no learned / absolute position embedding added to the tokens, no rotary q/k); "
+            "use attnlrp or cp_lrp")
+    grads = torch.autograd.grad(y.sum(), wrt + leaves, allow_unused=True)
+    pos_grads, grads = grads[len(wrt):], grads[:len(wrt)]
+    with torch.no_grad():
+        scores = (emb.embeds * grads[0]).sum(-1)  # (B, T) the scored tokens' embeddings
+        mask = c.layout.mask
+        if mask is not None:
+            scores = scores * mask[:, c.layout.output_start:].to(scores.dtype)
+        blocks = torch.stack([(h * g).sum(-1) for h, g in zip(hidden, grads[1:1 + len(hidden)])], dim=1)
+        if mask is not None:
+            blocks = blocks * mask[:, None, :].to(blocks.dtype)
+        pixels = (emb.images * grads[-1]).sum(1) if emb.images is not None else None
+        per_position = _positional(leaves, pos_grads, mask)
+        conservation = Conservation(output=y.detach(), blocks=blocks.sum(-1), input=scores.sum(-1),
+                                    pixels=None if pixels is None else pixels.sum(dim=(1, 2)),
+                                    positional=None if per_position is None else per_position.sum(-1))
+    positional = None if per_position is None else per_position[:, -scores.shape[1]:]  # the scored tokens'
+    return MethodResult(scores=scores, target=target, logits=trace.logits.detach(), pixels=pixels,
+                        token_relevance=blocks, conservation=conservation, positional=positional)
+
+
+def _positional(leaves: list, grads: tuple, mask: Optional[Tensor]) -> Optional[Tensor]:
+    """(B, N) the position encodings' relevance per position: Σ over leaves (position tables; a rotary table
+    holds every block's share) of leaf ⊙ gradient, summed over channels; padding 0. ``None`` without leaves."""
+    if not leaves:
+        return None
+    total = None
+    for leaf, g in zip(leaves, grads):
+        if g is None:  # a table the output does not depend on (e.g. CP-LRP: q, k detached after RoPE)
+            g = torch.zeros_like(leaf)
+        r = (leaf * g).sum(-1)  # (B, N)
+        total = r if total is None else total + r
+    if mask is not None and mask.shape[1] == total.shape[1]:
+        total = total * mask.to(total.dtype)
+    return total
+
+
+def attnlrp(c: Call) -> MethodResult:
+    """AttnLRP (Achtibat et al., ICML 2024): LayerNorm std detached, identity rule on non-linearities,
+    plain softmax gradient, the uniform ÷2 rule at ``Q·Kᵀ`` and ``A·V``."""
+    return _modified_gradient(c, ATTNLRP)
+
+
+def cp_lrp(c: Call) -> MethodResult:
+    """CP-LRP (Ali et al., ICML 2022): as AttnLRP, but Q and K detached (attention weights constant), no halving."""
+    return _modified_gradient(c, CP_LRP)
+
+
+def pa_lrp(c: Call) -> MethodResult:
+    """PA-LRP (Bakish et al., 2025): AttnLRP (or CP-LRP, or the authors' ViT rules "cp_halved": option ``base``)
+    with the position encodings as inputs:
+    an added position embedding takes its ε-rule share of the sum; the rotary tables take half of each rotated
+    q / k (the uniform rule). ``positional`` (B, T): their relevance per scored token; ``conservation.positional``."""
+    composite, positions = pa_lrp_composite(c.opt.base)
+    return _modified_gradient(c, composite, positions)
