@@ -18,7 +18,7 @@ LAB_ARGS ?=
 USER_ID  ?= $(shell id -u)
 LAB_ROOT := $(if $(filter 0,$(USER_ID)),--allow-root)
 
-.PHONY: install lab test browser bench bench-quick evaluate wheelhouse figures answers clean
+.PHONY: install lab test browser docs bench bench-quick evaluate wheelhouse figures answers clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,8 +37,13 @@ browser:
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/00_welcome.ipynb $(LAB_ROOT) $(LAB_ARGS)
 
-test: $(STAMP) browser
+test: $(STAMP) browser docs
 	$(BIN)/python -m pytest
+
+# The documentation site (MkDocs): offline, warnings are errors, into site/. The notebooks are rendered
+# from their stored outputs, not executed.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
 
 # Every wheel `make install` needs, for this machine's Python and platform (run it
 # on a machine like the room's). WHEELHOUSE_DIR is where they go.
@@ -67,4 +72,4 @@ evaluate: $(STAMP)
 	$(BIN)/python -m lrp_core.evaluation --model toy-vit --methods all --n 500 --out results/toy-vit.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site .cache

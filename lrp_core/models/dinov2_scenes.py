@@ -44,7 +44,7 @@ __all__ = ["IMAGE_SIZE", "ASSET_DIR", "TUNED_PREFIXES", "READOUTS", "asset_paths
            "scene_inputs", "preprocess", "load_dinov2_scenes"]
 
 IMAGE_SIZE = DINOV2_SCENE_SIZE
-"""Input side in pixels (8 x 8 patches of 14 px); chosen by measurement, see README."""
+"""Input side in pixels (8 x 8 patches of 14 px); chosen by measurement, see docs/guide/embedded.md."""
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "dinov2_scenes"
 """Folder of each readout's tuned tensors and their facts (file names: :func:`asset_paths`)."""
 TUNED_PREFIXES = ("blocks.11.", "norm.", "head.")
