@@ -253,3 +253,23 @@ def test_plans_use_only_what_was_taught_before(plan, course):
                     f"{plan}: exercise {n}.{k} uses {method}, taught in notebook {first[method]} ({row})"
             done += 1
     assert done >= 3, f"{plan}: no exercises found in its table"
+
+
+def test_readme_is_a_front_page():
+    """The README is the front page (≤ 250 lines); the reference lives on the documentation site."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, len(lines)
+    for page in re.findall(r"\]\((docs/[^)#]+\.md)\)", "\n".join(lines)):
+        assert (ROOT / page).is_file(), page
+
+
+@pytest.mark.slow
+def test_readme_examples_run_offline():
+    """Every Python example of the README that needs no hub runs as written, on the embedded models."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    offline = [b for b in blocks if "from_pretrained" not in b]
+    assert len(offline) >= 3
+    scope: dict = {}
+    exec(compile("\n".join(offline), "README.md", "exec"), scope)  # noqa: S102 - the README's own examples
+    assert scope["exp"].scores.shape[0] == 1 and scope["gen"].scores.shape[:2] == (1, 2)
