@@ -57,7 +57,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         max_memory: the memory the call may use. ``None`` / ``"auto"`` (default): half of what the device of
             the model has free (CPU: ``MemAvailable``; CUDA: ``torch.cuda.mem_get_info``); an int (bytes) or a
             string such as ``"512MB"`` / ``"2GiB"``; ``float("inf")`` / ``"none"``: never split. A batch whose
-            estimated peak (:func:`lrp_core.memory.estimate`) exceeds it is explained in pieces of as many
+            estimated peak (:func:`lrp_core.runtime.memory.estimate`) exceeds it is explained in pieces of as many
             samples as fit (at least one) and the results merged in batch order — every field, as if explained
             at once. Each piece gets exactly the arithmetic of being explained alone; against the whole batch
             at once it may differ by round-off, as a batch does from its samples one by one (the BLAS kernels
@@ -80,7 +80,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     readout = adapter.readout_for(prepared)
     aim = goal(spec, target, adapter.batch_size(prepared), readout.num_classes, type(model).__name__)
     call = Call(adapter, prepared, layout, aim.resolve, opt, aim.concept, aim.negative, readout)
-    result = pieces.run(spec, call, pieces.plan(adapter, prepared, method, opt))
+    result = pieces.run(spec, call, pieces.plan(adapter, prepared, spec.memory, opt))
     used = dict(result.used)
     if aim.negative is not None:
         used["contrast_with"] = aim.negative.tolist()

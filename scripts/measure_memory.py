@@ -123,7 +123,7 @@ from lrp_core.runtime import memory
     peak = peak_bytes()
     adapter = get_adapter(model)
     prepared = adapter.check_inputs(x)
-    est = memory.estimate(a.method, memory.facts_of(adapter, prepared), a.batch)
+    est = memory.estimate(registry.get(a.method).memory, memory.facts_of(adapter, prepared), a.batch)
     return {"family": a.family, "method": a.method, "tokens": a.tokens, "batch": a.batch, "dtype": a.dtype,
             "measured_mb": (peak - before_rss) / 2**20, "estimated_mb": est / 2**20,
             "reliable": reset or peak > before_peak}

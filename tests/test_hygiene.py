@@ -151,3 +151,84 @@ def test_no_function_over_60_lines_of_code_and_no_module_over_600_lines():
     assert functions > 500  # the scan sees the package
     assert long_functions == []
     assert long_modules == []
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    """module -> the package's modules it imports, at module level or inside functions.
+
+    ``from pkg import sub`` counts as an import of the submodule ``pkg.sub`` only (the package is already being
+    imported); ``from pkg import name`` of a non-module name counts as an import of ``pkg``. Imports under
+    ``if TYPE_CHECKING:`` never run and do not count.
+    """
+    paths = {_module_name(p): p for p in _sources(package)}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text())
+        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING"
+                for n in ast.walk(node)}
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in paths)
+            elif isinstance(node, ast.ImportFrom):
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                subs = {f"{target}.{a.name}" for a in node.names} & set(paths)
+                deps.update(subs)
+                if len(subs) < len(node.names) and target in paths:
+                    deps.add(target)
+        graph[name] = deps - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    """No module of lrp_core or widgets imports, directly or through others, a module that imports it back."""
+    for package in ("lrp_core", "widgets"):
+        assert _cycles(_import_graph(package)) == [], package
+
+
+def test_the_cycle_check_sees_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    graph = _import_graph("lrp_core")
+    assert "lrp_core.rules.functional" in graph["lrp_core.rules.explicit"]   # the graph sees relative imports

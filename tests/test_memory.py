@@ -119,7 +119,7 @@ def test_text_pieces_compose_with_length_groups(method):
     model, text = make_tiny_bert(weight_scale=5.0).double(), _text()
     prepared = get_adapter(model).check_inputs(text)
     opt = registry.parse_options(registry.get(method), {"chunk_size": 2}, 2, "text")
-    pieces = lrp_pieces.plan(get_adapter(model), prepared, method, opt)
+    pieces = lrp_pieces.plan(get_adapter(model), prepared, registry.get(method).memory, opt)
     assert [(r.tolist(), n) for r, n in pieces] == [([1, 4], 4), ([0, 2], 7), ([3], 7)]
     chunked = explain(model, text, method=method, chunk_size=2, **_options(method))
     for rows, n in pieces:
@@ -191,7 +191,7 @@ def test_a_tiny_budget_splits_and_a_fitting_one_does_not(tiny_vit, monkeypatch):
     monkeypatch.setattr(lrp_pieces, "plan", lambda *a: seen.append(plan(*a)) or seen[-1])
     adapter = get_adapter(tiny_vit)
     facts = memory.facts_of(adapter, adapter.check_inputs(x))
-    two = memory.estimate("transformer_attribution", facts, 2)
+    two = memory.estimate(_p("transformer_attribution"), facts, 2)
     for max_memory, sizes in ((1, [1] * 5), (two, [2, 2, 1]), ("2 GB", [5]), (None, [5]), ("none", [5])):
         explain(tiny_vit, x, max_memory=max_memory)
         assert [len(r) for r, _ in seen[-1]] == sizes, max_memory
@@ -278,25 +278,29 @@ def test_max_memory_values():
     assert free is None or memory.budget(None, torch.device("cpu")) == memory.SAFETY_FRACTION * free
 
 
+def _p(method: str) -> memory.Profile:
+    return registry.get(method).memory
+
+
 # ---------------------------------------------------------------- the estimate
 def test_every_method_has_a_profile():
-    assert set(memory.PROFILES) == set(METHODS)
+    assert all(isinstance(registry.get(m).memory, memory.Profile) for m in METHODS)
 
 
 def test_estimate_grows_with_batch_tokens_and_kept_heads():
     f = memory.ModelFacts(blocks=12, tokens=197, width=768, heads=12, mlp=3072, itemsize=4)
     for method in METHODS:
-        by_batch = [memory.estimate(method, f, b) for b in (1, 2, 8, 64)]
+        by_batch = [memory.estimate(_p(method), f, b) for b in (1, 2, 8, 64)]
         assert by_batch == sorted(by_batch) and by_batch[0] < by_batch[-1], method
-        by_tokens = [memory.per_sample(method, memory.ModelFacts(12, n, 768, 12, 3072, 4)) for n in (16, 64, 197)]
+        by_tokens = [memory.per_sample(_p(method), memory.ModelFacts(12, n, 768, 12, 3072, 4)) for n in (16, 64, 197)]
         assert by_tokens == sorted(by_tokens) and by_tokens[0] < by_tokens[-1], method
-        assert memory.per_sample(method, f, keep_heads=True) >= memory.per_sample(method, f)
-    ta = memory.per_sample("transformer_attribution", f)
-    assert memory.per_sample("transformer_attribution", f, keep_heads=True) > ta
-    assert memory.piece_size(2 * ta + memory.fixed("transformer_attribution", f), "transformer_attribution",
+        assert memory.per_sample(_p(method), f, keep_heads=True) >= memory.per_sample(_p(method), f)
+    ta = memory.per_sample(_p("transformer_attribution"), f)
+    assert memory.per_sample(_p("transformer_attribution"), f, keep_heads=True) > ta
+    assert memory.piece_size(2 * ta + memory.fixed(_p("transformer_attribution"), f), _p("transformer_attribution"),
                              f, 10) == 2
-    assert memory.piece_size(1, "transformer_attribution", f, 10) == 1  # at least one sample per piece
-    assert memory.piece_size(math.inf, "transformer_attribution", f, 10) == 10
+    assert memory.piece_size(1, _p("transformer_attribution"), f, 10) == 1  # at least one sample per piece
+    assert memory.piece_size(math.inf, _p("transformer_attribution"), f, 10) == 10
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
@@ -326,20 +330,20 @@ def test_fused_methods_keep_no_attention_maps_on_sdpa():
         return memory.ModelFacts(blocks=8, tokens=n, width=512, heads=8, mlp=2752, itemsize=4, outputs=32000,
                                  sdpa=sdpa)
     for method in ("attnlrp", "cp_lrp"):
-        eager = memory.per_sample(method, facts(4096, False))
-        fused = memory.per_sample(method, facts(4096, True))
+        eager = memory.per_sample(_p(method), facts(4096, False))
+        fused = memory.per_sample(_p(method), facts(4096, True))
         hnn = 8 * 4096 ** 2 * 4
         assert eager - fused >= 8 * 5 * hnn, method  # the replay's maps of every block are gone
         # what stays: linear in N, plus two N² masks and the logits
-        lin = memory.per_sample(method, facts(2, True)) / 2
+        lin = memory.per_sample(_p(method), facts(2, True)) / 2
         assert fused <= 4096 * lin + (2 * 4096 ** 2 + 2 * 32000) * 4, method
-    ta = memory.per_sample("transformer_attribution", facts(4096, True))
-    assert ta == memory.per_sample("transformer_attribution", facts(4096, False))  # keeps its maps either way
+    ta = memory.per_sample(_p("transformer_attribution"), facts(4096, True))
+    assert ta == memory.per_sample(_p("transformer_attribution"), facts(4096, False))  # keeps its maps either way
     # the LM head: 2·V per sample, and its V·D weight is the largest weight of the fixed part
     f = facts(16, True)
-    assert memory.fixed("attnlrp", f) == 3 * 512 * 32000 * 4
+    assert memory.fixed(_p("attnlrp"), f) == 3 * 512 * 32000 * 4
     no_head = memory.ModelFacts(8, 16, 512, 8, 2752, 4, outputs=0, sdpa=True)
-    assert memory.per_sample("attnlrp", f) - memory.per_sample("attnlrp", no_head) == 2 * 32000 * 4
+    assert memory.per_sample(_p("attnlrp"), f) - memory.per_sample(_p("attnlrp"), no_head) == 2 * 32000 * 4
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")

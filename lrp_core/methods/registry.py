@@ -101,7 +101,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Brocki & Chung: gradient × tokens entering the last attention
     MethodSpec("cdam", A.cdam, Profile(**GRAPH, **BACKWARD), concept_target=True),
     # y_t(all tokens) − y_t(without token i), batched
-    MethodSpec("token_ablation", P.token_ablation, Profile(**PLAIN), options=("batch_size",)),
+    MethodSpec("token_ablation", P.token_ablation, Profile(**PLAIN, ablated=True), options=("batch_size",)),
     # Achtibat et al. (ICML 2024): gradient × input, std detached, identity rule, ÷2 at Q·Kᵀ and A·V
     MethodSpec("attnlrp", LRP.attnlrp, Profile(**MODIFIED, **BACKWARD, fused=True),
                returns=("pixels", "token_relevance", "conservation")),

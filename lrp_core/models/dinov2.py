@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..data.scenes import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import InputError, LRPError
-from . import LoadedModel
+from .base import LoadedModel
 
 #: Input side of the ONNX graph (its input is fixed at 3 x 224 x 224).
 IMAGE_SIZE = 224

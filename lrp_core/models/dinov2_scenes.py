@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from ..data.scenes import CLASS_NAMES, DINOV2_SCENE_SIZE, IMAGENET_MEAN, IMAGENET_STD
 from ..data.scenes import imagenet_normalize as scene_inputs  # the scenes' input convention lives with the data
 from ..errors import InputError, LRPError, MissingFileError
-from . import LoadedModel
+from .base import LoadedModel
 from .dinov2 import PATCH_SIZE
 
 __all__ = ["IMAGE_SIZE", "ASSET_DIR", "TUNED_PREFIXES", "READOUTS", "asset_paths", "build_dinov2_scenes",

@@ -29,7 +29,7 @@ import torch
 
 from ..data.photos import as_pil_image
 from ..errors import InputError, LRPError
-from . import LoadedModel
+from .base import LoadedModel
 from .lm import KNOWN_DECODERS, LM_HINTS, is_causal_lm, lm_alternative, lm_labels, lm_preprocess
 
 __all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_endpoint", "hub_reachable", "imagenet_class_names",

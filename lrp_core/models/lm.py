@@ -43,7 +43,7 @@ _LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 def lm_alternative() -> str:
     """What to load offline instead of a hub decoder: the embedded LM once one ships, else the embedded text model."""
-    from . import EMBEDDED
+    from .base import EMBEDDED
 
     if "tiny-lm" in EMBEDDED:
         return "load('tiny-lm') (an embedded Llama-family language model)"

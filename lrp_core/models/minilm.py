@@ -30,7 +30,7 @@ import torch
 
 from ..errors import InputError, LRPError
 from ..runtime.utils import logits_in_batches
-from . import LoadedModel
+from .base import LoadedModel
 
 LABELS = ["negative", "positive"]
 MAX_LENGTH = 128

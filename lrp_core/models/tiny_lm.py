@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import InputError, LRPError
-from . import LoadedModel
+from .base import LoadedModel
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny_lm"
 WEIGHTS_FILE = ASSET_DIR / "model.safetensors"

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..data.photos import as_pil_image
 from ..data.scenes import CLASS_NAMES, IMAGE_SIZE, MEAN, STD
 from ..errors import InputError, MissingFileError
-from . import LoadedModel
+from .base import LoadedModel
 
 __all__ = ["ASSET_DIR", "TOY_VIT_CONFIG", "build_toy_vit", "load_toy_vit", "toy_vit_preprocess"]
 

@@ -101,6 +101,8 @@ class Profile:
     baselines' steps, perturbations, noisy copies): the fixed part holds ``batch_size`` samples' pass.
     ``fused``: its pass is one modified backward that replays sdpa attention fused (no ``H·N²`` on an
     sdpa model, :attr:`ModelFacts.sdpa`).
+    ``ablated``: its fixed part holds ``batch_size`` forward passes of the sequence with one token removed
+    (token ablation), each priced as :data:`ABLATED_PASS`.
     """
 
     act: float
@@ -113,6 +115,7 @@ class Profile:
     tmp_att: float = 0.0
     batched: bool = False
     fused: bool = False
+    ablated: bool = False
 
 
 # The parts a method's Profile is made of (each method's profile is ``MethodSpec.memory`` in lrp_core.methods.registry).
@@ -122,24 +125,9 @@ MODIFIED = dict(act=24, mlp=4, att=5)  # the modified-gradient replay (decompose
 RELPROP = dict(tmp_act=8, tmp_mlp=8, tmp_att=6)  # the explicit pass at one block
 BACKWARD = dict(tmp_act=6, tmp_mlp=3, tmp_att=3)  # autograd's backward at one block
 
-#: The profile of a method not in the registry: the largest of every part.
-WORST = Profile(**MODIFIED, kept=3, layers=True, **RELPROP)
-
-
-def profile(method: str) -> Profile:
-    """The :class:`Profile` of ``method``: its ``MethodSpec.memory`` in :mod:`lrp_core.methods.registry`, else
-    :data:`WORST`."""
-    from ..methods import registry  # the registry imports this module for Profile
-    spec = registry.METHODS.get(method)
-    return WORST if spec is None else spec.memory
-
-
-def __getattr__(name: str) -> Any:
-    # PROFILES, read from the registry (where each method declares its profile) when first asked for
-    if name == "PROFILES":
-        from ..methods import registry
-        return {n: s.memory for n, s in registry.METHODS.items()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: One forward pass of a sequence with a token removed (token ablation's fixed part), priced as a plain
+#: replay that keeps its head-mean maps.
+ABLATED_PASS = Profile(**PLAIN, layers=True, tmp_att=1)
 
 
 def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = None) -> ModelFacts:
@@ -167,9 +155,8 @@ def _compute_itemsize(weight: Any) -> int:
     return 4 if weight.dtype in HALF else weight.element_size()
 
 
-def per_sample(method: str, f: ModelFacts, keep_heads: bool = False) -> int:
-    """Bytes one more sample adds to the peak of ``method``'s pass."""
-    p = profile(method)
+def per_sample(p: Profile, f: ModelFacts, keep_heads: bool = False) -> int:
+    """Bytes one more sample adds to the peak of a pass with profile ``p`` (a method's ``MethodSpec.memory``)."""
     N, D, H, F, L = f.tokens, f.width, f.heads, f.mlp, f.blocks
     nd, nf, hnn = N * D, N * F, H * N * N
     fused = p.fused and f.sdpa  # one modified backward through the fused kernel: no attention maps
@@ -181,20 +168,21 @@ def per_sample(method: str, f: ModelFacts, keep_heads: bool = False) -> int:
     return int(math.ceil((L * block + once) * f.itemsize))
 
 
-def fixed(method: str, f: ModelFacts, batch_size: int = 64) -> int:
-    """Bytes of the pass that do not grow with the batch (weight-sized temporaries; ablated sequences)."""
+def fixed(p: Profile, f: ModelFacts, batch_size: int = 64) -> int:
+    """Bytes of a pass with profile ``p`` that do not grow with the batch (weight-sized temporaries; the
+    ablated or batched sequences)."""
     out = 3 * f.width * max(f.mlp, f.outputs) * f.itemsize  # the largest weight: an LM head's V·D
-    if method == "token_ablation":
-        out += batch_size * per_sample("rollout", ModelFacts(f.blocks, max(f.tokens - 1, 1), f.width, f.heads,
-                                                             f.mlp, f.itemsize, f.outputs, f.sdpa))
-    elif profile(method).batched:
-        out += batch_size * per_sample(method, f)
+    if p.ablated:
+        out += batch_size * per_sample(ABLATED_PASS, ModelFacts(f.blocks, max(f.tokens - 1, 1), f.width, f.heads,
+                                                                f.mlp, f.itemsize, f.outputs, f.sdpa))
+    elif p.batched:
+        out += batch_size * per_sample(p, f)
     return int(out)
 
 
-def estimate(method: str, f: ModelFacts, batch: int, keep_heads: bool = False, batch_size: int = 64) -> int:
-    """Upper bound on the peak bytes of explaining ``batch`` samples at once with ``method``."""
-    return fixed(method, f, batch_size) + batch * per_sample(method, f, keep_heads)
+def estimate(p: Profile, f: ModelFacts, batch: int, keep_heads: bool = False, batch_size: int = 64) -> int:
+    """Upper bound on the peak bytes of explaining ``batch`` samples at once with a pass of profile ``p``."""
+    return fixed(p, f, batch_size) + batch * per_sample(p, f, keep_heads)
 
 
 # ----------------------------------------------------------------------------
@@ -261,14 +249,15 @@ def budget(max_memory: MaxMemory, device: torch.device) -> float:
     return math.inf if free is None else SAFETY_FRACTION * free
 
 
-def piece_size(budget_bytes: float, method: str, f: ModelFacts, batch: int, keep_heads: bool = False,
+def piece_size(budget_bytes: float, p: Profile, f: ModelFacts, batch: int, keep_heads: bool = False,
                batch_size: int = 64) -> int:
-    """Samples per piece: ``batch`` if the whole batch fits, else ``⌊(budget − fixed) / per sample⌋`` (≥ 1)."""
-    if budget_bytes == math.inf or estimate(method, f, batch, keep_heads, batch_size) <= budget_bytes:
+    """Samples per piece of a pass with profile ``p``: ``batch`` if the whole batch fits, else
+    ``⌊(budget − fixed) / per sample⌋`` (≥ 1)."""
+    if budget_bytes == math.inf or estimate(p, f, batch, keep_heads, batch_size) <= budget_bytes:
         return batch
-    room = budget_bytes - fixed(method, f, batch_size)
-    return max(1, min(batch, int(room // max(per_sample(method, f, keep_heads), 1))))
+    room = budget_bytes - fixed(p, f, batch_size)
+    return max(1, min(batch, int(room // max(per_sample(p, f, keep_heads), 1))))
 
 
-__all__ = ["ModelFacts", "Profile", "PROFILES", "WORST", "profile", "SAFETY_FRACTION", "facts_of", "per_sample", "fixed", "estimate",
+__all__ = ["ModelFacts", "Profile", "ABLATED_PASS", "SAFETY_FRACTION", "facts_of", "per_sample", "fixed", "estimate",
            "parse_max_memory", "available", "budget", "piece_size"]

@@ -51,7 +51,7 @@ def length_groups(prepared: dict) -> Optional[list[Piece]]:
     return [Piece(torch.nonzero(lengths == n).flatten(), int(n)) for n in lengths.unique().tolist()]
 
 
-def plan(adapter: Adapter, prepared: dict, method: str, opt: Any) -> list[Piece]:
+def plan(adapter: Adapter, prepared: dict, profile: memory.Profile, opt: Any) -> list[Piece]:
     """The pieces a batch is explained in.
 
     Right-padded text of several lengths is first grouped by length (:func:`length_groups`); each group
@@ -72,7 +72,7 @@ def plan(adapter: Adapter, prepared: dict, method: str, opt: Any) -> list[Piece]
             if budget is None:
                 budget = memory.budget(opt.max_memory, adapter.blocks[0].attn.proj.weight.device)
             facts = memory.facts_of(adapter, prepared, tokens=n)
-            k = memory.piece_size(budget, method, facts, len(rows), keep_heads=opt.keep_heads,
+            k = memory.piece_size(budget, profile, facts, len(rows), keep_heads=opt.keep_heads,
                                   batch_size=opt.batch_size)
         pieces += [Piece(part, n) for part in rows.split(k)]
     return pieces

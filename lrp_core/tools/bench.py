@@ -29,7 +29,7 @@ Honest limits, on purpose:
   takes longer than ``--budget`` seconds (default 20) is timed by that one run.
   The ``runs`` field of ``--json`` records how many runs each number is the
   best of.
-* A cell whose estimated peak (:func:`lrp_core.memory.estimate`, an upper
+* A cell whose estimated peak (:func:`lrp_core.runtime.memory.estimate`, an upper
   bound) exceeds the memory available is not run (its row says so; e.g. a
   method that keeps one H×N×N map per block on a long decoder input), rather
   than pushing a shared machine into swap.
@@ -75,6 +75,7 @@ from tqdm.auto import tqdm
 from ..runtime import memory
 from ..api import METHODS, explain
 from ..errors import LRPError
+from ..methods import registry
 from ..methods.registry import DECODER_METHODS
 from ..runtime.utils import proc_kib
 from .bench_models import (DECODER_MODELS, IMAGE_MODELS, TEXT_MODELS, TINY_MODELS, Inputs, build_in, build_model,
@@ -298,11 +299,11 @@ def case_facts(model: str, tokens: int) -> Optional[memory.ModelFacts]:
 def memory_reason(case: Case, method: str, free: Optional[int]) -> Optional[str]:
     """Why (case, method) is not run: its estimated peak exceeds ``free`` bytes; else ``None``."""
     facts = case_facts(case.model, case.tokens) if free is not None and method != BASELINE else None
-    need = memory.estimate(method, facts, case.batch) if facts is not None else 0
+    need = memory.estimate(registry.get(method).memory, facts, case.batch) if facts is not None else 0
     if need <= (free or 0):
         return None
     return (f"not run: estimated peak {need / 2**30:.1f} GiB > {free / 2**30:.1f} GiB available "
-            f"(lrp_core.memory.estimate)")
+            f"(lrp_core.runtime.memory.estimate)")
 
 
 def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dict], note: str = "") -> dict:
@@ -381,7 +382,7 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
     if errors:
         lines.append("² the measuring subprocess failed; see the run's output.")
     if too_big:
-        lines.append("³ not run: the estimated peak (`lrp_core.memory.estimate`) exceeds the available memory.")
+        lines.append("³ not run: the estimated peak (`lrp_core.runtime.memory.estimate`) exceeds the available memory.")
     if settings is not None:
         threads = settings.threads or torch.get_num_threads()
         memory = "peak = peak RSS of a fresh process per cell" if isolated else "in one process, no memory"
