@@ -141,6 +141,12 @@ class Composite:
         for pattern, rule in self.names.items():
             if ("names", pattern) not in self._chosen:
                 layers = [n for n, k in self._asked.items() if rule.kinds is None or k in rule.kinds]
+                hits = [n for n in layers if fnmatchcase(n, pattern)]
+                if hits:  # it matches, but an earlier pattern chose those layers' rule
+                    out.append(f"name pattern {pattern!r} ({rule!r}): it matches {', '.join(hits[:3])}, but an "
+                               "earlier pattern chose their rule first (patterns are tried in order; with_rules puts "
+                               "the new ones first)")
+                    continue
                 reach = "" if rule.kinds is None else f" of kind {'/'.join(rule.kinds)}"
                 shown = ", ".join(layers[:6]) + (f", … ({len(layers)} in all)" if len(layers) > 6 else "")
                 out.append(f"name pattern {pattern!r} ({rule!r}) matched no layer{reach} the pass asked a rule "

@@ -261,6 +261,14 @@ def test_a_name_pattern_that_changes_nothing_is_refused(pattern, why):
     assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in model.modules())
 
 
+def test_a_pattern_shadowed_by_an_earlier_one_is_refused():
+    """Patterns are tried in order; one whose layers all took an earlier pattern's rule changes nothing."""
+    composite = ATTNLRP.with_rules(by_name={"blocks.*": GammaGradient(0.5), "blocks.0.mlp.fc1": EpsilonGradient(0.1)})
+    with pytest.raises(RuleSetError, match=r"name pattern 'blocks.0.mlp.fc1' \(EpsilonGradient\(0.1\)\): it matches "
+                                           r"blocks.0.mlp.fc1, but an earlier pattern chose their rule first"):
+        explain(_vit(), _images(), method="attnlrp", composite=composite)
+
+
 def test_a_first_layer_entry_the_pass_never_meets_is_refused():
     model = make_tiny_bert().double()
     ids = torch.tensor([[2, 11, 12, 3]])
