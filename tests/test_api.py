@@ -26,7 +26,7 @@ def test_an_option_the_method_does_not_take_is_refused(tiny_vit, images):
         for option in spec.options:
             value = {"start_layer": 0, "end_layer": None, "rollout_norm": None, "use_gradient": True,
                      "keep_heads": False, "progress": False, "batch_size": 64, "n_steps": 4, "baseline": "zeros",
-                     "n_samples": 8, "stdevs": 0.5, "seed": 1, "base": "cp_lrp"}[option]
+                     "n_samples": 8, "stdevs": 0.5, "seed": 1, "base": "cp_lrp", "composite": None}[option]
             assert explain(tiny_vit, images[:1], method=name, **{option: value}).scores.shape == (1, 16)
 
 

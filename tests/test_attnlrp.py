@@ -198,5 +198,6 @@ def test_gradient_rules_refuse_an_explicit_pass(tiny_vit, images):
 
 def test_options_are_refused(tiny_vit, images):
     from lrp_core import InputError
-    with pytest.raises(InputError, match="'attnlrp' accepts no options"):
+    with pytest.raises(InputError, match=r"'attnlrp' does not take option\(s\) \['start_layer'\]; method 'attnlrp' "
+                                         r"accepts: composite \(the rule set"):
         explain(tiny_vit, images, method="attnlrp", start_layer=1)

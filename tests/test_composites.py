@@ -22,8 +22,8 @@ class GenericRule(ExplicitRule):
 
 
 #: the generic DTD rule everywhere it applies: Linear, the residual Adds; everything else as before
-GENERIC = TRANSFORMER_ATTRIBUTION.with_rules("generic", **{LINEAR: GenericRule(), ADD: GenericAdd(),
-                                                           MASK_ADD: GenericAdd()})
+GENERIC = TRANSFORMER_ATTRIBUTION.with_rules("generic", by_kind={LINEAR: GenericRule(), ADD: GenericAdd(),
+                                                                 MASK_ADD: GenericAdd()})
 
 
 def _bias_free_vit(seed: int = 0) -> torch.nn.Module:
@@ -85,7 +85,7 @@ def test_a_composite_without_a_rule_names_what_it_covers():
 
 def test_explain_is_unchanged_by_building_composites(tiny_vit, images):
     before = explain(tiny_vit, images).scores
-    TRANSFORMER_ATTRIBUTION.with_rules("x", **{LINEAR: GenericRule()})  # a copy: the original is untouched
+    TRANSFORMER_ATTRIBUTION.with_rules("x", by_kind={LINEAR: GenericRule()})  # a copy: the original is untouched
     assert torch.equal(explain(tiny_vit, images).scores, before)
 
 
@@ -152,10 +152,16 @@ def test_a_composite_that_mixes_kinds_of_pass_is_an_error_when_built():
     with pytest.raises(RuleSetError, match="'mixed' mixes explicit-pass rules .*SignedLinear.* with modified-gradient "
                                            "rules .*Gradient"):
         Composite("mixed", {LINEAR: SignedLinear(), ADD: Gradient()})
-    with pytest.raises(RuleSetError, match="mixes"):
-        TRANSFORMER_ATTRIBUTION.with_rules("x", names={"head": Gradient()})
-    with pytest.raises(RuleSetError, match="mixes"):
+    with pytest.raises(RuleSetError, match=r"'transformer_attribution' serves an explicit relevance pass, but "
+                                           r"by_name\['head'\] is Gradient\(\), a rule of a modified-gradient replay"):
+        TRANSFORMER_ATTRIBUTION.with_rules("x", by_name={"head": Gradient()})
+    with pytest.raises(RuleSetError, match=r"'attnlrp' serves a modified-gradient replay, but first\['linear'\] is "
+                                           r"BaselineLinear\(\), .* accepts a rule of a modified-gradient replay "
+                                           r"\(a GradientRule\) — here Gradient"):
         ATTNLRP.with_rules("y", first={LINEAR: BaselineLinear()})
+    with pytest.raises(RuleSetError, match=r"'odd names' serves a modified-gradient replay \(its rules by operation "
+                                           r"kind\), but names\['head'\] is SignedLinear\(\)"):
+        Composite("odd names", dict(ATTNLRP.rules), names={"head": SignedLinear()})
 
     class Neither(Rule):
         pass
@@ -205,7 +211,7 @@ def test_a_name_map_swaps_exactly_the_named_layers_rules():
     trace = a.forward(a.check_inputs(x))
     R_out = torch.eye(5, dtype=torch.float64)[[1, 3]]
     named = TRANSFORMER_ATTRIBUTION.with_rules(
-        "baseline head and fc1", names={"head": BaselineLinear(), "blocks.*.mlp.fc1": BaselineLinear()})
+        "baseline head and fc1", by_name={"head": BaselineLinear(), "blocks.*.mlp.fc1": BaselineLinear()})
     last = a.num_blocks - 1
     got = a.relprop(trace, R_out, named, stop_block=last).attn[last]
     default = a.relprop(trace, R_out, TRANSFORMER_ATTRIBUTION, stop_block=last).attn[last]
@@ -245,7 +251,7 @@ def test_the_first_layer_map_is_the_name_map_of_the_first_layer_in_input_order()
     trace = a.forward(prepared)
     assert trace.first[LINEAR] is model.blocks[0].attn.qkv and trace.first[PATCH_CONV] is model.patch_embed.proj
     first = TRANSFORMER_ATTRIBUTION.with_rules("first", first={LINEAR: BaselineLinear()})
-    named = TRANSFORMER_ATTRIBUTION.with_rules("named", names={"blocks.0.attn.qkv": BaselineLinear()})
+    named = TRANSFORMER_ATTRIBUTION.with_rules("named", by_name={"blocks.0.attn.qkv": BaselineLinear()})
     R_out = torch.eye(5, dtype=torch.float64)[[0, 2]]
     runs = [a.relprop(trace, R_out, c, to_input=True, prepared=prepared)
             for c in (first, named, TRANSFORMER_ATTRIBUTION)]
@@ -267,8 +273,8 @@ def test_name_and_first_maps_in_a_modified_gradient_replay():
         (g,) = torch.autograd.grad(y, trace.embedding.images)
         return (g * trace.embedding.images).sum(1)
 
-    by_name = relevance(ATTNLRP.with_rules("plain gelu by name", names={"blocks.*.mlp.act": Gradient()}))
-    assert torch.equal(by_name, relevance(ATTNLRP.with_rules("plain gelu", **{ELEMENTWISE: Gradient()})))
+    by_name = relevance(ATTNLRP.with_rules("plain gelu by name", by_name={"blocks.*.mlp.act": Gradient()}))
+    assert torch.equal(by_name, relevance(ATTNLRP.with_rules("plain gelu", by_kind={ELEMENTWISE: Gradient()})))
     assert not torch.allclose(by_name, relevance(ATTNLRP))
     met: list = []
 
@@ -283,7 +289,7 @@ def test_name_and_first_maps_in_a_modified_gradient_replay():
 
 def test_maps_need_what_they_read():
     with pytest.raises(RuleSetError, match="chooses rules by module name: Propagation needs the model's module names"):
-        Propagation(TRANSFORMER_ATTRIBUTION.with_rules("n", names={"head": BaselineLinear()}))
+        Propagation(TRANSFORMER_ATTRIBUTION.with_rules("n", by_name={"head": BaselineLinear()}))
     with pytest.raises(RuleSetError, match="first layer of a kind: Replay needs the replay's order"):
         Replay(ATTNLRP.with_rules("f", first={LINEAR: Gradient()}), record=False)
 

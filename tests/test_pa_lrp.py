@@ -158,7 +158,7 @@ def test_agrees_with_the_authors_vit_fixture(base, monkeypatch):
     the logit: the fixture holds it × the logit. Tokens and positions per patch, and every position's total (the
     cls position's too). Rules equal: 1e-15 with the GELU identity rule's stabiliser (1e-10) at 0 as theirs;
     the engine as is: 1.8e-8 (scripts/pa_lrp_findings.md)."""
-    from lrp_core.rules.functional import gradient as gradient_rules
+    from lrp_core.rules import gradient as gradient_rules
     model, fx = _fixture_deit()
     ref = fx["reference"][base]
     x, t = fx["images"], fx["targets"]

@@ -12,6 +12,7 @@ Shapes: B batch, T tokens (padding included), D width.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 
 import torch
 from torch import Tensor, nn
@@ -76,6 +77,16 @@ class GPT2Adapter(DecoderAdapter):
             raise UnsupportedModelError(f"{type(model).__name__}: GPT-2 with cross-attention (add_cross_attention) "
                                         "is an encoder-decoder's decoder; only the self-attention GPT-2 is supported")
         super().__init__(model)
+
+    @cached_property
+    def module_names(self) -> dict:
+        """The model's module → qualified name, each Conv1D view named as its Conv1D (``transformer.h.0.mlp.c_fc``):
+        the views are not modules of the model, and a composite's name patterns must reach them."""
+        names = dict(DecoderAdapter.module_names.func(self))
+        for spec in self.blocks:
+            for view in (spec.attn.qkv, spec.attn.proj, spec.mlp.fc1, spec.mlp.fc2):
+                names[view] = names[view.conv]
+        return names
 
     def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
         base = getattr(self.model, "transformer", None)

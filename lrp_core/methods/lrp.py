@@ -18,25 +18,43 @@ from .attention import _attention_only, _readout_scores
 from .call import Call, MethodResult
 
 
+def _rule_set(c: Call, default: Composite) -> Composite:
+    """The call's rule set: the user's ``composite=`` (a fresh copy, recording which of its name / first-layer
+    entries take effect) or the method's ``default``."""
+    return default if c.opt.composite is None else c.opt.composite.fresh()
+
+
+def _used(c: Call, composite: Composite, method: str) -> dict:
+    """``Explanation.options`` of a call with a user's rule set (``{}`` without one): its name; a rule set whose
+    name / first-layer entries chose no rule is refused here (:meth:`Composite.check_used`)."""
+    if c.opt.composite is None:
+        return {}
+    composite.check_used(f"method {method!r}")
+    return {"composite": composite.name}
+
+
 def lrp(c: Call) -> MethodResult:
-    """Full LRP with the baseline rules, down to input space (pixels for images, embeddings for text)."""
+    """Full LRP with the baseline rules (or ``composite=``), down to input space (pixels for images, embeddings
+    for text)."""
+    composite = _rule_set(c, LRP_BASELINE)
     trace, target, _ = _attention_only(c)
     with torch.no_grad():
-        rel = c.adapter.relprop(trace, c.start(trace.logits, target), LRP_BASELINE, stop_block=0,
+        rel = c.adapter.relprop(trace, c.start(trace.logits, target), composite, stop_block=0,
                                 to_input=True, prepared=c.prepared)
     return MethodResult(scores=rel.scores, target=target, logits=trace.logits, pixels=rel.pixels,
-                        token_relevance=rel.tokens)
+                        token_relevance=rel.tokens, used=_used(c, composite, "lrp"))
 
 
 def partial_lrp(c: Call) -> MethodResult:
-    """Baseline LRP down to the last block only: ``mean_h((R^{A_L})⁺)``, the readout's row."""
+    """Baseline LRP (or ``composite=``) down to the last block only: ``mean_h((R^{A_L})⁺)``, the readout's row."""
+    composite = _rule_set(c, LRP_BASELINE)
     trace, target, _ = _attention_only(c)
     L = c.adapter.num_blocks
     with torch.no_grad():
-        rel = c.adapter.relprop(trace, c.start(trace.logits, target), LRP_BASELINE, stop_block=L - 1)
+        rel = c.adapter.relprop(trace, c.start(trace.logits, target), composite, stop_block=L - 1)
         last = rel.attn[L - 1].clamp(min=0).mean(dim=1)
     return MethodResult(scores=_readout_scores(c, last), target=target, logits=trace.logits,
-                        token_relevance=rel.tokens)
+                        token_relevance=rel.tokens, used=_used(c, composite, "partial_lrp"))
 
 
 def _modified_gradient(c: Call, composite: Composite, positions: Optional[PositionLeaves] = None) -> MethodResult:
@@ -98,13 +116,20 @@ def _positional(leaves: list, grads: tuple, mask: Optional[Tensor]) -> Optional[
 
 def attnlrp(c: Call) -> MethodResult:
     """AttnLRP (Achtibat et al., ICML 2024): LayerNorm std detached, identity rule on non-linearities,
-    plain softmax gradient, the uniform ÷2 rule at ``Q·Kᵀ`` and ``A·V``."""
-    return _modified_gradient(c, ATTNLRP)
+    plain softmax gradient, the uniform ÷2 rule at ``Q·Kᵀ`` and ``A·V`` (or the rules of ``composite=``)."""
+    composite = _rule_set(c, ATTNLRP)
+    result = _modified_gradient(c, composite)
+    result.used = _used(c, composite, "attnlrp")
+    return result
 
 
 def cp_lrp(c: Call) -> MethodResult:
-    """CP-LRP (Ali et al., ICML 2022): as AttnLRP, but Q and K detached (attention weights constant), no halving."""
-    return _modified_gradient(c, CP_LRP)
+    """CP-LRP (Ali et al., ICML 2022): as AttnLRP, but Q and K detached (attention weights constant), no halving
+    (or the rules of ``composite=``)."""
+    composite = _rule_set(c, CP_LRP)
+    result = _modified_gradient(c, composite)
+    result.used = _used(c, composite, "cp_lrp")
+    return result
 
 
 def pa_lrp(c: Call) -> MethodResult:

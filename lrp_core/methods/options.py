@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from ..runtime import memory
 from ..errors import InputError
+from ..rules.composites import Composite
 from .products import NORMS
 
 
@@ -122,6 +123,14 @@ def _choice(name: str, choices: tuple) -> Callable[[Any, int], Any]:
     return check
 
 
+def _composite(v: Any, L: int) -> Optional[Composite]:
+    """A rule set (:class:`~lrp_core.rules.Composite`); which kind of pass it must serve, the registry checks."""
+    if v is not None and not isinstance(v, Composite):
+        raise InputError(f"composite must be a rule set (lrp_core.rules.Composite, e.g. "
+                         f"ATTNLRP.with_rules(by_kind={{LINEAR: GammaGradient(0.25)}})), got {type(v).__name__}")
+    return v
+
+
 def _progress(v: Any, L: int) -> Optional[bool]:
     if v is not None and not isinstance(v, bool):
         raise InputError(f"progress must be True (a progress bar), False (none) or None (only for long runs), "
@@ -174,6 +183,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("base", "attnlrp", "pa_lrp: the rule set the positional rules are added to, 'attnlrp', 'cp_lrp' or "
            "'cp_halved' (the authors' ViT rules: CP-LRP with A·V's ÷2 kept; not conservative)",
            _choice("base", ("attnlrp", "cp_lrp", "cp_halved")), type=str),
+    Option("composite", None, "the rule set of the relevance pass (lrp_core.rules.Composite; default: the "
+           "method's own): lrp, partial_lrp take an explicit-pass one (from LRP_BASELINE), attnlrp, cp_lrp a "
+           "modified-gradient one (from ATTNLRP, CP_LRP)", _composite, type=Optional[Composite]),
     Option("max_memory", None, "bytes or '2GB' a call may use, else it runs in pieces; None/'auto': half the "
            "free memory, 'none': never split", lambda v, L: memory.parse_max_memory(v), generic=True),
     Option("chunk_size", None, "samples per piece, instead of max_memory",

@@ -21,10 +21,11 @@ from . import lrp as LRP
 from . import perturbation as P
 from .call import Call, MethodResult, Options
 from . import options as O
-from ..errors import InputError, UnknownMethodError, UnsupportedModelError
+from ..errors import InputError, RuleSetError, UnknownMethodError, UnsupportedModelError
 from ..explanation import OPTIONAL_FIELDS
 from ..runtime.memory import BACKWARD, GRAPH, MODIFIED, PLAIN, RELPROP, Profile
 from .options import GENERIC_OPTIONS
+from ..rules.ops import EXPLICIT, MODIFIED_GRADIENT
 
 #: Every option a method may take, with what it means (for error messages and docs): read from
 #: :data:`lrp_core.options.OPTIONS`, where each option is declared.
@@ -58,6 +59,8 @@ class MethodSpec:
     #: whether it runs on decoder language models (lrp_core.adapters.decoder); every method does today, the flag
     #: (and :func:`check_model`) is there for one that cannot
     decoders: bool = True
+    #: the kind of pass (lrp_core.rules.ops.PASS_KINDS) of the rule set a method that takes ``composite=`` runs
+    rule_pass: Optional[str] = None
 
     def takes(self, option: str) -> bool:
         return option in self.options or option in GENERIC_OPTIONS
@@ -95,19 +98,21 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Grad-CAM on the last attention map
     MethodSpec("attention_gradcam", A.attention_gradcam, Profile(**GRAPH, **BACKWARD)),
     # full LRP with the baseline rules down to input space
-    MethodSpec("lrp", LRP.lrp, Profile(**PLAIN, kept=1, **RELPROP), returns=("pixels", "token_relevance")),
+    MethodSpec("lrp", LRP.lrp, Profile(**PLAIN, kept=1, **RELPROP), options=("composite",),
+               returns=("pixels", "token_relevance"), rule_pass=EXPLICIT),
     # baseline LRP, the last block's attention relevance
-    MethodSpec("partial_lrp", LRP.partial_lrp, Profile(**PLAIN, kept=1, **RELPROP), returns=("token_relevance",)),
+    MethodSpec("partial_lrp", LRP.partial_lrp, Profile(**PLAIN, kept=1, **RELPROP), options=("composite",),
+               returns=("token_relevance",), rule_pass=EXPLICIT),
     # Brocki & Chung: gradient × tokens entering the last attention
     MethodSpec("cdam", A.cdam, Profile(**GRAPH, **BACKWARD), concept_target=True),
     # y_t(all tokens) − y_t(without token i), batched
     MethodSpec("token_ablation", P.token_ablation, Profile(**PLAIN, ablated=True), options=("batch_size",)),
     # Achtibat et al. (ICML 2024): gradient × input, std detached, identity rule, ÷2 at Q·Kᵀ and A·V
-    MethodSpec("attnlrp", LRP.attnlrp, Profile(**MODIFIED, **BACKWARD, fused=True),
-               returns=("pixels", "token_relevance", "conservation")),
+    MethodSpec("attnlrp", LRP.attnlrp, Profile(**MODIFIED, **BACKWARD, fused=True), options=("composite",),
+               returns=("pixels", "token_relevance", "conservation"), rule_pass=MODIFIED_GRADIENT),
     # Ali et al. (ICML 2022): gradient × input, std detached, Q and K detached
-    MethodSpec("cp_lrp", LRP.cp_lrp, Profile(**MODIFIED, **BACKWARD, fused=True),
-               returns=("pixels", "token_relevance", "conservation")),
+    MethodSpec("cp_lrp", LRP.cp_lrp, Profile(**MODIFIED, **BACKWARD, fused=True), options=("composite",),
+               returns=("pixels", "token_relevance", "conservation"), rule_pass=MODIFIED_GRADIENT),
     # Bakish et al. (2025): AttnLRP / CP-LRP with the position encodings (learned, absolute, rotary) as inputs
     MethodSpec("pa_lrp", LRP.pa_lrp, Profile(**MODIFIED, **BACKWARD, fused=True), options=("base",),
                returns=("pixels", "token_relevance", "conservation", "positional")),
@@ -148,6 +153,9 @@ def _check_declarations() -> None:
         if bad:
             raise TypeError(f"method {spec.name!r} lists option(s) {bad} not declared (or generic) in "
                             "lrp_core.options.OPTIONS")
+        if ("composite" in spec.options) != (spec.rule_pass is not None):
+            raise TypeError(f"method {spec.name!r}: a method takes the option 'composite' exactly when it names the "
+                            "kind of pass of its rule set (MethodSpec.rule_pass)")
         bad = [f for f in spec.returns if f not in OPTIONAL_FIELDS]
         if bad:
             raise TypeError(f"method {spec.name!r} returns {bad}, not in lrp_core.explanation.RESULT_FIELDS "
@@ -208,7 +216,23 @@ def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int,
             given[k] = v
     values = {o.name: o.check(given.get(o.name, o.default), num_blocks) for o in O.OPTIONS}
     O.check_together(values)
+    _check_rule_pass(spec, values["composite"])
     return Options(**values)
+
+
+_PASS_WORDS = {EXPLICIT: ("an explicit relevance pass", "LRP_BASELINE or TRANSFORMER_ATTRIBUTION"),
+               MODIFIED_GRADIENT: ("a modified-gradient replay", "ATTNLRP or CP_LRP")}
+
+
+def _check_rule_pass(spec: MethodSpec, composite: Any) -> None:
+    """Refuse, before anything runs, a rule set for the other kind of pass than ``spec``'s (:class:`RuleSetError`)."""
+    if composite is None or composite.serves == spec.rule_pass:
+        return
+    words, bases = _PASS_WORDS[spec.rule_pass]
+    takers = [n for n, s in METHODS.items() if s.rule_pass == composite.serves]
+    raise RuleSetError(f"method {spec.name!r} runs {words} and takes a composite derived from {bases}; composite "
+                       f"{composite.name!r} is a rule set for {_PASS_WORDS[composite.serves][0]}: pass it to "
+                       f"{' or '.join(repr(t) for t in takers)}")
 
 
 def _accepted(spec: MethodSpec) -> str:

@@ -22,17 +22,17 @@ from torch import Tensor, nn
 
 from ..errors import RuleSetError, UnknownNameError
 from .explicit import *  # noqa: F401,F403  (the rule objects, importable from here as before)
-from .explicit import (BaselineLinear, Clone, GenericAdd, HalvedMatMul, HalvedProduct, Identity,
-                       NoExplicitFusedAttention, NormalizedAdd, Rotary, Select, SharedHeads, SignedLinear,
+from .explicit import (BaselineLinear, Clone, EpsilonLinear, GammaLinear, GenericAdd, HalvedMatMul, HalvedProduct,
+                       Identity, NoExplicitFusedAttention, NormalizedAdd, Rotary, Select, SharedHeads, SignedLinear,
                        WeightedSum, ZBox)
 from .gradient import *  # noqa: F401,F403
-from .gradient import (DetachedGate, DetachedOperands, DetachedRMSNorm, DetachedStdLayerNorm, FusedAttentionCP,
-                       FusedAttentionCPHalved, FusedAttentionLRP, Gradient, HalvedGradient, IdentityRule,
-                       PositionalAdd, PositionalRotary, PositionLeaves)
+from .gradient import (DetachedGate, DetachedOperands, DetachedRMSNorm, DetachedStdLayerNorm, EpsilonGradient,
+                       FusedAttentionCP, FusedAttentionCPHalved, FusedAttentionLRP, GammaGradient, Gradient,
+                       HalvedGradient, IdentityRule, PositionalAdd, PositionalRotary, PositionLeaves)
 from .ops import *  # noqa: F401,F403  (operation kinds and rule contracts, importable from here as before)
 from .ops import (ADD, ATTENTION, CLONE, ELEMENTWISE, EXPLICIT, GATE_MUL, KV_REPEAT, LAYER_KINDS, LAYERNORM, LINEAR,
                   MASK_ADD, MATMUL_AV, MATMUL_QK, MODIFIED_GRADIENT, OP_KINDS, PASS_KINDS, PATCH_CONV, POOL,
-                  POS_ADD, READOUT, RMSNORM, ROPE, SCALE, SOFTMAX, Op, RelevanceIn, Rule)
+                  POS_ADD, READOUT, RMSNORM, ROPE, SCALE, SOFTMAX, ExplicitRule, GradientRule, Op, RelevanceIn, Rule)
 
 
 # ----------------------------------------------------------------------------
@@ -43,82 +43,196 @@ class Composite:
     """A rule set: which rule each operation of one kind of pass gets.
 
     Attributes:
-        name: names the rule set in messages.
-        rules: operation kind (:data:`OP_KINDS`) → rule, for every kind the pass meets.
-        modules: module type → rule, overriding ``rules`` (looked up along the MRO, so a subclass of
-            ``nn.Linear`` gets the ``nn.Linear`` entry).
+        name: names the rule set in messages and in ``Explanation.options``.
+        rules: operation kind (:data:`OP_KINDS`) → rule, for every kind the pass meets (zennit's layer map).
         names: fnmatch pattern on the module's qualified name in the model (``"head"``,
-            ``"blocks.*.mlp.fc1"``) → rule, overriding both (zennit's name map); the first matching
-            pattern wins. A pattern should name layers of one kind.
+            ``"blocks.*.mlp.*"``) → rule, overriding ``rules`` (zennit's name map). A pattern's rule is taken
+            only for operations of a kind it serves (``Rule.kinds``: ``"blocks.*.mlp.*"`` with a Linear rule
+            reaches fc1 and fc2, not the GELU between them); the first such matching pattern wins.
         first: layer kind (:data:`LAYER_KINDS`) → rule for the first module of that kind in input order
             (zennit's first-layer map; a layer used again, as ALBERT's shared layer, keeps it at every use).
         serves: the kind of pass the rules serve (:data:`PASS_KINDS`), found when the composite is built.
 
-    Precedence: ``names``, then ``first``, then ``modules``, then ``rules``. Rules of both kinds of pass in one
-    composite, a rule of neither kind, or a ``first`` entry for a kind without modules: :class:`RuleSetError`.
+    Precedence: ``names``, then ``first``, then ``rules``. Refused when built (:class:`RuleSetError`, naming the
+    rule, the operation and what is accepted): rules of both kinds of pass, a rule of neither kind, a rule for
+    an operation kind outside its ``kinds``, an unknown kind, a ``first`` entry for a kind without modules.
+    :meth:`unused` says which ``names`` / ``first`` entries chose no rule in the passes run so far.
     """
 
     name: str
     rules: Mapping[str, Rule]
-    modules: Mapping[type, Rule] = field(default_factory=dict)
     names: Mapping[str, Rule] = field(default_factory=dict)
     first: Mapping[str, Rule] = field(default_factory=dict)
     serves: str = field(init=False, default="")
+    #: the ``names`` patterns / ``first`` kinds that chose a rule, and every named operation asked (name → kind)
+    _chosen: set = field(init=False, default_factory=set, repr=False, compare=False)
+    _asked: dict = field(init=False, default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.serves = _pass_served(self)
+        for kind, rule in self.rules.items():
+            if kind not in OP_KINDS:
+                raise RuleSetError(f"composite {self.name!r}: unknown operation kind {kind!r} (for {rule!r}); the "
+                                   f"kinds are {', '.join(OP_KINDS)}")
+            _check_kind(self, rule, kind, f"operation {kind!r}")
         odd = [k for k in self.first if k not in LAYER_KINDS]
         if odd:
             raise RuleSetError(f"composite {self.name!r}: 'first' names the first layer of a kind, but {odd} have no "
                                f"module; it accepts {', '.join(LAYER_KINDS)}")
+        for kind, rule in self.first.items():
+            _check_kind(self, rule, kind, f"the first {kind!r} layer (operation {kind!r})")
+        bad = [p for p in self.names if not isinstance(p, str) or not p]
+        if bad:
+            raise RuleSetError(f"composite {self.name!r}: a name pattern is a non-empty string (fnmatch: "
+                               f"'blocks.*.mlp.fc1', 'head'), got {bad}")
 
     def rule(self, kind: str, module: Optional[nn.Module] = None, name: Optional[str] = None,
              first: bool = False) -> Rule:
-        """The rule of one operation: ``kind``, the model's ``module`` (if any), its qualified ``name`` in the
-        model (if known) and whether it is the ``first`` module of its kind in input order."""
+        """The rule of one operation: ``kind``, its qualified module ``name`` in the model (if known) and whether
+        it is the ``first`` module of its kind in input order. (``module`` is accepted for the callers' sake.)"""
         if name is not None:
+            self._asked.setdefault(name, kind)
             for pattern, rule in self.names.items():
-                if fnmatchcase(name, pattern):
+                if (rule.kinds is None or kind in rule.kinds) and fnmatchcase(name, pattern):
+                    self._chosen.add(("names", pattern))
                     return rule
         if first and kind in self.first:
+            self._chosen.add(("first", kind))
             return self.first[kind]
-        if module is not None and self.modules:
-            for cls in type(module).__mro__:
-                if cls in self.modules:
-                    return self.modules[cls]
         try:
             return self.rules[kind]
         except KeyError:
             raise UnknownNameError(f"composite {self.name!r} has no rule for operation {kind!r}; "
                                    f"it covers {', '.join(self.rules)}") from None
 
-    def with_rules(self, name: str, *, names: Optional[Mapping[str, Rule]] = None,
-                   first: Optional[Mapping[str, Rule]] = None, **rules: Rule) -> "Composite":
-        """A copy with some kinds' rules replaced (``name`` names the new rule set); ``names`` patterns are
-        tried before the copied ones, ``first`` entries replace those of the same kind."""
-        names = dict(names or {})
-        return Composite(name=name, rules={**self.rules, **rules}, modules=dict(self.modules),
-                         names={**names, **{p: r for p, r in self.names.items() if p not in names}},
-                         first={**self.first, **(first or {})})
+    def with_rules(self, name: Optional[str] = None, *, by_kind: Optional[Mapping[str, Rule]] = None,
+                   by_name: Optional[Mapping[str, Rule]] = None,
+                   first: Optional[Mapping[str, Rule]] = None) -> "Composite":
+        """A copy with some rules replaced or added: ``by_kind`` replaces the rules of those operation kinds,
+        ``by_name`` patterns are tried before the copied ones, ``first`` entries replace those of the same kind.
+
+        ``name`` names the new rule set (default: this one's name and the changes, e.g.
+        ``"attnlrp[linear: GammaGradient(0.25)]"``). A rule for the other kind of pass than this composite's, or
+        for an operation it cannot serve: :class:`RuleSetError`, here.
+
+        Example: ``ATTNLRP.with_rules(by_name={"blocks.*.mlp.*": GammaGradient(0.25)})`` — AttnLRP with the
+        γ-rule on every MLP Linear.
+        """
+        by_kind, by_name, first = dict(by_kind or {}), dict(by_name or {}), dict(first or {})
+        for where, entries in (("by_kind", by_kind), ("by_name", by_name), ("first", first)):
+            for key, rule in entries.items():
+                _check_pass_of(self, rule, f"{where}[{key!r}]")
+        if name is None:
+            parts = [f"{k}: {r!r}" for k, r in by_kind.items()] + [f"{p}: {r!r}" for p, r in by_name.items()] \
+                + [f"first {k}: {r!r}" for k, r in first.items()]
+            name = f"{self.name}[{'; '.join(parts)}]" if parts else self.name
+        return Composite(name=name, rules={**self.rules, **by_kind},
+                         names={**by_name, **{p: r for p, r in self.names.items() if p not in by_name}},
+                         first={**self.first, **first})
+
+    def fresh(self) -> "Composite":
+        """The same rule set with an empty record of what chose a rule (:meth:`unused`): one per call."""
+        return Composite(name=self.name, rules=dict(self.rules), names=dict(self.names), first=dict(self.first))
+
+    def unused(self) -> list[str]:
+        """The ``names`` patterns and ``first`` entries that chose the rule of no operation so far, each described
+        with the layers the passes did ask a rule for (empty: every entry took effect)."""
+        out = []
+        for pattern, rule in self.names.items():
+            if ("names", pattern) not in self._chosen:
+                layers = [n for n, k in self._asked.items() if rule.kinds is None or k in rule.kinds]
+                hits = [n for n in layers if fnmatchcase(n, pattern)]
+                if hits:  # it matches, but an earlier pattern chose those layers' rule
+                    out.append(f"name pattern {pattern!r} ({rule!r}): it matches {', '.join(hits[:3])}, but an "
+                               "earlier pattern chose their rule first (patterns are tried in order; with_rules puts "
+                               "the new ones first)")
+                    continue
+                reach = "" if rule.kinds is None else f" of kind {'/'.join(rule.kinds)}"
+                shown = ", ".join(layers[:6]) + (f", … ({len(layers)} in all)" if len(layers) > 6 else "")
+                out.append(f"name pattern {pattern!r} ({rule!r}) matched no layer{reach} the pass asked a rule "
+                           f"for; those are named {shown or '(none)'}")
+        for kind, rule in self.first.items():
+            if ("first", kind) not in self._chosen:
+                out.append(f"first-layer entry {kind!r} ({rule!r}): the pass met no {kind!r} layer")
+        return out
+
+    def check_used(self, where: str) -> None:
+        """Refuse (:class:`RuleSetError`) a rule set whose ``names`` / ``first`` entries changed nothing in the
+        passes run: a pattern that names no layer, or layers of a kind its rule cannot serve, or layers
+        ``where`` does not reach — the result would silently be the unmodified rule set's."""
+        unused = self.unused()
+        if unused:
+            raise RuleSetError(f"{where}: composite {self.name!r} chose no rule with " + "; and ".join(unused)
+                               + ". Fix the pattern (fnmatch on the model's module names) or drop the entry")
+
+
+def _check_kind(c: Composite, rule: Rule, kind: str, where: str) -> None:
+    """Refuse ``rule`` for operation ``kind`` unless it serves that kind (``Rule.kinds``)."""
+    if rule.kinds is not None and kind not in rule.kinds:
+        raise RuleSetError(f"composite {c.name!r}: {rule!r} cannot serve {where}: it serves "
+                           f"{', '.join(rule.kinds)}; for {kind!r} {_WORDS[c.serves]} accepts "
+                           f"{_accepted(kind, c.serves)}")
+
+
+def _accepted(kind: str, serves: str) -> str:
+    """The library's rules of pass ``serves`` that serve operation ``kind``, named for messages."""
+    base = ExplicitRule if serves == EXPLICIT else GradientRule
+    found, todo = [], list(base.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        todo.extend(cls.__subclasses__())
+        if cls.__module__.startswith("lrp_core.rules.") and (cls.kinds is None or kind in cls.kinds):
+            found.append(cls.__name__)
+    return ", ".join(sorted(set(found))) or "no rule of the library"
+
+
+_A = {"ExplicitRule": "an ExplicitRule", "GradientRule": "a GradientRule"}
+
+#: a rule's counterpart for the other kind of pass, for the messages
+_COUNTERPART = {"GammaLinear": "GammaGradient", "EpsilonLinear": "EpsilonGradient", "GammaGradient": "GammaLinear",
+                "EpsilonGradient": "EpsilonLinear", "SignedLinear": "Gradient", "BaselineLinear": "Gradient"}
+
+
+def _check_pass_of(c: Composite, rule: Rule, where: str) -> None:
+    """Refuse ``rule`` at ``where`` of a rule set derived from ``c`` unless it serves ``c``'s kind of pass."""
+    got = getattr(rule, "serves", "")
+    if got == c.serves or got not in PASS_KINDS:  # a rule of neither kind: the new composite names it
+        return
+    contract = "ExplicitRule" if c.serves == EXPLICIT else "GradientRule"
+    instead = _COUNTERPART.get(type(rule).__name__)
+    hint = f" — here {instead}" if instead else ""
+    raise RuleSetError(f"composite {c.name!r} serves {_WORDS[c.serves]}, but {where} is {rule!r}, a rule of "
+                       f"{_WORDS[got]}; {where} accepts a rule of {_WORDS[c.serves]} ({_A[contract]}){hint}")
 
 
 def _pass_served(c: Composite) -> str:
-    """The one kind of pass all of ``c``'s rules serve."""
-    every = [*c.rules.values(), *c.modules.values(), *c.names.values(), *c.first.values()]
+    """The one kind of pass all of ``c``'s rules serve (that of its rules by kind, where it has any)."""
+    every = [*c.rules.values(), *c.names.values(), *c.first.values()]
     if not every:
         raise RuleSetError(f"composite {c.name!r} has no rules")
-    seen: dict[str, Rule] = {}
     for rule in every:
         if getattr(rule, "serves", "") not in PASS_KINDS:
             raise RuleSetError(f"composite {c.name!r}: {rule!r} serves no kind of pass; derive a rule from "
                                "ExplicitRule (relevance(op, R), explicit passes) or GradientRule "
                                "(forward(fn, *inputs), modified-gradient replays)")
+    seen: dict[str, Rule] = {}
+    for rule in c.rules.values() or every:
         seen.setdefault(rule.serves, rule)
     if len(seen) > 1:
         raise RuleSetError(f"composite {c.name!r} mixes explicit-pass rules (e.g. {seen[EXPLICIT]!r}) with "
                            f"modified-gradient rules (e.g. {seen[MODIFIED_GRADIENT]!r}); a composite serves one "
                            "kind of pass: make one composite of each")
-    return next(iter(seen))
+    serves = next(iter(seen))
+    for where, entries in (("names", c.names), ("first", c.first)):
+        for key, rule in entries.items():
+            if rule.serves != serves:
+                contract = "ExplicitRule" if serves == EXPLICIT else "GradientRule"
+                instead = _COUNTERPART.get(type(rule).__name__)
+                hint = f" — here {instead}" if instead else ""
+                raise RuleSetError(f"composite {c.name!r} serves {_WORDS[serves]} (its rules by operation kind), "
+                                   f"but {where}[{key!r}] is {rule!r}, a rule of {_WORDS[rule.serves]}; it accepts "
+                                   f"a rule of {_WORDS[serves]} ({_A[contract]}){hint}")
+    return serves
 
 
 #: what to use instead, per kind of pass, for the messages of :func:`check_pass`
@@ -237,7 +351,7 @@ TRANSFORMER_ATTRIBUTION = Composite(
 
 #: The LRP baseline (``lrp``, ``partial_lrp``): no Add normalisation, separate denominators.
 LRP_BASELINE = TRANSFORMER_ATTRIBUTION.with_rules(
-    "lrp_baseline", **{LINEAR: BaselineLinear(), ADD: GenericAdd(), MASK_ADD: GenericAdd()})
+    "lrp_baseline", by_kind={LINEAR: BaselineLinear(), ADD: GenericAdd(), MASK_ADD: GenericAdd()})
 
 
 def _gradient_everywhere() -> dict[str, Rule]:
@@ -253,12 +367,13 @@ ATTNLRP = Composite(
 )
 
 #: CP-LRP (Ali et al., ICML 2022): AttnLRP's rules, but Q and K detached, the gate detached, no halving: ``cp_lrp``.
-CP_LRP = ATTNLRP.with_rules("cp_lrp", **{MATMUL_QK: DetachedOperands(), MATMUL_AV: Gradient(),
-                                        GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP()})
+CP_LRP = ATTNLRP.with_rules("cp_lrp", by_kind={MATMUL_QK: DetachedOperands(), MATMUL_AV: Gradient(),
+                                              GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP()})
 
 #: The PA-LRP authors' ViT rule set (their ``cp_rule``): CP-LRP, but ``A·V`` keeps AttnLRP's uniform rule, so v
 #: gets half of its relevance and the attention weights' half is dropped (not conservative; §2e.4).
-CP_HALVED = CP_LRP.with_rules("cp_halved", **{MATMUL_AV: HalvedGradient(), ATTENTION: FusedAttentionCPHalved()})
+CP_HALVED = CP_LRP.with_rules("cp_halved", by_kind={MATMUL_AV: HalvedGradient(),
+                                                    ATTENTION: FusedAttentionCPHalved()})
 
 #: the rule sets PA-LRP builds on (``pa_lrp``'s option ``base``)
 PA_LRP_BASES = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "cp_halved": CP_HALVED}
@@ -273,8 +388,8 @@ def pa_lrp_composite(base: str = "attnlrp") -> tuple[Composite, PositionLeaves]:
     the leaves belong to one pass).
     """
     positions = PositionLeaves()
-    composite = PA_LRP_BASES[base].with_rules(f"pa_lrp[{base}]", **{ROPE: PositionalRotary(positions),
-                                                                     POS_ADD: PositionalAdd(positions)})
+    composite = PA_LRP_BASES[base].with_rules(f"pa_lrp[{base}]", by_kind={ROPE: PositionalRotary(positions),
+                                                                         POS_ADD: PositionalAdd(positions)})
     return composite, positions
 
 

@@ -6,9 +6,12 @@ which rule each operation gets.
 """
 from __future__ import annotations
 
+import math
+
 from . import functional as F
-from ..errors import UnsupportedModelError
-from .ops import ExplicitRule
+from ..errors import RuleSetError, UnsupportedModelError
+from .ops import (ADD, ATTENTION, CLONE, GATE_MUL, KV_REPEAT, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, PATCH_CONV, POOL,
+                  POS_ADD, READOUT, ROPE, ExplicitRule)
 
 class Identity(ExplicitRule):
     """Relevance passes unchanged (element-wise layers, normalisations, softmax). docs/METHODS.md §1.2."""
@@ -26,6 +29,7 @@ class SignedLinear(ExplicitRule):
     """
 
     name = "signed"
+    kinds = (LINEAR,)
 
     def relevance(self, op, R, cache=None):
         m = op.module
@@ -37,15 +41,66 @@ class BaselineLinear(ExplicitRule):
     """:func:`lrp_core.rules.linear_baseline` — the LRP baseline's separate denominators. docs/METHODS.md §1.7."""
 
     name = "baseline"
+    kinds = (LINEAR,)
 
     def relevance(self, op, R, cache=None):
         return (F.linear_baseline(op.inputs[0], op.module.weight, R),)
+
+
+def check_coefficient(rule: str, name: str, value: float) -> float:
+    """``value`` as a float ≥ 0 (a rule's γ or ε), else :class:`RuleSetError` naming the rule."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise RuleSetError(f"{rule}: {name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+class GammaLinear(ExplicitRule):
+    """:func:`lrp_core.rules.functional.linear_gamma` — the generalised γ-rule, bias included: the contributions
+    that share each unit's sign are boosted by γ (γ = 0: :class:`EpsilonLinear`; γ → ∞: only those
+    contributions count). ``epsilon``: the sign-matched stabiliser. docs/METHODS.md §1.14.
+    """
+
+    name = "gamma"
+    kinds = (LINEAR,)
+
+    def __init__(self, gamma: float = 0.25, epsilon: float = F.EPS):
+        self.gamma = check_coefficient(type(self).__name__, "gamma", gamma)
+        self.epsilon = check_coefficient(type(self).__name__, "epsilon", epsilon)
+
+    def relevance(self, op, R, cache=None):
+        m = op.module
+        return (F.linear_gamma(op.inputs[0], m.weight, R, self.gamma, self.epsilon, bias=getattr(m, "bias", None),
+                               out=op.output),)
+
+    def __repr__(self) -> str:
+        eps = "" if self.epsilon == F.EPS else f", epsilon={self.epsilon:g}"
+        return f"{type(self).__name__}({self.gamma:g}{eps})"
+
+
+class EpsilonLinear(ExplicitRule):
+    """:func:`lrp_core.rules.functional.linear_epsilon` — the ε-rule, bias included, ε sign-matched (ε = 0: the
+    generic rule with the bias in the denominator). docs/METHODS.md §1.14."""
+
+    name = "epsilon"
+    kinds = (LINEAR,)
+
+    def __init__(self, epsilon: float):
+        self.epsilon = check_coefficient(type(self).__name__, "epsilon", epsilon)
+
+    def relevance(self, op, R, cache=None):
+        m = op.module
+        return (F.linear_epsilon(op.inputs[0], m.weight, R, self.epsilon, bias=getattr(m, "bias", None),
+                                 out=op.output),)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.epsilon:g})"
 
 
 class NormalizedAdd(ExplicitRule):
     """:func:`lrp_core.rules.add_normalized` — generic share, then the paper's normalisation. docs/METHODS.md §1.3."""
 
     name = "normalized_add"
+    kinds = (ADD, MASK_ADD)
 
     def __init__(self, per_sample: bool = True):
         self.per_sample = per_sample
@@ -62,6 +117,7 @@ class GenericAdd(ExplicitRule):
     """
 
     name = "generic_add"
+    kinds = (ADD, MASK_ADD, POS_ADD)
 
     def relevance(self, op, R, cache=None):
         u, v = op.inputs
@@ -75,6 +131,7 @@ class HalvedMatMul(ExplicitRule):
     """:func:`lrp_core.rules.matmul` with ``halve=True`` — both operands, each halved. docs/METHODS.md §1.5."""
 
     name = "halved_matmul"
+    kinds = (MATMUL_QK, MATMUL_AV)
 
     def relevance(self, op, R, cache=None):
         a, b = op.inputs
@@ -85,6 +142,7 @@ class Clone(ExplicitRule):
     """:func:`lrp_core.rules.clone` — the branches' relevances summed as ``x ⊙ Σ R_i / x``. docs/METHODS.md §1.4."""
 
     name = "clone"
+    kinds = (CLONE,)
 
     def relevance(self, op, R, cache=None):
         return (F.clone(*R, x=op.inputs[0]),)
@@ -94,6 +152,7 @@ class Select(ExplicitRule):
     """:func:`lrp_core.rules.select` — relevance to the token the classifier reads. docs/METHODS.md §1.6."""
 
     name = "select"
+    kinds = (READOUT,)
 
     def relevance(self, op, R, cache=None):
         return (F.select(op.inputs[0], R),)
@@ -106,6 +165,7 @@ class WeightedSum(ExplicitRule):
     """
 
     name = "weighted_sum"
+    kinds = (POOL,)
 
     def relevance(self, op, R, cache=None):
         x, w = op.inputs
@@ -116,6 +176,7 @@ class ZBox(ExplicitRule):
     """:func:`lrp_core.rules.zbox_conv2d` — zᴮ on the pixels, bounds per sample. docs/METHODS.md §1.8."""
 
     name = "zbox"
+    kinds = (PATCH_CONV,)
 
     def relevance(self, op, R, cache=None):
         conv = op.module
@@ -129,6 +190,7 @@ class Rotary(ExplicitRule):
     """
 
     name = "rotary"
+    kinds = (ROPE,)
 
     def relevance(self, op, R, cache=None):
         x, cos, sin = op.inputs
@@ -143,6 +205,7 @@ class SharedHeads(ExplicitRule):
     """
 
     name = "shared_heads"
+    kinds = (KV_REPEAT,)
 
     def relevance(self, op, R, cache=None):
         (kv,) = op.inputs
@@ -162,6 +225,7 @@ class HalvedProduct(ExplicitRule):
     """
 
     name = "halved_product"
+    kinds = (GATE_MUL,)
 
     def relevance(self, op, R, cache=None):
         a, b = op.inputs
@@ -174,10 +238,11 @@ class NoExplicitFusedAttention(ExplicitRule):
     """Explicit passes need the attention map A: the replay computes attention eagerly for them."""
 
     name = "eager_only"
+    kinds = (ATTENTION,)
 
     def relevance(self, op, R, cache=None):
         raise UnsupportedModelError("an explicit relevance pass needs the attention map: replay the attention "
                                     "eagerly (the fused kind is for modified-gradient rules only)")
 
 
-__all__ = ["Identity", "SignedLinear", "BaselineLinear", "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "WeightedSum", "ZBox", "Rotary", "SharedHeads", "HalvedProduct", "NoExplicitFusedAttention"]
+__all__ = ["Identity", "SignedLinear", "BaselineLinear", "GammaLinear", "EpsilonLinear", "check_coefficient", "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "WeightedSum", "ZBox", "Rotary", "SharedHeads", "HalvedProduct", "NoExplicitFusedAttention"]

@@ -154,6 +154,77 @@ def linear_generic(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------
+# Linear layers: the ε- and (generalised) γ-rules, bias included
+# --------------------------------------------------------------------------
+def linear_gamma_factors(x: Tensor, weight: Tensor, R: Tensor, gamma: float, epsilon: float = EPS,
+                         bias: Tensor | None = None, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The generalised γ-rule with a sign-matched stabiliser ε, as the two factors its relevance is made of.
+
+    With ``W⁺ = W + γ·max(W, 0)``, ``W⁻ = W + γ·min(W, 0)`` (likewise ``b⁺``, ``b⁻``) and ``z = xWᵀ + b``,
+    each output unit boosts the contributions that share its sign (Montavon et al. 2019, §10.2.1, for any
+    input sign as Andéol et al. 2021 and zennit's ``Gamma`` do):
+
+    - ``z_j > 0``: ``ẑ_j = x⁺W⁺ᵀ + x⁻W⁻ᵀ + b⁺``, ``s⁺_j = R_j / (ẑ_j + ε)``;
+    - ``z_j < 0``: ``ž_j = x⁺W⁻ᵀ + x⁻W⁺ᵀ + b⁻``, ``s⁻_j = R_j / (ž_j − ε)``; ``z_j = 0`` passes nothing.
+
+    ``R_x = x⁺ ⊙ (s⁺W⁺ + s⁻W⁻) + x⁻ ⊙ (s⁺W⁻ + s⁻W⁺)``: this returns the two factors ``(g⁺, g⁻)``, each
+    (..., D_in), so the explicit pass forms ``x⁺ ⊙ g⁺ + x⁻ ⊙ g⁻`` and a modified-gradient replay hands
+    ``[x > 0]·g⁺ + [x < 0]·g⁻`` on as the gradient (no division by ``x``). ``ẑ ≥ z`` and ``ž ≤ z``, so
+    ε never flips a denominator's sign. ``γ = 0``: :func:`linear_epsilon`'s single factor, twice.
+
+    Args:
+        x: (..., D_in); weight: (D_out, D_in); R: (..., D_out) relevance of the output.
+        gamma: γ ≥ 0; epsilon: ε ≥ 0. bias: (D_out,) or ``None`` (the bias is the input ``x₀ = 1``).
+        out: the forward output ``xWᵀ + b`` if at hand (its signs choose each unit's denominator).
+    """
+    x2, R2 = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
+    z = F.linear(x2, weight, bias) if out is None else out.reshape(-1, out.shape[-1])
+    if gamma == 0:
+        g = safe_div(R2, z, epsilon, signed=True) @ weight
+        g = g.reshape(x.shape)
+        return g, g
+    xp = x2.clamp(min=0)
+    xn = x2 - xp
+    wp, wn = weight + gamma * weight.clamp(min=0), weight + gamma * weight.clamp(max=0)
+    bp = bn = None
+    if bias is not None:
+        bp, bn = bias + gamma * bias.clamp(min=0), bias + gamma * bias.clamp(max=0)
+    z_pos = F.linear(xp, wp, bp) + F.linear(xn, wn)  # the denominator of the units with z > 0
+    z_neg = F.linear(xp, wn, bn) + F.linear(xn, wp)  # ... and of those with z < 0
+    zero = R2.new_zeros(())
+    s_pos = safe_div(torch.where(z > 0, R2, zero), z_pos, epsilon, signed=True)
+    s_neg = safe_div(torch.where(z < 0, R2, zero), z_neg, epsilon, signed=True)
+    g_pos = s_pos @ wp + s_neg @ wn
+    g_neg = s_pos @ wn + s_neg @ wp
+    return g_pos.reshape(x.shape), g_neg.reshape(x.shape)
+
+
+def linear_gamma(x: Tensor, weight: Tensor, R: Tensor, gamma: float, epsilon: float = EPS,
+                 bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+    """The generalised γ-rule (Montavon et al. 2019, §10.2.1; :func:`linear_gamma_factors`):
+    ``R_x = x⁺ ⊙ g⁺ + x⁻ ⊙ g⁻``. For ``x ≥ 0`` and ``z > 0`` this is the textbook form
+    ``R_i = Σ_j x_i (w_ji + γw_ji⁺) / (Σ_i x_i (w_ji + γw_ji⁺) + b_j + γb_j⁺ + ε) · R_j``.
+
+    Args: as :func:`linear_gamma_factors`. Returns (..., D_in).
+    """
+    g_pos, g_neg = linear_gamma_factors(x, weight, R, gamma, epsilon, bias, out)
+    xp = x.clamp(min=0)
+    return xp * g_pos + (x - xp) * g_neg
+
+
+def linear_epsilon(x: Tensor, weight: Tensor, R: Tensor, epsilon: float, bias: Tensor | None = None,
+                   out: Tensor | None = None) -> Tensor:
+    """The ε-rule (Bach et al. 2015; Montavon et al. 2019, §10.2.1) with a sign-matched stabiliser:
+    ``R_i = x_i Σ_j w_ji R_j / (z_j + ε·sign(z_j))``, ``z = xWᵀ + b`` (0 where ``z_j = 0``).
+
+    The bias takes its share (``ΣR_x = Σ_j R_j (z_j − b_j) / (z_j + ε sign z_j)``): conservative only on a
+    bias-free layer with ``ε = 0``, where it is the generic rule :func:`linear_generic`; ε absorbs the
+    relevance of weak, contradictory units. Args: as :func:`linear_gamma_factors`. Returns (..., D_in).
+    """
+    return x * linear_gamma_factors(x, weight, R, 0.0, epsilon, bias, out)[0]
+
+
+# --------------------------------------------------------------------------
 # two tensors meet: addition, clone, product
 # --------------------------------------------------------------------------
 def add_generic(u: Tensor, v: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
@@ -343,7 +414,8 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
 
 
 __all__ = [
-    "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic",
+    "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic", "linear_gamma_factors",
+    "linear_gamma", "linear_epsilon",
     "add_generic", "add_normalized", "clone", "select", "weighted_sum", "matmul", "identity", "zbox_conv2d",
     "rotate_half", "apply_rotary", "rotary_transpose", "repeat_kv",
 ]

@@ -10,8 +10,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from . import functional as F
 from ..errors import UnsupportedModelError
-from .ops import GradientRule
+from .explicit import check_coefficient
+from .ops import (ATTENTION, ELEMENTWISE, GATE_MUL, LAYERNORM, LINEAR, MATMUL_AV, MATMUL_QK, POS_ADD, RMSNORM, ROPE,
+                  GradientRule)
 
 #: the identity rule's stabiliser (a plain +1e-10, as in LXT; not sign-matched)
 IDENTITY_RULE_EPS = 1e-10
@@ -61,6 +64,7 @@ class IdentityRule(GradientRule):
     """
 
     name = "identity_rule"
+    kinds = (ELEMENTWISE,)
 
     def forward(self, fn, x, module=None):
         return _IdentityRuleFn.apply(x, fn)
@@ -74,6 +78,7 @@ class DetachedStdLayerNorm(GradientRule):
     """
 
     name = "detached_std"
+    kinds = (LAYERNORM,)
 
     def forward(self, fn, x, module=None):
         if hasattr(module, "denominator"):  # a normalisation that names its divisor (e.g. CLIP's L2 norm)
@@ -98,6 +103,7 @@ class HalvedGradient(GradientRule):
     docs/METHODS.md §2b.1."""
 
     name = "halved_gradient"
+    kinds = (MATMUL_QK, MATMUL_AV, GATE_MUL)
 
     def forward(self, fn, a, b, module=None):
         return fn(_DivideGradientFn.apply(a, 2.0), _DivideGradientFn.apply(b, 2.0))
@@ -122,6 +128,7 @@ class DetachedRMSNorm(GradientRule):
     """
 
     name = "detached_rms"
+    kinds = (RMSNORM,)
 
     def forward(self, fn, x, module=None):
         w = module.weight.detach()
@@ -143,6 +150,7 @@ class DetachedGate(GradientRule):
     """CP-LRP's gated product: the gate (first operand) a constant, no halving."""
 
     name = "detached_gate"
+    kinds = (GATE_MUL,)
 
     def forward(self, fn, a, b, module=None):
         return fn(a.detach(), b)
@@ -156,6 +164,7 @@ class FusedAttentionLRP(GradientRule):
     """
 
     name = "fused_attnlrp"
+    kinds = (ATTENTION,)
 
     def forward(self, fn, q, k, v, module=None):
         return fn(_DivideGradientFn.apply(q, 4.0), _DivideGradientFn.apply(k, 4.0), _DivideGradientFn.apply(v, 2.0))
@@ -165,6 +174,7 @@ class FusedAttentionCP(GradientRule):
     """CP-LRP on a fused attention: q and k detached (the attention weights constant), linear in v."""
 
     name = "fused_cp"
+    kinds = (ATTENTION,)
 
     def forward(self, fn, q, k, v, module=None):
         return fn(q.detach(), k.detach(), v)
@@ -175,9 +185,86 @@ class FusedAttentionCPHalved(GradientRule):
     uniform rule with the attention weights' half dropped; ``pa_lrp``'s ``base="cp_halved"``, §2e.4)."""
 
     name = "fused_cp_halved"
+    kinds = (ATTENTION,)
 
     def forward(self, fn, q, k, v, module=None):
         return fn(q.detach(), k.detach(), _DivideGradientFn.apply(v, 2.0))
+
+
+class _LinearRuleFn(torch.autograd.Function):
+    """``z = layer(x)`` whose backward hands on the γ/ε-rule's relevance as a gradient.
+
+    The relevance arriving at z is ``z ⊙ g`` (gradient × input); the rule's relevance of x is
+    ``x⁺ ⊙ g⁺ + x⁻ ⊙ g⁻`` (:func:`~lrp_core.rules.functional.linear_gamma_factors`), so the gradient of x is
+    ``[x > 0]·g⁺ + [x < 0]·g⁻``: x ⊙ it is the rule's relevance, with no division by x.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, layer: torch.nn.Module, gamma: float, epsilon: float) -> Tensor:
+        z = layer(x)
+        ctx.save_for_backward(x, z)
+        ctx.layer, ctx.gamma, ctx.epsilon = layer, gamma, epsilon
+        return z
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, z = ctx.saved_tensors
+        m = ctx.layer
+        # in z's dtype: a half-precision model's weights are computed with in float32 (runtime.precision)
+        bias = getattr(m, "bias", None)
+        bias = None if bias is None else bias.detach().to(z.dtype)
+        g_pos, g_neg = F.linear_gamma_factors(x, m.weight.detach().to(z.dtype), z * grad, ctx.gamma, ctx.epsilon,
+                                              bias=bias, out=z)
+        zero = g_pos.new_zeros(())
+        return torch.where(x > 0, g_pos, torch.where(x < 0, g_neg, zero)), None, None, None
+
+
+def _linear_rule(rule: GradientRule, x: Tensor, module, gamma: float, epsilon: float) -> Tensor:
+    """``module(x)`` under the γ/ε-rule ``rule``; the module must be Linear-like (a 2-D ``weight`` (D_out, D_in))."""
+    weight = getattr(module, "weight", None)
+    if weight is None or weight.dim() != 2:
+        raise UnsupportedModelError(f"{rule!r} is a Linear rule: it needs a layer with a 2-D weight (D_out, D_in), "
+                                    f"got {module!r}")
+    return _LinearRuleFn.apply(x, module, gamma, epsilon)
+
+
+class GammaGradient(GradientRule):
+    """The generalised γ-rule as a modified gradient (the LXT/zennit way: ``R = z ⊙ g`` at the output, the rule's
+    relevance at the input, handed on as relevance ÷ input): :func:`~lrp_core.rules.functional.linear_gamma`,
+    bias included, ε sign-matched. γ = 0 with ε = 0 is the plain gradient. docs/METHODS.md §1.14, §2b.1.
+    """
+
+    name = "gamma"
+    kinds = (LINEAR,)
+
+    def __init__(self, gamma: float = 0.25, epsilon: float = F.EPS):
+        self.gamma = check_coefficient(type(self).__name__, "gamma", gamma)
+        self.epsilon = check_coefficient(type(self).__name__, "epsilon", epsilon)
+
+    def forward(self, fn, x, module=None):
+        return _linear_rule(self, x, module, self.gamma, self.epsilon)
+
+    def __repr__(self) -> str:
+        eps = "" if self.epsilon == F.EPS else f", epsilon={self.epsilon:g}"
+        return f"{type(self).__name__}({self.gamma:g}{eps})"
+
+
+class EpsilonGradient(GradientRule):
+    """The ε-rule as a modified gradient: the gradient of x is ``Wᵀ (z ⊙ g / (z + ε·sign z))`` — the plain
+    gradient scaled per unit by ``z / (z + ε sign z)``, so ε = 0 is the plain gradient (:class:`Gradient`).
+    docs/METHODS.md §1.14, §2b.1."""
+
+    name = "epsilon"
+    kinds = (LINEAR,)
+
+    def __init__(self, epsilon: float):
+        self.epsilon = check_coefficient(type(self).__name__, "epsilon", epsilon)
+
+    def forward(self, fn, x, module=None):
+        return _linear_rule(self, x, module, 0.0, self.epsilon)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.epsilon:g})"
 
 
 # ----------------------------------------------------------------------------
@@ -219,6 +306,7 @@ class PositionalRotary(GradientRule):
     position tables. Partial rotary: the channels not rotated pass unchanged, undivided."""
 
     name = "positional_rotary"
+    kinds = (ROPE,)
 
     def __init__(self, positions: PositionLeaves):
         self.positions = positions
@@ -238,6 +326,7 @@ class PositionalAdd(GradientRule):
     the sum passes the plain gradient (the ε-rule of an Add, ε → 0), so ``R_tokens + R_pos = R_sum``."""
 
     name = "positional_add"
+    kinds = (POS_ADD,)
 
     def __init__(self, positions: PositionLeaves):
         self.positions = positions
@@ -246,6 +335,6 @@ class PositionalAdd(GradientRule):
         return fn(tokens, self.positions.leaf(pos, tokens.shape[0], "add"))
 
 
-__all__ = ["IDENTITY_RULE_EPS", "Gradient", "IdentityRule", "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "DetachedRMSNorm", "DetachedGate", "FusedAttentionLRP", "FusedAttentionCP",
+__all__ = ["IDENTITY_RULE_EPS", "Gradient", "GammaGradient", "EpsilonGradient", "IdentityRule", "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "DetachedRMSNorm", "DetachedGate", "FusedAttentionLRP", "FusedAttentionCP",
            "FusedAttentionCPHalved",
            "PositionLeaves", "PositionalRotary", "PositionalAdd"]

@@ -90,14 +90,17 @@ def norm_kind(module: nn.Module) -> str:
 # the rule contracts
 # ----------------------------------------------------------------------------
 class Rule:
-    """What every rule has: a name and the kind of pass it serves (``serves``, one of :data:`PASS_KINDS`).
+    """What every rule has: a name, the kind of pass it serves (``serves``, one of :data:`PASS_KINDS`) and the
+    operation kinds it can serve (``kinds``; ``None``: any, the rule takes what it is given).
 
     A rule derives from :class:`ExplicitRule` or :class:`GradientRule`, never from ``Rule`` itself:
-    a composite refuses a rule that serves no kind of pass.
+    a composite refuses a rule that serves no kind of pass, and a rule mapped to an operation kind outside
+    its ``kinds``.
     """
 
     name = "rule"
     serves = ""
+    kinds: Optional[tuple[str, ...]] = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
