@@ -124,14 +124,16 @@ def unreplayable(model: nn.Module) -> Optional[str]:
     class names; parallel blocks (attention and MLP both read the block input and are added to it together:
     GPT-NeoX, GPT-J, Cohere, Phi-1, Falcon) by the config flag or by a layer holding a single norm.
     """
+    found, convs = [], []
     for name, module in model.named_modules():
-        cls = type(module).__name__
-        low = cls.lower()
-        for words, what in UNREPLAYABLE:
-            if any(w in low for w in words):
-                return f"its module {name} ({cls}) is {what}"
+        low = type(module).__name__.lower()
+        if not _is_norm(module):  # a family's norms carry its name too (MambaRMSNorm)
+            found += [(name, module, what) for words, what in UNREPLAYABLE if any(w in low for w in words)][:1]
         if isinstance(module, nn.Conv1d):
-            return f"its module {name} ({cls}) is a convolution over the sequence (a convolutional mixer), not attention"
+            convs.append((name, module, "a convolution over the sequence (a convolutional mixer), not attention"))
+    if found or convs:  # the innermost such module names the mixer best (the model's own class may carry the word)
+        name, module, what = max(found or convs, key=lambda f: f[0].count(".") if f[0] else -1)
+        return f"its module {name} ({type(module).__name__}) is {what}"
     cfg = getattr(model, "config", None)
     odd = sorted({t for t in getattr(cfg, "layer_types", None) or () if t not in LAYER_TYPES})
     if odd:
