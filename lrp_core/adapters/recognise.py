@@ -37,8 +37,8 @@ from .decoder import DecoderAdapter, position_ids
 STRUCTURES = (
     "an unlisted Hugging Face decoder (…ForCausalLM / …ForSequenceClassification) is explained when it has "
     "model.model.{embed_tokens, layers, norm, rotary_emb} and lm_head (or score); each layer self_attn with "
-    "q_proj / k_proj / v_proj / o_proj (nn.Linear, grouped-query heads allowed) and optional per-head q_norm / "
-    "k_norm, and mlp with gate_proj / up_proj / down_proj, up_proj / down_proj, gate_up_proj / down_proj, c_fc / "
+    "q_proj / k_proj / v_proj / o_proj (nn.Linear, grouped-query heads allowed), optional per-head q_norm / "
+    "k_norm and an optional use_rope flag, and mlp with gate_proj / up_proj / down_proj, up_proj / down_proj, gate_up_proj / down_proj, c_fc / "
     "c_proj or fc1 / fc2 and a SiLU, GELU, ReLU, ReLU² or tanh activation; its norms (RMSNorm or LayerNorm) "
     "input_layernorm + post_attention_layernorm (pre-norm), optionally with post_self_attn_layernorm + "
     "post_mlp_layernorm, or input_layernorm + pre_feedforward_layernorm (+ post_attention_layernorm + "
@@ -216,8 +216,6 @@ class OpenDecoderAdapter(DecoderAdapter):
             raise UnsupportedModelError(f"{where} has the norms {', '.join(sorted(norms))}, not one of the layouts "
                                         "the replay describes")
         norm1, norm2, post1, post2 = (parts[n] if n else nn.Identity() for n in layout)
-        for n in (n for n in layout if n):
-            _check_norm(parts[n], f"{where}.{n}")
         return BlockSpec(layout="pre_ln", norm1=norm1, norm2=norm2, post1=post1, post2=post2,
                          attn=self._open_attention(i, layer.self_attn, where), mlp=_mlp(layer.mlp, where))
 
@@ -245,7 +243,6 @@ class OpenDecoderAdapter(DecoderAdapter):
                     raise UnsupportedModelError(
                         f"{where}.self_attn.{n} normalises {w.numel()} channels at once (all heads together); the "
                         f"replay describes per-head q/k norms over head_dim = {d} channels")
-                _check_norm(parts[n], f"{where}.self_attn.{n}", width=d)
         types = getattr(cfg, "layer_types", None)
         layer_type = types[i] if types is not None and i < len(types) else None
         if layer_type is not None:
@@ -254,7 +251,9 @@ class OpenDecoderAdapter(DecoderAdapter):
             window = getattr(att, "sliding_window", None) or (
                 getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None)
         key = layer_type if self._rope_takes_type and layer_type is not None else "default"
-        return self._attention(att, window=int(window) if window else None, rope_key=key)
+        spec = self._attention(att, window=int(window) if window else None, rope_key=key)
+        spec.rotary = bool(getattr(att, "use_rope", True))  # SmolLM3: some layers without positions (NoPE)
+        return spec
 
     def rotary_tables(self, x0: Tensor, positions: Tensor, key: str) -> tuple[Tensor, Tensor]:
         """(cos, sin) (B, T, r) of the model's rotary embedding; per layer type where the module takes one."""
@@ -262,9 +261,16 @@ class OpenDecoderAdapter(DecoderAdapter):
             return self.base.rotary_emb(x0, positions, key)
         return self.base.rotary_emb(x0, positions)
 
-    def check_structure(self) -> None:
-        """The final norm's arithmetic (the block norms are checked as the blocks are read)."""
-        _check_norm(self.base.norm, "model.model.norm")
+    def check_norms(self) -> None:
+        """Every norm of the replay (blocks, q/k, final) computed by the rules' arithmetic (:func:`_check_norm`)."""
+        names = self.module_names
+        norms = [self.readout.norm] + [m for s in self.blocks for m in (s.norm1, s.norm2, s.post1, s.post2,
+                                                                         s.attn.q_norm, s.attn.k_norm)]
+        done = set()
+        for spec_norm in norms:
+            if not isinstance(spec_norm, nn.Identity) and id(spec_norm) not in done:
+                done.add(id(spec_norm))
+                _check_norm(spec_norm, names.get(spec_norm, type(spec_norm).__name__))
 
 
 def _mlp(mlp: nn.Module, where: str) -> MlpSpec:
@@ -316,7 +322,7 @@ def _check_norm(module: nn.Module, where: str, width: Optional[int] = None) -> N
 # ----------------------------------------------------------------------------
 # the probe
 # ----------------------------------------------------------------------------
-#: model -> {fingerprint: deviation}: each model probed once per configuration
+#: model -> {fingerprint: the probe's deviation, or the refusal}: each model checked once per configuration
 _PROBED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 #: tokens per probe row (longer where a sliding window is short enough to be covered)
@@ -398,18 +404,19 @@ def open_adapter(model: nn.Module) -> Optional[DecoderAdapter]:
         raise UnsupportedModelError(f"{cls} is not supported: {why}")
     try:
         adapter = OpenDecoderAdapter(model)
-        adapter.check_structure()
     except UnsupportedModelError as err:
         raise UnsupportedModelError(f"{cls} is not a decoder the engine recognises: {err}. {STRUCTURES}") from None
     except (AttributeError, TypeError, ValueError) as err:
         raise UnsupportedModelError(f"{cls} is not a decoder the engine recognises ({type(err).__name__}: {err}). "
                                     f"{STRUCTURES}") from None
-    return verify(adapter)
+    return verify(adapter, norms=True)
 
 
-def verify(adapter: DecoderAdapter) -> DecoderAdapter:
-    """``adapter`` where its replay reproduces the model's own logits on the probe (:func:`probe`, once per model
-    and configuration), else :class:`UnsupportedModelError` with the measured deviation."""
+def verify(adapter: DecoderAdapter, norms: bool = False) -> DecoderAdapter:
+    """``adapter`` where its replay reproduces the model's own logits on the probe (:func:`probe`), else
+    :class:`UnsupportedModelError` with the measured deviation. ``norms``: first check that the rules recompute
+    every norm of the replay (an unlisted family's norms are not known in advance). Once per model and
+    configuration: the verdict is kept with the model as a weak key."""
     model = adapter.model
     cls = type(model).__name__
     p = next(model.parameters(), None)
@@ -420,7 +427,14 @@ def verify(adapter: DecoderAdapter) -> DecoderAdapter:
     key = _fingerprint(model)
     seen = _PROBED.setdefault(model, {})
     if key not in seen:
-        seen[key] = probe(adapter)
+        try:
+            if norms:
+                adapter.check_norms()
+            seen[key] = probe(adapter)
+        except UnsupportedModelError as err:
+            seen[key] = f"{cls} is not a decoder the engine recognises: {err}. {STRUCTURES}"
+    if isinstance(seen[key], str):
+        raise UnsupportedModelError(seen[key])
     dev, tol = seen[key], TOLERANCE.get(p.dtype, 1e-5)
     if not dev <= tol:  # NaN too
         raise UnsupportedModelError(

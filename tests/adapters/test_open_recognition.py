@@ -38,8 +38,8 @@ RECOGNISED = {
     "Exaone4": (dict(sliding_window=4, layer_types=["sliding_attention"] * 2), True),  # norms on the branch outputs,
     #                                                                                   per-head q/k norms, window
     "Gemma": ({}, True),  # RMSNorm with weight 1 + w, √D inside the embedding, GELU-tanh gated MLP
-    "SmolLM3": (dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4,
-                     use_sliding_window=True), True),  # per-layer windows from config.layer_types
+    "SmolLM3": (dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4, use_sliding_window=True,
+                     no_rope_layers=[1, 0]), True),  # per-layer windows (config.layer_types), a layer without RoPE
     "Arcee": ({}, True),  # ReLU² MLP without a gate (up_proj, down_proj)
     "Granite": ({}, False),  # multipliers all 1
 }
@@ -117,7 +117,7 @@ def test_what_is_read_from_the_structure():
     assert block.post1 is layer.post_attention_layernorm and block.post2 is layer.post_feedforward_layernorm
     assert block.attn.q_norm is layer.self_attn.q_norm and block.attn.window == 4
     smol = get_adapter(_build("SmolLM3"))
-    assert [b.attn.window for b in smol.blocks] == [4, None]
+    assert [b.attn.window for b in smol.blocks] == [4, None] and [b.attn.rotary for b in smol.blocks] == [True, False]
     star = _build("Starcoder2")
     block, layer = get_adapter(star).blocks[1], star.model.layers[1]
     assert not block.mlp.gated and block.mlp.fc1 is layer.mlp.c_fc and block.mlp.act is layer.mlp.act
@@ -227,9 +227,6 @@ BY_NAME = {
     "RecurrentGemma": (lambda: _meta("RecurrentGemmaForCausalLM", T.RecurrentGemmaConfig(
         vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, lru_width=32,
         attention_window_size=8)), ("RecurrentGemmaRglru", "recurrence")),
-    "Dots1 (mixture of experts)": (lambda: _meta("Dots1ForCausalLM", T.Dots1Config(
-        **SMALL, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=16,
-        first_k_dense_replace=1)), ("router picks",)),
     "GPT-NeoX (parallel)": (lambda: _meta("GPTNeoXForCausalLM", T.GPTNeoXConfig(
         vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)),
         ("use_parallel_residual", "parallel block")),
