@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..rules.composites import ATTNLRP
 from ..rules.ops import norm_kind
+from ..runtime.guard import model_guard
 from .blocks import BlockSpec, MlpSpec
 from .decoder import DecoderAdapter, position_ids
 
@@ -329,11 +330,19 @@ _PROBED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionar
 PROBE_TOKENS = 12
 
 
+def _hooks(model: nn.Module) -> tuple:
+    """The forward hooks and pre-hooks on the model's modules (they run in the model's own forward)."""
+    return tuple((name, tuple(map(id, m._forward_pre_hooks.values())), tuple(map(id, m._forward_hooks.values())))
+                 for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks)
+
+
 def _fingerprint(model: nn.Module) -> tuple:
-    """(dtype, device, attention implementation, config values): what the probe's verdict depends on."""
+    """(dtype, device, attention implementation, config values, forward hooks): what the probe's verdict depends
+    on."""
     p = next(model.parameters())
     cfg = model.config
-    return (p.dtype, str(p.device), getattr(cfg, "_attn_implementation", None), cfg.to_json_string(use_diff=False))
+    return (p.dtype, str(p.device), getattr(cfg, "_attn_implementation", None), cfg.to_json_string(use_diff=False),
+            _hooks(model))
 
 
 def probe(adapter: DecoderAdapter) -> float:
@@ -343,8 +352,9 @@ def probe(adapter: DecoderAdapter) -> float:
     Two rows of :data:`PROBE_TOKENS` ids (seeded; no padding id), the second right-padded by three
     (a sequence classifier, which finds its last token by the padding id, gets unpadded rows — one row
     when it has no padding id); position ids from the mask. The model runs in eval mode, without a cache,
-    under ``no_grad``; modules in training mode are put back. Cost: two forward passes of the model and one
-    replay on B·T tokens.
+    under ``no_grad`` (the user's forward hooks run in it, under :func:`~lrp_core.runtime.guard.model_guard`);
+    modules in training mode are put back. Cost: one forward pass of the model and one plain replay on the
+    B·T probe tokens.
     """
     model, cfg = adapter.model, adapter.config
     windows = [s.attn.window for s in adapter.blocks if s.attn.window]
@@ -367,20 +377,21 @@ def probe(adapter: DecoderAdapter) -> float:
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
     training = [m for m in model.modules() if m.training]
-    try:
-        for m in training:
-            m.training = False
-        with torch.no_grad():
-            try:
-                out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                            use_cache=False).logits
-            except Exception as err:  # the model's own forward: any error of its code is a reason to refuse
-                raise UnsupportedModelError(f"{type(model).__name__}'s own forward failed on the probe input "
-                                            f"({type(err).__name__}: {err})") from None
-            got = adapter.forward(adapter.check_inputs({"input_ids": ids, "attention_mask": mask})).logits
-    finally:
-        for m in training:
-            m.training = True
+    with model_guard(model):  # the model's own forward runs the user's hooks: what they change is undone
+        try:
+            for m in training:
+                m.training = False
+            with torch.no_grad():
+                try:
+                    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                                use_cache=False).logits
+                except Exception as err:  # the model's own forward: any error of its code is a reason to refuse
+                    raise UnsupportedModelError(f"{type(model).__name__}'s own forward failed on the probe input "
+                                                f"({type(err).__name__}: {err})") from None
+                got = adapter.forward(adapter.check_inputs({"input_ids": ids, "attention_mask": mask})).logits
+        finally:
+            for m in training:
+                m.training = True
     if out.dim() == 3:
         last = (torch.arange(ids.shape[1], device=device)[None] * mask).argmax(-1)
         out = out[torch.arange(len(out), device=device), last]
@@ -440,9 +451,15 @@ def verify(adapter: DecoderAdapter, norms: bool = False) -> DecoderAdapter:
         raise UnsupportedModelError(
             f"{cls} has the structure of a supported decoder, but the replay differs from the model's own logits by "
             f"{dev:.1e} relative on a probe input (tolerance {tol:.0e} in {str(p.dtype).replace('torch.', '')})"
-            f"{_unreplayed_config(model)}: the model computes something the replay does not (a scaling, a rotary "
-            "layout or a mask the structure does not show), so it is not explained approximately")
+            f"{_unreplayed_config(model)}{_hooked(key[-1])}: the model computes something the replay does not (a "
+            "scaling, a rotary layout or a mask the structure does not show), so it is not explained approximately")
     return adapter
+
+
+def _hooked(hooks: tuple) -> str:
+    """The hooked modules, where forward hooks ran in the model's own forward (a hint in the refusal)."""
+    names = [name or "the model" for name, _, _ in hooks]
+    return f" (forward hooks on {', '.join(names)} ran in the model's own forward)" if names else ""
 
 
 def _unreplayed_config(model: nn.Module) -> str:

@@ -291,6 +291,18 @@ def test_the_probe_runs_once_per_model_and_configuration(probes):
     assert len(probes) == 3
 
 
+def test_a_hook_that_changes_the_models_output_is_probed_with_it_and_without_it(probes):
+    """A steering hook on a layer (not run by the replay) changes the model's own logits: refused, naming the
+    hook; once removed, the model is probed again (the hooks are part of the configuration) and recognised."""
+    model = _build("Starcoder2")
+    handle = model.model.layers[0].register_forward_hook(lambda m, i, out: (out[0] * 1.1,) + tuple(out[1:])
+                                                         if isinstance(out, tuple) else out * 1.1)
+    with pytest.raises(UnsupportedModelError, match=r"forward hooks on model\.layers\.0 ran in the model's own"):
+        get_adapter(model)
+    handle.remove()
+    assert isinstance(get_adapter(model), OpenDecoderAdapter) and len(probes) == 2
+
+
 def test_the_probe_leaves_a_training_model_as_found(probes):
     model = _build("Arcee").train()
     before = _state(model)
