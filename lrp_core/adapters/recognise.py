@@ -1,7 +1,7 @@
 """Open recognition: a decoder language model that no :data:`~lrp_core.adapters.ADAPTERS` row names.
 
-Many Hugging Face decoder classes (Helium, SmolLM3, StableLM, Starcoder2, Seed-OSS, Ernie 4.5, Arcee, EXAONE 4,
-Granite, Gemma, ...) are built from the blocks the engine already replays: pre-norm (or branch-output-norm)
+Many Hugging Face decoder classes (SmolLM3, StableLM, Starcoder2, Seed-OSS, Ministral, Arcee, EXAONE 4, Gemma,
+CWM, ...) are built from the blocks the engine already replays: pre-norm (or branch-output-norm)
 blocks with RMSNorm or LayerNorm, grouped-query attention with q/k/v/o projections, rotary embeddings (partial
 too), optional per-head q/k norms and sliding windows, and gated or plain MLPs. Such a model is explained when
 
@@ -10,7 +10,7 @@ too), optional per-head q/k norms and sliding windows, and gated or plain MLPs. 
    arithmetic, a known activation, a rotary embedding of a known type); and
 2. the engine's replay reproduces the model's own logits on a probe input (:func:`probe`), to a tolerance
    scaled to the dtype (:data:`TOLERANCE`). The probe runs once per model and configuration (dtype, device,
-   attention implementation, config values), its result cached with the model as a weak key.
+   attention implementation, config values, forward hooks), its result cached with the model as a weak key.
 
 Otherwise the model is refused with the reason: the module that was not understood, or the measured deviation
 of the replay. Blocks the engine cannot describe at all (state-space, recurrent or convolutional mixers,
@@ -31,6 +31,7 @@ from ..errors import UnsupportedModelError
 from ..rules.composites import ATTNLRP
 from ..rules.ops import norm_kind
 from ..runtime.guard import model_guard
+from ..runtime.precision import compute_precision
 from .blocks import BlockSpec, MlpSpec
 from .decoder import DecoderAdapter, position_ids
 
@@ -39,8 +40,9 @@ STRUCTURES = (
     "an unlisted Hugging Face decoder (…ForCausalLM / …ForSequenceClassification) is explained when it has "
     "model.model.{embed_tokens, layers, norm, rotary_emb} and lm_head (or score); each layer self_attn with "
     "q_proj / k_proj / v_proj / o_proj (nn.Linear, grouped-query heads allowed), optional per-head q_norm / "
-    "k_norm and an optional use_rope flag, and mlp with gate_proj / up_proj / down_proj, up_proj / down_proj, gate_up_proj / down_proj, c_fc / "
-    "c_proj or fc1 / fc2 and a SiLU, GELU, ReLU, ReLU² or tanh activation; its norms (RMSNorm or LayerNorm) "
+    "k_norm and an optional use_rope flag, and mlp with gate_proj / up_proj / down_proj, up_proj / down_proj, "
+    "gate_up_proj / down_proj, c_fc / c_proj or fc1 / fc2 and a SiLU, GELU, ReLU, ReLU² or tanh activation; its "
+    "norms (RMSNorm or LayerNorm) "
     "input_layernorm + post_attention_layernorm (pre-norm), optionally with post_self_attn_layernorm + "
     "post_mlp_layernorm, or input_layernorm + pre_feedforward_layernorm (+ post_attention_layernorm + "
     "post_feedforward_layernorm), or attention_layernorm + feedforward_layernorm, or post_attention_layernorm + "
@@ -48,9 +50,10 @@ STRUCTURES = (
     "llama3, yarn or proportional; and the engine's replay equal to the model's own logits on a probe input")
 
 #: Relative tolerance of the probe (max |replay − model| / max |model| over the probe's logits), by dtype:
-#: float32 round-off accumulated over a few blocks is ~1e-6; half-precision models are replayed in float32
-#: (lrp_core.runtime.precision) and compared with their own half-precision logits.
-TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+#: float32 round-off accumulated over a few blocks is ~1e-6 (measured 2e-7 … 6e-7 on the tiny test models, float64
+#: 2e-16 … 5e-16). A half-precision model is compared in float32: its replay and its own forward both run under
+#: lrp_core.runtime.precision.compute_precision (what ``model.float()`` would give; measured 2e-7 … 1.5e-6).
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-5}
 
 #: Activation modules the rules know (element-wise: relevance passes them unchanged, docs/METHODS.md §1.2, §2c).
 ACTIVATIONS = ("SiLU", "SiLUActivation", "GELU", "GELUActivation", "NewGELUActivation", "GELUTanh", "PytorchGELUTanh",
@@ -232,8 +235,10 @@ class OpenDecoderAdapter(DecoderAdapter):
         if not all(isinstance(parts[n], nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
             raise UnsupportedModelError(f"{where}.self_attn's projections are not nn.Linear")
         d = int(getattr(att, "head_dim", 0) or 0)
-        H, Hkv = int(cfg.num_attention_heads), int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
-        if not d or att.q_proj.out_features != H * d or att.k_proj.out_features != Hkv * d or not hasattr(att, "scaling"):
+        H = int(cfg.num_attention_heads)
+        Hkv = int(getattr(cfg, "num_key_value_heads", None) or H)
+        widths = (att.q_proj.out_features, att.k_proj.out_features)
+        if not d or widths != (H * d, Hkv * d) or not hasattr(att, "scaling"):
             raise UnsupportedModelError(f"{where}.self_attn: q_proj / k_proj widths ({att.q_proj.out_features}, "
                                         f"{att.k_proj.out_features}) are not {H} / {Hkv} heads of head_dim {d}, or "
                                         "it has no scaling")
@@ -290,12 +295,12 @@ def _mlp(mlp: nn.Module, where: str) -> MlpSpec:
     return MlpSpec(gate=parts[gate] if gate else None, fc1=parts[up], fc2=parts[down], act=act, fused_gate=fused)
 
 
-def _check_norm(module: nn.Module, where: str, width: Optional[int] = None) -> None:
+def _check_norm(module: nn.Module, where: str) -> None:
     """The modified-gradient rules recompute a norm from its parameters (AttnLRP / CP-LRP hold its divisor
     constant): their arithmetic must be the module's. Compared on a fixed random input; refused otherwise."""
     p = next(module.parameters(), None)
     shape = getattr(module, "normalized_shape", None)
-    n = width or (p.shape[-1] if p is not None else (shape[-1] if shape else None))
+    n = p.shape[-1] if p is not None else (shape[-1] if shape else None)
     if n is None:
         raise UnsupportedModelError(f"{where} ({type(module).__name__}) has no weight or normalized_shape to read")
     ref = p if p is not None else next((b for b in module.buffers()), None)
@@ -352,7 +357,8 @@ def probe(adapter: DecoderAdapter) -> float:
     Two rows of :data:`PROBE_TOKENS` ids (seeded; no padding id), the second right-padded by three
     (a sequence classifier, which finds its last token by the padding id, gets unpadded rows — one row
     when it has no padding id); position ids from the mask. The model runs in eval mode, without a cache,
-    under ``no_grad`` (the user's forward hooks run in it, under :func:`~lrp_core.runtime.guard.model_guard`);
+    under ``no_grad`` (the user's forward hooks run in it, under :func:`~lrp_core.runtime.guard.model_guard`), a
+    half-precision model in float32 like its replay (:func:`~lrp_core.runtime.precision.compute_precision`);
     modules in training mode are put back. Cost: one forward pass of the model and one plain replay on the
     B·T probe tokens.
     """
@@ -383,8 +389,9 @@ def probe(adapter: DecoderAdapter) -> float:
                 m.training = False
             with torch.no_grad():
                 try:
-                    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                                use_cache=False).logits
+                    with compute_precision(model):  # a half-precision model: its own forward in float32 too
+                        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                                    use_cache=False).logits
                 except Exception as err:  # the model's own forward: any error of its code is a reason to refuse
                     raise UnsupportedModelError(f"{type(model).__name__}'s own forward failed on the probe input "
                                                 f"({type(err).__name__}: {err})") from None
@@ -450,7 +457,8 @@ def verify(adapter: DecoderAdapter, norms: bool = False) -> DecoderAdapter:
     if not dev <= tol:  # NaN too
         raise UnsupportedModelError(
             f"{cls} has the structure of a supported decoder, but the replay differs from the model's own logits by "
-            f"{dev:.1e} relative on a probe input (tolerance {tol:.0e} in {str(p.dtype).replace('torch.', '')})"
+            f"{dev:.1e} relative on a probe input (tolerance {tol:.0e} in {str(p.dtype).replace('torch.', '')}"
+            f"{', compared in float32' if p.dtype in (torch.float16, torch.bfloat16) else ''})"
             f"{_unreplayed_config(model)}{_hooked(key[-1])}: the model computes something the replay does not (a "
             "scaling, a rotary layout or a mask the structure does not show), so it is not explained approximately")
     return adapter
@@ -471,5 +479,5 @@ def _unreplayed_config(model: nn.Module) -> str:
     return f" (config values the replay does not apply: {', '.join(odd)})" if odd else ""
 
 
-__all__ = ["OpenDecoderAdapter", "open_adapter", "verify", "probe", "unreplayable", "STRUCTURES", "TOLERANCE", "ACTIVATIONS",
-           "ROPE_TYPES", "PROBE_TOKENS"]
+__all__ = ["OpenDecoderAdapter", "open_adapter", "verify", "probe", "unreplayable", "STRUCTURES", "TOLERANCE",
+           "ACTIVATIONS", "ROPE_TYPES", "PROBE_TOKENS"]

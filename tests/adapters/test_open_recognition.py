@@ -153,6 +153,19 @@ def test_float32_methods_run_and_read_the_models_logits():
         assert _rel(exp.logits, own) < 1e-5 and torch.isfinite(exp.scores).all(), method
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_a_half_precision_model_is_probed_in_float32(dtype, probes):
+    """Its own forward and the replay both in float32 (compute_precision): the float32 tolerance applies, so a
+    structural difference is not hidden in half-precision round-off (measured 2e-7 … 1.5e-6 recognised)."""
+    model = _build("Gemma", dtype=dtype)
+    before = _state(model)
+    assert isinstance(get_adapter(model), OpenDecoderAdapter) and _same(model, before)
+    assert all(p.dtype == dtype for p in model.parameters())
+    hybrid = _build("Exaone4", dtype=dtype, layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(UnsupportedModelError, match=r"by 1\.1e-01 relative .* compared in float32"):
+        get_adapter(hybrid)
+
+
 # ----------------------------------------------------------------------------- structure matches, numbers differ
 class ScaledLlama(T.LlamaForCausalLM):
     """A Llama whose forward scales its logits by 1.5: the same modules, another function."""
