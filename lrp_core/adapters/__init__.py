@@ -237,7 +237,9 @@ def get_adapter(model: nn.Module) -> Adapter:
     """The adapter for ``model``, or :class:`UnsupportedModelError` naming what is supported.
 
     ``torch.compile``, ``DataParallel`` and ``DistributedDataParallel`` wrappers are looked through
-    (:func:`lrp_core.wrappers.unwrap`); TorchScript is refused.
+    (:func:`lrp_core.wrappers.unwrap`); TorchScript is refused. A decoder no row names (or a subclass of a listed
+    decoder defined outside transformers) is recognised by its structure and checked against its own logits
+    (:mod:`lrp_core.adapters.recognise`).
     """
     if not isinstance(model, nn.Module):
         raise UnsupportedModelError(f"expected a torch.nn.Module, got {type(model).__name__}. "
@@ -247,10 +249,26 @@ def get_adapter(model: nn.Module) -> Adapter:
         if recognise(model):
             raise UnsupportedModelError(f"{type(model).__name__} ({family}) is not supported: {reason}. "
                                         f"Supported: {SUPPORTED}")
+    from . import recognise as open_recognition  # imported here: it builds on the decoder adapter
     for _, recognise, build in ADAPTERS:
         if recognise(model):
-            return build(model)
+            adapter = build(model)
+            if adapter.is_decoder and not type(model).__module__.startswith("transformers."):
+                # a user's subclass of a listed decoder may compute something else: checked like an unlisted one
+                _supported(open_recognition.verify, adapter)
+            return adapter
+    adapter = _supported(open_recognition.open_adapter, model)
+    if adapter is not None:
+        return adapter
     raise UnsupportedModelError(f"{type(model).__name__} is not supported. Supported: {SUPPORTED}")
+
+
+def _supported(check: Callable, *args):
+    """``check(*args)``, its refusal completed with the list of supported families."""
+    try:
+        return check(*args)
+    except UnsupportedModelError as err:
+        raise UnsupportedModelError(f"{err}. Supported: {SUPPORTED}") from None
 
 
 __all__ = ["ADAPTERS", "BERT_FAMILY", "REFUSED", "Adapter", "BlockRelevance", "TokenLayout", "Trace", "get_adapter",

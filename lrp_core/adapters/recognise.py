@@ -1,0 +1,483 @@
+"""Open recognition: a decoder language model that no :data:`~lrp_core.adapters.ADAPTERS` row names.
+
+Many Hugging Face decoder classes (SmolLM3, StableLM, Starcoder2, Seed-OSS, Ministral, Arcee, EXAONE 4, Gemma,
+CWM, ...) are built from the blocks the engine already replays: pre-norm (or branch-output-norm)
+blocks with RMSNorm or LayerNorm, grouped-query attention with q/k/v/o projections, rotary embeddings (partial
+too), optional per-head q/k norms and sliding windows, and gated or plain MLPs. Such a model is explained when
+
+1. its modules have one of the structures listed in :data:`STRUCTURES` — read from the module tree and the
+   config, never from the class name — and every part is one the rules know (its norms computed by the rules'
+   arithmetic, a known activation, a rotary embedding of a known type); and
+2. the engine's replay reproduces the model's own logits on a probe input (:func:`probe`), to a tolerance
+   scaled to the dtype (:data:`TOLERANCE`). The probe runs once per model and configuration (dtype, device,
+   attention implementation, config values, forward hooks), its result cached with the model as a weak key.
+
+Otherwise the model is refused with the reason: the module that was not understood, or the measured deviation
+of the replay. Blocks the engine cannot describe at all (state-space, recurrent or convolutional mixers,
+mixture-of-experts, parallel attention + MLP) are refused by name first (:func:`unreplayable`).
+
+Shapes: B batch, T tokens, D width, V vocabulary, H heads, d head width.
+"""
+from __future__ import annotations
+
+import inspect
+import weakref
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import UnsupportedModelError
+from ..rules.composites import ATTNLRP
+from ..rules.ops import norm_kind
+from ..runtime.guard import model_guard
+from ..runtime.precision import compute_precision
+from .blocks import BlockSpec, MlpSpec
+from .decoder import DecoderAdapter, position_ids
+
+#: What an unlisted decoder must look like to be recognised (the text of every refusal).
+STRUCTURES = (
+    "an unlisted Hugging Face decoder (…ForCausalLM / …ForSequenceClassification) is explained when it has "
+    "model.model.{embed_tokens, layers, norm, rotary_emb} and lm_head (or score); each layer self_attn with "
+    "q_proj / k_proj / v_proj / o_proj (nn.Linear, grouped-query heads allowed), optional per-head q_norm / "
+    "k_norm and an optional use_rope flag, and mlp with gate_proj / up_proj / down_proj, up_proj / down_proj, "
+    "gate_up_proj / down_proj, c_fc / c_proj or fc1 / fc2 and a SiLU, GELU, ReLU, ReLU² or tanh activation; its "
+    "norms (RMSNorm or LayerNorm) "
+    "input_layernorm + post_attention_layernorm (pre-norm), optionally with post_self_attn_layernorm + "
+    "post_mlp_layernorm, or input_layernorm + pre_feedforward_layernorm (+ post_attention_layernorm + "
+    "post_feedforward_layernorm), or attention_layernorm + feedforward_layernorm, or post_attention_layernorm + "
+    "post_feedforward_layernorm alone (norms on the branch outputs); a rotary embedding of type default, linear, "
+    "llama3, yarn or proportional; and the engine's replay equal to the model's own logits on a probe input")
+
+#: Relative tolerance of the probe (max |replay − model| / max |model| over the probe's logits), by dtype:
+#: float32 round-off accumulated over a few blocks is ~1e-6 (measured 2e-7 … 6e-7 on the tiny test models, float64
+#: 2e-16 … 5e-16). A half-precision model is compared in float32: its replay and its own forward both run under
+#: lrp_core.runtime.precision.compute_precision (what ``model.float()`` would give; measured 2e-7 … 1.5e-6).
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-5}
+
+#: Activation modules the rules know (element-wise: relevance passes them unchanged, docs/METHODS.md §1.2, §2c).
+ACTIVATIONS = ("SiLU", "SiLUActivation", "GELU", "GELUActivation", "NewGELUActivation", "GELUTanh", "PytorchGELUTanh",
+               "FastGELUActivation", "QuickGELUActivation", "AccurateGELUActivation", "ReLU", "ReLUSquaredActivation",
+               "Tanh")
+
+#: Rotary types whose tables the model's rotary module computes from the positions alone. "dynamic" and
+#: "longrope" rewrite the module's own frequency buffers as sequences grow (state the probe cannot vouch for).
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
+
+#: norm names of a layer -> (norm1, norm2, post1, post2): the pre-norms and the branch-output norms
+NORM_LAYOUTS = {
+    frozenset({"input_layernorm", "post_attention_layernorm"}):
+        ("input_layernorm", "post_attention_layernorm", None, None),
+    frozenset({"input_layernorm", "post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"}):
+        ("input_layernorm", "post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"),
+    frozenset({"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+               "post_feedforward_layernorm"}):
+        ("input_layernorm", "pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm"),
+    frozenset({"input_layernorm", "pre_feedforward_layernorm"}):
+        ("input_layernorm", "pre_feedforward_layernorm", None, None),
+    frozenset({"attention_layernorm", "feedforward_layernorm"}):
+        ("attention_layernorm", "feedforward_layernorm", None, None),
+    frozenset({"post_attention_layernorm", "post_feedforward_layernorm"}):
+        (None, None, "post_attention_layernorm", "post_feedforward_layernorm"),
+}
+
+#: mlp child names (without the activation) -> (gate, up/fc1, down/fc2, fused gate): the MLP forms understood
+MLP_FORMS = {
+    frozenset({"gate_proj", "up_proj", "down_proj"}): ("gate_proj", "up_proj", "down_proj", False),
+    frozenset({"up_proj", "down_proj"}): (None, "up_proj", "down_proj", False),
+    frozenset({"gate_up_proj", "down_proj"}): (None, "gate_up_proj", "down_proj", True),
+    frozenset({"c_fc", "c_proj"}): (None, "c_fc", "c_proj", False),
+    frozenset({"fc1", "fc2"}): (None, "fc1", "fc2", False),
+}
+
+#: ``config.layer_types`` entries the replay describes
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"}
+
+#: (words in a module's class name, what such a module is): blocks refused by name
+UNREPLAYABLE = (
+    (("mamba", "mixer"), "a state-space (Mamba-style) mixer: a selective scan over the sequence with a causal "
+                         "convolution, not attention"),
+    (("rwkv",), "an RWKV time-mixing layer: a recurrence over the sequence, not attention"),
+    (("shortconv",), "a short causal convolution mixer (LFM2): a convolution over the sequence, not attention"),
+    (("recurrentblock", "rglru", "recurrent"), "a gated linear recurrence (RecurrentGemma / Griffin), not attention"),
+    (("gateddeltanet", "lineardecoderlayer", "linearattention", "lightning"),
+     "a linear-attention / delta-rule recurrence, not softmax attention"),
+    (("moe", "experts", "router", "topkrouter"), "a mixture-of-experts layer: a router picks a few experts per "
+                                                 "token, a data-dependent switch the rules do not describe"),
+)
+
+
+def _layers(model: nn.Module) -> Optional[nn.ModuleList]:
+    """The model's list of decoder layers: the first ModuleList named ``layers`` / ``h`` / ``blocks``."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
+            return module
+    return None
+
+
+def _is_norm(module: nn.Module) -> bool:
+    return "norm" in type(module).__name__.lower()
+
+
+def unreplayable(model: nn.Module) -> Optional[str]:
+    """Why the model's blocks cannot be replayed at all, naming the module and what it is; ``None`` if no such block.
+
+    State-space, recurrent and convolutional mixers and mixture-of-experts layers are found by their modules'
+    class names; parallel blocks (attention and MLP both read the block input and are added to it together:
+    GPT-NeoX, GPT-J, Cohere, Phi-1, Falcon) by the config flag or by a layer holding a single norm.
+    """
+    found, convs = [], []
+    for name, module in model.named_modules():
+        low = type(module).__name__.lower()
+        if not _is_norm(module):  # a family's norms carry its name too (MambaRMSNorm)
+            found += [(name, module, what) for words, what in UNREPLAYABLE if any(w in low for w in words)][:1]
+        if isinstance(module, nn.Conv1d):
+            convs.append((name, module, "a convolution over the sequence (a convolutional mixer), not attention"))
+    if found or convs:  # the innermost such module names the mixer best (the model's own class may carry the word)
+        name, module, what = max(found or convs, key=lambda f: f[0].count(".") if f[0] else -1)
+        return f"its module {name} ({type(module).__name__}) is {what}"
+    cfg = getattr(model, "config", None)
+    odd = sorted({t for t in getattr(cfg, "layer_types", None) or () if t not in LAYER_TYPES})
+    if odd:
+        return (f"config.layer_types has {', '.join(map(repr, odd))} layers: mixers other than (sliding-window) "
+                "softmax attention (recurrent, convolutional or state-space), which the block replay does not describe")
+    for flag in ("use_parallel_residual", "parallel_attn", "parallel_residual"):
+        if getattr(cfg, flag, False) is True:
+            return (f"config.{flag}=True: every layer is a parallel block (attention and MLP both read the layer "
+                    "input and are added to it together), which the sequential block replay does not describe")
+    layers = _layers(model)
+    if layers is not None:
+        layer = layers[0]
+        names = [n for n, m in layer.named_children() if _is_norm(m)]
+        mixers = [n for n, _ in layer.named_children() if "attn" in n or "attention" in n]
+        if len(names) == 1 and mixers and any("mlp" in n for n, _ in layer.named_children()):
+            return (f"its layer {type(layer).__name__} has one norm ({names[0]}) feeding both attention and MLP: a "
+                    "parallel block (attention and MLP added to the layer input together), which the sequential "
+                    "block replay does not describe")
+    return None
+
+
+def _children(module: nn.Module) -> dict:
+    """Named children, dropouts left out (identities at inference)."""
+    return {n: m for n, m in module.named_children() if not isinstance(m, nn.Dropout)}
+
+
+class OpenDecoderAdapter(DecoderAdapter):
+    """A decoder recognised by its structure (:data:`STRUCTURES`): the Llama layout with the variations listed."""
+
+    def __init__(self, model: nn.Module):
+        cfg = getattr(model, "config", None)
+        if int(getattr(cfg, "pretraining_tp", 1) or 1) > 1:
+            raise UnsupportedModelError("pretraining_tp > 1 splits every Linear into slices the replay does not "
+                                        "describe; load the model with pretraining_tp=1 (the same function)")
+        super().__init__(model)
+
+    def _stack(self):
+        base = getattr(self.model, "model", None)
+        if self.config is None or base is None:
+            raise UnsupportedModelError(f"{type(self.model).__name__} has no model.model (the decoder stack)")
+        parts = _children(base)
+        missing = {"embed_tokens", "layers", "norm", "rotary_emb"} - set(parts)
+        if missing:
+            raise UnsupportedModelError(f"model.model ({type(base).__name__}) has no {', '.join(sorted(missing))}; "
+                                        f"its parts are {', '.join(parts)}")
+        extra = set(parts) - {"embed_tokens", "layers", "norm", "rotary_emb"}
+        if extra:
+            name = sorted(extra)[0]
+            raise UnsupportedModelError(f"model.model.{name} ({type(parts[name]).__name__}) is a part the replay "
+                                        "does not describe")
+        top = set(_children(self.model)) - {"model", "lm_head", "score"}
+        if top:
+            name = sorted(top)[0]
+            raise UnsupportedModelError(f"model.{name} ({type(getattr(self.model, name)).__name__}) is a part the "
+                                        "replay does not describe")
+        rope = getattr(base.rotary_emb, "rope_type", "default")
+        for kind in (rope.values() if isinstance(rope, dict) else [rope]):  # a dict: one per layer type
+            if kind not in ROPE_TYPES:
+                raise UnsupportedModelError(f"the rotary embedding's rope_type {kind!r} is not one the engine "
+                                            f"replays ({', '.join(ROPE_TYPES)})")
+        self._rope_takes_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
+        return base, base.layers, base.norm
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        """The layer's norms, attention and MLP by their names (:data:`NORM_LAYOUTS`, :data:`MLP_FORMS`)."""
+        where = f"layer {i} ({type(layer).__name__})"
+        if layer._parameters:
+            raise UnsupportedModelError(f"{where} has parameters of its own ({', '.join(layer._parameters)}) the "
+                                        "replay does not describe")
+        parts = _children(layer)
+        if set(parts) - {"self_attn", "mlp"} - {n for n, m in parts.items() if _is_norm(m)}:
+            name = sorted(set(parts) - {"self_attn", "mlp"} - {n for n, m in parts.items() if _is_norm(m)})[0]
+            raise UnsupportedModelError(f"{where}.{name} ({type(parts[name]).__name__}) is a part the replay does "
+                                        "not describe")
+        if "self_attn" not in parts or "mlp" not in parts:
+            raise UnsupportedModelError(f"{where} has no self_attn and mlp (its parts: {', '.join(parts)})")
+        norms = frozenset(n for n, m in parts.items() if _is_norm(m))
+        layout = NORM_LAYOUTS.get(norms)
+        if layout is None:
+            raise UnsupportedModelError(f"{where} has the norms {', '.join(sorted(norms))}, not one of the layouts "
+                                        "the replay describes")
+        norm1, norm2, post1, post2 = (parts[n] if n else nn.Identity() for n in layout)
+        return BlockSpec(layout="pre_ln", norm1=norm1, norm2=norm2, post1=post1, post2=post2,
+                         attn=self._open_attention(i, layer.self_attn, where), mlp=_mlp(layer.mlp, where))
+
+    def _open_attention(self, i: int, att: nn.Module, where: str):
+        cfg = self.config
+        parts = _children(att)
+        extra = set(parts) - ATTENTION_PARTS
+        if extra or att._parameters or not {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(parts):
+            what = sorted(extra) + list(att._parameters)
+            raise UnsupportedModelError(
+                f"{where}.self_attn ({type(att).__name__}) is not q_proj / k_proj / v_proj / o_proj with optional "
+                f"q_norm / k_norm" + (f": it has {', '.join(what)}" if what else ""))
+        if not all(isinstance(parts[n], nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            raise UnsupportedModelError(f"{where}.self_attn's projections are not nn.Linear")
+        d = int(getattr(att, "head_dim", 0) or 0)
+        H = int(cfg.num_attention_heads)
+        Hkv = int(getattr(cfg, "num_key_value_heads", None) or H)
+        widths = (att.q_proj.out_features, att.k_proj.out_features)
+        if not d or widths != (H * d, Hkv * d) or not hasattr(att, "scaling"):
+            raise UnsupportedModelError(f"{where}.self_attn: q_proj / k_proj widths ({att.q_proj.out_features}, "
+                                        f"{att.k_proj.out_features}) are not {H} / {Hkv} heads of head_dim {d}, or "
+                                        "it has no scaling")
+        for n in ("q_norm", "k_norm"):
+            if n in parts:
+                w = getattr(parts[n], "weight", None)
+                if w is not None and w.numel() != d:
+                    raise UnsupportedModelError(
+                        f"{where}.self_attn.{n} normalises {w.numel()} channels at once (all heads together); the "
+                        f"replay describes per-head q/k norms over head_dim = {d} channels")
+        types = getattr(cfg, "layer_types", None)
+        layer_type = types[i] if types is not None and i < len(types) else None
+        if layer_type is not None:
+            window = getattr(cfg, "sliding_window", None) if layer_type == "sliding_attention" else None
+        else:
+            window = getattr(att, "sliding_window", None) or (
+                getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None)
+        key = layer_type if self._rope_takes_type and layer_type is not None else "default"
+        spec = self._attention(att, window=int(window) if window else None, rope_key=key)
+        spec.rotary = bool(getattr(att, "use_rope", True))  # SmolLM3: some layers without positions (NoPE)
+        return spec
+
+    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str) -> tuple[Tensor, Tensor]:
+        """(cos, sin) (B, T, r) of the model's rotary embedding; per layer type where the module takes one."""
+        if self._rope_takes_type:
+            return self.base.rotary_emb(x0, positions, key)
+        return self.base.rotary_emb(x0, positions)
+
+    def check_norms(self) -> None:
+        """Every norm of the replay (blocks, q/k, final) computed by the rules' arithmetic (:func:`_check_norm`)."""
+        names = self.module_names
+        norms = [self.readout.norm] + [m for s in self.blocks for m in (s.norm1, s.norm2, s.post1, s.post2,
+                                                                         s.attn.q_norm, s.attn.k_norm)]
+        done = set()
+        for spec_norm in norms:
+            if not isinstance(spec_norm, nn.Identity) and id(spec_norm) not in done:
+                done.add(id(spec_norm))
+                _check_norm(spec_norm, names.get(spec_norm, type(spec_norm).__name__))
+
+
+def _mlp(mlp: nn.Module, where: str) -> MlpSpec:
+    """The MLP in one of :data:`MLP_FORMS`, with a known activation."""
+    parts = _children(mlp)
+    acts = {n: m for n, m in parts.items() if not isinstance(m, nn.Linear)}
+    form = MLP_FORMS.get(frozenset(set(parts) - set(acts)))
+    if form is None or len(acts) != 1 or mlp._parameters:
+        raise UnsupportedModelError(f"{where}.mlp ({type(mlp).__name__}) with parts {', '.join(parts)} is not one "
+                                    "of the MLP forms the replay describes")
+    (act_name, act), = acts.items()
+    if type(act).__name__ not in ACTIVATIONS:
+        raise UnsupportedModelError(f"{where}.mlp.{act_name} ({type(act).__name__}) is not an activation the engine "
+                                    f"knows ({', '.join(ACTIVATIONS)})")
+    gate, up, down, fused = form
+    return MlpSpec(gate=parts[gate] if gate else None, fc1=parts[up], fc2=parts[down], act=act, fused_gate=fused)
+
+
+def _check_norm(module: nn.Module, where: str) -> None:
+    """The modified-gradient rules recompute a norm from its parameters (AttnLRP / CP-LRP hold its divisor
+    constant): their arithmetic must be the module's. Compared on a fixed random input; refused otherwise."""
+    p = next(module.parameters(), None)
+    shape = getattr(module, "normalized_shape", None)
+    n = p.shape[-1] if p is not None else (shape[-1] if shape else None)
+    if n is None:
+        raise UnsupportedModelError(f"{where} ({type(module).__name__}) has no weight or normalized_shape to read")
+    ref = p if p is not None else next((b for b in module.buffers()), None)
+    dtype = ref.dtype if ref is not None and ref.is_floating_point() else torch.float32
+    device = ref.device if ref is not None else torch.device("cpu")
+    if device.type == "meta":
+        return  # no values to compare; the probe refuses a meta model
+    x = torch.randn(2, 3, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype=dtype,
+                                                                                              device=device)
+    rule = ATTNLRP.rules[norm_kind(module)]
+    try:
+        with torch.no_grad():
+            want, got = module(x), rule.forward(module, x, module=module)
+    except (AttributeError, TypeError, RuntimeError, UnsupportedModelError) as err:
+        raise UnsupportedModelError(f"{where} ({type(module).__name__}) is not a norm the rules can recompute "
+                                    f"({type(err).__name__}: {err})") from None
+    dev = float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
+    # the rules compute RMSNorm in float32 as LXT does (a float64 model's own norm may round elsewhere: ~1e-8)
+    if not dev <= max(TOLERANCE.get(dtype, 1e-5), 1e-5):
+        raise UnsupportedModelError(f"{where} ({type(module).__name__}) is not computed as the rules' "
+                                    f"{norm_kind(module)} (they differ by {dev:.1e} relative): a norm variant the "
+                                    "AttnLRP / CP-LRP rules do not describe")
+
+
+# ----------------------------------------------------------------------------
+# the probe
+# ----------------------------------------------------------------------------
+#: model -> {fingerprint: the probe's deviation, or the refusal}: each model checked once per configuration
+_PROBED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+#: tokens per probe row (longer where a sliding window is short enough to be covered)
+PROBE_TOKENS = 12
+
+
+def _hooks(model: nn.Module) -> tuple:
+    """The forward hooks and pre-hooks on the model's modules (they run in the model's own forward)."""
+    return tuple((name, tuple(map(id, m._forward_pre_hooks.values())), tuple(map(id, m._forward_hooks.values())))
+                 for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks)
+
+
+def _fingerprint(model: nn.Module) -> tuple:
+    """(dtype, device, attention implementation, config values, forward hooks): what the probe's verdict depends
+    on."""
+    p = next(model.parameters())
+    cfg = model.config
+    return (p.dtype, str(p.device), getattr(cfg, "_attn_implementation", None), cfg.to_json_string(use_diff=False),
+            _hooks(model))
+
+
+def probe(adapter: DecoderAdapter) -> float:
+    """The replay's deviation from the model's own logits on a fixed probe batch: max |replay − model| /
+    max |model| over each row's logits at its last token.
+
+    Two rows of :data:`PROBE_TOKENS` ids (seeded; no padding id), the second right-padded by three
+    (a sequence classifier, which finds its last token by the padding id, gets unpadded rows — one row
+    when it has no padding id); position ids from the mask. The model runs in eval mode, without a cache,
+    under ``no_grad`` (the user's forward hooks run in it, under :func:`~lrp_core.runtime.guard.model_guard`), a
+    half-precision model in float32 like its replay (:func:`~lrp_core.runtime.precision.compute_precision`);
+    modules in training mode are put back. Cost: one forward pass of the model and one plain replay on the
+    B·T probe tokens.
+    """
+    model, cfg = adapter.model, adapter.config
+    windows = [s.attn.window for s in adapter.blocks if s.attn.window]
+    T = PROBE_TOKENS if not windows or min(windows) + 4 > 64 else max(PROBE_TOKENS, min(windows) + 4)
+    if adapter.max_length:
+        T = min(T, adapter.max_length)
+    pad = getattr(cfg, "pad_token_id", None)
+    V = adapter.vocab_size
+    ids = torch.randint(0, V - 1, (2, T), generator=torch.Generator().manual_seed(0))
+    if isinstance(pad, int) and 0 <= pad < V:
+        ids = ids + (ids >= pad).long()  # never the padding id inside a row
+    mask = torch.ones_like(ids)
+    classifier = hasattr(model, "score") and not hasattr(model, "lm_head")
+    if not classifier:
+        mask[1, -3:] = 0
+        if isinstance(pad, int):
+            ids[1, -3:] = pad
+    elif pad is None:
+        ids, mask = ids[:1], mask[:1]
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    training = [m for m in model.modules() if m.training]
+    with model_guard(model):  # the model's own forward runs the user's hooks: what they change is undone
+        try:
+            for m in training:
+                m.training = False
+            with torch.no_grad():
+                try:
+                    with compute_precision(model):  # a half-precision model: its own forward in float32 too
+                        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                                    use_cache=False).logits
+                except Exception as err:  # the model's own forward: any error of its code is a reason to refuse
+                    raise UnsupportedModelError(f"{type(model).__name__}'s own forward failed on the probe input "
+                                                f"({type(err).__name__}: {err})") from None
+                got = adapter.forward(adapter.check_inputs({"input_ids": ids, "attention_mask": mask})).logits
+        finally:
+            for m in training:
+                m.training = True
+    if out.dim() == 3:
+        last = (torch.arange(ids.shape[1], device=device)[None] * mask).argmax(-1)
+        out = out[torch.arange(len(out), device=device), last]
+    out, got = out.double(), got.double()
+    return float((got - out).abs().max() / out.abs().max().clamp(min=1e-30))
+
+
+def open_adapter(model: nn.Module) -> Optional[DecoderAdapter]:
+    """The adapter of an unlisted decoder recognised by its structure, or ``None`` where ``model`` is no Hugging Face
+    decoder (no config, not a ``…ForCausalLM`` / ``…LMHeadModel`` / ``…ForSequenceClassification``).
+
+    Raises :class:`UnsupportedModelError` (without the list of supported families: the caller adds it) naming a
+    block the engine cannot replay, the module that was not understood, or the probe's measured deviation.
+    """
+    cls = type(model).__name__
+    if getattr(model, "config", None) is None or not cls.endswith(("ForCausalLM", "LMHeadModel",
+                                                                     "ForSequenceClassification")):
+        return None
+    why = unreplayable(model)
+    if why is not None:
+        raise UnsupportedModelError(f"{cls} is not supported: {why}")
+    try:
+        adapter = OpenDecoderAdapter(model)
+    except UnsupportedModelError as err:
+        raise UnsupportedModelError(f"{cls} is not a decoder the engine recognises: {err}. {STRUCTURES}") from None
+    except (AttributeError, TypeError, ValueError) as err:
+        raise UnsupportedModelError(f"{cls} is not a decoder the engine recognises ({type(err).__name__}: {err}). "
+                                    f"{STRUCTURES}") from None
+    return verify(adapter, norms=True)
+
+
+def verify(adapter: DecoderAdapter, norms: bool = False) -> DecoderAdapter:
+    """``adapter`` where its replay reproduces the model's own logits on the probe (:func:`probe`), else
+    :class:`UnsupportedModelError` with the measured deviation. ``norms``: first check that the rules recompute
+    every norm of the replay (an unlisted family's norms are not known in advance). Once per model and
+    configuration: the verdict is kept with the model as a weak key."""
+    model = adapter.model
+    cls = type(model).__name__
+    p = next(model.parameters(), None)
+    if p is None or p.device.type == "meta":
+        raise UnsupportedModelError(f"{cls} has the structure of a supported decoder, but its weights are on the meta "
+                                    "device (or absent): the replay cannot be checked against the model's own logits; "
+                                    "load the weights first")
+    key = _fingerprint(model)
+    seen = _PROBED.setdefault(model, {})
+    if key not in seen:
+        try:
+            if norms:
+                adapter.check_norms()
+            seen[key] = probe(adapter)
+        except UnsupportedModelError as err:
+            seen[key] = f"{cls} is not a decoder the engine recognises: {err}. {STRUCTURES}"
+    if isinstance(seen[key], str):
+        raise UnsupportedModelError(seen[key])
+    dev, tol = seen[key], TOLERANCE.get(p.dtype, 1e-5)
+    if not dev <= tol:  # NaN too
+        raise UnsupportedModelError(
+            f"{cls} has the structure of a supported decoder, but the replay differs from the model's own logits by "
+            f"{dev:.1e} relative on a probe input (tolerance {tol:.0e} in {str(p.dtype).replace('torch.', '')}"
+            f"{', compared in float32' if p.dtype in (torch.float16, torch.bfloat16) else ''})"
+            f"{_unreplayed_config(model)}{_hooked(key[-1])}: the model computes something the replay does not (a "
+            "scaling, a rotary layout or a mask the structure does not show), so it is not explained approximately")
+    return adapter
+
+
+def _hooked(hooks: tuple) -> str:
+    """The hooked modules, where forward hooks ran in the model's own forward (a hint in the refusal)."""
+    names = [name or "the model" for name, _, _ in hooks]
+    return f" (forward hooks on {', '.join(names)} ran in the model's own forward)" if names else ""
+
+
+def _unreplayed_config(model: nn.Module) -> str:
+    """Config values that scale what the replay computes, where not neutral (a hint in the refusal)."""
+    cfg = model.config
+    neutral = {"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "logits_scaling": 1.0, "logit_scale": 1.0}
+    odd = [f"{k}={getattr(cfg, k)}" for k, v in neutral.items()
+           if isinstance(getattr(cfg, k, None), (int, float)) and getattr(cfg, k) != v]
+    return f" (config values the replay does not apply: {', '.join(odd)})" if odd else ""
+
+
+__all__ = ["OpenDecoderAdapter", "open_adapter", "verify", "probe", "unreplayable", "STRUCTURES", "TOLERANCE",
+           "ACTIVATIONS", "ROPE_TYPES", "PROBE_TOKENS"]
