@@ -228,14 +228,14 @@ def _token_ids(tokenizer, values: Any, what: str) -> list:
     return out
 
 
-def _check_ids(ids: Tensor, vocab: int, what: str, none: Optional[int] = None) -> None:
-    """Every id in ``0 … vocab − 1`` (``none``: the value that stands for "no token"), else an InputError."""
-    bad = (ids < 0) | (ids >= vocab)
-    if none is not None:
-        bad &= ids != none
-    if bool(bad.any()):
-        raise InputError(f"{what} ids must lie in 0 … {vocab - 1} (the model's vocabulary), got "
-                         f"{sorted(set(ids[bad].tolist()))[:5]}")
+def _check_ids(ids: Sequence[Sequence[Optional[int]]], vocab: int, what: str) -> None:
+    """Every id (rows of ints; ``None``: no token) in ``0 … vocab − 1``, else an InputError naming the others.
+
+    Checked on Python ints, before any tensor is made: an id too large for int64 is named, not an OverflowError.
+    """
+    bad = sorted({v for row in ids for v in row if v is not None and not 0 <= v < vocab})
+    if bad:
+        raise InputError(f"{what} ids must lie in 0 … {vocab - 1} (the model's vocabulary), got {bad[:5]}")
 
 
 def _step_groups(negative: Optional[Tensor], steps: int, size: int) -> list[list[int]]:
@@ -315,7 +315,9 @@ def _continuation(tokenizer, continuation: Any, batch: int, steps: Optional[int]
                 raise InputError("a text continuation needs the tokenizer")
             ids.append(tokenizer(r, add_special_tokens=False)["input_ids"])
         else:
-            ids.append(_token_ids(tokenizer, list(torch.as_tensor(r).reshape(-1).tolist()), "continuation"))
+            flat = list(r) if isinstance(r, (list, tuple)) else \
+                r.reshape(-1).tolist() if hasattr(r, "reshape") and hasattr(r, "tolist") else [r]  # tensor / array
+            ids.append(_token_ids(tokenizer, flat, "continuation"))
     if len(ids) != batch or len({len(r) for r in ids}) != 1 or not ids[0]:
         raise InputError(f"continuation must give the same, non-zero number of tokens for each of the {batch} prompts "
                          f"(got lengths {[len(r) for r in ids]})")
@@ -323,17 +325,16 @@ def _continuation(tokenizer, continuation: Any, batch: int, steps: Optional[int]
         raise InputError(f"max_new_tokens={steps} but the continuation has {len(ids[0])} tokens; give one or the other")
     if any(v is None for r in ids for v in r):
         raise InputError("continuation must be token ids or text, without None")
-    out = torch.tensor(ids, dtype=torch.long)
     if vocab is not None:
-        _check_ids(out, vocab, "continuation")
-    return out
+        _check_ids(ids, vocab, "continuation")
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def _contrasts(tokenizer, contrast: Any, batch: int, steps: int, vocab: int) -> Optional[Tensor]:
     """Per-step contrasted token ids (B, K), −1 where a step has none; ``None`` without contrasts."""
     if contrast is None:
         return None
-    if isinstance(contrast, (int, str)) and not isinstance(contrast, bool):
+    if isinstance(contrast, (numbers.Integral, str)) and not isinstance(contrast, bool):
         grid = [[contrast] * steps] * batch
     elif isinstance(contrast, (list, tuple)) and len(contrast) == steps and not \
             any(isinstance(c, (list, tuple)) for c in contrast):
@@ -345,9 +346,8 @@ def _contrasts(tokenizer, contrast: Any, batch: int, steps: int, vocab: int) -> 
         raise InputError(f"contrast must be one token (id or piece) for every step, a list of {steps} (one per step, "
                          f"None for none) or {batch} such lists (one per prompt)")
     ids = [_token_ids(tokenizer, row, "contrast") for row in grid]
-    given = torch.tensor([[0 if v is None else v for v in row] for row in ids], dtype=torch.long)
-    _check_ids(given, vocab, "contrast")  # before −1 stands for "none": a negative id is an error, not "none"
-    return torch.where(torch.tensor([[v is None for v in row] for row in ids]), -1, given)
+    _check_ids(ids, vocab, "contrast")  # before −1 stands for "none": a negative id is an error, not "none"
+    return torch.tensor([[-1 if v is None else v for v in row] for row in ids], dtype=torch.long)
 
 
 def _language_model(model: nn.Module) -> tuple[Any, int]:
@@ -361,6 +361,22 @@ def _language_model(model: nn.Module) -> tuple[Any, int]:
         raise UnsupportedModelError(f"explain_generation explains what a causal language model writes (a decoder "
                                     f"with an LM head, e.g. LlamaForCausalLM); {type(inner).__name__} has none")
     return adapter, int(head.out_features)
+
+
+def _check_method(method: str, options: dict, contrast: Any, adapter: Any) -> None:
+    """The method, its options and a contrast checked as each step's :func:`lrp_core.explain` call will check
+    them, before the first step; ``position`` and ``target`` are set per step and cannot be given."""
+    from . import registry
+
+    spec = registry.get(method)
+    fixed = sorted({"position", "target"} & set(options))
+    if fixed:
+        raise InputError(f"explain_generation sets {fixed} itself (each step is read at its own position, with the "
+                         "generated token as target); use continuation= and contrast= instead")
+    registry.parse_options(spec, options, adapter.num_blocks, registry.defaults_key(adapter))
+    if contrast is not None and spec.class_agnostic:
+        raise InputError(f"{method!r} does not depend on the target token, so a contrast explains nothing; use a "
+                         "class-sensitive method")
 
 
 def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: str = "attnlrp",
@@ -402,6 +418,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
     if not isinstance(stop_at_eos, bool):
         raise InputError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
     adapter, vocab = _language_model(model)
+    _check_method(method, options, contrast, adapter)
     ids, mask = _prompts(tokenizer, prompts)
     B, P = ids.shape
     if continuation is None:
