@@ -411,8 +411,6 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
 
     Returns a :class:`GenerationExplanation`: ``scores`` (B, K, P+K−1), ``.show()``, ``.save_html(path)``.
     """
-    from ..api import explain
-
     if isinstance(step_batch, bool) or not isinstance(step_batch, int) or step_batch < 1:
         raise InputError(f"step_batch must be a positive integer, got {step_batch!r}")
     if not isinstance(stop_at_eos, bool):
@@ -429,10 +427,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
     else:
         gen = _continuation(tokenizer, continuation, B, max_new_tokens, vocab)
         K = gen.shape[1]
-    if adapter.max_length is not None and P + K - 1 > adapter.max_length:
-        raise InputError(f"the prompts ({P} tokens) and {K} new tokens need P + K − 1 = {P + K - 1} positions; "
-                         f"{type(unwrap(model)).__name__} has {adapter.max_length} (max_position_embeddings): "
-                         f"shorten the prompts or write at most {adapter.max_length - P + 1} tokens")
+    _check_positions(adapter, P, K)
     adapter.check_inputs({"input_ids": ids, "attention_mask": mask})  # the prompts' ids against the vocabulary
     negative = _contrasts(tokenizer, contrast, B, K, vocab)
     groups = _step_groups(negative, K, step_batch)  # checked before the steps are computed
@@ -451,6 +446,37 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
     full_mask = torch.cat([mask, active.to(mask)], 1)
     # the explained rows see every written column: causal attention keeps the later ones out of each map
     inputs = {"input_ids": full_ids[:, :-1], "attention_mask": torch.cat([mask, torch.ones_like(gen)], 1)[:, :-1]}
+    scores, logits = _explain_steps(model, method, inputs, gen, negative, groups, active, P, progress, options)
+    if negative is not None:
+        negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
+    used = sorted(set(full_ids.flatten().tolist()) | set([] if negative is None else negative.flatten().tolist()) - {-1})
+    id_to_token = {} if tokenizer is None else dict(zip(used, tokenizer.convert_ids_to_tokens(used)))
+    pieces = [[str(t) for t in (tokenizer.convert_ids_to_tokens(r.tolist()) if tokenizer is not None else r.tolist())]
+              for r in full_ids]
+    return GenerationExplanation(method=method, input_ids=full_ids, attention_mask=full_mask, prompt_length=P,
+                                 scores=scores, tokens=pieces, targets=gen, logits=logits, contrasts=negative,
+                                 options={"id_to_token": id_to_token, **options})
+
+
+def _check_positions(adapter: Any, P: int, K: int) -> None:
+    """Prompts P tokens wide and K steps: the last step reads P + K − 1 tokens, which the model must have."""
+    if adapter.max_length is not None and P + K - 1 > adapter.max_length:
+        raise InputError(f"the prompts ({P} tokens) and {K} new tokens need P + K − 1 = {P + K - 1} positions; "
+                         f"{type(adapter.model).__name__} has {adapter.max_length} (max_position_embeddings): "
+                         f"shorten the prompts or write at most {adapter.max_length - P + 1} tokens")
+
+
+def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, negative: Optional[Tensor],
+                   groups: list[list[int]], active: Tensor, P: int, progress: Optional[bool],
+                   options: dict) -> tuple[Tensor, Tensor]:
+    """The maps (B, K, P+K−1) and explained logits (B, K) of the steps each row took (``active`` (B, K)).
+
+    ``inputs``: prompts and continuation without its last token (B, P+K−1); each group of steps is one
+    :func:`lrp_core.explain` call over its (step, prompt) pairs, each read at its own position.
+    """
+    from ..api import explain
+
+    B, K = gen.shape
     scores = torch.zeros(B, K, P + K - 1, dtype=torch.float64)
     logits = torch.zeros(B, K, dtype=torch.float64)
     with _StepBar(K, progress or (progress is None and K >= 8), method) as bar:
@@ -464,22 +490,15 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
             exp = explain(model, rows, method=method, target=target, position=(P - 1 + ks).tolist(), **options)
             got = exp.scores.detach().to(torch.float64).cpu()
             lg = exp.logits.detach().to(torch.float64).cpu()
-            got[torch.arange(P + K - 1)[None, :] >= (P + ks)[:, None]] = 0.0  # after each step's prefix (the
-            scores[bs, ks] = got  # causal mask keeps those out already)
+            # zero after each step's prefix (the causal mask keeps those positions out already)
+            got[torch.arange(P + K - 1)[None, :] >= (P + ks)[:, None]] = 0.0
+            scores[bs, ks] = got
             picked = lg.gather(1, gen[bs, ks].cpu()[:, None])[:, 0]
             if negative is not None and negative[0, steps[0]] >= 0:
                 picked = picked - lg.gather(1, negative[bs, ks][:, None])[:, 0]
             logits[bs, ks] = picked
             bar.update(len(steps))
-    if negative is not None:
-        negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
-    used = sorted(set(full_ids.flatten().tolist()) | set([] if negative is None else negative.flatten().tolist()) - {-1})
-    id_to_token = {} if tokenizer is None else dict(zip(used, tokenizer.convert_ids_to_tokens(used)))
-    pieces = [[str(t) for t in (tokenizer.convert_ids_to_tokens(r.tolist()) if tokenizer is not None else r.tolist())]
-              for r in full_ids]
-    return GenerationExplanation(method=method, input_ids=full_ids, attention_mask=full_mask, prompt_length=P,
-                                 scores=scores, tokens=pieces, targets=gen, logits=logits, contrasts=negative,
-                                 options={"id_to_token": id_to_token, **options})
+    return scores, logits
 
 
 def _steps_written(gen: Tensor, eos: Sequence[int]) -> Tensor:
