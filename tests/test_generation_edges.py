@@ -63,6 +63,40 @@ def test_the_greedy_step_sees_eval_mode_and_modes_are_restored_when_it_fails():
     assert all(m.training for m in model.modules())
 
 
+def test_explain_on_a_training_mode_clip_is_in_eval_semantics_too():
+    """CLIP embeds the other side (prompts or images) with the model's own towers: without dropout, as the replay,
+    so explain gives the eval-mode maps whatever the random state, and leaves every module in train mode."""
+    from tiny_clip import make_clip
+    model = make_clip().double()
+    for m in model.modules():  # dropout in both towers' attention (CLIPAttention reads it in train mode)
+        if hasattr(m, "dropout") and isinstance(m.dropout, float):
+            m.dropout = 0.5
+    g = torch.Generator().manual_seed(1)
+    inputs = {"pixel_values": torch.randn(2, 3, 32, 32, generator=g, dtype=torch.float64),
+              "input_ids": torch.tensor([[1, 5, 98], [1, 6, 98]])}
+    for side in ("image", "text"):
+        ref = lrp_core.explain(model, {**inputs, "explain": side}, method="attnlrp").scores
+        model.train()
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            assert torch.equal(lrp_core.explain(model, {**inputs, "explain": side}, method="attnlrp").scores, ref)
+        assert all(m.training for m in model.modules())
+        model.eval()
+
+
+def test_the_guard_does_not_undo_the_switch_back_to_train_mode():
+    """A hooked module called last inside eval_semantics leaves a bracket open (until the next module call):
+    switching back to train mode there must not be taken for a change of the hook's, to be undone."""
+    from lrp_core.runtime.guard import eval_semantics, model_guard
+    model = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(2, 2)).train()
+    model[1].register_forward_hook(lambda *args: None)
+    with model_guard(model):
+        with eval_semantics(model):
+            assert not any(m.training for m in model.modules())
+            model[1](torch.ones(1, 2))
+    assert all(m.training for m in model.modules())
+
+
 # ----------------------------------------------------------------------------
 # the end-of-text token
 # ----------------------------------------------------------------------------

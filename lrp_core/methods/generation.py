@@ -18,16 +18,15 @@ step is computed.
 from __future__ import annotations
 
 import numbers
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..runtime.guard import model_guard
+from ..runtime.guard import eval_semantics, model_guard
 from ..runtime.wrappers import unwrap
 from .call import Contrast
 from ..viz.text import generation_html, page
@@ -124,26 +123,6 @@ def _left_padded(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return ids.gather(1, order), mask.gather(1, order)
 
 
-@contextmanager
-def eval_semantics(model: nn.Module) -> Iterator[None]:
-    """``model`` in eval mode inside the block (no dropout), each module's mode restored on exit (also on error).
-
-    The replay that explains a step is inference semantics whatever the model's mode (``docs/METHODS.md``: Dropout
-    is the identity); the greedy step runs the model itself, so a model left in ``train()`` is switched for its
-    duration. A module is switched back only if it is still in eval mode at the end, so another thread's
-    ``.train()`` made meanwhile stays.
-    """
-    switched = [m for m in model.modules() if m.training]
-    for m in switched:
-        m.training = False
-    try:
-        yield
-    finally:
-        for m in switched:
-            if not m.training:
-                m.training = True
-
-
 def _token_set(value: Any) -> list[int]:
     """An ``eos_token_id`` (int, list or tensor; ``None``: none) as a list of ints."""
     return [] if value is None else [int(v) for v in torch.as_tensor(value).reshape(-1).tolist()]
@@ -186,8 +165,9 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
         (B, K) the tokens written, on the device of ``input_ids``.
     """
     eos = torch.tensor(sorted(set(eos_token_id or ())), dtype=torch.long, device=input_ids.device)
-    pad = int(eos[0]) if pad_token_id is None and len(eos) else int(pad_token_id or 0)
-    out = torch.full((input_ids.shape[0], steps), pad, dtype=torch.long, device=input_ids.device)
+    if pad_token_id is None:
+        pad_token_id = int(eos[0]) if len(eos) else 0  # without an end-of-text id every column is written
+    out = torch.full((input_ids.shape[0], steps), pad_token_id, dtype=torch.long, device=input_ids.device)
     taken = 0
     lengths = attention_mask.sum(1)
     with eval_semantics(model), model_guard(unwrap(model)):
@@ -509,4 +489,4 @@ def _steps_written(gen: Tensor, eos: Sequence[int]) -> Tensor:
     return torch.where(first < K, first + 1, K).cpu()
 
 
-__all__ = ["explain_generation", "GenerationExplanation", "greedy_continuation"]
+__all__ = ["explain_generation", "GenerationExplanation", "greedy_continuation", "end_of_text"]
