@@ -4,7 +4,9 @@ Design
 ------
 The engine itself changes nothing on a model: it reads parameters, calls
 submodules and takes gradients with ``torch.autograd.grad`` (which fills no
-``.grad``). Only code that is not the engine's can change a model during a
+``.grad``) — save :func:`eval_semantics`, which switches modes to eval for
+the model's own forward (CLIP's other side, the greedy steps of a generation)
+and back. Only code that is not the engine's can change a model during a
 call: the forward hooks and pre-hooks the user put on its modules, which fire
 when the replay calls those modules (so does CLIP's embedding of the prompts).
 Such a hook may flip a mode, add a hook, set ``requires_grad`` or a ``.grad``,
