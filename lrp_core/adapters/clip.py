@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
 from ..errors import InputError
+from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
 from .base import Adapter
 from .bert import MASK_VALUE
@@ -144,7 +145,7 @@ class CLIPImageAdapter(ViTAdapter):
 
         A half-precision model embeds the prompts in float32, and they stay float32 (lrp_core.runtime.precision).
         """
-        with torch.no_grad(), compute_precision(self.model):
+        with torch.no_grad(), compute_precision(self.model), eval_semantics(self.model):  # no dropout, as the replay
             return _scaled_embeddings(self.model, self.model.get_text_features(input_ids=ids, attention_mask=mask),
                                       dtype)
 
@@ -252,7 +253,7 @@ class CLIPTextAdapter(Adapter):
 
         A half-precision model embeds the images in float32, and they stay float32 (lrp_core.runtime.precision).
         """
-        with torch.no_grad(), compute_precision(self.model):
+        with torch.no_grad(), compute_precision(self.model), eval_semantics(self.model):  # no dropout, as the replay
             return _scaled_embeddings(self.model, self.model.get_image_features(pixel_values=images), images.dtype)
 
     def layout(self, prepared: dict) -> TokenLayout:

@@ -10,9 +10,14 @@ All steps of all prompts are explained in one :func:`lrp_core.explain` call:
 each (prompt, step) is a row over the whole sequence, read at its own
 position with its own target — the causal mask keeps later tokens out of every
 map, so the row equals the explanation of the prefix alone (up to round-off).
+
+The greedy steps run the model in eval semantics (no dropout), as every explanation does, and stop at the
+end-of-text token like ``generate``; the ids, the positions and every token id given are checked before any
+step is computed.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -20,7 +25,9 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
+from ..errors import InputError, UnsupportedModelError
+from ..runtime.guard import eval_semantics, model_guard
+from ..runtime.wrappers import unwrap
 from .call import Contrast
 from ..viz.text import generation_html, page
 
@@ -34,13 +41,18 @@ class GenerationExplanation:
     Attributes:
         method: the method used.
         input_ids: (B, P+K) prompt and continuation, left-padded (the prompts end at column P).
-        attention_mask: (B, P+K) 1 = real token.
+        attention_mask: (B, P+K) 1 = real token; 0 = padding, also after a row's end-of-text token.
         prompt_length: P, the padded prompt width (every row's prompt ends at column P − 1).
         scores: (B, K, P+K−1) row k: the relevance of each input position for step k; padding and positions from
             P+k on are 0.
         tokens: per row, the P+K pieces (padding as the tokenizer's pad token).
         targets: (B, K) the explained token ids; ``contrasts`` (B, K) the contrasted ids (−1: none), or ``None``.
         logits: (B, K) the explained quantity: the target logit (minus the contrast's) at each step.
+
+    K is the number of steps the longest row took. A row that wrote its end-of-text token at step s < K (greedy
+    with ``stop_at_eos``) is padded after it as ``generate`` pads it: from step s+1 on its ``input_ids`` and
+    ``targets`` hold the pad id, its ``attention_mask`` is 0, and its steps are not explained (``scores`` rows 0,
+    ``logits`` 0, ``contrasts`` −1). :attr:`steps_per_row` gives each row's s.
     """
 
     method: str
@@ -58,9 +70,14 @@ class GenerationExplanation:
     def num_steps(self) -> int:
         return self.scores.shape[1]
 
+    @property
+    def steps_per_row(self) -> Tensor:
+        """(B,) the steps explained in each row: K, or fewer for a row that stopped at its end-of-text token."""
+        return self.attention_mask[:, self.prompt_length:].sum(1)
+
     def generated(self, row: int = 0) -> list[str]:
-        """The K generated pieces of a row."""
-        return self.tokens[row][self.prompt_length:]
+        """The generated pieces of a row (up to its end-of-text token, included)."""
+        return self.tokens[row][self.prompt_length:self.prompt_length + int(self.steps_per_row[row])]
 
     def html(self, row: int = 0, scale: str = "row", merge: bool = False) -> str:
         """The heat map of one row as an HTML fragment (context tokens × generated tokens)."""
@@ -68,11 +85,13 @@ class GenerationExplanation:
             raise InputError(f"row must be in 0 … {len(self.tokens) - 1}, got {row}")
         keep = self.attention_mask[row, :-1].bool().cpu()
         start = int(torch.nonzero(keep)[0]) if keep.any() else 0  # drop the left padding from the picture
-        context = self.tokens[row][start:-1]
-        scores = self.scores[row, :, start:].detach().double().cpu().numpy()
+        steps = int(self.steps_per_row[row])  # and the steps after the row's end-of-text token
+        stop = self.prompt_length + steps - 1
+        context = self.tokens[row][start:stop]
+        scores = self.scores[row, :steps, start:stop].detach().double().cpu().numpy()
         contrasts = None
         if self.contrasts is not None:
-            contrasts = [None if c < 0 else self._piece(row, int(c)) for c in self.contrasts[row].tolist()]
+            contrasts = [None if c < 0 else self._piece(row, int(c)) for c in self.contrasts[row, :steps].tolist()]
         return generation_html(context, self.generated(row), scores, scale=scale, contrasts=contrasts,
                                title=f"{self.method}: why the model wrote what it wrote")
 
@@ -104,33 +123,79 @@ def _left_padded(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return ids.gather(1, order), mask.gather(1, order)
 
 
+def _token_set(value: Any) -> list[int]:
+    """An ``eos_token_id`` (int, list or tensor; ``None``: none) as a list of ints."""
+    return [] if value is None else [int(v) for v in torch.as_tensor(value).reshape(-1).tolist()]
+
+
+def end_of_text(model: nn.Module) -> tuple[list[int], Optional[int]]:
+    """(the end-of-text ids, the pad id) ``generate`` would use: ``generation_config``, else ``config``.
+
+    The pad id falls back to the first end-of-text id, as in ``generate``; both are empty / ``None`` when the
+    model names no end-of-text token.
+    """
+    sources = [getattr(model, "generation_config", None), getattr(model, "config", None)]
+    eos = next((ids for ids in (_token_set(getattr(c, "eos_token_id", None)) for c in sources) if ids), [])
+    pad = next((int(p) for p in (getattr(c, "pad_token_id", None) for c in sources) if p is not None), None)
+    return eos, (pad if pad is not None else (eos[0] if eos else None))
+
+
 @torch.no_grad()
-def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, steps: int) -> Tensor:
-    """``steps`` greedy tokens after left-padded prompts (B, P): (B, steps). No stopping at end-of-text.
+def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, steps: int,
+                        eos_token_id: Optional[Sequence[int]] = None, pad_token_id: Optional[int] = None) -> Tensor:
+    """Up to ``steps`` greedy tokens after left-padded prompts (B, P): (B, K), K ≤ ``steps``.
+
+    The model runs in eval semantics (:func:`eval_semantics`; no dropout, its modes restored) and as found
+    otherwise (:func:`lrp_core.runtime.guard.model_guard` undoes what its forward hooks change).
 
     Rows of equal length run together and unpadded, so each row continues exactly as it would alone: the model
     never sees a padding position (Hugging Face's eager attention in float64 turns fully masked padding rows
     into NaN, and 0 × NaN reaches the real rows of a padded batch).
+
+    Parameters
+    ----------
+    eos_token_id
+        End-of-text ids: a row stops after writing one (it is kept), and its later columns hold ``pad_token_id``
+        (default: the first end-of-text id), as ``generate`` pads them; K is the number of steps of the longest
+        row. ``None`` / empty: no stopping, K = ``steps``.
+
+    Returns
+    -------
+    Tensor
+        (B, K) the tokens written, on the device of ``input_ids``.
     """
-    out = torch.zeros(input_ids.shape[0], steps, dtype=torch.long, device=input_ids.device)
+    eos = torch.tensor(sorted(set(eos_token_id or ())), dtype=torch.long, device=input_ids.device)
+    if pad_token_id is None:
+        pad_token_id = int(eos[0]) if len(eos) else 0  # without an end-of-text id every column is written
+    out = torch.full((input_ids.shape[0], steps), pad_token_id, dtype=torch.long, device=input_ids.device)
+    taken = 0
     lengths = attention_mask.sum(1)
-    for n in lengths.unique().tolist():
-        rows = (lengths == n).nonzero().squeeze(1)
-        ids = input_ids[rows, input_ids.shape[1] - n:]  # left-padded: the real tokens are the last n columns
-        for k in range(steps):
-            nxt = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, -1].argmax(-1, keepdim=True)
-            out[rows, k] = nxt[:, 0]
-            ids = torch.cat([ids, nxt], 1)
-    return out
+    with eval_semantics(model), model_guard(unwrap(model)):
+        for n in lengths.unique().tolist():
+            rows = (lengths == n).nonzero().squeeze(1)
+            ids = input_ids[rows, input_ids.shape[1] - n:]  # left-padded: the real tokens are the last n columns
+            for k in range(steps):
+                nxt = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, -1].argmax(-1)
+                out[rows, k] = nxt
+                taken = max(taken, k + 1)
+                if len(eos):  # rows that wrote an end-of-text token stop here
+                    going = ~torch.isin(nxt, eos)
+                    rows, ids, nxt = rows[going], ids[going], nxt[going]
+                    if not len(rows):
+                        break
+                ids = torch.cat([ids, nxt[:, None]], 1)
+    return out[:, :taken] if len(eos) else out
 
 
 def _token_ids(tokenizer, values: Any, what: str) -> list:
     """Token ids from ids or single-token strings (``None`` kept)."""
     out = []
     for v in values:
-        if v is None or (isinstance(v, int) and not isinstance(v, bool)):
-            out.append(v)
+        if v is None or (isinstance(v, numbers.Integral) and not isinstance(v, bool)):
+            out.append(None if v is None else int(v))
         elif isinstance(v, str):
+            if tokenizer is None:
+                raise InputError(f"{what} {v!r} is text: a token piece needs the tokenizer (or give its id)")
             ids = tokenizer.convert_tokens_to_ids([v])
             if ids[0] is None or ids[0] == tokenizer.unk_token_id:
                 enc = tokenizer(v, add_special_tokens=False)["input_ids"]
@@ -141,6 +206,16 @@ def _token_ids(tokenizer, values: Any, what: str) -> list:
         else:
             raise InputError(f"{what} must be token ids (int) or single-token strings, got {type(v).__name__}")
     return out
+
+
+def _check_ids(ids: Sequence[Sequence[Optional[int]]], vocab: int, what: str) -> None:
+    """Every id (rows of ints; ``None``: no token) in ``0 … vocab − 1``, else an InputError naming the others.
+
+    Checked on Python ints, before any tensor is made: an id too large for int64 is named, not an OverflowError.
+    """
+    bad = sorted({v for row in ids for v in row if v is not None and not 0 <= v < vocab})
+    if bad:
+        raise InputError(f"{what} ids must lie in 0 … {vocab - 1} (the model's vocabulary), got {bad[:5]}")
 
 
 def _step_groups(negative: Optional[Tensor], steps: int, size: int) -> list[list[int]]:
@@ -205,8 +280,10 @@ def _prompts(tokenizer, prompts: Any) -> tuple[Tensor, Tensor]:
     return _left_padded(ids.long(), mask.long())
 
 
-def _continuation(tokenizer, continuation: Any, batch: int, steps: Optional[int]) -> Tensor:
-    """A given continuation: a string / token ids for every prompt, or one per prompt -> (B, K)."""
+def _continuation(tokenizer, continuation: Any, batch: int, steps: Optional[int],
+                  vocab: Optional[int] = None) -> Tensor:
+    """A given continuation: a string / token ids for every prompt, or one per prompt -> (B, K); each id checked
+    against the vocabulary size ``vocab`` when given."""
     rows = continuation if isinstance(continuation, (list, tuple)) and continuation and \
         isinstance(continuation[0], (list, tuple, str)) and not isinstance(continuation, str) else [continuation]
     if len(rows) == 1 and batch > 1:
@@ -218,20 +295,26 @@ def _continuation(tokenizer, continuation: Any, batch: int, steps: Optional[int]
                 raise InputError("a text continuation needs the tokenizer")
             ids.append(tokenizer(r, add_special_tokens=False)["input_ids"])
         else:
-            ids.append(_token_ids(tokenizer, list(torch.as_tensor(r).reshape(-1).tolist()), "continuation"))
+            flat = list(r) if isinstance(r, (list, tuple)) else \
+                r.reshape(-1).tolist() if hasattr(r, "reshape") and hasattr(r, "tolist") else [r]  # tensor / array
+            ids.append(_token_ids(tokenizer, flat, "continuation"))
     if len(ids) != batch or len({len(r) for r in ids}) != 1 or not ids[0]:
         raise InputError(f"continuation must give the same, non-zero number of tokens for each of the {batch} prompts "
                          f"(got lengths {[len(r) for r in ids]})")
     if steps is not None and steps != len(ids[0]):
         raise InputError(f"max_new_tokens={steps} but the continuation has {len(ids[0])} tokens; give one or the other")
+    if any(v is None for r in ids for v in r):
+        raise InputError("continuation must be token ids or text, without None")
+    if vocab is not None:
+        _check_ids(ids, vocab, "continuation")
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _contrasts(tokenizer, contrast: Any, batch: int, steps: int) -> Optional[Tensor]:
+def _contrasts(tokenizer, contrast: Any, batch: int, steps: int, vocab: int) -> Optional[Tensor]:
     """Per-step contrasted token ids (B, K), −1 where a step has none; ``None`` without contrasts."""
     if contrast is None:
         return None
-    if isinstance(contrast, (int, str)) and not isinstance(contrast, bool):
+    if isinstance(contrast, (numbers.Integral, str)) and not isinstance(contrast, bool):
         grid = [[contrast] * steps] * batch
     elif isinstance(contrast, (list, tuple)) and len(contrast) == steps and not \
             any(isinstance(c, (list, tuple)) for c in contrast):
@@ -242,77 +325,168 @@ def _contrasts(tokenizer, contrast: Any, batch: int, steps: int) -> Optional[Ten
     else:
         raise InputError(f"contrast must be one token (id or piece) for every step, a list of {steps} (one per step, "
                          f"None for none) or {batch} such lists (one per prompt)")
-    ids = [[-1 if v is None else v for v in _token_ids(tokenizer, row, "contrast")] for row in grid]
-    return torch.tensor(ids, dtype=torch.long)
+    ids = [_token_ids(tokenizer, row, "contrast") for row in grid]
+    _check_ids(ids, vocab, "contrast")  # before −1 stands for "none": a negative id is an error, not "none"
+    return torch.tensor([[-1 if v is None else v for v in row] for row in ids], dtype=torch.long)
+
+
+def _language_model(model: nn.Module) -> tuple[Any, int]:
+    """(the engine's adapter of a causal LM, its vocabulary size V = the LM head's outputs); others refused."""
+    from ..adapters import get_adapter
+
+    adapter = get_adapter(model)
+    inner = unwrap(model)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if not adapter.is_decoder or not isinstance(head, nn.Linear):
+        raise UnsupportedModelError(f"explain_generation explains what a causal language model writes (a decoder "
+                                    f"with an LM head, e.g. LlamaForCausalLM); {type(inner).__name__} has none")
+    return adapter, int(head.out_features)
+
+
+def _check_method(method: str, options: dict, contrast: Any, adapter: Any) -> None:
+    """The method, its options and a contrast checked as each step's :func:`lrp_core.explain` call will check
+    them, before the first step; ``position`` and ``target`` are set per step and cannot be given."""
+    from . import registry
+
+    spec = registry.get(method)
+    fixed = sorted({"position", "target"} & set(options))
+    if fixed:
+        raise InputError(f"explain_generation sets {fixed} itself (each step is read at its own position, with the "
+                         "generated token as target); use continuation= and contrast= instead")
+    registry.parse_options(spec, options, adapter.num_blocks, registry.defaults_key(adapter))
+    if contrast is not None and spec.class_agnostic:
+        raise InputError(f"{method!r} does not depend on the target token, so a contrast explains nothing; use a "
+                         "class-sensitive method")
 
 
 def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: str = "attnlrp",
                        max_new_tokens: Optional[int] = None, continuation: Any = None, contrast: Any = None,
-                       progress: Optional[bool] = None, step_batch: int = 8, **options: Any) -> GenerationExplanation:
+                       progress: Optional[bool] = None, step_batch: int = 8, stop_at_eos: bool = True,
+                       **options: Any) -> GenerationExplanation:
     """Explain each token a causal LM writes after ``prompts`` (``docs/METHODS.md`` §2c, Generation).
+
+    Everything given is checked before any step is computed: the prompts' ids, prompt length + steps against
+    the model's positions, and the continuation's and contrasts' token ids against its vocabulary. The greedy
+    steps run the model in eval semantics (no dropout; its modes are restored afterwards), as every explanation
+    is computed.
 
     Args:
         model: a causal LM the engine supports (``LlamaForCausalLM``, ``GPT2LMHeadModel``, …).
         tokenizer: its tokenizer (text prompts, pieces for the pictures); may be ``None`` for id inputs.
         prompts: a string, a list of strings, or a tokenizer dict (padded on either side).
         method: any method of :func:`lrp_core.explain` that takes a target.
-        max_new_tokens: K, the greedy steps (default 1 without a continuation).
+        max_new_tokens: K, the greedy steps at most (default 1 without a continuation). The model must have
+            positions for P + K − 1 tokens (P: the padded prompt width).
         continuation: the tokens to explain instead of the greedy ones (text or ids; one for all prompts or one
-            per prompt).
+            per prompt); all are explained, end-of-text or not.
         contrast: per step the token to contrast with (``y_{g_k} − y_{a_k}``): one for every step, a list per step
-            (``None`` for none) or one such list per prompt.
+            (``None`` for none) or one such list per prompt; ids in ``0 … V − 1``.
         progress: a progress bar over the steps (default: when there are 8 or more).
         step_batch: how many steps are explained in one call (their rows batched; memory grows with it).
+        stop_at_eos: greedy only: a row stops after writing an end-of-text token (``generation_config`` /
+            ``config.eos_token_id``, one id or a list), as ``generate`` stops; the result has as many steps as
+            the longest row, and a row that stopped earlier is padded (see :class:`GenerationExplanation`).
+            ``False``: every row writes ``max_new_tokens`` tokens.
         options: the method's options (see ``lrp_core.METHODS``).
 
     Returns a :class:`GenerationExplanation`: ``scores`` (B, K, P+K−1), ``.show()``, ``.save_html(path)``.
     """
-    from ..api import explain
-
     if isinstance(step_batch, bool) or not isinstance(step_batch, int) or step_batch < 1:
         raise InputError(f"step_batch must be a positive integer, got {step_batch!r}")
+    if not isinstance(stop_at_eos, bool):
+        raise InputError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
+    adapter, vocab = _language_model(model)
+    _check_method(method, options, contrast, adapter)
     ids, mask = _prompts(tokenizer, prompts)
     B, P = ids.shape
     if continuation is None:
         K = 1 if max_new_tokens is None else max_new_tokens
         if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        gen = greedy_continuation(model, ids, mask, K)
+        gen = None
     else:
-        gen = _continuation(tokenizer, continuation, B, max_new_tokens)
+        gen = _continuation(tokenizer, continuation, B, max_new_tokens, vocab)
         K = gen.shape[1]
+    _check_positions(adapter, P, K)
+    adapter.check_inputs({"input_ids": ids, "attention_mask": mask})  # the prompts' ids against the vocabulary
+    negative = _contrasts(tokenizer, contrast, B, K, vocab)
+    groups = _step_groups(negative, K, step_batch)  # checked before the steps are computed
+    if gen is None:
+        eos, pad = end_of_text(unwrap(model)) if stop_at_eos else ([], None)
+        gen = greedy_continuation(model, ids, mask, K, eos_token_id=eos, pad_token_id=pad)
+        if gen.shape[1] < K:  # every row stopped early: the steps all rows skipped go
+            K = gen.shape[1]
+            negative = None if negative is None else negative[:, :K]
+            groups = [g for g in ([k for k in group if k < K] for group in groups) if g]
+        written = _steps_written(gen, eos)
+    else:
+        written = torch.full((B,), K, dtype=torch.long)
     full_ids = torch.cat([ids, gen.to(ids.device)], 1)  # (B, P+K)
-    full_mask = torch.cat([mask, torch.ones_like(gen)], 1)
-    negative = _contrasts(tokenizer, contrast, B, K)
-    inputs = {"input_ids": full_ids[:, :-1], "attention_mask": full_mask[:, :-1]}  # (B, P+K−1)
-    scores = torch.zeros(B, K, P + K - 1, dtype=torch.float64)
-    logits = torch.zeros(B, K, dtype=torch.float64)
-    groups = _step_groups(negative, K, step_batch)
-    with _StepBar(K, progress or (progress is None and K >= 8), method) as bar:
-        for steps in groups:  # steps as rows: (step, prompt) pairs, each read at its own position
-            rows = {k: v.repeat(len(steps), 1) for k, v in inputs.items()}
-            t = torch.cat([gen[:, k] for k in steps]).tolist()
-            target: Any = t if negative is None or negative[0, steps[0]] < 0 else \
-                Contrast(t, torch.cat([negative[:, k] for k in steps]).tolist())
-            position = [P - 1 + k for k in steps for _ in range(B)]
-            exp = explain(model, rows, method=method, target=target, position=position, **options)
-            got = exp.scores.detach().to(torch.float64).cpu().reshape(len(steps), B, -1)
-            lg = exp.logits.detach().to(torch.float64).cpu().reshape(len(steps), B, -1)
-            for j, k in enumerate(steps):
-                scores[:, k] = got[j]
-                scores[:, k, P + k:] = 0.0  # after the step's prefix (the causal mask keeps them out already)
-                picked = lg[j].gather(1, gen[:, k:k + 1].cpu())[:, 0]
-                if negative is not None and negative[0, k] >= 0:
-                    picked = picked - lg[j].gather(1, negative[:, k:k + 1])[:, 0]
-                logits[:, k] = picked
-            bar.update(len(steps))
+    active = torch.arange(K)[None, :] < written[:, None]  # (B, K): the steps each row took
+    full_mask = torch.cat([mask, active.to(mask)], 1)
+    # the explained rows see every written column: causal attention keeps the later ones out of each map
+    inputs = {"input_ids": full_ids[:, :-1], "attention_mask": torch.cat([mask, torch.ones_like(gen)], 1)[:, :-1]}
+    scores, logits = _explain_steps(model, method, inputs, gen, negative, groups, active, P, progress, options)
+    if negative is not None:
+        negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
     used = sorted(set(full_ids.flatten().tolist()) | set([] if negative is None else negative.flatten().tolist()) - {-1})
-    vocab = {} if tokenizer is None else dict(zip(used, tokenizer.convert_ids_to_tokens(used)))
+    id_to_token = {} if tokenizer is None else dict(zip(used, tokenizer.convert_ids_to_tokens(used)))
     pieces = [[str(t) for t in (tokenizer.convert_ids_to_tokens(r.tolist()) if tokenizer is not None else r.tolist())]
               for r in full_ids]
     return GenerationExplanation(method=method, input_ids=full_ids, attention_mask=full_mask, prompt_length=P,
                                  scores=scores, tokens=pieces, targets=gen, logits=logits, contrasts=negative,
-                                 options={"id_to_token": vocab, **options})
+                                 options={"id_to_token": id_to_token, **options})
 
 
-__all__ = ["explain_generation", "GenerationExplanation", "greedy_continuation"]
+def _check_positions(adapter: Any, P: int, K: int) -> None:
+    """Prompts P tokens wide and K steps: the last step reads P + K − 1 tokens, which the model must have."""
+    if adapter.max_length is not None and P + K - 1 > adapter.max_length:
+        raise InputError(f"the prompts ({P} tokens) and {K} new tokens need P + K − 1 = {P + K - 1} positions; "
+                         f"{type(adapter.model).__name__} has {adapter.max_length} (max_position_embeddings): "
+                         f"shorten the prompts or write at most {adapter.max_length - P + 1} tokens")
+
+
+def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, negative: Optional[Tensor],
+                   groups: list[list[int]], active: Tensor, P: int, progress: Optional[bool],
+                   options: dict) -> tuple[Tensor, Tensor]:
+    """The maps (B, K, P+K−1) and explained logits (B, K) of the steps each row took (``active`` (B, K)).
+
+    ``inputs``: prompts and continuation without its last token (B, P+K−1); each group of steps is one
+    :func:`lrp_core.explain` call over its (step, prompt) pairs, each read at its own position.
+    """
+    from ..api import explain
+
+    B, K = gen.shape
+    scores = torch.zeros(B, K, P + K - 1, dtype=torch.float64)
+    logits = torch.zeros(B, K, dtype=torch.float64)
+    with _StepBar(K, progress or (progress is None and K >= 8), method) as bar:
+        for steps in groups:  # steps as rows: (step, prompt) pairs, each read at its own position
+            pairs = [(k, b) for k in steps for b in range(B) if active[b, k]]
+            ks, bs = torch.tensor([k for k, _ in pairs]), torch.tensor([b for _, b in pairs])
+            rows = {name: v[bs.to(v.device)] for name, v in inputs.items()}
+            t = gen[bs, ks].tolist()
+            target: Any = t if negative is None or negative[0, steps[0]] < 0 else \
+                Contrast(t, negative[bs, ks].tolist())
+            exp = explain(model, rows, method=method, target=target, position=(P - 1 + ks).tolist(), **options)
+            got = exp.scores.detach().to(torch.float64).cpu()
+            lg = exp.logits.detach().to(torch.float64).cpu()
+            # zero after each step's prefix (the causal mask keeps those positions out already)
+            got[torch.arange(P + K - 1)[None, :] >= (P + ks)[:, None]] = 0.0
+            scores[bs, ks] = got
+            picked = lg.gather(1, gen[bs, ks].cpu()[:, None])[:, 0]
+            if negative is not None and negative[0, steps[0]] >= 0:
+                picked = picked - lg.gather(1, negative[bs, ks][:, None])[:, 0]
+            logits[bs, ks] = picked
+            bar.update(len(steps))
+    return scores, logits
+
+
+def _steps_written(gen: Tensor, eos: Sequence[int]) -> Tensor:
+    """(B,) the tokens each row of a greedy continuation (B, K) wrote: up to its first end-of-text id, included."""
+    K = gen.shape[1]
+    hit = torch.isin(gen, torch.tensor(list(eos), dtype=torch.long, device=gen.device))
+    first = torch.where(hit, torch.arange(K, device=gen.device)[None, :], K).min(1).values
+    return torch.where(first < K, first + 1, K).cpu()
+
+
+__all__ = ["explain_generation", "GenerationExplanation", "greedy_continuation", "end_of_text"]

@@ -11,6 +11,8 @@ def token_ablation(c: Call) -> MethodResult:
     """Token ablation map: ``y_t(all tokens) − y_t(without token i)``, the removals batched.
 
     Decoders: the other tokens keep their position ids, and the head reads the same token.
+    A row with nothing to remove (its only real token is the one read: a one-token row, or a decoder read at
+    ``position=0``) has the all-zero map, and a batch of such rows runs no removal at all.
     """
     a, opt = c.adapter, c.opt
     with torch.no_grad():
@@ -27,7 +29,8 @@ def token_ablation(c: Call) -> MethodResult:
         scores = torch.zeros(B, N, dtype=x0.dtype, device=dev)
         bar = tqdm(total=len(pairs), desc="token ablation", unit="seq",
                    disable=not opt.progress if opt.progress is not None else len(pairs) < 2048, leave=False)
-        for chunk in pairs.split(opt.batch_size):
+        # an empty split still yields one empty chunk, whose replay cannot reshape zero rows: skip it
+        for chunk in pairs.split(opt.batch_size) if len(pairs) else ():
             bi, ti = chunk[:, 0], chunk[:, 1]
             idx = keep[None, :] + (keep[None, :] >= ti[:, None]).long()  # positions without token ti
             xs = x0[bi].gather(1, idx[..., None].expand(-1, -1, D))

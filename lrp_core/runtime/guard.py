@@ -4,7 +4,9 @@ Design
 ------
 The engine itself changes nothing on a model: it reads parameters, calls
 submodules and takes gradients with ``torch.autograd.grad`` (which fills no
-``.grad``). Only code that is not the engine's can change a model during a
+``.grad``) — save :func:`eval_semantics`, which switches modes to eval for
+the model's own forward (CLIP's other side, the greedy steps of a generation)
+and back. Only code that is not the engine's can change a model during a
 call: the forward hooks and pre-hooks the user put on its modules, which fire
 when the replay calls those modules (so does CLIP's embedding of the prompts).
 Such a hook may flip a mode, add a hook, set ``requires_grad`` or a ``.grad``,
@@ -161,6 +163,10 @@ class GuardReport:
     undone: list = field(default_factory=list)  # slots restored
 
 
+#: the calling thread's installed brackets (guarded calls may nest), for :func:`eval_semantics`
+_OPEN = threading.local()
+
+
 class _Brackets:
     """Thread-filtered global module hooks that bracket the user code a call runs on a hooked model."""
 
@@ -174,11 +180,13 @@ class _Brackets:
     def install(self) -> None:
         self.handles = [_module.register_module_forward_pre_hook(self._pre),
                         _module.register_module_forward_hook(self._post)]
+        _OPEN.__dict__.setdefault("brackets", []).append(self)
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
+        _OPEN.brackets.remove(self)
         self.close()
 
     def close(self) -> None:
@@ -251,6 +259,36 @@ def warn_unreflected_hooks(report: GuardReport, stacklevel: int = 3) -> None:
             "replay runs, remove it, or make this an error with "
             "warnings.simplefilter('error', lrp_core.errors.UnreflectedHookWarning)",
             UnreflectedHookWarning, stacklevel=stacklevel)
+
+
+@contextmanager
+def eval_semantics(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside the block (no dropout), each module's mode restored on exit (also on error).
+
+    The replay computes in inference semantics whatever the model's mode (``docs/METHODS.md``: Dropout is the
+    identity); where the engine runs the model's own forward instead (CLIP's embeddings of the other side, the
+    greedy steps of ``explain_generation``), a model left in ``train()`` is switched for that forward. A module
+    is switched back only if it is still in eval mode at the end, so another thread's ``.train()`` made
+    meanwhile stays.
+    """
+    switched = [m for m in model.modules() if m.training]
+    _close_brackets()
+    for m in switched:
+        m.training = False
+    try:
+        yield
+    finally:
+        _close_brackets()
+        for m in switched:
+            if not m.training:
+                m.training = True
+
+
+def _close_brackets() -> None:
+    """End the calling thread's open brackets here: a mode switch of the engine's own is not a change of the
+    user's hooks to undo (a bracket opened after a hooked module stays open until the next module call)."""
+    for brackets in getattr(_OPEN, "brackets", ()):
+        brackets.close()
 
 
 # ----------------------------------------------------------------------------
@@ -327,5 +365,5 @@ def public_call(fn: F) -> F:
     return call  # type: ignore[return-value]
 
 
-__all__ = ["GuardReport", "model_guard", "warn_unreflected_hooks", "autograd_on", "normal_tensors",
+__all__ = ["GuardReport", "model_guard", "eval_semantics", "warn_unreflected_hooks", "autograd_on", "normal_tensors",
            "inference_model_named", "public_call", "FLAGS", "HOOK_DICTS"]
