@@ -11,7 +11,9 @@ module only hands Captum a forward function and reads its attributions back:
   the model with :meth:`Adapter.forward`; for text it substitutes the given
   embeddings for the output of the model's word-embedding module (found by
   identity, :func:`word_embedding_module`) with a forward hook that lives
-  only for that replay.
+  only for that replay (:func:`~lrp_core.runtime.guard.engine_hook`: removed
+  on every path, and never taken by the model guard for a change of the
+  user's hooks to undo).
 * **what**: ``f(x, *args)`` returns the logits (B, C) — minus the logit of
   the contrast class where the target is a ``Contrast`` — and Captum's
   ``target`` picks the explained class. ``args`` are the per-sample entries
