@@ -11,7 +11,9 @@ module only hands Captum a forward function and reads its attributions back:
   the model with :meth:`Adapter.forward`; for text it substitutes the given
   embeddings for the output of the model's word-embedding module (found by
   identity, :func:`word_embedding_module`) with a forward hook that lives
-  only for that replay.
+  only for that replay (:func:`~lrp_core.runtime.guard.engine_hook`: removed
+  on every path, and never taken by the model guard for a change of the
+  user's hooks to undo).
 * **what**: ``f(x, *args)`` returns the logits (B, C) — minus the logit of
   the contrast class where the target is a ``Contrast`` — and Captum's
   ``target`` picks the explained class. ``args`` are the per-sample entries
@@ -37,7 +39,7 @@ Captum directly on the very function the methods use.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Union
 
@@ -47,6 +49,7 @@ from torch import Tensor, nn
 
 from ..adapters.base import Adapter
 from ..errors import InputError, UnsupportedModelError
+from ..runtime.guard import engine_hook
 from .call import Call, MethodResult
 
 #: What ``baseline`` may name: images "zeros" | "blur", text "zeros" | "pad" | "mask" (or a token id).
@@ -94,17 +97,15 @@ def _contrast(logits: Tensor, negative: Optional[Tensor]) -> Tensor:
 
 @contextmanager
 def _output_replaced(module: nn.Module, value: Tensor) -> Iterator[None]:
-    """``module`` returns ``value`` instead of its output while the context lasts (a hook removed on exit)."""
+    """``module`` returns ``value`` instead of its output while the context lasts (an engine hook, removed on exit
+    whatever ends the context; the user's hooks on ``module`` run before it and stay)."""
     def hook(mod: nn.Module, args: Any, out: Tensor) -> Tensor:
         if out.shape != value.shape:
             raise InputError(f"embeddings of shape {tuple(value.shape)} given for a batch whose word embeddings "
                              f"have shape {tuple(out.shape)}")
         return value
-    handle = module.register_forward_hook(hook)
-    try:
+    with engine_hook(module, hook):
         yield
-    finally:
-        handle.remove()
 
 
 def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
@@ -114,14 +115,11 @@ def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
     so no family has to name it.
     """
     outputs: list = []
-    handles = [m.register_forward_hook(lambda mod, a, out: outputs.append((mod, out)))
-               for m in adapter.model.modules() if isinstance(m, nn.Embedding)]
-    try:
-        with torch.no_grad():
-            embeds = adapter.embed(prepared).embeds
-    finally:
-        for h in handles:
-            h.remove()
+    with ExitStack() as hooks, torch.no_grad():
+        for m in adapter.model.modules():
+            if isinstance(m, nn.Embedding):
+                hooks.enter_context(engine_hook(m, lambda mod, a, out: outputs.append((mod, out))))
+        embeds = adapter.embed(prepared).embeds
     for mod, out in outputs:
         if out is embeds:
             return mod

@@ -29,6 +29,12 @@ or fail half-way. :func:`model_guard` undoes exactly those changes:
   attribute still has the value the bracket left: if another thread changed it
   since, that thread's value stays.
 
+The engine's own temporary hooks (the Captum baselines put one on the word-embedding
+module for each replay) are made with :func:`engine_hook`: the watch does not see
+them, so a bracket never takes their removal for a change of the user's code to be
+undone (which would put them back on the model), and they are removed by the
+context that made them, on every path.
+
 Limits, as documented in docs/CONTRACTS.md: a change another thread makes
 *inside* a bracket (while a hooked module runs in the calling thread) is taken
 for the call's and undone; a user hook that calls other modules and changes
@@ -64,6 +70,48 @@ HOOK_DICTS = tuple(name for name in ("_forward_pre_hooks", "_forward_hooks", "_f
                                      "_backward_pre_hooks", "_backward_hooks") if hasattr(nn.Module(), name))
 _MISSING = object()
 
+#: ids of the hooks the engine itself holds on some module right now, in any thread (hook ids are unique
+#: process-wide): the watch skips them — they are the engine's to remove, not a change of the user's code
+_ENGINE_HOOKS: set[int] = set()
+_ENGINE_LOCK = threading.Lock()
+
+
+@contextmanager
+def engine_hook(module: nn.Module, hook: Callable[..., Any]) -> Iterator[None]:
+    """``hook`` as a forward hook of ``module`` while the context lasts, removed on exit whatever ends it.
+
+    It is the engine's: :func:`model_guard` neither records nor restores it, and it does not make ``module``
+    a hooked module (no bracket, no :class:`~lrp_core.errors.UnreflectedHookWarning`). User hooks already on
+    ``module`` run before it (they are older), and stay as they are.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The module whose forward ``hook(module, args, output)`` follows.
+    hook : callable
+        A forward hook; what it returns (if not ``None``) replaces the module's output.
+    """
+    handle = None
+    try:
+        handle = module.register_forward_hook(hook)
+        with _ENGINE_LOCK:
+            _ENGINE_HOOKS.add(handle.id)
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+            with _ENGINE_LOCK:
+                _ENGINE_HOOKS.discard(handle.id)
+
+
+def _user_hooks(hooks: dict) -> dict:
+    """The entries of one hook dictionary that are not the engine's own (:func:`engine_hook`)."""
+    if not _ENGINE_HOOKS:
+        return hooks
+    with _ENGINE_LOCK:
+        engine = set(_ENGINE_HOOKS)
+    return {k: v for k, v in hooks.items() if k not in engine}
+
 Slot = tuple  # ("training", i) | ("flag", i, name) | ("hook", i, dict, id) | ("requires_grad", j) | ("grad", j) | ...
 
 
@@ -88,7 +136,7 @@ class _Watch:
                 if f in m.__dict__ or hasattr(type(m), f):
                     state[("flag", i, f)] = getattr(m, f)
             for name in HOOK_DICTS:
-                for key, fn in getattr(m, name).items():
+                for key, fn in _user_hooks(getattr(m, name)).items():
                     state[("hook", i, name, key)] = fn
         for j, p in enumerate(self.params):
             state[("requires_grad", j)] = p.requires_grad
@@ -206,15 +254,16 @@ class _Brackets:
         if hooked and threading.get_ident() == self.thread:
             self.report.ran.add(id(module))
         # its pre-hooks run next, then its forward (its forward hooks: bracket opened by _post)
-        self._event(module, hooked and bool(module._forward_pre_hooks))
+        self._event(module, hooked and bool(_user_hooks(module._forward_pre_hooks)))
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._event(module, id(module) in self.report.hooked and bool(module._forward_hooks))
+        self._event(module, id(module) in self.report.hooked and bool(_user_hooks(module._forward_hooks)))
 
 
 def _hooked_modules(model: nn.Module) -> dict:
+    """``id(module) -> qualified name`` of the modules with a forward hook or pre-hook of the user's."""
     return {id(m): name or type(model).__name__ for name, m in model.named_modules()
-            if m._forward_hooks or m._forward_pre_hooks}
+            if _user_hooks(m._forward_hooks) or _user_hooks(m._forward_pre_hooks)}
 
 
 @contextmanager
@@ -365,5 +414,6 @@ def public_call(fn: F) -> F:
     return call  # type: ignore[return-value]
 
 
-__all__ = ["GuardReport", "model_guard", "eval_semantics", "warn_unreflected_hooks", "autograd_on", "normal_tensors",
+__all__ = ["GuardReport", "model_guard", "eval_semantics", "engine_hook", "warn_unreflected_hooks", "autograd_on",
+           "normal_tensors",
            "inference_model_named", "public_call", "FLAGS", "HOOK_DICTS"]
