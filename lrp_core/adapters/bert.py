@@ -120,7 +120,6 @@ class BertAdapter(Adapter):
 
     def check_inputs(self, inputs) -> dict:
         ids, mask = tokenized(inputs, type(self.model).__name__)
-        input_keys(inputs, type(self.model).__name__, self.honoured_inputs, self.refused_inputs)
         T = ids.shape[1]
         if T > self.max_length:
             raise InputError(
@@ -134,6 +133,11 @@ class BertAdapter(Adapter):
             if tt.shape != ids.shape:
                 raise InputError(f"token_type_ids has shape {tuple(tt.shape)}, input_ids {tuple(ids.shape)}: they "
                                  "must be the same (one segment id per token)")
+            table = getattr(self.base.embeddings, "token_type_embeddings", None)
+            if table is not None and (int(tt.min()) < 0 or int(tt.max()) >= table.num_embeddings):
+                raise InputError(f"token_type_ids must lie in [0, {table.num_embeddings}) (the model's segment "
+                                 f"table); got {int(tt.min())} … {int(tt.max())}")
+        input_keys(inputs, type(self.model).__name__, self.honoured_inputs, self.refused_inputs)
         pos = inputs.get("position_ids")
         if pos is not None:
             pos = self._given_positions(pos, ids)

@@ -252,3 +252,10 @@ def test_encoder_keys_the_replay_does_not_read_are_refused(family, key):
         key, torch.zeros_like(inputs["input_ids"]))
     with pytest.raises(InputError, match=key):
         lrp_core.explain(model, {**inputs, key: value}, method="attnlrp")
+
+
+def test_encoder_token_type_ids_outside_the_segment_table_are_refused():
+    model = make("roberta")  # type_vocab_size 1: only segment 0
+    inputs = text_batch(model)
+    with pytest.raises(InputError, match=r"token_type_ids must lie in \[0, 1\)"):
+        lrp_core.explain(model, {**inputs, "token_type_ids": torch.ones_like(inputs["input_ids"])}, method="attnlrp")
