@@ -19,7 +19,7 @@ from ..rules.composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD, Pro
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
-from .checks import token_ids, tokenized
+from .checks import input_keys, token_ids, tokenized
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -108,6 +108,16 @@ class BertAdapter(Adapter):
             "Linear classifier, or a classifier with dense and out_proj)")
 
     # ------------------------------------------------------------ validation
+    #: the input keys the replay reads as the model does
+    honoured_inputs: tuple = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+    #: input keys the model's forward reads that the replay does not, and what to pass instead
+    refused_inputs: dict = {
+        "inputs_embeds": "the token scores are read at the model's own word embeddings of input_ids, so embeddings "
+                         "given directly are refused: pass input_ids (and attention_mask)",
+        "head_mask": "a head mask scales the heads' attention, and the replay runs every head as the model does "
+                     "without one: pass no head_mask",
+    }
+
     def check_inputs(self, inputs) -> dict:
         ids, mask = tokenized(inputs, type(self.model).__name__)
         T = ids.shape[1]
@@ -123,7 +133,29 @@ class BertAdapter(Adapter):
             if tt.shape != ids.shape:
                 raise InputError(f"token_type_ids has shape {tuple(tt.shape)}, input_ids {tuple(ids.shape)}: they "
                                  "must be the same (one segment id per token)")
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}
+            table = getattr(self.base.embeddings, "token_type_embeddings", None)
+            if table is not None and (int(tt.min()) < 0 or int(tt.max()) >= table.num_embeddings):
+                raise InputError(f"token_type_ids must lie in [0, {table.num_embeddings}) (the model's segment "
+                                 f"table); got {int(tt.min())} … {int(tt.max())}")
+        input_keys(inputs, type(self.model).__name__, self.honoured_inputs, self.refused_inputs)
+        pos = inputs.get("position_ids")
+        if pos is not None:
+            pos = self._given_positions(pos, ids)
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt, "position_ids": pos}
+
+    def _given_positions(self, value, ids: Tensor) -> Tensor:
+        """The ``position_ids`` given with the inputs (B, T) or (1, T), checked to index the position table."""
+        pos = token_ids(value, "position_ids").to(ids.device)
+        if pos.shape[0] == 1 and pos.shape[1] == ids.shape[1]:
+            pos = pos.expand(ids.shape)
+        if pos.shape != ids.shape:
+            raise InputError(f"position_ids has shape {tuple(pos.shape)}, input_ids {tuple(ids.shape)}: give one "
+                             "position per token, (B, T) or (1, T)")
+        n = self.base.embeddings.position_embeddings.num_embeddings
+        if int(pos.min()) < 0 or int(pos.max()) >= n:
+            raise InputError(f"position_ids must lie in [0, {n}) (the position table); got {int(pos.min())} … "
+                             f"{int(pos.max())}")
+        return pos
 
     def layout(self, prepared: dict) -> TokenLayout:
         mask = prepared["attention_mask"]
@@ -147,7 +179,8 @@ class BertAdapter(Adapter):
         if types is not None:
             tt = prepared.get("token_type_ids")
             x = r(ADD, torch.add, x, types(torch.zeros_like(ids) if tt is None else tt))
-        x = r(POS_ADD, torch.add, x, emb.position_embeddings(self._positions(ids)))
+        given = prepared.get("position_ids")
+        x = r(POS_ADD, torch.add, x, emb.position_embeddings(self._positions(ids) if given is None else given))
         x0 = r.module(LAYERNORM, emb.LayerNorm, x)  # dropout: inference
         project = self.embedding_projection()
         if project is not None:

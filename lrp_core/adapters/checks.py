@@ -7,7 +7,7 @@ naming what was wrong and what is accepted — never a raw ``ValueError`` from
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -80,6 +80,37 @@ def tokenized(inputs: Any, model_name: str) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
+#: keys of a tokenizer's or a user's inputs that change none of the logits an explanation reads: a loss's labels,
+#: what the model returns, whether it builds a cache for later calls
+NO_EFFECT = ("labels", "return_dict", "return_loss", "output_attentions", "output_hidden_states", "use_cache",
+             "logits_to_keep", "num_items_in_batch")
+
+
+def input_keys(inputs: Mapping, model_name: str, honoured: Sequence[str], refused: Mapping[str, str] = {},
+               no_effect: Sequence[str] = NO_EFFECT) -> None:
+    """Every key of ``inputs`` with a value is honoured by the replay, changes no logit, or is an :class:`InputError`.
+
+    Parameters
+    ----------
+    inputs : the user's inputs (a dict / BatchEncoding).
+    model_name : the model's class name, for the message.
+    honoured : the keys the replay reads as the model does.
+    refused : key -> why the replay cannot honour it and what to pass instead.
+    no_effect : keys that change nothing the explanation reads (:data:`NO_EFFECT`).
+
+    A key the model would use and the replay ignored would explain another computation than the model's:
+    it is refused, never dropped. A key whose value is ``None`` is the model's default, and accepted.
+    """
+    for key, value in inputs.items():
+        if value is None or key in honoured or key in no_effect:
+            continue
+        if key in refused:
+            raise InputError(f"{model_name} is explained without {key!r}: {refused[key]}")
+        raise InputError(f"{model_name}: the input {key!r} is not one the explanation reads; it reads "
+                         f"{', '.join(honoured)} (and ignores {', '.join(no_effect)}, which change no logit) — drop "
+                         f"{key!r} from the inputs (e.g. inputs.pop({key!r}))")
+
+
 def pixel_values(value: Any, name: str = "pixel_values") -> Tensor:
     """Pixel values (B, 3, H, W): a tensor, or a NumPy array; a list is an :class:`InputError` with the fix."""
     if isinstance(value, np.ndarray):
@@ -100,4 +131,4 @@ def to_model_dtype(images: Tensor, dtype: torch.dtype) -> Tensor:
     return images if images.dtype == dtype else images.to(dtype)
 
 
-__all__ = ["token_ids", "attention_mask", "tokenized", "pixel_values", "to_model_dtype"]
+__all__ = ["token_ids", "attention_mask", "tokenized", "input_keys", "NO_EFFECT", "pixel_values", "to_model_dtype"]

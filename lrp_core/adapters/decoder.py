@@ -3,9 +3,13 @@
 What is explained: the logit of a vocabulary entry (a causal LM's next-token
 logit) or of a class (``*ForSequenceClassification``), read at one position
 per row — by default each row's last real token, whichever side the batch is
-padded on; ``explain(..., position=p)`` names another. Position ids follow the
-attention mask as ``generate`` computes them, so a row's explanation does not
-depend on its padding. Every input position gets a score; padding scores 0.
+padded on (a sequence classifier: where it pools, its rightmost token that is
+not ``config.pad_token_id``); ``explain(..., position=p)`` names another.
+Position ids follow the attention mask as ``generate`` computes them, so a
+row's explanation does not depend on its padding — or are the ``position_ids``
+given with the inputs. Rotary tables that depend on the longest position of
+the batch (``dynamic``, ``longrope``) are chosen per row, as for the row
+alone. Every input position gets a score; padding scores 0.
 
 A family subclasses :class:`DecoderAdapter` and describes its blocks
 (``_block(i, layer) -> BlockSpec``); the Llama layout (``model.model`` with
@@ -16,6 +20,7 @@ Shapes: B batch, T tokens (padding included), D width, V vocabulary, H heads, d 
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -26,7 +31,7 @@ from ..rules.composites import LINEAR, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
-from .checks import tokenized
+from .checks import NO_EFFECT, input_keys, token_ids, tokenized
 from .readouts import HeadLayer, PositionReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -40,6 +45,167 @@ def last_real(mask: Tensor) -> Tensor:
     """(B,) the index of each row's last real token (padding on either side)."""
     idx = torch.arange(mask.shape[1], device=mask.device)
     return (idx[None, :] * mask).argmax(dim=-1)
+
+
+_CACHE = ("a cache holds the keys and values of earlier tokens, which the replay does not see, so the explanation "
+          "would miss them: pass the whole sequence (the earlier tokens and the new ones) as input_ids with its "
+          "attention_mask, without past_key_values / cache (use_cache may stay: it changes no logit)")
+
+#: input keys a decoder's forward reads that the replay does not, and what to pass instead
+REFUSED_INPUTS = {
+    "past_key_values": _CACHE,
+    "cache": _CACHE,
+    "inputs_embeds": "the token scores are read at the model's own embeddings of input_ids (embed_tokens), so "
+                     "embeddings given directly are refused: pass input_ids (and attention_mask)",
+    "encoder_hidden_states": "the replay explains a decoder-only model, without cross-attention",
+}
+
+
+def given_position_ids(value: Any, mask: Tensor, limit: Optional[int], has_mask: bool,
+                       windowed: bool) -> Tensor:
+    """The ``position_ids`` given with the inputs, checked: (B, T) or (1, T) (one row for all), integers in
+    [0, ``limit``).
+
+    Parameters
+    ----------
+    value : the user's position ids.
+    mask : (B, T) the attention mask.
+    limit : the model's number of positions (``None``: no limit).
+    has_mask : whether an attention mask was given: without one, Hugging Face reads position ids that
+        restart inside a row as packed sequences (a block-diagonal mask), which the replay does not build.
+    windowed : the model has a sliding window, which Hugging Face counts in tokens and the replay in
+        positions: the two agree where consecutive real tokens are one position apart.
+
+    Returns
+    -------
+    (B, T) long position ids.
+    """
+    pos = token_ids(value, "position_ids")
+    B, T = mask.shape
+    if pos.shape[0] == 1 and pos.shape[1] == T:
+        pos = pos.expand(B, T)
+    if pos.shape != (B, T):
+        raise InputError(f"position_ids has shape {tuple(pos.shape)}, input_ids {(B, T)}: give one position per "
+                         "token, (B, T) or (1, T)")
+    pos = pos.to(mask.device)
+    if int(pos.min()) < 0 or (limit is not None and int(pos.max()) >= limit):
+        raise InputError(f"position_ids must lie in [0, {limit}) (max_position_embeddings); got "
+                         f"{int(pos.min())} … {int(pos.max())}" if limit is not None else
+                         f"position_ids must be ≥ 0; got {int(pos.min())}")
+    step = pos[:, 1:] - pos[:, :-1]
+    if not has_mask and bool((step != 1).any()):
+        raise InputError("position_ids restart or jump inside a row and no attention_mask is given: the model "
+                         "would read the row as packed sequences (attention within each run only). Pass each "
+                         "sequence as its own row, with an attention_mask")
+    real = (mask[:, 1:] * mask[:, :-1]).bool()
+    if windowed and bool((step[real] != 1).any()):
+        raise InputError("position_ids of consecutive tokens differ by other than 1: the model's sliding window "
+                         "counts tokens, the explanation counts positions, and the two would disagree. Pass "
+                         "position ids that count 0, 1, … along each row's tokens, or none (they then follow the "
+                         "attention mask)")
+    return pos
+
+
+def check_cache_position(value: Any, T: int) -> None:
+    """``cache_position`` given with the inputs must be 0 … T−1 (a sequence without a cache), else an
+    :class:`InputError`: other values count from the start of a cache the replay does not see."""
+    if value is None:
+        return
+    pos = torch.as_tensor(value)
+    if pos.shape[-1:] != (T,) or not bool((pos == torch.arange(T, device=pos.device)).all()):
+        raise InputError(f"cache_position must be 0 … {T - 1} (the whole sequence, no cache); other values continue "
+                         f"a cache: {_CACHE}")
+
+
+def pooled_position(ids: Tensor, mask: Tensor, pad_id: Optional[int]) -> Tensor:
+    """(B,) where a Hugging Face decoder ``*ForSequenceClassification`` reads each row.
+
+    The rightmost token whose id is not ``pad_id``, whatever the attention mask (so where the padding id is
+    also the end-of-text token, a row ending in it is read at the token before; a row of padding ids only
+    at token 0); without a padding id the model reads the last column, here each row's last real token (the
+    row alone). A read position that is padding (the batch padded with another id than ``pad_id``) is an
+    :class:`InputError`: the model would pool a padding token there.
+    """
+    if pad_id is None:
+        return last_real(mask)
+    idx = torch.arange(ids.shape[1], device=ids.device)
+    read = (idx[None, :] * (ids != pad_id)).argmax(dim=-1)
+    bad = torch.nonzero(mask.gather(1, read[:, None])[:, 0] == 0).flatten().tolist()
+    if bad:
+        raise InputError(f"the classifier reads row {bad[0]} at its last token that is not config.pad_token_id "
+                         f"({pad_id}), position {int(read[bad[0]])}, which is padding (attention_mask 0): pad the "
+                         f"batch with the id {pad_id} (tokenizer.pad_token_id = model.config.pad_token_id)")
+    return read
+
+
+#: rotary types whose tables depend on the longest position of the call (transformers' ``dynamic_rope_update``)
+BATCH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+class _RowRotary:
+    """The model's rotary module seen with one row's inverse frequencies (read-only: writes nothing to it)."""
+
+    def __init__(self, module: nn.Module, name: str, inv_freq: Tensor):
+        self.__dict__["_module"] = module
+        self.__dict__[name] = inv_freq
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_module"], name)
+
+
+def _fresh_inv_freq(module: nn.Module, kind: str, seq_len: Tensor, layer_type: Optional[str]) -> Tensor:
+    """The inverse frequencies the module uses, freshly loaded, for a call whose longest position is ``seq_len − 1``.
+
+    ``longrope``: the long factors past ``original_max_position_embeddings``, else the short ones; ``dynamic``:
+    the NTK-scaled base for ``seq_len`` past the original length, else the original frequencies — the
+    choices of transformers' ``dynamic_rope_update``, without its state (a dynamic module keeps the longest
+    length it has seen, so its tables depend on the calls before).
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    original = getattr(module, f"{prefix}original_inv_freq")
+    params = module.config.rope_parameters if layer_type is None else module.config.rope_parameters[layer_type]
+    if kind == "longrope":
+        limit = int(params["original_max_position_embeddings"])
+        if int(seq_len) <= limit:
+            return original
+        return ROPE_INIT_FUNCTIONS[kind](module.config, original.device, seq_len=limit + 1, layer_type=layer_type)[0]
+    if int(seq_len) <= int(module.original_max_seq_len):
+        return original
+    return ROPE_INIT_FUNCTIONS[kind](module.config, original.device, seq_len=seq_len, layer_type=layer_type)[0]
+
+
+def row_rotary_tables(module: nn.Module, x: Tensor, positions: Tensor, mask: Optional[Tensor],
+                      layer_type: Optional[str] = None) -> tuple[Tensor, Tensor]:
+    """(cos, sin) (B, T, r) of the model's rotary ``module`` at ``positions``, each row's as for the row alone.
+
+    Parameters
+    ----------
+    module : the model's rotary embedding (``rope_type`` a string, or a dict by layer type).
+    x : (B, T, D) block 0's input (its dtype and device).
+    positions : (B, T) position ids.
+    mask : (B, T) 1 = real token (``None``: all real): a row's longest position is that of its real tokens.
+    layer_type : the layer type the module takes (Gemma 3), or ``None``.
+
+    Returns
+    -------
+    The module's own (cos, sin). Where its rotary type chooses its frequencies by the longest position of
+    the call (:data:`BATCH_DEPENDENT_ROPE`), the choice is made per row, and the module's undecorated
+    forward computes each row's tables with them (the module itself is not written to).
+    """
+    kinds = getattr(module, "rope_type", "default")
+    kind = kinds if layer_type is None else kinds[layer_type]
+    args = () if layer_type is None else (layer_type,)
+    if not isinstance(kind, str) or not any(k in kind for k in BATCH_DEPENDENT_ROPE):
+        return module(x, positions, *args)
+    kind = "longrope" if kind == "longrope" else "dynamic"
+    real = positions if mask is None else positions.masked_fill(mask == 0, -1)
+    longest = real.max(dim=1).values + 1  # (B,) long, as transformers' seq_len
+    raw = inspect.unwrap(type(module).forward)
+    name = "inv_freq" if layer_type is None else f"{layer_type}_inv_freq"
+    tables = [raw(_RowRotary(module, name, _fresh_inv_freq(module, kind, longest[b], layer_type)),
+                  x[b:b + 1], positions[b:b + 1], *args) for b in range(x.shape[0])]
+    return torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
 
 
 def causal_bias(mask: Tensor, positions: Tensor, window: Optional[int], dtype: torch.dtype) -> Tensor:
@@ -76,6 +242,10 @@ class DecoderAdapter(Adapter):
         self.readout = PositionReadout(final_norm, [HeadLayer(LINEAR, self._head())], torch.zeros(1))
         self.vocab_size = int(self.config.vocab_size)
         self.max_length = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
+        if self._dynamic_rope():  # dynamic NTK scaling is there to run past max_position_embeddings
+            self.max_length = None
+        #: a sequence classifier pools at its last token that is not the padding id (:func:`pooled_position`)
+        self.pools = self.readout.head[0].module is getattr(self.model, "score", None)
 
     # ------------------------------------------------------------ the family's part
     def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
@@ -122,22 +292,44 @@ class DecoderAdapter(Adapter):
         """e = ``model.get_input_embeddings()(ids)`` (B, T, D): what AttnLRP / CP-LRP read relevance at."""
         return self.model.get_input_embeddings()(ids)
 
-    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str) -> tuple[Tensor, Tensor]:
-        """(cos, sin) (B, T, r) of the rotary embedding ``key`` at ``positions``, from the model's own module."""
-        return self.base.rotary_emb(x0, positions)
+    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str,
+                      mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """(cos, sin) (B, T, r) of the rotary embedding ``key`` at ``positions``, from the model's own module
+        (each row's as for the row alone: :func:`row_rotary_tables`; ``mask`` (B, T) 1 = real token)."""
+        return row_rotary_tables(self.base.rotary_emb, x0, positions, mask)
+
+    def _dynamic_rope(self) -> bool:
+        """Whether a rotary table of the model uses dynamic NTK scaling (its length limit is then none)."""
+        kinds = getattr(getattr(self.base, "rotary_emb", None), "rope_type", None)
+        kinds = kinds.values() if isinstance(kinds, Mapping) else [kinds]
+        return any(isinstance(k, str) and "dynamic" in k for k in kinds)
 
     # ------------------------------------------------------------ validation
+    #: the input keys the replay reads as the model does (``cache_position`` only as 0 … T−1: no cache)
+    honoured_inputs = ("input_ids", "attention_mask", "position_ids", "cache_position")
+
     def check_inputs(self, inputs) -> dict:
-        ids, mask = tokenized(inputs, type(self.model).__name__)
+        name = type(self.model).__name__
+        ids, mask = tokenized(inputs, name)
+        # token_type_ids: no decoder embedding but GPT-2's reads them (GPT2Adapter refuses them)
+        input_keys(inputs, name, self.honoured_inputs, REFUSED_INPUTS, NO_EFFECT + ("token_type_ids",))
         B, T = ids.shape
         if self.max_length is not None and T > self.max_length:
-            raise InputError(f"the text is {T} tokens long; {type(self.model).__name__} accepts at most "
+            raise InputError(f"the text is {T} tokens long; {name} accepts at most "
                              f"{self.max_length} (max_position_embeddings)")
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise InputError(f"input_ids must lie in [0, {self.vocab_size}) (the vocabulary size)")
+        check_cache_position(inputs.get("cache_position"), T)
+        given = inputs.get("position_ids")
+        positions = position_ids(mask) if given is None else given_position_ids(
+            given, mask, self.max_length, inputs.get("attention_mask") is not None,
+            any(s.attn.window is not None for s in self.blocks))
+        pad = getattr(self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config,
+                      "pad_token_id", None)
+        at = pooled_position(ids, mask, pad) if self.pools else last_real(mask)
         read = torch.zeros_like(mask)
-        read[torch.arange(B), last_real(mask)] = 1
-        return {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask), "read_at": read}
+        read[torch.arange(B), at] = 1
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "read_at": read}
 
     def at_position(self, prepared: dict, position: Any) -> dict:
         """``prepared`` read at ``position``: an int (every row) or one int per row; negative counts from the end.
@@ -194,7 +386,8 @@ class DecoderAdapter(Adapter):
         plain = fused and self.sdpa and bool(mask.all())
         biases = {w: None if plain and w is None else causal_bias(mask, positions, w, x0.dtype)
                   for w in {s.attn.window for s in self.blocks}}
-        ropes = {k: self.rotary_tables(x0, positions, k) for k in {s.attn.rope_key for s in self.blocks if s.attn.rotary}}
+        ropes = {k: self.rotary_tables(x0, positions, k, mask)
+                 for k in {s.attn.rope_key for s in self.blocks if s.attn.rotary}}
         return [(biases[s.attn.window], ropes.get(s.attn.rope_key)) for s in self.blocks]
 
     # ------------------------------------------------------------ relevance
@@ -204,4 +397,5 @@ class DecoderAdapter(Adapter):
         return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
 
 
-__all__ = ["DecoderAdapter", "position_ids", "last_real", "causal_bias"]
+__all__ = ["DecoderAdapter", "position_ids", "last_real", "causal_bias", "given_position_ids", "pooled_position",
+           "check_cache_position", "row_rotary_tables", "REFUSED_INPUTS", "BATCH_DEPENDENT_ROPE"]

@@ -29,6 +29,9 @@ _RELU = nn.ReLU()
 class DistilBertAdapter(BertAdapter):
     """``DistilBertForSequenceClassification``: [CLS] → pre_classifier → ReLU → classifier."""
 
+    #: the model's forward takes no token types and no position ids
+    honoured_inputs = ("input_ids", "attention_mask")
+
     def _backbone(self) -> nn.Module:
         model = self.model
         name = type(model).__name__

@@ -11,11 +11,13 @@ The multimodal ``Gemma3ForConditionalGeneration`` is refused (adapters.REFUSED);
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from .blocks import BlockSpec, MlpSpec
-from .decoder import DecoderAdapter
+from .decoder import DecoderAdapter, row_rotary_tables
 
 
 class Gemma3Adapter(DecoderAdapter):
@@ -43,9 +45,11 @@ class Gemma3Adapter(DecoderAdapter):
                 "with q/k/v/o_proj and q/k norms, post_attention_layernorm, pre_feedforward_layernorm, mlp, "
                 f"post_feedforward_layernorm): {e}") from None
 
-    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str) -> tuple[Tensor, Tensor]:
-        """(cos, sin) (B, T, d) of the rotary embedding of layer type ``key`` (sliding / full: own bases)."""
-        return self.base.rotary_emb(x0, positions, key)
+    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str,
+                      mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """(cos, sin) (B, T, d) of the rotary embedding of layer type ``key`` (sliding / full: own bases), each
+        row's as for the row alone (:func:`~lrp_core.adapters.decoder.row_rotary_tables`)."""
+        return row_rotary_tables(self.base.rotary_emb, x0, positions, mask, key)
 
 
 __all__ = ["Gemma3Adapter"]

@@ -32,6 +32,12 @@ from .blocks import AttentionSpec, BlockSpec, MlpSpec
 class MPNetAdapter(BertAdapter):
     """``MPNetForSequenceClassification``: post-LN layers with a relative position bias."""
 
+    #: no token types; position ids the replay does not take (its relative bias follows the token order)
+    honoured_inputs = ("input_ids", "attention_mask")
+    refused_inputs = {**BertAdapter.refused_inputs,
+                      "position_ids": "the replay places MPNet's tokens at the positions the model gives them "
+                                      "itself (after the padding index): pass no position_ids"}
+
     def _backbone(self) -> nn.Module:
         model = self.model
         base = getattr(model, "mpnet", None)
