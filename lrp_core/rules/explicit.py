@@ -7,8 +7,21 @@ which rule each operation gets.
 from __future__ import annotations
 
 from . import functional as F
+from ..adapters.linear import effective_linear
 from ..errors import UnsupportedModelError
 from .ops import ExplicitRule
+
+
+def _linear_parts(module, cache):
+    """(weight, bias) of the map the Linear ``module`` computes (:func:`effective_linear`: a peft adapter's
+    weight added in). Kept in ``cache`` where the pass has one, so a computed weight keeps the identity that
+    cache's weight parts are found by."""
+    if cache is None:
+        return effective_linear(module)
+    key = ("linear", id(module))
+    if key not in cache:
+        cache[key] = effective_linear(module)
+    return cache[key]
 
 class Identity(ExplicitRule):
     """Relevance passes unchanged (element-wise layers, normalisations, softmax). docs/METHODS.md §1.2."""
@@ -28,9 +41,8 @@ class SignedLinear(ExplicitRule):
     name = "signed"
 
     def relevance(self, op, R, cache=None):
-        m = op.module
-        return (F.linear_signed(op.inputs[0], m.weight, R, out=op.output,
-                                bias=getattr(m, "bias", None), cache=cache),)
+        weight, bias = _linear_parts(op.module, cache)
+        return (F.linear_signed(op.inputs[0], weight, R, out=op.output, bias=bias, cache=cache),)
 
 
 class BaselineLinear(ExplicitRule):
@@ -39,7 +51,7 @@ class BaselineLinear(ExplicitRule):
     name = "baseline"
 
     def relevance(self, op, R, cache=None):
-        return (F.linear_baseline(op.inputs[0], op.module.weight, R),)
+        return (F.linear_baseline(op.inputs[0], _linear_parts(op.module, cache)[0], R),)
 
 
 class NormalizedAdd(ExplicitRule):
