@@ -87,7 +87,7 @@ def effective_linear(module: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
     Returns
     -------
     (weight (D_out, D_in), bias (D_out,) or ``None``): the module's own tensors where it is a plain layer,
-    otherwise new tensors (detached from nothing: no parameter gradient is taken through them).
+    otherwise new tensors, outside autograd (the rules take no parameter gradients; no graph is kept).
     """
     if isinstance(module, LinearView):
         return module.linear_parts()
@@ -105,9 +105,8 @@ def effective_linear(module: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
     if module.disable_adapters or module.merged:  # the forward runs the base layer alone
         return weight, bias
     active = [a for a in module.active_adapters if a in (module.lora_A if kind == "lora" else module.ia3_l)]
-    if kind == "ia3":
-        return _ia3(module, active, weight, bias)
-    return _lora(module, active, weight, bias)
+    with torch.no_grad():
+        return (_ia3 if kind == "ia3" else _lora)(module, active, weight, bias)
 
 
 def _saved_module(wrapper: nn.Module) -> nn.Module:
@@ -185,7 +184,7 @@ def _check_layer(module: nn.Module, where: str = "") -> None:
 
 def _refusal(module: nn.Module, where: str, why: str) -> str:
     name = f"{type(module).__module__}.{type(module).__name__}" + (f" ({where})" if where else "")
-    return f"peft layer {name} {why}: {MERGE_HINT}"
+    return f"peft layer {name} {why}{' ' if why.endswith(' or') else ': '}{MERGE_HINT}"
 
 
 def check_peft_layers(model: nn.Module) -> None:
