@@ -12,6 +12,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..runtime.wrappers import unwrap
+from .linear import check_peft_layers
 from .base import Adapter, BlockRelevance, TokenLayout, Trace
 
 
@@ -236,15 +237,17 @@ SUPPORTED = "; ".join(name for name, _, _ in ADAPTERS)
 def get_adapter(model: nn.Module) -> Adapter:
     """The adapter for ``model``, or :class:`UnsupportedModelError` naming what is supported.
 
-    ``torch.compile``, ``DataParallel`` and ``DistributedDataParallel`` wrappers are looked through
-    (:func:`lrp_core.wrappers.unwrap`); TorchScript is refused. A decoder no row names (or a subclass of a listed
-    decoder defined outside transformers) is recognised by its structure and checked against its own logits
+    ``torch.compile``, ``DataParallel``, ``DistributedDataParallel`` and peft ``PeftModel`` wrappers are looked
+    through (:func:`lrp_core.runtime.wrappers.unwrap`); TorchScript is refused, and so are peft layers the relevance
+    rules do not read (:func:`lrp_core.adapters.linear.check_peft_layers`). A decoder no row names (or a subclass of a
+    listed decoder defined outside transformers) is recognised by its structure and checked against its own logits
     (:mod:`lrp_core.adapters.recognise`).
     """
     if not isinstance(model, nn.Module):
         raise UnsupportedModelError(f"expected a torch.nn.Module, got {type(model).__name__}. "
                                     f"Supported: {SUPPORTED}")
     model = unwrap(model)
+    check_peft_layers(model)
     for family, recognise, reason in REFUSED:
         if recognise(model):
             raise UnsupportedModelError(f"{type(model).__name__} ({family}) is not supported: {reason}. "

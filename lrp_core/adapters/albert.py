@@ -25,6 +25,7 @@ from ..errors import UnsupportedModelError
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .readouts import HeadLayer
+from .linear import is_linear
 
 
 class AlbertAdapter(BertAdapter):
@@ -36,10 +37,10 @@ class AlbertAdapter(BertAdapter):
         base = getattr(model, "albert", None)
         enc = getattr(base, "encoder", None)
         if getattr(model, "config", None) is None or base is None or not hasattr(enc, "albert_layer_groups") \
-                or not isinstance(getattr(enc, "embedding_hidden_mapping_in", None), nn.Linear):
+                or not is_linear(getattr(enc, "embedding_hidden_mapping_in", None)):
             raise UnsupportedModelError(f"{name}: not an ALBERT classifier (expected albert.embeddings and "
                                         "albert.encoder.albert_layer_groups / embedding_hidden_mapping_in)")
-        if not isinstance(getattr(base, "pooler", None), nn.Linear) or not isinstance(model.classifier, nn.Linear):
+        if not is_linear(getattr(base, "pooler", None)) or not is_linear(model.classifier):
             raise UnsupportedModelError(f"{name}: expected a pooler (Linear + tanh) and a Linear classifier; "
                                         "ALBERT without its pooling layer is not supported")
         return base

@@ -22,6 +22,7 @@ from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
+from .linear import is_linear
 
 #: Additive mask value of the reference implementation; softmax gives exactly 0 there.
 MASK_VALUE = -10000.0
@@ -96,11 +97,11 @@ class BertAdapter(Adapter):
         model = self.model
         clf = getattr(model, "classifier", None)
         pooler = getattr(self.base, "pooler", None)
-        if isinstance(clf, nn.Linear) and pooler is not None and isinstance(getattr(pooler, "dense", None), nn.Linear):
+        if is_linear(clf) and pooler is not None and is_linear(getattr(pooler, "dense", None)):
             # BERT: [CLS] -> dense -> tanh -> classifier
             return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation), HeadLayer(LINEAR, clf)]
-        if clf is not None and isinstance(getattr(clf, "dense", None), nn.Linear) \
-                and isinstance(getattr(clf, "out_proj", None), nn.Linear):
+        if clf is not None and is_linear(getattr(clf, "dense", None)) \
+                and is_linear(getattr(clf, "out_proj", None)):
             act = getattr(clf, "activation", None) or nn.Tanh()  # RoBERTa's head uses tanh inline
             return [HeadLayer(LINEAR, clf.dense), HeadLayer(ELEMENTWISE, act), HeadLayer(LINEAR, clf.out_proj)]
         raise UnsupportedModelError(

@@ -34,6 +34,7 @@ from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
 from .readouts import HeadLayer, PositionReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
+from .linear import is_linear
 
 
 def position_ids(mask: Tensor) -> Tensor:
@@ -260,7 +261,7 @@ class DecoderAdapter(Adapter):
     def _head(self) -> nn.Linear:
         """The LM head (``lm_head``, tied or not) or the sequence classifier (``score``)."""
         head = getattr(self.model, "lm_head", None) or getattr(self.model, "score", None)
-        if not isinstance(head, nn.Linear):
+        if not is_linear(head):
             raise UnsupportedModelError(f"{type(self.model).__name__}: no LM head (lm_head) or classifier (score)")
         return head
 

@@ -21,6 +21,7 @@ from ..errors import UnsupportedModelError
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .readouts import HeadLayer
+from .linear import is_linear
 
 #: the classifier's ReLU (the model applies a fresh ``nn.ReLU()`` inline; it has no state)
 _RELU = nn.ReLU()
@@ -41,7 +42,7 @@ class DistilBertAdapter(BertAdapter):
             raise UnsupportedModelError(f"{name}: not a DistilBERT classifier (expected distilbert.embeddings "
                                         "and distilbert.transformer.layer)")
         for part in ("pre_classifier", "classifier"):
-            if not isinstance(getattr(model, part, None), nn.Linear):
+            if not is_linear(getattr(model, part, None)):
                 raise UnsupportedModelError(f"{name}: expected a Linear {part!r} (DistilBERT's [CLS] head)")
         return base
 

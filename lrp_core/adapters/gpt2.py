@@ -21,14 +21,16 @@ from ..rules.composites import POS_ADD, Propagation
 from ..errors import InputError, UnsupportedModelError
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .decoder import DecoderAdapter
+from .linear import LinearView, effective_linear
 from .records import EmbeddingRecord, Trace
 
 
-class Conv1DLinear(nn.Module):
+class Conv1DLinear(LinearView):
     """A read-only Linear view of a GPT-2 ``Conv1D`` (``y = x W + b`` with ``W`` (D_in, D_out)).
 
     ``weight`` is ``conv.weight.T`` — a view (D_out, D_in), no copy — and ``bias`` the conv's own, so the Linear
-    rules (signed, baseline, plain gradient) read the facts they expect. The conv is not registered as a
+    rules (signed, baseline, plain gradient) read the facts they expect. A peft layer on the conv (LoRA with
+    ``fan_in_fan_out``, IA³) is viewed the same way, its adapters added in (:func:`effective_linear`). The conv is not registered as a
     submodule: the view owns no parameters, and always reads the conv's current tensors (after ``model.double()``
     too). ``forward`` runs the conv itself, so the replay computes exactly what the model does and hooks the user
     put on the conv fire as they would.
@@ -44,13 +46,18 @@ class Conv1DLinear(nn.Module):
     @property
     def weight(self) -> Tensor:
         """(D_out, D_in): the conv's weight transposed, a view sharing its storage (a new view object per access:
-        a pass that caches weight parts by identity, ``Propagation(cache=True)``, is for shared layers only)."""
-        return self.conv.weight.t()
+        a pass that caches weight parts by identity, ``Propagation(cache=True)``, is for shared layers only);
+        with a peft adapter on the conv, the weight its forward applies."""
+        return self.linear_parts()[0]
 
     @property
     def bias(self) -> Tensor | None:
-        """(D_out,): the conv's bias."""
-        return self.conv.bias
+        """(D_out,): the conv's bias (with a peft adapter, the bias its forward adds)."""
+        return self.linear_parts()[1]
+
+    def linear_parts(self) -> tuple[Tensor, Tensor | None]:
+        """(weight (D_out, D_in), bias (D_out,)) of the map the conv (with its adapters, if any) computes."""
+        return effective_linear(self.conv)
 
     @property
     def in_features(self) -> int:

@@ -25,6 +25,7 @@ from .blocks import IDENTITY, PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
+from .linear import is_linear
 
 
 class ViTAdapter(Adapter):
@@ -129,7 +130,7 @@ class TimmViTAdapter(ViTAdapter):
         """[CLS], the mean of the tokens after the prefix, or the distilled model's two heads."""
         heads = [model.head] + ([model.head_dist] if getattr(model, "head_dist", None) is not None else [])
         for h in heads:
-            if not isinstance(h, (nn.Linear, nn.Identity)):
+            if not (is_linear(h) or isinstance(h, nn.Identity)):
                 raise UnsupportedModelError(f"{type(model).__name__}: head {type(h).__name__} is not a Linear layer")
         if len(heads) == 2:  # timm's distilled forward_head reads tokens 0 and 1, no fc_norm
             return TwoHeadReadout(norm=model.norm, head=model.head, head_dist=model.head_dist)
@@ -146,11 +147,11 @@ class TimmViTAdapter(ViTAdapter):
             raise UnsupportedModelError(
                 f"{where}: only timm's pre-norm `Block` (norm1 → attn → ls1, norm2 → mlp → ls2) is supported")
         attn, mlp = blk.attn, blk.mlp
-        if type(attn).__name__ != "Attention" or not isinstance(getattr(attn, "qkv", None), nn.Linear):
+        if type(attn).__name__ != "Attention" or not is_linear(getattr(attn, "qkv", None)):
             raise UnsupportedModelError(f"{where}: attention {type(attn).__name__} is not timm's `Attention`")
         if getattr(attn, "gate", None) is not None:
             raise UnsupportedModelError(f"{where}: gated attention is not supported")
-        if not (isinstance(getattr(mlp, "fc1", None), nn.Linear) and isinstance(getattr(mlp, "fc2", None), nn.Linear)) \
+        if not (is_linear(getattr(mlp, "fc1", None)) and is_linear(getattr(mlp, "fc2", None))) \
                 or type(mlp).__name__ != "Mlp":
             raise UnsupportedModelError(f"{where}: MLP {type(mlp).__name__} is not timm's two-layer `Mlp`")
         return BlockSpec(
@@ -231,7 +232,7 @@ def hf_linear_head(model: nn.Module, *names: str) -> list:
     out = []
     for n in names:
         m = getattr(model, n)
-        if not isinstance(m, (nn.Linear, nn.Identity)):
+        if not (is_linear(m) or isinstance(m, nn.Identity)):
             raise UnsupportedModelError(f"{type(model).__name__}: {n} {type(m).__name__} is not a Linear layer")
         out.append(m)
     return out

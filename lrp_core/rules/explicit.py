@@ -9,9 +9,22 @@ from __future__ import annotations
 import math
 
 from . import functional as F
+from ..adapters.linear import effective_linear
 from ..errors import RuleSetError, UnsupportedModelError
 from .ops import (ADD, ATTENTION, CLONE, GATE_MUL, KV_REPEAT, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, PATCH_CONV, POOL,
                   POS_ADD, READOUT, ROPE, ExplicitRule)
+
+
+def _linear_parts(module, cache):
+    """(weight, bias) of the map the Linear ``module`` computes (:func:`effective_linear`: a peft adapter's
+    weight added in). Kept in ``cache`` where the pass has one, so a computed weight keeps the identity that
+    cache's weight parts are found by."""
+    if cache is None:
+        return effective_linear(module)
+    key = ("linear", id(module))
+    if key not in cache:
+        cache[key] = effective_linear(module)
+    return cache[key]
 
 class Identity(ExplicitRule):
     """Relevance passes unchanged (element-wise layers, normalisations, softmax). docs/METHODS.md §1.2."""
@@ -32,9 +45,8 @@ class SignedLinear(ExplicitRule):
     kinds = (LINEAR,)
 
     def relevance(self, op, R, cache=None):
-        m = op.module
-        return (F.linear_signed(op.inputs[0], m.weight, R, out=op.output,
-                                bias=getattr(m, "bias", None), cache=cache),)
+        weight, bias = _linear_parts(op.module, cache)
+        return (F.linear_signed(op.inputs[0], weight, R, out=op.output, bias=bias, cache=cache),)
 
 
 class BaselineLinear(ExplicitRule):
@@ -44,7 +56,7 @@ class BaselineLinear(ExplicitRule):
     kinds = (LINEAR,)
 
     def relevance(self, op, R, cache=None):
-        return (F.linear_baseline(op.inputs[0], op.module.weight, R),)
+        return (F.linear_baseline(op.inputs[0], _linear_parts(op.module, cache)[0], R),)
 
 
 def check_coefficient(rule: str, name: str, value: float) -> float:
@@ -68,9 +80,8 @@ class GammaLinear(ExplicitRule):
         self.epsilon = check_coefficient(type(self).__name__, "epsilon", epsilon)
 
     def relevance(self, op, R, cache=None):
-        m = op.module
-        return (F.linear_gamma(op.inputs[0], m.weight, R, self.gamma, self.epsilon, bias=getattr(m, "bias", None),
-                               out=op.output),)
+        weight, bias = _linear_parts(op.module, cache)
+        return (F.linear_gamma(op.inputs[0], weight, R, self.gamma, self.epsilon, bias=bias, out=op.output),)
 
     def __repr__(self) -> str:
         eps = "" if self.epsilon == F.EPS else f", epsilon={self.epsilon:g}"
@@ -88,9 +99,8 @@ class EpsilonLinear(ExplicitRule):
         self.epsilon = check_coefficient(type(self).__name__, "epsilon", epsilon)
 
     def relevance(self, op, R, cache=None):
-        m = op.module
-        return (F.linear_epsilon(op.inputs[0], m.weight, R, self.epsilon, bias=getattr(m, "bias", None),
-                                 out=op.output),)
+        weight, bias = _linear_parts(op.module, cache)
+        return (F.linear_epsilon(op.inputs[0], weight, R, self.epsilon, bias=bias, out=op.output),)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.epsilon:g})"

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from . import functional as F
+from ..adapters.linear import effective_linear, is_linear
 from ..errors import UnsupportedModelError
 from .explicit import check_coefficient
 from .ops import (ATTENTION, ELEMENTWISE, GATE_MUL, LAYERNORM, LINEAR, MATMUL_AV, MATMUL_QK, POS_ADD, RMSNORM, ROPE,
@@ -209,11 +210,11 @@ class _LinearRuleFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, z = ctx.saved_tensors
-        m = ctx.layer
-        # in z's dtype: a half-precision model's weights are computed with in float32 (runtime.precision)
-        bias = getattr(m, "bias", None)
+        # the map the layer computes (a peft adapter's weight added in), in z's dtype: a half-precision model's
+        # weights are computed with in float32 (runtime.precision)
+        weight, bias = effective_linear(ctx.layer)
         bias = None if bias is None else bias.detach().to(z.dtype)
-        g_pos, g_neg = F.linear_gamma_factors(x, m.weight.detach().to(z.dtype), z * grad, ctx.gamma, ctx.epsilon,
+        g_pos, g_neg = F.linear_gamma_factors(x, weight.detach().to(z.dtype), z * grad, ctx.gamma, ctx.epsilon,
                                               bias=bias, out=z)
         zero = g_pos.new_zeros(())
         return torch.where(x > 0, g_pos, torch.where(x < 0, g_neg, zero)), None, None, None
@@ -221,8 +222,7 @@ class _LinearRuleFn(torch.autograd.Function):
 
 def _linear_rule(rule: GradientRule, x: Tensor, module, gamma: float, epsilon: float) -> Tensor:
     """``module(x)`` under the γ/ε-rule ``rule``; the module must be Linear-like (a 2-D ``weight`` (D_out, D_in))."""
-    weight = getattr(module, "weight", None)
-    if weight is None or weight.dim() != 2:
+    if not is_linear(module):
         raise UnsupportedModelError(f"{rule!r} is a Linear rule: it needs a layer with a 2-D weight (D_out, D_in), "
                                     f"got {module!r}")
     return _LinearRuleFn.apply(x, module, gamma, epsilon)

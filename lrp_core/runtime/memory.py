@@ -61,6 +61,7 @@ from typing import Any, Mapping, Optional, Union
 
 import torch
 
+from ..adapters.linear import is_linear
 from ..errors import InputError
 from .precision import HALF
 from .utils import proc_kib
@@ -146,7 +147,7 @@ def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = 
 def _head_outputs(adapter: Any) -> int:
     """``C``: the outputs of the head's last Linear (an LM head's vocabulary), 0 where there is none."""
     head = getattr(getattr(adapter, "readout", None), "head", None) or ()
-    linears = [layer.module for layer in head if isinstance(layer.module, torch.nn.Linear)]
+    linears = [layer.module for layer in head if is_linear(layer.module)]
     return int(linears[-1].out_features) if linears else 0
 
 

@@ -1,0 +1,225 @@
+"""The function a Linear-like layer computes, as the relevance rules read it: ``y = x W_effᵀ + b_eff``.
+
+The replay calls the model's own modules (so its logits are the model's), while the explicit relevance rules
+read a Linear's weight and bias. For a plain ``nn.Linear`` those are its parameters; for a layer that computes
+something else around them they are not, and the rules would explain another function than the one the
+forward ran. :func:`effective_linear` is the one place the rules ask; it knows
+
+* ``nn.Linear`` (and Linear-like views such as GPT-2's ``Conv1DLinear``: :class:`LinearView`);
+* transformers' ``Conv1D`` (GPT-2: ``y = x W + b`` with ``W`` stored (D_in, D_out));
+* peft's LoRA ``Linear`` (``W + Σ_active scaling·B·A``; DoRA's ``m ⊙ (W + ΔW) / ‖W + ΔW‖``), IA³ ``Linear``
+  (the scaling vector on the input or the output features) and ``ModulesToSaveWrapper`` around a Linear,
+  each over an ``nn.Linear`` or a ``Conv1D``, exactly as the layer's own forward combines them (merged
+  adapters already in the base weight, disabled adapters read as the base layer).
+
+Any other peft layer (LoKr, LoHa, a LoRA on an Embedding or a convolution, LoRA variants other than DoRA, …)
+is refused (:func:`check_peft_layers`, run when the adapter is chosen) with a hint to merge the adapters.
+peft is optional: its layers are recognised by their class's module, and peft is never imported here.
+
+Shapes: ``weight`` (D_out, D_in), ``bias`` (D_out,) or ``None``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import UnsupportedModelError
+
+MERGE_HINT = ("merge the adapters into the model first (model = peft_model.merge_and_unload(): the same "
+              "function, plain Linear layers)")
+
+
+class LinearView(nn.Module):
+    """A module that shows another layer to the engine as a Linear: subclasses define :meth:`linear_parts`."""
+
+    def linear_parts(self) -> tuple[Tensor, Optional[Tensor]]:
+        """(weight (D_out, D_in), bias (D_out,) or ``None``) of the function ``forward`` computes."""
+        raise NotImplementedError
+
+
+def is_peft(module: nn.Module) -> bool:
+    """Whether ``module`` is one of peft's classes (a tuner layer, a wrapper, a ``PeftModel``)."""
+    return type(module).__module__.split(".")[0] == "peft"
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """Whether ``module`` is transformers' ``Conv1D`` (GPT-2's Linear with its weight stored (D_in, D_out))."""
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and isinstance(weight, Tensor) and weight.dim() == 2
+
+
+def _kind(module: nn.Module) -> Optional[str]:
+    """"lora", "ia3" or "modules_to_save" for the peft layers :func:`effective_linear` reads, else ``None``."""
+    if not is_peft(module):
+        return None
+    path, name = type(module).__module__, type(module).__name__
+    if name == "ModulesToSaveWrapper":
+        return "modules_to_save"
+    if name == "Linear":  # exactly these classes: peft's quantised and parallel Linears are other functions
+        return {"peft.tuners.lora.layer": "lora", "peft.tuners.ia3.layer": "ia3"}.get(path)
+    return None
+
+
+def is_linear(module: Optional[nn.Module]) -> bool:
+    """Whether ``module`` computes a Linear map the rules can read (:func:`effective_linear`): an ``nn.Linear``,
+    a :class:`LinearView`, or one of the peft layers named in the module docstring over an ``nn.Linear``."""
+    if isinstance(module, (nn.Linear, LinearView)):
+        return True
+    kind = _kind(module) if isinstance(module, nn.Module) else None
+    if kind == "modules_to_save":
+        return is_linear(module.original_module)
+    if kind in ("lora", "ia3"):
+        base = getattr(module, "base_layer", None)  # directly a Linear: not a peft layer over another
+        return isinstance(base, nn.Linear) or (isinstance(base, nn.Module) and is_conv1d(base))
+    return False
+
+
+def effective_linear(module: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
+    """The weight and bias of the Linear map ``module``'s forward computes (module docstring).
+
+    Parameters
+    ----------
+    module:
+        an ``nn.Linear``, a :class:`LinearView`, a ``Conv1D``, or a supported peft layer over one of them.
+
+    Returns
+    -------
+    (weight (D_out, D_in), bias (D_out,) or ``None``): the module's own tensors where it is a plain layer,
+    otherwise new tensors, outside autograd (the rules take no parameter gradients; no graph is kept).
+    """
+    if isinstance(module, LinearView):
+        return module.linear_parts()
+    if is_conv1d(module):
+        return module.weight.t(), module.bias
+    kind = _kind(module)
+    if kind is None:
+        if is_peft(module):
+            raise UnsupportedModelError(_refusal(module, "", "is not a layer the relevance rules read"))
+        return module.weight, getattr(module, "bias", None)
+    if kind == "modules_to_save":
+        return effective_linear(_saved_module(module))
+    _check_layer(module)
+    weight, bias = effective_linear(module.base_layer)
+    if module.disable_adapters or module.merged:  # the forward runs the base layer alone
+        return weight, bias
+    active = [a for a in module.active_adapters if a in (module.lora_A if kind == "lora" else module.ia3_l)]
+    with torch.no_grad():
+        return (_ia3 if kind == "ia3" else _lora)(module, active, weight, bias)
+
+
+def _saved_module(wrapper: nn.Module) -> nn.Module:
+    """The module a ``ModulesToSaveWrapper``'s forward runs: the active adapter's copy, or the original."""
+    active = wrapper.active_adapters
+    if wrapper.disable_adapters or not active or any(a not in wrapper._adapters for a in active):
+        return wrapper.original_module
+    return wrapper.modules_to_save[active[0]]
+
+
+def _lora(module: nn.Module, active: list, weight: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    """LoRA's forward, adapter after adapter: ``y += scaling · B(A(x))`` (vanilla), or DoRA's
+    ``y += (m/‖W + s·BA‖ − 1) ⊙ (y − b) + m/‖W + s·BA‖ ⊙ s·B(A(x))`` with ``W``, ``b`` the base layer's and the
+    norm per output row (peft ``DoraLinearLayer.forward``, dropout off)."""
+    base_weight, base_bias = weight, bias
+    for name in active:
+        A, B, s = module.lora_A[name], module.lora_B[name], module.scaling[name]
+        delta = s * (B.weight @ A.weight).to(weight.dtype)  # (D_out, D_in)
+        b_delta = None if B.bias is None else s * B.bias.to(weight.dtype)
+        if _dora(module, name):  # the only variant _check_layer lets through
+            norm = torch.linalg.norm(base_weight + delta, dim=1)  # (D_out,): ‖W + s·BA‖ per output row
+            scale = (module.lora_magnitude_vector[name].weight.to(weight.dtype) / norm)  # (D_out,)
+            weight = scale[:, None] * (weight + delta)
+            if bias is not None:
+                bias = bias + (scale - 1) * (bias - base_bias)
+            if b_delta is not None:
+                bias = scale * b_delta if bias is None else bias + scale * b_delta
+        else:
+            weight = weight + delta
+            if b_delta is not None:
+                bias = b_delta if bias is None else bias + b_delta
+    return weight, bias
+
+
+def _dora(module: nn.Module, name: str) -> bool:
+    return name in getattr(module, "lora_variant", {}) or bool(getattr(module, "use_dora", {}).get(name, False))
+
+
+def _ia3(module: nn.Module, active: list, weight: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    """IA³'s forward: ``x ⊙ l`` into the base layer (``is_feedforward``: scales W's columns) or the base layer's
+    output ``⊙ l`` (scales W's rows and the bias), ``l`` the product of the active adapters' vectors."""
+    if not active:
+        return weight, bias
+    scale = 1
+    for name in active:
+        scale = scale * module.ia3_l[name].flatten().to(weight.dtype)
+    if module.is_feedforward:
+        return weight * scale[None, :], bias
+    return weight * scale[:, None], None if bias is None else bias * scale
+
+
+def _check_layer(module: nn.Module, where: str = "") -> None:
+    """Refuse what :func:`effective_linear` cannot read as the forward computes it (``where``: its name)."""
+    if not is_linear(module):
+        raise UnsupportedModelError(_refusal(module, where, f"wraps a {type(module.base_layer).__name__}, not a "
+                                                            "Linear"))
+    if module.disable_adapters and module.merged:
+        raise UnsupportedModelError(_refusal(module, where, "has its adapters disabled while they are merged (its "
+                                                            "forward would unmerge them, changing the model); "
+                                                            "unmerge them (peft_model.unmerge_adapter()) or enable "
+                                                            "them, or"))
+    if _kind(module) == "lora":
+        other = sorted({type(v).__name__ for v in getattr(module, "lora_variant", {}).values()}
+                       - {"DoraLinearVariant"})
+        if other:
+            raise UnsupportedModelError(_refusal(module, where, f"uses the LoRA variant {', '.join(other)}, whose "
+                                                                "function the rules do not read (plain LoRA and "
+                                                                "DoRA they do)"))
+        if not module.disable_adapters and not module.merged and any(
+                module.lora_dropout[a].training and getattr(module.lora_dropout[a], "p", 0) > 0
+                for a in module.active_adapters if a in module.lora_dropout):
+            raise UnsupportedModelError(_refusal(module, where, "is in training mode with LoRA dropout, so its "
+                                                                "forward is random; call model.eval(), or"))
+
+
+def _refusal(module: nn.Module, where: str, why: str) -> str:
+    name = f"{type(module).__module__}.{type(module).__name__}" + (f" ({where})" if where else "")
+    return f"peft layer {name} {why}{' ' if why.endswith(' or') else ': '}{MERGE_HINT}"
+
+
+def check_peft_layers(model: nn.Module) -> None:
+    """Refuse a model with a peft layer :func:`effective_linear` does not read (named, with the merge hint).
+
+    Parameters
+    ----------
+    model:
+        the model to explain (peft wrappers already looked through).
+    """
+    for qualified, module in model.named_modules():
+        if not is_peft(module):
+            continue
+        kind = _kind(module)
+        if kind is None:
+            if _inside_peft_layer(model, qualified):
+                continue  # a part of a layer checked as a whole (lora_A, lora_B, a DoRA magnitude, …)
+            raise UnsupportedModelError(_refusal(module, qualified, "is not a layer the relevance rules read "
+                                                                    "(they read LoRA and DoRA, IA³ and "
+                                                                    "modules_to_save on Linear layers)"))
+        if kind == "modules_to_save":
+            if not is_linear(module.original_module):
+                raise UnsupportedModelError(_refusal(module, qualified, "wraps a "
+                                                     f"{type(module.original_module).__name__}, not a Linear"))
+            continue
+        _check_layer(module, qualified)
+
+
+def _inside_peft_layer(model: nn.Module, qualified: str) -> bool:
+    parts = qualified.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        parent = model.get_submodule(".".join(parts[:i]))
+        if _kind(parent) is not None:
+            return True
+    return False
+
+
+__all__ = ["LinearView", "MERGE_HINT", "check_peft_layers", "effective_linear", "is_conv1d", "is_linear", "is_peft"]
