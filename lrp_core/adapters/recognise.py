@@ -33,7 +33,7 @@ from ..rules.ops import norm_kind
 from ..runtime.guard import model_guard
 from ..runtime.precision import compute_precision
 from .blocks import BlockSpec, MlpSpec
-from .decoder import DecoderAdapter, position_ids
+from .decoder import DecoderAdapter, position_ids, row_rotary_tables
 
 #: What an unlisted decoder must look like to be recognised (the text of every refusal).
 STRUCTURES = (
@@ -261,11 +261,11 @@ class OpenDecoderAdapter(DecoderAdapter):
         spec.rotary = bool(getattr(att, "use_rope", True))  # SmolLM3: some layers without positions (NoPE)
         return spec
 
-    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str) -> tuple[Tensor, Tensor]:
-        """(cos, sin) (B, T, r) of the model's rotary embedding; per layer type where the module takes one."""
-        if self._rope_takes_type:
-            return self.base.rotary_emb(x0, positions, key)
-        return self.base.rotary_emb(x0, positions)
+    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str,
+                      mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """(cos, sin) (B, T, r) of the model's rotary embedding; per layer type where the module takes one
+        (each row's as for the row alone: :func:`~lrp_core.adapters.decoder.row_rotary_tables`)."""
+        return row_rotary_tables(self.base.rotary_emb, x0, positions, mask, key if self._rope_takes_type else None)
 
     def check_norms(self) -> None:
         """Every norm of the replay (blocks, q/k, final) computed by the rules' arithmetic (:func:`_check_norm`)."""
