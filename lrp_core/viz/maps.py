@@ -29,22 +29,30 @@ Two kinds of output, with the same defaults:
 
 Text relevance is rendered as HTML (:func:`token_html`), optionally after
 merging BERT word-pieces into words (:func:`merge_wordpieces`).
+
+The colour limit, gamma and table live in :mod:`.colours` (numpy only); this
+module needs matplotlib (the ``viz`` extra; pyplot only for figures) and Pillow.
 """
 from __future__ import annotations
 
 import functools
 import html
 import io
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-import matplotlib.colors as mcolors
-import matplotlib.ticker as mticker
-import matplotlib.pyplot as plt
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from ..errors import InputError
+from ..runtime.extras import require
+from .colours import (_LUT, DEFAULT_CLIP, DEFAULT_GAMMA, DIVERGING_ANCHORS, LUT_SIZE, ColourScale,  # noqa: F401
+                      _as_numpy, _check_gamma, _fmt, _power, _text_colour, _view, colorize, colour_scale,
+                      symmetric_limit)
+
+if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
+
+mcolors = require("matplotlib.colors", extra="viz", what="lrp_core.viz")
 
 __all__ = [
     "relevance_cmap", "DEFAULT_CLIP", "DEFAULT_GAMMA", "ColourScale", "colour_scale",
@@ -53,109 +61,15 @@ __all__ = [
     "show_methods", "render_png", "token_html", "merge_wordpieces", "denormalize"]
 
 #: Diverging colormap used for every relevance picture (blue < 0 < red). Like
-#: matplotlib's "bwr", but with an odd number of entries so that zero is exactly white.
+#: matplotlib's "bwr", but with an odd number of entries so that zero is exactly white;
+#: its table is :mod:`.colours`' (the pictures colour with that table, without matplotlib).
 relevance_cmap: mcolors.Colormap = mcolors.LinearSegmentedColormap.from_list(
-    "trl_relevance", [(0.0, 0.0, 1.0), (1.0, 1.0, 1.0), (1.0, 0.0, 0.0)], N=257)
-
-# 257 entries: index 128 is exactly the colormap's centre (white for zero relevance).
-_LUT = (relevance_cmap(np.linspace(0.0, 1.0, 257))[:, :3] * 255).round().astype(np.uint8)
-
-#: Default colour limit: this percentile of ``|values|``. Why 99 and not the 99.9 % of
-#: pixels that the CDAM authors clip at: we take the percentile over the map's own
-#: values (patches, tokens), not over upsampled pixels. A ViT-B/16 map has 196
-#: patches, and its 99th percentile lies between the 3rd and the 2nd largest patch,
-#: so one or two extreme patches cannot set the scale for the rest (0.1 % of pixels
-#: is a quarter of one patch and would not help). On short inputs (8 x 8 maps, a
-#: sentence) the 99th percentile is close to the maximum, so little is clipped there.
-DEFAULT_CLIP: float = 99.0
-
-#: Default colour gamma: colour at ``sign(v) * |v / m| ** gamma`` (1.0 = linear).
-DEFAULT_GAMMA: float = 0.5
+    "trl_relevance", list(DIVERGING_ANCHORS), N=LUT_SIZE)
 
 
-def _as_numpy(values: Any) -> np.ndarray:
-    """A float64 numpy copy of a numpy array, torch tensor or sequence."""
-    if hasattr(values, "detach"):  # torch tensor
-        values = values.detach().float().cpu().numpy()
-    return np.asarray(values, dtype=np.float64)
-
-
-def _fmt(v: float) -> str:
-    return f"{v:.3g}"
-
-
-@dataclass(frozen=True)
-class ColourScale:
-    """The symmetric colour limit of one picture and where it came from.
-
-    Attributes:
-        limit: ``m``: colours run over ``[-m, m]`` (> 0).
-        maximum: ``max |values|`` over the finite values (0 for an all-zero map).
-        percentile: the percentile of ``|values|`` that set ``limit`` (``None``: the maximum).
-    """
-
-    limit: float
-    maximum: float
-    percentile: Optional[float] = None
-
-    @property
-    def clipped(self) -> bool:
-        """True when some values lie beyond the limit (drawn in the end colours)."""
-        return self.maximum > self.limit * (1.0 + 1e-9)
-
-    def describe(self) -> str:
-        """A short legend line: ``"clipped at p99 = 0.12 (max 0.5)"`` or ``"max |R| = 0.5"``."""
-        if self.clipped:
-            return f"clipped at p{self.percentile:g} = {_fmt(self.limit)} (max {_fmt(self.maximum)})"
-        return f"max |R| = {_fmt(self.maximum)}"
-
-
-# A percentile this close to the maximum is not worth reporting as clipping.
-_NOT_WORTH_CLIPPING = 0.95
-
-
-def _check_clip(clip: Optional[float]) -> None:
-    if clip is not None and not 0.0 < float(clip) <= 100.0:
-        raise InputError(f"clip is a percentile of |values| in (0, 100], or None for the exact "
-                         f"maximum; got {clip!r}")
-
-
-def colour_scale(values: Any, clip: Optional[float] = DEFAULT_CLIP) -> ColourScale:
-    """The colour limit ``m`` for ``values``: ``np.percentile(|values|, clip)`` over the finite entries.
-
-    ``clip=None`` (or 100) uses the exact maximum. The maximum is also used when the
-    percentile is 0 (most values zero) or at least 95 % of the maximum (a short
-    input, e.g. a sentence: clipping 5 % changes no colour visibly and the legend
-    would only report noise); an all-zero map gets ``m = 1``.
-    """
-    _check_clip(clip)
-    arr = np.abs(_as_numpy(values))
-    finite = arr[np.isfinite(arr)]
-    top = float(finite.max()) if finite.size else 0.0
-    if top <= 0.0:
-        return ColourScale(limit=1.0, maximum=top)
-    if clip is None or float(clip) >= 100.0:
-        return ColourScale(limit=top, maximum=top)
-    lim = float(np.percentile(finite, float(clip)))
-    if lim <= 0.0 or lim >= _NOT_WORTH_CLIPPING * top:
-        return ColourScale(limit=top, maximum=top)
-    return ColourScale(limit=lim, maximum=top, percentile=float(clip))
-
-
-def symmetric_limit(values: Any, clip: Optional[float] = None) -> float:
-    """``max |values|`` over finite entries (or a percentile, see :func:`colour_scale`); 1.0 when all are zero."""
-    return colour_scale(values, clip).limit
-
-
-def _check_gamma(gamma: float) -> None:
-    if not 0.0 < float(gamma) <= 1.0:
-        raise InputError(f"gamma must lie in (0, 1] (1 = linear colours); got {gamma!r}")
-
-
-def _power(x: np.ndarray, gamma: float) -> np.ndarray:
-    """The odd power ``sign(x) |x| ** gamma`` (zero stays zero, order is kept)."""
-    x = np.asarray(x, dtype=np.float64)
-    return np.sign(x) * np.abs(x) ** gamma
+def _pyplot():
+    """matplotlib's pyplot, imported on first use: only figures need it (the PIL pictures do not)."""
+    return require("matplotlib.pyplot", extra="viz", what="lrp_core.viz figures")
 
 
 def signed_norm(values: Any, clip: Optional[float] = None, gamma: float = 1.0) -> mcolors.Normalize:
@@ -173,29 +87,6 @@ def signed_norm(values: Any, clip: Optional[float] = None, gamma: float = 1.0) -
     g = float(gamma)
     return mcolors.FuncNorm((lambda x: _power(x, g), lambda y: _power(y, 1.0 / g)), vmin=-m, vmax=m)
 
-
-def _view(values: np.ndarray, signed: bool) -> np.ndarray:
-    """The signed values, or their positive part ``clamp(min=0)``."""
-    return values if signed else np.clip(values, 0.0, None)
-
-
-def colorize(values: Any, signed: bool = True, limit: Optional[float] = None,
-             clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA) -> np.ndarray:
-    """Map relevance to RGB with the zero-centred colormap: (..., 3) uint8.
-
-    Args:
-        values: any-shaped relevance.
-        signed: keep negative values; ``False`` shows ``clamp(min=0)``.
-        limit: colour limit ``m``; default :func:`colour_scale` of the shown view with ``clip``.
-        clip: percentile of ``|values|`` used for the default limit (``None``: the maximum).
-        gamma: colour at ``sign(v) |v/m| ** gamma``; values beyond ``m`` get the end colours.
-    """
-    _check_gamma(gamma)
-    arr = _view(np.nan_to_num(_as_numpy(values)), signed)
-    m = colour_scale(arr, clip).limit if limit is None else float(limit)
-    t = _power(np.clip(arr / m, -1.0, 1.0), float(gamma))
-    idx = np.clip(np.rint((t + 1.0) * 128.0), 0, 256).astype(np.intp)
-    return _LUT[idx]
 
 
 def upsample_map(relmap: Any, size: tuple[int, int]) -> np.ndarray:
@@ -451,6 +342,7 @@ def show_relevance(image_rgb: Any, relmap: Any, ax: Optional[plt.Axes] = None, a
     when values were clipped its ends are arrows and a line under the picture says
     "clipped at p99 (max ...)".
     """
+    plt = _pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(4, 4))
     rel = _view(np.nan_to_num(_as_numpy(relmap)), signed)
@@ -467,7 +359,8 @@ def show_relevance(image_rgb: Any, relmap: Any, ax: Optional[plt.Axes] = None, a
         extend = ("both" if signed else "max") if scale.clipped else "neither"
         cb = ax.figure.colorbar(mappable, ax=ax, fraction=0.046, pad=0.03, extend=extend)
         # plain numbers on each tick (no "1e-5" offset text that lands on the next title)
-        cb.ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.2g}"))
+        ticker = require("matplotlib.ticker", extra="viz", what="lrp_core.viz figures")
+        cb.ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.2g}"))
         if not signed:
             cb.ax.set_ylim(0.0, scale.limit)
         if scale.clipped:  # under the picture, where it costs no width
@@ -493,7 +386,7 @@ def show_methods(image: Any, maps: Mapping[str, Any], ncols: Optional[int] = Non
     n = len(maps)
     ncols = min(ncols or n, n)
     nrows = -(-n // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(panel_size * ncols * 1.15, panel_size * nrows),
+    fig, axes = _pyplot().subplots(nrows, ncols, figsize=(panel_size * ncols * 1.15, panel_size * nrows),
                              squeeze=False)
     for ax, (name, relmap) in zip(axes.flat, maps.items()):
         show_relevance(image, relmap, ax=ax, alpha=alpha, signed=signed, title=name,
@@ -509,13 +402,8 @@ def render_png(fig: plt.Figure, dpi: Optional[float] = None, close: bool = False
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     if close:
-        plt.close(fig)
+        _pyplot().close(fig)
     return buf.getvalue()
-
-
-def _text_colour(rgb: np.ndarray) -> str:
-    lum = (0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2]) / 255.0
-    return "#ffffff" if lum < 0.5 else "#111111"
 
 
 def token_html(tokens: Sequence[str], scores: Any, signed: bool = True, legend: bool = True,

@@ -8,8 +8,8 @@ piece into the text it stands for, :func:`merge_words` joins pieces into words
 (summing relevance by default, so the total is kept), and
 :func:`generation_html` draws one row per generated token over its context
 with the colours of :mod:`lrp_core.viz` (zero-centred, white = 0, red for,
-blue against). The page has no script, remote font or style sheet: it opens
-offline and outside Jupyter.
+blue against; numpy only, no matplotlib). The page has no script, remote font
+or style sheet: it opens offline and outside Jupyter.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..errors import InputError
-from .maps import DEFAULT_CLIP, DEFAULT_GAMMA, _text_colour, colorize, colour_scale
+from .colours import DEFAULT_CLIP, DEFAULT_GAMMA, _text_colour, colorize, colour_scale
 
 #: markers of a leading space (byte-level BPE, SentencePiece) and of a newline (byte-level BPE)
 SPACE_MARKS = ("Ġ", "▁")

@@ -307,11 +307,11 @@ def test_layer_products_match_the_engines_accumulate(vit, images, method, norm):
     assert prods.norm == norm
     for start in (0, 1):
         for stop in range(start, 3):
-            want = lrp_core.rollout.accumulate(exp.layers, start, stop, norm=norm)[0].double().numpy()
+            want = lrp_core.methods.products.accumulate(exp.layers, start, stop, norm=norm)[0].double().numpy()
             np.testing.assert_allclose(prods.prefix(start)[stop - start], want, rtol=1e-5, atol=1e-8)
     layers = exp.layers.clone()
     layers[:, 1] = exp.layers_per_head[:, 1, 0]
-    want = lrp_core.rollout.accumulate(layers, 0, 1, norm=norm)[0, 0].double().numpy()
+    want = lrp_core.methods.products.accumulate(layers, 0, 1, norm=norm)[0, 0].double().numpy()
     np.testing.assert_allclose(prods.readout_row(1, 0, head=0), want, rtol=1e-5, atol=1e-8)  # [CLS]: row 0
 
 

@@ -56,7 +56,7 @@ def test_accumulated_view_replaces_cls_by_the_row_minimum(bert, text_widget):
     text_widget.layer_slider.value = 1
     ref = lrp_core.explain(bert, {k: v[:1] for k, v in text_widget.inputs.items()},
                            target=text_widget.target)
-    prod = lrp_core.rollout.accumulate(ref.layers, 0, 1, norm="row")[0, 0, :9].numpy()
+    prod = lrp_core.methods.products.accumulate(ref.layers, 0, 1, norm="row")[0, 0, :9].numpy()
     want = prod.copy()
     want[0] = prod.min()
     np.testing.assert_allclose(text_widget.displayed_map, want, rtol=1e-5)
