@@ -18,7 +18,7 @@ LAB_ARGS ?=
 USER_ID  ?= $(shell id -u)
 LAB_ROOT := $(if $(filter 0,$(USER_ID)),--allow-root)
 
-.PHONY: install lab test browser docs bench bench-quick evaluate wheelhouse figures answers clean
+.PHONY: install lab test lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ test: $(STAMP) browser docs
 # from their stored outputs, not executed.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
+
+# The linter (ruff, in the dev extra; its rules are in pyproject.toml).
+lint: $(STAMP)
+	$(BIN)/python -m ruff check lrp_core widgets tests scripts
 
 # Every wheel `make install` needs, for this machine's Python and platform (run it
 # on a machine like the room's). WHEELHOUSE_DIR is where they go.

@@ -14,15 +14,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .runtime import pieces
-from .methods import registry
 from .adapters import get_adapter
-from .rules.composites import TRANSFORMER_ATTRIBUTION
 from .errors import InputError
 from .explanation import Explanation, result_fields
-from .runtime.guard import model_guard, public_call
+from .methods import registry
 from .methods.call import Call, ConceptTarget, Contrast, one_hot
 from .methods.targets import Target, goal, resolver
+from .rules.composites import TRANSFORMER_ATTRIBUTION
+from .runtime import pieces
+from .runtime.guard import model_guard, public_call
 
 #: Every method ``explain`` knows, in the order the course introduces them.
 METHODS: tuple[str, ...] = registry.METHOD_NAMES

@@ -189,13 +189,20 @@ def _plain_sdpa(module, q, k, v, *args, **kwargs):
 def patch_vit_family(method: str) -> dict:
     """Patch torchvision's ViT (LXT's map; AttnLRP variant built from LXT's pieces) and timm's ViT."""
     from functools import partial
+
     import timm.layers.attention as timm_attention
     import timm.layers.norm as timm_norm
-    from torchvision.models import vision_transformer
     from lxt.efficient import monkey_patch
-    from lxt.efficient.patches import (patch_method, non_linear_forward, layer_norm_forward, dropout_forward,
-                                       wrap_attention_forward, cp_wrap_attention_forward)
     from lxt.efficient.models import vit_torch
+    from lxt.efficient.patches import (
+        cp_wrap_attention_forward,
+        dropout_forward,
+        layer_norm_forward,
+        non_linear_forward,
+        patch_method,
+        wrap_attention_forward,
+    )
+    from torchvision.models import vision_transformer
 
     info = {}
     if method == "cp_lrp":
@@ -326,8 +333,9 @@ def stack_samples(samples: list, T: int = None) -> dict:
 
 
 def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> None:
-    import lxt
     from importlib.metadata import version
+
+    import lxt
     versions = {p: version(p) for p in ("lxt", "torch", "transformers", "timm", "torchvision", "zennit")}
     assert versions["lxt"] == "2.1", versions
     for p in lxt.__path__:

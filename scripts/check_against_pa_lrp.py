@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Developer check: ``pa_lrp`` on a tiny random Llama / DeiT against the PA-LRP authors' code (YardenBakish/PE-AWARE-LRP).
+"""Developer check: ``pa_lrp`` on a tiny random Llama / DeiT against the PA-LRP authors' code
+(YardenBakish/PE-AWARE-LRP).
 
 NOT a test; the authors' code is never a dependency. It needs transformers 4.x and their own copy of an old
 LXT (``NLP/lxt``, relevance carried in ``.grad``), so it runs under another python (default
@@ -54,7 +55,7 @@ LENGTHS = (5, 9, 12)
 VOCAB = 64
 TOL = 1e-8
 
-REFERENCE = r'''
+REFERENCE = r"""
 import importlib.machinery as M, importlib.util, json, sys, types
 import torch
 authors, data, out, keep32, no_eps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5] == "1"
@@ -65,7 +66,8 @@ for name, attrs in (("bitsandbytes", {}), ("bitsandbytes.nn", {"Linear4bit": typ
     mod = types.ModuleType(name); mod.__spec__ = M.ModuleSpec(name, None); mod.__dict__.update(attrs)
     sys.modules[name] = mod
 sys.modules["bitsandbytes"].nn = sys.modules["bitsandbytes.nn"]
-if no_eps:  # their stabiliser adds +eps (1e-6 in Linear / AV / q·k rules, 1e-8 in add2); our rules are its eps -> 0 limit
+# their stabiliser adds +eps (1e-6 in Linear / AV / q·k rules, 1e-8 in add2); our rules are its eps -> 0 limit
+if no_eps:
     import lxt.functional as lf_, lxt.rules as rules_
     lf_._stabilize = rules_._stabilize = lambda x, epsilon=0.0, inplace=False: x
 if rms64:  # RMSNorm in the model's dtype (transformers computes it in float32): the float64 comparison's 2nd mode
@@ -101,9 +103,10 @@ for ids in d["rows"]:
     top.backward(top)
     tokens = e.grad.sum(-1)[0]
     per_layer = torch.stack([c.grad.sum(-1)[0] + s.grad.sum(-1)[0] for c, s in pe])
-    results.append({"target": int(idx), "logit": float(top), "tokens": tokens.detach(), "positional_per_layer": per_layer})
+    results.append({"target": int(idx), "logit": float(top), "tokens": tokens.detach(),
+                    "positional_per_layer": per_layer})
 torch.save(results, out)
-'''
+"""
 
 
 def make_llama(attn: str = "eager"):
@@ -137,6 +140,7 @@ def ours(model, seqs: list, refs: list) -> dict:
     """Our pa_lrp per row alone and in padded batches, as relative differences to the reference."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from lxt_decoders import pad
+
     from lrp_core import explain
     worst = {"tokens": 0.0, "positional": 0.0, "tokens_padded": 0.0, "positional_padded": 0.0}
     for ids, ref in zip(seqs, refs):
@@ -174,6 +178,7 @@ def _rmsnorm_float64(on: bool):
         yield
         return
     from transformers.models.llama import modeling_llama
+
     from lrp_core.rules.functional import gradient as gradient_rules
     old_hf, old_rule = modeling_llama.LlamaRMSNorm.forward, gradient_rules.DetachedRMSNorm.forward
 
@@ -401,8 +406,11 @@ def main() -> int:
     # 3. float64 with RMSNorm in float64 on both sides (both patched for this run only): what is left in 1. is
     #    RMSNorm's float32 round-off, which their explicit rule passes on (R_in = R_out) and gradient × input
     #    reads at x (R_in = x·w·c versus w·fl32(x·c))
-    for label, attn, f32, rms64 in (("float64", "sdpa", False, False), ("float64, RMSNorm in float64", "sdpa", False, True),
-                                    ("float32 softmax (as written)", "eager", True, False)):
+    for label, attn, f32, rms64 in (
+        ("float64", "sdpa", False, False),
+        ("float64, RMSNorm in float64", "sdpa", False, True),
+        ("float32 softmax (as written)", "eager", True, False),
+    ):
         model, cfg = make_llama(attn)
         refs = reference(args, model, cfg, seqs, float32_softmax=f32, keep_eps=args.keep_eps, rms64=rms64)
         with _rmsnorm_float64(rms64):

@@ -163,8 +163,9 @@ def patched_names(modeling, family: str) -> dict:
     """Which functions/classes now come from LXT (proof that the map was applied)."""
     mlp = {"llama": "LlamaMLP", "qwen2": "Qwen2MLP", "qwen3": "Qwen3MLP", "gemma3": "Gemma3MLP",
            "gpt2": "GPT2MLP"}[family]
-    norm = {"gpt2": ("LayerNorm", "forward"), "gemma3": ("Gemma3RMSNorm", "_norm"), "llama": ("LlamaRMSNorm", "forward"),
-            "qwen2": ("Qwen2RMSNorm", "forward"), "qwen3": ("Qwen3RMSNorm", "forward")}[family]
+    norm = {"gpt2": ("LayerNorm", "forward"), "gemma3": ("Gemma3RMSNorm", "_norm"),
+            "llama": ("LlamaRMSNorm", "forward"), "qwen2": ("Qwen2RMSNorm", "forward"),
+            "qwen3": ("Qwen3RMSNorm", "forward")}[family]
     norm_cls = torch.nn.LayerNorm if family == "gpt2" else getattr(modeling, norm[0])
     return {"eager_attention_forward": modeling.eager_attention_forward.__module__,
             "ALL_ATTENTION_FUNCTIONS[sdpa]": modeling.ALL_ATTENTION_FUNCTIONS["sdpa"].__module__,
@@ -176,6 +177,7 @@ def patched_names(modeling, family: str) -> dict:
 def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> None:
     """Runs in the LXT venv, one process per (family, method): writes the fixtures of that pair."""
     import importlib
+
     import lxt
     import transformers
     from lxt.efficient import monkey_patch
@@ -261,8 +263,9 @@ def engine_rows(model: torch.nn.Module, sequences: list, method: str, batching: 
 
 def compare(workdir: Path, families: list, methods: list, dtypes: list) -> bool:
     """lrp_core.explain (rows padded left, right, alone; eager and sdpa) vs LXT's per-row scores."""
-    from lrp_core.errors import LRPError
     from lxt_decoders import reference
+
+    from lrp_core.errors import LRPError
     ok = True
     print(f"\n{'family':7s} {'method':8s} {'dtype':8s} {'attn':6s} {'batch':6s} {'max|d|/max|ref| (per row)':>26s}")
     for family in families:
@@ -307,8 +310,11 @@ def main() -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--methods", default=",".join(METHODS_CHECKED))
     ap.add_argument("--dtype", default="both", help="float64, float32 or both (comma list)")
-    ap.add_argument("--write-fixtures", default=str(Path(__file__).resolve().parents[1] / "tests/fixtures/lxt/decoders"),
-                    help="where the fixtures go ('none': do not write)")
+    ap.add_argument(
+        "--write-fixtures",
+        default=str(Path(__file__).resolve().parents[1] / "tests/fixtures/lxt/decoders"),
+        help="where the fixtures go ('none': do not write)",
+    )
     ap.add_argument("--compare-only", action="store_true",
                     help="no LXT run: self-checks and engine comparison on the committed fixtures")
     ap.add_argument("--with-encoders", action="store_true", help="also run scripts/check_against_lxt.py")

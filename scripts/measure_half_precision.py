@@ -65,8 +65,8 @@ def families(size: str = "tiny") -> dict[str, Callable[[], tuple[torch.nn.Module
     from text_families import make
     from tiny_clip import make_clip
     if size == "base":
-        from transformers import BertConfig, BertForSequenceClassification
         from timm.models.vision_transformer import VisionTransformer
+        from transformers import BertConfig, BertForSequenceClassification
 
         def bert_base():
             torch.manual_seed(0)

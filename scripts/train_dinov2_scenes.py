@@ -45,8 +45,15 @@ import numpy as np
 import torch
 
 from lrp_core.data.scenes import CLASS_NAMES, make_scenes
-from lrp_core.models.dinov2_scenes import (ASSET_DIR, IMAGE_SIZE, READOUTS, TUNED_PREFIXES, asset_paths,
-                                           build_dinov2_scenes, scene_inputs)
+from lrp_core.models.dinov2_scenes import (
+    ASSET_DIR,
+    IMAGE_SIZE,
+    READOUTS,
+    TUNED_PREFIXES,
+    asset_paths,
+    build_dinov2_scenes,
+    scene_inputs,
+)
 
 TRAIN_SEED = 30_000_001
 """Seeds of the training scenes (one-object; two-object = +1); apart from every evaluation seed."""

@@ -93,14 +93,18 @@ def main(argv: list[str] | None = None) -> dict:
         [{"params": body, "lr": args.lr}, {"params": head, "lr": args.head_lr}], weight_decay=0.01
     )
     steps = args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / (0.06 * steps)) * max(0.0, 1 - s / steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / (0.06 * steps)) * max(0.0, 1 - s / steps)
+    )
 
     bar = tqdm(total=steps, desc="fine-tuning minilm-sentiment")
     for epoch in range(args.epochs):
         model.train()
         total, count = 0.0, 0
         for batch in batches(data, args.batch_size, rng):
-            enc = tok([e.text for e in batch], padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
+            enc = tok(
+                [e.text for e in batch], padding=True, truncation=True, max_length=args.max_length, return_tensors="pt"
+            )
             labels = torch.tensor([e.label for e in batch])
             out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], labels=labels)
             opt.zero_grad(set_to_none=True)

@@ -91,7 +91,8 @@ def binding_targets(tok, ids: torch.Tensor) -> torch.Tensor:
 
 
 def facts_range(step: int, curriculum: int) -> tuple[int, int]:
-    """How many facts the prompts of ``step`` state: 2 … (2 + one more per quarter of the curriculum), then the task's."""
+    """How many facts the prompts of ``step`` state: 2 … (2 + one more per quarter of the curriculum), then the
+    task's."""
     if step >= curriculum:
         return MIN_FACTS, MAX_FACTS
     return 2, min(MAX_FACTS, 2 + (4 * step) // curriculum)
@@ -137,7 +138,12 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the committed weights; 2 threads on a loaded 2-core machine ran 25x slower)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: the committed weights; 2 threads on a loaded 2-core machine ran 25x slower)",
+    )
     ap.add_argument("--lm-weight", type=float, default=0.0, help="weight of the next-token loss over the prompt")
     ap.add_argument("--aux-weight", type=float, default=1.0, help="weight of the layer-k binding loss (0: off)")
     ap.add_argument("--aux-layer", type=int, default=1, help="the layer whose output the binding loss reads")
@@ -160,8 +166,8 @@ def main(argv=None) -> None:
     meta = {"held_out_accuracy": acc, "held_out_prompts": args.eval, "held_out_seed": HELD_OUT_SEED,
             "train_steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
             "threads": args.threads, "lm_weight": args.lm_weight, "aux_weight": args.aux_weight,
-            "aux_layer": args.aux_layer, "curriculum": args.curriculum, "train_minutes": round(minutes, 1), "parameters": sum(
-                p.numel() for p in model.parameters()), "config": CONFIG}
+            "aux_layer": args.aux_layer, "curriculum": args.curriculum, "train_minutes": round(minutes, 1),
+            "parameters": sum(p.numel() for p in model.parameters()), "config": CONFIG}
     (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 

@@ -118,7 +118,8 @@ def batch(sequences: list, side: str = "right", pad_id: int = PAD) -> dict:
 
 
 def model_logits(model, inputs: dict, position: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The model's own logits (B, V or C) at each row's last real token (or ``position``), position ids from the mask."""
+    """The model's own logits (B, V or C) at each row's last real token (or ``position``), position ids from the
+    mask."""
     mask = inputs["attention_mask"]
     pos_ids = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():

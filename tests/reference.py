@@ -300,7 +300,7 @@ def bert_transformer_attribution(model, input_ids: Tensor, target: int | None = 
         cam1, _ = add_rel(s["scores"], s["mask"].expand_as(s["scores"]), cam1, normalise=True)
         cq, ckT = einsum_rel("bhid,bhdj->bhij", s["q"], s["k"].transpose(-1, -2), cam1)
         cq, ck = cq / 2, ckT.transpose(-1, -2) / 2
-        flat = lambda t: t.transpose(1, 2).reshape(b, nn_, H * d)  # noqa: E731
+        flat = lambda t: t.transpose(1, 2).reshape(b, nn_, H * d)  # noqa: E731, B023 - used in this iteration only
         rq = linear_rel(s["h"], sa.query.weight, flat(cq), shared=True)
         rk = linear_rel(s["h"], sa.key.weight, flat(ck), shared=True)
         rv = linear_rel(s["h"], sa.value.weight, flat(cam_v), shared=True)

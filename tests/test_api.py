@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_tiny_bert, make_tiny_vit
+
 from lrp_core import METHODS, InputError, UnknownMethodError, UnsupportedModelError, explain
 
 
 def test_methods_list_is_the_contract():
     assert set(METHODS) == {"transformer_attribution", "generic_attention", "rollout", "raw_attention",
                             "attention_gradcam", "lrp", "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp",
-                            "input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap", "pa_lrp"}
+                            "input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap",
+                            "pa_lrp"}
 
 
 def test_an_option_the_method_does_not_take_is_refused(tiny_vit, images):

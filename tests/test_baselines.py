@@ -1,4 +1,5 @@
-"""The Captum baselines (lrp_core/methods/baselines.py): each equals Captum called directly on the same forward function.
+"""The Captum baselines (lrp_core/methods/baselines.py): each equals Captum called directly on the same forward
+function.
 
 Every check runs in float64 on tiny random models (timm ViT, Hugging Face ViT, CLIP's image side, BERT). The
 references below build their own baselines and feature masks by hand — only the forward function is shared,
@@ -14,8 +15,8 @@ from test_api import _assert_same, _state
 from tiny_clip import make_clip
 
 from lrp_core import Contrast, InputError, explain
-from lrp_core.methods import registry
 from lrp_core.adapters import get_adapter
+from lrp_core.methods import registry
 from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function, gaussian_blur
 from lrp_core.methods.call import Call
 

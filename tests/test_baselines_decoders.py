@@ -16,10 +16,10 @@ from decoders import batch, make_decoder, model_logits, rows
 from test_api import _assert_same, _state
 
 from lrp_core import Contrast, InputError, explain
-from lrp_core.methods import registry
 from lrp_core.adapters import get_adapter
-from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function
 from lrp_core.errors import UnsupportedModelError
+from lrp_core.methods import registry
+from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function
 
 #: small settings so that the suite stays fast; the batch sizes make Captum split its passes
 FAST = {"integrated_gradients": {"n_steps": 16, "batch_size": 8}, "smoothgrad": {"n_samples": 6, "batch_size": 4},

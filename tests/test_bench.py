@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from lrp_core.tools import bench
 from lrp_core.api import METHODS
-from lrp_core.tools.bench import BASELINE, Case, Settings
 from lrp_core.methods.registry import DECODER_METHODS
+from lrp_core.tools import bench, bench_models
+from lrp_core.tools.bench import BASELINE, Case, Settings
 
 FAST = Settings(repeat=1, budget=5.0, threads=1, ablation_max=20)
 
@@ -31,7 +31,7 @@ def test_inputs_match_the_case():
 def test_decoder_cases_are_the_issue_sizes_unless_a_grid_is_given():
     assert [c.size for c in bench.make_cases(["llama"])] == ["1 × 512", "1 × 1024", "1 × 4096", "8 × 512"]
     assert [c.size for c in bench.make_cases(["llama"], batches=[2], lengths=[64, 128])] == ["2 × 64", "2 × 128"]
-    cfg = bench.llama_config()
+    cfg = bench_models.llama_config()
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
             cfg.intermediate_size, cfg.vocab_size, cfg._attn_implementation) == (512, 8, 8, 2, 1376, 32000, "sdpa")
 

@@ -7,8 +7,21 @@ from conftest import make_tiny_vit
 
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
-from lrp_core.rules.composites import (DECODER_KINDS, ADD, LINEAR, MASK_ADD, OP_KINDS, TRANSFORMER_ATTRIBUTION,
-                                       Composite, GenericAdd, ExplicitRule, Identity, Op, Propagation, Rule)
+from lrp_core.rules.composites import (
+    ADD,
+    DECODER_KINDS,
+    LINEAR,
+    MASK_ADD,
+    OP_KINDS,
+    TRANSFORMER_ATTRIBUTION,
+    Composite,
+    ExplicitRule,
+    GenericAdd,
+    Identity,
+    Op,
+    Propagation,
+    Rule,
+)
 from lrp_core.rules.functional import generic
 
 
@@ -90,11 +103,23 @@ def test_explain_is_unchanged_by_building_composites(tiny_vit, images):
 
 
 # ---------------------------------------------------------------- one contract per kind of pass
-from lrp_core.rules import functional as F  # noqa: E402
 from lrp_core.adapters.blocks import Replay  # noqa: E402
-from lrp_core.rules.composites import (ATTNLRP, CP_LRP, ELEMENTWISE, EXPLICIT, LRP_BASELINE, MODIFIED_GRADIENT,
-                                       PATCH_CONV, POS_ADD, BaselineLinear, Gradient, GradientRule, SignedLinear)
 from lrp_core.errors import RuleSetError  # noqa: E402
+from lrp_core.rules import functional as F  # noqa: E402
+from lrp_core.rules.composites import (  # noqa: E402
+    ATTNLRP,
+    CP_LRP,
+    ELEMENTWISE,
+    EXPLICIT,
+    LRP_BASELINE,
+    MODIFIED_GRADIENT,
+    PATCH_CONV,
+    POS_ADD,
+    BaselineLinear,
+    Gradient,
+    GradientRule,
+    SignedLinear,
+)
 
 BUILT_IN = {"transformer_attribution": (TRANSFORMER_ATTRIBUTION, EXPLICIT), "lrp_baseline": (LRP_BASELINE, EXPLICIT),
             "attnlrp": (ATTNLRP, MODIFIED_GRADIENT), "cp_lrp": (CP_LRP, MODIFIED_GRADIENT)}

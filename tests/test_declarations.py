@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 
 from lrp_core import InputError, explain
-from lrp_core.methods import registry
 from lrp_core.explanation import OPTIONAL_FIELDS, RESULT_FIELDS, Explanation
+from lrp_core.methods import registry
 from lrp_core.methods.call import MethodResult, Options
 from lrp_core.methods.options import OPTIONS
 
@@ -45,5 +45,5 @@ def test_returns_says_which_fields_a_method_fills(tiny_vit, images, method):
 
 
 def test_pixels_are_filled_by_the_methods_down_to_the_pixels():
-    assert registry.filled_by("pixels") == ("lrp", "attnlrp", "cp_lrp", "pa_lrp", "input_x_gradient", "integrated_gradients",
-                                            "smoothgrad", "occlusion", "kernel_shap")
+    assert registry.filled_by("pixels") == ("lrp", "attnlrp", "cp_lrp", "pa_lrp", "input_x_gradient",
+                                            "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap")

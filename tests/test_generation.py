@@ -4,14 +4,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from decoders import FAMILIES, make_decoder
+from decoders import batch as decoder_batch
+from decoders import rows as decoder_rows
 
 import lrp_core
 from lrp_core.errors import InputError
-from lrp_core.methods.generation import explain_generation, greedy_continuation
 from lrp_core.methods.call import Contrast
+from lrp_core.methods.generation import explain_generation, greedy_continuation
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
-from decoders import FAMILIES, make_decoder
-from decoders import batch as decoder_batch, rows as decoder_rows
 
 PROMPTS = ["Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer:",
            "Carla has a cat. Where does Carla live? Answer:"]
@@ -22,7 +23,9 @@ def lm():
     """tiny-lm's tokenizer and shape with random weights (seed 0): the properties hold for any weights."""
     torch.manual_seed(0)
     tok = build_tokenizer()
-    return SimpleNamespace(model=build_model(len(tok)).double().eval(), tokenizer=tok)  # (.double(): HF keeps a float32 mask)
+    return SimpleNamespace(
+        model=build_model(len(tok)).double().eval(), tokenizer=tok
+    )  # (.double(): HF keeps a float32 mask)
 
 
 def _alone(lm, prompt_ids, method, target, **options):

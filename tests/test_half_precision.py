@@ -188,8 +188,8 @@ def test_float32_inputs_to_a_half_model_are_not_rounded():
 
 def test_memory_estimate_counts_float32_activations_for_a_half_model():
     """The pass of a bfloat16 model holds float32 activations: the piece planner must count 4 bytes, not 2."""
-    from lrp_core.runtime import memory
     from lrp_core.adapters import get_adapter
+    from lrp_core.runtime import memory
     model, _, x, _ = _models("bert", "bfloat16")
     a = get_adapter(model)
     assert memory.facts_of(a, a.check_inputs(x)).itemsize == 4

@@ -40,17 +40,20 @@ def test_data_does_not_import_models():
 ALLOWED_BUILTIN_RAISES = {
     # an abstract method: a subclass that forgets to override it is a programming error, not an input error
     "NotImplementedError": None,
-    # the command lines (``python -m lrp_core.evaluation``, ``lrp_core.evaluation``, the widget bench) exit with a status
+    # the command lines (``python -m lrp_core.evaluation``, ``lrp_core.evaluation``, the widget bench) exit with a
+    # status
     "SystemExit": None,
     # internal assertions: the message says "an engine bug" / the check of a conversion, never a bad input
-    "RuntimeError": {("lrp_core/runtime/precision.py", "__torch_function__"),  # a half tensor written in place: engine bug
-                     ("lrp_core/data/scenes.py", "_place_objects")},  # placement retries exhausted: practically never
+    "RuntimeError": {
+        ("lrp_core/runtime/precision.py", "__torch_function__"),  # a half tensor written in place: engine bug
+        ("lrp_core/data/scenes.py", "_place_objects"),
+    },  # placement retries exhausted: practically never
     "AssertionError": {("lrp_core/models/dinov2.py", "verify_against_onnx")},  # a verification tool asserting
     # declarations checked at import (an option or result field named but not declared): the contributor's
     # mistake, raised before any call can be made
     "TypeError": {("lrp_core/methods/registry.py", "_check_declarations"), ("lrp_core/explanation.py", "<module>")},
     # a module's ``__getattr__`` must raise AttributeError for names it does not have (the import protocol)
-    "AttributeError": {("lrp_core/runtime/memory.py", "__getattr__"), ("lrp_core/viz/__init__.py", "__getattr__")},
+    "AttributeError": {("lrp_core/viz/__init__.py", "__getattr__")},
 }
 _BUILTIN_EXCEPTIONS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
 
@@ -128,7 +131,11 @@ def _docstring_lines(tree: ast.AST) -> set[int]:
         body = getattr(node, "body", None)
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
             first = body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 found.update(range(first.lineno, first.end_lineno + 1))
     return found
 

@@ -10,10 +10,10 @@ import json
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,8 @@ def test_missing_packages_name_their_extras():
         before = {k: v.clone() for k, v in model.state_dict().items()}
         out = {"colour": viz.colorize([1.0, 0.0, -1.0], clip=None, gamma=1.0).tolist()}
         for name, attempt in [
-                ("baselines", lambda: lrp_core.explain(model, batch(rows(lengths=(4,))), method="integrated_gradients")),
+                ("baselines",
+                 lambda: lrp_core.explain(model, batch(rows(lengths=(4,))), method="integrated_gradients")),
                 ("viz", lambda: viz.show_relevance),
                 ("photos", lambda: __import__("lrp_core.data", fromlist=["x"]).sample_image("astronaut")),
                 ("widgets", lambda: __import__("widgets"))]:

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 import torch
-
 from conftest import make_tiny_bert, make_tiny_vit
+
 from lrp_core import METHODS, ConceptTarget, Contrast, InputError, concept_target, explain
-from lrp_core.runtime import memory
-from lrp_core.methods import registry
-from lrp_core.runtime import pieces as lrp_pieces
 from lrp_core.adapters import get_adapter
+from lrp_core.methods import registry
+from lrp_core.runtime import memory
+from lrp_core.runtime import pieces as lrp_pieces
 
 TENSOR_FIELDS = ("scores", "target", "logits", "pixels", "layers", "layers_per_head", "token_relevance",
                  "attention_mask")

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
-
 import reference as ref
+import torch
 from conftest import make_tiny_bert, make_tiny_vit
+
 from lrp_core import METHODS, explain
 from lrp_core.methods.products import accumulate
 

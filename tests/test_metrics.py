@@ -8,8 +8,8 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score
 
-from lrp_core.errors import InputError
 from lrp_core import metrics as M
+from lrp_core.errors import InputError
 
 
 # --------------------------------------------------------------------------

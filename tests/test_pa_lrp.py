@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_tiny_vit
 from decoders import batch, make_decoder, rows
+
 from lrp_core import explain
 from lrp_core.errors import LRPError
-from lrp_core.rules.gradient import PositionalRotary, PositionLeaves
 from lrp_core.rules.functional import apply_rotary
+from lrp_core.rules.gradient import PositionalRotary, PositionLeaves
 
 
 def _zero_biases(model: torch.nn.Module) -> torch.nn.Module:
@@ -112,6 +112,7 @@ def test_agrees_with_the_authors_code_fixture():
     (measured 9.6e-8 tokens, 1.1e-7 positions; 1.3e-10 / 2.0e-10 with RMSNorm in float64 on both sides:
     scripts/pa_lrp_findings.md), so the bound is 1e-6 of max |reference|."""
     from pathlib import Path
+
     from transformers import LlamaConfig, LlamaForCausalLM
     fx = torch.load(Path(__file__).parent / "fixtures" / "pa_lrp" / "llama.pt")
     model = LlamaForCausalLM(LlamaConfig(**fx["config"], attn_implementation="sdpa"))
@@ -139,6 +140,7 @@ def test_pieces_merge_positional_like_scores():
 # ----------------------------------------------------------------------------------------------------------------
 def _fixture_deit():
     from pathlib import Path
+
     from timm.models.vision_transformer import VisionTransformer
     fx = torch.load(Path(__file__).parent / "fixtures" / "pa_lrp" / "deit.pt")
     model = VisionTransformer(**fx["config"], qkv_bias=True)

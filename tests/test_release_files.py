@@ -1,9 +1,9 @@
 """The release files agree with the package: licence, version, changelog."""
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 import lrp_core

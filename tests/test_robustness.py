@@ -18,15 +18,15 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "adapters"))
 
-import text_families  # noqa: E402
 import test_vision_families as vision  # noqa: E402
+import text_families  # noqa: E402
 from conftest import make_tiny_vit  # noqa: E402
 from test_api import _assert_same, _state  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402
+from torch.nn.modules import module as torch_module  # noqa: E402
 
 from lrp_core import METHODS, InputError, UnsupportedModelError, explain  # noqa: E402
 from lrp_core.errors import LRPWarning, UnreflectedHookWarning  # noqa: E402
-from torch.nn.modules import module as torch_module  # noqa: E402
 
 
 # ---------------------------------------------------------------- the families and their inputs

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_tiny_bert, make_tiny_vit
-from decoders import FAMILIES as DECODER_FAMILIES, make_decoder, rows, batch
+from decoders import FAMILIES as DECODER_FAMILIES
+from decoders import batch, make_decoder, rows
+
 from lrp_core import attention_parts, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import InputError

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from lrp_core import api
-from lrp_core.methods import registry, products as rollout
 from lrp_core.adapters import Adapter, TokenLayout, get_adapter
 from lrp_core.errors import InputError
+from lrp_core.methods import products as rollout
+from lrp_core.methods import registry
 
 #: Models below this many parameters are explained on one CPU thread by default.
 SMALL_MODEL_PARAMS = 50_000_000

@@ -19,8 +19,8 @@ from lrp_core.runtime.utils import logits_of
 
 from . import _engine, _render, views
 from ._cache import CACHE_SIZE, Cached, ExplanationCache
-from ._common import (ModelFacts, RelevanceWidget, check_kind, class_names, class_options,
-                      describe_error, resolve_model)
+from ._common import ModelFacts, RelevanceWidget, check_kind, class_names, class_options, describe_error, resolve_model
+
 
 def forward_logits(facts: ModelFacts, inputs: Any, threads: Any = "auto") -> torch.Tensor:
     """The model's logits (B, C) without gradients (on ``threads`` CPU threads)."""

@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import torch
 
-
 TEXT = "an unbelievably charming film with a dull and lifeless ending"
 
 

@@ -12,8 +12,19 @@ from lrp_core.errors import InputError
 from lrp_core.viz import render_overlay_png, to_rgb_uint8
 
 from . import _engine, views
-from ._common import (MIN_PICTURE_PX, MIN_TILE_PX, RelevanceWidget, check_kind, describe_error,
-                      error_html, image_rgb, png_bundle, prepare_images, readable_size, resolve_model)
+from ._common import (
+    MIN_PICTURE_PX,
+    MIN_TILE_PX,
+    RelevanceWidget,
+    check_kind,
+    describe_error,
+    error_html,
+    image_rgb,
+    png_bundle,
+    prepare_images,
+    readable_size,
+    resolve_model,
+)
 
 
 def _encode(rgb: np.ndarray, size: int) -> bytes:

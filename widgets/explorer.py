@@ -10,8 +10,7 @@ import torch
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.viz import render_overlay_png, to_rgb_uint8
 
-from ._common import (MIN_PICTURE_PX, error_html, image_rgb, is_clip, png_bundle, prepare_images,
-                      readable_size)
+from ._common import MIN_PICTURE_PX, error_html, image_rgb, is_clip, png_bundle, prepare_images, readable_size
 from ._layered import LayerExplorer
 
 

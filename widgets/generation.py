@@ -33,18 +33,18 @@ import ipywidgets as W
 import numpy as np
 import torch
 
-from lrp_core.methods import registry
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import InputError, UnsupportedModelError
-from lrp_core.methods.generation import _continuation, _prompts, greedy_continuation
+from lrp_core.methods import registry
 from lrp_core.methods.call import Contrast
+from lrp_core.methods.generation import _continuation, _prompts, greedy_continuation
 from lrp_core.models import LoadedModel
-from lrp_core.viz.text import NEWLINE_MARKS, SPACE_MARKS, merge_words, readable
 from lrp_core.viz import token_html
+from lrp_core.viz.text import NEWLINE_MARKS, SPACE_MARKS, merge_words, readable
 
 from . import _engine, views
 from ._cache import CACHE_SIZE, Cached, ExplanationCache
-from ._common import ModelFacts, RelevanceWidget, error_html, token_page_bundle
+from ._common import ModelFacts, RelevanceWidget, token_page_bundle
 
 #: greedy tokens written when neither ``max_new_tokens`` nor a continuation is given
 DEFAULT_NEW_TOKENS = 5

@@ -11,8 +11,19 @@ from lrp_core.errors import InputError
 from lrp_core.viz import overlay_image, tile_pngs, to_rgb_uint8, token_html
 
 from . import _engine, views
-from ._common import (MIN_PANEL_PX, RelevanceWidget, class_names, class_options, describe_error,
-                      error_html, image_rgb, png_bundle, prepare_images, readable_size, resolve_model)
+from ._common import (
+    MIN_PANEL_PX,
+    RelevanceWidget,
+    class_names,
+    class_options,
+    describe_error,
+    error_html,
+    image_rgb,
+    png_bundle,
+    prepare_images,
+    readable_size,
+    resolve_model,
+)
 from ._layered import forward_logits
 from .text import prepare_text
 

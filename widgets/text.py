@@ -11,7 +11,7 @@ import torch
 from lrp_core.errors import InputError
 from lrp_core.viz import merge_wordpieces, token_html
 
-from ._common import ModelFacts, error_html, token_page_bundle
+from ._common import ModelFacts, token_page_bundle
 from ._layered import LayerExplorer, forward_logits
 
 _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")

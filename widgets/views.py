@@ -28,8 +28,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from lrp_core.methods import registry
 from lrp_core.errors import InputError
+from lrp_core.methods import registry
 
 from . import _engine
 

@@ -25,7 +25,9 @@ def _is_timm_vit(model: nn.Module) -> bool:
 
 
 def _is_hf_vit(model: nn.Module) -> bool:
-    return type(model).__name__ == "ViTForImageClassification" or (hasattr(model, "vit") and hasattr(model, "classifier"))
+    return type(model).__name__ == "ViTForImageClassification" or (
+        hasattr(model, "vit") and hasattr(model, "classifier")
+    )
 
 
 def _is_hf_sequence_classifier(model: nn.Module) -> bool:

@@ -20,8 +20,8 @@ from typing import Optional
 
 from torch import nn
 
-from ..rules.composites import ELEMENTWISE, LINEAR
 from ..errors import UnsupportedModelError
+from ..rules.composites import ELEMENTWISE, LINEAR
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .readouts import HeadLayer

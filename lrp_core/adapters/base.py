@@ -17,13 +17,12 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..rules.composites import Composite, Propagation
 from ..errors import InputError
+from ..rules.composites import Composite, Propagation
 from ..runtime.precision import compute_precision
 from .blocks import PLAIN, BlockSpec, Replay, block_forward, block_relprop
 from .readouts import Readout
-from .records import (AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout,
-                      Trace)
+from .records import AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout, Trace
 
 
 class Adapter(ABC):

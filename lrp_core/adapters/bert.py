@@ -9,14 +9,13 @@ Shapes: B batch, T tokens (padding included), D width, C classes.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..rules.composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD, Propagation
 from ..errors import InputError, UnsupportedModelError
+from ..rules.composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD, Propagation
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized

@@ -18,11 +18,27 @@ from typing import Callable, Mapping, Optional
 import torch
 from torch import Tensor, nn
 
-from ..rules.composites import (ADD, ATTENTION, ELEMENTWISE, GATE_MUL, KV_REPEAT, LINEAR, MASK_ADD, MATMUL_AV,
-                                MATMUL_QK, MODIFIED_GRADIENT, ROPE, SCALE, SOFTMAX, Composite, Propagation,
-                                RuleChoice, norm_kind)
-from ..rules.functional import apply_rotary, repeat_kv
 from ..errors import InputError
+from ..rules.composites import (
+    ADD,
+    ATTENTION,
+    ELEMENTWISE,
+    GATE_MUL,
+    KV_REPEAT,
+    LINEAR,
+    MASK_ADD,
+    MATMUL_AV,
+    MATMUL_QK,
+    MODIFIED_GRADIENT,
+    ROPE,
+    SCALE,
+    SOFTMAX,
+    Composite,
+    Propagation,
+    RuleChoice,
+    norm_kind,
+)
+from ..rules.functional import apply_rotary, repeat_kv
 from .records import AttentionRecord, BlockRecord
 
 IDENTITY = nn.Identity()
@@ -210,7 +226,9 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
     return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
 
 
-def _fused(bias: Optional[Tensor], scale: float, groups: int, causal: bool) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+def _fused(
+    bias: Optional[Tensor], scale: float, groups: int, causal: bool
+) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
     """softmax(q·kᵀ·scale + bias)·v by ``F.scaled_dot_product_attention`` (q (B, H, N, d); k, v (B, Hkv, N, d)).
 
     ``causal`` with ``bias`` ``None``: the kernel's own causal mask (no N×N tensor at all).

@@ -20,7 +20,6 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
 from ..errors import InputError
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision

@@ -27,8 +27,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from ..rules.composites import LINEAR, Propagation
 from ..errors import InputError, UnsupportedModelError
+from ..rules.composites import LINEAR, Propagation
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..rules.composites import LINEAR
 from ..errors import UnsupportedModelError
+from ..rules.composites import LINEAR
 from .blocks import AttentionSpec, BlockSpec
 from .readouts import ClsMeanReadout, HeadLayer, Readout
 from .vit import HFViTAdapter, hf_attention, hf_linear_head, hf_mlp

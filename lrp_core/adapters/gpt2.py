@@ -17,8 +17,8 @@ from functools import cached_property
 import torch
 from torch import Tensor, nn
 
-from ..rules.composites import POS_ADD, Propagation
 from ..errors import InputError, UnsupportedModelError
+from ..rules.composites import POS_ADD, Propagation
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .decoder import DecoderAdapter
 from .linear import LinearView, effective_linear

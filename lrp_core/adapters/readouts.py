@@ -17,7 +17,6 @@ import torch
 from torch import Tensor, nn
 
 from ..rules.composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation, norm_kind
-from ..errors import InputError
 from .blocks import PLAIN, Replay
 from .records import ReadoutRecord
 
@@ -107,7 +106,7 @@ class TokenReadout(Readout):
     """The classifier reads one token ([CLS] pooling): ``head(norm(h)[:, index])``."""
 
     def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], index: int = 0):
-        self.norm, self.head, self.index = norm, [l for l in head if not isinstance(l.module, nn.Identity)], index
+        self.norm, self.head, self.index = norm, [h for h in head if not isinstance(h.module, nn.Identity)], index
 
     @property
     def tokens(self) -> tuple:
@@ -140,7 +139,7 @@ class PositionReadout(Readout):
     """
 
     def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], positions: Tensor):
-        self.norm, self.head = norm, [l for l in head if not isinstance(l.module, nn.Identity)]
+        self.norm, self.head = norm, [h for h in head if not isinstance(h.module, nn.Identity)]
         self._positions = positions.long()
 
     @property
@@ -195,7 +194,7 @@ class MeanReadout(Readout):
     pool_kind = POOL
 
     def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], start: int = 0):
-        self.norm, self.head, self.start = norm, [l for l in head if not isinstance(l.module, nn.Identity)], start
+        self.norm, self.head, self.start = norm, [h for h in head if not isinstance(h.module, nn.Identity)], start
 
     def pool(self, normed: Tensor) -> Tensor:
         return normed[:, self.start:].mean(dim=1)
@@ -225,7 +224,7 @@ class ClsMeanReadout(Readout):
     pool_kind = POOL
 
     def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], start: int = 1):
-        self.norm, self.head, self.start = norm, [l for l in head if not isinstance(l.module, nn.Identity)], start
+        self.norm, self.head, self.start = norm, [h for h in head if not isinstance(h.module, nn.Identity)], start
 
     @property
     def tokens(self) -> tuple:

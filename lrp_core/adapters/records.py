@@ -5,7 +5,7 @@ Shapes: B batch, N tokens, D width, H heads, d head width, C classes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor

@@ -18,8 +18,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
 from ..errors import InputError, UnsupportedModelError
+from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
 from .base import Adapter
 from .blocks import IDENTITY, PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype

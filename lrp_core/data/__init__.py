@@ -14,9 +14,17 @@ from .folders import load_data_folder
 from .photos import compose_pair, list_images, sample_image
 from .rationales import RationaleRecord, load_rationales
 from .scenes import CLASS_NAMES, IMAGE_SIZE, MEAN, STD, Scenes, make_scenes, normalize
-from .sets import (BUILTIN_IMAGE_SETS, SCENE_SEED, ImageSet, TextSet, as_record, dinov2_scene_sets, label_id,
-                   rationale_set, scene_sets)
-
+from .sets import (
+                   BUILTIN_IMAGE_SETS,
+                   SCENE_SEED,
+                   ImageSet,
+                   TextSet,
+                   as_record,
+                   dinov2_scene_sets,
+                   label_id,
+                   rationale_set,
+                   scene_sets,
+)
 
 __all__ = [
     "CLASS_NAMES", "IMAGE_SIZE", "MEAN", "STD", "Scenes", "make_scenes", "normalize",

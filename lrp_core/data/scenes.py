@@ -14,7 +14,7 @@ does not own the occluder's pixels).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -373,7 +373,7 @@ def _place_objects(rng: np.random.Generator, labels: np.ndarray, radius: np.ndar
     masks = np.zeros((n, n_objects, size, size), dtype=bool)
     whole = np.zeros((n, n_objects, size, size), dtype=bool)  # shapes before occlusion
     layers = np.zeros((n, n_objects, size, size, 3), dtype=np.float32)
-    for attempt in range(100):
+    for _attempt in range(100):
         if n_objects == 2:
             _keep_apart(rng, cx, cy, radius, lo, hi, pending)
         for j in range(n_objects):

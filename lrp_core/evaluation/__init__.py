@@ -56,8 +56,7 @@ from .batching import TAM_BATCH
 from .images import IMAGE_METRICS, evaluate_images, image_maps, predict, random_maps
 from .report import SHORT, format_table, metric_value, plot_curves, write_run
 from .run import evaluate, resolve_methods
-from .text import (evaluate_text, random_word_scores, text_accuracy, text_metric_names,
-                   text_word_scores)
+from .text import evaluate_text, random_word_scores, text_accuracy, text_metric_names, text_word_scores
 
 __all__ = [
     "evaluate", "evaluate_images", "evaluate_text", "resolve_methods",

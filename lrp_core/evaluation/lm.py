@@ -17,7 +17,7 @@ A seeded ``random`` row (uniform scores) is the reference; per-prompt values fee
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -59,7 +59,9 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def answer_probabilities(model: Any, input_ids: torch.Tensor, mask: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+def answer_probabilities(
+    model: Any, input_ids: torch.Tensor, mask: torch.Tensor, answers: torch.Tensor
+) -> torch.Tensor:
     """p(answer | prompt) at the last position (B,), position ids following the mask."""
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=_positions(mask)).logits[:, -1]
     return logits.float().softmax(-1).gather(1, answers[:, None].to(logits.device))[:, 0].cpu()

@@ -10,10 +10,10 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .. import METHODS
-from ..methods import registry
 from ..data.folders import load_data_folder
 from ..data.sets import BUILTIN_IMAGE_SETS, SCENE_SEED, ImageSet, TextSet, rationale_set
 from ..errors import InputError, UnknownMethodError
+from ..methods import registry
 from .images import image_protocol
 from .shards import Shard
 from .text import text_protocol

@@ -123,13 +123,13 @@ def transformer_attribution(c: Call) -> MethodResult:
     def weigh(b: int, R_A: Tensor) -> None:
         """Keep (∇A_b ⊙ R^A_b)⁺ (B, H, N, N) — or its head mean (B, N, N) — as the pass reaches block b."""
         with torch.enable_grad() if opt.use_gradient else torch.no_grad():
-            w = grad_of(b)
+            w = grad_of(b)  # noqa: F821 - deleted by the caller only after the pass that calls this
         if opt.use_gradient:  # a fresh gradient, ours alone: the product is formed in it, no H·N² temporary
             per_head = w.mul_(R_A).clamp_(min=0)
         else:  # the attention map itself: not ours to change
             per_head = (w * R_A).clamp_(min=0)
         del w
-        kept[b] = per_head if opt.keep_heads else per_head.mean(dim=1)
+        kept[b] = per_head if opt.keep_heads else per_head.mean(dim=1)  # noqa: F821 - as grad_of
 
     with torch.no_grad():
         # the pass weighs each block's map as it goes and drops the records behind it: the peak

@@ -18,6 +18,7 @@ from ..adapters.readouts import Readout
 from ..explanation import RESULT_FIELDS
 from .options import OPTIONS
 
+
 @dataclass
 class ConceptTarget:
     """A concept instead of a class: ``y = ⟨z, c⟩`` with ``z`` the model's final embedding (head removed).

@@ -30,6 +30,7 @@ from ..runtime.guard import eval_semantics, model_guard
 from ..runtime.wrappers import unwrap
 from .call import Contrast
 from ..viz.text import generation_html, page
+from .call import Contrast
 
 TokenLike = Union[int, str]
 
@@ -271,7 +272,9 @@ def _prompts(tokenizer, prompts: Any) -> tuple[Tensor, Tensor]:
         ids = torch.as_tensor(prompts["input_ids"])
         mask = torch.as_tensor(prompts.get("attention_mask", torch.ones_like(ids)))
     else:
-        raise InputError(f"prompts must be a string, a list of strings or a tokenizer dict, got {type(prompts).__name__}")
+        raise InputError(
+            f"prompts must be a string, a list of strings or a tokenizer dict, got {type(prompts).__name__}"
+        )
     if ids.dim() != 2 or mask.shape != ids.shape:
         raise InputError(f"input_ids must be (B, P) with an attention_mask of the same shape, got {tuple(ids.shape)} "
                          f"and {tuple(mask.shape)}")

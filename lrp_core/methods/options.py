@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..runtime import memory
 from ..errors import InputError
 from ..rules.composites import Composite
 from .products import NORMS

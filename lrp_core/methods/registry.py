@@ -24,6 +24,12 @@ from . import options as O
 from ..errors import InputError, RuleSetError, UnknownMethodError, UnsupportedModelError
 from ..explanation import OPTIONAL_FIELDS
 from ..runtime.memory import BACKWARD, GRAPH, MODIFIED, PLAIN, RELPROP, Profile
+from . import attention as A
+from . import baselines as CB
+from . import lrp as LRP
+from . import options as O
+from . import perturbation as P
+from .call import Call, MethodResult, Options
 from .options import GENERIC_OPTIONS
 from ..rules.ops import EXPLICIT, MODIFIED_GRADIENT
 
@@ -116,7 +122,8 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Bakish et al. (2025): AttnLRP / CP-LRP with the position encodings (learned, absolute, rotary) as inputs
     MethodSpec("pa_lrp", LRP.pa_lrp, Profile(**MODIFIED, **BACKWARD, fused=True), options=("base",),
                returns=("pixels", "token_relevance", "conservation", "positional")),
-    # --- the field's attribution baselines, computed by Captum at the pixels / word embeddings (lrp_core.methods.baselines)
+    # --- the field's attribution baselines, computed by Captum at the pixels / word embeddings
+    #     (lrp_core.methods.baselines)
     # x ⊙ ∂y_t/∂x
     MethodSpec("input_x_gradient", CB.input_x_gradient, Profile(**GRAPH, **BACKWARD), returns=("pixels",)),
     # Sundararajan et al. (2017): (x − x̄) ⊙ ∫ ∂y_t/∂x along the straight path from the baseline x̄

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import registry
 from ..errors import InputError
+from . import registry
 from .call import ConceptTarget, Contrast
 
 Target = Union[None, int, Sequence[int], Tensor, np.ndarray, ConceptTarget, Contrast]

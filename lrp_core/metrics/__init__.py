@@ -29,16 +29,37 @@ so ``lrp_core.metrics.X`` is the stable spelling.
 from __future__ import annotations
 
 from ._common import minmax_normalise, upsample_maps
-from .perturbation import (FRACTIONS, n_removed, perturbation_auc, perturbation_curve,
-                           perturbation_masks)
-from .scenes import (class_map_correlation, class_sensitivity, deletion_agreement, deletion_cases,
-                     deletion_drops, object_mass_shares, own_mask_share)
-from .segmentation import (average_precision, pooled_miou, segmentation_per_image,
-                           segmentation_scores, segmentation_summary)
+from .perturbation import FRACTIONS, n_removed, perturbation_auc, perturbation_curve, perturbation_masks
+from .scenes import (
+                           class_map_correlation,
+                           class_sensitivity,
+                           deletion_agreement,
+                           deletion_cases,
+                           deletion_drops,
+                           object_mass_shares,
+                           own_mask_share,
+)
+from .segmentation import (
+                           average_precision,
+                           pooled_miou,
+                           segmentation_per_image,
+                           segmentation_scores,
+                           segmentation_summary,
+)
 from .statistics import pearson, pooled_correlation, sparsity
-from .text import (ERASER_FRACTIONS, TOP_K, aopc, eraser_texts, rationale_f1_at_gold_size,
-                   rationale_f1_at_gold_size_per_document, rationale_scores, top_k_words,
-                   word_ids_from_offsets, word_scores, word_spans)
+from .text import (
+                           ERASER_FRACTIONS,
+                           TOP_K,
+                           aopc,
+                           eraser_texts,
+                           rationale_f1_at_gold_size,
+                           rationale_f1_at_gold_size_per_document,
+                           rationale_scores,
+                           top_k_words,
+                           word_ids_from_offsets,
+                           word_scores,
+                           word_spans,
+)
 
 __all__ = [
     "FRACTIONS", "TOP_K", "average_precision", "class_map_correlation", "class_sensitivity",

@@ -17,7 +17,6 @@ from ..errors import InputError
 from ..runtime.utils import logits_in_batches
 from ._common import _as_tensor
 
-
 FRACTIONS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """Perturbation levels p of the pixel-flipping test (the x axis, without 0)."""
 

@@ -195,4 +195,5 @@ def deletion_agreement(maps: Tensor, masks: Tensor, drops: Tensor, own: Tensor) 
             "deletion_distraction": _nanmean(c["distraction"])}
 
 
-__all__ = ['own_mask_share', 'class_sensitivity', 'class_map_correlation', 'deletion_drops', 'object_mass_shares', 'deletion_cases', 'deletion_agreement']
+__all__ = ['own_mask_share', 'class_sensitivity', 'class_map_correlation', 'deletion_drops', 'object_mass_shares',
+           'deletion_cases', 'deletion_agreement']

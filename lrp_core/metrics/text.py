@@ -18,7 +18,6 @@ import numpy as np
 
 from ..errors import InputError
 
-
 TOP_K: tuple[int, ...] = (10, 20, 30, 40, 50, 60, 70, 80)
 """The k of the rationale token-F1 (number of top words taken)."""
 
@@ -207,4 +206,6 @@ def aopc(p_full: float, p_perturbed: Sequence[float]) -> float:
     return float(np.mean(float(p_full) - p))
 
 
-__all__ = ['TOP_K', 'word_spans', 'word_ids_from_offsets', 'word_scores', 'top_k_words', 'rationale_scores', 'rationale_f1_at_gold_size', 'rationale_f1_at_gold_size_per_document', 'ERASER_FRACTIONS', 'eraser_texts', 'aopc']
+__all__ = ['TOP_K', 'word_spans', 'word_ids_from_offsets', 'word_scores', 'top_k_words', 'rationale_scores',
+           'rationale_f1_at_gold_size', 'rationale_f1_at_gold_size_per_document', 'ERASER_FRACTIONS', 'eraser_texts',
+           'aopc']

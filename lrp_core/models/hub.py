@@ -181,8 +181,13 @@ def _is_network_error(err: BaseException) -> bool:
 def _download_error(name: str, kind: str, err: BaseException) -> Exception:
     """The error for a download that failed although the hub answered the connectivity check: the repo (or a
     file, or the revision) is not on the hub -> :class:`InputError`; anything else -> unreachable."""
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     where = f"the hub at {hub_endpoint()}"
     if isinstance(err, GatedRepoError):

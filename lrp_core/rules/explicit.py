@@ -26,6 +26,7 @@ def _linear_parts(module, cache):
         cache[key] = effective_linear(module)
     return cache[key]
 
+
 class Identity(ExplicitRule):
     """Relevance passes unchanged (element-wise layers, normalisations, softmax). docs/METHODS.md §1.2."""
 

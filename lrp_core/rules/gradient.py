@@ -85,7 +85,9 @@ class DetachedStdLayerNorm(GradientRule):
         if hasattr(module, "denominator"):  # a normalisation that names its divisor (e.g. CLIP's L2 norm)
             return x / module.denominator(x).detach()
         if module is None or len(getattr(module, "normalized_shape", (0, 0))) != 1:
-            raise UnsupportedModelError(f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}")
+            raise UnsupportedModelError(
+                f"{type(self).__name__} needs a LayerNorm over the last dimension, got {module!r}"
+            )
         mean = x.mean(dim=-1, keepdim=True)
         centred = x - mean
         # the std, γ and β are constants of the pass (no parameter gradients are taken): built from
@@ -314,7 +316,9 @@ class PositionalRotary(GradientRule):
     def forward(self, fn, x, cos, sin, module=None):
         c = self.positions.leaf(cos, x.shape[0], "rope")
         s = self.positions.leaf(sin, x.shape[0], "rope")
-        half = (lambda t: _DivideGradientFn.apply(t, 2.0))
+
+        def half(t: Tensor) -> Tensor:
+            return _DivideGradientFn.apply(t, 2.0)
         r = cos.shape[-1]
         if r == x.shape[-1]:
             return fn(half(x), half(c), half(s))

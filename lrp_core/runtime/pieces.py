@@ -19,10 +19,10 @@ from typing import Any, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from . import memory
 from ..adapters.base import Adapter
 from ..explanation import RESULT_FIELDS, Conservation, ResultField
 from ..methods.call import Call, MethodResult
+from . import memory
 from .utils import progress_bar
 
 

@@ -72,14 +72,24 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..runtime import memory
 from ..api import METHODS, explain
 from ..errors import LRPError
 from ..methods import registry
 from ..methods.registry import DECODER_METHODS
+from ..runtime import memory
 from ..runtime.utils import proc_kib
-from .bench_models import (DECODER_MODELS, IMAGE_MODELS, TEXT_MODELS, TINY_MODELS, Inputs, build_in, build_model,
-                           image_tokens, is_decoder, is_text, llama_config, make_inputs, prepare)
+from .bench_models import (
+    DECODER_MODELS,
+    IMAGE_MODELS,
+    TEXT_MODELS,
+    TINY_MODELS,
+    Inputs,
+    build_model,
+    image_tokens,
+    is_decoder,
+    is_text,
+    prepare,
+)
 
 #: The baseline every method is compared with (a row of its own in the table).
 BASELINE = "forward+backward"
@@ -476,8 +486,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds: slower calls get fewer timed runs (default %(default)s)")
     p.add_argument("--ablation-max", type=int, default=ABLATION_MAX,
                    help="time token_ablation only where batch × tokens ≤ this (default %(default)s)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="the dtype the models are built in; half dtypes are explained in float32 (lrp_core.runtime.precision)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="the dtype the models are built in; half dtypes are explained in float32 (lrp_core.runtime.precision)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="save the rows as JSON (rewritten after every row)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table for the README at the end")

@@ -155,6 +155,7 @@ def check_threads() -> Result:
 
 def check_model(name: str) -> Result:
     import torch
+
     from lrp_core import explain
     from lrp_core.models import load
     t0 = time.perf_counter()
@@ -200,6 +201,7 @@ def check_model(name: str) -> Result:
 
 def check_widget() -> Result:
     import torch
+
     from lrp_core.models import load
     from widgets import RelevanceExplorer
     toy = load("toy-vit")

@@ -45,9 +45,23 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ..errors import InputError
 from ..runtime.extras import require
-from .colours import (_LUT, DEFAULT_CLIP, DEFAULT_GAMMA, DIVERGING_ANCHORS, LUT_SIZE, ColourScale,  # noqa: F401
-                      _as_numpy, _check_gamma, _fmt, _power, _text_colour, _view, colorize, colour_scale,
-                      symmetric_limit)
+from .colours import (  # noqa: F401
+    _LUT,
+    DEFAULT_CLIP,
+    DEFAULT_GAMMA,
+    DIVERGING_ANCHORS,
+    LUT_SIZE,
+    ColourScale,
+    _as_numpy,
+    _check_gamma,
+    _fmt,
+    _power,
+    _text_colour,
+    _view,
+    colorize,
+    colour_scale,
+    symmetric_limit,
+)
 
 if TYPE_CHECKING:
     import matplotlib.pyplot as plt

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_clip import make_clip
 
 from lrp_core import METHODS, ConceptTarget, Contrast, InputError, explain
 from lrp_core.adapters import get_adapter
-from tiny_clip import make_clip
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from decoders import batch, make_decoder, model_logits, quick, rows  # noqa: E402
 
 import lrp_core  # noqa: E402
-from lrp_core.rules import composites as C  # noqa: E402
-from lrp_core.rules import functional as F  # noqa: E402
 from lrp_core.adapters import get_adapter  # noqa: E402
 from lrp_core.errors import InputError  # noqa: E402
 from lrp_core.methods.call import Contrast  # noqa: E402
 from lrp_core.methods.registry import DECODER_METHODS, METHOD_NAMES  # noqa: E402
+from lrp_core.rules import composites as C  # noqa: E402
+from lrp_core.rules import functional as F  # noqa: E402
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 TOL = 1e-10  # float64, relative to the row's largest |score|

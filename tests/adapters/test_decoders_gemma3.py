@@ -1,12 +1,14 @@
 """Gemma 3 text specifics: what the adapter reads from the model (rotary bases per layer type, windows, the attention
 scale, sandwich norms, the √D embedding scale inside e). The properties every decoder has (replay = model, batch =
-alone, conservation, ...) are tested for Gemma 3 in test_decoders_gpt2.py, agreement with LXT in test_decoders_lxt.py."""
+alone, conservation, ...) are tested for Gemma 3 in test_decoders_gpt2.py, agreement with LXT in
+test_decoders_lxt.py."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from decoders import batch, make_decoder, rows
+
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
 from lrp_core.adapters.gemma3 import Gemma3Adapter

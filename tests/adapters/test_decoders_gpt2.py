@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from decoders import batch, make_decoder, model_logits, quick, rows
-from lrp_core import METHODS, Contrast, explain
+from test_api import _assert_same, _state
+
+from lrp_core import Contrast, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.adapters.gpt2 import Conv1DLinear, GPT2Adapter
 from lrp_core.errors import InputError
 from lrp_core.methods.registry import DECODER_METHODS
-from test_api import _assert_same, _state
 
 FAMILIES = ("gpt2", "gemma3", "phi3")
 HEADS = ("causal", "seq")

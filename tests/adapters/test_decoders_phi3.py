@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from decoders import batch, make_decoder, quick, rows
-from lrp_core import METHODS, explain
+
+from lrp_core import explain
 from lrp_core.adapters import get_adapter
 from lrp_core.methods.registry import DECODER_METHODS
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_clip import make_clip
 
 from lrp_core import METHODS, InputError, explain
-from lrp_core.methods import registry
 from lrp_core.adapters import get_adapter
 from lrp_core.adapters.readouts import PositionReadout, TokenReadout
-from lrp_core.rules.composites import LRP_BASELINE
+from lrp_core.methods import registry
 from lrp_core.methods.call import Call, one_hot
 from lrp_core.methods.targets import resolver
-from tiny_clip import make_clip
+from lrp_core.rules.composites import LRP_BASELINE
 
 
 # ----------------------------------------------------------------------------
@@ -111,7 +111,9 @@ def test_clip_readout_compares_with_the_batch_it_was_built_for(inputs):
     model = make_clip(6)
     a = get_adapter(model)
     first = a.check_inputs(inputs)
-    second = a.check_inputs(dict(inputs, input_ids=inputs["input_ids"][:2], attention_mask=inputs["attention_mask"][:2]))
+    second = a.check_inputs(
+        dict(inputs, input_ids=inputs["input_ids"][:2], attention_mask=inputs["attention_mask"][:2])
+    )
     with torch.no_grad():
         logits = a.forward(first).logits  # prepared after the first: nothing of the second leaks in
     assert logits.shape == (2, 3) and a.readout_for(second).num_classes == 2

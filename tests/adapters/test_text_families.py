@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from lrp_core import METHODS, explain
-from lrp_core.methods import registry
-from lrp_core.adapters import get_adapter
-from lrp_core.rules.composites import ELEMENTWISE, LINEAR
-from lrp_core.errors import InputError, UnsupportedModelError
 from test_api import _assert_same, _state
 from text_families import CASES, FAMILIES, make, rel_err, text_batch
+
+from lrp_core import METHODS, explain
+from lrp_core.adapters import get_adapter
+from lrp_core.errors import InputError, UnsupportedModelError
+from lrp_core.methods import registry
+from lrp_core.rules.composites import ELEMENTWISE, LINEAR
 
 
 # ---------------------------------------------------------------- the replay is the model
@@ -152,7 +152,7 @@ def test_modified_gradient_methods_read_the_word_embeddings(family):
 def test_distilbert_head_is_pre_classifier_relu_classifier():
     model = make("distilbert")
     head = get_adapter(model).readout.head
-    assert [l.module for l in head[::2]] == [model.pre_classifier, model.classifier]
+    assert [layer.module for layer in head[::2]] == [model.pre_classifier, model.classifier]
     assert isinstance(head[1].module, torch.nn.ReLU)
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import _perturb_norms, make_tiny_vit
+from test_api import _assert_same, _state
+
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import InputError, UnsupportedModelError
-from test_api import _assert_same, _state
 
 CFG = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
            intermediate_size=192, num_labels=5, layer_norm_eps=1e-6)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-
 from conftest import _perturb_norms
 
 #: shared sizes: 2 heads of width 16, 3 classes, room for 40 positions

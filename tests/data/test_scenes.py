@@ -71,7 +71,10 @@ def test_occlusion_happens_and_is_resolved():
     for i in range(len(s)):
         m0 = s.masks[i, 0].numpy()
         grown = m0.copy()
-        grown[1:] |= m0[:-1]; grown[:-1] |= m0[1:]; grown[:, 1:] |= m0[:, :-1]; grown[:, :-1] |= m0[:, 1:]
+        grown[1:] |= m0[:-1]
+        grown[:-1] |= m0[1:]
+        grown[:, 1:] |= m0[:, :-1]
+        grown[:, :-1] |= m0[:, 1:]
         touching += bool((grown & s.masks[i, 1].numpy()).any())
     assert touching > 0
 

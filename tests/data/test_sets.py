@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from lrp_core.data import (SCENE_SEED, RationaleRecord, as_record, label_id,
-                           load_rationales, rationale_set, scene_sets)
+from lrp_core.data import SCENE_SEED, RationaleRecord, as_record, label_id, load_rationales, rationale_set, scene_sets
 from lrp_core.errors import InputError
 
 

@@ -61,6 +61,7 @@ def test_pooled_miou_is_recomputed_on_each_resample():
 def _tiny_text_run():
     """A tiny BERT, two documents: the text protocol with its per-document values."""
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
     from lrp_core import evaluation as E
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was", "great",
              "plot", "dull", "."]
@@ -82,6 +83,7 @@ def _tiny_text_run():
 
 def test_text_mode_per_document_values_and_table(tmp_path, capsys):
     import json
+
     from lrp_core.evaluation.bootstrap import main
     res, curves = _tiny_text_run()
     assert set(curves) == {"transformer_attribution", "rollout", "random"}

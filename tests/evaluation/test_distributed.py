@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from lrp_core.errors import InputError
 from lrp_core.evaluation import shards
 from lrp_core.evaluation.__main__ import main
-from lrp_core.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 MAY_DIFFER = {"seconds", "processes"}

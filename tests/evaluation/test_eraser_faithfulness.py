@@ -25,6 +25,7 @@ def test_aopc_by_hand():
 def test_faithfulness_with_a_counting_model():
     """A 'model' whose positive probability is the share of the word 'good' decides by hand."""
     import torch
+
     from lrp_core.data.rationales import RationaleRecord
     from lrp_core.evaluation import text as T
 

@@ -6,8 +6,16 @@ import pytest
 import torch
 
 from lrp_core.data.facts import make_facts
-from lrp_core.evaluation.lm import (MAX_REPLACED, answer_probabilities, curve_auc, encode, evidence_scores,
-                                    filler_token, prompt_values, replacement_curve)
+from lrp_core.evaluation.lm import (
+    MAX_REPLACED,
+    answer_probabilities,
+    curve_auc,
+    encode,
+    evidence_scores,
+    filler_token,
+    prompt_values,
+    replacement_curve,
+)
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
 
 

@@ -10,7 +10,6 @@ import torch
 from lrp_core import evaluation as E
 from lrp_core.evaluation import batching
 
-
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was", "great", "plot",
          "un", "##watch", "##able", "."]
 

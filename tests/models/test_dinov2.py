@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lrp_core.models import LoadedModel, load
-from lrp_core.models import dinov2
+from lrp_core.models import LoadedModel, dinov2, load
 
 
 @pytest.fixture(scope="module")

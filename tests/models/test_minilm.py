@@ -6,8 +6,7 @@ import re
 import pytest
 import torch
 
-from lrp_core.models import LoadedModel, load
-from lrp_core.models import minilm
+from lrp_core.models import LoadedModel, load, minilm
 
 needs_head = pytest.mark.skipif(
     not minilm.HEAD_FILE.is_file(), reason="trained head not present; run scripts/train_minilm_sentiment.py"

@@ -314,7 +314,9 @@ def _values(spans: list[dict]) -> np.ndarray:
 def _matches(spans: list[dict], want: list[float]) -> bool:
     """The tooltips' values (4 significant digits) are the engine's."""
     got, want = _values(spans), np.asarray(want)
-    return got.shape == want.shape and bool(np.all(np.abs(got - want) <= 1e-3 * np.abs(want) + 1e-4 * np.abs(want).max()))
+    return got.shape == want.shape and bool(
+        np.all(np.abs(got - want) <= 1e-3 * np.abs(want) + 1e-4 * np.abs(want).max())
+    )
 
 
 def test_generation_explorer_in_jupyterlab(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import base64
 import numpy as np
 import pytest
 import torch
+from tiny_clip import make_clip
 
 import lrp_core
 import widgets
@@ -13,7 +14,6 @@ from lrp_core import Contrast
 from lrp_core.adapters import get_adapter
 from widgets import _engine
 from widgets.clip import NO_CONTRAST
-from tiny_clip import make_clip
 
 GRID = (4, 4)
 

@@ -16,16 +16,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from decoders import FAMILIES, make_decoder, perturb, rows
 
 import lrp_core
-from decoders import FAMILIES, make_decoder, perturb, rows
-from lrp_core.methods import registry
 from lrp_core.errors import InputError, UnsupportedModelError
+from lrp_core.methods import registry
 from lrp_core.methods.generation import explain_generation
 from lrp_core.models import LoadedModel
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
-from widgets import GenerationExplorer
-from widgets import _engine
+from widgets import GenerationExplorer, _engine
 from widgets import generation as G
 
 PROMPT = "Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer:"

@@ -10,19 +10,18 @@ table of docs/METHODS.md §4.2, not read from the adapter. The models are tiny, 
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import pytest
 import torch
+from by_path import root_fixtures
+from tiny_clip import make_clip
 
 import lrp_core
 import widgets
-from by_path import root_fixtures
 from lrp_core.methods import registry
-from tiny_clip import make_clip
 from widgets import _engine, views
-
 
 ROOT = root_fixtures()  # tests/conftest.py by path (the name ``conftest`` is this folder's own here)
 GRID, P = (4, 4), 16
