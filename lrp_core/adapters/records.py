@@ -25,8 +25,6 @@ class AttentionRecord:
         ctx: (B, H, N, d) ``A @ v``.
         o: (B, N, H·d) the heads concatenated (after any context norm), input of the output projection.
         lin: outputs of the attention's Linears by role: ``"qkv"`` or ``"q"``, ``"k"``, ``"v"``; ``"proj"``.
-        scores: unused (``None``): the relevance pass recomputes the scaled ``q·kᵀ`` from q and k rather
-            than the replay keeping an (B, H, N, N) map per block.
         bias: (B, 1, 1, N) the additive padding mask, (B, 1, N, N) a causal one, or ``None``.
         q_pre, k_pre: decoders with rotary embeddings: q (B, H, N, d) and k (B, Hkv, N, d) before the rotation
             (``q``, ``k`` are after it; ``k`` and ``v`` hold the Hkv shared heads, not repeated).
@@ -42,7 +40,6 @@ class AttentionRecord:
     ctx: Tensor
     o: Tensor
     lin: dict
-    scores: Optional[Tensor] = None
     bias: Optional[Tensor] = None
     q_pre: Optional[Tensor] = None
     k_pre: Optional[Tensor] = None
@@ -67,7 +64,6 @@ class BlockRecord:
             or the fused gate-up one, and ``"gate"`` the gate projection where it is separate).
         gate: gated MLPs: (B, N, D_mlp) ``act(gate(m))``, the first operand of the product ``g``.
         up: gated MLPs: (B, N, D_mlp) ``up(m)``, the second operand.
-        att_out, mlp_out: post-branch norms (Gemma 3): the branch output before its norm.
     """
 
     x: Tensor
@@ -81,8 +77,6 @@ class BlockRecord:
     lin: dict
     gate: Optional[Tensor] = None
     up: Optional[Tensor] = None
-    att_out: Optional[Tensor] = None
-    mlp_out: Optional[Tensor] = None
 
 
 @dataclass

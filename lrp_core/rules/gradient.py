@@ -297,9 +297,6 @@ class PositionLeaves:
         """Every leaf made, in the order first met."""
         return [leaf for _, leaf, _ in self._leaves.values()]
 
-    def kinds(self) -> set[str]:
-        return {k for _, _, k in self._leaves.values()}
-
 
 class PositionalRotary(GradientRule):
     """PA-LRP's RoPE rule: ``x·cos + rotate_half(x)·sin`` with ``cos`` and ``sin`` inputs, each product under the
