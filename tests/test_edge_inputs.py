@@ -15,12 +15,12 @@ What is correct in each case:
 """
 import pytest
 import torch
-
-import lrp_core
-from lrp_core.errors import InputError
 from conftest import make_tiny_bert
 from decoders import make_decoder, quick
 from tiny_clip import make_clip
+
+import lrp_core
+from lrp_core.errors import InputError
 
 METHODS = lrp_core.METHODS
 BASELINE_DROP = ("occlusion", "kernel_shap")  # one feature: the whole drop to the zero embedding

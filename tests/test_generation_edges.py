@@ -3,12 +3,13 @@ bad token ids (refused before any step is computed), and a one-token prompt."""
 import numpy as np
 import pytest
 import torch
+from decoders import batch as decoder_batch
+from decoders import make_decoder
+from decoders import rows as decoder_rows
 
 import lrp_core
 from lrp_core.errors import InputError, UnknownMethodError
 from lrp_core.methods.generation import explain_generation
-from decoders import make_decoder
-from decoders import batch as decoder_batch, rows as decoder_rows
 
 PROMPTS = decoder_rows(seed=3, lengths=(4, 6))  # gpt2 (seed 0) writes [71, 2, 71, 36, 23] and [2, 2, 2, 2, 2]
 

@@ -12,8 +12,8 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..runtime.wrappers import unwrap
-from .linear import check_peft_layers
 from .base import Adapter, BlockRelevance, TokenLayout, Trace
+from .linear import check_peft_layers
 
 
 def _mro_names(model: nn.Module) -> set:

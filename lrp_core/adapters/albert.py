@@ -24,8 +24,8 @@ from ..errors import UnsupportedModelError
 from ..rules.composites import ELEMENTWISE, LINEAR
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
-from .readouts import HeadLayer
 from .linear import is_linear
+from .readouts import HeadLayer
 
 
 class AlbertAdapter(BertAdapter):

@@ -19,9 +19,9 @@ from ..rules.composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD, Pro
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized
+from .linear import is_linear
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
-from .linear import is_linear
 
 #: Additive mask value of the reference implementation; softmax gives exactly 0 there.
 MASK_VALUE = -10000.0

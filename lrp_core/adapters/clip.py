@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
+from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
 from .base import Adapter

@@ -32,9 +32,9 @@ from ..rules.composites import LINEAR, Propagation
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
+from .linear import is_linear
 from .readouts import HeadLayer, PositionReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
-from .linear import is_linear
 
 
 def position_ids(mask: Tensor) -> Tensor:

@@ -20,8 +20,8 @@ from ..errors import UnsupportedModelError
 from ..rules.composites import ELEMENTWISE, LINEAR
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
-from .readouts import HeadLayer
 from .linear import is_linear
+from .readouts import HeadLayer
 
 #: the classifier's ReLU (the model applies a fresh ``nn.ReLU()`` inline; it has no state)
 _RELU = nn.ReLU()

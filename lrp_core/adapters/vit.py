@@ -23,9 +23,9 @@ from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagati
 from .base import Adapter
 from .blocks import IDENTITY, PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
+from .linear import is_linear
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
-from .linear import is_linear
 
 
 class ViTAdapter(Adapter):

@@ -39,7 +39,8 @@ STD: tuple[float, float, float] = (0.25, 0.25, 0.25)
 #: The ImageNet normalisation of the DINOv2 models (their preprocessing; ``lrp_core.models.dinov2`` reads it here).
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
-#: Side of the scenes drawn for ``dinov2-scenes`` (8 x 8 patches of 14 px); chosen by measurement, see docs/guide/embedded.md.
+#: Side of the scenes drawn for ``dinov2-scenes`` (8 x 8 patches of 14 px); chosen by measurement, see
+#: docs/guide/embedded.md.
 DINOV2_SCENE_SIZE = 112
 
 _CHUNK = 128  # images rendered at once (bounds the memory of the grids)

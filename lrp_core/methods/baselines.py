@@ -49,8 +49,8 @@ from torch import Tensor, nn
 
 from ..adapters.base import Adapter
 from ..errors import InputError, UnsupportedModelError
-from ..runtime.guard import engine_hook
 from ..runtime.extras import require
+from ..runtime.guard import engine_hook
 from .call import Call, MethodResult
 
 #: What ``baseline`` may name: images "zeros" | "blur", text "zeros" | "pad" | "mask" (or a token id).

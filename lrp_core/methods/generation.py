@@ -28,7 +28,6 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ..runtime.guard import eval_semantics, model_guard
 from ..runtime.wrappers import unwrap
-from .call import Contrast
 from ..viz.text import generation_html, page
 from .call import Contrast
 
@@ -432,7 +431,9 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
     scores, logits = _explain_steps(model, method, inputs, gen, negative, groups, active, P, progress, options)
     if negative is not None:
         negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
-    used = sorted(set(full_ids.flatten().tolist()) | set([] if negative is None else negative.flatten().tolist()) - {-1})
+    used = sorted(
+        set(full_ids.flatten().tolist()) | set([] if negative is None else negative.flatten().tolist()) - {-1}
+    )
     id_to_token = {} if tokenizer is None else dict(zip(used, tokenizer.convert_ids_to_tokens(used)))
     pieces = [[str(t) for t in (tokenizer.convert_ids_to_tokens(r.tolist()) if tokenizer is not None else r.tolist())]
               for r in full_ids]

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from ..errors import InputError
 from ..rules.composites import Composite
+from ..runtime import memory
 from .products import NORMS
 
 

@@ -15,14 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from . import baselines as CB
-from . import attention as A
-from . import lrp as LRP
-from . import perturbation as P
-from .call import Call, MethodResult, Options
-from . import options as O
 from ..errors import InputError, RuleSetError, UnknownMethodError, UnsupportedModelError
 from ..explanation import OPTIONAL_FIELDS
+from ..rules.ops import EXPLICIT, MODIFIED_GRADIENT
 from ..runtime.memory import BACKWARD, GRAPH, MODIFIED, PLAIN, RELPROP, Profile
 from . import attention as A
 from . import baselines as CB
@@ -31,7 +26,6 @@ from . import options as O
 from . import perturbation as P
 from .call import Call, MethodResult, Options
 from .options import GENERIC_OPTIONS
-from ..rules.ops import EXPLICIT, MODIFIED_GRADIENT
 
 #: Every option a method may take, with what it means (for error messages and docs): read from
 #: :data:`lrp_core.options.OPTIONS`, where each option is declared.

@@ -10,12 +10,33 @@ A user's rule set is one line from here, passed to ``explain(..., composite=...)
     from lrp_core.rules import ATTNLRP, GammaGradient
     gamma_mlps = ATTNLRP.with_rules(by_name={"blocks.*.mlp.*": GammaGradient(0.25)})
 """
-from .composites import (ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Composite)
+from .composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Composite
 from .explicit import EpsilonLinear, GammaLinear
 from .gradient import EpsilonGradient, GammaGradient, Gradient
-from .ops import (ADD, ATTENTION, CLONE, ELEMENTWISE, GATE_MUL, KV_REPEAT, LAYERNORM, LINEAR, MASK_ADD, MATMUL_AV,
-                  MATMUL_QK, OP_KINDS, PATCH_CONV, POOL, POS_ADD, READOUT, RMSNORM, ROPE, SCALE, SOFTMAX,
-                  ExplicitRule, GradientRule)
+from .ops import (
+                  ADD,
+                  ATTENTION,
+                  CLONE,
+                  ELEMENTWISE,
+                  GATE_MUL,
+                  KV_REPEAT,
+                  LAYERNORM,
+                  LINEAR,
+                  MASK_ADD,
+                  MATMUL_AV,
+                  MATMUL_QK,
+                  OP_KINDS,
+                  PATCH_CONV,
+                  POOL,
+                  POS_ADD,
+                  READOUT,
+                  RMSNORM,
+                  ROPE,
+                  SCALE,
+                  SOFTMAX,
+                  ExplicitRule,
+                  GradientRule,
+)
 
 __all__ = ["Composite", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "ATTNLRP", "CP_LRP", "GammaLinear",
            "EpsilonLinear", "GammaGradient", "EpsilonGradient", "Gradient", "ExplicitRule", "GradientRule", "OP_KINDS",

@@ -22,17 +22,70 @@ from torch import Tensor, nn
 
 from ..errors import RuleSetError, UnknownNameError
 from .explicit import *  # noqa: F401,F403  (the rule objects, importable from here as before)
-from .explicit import (BaselineLinear, Clone, EpsilonLinear, GammaLinear, GenericAdd, HalvedMatMul, HalvedProduct,
-                       Identity, NoExplicitFusedAttention, NormalizedAdd, Rotary, Select, SharedHeads, SignedLinear,
-                       WeightedSum, ZBox)
+from .explicit import (
+    BaselineLinear,
+    Clone,
+    GenericAdd,
+    HalvedMatMul,
+    HalvedProduct,
+    Identity,
+    NoExplicitFusedAttention,
+    NormalizedAdd,
+    Rotary,
+    Select,
+    SharedHeads,
+    SignedLinear,
+    WeightedSum,
+    ZBox,
+)
 from .gradient import *  # noqa: F401,F403
-from .gradient import (DetachedGate, DetachedOperands, DetachedRMSNorm, DetachedStdLayerNorm, EpsilonGradient,
-                       FusedAttentionCP, FusedAttentionCPHalved, FusedAttentionLRP, GammaGradient, Gradient,
-                       HalvedGradient, IdentityRule, PositionalAdd, PositionalRotary, PositionLeaves)
+from .gradient import (
+    DetachedGate,
+    DetachedOperands,
+    DetachedRMSNorm,
+    DetachedStdLayerNorm,
+    FusedAttentionCP,
+    FusedAttentionCPHalved,
+    FusedAttentionLRP,
+    Gradient,
+    HalvedGradient,
+    IdentityRule,
+    PositionalAdd,
+    PositionalRotary,
+    PositionLeaves,
+)
 from .ops import *  # noqa: F401,F403  (operation kinds and rule contracts, importable from here as before)
-from .ops import (ADD, ATTENTION, CLONE, ELEMENTWISE, EXPLICIT, GATE_MUL, KV_REPEAT, LAYER_KINDS, LAYERNORM, LINEAR,
-                  MASK_ADD, MATMUL_AV, MATMUL_QK, MODIFIED_GRADIENT, OP_KINDS, PASS_KINDS, PATCH_CONV, POOL,
-                  POS_ADD, READOUT, RMSNORM, ROPE, SCALE, SOFTMAX, ExplicitRule, GradientRule, Op, RelevanceIn, Rule)
+from .ops import (
+    ADD,
+    ATTENTION,
+    CLONE,
+    ELEMENTWISE,
+    EXPLICIT,
+    GATE_MUL,
+    KV_REPEAT,
+    LAYER_KINDS,
+    LAYERNORM,
+    LINEAR,
+    MASK_ADD,
+    MATMUL_AV,
+    MATMUL_QK,
+    MODIFIED_GRADIENT,
+    OP_KINDS,
+    PASS_KINDS,
+    PATCH_CONV,
+    POOL,
+    POS_ADD,
+    READOUT,
+    RMSNORM,
+    ROPE,
+    SCALE,
+    SOFTMAX,
+    ExplicitRule,
+    GradientRule,
+    Op,
+    RelevanceIn,
+    Rule,
+)
 
 
 # ----------------------------------------------------------------------------

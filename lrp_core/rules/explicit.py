@@ -8,11 +8,26 @@ from __future__ import annotations
 
 import math
 
-from . import functional as F
 from ..adapters.linear import effective_linear
 from ..errors import RuleSetError, UnsupportedModelError
-from .ops import (ADD, ATTENTION, CLONE, GATE_MUL, KV_REPEAT, LINEAR, MASK_ADD, MATMUL_AV, MATMUL_QK, PATCH_CONV, POOL,
-                  POS_ADD, READOUT, ROPE, ExplicitRule)
+from . import functional as F
+from .ops import (
+    ADD,
+    ATTENTION,
+    CLONE,
+    GATE_MUL,
+    KV_REPEAT,
+    LINEAR,
+    MASK_ADD,
+    MATMUL_AV,
+    MATMUL_QK,
+    PATCH_CONV,
+    POOL,
+    POS_ADD,
+    READOUT,
+    ROPE,
+    ExplicitRule,
+)
 
 
 def _linear_parts(module, cache):
@@ -256,4 +271,22 @@ class NoExplicitFusedAttention(ExplicitRule):
                                     "eagerly (the fused kind is for modified-gradient rules only)")
 
 
-__all__ = ["Identity", "SignedLinear", "BaselineLinear", "GammaLinear", "EpsilonLinear", "check_coefficient", "NormalizedAdd", "GenericAdd", "HalvedMatMul", "Clone", "Select", "WeightedSum", "ZBox", "Rotary", "SharedHeads", "HalvedProduct", "NoExplicitFusedAttention"]
+__all__ = [
+    "Identity",
+    "SignedLinear",
+    "BaselineLinear",
+    "GammaLinear",
+    "EpsilonLinear",
+    "check_coefficient",
+    "NormalizedAdd",
+    "GenericAdd",
+    "HalvedMatMul",
+    "Clone",
+    "Select",
+    "WeightedSum",
+    "ZBox",
+    "Rotary",
+    "SharedHeads",
+    "HalvedProduct",
+    "NoExplicitFusedAttention",
+]

@@ -10,12 +10,23 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from . import functional as F
 from ..adapters.linear import effective_linear, is_linear
 from ..errors import UnsupportedModelError
+from . import functional as F
 from .explicit import check_coefficient
-from .ops import (ATTENTION, ELEMENTWISE, GATE_MUL, LAYERNORM, LINEAR, MATMUL_AV, MATMUL_QK, POS_ADD, RMSNORM, ROPE,
-                  GradientRule)
+from .ops import (
+    ATTENTION,
+    ELEMENTWISE,
+    GATE_MUL,
+    LAYERNORM,
+    LINEAR,
+    MATMUL_AV,
+    MATMUL_QK,
+    POS_ADD,
+    RMSNORM,
+    ROPE,
+    GradientRule,
+)
 
 #: the identity rule's stabiliser (a plain +1e-10, as in LXT; not sign-matched)
 IDENTITY_RULE_EPS = 1e-10
@@ -336,6 +347,21 @@ class PositionalAdd(GradientRule):
         return fn(tokens, self.positions.leaf(pos, tokens.shape[0], "add"))
 
 
-__all__ = ["IDENTITY_RULE_EPS", "Gradient", "GammaGradient", "EpsilonGradient", "IdentityRule", "DetachedStdLayerNorm", "HalvedGradient", "DetachedOperands", "DetachedRMSNorm", "DetachedGate", "FusedAttentionLRP", "FusedAttentionCP",
-           "FusedAttentionCPHalved",
-           "PositionLeaves", "PositionalRotary", "PositionalAdd"]
+__all__ = [
+    "IDENTITY_RULE_EPS",
+    "Gradient",
+    "GammaGradient",
+    "EpsilonGradient",
+    "IdentityRule",
+    "DetachedStdLayerNorm",
+    "HalvedGradient",
+    "DetachedOperands",
+    "DetachedRMSNorm",
+    "DetachedGate",
+    "FusedAttentionLRP",
+    "FusedAttentionCP",
+    "FusedAttentionCPHalved",
+    "PositionLeaves",
+    "PositionalRotary",
+    "PositionalAdd",
+]

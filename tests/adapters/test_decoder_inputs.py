@@ -16,12 +16,12 @@ import copy
 
 import pytest
 import torch
+from decoders import batch, make_decoder, rows
+from text_families import make, text_batch
 
 import lrp_core
-from decoders import batch, make_decoder, rows
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import InputError
-from text_families import make, text_batch
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

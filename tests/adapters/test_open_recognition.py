@@ -18,11 +18,10 @@ import re
 import pytest
 import torch
 import transformers as T
-
 from decoders import batch, model_logits, perturb, quick, rows
+
 from lrp_core import explain
-from lrp_core.adapters import get_adapter
-from lrp_core.adapters import recognise
+from lrp_core.adapters import get_adapter, recognise
 from lrp_core.adapters.recognise import OpenDecoderAdapter
 from lrp_core.errors import UnsupportedModelError
 from lrp_core.methods.registry import DECODER_METHODS

@@ -75,14 +75,23 @@ def _images() -> torch.Tensor:
 
 CASES = {
     "bert": lambda: (_adapted(make_tiny_bert().double(), _lora(target_modules=BERT_TARGETS)), _bert_inputs()),
-    "vit": lambda: (_adapted(make_tiny_vit().double(), _lora(target_modules=r".*\.(qkv|attn\.proj|fc1|fc2)|head")),
-                    _images()),
-    "llama": lambda: (_adapted(make_decoder("llama"), _lora(target_modules=DECODER_TARGETS)), batch(rows(lengths=(4, 6)))),
+    "vit": lambda: (
+        _adapted(make_tiny_vit().double(), _lora(target_modules=r".*\.(qkv|attn\.proj|fc1|fc2)|head")),
+        _images(),
+    ),
+    "llama": lambda: (
+        _adapted(make_decoder("llama"), _lora(target_modules=DECODER_TARGETS)),
+        batch(rows(lengths=(4, 6))),
+    ),
     # SEQ_CLS: a PeftModelForSequenceClassification, its classifier in a ModulesToSaveWrapper
-    "llama_seq": lambda: (_adapted(make_decoder("llama", head="seq"),
-                                   _lora(task_type="SEQ_CLS", target_modules=DECODER_TARGETS)), batch(rows(lengths=(4, 6)))),
-    "gpt2": lambda: (_adapted(make_decoder("gpt2"), _lora(target_modules=GPT2_TARGETS, fan_in_fan_out=True)),
-                     batch(rows(lengths=(4, 6)))),
+    "llama_seq": lambda: (
+        _adapted(make_decoder("llama", head="seq"), _lora(task_type="SEQ_CLS", target_modules=DECODER_TARGETS)),
+        batch(rows(lengths=(4, 6))),
+    ),
+    "gpt2": lambda: (
+        _adapted(make_decoder("gpt2"), _lora(target_modules=GPT2_TARGETS, fan_in_fan_out=True)),
+        batch(rows(lengths=(4, 6))),
+    ),
 }
 
 
@@ -179,7 +188,12 @@ def test_dora_ia3_and_lora_bias_are_explained_as_their_merged_copies(kind, famil
         model, targets, inputs, extra = make_tiny_bert().double(), BERT_TARGETS, _bert_inputs(), {}
         feedforward = ["dense"]
     else:
-        model, targets, inputs, extra = make_decoder("gpt2"), GPT2_TARGETS, batch(rows(lengths=(4, 6))), {"fan_in_fan_out": True}
+        model, targets, inputs, extra = (
+            make_decoder("gpt2"),
+            GPT2_TARGETS,
+            batch(rows(lengths=(4, 6))),
+            {"fan_in_fan_out": True},
+        )
         feedforward = ["c_proj"]
     config = {"dora": lambda: _lora(target_modules=targets, use_dora=True, **extra),
               "lora_bias": lambda: _lora(target_modules=targets, lora_bias=True, **extra),

@@ -9,9 +9,22 @@ from conftest import make_tiny_bert, make_tiny_vit
 from lrp_core import InputError, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import RuleSetError
-from lrp_core.rules import (ATTNLRP, CP_LRP, LINEAR, LRP_BASELINE, PATCH_CONV, SOFTMAX, TRANSFORMER_ATTRIBUTION,
-                            Composite, EpsilonGradient, EpsilonLinear, ExplicitRule, GammaGradient, GammaLinear,
-                            Gradient)
+from lrp_core.rules import (
+    ATTNLRP,
+    CP_LRP,
+    LINEAR,
+    LRP_BASELINE,
+    PATCH_CONV,
+    SOFTMAX,
+    TRANSFORMER_ATTRIBUTION,
+    Composite,
+    EpsilonGradient,
+    EpsilonLinear,
+    ExplicitRule,
+    GammaGradient,
+    GammaLinear,
+    Gradient,
+)
 from lrp_core.rules import functional as F
 
 DT = torch.float64
@@ -46,7 +59,7 @@ def _by_hand(x, W, b, R, gamma: float, eps: float) -> torch.Tensor:
             if z == 0:
                 continue
             sign = 1.0 if z > 0 else -1.0
-            boost = lambda c: c + gamma * c if c * sign > 0 else c  # noqa: E731  (a contribution of z's sign)
+            boost = lambda c, sign=sign: c + gamma * c if c * sign > 0 else c  # noqa: E731  (a contribution of z's sign)
             parts = [boost(float(x[n, i] * W[j, i])) for i in range(W.shape[1])]
             den = sum(parts) + boost(float(b[j])) + eps * sign
             for i in range(W.shape[1]):
@@ -253,9 +266,12 @@ def test_a_name_pattern_that_changes_nothing_is_refused(pattern, why):
     before = _state(model)
     method, composite = ("partial_lrp", LRP_BASELINE.with_rules(by_name={pattern: GammaLinear(0.25)})) \
         if why.startswith("partial") else ("attnlrp", ATTNLRP.with_rules(by_name={pattern: GammaGradient(0.25)}))
-    with pytest.raises(RuleSetError, match=rf"method '{method}': composite .* chose no rule with name pattern "
-                                           rf"'{pattern.replace('.', '[.]').replace('*', '[*]')}' .*matched no layer of "
-                                           r"kind linear the pass asked a rule for; those are named .*blocks\.[02]\.mlp\.fc1"):
+    with pytest.raises(
+        RuleSetError,
+        match=rf"method '{method}': composite .* chose no rule with name pattern "
+        rf"'{pattern.replace('.', '[.]').replace('*', '[*]')}' .*matched no layer of "
+        r"kind linear the pass asked a rule for; those are named .*blocks\.[02]\.mlp\.fc1",
+    ):
         explain(model, x, method=method, composite=composite)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in model.modules())

@@ -150,8 +150,9 @@ class _Untouched:
 
 #: every method on one model of each adapter kind (timm ViT, BERT, the decoders' Llama); on the other heads and
 #: GPT-2 the methods that put hooks of the engine's own on the model (the Captum baselines) and one relevance pass
-CASES = [(name, method) for name in ("vit", "bert", "llama-causal") for method in METHODS] + \
-        [(name, method) for name in ("llama-seq", "gpt2-causal", "gpt2-seq") for method in CAPTUM_METHODS + ("attnlrp",)]
+CASES = [(name, method) for name in ("vit", "bert", "llama-causal") for method in METHODS] + [
+    (name, method) for name in ("llama-seq", "gpt2-causal", "gpt2-seq") for method in CAPTUM_METHODS + ("attnlrp",)
+]
 
 
 @pytest.mark.parametrize("name, method", CASES)
