@@ -32,8 +32,8 @@ class Conv1DLinear(LinearView):
     rules (signed, baseline, plain gradient) read the facts they expect. A peft layer on the conv (LoRA with
     ``fan_in_fan_out``, IA³) is viewed the same way, its adapters added in (:func:`effective_linear`). The conv
     is not registered as a submodule: the view owns no parameters, and always reads the conv's current tensors
-    (after ``model.double()`` too). ``forward`` runs the conv itself, so the replay computes exactly what the model does and hooks the user
-    put on the conv fire as they would.
+    (after ``model.double()`` too). ``forward`` runs the conv itself, so the replay computes exactly what the
+    model does and hooks the user put on the conv fire as they would.
     """
 
     def __init__(self, conv: nn.Module):
