@@ -18,7 +18,7 @@ LAB_ARGS ?=
 USER_ID  ?= $(shell id -u)
 LAB_ROOT := $(if $(filter 0,$(USER_ID)),--allow-root)
 
-.PHONY: install lab test browser bench bench-quick evaluate wheelhouse figures answers clean
+.PHONY: install lab test typecheck browser bench bench-quick evaluate wheelhouse figures answers clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ lab: $(STAMP)
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest
+
+# mypy over lrp_core and widgets, with the strictness of pyproject.toml's [tool.mypy] (docs/ARCHITECTURE.md).
+typecheck: $(STAMP)
+	$(BIN)/python -m mypy lrp_core widgets
 
 # Every wheel `make install` needs, for this machine's Python and platform (run it
 # on a machine like the room's). WHEELHOUSE_DIR is where they go.

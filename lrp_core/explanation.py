@@ -205,10 +205,12 @@ class Explanation(ResultFields):
 
     def upsample(self, size: Optional[tuple[int, int]] = None, mode: str = "bilinear") -> torch.Tensor:
         """Patch scores upsampled to the image size (or ``size``): (B, H, W)."""
-        size = tuple(size or self.image_size)  # type: ignore[arg-type]
         grid = self.patch_map().unsqueeze(1)
+        hw = size or self.image_size
+        if hw is None:
+            raise InputError("upsample() needs a size: this explanation records no image size")
         kwargs = {"align_corners": False} if mode in ("bilinear", "bicubic") else {}
-        return F.interpolate(grid, size=size, mode=mode, **kwargs).squeeze(1)
+        return F.interpolate(grid, size=tuple(hw), mode=mode, **kwargs).squeeze(1)
 
     def pixel_map(self) -> torch.Tensor:
         """(B, H, W): the pixel relevance where the method computed it (``pixels``), else the upsampled patch map."""

@@ -73,7 +73,8 @@ class Call:
     opt: Options
     concept: Optional[ConceptTarget] = None
     negative: Optional[Tensor] = None
-    readout: Optional[Readout] = None
+    # ``None`` (the default) is replaced in __post_init__, so every method reads a Readout
+    readout: Readout = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.readout is None:

@@ -162,7 +162,7 @@ def _option(default: T, help: str, check: Callable[[Any, int], Any], none_is_val
     kept in the field's metadata. Typed as its default, as :func:`dataclasses.field` is, so a type checker
     checks the default against the field's annotation."""
     meta = {"help": help, "check": check, "none_is_value": none_is_value, "generic": generic}
-    return field(default=default, metadata=meta)  # type: ignore[return-value]  # a Field stands for its default
+    return field(default=default, metadata=meta)  # typed _T by dataclasses, as its default
 
 
 @dataclass
@@ -175,30 +175,9 @@ class Options:
     read from these fields. Which method takes which option is ``MethodSpec.options`` in
     :mod:`lrp_core.methods.registry`; per-modality defaults (``MethodSpec.defaults``) come before these.
 
-    Attributes
-    ----------
-    start_layer, end_layer : int, int or None
-        First and last block of the layer product, 0 … L-1 (``end_layer`` ``None``: the last block).
-    rollout_norm : str or None
-        Normalisation of each factor ``I + Ā_b`` (:data:`lrp_core.methods.products.NORMS`).
-    use_gradient : bool
-        Weight ``R^A`` by ``∇A`` (transformer attribution).
-    progress : bool or None
-        A progress bar (``None``: only for long runs).
-    keep_heads : bool
-        Also return the per-head matrices.
-    batch_size : int
-        Sequences per forward pass (token ablation, the Captum baselines).
-    position : int, Tensor (B,) of int64 or None
-        Decoder LMs: the token whose prediction is explained.
-    n_steps, baseline, n_samples, stdevs, seed : int, str or int, int, float, int
-        The Captum baselines' integration steps, reference input, samples, noise and seed.
-    base : str
-        ``pa_lrp``'s rule set.
-    max_memory : float or None
-        Bytes a call may use (``math.inf``: never split; ``None``: half the free memory).
-    chunk_size : int or None
-        Samples per piece, instead of ``max_memory``.
+    Each field's help text, written next to it, says what it means (:func:`describe` quotes it in error
+    messages); :func:`lrp_core.explain`'s docstring documents every option for the user, with the methods
+    that take it and their per-modality defaults.
     """
 
     start_layer: int = _option(0, "first block in the layer product (0-based; negative counts from the end)",
