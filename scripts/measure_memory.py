@@ -104,7 +104,7 @@ def measure_here(a) -> dict:
     import torch
     torch.set_num_threads(a.threads)
     from lrp_core import explain
-from lrp_core.runtime import memory
+    from lrp_core.runtime import memory
     from lrp_core.adapters import get_adapter
     dtype = getattr(torch, a.dtype)
     model, batch = build(a.family, a.width, a.blocks, a.heads, a.tokens)
