@@ -49,6 +49,10 @@ docs: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/python -m ruff check lrp_core widgets tests scripts
 
+# mypy over lrp_core and widgets, with the strictness of pyproject.toml's [tool.mypy] (docs/ARCHITECTURE.md).
+typecheck: $(STAMP)
+	$(BIN)/python -m mypy lrp_core widgets
+
 # Every wheel `make install` needs, for this machine's Python and platform (run it
 # on a machine like the room's). WHEELHOUSE_DIR is where they go.
 WHEELHOUSE_DIR ?= wheelhouse

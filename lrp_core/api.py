@@ -9,7 +9,7 @@ the model guard (:mod:`lrp_core.runtime.guard`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NoReturn, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -19,56 +19,127 @@ from .errors import InputError
 from .explanation import Explanation, result_fields
 from .methods import registry
 from .methods.call import Call, ConceptTarget, Contrast, one_hot
+from .methods.options import OPTIONS
 from .methods.targets import Target, goal, resolver
-from .rules.composites import TRANSFORMER_ATTRIBUTION
+from .rules.composites import TRANSFORMER_ATTRIBUTION, Composite
 from .runtime import pieces
 from .runtime.guard import model_guard, public_call
+from .runtime.memory import MaxMemory
 
 #: Every method ``explain`` knows, in the order the course introduces them.
 METHODS: tuple[str, ...] = registry.METHOD_NAMES
+#: The options ``explain`` takes as keyword-only parameters: the fields of :class:`~lrp_core.methods.options.Options`.
+OPTION_NAMES: frozenset[str] = frozenset(o.name for o in OPTIONS)
 
 
 @public_call
-def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None,
-            **options: Any) -> Explanation:
+def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None, *,
+            start_layer: Optional[int] = None, end_layer: Optional[int] = None,
+            rollout_norm: Optional[Literal["none", "row"]] = None, use_gradient: Optional[bool] = None,
+            keep_heads: Optional[bool] = None, batch_size: Optional[int] = None,
+            n_steps: Optional[int] = None, baseline: Union[Literal["zeros", "blur", "pad", "mask"], int, None] = None,
+            n_samples: Optional[int] = None, stdevs: Optional[float] = None, seed: Optional[int] = None,
+            base: Optional[Literal["attnlrp", "cp_lrp", "cp_halved"]] = None, composite: Optional[Composite] = None,
+            progress: Optional[bool] = None, position: Union[int, Sequence[int], Tensor, None] = None,
+            max_memory: MaxMemory = None, chunk_size: Optional[int] = None,
+            **unknown: NoReturn) -> Explanation:
     """Explain a batch of predictions of an unmodified timm / Hugging Face Transformer.
 
-    Args:
-        model: a supported model (:data:`lrp_core.adapters.SUPPORTED`), also inside ``torch.compile`` /
-            ``DataParallel`` / ``DistributedDataParallel``. What the call changes (through the user's hooks) is
-            undone; what other threads change meanwhile stays (:mod:`lrp_core.runtime.guard`). Forward hooks on
-            modules the replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`.
-            The call works the same inside ``torch.no_grad()`` and ``torch.inference_mode()``.
-        inputs: images (B, 3, H, W) float (another float dtype is cast to the model's), or a tokenizer output
-            with ``input_ids`` and a 0/1 ``attention_mask``.
-        method: one of :data:`METHODS`.
-        target: ``None`` (argmax per sample), an int (Python or NumPy), a sequence / array of B ints, an integer
-            tensor (B,) — floats and bools are refused (:mod:`lrp_core.methods.targets`),
-            ``Contrast(positive, negative)`` (explain ``y_positive − y_negative``: "this class rather than that
-            one"), or — for methods that take one (``cdam``) — a :class:`ConceptTarget` from
-            :func:`concept_target`.
-        **options: the options the method takes (``lrp_core.registry.METHODS[method].options``); any other
-            option is an error naming the accepted ones. ``start_layer`` (first block in the layer product,
-            default 0; negative counts from the end), ``end_layer`` (last block, default the last),
-            ``rollout_norm`` ("none" | "row"; default "none" for images, "row" for text), ``use_gradient``
-            (default True; False is the paper's ablation), ``keep_heads`` (also return the per-head matrices),
-            ``batch_size`` (sequences per forward pass in ``token_ablation``). Every method also takes
-            ``progress`` (a progress bar; ``None``: only for long runs), ``max_memory`` and ``chunk_size``.
-        max_memory: the memory the call may use. ``None`` / ``"auto"`` (default): half of what the device of
-            the model has free (CPU: ``MemAvailable``; CUDA: ``torch.cuda.mem_get_info``); an int (bytes) or a
-            string such as ``"512MB"`` / ``"2GiB"``; ``float("inf")`` / ``"none"``: never split. A batch whose
-            estimated peak (:func:`lrp_core.runtime.memory.estimate`) exceeds it is explained in pieces of as many
-            samples as fit (at least one) and the results merged in batch order — every field, as if explained
-            at once. Each piece gets exactly the arithmetic of being explained alone; against the whole batch
-            at once it may differ by round-off, as a batch does from its samples one by one (the BLAS kernels
-            depend on the number of rows; docs/ARCHITECTURE.md, "Memory and pieces").
-        chunk_size: explain in pieces of at most this many samples (an int ≥ 1) instead; giving it together
-            with an explicit ``max_memory`` is an error. Padded text is grouped by length first (each group
-            explained unpadded, docs/METHODS.md §5.8), then each group is cut into pieces.
+    Every option is keyword-only and ``None`` by default, which means the method's default (per input
+    modality where the method has one, ``MethodSpec.defaults``). A method takes the options listed for it below
+    and the four every method takes (``progress``, ``position``, ``max_memory``, ``chunk_size``); any other
+    option, or a misspelled one, is an :class:`~lrp_core.errors.InputError` naming the accepted ones.
 
-    Returns:
-        An :class:`Explanation` with ``scores`` (B, T) and what the method aggregated.
+    Parameters
+    ----------
+    model : nn.Module
+        A supported model (:data:`lrp_core.adapters.SUPPORTED`), also inside ``torch.compile`` /
+        ``DataParallel`` / ``DistributedDataParallel``. What the call changes (through the user's hooks) is
+        undone; what other threads change meanwhile stays (:mod:`lrp_core.runtime.guard`). Forward hooks on
+        modules the replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`.
+        The call works the same inside ``torch.no_grad()`` and ``torch.inference_mode()``.
+    inputs : Tensor (B, 3, H, W) or Mapping[str, Tensor]
+        Images, float (another float dtype is cast to the model's), or a tokenizer output with ``input_ids``
+        (B, T) and a 0/1 ``attention_mask`` (B, T).
+    method : str
+        One of :data:`METHODS`.
+    target : None, int, sequence of B ints, Tensor (B,), Contrast or ConceptTarget
+        ``None`` (argmax per sample), an int (Python or NumPy), a sequence / array of B ints, an integer tensor
+        (B,) — floats and bools are refused (:mod:`lrp_core.methods.targets`); ``Contrast(positive, negative)``
+        (explain ``y_positive − y_negative``: "this class rather than that one"); or, for the methods that take
+        one (``cdam``), a :class:`ConceptTarget` from :func:`concept_target`.
+    start_layer : int, optional
+        ``transformer_attribution``, ``generic_attention``, ``rollout``: the first block in the layer product
+        (default 0; negative counts from the end).
+    end_layer : int, optional
+        ``transformer_attribution``, ``rollout``: the last block in the layer product (default the last).
+    rollout_norm : {"none", "row"}, optional
+        ``transformer_attribution``: the normalisation of each factor ``I + Ā_b`` (default "none" for images,
+        "row" for text).
+    use_gradient : bool, optional
+        ``transformer_attribution``: weight ``R^A`` by ``∇A`` (default True) or by ``A`` (False, the paper's
+        ablation).
+    keep_heads : bool, optional
+        ``transformer_attribution``, ``generic_attention``, ``rollout``, ``raw_attention``: also return the
+        per-head matrices ``layers_per_head`` (B, L, H, N, N) (default False).
+    batch_size : int, optional
+        ``token_ablation``, ``integrated_gradients``, ``smoothgrad``, ``occlusion``, ``kernel_shap``: sequences
+        per forward pass (default 64).
+    n_steps : int, optional
+        ``integrated_gradients``: integration steps (default 50).
+    baseline : {"zeros", "blur", "pad", "mask"} or int, optional
+        ``integrated_gradients``, ``occlusion``, ``kernel_shap``: the reference input, "zeros" | "blur" for
+        images, "zeros" | "pad" | "mask" | a token id for text (padding positions kept). Default "zeros" for
+        images and decoder LMs, "pad" for text encoders.
+    n_samples : int, optional
+        ``smoothgrad``: noisy copies per sample (default 16); ``kernel_shap``: coalitions per sample
+        (default 256).
+    stdevs : float, optional
+        ``smoothgrad``: the standard deviation of the Gaussian noise, in input units (default 0.6 for normalised
+        pixels, 0.02 for embedding entries).
+    seed : int, optional
+        ``smoothgrad``, ``kernel_shap``: the seed of the random draws, the same for every sample (default 0).
+    base : {"attnlrp", "cp_lrp", "cp_halved"}, optional
+        ``pa_lrp``: the rule set the positional rules are added to (default "attnlrp"; "cp_halved": the
+        authors' ViT rules, CP-LRP with A·V's ÷2 kept, not conservative).
+    composite : Composite, optional
+        ``lrp``, ``partial_lrp``, ``attnlrp``, ``cp_lrp``: the rule set of the relevance pass
+        (:class:`lrp_core.rules.Composite`; default: the method's own). ``lrp`` and ``partial_lrp`` take an
+        explicit-pass set (from ``LRP_BASELINE``), ``attnlrp`` and ``cp_lrp`` a modified-gradient one (from
+        ``ATTNLRP`` / ``CP_LRP``), e.g. ``ATTNLRP.with_rules(by_name={"blocks.*.mlp.*": GammaGradient(0.25)})``.
+    progress : bool, optional
+        Every method: a progress bar (True), none (False); default only for long runs.
+    position : int, sequence of B ints or Tensor (B,), optional
+        Every method, decoder language models only: the token whose prediction is explained, one for all rows
+        or one per row (default: each row's last real token; negative counts from the end).
+    max_memory : int, float or str, optional
+        Every method: the memory the call may use. ``None`` / ``"auto"`` (default): half of what the device of
+        the model has free (CPU: ``MemAvailable``; CUDA: ``torch.cuda.mem_get_info``); an int (bytes) or a
+        string such as ``"512MB"`` / ``"2GiB"``; ``float("inf")`` / ``"none"``: never split. A batch whose
+        estimated peak (:func:`lrp_core.runtime.memory.estimate`) exceeds it is explained in pieces of as many
+        samples as fit (at least one) and the results merged in batch order — every field, as if explained at
+        once. Each piece gets exactly the arithmetic of being explained alone; against the whole batch at once
+        it may differ by round-off, as a batch does from its samples one by one (the BLAS kernels depend on the
+        number of rows; docs/ARCHITECTURE.md, "Memory and pieces").
+    chunk_size : int, optional
+        Every method: explain in pieces of at most this many samples (an int ≥ 1) instead; giving it together
+        with an explicit ``max_memory`` is an error. Padded text is grouped by length first (each group
+        explained unpadded, docs/METHODS.md §5.8), then each group is cut into pieces.
+    **unknown
+        No other keyword is accepted: one is an :class:`~lrp_core.errors.InputError` naming the accepted
+        options (typed ``NoReturn`` so that a type checker flags it too).
+
+    Returns
+    -------
+    Explanation
+        ``scores`` (B, T), ``target`` (B,), ``logits`` (B, C), and the fields the method fills
+        (``lrp_core.methods.registry.METHODS[method].returns``: ``layers`` (B, L, N, N), ``pixels`` (B, H, W),
+        ...); ``options`` holds the options the method used.
     """
+    # the options given, by name: every parameter after ``target`` that is not None, and the unknown ones
+    # (refused by parse_options with the accepted ones named)
+    given = {k: v for k, v in locals().items() if k in OPTION_NAMES and v is not None}
+    options = {**given, **unknown}
     spec = registry.get(method)
     adapter = get_adapter(model).for_inputs(inputs)
     registry.check_model(spec, adapter)

@@ -1,18 +1,22 @@
-"""The result object of :func:`lrp_core.explain`, and the one list of its per-sample fields.
+"""The result object of :func:`lrp_core.explain`, and the one declaration of its per-sample fields.
 
-:data:`RESULT_FIELDS` names every field a method computes per sample (scores,
-target, logits, and what a method may add: pixels, layers, ...), its shape and
-how pieces of a batch are merged. :class:`lrp_core.methods.MethodResult` is
-built from it; :class:`Explanation` declares the same fields (checked at import),
-and ``Explanation.__getitem__``, the merge of pieces (``lrp_core.pieces.merge``)
-and ``explain``'s hand-over (:func:`result_fields`) loop over it. Which
-method fills which optional field is ``MethodSpec.returns`` in
-:mod:`lrp_core.methods.registry` (:func:`lrp_core.registry.filled_by`).
+:class:`ResultFields` declares every field a method computes per sample
+(scores, target, logits, and what a method may add: pixels, layers, ...): its
+type, whether every method fills it, and in the field's metadata its shape and
+how pieces of a batch are merged. It is the one source of truth:
+:class:`lrp_core.methods.call.MethodResult` (what a method returns) and
+:class:`Explanation` (what ``explain`` returns) derive from it, so type checkers
+and editors see the fields on both, and :data:`RESULT_FIELDS` (what
+``Explanation.__getitem__``, the merge of pieces
+(:func:`lrp_core.runtime.pieces.merge`) and ``explain``'s hand-over
+(:func:`result_fields`) loop over) is read from its fields. Which method fills
+which optional field is ``MethodSpec.returns`` in
+:mod:`lrp_core.methods.registry` (:func:`lrp_core.methods.registry.filled_by`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from dataclasses import KW_ONLY, MISSING, dataclass, field, fields
+from typing import Any, Optional, get_type_hints
 
 import torch
 import torch.nn.functional as F
@@ -63,10 +67,11 @@ class Conservation:
 
 @dataclass(frozen=True)
 class ResultField:
-    """One per-sample field of a method's result.
+    """One per-sample field of a method's result, as :data:`RESULT_FIELDS` lists it.
 
     Attributes:
-        name: the attribute of :class:`~lrp_core.methods.MethodResult` and :class:`Explanation`.
+        name: the attribute of :class:`ResultFields` (so of :class:`~lrp_core.methods.call.MethodResult` and
+            :class:`Explanation`).
         shape: its shape, for docs (``B`` the batch, ``T`` tokens, ``N`` tokens incl. specials, ``L`` blocks).
         type: the annotation of the field.
         token_axes: how many trailing axes are token axes: merging pieces of padded text that were explained
@@ -83,20 +88,45 @@ class ResultField:
     detach: bool = False
 
 
-#: Every per-sample field of a result, in the order of :class:`~lrp_core.methods.MethodResult`. The batch
-#: dimension is the first of each; ``conservation`` is a :class:`Conservation` (its own per-sample totals).
-RESULT_FIELDS: tuple[ResultField, ...] = (
-    ResultField("scores", "(B, T)", torch.Tensor, token_axes=1, required=True, detach=True),
-    ResultField("target", "(B,)", torch.Tensor, required=True),
-    ResultField("logits", "(B, C)", torch.Tensor, required=True, detach=True),
-    ResultField("layers", "(B, L, N, N)", Optional[torch.Tensor], token_axes=2),
-    ResultField("layers_per_head", "(B, L, H, N, N)", Optional[torch.Tensor], token_axes=2),
-    ResultField("token_relevance", "(B, L, N)", Optional[torch.Tensor], token_axes=1),
-    ResultField("pixels", "(B, H, W)", Optional[torch.Tensor]),
-    ResultField("conservation", "Conservation of (B, ...) totals", Optional[Conservation]),
-    ResultField("convergence_delta", "(B,)", Optional[torch.Tensor], detach=True),
-    ResultField("positional", "(B, T)", Optional[torch.Tensor], token_axes=1, detach=True),
-)
+def _meta(shape: str, token_axes: int = 0, detach: bool = False) -> dict[str, Any]:
+    """The metadata of a field of :class:`ResultFields` (see :class:`ResultField`)."""
+    return {"shape": shape, "token_axes": token_axes, "detach": detach}
+
+
+@dataclass
+class ResultFields:
+    """The per-sample fields of a result: the declaration :data:`RESULT_FIELDS` is read from.
+
+    :class:`~lrp_core.methods.call.MethodResult` (what a method returns) and :class:`Explanation` (what
+    ``explain`` returns) both derive from this class, so each field is declared once, here: its type (the
+    annotation), whether every method fills it (no default) or only some (``None`` by default; which,
+    ``MethodSpec.returns`` in :mod:`lrp_core.methods.registry`), and in its metadata its shape, its token axes
+    and whether ``explain`` detaches it. The batch dimension is the first of each; ``conservation`` is a
+    :class:`Conservation` (its own per-sample totals). Each field is described in :class:`Explanation`.
+    """
+
+    scores: torch.Tensor = field(metadata=_meta("(B, T)", token_axes=1, detach=True))
+    target: torch.Tensor = field(metadata=_meta("(B,)"))
+    logits: torch.Tensor = field(metadata=_meta("(B, C)", detach=True))
+    layers: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B, L, N, N)", token_axes=2))
+    layers_per_head: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B, L, H, N, N)", token_axes=2))
+    token_relevance: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B, L, N)", token_axes=1))
+    pixels: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B, H, W)"))
+    conservation: Optional[Conservation] = field(default=None, metadata=_meta("Conservation of (B, ...) totals"))
+    convergence_delta: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B,)", detach=True))
+    positional: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B, T)", token_axes=1, detach=True))
+
+
+def _declared() -> tuple[ResultField, ...]:
+    """:data:`RESULT_FIELDS`, read from the fields of :class:`ResultFields`."""
+    hints = get_type_hints(ResultFields)
+    return tuple(ResultField(f.name, f.metadata["shape"], hints[f.name], f.metadata["token_axes"],
+                             required=f.default is MISSING, detach=f.metadata["detach"])
+                 for f in fields(ResultFields))
+
+
+#: Every per-sample field of a result, in the order of :class:`ResultFields`.
+RESULT_FIELDS: tuple[ResultField, ...] = _declared()
 #: The optional fields: what a method may add (``MethodSpec.returns``).
 OPTIONAL_FIELDS: tuple[str, ...] = tuple(f.name for f in RESULT_FIELDS if not f.required)
 
@@ -118,8 +148,11 @@ def _sample(value: Any, i: int) -> Any:
 
 
 @dataclass
-class Explanation:
+class Explanation(ResultFields):
     """Token relevance for a batch, with what was needed to compute it.
+
+    The per-sample fields (``scores`` … ``positional``) are those of :class:`ResultFields`, in its order; the
+    fields that describe the call (``method`` … ``options``) follow, keyword-only.
 
     Attributes:
         scores: (B, T) token relevance. ViT: patch tokens in raster order, no
@@ -151,21 +184,12 @@ class Explanation:
         options: the method options used.
     """
 
-    scores: torch.Tensor
-    target: torch.Tensor
-    logits: torch.Tensor
+    _: KW_ONLY
     method: str
-    pixels: Optional[torch.Tensor] = None
-    layers: Optional[torch.Tensor] = None
-    layers_per_head: Optional[torch.Tensor] = None
-    token_relevance: Optional[torch.Tensor] = None
     grid: Optional[tuple[int, int]] = None
     image_size: Optional[tuple[int, int]] = None
     start_layer: Optional[int] = None
     attention_mask: Optional[torch.Tensor] = None
-    conservation: Optional[Conservation] = None
-    convergence_delta: Optional[torch.Tensor] = None
-    positional: Optional[torch.Tensor] = None
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -181,10 +205,12 @@ class Explanation:
 
     def upsample(self, size: Optional[tuple[int, int]] = None, mode: str = "bilinear") -> torch.Tensor:
         """Patch scores upsampled to the image size (or ``size``): (B, H, W)."""
-        size = tuple(size or self.image_size)  # type: ignore[arg-type]
         grid = self.patch_map().unsqueeze(1)
+        hw = size or self.image_size
+        if hw is None:
+            raise InputError("upsample() needs a size: this explanation records no image size")
         kwargs = {"align_corners": False} if mode in ("bilinear", "bicubic") else {}
-        return F.interpolate(grid, size=size, mode=mode, **kwargs).squeeze(1)
+        return F.interpolate(grid, size=tuple(hw), mode=mode, **kwargs).squeeze(1)
 
     def pixel_map(self) -> torch.Tensor:
         """(B, H, W): the pixel relevance where the method computed it (``pixels``), else the upsampled patch map."""
@@ -199,10 +225,3 @@ class Explanation:
 
     def __len__(self) -> int:
         return self.batch_size
-
-
-# Explanation declares every result field by hand (its docstring documents them): a field added to
-# RESULT_FIELDS but not here fails at import instead of being dropped silently.
-_missing = {f.name for f in RESULT_FIELDS} - {f.name for f in fields(Explanation)}
-if _missing:
-    raise TypeError(f"Explanation lacks the result field(s) {sorted(_missing)} of RESULT_FIELDS")

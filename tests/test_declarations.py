@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
+import typing
 
 import pytest
 
 from lrp_core import InputError, explain
+from lrp_core.api import OPTION_NAMES
 from lrp_core.explanation import OPTIONAL_FIELDS, RESULT_FIELDS, Explanation
 from lrp_core.methods import registry
 from lrp_core.methods.call import MethodResult, Options
@@ -15,6 +19,7 @@ from lrp_core.methods.options import OPTIONS
 def test_options_defaults_and_help_come_from_the_declarations():
     assert [(f.name, f.default) for f in dataclasses.fields(Options)] == [(o.name, o.default) for o in OPTIONS]
     assert registry.OPTION_HELP == {o.name: o.help for o in OPTIONS}
+    assert {o.name: o.type for o in OPTIONS} == typing.get_type_hints(Options)
     for o in OPTIONS:  # every default passes its own check unchanged (4 blocks)
         assert o.check(o.default, 4) == o.default, o.name
 
@@ -45,5 +50,4 @@ def test_returns_says_which_fields_a_method_fills(tiny_vit, images, method):
 
 
 def test_pixels_are_filled_by_the_methods_down_to_the_pixels():
-    assert registry.filled_by("pixels") == ("lrp", "attnlrp", "cp_lrp", "pa_lrp", "input_x_gradient",
-                                            "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap")
+from lrp_core.api import OPTION_NAMES

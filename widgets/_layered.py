@@ -294,6 +294,7 @@ class LayerExplorer(RelevanceWidget):
             start = 0
         if view == "output":
             block = 0
+        assert self._current is not None  # a view is read only once an explanation is cached
         return self._current.view(view, block, start, head)
 
     def current_values(self) -> np.ndarray:
@@ -304,7 +305,7 @@ class LayerExplorer(RelevanceWidget):
 
     def _warm(self) -> None:
         """Precompute the partial products, so the slider and the heads never multiply matrices."""
-        if "accumulated" in views.available_views(self.explanation):
+        if "accumulated" in views.available_views(self.explanation) and self._current is not None:
             self._current.layer_products().prefix(self.start_layer.value)
 
     def _redraw(self) -> None:

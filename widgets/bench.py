@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -35,7 +35,7 @@ def _model(name: str) -> tuple[Any, Any, str]:
         try:
             x = make_scenes(1, seed=0).images
         except Exception:  # noqa: BLE001 - any image of the right size will do
-            size = loaded.model.patch_embed.img_size
+            size = cast(Any, loaded.model).patch_embed.img_size  # a timm ViT's image size (h, w)
             x = torch.randn(1, 3, *size)
         return loaded, x, name
     except Exception as err:  # noqa: BLE001

@@ -1,7 +1,7 @@
 """``ConceptBuilder``: pick example images that define a concept, see its CDAM on a query."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import ipywidgets as W
 import numpy as np
@@ -35,7 +35,7 @@ def _encode(rgb: np.ndarray, size: int) -> bytes:
     img = Image.fromarray(rgb)
     scale = size / max(img.size)
     img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))),
-               Image.NEAREST).save(buf, format="PNG")
+               Image.Resampling.NEAREST).save(buf, format="PNG")
     return buf.getvalue()
 
 
@@ -48,7 +48,7 @@ def model_image_size(module: torch.nn.Module) -> Optional[tuple[int, int]]:
     return (int(size), int(size)) if isinstance(size, int) else None
 
 
-def stack_crops(module: torch.nn.Module, crops: list[Any]) -> torch.Tensor:
+def stack_crops(module: torch.nn.Module, crops: Sequence[Any]) -> torch.Tensor:
     """Normalised crops (3, h, w) of any sizes, resized bilinearly to the model's input size."""
     if not crops:
         raise InputError("no example images given: pass at least one candidate image or crop")

@@ -73,7 +73,7 @@ class RelevanceExplorer(LayerExplorer):
         """The normalised images (B, 3, H, W), validated by the engine's adapter."""
         return prepare_images(self.facts, inputs)
 
-    def _sample(self, i: int) -> torch.Tensor:
+    def _sample(self, i: int) -> Any:
         return self.inputs[i:i + 1]
 
     def _extra_controls(self) -> list[W.Widget]:

@@ -27,13 +27,14 @@ explanations are cached per (method, step, contrast) as in the other explorers.
 from __future__ import annotations
 
 import html
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import ipywidgets as W
 import numpy as np
 import torch
 
 from lrp_core.adapters import get_adapter
+from lrp_core.adapters.decoder import DecoderAdapter
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.methods import registry
 from lrp_core.methods.call import Contrast
@@ -244,7 +245,7 @@ class GenerationExplorer(RelevanceWidget):
         return int(self.input_ids.shape[1]) - self.prompt_length
 
     def _check_length(self) -> None:
-        limit = self.facts.adapter.max_length
+        limit = cast(DecoderAdapter, self.facts.adapter).max_length  # resolve_lm found a decoder
         if limit is not None and self.input_ids.shape[1] - 1 > limit:
             raise InputError(f"prompt and continuation need {self.input_ids.shape[1] - 1} positions; "
                              f"{type(self.facts.module).__name__} reads at most {limit}: write fewer tokens")
@@ -347,7 +348,7 @@ class GenerationExplorer(RelevanceWidget):
         def use() -> None:
             text = str(change["new"]).strip()
             hint = f" — likely here: {', '.join(repr(t) for t, _ in self._top())}" if self._current else ""
-            new = None if not text else token_id(self.tokenizer, text, self.facts.adapter.vocab_size, hint)
+            new = None if not text else token_id(self.tokenizer, text, cast(DecoderAdapter, self.facts.adapter).vocab_size, hint)
             self._check_contrast(new, self.step)  # a refused contrast leaves the map as it was
             self.contrast = new
             self._recompute()
@@ -393,6 +394,7 @@ class GenerationExplorer(RelevanceWidget):
 
     def current_values(self) -> np.ndarray:
         """The per-piece values (P+k,) of the current stop, before words are merged."""
+        assert self._current is not None  # read only once an explanation is cached
         return stop_values(self._current, self.layer_slider.value)
 
     def _redraw(self) -> None:
@@ -401,7 +403,9 @@ class GenerationExplorer(RelevanceWidget):
         values = self.current_values()
         pieces = self.pieces[:self.prompt_length + self.step]
         if self._scheme and self.word_toggle.value == "words":  # the sum keeps the total
-            tokens, values = merge_words(pieces, values, reduce="sum", scheme=self._scheme)
+            tokens, merged = merge_words(pieces, values, reduce="sum", scheme=self._scheme)
+            assert merged is not None  # values given, so merged too
+            values = merged
             tokens = [shown_token(t) for t in tokens]
         else:
             tokens = [shown_token(p) for p in pieces]
@@ -431,6 +435,7 @@ class GenerationExplorer(RelevanceWidget):
         y = float(logits[g]) - (0.0 if self.contrast is None else float(logits[self.contrast]))
         what = "y" if self.contrast is None else f"y \u2212 y_{html.escape(self._name(self.contrast))}"
         shown = self.displayed_map
+        assert shown is not None  # _redraw sets it before the info is drawn
         lines = [f"explaining <b>{html.escape(self._name(g))}</b> (p = {p:.1%}; {what} = {y:.4g}); likely here: "
                  + ", ".join(f"{html.escape(t)} ({q:.1%})" for t, q in self._top()),
                  f"\u03a3 shown = {shown.sum():.4g}, max |value| = {np.abs(shown).max():.4g}"]

@@ -80,6 +80,7 @@ class MethodGrid(RelevanceWidget):
                labels: Optional[Sequence[str]], image: Any, sample: int, tokenizer: Any) -> None:
         self.facts = resolve_model(model, "MethodGrid")
         self.kind = self.facts.kind  # images and texts alike
+        self.inputs: Any  # text: the tokenizer dict; images: (1, 3, H, W) (self.kind says which)
         if self.kind == "text":
             self.tokenizer = tokenizer if tokenizer is not None else self.facts.tokenizer
             full = prepare_text(self.facts, inputs, self.tokenizer)

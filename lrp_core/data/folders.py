@@ -85,7 +85,7 @@ def load_image_folder(root: Path, preprocess: Any, names: Sequence[str]) -> Imag
         if not mp.is_file():
             raise InputError(f"no mask {mp} for image {p.name}")
         img = Image.open(p).convert("RGB")
-        mask = np.asarray(Image.open(mp).convert("L").resize(img.size, Image.NEAREST)) > 0
+        mask = np.asarray(Image.open(mp).convert("L").resize(img.size, Image.Resampling.NEAREST)) > 0
         images.append(_first(preprocess(img)))
         masks.append(_transform_mask(mask, preprocess))
         if table:

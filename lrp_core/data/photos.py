@@ -136,7 +136,7 @@ def _center_crop_resize(img: Image.Image, width: int, height: int) -> Image.Imag
         new_h = max(1, round(w / target))
         top = (h - new_h) // 2
         box = (0, top, w, top + new_h)
-    return img.crop(box).resize((width, height), Image.BICUBIC)
+    return img.crop(box).resize((width, height), Image.Resampling.BICUBIC)
 
 
 def compose_pair(img_a: Any, img_b: Any, size: int = 224, return_masks: bool = False

@@ -19,7 +19,9 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
+
+import numpy as np
 
 from ..errors import LRPError, MissingFileError
 
@@ -63,7 +65,7 @@ class RationaleRecord:
 
     text: str
     words: list[str]
-    rationale: Sequence[bool]
+    rationale: Union[Sequence[bool], np.ndarray]  # a list, or a bool array (W,)
     label: int
     offsets: Optional[list[tuple[int, int]]] = field(default=None, repr=False)
     id: str = ""

@@ -200,7 +200,7 @@ def _random_colors(rng: np.random.Generator, avoid: list[np.ndarray], min_dist: 
     return col
 
 
-def _background(rng: np.random.Generator, n: int, size: int, clutter: bool) -> np.ndarray:
+def _background(rng: np.random.Generator, n: int, size: int, clutter: bool) -> tuple[np.ndarray, np.ndarray]:
     """(n, H, W, 3) background and its (n, 3) base colour."""
     base = rng.uniform(0.1, 0.9, (n, 3))
     img = np.broadcast_to(base[:, None, None, :], (n, size, size, 3)).astype(np.float32)

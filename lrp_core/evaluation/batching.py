@@ -29,7 +29,7 @@ def explain_batch(model: Any, inputs: Any, method: str, target: Optional[Tensor]
         The :class:`lrp_core.Explanation` (``scores``: (B, T)).
     """
     spec = registry.get(method)
-    extra = {k: v for k, v in (("batch_size", TAM_BATCH), ("progress", False)) if spec.takes(k)}
+    extra: dict[str, Any] = {k: v for k, v in (("batch_size", TAM_BATCH), ("progress", False)) if spec.takes(k)}
     return explain(model, inputs, method=method, target=target, **extra)
 
 

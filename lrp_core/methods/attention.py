@@ -54,7 +54,7 @@ def _layers_result(kept: dict, L: int, first: int, per_head: bool) -> tuple[Tens
 
 
 class _TopDownGradients:
-    """∂y/∂A_b handed out top-down, one block's backward at a time (issue #22 item 6).
+    """∂y/∂A_b handed out top-down, one block's backward at a time.
 
     The relevance pass reaches the blocks top-down, and so does a backward split at the block outputs:
     ``∂y/∂h_L`` first, then per block ``(∂y/∂A_b, ∂y/∂h_b) = backward(h_{b+1}, ∂y/∂h_{b+1})``. Each
@@ -69,6 +69,7 @@ class _TopDownGradients:
         self.attns = [rec.attn.A for rec in blocks]  # dropped one by one as they are used
         self.ins = [rec.x for rec in blocks]
         self.outs = [rec.out for rec in blocks]
+        self.g: Optional[Tensor]  # ∂y/∂h of the next block's output; None once the last block is handed out
         (self.g,) = torch.autograd.grad(y, [blocks[-1].out])  # (B, N, D) through the readout only
 
     @staticmethod
@@ -103,7 +104,7 @@ def _attention_gradients(trace: Trace, y: Tensor, start: int) -> Callable[[int],
 def transformer_attribution(c: Call) -> MethodResult:
     """Chefer et al. (CVPR 2021): gradient-weighted relevance of the attention maps, multiplied over blocks.
 
-    Memory (issue #22 item 6): the attention gradients are made block by block as the top-down relevance
+    Memory: the attention gradients are made block by block as the top-down relevance
     pass reaches each block (:class:`_TopDownGradients`), each block's ``mean_h((∇A ⊙ R^A)⁺)`` is formed in
     place in the gradient, and the map is the readout row of the product carried as a vector
     (:func:`~lrp_core.rollout.accumulate_row`): no N×N product.
@@ -133,14 +134,16 @@ def transformer_attribution(c: Call) -> MethodResult:
 
     with torch.no_grad():
         # the pass weighs each block's map as it goes and drops the records behind it: the peak
-        # memory holds one block's relevance maps, not all of them (issue #15)
+        # memory holds one block's relevance maps, not all of them
         rel = a.relprop(trace, c.start(logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s,
                         on_attention=weigh, release=True)
         del trace, grad_of
-        rel.attn = None
+        rel.attn = []  # the per-block maps are not returned
         layers, heads = _layers_result(kept, L, s, opt.keep_heads)
         del kept
-        scores = c.layout.readout_minimum(_product_scores(c, layers, s, end, norm=opt.rollout_norm))
+        norm = opt.rollout_norm
+        assert norm is not None  # MethodSpec.defaults sets it for every modality
+        scores = c.layout.readout_minimum(_product_scores(c, layers, s, end, norm=norm))
     return MethodResult(
         scores=scores, target=target, logits=logits, layers=layers, layers_per_head=heads,
         token_relevance=rel.tokens,
@@ -150,7 +153,7 @@ def transformer_attribution(c: Call) -> MethodResult:
 def generic_attention(c: Call) -> MethodResult:
     """Chefer et al. (ICCV 2021): ``Ā_b = mean_h((∇A_b ⊙ A_b)⁺)``, ``R ← R + Ā_b R``. One forward, one backward.
 
-    Memory (issue #22 item 6): on a plain stack the backward is split at the block outputs and run top-down
+    Memory: on a plain stack the backward is split at the block outputs and run top-down
     (:class:`_TopDownGradients`), each block's ``(∇A_b ⊙ A_b)⁺`` formed in its fresh gradient and reduced at
     once, so one block's ``(B, H, N, N)`` gradient is alive at a time, not L of them; the map is the readout
     row of ``Π (I + Ā_b)`` carried as a vector (:func:`~lrp_core.rollout.accumulate_row`): no N×N product.

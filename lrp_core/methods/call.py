@@ -1,5 +1,5 @@
-"""What every method receives and returns: :class:`Call`, :class:`MethodResult`, :class:`Options`,
-and the two target forms :class:`Contrast` and :class:`ConceptTarget`.
+"""What every method receives and returns: :class:`Call`, :class:`MethodResult`, :class:`Options`
+(declared in :mod:`lrp_core.methods.options`), and the two target forms :class:`Contrast` and :class:`ConceptTarget`.
 
 A method is a function ``Call -> MethodResult``; which options it takes, its defaults and what it returns are
 declared in :mod:`lrp_core.methods.registry`. ``lrp_core.api.explain`` validates the inputs, guards the model and
@@ -7,7 +7,7 @@ builds the :class:`~lrp_core.Explanation`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
@@ -15,8 +15,8 @@ from torch import Tensor
 
 from ..adapters.base import Adapter, TokenLayout, Trace
 from ..adapters.readouts import Readout
-from ..explanation import RESULT_FIELDS
-from .options import OPTIONS
+from ..explanation import ResultFields
+from .options import Options
 
 
 @dataclass
@@ -34,31 +34,16 @@ class ConceptTarget:
     name: str = "concept"
 
 
-def _result_class() -> type:
-    """:class:`MethodResult`: the :data:`~lrp_core.explanation.RESULT_FIELDS` (scores (B, T), target (B,),
-    logits (B, C), then the optional ones, ``None`` by default) and ``used``, the options the method used."""
-    spec = [(f.name, f.type) if f.required else (f.name, f.type, None) for f in RESULT_FIELDS]
-    cls = make_dataclass("MethodResult", spec + [("used", dict, field(default_factory=dict))])
-    cls.__module__, cls.__doc__ = __name__, _result_class.__doc__
-    return cls
+@dataclass
+class MethodResult(ResultFields):
+    """What a method returns: the per-sample fields of :class:`~lrp_core.explanation.ResultFields` (``scores``
+    (B, T), ``target`` (B,), ``logits`` (B, C), then the optional ones, ``None`` by default) and ``used``, the
+    options the method used (``Explanation.options``)."""
 
+    used: dict[str, Any] = field(default_factory=dict)
 
-#: What a method returns; its fields are :data:`lrp_core.explanation.RESULT_FIELDS` and ``used``.
-MethodResult = _result_class()
 
 TargetResolver = Callable[[Tensor], Tensor]  # logits (B, C) -> target (B,)
-
-
-def _options_class() -> type:
-    """:class:`Options`: every option any method takes, with its default (:data:`lrp_core.options.OPTIONS`,
-    where each is declared once); :mod:`lrp_core.methods.registry` says which method takes which."""
-    cls = make_dataclass("Options", [(o.name, o.type, o.default) for o in OPTIONS])
-    cls.__module__, cls.__doc__ = __name__, _options_class.__doc__
-    return cls
-
-
-#: The parsed options a method reads (``call.opt.start_layer``, ...).
-Options = _options_class()
 
 
 @dataclass
@@ -89,7 +74,8 @@ class Call:
     opt: Options
     concept: Optional[ConceptTarget] = None
     negative: Optional[Tensor] = None
-    readout: Optional[Readout] = None
+    # ``None`` (the default) is replaced in __post_init__, so every method reads a Readout
+    readout: Readout = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.readout is None:

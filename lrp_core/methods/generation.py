@@ -98,7 +98,7 @@ class GenerationExplanation:
     def _piece(self, row: int, token_id: int) -> str:
         return self.options.get("id_to_token", {}).get(token_id, str(token_id))
 
-    def show(self, row: int = 0, scale: str = "row"):
+    def show(self, row: int = 0, scale: str = "row") -> Any:
         """Display the heat map in Jupyter (returns the ``IPython.display.HTML`` object)."""
         from IPython.display import HTML, display
         out = HTML(self.html(row, scale))
@@ -187,7 +187,7 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
     return out[:, :taken] if len(eos) else out
 
 
-def _token_ids(tokenizer, values: Any, what: str) -> list:
+def _token_ids(tokenizer: Any, values: Any, what: str) -> list:
     """Token ids from ids or single-token strings (``None`` kept)."""
     out = []
     for v in values:
@@ -248,12 +248,12 @@ class _StepBar:
         if self.bar is not None:
             self.bar.update(n)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-def _prompts(tokenizer, prompts: Any) -> tuple[Tensor, Tensor]:
+def _prompts(tokenizer: Any, prompts: Any) -> tuple[Tensor, Tensor]:
     """Prompts (a string, a list of strings, or a tokenizer dict) -> left-padded (input_ids, attention_mask)."""
     if isinstance(prompts, str):
         prompts = [prompts]
@@ -282,7 +282,7 @@ def _prompts(tokenizer, prompts: Any) -> tuple[Tensor, Tensor]:
     return _left_padded(ids.long(), mask.long())
 
 
-def _continuation(tokenizer, continuation: Any, batch: int, steps: Optional[int],
+def _continuation(tokenizer: Any, continuation: Any, batch: int, steps: Optional[int],
                   vocab: Optional[int] = None) -> Tensor:
     """A given continuation: a string / token ids for every prompt, or one per prompt -> (B, K); each id checked
     against the vocabulary size ``vocab`` when given."""
@@ -312,7 +312,7 @@ def _continuation(tokenizer, continuation: Any, batch: int, steps: Optional[int]
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _contrasts(tokenizer, contrast: Any, batch: int, steps: int, vocab: int) -> Optional[Tensor]:
+def _contrasts(tokenizer: Any, contrast: Any, batch: int, steps: int, vocab: int) -> Optional[Tensor]:
     """Per-step contrasted token ids (B, K), −1 where a step has none; ``None`` without contrasts."""
     if contrast is None:
         return None

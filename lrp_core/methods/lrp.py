@@ -41,6 +41,7 @@ def lrp(c: Call) -> MethodResult:
     with torch.no_grad():
         rel = c.adapter.relprop(trace, c.start(trace.logits, target), composite, stop_block=0,
                                 to_input=True, prepared=c.prepared)
+    assert rel.scores is not None  # to_input=True: the pass reached the input
     return MethodResult(scores=rel.scores, target=target, logits=trace.logits, pixels=rel.pixels,
                         token_relevance=rel.tokens, used=_used(c, composite, "lrp"))
 
@@ -70,8 +71,10 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
     target = c.resolve(trace.logits.detach())
     y = c.output(trace.logits, target)
     emb = trace.embedding
+    assert emb is not None and emb.embeds is not None  # a tracked replay records its embedding
+    embeds, images = emb.embeds, emb.images
     hidden = [rec.out for rec in trace.blocks]
-    wrt = [emb.embeds] + hidden + ([emb.images] if emb.images is not None else [])
+    wrt = [embeds] + hidden + ([images] if images is not None else [])
     leaves = [] if positions is None else positions.leaves
     if positions is not None and not leaves:
         raise UnsupportedModelError(
@@ -81,14 +84,14 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
     grads = torch.autograd.grad(y.sum(), wrt + leaves, allow_unused=True)
     pos_grads, grads = grads[len(wrt):], grads[:len(wrt)]
     with torch.no_grad():
-        scores = (emb.embeds * grads[0]).sum(-1)  # (B, T) the scored tokens' embeddings
+        scores = (embeds * grads[0]).sum(-1)  # (B, T) the scored tokens' embeddings
         mask = c.layout.mask
         if mask is not None:
             scores = scores * mask[:, c.layout.output_start:].to(scores.dtype)
         blocks = torch.stack([(h * g).sum(-1) for h, g in zip(hidden, grads[1:1 + len(hidden)])], dim=1)
         if mask is not None:
             blocks = blocks * mask[:, None, :].to(blocks.dtype)
-        pixels = (emb.images * grads[-1]).sum(1) if emb.images is not None else None
+        pixels = (images * grads[-1]).sum(1) if images is not None else None
         per_position = _positional(leaves, pos_grads, mask)
         conservation = Conservation(output=y.detach(), blocks=blocks.sum(-1), input=scores.sum(-1),
                                     pixels=None if pixels is None else pixels.sum(dim=(1, 2)),
@@ -103,12 +106,13 @@ def _positional(leaves: list, grads: tuple, mask: Optional[Tensor]) -> Optional[
     holds every block's share) of leaf ⊙ gradient, summed over channels; padding 0. ``None`` without leaves."""
     if not leaves:
         return None
-    total = None
+    total: Optional[Tensor] = None
     for leaf, g in zip(leaves, grads):
         if g is None:  # a table the output does not depend on (e.g. CP-LRP: q, k detached after RoPE)
             g = torch.zeros_like(leaf)
         r = (leaf * g).sum(-1)  # (B, N)
         total = r if total is None else total + r
+    assert total is not None  # leaves is not empty
     if mask is not None and mask.shape[1] == total.shape[1]:
         total = total * mask.to(total.dtype)
     return total

@@ -1,22 +1,33 @@
-"""Every method option, declared once: its name, default, help text and check.
+"""Every method option, declared once: its name, type, default, help text and check.
 
-:data:`OPTIONS` is the one place an option is written. What reads it:
+The declaration is the dataclass :class:`Options` (the parsed options a method
+receives as ``call.opt``): each field's name is the keyword ``explain`` takes, its
+annotation the type of the checked value, its default the default, and its
+metadata the help text and the check (written with :func:`_option`). Type
+checkers and editors see the fields; everything else reads them:
 
-- :class:`lrp_core.methods.Options` (the parsed options a method receives) is
-  built from it, so the defaults are these;
-- :func:`lrp_core.registry.parse_options` (``explain``'s option parsing) runs
-  each option's ``check`` and names the ``help`` texts in its errors;
-- a method takes an option when its :class:`~lrp_core.registry.MethodSpec`
-  lists the name (``MethodSpec.options``); the widgets ask the registry.
+- :data:`OPTIONS` (one :class:`Option` per field, in field order) is derived
+  from ``dataclasses.fields(Options)``;
+- :func:`lrp_core.methods.registry.parse_options` (``explain``'s option parsing)
+  runs each option's ``check`` and names the ``help`` texts in its errors;
+- a method takes an option when its :class:`~lrp_core.methods.registry.MethodSpec`
+  lists the name (``MethodSpec.options``); the widgets ask the registry;
+- :func:`lrp_core.explain` has one keyword-only parameter per option (typed by
+  what it accepts, ``None`` meaning the method's default); a test checks that its
+  signature and docstring name every field.
 
-Adding an option: one :class:`Option` here, its name in the ``options`` of
-the methods that take it (``lrp_core/methods/registry.py``), and the method code that
-reads ``call.opt.<name>``.
+Adding an option: one field of :class:`Options` here, its name in the
+``options`` of the methods that take it (``lrp_core/methods/registry.py``), a
+parameter of ``explain`` (``lrp_core/api.py``), and the method code that reads
+``call.opt.<name>``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Optional, TypeVar, Union, get_type_hints
+
+import torch
+from torch import Tensor
 
 from ..errors import InputError
 from ..rules.composites import Composite
@@ -36,7 +47,7 @@ class Option:
             accepted, else returns the value normalised (e.g. a negative block counted from the end).
         none_is_value: ``explain(..., name=None)`` means ``None`` itself, not "use the default".
         generic: every method takes it (how the call runs, not what it computes).
-        type: the annotation of the field of :class:`lrp_core.methods.Options`.
+        type: the annotation of its field of :class:`Options` (the type of the checked value).
     """
 
     name: str
@@ -46,6 +57,9 @@ class Option:
     none_is_value: bool = False
     generic: bool = False
     type: Any = Any
+
+
+T = TypeVar("T")
 
 
 def _block(name: str) -> Callable[[Any, int], Optional[int]]:
@@ -143,7 +157,6 @@ def _position(v: Any, L: int) -> Any:
     if v is None or (isinstance(v, int) and not isinstance(v, bool)):
         return v
     try:
-        import torch
         t = torch.as_tensor(v)
     except (TypeError, ValueError, RuntimeError):
         t = None
@@ -152,45 +165,79 @@ def _position(v: Any, L: int) -> Any:
     return t.long()
 
 
-#: Every option any method takes, in the order they are checked.
-OPTIONS: tuple[Option, ...] = (
-    Option("start_layer", 0, "first block in the layer product (0-based; negative counts from the end)",
-           _block("start_layer"), type=int),
-    Option("end_layer", None, "last block in the layer product (default: the last)", _block("end_layer"),
-           none_is_value=True, type=Optional[int]),
-    Option("rollout_norm", None, f"normalisation of each factor I + Ā_b, one of {NORMS}", _norm,
-           none_is_value=True, type=Optional[str]),
-    Option("use_gradient", True, "weight R^A by ∇A (True) or by A (False, the paper's ablation)",
-           _flag("use_gradient"), type=bool),
-    Option("progress", None, "show a progress bar (None: only for long runs)", _progress,
-           none_is_value=True, generic=True, type=Optional[bool]),
-    Option("keep_heads", False, "also return the per-head matrices (layers_per_head)", _flag("keep_heads"),
-           type=bool),
-    Option("batch_size", 64, "sequences per forward pass", _positive_int("batch_size"), type=int),
-    Option("position", None, "decoder language models: the token whose prediction is explained, an int or one per "
-           "row (default: each row's last real token; negative counts from the end)", _position,
-           none_is_value=True, generic=True),
+def _option(default: T, help: str, check: Callable[[Any, int], Any], none_is_value: bool = False,
+            generic: bool = False) -> T:
+    """A field of :class:`Options`: its ``default``, with ``help`` and ``check`` (and the flags of :class:`Option`)
+    kept in the field's metadata. Typed as its default, as :func:`dataclasses.field` is, so a type checker
+    checks the default against the field's annotation."""
+    meta = {"help": help, "check": check, "none_is_value": none_is_value, "generic": generic}
+    return field(default=default, metadata=meta)  # typed _T by dataclasses, as its default
+
+
+@dataclass
+class Options:
+    """The parsed options a method reads (``call.opt.start_layer``, ...): every option any method takes, each
+    already checked (a negative block counted from the end, ``max_memory`` in bytes), with its default.
+
+    This class is the declaration of the options: each field's annotation is the type of the checked value,
+    its default the default, its metadata the help text and the check (:func:`_option`). :data:`OPTIONS` is
+    read from these fields. Which method takes which option is ``MethodSpec.options`` in
+    :mod:`lrp_core.methods.registry`; per-modality defaults (``MethodSpec.defaults``) come before these.
+
+    Each field's help text, written next to it, says what it means (:func:`describe` quotes it in error
+    messages); :func:`lrp_core.explain`'s docstring documents every option for the user, with the methods
+    that take it and their per-modality defaults.
+    """
+
+    start_layer: int = _option(0, "first block in the layer product (0-based; negative counts from the end)",
+                               _block("start_layer"))
+    end_layer: Optional[int] = _option(None, "last block in the layer product (default: the last)",
+                                       _block("end_layer"), none_is_value=True)
+    rollout_norm: Optional[str] = _option(None, f"normalisation of each factor I + Ā_b, one of {NORMS}", _norm,
+                                          none_is_value=True)
+    use_gradient: bool = _option(True, "weight R^A by ∇A (True) or by A (False, the paper's ablation)",
+                                 _flag("use_gradient"))
+    progress: Optional[bool] = _option(None, "show a progress bar (None: only for long runs)", _progress,
+                                       none_is_value=True, generic=True)
+    keep_heads: bool = _option(False, "also return the per-head matrices (layers_per_head)", _flag("keep_heads"))
+    batch_size: int = _option(64, "sequences per forward pass", _positive_int("batch_size"))
+    position: Union[None, int, Tensor] = _option(
+        None, "decoder language models: the token whose prediction is explained, an int or one per row (default: "
+        "each row's last real token; negative counts from the end)", _position, none_is_value=True, generic=True)
     # the Captum baselines (lrp_core.methods.baselines); their per-method defaults are in the registry
-    Option("n_steps", 50, "integration steps of Integrated Gradients", _positive_int("n_steps"), type=int),
-    Option("baseline", "zeros", "reference input: 'zeros' | 'blur' (images), 'zeros' | 'pad' | 'mask' | a token id "
-           "(text; padding positions kept)", _baseline),
-    Option("n_samples", 16, "noisy copies (smoothgrad) or coalitions (kernel_shap) per sample",
-           _positive_int("n_samples"), type=int),
-    Option("stdevs", 0.6, "std of SmoothGrad's Gaussian noise, in input units (normalised pixels, embedding "
-           "entries)", _positive_float("stdevs"), type=float),
-    Option("seed", 0, "seed of the random draws (noise, coalitions), the same for every sample", _seed, type=int),
+    n_steps: int = _option(50, "integration steps of Integrated Gradients", _positive_int("n_steps"))
+    baseline: Union[str, int] = _option("zeros", "reference input: 'zeros' | 'blur' (images), 'zeros' | 'pad' | "
+                                        "'mask' | a token id (text; padding positions kept)", _baseline)
+    n_samples: int = _option(16, "noisy copies (smoothgrad) or coalitions (kernel_shap) per sample",
+                             _positive_int("n_samples"))
+    stdevs: float = _option(0.6, "std of SmoothGrad's Gaussian noise, in input units (normalised pixels, "
+                            "embedding entries)", _positive_float("stdevs"))
+    seed: int = _option(0, "seed of the random draws (noise, coalitions), the same for every sample", _seed)
+    base: str = _option("attnlrp", "pa_lrp: the rule set the positional rules are added to, 'attnlrp', 'cp_lrp' "
+                        "or 'cp_halved' (the authors' ViT rules: CP-LRP with A·V's ÷2 kept; not conservative)",
+                        _choice("base", ("attnlrp", "cp_lrp", "cp_halved")))
     # how the call is split into pieces (lrp_core.runtime.memory; read by ``explain``, not by the methods)
-    Option("base", "attnlrp", "pa_lrp: the rule set the positional rules are added to, 'attnlrp', 'cp_lrp' or "
-           "'cp_halved' (the authors' ViT rules: CP-LRP with A·V's ÷2 kept; not conservative)",
-           _choice("base", ("attnlrp", "cp_lrp", "cp_halved")), type=str),
-    Option("composite", None, "the rule set of the relevance pass (lrp_core.rules.Composite; default: the "
-           "method's own): lrp, partial_lrp take an explicit-pass one (from LRP_BASELINE), attnlrp, cp_lrp a "
-           "modified-gradient one (from ATTNLRP, CP_LRP)", _composite, type=Optional[Composite]),
-    Option("max_memory", None, "bytes or '2GB' a call may use, else it runs in pieces; None/'auto': half the "
-           "free memory, 'none': never split", lambda v, L: memory.parse_max_memory(v), generic=True),
-    Option("chunk_size", None, "samples per piece, instead of max_memory",
-           _positive_int("chunk_size", " (samples per piece)", optional=True), generic=True, type=Optional[int]),
-)
+    composite: Optional[Composite] = _option(
+        None, "the rule set of the relevance pass (lrp_core.rules.Composite; default: the method's own): lrp, "
+        "partial_lrp take an explicit-pass one (from LRP_BASELINE), attnlrp, cp_lrp a modified-gradient one "
+        "(from ATTNLRP, CP_LRP)", _composite)
+    max_memory: Optional[float] = _option(None, "bytes or '2GB' a call may use, else it runs in pieces; "
+                                          "None/'auto': half the free memory, 'none': never split",
+                                          lambda v, L: memory.parse_max_memory(v), generic=True)
+    chunk_size: Optional[int] = _option(None, "samples per piece, instead of max_memory",
+                                        _positive_int("chunk_size", " (samples per piece)", optional=True),
+                                        generic=True)
+
+
+def _declared() -> tuple[Option, ...]:
+    """:data:`OPTIONS`, read from the fields of :class:`Options`."""
+    hints = get_type_hints(Options)
+    return tuple(Option(f.name, f.default, f.metadata["help"], f.metadata["check"], f.metadata["none_is_value"],
+                        f.metadata["generic"], hints[f.name]) for f in fields(Options))
+
+
+#: Every option any method takes, in the order they are checked: the fields of :class:`Options`.
+OPTIONS: tuple[Option, ...] = _declared()
 #: The options by name.
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 #: Options every method takes: how the call runs, not what it computes (a progress bar, pieces).
@@ -211,4 +258,4 @@ def describe(name: str) -> str:
     return f"{name} ({BY_NAME[name].help})"
 
 
-__all__ = ["Option", "OPTIONS", "BY_NAME", "GENERIC_OPTIONS", "check_together", "describe"]
+__all__ = ["Option", "Options", "OPTIONS", "BY_NAME", "GENERIC_OPTIONS", "check_together", "describe"]

@@ -65,7 +65,7 @@ def accumulate_row(layers: Sequence[Tensor] | Tensor, w: Tensor, start: int = 0,
 
     A map reads only the readout's row(s) of the product, so it is carried from the top as a vector,
     ``v ← v·(I+Ā_b)`` for b = stop … start: O(N²) work and O(N) state per block instead of the N×N product's
-    O(N³) and N×N (issue #22: 4096-token decoders). Equal to ``readout.row(accumulate(...))`` up to round-off.
+    O(N³) and N×N (which matters for 4096-token decoders). Equal to ``readout.row(accumulate(...))`` up to round-off.
 
     Args:
         layers: Ā_b per block, a list of (B, N, N) or a tensor (B, L, N, N).

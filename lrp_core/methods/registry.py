@@ -75,14 +75,14 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # Chefer et al. (CVPR 2021): Ā_b = mean_h((∇A_b ⊙ R^{A_b})⁺), C = Π (I + Ā_b)
     MethodSpec("transformer_attribution", A.transformer_attribution,
                # the replay keeps one H·N² map per block (A) and no gradient or relevance maps: each block's
-               # ∇A is made when the top-down pass reaches it (issue #22 item 6); that block's gradient, its
+               # ∇A is made when the top-down pass reaches it; that block's gradient, its
                # backward and its relevance temporaries are the once-counted tmp_att
                Profile(**{**GRAPH, "att": 2}, layers=True, **{**RELPROP, "tmp_att": 8}),
                options=_LAYER_PRODUCT + ("rollout_norm", "use_gradient", "keep_heads"),
                defaults={"image": {"rollout_norm": "none"}, "text": {"rollout_norm": "row"}},
                returns=("layers", "layers_per_head", "token_relevance"), readout_minimum=True),
     # Chefer et al. (ICCV 2021): Ā_b = mean_h((∇A_b ⊙ A_b)⁺), R ← R + Ā_b R
-    # (issue #22: the gradients are made block by block, top-down, like transformer attribution's: the replay's
+    # (the gradients are made block by block, top-down, like transformer attribution's: the replay's
     # graph keeps A, and one block's gradient and product are the once-counted tmp_att)
     MethodSpec("generic_attention", A.generic_attention,
                Profile(**{**GRAPH, "att": 2}, layers=True, **{**BACKWARD, "tmp_att": 4}),

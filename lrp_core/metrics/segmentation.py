@@ -7,6 +7,7 @@ that the bootstrap resamples, and :func:`average_precision`.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ def segmentation_scores(maps: Tensor, masks: Tensor) -> dict[str, float]:
     return segmentation_summary(segmentation_per_image(maps, masks))
 
 
-def segmentation_summary(per: dict[str, np.ndarray]) -> dict[str, float]:
+def segmentation_summary(per: dict[str, Any]) -> dict[str, float]:
     """:func:`segmentation_scores` from the per-image values of :func:`segmentation_per_image`.
 
     The counts are summed before dividing (pooled IoUs); the mAP averages the defined APs.
@@ -53,7 +54,7 @@ def segmentation_summary(per: dict[str, np.ndarray]) -> dict[str, float]:
     }
 
 
-def segmentation_per_image(maps: Tensor, masks: Tensor) -> dict[str, np.ndarray]:
+def segmentation_per_image(maps: Tensor, masks: Tensor) -> dict[str, Any]:
     """The per-image values behind :func:`segmentation_scores` (same maps, threshold, AP).
 
     Returns:

@@ -121,9 +121,9 @@ def rationale_scores(scores: Sequence[np.ndarray], rationales: Sequence[Sequence
         if k < 1:
             raise InputError(f"k must be >= 1, got {k}")
         p_all, r_all, f_all = [], [], []
-        for s, gold in zip(scores, rationales):
-            gold = np.asarray(gold, dtype=bool)
-            s = np.asarray(s)
+        for doc_scores, doc_rationale in zip(scores, rationales):
+            gold = np.asarray(doc_rationale, dtype=bool)
+            s = np.asarray(doc_scores)
             if s.shape != gold.shape:
                 raise InputError(f"scores {s.shape} and rationale {gold.shape} differ in length")
             pred = top_k_words(s, k)
@@ -131,7 +131,9 @@ def rationale_scores(scores: Sequence[np.ndarray], rationales: Sequence[Sequence
             p = hit / pred.sum() if pred.sum() else 0.0
             r = hit / gold.sum() if gold.sum() else 0.0
             f = 2 * p * r / (p + r) if p + r > 0 else 0.0
-            p_all.append(p), r_all.append(r), f_all.append(f)
+            p_all.append(p)
+            r_all.append(r)
+            f_all.append(f)
         out[k] = {"precision": float(np.mean(p_all)), "recall": float(np.mean(r_all)),
                   "f1": float(np.mean(f_all))}
     return out
@@ -157,8 +159,8 @@ def rationale_f1_at_gold_size_per_document(scores: Sequence[np.ndarray],
     if len(scores) != len(rationales):
         raise InputError(f"{len(scores)} score vectors for {len(rationales)} rationales")
     vals = []
-    for s, gold in zip(scores, rationales):
-        gold = np.asarray(gold, dtype=bool)
+    for s, doc_rationale in zip(scores, rationales):
+        gold = np.asarray(doc_rationale, dtype=bool)
         if np.asarray(s).shape != gold.shape:
             raise InputError(f"scores {np.shape(s)} and rationale {gold.shape} differ in length")
         k = int(gold.sum())

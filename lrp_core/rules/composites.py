@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Mapping, Optional
+from typing import Mapping, Optional, cast
 
 from torch import Tensor, nn
 
@@ -371,7 +371,8 @@ class Propagation(RuleChoice):
     def __call__(self, kind: str, inputs: tuple, R: RelevanceIn, output: Optional[Tensor] = None,
                  module: Optional[nn.Module] = None) -> tuple[Tensor, ...]:
         op = Op(kind, inputs, output, module)
-        return self.rule(kind, module).relevance(op, R, self.cache)
+        # an explicit pass runs a composite of ExplicitRules only (check_pass, when the pass is made)
+        return cast(ExplicitRule, self.rule(kind, module)).relevance(op, R, self.cache)
 
     # one-input shorthands
     def linear(self, module: nn.Module, x: Tensor, R: Tensor, out: Optional[Tensor] = None) -> Tensor:
@@ -403,6 +404,7 @@ TRANSFORMER_ATTRIBUTION = Composite(
 )
 
 #: The LRP baseline (``lrp``, ``partial_lrp``): no Add normalisation, separate denominators.
+# (the ignores below: mypy cannot tell that the spread kinds are not the keywords ``names`` / ``first``)
 LRP_BASELINE = TRANSFORMER_ATTRIBUTION.with_rules(
     "lrp_baseline", by_kind={LINEAR: BaselineLinear(), ADD: GenericAdd(), MASK_ADD: GenericAdd()})
 

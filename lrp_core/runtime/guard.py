@@ -186,7 +186,7 @@ class _Watch:
             self.params[slot[1]].requires_grad_(value)
         elif kind == "grad":
             self.params[slot[1]].grad = value
-        elif kind == "attn_impl" and value is not _MISSING:
+        elif kind == "attn_impl" and value is not _MISSING and self.config is not None:
             try:
                 self.config._attn_implementation = value
             except Exception:  # pragma: no cover - a read-only property in some transformers versions

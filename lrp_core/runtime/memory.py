@@ -32,7 +32,7 @@ plus a fixed part independent of the batch: the weight-sized tensors of the
 signed Linear rule (three of the largest weight) and, for ``token_ablation``,
 the forward passes of ``batch_size`` ablated sequences.
 
-Decoders (issue #22): the head's ``C`` outputs (a causal LM's vocabulary
+Decoders: the head's ``C`` outputs (a causal LM's vocabulary
 ``V``) cost ``2·C`` per sample (the logits read and their gradient), and its
 ``C·D`` weight counts among the largest weights of the fixed part (for a
 language model the LM head is the largest by far). A gated MLP counts as
@@ -120,11 +120,12 @@ class Profile:
 
 
 # The parts a method's Profile is made of (each method's profile is ``MethodSpec.memory`` in lrp_core.methods.registry).
-PLAIN = dict(act=16, mlp=2, att=3)  # replay without a graph
-GRAPH = dict(act=18, mlp=3, att=4)  # replay with autograd's saved tensors
-MODIFIED = dict(act=24, mlp=4, att=5)  # the modified-gradient replay (decomposed LayerNorm, ratios)
-RELPROP = dict(tmp_act=8, tmp_mlp=8, tmp_att=6)  # the explicit pass at one block
-BACKWARD = dict(tmp_act=6, tmp_mlp=3, tmp_att=3)  # autograd's backward at one block
+# (typed dict[str, Any]: spread into Profile, whose float and bool fields one value type cannot cover)
+PLAIN: dict[str, Any] = dict(act=16, mlp=2, att=3)  # replay without a graph
+GRAPH: dict[str, Any] = dict(act=18, mlp=3, att=4)  # replay with autograd's saved tensors
+MODIFIED: dict[str, Any] = dict(act=24, mlp=4, att=5)  # the modified-gradient replay (decomposed LayerNorm, ratios)
+RELPROP: dict[str, Any] = dict(tmp_act=8, tmp_mlp=8, tmp_att=6)  # the explicit pass at one block
+BACKWARD: dict[str, Any] = dict(tmp_act=6, tmp_mlp=3, tmp_att=3)  # autograd's backward at one block
 
 #: One forward pass of a sequence with a token removed (token ablation's fixed part), priced as a plain
 #: replay that keeps its head-mean maps.

@@ -136,7 +136,7 @@ def _merge_conservation(parts: list, batch: int) -> Optional[Conservation]:
     first = parts[0][2].conservation
     if first is None:
         return None
-    totals = {}
+    totals: dict[str, Any] = {}  # Conservation's fields by name (the optional ones may be None)
     for name in (f.name for f in fields(Conservation)):
         like = getattr(first, name)
         if like is None:

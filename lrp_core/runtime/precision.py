@@ -2,7 +2,7 @@
 
 Relevance passes divide by sums of products that nearly cancel (``docs/METHODS.md`` §1): in float16 or
 bfloat16 (11 or 8 significant bits) the ratios lose every digit, so a map computed in the model's own half
-precision is wrong — silently: zeros, NaN, or a map far from the float32 one (issue #25). The engine
+precision is wrong — silently: zeros, NaN, or a map far from the float32 one. The engine
 therefore computes every pass of a half-precision model (and of any model under ``torch.autocast``) in
 float32:
 
@@ -191,9 +191,9 @@ def _tensors(model: nn.Module) -> Iterator[Tensor]:
     for t in model.parameters():
         if t.is_floating_point():
             yield t
-    for t in model.buffers():
-        if t.is_floating_point():
-            yield t
+    for b in model.buffers():
+        if b.is_floating_point():
+            yield b
 
 
 __all__ = ["HALF", "autocast_active", "is_half", "needs_float32", "compute_dtype", "compute_precision",

@@ -83,7 +83,7 @@ def logits_in_batches(model: Callable[..., Any], samples: Sequence[Any] | Tensor
     starts = range(0, len(samples), batch_size)
     for s in progress_bar(starts, progress, desc=desc, total=len(starts)):
         block = slice(s, s + batch_size)
-        x = samples[block] if prepare is None else prepare(samples[block])
+        x: Any = samples[block] if prepare is None else prepare(samples[block])  # a tensor or a mapping
         yield block, logits_of(model, to_device(x, device))
 
 

@@ -38,7 +38,8 @@ from __future__ import annotations
 import functools
 import html
 import io
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -111,7 +112,7 @@ def upsample_map(relmap: Any, size: tuple[int, int]) -> np.ndarray:
     h, w = int(size[0]), int(size[1])
     if arr.shape == (h, w):
         return arr
-    return np.asarray(Image.fromarray(arr, mode="F").resize((w, h), Image.BILINEAR))
+    return np.asarray(Image.fromarray(arr, mode="F").resize((w, h), Image.Resampling.BILINEAR))
 
 
 def to_rgb_uint8(image: Any) -> np.ndarray:
@@ -191,7 +192,7 @@ def overlay(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool = True
     else:
         base = _faded_photo(image_rgb, alpha) if grey else to_rgb_uint8(image_rgb)
         if size is not None and base.shape[:2] != tuple(size):
-            base = np.asarray(Image.fromarray(base).resize((size[1], size[0]), Image.BICUBIC))
+            base = np.asarray(Image.fromarray(base).resize((size[1], size[0]), Image.Resampling.BICUBIC))
     shown = _view(np.nan_to_num(_as_numpy(relmap)), signed)
     m = colour_scale(shown, clip).limit
     rel = _view(upsample_map(shown, base.shape[:2]), signed)
@@ -202,7 +203,7 @@ def overlay(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool = True
 
 
 @functools.lru_cache(maxsize=8)
-def _font(size: int = 12) -> ImageFont.ImageFont:
+def _font(size: int = 12) -> Union[ImageFont.ImageFont, ImageFont.FreeTypeFont]:
     try:
         return ImageFont.load_default(size=size)
     except (TypeError, OSError):  # Pillow without FreeType
@@ -318,7 +319,7 @@ def overlay_image(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool 
         if rel.ndim != 2:
             raise InputError(f"a relevance map must be 2-D (h, w); got shape {tuple(rel.shape)}")
         small = overlay(None, rel, signed=signed, clip=clip, gamma=gamma)
-        panel = np.asarray(Image.fromarray(small).resize((size[1], size[0]), Image.NEAREST))
+        panel = np.asarray(Image.fromarray(small).resize((size[1], size[0]), Image.Resampling.NEAREST))
     else:
         panel = overlay(image_rgb, relmap, alpha=alpha, signed=signed, size=size, clip=clip,
                         gamma=gamma)

@@ -99,7 +99,7 @@ def _special(piece: str) -> bool:
 
 def _cell(text: str, value: Optional[float], rgb: Optional[np.ndarray]) -> str:
     shown = html.escape(text.replace("\n", "↵")) or "&nbsp;"
-    if value is None:  # after the step's prefix: not part of its context
+    if value is None or rgb is None:  # after the step's prefix: not part of its context
         return f'<span class="c off">{shown}</span>'
     style = f"background:rgb({rgb[0]},{rgb[1]},{rgb[2]});color:{_text_colour(rgb)}"
     return f'<span class="c" style="{style}" title="{html.escape(repr(text))}: {value:.4g}">{shown}</span>'
@@ -144,8 +144,9 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
         rgb = colorize(vals[k, :visible], signed=True, limit=limit, gamma=gamma)
         cells = [_cell(readable(t), float(vals[k, i]), rgb[i]) for i, t in enumerate(context[:visible])]
         cells += [_cell(readable(t), None, None) for t in context[visible:]]
-        versus = "" if not contrasts or contrasts[k] is None else \
-            f' <span style="font-weight:normal">rather than {html.escape(readable(contrasts[k]))}</span>'
+        versus_k = contrasts[k] if contrasts else None
+        versus = "" if versus_k is None else \
+            f' <span style="font-weight:normal">rather than {html.escape(readable(versus_k))}</span>'
         rows.append(f'<tr><td class="g">{html.escape(readable(generated[k]))}{versus}</td>'
                     f'<td>{"".join(cells)}</td></tr>')
         notes.append(limit)
