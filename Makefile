@@ -37,7 +37,8 @@ browser:
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/00_welcome.ipynb $(LAB_ROOT) $(LAB_ARGS)
 
-test: $(STAMP) browser docs
+# The linter, the type checker and the documentation build run first: each fails the run on its first finding.
+test: $(STAMP) browser lint typecheck docs
 	$(BIN)/python -m pytest
 
 # The documentation site (MkDocs): offline, warnings are errors, into site/. The notebooks are rendered

@@ -50,4 +50,51 @@ def test_returns_says_which_fields_a_method_fills(tiny_vit, images, method):
 
 
 def test_pixels_are_filled_by_the_methods_down_to_the_pixels():
-from lrp_core.api import OPTION_NAMES
+    assert registry.filled_by("pixels") == (
+        "lrp",
+        "attnlrp",
+        "cp_lrp",
+        "pa_lrp",
+        "input_x_gradient",
+        "integrated_gradients",
+        "smoothgrad",
+        "occlusion",
+        "kernel_shap",
+    )
+
+
+def _parameter_docs(doc: str) -> dict[str, str]:
+    """The entries of a numpy-style ``Parameters`` section: name -> its description."""
+    section = doc.split("Parameters\n    ----------\n", 1)[1].split("\n    Returns\n", 1)[0]
+    entries = re.split(r"\n    (?=\*{0,2}\w+(?: :|\n))", "\n" + section)
+    return {e.split(" :")[0].split("\n")[0].strip(): e for e in entries if e.strip()}
+
+
+def test_every_option_is_a_typed_keyword_of_explain_and_documented():
+    sig = inspect.signature(explain)
+    docs = _parameter_docs(explain.__doc__)
+    for o in OPTIONS:
+        p = sig.parameters[o.name]
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is None, o.name
+        assert p.annotation != inspect.Parameter.empty, o.name
+        assert o.name in docs, o.name
+        # the description names the methods that take the option (generic ones: "Every method")
+        takers = {m for m, spec in registry.METHODS.items() if o.name in spec.options}
+        description = docs[o.name].split("\n", 1)[1]
+        named = {m for m in registry.METHOD_NAMES if f"``{m}``" in description}
+        assert named == takers or (o.generic and description.strip().startswith("Every method")), o.name
+    # besides model, inputs, method and target, explain's parameters are the options and the refused rest
+    assert set(sig.parameters) - {"model", "inputs", "method", "target", "unknown"} == set(OPTION_NAMES) \
+        == {o.name for o in OPTIONS}
+    assert sig.parameters["unknown"].kind is inspect.Parameter.VAR_KEYWORD
+    assert "Returns\n    -------\n    Explanation" in explain.__doc__
+
+
+def test_none_is_the_method_default_and_a_misspelled_option_is_refused(tiny_vit, images):
+    default = explain(tiny_vit, images[:1], method="smoothgrad")
+    spelled = explain(tiny_vit, images[:1], method="smoothgrad", n_samples=None, stdevs=None, seed=None,
+                      batch_size=None, keep_heads=None)
+    assert default.options == spelled.options and default.scores.equal(spelled.scores)
+    with pytest.raises(InputError, match=r"unknown option\(s\) \['stdev'\]; method 'smoothgrad' accepts: n_samples"):
+        explain(tiny_vit, images[:1], method="smoothgrad", stdev=0.1)
+

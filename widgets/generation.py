@@ -348,7 +348,11 @@ class GenerationExplorer(RelevanceWidget):
         def use() -> None:
             text = str(change["new"]).strip()
             hint = f" — likely here: {', '.join(repr(t) for t, _ in self._top())}" if self._current else ""
-            new = None if not text else token_id(self.tokenizer, text, cast(DecoderAdapter, self.facts.adapter).vocab_size, hint)
+            new = (
+                None
+                if not text
+                else token_id(self.tokenizer, text, cast(DecoderAdapter, self.facts.adapter).vocab_size, hint)
+            )
             self._check_contrast(new, self.step)  # a refused contrast leaves the map as it was
             self.contrast = new
             self._recompute()

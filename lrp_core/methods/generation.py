@@ -337,7 +337,7 @@ def _language_model(model: nn.Module) -> tuple[Any, int]:
     from ..adapters import get_adapter
 
     adapter = get_adapter(model)
-    inner = unwrap(model)
+    inner: Any = unwrap(model)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if not adapter.is_decoder or not isinstance(head, nn.Linear):
         raise UnsupportedModelError(f"explain_generation explains what a causal language model writes (a decoder "

@@ -227,7 +227,7 @@ _PASS_WORDS = {EXPLICIT: ("an explicit relevance pass", "LRP_BASELINE or TRANSFO
 
 def _check_rule_pass(spec: MethodSpec, composite: Any) -> None:
     """Refuse, before anything runs, a rule set for the other kind of pass than ``spec``'s (:class:`RuleSetError`)."""
-    if composite is None or composite.serves == spec.rule_pass:
+    if composite is None or spec.rule_pass is None or composite.serves == spec.rule_pass:
         return
     words, bases = _PASS_WORDS[spec.rule_pass]
     takers = [n for n, s in METHODS.items() if s.rule_pass == composite.serves]

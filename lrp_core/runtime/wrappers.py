@@ -2,6 +2,8 @@
 hold the model the engine explains; TorchScript has no Python submodules to replay and is refused."""
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from ..errors import UnsupportedModelError
@@ -51,12 +53,13 @@ def _peft_inner(model: nn.Module):
         return None
     children = model.__dict__.get("_modules", {})
     if isinstance(children.get("base_model"), nn.Module):  # PeftModel and its task subclasses
-        active = model.active_adapter
+        peft: Any = model  # peft's attributes, read without importing peft
+        active = peft.active_adapter
         for name in [active] if isinstance(active, str) else list(active):
-            if getattr(model.peft_config.get(name), "is_prompt_learning", False):
+            if getattr(peft.peft_config.get(name), "is_prompt_learning", False):
                 raise UnsupportedModelError(
                     f"{type(model).__name__}: adapter {name!r} is prompt learning "
-                    f"({model.peft_config[name].peft_type}), whose virtual tokens the explanation does not compute; "
+                    f"({peft.peft_config[name].peft_type}), whose virtual tokens the explanation does not compute; "
                     "adapters on layers (LoRA, DoRA, IA³) are explained")
         return children["base_model"]
     if isinstance(children.get("model"), nn.Module):  # a tuner (LoraModel, IA3Model, …): the model it adapts

@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 import html
 import io
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -65,9 +64,10 @@ from .colours import (  # noqa: F401
 )
 
 if TYPE_CHECKING:
+    import matplotlib.colors as mcolors
     import matplotlib.pyplot as plt
-
-mcolors = require("matplotlib.colors", extra="viz", what="lrp_core.viz")
+else:
+    mcolors = require("matplotlib.colors", extra="viz", what="lrp_core.viz")
 
 __all__ = [
     "relevance_cmap", "DEFAULT_CLIP", "DEFAULT_GAMMA", "ColourScale", "colour_scale",
