@@ -142,7 +142,6 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     options = {**given, **unknown}
     spec = registry.get(method)
     adapter = get_adapter(model).for_inputs(inputs)
-    registry.check_model(spec, adapter)
     prepared = adapter.check_inputs(inputs)
     opt = registry.parse_options(spec, options, adapter.num_blocks, registry.defaults_key(adapter))
     if opt.position is not None:  # decoders: explain the prediction at another token

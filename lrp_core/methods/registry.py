@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from ..errors import InputError, RuleSetError, UnknownMethodError, UnsupportedModelError
+from ..errors import InputError, RuleSetError, UnknownMethodError
 from ..explanation import OPTIONAL_FIELDS
 from ..rules.ops import EXPLICIT, MODIFIED_GRADIENT
 from ..runtime.memory import BACKWARD, GRAPH, MODIFIED, PLAIN, RELPROP, Profile
@@ -56,9 +56,6 @@ class MethodSpec:
     #: by the row minimum (``TokenLayout.readout_minimum``, docs/METHODS.md §5.6); the widgets' product view
     #: reads it here
     readout_minimum: bool = False
-    #: whether it runs on decoder language models (lrp_core.adapters.decoder); every method does today, the flag
-    #: (and :func:`check_model`) is there for one that cannot
-    decoders: bool = True
     #: the kind of pass (lrp_core.rules.ops.PASS_KINDS) of the rule set a method that takes ``composite=`` runs
     rule_pass: Optional[str] = None
 
@@ -144,7 +141,7 @@ METHOD_NAMES: tuple = tuple(METHODS)
 #: Methods whose map does not depend on the target class.
 CLASS_AGNOSTIC: tuple = tuple(n for n, s in METHODS.items() if s.class_agnostic)
 #: the methods that run on decoder language models
-DECODER_METHODS: tuple = tuple(n for n, s in METHODS.items() if s.decoders)
+DECODER_METHODS: tuple = tuple(METHODS)  # every method runs on decoder language models
 
 
 def _check_declarations() -> None:
@@ -192,15 +189,6 @@ def defaults_key(adapter: Any) -> str:
     return "decoder" if adapter.is_decoder else adapter.modality
 
 
-def check_model(spec: MethodSpec, adapter: Any) -> None:
-    """Refuse a method on a kind of model it does not run on (named, with what to use instead)."""
-    if adapter.is_decoder and not spec.decoders:
-        takers = [n for n, s in METHODS.items() if s.decoders]
-        raise UnsupportedModelError(
-            f"method {spec.name!r} does not run on decoder language models ({type(adapter.model).__name__}); "
-            f"for a decoder use one of {takers}")
-
-
 def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int, modality: str) -> "Options":
     """Validate ``options`` for ``spec``; fill the method's defaults for ``modality`` (:func:`defaults_key`)."""
     unknown = sorted(set(options) - set(O.BY_NAME))
@@ -245,4 +233,4 @@ def _accepted(spec: MethodSpec) -> str:
 
 
 __all__ = ["MethodSpec", "METHODS", "METHOD_NAMES", "CLASS_AGNOSTIC", "OPTION_HELP", "GENERIC_OPTIONS", "get",
-           "parse_options", "defaults_key", "check_model", "product_norm", "filled_by"]
+           "parse_options", "defaults_key", "product_norm", "filled_by"]

@@ -429,8 +429,6 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Setti
         if base is not None:
             emit(make_row(case, BASELINE, base, base))
         for method in methods:
-            if is_decoder(case.model) and method not in DECODER_METHODS:
-                continue  # a method that does not run on decoders (MethodSpec.decoders): no row
             reason = skip_reason(case, method, settings) or memory_reason(case, method, free)
             if reason:
                 emit(make_row(case, method, None, None, note=reason))
