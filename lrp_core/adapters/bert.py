@@ -137,6 +137,10 @@ class BertAdapter(Adapter):
             if table is not None and (int(tt.min()) < 0 or int(tt.max()) >= table.num_embeddings):
                 raise InputError(f"token_type_ids must lie in [0, {table.num_embeddings}) (the model's segment "
                                  f"table); got {int(tt.min())} … {int(tt.max())}")
+            if table is None and "token_type_ids" not in self.honoured_inputs and not bool(tt.any()):
+                # a model without a segment table (DistilBERT, MPNet) given one segment only, as a BERT
+                # tokenizer emits it: nothing it would compute with; any other segment id is refused below
+                inputs = {k: v for k, v in inputs.items() if k != "token_type_ids"}
         input_keys(inputs, type(self.model).__name__, self.honoured_inputs, self.refused_inputs)
         pos = inputs.get("position_ids")
         if pos is not None:

@@ -237,7 +237,7 @@ class BenchError(LRPError, RuntimeError):
 def run_worker(case: Case, method: str, settings: Settings) -> dict:
     """Measure (case, method) in a fresh Python process, so that its peak RSS is its own."""
     job = {**asdict(case), **asdict(settings), "method": method}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, "-m", "lrp_core.tools.bench", "--_worker", json.dumps(job)],
                           capture_output=True, text=True, env=env)

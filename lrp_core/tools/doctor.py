@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository (lrp_core/tools/doctor.py)
 
 #: (import name, distribution, minimal version, essential) — from pyproject.toml
 PACKAGES = [
@@ -238,7 +238,7 @@ def check_kernel() -> Result:
         return Result("kernel python3", "fail", f"its python ({exe}) cannot import lrp_core",
                       _fix_for("kernel"))
     where = Path(probe.stdout.strip()).resolve().parent
-    mine = Path(__file__).resolve().parent
+    mine = Path(__file__).resolve().parents[1]  # lrp_core
     if where != mine:
         return Result("kernel python3", "warn", f"its python ({exe}) imports lrp_core from {where}, not {mine}",
                       _fix_for("kernel"))

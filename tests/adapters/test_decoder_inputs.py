@@ -248,10 +248,21 @@ def test_encoder_position_and_token_type_ids_are_the_models(family):
 def test_encoder_keys_the_replay_does_not_read_are_refused(family, key):
     model = make(family)
     inputs = text_batch(model)
-    value = {"head_mask": torch.ones(2, 2), "inputs_embeds": torch.zeros(3, 7, 32)}.get(
-        key, torch.zeros_like(inputs["input_ids"]))
+    value = {"head_mask": torch.ones(2, 2), "inputs_embeds": torch.zeros(3, 7, 32),
+             "token_type_ids": torch.ones_like(inputs["input_ids"])}.get(key, torch.zeros_like(inputs["input_ids"]))
     with pytest.raises(InputError, match=key):
         lrp_core.explain(model, {**inputs, key: value}, method="attnlrp")
+
+
+@pytest.mark.parametrize("family", ["distilbert", "mpnet"])
+def test_one_segment_on_a_model_without_a_segment_table_changes_nothing(family):
+    """All-zero token_type_ids (what a BERT tokenizer emits for one text) on a model with no segment table: the
+    explanation is the one without them, bit for bit; a second segment is refused (the test above)."""
+    model = make(family)
+    inputs = text_batch(model)
+    with_zeros = lrp_core.explain(model, {**inputs, "token_type_ids": torch.zeros_like(inputs["input_ids"])},
+                                  method="attnlrp")
+    assert torch.equal(with_zeros.scores, lrp_core.explain(model, inputs, method="attnlrp").scores)
 
 
 def test_encoder_token_type_ids_outside_the_segment_table_are_refused():
