@@ -7,8 +7,6 @@ reference input (zero vectors, the decoders' default) and feature mask (one id p
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients, KernelShap, NoiseTunnel
@@ -17,8 +15,6 @@ from test_api import _assert_same, _state
 
 from lrp_core import Contrast, InputError, explain
 from lrp_core.adapters import get_adapter
-from lrp_core.errors import UnsupportedModelError
-from lrp_core.methods import registry
 from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function
 
 #: small settings so that the suite stays fast; the batch sizes make Captum split its passes
@@ -297,11 +293,3 @@ def test_the_model_and_the_global_generator_are_left_as_they_were(method):
     _assert_same(before, _state(model))
 
 
-def test_every_method_runs_on_decoders_and_the_refusal_still_works():
-    """The baselines joined DECODER_METHODS; a method marked ``decoders=False`` would still be refused, by name."""
-    assert set(CAPTUM_METHODS) <= set(registry.DECODER_METHODS)
-    adapter = get_adapter(make_decoder("llama"))
-    registry.check_model(registry.get("kernel_shap"), adapter)  # no error
-    refused = dataclasses.replace(registry.get("kernel_shap"), decoders=False)
-    with pytest.raises(UnsupportedModelError, match="'kernel_shap' does not run on decoder language models"):
-        registry.check_model(refused, adapter)

@@ -72,7 +72,8 @@ def test_installed_wheel_explains_an_embedded_model(wheel, tmp_path):
                     "-q", str(wheel)], check=True, env=env, timeout=300)
     run = tmp_path / "elsewhere"
     run.mkdir()
-    code = """
+    # the same thread count as this process: a CPU matrix product's round-off depends on it
+    code = f"import torch\ntorch.set_num_threads({torch.get_num_threads()})\n" + """
 import json, torch
 import lrp_core
 from lrp_core.models import load
