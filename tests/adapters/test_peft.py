@@ -27,6 +27,7 @@ EXPLICIT = ("transformer_attribution", "lrp", "partial_lrp")
 FEW = EXPLICIT + ("attnlrp",)
 BERT_TARGETS = ["query", "key", "value", "dense"]
 DECODER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PHI3_TARGETS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
 GPT2_TARGETS = ["c_attn", "c_proj", "c_fc"]
 
 
@@ -92,6 +93,11 @@ CASES = {
         _adapted(make_decoder("gpt2"), _lora(target_modules=GPT2_TARGETS, fan_in_fan_out=True)),
         batch(rows(lengths=(4, 6))),
     ),
+    # the other decoder families: sliding windows, q/k norms, Gemma 3's (1+w) norms, Phi-3's fused projections
+    **{family: (lambda family=family: (
+        _adapted(make_decoder(family), _lora(target_modules=PHI3_TARGETS if family == "phi3" else DECODER_TARGETS)),
+        batch(rows(lengths=(4, 6)), "left"),
+    )) for family in ("mistral", "qwen2", "qwen3", "gemma3", "phi3")},
 }
 
 
