@@ -157,12 +157,12 @@ class _Untouched:
         self.log.clear()
 
 
-#: every method on one model of each adapter kind (timm ViT, BERT) and on every decoder family but GPT-2; on the
-#: other heads and
-#: GPT-2 the methods that put hooks of the engine's own on the model (the Captum baselines) and one relevance pass
+#: every method on one model of each adapter kind (timm ViT, BERT) and on every decoder family; on the
+#: sequence-classifier heads the methods that put hooks of the engine's own on the model (the Captum baselines)
+#: and one relevance pass
 CASES = [(name, method) for name in ("vit", "bert", "llama-causal", "mistral-causal", "qwen2-causal", "qwen3-causal",
-                                     "gemma3-causal", "phi3-causal") for method in METHODS] + [
-    (name, method) for name in ("llama-seq", "gpt2-causal", "gpt2-seq") for method in CAPTUM_METHODS + ("attnlrp",)
+                                     "gemma3-causal", "phi3-causal", "gpt2-causal") for method in METHODS] + [
+    (name, method) for name in ("llama-seq", "gpt2-seq") for method in CAPTUM_METHODS + ("attnlrp",)
 ]
 
 
