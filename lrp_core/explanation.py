@@ -161,11 +161,11 @@ class Explanation(ResultFields):
         logits: (B, C) the model's logits on ``inputs``.
         method: name of the method in :data:`lrp_core.METHODS`.
         pixels: (B, H, W) pixel relevance from the methods that carry relevance down to the pixels
-            (``lrp``, ``attnlrp``, ``cp_lrp``: ``lrp_core.registry.filled_by("pixels")``), else ``None``.
+            (``lrp``, ``attnlrp``, ``cp_lrp``: ``lrp_core.methods.registry.filled_by("pixels")``), else ``None``.
         layers: (B, L, N, N) the per-block matrices Ā_b the method aggregates,
             before ``I +`` is added (zeros for blocks below ``start_layer``),
             where the method has them. Aggregate a range of blocks with
-            :func:`lrp_core.rollout.accumulate`.
+            :func:`lrp_core.methods.products.accumulate`.
         layers_per_head: (B, L, H, N, N) the same before the head mean
             (only with ``keep_heads=True``).
         token_relevance: (B, L, N) relevance of each token in the residual

@@ -21,7 +21,7 @@ from .products import accumulate_row
 
 def _product_scores(c: Call, layers: Tensor, start: int, stop: Optional[int] = None, norm: str = "none") -> Tensor:
     """Token scores from the readout's row of ``Π (I + Ā_b)`` over blocks ``start … stop`` of ``layers``
-    (B, L, N, N), carried as a vector (:func:`~lrp_core.rollout.accumulate_row`); scored tokens only."""
+    (B, L, N, N), carried as a vector (:func:`~lrp_core.methods.products.accumulate_row`); scored tokens only."""
     return c.layout.scores(accumulate_row(layers, c.readout.weights(layers.shape[-1]), start, stop, norm=norm))
 
 
@@ -107,7 +107,7 @@ def transformer_attribution(c: Call) -> MethodResult:
     Memory: the attention gradients are made block by block as the top-down relevance
     pass reaches each block (:class:`_TopDownGradients`), each block's ``mean_h((∇A ⊙ R^A)⁺)`` is formed in
     place in the gradient, and the map is the readout row of the product carried as a vector
-    (:func:`~lrp_core.rollout.accumulate_row`): no N×N product.
+    (:func:`~lrp_core.methods.products.accumulate_row`): no N×N product.
     """
     a, opt = c.adapter, c.opt
     L, s = a.num_blocks, opt.start_layer
@@ -156,7 +156,7 @@ def generic_attention(c: Call) -> MethodResult:
     Memory: on a plain stack the backward is split at the block outputs and run top-down
     (:class:`_TopDownGradients`), each block's ``(∇A_b ⊙ A_b)⁺`` formed in its fresh gradient and reduced at
     once, so one block's ``(B, H, N, N)`` gradient is alive at a time, not L of them; the map is the readout
-    row of ``Π (I + Ā_b)`` carried as a vector (:func:`~lrp_core.rollout.accumulate_row`): no N×N product.
+    row of ``Π (I + Ā_b)`` carried as a vector (:func:`~lrp_core.methods.products.accumulate_row`): no N×N product.
     """
     a, s = c.adapter, c.opt.start_layer
     L = a.num_blocks

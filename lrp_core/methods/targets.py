@@ -117,7 +117,7 @@ class Goal:
 
 
 def goal(spec: Any, target: Any, batch: int, num_classes: int, model_name: str) -> Goal:
-    """Check ``target`` against the method ``spec`` (:class:`lrp_core.registry.MethodSpec`) and the batch's
+    """Check ``target`` against the method ``spec`` (:class:`lrp_core.methods.registry.MethodSpec`) and the batch's
     readout (``num_classes``, 0 without a classification head); :class:`InputError` naming what is accepted.
     """
     concept = target if isinstance(target, ConceptTarget) else None

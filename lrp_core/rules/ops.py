@@ -5,7 +5,7 @@ contract each (:data:`PASS_KINDS`):
 
 * :class:`ExplicitRule` — ``relevance(op, R)``: the explicit backward step of the Deep Taylor Decomposition
   passes (``transformer_attribution``, ``lrp``, ``partial_lrp``; docs/METHODS.md §1), driven by
-  :class:`lrp_core.composites.Propagation`: the relevance of the operation's output → one relevance per input.
+  :class:`lrp_core.rules.composites.Propagation`: the relevance of the operation's output → one relevance per input.
   The rules are in :mod:`lrp_core.rules.explicit`.
 * :class:`GradientRule` — ``forward(fn, *inputs, module=None)``: the forward computation with the gradient a
   modified-gradient method prescribes (AttnLRP, CP-LRP: gradient × input; docs/METHODS.md §2b), driven by

@@ -43,7 +43,7 @@ explained in float32 (``lrp_core.runtime.precision``), e.g.
 causal LM (``LlamaConfig``: width 512, 8 blocks, 8 heads / 2 key-value heads,
 MLP 1376, vocabulary 32,000, sdpa) at 1 × 512, 1 × 1024, 1 × 4096 and 8 × 512
 tokens (``--batches`` / ``--lengths`` give another grid), every method that runs
-on decoders (:data:`lrp_core.registry.DECODER_METHODS`). What is explained is
+on decoders (:data:`lrp_core.methods.registry.DECODER_METHODS`). What is explained is
 the next-token logit at the last position; the baseline is the same model's
 forward with the LM head on the last position only (``logits_to_keep=1``, what
 a next-token gradient needs), backward from the argmax logit into the
@@ -286,7 +286,7 @@ def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
 def skip_reason(case: Case, method: str, settings: Settings) -> Optional[str]:
     """Why (case, method) is not timed, or ``None``."""
     if is_decoder(case.model) and method not in DECODER_METHODS:
-        return f"{method} does not run on decoder LMs (lrp_core.registry.DECODER_METHODS)"
+        return f"{method} does not run on decoder LMs (lrp_core.methods.registry.DECODER_METHODS)"
     if method == "token_ablation" and case.batch * case.tokens > settings.ablation_max:
         return (f"token_ablation not timed where batch × tokens > {settings.ablation_max}: it runs one forward "
                 f"pass per token and sample ({case.batch * case.tokens} here)")
