@@ -11,9 +11,9 @@ from typing import Callable
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from ..rules.linear import check_peft_layers
 from ..runtime.wrappers import unwrap
 from .base import Adapter, BlockRelevance, TokenLayout, Trace
-from .linear import check_peft_layers
 
 
 def _mro_names(model: nn.Module) -> set:
@@ -241,7 +241,7 @@ def get_adapter(model: nn.Module) -> Adapter:
 
     ``torch.compile``, ``DataParallel``, ``DistributedDataParallel`` and peft ``PeftModel`` wrappers are looked
     through (:func:`lrp_core.runtime.wrappers.unwrap`); TorchScript is refused, and so are peft layers the relevance
-    rules do not read (:func:`lrp_core.adapters.linear.check_peft_layers`). A decoder no row names (or a subclass of a
+    rules do not read (:func:`lrp_core.rules.linear.check_peft_layers`). A decoder no row names (or a subclass of a
     listed decoder defined outside transformers) is recognised by its structure and checked against its own logits
     (:mod:`lrp_core.adapters.recognise`).
     """

@@ -16,10 +16,10 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD, Propagation
+from ..rules.linear import is_linear
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized
-from .linear import is_linear
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 

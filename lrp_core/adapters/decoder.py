@@ -29,10 +29,10 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import LINEAR, Propagation
+from ..rules.linear import is_linear
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
-from .linear import is_linear
 from .readouts import HeadLayer, PositionReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 

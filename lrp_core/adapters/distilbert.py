@@ -18,9 +18,9 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..rules.composites import ELEMENTWISE, LINEAR
+from ..rules.linear import is_linear
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
-from .linear import is_linear
 from .readouts import HeadLayer
 
 #: the classifier's ReLU (the model applies a fresh ``nn.ReLU()`` inline; it has no state)

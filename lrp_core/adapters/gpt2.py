@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import POS_ADD, Propagation
+from ..rules.linear import LinearView, effective_linear
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .decoder import DecoderAdapter
-from .linear import LinearView, effective_linear
 from .records import EmbeddingRecord, Trace
 
 

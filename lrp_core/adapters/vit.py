@@ -20,10 +20,10 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
+from ..rules.linear import is_linear
 from .base import Adapter
 from .blocks import IDENTITY, PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
-from .linear import is_linear
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 

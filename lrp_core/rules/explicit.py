@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-from ..adapters.linear import effective_linear
 from ..errors import RuleSetError, UnsupportedModelError
 from . import functional as F
+from .linear import effective_linear
 from .ops import (
     ADD,
     ATTENTION,

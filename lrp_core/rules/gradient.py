@@ -10,10 +10,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..adapters.linear import effective_linear, is_linear
 from ..errors import UnsupportedModelError
 from . import functional as F
 from .explicit import check_coefficient
+from .linear import effective_linear, is_linear
 from .ops import (
     ATTENTION,
     ELEMENTWISE,

@@ -61,8 +61,8 @@ from typing import Any, Mapping, Optional, Union
 
 import torch
 
-from ..adapters.linear import is_linear
 from ..errors import InputError
+from ..rules.linear import is_linear
 from .precision import HALF
 from .utils import proc_kib
 

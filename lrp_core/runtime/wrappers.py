@@ -17,7 +17,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     The replay calls the inner model's own submodules, so a compiled wrapper's graphs are not used and a
     data-parallel wrapper's replicas are not made: the explanation is the inner model's, on its device. A
     ``PeftModel``'s forward is its base model's (whose adapter layers the replay calls and the rules read,
-    :func:`lrp_core.adapters.linear.effective_linear`), except with prompt learning (prefix / prompt tuning,
+    :func:`lrp_core.rules.linear.effective_linear`), except with prompt learning (prefix / prompt tuning,
     p-tuning), whose virtual tokens the replay does not compute: refused.
     """
     import torch

@@ -1,7 +1,7 @@
 """peft models (LoRA, DoRA, IA³, modules_to_save): a ``PeftModel`` is explained as its base model, and every
 method's map is the map of the ``merge_and_unload()`` copy (the same function, plain Linear layers) to float64
 round-off — the explicit relevance rules read each adapted layer's effective weight
-(``lrp_core.adapters.linear.effective_linear``), the replay calls the layers themselves. Layers the rules do not
+(``lrp_core.rules.linear.effective_linear``), the replay calls the layers themselves. Layers the rules do not
 read are refused with the merge hint; the model is left bit-identical, adapters as found."""
 from __future__ import annotations
 
