@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lrp_core.rules import composites as C
+from lrp_core.rules import explicit as X
 from lrp_core.rules import functional as rules
+from lrp_core.rules import ops as O
 
 SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
 
@@ -136,11 +138,11 @@ def test_zbox_conserves_on_patch_conv(seed):
 
 def test_composites_pick_rules_by_operation_kind():
     lin = torch.nn.Linear(3, 2)
-    assert isinstance(C.TRANSFORMER_ATTRIBUTION.rule(C.LINEAR, lin), C.SignedLinear)
-    assert isinstance(C.LRP_BASELINE.rule(C.LINEAR, lin), C.BaselineLinear)
-    assert isinstance(C.TRANSFORMER_ATTRIBUTION.rule(C.ELEMENTWISE, torch.nn.GELU()), C.Identity)
-    assert isinstance(C.TRANSFORMER_ATTRIBUTION.rule(C.ADD), C.NormalizedAdd)
-    assert isinstance(C.LRP_BASELINE.rule(C.ADD), C.GenericAdd)
+    assert isinstance(C.TRANSFORMER_ATTRIBUTION.rule(O.LINEAR, lin), X.SignedLinear)
+    assert isinstance(C.LRP_BASELINE.rule(O.LINEAR, lin), X.BaselineLinear)
+    assert isinstance(C.TRANSFORMER_ATTRIBUTION.rule(O.ELEMENTWISE, torch.nn.GELU()), X.Identity)
+    assert isinstance(C.TRANSFORMER_ATTRIBUTION.rule(O.ADD), X.NormalizedAdd)
+    assert isinstance(C.LRP_BASELINE.rule(O.ADD), X.GenericAdd)
 
 
 @settings(max_examples=40, deadline=None)

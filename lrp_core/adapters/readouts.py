@@ -16,8 +16,9 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..rules.composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation, norm_kind
-from .blocks import PLAIN, Replay
+from ..rules.composites import Propagation
+from ..rules.ops import ADD, LAYERNORM, LINEAR, POOL, READOUT, norm_kind
+from .blocks import NO_RECORD, Replay
 from .records import ReadoutRecord
 
 
@@ -33,7 +34,7 @@ class Readout(ABC):
     """Final hidden states (B, N, D) -> logits (B, C)."""
 
     #: the head layers after pooling, in forward order (the last Linear gives the logits)
-    head: Sequence[HeadLayer]
+    head_layers: Sequence[HeadLayer]
     norm: nn.Module
     #: the operation kind of :meth:`pool` in the replay (a selection, or a weighted sum of tokens)
     pool_kind: str = READOUT
@@ -41,7 +42,7 @@ class Readout(ABC):
     @property
     def num_classes(self) -> int:
         """C, or 0 for a model without a classification head."""
-        last = self.head[-1] if self.head else None
+        last = self.head_layers[-1] if self.head_layers else None
         return last.module.out_features if last is not None and last.kind == LINEAR else 0
 
     @property
@@ -75,22 +76,31 @@ class Readout(ABC):
         return (w.reshape(shape) @ M).squeeze(-2)
 
     # ------------------------------------------------------------------ replay
-    def forward(self, hidden: Tensor, r: Replay = PLAIN) -> ReadoutRecord:
+    def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> ReadoutRecord:
         normed = r.norm(self.norm, hidden)
         token = r(self.pool_kind, self.pool, normed)
         h, inputs = token, []
-        for layer in self.head:
+        for layer in self.head_layers:
             inputs.append(h)
             h = r.module(layer.kind, layer.module, h)
-        last_linear = bool(self.head) and self.head[-1].kind == LINEAR
+        last_linear = bool(self.head_layers) and self.head_layers[-1].kind == LINEAR
         pooled = inputs[-1] if last_linear else h
         return ReadoutRecord(hidden=hidden, normed=normed, token=token, inputs=inputs, pooled=pooled, logits=h)
 
     # --------------------------------------------------------------- relevance
+    @abstractmethod
+    def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
+        """Relevance of the logits (B, C) -> relevance of the final hidden states (B, N, D)."""
+
+
+class PooledReadout(Readout):
+    """A readout with one pooled token: ``head_layers(pool(norm(h)))``; relevance goes back through the head
+    layers, then :meth:`unpool` spreads the pooled token's relevance over the tokens it was pooled from."""
+
     def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
         """Relevance of the logits (B, C) -> relevance of the final hidden states (B, N, D)."""
         R = R_out
-        for layer, x in zip(reversed(self.head), reversed(rec.inputs)):
+        for layer, x in zip(reversed(self.head_layers), reversed(rec.inputs)):
             if isinstance(layer.module, nn.Identity):
                 continue
             R = prop.unary(layer.kind, x, R, layer.module)  # Linears: the rule forms z from two products
@@ -102,11 +112,16 @@ class Readout(ABC):
         """Relevance of the pooled token (B, D) -> (B, N, D)."""
 
 
-class TokenReadout(Readout):
+def _kept(head_layers: Sequence[HeadLayer]) -> list:
+    """The head layers without identities (a model without a head, or a removed one)."""
+    return [h for h in head_layers if not isinstance(h.module, nn.Identity)]
+
+
+class TokenReadout(PooledReadout):
     """The classifier reads one token ([CLS] pooling): ``head(norm(h)[:, index])``."""
 
-    def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], index: int = 0):
-        self.norm, self.head, self.index = norm, [h for h in head if not isinstance(h.module, nn.Identity)], index
+    def __init__(self, norm: nn.Module, head_layers: Sequence[HeadLayer], index: int = 0):
+        self.norm, self.head_layers, self.index = norm, _kept(head_layers), index
 
     @property
     def tokens(self) -> tuple:
@@ -130,7 +145,7 @@ class TokenReadout(Readout):
         return R
 
 
-class PositionReadout(Readout):
+class PositionReadout(PooledReadout):
     """The classifier reads one token per row, at a position that differs by row: ``head(norm(h)[b, p_b])``.
 
     A decoder's last real token (padding on either side), CLIP's end-of-text token of each prompt.
@@ -138,8 +153,8 @@ class PositionReadout(Readout):
     READOUT operation of the composite, as for :class:`TokenReadout`.
     """
 
-    def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], positions: Tensor):
-        self.norm, self.head = norm, [h for h in head if not isinstance(h.module, nn.Identity)]
+    def __init__(self, norm: nn.Module, head_layers: Sequence[HeadLayer], positions: Tensor):
+        self.norm, self.head_layers = norm, _kept(head_layers)
         self._positions = positions.long()
 
     @property
@@ -174,7 +189,7 @@ class PositionReadout(Readout):
     def after_removal(self, rows: Tensor, removed: Tensor) -> "PositionReadout":
         """Each row's token moves one place to the left where a token before it was removed."""
         p = self._positions.to(rows.device)[rows]
-        return PositionReadout(self.norm, self.head, p - (removed.to(p.device) < p).long())
+        return PositionReadout(self.norm, self.head_layers, p - (removed.to(p.device) < p).long())
 
 
 def _range_weights(num_tokens: int, start: int) -> Tensor:
@@ -184,7 +199,7 @@ def _range_weights(num_tokens: int, start: int) -> Tensor:
     return w
 
 
-class MeanReadout(Readout):
+class MeanReadout(PooledReadout):
     """The classifier reads the average of the tokens from ``start`` on: ``head(mean_{i ≥ start} norm(h)_i)``.
 
     timm ``global_pool='avg'`` (``start`` = the number of prefix tokens, or 0 with ``class_token=False``),
@@ -193,8 +208,8 @@ class MeanReadout(Readout):
 
     pool_kind = POOL
 
-    def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], start: int = 0):
-        self.norm, self.head, self.start = norm, [h for h in head if not isinstance(h.module, nn.Identity)], start
+    def __init__(self, norm: nn.Module, head_layers: Sequence[HeadLayer], start: int = 0):
+        self.norm, self.head_layers, self.start = norm, _kept(head_layers), start
 
     def pool(self, normed: Tensor) -> Tensor:
         return normed[:, self.start:].mean(dim=1)
@@ -214,7 +229,7 @@ class MeanReadout(Readout):
         return R
 
 
-class ClsMeanReadout(Readout):
+class ClsMeanReadout(PooledReadout):
     """``head(concat(norm(h)_0, mean_{i ≥ start} norm(h)_i))`` — HF ``Dinov2ForImageClassification``.
 
     The Linear reads two D-vectors; each counts half in the token weights (docs/METHODS.md §4.2):
@@ -223,8 +238,8 @@ class ClsMeanReadout(Readout):
 
     pool_kind = POOL
 
-    def __init__(self, norm: nn.Module, head: Sequence[HeadLayer], start: int = 1):
-        self.norm, self.head, self.start = norm, [h for h in head if not isinstance(h.module, nn.Identity)], start
+    def __init__(self, norm: nn.Module, head_layers: Sequence[HeadLayer], start: int = 1):
+        self.norm, self.head_layers, self.start = norm, _kept(head_layers), start
 
     @property
     def tokens(self) -> tuple:
@@ -279,7 +294,7 @@ class TwoHeadReadout(Readout):
     def __init__(self, norm: nn.Module, head: nn.Module, head_dist: nn.Module, indices: tuple = (0, 1)):
         self.norm, self.indices = norm, tuple(indices)
         self.heads = (head, head_dist)
-        self.head = [HeadLayer(LINEAR, head)] if not isinstance(head, nn.Identity) else []
+        self.head_layers = [HeadLayer(LINEAR, head)] if not isinstance(head, nn.Identity) else []
 
     @property
     def tokens(self) -> tuple:
@@ -298,7 +313,7 @@ class TwoHeadReadout(Readout):
         i, j = self.indices
         return (M[..., i, :] + M[..., j, :]) / 2
 
-    def forward(self, hidden: Tensor, r: Replay = PLAIN) -> TwoHeadRecord:
+    def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> TwoHeadRecord:
         normed = r.module(LAYERNORM, self.norm, hidden)
         tokens = [r(READOUT, lambda t, k=k: t[:, k], normed) for k in self.indices]
         outs = tuple(r.module(LINEAR, head, t) for head, t in zip(self.heads, tokens))
@@ -318,9 +333,6 @@ class TwoHeadReadout(Readout):
             (R[:, k],) = prop(READOUT, (t,), R_t)
         return prop.unary(LAYERNORM, rec.hidden, R, self.norm)
 
-    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
-        raise NotImplementedError("TwoHeadReadout passes relevance through its two heads in relprop")
 
-
-__all__ = ["HeadLayer", "Readout", "TokenReadout", "PositionReadout", "MeanReadout", "ClsMeanReadout", "TwoHeadReadout",
-           "TwoHeadRecord"]
+__all__ = ["HeadLayer", "Readout", "PooledReadout", "TokenReadout", "PositionReadout", "MeanReadout", "ClsMeanReadout",
+           "TwoHeadReadout", "TwoHeadRecord"]

@@ -129,17 +129,17 @@ class EmbeddingRecord:
 class Trace:
     """Everything one replayed forward pass recorded.
 
-    ``head`` is the :class:`~lrp_core.adapters.readouts.Readout` the pass was read out with (per batch:
+    ``readout`` is the :class:`~lrp_core.adapters.readouts.Readout` the pass was read out with (per batch:
     :meth:`Adapter.readout_for`); the relevance pass and the methods read the readout from here, so a
-    batch is explained with the readout it was run with. ``readout`` is that readout's record.
+    batch is explained with the readout it was run with. ``readout_record`` is what that readout recorded.
     """
 
     x0: Tensor
     blocks: list = field(default_factory=list)  # BlockRecord per block
-    readout: Optional[ReadoutRecord] = None
+    readout_record: Optional[ReadoutRecord] = None
     mask: Optional[Tensor] = None  # (B, N) 1 = real token; None for images
     embedding: Optional[EmbeddingRecord] = None
-    head: Optional["Readout"] = None
+    readout: Optional["Readout"] = None
     #: operation kind → the first module of that kind the replay met (input order), for a composite's
     #: first-layer rules; ``None`` where the replay kept no record
     first: Optional[dict] = None
@@ -151,11 +151,11 @@ class Trace:
 
     @property
     def logits(self) -> Tensor:
-        return self.readout.logits
+        return self.readout_record.logits
 
     @property
     def pooled(self) -> Tensor:
-        return self.readout.pooled
+        return self.readout_record.pooled
 
 
 @dataclass

@@ -21,7 +21,6 @@ from typing import Mapping, Optional, cast
 from torch import Tensor, nn
 
 from ..errors import RuleSetError, UnknownNameError
-from .explicit import *  # noqa: F401,F403  (the rule objects, importable from here as before)
 from .explicit import (
     BaselineLinear,
     Clone,
@@ -38,7 +37,6 @@ from .explicit import (
     WeightedSum,
     ZBox,
 )
-from .gradient import *  # noqa: F401,F403
 from .gradient import (
     DetachedGate,
     DetachedOperands,
@@ -54,7 +52,6 @@ from .gradient import (
     PositionalRotary,
     PositionLeaves,
 )
-from .ops import *  # noqa: F401,F403  (operation kinds and rule contracts, importable from here as before)
 from .ops import (
     ADD,
     ATTENTION,

@@ -27,7 +27,9 @@ from lrp_core.errors import InputError  # noqa: E402
 from lrp_core.methods.call import Contrast  # noqa: E402
 from lrp_core.methods.registry import DECODER_METHODS, METHOD_NAMES  # noqa: E402
 from lrp_core.rules import composites as C  # noqa: E402
+from lrp_core.rules import explicit as X
 from lrp_core.rules import functional as F  # noqa: E402
+from lrp_core.rules import ops as O
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 TOL = 1e-10  # float64, relative to the row's largest |score|
@@ -183,7 +185,7 @@ def test_rotary_rule_conserves(seed, partial):
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
     z = F.apply_rotary(x, cos, sin)
     R = torch.randn(z.shape, generator=g, dtype=torch.float64)
-    (Rx, _, _) = C.Rotary().relevance(C.Op(C.ROPE, (x, cos, sin), z), R)
+    (Rx, _, _) = X.Rotary().relevance(O.Op(O.ROPE, (x, cos, sin), z), R)
     # the generic rule of a bias-free linear map: Σ R_x = Σ R up to the stabiliser's share
     assert torch.allclose(Rx.sum(), (R * z / (z + F.EPS)).sum(), rtol=1e-10)
     # and Rotᵀ is the transpose: ⟨Rot x, s⟩ = ⟨x, Rotᵀ s⟩
@@ -196,14 +198,14 @@ def test_shared_heads_clone_and_gated_product_conserve(seed, groups):
     g = torch.Generator().manual_seed(seed)
     kv = torch.randn(2, 2, 5, 4, generator=g, dtype=torch.float64)
     R = torch.randn(2, 2 * groups, 5, 4, generator=g, dtype=torch.float64)
-    (Rkv,) = C.SharedHeads().relevance(C.Op(C.KV_REPEAT, (kv,)), R)
+    (Rkv,) = X.SharedHeads().relevance(O.Op(O.KV_REPEAT, (kv,)), R)
     # Σ over the query heads sharing each kv head, formed as the Clone's x ⊙ Σ safe_div(R_g, x) (§5.2)
     # (one query head per kv head: nothing is shared, the relevance passes as is)
     expected = R if groups == 1 else R.reshape(2, 2, groups, 5, 4).sum(2) * kv / (kv + F.EPS)
     assert torch.allclose(Rkv, expected, rtol=1e-12)
     a, b = (torch.randn(3, 7, generator=g, dtype=torch.float64) for _ in range(2))
     Rz = torch.randn(3, 7, generator=g, dtype=torch.float64)
-    Ra, Rb = C.HalvedProduct().relevance(C.Op(C.GATE_MUL, (a, b)), Rz)
+    Ra, Rb = X.HalvedProduct().relevance(O.Op(O.GATE_MUL, (a, b)), Rz)
     z = a * b
     # each operand gets half of the product's relevance (up to the stabiliser): the two halves conserve
     assert torch.equal(Ra, Rb)

@@ -1,4 +1,4 @@
-"""The per-batch readout seam: ``Adapter.readout_for(prepared)``, ``trace.head``, :class:`PositionReadout`,
+"""The per-batch readout seam: ``Adapter.readout_for(prepared)``, ``trace.readout``, :class:`PositionReadout`,
 and adapters that validate without side effects (issue #21 items 3, 4)."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from lrp_core.rules.composites import LRP_BASELINE
 # ----------------------------------------------------------------------------
 def _position_twin(readout: TokenReadout, batch: int) -> PositionReadout:
     """The PositionReadout reading every row at the TokenReadout's index."""
-    return PositionReadout(readout.norm, readout.head, torch.full((batch,), readout.index))
+    return PositionReadout(readout.norm, readout.head_layers, torch.full((batch,), readout.index))
 
 
 def test_position_readout_at_one_index_is_the_token_readout_bit_for_bit(tiny_bert, text_batch):
@@ -30,7 +30,7 @@ def test_position_readout_at_one_index_is_the_token_readout_bit_for_bit(tiny_ber
     twin = _position_twin(a.readout, 3)
     with torch.no_grad():
         ref, got = a.forward(prepared), a.forward(prepared, readout=twin)
-        assert ref.head is a.readout and got.head is twin  # the trace keeps the readout it ran with
+        assert ref.readout is a.readout and got.readout is twin  # the trace keeps the readout it ran with
         assert torch.equal(ref.logits, got.logits)
         start = one_hot(ref.logits, ref.logits.argmax(-1))
         r_ref = a.relprop(ref, start, LRP_BASELINE, to_input=True, prepared=prepared)
@@ -73,7 +73,7 @@ def inputs():
 
 def _state(adapter) -> dict:
     """Everything an adapter holds: each attribute's identity, and the readout's head layers and their weights."""
-    head = adapter.readout.head
+    head = adapter.readout.head_layers
     return {"attrs": {k: id(v) for k, v in vars(adapter).items()}, "readout": id(adapter.readout),
             "head": [(layer.kind, id(layer.module)) for layer in head],
             "weights": [layer.module.weight.detach().clone() for layer in head if hasattr(layer.module, "weight")]}
