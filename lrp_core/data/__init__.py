@@ -3,6 +3,8 @@
 - :func:`make_scenes`: procedural scenes with exact object masks (toy ViT input).
 - :func:`sample_image`, :func:`list_images`, :func:`compose_pair`: photos that
   ship inside installed packages (scikit-image, scikit-learn, matplotlib).
+- :func:`make_facts`: the facts prompts of the embedded LM, each with its exact evidence tokens
+  (:class:`FactRecord`).
 - :func:`load_rationales`: sentiment sentences with human rationales
   (:class:`RationaleRecord`).
 - :class:`ImageSet`, :class:`TextSet`, :func:`scene_sets`, :func:`dinov2_scene_sets`: evaluation data;
@@ -10,6 +12,7 @@
 """
 from __future__ import annotations
 
+from .facts import FactRecord, make_facts
 from .folders import load_data_folder
 from .photos import compose_pair, list_images, sample_image
 from .rationales import RationaleRecord, load_rationales
@@ -31,4 +34,5 @@ __all__ = [
     "sample_image", "list_images", "compose_pair", "load_rationales",
     "RationaleRecord", "ImageSet", "TextSet", "SCENE_SEED", "BUILTIN_IMAGE_SETS",
     "scene_sets", "dinov2_scene_sets", "rationale_set", "label_id", "as_record", "load_data_folder",
+    "FactRecord", "make_facts",
 ]
