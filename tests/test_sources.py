@@ -245,3 +245,60 @@ def test_generation_gives_step_sources_and_the_answer_sums_them(llama):
     ids = r[1]
     assert abs(float(loo.sources[1, 0, 1]) - (_logit_at_end(llama, ids, t)
                                               - _logit_at_end(llama, torch.cat([ids[:2], ids[5:]]), t))) < 1e-10
+
+
+# ------------------------------------------------------------------ the views
+@pytest.fixture(scope="module")
+def tiny_lm():
+    from types import SimpleNamespace
+
+    from decoders import perturb
+
+    from lrp_core.models.tiny_lm import build_model, build_tokenizer
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    return SimpleNamespace(model=perturb(build_model(len(tok)), 0).double().eval(), tokenizer=tok)
+
+
+PROMPT = "Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer:"
+
+
+def test_the_generation_page_shows_sources_probabilities_and_an_honest_title(tiny_lm, monkeypatch):
+    spans = sentences(PROMPT).token_spans(tiny_lm.tokenizer)[:2]
+    gen = explain_generation(tiny_lm.model, tiny_lm.tokenizer, PROMPT, method="attnlrp", continuation=" Oslo .",
+                             sources=spans)
+    page = gen.html(0)
+    assert gen.source_labels(0) == ["Anna lives in Rome .", "Boris lives in Oslo ."]
+    assert "Sources, whole answer" in page and "Boris lives in Oslo ." in page
+    whole = gen.answer_sources()[0]
+    assert f"#2 {float(whole[1]):+.3g}" in page
+    # a given continuation: the model's probabilities of its tokens, by hand, and no "why the model wrote"
+    ids = tiny_lm.tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        p0 = float(tiny_lm.model(input_ids=ids).logits[0, -1].softmax(-1)[int(gen.targets[0, 0])])
+    assert abs(float(gen.probabilities[0, 0]) - p0) < 1e-12
+    assert f"p {100 * p0:.1f} %" in page
+    assert "why the model wrote" not in page and "given continuation" in page
+    greedy = explain_generation(tiny_lm.model, tiny_lm.tokenizer, PROMPT, method="attnlrp", max_new_tokens=1)
+    assert "why the model wrote what it wrote" in greedy.html(0)
+    # show() displays once and returns nothing (a cell ending in it does not draw it twice)
+    shown = []
+    import IPython.display
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    assert gen.show() is None and len(shown) == 1
+
+
+def test_the_generation_explorer_draws_each_steps_sources(tiny_lm):
+    from widgets import GenerationExplorer
+    spans = sentences(PROMPT).token_spans(tiny_lm.tokenizer)[:2]
+    w = GenerationExplorer(tiny_lm.model, tiny_lm.tokenizer, prompt=PROMPT, continuation=" Oslo .", sources=spans,
+                           methods=["attnlrp", "leave_one_out"])
+    assert w.source_labels() == ["Anna lives in Rome .", "Boris lives in Oslo ."]
+    got = w.explanation.sources[0]
+    want = explain(tiny_lm.model, w.prefix(0), method="attnlrp", target=w.target_id(0), sources=spans).sources[0]
+    assert torch.equal(got, want)
+    assert f"#1 {float(got[0]):+.3g}" in w.html.value and "what speaks for" in w._title()
+    w.method_selector.value = "leave_one_out"
+    assert "#2" in w.html.value and w.explanation.options["forward_passes"] == 3
+    with pytest.raises(InputError, match="reaches the explained token"):
+        GenerationExplorer(tiny_lm.model, tiny_lm.tokenizer, prompt=PROMPT, max_new_tokens=1, sources=[(10, 18)])

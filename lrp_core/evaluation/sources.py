@@ -150,7 +150,7 @@ def sources_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], 
     names = list(methods) + (["random"] if baseline else [])
     for method in progress_bar(names, progress, desc="methods"):
         per: dict[int, tuple[np.ndarray, float, float, float]] = {}
-        for S, members in groups.items():
+        for members in groups.values():
             for start in range(0, len(members), batch_size):
                 rows = members[start:start + batch_size]
                 if method == "random":
