@@ -76,6 +76,13 @@ def test_bad_spans_are_refused(llama, bad, match):
         explain(llama, batch(rows(lengths=(9, 7)), side="left"), method="attnlrp", sources=bad)
 
 
+def test_an_encoder_sums_over_spans_too(tiny_bert, text_batch):
+    # right-padded BERT rows of 7, 4 and 6 tokens, explained in length groups: the sums over [CLS] w1 | w2
+    exp = explain(tiny_bert, text_batch, method="attnlrp", sources=[(0, 2), (2, 3)])
+    by_hand = torch.stack([exp.scores[:, 0:2].sum(1), exp.scores[:, 2]], 1)
+    assert torch.allclose(exp.sources, by_hand.to(exp.sources.dtype), rtol=0, atol=1e-6)
+
+
 def test_sources_on_images_are_refused(tiny_vit, images):
     with pytest.raises(InputError, match="sources are token spans of a text"):
         explain(tiny_vit, images[:1], method="rollout", sources=SPANS)
