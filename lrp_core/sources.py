@@ -163,14 +163,11 @@ def as_spans(value: Any) -> Tensor:
         if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
             raise InputError(f"{what}; got a {t.dtype} tensor")
     else:
-        try:
-            rows = list(value)
-            if rows and all(_is_pair(r) for r in rows):
-                rows = [rows]
-            elif not all(isinstance(r, (list, tuple)) and all(_is_pair(p) for p in r) for r in rows):
-                raise TypeError
-        except TypeError:
-            raise InputError(f"{what}; got {value!r}") from None
+        rows = list(value) if isinstance(value, (list, tuple)) else None
+        if rows and all(_is_pair(r) for r in rows):
+            rows = [rows]
+        elif rows is None or not all(isinstance(r, (list, tuple)) and all(_is_pair(p) for p in r) for r in rows):
+            raise InputError(f"{what}; got {value!r}")
         lengths = {len(r) for r in rows}
         if len(lengths) > 1:
             raise InputError(f"{what}; the rows have {sorted(lengths)} sources")

@@ -71,13 +71,9 @@ def passes(method: str, exp: Any, context_tokens: int) -> tuple[float, float]:
 
 def _probabilities(model: Any, rows: list[torch.Tensor], answers: list[int]) -> np.ndarray:
     """p(answer) after each unpadded id row (left-padded into one batch, positions from the mask)."""
-    T = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, T - len(r):], mask[i, T - len(r):] = r, 1
+    x = _left_padded(rows)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        logits = model(**x, position_ids=(x["attention_mask"].cumsum(-1) - 1).clamp(min=0)).logits
     p = logits[:, -1].float().softmax(-1)
     return p[torch.arange(len(rows)), torch.tensor(answers)].numpy()
 
@@ -114,6 +110,43 @@ def source_ranking(scores: np.ndarray, deciding: int) -> tuple[float, float]:
     return float(rank == 0), 1.0 / (rank + 1)
 
 
+def _left_padded(rows: list[torch.Tensor]) -> dict:
+    """Unpadded id rows as one left-padded batch (``input_ids``, ``attention_mask``)."""
+    T = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, T - len(r):], mask[i, T - len(r):] = r, 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _answered(model: Any, ids: list[torch.Tensor], answers: list[int]) -> list[int]:
+    """The prompts whose greedy next token is the answer."""
+    x = _left_padded(ids)
+    with torch.no_grad():
+        pred = model(**x, position_ids=(x["attention_mask"].cumsum(-1) - 1).clamp(min=0)).logits[:, -1].argmax(-1)
+    return [i for i in range(len(ids)) if int(pred[i]) == answers[i]]
+
+
+def _method_scores(model: Any, method: str, ids: list[torch.Tensor], answers: list[int], found: list,
+                   groups: dict[int, list[int]], batch_size: int) -> dict[int, tuple[np.ndarray, float, float, float]]:
+    """Per prompt: the method's source scores (S,), forward and backward passes, seconds per explanation."""
+    from ..api import explain
+
+    per = {}
+    for members in groups.values():
+        for start in range(0, len(members), batch_size):
+            rows = members[start:start + batch_size]
+            t0 = time.perf_counter()
+            exp = explain(model, _left_padded([ids[i] for i in rows]), method=method,
+                          target=[answers[i] for i in rows], sources=[found[i][0] for i in rows], progress=False)
+            seconds = (time.perf_counter() - t0) / len(rows)
+            got = exp.sources.detach().double().cpu().numpy()
+            for k, i in enumerate(rows):
+                per[i] = (got[k], *passes(method, exp, len(ids[i])), seconds)
+    return per
+
+
 def sources_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], methods: Sequence[str],
                      batch_size: int = 16, progress: bool = True, baseline: bool = True,
                      seed: int = 0) -> tuple[Results, dict, float, int]:
@@ -122,55 +155,24 @@ def sources_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], 
     Returns ``(results, curves, accuracy, n_correct)``: ``results[method][metric]`` the means,
     ``curves[method][metric + "_per_prompt"]`` the per-prompt values (for the bootstrap).
     """
-    from ..api import explain
-
     ids = [torch.tensor(tokenizer(r.prompt)["input_ids"]) for r in records]
     answers = [tokenizer(" " + r.answer, add_special_tokens=False)["input_ids"][0] for r in records]
     found = [fact_sources(r, tokenizer) for r in records]
     p_answer = _probabilities(model, ids, answers)
-    with torch.no_grad():
-        T = max(len(r) for r in ids)
-        batch = torch.zeros(len(ids), T, dtype=torch.long)
-        mask = torch.zeros(len(ids), T, dtype=torch.long)
-        for i, r in enumerate(ids):
-            batch[i, T - len(r):], mask[i, T - len(r):] = r, 1
-        pred = model(input_ids=batch, attention_mask=mask,
-                     position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1].argmax(-1)
-    correct = [i for i in range(len(records)) if int(pred[i]) == answers[i]]
+    correct = _answered(model, ids, answers)
     drop, keep = ablation_table(model, [ids[i] for i in correct], [found[i][0] for i in correct],
                                 [answers[i] for i in correct])
     drop_of, keep_of = dict(zip(correct, drop)), dict(zip(correct, keep))
     rng = np.random.default_rng(seed)
-    random_scores = {i: rng.random(len(found[i][0])) for i in correct}
-    # prompts of the same number of sources are explained together (one S per call)
-    groups: dict[int, list[int]] = {}
+    random_scores = {i: (rng.random(len(found[i][0])), 0.0, 0.0, 0.0) for i in correct}
+    groups: dict[int, list[int]] = {}  # prompts of the same number of sources are explained together
     for i in correct:
         groups.setdefault(len(found[i][0]), []).append(i)
     curves: dict[str, dict[str, list]] = {}
     names = list(methods) + (["random"] if baseline else [])
     for method in progress_bar(names, progress, desc="methods"):
-        per: dict[int, tuple[np.ndarray, float, float, float]] = {}
-        for members in groups.values():
-            for start in range(0, len(members), batch_size):
-                rows = members[start:start + batch_size]
-                if method == "random":
-                    for i in rows:
-                        per[i] = (random_scores[i], 0.0, 0.0, 0.0)
-                    continue
-                P = max(len(ids[i]) for i in rows)
-                x = torch.zeros(len(rows), P, dtype=torch.long)
-                m = torch.zeros(len(rows), P, dtype=torch.long)
-                for k, i in enumerate(rows):
-                    x[k, P - len(ids[i]):], m[k, P - len(ids[i]):] = ids[i], 1
-                t0 = time.perf_counter()
-                exp = explain(model, {"input_ids": x, "attention_mask": m}, method=method,
-                              target=[answers[i] for i in rows], sources=[found[i][0] for i in rows],
-                              progress=False)
-                seconds = (time.perf_counter() - t0) / len(rows)
-                got = exp.sources.detach().double().cpu().numpy()
-                for k, i in enumerate(rows):
-                    fwd, bwd = passes(method, exp, len(ids[i]))
-                    per[i] = (got[k], fwd, bwd, seconds)
+        per = random_scores if method == "random" else \
+            _method_scores(model, method, ids, answers, found, groups, batch_size)
         values: dict[str, list] = {k: [] for k in SOURCE_METRICS}
         for i in correct:  # prompt order, the same for every method (paired)
             scores, fwd, bwd, seconds = per[i]
