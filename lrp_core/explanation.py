@@ -221,7 +221,7 @@ class Explanation(ResultFields):
         return self.pixels if self.pixels is not None else self.upsample()
 
     def by_source(self, spans: Any) -> torch.Tensor:
-        """(B, S) the sum of the token scores over each source (docs/METHODS.md §3d).
+        """(B, S) the sum of the token scores over each source (docs/METHODS.md §2s).
 
         Parameters
         ----------

@@ -2,7 +2,7 @@
 
 A source is a half-open token span ``(start, end)`` of a row, counted from the row's first real token (the row
 as the tokenizer gives it alone, special tokens included), so padding on either side does not move it. A
-relevance method's source score is the sum of its token scores over the span (``docs/METHODS.md`` §3d);
+relevance method's source score is the sum of its token scores over the span (``docs/METHODS.md`` §2s);
 ``explain(..., sources=spans)`` fills ``Explanation.sources`` (B, S), and :meth:`Explanation.by_source` sums
 any explanation afterwards.
 

@@ -1,4 +1,4 @@
-"""Sources as units (docs/METHODS.md §3d): source scores, the span helpers, leave-one-out and the ContextCite
+"""Sources as units (docs/METHODS.md §2s): source scores, the span helpers, leave-one-out and the ContextCite
 surrogate against explicit removals and hand computations, on tiny seeded decoders in float64."""
 from __future__ import annotations
 

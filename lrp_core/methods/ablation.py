@@ -1,4 +1,4 @@
-"""Ablation methods on sources (docs/METHODS.md §3d): what the output loses when sources of the context go.
+"""Ablation methods on sources (docs/METHODS.md §2s): what the output loses when sources of the context go.
 
 Both take the sources of ``explain(..., sources=spans)`` (token spans of the context) and score each one:
 

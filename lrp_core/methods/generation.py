@@ -75,7 +75,7 @@ class GenerationExplanation:
 
     def answer_sources(self) -> Tensor:
         """(B, S) each source's score for the whole answer: the sum of its step scores over the steps each row
-        took (docs/METHODS.md §3d)."""
+        took (docs/METHODS.md §2s)."""
         if self.sources is None:
             raise InputError("this explanation has no sources: pass sources=[(start, end), ...] (token spans of the "
                              "prompt) to explain_generation")

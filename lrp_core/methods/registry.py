@@ -137,7 +137,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                returns=("pixels",)),
 )}
 
-#: The methods that score sources rather than tokens (docs/METHODS.md §3d): each needs ``sources=`` and a decoder
+#: The methods that score sources rather than tokens (docs/METHODS.md §2s): each needs ``sources=`` and a decoder
 #: language model; ``explain`` runs them like the others (``registry.get`` finds them), but they are not in
 #: :data:`METHOD_NAMES`, the token-map methods every model takes.
 SOURCE_METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
