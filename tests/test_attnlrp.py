@@ -15,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lrp_core import explain
-from lrp_core.rules.composites import ATTNLRP, CP_LRP, MATMUL_QK, HalvedGradient, IdentityRule
+from lrp_core.rules.composites import ATTNLRP, CP_LRP
+from lrp_core.rules.gradient import HalvedGradient, IdentityRule
+from lrp_core.rules.ops import MATMUL_QK
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lxt"
 METHODS = ("attnlrp", "cp_lrp")

@@ -7,22 +7,10 @@ from conftest import make_tiny_vit
 
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
-from lrp_core.rules.composites import (
-    ADD,
-    DECODER_KINDS,
-    LINEAR,
-    MASK_ADD,
-    OP_KINDS,
-    TRANSFORMER_ATTRIBUTION,
-    Composite,
-    ExplicitRule,
-    GenericAdd,
-    Identity,
-    Op,
-    Propagation,
-    Rule,
-)
+from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Composite, Propagation
+from lrp_core.rules.explicit import GenericAdd, Identity
 from lrp_core.rules.functional import generic
+from lrp_core.rules.ops import ADD, DECODER_KINDS, LINEAR, MASK_ADD, OP_KINDS, ExplicitRule, Op, Rule
 
 
 class GenericRule(ExplicitRule):
@@ -106,20 +94,10 @@ def test_explain_is_unchanged_by_building_composites(tiny_vit, images):
 from lrp_core.adapters.blocks import Replay  # noqa: E402
 from lrp_core.errors import RuleSetError  # noqa: E402
 from lrp_core.rules import functional as F  # noqa: E402
-from lrp_core.rules.composites import (  # noqa: E402
-    ATTNLRP,
-    CP_LRP,
-    ELEMENTWISE,
-    EXPLICIT,
-    LRP_BASELINE,
-    MODIFIED_GRADIENT,
-    PATCH_CONV,
-    POS_ADD,
-    BaselineLinear,
-    Gradient,
-    GradientRule,
-    SignedLinear,
-)
+from lrp_core.rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE
+from lrp_core.rules.explicit import BaselineLinear, SignedLinear
+from lrp_core.rules.gradient import Gradient
+from lrp_core.rules.ops import ELEMENTWISE, EXPLICIT, MODIFIED_GRADIENT, PATCH_CONV, POS_ADD, GradientRule
 
 BUILT_IN = {"transformer_attribution": (TRANSFORMER_ATTRIBUTION, EXPLICIT), "lrp_baseline": (LRP_BASELINE, EXPLICIT),
             "attnlrp": (ATTNLRP, MODIFIED_GRADIENT), "cp_lrp": (CP_LRP, MODIFIED_GRADIENT)}

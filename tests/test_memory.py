@@ -288,11 +288,11 @@ def test_every_method_has_a_profile():
 
 
 def test_estimate_grows_with_batch_tokens_and_kept_heads():
-    f = memory.ModelFacts(blocks=12, tokens=197, width=768, heads=12, mlp=3072, itemsize=4)
+    f = memory.SizeFacts(blocks=12, tokens=197, width=768, heads=12, mlp=3072, itemsize=4)
     for method in METHODS:
         by_batch = [memory.estimate(_p(method), f, b) for b in (1, 2, 8, 64)]
         assert by_batch == sorted(by_batch) and by_batch[0] < by_batch[-1], method
-        by_tokens = [memory.per_sample(_p(method), memory.ModelFacts(12, n, 768, 12, 3072, 4)) for n in (16, 64, 197)]
+        by_tokens = [memory.per_sample(_p(method), memory.SizeFacts(12, n, 768, 12, 3072, 4)) for n in (16, 64, 197)]
         assert by_tokens == sorted(by_tokens) and by_tokens[0] < by_tokens[-1], method
         assert memory.per_sample(_p(method), f, keep_heads=True) >= memory.per_sample(_p(method), f)
     ta = memory.per_sample(_p("transformer_attribution"), f)
@@ -326,8 +326,8 @@ def test_decoder_facts_know_the_lm_head_sdpa_and_the_gated_mlp():
 
 def test_fused_methods_keep_no_attention_maps_on_sdpa():
     """AttnLRP / CP-LRP on an sdpa model: the estimate has no H·N² term (only N² masks); elsewhere it does."""
-    def facts(n: int, sdpa: bool) -> memory.ModelFacts:
-        return memory.ModelFacts(blocks=8, tokens=n, width=512, heads=8, mlp=2752, itemsize=4, outputs=32000,
+    def facts(n: int, sdpa: bool) -> memory.SizeFacts:
+        return memory.SizeFacts(blocks=8, tokens=n, width=512, heads=8, mlp=2752, itemsize=4, outputs=32000,
                                  sdpa=sdpa)
     for method in ("attnlrp", "cp_lrp"):
         eager = memory.per_sample(_p(method), facts(4096, False))
@@ -342,7 +342,7 @@ def test_fused_methods_keep_no_attention_maps_on_sdpa():
     # the LM head: 2·V per sample, and its V·D weight is the largest weight of the fixed part
     f = facts(16, True)
     assert memory.fixed(_p("attnlrp"), f) == 3 * 512 * 32000 * 4
-    no_head = memory.ModelFacts(8, 16, 512, 8, 2752, 4, outputs=0, sdpa=True)
+    no_head = memory.SizeFacts(8, 16, 512, 8, 2752, 4, outputs=0, sdpa=True)
     assert memory.per_sample(_p("attnlrp"), f) - memory.per_sample(_p("attnlrp"), no_head) == 2 * 32000 * 4
 
 

@@ -33,7 +33,7 @@ def readable_size(requested: int, minimum: int) -> int:
 
 
 @dataclass
-class ModelFacts:
+class ResolvedModel:
     """What a widget needs to know about the model it explains.
 
     ``adapter`` is the engine's (:func:`lrp_core.adapters.get_adapter`): the one
@@ -54,7 +54,7 @@ class ModelFacts:
         return self.adapter.modality
 
 
-def resolve_model(model: Any, widget: str) -> ModelFacts:
+def resolve_model(model: Any, widget: str) -> ResolvedModel:
     """Accept a ``lrp_core.models.LoadedModel`` or a bare torch module the engine supports."""
     loaded = model if isinstance(model, LoadedModel) else None
     module = loaded.model if loaded is not None else model
@@ -65,13 +65,13 @@ def resolve_model(model: Any, widget: str) -> ModelFacts:
                                     f"explain: {err}") from None
     if loaded is not None:
         info = dict(loaded.info or {})
-        return ModelFacts(module=module, adapter=adapter, labels=list(loaded.labels or []),
+        return ResolvedModel(module=module, adapter=adapter, labels=list(loaded.labels or []),
                           tokenizer=loaded.tokenizer, mean=info.get("mean"), std=info.get("std"),
                           preprocess=loaded.preprocess)
     id2label = getattr(getattr(module, "config", None), "id2label", None)
     labels = [str(id2label[i]) for i in sorted(id2label)] if id2label else []
     pcfg = getattr(module, "pretrained_cfg", None) or {}
-    return ModelFacts(module=module, adapter=adapter, labels=labels, mean=pcfg.get("mean"),
+    return ResolvedModel(module=module, adapter=adapter, labels=labels, mean=pcfg.get("mean"),
                       std=pcfg.get("std"))
 
 
@@ -79,7 +79,7 @@ def resolve_model(model: Any, widget: str) -> ModelFacts:
 WIDGET_FOR = {"image": "widgets.RelevanceExplorer", "text": "widgets.TokenRelevance"}
 
 
-def check_kind(facts: ModelFacts, expected: str, widget: str) -> None:
+def check_kind(facts: ResolvedModel, expected: str, widget: str) -> None:
     """Raise a readable error when the model's modality is not the one the widget explains."""
     kind = facts.kind
     if kind != expected:
@@ -88,13 +88,13 @@ def check_kind(facts: ModelFacts, expected: str, widget: str) -> None:
                                     f"model ({type(facts.module).__name__}): use {WIDGET_FOR[kind]}")
 
 
-def is_clip(facts: ModelFacts) -> bool:
+def is_clip(facts: ResolvedModel) -> bool:
     """Whether the model is a CLIP explained on its image side (prompts in place of classes)."""
     from lrp_core.adapters.clip import CLIPImageAdapter
     return isinstance(facts.adapter, CLIPImageAdapter)
 
 
-def prepare_images(facts: ModelFacts, inputs: Any) -> torch.Tensor:
+def prepare_images(facts: ResolvedModel, inputs: Any) -> torch.Tensor:
     """Images (B, 3, H, W) as the engine takes them, validated by the model's adapter.
 
     Two conveniences of the widgets come first: a PIL image or array goes through
@@ -130,7 +130,7 @@ def class_options(logits: torch.Tensor, names: Sequence[str], k: int = TOP_K) ->
     return opts
 
 
-def image_rgb(inputs: torch.Tensor, facts: ModelFacts) -> np.ndarray:
+def image_rgb(inputs: torch.Tensor, facts: ResolvedModel) -> np.ndarray:
     """(B, H, W, 3) uint8 display images from normalised model inputs."""
     out = []
     for x in inputs.detach().cpu():

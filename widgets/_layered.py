@@ -19,10 +19,18 @@ from lrp_core.runtime.utils import logits_of
 
 from . import _engine, _render, views
 from ._cache import CACHE_SIZE, Cached, ExplanationCache
-from ._common import ModelFacts, RelevanceWidget, check_kind, class_names, class_options, describe_error, resolve_model
+from ._common import (
+    RelevanceWidget,
+    ResolvedModel,
+    check_kind,
+    class_names,
+    class_options,
+    describe_error,
+    resolve_model,
+)
 
 
-def forward_logits(facts: ModelFacts, inputs: Any, threads: Any = "auto") -> torch.Tensor:
+def forward_logits(facts: ResolvedModel, inputs: Any, threads: Any = "auto") -> torch.Tensor:
     """The model's logits (B, C) without gradients (on ``threads`` CPU threads)."""
     if facts.adapter.num_classes == 0:  # a backbone without a head (e.g. DINOv2): no classes to pick
         raise UnsupportedModelError(f"{type(facts.module).__name__} has no classification head, so there are no "
@@ -74,7 +82,7 @@ class LayerExplorer(RelevanceWidget):
             getattr(self, name).add_class("trl-" + name.replace("_", "-"))  # stable CSS hooks
         self.add_class("trl-widget")
         try:
-            self.facts: ModelFacts = resolve_model(model, type(self).__name__)
+            self.facts: ResolvedModel = resolve_model(model, type(self).__name__)
             self._check_kind()
             self.inputs = self._prepare_inputs(inputs)
             self.logits = self._forward_logits()

@@ -46,7 +46,7 @@ from lrp_core.viz.text import NEWLINE_MARKS, SPACE_MARKS, merge_words, readable,
 
 from . import _engine, views
 from ._cache import CACHE_SIZE, Cached, ExplanationCache
-from ._common import ModelFacts, RelevanceWidget, token_page_bundle
+from ._common import RelevanceWidget, ResolvedModel, token_page_bundle
 
 #: greedy tokens written when neither ``max_new_tokens`` nor a continuation is given
 DEFAULT_NEW_TOKENS = 5
@@ -73,7 +73,7 @@ def decoder_methods(methods: Optional[Sequence[str]] = None, sources: bool = Fal
     return chosen
 
 
-def resolve_lm(model: Any, tokenizer: Any) -> ModelFacts:
+def resolve_lm(model: Any, tokenizer: Any) -> ResolvedModel:
     """A causal LM the engine explains (a module or a ``LoadedModel``) and its tokenizer."""
     loaded = model if isinstance(model, LoadedModel) else None
     module = loaded.model if loaded is not None else model
@@ -89,7 +89,7 @@ def resolve_lm(model: Any, tokenizer: Any) -> ModelFacts:
         raise UnsupportedModelError(
             f"GenerationExplorer explains causal language models (LlamaForCausalLM, GPT2LMHeadModel, ...); "
             f"{type(module).__name__} has no language-model head: use widgets.TokenRelevance for classifiers")
-    return ModelFacts(module=module, adapter=adapter, labels=[], tokenizer=tokenizer)
+    return ResolvedModel(module=module, adapter=adapter, labels=[], tokenizer=tokenizer)
 
 
 def prompt_ids(tokenizer: Any, prompt: Any) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from lrp_core.errors import InputError
 from lrp_core.viz import merge_wordpieces, token_html
 
-from ._common import ModelFacts, token_page_bundle
+from ._common import ResolvedModel, token_page_bundle
 from ._layered import LayerExplorer, forward_logits
 
 _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -33,7 +33,7 @@ def tokenize(texts: Sequence[str], tokenizer: Any) -> dict[str, torch.Tensor]:
     return {k: enc[k] for k in _TEXT_KEYS if k in enc}
 
 
-def prepare_text(facts: ModelFacts, inputs: Any, tokenizer: Any) -> dict[str, torch.Tensor]:
+def prepare_text(facts: ResolvedModel, inputs: Any, tokenizer: Any) -> dict[str, torch.Tensor]:
     """Tokenised text as the engine takes it, validated by the model's adapter.
 
     A text or a list of texts is tokenised first (the widgets take raw text, the

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..rules.composites import Composite, Propagation
 from ..runtime.precision import compute_precision
-from .blocks import PLAIN, BlockSpec, Replay, block_forward, block_relprop
+from .blocks import NO_RECORD, BlockSpec, Replay, block_forward, block_relprop
 from .readouts import Readout
 from .records import AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout, Trace
 
@@ -103,7 +103,7 @@ class Adapter(ABC):
         """Validate user inputs; return the prepared dict (``images`` or ``input_ids``/``attention_mask``...)."""
 
     @abstractmethod
-    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """The input layer up to block 0's input. ``track``: make the input-space tensors
         (``images``, word ``embeds``) leaves that require gradients."""
 
@@ -145,7 +145,7 @@ class Adapter(ABC):
                 track: bool = False, readout: Optional[Readout] = None) -> Trace:
         """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations (an
         explicit-pass one is refused at once); ``None``: the plain replay. ``readout``: the batch's readout
-        (default :meth:`readout_for`); the trace keeps it as ``trace.head``."""
+        (default :meth:`readout_for`); the trace keeps it as ``trace.readout``."""
         # a modified-gradient pass never reads A: models that run sdpa may keep their fused attention
         r = Replay(composite, names=self._names_for(composite), fuse=composite is not None)
         head = self.readout_for(prepared) if readout is None else readout
@@ -161,7 +161,7 @@ class Adapter(ABC):
             trace.embedding = emb
         return trace
 
-    def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = PLAIN,
+    def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = NO_RECORD,
                    keep: bool = True, readout: Optional[Readout] = None,
                    positions: Optional[Tensor] = None) -> Trace:
         """Blocks and readout from the block-0 input ``x0`` (B, N, D); ``mask`` (B, N) 1 = real token.
@@ -225,7 +225,7 @@ class Adapter(ABC):
                  prepared: Optional[dict], on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
                  release: bool) -> BlockRelevance:
         prop = Propagation(composite, cache=self.shares_weights, names=self._names_for(composite), first=trace.first)
-        R = trace.head.relprop(trace.readout, R_out, prop)  # the readout the trace was run with
+        R = trace.readout.relprop(trace.readout, R_out, prop)  # the readout the trace was run with
         B, N, _ = R.shape
         L = self.num_blocks
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, N, dtype=R.dtype, device=R.device))

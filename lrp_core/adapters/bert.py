@@ -15,10 +15,11 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD, Propagation
+from ..rules.composites import Propagation
 from ..rules.linear import is_linear
+from ..rules.ops import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD
 from .base import Adapter
-from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -39,7 +40,7 @@ class BertAdapter(Adapter):
         super().__init__(model)
         self.base = self._backbone()
         self.blocks = [self._block(i, layer) for i, layer in enumerate(self._layers())]
-        self.readout = TokenReadout(norm=nn.Identity(), head=self._head())
+        self.readout = TokenReadout(norm=nn.Identity(), head_layers=self._head())
         self.max_length = self._max_length()
         self.vocab_size = int(getattr(model.config, "vocab_size", 0)) or None
 
@@ -167,7 +168,7 @@ class BertAdapter(Adapter):
                            readout_tokens=self.readout.tokens, mask=mask)
 
     # --------------------------------------------------------------- forward
-    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """Word (+ token-type) + position embeddings, LayerNorm (+ projection) — the model's own order.
 
         ``embeds`` (B, T, E) are the word embeddings, the read-out of attnlrp/cp_lrp; ``x0``

@@ -19,7 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
-from ..rules.composites import (
+from ..rules.composites import Composite, Propagation, RuleChoice
+from ..rules.functional import apply_rotary, repeat_kv
+from ..rules.ops import (
     ADD,
     ATTENTION,
     ELEMENTWISE,
@@ -33,12 +35,8 @@ from ..rules.composites import (
     ROPE,
     SCALE,
     SOFTMAX,
-    Composite,
-    Propagation,
-    RuleChoice,
     norm_kind,
 )
-from ..rules.functional import apply_rotary, repeat_kv
 from .records import AttentionRecord, BlockRecord
 
 IDENTITY = nn.Identity()
@@ -182,7 +180,7 @@ class Replay(RuleChoice):
 
 
 #: the plain replay of code that needs no record of the order (a module-level default: it keeps nothing)
-PLAIN = Replay(record=False)
+NO_RECORD = Replay(record=False)
 
 
 def _add(u: Tensor, v: Tensor) -> Tensor:
@@ -289,7 +287,7 @@ def _mlp_forward(p: MlpSpec, m: Tensor, r: Replay) -> tuple[dict, Tensor, Option
     return lin, r.norm(p.mid_norm, r(GATE_MUL, _mul, gate, up)), gate, up
 
 
-def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = PLAIN,
+def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = NO_RECORD,
                   rope: Optional[tuple] = None) -> BlockRecord:
     """One block on ``x`` (B, N, D); ``bias`` the additive mask or ``None``; ``rope`` the rotary tables."""
     pre = p.layout == "pre_ln"
@@ -406,5 +404,5 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
     return R_A, prop.clone(rec.h, *R_parts)  # the three-way Clone
 
 
-__all__ = ["AttentionSpec", "MlpSpec", "BlockSpec", "Replay", "PLAIN", "IDENTITY", "LAYOUTS",
+__all__ = ["AttentionSpec", "MlpSpec", "BlockSpec", "Replay", "NO_RECORD", "IDENTITY", "LAYOUTS",
            "attention_forward", "block_forward", "block_relprop"]

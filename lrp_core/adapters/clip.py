@@ -21,12 +21,13 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
-from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
+from ..rules.composites import Propagation
+from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
 from .base import Adapter
 from .bert import MASK_VALUE
-from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import attention_mask, pixel_values, token_ids
 from .readouts import HeadLayer, PositionReadout, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -109,7 +110,7 @@ class CLIPImageAdapter(ViTAdapter):
     def _readout(self, prompts: Tensor) -> TokenReadout:
         """[CLS] → post_layernorm → visual_projection → L2 normalisation → ``prompts`` (P, E)."""
         vision = self.model.vision_model
-        return TokenReadout(norm=nn.Identity(), head=[
+        return TokenReadout(norm=nn.Identity(), head_layers=[
             HeadLayer(LAYERNORM, vision.post_layernorm), HeadLayer(LINEAR, self.model.visual_projection),
             HeadLayer(LAYERNORM, L2Normalize()), HeadLayer(LINEAR, similarity_linear(prompts))])
 
@@ -150,7 +151,7 @@ class CLIPImageAdapter(ViTAdapter):
                                       dtype)
 
     # --------------------------------------------------------------- forward
-    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         emb = self.model.vision_model.embeddings
         images = prepared["images"]
         if track:
@@ -202,7 +203,7 @@ class CLIPTextAdapter(Adapter):
         # without a batch: one placeholder image (zero weight), read at the last position; see readout_for
         placeholder = torch.zeros(1, model.text_projection.out_features, dtype=model.text_projection.weight.dtype,
                                   device=model.text_projection.weight.device)
-        self.readout = TokenReadout(norm=text.final_layer_norm, head=self._head(placeholder), index=-1)
+        self.readout = TokenReadout(norm=text.final_layer_norm, head_layers=self._head(placeholder), index=-1)
         self.max_length = int(text.embeddings.position_embedding.weight.shape[0])
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
@@ -268,7 +269,7 @@ class CLIPTextAdapter(Adapter):
         future = causal.to(x0.dtype)[None, None] * self.mask_value
         return super().attention_bias(x0, mask) + future
 
-    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         emb = self.model.text_model.embeddings
         ids = prepared["input_ids"]
         words = emb.token_embedding(ids)

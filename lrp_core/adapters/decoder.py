@@ -28,10 +28,11 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import LINEAR, Propagation
+from ..rules.composites import Propagation
 from ..rules.linear import is_linear
+from ..rules.ops import LINEAR
 from .base import Adapter
-from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
 from .readouts import HeadLayer, PositionReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -246,7 +247,7 @@ class DecoderAdapter(Adapter):
         if self._dynamic_rope():  # dynamic NTK scaling is there to run past max_position_embeddings
             self.max_length = None
         #: a sequence classifier pools at its last token that is not the padding id (:func:`pooled_position`)
-        self.pools = self.readout.head[0].module is getattr(self.model, "score", None)
+        self.pools = self.readout.head_layers[0].module is getattr(self.model, "score", None)
 
     # ------------------------------------------------------------ the family's part
     def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
@@ -367,10 +368,10 @@ class DecoderAdapter(Adapter):
 
     def readout_for(self, prepared: dict) -> PositionReadout:
         """The readout of this batch: the head at each row's read position."""
-        return PositionReadout(self.readout.norm, self.readout.head, prepared["read_at"].argmax(dim=-1))
+        return PositionReadout(self.readout.norm, self.readout.head_layers, prepared["read_at"].argmax(dim=-1))
 
     # ------------------------------------------------------------ forward
-    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         words = self.embed_tokens(prepared["input_ids"])
         if track:
             words = words.detach().requires_grad_(True)

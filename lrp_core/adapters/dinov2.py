@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
-from ..rules.composites import LINEAR
+from ..rules.ops import LINEAR
 from .blocks import AttentionSpec, BlockSpec
 from .readouts import ClsMeanReadout, HeadLayer, Readout
 from .vit import HFViTAdapter, hf_attention, hf_linear_head, hf_mlp
@@ -37,7 +37,7 @@ class HFDinov2Adapter(HFViTAdapter):
 
     def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
         (clf,) = hf_linear_head(model, "classifier")
-        return ClsMeanReadout(norm=base.layernorm, head=[HeadLayer(LINEAR, clf)], start=self.num_prefix_tokens)
+        return ClsMeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=self.num_prefix_tokens)
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
         cfg = self.model.config

@@ -17,8 +17,8 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..rules.composites import ELEMENTWISE, LINEAR
 from ..rules.linear import is_linear
+from ..rules.ops import ELEMENTWISE, LINEAR
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .readouts import HeadLayer

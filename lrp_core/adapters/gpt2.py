@@ -18,9 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import POS_ADD, Propagation
+from ..rules.composites import Propagation
 from ..rules.linear import LinearView, effective_linear
-from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
+from ..rules.ops import POS_ADD
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .decoder import DecoderAdapter
 from .records import EmbeddingRecord, Trace
 
@@ -122,7 +123,7 @@ class GPT2Adapter(DecoderAdapter):
                              "to the input): pass input_ids and attention_mask only")
         return prepared
 
-    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """``wte(ids)`` (the tokens e, read by AttnLRP / CP-LRP) + ``wpe(position ids)``: block 0's input (B, T, D)."""
         tokens = self.embed_tokens(prepared["input_ids"])
         if track:

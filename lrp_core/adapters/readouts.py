@@ -16,8 +16,9 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..rules.composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation, norm_kind
-from .blocks import PLAIN, Replay
+from ..rules.composites import Propagation
+from ..rules.ops import ADD, LAYERNORM, LINEAR, POOL, READOUT, norm_kind
+from .blocks import NO_RECORD, Replay
 from .records import ReadoutRecord
 
 
@@ -75,7 +76,7 @@ class Readout(ABC):
         return (w.reshape(shape) @ M).squeeze(-2)
 
     # ------------------------------------------------------------------ replay
-    def forward(self, hidden: Tensor, r: Replay = PLAIN) -> ReadoutRecord:
+    def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> ReadoutRecord:
         normed = r.norm(self.norm, hidden)
         token = r(self.pool_kind, self.pool, normed)
         h, inputs = token, []
@@ -298,7 +299,7 @@ class TwoHeadReadout(Readout):
         i, j = self.indices
         return (M[..., i, :] + M[..., j, :]) / 2
 
-    def forward(self, hidden: Tensor, r: Replay = PLAIN) -> TwoHeadRecord:
+    def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> TwoHeadRecord:
         normed = r.module(LAYERNORM, self.norm, hidden)
         tokens = [r(READOUT, lambda t, k=k: t[:, k], normed) for k in self.indices]
         outs = tuple(r.module(LINEAR, head, t) for head, t in zip(self.heads, tokens))

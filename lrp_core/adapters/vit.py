@@ -19,10 +19,11 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, Propagation
+from ..rules.composites import Propagation
 from ..rules.linear import is_linear
+from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
 from .base import Adapter
-from .blocks import IDENTITY, PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
+from .blocks import IDENTITY, NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -137,8 +138,8 @@ class TimmViTAdapter(ViTAdapter):
         head = [HeadLayer(LAYERNORM, model.fc_norm), HeadLayer(LINEAR, model.head)]
         if model.global_pool == "avg":
             start = 0 if getattr(model, "pool_include_prefix", False) else int(model.num_prefix_tokens)
-            return MeanReadout(norm=model.norm, head=head, start=start)
-        return TokenReadout(norm=model.norm, head=head)
+            return MeanReadout(norm=model.norm, head_layers=head, start=start)
+        return TokenReadout(norm=model.norm, head_layers=head)
 
     def _block(self, i: int, blk: nn.Module) -> BlockSpec:
         where = f"block {i} ({type(blk).__name__})"
@@ -165,7 +166,7 @@ class TimmViTAdapter(ViTAdapter):
     def patch_norm(self) -> nn.Module:
         return self.model.patch_embed.norm
 
-    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """timm's ``patch_embed`` and ``_pos_embed``, each operation through the replay: the patch conv, its
         norm, the prefix tokens (cls, dist, reg) and the position add (after them, or on the patches alone
         with ``no_embed_class``). Dropout and patch dropout: inference (identities)."""
@@ -260,7 +261,7 @@ class HFViTAdapter(ViTAdapter):
 
     def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
         (clf,) = hf_linear_head(model, "classifier")
-        return TokenReadout(norm=base.layernorm, head=[HeadLayer(LINEAR, clf)])
+        return TokenReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)])
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
         cfg = self.model.config
@@ -271,7 +272,7 @@ class HFViTAdapter(ViTAdapter):
                          attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d ** -0.5),
                          mlp=hf_mlp(layer))
 
-    def embed(self, prepared: dict, r: Replay = PLAIN, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         emb = getattr(self.model, self.backbone).embeddings
         images = prepared["images"]
         if track:

@@ -82,7 +82,7 @@ class Call:
             self.readout = self.adapter.readout_for(self.prepared)
 
     def forward(self, **kwargs: Any) -> Trace:
-        """The adapter's replay of the call's batch, read out with the call's readout (``trace.head``)."""
+        """The adapter's replay of the call's batch, read out with the call's readout (``trace.readout``)."""
         return self.adapter.forward(self.prepared, readout=self.readout, **kwargs)
 
     def start(self, logits: Tensor, target: Tensor) -> Tensor:

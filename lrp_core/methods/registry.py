@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Optional
 from ..errors import InputError, RuleSetError, UnknownMethodError
 from ..explanation import OPTIONAL_FIELDS
 from ..rules.ops import EXPLICIT, MODIFIED_GRADIENT
-from ..runtime.memory import BACKWARD, GRAPH, MODIFIED, PLAIN, RELPROP, Profile
+from ..runtime.memory import BACKWARD, GRAPH, MODIFIED, RELPROP, REPLAY_ONLY, Profile
 from . import ablation as AB
 from . import attention as A
 from . import baselines as CB
@@ -86,25 +86,25 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                Profile(**{**GRAPH, "att": 2}, layers=True, **{**BACKWARD, "tmp_att": 4}),
                options=("start_layer", "keep_heads"), returns=("layers", "layers_per_head"), product_norm="none"),
     # Abnar & Zuidema: row-normalised Π (I + mean_h A_b)
-    MethodSpec("rollout", A.rollout, Profile(**PLAIN, layers=True, tmp_att=1),
+    MethodSpec("rollout", A.rollout, Profile(**REPLAY_ONLY, layers=True, tmp_att=1),
                options=_LAYER_PRODUCT + ("keep_heads",), class_agnostic=True,
                returns=("layers", "layers_per_head"), product_norm="row"),
     # the last block's readout attention, head mean
-    MethodSpec("raw_attention", A.raw_attention, Profile(**PLAIN, layers=True, tmp_att=1),
+    MethodSpec("raw_attention", A.raw_attention, Profile(**REPLAY_ONLY, layers=True, tmp_att=1),
                options=("keep_heads",), class_agnostic=True, returns=("layers", "layers_per_head"),
                product_norm="row"),  # attention maps: their product is rollout's
     # Grad-CAM on the last attention map
     MethodSpec("attention_gradcam", A.attention_gradcam, Profile(**GRAPH, **BACKWARD)),
     # full LRP with the baseline rules down to input space
-    MethodSpec("lrp", LRP.lrp, Profile(**PLAIN, kept=1, **RELPROP), options=("composite",),
+    MethodSpec("lrp", LRP.lrp, Profile(**REPLAY_ONLY, kept=1, **RELPROP), options=("composite",),
                returns=("pixels", "token_relevance"), rule_pass=EXPLICIT),
     # baseline LRP, the last block's attention relevance
-    MethodSpec("partial_lrp", LRP.partial_lrp, Profile(**PLAIN, kept=1, **RELPROP), options=("composite",),
+    MethodSpec("partial_lrp", LRP.partial_lrp, Profile(**REPLAY_ONLY, kept=1, **RELPROP), options=("composite",),
                returns=("token_relevance",), rule_pass=EXPLICIT),
     # Brocki & Chung: gradient × tokens entering the last attention
     MethodSpec("cdam", A.cdam, Profile(**GRAPH, **BACKWARD), concept_target=True),
     # y_t(all tokens) − y_t(without token i), batched
-    MethodSpec("token_ablation", P.token_ablation, Profile(**PLAIN, ablated=True), options=("batch_size",)),
+    MethodSpec("token_ablation", P.token_ablation, Profile(**REPLAY_ONLY, ablated=True), options=("batch_size",)),
     # Achtibat et al. (ICML 2024): gradient × input, std detached, identity rule, ÷2 at Q·Kᵀ and A·V
     MethodSpec("attnlrp", LRP.attnlrp, Profile(**MODIFIED, **BACKWARD, fused=True), options=("composite",),
                returns=("pixels", "token_relevance", "conservation"), rule_pass=MODIFIED_GRADIENT),
@@ -127,10 +127,10 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                options=("n_samples", "stdevs", "seed", "batch_size"),
                defaults={"image": {"stdevs": 0.6}, "text": {"stdevs": 0.02}}, returns=("pixels",)),
     # y_t(x) − y_t(x with one patch / token replaced by the baseline)
-    MethodSpec("occlusion", CB.occlusion, Profile(**PLAIN, batched=True), options=("baseline", "batch_size"),
+    MethodSpec("occlusion", CB.occlusion, Profile(**REPLAY_ONLY, batched=True), options=("baseline", "batch_size"),
                defaults=_REFERENCE, returns=("pixels",)),
     # Lundberg & Lee (2017): Shapley values of the patches / tokens from weighted coalitions
-    MethodSpec("kernel_shap", CB.kernel_shap, Profile(**PLAIN, batched=True),
+    MethodSpec("kernel_shap", CB.kernel_shap, Profile(**REPLAY_ONLY, batched=True),
                options=("n_samples", "baseline", "seed", "batch_size"),
                defaults={"image": {"n_samples": 256}, "text": {"n_samples": 256, **_REFERENCE["text"]},
                          "decoder": _REFERENCE["decoder"]},
@@ -142,10 +142,10 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
 #: :data:`METHOD_NAMES`, the token-map methods every model takes.
 SOURCE_METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # y(full) − y(without source s), one forward pass per source
-    MethodSpec("leave_one_out", AB.leave_one_out, Profile(**PLAIN, batched=True), options=("batch_size", "filler"),
+    MethodSpec("leave_one_out", AB.leave_one_out, Profile(**REPLAY_ONLY, batched=True), options=("batch_size", "filler"),
                returns=("sources",)),
     # Cohen-Wang et al. (NeurIPS 2024): a Lasso surrogate on n random source ablations
-    MethodSpec("context_cite", AB.context_cite, Profile(**PLAIN, batched=True),
+    MethodSpec("context_cite", AB.context_cite, Profile(**REPLAY_ONLY, batched=True),
                options=("n_ablations", "keep_prob", "alpha", "seed", "filler", "batch_size"), returns=("sources",)),
 )}
 #: The names of :data:`SOURCE_METHODS`.

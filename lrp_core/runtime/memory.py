@@ -5,7 +5,7 @@ explaining it at once exceeds a memory budget (docs/ARCHITECTURE.md, "Memory
 and pieces"). This module holds the three parts of that decision:
 
 - :func:`estimate` — an upper bound on the peak memory of one method's pass
-  over a batch, from the model's facts (:class:`ModelFacts`): blocks ``L``,
+  over a batch, from the model's facts (:class:`SizeFacts`): blocks ``L``,
   tokens ``N``, width ``D``, heads ``H``, MLP width ``F``, bytes per element.
 - :func:`budget` — the memory a call may use: ``max_memory`` as given, or a
   fraction of what the model's device has free.
@@ -73,7 +73,7 @@ MaxMemory = Union[None, int, float, str]
 
 
 @dataclass(frozen=True)
-class ModelFacts:
+class SizeFacts:
     """The sizes the estimate needs: blocks, tokens, width, heads, MLP width, bytes per element.
 
     ``outputs``: the head's outputs ``C`` (a causal LM's vocabulary ``V``; 0: not counted);
@@ -101,7 +101,7 @@ class Profile:
     ``batched``: its passes run up to ``batch_size`` sequences at a time besides the batch (the Captum
     baselines' steps, perturbations, noisy copies): the fixed part holds ``batch_size`` samples' pass.
     ``fused``: its pass is one modified backward that replays sdpa attention fused (no ``H·N²`` on an
-    sdpa model, :attr:`ModelFacts.sdpa`).
+    sdpa model, :attr:`SizeFacts.sdpa`).
     ``ablated``: its fixed part holds ``batch_size`` forward passes of the sequence with one token removed
     (token ablation), each priced as :data:`ABLATED_PASS`.
     """
@@ -121,7 +121,7 @@ class Profile:
 
 # The parts a method's Profile is made of (each method's profile is ``MethodSpec.memory`` in lrp_core.methods.registry).
 # (typed dict[str, Any]: spread into Profile, whose float and bool fields one value type cannot cover)
-PLAIN: dict[str, Any] = dict(act=16, mlp=2, att=3)  # replay without a graph
+REPLAY_ONLY: dict[str, Any] = dict(act=16, mlp=2, att=3)  # replay without a graph
 GRAPH: dict[str, Any] = dict(act=18, mlp=3, att=4)  # replay with autograd's saved tensors
 MODIFIED: dict[str, Any] = dict(act=24, mlp=4, att=5)  # the modified-gradient replay (decomposed LayerNorm, ratios)
 RELPROP: dict[str, Any] = dict(tmp_act=8, tmp_mlp=8, tmp_att=6)  # the explicit pass at one block
@@ -129,17 +129,17 @@ BACKWARD: dict[str, Any] = dict(tmp_act=6, tmp_mlp=3, tmp_att=3)  # autograd's b
 
 #: One forward pass of a sequence with a token removed (token ablation's fixed part), priced as a plain
 #: replay that keeps its head-mean maps.
-ABLATED_PASS = Profile(**PLAIN, layers=True, tmp_att=1)
+ABLATED_PASS = Profile(**REPLAY_ONLY, layers=True, tmp_att=1)
 
 
-def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = None) -> ModelFacts:
-    """The :class:`ModelFacts` of an adapter's model on a prepared batch (``tokens``: override ``N``)."""
+def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = None) -> SizeFacts:
+    """The :class:`SizeFacts` of an adapter's model on a prepared batch (``tokens``: override ``N``)."""
     first = adapter.blocks[0]
     # a gated MLP keeps gate and up outputs, the activation and the product: twice a plain one's N·F
     widths = [spec.mlp.fc1.out_features * (2 if getattr(spec.mlp, "gated", False) else 1)
               for spec in adapter.blocks]
     n = tokens if tokens is not None else adapter.layout(prepared).num_tokens
-    return ModelFacts(blocks=adapter.num_blocks, tokens=int(n), width=int(first.attn.proj.out_features),
+    return SizeFacts(blocks=adapter.num_blocks, tokens=int(n), width=int(first.attn.proj.out_features),
                       heads=int(first.attn.num_heads), mlp=int(max(widths)),
                       itemsize=_compute_itemsize(first.attn.proj.weight), outputs=_head_outputs(adapter),
                       sdpa=bool(getattr(first.attn, "sdpa", False)))
@@ -157,7 +157,7 @@ def _compute_itemsize(weight: Any) -> int:
     return 4 if weight.dtype in HALF else weight.element_size()
 
 
-def per_sample(p: Profile, f: ModelFacts, keep_heads: bool = False) -> int:
+def per_sample(p: Profile, f: SizeFacts, keep_heads: bool = False) -> int:
     """Bytes one more sample adds to the peak of a pass with profile ``p`` (a method's ``MethodSpec.memory``)."""
     N, D, H, F, L = f.tokens, f.width, f.heads, f.mlp, f.blocks
     nd, nf, hnn = N * D, N * F, H * N * N
@@ -170,19 +170,19 @@ def per_sample(p: Profile, f: ModelFacts, keep_heads: bool = False) -> int:
     return int(math.ceil((L * block + once) * f.itemsize))
 
 
-def fixed(p: Profile, f: ModelFacts, batch_size: int = 64) -> int:
+def fixed(p: Profile, f: SizeFacts, batch_size: int = 64) -> int:
     """Bytes of a pass with profile ``p`` that do not grow with the batch (weight-sized temporaries; the
     ablated or batched sequences)."""
     out = 3 * f.width * max(f.mlp, f.outputs) * f.itemsize  # the largest weight: an LM head's V·D
     if p.ablated:
-        out += batch_size * per_sample(ABLATED_PASS, ModelFacts(f.blocks, max(f.tokens - 1, 1), f.width, f.heads,
+        out += batch_size * per_sample(ABLATED_PASS, SizeFacts(f.blocks, max(f.tokens - 1, 1), f.width, f.heads,
                                                                 f.mlp, f.itemsize, f.outputs, f.sdpa))
     elif p.batched:
         out += batch_size * per_sample(p, f)
     return int(out)
 
 
-def estimate(p: Profile, f: ModelFacts, batch: int, keep_heads: bool = False, batch_size: int = 64) -> int:
+def estimate(p: Profile, f: SizeFacts, batch: int, keep_heads: bool = False, batch_size: int = 64) -> int:
     """Upper bound on the peak bytes of explaining ``batch`` samples at once with a pass of profile ``p``."""
     return fixed(p, f, batch_size) + batch * per_sample(p, f, keep_heads)
 
@@ -251,7 +251,7 @@ def budget(max_memory: MaxMemory, device: torch.device) -> float:
     return math.inf if free is None else SAFETY_FRACTION * free
 
 
-def piece_size(budget_bytes: float, p: Profile, f: ModelFacts, batch: int, keep_heads: bool = False,
+def piece_size(budget_bytes: float, p: Profile, f: SizeFacts, batch: int, keep_heads: bool = False,
                batch_size: int = 64) -> int:
     """Samples per piece of a pass with profile ``p``: ``batch`` if the whole batch fits, else
     ``⌊(budget − fixed) / per sample⌋`` (≥ 1)."""
@@ -261,5 +261,5 @@ def piece_size(budget_bytes: float, p: Profile, f: ModelFacts, batch: int, keep_
     return max(1, min(batch, int(room // max(per_sample(p, f, keep_heads), 1))))
 
 
-__all__ = ["ModelFacts", "Profile", "ABLATED_PASS", "SAFETY_FRACTION", "facts_of", "per_sample", "fixed", "estimate",
+__all__ = ["SizeFacts", "Profile", "ABLATED_PASS", "SAFETY_FRACTION", "facts_of", "per_sample", "fixed", "estimate",
            "parse_max_memory", "available", "budget", "piece_size"]

@@ -294,7 +294,7 @@ def skip_reason(case: Case, method: str, settings: Settings) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def case_facts(model: str, tokens: int) -> Optional[memory.ModelFacts]:
+def case_facts(model: str, tokens: int) -> Optional[memory.SizeFacts]:
     """The memory estimate's facts of ``model`` at ``tokens`` tokens, from a weightless (meta) copy;
     ``None`` where the engine does not take the model."""
     from ..adapters import get_adapter

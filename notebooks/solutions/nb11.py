@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from lrp_core import explain
-from lrp_core.rules.composites import ATTNLRP, ELEMENTWISE, MATMUL_AV
+from lrp_core.rules.composites import ATTNLRP
+from lrp_core.rules.ops import ELEMENTWISE, MATMUL_AV
 
 from .exercise import Exercise, Mistake
 

@@ -9,7 +9,8 @@ from transformers.pytorch_utils import Conv1D
 from lrp_core.adapters.blocks import Replay
 from lrp_core.adapters.gpt2 import Conv1DLinear
 from lrp_core.errors import UnsupportedModelError
-from lrp_core.rules.composites import ATTNLRP, CP_LRP, LINEAR, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Propagation
+from lrp_core.rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Propagation
+from lrp_core.rules.ops import LINEAR
 
 
 def _conv_and_linear(d_in: int = 6, d_out: int = 5, seed: int = 0) -> tuple[Conv1D, torch.nn.Linear]:

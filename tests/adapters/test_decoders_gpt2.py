@@ -186,7 +186,7 @@ def test_gpt2_blocks_read_the_conv1d_weights_through_views():
                        (block.mlp.fc1, layer.mlp.c_fc), (block.mlp.fc2, layer.mlp.c_proj)):
         assert isinstance(view, Conv1DLinear) and view.weight.data_ptr() == conv.weight.data_ptr()
         assert view.weight.shape == conv.weight.shape[::-1]
-    assert adapter.readout.head[0].module is model.lm_head and model.lm_head.weight is model.transformer.wte.weight
+    assert adapter.readout.head_layers[0].module is model.lm_head and model.lm_head.weight is model.transformer.wte.weight
 
 
 class _DivideGradient(torch.autograd.Function):

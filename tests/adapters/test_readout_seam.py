@@ -1,4 +1,4 @@
-"""The per-batch readout seam: ``Adapter.readout_for(prepared)``, ``trace.head``, :class:`PositionReadout`,
+"""The per-batch readout seam: ``Adapter.readout_for(prepared)``, ``trace.readout``, :class:`PositionReadout`,
 and adapters that validate without side effects (issue #21 items 3, 4)."""
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def inputs():
 
 def _state(adapter) -> dict:
     """Everything an adapter holds: each attribute's identity, and the readout's head layers and their weights."""
-    head = adapter.readout.head
+    head = adapter.readout.head_layers
     return {"attrs": {k: id(v) for k, v in vars(adapter).items()}, "readout": id(adapter.readout),
             "head": [(layer.kind, id(layer.module)) for layer in head],
             "weights": [layer.module.weight.detach().clone() for layer in head if hasattr(layer.module, "weight")]}

@@ -11,7 +11,7 @@ from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.methods import registry
-from lrp_core.rules.composites import ELEMENTWISE, LINEAR
+from lrp_core.rules.ops import ELEMENTWISE, LINEAR
 
 
 # ---------------------------------------------------------------- the replay is the model
@@ -114,7 +114,7 @@ def test_roberta_positions_start_after_the_padding_index():
 def test_electra_head_and_embedding_projection():
     model = make("electra")
     a = get_adapter(model)
-    kinds = [(layer.kind, layer.module) for layer in a.readout.head]
+    kinds = [(layer.kind, layer.module) for layer in a.readout.head_layers]
     assert [k for k, _ in kinds] == [LINEAR, ELEMENTWISE, LINEAR]
     assert kinds[0][1] is model.classifier.dense and kinds[2][1] is model.classifier.out_proj
     assert kinds[1][1] is model.classifier.activation  # GELU, not BERT's tanh
@@ -151,7 +151,7 @@ def test_modified_gradient_methods_read_the_word_embeddings(family):
 
 def test_distilbert_head_is_pre_classifier_relu_classifier():
     model = make("distilbert")
-    head = get_adapter(model).readout.head
+    head = get_adapter(model).readout.head_layers
     assert [layer.module for layer in head[::2]] == [model.pre_classifier, model.classifier]
     assert isinstance(head[1].module, torch.nn.ReLU)
 

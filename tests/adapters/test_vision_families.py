@@ -141,7 +141,7 @@ def test_mean_over_one_token_is_reading_that_token(monkeypatch):
     readout's (token_ablation aside: under a mean the only token may be removed, under a selection not)."""
     from lrp_core.adapters.readouts import HeadLayer, TokenReadout
     from lrp_core.adapters.vit import TimmViTAdapter
-    from lrp_core.rules.composites import LAYERNORM, LINEAR
+    from lrp_core.rules.ops import LAYERNORM, LINEAR
 
     model = make_tiny_vit(img_size=8, global_pool="avg", class_token=False).double()
     x = _images(2, (8, 8)).double()
@@ -239,17 +239,18 @@ def test_hf_distilled_deit_matches_timm_distilled_deit(method):
 # ---------------------------------------------------------------- relevance through the readouts
 @pytest.mark.parametrize("family", ["timm_avg", "timm_distilled", "hf_deit_teacher", "hf_dinov2"])
 def test_readout_relevance_is_conserved_and_every_rule_set_covers_it(family):
-    from lrp_core.rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE, POOL, TRANSFORMER_ATTRIBUTION, Propagation
+    from lrp_core.rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Propagation
+    from lrp_core.rules.ops import POOL
     a = get_adapter(FAMILIES[family]().double())
     trace = a.forward(a.check_inputs(_images(2).double()))
     R_out = torch.zeros_like(trace.logits)
     R_out[:, 1] = trace.logits[:, 1]
     for composite in (TRANSFORMER_ATTRIBUTION, LRP_BASELINE, ATTNLRP, CP_LRP):
         assert composite.rule(POOL) is not None
-    head = a.readout.head[-1].module
+    head = a.readout.head_layers[-1].module
     for composite in (TRANSFORMER_ATTRIBUTION, LRP_BASELINE):
         R = a.readout.relprop(trace.readout, R_out, Propagation(composite))
-        assert R.shape == trace.readout.hidden.shape
+        assert R.shape == trace.readout_record.hidden.shape
         # what the classifier's bias absorbs aside, the pooling and selection steps conserve
         kept = R.sum(dim=(1, 2))
         assert torch.isfinite(kept).all() and (kept != 0).all()
