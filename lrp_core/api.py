@@ -8,7 +8,7 @@ the model guard (:mod:`lrp_core.runtime.guard`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, NoReturn, Optional, Sequence, Union
 
 import torch
@@ -25,9 +25,12 @@ from .rules.composites import TRANSFORMER_ATTRIBUTION, Composite
 from .runtime import pieces
 from .runtime.guard import model_guard, public_call
 from .runtime.memory import MaxMemory
+from .sources import SourcesLike, by_source, in_columns
 
-#: Every method ``explain`` knows, in the order the course introduces them.
+#: Every token-map method ``explain`` knows, in the order the course introduces them.
 METHODS: tuple[str, ...] = registry.METHOD_NAMES
+#: The methods that score sources (``sources=`` given; decoder language models): leave-one-out, ContextCite.
+SOURCE_METHODS: tuple[str, ...] = registry.SOURCE_METHOD_NAMES
 #: The options ``explain`` takes as keyword-only parameters: the fields of :class:`~lrp_core.methods.options.Options`.
 OPTION_NAMES: frozenset[str] = frozenset(o.name for o in OPTIONS)
 
@@ -42,6 +45,8 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
             base: Optional[Literal["attnlrp", "cp_lrp", "cp_halved"]] = None, composite: Optional[Composite] = None,
             progress: Optional[bool] = None, position: Union[int, Sequence[int], Tensor, None] = None,
             max_memory: MaxMemory = None, chunk_size: Optional[int] = None,
+            sources: Optional[SourcesLike] = None, n_ablations: Optional[int] = None,
+            keep_prob: Optional[float] = None, alpha: Optional[float] = None, filler: Optional[int] = None,
             **unknown: NoReturn) -> Explanation:
     """Explain a batch of predictions of an unmodified timm / Hugging Face Transformer.
 
@@ -62,7 +67,8 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         Images, float (another float dtype is cast to the model's), or a tokenizer output with ``input_ids``
         (B, T) and a 0/1 ``attention_mask`` (B, T).
     method : str
-        One of :data:`METHODS`.
+        One of :data:`METHODS`, or of :data:`SOURCE_METHODS` (``leave_one_out``, ``context_cite``: they score the
+        ``sources`` of a decoder language model's context by removing them).
     target : None, int, sequence of B ints, Tensor (B,), Contrast or ConceptTarget
         ``None`` (argmax per sample), an int (Python or NumPy), a sequence / array of B ints, an integer tensor
         (B,) — floats and bools are refused (:mod:`lrp_core.methods.targets`); ``Contrast(positive, negative)``
@@ -125,6 +131,23 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         Every method: explain in pieces of at most this many samples (an int ≥ 1) instead; giving it together
         with an explicit ``max_memory`` is an error. Padded text is grouped by length first (each group
         explained unpadded, docs/METHODS.md §5.8), then each group is cut into pieces.
+    sources : list of (start, end), list of such lists, or Tensor (S, 2) / (B, S, 2), optional
+        Every method, text only: token spans (half-open) of the context's sources — documents, sentences,
+        marked passages — counted from each row's first real token (special tokens included), one list for
+        every row or one per row (the same number S each); :func:`lrp_core.sources.sentences` and
+        :func:`lrp_core.sources.documents` find them in a text. Fills ``sources`` (B, S): the sum of the token
+        scores over each span (the source methods: their own scores). On a decoder a source ends before the
+        explained token.
+    n_ablations : int, optional
+        ``context_cite`` (a source method): random ablation masks per row (default 64, ContextCite's).
+    keep_prob : float, optional
+        ``context_cite``: the probability that a mask keeps a source (default 0.5, ContextCite's).
+    alpha : float, optional
+        ``context_cite``: the Lasso penalty on the standardised masks (default 0.01, ContextCite's; 0 fits least
+        squares).
+    filler : int, optional
+        ``leave_one_out``, ``context_cite``: ``None`` (default) removes an ablated source's tokens (the later
+        tokens' positions follow); a token id replaces them instead.
     **unknown
         No other keyword is accepted: one is an :class:`~lrp_core.errors.InputError` naming the accepted
         options (typed ``NoReturn`` so that a type checker flags it too).
@@ -147,11 +170,18 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     if opt.position is not None:  # decoders: explain the prediction at another token
         prepared = adapter.at_position(prepared, opt.position)
     layout = adapter.layout(prepared)  # after the position: the layout names the token read (token ablation skips it)
+    if opt.sources is not None:  # the spans as columns of this batch, checked against its rows
+        if layout.modality != "text" or layout.output_start != 0:
+            raise InputError("sources are token spans of a text; this model explains images")
+        read = prepared["read_at"].argmax(dim=-1) if adapter.is_decoder else None
+        opt = replace(opt, sources=in_columns(opt.sources, prepared["attention_mask"], read))
     readout = adapter.readout_for(prepared)
     aim = goal(spec, target, adapter.batch_size(prepared), readout.num_classes, type(model).__name__)
     call = Call(adapter, prepared, layout, aim.resolve, opt, aim.concept, aim.negative, readout)
     result = pieces.run(spec, call, pieces.plan(adapter, prepared, spec.memory, opt))
     used = dict(result.used)
+    if opt.sources is not None and result.sources is None:  # a token-map method: its scores summed per source
+        result.sources = by_source(result.scores.detach(), opt.sources.to(result.scores.device))
     if aim.negative is not None:
         used["contrast_with"] = aim.negative.tolist()
     return Explanation(method=method, grid=layout.grid, image_size=layout.image_size,
@@ -216,5 +246,5 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
                           target=t, logits=trace.logits.detach())
 
 
-__all__ = ["explain", "METHODS", "concept_target", "ConceptTarget", "Contrast", "model_guard", "attention_parts",
-           "AttentionParts"]
+__all__ = ["explain", "METHODS", "SOURCE_METHODS", "concept_target", "ConceptTarget", "Contrast", "model_guard",
+           "attention_parts", "AttentionParts"]

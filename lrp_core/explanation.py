@@ -115,6 +115,7 @@ class ResultFields:
     conservation: Optional[Conservation] = field(default=None, metadata=_meta("Conservation of (B, ...) totals"))
     convergence_delta: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B,)", detach=True))
     positional: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B, T)", token_axes=1, detach=True))
+    sources: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B, S)", detach=True))
 
 
 def _declared() -> tuple[ResultField, ...]:
@@ -181,6 +182,9 @@ class Explanation(ResultFields):
             Σ attributions − (f(x) − f(baseline)), 0 for an exact integral; else ``None``.
         positional: (B, T) the relevance of each scored token's position encoding (``pa_lrp``: the learned /
             absolute embedding added at its position, or its rotary tables summed over blocks), else ``None``.
+        sources: (B, S) the score of each source given with ``sources=`` (token spans of the context): the sum
+            of the token scores over its span, or the ablation methods' own (``leave_one_out``,
+            ``context_cite``), else ``None``.
         options: the method options used.
     """
 
@@ -215,6 +219,24 @@ class Explanation(ResultFields):
     def pixel_map(self) -> torch.Tensor:
         """(B, H, W): the pixel relevance where the method computed it (``pixels``), else the upsampled patch map."""
         return self.pixels if self.pixels is not None else self.upsample()
+
+    def by_source(self, spans: Any) -> torch.Tensor:
+        """(B, S) the sum of the token scores over each source (docs/METHODS.md §2s).
+
+        Parameters
+        ----------
+        spans : token spans (start, end) as ``explain(..., sources=)`` takes them: one list for every row or one
+            per row, counted from each row's first real token (:mod:`lrp_core.sources`).
+
+        Returns
+        -------
+        Tensor (B, S)
+        """
+        from .sources import as_spans, by_source, in_columns
+
+        if self.grid is not None or self.attention_mask is None:
+            raise InputError("by_source() needs a text explanation: sources are token spans")
+        return by_source(self.scores, in_columns(as_spans(spans), self.attention_mask))
 
     def __getitem__(self, i: int) -> "Explanation":
         """The explanation of sample ``i`` as a batch of one."""

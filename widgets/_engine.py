@@ -95,13 +95,15 @@ def concept_method() -> str:
 
 
 def explain(model: torch.nn.Module, inputs: Any, method: str, target: Any = None,
-            start_layer: Optional[int] = None, keep_heads: bool = True) -> Any:
+            start_layer: Optional[int] = None, keep_heads: bool = True, sources: Any = None) -> Any:
     """``lrp_core.explain`` with the options a widget needs, where the method takes them.
 
     ``start_layer`` is passed to the methods that take it; per-head matrices are
-    requested (``keep_heads=True``) from the methods that offer them.
+    requested (``keep_heads=True``) from the methods that offer them; ``sources`` (token spans) to every method.
     """
     kwargs: dict[str, Any] = {"method": method, "target": target}
+    if sources is not None:
+        kwargs["sources"] = sources
     if start_layer is not None and takes(method, "start_layer"):
         kwargs["start_layer"] = int(start_layer)
     if keep_heads and takes(method, "keep_heads"):

@@ -40,8 +40,9 @@ from lrp_core.methods import registry
 from lrp_core.methods.call import Contrast
 from lrp_core.methods.generation import _continuation, _prompts, greedy_continuation
 from lrp_core.models import LoadedModel
+from lrp_core.sources import as_spans, in_columns
 from lrp_core.viz import token_html
-from lrp_core.viz.text import NEWLINE_MARKS, SPACE_MARKS, merge_words, readable
+from lrp_core.viz.text import NEWLINE_MARKS, SPACE_MARKS, merge_words, readable, source_blocks, span_text
 
 from . import _engine, views
 from ._cache import CACHE_SIZE, Cached, ExplanationCache
@@ -58,9 +59,10 @@ Stop = tuple[str, tuple[str, int]]  # (slider label, (view, block))
 
 
 # ----------------------------------------------------------------------------- pure helpers
-def decoder_methods(methods: Optional[Sequence[str]] = None) -> list[str]:
-    """The methods offered: ``methods`` (default: every method that runs on decoders), each checked."""
-    accepted = registry.DECODER_METHODS
+def decoder_methods(methods: Optional[Sequence[str]] = None, sources: bool = False) -> list[str]:
+    """The methods offered: ``methods`` (default: every method that runs on decoders; with ``sources``, the
+    source methods too), each checked."""
+    accepted = registry.DECODER_METHODS + (registry.SOURCE_METHOD_NAMES if sources else ())
     chosen = list(accepted if methods is None else ([methods] if isinstance(methods, str) else methods))
     if not chosen:
         raise InputError(f"no method given; choose from {', '.join(accepted)}")
@@ -205,6 +207,8 @@ class GenerationExplorer(RelevanceWidget):
         max_new_tokens: K, the greedy tokens to write (default 5; with a continuation, its length).
         methods: the methods offered (default: every method that runs on decoders).
         continuation: the tokens to explain instead of the greedy ones (text or ids).
+        sources: token spans (start, end) of the prompt's sources (documents, sentences:
+            ``lrp_core.sources``); each step's source scores are drawn as blocks beside its map.
 
     Bad arguments raise an :class:`~lrp_core.errors.InputError` naming what is accepted; errors while
     using the widget (an unknown contrast token) are shown in it. The map shown is ``displayed_map``
@@ -212,10 +216,13 @@ class GenerationExplorer(RelevanceWidget):
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, prompt: Any = "", max_new_tokens: Optional[int] = None,
-                 methods: Optional[Sequence[str]] = None, continuation: Any = None) -> None:
+                 methods: Optional[Sequence[str]] = None, continuation: Any = None, sources: Any = None) -> None:
         super().__init__()
         self.facts = resolve_lm(model, tokenizer)
-        chosen = decoder_methods(methods)
+        chosen = decoder_methods(methods, sources=sources is not None)
+        #: (S, 2) the prompt's source spans, or None
+        self.sources = None if sources is None else as_spans(sources)[0]
+        self.given = continuation is not None
         with _engine.torch_threads(self.facts.module, self.threads):
             ids = prompt_ids(self.tokenizer, prompt)
             self.facts.adapter.check_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
@@ -224,6 +231,8 @@ class GenerationExplorer(RelevanceWidget):
         self.input_ids = torch.cat([ids, gen.to(ids.device)], 1)
         self.prompt_length = int(ids.shape[1])
         self._check_length()
+        if self.sources is not None:  # checked against the prompt now, not at the first step
+            in_columns(self.sources[None], torch.ones_like(ids), torch.tensor([self.prompt_length - 1]))
         self.pieces = self._pieces()
         self._scheme = word_scheme(self.tokenizer)
         self._cache = ExplanationCache(CACHE_SIZE)
@@ -325,7 +334,8 @@ class GenerationExplorer(RelevanceWidget):
             target: Any = self.target_id(step)
             if contrast is not None:
                 target = Contrast([target], [contrast])
-            exp = _engine.explain(self.facts.module, inputs, method, target=target, keep_heads=False)
+            exp = _engine.explain(self.facts.module, inputs, method, target=target, keep_heads=False,
+                                  sources=self.sources)
             return Cached(exp, _engine.sample_readout(self.facts.adapter, inputs))
 
         return self._cache.get(key, compute)
@@ -417,13 +427,30 @@ class GenerationExplorer(RelevanceWidget):
         nxt = html.escape(shown_token(self.pieces[self.prompt_length + self.step]))
         self.html.value = (f'<div style="color:#333;margin:4px 0">{html.escape(self._title())}</div>'
                            + token_html(tokens, values, signed=True, explained="the token")
-                           + f'<div class="trl-next" style="margin-top:4px">\u2192 next token: <b>{nxt}</b></div>')
+                           + f'<div class="trl-next" style="margin-top:4px">\u2192 next token: <b>{nxt}</b></div>'
+                           + self._sources_html())
         self.info.value = self._info_html()
+
+    def source_labels(self) -> list[str]:
+        """The text of each source (its pieces joined)."""
+        spans = [] if self.sources is None else self.sources.tolist()
+        return [span_text(self.pieces[a:b], self.pieces) for a, b in spans]
+
+    def _sources_html(self) -> str:
+        """This step's source scores as blocks (the whole map's, not the layer slider's stop); '' without
+        sources."""
+        exp = self.explanation
+        if self.sources is None or exp is None or exp.sources is None:
+            return ""
+        return ('<div style="color:#333;margin-top:6px">sources (each: the sum of its tokens\' scores):</div>'
+                + source_blocks(self.source_labels(), exp.sources[0].double().cpu().numpy()))
 
     def _title(self) -> str:
         versus = "" if self.contrast is None else f" rather than {self._name(self.contrast)!r}"
         label = next(lab for lab, v in self.layer_slider.options if v == self.layer_slider.value)
-        return (f"{self.method}: why {self._name(self.target_id())!r}{versus} "
+        # a given token may be one the model would not write: not "why", but what speaks for it
+        why = "what speaks for" if self.given else "why"
+        return (f"{self.method}: {why} {self._name(self.target_id())!r}{versus} "
                 f"(step {self.step + 1} of {self.num_steps}) | {label}")
 
     def _top(self) -> list[tuple[str, float]]:

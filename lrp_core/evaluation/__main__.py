@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="toy-vit", help="a name lrp_core.models.load accepts")
     p.add_argument("--methods", default="all", help="'all' or a comma list")
+    p.add_argument("--protocol", choices=("evidence", "sources"), default="evidence",
+                   help="causal LMs: 'evidence' (evidence tokens, METHODS §3.6) or 'sources' (which fact decided "
+                        "the answer, §3.7; also takes the methods leave_one_out and context_cite)")
     # --samples / -n: under torchrun, whose parser reads --n as an abbreviation of its own options
     p.add_argument("--n", "--samples", "-n", dest="n", type=int, default=500,
                    help="number of images / documents (under torchrun: --samples or -n)")
@@ -78,7 +81,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         shard.resume, shard.stop_after = a.resume, a.stop_after_blocks
         run = evaluate(a.model, a.methods, a.n, a.batch_size, a.seed, a.data, a.split,
                        a.text_target, progress=not a.quiet and shard.rank == 0,
-                       baseline=not a.no_baseline, device=device, shard=shard)
+                       baseline=not a.no_baseline, device=device, shard=shard, protocol=a.protocol)
         if run is not None:  # rank 0 (or alone) writes the results; the other ranks are done
             _report(run, a, argv, shard)
     except LRPError as err:
@@ -95,7 +98,8 @@ def _report(run: dict, a: argparse.Namespace, argv: Optional[Sequence[str]], sha
     extra = f", clean accuracy {run['accuracy']:.3f}" if "accuracy" in run else ""
     procs = f", {shard.world} processes" if shard.world > 1 else ""
     print(f"{run['model']} ({run['kind']}), n={run['n']}{extra}, {run['seconds']:.0f} s{procs}")
-    print(format_table(run["results"], markdown=a.markdown, columns=_columns(run["kind"])))
+    kind = "lm-sources" if run.get("protocol") == "sources" else run["kind"]
+    print(format_table(run["results"], markdown=a.markdown, columns=_columns(kind)))
     for s in run.get("skipped", []):
         print(f"skipped {s}")
     if a.out:
@@ -107,6 +111,8 @@ def _report(run: dict, a: argparse.Namespace, argv: Optional[Sequence[str]], sha
 
 def _columns(kind: str) -> Optional[list[str]]:
     """Printed columns: all, except the text runs' precision / recall (they stay in the JSON)."""
+    if kind == "lm-sources":
+        return ["source_hit1", "source_ap", "drop_top", "keep_top", "forward_passes", "backward_passes", "seconds"]
     if kind != "text":
         return None
     return [c for c in text_metric_names() if not c.startswith(("token_precision", "token_recall"))]

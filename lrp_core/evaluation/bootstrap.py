@@ -49,6 +49,9 @@ TEXT_COLUMNS = {"F1@gold ↑": "f1_gold_per_document",
 LM_COLUMNS = {"evidence hit@1 ↑": "evidence_hit1_per_prompt", "evidence AP ↑": "evidence_ap_per_prompt",
               "MoRF AUC ↓": "morf_auc_per_prompt", "LeRF AUC ↑": "lerf_auc_per_prompt"}
 """Column name -> per-prompt list in ``curves[method]`` of a language-model run (docs/METHODS.md §3b)."""
+SOURCE_COLUMNS = {"source hit@1 ↑": "source_hit1_per_prompt", "source AP ↑": "source_ap_per_prompt",
+                  "drop top ↓": "drop_top_per_prompt", "keep top ↑": "keep_top_per_prompt"}
+"""Column name -> per-prompt list in ``curves[method]`` of a sources run (docs/METHODS.md §3.7)."""
 PER_CASE = IMAGE_COLUMNS
 """The image columns (former name)."""
 POOLED: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -135,11 +138,16 @@ def _floats(v: Sequence[Any]) -> list[float]:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("meta")
-    p.add_argument("--reference", default="transformer_attribution")
+    p.add_argument("--reference", default=None, help="default: attnlrp for a sources run, else "
+                                                       "transformer_attribution")
     a = p.parse_args(argv)
     with open(a.meta, encoding="utf-8") as f:
         meta = json.load(f)
-    print(comparison_table(meta["curves"], a.reference, kind=meta.get("kind", "image")))
+    if meta.get("protocol") == "sources":
+        print(comparison_table(meta["curves"], a.reference or "attnlrp", columns=SOURCE_COLUMNS))
+    else:
+        print(comparison_table(meta["curves"], a.reference or "transformer_attribution",
+                               kind=meta.get("kind", "image")))
 
 
 if __name__ == "__main__":  # pragma: no cover

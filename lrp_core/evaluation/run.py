@@ -19,13 +19,15 @@ from .shards import Shard
 from .text import text_protocol
 
 
-def resolve_methods(spec: str | Sequence[str]) -> list[str]:
-    """``"all"``, a comma list or a sequence of names -> validated list."""
-    names = list(METHODS) if spec == "all" else (
+def resolve_methods(spec: str | Sequence[str], protocol: str = "evidence") -> list[str]:
+    """``"all"``, a comma list or a sequence of names -> validated list (the ``sources`` protocol also takes
+    the source methods, :data:`lrp_core.api.SOURCE_METHODS`)."""
+    known = list(METHODS) + (list(registry.SOURCE_METHOD_NAMES) if protocol == "sources" else [])
+    names = list(known) if spec == "all" else (
         [s.strip() for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec))
-    bad = [m for m in names if m not in METHODS]
+    bad = [m for m in names if m not in known]
     if bad or not names:
-        raise UnknownMethodError(f"unknown method(s) {bad or names}; choose from {list(METHODS)} "
+        raise UnknownMethodError(f"unknown method(s) {bad or names}; choose from {known} "
                                  f"or 'all'")
     return names
 
@@ -34,7 +36,7 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
              batch_size: int = 32, seed: int = SCENE_SEED, data: Optional[str] = None,
              split: str = "val", text_target: str = "true", progress: bool = True,
              baseline: bool = True, device: str = "cpu",
-             shard: Optional[Shard] = None) -> Optional[dict[str, Any]]:
+             shard: Optional[Shard] = None, protocol: str = "evidence") -> Optional[dict[str, Any]]:
     """Run the evaluation of ``model`` (a name for :func:`lrp_core.models.load` or a LoadedModel).
 
     ``baseline`` adds a reference row ``random`` (seeded uniform random maps
@@ -50,11 +52,16 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     ``torchrun`` and keeps checkpoints; then only rank 0 gets the dict, the
     other ranks ``None``. The per-sample values and results do not depend on
     the number of processes.
+
+    ``protocol``: a causal LM's task, ``"evidence"`` (evidence tokens, docs/METHODS.md §3.6) or ``"sources"``
+    (the deciding fact among the prompt's facts, §3.7); image and text classifiers take ``"evidence"`` only.
     """
     from ..models import load  # late: the model zoo pulls in timm / transformers
     t0 = time.perf_counter()
     shard = shard or Shard()
-    names = resolve_methods(methods)
+    if protocol not in ("evidence", "sources"):
+        raise InputError(f"protocol must be 'evidence' or 'sources', got {protocol!r}")
+    names = resolve_methods(methods, protocol)
     if n < 1:
         raise InputError(f"n must be >= 1, got {n}")
     if batch_size < 1:
@@ -62,7 +69,9 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     loaded = load(model) if isinstance(model, str) else model
     is_lm = loaded.kind == "lm" or (getattr(loaded, "info", None) or {}).get("task") == "causal-lm"
     if is_lm and methods == "all":  # 'all' on a decoder: the methods that run there (no Captum baselines yet)
-        names = [m for m in names if m in registry.DECODER_METHODS]
+        names = [m for m in names if m in registry.DECODER_METHODS or m in registry.SOURCE_METHOD_NAMES]
+    if protocol == "sources" and not is_lm:
+        raise InputError("the sources protocol scores a causal language model's facts task (e.g. --model tiny-lm)")
     if device != "cpu":
         loaded.model.to(device)
     out: dict[str, Any] = {"model": getattr(loaded, "name", str(model)), "kind": loaded.kind,
@@ -78,7 +87,8 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
         part = _text_run(loaded, names, n, batch_size, data, split, text_target, progress,
                          baseline, shard, config)
     elif is_lm:
-        part = _lm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard)
+        part = _lm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol)
+        out["protocol"] = protocol
     else:
         raise InputError(f"unknown model kind {loaded.kind!r}")
     if part is None:  # a rank other than 0: its blocks went to rank 0
@@ -151,7 +161,7 @@ def _text_run(loaded: Any, methods: list[str], n: int, batch_size: int, data: Op
 
 
 def _lm_run(loaded: Any, methods: list[str], n: int, batch_size: int, seed: int, data: Optional[str],
-            progress: bool, baseline: bool, shard: Shard) -> dict[str, Any]:
+            progress: bool, baseline: bool, shard: Shard, protocol: str = "evidence") -> dict[str, Any]:
     """``n``, ``accuracy``, ``answered``, ``results``, ``curves``, ``skipped`` of a causal LM on the facts task
     (:mod:`.lm`): prompts ``make_facts(n, seed)``, seeds at or above tiny-lm's held-out seed by default."""
     from ..data.facts import make_facts
@@ -164,6 +174,13 @@ def _lm_run(loaded: Any, methods: list[str], n: int, batch_size: int, seed: int,
     if shard.world > 1:
         raise InputError("the language-model evaluation runs in one process; start it without torchrun")
     records = make_facts(n, HELD_OUT_SEED + seed if seed < HELD_OUT_SEED else seed)
+    if protocol == "sources":
+        from .sources import sources_protocol
+        results, curves, accuracy, answered = sources_protocol(loaded.model, loaded.tokenizer, records, methods,
+                                                               batch_size=min(batch_size, 16), progress=progress,
+                                                               baseline=baseline)
+        return {"n": n, "accuracy": accuracy, "answered": answered, "results": results, "curves": curves,
+                "skipped": []}
     results, curves, accuracy, answered = lm_protocol(loaded.model, loaded.tokenizer, records, methods,
                                                       batch_size=min(batch_size, 16), progress=progress,
                                                       baseline=baseline)

@@ -48,6 +48,11 @@ class GenerationExplanation:
         tokens: per row, the P+K pieces (padding as the tokenizer's pad token).
         targets: (B, K) the explained token ids; ``contrasts`` (B, K) the contrasted ids (−1: none), or ``None``.
         logits: (B, K) the explained quantity: the target logit (minus the contrast's) at each step.
+        sources: (B, K, S) with ``sources=`` (token spans of the prompts): each source's score at each step (the
+            sum of the step's token scores over the span; the source methods: their own), else ``None``;
+            :meth:`answer_sources` sums it over the answer.
+        probabilities: (B, K) the model's probability of each explained token at its step (0 for steps not
+            explained): a given continuation may hold tokens the model would not write.
 
     K is the number of steps the longest row took. A row that wrote its end-of-text token at step s < K (greedy
     with ``stop_at_eos``) is padded after it as ``generate`` pads it: from step s+1 on its ``input_ids`` and
@@ -65,6 +70,16 @@ class GenerationExplanation:
     logits: Tensor
     contrasts: Optional[Tensor] = None
     options: dict = field(default_factory=dict)
+    sources: Optional[Tensor] = None
+    probabilities: Optional[Tensor] = None
+
+    def answer_sources(self) -> Tensor:
+        """(B, S) each source's score for the whole answer: the sum of its step scores over the steps each row
+        took (docs/METHODS.md §2s)."""
+        if self.sources is None:
+            raise InputError("this explanation has no sources: pass sources=[(start, end), ...] (token spans of the "
+                             "prompt) to explain_generation")
+        return self.sources.sum(1)
 
     @property
     def num_steps(self) -> int:
@@ -92,18 +107,36 @@ class GenerationExplanation:
         contrasts = None
         if self.contrasts is not None:
             contrasts = [None if c < 0 else self._piece(row, int(c)) for c in self.contrasts[row, :steps].tolist()]
+        given = bool(self.options.get("continuation_given"))
+        # a given continuation is not necessarily what the model writes (a step may have p ≈ 0)
+        title = f"{self.method}: what speaks for each token of the given continuation" if given else \
+            f"{self.method}: why the model wrote what it wrote"
+        sources = labels = None
+        if self.sources is not None:
+            sources = self.sources[row, :steps].detach().double().cpu().numpy()
+            labels = self.source_labels(row)
+        probs = None if self.probabilities is None else self.probabilities[row, :steps].tolist()
         return generation_html(context, self.generated(row), scores, scale=scale, contrasts=contrasts,
-                               title=f"{self.method}: why the model wrote what it wrote")
+                               title=title, sources=sources, source_labels=labels, probabilities=probs)
+
+    def source_labels(self, row: int = 0) -> list[str]:
+        """The text of each source of a row (its tokens joined), from the spans given as ``sources=``."""
+        from ..sources import as_spans
+        from ..viz.text import span_text
+
+        spans = as_spans(self.options["sources"]).expand(len(self.tokens), -1, -1)[row]
+        first = int(torch.nonzero(self.attention_mask[row])[0]) if self.attention_mask[row].any() else 0
+        pieces = self.tokens[row]
+        return [span_text(pieces[first + a:first + b], pieces) for a, b in spans.tolist()]
 
     def _piece(self, row: int, token_id: int) -> str:
         return self.options.get("id_to_token", {}).get(token_id, str(token_id))
 
-    def show(self, row: int = 0, scale: str = "row") -> Any:
-        """Display the heat map in Jupyter (returns the ``IPython.display.HTML`` object)."""
+    def show(self, row: int = 0, scale: str = "row") -> None:
+        """Display the heat map in Jupyter (once: nothing is returned, so a cell ending in ``.show()`` does not
+        draw it a second time; :meth:`html` gives the fragment)."""
         from IPython.display import HTML, display
-        out = HTML(self.html(row, scale))
-        display(out)
-        return out
+        display(HTML(self.html(row, scale)))
 
     def _repr_html_(self) -> str:
         return self.html(0)
@@ -286,6 +319,8 @@ def _continuation(tokenizer: Any, continuation: Any, batch: int, steps: Optional
                   vocab: Optional[int] = None) -> Tensor:
     """A given continuation: a string / token ids for every prompt, or one per prompt -> (B, K); each id checked
     against the vocabulary size ``vocab`` when given."""
+    if getattr(continuation, "ndim", 1) == 2:  # a (B, K) tensor or array (``.targets``): one row per prompt
+        continuation = continuation.tolist()
     rows = continuation if isinstance(continuation, (list, tuple)) and continuation and \
         isinstance(continuation[0], (list, tuple, str)) and not isinstance(continuation, str) else [continuation]
     if len(rows) == 1 and batch > 1:
@@ -428,7 +463,8 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
     full_mask = torch.cat([mask, active.to(mask)], 1)
     # the explained rows see every written column: causal attention keeps the later ones out of each map
     inputs = {"input_ids": full_ids[:, :-1], "attention_mask": torch.cat([mask, torch.ones_like(gen)], 1)[:, :-1]}
-    scores, logits = _explain_steps(model, method, inputs, gen, negative, groups, active, P, progress, options)
+    scores, logits, sources, probabilities = _explain_steps(model, method, inputs, gen, negative, groups, active, P,
+                                                            progress, options)
     if negative is not None:
         negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
     used = sorted(
@@ -439,7 +475,9 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
               for r in full_ids]
     return GenerationExplanation(method=method, input_ids=full_ids, attention_mask=full_mask, prompt_length=P,
                                  scores=scores, tokens=pieces, targets=gen, logits=logits, contrasts=negative,
-                                 options={"id_to_token": id_to_token, **options})
+                                 options={"id_to_token": id_to_token, "continuation_given": continuation is not None,
+                                          **options},
+                                 sources=sources, probabilities=probabilities)
 
 
 def _check_positions(adapter: Any, P: int, K: int) -> None:
@@ -452,17 +490,27 @@ def _check_positions(adapter: Any, P: int, K: int) -> None:
 
 def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, negative: Optional[Tensor],
                    groups: list[list[int]], active: Tensor, P: int, progress: Optional[bool],
-                   options: dict) -> tuple[Tensor, Tensor]:
-    """The maps (B, K, P+K−1) and explained logits (B, K) of the steps each row took (``active`` (B, K)).
+                   options: dict) -> tuple[Tensor, Tensor, Optional[Tensor], Tensor]:
+    """The maps (B, K, P+K−1), explained logits (B, K), with ``sources=`` source scores (B, K, S), and the
+    model's probabilities of the explained tokens (B, K) of the steps each row took (``active`` (B, K)).
 
     ``inputs``: prompts and continuation without its last token (B, P+K−1); each group of steps is one
-    :func:`lrp_core.explain` call over its (step, prompt) pairs, each read at its own position.
+    :func:`lrp_core.explain` call over its (step, prompt) pairs, each read at its own position, with its
+    prompt's sources (spans count from the row's first real token, so the left padding does not move them).
     """
     from ..api import explain
+    from ..sources import as_spans
 
     B, K = gen.shape
     scores = torch.zeros(B, K, P + K - 1, dtype=torch.float64)
     logits = torch.zeros(B, K, dtype=torch.float64)
+    probabilities = torch.zeros(B, K, dtype=torch.float64)
+    spans = None if options.get("sources") is None else as_spans(options["sources"])
+    if spans is not None and spans.shape[0] not in (1, B):
+        raise InputError(f"sources gives spans for {spans.shape[0]} prompts; there are {B}: give one list of spans "
+                         "for every prompt, or one per prompt")
+    sources = None if spans is None else torch.zeros(B, K, spans.shape[1], dtype=torch.float64)
+    options = {k: v for k, v in options.items() if k != "sources"}
     with _StepBar(K, progress or (progress is None and K >= 8), method) as bar:
         for steps in groups:  # steps as rows: (step, prompt) pairs, each read at its own position
             pairs = [(k, b) for k in steps for b in range(B) if active[b, k]]
@@ -471,18 +519,23 @@ def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, neg
             t = gen[bs, ks].tolist()
             target: Any = t if negative is None or negative[0, steps[0]] < 0 else \
                 Contrast(t, negative[bs, ks].tolist())
-            exp = explain(model, rows, method=method, target=target, position=(P - 1 + ks).tolist(), **options)
+            row_spans = None if spans is None else spans.expand(B, -1, -1)[bs]
+            exp = explain(model, rows, method=method, target=target, position=(P - 1 + ks).tolist(),
+                          sources=row_spans, **options)
+            if sources is not None and exp.sources is not None:
+                sources[bs, ks] = exp.sources.detach().to(torch.float64).cpu()
             got = exp.scores.detach().to(torch.float64).cpu()
             lg = exp.logits.detach().to(torch.float64).cpu()
             # zero after each step's prefix (the causal mask keeps those positions out already)
             got[torch.arange(P + K - 1)[None, :] >= (P + ks)[:, None]] = 0.0
             scores[bs, ks] = got
             picked = lg.gather(1, gen[bs, ks].cpu()[:, None])[:, 0]
+            probabilities[bs, ks] = lg.softmax(-1).gather(1, gen[bs, ks].cpu()[:, None])[:, 0]
             if negative is not None and negative[0, steps[0]] >= 0:
                 picked = picked - lg.gather(1, negative[bs, ks][:, None])[:, 0]
             logits[bs, ks] = picked
             bar.update(len(steps))
-    return scores, logits
+    return scores, logits, sources, probabilities
 
 
 def _steps_written(gen: Tensor, eos: Sequence[int]) -> Tensor:

@@ -165,6 +165,33 @@ def _position(v: Any, L: int) -> Any:
     return t.long()
 
 
+def _sources(v: Any, L: int) -> Optional[Tensor]:
+    """Token spans of the context's sources, as (R, S, 2) (:func:`lrp_core.sources.as_spans`); ``None`` passes."""
+    from ..sources import as_spans  # late: lrp_core.sources is a leaf, but keeps this module's imports small
+    return None if v is None else as_spans(v)
+
+
+def _probability(name: str) -> Callable[[Any, int], float]:
+    def check(v: Any, L: int) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+            raise InputError(f"{name} must be a number strictly between 0 and 1, got {v!r}")
+        return float(v)
+    return check
+
+
+def _alpha(v: Any, L: int) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+        raise InputError(f"alpha must be a finite number >= 0 (0: least squares, no penalty), got {v!r}")
+    return float(v)
+
+
+def _filler(v: Any, L: int) -> Optional[int]:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise InputError(f"filler must be None (remove the source's tokens) or a token id (an int >= 0) that "
+                         f"replaces them, got {v!r}")
+    return v
+
+
 def _option(default: T, help: str, check: Callable[[Any, int], Any], none_is_value: bool = False,
             generic: bool = False) -> T:
     """A field of :class:`Options`: its ``default``, with ``help`` and ``check`` (and the flags of :class:`Option`)
@@ -216,6 +243,19 @@ class Options:
     base: str = _option("attnlrp", "pa_lrp: the rule set the positional rules are added to, 'attnlrp', 'cp_lrp' "
                         "or 'cp_halved' (the authors' ViT rules: CP-LRP with A·V's ÷2 kept; not conservative)",
                         _choice("base", ("attnlrp", "cp_lrp", "cp_halved")))
+    # sources as units (lrp_core.sources) and the ablation methods on them (lrp_core.methods.ablation)
+    sources: Optional[Tensor] = _option(
+        None, "token spans (start, end) of the context's sources, counted from each row's first real token: one "
+        "list for every row or one per row; fills Explanation.sources (B, S)", _sources, none_is_value=True,
+        generic=True)
+    n_ablations: int = _option(64, "context_cite: random ablation masks per row", _positive_int("n_ablations"))
+    keep_prob: float = _option(0.5, "context_cite: the probability that a source is kept in a mask",
+                               _probability("keep_prob"))
+    alpha: float = _option(0.01, "context_cite: the Lasso penalty on the standardised masks (0: least squares)",
+                           _alpha)
+    filler: Optional[int] = _option(None, "leave_one_out, context_cite: None removes an ablated source's tokens "
+                                    "(later positions follow), a token id replaces them", _filler,
+                                    none_is_value=True)
     # how the call is split into pieces (lrp_core.runtime.memory; read by ``explain``, not by the methods)
     composite: Optional[Composite] = _option(
         None, "the rule set of the relevance pass (lrp_core.rules.Composite; default: the method's own): lrp, "

@@ -19,6 +19,7 @@ from ..errors import InputError, RuleSetError, UnknownMethodError
 from ..explanation import OPTIONAL_FIELDS
 from ..rules.ops import EXPLICIT, MODIFIED_GRADIENT
 from ..runtime.memory import BACKWARD, GRAPH, MODIFIED, RELPROP, REPLAY_ONLY, Profile
+from . import ablation as AB
 from . import attention as A
 from . import baselines as CB
 from . import lrp as LRP
@@ -136,6 +137,20 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                returns=("pixels",)),
 )}
 
+#: The methods that score sources rather than tokens (docs/METHODS.md §2s): each needs ``sources=`` and a decoder
+#: language model; ``explain`` runs them like the others (``registry.get`` finds them), but they are not in
+#: :data:`METHOD_NAMES`, the token-map methods every model takes.
+SOURCE_METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
+    # y(full) − y(without source s), one forward pass per source
+    MethodSpec("leave_one_out", AB.leave_one_out, Profile(**REPLAY_ONLY, batched=True),
+               options=("batch_size", "filler"), returns=("sources",)),
+    # Cohen-Wang et al. (NeurIPS 2024): a Lasso surrogate on n random source ablations
+    MethodSpec("context_cite", AB.context_cite, Profile(**REPLAY_ONLY, batched=True),
+               options=("n_ablations", "keep_prob", "alpha", "seed", "filler", "batch_size"), returns=("sources",)),
+)}
+#: The names of :data:`SOURCE_METHODS`.
+SOURCE_METHOD_NAMES: tuple = tuple(SOURCE_METHODS)
+
 #: Method names in the order the course introduces them.
 METHOD_NAMES: tuple = tuple(METHODS)
 #: Methods whose map does not depend on the target class.
@@ -146,7 +161,7 @@ DECODER_METHODS: tuple = tuple(METHODS)  # every method runs on decoder language
 
 def _check_declarations() -> None:
     """A method that names an undeclared option or result field fails at import, not at its first call."""
-    for spec in METHODS.values():
+    for spec in (*METHODS.values(), *SOURCE_METHODS.values()):
         bad = [o for o in spec.options if o not in O.BY_NAME or o in GENERIC_OPTIONS]
         if bad:
             raise TypeError(f"method {spec.name!r} lists option(s) {bad} not declared (or generic) in "
@@ -171,9 +186,10 @@ def filled_by(field: str) -> tuple[str, ...]:
 def get(method: str) -> MethodSpec:
     """The spec of ``method``, or :class:`UnknownMethodError` naming the choices."""
     try:
-        return METHODS[method]
+        return METHODS[method] if method in METHODS else SOURCE_METHODS[method]
     except (KeyError, TypeError):
-        raise UnknownMethodError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}") from None
+        raise UnknownMethodError(f"unknown method {method!r}; choose one of {', '.join(METHODS)} (or, to score "
+                                 f"sources, {', '.join(SOURCE_METHODS)})") from None
 
 
 def product_norm(method: str, options: Mapping[str, Any]) -> Optional[str]:
@@ -232,5 +248,5 @@ def _accepted(spec: MethodSpec) -> str:
     return f"method {spec.name!r} accepts: {own}; and, like every method, {generic}"
 
 
-__all__ = ["MethodSpec", "METHODS", "METHOD_NAMES", "CLASS_AGNOSTIC", "OPTION_HELP", "GENERIC_OPTIONS", "get",
-           "parse_options", "defaults_key", "product_norm", "filled_by"]
+__all__ = ["MethodSpec", "METHODS", "METHOD_NAMES", "SOURCE_METHODS", "SOURCE_METHOD_NAMES", "CLASS_AGNOSTIC",
+           "OPTION_HELP", "GENERIC_OPTIONS", "get", "parse_options", "defaults_key", "product_norm", "filled_by"]

@@ -28,6 +28,7 @@ EXTRAS = {
     "viz": "matplotlib figures and the PIL pictures of lrp_core.viz",
     "widgets": "the Jupyter widgets (ipywidgets)",
     "photos": "the sample photos of lrp_core.data.sample_image (scikit-image, scikit-learn)",
+    "sources": "the ContextCite surrogate of lrp_core.methods.ablation (scikit-learn's Lasso)",
     "pretrained": "the weights and texts of the course's pretrained models (dinov2-s14, minilm-sentiment)",
     "course": "everything the notebooks use",
 }

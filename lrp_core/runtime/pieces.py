@@ -13,7 +13,7 @@ Shapes: B batch, T (padded) tokens, n a group's length.
 """
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -83,7 +83,10 @@ def call_for(call: Call, piece: Piece) -> Call:
     a, (rows, n) = call.adapter, piece
     sub = a.take(call.prepared, rows, n)
     negative = None if call.negative is None else call.negative.to(rows.device)[rows]
-    return Call(a, sub, a.layout(sub), _sub_resolver(call.resolve, rows), call.opt, call.concept, negative,
+    opt = call.opt
+    if opt.sources is not None:  # per-row spans (columns): the piece's rows (a trimmed piece keeps its columns)
+        opt = replace(opt, sources=opt.sources[rows.to(opt.sources.device)])
+    return Call(a, sub, a.layout(sub), _sub_resolver(call.resolve, rows), opt, call.concept, negative,
                 a.readout_for(sub))
 
 

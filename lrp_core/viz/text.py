@@ -84,6 +84,17 @@ def merge_words(pieces: Sequence[str], scores: Any = None, reduce: str = "sum",
     return words, np.array([agg(vals[g]) for g in groups])
 
 
+def span_text(pieces: Sequence[str], context: Optional[Sequence[str]] = None) -> str:
+    """The text of a run of pieces (a source's tokens), words joined as the tokenizer marks them.
+
+    ``context``: the row the pieces come from, to tell the sub-word scheme (:func:`merge_words`); default the
+    pieces themselves.
+    """
+    scheme = _scheme_of([str(p) for p in (pieces if context is None else context)])
+    words, _ = merge_words(pieces, scheme=scheme)
+    return ("".join(words) if scheme == "marks" else " ".join(words)).strip()
+
+
 def _scheme_of(pieces: Sequence[str]) -> str:
     """The sub-word scheme the pieces show: ``##`` continuations, leading space marks, or whole words."""
     if any(p.startswith(CONTINUATION) for p in pieces):
@@ -112,12 +123,44 @@ _STYLE = ("body{font-family:system-ui,sans-serif;margin:12px}"
           ".c{font-family:monospace;display:inline-block;padding:1px 3px;margin:1px;border-radius:3px;"
           "border:1px solid #ddd;white-space:pre}"
           ".c.off{color:#bbb;border-color:#f3f3f3}"
-          ".trl-note{color:#555;font-size:12px;margin-top:6px}")
+          ".trl-note{color:#555;font-size:12px;margin-top:6px}"
+          ".trl-src{display:flex;flex-wrap:wrap;gap:4px;margin:4px 0}"
+          ".s{display:inline-block;padding:3px 6px;border-radius:4px;border:1px solid #ccc;font-size:12px;"
+          "max-width:22em}"
+          ".s b{font-family:monospace;margin-right:4px}")
+
+
+def source_blocks(labels: Sequence[str], scores: Any, limit: Optional[float] = None, short: bool = False,
+                  gamma: float = DEFAULT_GAMMA) -> str:
+    """The sources as coloured blocks with their scores (an HTML ``<div>``; the styles are
+    :func:`generation_html`'s).
+
+    Parameters
+    ----------
+    labels : one text per source (its words).
+    scores : (S,) the source scores.
+    limit : the colour limit (default: the largest |score|).
+    short : blocks show ``#j`` and the score only (the label on hover).
+    """
+    vals = np.nan_to_num(np.asarray(scores, dtype=np.float64)).reshape(-1)
+    if len(vals) != len(labels):
+        raise InputError(f"source_blocks: {len(vals)} scores for {len(labels)} labels")
+    lim = float(np.abs(vals).max()) if limit is None else float(limit)
+    rgb = colorize(vals, signed=True, limit=lim if lim > 0 else 1.0, gamma=gamma)
+    cells = []
+    for j, (label, v) in enumerate(zip(labels, vals)):
+        style = f"background:rgb({rgb[j][0]},{rgb[j][1]},{rgb[j][2]});color:{_text_colour(rgb[j])}"
+        text = "" if short else " " + html.escape(label)
+        cells.append(f'<span class="s" style="{style}" title="{html.escape(label)}: {v:.4g}">'
+                     f"<b>#{j + 1} {v:+.3g}</b>{text}</span>")
+    return f'<div class="trl-src">{"".join(cells)}</div>'
 
 
 def generation_html(context: Sequence[str], generated: Sequence[str], scores: Any, scale: str = "row",
                     clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA,
-                    title: Optional[str] = None, contrasts: Optional[Sequence[Optional[str]]] = None) -> str:
+                    title: Optional[str] = None, contrasts: Optional[Sequence[Optional[str]]] = None,
+                    sources: Any = None, source_labels: Optional[Sequence[str]] = None,
+                    probabilities: Any = None) -> str:
     """One row per generated token: the relevance of every context token for it.
 
     Args:
@@ -126,6 +169,10 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
         scores: (K, P+K−1); row k is zero from its prefix's end on (those cells are drawn greyed).
         scale: ``"row"`` — each row its own colour limit (steps' logits differ in size), ``"all"`` — one limit.
         contrasts: per step, the token it was contrasted with (``None``: no contrast).
+        sources: (K, S) per step the score of each source (``explain_generation(..., sources=)``): drawn as
+            blocks beside each row, and their sum over the steps (the whole answer) as labelled blocks below.
+        source_labels: the S sources' texts (with ``sources``).
+        probabilities: (K,) the model's probability of each step's token, shown beside it.
 
     Returns an HTML fragment (a ``<div>``) with its own ``<style>``; :func:`page` makes it a whole document.
     """
@@ -137,6 +184,12 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
     if scale not in SCALES:
         raise InputError(f"scale must be one of {SCALES}, got {scale!r}")
     limit_all = colour_scale(vals, clip).limit
+    src = None if sources is None else np.nan_to_num(np.asarray(sources, dtype=np.float64))
+    labels = list(source_labels) if source_labels is not None else \
+        [f"source {j + 1}" for j in range(0 if src is None else src.shape[1])]
+    if src is not None and (src.ndim != 2 or src.shape != (K, len(labels))):
+        raise InputError(f"generation_html: sources have shape {src.shape}, expected (K, S) = ({K}, {len(labels)})")
+    src_limit = None if src is None else float(np.abs(src).max())
     rows, notes = [], []
     for k in range(K):
         visible = P + k  # the step's prefix: the prompt and the tokens generated before it
@@ -147,16 +200,24 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
         versus_k = contrasts[k] if contrasts else None
         versus = "" if versus_k is None else \
             f' <span style="font-weight:normal">rather than {html.escape(readable(versus_k))}</span>'
-        rows.append(f'<tr><td class="g">{html.escape(readable(generated[k]))}{versus}</td>'
-                    f'<td>{"".join(cells)}</td></tr>')
+        p_k = "" if probabilities is None else \
+            f' <span style="font-weight:normal;color:#777">p {100 * float(probabilities[k]):.1f} %</span>'
+        blocks = "" if src is None else \
+            f'<td>{source_blocks(labels, src[k], limit=src_limit, short=True, gamma=gamma)}</td>'
+        rows.append(f'<tr><td class="g">{html.escape(readable(generated[k]))}{versus}{p_k}</td>'
+                    f'<td>{"".join(cells)}</td>{blocks}</tr>')
         notes.append(limit)
     head = f"<h3>{html.escape(title)}</h3>" if title else ""
+    whole = ""
+    if src is not None:
+        whole = (f'<div class="trl-note"><b>Sources, whole answer</b> (each source\'s score summed over the '
+                 f"steps; per step in the last column):</div>{source_blocks(labels, src.sum(0), gamma=gamma)}")
     how = ("each row has its own colour limit" if scale == "row" else f"one colour limit ±{limit_all:.3g}")
     note = (f'<div class="trl-note">Row k: the relevance of each context token for generated token k '
             f"(red for, blue against, white 0; {how}; greyed tokens come after the step's prefix). "
             f"Hover a token for its exact score.</div>")
     return (f'<div class="trl-generation"><style>{_STYLE}</style>{head}'
-            f'<table class="trl-gen">{"".join(rows)}</table>{note}</div>')
+            f'<table class="trl-gen">{"".join(rows)}</table>{whole}{note}</div>')
 
 
 def page(fragment: str, title: str = "Transformer Relevance Lab") -> str:
@@ -165,4 +226,4 @@ def page(fragment: str, title: str = "Transformer Relevance Lab") -> str:
             f"</head><body>{fragment}</body></html>")
 
 
-__all__ = ["readable", "merge_words", "generation_html", "page", "SPACE_MARKS", "SCALES"]
+__all__ = ["readable", "merge_words", "span_text", "generation_html", "source_blocks", "page", "SPACE_MARKS", "SCALES"]

@@ -118,3 +118,51 @@ ex13_2 = Exercise(
                "reason the model could have written the other word. The plain map hides this, because the rival's "
                "word also helps the answer's logit a little (a value of the right kind is nearby).",
 )
+
+
+# ---------------------------------------------------------------- 13.3
+def _fact_sources(lm, record) -> list:
+    """The prompt's fact sentences as token spans (the question and "Answer:" are not sources)."""
+    from lrp_core.sources import sentences
+
+    return sentences(record.prompt).token_spans(lm.tokenizer)[:len(record.distractors) + 1]
+
+
+def _answer_steps(lm, record):
+    """The per-step source scores (K, S) of AttnLRP for the answer " <value> ." written after the prompt."""
+    from lrp_core import explain_generation
+
+    gen = explain_generation(lm.model, lm.tokenizer, record.prompt, method="attnlrp",
+                             continuation=f" {record.answer} .", sources=_fact_sources(lm, record), progress=False)
+    return gen.sources[0]
+
+
+def answer_sources(lm, record) -> torch.Tensor:
+    per_step = _answer_steps(lm, record)
+    whole = per_step.sum(0)
+    print(f"AttnLRP, whole answer {record.answer!r} + '.': source scores {[round(float(v), 3) for v in whole]}; "
+          f"top: fact {int(whole.argmax()) + 1}")
+    return whole
+
+
+ex13_3 = Exercise(
+    "ex13_3", "Which fact made it answer?", answer_sources, difficulty=2, minutes=10,
+    needs=("lm", "record"),
+    answer="a tensor of S numbers: for `record`, each fact sentence's AttnLRP source score for the whole answer "
+           "f\" {record.answer} .\" (the answer word and the full stop), one per fact in prompt order",
+    hints=["lrp_core.sources.sentences(record.prompt).token_spans(lm.tokenizer) gives every sentence's token span; "
+           "the facts are the first len(record.distractors) + 1 of them (the question and 'Answer:' are not "
+           "sources).",
+           "explain_generation(lm.model, lm.tokenizer, record.prompt, method='attnlrp', continuation=..., "
+           "sources=spans) explains each written token; .sources is (1, K, S).",
+           "The whole answer's score of a source is the sum of its step scores: gen.answer_sources()[0]."],
+    mistakes=[Mistake(lambda lm, record: _answer_steps(lm, record)[0],
+                      "that is the first step only (the answer word): sum the steps of the whole answer"),
+              Mistake(lambda lm, record: _answer_steps(lm, record).mean(0),
+                      "that is the mean over the steps: the whole answer's score is their sum")],
+    atol=1e-6, rtol=1e-4,
+    discussion="The asked person's fact takes nearly all the relevance of the answer word; the full stop adds "
+               "little to any fact, since it follows from the answer just written. Leave-one-out and ContextCite "
+               "find the same fact by removing sources, at S + 1 and 65 forward passes per step instead of one "
+               "forward and one backward pass (docs/RESULTS.md, the sources table).",
+)

@@ -177,6 +177,8 @@ WRONG = {
                (lambda: float(_ref("ex13_1")), None)],
     "ex13_2": [(lambda: -_ref("ex13_2"), "other way round"),
                (lambda: 2 * _ref("ex13_2"), "twice the expected value")],
+    "ex13_3": [(lambda: _ref("ex13_3")[:-1], "wrong shape"),
+               (lambda: _ref("ex13_3").float(), None)],
 }
 
 
