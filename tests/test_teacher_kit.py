@@ -64,7 +64,7 @@ def test_wheelhouse_install_uses_only_the_wheelhouse():
 
 def test_wheelhouse_target_downloads_what_install_installs():
     install = pip_installs(make_dry_run("-B", "install"))
-    downloads = [re.sub(r"^.*pip download .*?-d \S+ ", "", ln).replace('"', "")
+    downloads = [re.sub(r"^.*pip download .*?-d \S+ ", "", ln).replace('"', "").strip()
                  for ln in make_dry_run("-B", "wheelhouse") if "pip download" in ln]
     for step in install[1:]:                                       # -r requirements..., -c ... -e .[dev]
         wanted = step.replace("-e ", "")
@@ -273,3 +273,14 @@ def test_readme_examples_run_offline():
     scope: dict = {}
     exec(compile("\n".join(offline), "README.md", "exec"), scope)  # noqa: S102 - the README's own examples
     assert scope["exp"].scores.shape[0] == 1 and scope["gen"].scores.shape[:2] == (1, 2)
+
+
+def test_torch_index_moves_only_the_torch_pair_to_that_index():
+    """``TORCH_INDEX=…`` (PyTorch's CPU wheels) changes the torch step of install and wheelhouse, nothing else."""
+    cpu = "https://download.pytorch.org/whl/cpu"
+    plain = pip_installs(make_dry_run("-B", "install"))
+    steps = pip_installs(make_dry_run("-B", "install", f"TORCH_INDEX={cpu}"))
+    assert steps[1] == f"{plain[1]} --index-url {cpu}" and "requirements-torch.txt" in steps[1]
+    assert steps[0] == plain[0] and steps[2] == plain[2]
+    downloads = [ln for ln in make_dry_run("-B", "wheelhouse", f"TORCH_INDEX={cpu}") if "pip download" in ln]
+    assert [f"--index-url {cpu}" in d for d in downloads] == [False, True, False]
