@@ -23,7 +23,7 @@ LAB_ARGS ?=
 USER_ID  ?= $(shell id -u)
 LAB_ROOT := $(if $(filter 0,$(USER_ID)),--allow-root)
 
-.PHONY: install lab test lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers clean
+.PHONY: install lab test lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers slides clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,11 @@ figures: $(STAMP)
 
 answers: $(STAMP)
 	$(BIN)/python scripts/make_answer_key.py
+
+# The three-hour plan as reveal.js decks that work offline (build/slides/index.html), from the stored outputs;
+# reveal.js and MathJax come once from the npm registry (npm needed then), into build/slides/assets.
+slides: $(STAMP)
+	$(BIN)/python scripts/make_slides.py --out build/slides
 
 # The scaling table (about an hour on 2 cores; BENCH_ARGS="--threads 1" etc. to tune) and the short run.
 BENCH_ARGS ?=

@@ -1,4 +1,4 @@
-"""The widgets run the batching methods (token ablation, the Captum baselines) in small batches: bounded memory, same maps."""
+"""Widgets run the batching methods (token ablation, Captum baselines) in small batches: bounded memory, same maps."""
 from __future__ import annotations
 
 import pytest
