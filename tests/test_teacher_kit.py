@@ -284,3 +284,29 @@ def test_torch_index_moves_only_the_torch_pair_to_that_index():
     assert steps[0] == plain[0] and steps[2] == plain[2]
     downloads = [ln for ln in make_dry_run("-B", "wheelhouse", f"TORCH_INDEX={cpu}") if "pip download" in ln]
     assert [f"--index-url {cpu}" in d for d in downloads] == [False, True, False]
+
+
+def _laptop_blocks() -> list[list[str]]:
+    """The command lines of each code block in docs/TEACHING.md's "Laptops without `make`" section."""
+    text = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
+    section = text.split("## Laptops without `make`", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(?:bash|bat)\n(.*?)```", section, flags=re.S)
+    return [[ln for ln in b.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "::"))] for b in blocks]
+
+
+def test_laptop_commands_run_the_makefiles_pip_steps():
+    """Each hand-typed install (macOS/Linux, Windows) runs exactly `make install`'s pip steps, in order,
+    with the files they name present, then the doctor and the first notebook."""
+    make_steps = pip_installs(make_dry_run("-B", "install"))
+    blocks = _laptop_blocks()
+    assert len(blocks) == 2
+    for lines, python in zip(blocks, (".venv/bin/python", r".venv\Scripts\python")):
+        assert re.fullmatch(r"(python3\.11|py -3\.11) -m venv \.venv", lines[0])
+        steps = [ln.split(" -m pip install ", 1)[1].replace('"', "") for ln in lines if " -m pip install " in ln]
+        assert all(ln.startswith(f"{python} -m ") or "jupyter" in ln for ln in lines[1:]), lines
+        assert steps == make_steps
+        for name in re.findall(r"-[rc] (\S+)", " ".join(steps)):
+            assert (ROOT / name).is_file(), name
+        assert any("lrp_core.tools.doctor" in ln for ln in lines)
+        assert lines[-1].split()[-1].replace("\\", "/") == "notebooks/00_welcome.ipynb"
+        assert (ROOT / "notebooks" / "00_welcome.ipynb").is_file()
