@@ -20,4 +20,4 @@ def test_peak_and_resident_size_of_this_process():
     after = mnm._status_mb(os.getpid())
     assert 0 < before["VmRSS"] <= before["VmHWM"]
     assert during["VmHWM"] >= before["VmRSS"] + 190
-    assert after["VmHWM"] >= during["VmHWM"] and after["VmRSS"] < during["VmRSS"] - 150
+    assert after["VmRSS"] < during["VmRSS"] - 150 and after["VmHWM"] > after["VmRSS"] + 150   # the peak stays
