@@ -33,10 +33,13 @@ ANCHOR = re.compile(r"\"([^\"]*)\"")
 DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.]*\d)")
 
 #: notebooks whose every decimal number in the prose is marked
-STRICT = ["06_explaining_a_vit.ipynb", "07_cdam.ipynb", "09_is_an_explanation_right.ipynb", "10_explore.ipynb"]
+STRICT = ["00_welcome.ipynb", "01_relevance_and_conservation.ipynb", "02_signed_activations.ipynb",
+          "04_inside_one_block.ipynb", "05_from_blocks_to_a_map.ipynb", "06_explaining_a_vit.ipynb", "07_cdam.ipynb",
+          "09_is_an_explanation_right.ipynb", "10_explore.ipynb", "12_your_own_model.ipynb"]
 #: (notebook, decimal) quoted in prose that is not a cell output, and why
 UNMARKED: dict[tuple[str, str], str] = {
     ("09_is_an_explanation_right.ipynb", "0.0156"): "1/64 written out, a hand computation",
+    ("05_from_blocks_to_a_map.ipynb", "0.06"): "the object's area (about 6 %) as the share an even spread gives",
 }
 
 
@@ -142,7 +145,8 @@ def test_quoted_numbers_match_the_outputs(name: str):
 @pytest.mark.parametrize("name", STRICT)
 def test_every_decimal_in_the_prose_is_quoted(name: str):
     nb = _load(name)
-    assert quotes(nb), "the notebook quotes no output"
+    if name not in ("00_welcome.ipynb", "04_inside_one_block.ipynb", "12_your_own_model.ipynb"):  # no decimal there
+        assert quotes(nb), "the notebook quotes no output"
     missing = unmarked_decimals(name, nb)
     assert not missing, "decimal numbers without a marker (<!-- out CELL \"anchor\" N -->):\n" + "\n".join(missing)
 
