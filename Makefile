@@ -12,18 +12,23 @@ WHEELHOUSE ?=
 PIP_FROM   := $(if $(WHEELHOUSE),--no-index --find-links $(WHEELHOUSE))
 PIP        := $(BIN)/python -m pip install --disable-pip-version-check -q $(PIP_FROM)
 
+# PyTorch's CPU-only wheels instead of PyPI's (whose Linux torch pulls about 4 GiB of CUDA libraries a CPU
+# course never uses): make install TORCH_INDEX=https://download.pytorch.org/whl/cpu (docs/TEACHING.md).
+TORCH_INDEX ?=
+TORCH_FROM  := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+
 # Extra arguments for Jupyter, e.g. in a container: make lab LAB_ARGS="--ip 0.0.0.0 --no-browser".
 # Jupyter refuses to start as root without --allow-root; containers often run as root.
 LAB_ARGS ?=
 USER_ID  ?= $(shell id -u)
 LAB_ROOT := $(if $(filter 0,$(USER_ID)),--allow-root)
 
-.PHONY: install lab test lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers clean
+.PHONY: install lab test lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers slides clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
-	$(PIP) -r requirements-torch.txt
+	$(PIP) -r requirements-torch.txt $(TORCH_FROM)
 	$(PIP) -c requirements-torch.txt -e ".[dev]"
 	touch $(STAMP)
 
@@ -59,7 +64,7 @@ typecheck: $(STAMP)
 WHEELHOUSE_DIR ?= wheelhouse
 wheelhouse:
 	$(PYTHON) -m pip download --disable-pip-version-check -q -d $(WHEELHOUSE_DIR) pip "setuptools>=68" wheel
-	$(PYTHON) -m pip download --disable-pip-version-check -q -d $(WHEELHOUSE_DIR) -r requirements-torch.txt
+	$(PYTHON) -m pip download --disable-pip-version-check -q -d $(WHEELHOUSE_DIR) -r requirements-torch.txt $(TORCH_FROM)
 	$(PYTHON) -m pip download --disable-pip-version-check -q -d $(WHEELHOUSE_DIR) -c requirements-torch.txt ".[dev]"
 
 # The README's pictures and the teacher's answer key, generated from the code.
@@ -68,6 +73,11 @@ figures: $(STAMP)
 
 answers: $(STAMP)
 	$(BIN)/python scripts/make_answer_key.py
+
+# The three-hour plan as reveal.js decks that work offline (build/slides/index.html), from the stored outputs;
+# reveal.js and MathJax come once from the npm registry (npm needed then), into build/slides/assets.
+slides: $(STAMP)
+	$(BIN)/python scripts/make_slides.py --out build/slides
 
 # The scaling table (about an hour on 2 cores; BENCH_ARGS="--threads 1" etc. to tune) and the short run.
 BENCH_ARGS ?=

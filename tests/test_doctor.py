@@ -74,3 +74,26 @@ def test_tiny_lm_check_fails_on_untrained_weights(monkeypatch):
     monkeypatch.setattr(models, "load", lambda name, **kw: real(name, pretrained=False))
     res = doctor.check_model("tiny-lm")
     assert res.status == "fail" and "not the trained ones" in res.detail and "reinstall" in res.fix
+
+
+def test_capacity_reports_ram_disk_and_learners():
+    """Learners = available memory // 2 GB; no learner or a nearly full disk is a warning with a fix."""
+    r = doctor.machine_capacity(total=32_000_000_000, available=25_000_000_000, disk_free=40_000_000_000)
+    assert r.status == "ok"
+    assert "RAM 32.0 GB, 25.0 GB available" in r.detail and "free disk 40.0 GB" in r.detail
+    assert "holds 12 learners" in r.detail           # 25 GB // 2 GB
+    low = doctor.machine_capacity(total=4_000_000_000, available=1_500_000_000, disk_free=40_000_000_000)
+    assert low.status == "warn" and "holds 0 learners" in low.detail and low.fix
+    full = doctor.machine_capacity(total=32_000_000_000, available=25_000_000_000, disk_free=500_000_000)
+    assert full.status == "warn" and "free disk 0.5 GB" in full.detail and full.fix
+    unknown = doctor.machine_capacity(None, None, 40_000_000_000)
+    assert unknown.status == "warn" and "RAM unknown" in unknown.detail
+
+
+def test_capacity_line_matches_this_machine():
+    """The line reads this machine's memory and disk, and the doctor prints it."""
+    total, available = doctor._memory_bytes()
+    assert total and available and 0 < available <= total
+    res = doctor.check_capacity()
+    assert f"RAM {total / 1e9:.1f} GB" in res.detail and "free disk" in res.detail and "learner" in res.detail
+    assert "memory and disk: RAM" in _run("--quick").stdout

@@ -64,7 +64,7 @@ def test_wheelhouse_install_uses_only_the_wheelhouse():
 
 def test_wheelhouse_target_downloads_what_install_installs():
     install = pip_installs(make_dry_run("-B", "install"))
-    downloads = [re.sub(r"^.*pip download .*?-d \S+ ", "", ln).replace('"', "")
+    downloads = [re.sub(r"^.*pip download .*?-d \S+ ", "", ln).replace('"', "").strip()
                  for ln in make_dry_run("-B", "wheelhouse") if "pip download" in ln]
     for step in install[1:]:                                       # -r requirements..., -c ... -e .[dev]
         wanted = step.replace("-e ", "")
@@ -273,3 +273,40 @@ def test_readme_examples_run_offline():
     scope: dict = {}
     exec(compile("\n".join(offline), "README.md", "exec"), scope)  # noqa: S102 - the README's own examples
     assert scope["exp"].scores.shape[0] == 1 and scope["gen"].scores.shape[:2] == (1, 2)
+
+
+def test_torch_index_moves_only_the_torch_pair_to_that_index():
+    """``TORCH_INDEX=…`` (PyTorch's CPU wheels) changes the torch step of install and wheelhouse, nothing else."""
+    cpu = "https://download.pytorch.org/whl/cpu"
+    plain = pip_installs(make_dry_run("-B", "install"))
+    steps = pip_installs(make_dry_run("-B", "install", f"TORCH_INDEX={cpu}"))
+    assert steps[1] == f"{plain[1]} --index-url {cpu}" and "requirements-torch.txt" in steps[1]
+    assert steps[0] == plain[0] and steps[2] == plain[2]
+    downloads = [ln for ln in make_dry_run("-B", "wheelhouse", f"TORCH_INDEX={cpu}") if "pip download" in ln]
+    assert [f"--index-url {cpu}" in d for d in downloads] == [False, True, False]
+
+
+def _laptop_blocks() -> list[list[str]]:
+    """The command lines of each code block in docs/TEACHING.md's "Laptops without `make`" section."""
+    text = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
+    section = text.split("## Laptops without `make`", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(?:bash|bat)\n(.*?)```", section, flags=re.S)
+    return [[ln for ln in b.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "::"))] for b in blocks]
+
+
+def test_laptop_commands_run_the_makefiles_pip_steps():
+    """Each hand-typed install (macOS/Linux, Windows) runs exactly `make install`'s pip steps, in order,
+    with the files they name present, then the doctor and the first notebook."""
+    make_steps = pip_installs(make_dry_run("-B", "install"))
+    blocks = _laptop_blocks()
+    assert len(blocks) == 2
+    for lines, python in zip(blocks, (".venv/bin/python", r".venv\Scripts\python")):
+        assert re.fullmatch(r"(python3\.11|py -3\.11) -m venv \.venv", lines[0])
+        steps = [ln.split(" -m pip install ", 1)[1].replace('"', "") for ln in lines if " -m pip install " in ln]
+        assert all(ln.startswith(f"{python} -m ") or "jupyter" in ln for ln in lines[1:]), lines
+        assert steps == make_steps
+        for name in re.findall(r"-[rc] (\S+)", " ".join(steps)):
+            assert (ROOT / name).is_file(), name
+        assert any("lrp_core.tools.doctor" in ln for ln in lines)
+        assert lines[-1].split()[-1].replace("\\", "/") == "notebooks/00_welcome.ipynb"
+        assert (ROOT / "notebooks" / "00_welcome.ipynb").is_file()

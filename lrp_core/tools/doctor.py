@@ -260,6 +260,64 @@ def check_notebooks() -> Result:
     return Result("notebooks", "ok", f"{len(notebooks)} notebooks, {n} checked exercises in {nb_dir}")
 
 
+#: memory one learner needs on a shared machine, in bytes: one notebook's kernel at its measured peak
+#: (1.44 GB, notebook 10; docs/TEACHING.md "Memory") with its Jupyter server and headroom, the hub guarantee
+LEARNER_BYTES = 2.0e9
+#: free disk below which the DINOv2 cache (83 MiB) and the learners' saved notebooks get tight, in bytes
+MIN_FREE_DISK = 1.0e9
+
+
+def _memory_bytes() -> tuple[int | None, int | None]:
+    """(total, available) memory in bytes: ``/proc/meminfo`` on Linux, ``sysconf`` elsewhere, None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info.get("MemTotal"), info.get("MemAvailable", info.get("MemFree"))
+    except OSError:
+        pass
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
+    except (AttributeError, ValueError, OSError):   # Windows has no sysconf; macOS no SC_AVPHYS_PAGES
+        return None, None
+
+
+def machine_capacity(total: int | None, available: int | None, disk_free: int) -> Result:
+    """RAM, free disk and how many learners the available memory holds (``LEARNER_BYTES`` each).
+
+    Parameters
+    ----------
+    total, available : int or None
+        Installed and available memory in bytes (None: unknown on this system).
+    disk_free : int
+        Free bytes on the disk of the repository.
+
+    Returns
+    -------
+    Result
+        ``ok`` with the learner count; ``warn`` when the memory holds no learner or the disk is nearly full.
+    """
+    gb = 1e9
+    disk = f"free disk {disk_free / gb:.1f} GB"
+    if available is None or total is None:
+        return Result("memory and disk", "warn", f"RAM unknown on this system; {disk}",
+                      f"plan {LEARNER_BYTES / gb:.0f} GB of RAM per learner (docs/TEACHING.md)")
+    learners = int(available // LEARNER_BYTES)
+    detail = (f"RAM {total / gb:.1f} GB, {available / gb:.1f} GB available; {disk}; holds {learners} "
+              f"learner{'s' if learners != 1 else ''} at {LEARNER_BYTES / gb:.0f} GB each")
+    if learners < 1:
+        return Result("memory and disk", "warn", detail,
+                      "a kernel peaks near 1.5 GB: close other programs or use a machine with more memory")
+    if disk_free < MIN_FREE_DISK:
+        return Result("memory and disk", "warn", detail, "free at least 1 GB of disk for caches and saved notebooks")
+    return Result("memory and disk", "ok", detail)
+
+
+def check_capacity() -> Result:
+    total, available = _memory_bytes()
+    return machine_capacity(total, available, shutil.disk_usage(ROOT).free)
+
+
 def check_writable() -> Result:
     import tempfile
     with tempfile.NamedTemporaryFile(dir=ROOT / "notebooks" if (ROOT / "notebooks").is_dir() else None):
@@ -279,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         doc.run(f"import {module}", lambda m=module, d=dist, v=minimum: check_package(m, d, v), essential)
     doc.run("lrp_core + widgets", check_course_packages)
     doc.run("threads", check_threads, essential=False)
+    doc.run("memory and disk", check_capacity, essential=False)
     if not args.quick:
         from lrp_core.models import EMBEDDED
         for name in EMBEDDED:
