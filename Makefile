@@ -34,10 +34,10 @@ $(STAMP): pyproject.toml requirements-torch.txt
 
 install: $(STAMP)
 
-# Headless Chromium for the end-to-end widget test (Debian package, no download
-# of a browser by a test tool).
+# Headless Chromium for the browser tests (widgets, slides) and npm for the slides' assets (Debian packages;
+# no browser download by a test tool).
 browser:
-	@command -v chromium >/dev/null 2>&1 || bash scripts/install_chromium.sh
+	@(command -v chromium && command -v npm) >/dev/null 2>&1 || bash scripts/install_chromium.sh
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/00_welcome.ipynb $(LAB_ROOT) $(LAB_ARGS)
