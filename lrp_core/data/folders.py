@@ -20,7 +20,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, overload
 
 import numpy as np
 import torch
@@ -31,6 +31,21 @@ from .rationales import RationaleRecord
 from .sets import ImageSet, TextSet, as_record, label_id
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+@overload
+def load_data_folder(path: str | Path, kind: Literal["image"], preprocess: Any = None,
+                     labels: Sequence[str] = (), split: str = "val") -> ImageSet: ...
+
+
+@overload
+def load_data_folder(path: str | Path, kind: Literal["text"], preprocess: Any = None,
+                     labels: Sequence[str] = (), split: str = "val") -> TextSet: ...
+
+
+@overload
+def load_data_folder(path: str | Path, kind: str, preprocess: Any = None,
+                     labels: Sequence[str] = (), split: str = "val") -> ImageSet | TextSet: ...
 
 
 def load_data_folder(path: str | Path, kind: str, preprocess: Any = None,

@@ -260,7 +260,7 @@ def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
     Returns:
         mask (n, H, W) bool of the full object and its texture (n, H, W, 3) float32.
     """
-    n = classes.shape[0]
+    n: int = classes.shape[0]  # an int, not the stubs' Any: rng.uniform(.., n) then types as an array
     theta = np.where(_ROTATES[classes], rng.uniform(0, 2 * np.pi, n), rng.uniform(-0.35, 0.35, n))
     X = np.arange(size, dtype=np.float32) + 0.5
     cx, cy, radius = (a.astype(np.float32) for a in (cx, cy, radius))
@@ -365,7 +365,9 @@ def _place_objects(rng: np.random.Generator, labels: np.ndarray, radius: np.ndar
 
     The object stays inside the frame; two objects overlap only a little (redrawn until they do).
     """
-    n, n_objects = labels.shape
+    n: int
+    n_objects: int
+    n, n_objects = labels.shape  # ints, not the stubs' Any: rng.integers(.., n) then types as an array
     lo, hi = radius, size - radius
     cx = rng.uniform(lo, hi)
     cy = rng.uniform(lo, hi)

@@ -15,7 +15,7 @@ summaries are computed from all blocks' values, concatenated in order.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, TypeGuard
 
 import numpy as np
 import torch
@@ -70,7 +70,7 @@ def image_maps(model: Any, images: Tensor, method: str, target: Optional[Tensor]
         exp = batching.explain_batch(model, x, method, t)
         pm = exp.pixel_map().detach().float().cpu()
         if tuple(pm.shape[-2:]) != tuple(images.shape[-2:]):
-            pm = M.upsample_maps(pm, tuple(images.shape[-2:]))
+            pm = M.upsample_maps(pm, (images.shape[-2], images.shape[-1]))
         maps.append(pm)
         scores.append(exp.scores.detach().float().cpu())
         targets.append(exp.target.detach().cpu())
@@ -92,11 +92,13 @@ def _pair_maps(model: Any, two: Optional[ImageSet], method: str,
     """Maps of the two-object set for each of its classes, or ``None`` without such a set."""
     if not _has_pairs(two):
         return None
-    return (image_maps(model, two.images, method, two.labels[:, 0], batch_size)[0],
-            image_maps(model, two.images, method, two.labels[:, 1], batch_size)[0])
+    labels = two.labels
+    assert labels is not None, "_has_pairs checked the labels"
+    return (image_maps(model, two.images, method, labels[:, 0], batch_size)[0],
+            image_maps(model, two.images, method, labels[:, 1], batch_size)[0])
 
 
-def _has_pairs(two: Optional[ImageSet]) -> bool:
+def _has_pairs(two: Optional[ImageSet]) -> TypeGuard[ImageSet]:
     return two is not None and two.labels is not None and two.labels.shape[1] == 2
 
 
@@ -209,6 +211,7 @@ def _image_block(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Se
     reference = truth if truth is not None else pred
     d = drops[s2:e2] if drops is not None else None
     if d is None and t is not None and t.removed is not None:
+        assert t.labels is not None, "a block of the two-object set has its labels (_has_pairs)"
         d = M.deletion_drops(model, t.images, t.removed, t.labels, max(batch_size, 64))
     values: dict[str, dict[str, Any]] = {}
     cache: dict[str, Tensor] = {}  # token scores (b, T) per method: TAM for CDAM, grid for random
@@ -225,7 +228,7 @@ def _image_block(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Se
             values[method]["cdam"] = _cdam_scores(model, o.images, scores, targets, cache,
                                                   batch_size)
     if baseline:
-        variants, pair = draws.maps(cache, tuple(o.images.shape[-2:]), (s, e),
+        variants, pair = draws.maps(cache, (o.images.shape[-2], o.images.shape[-1]), (s, e),
                                     (s2, e2) if t is not None else None, truth is not None)
         values["random"] = _map_values(model, o, t, variants, pair, reference, batch_size, d)
     return {"pred": pred, "values": values}
@@ -395,7 +398,7 @@ def _perturbation_correct(model: Any, images: Tensor, variants: dict[str, Tensor
 def _json_floats(a: Any) -> list:
     """Array -> nested lists of floats rounded to 4 digits, ``None`` for NaN (valid JSON)."""
     arr = np.round(np.asarray(a, dtype=np.float64), 4)
-    return np.where(np.isnan(arr), None, arr).tolist()
+    return np.where(np.isnan(arr), np.array(None), arr).tolist()  # an object array: None where NaN
 
 
 # --------------------------------------------------------------------------
@@ -417,7 +420,7 @@ def random_maps(one: ImageSet, two: Optional[ImageSet], cache: dict[str, Tensor]
     """
     n_two = len(two) if _has_pairs(two) else 0
     draws = RandomDraws(len(one), n_two, seed)
-    return draws.maps(cache, tuple(one.images.shape[-2:]), (0, len(one)),
+    return draws.maps(cache, (one.images.shape[-2], one.images.shape[-1]), (0, len(one)),
                       (0, n_two) if n_two else None, with_target)
 
 

@@ -41,7 +41,7 @@ def format_table(results: Results, markdown: bool = False,
         return "(no results)"
     cols = list(columns or next(iter(results.values())).keys())
     head = ["method"] + [SHORT.get(c, c) for c in cols]
-    rows = [[m] + ["—" if r.get(c) is None else _fmt(c, r[c]) for c in cols]
+    rows = [[m] + ["—" if (v := r.get(c)) is None else _fmt(c, v) for c in cols]
             for m, r in results.items()]
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(cols)) + "|"]

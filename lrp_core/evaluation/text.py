@@ -8,7 +8,7 @@ k (ERASER's token-level metrics) and at k = the size of each rationale.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -111,7 +111,8 @@ def faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
         word_scores: per document (W,) scores; classes: the class explained per document.
         per_document: return the (D,) per-document values (lists) instead of their means.
     """
-    texts, full = [], [" ".join(r.words) for r in records]
+    texts: list[str] = []
+    full = [" ".join(r.words) for r in records]
     for r, ws in zip(records, word_scores):
         texts.extend(t for pair in M.eraser_texts(r.words, ws, fractions) for t in pair)
     q = len(fractions)
@@ -274,7 +275,7 @@ def _faithfulness(vals: list[dict[str, Any]], curves: Optional[dict[str, dict[st
     return {k: float(np.mean(xs)) for k, xs in per.items()}
 
 
-def _f1_per_document(ws: list[np.ndarray], gold: list[Sequence[bool]],
+def _f1_per_document(ws: list[np.ndarray], gold: list[Union[Sequence[bool], np.ndarray]],
                      curves: Optional[dict[str, dict[str, list]]], method: str) -> None:
     """Store the per-document F1 at gold size in ``curves[method]`` (when ``curves`` is given)."""
     if curves is not None:
@@ -317,7 +318,7 @@ def _cdam_stats(vals: list[dict[str, Any]], skipped: list[str]) -> dict[str, Opt
     return out
 
 
-def _rationale_metrics(ws: list[np.ndarray], gold: list[Sequence[bool]], ks: Sequence[int],
+def _rationale_metrics(ws: list[np.ndarray], gold: list[Union[Sequence[bool], np.ndarray]], ks: Sequence[int],
                        ) -> dict[str, Optional[float]]:
     """Token precision / recall / F1 at each k and F1 at gold size of word scores ``ws`` (W,)."""
     res: dict[str, Optional[float]] = {k: None for k in text_metric_names(ks)}

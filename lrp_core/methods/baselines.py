@@ -137,10 +137,10 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
     ``Method(a.forward).attribute(a.inputs, target=..., additional_forward_args=a.args)`` is what the methods compute.
     """
     if "images" in prepared:
-        def forward(images: Tensor, neg: Optional[Tensor] = None) -> Tensor:
+        def forward_images(images: Tensor, neg: Optional[Tensor] = None) -> Tensor:
             trace = adapter.forward({**prepared, "images": images}, grad=torch.is_grad_enabled())
             return _contrast(trace.logits, neg)
-        return Attributed(forward, prepared["images"].detach(), (negative,))
+        return Attributed(forward_images, prepared["images"].detach(), (negative,))
 
     # per-sample entries travel with the samples (Captum repeats / slices them); shared ones (CLIP's images of the
     # text side) are the adapter's fact and stay whole
@@ -155,7 +155,9 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
         return _contrast(trace.logits, neg)
 
     with torch.no_grad():
-        embeds = adapter.embed(prepared).embeds.detach()
+        embeds = adapter.embed(prepared).embeds
+    assert embeds is not None, "word_embedding_module found the output of this embedding pass"
+    embeds = embeds.detach()
     decoder = adapter.is_decoder
     # a decoder's features are the context of the prediction read (the layout's mask), an encoder's its real tokens
     features = adapter.layout(prepared).mask if decoder else prepared["attention_mask"]
@@ -189,6 +191,18 @@ def _special_token(adapter: Adapter, name: str) -> int:
                      f"instead, e.g. baseline=tokenizer.{name}_token_id")
 
 
+def _grid(c: Call) -> tuple[int, int]:
+    """(h, w): the patch grid of an image call's layout."""
+    assert c.layout.grid is not None, "an image layout carries its patch grid"
+    return c.layout.grid
+
+
+def _mask(a: Attributed) -> Tensor:
+    """(B, T): the feature mask of text inputs."""
+    assert a.mask is not None, "text inputs carry their feature mask"
+    return a.mask
+
+
 def reference(c: Call, a: Attributed) -> Tensor:
     """The baseline input of IG, occlusion and KernelSHAP, shaped like ``a.inputs``.
 
@@ -203,7 +217,7 @@ def reference(c: Call, a: Attributed) -> Tensor:
             raise InputError(f"baseline={choice!r} is not one for images: use one of {IMAGE_BASELINES}")
         if choice == "zeros":
             return torch.zeros_like(a.inputs)
-        sigma = BLUR_SIGMA_PATCHES * a.inputs.shape[-1] / c.layout.grid[1]
+        sigma = BLUR_SIGMA_PATCHES * a.inputs.shape[-1] / _grid(c)[1]
         return gaussian_blur(a.inputs.detach(), sigma)
     if choice == "blur":
         raise InputError(f"baseline='blur' is for images; for text use one of {TEXT_BASELINES} or a token id")
@@ -211,12 +225,14 @@ def reference(c: Call, a: Attributed) -> Tensor:
         ref = torch.zeros_like(a.inputs)
     else:
         tok = choice if isinstance(choice, int) else _special_token(c.adapter, choice)
-        if not 0 <= tok < a.module.num_embeddings:
-            raise InputError(f"baseline token id {tok} is outside the vocabulary (0 … {a.module.num_embeddings - 1})")
+        embedding = a.module
+        assert isinstance(embedding, nn.Embedding), "text inputs carry their word-embedding module"
+        if not 0 <= tok < embedding.num_embeddings:
+            raise InputError(f"baseline token id {tok} is outside the vocabulary (0 … {embedding.num_embeddings - 1})")
         ids = torch.full(a.inputs.shape[:2], tok, dtype=torch.long, device=a.inputs.device)
         with torch.no_grad():
-            ref = a.module(ids).to(a.inputs.dtype)
-    real = a.mask.bool()[..., None].to(a.inputs.device)
+            ref = embedding(ids).to(a.inputs.dtype)
+    real = _mask(a).bool()[..., None].to(a.inputs.device)
     return torch.where(real, ref, a.inputs.detach())  # padding stays as it is: no method moves it
 
 
@@ -228,11 +244,11 @@ def feature_mask(c: Call, a: Attributed) -> Tensor:
     pass. Ids count 0, 1, … along each row's feature tokens.
     """
     if a.image:
-        h, w = c.layout.grid
+        h, w = _grid(c)
         H, W = a.inputs.shape[-2:]
         ids = torch.arange(h * w, device=a.inputs.device).reshape(h, w)
         return ids.repeat_interleave(H // h, 0).repeat_interleave(W // w, 1)[None, None]
-    mask = a.mask.to(a.inputs.device).long()
+    mask = _mask(a).to(a.inputs.device).long()
     return (mask.cumsum(dim=1) - 1).clamp(min=0)[..., None]
 
 
@@ -262,14 +278,14 @@ def _result(c: Call, a: Attributed, attr: Tensor, target: Tensor, logits: Tensor
     """
     attr = attr.detach().to(a.inputs.dtype)  # KernelSHAP's regression returns float32
     if a.image:
-        h, w = c.layout.grid
+        h, w = _grid(c)
         B, _, H, W = attr.shape
         pixels = attr[:, 0] if per_feature else attr.sum(dim=1)
         patches = pixels.reshape(B, h, H // h, w, W // w)
         scores = (patches[:, :, 0, :, 0] if per_feature else patches.sum(dim=(2, 4))).reshape(B, h * w)
         return MethodResult(scores=scores, target=target, logits=logits, pixels=pixels, **extra)
     scores = attr[..., 0] if per_feature else attr.sum(dim=-1)
-    scores = scores * a.mask.to(scores.device, scores.dtype)
+    scores = scores * _mask(a).to(scores.device, scores.dtype)
     return MethodResult(scores=scores, target=target, logits=logits, **extra)
 
 

@@ -12,7 +12,7 @@ Ties in a ranking are broken by word index, lowest first.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -96,7 +96,7 @@ def top_k_words(scores: np.ndarray, k: int) -> np.ndarray:
     return pick
 
 
-def rationale_scores(scores: Sequence[np.ndarray], rationales: Sequence[Sequence[bool]],
+def rationale_scores(scores: Sequence[np.ndarray], rationales: Sequence[Union[Sequence[bool], np.ndarray]],
                      ks: Sequence[int] = TOP_K) -> dict[int, dict[str, float]]:
     """Token-level precision / recall / F1 of the top-k words, per document, averaged.
 
@@ -140,7 +140,7 @@ def rationale_scores(scores: Sequence[np.ndarray], rationales: Sequence[Sequence
 
 
 def rationale_f1_at_gold_size(scores: Sequence[np.ndarray],
-                              rationales: Sequence[Sequence[bool]]) -> float:
+                              rationales: Sequence[Union[Sequence[bool], np.ndarray]]) -> float:
     """Token F1 with k = the size of each document's human rationale, averaged.
 
     At that k precision, recall and F1 are equal (the share of the top-|gold|
@@ -154,7 +154,7 @@ def rationale_f1_at_gold_size(scores: Sequence[np.ndarray],
 
 
 def rationale_f1_at_gold_size_per_document(scores: Sequence[np.ndarray],
-                                           rationales: Sequence[Sequence[bool]]) -> np.ndarray:
+                                           rationales: Sequence[Union[Sequence[bool], np.ndarray]]) -> np.ndarray:
     """(D,) the per-document values of :func:`rationale_f1_at_gold_size`; NaN without rationale."""
     if len(scores) != len(rationales):
         raise InputError(f"{len(scores)} score vectors for {len(rationales)} rationales")
@@ -195,7 +195,7 @@ def eraser_texts(words: Sequence[str], scores: np.ndarray,
     return out
 
 
-def aopc(p_full: float, p_perturbed: Sequence[float]) -> float:
+def aopc(p_full: float, p_perturbed: Union[Sequence[float], np.ndarray]) -> float:
     """Area over the perturbation curve: mean over the bins of ``p_full − p_q``.
 
     Comprehensiveness passes the class probability of the texts without the

@@ -35,7 +35,7 @@ import importlib.metadata
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -97,7 +97,7 @@ def onnx_path() -> Path:
         ) from err
     for f in dist.files or []:
         if str(f).replace("\\", "/") == _ONNX_IN_WHEEL:
-            path = Path(dist.locate_file(f))
+            path = Path(cast(Path, dist.locate_file(f)))  # installed: a PathDistribution, its files Paths
             if path.is_file():
                 return path
     raise Dinov2SourceError(
@@ -346,8 +346,9 @@ def verify_against_onnx(model: torch.nn.Module, x: torch.Tensor, path: Path | No
     """
     sess = _backbone_session(str(path if path is not None else onnx_path()))
     (ref,) = sess.run([ONNX_BACKBONE_OUTPUT], {"input_image": x.detach().cpu().numpy().astype(np.float32)})
+    vit: Any = model  # a timm ViT, whose forward_features torch's Module typing does not know
     with torch.no_grad():
-        ours = model.forward_features(x).cpu().numpy()
+        ours = vit.forward_features(x).cpu().numpy()
     if ours.shape != ref.shape:
         raise AssertionError(f"token shapes differ: timm {ours.shape} vs ONNX {ref.shape}")
     diff = np.abs(ours - ref)

@@ -493,7 +493,7 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     fetch = _Fetch(name, kind, online)
     model, source = _hf_model(config, kind, pretrained, fetch)
     id2label = getattr(config, "id2label", None) or {}
-    labels = [str(id2label.get(i, id2label.get(str(i), f"class {i}"))) for i in range(len(id2label))]
+    labels: Sequence[str] = [str(id2label.get(i, id2label.get(str(i), f"class {i}"))) for i in range(len(id2label))]
     if clip:
         labels = []  # CLIP has no classes (its config's default LABEL_0/LABEL_1 mean nothing): targets are prompts
     info: dict[str, Any] = {"source": source, "library": "transformers",

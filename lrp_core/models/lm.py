@@ -12,7 +12,7 @@ next token.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, SupportsIndex, overload
 
 import torch
 
@@ -60,7 +60,7 @@ class TokenIdError(InputError, IndexError):
     """A token id outside the vocabulary (an ``IndexError`` too, as the sequence protocol expects)."""
 
 
-class Vocabulary(Sequence):
+class Vocabulary(Sequence[str]):
     """The labels of a causal LM: ``vocab[i]`` is the text of token ``i`` (decoded when asked, not stored)."""
 
     def __init__(self, tokenizer: Any, size: int):
@@ -69,7 +69,13 @@ class Vocabulary(Sequence):
     def __len__(self) -> int:
         return self.size
 
-    def __getitem__(self, i):  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: SupportsIndex) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: SupportsIndex | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(self.size))]
         i = int(i)
@@ -101,7 +107,8 @@ def lm_preprocess(tokenizer: Any) -> Callable[[Any], Any]:
 
 def lm_labels(model: torch.nn.Module, tokenizer: Any) -> Vocabulary:
     """The vocabulary as labels, as long as the LM head (which may be padded past the tokenizer's size)."""
-    size = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None \
+    lm: Any = model  # a transformers PreTrainedModel: its get_output_embeddings is read by name
+    size = lm.get_output_embeddings().weight.shape[0] if lm.get_output_embeddings() is not None \
         else len(tokenizer)
     return Vocabulary(tokenizer, size)
 

@@ -24,7 +24,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 
@@ -62,7 +62,7 @@ def _dist_file(dist_name: str, rel: str, pin: str) -> Path:
         ) from err
     for f in dist.files or []:
         if str(f).replace("\\", "/") == rel:
-            return Path(dist.locate_file(f))
+            return Path(cast(Path, dist.locate_file(f)))  # installed: a PathDistribution, its files Paths
     raise MiniLMSourceError(f"the installed {dist_name!r} {dist.version} has no file {rel!r}; reinstall {pin}.")
 
 

@@ -14,13 +14,15 @@ forward ran. :func:`effective_linear` is the one place the rules ask; it knows
 
 Any other peft layer (LoKr, LoHa, a LoRA on an Embedding or a convolution, LoRA variants other than DoRA, …)
 is refused (:func:`check_peft_layers`, run when the adapter is chosen) with a hint to merge the adapters.
-peft is optional: its layers are recognised by their class's module, and peft is never imported here.
+peft is optional: its layers are recognised by their class's module, and peft is never imported here. So
+its layers (and transformers' ``Conv1D``) are read by attribute name, through values typed ``Any``: their
+classes cannot be named without importing them.
 
 Shapes: ``weight`` (D_out, D_in), ``bias`` (D_out,) or ``None``.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -69,7 +71,8 @@ def is_linear(module: Optional[nn.Module]) -> bool:
         return True
     kind = _kind(module) if isinstance(module, nn.Module) else None
     if kind == "modules_to_save":
-        return is_linear(module.original_module)
+        wrapper: Any = module
+        return is_linear(wrapper.original_module)
     if kind in ("lora", "ia3"):
         base = getattr(module, "base_layer", None)  # directly a Linear: not a peft layer over another
         return isinstance(base, nn.Linear) or (isinstance(base, nn.Module) and is_conv1d(base))
@@ -91,25 +94,26 @@ def effective_linear(module: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
     """
     if isinstance(module, LinearView):
         return module.linear_parts()
+    layer: Any = module
     if is_conv1d(module):
-        return module.weight.t(), module.bias
+        return layer.weight.t(), layer.bias
     kind = _kind(module)
     if kind is None:
         if is_peft(module):
             raise UnsupportedModelError(_refusal(module, "", "is not a layer the relevance rules read"))
-        return module.weight, getattr(module, "bias", None)
+        return layer.weight, getattr(module, "bias", None)
     if kind == "modules_to_save":
         return effective_linear(_saved_module(module))
     _check_layer(module)
-    weight, bias = effective_linear(module.base_layer)
-    if module.disable_adapters or module.merged:  # the forward runs the base layer alone
+    weight, bias = effective_linear(layer.base_layer)
+    if layer.disable_adapters or layer.merged:  # the forward runs the base layer alone
         return weight, bias
-    active = [a for a in module.active_adapters if a in (module.lora_A if kind == "lora" else module.ia3_l)]
+    active = [a for a in layer.active_adapters if a in (layer.lora_A if kind == "lora" else layer.ia3_l)]
     with torch.no_grad():
         return (_ia3 if kind == "ia3" else _lora)(module, active, weight, bias)
 
 
-def _saved_module(wrapper: nn.Module) -> nn.Module:
+def _saved_module(wrapper: Any) -> nn.Module:
     """The module a ``ModulesToSaveWrapper``'s forward runs: the active adapter's copy, or the original."""
     active = wrapper.active_adapters
     if wrapper.disable_adapters or not active or any(a not in wrapper._adapters for a in active):
@@ -117,7 +121,7 @@ def _saved_module(wrapper: nn.Module) -> nn.Module:
     return wrapper.modules_to_save[active[0]]
 
 
-def _lora(module: nn.Module, active: list, weight: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+def _lora(module: Any, active: list, weight: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
     """LoRA's forward, adapter after adapter: ``y += scaling · B(A(x))`` (vanilla), or DoRA's
     ``y += (m/‖W + s·BA‖ − 1) ⊙ (y − b) + m/‖W + s·BA‖ ⊙ s·B(A(x))`` with ``W``, ``b`` the base layer's and the
     norm per output row (peft ``DoraLinearLayer.forward``, dropout off)."""
@@ -130,8 +134,8 @@ def _lora(module: nn.Module, active: list, weight: Tensor, bias: Optional[Tensor
             norm = torch.linalg.norm(base_weight + delta, dim=1)  # (D_out,): ‖W + s·BA‖ per output row
             scale = (module.lora_magnitude_vector[name].weight.to(weight.dtype) / norm)  # (D_out,)
             weight = scale[:, None] * (weight + delta)
-            if bias is not None:
-                bias = bias + (scale - 1) * (bias - base_bias)
+            if bias is not None:  # (y − b): b the base layer's bias, 0 where it has none
+                bias = bias + (scale - 1) * (bias if base_bias is None else bias - base_bias)
             if b_delta is not None:
                 bias = scale * b_delta if bias is None else bias + scale * b_delta
         else:
@@ -145,20 +149,20 @@ def _dora(module: nn.Module, name: str) -> bool:
     return name in getattr(module, "lora_variant", {}) or bool(getattr(module, "use_dora", {}).get(name, False))
 
 
-def _ia3(module: nn.Module, active: list, weight: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+def _ia3(module: Any, active: list, weight: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
     """IA³'s forward: ``x ⊙ l`` into the base layer (``is_feedforward``: scales W's columns) or the base layer's
     output ``⊙ l`` (scales W's rows and the bias), ``l`` the product of the active adapters' vectors."""
     if not active:
         return weight, bias
-    scale = 1
-    for name in active:
+    scale = module.ia3_l[active[0]].flatten().to(weight.dtype)
+    for name in active[1:]:
         scale = scale * module.ia3_l[name].flatten().to(weight.dtype)
     if module.is_feedforward:
         return weight * scale[None, :], bias
     return weight * scale[:, None], None if bias is None else bias * scale
 
 
-def _check_layer(module: nn.Module, where: str = "") -> None:
+def _check_layer(module: Any, where: str = "") -> None:
     """Refuse what :func:`effective_linear` cannot read as the forward computes it (``where``: its name)."""
     if not is_linear(module):
         raise UnsupportedModelError(_refusal(module, where, f"wraps a {type(module.base_layer).__name__}, not a "
@@ -206,9 +210,10 @@ def check_peft_layers(model: nn.Module) -> None:
                                                                     "(they read LoRA and DoRA, IA³ and "
                                                                     "modules_to_save on Linear layers)"))
         if kind == "modules_to_save":
-            if not is_linear(module.original_module):
+            wrapper: Any = module
+            if not is_linear(wrapper.original_module):
                 raise UnsupportedModelError(_refusal(module, qualified, "wraps a "
-                                                     f"{type(module.original_module).__name__}, not a Linear"))
+                                                     f"{type(wrapper.original_module).__name__}, not a Linear"))
             continue
         _check_layer(module, qualified)
 

@@ -256,7 +256,7 @@ class InProcess:
         self._built: Optional[tuple[nn.Module, Inputs]] = None
 
     def __call__(self, case: Case, method: str, settings: Settings) -> dict:
-        if case != self._case:
+        if case != self._case or self._built is None:  # (both are None before the first case)
             self._case, self._built = case, prepare(case, settings.seed)
         out = measure(*self._built, method, settings)
         return {**out, "rss_before_kb": None, "peak_rss_kb": None}
@@ -310,7 +310,7 @@ def memory_reason(case: Case, method: str, free: Optional[int]) -> Optional[str]
     """Why (case, method) is not run: its estimated peak exceeds ``free`` bytes; else ``None``."""
     facts = case_facts(case.model, case.tokens) if free is not None and method != BASELINE else None
     need = memory.estimate(registry.get(method).memory, facts, case.batch) if facts is not None else 0
-    if need <= (free or 0):
+    if free is None or need <= free:  # without a free size nothing is estimated: need is 0
         return None
     return (f"not run: estimated peak {need / 2**30:.1f} GiB > {free / 2**30:.1f} GiB available "
             f"(lrp_core.runtime.memory.estimate)")

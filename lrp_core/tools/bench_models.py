@@ -10,6 +10,12 @@ import torch
 from torch import Tensor, nn
 
 Inputs = Union[Tensor, dict]
+# The models are read by attribute name (timm's patch_embed, a transformers model's config) through values typed
+# Any: torch types every submodule attribute as ``Tensor | Module``. transformers' configs take
+# ``attn_implementation`` and ``num_labels`` through ``__post_init__(**kwargs)``, which the dataclass signature
+# mypy reads does not list: those travel in a ``dict[str, Any]``.
+_SDPA: dict[str, Any] = {"attn_implementation": "sdpa"}
+_TWO_LABELS: dict[str, Any] = {"num_labels": 2}
 
 IMAGE_MODELS = ("deit_tiny_patch16_224", "deit_small_patch16_224", "vit_base_patch16_224")
 TEXT_MODELS = ("bert-base",)
@@ -35,10 +41,10 @@ def llama_config(tiny: bool = False) -> Any:
     if tiny:
         return LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, intermediate_size=48, max_position_embeddings=4096,
-                           attn_implementation="sdpa")
+                           **_SDPA)
     return LlamaConfig(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
                        num_key_value_heads=2, intermediate_size=1376, max_position_embeddings=4096,
-                       attn_implementation="sdpa")
+                       **_SDPA)
 
 
 def build_model(name: str) -> nn.Module:
@@ -52,11 +58,11 @@ def build_model(name: str) -> nn.Module:
         return LlamaForCausalLM(llama_config(tiny=name == "tiny-llama")).eval()
     if name == "bert-base":
         from transformers import BertConfig, BertForSequenceClassification
-        return BertForSequenceClassification(BertConfig(num_labels=2)).eval()
+        return BertForSequenceClassification(BertConfig(**_TWO_LABELS)).eval()
     if name == "tiny-bert":
         from transformers import BertConfig, BertForSequenceClassification
         cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, num_labels=2)
+                         intermediate_size=64, **_TWO_LABELS)
         return BertForSequenceClassification(cfg).eval()
     if name == "tiny-vit":
         from timm.models.vision_transformer import VisionTransformer
@@ -68,17 +74,18 @@ def build_model(name: str) -> nn.Module:
 def image_tokens(name: str) -> int:
     """Sequence length (patches + prefix tokens) of the ViT ``name``, from a weightless (meta) copy."""
     with torch.device("meta"):
-        model = build_model(name)
+        model: Any = build_model(name)
     return int(model.patch_embed.num_patches + model.num_prefix_tokens)
 
 
 def make_inputs(model: nn.Module, case: Any, seed: int = 0) -> Inputs:
     """Seeded random inputs: images (B, 3, H, W), or ``{"input_ids", "attention_mask"}`` (B, T) for text."""
     g = torch.Generator().manual_seed(seed)
+    named: Any = model
     if case.text:
-        ids = torch.randint(0, model.config.vocab_size, (case.batch, case.tokens), generator=g)
+        ids = torch.randint(0, named.config.vocab_size, (case.batch, case.tokens), generator=g)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    h, w = model.patch_embed.img_size
+    h, w = named.patch_embed.img_size
     return torch.randn(case.batch, 3, h, w, generator=g)
 
 

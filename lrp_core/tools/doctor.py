@@ -12,6 +12,7 @@ touches the network: the embedded models ship with the library.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import platform
@@ -334,14 +335,14 @@ def main(argv: list[str] | None = None) -> int:
     doc = Doctor()
     doc.run("python", check_python)
     for module, dist, minimum, essential in PACKAGES:
-        doc.run(f"import {module}", lambda m=module, d=dist, v=minimum: check_package(m, d, v), essential)
+        doc.run(f"import {module}", functools.partial(check_package, module, dist, minimum), essential)
     doc.run("lrp_core + widgets", check_course_packages)
     doc.run("threads", check_threads, essential=False)
     doc.run("memory and disk", check_capacity, essential=False)
     if not args.quick:
         from lrp_core.models import EMBEDDED
         for name in EMBEDDED:
-            doc.run(f"model {name}", lambda n=name: check_model(n))
+            doc.run(f"model {name}", functools.partial(check_model, name))
         doc.run("widget renders", check_widget)
     doc.run("kernel python3", check_kernel)
     doc.run("notebooks", check_notebooks, essential=False)
