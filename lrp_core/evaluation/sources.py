@@ -141,6 +141,7 @@ def _method_scores(model: Any, method: str, ids: list[torch.Tensor], answers: li
             exp = explain(model, _left_padded([ids[i] for i in rows]), method=method,
                           target=[answers[i] for i in rows], sources=[found[i][0] for i in rows], progress=False)
             seconds = (time.perf_counter() - t0) / len(rows)
+            assert exp.sources is not None, "explain(sources=...) fills exp.sources"
             got = exp.sources.detach().double().cpu().numpy()
             for k, i in enumerate(rows):
                 per[i] = (got[k], *passes(method, exp, len(ids[i])), seconds)
