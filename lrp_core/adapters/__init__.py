@@ -120,6 +120,11 @@ def _timm_vit(model):
     return TimmViTAdapter(model)
 
 
+def _timm_eva(model):
+    from .eva import TimmEvaAdapter
+    return TimmEvaAdapter(model)
+
+
 def _hf_vit(model):
     from .vit import HFViTAdapter
     return HFViTAdapter(model)
@@ -176,10 +181,6 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "not describe window shifts or patch merging. Use a plain ViT / DeiT / DINOv2 (timm or Hugging Face) to "
      "explain with this library, or gradient-based input attributions (e.g. Captum's IntegratedGradients, "
      "LayerGradCam on the last stage) for this model"),
-    ("EVA / EVA-02 and rotary-position ViTs", _named("Eva"),
-     "the attention rotates queries and keys by their position (rotary embedding applied to q and k inside "
-     "every attention) — a position-dependent product the block replay and its relevance rules do not describe "
-     "— and its blocks use SwiGLU MLPs. Use a timm VisionTransformer / DeiT / DINOv2 instead"),
     ("multimodal decoders (Llava, Gemma 3 with images, Qwen2-VL, Idefics, PaliGemma, ...)", _is_multimodal_decoder,
      "images enter the token stream through a vision tower and a projector (image features replace placeholder "
      "tokens), so the text tokens are not the whole input and the vision tower is not described by the decoder "
@@ -204,6 +205,8 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ("timm VisionTransformer (ViT, DeiT, DINO, DINOv2; [CLS] or average pooling, with or without a class token) "
      "and VisionTransformerDistilled (distilled DeiT: [CLS] and distillation heads averaged)", _is_timm_vit,
      _timm_vit),
+    ("timm Eva (EVA, EVA-02: rotary q/k, SwiGLU MLPs, registers, LayerScale, post-norm blocks)", _named("Eva"),
+     _timm_eva),
     ("Hugging Face ViTForImageClassification", _is_hf_vit, _hf_vit),
     ("Hugging Face DeiTForImageClassification and DeiTForImageClassificationWithTeacher",
      _named("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), _hf_deit),

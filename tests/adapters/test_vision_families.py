@@ -265,12 +265,6 @@ def _tiny_swin():
                            num_classes=3).eval()
 
 
-def _tiny_eva():
-    from timm.models.eva import Eva
-    return Eva(img_size=32, patch_size=8, embed_dim=48, depth=1, num_heads=3, num_classes=3,
-               use_rot_pos_emb=True).eval()
-
-
 def _hf_swin():
     from transformers import SwinConfig, SwinForImageClassification
     return SwinForImageClassification(SwinConfig(image_size=32, patch_size=4, embed_dim=24, depths=[1, 1],
@@ -285,7 +279,6 @@ def _hf_beit():
 @pytest.mark.parametrize("build,words", [
     (_tiny_swin, ("windows", "merged", "ViT")),
     (_hf_swin, ("windows", "merged", "Captum")),
-    (_tiny_eva, ("rotary", "q and k")),
     (_hf_beit, ("relative position bias",)),
     (lambda: make_tiny_vit(global_pool="map"), ("global_pool='map'", "'token'", "'avg'")),
     (lambda: make_tiny_vit(global_pool="max", fc_norm=True), ("global_pool='max'",)),
