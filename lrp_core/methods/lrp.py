@@ -88,7 +88,8 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
         mask = c.layout.mask
         if mask is not None:
             scores = scores * mask[:, c.layout.output_start:].to(scores.dtype)
-        blocks = torch.stack([(h * g).sum(-1) for h, g in zip(hidden, grads[1:1 + len(hidden)])], dim=1)
+        blocks = torch.stack([c.adapter.block_tokens(b, (h * g).sum(-1))
+                              for b, (h, g) in enumerate(zip(hidden, grads[1:1 + len(hidden)]))], dim=1)
         if mask is not None:
             blocks = blocks * mask[:, None, :].to(blocks.dtype)
         pixels = (images * grads[-1]).sum(1) if images is not None else None
