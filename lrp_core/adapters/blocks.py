@@ -287,7 +287,8 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
                       rope: Optional[tuple] = None) -> AttentionRecord:
     """Multi-head self-attention on ``h`` (B, N, D); the attention computed explicitly unless fused.
 
-    ``bias``: the additive mask (B, 1, 1 or N, N) or ``None``; ``rope``: (cos, sin) (B, N, r) where ``p.rotary``.
+    ``bias``: the additive mask (B, 1, 1 or N, N) or ``None``; ``rope``: (cos, sin) (B, N − ``p.rope_skip``, r)
+    where ``p.rotary``.
     """
     B, N, _ = h.shape
     H, d, groups = p.num_heads, p.head_dim, p.groups
