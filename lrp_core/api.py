@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .adapters import get_adapter
-from .errors import InputError
+from .errors import InputError, UnsupportedModelError
 from .explanation import Explanation, result_fields
 from .methods import registry
 from .methods.call import Call, ConceptTarget, Contrast, one_hot
@@ -165,6 +165,10 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     options = {**given, **unknown}
     spec = registry.get(method)
     adapter = get_adapter(model).for_inputs(inputs)
+    if method in adapter.refused_methods:
+        runs = [m for m in registry.METHODS if m not in adapter.refused_methods]
+        raise UnsupportedModelError(f"method {method!r} is not defined on {type(model).__name__}: "
+                                    f"{adapter.refused_methods[method]}. Methods that run on it: {', '.join(runs)}")
     prepared = adapter.check_inputs(inputs)
     opt = registry.parse_options(spec, options, adapter.num_blocks, registry.defaults_key(adapter))
     if opt.position is not None:  # decoders: explain the prediction at another token

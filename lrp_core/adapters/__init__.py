@@ -120,6 +120,16 @@ def _timm_vit(model):
     return TimmViTAdapter(model)
 
 
+def _timm_eva(model):
+    from .eva import TimmEvaAdapter
+    return TimmEvaAdapter(model)
+
+
+def _timm_swin(model):
+    from .swin import TimmSwinAdapter
+    return TimmSwinAdapter(model)
+
+
 def _hf_vit(model):
     from .vit import HFViTAdapter
     return HFViTAdapter(model)
@@ -165,21 +175,19 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "alternates global with sliding-window local attention, and uses gated (GLU) MLPs without biases, none of "
      "which the post-LN/pre-LN block replay describes. Use a BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA or MPNet "
      "classifier instead"),
-    ("Swin and other windowed / hierarchical vision transformers",
-     lambda m: _named("SwinTransformer", "SwinTransformerV2", "SwinTransformerV2Cr", "PyramidVisionTransformerV2",
+    ("Swin V2, Hugging Face Swin and other windowed / hierarchical vision transformers",
+     lambda m: _named("SwinTransformerV2", "SwinTransformerV2Cr", "PyramidVisionTransformerV2",
                       "MultiScaleVit", "Twins", "Hiera", "Davit", "MaxxVit", "NextViT", "FocalNet")(m)
      or _hf_type("swin", "swinv2", "donut-swin", "maskformer-swin", "pvt", "pvt_v2", "hiera", "focalnet",
                  "dinat", "nat")(m),
      "attention runs inside local windows and patch tokens are merged between stages, so there is no single "
      "token set whose token-to-token attention matrices can be multiplied across blocks (rollout, "
-     "transformer_attribution and the other layer-product methods have no meaning) and the block replay does "
-     "not describe window shifts or patch merging. Use a plain ViT / DeiT / DINOv2 (timm or Hugging Face) to "
-     "explain with this library, or gradient-based input attributions (e.g. Captum's IntegratedGradients, "
-     "LayerGradCam on the last stage) for this model"),
-    ("EVA / EVA-02 and rotary-position ViTs", _named("Eva"),
-     "the attention rotates queries and keys by their position (rotary embedding applied to q and k inside "
-     "every attention) — a position-dependent product the block replay and its relevance rules do not describe "
-     "— and its blocks use SwiGLU MLPs. Use a timm VisionTransformer / DeiT / DINOv2 instead"),
+     "transformer_attribution and the other layer-product methods have no meaning), and the replay describes "
+     "the windows and patch merging of timm's SwinTransformer (v1) only, not Swin V2's cosine attention with its "
+     "learned logit scale and position-bias MLP, the Hugging Face Swin classes or the other hierarchical designs. "
+     "Use timm's SwinTransformer or a plain ViT / DeiT / DINOv2 (timm or Hugging Face) to explain with this "
+     "library, or gradient-based input attributions (e.g. Captum's IntegratedGradients, LayerGradCam on the last "
+     "stage) for this model"),
     ("multimodal decoders (Llava, Gemma 3 with images, Qwen2-VL, Idefics, PaliGemma, ...)", _is_multimodal_decoder,
      "images enter the token stream through a vision tower and a projector (image features replace placeholder "
      "tokens), so the text tokens are not the whole input and the vision tower is not described by the decoder "
@@ -204,6 +212,10 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ("timm VisionTransformer (ViT, DeiT, DINO, DINOv2; [CLS] or average pooling, with or without a class token) "
      "and VisionTransformerDistilled (distilled DeiT: [CLS] and distillation heads averaged)", _is_timm_vit,
      _timm_vit),
+    ("timm Eva (EVA, EVA-02: rotary q/k, SwiGLU MLPs, registers, LayerScale, post-norm blocks)", _named("Eva"),
+     _timm_eva),
+    ("timm SwinTransformer (windowed attention, shifted windows, patch merging; lrp, attnlrp, cp_lrp, the Captum "
+     "baselines)", lambda m: type(m).__name__ == "SwinTransformer", _timm_swin),
     ("Hugging Face ViTForImageClassification", _is_hf_vit, _hf_vit),
     ("Hugging Face DeiTForImageClassification and DeiTForImageClassificationWithTeacher",
      _named("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), _hf_deit),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from functools import cached_property
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +39,9 @@ class Adapter(ABC):
     #: entries of a prepared batch shared by all its samples, not one per sample (CLIP: the other tower's
     #: embeddings); :meth:`take` keeps them whole
     shared: tuple = ()
+    #: method name -> why that method has no meaning on this model (``explain`` refuses it, naming the reason);
+    #: empty: every method runs
+    refused_methods: Mapping[str, str] = {}
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -194,6 +197,11 @@ class Adapter(ABC):
         if self.mask_value is None:
             return None
         return (1.0 - mask[:, None, None, :].to(x0.dtype)) * self.mask_value
+
+    def block_tokens(self, b: int, row: Tensor) -> Tensor:
+        """Block b's per-token row (B, N_b) on the tokens of block 0's input (B, N): the same row where every block
+        has one token set (default); a hierarchical model maps its merged tokens back (Swin)."""
+        return row
 
     def cdam_tokens(self, trace: Trace) -> Tensor:
         """CDAM's tokens: those entering the last block's attention (after its norm in pre-LN blocks)."""

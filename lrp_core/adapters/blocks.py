@@ -57,6 +57,12 @@ class AttentionSpec:
     ``softmax_dtype``: the dtype the model's softmax computes in (Hugging Face eager: float32, cast back);
     ``sdpa``: the model runs fused attention, so a modified-gradient replay may too (no N×N map in memory);
     ``causal``: causal attention — where the fused replay gets no mask (no padding, no window), the kernel's own.
+
+    Vision rotary embeddings (timm EVA): ``rope_skip`` leading tokens (class, register tokens) are not rotated,
+    and the rotary tables then cover the other tokens only, (B or 1, N − rope_skip, d); ``rope_interleaved``:
+    the rotation turns the channel pairs (2i, 2i+1) (timm's default) instead of (i, i + d/2) — the replay
+    gathers each head's even channels then its odd ones, rotates them in the halves layout (the tables given in
+    that order) and puts them back: the same products, element by element, as the model's.
     """
 
     proj: nn.Linear
@@ -78,6 +84,8 @@ class AttentionSpec:
     softmax_dtype: Optional[torch.dtype] = None
     sdpa: bool = False
     causal: bool = False
+    rope_skip: int = 0
+    rope_interleaved: bool = False
 
     @property
     def kv_heads(self) -> int:
@@ -237,11 +245,48 @@ def _fused(
     return attend
 
 
+def pairs_to_halves(x: Tensor) -> Tensor:
+    """(…, d) -> (…, d): the even channels, then the odd ones (interleaved rotary pairs laid out as halves)."""
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+
+
+def halves_to_pairs(x: Tensor) -> Tensor:
+    """The inverse of :func:`pairs_to_halves`."""
+    h = x.shape[-1] // 2
+    return torch.stack((x[..., :h], x[..., h:]), dim=-1).reshape(x.shape)
+
+
+def _rotate(p: AttentionSpec, x: Tensor, cos: Tensor, sin: Tensor, r: Replay) -> Tensor:
+    """x (B, H, N, d) rotated by the tables: the first ``p.rope_skip`` tokens pass, pairs per ``p.rope_interleaved``."""
+    n = p.rope_skip
+    body = x[:, :, n:] if n else x
+    if p.rope_interleaved:
+        body = pairs_to_halves(body)
+    out = r(ROPE, apply_rotary, body, cos, sin)
+    if p.rope_interleaved:
+        out = halves_to_pairs(out)
+    return torch.cat((x[:, :, :n], out), dim=2) if n else out
+
+
+def _rotate_relprop(p: AttentionSpec, x: Tensor, rotated: Tensor, cos: Tensor, sin: Tensor, R: Tensor,
+                    prop: Propagation) -> Tensor:
+    """Relevance of the rotated q or k (B, H, N, d) -> of the unrotated one (the skipped tokens' passes as is)."""
+    n = p.rope_skip
+    parts = [t[:, :, n:] if n else t for t in (x, rotated, R)]
+    if p.rope_interleaved:
+        parts = [pairs_to_halves(t) for t in parts]
+    R_body = prop(ROPE, (parts[0], cos, sin), parts[2], output=parts[1])[0]
+    if p.rope_interleaved:
+        R_body = halves_to_pairs(R_body)
+    return torch.cat((R[:, :, :n], R_body), dim=2) if n else R_body
+
+
 def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Replay,
                       rope: Optional[tuple] = None) -> AttentionRecord:
     """Multi-head self-attention on ``h`` (B, N, D); the attention computed explicitly unless fused.
 
-    ``bias``: the additive mask (B, 1, 1 or N, N) or ``None``; ``rope``: (cos, sin) (B, N, r) where ``p.rotary``.
+    ``bias``: the additive mask (B, 1, 1 or N, N) or ``None``; ``rope``: (cos, sin) (B, N − ``p.rope_skip``, r)
+    where ``p.rotary``.
     """
     B, N, _ = h.shape
     H, d, groups = p.num_heads, p.head_dim, p.groups
@@ -250,7 +295,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
     if p.rotary:
         cos, sin = rope
         q_pre, k_pre = q, k
-        q, k = r(ROPE, apply_rotary, q, cos, sin), r(ROPE, apply_rotary, k, cos, sin)
+        q, k = _rotate(p, q, cos, sin, r), _rotate(p, k, cos, sin, r)
     A = None
     if p.sdpa and r.fuse:
         ctx = r(ATTENTION, _fused(bias, p.scale, groups, p.causal and bias is None), q, k, v)  # (B, H, N, d)
@@ -387,8 +432,8 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
     q, k = rec.q, rec.k
     if rec.rope is not None:
         cos, sin = rec.rope
-        R_q = prop(ROPE, (rec.q_pre, cos, sin), R_q, output=rec.q)[0]
-        R_k = prop(ROPE, (rec.k_pre, cos, sin), R_k, output=rec.k)[0]
+        R_q = _rotate_relprop(p, rec.q_pre, rec.q, cos, sin, R_q, prop)
+        R_k = _rotate_relprop(p, rec.k_pre, rec.k, cos, sin, R_k, prop)
         q, k = rec.q_pre, rec.k_pre
     R_q = prop.unary(norm_kind(p.q_norm), q, R_q, p.q_norm)
     R_k = prop.unary(norm_kind(p.k_norm), k, R_k, p.k_norm)

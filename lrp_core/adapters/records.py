@@ -28,7 +28,8 @@ class AttentionRecord:
         bias: (B, 1, 1, N) the additive padding mask, (B, 1, N, N) a causal one, or ``None``.
         q_pre, k_pre: decoders with rotary embeddings: q (B, H, N, d) and k (B, Hkv, N, d) before the rotation
             (``q``, ``k`` are after it; ``k`` and ``v`` hold the Hkv shared heads, not repeated).
-        rope: the rotation tables (cos, sin), each (B, N, r), or ``None``.
+        rope: the rotation tables (cos, sin), each (B, N, r) — (B, N − skipped prefix tokens, d) for a vision
+            model whose prefix tokens are not rotated (``AttentionSpec.rope_skip``) —, or ``None``.
         A is ``None`` where the attention ran fused (sdpa under a modified-gradient rule set).
     """
 

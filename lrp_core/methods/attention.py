@@ -232,7 +232,8 @@ def attention_gradcam(c: Call) -> MethodResult:
 
 
 def cdam(c: Call) -> MethodResult:
-    """Brocki & Chung: gradient × tokens entering the last attention (after its LayerNorm)."""
+    """Brocki & Chung: gradient × tokens entering the last attention (after its LayerNorm); a hierarchical model's
+    last-stage tokens are mapped onto the input patches (``Adapter.block_tokens``)."""
     a = c.adapter
     trace = c.forward(grad=True)
     T = a.cdam_tokens(trace)
@@ -248,7 +249,7 @@ def cdam(c: Call) -> MethodResult:
         y = trace.pooled @ v
     (g,) = torch.autograd.grad(y.sum(), [T])
     with torch.no_grad():
-        scores = c.layout.scores((T * g).sum(dim=-1))
+        scores = c.layout.scores(a.block_tokens(a.num_blocks - 1, (T * g).sum(dim=-1)))
     return MethodResult(scores=scores, target=target, logits=trace.logits.detach(),
                         used={"concept": c.concept.name} if c.concept is not None else {})
 

@@ -88,7 +88,8 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
         mask = c.layout.mask
         if mask is not None:
             scores = scores * mask[:, c.layout.output_start:].to(scores.dtype)
-        blocks = torch.stack([(h * g).sum(-1) for h, g in zip(hidden, grads[1:1 + len(hidden)])], dim=1)
+        blocks = torch.stack([c.adapter.block_tokens(b, (h * g).sum(-1))
+                              for b, (h, g) in enumerate(zip(hidden, grads[1:1 + len(hidden)]))], dim=1)
         if mask is not None:
             blocks = blocks * mask[:, None, :].to(blocks.dtype)
         pixels = (images * grads[-1]).sum(1) if images is not None else None
@@ -103,16 +104,19 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
 
 def _positional(leaves: list, grads: tuple, mask: Optional[Tensor]) -> Optional[Tensor]:
     """(B, N) the position encodings' relevance per position: Σ over leaves (position tables; a rotary table
-    holds every block's share) of leaf ⊙ gradient, summed over channels; padding 0. ``None`` without leaves."""
+    holds every block's share) of leaf ⊙ gradient, summed over channels; padding 0. ``None`` without leaves.
+    A table over fewer positions covers the last ones (a vision rotary table skips the prefix tokens)."""
     if not leaves:
         return None
-    total: Optional[Tensor] = None
+    rows = []
     for leaf, g in zip(leaves, grads):
         if g is None:  # a table the output does not depend on (e.g. CP-LRP: q, k detached after RoPE)
             g = torch.zeros_like(leaf)
-        r = (leaf * g).sum(-1)  # (B, N)
-        total = r if total is None else total + r
-    assert total is not None  # leaves is not empty
+        rows.append((leaf * g).sum(-1))  # (B, n)
+    total = torch.zeros(rows[0].shape[0], max(r.shape[1] for r in rows), dtype=rows[0].dtype,
+                        device=rows[0].device)
+    for r in rows:
+        total[:, total.shape[1] - r.shape[1]:] += r
     if mask is not None and mask.shape[1] == total.shape[1]:
         total = total * mask.to(total.dtype)
     return total

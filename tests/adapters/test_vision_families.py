@@ -260,16 +260,10 @@ def test_readout_relevance_is_conserved_and_every_rule_set_covers_it(family):
 
 
 # ---------------------------------------------------------------- refused families say why
-def _tiny_swin():
-    from timm.models.swin_transformer import SwinTransformer
-    return SwinTransformer(img_size=32, patch_size=4, window_size=4, embed_dim=24, depths=(1, 1), num_heads=(1, 2),
-                           num_classes=3).eval()
-
-
-def _tiny_eva():
-    from timm.models.eva import Eva
-    return Eva(img_size=32, patch_size=8, embed_dim=48, depth=1, num_heads=3, num_classes=3,
-               use_rot_pos_emb=True).eval()
+def _tiny_swin_v2():
+    from timm.models.swin_transformer_v2 import SwinTransformerV2
+    return SwinTransformerV2(img_size=32, patch_size=4, window_size=4, embed_dim=24, depths=(1, 1), num_heads=(1, 2),
+                             num_classes=3).eval()
 
 
 def _hf_swin():
@@ -284,9 +278,8 @@ def _hf_beit():
 
 
 @pytest.mark.parametrize("build,words", [
-    (_tiny_swin, ("windows", "merged", "ViT")),
+    (_tiny_swin_v2, ("windows", "merged", "Swin V2", "SwinTransformer (v1)")),
     (_hf_swin, ("windows", "merged", "Captum")),
-    (_tiny_eva, ("rotary", "q and k")),
     (_hf_beit, ("relative position bias",)),
     (lambda: make_tiny_vit(global_pool="map"), ("global_pool='map'", "'token'", "'avg'")),
     (lambda: make_tiny_vit(global_pool="max", fc_norm=True), ("global_pool='max'",)),
