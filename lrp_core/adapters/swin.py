@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ..rules.composites import Composite, Propagation
-from ..rules.ops import LINEAR, PATCH_CONV, norm_kind
 from ..rules.linear import is_linear
+from ..rules.ops import LINEAR, PATCH_CONV, norm_kind
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .readouts import HeadLayer, MeanReadout, Readout
 from .records import BlockRelevance, EmbeddingRecord, Trace
