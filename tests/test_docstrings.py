@@ -18,6 +18,10 @@ CONVERTED = [
     "lrp_core.metrics.segmentation",
     "lrp_core.metrics.statistics",
     "lrp_core.metrics.text",
+    "lrp_core.rules.functional",
+    "lrp_core.rules.ops",
+    "lrp_core.rules.explicit",
+    "lrp_core.rules.composites",
 ]
 
 
