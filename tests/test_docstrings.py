@@ -25,6 +25,13 @@ CONVERTED = [
     "lrp_core.viz.colours",
     "lrp_core.viz.maps",
     "lrp_core.viz.text",
+    "lrp_core.runtime.extras",
+    "lrp_core.runtime.guard",
+    "lrp_core.runtime.memory",
+    "lrp_core.runtime.pieces",
+    "lrp_core.runtime.precision",
+    "lrp_core.runtime.utils",
+    "lrp_core.runtime.wrappers",
 ]
 
 
