@@ -32,6 +32,12 @@ CONVERTED = [
     "lrp_core.runtime.precision",
     "lrp_core.runtime.utils",
     "lrp_core.runtime.wrappers",
+    "lrp_core.methods.targets",
+    "lrp_core.methods.products",
+    "lrp_core.methods.registry",
+    "lrp_core.methods.options",
+    "lrp_core.methods.generation",
+    "lrp_core.methods.ablation",
 ]
 
 
@@ -44,16 +50,26 @@ def _public_functions(module_name: str):
             yield name, obj
 
 
-def _documented_parameters(doc: str) -> set[str] | None:
-    """Names listed in the ``Parameters`` section (``name : type`` or ``*args``), or None without the section."""
+def _parameters_section(doc: str) -> list[str] | None:
+    """The lines of the ``Parameters`` section, or None without one."""
     match = re.search(r"^Parameters\n-{3,}\n(.*?)(?=^\w[\w ]*\n-{3,}\n|\Z)", doc, re.M | re.S)
-    if match is None:
+    return None if match is None else match.group(1).rstrip().splitlines()
+
+
+def _documented_parameters(doc: str) -> set[str] | None:
+    """Names listed in the ``Parameters`` section (``name : type`` or ``*args``), or None without the section.
+
+    An entry counts only in numpy form: ``name : type`` (``*args`` / ``**kwargs`` without a type) followed by
+    an indented description.
+    """
+    lines = _parameters_section(doc)
+    if lines is None:
         return None
     names: set[str] = set()
-    for line in match.group(1).splitlines():
-        entry = re.match(r"^(\*{0,2}\w+(?:\s*,\s*\*{0,2}\w+)*)\s*(?::|$)", line)
-        if entry:
-            names.update(n.strip().lstrip("*") for n in entry.group(1).split(","))
+    for line, after in zip(lines, lines[1:] + [""]):
+        entry = re.match(r"^(\*{1,2}\w+$|\w+(?:\s*,\s*\w+)* : \S.*$)", line)
+        if entry and after.startswith("    ") and after.strip():
+            names.update(n.strip().lstrip("*") for n in line.split(" : ")[0].split(","))
     return names
 
 
@@ -79,6 +95,8 @@ def test_the_checks_see_functions():
            "Returns\n-------\nint\n    Twice x.\n")
     assert _documented_parameters(doc) == {"x", "args"}
     assert _documented_parameters("Summary.\n\nArgs:\n    x: the x.\n") is None
+    # an entry without a type or without a description does not count
+    assert _documented_parameters("Summary.\n\nParameters\n----------\nx : the x.\ny : int\n") == set()
 
 
 @pytest.mark.parametrize("module_name", CONVERTED)
