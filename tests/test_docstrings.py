@@ -38,6 +38,12 @@ CONVERTED = [
     "lrp_core.methods.options",
     "lrp_core.methods.generation",
     "lrp_core.methods.ablation",
+    "lrp_core.data.facts",
+    "lrp_core.data.folders",
+    "lrp_core.data.rationales",
+    "lrp_core.data.sets",
+    "lrp_core.sources",
+    "lrp_core.api",
 ]
 
 
