@@ -197,9 +197,19 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
 def concept_target(model: nn.Module, examples: Any, name: str = "concept") -> ConceptTarget:
     """A CDAM concept target: the mean final [CLS] embedding of a few example inputs.
 
-    Args:
-        model: a supported model.
-        examples: images (K, 3, H, W) or a tokenizer output for K texts.
+    Parameters
+    ----------
+    model : nn.Module
+        a supported model.
+    examples : Any
+        images (K, 3, H, W) or a tokenizer output for K texts.
+    name : str, optional
+        An optional label for plots.
+
+    Returns
+    -------
+    ConceptTarget
+        The concept: its (D,) mean embedding, the number of examples and the name.
     """
     adapter = get_adapter(model).for_inputs(examples)
     prepared = adapter.check_inputs(examples)
@@ -231,6 +241,27 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
     """A_b, ∇A_b and R^{A_b} per block and head — what ``transformer_attribution`` multiplies and clamps.
 
     For teaching and inspection: ``(gradient * relevance).clamp(min=0).mean(2)`` is ``explain(...).layers``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A supported model with a classification head.
+    inputs : Any
+        Images (B, 3, H, W) or a tokenizer output, as :func:`explain` takes them.
+    target : Target, optional
+        The classes to explain: ``None`` (each sample's top class), an id for all
+        samples, or one per sample.
+
+    Returns
+    -------
+    AttentionParts
+        (B, L, H, N, N) attention, gradient and relevance per block and head; the
+        explained class (B,) and the logits (B, C).
+
+    Raises
+    ------
+    InputError
+        If the model has no classification head (or the inputs or target are refused).
     """
     adapter = get_adapter(model).for_inputs(inputs)
     if adapter.num_classes == 0:

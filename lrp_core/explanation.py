@@ -133,7 +133,18 @@ OPTIONAL_FIELDS: tuple[str, ...] = tuple(f.name for f in RESULT_FIELDS if not f.
 
 
 def result_fields(result: Any) -> dict[str, Any]:
-    """The :data:`RESULT_FIELDS` of a method's result, as ``explain`` hands them to :class:`Explanation`."""
+    """The :data:`RESULT_FIELDS` of a method's result, as ``explain`` hands them to :class:`Explanation`.
+
+    Parameters
+    ----------
+    result : Any
+        A method's result (a ``MethodResult``), with one attribute per field.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``{field name: value}``; the fields declared ``detach`` are detached from the graph.
+    """
     out = {}
     for f in RESULT_FIELDS:
         v = getattr(result, f.name)

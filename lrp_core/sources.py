@@ -80,13 +80,23 @@ def token_spans(text: str, char_spans: Sequence[Span], offsets: Sequence[Span]) 
 
     Parameters
     ----------
-    text : the tokenized text.
-    char_spans : (start, end) per source.
-    offsets : (start, end) per token (``return_offsets_mapping``).
+    text : str
+        The tokenized text.
+    char_spans : Sequence[Span]
+        (start, end) per source.
+    offsets : Sequence[Span]
+        (start, end) per token (``return_offsets_mapping``).
 
     Returns
     -------
-    list of (start, end) token spans (half-open), one per character span.
+    list[Span]
+        (start, end) token spans (half-open), one per character span.
+
+    Raises
+    ------
+    InputError
+        If a span lies outside the text, holds no text, does not align with the tokens or covers no
+        run of tokens.
     """
     out = []
     for s, (a, b) in enumerate(char_spans):
@@ -111,9 +121,22 @@ def token_spans(text: str, char_spans: Sequence[Span], offsets: Sequence[Span]) 
 
 
 def sentences(text: str) -> SourceText:
-    """``text`` cut into sentences: each ends at ``.``, ``!`` or ``?`` (with closing quotes or brackets) before
-    whitespace or the end; trailing text without an end mark is a sentence too. Whitespace between sentences
-    belongs to none."""
+    """``text`` cut into sentences, each sentence one source.
+
+    Each ends at ``.``, ``!`` or ``?`` (with closing quotes or brackets) before whitespace or the end;
+    trailing text without an end mark is a sentence too. Whitespace between sentences
+    belongs to none.
+
+    Parameters
+    ----------
+    text : str
+        The text to cut.
+
+    Returns
+    -------
+    SourceText
+        The text, with one source per sentence (its character span).
+    """
     spans, start = [], 0
     for m in _SENTENCE_END.finditer(text):
         spans.append((start, m.end()))
@@ -126,13 +149,32 @@ def sentences(text: str) -> SourceText:
 
 def documents(docs: Sequence[str], template: str = "{documents}", separator: str = "\n\n",
               **fields: str) -> SourceText:
-    """Documents placed into a prompt ``template``: its ``{documents}`` field becomes the documents joined by
-    ``separator``; the other fields (``{question}``, ...) are filled from ``fields``.
+    """Documents placed into a prompt ``template``, each document one source.
+
+    The template's ``{documents}`` field becomes the documents joined by ``separator``; the other fields
+    (``{question}``, ...) are filled from ``fields``.
+
+    Parameters
+    ----------
+    docs : Sequence[str]
+        The documents, a non-empty list of non-empty strings.
+    template : str, optional
+        The prompt, with a ``{documents}`` field and any other fields.
+    separator : str, optional
+        What joins the documents.
+    **fields
+        The values of the template's other fields (``question=...``).
 
     Returns
     -------
     SourceText
         The filled prompt, with one source per document (its character span).
+
+    Raises
+    ------
+    InputError
+        If the template has no ``{documents}`` field or names a field not given,
+        or ``docs`` is empty or holds an empty string.
     """
     if "{documents}" not in template:
         raise InputError("the template needs a {documents} field, where the documents go")
@@ -155,6 +197,24 @@ def as_spans(value: Any) -> Tensor:
 
     Accepted: a tensor (S, 2) or (B, S, 2), a list of (start, end) pairs, or a list of such lists (one per row,
     each with the same number of sources). Every span has 0 ≤ start ≤ end.
+
+    Parameters
+    ----------
+    value : Any
+        The caller's ``sources=``: a tensor (S, 2) or (B, S, 2), a list of
+        ``(start, end)`` pairs, or one such list per row.
+
+    Returns
+    -------
+    Tensor
+        (R, S, 2) long spans, R = 1 or one per row.
+
+    Raises
+    ------
+    InputError
+        If the value is none of these forms, has no span, a span with
+        ``start > end`` or a negative start, a non-integer dtype, or rows with
+        different numbers of sources.
     """
     what = ("sources must be token spans (start, end): a list of pairs for every row, a list of such lists (one "
             "per row, the same number of sources each) or an integer tensor (S, 2) / (B, S, 2)")
@@ -194,13 +254,23 @@ def in_columns(spans: Tensor, mask: Tensor, read: Optional[Tensor] = None) -> Te
 
     Parameters
     ----------
-    spans : (1 or B, S, 2) from :func:`as_spans`, counted from each row's first real token.
-    mask : (B, T) 1 = real token.
-    read : (B,) the column each row is read at (decoders), or ``None``: a source must end before it.
+    spans : Tensor
+        (1 or B, S, 2) from :func:`as_spans`, counted from each row's first real token.
+    mask : Tensor
+        (B, T) 1 = real token.
+    read : Optional[Tensor], optional
+        (B,) the column each row is read at (decoders), or ``None``: a source must end before it.
 
     Returns
     -------
-    (B, S, 2) long, the spans' columns.
+    Tensor
+        (B, S, 2) long, the spans' columns.
+
+    Raises
+    ------
+    InputError
+        If the spans are given for another number of rows, or a source reaches past its row's tokens or
+        reaches the explained position.
     """
     B, T = mask.shape
     if spans.shape[0] not in (1, B):
@@ -229,13 +299,41 @@ def in_columns(spans: Tensor, mask: Tensor, read: Optional[Tensor] = None) -> Te
 
 
 def membership(cols: Tensor, T: int, dtype: torch.dtype = torch.float64) -> Tensor:
-    """(B, S, T): 1 where token t lies in source s (``cols`` (B, S, 2) columns), else 0."""
+    """(B, S, T): 1 where token t lies in source s (``cols`` (B, S, 2) columns), else 0.
+
+    Parameters
+    ----------
+    cols : Tensor
+        (B, S, 2) the sources' token columns ``[start, end)``.
+    T : int
+        Number of tokens T.
+    dtype : torch.dtype, optional
+        dtype of the result.
+
+    Returns
+    -------
+    Tensor
+        (B, S, T) 1 where token t lies in source s, else 0.
+    """
     idx = torch.arange(T, device=cols.device)
     return ((idx >= cols[..., :1]) & (idx < cols[..., 1:])).to(dtype)
 
 
 def by_source(scores: Tensor, cols: Tensor) -> Tensor:
-    """(B, S) source scores: the sum of the token ``scores`` (B, T) over each source's columns (B, S, 2)."""
+    """(B, S) source scores: the sum of the token ``scores`` (B, T) over each source's columns (B, S, 2).
+
+    Parameters
+    ----------
+    scores : Tensor
+        (B, T) token scores.
+    cols : Tensor
+        (B, S, 2) the sources' token columns ``[start, end)``.
+
+    Returns
+    -------
+    Tensor
+        (B, S) the summed scores per source.
+    """
     return torch.einsum("bst,bt->bs", membership(cols, scores.shape[-1], scores.dtype), scores)
 
 

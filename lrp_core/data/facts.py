@@ -75,7 +75,18 @@ class FactRecord:
 
 
 def words_of(text: str) -> list[tuple[str, int, int]]:
-    """The word-level tokens of ``text`` with their character spans: ``[(word, start, end), ...]``."""
+    """The word-level tokens of ``text`` with their character spans: ``[(word, start, end), ...]``.
+
+    Parameters
+    ----------
+    text : str
+        The text, a prompt of the evidence task.
+
+    Returns
+    -------
+    list[tuple[str, int, int]]
+        ``(word, start, end)`` per word, in order.
+    """
     return [(m.group(), m.start(), m.end()) for m in _TOKEN.finditer(text)]
 
 
@@ -120,6 +131,26 @@ def make_facts(n: int, seed: int = 0, n_facts: tuple[int, int] = (MIN_FACTS, MAX
     Record ``i`` depends on ``(seed, i, n_facts)`` only, so ``make_facts(n, s)[:m] == make_facts(m, s)``.
     ``n_facts = (lo, hi)``: each prompt states between ``lo`` and ``hi`` facts (inclusive). The task is
     defined with the default (3 to 5); other ranges exist for training curricula (tiny-lm starts with 2).
+
+    Parameters
+    ----------
+    n : int
+        Number of prompts (≥ 0).
+    seed : int, optional
+        Seed of the task's generator.
+    n_facts : tuple[int, int], optional
+        ``(lo, hi)``, the fewest and most facts a prompt states, ``1 <= lo <= hi``.
+
+    Returns
+    -------
+    list[FactRecord]
+        ``n`` records (prompt, answer, evidence spans).
+
+    Raises
+    ------
+    InputError
+        If ``n`` is not a non-negative integer, ``seed`` is not an integer, or
+        ``n_facts`` is not a valid pair.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise InputError(f"n must be a non-negative integer (how many prompts), got {n!r}")
@@ -134,7 +165,20 @@ def make_facts(n: int, seed: int = 0, n_facts: tuple[int, int] = (MIN_FACTS, MAX
 
 
 def evidence_tokens(record: FactRecord, offsets: Sequence[tuple[int, int]]) -> list[int]:
-    """Positions of the tokens (given by their character ``offsets``) that overlap the record's evidence spans."""
+    """Positions of the tokens (given by their character ``offsets``) that overlap the record's evidence spans.
+
+    Parameters
+    ----------
+    record : FactRecord
+        The record whose evidence spans are used.
+    offsets : Sequence[tuple[int, int]]
+        (T,) character ``(start, end)`` of each token in the record's prompt.
+
+    Returns
+    -------
+    list[int]
+        The positions of the overlapping tokens, ascending.
+    """
     return [i for i, (s, e) in enumerate(offsets)
             if e > s and any(s < b and a < e for a, b in record.evidence)]
 

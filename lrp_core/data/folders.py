@@ -52,14 +52,31 @@ def load_data_folder(path: str | Path, kind: str, preprocess: Any = None,
                      labels: Sequence[str] = (), split: str = "val") -> ImageSet | TextSet:
     """Load a user data folder (layouts in the module docstring).
 
-    Args:
-        path: the folder.
-        kind: ``"image"`` or ``"text"`` (the model's kind).
-        preprocess: image models: PIL image -> (1, 3, H, W) model input (the
-            loaded model's ``preprocess``); masks go through it too, so crops
-            and resizes apply to both alike.
-        labels: class names, to read labels given by name.
-        split: ERASER split file (``val`` / ``test`` / ``train``).
+    Parameters
+    ----------
+    path : str | Path
+        the folder.
+    kind : str
+        ``"image"`` or ``"text"`` (the model's kind).
+    preprocess : Any, optional
+        image models: PIL image -> (1, 3, H, W) model input (the
+        loaded model's ``preprocess``); masks go through it too, so crops
+        and resizes apply to both alike.
+    labels : Sequence[str], optional
+        class names, to read labels given by name.
+    split : str, optional
+        ERASER split file (``val`` / ``test`` / ``train``).
+
+    Returns
+    -------
+    ImageSet | TextSet
+        An :class:`ImageSet` for ``kind="image"``, a :class:`TextSet` for ``kind="text"``.
+
+    Raises
+    ------
+    InputError
+        If the folder does not exist or does not hold one of the accepted layouts
+        (or as :func:`load_image_folder` / :func:`load_eraser`).
     """
     root = Path(path)
     if not root.is_dir():
@@ -81,8 +98,26 @@ def load_data_folder(path: str | Path, kind: str, preprocess: Any = None,
 def load_image_folder(root: Path, preprocess: Any, names: Sequence[str]) -> ImageSet:
     """``root/images``, ``root/masks`` (and ``root/labels.csv``) -> one-object :class:`ImageSet`.
 
-    Returns images (N, 3, H, W), labels (N, 1) or ``None`` without ``labels.csv``,
-    masks (N, 1, H, W), in file-name order.
+    Parameters
+    ----------
+    root : Path
+        The folder, with ``images/``, ``masks/`` and optionally ``labels.csv``.
+    preprocess : Any
+        PIL image -> (1, 3, H, W) model input; applied to the masks too.
+    names : Sequence[str]
+        Class names, to read labels given by name.
+
+    Returns
+    -------
+    ImageSet
+        Images (N, 3, H, W), labels (N, 1) or ``None`` without ``labels.csv``,
+        masks (N, 1, H, W), in file-name order.
+
+    Raises
+    ------
+    InputError
+        If ``preprocess`` is missing, the sub-folders are missing, there is no
+        image, or an image has no mask or no row in ``labels.csv``.
     """
     from PIL import Image
     if preprocess is None:
@@ -148,7 +183,27 @@ def _first(x: Any) -> Tensor:
 # text
 # --------------------------------------------------------------------------
 def load_eraser(root: Path, split: str, names: Sequence[str]) -> TextSet:
-    """An ERASER folder (``docs/``, ``<split>.jsonl``) -> :class:`TextSet`, a record per annotation."""
+    """An ERASER folder (``docs/``, ``<split>.jsonl``) -> :class:`TextSet`, a record per annotation.
+
+    Parameters
+    ----------
+    root : Path
+        The ERASER folder.
+    split : str
+        The split file's name (``val`` / ``test`` / ``train``).
+    names : Sequence[str]
+        Class names, to read labels given by name.
+
+    Returns
+    -------
+    TextSet
+        A record per annotation.
+
+    Raises
+    ------
+    InputError
+        If the split has no annotations.
+    """
     with open(root / f"{split}.jsonl", encoding="utf-8") as f:
         records = [_eraser_record(root, json.loads(line), names) for line in f if line.strip()]
     if not records:

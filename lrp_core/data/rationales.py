@@ -38,7 +38,18 @@ class RationaleFormatError(LRPError):
 
 
 def tokenize(text: str) -> list[tuple[str, int, int]]:
-    """Split ``text`` into (word, start_char, end_char) triples."""
+    """Split ``text`` into (word, start_char, end_char) triples.
+
+    Parameters
+    ----------
+    text : str
+        The text.
+
+    Returns
+    -------
+    list[tuple[str, int, int]]
+        ``(word, start_char, end_char)`` per word, in order.
+    """
     return [(m.group(), m.start(), m.end()) for m in _TOKEN.finditer(text)]
 
 
@@ -130,10 +141,24 @@ def _parse(obj: object, path: Path, n: int) -> RationaleRecord:
 def load_rationales(path: str | Path | None = None) -> list[RationaleRecord]:
     """Load and validate the rationale set (default: the one shipped with lrp_core).
 
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        RationaleFormatError: a line is not valid JSON or breaks the format; the
-            message names the file, the line number and what was expected.
+    Parameters
+    ----------
+    path : str | Path | None, optional
+        The JSONL file; default the one shipped with lrp_core.
+
+    Returns
+    -------
+    list[RationaleRecord]
+        The records, in file order.
+
+    Raises
+    ------
+    MissingFileError
+        ``path`` does not exist (a ``FileNotFoundError``).
+    RationaleFormatError
+        a line is not valid JSON or breaks the format; the
+        message names the file, the line number and what was expected; also a file without
+        records or with a duplicate ``annotation_id``.
     """
     path = Path(path) if path is not None else DEFAULT_PATH
     if not path.is_file():
@@ -158,7 +183,24 @@ def load_rationales(path: str | Path | None = None) -> list[RationaleRecord]:
 
 
 def make_record(annotation_id: str, text: str, label: str, evidence_spans: list[tuple[int, int]]) -> dict:
-    """Build one JSONL record (a dict) from token spans; used to author the file."""
+    """Build one JSONL record (a dict) from token spans; used to author the file.
+
+    Parameters
+    ----------
+    annotation_id : str
+        The record's id.
+    text : str
+        The document.
+    label : str
+        The class name.
+    evidence_spans : list[tuple[int, int]]
+        ``(start, end)`` token spans (end exclusive) of the evidence.
+
+    Returns
+    -------
+    dict
+        The record: ``annotation_id``, ``text``, ``label``, ``tokens`` and ``evidences``.
+    """
     toks = tokenize(text)
     return {
         "annotation_id": annotation_id,

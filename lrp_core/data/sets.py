@@ -74,10 +74,23 @@ def scene_sets(n: int, seed: int = SCENE_SEED, size: int = 64,
                ) -> tuple[ImageSet, ImageSet]:
     """Held-out scenes: ``n`` one-object and ``n`` two-object scenes (with ``removed``).
 
-    Args:
-        size: side in pixels the scenes are drawn at (64: the toy ViT's input).
-        inputs: rgb (N, H, W, 3) in [0, 1] -> model inputs (N, 3, H, W); default
-            the toy ViT's normalisation (``Scenes.images``).
+    Parameters
+    ----------
+    n : int
+        Number of scenes of each kind.
+    seed : int, optional
+        Seed of the scenes (default :data:`SCENE_SEED`, held out from training).
+    size : int, optional
+        side in pixels the scenes are drawn at (64: the toy ViT's input).
+    inputs : Optional[Callable[[np.ndarray], Tensor]], optional
+        rgb (N, H, W, 3) in [0, 1] -> model inputs (N, 3, H, W); default
+        the toy ViT's normalisation (``Scenes.images``).
+
+    Returns
+    -------
+    tuple[ImageSet, ImageSet]
+        ``(one_object, two_object)`` sets; the two-object set holds ``removed``,
+        the scenes with each object left out.
     """
     from .scenes import make_scenes
 
@@ -93,7 +106,20 @@ def scene_sets(n: int, seed: int = SCENE_SEED, size: int = 64,
 
 
 def dinov2_scene_sets(n: int, seed: int = SCENE_SEED) -> tuple[ImageSet, ImageSet]:
-    """The held-out scenes drawn at ``dinov2-scenes``' input size, ImageNet-normalised."""
+    """The held-out scenes drawn at ``dinov2-scenes``' input size, ImageNet-normalised.
+
+    Parameters
+    ----------
+    n : int
+        Number of scenes of each kind.
+    seed : int, optional
+        Seed of the scenes (default :data:`SCENE_SEED`).
+
+    Returns
+    -------
+    tuple[ImageSet, ImageSet]
+        ``(one_object, two_object)`` as :func:`scene_sets` returns them.
+    """
     from .scenes import DINOV2_SCENE_SIZE, imagenet_normalize
     return scene_sets(n, seed, size=DINOV2_SCENE_SIZE, inputs=imagenet_normalize)
 
@@ -109,12 +135,41 @@ the data it was trained on); other image models need user data (``--data``)."""
 
 
 def rationale_set(labels: Sequence[str]) -> TextSet:
-    """The shipped rationale set (:func:`load_rationales`), labels read against ``labels``."""
+    """The shipped rationale set (:func:`load_rationales`), labels read against ``labels``.
+
+    Parameters
+    ----------
+    labels : Sequence[str]
+        The model's class names, to read the records' labels against.
+
+    Returns
+    -------
+    TextSet
+        The shipped records with their label ids.
+    """
     return TextSet([as_record(r, labels) for r in load_rationales()])
 
 
 def label_id(label: Any, names: Sequence[str]) -> int:
-    """Class id from an int or a (case-insensitive, prefix-tolerant) class name."""
+    """Class id from an int or a (case-insensitive, prefix-tolerant) class name.
+
+    Parameters
+    ----------
+    label : Any
+        A class id (int or digit string) or a class name.
+    names : Sequence[str]
+        The class names.
+
+    Returns
+    -------
+    int
+        The class id.
+
+    Raises
+    ------
+    InputError
+        If ``label`` is neither a class id nor a single class name (exact or prefix).
+    """
     if isinstance(label, (int, np.integer)) and not isinstance(label, bool):
         return int(label)
     s = str(label).strip()
@@ -134,6 +189,25 @@ def as_record(rec: Any, names: Sequence[str]) -> RationaleRecord:
 
     Reads ``words``, ``rationale``, ``label`` (id or name in ``names``) and the
     optional ``text`` (default: the words joined by spaces), ``offsets`` and ``id``.
+
+    Parameters
+    ----------
+    rec : Any
+        A record object or a dict with ``words``, ``rationale``, ``label`` (and
+        optionally ``text``, ``offsets``, ``id``).
+    names : Sequence[str]
+        The class names, to read a label given by name.
+
+    Returns
+    -------
+    RationaleRecord
+        The record, with a (W,) bool rationale.
+
+    Raises
+    ------
+    InputError
+        If the rationale or the offsets do not have one entry per word (or the
+        label is unknown).
     """
     get = (lambda k, d=None: rec.get(k, d)) if isinstance(rec, dict) else (
         lambda k, d=None: getattr(rec, k, d))

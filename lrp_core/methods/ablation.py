@@ -47,6 +47,25 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
     Removal (``filler=None``): the tokens leave the attention mask and every later token's position id is
     lowered by the number of removed tokens before it. Replacement: the tokens' ids become ``filler``.
     The read position stays (a source never covers it).
+
+    Parameters
+    ----------
+    c : Call
+        The method call (adapter, prepared batch with ``read_at``, options with ``filler``).
+    target : Tensor
+        (B,) the explained class (token) per row.
+    drop : Tensor
+        (B, M, T) bool, the tokens removed in each of M ablations per row.
+
+    Returns
+    -------
+    Tensor
+        (B, M) the explained output of every ablated copy.
+
+    Raises
+    ------
+    InputError
+        If ``filler`` is not a token id of the model.
     """
     a, p, opt = c.adapter, c.prepared, c.opt
     ids, mask, pos, read = p["input_ids"], p["attention_mask"], p["position_ids"], p["read_at"]
@@ -88,7 +107,19 @@ def _result(c: Call, trace_logits: Tensor, target: Tensor, scores: Tensor, insid
 
 
 def leave_one_out(c: Call) -> MethodResult:
-    """``y(full) − y(without source s)`` per source (B, S): one forward pass per source, batched."""
+    """``y(full) − y(without source s)`` per source (B, S): one forward pass per source, batched.
+
+    Parameters
+    ----------
+    c : Call
+        The method call; its options name the sources.
+
+    Returns
+    -------
+    MethodResult
+        The result: ``sources`` (B, S) the differences, ``scores`` (B, T) spread over
+        the sources' tokens, the target and the logits.
+    """
     cols = _sources_of(c, "leave_one_out")
     with torch.no_grad():
         trace = c.forward(grad=False)
@@ -100,8 +131,27 @@ def leave_one_out(c: Call) -> MethodResult:
 
 
 def ablation_masks(S: int, n: int, keep_prob: float, seed: int) -> Tensor:
-    """(n, S) bool: which sources each of the ``n`` ablations keeps, each with probability ``keep_prob``,
-    drawn from ``seed`` (CPU generator: the same masks on every device)."""
+    """(n, S) bool: which sources each of the ``n`` ablations keeps.
+
+    Each source is kept with probability ``keep_prob``, drawn from ``seed`` (CPU generator: the same masks
+    on every device).
+
+    Parameters
+    ----------
+    S : int
+        Number of sources.
+    n : int
+        Number of ablations.
+    keep_prob : float
+        Probability that an ablation keeps a source.
+    seed : int
+        Seed of the CPU generator.
+
+    Returns
+    -------
+    Tensor
+        (n, S) bool, ``True`` = kept.
+    """
     g = torch.Generator().manual_seed(seed)
     return torch.rand(n, S, generator=g, dtype=torch.float64) < keep_prob
 
@@ -116,13 +166,17 @@ def fit_surrogate(masks: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.nd
 
     Parameters
     ----------
-    masks : (n, S) 0/1.
-    y : (n,) the output of each ablation.
-    alpha : the Lasso penalty (>= 0).
+    masks : np.ndarray
+        (n, S) 0/1.
+    y : np.ndarray
+        (n,) the output of each ablation.
+    alpha : float
+        The Lasso penalty (>= 0).
 
     Returns
     -------
-    (β (S,), b)
+    tuple[np.ndarray, float]
+        ``(β, b)``: β (S,) the weights and b the intercept, in mask units.
     """
     X = masks.astype(np.float64)
     mean, scale = X.mean(0), X.std(0)
@@ -142,7 +196,20 @@ def fit_surrogate(masks: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.nd
 
 
 def context_cite(c: Call) -> MethodResult:
-    """ContextCite's surrogate weights per source (B, S): ``n_ablations`` seeded masks, a Lasso fit per row."""
+    """ContextCite's surrogate weights per source (B, S): ``n_ablations`` seeded masks, a Lasso fit per row.
+
+    Parameters
+    ----------
+    c : Call
+        The method call; its options give the sources, ``n_ablations``,
+        ``keep_prob``, ``seed`` and the Lasso penalty ``alpha``.
+
+    Returns
+    -------
+    MethodResult
+        The result: ``sources`` (B, S) the surrogate weights, ``scores`` (B, T)
+        spread over the sources' tokens, the target and the logits.
+    """
     cols = _sources_of(c, "context_cite")
     opt = c.opt
     if opt.alpha > 0:  # a missing scikit-learn is said before any pass runs

@@ -162,10 +162,21 @@ def _token_set(value: Any) -> list[int]:
 
 
 def end_of_text(model: nn.Module) -> tuple[list[int], Optional[int]]:
-    """(the end-of-text ids, the pad id) ``generate`` would use: ``generation_config``, else ``config``.
+    """The end-of-text ids and the pad id ``generate`` would use: ``generation_config``'s, else ``config``'s.
 
     The pad id falls back to the first end-of-text id, as in ``generate``; both are empty / ``None`` when the
     model names no end-of-text token.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The causal LM.
+
+    Returns
+    -------
+    tuple[list[int], Optional[int]]
+        ``(eos_ids, pad_id)``: the end-of-text ids (empty when the model names none) and the
+        pad id (else the first end-of-text id, else ``None``).
     """
     sources = [getattr(model, "generation_config", None), getattr(model, "config", None)]
     eos = next((ids for ids in (_token_set(getattr(c, "eos_token_id", None)) for c in sources) if ids), [])
@@ -187,10 +198,20 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
 
     Parameters
     ----------
-    eos_token_id
+    model : nn.Module
+        The causal LM.
+    input_ids : Tensor
+        (B, P) left-padded prompt ids.
+    attention_mask : Tensor
+        (B, P) the prompts' attention mask, 0 at the padding.
+    steps : int
+        Number of greedy steps at most.
+    eos_token_id : Optional[Sequence[int]], optional
         End-of-text ids: a row stops after writing one (it is kept), and its later columns hold ``pad_token_id``
         (default: the first end-of-text id), as ``generate`` pads them; K is the number of steps of the longest
         row. ``None`` / empty: no stopping, K = ``steps``.
+    pad_token_id : Optional[int], optional
+        The id written after a row has stopped.
 
     Returns
     -------
@@ -407,26 +428,48 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
     steps run the model in eval semantics (no dropout; its modes are restored afterwards), as every explanation
     is computed.
 
-    Args:
-        model: a causal LM the engine supports (``LlamaForCausalLM``, ``GPT2LMHeadModel``, …).
-        tokenizer: its tokenizer (text prompts, pieces for the pictures); may be ``None`` for id inputs.
-        prompts: a string, a list of strings, or a tokenizer dict (padded on either side).
-        method: any method of :func:`lrp_core.explain` that takes a target.
-        max_new_tokens: K, the greedy steps at most (default 1 without a continuation). The model must have
-            positions for P + K − 1 tokens (P: the padded prompt width).
-        continuation: the tokens to explain instead of the greedy ones (text or ids; one for all prompts or one
-            per prompt); all are explained, end-of-text or not.
-        contrast: per step the token to contrast with (``y_{g_k} − y_{a_k}``): one for every step, a list per step
-            (``None`` for none) or one such list per prompt; ids in ``0 … V − 1``.
-        progress: a progress bar over the steps (default: when there are 8 or more).
-        step_batch: how many steps are explained in one call (their rows batched; memory grows with it).
-        stop_at_eos: greedy only: a row stops after writing an end-of-text token (``generation_config`` /
-            ``config.eos_token_id``, one id or a list), as ``generate`` stops; the result has as many steps as
-            the longest row, and a row that stopped earlier is padded (see :class:`GenerationExplanation`).
-            ``False``: every row writes ``max_new_tokens`` tokens.
-        options: the method's options (see ``lrp_core.METHODS``).
+    Parameters
+    ----------
+    model : nn.Module
+        a causal LM the engine supports (``LlamaForCausalLM``, ``GPT2LMHeadModel``, …).
+    tokenizer : Any
+        its tokenizer (text prompts, pieces for the pictures); may be ``None`` for id inputs.
+    prompts : Any
+        a string, a list of strings, or a tokenizer dict (padded on either side).
+    method : str, optional
+        any method of :func:`lrp_core.explain` that takes a target.
+    max_new_tokens : Optional[int], optional
+        K, the greedy steps at most (default 1 without a continuation). The model must have
+        positions for P + K − 1 tokens (P: the padded prompt width).
+    continuation : Any, optional
+        the tokens to explain instead of the greedy ones (text or ids; one for all prompts or one
+        per prompt); all are explained, end-of-text or not.
+    contrast : Any, optional
+        per step the token to contrast with (``y_{g_k} − y_{a_k}``): one for every step, a list per step
+        (``None`` for none) or one such list per prompt; ids in ``0 … V − 1``.
+    progress : Optional[bool], optional
+        a progress bar over the steps (default: when there are 8 or more).
+    step_batch : int, optional
+        how many steps are explained in one call (their rows batched; memory grows with it).
+    stop_at_eos : bool, optional
+        greedy only: a row stops after writing an end-of-text token (``generation_config`` /
+        ``config.eos_token_id``, one id or a list), as ``generate`` stops; the result has as many steps as
+        the longest row, and a row that stopped earlier is padded (see :class:`GenerationExplanation`).
+        ``False``: every row writes ``max_new_tokens`` tokens.
+    **options
+        the method's options (see ``lrp_core.METHODS``).
 
-    Returns a :class:`GenerationExplanation`: ``scores`` (B, K, P+K−1), ``.show()``, ``.save_html(path)``.
+    Returns
+    -------
+    GenerationExplanation
+        ``scores`` (B, K, P+K−1), with ``.show()`` and ``.save_html(path)``.
+
+    Raises
+    ------
+    InputError
+        If ``step_batch`` or ``max_new_tokens`` is not a positive integer,
+        ``stop_at_eos`` is not a bool, or the prompts, lengths, continuation or
+        contrasts do not fit the model (checked before any step is computed).
     """
     if isinstance(step_batch, bool) or not isinstance(step_batch, int) or step_batch < 1:
         raise InputError(f"step_batch must be a positive integer, got {step_batch!r}")

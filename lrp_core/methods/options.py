@@ -285,7 +285,19 @@ GENERIC_OPTIONS: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.generic)
 
 
 def check_together(values: dict) -> None:
-    """The checks that involve two options (``values``: every option, already checked one by one)."""
+    """The checks that involve two options (``values``: every option, already checked one by one).
+
+    Parameters
+    ----------
+    values : dict
+        Every option by name, each already checked on its own.
+
+    Raises
+    ------
+    InputError
+        If ``end_layer`` is before ``start_layer``, or both ``chunk_size`` and
+        ``max_memory`` are given.
+    """
     if values["end_layer"] is not None and values["end_layer"] < values["start_layer"]:
         raise InputError(f"end_layer={values['end_layer']} is before start_layer={values['start_layer']}")
     if values["chunk_size"] is not None and values["max_memory"] is not None:
@@ -294,7 +306,18 @@ def check_together(values: dict) -> None:
 
 
 def describe(name: str) -> str:
-    """``name (help)`` for error messages."""
+    """``name (help)`` for error messages.
+
+    Parameters
+    ----------
+    name : str
+        An option's name.
+
+    Returns
+    -------
+    str
+        ``"name (help)"``.
+    """
     return f"{name} ({BY_NAME[name].help})"
 
 

@@ -44,12 +44,20 @@ def accumulate(layers: Sequence[Tensor] | Tensor, start: int = 0, stop: Optional
                norm: str = "none") -> Tensor:
     """The product (I+Ā_stop)·…·(I+Ā_start), accumulated as ``C ← (I+Ā_b)·C``.
 
-    Args:
-        layers: Ā_b per block, a list of (B, N, N) or a tensor (B, L, N, N).
-        start: first block in the product (0-based, ``start_layer``).
-        stop: last block in the product (inclusive); default the last block.
-        norm: ``"none"`` or ``"row"`` (each factor divided by its row sums).
-    Returns:
+    Parameters
+    ----------
+    layers : Sequence[Tensor] | Tensor
+        Ā_b per block, a list of (B, N, N) or a tensor (B, L, N, N).
+    start : int, optional
+        first block in the product (0-based, ``start_layer``).
+    stop : Optional[int], optional
+        last block in the product (inclusive); default the last block.
+    norm : str, optional
+        ``"none"`` or ``"row"`` (each factor divided by its row sums).
+
+    Returns
+    -------
+    Tensor
         (B, N, N); its row 0 is the [CLS] token's map.
     """
     layers, stop = _span(layers, start, stop, norm)
@@ -67,11 +75,22 @@ def accumulate_row(layers: Sequence[Tensor] | Tensor, w: Tensor, start: int = 0,
     ``v ← v·(I+Ā_b)`` for b = stop … start: O(N²) work and O(N) state per block instead of the N×N product's
     O(N³) and N×N (which matters for 4096-token decoders). Equal to ``readout.row(accumulate(...))`` up to round-off.
 
-    Args:
-        layers: Ā_b per block, a list of (B, N, N) or a tensor (B, L, N, N).
-        w: (B or 1, N) the readout's token weights (``Readout.weights``).
-        start, stop, norm: as :func:`accumulate`.
-    Returns:
+    Parameters
+    ----------
+    layers : Sequence[Tensor] | Tensor
+        Ā_b per block, a list of (B, N, N) or a tensor (B, L, N, N).
+    w : Tensor
+        (B or 1, N) the readout's token weights (``Readout.weights``).
+    start : int, optional
+        First block in the product (0-based), as in :func:`accumulate`.
+    stop : Optional[int], optional
+        Last block in the product (inclusive), as in :func:`accumulate`; default the last block.
+    norm : str, optional
+        ``"none"`` or ``"row"``, as in :func:`accumulate`.
+
+    Returns
+    -------
+    Tensor
         (B, N) the readout's row.
     """
     layers, stop = _span(layers, start, stop, norm)

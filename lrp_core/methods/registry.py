@@ -179,12 +179,39 @@ _check_declarations()
 
 
 def filled_by(field: str) -> tuple[str, ...]:
-    """The methods that fill the optional :class:`~lrp_core.Explanation` field ``field`` (e.g. ``"pixels"``)."""
+    """The methods that fill the optional :class:`~lrp_core.Explanation` field ``field`` (e.g. ``"pixels"``).
+
+    Parameters
+    ----------
+    field : str
+        Name of an optional :class:`~lrp_core.Explanation` field.
+
+    Returns
+    -------
+    tuple[str, ...]
+        The names of the methods that fill it.
+    """
     return tuple(n for n, s in METHODS.items() if field in s.returns)
 
 
 def get(method: str) -> MethodSpec:
-    """The spec of ``method``, or :class:`UnknownMethodError` naming the choices."""
+    """The spec of ``method``, or :class:`UnknownMethodError` naming the choices.
+
+    Parameters
+    ----------
+    method : str
+        A method name.
+
+    Returns
+    -------
+    MethodSpec
+        Its specification.
+
+    Raises
+    ------
+    UnknownMethodError
+        If ``method`` is not a known method.
+    """
     try:
         return METHODS[method] if method in METHODS else SOURCE_METHODS[method]
     except (KeyError, TypeError):
@@ -193,20 +220,70 @@ def get(method: str) -> MethodSpec:
 
 
 def product_norm(method: str, options: Mapping[str, Any]) -> Optional[str]:
-    """How the factors I + Ā_b of ``method``'s layer product are normalised, given the options an
-    explanation used (``Explanation.options``); ``None`` for a method without per-block matrices."""
+    """How the factors I + Ā_b of ``method``'s layer product are normalised.
+
+    Read from the options an explanation used (``Explanation.options``); ``None`` for a method without
+    per-block matrices.
+
+    Parameters
+    ----------
+    method : str
+        A method name.
+    options : Mapping[str, Any]
+        The options the explanation used.
+
+    Returns
+    -------
+    Optional[str]
+        ``"none"``, ``"row"``, or ``None`` for a method without per-block matrices.
+    """
     spec = get(method)
     return options.get("rollout_norm") if spec.takes("rollout_norm") else spec.product_norm
 
 
 def defaults_key(adapter: Any) -> str:
-    """The key of :attr:`MethodSpec.defaults` an adapter's calls read: its modality ("image" | "text"), or
-    "decoder" for a decoder LM (whose defaults are "text"'s, overridden by "decoder"'s where given)."""
+    """The key of :attr:`MethodSpec.defaults` an adapter's calls read.
+
+    Its modality ("image" | "text"), or "decoder" for a decoder LM
+    (whose defaults are "text"'s, overridden by "decoder"'s where given).
+
+    Parameters
+    ----------
+    adapter : Any
+        The model's adapter.
+
+    Returns
+    -------
+    str
+        ``"image"``, ``"text"`` or ``"decoder"``.
+    """
     return "decoder" if adapter.is_decoder else adapter.modality
 
 
 def parse_options(spec: MethodSpec, options: Mapping[str, Any], num_blocks: int, modality: str) -> "Options":
-    """Validate ``options`` for ``spec``; fill the method's defaults for ``modality`` (:func:`defaults_key`)."""
+    """Validate ``options`` for ``spec``; fill the method's defaults for ``modality`` (:func:`defaults_key`).
+
+    Parameters
+    ----------
+    spec : MethodSpec
+        The method's specification.
+    options : Mapping[str, Any]
+        The options the caller passed.
+    num_blocks : int
+        Number of blocks L of the model (for the layer options).
+    modality : str
+        The adapter's modality (``"image"`` or ``"text"``) or ``"decoder"``.
+
+    Returns
+    -------
+    "Options"
+        The validated options with the method's defaults filled in.
+
+    Raises
+    ------
+    InputError
+        If an option is unknown or not taken by the method (or its value is refused).
+    """
     unknown = sorted(set(options) - set(O.BY_NAME))
     if unknown:
         raise InputError(f"unknown option(s) {unknown}; {_accepted(spec)}")

@@ -61,6 +61,24 @@ def class_ids(target: Any, batch: int) -> list[int]:
     """``target`` (not ``None``) as ``batch`` Python ints, or :class:`InputError` naming the accepted forms.
 
     A single id, a one-element tensor or a one-element array applies to every sample.
+
+    Parameters
+    ----------
+    target : Any
+        A class id (int, one-element tensor or array) for every sample, or one per
+        sample (a sequence, tensor or array of B ints); not ``None``.
+    batch : int
+        Number of samples B.
+
+    Returns
+    -------
+    list[int]
+        B class ids.
+
+    Raises
+    ------
+    InputError
+        If ``target`` is not one of the accepted forms or has the wrong number of ids.
     """
     if _is_int(target):
         return [int(target)] * batch
@@ -91,6 +109,25 @@ def resolver(target: Any, batch: int, num_classes: int) -> Resolver:
     """Validate ``target`` now; return a function that turns the logits (B, C) into targets (B,).
 
     ``None``: the argmax of each sample's logits, read when the logits exist.
+
+    Parameters
+    ----------
+    target : Any
+        ``None``, a class id for all samples, or one per sample (see :func:`class_ids`).
+    batch : int
+        Number of samples B.
+    num_classes : int
+        Number of classes C of the model's readout.
+
+    Returns
+    -------
+    Resolver
+        A function (B, C) logits -> (B,) targets.
+
+    Raises
+    ------
+    InputError
+        If a target is out of range ``0 … C − 1`` (or not an accepted form).
     """
     if target is None:
         return lambda logits, rows=None: logits.argmax(dim=-1)
@@ -117,8 +154,33 @@ class Goal:
 
 
 def goal(spec: Any, target: Any, batch: int, num_classes: int, model_name: str) -> Goal:
-    """Check ``target`` against the method ``spec`` (:class:`lrp_core.methods.registry.MethodSpec`) and the batch's
-    readout (``num_classes``, 0 without a classification head); :class:`InputError` naming what is accepted.
+    """Check ``target`` against the method and the batch's readout; :class:`InputError` naming what is accepted.
+
+    Parameters
+    ----------
+    spec : Any
+        The method's :class:`~lrp_core.methods.registry.MethodSpec`.
+    target : Any
+        The caller's target (class ids, ``None``, a :class:`Contrast` or a concept target).
+    batch : int
+        Number of samples B.
+    num_classes : int
+        Number of classes of the batch's readout; 0 without a classification head.
+    model_name : str
+        The model's name, for the messages.
+
+    Returns
+    -------
+    Goal
+        What the call explains: the target resolver, the contrast's negative classes (B,) and the
+        concept target (each ``None`` when not given).
+
+    Raises
+    ------
+    InputError
+        If the target does not fit the method or the readout: a concept target for
+        another method, a class target on a model without classification head, a
+        contrast for a class-agnostic method or without its negative class.
     """
     concept = target if isinstance(target, ConceptTarget) else None
     if concept is not None and not spec.concept_target:

@@ -33,6 +33,18 @@ def n_removed(fraction: float, n_pixels: int) -> int:
     """Number of pixels zeroed at level ``fraction``: ``floor(fraction * n_pixels)``.
 
     (The reference uses ``int(p * n)``; a 1e-9 guard keeps 0.3 * 10 at 3.)
+
+    Parameters
+    ----------
+    fraction : float
+        Perturbation level p in [0, 1].
+    n_pixels : int
+        Number of pixels of the image, H·W.
+
+    Returns
+    -------
+    int
+        The number of pixels to zero.
     """
     return int(math.floor(fraction * n_pixels + 1e-9))
 
@@ -41,14 +53,25 @@ def perturbation_masks(maps: Tensor, fractions: Sequence[float] = FRACTIONS,
                        negative: bool = False) -> Tensor:
     """Which pixels are zeroed at each level.
 
-    Args:
-        maps: (B, H, W) relevance at image size.
-        fractions: the levels p (each in [0, 1]).
-        negative: zero the *least* relevant pixels (the map is negated).
+    Parameters
+    ----------
+    maps : Tensor
+        (B, H, W) relevance at image size.
+    fractions : Sequence[float], optional
+        the levels p (each in [0, 1]).
+    negative : bool, optional
+        zero the *least* relevant pixels (the map is negated).
 
-    Returns:
+    Returns
+    -------
+    Tensor
         (P, B, H, W) bool, ``True`` = zeroed; level i removes the top
         ``n_removed(fractions[i], H*W)`` pixels of the (negated) map.
+
+    Raises
+    ------
+    InputError
+        If ``maps`` is not (B, H, W) or a fraction lies outside [0, 1].
     """
     maps = _as_tensor(maps, "maps")
     if maps.dim() != 3:
@@ -83,21 +106,39 @@ def perturbation_curve(
     The zeroing happens in the model's input space (the normalised images), on
     every channel of a chosen pixel.
 
-    Args:
-        model: images (B, C, H, W) -> logits (B, K) (or an output with ``.logits``).
-        images: (N, C, H, W) model inputs.
-        maps: (N, H, W) relevance at image size (see :func:`upsample_maps`).
-        labels: (N,) the true classes accuracy is measured against.
-        negative: negative test (remove the least relevant pixels first).
-        fractions: perturbation levels p.
-        batch_size: images per forward pass (each pass holds
-            ``batch_size`` perturbed copies).
-        progress: show a progress bar.
-        return_correct: return the (1 + P, N) bool matrix of correct
-            predictions instead of the accuracies.
+    Parameters
+    ----------
+    model : Callable[[Tensor], Any]
+        images (B, C, H, W) -> logits (B, K) (or an output with ``.logits``).
+    images : Tensor
+        (N, C, H, W) model inputs.
+    maps : Tensor
+        (N, H, W) relevance at image size (see :func:`upsample_maps`).
+    labels : Tensor
+        (N,) the true classes accuracy is measured against.
+    negative : bool, optional
+        negative test (remove the least relevant pixels first).
+    fractions : Sequence[float], optional
+        perturbation levels p.
+    batch_size : int, optional
+        images per forward pass (each pass holds
+        ``batch_size`` perturbed copies).
+    progress : bool, optional
+        show a progress bar.
+    return_correct : bool, optional
+        return the (1 + P, N) bool matrix of correct
+        predictions instead of the accuracies.
 
-    Returns:
+    Returns
+    -------
+    np.ndarray
         (1 + P,) accuracies in [0, 1]: the clean accuracy, then one per level.
+
+    Raises
+    ------
+    InputError
+        If ``images`` is not (N, C, H, W), ``maps`` is not (N, H, W) matching
+        them, ``labels`` does not have N entries, or ``batch_size`` is below 1.
     """
     images = _as_tensor(images, "images")
     maps = _as_tensor(maps, "maps")
@@ -152,6 +193,24 @@ def perturbation_auc(accuracy: Sequence[float], fractions: Sequence[float] = FRA
 
     Trapezoid over x = [0, *fractions] of ``accuracy`` (clean accuracy first),
     e.g. with the default levels the maximum is 90 (accuracy 1 throughout).
+
+    Parameters
+    ----------
+    accuracy : Sequence[float]
+        (1 + P,) accuracies: the clean accuracy, then one per level (as
+        :func:`perturbation_curve` returns).
+    fractions : Sequence[float], optional
+        The P perturbation levels the accuracies were measured at.
+
+    Returns
+    -------
+    float
+        The area × 100, in [0, 100·max(fractions)].
+
+    Raises
+    ------
+    InputError
+        If ``accuracy`` does not have ``1 + len(fractions)`` values.
     """
     acc = np.asarray(accuracy, dtype=np.float64)
     x = np.asarray([0.0, *fractions], dtype=np.float64)

@@ -24,13 +24,23 @@ from .statistics import _nanmean, pearson
 def own_mask_share(maps: Tensor, masks: Tensor) -> np.ndarray:
     """Share of each map's positive relevance inside its mask.
 
-    Args:
-        maps: (N, H, W) relevance at image size.
-        masks: (N, H, W) bool.
+    Parameters
+    ----------
+    maps : Tensor
+        (N, H, W) relevance at image size.
+    masks : Tensor
+        (N, H, W) bool.
 
-    Returns:
+    Returns
+    -------
+    np.ndarray
         (N,) ``Σ max(m, 0)·mask / Σ max(m, 0)``; NaN where a map has no
         positive relevance.
+
+    Raises
+    ------
+    InputError
+        If ``maps`` and ``masks`` are not both (N, H, W) of the same shape.
     """
     maps = _as_tensor(maps, "maps")
     masks = _as_tensor(masks, "masks", torch.bool)
@@ -56,9 +66,22 @@ def class_sensitivity(maps_a: Tensor, maps_b: Tensor, masks_a: Tensor, masks_b: 
     (≈ 0.5 when both objects get equal relevance); 1 means every target's
     relevance lies exactly on its own object.
 
-    Args:
-        maps_a, maps_b: (N, H, W) maps explaining class a / class b.
-        masks_a, masks_b: (N, H, W) bool masks of object a / object b.
+    Parameters
+    ----------
+    maps_a : Tensor
+        (N, H, W) maps explaining class a.
+    maps_b : Tensor
+        (N, H, W) maps explaining class b, same scenes.
+    masks_a : Tensor
+        (N, H, W) bool masks of object a.
+    masks_b : Tensor
+        (N, H, W) bool masks of object b.
+
+    Returns
+    -------
+    float
+        Mean own-object share over both targets and all scenes, in [0, 1]; NaN if
+        no map has positive relevance.
     """
     shares = np.concatenate([own_mask_share(maps_a, masks_a), own_mask_share(maps_b, masks_b)])
     shares = shares[~np.isnan(shares)]
@@ -70,8 +93,23 @@ def class_map_correlation(maps_a: Tensor, maps_b: Tensor) -> float:
 
     1 for a class-agnostic method (identical maps); lower = more class-specific.
 
-    Args:
-        maps_a, maps_b: (N, ...) maps of the same images for two targets.
+    Parameters
+    ----------
+    maps_a : Tensor
+        (N, ...) maps of the images for the first target.
+    maps_b : Tensor
+        (N, ...) maps of the same images for the second target.
+
+    Returns
+    -------
+    float
+        Mean per-image correlation in [-1, 1]; images whose correlation is
+        undefined (NaN) are left out, NaN if none remains.
+
+    Raises
+    ------
+    InputError
+        If the two sets of maps differ in shape.
     """
     a = _as_tensor(maps_a, "maps_a").reshape(len(maps_a), -1).numpy()
     b = _as_tensor(maps_b, "maps_b").reshape(len(maps_b), -1).numpy()
@@ -87,15 +125,29 @@ def deletion_drops(model: Callable[[Tensor], Any], images: Tensor, removed: Tens
                    classes: Tensor, batch_size: int = 64) -> Tensor:
     """Logit drops ``Δ[i, c, k] = y_c(scene i) − y_c(scene i without object k)``.
 
-    Args:
-        model: images -> logits (B, K) (or an output with ``.logits``).
-        images: (N, C, H, W) the scenes.
-        removed: (N, K, C, H, W) the same scenes, each with object k left out
-            (:func:`lrp_core.data.make_scenes` with ``drop=k``).
-        classes: (N, J) the classes c whose drops are wanted (e.g. the labels).
+    Parameters
+    ----------
+    model : Callable[[Tensor], Any]
+        images -> logits (B, K) (or an output with ``.logits``).
+    images : Tensor
+        (N, C, H, W) the scenes.
+    removed : Tensor
+        (N, K, C, H, W) the same scenes, each with object k left out
+        (:func:`lrp_core.data.make_scenes` with ``drop=k``).
+    classes : Tensor
+        (N, J) the classes c whose drops are wanted (e.g. the labels).
+    batch_size : int, optional
+        Number of images per forward pass.
 
-    Returns:
+    Returns
+    -------
+    Tensor
         (N, J, K) float64: one drop per scene, class and removed object.
+
+    Raises
+    ------
+    InputError
+        If ``removed`` is not (N, K, C, H, W) matching ``images``.
     """
     images, removed = _as_tensor(images, "images"), _as_tensor(removed, "removed")
     classes = _as_tensor(classes, "classes", torch.long)
@@ -114,13 +166,23 @@ def deletion_drops(model: Callable[[Tensor], Any], images: Tensor, removed: Tens
 def object_mass_shares(maps: Tensor, masks: Tensor) -> np.ndarray:
     """Share of each map's positive relevance inside each object's mask.
 
-    Args:
-        maps: (M, H, W) relevance at image size.
-        masks: (M, K, H, W) bool object masks.
+    Parameters
+    ----------
+    maps : Tensor
+        (M, H, W) relevance at image size.
+    masks : Tensor
+        (M, K, H, W) bool object masks.
 
-    Returns:
+    Returns
+    -------
+    np.ndarray
         (M, K) ``Σ max(m, 0)·mask_k / Σ max(m, 0)``; NaN rows for maps without
         positive relevance.
+
+    Raises
+    ------
+    InputError
+        If ``maps`` is not (M, H, W) or ``masks`` is not (M, K, H, W) on the same images.
     """
     maps = _as_tensor(maps, "maps")
     masks = _as_tensor(masks, "masks", torch.bool)
@@ -142,17 +204,30 @@ def deletion_cases(maps: Tensor, masks: Tensor, drops: Tensor, own: Tensor) -> d
     Each case is one map explaining a class c on a scene with K objects, the
     logit drops of c when each object is removed, and the index of c's own object.
 
-    Args:
-        maps: (M, H, W) relevance maps; masks: (M, K, H, W) bool object masks;
-        drops: (M, K) logit drop of the explained class per removed object;
-        own: (M,) index of the object whose class the map explains.
+    Parameters
+    ----------
+    maps : Tensor
+        (M, H, W) relevance maps.
+    masks : Tensor
+        (M, K, H, W) bool object masks.
+    drops : Tensor
+        (M, K) logit drop of the explained class per removed object.
+    own : Tensor
+        (M,) index of the object whose class the map explains.
 
-    Returns:
+    Returns
+    -------
+    dict[str, np.ndarray]
         ``shares`` (M, K) positive-mass shares; ``order`` (M,) 1 when the object
         with the largest drop has the largest mass, 0 when another has it, 0.5
         for a tie of the top masses (NaN when the drops tie or the map has no
         positive relevance); ``distraction`` (M,) the share on the objects
         other than ``own``.
+
+    Raises
+    ------
+    InputError
+        If ``drops`` is not (M, K) or ``own`` is not (M,) (and as :func:`object_mass_shares`).
     """
     shares = object_mass_shares(maps, masks)
     d = _as_tensor(drops, "drops", torch.float64).numpy()
@@ -177,9 +252,20 @@ def deletion_cases(maps: Tensor, masks: Tensor, drops: Tensor, own: Tensor) -> d
 def deletion_agreement(maps: Tensor, masks: Tensor, drops: Tensor, own: Tensor) -> dict[str, float]:
     """Does the relevance mass on each object follow what removing it does to the logit?
 
-    Args: as :func:`deletion_cases`.
+    Parameters
+    ----------
+    maps : Tensor
+        (M, H, W) relevance maps, as in :func:`deletion_cases`.
+    masks : Tensor
+        (M, K, H, W) bool object masks.
+    drops : Tensor
+        (M, K) logit drop of the explained class per removed object.
+    own : Tensor
+        (M,) index of the object whose class the map explains.
 
-    Returns:
+    Returns
+    -------
+    dict[str, float]
         ``deletion_order``: the rate at which the object with the larger drop
         also holds the larger relevance mass (0.5 = chance for two objects);
         ``deletion_correlation``: Pearson correlation of mass share and drop

@@ -27,11 +27,16 @@ def segmentation_scores(maps: Tensor, masks: Tensor) -> dict[str, float]:
     average precision of the soft (normalised) map against the mask, per
     image, averaged over the images whose mask has both classes.
 
-    Args:
-        maps: (N, H, W) relevance at image size (see :func:`upsample_maps`).
-        masks: (N, H, W) bool, ``True`` = object.
+    Parameters
+    ----------
+    maps : Tensor
+        (N, H, W) relevance at image size (see :func:`upsample_maps`).
+    masks : Tensor
+        (N, H, W) bool, ``True`` = object.
 
-    Returns:
+    Returns
+    -------
+    dict[str, float]
         ``pixel_accuracy``, ``iou_background``, ``iou_foreground``, ``miou``, ``map``.
     """
     return segmentation_summary(segmentation_per_image(maps, masks))
@@ -41,6 +46,17 @@ def segmentation_summary(per: dict[str, Any]) -> dict[str, float]:
     """:func:`segmentation_scores` from the per-image values of :func:`segmentation_per_image`.
 
     The counts are summed before dividing (pooled IoUs); the mAP averages the defined APs.
+
+    Parameters
+    ----------
+    per : dict[str, Any]
+        The output of :func:`segmentation_per_image` (``iou_counts``, ``ap``, ``pixels``).
+
+    Returns
+    -------
+    dict[str, float]
+        ``pixel_accuracy``, ``iou_background``, ``iou_foreground``, ``miou``, ``map``,
+        as :func:`segmentation_scores` returns them.
     """
     c = per["iou_counts"]
     iou_fg, iou_bg = (float(v) for v in _pooled_ious(c))
@@ -57,7 +73,16 @@ def segmentation_summary(per: dict[str, Any]) -> dict[str, float]:
 def segmentation_per_image(maps: Tensor, masks: Tensor) -> dict[str, Any]:
     """The per-image values behind :func:`segmentation_scores` (same maps, threshold, AP).
 
-    Returns:
+    Parameters
+    ----------
+    maps : Tensor
+        (N, H, W) relevance at image size.
+    masks : Tensor
+        (N, H, W) bool, ``True`` = object.
+
+    Returns
+    -------
+    dict[str, Any]
         ``pixel_accuracy`` (N,): share of each image's pixels classified right
         (all images have H·W pixels, so their mean is the pooled pixel
         accuracy); ``iou_counts`` (N, 4) int: foreground intersection, foreground
@@ -66,6 +91,11 @@ def segmentation_per_image(maps: Tensor, masks: Tensor) -> dict[str, Any]:
         resample of images recomputes them from these sums);
         ``ap`` (N,): average precision per image, NaN where the mask lacks
         a class (the mAP is the mean of the defined values); ``pixels``: H·W.
+
+    Raises
+    ------
+    InputError
+        If ``maps`` and ``masks`` are not both (N, H, W) of the same shape.
     """
     maps = _as_tensor(maps, "maps")
     masks = _as_tensor(masks, "masks", torch.bool)
@@ -94,6 +124,17 @@ def pooled_miou(iou_counts: np.ndarray) -> np.ndarray:
 
     The counts are those of :func:`segmentation_per_image`; the leading axes
     (e.g. bootstrap resamples) are kept. An empty union counts as IoU 1.
+
+    Parameters
+    ----------
+    iou_counts : np.ndarray
+        (..., N, 4) per-image counts: foreground intersection, foreground union,
+        background intersection, background union.
+
+    Returns
+    -------
+    np.ndarray
+        (...) mean of the pooled foreground and background IoU.
     """
     fg, bg = _pooled_ious(iou_counts)
     return (bg + fg) / 2.0
@@ -114,6 +155,18 @@ def average_precision(scores: Tensor, truth: Tensor) -> float:
     ``AP = Σ_n (R_n − R_{n−1}) P_n`` over the distinct score thresholds (tied
     scores enter together), as ``sklearn.metrics.average_precision_score``.
     NaN when there is no positive.
+
+    Parameters
+    ----------
+    scores : Tensor
+        (P,) scores, higher = more likely positive.
+    truth : Tensor
+        (P,) bool, ``True`` = positive.
+
+    Returns
+    -------
+    float
+        The average precision in [0, 1], or NaN without a positive.
     """
     s = _as_tensor(scores, "scores", torch.float64).reshape(-1)
     t = _as_tensor(truth, "truth", torch.bool).reshape(-1)

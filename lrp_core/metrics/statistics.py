@@ -18,6 +18,23 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float:
 
     Returns 1.0 when both are constant and equal, NaN when one is constant
     otherwise (correlation undefined).
+
+    Parameters
+    ----------
+    x : np.ndarray
+        (L,) first vector (any shape; flattened).
+    y : np.ndarray
+        (L,) second vector, same number of values.
+
+    Returns
+    -------
+    float
+        The correlation in [-1, 1], 1.0 or NaN as above.
+
+    Raises
+    ------
+    InputError
+        If the vectors differ in length or have fewer than two values.
     """
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     y = np.asarray(y, dtype=np.float64).reshape(-1)
@@ -40,12 +57,22 @@ def _nanmean(x: np.ndarray) -> float:
 def sparsity(scores: Tensor, rel_threshold: float = 0.05) -> float:
     """Mean fraction of tokens with ``|score| < rel_threshold · max |score|`` of their map.
 
-    Args:
-        scores: (N, T) token scores (one map per row).
-        rel_threshold: the fraction of the map's largest magnitude.
+    Parameters
+    ----------
+    scores : Tensor
+        (N, T) token scores (one map per row).
+    rel_threshold : float, optional
+        the fraction of the map's largest magnitude.
 
-    Returns:
+    Returns
+    -------
+    float
         mean over maps; an all-zero map counts as fully sparse (1.0).
+
+    Raises
+    ------
+    InputError
+        If ``scores`` has fewer than two dimensions.
     """
     s = _as_tensor(scores, "scores", torch.float64)
     if s.dim() < 2:
@@ -57,7 +84,25 @@ def sparsity(scores: Tensor, rel_threshold: float = 0.05) -> float:
 
 
 def pooled_correlation(scores_a: Tensor, scores_b: Tensor) -> float:
-    """Pearson correlation of two sets of maps (N, T), all tokens of all images pooled."""
+    """Pearson correlation of two sets of maps (N, T), all tokens of all images pooled.
+
+    Parameters
+    ----------
+    scores_a : Tensor
+        (N, T) first set of maps.
+    scores_b : Tensor
+        (N, T) second set of maps, same shape.
+
+    Returns
+    -------
+    float
+        The correlation of the N·T pooled values (see :func:`pearson`).
+
+    Raises
+    ------
+    InputError
+        If the two sets differ in shape.
+    """
     a = _as_tensor(scores_a, "scores_a", torch.float64)
     b = _as_tensor(scores_b, "scores_b", torch.float64)
     if a.shape != b.shape:

@@ -23,7 +23,25 @@ TOP_K: tuple[int, ...] = (10, 20, 30, 40, 50, 60, 70, 80)
 
 
 def word_spans(text: str, words: Sequence[str]) -> list[tuple[int, int]]:
-    """Character span (start, end) of each word, found in order in ``text``."""
+    """Character span (start, end) of each word, found in order in ``text``.
+
+    Parameters
+    ----------
+    text : str
+        The text the words were cut from.
+    words : Sequence[str]
+        (W,) the words, in the order they occur in ``text``.
+
+    Returns
+    -------
+    list[tuple[int, int]]
+        (W,) character spans ``(start, end)`` with ``text[start:end] == words[i]``.
+
+    Raises
+    ------
+    InputError
+        If a word is not found in ``text`` after the end of the previous one.
+    """
     spans, pos = [], 0
     for w in words:
         start = text.find(w, pos)
@@ -38,12 +56,17 @@ def word_ids_from_offsets(offsets: Sequence[tuple[int, int]],
                           spans: Sequence[tuple[int, int]]) -> list[Optional[int]]:
     """Map word-pieces to words through character offsets.
 
-    Args:
-        offsets: (T,) character span of each word-piece, as a fast tokenizer's
-            ``offset_mapping``; special tokens and padding have (0, 0).
-        spans: (W,) character span of each word (see :func:`word_spans`).
+    Parameters
+    ----------
+    offsets : Sequence[tuple[int, int]]
+        (T,) character span of each word-piece, as a fast tokenizer's
+        ``offset_mapping``; special tokens and padding have (0, 0).
+    spans : Sequence[tuple[int, int]]
+        (W,) character span of each word (see :func:`word_spans`).
 
-    Returns:
+    Returns
+    -------
+    list[Optional[int]]
         (T,) the word index of each piece, ``None`` for specials / pieces
         outside every word (e.g. whitespace).
     """
@@ -64,15 +87,27 @@ def word_scores(token_scores: Sequence[float], word_ids: Sequence[Optional[int]]
                 n_words: int) -> np.ndarray:
     """Word score = max over its word-pieces.
 
-    Args:
-        token_scores: (T,) relevance of each piece.
-        word_ids: (T,) word index of each piece or ``None`` (as a HF fast
-            tokenizer's ``word_ids()``, or :func:`word_ids_from_offsets`).
-        n_words: number of words W.
+    Parameters
+    ----------
+    token_scores : Sequence[float]
+        (T,) relevance of each piece.
+    word_ids : Sequence[Optional[int]]
+        (T,) word index of each piece or ``None`` (as a HF fast
+        tokenizer's ``word_ids()``, or :func:`word_ids_from_offsets`).
+    n_words : int
+        number of words W.
 
-    Returns:
+    Returns
+    -------
+    np.ndarray
         (W,) scores; ``-inf`` for a word with no piece (e.g. truncated away),
         so that it ranks last.
+
+    Raises
+    ------
+    InputError
+        If ``word_ids`` and ``token_scores`` differ in length, or a word id lies
+        outside ``0 .. n_words - 1``.
     """
     ts = np.asarray(token_scores, dtype=np.float64).reshape(-1)
     if len(word_ids) != ts.shape[0]:
@@ -88,7 +123,20 @@ def word_scores(token_scores: Sequence[float], word_ids: Sequence[Optional[int]]
 
 
 def top_k_words(scores: np.ndarray, k: int) -> np.ndarray:
-    """(W,) bool: the ``min(k, W)`` highest-scoring words (ties by position)."""
+    """(W,) bool: the ``min(k, W)`` highest-scoring words (ties by position).
+
+    Parameters
+    ----------
+    scores : np.ndarray
+        (W,) word scores.
+    k : int
+        Number of words to pick.
+
+    Returns
+    -------
+    np.ndarray
+        (W,) bool, ``True`` for a picked word.
+    """
     scores = np.asarray(scores, dtype=np.float64)
     order = np.argsort(-scores, kind="stable")
     pick = np.zeros(scores.shape[0], dtype=bool)
@@ -104,13 +152,25 @@ def rationale_scores(scores: Sequence[np.ndarray], rationales: Sequence[Union[Se
     rationale (ERASER: a shorter document contributes all its words).
     F1 = 2PR / (P + R), 0 when P + R = 0.
 
-    Args:
-        scores: per document, (W,) word scores.
-        rationales: per document, (W,) bool human rationale.
-        ks: the k values.
+    Parameters
+    ----------
+    scores : Sequence[np.ndarray]
+        per document, (W,) word scores.
+    rationales : Sequence[Sequence[bool] | np.ndarray]
+        per document, (W,) bool human rationale.
+    ks : Sequence[int], optional
+        the k values.
 
-    Returns:
+    Returns
+    -------
+    dict[int, dict[str, float]]
         ``{k: {"precision", "recall", "f1"}}`` (means over documents).
+
+    Raises
+    ------
+    InputError
+        If ``scores`` and ``rationales`` differ in length, there is no document,
+        a k is below 1, or a document's scores and rationale differ in length.
     """
     if len(scores) != len(rationales):
         raise InputError(f"{len(scores)} score vectors for {len(rationales)} rationales")
@@ -147,6 +207,18 @@ def rationale_f1_at_gold_size(scores: Sequence[np.ndarray],
     words that are rationale words: R-precision). Unlike a fixed k it stays
     informative on short texts, where k >= the number of words takes every
     word. Documents without rationale words are left out.
+
+    Parameters
+    ----------
+    scores : Sequence[np.ndarray]
+        Per document D, (W,) word scores.
+    rationales : Sequence[Sequence[bool] | np.ndarray]
+        Per document D, (W,) bool human rationale.
+
+    Returns
+    -------
+    float
+        The mean over the documents with a rationale; NaN if none has one.
     """
     per = rationale_f1_at_gold_size_per_document(scores, rationales)
     vals = per[~np.isnan(per)]
@@ -155,7 +227,27 @@ def rationale_f1_at_gold_size(scores: Sequence[np.ndarray],
 
 def rationale_f1_at_gold_size_per_document(scores: Sequence[np.ndarray],
                                            rationales: Sequence[Union[Sequence[bool], np.ndarray]]) -> np.ndarray:
-    """(D,) the per-document values of :func:`rationale_f1_at_gold_size`; NaN without rationale."""
+    """(D,) the per-document values of :func:`rationale_f1_at_gold_size`; NaN without rationale.
+
+    Parameters
+    ----------
+    scores : Sequence[np.ndarray]
+        Per document D, (W,) word scores.
+    rationales : Sequence[Sequence[bool] | np.ndarray]
+        Per document D, (W,) bool human rationale.
+
+    Returns
+    -------
+    np.ndarray
+        (D,) float64 top-|gold| F1 per document; NaN for a document without
+        rationale words.
+
+    Raises
+    ------
+    InputError
+        If ``scores`` and ``rationales`` differ in length, or a document's scores
+        and rationale differ in length.
+    """
     if len(scores) != len(rationales):
         raise InputError(f"{len(scores)} score vectors for {len(rationales)} rationales")
     vals = []
@@ -181,8 +273,24 @@ def eraser_texts(words: Sequence[str], scores: np.ndarray,
     comprehensiveness; the text of *only* them, for sufficiency), the kept words
     in their original order joined by single spaces.
 
-    Args:
-        words: (W,) the document's words; scores: (W,) their scores.
+    Parameters
+    ----------
+    words : Sequence[str]
+        (W,) the document's words.
+    scores : np.ndarray
+        (W,) the words' scores.
+    fractions : Sequence[float], optional
+        The fractions q, each in (0, 1].
+
+    Returns
+    -------
+    list[tuple[str, str]]
+        One pair ``(without_rationale, rationale_only)`` per fraction, in order.
+
+    Raises
+    ------
+    InputError
+        If a fraction lies outside (0, 1].
     """
     out = []
     for q in fractions:
@@ -201,6 +309,23 @@ def aopc(p_full: float, p_perturbed: Union[Sequence[float], np.ndarray]) -> floa
     Comprehensiveness passes the class probability of the texts without the
     rationale (higher = more faithful); sufficiency of the texts of the
     rationale alone (lower = more faithful).
+
+    Parameters
+    ----------
+    p_full : float
+        Class probability of the full text.
+    p_perturbed : Sequence[float]
+        (Q,) class probability of each perturbed text, one per bin.
+
+    Returns
+    -------
+    float
+        The AOPC, ``mean_q(p_full − p_q)``.
+
+    Raises
+    ------
+    InputError
+        If ``p_perturbed`` is empty.
     """
     p = np.asarray(p_perturbed, dtype=np.float64)
     if p.size == 0:

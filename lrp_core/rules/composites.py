@@ -301,7 +301,23 @@ _WORDS = {EXPLICIT: "an explicit relevance pass", MODIFIED_GRADIENT: "a modified
 
 
 def check_pass(composite: Composite, serves: str, where: str) -> None:
-    """Refuse at once a composite that does not serve the pass ``where`` runs (:class:`RuleSetError`)."""
+    """Refuse at once a composite that does not serve the pass ``where`` runs (:class:`RuleSetError`).
+
+    Parameters
+    ----------
+    composite : Composite
+        The rule set to check.
+    serves : str
+        The pass the caller runs: ``EXPLICIT`` or ``MODIFIED_GRADIENT``.
+    where : str
+        Name of the caller, for the message.
+
+    Raises
+    ------
+    RuleSetError
+        If ``composite`` is not a :class:`Composite`, or it is a rule set for the
+        other pass (the message says which rule sets fit).
+    """
     if not isinstance(composite, Composite):
         raise RuleSetError(f"{where} runs {_WORDS[serves]} and takes a Composite (e.g. {_SETS[serves]}), "
                            f"got {type(composite).__name__}")
@@ -432,12 +448,25 @@ PA_LRP_BASES = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "cp_halved": CP_HALVED}
 
 
 def pa_lrp_composite(base: str = "attnlrp") -> tuple[Composite, PositionLeaves]:
-    """PA-LRP (Bakish et al., 2025) on ``base`` (AttnLRP, CP-LRP, or the authors' ViT rules "cp_halved"):
+    """PA-LRP (Bakish et al., 2025) on ``base``: the rule set with position encodings as relevance inputs.
+
+    ``base`` is AttnLRP, CP-LRP, or the authors' ViT rules "cp_halved"; the composite has
     ``base``'s rules, with the rotary tables (ROPE) and the added position embeddings (POS_ADD) made inputs that
     take relevance (docs/METHODS.md §2e).
 
     Returns the composite and the :class:`PositionLeaves` its rules fill during one replay (a fresh pair per call:
     the leaves belong to one pass).
+
+    Parameters
+    ----------
+    base : str, optional
+        The rule set PA-LRP builds on, a key of ``PA_LRP_BASES``: ``"attnlrp"``,
+        ``"cp_lrp"`` or ``"cp_halved"``.
+
+    Returns
+    -------
+    tuple[Composite, PositionLeaves]
+        The composite and its :class:`PositionLeaves`.
     """
     positions = PositionLeaves()
     composite = PA_LRP_BASES[base].with_rules(f"pa_lrp[{base}]", by_kind={ROPE: PositionalRotary(positions),

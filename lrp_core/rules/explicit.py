@@ -76,7 +76,27 @@ class BaselineLinear(ExplicitRule):
 
 
 def check_coefficient(rule: str, name: str, value: float) -> float:
-    """``value`` as a float ≥ 0 (a rule's γ or ε), else :class:`RuleSetError` naming the rule."""
+    """``value`` as a float ≥ 0 (a rule's γ or ε), else :class:`RuleSetError` naming the rule.
+
+    Parameters
+    ----------
+    rule : str
+        Name of the rule, for the message.
+    name : str
+        Name of the coefficient (e.g. ``"gamma"``), for the message.
+    value : float
+        The coefficient.
+
+    Returns
+    -------
+    float
+        ``value`` as a float.
+
+    Raises
+    ------
+    RuleSetError
+        If ``value`` is a bool, not a number, not finite or negative.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise RuleSetError(f"{rule}: {name} must be a finite number >= 0, got {value!r}")
     return float(value)

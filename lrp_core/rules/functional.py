@@ -30,6 +30,22 @@ def safe_div(a: Tensor, b: Tensor, eps: float = EPS, signed: bool = False) -> Te
     denominator of exactly ``-eps`` then becomes ``eps``, as in the reference);
     ``signed=True`` uses ``b + eps * sign(b)`` instead, the textbook epsilon
     rule.
+
+    Parameters
+    ----------
+    a : Tensor
+        Numerator, any shape.
+    b : Tensor
+        Denominator, broadcastable with ``a``.
+    eps : float, optional
+        The stabiliser added to the denominator.
+    signed : bool, optional
+        Add ``eps * sign(b)`` (sign of 0 taken as +) instead of ``+eps``.
+
+    Returns
+    -------
+    Tensor
+        ``a / (b + eps)`` broadcast, with 0 wherever ``b == 0``.
     """
     if signed:
         den = b + eps * torch.where(b >= 0, 1.0, -1.0).to(b.dtype)
@@ -63,10 +79,19 @@ def generic(fn: Callable[[Tensor], Tensor], x: Tensor, R: Tensor) -> Tensor:
     Gradient × input of the ratio: it conserves relevance exactly when ``fn``
     is linear without bias (Euler's theorem for homogeneous functions).
 
-    Args:
-        fn: the layer, (...) -> (...).
-        x: its input.
-        R: relevance of ``fn(x)``, same shape as ``fn(x)``.
+    Parameters
+    ----------
+    fn : Callable[[Tensor], Tensor]
+        the layer, (...) -> (...).
+    x : Tensor
+        its input.
+    R : Tensor
+        relevance of ``fn(x)``, same shape as ``fn(x)``.
+
+    Returns
+    -------
+    Tensor
+        Relevance of ``x``, same shape as ``x``.
     """
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)
@@ -87,12 +112,30 @@ def linear_signed(x: Tensor, weight: Tensor, R: Tensor, out: Tensor | None = Non
     bias), ``R_x = x⁺ ⊙ W⁺ᵀs + x⁻ ⊙ W⁻ᵀs`` with ``s = safe_div(R, z⁺)``.
     Relevance is conserved (``ΣR_x = ΣR`` wherever ``z⁺ > 0``).
 
-    Args:
-        x: (..., D_in); weight: (D_out, D_in); R: (..., D_out).
-        out, bias: the layer's forward output ``x Wᵀ + b`` and its bias, if at
-            hand: then ``z⁺ = (x Wᵀ + |x| |W|ᵀ) / 2`` costs one matrix product
-            instead of two (the same value up to float32 round-off).
-        cache: a dict to keep the weight's signed parts in across calls.
+    Parameters
+    ----------
+    x : Tensor
+        (..., D_in) the layer's input.
+    weight : Tensor
+        (D_out, D_in) the layer's weight.
+    R : Tensor
+        (..., D_out) relevance of the output.
+    out : Tensor | None, optional
+        (..., D_out) the layer's forward output ``x Wᵀ + b``, if at hand.
+    bias : Tensor | None, optional
+        (D_out,) the layer's bias, if at hand (used with ``out``).
+    cache : dict | None, optional
+        a dict to keep the weight's signed parts in across calls.
+
+    Notes
+    -----
+    With ``out`` and ``bias`` at hand, ``z⁺ = (x Wᵀ + |x| |W|ᵀ) / 2`` costs one
+    matrix product instead of two (the same value up to float32 round-off).
+
+    Returns
+    -------
+    Tensor
+        (..., D_in) relevance of the input.
     """
     x2, R2 = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
     xp = x2.clamp(min=0)
@@ -136,6 +179,20 @@ def linear_baseline(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
     ``R_x = x⁺ ⊙ W⁺ᵀ safe_div(R, x⁺W⁺) + x⁻ ⊙ W⁻ᵀ safe_div(R, x⁻W⁻)``: each
     part gets all of ``R`` wherever it is non-zero, so relevance is not
     conserved (it can double).
+
+    Parameters
+    ----------
+    x : Tensor
+        (..., D_in) the layer's input.
+    weight : Tensor
+        (D_out, D_in) the layer's weight.
+    R : Tensor
+        (..., D_out) relevance of the output.
+
+    Returns
+    -------
+    Tensor
+        (..., D_in) relevance of the input; its sum can reach twice ``ΣR``.
     """
     wp, wn = weight.clamp(min=0), weight.clamp(max=0)
     x2, R2 = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
@@ -148,7 +205,22 @@ def linear_baseline(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
 
 
 def linear_generic(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
-    """The generic rule for a bias-free Linear: ``R_x = x ⊙ Wᵀ safe_div(R, xWᵀ)``."""
+    """The generic rule for a bias-free Linear: ``R_x = x ⊙ Wᵀ safe_div(R, xWᵀ)``.
+
+    Parameters
+    ----------
+    x : Tensor
+        (..., D_in) the layer's input.
+    weight : Tensor
+        (D_out, D_in) the layer's weight (no bias).
+    R : Tensor
+        (..., D_out) relevance of the output.
+
+    Returns
+    -------
+    Tensor
+        (..., D_in) relevance of the input.
+    """
     s = safe_div(R, F.linear(x, weight))
     return x * (s @ weight)
 
@@ -172,10 +244,28 @@ def linear_gamma_factors(x: Tensor, weight: Tensor, R: Tensor, gamma: float, eps
     ``[x > 0]·g⁺ + [x < 0]·g⁻`` on as the gradient (no division by ``x``). ``ẑ ≥ z`` and ``ž ≤ z``, so
     ε never flips a denominator's sign. ``γ = 0``: :func:`linear_epsilon`'s single factor, twice.
 
-    Args:
-        x: (..., D_in); weight: (D_out, D_in); R: (..., D_out) relevance of the output.
-        gamma: γ ≥ 0; epsilon: ε ≥ 0. bias: (D_out,) or ``None`` (the bias is the input ``x₀ = 1``).
-        out: the forward output ``xWᵀ + b`` if at hand (its signs choose each unit's denominator).
+    Parameters
+    ----------
+    x : Tensor
+        (..., D_in) the layer's input.
+    weight : Tensor
+        (D_out, D_in) the layer's weight.
+    R : Tensor
+        (..., D_out) relevance of the output.
+    gamma : float
+        γ ≥ 0.
+    epsilon : float, optional
+        ε ≥ 0, the sign-matched stabiliser.
+    bias : Tensor | None, optional
+        (D_out,) the layer's bias, or ``None``; the bias is the input ``x₀ = 1``.
+    out : Tensor | None, optional
+        (..., D_out) the forward output ``xWᵀ + b`` if at hand (its signs choose each unit's denominator).
+
+    Returns
+    -------
+    tuple[Tensor, Tensor]
+        ``(g⁺, g⁻)``, each (..., D_in), the factors of the positive and negative
+        parts of ``x``.
     """
     x2, R2 = x.reshape(-1, x.shape[-1]), R.reshape(-1, R.shape[-1])
     z = F.linear(x2, weight, bias) if out is None else out.reshape(-1, out.shape[-1])
@@ -201,11 +291,33 @@ def linear_gamma_factors(x: Tensor, weight: Tensor, R: Tensor, gamma: float, eps
 
 def linear_gamma(x: Tensor, weight: Tensor, R: Tensor, gamma: float, epsilon: float = EPS,
                  bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
-    """The generalised γ-rule (Montavon et al. 2019, §10.2.1; :func:`linear_gamma_factors`):
-    ``R_x = x⁺ ⊙ g⁺ + x⁻ ⊙ g⁻``. For ``x ≥ 0`` and ``z > 0`` this is the textbook form
+    """The generalised γ-rule ``R_x = x⁺ ⊙ g⁺ + x⁻ ⊙ g⁻``.
+
+    Montavon et al. 2019, §10.2.1; the factors g⁺, g⁻ come from :func:`linear_gamma_factors`.
+    For ``x ≥ 0`` and ``z > 0`` this is the textbook form
     ``R_i = Σ_j x_i (w_ji + γw_ji⁺) / (Σ_i x_i (w_ji + γw_ji⁺) + b_j + γb_j⁺ + ε) · R_j``.
 
-    Args: as :func:`linear_gamma_factors`. Returns (..., D_in).
+    Parameters
+    ----------
+    x : Tensor
+        (..., D_in) the layer's input.
+    weight : Tensor
+        (D_out, D_in) the layer's weight.
+    R : Tensor
+        (..., D_out) relevance of the output.
+    gamma : float
+        γ ≥ 0.
+    epsilon : float, optional
+        ε ≥ 0, the sign-matched stabiliser.
+    bias : Tensor | None, optional
+        (D_out,) the layer's bias, or ``None``.
+    out : Tensor | None, optional
+        (..., D_out) the forward output ``xWᵀ + b`` if at hand.
+
+    Returns
+    -------
+    Tensor
+        (..., D_in) relevance of the input.
     """
     g_pos, g_neg = linear_gamma_factors(x, weight, R, gamma, epsilon, bias, out)
     xp = x.clamp(min=0)
@@ -214,12 +326,33 @@ def linear_gamma(x: Tensor, weight: Tensor, R: Tensor, gamma: float, epsilon: fl
 
 def linear_epsilon(x: Tensor, weight: Tensor, R: Tensor, epsilon: float, bias: Tensor | None = None,
                    out: Tensor | None = None) -> Tensor:
-    """The ε-rule (Bach et al. 2015; Montavon et al. 2019, §10.2.1) with a sign-matched stabiliser:
+    """The ε-rule with a sign-matched stabiliser (Bach et al. 2015; Montavon et al. 2019, §10.2.1).
+
     ``R_i = x_i Σ_j w_ji R_j / (z_j + ε·sign(z_j))``, ``z = xWᵀ + b`` (0 where ``z_j = 0``).
 
     The bias takes its share (``ΣR_x = Σ_j R_j (z_j − b_j) / (z_j + ε sign z_j)``): conservative only on a
     bias-free layer with ``ε = 0``, where it is the generic rule :func:`linear_generic`; ε absorbs the
-    relevance of weak, contradictory units. Args: as :func:`linear_gamma_factors`. Returns (..., D_in).
+    relevance of weak, contradictory units.
+
+    Parameters
+    ----------
+    x : Tensor
+        (..., D_in) the layer's input.
+    weight : Tensor
+        (D_out, D_in) the layer's weight.
+    R : Tensor
+        (..., D_out) relevance of the output.
+    epsilon : float
+        ε ≥ 0, the sign-matched stabiliser.
+    bias : Tensor | None, optional
+        (D_out,) the layer's bias, or ``None``; the bias takes its share.
+    out : Tensor | None, optional
+        (..., D_out) the forward output ``xWᵀ + b`` if at hand.
+
+    Returns
+    -------
+    Tensor
+        (..., D_in) relevance of the input.
     """
     return x * linear_gamma_factors(x, weight, R, 0.0, epsilon, bias, out)[0]
 
@@ -228,7 +361,22 @@ def linear_epsilon(x: Tensor, weight: Tensor, R: Tensor, epsilon: float, bias: T
 # two tensors meet: addition, clone, product
 # --------------------------------------------------------------------------
 def add_generic(u: Tensor, v: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
-    """Generic rule for ``u + v``: each operand gets its share ``u ⊙ R/(u+v)``."""
+    """Generic rule for ``u + v``: each operand gets its share ``u ⊙ R/(u+v)``.
+
+    Parameters
+    ----------
+    u : Tensor
+        First operand, any shape.
+    v : Tensor
+        Second operand, same shape as ``u``.
+    R : Tensor
+        Relevance of ``u + v``, same shape.
+
+    Returns
+    -------
+    tuple[Tensor, Tensor]
+        ``(R_u, R_v)``, each of the operands' shape.
+    """
     s = _safe_div_into(R, u + v)
     Ru = u * s
     return Ru, s.mul_(v)  # v's share formed in s (s·v = v·s exactly): one temporary less
@@ -244,6 +392,22 @@ def add_normalized(u: Tensor, v: Tensor, R: Tensor, per_sample: bool = True) -> 
     Sums run per sample (over every dimension but the batch dimension 0);
     ``per_sample=False`` sums over the whole tensor as the single-image
     reference code does.
+
+    Parameters
+    ----------
+    u : Tensor
+        (B, ...) first operand.
+    v : Tensor
+        (B, ...) second operand, same shape as ``u``.
+    R : Tensor
+        (B, ...) relevance of ``u + v``.
+    per_sample : bool, optional
+        Sum per sample (over every dimension but 0); ``False`` sums over the whole tensor.
+
+    Returns
+    -------
+    tuple[Tensor, Tensor]
+        ``(R_u, R_v)``, each (B, ...), normalised as above.
     """
     Ru, Rv = add_generic(u, v, R)
     total = _sum_per_sample if per_sample else (lambda t: t.sum())
@@ -263,6 +427,18 @@ def clone(*Rs: Tensor, x: Tensor | None = None) -> Tensor:
     that matching the reference to float32 round-off needs its exact
     operations. (Where ``x == 0`` the product is 0 whatever the ratio, so the
     ratio needs no mask.)
+
+    Parameters
+    ----------
+    *Rs
+        The relevances of the branches, all of the cloned tensor's shape.
+    x : Tensor | None, optional
+        The cloned tensor itself, to form the sum as the reference does.
+
+    Returns
+    -------
+    Tensor
+        The summed relevance, of the cloned tensor's shape.
     """
     if x is None:
         out = Rs[0]
@@ -278,18 +454,43 @@ def clone(*Rs: Tensor, x: Tensor | None = None) -> Tensor:
 
 
 def select(x: Tensor, R: Tensor) -> Tensor:
-    """Token selection ([CLS] pooling): ``x ⊙ safe_div(R, x)`` on the selected token (≈ R)."""
+    """Token selection ([CLS] pooling): ``x ⊙ safe_div(R, x)`` on the selected token (≈ R).
+
+    Parameters
+    ----------
+    x : Tensor
+        The tensor the token was selected from (the selected token's values).
+    R : Tensor
+        Relevance of the selected token, same shape as ``x``.
+
+    Returns
+    -------
+    Tensor
+        Relevance of the token, same shape (≈ ``R``).
+    """
     return x * safe_div(R, x)
 
 
 def weighted_sum(x: Tensor, w: Tensor, R: Tensor, out: Tensor | None = None) -> Tensor:
     """Generic rule for a pooled token ``out = Σ_i w_i x_i`` (average pooling; docs/METHODS.md §4.4).
 
-    Args:
-        x: (B, n, D) the pooled tokens; w: (B or 1, n) their weights; R: (B, D) relevance of ``out``.
-        out: (B, D) the forward result, where the pass has it (formed here otherwise).
 
-    Returns (B, n, D): ``w_i x_i ⊙ safe_div(R, out)`` — for ``w = e_0`` the selection rule :func:`select`.
+    Parameters
+    ----------
+    x : Tensor
+        (B, n, D) the pooled tokens.
+    w : Tensor
+        (B or 1, n) the pooling weights.
+    R : Tensor
+        (B, D) relevance of ``out``.
+    out : Tensor | None, optional
+        (B, D) the forward result, where the pass has it (formed here otherwise).
+
+    Returns
+    -------
+    Tensor
+        (B, n, D) relevance of the pooled tokens, ``w_i x_i ⊙ safe_div(R, out)``; for
+        ``w = e_0`` the selection rule :func:`select`.
     """
     wx = w.to(x.dtype)[..., None] * x
     if out is None:
@@ -304,9 +505,23 @@ def matmul(a: Tensor, b: Tensor, R: Tensor, halve: bool = True, z: Tensor | None
     Each operand alone already receives (about) all of ``R``, so both are
     halved to keep the total: ``ΣR_a + ΣR_b ≈ ΣR`` only with ``halve=True``.
 
-    Args:
-        a: (..., n, k); b: (..., k, m); R: (..., n, m).
-        z: ``a @ b`` if the forward pass has it already.
+    Parameters
+    ----------
+    a : Tensor
+        (..., n, k) left factor.
+    b : Tensor
+        (..., k, m) right factor.
+    R : Tensor
+        (..., n, m) relevance of ``a @ b``.
+    halve : bool, optional
+        Halve both shares so that ``ΣR_a + ΣR_b ≈ ΣR``.
+    z : Tensor | None, optional
+        ``a @ b`` if the forward pass has it already.
+
+    Returns
+    -------
+    tuple[Tensor, Tensor]
+        ``(R_a, R_b)``, of shapes (..., n, k) and (..., k, m).
     """
     S = _safe_div_into(R, a @ b) if z is None else safe_div(R, z)  # the forward's z is not ours to overwrite
     # formed in the fresh products (x·a = a·x exactly): no extra (…, n, k) temporaries, e.g. H·N² for R^A
@@ -318,7 +533,18 @@ def matmul(a: Tensor, b: Tensor, R: Tensor, halve: bool = True, z: Tensor | None
 
 
 def identity(R: Tensor) -> Tensor:
-    """Elementwise non-linearities and normalisations pass relevance unchanged."""
+    """Elementwise non-linearities and normalisations pass relevance unchanged.
+
+    Parameters
+    ----------
+    R : Tensor
+        Relevance of the output of the non-linearity or normalisation.
+
+    Returns
+    -------
+    Tensor
+        ``R`` itself.
+    """
     return R
 
 
@@ -340,9 +566,28 @@ def zbox_conv2d(
     ``z = conv(x, W) − conv(l, W⁺) − conv(h, W⁻) + 1e-9``, ``s = R / z``,
     ``R_x = x ⊙ convᵀ(s, W) − l ⊙ convᵀ(s, W⁺) − h ⊙ convᵀ(s, W⁻)``.
 
-    Args:
-        x: (B, C, H, W) input; weight: (D, C, k, k); R: (B, D, h, w).
-    Returns:
+    Parameters
+    ----------
+    x : Tensor
+        (B, C, H, W) input.
+    weight : Tensor
+        (D, C, k, k) the convolution's weight.
+    R : Tensor
+        (B, D, h, w) relevance of the convolution's output.
+    stride : int | tuple[int, int]
+        The convolution's stride.
+    padding : int | tuple[int, int], optional
+        The convolution's padding.
+    low : Tensor | None, optional
+        (B, C, H, W) or broadcastable lower bound ``l`` of the input; per-sample
+        minimum of ``x`` when ``None``.
+    high : Tensor | None, optional
+        (B, C, H, W) or broadcastable upper bound ``h`` of the input; per-sample
+        maximum of ``x`` when ``None``.
+
+    Returns
+    -------
+    Tensor
         (B, C, H, W) pixel relevance.
     """
     B = x.shape[0]
@@ -374,7 +619,18 @@ def _transpose_output_padding(in_hw, out_hw, k_hw, stride, padding) -> tuple[int
 
 # ---- decoders (docs/METHODS.md §2c): the rotary embedding as a linear map, shared key/value heads
 def rotate_half(x: Tensor) -> Tensor:
-    """(…, d) -> (…, d): ``cat(-x₂, x₁)`` with x₁, x₂ the two halves — the rotary embedding's 90° turn."""
+    """(…, d) -> (…, d): ``cat(-x₂, x₁)`` with x₁, x₂ the two halves — the rotary embedding's 90° turn.
+
+    Parameters
+    ----------
+    x : Tensor
+        (..., d) the tensor to turn, d even.
+
+    Returns
+    -------
+    Tensor
+        (..., d) ``cat(-x₂, x₁)``.
+    """
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -383,6 +639,20 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """``x·cos + rotate_half(x)·sin`` on the first ``cos.shape[-1]`` channels of x (B, H, N, d); the rest pass.
 
     ``cos``, ``sin``: (B, N, r), r ≤ d (partial rotary when r < d). Hugging Face's arithmetic, in its order.
+
+    Parameters
+    ----------
+    x : Tensor
+        (B, H, N, d) queries or keys.
+    cos : Tensor
+        (B, N, r) the rotary cosines, r ≤ d.
+    sin : Tensor
+        (B, N, r) the rotary sines.
+
+    Returns
+    -------
+    Tensor
+        (B, H, N, d) the rotated tensor.
     """
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     r = cos.shape[-1]
@@ -396,6 +666,20 @@ def rotary_transpose(s: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """The transpose of :func:`apply_rotary`'s linear map applied to s (B, H, N, d): ``Rotᵀ s``.
 
     ``rotate_half`` maps (x₁, x₂) to (−x₂, x₁); its transpose maps (y₁, y₂) to (y₂, −y₁) = −rotate_half(y).
+
+    Parameters
+    ----------
+    s : Tensor
+        (B, H, N, d) the tensor to map back (e.g. a relevance ratio).
+    cos : Tensor
+        (B, N, r) the rotary cosines, r ≤ d.
+    sin : Tensor
+        (B, N, r) the rotary sines.
+
+    Returns
+    -------
+    Tensor
+        (B, H, N, d) ``Rotᵀ s``.
     """
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     r = cos.shape[-1]
@@ -405,7 +689,20 @@ def rotary_transpose(s: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
-    """(B, Hkv, N, d) -> (B, Hkv·groups, N, d): each key/value head used by ``groups`` consecutive query heads."""
+    """(B, Hkv, N, d) -> (B, Hkv·groups, N, d): each key/value head used by ``groups`` consecutive query heads.
+
+    Parameters
+    ----------
+    x : Tensor
+        (B, Hkv, N, d) key or value heads.
+    groups : int
+        Number of query heads sharing each key/value head.
+
+    Returns
+    -------
+    Tensor
+        (B, Hkv·groups, N, d); ``x`` itself when ``groups == 1``.
+    """
     if groups == 1:
         return x
     B, Hkv, N, d = x.shape

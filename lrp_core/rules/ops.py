@@ -80,7 +80,19 @@ class Op:
 
 
 def norm_kind(module: nn.Module) -> str:
-    """The operation kind of a normalisation module: RMSNORM for RMSNorm-like modules, else LAYERNORM."""
+    """The operation kind of a normalisation module: RMSNORM for RMSNorm-like modules, else LAYERNORM.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The normalisation module.
+
+    Returns
+    -------
+    str
+        ``RMSNORM`` for a module whose class name contains "RMSNorm" or that has a
+        ``variance_epsilon`` attribute, else ``LAYERNORM``.
+    """
     if "RMSNorm" in type(module).__name__ or hasattr(module, "variance_epsilon"):
         return RMSNORM
     return LAYERNORM

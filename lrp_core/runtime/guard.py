@@ -270,7 +270,15 @@ def _hooked_modules(model: nn.Module) -> dict:
 def model_guard(model: nn.Module) -> Iterator[GuardReport]:
     """Undo, on exit (also on error), what the call itself changed on ``model`` — see the module docstring.
 
-    Yields a :class:`GuardReport`: which hooked modules the call ran (for :func:`warn_unreflected_hooks`).
+    Parameters
+    ----------
+    model : nn.Module
+        The model the call works on.
+
+    Yields
+    ------
+    GuardReport
+        Which hooked modules the call ran (for :func:`warn_unreflected_hooks`).
     """
     report = GuardReport(hooked=_hooked_modules(model))
     if not report.hooked:  # no foreign code runs on the model: nothing the call does can change it
@@ -298,6 +306,13 @@ def warn_unreflected_hooks(report: GuardReport, stacklevel: int = 3) -> None:
     modules or the model itself; a hook there (a steering hook on a block's output) changes the
     model's prediction but not the explained function. ``warnings.simplefilter("error",
     lrp_core.errors.UnreflectedHookWarning)`` turns this into an error.
+
+    Parameters
+    ----------
+    report : GuardReport
+        The report :func:`model_guard` yielded for the call.
+    stacklevel : int, optional
+        How many frames up the warning points (passed to ``warnings.warn``).
     """
     missed = sorted(name for i, name in report.hooked.items() if i not in report.ran)
     if missed:
@@ -319,6 +334,16 @@ def eval_semantics(model: nn.Module) -> Iterator[None]:
     greedy steps of ``explain_generation``), a model left in ``train()`` is switched for that forward. A module
     is switched back only if it is still in eval mode at the end, so another thread's ``.train()`` made
     meanwhile stays.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model to run in eval mode.
+
+    Yields
+    ------
+    None
+        Nothing; the block runs with the model in eval mode.
     """
     switched = [m for m in model.modules() if m.training]
     _close_brackets()
@@ -359,6 +384,16 @@ def normal_tensors(inputs: Any) -> Any:
     Autograd cannot save an inference tensor for the backward pass; a clone made outside inference
     mode (inside :func:`autograd_on`) is an ordinary tensor with the same values. A mapping with such
     a tensor becomes a plain ``dict``; other inputs are returned as they are.
+
+    Parameters
+    ----------
+    inputs : Any
+        A tensor, a mapping of tensors, or any other input.
+
+    Returns
+    -------
+    Any
+        ``inputs``, with inference tensors cloned (a mapping becomes a ``dict``).
     """
     if isinstance(inputs, Tensor):
         return inputs.clone() if inputs.is_inference() else inputs
@@ -373,6 +408,21 @@ def inference_model_named(model: nn.Module) -> Iterator[None]:
 
     Such a model's parameters are inference tensors: the methods that need no gradient (rollout,
     raw_attention, lrp, partial_lrp, token_ablation) still explain it; the gradient methods cannot.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model being explained.
+
+    Yields
+    ------
+    None
+        Nothing; the block runs with autograd's error translated.
+
+    Raises
+    ------
+    InputError
+        If autograd refuses a parameter made under ``torch.inference_mode``.
     """
     try:
         yield
@@ -390,8 +440,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def public_call(fn: F) -> F:
-    """The same footing for every public call ``fn(model, inputs, ...)`` (``explain``, ``concept_target``,
-    ``attention_parts``):
+    """The same footing for every public call ``fn(model, inputs, ...)``.
+
+    Used by ``explain``, ``concept_target`` and ``attention_parts``:
 
     * wrappers are looked through (``torch.compile``, ``DataParallel``, ``DistributedDataParallel``;
       :func:`lrp_core.wrappers.unwrap`), TorchScript is refused;
@@ -400,6 +451,16 @@ def public_call(fn: F) -> F:
     * the model is left as found (:func:`model_guard`, also on error), and forward hooks on modules the
       replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`;
     * a half-precision model (or autocast) is computed in float32 (:mod:`lrp_core.runtime.precision`).
+
+    Parameters
+    ----------
+    fn : F
+        The public function, called as ``fn(model, inputs, ...)``.
+
+    Returns
+    -------
+    F
+        ``fn`` wrapped, with the same signature.
     """
     @functools.wraps(fn)
     def call(model, inputs, *args, **kwargs):

@@ -133,7 +133,22 @@ ABLATED_PASS = Profile(**REPLAY_ONLY, layers=True, tmp_att=1)
 
 
 def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = None) -> SizeFacts:
-    """The :class:`SizeFacts` of an adapter's model on a prepared batch (``tokens``: override ``N``)."""
+    """The :class:`SizeFacts` of an adapter's model on a prepared batch (``tokens``: override ``N``).
+
+    Parameters
+    ----------
+    adapter : Any
+        The model's adapter.
+    prepared : Mapping[str, Any]
+        The prepared batch (``input_ids`` or ``pixel_values`` and the rest).
+    tokens : Optional[int], optional
+        Override for the number of tokens ``N``.
+
+    Returns
+    -------
+    SizeFacts
+        Blocks, tokens, width, heads, MLP width, outputs and bytes per element.
+    """
     first = adapter.blocks[0]
     # a gated MLP keeps gate and up outputs, the activation and the product: twice a plain one's N·F
     widths = [spec.mlp.fc1.out_features * (2 if getattr(spec.mlp, "gated", False) else 1)
@@ -158,7 +173,22 @@ def _compute_itemsize(weight: Any) -> int:
 
 
 def per_sample(p: Profile, f: SizeFacts, keep_heads: bool = False) -> int:
-    """Bytes one more sample adds to the peak of a pass with profile ``p`` (a method's ``MethodSpec.memory``)."""
+    """Bytes one more sample adds to the peak of a pass with profile ``p`` (a method's ``MethodSpec.memory``).
+
+    Parameters
+    ----------
+    p : Profile
+        The method's memory profile (its ``MethodSpec.memory``).
+    f : SizeFacts
+        The model's size facts (:func:`facts_of`).
+    keep_heads : bool, optional
+        The method keeps per-head matrices (adds ``H·N²`` where the profile returns layers).
+
+    Returns
+    -------
+    int
+        Bytes per additional sample.
+    """
     N, D, H, F, L = f.tokens, f.width, f.heads, f.mlp, f.blocks
     nd, nf, hnn = N * D, N * F, H * N * N
     fused = p.fused and f.sdpa  # one modified backward through the fused kernel: no attention maps
@@ -171,8 +201,24 @@ def per_sample(p: Profile, f: SizeFacts, keep_heads: bool = False) -> int:
 
 
 def fixed(p: Profile, f: SizeFacts, batch_size: int = 64) -> int:
-    """Bytes of a pass with profile ``p`` that do not grow with the batch (weight-sized temporaries; the
-    ablated or batched sequences)."""
+    """Bytes of a pass with profile ``p`` that do not grow with the batch.
+
+    These are the weight-sized temporaries and the ablated or batched sequences.
+
+    Parameters
+    ----------
+    p : Profile
+        The method's memory profile.
+    f : SizeFacts
+        The model's size facts.
+    batch_size : int, optional
+        Sequences the batched or ablated passes run at a time.
+
+    Returns
+    -------
+    int
+        Bytes independent of the batch.
+    """
     out = 3 * f.width * max(f.mlp, f.outputs) * f.itemsize  # the largest weight: an LM head's V·D
     if p.ablated:
         out += batch_size * per_sample(ABLATED_PASS, SizeFacts(f.blocks, max(f.tokens - 1, 1), f.width, f.heads,
@@ -183,7 +229,26 @@ def fixed(p: Profile, f: SizeFacts, batch_size: int = 64) -> int:
 
 
 def estimate(p: Profile, f: SizeFacts, batch: int, keep_heads: bool = False, batch_size: int = 64) -> int:
-    """Upper bound on the peak bytes of explaining ``batch`` samples at once with a pass of profile ``p``."""
+    """Upper bound on the peak bytes of explaining ``batch`` samples at once with a pass of profile ``p``.
+
+    Parameters
+    ----------
+    p : Profile
+        The method's memory profile.
+    f : SizeFacts
+        The model's size facts.
+    batch : int
+        Number of samples B explained at once.
+    keep_heads : bool, optional
+        The method keeps per-head matrices.
+    batch_size : int, optional
+        Sequences the batched or ablated passes run at a time.
+
+    Returns
+    -------
+    int
+        ``fixed + batch · per_sample`` in bytes.
+    """
     return fixed(p, f, batch_size) + batch * per_sample(p, f, keep_heads)
 
 
@@ -197,7 +262,25 @@ _ACCEPTED = ("max_memory must be None or 'auto' (a share of the free memory of t
 
 
 def parse_max_memory(value: MaxMemory) -> Union[None, float]:
-    """``None`` for "auto", ``math.inf`` for "never split", else a positive number of bytes."""
+    """``None`` for "auto", ``math.inf`` for "never split", else a positive number of bytes.
+
+    Parameters
+    ----------
+    value : MaxMemory
+        ``None`` or ``"auto"``; a number of bytes > 0; a string such as ``"512MB"``
+        or ``"2GiB"``; ``float("inf")``, ``"none"``, ``"inf"`` or ``"off"``.
+
+    Returns
+    -------
+    Union[None, float]
+        ``None``, ``math.inf`` or the bytes as a float.
+
+    Raises
+    ------
+    InputError
+        If ``value`` is a bool, not positive, NaN, an unreadable string or of
+        another type (the message lists what is accepted).
+    """
     if value is None:
         return None
     if isinstance(value, bool):
@@ -222,8 +305,21 @@ def parse_max_memory(value: MaxMemory) -> Union[None, float]:
 
 
 def available(device: torch.device) -> Optional[int]:
-    """Free bytes on ``device``: ``torch.cuda.mem_get_info`` plus what PyTorch's allocator holds unused on
-    CUDA, ``MemAvailable`` (/proc/meminfo, else psutil) on CPU; ``None`` where it cannot be read."""
+    """Free bytes on ``device``, or ``None`` where they cannot be read.
+
+    ``torch.cuda.mem_get_info`` plus what PyTorch's allocator holds unused on
+    CUDA, ``MemAvailable`` (/proc/meminfo, else psutil) on CPU; ``None`` where it cannot be read.
+
+    Parameters
+    ----------
+    device : torch.device
+        The model's device.
+
+    Returns
+    -------
+    Optional[int]
+        Free bytes, or ``None``.
+    """
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -242,8 +338,23 @@ def available(device: torch.device) -> Optional[int]:
 
 
 def budget(max_memory: MaxMemory, device: torch.device) -> float:
-    """The bytes a call may use: ``max_memory`` parsed, or :data:`SAFETY_FRACTION` of :func:`available`
-    (``math.inf`` when that cannot be read: never split)."""
+    """The bytes a call may use.
+
+    ``max_memory`` parsed, or :data:`SAFETY_FRACTION` of :func:`available`
+    (``math.inf`` when that cannot be read: never split).
+
+    Parameters
+    ----------
+    max_memory : MaxMemory
+        The caller's ``max_memory`` (see :func:`parse_max_memory`).
+    device : torch.device
+        The model's device.
+
+    Returns
+    -------
+    float
+        The budget in bytes (``math.inf``: never split).
+    """
     b = parse_max_memory(max_memory)
     if b is not None:
         return b
@@ -253,8 +364,31 @@ def budget(max_memory: MaxMemory, device: torch.device) -> float:
 
 def piece_size(budget_bytes: float, p: Profile, f: SizeFacts, batch: int, keep_heads: bool = False,
                batch_size: int = 64) -> int:
-    """Samples per piece of a pass with profile ``p``: ``batch`` if the whole batch fits, else
-    ``⌊(budget − fixed) / per sample⌋`` (≥ 1)."""
+    """Samples per piece of a pass with profile ``p``.
+
+    ``batch`` if the whole batch fits, else
+    ``⌊(budget − fixed) / per sample⌋`` (≥ 1).
+
+    Parameters
+    ----------
+    budget_bytes : float
+        The budget in bytes (:func:`budget`).
+    p : Profile
+        The method's memory profile.
+    f : SizeFacts
+        The model's size facts.
+    batch : int
+        Number of samples B in the batch.
+    keep_heads : bool, optional
+        The method keeps per-head matrices.
+    batch_size : int, optional
+        Sequences the batched or ablated passes run at a time.
+
+    Returns
+    -------
+    int
+        Samples per piece, in ``1 .. batch``.
+    """
     if budget_bytes == math.inf or estimate(p, f, batch, keep_heads, batch_size) <= budget_bytes:
         return batch
     room = budget_bytes - fixed(p, f, batch_size)

@@ -41,6 +41,17 @@ def length_groups(prepared: dict) -> Optional[list[Piece]]:
     arithmetic of explaining it alone: relevance passes amplify round-off, and
     padding changes the length of the reductions (softmax, A·V) and hence
     their rounding.
+
+    Parameters
+    ----------
+    prepared : dict
+        The adapter's prepared batch (``input_ids``, ``attention_mask``, ...).
+
+    Returns
+    -------
+    Optional[list[Piece]]
+        One :class:`Piece` per length (rows and the length n), or ``None`` when
+        the batch is not right-padded text of several lengths.
     """
     mask = prepared["attention_mask"]
     lengths = mask.sum(dim=1)
@@ -57,6 +68,22 @@ def plan(adapter: Adapter, prepared: dict, profile: memory.Profile, opt: Any) ->
     Right-padded text of several lengths is first grouped by length (:func:`length_groups`); each group
     (or the whole batch) is then cut into runs of at most ``k`` consecutive samples: ``k = chunk_size``
     if given, else as many as fit ``max_memory`` by :mod:`lrp_core.runtime.memory`'s estimate (at least one).
+
+    Parameters
+    ----------
+    adapter : Adapter
+        The model's adapter.
+    prepared : dict
+        The prepared batch.
+    profile : memory.Profile
+        The method's memory profile (its ``MethodSpec.memory``).
+    opt : Any
+        The call's options (``chunk_size``, ``max_memory``, ``keep_heads``, ``batch_size``).
+
+    Returns
+    -------
+    list[Piece]
+        The pieces, each with its sample indices (K,) and trimmed length.
     """
     groups = length_groups(prepared) if adapter.modality == "text" else None
     if groups is None:
@@ -79,7 +106,20 @@ def plan(adapter: Adapter, prepared: dict, profile: memory.Profile, opt: Any) ->
 
 
 def call_for(call: Call, piece: Piece) -> Call:
-    """The call of one piece: its samples (:meth:`Adapter.take`), their layout, readout, targets, contrast."""
+    """The call of one piece: its samples (:meth:`Adapter.take`), their layout, readout, targets, contrast.
+
+    Parameters
+    ----------
+    call : Call
+        The call on the whole batch.
+    piece : Piece
+        The piece: sample indices (K,) and the length its text is trimmed to.
+
+    Returns
+    -------
+    Call
+        The call on the piece's K samples.
+    """
     a, (rows, n) = call.adapter, piece
     sub = a.take(call.prepared, rows, n)
     negative = None if call.negative is None else call.negative.to(rows.device)[rows]
@@ -95,7 +135,22 @@ def _sub_resolver(resolve, rows: Tensor):
 
 
 def run(spec: Any, call: Call, pieces: list[Piece]) -> MethodResult:
-    """``spec.run`` on the whole batch (one untrimmed piece), else on every piece and the results merged."""
+    """``spec.run`` on the whole batch (one untrimmed piece), else on every piece and the results merged.
+
+    Parameters
+    ----------
+    spec : Any
+        The method's spec (its ``run`` computes a :class:`MethodResult`).
+    call : Call
+        The call on the whole batch.
+    pieces : list[Piece]
+        The pieces from :func:`plan`.
+
+    Returns
+    -------
+    MethodResult
+        The result for the whole batch, (B, ...) fields in batch order.
+    """
     if len(pieces) == 1 and pieces[0].n is None:  # the whole batch at once, as given
         return spec.run(call)
     opt = call.opt
@@ -114,6 +169,20 @@ def merge(parts: list, batch: int, T: Optional[int]) -> MethodResult:
     :data:`~lrp_core.explanation.RESULT_FIELDS` is merged by its own rule: text (``T`` the padded length):
     its ``token_axes`` trailing axes are zero-padded from ``n`` back to ``T``; images (``T`` is ``None``):
     every piece has the whole token axes. ``conservation`` is merged total by total.
+
+    Parameters
+    ----------
+    parts : list
+        ``(rows, n, MethodResult)`` per piece.
+    batch : int
+        Number of samples B.
+    T : Optional[int]
+        The padded text length, or ``None`` for images.
+
+    Returns
+    -------
+    MethodResult
+        The merged (B, ...) result.
     """
     first = parts[0][2]
 

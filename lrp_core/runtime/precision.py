@@ -53,17 +53,51 @@ def autocast_active() -> bool:
 
 
 def is_half(model: nn.Module) -> bool:
-    """Whether any floating parameter or buffer of ``model`` is float16 / bfloat16."""
+    """Whether any floating parameter or buffer of ``model`` is float16 / bfloat16.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+
+    Returns
+    -------
+    bool
+        ``True`` if a floating parameter or buffer is float16 or bfloat16.
+    """
     return any(t.dtype in HALF for t in _tensors(model))
 
 
 def needs_float32(model: nn.Module) -> bool:
-    """Whether a relevance pass on ``model`` here must run under :func:`compute_precision`."""
+    """Whether a relevance pass on ``model`` here must run under :func:`compute_precision`.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+
+    Returns
+    -------
+    bool
+        ``True`` if the model is half precision or autocast is on.
+    """
     return autocast_active() or is_half(model)
 
 
 def compute_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype the engine computes ``model``'s passes in: float32 for half models, else the weights' dtype."""
+    """The dtype the engine computes ``model``'s passes in: float32 for half models, else the weights' dtype.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+
+    Returns
+    -------
+    torch.dtype
+        ``torch.float32`` for a half model, else the dtype of its weights (the default
+        dtype for a model without floating tensors).
+    """
     for t in _tensors(model):
         return torch.float32 if t.dtype in HALF else t.dtype
     return torch.get_default_dtype()
@@ -76,6 +110,16 @@ def compute_precision(model: nn.Module) -> Iterator[None]:
     Re-entrant: a nested call inside an active one does nothing more, and a nested call for the model an
     enclosing call found in float32 does not look through its weights again (the engine changes no dtype;
     ``explain`` enters this three times per call, and each look walks every parameter and buffer).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+
+    Yields
+    ------
+    None
+        Nothing; the enclosed passes run in float32 where needed.
     """
     if getattr(_state, "active", False):
         yield

@@ -18,7 +18,18 @@ from ..errors import InputError
 
 
 def model_device(model: Any) -> torch.device:
-    """Device of ``model``'s first parameter; CPU for parameter-free callables."""
+    """Device of ``model``'s first parameter; CPU for parameter-free callables.
+
+    Parameters
+    ----------
+    model : Any
+        A module, or any callable (then without parameters).
+
+    Returns
+    -------
+    torch.device
+        The device of its first parameter, or CPU.
+    """
     try:
         return next(model.parameters()).device
     except (AttributeError, StopIteration):
@@ -26,7 +37,22 @@ def model_device(model: Any) -> torch.device:
 
 
 def progress_bar(iterable: Iterable, progress: bool, **kwargs: Any) -> Iterable:
-    """``iterable`` in a tqdm bar (``kwargs`` go to tqdm); as is when ``progress`` is False."""
+    """``iterable`` in a tqdm bar (``kwargs`` go to tqdm); as is when ``progress`` is False.
+
+    Parameters
+    ----------
+    iterable : Iterable
+        The items to iterate over.
+    progress : bool
+        Show the bar.
+    **kwargs
+        Passed on to tqdm (e.g. ``desc``, ``total``).
+
+    Returns
+    -------
+    Iterable
+        The iterable, wrapped or as it is.
+    """
     if not progress:
         return iterable
     from tqdm.auto import tqdm  # imported late: only runs that show a bar need it
@@ -36,11 +62,24 @@ def progress_bar(iterable: Iterable, progress: bool, **kwargs: Any) -> Iterable:
 def logits_of(model: Callable[..., Any], inputs: Tensor | Mapping[str, Tensor]) -> Tensor:
     """Call ``model`` and return its logits (B, C).
 
-    Args:
-        model: a timm model (returns a tensor) or a Hugging Face classifier
-            (returns an output with ``.logits``).
-        inputs: (B, 3, H, W) images, or a tokenized batch (``input_ids``,
-            ``attention_mask``) passed as keyword arguments.
+    Parameters
+    ----------
+    model : Callable[..., Any]
+        a timm model (returns a tensor) or a Hugging Face classifier
+        (returns an output with ``.logits``).
+    inputs : Tensor | Mapping[str, Tensor]
+        (B, 3, H, W) images, or a tokenized batch (``input_ids``,
+        ``attention_mask``) passed as keyword arguments.
+
+    Returns
+    -------
+    Tensor
+        (B, C) the logits.
+
+    Raises
+    ------
+    InputError
+        If the model's logits are not (B, C).
     """
     out = model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
     if hasattr(out, "logits"):
@@ -51,7 +90,20 @@ def logits_of(model: Callable[..., Any], inputs: Tensor | Mapping[str, Tensor]) 
 
 
 def to_device(inputs: Tensor | Mapping[str, Any], device: torch.device) -> Tensor | dict[str, Any]:
-    """``inputs`` on ``device``: a tensor, or every tensor of a mapping (other values as they are)."""
+    """``inputs`` on ``device``: a tensor, or every tensor of a mapping (other values as they are).
+
+    Parameters
+    ----------
+    inputs : Tensor | Mapping[str, Any]
+        (B, ...) a tensor, or a mapping of tensors and other values.
+    device : torch.device
+        The target device.
+
+    Returns
+    -------
+    Tensor | dict[str, Any]
+        The tensor moved, or a ``dict`` with every tensor moved.
+    """
     if isinstance(inputs, Mapping):
         return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
     return inputs.to(device)
@@ -68,14 +120,31 @@ def logits_in_batches(model: Callable[..., Any], samples: Sequence[Any] | Tensor
     reduces each block's logits itself (argmax, softmax, ...) on the device
     they come back on, so every call site keeps its arithmetic.
 
-    Args:
-        samples: anything sliceable with a length: (N, ...) tensor, list of
-            texts, list of jobs.
-        prepare: block -> model inputs (a tensor or a tokenized mapping).
-        progress, desc: show a progress bar over the blocks.
+    Parameters
+    ----------
+    model : Callable[..., Any]
+        The classifier, called through :func:`logits_of`.
+    samples : Sequence[Any] | Tensor
+        anything sliceable with a length: (N, ...) tensor, list of
+        texts, list of jobs.
+    batch_size : int
+        Number of samples per block (≥ 1).
+    prepare : Optional[Callable[[Any], Any]], optional
+        block -> model inputs (a tensor or a tokenized mapping).
+    progress : bool, optional
+        Show a progress bar over the blocks.
+    desc : Optional[str], optional
+        The progress bar's label.
 
-    Yields:
-        (``slice`` of the block in ``samples``, its logits (b, C) on the model's device).
+    Yields
+    ------
+    tuple[slice, Tensor]
+        The ``slice`` of the block in ``samples``, and its logits (b, C) on the model's device.
+
+    Raises
+    ------
+    InputError
+        If ``batch_size`` is below 1.
     """
     if batch_size < 1:
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
@@ -92,6 +161,18 @@ def minmax_rows(x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
 
     With ``mask`` (B, T) the minimum and maximum are taken over the masked
     entries only and the entries outside the mask are set to 0.
+
+    Parameters
+    ----------
+    x : Tensor
+        (B, T) rows to scale.
+    mask : Optional[Tensor], optional
+        (B, T) bool, the entries to scale (``None``: all).
+
+    Returns
+    -------
+    Tensor
+        (B, T) scaled rows in [0, 1].
     """
     if mask is None:
         lo, hi = x.min(dim=1, keepdim=True).values, x.max(dim=1, keepdim=True).values
@@ -106,8 +187,23 @@ def minmax_rows(x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
 
 
 def proc_kib(path: str, key: str) -> Optional[int]:
-    """The value of a ``key: N kB`` line of a Linux ``/proc`` file (``/proc/meminfo``, ``/proc/self/status``),
-    in KiB; ``None`` where the file or the line is missing (other systems)."""
+    """The value of a ``key: N kB`` line of a Linux ``/proc`` file, in KiB.
+
+    Files such as ``/proc/meminfo`` or ``/proc/self/status``; ``None`` where the file or the line is missing
+    (other systems).
+
+    Parameters
+    ----------
+    path : str
+        Path of the ``/proc`` file.
+    key : str
+        The line's key, e.g. ``"MemAvailable"``.
+
+    Returns
+    -------
+    Optional[int]
+        The value in KiB, or ``None``.
+    """
     try:
         with open(path) as f:
             for line in f:

@@ -10,7 +10,9 @@ from ..errors import UnsupportedModelError
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The model inside its wrappers (nested ones too): ``_orig_mod`` of a compiled model, ``.module`` of
+    """The model inside its wrappers, nested ones too.
+
+    ``_orig_mod`` of a compiled model, ``.module`` of
     ``DataParallel`` / ``DistributedDataParallel``, the base model of a peft ``PeftModel`` (and of its tuner,
     ``LoraModel`` …).
 
@@ -19,6 +21,22 @@ def unwrap(model: nn.Module) -> nn.Module:
     ``PeftModel``'s forward is its base model's (whose adapter layers the replay calls and the rules read,
     :func:`lrp_core.rules.linear.effective_linear`), except with prompt learning (prefix / prompt tuning,
     p-tuning), whose virtual tokens the replay does not compute: refused.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model, possibly wrapped.
+
+    Returns
+    -------
+    nn.Module
+        The innermost model.
+
+    Raises
+    ------
+    UnsupportedModelError
+        If the model is a TorchScript module, or a peft model with a prompt
+        learning adapter active.
     """
     import torch
     while True:

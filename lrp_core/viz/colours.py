@@ -103,6 +103,18 @@ def colour_scale(values: Any, clip: Optional[float] = DEFAULT_CLIP) -> ColourSca
     percentile is 0 (most values zero) or at least 95 % of the maximum (a short
     input, e.g. a sentence: clipping 5 % changes no colour visibly and the legend
     would only report noise); an all-zero map gets ``m = 1``.
+
+    Parameters
+    ----------
+    values : Any
+        Relevance of any shape (array, tensor or sequence).
+    clip : Optional[float], optional
+        Percentile of ``|values|`` in (0, 100]; ``None`` = the exact maximum.
+
+    Returns
+    -------
+    ColourScale
+        The limit ``m``, the maximum, and the percentile when the limit is clipped.
     """
     _check_clip(clip)
     arr = np.abs(_as_numpy(values))
@@ -119,7 +131,20 @@ def colour_scale(values: Any, clip: Optional[float] = DEFAULT_CLIP) -> ColourSca
 
 
 def symmetric_limit(values: Any, clip: Optional[float] = None) -> float:
-    """``max |values|`` over finite entries (or a percentile, see :func:`colour_scale`); 1.0 when all are zero."""
+    """``max |values|`` over finite entries (or a percentile, see :func:`colour_scale`); 1.0 when all are zero.
+
+    Parameters
+    ----------
+    values : Any
+        Relevance of any shape (array, tensor or sequence).
+    clip : Optional[float], optional
+        Percentile of ``|values|`` in (0, 100]; ``None`` (default) = the exact maximum.
+
+    Returns
+    -------
+    float
+        The colour limit ``m``.
+    """
     return colour_scale(values, clip).limit
 
 
@@ -143,12 +168,23 @@ def colorize(values: Any, signed: bool = True, limit: Optional[float] = None,
              clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA) -> np.ndarray:
     """Map relevance to RGB with the zero-centred colormap: (..., 3) uint8.
 
-    Args:
-        values: any-shaped relevance.
-        signed: keep negative values; ``False`` shows ``clamp(min=0)``.
-        limit: colour limit ``m``; default :func:`colour_scale` of the shown view with ``clip``.
-        clip: percentile of ``|values|`` used for the default limit (``None``: the maximum).
-        gamma: colour at ``sign(v) |v/m| ** gamma``; values beyond ``m`` get the end colours.
+    Parameters
+    ----------
+    values : Any
+        any-shaped relevance.
+    signed : bool, optional
+        keep negative values; ``False`` shows ``clamp(min=0)``.
+    limit : Optional[float], optional
+        colour limit ``m``; default :func:`colour_scale` of the shown view with ``clip``.
+    clip : Optional[float], optional
+        percentile of ``|values|`` used for the default limit (``None``: the maximum).
+    gamma : float, optional
+        colour at ``sign(v) |v/m| ** gamma``; values beyond ``m`` get the end colours.
+
+    Returns
+    -------
+    np.ndarray
+        (..., 3) uint8 RGB colours, one per value.
     """
     _check_gamma(gamma)
     arr = _view(np.nan_to_num(_as_numpy(values)), signed)

@@ -94,6 +94,20 @@ def signed_norm(values: Any, clip: Optional[float] = None, gamma: float = 1.0) -
     pictures pass :data:`DEFAULT_CLIP` and :data:`DEFAULT_GAMMA`. With ``gamma < 1``
     the norm is ``0.5 + 0.5 sign(v) |v/m| ** gamma`` (a matplotlib ``FuncNorm``), so
     colourbars place their ticks at the true values.
+
+    Parameters
+    ----------
+    values : Any
+        Relevance (array, tensor or sequence) whose colour limit ``m`` is taken.
+    clip : Optional[float], optional
+        Percentile of ``|values|`` for ``m``; ``None`` = the exact maximum.
+    gamma : float, optional
+        Colour gamma in (0, 1]; 1 = linear colours.
+
+    Returns
+    -------
+    mcolors.Normalize
+        A norm mapping ``[-m, m]`` to [0, 1] (a ``FuncNorm`` when ``gamma < 1``).
     """
     _check_gamma(gamma)
     m = symmetric_limit(values, clip)
@@ -105,7 +119,25 @@ def signed_norm(values: Any, clip: Optional[float] = None, gamma: float = 1.0) -
 
 
 def upsample_map(relmap: Any, size: tuple[int, int]) -> np.ndarray:
-    """Bilinear upsampling of a 2-D map to ``size = (H, W)`` (float32)."""
+    """Bilinear upsampling of a 2-D map to ``size = (H, W)`` (float32).
+
+    Parameters
+    ----------
+    relmap : Any
+        (h, w) relevance map (array or tensor).
+    size : tuple[int, int]
+        ``(H, W)`` the target size.
+
+    Returns
+    -------
+    np.ndarray
+        (H, W) float32 upsampled map.
+
+    Raises
+    ------
+    InputError
+        If ``relmap`` is not 2-D.
+    """
     arr = np.nan_to_num(_as_numpy(relmap)).astype(np.float32)
     if arr.ndim != 2:
         raise InputError(f"a relevance map must be 2-D (h, w); got shape {tuple(arr.shape)}")
@@ -116,7 +148,23 @@ def upsample_map(relmap: Any, size: tuple[int, int]) -> np.ndarray:
 
 
 def to_rgb_uint8(image: Any) -> np.ndarray:
-    """An RGB image as (H, W, 3) uint8 from float [0, 1] / uint8 / grey / PIL input."""
+    """An RGB image as (H, W, 3) uint8 from float [0, 1] / uint8 / grey / PIL input.
+
+    Parameters
+    ----------
+    image : Any
+        (H, W, 3) float in [0, 1] or uint8, (H, W) grey, or a PIL image.
+
+    Returns
+    -------
+    np.ndarray
+        (H, W, 3) uint8 RGB image.
+
+    Raises
+    ------
+    InputError
+        If the image is not (H, W, 3) after conversion.
+    """
     if isinstance(image, Image.Image):
         return np.asarray(image.convert("RGB"))
     arr = image.detach().cpu().numpy() if hasattr(image, "detach") else np.asarray(image)
@@ -146,6 +194,18 @@ def grey_photo(image: Any, floor: float = PHOTO_FLOOR) -> np.ndarray:
     Relevance is painted over this, so that its red and blue never meet a red or
     blue picture (blue relevance disappears on a blue sky or a teal background).
     Luminance is Rec. 709's ``0.2126 R + 0.7152 G + 0.0722 B``.
+
+    Parameters
+    ----------
+    image : Any
+        The photo, in any form :func:`to_rgb_uint8` accepts.
+    floor : float, optional
+        Luminance of black in the grey photo, in [0, 1].
+
+    Returns
+    -------
+    np.ndarray
+        (H, W, 3) uint8 grey photo.
     """
     rgb = to_rgb_uint8(image).astype(np.float32) / 255.0
     lum = rgb @ np.array([0.2126, 0.7152, 0.0722], dtype=np.float32)
@@ -182,6 +242,35 @@ def overlay(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool = True
     stays visible on blue scenes; lower opacities fade back to the photo's own
     colours (``alpha = 0``: the photo as it is; ``grey=False``: always its own
     colours). ``image_rgb=None`` draws the map alone.
+
+    Parameters
+    ----------
+    image_rgb : Any
+        The photo, in any form :func:`to_rgb_uint8` accepts, or ``None`` (the map alone).
+    relmap : Any
+        (h, w) relevance map.
+    alpha : float, optional
+        Opacity of the relevance colours, in [0, 1].
+    signed : bool, optional
+        Keep negative relevance; ``False`` shows ``clamp(min=0)``.
+    size : Optional[tuple[int, int]], optional
+        ``(H, W)`` to upsample to instead of the image's size.
+    clip : Optional[float], optional
+        Percentile of ``|relmap|`` for the colour limit (``None``: the maximum).
+    gamma : float, optional
+        Colour gamma in (0, 1].
+    grey : bool, optional
+        Draw the photo in light grey from ``alpha >= 0.5`` on; ``False``: its own colours.
+
+    Returns
+    -------
+    np.ndarray
+        (H, W, 3) uint8 tinted photo.
+
+    Raises
+    ------
+    InputError
+        If ``alpha`` lies outside [0, 1].
     """
     if not 0.0 <= float(alpha) <= 1.0:
         raise InputError(f"alpha must lie in [0, 1]; got {alpha}")
@@ -301,6 +390,32 @@ def render_overlay_png(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: 
     This is the widgets' drawing path: numpy colour lookup + PIL, a few ms. The
     title is wrapped, never cut; the legend gives the limits and says when values
     were clipped (see :func:`colour_scale`).
+
+    Parameters
+    ----------
+    image_rgb : Any
+        The photo, in any form :func:`to_rgb_uint8` accepts, or ``None`` (the map alone).
+    relmap : Any
+        (h, w) relevance map.
+    alpha : float, optional
+        Opacity of the relevance colours, in [0, 1].
+    signed : bool, optional
+        Keep negative relevance; ``False`` shows ``clamp(min=0)``.
+    display_size : int, optional
+        Length in pixels of the picture's longest side.
+    title : Optional[str], optional
+        Title above the picture (wrapped).
+    legend : bool, optional
+        Draw the colourbar legend.
+    clip : Optional[float], optional
+        Percentile of ``|relmap|`` for the colour limit (``None``: the maximum).
+    gamma : float, optional
+        Colour gamma in (0, 1].
+
+    Returns
+    -------
+    bytes
+        The PNG file's bytes.
     """
     return _encode_png(overlay_image(image_rgb, relmap, alpha, signed, display_size, title, legend,
                                      clip=clip, gamma=gamma))
@@ -310,7 +425,39 @@ def overlay_image(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool 
                   display_size: int = 320, title: Optional[str] = None,
                   legend: bool = True, clip: Optional[float] = DEFAULT_CLIP,
                   gamma: float = DEFAULT_GAMMA) -> Image.Image:
-    """The PIL image that :func:`render_overlay_png` encodes."""
+    """The PIL image that :func:`render_overlay_png` encodes.
+
+    Parameters
+    ----------
+    image_rgb : Any
+        The photo, in any form :func:`to_rgb_uint8` accepts, or ``None`` (the map alone).
+    relmap : Any
+        (h, w) relevance map.
+    alpha : float, optional
+        Opacity of the relevance colours, in [0, 1].
+    signed : bool, optional
+        Keep negative relevance; ``False`` shows ``clamp(min=0)``.
+    display_size : int, optional
+        Length in pixels of the picture's longest side.
+    title : Optional[str], optional
+        Title above the picture (wrapped).
+    legend : bool, optional
+        Draw the colourbar legend.
+    clip : Optional[float], optional
+        Percentile of ``|relmap|`` for the colour limit (``None``: the maximum).
+    gamma : float, optional
+        Colour gamma in (0, 1].
+
+    Returns
+    -------
+    Image.Image
+        The picture, with title and legend if asked for.
+
+    Raises
+    ------
+    InputError
+        If ``image_rgb`` is ``None`` and ``relmap`` is not 2-D.
+    """
     shape = to_rgb_uint8(image_rgb).shape[:2] if image_rgb is not None else _as_numpy(relmap).shape
     scale = display_size / max(shape)
     size = (max(1, round(shape[0] * scale)), max(1, round(shape[1] * scale)))
@@ -330,7 +477,27 @@ def overlay_image(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool 
 
 
 def tile_pngs(images: Sequence[Image.Image], ncols: Optional[int] = None, pad: int = 6) -> bytes:
-    """Lay PIL images out in a grid (row-major) and encode it as one PNG."""
+    """Lay PIL images out in a grid (row-major) and encode it as one PNG.
+
+    Parameters
+    ----------
+    images : Sequence[Image.Image]
+        The pictures, in row-major order.
+    ncols : Optional[int], optional
+        Pictures per row; default all in one row.
+    pad : int, optional
+        Pixels of white space between and around the pictures.
+
+    Returns
+    -------
+    bytes
+        The PNG file's bytes.
+
+    Raises
+    ------
+    InputError
+        If ``images`` is empty.
+    """
     if not images:
         raise InputError("tile_pngs needs at least one image")
     ncols = ncols or len(images)
@@ -356,6 +523,39 @@ def show_relevance(image_rgb: Any, relmap: Any, ax: Optional[plt.Axes] = None, a
     map alone, one square per value. The colourbar has its ticks at the true values;
     when values were clipped its ends are arrows and a line under the picture says
     "clipped at p99 (max ...)".
+
+    Parameters
+    ----------
+    image_rgb : Any
+        The photo, in any form :func:`to_rgb_uint8` accepts, or ``None`` (the map alone).
+    relmap : Any
+        (h, w) relevance map.
+    ax : Optional[plt.Axes], optional
+        The axis to draw on; default a new figure's.
+    alpha : float, optional
+        Opacity of the relevance colours, in [0, 1].
+    signed : bool, optional
+        Keep negative relevance; ``False`` shows ``clamp(min=0)``.
+    title : Optional[str], optional
+        Title of the axis.
+    colorbar : bool, optional
+        Draw the colourbar.
+    clip : Optional[float], optional
+        Percentile of ``|relmap|`` for the colour limit (``None``: the maximum).
+    gamma : float, optional
+        Colour gamma in (0, 1].
+    grey : bool, optional
+        Draw the photo in light grey (see :func:`overlay`).
+
+    Returns
+    -------
+    plt.Axes
+        The axis drawn on.
+
+    Raises
+    ------
+    InputError
+        If ``image_rgb`` is ``None`` and ``relmap`` is not 2-D.
     """
     plt = _pyplot()
     if ax is None:
@@ -395,6 +595,37 @@ def show_methods(image: Any, maps: Mapping[str, Any], ncols: Optional[int] = Non
 
     Each panel has its own colour limit (methods differ in scale); ``clip`` and
     ``gamma`` as in :func:`show_relevance`.
+
+    Parameters
+    ----------
+    image : Any
+        The photo, in any form :func:`to_rgb_uint8` accepts.
+    maps : Mapping[str, Any]
+        ``{name: (h, w) map}``, one panel each, in order.
+    ncols : Optional[int], optional
+        Panels per row; default all in one row.
+    alpha : float, optional
+        Opacity of the relevance colours, in [0, 1].
+    signed : bool, optional
+        Keep negative relevance; ``False`` shows ``clamp(min=0)``.
+    panel_size : float, optional
+        Size of a panel in inches.
+    colorbar : bool, optional
+        Draw a colourbar per panel.
+    clip : Optional[float], optional
+        Percentile of ``|map|`` for each panel's colour limit (``None``: the maximum).
+    gamma : float, optional
+        Colour gamma in (0, 1].
+
+    Returns
+    -------
+    plt.Figure
+        The figure; unused axes are switched off.
+
+    Raises
+    ------
+    InputError
+        If ``maps`` is empty.
     """
     if not maps:
         raise InputError("show_methods needs at least one {name: map} entry")
@@ -413,7 +644,22 @@ def show_methods(image: Any, maps: Mapping[str, Any], ncols: Optional[int] = Non
 
 
 def render_png(fig: plt.Figure, dpi: Optional[float] = None, close: bool = False) -> bytes:
-    """Encode a matplotlib figure as PNG bytes (optionally closing it)."""
+    """Encode a matplotlib figure as PNG bytes (optionally closing it).
+
+    Parameters
+    ----------
+    fig : plt.Figure
+        The figure.
+    dpi : Optional[float], optional
+        Resolution; default the figure's own.
+    close : bool, optional
+        Close the figure after encoding it.
+
+    Returns
+    -------
+    bytes
+        The PNG file's bytes.
+    """
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     if close:
@@ -430,6 +676,33 @@ def token_html(tokens: Sequence[str], scores: Any, signed: bool = True, legend: 
     the text colour switches to white on dark backgrounds; each span's tooltip gives
     the exact score; the legend says when scores were clipped. ``signed=False``
     shows ``clamp(min=0)``. ``explained``: what red speaks for in the legend (an LM's map: "the token").
+
+    Parameters
+    ----------
+    tokens : Sequence[str]
+        (T,) the tokens' texts.
+    scores : Any
+        (T,) one score per token.
+    signed : bool, optional
+        Keep negative scores; ``False`` shows ``clamp(min=0)``.
+    legend : bool, optional
+        Add the legend line under the tokens.
+    clip : Optional[float], optional
+        Percentile of ``|scores|`` for the colour limit (``None``: the maximum).
+    gamma : float, optional
+        Colour gamma in (0, 1].
+    explained : str, optional
+        What red speaks for, in the legend.
+
+    Returns
+    -------
+    str
+        An HTML fragment.
+
+    Raises
+    ------
+    InputError
+        If ``tokens`` and ``scores`` differ in length.
     """
     vals = _view(np.nan_to_num(_as_numpy(scores)).reshape(-1), signed)
     if len(tokens) != vals.shape[0]:
@@ -458,14 +731,26 @@ def merge_wordpieces(tokens: Sequence[str], scores: Any,
                      reduce: str = "max") -> tuple[list[str], np.ndarray]:
     """Merge BERT ``##`` continuation pieces into words.
 
-    Args:
-        tokens: word-pieces, e.g. ``["[CLS]", "un", "##like", "##ly", "[SEP]"]``.
-        scores: one score per piece.
-        reduce: ``"max"`` (the word's score is its largest piece score, as in
-            the rationale evaluation) or ``"sum"`` (conserves the total).
+    Parameters
+    ----------
+    tokens : Sequence[str]
+        word-pieces, e.g. ``["[CLS]", "un", "##like", "##ly", "[SEP]"]``.
+    scores : Any
+        one score per piece.
+    reduce : str, optional
+        ``"max"`` (the word's score is its largest piece score, as in
+        the rationale evaluation) or ``"sum"`` (conserves the total).
 
-    Returns:
+    Returns
+    -------
+    tuple[list[str], np.ndarray]
         ``(words, word_scores)``; special tokens stay words of their own.
+
+    Raises
+    ------
+    InputError
+        If ``reduce`` is neither "max" nor "sum", or ``tokens`` and ``scores``
+        differ in length.
     """
     if reduce not in ("max", "sum"):
         raise InputError(f'reduce must be "max" or "sum"; got {reduce!r}')
@@ -487,7 +772,27 @@ def merge_wordpieces(tokens: Sequence[str], scores: Any,
 
 
 def denormalize(image_tensor: Any, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
-    """Undo ``(x - mean) / std``: (3, H, W) or (1, 3, H, W) -> (H, W, 3) float in [0, 1]."""
+    """Undo ``(x - mean) / std``: (3, H, W) or (1, 3, H, W) -> (H, W, 3) float in [0, 1].
+
+    Parameters
+    ----------
+    image_tensor : Any
+        (3, H, W) or (1, 3, H, W) normalised image (array or tensor).
+    mean : Sequence[float]
+        (3,) the per-channel mean of the normalisation.
+    std : Sequence[float]
+        (3,) the per-channel standard deviation.
+
+    Returns
+    -------
+    np.ndarray
+        (H, W, 3) float image clipped to [0, 1].
+
+    Raises
+    ------
+    InputError
+        If the input holds more than one image or is not (3, H, W).
+    """
     arr = _as_numpy(image_tensor)
     if arr.ndim == 4:
         if arr.shape[0] != 1:

@@ -29,8 +29,21 @@ SCALES = ("row", "all")
 
 
 def readable(piece: str) -> str:
-    """The text a tokenizer piece stands for: ``'Ġcat'`` → ``' cat'``, ``'▁Rome'`` → ``' Rome'``, ``'Ċ'`` → ``'\\n'``,
-    ``'##ly'`` → ``'ly'``; other pieces unchanged."""
+    """The text a tokenizer piece stands for, its space, newline or continuation marks replaced.
+
+    ``'Ġcat'`` → ``' cat'``, ``'▁Rome'`` → ``' Rome'``, ``'Ċ'`` → ``'\\n'``, ``'##ly'`` → ``'ly'``; other pieces
+    unchanged.
+
+    Parameters
+    ----------
+    piece : str
+        A tokenizer piece.
+
+    Returns
+    -------
+    str
+        The text it stands for.
+    """
     text = str(piece)
     if text.startswith(CONTINUATION) and len(text) > 2:
         return text[2:]
@@ -51,7 +64,27 @@ def merge_words(pieces: Sequence[str], scores: Any = None, reduce: str = "sum",
     wordpiece, a space mark anywhere means marks, neither means words (no piece says where a word starts,
     so nothing is joined). Special tokens (``<s>``, ``[CLS]``) stay words of their own.
 
-    Returns ``(words, word_scores)`` (``word_scores`` is ``None`` without ``scores``).
+    Parameters
+    ----------
+    pieces : Sequence[str]
+        (T,) the tokenizer pieces.
+    scores : Any, optional
+        (T,) one score per piece, or ``None``.
+    reduce : str, optional
+        How a word's score is formed from its pieces' scores: ``"sum"`` or ``"max"``.
+    scheme : Optional[str], optional
+        ``"marks"``, ``"wordpiece"``, ``"words"`` or ``None`` (chosen from the pieces).
+
+    Returns
+    -------
+    tuple[list[str], Optional[np.ndarray]]
+        ``(words, word_scores)``: W words and their (W,) scores (``None`` without ``scores``).
+
+    Raises
+    ------
+    InputError
+        If ``reduce`` or ``scheme`` is not one of the accepted values, or
+        ``scores`` and ``pieces`` differ in length.
     """
     if reduce not in ("sum", "max"):
         raise InputError(f"reduce must be 'sum' or 'max', got {reduce!r}")
@@ -89,6 +122,18 @@ def span_text(pieces: Sequence[str], context: Optional[Sequence[str]] = None) ->
 
     ``context``: the row the pieces come from, to tell the sub-word scheme (:func:`merge_words`); default the
     pieces themselves.
+
+    Parameters
+    ----------
+    pieces : Sequence[str]
+        The run of pieces.
+    context : Optional[Sequence[str]], optional
+        The row the pieces come from, to tell the sub-word scheme; default the pieces.
+
+    Returns
+    -------
+    str
+        The run's text, stripped.
     """
     scheme = _scheme_of([str(p) for p in (pieces if context is None else context)])
     words, _ = merge_words(pieces, scheme=scheme)
@@ -132,15 +177,27 @@ _STYLE = ("body{font-family:system-ui,sans-serif;margin:12px}"
 
 def source_blocks(labels: Sequence[str], scores: Any, limit: Optional[float] = None, short: bool = False,
                   gamma: float = DEFAULT_GAMMA) -> str:
-    """The sources as coloured blocks with their scores (an HTML ``<div>``; the styles are
-    :func:`generation_html`'s).
+    """The sources as coloured blocks with their scores.
+
+    The styles are :func:`generation_html`'s.
 
     Parameters
     ----------
-    labels : one text per source (its words).
-    scores : (S,) the source scores.
-    limit : the colour limit (default: the largest |score|).
-    short : blocks show ``#j`` and the score only (the label on hover).
+    labels : Sequence[str]
+        One text per source (its words).
+    scores : Any
+        (S,) the source scores.
+    limit : Optional[float], optional
+        The colour limit (default: the largest |score|).
+    short : bool, optional
+        Blocks show ``#j`` and the score only (the label on hover).
+    gamma : float, optional
+        Colour gamma in (0, 1].
+
+    Returns
+    -------
+    str
+        An HTML ``<div>``.
     """
     vals = np.nan_to_num(np.asarray(scores, dtype=np.float64)).reshape(-1)
     if len(vals) != len(labels):
@@ -163,18 +220,41 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
                     probabilities: Any = None) -> str:
     """One row per generated token: the relevance of every context token for it.
 
-    Args:
-        context: the P+K−1 input tokens (prompt and all but the last generated token), as pieces.
-        generated: the K generated tokens.
-        scores: (K, P+K−1); row k is zero from its prefix's end on (those cells are drawn greyed).
-        scale: ``"row"`` — each row its own colour limit (steps' logits differ in size), ``"all"`` — one limit.
-        contrasts: per step, the token it was contrasted with (``None``: no contrast).
-        sources: (K, S) per step the score of each source (``explain_generation(..., sources=)``): drawn as
-            blocks beside each row, and their sum over the steps (the whole answer) as labelled blocks below.
-        source_labels: the S sources' texts (with ``sources``).
-        probabilities: (K,) the model's probability of each step's token, shown beside it.
+    Parameters
+    ----------
+    context : Sequence[str]
+        the P+K−1 input tokens (prompt and all but the last generated token), as pieces.
+    generated : Sequence[str]
+        the K generated tokens.
+    scores : Any
+        (K, P+K−1); row k is zero from its prefix's end on (those cells are drawn greyed).
+    scale : str, optional
+        ``"row"`` — each row its own colour limit (steps' logits differ in size), ``"all"`` — one limit.
+    clip : Optional[float], optional
+        Percentile of ``|scores|`` for the colour limits (``None``: the maximum).
+    gamma : float, optional
+        Colour gamma in (0, 1].
+    title : Optional[str], optional
+        Heading above the rows.
+    contrasts : Optional[Sequence[Optional[str]]], optional
+        per step, the token it was contrasted with (``None``: no contrast).
+    sources : Any, optional
+        (K, S) per step the score of each source (``explain_generation(..., sources=)``): drawn as
+        blocks beside each row, and their sum over the steps (the whole answer) as labelled blocks below.
+    source_labels : Optional[Sequence[str]], optional
+        the S sources' texts (with ``sources``).
+    probabilities : Any, optional
+        (K,) the model's probability of each step's token, shown beside it.
 
-    Returns an HTML fragment (a ``<div>``) with its own ``<style>``; :func:`page` makes it a whole document.
+    Returns
+    -------
+    str
+        An HTML fragment (a ``<div>``) with its own ``<style>``; :func:`page` makes it a whole document.
+
+    Raises
+    ------
+    InputError
+        If ``scores`` is not (K, P+K−1) or ``scale`` is not ``"row"`` or ``"all"``.
     """
     vals = np.nan_to_num(np.asarray(scores, dtype=np.float64))
     K, P = len(generated), len(context) - len(generated) + 1
@@ -221,7 +301,20 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
 
 
 def page(fragment: str, title: str = "Transformer Relevance Lab") -> str:
-    """A whole HTML document around a fragment: UTF-8, no external resource."""
+    """A whole HTML document around a fragment: UTF-8, no external resource.
+
+    Parameters
+    ----------
+    fragment : str
+        An HTML fragment, e.g. from :func:`generation_html`.
+    title : str, optional
+        The page title.
+
+    Returns
+    -------
+    str
+        The HTML document.
+    """
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"</head><body>{fragment}</body></html>")
 
