@@ -58,7 +58,9 @@ class AttentionSpec:
     bases); ``window``: sliding-window attention over that many positions (the adapter builds the mask);
     ``softmax_dtype``: the dtype the model's softmax computes in (Hugging Face eager: float32, cast back);
     ``sdpa``: the model runs fused attention, so a modified-gradient replay may too (no N×N map in memory);
-    ``causal``: causal attention — where the fused replay gets no mask (no padding, no window), the kernel's own.
+    ``causal``: causal attention — where the fused replay gets no mask (no padding, no window), the kernel's own;
+    ``rotary_dtype``: the dtype q and k are rounded to before they are rotated (ModernBERT rotates float32 copies,
+    so a float64 model's rotated q and k carry float32 round-off); ``None``: rotated as they are.
     """
 
     proj: nn.Linear
@@ -80,6 +82,7 @@ class AttentionSpec:
     softmax_dtype: Optional[torch.dtype] = None
     sdpa: bool = False
     causal: bool = False
+    rotary_dtype: Optional[torch.dtype] = None
 
     @property
     def kv_heads(self) -> int:
@@ -226,6 +229,18 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
     return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
 
 
+def _rounded_rotary(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """:func:`apply_rotary` of x's values rounded to ``dtype``: Hugging Face ModernBERT's
+    ``q.float() * cos + rotate_half(q.float()) * sin`` (the product in cos's dtype, x's for the replay).
+
+    The rounding passes the gradient unchanged (``x + (round(x) − x)`` with the difference detached: the same
+    values, since ``round(x) − x`` is exact), so a modified-gradient pass keeps x's precision.
+    """
+    def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        return apply_rotary(x + (x.to(dtype).to(x.dtype) - x).detach(), cos, sin)
+    return rotate
+
+
 def _fused(
     bias: Optional[Tensor], scale: float, groups: int, causal: bool
 ) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
@@ -252,7 +267,8 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
     if p.rotary:
         cos, sin = rope
         q_pre, k_pre = q, k
-        q, k = r(ROPE, apply_rotary, q, cos, sin), r(ROPE, apply_rotary, k, cos, sin)
+        rotate = apply_rotary if p.rotary_dtype is None else _rounded_rotary(p.rotary_dtype)
+        q, k = r(ROPE, rotate, q, cos, sin), r(ROPE, rotate, k, cos, sin)
     A = None
     if p.sdpa and r.fuse:
         ctx = r(ATTENTION, _fused(bias, p.scale, groups, p.causal and bias is None), q, k, v)  # (B, H, N, d)
