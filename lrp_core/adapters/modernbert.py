@@ -1,6 +1,6 @@
 """ModernBERT sequence classifiers from Hugging Face (``ModernBertForSequenceClassification``).
 
-A pre-LN encoder (docs/METHODS.md §2f): word embeddings → LayerNorm (no position embedding: positions enter
+A pre-LN encoder (docs/METHODS.md §2g): word embeddings → LayerNorm (no position embedding: positions enter
 through rotary q/k), blocks ``x + Wo(attn(attn_norm(x)))`` then ``+ Wo(act(a) ⊙ g)`` with ``a, g =
 Wi(mlp_norm(·))`` halves (the first block's ``attn_norm`` is the identity), fused ``Wqkv``, LayerNorms and
 Linears without biases where the config says so, ``final_norm``. Attention is bidirectional; every
