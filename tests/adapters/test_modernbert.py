@@ -48,7 +48,7 @@ def _alone(model, rows=ROWS) -> torch.Tensor:
 def test_replay_of_a_padded_batch_is_the_model_in_float64(pooling, impl):
     """The padded batch, replayed as is (no trimming): each row's logits are the model's on the row alone, and
     the model's own padded forward where it is finite (sdpa), to float64 round-off. The rotation of float32
-    copies of q and k is the model's (replayed in float64 instead: 4.6e-9 eager, 2.5e-9 sdpa)."""
+    copies of q and k is the model's (rotating in float64 instead: 5.6e-9 to 1.1e-8 off, these four cases)."""
     model = _model(pooling, impl)
     batch = _batch()
     a = get_adapter(model)
@@ -183,7 +183,7 @@ def test_mean_readout_weights_and_token_ablation_are_the_models():
 @pytest.mark.parametrize("pooling,impl", CASES)
 def test_cp_lrp_conserves_and_the_explicit_pass_conserves(pooling, impl):
     """CP-LRP: Σ scores = y_t and every block's total = y_t (the identity rule's 1e-10 stabiliser aside). The
-    explicit pass of transformer_attribution conserves its starting 1 at every block. pa_lrp on AttnLRP gives the
+    explicit pass of transformer_attribution conserves its starting 1 at every block (up to its stabilisers). pa_lrp on AttnLRP gives the
     rotary tables a share; on CP-LRP none (q, k detached)."""
     model = _model(pooling, impl)
     with torch.no_grad():
@@ -192,10 +192,10 @@ def test_cp_lrp_conserves_and_the_explicit_pass_conserves(pooling, impl):
     batch = _batch()
     exp = explain(model, batch, method="cp_lrp")
     y = exp.logits.gather(1, exp.target[:, None])[:, 0]
-    assert ((exp.scores.sum(1) - y).abs() / y.abs()).max() <= 1e-8
-    assert ((exp.conservation.blocks - y[:, None]).abs() / y.abs()[:, None]).max() <= 1e-8
+    assert ((exp.scores.sum(1) - y).abs() / y.abs()).max() <= 1e-9  # measured 8.6e-11
+    assert ((exp.conservation.blocks - y[:, None]).abs() / y.abs()[:, None]).max() <= 1e-9
     ta = explain(model, batch, method="transformer_attribution")
-    assert (ta.token_relevance.sum(-1) - 1).abs().max() <= 1e-6
+    assert (ta.token_relevance.sum(-1) - 1).abs().max() <= 1e-6  # the stabilisers: measured 6.3e-8
     pa = explain(model, batch, method="pa_lrp")
     assert pa.positional.abs().max() > 1e-3 and (pa.positional[batch["attention_mask"] == 0] == 0).all()
     pa_cp = explain(model, batch, method="pa_lrp", base="cp_lrp")
