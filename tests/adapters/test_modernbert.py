@@ -183,8 +183,8 @@ def test_mean_readout_weights_and_token_ablation_are_the_models():
 @pytest.mark.parametrize("pooling,impl", CASES)
 def test_cp_lrp_conserves_and_the_explicit_pass_conserves(pooling, impl):
     """CP-LRP: Σ scores = y_t and every block's total = y_t (the identity rule's 1e-10 stabiliser aside). The
-    explicit pass of transformer_attribution conserves its starting 1 at every block (up to its stabilisers). pa_lrp on AttnLRP gives the
-    rotary tables a share; on CP-LRP none (q, k detached)."""
+    explicit pass of transformer_attribution conserves its starting 1 at every block (up to its stabilisers).
+    pa_lrp on AttnLRP gives the rotary tables a share; on CP-LRP none (q, k detached)."""
     model = _model(pooling, impl)
     with torch.no_grad():
         model.classifier.bias.zero_()
