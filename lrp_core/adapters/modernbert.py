@@ -32,7 +32,7 @@ from ..rules.composites import ELEMENTWISE, LAYERNORM, LINEAR, Propagation
 from ..rules.linear import is_linear
 from .base import Adapter
 from .blocks import PLAIN, AttentionSpec, BlockSpec, MlpSpec, Replay
-from .checks import NO_EFFECT, input_keys, tokenized
+from .checks import NO_EFFECT, input_keys, token_ids, tokenized
 from .decoder import given_position_ids, row_rotary_tables
 from .readouts import HeadLayer, MaskedMeanReadout, Readout, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -133,8 +133,13 @@ class ModernBertAdapter(Adapter):
     def check_inputs(self, inputs) -> dict:
         name = type(self.model).__name__
         ids, mask = tokenized(inputs, name)
-        # token_type_ids: the model has no segment table and its forward ignores them
+        # token_type_ids: the model has no segment table and its forward ignores them (a misshapen one is a mistake)
         input_keys(inputs, name, self.honoured_inputs, self.refused_inputs, NO_EFFECT + ("token_type_ids",))
+        types = inputs.get("token_type_ids")
+        types = None if types is None else token_ids(types, "token_type_ids")
+        if types is not None and types.shape != ids.shape:
+            raise InputError(f"token_type_ids has shape {tuple(types.shape)}, input_ids {tuple(ids.shape)}: they must "
+                             "be the same (one segment id per token; the model ignores them)")
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise InputError(f"input_ids must lie in [0, {self.vocab_size}) (the vocabulary size)")
         if self.pooling == "cls":
