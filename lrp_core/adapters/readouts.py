@@ -237,6 +237,12 @@ class MaskedMeanReadout(Readout):
         m = self.mask.cpu().to(torch.float64)
         return m / m.sum(dim=1, keepdim=True)
 
+    def row(self, M: Tensor) -> Tensor:
+        """The mean of each sample's real rows of M (B, ..., N, N) -> (B, ..., N) (= wᵀM), on M's device."""
+        m = self.mask.to(device=M.device, dtype=M.dtype)
+        m = m.reshape((m.shape[0],) + (1,) * (M.dim() - 3) + (m.shape[1], 1))
+        return (M * m).sum(dim=-2) / m.sum(dim=-2)
+
     def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
         """Generic rule on the masked mean: ``R_i = w_i h_i ⊙ safe_div(R, mean)``, 0 on padding."""
         w = self.weights(rec.normed.shape[1]).to(rec.normed.device)

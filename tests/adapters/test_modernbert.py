@@ -167,8 +167,11 @@ def test_mean_readout_weights_and_token_ablation_are_the_models():
     batch = _batch()
     a = get_adapter(model)
     prepared = a.check_inputs(batch)
-    w = a.readout_for(prepared).weights(9)
+    readout = a.readout_for(prepared)
+    w = readout.weights(9)
     assert torch.equal(w, batch["attention_mask"].double() / batch["attention_mask"].sum(1, keepdim=True))
+    M = torch.rand(3, 2, 9, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert (readout.row(M) - (w[:, None, None, :] @ M)[..., 0, :]).abs().max() <= 1e-15  # the map's row: wᵀM
     assert a.layout(prepared).readout_tokens == ()
     exp = explain(model, batch, method="token_ablation")
     t = exp.target
