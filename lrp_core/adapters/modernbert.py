@@ -14,9 +14,8 @@ has no real key in its window attends itself only (the model's eager softmax tur
 its float32 softmax of the float64 minimum — which then reaches the real tokens through ``0 · NaN`` in the next
 ``A·V``; sdpa gives it some finite row). Padding keys get weight exactly 0 either way and padding rows are
 never read ([CLS] pooling of a left-padded row, which would read one, is refused), so every real token's state
-is the model's. Eager attention computes its softmax in
-float32 and ModernBERT rotates float32 copies of q and k; the replay does both, so a float64 model is
-replayed to float64 round-off.
+is the model's. Eager attention computes its softmax in float32 and ModernBERT rotates float32 copies of q and
+k; the replay does both, so a float64 model is replayed to float64 round-off.
 
 Shapes: B batch, T tokens (padding included), D width, C classes.
 """
