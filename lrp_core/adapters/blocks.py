@@ -231,7 +231,7 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
 
 def _rounded_rotary(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
     """:func:`apply_rotary` of x's values rounded to ``dtype``: Hugging Face ModernBERT's
-    ``q.float() * cos + rotate_half(q.float()) * sin`` (the product in cos's dtype, x's for the replay).
+    ``q.float() * cos + rotate_half(q.float()) * sin``, whose products are formed in cos's dtype (x's).
 
     The rounding passes the gradient unchanged (``x + (round(x) − x)`` with the difference detached: the same
     values, since ``round(x) − x`` is exact), so a modified-gradient pass keeps x's precision.
