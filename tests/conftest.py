@@ -19,7 +19,8 @@ def _perturb_norms(model: torch.nn.Module, seed: int) -> None:
         for m in model.modules():
             if isinstance(m, torch.nn.LayerNorm):
                 m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=g))
-                m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
+                if m.bias is not None:  # ModernBERT's LayerNorms have none
+                    m.bias.copy_(0.1 * torch.randn(m.bias.shape, generator=g))
 
 
 def make_tiny_vit(seed: int = 0, **kw):

@@ -59,7 +59,8 @@ FAMILIES = {
     "clip_image": lambda: (make_clip(), _clip_inputs()),
     "clip_text": lambda: (make_clip(), _clip_inputs(explain="text")),
     "bert": lambda: (make_tiny_bert(), text_batch(make_tiny_bert())),
-    **{f: functools.partial(_text, f) for f in ("distilbert", "roberta", "electra", "albert_groups", "mpnet")},
+    **{f: functools.partial(_text, f) for f in ("distilbert", "roberta", "electra", "albert_groups", "mpnet",
+                                                "modernbert", "modernbert_mean")},
 }
 
 

@@ -52,7 +52,7 @@ FAMILIES = {
        ("timm_avg", "timm_avg_no_class_token", "timm_distilled", "hf_deit", "hf_deit_teacher", "hf_dinov2")},
     "hf_vit": (lambda: vision._hf("ViTForImageClassification", "ViTConfig"), _images, 5, 2),
     **{name: (lambda name=name: text_families.make(name), _text, 3, 2) for name in
-       ("bert", "roberta", "electra", "distilbert", "albert", "mpnet")},
+       ("bert", "roberta", "electra", "distilbert", "albert", "mpnet", "modernbert_mean")},
     "clip_image": (make_clip, _clip_inputs, 3, 2),  # classes: the 3 prompts; batch: the 2 images
     "clip_text": (make_clip, lambda: _clip_inputs("text"), 2, 3),  # classes: the 2 images; batch: the 3 prompts
 }

@@ -155,6 +155,11 @@ def _mpnet(model):
     return MPNetAdapter(model)
 
 
+def _modernbert(model):
+    from .modernbert import ModernBertAdapter
+    return ModernBertAdapter(model)
+
+
 def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
     """A decoder family's adapter, imported when first used."""
     def build(model):
@@ -170,11 +175,12 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "the tokens (relative position embeddings multiplied with the queries and keys), so the scores are not "
      "q·kᵀ plus a constant and the block replay and its relevance rules do not apply. Use a BERT, RoBERTa, "
      "DistilBERT, ALBERT, ELECTRA or MPNet classifier instead"),
-    ("ModernBERT", _hf_text("modernbert"),
-     "it rotates queries and keys by their position (rotary embeddings, a product the rules do not cover), "
-     "alternates global with sliding-window local attention, and uses gated (GLU) MLPs without biases, none of "
-     "which the post-LN/pre-LN block replay describes. Use a BERT, RoBERTa, DistilBERT, ALBERT, ELECTRA or MPNet "
-     "classifier instead"),
+    ("ModernBERT without a sequence-classification head",
+     lambda m: _hf_type("modernbert")(m) and not _is_hf_sequence_classifier(m),
+     "only ModernBertForSequenceClassification is explained (one prediction per text, read at [CLS] or the mean "
+     "of the tokens); the masked-LM, token-classification, question-answering and multiple-choice heads predict "
+     "per token or per choice, and ModernBertModel has no head. Load the checkpoint as "
+     "ModernBertForSequenceClassification"),
     ("Swin V2, Hugging Face Swin and other windowed / hierarchical vision transformers",
      lambda m: _named("SwinTransformerV2", "SwinTransformerV2Cr", "PyramidVisionTransformerV2",
                       "MultiScaleVit", "Twins", "Hiera", "Davit", "MaxxVit", "NextViT", "FocalNet")(m)
@@ -241,6 +247,8 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ("Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings)", _hf_text("albert"),
      _albert),
     ("Hugging Face MPNetForSequenceClassification (relative position bias)", _hf_text("mpnet"), _mpnet),
+    ("Hugging Face ModernBertForSequenceClassification (rotary positions, global and sliding-window layers, GLU "
+     "MLPs; [CLS] or mean pooling)", _hf_text("modernbert"), _modernbert),
     ("Hugging Face BertForSequenceClassification and BERT-family encoders with a pooler/[CLS] classification "
      "head (RoBERTa, XLM-RoBERTa, ELECTRA, CamemBERT, Data2Vec-text)", _hf_text(*BERT_FAMILY), _bert),
 ]

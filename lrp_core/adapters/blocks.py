@@ -56,7 +56,9 @@ class AttentionSpec:
     bases); ``window``: sliding-window attention over that many positions (the adapter builds the mask);
     ``softmax_dtype``: the dtype the model's softmax computes in (Hugging Face eager: float32, cast back);
     ``sdpa``: the model runs fused attention, so a modified-gradient replay may too (no N×N map in memory);
-    ``causal``: causal attention — where the fused replay gets no mask (no padding, no window), the kernel's own.
+    ``causal``: causal attention — where the fused replay gets no mask (no padding, no window), the kernel's own;
+    ``rotary_dtype``: the dtype q and k are rounded to before they are rotated (ModernBERT rotates float32 copies,
+    so a float64 model's rotated q and k carry float32 round-off); ``None``: rotated as they are.
 
     Vision rotary embeddings (timm EVA): ``rope_skip`` leading tokens (class, register tokens) are not rotated,
     and the rotary tables then cover the other tokens only, (B or 1, N − rope_skip, d); ``rope_interleaved``:
@@ -86,6 +88,7 @@ class AttentionSpec:
     causal: bool = False
     rope_skip: int = 0
     rope_interleaved: bool = False
+    rotary_dtype: Optional[torch.dtype] = None
 
     @property
     def kv_heads(self) -> int:
@@ -232,6 +235,18 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
     return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
 
 
+def _rounded_rotary(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """:func:`apply_rotary` of x's values rounded to ``dtype``: Hugging Face ModernBERT's
+    ``q.float() * cos + rotate_half(q.float()) * sin``, whose products are formed in cos's dtype (x's).
+
+    The rounding passes the gradient unchanged (``x + (round(x) − x)`` with the difference detached: the same
+    values, since ``round(x) − x`` is exact), so a modified-gradient pass keeps x's precision.
+    """
+    def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        return apply_rotary(x + (x.to(dtype).to(x.dtype) - x).detach(), cos, sin)
+    return rotate
+
+
 def _fused(
     bias: Optional[Tensor], scale: float, groups: int, causal: bool
 ) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
@@ -262,7 +277,8 @@ def _rotate(p: AttentionSpec, x: Tensor, cos: Tensor, sin: Tensor, r: Replay) ->
     body = x[:, :, n:] if n else x
     if p.rope_interleaved:
         body = pairs_to_halves(body)
-    out = r(ROPE, apply_rotary, body, cos, sin)
+    rotate = apply_rotary if p.rotary_dtype is None else _rounded_rotary(p.rotary_dtype)
+    out = r(ROPE, rotate, body, cos, sin)
     if p.rope_interleaved:
         out = halves_to_pairs(out)
     return torch.cat((x[:, :, :n], out), dim=2) if n else out

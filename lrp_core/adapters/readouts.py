@@ -229,6 +229,49 @@ class MeanReadout(PooledReadout):
         return R
 
 
+class MaskedMeanReadout(PooledReadout):
+    """The classifier reads the average of each row's real tokens: ``head(Σ_i m_i norm(h)_i / Σ_i m_i)``.
+
+    ``mask`` (B, N) 1 = real token: mean pooling over the attention mask (HF ``ModernBertForSequenceClassification``
+    with ``classifier_pooling="mean"``), in the model's arithmetic (masked sum, then one division by the count).
+    The token weights ``m_i / Σ m`` differ by row; the pooling is the POOL operation (docs/METHODS.md §4.4).
+    """
+
+    pool_kind = POOL
+
+    def __init__(self, norm: nn.Module, head_layers: Sequence[HeadLayer], mask: Tensor):
+        self.norm, self.head_layers = norm, _kept(head_layers)
+        self.mask = mask.long()
+
+    def pool(self, normed: Tensor) -> Tensor:
+        m = self.mask.to(normed.device)
+        return (normed * m[..., None]).sum(dim=1) / m.sum(dim=1, keepdim=True)
+
+    def weights(self, num_tokens: int) -> Tensor:
+        """(B, N) float64: ``1/P_b`` on each of row b's ``P_b`` real tokens, 0 on padding."""
+        m = self.mask.cpu().to(torch.float64)
+        return m / m.sum(dim=1, keepdim=True)
+
+    def row(self, M: Tensor) -> Tensor:
+        """The mean of each sample's real rows of M (B, ..., N, N) -> (B, ..., N) (= wᵀM), on M's device."""
+        m = self.mask.to(device=M.device, dtype=M.dtype)
+        m = m.reshape((m.shape[0],) + (1,) * (M.dim() - 3) + (m.shape[1], 1))
+        return (M * m).sum(dim=-2) / m.sum(dim=-2)
+
+    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
+        """Generic rule on the masked mean: ``R_i = w_i h_i ⊙ safe_div(R, mean)``, 0 on padding."""
+        w = self.weights(rec.normed.shape[1]).to(rec.normed.device)
+        R, _ = prop(POOL, (rec.normed, w), R_token, output=rec.token)
+        return R
+
+    def after_removal(self, rows: Tensor, removed: Tensor) -> "MaskedMeanReadout":
+        """The average of the rows ``rows`` (K,) without their token ``removed`` (K,): the mask loses that column."""
+        m = self.mask.to(rows.device)[rows]
+        keep = torch.arange(m.shape[1] - 1, device=rows.device)
+        idx = keep[None, :] + (keep[None, :] >= removed.to(rows.device)[:, None]).long()
+        return MaskedMeanReadout(self.norm, self.head_layers, m.gather(1, idx))
+
+
 class ClsMeanReadout(PooledReadout):
     """``head(concat(norm(h)_0, mean_{i ≥ start} norm(h)_i))`` — HF ``Dinov2ForImageClassification``.
 
@@ -334,5 +377,5 @@ class TwoHeadReadout(Readout):
         return prop.unary(LAYERNORM, rec.hidden, R, self.norm)
 
 
-__all__ = ["HeadLayer", "Readout", "PooledReadout", "TokenReadout", "PositionReadout", "MeanReadout", "ClsMeanReadout",
-           "TwoHeadReadout", "TwoHeadRecord"]
+__all__ = ["HeadLayer", "Readout", "PooledReadout", "TokenReadout", "PositionReadout", "MeanReadout", "MaskedMeanReadout",
+           "ClsMeanReadout", "TwoHeadReadout", "TwoHeadRecord"]

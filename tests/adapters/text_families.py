@@ -54,6 +54,16 @@ def _mpnet(impl):
     return MPNetForSequenceClassification(MPNetConfig(attn_implementation=impl, **BERT_LIKE))
 
 
+def _modernbert(impl, pooling: str = "cls"):
+    """3 layers, the first global and the other two sliding-window (±2 tokens: shorter than the texts)."""
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+    cfg = ModernBertConfig(attn_implementation=impl, vocab_size=60, hidden_size=32, num_hidden_layers=3,
+                           num_attention_heads=2, intermediate_size=48, global_attn_every_n_layers=3,
+                           local_attention=4, classifier_pooling=pooling, num_labels=3, pad_token_id=0,
+                           bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, max_position_embeddings=40)
+    return ModernBertForSequenceClassification(cfg)
+
+
 #: family -> (builder(impl), attention implementations the model has)
 FAMILIES = {
     "bert": (_bert, ("eager", "sdpa")),
@@ -65,6 +75,8 @@ FAMILIES = {
     "albert": (_albert, ("eager", "sdpa")),
     "albert_groups": (lambda impl: _albert(impl, groups=2, inner=2, layers=4), ("eager", "sdpa")),
     "mpnet": (_mpnet, ("eager",)),  # MPNet has no sdpa path in transformers
+    "modernbert": (_modernbert, ("eager", "sdpa")),
+    "modernbert_mean": (lambda impl: _modernbert(impl, "mean"), ("eager", "sdpa")),
 }
 
 CASES = [(f, impl) for f, (_, impls) in FAMILIES.items() for impl in impls]
