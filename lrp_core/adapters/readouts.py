@@ -377,5 +377,5 @@ class TwoHeadReadout(Readout):
         return prop.unary(LAYERNORM, rec.hidden, R, self.norm)
 
 
-__all__ = ["HeadLayer", "Readout", "PooledReadout", "TokenReadout", "PositionReadout", "MeanReadout", "MaskedMeanReadout",
-           "ClsMeanReadout", "TwoHeadReadout", "TwoHeadRecord"]
+__all__ = ["HeadLayer", "Readout", "PooledReadout", "TokenReadout", "PositionReadout", "MeanReadout",
+           "MaskedMeanReadout", "ClsMeanReadout", "TwoHeadReadout", "TwoHeadRecord"]
