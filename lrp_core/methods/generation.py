@@ -98,12 +98,14 @@ class GenerationExplanation:
     def _piece(self, row: int, token_id: int) -> str:
         return self.options.get("id_to_token", {}).get(token_id, str(token_id))
 
-    def show(self, row: int = 0, scale: str = "row") -> Any:
-        """Display the heat map in Jupyter (returns the ``IPython.display.HTML`` object)."""
+    def show(self, row: int = 0, scale: str = "row") -> None:
+        """Display the heat map of one row in Jupyter, once.
+
+        Returns None: a cell that ends in ``gen.show()`` would otherwise display the returned object a
+        second time. ``html(row, scale)`` gives the fragment itself.
+        """
         from IPython.display import HTML, display
-        out = HTML(self.html(row, scale))
-        display(out)
-        return out
+        display(HTML(self.html(row, scale)))
 
     def _repr_html_(self) -> str:
         return self.html(0)

@@ -353,3 +353,35 @@ def test_one_element_arrays_count_as_numbers_in_a_list():
         exmod.compare([np.array([0.3]), torch.tensor([0.25])], [0.3, 0.2], tol)
     with pytest.raises(exmod.Mismatch, match="should be a number or a tensor"):
         exmod.compare([np.array([0.3, 0.1]), 0.2], [0.3, 0.2], tol)           # two numbers are not one
+
+
+def test_readme_and_teaching_give_the_number_of_exercises():
+    """The exercise count the README and the teacher's guide state is the number of exercises there are."""
+    import re
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    teaching = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
+    stated = [int(n) for n in re.findall(r"Every exercise \((\d+) in all\)", readme)]
+    stated += [int(n) for n in re.findall(r"\*\*all\*\*.*?\| (\d+) exercises \|", teaching)]
+    assert stated == [len(EXERCISES)] * 2, f"stated {stated}, there are {len(EXERCISES)}"
+
+
+def test_teaching_places_each_named_function_where_its_notebook_uses_it():
+    """A reference "`name` (notebook N, section S)" in the teacher's guide points at a section of notebook N
+    whose cells (its Markdown heading to the next) use ``name``."""
+    import json
+    import re
+    teaching = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
+    refs = re.findall(r"`(\w+)`\s+\(notebook (\d+), section (\d+)\)", teaching)
+    assert refs, "expected at least one reference of that form"
+    for name, nb, sec in refs:
+        path, = (ROOT / "notebooks").glob(f"{int(nb):02d}_*.ipynb")
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        section, inside = [], False
+        for c in cells:
+            text = "".join(c["source"])
+            if c["cell_type"] == "markdown" and text.startswith("## "):
+                inside = text.startswith(f"## {sec}.")
+            if inside:
+                section.append(text)
+        assert section, f"{path.name} has no section {sec}"
+        assert any(name in t for t in section), f"`{name}` does not appear in {path.name} section {sec}"
