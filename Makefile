@@ -18,7 +18,7 @@ LAB_ARGS ?=
 USER_ID  ?= $(shell id -u)
 LAB_ROOT := $(if $(filter 0,$(USER_ID)),--allow-root)
 
-.PHONY: install lab test lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers clean
+.PHONY: install lab test lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers learner-copy clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,12 @@ figures: $(STAMP)
 
 answers: $(STAMP)
 	$(BIN)/python scripts/make_answer_key.py
+
+# The learner's copy: the notebooks and checkers without the solutions in plain text, into $(LEARNER_DIR)/notebooks
+# (exN_k.solution() prints no code there). Hand that folder to the learners; notebooks/ stays the teacher's.
+LEARNER_DIR ?= learner
+learner-copy: $(STAMP)
+	$(BIN)/python scripts/learner_copy.py --out $(LEARNER_DIR)
 
 # The scaling table (about an hour on 2 cores; BENCH_ARGS="--threads 1" etc. to tune) and the short run.
 BENCH_ARGS ?=
