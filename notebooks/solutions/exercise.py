@@ -421,5 +421,6 @@ class Exercise:
             self._solved = True
             return True, f"✓ {self.label}: correct."
         answer = f"{self.name}.solution() the answer" if SOLUTIONS_SHOWN else TEACHERS_COPY
-        return False, f"✗ {self.label}: {msg if msg[-1:] in '.?!' else msg + '.'}\n  Stuck? {self.name}.hint() gives a hint, {answer}."
+        text = msg if msg[-1:] in ".?!" else msg + "."
+        return False, f"✗ {self.label}: {text}\n  Stuck? {self.name}.hint() gives a hint, {answer}."
 

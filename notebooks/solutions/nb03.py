@@ -151,11 +151,12 @@ ex3_3 = Exercise(
               Mistake(lambda: _block_totals(values=False),
                       "ΣR_x lacks the values' share: R_V goes through W_v to x (rules.linear_signed) and joins "
                       "the skip (rules.clone)")],
-    discussion="ΣR_x = 2.42 and ΣR_A = 7.19: the total is about four times ΣR_y (9.60 against 2.42). The generic sum rule gives the skip -4.77 "
-               "and the values +7.19 — more than the whole budget, although the two still add up to ΣR_y — and "
-               "the product without the halving hands that inflated share to both A and V. Each fix alone "
-               "leaves an error: with the normalisation only, the total is 3.87; with the halving only, it is "
-               "conserved but the shares are out of bounds. Relevance that crosses the attention path of every "
-               "block can pick up a factor 2 per block — up to 2^12 = 4096 after 12 blocks — while the skip path "
-               "keeps factor 1, so the map ends up dominated by whichever path crossed the most products.",
+    discussion="ΣR_x = 2.42 and ΣR_A = 7.19: the total is about four times ΣR_y (9.60 against 2.42). The generic "
+               "sum rule gives the skip -4.77 and the values +7.19 — more than the whole budget, although the two "
+               "still add up to ΣR_y — and the product without the halving hands that inflated share to both A and"
+               " V. Each fix alone leaves an error: with the normalisation only, the total is 3.87; with the "
+               "halving only, it is conserved but the shares are out of bounds. Relevance that crosses the "
+               "attention path of every block can pick up a factor 2 per block — up to 2^12 = 4096 after 12 blocks"
+               " — while the skip path keeps factor 1, so the map ends up dominated by whichever path crossed the "
+               "most products.",
 )
