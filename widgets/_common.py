@@ -14,7 +14,7 @@ import torch
 
 from lrp_core.adapters import Adapter, get_adapter
 from lrp_core.errors import InputError, LRPError, UnsupportedModelError
-from lrp_core.models import PROBABILITIES, LoadedModel, class_probabilities
+from lrp_core.models import PROBABILITIES, LoadedModel, logits_to_probabilities
 from lrp_core.viz import denormalize, to_rgb_uint8
 
 from ._engine import torch_threads
@@ -138,7 +138,7 @@ def class_options(logits: torch.Tensor, names: Sequence[str], k: int = TOP_K,
     """
     if probabilities not in PROBABILITIES:
         raise InputError(f"probabilities must be one of {PROBABILITIES}, got {probabilities!r}")
-    probs = class_probabilities(logits.detach().float().reshape(-1), probabilities)
+    probs = logits_to_probabilities(logits.detach().float().reshape(-1), probabilities)
     order = torch.argsort(probs, descending=True).tolist()
     top = order[:k]
     opts = [(f"#{r + 1} {names[c]}  ({probs[c].item():.1%})", c) for r, c in enumerate(top)]

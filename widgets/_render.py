@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from lrp_core.models import class_probabilities
+from lrp_core.models import logits_to_probabilities
 
 from . import views
 
@@ -37,7 +37,7 @@ def info_html(logits: torch.Tensor, target: int, names: Sequence[str], target_na
         logits: (C,) the sample's logits; shown: the values drawn (after the sign toggle).
         probabilities: ``"softmax"`` or ``"sigmoid"``, as the model was trained (``ModelFacts.probabilities``).
     """
-    probs = class_probabilities(logits, probabilities)
+    probs = logits_to_probabilities(logits, probabilities)
     pred = int(probs.argmax())
     lines = [f"explaining <b>{html.escape(target_name)}</b> (p = {probs[target]:.1%}); "
              f"predicted: {html.escape(names[pred])} ({probs[pred]:.1%})",

@@ -41,7 +41,7 @@ cross-entropy; the probabilities sum to 1) or ``"sigmoid"`` (one-vs-rest logisti
 own probability of being present, and several can be near 1 at once)."""
 
 
-def class_probabilities(logits: torch.Tensor, probabilities: str = "softmax") -> torch.Tensor:
+def logits_to_probabilities(logits: torch.Tensor, probabilities: str = "softmax") -> torch.Tensor:
     """The class probabilities the model was trained to give.
 
     Parameters

@@ -49,28 +49,34 @@ def _product_data(seed=0):
     return torch.rand(1, 4, 3, generator=g), torch.rand(1, 3, 5, generator=g), torch.rand(1, 4, 5, generator=g)
 
 
-def operand_totals():
+def operand_relevance():
     a, b, R = _product_data()                        # the data of the exercise cell
     Ra = rules.generic(lambda t: t @ b, a, R)        # b fixed, a varies
     Rb = rules.generic(lambda t: a @ t, b, R)        # a fixed, b varies
     print("ΣR =", round(R.sum().item(), 4), "| ΣR_a =", round(Ra.sum().item(), 4),
           "| ΣR_b =", round(Rb.sum().item(), 4))
-    return Ra.sum().item(), Rb.sum().item()
+    return Ra, Rb
 
 
 def _halved():
     a, b, R = _product_data()
-    Ra, Rb = rules.matmul(a, b, R)
-    return Ra.sum().item(), Rb.sum().item()
+    return rules.matmul(a, b, R)
+
+
+def _totals():
+    a, b, R = _product_data()
+    return R.sum().item(), R.sum().item()
 
 
 ex3_2 = Exercise(
-    "ex3_2", "Why each operand gets everything", operand_totals, difficulty=1, minutes=5,
-    answer="a pair of numbers (ΣR_a, ΣR_b) from rules.generic, each operand treated alone",
+    "ex3_2", "Why each operand gets everything", operand_relevance, difficulty=1, minutes=5,
+    answer="a pair of tensors (R_a, R_b) from rules.generic, each operand treated alone (shapes of a and b)",
     hints=["rules.generic(fn, variable, R): for a, fn = lambda t: t @ b; for b, fn = lambda t: a @ t.",
-           "Sum each result over all entries: Ra.sum().item()."],
-    mistakes=[Mistake(_halved, "each total is half of ΣR: that is rules.matmul with its halving; treat each "
-                               "operand alone with rules.generic")],
+           "Then compare Ra.sum() and Rb.sum() with R.sum()."],
+    mistakes=[Mistake(_halved, "these are halved (rules.matmul's default): treat each operand alone with "
+                               "rules.generic, without the halving"),
+              Mistake(_totals, "hand in the two relevance tensors themselves, not their totals: "
+                               "rules.generic for a (b fixed) and for b (a fixed)")],
     discussion="Both totals equal ΣR: the product is linear in a for fixed b and in b for fixed a, so each "
                "operand alone receives the whole relevance — twice the budget together, hence the halving.",
 )

@@ -110,7 +110,11 @@ ex8_2 = Exercise(
     padding=_padding_mask,
     mistakes=[Mistake(lambda text, batch: explain(text.model, batch, method="transformer_attribution")
                       .scores[1, :_tokens(text, batch, 1)[1]],
-                      "these are transformer-attribution scores; the exercise asks for method=\"cdam\"")],
+                      "these are transformer-attribution scores; the exercise asks for method=\"cdam\""),
+              Mistake(lambda text, batch: explain(text.model, {key: v[:1] for key, v in batch.items()},
+                                                  method="cdam").scores[0, :_tokens(text, batch, 0)[1]],
+                      "these are the first sentence's scores; the second sentence is row 1 of the batch "
+                      "(v[1:2])")],
     discussion="Only \"mess\" speaks against the (wrong) positive prediction; \"unwatchable\" does not. The model "
                "does see one word that should have made it say negative, but \"beautiful\" outweighs it.",
 )

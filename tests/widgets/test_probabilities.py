@@ -7,7 +7,7 @@ import torch
 
 import widgets
 from lrp_core.errors import InputError
-from lrp_core.models import LoadedModel, class_probabilities, load
+from lrp_core.models import LoadedModel, load, logits_to_probabilities
 from widgets._common import class_options, resolve_model
 
 
@@ -59,4 +59,4 @@ def test_an_unknown_reading_is_refused():
     with pytest.raises(InputError, match="softmax"):
         class_options(torch.zeros(3), list("abc"), probabilities="tanh")
     with pytest.raises(InputError, match="sigmoid"):
-        class_probabilities(torch.zeros(3), "tanh")
+        logits_to_probabilities(torch.zeros(3), "tanh")
