@@ -59,7 +59,8 @@ def gradient_change(toy, x):
 def _change(toy, x, block=-1, absolute=True):
     with_g = explain(toy.model, x, keep_heads=True).layers_per_head[0, block, :, 0, 1:]
     without = explain(toy.model, x, keep_heads=True, use_gradient=False).layers_per_head[0, block, :, 0, 1:]
-    d = with_g / with_g.sum(-1, keepdim=True).clamp(min=1e-12) - without / without.sum(-1, keepdim=True).clamp(min=1e-12)
+    norm = lambda m: m / m.sum(-1, keepdim=True).clamp(min=1e-12)  # noqa: E731
+    d = norm(with_g) - norm(without)
     return (d.abs() if absolute else d).sum(-1)
 
 

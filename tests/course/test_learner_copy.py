@@ -100,8 +100,9 @@ def test_the_copy_checks_without_showing_solutions(copy):
     """Imported from the copy alone: all exercises are there, right answers pass, near misses fail with their
     message, and ``solution()`` prints no code — only the discussion, once the exercise is solved."""
     import json
+    env = dict(os.environ, PYTHONPATH=str(ROOT))       # this checkout's library, the copy's checkers
     res = subprocess.run([sys.executable, "-c", _PROBE, str(copy)], cwd=copy, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["n"] == len(EXERCISES)
@@ -127,7 +128,9 @@ def test_a_notebook_with_exercises_passes_nbval_from_the_copy(tmp_path):
     """Notebook 3 (three exercises) runs from the learner's copy and its checked cells match (nbval, lax)."""
     dest = learner_copy.write_copy(tmp_path, notebooks=[3])
     nb, = dest.glob("03_*.ipynb")
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    # the kernel imports this checkout's library (the copy holds only the notebooks and checkers)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                                                       os.environ.get("PYTHONPATH")])))
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "--nbval-current-env",
                           "--nbval-sanitize-with", str(dest / "nbval_sanitize.cfg"), "-p", "no:cacheprovider",
                           str(nb)], cwd=dest, capture_output=True, text=True, timeout=300, env=env)
