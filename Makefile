@@ -23,7 +23,7 @@ LAB_ARGS ?=
 USER_ID  ?= $(shell id -u)
 LAB_ROOT := $(if $(filter 0,$(USER_ID)),--allow-root)
 
-.PHONY: install lab test lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers slides clean
+.PHONY: install lab test lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers slides learner-copy clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,12 @@ answers: $(STAMP)
 # reveal.js and MathJax come once from the npm registry (npm needed then), into build/slides/assets.
 slides: $(STAMP)
 	$(BIN)/python scripts/make_slides.py --out build/slides
+
+# The learner's copy: the notebooks and checkers without the solutions in plain text, into $(LEARNER_DIR)/notebooks
+# (exN_k.solution() prints no code there). Hand that folder to the learners; notebooks/ stays the teacher's.
+LEARNER_DIR ?= learner
+learner-copy: $(STAMP)
+	$(BIN)/python scripts/learner_copy.py --out $(LEARNER_DIR)
 
 # The scaling table (about an hour on 2 cores; BENCH_ARGS="--threads 1" etc. to tune) and the short run.
 BENCH_ARGS ?=

@@ -104,6 +104,21 @@ def test_html_page_is_self_contained(lm, tmp_path):
     assert not re.search(r"<script|<link|@import|https?://", doc)
 
 
+def test_a_cell_ending_in_show_displays_the_heat_map_once(lm):
+    """``gen.show()`` as the last line of a cell: one display of the heat map, and no result for the
+    cell's output to display a second time."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+    out = explain_generation(lm.model, lm.tokenizer, PROMPTS[:1], method="rollout", max_new_tokens=2)
+    shell = InteractiveShell.instance()
+    shell.user_ns["gen"] = out
+    with capture_output() as captured:
+        result = shell.run_cell("gen.show()")
+    assert result.success and result.result is None
+    html = [o.data["text/html"] for o in captured.outputs]
+    assert html == [out.html(0)]
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(prompts=[]), "prompts must be"),
     (dict(prompts=[""]), "prompts must be"),

@@ -14,7 +14,7 @@ import torch
 
 from lrp_core.adapters import Adapter, get_adapter
 from lrp_core.errors import InputError, LRPError, UnsupportedModelError
-from lrp_core.models import LoadedModel
+from lrp_core.models import PROBABILITIES, LoadedModel, logits_to_probabilities
 from lrp_core.viz import denormalize, to_rgb_uint8
 
 from ._engine import torch_threads
@@ -47,6 +47,7 @@ class ResolvedModel:
     mean: Optional[Sequence[float]] = None
     std: Optional[Sequence[float]] = None
     preprocess: Any = None
+    probabilities: str = "softmax"   # how the model was trained to read its logits (lrp_core.models.PROBABILITIES)
 
     @property
     def kind(self) -> str:
@@ -67,12 +68,20 @@ def resolve_model(model: Any, widget: str) -> ResolvedModel:
         info = dict(loaded.info or {})
         return ResolvedModel(module=module, adapter=adapter, labels=list(loaded.labels or []),
                           tokenizer=loaded.tokenizer, mean=info.get("mean"), std=info.get("std"),
-                          preprocess=loaded.preprocess)
+                          preprocess=loaded.preprocess,
+                          probabilities=info.get("probabilities") or probabilities_of(module))
     id2label = getattr(getattr(module, "config", None), "id2label", None)
     labels = [str(id2label[i]) for i in sorted(id2label)] if id2label else []
     pcfg = getattr(module, "pretrained_cfg", None) or {}
     return ResolvedModel(module=module, adapter=adapter, labels=labels, mean=pcfg.get("mean"),
-                      std=pcfg.get("std"))
+                      std=pcfg.get("std"), probabilities=probabilities_of(module))
+
+
+def probabilities_of(module: torch.nn.Module) -> str:
+    """How a bare model turns logits into probabilities: ``"sigmoid"`` for a Hugging Face model whose
+    config declares ``problem_type="multi_label_classification"`` (trained one-vs-rest), else ``"softmax"``."""
+    problem = getattr(getattr(module, "config", None), "problem_type", None)
+    return "sigmoid" if problem == "multi_label_classification" else "softmax"
 
 
 #: The widget that explains each modality (named in the error when a model reaches the wrong one).
@@ -120,9 +129,16 @@ def class_names(labels: Sequence[str], n_classes: int, strict: bool = False) -> 
     return [f"class {i}" for i in range(n_classes)]
 
 
-def class_options(logits: torch.Tensor, names: Sequence[str], k: int = TOP_K) -> list[tuple[str, int]]:
-    """Dropdown options: the top-k classes by probability first, then every other class."""
-    probs = torch.softmax(logits.detach().float().reshape(-1), dim=0)
+def class_options(logits: torch.Tensor, names: Sequence[str], k: int = TOP_K,
+                  probabilities: str = "softmax") -> list[tuple[str, int]]:
+    """Dropdown options: the top-k classes by probability first, then every other class.
+
+    ``probabilities`` (one of ``lrp_core.models.PROBABILITIES``) follows the model's training: a softmax over
+    the classes, or each class's own sigmoid for a model trained one-vs-rest.
+    """
+    if probabilities not in PROBABILITIES:
+        raise InputError(f"probabilities must be one of {PROBABILITIES}, got {probabilities!r}")
+    probs = logits_to_probabilities(logits.detach().float().reshape(-1), probabilities)
     order = torch.argsort(probs, descending=True).tolist()
     top = order[:k]
     opts = [(f"#{r + 1} {names[c]}  ({probs[c].item():.1%})", c) for r, c in enumerate(top)]

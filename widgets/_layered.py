@@ -116,7 +116,8 @@ class LayerExplorer(RelevanceWidget):
         logits = self.logits[self.sample_selector.value]
         self._quiet = True
         try:
-            self.class_selector.options = class_options(logits, self.names)
+            self.class_selector.options = class_options(logits, self.names,
+                                                        probabilities=self.facts.probabilities)
             self.class_selector.value = int(logits.argmax())
         finally:
             self._quiet = False
@@ -335,4 +336,4 @@ class LayerExplorer(RelevanceWidget):
     def _info_html(self, shown: np.ndarray) -> str:
         return _render.info_html(self.logits[self.sample_selector.value], self.target, self.names,
                                  self._target_name(), self.view_selector.value, shown,
-                                 self.explanation, self.layer_slider.value)
+                                 self.explanation, self.layer_slider.value, self.facts.probabilities)

@@ -12,6 +12,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from lrp_core.models import logits_to_probabilities
+
 from . import views
 
 _WHERE = {"output": "", "accumulated": " blocks {s}..{b}", "block": " block {b}",
@@ -27,14 +29,15 @@ def view_title(target_name: str, method: str, view: str, block: int, start: int,
 
 
 def info_html(logits: torch.Tensor, target: int, names: Sequence[str], target_name: str, view: str,
-              shown: np.ndarray, explanation: Any, block: int) -> str:
+              shown: np.ndarray, explanation: Any, block: int, probabilities: str = "softmax") -> str:
     """The info line: target and predicted class with probabilities, the shown map's sum and peak,
     the residual-stream totals per block (where the method has them) and any absorbed-relevance note.
 
     Args:
         logits: (C,) the sample's logits; shown: the values drawn (after the sign toggle).
+        probabilities: ``"softmax"`` or ``"sigmoid"``, as the model was trained (``ResolvedModel.probabilities``).
     """
-    probs = torch.softmax(logits, 0)
+    probs = logits_to_probabilities(logits, probabilities)
     pred = int(probs.argmax())
     lines = [f"explaining <b>{html.escape(target_name)}</b> (p = {probs[target]:.1%}); "
              f"predicted: {html.escape(names[pred])} ({probs[pred]:.1%})",

@@ -96,7 +96,8 @@ class MethodGrid(RelevanceWidget):
         self.logits = forward_logits(self.facts, self.inputs, self.threads)
         self.names = class_names(list(labels) if labels is not None else self.facts.labels,
                                  self.logits.shape[1], strict=labels is not None)
-        self.class_selector.options = class_options(self.logits[0], self.names)
+        self.class_selector.options = class_options(self.logits[0], self.names,
+                                                    probabilities=self.facts.probabilities)
         if target is None:
             self.class_selector.value = int(self.logits[0].argmax())
         elif isinstance(target, str):

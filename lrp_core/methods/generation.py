@@ -133,8 +133,11 @@ class GenerationExplanation:
         return self.options.get("id_to_token", {}).get(token_id, str(token_id))
 
     def show(self, row: int = 0, scale: str = "row") -> None:
-        """Display the heat map in Jupyter (once: nothing is returned, so a cell ending in ``.show()`` does not
-        draw it a second time; :meth:`html` gives the fragment)."""
+        """Display the heat map of one row in Jupyter, once.
+
+        Returns None: a cell that ends in ``gen.show()`` would otherwise display the returned object a
+        second time. ``html(row, scale)`` gives the fragment itself.
+        """
         from IPython.display import HTML, display
         display(HTML(self.html(row, scale)))
 

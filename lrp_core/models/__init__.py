@@ -6,7 +6,7 @@ hub (or a local cache) can serve them.
 """
 from __future__ import annotations
 
-from .base import EMBEDDED, LoadedModel
+from .base import EMBEDDED, PROBABILITIES, LoadedModel, logits_to_probabilities
 
 
 def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
@@ -40,4 +40,4 @@ def hub_reachable(timeout: float = 1.5) -> bool:
     return _reachable(timeout)
 
 
-__all__ = ["LoadedModel", "EMBEDDED", "hub_reachable", "load"]
+__all__ = ["LoadedModel", "EMBEDDED", "PROBABILITIES", "logits_to_probabilities", "hub_reachable", "load"]

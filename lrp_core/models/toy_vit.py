@@ -93,6 +93,8 @@ def load_toy_vit(pretrained: str | bool = "auto") -> LoadedModel:
         "mean": MEAN, "std": STD, "config": dict(TOY_VIT_CONFIG), "licence": "MIT (this project)",
         # held-out scenes of the kind it was trained on (lrp_core.data.BUILTIN_IMAGE_SETS)
         "evaluation_data": "scenes",
+        # trained with cross-entropy on soft targets (scripts/train_toy_vit.py)
+        "probabilities": "softmax",
     }
     if pretrained:
         weights = ASSET_DIR / "model.safetensors"

@@ -39,6 +39,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 NOT_ATTEMPTED = "not attempted yet"
+#: False in the learner's copy (``scripts/learner_copy.py``): there ``solution()`` shows no code, and the
+#: discussion only once the exercise is solved.
+SOLUTIONS_SHOWN = True
+TEACHERS_COPY = "the reference solution is in the teacher's copy — ask your teacher"
 DOTS = {1: "●○○", 2: "●●○", 3: "●●●"}
 
 
@@ -260,6 +264,7 @@ class Exercise:
     _hint_pos: int = field(default=0, repr=False)
     _ctx: dict = field(default_factory=dict, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
+    _solved: bool = field(default=False, repr=False)
 
     # ---------------------------------------------------------------- learner API
     @property
@@ -290,7 +295,18 @@ class Exercise:
         self._hint_pos += 1
 
     def solution(self, run: bool = True, **ctx: Any) -> Any:
-        """Print the reference code and (by default) its result. Returns None (nothing to display twice)."""
+        """Print the reference code and (by default) its result. Returns None (nothing to display twice).
+
+        In the learner's copy (``SOLUTIONS_SHOWN = False``) no code is printed: the discussion once
+        ``check`` has accepted an answer, else a pointer to the teacher's copy.
+        """
+        if not SOLUTIONS_SHOWN:
+            if self._solved:
+                print(f"{self.label}: solved.\n\n" + textwrap.fill(self.discussion, 100))
+            else:
+                print(f"{self.label}: {TEACHERS_COPY}. {self.name}.hint() gives the next hint; once "
+                      f"{self.name}.check(...) says ✓, {self.name}.solution() prints the discussion.")
+            return None
         ctx = self._context(ctx, need=run)
         print(f"Solution to {self.label}\n")
         print(textwrap.dedent(inspect.getsource(self.reference)))
@@ -402,6 +418,9 @@ class Exercise:
             return False, (f"{self.label}: {NOT_ATTEMPTED} — your function returns None. "
                            f"Expected: {self.answer}.")
         if msg is None:
+            self._solved = True
             return True, f"✓ {self.label}: correct."
-        return False, f"✗ {self.label}: {msg if msg[-1:] in '.?!' else msg + '.'}\n  Stuck? {self.name}.hint() gives a hint, {self.name}.solution() the answer."
+        answer = f"{self.name}.solution() the answer" if SOLUTIONS_SHOWN else TEACHERS_COPY
+        text = msg if msg[-1:] in ".?!" else msg + "."
+        return False, f"✗ {self.label}: {text}\n  Stuck? {self.name}.hint() gives a hint, {answer}."
 

@@ -16,7 +16,14 @@ ex0_1 = Exercise(
            "toy.model.blocks[0].attn.num_heads and toy.model.patch_embed.num_patches."],
     mistakes=[Mistake(lambda toy: (len(toy.model.blocks), toy.model.blocks[0].attn.num_heads,
                                    toy.model.patch_embed.num_patches + 1),
-                      "the token count includes the [CLS] token; the exercise asks for the patch tokens only")],
+                      "the token count includes the [CLS] token; the exercise asks for the patch tokens only"),
+              Mistake(lambda toy: (len(toy.model.blocks), toy.model.blocks[0].attn.head_dim,
+                                   toy.model.patch_embed.num_patches),
+                      "the second number is the width of one head (head_dim); count the heads per block: "
+                      "blocks[0].attn.num_heads"),
+              Mistake(lambda toy: (len(toy.model.blocks) * toy.model.blocks[0].attn.num_heads,
+                                   toy.model.blocks[0].attn.num_heads, toy.model.patch_embed.num_patches),
+                      "the first number counts the heads of all blocks; count the blocks: len(toy.model.blocks)")],
     discussion="An 8 × 8 grid of patches, plus one [CLS] token that the classifier reads: every map of the "
                "course has 64 entries.",
 )

@@ -34,7 +34,9 @@ ex1_1 = Exercise(
     hints=["Copy the two rules.generic calls of section 4 and change only the starting relevance.",
            "R_y = torch.ones(1, 1) — the shape of y, value 1."],
     mistakes=[Mistake(lambda: _from_score(),
-                      "this is the relevance of section 4, which starts from R_y = y = 2.25; start from R_y = 1")],
+                      "this is the relevance of section 4, which starts from R_y = y = 2.25; start from R_y = 1"),
+              Mistake(lambda: rules.generic(lambda t: F.linear(t, W2), F.linear(X, W1).clamp(min=0), torch.ones(1, 1)),
+                      "this is the relevance of the hidden layer h (3 entries); continue through W1 to the 4 inputs")],
     total=lambda ref: 1.0,
     discussion="Every rule here is linear in the incoming relevance R. Starting from 1 instead of y divides "
                "everything by y = 2.25: the input relevances become fractions of the score and add up to 1.",
@@ -61,6 +63,20 @@ def _bias_times_R():
     return B1 * rules.generic(lambda t: F.linear(t, W2), h, F.linear(h, W2))
 
 
+def _bias_free_z():
+    z = F.linear(X, W1, B1)
+    h = z.clamp(min=0)
+    R_h = rules.generic(lambda t: F.linear(t, W2), h, F.linear(h, W2))
+    return B1 * rules.safe_div(R_h, F.linear(X, W1))
+
+
+def _inputs_share():
+    z = F.linear(X, W1, B1)
+    h = z.clamp(min=0)
+    R_h = rules.generic(lambda t: F.linear(t, W2), h, F.linear(h, W2))
+    return X * (rules.safe_div(R_h, z) @ W1)
+
+
 def _bias_total(ref):
     z = F.linear(X, W1, B1)
     y = F.linear(z.clamp(min=0), W2)
@@ -75,7 +91,11 @@ ex1_2 = Exercise(
            "s = rules.safe_div(R_h, z) is the relevance per unit of z; the biases receive b1 * s.",
            "Check yourself: R_x.sum() + R_b.sum() must equal the score 0.75."],
     mistakes=[Mistake(_bias_times_R, "you multiplied b_i by R_i; multiply by R_i / z_i, the relevance per "
-                                     "unit of z_i (rules.safe_div(R_h, z))")],
+                                     "unit of z_i (rules.safe_div(R_h, z))"),
+              Mistake(_bias_free_z, "your z lacks the bias: the biases are part of z = F.linear(X, W1, B1), and "
+                                    "R_i / z_i must divide by that z"),
+              Mistake(_inputs_share, "this is what the inputs receive, R_x; the exercise asks for the biases' "
+                                     "share, b1 * s")],
     total=lambda ref: _bias_total(ref),
     discussion="The inputs receive 2.25 and the biases -1.5: together 0.75, the score. Nothing is lost once "
                "the biases are counted as inputs of the layer.",
@@ -107,6 +127,17 @@ def _all_outputs(Ws, x):
     return R
 
 
+def _from_one(Ws, x):
+    acts = [x]
+    for W in Ws[:-1]:
+        acts.append(F.linear(acts[-1], W).clamp(min=0))
+    R = torch.zeros(x.shape[0], Ws[-1].shape[0])
+    R[:, 0] = 1.0
+    for W, a in zip(reversed(Ws), reversed(acts)):
+        R = rules.generic(lambda t, W=W: F.linear(t, W), a, R)
+    return R
+
+
 def _networks():
     cases = []
     for seed in (0, 1):
@@ -133,7 +164,8 @@ ex1_3 = Exercise(
            "Conservation check: R.sum(1) equals out[:, 0] after every layer."],
     cases=lambda: _networks(),
     mistakes=[Mistake(_all_outputs, "you explained all 8 outputs at once; keep only output 0's relevance "
-                                    "(R[:, 0] = out[:, 0], zero elsewhere)")],
+                                    "(R[:, 0] = out[:, 0], zero elsewhere)"),
+              Mistake(_from_one, "you started from R[:, 0] = 1; start from the score itself, R[:, 0] = out[:, 0]")],
     total=lambda ref, args: _score0(args),
     discussion="Every layer's total equals output 0 for every input, up to float32 round-off (about 1e-5): "
                "bias-free linear layers and ReLUs conserve relevance exactly.",

@@ -117,7 +117,9 @@ ex2_3 = Exercise(
     mistakes=[Mistake(lambda x, W, R: rules.linear_generic(x, W, R),
                       "you kept the negative weights too — that is the generic z-rule; use W.clamp(min=0)"),
               Mistake(lambda x, W, R: rules.safe_div(R, x @ W.clamp(min=0).T) @ W.clamp(min=0),
-                      "the factor x is missing: multiply (R / z) @ Wp element-wise by x")],
+                      "the factor x is missing: multiply (R / z) @ Wp element-wise by x"),
+              Mistake(lambda x, W, R: x * (R @ W.clamp(min=0)),
+                      "the division by z is missing: share R_i in proportion, x ⊙ (rules.safe_div(R, z) @ Wp)")],
     total=lambda ref, args: float(args[2].sum()),
     discussion="On x ≥ 0 the kept set x_j w_ij ≥ 0 is exactly the set of positive weights, so the signed rule "
                "and z+ coincide: the signed rule generalises z+ to inputs of either sign.",

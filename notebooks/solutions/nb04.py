@@ -37,7 +37,10 @@ ex4_1 = Exercise(
                       "this is the map of the predicted class; pass target=<index of the 2nd most likely class>"),
               Mistake(lambda toy, x: explain(toy.model, x, target=int(toy.model(x)[0].argsort(descending=True)[1]))
                       .layers[0, -1, 0, :],
-                      "you kept the [CLS] column: drop it with [1:] to keep the 64 patches")],
+                      "you kept the [CLS] column: drop it with [1:] to keep the 64 patches"),
+              Mistake(lambda toy, x: explain(toy.model, x, target=int(toy.model(x)[0].argsort(descending=True)[1]))
+                      .layers[0, 0, 0, 1:],
+                      "this is the first block's row; take the last block, exp.layers[0, -1, ...]")],
     discussion="The attention A of the forward pass is the same for both classes; the gradient and the "
                "relevance start from another one-hot target, so the map moves with the class.",
 )
@@ -51,6 +54,14 @@ def gradient_change(toy, x):
     change = (norm(with_g) - norm(without)).abs().sum(-1)          # one number per head
     print("L1 change of each head's normalised [CLS] row:", [round(v, 3) for v in change.tolist()])
     return change
+
+
+def _change(toy, x, block=-1, absolute=True):
+    with_g = explain(toy.model, x, keep_heads=True).layers_per_head[0, block, :, 0, 1:]
+    without = explain(toy.model, x, keep_heads=True, use_gradient=False).layers_per_head[0, block, :, 0, 1:]
+    norm = lambda m: m / m.sum(-1, keepdim=True).clamp(min=1e-12)  # noqa: E731
+    d = norm(with_g) - norm(without)
+    return (d.abs() if absolute else d).sum(-1)
 
 
 def _unnormalised(toy, x):
@@ -69,7 +80,12 @@ ex4_2 = Exercise(
            "different scales.",
            "Then (norm_with - norm_without).abs().sum(-1)."],
     mistakes=[Mistake(_unnormalised, "you compared the raw rows; normalise each row to sum 1 first — with and "
-                                     "without the gradient the maps have very different scales")],
+                                     "without the gradient the maps have very different scales"),
+              Mistake(lambda toy, x: _change(toy, x, block=0),
+                      "these are the first block's heads; take the last block, layers_per_head[0, -1, ...]"),
+              Mistake(lambda toy, x: _change(toy, x, absolute=False),
+                      "you summed the signed differences (they cancel); the L1 distance sums their absolute "
+                      "values, (.abs().sum(-1))")],
     discussion="Three heads change a lot (L1 distance above 1.3 of a possible 2) and one hardly at all: the "
                "gradient re-weights the heads' patches class-specifically.",
 )
@@ -98,7 +114,13 @@ ex4_3 = Exercise(
            "without .clamp.",
            "Where do heads cancel? Patches where some head is positive and another negative."],
     mistakes=[Mistake(_clipped, "you clipped before the mean — that is Ā itself; the exercise asks for the mean "
-                                "without clipping")],
+                                "without clipping"),
+              Mistake(lambda toy, x: attention_parts(toy.model, x).relevance[0, -1, :, 0, 1:].mean(0),
+                      "the gradient factor is missing: average ∇A ⊙ R^A (parts.gradient * parts.relevance), not "
+                      "R^A alone"),
+              Mistake(lambda toy, x: (lambda p: (p.gradient * p.relevance)[0, -1, :, 0, 1:].sum(0))(
+                          attention_parts(toy.model, x)),
+                      "you summed over the heads; average them (.mean(0))")],
     discussion="On 20 of the 64 patches some heads are positive and others negative: averaging signed values "
                "cancels evidence, and the unclipped map is dimmer and noisier. Clipping first keeps every "
                "head's positive evidence.",

@@ -35,6 +35,17 @@ def _predicted_only(toy, scenes):
     return out
 
 
+def _swapped_masks(toy, scenes):
+    x = scenes.images[:1]
+    a, b = [int(c) for c in scenes.labels[0]]
+    out = {}
+    for s in (0, 1, 3):
+        sa = own_mask_share(explain(toy.model, x, target=a, start_layer=s).upsample(), scenes.masks[:1, 1])[0]
+        sb = own_mask_share(explain(toy.model, x, target=b, start_layer=s).upsample(), scenes.masks[:1, 0])[0]
+        out[s] = (float(sa), float(sb))
+    return out
+
+
 ex6_1 = Exercise(
     "ex6_1", "Start later", later_starts, difficulty=2, minutes=10, needs=("toy", "scenes"),
     answer="a dict {0: (share_a, share_b), 1: (...), 3: (...)}: for each start_layer, the share of class a's map on "
@@ -42,7 +53,9 @@ ex6_1 = Exercise(
     hints=["explain(toy.model, x, target=a, start_layer=s).upsample() gives the pixel map for class a.",
            "own_mask_share(map, scenes.masks[:1, 0])[0] is the share on object a; masks[:1, 1] is object b."],
     mistakes=[Mistake(_predicted_only, "you explained the predicted class for both objects; pass target=a for "
-                                       "object a and target=b for object b")],
+                                       "object a and target=b for object b"),
+              Mistake(_swapped_masks, "you measured each class's map on the other object's mask; class a goes with "
+                                      "scenes.masks[:1, 0], class b with scenes.masks[:1, 1]")],
     atol=1e-3, rtol=1e-2,
     discussion="Hardly any change (0.15 / 0.37 from block 0, 0.16 / 0.38 from block 3): on the toy model the "
                "evidence is concentrated in the later blocks, so skipping the first ones neither helps nor hurts.",
@@ -67,7 +80,11 @@ ex6_2 = Exercise(
                       "this is the patch map upsampled to pixels; LRP's own pixel map is .pixels[0]"),
               Mistake(lambda toy, scenes: explain(toy.model, scenes.images[:1], method="lrp",
                                                   target=int(scenes.labels[0, 1])).pixels[0],
-                      "this is the map of class b (the second object); pass target=a, int(scenes.labels[0, 0])")],
+                      "this is the map of class b (the second object); pass target=a, int(scenes.labels[0, 0])"),
+              Mistake(lambda toy, scenes: explain(toy.model, scenes.images[:1],
+                                                  target=int(scenes.labels[0, 0])).upsample()[0],
+                      "this is transformer attribution's map (the default method), upsampled; pass "
+                      "method=\"lrp\" and take .pixels[0]")],
     discussion="The LRP pixel map follows edges and texture inside the patches (the zB rule at the patch "
                "embedding), not the object's silhouette as a whole.",
 )

@@ -18,10 +18,10 @@ def context():
 
 
 # ---------------------------------------------------------------- 7.1
-def second_class_r(toy, scenes, column=1):
+def second_class_r(toy, scenes, column=1, partner="token_ablation"):
     t = scenes.labels[:, column]                          # the second object's class in every scene
     cd = explain(toy.model, scenes.images, method="cdam", target=t).scores
-    tam = explain(toy.model, scenes.images, method="token_ablation", target=t).scores
+    tam = explain(toy.model, scenes.images, method=partner, target=t).scores
     r = pooled_correlation(cd, tam)
     print("Pearson r for the second object's class:", round(r, 2))
     return r
@@ -33,7 +33,10 @@ ex7_1 = Exercise(
     hints=["Section 2 uses target=scenes.labels[:, 0]; the second object's class is scenes.labels[:, 1].",
            "pooled_correlation(cdam_scores, ablation_scores) returns one number for all 8 scenes."],
     mistakes=[Mistake(lambda toy, scenes: second_class_r(toy, scenes, column=0),
-                      "this is r for the first object's class (section 2); use target=scenes.labels[:, 1]")],
+                      "this is r for the first object's class (section 2); use target=scenes.labels[:, 1]"),
+              Mistake(lambda toy, scenes: second_class_r(toy, scenes, partner="transformer_attribution"),
+                      "this correlates CDAM with transformer attribution; the reference of section 2 is token "
+                      "ablation (method=\"token_ablation\")")],
     atol=1e-3, rtol=1e-3,
     discussion="r is 0.57 for the second object's class against 0.39 for the first: the agreement between CDAM "
                "and ablation depends on the class, so one number for one class is not a property of the method.",

@@ -1,5 +1,6 @@
-"""Exercises of notebook 8 (explaining BERT). Each needs the notebook's ``text`` and ``batch``."""
+"""Exercises of notebook 8 (explaining BERT). 8.1 needs the notebook's ``text``, 8.2 ``text`` and ``batch``."""
 import numpy as np
+import torch
 
 from lrp_core import explain
 from lrp_core.viz import merge_wordpieces
@@ -23,31 +24,62 @@ def _tokens(text, batch, k):
 
 
 # ---------------------------------------------------------------- 8.1
-def top5_summed(text, batch):
-    tokens, n = _tokens(text, batch, 0)
-    scores = explain(text.model, batch, method="transformer_attribution").scores[0, :n]
-    words, ws = merge_wordpieces(tokens, scores, reduce="sum")
-    top = [words[j] for j in np.argsort(-ws) if words[j] not in ("[CLS]", "[SEP]")][:5]
-    print("sum:", top)
-    return top
+REVIEW = "The screenplay is overwrought and the cinematography breathtaking."
+"""The sentence of exercise 8.1: two of its words are split into pieces (over ##wr ##ough ##t, breath ##taking)."""
 
 
-def _ascending(text, batch):
-    tokens, n = _tokens(text, batch, 0)
-    scores = explain(text.model, batch, method="transformer_attribution").scores[0, :n]
+def _word_ranking(text, sentence=REVIEW, reduce="sum", descending=True, drop_special=True, target=None):
+    """The words of ``sentence`` ranked by their merged transformer-attribution score."""
+    one = text.preprocess([sentence])
+    n = int(one["attention_mask"][0].sum())
+    tokens = text.tokenizer.convert_ids_to_tokens(one["input_ids"][0][:n].tolist())
+    scores = explain(text.model, one, method="transformer_attribution", target=target).scores[0, :n]
+    words, ws = merge_wordpieces(tokens, scores, reduce=reduce)
+    order = np.argsort(-ws if descending else ws)
+    return [words[j] for j in order if not (drop_special and words[j] in ("[CLS]", "[SEP]"))]
+
+
+def ranked_by_sum(text, review=REVIEW):
+    one = text.preprocess([review])                       # the exercise's sentence alone
+    n = int(one["attention_mask"][0].sum())
+    tokens = text.tokenizer.convert_ids_to_tokens(one["input_ids"][0][:n].tolist())
+    scores = explain(text.model, one, method="transformer_attribution").scores[0, :n]
     words, ws = merge_wordpieces(tokens, scores, reduce="sum")
-    return [words[j] for j in np.argsort(ws) if words[j] not in ("[CLS]", "[SEP]")][:5]
+    ranking = [words[j] for j in np.argsort(-ws) if words[j] not in ("[CLS]", "[SEP]")]
+    print("sum:", ranking)
+    return ranking
+
+
+def _other_class(text):
+    one = text.preprocess([REVIEW])
+    with torch.no_grad():
+        predicted = int(text.model(**one).logits[0].argmax())
+    return _word_ranking(text, target=1 - predicted)
 
 
 ex8_1 = Exercise(
-    "ex8_1", "Summed word scores", top5_summed, difficulty=1, minutes=5, needs=("text", "batch"),
-    answer="the list of the 5 top words of the first sentence with reduce=\"sum\" (without [CLS] and [SEP])",
-    hints=["merge_wordpieces(tokens, exp.scores[k, :n], reduce=\"sum\") returns (words, scores).",
-           "np.argsort(-scores) orders the words; skip \"[CLS]\" and \"[SEP]\" and keep 5."],
-    mistakes=[Mistake(_ascending, "these are the 5 *least* relevant words; sort by decreasing score "
-                                  "(np.argsort(-scores))")],
-    discussion="The top 5 does not change: in this sentence the relevant words are single word-pieces, so the "
-               "largest piece and the sum of pieces agree.",
+    "ex8_1", "Summed word scores", ranked_by_sum, difficulty=1, minutes=5, needs=("text",),
+    answer="the list of the words of `review`, ranked by their summed piece scores (highest first), without "
+           "[CLS] and [SEP]",
+    hints=["one = text.preprocess([review]); explain(text.model, one, method=\"transformer_attribution\") "
+           "explains the predicted class; keep the n = int(one[\"attention_mask\"][0].sum()) real tokens.",
+           "merge_wordpieces(tokens, exp.scores[0, :n], reduce=\"sum\") returns (words, scores).",
+           "np.argsort(-scores) orders the words, highest first; skip \"[CLS]\" and \"[SEP]\"."],
+    mistakes=[Mistake(lambda text: _word_ranking(text, reduce="max"),
+                      "this is the ranking by the largest piece (merge_wordpieces' default, section 3); pass "
+                      "reduce=\"sum\""),
+              Mistake(lambda text: _word_ranking(text, descending=False),
+                      "this ranking starts with the *least* relevant word; sort by decreasing score "
+                      "(np.argsort(-scores))"),
+              Mistake(lambda text: _word_ranking(text, drop_special=False),
+                      "your list contains [CLS] and [SEP]: leave the two special tokens out"),
+              Mistake(lambda text: _word_ranking(text, sentence=SENTENCES[0]),
+                      "these are the words of section 3's sentence; explain `review`, the exercise's sentence"),
+              Mistake(_other_class, "this is the map of the other class; explain the predicted class (no target)")],
+    discussion="With the largest piece, \"screenplay\" leads and \"overwrought\" (four pieces) is not in the "
+               "top 5; summed, \"breathtaking\" (two pieces) moves to the top and \"overwrought\" into the top "
+               "5. Summing favours words split into many pieces, the largest piece ignores how many there are: "
+               "choose the reduction before comparing words.",
 )
 
 
@@ -78,7 +110,11 @@ ex8_2 = Exercise(
     padding=_padding_mask,
     mistakes=[Mistake(lambda text, batch: explain(text.model, batch, method="transformer_attribution")
                       .scores[1, :_tokens(text, batch, 1)[1]],
-                      "these are transformer-attribution scores; the exercise asks for method=\"cdam\"")],
+                      "these are transformer-attribution scores; the exercise asks for method=\"cdam\""),
+              Mistake(lambda text, batch: explain(text.model, {key: v[:1] for key, v in batch.items()},
+                                                  method="cdam").scores[0, :_tokens(text, batch, 0)[1]],
+                      "these are the first sentence's scores; the second sentence is row 1 of the batch "
+                      "(v[1:2])")],
     discussion="Only \"mess\" speaks against the (wrong) positive prediction; \"unwatchable\" does not. The model "
                "does see one word that should have made it say negative, but \"beautiful\" outweighs it.",
 )

@@ -48,14 +48,14 @@ ex10_1 = Exercise(
 
 
 # ---------------------------------------------------------------- 10.2
-def own_object_shares(toy, scenes, swap=False):
+def own_object_shares(toy, scenes, swap=False, predicted=False):
     x = scenes.images[:1]
     classes = [int(c) for c in scenes.labels[0]]
     share = {}
     for m in GRID:
         row = []
         for j, c in enumerate(classes):
-            exp = explain(toy.model, x, method=m, target=c)
+            exp = explain(toy.model, x, method=m, target=None if predicted else c)
             mask = scenes.masks[:1, 1 - j if swap else j]
             row.append(float(own_mask_share(exp.upsample(), mask)[0]))
         share[m] = row
@@ -72,7 +72,10 @@ ex10_2 = Exercise(
            "own_mask_share(explain(toy.model, x, method=m, target=c).upsample(), mask)[0] is one share."],
     mistakes=[Mistake(lambda toy, scenes: own_object_shares(toy, scenes, swap=True),
                       "you measured each class's map on the *other* object's mask; class j goes with "
-                      "scenes.masks[:1, j]")],
+                      "scenes.masks[:1, j]"),
+              Mistake(lambda toy, scenes: own_object_shares(toy, scenes, predicted=True),
+                      "you explained the predicted class for both objects; explain class j (target=c) for "
+                      "object j")],
     atol=1e-3, rtol=1e-2,
     discussion="Transformer attribution and CDAM put more relevance on the square when asked about the square "
                "(0.37 / 0.35) than rollout does (0.11): they are class-specific. A class-agnostic method draws the "

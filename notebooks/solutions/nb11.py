@@ -71,6 +71,9 @@ ex11_1 = Exercise(
     mistakes=[Mistake(_plain(halve=False, identity=False),
                       "this is plain gradient × input: the GELU passed its ordinary derivative and the product "
                       "gave each factor the whole gradient — use the identity rule and the ÷2"),
+              Mistake(_plain(halve=False, identity=True),
+                      "the identity rule is right, but the product gave each factor the whole gradient (a missing "
+                      "÷2): use the uniform rule, ATTNLRP.rule(MATMUL_AV), which halves it"),
               Mistake(_plain(halve=True, identity=False),
                       "the ÷2 is right, but the GELU passed its ordinary derivative; AttnLRP replaces it by "
                       "gelu(a)/a (the identity rule), so that the GELU passes relevance on unchanged")],
