@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 SOLUTIONS = NOTEBOOKS / "solutions"
 #: The checker machinery, copied as it is (it holds no solution).
-NO_RECORD = ("__init__.py", "exercise.py")
+PLAIN_FILES = ("__init__.py", "exercise.py")
 SHOWN = "SOLUTIONS_SHOWN = True"
 
 PACKED_MODULE = '''"""Exercises of notebook {n} — learner's copy.
@@ -89,7 +89,7 @@ def write_copy(out: Path, notebooks: list[int] | None = None) -> Path:
             shutil.copy2(nb, dest / nb.name)
     for extra in NOTEBOOKS.glob("*.cfg"):  # nbval's sanitiser, so the copy can be validated as it is
         shutil.copy2(extra, dest / extra.name)
-    for name in NO_RECORD:
+    for name in PLAIN_FILES:
         text = (SOLUTIONS / name).read_text(encoding="utf-8")
         if name == "exercise.py":
             if text.count(SHOWN) != 1:
