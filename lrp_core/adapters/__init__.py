@@ -80,7 +80,8 @@ def _is_mixture_of_experts(model: nn.Module) -> bool:
 
 #: the mixture-of-experts decoders an adapter explains (their rows in ADAPTERS)
 MOE_CLASSES = ("MixtralForCausalLM", "MixtralForSequenceClassification", "Qwen2MoeForCausalLM",
-               "Qwen2MoeForSequenceClassification", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification")
+               "Qwen2MoeForSequenceClassification", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification",
+               "OlmoeForCausalLM")
 
 
 def _is_other_mixture_of_experts(model: nn.Module) -> bool:
@@ -200,11 +201,11 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "its softmax (a per-head term in the denominator that no key carries), the experts' SwiGLU clamps gate and up "
      "(min(g, limit), up clamped to ±limit) and scales it as g·sigmoid(1.702·g)·(up + 1), with biases on the "
      "router and every expert — operations the block description does not cover. Use Mixtral, Qwen2-MoE, "
-     "Qwen3-MoE or a dense decoder"),
+     "Qwen3-MoE, OLMoE or a dense decoder"),
     ("other mixture-of-experts decoders (DeepSeek, DBRX, Jamba, ...)", _is_other_mixture_of_experts,
      "a router picks a few experts per token in a way no adapter describes (grouped or biased top-k, sigmoid "
      "scoring, experts fused or sliced differently, or recurrent mixers beside them). The mixture-of-experts "
-     "decoders explained are Mixtral, Qwen2-MoE and Qwen3-MoE; or use a dense decoder (Llama, Mistral, Qwen2 / "
+     "decoders explained are Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE; or use a dense decoder (Llama, Mistral, Qwen2 / "
      "Qwen2.5, Qwen3, Gemma 3, Phi-3, GPT-2)"),
     ("Gemma 2 and soft-capped decoders", _is_soft_capped,
      "attention-logit and final-logit soft-capping (cap · tanh(x / cap) on the attention scores and on the "
@@ -241,6 +242,8 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("Qwen2MoeForCausalLM", "Qwen2MoeForSequenceClassification"), _decoder("qwen2_moe", "Qwen2MoeAdapter")),
     ("Hugging Face MixtralForCausalLM / MixtralForSequenceClassification (mixture of experts, sliding window)",
      _named("MixtralForCausalLM", "MixtralForSequenceClassification"), _decoder("mixtral", "MixtralAdapter")),
+    ("Hugging Face OlmoeForCausalLM (OLMoE: mixture of experts, q/k norms over all heads)",
+     _named("OlmoeForCausalLM"), _decoder("olmoe", "OlmoeAdapter")),
     ("Hugging Face GPT2LMHeadModel / GPT2ForSequenceClassification (GPT-2, DistilGPT-2)",
      _named("GPT2LMHeadModel", "GPT2ForSequenceClassification"), _decoder("gpt2", "GPT2Adapter")),
     ("Hugging Face Gemma3ForCausalLM / Gemma3TextForSequenceClassification (Gemma 3 text: gemma-3-270m, 1b)",

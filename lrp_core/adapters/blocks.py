@@ -61,6 +61,8 @@ class AttentionSpec:
     ``softmax_dtype``: the dtype the model's softmax computes in (Hugging Face eager: float32, cast back);
     ``sdpa``: the model runs fused attention, so a modified-gradient replay may too (no N×N map in memory);
     ``causal``: causal attention — where the fused replay gets no mask (no padding, no window), the kernel's own.
+    ``norm_whole``: ``q_norm`` / ``k_norm`` normalise the whole projection (every head together, OLMoE) before
+    it is split into heads, not each head's d channels.
     """
 
     proj: nn.Linear
@@ -82,6 +84,7 @@ class AttentionSpec:
     softmax_dtype: Optional[torch.dtype] = None
     sdpa: bool = False
     causal: bool = False
+    norm_whole: bool = False
 
     @property
     def kv_heads(self) -> int:
@@ -259,6 +262,10 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
                        for t in lin["qkv"].split([H * d, Hkv * d, Hkv * d], dim=-1))
         return lin, r.norm(p.q_norm, q), r.norm(p.k_norm, k), v
     lin = {n: r.module(LINEAR, m, h) for n, m in (("q", p.q), ("k", p.k), ("v", p.v))}
+    if p.norm_whole:  # the norms over all heads' channels at once, then the heads
+        q, k, v = (t.reshape(B, N, -1, d).transpose(1, 2)
+                   for t in (r.norm(p.q_norm, lin["q"]), r.norm(p.k_norm, lin["k"]), lin["v"]))
+        return lin, q, k, v
     q, k, v = (lin[n].reshape(B, N, -1, d) for n in "qkv")
     return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
 
@@ -533,15 +540,20 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
         R_q = prop(ROPE, (rec.q_pre, cos, sin), R_q, output=rec.q)[0]
         R_k = prop(ROPE, (rec.k_pre, cos, sin), R_k, output=rec.k)[0]
         q, k = rec.q_pre, rec.k_pre
-    R_q = prop.unary(norm_kind(p.q_norm), q, R_q, p.q_norm)
-    R_k = prop.unary(norm_kind(p.k_norm), k, R_k, p.k_norm)
+    flat = lambda t: t.transpose(1, 2).reshape(B, N, -1)  # noqa: E731  (B, H, N, d) -> (B, N, H·d)
+    if p.norm_whole:  # the norms read the whole projections: their relevance laid out as those outputs
+        heads = lambda t: t.reshape(B, N, -1, d).transpose(1, 2)  # noqa: E731
+        R_q = heads(prop.unary(norm_kind(p.q_norm), rec.lin["q"], flat(R_q), p.q_norm))
+        R_k = heads(prop.unary(norm_kind(p.k_norm), rec.lin["k"], flat(R_k), p.k_norm))
+    else:
+        R_q = prop.unary(norm_kind(p.q_norm), q, R_q, p.q_norm)
+        R_k = prop.unary(norm_kind(p.k_norm), k, R_k, p.k_norm)
     if p.qkv is not None:
         if groups == 1:
             R_qkv = torch.stack([R_q, R_k, R_v], dim=2).transpose(1, 3).reshape(B, N, 3 * H * d)
         else:
             R_qkv = torch.cat([t.transpose(1, 2).reshape(B, N, -1) for t in (R_q, R_k, R_v)], dim=-1)
         return R_A, prop.linear(p.qkv, rec.h, R_qkv, out=rec.lin["qkv"])
-    flat = lambda t: t.transpose(1, 2).reshape(B, N, -1)  # noqa: E731
     R_parts = [prop.linear(m, rec.h, flat(r), out=rec.lin[n])
                for n, m, r in (("q", p.q, R_q), ("k", p.k, R_k), ("v", p.v, R_v))]
     return R_A, prop.clone(rec.h, *R_parts)  # the three-way Clone
