@@ -476,7 +476,7 @@ def _mlp_relprop(p: MlpSpec, rec: BlockRecord, R_g: Tensor, prop: Propagation) -
 
 
 def _expert_relprop(p: MlpSpec, rec: MlpRecord, R: Tensor, prop: Propagation) -> Tensor:
-    """Relevance of an expert's output (P, D) -> of its input (P, D): its down projection, then the gated MLP's rules."""
+    """Relevance of an expert's output (P, D) -> of its input (P, D): down projection, then the gated MLP's rules."""
     return _mlp_relprop(p, rec, prop.linear(p.fc2, rec.g, R, out=rec.lin["fc2"]), prop)
 
 

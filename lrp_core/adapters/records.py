@@ -324,5 +324,6 @@ class TokenLayout:
         return scores * mask.to(scores.dtype)
 
 
-__all__ = ["AttentionRecord", "BlockRecord", "MlpRecord", "ExpertRun", "MoeRecord", "ReadoutRecord", "EmbeddingRecord", "Trace", "BlockRelevance",
+__all__ = ["AttentionRecord", "BlockRecord", "MlpRecord", "ExpertRun", "MoeRecord", "ReadoutRecord",
+           "EmbeddingRecord", "Trace", "BlockRelevance",
            "TokenLayout"]
