@@ -199,9 +199,10 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ("GPT-OSS", _hf_type("gpt_oss"),
      "its mixture-of-experts layers are replayed by no adapter: every attention head adds a learned sink logit to "
      "its softmax (a per-head term in the denominator that no key carries), the experts' SwiGLU clamps gate and up "
-     "(min(g, limit), up clamped to ±limit) and scales it as g·sigmoid(1.702·g)·(up + 1), with biases on the "
-     "router and every expert — operations the block description does not cover. Use Mixtral, Qwen2-MoE, "
-     "Qwen3-MoE, OLMoE or a dense decoder"),
+     "(min(g, limit), up clamped to ±limit; gate and up interleaved in one projection) and computes "
+     "g·sigmoid(α·g)·(up + 1), the router takes the softmax over its top-k logits only, and router and experts "
+     "carry biases — operations the block description does not cover. Use Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE "
+     "or a dense decoder"),
     ("other mixture-of-experts decoders (DeepSeek, DBRX, Jamba, ...)", _is_other_mixture_of_experts,
      "a router picks a few experts per token in a way no adapter describes (grouped or biased top-k, sigmoid "
      "scoring, experts fused or sliced differently, or recurrent mixers beside them). The mixture-of-experts "
