@@ -11,6 +11,7 @@ Shapes: E experts, F an expert's hidden width, D the model width.
 """
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Optional
 
 import torch
@@ -104,6 +105,20 @@ class MoeDecoderAdapter(DecoderAdapter):
                                             for e in range(E)])
         self._shared(mlp, spec)
         return spec
+
+    @cached_property
+    def module_names(self) -> dict:
+        """The model's module → qualified name, each view named too: the router's as the router
+        (``model.layers.0.mlp.gate``), an expert's as ``model.layers.0.mlp.experts.<e>.gate_up_proj`` /
+        ``.down_proj`` — the views are not modules of the model, and a composite's name patterns must reach them."""
+        names = dict(DecoderAdapter.module_names.func(self))
+        for spec in self.blocks:
+            if isinstance(spec.mlp, MoeSpec):
+                names[spec.mlp.router] = names[spec.mlp.router.owner]
+                for e, expert in enumerate(spec.mlp.experts):
+                    for view in (expert.fc1, expert.fc2):
+                        names[view] = f"{names[view.owner]}.{e}.{view.pname}"
+        return names
 
     def _shared(self, mlp: nn.Module, spec: MoeSpec) -> None:
         """A family with a shared expert adds it to ``spec`` here (default: none)."""

@@ -243,3 +243,18 @@ def test_gpt_oss_and_other_mixtures_stay_refused_with_their_reason():
     with pytest.raises(UnsupportedModelError, match="sink") as err:
         get_adapter(gpt_oss)
     assert "clamp" in str(err.value) and "Qwen3-MoE" in str(err.value)
+
+
+def test_name_patterns_reach_the_experts_and_the_router():
+    """A composite's name patterns see the expert and router views by the names of the weights they read."""
+    from lrp_core.rules import GammaGradient
+
+    model = make_decoder("qwen3_moe")
+    names = set(get_adapter(model).module_names.values())
+    assert {"model.layers.1.mlp.experts.3.gate_up_proj", "model.layers.1.mlp.experts.3.down_proj",
+            "model.layers.1.mlp.gate"} <= names
+    inputs = batch(rows(), "right")
+    plain = lrp_core.explain(model, inputs, method="attnlrp").scores
+    gamma = lrp_core.explain(model, inputs, method="attnlrp",
+                             composite=C.ATTNLRP.with_rules(by_name={"*.mlp.experts.*": GammaGradient(0.25)})).scores
+    assert torch.isfinite(gamma).all() and not torch.allclose(gamma, plain)
