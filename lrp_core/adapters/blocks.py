@@ -118,7 +118,7 @@ class MlpSpec:
 
 @dataclass
 class MoeSpec:
-    """A mixture-of-experts MLP (docs/METHODS.md §2f): ``Σ_{e ∈ top-k} w_e · expert_e(x)``, plus
+    """A mixture-of-experts MLP (docs/METHODS.md §2c.4): ``Σ_{e ∈ top-k} w_e · expert_e(x)``, plus
     ``sigmoid(shared_gate(x)) · shared(x)`` where there is a shared expert (Qwen2-MoE).
 
     ``router``: Linear-like, x (…, D) -> logits (…, E); the routing weights are ``softmax`` of the logits (in
@@ -481,7 +481,7 @@ def _expert_relprop(p: MlpSpec, rec: MlpRecord, R: Tensor, prop: Propagation) ->
 
 
 def moe_relprop(p: MoeSpec, rec: MoeRecord, R: Tensor, prop: Propagation) -> Tensor:
-    """Relevance of a mixture-of-experts MLP's output (T, D) -> of its input (T, D) (docs/METHODS.md §2f).
+    """Relevance of a mixture-of-experts MLP's output (T, D) -> of its input (T, D) (docs/METHODS.md §2c.4).
 
     The per-token sum (EXPERT_SUM) shares R among the k (+1) summands; each ``w_e · expert_e(x)`` is a product
     of two operands (GATE_MUL): the expert's share goes through its MLP to its tokens, the weight's through the

@@ -1,7 +1,7 @@
 """Mixtral decoders: ``MixtralForCausalLM`` and ``MixtralForSequenceClassification``.
 
 Mistral's attention (one sliding window for every layer where ``config.sliding_window`` is set) and a
-mixture-of-experts MLP in every layer (docs/METHODS.md §2f): softmax over the router's logits, the top
+mixture-of-experts MLP in every layer (docs/METHODS.md §2c.4): softmax over the router's logits, the top
 ``num_experts_per_tok``, always renormalised to sum 1. The router's jitter noise acts in training mode only
 (the replay is inference).
 """

@@ -1,4 +1,4 @@
-"""Mixture-of-experts decoders (docs/METHODS.md §2f): the part every MoE family shares.
+"""Mixture-of-experts decoders (docs/METHODS.md §2c.4): the part every MoE family shares.
 
 Hugging Face's MoE layers (transformers 5) keep a router (``mlp.gate``: a ``weight`` (E, D), ``top_k``) and the
 experts' weights stacked in one module (``mlp.experts``: ``gate_up_proj`` (E, 2F, D), gate rows first, and

@@ -1,7 +1,7 @@
 """OLMoE decoders: ``OlmoeForCausalLM``.
 
 Llama's layout with RMSNorms on the whole query and key projections (every head's channels together, before
-they are split into heads) and a mixture-of-experts MLP in every layer (docs/METHODS.md §2f): softmax over the
+they are split into heads) and a mixture-of-experts MLP in every layer (docs/METHODS.md §2c.4): softmax over the
 router's logits, the top ``num_experts_per_tok``, renormalised where ``norm_topk_prob``. ``config.clip_qkv``
 (clamping q, k, v) is refused: a clamp the rules do not describe.
 """

@@ -1,7 +1,7 @@
 """Qwen2-MoE decoders: ``Qwen2MoeForCausalLM`` and ``Qwen2MoeForSequenceClassification``.
 
 Qwen2's attention (q/k/v biases, sliding windows on the layers ``config.layer_types`` marks) and a
-mixture-of-experts MLP (docs/METHODS.md §2f) with a shared expert: every token also goes through
+mixture-of-experts MLP (docs/METHODS.md §2c.4) with a shared expert: every token also goes through
 ``mlp.shared_expert`` (a gated MLP), weighted by ``sigmoid(mlp.shared_expert_gate(x))`` — one more summand,
 its gate a routing weight of its own.
 """

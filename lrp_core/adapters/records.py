@@ -122,7 +122,7 @@ class ExpertRun:
 
 @dataclass
 class MoeRecord:
-    """One mixture-of-experts MLP (docs/METHODS.md §2f), tokens flattened (T = B·N).
+    """One mixture-of-experts MLP (docs/METHODS.md §2c.4), tokens flattened (T = B·N).
 
     Attributes:
         x: (T, D) its input.

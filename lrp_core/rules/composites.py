@@ -429,7 +429,7 @@ ATTNLRP = Composite(
 )
 
 #: CP-LRP (Ali et al., ICML 2022): AttnLRP's rules, but Q and K detached, the gate detached, no halving: ``cp_lrp``.
-#: Mixture-of-experts: the routing weights detached too (ROUTE), so a routed product is linear in its expert (§2f).
+#: Mixture-of-experts: the routing weights detached too (ROUTE), so a routed product is linear in its expert (§2c.4).
 CP_LRP = ATTNLRP.with_rules("cp_lrp", by_kind={MATMUL_QK: DetachedOperands(), MATMUL_AV: Gradient(),
                                               GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP(),
                                               ROUTE: DetachedOperands()})

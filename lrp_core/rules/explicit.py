@@ -268,7 +268,7 @@ class Routing(ExplicitRule):
     """A router's logits to its routing weights (softmax, top-k, renormalisation; or a shared expert's sigmoid
     gate): relevance passes unchanged, each chosen expert's weight's relevance to its logit, none to the others
     (the top-k choice itself carries none). ``op.inputs`` = (logits (T, E), chosen (T, k)) with R (T, k), or
-    (logit (T, 1),) with R (T, 1). docs/METHODS.md §2f.
+    (logit (T, 1),) with R (T, 1). docs/METHODS.md §2c.4.
     """
 
     name = "routing"
@@ -283,7 +283,7 @@ class Routing(ExplicitRule):
 
 class NormalizedSum(ExplicitRule):
     """:func:`lrp_core.rules.functional.sum_normalized` — the normalised add of the k (+1) experts summed per token.
-    docs/METHODS.md §2f."""
+    docs/METHODS.md §2c.4."""
 
     name = "normalized_sum"
     kinds = (EXPERT_SUM,)
@@ -295,7 +295,7 @@ class NormalizedSum(ExplicitRule):
 
 class GenericSum(ExplicitRule):
     """:func:`lrp_core.rules.functional.sum_generic` — each expert's share of the per-token sum (the LRP
-    baseline). docs/METHODS.md §2f."""
+    baseline). docs/METHODS.md §2c.4."""
 
     name = "generic_sum"
     kinds = (EXPERT_SUM,)

@@ -43,7 +43,7 @@ ROPE = "rope"  # rotary position embedding of q or k: inputs (x, cos, sin), rota
 KV_REPEAT = "kv_repeat"  # key/value heads shared by several query heads (GQA/MQA): (B, Hkv, N, d) -> (B, H, N, d)
 GATE_MUL = "gate_mul"  # the gated MLP's product act(gate(x)) ⊙ up(x): inputs (act(gate), up)
 ATTENTION = "attention"  # fused softmax(q·kᵀ·scale + bias)·v (sdpa), inputs (q, k, v) with k, v not repeated
-# mixture-of-experts MLPs (docs/METHODS.md §2f); the product w_e · expert_e(x) is a GATE_MUL
+# mixture-of-experts MLPs (docs/METHODS.md §2c.4); the product w_e · expert_e(x) is a GATE_MUL
 ROUTE = "route"  # router logits -> routing weights: inputs (logits (T, E), chosen experts (T, k)) for softmax, top-k
 #                  (renormalised where configured); (logit (T, 1),) for a shared expert's sigmoid gate
 EXPERT_SUM = "expert_sum"  # Σ of the weighted experts' outputs per token: inputs (parts (P, D), their tokens (P,))

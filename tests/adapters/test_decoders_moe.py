@@ -1,4 +1,4 @@
-"""Mixture-of-experts decoders: Qwen3-MoE, Qwen2-MoE (shared expert), Mixtral, OLMoE (docs/METHODS.md §2f).
+"""Mixture-of-experts decoders: Qwen3-MoE, Qwen2-MoE (shared expert), Mixtral, OLMoE (docs/METHODS.md §2c.4).
 
 Tiny seeded models (tests/decoders.py: hidden 32, 2 blocks, 4 experts, top-2), float64. What is checked:
 * the replay's logits are the model's own (eager and sdpa, LM head and classifier, padded left / right);
