@@ -10,7 +10,7 @@ the sibling ``scripts/check_against_lxt.py``; this script shares its helpers and
 Run from the project venv::
 
     .venv/bin/python scripts/check_decoders_against_lxt.py [--lxt-python /work/lxt-venv/bin/python]
-        [--families llama,qwen2,qwen3,gemma3,gpt2] [--methods attnlrp,cp_lrp]
+        [--families llama,qwen2,qwen3,gemma3,gpt2,qwen3_moe] [--methods attnlrp,cp_lrp]
         [--write-fixtures tests/fixtures/lxt/decoders | none] [--with-encoders]
     .venv/bin/python scripts/check_decoders_against_lxt.py --compare-only   # committed fixtures, no LXT
 
@@ -19,7 +19,8 @@ What it does:
 1. here: builds a tiny seeded model per family (hidden 32, 2 blocks, 4 query / 2 key-value heads,
    vocabulary 64, RoPE; Qwen2 with q/k/v biases, Qwen3 with q/k norms, Gemma 3 text with its four
    norms per block, √D embedding scale, ``query_pre_attn_scalar`` ≠ head_dim and one sliding (window
-   4) and one global layer; GPT-2), draws EVERY parameter at random (norm weights included) and
+   4) and one global layer; GPT-2; Qwen3-MoE with 4 experts, top-2, renormalised — attnlrp only: LXT's
+   Qwen3-MoE module has no CP-LRP map), draws EVERY parameter at random (norm weights included) and
    saves config, float64 state dict and three unpadded sequences (5, 9, 12 tokens);
 2. under the LXT python, once per (family, method) because LXT's patches are global: rebuilds the
    model, patches ``transformers.models.<family>.modeling_<family>`` with LXT's own map
@@ -49,16 +50,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from check_against_lxt import DTYPES, METHODS_CHECKED, TOL, rel  # noqa: E402  (shared helpers)
-from lxt_decoders import build_model, pad  # noqa: E402  (the tests' loader: both sides build models alike)
+from lxt_decoders import build_model, methods_of, pad  # noqa: E402  (the tests' loader: both sides build alike)
 
 SEED = 20261124
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "gpt2")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "gpt2", "qwen3_moe")
 LENGTHS = (5, 9, 12)  # three unpadded rows of different lengths
 VOCAB = 64
 FIRST_ID = 3  # sequences use ids >= 3 (0, 1, 2 are pad / bos / eos in the configs)
 LXT_MAP_NAME = {"attnlrp": "attnLRP", "cp_lrp": "cp_LRP"}
 MODEL_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-               "gemma3": "Gemma3ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+               "gemma3": "Gemma3ForCausalLM", "gpt2": "GPT2LMHeadModel", "qwen3_moe": "Qwen3MoeForCausalLM"}
 # families without any additive constant (no biases, no LayerNorm beta, no position embedding):
 # CP-LRP's backward is then linear in the embeddings and sum(scores) = target logit.
 BIAS_FREE = ("llama", "qwen3", "gemma3")
@@ -74,6 +75,9 @@ CONFIGS = {
                    layer_types=["sliding_attention", "full_attention"], hidden_activation="gelu_pytorch_tanh"),
     "gpt2": dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_inner=48, n_positions=64,
                  bos_token_id=1, eos_token_id=2),
+    # 4 experts, top-2, renormalised; per-head q/k norms (LXT: attnLRP only)
+    "qwen3_moe": dict(_RMS, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                      norm_topk_prob=True),
 }
 
 
@@ -83,7 +87,7 @@ def config_class(family: str):
     import transformers
     return {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
             "qwen3": transformers.Qwen3Config, "gemma3": transformers.Gemma3TextConfig,
-            "gpt2": transformers.GPT2Config}[family]
+            "gpt2": transformers.GPT2Config, "qwen3_moe": transformers.Qwen3MoeConfig}[family]
 
 
 def randomise_(model: torch.nn.Module, seed: int) -> None:
@@ -112,6 +116,11 @@ def randomise_(model: torch.nn.Module, seed: int) -> None:
         elif type(mod).__name__.endswith("RMSNorm"):
             # Gemma multiplies by (1 + w) (w initialised at 0); the others by w (initialised at 1)
             rnd(mod.weight, 0.2, 0.0 if "Gemma" in type(mod).__name__ else 1.0)
+        elif type(mod).__name__.endswith("Experts"):  # stacked (E, 2F, D) and (E, D, F) expert weights
+            rnd(mod.gate_up_proj, mod.gate_up_proj.shape[-1] ** -0.5)
+            rnd(mod.down_proj, mod.down_proj.shape[-1] ** -0.5)
+        elif type(mod).__name__.endswith("TopKRouter"):  # the router's (E, D) weight (initialised at 0)
+            rnd(mod.weight, mod.weight.shape[-1] ** -0.5)
         elif own:
             raise RuntimeError(f"randomise_: no rule for {name} ({type(mod).__name__})")
     left = [n for n, p in model.named_parameters() if id(p) not in done]
@@ -162,10 +171,10 @@ def lxt_commit() -> str:
 def patched_names(modeling, family: str) -> dict:
     """Which functions/classes now come from LXT (proof that the map was applied)."""
     mlp = {"llama": "LlamaMLP", "qwen2": "Qwen2MLP", "qwen3": "Qwen3MLP", "gemma3": "Gemma3MLP",
-           "gpt2": "GPT2MLP"}[family]
+           "gpt2": "GPT2MLP", "qwen3_moe": "Qwen3MoeExperts"}[family]
     norm = {"gpt2": ("LayerNorm", "forward"), "gemma3": ("Gemma3RMSNorm", "_norm"),
             "llama": ("LlamaRMSNorm", "forward"), "qwen2": ("Qwen2RMSNorm", "forward"),
-            "qwen3": ("Qwen3RMSNorm", "forward")}[family]
+            "qwen3": ("Qwen3RMSNorm", "forward"), "qwen3_moe": ("Qwen3MoeRMSNorm", "forward")}[family]
     norm_cls = torch.nn.LayerNorm if family == "gpt2" else getattr(modeling, norm[0])
     return {"eager_attention_forward": modeling.eager_attention_forward.__module__,
             "ALL_ATTENTION_FUNCTIONS[sdpa]": modeling.ALL_ATTENTION_FUNCTIONS["sdpa"].__module__,
@@ -221,7 +230,7 @@ def self_checks(workdir: Path, families: list, methods: list, dtypes: list) -> b
     ok = True
     print("\nReference self-checks (LXT git HEAD):")
     for family in families:
-        for method in methods:
+        for method in [m for m in methods if m in methods_of(family)]:
             for dn in dtypes:
                 fx = torch.load(workdir / f"{family}__{method}__{dn}.pt")
                 model = build_model(fx["model_class"], fx["config"], fx["state_dict"], DTYPES[dn])
@@ -269,7 +278,7 @@ def compare(workdir: Path, families: list, methods: list, dtypes: list) -> bool:
     ok = True
     print(f"\n{'family':7s} {'method':8s} {'dtype':8s} {'attn':6s} {'batch':6s} {'max|d|/max|ref| (per row)':>26s}")
     for family in families:
-        for method in methods:
+        for method in [m for m in methods if m in methods_of(family)]:
             for dn in dtypes:
                 fx = torch.load(workdir / f"{family}__{method}__{dn}.pt")
                 for attn in ("eager", "sdpa"):
@@ -295,7 +304,7 @@ def compare(workdir: Path, families: list, methods: list, dtypes: list) -> bool:
 
 def run_reference(workdir: Path, lxt_python: str, families: list, methods: list, dtypes: list) -> None:
     for family in families:
-        for method in methods:
+        for method in [m for m in methods if m in methods_of(family)]:
             print(f"[reference] LXT: {family} {method} ...", flush=True)
             cmd = [lxt_python, os.path.abspath(__file__), "--reference-mode", str(workdir), "--families", family,
                    "--methods", method, "--dtype", ",".join(dtypes)]

@@ -21,7 +21,14 @@ FAMILIES = {
     "gpt2": ("gpt2", "GPT2LMHeadModel", "GPT2ForSequenceClassification", "GPT2Config"),
     "gemma3": ("gemma3", "Gemma3ForCausalLM", "Gemma3TextForSequenceClassification", "Gemma3TextConfig"),
     "phi3": ("phi3", "Phi3ForCausalLM", "Phi3ForSequenceClassification", "Phi3Config"),
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification", "Qwen3MoeConfig"),
+    "qwen2_moe": ("qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeForSequenceClassification", "Qwen2MoeConfig"),
+    "mixtral": ("mixtral", "MixtralForCausalLM", "MixtralForSequenceClassification", "MixtralConfig"),
+    "olmoe": ("olmoe", "OlmoeForCausalLM", None, "OlmoeConfig"),  # no sequence classifier in transformers
 }
+
+#: the mixture-of-experts families: 4 experts, top-2 (their own configuration in ``_config``)
+MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 
 #: the gpt2 helper's families (tests/adapters/test_decoders_gpt2.py etc.): configurations that differ from Llama's
 GPT2_HELPER_FAMILIES = ("gpt2", "gemma3", "phi3")
@@ -59,6 +66,17 @@ def _config(family: str, attn: str, **overrides):
         kw.update(use_sliding_window=True, sliding_window=4, max_window_layers=1)  # layer 1 slides
     if family == "qwen3":
         kw.update(head_dim=8)
+    if family in MOE_FAMILIES:  # the experts one by one, as the replay runs them (grouped_mm has no float64)
+        kw.update(experts_implementation="eager")
+    if family == "qwen3_moe":  # per-head q/k norms; routed weights renormalised
+        kw.update(head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True)
+    if family == "qwen2_moe":  # not renormalised; a shared expert with its sigmoid gate; layer 1 slides
+        kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                  norm_topk_prob=False, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    if family == "mixtral":
+        kw.update(num_local_experts=4, num_experts_per_tok=2, sliding_window=4)
+    if family == "olmoe":  # q/k norms over the whole projections
+        kw.update(num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, bos_token_id=1, eos_token_id=1)
     kw.update(overrides)
     return getattr(transformers, FAMILIES[family][3])(**kw)
 

@@ -23,8 +23,15 @@ from pathlib import Path
 import torch
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lxt" / "decoders"
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "gpt2")
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "gpt2", "qwen3_moe")
 METHODS = ("attnlrp", "cp_lrp")
+#: the methods LXT has a patch for, where not both (LXT's Qwen3-MoE module defines attnLRP only)
+FAMILY_METHODS = {"qwen3_moe": ("attnlrp",)}
+
+
+def methods_of(family: str) -> tuple:
+    """The methods of :data:`METHODS` with an LXT fixture for ``family``."""
+    return FAMILY_METHODS.get(family, METHODS)
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 ATTN = ("eager", "sdpa")
 
@@ -42,6 +49,8 @@ def build_model(model_class: str, config: dict, state_dict: dict, dtype: torch.d
     cls = getattr(transformers, model_class)
     conf = cls.config_class.from_dict(dict(config))
     conf._attn_implementation = attn
+    if any(getattr(conf, k, None) for k in ("num_experts", "num_local_experts")):
+        conf._experts_implementation = "eager"  # the experts one by one (grouped_mm takes no float64)
     model = cls(conf).to(dtype)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", {})]

@@ -36,6 +36,18 @@ def test_decoder_cases_are_the_issue_sizes_unless_a_grid_is_given():
             cfg.intermediate_size, cfg.vocab_size, cfg._attn_implementation) == (512, 8, 8, 2, 1376, 32000, "sdpa")
 
 
+def test_the_mixture_of_experts_row_is_a_qwen3_moe_of_the_llama_rows_shape():
+    assert [c.size for c in bench.make_cases(["qwen3-moe"])] == ["1 × 1024"]
+    assert bench._models(bench._parser(), None, quick=False, decoders=True) == ["llama", "qwen3-moe"]
+    cfg = bench_models.qwen3_moe_config()
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.num_experts, cfg.num_experts_per_tok, cfg.vocab_size, cfg._attn_implementation) == \
+        (512, 8, 8, 2, 8, 2, 32000, "sdpa")
+    with torch.device("meta"):  # the engine takes it (an adapter row, not a refusal)
+        from lrp_core.adapters import get_adapter
+        assert type(get_adapter(bench_models.build_model("qwen3-moe"))).__name__ == "Qwen3MoeAdapter"
+
+
 def test_decoder_inputs_and_baseline():
     """tiny-llama: unpadded ids; the baseline's backward reaches the LM head and leaves no gradients behind."""
     model, inputs = bench.prepare(Case("tiny-llama", 2, 16))

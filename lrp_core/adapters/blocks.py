@@ -13,7 +13,7 @@ Shapes: B batch, N tokens, D width, H heads, d head width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable, ClassVar, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +25,7 @@ from ..rules.ops import (
     ADD,
     ATTENTION,
     ELEMENTWISE,
+    EXPERT_SUM,
     GATE_MUL,
     KV_REPEAT,
     LINEAR,
@@ -33,11 +34,12 @@ from ..rules.ops import (
     MATMUL_QK,
     MODIFIED_GRADIENT,
     ROPE,
+    ROUTE,
     SCALE,
     SOFTMAX,
     norm_kind,
 )
-from .records import AttentionRecord, BlockRecord
+from .records import AttentionRecord, BlockRecord, ExpertRun, MlpRecord, MoeRecord
 
 IDENTITY = nn.Identity()
 LAYOUTS = ("pre_ln", "post_ln")
@@ -58,7 +60,9 @@ class AttentionSpec:
     ``sdpa``: the model runs fused attention, so a modified-gradient replay may too (no N×N map in memory);
     ``causal``: causal attention — where the fused replay gets no mask (no padding, no window), the kernel's own;
     ``rotary_dtype``: the dtype q and k are rounded to before they are rotated (ModernBERT rotates float32 copies,
-    so a float64 model's rotated q and k carry float32 round-off); ``None``: rotated as they are.
+    so a float64 model's rotated q and k carry float32 round-off); ``None``: rotated as they are;
+    ``norm_whole``: ``q_norm`` / ``k_norm`` normalise the whole projection (every head together, OLMoE) before
+    it is split into heads, not each head's d channels.
 
     Vision rotary embeddings (timm EVA): ``rope_skip`` leading tokens (class, register tokens) are not rotated,
     and the rotary tables then cover the other tokens only, (B or 1, N − rope_skip, d); ``rope_interleaved``:
@@ -89,6 +93,7 @@ class AttentionSpec:
     rope_skip: int = 0
     rope_interleaved: bool = False
     rotary_dtype: Optional[torch.dtype] = None
+    norm_whole: bool = False
 
     @property
     def kv_heads(self) -> int:
@@ -121,6 +126,41 @@ class MlpSpec:
 
 
 @dataclass
+class MoeSpec:
+    """A mixture-of-experts MLP (docs/METHODS.md §2c.4): ``Σ_{e ∈ top-k} w_e · expert_e(x)``, plus
+    ``sigmoid(shared_gate(x)) · shared(x)`` where there is a shared expert (Qwen2-MoE).
+
+    ``router``: Linear-like, x (…, D) -> logits (…, E); the routing weights are ``softmax`` of the logits (in
+    float32, as Hugging Face computes them), the ``top_k`` largest kept and, where ``normalise``, divided by their
+    sum. ``experts``: one gated :class:`MlpSpec` per expert (views of the model's stacked expert weights);
+    ``module``: the model's own MoE module (it names the MLP, :attr:`fc1`). Only the chosen experts run, each on
+    the tokens routed to it.
+    """
+
+    router: nn.Module
+    experts: list
+    top_k: int
+    normalise: bool
+    module: nn.Module
+    shared: Optional[MlpSpec] = None
+    shared_gate: Optional[nn.Module] = None
+    gated: ClassVar[bool] = True
+
+    @property
+    def fc1(self) -> nn.Module:
+        """The model's MoE module: what tells one block's MLP from another's (a layer used twice shares it)."""
+        return self.module
+
+    @property
+    def hidden_width(self) -> int:
+        """Hidden units kept per token: the k chosen experts' gate and up outputs (and the shared expert's)."""
+        width = self.top_k * int(self.experts[0].fc1.out_features)
+        if self.shared is not None:
+            width += int(self.shared.fc1.out_features) * 2
+        return width
+
+
+@dataclass
 class BlockSpec:
     """One block: its layout, attention, MLP, norms and LayerScales (identity where absent).
 
@@ -130,7 +170,7 @@ class BlockSpec:
 
     layout: str
     attn: AttentionSpec
-    mlp: MlpSpec
+    mlp: "MlpSpec | MoeSpec"
     norm1: nn.Module
     norm2: nn.Module
     ls1: nn.Module = IDENTITY
@@ -231,6 +271,10 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
                        for t in lin["qkv"].split([H * d, Hkv * d, Hkv * d], dim=-1))
         return lin, r.norm(p.q_norm, q), r.norm(p.k_norm, k), v
     lin = {n: r.module(LINEAR, m, h) for n, m in (("q", p.q), ("k", p.k), ("v", p.v))}
+    if p.norm_whole:  # the norms over all heads' channels at once, then the heads
+        q, k, v = (t.reshape(B, N, -1, d).transpose(1, 2)
+                   for t in (r.norm(p.q_norm, lin["q"]), r.norm(p.k_norm, lin["k"]), lin["v"]))
+        return lin, q, k, v
     q, k, v = (lin[n].reshape(B, N, -1, d) for n in "qkv")
     return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
 
@@ -358,13 +402,80 @@ def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = N
     if not pre:
         mid = r.norm(p.norm1, mid)
     m = r.norm(p.norm2, mid) if pre else mid
-    lin, g, gate, up = _mlp_forward(p.mlp, m, r)
-    lin["fc2"] = r.module(LINEAR, p.mlp.fc2, g)
-    f = r.module(SCALE, p.ls2, r.norm(p.post2, lin["fc2"]))
+    moe = None
+    if isinstance(p.mlp, MoeSpec):
+        moe = moe_forward(p.mlp, m.reshape(-1, m.shape[-1]), r)
+        lin, g, gate, up = {}, moe.out.reshape(m.shape), None, None
+        branch = g
+    else:
+        lin, g, gate, up = _mlp_forward(p.mlp, m, r)
+        lin["fc2"] = branch = r.module(LINEAR, p.mlp.fc2, g)
+    f = r.module(SCALE, p.ls2, r.norm(p.post2, branch))
     out = r(ADD, _add, mid, f)
     if not pre:
         out = r.norm(p.norm2, out)
-    return BlockRecord(x=x, attn=att, a=a, mid=mid, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up)
+    return BlockRecord(x=x, attn=att, a=a, mid=mid, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up, moe=moe)
+
+
+def _mlp_run(p: MlpSpec, x: Tensor, r: Replay) -> MlpRecord:
+    """A whole MLP (an expert) on ``x`` (P, D): its record, the output in ``lin["fc2"]`` (P, D)."""
+    lin, g, gate, up = _mlp_forward(p, x, r)
+    lin["fc2"] = r.module(LINEAR, p.fc2, g)
+    return MlpRecord(m=x, lin=lin, g=g, gate=gate, up=up)
+
+
+def _routing(normalise: bool) -> Callable[[Tensor, Tensor], Tensor]:
+    """logits (T, E), chosen (T, k) -> the chosen experts' weights (T, k): Hugging Face's arithmetic (softmax in
+    float32, renormalised there where ``normalise``, cast back to the logits' dtype)."""
+    def route(logits: Tensor, chosen: Tensor) -> Tensor:
+        w = logits.softmax(dim=-1, dtype=torch.float32).gather(-1, chosen)
+        if normalise:
+            w = w / w.sum(dim=-1, keepdim=True)
+        return w.to(logits.dtype)
+    return route
+
+
+def _summed(T: int) -> Callable[[Tensor, Tensor], Tensor]:
+    """parts (P, D), tokens (P,) -> (T, D) the parts added up per token, in order (as Hugging Face's index_add)."""
+    def add_up(parts: Tensor, tokens: Tensor) -> Tensor:
+        return parts.new_zeros((T, parts.shape[-1])).index_add(0, tokens, parts)
+    return add_up
+
+
+def moe_forward(p: MoeSpec, x: Tensor, r: Replay = PLAIN) -> MoeRecord:
+    """A mixture-of-experts MLP on ``x`` (T, D), tokens flattened: router, top-k, the chosen experts each on its
+    tokens only (never every expert on every token), their weighted outputs summed per token.
+
+    The choice (top-k of the routing probabilities) is made without gradient and carries no relevance; the
+    routing weights (ROUTE), each product ``w_e · expert_e(x)`` (GATE_MUL) and the sum (EXPERT_SUM) get the
+    composite's rules.
+    """
+    T = x.shape[0]
+    logits = r.module(LINEAR, p.router, x)  # (T, E)
+    with torch.no_grad():
+        chosen = torch.topk(logits.detach().softmax(dim=-1, dtype=torch.float32), p.top_k, dim=-1).indices
+    weights = r(ROUTE, _routing(p.normalise), logits, chosen)  # (T, k)
+    runs = []
+    for e in torch.unique(chosen).tolist():  # the experts that receive a token, in order
+        slots, tokens = torch.where(chosen.T == e)  # Hugging Face's order: by rank, then token
+        mlp = _mlp_run(p.experts[e], x[tokens], r)
+        w = weights[tokens, slots, None]  # (P, 1)
+        runs.append(ExpertRun(expert=e, tokens=tokens, slots=slots, mlp=mlp, weight=w,
+                              out=r(GATE_MUL, _mul, w, mlp.lin["fc2"])))
+    parts, where = [run.out for run in runs], [run.tokens for run in runs]
+    shared = shared_logit = shared_weight = shared_out = None
+    if p.shared is not None:
+        shared = _mlp_run(p.shared, x, r)
+        shared_logit = r.module(LINEAR, p.shared_gate, x)  # (T, 1)
+        shared_weight = r(ROUTE, torch.sigmoid, shared_logit)
+        shared_out = r(GATE_MUL, _mul, shared_weight, shared.lin["fc2"])
+        parts.append(shared_out)
+        where.append(torch.arange(T, device=x.device))
+    parts_all, tokens_all = torch.cat(parts), torch.cat(where)
+    out = r(EXPERT_SUM, _summed(T), parts_all, tokens_all)
+    return MoeRecord(x=x, logits=logits, chosen=chosen, weights=weights, runs=runs, parts=parts_all,
+                     tokens=tokens_all, out=out, shared=shared, shared_logit=shared_logit,
+                     shared_weight=shared_weight, shared_out=shared_out)
 
 
 # ----------------------------------------------------------------------------
@@ -382,10 +493,14 @@ def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
         R = prop.unary(norm_kind(p.norm2), rec.out, R, p.norm2)
     # MLP branch | skip
     R_mid, R_f = prop(ADD, (rec.mid, rec.f), R)
-    R_fc2 = prop.unary(SCALE, rec.lin["fc2"], R_f, p.ls2)
-    R_fc2 = prop.unary(norm_kind(p.post2), rec.lin["fc2"], R_fc2, p.post2)
-    R_g = prop.linear(p.mlp.fc2, rec.g, R_fc2, out=rec.lin["fc2"])
-    R_m = _mlp_relprop(p.mlp, rec, prop.unary(norm_kind(p.mlp.mid_norm), rec.g, R_g, p.mlp.mid_norm), prop)
+    branch = rec.g if rec.moe is not None else rec.lin["fc2"]
+    R_fc2 = prop.unary(SCALE, branch, R_f, p.ls2)
+    R_fc2 = prop.unary(norm_kind(p.post2), branch, R_fc2, p.post2)
+    if rec.moe is not None:
+        R_m = moe_relprop(p.mlp, rec.moe, R_fc2.reshape(rec.moe.out.shape), prop).reshape(rec.m.shape)
+    else:
+        R_g = prop.linear(p.mlp.fc2, rec.g, R_fc2, out=rec.lin["fc2"])
+        R_m = _mlp_relprop(p.mlp, rec, prop.unary(norm_kind(p.mlp.mid_norm), rec.g, R_g, p.mlp.mid_norm), prop)
     if pre:
         R_m = prop.unary(norm_kind(p.norm2), rec.mid, R_m, p.norm2)
     R_mid = prop.clone(rec.mid, R_mid, R_m)
@@ -417,6 +532,39 @@ def _mlp_relprop(p: MlpSpec, rec: BlockRecord, R_g: Tensor, prop: Propagation) -
     pre_gate = rec.lin["fc1"][..., :R_gate.shape[-1]]
     R_pre = prop.unary(ELEMENTWISE, pre_gate, R_gate, p.act)  # one fused Linear: its outputs' relevance side by side
     return prop.linear(p.fc1, rec.m, torch.cat([R_pre, R_up], dim=-1), out=rec.lin["fc1"])
+
+
+def _expert_relprop(p: MlpSpec, rec: MlpRecord, R: Tensor, prop: Propagation) -> Tensor:
+    """Relevance of an expert's output (P, D) -> of its input (P, D): down projection, then the gated MLP's rules."""
+    return _mlp_relprop(p, rec, prop.linear(p.fc2, rec.g, R, out=rec.lin["fc2"]), prop)
+
+
+def moe_relprop(p: MoeSpec, rec: MoeRecord, R: Tensor, prop: Propagation) -> Tensor:
+    """Relevance of a mixture-of-experts MLP's output (T, D) -> of its input (T, D) (docs/METHODS.md §2c.4).
+
+    The per-token sum (EXPERT_SUM) shares R among the k (+1) summands; each ``w_e · expert_e(x)`` is a product
+    of two operands (GATE_MUL): the expert's share goes through its MLP to its tokens, the weight's through the
+    routing (ROUTE: to the chosen logits only) and the router's Linear; x, read by the router, the experts (and
+    the shared expert and its gate), is a Clone of those branches.
+    """
+    R_parts, _ = prop(EXPERT_SUM, (rec.parts, rec.tokens), R, output=rec.out)
+    R_experts = torch.zeros_like(R)
+    R_w = R.new_zeros(rec.weights.shape)
+    start = 0
+    for run in rec.runs:
+        n = run.tokens.numel()
+        R_w_run, R_y = prop(GATE_MUL, (run.weight, run.mlp.lin["fc2"]), R_parts[start:start + n], output=run.out)
+        start += n
+        R_w[run.tokens, run.slots] = R_w_run[:, 0]
+        R_experts.index_add_(0, run.tokens, _expert_relprop(p.experts[run.expert], run.mlp, R_y, prop))
+    R_logits, _ = prop(ROUTE, (rec.logits, rec.chosen), R_w)
+    branches = [R_experts, prop.linear(p.router, rec.x, R_logits, out=rec.logits)]
+    if rec.shared is not None:
+        R_sw, R_sy = prop(GATE_MUL, (rec.shared_weight, rec.shared.lin["fc2"]), R_parts[start:], output=rec.shared_out)
+        (R_slogit,) = prop(ROUTE, (rec.shared_logit,), R_sw)
+        branches += [_expert_relprop(p.shared, rec.shared, R_sy, prop),
+                     prop.linear(p.shared_gate, rec.x, R_slogit, out=rec.shared_logit)]
+    return prop.clone(rec.x, *branches)
 
 
 def _scores(p: AttentionSpec, rec: AttentionRecord) -> Tensor:
@@ -451,19 +599,24 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
         R_q = _rotate_relprop(p, rec.q_pre, rec.q, cos, sin, R_q, prop)
         R_k = _rotate_relprop(p, rec.k_pre, rec.k, cos, sin, R_k, prop)
         q, k = rec.q_pre, rec.k_pre
-    R_q = prop.unary(norm_kind(p.q_norm), q, R_q, p.q_norm)
-    R_k = prop.unary(norm_kind(p.k_norm), k, R_k, p.k_norm)
+    flat = lambda t: t.transpose(1, 2).reshape(B, N, -1)  # noqa: E731  (B, H, N, d) -> (B, N, H·d)
+    if p.norm_whole:  # the norms read the whole projections: their relevance laid out as those outputs
+        heads = lambda t: t.reshape(B, N, -1, d).transpose(1, 2)  # noqa: E731
+        R_q = heads(prop.unary(norm_kind(p.q_norm), rec.lin["q"], flat(R_q), p.q_norm))
+        R_k = heads(prop.unary(norm_kind(p.k_norm), rec.lin["k"], flat(R_k), p.k_norm))
+    else:
+        R_q = prop.unary(norm_kind(p.q_norm), q, R_q, p.q_norm)
+        R_k = prop.unary(norm_kind(p.k_norm), k, R_k, p.k_norm)
     if p.qkv is not None:
         if groups == 1:
             R_qkv = torch.stack([R_q, R_k, R_v], dim=2).transpose(1, 3).reshape(B, N, 3 * H * d)
         else:
             R_qkv = torch.cat([t.transpose(1, 2).reshape(B, N, -1) for t in (R_q, R_k, R_v)], dim=-1)
         return R_A, prop.linear(p.qkv, rec.h, R_qkv, out=rec.lin["qkv"])
-    flat = lambda t: t.transpose(1, 2).reshape(B, N, -1)  # noqa: E731
     R_parts = [prop.linear(m, rec.h, flat(r), out=rec.lin[n])
                for n, m, r in (("q", p.q, R_q), ("k", p.k, R_k), ("v", p.v, R_v))]
     return R_A, prop.clone(rec.h, *R_parts)  # the three-way Clone
 
 
-__all__ = ["AttentionSpec", "MlpSpec", "BlockSpec", "Replay", "NO_RECORD", "IDENTITY", "LAYOUTS",
-           "attention_forward", "block_forward", "block_relprop"]
+__all__ = ["AttentionSpec", "MlpSpec", "MoeSpec", "BlockSpec", "Replay", "NO_RECORD", "IDENTITY", "LAYOUTS",
+           "attention_forward", "block_forward", "block_relprop", "moe_forward", "moe_relprop"]

@@ -104,8 +104,9 @@ UNREPLAYABLE = (
     (("recurrentblock", "rglru", "recurrent"), "a gated linear recurrence (RecurrentGemma / Griffin), not attention"),
     (("gateddeltanet", "lineardecoderlayer", "linearattention", "lightning"),
      "a linear-attention / delta-rule recurrence, not softmax attention"),
-    (("moe", "experts", "router", "topkrouter"), "a mixture-of-experts layer: a router picks a few experts per "
-                                                 "token, a data-dependent switch the rules do not describe"),
+    (("moe", "experts", "router", "topkrouter"), "a mixture-of-experts layer of a family no adapter lists (Mixtral, "
+                                                 "Qwen2-MoE, Qwen3-MoE and OLMoE have theirs): its router and "
+                                                 "experts are not recognised by their structure"),
 )
 
 

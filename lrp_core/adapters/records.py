@@ -65,6 +65,7 @@ class BlockRecord:
             or the fused gate-up one, and ``"gate"`` the gate projection where it is separate).
         gate: gated MLPs: (B, N, D_mlp) ``act(gate(m))``, the first operand of the product ``g``.
         up: gated MLPs: (B, N, D_mlp) ``up(m)``, the second operand.
+        moe: a mixture-of-experts MLP's record (then ``g`` is its output (B, N, D), ``lin`` empty).
     """
 
     x: Tensor
@@ -78,6 +79,77 @@ class BlockRecord:
     lin: dict
     gate: Optional[Tensor] = None
     up: Optional[Tensor] = None
+    moe: Optional[MoeRecord] = None
+
+
+@dataclass
+class MlpRecord:
+    """One gated MLP run on some tokens (an expert of a mixture-of-experts layer): the fields of
+    :class:`BlockRecord` its relevance rules read.
+
+    Attributes:
+        m: (P, D) its input (the tokens routed to it).
+        lin: its Linears' outputs: ``"fc1"`` (gate and up fused, or up), ``"gate"`` where separate, ``"fc2"``.
+        g: (P, F) ``act(gate) ⊙ up``; gate, up: (P, F) the product's operands.
+    """
+
+    m: Tensor
+    lin: dict
+    g: Tensor
+    gate: Optional[Tensor] = None
+    up: Optional[Tensor] = None
+
+
+@dataclass
+class ExpertRun:
+    """One expert on the tokens routed to it.
+
+    Attributes:
+        expert: the expert's index e.
+        tokens: (P,) long, the tokens (rows of the flattened (T, D) input) routed to e.
+        slots: (P,) long, where e stands in each token's top-k (column of the routing weights).
+        mlp: the expert's record on those tokens.
+        weight: (P, 1) the routing weights w_e of those tokens.
+        out: (P, D) ``w_e ⊙ expert_e(x)``, the summand.
+    """
+
+    expert: int
+    tokens: Tensor
+    slots: Tensor
+    mlp: MlpRecord
+    weight: Tensor
+    out: Tensor
+
+
+@dataclass
+class MoeRecord:
+    """One mixture-of-experts MLP (docs/METHODS.md §2c.4), tokens flattened (T = B·N).
+
+    Attributes:
+        x: (T, D) its input.
+        logits: (T, E) the router's logits.
+        chosen: (T, k) long, each token's chosen experts (top-k of the softmax).
+        weights: (T, k) their routing weights (renormalised where the model does).
+        runs: one :class:`ExpertRun` per expert that received a token, in expert order.
+        shared: the shared expert's record on every token, or ``None``.
+        shared_logit, shared_weight, shared_out: (T, 1), (T, 1), (T, D): its gate's logit, ``sigmoid`` of it,
+            and the summand ``shared_weight ⊙ shared expert(x)``.
+        parts: (P, D) the summands of every token, the runs' then the shared expert's; ``tokens`` (P,) theirs.
+        out: (T, D) their sum per token, the MLP's output.
+    """
+
+    x: Tensor
+    logits: Tensor
+    chosen: Tensor
+    weights: Tensor
+    runs: list
+    parts: Tensor
+    tokens: Tensor
+    out: Tensor
+    shared: Optional[MlpRecord] = None
+    shared_logit: Optional[Tensor] = None
+    shared_weight: Optional[Tensor] = None
+    shared_out: Optional[Tensor] = None
 
 
 @dataclass
@@ -253,5 +325,6 @@ class TokenLayout:
         return scores * mask.to(scores.dtype)
 
 
-__all__ = ["AttentionRecord", "BlockRecord", "ReadoutRecord", "EmbeddingRecord", "Trace", "BlockRelevance",
+__all__ = ["AttentionRecord", "BlockRecord", "MlpRecord", "ExpertRun", "MoeRecord", "ReadoutRecord",
+           "EmbeddingRecord", "Trace", "BlockRelevance",
            "TokenLayout"]

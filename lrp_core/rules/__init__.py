@@ -18,6 +18,7 @@ from .ops import (
                   ATTENTION,
                   CLONE,
                   ELEMENTWISE,
+                  EXPERT_SUM,
                   GATE_MUL,
                   KV_REPEAT,
                   LAYERNORM,
@@ -32,6 +33,7 @@ from .ops import (
                   READOUT,
                   RMSNORM,
                   ROPE,
+                  ROUTE,
                   SCALE,
                   SOFTMAX,
                   ExplicitRule,
@@ -41,4 +43,5 @@ from .ops import (
 __all__ = ["Composite", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "ATTNLRP", "CP_LRP", "GammaLinear",
            "EpsilonLinear", "GammaGradient", "EpsilonGradient", "Gradient", "ExplicitRule", "GradientRule", "OP_KINDS",
            "LINEAR", "PATCH_CONV", "LAYERNORM", "ELEMENTWISE", "SCALE", "SOFTMAX", "MATMUL_QK", "MATMUL_AV", "ADD",
-           "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "POOL", "RMSNORM", "ROPE", "KV_REPEAT", "GATE_MUL", "ATTENTION"]
+           "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "POOL", "RMSNORM", "ROPE", "KV_REPEAT", "GATE_MUL", "ATTENTION",
+           "ROUTE", "EXPERT_SUM"]

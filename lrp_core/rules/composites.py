@@ -25,12 +25,15 @@ from .explicit import (
     BaselineLinear,
     Clone,
     GenericAdd,
+    GenericSum,
     HalvedMatMul,
     HalvedProduct,
     Identity,
     NoExplicitFusedAttention,
     NormalizedAdd,
+    NormalizedSum,
     Rotary,
+    Routing,
     Select,
     SharedHeads,
     SignedLinear,
@@ -57,6 +60,7 @@ from .ops import (
     ATTENTION,
     CLONE,
     ELEMENTWISE,
+    EXPERT_SUM,
     EXPLICIT,
     GATE_MUL,
     KV_REPEAT,
@@ -75,6 +79,7 @@ from .ops import (
     READOUT,
     RMSNORM,
     ROPE,
+    ROUTE,
     SCALE,
     SOFTMAX,
     ExplicitRule,
@@ -413,13 +418,15 @@ TRANSFORMER_ATTRIBUTION = Composite(
     rules={LINEAR: SignedLinear(), PATCH_CONV: ZBox(), **_identities(), ADD: NormalizedAdd(),
            MASK_ADD: NormalizedAdd(), POS_ADD: GenericAdd(), MATMUL_QK: HalvedMatMul(),
            MATMUL_AV: HalvedMatMul(), CLONE: Clone(), READOUT: Select(), POOL: WeightedSum(),
-           ROPE: Rotary(), KV_REPEAT: SharedHeads(), GATE_MUL: HalvedProduct(), ATTENTION: NoExplicitFusedAttention()},
+           ROPE: Rotary(), KV_REPEAT: SharedHeads(), GATE_MUL: HalvedProduct(), ATTENTION: NoExplicitFusedAttention(),
+           ROUTE: Routing(), EXPERT_SUM: NormalizedSum()},
 )
 
 #: The LRP baseline (``lrp``, ``partial_lrp``): no Add normalisation, separate denominators.
 # (the ignores below: mypy cannot tell that the spread kinds are not the keywords ``names`` / ``first``)
 LRP_BASELINE = TRANSFORMER_ATTRIBUTION.with_rules(
-    "lrp_baseline", by_kind={LINEAR: BaselineLinear(), ADD: GenericAdd(), MASK_ADD: GenericAdd()})
+    "lrp_baseline", by_kind={LINEAR: BaselineLinear(), ADD: GenericAdd(), MASK_ADD: GenericAdd(),
+                             EXPERT_SUM: GenericSum()})
 
 
 def _gradient_everywhere() -> dict[str, Rule]:
@@ -435,8 +442,10 @@ ATTNLRP = Composite(
 )
 
 #: CP-LRP (Ali et al., ICML 2022): AttnLRP's rules, but Q and K detached, the gate detached, no halving: ``cp_lrp``.
+#: Mixture-of-experts: the routing weights detached too (ROUTE), so a routed product is linear in its expert (§2c.4).
 CP_LRP = ATTNLRP.with_rules("cp_lrp", by_kind={MATMUL_QK: DetachedOperands(), MATMUL_AV: Gradient(),
-                                              GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP()})
+                                              GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP(),
+                                              ROUTE: DetachedOperands()})
 
 #: The PA-LRP authors' ViT rule set (their ``cp_rule``): CP-LRP, but ``A·V`` keeps AttnLRP's uniform rule, so v
 #: gets half of its relevance and the attention weights' half is dropped (not conservative; §2e.4).

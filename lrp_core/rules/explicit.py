@@ -15,6 +15,7 @@ from .ops import (
     ADD,
     ATTENTION,
     CLONE,
+    EXPERT_SUM,
     GATE_MUL,
     KV_REPEAT,
     LINEAR,
@@ -26,6 +27,7 @@ from .ops import (
     POS_ADD,
     READOUT,
     ROPE,
+    ROUTE,
     ExplicitRule,
 )
 
@@ -267,7 +269,9 @@ class HalvedProduct(ExplicitRule):
     """An element-wise product of two activations ``z = a ⊙ b`` (gated MLP): the generic rule per operand, halved.
 
     ``R_a = a ⊙ ∂z/∂a ⊙ s / 2 = z ⊙ s / 2`` and likewise ``R_b``, with ``s = safe_div(R, z)`` (§1's MatMul
-    rule, element-wise: each operand's share is the whole product's, so both get half of it).
+    rule, element-wise: each operand's share is the whole product's, so both get half of it). An operand
+    broadcast in the product (a routing weight (T, 1) times its expert's output (T, D)) gets its half summed
+    over the axes it was broadcast along.
     """
 
     name = "halved_product"
@@ -277,7 +281,48 @@ class HalvedProduct(ExplicitRule):
         a, b = op.inputs
         z = a * b if op.output is None else op.output
         half = z * F.safe_div(R, z) / 2
-        return half, half
+        return tuple(half if t.shape == half.shape else half.sum_to_size(t.shape) for t in (a, b))
+
+
+class Routing(ExplicitRule):
+    """A router's logits to its routing weights (softmax, top-k, renormalisation; or a shared expert's sigmoid
+    gate): relevance passes unchanged, each chosen expert's weight's relevance to its logit, none to the others
+    (the top-k choice itself carries none). ``op.inputs`` = (logits (T, E), chosen (T, k)) with R (T, k), or
+    (logit (T, 1),) with R (T, 1). docs/METHODS.md §2c.4.
+    """
+
+    name = "routing"
+    kinds = (ROUTE,)
+
+    def relevance(self, op, R, cache=None):
+        if len(op.inputs) == 1:
+            return (R,)
+        logits, chosen = op.inputs
+        return logits.new_zeros(logits.shape).scatter_(-1, chosen, R.to(logits.dtype)), None
+
+
+class NormalizedSum(ExplicitRule):
+    """:func:`lrp_core.rules.functional.sum_normalized` — the normalised add of the k (+1) experts summed per token.
+    docs/METHODS.md §2c.4."""
+
+    name = "normalized_sum"
+    kinds = (EXPERT_SUM,)
+
+    def relevance(self, op, R, cache=None):
+        parts, tokens = op.inputs
+        return F.sum_normalized(parts, tokens, R, op.output), None
+
+
+class GenericSum(ExplicitRule):
+    """:func:`lrp_core.rules.functional.sum_generic` — each expert's share of the per-token sum (the LRP
+    baseline). docs/METHODS.md §2c.4."""
+
+    name = "generic_sum"
+    kinds = (EXPERT_SUM,)
+
+    def relevance(self, op, R, cache=None):
+        parts, tokens = op.inputs
+        return F.sum_generic(parts, tokens, R, op.output), None
 
 
 class NoExplicitFusedAttention(ExplicitRule):
@@ -308,5 +353,8 @@ __all__ = [
     "Rotary",
     "SharedHeads",
     "HalvedProduct",
+    "Routing",
+    "NormalizedSum",
+    "GenericSum",
     "NoExplicitFusedAttention",
 ]

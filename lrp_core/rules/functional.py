@@ -418,6 +418,38 @@ def add_normalized(u: Tensor, v: Tensor, R: Tensor, per_sample: bool = True) -> 
     return Ru.mul_(safe_div(fu, su)), Rv.mul_(safe_div(fv, sv))  # add_generic's fresh tensors, rescaled in place
 
 
+def sum_generic(parts: Tensor, tokens: Tensor, R: Tensor, out: Tensor) -> Tensor:
+    """Generic rule for a per-token sum of a variable number of operands (a mixture-of-experts layer's
+    ``out_t = Σ_{p: tokens_p = t} parts_p``): each operand its share ``parts_p ⊙ R_t / out_t``.
+
+    Parameters
+    ----------
+    parts : (P, D) the operands, any number per token.
+    tokens : (P,) long, the token each operand is added to.
+    R : (T, D) relevance of the sums.
+    out : (T, D) the sums.
+
+    Returns
+    -------
+    (P, D) relevance of each operand.
+    """
+    return parts * safe_div(R, out)[tokens]
+
+
+def sum_normalized(parts: Tensor, tokens: Tensor, R: Tensor, out: Tensor) -> Tensor:
+    """:func:`sum_generic`, then :func:`add_normalized`'s normalisation generalised to the operands of each token:
+    operand p of token t gets ``|ΣR_p| / Σ_{q of t} |ΣR_q|`` of ``ΣR_t`` (sums over the channels), so the
+    operands of a token conserve its relevance and each one's share lies in [0, 1].
+
+    Shapes as :func:`sum_generic`; the normalisation runs per token (a sample's tokens are never mixed).
+    """
+    Rp = sum_generic(parts, tokens, R, out)
+    sp = Rp.sum(-1)  # (P,)
+    den = torch.zeros(R.shape[0], dtype=sp.dtype, device=sp.device).index_add_(0, tokens, sp.abs())
+    fp = safe_div(sp.abs(), den[tokens]) * R.sum(-1)[tokens]
+    return Rp.mul_(safe_div(fp, sp)[:, None])
+
+
 def clone(*Rs: Tensor, x: Tensor | None = None) -> Tensor:
     """A tensor used by several branches receives the sum of their relevances.
 
@@ -713,6 +745,7 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
 __all__ = [
     "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic", "linear_gamma_factors",
     "linear_gamma", "linear_epsilon",
-    "add_generic", "add_normalized", "clone", "select", "weighted_sum", "matmul", "identity", "zbox_conv2d",
+    "add_generic", "add_normalized", "sum_generic", "sum_normalized",
+    "clone", "select", "weighted_sum", "matmul", "identity", "zbox_conv2d",
     "rotate_half", "apply_rotary", "rotary_transpose", "repeat_kv",
 ]

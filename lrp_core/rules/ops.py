@@ -43,11 +43,15 @@ ROPE = "rope"  # rotary position embedding of q or k: inputs (x, cos, sin), rota
 KV_REPEAT = "kv_repeat"  # key/value heads shared by several query heads (GQA/MQA): (B, Hkv, N, d) -> (B, H, N, d)
 GATE_MUL = "gate_mul"  # the gated MLP's product act(gate(x)) ⊙ up(x): inputs (act(gate), up)
 ATTENTION = "attention"  # fused softmax(q·kᵀ·scale + bias)·v (sdpa), inputs (q, k, v) with k, v not repeated
+# mixture-of-experts MLPs (docs/METHODS.md §2c.4); the product w_e · expert_e(x) is a GATE_MUL
+ROUTE = "route"  # router logits -> routing weights: inputs (logits (T, E), chosen experts (T, k)) for softmax, top-k
+#                  (renormalised where configured); (logit (T, 1),) for a shared expert's sigmoid gate
+EXPERT_SUM = "expert_sum"  # Σ of the weighted experts' outputs per token: inputs (parts (P, D), their tokens (P,))
 
 #: every operation kind, encoders' then decoders'
 OP_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SCALE, SOFTMAX, MATMUL_QK, MATMUL_AV, ADD, CLONE, MASK_ADD,
-            POS_ADD, READOUT, POOL, RMSNORM, ROPE, KV_REPEAT, GATE_MUL, ATTENTION)
-DECODER_KINDS = (RMSNORM, ROPE, KV_REPEAT, GATE_MUL, ATTENTION)
+            POS_ADD, READOUT, POOL, RMSNORM, ROPE, KV_REPEAT, GATE_MUL, ATTENTION, ROUTE, EXPERT_SUM)
+DECODER_KINDS = (RMSNORM, ROPE, KV_REPEAT, GATE_MUL, ATTENTION, ROUTE, EXPERT_SUM)
 #: the kinds whose operations are modules of the model (layers): those a ``first`` entry can name
 LAYER_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, RMSNORM, ELEMENTWISE, SCALE)
 
@@ -148,5 +152,6 @@ class GradientRule(Rule):
 
 __all__ = ["LINEAR", "PATCH_CONV", "LAYERNORM", "ELEMENTWISE", "SCALE", "SOFTMAX", "MATMUL_QK", "MATMUL_AV", "ADD",
            "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "POOL", "RMSNORM", "ROPE", "KV_REPEAT", "GATE_MUL", "ATTENTION",
+           "ROUTE", "EXPERT_SUM",
            "OP_KINDS", "DECODER_KINDS", "LAYER_KINDS", "EXPLICIT", "MODIFIED_GRADIENT", "PASS_KINDS", "RelevanceIn",
            "Op", "norm_kind", "Rule", "ExplicitRule", "GradientRule"]

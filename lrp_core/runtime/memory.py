@@ -150,9 +150,10 @@ def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = 
         Blocks, tokens, width, heads, MLP width, outputs and bytes per element.
     """
     first = adapter.blocks[0]
-    # a gated MLP keeps gate and up outputs, the activation and the product: twice a plain one's N·F
-    widths = [spec.mlp.fc1.out_features * (2 if getattr(spec.mlp, "gated", False) else 1)
-              for spec in adapter.blocks]
+    # a gated MLP keeps gate and up outputs, the activation and the product: twice a plain one's N·F; a
+    # mixture of experts says its own per-token width (MoeSpec.hidden_width: the k chosen experts')
+    widths = [getattr(spec.mlp, "hidden_width", None) or
+              spec.mlp.fc1.out_features * (2 if getattr(spec.mlp, "gated", False) else 1) for spec in adapter.blocks]
     n = tokens if tokens is not None else adapter.layout(prepared).num_tokens
     return SizeFacts(blocks=adapter.num_blocks, tokens=int(n), width=int(first.attn.proj.out_features),
                       heads=int(first.attn.num_heads), mlp=int(max(widths)),

@@ -42,7 +42,9 @@ explained in float32 (``lrp_core.runtime.precision``), e.g.
 **Decoder rows** (issue #22), ``--decoders``: ``llama``, a Llama-shaped random
 causal LM (``LlamaConfig``: width 512, 8 blocks, 8 heads / 2 key-value heads,
 MLP 1376, vocabulary 32,000, sdpa) at 1 × 512, 1 × 1024, 1 × 4096 and 8 × 512
-tokens (``--batches`` / ``--lengths`` give another grid), every method that runs
+tokens, and ``qwen3-moe``, its mixture-of-experts twin (``Qwen3MoeConfig``: the same
+attention, 8 experts of MLP 688 per block, top-2, random router) at 1 × 1024
+(``--batches`` / ``--lengths`` give another grid), every method that runs
 on decoders (:data:`lrp_core.methods.registry.DECODER_METHODS`). What is explained is
 the next-token logit at the last position; the baseline is the same model's
 forward with the LM head on the last position only (``logits_to_keep=1``, what
@@ -95,6 +97,8 @@ from .bench_models import (
 BASELINE = "forward+backward"
 #: (batch, tokens) of the decoder rows, and of ``--quick --decoders`` (tiny-llama).
 DECODER_SIZES = ((1, 512), (1, 1024), (1, 4096), (8, 512))
+#: the mixture-of-experts row's size (qwen3-moe)
+MOE_SIZES = ((1, 1024),)
 QUICK_DECODER_SIZES = ((1, 32), (2, 32))
 IMAGE_BATCHES = (1, 8, 16)
 TEXT_BATCHES = (1, 8)
@@ -273,7 +277,7 @@ def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
     cases = []
     for name in models:
         if is_decoder(name) and batches is None and lengths is None:
-            sizes = QUICK_DECODER_SIZES if name == "tiny-llama" else DECODER_SIZES
+            sizes = {"tiny-llama": QUICK_DECODER_SIZES, "qwen3-moe": MOE_SIZES}.get(name, DECODER_SIZES)
             cases += [Case(name, B, T, dtype) for B, T in sizes]
         elif is_text(name):
             cases += [Case(name, B, T, dtype) for B in (batches or TEXT_BATCHES) for T in (lengths or LENGTHS)]
@@ -470,7 +474,8 @@ def _parser() -> argparse.ArgumentParser:
                            "tiny-llama at 1 × 32 and 2 × 32), no memory columns")
     p.add_argument("--decoders", action="store_true",
                    help="the decoder rows: llama at " + ", ".join(f"{b} × {t}" for b, t in DECODER_SIZES)
-                        + " (a Llama-shaped random causal LM; see above)")
+                        + " (a Llama-shaped random causal LM; see above) and qwen3-moe at "
+                        + ", ".join(f"{b} × {t}" for b, t in MOE_SIZES) + " (its mixture-of-experts twin)")
     p.add_argument("--models", help="comma-separated: timm ViT names, bert-base, llama, or the stand-ins "
                                     f"{', '.join(TINY_MODELS)} (default: {', '.join(IMAGE_MODELS + TEXT_MODELS)})")
     p.add_argument("--batches", help="comma-separated batch sizes for every model (default: 1,8,16 for images, "
@@ -520,7 +525,7 @@ def _methods(p: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
 
 def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool, decoders: bool = False) -> list[str]:
     if text is None and decoders:
-        return ["tiny-llama" if quick else "llama"]
+        return ["tiny-llama"] if quick else ["llama", "qwen3-moe"]
     if text is None:
         return list(QUICK_MODELS if quick else IMAGE_MODELS + TEXT_MODELS)
     import timm

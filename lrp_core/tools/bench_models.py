@@ -19,8 +19,8 @@ _TWO_LABELS: dict[str, Any] = {"num_labels": 2}
 
 IMAGE_MODELS = ("deit_tiny_patch16_224", "deit_small_patch16_224", "vit_base_patch16_224")
 TEXT_MODELS = ("bert-base",)
-#: Decoder-only causal LMs (issue #22): explained at their next-token logit.
-DECODER_MODELS = ("llama",)
+#: Decoder-only causal LMs (issue #22): explained at their next-token logit. ``qwen3-moe``: a mixture of experts.
+DECODER_MODELS = ("llama", "qwen3-moe")
 #: Seconds-fast stand-ins for the tests and a smoke run (2 blocks, random weights).
 TINY_MODELS = ("tiny-vit", "tiny-bert", "tiny-llama")
 
@@ -47,12 +47,29 @@ def llama_config(tiny: bool = False) -> Any:
                        **_SDPA)
 
 
+def qwen3_moe_config() -> Any:
+    """The mixture-of-experts row's ``Qwen3MoeConfig``: the Llama row's shape (D 512, 8 blocks, 8 / 2 heads of 64,
+    V 32,000, sdpa) with 8 experts of F 688 per block, top-2 renormalised (k·F = the Llama row's 1376)."""
+    from transformers import Qwen3MoeConfig
+    return Qwen3MoeConfig(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                          num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+                          moe_intermediate_size=688, norm_topk_prob=True, max_position_embeddings=4096,
+                          attn_implementation="sdpa")
+
+
 def build_model(name: str) -> nn.Module:
     """``name`` with random weights, in eval mode (seed torch first for reproducible weights).
 
     ``name``: a timm ViT name, ``"bert-base"`` (``BertConfig()`` defaults, 2 labels), ``"llama"``
     (:func:`llama_config`), or a tiny stand-in.
     """
+    if name == "qwen3-moe":
+        from transformers import Qwen3MoeForCausalLM
+        model = Qwen3MoeForCausalLM(qwen3_moe_config()).eval()
+        with torch.no_grad():  # the router is initialised at 0 (every expert tied): random, as trained ones are not
+            for layer in model.model.layers:
+                layer.mlp.gate.weight.normal_(0.0, 0.02)
+        return model
     if is_decoder(name):
         from transformers import LlamaForCausalLM
         return LlamaForCausalLM(llama_config(tiny=name == "tiny-llama")).eval()
@@ -109,4 +126,4 @@ def build_in(name: str, dtype: torch.dtype) -> nn.Module:
 
 
 __all__ = ["IMAGE_MODELS", "TEXT_MODELS", "DECODER_MODELS", "TINY_MODELS", "Inputs", "is_text", "is_decoder",
-           "llama_config", "build_model", "image_tokens", "make_inputs", "prepare", "build_in"]
+           "llama_config", "qwen3_moe_config", "build_model", "image_tokens", "make_inputs", "prepare", "build_in"]

@@ -26,15 +26,12 @@ def _meta(cls_name: str, config) -> torch.nn.Module:
         return getattr(T, cls_name)(config)
 
 
+#: mixture-of-experts decoders no adapter replays (Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE have adapters:
+#: tests/adapters/test_decoders_moe.py)
 MOE = {
-    "Mixtral": lambda: _meta("MixtralForCausalLM", T.MixtralConfig(**SMALL, num_local_experts=4)),
-    "Mixtral classifier": lambda: _meta("MixtralForSequenceClassification",
-                                        T.MixtralConfig(**SMALL, num_local_experts=4, pad_token_id=0)),
-    "Qwen2-MoE": lambda: _meta("Qwen2MoeForCausalLM", T.Qwen2MoeConfig(**SMALL, num_experts=4, moe_intermediate_size=16,
-                                                                       shared_expert_intermediate_size=16)),
-    "Qwen3-MoE": lambda: _meta("Qwen3MoeForCausalLM", T.Qwen3MoeConfig(**SMALL, num_experts=4,
-                                                                       moe_intermediate_size=16)),
-    "OLMoE": lambda: _meta("OlmoeForCausalLM", T.OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2)),
+    "GPT-OSS": lambda: _meta("GptOssForCausalLM", T.GptOssConfig(**SMALL, num_local_experts=4, head_dim=16)),
+    "DeepSeek-V3": lambda: _meta("DeepseekV3ForCausalLM", T.DeepseekV3Config(
+        **SMALL, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=0)),
 }
 SOFT_CAPPED = {
     "Gemma 2": lambda: _meta("Gemma2ForCausalLM", T.Gemma2Config(**SMALL, head_dim=16)),
@@ -51,7 +48,7 @@ MULTIMODAL = {
     "Qwen2-VL": lambda: _meta("Qwen2VLForConditionalGeneration", T.Qwen2VLConfig(
         text_config=dict(SMALL), vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2))),
 }
-REASONS = [(MOE, ("mixture-of-experts", "router picks", "dense decoder")),
+REASONS = [(MOE, ("mixture-of-experts", "Qwen3-MoE", "dense decoder")),
            (SOFT_CAPPED, ("soft-capping", "tanh", "Gemma 3")),
            (MULTIMODAL, ("multimodal", "vision tower", "language model alone"))]
 CASES = [(name, build, words) for table, words in REASONS for name, build in table.items()]
@@ -69,8 +66,8 @@ def test_refused_decoders_say_why_and_what_is_supported(name, build, words):
 
 def test_a_refusal_reaches_the_caller_of_explain_before_any_work():
     torch.manual_seed(0)
-    model = T.MixtralForCausalLM(T.MixtralConfig(**SMALL, num_local_experts=4)).eval()
-    with pytest.raises(UnsupportedModelError, match="router picks"):
+    model = T.GptOssForCausalLM(T.GptOssConfig(**SMALL, num_local_experts=4, head_dim=16)).eval()
+    with pytest.raises(UnsupportedModelError, match="sink"):
         explain(model, {"input_ids": torch.tensor([[1, 2, 3]])}, method="attnlrp")
 
 
