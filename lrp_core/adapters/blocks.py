@@ -442,7 +442,7 @@ def _summed(T: int) -> Callable[[Tensor, Tensor], Tensor]:
     return add_up
 
 
-def moe_forward(p: MoeSpec, x: Tensor, r: Replay = PLAIN) -> MoeRecord:
+def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
     """A mixture-of-experts MLP on ``x`` (T, D), tokens flattened: router, top-k, the chosen experts each on its
     tokens only (never every expert on every token), their weighted outputs summed per token.
 

@@ -51,10 +51,10 @@ def qwen3_moe_config() -> Any:
     """The mixture-of-experts row's ``Qwen3MoeConfig``: the Llama row's shape (D 512, 8 blocks, 8 / 2 heads of 64,
     V 32,000, sdpa) with 8 experts of F 688 per block, top-2 renormalised (k·F = the Llama row's 1376)."""
     from transformers import Qwen3MoeConfig
+    shape: dict[str, Any] = {"head_dim": 64, **_SDPA}  # read by the config's __post_init__(**kwargs)
     return Qwen3MoeConfig(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                          num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
-                          moe_intermediate_size=688, norm_topk_prob=True, max_position_embeddings=4096,
-                          attn_implementation="sdpa")
+                          num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+                          moe_intermediate_size=688, norm_topk_prob=True, max_position_embeddings=4096, **shape)
 
 
 def build_model(name: str) -> nn.Module:
