@@ -172,7 +172,7 @@ class TimmSwinAdapter(ViTAdapter):
                    positions: Optional[Tensor] = None) -> StagedTrace:
         """Stages of blocks, each stage after the first behind its patch merging, then the mean readout."""
         head = self.readout if readout is None else readout
-        trace = StagedTrace(x0=x0, head=head, first=r.first)
+        trace = StagedTrace(x0=x0, readout=head, first=r.first)
         x = x0
         for b, spec in enumerate(self.blocks):
             if b in self.merges:
@@ -187,7 +187,7 @@ class TimmSwinAdapter(ViTAdapter):
             if keep:
                 trace.blocks.append(rec)
             x = rec.out
-        trace.readout = head.forward(x, r)
+        trace.readout_record = head.forward(x, r)
         return trace
 
     def block_tokens(self, b: int, row: Tensor) -> Tensor:
@@ -210,7 +210,7 @@ class TimmSwinAdapter(ViTAdapter):
         norm's rule, and the regrouping undone."""
         assert isinstance(trace, StagedTrace)
         prop = Propagation(composite, names=self._names_for(composite), first=trace.first)
-        R = trace.readout.relprop(trace.readout, R_out, prop)
+        R = trace.readout.relprop(trace.readout_record, R_out, prop)
         B = R.shape[0]
         L = self.num_blocks
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, trace.x0.shape[1], dtype=R.dtype,

@@ -249,7 +249,7 @@ def test_readout_relevance_is_conserved_and_every_rule_set_covers_it(family):
         assert composite.rule(POOL) is not None
     head = a.readout.head_layers[-1].module
     for composite in (TRANSFORMER_ATTRIBUTION, LRP_BASELINE):
-        R = a.readout.relprop(trace.readout, R_out, Propagation(composite))
+        R = a.readout.relprop(trace.readout_record, R_out, Propagation(composite))
         assert R.shape == trace.readout_record.hidden.shape
         # what the classifier's bias absorbs aside, the pooling and selection steps conserve
         kept = R.sum(dim=(1, 2))
