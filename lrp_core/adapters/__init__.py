@@ -225,6 +225,14 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"), _decoder("gemma3", "Gemma3Adapter")),
     ("Hugging Face Phi3ForCausalLM / Phi3ForSequenceClassification (Phi-3; fused qkv and gate_up)",
      _named("Phi3ForCausalLM", "Phi3ForSequenceClassification"), _decoder("phi3", "Phi3Adapter")),
+    ("Hugging Face GPTNeoXForCausalLM / GPTNeoXForSequenceClassification (Pythia, GPT-NeoX; parallel or sequential "
+     "residual, fused per-head qkv, partial rotary)",
+     _named("GPTNeoXForCausalLM", "GPTNeoXForSequenceClassification"), _decoder("gpt_neox", "GPTNeoXAdapter")),
+    ("Hugging Face PhiForCausalLM / PhiForSequenceClassification (Phi-1, Phi-1.5, Phi-2; parallel blocks)",
+     _named("PhiForCausalLM", "PhiForSequenceClassification"), _decoder("phi", "PhiAdapter")),
+    ("Hugging Face FalconForCausalLM / FalconForSequenceClassification (rotary Falcon: parallel or sequential "
+     "blocks, multi-query and grouped fused qkv)",
+     _named("FalconForCausalLM", "FalconForSequenceClassification"), _decoder("falcon", "FalconAdapter")),
     ("Hugging Face DistilBertForSequenceClassification", _hf_text("distilbert"), _distilbert),
     ("Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings)", _hf_text("albert"),
      _albert),

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..rules.composites import ADD, LAYERNORM, LINEAR, POOL, READOUT, Propagation, norm_kind
-from .blocks import PLAIN, Replay
+from .blocks import PLAIN, Replay, SoftCap
 from .records import ReadoutRecord
 
 
@@ -39,9 +39,18 @@ class Readout(ABC):
     pool_kind: str = READOUT
 
     @property
+    def _logit_layers(self) -> Sequence[HeadLayer]:
+        """The head without a trailing soft-cap of the logits (Gemma 2: it keeps C, the last Linear's width)."""
+        head = list(self.head)
+        while head and isinstance(head[-1].module, SoftCap):
+            head.pop()
+        return head
+
+    @property
     def num_classes(self) -> int:
         """C, or 0 for a model without a classification head."""
-        last = self.head[-1] if self.head else None
+        head = self._logit_layers
+        last = head[-1] if head else None
         return last.module.out_features if last is not None and last.kind == LINEAR else 0
 
     @property
@@ -82,8 +91,9 @@ class Readout(ABC):
         for layer in self.head:
             inputs.append(h)
             h = r.module(layer.kind, layer.module, h)
-        last_linear = bool(self.head) and self.head[-1].kind == LINEAR
-        pooled = inputs[-1] if last_linear else h
+        logit_layers = len(self._logit_layers)
+        last_linear = bool(logit_layers) and self.head[logit_layers - 1].kind == LINEAR
+        pooled = inputs[logit_layers - 1] if last_linear else h
         return ReadoutRecord(hidden=hidden, normed=normed, token=token, inputs=inputs, pooled=pooled, logits=h)
 
     # --------------------------------------------------------------- relevance
