@@ -46,6 +46,11 @@ def test_replay_logits_are_the_models(family, attn, head, side):
     with torch.no_grad():
         got = adapter.forward(adapter.check_inputs(inputs)).readout.logits
     tol = 1e-12 if attn == "sdpa" else 1e-5
+    if (family, attn, head, side) == ("falcon", "sdpa", "seq", "left"):
+        # FalconForSequenceClassification does not pass position_ids on: the model rotates a left-padded row from
+        # position 0 at its first padding token, the replay from its first real token (the row alone's positions).
+        # The same relative positions; the float32 rotary tables at the shifted positions: measured 3.4e-9
+        tol = 1e-8
     assert (got - expected).abs().max() <= tol
     assert (explain(model, inputs, method="rollout").logits - expected).abs().max() <= tol
 
