@@ -154,7 +154,8 @@ class BlockSpec:
     ``post1`` / ``post2``: norms on the attention / MLP branch output before its residual Add (Gemma 3's
     sandwich norms, OLMo-2's branch-output norms with identity pre-norms; pre-LN layout).
     ``"parallel"`` layout: ``norm1`` feeds the attention, ``norm2`` the MLP, both from the block input; the same
-    module for both where the model has one norm (it is then computed once and its output is a Clone).
+    module for both where the model has one norm (it is then computed once and its output is a Clone);
+    ``skip_first``: the sum is ``(x + attn) + mlp`` (StableLM, Cohere) rather than ``(attn + mlp) + x``.
     """
 
     layout: str
@@ -166,6 +167,7 @@ class BlockSpec:
     ls2: nn.Module = IDENTITY
     post1: nn.Module = IDENTITY
     post2: nn.Module = IDENTITY
+    skip_first: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -341,6 +343,11 @@ def _add3(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
     return a + f + x
 
 
+def _add3_skip_first(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
+    """A parallel block's output ``(x + a) + f`` (StableLM's, Cohere's order)."""
+    return x + a + f
+
+
 def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = PLAIN,
                   rope: Optional[tuple] = None) -> BlockRecord:
     """One block on ``x`` (B, N, D); ``bias`` the additive mask or ``None``; ``rope`` the rotary tables."""
@@ -375,7 +382,7 @@ def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay
     lin, g, gate, up = _mlp_forward(p.mlp, m, r)
     lin["fc2"] = r.module(LINEAR, p.mlp.fc2, g)
     f = r.module(SCALE, p.ls2, r.norm(p.post2, lin["fc2"]))
-    out = r(ADD, _add3, x, a, f)
+    out = r(ADD, _add3_skip_first if p.skip_first else _add3, x, a, f)
     return BlockRecord(x=x, attn=att, a=a, mid=x, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up)
 
 

@@ -247,3 +247,23 @@ def test_gemma2_final_cap_takes_the_identity_rule():
     # float64, but the gradient passes Gemma's RMSNorms in float32 (the model's arithmetic): a starting gradient
     # scaled by cap(z)/z rounds differently there (measured 1.0e-7)
     assert _rel(a.scores, b.scores * factor[:, None]) <= 1e-6
+
+
+# ---------------------------------------------------------------- an unlisted parallel decoder: recognised, probed
+def test_an_unlisted_parallel_decoder_is_recognised_and_checked_by_the_probe():
+    """StableLM with use_parallel_residual (no row of its own): one input_layernorm feeding both branches, the sum
+    ``(x + attn) + mlp``; the open recogniser replays it as a parallel block, the probe confirms it (before: refused
+    by name as a parallel block)."""
+    from lrp_core.adapters.recognise import OpenDecoderAdapter
+    model = _build("StableLmForCausalLM", "StableLmConfig", hidden_size=32, intermediate_size=48,
+                   num_key_value_heads=2, use_parallel_residual=True, attn_implementation="sdpa")
+    adapter = get_adapter(model)
+    assert isinstance(adapter, OpenDecoderAdapter)
+    assert all(b.layout == "parallel" and b.skip_first and b.norm2 is b.norm1 for b in adapter.blocks)
+    for side in ("left", "right"):
+        inputs = batch(rows(), side)
+        with torch.no_grad():
+            got = adapter.forward(adapter.check_inputs(inputs)).readout.logits
+        assert (got - model_logits(model, inputs)).abs().max() <= 1e-12, side
+        exp = explain(model, inputs, method="transformer_attribution")
+        assert torch.isfinite(exp.scores).all() and (exp.scores[inputs["attention_mask"] == 0] == 0).all()
