@@ -80,7 +80,8 @@ def _is_mixture_of_experts(model: nn.Module) -> bool:
 
 def _is_soft_capped(model: nn.Module) -> bool:
     """A decoder other than Gemma 2's two classes (which the Gemma 2 adapter replays, soft-caps included) whose config
-    turns attention- or final-logit soft-capping on (multimodal Gemma 2 relatives, Gemma 2 subclasses of other names)."""
+    turns attention- or final-logit soft-capping on (multimodal Gemma 2 relatives, Gemma 2 subclasses of other
+    names)."""
     if _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification")(model):
         return False
     return bool(_config_values(model, "attn_logit_softcapping", "final_logit_softcapping"))
@@ -237,7 +238,8 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      "blocks, multi-query and grouped fused qkv)",
      _named("FalconForCausalLM", "FalconForSequenceClassification"), _decoder("falcon", "FalconAdapter")),
     ("Hugging Face Gemma2ForCausalLM / Gemma2ForSequenceClassification (Gemma 2; attention- and final-logit "
-     "soft-capping)", _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification"), _decoder("gemma2", "Gemma2Adapter")),
+     "soft-capping)", _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
+     _decoder("gemma2", "Gemma2Adapter")),
     ("Hugging Face Olmo2ForCausalLM / Olmo3ForCausalLM (OLMo-2, OLMo-3; branch-output norms, whole-projection q/k "
      "norms)", _named("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Olmo2ForSequenceClassification",
                       "Olmo3ForSequenceClassification"), _decoder("olmo2", "Olmo2Adapter")),

@@ -1,9 +1,10 @@
 """GPT-NeoX decoders (Pythia, GPT-NeoX-20B): ``GPTNeoXForCausalLM`` and ``GPTNeoXForSequenceClassification``.
 
 ``model.gpt_neox`` holds ``embed_in``, ``layers``, ``final_layer_norm`` and ``rotary_emb``; the LM head is
-``lm_head`` (the checkpoints' ``embed_out``), the classifier ``score``. Each layer: LayerNorm ``input_layernorm`` → attention with one fused ``query_key_value`` whose outputs
-are per head ``[q, k, v]`` (the "grouped" qkv layout), partial rotary (``partial_rotary_factor``, the config's
-former ``rotary_pct``: the first part of each head rotated, the rest passed) → ``dense``; LayerNorm
+``lm_head`` (the checkpoints' ``embed_out``), the classifier ``score``. Each layer: LayerNorm ``input_layernorm``
+→ attention with one fused ``query_key_value`` whose outputs are per head ``[q, k, v]`` (the "grouped" qkv
+layout), partial rotary (``partial_rotary_factor``, the config's former ``rotary_pct``: the first part of each head
+rotated, the rest passed) → ``dense``; LayerNorm
 ``post_attention_layernorm`` → ``dense_h_to_4h`` → GELU → ``dense_4h_to_h``. With ``use_parallel_residual`` (Pythia)
 the two branches read the layer input and ``out = (mlp + attn) + x`` (the "parallel" layout, docs/METHODS.md §2f),
 otherwise the sequential pre-LN layout with its two norms. The dropouts are identities (inference).

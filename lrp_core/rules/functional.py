@@ -463,6 +463,7 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
 __all__ = [
     "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic", "linear_gamma_factors",
     "linear_gamma", "linear_epsilon",
-    "add_generic", "add_normalized", "add_generic_n", "add_normalized_n", "clone", "select", "weighted_sum", "matmul", "identity", "zbox_conv2d",
+    "add_generic", "add_normalized", "add_generic_n", "add_normalized_n", "clone", "select", "weighted_sum", "matmul",
+    "identity", "zbox_conv2d",
     "rotate_half", "apply_rotary", "rotary_transpose", "repeat_kv",
 ]
