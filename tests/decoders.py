@@ -25,6 +25,9 @@ FAMILIES = {
     "qwen2_moe": ("qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeForSequenceClassification", "Qwen2MoeConfig"),
     "mixtral": ("mixtral", "MixtralForCausalLM", "MixtralForSequenceClassification", "MixtralConfig"),
     "olmoe": ("olmoe", "OlmoeForCausalLM", None, "OlmoeConfig"),  # no sequence classifier in transformers
+    "gpt_neox": ("gpt_neox", "GPTNeoXForCausalLM", "GPTNeoXForSequenceClassification", "GPTNeoXConfig"),
+    "phi": ("phi", "PhiForCausalLM", "PhiForSequenceClassification", "PhiConfig"),
+    "falcon": ("falcon", "FalconForCausalLM", "FalconForSequenceClassification", "FalconConfig"),
 }
 
 #: the mixture-of-experts families: 4 experts, top-2 (their own configuration in ``_config``)
@@ -53,8 +56,32 @@ def _other_config(family: str, attn: str) -> dict:
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
 
 
+#: the parallel-block families (GPT-NeoX / Pythia, Phi-1/2, Falcon), in tests/adapters/test_decoders_gpt2.py too
+PARALLEL_FAMILIES = ("gpt_neox", "phi", "falcon")
+
+
+def _parallel_config(family: str, attn: str) -> dict:
+    """GPT-NeoX: parallel residual, per-head fused qkv with biases, partial rotary; Phi: one norm for both branches,
+    per-head q/k LayerNorms, grouped kv heads, partial rotary; Falcon: the new decoder architecture (two norms,
+    2 key/value groups in one fused qkv) with biases. Variants by ``overrides`` (``use_parallel_residual=False``,
+    ``new_decoder_architecture=False, multi_query=True``, ...)."""
+    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=64, pad_token_id=PAD, bos_token_id=1, eos_token_id=1,
+                  tie_word_embeddings=False, attn_implementation=attn)
+    partial = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    if family == "gpt_neox":
+        return dict(common, intermediate_size=48, use_parallel_residual=True, attention_bias=True,
+                    rope_parameters=partial)
+    if family == "phi":
+        return dict(common, intermediate_size=48, num_key_value_heads=2, qk_layernorm=True, rope_parameters=partial)
+    return dict(common, ffn_hidden_size=48, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=2,
+                parallel_attn=True, multi_query=False, alibi=False, bias=True)
+
+
 def _config(family: str, attn: str, **overrides):
     import transformers
+    if family in PARALLEL_FAMILIES:
+        return getattr(transformers, FAMILIES[family][3])(**{**_parallel_config(family, attn), **overrides})
     if family in GPT2_HELPER_FAMILIES:
         return getattr(transformers, FAMILIES[family][3])(**{**_other_config(family, attn), **overrides})
     kw = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

@@ -90,9 +90,12 @@ def _is_other_mixture_of_experts(model: nn.Module) -> bool:
 
 
 def _is_soft_capped(model: nn.Module) -> bool:
-    """Gemma 2 (and any config that turns attention- or final-logit soft-capping on)."""
-    return "gemma2" in _model_types(model) or \
-        bool(_config_values(model, "attn_logit_softcapping", "final_logit_softcapping"))
+    """A decoder other than Gemma 2's two classes (which the Gemma 2 adapter replays, soft-caps included) whose config
+    turns attention- or final-logit soft-capping on (multimodal Gemma 2 relatives, Gemma 2 subclasses of other
+    names)."""
+    if _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification")(model):
+        return False
+    return bool(_config_values(model, "attn_logit_softcapping", "final_logit_softcapping"))
 
 
 def _is_multimodal_decoder(model: nn.Module) -> bool:
@@ -222,9 +225,10 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "scoring, experts fused or sliced differently, or recurrent mixers beside them). The mixture-of-experts "
      "decoders explained are Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE; or use a dense decoder (Llama, Mistral, Qwen2 / "
      "Qwen2.5, Qwen3, Gemma 3, Phi-3, GPT-2)"),
-    ("Gemma 2 and soft-capped decoders", _is_soft_capped,
+    ("soft-capped decoders other than Gemma 2", _is_soft_capped,
      "attention-logit and final-logit soft-capping (cap · tanh(x / cap) on the attention scores and on the "
-     "logits) are tanh caps the rules do not describe. Use Gemma 3 (Gemma3ForCausalLM) or another dense decoder"),
+     "logits) is replayed for Gemma2ForCausalLM / Gemma2ForSequenceClassification only; this model's other parts are "
+     "not described. Use Gemma 2 (Gemma2ForCausalLM), Gemma 3 or another dense decoder"),
     ("BEiT / Data2Vec-vision", lambda m: _named("Beit")(m) or _hf_type("beit", "data2vec-vision")(m),
      "every block adds its own learned relative position bias (a table indexed by token offsets, one per block) "
      "to the attention scores; the block description carries no per-block score bias, so the replay would not "
@@ -269,6 +273,20 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"), _decoder("gemma3", "Gemma3Adapter")),
     ("Hugging Face Phi3ForCausalLM / Phi3ForSequenceClassification (Phi-3; fused qkv and gate_up)",
      _named("Phi3ForCausalLM", "Phi3ForSequenceClassification"), _decoder("phi3", "Phi3Adapter")),
+    ("Hugging Face GPTNeoXForCausalLM / GPTNeoXForSequenceClassification (Pythia, GPT-NeoX; parallel or sequential "
+     "residual, fused per-head qkv, partial rotary)",
+     _named("GPTNeoXForCausalLM", "GPTNeoXForSequenceClassification"), _decoder("gpt_neox", "GPTNeoXAdapter")),
+    ("Hugging Face PhiForCausalLM / PhiForSequenceClassification (Phi-1, Phi-1.5, Phi-2; parallel blocks)",
+     _named("PhiForCausalLM", "PhiForSequenceClassification"), _decoder("phi", "PhiAdapter")),
+    ("Hugging Face FalconForCausalLM / FalconForSequenceClassification (rotary Falcon: parallel or sequential "
+     "blocks, multi-query and grouped fused qkv)",
+     _named("FalconForCausalLM", "FalconForSequenceClassification"), _decoder("falcon", "FalconAdapter")),
+    ("Hugging Face Gemma2ForCausalLM / Gemma2ForSequenceClassification (Gemma 2; attention- and final-logit "
+     "soft-capping)", _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
+     _decoder("gemma2", "Gemma2Adapter")),
+    ("Hugging Face Olmo2ForCausalLM / Olmo3ForCausalLM (OLMo-2, OLMo-3; branch-output norms, whole-projection q/k "
+     "norms)", _named("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Olmo2ForSequenceClassification",
+                      "Olmo3ForSequenceClassification"), _decoder("olmo2", "Olmo2Adapter")),
     ("Hugging Face DistilBertForSequenceClassification", _hf_text("distilbert"), _distilbert),
     ("Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings)", _hf_text("albert"),
      _albert),

@@ -7,6 +7,8 @@ code here replays it (:func:`block_forward`) and walks it backward
 
 * ``"pre_ln"`` (ViT): ``mid = x + ls1(attn(norm1(x)))``, ``out = mid + ls2(mlp(norm2(mid)))``.
 * ``"post_ln"`` (BERT): ``mid = norm1(x + attn(x))``, ``out = norm2(mid + mlp(mid))``.
+* ``"parallel"`` (GPT-NeoX, Phi-1/2, Falcon): ``out = (ls1(attn(norm1(x))) + ls2(mlp(norm2(x)))) + x``, one sum of
+  three operands (``norm2`` may be ``norm1`` itself: one norm feeding both branches).
 
 Shapes: B batch, N tokens, D width, H heads, d head width.
 """
@@ -42,7 +44,31 @@ from ..rules.ops import (
 from .records import AttentionRecord, BlockRecord, ExpertRun, MlpRecord, MoeRecord
 
 IDENTITY = nn.Identity()
-LAYOUTS = ("pre_ln", "post_ln")
+LAYOUTS = ("pre_ln", "post_ln", "parallel")
+#: how a fused qkv projection orders its outputs: "split" (all query heads, then the key heads, then the value
+#: heads: timm, Phi-3, GPT-2), "grouped" (per key/value head its query heads, then its key, then its value:
+#: GPT-NeoX's and Falcon's per-head ``[q, k, v]``, Falcon's new decoder architecture's ``[q…, k, v]``)
+QKV_LAYOUTS = ("split", "grouped")
+
+
+class SoftCap(nn.Module):
+    """``cap · tanh(x / cap)``, the soft-capping of attention scores and logits (Gemma 2), as the model computes it.
+
+    An element-wise non-linearity (operation kind ELEMENTWISE): identity in the explicit passes, the identity rule
+    under AttnLRP (docs/METHODS.md §2f).
+    """
+
+    def __init__(self, cap: float):
+        super().__init__()
+        self.cap = float(cap)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(...) -> (...): divided, tanh, multiplied, in the model's order of operations."""
+        return torch.tanh(x / self.cap) * self.cap
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap:g}"
+
 
 
 @dataclass
@@ -62,7 +88,9 @@ class AttentionSpec:
     ``rotary_dtype``: the dtype q and k are rounded to before they are rotated (ModernBERT rotates float32 copies,
     so a float64 model's rotated q and k carry float32 round-off); ``None``: rotated as they are;
     ``norm_whole``: ``q_norm`` / ``k_norm`` normalise the whole projection (every head together, OLMoE) before
-    it is split into heads, not each head's d channels.
+    it is split into heads, not each head's d channels (OLMo-2, OLMoE); ``qkv_layout``: the order of a fused
+    ``qkv``'s outputs (:data:`QKV_LAYOUTS`); ``softcap``: the scaled scores are soft-capped (:class:`SoftCap`)
+    before the mask is added (Gemma 2; never fused).
 
     Vision rotary embeddings (timm EVA): ``rope_skip`` leading tokens (class, register tokens) are not rotated,
     and the rotary tables then cover the other tokens only, (B or 1, N − rope_skip, d); ``rope_interleaved``:
@@ -94,6 +122,12 @@ class AttentionSpec:
     rope_interleaved: bool = False
     rotary_dtype: Optional[torch.dtype] = None
     norm_whole: bool = False
+    qkv_layout: str = "split"
+    softcap: Optional[SoftCap] = None
+
+    def __post_init__(self) -> None:
+        if self.qkv_layout not in QKV_LAYOUTS:
+            raise InputError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
 
     @property
     def kv_heads(self) -> int:
@@ -165,7 +199,10 @@ class BlockSpec:
     """One block: its layout, attention, MLP, norms and LayerScales (identity where absent).
 
     ``post1`` / ``post2``: norms on the attention / MLP branch output before its residual Add (Gemma 3's
-    sandwich norms; pre-LN layout).
+    sandwich norms, OLMo-2's branch-output norms with identity pre-norms; pre-LN layout).
+    ``"parallel"`` layout: ``norm1`` feeds the attention, ``norm2`` the MLP, both from the block input; the same
+    module for both where the model has one norm (it is then computed once and its output is a Clone);
+    ``skip_first``: the sum is ``(x + attn) + mlp`` (StableLM, Cohere) rather than ``(attn + mlp) + x``.
     """
 
     layout: str
@@ -177,6 +214,7 @@ class BlockSpec:
     ls2: nn.Module = IDENTITY
     post1: nn.Module = IDENTITY
     post2: nn.Module = IDENTITY
+    skip_first: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -264,7 +302,11 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
     H, Hkv, d = p.num_heads, p.kv_heads, p.head_dim
     if p.qkv is not None:
         lin = {"qkv": r.module(LINEAR, p.qkv, h)}  # (B, N, (H + 2·Hkv)·d)
-        if Hkv == H:
+        if p.qkv_layout == "grouped":  # per key/value head: its query heads, its key, its value
+            parts = lin["qkv"].reshape(B, N, Hkv, p.groups + 2, d)
+            q = parts[:, :, :, :p.groups].reshape(B, N, H, d).transpose(1, 2)
+            k, v = parts[:, :, :, p.groups].transpose(1, 2), parts[:, :, :, p.groups + 1].transpose(1, 2)
+        elif Hkv == H:
             q, k, v = lin["qkv"].reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
         else:  # fused GQA projection (Phi-3): the query heads, then the key heads, then the value heads
             q, k, v = (t.reshape(B, N, -1, d).transpose(1, 2)
@@ -357,7 +399,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         q_pre, k_pre = q, k
         q, k = _rotate(p, q, cos, sin, r), _rotate(p, k, cos, sin, r)
     A = None
-    if p.sdpa and r.fuse:
+    if p.sdpa and r.fuse and p.softcap is None:
         ctx = r(ATTENTION, _fused(bias, p.scale, groups, p.causal and bias is None), q, k, v)  # (B, H, N, d)
     else:
         k_all, v_all = (k, v) if groups == 1 else \
@@ -367,6 +409,8 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
             scores = r(MATMUL_QK, _matmul, q * p.scale, kT)
         else:
             scores = r(MATMUL_QK, _matmul, q, kT) * p.scale
+        if p.softcap is not None:  # not a module of the model: not recorded as the first element-wise layer
+            scores = r(ELEMENTWISE, p.softcap, scores, module=p.softcap)
         masked = scores if bias is None else r(MASK_ADD, _add, scores, bias)
         A = r(SOFTMAX, _softmax if p.softmax_dtype is None else _softmax_float32, masked)  # (B, H, N, N)
         ctx = r(MATMUL_AV, _matmul, A, v_all)  # (B, H, N, d)
@@ -392,9 +436,21 @@ def _mlp_forward(p: MlpSpec, m: Tensor, r: Replay) -> tuple[dict, Tensor, Option
     return lin, r.norm(p.mid_norm, r(GATE_MUL, _mul, gate, up)), gate, up
 
 
+def _add3(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
+    """A parallel block's output ``(a + f) + x``: the order in which GPT-NeoX, Phi and Falcon add."""
+    return a + f + x
+
+
+def _add3_skip_first(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
+    """A parallel block's output ``(x + a) + f`` (StableLM's, Cohere's order)."""
+    return x + a + f
+
+
 def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = NO_RECORD,
                   rope: Optional[tuple] = None) -> BlockRecord:
     """One block on ``x`` (B, N, D); ``bias`` the additive mask or ``None``; ``rope`` the rotary tables."""
+    if p.layout == "parallel":
+        return _parallel_forward(p, x, bias, r, rope)
     pre = p.layout == "pre_ln"
     att = attention_forward(p.attn, r.norm(p.norm1, x) if pre else x, bias, r, rope)
     a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
@@ -478,6 +534,23 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
                      shared_weight=shared_weight, shared_out=shared_out)
 
 
+def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay,
+                      rope: Optional[tuple]) -> BlockRecord:
+    """A parallel block: attention and MLP both read the (normalised) block input, one sum of three operands.
+
+    The record's ``mid`` is the block input itself (no stream between the branches) and ``m`` the MLP's input.
+    """
+    h = r.norm(p.norm1, x)
+    m = h if p.norm2 is p.norm1 else r.norm(p.norm2, x)
+    att = attention_forward(p.attn, h, bias, r, rope)
+    a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
+    lin, g, gate, up = _mlp_forward(p.mlp, m, r)
+    lin["fc2"] = r.module(LINEAR, p.mlp.fc2, g)
+    f = r.module(SCALE, p.ls2, r.norm(p.post2, lin["fc2"]))
+    out = r(ADD, _add3_skip_first if p.skip_first else _add3, x, a, f)
+    return BlockRecord(x=x, attn=att, a=a, mid=x, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up)
+
+
 # ----------------------------------------------------------------------------
 # the relevance driver
 # ----------------------------------------------------------------------------
@@ -488,6 +561,8 @@ def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
     ``deeper=False`` stops at the attention map: R^A is the halved relevance of
     A at the ``A·V`` product (docs/METHODS.md §1.9), and the input relevance is ``None``.
     """
+    if p.layout == "parallel":
+        return _parallel_relprop(p, rec, R, prop, deeper)
     pre = p.layout == "pre_ln"
     if not pre:
         R = prop.unary(norm_kind(p.norm2), rec.out, R, p.norm2)
@@ -516,6 +591,29 @@ def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
     if pre:
         R_h = prop.unary(norm_kind(p.norm1), rec.x, R_h, p.norm1)
     return prop.clone(rec.x, R_x, R_h), R_A
+
+
+def _parallel_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
+                      deeper: bool) -> tuple[Optional[Tensor], Tensor]:
+    """:func:`block_relprop` of a parallel block: the three-operand Add (docs/METHODS.md §2f), each branch down to
+    its norm, and the block input a Clone of the skip and the norms (one norm feeding both branches: a Clone of
+    its output first)."""
+    R_x, R_a, R_f = prop(ADD, (rec.x, rec.a, rec.f), R, output=rec.out)
+    R_fc2 = prop.unary(SCALE, rec.lin["fc2"], R_f, p.ls2)
+    R_fc2 = prop.unary(norm_kind(p.post2), rec.lin["fc2"], R_fc2, p.post2)
+    R_g = prop.linear(p.mlp.fc2, rec.g, R_fc2, out=rec.lin["fc2"])
+    R_m = _mlp_relprop(p.mlp, rec, prop.unary(norm_kind(p.mlp.mid_norm), rec.g, R_g, p.mlp.mid_norm), prop)
+    R_proj = prop.unary(SCALE, rec.attn.lin["proj"], R_a, p.ls1)
+    R_proj = prop.unary(norm_kind(p.post1), rec.attn.lin["proj"], R_proj, p.post1)
+    R_A, R_h = _attention_relprop(p.attn, rec.attn, R_proj, prop, deeper)
+    if not deeper:
+        return None, R_A
+    if p.norm2 is p.norm1:
+        R_n = prop.unary(norm_kind(p.norm1), rec.x, prop.clone(rec.attn.h, R_h, R_m), p.norm1)
+        return prop.clone(rec.x, R_x, R_n), R_A
+    R_n1 = prop.unary(norm_kind(p.norm1), rec.x, R_h, p.norm1)
+    R_n2 = prop.unary(norm_kind(p.norm2), rec.x, R_m, p.norm2)
+    return prop.clone(rec.x, R_x, R_n1, R_n2), R_A
 
 
 def _mlp_relprop(p: MlpSpec, rec: BlockRecord, R_g: Tensor, prop: Propagation) -> Tensor:
@@ -585,10 +683,14 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
     if not deeper:
         return R_A, None
     (R_s,) = prop(SOFTMAX, (), R_A, output=rec.A)  # the pass keeps only the softmax's output
-    if rec.bias is not None:  # keep the scores' share of the mask add
-        scores = _scores(p, rec)
-        R_s, _ = prop(MASK_ADD, (scores, rec.bias.expand_as(scores)), R_s)
-        del scores
+    if rec.bias is not None or p.softcap is not None:
+        raw = _scores(p, rec)
+        scores = raw if p.softcap is None else p.softcap(raw)
+        if rec.bias is not None:  # keep the scores' share of the mask add
+            R_s, _ = prop(MASK_ADD, (scores, rec.bias.expand_as(scores)), R_s)
+        if p.softcap is not None:  # the soft-cap: an element-wise non-linearity
+            R_s = prop.unary(ELEMENTWISE, raw, R_s, p.softcap)
+        del raw, scores
     R_q, R_kT = prop(MATMUL_QK, (rec.q, repeat_kv(rec.k, groups).transpose(-2, -1)), R_s)
     R_k = R_kT.transpose(-2, -1)
     if groups > 1:  # the shared key/value heads: a Clone over the query heads that use them
@@ -608,7 +710,12 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
         R_q = prop.unary(norm_kind(p.q_norm), q, R_q, p.q_norm)
         R_k = prop.unary(norm_kind(p.k_norm), k, R_k, p.k_norm)
     if p.qkv is not None:
-        if groups == 1:
+        if p.qkv_layout == "grouped":  # per key/value head: its query heads' relevance, its key's, its value's
+            Hkv = p.kv_heads
+            R_qkv = torch.cat([R_q.transpose(1, 2).reshape(B, N, Hkv, groups, d),
+                               R_k.transpose(1, 2)[:, :, :, None], R_v.transpose(1, 2)[:, :, :, None]],
+                              dim=3).reshape(B, N, -1)
+        elif groups == 1:
             R_qkv = torch.stack([R_q, R_k, R_v], dim=2).transpose(1, 3).reshape(B, N, 3 * H * d)
         else:
             R_qkv = torch.cat([t.transpose(1, 2).reshape(B, N, -1) for t in (R_q, R_k, R_v)], dim=-1)

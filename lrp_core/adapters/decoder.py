@@ -241,7 +241,7 @@ class DecoderAdapter(Adapter):
         self.sdpa = getattr(self.config, "_attn_implementation", "eager") == "sdpa"
         self.blocks = [self._block(i, layer) for i, layer in enumerate(layers)]
         # the head; a batch is read at its rows' positions (readout_for), this one at token 0 only names the head
-        self.readout = PositionReadout(final_norm, [HeadLayer(LINEAR, self._head())], torch.zeros(1))
+        self.readout = PositionReadout(final_norm, self._head_layers(), torch.zeros(1))
         self.vocab_size = int(self.config.vocab_size)
         self.max_length = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
         if self._dynamic_rope():  # dynamic NTK scaling is there to run past max_position_embeddings
@@ -265,6 +265,10 @@ class DecoderAdapter(Adapter):
         if not is_linear(head):
             raise UnsupportedModelError(f"{type(self.model).__name__}: no LM head (lm_head) or classifier (score)")
         return head
+
+    def _head_layers(self) -> list[HeadLayer]:
+        """The layers after the final norm: the head alone (Gemma 2 adds its logit soft-cap)."""
+        return [HeadLayer(LINEAR, self._head())]
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
         """A Llama-layout decoder layer: RMSNorm → attention (GQA, RoPE) → RMSNorm → gated MLP, pre-norm."""

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..rules.composites import Propagation
 from ..rules.ops import ADD, LAYERNORM, LINEAR, POOL, READOUT, norm_kind
-from .blocks import NO_RECORD, Replay
+from .blocks import NO_RECORD, Replay, SoftCap
 from .records import ReadoutRecord
 
 
@@ -40,9 +40,18 @@ class Readout(ABC):
     pool_kind: str = READOUT
 
     @property
+    def _logit_layers(self) -> Sequence[HeadLayer]:
+        """The head without a trailing soft-cap of the logits (Gemma 2: it keeps C, the last Linear's width)."""
+        head = list(self.head_layers)
+        while head and isinstance(head[-1].module, SoftCap):
+            head.pop()
+        return head
+
+    @property
     def num_classes(self) -> int:
         """C, or 0 for a model without a classification head."""
-        last = self.head_layers[-1] if self.head_layers else None
+        head = self._logit_layers
+        last = head[-1] if head else None
         return last.module.out_features if last is not None and last.kind == LINEAR else 0
 
     @property
@@ -83,8 +92,9 @@ class Readout(ABC):
         for layer in self.head_layers:
             inputs.append(h)
             h = r.module(layer.kind, layer.module, h)
-        last_linear = bool(self.head_layers) and self.head_layers[-1].kind == LINEAR
-        pooled = inputs[-1] if last_linear else h
+        logit_layers = len(self._logit_layers)
+        last_linear = bool(logit_layers) and self.head_layers[logit_layers - 1].kind == LINEAR
+        pooled = inputs[logit_layers - 1] if last_linear else h
         return ReadoutRecord(hidden=hidden, normed=normed, token=token, inputs=inputs, pooled=pooled, logits=h)
 
     # --------------------------------------------------------------- relevance

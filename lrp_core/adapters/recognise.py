@@ -14,7 +14,9 @@ too), optional per-head q/k norms and sliding windows, and gated or plain MLPs. 
 
 Otherwise the model is refused with the reason: the module that was not understood, or the measured deviation
 of the replay. Blocks the engine cannot describe at all (state-space, recurrent or convolutional mixers,
-mixture-of-experts, parallel attention + MLP) are refused by name first (:func:`unreplayable`).
+mixture-of-experts) are refused by name first (:func:`unreplayable`); parallel blocks (attention and MLP both read
+the layer input: one ``input_layernorm``, or a ``use_parallel_residual`` / ``parallel_attn`` config) are replayed as
+such and checked by the probe like any other.
 
 Shapes: B batch, T tokens, D width, V vocabulary, H heads, d head width.
 """
@@ -47,7 +49,8 @@ STRUCTURES = (
     "post_mlp_layernorm, or input_layernorm + pre_feedforward_layernorm (+ post_attention_layernorm + "
     "post_feedforward_layernorm), or attention_layernorm + feedforward_layernorm, or post_attention_layernorm + "
     "post_feedforward_layernorm alone (norms on the branch outputs); a rotary embedding of type default, linear, "
-    "llama3, yarn or proportional; and the engine's replay equal to the model's own logits on a probe input")
+    "llama3, yarn or proportional; parallel blocks (input_layernorm alone, or a use_parallel_residual / parallel_attn "
+    "config) too; and the engine's replay equal to the model's own logits on a probe input")
 
 #: Relative tolerance of the probe (max |replay − model| / max |model| over the probe's logits), by dtype:
 #: float32 round-off accumulated over a few blocks is ~1e-6 (measured 2e-7 … 6e-7 on the tiny test models, float64
@@ -126,8 +129,7 @@ def unreplayable(model: nn.Module) -> Optional[str]:
     """Why the model's blocks cannot be replayed at all, naming the module and what it is; ``None`` if no such block.
 
     State-space, recurrent and convolutional mixers and mixture-of-experts layers are found by their modules'
-    class names; parallel blocks (attention and MLP both read the block input and are added to it together:
-    GPT-NeoX, GPT-J, Cohere, Phi-1, Falcon) by the config flag or by a layer holding a single norm.
+    class names. (Parallel blocks are replayed: :meth:`OpenDecoderAdapter._block`.)
     """
     found, convs = [], []
     for name, module in model.named_modules():
@@ -144,20 +146,11 @@ def unreplayable(model: nn.Module) -> Optional[str]:
     if odd:
         return (f"config.layer_types has {', '.join(map(repr, odd))} layers: mixers other than (sliding-window) "
                 "softmax attention (recurrent, convolutional or state-space), which the block replay does not describe")
-    for flag in ("use_parallel_residual", "parallel_attn", "parallel_residual"):
-        if getattr(cfg, flag, False) is True:
-            return (f"config.{flag}=True: every layer is a parallel block (attention and MLP both read the layer "
-                    "input and are added to it together), which the sequential block replay does not describe")
-    layers = _layers(model)
-    if layers is not None:
-        layer = layers[0]
-        names = [n for n, m in layer.named_children() if _is_norm(m)]
-        mixers = [n for n, _ in layer.named_children() if "attn" in n or "attention" in n]
-        if len(names) == 1 and mixers and any("mlp" in n for n, _ in layer.named_children()):
-            return (f"its layer {type(layer).__name__} has one norm ({names[0]}) feeding both attention and MLP: a "
-                    "parallel block (attention and MLP added to the layer input together), which the sequential "
-                    "block replay does not describe")
     return None
+
+
+#: config flags that make every layer a parallel block (attention and MLP both read the layer input)
+PARALLEL_FLAGS = ("use_parallel_residual", "parallel_attn", "parallel_residual")
 
 
 def _children(module: nn.Module) -> dict:
@@ -216,6 +209,8 @@ class OpenDecoderAdapter(DecoderAdapter):
         if "self_attn" not in parts or "mlp" not in parts:
             raise UnsupportedModelError(f"{where} has no self_attn and mlp (its parts: {', '.join(parts)})")
         norms = frozenset(n for n, m in parts.items() if _is_norm(m))
+        if norms == {"input_layernorm"} or any(getattr(self.config, f, False) is True for f in PARALLEL_FLAGS):
+            return self._parallel_block(i, layer, parts, norms, where)
         layout = NORM_LAYOUTS.get(norms)
         if layout is None:
             raise UnsupportedModelError(f"{where} has the norms {', '.join(sorted(norms))}, not one of the layouts "
@@ -223,6 +218,17 @@ class OpenDecoderAdapter(DecoderAdapter):
         norm1, norm2, post1, post2 = (parts[n] if n else nn.Identity() for n in layout)
         return BlockSpec(layout="pre_ln", norm1=norm1, norm2=norm2, post1=post1, post2=post2,
                          attn=self._open_attention(i, layer.self_attn, where), mlp=_mlp(layer.mlp, where))
+
+    def _parallel_block(self, i: int, layer: nn.Module, parts: dict, norms: frozenset, where: str) -> BlockSpec:
+        """A parallel block (docs/METHODS.md §2f) summed as ``(x + attn) + mlp``: ``input_layernorm`` feeding both
+        branches, or it and ``post_attention_layernorm`` feeding the attention and the MLP (the probe checks)."""
+        if norms not in ({"input_layernorm"}, {"input_layernorm", "post_attention_layernorm"}):
+            raise UnsupportedModelError(f"{where} is a parallel block with the norms {', '.join(sorted(norms))}; the "
+                                        "replay describes input_layernorm (+ post_attention_layernorm for the MLP)")
+        norm1 = parts["input_layernorm"]
+        return BlockSpec(layout="parallel", norm1=norm1, norm2=parts.get("post_attention_layernorm", norm1),
+                         skip_first=True, attn=self._open_attention(i, layer.self_attn, where),
+                         mlp=_mlp(layer.mlp, where))
 
     def _open_attention(self, i: int, att: nn.Module, where: str):
         cfg = self.config

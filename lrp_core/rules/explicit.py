@@ -145,7 +145,8 @@ class EpsilonLinear(ExplicitRule):
 
 
 class NormalizedAdd(ExplicitRule):
-    """:func:`lrp_core.rules.add_normalized` — generic share, then the paper's normalisation. docs/METHODS.md §1.3."""
+    """:func:`lrp_core.rules.add_normalized` — generic share, then the paper's normalisation. docs/METHODS.md §1.3;
+    n > 2 operands (a parallel block): :func:`lrp_core.rules.functional.add_normalized_n`, §2f."""
 
     name = "normalized_add"
     kinds = (ADD, MASK_ADD)
@@ -154,6 +155,8 @@ class NormalizedAdd(ExplicitRule):
         self.per_sample = per_sample
 
     def relevance(self, op, R, cache=None):
+        if len(op.inputs) > 2:  # a parallel block's x + attn + mlp: the same normalisation over n operands
+            return tuple(F.add_normalized_n(op.inputs, R, per_sample=self.per_sample, out=op.output))
         u, v = op.inputs
         return F.add_normalized(u, v, R, per_sample=self.per_sample)
 
@@ -168,6 +171,8 @@ class GenericAdd(ExplicitRule):
     kinds = (ADD, MASK_ADD, POS_ADD)
 
     def relevance(self, op, R, cache=None):
+        if len(op.inputs) > 2:  # n operands: each its share z_i ⊙ R / Σ z
+            return tuple(F.add_generic_n(op.inputs, R, out=op.output))
         u, v = op.inputs
         if op.output is None:
             return F.add_generic(u, v, R)

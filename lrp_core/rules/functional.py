@@ -11,7 +11,7 @@ directly.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -450,6 +450,53 @@ def sum_normalized(parts: Tensor, tokens: Tensor, R: Tensor, out: Tensor) -> Ten
     return Rp.mul_(safe_div(fp, sp)[:, None])
 
 
+def add_generic_n(zs: Sequence[Tensor], R: Tensor, out: Tensor | None = None) -> list[Tensor]:
+    """Generic rule for a sum of n operands ``z_1 + … + z_n``: each its share ``z_i ⊙ R / Σ_j z_j``.
+
+    Parameters
+    ----------
+    zs : the n operands, each broadcastable to R's shape (B, ...).
+    R : relevance of the sum.
+    out : the sum as the forward computed it (its own order of additions); formed here where ``None``.
+
+    Returns
+    -------
+    The n shares, each of R's shape: conservative up to the stabiliser (``Σ_i R_i = Σ z ⊙ safe_div(R, Σ z)``).
+    """
+    if out is None:
+        out = zs[0]
+        for z in zs[1:]:
+            out = out + z
+    s = safe_div(R, out)
+    return [z * s for z in zs]
+
+
+def add_normalized_n(zs: Sequence[Tensor], R: Tensor, per_sample: bool = True,
+                     out: Tensor | None = None) -> list[Tensor]:
+    """:func:`add_normalized` for n operands (a parallel block's ``x + attn + mlp``): the generic shares of
+    :func:`add_generic_n`, each operand's total then replaced by ``|S_i| / Σ_j |S_j| · S`` (``S_i`` its share's sum,
+    ``S`` that of R; per sample unless ``per_sample=False``). For n = 2 the numbers of :func:`add_normalized`.
+
+    Parameters
+    ----------
+    zs : the n operands (B, ...).
+    R : relevance of the sum (B, ...).
+    per_sample : sums over every axis but the batch axis (else over the whole tensor).
+    out : the sum as the forward computed it, or ``None``.
+
+    Returns
+    -------
+    The n rescaled shares: their totals add up to ``S`` exactly (up to round-off), each a fraction in [0, 1] of it.
+    """
+    shares = add_generic_n(zs, R, out=out)
+    total = _sum_per_sample if per_sample else (lambda t: t.sum())
+    sums, sR = [total(r) for r in shares], total(R)
+    den = sums[0].abs()
+    for s in sums[1:]:
+        den = den + s.abs()
+    return [r.mul_(safe_div(safe_div(s.abs(), den) * sR, s)) for r, s in zip(shares, sums)]
+
+
 def clone(*Rs: Tensor, x: Tensor | None = None) -> Tensor:
     """A tensor used by several branches receives the sum of their relevances.
 
@@ -745,7 +792,7 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
 __all__ = [
     "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic", "linear_gamma_factors",
     "linear_gamma", "linear_epsilon",
-    "add_generic", "add_normalized", "sum_generic", "sum_normalized",
+    "add_generic", "add_normalized", "add_generic_n", "add_normalized_n", "sum_generic", "sum_normalized",
     "clone", "select", "weighted_sum", "matmul", "identity", "zbox_conv2d",
     "rotate_half", "apply_rotary", "rotary_transpose", "repeat_kv",
 ]

@@ -33,10 +33,7 @@ MOE = {
     "DeepSeek-V3": lambda: _meta("DeepseekV3ForCausalLM", T.DeepseekV3Config(
         **SMALL, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=0)),
 }
-SOFT_CAPPED = {
-    "Gemma 2": lambda: _meta("Gemma2ForCausalLM", T.Gemma2Config(**SMALL, head_dim=16)),
-    "Gemma 2 classifier": lambda: _meta("Gemma2ForSequenceClassification",
-                                        T.Gemma2Config(**SMALL, head_dim=16, pad_token_id=0)),
+SOFT_CAPPED = {  # Gemma 2 itself is replayed (tests/adapters/test_decoders_gemma2.py)
     "Gemma 3 with soft-capping switched on": lambda: _meta(
         "Gemma3ForCausalLM", T.Gemma3TextConfig(**SMALL, head_dim=16, final_logit_softcapping=30.0)),
 }

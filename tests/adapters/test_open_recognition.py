@@ -7,7 +7,7 @@ What is checked:
   a padded batch row by row as each row alone, the explained logit the model's own;
 * a model with a supported structure whose numbers differ (Granite's multipliers, EXAONE 4's rotary-free global
   layers, GLM's interleaved rotary, a Llama subclass that scales its logits) is refused with the measured deviation;
-* state-space, recurrent, convolutional, mixture-of-experts and parallel blocks are refused by name, without a probe;
+* state-space, recurrent, convolutional and mixture-of-experts blocks are refused by name, without a probe;
 * parts the engine does not know are named (the module and why);
 * the probe runs once per model and configuration, and the model is untouched by recognition and refusals.
 """
@@ -239,13 +239,7 @@ BY_NAME = {
     "RecurrentGemma": (lambda: _meta("RecurrentGemmaForCausalLM", T.RecurrentGemmaConfig(
         vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, lru_width=32,
         attention_window_size=8)), ("RecurrentGemmaRglru", "recurrence")),
-    "GPT-NeoX (parallel)": (lambda: _meta("GPTNeoXForCausalLM", T.GPTNeoXConfig(
-        vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)),
-        ("use_parallel_residual", "parallel block")),
-    "Cohere (parallel)": (lambda: _meta("CohereForCausalLM", T.CohereConfig(**SMALL)),
-                          ("CohereDecoderLayer", "parallel block")),
-    "Phi-1 (parallel)": (lambda: _meta("PhiForCausalLM", T.PhiConfig(**SMALL)), ("PhiDecoderLayer", "parallel block")),
-}
+}  # parallel blocks are replayed (GPT-NeoX, Phi, Falcon: their rows; others: test_decoders_parallel.py)
 
 
 @pytest.mark.parametrize("name", BY_NAME)
@@ -261,7 +255,7 @@ def test_unreplayable_blocks_are_refused_by_name(name, probes):
 
 # ----------------------------------------------------------------------------- parts not understood are named
 NOT_UNDERSTOOD = {
-    "Olmo2": ("q_norm normalises 32 channels at once", "per-head"),  # q/k norm over all heads together
+    "Cohere": ("CohereLayerNorm", "norm variant"),  # a parallel block whose LayerNorm has no bias and its own mean
     "Nemotron": ("NemotronLayerNorm1P", "norm variant"),  # LayerNorm with weight 1 + w
     "Olmo": ("OlmoLayerNorm", "not a norm the rules can recompute"),  # parameter-free LayerNorm, eps in its code
     "Apertus": ("XIELUActivation", "not an activation the engine knows"),
