@@ -44,6 +44,14 @@ CONVERTED = [
     "lrp_core.data.sets",
     "lrp_core.sources",
     "lrp_core.api",
+    "lrp_core.models",
+    "lrp_core.models.hub",
+    "lrp_core.models.dinov2",
+    "lrp_core.models.minilm",
+    "lrp_core.models.lm",
+    "lrp_core.models.tiny_lm",
+    "lrp_core.models.toy_vit",
+    "lrp_core.models.dinov2_scenes",
 ]
 
 
