@@ -44,6 +44,7 @@ CONVERTED = [
     "lrp_core.data.sets",
     "lrp_core.sources",
     "lrp_core.api",
+    "lrp_core.methods.baselines",
     "lrp_core.models",
     "lrp_core.models.hub",
     "lrp_core.models.dinov2",
