@@ -22,6 +22,7 @@ CONVERTED = [
     "lrp_core.rules.ops",
     "lrp_core.rules.explicit",
     "lrp_core.rules.composites",
+    "lrp_core.rules.linear",
     "lrp_core.viz.colours",
     "lrp_core.viz.maps",
     "lrp_core.viz.text",
