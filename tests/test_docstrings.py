@@ -43,6 +43,8 @@ CONVERTED = [
     "lrp_core.data.folders",
     "lrp_core.data.rationales",
     "lrp_core.data.sets",
+    "lrp_core.data.photos",
+    "lrp_core.data.scenes",
     "lrp_core.sources",
     "lrp_core.api",
     "lrp_core.methods.baselines",
