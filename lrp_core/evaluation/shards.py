@@ -42,7 +42,25 @@ GROUP_TIMEOUT = timedelta(hours=12)
 
 
 def block_spans(n: int, size: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` of each block of ``size`` consecutive samples out of ``n``."""
+    """The ``[start, stop)`` of each block of ``size`` consecutive samples out of ``n``.
+
+    Parameters
+    ----------
+    n : int
+        Number of samples.
+    size : int
+        Samples per block (at least 1); the last block may be shorter.
+
+    Returns
+    -------
+    list[tuple[int, int]]
+        The spans, in order.
+
+    Raises
+    ------
+    InputError
+        If ``size`` is below 1.
+    """
     if size < 1:
         raise InputError(f"batch_size must be >= 1, got {size}")
     return [(s, min(s + size, n)) for s in range(0, n, size)]
@@ -183,15 +201,27 @@ class Shard:
 
 
 def from_environment(device: str, backend: str = "auto") -> tuple[Shard, str]:
-    """Join the process group torchrun set up (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``).
+    """Join the process group torchrun has set up (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``).
 
-    Without torchrun (no ``WORLD_SIZE`` or 1) nothing is initialised. ``backend``
-    ``auto`` is ``nccl`` when the model runs on CUDA, else ``gloo``. On CUDA each
-    rank takes the GPU ``LOCAL_RANK`` (modulo the GPUs present) and the gathered
-    objects travel through it (NCCL's requirement).
+    Without torchrun (``WORLD_SIZE`` unset or 1) nothing is initialised. On CUDA each rank takes the GPU
+    ``LOCAL_RANK`` (modulo the GPUs present), and the gathered objects travel through it, as NCCL requires.
 
-    Returns:
+    Parameters
+    ----------
+    device : str
+        Where the model runs (``"cpu"``, ``"cuda"``, ...).
+    backend : str, optional
+        ``"gloo"``, ``"nccl"`` or ``"auto"``: ``nccl`` when the model runs on CUDA, otherwise ``gloo``.
+
+    Returns
+    -------
+    tuple[Shard, str]
         The :class:`Shard` (without folder) and the device this rank runs its model on.
+
+    Raises
+    ------
+    InputError
+        If CUDA is asked for but unavailable, or the backend is unknown.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
