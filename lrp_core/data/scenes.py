@@ -82,7 +82,18 @@ class Scenes:
         return int(self.labels.shape[1])
 
     def label_names(self, i: int) -> list[str]:
-        """Class names of the objects in scene ``i``."""
+        """The class names of the objects in one scene.
+
+        Parameters
+        ----------
+        i : int
+            The scene's index.
+
+        Returns
+        -------
+        list[str]
+            One name per object (k).
+        """
         return [self.class_names[int(c)] for c in self.labels[i]]
 
 

@@ -522,10 +522,25 @@ class RandomDraws:
     def maps(self, cache: dict[str, Tensor], size: tuple[int, int], one: Span,
              two: Optional[Span], with_target: bool,
              ) -> tuple[dict[str, Tensor], Optional[MapPair]]:
-        """Maps at ``size`` of one-object images ``one`` = (start, stop) and scenes ``two``.
+        """The maps at ``size`` of the one-object rows ``one`` and the two-object rows ``two``.
 
-        Returns:
-            as :func:`random_maps`, for those rows.
+        Parameters
+        ----------
+        cache : dict[str, Tensor]
+            The methods' token scores (N, T), which give the patch grid on the first call.
+        size : tuple[int, int]
+            (H, W) of the maps.
+        one : Span
+            ``(start, stop)`` of the one-object rows.
+        two : Optional[Span]
+            ``(start, stop)`` of the two-object rows, or ``None``.
+        with_target : bool
+            Also give the maps for the true class.
+
+        Returns
+        -------
+        tuple[dict[str, Tensor], Optional[MapPair]]
+            As :func:`random_maps`, for those rows.
         """
         if self._one is None:
             self._draw(cache, size)

@@ -87,7 +87,18 @@ class Attributed:
         return self.mask is None and self.inputs.dim() == 4
 
     def row(self, i: int) -> tuple:
-        """The additional arguments of sample ``i`` (a batch of one)."""
+        """The additional forward arguments of one sample, as a batch of one.
+
+        Parameters
+        ----------
+        i : int
+            The sample's index.
+
+        Returns
+        -------
+        tuple
+            ``args`` with each tensor cut to row ``i`` (``[i:i + 1]``); other arguments as they are.
+        """
         return tuple(a[i:i + 1] if isinstance(a, Tensor) else a for a in self.args)
 
 
