@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Modules whose public functions (``__all__``) have numpy-style docstrings. The list grows as the other
-#: modules (adapters, models, tools, evaluation, the remaining rules, methods and data modules, widgets) are converted.
+#: modules (adapters, tools, the remaining rules, methods and data modules, widgets) are converted.
 CONVERTED = [
     "lrp_core.metrics.perturbation",
     "lrp_core.metrics.scenes",
@@ -22,6 +22,7 @@ CONVERTED = [
     "lrp_core.rules.ops",
     "lrp_core.rules.explicit",
     "lrp_core.rules.composites",
+    "lrp_core.rules.linear",
     "lrp_core.viz.colours",
     "lrp_core.viz.maps",
     "lrp_core.viz.text",
@@ -42,14 +43,37 @@ CONVERTED = [
     "lrp_core.data.folders",
     "lrp_core.data.rationales",
     "lrp_core.data.sets",
+    "lrp_core.data.photos",
+    "lrp_core.data.scenes",
     "lrp_core.sources",
     "lrp_core.api",
+    "lrp_core.evaluation.batching",
+    "lrp_core.evaluation.images",
+    "lrp_core.evaluation.lm",
+    "lrp_core.evaluation.report",
+    "lrp_core.evaluation.run",
+    "lrp_core.evaluation.shards",
+    "lrp_core.evaluation.sources",
+    "lrp_core.evaluation.text",
+    "lrp_core.evaluation.bootstrap",
+    "lrp_core.evaluation.__main__",
+    "lrp_core.methods.baselines",
+    "lrp_core.models",
+    "lrp_core.models.hub",
+    "lrp_core.models.dinov2",
+    "lrp_core.models.minilm",
+    "lrp_core.models.lm",
+    "lrp_core.models.tiny_lm",
+    "lrp_core.models.toy_vit",
+    "lrp_core.models.dinov2_scenes",
 ]
 
 
 def _public_functions(module_name: str):
     module = importlib.import_module(module_name)
-    for name in module.__all__:
+    # a module without ``__all__`` (a command-line module): its functions without a leading underscore
+    names = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
+    for name in names:
         obj = getattr(module, name)
         # a function re-exported from another module is checked in its home module
         if inspect.isfunction(obj) and obj.__module__ == module_name:

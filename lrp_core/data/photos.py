@@ -80,10 +80,26 @@ def list_images() -> list[str]:
 
 
 def as_pil_image(image: Any) -> Image.Image:
-    """A PIL RGB image from a PIL image or an (H, W), (H, W, 3) or (H, W, 4) array.
+    """Convert an image to a PIL RGB image.
 
-    Arrays may be uint8 (0..255) or float (0..1); torch tensors are accepted as
-    arrays (moved to the CPU). A (3, H, W) channel-first array is transposed.
+    Parameters
+    ----------
+    image : Any
+        A PIL image, or an (H, W), (H, W, 3) or (H, W, 4) array, uint8 in 0..255 or float in 0..1 (bool
+        arrays too). A torch tensor counts as an array (moved to the CPU); a (3, H, W) channel-first array is
+        transposed; a fourth channel is dropped.
+
+    Returns
+    -------
+    Image.Image
+        The RGB image.
+
+    Raises
+    ------
+    InputTypeError
+        If ``image`` is neither a PIL image nor an array.
+    InputError
+        If the array has another shape.
     """
     if isinstance(image, Image.Image):
         return image.convert("RGB")
@@ -112,10 +128,22 @@ def as_pil_image(image: Any) -> Image.Image:
 
 
 def sample_image(name: str) -> Image.Image:
-    """A bundled photo as a PIL RGB image (grayscale photos are converted to RGB).
+    """One of the bundled photos, as a PIL RGB image (grayscale photos converted to RGB).
 
-    Raises:
-        KeyError: unknown name; the message lists :func:`list_images`.
+    Parameters
+    ----------
+    name : str
+        A name from :func:`list_images`.
+
+    Returns
+    -------
+    Image.Image
+        The photo.
+
+    Raises
+    ------
+    UnknownNameError
+        If the name is unknown (a ``KeyError``); the message lists :func:`list_images`.
     """
     try:
         loader, _ = PHOTO_SOURCES[name]
@@ -141,15 +169,34 @@ def _center_crop_resize(img: Image.Image, width: int, height: int) -> Image.Imag
 
 def compose_pair(img_a: Any, img_b: Any, size: int = 224, return_masks: bool = False
                  ) -> Image.Image | tuple[Image.Image, np.ndarray]:
-    """Put two photos side by side in one ``size`` x ``size`` image.
+    """Place two photos side by side in one ``size`` x ``size`` image.
 
-    Each photo (a name from :func:`list_images`, a PIL image or an array) is
-    centre-cropped to a half-width portrait and resized: ``img_a`` fills the
-    left ``size // 2`` columns, ``img_b`` the rest.
+    Each photo is centre-cropped to a half-width portrait and resized; ``img_a`` fills the left ``size // 2``
+    columns, ``img_b`` the others.
 
-    Returns:
-        the PIL image, and with ``return_masks=True`` also a (2, size, size) bool
-        array: the left and the right half.
+    Parameters
+    ----------
+    img_a : Any
+        The left photo: a name from :func:`list_images`, a PIL image or an array.
+    img_b : Any
+        The right photo, in the same forms.
+    size : int, optional
+        Side of the composed image, in pixels (at least 2).
+    return_masks : bool, optional
+        Also return the masks of the two halves.
+
+    Returns
+    -------
+    Image.Image | tuple[Image.Image, np.ndarray]
+        The PIL image; with ``return_masks=True`` the pair ``(image, masks)``, ``masks`` a (2, size, size) bool
+        array marking the left and the right half.
+
+    Raises
+    ------
+    InputError
+        If ``size`` is not an integer of at least 2, or a photo is not an accepted image.
+    UnknownNameError
+        If a photo's name is unknown.
     """
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 2:
         raise InputError(f"size must be an integer >= 2, got {size!r}")

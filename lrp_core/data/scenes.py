@@ -82,12 +82,34 @@ class Scenes:
         return int(self.labels.shape[1])
 
     def label_names(self, i: int) -> list[str]:
-        """Class names of the objects in scene ``i``."""
+        """The class names of the objects in one scene.
+
+        Parameters
+        ----------
+        i : int
+            The scene's index.
+
+        Returns
+        -------
+        list[str]
+            One name per object (k).
+        """
         return [self.class_names[int(c)] for c in self.labels[i]]
 
 
 def normalize(rgb: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """(n, H, W, 3) floats in [0, 1] -> (n, 3, H, W) float32 tensor normalised for the toy ViT."""
+    """Normalise scenes for the toy ViT, channels first.
+
+    Parameters
+    ----------
+    rgb : np.ndarray | torch.Tensor
+        (n, H, W, 3) floats in [0, 1].
+
+    Returns
+    -------
+    torch.Tensor
+        (n, 3, H, W) float32, normalised with :data:`MEAN` / :data:`STD`.
+    """
     x = torch.as_tensor(np.asarray(rgb, dtype=np.float32)).permute(0, 3, 1, 2)
     mean = torch.tensor(MEAN, dtype=torch.float32).view(1, 3, 1, 1)
     std = torch.tensor(STD, dtype=torch.float32).view(1, 3, 1, 1)
@@ -95,7 +117,18 @@ def normalize(rgb: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 
 def imagenet_normalize(rgb: np.ndarray) -> torch.Tensor:
-    """Scenes (N, H, W, 3) floats in [0, 1] (``Scenes.rgb``) -> (N, 3, H, W) ImageNet-normalised."""
+    """Normalise scenes with the ImageNet mean and std, channels first.
+
+    Parameters
+    ----------
+    rgb : np.ndarray
+        (N, H, W, 3) floats in [0, 1] (``Scenes.rgb``).
+
+    Returns
+    -------
+    torch.Tensor
+        (N, 3, H, W), ImageNet-normalised.
+    """
     x = torch.as_tensor(np.asarray(rgb, dtype=np.float32)).permute(0, 3, 1, 2)
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
@@ -424,29 +457,41 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
 
 def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_SIZE,
                 textures: bool = True, clutter: bool = True, drop: int | None = None) -> Scenes:
-    """Draw ``n`` procedural scenes (deterministic for a given ``seed``).
+    """Draw ``n`` procedural scenes, deterministically for a given ``seed``.
 
-    Args:
-        n: number of scenes (>= 1).
-        seed: seed of the numpy generator; the same seed gives identical arrays.
-        n_objects: 1 or 2 objects per scene; two objects are always of different classes.
-        size: side in pixels (the toy ViT expects :data:`IMAGE_SIZE`).
-        textures: give objects stripes / checks / noise (else solid colours).
-        clutter: cluttered background (gradient, noise, distractors, pixel noise);
-            ``False`` gives a flat background and noise-free pixels, so every
-            masked pixel has exactly the object's colour when ``textures=False``.
-        drop: ``None``, or the index j < ``n_objects`` of an object to leave out:
-            the same scenes (same seed, background, noise, the other object)
-            rendered without object j — the counterfactual of the deletion
-            check. Outside the original ``masks[:, j]`` the pixels are
-            identical; inside, the background (or the part of the other object
-            that j hid) shows. ``labels`` stay as in the full scenes,
-            ``masks[:, j]`` is empty and the other object's mask is its whole
-            shape.
+    Parameters
+    ----------
+    n : int
+        Number of scenes (at least 1).
+    seed : int, optional
+        Seed of the numpy generator: one seed, identical arrays.
+    n_objects : int, optional
+        Objects per scene, 1 or 2; the two objects of a scene always have different classes.
+    size : int, optional
+        Side in pixels (at least 32; the toy ViT expects :data:`IMAGE_SIZE`).
+    textures : bool, optional
+        Give the objects stripes, checks or noise; ``False``: solid colours.
+    clutter : bool, optional
+        A cluttered background (gradient, noise, distractors, pixel noise). ``False`` gives a flat background
+        and pixels without noise, so that with ``textures=False`` every masked pixel is exactly the object's
+        colour.
+    drop : int | None, optional
+        ``None``, or the index j < ``n_objects`` of an object to leave out: the same scenes (seed, background,
+        noise and other object alike) drawn without object j, the counterfactual of the deletion check.
+        Pixels outside the original ``masks[:, j]`` are identical; inside it the background (or the part of
+        the other object that j covered) appears. ``labels`` are those of the full scenes, ``masks[:, j]`` is
+        empty and the other object's mask is its whole shape.
 
-    Returns:
-        :class:`Scenes` with ``images`` (n, 3, size, size), ``labels`` (n, k),
-        ``masks`` (n, k, size, size), ``rgb`` (n, size, size, 3), ``colors`` (n, k, 3).
+    Returns
+    -------
+    Scenes
+        ``images`` (n, 3, size, size), ``labels`` (n, k), ``masks`` (n, k, size, size), ``rgb``
+        (n, size, size, 3) and ``colors`` (n, k, 3), with k = ``n_objects``.
+
+    Raises
+    ------
+    InputError
+        If ``n``, ``n_objects``, ``size`` or ``drop`` is out of range.
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise InputError(f"n must be a positive integer, got {n!r}")

@@ -66,7 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; 0 on success, 2 when the engine rejects the input."""
+    """Run the evaluation's command line.
+
+    Parameters
+    ----------
+    argv : Optional[Sequence[str]], optional
+        The arguments (``--help`` lists them); ``None`` reads ``sys.argv``.
+
+    Returns
+    -------
+    int
+        The exit status: 0 on success, 2 when the engine rejects the input.
+    """
     p = build_parser()
     a = p.parse_args(argv)
     if a.threads is not None:

@@ -18,15 +18,23 @@ TAM_BATCH = 256
 
 
 def explain_batch(model: Any, inputs: Any, method: str, target: Optional[Tensor]) -> Any:
-    """One :func:`lrp_core.explain` call without a progress bar (for the methods that have one).
+    """One :func:`lrp_core.explain` call, without a progress bar (for the methods that show one).
 
-    Args:
-        inputs: (B, 3, H, W) images, or a tokenized batch (``input_ids``,
-            ``attention_mask``: (B, T)).
-        target: (B,) classes, or ``None`` for the predicted class.
+    Parameters
+    ----------
+    model : Any
+        The model to explain.
+    inputs : Any
+        (B, 3, H, W) images, or a tokenized batch (``input_ids``, ``attention_mask``: (B, T)).
+    method : str
+        A name of :data:`lrp_core.METHODS`.
+    target : Optional[Tensor]
+        (B,) classes, or ``None`` for the predicted class.
 
-    Returns:
-        The :class:`lrp_core.Explanation` (``scores``: (B, T)).
+    Returns
+    -------
+    Explanation
+        The :class:`lrp_core.Explanation`, ``scores`` (B, T).
     """
     spec = registry.get(method)
     extra: dict[str, Any] = {k: v for k, v in (("batch_size", TAM_BATCH), ("progress", False)) if spec.takes(k)}
@@ -34,10 +42,20 @@ def explain_batch(model: Any, inputs: Any, method: str, target: Optional[Tensor]
 
 
 def method_order(methods: Sequence[str]) -> list[str]:
-    """``methods`` with ``token_ablation`` moved before ``cdam``.
+    """The methods, with ``token_ablation`` moved before ``cdam``.
 
-    CDAM's statistics correlate it with token ablation; running that first
-    lets the CDAM row reuse its scores instead of a second, costly pass.
+    CDAM's statistics correlate it with token ablation; when that runs first, the CDAM row reuses its scores
+    instead of a second, costly pass.
+
+    Parameters
+    ----------
+    methods : Sequence[str]
+        Method names.
+
+    Returns
+    -------
+    list[str]
+        The same names, reordered.
     """
     names = list(methods)
     if "token_ablation" in names and "cdam" in names:

@@ -64,10 +64,23 @@ TWO_DIGITS = {"positive_predicted_auc_per_image", "negative_predicted_auc_per_im
 
 def paired_interval(a: Sequence[Any], b: Sequence[Any], resamples: int = 2000,
                     seed: int = 0) -> tuple[float, float, float]:
-    """Mean of ``a − b`` over cases (both defined) and its 95 % paired-bootstrap interval.
+    """The mean of ``a − b`` over the cases where both are defined, with its 95 % paired-bootstrap interval.
 
-    Args:
-        a, b: (N,) per-case values of two methods on the same cases; ``None`` / NaN = undefined.
+    Parameters
+    ----------
+    a : Sequence[Any]
+        (N,) values of one method per case; ``None`` or NaN mark an undefined value.
+    b : Sequence[Any]
+        (N,) values of the other method on the same cases.
+    resamples : int, optional
+        Number of bootstrap resamples.
+    seed : int, optional
+        Seed of the resampling.
+
+    Returns
+    -------
+    tuple[float, float, float]
+        ``(mean, low, high)``.
     """
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
@@ -80,11 +93,25 @@ def paired_interval(a: Sequence[Any], b: Sequence[Any], resamples: int = 2000,
 def paired_statistic_interval(a: Any, b: Any, statistic: Callable[[np.ndarray], np.ndarray],
                               resamples: int = 2000, seed: int = 0,
                               ) -> tuple[float, float, float]:
-    """``statistic(a) − statistic(b)`` and its 95 % paired-bootstrap interval, for pooled metrics.
+    """``statistic(a) − statistic(b)`` with its 95 % paired-bootstrap interval, for the pooled metrics.
 
-    Args:
-        a, b: (N, ...) per-case values of two methods on the same cases (no undefined ones).
-        statistic: (R, N, ...) resampled cases -> (R,), one value per resample.
+    Parameters
+    ----------
+    a : Any
+        (N, ...) values of one method per case, all defined.
+    b : Any
+        (N, ...) values of the other method on the same cases.
+    statistic : Callable[[np.ndarray], np.ndarray]
+        Resampled cases (R, N, ...) to one value per resample (R,).
+    resamples : int, optional
+        Number of bootstrap resamples R.
+    seed : int, optional
+        Seed of the resampling.
+
+    Returns
+    -------
+    tuple[float, float, float]
+        ``(difference, low, high)``.
     """
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
@@ -95,10 +122,24 @@ def paired_statistic_interval(a: Any, b: Any, statistic: Callable[[np.ndarray], 
 
 def comparison_table(curves: dict[str, dict[str, list]], reference: str = "transformer_attribution",
                      kind: str = "image", columns: Optional[dict[str, str]] = None) -> str:
-    """Markdown table: one row per baseline, ``reference − baseline`` [interval] per column.
+    """A Markdown table with one row per compared method: ``reference − method`` [interval] in each column.
 
-    ``kind`` (``image`` / ``text``) picks :data:`IMAGE_COLUMNS` or :data:`TEXT_COLUMNS`
-    unless ``columns`` is given; columns the reference lacks are left out.
+    Parameters
+    ----------
+    curves : dict[str, dict[str, list]]
+        A run's ``curves[method]``: the per-case lists.
+    reference : str, optional
+        The method the others are compared with.
+    kind : str, optional
+        The run's kind, ``"image"``, ``"text"`` or ``"lm"``; it picks :data:`IMAGE_COLUMNS`,
+        :data:`TEXT_COLUMNS` or :data:`LM_COLUMNS` when ``columns`` is not given.
+    columns : Optional[dict[str, str]], optional
+        Column name to per-case key; columns the reference lacks are left out.
+
+    Returns
+    -------
+    str
+        The table; ``—`` where a method lacks a column.
     """
     spec = columns if columns is not None else {"text": TEXT_COLUMNS, "lm": LM_COLUMNS}.get(kind, IMAGE_COLUMNS)
     cols = [c for c, key in spec.items() if key in curves[reference]]
@@ -124,8 +165,21 @@ def comparison_table(curves: dict[str, dict[str, list]], reference: str = "trans
 
 
 def compared(curves: dict, reference: str) -> list[str]:
-    """The methods of a run the reference is compared with: every one but the reference, the paper's first
-    (:data:`PAPER_BASELINES`), then the others in the run's order, ``random`` last."""
+    """The methods of a run the reference is compared with, in table order.
+
+    Parameters
+    ----------
+    curves : dict
+        A run's ``curves[method]``.
+    reference : str
+        The reference method, left out.
+
+    Returns
+    -------
+    list[str]
+        The paper's baselines first (:data:`PAPER_BASELINES`), then the run's other methods in its order,
+        ``random`` last.
+    """
     others = [m for m in curves if m not in (reference, "random")]
     first = [m for m in PAPER_BASELINES if m in others]
     return first + [m for m in others if m not in first] + [m for m in ("random",) if m in curves]
@@ -136,6 +190,14 @@ def _floats(v: Sequence[Any]) -> list[float]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Print the comparison table of a run's meta file (the command line).
+
+    Parameters
+    ----------
+    argv : Optional[Sequence[str]], optional
+        The arguments: the meta file and ``--reference`` (default ``attnlrp`` for a sources run, otherwise
+        ``transformer_attribution``); ``None`` reads ``sys.argv``.
+    """
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("meta")
     p.add_argument("--reference", default=None, help="default: attnlrp for a sources run, else "

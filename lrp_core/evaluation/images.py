@@ -49,18 +49,29 @@ MapPair = tuple[Tensor, Tensor]
 # --------------------------------------------------------------------------
 def image_maps(model: Any, images: Tensor, method: str, target: Optional[Tensor] = None,
                batch_size: int = 32, progress: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """Explain ``images`` in batches.
+    """Explain ``images`` batch by batch.
 
-    Args:
-        model: an image model the engine supports.
-        images: (N, 3, H, W).
-        method: a name of :data:`lrp_core.METHODS`.
-        target: (N,) classes, or ``None`` for the predicted class.
+    Parameters
+    ----------
+    model : Any
+        An image model the engine supports.
+    images : Tensor
+        (N, 3, H, W) model inputs.
+    method : str
+        A name of :data:`lrp_core.METHODS`.
+    target : Optional[Tensor], optional
+        (N,) classes, or ``None`` for the predicted class.
+    batch_size : int, optional
+        Images per explanation call.
+    progress : bool, optional
+        Show a progress bar.
 
-    Returns:
-        maps (N, H, W) at image size (``pixel_map()``: pixel relevance for
-        ``lrp``, else the bilinearly upsampled patch map), token scores (N, T)
-        and the explained targets (N,).
+    Returns
+    -------
+    tuple[Tensor, Tensor, Tensor]
+        ``(maps, scores, targets)``: maps (N, H, W) at image size (``pixel_map()``: the pixel relevance for
+        ``lrp``, otherwise the patch map upsampled bilinearly), token scores (N, T) and the explained classes
+        (N,).
     """
     device = model_device(model)
     maps, scores, targets = [], [], []
@@ -104,7 +115,22 @@ def _has_pairs(two: Optional[ImageSet]) -> TypeGuard[ImageSet]:
 
 @torch.no_grad()
 def predict(model: Any, images: Tensor, batch_size: int = 64) -> Tensor:
-    """(N,) argmax class of ``model`` on ``images`` (N, 3, H, W)."""
+    """The argmax class of ``model`` on each image.
+
+    Parameters
+    ----------
+    model : Any
+        The classifier.
+    images : Tensor
+        (N, 3, H, W) model inputs.
+    batch_size : int, optional
+        Images per forward pass.
+
+    Returns
+    -------
+    Tensor
+        (N,) class ids.
+    """
     return torch.cat([lg.argmax(1).cpu() for _, lg in logits_in_batches(model, images, batch_size)])
 
 
@@ -114,23 +140,34 @@ def predict(model: Any, images: Tensor, batch_size: int = 64) -> Tensor:
 def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Sequence[str],
                     batch_size: int = 32, progress: bool = True, baseline: bool = False,
                     drops: Optional[Tensor] = None) -> tuple[Results, Curves]:
-    """All image metrics for each method.
+    """Every image metric of each method.
 
-    Args:
-        model: the classifier.
-        one: one-object set (perturbation, segmentation); ``labels`` may be None.
-        two: two-object set of different classes (class sensitivity) or None.
-        methods: method names.
-        baseline: add a row ``random`` (seeded uniform random patch maps).
-        drops: (N2, 2, 2) logit drops of the two-object set
-            (:func:`lrp_core.metrics.deletion_drops`: class j, object k removed);
-            computed here when ``two.removed`` is given and ``drops`` is not.
+    Parameters
+    ----------
+    model : Any
+        The classifier.
+    one : ImageSet
+        The one-object set (perturbation, segmentation); its ``labels`` may be ``None``.
+    two : Optional[ImageSet]
+        The two-object set, objects of different classes (class sensitivity), or ``None``.
+    methods : Sequence[str]
+        Method names.
+    batch_size : int, optional
+        Images per explanation call.
+    progress : bool, optional
+        Show progress bars.
+    baseline : bool, optional
+        Add the row ``random`` (seeded uniform random patch maps).
+    drops : Optional[Tensor], optional
+        (N2, 2, 2) logit drops of the two-object set (:func:`lrp_core.metrics.deletion_drops`: class j,
+        object k removed); computed here when ``two.removed`` is given and ``drops`` is not.
 
-    Returns:
-        ``results[method][metric]`` (see :data:`IMAGE_METRICS`; ``None`` = not
-        applicable) and ``curves[method][test]`` = accuracies at x = 0, 0.1 … 0.9
-        for tests ``positive_predicted``, ``negative_predicted``, ``positive_target``,
-        ``negative_target``.
+    Returns
+    -------
+    tuple[Results, Curves]
+        ``results[method][metric]`` (metrics in :data:`IMAGE_METRICS`; ``None`` where one does not apply) and
+        ``curves[method][test]``, the accuracies at x = 0, 0.1 … 0.9 for the tests ``positive_predicted``,
+        ``negative_predicted``, ``positive_target`` and ``negative_target``.
     """
     out = image_protocol(model, one, two, methods, batch_size, progress, baseline, drops)
     assert out is not None  # one process holds every block
@@ -141,14 +178,37 @@ def image_protocol(model: Any, one: ImageSet, two: Optional[ImageSet], methods: 
                    batch_size: int = 32, progress: bool = True, baseline: bool = False,
                    drops: Optional[Tensor] = None, shard: Optional[Shard] = None,
                    ) -> Optional[tuple[Results, Curves, Tensor]]:
-    """:func:`evaluate_images` in blocks of ``batch_size`` images, spread over ``shard``'s ranks.
+    """:func:`evaluate_images` in blocks of ``batch_size`` images, spread over the ranks of ``shard``.
 
-    Every model call sees the images of one block only (:mod:`.shards`), so
-    the per-image values do not depend on the number of processes.
+    Each model call sees the images of one block only (:mod:`.shards`), so the per-image values do not
+    depend on how many processes run.
 
-    Returns:
-        On rank 0: results, curves and the (N,) predicted classes of ``one``;
-        ``None`` on the other ranks.
+    Parameters
+    ----------
+    model : Any
+        The classifier.
+    one : ImageSet
+        The one-object set.
+    two : Optional[ImageSet]
+        The two-object set, or ``None``.
+    methods : Sequence[str]
+        Method names.
+    batch_size : int, optional
+        Images per block (and per explanation call).
+    progress : bool, optional
+        Show progress bars.
+    baseline : bool, optional
+        Add the row ``random``.
+    drops : Optional[Tensor], optional
+        (N2, 2, 2) logit drops of the two-object set, as in :func:`evaluate_images`.
+    shard : Optional[Shard], optional
+        The processes and the checkpoint folder; ``None``: one process.
+
+    Returns
+    -------
+    Optional[tuple[Results, Curves, Tensor]]
+        On rank 0 the results, the curves and the (N,) predicted classes of ``one``; ``None`` on the other
+        ranks.
     """
     shard = shard or Shard()
     n_two = len(two) if _has_pairs(two) else 0
@@ -407,16 +467,30 @@ def _json_floats(a: Any) -> list:
 def random_maps(one: ImageSet, two: Optional[ImageSet], cache: dict[str, Tensor],
                 with_target: bool, seed: int = 0,
                 ) -> tuple[dict[str, Tensor], Optional[MapPair]]:
-    """Seeded uniform random patch maps (the reference row ``random``) for whole sets.
+    """Seeded uniform random patch maps for whole sets (the reference row ``random``).
 
-    The patch grid is taken from the methods' token scores (N, T) in ``cache``
-    (square grid), else the maps are random per pixel. A random map knows no
-    class: the same draw serves the predicted and the true class, and both
-    classes of a two-object scene.
+    The patch grid is read from the methods' token scores (N, T) in ``cache`` (a square grid); without any,
+    the maps are random per pixel. A random map knows no class, so one draw serves the predicted and the
+    true class, and both classes of a two-object scene.
 
-    Returns:
-        ``{"predicted": (N, H, W)[, "target": the same]}`` and the pair of the
-        two-object set (the same (N2, H, W) draw twice) or ``None``.
+    Parameters
+    ----------
+    one : ImageSet
+        The one-object set.
+    two : Optional[ImageSet]
+        The two-object set, or ``None``.
+    cache : dict[str, Tensor]
+        The methods' token scores (N, T), by method (only their shape is read).
+    with_target : bool
+        Also give the maps for the true class.
+    seed : int, optional
+        Seed of the draw.
+
+    Returns
+    -------
+    tuple[dict[str, Tensor], Optional[MapPair]]
+        ``{"predicted": (N, H, W)}`` (plus ``"target"``, the same maps, with ``with_target``) and the pair of the
+        two-object set (one (N2, H, W) draw, twice), or ``None`` without that set.
     """
     n_two = len(two) if _has_pairs(two) else 0
     draws = RandomDraws(len(one), n_two, seed)
@@ -448,10 +522,25 @@ class RandomDraws:
     def maps(self, cache: dict[str, Tensor], size: tuple[int, int], one: Span,
              two: Optional[Span], with_target: bool,
              ) -> tuple[dict[str, Tensor], Optional[MapPair]]:
-        """Maps at ``size`` of one-object images ``one`` = (start, stop) and scenes ``two``.
+        """The maps at ``size`` of the one-object rows ``one`` and the two-object rows ``two``.
 
-        Returns:
-            as :func:`random_maps`, for those rows.
+        Parameters
+        ----------
+        cache : dict[str, Tensor]
+            The methods' token scores (N, T), which give the patch grid on the first call.
+        size : tuple[int, int]
+            (H, W) of the maps.
+        one : Span
+            ``(start, stop)`` of the one-object rows.
+        two : Optional[Span]
+            ``(start, stop)`` of the two-object rows, or ``None``.
+        with_target : bool
+            Also give the maps for the true class.
+
+        Returns
+        -------
+        tuple[dict[str, Tensor], Optional[MapPair]]
+            As :func:`random_maps`, for those rows.
         """
         if self._one is None:
             self._draw(cache, size)

@@ -34,8 +34,26 @@ LM_METRICS = ("evidence_hit1", "evidence_ap", "morf_auc", "lerf_auc")
 
 
 def encode(tokenizer: Any, records: Sequence[FactRecord]) -> dict:
-    """Left-padded prompts with offsets: ``input_ids``, ``attention_mask`` (B, T), ``context`` and ``evidence``
-    (per prompt, token positions), ``answers`` (B,)."""
+    """Tokenize the prompts, left-padded, and locate their context and evidence tokens.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        A fast tokenizer (offsets), padding on the left.
+    records : Sequence[FactRecord]
+        B prompts with answers and evidence.
+
+    Returns
+    -------
+    dict
+        ``input_ids`` and ``attention_mask`` (B, T); ``context`` and ``evidence``, per prompt the token
+        positions; ``answers`` (B,), the first token of each answer.
+
+    Raises
+    ------
+    InputError
+        If a prompt has no evidence token after tokenizing.
+    """
     enc = tokenizer([r.prompt for r in records], return_tensors="pt", padding=True, return_offsets_mapping=True,
                     return_special_tokens_mask=True)
     context, evidence = [], []
@@ -62,13 +80,45 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 def answer_probabilities(
     model: Any, input_ids: torch.Tensor, mask: torch.Tensor, answers: torch.Tensor
 ) -> torch.Tensor:
-    """p(answer | prompt) at the last position (B,), position ids following the mask."""
+    """p(answer | prompt) read at the last position, with position ids following the mask.
+
+    Parameters
+    ----------
+    model : Any
+        The causal LM.
+    input_ids : torch.Tensor
+        (B, T) left-padded prompts.
+    mask : torch.Tensor
+        (B, T) attention mask.
+    answers : torch.Tensor
+        (B,) answer token ids.
+
+    Returns
+    -------
+    torch.Tensor
+        (B,) probabilities, on the CPU.
+    """
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=_positions(mask)).logits[:, -1]
     return logits.float().softmax(-1).gather(1, answers[:, None].to(logits.device))[:, 0].cpu()
 
 
 def evidence_scores(scores: np.ndarray, context: np.ndarray, evidence: np.ndarray) -> tuple[float, float]:
-    """(hit@1, average precision) of one prompt's token scores over its context tokens."""
+    """Hit@1 and average precision of one prompt's token scores, ranked over its context tokens.
+
+    Parameters
+    ----------
+    scores : np.ndarray
+        (T,) the prompt's token scores over its padded row.
+    context : np.ndarray
+        Positions of the context tokens.
+    evidence : np.ndarray
+        Positions of the evidence tokens.
+
+    Returns
+    -------
+    tuple[float, float]
+        ``(hit@1, average precision)``.
+    """
     s = scores[context]
     is_ev = np.isin(context, evidence)
     order = np.argsort(-s, kind="stable")
@@ -79,7 +129,30 @@ def evidence_scores(scores: np.ndarray, context: np.ndarray, evidence: np.ndarra
 
 def replacement_curve(model: Any, ids: torch.Tensor, mask: torch.Tensor, order: torch.Tensor, answer: int,
                       filler: int, K: int) -> np.ndarray:
-    """p(answer) with the first k tokens of ``order`` replaced by ``filler``, k = 0 … K: (K+1,)."""
+    """The answer's probability as the first k tokens of ``order`` are replaced by ``filler``, k = 0 … K.
+
+    Parameters
+    ----------
+    model : Any
+        The causal LM.
+    ids : torch.Tensor
+        (1, T) the prompt's ``input_ids``.
+    mask : torch.Tensor
+        (1, T) its attention mask.
+    order : torch.Tensor
+        Token positions, in the order they are replaced.
+    answer : int
+        The answer's token id.
+    filler : int
+        The replacing token id (:func:`filler_token`).
+    K : int
+        Most tokens replaced (capped at ``len(order)``).
+
+    Returns
+    -------
+    np.ndarray
+        (K + 1,) p(answer) after k = 0 … K replacements.
+    """
     K = min(K, len(order))
     variants = ids.repeat(K + 1, 1)
     for k in range(1, K + 1):
@@ -89,13 +162,40 @@ def replacement_curve(model: Any, ids: torch.Tensor, mask: torch.Tensor, order: 
 
 
 def curve_auc(curve: np.ndarray) -> float:
-    """Area under a curve sampled at k / K, k = 0 … K (trapezoid; in [0, 1] for probabilities)."""
+    """Area under a curve sampled at k / K, k = 0 … K (trapezoid rule).
+
+    Parameters
+    ----------
+    curve : np.ndarray
+        (K + 1,) the values.
+
+    Returns
+    -------
+    float
+        The area, in [0, 1] for probabilities (the single value when K = 0).
+    """
     K = len(curve) - 1
     return float(np.trapezoid(curve, dx=1.0 / K)) if K > 0 else float(curve[0])
 
 
 def filler_token(tokenizer: Any) -> int:
-    """The token that replaces removed context: the unknown token, else padding, else end-of-text."""
+    """The token that replaces removed context: the unknown token, else the padding token, else end-of-text.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        The LM's tokenizer.
+
+    Returns
+    -------
+    int
+        The token id.
+
+    Raises
+    ------
+    InputError
+        If the tokenizer has none of these tokens.
+    """
     for name in ("unk_token_id", "pad_token_id", "eos_token_id"):
         v = getattr(tokenizer, name, None)
         if v is not None:
@@ -117,10 +217,39 @@ def prompt_values(model: Any, enc: dict, b: int, scores: np.ndarray, filler: int
 def lm_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], methods: Sequence[str],
                 batch_size: int = 16, progress: bool = True, baseline: bool = True,
                 seed: int = 0) -> tuple[Results, dict, float, int]:
-    """Every method on the prompts the model answers correctly.
+    """Run every method on the prompts the model answers correctly.
 
-    Returns ``(results, curves, accuracy, n_correct)``: ``results[method][metric]`` the means,
-    ``curves[method][metric + "_per_prompt"]`` the per-prompt values (for the bootstrap).
+    Parameters
+    ----------
+    model : Any
+        The causal LM.
+    tokenizer : Any
+        Its tokenizer (fast, left padding).
+    records : Sequence[FactRecord]
+        The prompts with their answers and evidence.
+    methods : Sequence[str]
+        Method names.
+    batch_size : int, optional
+        Prompts per explanation call.
+    progress : bool, optional
+        Show a progress bar.
+    baseline : bool, optional
+        Add the row ``random`` (seeded uniform random token maps).
+    seed : int, optional
+        Seed of the random maps.
+
+    Returns
+    -------
+    tuple[Results, dict, float, int]
+        ``(results, curves, accuracy, n_correct)``: ``results[method][metric]`` the means,
+        ``curves[method][metric + "_per_prompt"]`` the values per prompt (for the bootstrap), the share of
+        prompts answered correctly and their number.
+
+    Raises
+    ------
+    InputError
+        If a prompt has no evidence token after tokenizing, or the tokenizer has no token to replace context
+        with.
     """
     from ..api import explain
 

@@ -27,7 +27,18 @@ CURVE_TESTS = ("positive_predicted", "negative_predicted", "positive_target", "n
 
 
 def metric_value(v: Any) -> Optional[float]:
-    """A metric as it goes into the results: a float, ``None`` for NaN or not applicable."""
+    """A metric as it is stored in the results.
+
+    Parameters
+    ----------
+    v : Any
+        The computed value: anything ``float()`` accepts, or ``None``.
+
+    Returns
+    -------
+    Optional[float]
+        The float, or ``None`` for NaN or a metric that does not apply.
+    """
     if v is None:
         return None
     v = float(v)
@@ -36,7 +47,22 @@ def metric_value(v: Any) -> Optional[float]:
 
 def format_table(results: Results, markdown: bool = False,
                  columns: Optional[Sequence[str]] = None) -> str:
-    """A method × metric table (plain text or Markdown); ``—`` for ``None``."""
+    """A method × metric table, in plain text or Markdown; ``—`` stands for ``None``.
+
+    Parameters
+    ----------
+    results : Results
+        ``results[method][metric]``.
+    markdown : bool, optional
+        Write a Markdown table instead of aligned plain text.
+    columns : Optional[Sequence[str]], optional
+        The metrics shown, in order; default those of the first method.
+
+    Returns
+    -------
+    str
+        The table (``"(no results)"`` when ``results`` is empty).
+    """
     if not results:
         return "(no results)"
     cols = list(columns or next(iter(results.values())).keys())
@@ -59,10 +85,21 @@ def _fmt(metric: str, v: float) -> str:
 
 
 def plot_curves(curves: dict[str, dict[str, list]], path: str | Path, title: str = "") -> Path:
-    """Save the perturbation curves (accuracy vs. fraction removed), one panel per test.
+    """Save the perturbation curves, accuracy against the fraction removed, one panel per test.
 
-    Args:
-        curves: ``curves[method][test]`` = accuracies (1 + P,) at x = 0 and :data:`M.FRACTIONS`.
+    Parameters
+    ----------
+    curves : dict[str, dict[str, list]]
+        ``curves[method][test]``: the accuracies (1 + P,) at x = 0 and :data:`M.FRACTIONS`.
+    path : str | Path
+        The image file written.
+    title : str, optional
+        The figure's title.
+
+    Returns
+    -------
+    Path
+        The written file.
     """
     matplotlib = require("matplotlib", extra="viz", what="plot_curves")  # late: only runs that write a plot need it
     matplotlib.use("Agg", force=False)
@@ -97,13 +134,24 @@ def plot_curves(curves: dict[str, dict[str, list]], path: str | Path, title: str
 
 
 def write_run(run: dict[str, Any], path: str | Path, command: str) -> list[Path]:
-    """Write a run of :func:`lrp_core.evaluation.evaluate` next to ``path``.
+    """Write a run of :func:`lrp_core.evaluation.evaluate` to ``path`` and beside it.
 
-    ``path`` gets ``run["results"]``; ``<stem>.meta.json`` the other facts plus
-    ``command``; image runs also get ``perturbation_<model>.png``.
+    ``path`` receives ``run["results"]``, ``<stem>.meta.json`` the run's other facts with ``command``, and an
+    image run also ``perturbation_<model>.png``.
 
-    Returns:
-        The written files, in that order.
+    Parameters
+    ----------
+    run : dict[str, Any]
+        What :func:`lrp_core.evaluation.evaluate` returned.
+    path : str | Path
+        The results' JSON file.
+    command : str
+        The command line that made the run, recorded in the facts.
+
+    Returns
+    -------
+    list[Path]
+        The written files, in the order above.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

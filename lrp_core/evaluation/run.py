@@ -20,8 +20,26 @@ from .text import text_protocol
 
 
 def resolve_methods(spec: str | Sequence[str], protocol: str = "evidence") -> list[str]:
-    """``"all"``, a comma list or a sequence of names -> validated list (the ``sources`` protocol also takes
-    the source methods, :data:`lrp_core.api.SOURCE_METHODS`)."""
+    """Turn a method specification into a checked list of names.
+
+    Parameters
+    ----------
+    spec : str | Sequence[str]
+        ``"all"``, a comma-separated list, or a sequence of names.
+    protocol : str, optional
+        ``"evidence"``, or ``"sources"``, which also accepts the source methods
+        (:data:`lrp_core.api.SOURCE_METHODS`).
+
+    Returns
+    -------
+    list[str]
+        The method names.
+
+    Raises
+    ------
+    UnknownMethodError
+        If a name is unknown or none is given; the message lists the accepted names.
+    """
     known = list(METHODS) + (list(registry.SOURCE_METHOD_NAMES) if protocol == "sources" else [])
     names = list(known) if spec == "all" else (
         [s.strip() for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec))
@@ -37,24 +55,57 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
              split: str = "val", text_target: str = "true", progress: bool = True,
              baseline: bool = True, device: str = "cpu",
              shard: Optional[Shard] = None, protocol: str = "evidence") -> Optional[dict[str, Any]]:
-    """Run the evaluation of ``model`` (a name for :func:`lrp_core.models.load` or a LoadedModel).
+    """Run the evaluation of a model.
 
-    ``baseline`` adds a reference row ``random`` (seeded uniform random maps
-    / word scores). Returns a dict with ``results`` ({method: {metric:
-    value}}), ``curves`` (image models: perturbation curves and per-image values; text
-    models: per-document values), ``kind``, ``model``, ``n``,
-    ``accuracy`` (clean accuracy on the evaluated data), ``skipped``,
-    ``seconds`` and ``processes``. ``device`` is where the model runs (the data
-    stay on the CPU and move batch by batch).
+    The samples are evaluated in blocks of ``batch_size`` (text: 16 at most). The per-sample values and the
+    results do not depend on the number of processes.
 
-    The samples are evaluated in blocks of ``batch_size`` (text: at most 16).
-    ``shard`` (:mod:`.shards`) spreads the blocks over the processes of a
-    ``torchrun`` and keeps checkpoints; then only rank 0 gets the dict, the
-    other ranks ``None``. The per-sample values and results do not depend on
-    the number of processes.
+    Parameters
+    ----------
+    model : str | Any
+        A name for :func:`lrp_core.models.load`, or a :class:`LoadedModel`.
+    methods : str | Sequence[str], optional
+        As for :func:`resolve_methods`; ``"all"`` on a causal LM keeps the methods that run on decoders.
+    n : int, optional
+        Number of samples (at least 1).
+    batch_size : int, optional
+        Samples per block (at least 1).
+    seed : int, optional
+        Seed of the built-in data (scenes, facts).
+    data : Optional[str], optional
+        A folder of your own data (:func:`lrp_core.data.load_data_folder`) instead of the built-in data.
+    split : str, optional
+        The ERASER split read from ``data``.
+    text_target : str, optional
+        Text models: ``"true"`` (explain the label) or ``"predicted"``.
+    progress : bool, optional
+        Show progress bars.
+    baseline : bool, optional
+        Add the reference row ``random`` (seeded uniform random maps or word scores).
+    device : str, optional
+        Where the model runs; the data stay on the CPU and move batch by batch.
+    shard : Optional[Shard], optional
+        Spreads the blocks over the processes of a ``torchrun`` and keeps checkpoints (:mod:`.shards`);
+        ``None``: one process.
+    protocol : str, optional
+        A causal LM's task: ``"evidence"`` (the evidence tokens, docs/METHODS.md §3.6) or ``"sources"`` (the
+        deciding fact among the prompt's facts, §3.7). Image and text classifiers take ``"evidence"`` only.
 
-    ``protocol``: a causal LM's task, ``"evidence"`` (evidence tokens, docs/METHODS.md §3.6) or ``"sources"``
-    (the deciding fact among the prompt's facts, §3.7); image and text classifiers take ``"evidence"`` only.
+    Returns
+    -------
+    Optional[dict[str, Any]]
+        ``results`` ({method: {metric: value}}), ``curves`` (image models: the perturbation curves and per-image
+        values; text models: per-document values), ``kind``, ``model``, ``n``, ``accuracy`` (the clean accuracy
+        on the evaluated data), ``skipped``, ``seconds`` and ``processes``. With a ``shard``, only rank 0 gets
+        the dict and the other ranks ``None``.
+
+    Raises
+    ------
+    InputError
+        If ``n``, ``batch_size`` or ``protocol`` is out of range, the model has no built-in data and no
+        ``data`` is given, or the protocol, ``data`` or the processes do not fit the model's kind.
+    UnknownMethodError
+        If a method name is unknown.
     """
     from ..models import load  # late: the model zoo pulls in timm / transformers
     t0 = time.perf_counter()

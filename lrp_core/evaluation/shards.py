@@ -42,7 +42,25 @@ GROUP_TIMEOUT = timedelta(hours=12)
 
 
 def block_spans(n: int, size: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` of each block of ``size`` consecutive samples out of ``n``."""
+    """The ``[start, stop)`` of each block of ``size`` consecutive samples out of ``n``.
+
+    Parameters
+    ----------
+    n : int
+        Number of samples.
+    size : int
+        Samples per block (at least 1); the last block may be shorter.
+
+    Returns
+    -------
+    list[tuple[int, int]]
+        The spans, in order.
+
+    Raises
+    ------
+    InputError
+        If ``size`` is below 1.
+    """
     if size < 1:
         raise InputError(f"batch_size must be >= 1, got {size}")
     return [(s, min(s + size, n)) for s in range(0, n, size)]
@@ -79,10 +97,20 @@ class Shard:
 
     # ------------------------------------------------------------------ checkpoints
     def start(self, config: dict[str, Any]) -> None:
-        """Prepare the checkpoint folder for a run described by ``config`` (JSON values).
+        """Prepare the checkpoint folder for a run.
 
-        Without ``resume`` rank 0 empties the folder; with it, a folder written
-        by a different run (another model, n, batch size, ...) is an error.
+        Without ``resume``, rank 0 empties the folder; with it, a folder written by another run (another model,
+        n, batch size, ...) is refused.
+
+        Parameters
+        ----------
+        config : dict[str, Any]
+            The run's description (JSON values), stored in the folder.
+
+        Raises
+        ------
+        InputError
+            If resuming from a folder that holds a different run.
         """
         if self.folder is None:
             return
@@ -129,15 +157,41 @@ class Shard:
 
     # ------------------------------------------------------------------ the work
     def mine(self, n_blocks: int) -> list[int]:
-        """The blocks of this rank: ``b % world == rank``."""
+        """The blocks this rank computes: those with ``b % world == rank``.
+
+        Parameters
+        ----------
+        n_blocks : int
+            Number of blocks in the run.
+
+        Returns
+        -------
+        list[int]
+            The block indices, ascending.
+        """
         return list(range(self.rank, n_blocks, self.world))
 
     def map(self, n_blocks: int, compute: Callable[[int], Any], progress: bool = False,
             desc: str = "blocks") -> Optional[list[Any]]:
         """``[compute(b) for b in range(n_blocks)]``, spread over the ranks.
 
-        Each rank computes (or, resuming, loads) its own blocks; rank 0 gets
-        the whole list in block order, the other ranks ``None``.
+        Each rank computes its own blocks (or loads them, when resuming).
+
+        Parameters
+        ----------
+        n_blocks : int
+            Number of blocks.
+        compute : Callable[[int], Any]
+            A block's index to its values.
+        progress : bool, optional
+            Show a progress bar.
+        desc : str, optional
+            The progress bar's label.
+
+        Returns
+        -------
+        Optional[list[Any]]
+            On rank 0 the values of every block, in block order; ``None`` on the other ranks.
         """
         done: dict[int, Any] = {}
         loaded = computed = 0
@@ -168,7 +222,18 @@ class Shard:
 
     # ------------------------------------------------------------------ torch.distributed
     def gather(self, obj: Any) -> Optional[list[Any]]:
-        """Every rank's ``obj`` on rank 0 (a list, rank order); ``None`` on the others."""
+        """Collect every rank's ``obj`` on rank 0.
+
+        Parameters
+        ----------
+        obj : Any
+            This rank's object (picklable).
+
+        Returns
+        -------
+        Optional[list[Any]]
+            On rank 0 the objects in rank order; ``None`` on the other ranks.
+        """
         if not self.distributed:
             return [obj]
         import torch.distributed as dist
@@ -183,15 +248,27 @@ class Shard:
 
 
 def from_environment(device: str, backend: str = "auto") -> tuple[Shard, str]:
-    """Join the process group torchrun set up (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``).
+    """Join the process group torchrun has set up (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``).
 
-    Without torchrun (no ``WORLD_SIZE`` or 1) nothing is initialised. ``backend``
-    ``auto`` is ``nccl`` when the model runs on CUDA, else ``gloo``. On CUDA each
-    rank takes the GPU ``LOCAL_RANK`` (modulo the GPUs present) and the gathered
-    objects travel through it (NCCL's requirement).
+    Without torchrun (``WORLD_SIZE`` unset or 1) nothing is initialised. On CUDA each rank takes the GPU
+    ``LOCAL_RANK`` (modulo the GPUs present), and the gathered objects travel through it, as NCCL requires.
 
-    Returns:
+    Parameters
+    ----------
+    device : str
+        Where the model runs (``"cpu"``, ``"cuda"``, ...).
+    backend : str, optional
+        ``"gloo"``, ``"nccl"`` or ``"auto"``: ``nccl`` when the model runs on CUDA, otherwise ``gloo``.
+
+    Returns
+    -------
+    tuple[Shard, str]
         The :class:`Shard` (without folder) and the device this rank runs its model on.
+
+    Raises
+    ------
+    InputError
+        If CUDA is asked for but unavailable, or the backend is unknown.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:

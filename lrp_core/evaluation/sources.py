@@ -39,7 +39,25 @@ _NO_BACKWARD = ("rollout", "raw_attention")
 
 
 def fact_sources(record: FactRecord, tokenizer: Any) -> tuple[list[tuple[int, int]], int]:
-    """The token spans of a prompt's fact sentences (the row alone) and the index of the deciding one."""
+    """The token spans of a prompt's fact sentences, tokenized as the row alone, and which one decides.
+
+    Parameters
+    ----------
+    record : FactRecord
+        The prompt with its facts and evidence.
+    tokenizer : Any
+        The LM's tokenizer.
+
+    Returns
+    -------
+    tuple[list[tuple[int, int]], int]
+        The S ``(start, stop)`` token spans and the index of the deciding fact.
+
+    Raises
+    ------
+    InputError
+        If the evidence does not lie in exactly one fact sentence.
+    """
     text = sentences(record.prompt)
     n_facts = len(record.distractors) + 1
     text.spans, text.labels = text.spans[:n_facts], text.labels[:n_facts]
@@ -51,8 +69,22 @@ def fact_sources(record: FactRecord, tokenizer: Any) -> tuple[list[tuple[int, in
 
 
 def passes(method: str, exp: Any, context_tokens: int) -> tuple[float, float]:
-    """(forward, backward) passes of one explanation (``exp``: its Explanation; ``context_tokens``: the row's
-    real tokens)."""
+    """The forward and backward passes one explanation cost.
+
+    Parameters
+    ----------
+    method : str
+        The method's name.
+    exp : Any
+        Its :class:`Explanation` (whose options may record ``forward_passes``, ``n_steps`` or ``n_samples``).
+    context_tokens : int
+        Number of the row's real tokens.
+
+    Returns
+    -------
+    tuple[float, float]
+        ``(forward, backward)``.
+    """
     opt = exp.options
     if "forward_passes" in opt:
         return float(opt["forward_passes"]), 0.0
@@ -87,7 +119,25 @@ def _without(ids: torch.Tensor, drop: Sequence[tuple[int, int]]) -> torch.Tensor
 
 def ablation_table(model: Any, ids: list[torch.Tensor], spans: list[list[tuple[int, int]]],
                    answers: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per prompt, p(answer) with each source removed (S,) and with only each source kept (S,)."""
+    """For each prompt, p(answer) with each source removed and with only each source kept.
+
+    Parameters
+    ----------
+    model : Any
+        The causal LM.
+    ids : list[torch.Tensor]
+        Per prompt, its (T_i,) token ids, unpadded.
+    spans : list[list[tuple[int, int]]]
+        Per prompt, its S_i sources' ``(start, stop)`` token spans.
+    answers : list[int]
+        Per prompt, the answer's token id.
+
+    Returns
+    -------
+    tuple[list[np.ndarray], list[np.ndarray]]
+        ``(dropped, kept)``: per prompt, (S_i,) probabilities with source s removed, and with source s alone
+        kept.
+    """
     rows, owner = [], []
     for i, (r, sp) in enumerate(zip(ids, spans)):
         for s in range(len(sp)):
@@ -104,7 +154,20 @@ def ablation_table(model: Any, ids: list[torch.Tensor], spans: list[list[tuple[i
 
 
 def source_ranking(scores: np.ndarray, deciding: int) -> tuple[float, float]:
-    """(hit@1, average precision) of one prompt's source scores (S,) for the deciding source (ties in order)."""
+    """Hit@1 and average precision of one prompt's source scores for the deciding source.
+
+    Parameters
+    ----------
+    scores : np.ndarray
+        (S,) the source scores; ties keep the sources' order.
+    deciding : int
+        Index of the deciding source.
+
+    Returns
+    -------
+    tuple[float, float]
+        ``(hit@1, average precision)``; with one relevant source the precision is 1 / its rank.
+    """
     order = np.argsort(-scores, kind="stable")
     rank = int(np.nonzero(order == deciding)[0][0])
     return float(rank == 0), 1.0 / (rank + 1)
@@ -151,10 +214,38 @@ def _method_scores(model: Any, method: str, ids: list[torch.Tensor], answers: li
 def sources_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], methods: Sequence[str],
                      batch_size: int = 16, progress: bool = True, baseline: bool = True,
                      seed: int = 0) -> tuple[Results, dict, float, int]:
-    """Every method on the prompts the model answers correctly.
+    """Run every method on the prompts the model answers correctly, scoring the sources.
 
-    Returns ``(results, curves, accuracy, n_correct)``: ``results[method][metric]`` the means,
-    ``curves[method][metric + "_per_prompt"]`` the per-prompt values (for the bootstrap).
+    Parameters
+    ----------
+    model : Any
+        The causal LM.
+    tokenizer : Any
+        Its tokenizer.
+    records : Sequence[FactRecord]
+        The prompts, each with its facts, answer and evidence.
+    methods : Sequence[str]
+        Method names (relevance or source methods).
+    batch_size : int, optional
+        Prompts per explanation call.
+    progress : bool, optional
+        Show a progress bar.
+    baseline : bool, optional
+        Add the row ``random`` (seeded uniform random source scores).
+    seed : int, optional
+        Seed of the random scores.
+
+    Returns
+    -------
+    tuple[Results, dict, float, int]
+        ``(results, curves, accuracy, n_correct)``: ``results[method][metric]`` the means,
+        ``curves[method][metric + "_per_prompt"]`` the values per prompt (for the bootstrap), the share of
+        prompts answered correctly and their number.
+
+    Raises
+    ------
+    InputError
+        If a prompt's evidence does not lie in exactly one fact sentence.
     """
     ids = [torch.tensor(tokenizer(r.prompt)["input_ids"]) for r in records]
     answers = [tokenizer(" " + r.answer, add_special_tokens=False)["input_ids"][0] for r in records]

@@ -24,7 +24,18 @@ from .shards import Shard, block_spans
 
 
 def text_metric_names(ks: Sequence[int] = M.TOP_K) -> tuple[str, ...]:
-    """Metric names of a text evaluation: ``token_f1@k`` (+ precision, recall) per k."""
+    """The metric names of a text evaluation.
+
+    Parameters
+    ----------
+    ks : Sequence[int], optional
+        The values of k.
+
+    Returns
+    -------
+    tuple[str, ...]
+        ``token_f1@k`` with its precision and recall, for each k.
+    """
     names = [f"token_{m}@{k}" for m in ("f1", "precision", "recall") for k in ks]
     return tuple(names) + ("token_f1@gold", "comprehensiveness", "sufficiency",
                            "cdam_sparsity", "tam_correlation")
@@ -51,14 +62,35 @@ def _max_length(tokenizer: Any, model: Any) -> int:
 def text_word_scores(model: Any, tokenizer: Any, records: Sequence[RationaleRecord], method: str,
                      target: str = "true", batch_size: int = 16, progress: bool = False,
                      ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Word scores (max over word-pieces) of each document for one method.
+    """One method's word scores for each document (the maximum over a word's word-pieces).
 
-    Args:
-        target: ``"true"`` (explain the document's label) or ``"predicted"``.
+    Parameters
+    ----------
+    model : Any
+        The text classifier.
+    tokenizer : Any
+        Its fast tokenizer (offsets).
+    records : Sequence[RationaleRecord]
+        The documents.
+    method : str
+        A name of :data:`lrp_core.METHODS`.
+    target : str, optional
+        ``"true"`` (explain each document's label) or ``"predicted"``.
+    batch_size : int, optional
+        Documents per explanation call.
+    progress : bool, optional
+        Show a progress bar.
 
-    Returns:
-        per document: (W,) word scores and (T_i,) scores of the word-pieces
-        that belong to a word (no specials, no padding).
+    Returns
+    -------
+    tuple[list[np.ndarray], list[np.ndarray]]
+        Per document, the (W,) word scores, and the (T_i,) scores of the word-pieces that belong to a word
+        (specials and padding left out).
+
+    Raises
+    ------
+    InputError
+        If the tokenizer is not a fast one.
     """
     if not getattr(tokenizer, "is_fast", False):
         raise InputError("the rationale evaluation needs a fast tokenizer (offset mapping)")
@@ -84,7 +116,20 @@ def text_word_scores(model: Any, tokenizer: Any, records: Sequence[RationaleReco
 
 
 def random_word_scores(data: TextSet, seed: int = 0) -> list[np.ndarray]:
-    """Seeded uniform random word scores (W,) per document (the reference row ``random``)."""
+    """Seeded uniform random word scores per document (the reference row ``random``).
+
+    Parameters
+    ----------
+    data : TextSet
+        The documents.
+    seed : int, optional
+        Seed of the draw.
+
+    Returns
+    -------
+    list[np.ndarray]
+        One (W,) array per document.
+    """
     rng = np.random.default_rng(seed)
     return [rng.random(len(r.words)) for r in data.records]
 
@@ -92,7 +137,26 @@ def random_word_scores(data: TextSet, seed: int = 0) -> list[np.ndarray]:
 @torch.no_grad()
 def class_probabilities(model: Any, tokenizer: Any, texts: Sequence[str], classes: Sequence[int],
                         batch_size: int = 32) -> np.ndarray:
-    """(len(texts),) softmax probability of ``classes[i]`` for each text (empty text: specials only)."""
+    """The softmax probability of a given class for each text.
+
+    Parameters
+    ----------
+    model : Any
+        The text classifier.
+    tokenizer : Any
+        Its tokenizer.
+    texts : Sequence[str]
+        N texts; an empty text is the special tokens alone.
+    classes : Sequence[int]
+        (N,) the class read for each text.
+    batch_size : int, optional
+        Texts per forward pass.
+
+    Returns
+    -------
+    np.ndarray
+        (N,) the probability of ``classes[i]`` for text i.
+    """
     tokenize = _tokenizing(tokenizer, _max_length(tokenizer, model))
     out = []
     for block, logits in logits_in_batches(model, list(texts), batch_size, tokenize):
@@ -105,11 +169,31 @@ def faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
                  word_scores: Sequence[np.ndarray], classes: Sequence[int],
                  fractions: Sequence[float] = M.ERASER_FRACTIONS, batch_size: int = 32,
                  per_document: bool = False) -> dict[str, Any]:
-    """ERASER comprehensiveness and sufficiency (AOPC over ``fractions``), means over documents.
+    """ERASER comprehensiveness and sufficiency (AOPC over ``fractions``), averaged over the documents.
 
-    Args:
-        word_scores: per document (W,) scores; classes: the class explained per document.
-        per_document: return the (D,) per-document values (lists) instead of their means.
+    Parameters
+    ----------
+    model : Any
+        The text classifier.
+    tokenizer : Any
+        Its tokenizer.
+    records : Sequence[RationaleRecord]
+        D documents.
+    word_scores : Sequence[np.ndarray]
+        Per document, the (W,) word scores.
+    classes : Sequence[int]
+        (D,) the class explained in each document.
+    fractions : Sequence[float], optional
+        The fractions of top-ranked words removed or kept.
+    batch_size : int, optional
+        Texts per forward pass.
+    per_document : bool, optional
+        Return the (D,) values of each document (as lists) instead of their means.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``{"comprehensiveness": ..., "sufficiency": ...}``, floats or per-document lists.
     """
     texts: list[str] = []
     full = [" ".join(r.words) for r in records]
@@ -129,7 +213,24 @@ def faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
 
 @torch.no_grad()
 def text_accuracy(model: Any, tokenizer: Any, data: TextSet, batch_size: int = 32) -> float:
-    """Share of documents whose predicted class is their label."""
+    """Share of the documents whose predicted class is their label.
+
+    Parameters
+    ----------
+    model : Any
+        The text classifier.
+    tokenizer : Any
+        Its tokenizer.
+    data : TextSet
+        The labelled documents.
+    batch_size : int, optional
+        Documents per forward pass.
+
+    Returns
+    -------
+    float
+        The accuracy, in [0, 1].
+    """
     return _hits(model, tokenizer, data.records, batch_size) / max(len(data), 1)
 
 
@@ -149,18 +250,46 @@ def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
                   progress: bool = True, baseline: bool = False,
                   curves: Optional[dict[str, dict[str, list]]] = None,
                   ) -> tuple[Results, list[str]]:
-    """Rationale token precision / recall / F1 at each k, per method.
+    """Rationale token precision, recall and F1 at each k, for each method.
 
-    ``curves``, when given, is filled with ``curves[method]`` = the per-document
-    values behind the results, for the paired bootstrap: ``f1_gold_per_document``
-    (``None`` without rationale words; the mean of the rest is ``token_f1@gold``)
-    and, with a model, ``comprehensiveness_per_document`` and
-    ``sufficiency_per_document`` (their means are the results).
+    Methods the engine cannot apply to the model are skipped. When both apply, ``cdam`` also gets its
+    sparsity and its correlation with ``token_ablation``, over the texts' word-pieces without the specials.
 
-    Methods the engine cannot apply to the model are skipped (listed in the
-    second return value). ``cdam`` also gets its sparsity and its correlation
-    with ``token_ablation`` (over the word-pieces of the texts, specials left
-    out) when both apply.
+    Parameters
+    ----------
+    model : Any
+        The text classifier; ``None`` scores the maps alone (no accuracy, no faithfulness).
+    tokenizer : Any
+        Its fast tokenizer.
+    data : TextSet
+        The documents with their rationales.
+    methods : Sequence[str]
+        Method names.
+    ks : Sequence[int], optional
+        The values of k.
+    target : str, optional
+        ``"true"`` (explain each document's label) or ``"predicted"``.
+    batch_size : int, optional
+        Documents per explanation call.
+    progress : bool, optional
+        Show progress bars.
+    baseline : bool, optional
+        Add the row ``random`` (seeded uniform random word scores).
+    curves : Optional[dict[str, dict[str, list]]], optional
+        When given, filled with ``curves[method]``, the per-document values behind the results, for the paired
+        bootstrap: ``f1_gold_per_document`` (``None`` for a document without rationale words; the mean of the
+        others is ``token_f1@gold``) and, with a model, ``comprehensiveness_per_document`` and
+        ``sufficiency_per_document`` (whose means are the results).
+
+    Returns
+    -------
+    tuple[Results, list[str]]
+        ``results[method][metric]`` and the names of the skipped methods.
+
+    Raises
+    ------
+    InputError
+        If the tokenizer is not a fast one.
     """
     out = text_protocol(model, tokenizer, data, methods, ks, target, batch_size, progress,
                         baseline, curves)
@@ -174,13 +303,40 @@ def text_protocol(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
                   curves: Optional[dict[str, dict[str, list]]] = None,
                   shard: Optional[Shard] = None,
                   ) -> Optional[tuple[Results, list[str], Optional[float]]]:
-    """:func:`evaluate_text` in blocks of ``batch_size`` documents, spread over ``shard``'s ranks.
+    """:func:`evaluate_text` in blocks of ``batch_size`` documents, spread over the ranks of ``shard``.
 
-    Every model call sees the documents of one block only (:mod:`.shards`).
+    Each model call sees the documents of one block only (:mod:`.shards`).
 
-    Returns:
-        On rank 0: results, skipped methods and the clean accuracy (``None``
-        without a model); ``None`` on the other ranks.
+    Parameters
+    ----------
+    model : Any
+        The text classifier; ``None`` scores the maps alone (no accuracy, no faithfulness).
+    tokenizer : Any
+        Its fast tokenizer.
+    data : TextSet
+        The documents with their rationales.
+    methods : Sequence[str]
+        Method names.
+    ks : Sequence[int], optional
+        The values of k.
+    target : str, optional
+        ``"true"`` or ``"predicted"``.
+    batch_size : int, optional
+        Documents per block (and per explanation call).
+    progress : bool, optional
+        Show progress bars.
+    baseline : bool, optional
+        Add the row ``random``.
+    curves : Optional[dict[str, dict[str, list]]], optional
+        Filled with the per-document values, as in :func:`evaluate_text`.
+    shard : Optional[Shard], optional
+        The processes and the checkpoint folder; ``None``: one process.
+
+    Returns
+    -------
+    Optional[tuple[Results, list[str], Optional[float]]]
+        On rank 0 the results, the skipped methods and the clean accuracy (``None`` without a model); ``None``
+        on the other ranks.
     """
     shard = shard or Shard()
     spans = block_spans(len(data), batch_size)

@@ -87,7 +87,18 @@ class Attributed:
         return self.mask is None and self.inputs.dim() == 4
 
     def row(self, i: int) -> tuple:
-        """The additional arguments of sample ``i`` (a batch of one)."""
+        """The additional forward arguments of one sample, as a batch of one.
+
+        Parameters
+        ----------
+        i : int
+            The sample's index.
+
+        Returns
+        -------
+        tuple
+            ``args`` with each tensor cut to row ``i`` (``[i:i + 1]``); other arguments as they are.
+        """
         return tuple(a[i:i + 1] if isinstance(a, Tensor) else a for a in self.args)
 
 
@@ -112,8 +123,25 @@ def _output_replaced(module: nn.Module, value: Tensor) -> Iterator[None]:
 def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
     """The ``nn.Embedding`` whose output the adapter reads as the word embeddings (``EmbeddingRecord.embeds``).
 
-    Found by identity on one embedding pass (temporary hooks on the model's ``nn.Embedding`` modules),
-    so no family has to name it.
+    It is found by identity during one embedding pass, with temporary hooks on the model's ``nn.Embedding``
+    modules, so no family needs to name it.
+
+    Parameters
+    ----------
+    adapter : Adapter
+        The text model's adapter.
+    prepared : dict
+        A prepared batch.
+
+    Returns
+    -------
+    nn.Module
+        The embedding module.
+
+    Raises
+    ------
+    UnsupportedModelError
+        If no ``nn.Embedding`` module outputs the word embeddings.
     """
     outputs: list = []
     with ExitStack() as hooks, torch.no_grad():
@@ -129,12 +157,32 @@ def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
 
 
 def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor] = None) -> Attributed:
-    """The forward function the baselines hand Captum, its inputs and its additional arguments.
+    """The forward function the baselines give Captum, with its inputs and additional arguments.
 
-    Images: ``f(pixels, negative)``. Text: ``f(embeddings, *prepared entries, negative)`` — the word-embedding
-    module's output replaced by ``embeddings`` for one replay (decoders: the prepared entries include
-    ``read_at``, so the logits are those at each row's read position). Captum called as
-    ``Method(a.forward).attribute(a.inputs, target=..., additional_forward_args=a.args)`` is what the methods compute.
+    Images: ``f(pixels, negative)``. Text: ``f(embeddings, *prepared entries, negative)``, where for one replay
+    ``embeddings`` stands in for the word-embedding module's output (for decoders the prepared entries include
+    ``read_at``, so the logits are read at each row's read position). Calling Captum as
+    ``Method(a.forward).attribute(a.inputs, target=..., additional_forward_args=a.args)`` computes the methods.
+
+    Parameters
+    ----------
+    adapter : Adapter
+        The model's adapter.
+    prepared : dict
+        The prepared batch (B rows).
+    negative : Optional[Tensor], optional
+        (B,) a contrast class per row: the forward then returns ``y_c - y_negative`` for every class c.
+
+    Returns
+    -------
+    Attributed
+        ``forward(inputs, *args)`` -> (B, C) logits; ``inputs`` (B, 3, H, W) pixels or (B, T, E) word
+        embeddings, detached.
+
+    Raises
+    ------
+    UnsupportedModelError
+        If the word embeddings are not the output of one ``nn.Embedding`` module (text).
     """
     if "images" in prepared:
         def forward_images(images: Tensor, neg: Optional[Tensor] = None) -> Tensor:
@@ -169,7 +217,20 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
 # reference inputs
 # ----------------------------------------------------------------------------
 def gaussian_blur(images: Tensor, sigma: float) -> Tensor:
-    """(B, C, H, W) images blurred per channel by a Gaussian of std ``sigma`` pixels (reflecting borders)."""
+    """Blur images channel by channel with a Gaussian kernel, reflecting at the borders.
+
+    Parameters
+    ----------
+    images : Tensor
+        (B, C, H, W) images.
+    sigma : float
+        The Gaussian's standard deviation, in pixels.
+
+    Returns
+    -------
+    Tensor
+        (B, C, H, W) the blurred images.
+    """
     radius = max(1, min(int(3 * sigma + 0.5), min(images.shape[-2:]) - 1))
     x = torch.arange(-radius, radius + 1, dtype=images.dtype, device=images.device)
     k = torch.exp(-0.5 * (x / sigma) ** 2)
@@ -204,12 +265,30 @@ def _mask(a: Attributed) -> Tensor:
 
 
 def reference(c: Call, a: Attributed) -> Tensor:
-    """The baseline input of IG, occlusion and KernelSHAP, shaped like ``a.inputs``.
+    """The baseline input of IG, occlusion and KernelSHAP.
 
-    Images: ``"zeros"`` (0 in the model's normalised input: the mean colour) or ``"blur"`` (the image blurred,
-    σ = one patch). Text: ``"zeros"`` (zero vectors), ``"pad"`` / ``"mask"`` / a token id (that token's
-    embedding) at the features (real tokens; decoders: context tokens); padding positions (and a decoder's
-    tokens after the read position) keep their embeddings.
+    Images: ``"zeros"`` (0 in the normalised input, i.e. the mean colour) or ``"blur"`` (the image blurred with
+    σ = one patch). Text: ``"zeros"`` (zero vectors), or ``"pad"`` / ``"mask"`` / a token id (that token's
+    embedding) at the features (the real tokens; for decoders the context tokens). Padding positions, and a
+    decoder's tokens after the read position, keep their own embeddings.
+
+    Parameters
+    ----------
+    c : Call
+        The method call; its ``baseline`` option picks the reference.
+    a : Attributed
+        The forward function and its inputs (:func:`forward_function`).
+
+    Returns
+    -------
+    Tensor
+        Shaped like ``a.inputs``: (B, 3, H, W) or (B, T, E).
+
+    Raises
+    ------
+    InputError
+        If the baseline is not one for the input kind, names a token the model's config lacks, or is a
+        token id outside the vocabulary.
     """
     choice: Union[str, int] = c.opt.baseline
     if a.image:
@@ -237,11 +316,23 @@ def reference(c: Call, a: Attributed) -> Tensor:
 
 
 def feature_mask(c: Call, a: Attributed) -> Tensor:
-    """Occlusion's and KernelSHAP's features: one per patch (1, 1, H, W) or per feature token (B, T, 1).
+    """The features of occlusion and KernelSHAP: one per patch, or one per feature token.
 
-    A padding position (or a decoder's token after the read position) shares the id of a feature token: its
-    baseline is its own value, so ablating that feature leaves it unchanged, and it costs no extra forward
-    pass. Ids count 0, 1, … along each row's feature tokens.
+    A padding position (or a decoder's token after the read position) shares a feature token's id: its
+    baseline is its own value, so removing that feature leaves it unchanged at no extra forward pass. Ids
+    count 0, 1, ... along each row's feature tokens.
+
+    Parameters
+    ----------
+    c : Call
+        The method call (its layout gives an image's patch grid).
+    a : Attributed
+        The forward function and its inputs (:func:`forward_function`).
+
+    Returns
+    -------
+    Tensor
+        (1, 1, H, W) patch ids for images, (B, T, 1) token ids for text.
     """
     if a.image:
         h, w = _grid(c)
@@ -301,7 +392,19 @@ def _per_sample(c: Call, a: Attributed, attribute: Callable[[int], Tensor]) -> T
 
 
 def input_x_gradient(c: Call) -> MethodResult:
-    """Input × gradient (Captum ``InputXGradient``) at the pixels / word embeddings."""
+    """Input × gradient (Captum ``InputXGradient``) at the pixels or the word embeddings.
+
+    Parameters
+    ----------
+    c : Call
+        The method call (adapter, prepared batch, resolved options).
+
+    Returns
+    -------
+    MethodResult
+        ``scores`` (B, N) per patch, or (B, T) per token (zero outside the features); for images also ``pixels``
+        (B, H, W); the target (B,) and the logits (B, C).
+    """
     InputXGradient = require("captum.attr", extra="baselines", what="input_x_gradient").InputXGradient
     a, target, logits = _start(c, grad=True)
     attr = InputXGradient(a.forward).attribute(a.inputs, target=target, additional_forward_args=a.args)
@@ -309,7 +412,24 @@ def input_x_gradient(c: Call) -> MethodResult:
 
 
 def integrated_gradients(c: Call) -> MethodResult:
-    """Integrated Gradients (Captum ``IntegratedGradients``, ``n_steps``, Gauss–Legendre) from ``baseline``."""
+    """Integrated Gradients (Captum ``IntegratedGradients``, Gauss–Legendre) from the ``baseline`` reference.
+
+    Parameters
+    ----------
+    c : Call
+        The method call (adapter, prepared batch, resolved options: ``baseline``, ``n_steps``, ``batch_size``).
+
+    Returns
+    -------
+    MethodResult
+        ``scores`` (B, N) per patch, or (B, T) per token (zero outside the features); for images also ``pixels``
+        (B, H, W); ``convergence_delta`` (B,); the target (B,) and the logits (B, C).
+
+    Raises
+    ------
+    InputError
+        If the ``baseline`` option does not fit the input kind or names no token of the model.
+    """
     IntegratedGradients = require("captum.attr", extra="baselines", what="integrated_gradients").IntegratedGradients
     a, target, logits = _start(c, grad=True)
     ref, ig, deltas = reference(c, a), IntegratedGradients(a.forward), []
@@ -327,7 +447,19 @@ def integrated_gradients(c: Call) -> MethodResult:
 
 
 def smoothgrad(c: Call) -> MethodResult:
-    """SmoothGrad over input × gradient (Captum ``NoiseTunnel``): the mean over ``n_samples`` noisy copies."""
+    """SmoothGrad of input × gradient (Captum ``NoiseTunnel``): the mean over ``n_samples`` noisy copies.
+
+    Parameters
+    ----------
+    c : Call
+        The method call (adapter, prepared batch, resolved options: ``n_samples``, ``stdevs``, ``seed``).
+
+    Returns
+    -------
+    MethodResult
+        ``scores`` (B, N) per patch, or (B, T) per token (zero outside the features); for images also ``pixels``
+        (B, H, W); the target (B,) and the logits (B, C).
+    """
     captum = require("captum.attr", extra="baselines", what="smoothgrad")
     InputXGradient, NoiseTunnel = captum.InputXGradient, captum.NoiseTunnel
     a, target, logits = _start(c, grad=True)
@@ -345,7 +477,24 @@ def smoothgrad(c: Call) -> MethodResult:
 
 
 def occlusion(c: Call) -> MethodResult:
-    """Occlusion: ``y_t(x) − y_t(x with one patch / token replaced by the baseline)`` (Captum ``FeatureAblation``)."""
+    """Occlusion: ``y_t(x) − y_t(x with one patch or token set to the baseline)`` (Captum ``FeatureAblation``).
+
+    Parameters
+    ----------
+    c : Call
+        The method call (adapter, prepared batch, resolved options: ``baseline``, ``batch_size``).
+
+    Returns
+    -------
+    MethodResult
+        ``scores`` (B, N) per patch, or (B, T) per token (zero outside the features); for images also ``pixels``
+        (B, H, W); the target (B,) and the logits (B, C).
+
+    Raises
+    ------
+    InputError
+        If the ``baseline`` option does not fit the input kind or names no token of the model.
+    """
     FeatureAblation = require("captum.attr", extra="baselines", what="occlusion").FeatureAblation
     a, target, logits = _start(c)
     ref, mask, ablation = reference(c, a), feature_mask(c, a), FeatureAblation(a.forward)
@@ -361,7 +510,25 @@ def occlusion(c: Call) -> MethodResult:
 
 
 def kernel_shap(c: Call) -> MethodResult:
-    """KernelSHAP over the patches / tokens (Captum ``KernelShap``, ``n_samples`` coalitions per sample)."""
+    """KernelSHAP over the patches or tokens (Captum ``KernelShap``).
+
+    Parameters
+    ----------
+    c : Call
+        The method call (adapter, prepared batch, resolved options: ``baseline``, ``n_samples`` coalitions per
+        sample, ``seed``).
+
+    Returns
+    -------
+    MethodResult
+        ``scores`` (B, N) per patch, or (B, T) per token (zero outside the features); for images also ``pixels``
+        (B, H, W); the target (B,) and the logits (B, C).
+
+    Raises
+    ------
+    InputError
+        If the ``baseline`` option does not fit the input kind or names no token of the model.
+    """
     KernelShap = require("captum.attr", extra="baselines", what="kernel_shap").KernelShap
     a, target, logits = _start(c)
     ref, mask = reference(c, a), feature_mask(c, a)

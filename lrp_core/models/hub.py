@@ -97,9 +97,19 @@ def hub_reachable(timeout: float = 1.5) -> bool:
     """Whether the Hugging Face hub (``HF_ENDPOINT``, default huggingface.co) answers an HTTP request.
 
     Offline mode (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``) counts as unreachable without any
-    network access. The request goes where downloads go (:func:`hub_endpoint`, through the environment's
-    proxy). The whole check, name lookup included, takes at most about ``timeout`` seconds, and it never
-    raises: a malformed endpoint, a failed lookup, a refused connection or a proxy's refusal give ``False``.
+    network access. The request takes the path downloads take (:func:`hub_endpoint`, via the environment's
+    proxy).
+
+    Parameters
+    ----------
+    timeout : float, optional
+        Upper bound, in seconds, on the whole check, name lookup included (about).
+
+    Returns
+    -------
+    bool
+        ``True`` when the hub answered. The check never raises: a malformed endpoint, a failed lookup, a
+        refused connection or a proxy's refusal all give ``False``.
     """
     try:
         if _offline_flag():
@@ -205,7 +215,18 @@ def _download_error(name: str, kind: str, err: BaseException) -> Exception:
 # ---------------------------------------------------------------------------
 
 def imagenet_class_names(subset: str = "imagenet-1k") -> list[str]:
-    """Readable class names (first lemma of each synset) from the files timm ships."""
+    """Readable ImageNet class names, taken from the files timm ships.
+
+    Parameters
+    ----------
+    subset : str, optional
+        The timm ImageNet subset (``"imagenet-1k"`` by default).
+
+    Returns
+    -------
+    list[str]
+        One name per class index: the first lemma of each synset.
+    """
     from timm.data import ImageNetInfo
 
     info = ImageNetInfo(subset)
@@ -511,18 +532,29 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
 # ---------------------------------------------------------------------------
 
 def load_hub(name: str, pretrained: str | bool = "auto") -> LoadedModel:
-    """Load a timm or Hugging Face hub model.
+    """Load a model from the timm or Hugging Face hub.
 
-    Args:
-        name: a timm model name (``deit_small_patch16_224``), ``timm/<repo>``, or a
-            Hugging Face repo id ``owner/name``.
-        pretrained: ``"auto"`` / ``True``: pretrained weights (local cache first,
-            else the hub; :class:`HubUnavailableError` at once when unreachable);
-            ``False``: the architecture with random weights (timm: fully offline).
+    Parameters
+    ----------
+    name : str
+        A timm model name (``deit_small_patch16_224``), ``timm/<repo>``, or a Hugging Face repo id
+        ``owner/name``.
+    pretrained : str | bool, optional
+        ``"auto"`` or ``True``: the pretrained weights, read from the local cache when there, else from the
+        hub (:class:`HubUnavailableError` at once when the hub is unreachable). ``False``: the architecture
+        with random weights (for timm, entirely offline).
 
-    Raises:
-        InputError (a ValueError): the name is not a known model, or not on the hub;
-        HubUnavailableError: see above.
+    Returns
+    -------
+    LoadedModel
+        The model in eval mode with its ``preprocess``, labels and kind.
+
+    Raises
+    ------
+    InputError
+        If the name is neither a known model nor on the hub (a ``ValueError``).
+    HubUnavailableError
+        If pretrained weights are asked for, nothing is cached and the hub is unreachable.
     """
     if pretrained not in ("auto", True, False):
         raise InputError(f"pretrained must be 'auto', True or False, got {pretrained!r}")

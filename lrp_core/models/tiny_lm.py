@@ -60,7 +60,20 @@ def build_tokenizer():
 
 
 def build_model(vocab_size: int, dtype: torch.dtype = torch.float32):
-    """A freshly initialised ``LlamaForCausalLM`` of tiny-lm's shape."""
+    """A ``LlamaForCausalLM`` of tiny-lm's shape, freshly initialised.
+
+    Parameters
+    ----------
+    vocab_size : int
+        Number of tokens.
+    dtype : torch.dtype, optional
+        The weights' dtype.
+
+    Returns
+    -------
+    LlamaForCausalLM
+        The untrained model.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=vocab_size, pad_token_id=0, bos_token_id=2, eos_token_id=3, **CONFIG)
@@ -70,8 +83,25 @@ def build_model(vocab_size: int, dtype: torch.dtype = torch.float32):
 
 
 def load_tiny_lm(pretrained: str | bool = "auto") -> LoadedModel:
-    """tiny-lm with its trained weights (``pretrained=False``: freshly initialised, seed 0), in eval mode, and its
-    tokenizer."""
+    """Load tiny-lm in eval mode with its tokenizer.
+
+    Parameters
+    ----------
+    pretrained : str | bool, optional
+        ``"auto"`` or ``True``: the trained weights; ``False``: freshly initialised weights (seed 0).
+
+    Returns
+    -------
+    LoadedModel
+        The causal LM, its tokenizer, and a ``preprocess`` taking a prompt or a list of prompts.
+
+    Raises
+    ------
+    InputError
+        If ``pretrained`` is not ``"auto"``, ``True`` or ``False``.
+    TinyLMAssetError
+        If the trained weights are missing or do not fit the model's shape.
+    """
     if pretrained not in ("auto", True, False):
         raise InputError(f"pretrained must be 'auto', True or False, got {pretrained!r}")
     tok = build_tokenizer()

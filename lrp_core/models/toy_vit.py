@@ -43,12 +43,22 @@ def build_toy_vit() -> torch.nn.Module:
 
 
 def toy_vit_preprocess(image: Any) -> torch.Tensor:
-    """PIL image or (H, W[, 3]) uint8 / float [0, 1] array -> (1, 3, 64, 64) normalised tensor.
+    """Turn one image into the toy ViT's normalised input.
 
-    The image is resized (bilinear, whole image, no crop) to 64 x 64.
-    A float *tensor* of shape (3, 64, 64) or (1, 3, 64, 64) is taken as model
-    input that is already normalised (for instance ``make_scenes(...).images[i]``)
-    and only reshaped to (1, 3, 64, 64).
+    The image is resized (bilinear, the whole image, no crop) to 64 x 64. A float *tensor* of shape
+    (3, 64, 64) or (1, 3, 64, 64) counts as an already normalised model input (``make_scenes(...).images[i]``,
+    for instance) and is only reshaped.
+
+    Parameters
+    ----------
+    image : Any
+        A PIL image, or an (H, W) / (H, W, 3) array, uint8 or float in [0, 1]; or a normalised float tensor
+        (3, 64, 64) / (1, 3, 64, 64).
+
+    Returns
+    -------
+    torch.Tensor
+        (1, 3, 64, 64), normalised.
     """
     if isinstance(image, torch.Tensor) and image.is_floating_point() \
             and tuple(image.shape) in ((3, IMAGE_SIZE, IMAGE_SIZE), (1, 3, IMAGE_SIZE, IMAGE_SIZE)):
@@ -75,14 +85,24 @@ def _read_info() -> dict[str, Any]:
 
 
 def load_toy_vit(pretrained: str | bool = "auto") -> LoadedModel:
-    """Load ``toy-vit`` (offline, from the committed weights).
+    """Load ``toy-vit`` from the committed weights, without network access.
 
-    Args:
-        pretrained: ``"auto"`` or ``True``: the trained weights (error if they are
-            missing); ``False``: the same architecture with random weights.
+    Parameters
+    ----------
+    pretrained : str | bool, optional
+        ``"auto"`` or ``True``: the trained weights; ``False``: the same architecture with random weights.
 
-    Returns:
-        :class:`LoadedModel` with ``labels`` = the scene class names, ``kind="image"``.
+    Returns
+    -------
+    LoadedModel
+        ``labels`` are the scene class names, ``kind="image"``.
+
+    Raises
+    ------
+    InputError
+        If ``pretrained`` is not ``"auto"``, ``True`` or ``False``.
+    MissingFileError
+        If the trained weights are asked for and missing.
     """
     if pretrained not in ("auto", True, False):
         raise InputError(f"pretrained must be 'auto', True or False, got {pretrained!r}")

@@ -42,12 +42,34 @@ class LinearView(nn.Module):
 
 
 def is_peft(module: nn.Module) -> bool:
-    """Whether ``module`` is one of peft's classes (a tuner layer, a wrapper, a ``PeftModel``)."""
+    """Whether ``module`` is of one of peft's classes: a tuner layer, a wrapper or a ``PeftModel``.
+
+    Parameters
+    ----------
+    module : nn.Module
+        Any module.
+
+    Returns
+    -------
+    bool
+        ``True`` when the class comes from peft (found without importing peft).
+    """
     return type(module).__module__.split(".")[0] == "peft"
 
 
 def is_conv1d(module: nn.Module) -> bool:
-    """Whether ``module`` is transformers' ``Conv1D`` (GPT-2's Linear with its weight stored (D_in, D_out))."""
+    """Whether ``module`` is transformers' ``Conv1D``: GPT-2's Linear, whose weight is stored (D_in, D_out).
+
+    Parameters
+    ----------
+    module : nn.Module
+        Any module.
+
+    Returns
+    -------
+    bool
+        ``True`` for a ``Conv1D``.
+    """
     weight = getattr(module, "weight", None)
     return type(module).__name__ == "Conv1D" and isinstance(weight, Tensor) and weight.dim() == 2
 
@@ -65,8 +87,19 @@ def _kind(module: nn.Module) -> Optional[str]:
 
 
 def is_linear(module: Optional[nn.Module]) -> bool:
-    """Whether ``module`` computes a Linear map the rules can read (:func:`effective_linear`): an ``nn.Linear``,
-    a :class:`LinearView`, or one of the peft layers named in the module docstring over an ``nn.Linear``."""
+    """Whether ``module`` computes a Linear map the rules can read with :func:`effective_linear`.
+
+    Parameters
+    ----------
+    module : Optional[nn.Module]
+        Any module, or ``None``.
+
+    Returns
+    -------
+    bool
+        ``True`` for an ``nn.Linear``, a :class:`LinearView`, or one of the peft layers listed in the module
+        docstring over an ``nn.Linear`` or a ``Conv1D``.
+    """
     if isinstance(module, (nn.Linear, LinearView)):
         return True
     kind = _kind(module) if isinstance(module, nn.Module) else None
@@ -80,17 +113,24 @@ def is_linear(module: Optional[nn.Module]) -> bool:
 
 
 def effective_linear(module: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
-    """The weight and bias of the Linear map ``module``'s forward computes (module docstring).
+    """The weight and bias of the Linear map that ``module``'s forward computes (see the module docstring).
 
     Parameters
     ----------
-    module:
-        an ``nn.Linear``, a :class:`LinearView`, a ``Conv1D``, or a supported peft layer over one of them.
+    module : nn.Module
+        An ``nn.Linear``, a :class:`LinearView`, a ``Conv1D``, or a supported peft layer over one of these.
 
     Returns
     -------
-    (weight (D_out, D_in), bias (D_out,) or ``None``): the module's own tensors where it is a plain layer,
-    otherwise new tensors, outside autograd (the rules take no parameter gradients; no graph is kept).
+    tuple[Tensor, Optional[Tensor]]
+        ``(weight, bias)``: weight (D_out, D_in), bias (D_out,) or ``None``. For a plain layer these are the
+        module's own tensors; otherwise new tensors outside autograd (the rules take no parameter gradients,
+        so no graph is kept).
+
+    Raises
+    ------
+    UnsupportedModelError
+        If the module is a peft layer the relevance rules do not read as its forward computes it.
     """
     if isinstance(module, LinearView):
         return module.linear_parts()
@@ -192,12 +232,19 @@ def _refusal(module: nn.Module, where: str, why: str) -> str:
 
 
 def check_peft_layers(model: nn.Module) -> None:
-    """Refuse a model with a peft layer :func:`effective_linear` does not read (named, with the merge hint).
+    """Refuse a model holding a peft layer that :func:`effective_linear` cannot read.
 
     Parameters
     ----------
-    model:
-        the model to explain (peft wrappers already looked through).
+    model : nn.Module
+        The model to explain, with the peft wrappers already looked through.
+
+    Raises
+    ------
+    UnsupportedModelError
+        Naming the first such layer and why (another peft layer kind, a LoRA variant other than DoRA, adapters
+        disabled while merged, LoRA dropout in training mode, a wrapper around a non-Linear), with the hint to
+        merge the adapters.
     """
     for qualified, module in model.named_modules():
         if not is_peft(module):
