@@ -66,6 +66,9 @@ CONVERTED = [
     "lrp_core.models.tiny_lm",
     "lrp_core.models.toy_vit",
     "lrp_core.models.dinov2_scenes",
+    "lrp_core.adapters",
+    "lrp_core.adapters.checks",
+    "lrp_core.adapters.decoder",
 ]
 
 

@@ -308,6 +308,22 @@ def get_adapter(model: nn.Module) -> Adapter:
     rules do not read (:func:`lrp_core.rules.linear.check_peft_layers`). A decoder no row names (or a subclass of a
     listed decoder defined outside transformers) is recognised by its structure and checked against its own logits
     (:mod:`lrp_core.adapters.recognise`).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The user's model, possibly inside one of the wrappers above; it is not modified.
+
+    Returns
+    -------
+    Adapter
+        The family's adapter for the unwrapped model (or the structural one for an unlisted decoder).
+
+    Raises
+    ------
+    UnsupportedModelError
+        When ``model`` is not an ``nn.Module``, belongs to a refused family, carries peft layers the rules do not
+        read, or matches no family; the message lists the supported families.
     """
     if not isinstance(model, nn.Module):
         raise UnsupportedModelError(f"expected a torch.nn.Module, got {type(model).__name__}. "

@@ -32,7 +32,27 @@ def _tensor(value: Any, name: str) -> Tensor:
 
 
 def token_ids(value: Any, name: str = "input_ids", rows: str = "B") -> Tensor:
-    """Token ids (``rows``, T) as a long tensor: integers only (int32 / int64 / lists of ints)."""
+    """Token ids as a long tensor of shape ``(rows, T)``: integers only (int32 / int64 / lists of ints).
+
+    Parameters
+    ----------
+    value : Any
+        The ids: a tensor, a NumPy array or rectangular nested lists, of shape ``(B, T)``.
+    name : str
+        The input's name, for the message.
+    rows : str
+        What the rows are called in the message (``"B"``).
+
+    Returns
+    -------
+    Tensor
+        The ids ``(B, T)``, ``torch.long``.
+
+    Raises
+    ------
+    InputError
+        When the ids are ragged, not numbers, unbatched (one dimension), not two-dimensional or not integers.
+    """
     ids = _tensor(value, name)
     if ids.dim() == 1:
         raise InputError(f"{name} must be batched ({rows}, T); got shape {tuple(ids.shape)} — use ids.unsqueeze(0)")
@@ -43,10 +63,27 @@ def token_ids(value: Any, name: str = "input_ids", rows: str = "B") -> Tensor:
 
 
 def attention_mask(value: Any, ids: Tensor) -> Tensor:
-    """The mask (B, T) as 1 (token) / 0 (padding), long; ``None``: every token is real.
+    """The attention mask as 1 (token) / 0 (padding), long; ``None`` means every token is real.
 
     Any dtype is accepted as long as every value is 0 or 1 (bools, ints, 0.0 / 1.0): a value in
     between has no meaning for the model, which adds it to the scores as a large negative bias.
+
+    Parameters
+    ----------
+    value : Any
+        The mask ``(B, T)`` (tensor, array or lists), or ``None``.
+    ids : Tensor
+        The token ids ``(B, T)`` the mask belongs to; its shape and device are the mask's.
+
+    Returns
+    -------
+    Tensor
+        The mask ``(B, T)``, ``torch.long``, on the ids' device.
+
+    Raises
+    ------
+    InputError
+        When the mask's shape differs from the ids' or a value is neither 0 nor 1.
     """
     if value is None:
         return torch.ones_like(ids)
@@ -62,8 +99,28 @@ def attention_mask(value: Any, ids: Tensor) -> Tensor:
 
 
 def tokenized(inputs: Any, model_name: str) -> tuple[Tensor, Tensor]:
-    """A tokenizer's output → ``(input_ids (B, T), attention_mask (B, T))``, checked: not raw strings, a mapping with
-    ``input_ids``, at least one token, no row that is all padding."""
+    """The token ids and mask of a tokenizer's output, checked.
+
+    The inputs must not be raw strings, must be a mapping with ``input_ids``, hold at least one token, and have no
+    row that is all padding.
+
+    Parameters
+    ----------
+    inputs : Any
+        The tokenizer's output (a dict / BatchEncoding with ``input_ids`` and optionally ``attention_mask``).
+    model_name : str
+        The model's class name, for the message.
+
+    Returns
+    -------
+    tuple of Tensor
+        ``(input_ids, attention_mask)``, both ``(B, T)`` long.
+
+    Raises
+    ------
+    InputError
+        For raw text, a value that is not a mapping with ``input_ids``, an empty text, or a row of padding only.
+    """
     if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str)):
         raise InputError("text must be tokenized first: pass the tokenizer's output (a dict / BatchEncoding with "
                          "input_ids and attention_mask), e.g. tokenizer(texts, padding=True, return_tensors='pt')")
@@ -90,16 +147,26 @@ def input_keys(inputs: Mapping, model_name: str, honoured: Sequence[str], refuse
                no_effect: Sequence[str] = NO_EFFECT) -> None:
     """Every key of ``inputs`` with a value is honoured by the replay, changes no logit, or is an :class:`InputError`.
 
-    Parameters
-    ----------
-    inputs : the user's inputs (a dict / BatchEncoding).
-    model_name : the model's class name, for the message.
-    honoured : the keys the replay reads as the model does.
-    refused : key -> why the replay cannot honour it and what to pass instead.
-    no_effect : keys that change nothing the explanation reads (:data:`NO_EFFECT`).
-
     A key the model would use and the replay ignored would explain another computation than the model's:
     it is refused, never dropped. A key whose value is ``None`` is the model's default, and accepted.
+
+    Parameters
+    ----------
+    inputs : Mapping
+        The user's inputs (a dict / BatchEncoding).
+    model_name : str
+        The model's class name, for the message.
+    honoured : Sequence of str
+        The keys the replay reads as the model does.
+    refused : Mapping of str to str
+        Key -> why the replay cannot honour it and what to pass instead.
+    no_effect : Sequence of str
+        Keys that change nothing the explanation reads (:data:`NO_EFFECT`).
+
+    Raises
+    ------
+    InputError
+        For a key with a value that is refused or neither honoured nor without effect.
     """
     for key, value in inputs.items():
         if value is None or key in honoured or key in no_effect:
@@ -112,7 +179,25 @@ def input_keys(inputs: Mapping, model_name: str, honoured: Sequence[str], refuse
 
 
 def pixel_values(value: Any, name: str = "pixel_values") -> Tensor:
-    """Pixel values (B, 3, H, W): a tensor, or a NumPy array; a list is an :class:`InputError` with the fix."""
+    """Pixel values as a tensor: a tensor is returned as is, a NumPy array converted.
+
+    Parameters
+    ----------
+    value : Any
+        The images ``(B, 3, H, W)``: a tensor or a NumPy array.
+    name : str
+        The input's name, for the message.
+
+    Returns
+    -------
+    Tensor
+        The images ``(B, 3, H, W)``.
+
+    Raises
+    ------
+    InputError
+        For a list (or anything else), with the fix: a tensor from the processor, or ``torch.stack``.
+    """
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value)
     if isinstance(value, Tensor):
@@ -127,6 +212,18 @@ def to_model_dtype(images: Tensor, dtype: torch.dtype) -> Tensor:
     """Floating images in the model's dtype, as Hugging Face pipelines cast them (float64 → float32, ...).
 
     The explanation is then that of the cast images, exactly.
+
+    Parameters
+    ----------
+    images : Tensor
+        The images ``(B, 3, H, W)``.
+    dtype : torch.dtype
+        The model's floating dtype.
+
+    Returns
+    -------
+    Tensor
+        The images ``(B, 3, H, W)`` in ``dtype`` (the same tensor when already so).
     """
     return images if images.dtype == dtype else images.to(dtype)
 

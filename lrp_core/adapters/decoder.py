@@ -39,12 +39,34 @@ from .records import EmbeddingRecord, TokenLayout, Trace
 
 
 def position_ids(mask: Tensor) -> Tensor:
-    """(B, T) position ids from the 0/1 mask, as ``generate`` computes them: real tokens count 0, 1, …"""
+    """Position ids from the 0/1 mask, as ``generate`` computes them: real tokens count 0, 1, …
+
+    Parameters
+    ----------
+    mask : Tensor
+        The attention mask ``(B, T)``, 1 for a real token and 0 for padding.
+
+    Returns
+    -------
+    Tensor
+        The position ids ``(B, T)`` (padding before the first real token gets 0).
+    """
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def last_real(mask: Tensor) -> Tensor:
-    """(B,) the index of each row's last real token (padding on either side)."""
+    """The index of each row's last real token, with padding on either side.
+
+    Parameters
+    ----------
+    mask : Tensor
+        The attention mask ``(B, T)``, 1 for a real token and 0 for padding.
+
+    Returns
+    -------
+    Tensor
+        The indices ``(B,)``, long.
+    """
     idx = torch.arange(mask.shape[1], device=mask.device)
     return (idx[None, :] * mask).argmax(dim=-1)
 
@@ -65,22 +87,35 @@ REFUSED_INPUTS = {
 
 def given_position_ids(value: Any, mask: Tensor, limit: Optional[int], has_mask: bool,
                        windowed: bool) -> Tensor:
-    """The ``position_ids`` given with the inputs, checked: (B, T) or (1, T) (one row for all), integers in
-    [0, ``limit``).
+    """The ``position_ids`` given with the inputs, checked.
+
+    They must be ``(B, T)`` or ``(1, T)`` (one row for all rows), integers in ``[0, limit)``.
 
     Parameters
     ----------
-    value : the user's position ids.
-    mask : (B, T) the attention mask.
-    limit : the model's number of positions (``None``: no limit).
-    has_mask : whether an attention mask was given: without one, Hugging Face reads position ids that
-        restart inside a row as packed sequences (a block-diagonal mask), which the replay does not build.
-    windowed : the model has a sliding window, which Hugging Face counts in tokens and the replay in
-        positions: the two agree where consecutive real tokens are one position apart.
+    value : Any
+        The user's position ids.
+    mask : Tensor
+        The attention mask ``(B, T)``.
+    limit : int or None
+        The model's number of positions (``None``: no limit).
+    has_mask : bool
+        Whether an attention mask was given: without one, Hugging Face reads position ids that restart inside a
+        row as packed sequences (a block-diagonal mask), which the replay does not build.
+    windowed : bool
+        Whether the model has a sliding window, which Hugging Face counts in tokens and the replay in positions:
+        the two agree where consecutive real tokens are one position apart.
 
     Returns
     -------
-    (B, T) long position ids.
+    Tensor
+        The position ids ``(B, T)``, long, on the mask's device.
+
+    Raises
+    ------
+    InputError
+        For a wrong shape, a value outside ``[0, limit)``, ids that restart or jump inside a row without a mask,
+        or (with a sliding window) consecutive real tokens not one position apart.
     """
     pos = token_ids(value, "position_ids")
     B, T = mask.shape
@@ -109,8 +144,22 @@ def given_position_ids(value: Any, mask: Tensor, limit: Optional[int], has_mask:
 
 
 def check_cache_position(value: Any, T: int) -> None:
-    """``cache_position`` given with the inputs must be 0 … T−1 (a sequence without a cache), else an
-    :class:`InputError`: other values count from the start of a cache the replay does not see."""
+    """Check the ``cache_position`` given with the inputs: it must be 0 … T−1 (a sequence without a cache).
+
+    Other values count from the start of a cache the replay does not see.
+
+    Parameters
+    ----------
+    value : Any
+        The user's ``cache_position`` (``None``: nothing to check).
+    T : int
+        The sequence length.
+
+    Raises
+    ------
+    InputError
+        When the positions are not 0 … T−1.
+    """
     if value is None:
         return
     pos = torch.as_tensor(value)
@@ -127,6 +176,25 @@ def pooled_position(ids: Tensor, mask: Tensor, pad_id: Optional[int]) -> Tensor:
     at token 0); without a padding id the model reads the last column, here each row's last real token (the
     row alone). A read position that is padding (the batch padded with another id than ``pad_id``) is an
     :class:`InputError`: the model would pool a padding token there.
+
+    Parameters
+    ----------
+    ids : Tensor
+        The token ids ``(B, T)``.
+    mask : Tensor
+        The attention mask ``(B, T)``.
+    pad_id : int or None
+        The model's padding token id (``config.pad_token_id``), or ``None``.
+
+    Returns
+    -------
+    Tensor
+        The read positions ``(B,)``, long.
+
+    Raises
+    ------
+    InputError
+        When a read position is a padding token.
     """
     if pad_id is None:
         return last_real(mask)
@@ -179,21 +247,27 @@ def _fresh_inv_freq(module: nn.Module, kind: str, seq_len: Tensor, layer_type: O
 
 def row_rotary_tables(module: nn.Module, x: Tensor, positions: Tensor, mask: Optional[Tensor],
                       layer_type: Optional[str] = None) -> tuple[Tensor, Tensor]:
-    """(cos, sin) (B, T, r) of the model's rotary ``module`` at ``positions``, each row's as for the row alone.
+    """The rotary tables of the model's rotary ``module`` at ``positions``, each row's as for the row alone.
 
     Parameters
     ----------
-    module : the model's rotary embedding (``rope_type`` a string, or a dict by layer type).
-    x : (B, T, D) block 0's input (its dtype and device).
-    positions : (B, T) position ids.
-    mask : (B, T) 1 = real token (``None``: all real): a row's longest position is that of its real tokens.
-    layer_type : the layer type the module takes (Gemma 3), or ``None``.
+    module : nn.Module
+        The model's rotary embedding (``rope_type`` a string, or a dict by layer type).
+    x : Tensor
+        Block 0's input ``(B, T, D)`` (for its dtype and device).
+    positions : Tensor
+        The position ids ``(B, T)``.
+    mask : Tensor or None
+        ``(B, T)``, 1 for a real token (``None``: all real): a row's longest position is that of its real tokens.
+    layer_type : str or None
+        The layer type the module takes (Gemma 3), or ``None``.
 
     Returns
     -------
-    The module's own (cos, sin). Where its rotary type chooses its frequencies by the longest position of
-    the call (:data:`BATCH_DEPENDENT_ROPE`), the choice is made per row, and the module's undecorated
-    forward computes each row's tables with them (the module itself is not written to).
+    tuple of Tensor
+        The module's own ``(cos, sin)``, each ``(B, T, r)``. Where its rotary type chooses its frequencies by the
+        longest position of the call (:data:`BATCH_DEPENDENT_ROPE`), the choice is made per row, and the module's
+        undecorated forward computes each row's tables with them (the module itself is not written to).
     """
     kinds = getattr(module, "rope_type", "default")
     kind = kinds if layer_type is None else kinds[layer_type]
@@ -211,10 +285,26 @@ def row_rotary_tables(module: nn.Module, x: Tensor, positions: Tensor, mask: Opt
 
 
 def causal_bias(mask: Tensor, positions: Tensor, window: Optional[int], dtype: torch.dtype) -> Tensor:
-    """(B, 1, T, T) additive mask: 0 where query i may attend key j, the dtype's minimum elsewhere.
+    """The additive causal mask: 0 where query i may attend key j, the dtype's minimum elsewhere.
 
     Allowed: j ≤ i, key j real, and (sliding window) ``pos_i − pos_j < window``. A padding query row
     attends itself only, so no row is fully masked (its output reaches no real token either way).
+
+    Parameters
+    ----------
+    mask : Tensor
+        The attention mask ``(B, T)``, 1 for a real token.
+    positions : Tensor
+        The position ids ``(B, T)``, read by the sliding window.
+    window : int or None
+        The sliding window in positions, or ``None`` for none.
+    dtype : torch.dtype
+        The scores' dtype, whose minimum marks a forbidden pair.
+
+    Returns
+    -------
+    Tensor
+        The bias ``(B, 1, T, T)`` in ``dtype``.
     """
     T = mask.shape[1]
     idx = torch.arange(T, device=mask.device)
