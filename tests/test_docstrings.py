@@ -69,6 +69,7 @@ CONVERTED = [
     "lrp_core.adapters",
     "lrp_core.adapters.checks",
     "lrp_core.adapters.decoder",
+    "lrp_core.adapters.blocks",
 ]
 
 

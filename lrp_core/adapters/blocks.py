@@ -385,10 +385,26 @@ def _rotate_relprop(p: AttentionSpec, x: Tensor, rotated: Tensor, cos: Tensor, s
 
 def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Replay,
                       rope: Optional[tuple] = None) -> AttentionRecord:
-    """Multi-head self-attention on ``h`` (B, N, D); the attention computed explicitly unless fused.
+    """Multi-head self-attention on ``h``; the attention map is computed explicitly unless fused.
 
-    ``bias``: the additive mask (B, 1, 1 or N, N) or ``None``; ``rope``: (cos, sin) (B, N − ``p.rope_skip``, r)
-    where ``p.rotary``.
+    Parameters
+    ----------
+    p : AttentionSpec
+        The attention's modules and shape (heads, head size, groups, rotary, scale).
+    h : Tensor
+        The attention's input ``(B, N, D)``.
+    bias : Tensor or None
+        The additive mask ``(B, 1, 1, N)`` or ``(B, 1, N, N)``, or ``None``.
+    r : Replay
+        Runs (and records) each operation through its rule; ``r.fuse`` allows the fused sdpa kernel.
+    rope : tuple of Tensor or None
+        ``(cos, sin)``, each ``(B, N − p.rope_skip, r)``, where ``p.rotary``; otherwise ``None``.
+
+    Returns
+    -------
+    AttentionRecord
+        The forward quantities the rules need (projections, queries, keys, values, the map ``A`` ``(B, H, N, N)``
+        unless fused, the output ``(B, N, D)``).
     """
     B, N, _ = h.shape
     H, d, groups = p.num_heads, p.head_dim, p.groups
@@ -448,7 +464,26 @@ def _add3_skip_first(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
 
 def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = NO_RECORD,
                   rope: Optional[tuple] = None) -> BlockRecord:
-    """One block on ``x`` (B, N, D); ``bias`` the additive mask or ``None``; ``rope`` the rotary tables."""
+    """One Transformer block on ``x`` (pre-LN, post-LN or parallel layout).
+
+    Parameters
+    ----------
+    p : BlockSpec
+        The block's modules and layout.
+    x : Tensor
+        The block's input ``(B, N, D)``.
+    bias : Tensor or None
+        The additive mask, or ``None``.
+    r : Replay
+        Runs (and records) each operation through its rule; :data:`NO_RECORD` computes plainly.
+    rope : tuple of Tensor or None
+        The rotary tables ``(cos, sin)``, or ``None`` without rotary positions.
+
+    Returns
+    -------
+    BlockRecord
+        The block's forward quantities; its output ``(B, N, D)`` is ``out``.
+    """
     if p.layout == "parallel":
         return _parallel_forward(p, x, bias, r, rope)
     pre = p.layout == "pre_ln"
@@ -499,12 +534,26 @@ def _summed(T: int) -> Callable[[Tensor, Tensor], Tensor]:
 
 
 def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
-    """A mixture-of-experts MLP on ``x`` (T, D), tokens flattened: router, top-k, the chosen experts each on its
-    tokens only (never every expert on every token), their weighted outputs summed per token.
+    """A mixture-of-experts MLP on flattened tokens: router, top-k, then the chosen experts.
 
-    The choice (top-k of the routing probabilities) is made without gradient and carries no relevance; the
-    routing weights (ROUTE), each product ``w_e · expert_e(x)`` (GATE_MUL) and the sum (EXPERT_SUM) get the
-    composite's rules.
+    Each chosen expert runs on its own tokens only (never every expert on every token), and the weighted outputs
+    are summed per token. The choice (top-k of the routing probabilities) is made without gradient and carries
+    no relevance; the routing weights (ROUTE), each product ``w_e · expert_e(x)`` (GATE_MUL) and the sum
+    (EXPERT_SUM) get the composite's rules.
+
+    Parameters
+    ----------
+    p : MoeSpec
+        The router, the experts (and a shared expert), top-k and whether the weights are renormalised.
+    x : Tensor
+        The tokens ``(T, D)``, the batch flattened (``T = B·N``).
+    r : Replay
+        Runs (and records) each operation through its rule; :data:`NO_RECORD` computes plainly.
+
+    Returns
+    -------
+    MoeRecord
+        The forward quantities; its output ``(T, D)`` is ``out``.
     """
     T = x.shape[0]
     logits = r.module(LINEAR, p.router, x)  # (T, E)
@@ -556,10 +605,29 @@ def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay
 # ----------------------------------------------------------------------------
 def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
                   deeper: bool = True) -> tuple[Optional[Tensor], Tensor]:
-    """Relevance of the block output (B, N, D) -> (relevance of the block input or ``None``, R^A).
+    """Propagate the relevance of a block's output to its input and its attention map.
 
     ``deeper=False`` stops at the attention map: R^A is the halved relevance of
     A at the ``A·V`` product (docs/METHODS.md §1.9), and the input relevance is ``None``.
+
+    Parameters
+    ----------
+    p : BlockSpec
+        The block's modules and layout.
+    rec : BlockRecord
+        The block's forward record (:func:`block_forward`).
+    R : Tensor
+        The relevance of the block's output ``(B, N, D)``.
+    prop : Propagation
+        The composite's rules, applied operation by operation.
+    deeper : bool
+        Whether to continue past the attention map to the block's input.
+
+    Returns
+    -------
+    tuple
+        ``(R_x, R_A)``: the relevance of the block's input ``(B, N, D)`` (``None`` when ``deeper`` is false) and
+        that of the attention map ``(B, H, N, N)``.
     """
     if p.layout == "parallel":
         return _parallel_relprop(p, rec, R, prop, deeper)
@@ -638,12 +706,28 @@ def _expert_relprop(p: MlpSpec, rec: MlpRecord, R: Tensor, prop: Propagation) ->
 
 
 def moe_relprop(p: MoeSpec, rec: MoeRecord, R: Tensor, prop: Propagation) -> Tensor:
-    """Relevance of a mixture-of-experts MLP's output (T, D) -> of its input (T, D) (docs/METHODS.md §2c.4).
+    """Propagate the relevance of a mixture-of-experts MLP's output to its input (docs/METHODS.md §2c.4).
 
     The per-token sum (EXPERT_SUM) shares R among the k (+1) summands; each ``w_e · expert_e(x)`` is a product
     of two operands (GATE_MUL): the expert's share goes through its MLP to its tokens, the weight's through the
     routing (ROUTE: to the chosen logits only) and the router's Linear; x, read by the router, the experts (and
     the shared expert and its gate), is a Clone of those branches.
+
+    Parameters
+    ----------
+    p : MoeSpec
+        The router and the experts.
+    rec : MoeRecord
+        The forward record (:func:`moe_forward`).
+    R : Tensor
+        The relevance of the output ``(T, D)``.
+    prop : Propagation
+        The composite's rules, applied operation by operation.
+
+    Returns
+    -------
+    Tensor
+        The relevance of the input ``(T, D)``.
     """
     R_parts, _ = prop(EXPERT_SUM, (rec.parts, rec.tokens), R, output=rec.out)
     R_experts = torch.zeros_like(R)
@@ -667,7 +751,7 @@ def moe_relprop(p: MoeSpec, rec: MoeRecord, R: Tensor, prop: Propagation) -> Ten
 
 def _scores(p: AttentionSpec, rec: AttentionRecord) -> Tensor:
     """(B, H, N, N) the forward's scaled ``q·kᵀ``, the same operations again: the replay does not keep it,
-    so a long sequence's records hold one ``H·N²`` map per block (A), not two (issue #22 item 6)."""
+    so a long sequence's records hold one ``H·N²`` map per block (A), not two."""
     kT = repeat_kv(rec.k, p.groups).transpose(-2, -1)
     return _matmul(rec.q * p.scale, kT) if p.scale_queries_first else _matmul(rec.q, kT) * p.scale
 
