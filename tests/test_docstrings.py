@@ -70,6 +70,7 @@ CONVERTED = [
     "lrp_core.adapters.checks",
     "lrp_core.adapters.decoder",
     "lrp_core.adapters.blocks",
+    "lrp_core.adapters.recognise",
 ]
 
 

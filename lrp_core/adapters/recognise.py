@@ -130,6 +130,16 @@ def unreplayable(model: nn.Module) -> Optional[str]:
 
     State-space, recurrent and convolutional mixers and mixture-of-experts layers are found by their modules'
     class names. (Parallel blocks are replayed: :meth:`OpenDecoderAdapter._block`.)
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model whose modules are inspected.
+
+    Returns
+    -------
+    str or None
+        The reason, naming the module and what it is; ``None`` if no block is of such a kind.
     """
     found, convs = [], []
     for name, module in model.named_modules():
@@ -368,6 +378,16 @@ def probe(adapter: DecoderAdapter) -> float:
     half-precision model in float32 like its replay (:func:`~lrp_core.runtime.precision.compute_precision`);
     modules in training mode are put back. Cost: one forward pass of the model and one plain replay on the
     B·T probe tokens.
+
+    Parameters
+    ----------
+    adapter : DecoderAdapter
+        The adapter whose replay is measured.
+
+    Returns
+    -------
+    float
+        ``max |replay − model| / max |model|`` over each row's logits at its last token.
     """
     model, cfg = adapter.model, adapter.config
     windows = [s.attn.window for s in adapter.blocks if s.attn.window]
@@ -414,11 +434,24 @@ def probe(adapter: DecoderAdapter) -> float:
 
 
 def open_adapter(model: nn.Module) -> Optional[DecoderAdapter]:
-    """The adapter of an unlisted decoder recognised by its structure, or ``None`` where ``model`` is no Hugging Face
-    decoder (no config, not a ``…ForCausalLM`` / ``…LMHeadModel`` / ``…ForSequenceClassification``).
+    """The adapter of an unlisted decoder, recognised by its structure.
 
-    Raises :class:`UnsupportedModelError` (without the list of supported families: the caller adds it) naming a
-    block the engine cannot replay, the module that was not understood, or the probe's measured deviation.
+    Parameters
+    ----------
+    model : nn.Module
+        The (unwrapped) model no adapter row recognised.
+
+    Returns
+    -------
+    DecoderAdapter or None
+        The structural adapter, verified against the model's logits; ``None`` where ``model`` is no Hugging Face
+        decoder (no config, not a ``…ForCausalLM`` / ``…LMHeadModel`` / ``…ForSequenceClassification``).
+
+    Raises
+    ------
+    UnsupportedModelError
+        Naming a block the engine cannot replay, the module that was not understood, or the probe's measured
+        deviation (the message omits the supported families: the caller appends them).
     """
     cls = type(model).__name__
     if getattr(model, "config", None) is None or not cls.endswith(("ForCausalLM", "LMHeadModel",
@@ -438,10 +471,29 @@ def open_adapter(model: nn.Module) -> Optional[DecoderAdapter]:
 
 
 def verify(adapter: DecoderAdapter, norms: bool = False) -> DecoderAdapter:
-    """``adapter`` where its replay reproduces the model's own logits on the probe (:func:`probe`), else
-    :class:`UnsupportedModelError` with the measured deviation. ``norms``: first check that the rules recompute
-    every norm of the replay (an unlisted family's norms are not known in advance). Once per model and
-    configuration: the verdict is kept with the model as a weak key."""
+    """Check that an adapter's replay reproduces the model's own logits on the probe (:func:`probe`).
+
+    The check runs once per model and configuration: the verdict is kept with the model as a weak key.
+
+    Parameters
+    ----------
+    adapter : DecoderAdapter
+        The adapter to check.
+    norms : bool
+        Whether to first check that the rules recompute every norm of the replay (an unlisted family's norms are
+        not known in advance).
+
+    Returns
+    -------
+    DecoderAdapter
+        ``adapter`` itself, once verified.
+
+    Raises
+    ------
+    UnsupportedModelError
+        With the measured deviation, when the replay does not reproduce the logits beyond the dtype's tolerance
+        (or a norm is not recomputed), and when the weights are on the meta device (nothing to compare).
+    """
     model = adapter.model
     cls = type(model).__name__
     p = next(model.parameters(), None)
