@@ -71,6 +71,8 @@ CONVERTED = [
     "lrp_core.adapters.decoder",
     "lrp_core.adapters.blocks",
     "lrp_core.adapters.recognise",
+    "lrp_core.adapters.vit",
+    "lrp_core.adapters.clip",
 ]
 
 

@@ -48,7 +48,20 @@ class L2Normalize(nn.Module):
 
 
 def clip_block(layer: nn.Module, cfg) -> BlockSpec:
-    """A CLIP encoder layer (either tower): pre-LN, q/k/v/out projections, two-layer MLP."""
+    """The block of a CLIP encoder layer (either tower): pre-LN, q/k/v/out projections, two-layer MLP.
+
+    Parameters
+    ----------
+    layer : nn.Module
+        The encoder layer (``self_attn``, ``layer_norm1`` / ``layer_norm2``, ``mlp``).
+    cfg : object
+        The tower's config (``num_attention_heads``, ``hidden_size``).
+
+    Returns
+    -------
+    BlockSpec
+        The pre-LN block with its attention and MLP.
+    """
     att = layer.self_attn
     H = cfg.num_attention_heads
     d = cfg.hidden_size // H
@@ -59,9 +72,19 @@ def clip_block(layer: nn.Module, cfg) -> BlockSpec:
 
 
 def similarity_linear(weight: Tensor) -> nn.Linear:
-    """A frozen bias-free Linear with this weight (C, E): the "classes" a CLIP readout compares with.
+    """A frozen bias-free Linear holding ``weight``: the "classes" a CLIP readout compares with.
 
     Built without initialising random weights first (``skip_init``): making a readout draws no random numbers.
+
+    Parameters
+    ----------
+    weight : Tensor
+        The weight ``(C, E)``: one row per class (e.g. a prompt's scaled embedding).
+
+    Returns
+    -------
+    nn.Linear
+        ``E → C``, without bias and gradient, on the weight's device and in its dtype.
     """
     lin = torch.nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], bias=False, device=weight.device,
                                    dtype=weight.dtype)

@@ -207,7 +207,19 @@ class TimmViTAdapter(ViTAdapter):
 # Hugging Face
 # ----------------------------------------------------------------------------
 def hf_attention(att: nn.Module) -> tuple:
-    """(q, k, v, output projection) of a Hugging Face ViT-style attention, transformers 5.x or 4.x names."""
+    """The query, key, value and output projections of a Hugging Face ViT-style attention.
+
+    Parameters
+    ----------
+    att : nn.Module
+        The layer's attention module, with transformers 5.x names (``q_proj`` …) or 4.x names
+        (``attention.query`` …, ``output.dense``).
+
+    Returns
+    -------
+    tuple of nn.Module
+        ``(q, k, v, output projection)``.
+    """
     if hasattr(att, "q_proj"):  # transformers >= 5
         return att.q_proj, att.k_proj, att.v_proj, att.o_proj
     sa = att.attention
@@ -215,7 +227,18 @@ def hf_attention(att: nn.Module) -> tuple:
 
 
 def hf_mlp(layer: nn.Module) -> MlpSpec:
-    """The two-layer MLP of a Hugging Face ViT-style layer (``mlp`` in 5.x; ``intermediate``/``output`` in 4.x)."""
+    """The two-layer MLP of a Hugging Face ViT-style layer.
+
+    Parameters
+    ----------
+    layer : nn.Module
+        The encoder layer: ``mlp`` in transformers 5.x, ``intermediate`` / ``output`` in 4.x.
+
+    Returns
+    -------
+    MlpSpec
+        The first Linear, the activation and the second Linear.
+    """
     if hasattr(layer, "mlp"):
         mlp = layer.mlp
         act = getattr(mlp, "activation_fn", None) or getattr(mlp, "activation", None)
@@ -224,12 +247,42 @@ def hf_mlp(layer: nn.Module) -> MlpSpec:
 
 
 def hf_layers(base: nn.Module) -> nn.ModuleList:
+    """The encoder layers of a Hugging Face ViT-style backbone.
+
+    Parameters
+    ----------
+    base : nn.Module
+        The backbone: its ``layers``, or else ``encoder.layer``.
+
+    Returns
+    -------
+    nn.ModuleList
+        The layers, input first.
+    """
     layers = getattr(base, "layers", None)
     return base.encoder.layer if layers is None else layers
 
 
 def hf_linear_head(model: nn.Module, *names: str) -> list:
-    """The named Linear classifiers of a Hugging Face model (Identity where it has no labels)."""
+    """The named Linear classifiers of a Hugging Face model.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model holding the classifiers as attributes.
+    *names
+        The attribute names of the classifiers.
+
+    Returns
+    -------
+    list of nn.Module
+        The classifiers, in the order of ``names``: each a Linear, or ``Identity`` where the model has no labels.
+
+    Raises
+    ------
+    UnsupportedModelError
+        When a named module is neither a Linear layer nor ``Identity``.
+    """
     out = []
     for n in names:
         m = getattr(model, n)
