@@ -73,6 +73,7 @@ CONVERTED = [
     "lrp_core.adapters.recognise",
     "lrp_core.adapters.vit",
     "lrp_core.adapters.clip",
+    "lrp_core.adapters.modernbert",
 ]
 
 

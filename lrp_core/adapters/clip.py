@@ -79,7 +79,7 @@ def similarity_linear(weight: Tensor) -> nn.Linear:
     Parameters
     ----------
     weight : Tensor
-        The weight ``(C, E)``: one row per class (e.g. a prompt's scaled embedding).
+        The weight ``(C, E)``: one row per class (the prompts' or the images' embeddings).
 
     Returns
     -------

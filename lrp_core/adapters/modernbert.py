@@ -42,12 +42,25 @@ _IMPLEMENTATIONS = ("eager", "sdpa")
 
 
 def encoder_bias(mask: Tensor, window: Optional[int], dtype: torch.dtype) -> Tensor:
-    """(B, 1, T, T) additive mask of a bidirectional encoder: 0 where query i may attend key j, the dtype's
-    minimum elsewhere.
+    """The additive mask of a bidirectional encoder: 0 where query i may attend key j, the dtype's minimum elsewhere.
 
     Allowed: key j real and (``window``) ``|i − j| ≤ window`` — transformers' bidirectional (sliding-window)
     mask, by token index. A query row with no allowed key (a padding token farther than the window from every
     real token) attends itself only, so no row is fully masked.
+
+    Parameters
+    ----------
+    mask : Tensor
+        The attention mask ``(B, T)``, 1 for a real token.
+    window : int or None
+        The sliding window in tokens (``|i − j| ≤ window``), or ``None`` for global attention.
+    dtype : torch.dtype
+        The scores' dtype, whose minimum marks a forbidden pair.
+
+    Returns
+    -------
+    Tensor
+        The bias ``(B, 1, T, T)`` in ``dtype``.
     """
     T = mask.shape[1]
     idx = torch.arange(T, device=mask.device)
