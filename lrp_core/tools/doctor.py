@@ -118,6 +118,23 @@ def check_python() -> Result:
 
 
 def check_package(module: str, dist: str, minimum: str | None) -> Result:
+    """Whether a package imports and is at least its minimum version.
+
+    Parameters
+    ----------
+    module : str
+        The module to import.
+    dist : str
+        Its distribution name on PyPI (for the installed version and the fix).
+    minimum : str or None
+        The oldest version accepted, or ``None`` for any.
+
+    Returns
+    -------
+    Result
+        ``ok`` with the version; ``fail`` with the error (and the install command) when the import fails, or with
+        the ``pip install`` fix when the version is older than ``minimum``.
+    """
     from importlib import metadata
     try:
         importlib.import_module(module)
@@ -155,6 +172,22 @@ def check_threads() -> Result:
 
 
 def check_model(name: str) -> Result:
+    """Whether an embedded model loads and explains one small input with finite scores.
+
+    The tiny LM must also answer a held-out facts prompt correctly (its weights are the trained ones); a DINOv2
+    model warns when its converted weights are not cached.
+
+    Parameters
+    ----------
+    name : str
+        The embedded model's name (:data:`lrp_core.models.EMBEDDED`).
+
+    Returns
+    -------
+    Result
+        ``ok`` with the load time; ``warn`` for uncached DINOv2 weights; ``fail`` for a wrong answer or a
+        non-finite explanation.
+    """
     import torch
 
     from lrp_core import explain
@@ -328,6 +361,19 @@ def check_writable() -> Result:
 
 # ---------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    """Run every check and print the results and a verdict.
+
+    Parameters
+    ----------
+    argv : list of str or None
+        The command-line arguments (``--quick`` skips loading the models and rendering a widget); ``None`` reads
+        ``sys.argv``.
+
+    Returns
+    -------
+    int
+        The exit status: 1 when an essential check failed, else 0.
+    """
     ap = argparse.ArgumentParser(prog="python -m lrp_core.tools.doctor", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip loading the models and rendering a widget")
     args = ap.parse_args(argv)
