@@ -75,6 +75,7 @@ CONVERTED = [
     "lrp_core.adapters.clip",
     "lrp_core.adapters.modernbert",
     "lrp_core.tools.doctor",
+    "lrp_core.tools.bench_models",
 ]
 
 

@@ -19,24 +19,58 @@ _TWO_LABELS: dict[str, Any] = {"num_labels": 2}
 
 IMAGE_MODELS = ("deit_tiny_patch16_224", "deit_small_patch16_224", "vit_base_patch16_224")
 TEXT_MODELS = ("bert-base",)
-#: Decoder-only causal LMs (issue #22): explained at their next-token logit. ``qwen3-moe``: a mixture of experts.
+#: Decoder-only causal LMs, explained at their next-token logit. ``qwen3-moe``: a mixture of experts.
 DECODER_MODELS = ("llama", "qwen3-moe")
 #: Seconds-fast stand-ins for the tests and a smoke run (2 blocks, random weights).
 TINY_MODELS = ("tiny-vit", "tiny-bert", "tiny-llama")
 
 
 def is_text(name: str) -> bool:
+    """Whether the case ``name`` is a text model (BERT, its stand-in, or a decoder).
+
+    Parameters
+    ----------
+    name : str
+        The benchmark's model name.
+
+    Returns
+    -------
+    bool
+        True for a text model, False for an image model.
+    """
     return name in TEXT_MODELS or name == "tiny-bert" or is_decoder(name)
 
 
 def is_decoder(name: str) -> bool:
-    """Whether ``name`` is a decoder-only causal LM (explained at its next-token logit)."""
+    """Whether ``name`` is a decoder-only causal LM (explained at its next-token logit).
+
+    Parameters
+    ----------
+    name : str
+        The benchmark's model name.
+
+    Returns
+    -------
+    bool
+        True for a decoder row or the tiny Llama stand-in.
+    """
     return name in DECODER_MODELS or name == "tiny-llama"
 
 
 def llama_config(tiny: bool = False) -> Any:
-    """The decoder rows' ``LlamaConfig`` (issue #22: D 512, 8 blocks, 8 / 2 heads, F 1376, V 32,000, sdpa),
-    or the 2-block stand-in's (D 32, 4 / 2 heads, F 48, V 100)."""
+    """The ``LlamaConfig`` of the decoder rows, or of their 2-block stand-in.
+
+    Parameters
+    ----------
+    tiny : bool
+        False: the decoder rows' shape (D 512, 8 blocks, 8 / 2 heads, F 1376, V 32,000, sdpa); True: the
+        stand-in's (D 32, 2 blocks, 4 / 2 heads, F 48, V 100).
+
+    Returns
+    -------
+    LlamaConfig
+        The configuration, with sdpa attention and 4096 positions.
+    """
     from transformers import LlamaConfig
     if tiny:
         return LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -58,10 +92,18 @@ def qwen3_moe_config() -> Any:
 
 
 def build_model(name: str) -> nn.Module:
-    """``name`` with random weights, in eval mode (seed torch first for reproducible weights).
+    """The model ``name`` with random weights, in eval mode (seed torch first for reproducible weights).
 
-    ``name``: a timm ViT name, ``"bert-base"`` (``BertConfig()`` defaults, 2 labels), ``"llama"``
-    (:func:`llama_config`), or a tiny stand-in.
+    Parameters
+    ----------
+    name : str
+        A timm ViT name, ``"bert-base"`` (``BertConfig()`` defaults, 2 labels), ``"llama"`` (:func:`llama_config`),
+        ``"qwen3-moe"`` (:func:`qwen3_moe_config`, router weights drawn at random), or a tiny stand-in.
+
+    Returns
+    -------
+    nn.Module
+        The model, in eval mode.
     """
     if name == "qwen3-moe":
         from transformers import Qwen3MoeForCausalLM
@@ -89,14 +131,40 @@ def build_model(name: str) -> nn.Module:
 
 
 def image_tokens(name: str) -> int:
-    """Sequence length (patches + prefix tokens) of the ViT ``name``, from a weightless (meta) copy."""
+    """The sequence length of the ViT ``name``, read from a weightless (meta) copy.
+
+    Parameters
+    ----------
+    name : str
+        A timm ViT name.
+
+    Returns
+    -------
+    int
+        Patches + prefix tokens.
+    """
     with torch.device("meta"):
         model: Any = build_model(name)
     return int(model.patch_embed.num_patches + model.num_prefix_tokens)
 
 
 def make_inputs(model: nn.Module, case: Any, seed: int = 0) -> Inputs:
-    """Seeded random inputs: images (B, 3, H, W), or ``{"input_ids", "attention_mask"}`` (B, T) for text."""
+    """Seeded random inputs for ``case``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The case's model (its vocabulary size, or its image size).
+    case : Case
+        The case (:class:`lrp_core.tools.bench.Case`): ``batch`` B, ``tokens`` T, ``text``.
+    seed : int
+        The generator's seed.
+
+    Returns
+    -------
+    Tensor or dict
+        Images ``(B, 3, H, W)``, or for text ``{"input_ids", "attention_mask"}``, each ``(B, T)`` (mask all ones).
+    """
     g = torch.Generator().manual_seed(seed)
     named: Any = model
     if case.text:
@@ -107,7 +175,21 @@ def make_inputs(model: nn.Module, case: Any, seed: int = 0) -> Inputs:
 
 
 def prepare(case: Any, seed: int = 0) -> tuple[nn.Module, Inputs]:
-    """The model (torch seeded with ``seed`` first, built in ``case.dtype``) and the inputs of ``case``."""
+    """The model and the inputs of ``case``.
+
+    Parameters
+    ----------
+    case : Case
+        The case (:class:`lrp_core.tools.bench.Case`): model name, size and ``dtype``.
+    seed : int
+        Seeds torch before the model is built, and the inputs' generator.
+
+    Returns
+    -------
+    tuple
+        ``(model, inputs)``: the model built in ``case.dtype``, and the inputs of :func:`make_inputs` (images cast
+        to ``case.dtype``).
+    """
     torch.manual_seed(seed)
     model = build_in(case.model, getattr(torch, case.dtype))
     inputs = make_inputs(model, case, seed)
@@ -115,8 +197,23 @@ def prepare(case: Any, seed: int = 0) -> tuple[nn.Module, Inputs]:
 
 
 def build_in(name: str, dtype: torch.dtype) -> nn.Module:
-    """:func:`build_model` with its weights made in ``dtype`` (the default dtype while it is built): a half
-    model never exists in float32, so the process's peak RSS is that of the half model."""
+    """:func:`build_model` with its weights made in ``dtype``.
+
+    ``dtype`` is the default dtype while the model is built: a half model never exists in float32, so the
+    process's peak RSS is that of the half model.
+
+    Parameters
+    ----------
+    name : str
+        The benchmark's model name.
+    dtype : torch.dtype
+        The weights' dtype.
+
+    Returns
+    -------
+    nn.Module
+        The model in ``dtype`` (buffers too), in eval mode.
+    """
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
