@@ -16,7 +16,7 @@ gradients for the parameters as in training), it reports
 * peak memory: each (case, method) and each case's forward + backward runs in
   a fresh subprocess, whose peak RSS (``ru_maxrss``) is reported, with the part
   above the loaded model and inputs (the RSS right before the first call), and
-  the ratio of the peaks to forward + backward's (issue #15's target: ≤ 1.5).
+  the ratio of the peaks to forward + backward's (the target: ≤ 1.5).
 
 Honest limits, on purpose:
 
@@ -35,11 +35,11 @@ Honest limits, on purpose:
   than pushing a shared machine into swap.
 
 ``--dtype bfloat16`` (or ``float16``) builds every model in that dtype (the weights are made in it, never
-held in float32, so the peak RSS is the half model's): the memory row of issue #25 for a half-precision model
+held in float32, so the peak RSS is the half model's): the memory row of a half-precision model
 explained in float32 (``lrp_core.runtime.precision``), e.g.
 ``python -m lrp_core.tools.bench --models bert-base --batches 1 --lengths 128 --dtype bfloat16``.
 
-**Decoder rows** (issue #22), ``--decoders``: ``llama``, a Llama-shaped random
+**Decoder rows**, ``--decoders``: ``llama``, a Llama-shaped random
 causal LM (``LlamaConfig``: width 512, 8 blocks, 8 heads / 2 key-value heads,
 MLP 1376, vocabulary 32,000, sdpa) at 1 × 512, 1 × 1024, 1 × 4096 and 8 × 512
 tokens, and ``qwen3-moe``, its mixture-of-experts twin (``Qwen3MoeConfig``: the same
@@ -155,10 +155,20 @@ class Settings:
 
 
 def forward_backward(model: nn.Module, inputs: Inputs) -> None:
-    """The baseline: forward, loss = target (argmax) logit (B, C) → scalar, backward into the parameters.
+    """The baseline: a forward pass, the loss = the target (argmax) logits summed, a backward into the parameters.
 
     A causal LM (``lm_head``) computes its head on the last position only (``logits_to_keep=1``): the
-    (B, V) next-token logits, as the methods explain them (the rows are unpadded)."""
+    ``(B, V)`` next-token logits, as the methods explain them (the rows are unpadded). The gradients are
+    cleared afterwards.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The case's model.
+    inputs : Tensor or dict
+        Images ``(B, 3, H, W)``, or the text inputs ``{"input_ids", "attention_mask"}`` ``(B, T)``; the logits
+        are ``(B, C)`` (``(B, V)`` for a causal LM).
+    """
     if isinstance(inputs, dict) and hasattr(model, "lm_head"):
         logits = model(**inputs, logits_to_keep=1).logits[:, -1]
     else:
@@ -168,7 +178,22 @@ def forward_backward(model: nn.Module, inputs: Inputs) -> None:
 
 
 def call_for(model: nn.Module, inputs: Inputs, method: str) -> Callable[[], object]:
-    """The call to time: the baseline or ``explain(model, inputs, method=method)``."""
+    """The call to time: the baseline or ``explain(model, inputs, method=method)``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The case's model.
+    inputs : Tensor or dict
+        The case's inputs (:func:`lrp_core.tools.bench_models.make_inputs`).
+    method : str
+        A method name, or :data:`BASELINE` for :func:`forward_backward`.
+
+    Returns
+    -------
+    callable
+        A function of no arguments that makes the call.
+    """
     if method == BASELINE:
         return lambda: forward_backward(model, inputs)
     return lambda: explain(model, inputs, method=method)
@@ -176,12 +201,28 @@ def call_for(model: nn.Module, inputs: Inputs, method: str) -> Callable[[], obje
 
 def best_time(fn: Callable[[], object], repeat: int, warmup: int = 1,
               budget: Optional[float] = None) -> tuple[float, int]:
-    """Best wall time of ``fn`` in seconds (the least disturbed by other load), and how many runs it is the best of.
+    """The best wall time of ``fn`` (the run least disturbed by other load), and how many runs it is the best of.
 
     After ``warmup`` untimed runs, ``repeat`` timed runs — fewer when a budget
     is given: ``min(repeat, budget // t_warmup)`` (at least 1), and none when
     the last warm-up run alone took longer than ``budget`` (that run is then the
     time: for a call that long, warm-up effects are noise).
+
+    Parameters
+    ----------
+    fn : callable
+        The call to time, without arguments.
+    repeat : int
+        The most timed runs.
+    warmup : int
+        Untimed runs first.
+    budget : float or None
+        Seconds the timed runs may take together, estimated from the warm-up; ``None``: no limit.
+
+    Returns
+    -------
+    tuple
+        ``(seconds, runs)``: the best time in seconds and the number of runs it is the best of.
     """
     t_warm = None
     for _ in range(warmup):
@@ -213,7 +254,25 @@ def peak_rss_kb() -> int:
 
 
 def measure(model: nn.Module, inputs: Inputs, method: str, settings: Settings) -> dict:
-    """Time ``method`` on (model, inputs); with this process's RSS before the first call and its peak after."""
+    """Time ``method`` on ``(model, inputs)``, with this process's RSS before the first call and its peak after.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The case's model.
+    inputs : Tensor or dict
+        The case's inputs.
+    method : str
+        A method name, or :data:`BASELINE`.
+    settings : Settings
+        The timed runs and the budget.
+
+    Returns
+    -------
+    dict
+        ``seconds`` (the best time), ``runs``, ``rss_before_kb`` (the peak where the RSS cannot be read) and
+        ``peak_rss_kb``.
+    """
     fn = call_for(model, inputs, method)
     before = rss_kb()
     seconds, runs = best_time(fn, settings.repeat, budget=settings.budget)
@@ -223,7 +282,18 @@ def measure(model: nn.Module, inputs: Inputs, method: str, settings: Settings) -
 
 
 def worker(job: dict) -> dict:
-    """The subprocess's work: build ``job``'s case, measure its method (``job``: Case and Settings fields + method)."""
+    """The subprocess's work: build the job's case and measure its method.
+
+    Parameters
+    ----------
+    job : dict
+        The :class:`Case` and :class:`Settings` fields, and ``method``.
+
+    Returns
+    -------
+    dict
+        What :func:`measure` returns, with the number of torch ``threads``.
+    """
     settings = Settings(**{k: job[k] for k in Settings.__dataclass_fields__ if k in job})
     if settings.threads:
         torch.set_num_threads(settings.threads)
@@ -239,7 +309,27 @@ class BenchError(LRPError, RuntimeError):
 
 
 def run_worker(case: Case, method: str, settings: Settings) -> dict:
-    """Measure (case, method) in a fresh Python process, so that its peak RSS is its own."""
+    """Measure ``(case, method)`` in a fresh Python process, so that its peak RSS is its own.
+
+    Parameters
+    ----------
+    case : Case
+        The model and input size.
+    method : str
+        A method name, or :data:`BASELINE`.
+    settings : Settings
+        How the measuring is done.
+
+    Returns
+    -------
+    dict
+        The worker's result (:func:`worker`).
+
+    Raises
+    ------
+    BenchError
+        When the worker fails or prints no result (the message holds its stderr's tail).
+    """
     job = {**asdict(case), **asdict(settings), "method": method}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
@@ -271,9 +361,26 @@ class InProcess:
 
 def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
                lengths: Optional[Sequence[int]] = None, dtype: str = "float32") -> list[Case]:
-    """Every (model, batch, length); ``batches=None``: 1, 8, 16 for images and 1, 8 for text;
-    ``lengths=None``: 128, 256, 512. A decoder with neither given: :data:`DECODER_SIZES`
-    (``tiny-llama``: :data:`QUICK_DECODER_SIZES`)."""
+    """Every ``(model, batch, length)`` case.
+
+    Parameters
+    ----------
+    models : Sequence of str
+        The model names.
+    batches : Sequence of int or None
+        The batch sizes; ``None``: 1, 8, 16 for images and 1, 8 for text.
+    lengths : Sequence of int or None
+        The text lengths in tokens; ``None``: 128, 256, 512. A decoder with neither ``batches`` nor ``lengths``
+        gets :data:`DECODER_SIZES` (``qwen3-moe``: :data:`MOE_SIZES`; ``tiny-llama``: :data:`QUICK_DECODER_SIZES`).
+        An image model's length is its own number of tokens.
+    dtype : str
+        The dtype the models are built in.
+
+    Returns
+    -------
+    list of Case
+        The cases, model by model.
+    """
     cases = []
     for name in models:
         if is_decoder(name) and batches is None and lengths is None:
@@ -288,7 +395,23 @@ def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
 
 
 def skip_reason(case: Case, method: str, settings: Settings) -> Optional[str]:
-    """Why (case, method) is not timed, or ``None``."""
+    """Why ``(case, method)`` is not timed, or ``None``.
+
+    Parameters
+    ----------
+    case : Case
+        The model and input size.
+    method : str
+        A method name.
+    settings : Settings
+        Its ``ablation_max`` limits where ``token_ablation`` is timed.
+
+    Returns
+    -------
+    str or None
+        The reason: a method that does not run on decoders, or ``token_ablation`` where batch × tokens exceeds
+        ``settings.ablation_max``.
+    """
     if is_decoder(case.model) and method not in DECODER_METHODS:
         return f"{method} does not run on decoder LMs (lrp_core.methods.registry.DECODER_METHODS)"
     if method == "token_ablation" and case.batch * case.tokens > settings.ablation_max:
@@ -311,7 +434,22 @@ def case_facts(model: str, tokens: int) -> Optional[memory.SizeFacts]:
 
 
 def memory_reason(case: Case, method: str, free: Optional[int]) -> Optional[str]:
-    """Why (case, method) is not run: its estimated peak exceeds ``free`` bytes; else ``None``."""
+    """Why ``(case, method)`` is not run: its estimated peak exceeds ``free`` bytes; else ``None``.
+
+    Parameters
+    ----------
+    case : Case
+        The model and input size.
+    method : str
+        A method name (the baseline is never refused).
+    free : int or None
+        The memory available in bytes; ``None``: nothing is estimated.
+
+    Returns
+    -------
+    str or None
+        The reason, with the estimated peak and the available memory in GiB.
+    """
     facts = case_facts(case.model, case.tokens) if free is not None and method != BASELINE else None
     need = memory.estimate(registry.get(method).memory, facts, case.batch) if facts is not None else 0
     if free is None or need <= free:  # without a free size nothing is estimated: need is 0
@@ -321,11 +459,29 @@ def memory_reason(case: Case, method: str, free: Optional[int]) -> Optional[str]
 
 
 def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dict], note: str = "") -> dict:
-    """One table row. ``result``/``base``: what :func:`measure` returned for the method and the baseline.
+    """One table row.
 
     ``ratio`` = method time / baseline time; ``peak_mb`` = the process's peak RSS; ``call_mb`` = that peak
     minus the RSS right before the first call (what the call itself costs above the loaded model and
     inputs); ``peak_ratio`` = peak / the baseline's peak; ``runs`` = how many timed runs the time is the best of.
+
+    Parameters
+    ----------
+    case : Case
+        The model and input size.
+    method : str
+        The method name, or :data:`BASELINE`.
+    result : dict or None
+        What :func:`measure` returned for the method; ``None``: not measured (the numbers stay ``None``).
+    base : dict or None
+        What it returned for the baseline; ``None``: no ratios.
+    note : str
+        Why a cell is empty, or an error.
+
+    Returns
+    -------
+    dict
+        The row: the case, the method, the numbers above, ``ms_per_sample``, ``seconds``, ``threads`` and ``note``.
     """
     row: dict[str, Any] = {"model": case.model, "dtype": case.dtype, "batch": case.batch, "tokens": case.tokens,
                            "method": method,
@@ -354,7 +510,18 @@ HEADER = f"{'model':<24}{'batch × tok':>12}  {'method':<24}{'ms/sample':>10}{'�
 
 
 def format_row(row: dict) -> str:
-    """One row as a line of the plain-text table (under :data:`HEADER`)."""
+    """One row as a line of the plain-text table (under :data:`HEADER`).
+
+    Parameters
+    ----------
+    row : dict
+        A row of :func:`make_row`.
+
+    Returns
+    -------
+    str
+        The line, with the row's note in parentheses.
+    """
     size = f"{row['batch']} × {row['tokens']}"
     line = (f"{_model_label(row):<24}{size:>12}  {row['method']:<24}{_fmt(row['ms_per_sample'], '.1f'):>10}"
             f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
@@ -371,7 +538,20 @@ def _model_label(row: dict) -> str:
 def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated: bool = True) -> str:
     """The rows as a Markdown table for the README, with footnotes for the cells shown as "—".
 
-    ``settings`` adds a line saying how it was measured; ``isolated``: whether peaks were measured."""
+    Parameters
+    ----------
+    rows : Sequence of dict
+        Rows of :func:`make_row`.
+    settings : Settings or None
+        Adds a line saying how the rows were measured; ``None``: no such line.
+    isolated : bool
+        Whether the peaks were measured (one process per cell).
+
+    Returns
+    -------
+    str
+        The table and its footnotes, ending with a newline.
+    """
     lines = ["| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB | above model MB "
              "| peak ÷ fwd+bwd peak |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]
@@ -410,8 +590,25 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Setti
         json_path: Optional[str] = None) -> list[dict]:
     """Measure the baseline and every method on every case; print each row as it completes.
 
-    ``isolate``: one fresh subprocess per (case, method) (peak memory), else in this process (``--quick``).
-    Returns the rows (see :func:`make_row`); with ``json_path``, also saved there after every row.
+    Parameters
+    ----------
+    cases : Sequence of Case
+        The cases (:func:`make_cases`).
+    methods : Sequence of str
+        The methods.
+    settings : Settings
+        How each call is measured.
+    isolate : bool
+        One fresh subprocess per ``(case, method)`` (peak memory), else in this process (``--quick``).
+    printer : callable
+        Prints a line (the table's rows as they complete).
+    json_path : str or None
+        Where the rows are saved after every row; ``None``: not saved.
+
+    Returns
+    -------
+    list of dict
+        The rows (:func:`make_row`).
     """
     measure_one = run_worker if isolate else InProcess()
     free = memory.available(torch.device("cpu"))
@@ -455,7 +652,17 @@ def _try(measure_one: Callable[[Case, str, Settings], dict], case: Case, method:
 
 
 def save_json(path: str, rows: Sequence[dict], settings: Settings) -> None:
-    """``{"torch", "settings", "rows"}`` to ``path``."""
+    """Save the rows, the settings and torch's version as JSON (``{"torch", "settings", "rows"}``).
+
+    Parameters
+    ----------
+    path : str
+        The file; its folder is made when missing.
+    rows : Sequence of dict
+        Rows of :func:`make_row`.
+    settings : Settings
+        How the rows were measured.
+    """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"torch": torch.__version__, "settings": asdict(settings), "rows": list(rows)}, f, indent=1)
@@ -539,6 +746,18 @@ def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool, decode
 
 
 def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
+    """The command line: parse the arguments, run the benchmark, print the tables.
+
+    Parameters
+    ----------
+    argv : Sequence of str or None
+        The arguments (see the module docstring); ``None`` reads ``sys.argv``.
+
+    Returns
+    -------
+    list of dict
+        The rows (:func:`make_row`); none for a worker subprocess, which prints its result instead.
+    """
     p = _parser()
     a = p.parse_args(argv)
     if a._worker is not None:
