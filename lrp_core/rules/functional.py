@@ -419,29 +419,52 @@ def add_normalized(u: Tensor, v: Tensor, R: Tensor, per_sample: bool = True) -> 
 
 
 def sum_generic(parts: Tensor, tokens: Tensor, R: Tensor, out: Tensor) -> Tensor:
-    """Generic rule for a per-token sum of a variable number of operands (a mixture-of-experts layer's
-    ``out_t = Σ_{p: tokens_p = t} parts_p``): each operand its share ``parts_p ⊙ R_t / out_t``.
+    """Generic rule for a per-token sum of a variable number of operands.
+
+    A mixture-of-experts layer's ``out_t = Σ_{p: tokens_p = t} parts_p``: each operand gets its share
+    ``parts_p ⊙ R_t / out_t``.
 
     Parameters
     ----------
-    parts : (P, D) the operands, any number per token.
-    tokens : (P,) long, the token each operand is added to.
-    R : (T, D) relevance of the sums.
-    out : (T, D) the sums.
+    parts : Tensor
+        (P, D) the operands, any number per token.
+    tokens : Tensor
+        (P,) long, the token each operand is added to.
+    R : Tensor
+        (T, D) relevance of the sums.
+    out : Tensor
+        (T, D) the sums.
 
     Returns
     -------
-    (P, D) relevance of each operand.
+    Tensor
+        (P, D) relevance of each operand.
     """
     return parts * safe_div(R, out)[tokens]
 
 
 def sum_normalized(parts: Tensor, tokens: Tensor, R: Tensor, out: Tensor) -> Tensor:
-    """:func:`sum_generic`, then :func:`add_normalized`'s normalisation generalised to the operands of each token:
-    operand p of token t gets ``|ΣR_p| / Σ_{q of t} |ΣR_q|`` of ``ΣR_t`` (sums over the channels), so the
-    operands of a token conserve its relevance and each one's share lies in [0, 1].
+    """:func:`sum_generic`, then :func:`add_normalized`'s normalisation generalised to each token's operands.
 
-    Shapes as :func:`sum_generic`; the normalisation runs per token (a sample's tokens are never mixed).
+    Operand p of token t gets ``|ΣR_p| / Σ_{q of t} |ΣR_q|`` of ``ΣR_t`` (sums over the channels), so the
+    operands of a token conserve its relevance and each one's share lies in [0, 1]. The normalisation runs per
+    token (a sample's tokens are never mixed).
+
+    Parameters
+    ----------
+    parts : Tensor
+        (P, D) the operands, any number per token.
+    tokens : Tensor
+        (P,) long, the token each operand is added to.
+    R : Tensor
+        (T, D) relevance of the sums.
+    out : Tensor
+        (T, D) the sums.
+
+    Returns
+    -------
+    Tensor
+        (P, D) relevance of each operand, normalised per token.
     """
     Rp = sum_generic(parts, tokens, R, out)
     sp = Rp.sum(-1)  # (P,)
@@ -455,13 +478,18 @@ def add_generic_n(zs: Sequence[Tensor], R: Tensor, out: Tensor | None = None) ->
 
     Parameters
     ----------
-    zs : the n operands, each broadcastable to R's shape (B, ...).
-    R : relevance of the sum.
-    out : the sum as the forward computed it (its own order of additions); formed here where ``None``.
+    zs : Sequence[Tensor]
+        The n operands, each broadcastable to R's shape (B, ...).
+    R : Tensor
+        (B, ...) relevance of the sum.
+    out : Tensor or None
+        The sum as the forward computed it (its own order of additions); formed here where ``None``.
 
     Returns
     -------
-    The n shares, each of R's shape: conservative up to the stabiliser (``Σ_i R_i = Σ z ⊙ safe_div(R, Σ z)``).
+    list[Tensor]
+        The n shares, each of R's shape: conservative up to the stabiliser
+        (``Σ_i R_i = Σ z ⊙ safe_div(R, Σ z)``).
     """
     if out is None:
         out = zs[0]
@@ -479,14 +507,20 @@ def add_normalized_n(zs: Sequence[Tensor], R: Tensor, per_sample: bool = True,
 
     Parameters
     ----------
-    zs : the n operands (B, ...).
-    R : relevance of the sum (B, ...).
-    per_sample : sums over every axis but the batch axis (else over the whole tensor).
-    out : the sum as the forward computed it, or ``None``.
+    zs : Sequence[Tensor]
+        The n operands (B, ...).
+    R : Tensor
+        (B, ...) relevance of the sum.
+    per_sample : bool
+        Sums over every axis but the batch axis (else over the whole tensor).
+    out : Tensor or None
+        The sum as the forward computed it, or ``None``.
 
     Returns
     -------
-    The n rescaled shares: their totals add up to ``S`` exactly (up to round-off), each a fraction in [0, 1] of it.
+    list[Tensor]
+        The n rescaled shares: their totals add up to ``S`` exactly (up to round-off), each a fraction in
+        [0, 1] of it.
     """
     shares = add_generic_n(zs, R, out=out)
     total = _sum_per_sample if per_sample else (lambda t: t.sum())
