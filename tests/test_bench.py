@@ -181,3 +181,59 @@ def test_bad_flags_name_what_is_accepted(argv, accepted, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert accepted in err
+
+
+def test_quick_sources_rows_count_their_passes(capsys):
+    """``--quick --sources``: tiny-llama at 1 × 64 with 32 equal sources; each row records its passes per
+    explanation: leave-one-out one forward per source plus the full row (S + 1), ContextCite one per ablation plus
+    the full row (n_ablations + 1), AttnLRP / CP-LRP one forward and one backward."""
+    rows = bench.main(["--quick", "--sources", "--repeat", "1", "--threads", "1", "--markdown"])
+    assert [(r["model"], r["batch"], r["tokens"], r["method"]) for r in rows] == [
+        ("tiny-llama", 1, 64, m) for m in (BASELINE,) + bench.SOURCE_BENCH_METHODS]
+    S, n = bench.N_SOURCES, bench.N_ABLATIONS
+    expected = {BASELINE: (1, 1), "attnlrp": (1, 1), "cp_lrp": (1, 1), "leave_one_out": (S + 1, 0),
+                "context_cite": (n + 1, 0)}
+    for r in rows:
+        assert not r["note"], r
+        assert (r["forward_passes"], r["backward_passes"]) == expected[r["method"]], r
+        assert r["seconds"] > 0 and r["ratio"] > 0 and r["peak_mb"] is None
+    out = capsys.readouterr().out
+    assert "| tiny-llama | 1 × 64 | `leave_one_out` |" in out and f"| {S + 1} / 0 |" in out
+    assert f"| {n + 1} / 0 |" in out and f"{S} equal sources" in out
+
+
+def test_equal_spans_cover_the_context_before_the_last_token():
+    spans = bench.equal_spans(4096, 32)
+    assert len(spans) == 32 and spans[0][0] == 0 and spans[-1][1] == 4095
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous, no overlap
+    assert {e - s for s, e in spans} == {127, 128}  # 4095 tokens in 32 nearly equal parts
+    with pytest.raises(ValueError, match="32 sources need at least 32 context tokens"):
+        bench.equal_spans(32, 32)
+
+
+def test_source_methods_need_the_sources_flag(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--methods", "leave_one_out"])
+    assert "leave_one_out, context_cite with --sources" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--sources", "--lengths", "16"])
+    assert "--lengths must be > 32" in capsys.readouterr().err
+
+
+def test_source_methods_are_priced_at_the_bench_batch_size(monkeypatch):
+    """The memory gate prices leave-one-out at the ablated sequences per forward the bench gives it (one), not
+    at the option's default 64; ``check_memory=False`` (``--ignore-estimate``) runs a cell over the estimate."""
+    from lrp_core.methods import registry
+    from lrp_core.runtime import memory
+    case = Case("llama", 1, 2048)
+    one = memory.estimate(registry.get("leave_one_out").memory, bench.case_facts("llama", 2048), 1,
+                          batch_size=bench.SOURCE_BATCH_SIZE)
+    assert one < memory.estimate(registry.get("leave_one_out").memory, bench.case_facts("llama", 2048), 1)
+    assert bench.memory_reason(case, "leave_one_out", one) is None
+    assert bench.memory_reason(case, "leave_one_out", one - 1).startswith("not run: estimated peak")
+    monkeypatch.setattr(bench.memory, "available", lambda device: 1)  # a machine with 1 byte free
+    small = [Case("tiny-llama", 1, 16)]
+    gated = bench.run(small, ["attnlrp"], FAST, isolate=False, printer=lambda s: None)
+    assert gated[1]["ms_per_sample"] is None and gated[1]["note"].startswith("not run")
+    ungated = bench.run(small, ["attnlrp"], FAST, isolate=False, printer=lambda s: None, check_memory=False)
+    assert ungated[1]["seconds"] > 0 and not ungated[1]["note"]

@@ -87,7 +87,11 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
         else:
             sub = {"input_ids": ids[b].masked_fill(d, opt.filler), "attention_mask": mask[b],
                    "position_ids": pos[b], "read_at": read[b]}
-        trace = a.forward(sub, grad=False, readout=a.readout_for(sub))
+        # logits only: each block's record is dropped once the next block has its output, so a chunk holds one
+        # block's activations at a time (a full trace of a long context holds an H·N² map per block)
+        x0 = a.embed(sub).x0
+        trace = a.run_blocks(x0, sub["attention_mask"], keep=False, readout=a.readout_for(sub),
+                             positions=sub["position_ids"])
         out[chunk.cpu()] = c.output(trace.logits, target[b], rows=b).detach().double().cpu()
     return out.reshape(B, M)
 
@@ -122,12 +126,12 @@ def leave_one_out(c: Call) -> MethodResult:
     """
     cols = _sources_of(c, "leave_one_out")
     with torch.no_grad():
-        trace = c.forward(grad=False)
-        target = c.resolve(trace.logits)
-        full = c.output(trace.logits, target).detach().double().cpu()
+        logits = c.forward(grad=False).logits  # the trace's records are not kept while the ablations run
+        target = c.resolve(logits)
+        full = c.output(logits, target).detach().double().cpu()
         inside = membership(cols, c.prepared["input_ids"].shape[1], torch.float64).cpu()  # (B, S, T)
         without = ablated_outputs(c, target, inside.bool())
-    return _result(c, trace.logits, target, full[:, None] - without, inside, cols.shape[1] + 1)
+    return _result(c, logits, target, full[:, None] - without, inside, cols.shape[1] + 1)
 
 
 def ablation_masks(S: int, n: int, keep_prob: float, seed: int) -> Tensor:
@@ -215,15 +219,15 @@ def context_cite(c: Call) -> MethodResult:
     if opt.alpha > 0:  # a missing scikit-learn is said before any pass runs
         require("sklearn.linear_model", "sources", "context_cite")
     with torch.no_grad():
-        trace = c.forward(grad=False)
-        target = c.resolve(trace.logits)
+        logits = c.forward(grad=False).logits  # the trace's records are not kept while the ablations run
+        target = c.resolve(logits)
         inside = membership(cols, c.prepared["input_ids"].shape[1], torch.float64).cpu()  # (B, S, T)
         keep = ablation_masks(cols.shape[1], opt.n_ablations, opt.keep_prob, opt.seed)  # (M, S)
         # a token goes when a source that holds it goes
         drop = torch.einsum("ms,bst->bmt", (~keep).double(), inside) > 0
         y = ablated_outputs(c, target, drop).numpy()
     beta = np.stack([fit_surrogate(keep.numpy(), row, opt.alpha)[0] for row in y])
-    return _result(c, trace.logits, target, torch.from_numpy(beta), inside, opt.n_ablations + 1)
+    return _result(c, logits, target, torch.from_numpy(beta), inside, opt.n_ablations + 1)
 
 
 __all__ = ["leave_one_out", "context_cite", "ablated_outputs", "ablation_masks", "fit_surrogate"]

@@ -51,6 +51,16 @@ forward with the LM head on the last position only (``logits_to_keep=1``, what
 a next-token gradient needs), backward from the argmax logit into the
 parameters. ``--quick --decoders`` runs the stand-in ``tiny-llama`` in process.
 
+**Source rows**, ``--sources``: the cost of scoring S = 32 sources of a long context (issue #34): ``llama``
+at 1 × 4096 (``--lengths`` gives another length), the 32 sources equal token spans covering the context
+before the read (last) token (:func:`equal_spans`); ``attnlrp`` and ``cp_lrp`` with ``sources=`` (one
+forward and one backward), ``leave_one_out`` (S + 1 forwards) and ``context_cite`` (``n_ablations`` = 64
+random masks + the full row: 65 forwards), the ablations replayed ``batch_size`` = :data:`SOURCE_BATCH_SIZE`
+sequence per forward (so the peak is one ablated forward's, not 33 long rows'). The rows add the forward and
+backward passes per explanation (``forward_passes`` / ``backward_passes``, from the explanation's
+``options``). ``--quick --sources``: ``tiny-llama`` at 1 × 64, in process. The memory estimate of the
+ablation methods (an upper bound) exceeds a 23 GB machine at 1 × 4096: ``--ignore-estimate`` runs such cells.
+
 ``--quick`` is the short run: deit tiny and small at batch 1 and 16, all in
 this process (no subprocesses, so no memory columns). ``--json PATH`` saves the
 rows (rewritten after every row, so an interrupted run keeps what it measured),
@@ -76,6 +86,7 @@ from tqdm.auto import tqdm
 
 from ..api import METHODS, explain
 from ..errors import LRPError
+from ..evaluation.sources import passes as explanation_passes
 from ..methods import registry
 from ..methods.registry import DECODER_METHODS
 from ..runtime import memory
@@ -111,6 +122,13 @@ ABLATION_MAX = 256
 BUDGET_S = 20.0
 #: The dtypes ``--dtype`` builds models in.
 DTYPES = ("float32", "bfloat16", "float16")
+#: ``--sources``: the methods, the number of sources, the sizes (full and ``--quick``) and the ablation options.
+SOURCE_BENCH_METHODS = ("attnlrp", "cp_lrp", "leave_one_out", "context_cite")
+N_SOURCES = 32
+SOURCE_SIZES = ((1, 4096),)
+QUICK_SOURCE_SIZES = ((1, 64),)
+SOURCE_BATCH_SIZE = 1  # ablated sequences per forward: the peak of one long forward, not of 33 at once
+N_ABLATIONS = 64
 #: The worker's stdout line that carries its result (JSON after the tag).
 RESULT_TAG = "BENCH_RESULT "
 
@@ -146,6 +164,7 @@ class Settings:
     threads: int = 0  # torch threads in the measuring process; 0: torch's default
     seed: int = 0
     ablation_max: int = ABLATION_MAX
+    sources: int = 0  # explain with this many equal sources (``--sources``); 0: no sources
 
 
 # ----------------------------------------------------------------------------------------------- models, inputs
@@ -177,7 +196,35 @@ def forward_backward(model: nn.Module, inputs: Inputs) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def call_for(model: nn.Module, inputs: Inputs, method: str) -> Callable[[], object]:
+def equal_spans(tokens: int, n: int) -> list[tuple[int, int]]:
+    """``n`` contiguous token spans of (nearly) equal length covering the context before the last, read token.
+
+    Span ``i`` is ``[⌊i·(tokens−1)/n⌋, ⌊(i+1)·(tokens−1)/n⌋)``.
+
+    Parameters
+    ----------
+    tokens : int
+        The sequence length T (the last token is the one read).
+    n : int
+        The number of sources S.
+
+    Returns
+    -------
+    list of tuple of int
+        The S spans ``(start, end)``, covering tokens 0 … T − 2.
+
+    Raises
+    ------
+    ValueError
+        If the context (``tokens`` − 1) is shorter than ``n`` tokens (a span would be empty).
+    """
+    context = tokens - 1
+    if n < 1 or context < n:
+        raise ValueError(f"{n} sources need at least {n} context tokens before the last one; got {tokens} tokens")
+    return [(i * context // n, (i + 1) * context // n) for i in range(n)]
+
+
+def call_for(model: nn.Module, inputs: Inputs, method: str, sources: int = 0) -> Callable[[], object]:
     """The call to time: the baseline or ``explain(model, inputs, method=method)``.
 
     Parameters
@@ -188,6 +235,9 @@ def call_for(model: nn.Module, inputs: Inputs, method: str) -> Callable[[], obje
         The case's inputs (:func:`lrp_core.tools.bench_models.make_inputs`).
     method : str
         A method name, or :data:`BASELINE` for :func:`forward_backward`.
+    sources : int
+        With ``sources`` > 0: ``sources=`` :func:`equal_spans` of the input's length (and, for the ablation
+        methods, ``batch_size`` = :data:`SOURCE_BATCH_SIZE`, ``n_ablations`` = :data:`N_ABLATIONS`).
 
     Returns
     -------
@@ -196,7 +246,15 @@ def call_for(model: nn.Module, inputs: Inputs, method: str) -> Callable[[], obje
     """
     if method == BASELINE:
         return lambda: forward_backward(model, inputs)
-    return lambda: explain(model, inputs, method=method)
+    if not sources:
+        return lambda: explain(model, inputs, method=method)
+    assert isinstance(inputs, dict), "sources are token spans of a text"
+    opts: dict[str, Any] = {"sources": equal_spans(inputs["input_ids"].shape[1], sources)}
+    if method in registry.SOURCE_METHODS:
+        opts["batch_size"] = SOURCE_BATCH_SIZE
+    if method == "context_cite":
+        opts["n_ablations"] = N_ABLATIONS
+    return lambda: explain(model, inputs, method=method, **opts)
 
 
 def best_time(fn: Callable[[], object], repeat: int, warmup: int = 1,
@@ -273,12 +331,22 @@ def measure(model: nn.Module, inputs: Inputs, method: str, settings: Settings) -
         ``seconds`` (the best time), ``runs``, ``rss_before_kb`` (the peak where the RSS cannot be read) and
         ``peak_rss_kb``.
     """
-    fn = call_for(model, inputs, method)
+    last: list[object] = []  # the latest explanation: its passes are recorded with the time
+    call = call_for(model, inputs, method, settings.sources)
+
+    def fn() -> None:
+        last[:] = [call()]
+
     before = rss_kb()
     seconds, runs = best_time(fn, settings.repeat, budget=settings.budget)
     peak = peak_rss_kb()
-    return {"seconds": seconds, "runs": runs, "rss_before_kb": before if before is not None else peak,
-            "peak_rss_kb": peak}
+    out = {"seconds": seconds, "runs": runs, "rss_before_kb": before if before is not None else peak,
+           "peak_rss_kb": peak}
+    if settings.sources:
+        forward, backward = (1.0, 1.0) if method == BASELINE else \
+            explanation_passes(method, last[0], int(inputs["input_ids"].shape[1]))  # type: ignore[index]
+        out["forward_passes"], out["backward_passes"] = forward, backward
+    return out
 
 
 def worker(job: dict) -> dict:
@@ -360,7 +428,7 @@ class InProcess:
 
 
 def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
-               lengths: Optional[Sequence[int]] = None, dtype: str = "float32") -> list[Case]:
+               lengths: Optional[Sequence[int]] = None, dtype: str = "float32", sources: bool = False) -> list[Case]:
     """Every ``(model, batch, length)`` case.
 
     Parameters
@@ -375,6 +443,9 @@ def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
         An image model's length is its own number of tokens.
     dtype : str
         The dtype the models are built in.
+    sources : bool
+        The ``--sources`` sizes for a decoder given neither: :data:`SOURCE_SIZES` (``tiny-llama``:
+        :data:`QUICK_SOURCE_SIZES`).
 
     Returns
     -------
@@ -383,7 +454,10 @@ def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
     """
     cases = []
     for name in models:
-        if is_decoder(name) and batches is None and lengths is None:
+        if sources and is_decoder(name) and batches is None:
+            default = QUICK_SOURCE_SIZES if name == "tiny-llama" else SOURCE_SIZES
+            cases += [Case(name, 1, T, dtype) for T in (lengths or [T for _, T in default])]
+        elif is_decoder(name) and batches is None and lengths is None:
             sizes = {"tiny-llama": QUICK_DECODER_SIZES, "qwen3-moe": MOE_SIZES}.get(name, DECODER_SIZES)
             cases += [Case(name, B, T, dtype) for B, T in sizes]
         elif is_text(name):
@@ -412,7 +486,7 @@ def skip_reason(case: Case, method: str, settings: Settings) -> Optional[str]:
         The reason: a method that does not run on decoders, or ``token_ablation`` where batch × tokens exceeds
         ``settings.ablation_max``.
     """
-    if is_decoder(case.model) and method not in DECODER_METHODS:
+    if is_decoder(case.model) and method not in DECODER_METHODS and method not in registry.SOURCE_METHODS:
         return f"{method} does not run on decoder LMs (lrp_core.methods.registry.DECODER_METHODS)"
     if method == "token_ablation" and case.batch * case.tokens > settings.ablation_max:
         return (f"token_ablation not timed where batch × tokens > {settings.ablation_max}: it runs one forward "
@@ -436,6 +510,9 @@ def case_facts(model: str, tokens: int) -> Optional[memory.SizeFacts]:
 def memory_reason(case: Case, method: str, free: Optional[int]) -> Optional[str]:
     """Why ``(case, method)`` is not run: its estimated peak exceeds ``free`` bytes; else ``None``.
 
+    The source methods are priced at the ablated sequences per forward the bench gives them
+    (:data:`SOURCE_BATCH_SIZE`).
+
     Parameters
     ----------
     case : Case
@@ -451,7 +528,8 @@ def memory_reason(case: Case, method: str, free: Optional[int]) -> Optional[str]
         The reason, with the estimated peak and the available memory in GiB.
     """
     facts = case_facts(case.model, case.tokens) if free is not None and method != BASELINE else None
-    need = memory.estimate(registry.get(method).memory, facts, case.batch) if facts is not None else 0
+    size = SOURCE_BATCH_SIZE if method in registry.SOURCE_METHODS else 64
+    need = memory.estimate(registry.get(method).memory, facts, case.batch, batch_size=size) if facts is not None else 0
     if free is None or need <= free:  # without a free size nothing is estimated: need is 0
         return None
     return (f"not run: estimated peak {need / 2**30:.1f} GiB > {free / 2**30:.1f} GiB available "
@@ -487,6 +565,8 @@ def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dic
                            "method": method,
                            "ms_per_sample": None, "ratio": None, "peak_mb": None, "call_mb": None,
                            "peak_ratio": None, "runs": None, "seconds": None, "threads": None, "note": note}
+    if result is not None and "forward_passes" in result:  # a --sources row
+        row["forward_passes"], row["backward_passes"] = result["forward_passes"], result["backward_passes"]
     if result is None:
         return row
     row["ms_per_sample"] = 1000 * result["seconds"] / case.batch
@@ -526,6 +606,8 @@ def format_row(row: dict) -> str:
     line = (f"{_model_label(row):<24}{size:>12}  {row['method']:<24}{_fmt(row['ms_per_sample'], '.1f'):>10}"
             f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
             f"{_fmt(row['peak_ratio'], '.2f'):>8}")
+    if "forward_passes" in row:
+        line += f"  passes {_passes(row)}"
     return line + (f"  ({row['note']})" if row["note"] else "")
 
 
@@ -533,6 +615,13 @@ def _model_label(row: dict) -> str:
     """The model's name, with its dtype where that is not float32 (e.g. ``bert-base (bfloat16)``)."""
     dtype = row.get("dtype", "float32")
     return row["model"] if dtype == "float32" else f"{row['model']} ({dtype})"
+
+
+def _passes(row: dict) -> str:
+    """``"forward / backward"`` passes of a ``--sources`` row (``—`` where it was not measured)."""
+    if row.get("forward_passes") is None:
+        return "—"
+    return f"{row['forward_passes']:g} / {row['backward_passes']:g}"
 
 
 def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated: bool = True) -> str:
@@ -552,9 +641,10 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
     str
         The table and its footnotes, ending with a newline.
     """
+    passes = any("forward_passes" in r for r in rows)  # --sources rows: with the passes per explanation
     lines = ["| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB | above model MB "
-             "| peak ÷ fwd+bwd peak |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
+             "| peak ÷ fwd+bwd peak |" + (" forward / backward passes |" if passes else ""),
+             "|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if passes else "")]
     skipped = errors = too_big = False
     for r in rows:
         ms = _fmt(r["ms_per_sample"], ".1f")
@@ -567,7 +657,8 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
         method = r["method"] if r["method"] == BASELINE else f"`{r['method']}`"
         lines.append(f"| {_model_label(r)} | {r['batch']} × {r['tokens']} | {method} | {ms} "
                      f"| {_fmt(r['ratio'], '.2f')} "
-                     f"| {_fmt(r['peak_mb'], '.0f')} | {_fmt(r['call_mb'], '.0f')} | {_fmt(r['peak_ratio'], '.2f')} |")
+                     f"| {_fmt(r['peak_mb'], '.0f')} | {_fmt(r['call_mb'], '.0f')} | {_fmt(r['peak_ratio'], '.2f')} |"
+                     + (f" {_passes(r)} |" if passes else ""))
     lines.append("")
     if skipped:
         limit = settings.ablation_max if settings else ABLATION_MAX
@@ -582,12 +673,16 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
         memory = "peak = peak RSS of a fresh process per cell" if isolated else "in one process, no memory"
         lines.append(f"torch {torch.__version__}, {threads} thread(s), best of up to {settings.repeat} timed run(s) "
                      f"(fewer for calls over {settings.budget:g} s), {memory}.")
+        if settings.sources:
+            lines.append(f"{settings.sources} equal sources covering the context before the last token; "
+                         f"context_cite with {N_ABLATIONS} ablations; the ablations replayed "
+                         f"{SOURCE_BATCH_SIZE} sequence(s) per forward.")
     return "\n".join(lines).rstrip() + "\n"
 
 
 def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Settings = Settings(),
         isolate: bool = True, printer: Callable[[str], None] = tqdm.write,
-        json_path: Optional[str] = None) -> list[dict]:
+        json_path: Optional[str] = None, check_memory: bool = True) -> list[dict]:
     """Measure the baseline and every method on every case; print each row as it completes.
 
     Parameters
@@ -604,6 +699,9 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Setti
         Prints a line (the table's rows as they complete).
     json_path : str or None
         Where the rows are saved after every row; ``None``: not saved.
+    check_memory : bool
+        ``False`` runs the cells whose estimated peak exceeds the available memory too (the estimate is an
+        upper bound; the measured peak is the answer).
 
     Returns
     -------
@@ -611,7 +709,7 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Setti
         The rows (:func:`make_row`).
     """
     measure_one = run_worker if isolate else InProcess()
-    free = memory.available(torch.device("cpu"))
+    free = memory.available(torch.device("cpu")) if check_memory else None
     rows: list[dict] = []
 
     def emit(row: dict) -> None:
@@ -683,6 +781,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="the decoder rows: llama at " + ", ".join(f"{b} × {t}" for b, t in DECODER_SIZES)
                         + " (a Llama-shaped random causal LM; see above) and qwen3-moe at "
                         + ", ".join(f"{b} × {t}" for b, t in MOE_SIZES) + " (its mixture-of-experts twin)")
+    p.add_argument("--sources", action="store_true",
+                   help=f"the source rows: llama at 1 × {SOURCE_SIZES[0][1]} (--lengths: others), {N_SOURCES} equal "
+                        f"sources, methods {', '.join(SOURCE_BENCH_METHODS)} (--quick: tiny-llama at 1 × "
+                        f"{QUICK_SOURCE_SIZES[0][1]})")
     p.add_argument("--models", help="comma-separated: timm ViT names, bert-base, llama, or the stand-ins "
                                     f"{', '.join(TINY_MODELS)} (default: {', '.join(IMAGE_MODELS + TEXT_MODELS)})")
     p.add_argument("--batches", help="comma-separated batch sizes for every model (default: 1,8,16 for images, "
@@ -702,6 +804,9 @@ def _parser() -> argparse.ArgumentParser:
         default="float32",
         help="the dtype the models are built in; half dtypes are explained in float32 (lrp_core.runtime.precision)",
     )
+    p.add_argument("--ignore-estimate", action="store_true",
+                   help="run cells whose estimated peak (an upper bound) exceeds the available memory too; "
+                        "watch the machine's memory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="save the rows as JSON (rewritten after every row)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table for the README at the end")
@@ -722,15 +827,24 @@ def _ints(p: argparse.ArgumentParser, flag: str, text: Optional[str]) -> Optiona
     return values
 
 
-def _methods(p: argparse.ArgumentParser, text: str) -> tuple[str, ...]:
-    methods = METHODS if text == "all" else tuple(m.strip() for m in text.split(","))
-    unknown = [m for m in methods if m not in METHODS]
+def _methods(p: argparse.ArgumentParser, text: str, sources: bool = False) -> tuple[str, ...]:
+    """``--methods``: ``all`` (with ``--sources``: :data:`SOURCE_BENCH_METHODS`) or names; the source methods
+    (leave_one_out, context_cite) only with ``--sources``."""
+    known = METHODS + (tuple(registry.SOURCE_METHODS) if sources else ())
+    if text == "all":
+        return SOURCE_BENCH_METHODS if sources else METHODS
+    methods = tuple(m.strip() for m in text.split(","))
+    unknown = [m for m in methods if m not in known]
     if unknown:
-        p.error(f"unknown method(s) {unknown}; choose 'all' or from {', '.join(METHODS)}")
+        p.error(f"unknown method(s) {unknown}; choose 'all' or from {', '.join(known)}"
+                + ("" if sources else f" ({', '.join(registry.SOURCE_METHODS)} with --sources)"))
     return methods
 
 
-def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool, decoders: bool = False) -> list[str]:
+def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool, decoders: bool = False,
+            sources: bool = False) -> list[str]:
+    if text is None and sources:
+        return ["tiny-llama" if quick else "llama"]
     if text is None and decoders:
         return ["tiny-llama"] if quick else ["llama", "qwen3-moe"]
     if text is None:
@@ -765,16 +879,22 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         return []
     if a.repeat < 1 or a.threads < 0 or a.budget <= 0 or a.ablation_max < 0:
         p.error("--repeat must be ≥ 1, --threads ≥ 0, --budget > 0 and --ablation-max ≥ 0")
-    methods = _methods(p, a.methods)
-    models = _models(p, a.models, a.quick, a.decoders)
+    methods = _methods(p, a.methods, a.sources)
+    models = _models(p, a.models, a.quick, a.decoders, a.sources)
+    if a.sources and not all(is_decoder(m) for m in models):
+        p.error(f"--sources measures decoder LMs only (llama, qwen3-moe, tiny-llama); got {', '.join(models)}")
     quick_batches = list(QUICK_BATCHES) if a.quick and not all(is_decoder(m) for m in models) else None
     batches = _ints(p, "--batches", a.batches) or quick_batches
     lengths = _ints(p, "--lengths", a.lengths)
+    if a.sources and lengths and min(lengths) <= N_SOURCES:
+        p.error(f"--sources splits the context before the last token into {N_SOURCES} sources: --lengths must be "
+                f"> {N_SOURCES}; got {a.lengths!r}")
     settings = Settings(repeat=a.repeat, budget=a.budget, threads=a.threads, seed=a.seed,
-                        ablation_max=a.ablation_max)
+                        ablation_max=a.ablation_max, sources=N_SOURCES if a.sources else 0)
     if a.threads:
         torch.set_num_threads(a.threads)
-    rows = run(make_cases(models, batches, lengths, a.dtype), methods, settings, isolate=not a.quick, json_path=a.json)
+    rows = run(make_cases(models, batches, lengths, a.dtype, a.sources), methods, settings, isolate=not a.quick,
+               json_path=a.json, check_memory=not a.ignore_estimate)
     if a.markdown:
         print("\n" + markdown(rows, settings, isolated=not a.quick), end="")
     return rows
