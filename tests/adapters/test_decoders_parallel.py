@@ -140,7 +140,7 @@ def test_variant_replay_is_the_model_and_each_row_is_explained_alone(name):
     for side in ("left", "right"):
         inputs = batch(seqs, side)
         with torch.no_grad():
-            got = adapter.forward(adapter.check_inputs(inputs)).readout.logits
+            got = adapter.forward(adapter.check_inputs(inputs)).logits
         assert (got - model_logits(model, inputs)).abs().max() <= 1e-12, side
     before = _state(model)
     for method in ("attnlrp", "cp_lrp", "transformer_attribution", "lrp", "rollout"):
@@ -197,14 +197,14 @@ def test_gemma2_replay_is_the_model_with_both_caps(head):
         inputs = batch(rows(), side)
         expected = model_logits(model, inputs)
         with torch.no_grad():
-            got = adapter.forward(adapter.check_inputs(inputs)).readout.logits
+            got = adapter.forward(adapter.check_inputs(inputs)).logits
         assert (got - expected).abs().max() <= 1e-5, side
     if head == "causal":
         assert expected.abs().max() <= 3.0 and expected.abs().max() > 2.5  # the final cap is active
         for b in adapter.blocks:
             b.attn.softcap = None
         with torch.no_grad():
-            uncapped = adapter.forward(adapter.check_inputs(inputs)).readout.logits
+            uncapped = adapter.forward(adapter.check_inputs(inputs)).logits
         assert (uncapped - expected).abs().max() > 1e-2
 
 
@@ -266,7 +266,7 @@ def test_an_unlisted_parallel_decoder_is_recognised_and_checked_by_the_probe():
     for side in ("left", "right"):
         inputs = batch(rows(), side)
         with torch.no_grad():
-            got = adapter.forward(adapter.check_inputs(inputs)).readout.logits
+            got = adapter.forward(adapter.check_inputs(inputs)).logits
         assert (got - model_logits(model, inputs)).abs().max() <= 1e-12, side
         exp = explain(model, inputs, method="transformer_attribution")
         assert torch.isfinite(exp.scores).all() and (exp.scores[inputs["attention_mask"] == 0] == 0).all()
