@@ -47,6 +47,8 @@ REFUSED_METHODS = {
                          "patches",
     "partial_lrp": "its map is the last block's attention relevance, between the last stage's merged tokens",
     "token_ablation": "the windows and the patch merging need every grid position: a patch token cannot be removed",
+    "pa_lrp": "it adds no position encoding to the tokens that could take relevance (its relative position bias is "
+              "a constant inside each window's attention scores)",
 }
 
 

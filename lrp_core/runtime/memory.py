@@ -163,7 +163,7 @@ def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = 
 
 def _head_outputs(adapter: Any) -> int:
     """``C``: the outputs of the head's last Linear (an LM head's vocabulary), 0 where there is none."""
-    head = getattr(getattr(adapter, "readout", None), "head", None) or ()
+    head = getattr(getattr(adapter, "readout", None), "head_layers", None) or ()
     linears = [layer.module for layer in head if is_linear(layer.module)]
     return int(linears[-1].out_features) if linears else 0
 

@@ -51,7 +51,7 @@ forward with the LM head on the last position only (``logits_to_keep=1``, what
 a next-token gradient needs), backward from the argmax logit into the
 parameters. ``--quick --decoders`` runs the stand-in ``tiny-llama`` in process.
 
-**Source rows**, ``--sources``: the cost of scoring S = 32 sources of a long context (issue #34): ``llama``
+**Source rows**, ``--sources``: the cost of scoring S = 32 sources of a long context: ``llama``
 at 1 × 4096 (``--lengths`` gives another length), the 32 sources equal token spans covering the context
 before the read (last) token (:func:`equal_spans`); ``attnlrp`` and ``cp_lrp`` with ``sources=`` (one
 forward and one backward), ``leave_one_out`` (S + 1 forwards) and ``context_cite`` (``n_ablations`` = 64
@@ -85,7 +85,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..api import METHODS, explain
-from ..errors import LRPError
+from ..errors import InputError, LRPError
 from ..evaluation.sources import passes as explanation_passes
 from ..methods import registry
 from ..methods.registry import DECODER_METHODS
@@ -215,12 +215,12 @@ def equal_spans(tokens: int, n: int) -> list[tuple[int, int]]:
 
     Raises
     ------
-    ValueError
+    InputError
         If the context (``tokens`` − 1) is shorter than ``n`` tokens (a span would be empty).
     """
     context = tokens - 1
     if n < 1 or context < n:
-        raise ValueError(f"{n} sources need at least {n} context tokens before the last one; got {tokens} tokens")
+        raise InputError(f"{n} sources need at least {n} context tokens before the last one; got {tokens} tokens")
     return [(i * context // n, (i + 1) * context // n) for i in range(n)]
 
 

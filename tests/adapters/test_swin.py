@@ -12,7 +12,7 @@ from lrp_core.adapters import get_adapter
 from lrp_core.adapters.swin import REFUSED_METHODS
 from lrp_core.errors import InputError, UnsupportedModelError
 
-RUNS = [m for m in METHODS if m not in REFUSED_METHODS and m != "pa_lrp"]  # pa_lrp: Swin adds no position encoding
+RUNS = [m for m in METHODS if m not in REFUSED_METHODS]
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -749,6 +749,18 @@ def _nm_ex13_2(step):
     return float(explain(c["lm"].model, enc, method="attnlrp", target=target).scores[0, at])
 
 
+def _nm_ex13_3(step):
+    from lrp_core import explain_generation
+    from lrp_core.sources import sentences
+    c = _nm_ctx("ex13_3")
+    lm, record = c["lm"], c["record"]
+    facts = sentences(record.prompt).token_spans(lm.tokenizer)[:len(record.distractors) + 1]
+    gen = explain_generation(lm.model, lm.tokenizer, record.prompt, method="attnlrp",
+                             continuation=f" {record.answer} .", sources=facts, progress=False)
+    per_step = gen.sources[0]  # (K, S)
+    return per_step[0] if step == "the whole answer" else per_step.mean(0)
+
+
 #: For every exercise, the steps it asks for: (step, a fragment the checker's message must contain when the
 #: answer is submitted with that step left out). ``_nm_<name>(step)`` builds that near miss independently.
 STEPS = {
@@ -795,6 +807,7 @@ STEPS = {
     "ex12_2": [("the contrast", "a contrast"), ("method attnlrp", "method=\"attnlrp\"")],
     "ex13_1": [("highest first", "rank 1 is the highest score"), ("ranks from 1", "counted from 0")],
     "ex13_2": [("the contrast", "target=Contrast(answer, rival)"), ("the right way round", "other way round")],
+    "ex13_3": [("the whole answer", "first step only"), ("summed over the steps", "mean over the steps")],
 }
 
 
