@@ -87,13 +87,32 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
         else:
             sub = {"input_ids": ids[b].masked_fill(d, opt.filler), "attention_mask": mask[b],
                    "position_ids": pos[b], "read_at": read[b]}
-        # logits only: each block's record is dropped once the next block has its output, so a chunk holds one
-        # block's activations at a time (a full trace of a long context holds an H·N² map per block)
-        x0 = a.embed(sub).x0
-        trace = a.run_blocks(x0, sub["attention_mask"], keep=False, readout=a.readout_for(sub),
-                             positions=sub["position_ids"])
-        out[chunk.cpu()] = c.output(trace.logits, target[b], rows=b).detach().double().cpu()
+        out[chunk.cpu()] = c.output(logits_only(c, sub), target[b], rows=b).detach().double().cpu()
     return out.reshape(B, M)
+
+
+def logits_only(c: Call, prepared: dict) -> Tensor:
+    """(B, C) the logits of a replay of ``prepared`` that keeps no block record.
+
+    Each block's record is dropped once the next block has its output, so the pass holds one block's activations
+    at a time (a full trace of a long context holds an H·N² map per block).
+
+    Parameters
+    ----------
+    c : Call
+        The method call (its adapter).
+    prepared : dict
+        A prepared decoder batch: ``input_ids``, ``attention_mask``, ``position_ids``, ``read_at``.
+
+    Returns
+    -------
+    Tensor
+        (B, C) the logits at each row's read position.
+    """
+    a = c.adapter
+    x0 = a.embed(prepared).x0
+    return a.run_blocks(x0, prepared["attention_mask"], keep=False, readout=a.readout_for(prepared),
+                        positions=prepared["position_ids"]).logits
 
 
 def _spread(scores: Tensor, inside: Tensor) -> Tensor:
@@ -126,7 +145,7 @@ def leave_one_out(c: Call) -> MethodResult:
     """
     cols = _sources_of(c, "leave_one_out")
     with torch.no_grad():
-        logits = c.forward(grad=False).logits  # the trace's records are not kept while the ablations run
+        logits = logits_only(c, c.prepared)
         target = c.resolve(logits)
         full = c.output(logits, target).detach().double().cpu()
         inside = membership(cols, c.prepared["input_ids"].shape[1], torch.float64).cpu()  # (B, S, T)
@@ -219,7 +238,7 @@ def context_cite(c: Call) -> MethodResult:
     if opt.alpha > 0:  # a missing scikit-learn is said before any pass runs
         require("sklearn.linear_model", "sources", "context_cite")
     with torch.no_grad():
-        logits = c.forward(grad=False).logits  # the trace's records are not kept while the ablations run
+        logits = logits_only(c, c.prepared)
         target = c.resolve(logits)
         inside = membership(cols, c.prepared["input_ids"].shape[1], torch.float64).cpu()  # (B, S, T)
         keep = ablation_masks(cols.shape[1], opt.n_ablations, opt.keep_prob, opt.seed)  # (M, S)
