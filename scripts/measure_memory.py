@@ -115,27 +115,34 @@ def measure_here(a) -> dict:
         tiny, tiny_batch = build("vit", 32, 1, 2, 5)
         explain(tiny.to(dtype), cast(tiny_batch(1)), method=a.method)
         del tiny
-    else:
+    elif a.method not in registry.SOURCE_METHODS:
         explain(model, batch(1, 16), method=a.method)
     x = cast(batch(a.batch))
+    extra = {}
+    if a.method in registry.SOURCE_METHODS:  # S equal sources over the context before the read token
+        from lrp_core.tools.bench import equal_spans
+        extra = dict(sources=equal_spans(a.tokens, a.sources), batch_size=a.batch_size)
+        explain(model, batch(1, 16), method=a.method, sources=equal_spans(16, 2))
     reset = reset_peak()
     before_rss, before_peak = rss_bytes(), peak_bytes()
-    explain(model, x, method=a.method, max_memory=float("inf"))
+    explain(model, x, method=a.method, max_memory=float("inf"), **extra)
     peak = peak_bytes()
     adapter = get_adapter(model)
     prepared = adapter.check_inputs(x)
-    est = memory.estimate(registry.get(a.method).memory, memory.facts_of(adapter, prepared), a.batch)
+    est = memory.estimate(registry.get(a.method).memory, memory.facts_of(adapter, prepared), a.batch,
+                          batch_size=a.batch_size)
     return {"family": a.family, "method": a.method, "tokens": a.tokens, "batch": a.batch, "dtype": a.dtype,
             "measured_mb": (peak - before_rss) / 2**20, "estimated_mb": est / 2**20,
             "reliable": reset or peak > before_peak}
 
 
 def measure(family: str, method: str, tokens: int, batch: int, width: int = 256, blocks: int = 4, heads: int = 4,
-            dtype: str = "float32", threads: int = 1) -> dict:
+            dtype: str = "float32", threads: int = 1, sources: int = 8, batch_size: int = 64) -> dict:
     """Run one measurement in a fresh Python process; the result as a dict."""
     cmd = [sys.executable, os.path.abspath(__file__), "--family", family, "--method", method, "--tokens",
            str(tokens), "--batch", str(batch), "--width", str(width), "--blocks", str(blocks), "--heads", str(heads),
-           "--dtype", dtype, "--threads", str(threads), "--json"]
+           "--dtype", dtype, "--threads", str(threads), "--sources", str(sources), "--batch-size", str(batch_size),
+           "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -151,6 +158,9 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--sources", type=int, default=8, help="equal sources (leave_one_out, context_cite)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="sequences per forward pass of the batched methods (the estimate's batch_size)")
     p.add_argument("--json", action="store_true", help="measure in this process, print one JSON line")
     p.add_argument("--grid", action="store_true", help="the calibration grid, as a Markdown table")
     a = p.parse_args()
@@ -162,7 +172,7 @@ def main() -> None:
     print("| family | method | T | B | measured MB | estimated MB | est / meas |")
     print("|---|---|---|---|---|---|---|")
     for f, m, t, b in rows:
-        r = measure(f, m, t, b, a.width, a.blocks, a.heads, a.dtype, a.threads)
+        r = measure(f, m, t, b, a.width, a.blocks, a.heads, a.dtype, a.threads, a.sources, a.batch_size)
         flag = "" if r["reliable"] else " (peak not above the warm-up's)"
         print(f"| {f} | {m} | {t} | {b} | {r['measured_mb']:.1f} | {r['estimated_mb']:.1f} | "
               f"{r['estimated_mb'] / max(r['measured_mb'], 1e-9):.2f}{flag} |", flush=True)

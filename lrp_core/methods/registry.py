@@ -142,10 +142,10 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
 #: :data:`METHOD_NAMES`, the token-map methods every model takes.
 SOURCE_METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # y(full) − y(without source s), one forward pass per source
-    MethodSpec("leave_one_out", AB.leave_one_out, Profile(**REPLAY_ONLY, batched=True),
+    MethodSpec("leave_one_out", AB.leave_one_out, Profile(**REPLAY_ONLY, batched=True, streamed=True),
                options=("batch_size", "filler"), returns=("sources",)),
     # Cohen-Wang et al. (NeurIPS 2024): a Lasso surrogate on n random source ablations
-    MethodSpec("context_cite", AB.context_cite, Profile(**REPLAY_ONLY, batched=True),
+    MethodSpec("context_cite", AB.context_cite, Profile(**REPLAY_ONLY, batched=True, streamed=True),
                options=("n_ablations", "keep_prob", "alpha", "seed", "filler", "batch_size"), returns=("sources",)),
 )}
 #: The names of :data:`SOURCE_METHODS`.

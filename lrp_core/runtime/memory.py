@@ -104,6 +104,8 @@ class Profile:
     sdpa model, :attr:`SizeFacts.sdpa`).
     ``ablated``: its fixed part holds ``batch_size`` forward passes of the sequence with one token removed
     (token ablation), each priced as :data:`ABLATED_PASS`.
+    ``streamed``: its passes replay logits only (``run_blocks(keep=False)``): each block's tensors are dropped
+    once the next block has its output, so two blocks' ``act``, ``mlp`` and ``att`` are held at a time, not L.
     """
 
     act: float
@@ -117,6 +119,7 @@ class Profile:
     batched: bool = False
     fused: bool = False
     ablated: bool = False
+    streamed: bool = False
 
 
 # The parts a method's Profile is made of (each method's profile is ``MethodSpec.memory`` in lrp_core.methods.registry).
@@ -198,7 +201,9 @@ def per_sample(p: Profile, f: SizeFacts, keep_heads: bool = False) -> int:
     block += N * N if p.layers else 0
     once = p.tmp_act * nd + p.tmp_mlp * nf + tmp_att * hnn + 2 * f.outputs
     once += 2 * N * N if fused else 0  # the additive masks of a padded or windowed batch, one per window
-    return int(math.ceil((L * block + once) * f.itemsize))
+    # a logits-only replay holds two blocks' tensors: block b's record is freed once block b + 1's exists
+    held = min(2, L) if p.streamed else L
+    return int(math.ceil((held * block + once) * f.itemsize))
 
 
 def fixed(p: Profile, f: SizeFacts, batch_size: int = 64) -> int:

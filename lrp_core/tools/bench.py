@@ -58,8 +58,8 @@ forward and one backward), ``leave_one_out`` (S + 1 forwards) and ``context_cite
 random masks + the full row: 65 forwards), the ablations replayed ``batch_size`` = :data:`SOURCE_BATCH_SIZE`
 sequence per forward (so the peak is one ablated forward's, not 33 long rows'). The rows add the forward and
 backward passes per explanation (``forward_passes`` / ``backward_passes``, from the explanation's
-``options``). ``--quick --sources``: ``tiny-llama`` at 1 × 64, in process. The memory estimate of the
-ablation methods (an upper bound) exceeds a 23 GB machine at 1 × 4096: ``--ignore-estimate`` runs such cells.
+``options``). ``--quick --sources``: ``tiny-llama`` at 1 × 64, in process. ``--ignore-estimate`` runs a cell
+whose memory estimate (an upper bound) exceeds the free memory.
 
 ``--quick`` is the short run: deit tiny and small at batch 1 and 16, all in
 this process (no subprocesses, so no memory columns). ``--json PATH`` saves the
