@@ -55,6 +55,7 @@ CONVERTED = [
     "lrp_core.evaluation.shards",
     "lrp_core.evaluation.sources",
     "lrp_core.evaluation.text",
+    "lrp_core.evaluation.vlm",
     "lrp_core.evaluation.bootstrap",
     "lrp_core.evaluation.__main__",
     "lrp_core.methods.baselines",
