@@ -162,7 +162,11 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     # the options given, by name: every parameter after ``target`` that is not None, and the unknown ones
     # (refused by parse_options with the accepted ones named)
     given = {k: v for k, v in locals().items() if k in OPTION_NAMES and v is not None}
-    options = {**given, **unknown}
+    return _explain(model, inputs, method, target, {**given, **unknown})
+
+
+def _explain(model: nn.Module, inputs: Any, method: str, target: Any, options: dict[str, Any]) -> Explanation:
+    """``explain`` with its options gathered by name (the given ones and the unknown ones, refused here)."""
     spec = registry.get(method)
     adapter = get_adapter(model).for_inputs(inputs)
     if method in adapter.refused_methods:
