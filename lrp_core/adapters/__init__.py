@@ -129,6 +129,17 @@ def _clip(model):
     return CLIPImageAdapter(model)
 
 
+def _siglip(model):
+    from .siglip import HFSiglipAdapter
+    return HFSiglipAdapter(model)
+
+
+def _is_other_siglip(model: nn.Module) -> bool:
+    """A SigLIP / SigLIP 2 model other than ``SiglipForImageClassification`` (which :data:`ADAPTERS` names)."""
+    return _hf_type("siglip", "siglip2", "siglip_vision_model", "siglip2_vision_model", "siglip_text_model",
+                    "siglip2_text_model")(model) and not _named("SiglipForImageClassification")(model)
+
+
 def _timm_vit(model):
     from .vit import TimmViTAdapter
     return TimmViTAdapter(model)
@@ -229,6 +240,14 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "attention-logit and final-logit soft-capping (cap · tanh(x / cap) on the attention scores and on the "
      "logits) is replayed for Gemma2ForCausalLM / Gemma2ForSequenceClassification only; this model's other parts are "
      "not described. Use Gemma 2 (Gemma2ForCausalLM), Gemma 3 or another dense decoder"),
+    ("SigLIP / SigLIP 2 models other than SiglipForImageClassification", _is_other_siglip,
+     "SiglipModel / Siglip2Model pool the image with an attention-pooling head (a learned probe token attending to "
+     "the patches, then LayerNorm and an MLP residual) that no readout describes, and compare with a sigmoid "
+     "similarity (logit_scale.exp() · cos + logit_bias), not CLIP's; SigLIP 2 embeds patchified pixels with a "
+     "Linear at a per-image grid (NaFlex: pixel_attention_mask, spatial_shapes), which the image replay does not "
+     "describe; SiglipVisionModel and the text towers have no prediction to explain. Use "
+     "SiglipForImageClassification (the SigLIP vision tower, the mean of its tokens and a Linear classifier), or a "
+     "CLIPModel for image–text similarity"),
     ("BEiT / Data2Vec-vision", lambda m: _named("Beit")(m) or _hf_type("beit", "data2vec-vision")(m),
      "every block adds its own learned relative position bias (a table indexed by token offsets, one per block) "
      "to the attention scores; the block description carries no per-block score bias, so the replay would not "
@@ -249,6 +268,8 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), _hf_deit),
     ("Hugging Face Dinov2ForImageClassification ([CLS] and mean of the patch tokens)",
      _named("Dinov2ForImageClassification"), _hf_dinov2),
+    ("Hugging Face SiglipForImageClassification (SigLIP vision tower: no class token, mean of all tokens)",
+     _named("SiglipForImageClassification"), _siglip),
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip,
      _clip),
     ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
