@@ -51,6 +51,18 @@ def hf_dinov2(seed: int = 0):
     return model
 
 
+def hf_siglip(seed: int = 0, attn: str = "sdpa", **kw):
+    """A tiny ``SiglipForImageClassification`` (no class token, mean of all tokens; the unread pooling head kept)."""
+    import transformers
+    torch.manual_seed(seed)
+    vision = {k: CFG[k] for k in ("image_size", "patch_size", "hidden_size", "num_hidden_layers",
+                                  "num_attention_heads", "intermediate_size", "layer_norm_eps")}
+    config = transformers.SiglipConfig(vision_config={**vision, **kw}, num_labels=CFG["num_labels"])
+    model = transformers.SiglipForImageClassification._from_config(config, attn_implementation=attn).eval()
+    _perturb_norms(model, seed)
+    return model
+
+
 FAMILIES = {
     "timm_avg": lambda: make_tiny_vit(global_pool="avg"),  # fc_norm after the mean
     "timm_avg_no_class_token": lambda: make_tiny_vit(global_pool="avg", class_token=False),
@@ -59,11 +71,12 @@ FAMILIES = {
     "hf_deit": lambda: _hf("DeiTForImageClassification", "DeiTConfig"),
     "hf_deit_teacher": lambda: _hf("DeiTForImageClassificationWithTeacher", "DeiTConfig"),
     "hf_dinov2": hf_dinov2,
+    "hf_siglip": hf_siglip,
 }
 
 #: the tokens the classifier reads directly, per family
 READOUT_TOKENS = {"timm_avg": (), "timm_avg_no_class_token": (), "timm_avg_registers": (), "timm_distilled": (0, 1),
-                  "hf_deit": (0,), "hf_deit_teacher": (0, 1), "hf_dinov2": (0,)}
+                  "hf_deit": (0,), "hf_deit_teacher": (0, 1), "hf_dinov2": (0,), "hf_siglip": ()}
 
 
 def _logits(model, x):
@@ -237,7 +250,7 @@ def test_hf_distilled_deit_matches_timm_distilled_deit(method):
 
 
 # ---------------------------------------------------------------- relevance through the readouts
-@pytest.mark.parametrize("family", ["timm_avg", "timm_distilled", "hf_deit_teacher", "hf_dinov2"])
+@pytest.mark.parametrize("family", ["timm_avg", "timm_distilled", "hf_deit_teacher", "hf_dinov2", "hf_siglip"])
 def test_readout_relevance_is_conserved_and_every_rule_set_covers_it(family):
     from lrp_core.rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Propagation
     from lrp_core.rules.ops import POOL
