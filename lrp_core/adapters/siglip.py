@@ -17,11 +17,10 @@ module: ``embeddings``, ``encoder.layers``, ``post_layernorm``, ``config``):
 * :func:`siglip_embed` ``(vision_model, images, r=NO_RECORD, track=False) -> EmbeddingRecord``: images
   ``(B, C, H, W)`` (H, W multiples of the patch size) → block 0's input ``(B, P, D)``, with the model's own
   ``interpolate_pos_encoding`` (the stored grid itself at the trained size, bicubic resampling elsewhere).
+* :func:`siglip_input_relevance` ``(vision_model, emb, R0, prop) -> (scores (B, P), pixels (B, H, W))``: block
+  0's input relevance through the position add and the patch convolution (zᴮ) to the pixels.
 * :func:`siglip_patch_size` ``(vision_model) -> (ph, pw)``.
 * :func:`check_siglip_tower` ``(vision_model, name)``: refuses a tower the pieces do not describe.
-
-Relevance at block 0's input reaches the pixels as for any ViT
-(:meth:`~lrp_core.adapters.vit.ViTAdapter.input_relevance` with no prefix tokens and no pre-norm).
 
 Shapes: B batch, P = N patches (no prefix token), D width, C classes.
 """
@@ -31,12 +30,13 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
+from ..rules.composites import Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
 from .blocks import NO_RECORD, BlockSpec, Replay
 from .clip import clip_block
 from .readouts import HeadLayer, MeanReadout, Readout
-from .records import EmbeddingRecord
+from .records import EmbeddingRecord, Trace
 from .vit import ViTAdapter, hf_linear_head
 
 
@@ -150,6 +150,38 @@ def siglip_embed(vision_model: nn.Module, images: Tensor, r: Replay = NO_RECORD,
     return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=patches, x_pos=x_pos, images=images, patches=patches)
 
 
+def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Tensor,
+                           prop: Propagation) -> tuple[Tensor, Tensor]:
+    """Relevance of block 0's input → the patches and the pixels: the position add (the patches' share), then
+    the zᴮ rule on the patch convolution (docs/METHODS.md §1.13).
+
+    Parameters
+    ----------
+    vision_model : nn.Module
+        The ``SiglipVisionModel``.
+    emb : EmbeddingRecord
+        What :func:`siglip_embed` recorded for the batch.
+    R0 : Tensor
+        The relevance of block 0's input ``(B, P, D)``.
+    prop : Propagation
+        The composite's rules.
+
+    Returns
+    -------
+    tuple of Tensor
+        ``(scores (B, P), pixels (B, H, W))``: each patch's relevance and the pixel map.
+    """
+    (R_patch, _) = prop(POS_ADD, (emb.tokens, None), R0, output=emb.x_pos)
+    ph, pw = siglip_patch_size(vision_model)
+    B, _, H, W = emb.images.shape
+    # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
+    R_map = R_patch.contiguous().transpose(1, 2).reshape(B, -1, H // ph, W // pw)
+    (R_px,) = prop(PATCH_CONV, (emb.images,), R_map, module=vision_model.embeddings.patch_embedding)
+    pixels = R_px.sum(dim=1)  # (B, H, W)
+    scores = pixels.reshape(B, H // ph, ph, W // pw, pw).sum(dim=(2, 4)).reshape(B, -1)
+    return scores, pixels
+
+
 class HFSiglipAdapter(ViTAdapter):
     """Hugging Face ``SiglipForImageClassification``: the SigLIP vision tower, the mean of all tokens, a Linear.
 
@@ -180,6 +212,11 @@ class HFSiglipAdapter(ViTAdapter):
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         return siglip_embed(self.vision, prepared["images"], r, track)
 
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
+                        prepared: dict) -> tuple[Tensor, Tensor]:
+        """Block-0 input relevance → patch scores (B, P) and pixels (B, H, W) (:func:`siglip_input_relevance`)."""
+        return siglip_input_relevance(self.vision, trace.embedding, R0, prop)
 
-__all__ = ["HFSiglipAdapter", "check_siglip_tower", "siglip_embed", "siglip_block", "siglip_patch_size",
-           "siglip_vision_blocks"]
+
+__all__ = ["HFSiglipAdapter", "check_siglip_tower", "siglip_embed", "siglip_block", "siglip_input_relevance",
+           "siglip_patch_size", "siglip_vision_blocks"]

@@ -1,0 +1,136 @@
+"""SigLIP (Hugging Face SiglipForImageClassification) and the reusable SigLIP vision-tower pieces; the SigLIP models
+that are refused. The family's every-method, batch = single and untouched-model tests are the ``hf_siglip`` rows of
+test_vision_families.py. Tiny random models, milliseconds each."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_vision_families import hf_siglip
+
+from lrp_core import explain
+from lrp_core.adapters import get_adapter
+from lrp_core.errors import UnsupportedModelError
+
+VISION = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
+              intermediate_size=96, layer_norm_eps=1e-6)
+TEXT = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=8, projection_size=48, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def _images(n: int = 2, size: tuple = (32, 32), seed: int = 1) -> torch.Tensor:
+    return torch.randn(n, 3, *size, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+# ---------------------------------------------------------------- the replay is the model
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("size", [(32, 32), (48, 40), (16, 64)])
+def test_replay_equals_the_model_in_float64_at_every_resolution(attn, size):
+    """At the trained size the model's default forward; elsewhere its ``interpolate_pos_encoding=True`` (bicubic
+    resampling of the position grid, non-square grids included). Eager attention computes its softmax in float32
+    (the replay too: without that the float64 logits differ by 1e-8)."""
+    model = hf_siglip(attn=attn).double()
+    x = _images(2, size)
+    with torch.no_grad():
+        ref = model(x, interpolate_pos_encoding=True).logits
+        if size == (32, 32):
+            assert torch.equal(ref, model(x).logits)
+    for method in ("raw_attention", "attnlrp", "cp_lrp"):  # the plain replay and the modified-gradient one
+        exp = explain(model, x, method=method)
+        assert (exp.logits - ref).abs().max() <= 1e-10, method
+        assert exp.scores.shape == (2, (size[0] // 8) * (size[1] // 8))
+
+
+def test_every_token_is_a_patch_and_the_readout_is_their_mean():
+    a = get_adapter(hf_siglip())
+    layout = a.layout(a.check_inputs(_images(1).float()))
+    assert (layout.num_tokens, layout.output_start, layout.readout_tokens, layout.grid) == (16, 0, (), (4, 4))
+    assert torch.equal(a.readout.weights(16), torch.full((1, 16), 1 / 16, dtype=torch.float64))
+
+
+def test_reusable_tower_pieces_reproduce_the_vision_model_at_every_layer():
+    """:func:`siglip_embed` + the blocks of :func:`siglip_vision_blocks` give the tower's hidden states (each
+    layer's, and ``post_layernorm`` of the last), as a vision-language adapter would use them."""
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+
+    from lrp_core.adapters.blocks import block_forward
+    from lrp_core.adapters.siglip import siglip_embed, siglip_vision_blocks
+
+    torch.manual_seed(0)
+    tower = SiglipVisionModel._from_config(SiglipVisionConfig(**VISION), attn_implementation="eager").double().eval()
+    x = _images(2, (40, 24))
+    with torch.no_grad():
+        out = tower(x, interpolate_pos_encoding=True, output_hidden_states=True)
+        h = siglip_embed(tower, x).x0
+        assert (h - out.hidden_states[0]).abs().max() <= 1e-12
+        for b, spec in enumerate(siglip_vision_blocks(tower)):
+            h = block_forward(spec, h, None).out
+            assert (h - out.hidden_states[b + 1]).abs().max() <= 1e-10, b
+        assert (tower.post_layernorm(h) - out.last_hidden_state).abs().max() <= 1e-10
+
+
+def test_upsample_gives_one_map_per_image_at_the_image_size():
+    exp = explain(hf_siglip(), _images(2, (48, 40)).float(), method="transformer_attribution")
+    assert exp.upsample().shape == (2, 48, 40)
+    assert exp.pixel_map().shape == (2, 48, 40)
+
+
+# ---------------------------------------------------------------- relevance (float64)
+def _without_additive_constants(model):
+    """Every bias (Linear and LayerNorm β) and the position embedding set to 0."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or name.endswith("position_embedding.weight"):
+                p.zero_()
+    return model
+
+
+def test_cp_lrp_conserves_without_additive_constants():
+    """Biases, LayerNorm β and positions 0: under CP-LRP the model is linear in the patches, so every stage — the
+    logit, each block's stream, the pixels — holds the logit (the mean readout included)."""
+    model = _without_additive_constants(hf_siglip(seed=2)).double()
+    c = explain(model, _images(2), method="cp_lrp").conservation
+    tol = 1e-8 * c.output.abs() + 1e-9
+    assert (c.absorbed().abs().max(dim=1).values < tol).all()
+    assert ((c.pixels - c.output).abs() < tol).all()
+
+
+def test_attnlrp_loses_relevance_in_the_blocks_not_at_the_readout():
+    """The same bias-free model under AttnLRP: the softmax rule gives part of the relevance to its implicit bias,
+    inside the blocks, not at the readout (its norm and mean)."""
+    model = _without_additive_constants(hf_siglip(seed=2)).double()
+    c = explain(model, _images(2), method="attnlrp").conservation
+    assert (((c.input - c.output).abs() / c.output.abs()) > 1e-3).all()
+    steps = c.absorbed().abs() / c.output.abs()[:, None]
+    assert (steps[:, 1:-1].max(dim=1).values > 1e-3).all()
+    assert (steps[:, 0] < 1e-9).all()  # the stages: the logit, then each block's output, top-down
+
+
+# ---------------------------------------------------------------- refused SigLIP models say why
+def _siglip_model():
+    from transformers import SiglipConfig, SiglipModel
+    torch.manual_seed(0)
+    return SiglipModel(SiglipConfig(vision_config=VISION, text_config=TEXT)).eval()
+
+
+def _siglip_vision_model():
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+    return SiglipVisionModel(SiglipVisionConfig(**VISION)).eval()
+
+
+def _siglip2_classifier():
+    from transformers import Siglip2Config, Siglip2ForImageClassification
+    return Siglip2ForImageClassification(Siglip2Config(vision_config=dict(VISION, num_patches=16),
+                                                       num_labels=3)).eval()
+
+
+@pytest.mark.parametrize("build,words", [
+    (_siglip_model, ("SiglipModel", "attention-pooling head", "logit_bias", "SiglipForImageClassification")),
+    (_siglip_vision_model, ("no prediction", "SiglipForImageClassification")),
+    (_siglip2_classifier, ("NaFlex", "spatial_shapes", "SiglipForImageClassification")),
+])
+def test_refused_siglip_models_say_why(build, words):
+    model = build()
+    with pytest.raises(UnsupportedModelError) as err:
+        get_adapter(model)
+    for w in words:
+        assert w in str(err.value)
