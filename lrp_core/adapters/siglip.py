@@ -26,17 +26,25 @@ Shapes: B batch, P = N patches (no prefix token), D width, C classes.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
 import torch
 from torch import Tensor, nn
 
-from ..errors import UnsupportedModelError
+from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
-from ..rules.linear import is_linear
-from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
+from ..rules.linear import LinearView, is_linear
+from ..rules.ops import ADD, ELEMENTWISE, LAYERNORM, LINEAR, MATMUL_AV, MATMUL_QK, PATCH_CONV, POS_ADD, SOFTMAX
+from ..runtime.guard import eval_semantics
+from ..runtime.precision import compute_precision
+from .base import Adapter
 from .blocks import NO_RECORD, BlockSpec, Replay
-from .clip import clip_block
+from .checks import pixel_values
+from .clip import L2Normalize, _prompts, _scaled_embeddings, clip_block
 from .readouts import HeadLayer, MeanReadout, Readout
-from .records import EmbeddingRecord, Trace
+from .records import EmbeddingRecord, ReadoutRecord, Trace
 from .vit import ViTAdapter, hf_linear_head
 
 
@@ -182,12 +190,8 @@ def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Te
     return scores, pixels
 
 
-class HFSiglipAdapter(ViTAdapter):
-    """Hugging Face ``SiglipForImageClassification``: the SigLIP vision tower, the mean of all tokens, a Linear.
-
-    Any image size that is a multiple of the patch size is accepted; the position grid is resampled as the
-    model's ``interpolate_pos_encoding=True`` does (at the trained size: the model's default forward).
-    """
+class _SiglipTowerAdapter(ViTAdapter):
+    """What the SigLIP image adapters share: the tower ``model.vision_model`` (embedding, blocks, pixels)."""
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -199,15 +203,9 @@ class HFSiglipAdapter(ViTAdapter):
         self.image_size = None  # the position grid is interpolated: any multiple of the patch size
         self.num_prefix_tokens = 0
         self.blocks = siglip_vision_blocks(vision)
-        self.readout = self._readout(model)
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
         return siglip_block(layer, self.vision)
-
-    def _readout(self, model: nn.Module) -> Readout:
-        """post_layernorm → the mean of every token → classifier (HF ``torch.mean(..., dim=1)``)."""
-        (clf,) = hf_linear_head(model, "classifier")
-        return MeanReadout(norm=self.vision.post_layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=0)
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         return siglip_embed(self.vision, prepared["images"], r, track)
@@ -218,5 +216,269 @@ class HFSiglipAdapter(ViTAdapter):
         return siglip_input_relevance(self.vision, trace.embedding, R0, prop)
 
 
-__all__ = ["HFSiglipAdapter", "check_siglip_tower", "siglip_embed", "siglip_block", "siglip_input_relevance",
+class HFSiglipAdapter(_SiglipTowerAdapter):
+    """Hugging Face ``SiglipForImageClassification``: the SigLIP vision tower, the mean of all tokens, a Linear.
+
+    Any image size that is a multiple of the patch size is accepted; the position grid is resampled as the
+    model's ``interpolate_pos_encoding=True`` does (at the trained size: the model's default forward).
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.readout = self._readout(model)
+
+    def _readout(self, model: nn.Module) -> Readout:
+        """post_layernorm → the mean of every token → classifier (HF ``torch.mean(..., dim=1)``)."""
+        (clf,) = hf_linear_head(model, "classifier")
+        return MeanReadout(norm=self.vision.post_layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=0)
+
+
+# ----------------------------------------------------------------------------
+# SiglipModel: the attention-pooling head and the sigmoid similarity
+# ----------------------------------------------------------------------------
+class InProjection(LinearView):
+    """One of the query / key / value projections packed in an ``nn.MultiheadAttention``: rows
+    ``[i·D, (i+1)·D)`` of ``in_proj_weight`` and ``in_proj_bias``, read at every call (a view: no parameters)."""
+
+    def __init__(self, attention: nn.MultiheadAttention, index: int):
+        super().__init__()
+        object.__setattr__(self, "owner", attention)  # not a child module: the view owns no parameters
+        object.__setattr__(self, "index", index)
+        self.out_features = self.in_features = int(attention.embed_dim)
+
+    @property
+    def weight(self) -> Tensor:
+        """(D, D): the slice of the packed weight."""
+        D = self.out_features
+        return self.owner.in_proj_weight[self.index * D:(self.index + 1) * D]
+
+    @property
+    def bias(self) -> Optional[Tensor]:
+        """(D,) or ``None`` where the attention has no input bias."""
+        b, D = self.owner.in_proj_bias, self.out_features
+        return None if b is None else b[self.index * D:(self.index + 1) * D]
+
+    def linear_parts(self) -> tuple[Tensor, Optional[Tensor]]:
+        return self.weight, self.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+@dataclass
+class PoolRecord(ReadoutRecord):
+    """The attention-pooling head's forward quantities (one query: the probe).
+
+    ``probe`` (B, 1, D), ``lin`` the projections' outputs (``q`` (B, 1, D), ``k`` / ``v`` (B, N, D), ``proj``
+    (B, 1, D)), ``q`` (B, H, 1, d), ``k`` / ``v`` (B, H, N, d), ``A`` (B, H, 1, N), ``ctx`` (B, H, 1, d), ``o``
+    (B, 1, D) the heads side by side, ``ln`` the LayerNorm's output, ``fc1`` / ``g`` / ``fc2`` the MLP's, ``y``
+    (B, 1, D) the residual sum.
+    """
+
+    probe: Optional[Tensor] = None
+    lin: dict = field(default_factory=dict)
+    q: Optional[Tensor] = None
+    k: Optional[Tensor] = None
+    v: Optional[Tensor] = None
+    A: Optional[Tensor] = None
+    ctx: Optional[Tensor] = None
+    o: Optional[Tensor] = None
+    ln: Optional[Tensor] = None
+    fc1: Optional[Tensor] = None
+    g: Optional[Tensor] = None
+    fc2: Optional[Tensor] = None
+    y: Optional[Tensor] = None
+
+
+def _matmul(a: Tensor, b: Tensor) -> Tensor:
+    return a @ b
+
+
+def _softmax(s: Tensor) -> Tensor:
+    return s.softmax(dim=-1)
+
+
+def _add(u: Tensor, v: Tensor) -> Tensor:
+    return u + v
+
+
+class AttentionPoolReadout(Readout):
+    """SigLIP's attention-pooling head (MAP) as a readout: ``norm`` (post_layernorm), then a learned probe token
+    attends to every token (``nn.MultiheadAttention`` with one query), then ``y = a + mlp(layernorm(a))``, then the
+    head layers (L2 normalisation, the similarity to the prompts and ``logit_bias``).
+
+    The pooling is an attention with one query: in the replay each operation is the same kind as in a block
+    (LINEAR projections, MATMUL_QK, SOFTMAX, MATMUL_AV), so every composite applies its attention rules to it;
+    the probe is a constant (its query's relevance is absorbed). The token weights the layer-product methods read
+    (:meth:`weights`) are the probe's attention averaged over the heads, per image (``probe_attention`` (B, N),
+    from a plain replay of the batch): the pooling's own attention row, as [CLS]'s row is a ViT's.
+    """
+
+    def __init__(self, norm: nn.Module, head: nn.Module, head_layers: Sequence[HeadLayer],
+                 probe_attention: Optional[Tensor] = None):
+        self.norm, self.head, self.head_layers = norm, head, [h for h in head_layers
+                                                               if not isinstance(h.module, nn.Identity)]
+        att = head.attention
+        self.q, self.k, self.v = (InProjection(att, i) for i in range(3))
+        self.num_heads, self.head_dim = int(att.num_heads), int(att.head_dim)
+        self.probe_attention = probe_attention
+
+    def pool(self, normed: Tensor) -> Tensor:
+        """(B, N, D) -> (B, D): the pooling head's output (a plain replay)."""
+        return self._pool(normed, NO_RECORD).y[:, 0]
+
+    def weights(self, num_tokens: int) -> Tensor:
+        """(B, N): the probe's head-mean attention of the batch."""
+        if self.probe_attention is None or self.probe_attention.shape[-1] != num_tokens:
+            raise InputError("the attention-pooling readout's token weights come from a batch: build the readout "
+                             "with adapter.readout_for(prepared)")
+        return self.probe_attention.cpu().to(torch.float64)
+
+    def row(self, M: Tensor) -> Tensor:
+        """``wᵀ M`` per image for M (B, ..., N, N) -> (B, ..., N), on M's device."""
+        w = self.weights(M.shape[-1]).to(dtype=M.dtype, device=M.device)
+        return (w.reshape((w.shape[0],) + (1,) * (M.dim() - 3) + (1, w.shape[-1])) @ M).squeeze(-2)
+
+    def after_removal(self, rows: Tensor, removed: Tensor) -> "AttentionPoolReadout":
+        """Rows ``rows`` without their token ``removed``: the weights lose that column and are renormalised (the
+        pooling itself is recomputed by every replay)."""
+        if self.probe_attention is None:
+            return self
+        w = self.probe_attention.to(rows.device)[rows]
+        keep = torch.arange(w.shape[1] - 1, device=rows.device)
+        idx = keep[None, :] + (keep[None, :] >= removed.to(rows.device)[:, None]).long()
+        w = w.gather(1, idx)
+        return AttentionPoolReadout(self.norm, self.head, self.head_layers, w / w.sum(dim=1, keepdim=True))
+
+    def _pool(self, normed: Tensor, r: Replay) -> PoolRecord:
+        B, N, D = normed.shape
+        H, d = self.num_heads, self.head_dim
+        att, mlp = self.head.attention, self.head.mlp
+        probe = self.head.probe.expand(B, 1, D)
+        lin = {"q": r.module(LINEAR, self.q, probe), "k": r.module(LINEAR, self.k, normed),
+               "v": r.module(LINEAR, self.v, normed)}
+        q, k, v = (lin[n].reshape(B, -1, H, d).transpose(1, 2) for n in "qkv")
+        # torch's multi-head attention scales the queries before the product
+        scores = r(MATMUL_QK, _matmul, q * (1.0 / d) ** 0.5, k.transpose(-2, -1))  # (B, H, 1, N)
+        A = r(SOFTMAX, _softmax, scores)
+        ctx = r(MATMUL_AV, _matmul, A, v)  # (B, H, 1, d)
+        o = ctx.transpose(1, 2).reshape(B, 1, D)
+        lin["proj"] = r.module(LINEAR, att.out_proj, o)
+        ln = r.norm(self.head.layernorm, lin["proj"])
+        fc1 = r.module(LINEAR, mlp.fc1, ln)
+        g = r.module(ELEMENTWISE, mlp.activation_fn, fc1)
+        fc2 = r.module(LINEAR, mlp.fc2, g)
+        y = r(ADD, _add, lin["proj"], fc2)
+        return PoolRecord(hidden=normed, normed=normed, token=y[:, 0], inputs=[], pooled=y[:, 0], logits=y[:, 0],
+                          probe=probe, lin=lin, q=q, k=k, v=v, A=A, ctx=ctx, o=o, ln=ln, fc1=fc1, g=g, fc2=fc2, y=y)
+
+    def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> PoolRecord:
+        normed = r.norm(self.norm, hidden)
+        rec = self._pool(normed, r)
+        h, inputs = rec.token, []
+        for layer in self.head_layers:
+            inputs.append(h)
+            h = r.module(layer.kind, layer.module, h)
+        rec.hidden, rec.inputs, rec.logits = hidden, inputs, h
+        rec.pooled = inputs[-1] if inputs else h  # the normalised image embedding the similarity reads
+        return rec
+
+    def relprop(self, rec: PoolRecord, R_out: Tensor, prop: Propagation) -> Tensor:
+        """Relevance of the logits (B, P) → of the final hidden states (B, N, D): the head layers, the MLP residual
+        (Add, MLP, LayerNorm, a Clone of the attention output), the output projection, A·V, the softmax and q·kᵀ
+        (the probe's query absorbs its share), the key and value projections (a Clone of the normed tokens), the
+        final norm."""
+        R = R_out
+        for layer, x in zip(reversed(self.head_layers), reversed(rec.inputs)):
+            R = prop.unary(layer.kind, x, R, layer.module)
+        B, N, D = rec.normed.shape
+        H, d = self.num_heads, self.head_dim
+        mlp = self.head.mlp
+        R_a, R_f = prop(ADD, (rec.lin["proj"], rec.fc2), R[:, None])
+        R_g = prop.linear(mlp.fc2, rec.g, R_f, out=rec.fc2)
+        R_fc1 = prop.unary(ELEMENTWISE, rec.fc1, R_g, mlp.activation_fn)
+        R_ln = prop.linear(mlp.fc1, rec.ln, R_fc1, out=rec.fc1)
+        R_proj = prop.clone(rec.lin["proj"], R_a, prop.unary(LAYERNORM, rec.lin["proj"], R_ln, self.head.layernorm))
+        R_o = prop.linear(self.head.attention.out_proj, rec.o, R_proj, out=rec.lin["proj"])
+        R_ctx = R_o.reshape(B, 1, H, d).transpose(1, 2)
+        R_A, R_v = prop(MATMUL_AV, (rec.A, rec.v), R_ctx, output=rec.ctx)
+        (R_s,) = prop(SOFTMAX, (), R_A, output=rec.A)
+        _, R_kT = prop(MATMUL_QK, (rec.q, rec.k.transpose(-2, -1)), R_s)
+        flat = lambda t: t.transpose(1, 2).reshape(B, N, D)  # noqa: E731  (B, H, N, d) -> (B, N, H·d)
+        R_normed = prop.clone(rec.normed, prop.linear(self.k, rec.normed, flat(R_kT.transpose(-2, -1)),
+                                                      out=rec.lin["k"]),
+                              prop.linear(self.v, rec.normed, flat(R_v), out=rec.lin["v"]))
+        return prop.unary(LAYERNORM, rec.hidden, R_normed, self.norm)
+
+
+def similarity_with_bias(weight: Tensor, bias: Tensor) -> nn.Linear:
+    """A frozen Linear ``E → P``: the prompts' scaled embeddings (P, E) as rows, ``logit_bias`` (1,) on every one."""
+    lin = torch.nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], bias=True, device=weight.device,
+                                   dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        lin.bias.copy_(bias.to(weight.dtype).expand(weight.shape[0]))
+    return lin.requires_grad_(False)
+
+
+class SiglipImageAdapter(_SiglipTowerAdapter):
+    """The vision tower of a Hugging Face ``SiglipModel``, read out as its sigmoid similarity to text prompts.
+
+    Inputs as for CLIP (the processor's ``pixel_values`` (B, 3, H, W) and the prompts' ``input_ids`` (P, T),
+    optionally ``attention_mask``); the logits are the model's ``logits_per_image`` (B, P) =
+    ``logit_scale.exp() · cos(image, prompt) + logit_bias`` (before the sigmoid), a target is a prompt index. The
+    image is pooled by the attention-pooling head (:class:`AttentionPoolReadout`). The text side is not explained.
+    """
+
+    shared = ("prompt_ids", "prompt_mask", "prompt_embeddings")
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        if getattr(self.vision, "head", None) is None:
+            raise UnsupportedModelError(f"{type(model).__name__} without the vision pooling head "
+                                        "(vision_use_head=False) has no image embedding to compare")
+        D = self.vision.config.hidden_size
+        ref = self.vision.post_layernorm.weight
+        self.readout = self._readout(torch.zeros(1, D, dtype=ref.dtype, device=ref.device), None)
+
+    def _readout(self, prompts: Tensor, probe_attention: Optional[Tensor]) -> AttentionPoolReadout:
+        """post_layernorm → pooling head → L2 normalisation → the prompts (P, E) and ``logit_bias``."""
+        return AttentionPoolReadout(self.vision.post_layernorm, self.vision.head, [
+            HeadLayer(LAYERNORM, L2Normalize()),
+            HeadLayer(LINEAR, similarity_with_bias(prompts, self.model.logit_bias))], probe_attention)
+
+    def readout_for(self, prepared: dict) -> AttentionPoolReadout:
+        """The batch's readout: its prompts and its images' probe attention (``prepared``)."""
+        return self._readout(prepared["prompt_embeddings"], prepared.get("probe_attention"))
+
+    def for_inputs(self, inputs) -> Adapter:
+        side = inputs.get("explain", "image") if isinstance(inputs, Mapping) else "image"
+        if side != "image":
+            raise InputError(f"{type(self.model).__name__} is explained on the image only (explain='image'); "
+                             f"got explain={side!r}")
+        return self
+
+    def check_inputs(self, inputs) -> dict:
+        """Validate images and prompts; ``prepared``: ``images``, ``prompt_ids`` / ``prompt_mask``, the prompts'
+        scaled normalised embeddings ``prompt_embeddings`` (P, E) and the probe's head-mean attention
+        ``probe_attention`` (B, N) of a plain replay."""
+        if not isinstance(inputs, Mapping) or "pixel_values" not in inputs or "input_ids" not in inputs:
+            raise InputError(
+                f"{type(self.model).__name__} explains the similarity of images to text prompts: pass the "
+                "processor's output, a dict with 'pixel_values' (B, 3, H, W) and the prompts' 'input_ids' (P, T), "
+                "e.g. processor(text=['a dog', 'a cat'], images=img, padding='max_length', return_tensors='pt'); "
+                f"got {type(inputs).__name__}")
+        prepared = super().check_inputs(pixel_values(inputs["pixel_values"]))
+        ids, mask = _prompts(inputs)
+        dtype = prepared["images"].dtype
+        with torch.no_grad(), compute_precision(self.model), eval_semantics(self.model):
+            text = self.model.get_text_features(input_ids=ids, attention_mask=inputs.get("attention_mask"))
+            prepared.update(prompt_ids=ids, prompt_mask=mask,
+                            prompt_embeddings=_scaled_embeddings(self.model, text, dtype))
+            trace = self.forward(prepared)  # the plain replay: the probe's attention of each image
+        prepared["probe_attention"] = trace.readout_record.A.mean(dim=1)[:, 0].detach()
+        return prepared
+
+
+__all__ = ["AttentionPoolReadout", "HFSiglipAdapter", "InProjection", "PoolRecord", "SiglipImageAdapter", "check_siglip_tower", "siglip_embed", "siglip_block", "siglip_input_relevance",
            "siglip_patch_size", "siglip_vision_blocks"]

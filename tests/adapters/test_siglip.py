@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_api import _assert_same, _state
 from test_vision_families import hf_siglip
 
-from lrp_core import explain
+from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import UnsupportedModelError
 
@@ -105,12 +106,106 @@ def test_attnlrp_loses_relevance_in_the_blocks_not_at_the_readout():
     assert (steps[:, 0] < 1e-9).all()  # the stages: the logit, then each block's output, top-down
 
 
-# ---------------------------------------------------------------- refused SigLIP models say why
-def _siglip_model():
+# ---------------------------------------------------------------- SiglipModel: attention pooling, sigmoid similarity
+def _siglip_model(seed: int = 0, attn: str = "sdpa"):
+    """A tiny SiglipModel: the pooling head's LayerNorms randomised like the others, a non-zero logit_bias."""
+    from conftest import _perturb_norms
     from transformers import SiglipConfig, SiglipModel
-    torch.manual_seed(0)
-    return SiglipModel(SiglipConfig(vision_config=VISION, text_config=TEXT)).eval()
+    torch.manual_seed(seed)
+    model = SiglipModel._from_config(SiglipConfig(vision_config=VISION, text_config=TEXT),
+                                     attn_implementation=attn).eval()
+    _perturb_norms(model, seed)
+    with torch.no_grad():
+        model.logit_scale.fill_(1.2)
+        model.logit_bias.fill_(-2.5)
+        head = model.vision_model.head.attention  # a peaked probe attention: larger query weights
+        head.in_proj_weight[:head.embed_dim].mul_(10.0)
+    return model
 
+
+def _pair(images: torch.Tensor) -> dict:
+    ids = torch.tensor([[5, 6, 7, 2, 0, 0, 0, 0], [8, 9, 10, 11, 12, 2, 0, 0], [13, 2, 0, 0, 0, 0, 0, 0]])
+    return {"pixel_values": images, "input_ids": ids}
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("size", [(32, 32), (40, 24)])
+def test_similarity_replay_equals_logits_per_image_in_float64(attn, size):
+    """``logit_scale.exp() · cos + logit_bias`` through the attention-pooling head: the model's ``logits_per_image``
+    (B, P), at the trained size and interpolated."""
+    model = _siglip_model(attn=attn).double()
+    x = _pair(_images(2, size))
+    with torch.no_grad():
+        ref = model(**x, interpolate_pos_encoding=True).logits_per_image
+    for method in ("raw_attention", "attnlrp", "cp_lrp"):
+        exp = explain(model, x, method=method, target=[0, 2])
+        assert (exp.logits - ref).abs().max() <= 1e-10, method
+    assert exp.logits.shape == (2, 3)
+
+
+def test_readout_token_weights_are_the_pooling_heads_attention():
+    """The layer-product methods read the probe's head-mean attention: torch's own multi-head attention weights."""
+    model = _siglip_model().double()
+    x = _pair(_images(2))
+    a = get_adapter(model)
+    prepared = a.check_inputs(x)
+    head = model.vision_model.head
+    with torch.no_grad():
+        h = model.vision_model(x["pixel_values"]).last_hidden_state
+        _, ref = head.attention(head.probe.expand(2, 1, -1), h, h)  # (B, 1, N), averaged over the heads
+    w = a.readout_for(prepared).weights(16)
+    assert w.shape == (2, 16) and (w - ref[:, 0]).abs().max() <= 1e-12
+    assert (w.max(dim=1).values > 1.5 / 16).all()  # not the uniform mean of the classifier
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_similarity_every_method_batch_equals_single_model_untouched(method):
+    model = _siglip_model(seed=1).double()
+    before = _state(model)
+    x = _pair(_images(2))
+    both = explain(model, x, method=method, target=[0, 2])
+    assert both.scores.shape == (2, 16) and torch.isfinite(both.scores).all()
+    one = explain(model, dict(x, pixel_values=x["pixel_values"][1:]), method=method, target=2)
+    assert ((both.scores[1] - one.scores[0]).abs().max() / both.scores[1].abs().max().clamp(min=1e-30)) <= 1e-8
+    if both.pixels is not None:
+        assert both.pixels.shape == (2, 32, 32)
+    _assert_same(before, _state(model))
+
+
+def test_similarity_cp_lrp_conserves_through_the_pooling_head_without_additive_constants():
+    """Biases (the packed q/k/v bias, logit_bias included), LayerNorm β and positions 0: under CP-LRP (q, k
+    detached: the probe's attention is a constant) the pooling head, the L2 normalisation (its norm held constant)
+    and the similarity are linear in the tokens, so every stage holds the logit."""
+    model = _without_additive_constants(_siglip_model(seed=2)).double()
+    with torch.no_grad():
+        model.logit_bias.zero_()
+    c = explain(model, _pair(_images(2)), method="cp_lrp", target=[1, 0]).conservation
+    tol = 1e-8 * c.output.abs() + 1e-9
+    assert (c.absorbed().abs().max(dim=1).values < tol).all()
+    assert ((c.pixels - c.output).abs() < tol).all()
+
+
+def test_similarity_bias_is_absorbed_not_spread():
+    """``logit_bias`` shifts every logit but is no evidence in the image: changing it changes the logit by exactly the
+    difference and leaves CP-LRP's map as it was (the bias keeps its own term at the similarity's Linear; had it been
+    folded into the prompts' weights or the scale, the map would change)."""
+    model = _siglip_model(seed=2).double()
+    x = _pair(_images(1))
+    a = explain(model, x, method="cp_lrp", target=0)
+    with torch.no_grad():
+        model.logit_bias.fill_(3.0)
+    b = explain(model, x, method="cp_lrp", target=0)
+    assert (b.logits[0, 0] - a.logits[0, 0] - 5.5).abs() <= 1e-12
+    assert torch.allclose(a.scores, b.scores, rtol=1e-10, atol=1e-14)
+
+
+def test_similarity_text_side_is_refused():
+    from lrp_core.errors import InputError
+    with pytest.raises(InputError, match="image only"):
+        explain(_siglip_model(), dict(_pair(_images(1).float()), explain="text"))
+
+
+# ---------------------------------------------------------------- refused SigLIP models say why
 
 def _siglip_vision_model():
     from transformers import SiglipVisionConfig, SiglipVisionModel
@@ -124,9 +219,8 @@ def _siglip2_classifier():
 
 
 @pytest.mark.parametrize("build,words", [
-    (_siglip_model, ("SiglipModel", "attention-pooling head", "logit_bias", "SiglipForImageClassification")),
     (_siglip_vision_model, ("no prediction", "SiglipForImageClassification")),
-    (_siglip2_classifier, ("NaFlex", "spatial_shapes", "SiglipForImageClassification")),
+    (_siglip2_classifier, ("NaFlex", "spatial_shapes", "SiglipForImageClassification", "SiglipModel")),
 ])
 def test_refused_siglip_models_say_why(build, words):
     model = build()
