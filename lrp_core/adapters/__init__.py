@@ -139,11 +139,14 @@ def _siglip_model(model):
     return SiglipImageAdapter(model)
 
 
+#: the SigLIP / SigLIP 2 classes :data:`ADAPTERS` names
+SIGLIP_CLASSES = ("SiglipForImageClassification", "Siglip2ForImageClassification", "SiglipModel", "Siglip2Model")
+
+
 def _is_other_siglip(model: nn.Module) -> bool:
-    """A SigLIP / SigLIP 2 model other than ``SiglipForImageClassification`` and ``SiglipModel`` (which
-    :data:`ADAPTERS` names)."""
+    """A SigLIP / SigLIP 2 model other than the :data:`SIGLIP_CLASSES`: a tower alone."""
     return _hf_type("siglip", "siglip2", "siglip_vision_model", "siglip2_vision_model", "siglip_text_model",
-                    "siglip2_text_model")(model) and not _named("SiglipForImageClassification", "SiglipModel")(model)
+                    "siglip2_text_model")(model) and not _named(*SIGLIP_CLASSES)(model)
 
 
 def _timm_vit(model):
@@ -246,12 +249,10 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "attention-logit and final-logit soft-capping (cap · tanh(x / cap) on the attention scores and on the "
      "logits) is replayed for Gemma2ForCausalLM / Gemma2ForSequenceClassification only; this model's other parts are "
      "not described. Use Gemma 2 (Gemma2ForCausalLM), Gemma 3 or another dense decoder"),
-    ("SigLIP 2 and the SigLIP towers alone", _is_other_siglip,
-     "SigLIP 2 (Siglip2Model, Siglip2ForImageClassification) embeds patchified pixels with a Linear at a grid of "
-     "its own per image, padded to one length (NaFlex: pixel_attention_mask, spatial_shapes), which the image "
-     "replay (a patch convolution on a (B, 3, H, W) batch, one grid for all images) does not describe; "
-     "SiglipVisionModel and SiglipTextModel have no prediction to explain. Use SiglipForImageClassification "
-     "(mean of the tokens and a Linear classifier) or SiglipModel (image–text sigmoid similarity)"),
+    ("SigLIP / SigLIP 2 towers alone", _is_other_siglip,
+     "SiglipVisionModel, Siglip2VisionModel and the text towers have no prediction to explain (no classifier, no "
+     "similarity). Use SiglipForImageClassification / Siglip2ForImageClassification (mean of the tokens and a "
+     "Linear classifier) or SiglipModel / Siglip2Model (image–text sigmoid similarity)"),
     ("BEiT / Data2Vec-vision", lambda m: _named("Beit")(m) or _hf_type("beit", "data2vec-vision")(m),
      "every block adds its own learned relative position bias (a table indexed by token offsets, one per block) "
      "to the attention scores; the block description carries no per-block score bias, so the replay would not "
@@ -272,10 +273,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), _hf_deit),
     ("Hugging Face Dinov2ForImageClassification ([CLS] and mean of the patch tokens)",
      _named("Dinov2ForImageClassification"), _hf_dinov2),
-    ("Hugging Face SiglipForImageClassification (SigLIP vision tower: no class token, mean of all tokens)",
-     _named("SiglipForImageClassification"), _siglip),
-    ("Hugging Face SiglipModel (image–text sigmoid similarity explained on the image: attention-pooling head, "
-     "logit_scale.exp() · cos + logit_bias; target = a prompt)", _named("SiglipModel"), _siglip_model),
+    ("Hugging Face SiglipForImageClassification / Siglip2ForImageClassification (no class token, mean of all "
+     "tokens; SigLIP 2: one patch grid per call)", _named("SiglipForImageClassification",
+                                                          "Siglip2ForImageClassification"), _siglip),
+    ("Hugging Face SiglipModel / Siglip2Model (image–text sigmoid similarity explained on the image: "
+     "attention-pooling head, logit_scale.exp() · cos + logit_bias; target = a prompt)",
+     _named("SiglipModel", "Siglip2Model"), _siglip_model),
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip,
      _clip),
     ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",

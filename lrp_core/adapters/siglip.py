@@ -48,31 +48,111 @@ from .records import EmbeddingRecord, ReadoutRecord, Trace
 from .vit import ViTAdapter, hf_linear_head
 
 
+def is_siglip2_tower(vision_model: nn.Module) -> bool:
+    """Whether the tower is SigLIP 2's: a Linear patch embedding on patchified pixels, positions resized per image."""
+    emb = getattr(vision_model, "embeddings", None)
+    return is_linear(getattr(emb, "patch_embedding", None)) and hasattr(emb, "resize_positional_embeddings")
+
+
 def check_siglip_tower(vision_model: nn.Module, name: str) -> None:
     """Refuse a SigLIP vision tower whose parts the replay does not describe.
 
     Parameters
     ----------
     vision_model : nn.Module
-        A ``SiglipVisionModel`` (or a module with its layout: ``embeddings.patch_embedding`` a Conv2d,
-        ``encoder.layers`` of pre-LN layers, ``post_layernorm``).
+        A ``SiglipVisionModel`` or ``Siglip2VisionModel`` (``embeddings.patch_embedding`` a Conv2d, or SigLIP 2's
+        Linear with ``resize_positional_embeddings``; ``encoder.layers`` of pre-LN layers; ``post_layernorm``).
     name : str
         The user's model class, for the message.
 
     Raises
     ------
     UnsupportedModelError
-        Where the patch embedding is not a Conv2d or a layer's projections are not Linear layers.
+        Where the patch embedding is neither, or a layer's projections are not Linear layers.
     """
     emb = getattr(vision_model, "embeddings", None)
-    if not isinstance(getattr(emb, "patch_embedding", None), nn.Conv2d):
-        raise UnsupportedModelError(f"{name}: the vision tower's patch embedding is not a Conv2d (a SigLIP 2 "
-                                    "NaFlex tower embeds patchified pixels with a Linear; it is not described)")
+    if not (isinstance(getattr(emb, "patch_embedding", None), nn.Conv2d) or is_siglip2_tower(vision_model)):
+        raise UnsupportedModelError(f"{name}: the vision tower's patch embedding is neither a Conv2d (SigLIP) nor "
+                                    "SigLIP 2's Linear on patchified pixels")
     for i, layer in enumerate(vision_model.encoder.layers):
         att = layer.self_attn
         parts = (att.q_proj, att.k_proj, att.v_proj, att.out_proj, layer.mlp.fc1, layer.mlp.fc2)
         if not all(is_linear(p) for p in parts):
             raise UnsupportedModelError(f"{name}: layer {i}'s projections are not all Linear layers")
+
+
+class PatchLinearConv(nn.Module):
+    """SigLIP 2's patch Linear (on patch vectors laid out ``(row in patch, column in patch, channel)``, as its
+    image processor patchifies) read as the Conv2d it equals on ``(B, C, H, W)`` images: kernel = stride = p,
+    weight ``W.reshape(D, p, p, C).permute(0, 3, 1, 2)`` (a view of the model's weight, read at every call; the
+    module owns no parameters). The zᴮ rule and the replay see an ordinary patch convolution."""
+
+    def __init__(self, linear: nn.Module, patch_size: int, channels: int):
+        super().__init__()
+        object.__setattr__(self, "linear", linear)  # not a child module: no parameters of its own
+        self.kernel_size = self.stride = (int(patch_size), int(patch_size))
+        self.padding = (0, 0)
+        self.in_channels, self.out_channels = int(channels), int(linear.weight.shape[0])
+
+    @property
+    def weight(self) -> Tensor:
+        """(D, C, p, p): the Linear's weight as convolution kernels."""
+        p, C = self.kernel_size[0], self.in_channels
+        return self.linear.weight.reshape(self.out_channels, p, p, C).permute(0, 3, 1, 2)
+
+    @property
+    def bias(self) -> Optional[Tensor]:
+        return self.linear.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, C, H, W) -> (B, D, H/p, W/p)."""
+        return torch.nn.functional.conv2d(x, self.weight, self.bias, stride=self.stride)
+
+
+def siglip_patch_conv(vision_model: nn.Module) -> nn.Module:
+    """The tower's patch embedding as a convolution on ``(B, C, H, W)``: SigLIP's Conv2d itself, SigLIP 2's Linear
+    as :class:`PatchLinearConv`."""
+    emb = vision_model.embeddings
+    if not is_siglip2_tower(vision_model):
+        return emb.patch_embedding
+    return PatchLinearConv(emb.patch_embedding, emb.patch_size, vision_model.config.num_channels)
+
+
+def patches_to_images(pixels: Tensor, spatial_shapes: Tensor, mask: Optional[Tensor], patch_size: int,
+                      channels: int) -> Tensor:
+    """SigLIP 2's processor output → images: patch vectors ``(B, P_max, p·p·C)`` of one grid ``(h, w)`` for the whole
+    batch, the first ``h·w`` of each row real (``pixel_attention_mask`` 1), the rest padding → ``(B, C, h·p, w·p)``.
+
+    The padding is dropped: the model masks it out of every attention (its keys get the dtype's minimum, so their
+    weights are exactly 0) and out of the mean, so the images alone give the same logits.
+
+    Raises
+    ------
+    InputError
+        For images of different grids in one batch, a mask that is not 1 on the first ``h·w`` patches and 0 after, or
+        shapes that do not fit.
+    """
+    if pixels.dim() != 3 or spatial_shapes.shape != (pixels.shape[0], 2):
+        raise InputError(f"SigLIP 2's inputs: pixel_values (B, P, {channels}·p·p) and spatial_shapes (B, 2); got "
+                         f"{tuple(pixels.shape)} and {tuple(spatial_shapes.shape)}")
+    shapes = spatial_shapes.long()
+    if not (shapes == shapes[:1]).all():
+        raise InputError(f"the images of one call must share one patch grid; spatial_shapes has "
+                         f"{sorted({tuple(t) for t in shapes.tolist()})}: explain each grid in a call of its own "
+                         "(images of one size, or the processor called per image)")
+    h, w = (int(v) for v in shapes[0])
+    B, P, F = pixels.shape
+    p, C = int(patch_size), int(channels)
+    if F != p * p * C or h * w > P or h < 1 or w < 1:
+        raise InputError(f"pixel_values {tuple(pixels.shape)} does not hold a {h}×{w} grid of {p}×{p}×{C} patches")
+    if mask is not None:
+        expected = torch.zeros(B, P, dtype=torch.long, device=mask.device)
+        expected[:, :h * w] = 1
+        if not torch.equal(mask.long(), expected):
+            raise InputError("pixel_attention_mask must be 1 on the first h·w patches of every image (its grid, "
+                             "spatial_shapes) and 0 on the padding after them")
+    grid = pixels[:, :h * w].reshape(B, h, w, p, p, C)
+    return grid.permute(0, 5, 1, 3, 2, 4).reshape(B, C, h * p, w * p)
 
 
 def _eager(vision_model: nn.Module) -> bool:
@@ -119,17 +199,19 @@ def siglip_block(layer: nn.Module, vision_model: nn.Module) -> BlockSpec:
 
 def siglip_patch_size(vision_model: nn.Module) -> tuple:
     """``(ph, pw)``: the patch convolution's stride (its kernel size)."""
-    ps = vision_model.embeddings.patch_embedding.kernel_size
+    ps = siglip_patch_conv(vision_model).kernel_size
     return (ps, ps) if isinstance(ps, int) else tuple(ps)
 
 
-def siglip_embed(vision_model: nn.Module, images: Tensor, r: Replay = NO_RECORD,
-                 track: bool = False) -> EmbeddingRecord:
+def siglip_embed(vision_model: nn.Module, images: Tensor, r: Replay = NO_RECORD, track: bool = False,
+                 conv: Optional[nn.Module] = None) -> EmbeddingRecord:
     """The tower's input layer: patch convolution, then the position embedding added (no prefix token, no norm).
 
-    The position embedding is the model's own ``interpolate_pos_encoding`` for the image size: the stored
+    SigLIP: the position embedding is the model's own ``interpolate_pos_encoding`` for the image size: the stored
     embedding at the trained square size, Hugging Face's bicubic resampling of the grid elsewhere — what the
-    model computes with ``interpolate_pos_encoding=True`` (and, at the trained size, without it).
+    model computes with ``interpolate_pos_encoding=True`` (and, at the trained size, without it). SigLIP 2: the
+    patch Linear as a convolution (:class:`PatchLinearConv`) and the model's own ``resize_positional_embeddings``
+    to the image's grid (what it computes for these images patchified, without padding).
 
     Parameters
     ----------
@@ -141,6 +223,9 @@ def siglip_embed(vision_model: nn.Module, images: Tensor, r: Replay = NO_RECORD,
         Runs (and records) each operation through its rule; :data:`NO_RECORD` computes plainly.
     track : bool
         Make ``images`` a leaf that requires gradients (input-space relevance of the modified-gradient methods).
+    conv : nn.Module, optional
+        The patch convolution to run (default :func:`siglip_patch_conv`); pass the one the relevance pass will
+        name, so that a composite's first-layer rule finds the same module.
 
     Returns
     -------
@@ -148,18 +233,25 @@ def siglip_embed(vision_model: nn.Module, images: Tensor, r: Replay = NO_RECORD,
         ``x0 = x_pos`` ``(B, P, D)``; ``embeds = tokens = patches`` the convolution's output as tokens.
     """
     emb = vision_model.embeddings
-    conv = emb.patch_embedding
+    conv = siglip_patch_conv(vision_model) if conv is None else conv
     if track:
         images = images.detach().requires_grad_(True)
     H, W = images.shape[-2:]
     patches = r.module(PATCH_CONV, conv, images.to(conv.weight.dtype)).flatten(2).transpose(1, 2)  # (B, P, D)
-    pos = emb.interpolate_pos_encoding(patches, H, W)  # (1, P, D)
+    if is_siglip2_tower(vision_model):
+        side = emb.position_embedding_size
+        h, w = H // conv.stride[0], W // conv.stride[1]
+        shapes = torch.tensor([[h, w]] * images.shape[0], device=images.device)
+        pos = emb.resize_positional_embeddings(emb.position_embedding.weight.reshape(side, side, -1), shapes,
+                                               max_length=h * w)  # (B, P, D)
+    else:
+        pos = emb.interpolate_pos_encoding(patches, H, W)  # (1, P, D)
     x_pos = r(POS_ADD, torch.add, patches, pos)
     return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=patches, x_pos=x_pos, images=images, patches=patches)
 
 
-def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Tensor,
-                           prop: Propagation) -> tuple[Tensor, Tensor]:
+def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Tensor, prop: Propagation,
+                           conv: Optional[nn.Module] = None) -> tuple[Tensor, Tensor]:
     """Relevance of block 0's input → the patches and the pixels: the position add (the patches' share), then
     the zᴮ rule on the patch convolution (docs/METHODS.md §1.13).
 
@@ -173,6 +265,8 @@ def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Te
         The relevance of block 0's input ``(B, P, D)``.
     prop : Propagation
         The composite's rules.
+    conv : nn.Module, optional
+        The patch convolution :func:`siglip_embed` ran (default :func:`siglip_patch_conv`).
 
     Returns
     -------
@@ -184,7 +278,8 @@ def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Te
     B, _, H, W = emb.images.shape
     # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
     R_map = R_patch.contiguous().transpose(1, 2).reshape(B, -1, H // ph, W // pw)
-    (R_px,) = prop(PATCH_CONV, (emb.images,), R_map, module=vision_model.embeddings.patch_embedding)
+    conv = siglip_patch_conv(vision_model) if conv is None else conv
+    (R_px,) = prop(PATCH_CONV, (emb.images,), R_map, module=conv)
     pixels = R_px.sum(dim=1)  # (B, H, W)
     scores = pixels.reshape(B, H // ph, ph, W // pw, pw).sum(dim=(2, 4)).reshape(B, -1)
     return scores, pixels
@@ -198,7 +293,7 @@ class _SiglipTowerAdapter(ViTAdapter):
         vision = model.vision_model
         check_siglip_tower(vision, type(model).__name__)
         self.vision = vision
-        self.patch_conv = vision.embeddings.patch_embedding
+        self.patch_conv = siglip_patch_conv(vision)
         self.patch_size = siglip_patch_size(vision)
         self.image_size = None  # the position grid is interpolated: any multiple of the patch size
         self.num_prefix_tokens = 0
@@ -208,12 +303,31 @@ class _SiglipTowerAdapter(ViTAdapter):
         return siglip_block(layer, self.vision)
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        return siglip_embed(self.vision, prepared["images"], r, track)
+        return siglip_embed(self.vision, prepared["images"], r, track, conv=self.patch_conv)
 
     def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
                         prepared: dict) -> tuple[Tensor, Tensor]:
         """Block-0 input relevance → patch scores (B, P) and pixels (B, H, W) (:func:`siglip_input_relevance`)."""
-        return siglip_input_relevance(self.vision, trace.embedding, R0, prop)
+        return siglip_input_relevance(self.vision, trace.embedding, R0, prop, conv=self.patch_conv)
+
+    def images(self, inputs) -> Tensor:
+        """The images of the inputs (validated by :meth:`ViTAdapter.check_inputs`): a tensor (B, C, H, W) as
+        given, or a processor's dict: its ``pixel_values``; SigLIP 2's patch vectors (B, P, p·p·C) are laid back on
+        their grid (``spatial_shapes``, one per call; the padding of ``pixel_attention_mask`` dropped:
+        :func:`patches_to_images`)."""
+        if not isinstance(inputs, Mapping):
+            return inputs
+        if "pixel_values" not in inputs:
+            raise InputError(f"{type(self.model).__name__}: the inputs dict has no 'pixel_values'")
+        value = pixel_values(inputs["pixel_values"])
+        if is_siglip2_tower(self.vision) and value.dim() == 3:
+            if inputs.get("spatial_shapes") is None:
+                raise InputError("SigLIP 2's patch vectors (B, P, p·p·C) need their grid: pass the processor's "
+                                 "'spatial_shapes' (and 'pixel_attention_mask') with them")
+            value = patches_to_images(value, torch.as_tensor(inputs["spatial_shapes"]),
+                                      inputs.get("pixel_attention_mask"), self.patch_size[0],
+                                      self.patch_conv.in_channels)
+        return value
 
 
 class HFSiglipAdapter(_SiglipTowerAdapter):
@@ -226,6 +340,10 @@ class HFSiglipAdapter(_SiglipTowerAdapter):
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.readout = self._readout(model)
+
+    def check_inputs(self, inputs) -> dict:
+        """Images (B, 3, H, W), or the processor's dict (:meth:`images`); ``prepared``: ``images``."""
+        return super().check_inputs(self.images(inputs))
 
     def _readout(self, model: nn.Module) -> Readout:
         """post_layernorm → the mean of every token → classifier (HF ``torch.mean(..., dim=1)``)."""
@@ -468,7 +586,7 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
                 "processor's output, a dict with 'pixel_values' (B, 3, H, W) and the prompts' 'input_ids' (P, T), "
                 "e.g. processor(text=['a dog', 'a cat'], images=img, padding='max_length', return_tensors='pt'); "
                 f"got {type(inputs).__name__}")
-        prepared = super().check_inputs(pixel_values(inputs["pixel_values"]))
+        prepared = super().check_inputs(self.images(inputs))
         ids, mask = _prompts(inputs)
         dtype = prepared["images"].dtype
         with torch.no_grad(), compute_precision(self.model), eval_semantics(self.model):
@@ -480,5 +598,6 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
         return prepared
 
 
-__all__ = ["AttentionPoolReadout", "HFSiglipAdapter", "InProjection", "PoolRecord", "SiglipImageAdapter", "check_siglip_tower", "siglip_embed", "siglip_block", "siglip_input_relevance",
+__all__ = ["AttentionPoolReadout", "HFSiglipAdapter", "InProjection", "PatchLinearConv", "PoolRecord",
+           "SiglipImageAdapter", "is_siglip2_tower", "patches_to_images", "siglip_patch_conv", "check_siglip_tower", "siglip_embed", "siglip_block", "siglip_input_relevance",
            "siglip_patch_size", "siglip_vision_blocks"]

@@ -205,6 +205,89 @@ def test_similarity_text_side_is_refused():
         explain(_siglip_model(), dict(_pair(_images(1).float()), explain="text"))
 
 
+# ---------------------------------------------------------------- SigLIP 2: patch vectors, per-image grids
+VISION2 = dict(patch_size=8, num_patches=16, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+               intermediate_size=96, layer_norm_eps=1e-6)
+
+
+def _siglip2(cls: str = "Siglip2ForImageClassification", attn: str = "sdpa", seed: int = 0):
+    import transformers
+    from conftest import _perturb_norms
+    torch.manual_seed(seed)
+    extra = dict(text_config=TEXT) if cls == "Siglip2Model" else dict(num_labels=4)
+    model = getattr(transformers, cls)._from_config(transformers.Siglip2Config(vision_config=VISION2, **extra),
+                                                    attn_implementation=attn).eval()
+    _perturb_norms(model, seed)
+    return model
+
+
+def _patchified(images: torch.Tensor, length: int) -> dict:
+    """What SigLIP 2's processor gives for these images: transformers' own patchify, padded to ``length``."""
+    from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
+    rows = torch.stack([convert_image_to_patches(im, 8) for im in images])  # (B, h·w, 8·8·3)
+    B, P, F = rows.shape
+    values = torch.zeros(B, length, F, dtype=images.dtype)
+    values[:, :P] = rows
+    mask = torch.zeros(B, length, dtype=torch.long)
+    mask[:, :P] = 1
+    grid = torch.tensor([[images.shape[2] // 8, images.shape[3] // 8]] * B)
+    return {"pixel_values": values, "pixel_attention_mask": mask, "spatial_shapes": grid}
+
+
+@pytest.mark.parametrize("size,length", [((32, 32), 16), ((24, 40), 20), ((16, 48), 16)])
+def test_siglip2_replay_equals_the_model_on_its_patch_vectors(size, length):
+    """The patch Linear read as a convolution on the image and the positions resized by the model's own function:
+    the logits of the processor's padded patch vectors, from the image tensor or from the processor's dict."""
+    model = _siglip2().double()
+    x = _images(2, size)
+    inputs = _patchified(x, length)
+    with torch.no_grad():
+        ref = model(**inputs).logits
+    for method in ("raw_attention", "attnlrp", "lrp"):
+        from_images, from_patches = explain(model, x, method=method), explain(model, inputs, method=method)
+        assert (from_images.logits - ref).abs().max() <= 1e-10, method
+        assert torch.equal(from_images.scores, from_patches.scores), method
+        assert from_images.pixels is None or from_images.pixels.shape == (2, *size)
+
+
+def test_siglip2_eager_padding_changes_only_the_models_float32_softmax_rounding():
+    """Eager attention rounds its softmax to float32, over the padded row: the model's own logits move by ~1e-8 with
+    the padding. The replay (padding dropped) equals the model on the unpadded patches exactly."""
+    model = _siglip2(attn="eager").double()
+    x = _images(2, (24, 40))
+    with torch.no_grad():
+        padded, unpadded = model(**_patchified(x, 20)).logits, model(**_patchified(x, 15)).logits
+    logits = explain(model, _patchified(x, 20), method="raw_attention").logits
+    assert (logits - unpadded).abs().max() <= 1e-10
+    assert (logits - padded).abs().max() <= 1e-7 * padded.abs().max()
+
+
+def test_siglip2_inputs_that_do_not_lie_on_one_grid_are_refused():
+    from lrp_core.errors import InputError
+    model = _siglip2()
+    inputs = _patchified(_images(2).float(), 20)
+    mixed = dict(inputs, spatial_shapes=torch.tensor([[4, 4], [2, 8]]))
+    with pytest.raises(InputError, match="one patch grid"):
+        explain(model, mixed)
+    holes = dict(inputs, pixel_attention_mask=inputs["pixel_attention_mask"].clone())
+    holes["pixel_attention_mask"][0, 3] = 0
+    with pytest.raises(InputError, match="pixel_attention_mask"):
+        explain(model, holes)
+    with pytest.raises(InputError, match="spatial_shapes"):
+        explain(model, {"pixel_values": inputs["pixel_values"]})
+
+
+def test_siglip2_similarity_every_method_equals_the_model():
+    model = _siglip2("Siglip2Model").double()
+    x = dict(_patchified(_images(2, (24, 40)), 20), input_ids=_pair(None)["input_ids"])
+    with torch.no_grad():
+        ref = model(**x).logits_per_image
+    for method in METHODS:
+        exp = explain(model, x, method=method, target=[0, 2])
+        assert (exp.logits - ref).abs().max() <= 1e-10, method
+        assert exp.scores.shape == (2, 15) and torch.isfinite(exp.scores).all(), method
+
+
 # ---------------------------------------------------------------- refused SigLIP models say why
 
 def _siglip_vision_model():
@@ -212,15 +295,14 @@ def _siglip_vision_model():
     return SiglipVisionModel(SiglipVisionConfig(**VISION)).eval()
 
 
-def _siglip2_classifier():
-    from transformers import Siglip2Config, Siglip2ForImageClassification
-    return Siglip2ForImageClassification(Siglip2Config(vision_config=dict(VISION, num_patches=16),
-                                                       num_labels=3)).eval()
+def _siglip2_vision_model():
+    from transformers import Siglip2VisionConfig, Siglip2VisionModel
+    return Siglip2VisionModel(Siglip2VisionConfig(**VISION2)).eval()
 
 
 @pytest.mark.parametrize("build,words", [
-    (_siglip_vision_model, ("no prediction", "SiglipForImageClassification")),
-    (_siglip2_classifier, ("NaFlex", "spatial_shapes", "SiglipForImageClassification", "SiglipModel")),
+    (_siglip_vision_model, ("no prediction", "SiglipForImageClassification", "SiglipModel")),
+    (_siglip2_vision_model, ("no prediction", "Siglip2ForImageClassification", "Siglip2Model")),
 ])
 def test_refused_siglip_models_say_why(build, words):
     model = build()

@@ -63,6 +63,18 @@ def hf_siglip(seed: int = 0, attn: str = "sdpa", **kw):
     return model
 
 
+def hf_siglip2(seed: int = 0):
+    """A tiny ``Siglip2ForImageClassification`` on (B, 3, H, W) images (its patch Linear read as a convolution)."""
+    import transformers
+    torch.manual_seed(seed)
+    vision = {k: CFG[k] for k in ("patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                  "intermediate_size", "layer_norm_eps")}
+    config = transformers.Siglip2Config(vision_config={**vision, "num_patches": 16}, num_labels=CFG["num_labels"])
+    model = transformers.Siglip2ForImageClassification._from_config(config, attn_implementation="sdpa").eval()
+    _perturb_norms(model, seed)
+    return model
+
+
 FAMILIES = {
     "timm_avg": lambda: make_tiny_vit(global_pool="avg"),  # fc_norm after the mean
     "timm_avg_no_class_token": lambda: make_tiny_vit(global_pool="avg", class_token=False),
@@ -72,11 +84,13 @@ FAMILIES = {
     "hf_deit_teacher": lambda: _hf("DeiTForImageClassificationWithTeacher", "DeiTConfig"),
     "hf_dinov2": hf_dinov2,
     "hf_siglip": hf_siglip,
+    "hf_siglip2": hf_siglip2,
 }
 
 #: the tokens the classifier reads directly, per family
 READOUT_TOKENS = {"timm_avg": (), "timm_avg_no_class_token": (), "timm_avg_registers": (), "timm_distilled": (0, 1),
-                  "hf_deit": (0,), "hf_deit_teacher": (0, 1), "hf_dinov2": (0,), "hf_siglip": ()}
+                  "hf_deit": (0,), "hf_deit_teacher": (0, 1), "hf_dinov2": (0,), "hf_siglip": (),
+                  "hf_siglip2": ()}
 
 
 def _logits(model, x):
