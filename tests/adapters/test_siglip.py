@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_api import _assert_same, _state
-from test_vision_families import hf_siglip
+from test_vision_families import hf_siglip, siglip2_patches
 
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
@@ -222,16 +222,7 @@ def _siglip2(cls: str = "Siglip2ForImageClassification", attn: str = "sdpa", see
 
 
 def _patchified(images: torch.Tensor, length: int) -> dict:
-    """What SigLIP 2's processor gives for these images: transformers' own patchify, padded to ``length``."""
-    from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
-    rows = torch.stack([convert_image_to_patches(im, 8) for im in images])  # (B, h·w, 8·8·3)
-    B, P, F = rows.shape
-    values = torch.zeros(B, length, F, dtype=images.dtype)
-    values[:, :P] = rows
-    mask = torch.zeros(B, length, dtype=torch.long)
-    mask[:, :P] = 1
-    grid = torch.tensor([[images.shape[2] // 8, images.shape[3] // 8]] * B)
-    return {"pixel_values": values, "pixel_attention_mask": mask, "spatial_shapes": grid}
+    return siglip2_patches(images, length)
 
 
 @pytest.mark.parametrize("size,length", [((32, 32), 16), ((24, 40), 20), ((16, 48), 16)])

@@ -93,9 +93,22 @@ READOUT_TOKENS = {"timm_avg": (), "timm_avg_no_class_token": (), "timm_avg_regis
                   "hf_siglip2": ()}
 
 
+def siglip2_patches(images: torch.Tensor, length: int = 0, patch: int = 8) -> dict:
+    """What SigLIP 2's processor gives for these images: transformers' own patchify, padded to ``length`` patches."""
+    from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
+    rows = torch.stack([convert_image_to_patches(im, patch) for im in images])  # (B, h·w, p·p·3)
+    B, P, F = rows.shape
+    values = torch.zeros(B, max(length, P), F, dtype=images.dtype)
+    values[:, :P] = rows
+    mask = torch.zeros(B, max(length, P), dtype=torch.long)
+    mask[:, :P] = 1
+    grid = torch.tensor([[images.shape[2] // patch, images.shape[3] // patch]] * B)
+    return {"pixel_values": values, "pixel_attention_mask": mask, "spatial_shapes": grid}
+
+
 def _logits(model, x):
-    with torch.no_grad():
-        out = model(x)
+    with torch.no_grad():  # SigLIP 2 takes its processor's patch vectors
+        out = model(**siglip2_patches(x)) if type(model).__name__ == "Siglip2ForImageClassification" else model(x)
     return getattr(out, "logits", out)
 
 
