@@ -1,28 +1,39 @@
-"""SigLIP (Hugging Face ``SiglipForImageClassification``) and the SigLIP vision tower as reusable pieces.
+"""SigLIP / SigLIP 2 (Hugging Face) image classifiers and similarity models, and the vision tower as reusable pieces.
 
 The SigLIP vision tower (``SiglipVisionModel``, the image encoder of PaliGemma, Gemma 3, LLaVA-OneVision and
-other vision-language models) is a ViT without a class token: every token is a patch. Its input layer is a
-patch convolution plus a learned position embedding (no pre-norm); its blocks are CLIP's pre-LN blocks
-(``layer_norm1`` → attention → residual, ``layer_norm2`` → two-layer MLP → residual); ``post_layernorm``
-follows the last block. ``SiglipForImageClassification`` reads the mean of all tokens after
-``post_layernorm`` with one Linear (:class:`~lrp_core.adapters.readouts.MeanReadout` from token 0;
-docs/METHODS.md §4.5). The attention-pooling head (``vision_model.head``, present when
-``vision_use_head``) is computed by the model but not read by the classifier, so the replay leaves it out.
+other vision-language models; ``Siglip2VisionModel`` alike) is a ViT without a class token: every token is a
+patch. Its input layer is a patch embedding plus a learned position embedding (no pre-norm); its blocks are
+CLIP's pre-LN blocks (``layer_norm1`` → attention → residual, ``layer_norm2`` → two-layer MLP → residual);
+``post_layernorm`` follows the last block. docs/METHODS.md §2m.
 
-Reusable pieces, for an adapter whose vision tower is a ``SiglipVisionModel`` (``vision_model`` below is that
-module: ``embeddings``, ``encoder.layers``, ``post_layernorm``, ``config``):
+* ``SiglipForImageClassification`` / ``Siglip2ForImageClassification`` (:class:`HFSiglipAdapter`): the mean of
+  all tokens after ``post_layernorm``, one Linear (:class:`~lrp_core.adapters.readouts.MeanReadout` from token
+  0). The tower's attention-pooling head, if present, is computed by the model but not read by the classifier.
+* ``SiglipModel`` / ``Siglip2Model`` (:class:`SiglipImageAdapter`): the image side of the sigmoid similarity
+  ``logit_scale.exp() · cos + logit_bias``, the image pooled by the attention-pooling head
+  (:class:`AttentionPoolReadout`); a target is a prompt.
+* SigLIP 2 takes its processor's patch vectors ``(B, P, p·p·C)``; the replay lays them back on their grid
+  (:func:`patches_to_images`: one grid per call, padding dropped) and reads the patch Linear as the convolution it
+  equals (:class:`PatchLinearConv`), so SigLIP 2 is explained on ``(B, C, H, W)`` images like SigLIP.
+
+Reusable pieces, for an adapter whose vision tower is a ``SiglipVisionModel`` or ``Siglip2VisionModel``
+(``vision_model`` below: ``embeddings``, ``encoder.layers``, ``post_layernorm``, ``config``):
 
 * :func:`siglip_vision_blocks` ``(vision_model) -> list[BlockSpec]``: one pre-LN description per encoder
-  layer, input first (truncate the list for a feature read at an earlier layer).
-* :func:`siglip_embed` ``(vision_model, images, r=NO_RECORD, track=False) -> EmbeddingRecord``: images
-  ``(B, C, H, W)`` (H, W multiples of the patch size) → block 0's input ``(B, P, D)``, with the model's own
-  ``interpolate_pos_encoding`` (the stored grid itself at the trained size, bicubic resampling elsewhere).
-* :func:`siglip_input_relevance` ``(vision_model, emb, R0, prop) -> (scores (B, P), pixels (B, H, W))``: block
-  0's input relevance through the position add and the patch convolution (zᴮ) to the pixels.
-* :func:`siglip_patch_size` ``(vision_model) -> (ph, pw)``.
+  layer, input first (truncate the list for a feature read at an earlier layer; ``post_layernorm`` is not a
+  block: a readout's norm).
+* :func:`siglip_embed` ``(vision_model, images, r=NO_RECORD, track=False, conv=None) -> EmbeddingRecord``:
+  images ``(B, C, H, W)`` (H, W multiples of the patch size) → block 0's input ``(B, P, D)``, positions as the
+  model computes them for that size (SigLIP: ``interpolate_pos_encoding``; SigLIP 2:
+  ``resize_positional_embeddings``).
+* :func:`siglip_input_relevance` ``(vision_model, emb, R0, prop, conv=None) -> (scores (B, P), pixels (B, H,
+  W))``: block 0's input relevance through the position add and the patch convolution (zᴮ) to the pixels.
+* :func:`siglip_patch_conv` ``(vision_model) -> nn.Module`` (the patch embedding as a convolution; pass the same
+  module as ``conv`` to both functions above), :func:`siglip_patch_size` ``(vision_model) -> (ph, pw)``,
+  :func:`is_siglip2_tower`, :func:`patches_to_images`.
 * :func:`check_siglip_tower` ``(vision_model, name)``: refuses a tower the pieces do not describe.
 
-Shapes: B batch, P = N patches (no prefix token), D width, C classes.
+Shapes: B batch, P = N patches (no prefix token), D width, C classes (or P prompts for the similarity).
 """
 from __future__ import annotations
 
@@ -49,7 +60,18 @@ from .vit import ViTAdapter, hf_linear_head
 
 
 def is_siglip2_tower(vision_model: nn.Module) -> bool:
-    """Whether the tower is SigLIP 2's: a Linear patch embedding on patchified pixels, positions resized per image."""
+    """Whether the tower is SigLIP 2's: a Linear patch embedding on patchified pixels, positions resized per image.
+
+    Parameters
+    ----------
+    vision_model : nn.Module
+        A SigLIP or SigLIP 2 vision tower.
+
+    Returns
+    -------
+    bool
+        ``True`` for SigLIP 2's layout (``patch_embedding`` a Linear, ``resize_positional_embeddings`` present).
+    """
     emb = getattr(vision_model, "embeddings", None)
     return is_linear(getattr(emb, "patch_embedding", None)) and hasattr(emb, "resize_positional_embeddings")
 
@@ -110,8 +132,18 @@ class PatchLinearConv(nn.Module):
 
 
 def siglip_patch_conv(vision_model: nn.Module) -> nn.Module:
-    """The tower's patch embedding as a convolution on ``(B, C, H, W)``: SigLIP's Conv2d itself, SigLIP 2's Linear
-    as :class:`PatchLinearConv`."""
+    """The tower's patch embedding as a convolution on ``(B, C, H, W)``.
+
+    Parameters
+    ----------
+    vision_model : nn.Module
+        A SigLIP or SigLIP 2 vision tower.
+
+    Returns
+    -------
+    nn.Module
+        SigLIP's Conv2d itself, or SigLIP 2's Linear as a :class:`PatchLinearConv` (a new view per call).
+    """
     emb = vision_model.embeddings
     if not is_siglip2_tower(vision_model):
         return emb.patch_embedding
@@ -125,6 +157,24 @@ def patches_to_images(pixels: Tensor, spatial_shapes: Tensor, mask: Optional[Ten
 
     The padding is dropped: the model masks it out of every attention (its keys get the dtype's minimum, so their
     weights are exactly 0) and out of the mean, so the images alone give the same logits.
+
+    Parameters
+    ----------
+    pixels : Tensor
+        The patch vectors ``(B, P_max, p·p·C)``, each laid out (row in patch, column in patch, channel).
+    spatial_shapes : Tensor
+        ``(B, 2)`` each image's grid ``(h, w)``; one grid for the batch.
+    mask : Tensor or None
+        ``pixel_attention_mask`` ``(B, P_max)``: 1 on the first ``h·w`` patches, 0 after (``None``: not checked).
+    patch_size : int
+        p.
+    channels : int
+        C.
+
+    Returns
+    -------
+    Tensor
+        The images ``(B, C, h·p, w·p)``.
 
     Raises
     ------
@@ -198,7 +248,18 @@ def siglip_block(layer: nn.Module, vision_model: nn.Module) -> BlockSpec:
 
 
 def siglip_patch_size(vision_model: nn.Module) -> tuple:
-    """``(ph, pw)``: the patch convolution's stride (its kernel size)."""
+    """The patch size.
+
+    Parameters
+    ----------
+    vision_model : nn.Module
+        A SigLIP or SigLIP 2 vision tower.
+
+    Returns
+    -------
+    tuple of int
+        ``(ph, pw)``: the patch convolution's stride (its kernel size).
+    """
     ps = siglip_patch_conv(vision_model).kernel_size
     return (ps, ps) if isinstance(ps, int) else tuple(ps)
 
@@ -599,5 +660,6 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
 
 
 __all__ = ["AttentionPoolReadout", "HFSiglipAdapter", "InProjection", "PatchLinearConv", "PoolRecord",
-           "SiglipImageAdapter", "is_siglip2_tower", "patches_to_images", "siglip_patch_conv", "check_siglip_tower", "siglip_embed", "siglip_block", "siglip_input_relevance",
-           "siglip_patch_size", "siglip_vision_blocks"]
+           "SiglipImageAdapter", "check_siglip_tower", "is_siglip2_tower", "patches_to_images", "siglip_block",
+           "siglip_embed", "siglip_input_relevance", "siglip_patch_conv", "siglip_patch_size",
+           "siglip_vision_blocks"]
