@@ -185,6 +185,25 @@ def test_similarity_cp_lrp_conserves_through_the_pooling_head_without_additive_c
     assert ((c.pixels - c.output).abs() < tol).all()
 
 
+def test_pooling_heads_explicit_pass_keeps_three_quarters_the_probe_query_absorbs_the_rest():
+    """Chefer's rules through the pooling head of a bias-free model, by hand: every Linear, Add, Clone and identity
+    conserves; A·V halves (A and v a half each), the softmax passes A's half to q·kᵀ, which halves again — and q
+    is the probe's, a constant. So the final hidden states hold ½ (v) + ¼ (k) = ¾ of the logit."""
+    from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Propagation
+    model = _without_additive_constants(_siglip_model(seed=3)).double()
+    with torch.no_grad():
+        model.logit_bias.zero_()
+    a = get_adapter(model)
+    prepared = a.check_inputs(_pair(_images(2)))
+    trace = a.forward(prepared)
+    R_out = torch.zeros_like(trace.logits)
+    R_out[:, 1] = trace.logits[:, 1]
+    R = trace.readout.relprop(trace.readout_record, R_out, Propagation(TRANSFORMER_ATTRIBUTION))
+    assert R.shape == trace.readout_record.hidden.shape
+    kept = R.sum(dim=(1, 2)) / trace.logits[:, 1]
+    assert torch.allclose(kept, torch.full_like(kept, 0.75), rtol=0, atol=1e-8)
+
+
 def test_similarity_bias_is_absorbed_not_spread():
     """``logit_bias`` shifts every logit but is no evidence in the image: changing it changes the logit by exactly the
     difference and leaves CP-LRP's map as it was (the bias keeps its own term at the similarity's Linear; had it been
