@@ -25,6 +25,8 @@ from by_path import root_fixtures  # noqa: E402  (the root conftest by path: tes
 
 _perturb_norms, make_tiny_bert, make_tiny_vit = (root_fixtures()._perturb_norms, root_fixtures().make_tiny_bert,
                                                  root_fixtures().make_tiny_vit)
+from test_siglip import _pair as _siglip_pair  # noqa: E402
+from test_siglip import _siglip_model  # noqa: E402
 from test_vision_families import FAMILIES as VISION  # noqa: E402
 from text_families import make, text_batch  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402
@@ -56,6 +58,9 @@ FAMILIES = {
     "hf_vit": lambda: (_hf_vit(), _images()),
     "hf_deit_teacher": lambda: (VISION["hf_deit_teacher"](), _images()),
     "hf_dinov2": lambda: (VISION["hf_dinov2"](), _images()),
+    "hf_siglip": lambda: (VISION["hf_siglip"](), _images()),
+    "hf_siglip2": lambda: (VISION["hf_siglip2"](), _images()),
+    "siglip_image": lambda: (_siglip_model(), _siglip_pair(_images())),
     "clip_image": lambda: (make_clip(), _clip_inputs()),
     "clip_text": lambda: (make_clip(), _clip_inputs(explain="text")),
     "bert": lambda: (make_tiny_bert(), text_batch(make_tiny_bert())),

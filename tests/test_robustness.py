@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "adapters"))
 
+import test_siglip as siglip_tests  # noqa: E402
 import test_vision_families as vision  # noqa: E402
 import text_families  # noqa: E402
 from conftest import make_tiny_vit  # noqa: E402
@@ -49,12 +50,14 @@ def _clip_inputs(side: str = "image") -> dict:
 FAMILIES = {
     "timm_cls": (make_tiny_vit, _images, 5, 2),
     **{name: (vision.FAMILIES[name], _images, 5, 2) for name in
-       ("timm_avg", "timm_avg_no_class_token", "timm_distilled", "hf_deit", "hf_deit_teacher", "hf_dinov2")},
+       ("timm_avg", "timm_avg_no_class_token", "timm_distilled", "hf_deit", "hf_deit_teacher", "hf_dinov2",
+        "hf_siglip", "hf_siglip2")},
     "hf_vit": (lambda: vision._hf("ViTForImageClassification", "ViTConfig"), _images, 5, 2),
     **{name: (lambda name=name: text_families.make(name), _text, 3, 2) for name in
        ("bert", "roberta", "electra", "distilbert", "albert", "mpnet", "modernbert_mean")},
     "clip_image": (make_clip, _clip_inputs, 3, 2),  # classes: the 3 prompts; batch: the 2 images
     "clip_text": (make_clip, lambda: _clip_inputs("text"), 2, 3),  # classes: the 2 images; batch: the 3 prompts
+    "siglip_image": (lambda: siglip_tests._siglip_model(), lambda: siglip_tests._pair(_images()), 3, 2),
 }
 IMAGE_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is not _text]
 TEXT_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is _text]

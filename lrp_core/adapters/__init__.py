@@ -129,6 +129,26 @@ def _clip(model):
     return CLIPImageAdapter(model)
 
 
+def _siglip(model):
+    from .siglip import HFSiglipAdapter
+    return HFSiglipAdapter(model)
+
+
+def _siglip_model(model):
+    from .siglip import SiglipImageAdapter
+    return SiglipImageAdapter(model)
+
+
+#: the SigLIP / SigLIP 2 classes :data:`ADAPTERS` names
+SIGLIP_CLASSES = ("SiglipForImageClassification", "Siglip2ForImageClassification", "SiglipModel", "Siglip2Model")
+
+
+def _is_other_siglip(model: nn.Module) -> bool:
+    """A SigLIP / SigLIP 2 model other than the :data:`SIGLIP_CLASSES`: a tower alone."""
+    return _hf_type("siglip", "siglip2", "siglip_vision_model", "siglip2_vision_model", "siglip_text_model",
+                    "siglip2_text_model")(model) and not _named(*SIGLIP_CLASSES)(model)
+
+
 def _timm_vit(model):
     from .vit import TimmViTAdapter
     return TimmViTAdapter(model)
@@ -229,6 +249,10 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "attention-logit and final-logit soft-capping (cap · tanh(x / cap) on the attention scores and on the "
      "logits) is replayed for Gemma2ForCausalLM / Gemma2ForSequenceClassification only; this model's other parts are "
      "not described. Use Gemma 2 (Gemma2ForCausalLM), Gemma 3 or another dense decoder"),
+    ("SigLIP / SigLIP 2 towers alone", _is_other_siglip,
+     "SiglipVisionModel, Siglip2VisionModel and the text towers have no prediction to explain (no classifier, no "
+     "similarity). Use SiglipForImageClassification / Siglip2ForImageClassification (mean of the tokens and a "
+     "Linear classifier) or SiglipModel / Siglip2Model (image–text sigmoid similarity)"),
     ("BEiT / Data2Vec-vision", lambda m: _named("Beit")(m) or _hf_type("beit", "data2vec-vision")(m),
      "every block adds its own learned relative position bias (a table indexed by token offsets, one per block) "
      "to the attention scores; the block description carries no per-block score bias, so the replay would not "
@@ -249,6 +273,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), _hf_deit),
     ("Hugging Face Dinov2ForImageClassification ([CLS] and mean of the patch tokens)",
      _named("Dinov2ForImageClassification"), _hf_dinov2),
+    ("Hugging Face SiglipForImageClassification / Siglip2ForImageClassification (no class token, mean of all "
+     "tokens; SigLIP 2: one patch grid per call)", _named("SiglipForImageClassification",
+                                                          "Siglip2ForImageClassification"), _siglip),
+    ("Hugging Face SiglipModel / Siglip2Model (image–text sigmoid similarity explained on the image: "
+     "attention-pooling head, logit_scale.exp() · cos + logit_bias; target = a prompt)",
+     _named("SiglipModel", "Siglip2Model"), _siglip_model),
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip,
      _clip),
     ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",

@@ -233,7 +233,9 @@ class ZBox(ExplicitRule):
 
     def relevance(self, op, R, cache=None):
         conv = op.module
-        return (F.zbox_conv2d(op.inputs[0], conv.weight, R, stride=conv.stride, padding=conv.padding),)
+        # padding="valid" (SigLIP's patch convolution) is no padding; the transposed convolution needs numbers
+        padding = 0 if conv.padding == "valid" else conv.padding
+        return (F.zbox_conv2d(op.inputs[0], conv.weight, R, stride=conv.stride, padding=padding),)
 
 
 class Rotary(ExplicitRule):

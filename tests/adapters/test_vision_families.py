@@ -51,6 +51,30 @@ def hf_dinov2(seed: int = 0):
     return model
 
 
+def hf_siglip(seed: int = 0, attn: str = "sdpa", **kw):
+    """A tiny ``SiglipForImageClassification`` (no class token, mean of all tokens; the unread pooling head kept)."""
+    import transformers
+    torch.manual_seed(seed)
+    vision = {k: CFG[k] for k in ("image_size", "patch_size", "hidden_size", "num_hidden_layers",
+                                  "num_attention_heads", "intermediate_size", "layer_norm_eps")}
+    config = transformers.SiglipConfig(vision_config={**vision, **kw}, num_labels=CFG["num_labels"])
+    model = transformers.SiglipForImageClassification._from_config(config, attn_implementation=attn).eval()
+    _perturb_norms(model, seed)
+    return model
+
+
+def hf_siglip2(seed: int = 0):
+    """A tiny ``Siglip2ForImageClassification`` on (B, 3, H, W) images (its patch Linear read as a convolution)."""
+    import transformers
+    torch.manual_seed(seed)
+    vision = {k: CFG[k] for k in ("patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                  "intermediate_size", "layer_norm_eps")}
+    config = transformers.Siglip2Config(vision_config={**vision, "num_patches": 16}, num_labels=CFG["num_labels"])
+    model = transformers.Siglip2ForImageClassification._from_config(config, attn_implementation="sdpa").eval()
+    _perturb_norms(model, seed)
+    return model
+
+
 FAMILIES = {
     "timm_avg": lambda: make_tiny_vit(global_pool="avg"),  # fc_norm after the mean
     "timm_avg_no_class_token": lambda: make_tiny_vit(global_pool="avg", class_token=False),
@@ -59,16 +83,32 @@ FAMILIES = {
     "hf_deit": lambda: _hf("DeiTForImageClassification", "DeiTConfig"),
     "hf_deit_teacher": lambda: _hf("DeiTForImageClassificationWithTeacher", "DeiTConfig"),
     "hf_dinov2": hf_dinov2,
+    "hf_siglip": hf_siglip,
+    "hf_siglip2": hf_siglip2,
 }
 
 #: the tokens the classifier reads directly, per family
 READOUT_TOKENS = {"timm_avg": (), "timm_avg_no_class_token": (), "timm_avg_registers": (), "timm_distilled": (0, 1),
-                  "hf_deit": (0,), "hf_deit_teacher": (0, 1), "hf_dinov2": (0,)}
+                  "hf_deit": (0,), "hf_deit_teacher": (0, 1), "hf_dinov2": (0,), "hf_siglip": (),
+                  "hf_siglip2": ()}
+
+
+def siglip2_patches(images: torch.Tensor, length: int = 0, patch: int = 8) -> dict:
+    """What SigLIP 2's processor gives for these images: transformers' own patchify, padded to ``length`` patches."""
+    from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
+    rows = torch.stack([convert_image_to_patches(im, patch) for im in images])  # (B, h·w, p·p·3)
+    B, P, F = rows.shape
+    values = torch.zeros(B, max(length, P), F, dtype=images.dtype)
+    values[:, :P] = rows
+    mask = torch.zeros(B, max(length, P), dtype=torch.long)
+    mask[:, :P] = 1
+    grid = torch.tensor([[images.shape[2] // patch, images.shape[3] // patch]] * B)
+    return {"pixel_values": values, "pixel_attention_mask": mask, "spatial_shapes": grid}
 
 
 def _logits(model, x):
-    with torch.no_grad():
-        out = model(x)
+    with torch.no_grad():  # SigLIP 2 takes its processor's patch vectors
+        out = model(**siglip2_patches(x)) if type(model).__name__ == "Siglip2ForImageClassification" else model(x)
     return getattr(out, "logits", out)
 
 
@@ -237,7 +277,7 @@ def test_hf_distilled_deit_matches_timm_distilled_deit(method):
 
 
 # ---------------------------------------------------------------- relevance through the readouts
-@pytest.mark.parametrize("family", ["timm_avg", "timm_distilled", "hf_deit_teacher", "hf_dinov2"])
+@pytest.mark.parametrize("family", ["timm_avg", "timm_distilled", "hf_deit_teacher", "hf_dinov2", "hf_siglip"])
 def test_readout_relevance_is_conserved_and_every_rule_set_covers_it(family):
     from lrp_core.rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Propagation
     from lrp_core.rules.ops import POOL
