@@ -188,6 +188,9 @@ class Explanation(ResultFields):
         image_size: (H, W) of the input images, ``None`` for text.
         start_layer: first block that enters the layer product, where used.
         attention_mask: (B, T) text mask (1 = real token), ``None`` for images.
+        image_tokens: (B, h·w) a vision-language model's image: for each patch in raster order, the position of
+            the token carrying it in ``scores`` (``patch_map`` and ``upsample`` read the image tokens' scores
+            there), else ``None``.
         conservation: relevance totals block by block (AttnLRP, CP-LRP), see :class:`Conservation`.
         convergence_delta: (B,) Captum's convergence delta where it gives one (``integrated_gradients``):
             Σ attributions − (f(x) − f(baseline)), 0 for an exact integral; else ``None``.
@@ -205,6 +208,7 @@ class Explanation(ResultFields):
     image_size: Optional[tuple[int, int]] = None
     start_layer: Optional[int] = None
     attention_mask: Optional[torch.Tensor] = None
+    image_tokens: Optional[torch.Tensor] = None
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -212,11 +216,14 @@ class Explanation(ResultFields):
         return self.scores.shape[0]
 
     def patch_map(self) -> torch.Tensor:
-        """Patch scores on the patch grid: (B, h, w)."""
+        """Patch scores on the patch grid: (B, h, w) (a vision-language model: its image tokens' scores)."""
         if self.grid is None:
             raise InputError("patch_map() needs an image explanation; this one is for text")
         h, w = self.grid
-        return self.scores.reshape(self.scores.shape[0], h, w)
+        scores = self.scores
+        if self.image_tokens is not None:
+            scores = scores.gather(1, self.image_tokens.to(scores.device))
+        return scores.reshape(scores.shape[0], h, w)
 
     def upsample(self, size: Optional[tuple[int, int]] = None, mode: str = "bilinear") -> torch.Tensor:
         """Patch scores upsampled to the image size (or ``size``): (B, H, W)."""
@@ -254,7 +261,7 @@ class Explanation(ResultFields):
         per_sample = {f.name: _sample(getattr(self, f.name), i) for f in RESULT_FIELDS}
         return Explanation(method=self.method, grid=self.grid, image_size=self.image_size,
                            start_layer=self.start_layer, attention_mask=_sample(self.attention_mask, i),
-                           options=dict(self.options), **per_sample)
+                           image_tokens=_sample(self.image_tokens, i), options=dict(self.options), **per_sample)
 
     def __len__(self) -> int:
         return self.batch_size
