@@ -33,19 +33,26 @@ def _norms(model: torch.nn.Module, seed: int, bias_free: bool) -> None:
 
 def make_llava(tower: str = "dinov2", seed: int = 0, layer: int = -1, strategy: str = "default",
                bias_free: bool = False, attn: str = "sdpa", dtype: torch.dtype = torch.float64,
-               text: Optional[dict] = None):
+               text: Optional[dict] = None, family: str = "llama"):
     """A tiny LLaVA. ``bias_free``: every additive constant zero (Linear / Conv biases, LayerNorm shifts, position
-    embeddings, [CLS]), for the conservation checks."""
-    from transformers import CLIPVisionConfig, Dinov2Config, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    embeddings, [CLS]), for the conservation checks. ``family``: the language model's (llama, mistral, qwen2)."""
+    import transformers
+    from transformers import CLIPVisionConfig, Dinov2Config, LlavaConfig, LlavaForConditionalGeneration
+    text_config = getattr(transformers, {"llama": "LlamaConfig", "mistral": "MistralConfig",
+                                         "qwen2": "Qwen2Config"}[family])
     torch.manual_seed(seed)
     tcfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=1, eos_token_id=1,
-                tie_word_embeddings=False, attn_implementation=attn, attention_bias=False)
+                tie_word_embeddings=False, attn_implementation=attn)
+    if family == "llama":
+        tcfg["attention_bias"] = False
+    if family == "mistral":
+        tcfg["sliding_window"] = 8
     tcfg.update(text or {})
     vision = dict(hidden_size=24, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
                   image_size=SIZE, patch_size=PATCH, attn_implementation=attn)
     vcfg = Dinov2Config(**vision, qkv_bias=not bias_free) if tower == "dinov2" else CLIPVisionConfig(**vision)
-    cfg = LlavaConfig(vision_config=vcfg, text_config=LlamaConfig(**tcfg), image_token_id=IMAGE,
+    cfg = LlavaConfig(vision_config=vcfg, text_config=text_config(**tcfg), image_token_id=IMAGE,
                       vision_feature_layer=layer, vision_feature_select_strategy=strategy,
                       multimodal_projector_bias=not bias_free, attn_implementation=attn)
     model = LlavaForConditionalGeneration(cfg).eval().to(dtype)

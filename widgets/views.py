@@ -94,6 +94,9 @@ def _row(exp: Any, row: Any) -> np.ndarray:
     row = np.asarray(row, dtype=np.float64)
     if exp.grid is not None:
         h, w = exp.grid
+        image = getattr(exp, "image_tokens", None)
+        if image is not None:  # a vision-language model: the patches are its image tokens, wherever they lie
+            return row[image[0].cpu().numpy()].reshape(h, w).copy()
         return row[-h * w:].reshape(h, w).copy()
     return row[:real_tokens(exp)].copy()
 

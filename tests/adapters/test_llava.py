@@ -54,6 +54,19 @@ def test_the_replay_gives_the_models_logits(tower, layer, strategy, side):
     assert (got - ref[torch.arange(2), read]).abs().max() <= 1e-10
 
 
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_the_replay_gives_the_models_logits_for_the_other_language_models(family):
+    """Mistral (a sliding window shorter than the rows) and Qwen2 (q/k/v biases) as the language model."""
+    model = make_llava("dinov2", family=family)
+    x = inputs(_rows(), side="left")
+    adapter = get_adapter(model)
+    prepared = adapter.check_inputs(x)
+    with torch.no_grad():
+        ref = model(**x, position_ids=position_ids(x["attention_mask"])).logits
+        got = adapter.forward(prepared).logits
+    assert (got - ref[torch.arange(2), prepared["read_at"].argmax(dim=-1)]).abs().max() <= 1e-10
+
+
 def test_the_eager_replay_gives_the_eager_models_logits():
     """Eager attention (the softmax in float32, as Hugging Face computes it) in the tower and the language model."""
     model = make_llava("dinov2", attn="eager")
@@ -246,3 +259,21 @@ def test_several_feature_layers_are_refused():
     model.config.vision_feature_layer = [-2, -1]
     with pytest.raises(UnsupportedModelError, match="one layer"):
         get_adapter(model)
+
+
+def test_explain_generation_is_refused_with_what_to_do_instead():
+    class Tokenizer:
+        pad_token_id = 0
+
+        def __call__(self, texts, **kw):
+            return {"input_ids": torch.tensor([[1, 5, 6]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
+
+    with pytest.raises(UnsupportedModelError, match="position=p"):
+        lrp_core.explain_generation(make_llava(), Tokenizer(), ["a prompt"], max_new_tokens=1)
+
+
+def test_the_widgets_show_the_image_tokens_on_the_patch_grid():
+    from widgets.views import _row
+    e = explain(make_llava(), inputs(_rows(), side="left"), method="rollout")
+    for i in range(2):
+        assert torch.equal(torch.from_numpy(_row(e[i], e.scores[i])), e.patch_map()[i])
