@@ -170,7 +170,12 @@ class CLIPVisionTower(VisionTower):
         return model.encoder.layers
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
-        return clip_block(layer, self.model.config)
+        """:func:`clip_block`; eager attention computes its softmax in float32 and casts back, as Hugging Face's
+        CLIP does (sdpa keeps the model's dtype)."""
+        spec = clip_block(layer, self.model.config)
+        if getattr(self.model.config, "_attn_implementation", "eager") != "sdpa":
+            spec.attn.softmax_dtype = torch.float32
+        return spec
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """``CLIPVisionEmbeddings`` (without position interpolation, as LLaVA calls it) and ``pre_layrnorm``."""

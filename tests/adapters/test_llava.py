@@ -25,7 +25,7 @@ def _rows(strategy: str = "default") -> list:
     return [prompt([5, 6], [7, 8, 9], strategy), prompt([10], [11, 12], strategy)]
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-8) -> float:
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-10) -> float:
     """max |a − b| relative to the larger of the two maps' max |·|; asserted ≤ tol."""
     dev = float((a - b).abs().max() / max(float(a.abs().max()), float(b.abs().max()), 1e-300))
     assert dev <= tol, dev
@@ -67,9 +67,11 @@ def test_the_replay_gives_the_models_logits_for_the_other_language_models(family
     assert (got - ref[torch.arange(2), prepared["read_at"].argmax(dim=-1)]).abs().max() <= 1e-10
 
 
-def test_the_eager_replay_gives_the_eager_models_logits():
-    """Eager attention (the softmax in float32, as Hugging Face computes it) in the tower and the language model."""
-    model = make_llava("dinov2", attn="eager")
+@pytest.mark.parametrize("tower", ["dinov2", "clip"])
+def test_the_eager_replay_gives_the_eager_models_logits(tower):
+    """Eager attention in the tower and the language model (Llama's and CLIP's softmax in float32, cast back, as
+    Hugging Face computes them: 2e-9 off in float64 if the CLIP tower's were not)."""
+    model = make_llava(tower, attn="eager")
     x = inputs([_rows()[0]])
     adapter = get_adapter(model)
     with torch.no_grad():
