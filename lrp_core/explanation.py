@@ -252,7 +252,7 @@ class Explanation(ResultFields):
         """
         from .sources import as_spans, by_source, in_columns
 
-        if self.grid is not None or self.attention_mask is None:
+        if (self.grid is not None and self.image_tokens is None) or self.attention_mask is None:
             raise InputError("by_source() needs a text explanation: sources are token spans")
         return by_source(self.scores, in_columns(as_spans(spans), self.attention_mask))
 

@@ -116,6 +116,22 @@ def test_every_methods_language_model_part_is_the_decoders(tower, layer, strateg
                 _close(a, b)
 
 
+def test_position_and_contrast_are_the_decoders():
+    """``position=`` (teacher forcing inside the text) and a ``Contrast`` target read as for the decoder alone."""
+    model = make_llava("dinov2")
+    x = inputs(_rows(), side="right")
+    adapter = get_adapter(model)
+    with torch.no_grad():
+        x0 = adapter.embed(adapter.check_inputs(x)).x0
+    lm, ids = _language_model_alone(model, x0)
+    text = {"input_ids": ids, "attention_mask": x["attention_mask"]}
+    for method in ("attnlrp", "lrp", "transformer_attribution", "token_ablation"):
+        kw = dict(method=method, position=[len(r) - 2 for r in _rows()], target=lrp_core.Contrast(5, 6))
+        ours, theirs = explain(model, x, **kw), explain(lm, text, **kw)
+        _close(ours.scores, theirs.scores)
+        assert ours.scores[0, len(_rows()[0]) - 1:].abs().sum() == 0  # nothing after the position read
+
+
 # ------------------------------------------------------------------------------------------- (c) conservation
 @pytest.mark.parametrize("tower", ["dinov2", "clip"])
 @pytest.mark.parametrize("strategy", ["default", "full"])
@@ -180,6 +196,22 @@ def test_upsample_is_the_image_tokens_scores_on_the_patch_grid(strategy):
         assert torch.equal(e.upsample()[i], up)
     assert e.upsample().shape == (2, SIZE, SIZE) and e.pixels.shape == (2, SIZE, SIZE)
     assert torch.equal(e[1].patch_map(), e.patch_map()[1:])
+
+
+def test_sources_are_spans_of_the_sequence_image_tokens_included():
+    """``sources=`` and ``Explanation.by_source`` sum the token scores over spans counted from each row's first
+    real token, the image tokens being tokens like the others."""
+    model = make_llava("dinov2")
+    rows = _rows()
+    x = inputs(rows, side="left")
+    spans = [(0, 3), (3, 3 + GRID * GRID)]  # bos and the text before the image; the image
+    e = explain(model, x, method="attnlrp", sources=spans)
+    T = x["input_ids"].shape[1]
+    for i, row in enumerate(rows):
+        start = T - len(row)
+        want = torch.stack([e.scores[i, start + a:start + b].sum() for a, b in spans])
+        assert torch.allclose(e.sources[i], want, rtol=1e-12, atol=0)
+    assert torch.equal(e.by_source(spans), e.sources)
 
 
 # ------------------------------------------------------------------------------- (e) the model is left as it was
