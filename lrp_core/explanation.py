@@ -216,13 +216,19 @@ class Explanation(ResultFields):
         return self.scores.shape[0]
 
     def patch_map(self) -> torch.Tensor:
-        """Patch scores on the patch grid: (B, h, w) (a vision-language model: its image tokens' scores)."""
+        """Patch scores on the patch grid: (B, h, w).
+
+        A vision-language model: each patch gets the score of the image token that carries it, split equally
+        over the patches one token carries (a connector that merges patches, docs/METHODS.md §2g).
+        """
         if self.grid is None:
             raise InputError("patch_map() needs an image explanation; this one is for text")
         h, w = self.grid
         scores = self.scores
         if self.image_tokens is not None:
-            scores = scores.gather(1, self.image_tokens.to(scores.device))
+            idx = self.image_tokens.to(scores.device)
+            share = torch.zeros_like(scores).scatter_add_(1, idx, torch.ones_like(idx, dtype=scores.dtype))
+            scores = scores.gather(1, idx) / share.gather(1, idx)
         return scores.reshape(scores.shape[0], h, w)
 
     def upsample(self, size: Optional[tuple[int, int]] = None, mode: str = "bilinear") -> torch.Tensor:

@@ -96,7 +96,8 @@ def _row(exp: Any, row: Any) -> np.ndarray:
         h, w = exp.grid
         image = getattr(exp, "image_tokens", None)
         if image is not None:  # a vision-language model: the patches are its image tokens, wherever they lie
-            return row[image[0].cpu().numpy()].reshape(h, w).copy()
+            idx = image[0].cpu().numpy()  # a token carrying several patches: its score split equally over them
+            return (row[idx] / np.bincount(idx, minlength=row.shape[0])[idx]).reshape(h, w)
         return row[-h * w:].reshape(h, w).copy()
     return row[:real_tokens(exp)].copy()
 

@@ -198,6 +198,23 @@ def test_upsample_is_the_image_tokens_scores_on_the_patch_grid(strategy):
     assert torch.equal(e[1].patch_map(), e.patch_map()[1:])
 
 
+def test_a_token_carrying_several_patches_splits_its_score_over_them():
+    """A connector that merges patches (2 × 2 here, as a layout would name it): each of a merged token's patches
+    gets a quarter of its score, in the engine's map and in the widgets' view."""
+    from dataclasses import replace
+
+    from widgets.views import _row
+    e = explain(make_llava(), inputs(_rows(), side="left"), method="rollout")
+    r, c = torch.div(torch.arange(GRID * GRID), GRID, rounding_mode="floor"), torch.arange(GRID * GRID) % GRID
+    merged = (r // 2) * (GRID // 2) + c // 2  # patch -> its 2 × 2 token
+    merged_exp = replace(e, image_tokens=e.image_tokens[:, :GRID * GRID // 4].gather(1, merged[None].expand(2, -1)))
+    want = e.scores.gather(1, merged_exp.image_tokens).reshape(2, GRID, GRID) / 4
+    assert torch.allclose(merged_exp.patch_map(), want, rtol=1e-15, atol=0)
+    assert torch.allclose(merged_exp.patch_map().sum(dim=(1, 2)),
+                          e.scores.gather(1, e.image_tokens[:, :GRID * GRID // 4]).sum(-1), rtol=1e-12, atol=0)
+    assert torch.allclose(torch.from_numpy(_row(merged_exp[0], e.scores[0])), want[0], rtol=1e-15, atol=0)
+
+
 def test_sources_are_spans_of_the_sequence_image_tokens_included():
     """``sources=`` and ``Explanation.by_source`` sum the token scores over spans counted from each row's first
     real token, the image tokens being tokens like the others."""
