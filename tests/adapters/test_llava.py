@@ -132,6 +132,33 @@ def test_position_and_contrast_are_the_decoders():
         assert ours.scores[0, len(_rows()[0]) - 1:].abs().sum() == 0  # nothing after the position read
 
 
+@pytest.mark.parametrize("tower,layer,strategy", [CONFIGS[1], CONFIGS[2]])
+def test_the_replays_gradient_is_the_models_down_to_the_pixels(tower, layer, strategy):
+    """With the plain gradient as every rule, the modified-gradient pass is gradient × input of the model itself:
+    its scores and pixels equal autograd through Hugging Face's own forward (the language model's input embeddings
+    caught on their way in) — the tower, the projector and the scatter are all on the replay's graph."""
+    from lrp_core.rules.composites import ATTNLRP
+    from lrp_core.rules.gradient import Gradient
+    from lrp_core.rules.ops import OP_KINDS
+    gradient = ATTNLRP.with_rules("gradient", by_kind={kind: Gradient() for kind in OP_KINDS})
+    model = make_llava(tower, layer=layer, strategy=strategy)
+    x = inputs(_rows(strategy), side="left")
+    ours = explain(model, x, method="attnlrp", composite=gradient)
+    caught = {}
+    hook = model.model.language_model.register_forward_pre_hook(
+        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True)
+    pixels = x["pixel_values"].clone().requires_grad_(True)
+    try:
+        logits = model(**dict(x, pixel_values=pixels), position_ids=position_ids(x["attention_mask"])).logits
+    finally:
+        hook.remove()
+    read = get_adapter(model).check_inputs(x)["read_at"].argmax(dim=-1)
+    y = logits[torch.arange(2), read].gather(1, ours.target[:, None]).sum()
+    g_embeds, g_pixels = torch.autograd.grad(y, [caught["embeds"], pixels])
+    _close(ours.scores, (caught["embeds"] * g_embeds).sum(-1).detach())
+    _close(ours.pixels, (pixels * g_pixels).sum(1).detach())
+
+
 # ------------------------------------------------------------------------------------------- (c) conservation
 @pytest.mark.parametrize("tower", ["dinov2", "clip"])
 @pytest.mark.parametrize("strategy", ["default", "full"])
