@@ -326,6 +326,11 @@ class VLMAdapter(Adapter):
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
+        if not type(model).__module__.startswith("transformers."):
+            # a decoder subclass is checked against its own logits on a text probe; a VLM's needs an image too
+            raise UnsupportedModelError(f"{type(model).__name__} subclasses a vision-language model outside "
+                                        "transformers and may compute something else, which no probe checks here: "
+                                        "explain transformers' own class (load the weights into it)")
         stack, head, text_config, tower, feature_layer = self._parts()
         self.text = text_adapter(stack, head, text_config)
         self.blocks = self.text.blocks

@@ -355,3 +355,15 @@ def test_the_widgets_show_the_image_tokens_on_the_patch_grid():
     e = explain(make_llava(), inputs(_rows(), side="left"), method="rollout")
     for i in range(2):
         assert torch.equal(torch.from_numpy(_row(e[i], e.scores[i])), e.patch_map()[i])
+
+
+def test_a_subclass_from_outside_transformers_is_refused():
+    from transformers import LlavaForConditionalGeneration
+
+    class Mine(LlavaForConditionalGeneration):
+        pass
+
+    model = make_llava()
+    model.__class__ = Mine
+    with pytest.raises(UnsupportedModelError, match="outside transformers"):
+        get_adapter(model)
