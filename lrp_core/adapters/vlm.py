@@ -408,7 +408,7 @@ class VLMAdapter(Adapter):
             raise InputError("an image token is padding (attention_mask 0): the image tokens must be real tokens")
         sizes = inputs.get("image_sizes")
         if sizes is not None:
-            sizes = torch.as_tensor(sizes)
+            sizes = torch.as_tensor(sizes).cpu()
             if sizes.shape != (B, 2) or not bool((sizes == torch.tensor(images.shape[-2:])).all()):
                 raise InputError(f"image_sizes must give each image's own size {tuple(images.shape[-2:])} (B, 2): "
                                  "images cropped or padded inside pixel_values are not explained")
