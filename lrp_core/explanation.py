@@ -226,6 +226,10 @@ class Explanation(ResultFields):
         h, w = self.grid
         scores = self.scores
         if self.image_tokens is not None:
+            if self.image_tokens.shape[1] != h * w:
+                raise InputError(f"patch_map() and upsample() show one image per row; these rows hold "
+                                 f"{self.image_tokens.shape[1] // (h * w)} images each: read their image tokens' "
+                                 "scores at the positions exp.image_tokens names, image after image")
             idx = self.image_tokens.to(scores.device)
             share = torch.zeros_like(scores).scatter_add_(1, idx, torch.ones_like(idx, dtype=scores.dtype))
             scores = scores.gather(1, idx) / share.gather(1, idx)

@@ -256,7 +256,7 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip,
      _clip),
     ("Hugging Face LlavaForConditionalGeneration (LLaVA: a CLIP-vision or DINOv2 tower, the MLP projector, a Llama / "
-     "Mistral / Qwen2 language model; one image per row)", _named("LlavaForConditionalGeneration"),
+     "Mistral / Qwen2 language model; the same number of images in every row)", _named("LlavaForConditionalGeneration"),
      _decoder("llava", "LlavaAdapter")),
     ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
      _named("LlamaForCausalLM", "LlamaForSequenceClassification"), _decoder("llama", "LlamaAdapter")),

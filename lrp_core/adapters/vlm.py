@@ -21,10 +21,13 @@ the connector with the same rules as the language model. The layout names the im
 patch grid (:attr:`~lrp_core.adapters.records.TokenLayout.image_tokens`), so ``Explanation.upsample`` brings
 the image tokens' scores to the image.
 
-One image per row: ``pixel_values`` has one image per row of ``input_ids``, each row holds exactly that image's
-placeholder tokens.
+Images: ``pixel_values`` holds k images per row of ``input_ids`` (the same k for every row, in row order, as the
+processor stacks them), and each row holds its images' placeholder tokens, k · P of them. With one image per
+row the map over the image is ``Explanation.upsample()`` and the relevance methods fill ``pixels`` (B, H, W);
+with several, the image tokens are scored like any token, and ``pixels`` / ``upsample`` (one image per row) are
+not given.
 
-Shapes: B rows (= images), T tokens, D the language model's width, N_v the tower's tokens, D_v its width,
+Shapes: B rows, k images per row, T tokens, D the language model's width, N_v the tower's tokens, D_v its width,
 P image tokens per image, (h, w) the patch grid.
 """
 from __future__ import annotations
@@ -289,7 +292,7 @@ class VLMEmbeddingRecord(EmbeddingRecord):
     Attributes:
         x0, embeds: (B, T, D) the language model's input embeddings (the text's word embeddings, the projected
             image features at the image tokens); token scores are read here.
-        images: (B, 3, H, W) the pixels.
+        images: (B, 3, H, W) the pixels, the leaf their relevance is read at (one image per row), else ``None``.
         vision: the tower's embedding record; vision_blocks: its block records, in order.
         selected: (B, P_v, D_v) the tower's tokens the connector reads (after the feature-select strategy).
         connector: the connector's intermediate outputs, by the family's names.
@@ -373,8 +376,9 @@ class VLMAdapter(Adapter):
 
     # ------------------------------------------------------------ validation
     def check_inputs(self, inputs) -> dict:
-        """The processor's output: ``input_ids``, ``attention_mask``, ``pixel_values`` (one image per row), and
-        ``image_sizes`` where the processor gives it (each the image's own size)."""
+        """The processor's output: ``input_ids``, ``attention_mask``, ``pixel_values`` (k images per row, the same
+        k for every row), and ``image_sizes`` where the processor gives it (each the image's own size).
+        ``prepared["pixel_values"]`` is (B, k, 3, H, W)."""
         name = type(self.model).__name__
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
             raise InputError(f"{name} explains a text with an image: pass the processor's output, a dict with "
@@ -391,28 +395,29 @@ class VLMAdapter(Adapter):
         images = self.tower.check_inputs(pixel_values(inputs["pixel_values"]))["images"]
         ids, mask = prepared["input_ids"], prepared["attention_mask"]
         B = ids.shape[0]
-        if images.shape[0] != B:
-            raise InputError(f"pixel_values holds {images.shape[0]} images for {B} rows of input_ids: one image per "
-                             "row is explained (each row's image placeholder tokens are its image's features)")
+        if images.shape[0] % B:
+            raise InputError(f"pixel_values holds {images.shape[0]} images for {B} rows of input_ids: every row "
+                             "must hold the same number of images (the processor stacks them in row order)")
+        k = images.shape[0] // B
         grid = self.tower.layout({"images": images}).grid
         P = self.tokens_per_image(grid)
         placeholders = ids == self.image_token_id
         counts = placeholders.sum(dim=1)
-        bad = torch.nonzero(counts != P).flatten().tolist()
+        bad = torch.nonzero(counts != k * P).flatten().tolist()
         if bad:
             raise InputError(f"row {bad[0]} holds {int(counts[bad[0]])} image tokens (id {self.image_token_id}), "
-                             f"but its image of {tuple(images.shape[-2:])} pixels gives {P} features: put the "
-                             "processor's image tokens in the text (processor(images=..., text=...)), one image "
-                             "per row")
+                             f"but its {k} image(s) of {tuple(images.shape[-2:])} pixels give {k} × {P} features: "
+                             "put the processor's image tokens in the text (processor(images=..., text=...)), the "
+                             "same number of images in every row")
         if bool((placeholders & (mask == 0)).any()):
             raise InputError("an image token is padding (attention_mask 0): the image tokens must be real tokens")
         sizes = inputs.get("image_sizes")
         if sizes is not None:
             sizes = torch.as_tensor(sizes).cpu()
-            if sizes.shape != (B, 2) or not bool((sizes == torch.tensor(images.shape[-2:])).all()):
-                raise InputError(f"image_sizes must give each image's own size {tuple(images.shape[-2:])} (B, 2): "
-                                 "images cropped or padded inside pixel_values are not explained")
-        return {**prepared, "pixel_values": images}
+            if sizes.shape != (B * k, 2) or not bool((sizes == torch.tensor(images.shape[-2:])).all()):
+                raise InputError(f"image_sizes must give each image's own size {tuple(images.shape[-2:])} "
+                                 f"({B * k}, 2): images cropped or padded inside pixel_values are not explained")
+        return {**prepared, "pixel_values": images.reshape(B, k, *images.shape[1:])}
 
     def take(self, prepared: dict, rows: Tensor, n: Optional[int] = None) -> dict:
         """The rows' text (cut to ``n`` tokens) and their images."""
@@ -427,14 +432,16 @@ class VLMAdapter(Adapter):
 
     def layout(self, prepared: dict) -> TokenLayout:
         """The decoder's layout, with the patch grid, the image size and each patch's image token
-        (``image_tokens`` (B, h·w): positions in the sequence, raster order)."""
+        (``image_tokens`` (B, k·h·w): positions in the sequence, raster order, image after image)."""
         images = prepared["pixel_values"]
-        grid = self.tower.layout({"images": images}).grid
+        grid = self.tower.layout({"images": images[:, 0]}).grid
         ids = prepared["input_ids"]
         # each row's image tokens in order: their positions, first the image tokens, by a stable sort
         where = torch.argsort((ids != self.image_token_id).to(torch.int8), dim=1, stable=True)
         P = self.tokens_per_image(grid)
-        positions = where[:, :P].gather(1, self.patch_tokens(grid).to(ids.device)[None].expand(ids.shape[0], -1))
+        per_image = self.patch_tokens(grid).to(ids.device)
+        carriers = torch.cat([per_image + j * P for j in range(images.shape[1])])
+        positions = where.gather(1, carriers[None].expand(ids.shape[0], -1))
         return replace(self.text.layout(prepared), grid=grid, image_size=tuple(images.shape[-2:]),
                        image_tokens=positions)
 
@@ -445,11 +452,14 @@ class VLMAdapter(Adapter):
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
         """The tower up to the feature layer, the connector, and the features scattered into the word embeddings
-        at the image tokens — every operation through the same replay ``r``. ``track``: the pixels are the leaf."""
-        images = prepared["pixel_values"]
+        at the image tokens — every operation through the same replay ``r``. ``track``: the pixels are the leaf
+        (``images``, one image per row; several: the stacked images, not recorded)."""
+        stacked = prepared["pixel_values"]  # (B, k, 3, H, W)
+        B, k = stacked.shape[:2]
+        images = stacked[:, 0] if k == 1 else stacked
         if track:
             images = images.detach().requires_grad_(True)
-        vision = self.tower.embed({"images": images}, r)
+        vision = self.tower.embed({"images": images.reshape(B * k, *stacked.shape[2:])}, r)
         x, records = vision.x0, []
         for spec in self.tower.blocks:
             rec = block_forward(spec, x, None, r)
@@ -461,25 +471,28 @@ class VLMAdapter(Adapter):
         words = self.text.embed_tokens(ids)
         image_mask = ids == self.image_token_id
         x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
-        return VLMEmbeddingRecord(x0=x0, embeds=x0, images=images, vision=vision, vision_blocks=records,
+        return VLMEmbeddingRecord(x0=x0, embeds=x0, images=images if k == 1 else None, vision=vision,
+                                  vision_blocks=records,
                                   selected=selected, connector=connector, features=features, image_mask=image_mask)
 
     # ------------------------------------------------------------ relevance
     def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
-                        prepared: dict) -> tuple[Tensor, Tensor]:
-        """Token scores: the relevance of every position's embedding, summed over channels (padding 0); pixels: the
-        image tokens' relevance back through the connector, the tower's blocks (the explicit pass) and its
-        embedding (:meth:`ViTAdapter.input_relevance`)."""
+                        prepared: dict) -> tuple[Tensor, Optional[Tensor]]:
+        """Token scores: the relevance of every position's embedding, summed over channels (padding 0); pixels
+        (one image per row, else ``None``): the image tokens' relevance back through the connector, the tower's
+        blocks (the explicit pass) and its embedding (:meth:`ViTAdapter.input_relevance`)."""
         emb = trace.embedding
         assert isinstance(emb, VLMEmbeddingRecord)
         scores = R0.sum(-1) * prepared["attention_mask"].to(R0.dtype)
+        if emb.images is None:  # several images per row: the image tokens are scored, no pixel map is given
+            return scores, None
         B, _, D = R0.shape
         R = self.connect_relprop(emb, R0[emb.image_mask].reshape(B, -1, D), prop)
         R = self.unselect(R, emb)
         for b in range(len(self.tower.blocks) - 1, -1, -1):
             R, _ = block_relprop(self.tower.blocks[b], emb.vision_blocks[b], R, prop)
         vision = Trace(x0=emb.vision.x0, embedding=emb.vision)
-        _, pixels = self.tower.input_relevance(vision, R, prop, {"images": emb.images})
+        _, pixels = self.tower.input_relevance(vision, R, prop, {"images": emb.vision.images})
         return scores, pixels
 
 

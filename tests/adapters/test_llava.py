@@ -288,6 +288,25 @@ def test_every_call_leaves_the_model_bit_identical_and_without_hooks():
         assert all(a is b for a, b in zip(before["grads"], after["grads"])), method
 
 
+def test_transformers_output_capturing_hooks_are_not_taken_for_the_users():
+    """LLaVA's own forward leaves transformers' output-capturing hooks on the vision tower's layers (they record
+    hidden states and change nothing): an explanation after it warns of no unreflected hook."""
+    import warnings
+
+    from lrp_core.errors import UnreflectedHookWarning
+    model = make_llava("dinov2")
+    x = inputs(_rows(), side="left")
+    with torch.no_grad():
+        model(**x)
+    assert any(m._forward_hooks for m in model.model.vision_tower.modules())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnreflectedHookWarning)
+        explain(model, x, method="attnlrp")
+    model.model.vision_tower.encoder.layer[0].register_forward_hook(lambda m, i, o: o)  # a user's hook still is
+    with pytest.warns(UnreflectedHookWarning, match="vision_tower.encoder.layer.0"):
+        explain(model, x, method="attnlrp")
+
+
 # ---------------------------------------------------------------------------------------------- (f) bad inputs
 def _bad_cases():
     x = inputs(_rows(), side="left")
@@ -300,7 +319,10 @@ def _bad_cases():
         "no pixel_values": ({k: v for k, v in x.items() if k != "pixel_values"}, "pixel_values"),
         "pixel_values None": (dict(x, pixel_values=None), "pixel_values"),
         "fewer image tokens than features": (dict(x, input_ids=one_less), "image tokens"),
-        "two images for one row": (dict(x, pixel_values=torch.cat([x["pixel_values"]] * 2)), "one image per row"),
+        "two images per row, one image's tokens": (dict(x, pixel_values=torch.cat([x["pixel_values"]] * 2)),
+                                                    "image tokens"),
+        "three images for two rows": (dict(x, pixel_values=torch.cat([x["pixel_values"]] * 3)[:3]),
+                                      "same number of images"),
         "an image token is padding": (padded_image, "padding"),
         "image_sizes not the image's": (dict(x, image_sizes=torch.tensor([[14, 28], [28, 28]])), "image_sizes"),
         "a feature layer given": (dict(x, vision_feature_layer=-2), "vision_feature_layer"),
@@ -367,3 +389,41 @@ def test_a_subclass_from_outside_transformers_is_refused():
     model.__class__ = Mine
     with pytest.raises(UnsupportedModelError, match="outside transformers"):
         get_adapter(model)
+
+
+
+# ------------------------------------------------------------------------------------------ several images per row
+def _two_images():
+    rows = [[1, 5] + [IMAGE] * GRID ** 2 + [6] + [IMAGE] * GRID ** 2 + [7, 8], [1] + [IMAGE] * GRID ** 2 + [9]
+            + [IMAGE] * GRID ** 2 + [10]]
+    x = inputs(rows, side="left")
+    x["pixel_values"] = torch.randn(4, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(3),
+                                    dtype=torch.float64)  # the processor's order: row 0's two images, then row 1's
+    return rows, x
+
+
+def test_several_images_per_row_are_replayed_and_scored_without_a_pixel_map():
+    """Two images per row: the replay gives the model's logits; every method scores every position; pixels and
+    upsample (one image per row) are not given, and upsample says so; CP-LRP still conserves to the tokens."""
+    model = make_llava("dinov2", bias_free=True)
+    rows, x = _two_images()
+    adapter = get_adapter(model)
+    prepared = adapter.check_inputs(x)
+    with torch.no_grad():
+        ref = model(**x, position_ids=position_ids(x["attention_mask"])).logits
+        got = adapter.forward(prepared).logits
+    assert (got - ref[torch.arange(2), prepared["read_at"].argmax(dim=-1)]).abs().max() <= 1e-10
+    T = x["input_ids"].shape[1]
+    for method in ("lrp", "attnlrp", "cp_lrp", "rollout"):
+        e = explain(model, x, method=method)
+        assert e.pixels is None and e.scores.shape == (2, T) and torch.isfinite(e.scores).all()
+        assert e.image_tokens.shape == (2, 2 * GRID ** 2)
+        assert bool((x["input_ids"].gather(1, e.image_tokens) == IMAGE).all())
+        with pytest.raises(InputError, match="one image per row"):
+            e.upsample()
+    y = e.conservation.output if (e := explain(model, x, method="cp_lrp")).conservation is not None else None
+    assert ((e.scores.sum(-1) - y).abs() / y.abs()).max() <= 1e-6
+    for i, row in enumerate(rows):  # a row alone, with its two images
+        alone = explain(model, {"input_ids": torch.tensor([row]), "attention_mask": torch.ones(1, len(row)),
+                                "pixel_values": x["pixel_values"][2 * i:2 * i + 2]}, method="attnlrp")
+        _close(explain(model, x, method="attnlrp").scores[i:i + 1, T - len(row):], alone.scores)
