@@ -188,9 +188,9 @@ class Explanation(ResultFields):
         image_size: (H, W) of the input images, ``None`` for text.
         start_layer: first block that enters the layer product, where used.
         attention_mask: (B, T) text mask (1 = real token), ``None`` for images.
-        image_tokens: (B, h·w) a vision-language model's image: for each patch in raster order, the position of
-            the token carrying it in ``scores`` (``patch_map`` and ``upsample`` read the image tokens' scores
-            there), else ``None``.
+        image_tokens: (B, k·h·w) a vision-language model's k images per row: for each patch in raster order, image
+            after image, the position of the token carrying it in ``scores`` (``patch_map`` and ``upsample`` read
+            the image tokens' scores there, one image per row), else ``None``.
         conservation: relevance totals block by block (AttnLRP, CP-LRP), see :class:`Conservation`.
         convergence_delta: (B,) Captum's convergence delta where it gives one (``integrated_gradients``):
             Σ attributions − (f(x) − f(baseline)), 0 for an exact integral; else ``None``.

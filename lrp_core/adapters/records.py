@@ -268,8 +268,8 @@ class TokenLayout:
         grid: (h, w) patch grid (images).
         image_size: (H, W) (images).
         mask: (B, N) 1 = real token (text), else ``None``.
-        image_tokens: (B, h·w) long, a vision-language model's image: for each patch in raster order, the position
-            of the token that carries it in the sequence; else ``None``.
+        image_tokens: (B, k·h·w) long, a vision-language model's k images per row: for each patch in raster order,
+            image after image, the position of the token that carries it in the sequence; else ``None``.
     """
 
     modality: str

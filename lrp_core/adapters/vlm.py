@@ -322,7 +322,7 @@ class VLMAdapter(Adapter):
     is_decoder = True
     mask_value = float("-inf")
     refused_methods = VLM_REFUSED_METHODS
-    #: the prepared entries that hold one image per row (not cut along a token axis)
+    #: the prepared entries that hold the rows' images, (B, k, 3, H, W) (not cut along a token axis)
     image_entries = ("pixel_values",)
     #: the input keys read besides the text's
     image_inputs = ("pixel_values", "image_sizes")
