@@ -193,7 +193,8 @@ def _explain(model: nn.Module, inputs: Any, method: str, target: Any, options: d
     if aim.negative is not None:
         used["contrast_with"] = aim.negative.tolist()
     return Explanation(method=method, grid=layout.grid, image_size=layout.image_size,
-                       start_layer=used.get("start_layer"), attention_mask=layout.mask, options=used,
+                       start_layer=used.get("start_layer"), attention_mask=layout.mask,
+                       image_tokens=layout.image_tokens, options=used,
                        **result_fields(result))
 
 

@@ -188,6 +188,9 @@ class Explanation(ResultFields):
         image_size: (H, W) of the input images, ``None`` for text.
         start_layer: first block that enters the layer product, where used.
         attention_mask: (B, T) text mask (1 = real token), ``None`` for images.
+        image_tokens: (B, k·h·w) a vision-language model's k images per row: for each patch in raster order, image
+            after image, the position of the token carrying it in ``scores`` (``patch_map`` and ``upsample`` read
+            the image tokens' scores there, one image per row), else ``None``.
         conservation: relevance totals block by block (AttnLRP, CP-LRP), see :class:`Conservation`.
         convergence_delta: (B,) Captum's convergence delta where it gives one (``integrated_gradients``):
             Σ attributions − (f(x) − f(baseline)), 0 for an exact integral; else ``None``.
@@ -205,6 +208,7 @@ class Explanation(ResultFields):
     image_size: Optional[tuple[int, int]] = None
     start_layer: Optional[int] = None
     attention_mask: Optional[torch.Tensor] = None
+    image_tokens: Optional[torch.Tensor] = None
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -212,11 +216,24 @@ class Explanation(ResultFields):
         return self.scores.shape[0]
 
     def patch_map(self) -> torch.Tensor:
-        """Patch scores on the patch grid: (B, h, w)."""
+        """Patch scores on the patch grid: (B, h, w).
+
+        A vision-language model: each patch gets the score of the image token that carries it, split equally
+        over the patches one token carries (a connector that merges patches, docs/METHODS.md §2g).
+        """
         if self.grid is None:
             raise InputError("patch_map() needs an image explanation; this one is for text")
         h, w = self.grid
-        return self.scores.reshape(self.scores.shape[0], h, w)
+        scores = self.scores
+        if self.image_tokens is not None:
+            if self.image_tokens.shape[1] != h * w:
+                raise InputError(f"patch_map() and upsample() show one image per row; these rows hold "
+                                 f"{self.image_tokens.shape[1] // (h * w)} images each: read their image tokens' "
+                                 "scores at the positions exp.image_tokens names, image after image")
+            idx = self.image_tokens.to(scores.device)
+            share = torch.zeros_like(scores).scatter_add_(1, idx, torch.ones_like(idx, dtype=scores.dtype))
+            scores = scores.gather(1, idx) / share.gather(1, idx)
+        return scores.reshape(scores.shape[0], h, w)
 
     def upsample(self, size: Optional[tuple[int, int]] = None, mode: str = "bilinear") -> torch.Tensor:
         """Patch scores upsampled to the image size (or ``size``): (B, H, W)."""
@@ -245,7 +262,7 @@ class Explanation(ResultFields):
         """
         from .sources import as_spans, by_source, in_columns
 
-        if self.grid is not None or self.attention_mask is None:
+        if (self.grid is not None and self.image_tokens is None) or self.attention_mask is None:
             raise InputError("by_source() needs a text explanation: sources are token spans")
         return by_source(self.scores, in_columns(as_spans(spans), self.attention_mask))
 
@@ -254,7 +271,7 @@ class Explanation(ResultFields):
         per_sample = {f.name: _sample(getattr(self, f.name), i) for f in RESULT_FIELDS}
         return Explanation(method=self.method, grid=self.grid, image_size=self.image_size,
                            start_layer=self.start_layer, attention_mask=_sample(self.attention_mask, i),
-                           options=dict(self.options), **per_sample)
+                           image_tokens=_sample(self.image_tokens, i), options=dict(self.options), **per_sample)
 
     def __len__(self) -> int:
         return self.batch_size

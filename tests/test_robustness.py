@@ -25,6 +25,8 @@ from conftest import make_tiny_vit  # noqa: E402
 from test_api import _assert_same, _state  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402
 from torch.nn.modules import module as torch_module  # noqa: E402
+from vlms import inputs as llava_inputs  # noqa: E402
+from vlms import make_llava, prompt  # noqa: E402
 
 from lrp_core import METHODS, InputError, UnsupportedModelError, explain  # noqa: E402
 from lrp_core.errors import LRPWarning, UnreflectedHookWarning  # noqa: E402
@@ -58,6 +60,9 @@ FAMILIES = {
     "clip_image": (make_clip, _clip_inputs, 3, 2),  # classes: the 3 prompts; batch: the 2 images
     "clip_text": (make_clip, lambda: _clip_inputs("text"), 2, 3),  # classes: the 2 images; batch: the 3 prompts
     "siglip_image": (lambda: siglip_tests._siglip_model(), lambda: siglip_tests._pair(_images()), 3, 2),
+    # classes: the vocabulary; batch: 2 rows, one image each, left-padded
+    "llava": (lambda: make_llava(dtype=torch.float32),
+              lambda: llava_inputs([prompt([5, 6], [7]), prompt([8], [9, 10, 11])], dtype=torch.float32), 96, 2),
 }
 IMAGE_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is not _text]
 TEXT_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is _text]

@@ -94,6 +94,10 @@ def _row(exp: Any, row: Any) -> np.ndarray:
     row = np.asarray(row, dtype=np.float64)
     if exp.grid is not None:
         h, w = exp.grid
+        image = getattr(exp, "image_tokens", None)
+        if image is not None:  # a vision-language model: the patches are its image tokens, wherever they lie
+            idx = image[0].cpu().numpy()  # a token carrying several patches: its score split equally over them
+            return (row[idx] / np.bincount(idx, minlength=row.shape[0])[idx]).reshape(h, w)
         return row[-h * w:].reshape(h, w).copy()
     return row[:real_tokens(exp)].copy()
 

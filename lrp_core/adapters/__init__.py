@@ -202,6 +202,10 @@ def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
     return build
 
 
+#: the vision-language models an adapter explains (their rows in ADAPTERS)
+VLM_CLASSES = ("LlavaForConditionalGeneration",)
+
+
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
 REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ("DeBERTa / DeBERTa-v2", _hf_text("deberta", "deberta-v2"),
@@ -228,11 +232,12 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "Use timm's SwinTransformer or a plain ViT / DeiT / DINOv2 (timm or Hugging Face) to explain with this "
      "library, or gradient-based input attributions (e.g. Captum's IntegratedGradients, LayerGradCam on the last "
      "stage) for this model"),
-    ("multimodal decoders (Llava, Gemma 3 with images, Qwen2-VL, Idefics, PaliGemma, ...)", _is_multimodal_decoder,
+    ("multimodal decoders other than LLaVA (Gemma 3 with images, Qwen2-VL, Idefics, PaliGemma, ...)",
+     lambda m: _is_multimodal_decoder(m) and not _named(*VLM_CLASSES)(m),
      "images enter the token stream through a vision tower and a projector (image features replace placeholder "
-     "tokens), so the text tokens are not the whole input and the vision tower is not described by the decoder "
-     "replay. Explain the language model alone (e.g. Gemma3ForCausalLM, a Qwen2 / Llama causal LM) on text, or "
-     "the image side with a ViT / CLIP"),
+     "tokens), and the vision tower and connector of these families are described by no adapter. Use "
+     "LlavaForConditionalGeneration, explain the language model alone (e.g. Gemma3ForCausalLM, a Qwen2 / Llama "
+     "causal LM) on text, or the image side with a ViT / CLIP"),
     ("GPT-OSS", _hf_type("gpt_oss"),
      "its mixture-of-experts layers are replayed by no adapter: every attention head adds a learned sink logit to "
      "its softmax (a per-head term in the denominator that no key carries), the experts' SwiGLU clamps gate and up "
@@ -281,6 +286,9 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("SiglipModel", "Siglip2Model"), _siglip_model),
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip,
      _clip),
+    ("Hugging Face LlavaForConditionalGeneration (LLaVA: a CLIP-vision or DINOv2 tower, the MLP projector, a Llama / "
+     "Mistral / Qwen2 language model; the same number of images in every row)", _named("LlavaForConditionalGeneration"),
+     _decoder("llava", "LlavaAdapter")),
     ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
      _named("LlamaForCausalLM", "LlamaForSequenceClassification"), _decoder("llama", "LlamaAdapter")),
     ("Hugging Face MistralForCausalLM / MistralForSequenceClassification (sliding window)",

@@ -268,6 +268,8 @@ class TokenLayout:
         grid: (h, w) patch grid (images).
         image_size: (H, W) (images).
         mask: (B, N) 1 = real token (text), else ``None``.
+        image_tokens: (B, k·h·w) long, a vision-language model's k images per row: for each patch in raster order,
+            image after image, the position of the token that carries it in the sequence; else ``None``.
     """
 
     modality: str
@@ -281,6 +283,7 @@ class TokenLayout:
     #: whether :meth:`readout_minimum` replaces the read tokens' entries (encoders: Chefer et al.'s [CLS] quirk;
     #: decoders: no — docs/METHODS.md §2c)
     readout_minimum_applies: bool = True
+    image_tokens: Optional[Tensor] = None
 
     def scores(self, row: Tensor) -> Tensor:
         """Token scores from a (B, N) row: the scored tokens, padding set to 0."""

@@ -394,9 +394,15 @@ def _contrasts(tokenizer: Any, contrast: Any, batch: int, steps: int, vocab: int
 def _language_model(model: nn.Module) -> tuple[Any, int]:
     """(the engine's adapter of a causal LM, its vocabulary size V = the LM head's outputs); others refused."""
     from ..adapters import get_adapter
+    from ..adapters.vlm import VLMAdapter
 
     adapter = get_adapter(model)
     inner: Any = unwrap(model)
+    if isinstance(adapter, VLMAdapter):
+        raise UnsupportedModelError(f"explain_generation takes text prompts; {type(inner).__name__} reads an image "
+                                    "with its text. Explain each generated token with explain(model, inputs, "
+                                    "position=p, target=token) on the processor's output for the prompt and the "
+                                    "tokens written so far")
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if not adapter.is_decoder or not isinstance(head, nn.Linear):
         raise UnsupportedModelError(f"explain_generation explains what a causal language model writes (a decoder "

@@ -104,13 +104,20 @@ def engine_hook(module: nn.Module, hook: Callable[..., Any]) -> Iterator[None]:
                 _ENGINE_HOOKS.discard(handle.id)
 
 
+def _observer(hook: Any) -> bool:
+    """transformers' output-capturing hook: installed on a model's layers the first time their hidden states are
+    asked for (LLaVA asks for its vision tower's on every forward), it records outputs while a capture is active
+    and never changes one."""
+    return getattr(hook, "__module__", None) == "transformers.utils.output_capturing" and \
+        getattr(hook, "__name__", None) == "output_capturing_hook"
+
+
 def _user_hooks(hooks: dict) -> dict:
-    """The entries of one hook dictionary that are not the engine's own (:func:`engine_hook`)."""
-    if not _ENGINE_HOOKS:
-        return hooks
+    """The entries of one hook dictionary that are neither the engine's own (:func:`engine_hook`) nor
+    transformers' output-capturing observers (:func:`_observer`)."""
     with _ENGINE_LOCK:
         engine = set(_ENGINE_HOOKS)
-    return {k: v for k, v in hooks.items() if k not in engine}
+    return {k: v for k, v in hooks.items() if k not in engine and not _observer(v)}
 
 Slot = tuple  # ("training", i) | ("flag", i, name) | ("hook", i, dict, id) | ("requires_grad", j) | ("grad", j) | ...
 

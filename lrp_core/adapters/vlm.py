@@ -1,0 +1,500 @@
+"""Vision-language models (docs/METHODS.md §2g): the base every VLM family builds on.
+
+A VLM here is three parts, each replayed from the model's own submodules:
+
+* the **vision tower**, a ViT (:class:`VisionTower`: Hugging Face CLIP vision and DINOv2 towers), run up to
+  the layer the model reads its image features from (``vision_feature_layer``); the blocks after it are not run;
+* the **connector**, which turns the tower's selected tokens into language-model embeddings (LLaVA: an MLP
+  projector; Idefics3: a pixel shuffle; Qwen2.5-VL: a patch merger) — the family's part
+  (:meth:`VLMAdapter.connect`, :meth:`VLMAdapter.connect_relprop`, :meth:`VLMAdapter.patch_tokens`);
+* the **language model**, a decoder of §2c whose input embeddings ``x0`` are the word embeddings of the text
+  with the projected image features in place of the image placeholder tokens (as Hugging Face's
+  ``masked_scatter`` puts them). It is the existing decoder adapter of the text model's family over a view of
+  the language model and the LM head (:class:`LanguageModelView`), so every decoder rule, the read position
+  (``position=``), padding on either side and the layer-product methods are the decoder's.
+
+What is explained is a decoder's: the next-token logit at each row's last real token (or ``position=``).
+``scores`` (B, T) are the relevance of every input position's embedding ``x0``, image placeholder tokens
+included (their projected image feature); ``pixels`` (B, H, W) where the relevance is carried through the
+connector and the tower to the pixels (``lrp``, ``attnlrp``, ``cp_lrp``). A modified-gradient replay runs the tower and
+the connector with the same rules as the language model. The layout names the image tokens' positions on the
+patch grid (:attr:`~lrp_core.adapters.records.TokenLayout.image_tokens`), so ``Explanation.upsample`` brings
+the image tokens' scores to the image.
+
+Images: ``pixel_values`` holds k images per row of ``input_ids`` (the same k for every row, in row order, as the
+processor stacks them), and each row holds its images' placeholder tokens, k · P of them. With one image per
+row the map over the image is ``Explanation.upsample()`` and the relevance methods fill ``pixels`` (B, H, W);
+with several, the image tokens are scored like any token, and ``pixels`` / ``upsample`` (one image per row) are
+not given.
+
+Shapes: B rows, k images per row, T tokens, D the language model's width, N_v the tower's tokens, D_v its width,
+P image tokens per image, (h, w) the patch grid.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import InputError, UnsupportedModelError
+from ..rules.composites import Propagation
+from ..rules.ops import LAYERNORM, PATCH_CONV, POS_ADD
+from .base import Adapter
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, Replay, block_forward, block_relprop
+from .checks import NO_EFFECT, input_keys, pixel_values
+from .clip import clip_block
+from .decoder import REFUSED_INPUTS, DecoderAdapter
+from .records import EmbeddingRecord, TokenLayout, Trace
+from .vit import ViTAdapter, hf_attention, hf_mlp
+
+#: the text model's ``model_type`` -> (adapter module, decoder adapter class) of its family
+TEXT_FAMILIES = {
+    "llama": ("llama", "LlamaAdapter"),
+    "mistral": ("mistral", "MistralAdapter"),
+    "qwen2": ("qwen2", "Qwen2Adapter"),
+}
+
+#: why the Captum baselines are not run on a VLM (``Adapter.refused_methods``)
+_CAPTUM_REASON = ("the Captum baselines attribute either the pixels of an image model or the word embeddings of a "
+                  "text model; a VLM's prediction reads both at once (the image features replace the placeholder "
+                  "tokens' embeddings), and attributing one while holding the other fixed would give the image "
+                  "tokens (or the text) a score of zero that means nothing. Use attnlrp, cp_lrp or lrp (pixels and "
+                  "tokens), or token_ablation")
+
+#: methods without a meaning on a VLM, and why
+VLM_REFUSED_METHODS = {
+    "pa_lrp": "its positional relevance is one (B, T) map over the position encodings of one token set; a VLM has "
+              "two (the vision tower's position embedding over the patch grid and the language model's rotary "
+              "positions over the sequence). Use attnlrp or cp_lrp",
+    **{m: _CAPTUM_REASON for m in ("input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion",
+                                   "kernel_shap")},
+}
+
+
+class LanguageModelView(nn.Module):
+    """A VLM's language model seen as a causal LM: the decoder stack ``model``, the head ``lm_head`` and the text
+    ``config`` — what :class:`~lrp_core.adapters.decoder.DecoderAdapter` reads. It holds the model's own modules
+    (nothing is copied or changed)."""
+
+    def __init__(self, stack: nn.Module, head: nn.Module, config: Any):
+        super().__init__()
+        self.model = stack
+        self.lm_head = head
+        self.config = config
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The language model's token embedding (``embed_tokens``)."""
+        return self.model.get_input_embeddings()
+
+
+def text_adapter(stack: nn.Module, head: nn.Module, config: Any) -> DecoderAdapter:
+    """The decoder adapter of a VLM's language model, chosen by the text config's ``model_type``.
+
+    Parameters
+    ----------
+    stack : nn.Module
+        The decoder stack (``layers``, ``norm``, ``rotary_emb``, ``embed_tokens``).
+    head : nn.Module
+        The LM head.
+    config : Any
+        The text config.
+
+    Returns
+    -------
+    DecoderAdapter
+        The family's adapter over a :class:`LanguageModelView`.
+
+    Raises
+    ------
+    UnsupportedModelError
+        For a text model of another family.
+    """
+    kind = getattr(config, "model_type", None)
+    if kind not in TEXT_FAMILIES:
+        raise UnsupportedModelError(f"its language model is {kind!r}; the language models explained inside a "
+                                    f"vision-language model are {', '.join(TEXT_FAMILIES)}")
+    module, cls = TEXT_FAMILIES[kind]
+    return getattr(importlib.import_module(f"{__package__}.{module}"), cls)(LanguageModelView(stack, head, config))
+
+
+# ----------------------------------------------------------------------------
+# the vision tower
+# ----------------------------------------------------------------------------
+class VisionTower(ViTAdapter):
+    """A VLM's vision tower: a pre-LN ViT without a head, replayed up to the ``layers`` blocks the VLM reads.
+
+    It validates the images and carries relevance from its block-0 input to the pixels as a ViT does
+    (:meth:`ViTAdapter.input_relevance`: the prefix tokens dropped, the position embedding's token share, zᴮ on
+    the patch convolution). ``model`` is the tower module.
+    """
+
+    #: the Hugging Face class of the tower
+    tower_class: str = ""
+
+    def __init__(self, model: nn.Module, layers: int):
+        super().__init__(model)
+        self.blocks = [self._block(i, layer) for i, layer in enumerate(self.layers_of(model)[:layers])]
+
+    @staticmethod
+    def layers_of(model: nn.Module) -> nn.ModuleList:
+        """All the encoder layers of the tower ``model``, input first."""
+        raise NotImplementedError
+
+    def layout(self, prepared: dict) -> TokenLayout:
+        """The tower's tokens: the prefix, then the patches in raster order."""
+        H, W = prepared["images"].shape[-2:]
+        grid = (H // self.patch_size[0], W // self.patch_size[1])
+        return TokenLayout(modality="image", num_tokens=self.num_prefix_tokens + grid[0] * grid[1],
+                           output_start=self.num_prefix_tokens, readout_tokens=(), grid=grid, image_size=(H, W))
+
+
+class CLIPVisionTower(VisionTower):
+    """Hugging Face ``CLIPVisionModel``: class embedding, patch convolution, learned positions, ``pre_layrnorm``,
+    pre-LN blocks (``post_layernorm`` reads the pooled token only and is not on the features' path)."""
+
+    tower_class = "CLIPVisionModel"
+
+    def __init__(self, model: nn.Module, layers: int):
+        emb = model.embeddings
+        self.patch_conv = emb.patch_embedding
+        ps = emb.patch_size
+        self.patch_size = (ps, ps) if isinstance(ps, int) else tuple(ps)
+        self.image_size = (emb.image_size, emb.image_size)
+        self.num_prefix_tokens = 1
+        self.norm_pre = model.pre_layrnorm
+        super().__init__(model, layers)
+
+    @staticmethod
+    def layers_of(model: nn.Module) -> nn.ModuleList:
+        return model.encoder.layers
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        """:func:`clip_block`; eager attention computes its softmax in float32 and casts back, as Hugging Face's
+        CLIP does (sdpa keeps the model's dtype)."""
+        spec = clip_block(layer, self.model.config)
+        if getattr(self.model.config, "_attn_implementation", "eager") != "sdpa":
+            spec.attn.softmax_dtype = torch.float32
+        return spec
+
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """``CLIPVisionEmbeddings`` (without position interpolation, as LLaVA calls it) and ``pre_layrnorm``."""
+        emb = self.model.embeddings
+        images = prepared["images"]
+        if track:
+            images = images.detach().requires_grad_(True)
+        conv = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))
+        patches = conv.flatten(2).transpose(1, 2)
+        tokens = torch.cat([emb.class_embedding.expand(images.shape[0], 1, -1), patches], dim=1)
+        x_pos = r(POS_ADD, torch.add, tokens, emb.position_embedding(emb.position_ids))
+        x0 = r.module(LAYERNORM, self.norm_pre, x_pos)
+        return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
+
+
+class Dinov2VisionTower(VisionTower):
+    """Hugging Face ``Dinov2Model``: [CLS], patch convolution, the position grid interpolated to the image size,
+    pre-LN blocks with LayerScale (the final ``layernorm`` is not on the features' path: the hidden states are
+    read before it)."""
+
+    tower_class = "Dinov2Model"
+
+    def __init__(self, model: nn.Module, layers: int):
+        if getattr(model.config, "use_swiglu_ffn", False):
+            raise UnsupportedModelError("a DINOv2 vision tower with use_swiglu_ffn=True (DINOv2 giant) multiplies two "
+                                        "activations in its MLP, which the block description does not cover")
+        pe = model.embeddings.patch_embeddings
+        self.patch_conv = pe.projection
+        ps = pe.patch_size
+        self.patch_size = (ps, ps) if isinstance(ps, int) else tuple(ps)
+        self.image_size = None  # the position grid is interpolated: any multiple of the patch size
+        self.num_prefix_tokens = 1
+        super().__init__(model, layers)
+
+    @staticmethod
+    def layers_of(model: nn.Module) -> nn.ModuleList:
+        return model.encoder.layer
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        cfg = self.model.config
+        H = cfg.num_attention_heads
+        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+        q, k, v, proj = hf_attention(layer.attention)
+        return BlockSpec(layout="pre_ln", norm1=layer.norm1, norm2=layer.norm2, ls1=layer.layer_scale1,
+                         ls2=layer.layer_scale2,
+                         attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d ** -0.5),
+                         mlp=hf_mlp(layer))
+
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """``Dinov2Embeddings`` at inference (no mask token, dropout an identity)."""
+        emb = self.model.embeddings
+        images = prepared["images"]
+        if track:
+            images = images.detach().requires_grad_(True)
+        conv = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))
+        patches = conv.flatten(2).transpose(1, 2)
+        tokens = torch.cat([emb.cls_token.expand(images.shape[0], -1, -1), patches], dim=1)
+        H, W = images.shape[-2:]
+        x_pos = r(POS_ADD, torch.add, tokens, emb.interpolate_pos_encoding(tokens, H, W))
+        return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
+
+
+#: the vision towers replayed, by class name
+TOWERS = {cls.tower_class: cls for cls in (CLIPVisionTower, Dinov2VisionTower)}
+
+
+def vision_tower(module: nn.Module, feature_layer: int) -> VisionTower:
+    """The tower's replay up to the hidden state ``feature_layer`` (Hugging Face's ``hidden_states`` index: 0 the
+    embeddings, i the output of layer i, negative from the end).
+
+    Parameters
+    ----------
+    module : nn.Module
+        The VLM's vision tower.
+    feature_layer : int
+        The index of the hidden state the features are read from.
+
+    Returns
+    -------
+    VisionTower
+        The tower, with the blocks up to that hidden state.
+
+    Raises
+    ------
+    UnsupportedModelError
+        For a tower of another class, a layer index outside the tower, or a tower whose last hidden state is read
+        after its final norm (``tie_last_hidden_states``).
+    """
+    name = type(module).__name__
+    if name not in TOWERS:
+        raise UnsupportedModelError(f"its vision tower is {name}; the towers explained are {', '.join(TOWERS)}")
+    cls = TOWERS[name]
+    depth = len(cls.layers_of(module))
+    if not -(depth + 1) <= feature_layer <= depth:
+        raise UnsupportedModelError(f"vision_feature_layer={feature_layer} is outside the tower's {depth + 1} hidden "
+                                    "states")
+    layers = feature_layer % (depth + 1)
+    if layers == depth and getattr(module.config, "tie_last_hidden_states", None):
+        raise UnsupportedModelError("the vision config sets tie_last_hidden_states, so the last hidden state is read "
+                                    "after the tower's final norm, which the replay does not run")
+    return cls(module, layers)
+
+
+# ----------------------------------------------------------------------------
+# records
+# ----------------------------------------------------------------------------
+@dataclass
+class VLMEmbeddingRecord(EmbeddingRecord):
+    """The input layer of a VLM: the language model's ``x0`` and what made its image part.
+
+    Attributes:
+        x0, embeds: (B, T, D) the language model's input embeddings (the text's word embeddings, the projected
+            image features at the image tokens); token scores are read here.
+        images: (B, 3, H, W) the pixels, the leaf their relevance is read at (one image per row), else ``None``.
+        vision: the tower's embedding record; vision_blocks: its block records, in order.
+        selected: (B, P_v, D_v) the tower's tokens the connector reads (after the feature-select strategy).
+        connector: the connector's intermediate outputs, by the family's names.
+        features: (B, P, D) the connector's output, the image tokens' embeddings.
+        image_mask: (B, T) bool, the image placeholder tokens.
+    """
+
+    vision: Optional[EmbeddingRecord] = None
+    vision_blocks: list = field(default_factory=list)
+    selected: Optional[Tensor] = None
+    connector: dict = field(default_factory=dict)
+    features: Optional[Tensor] = None
+    image_mask: Optional[Tensor] = None
+
+
+# ----------------------------------------------------------------------------
+# the adapter
+# ----------------------------------------------------------------------------
+class VLMAdapter(Adapter):
+    """A generative vision-language model: a vision tower, a connector and a decoder language model.
+
+    A family sets :meth:`_parts` (the language model, the head, the tower and the feature layer) and the
+    connector (:meth:`connect`, :meth:`connect_relprop`, :meth:`patch_tokens`).
+    """
+
+    modality = "text"
+    is_decoder = True
+    mask_value = float("-inf")
+    refused_methods = VLM_REFUSED_METHODS
+    #: the prepared entries that hold the rows' images, (B, k, 3, H, W) (not cut along a token axis)
+    image_entries = ("pixel_values",)
+    #: the input keys read besides the text's
+    image_inputs = ("pixel_values", "image_sizes")
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        if not type(model).__module__.startswith("transformers."):
+            # a decoder subclass is checked against its own logits on a text probe; a VLM's needs an image too
+            raise UnsupportedModelError(f"{type(model).__name__} subclasses a vision-language model outside "
+                                        "transformers and may compute something else, which no probe checks here: "
+                                        "explain transformers' own class (load the weights into it)")
+        stack, head, text_config, tower, feature_layer = self._parts()
+        self.text = text_adapter(stack, head, text_config)
+        self.blocks = self.text.blocks
+        self.readout = self.text.readout
+        self.tower = vision_tower(tower, feature_layer)
+        self.image_token_id = int(self.model.config.image_token_id)
+
+    # ------------------------------------------------------------ the family's part
+    def _parts(self) -> tuple[nn.Module, nn.Module, Any, nn.Module, int]:
+        """(decoder stack, LM head, text config, vision tower, feature layer)."""
+        raise NotImplementedError
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        return self.text._block(i, layer)
+
+    def select(self, hidden: Tensor) -> Tensor:
+        """The tower's tokens (B, N_v, D_v) the connector reads (B, P_v, D_v). Default: all."""
+        return hidden
+
+    def unselect(self, R: Tensor, emb: VLMEmbeddingRecord) -> Tensor:
+        """The relevance of the selected tokens (B, P_v, D_v) on the tower's tokens (B, N_v, D_v)."""
+        return R
+
+    def connect(self, selected: Tensor, r: Replay) -> tuple[dict, Tensor]:
+        """The connector: the selected tokens (B, P_v, D_v) -> (intermediate outputs, image features (B, P, D))."""
+        raise NotImplementedError
+
+    def connect_relprop(self, emb: VLMEmbeddingRecord, R: Tensor, prop: Propagation) -> Tensor:
+        """The relevance of the image features (B, P, D) -> of the selected tokens (B, P_v, D_v)."""
+        raise NotImplementedError
+
+    def patch_tokens(self, grid: tuple) -> Tensor:
+        """(h·w,) long: for each patch in raster order, the index among one image's P image tokens of the token that
+        carries it (the inverse of the connector's token layout). Default: token i is patch i."""
+        return torch.arange(grid[0] * grid[1])
+
+    def tokens_per_image(self, grid: tuple) -> int:
+        """P, the image tokens one image of patch grid ``grid`` gives. Default: one per patch."""
+        return grid[0] * grid[1]
+
+    # ------------------------------------------------------------ validation
+    def check_inputs(self, inputs) -> dict:
+        """The processor's output: ``input_ids``, ``attention_mask``, ``pixel_values`` (k images per row, the same
+        k for every row), and ``image_sizes`` where the processor gives it (each the image's own size).
+        ``prepared["pixel_values"]`` is (B, k, 3, H, W)."""
+        name = type(self.model).__name__
+        if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
+            raise InputError(f"{name} explains a text with an image: pass the processor's output, a dict with "
+                             "'input_ids', 'attention_mask' and 'pixel_values', e.g. processor(images=image, "
+                             f"text=prompt, return_tensors='pt'); got {type(inputs).__name__}")
+        if inputs.get("pixel_values") is None:
+            raise InputError(f"{name}: 'pixel_values' is missing. Pass the image with the text (the processor's "
+                             "output); to explain a text alone, explain the language model on its own")
+        refused = {**REFUSED_INPUTS, **{k: f"the replay reads the model's config ({k} = "
+                                           f"{getattr(self.model.config, k, None)!r}); pass none"
+                                        for k in ("vision_feature_layer", "vision_feature_select_strategy")}}
+        input_keys(inputs, name, self.text.honoured_inputs + self.image_inputs, refused, NO_EFFECT)
+        prepared = self.text.check_inputs({k: inputs[k] for k in self.text.honoured_inputs if k in inputs})
+        images = self.tower.check_inputs(pixel_values(inputs["pixel_values"]))["images"]
+        ids, mask = prepared["input_ids"], prepared["attention_mask"]
+        B = ids.shape[0]
+        if images.shape[0] % B:
+            raise InputError(f"pixel_values holds {images.shape[0]} images for {B} rows of input_ids: every row "
+                             "must hold the same number of images (the processor stacks them in row order)")
+        k = images.shape[0] // B
+        grid = self.tower.layout({"images": images}).grid
+        P = self.tokens_per_image(grid)
+        placeholders = ids == self.image_token_id
+        counts = placeholders.sum(dim=1)
+        bad = torch.nonzero(counts != k * P).flatten().tolist()
+        if bad:
+            raise InputError(f"row {bad[0]} holds {int(counts[bad[0]])} image tokens (id {self.image_token_id}), "
+                             f"but its {k} image(s) of {tuple(images.shape[-2:])} pixels give {k} × {P} features: "
+                             "put the processor's image tokens in the text (processor(images=..., text=...)), the "
+                             "same number of images in every row")
+        if bool((placeholders & (mask == 0)).any()):
+            raise InputError("an image token is padding (attention_mask 0): the image tokens must be real tokens")
+        sizes = inputs.get("image_sizes")
+        if sizes is not None:
+            sizes = torch.as_tensor(sizes).cpu()
+            if sizes.shape != (B * k, 2) or not bool((sizes == torch.tensor(images.shape[-2:])).all()):
+                raise InputError(f"image_sizes must give each image's own size {tuple(images.shape[-2:])} "
+                                 f"({B * k}, 2): images cropped or padded inside pixel_values are not explained")
+        return {**prepared, "pixel_values": images.reshape(B, k, *images.shape[1:])}
+
+    def take(self, prepared: dict, rows: Tensor, n: Optional[int] = None) -> dict:
+        """The rows' text (cut to ``n`` tokens) and their images."""
+        text = super().take({k: v for k, v in prepared.items() if k not in self.image_entries}, rows, n)
+        return {**text, **{k: prepared[k][rows.to(prepared[k].device)] for k in self.image_entries}}
+
+    def at_position(self, prepared: dict, position) -> dict:
+        return self.text.at_position(prepared, position)
+
+    def readout_for(self, prepared: dict):
+        return self.text.readout_for(prepared)
+
+    def layout(self, prepared: dict) -> TokenLayout:
+        """The decoder's layout, with the patch grid, the image size and each patch's image token
+        (``image_tokens`` (B, k·h·w): positions in the sequence, raster order, image after image)."""
+        images = prepared["pixel_values"]
+        grid = self.tower.layout({"images": images[:, 0]}).grid
+        ids = prepared["input_ids"]
+        # each row's image tokens in order: their positions, first the image tokens, by a stable sort
+        where = torch.argsort((ids != self.image_token_id).to(torch.int8), dim=1, stable=True)
+        P = self.tokens_per_image(grid)
+        per_image = self.patch_tokens(grid).to(ids.device)
+        carriers = torch.cat([per_image + j * P for j in range(images.shape[1])])
+        positions = where.gather(1, carriers[None].expand(ids.shape[0], -1))
+        return replace(self.text.layout(prepared), grid=grid, image_size=tuple(images.shape[-2:]),
+                       image_tokens=positions)
+
+    # ------------------------------------------------------------ forward
+    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
+                      fused: bool = False) -> list:
+        return self.text.block_context(x0, mask, positions, fused)
+
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
+        """The tower up to the feature layer, the connector, and the features scattered into the word embeddings
+        at the image tokens — every operation through the same replay ``r``. ``track``: the pixels are the leaf
+        (``images``, one image per row; several: the stacked images, not recorded)."""
+        stacked = prepared["pixel_values"]  # (B, k, 3, H, W)
+        B, k = stacked.shape[:2]
+        images = stacked[:, 0] if k == 1 else stacked
+        if track:
+            images = images.detach().requires_grad_(True)
+        vision = self.tower.embed({"images": images.reshape(B * k, *stacked.shape[2:])}, r)
+        x, records = vision.x0, []
+        for spec in self.tower.blocks:
+            rec = block_forward(spec, x, None, r)
+            records.append(rec)
+            x = rec.out
+        selected = self.select(x)
+        connector, features = self.connect(selected, r)
+        ids = prepared["input_ids"]
+        words = self.text.embed_tokens(ids)
+        image_mask = ids == self.image_token_id
+        x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
+        return VLMEmbeddingRecord(x0=x0, embeds=x0, images=images if k == 1 else None, vision=vision,
+                                  vision_blocks=records,
+                                  selected=selected, connector=connector, features=features, image_mask=image_mask)
+
+    # ------------------------------------------------------------ relevance
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
+                        prepared: dict) -> tuple[Tensor, Optional[Tensor]]:
+        """Token scores: the relevance of every position's embedding, summed over channels (padding 0); pixels
+        (one image per row, else ``None``): the image tokens' relevance back through the connector, the tower's
+        blocks (the explicit pass) and its embedding (:meth:`ViTAdapter.input_relevance`)."""
+        emb = trace.embedding
+        assert isinstance(emb, VLMEmbeddingRecord)
+        scores = R0.sum(-1) * prepared["attention_mask"].to(R0.dtype)
+        if emb.images is None:  # several images per row: the image tokens are scored, no pixel map is given
+            return scores, None
+        B, _, D = R0.shape
+        R = self.connect_relprop(emb, R0[emb.image_mask].reshape(B, -1, D), prop)
+        R = self.unselect(R, emb)
+        for b in range(len(self.tower.blocks) - 1, -1, -1):
+            R, _ = block_relprop(self.tower.blocks[b], emb.vision_blocks[b], R, prop)
+        vision = Trace(x0=emb.vision.x0, embedding=emb.vision)
+        _, pixels = self.tower.input_relevance(vision, R, prop, {"images": emb.vision.images})
+        return scores, pixels
+
+
+__all__ = ["VLMAdapter", "VisionTower", "CLIPVisionTower", "Dinov2VisionTower", "LanguageModelView",
+           "VLMEmbeddingRecord", "TEXT_FAMILIES", "TOWERS", "VLM_REFUSED_METHODS", "text_adapter", "vision_tower"]

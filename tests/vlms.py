@@ -1,0 +1,92 @@
+"""Tiny LLaVA models for the tests, built in milliseconds, every parameter random.
+
+``make_llava(tower, ...)`` gives a seeded ``LlavaForConditionalGeneration`` with a CLIP-vision or DINOv2 tower
+(hidden 24, 3 layers, 2 heads, patch 7 on 28-pixel images: a 4 × 4 grid) and a Llama language model (hidden 32,
+2 layers, 4 query / 2 key-value heads, vocabulary 96, image token 95); ``prompt(...)`` lays a row out as
+``bos, text, image tokens, text``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+VOCAB = 96
+IMAGE = 95
+PAD = 0
+SIZE = 28
+PATCH = 7
+GRID = SIZE // PATCH
+
+
+def _norms(model: torch.nn.Module, seed: int, bias_free: bool) -> None:
+    """Random LayerNorm / RMSNorm scales (and LayerNorm shifts unless ``bias_free``), so the rules see non-trivial
+    activations."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            elif "norm" in name and name.endswith("bias"):
+                p.copy_(torch.zeros_like(p) if bias_free else 0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def make_llava(tower: str = "dinov2", seed: int = 0, layer: int = -1, strategy: str = "default",
+               bias_free: bool = False, attn: str = "sdpa", dtype: torch.dtype = torch.float64,
+               text: Optional[dict] = None, family: str = "llama"):
+    """A tiny LLaVA. ``bias_free``: every additive constant zero (Linear / Conv biases, LayerNorm shifts, position
+    embeddings, [CLS]), for the conservation checks. ``family``: the language model's (llama, mistral, qwen2)."""
+    import transformers
+    from transformers import CLIPVisionConfig, Dinov2Config, LlavaConfig, LlavaForConditionalGeneration
+    text_config = getattr(transformers, {"llama": "LlamaConfig", "mistral": "MistralConfig",
+                                         "qwen2": "Qwen2Config"}[family])
+    torch.manual_seed(seed)
+    tcfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=1, eos_token_id=1,
+                tie_word_embeddings=False, attn_implementation=attn)
+    if family == "llama":
+        tcfg["attention_bias"] = False
+    if family == "mistral":
+        tcfg["sliding_window"] = 8
+    tcfg.update(text or {})
+    vision = dict(hidden_size=24, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                  image_size=SIZE, patch_size=PATCH, attn_implementation=attn)
+    vcfg = Dinov2Config(**vision, qkv_bias=not bias_free) if tower == "dinov2" else CLIPVisionConfig(**vision)
+    cfg = LlavaConfig(vision_config=vcfg, text_config=text_config(**tcfg), image_token_id=IMAGE,
+                      vision_feature_layer=layer, vision_feature_select_strategy=strategy,
+                      multimodal_projector_bias=not bias_free, attn_implementation=attn)
+    model = LlavaForConditionalGeneration(cfg).eval().to(dtype)
+    _norms(model, seed, bias_free)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_scale" in name or "lambda1" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            if bias_free and (name.endswith(".bias") or "position_embedding" in name or "cls_token" in name
+                              or "class_embedding" in name):
+                p.zero_()
+    return model
+
+
+def image_tokens(strategy: str = "default") -> int:
+    """The image tokens of one image."""
+    return GRID * GRID + (1 if strategy == "full" else 0)
+
+
+def prompt(before: list, after: list, strategy: str = "default") -> list:
+    """``[1, *before, IMAGE × P, *after]``."""
+    return [1, *before] + [IMAGE] * image_tokens(strategy) + list(after)
+
+
+def inputs(rows: list, side: str = "left", seed: int = 0, dtype: torch.dtype = torch.float64) -> dict:
+    """The processor's output for id rows (padded on ``side`` with PAD), one random image per row."""
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), PAD, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        sl = slice(T - len(r), T) if side == "left" else slice(0, len(r))
+        ids[i, sl] = torch.tensor(r)
+        mask[i, sl] = 1
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.randn(len(rows), 3, SIZE, SIZE, generator=g, dtype=dtype)
+    return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
