@@ -88,12 +88,28 @@ COSINE = CosineNormalize()
 @dataclass
 class Windows:
     """How one block partitions its stage: the stage's ``grid`` (h, w), the window ``size`` and its cyclic
-    ``shift`` (both (rows, columns)), and the model's ``block`` (the family reads its bias and mask there)."""
+    ``shift`` (both (rows, columns)), and the model's ``block`` (the family reads its bias and mask there).
+
+    A grid that is not a multiple of the window is padded at the bottom and right with zero tokens (at the
+    attention's input) up to :attr:`padded`; ``pad_first``: the padding is added before the roll (Hugging Face),
+    else after it (timm)."""
 
     grid: tuple
     size: tuple
     shift: tuple
     block: nn.Module
+    pad_first: bool = False
+
+    @property
+    def padded(self) -> tuple:
+        """(hp, wp) the grid padded to a multiple of the window."""
+        return tuple(-(-g // s) * s for g, s in zip(self.grid, self.size))
+
+    @property
+    def pad_tokens(self) -> int:
+        """How many zero tokens the padding adds."""
+        hp, wp = self.padded
+        return hp * wp - self.grid[0] * self.grid[1]
 
 
 @dataclass
@@ -142,24 +158,49 @@ def _ungroup(R: Tensor, grid: tuple) -> Tensor:
 
 
 def window_slots(win: Windows, device: torch.device) -> Tensor:
-    """(windows, A) the stage token at each slot of each window: the grid rolled back by the shift, cut into
-    windows row-major, each window's slots row-major (the models' ``window_partition`` after their roll)."""
+    """(windows, A) the token at each slot of each window: the grid rolled back by the shift (and padded, before
+    or after the roll: :class:`Windows`), cut into windows row-major, each window's slots row-major (the models'
+    ``window_partition``). The stage's tokens are 0 … N−1, the padding's N … N + pad_tokens − 1 (row-major)."""
     h, w = win.grid
-    (wh, ww), (sh, sw) = win.size, win.shift
+    (hp, wp), (wh, ww), (sh, sw) = win.padded, win.size, win.shift
     idx = torch.arange(h * w, device=device).view(h, w)
+
+    def pad(t: Tensor) -> Tensor:
+        if (hp, wp) == (h, w):
+            return t
+        full = torch.full((hp, wp), -1, dtype=t.dtype, device=device)
+        full[:h, :w] = t
+        full[full < 0] = torch.arange(h * w, hp * wp, device=device)
+        return full
+
+    if win.pad_first:
+        idx = pad(idx)
     if sh or sw:
         idx = torch.roll(idx, shifts=(-sh, -sw), dims=(0, 1))
-    return idx.view(h // wh, wh, w // ww, ww).transpose(1, 2).reshape(-1, wh * ww)
+    if not win.pad_first:
+        idx = pad(idx)
+    return idx.view(hp // wh, wh, wp // ww, ww).transpose(1, 2).reshape(-1, wh * ww)
 
 
-def check_windows(where: str, win: Windows, bias_size: tuple, padding: str) -> None:
-    """Refuse a block whose windows the replay does not describe: a grid that is not a multiple of the window
-    (the model pads it, ``padding`` says how), or a window other than the one its position bias is made for."""
-    (h, w), ws = win.grid, win.size
-    if h % ws[0] or w % ws[1]:
-        raise UnsupportedModelError(f"{where}: its grid {(h, w)} is not a multiple of its window {ws} ({padding}; "
-                                    "the replay does not pad). Use an image size whose stage grids are multiples of "
-                                    "the window")
+def window_softmax(slots: Tensor, dtype: Optional[torch.dtype]) -> Callable[[Tensor], Tensor]:
+    """A softmax over each window's keys only, as a windowed model computes it: the masked scores (B, H, N, N) ->
+    A (B, H, N, N), each window's (A, A) block taken out, its softmax computed (in ``dtype`` and cast back, or in
+    the scores' dtype) and put back; 0 between windows. The same values as the softmax over whole rows with
+    :data:`OUTSIDE` between windows, but with the model's own sums (its round-off, e.g. in float32)."""
+    def softmax(s: Tensor) -> Tensor:
+        at = slots.to(s.device)
+        rows, cols = at[:, :, None], at[:, None, :]
+        block = s[:, :, rows, cols]  # (B, H, windows, A, A)
+        a = block.softmax(dim=-1) if dtype is None else block.softmax(dim=-1, dtype=dtype).to(s.dtype)
+        out = s.new_zeros(s.shape)
+        out[:, :, rows, cols] = a
+        return out
+    return softmax
+
+
+def check_windows(where: str, win: Windows, bias_size: tuple) -> None:
+    """Refuse a block whose window is not the one its position bias is made for (the model itself fails there)."""
+    ws = win.size
     if tuple(ws) != tuple(bias_size):
         raise UnsupportedModelError(f"{where}: its window {ws} differs from the {tuple(bias_size)} window its "
                                     "position bias is made for")
@@ -204,13 +245,14 @@ class SwinAdapter(ViTAdapter):
 
     def window_bias(self, b: int, like: Tensor) -> Tensor:
         """(1, H, N, N) block b's attention as full attention over its stage: the position bias (+ the shifted
-        windows' region mask) between tokens of one (shifted) window, :data:`OUTSIDE` elsewhere."""
+        windows' region mask) between tokens of one (shifted) window, :data:`OUTSIDE` elsewhere; N counts the
+        padding's zero tokens too, after the stage's."""
         win = self.windows[b]
-        h, w = win.grid
+        hp, wp = win.padded
         slots = window_slots(win, like.device)  # (windows, A)
         rel, mask = self.window_terms(b, like)
         terms = rel[:, None] if mask is None else rel[:, None] + mask[None]  # (H, windows or 1, A, A)
-        bias = torch.full((rel.shape[0], h * w, h * w), OUTSIDE, dtype=like.dtype, device=like.device)
+        bias = torch.full((rel.shape[0], hp * wp, hp * wp), OUTSIDE, dtype=like.dtype, device=like.device)
         bias[:, slots[:, :, None], slots[:, None, :]] = terms.expand(-1, slots.shape[0], -1, -1)
         return bias[None]
 
@@ -338,7 +380,8 @@ class TimmSwinAdapter(SwinAdapter):
                 b = len(self.blocks)
                 self.blocks.append(self._block(b, blk))
                 win = Windows(grid=grid, size=tuple(blk.window_size), shift=tuple(blk.shift_size), block=blk)
-                check_windows(f"block {b}", win, blk.attn.window_size, "timm pads it")
+                check_windows(f"block {b}", win, blk.attn.window_size)
+                self.blocks[b].attn.pad_tokens = win.pad_tokens
                 self.windows.append(win)
                 if self.v2:
                     self.logit_scales[b] = blk.attn.logit_scale
@@ -381,4 +424,4 @@ class TimmSwinAdapter(SwinAdapter):
 
 
 __all__ = ["SwinAdapter", "TimmSwinAdapter", "StagedTrace", "MergeRecord", "Merge", "Windows", "CosineNormalize",
-           "REFUSED_METHODS", "window_slots", "check_windows", "cpb_bias"]
+           "REFUSED_METHODS", "window_slots", "window_softmax", "check_windows", "cpb_bias"]

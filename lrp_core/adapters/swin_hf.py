@@ -30,7 +30,7 @@ from ..errors import UnsupportedModelError
 from ..rules.ops import LINEAR
 from .blocks import IDENTITY, AttentionSpec, BlockSpec
 from .readouts import HeadLayer, MeanReadout, Readout
-from .swin import COSINE, Merge, SwinAdapter, Windows, check_windows, cpb_bias
+from .swin import COSINE, Merge, SwinAdapter, Windows, check_windows, cpb_bias, window_slots, window_softmax
 from .vit import hf_linear_head, hf_mlp
 
 #: the attention implementations of transformers' Swin the replay reproduces (softmax dtype: None = the model's)
@@ -79,7 +79,11 @@ class HFSwinAdapter(SwinAdapter):
                 win = self._windows(layer, grid)
                 bias_size = layer.attention.self.window_size if self.v2 else \
                     layer.attention.relative_position_bias.window_size
-                check_windows(f"block {b}", win, bias_size, "transformers pads it with zero tokens")
+                check_windows(f"block {b}", win, bias_size)
+                self.blocks[b].attn.pad_tokens = win.pad_tokens
+                if self.softmax_dtype is not None:  # eager: the float32 softmax over each window, as the model sums
+                    self.blocks[b].attn.softmax = window_softmax(window_slots(win, torch.device("cpu")),
+                                                                 self.softmax_dtype)
                 self.windows.append(win)
                 if self.v2:
                     self.logit_scales[b] = layer.attention.self.logit_scale
@@ -98,7 +102,7 @@ class HFSwinAdapter(SwinAdapter):
         ws, shift = int(layer.window_size), int(layer.shift_size)
         if not self.v2 and min(grid) <= ws:
             ws, shift = min(grid), 0
-        return Windows(grid=grid, size=(ws, ws), shift=(shift, shift), block=layer)
+        return Windows(grid=grid, size=(ws, ws), shift=(shift, shift), block=layer, pad_first=True)
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
         where = f"block {i} ({type(layer).__name__})"
@@ -125,7 +129,7 @@ class HFSwinAdapter(SwinAdapter):
     def window_terms(self, b: int, like: Tensor) -> tuple[Tensor, Optional[Tensor]]:
         win = self.windows[b]
         layer = win.block
-        h, w = win.grid
+        h, w = win.padded  # the mask covers the padded grid, as the model builds it
         with torch.no_grad():
             if self.v2:
                 sa = layer.attention.self

@@ -240,14 +240,53 @@ def test_cdam_is_gradient_times_the_last_stage_tokens_shared_by_their_patches(fa
 
 
 # ---------------------------------------------------------------- what is refused, and why
+def _padded_model(family: str) -> torch.nn.Module:
+    """Image 40, patch 4: stage 0 a 10×10 grid, stage 1 5×5, neither a multiple of the 4×4 window — both padded to
+    whole windows with zero tokens, shifted blocks included (timm v1 from test_swin.py)."""
+    if family == "timm_v1":
+        from test_swin import make_swin as make_timm_v1
+        return make_timm_v1(img_size=40)
+    return make_swin(family, image_size=40)
+
+
+@pytest.mark.parametrize("family", FAMILIES + ("timm_v1",))
+def test_windows_filled_with_padding_reproduce_the_logits(family):
+    """The padding's zero tokens are keys and values of their windows (their k and v the projections' biases): the
+    replay attends to them as the model does. Eager attention needs the per-window float32 softmax: the softmax
+    over whole rows in float32 was 1.1e-7 off here."""
+    model = _padded_model(family).double()
+    x = torch.randn(2, 3, 40, 40, generator=torch.Generator().manual_seed(3)).double()
+    for method in ("lrp", "attnlrp", "cp_lrp"):
+        exp = explain(model, x, method=method)
+        assert rel_err(exp.logits, _logits(model, x)) <= 1e-12, method
+        assert exp.scores.shape == (2, 100) and torch.isfinite(exp.scores).all(), method
+
+
+@pytest.mark.parametrize("family", ["hf_v1_eager", "timm_v2"])
+def test_cp_lrp_conserves_through_the_padding_without_additive_constants(family):
+    """Bias-free, the padding's values are 0: it takes attention weight (constants under CP-LRP) but passes
+    nothing on, so every stage still holds the logit."""
+    model = _padded_model(family).double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    exp = explain(model, torch.randn(2, 3, 40, 40, generator=torch.Generator().manual_seed(3)).double(),
+                  method="cp_lrp")
+    c = exp.conservation
+    tol = 1e-8 * c.output.abs() + 1e-9
+    assert (c.absorbed().abs().max(dim=1).values < tol).all()
+    assert ((c.pixels - c.output).abs() < tol).all()
+
+
 @pytest.mark.parametrize("family", ["hf_v1_sdpa", "hf_v2"])
-def test_grids_the_model_pads_are_refused_with_the_reason(family):
-    """Image 40, patch 4: a 10×10 grid, not a multiple of the 4×4 window (transformers pads it with zero tokens)."""
-    model = make_swin(family, image_size=40)
+def test_odd_grids_before_a_merging_are_refused_with_the_reason(family):
+    """Image 36, patch 4: a 9×9 grid, which transformers pads to 10×10 before merging 2×2 patches."""
+    model = make_swin(family, image_size=36)
     before = _state(model)
     with pytest.raises(UnsupportedModelError) as err:
-        explain(model, torch.randn(1, 3, 40, 40), method="attnlrp")
-    assert "(10, 10) is not a multiple of its window (4, 4)" in str(err.value) and "pads" in str(err.value)
+        explain(model, torch.randn(1, 3, 36, 36), method="attnlrp")
+    assert "odd grid (9, 9)" in str(err.value) and "pads" in str(err.value)
     _assert_same(before, _state(model))
 
 
