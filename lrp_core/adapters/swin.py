@@ -4,7 +4,9 @@ patch merging between stages, mean readout.
 Each Swin block is a block of the shared vocabulary over all the tokens of its stage (docs/METHODS.md §2i):
 attention inside a window equals attention over the stage's N tokens with an additive constant ``bias[h, i, j]``
 = the relative position bias (plus the shifted windows' −100 region mask) where i and j share a (shifted)
-window, and −1e9 elsewhere (a weight of exactly 0) — the MASK_ADD operand, as MPNet's position bias. Between
+window, and −1e9 elsewhere (a weight of exactly 0) — the MASK_ADD operand, as MPNet's position bias. A grid that
+is not a multiple of the window is filled with the models' zero tokens, which the attention reads after the stage's
+tokens (:class:`Windows`, ``AttentionSpec.pad_tokens``). Between
 stages, patch merging is a regrouping of 2×2 neighbours (exact), a LayerNorm and a bias-free Linear (v1: norm
 first; v2: the Linear first). The readout is the mean of the last stage's tokens (``MeanReadout``); relevance
 reaches the pixels through the patch embedding as for a ViT, so the maps are over the first stage's patch grid.
@@ -342,8 +344,8 @@ class SwinAdapter(ViTAdapter):
 # timm
 # ----------------------------------------------------------------------------
 class TimmSwinAdapter(SwinAdapter):
-    """timm ``SwinTransformer`` and ``SwinTransformerV2`` (fixed image size, grids divisible by the windows,
-    average pooling)."""
+    """timm ``SwinTransformer`` and ``SwinTransformerV2`` (fixed image size, even grids before each merging,
+    average pooling; windows padded after the shift, as timm pads them)."""
 
     def __init__(self, model: nn.Module):
         super().__init__(model)

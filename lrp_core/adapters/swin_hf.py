@@ -14,8 +14,9 @@ last, the final LayerNorm, the mean of the tokens (``AdaptiveAvgPool1d``) and th
 * Swin V2 adds the shifted windows' region mask twice (−200 between regions; the replay adds it as the model
   does) and is post-norm: ``layernorm_before`` acts on the attention's output, ``layernorm_after`` on the MLP's.
 
-Refused: absolute position embeddings (``use_absolute_embeddings``), grids the model pads to a multiple of the
-window or of 2 (the replay does not pad), images of another size than the config's.
+A grid that is not a multiple of the window is padded with zero tokens before the shift, as transformers does
+(:class:`~.swin.Windows`). Refused: absolute position embeddings (``use_absolute_embeddings``), odd grids before a
+patch merging (transformers pads them; the replay does not), images of another size than the config's.
 
 Shapes: B batch, N tokens of a stage, C width, H heads, A tokens of a window.
 """
