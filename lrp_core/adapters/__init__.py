@@ -187,7 +187,7 @@ def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
     return build
 
 
-#: the Hugging Face Swin classes an adapter replays (their rows in ADAPTERS); other heads of those model types are refused
+#: the Hugging Face Swin classes an adapter replays (their row in ADAPTERS); other heads of those types are refused
 HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassification")
 
 

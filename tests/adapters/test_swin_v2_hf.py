@@ -131,7 +131,7 @@ def _merging(family: str) -> torch.nn.Module:
 
 def test_cosine_normalisation_is_torchs_and_attnlrp_holds_its_divisor_constant():
     """``CosineNormalize`` gives ``F.normalize``'s values bit for bit; under AttnLRP's rule for a normalisation its
-    Jacobian is ``I / ‖x‖`` (the divisor a constant), so relevance passes through it unchanged (x ⊙ ∂y/∂x = y ⊙ ∂/∂y)."""
+    Jacobian is ``I / ‖x‖`` (the divisor a constant), so relevance passes through it unchanged."""
     from lrp_core.rules.composites import ATTNLRP
     from lrp_core.rules.ops import LAYERNORM
     x = torch.randn(3, 2, 5, 8, dtype=torch.float64)
