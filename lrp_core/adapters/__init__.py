@@ -164,6 +164,11 @@ def _timm_swin(model):
     return TimmSwinAdapter(model)
 
 
+def _hf_swin(model):
+    from .swin_hf import HFSwinAdapter
+    return HFSwinAdapter(model)
+
+
 def _hf_vit(model):
     from .vit import HFViTAdapter
     return HFViTAdapter(model)
@@ -204,6 +209,8 @@ def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
 
 #: the vision-language models an adapter explains (their rows in ADAPTERS)
 VLM_CLASSES = ("LlavaForConditionalGeneration",)
+#: the Hugging Face Swin classes an adapter replays (their row in ADAPTERS); other heads of those types are refused
+HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassification")
 
 
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
@@ -219,19 +226,22 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "of the tokens); the masked-LM, token-classification, question-answering and multiple-choice heads predict "
      "per token or per choice, and ModernBertModel has no head. Load the checkpoint as "
      "ModernBertForSequenceClassification"),
-    ("Swin V2, Hugging Face Swin and other windowed / hierarchical vision transformers",
-     lambda m: _named("SwinTransformerV2", "SwinTransformerV2Cr", "PyramidVisionTransformerV2",
-                      "MultiScaleVit", "Twins", "Hiera", "Davit", "MaxxVit", "NextViT", "FocalNet")(m)
-     or _hf_type("swin", "swinv2", "donut-swin", "maskformer-swin", "pvt", "pvt_v2", "hiera", "focalnet",
-                 "dinat", "nat")(m),
+    ("SwinTransformerV2Cr, Hugging Face Swin models without an image-classification head and other windowed / "
+     "hierarchical vision transformers",
+     lambda m: _named("SwinTransformerV2Cr", "PyramidVisionTransformerV2", "MultiScaleVit", "Twins", "Hiera", "Davit",
+                      "MaxxVit", "NextViT", "FocalNet")(m)
+     or _hf_type("donut-swin", "maskformer-swin", "pvt", "pvt_v2", "hiera", "focalnet", "dinat", "nat")(m)
+     or (_hf_type("swin", "swinv2")(m) and not _named(*HF_SWIN_CLASSIFIERS)(m)),
      "attention runs inside local windows and patch tokens are merged between stages, so there is no single "
      "token set whose token-to-token attention matrices can be multiplied across blocks (rollout, "
      "transformer_attribution and the other layer-product methods have no meaning), and the replay describes "
-     "the windows and patch merging of timm's SwinTransformer (v1) only, not Swin V2's cosine attention with its "
-     "learned logit scale and position-bias MLP, the Hugging Face Swin classes or the other hierarchical designs. "
-     "Use timm's SwinTransformer or a plain ViT / DeiT / DINOv2 (timm or Hugging Face) to explain with this "
-     "library, or gradient-based input attributions (e.g. Captum's IntegratedGradients, LayerGradCam on the last "
-     "stage) for this model"),
+     "the windows, patch merging and mean readout of timm's SwinTransformer / SwinTransformerV2 and Hugging Face's "
+     "SwinForImageClassification / Swinv2ForImageClassification only: not SwinTransformerV2Cr (attention scaled "
+     "by a learned temperature, its own position-bias network, extra norms inside stages), the Swin backbones and "
+     "masked-image-modelling heads (no class to explain) or the other hierarchical designs. Use one of those four "
+     "Swin classifiers or a plain ViT / DeiT / DINOv2 (timm or Hugging Face) to explain with this library, or "
+     "gradient-based input attributions (e.g. Captum's IntegratedGradients, LayerGradCam on the last stage) for "
+     "this model"),
     ("multimodal decoders other than LLaVA (Gemma 3 with images, Qwen2-VL, Idefics, PaliGemma, ...)",
      lambda m: _is_multimodal_decoder(m) and not _named(*VLM_CLASSES)(m),
      "images enter the token stream through a vision tower and a projector (image features replace placeholder "
@@ -271,8 +281,11 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _timm_vit),
     ("timm Eva (EVA, EVA-02: rotary q/k, SwiGLU MLPs, registers, LayerScale, post-norm blocks)", _named("Eva"),
      _timm_eva),
-    ("timm SwinTransformer (windowed attention, shifted windows, patch merging; lrp, attnlrp, cp_lrp, the Captum "
-     "baselines)", lambda m: type(m).__name__ == "SwinTransformer", _timm_swin),
+    ("timm SwinTransformer and SwinTransformerV2 (windowed attention, shifted windows, patch merging; V2's cosine "
+     "attention and continuous position bias; lrp, attnlrp, cp_lrp, cdam, the Captum baselines)",
+     lambda m: type(m).__name__ in ("SwinTransformer", "SwinTransformerV2"), _timm_swin),
+    ("Hugging Face SwinForImageClassification / Swinv2ForImageClassification (as timm's Swin and Swin V2)",
+     _named(*HF_SWIN_CLASSIFIERS), _hf_swin),
     ("Hugging Face ViTForImageClassification", _is_hf_vit, _hf_vit),
     ("Hugging Face DeiTForImageClassification and DeiTForImageClassificationWithTeacher",
      _named("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), _hf_deit),

@@ -92,6 +92,13 @@ class AttentionSpec:
     ``qkv``'s outputs (:data:`QKV_LAYOUTS`); ``softcap``: the scaled scores are soft-capped (:class:`SoftCap`)
     before the mask is added (Gemma 2; never fused).
 
+    ``pad_tokens``: the attention reads that many zero tokens after the N tokens of its input (keys and values,
+    whose outputs are dropped): the padding a windowed model adds to fill its windows (Swin). The bias then covers
+    all N + pad_tokens tokens; the record keeps the unpadded input ``h`` and the cropped output projection
+    (``lin["proj_all"]``: the uncropped one). ``softmax``: the model's own softmax of the masked scores
+    (B, H, N, N) -> A, where it is not one over each whole row (Swin's eager attention: per window, in float32);
+    ``None``: per row, in ``softmax_dtype``.
+
     Vision rotary embeddings (timm EVA): ``rope_skip`` leading tokens (class, register tokens) are not rotated,
     and the rotary tables then cover the other tokens only, (B or 1, N − rope_skip, d); ``rope_interleaved``:
     the rotation turns the channel pairs (2i, 2i+1) (timm's default) instead of (i, i + d/2) — the replay
@@ -124,6 +131,8 @@ class AttentionSpec:
     norm_whole: bool = False
     qkv_layout: str = "split"
     softcap: Optional[SoftCap] = None
+    pad_tokens: int = 0
+    softmax: Optional[Callable[[Tensor], Tensor]] = None
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
@@ -383,6 +392,18 @@ def _rotate_relprop(p: AttentionSpec, x: Tensor, rotated: Tensor, cos: Tensor, s
     return torch.cat((R[:, :, :n], R_body), dim=2) if n else R_body
 
 
+def _padded(p: AttentionSpec, t: Tensor) -> Tensor:
+    """(B, N, D) -> (B, N + p.pad_tokens, D): the zero tokens the attention reads after the N tokens."""
+    if not p.pad_tokens:
+        return t
+    return torch.cat([t, t.new_zeros(t.shape[0], p.pad_tokens, t.shape[-1])], dim=1)
+
+
+def _unpadded(p: AttentionSpec, t: Tensor, n: int) -> Tensor:
+    """(B, n + p.pad_tokens, D) -> (B, n, D): the padding's entries dropped."""
+    return t[:, :n] if p.pad_tokens else t
+
+
 def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Replay,
                       rope: Optional[tuple] = None) -> AttentionRecord:
     """Multi-head self-attention on ``h``; the attention map is computed explicitly unless fused.
@@ -408,7 +429,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
     """
     B, N, _ = h.shape
     H, d, groups = p.num_heads, p.head_dim, p.groups
-    lin, q, k, v = _project(p, h, r)
+    lin, q, k, v = _project(p, _padded(p, h), r)
     q_pre = k_pre = None
     if p.rotary:
         cos, sin = rope
@@ -428,10 +449,14 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         if p.softcap is not None:  # not a module of the model: not recorded as the first element-wise layer
             scores = r(ELEMENTWISE, p.softcap, scores, module=p.softcap)
         masked = scores if bias is None else r(MASK_ADD, _add, scores, bias)
-        A = r(SOFTMAX, _softmax if p.softmax_dtype is None else _softmax_float32, masked)  # (B, H, N, N)
+        softmax = p.softmax or (_softmax if p.softmax_dtype is None else _softmax_float32)
+        A = r(SOFTMAX, softmax, masked)  # (B, H, N, N)
         ctx = r(MATMUL_AV, _matmul, A, v_all)  # (B, H, N, d)
-    o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N, H * d))
+    o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N + p.pad_tokens, H * d))
     lin["proj"] = r.module(LINEAR, p.proj, o)
+    if p.pad_tokens:  # the padding's outputs are dropped
+        lin["proj_all"] = lin["proj"]
+        lin["proj"] = lin["proj_all"][:, :N]
     return AttentionRecord(h=h, q=q, k=k, v=v, A=A, ctx=ctx, o=o, lin=lin,
                            bias=bias, q_pre=q_pre, k_pre=k_pre,
                            rope=rope if p.rotary else None)
@@ -758,10 +783,15 @@ def _scores(p: AttentionSpec, rec: AttentionRecord) -> Tensor:
 
 def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: Propagation,
                        deeper: bool) -> tuple[Tensor, Optional[Tensor]]:
-    """Relevance of the output projection's output -> (R^A, relevance of the attention input or ``None``)."""
+    """Relevance of the output projection's output -> (R^A, relevance of the attention input or ``None``).
+
+    With ``p.pad_tokens`` the padding's outputs get no relevance, and its inputs' relevance is dropped."""
+    N_in = R.shape[1]
+    R = _padded(p, R)
     B, N, _ = R.shape
     H, d, groups = p.num_heads, p.head_dim, p.groups
-    R_o = prop.linear(p.proj, rec.o, R, out=rec.lin["proj"])
+    h = _padded(p, rec.h)
+    R_o = prop.linear(p.proj, rec.o, R, out=rec.lin.get("proj_all", rec.lin["proj"]))
     R_o = prop.unary(norm_kind(p.ctx_norm), rec.o, R_o, p.ctx_norm).reshape(B, N, H, d).transpose(1, 2)
     R_A, R_v = prop(MATMUL_AV, (rec.A, repeat_kv(rec.v, groups)), R_o, output=rec.ctx)
     if not deeper:
@@ -803,10 +833,10 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
             R_qkv = torch.stack([R_q, R_k, R_v], dim=2).transpose(1, 3).reshape(B, N, 3 * H * d)
         else:
             R_qkv = torch.cat([t.transpose(1, 2).reshape(B, N, -1) for t in (R_q, R_k, R_v)], dim=-1)
-        return R_A, prop.linear(p.qkv, rec.h, R_qkv, out=rec.lin["qkv"])
-    R_parts = [prop.linear(m, rec.h, flat(r), out=rec.lin[n])
+        return R_A, _unpadded(p, prop.linear(p.qkv, h, R_qkv, out=rec.lin["qkv"]), N_in)
+    R_parts = [prop.linear(m, h, flat(r), out=rec.lin[n])
                for n, m, r in (("q", p.q, R_q), ("k", p.k, R_k), ("v", p.v, R_v))]
-    return R_A, prop.clone(rec.h, *R_parts)  # the three-way Clone
+    return R_A, _unpadded(p, prop.clone(h, *R_parts), N_in)  # the three-way Clone
 
 
 __all__ = ["AttentionSpec", "MlpSpec", "MoeSpec", "BlockSpec", "Replay", "NO_RECORD", "IDENTITY", "LAYOUTS",

@@ -1,22 +1,32 @@
-"""timm ``SwinTransformer``: windowed attention, shifted windows, patch merging between stages, mean readout.
+"""Swin Transformers (v1 and v2; timm here, Hugging Face in :mod:`.swin_hf`): windowed attention, shifted windows,
+patch merging between stages, mean readout.
 
-Each Swin block is a pre-LN block of the shared vocabulary over all the tokens of its stage (docs/METHODS.md
-§2i): attention inside a window equals attention over the stage's N tokens with an additive constant
-``bias[h, i, j]`` = the relative position bias (plus the shifted windows' −100 region mask) where i and j share a
-(shifted) window, and −1e9 elsewhere (a weight of exactly 0) — the MASK_ADD operand, as MPNet's position bias.
-Between stages, patch merging is a regrouping of 2×2 neighbours (exact), a LayerNorm and a bias-free Linear.
-The readout is the mean of the last stage's tokens (``MeanReadout``); relevance reaches the pixels through the
-patch embedding as for a ViT, so the maps are over the first stage's patch grid.
+Each Swin block is a block of the shared vocabulary over all the tokens of its stage (docs/METHODS.md §2i):
+attention inside a window equals attention over the stage's N tokens with an additive constant ``bias[h, i, j]``
+= the relative position bias (plus the shifted windows' −100 region mask) where i and j share a (shifted)
+window, and −1e9 elsewhere (a weight of exactly 0) — the MASK_ADD operand, as MPNet's position bias. A grid that
+is not a multiple of the window is filled with the models' zero tokens, which the attention reads after the stage's
+tokens (:class:`Windows`, ``AttentionSpec.pad_tokens``). Between
+stages, patch merging is a regrouping of 2×2 neighbours (exact), a LayerNorm and a bias-free Linear (v1: norm
+first; v2: the Linear first). The readout is the mean of the last stage's tokens (``MeanReadout``); relevance
+reaches the pixels through the patch embedding as for a ViT, so the maps are over the first stage's patch grid.
+
+Swin V2 blocks are post-norm (``x + norm(attn(x))``, ``x + norm(mlp(x))``: the pre-LN layout with identity input
+norms and branch-output norms) and attend by scaled cosine similarity: q and k are L2-normalised per head
+(:class:`CosineNormalize`, a normalisation whose divisor a modified-gradient rule holds constant), their product
+is multiplied by a per-head constant ``exp(min(logit_scale, log 100))``, and the position bias is
+``16 · sigmoid`` of a small MLP on log-spaced relative coordinates — a constant of the scores, as v1's table.
 
 Methods that need one token set across blocks or the last attention over the input patches (the layer products,
 raw attention, attention Grad-CAM, partial LRP) or a removable token (token ablation) are refused by method
 (:attr:`Adapter.refused_methods`). CDAM reads the tokens entering the last attention, the last stage's: each
 input patch gets an equal share of the score of the merged token that covers it (:meth:`block_tokens`).
 
-Shapes: B batch, N tokens of a stage (row-major over its grid), C width, H heads.
+Shapes: B batch, N tokens of a stage (row-major over its grid), C width, H heads, A tokens of a window.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -27,13 +37,15 @@ from ..errors import UnsupportedModelError
 from ..rules.composites import Composite, Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import LINEAR, PATCH_CONV, norm_kind
-from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
+from .blocks import IDENTITY, NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .readouts import HeadLayer, MeanReadout, Readout
 from .records import BlockRelevance, EmbeddingRecord, Trace
 from .vit import ViTAdapter
 
 #: the score added between tokens of different windows: its softmax weight is exactly 0
 OUTSIDE = -1e9
+#: Swin V2's bound on the learned per-head logit scale (``log(1 / 0.01)``)
+MAX_LOGIT_SCALE = math.log(1.0 / 0.01)
 
 _LAYER_PRODUCTS = ("attention runs inside local windows and patches are merged between stages, so there is no "
                    "single token set whose attention matrices can be multiplied across blocks")
@@ -52,13 +64,75 @@ REFUSED_METHODS = {
 }
 
 
+class CosineNormalize(nn.Module):
+    """``x / max(‖x‖, 1e-12)`` over the last dimension, as ``torch.nn.functional.normalize`` computes it (Swin V2's
+    cosine attention normalises each head's q and k so).
+
+    A normalisation (operation kind LAYERNORM: identity in the explicit passes); :meth:`denominator` is the
+    divisor a modified-gradient rule holds constant (docs/METHODS.md §2i), as LayerNorm's std under AttnLRP.
+    """
+
+    eps = 1e-12
+
+    def denominator(self, x: Tensor) -> Tensor:
+        """(..., d) -> (..., 1) the clamped L2 norm."""
+        return x.norm(2, dim=-1, keepdim=True).clamp_min(self.eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(..., d) -> (..., d)."""
+        return x / self.denominator(x).expand_as(x)
+
+
+#: one instance serves every cosine attention (it holds nothing)
+COSINE = CosineNormalize()
+
+
+@dataclass
+class Windows:
+    """How one block partitions its stage: the stage's ``grid`` (h, w), the window ``size`` and its cyclic
+    ``shift`` (both (rows, columns)), and the model's ``block`` (the family reads its bias and mask there).
+
+    A grid that is not a multiple of the window is padded at the bottom and right with zero tokens (at the
+    attention's input) up to :attr:`padded`; ``pad_first``: the padding is added before the roll (Hugging Face),
+    else after it (timm)."""
+
+    grid: tuple
+    size: tuple
+    shift: tuple
+    block: nn.Module
+    pad_first: bool = False
+
+    @property
+    def padded(self) -> tuple:
+        """(hp, wp) the grid padded to a multiple of the window."""
+        return tuple(-(-g // s) * s for g, s in zip(self.grid, self.size))
+
+    @property
+    def pad_tokens(self) -> int:
+        """How many zero tokens the padding adds."""
+        hp, wp = self.padded
+        return hp * wp - self.grid[0] * self.grid[1]
+
+
+@dataclass
+class Merge:
+    """One patch merging: 2×2 neighbours of ``grid`` regrouped to 4C channels, then ``norm`` and ``reduction``
+    (``norm_first``: v1) or ``reduction`` and ``norm`` (v2)."""
+
+    reduction: nn.Module
+    norm: nn.Module
+    grid: tuple
+    norm_first: bool = True
+
+
 @dataclass
 class MergeRecord:
-    """One patch merging: ``x`` (B, N, C) its input, ``flat`` (B, N/4, 4C) the 2×2 groups, ``normed``, ``out``."""
+    """One patch merging: ``x`` (B, N, C) its input, ``flat`` (B, N/4, 4C) the 2×2 groups, ``mid`` the first
+    operation's output, ``out`` the second's."""
 
     x: Tensor
     flat: Tensor
-    normed: Tensor
+    mid: Tensor
     out: Tensor
 
 
@@ -70,7 +144,8 @@ class StagedTrace(Trace):
 
 
 def _regroup(x: Tensor, grid: tuple) -> Tensor:
-    """(B, h·w, C) -> (B, h/2 · w/2, 4C): timm's ``PatchMerging`` grouping of 2×2 neighbours."""
+    """(B, h·w, C) -> (B, h/2 · w/2, 4C): the 2×2 neighbours of each merged token side by side, in the order
+    (row 0, col 0), (row 1, col 0), (row 0, col 1), (row 1, col 1) — timm's and Hugging Face's patch merging."""
     B, _, C = x.shape
     h, w = grid
     return x.reshape(B, h // 2, 2, w // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3).reshape(B, -1, 4 * C)
@@ -84,63 +159,85 @@ def _ungroup(R: Tensor, grid: tuple) -> Tensor:
     return R.reshape(B, h // 2, w // 2, 2, 2, C).permute(0, 1, 4, 2, 3, 5).reshape(B, h * w, C)
 
 
-class TimmSwinAdapter(ViTAdapter):
-    """timm ``SwinTransformer`` (fixed image size, grids divisible by the windows, average pooling)."""
+def window_slots(win: Windows, device: torch.device) -> Tensor:
+    """(windows, A) the token at each slot of each window: the grid rolled back by the shift (and padded, before
+    or after the roll: :class:`Windows`), cut into windows row-major, each window's slots row-major (the models'
+    ``window_partition``). The stage's tokens are 0 … N−1, the padding's N … N + pad_tokens − 1 (row-major)."""
+    h, w = win.grid
+    (hp, wp), (wh, ww), (sh, sw) = win.padded, win.size, win.shift
+    idx = torch.arange(h * w, device=device).view(h, w)
+
+    def pad(t: Tensor) -> Tensor:
+        if (hp, wp) == (h, w):
+            return t
+        full = torch.full((hp, wp), -1, dtype=t.dtype, device=device)
+        full[:h, :w] = t
+        full[full < 0] = torch.arange(h * w, hp * wp, device=device)
+        return full
+
+    if win.pad_first:
+        idx = pad(idx)
+    if sh or sw:
+        idx = torch.roll(idx, shifts=(-sh, -sw), dims=(0, 1))
+    if not win.pad_first:
+        idx = pad(idx)
+    return idx.view(hp // wh, wh, wp // ww, ww).transpose(1, 2).reshape(-1, wh * ww)
+
+
+def window_softmax(slots: Tensor, dtype: Optional[torch.dtype]) -> Callable[[Tensor], Tensor]:
+    """A softmax over each window's keys only, as a windowed model computes it: the masked scores (B, H, N, N) ->
+    A (B, H, N, N), each window's (A, A) block taken out, its softmax computed (in ``dtype`` and cast back, or in
+    the scores' dtype) and put back; 0 between windows. The same values as the softmax over whole rows with
+    :data:`OUTSIDE` between windows, but with the model's own sums (its round-off, e.g. in float32)."""
+    def softmax(s: Tensor) -> Tensor:
+        at = slots.to(s.device)
+        rows, cols = at[:, :, None], at[:, None, :]
+        block = s[:, :, rows, cols]  # (B, H, windows, A, A)
+        a = block.softmax(dim=-1) if dtype is None else block.softmax(dim=-1, dtype=dtype).to(s.dtype)
+        out = s.new_zeros(s.shape)
+        out[:, :, rows, cols] = a
+        return out
+    return softmax
+
+
+def check_windows(where: str, win: Windows, bias_size: tuple) -> None:
+    """Refuse a block whose window is not the one its position bias is made for (the model itself fails there)."""
+    ws = win.size
+    if tuple(ws) != tuple(bias_size):
+        raise UnsupportedModelError(f"{where}: its window {ws} differs from the {tuple(bias_size)} window its "
+                                    "position bias is made for")
+
+
+def cpb_bias(mlp: nn.Module, table: Tensor, index: Tensor, heads: int, area: int) -> Tensor:
+    """Swin V2's continuous position bias (H, A, A): ``16 · sigmoid`` of the MLP on the log-spaced relative
+    coordinates, gathered by relative offset — the models' own operations, in their order."""
+    values = mlp(table).view(-1, heads)
+    bias = values[index.reshape(-1)].view(area, area, -1).permute(2, 0, 1).contiguous()
+    return 16 * torch.sigmoid(bias)
+
+
+class SwinAdapter(ViTAdapter):
+    """What the Swin replays share: the patch embedding, the stages (blocks over window biases, patch mergings
+    between them), the mean readout and the relevance pass back through the mergings.
+
+    A family sets :attr:`blocks`, :attr:`windows` (one per block), :attr:`merges` (index of the block after
+    each merging -> :class:`Merge`), :attr:`logit_scales` (v2: block index -> the attention's learned
+    ``logit_scale``) and implements :meth:`window_terms`.
+    """
 
     refused_methods = REFUSED_METHODS
+    windows: list
+    merges: dict
+    logit_scales: dict
 
-    def __init__(self, model: nn.Module):
-        super().__init__(model)
-        name = type(model).__name__
-        if type(model).__name__ != "SwinTransformer":
-            raise UnsupportedModelError(f"{name}: only timm's SwinTransformer is replayed")
-        pe = model.patch_embed
-        if not isinstance(getattr(pe, "proj", None), nn.Conv2d) or not getattr(pe, "strict_img_size", True):
-            raise UnsupportedModelError(f"{name}: the patch embedding must be a Conv2d on images of a fixed size")
-        self.patch_conv = pe.proj
-        self.patch_size = tuple(pe.patch_size)
-        self.image_size = tuple(pe.img_size)
-        self.num_prefix_tokens = 0
-        self.patch_norm = pe.norm
-        head = model.head
-        pool = getattr(getattr(head, "global_pool", None), "pool_type", None)
-        if type(head).__name__ != "ClassifierHead" or pool != "avg" or not is_linear(getattr(head, "fc", None)):
-            raise UnsupportedModelError(f"{name}: the head must be timm's ClassifierHead with global_pool='avg' "
-                                        "and a Linear fc")
-        self.readout: Readout = MeanReadout(norm=model.norm, head_layers=[HeadLayer(LINEAR, head.fc)], start=0)
-        grid = tuple(pe.grid_size)
-        self.blocks, self.grids, self.merges = [], [], {}
-        for s, stage in enumerate(model.layers):
-            if not isinstance(stage.downsample, nn.Identity):
-                ds = stage.downsample
-                if type(ds).__name__ != "PatchMerging" or grid[0] % 2 or grid[1] % 2:
-                    raise UnsupportedModelError(f"{name}: stage {s} must merge 2×2 patches of an even grid "
-                                                f"(PatchMerging), got {type(ds).__name__} on {grid}")
-                self.merges[len(self.blocks)] = (ds, grid)
-                grid = (grid[0] // 2, grid[1] // 2)
-            for blk in stage.blocks:
-                self.blocks.append(self._block(len(self.blocks), blk))
-                self.grids.append((grid, blk))
-
-    def _block(self, i: int, blk: nn.Module) -> BlockSpec:
-        where = f"block {i} ({type(blk).__name__})"
-        if type(blk).__name__ != "SwinTransformerBlock" or type(blk.attn).__name__ != "WindowAttention":
-            raise UnsupportedModelError(f"{where}: only timm's SwinTransformerBlock with WindowAttention is supported")
-        if getattr(blk, "dynamic_mask", False):
-            raise UnsupportedModelError(f"{where}: dynamic masks (always_partition / strict_img_size=False) are not "
-                                        "replayed")
-        a, mlp = blk.attn, blk.mlp
-        if type(mlp).__name__ != "Mlp":
-            raise UnsupportedModelError(f"{where}: MLP {type(mlp).__name__} is not timm's Mlp")
-        return BlockSpec(layout="pre_ln", norm1=blk.norm1, norm2=blk.norm2,
-                         attn=AttentionSpec(qkv=a.qkv, proj=a.proj, num_heads=a.num_heads,
-                                            head_dim=a.qkv.out_features // (3 * a.num_heads), scale=a.scale,
-                                            scale_queries_first=True),
-                         mlp=MlpSpec(fc1=mlp.fc1, act=mlp.act, fc2=mlp.fc2, mid_norm=mlp.norm))
+    def window_terms(self, b: int, like: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        """Block b's per-window additive terms: the position bias (H, A, A) and the shift's region mask
+        (windows, A, A) as the model adds it, or ``None`` without a shift; in ``like``'s dtype and device."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------- forward
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        """timm's ``patch_embed``: the patch conv and its norm, tokens row-major over the grid."""
+        """The patch conv and its norm, tokens row-major over the grid."""
         images = prepared["images"]
         if track:
             images = images.detach().requires_grad_(True)
@@ -149,25 +246,22 @@ class TimmSwinAdapter(ViTAdapter):
         return EmbeddingRecord(x0=flat, embeds=flat, tokens=flat, x_pos=flat, images=images, patches=patches)
 
     def window_bias(self, b: int, like: Tensor) -> Tensor:
-        """(1, H, N, N) block b's attention as full attention over its stage: the relative position bias (+ the
-        shifted windows' region mask) between tokens of one (shifted) window, :data:`OUTSIDE` elsewhere."""
-        from timm.models.swin_transformer import window_partition  # only a timm model gets here
-        (h, w), blk = self.grids[b]
-        ws, shift = tuple(blk.window_size), tuple(blk.shift_size)
-        if h % ws[0] or w % ws[1]:
-            raise UnsupportedModelError(f"block {b}: its grid {(h, w)} is not a multiple of its window {ws} "
-                                        "(timm pads it; the replay does not)")
-        idx = torch.arange(h * w, dtype=like.dtype, device=like.device).view(1, h, w, 1)
-        if any(shift):
-            idx = torch.roll(idx, shifts=(-shift[0], -shift[1]), dims=(1, 2))
-        slots = window_partition(idx, ws).reshape(-1, ws[0] * ws[1]).long()  # (windows, A): each slot's token
-        rel = blk.attn._get_rel_pos_bias()[0].to(like.dtype)  # (H, A, A)
-        mask = blk.attn_mask
-        bias = torch.full((rel.shape[0], h * w, h * w), OUTSIDE, dtype=like.dtype, device=like.device)
-        for k, tokens in enumerate(slots):
-            pair = (slice(None), tokens[:, None], tokens[None, :])
-            bias[pair] = rel if mask is None else rel + mask[k].to(like.dtype)
+        """(1, H, N, N) block b's attention as full attention over its stage: the position bias (+ the shifted
+        windows' region mask) between tokens of one (shifted) window, :data:`OUTSIDE` elsewhere; N counts the
+        padding's zero tokens too, after the stage's."""
+        win = self.windows[b]
+        hp, wp = win.padded
+        slots = window_slots(win, like.device)  # (windows, A)
+        rel, mask = self.window_terms(b, like)
+        terms = rel[:, None] if mask is None else rel[:, None] + mask[None]  # (H, windows or 1, A, A)
+        bias = torch.full((rel.shape[0], hp * wp, hp * wp), OUTSIDE, dtype=like.dtype, device=like.device)
+        bias[:, slots[:, :, None], slots[:, None, :]] = terms.expand(-1, slots.shape[0], -1, -1)
         return bias[None]
+
+    def logit_scale(self, b: int, like: Tensor) -> Tensor:
+        """(H, 1, 1) Swin V2's per-head multiplier of the cosine similarities, ``exp(min(logit_scale, log 100))``:
+        a constant of the pass."""
+        return torch.clamp(self.logit_scales[b].detach(), max=MAX_LOGIT_SCALE).exp().to(like.dtype)
 
     def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = NO_RECORD,
                    keep: bool = True, readout: Optional[Readout] = None,
@@ -178,13 +272,19 @@ class TimmSwinAdapter(ViTAdapter):
         x = x0
         for b, spec in enumerate(self.blocks):
             if b in self.merges:
-                (ds, grid) = self.merges[b]
-                flat = _regroup(x, grid)
-                normed = r.norm(ds.norm, flat)
-                out = r.module(LINEAR, ds.reduction, normed)
+                m = self.merges[b]
+                flat = _regroup(x, m.grid)
+                if m.norm_first:
+                    mid = r.norm(m.norm, flat)
+                    out = r.module(LINEAR, m.reduction, mid)
+                else:
+                    mid = r.module(LINEAR, m.reduction, flat)
+                    out = r.norm(m.norm, mid)
                 if keep:
-                    trace.merges[b] = MergeRecord(x=x, flat=flat, normed=normed, out=out)
+                    trace.merges[b] = MergeRecord(x=x, flat=flat, mid=mid, out=out)
                 x = out
+            if b in self.logit_scales:  # read now: the parameter's current value, in the pass's dtype
+                spec.attn.scale = self.logit_scale(b, x)
             rec = block_forward(spec, x, self.window_bias(b, x), r)
             if keep:
                 trace.blocks.append(rec)
@@ -195,8 +295,8 @@ class TimmSwinAdapter(ViTAdapter):
     def block_tokens(self, b: int, row: Tensor) -> Tensor:
         """A block's per-token row (B, N_b) on the input patch grid (B, N_0): each merged token's value spread
         evenly over the patches it covers (sums kept)."""
-        (h, w), _ = self.grids[b]
-        h0, w0 = self.grids[0][0]
+        h, w = self.windows[b].grid
+        h0, w0 = self.windows[0].grid
         f = h0 // h
         if f == 1:
             return row
@@ -223,10 +323,14 @@ class TimmSwinAdapter(ViTAdapter):
             out.attn[b] = R_A if on_attention is None else on_attention(b, R_A)
             del R_A
             if R is not None and b in self.merges:
-                ds, grid = self.merges[b]
-                m = trace.merges[b]
-                R = prop.linear(ds.reduction, m.normed, R, out=m.out)
-                R = _ungroup(prop.unary(norm_kind(ds.norm), m.flat, R, ds.norm), grid)
+                m, rec = self.merges[b], trace.merges[b]
+                if m.norm_first:
+                    R = prop.linear(m.reduction, rec.mid, R, out=rec.out)
+                    R = prop.unary(norm_kind(m.norm), rec.flat, R, m.norm)
+                else:
+                    R = prop.unary(norm_kind(m.norm), rec.mid, R, m.norm)
+                    R = prop.linear(m.reduction, rec.flat, R, out=rec.mid)
+                R = _ungroup(R, m.grid)
             if release and not to_input:
                 trace.blocks[b] = None
         if R is not None:
@@ -236,4 +340,90 @@ class TimmSwinAdapter(ViTAdapter):
         return out
 
 
-__all__ = ["TimmSwinAdapter", "StagedTrace", "MergeRecord", "REFUSED_METHODS"]
+# ----------------------------------------------------------------------------
+# timm
+# ----------------------------------------------------------------------------
+class TimmSwinAdapter(SwinAdapter):
+    """timm ``SwinTransformer`` and ``SwinTransformerV2`` (fixed image size, even grids before each merging,
+    average pooling; windows padded after the shift, as timm pads them)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        name = type(model).__name__
+        if name not in ("SwinTransformer", "SwinTransformerV2"):
+            raise UnsupportedModelError(f"{name}: only timm's SwinTransformer and SwinTransformerV2 are replayed")
+        self.v2 = name == "SwinTransformerV2"
+        pe = model.patch_embed
+        if not isinstance(getattr(pe, "proj", None), nn.Conv2d) or not getattr(pe, "strict_img_size", True):
+            raise UnsupportedModelError(f"{name}: the patch embedding must be a Conv2d on images of a fixed size")
+        self.patch_conv = pe.proj
+        self.patch_size = tuple(pe.patch_size)
+        self.image_size = tuple(pe.img_size)
+        self.num_prefix_tokens = 0
+        self.patch_norm = pe.norm
+        head = model.head
+        pool = getattr(getattr(head, "global_pool", None), "pool_type", None)
+        if type(head).__name__ != "ClassifierHead" or pool != "avg" or not is_linear(getattr(head, "fc", None)):
+            raise UnsupportedModelError(f"{name}: the head must be timm's ClassifierHead with global_pool='avg' "
+                                        "and a Linear fc")
+        self.readout: Readout = MeanReadout(norm=model.norm, head_layers=[HeadLayer(LINEAR, head.fc)], start=0)
+        grid = tuple(pe.grid_size)
+        self.blocks, self.windows, self.merges, self.logit_scales = [], [], {}, {}
+        for s, stage in enumerate(model.layers):
+            if not isinstance(stage.downsample, nn.Identity):
+                ds = stage.downsample
+                if type(ds).__name__ != "PatchMerging" or grid[0] % 2 or grid[1] % 2:
+                    raise UnsupportedModelError(f"{name}: stage {s} must merge 2×2 patches of an even grid "
+                                                f"(PatchMerging), got {type(ds).__name__} on {grid}")
+                self.merges[len(self.blocks)] = Merge(reduction=ds.reduction, norm=ds.norm, grid=grid,
+                                                      norm_first=not self.v2)
+                grid = (grid[0] // 2, grid[1] // 2)
+            for blk in stage.blocks:
+                b = len(self.blocks)
+                self.blocks.append(self._block(b, blk))
+                win = Windows(grid=grid, size=tuple(blk.window_size), shift=tuple(blk.shift_size), block=blk)
+                check_windows(f"block {b}", win, blk.attn.window_size)
+                self.blocks[b].attn.pad_tokens = win.pad_tokens
+                self.windows.append(win)
+                if self.v2:
+                    self.logit_scales[b] = blk.attn.logit_scale
+
+    def _block(self, i: int, blk: nn.Module) -> BlockSpec:
+        where = f"block {i} ({type(blk).__name__})"
+        block_name = "SwinTransformerV2Block" if self.v2 else "SwinTransformerBlock"
+        if type(blk).__name__ != block_name or type(blk.attn).__name__ != "WindowAttention":
+            raise UnsupportedModelError(f"{where}: only timm's {block_name} with WindowAttention is supported")
+        if getattr(blk, "dynamic_mask", False):
+            raise UnsupportedModelError(f"{where}: dynamic masks (always_partition / strict_img_size=False) are not "
+                                        "replayed")
+        a, mlp = blk.attn, blk.mlp
+        if type(mlp).__name__ != "Mlp":
+            raise UnsupportedModelError(f"{where}: MLP {type(mlp).__name__} is not timm's Mlp")
+        spec = MlpSpec(fc1=mlp.fc1, act=mlp.act, fc2=mlp.fc2, mid_norm=mlp.norm)
+        heads, d = a.num_heads, a.qkv.out_features // (3 * a.num_heads)
+        if not self.v2:
+            return BlockSpec(layout="pre_ln", norm1=blk.norm1, norm2=blk.norm2, mlp=spec,
+                             attn=AttentionSpec(qkv=a.qkv, proj=a.proj, num_heads=heads, head_dim=d, scale=a.scale,
+                                                scale_queries_first=True))
+        from .eva import BiasedQkv  # the same fused projection with its attention-added bias
+        qkv = a.qkv if a.q_bias is None else BiasedQkv(a)
+        # post-norm block: norm1 / norm2 act on the branch outputs; the scale is set per pass (logit_scale)
+        return BlockSpec(layout="pre_ln", norm1=IDENTITY, norm2=IDENTITY, post1=blk.norm1, post2=blk.norm2, mlp=spec,
+                         attn=AttentionSpec(qkv=qkv, proj=a.proj, num_heads=heads, head_dim=d, scale=1.0,
+                                            q_norm=COSINE, k_norm=COSINE))
+
+    def window_terms(self, b: int, like: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        blk = self.windows[b].block
+        a = blk.attn
+        with torch.no_grad():
+            if self.v2:
+                rel = cpb_bias(a.cpb_mlp, a.relative_coords_table, a.relative_position_index, a.num_heads,
+                               blk.window_area)
+            else:
+                rel = a._get_rel_pos_bias()[0]  # (H, A, A)
+        mask = blk.attn_mask
+        return rel.to(like.dtype), None if mask is None else mask.to(like.dtype)
+
+
+__all__ = ["SwinAdapter", "TimmSwinAdapter", "StagedTrace", "MergeRecord", "Merge", "Windows", "CosineNormalize",
+           "REFUSED_METHODS", "window_slots", "window_softmax", "check_windows", "cpb_bias"]

@@ -300,16 +300,16 @@ def test_readout_relevance_is_conserved_and_every_rule_set_covers_it(family):
 
 
 # ---------------------------------------------------------------- refused families say why
-def _tiny_swin_v2():
-    from timm.models.swin_transformer_v2 import SwinTransformerV2
-    return SwinTransformerV2(img_size=32, patch_size=4, window_size=4, embed_dim=24, depths=(1, 1), num_heads=(1, 2),
-                             num_classes=3).eval()
+def _tiny_swin_v2_cr():
+    from timm.models.swin_transformer_v2_cr import SwinTransformerV2Cr
+    return SwinTransformerV2Cr(img_size=32, patch_size=4, window_size=4, embed_dim=24, depths=(1, 1),
+                               num_heads=(1, 2), num_classes=3).eval()
 
 
-def _hf_swin():
-    from transformers import SwinConfig, SwinForImageClassification
-    return SwinForImageClassification(SwinConfig(image_size=32, patch_size=4, embed_dim=24, depths=[1, 1],
-                                                 num_heads=[1, 2], window_size=4, num_labels=3)).eval()
+def _hf_swin_backbone():
+    from transformers import SwinConfig, SwinModel
+    return SwinModel(SwinConfig(image_size=32, patch_size=4, embed_dim=24, depths=[1, 1], num_heads=[1, 2],
+                                window_size=4)).eval()
 
 
 def _hf_beit():
@@ -318,8 +318,8 @@ def _hf_beit():
 
 
 @pytest.mark.parametrize("build,words", [
-    (_tiny_swin_v2, ("windows", "merged", "Swin V2", "SwinTransformer (v1)")),
-    (_hf_swin, ("windows", "merged", "Captum")),
+    (_tiny_swin_v2_cr, ("windows", "merged", "SwinTransformerV2Cr", "learned temperature")),
+    (_hf_swin_backbone, ("windows", "merged", "no class to explain", "Captum")),
     (_hf_beit, ("relative position bias",)),
     (lambda: make_tiny_vit(global_pool="map"), ("global_pool='map'", "'token'", "'avg'")),
     (lambda: make_tiny_vit(global_pool="max", fc_norm=True), ("global_pool='max'",)),
