@@ -383,8 +383,44 @@ def _rotate_relprop(p: AttentionSpec, x: Tensor, rotated: Tensor, cos: Tensor, s
     return torch.cat((R[:, :, :n], R_body), dim=2) if n else R_body
 
 
+def take_rows(x: Tensor, rows: Tensor, dim: int) -> Tensor:
+    """Row ``rows[b]`` of each sample's axis ``dim`` of x, kept as an axis of length 1 (a gather: its gradient is
+    scattered back, 0 at every other row).
+
+    Parameters
+    ----------
+    x : Tensor
+        ``(B, …)`` with the rows on axis ``dim``.
+    rows : Tensor
+        ``(B,)`` long, one row per sample.
+    dim : int
+        The axis of the rows (≥ 1).
+
+    Returns
+    -------
+    Tensor
+        x's shape with axis ``dim`` of length 1.
+    """
+    shape = [x.shape[0]] + [1] * (x.dim() - 1)
+    index = rows.to(x.device).view(shape).expand(*x.shape[:dim], 1, *x.shape[dim + 1:])
+    return x.gather(dim, index)
+
+
+def _row_bias(bias: Optional[Tensor], rows: Tensor, N: int, causal: bool, like: Tensor) -> Optional[Tensor]:
+    """The additive mask of the query rows ``rows`` (B,) alone: ``bias``'s rows (a ``(B, 1, N, N)`` mask), the
+    padding mask ``(B, 1, 1, N)`` as it is, or, for causal attention without a mask, keys j ≤ rows[b] (``None``
+    where every row is the last: it attends every key)."""
+    if bias is not None:
+        return bias if bias.shape[-2] == 1 else take_rows(bias, rows, 2)
+    if not causal or bool((rows == N - 1).all()):
+        return None
+    allowed = torch.arange(N, device=like.device)[None, :] <= rows.to(like.device)[:, None]  # (B, N)
+    zero = torch.zeros((), dtype=like.dtype, device=like.device)
+    return torch.where(allowed, zero, torch.finfo(like.dtype).min)[:, None, None, :]
+
+
 def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Replay,
-                      rope: Optional[tuple] = None) -> AttentionRecord:
+                      rope: Optional[tuple] = None, rows: Optional[Tensor] = None) -> AttentionRecord:
     """Multi-head self-attention on ``h``; the attention map is computed explicitly unless fused.
 
     Parameters
@@ -399,6 +435,10 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         Runs (and records) each operation through its rule; ``r.fuse`` allows the fused sdpa kernel.
     rope : tuple of Tensor or None
         ``(cos, sin)``, each ``(B, N − p.rope_skip, r)``, where ``p.rotary``; otherwise ``None``.
+    rows : Tensor or None
+        ``(B,)`` long: only the query at row ``rows[b]`` of each sample is computed (keys and values at every
+        row); the output, ``ctx`` and ``A`` then have one row (``(B, 1, D)``, ``(B, H, 1, d)``, ``(B, H, 1, N)``).
+        ``None``: every row.
 
     Returns
     -------
@@ -414,9 +454,15 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         cos, sin = rope
         q_pre, k_pre = q, k
         q, k = _rotate(p, q, cos, sin, r), _rotate(p, k, cos, sin, r)
+    causal = p.causal
+    if rows is not None:  # every other query row's output reaches nothing that is read
+        q = take_rows(q, rows, 2)  # (B, H, 1, d)
+        bias = _row_bias(bias, rows, N, p.causal, q)
+        causal = False  # a single query row: its keys are chosen by the row mask
+        N = 1
     A = None
     if p.sdpa and r.fuse and p.softcap is None:
-        ctx = r(ATTENTION, _fused(bias, p.scale, groups, p.causal and bias is None), q, k, v)  # (B, H, N, d)
+        ctx = r(ATTENTION, _fused(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
     else:
         k_all, v_all = (k, v) if groups == 1 else \
             (r(KV_REPEAT, lambda t: repeat_kv(t, groups), t) for t in (k, v))
@@ -463,7 +509,7 @@ def _add3_skip_first(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
 
 
 def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = NO_RECORD,
-                  rope: Optional[tuple] = None) -> BlockRecord:
+                  rope: Optional[tuple] = None, rows: Optional[Tensor] = None) -> BlockRecord:
     """One Transformer block on ``x`` (pre-LN, post-LN or parallel layout).
 
     Parameters
@@ -478,16 +524,22 @@ def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = N
         Runs (and records) each operation through its rule; :data:`NO_RECORD` computes plainly.
     rope : tuple of Tensor or None
         The rotary tables ``(cos, sin)``, or ``None`` without rotary positions.
+    rows : Tensor or None
+        ``(B,)`` long: the output at row ``rows[b]`` of each sample only (its attention reads every row), for a
+        causal block whose other rows reach nothing that is read; ``None``: every row.
 
     Returns
     -------
     BlockRecord
-        The block's forward quantities; its output ``(B, N, D)`` is ``out``.
+        The block's forward quantities; its output ``(B, N, D)`` is ``out`` (``(B, 1, D)`` with ``rows``; the
+        record's ``x`` is then the input's rows too).
     """
     if p.layout == "parallel":
-        return _parallel_forward(p, x, bias, r, rope)
+        return _parallel_forward(p, x, bias, r, rope, rows)
     pre = p.layout == "pre_ln"
-    att = attention_forward(p.attn, r.norm(p.norm1, x) if pre else x, bias, r, rope)
+    att = attention_forward(p.attn, r.norm(p.norm1, x) if pre else x, bias, r, rope, rows)
+    if rows is not None:
+        x = take_rows(x, rows, 1)
     a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
     mid = r(ADD, _add, x, a)
     if not pre:
@@ -584,14 +636,17 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
 
 
 def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay,
-                      rope: Optional[tuple]) -> BlockRecord:
+                      rope: Optional[tuple], rows: Optional[Tensor] = None) -> BlockRecord:
     """A parallel block: attention and MLP both read the (normalised) block input, one sum of three operands.
 
     The record's ``mid`` is the block input itself (no stream between the branches) and ``m`` the MLP's input.
+    ``rows``: as :func:`block_forward`'s.
     """
     h = r.norm(p.norm1, x)
     m = h if p.norm2 is p.norm1 else r.norm(p.norm2, x)
-    att = attention_forward(p.attn, h, bias, r, rope)
+    att = attention_forward(p.attn, h, bias, r, rope, rows)
+    if rows is not None:
+        x, m = take_rows(x, rows, 1), take_rows(m, rows, 1)
     a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
     lin, g, gate, up = _mlp_forward(p.mlp, m, r)
     lin["fc2"] = r.module(LINEAR, p.mlp.fc2, g)
@@ -810,4 +865,4 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
 
 
 __all__ = ["AttentionSpec", "MlpSpec", "MoeSpec", "BlockSpec", "Replay", "NO_RECORD", "IDENTITY", "LAYOUTS",
-           "attention_forward", "block_forward", "block_relprop", "moe_forward", "moe_relprop"]
+           "attention_forward", "block_forward", "block_relprop", "moe_forward", "moe_relprop", "take_rows"]
