@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..rules.composites import Composite, Propagation, RuleChoice
-from ..rules.functional import apply_rotary, repeat_kv
+from ..rules.functional import apply_rotary, query_row_bias, repeat_kv, take_rows
 from ..rules.ops import (
     ADD,
     ATTENTION,
@@ -383,42 +383,6 @@ def _rotate_relprop(p: AttentionSpec, x: Tensor, rotated: Tensor, cos: Tensor, s
     return torch.cat((R[:, :, :n], R_body), dim=2) if n else R_body
 
 
-def take_rows(x: Tensor, rows: Tensor, dim: int) -> Tensor:
-    """Row ``rows[b]`` of each sample's axis ``dim`` of x, kept as an axis of length 1 (a gather: its gradient is
-    scattered back, 0 at every other row).
-
-    Parameters
-    ----------
-    x : Tensor
-        ``(B, …)`` with the rows on axis ``dim``.
-    rows : Tensor
-        ``(B,)`` long, one row per sample.
-    dim : int
-        The axis of the rows (≥ 1).
-
-    Returns
-    -------
-    Tensor
-        x's shape with axis ``dim`` of length 1.
-    """
-    shape = [x.shape[0]] + [1] * (x.dim() - 1)
-    index = rows.to(x.device).view(shape).expand(*x.shape[:dim], 1, *x.shape[dim + 1:])
-    return x.gather(dim, index)
-
-
-def _row_bias(bias: Optional[Tensor], rows: Tensor, N: int, causal: bool, like: Tensor) -> Optional[Tensor]:
-    """The additive mask of the query rows ``rows`` (B,) alone: ``bias``'s rows (a ``(B, 1, N, N)`` mask), the
-    padding mask ``(B, 1, 1, N)`` as it is, or, for causal attention without a mask, keys j ≤ rows[b] (``None``
-    where every row is the last: it attends every key)."""
-    if bias is not None:
-        return bias if bias.shape[-2] == 1 else take_rows(bias, rows, 2)
-    if not causal or bool((rows == N - 1).all()):
-        return None
-    allowed = torch.arange(N, device=like.device)[None, :] <= rows.to(like.device)[:, None]  # (B, N)
-    zero = torch.zeros((), dtype=like.dtype, device=like.device)
-    return torch.where(allowed, zero, torch.finfo(like.dtype).min)[:, None, None, :]
-
-
 def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Replay,
                       rope: Optional[tuple] = None, rows: Optional[Tensor] = None) -> AttentionRecord:
     """Multi-head self-attention on ``h``; the attention map is computed explicitly unless fused.
@@ -457,7 +421,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
     causal = p.causal
     if rows is not None:  # every other query row's output reaches nothing that is read
         q = take_rows(q, rows, 2)  # (B, H, 1, d)
-        bias = _row_bias(bias, rows, N, p.causal, q)
+        bias = query_row_bias(bias, rows, N, p.causal, q)
         causal = False  # a single query row: its keys are chosen by the row mask
         N = 1
     A = None
@@ -865,4 +829,4 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
 
 
 __all__ = ["AttentionSpec", "MlpSpec", "MoeSpec", "BlockSpec", "Replay", "NO_RECORD", "IDENTITY", "LAYOUTS",
-           "attention_forward", "block_forward", "block_relprop", "moe_forward", "moe_relprop", "take_rows"]
+           "attention_forward", "block_forward", "block_relprop", "moe_forward", "moe_relprop"]
