@@ -21,7 +21,7 @@ from ..errors import InputError
 from ..rules.composites import Composite, Propagation
 from ..runtime.precision import compute_precision
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward, block_relprop
-from .readouts import Readout
+from .readouts import PositionReadout, Readout
 from .records import AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout, Trace
 
 
@@ -145,10 +145,13 @@ class Adapter(ABC):
 
     # --------------------------------------------------------------- forward
     def forward(self, prepared: dict, *, grad: bool = False, composite: Optional[Composite] = None,
-                track: bool = False, readout: Optional[Readout] = None) -> Trace:
+                track: bool = False, readout: Optional[Readout] = None, read_rows: bool = False) -> Trace:
         """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations (an
         explicit-pass one is refused at once); ``None``: the plain replay. ``readout``: the batch's readout
-        (default :meth:`readout_for`); the trace keeps it as ``trace.readout``."""
+        (default :meth:`readout_for`); the trace keeps it as ``trace.readout``. ``read_rows``: with a readout
+        that reads one token per row (:class:`PositionReadout`), the last block is computed at those tokens only
+        (:meth:`run_blocks`' ``rows``): the logits and every gradient are the full replay's, but the last
+        block's record is not (a pass that reads only gradients and block outputs may ask for it)."""
         # a modified-gradient pass never reads A: models that run sdpa may keep their fused attention
         r = Replay(composite, names=self._names_for(composite), fuse=composite is not None)
         head = self.readout_for(prepared) if readout is None else readout
@@ -159,20 +162,25 @@ class Adapter(ABC):
             if grad and not x0.requires_grad:  # frozen models still need a graph to the attention maps
                 x0 = x0.detach().requires_grad_(True)
                 emb.x0 = x0
+            rows = head.positions if read_rows and isinstance(head, PositionReadout) else None
             trace = self.run_blocks(x0, prepared.get("attention_mask"), r, readout=head,
-                                    positions=prepared.get("position_ids"))
+                                    positions=prepared.get("position_ids"), rows=rows)
             trace.embedding = emb
         return trace
 
     def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = NO_RECORD,
                    keep: bool = True, readout: Optional[Readout] = None,
-                   positions: Optional[Tensor] = None) -> Trace:
+                   positions: Optional[Tensor] = None, rows: Optional[Tensor] = None) -> Trace:
         """Blocks and readout from the block-0 input ``x0`` (B, N, D); ``mask`` (B, N) 1 = real token.
 
         ``readout``: the batch's readout (default :attr:`readout`, for a family whose readout does not
         depend on the batch). ``keep=False`` drops each block's record once the next block has its output
         (the trace then has no ``blocks``): a logits-only pass holds one block's activations at a time.
         ``positions`` (B, N): position ids (decoders: default from the mask; token ablation keeps them).
+        ``rows`` (B,): the only token of each row the readout reads; the last block's other rows reach
+        nothing, so it computes that token's output alone, its queries against every key
+        (:func:`~lrp_core.adapters.blocks.block_forward`), and its record's ``out`` is that output placed in
+        an (B, N, D) zero tensor: the same logits, and 0 relevance at the rows left out, as the full block.
         """
         head = self.readout if readout is None else readout
         if self.mask_value is not None and mask is None:
@@ -180,8 +188,14 @@ class Adapter(ABC):
         trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None, readout=head, positions=positions,
                       first=r.first)
         x = x0
-        for spec, (bias, rope) in zip(self.blocks, self.block_context(x0, mask, positions, r.fuse)):
-            rec = block_forward(spec, x, bias, r, rope)
+        last = len(self.blocks) - 1
+        for b, (spec, (bias, rope)) in enumerate(zip(self.blocks, self.block_context(x0, mask, positions, r.fuse))):
+            if rows is not None and b == last:
+                rec = block_forward(spec, x, bias, r, rope, rows)
+                index = rows.to(x.device).view(-1, 1, 1).expand(-1, 1, x.shape[-1])
+                rec.out = x.new_zeros(x.shape).scatter(1, index, rec.out)  # (B, N, D): the read tokens' rows
+            else:
+                rec = block_forward(spec, x, bias, r, rope)
             if keep:
                 trace.blocks.append(rec)
             x = rec.out

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..rules.composites import Composite, Propagation, RuleChoice
-from ..rules.functional import apply_rotary, repeat_kv
+from ..rules.functional import apply_rotary, query_row_bias, repeat_kv, take_rows
 from ..rules.ops import (
     ADD,
     ATTENTION,
@@ -405,7 +405,7 @@ def _unpadded(p: AttentionSpec, t: Tensor, n: int) -> Tensor:
 
 
 def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Replay,
-                      rope: Optional[tuple] = None) -> AttentionRecord:
+                      rope: Optional[tuple] = None, rows: Optional[Tensor] = None) -> AttentionRecord:
     """Multi-head self-attention on ``h``; the attention map is computed explicitly unless fused.
 
     Parameters
@@ -420,6 +420,10 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         Runs (and records) each operation through its rule; ``r.fuse`` allows the fused sdpa kernel.
     rope : tuple of Tensor or None
         ``(cos, sin)``, each ``(B, N − p.rope_skip, r)``, where ``p.rotary``; otherwise ``None``.
+    rows : Tensor or None
+        ``(B,)`` long: only the query at row ``rows[b]`` of each sample is computed (keys and values at every
+        row); the output, ``ctx`` and ``A`` then have one row (``(B, 1, D)``, ``(B, H, 1, d)``, ``(B, H, 1, N)``).
+        ``None``: every row.
 
     Returns
     -------
@@ -435,9 +439,15 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         cos, sin = rope
         q_pre, k_pre = q, k
         q, k = _rotate(p, q, cos, sin, r), _rotate(p, k, cos, sin, r)
+    causal = p.causal
+    if rows is not None:  # every other query row's output reaches nothing that is read
+        q = take_rows(q, rows, 2)  # (B, H, 1, d)
+        bias = query_row_bias(bias, rows, N, p.causal, q)
+        causal = False  # a single query row: its keys are chosen by the row mask
+        N = 1
     A = None
     if p.sdpa and r.fuse and p.softcap is None:
-        ctx = r(ATTENTION, _fused(bias, p.scale, groups, p.causal and bias is None), q, k, v)  # (B, H, N, d)
+        ctx = r(ATTENTION, _fused(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
     else:
         k_all, v_all = (k, v) if groups == 1 else \
             (r(KV_REPEAT, lambda t: repeat_kv(t, groups), t) for t in (k, v))
@@ -488,7 +498,7 @@ def _add3_skip_first(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
 
 
 def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = NO_RECORD,
-                  rope: Optional[tuple] = None) -> BlockRecord:
+                  rope: Optional[tuple] = None, rows: Optional[Tensor] = None) -> BlockRecord:
     """One Transformer block on ``x`` (pre-LN, post-LN or parallel layout).
 
     Parameters
@@ -503,16 +513,22 @@ def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = N
         Runs (and records) each operation through its rule; :data:`NO_RECORD` computes plainly.
     rope : tuple of Tensor or None
         The rotary tables ``(cos, sin)``, or ``None`` without rotary positions.
+    rows : Tensor or None
+        ``(B,)`` long: the output at row ``rows[b]`` of each sample only (its attention reads every row), for a
+        causal block whose other rows reach nothing that is read; ``None``: every row.
 
     Returns
     -------
     BlockRecord
-        The block's forward quantities; its output ``(B, N, D)`` is ``out``.
+        The block's forward quantities; its output ``(B, N, D)`` is ``out`` (``(B, 1, D)`` with ``rows``; the
+        record's ``x`` is then the input's rows too).
     """
     if p.layout == "parallel":
-        return _parallel_forward(p, x, bias, r, rope)
+        return _parallel_forward(p, x, bias, r, rope, rows)
     pre = p.layout == "pre_ln"
-    att = attention_forward(p.attn, r.norm(p.norm1, x) if pre else x, bias, r, rope)
+    att = attention_forward(p.attn, r.norm(p.norm1, x) if pre else x, bias, r, rope, rows)
+    if rows is not None:
+        x = take_rows(x, rows, 1)
     a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
     mid = r(ADD, _add, x, a)
     if not pre:
@@ -609,14 +625,17 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
 
 
 def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay,
-                      rope: Optional[tuple]) -> BlockRecord:
+                      rope: Optional[tuple], rows: Optional[Tensor] = None) -> BlockRecord:
     """A parallel block: attention and MLP both read the (normalised) block input, one sum of three operands.
 
     The record's ``mid`` is the block input itself (no stream between the branches) and ``m`` the MLP's input.
+    ``rows``: as :func:`block_forward`'s.
     """
     h = r.norm(p.norm1, x)
     m = h if p.norm2 is p.norm1 else r.norm(p.norm2, x)
-    att = attention_forward(p.attn, h, bias, r, rope)
+    att = attention_forward(p.attn, h, bias, r, rope, rows)
+    if rows is not None:
+        x, m = take_rows(x, rows, 1), take_rows(m, rows, 1)
     a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
     lin, g, gate, up = _mlp_forward(p.mlp, m, r)
     lin["fc2"] = r.module(LINEAR, p.mlp.fc2, g)

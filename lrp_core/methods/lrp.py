@@ -67,7 +67,10 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
     residual stream's relevance after every block (docs/METHODS.md §2b). ``positions``: the leaves a PA-LRP
     composite's rules made of the position encodings; their relevance is read too (§2e).
     """
-    trace = c.forward(grad=True, composite=composite, track=True)
+    # a decoder reads one token per row: its last block is replayed at that token only (the block's other rows
+    # reach nothing that is read; at a long context their causal attention is most of that block's cost)
+    rows = {"read_rows": True} if c.adapter.is_decoder else {}
+    trace = c.forward(grad=True, composite=composite, track=True, **rows)
     target = c.resolve(trace.logits.detach())
     y = c.output(trace.logits, target)
     emb = trace.embedding

@@ -11,7 +11,7 @@ directly.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -801,6 +801,60 @@ def rotary_transpose(s: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out if r == s.shape[-1] else torch.cat((out, s[..., r:]), dim=-1)
 
 
+def take_rows(x: Tensor, rows: Tensor, dim: int) -> Tensor:
+    """Row ``rows[b]`` of each sample's axis ``dim`` of x, kept as an axis of length 1 (a gather: its gradient is
+    scattered back, 0 at every other row).
+
+    Parameters
+    ----------
+    x : Tensor
+        ``(B, …)`` with the rows on axis ``dim``.
+    rows : Tensor
+        ``(B,)`` long, one row per sample.
+    dim : int
+        The axis of the rows (≥ 1).
+
+    Returns
+    -------
+    Tensor
+        x's shape with axis ``dim`` of length 1.
+    """
+    shape = [x.shape[0]] + [1] * (x.dim() - 1)
+    index = rows.to(x.device).view(shape).expand(*x.shape[:dim], 1, *x.shape[dim + 1:])
+    return x.gather(dim, index)
+
+
+def query_row_bias(bias: Optional[Tensor], rows: Tensor, N: int, causal: bool, like: Tensor) -> Optional[Tensor]:
+    """The additive attention mask of one query row per sample, ``rows`` (B,).
+
+    Parameters
+    ----------
+    bias : Tensor or None
+        The mask of every row: ``(B, 1, N, N)`` (its rows are taken), ``(B, 1, 1, N)`` (kept as it is), or ``None``.
+    rows : Tensor
+        ``(B,)`` long, the query row of each sample.
+    N : int
+        The number of keys.
+    causal : bool
+        Whether the attention is causal: without ``bias``, row ``rows[b]`` then sees the keys j ≤ rows[b].
+    like : Tensor
+        A tensor of the scores' dtype and device.
+
+    Returns
+    -------
+    Tensor or None
+        ``(B, 1, 1, N)``, 0 where allowed and the dtype's minimum elsewhere, or ``None`` where no key is masked
+        (no bias and not causal, or every row is the last, which sees every key).
+    """
+    if bias is not None:
+        return bias if bias.shape[-2] == 1 else take_rows(bias, rows, 2)
+    if not causal or bool((rows == N - 1).all()):
+        return None
+    allowed = torch.arange(N, device=like.device)[None, :] <= rows.to(like.device)[:, None]  # (B, N)
+    zero = torch.zeros((), dtype=like.dtype, device=like.device)
+    return torch.where(allowed, zero, torch.finfo(like.dtype).min)[:, None, None, :]
+
+
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """(B, Hkv, N, d) -> (B, Hkv·groups, N, d): each key/value head used by ``groups`` consecutive query heads.
 
@@ -828,5 +882,5 @@ __all__ = [
     "linear_gamma", "linear_epsilon",
     "add_generic", "add_normalized", "add_generic_n", "add_normalized_n", "sum_generic", "sum_normalized",
     "clone", "select", "weighted_sum", "matmul", "identity", "zbox_conv2d",
-    "rotate_half", "apply_rotary", "rotary_transpose", "repeat_kv",
+    "rotate_half", "apply_rotary", "rotary_transpose", "repeat_kv", "take_rows", "query_row_bias",
 ]
