@@ -107,10 +107,13 @@ def test_held_out_scenes_are_not_training_scenes():
     assert not any(np.asarray(r.image).tobytes() in train for r in held)
 
 
-def test_scenes_without_a_palette_are_unchanged_and_a_bad_palette_is_refused():
-    plain = make_scenes(4, 0, 2)
-    again = make_scenes(4, 0, 2, palette=None)
-    assert np.array_equal(plain.rgb, again.rgb)
+def test_palette_colours_are_palette_rows_and_a_bad_palette_is_refused():
+    palette = np.array(list(PALETTE.values()), dtype=np.float32)
+    scenes = make_scenes(32, 0, 2, palette=palette)
+    match = (np.abs(scenes.colors[:, :, None] - palette[None, None]).max(-1) == 0)  # (32, 2, 6)
+    assert (match.sum(-1) == 1).all()  # each object's colour is exactly one palette row
+    assert (match[:, 0].argmax(-1) != match[:, 1].argmax(-1)).all()  # two different colours per scene
+    assert not (np.abs(make_scenes(32, 0, 2).colors[:, :, None] - palette[None, None]).max(-1) == 0).any()
     with pytest.raises(InputError, match="palette"):
         make_scenes(2, 0, 2, palette=np.ones((1, 3)))
     with pytest.raises(InputError, match="palette"):
