@@ -265,8 +265,11 @@ class SwinAdapter(ViTAdapter):
 
     def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = NO_RECORD,
                    keep: bool = True, readout: Optional[Readout] = None,
-                   positions: Optional[Tensor] = None) -> StagedTrace:
-        """Stages of blocks, each stage after the first behind its patch merging, then the mean readout."""
+                   positions: Optional[Tensor] = None, rows: Optional[Tensor] = None) -> StagedTrace:
+        """Stages of blocks, each stage after the first behind its patch merging, then the mean readout.
+
+        ``rows`` is always ``None`` here: the mean readout reads every token, so the last block runs at all of them.
+        """
         head = self.readout if readout is None else readout
         trace = StagedTrace(x0=x0, readout=head, first=r.first)
         x = x0

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (lrp_core/tools/doctor.py)
 
@@ -171,6 +171,38 @@ def check_threads() -> Result:
     return Result("threads", "ok", detail + " — the notebooks set 1 thread themselves")
 
 
+def _tiny_vlm_answers(m: Any) -> tuple[Optional[Result], Any]:
+    """tiny-vlm answers a held-out question (its weights are the trained ones) and explains it to the image.
+
+    Parameters
+    ----------
+    m : Any
+        The loaded tiny-vlm.
+
+    Returns
+    -------
+    tuple[Optional[Result], Any]
+        ``(a failing Result or None, the AttnLRP explanation or None)``.
+    """
+    import torch
+
+    from lrp_core import explain
+    from lrp_core.data import make_vqa
+    from lrp_core.models.tiny_vlm import HELD_OUT_SEED
+    record = next(r for r in make_vqa(8, HELD_OUT_SEED + 1) if r.has_evidence)
+    x = m.preprocess(record.image, record.question)
+    with torch.no_grad():
+        written = m.tokenizer.convert_ids_to_tokens(int(m.model(**x).logits[0, -1].argmax()))
+    if written != record.answer:
+        return Result("model tiny-vlm", "fail", f"answered {written!r} to {record.question!r} where the answer is "
+                      f"{record.answer!r}: its weights are not the trained ones",
+                      "reinstall the package (lrp_core/assets/tiny_vlm/)"), None
+    exp = explain(m.model, x, method="attnlrp")
+    if not torch.isfinite(exp.upsample()).all():
+        return Result("model tiny-vlm", "fail", "the image map contains NaN/inf", _fix_for("model ")), None
+    return None, exp
+
+
 def check_model(name: str) -> Result:
     """Whether an embedded model loads and explains one small input with finite scores.
 
@@ -210,6 +242,10 @@ def check_model(name: str) -> Result:
             return Result(f"model {name}", "fail", f"wrote {written!r} where the answer is {record.answer!r}: its "
                           "weights are not the trained ones", "reinstall the package (lrp_core/assets/tiny_lm/)")
         exp = explain(m.model, x, method="attnlrp")
+    elif name == "tiny-vlm":  # it must answer too: one held-out question, its answer's AttnLRP map on the image
+        failed, exp = _tiny_vlm_answers(m)
+        if failed is not None:
+            return failed
     else:
         size = m.info.get("image_size", 64)  # each embedded image model says its own input size
         h, w = (size, size) if isinstance(size, int) else tuple(size)
