@@ -216,8 +216,8 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ("other mixture-of-experts decoders (DeepSeek, DBRX, Jamba, ...)", _is_other_mixture_of_experts,
      "a router picks a few experts per token in a way no adapter describes (grouped or biased top-k, sigmoid "
      "scoring, experts fused or sliced differently, or recurrent mixers beside them). The mixture-of-experts "
-     "decoders explained are Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GPT-OSS; or use a dense decoder (Llama, Mistral, Qwen2 / "
-     "Qwen2.5, Qwen3, Gemma 3, Phi-3, GPT-2)"),
+     "decoders explained are Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GPT-OSS; or use a dense decoder (Llama, "
+     "Mistral, Qwen2 / Qwen2.5, Qwen3, Gemma 3, Phi-3, GPT-2)"),
     ("soft-capped decoders other than Gemma 2", _is_soft_capped,
      "attention-logit and final-logit soft-capping (cap · tanh(x / cap) on the attention scores and on the "
      "logits) is replayed for Gemma2ForCausalLM / Gemma2ForSequenceClassification only; this model's other parts are "

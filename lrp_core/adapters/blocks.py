@@ -70,32 +70,6 @@ class SoftCap(nn.Module):
         return f"cap={self.cap:g}"
 
 
-class AttentionSinks(nn.Module):
-    """The softmax of an attention with sinks (GPT-OSS): each head's learned logit ``s_h`` joins every row's
-    softmax as one more column that takes probability mass and carries no value; that column is then dropped.
-
-    ``A = softmax([scores, s_h] − max)[..., :N]``, each row summing to ``1 − `` the sink's share, in the model's
-    order of operations (concatenated, the row maximum subtracted, the softmax in the scores' dtype). The sink
-    logits and the shift are constants (detached): under AttnLRP the sink is a constant inside the softmax, like a
-    bias, and takes no relevance; the explicit passes and the layer-product methods read ``A`` without the sink
-    column (docs/METHODS.md §2c.5). ``owner``: the model's attention module, its ``sinks`` (H,) read at every call
-    (not a child module: no parameters of its own).
-    """
-
-    def __init__(self, owner: nn.Module):
-        super().__init__()
-        object.__setattr__(self, "owner", owner)
-
-    def forward(self, scores: Tensor) -> Tensor:
-        """(B, H, N, M) masked scores -> (B, H, N, M) attention weights without the sink column."""
-        B, H, N, _ = scores.shape
-        sinks = self.owner.sinks.detach().to(scores.dtype).reshape(1, H, 1, 1).expand(B, H, N, 1)
-        combined = torch.cat([scores, sinks], dim=-1)
-        combined = combined - combined.max(dim=-1, keepdim=True).values.detach()
-        return combined.softmax(dim=-1, dtype=combined.dtype)[..., :-1]
-
-
-
 @dataclass
 class AttentionSpec:
     """The parts of one multi-head self-attention.
@@ -115,9 +89,10 @@ class AttentionSpec:
     ``norm_whole``: ``q_norm`` / ``k_norm`` normalise the whole projection (every head together, OLMoE) before
     it is split into heads, not each head's d channels (OLMo-2, OLMoE); ``qkv_layout``: the order of a fused
     ``qkv``'s outputs (:data:`QKV_LAYOUTS`); ``softcap``: the scaled scores are soft-capped (:class:`SoftCap`)
-    before the mask is added (Gemma 2; never fused); ``sinks``: the softmax's attention sinks
-    (:class:`AttentionSinks`: one learned logit per head in every row's denominator, no value; GPT-OSS; never
-    fused), the map ``A`` then the softmax without the sink column.
+    before the mask is added (Gemma 2; never fused); ``sinks``: the softmax with attention sinks, masked scores
+    (B, H, N, M) -> weights (B, H, N, M) (:class:`lrp_core.adapters.gpt_oss.AttentionSinks`: one learned logit
+    per head in every row's denominator, no value; never fused), the map ``A`` then the softmax without the sink
+    column.
 
     Vision rotary embeddings (timm EVA): ``rope_skip`` leading tokens (class, register tokens) are not rotated,
     and the rotary tables then cover the other tokens only, (B or 1, N − rope_skip, d); ``rope_interleaved``:
@@ -151,7 +126,7 @@ class AttentionSpec:
     norm_whole: bool = False
     qkv_layout: str = "split"
     softcap: Optional[SoftCap] = None
-    sinks: Optional["AttentionSinks"] = None
+    sinks: Optional[nn.Module] = None
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
@@ -198,7 +173,8 @@ class MoeSpec:
     ``router``: Linear-like, x (…, D) -> logits (…, E); the routing weights are ``softmax`` of the logits (in
     float32, as Hugging Face computes them), the ``top_k`` largest kept and, where ``normalise``, divided by their
     sum; or, where ``softmax_of_chosen`` (GPT-OSS), the ``top_k`` largest logits are chosen and the weights are the
-    softmax over those k logits alone (in the logits' dtype). ``experts``: one gated :class:`MlpSpec` per expert (views of the model's stacked expert weights);
+    softmax over those k logits alone (in the logits' dtype). ``experts``: one gated :class:`MlpSpec` per expert
+    (views of the model's stacked expert weights);
     ``module``: the model's own MoE module (it names the MLP, :attr:`fc1`). Only the chosen experts run, each on
     the tokens routed to it.
     """
@@ -852,5 +828,5 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
     return R_A, prop.clone(rec.h, *R_parts)  # the three-way Clone
 
 
-__all__ = ["AttentionSinks", "AttentionSpec", "MlpSpec", "MoeSpec", "BlockSpec", "Replay", "NO_RECORD", "IDENTITY", "LAYOUTS",
+__all__ = ["AttentionSpec", "MlpSpec", "MoeSpec", "BlockSpec", "Replay", "NO_RECORD", "IDENTITY", "LAYOUTS",
            "attention_forward", "block_forward", "block_relprop", "moe_forward", "moe_relprop"]

@@ -5,7 +5,7 @@ The Llama layout (RMSNorms, grouped key/value heads, rotary q/k: YaRN by default
 
 * biases on the q, k, v and o projections (ordinary Linears);
 * attention sinks: every head's learned logit joins each row's softmax as a column without a value
-  (:class:`~lrp_core.adapters.blocks.AttentionSinks`);
+  (:class:`AttentionSinks`);
 * sliding-window and full-attention layers alternating (``config.layer_types``; each attention's
   ``sliding_window``);
 * rotary tables of half the head width, applied to the halves ``(x₁, x₂)`` of each head: the replay's rotation
@@ -26,8 +26,33 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ..rules.linear import LinearView
-from .blocks import AttentionSinks, AttentionSpec, MlpSpec, MoeSpec
+from .blocks import AttentionSpec, MlpSpec, MoeSpec
 from .moe import MoeDecoderAdapter
+
+
+class AttentionSinks(nn.Module):
+    """The softmax of an attention with sinks (GPT-OSS): each head's learned logit ``s_h`` joins every row's
+    softmax as one more column that takes probability mass and carries no value; that column is then dropped.
+
+    ``A = softmax([scores, s_h] − max)[..., :N]``, each row summing to ``1 − `` the sink's share, in the model's
+    order of operations (concatenated, the row maximum subtracted, the softmax in the scores' dtype). The sink
+    logits and the shift are constants (detached): under AttnLRP the sink is a constant inside the softmax, like a
+    bias, and takes no relevance; the explicit passes and the layer-product methods read ``A`` without the sink
+    column (docs/METHODS.md §2c.5). ``owner``: the model's attention module, its ``sinks`` (H,) read at every call
+    (not a child module: no parameters of its own).
+    """
+
+    def __init__(self, owner: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "owner", owner)
+
+    def forward(self, scores: Tensor) -> Tensor:
+        """(B, H, N, M) masked scores -> (B, H, N, M) attention weights without the sink column."""
+        B, H, N, _ = scores.shape
+        sinks = self.owner.sinks.detach().to(scores.dtype).reshape(1, H, 1, 1).expand(B, H, N, 1)
+        combined = torch.cat([scores, sinks], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values.detach()
+        return combined.softmax(dim=-1, dtype=combined.dtype)[..., :-1]
 
 
 class ExpertLinear(LinearView):
@@ -175,4 +200,4 @@ class GptOssAdapter(MoeDecoderAdapter):
                                 for e in range(E)])
 
 
-__all__ = ["GptOssAdapter", "ExpertLinear", "RouterLinear", "ClampedSwiGLU", "ShiftedClamp"]
+__all__ = ["GptOssAdapter", "AttentionSinks", "ExpertLinear", "RouterLinear", "ClampedSwiGLU", "ShiftedClamp"]

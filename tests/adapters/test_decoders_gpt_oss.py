@@ -19,8 +19,8 @@ from decoders import batch, make_decoder, model_logits, quick, rows  # noqa: E40
 
 import lrp_core  # noqa: E402
 from lrp_core.adapters import get_adapter  # noqa: E402
-from lrp_core.adapters.blocks import NO_RECORD, AttentionSinks, MoeSpec, Replay, moe_forward  # noqa: E402
-from lrp_core.adapters.gpt_oss import GptOssAdapter  # noqa: E402
+from lrp_core.adapters.blocks import NO_RECORD, MoeSpec, Replay, moe_forward  # noqa: E402
+from lrp_core.adapters.gpt_oss import AttentionSinks, GptOssAdapter  # noqa: E402
 from lrp_core.errors import UnsupportedModelError  # noqa: E402
 from lrp_core.methods.registry import DECODER_METHODS  # noqa: E402
 from lrp_core.rules import composites as C  # noqa: E402

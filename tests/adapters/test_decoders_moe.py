@@ -25,7 +25,6 @@ from decoders import MOE_FAMILIES, batch, make_decoder, model_logits, quick, row
 import lrp_core  # noqa: E402
 from lrp_core.adapters import get_adapter  # noqa: E402
 from lrp_core.adapters.blocks import MoeSpec  # noqa: E402
-from lrp_core.errors import UnsupportedModelError  # noqa: E402
 from lrp_core.methods.registry import DECODER_METHODS  # noqa: E402
 from lrp_core.rules import composites as C  # noqa: E402
 from lrp_core.rules import functional as F  # noqa: E402

@@ -2,9 +2,9 @@
 
 Every method is run on tiny models (timm ViT, EVA and Swin, BERT and ModernBERT, every decoder family — the
 mixture-of-experts, parallel-block, soft-capped and post-norm ones included — and Llama and GPT-2 with a
-sequence-classifier head too) that carry the user's hooks of every kind — forward, pre-, with-kwargs, always-called, full backward and
-backward pre-hooks — on every module kind the engine touches (input embeddings, the head, norms, a block, an
-attention module and one of its projections), and, on the Hugging Face models, the hook
+sequence-classifier head too) that carry the user's hooks of every kind — forward, pre-, with-kwargs,
+always-called, full backward and backward pre-hooks — on every module kind the engine touches (input embeddings,
+the head, norms, a block, an attention module and one of its projections), and, on the Hugging Face models, the hook
 ``enable_input_require_grads()`` puts on the input embeddings. After each call:
 
 * every module's hook dictionaries are as before, entry for entry (same ids, same functions, same order),
@@ -31,13 +31,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # tests/: confte
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "adapters"))  # eva, swin, modernbert
 from conftest import make_tiny_bert, make_tiny_vit  # noqa: E402
+from decoders import batch, make_decoder, quick, rows  # noqa: E402
 from test_eva import make_eva  # noqa: E402
 from test_swin import make_swin  # noqa: E402
-from decoders import batch, make_decoder, quick, rows  # noqa: E402
 
 from lrp_core import METHODS, InputError, explain  # noqa: E402
-from lrp_core.methods.baselines import CAPTUM_METHODS  # noqa: E402
 from lrp_core.adapters.swin import REFUSED_METHODS as SWIN_REFUSED  # noqa: E402
+from lrp_core.methods.baselines import CAPTUM_METHODS  # noqa: E402
 from lrp_core.runtime.guard import HOOK_DICTS  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore::lrp_core.errors.UnreflectedHookWarning"),  # hooks on blocks
@@ -88,13 +88,15 @@ MODELS = {
     **{f"{family}-causal": (lambda family=family: make_decoder(family),
                             ("model.embed_tokens", "lm_head", "model.layers.0.input_layernorm", "model.norm",
                              "model.layers.0", "model.layers.0.self_attn", "model.layers.0.self_attn.q_proj",
-                             "model.layers.0.mlp", "model.layers.0.mlp." + ("router" if family == "gpt_oss" else "gate"),
+                             "model.layers.0.mlp",
+                             "model.layers.0.mlp." + ("router" if family == "gpt_oss" else "gate"),
                              "model.layers.0.mlp.experts"),
                             lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6))))
        for family in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss")},
     "gpt_neox-causal": (lambda: make_decoder("gpt_neox"),
-                        ("gpt_neox.embed_in", "lm_head", "gpt_neox.layers.0.input_layernorm", "gpt_neox.final_layer_norm",
-                         "gpt_neox.layers.0", "gpt_neox.layers.0.attention", "gpt_neox.layers.0.attention.query_key_value"),
+                        ("gpt_neox.embed_in", "lm_head", "gpt_neox.layers.0.input_layernorm",
+                         "gpt_neox.final_layer_norm", "gpt_neox.layers.0", "gpt_neox.layers.0.attention",
+                         "gpt_neox.layers.0.attention.query_key_value"),
                         lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6)))),
     "phi-causal": (lambda: make_decoder("phi"),
                    ("model.embed_tokens", "lm_head", "model.layers.0.input_layernorm", "model.final_layernorm",
