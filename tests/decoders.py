@@ -28,10 +28,23 @@ FAMILIES = {
     "gpt_neox": ("gpt_neox", "GPTNeoXForCausalLM", "GPTNeoXForSequenceClassification", "GPTNeoXConfig"),
     "phi": ("phi", "PhiForCausalLM", "PhiForSequenceClassification", "PhiConfig"),
     "falcon": ("falcon", "FalconForCausalLM", "FalconForSequenceClassification", "FalconConfig"),
+    "gpt_oss": ("gpt_oss", "GptOssForCausalLM", "GptOssForSequenceClassification", "GptOssConfig"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM", "Gemma2ForSequenceClassification", "Gemma2Config"),
+    "olmo2": ("olmo2", "Olmo2ForCausalLM", None, "Olmo2Config"),  # no sequence classifier in transformers
 }
 
 #: the mixture-of-experts families: 4 experts, top-2 (their own configuration in ``_config``)
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+
+#: GPT-OSS: 4 experts, top-2, a sliding then a full layer, YaRN past 16 positions, attention sinks, and a SwiGLU
+#: limit of 1 so that the clamps bind on the tiny random model (the default 7 is never reached there)
+GPT_OSS = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+               layer_types=["sliding_attention", "full_attention"], max_position_embeddings=64, rms_norm_eps=1e-6,
+               swiglu_limit=1.0, pad_token_id=PAD, bos_token_id=1, eos_token_id=1, tie_word_embeddings=False,
+               experts_implementation="eager",
+               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16})
 
 #: the gpt2 helper's families (tests/adapters/test_decoders_gpt2.py etc.): configurations that differ from Llama's
 GPT2_HELPER_FAMILIES = ("gpt2", "gemma3", "phi3")
@@ -78,8 +91,25 @@ def _parallel_config(family: str, attn: str) -> dict:
                 parallel_attn=True, multi_query=False, alibi=False, bias=True)
 
 
+#: Gemma 2 (both soft-caps on, a sliding then a global layer; transformers runs it eager only) and OLMo-2 (post-norm
+#: blocks, whole-projection q/k norms), as tests/adapters/test_decoders_parallel.py builds them
+OTHER_CONFIGS = {
+    "gemma2": dict(hidden_size=32, intermediate_size=48, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12,
+                   sliding_window=4, layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=2.0,
+                   final_logit_softcapping=3.0),
+    "olmo2": dict(hidden_size=32, intermediate_size=48, num_key_value_heads=2),
+}
+
+
 def _config(family: str, attn: str, **overrides):
     import transformers
+    if family in OTHER_CONFIGS:
+        common = dict(vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
+                      pad_token_id=PAD, bos_token_id=1, eos_token_id=1, tie_word_embeddings=False,
+                      attn_implementation="eager" if family == "gemma2" else attn)
+        return getattr(transformers, FAMILIES[family][3])(**{**common, **OTHER_CONFIGS[family], **overrides})
+    if family == "gpt_oss":
+        return transformers.GptOssConfig(**{**GPT_OSS, "attn_implementation": attn, **overrides})
     if family in PARALLEL_FAMILIES:
         return getattr(transformers, FAMILIES[family][3])(**{**_parallel_config(family, attn), **overrides})
     if family in GPT2_HELPER_FAMILIES:

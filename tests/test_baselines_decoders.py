@@ -21,8 +21,10 @@ from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function
 FAST = {"integrated_gradients": {"n_steps": 16, "batch_size": 8}, "smoothgrad": {"n_samples": 6, "batch_size": 4},
         "occlusion": {"batch_size": 8}, "kernel_shap": {"n_samples": 40, "batch_size": 16}, "input_x_gradient": {}}
 #: llama (RMSNorm, RoPE, GQA), gpt2 (learned positions, tied head, no pad token in real configs),
-#: gemma3 (a scaled word embedding, sliding + global layers)
-FAMILIES = ("llama", "gpt2", "gemma3")
+#: gemma3 (a scaled word embedding, sliding + global layers); the mixture-of-experts decoders (GPT-OSS: sinks,
+#: clamped experts), the parallel blocks (GPT-NeoX, Phi, Falcon), Gemma 2 (soft-caps) and OLMo-2 (post-norms)
+FAMILIES = ("llama", "gpt2", "gemma3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "gpt_neox", "phi",
+            "falcon", "gemma2", "olmo2")
 TARGETS = [7, 30, 55]
 PER_FEATURE = ("occlusion", "kernel_shap")
 

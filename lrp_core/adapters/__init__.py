@@ -81,7 +81,7 @@ def _is_mixture_of_experts(model: nn.Module) -> bool:
 #: the mixture-of-experts decoders an adapter explains (their rows in ADAPTERS)
 MOE_CLASSES = ("MixtralForCausalLM", "MixtralForSequenceClassification", "Qwen2MoeForCausalLM",
                "Qwen2MoeForSequenceClassification", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification",
-               "OlmoeForCausalLM")
+               "OlmoeForCausalLM", "GptOssForCausalLM", "GptOssForSequenceClassification")
 
 
 def _is_other_mixture_of_experts(model: nn.Module) -> bool:
@@ -248,18 +248,11 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "tokens), and the vision tower and connector of these families are described by no adapter. Use "
      "LlavaForConditionalGeneration, explain the language model alone (e.g. Gemma3ForCausalLM, a Qwen2 / Llama "
      "causal LM) on text, or the image side with a ViT / CLIP"),
-    ("GPT-OSS", _hf_type("gpt_oss"),
-     "its mixture-of-experts layers are replayed by no adapter: every attention head adds a learned sink logit to "
-     "its softmax (a per-head term in the denominator that no key carries), the experts' SwiGLU clamps gate and up "
-     "(min(g, limit), up clamped to ±limit; gate and up interleaved in one projection) and computes "
-     "g·sigmoid(α·g)·(up + 1), the router takes the softmax over its top-k logits only, and router and experts "
-     "carry biases — operations the block description does not cover. Use Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE "
-     "or a dense decoder"),
     ("other mixture-of-experts decoders (DeepSeek, DBRX, Jamba, ...)", _is_other_mixture_of_experts,
      "a router picks a few experts per token in a way no adapter describes (grouped or biased top-k, sigmoid "
      "scoring, experts fused or sliced differently, or recurrent mixers beside them). The mixture-of-experts "
-     "decoders explained are Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE; or use a dense decoder (Llama, Mistral, Qwen2 / "
-     "Qwen2.5, Qwen3, Gemma 3, Phi-3, GPT-2)"),
+     "decoders explained are Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GPT-OSS; or use a dense decoder (Llama, "
+     "Mistral, Qwen2 / Qwen2.5, Qwen3, Gemma 3, Phi-3, GPT-2)"),
     ("soft-capped decoders other than Gemma 2", _is_soft_capped,
      "attention-logit and final-logit soft-capping (cap · tanh(x / cap) on the attention scores and on the "
      "logits) is replayed for Gemma2ForCausalLM / Gemma2ForSequenceClassification only; this model's other parts are "
@@ -318,6 +311,9 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      _named("MixtralForCausalLM", "MixtralForSequenceClassification"), _decoder("mixtral", "MixtralAdapter")),
     ("Hugging Face OlmoeForCausalLM (OLMoE: mixture of experts, q/k norms over all heads)",
      _named("OlmoeForCausalLM"), _decoder("olmoe", "OlmoeAdapter")),
+    ("Hugging Face GptOssForCausalLM / GptOssForSequenceClassification (GPT-OSS: mixture of experts with biased "
+     "router and clamped SwiGLU experts, attention sinks, sliding-window and full layers)",
+     _named("GptOssForCausalLM", "GptOssForSequenceClassification"), _decoder("gpt_oss", "GptOssAdapter")),
     ("Hugging Face GPT2LMHeadModel / GPT2ForSequenceClassification (GPT-2, DistilGPT-2)",
      _named("GPT2LMHeadModel", "GPT2ForSequenceClassification"), _decoder("gpt2", "GPT2Adapter")),
     ("Hugging Face Gemma3ForCausalLM / Gemma3TextForSequenceClassification (Gemma 3 text: gemma-3-270m, 1b)",

@@ -70,7 +70,6 @@ class SoftCap(nn.Module):
         return f"cap={self.cap:g}"
 
 
-
 @dataclass
 class AttentionSpec:
     """The parts of one multi-head self-attention.
@@ -90,7 +89,10 @@ class AttentionSpec:
     ``norm_whole``: ``q_norm`` / ``k_norm`` normalise the whole projection (every head together, OLMoE) before
     it is split into heads, not each head's d channels (OLMo-2, OLMoE); ``qkv_layout``: the order of a fused
     ``qkv``'s outputs (:data:`QKV_LAYOUTS`); ``softcap``: the scaled scores are soft-capped (:class:`SoftCap`)
-    before the mask is added (Gemma 2; never fused).
+    before the mask is added (Gemma 2; never fused); ``sinks``: the softmax with attention sinks, masked scores
+    (B, H, N, M) -> weights (B, H, N, M) (:class:`lrp_core.adapters.gpt_oss.AttentionSinks`: one learned logit
+    per head in every row's denominator, no value; never fused), the map ``A`` then the softmax without the sink
+    column.
 
     ``pad_tokens``: the attention reads that many zero tokens after the N tokens of its input (keys and values,
     whose outputs are dropped): the padding a windowed model adds to fill its windows (Swin). The bias then covers
@@ -133,6 +135,7 @@ class AttentionSpec:
     softcap: Optional[SoftCap] = None
     pad_tokens: int = 0
     softmax: Optional[Callable[[Tensor], Tensor]] = None
+    sinks: Optional[nn.Module] = None
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
@@ -154,6 +157,8 @@ class MlpSpec:
 
     Gated MLPs (SwiGLU, GeGLU) name ``gate`` (the gate projection; ``fc1`` is then the up projection), or set
     ``fused_gate`` when ``fc1`` computes gate and up in one Linear (Phi-3's ``gate_up_proj``: gate first).
+    ``up_act``: an element-wise function of the up projection before the product (GPT-OSS's clamp), identity
+    where absent: ``fc2(act(gate(x)) ⊙ up_act(fc1(x)))``.
     """
 
     fc1: nn.Linear
@@ -162,6 +167,7 @@ class MlpSpec:
     mid_norm: nn.Module = IDENTITY
     gate: Optional[nn.Linear] = None
     fused_gate: bool = False
+    up_act: nn.Module = IDENTITY
 
     @property
     def gated(self) -> bool:
@@ -175,7 +181,9 @@ class MoeSpec:
 
     ``router``: Linear-like, x (…, D) -> logits (…, E); the routing weights are ``softmax`` of the logits (in
     float32, as Hugging Face computes them), the ``top_k`` largest kept and, where ``normalise``, divided by their
-    sum. ``experts``: one gated :class:`MlpSpec` per expert (views of the model's stacked expert weights);
+    sum; or, where ``softmax_of_chosen`` (GPT-OSS), the ``top_k`` largest logits are chosen and the weights are the
+    softmax over those k logits alone (in the logits' dtype). ``experts``: one gated :class:`MlpSpec` per expert
+    (views of the model's stacked expert weights);
     ``module``: the model's own MoE module (it names the MLP, :attr:`fc1`). Only the chosen experts run, each on
     the tokens routed to it.
     """
@@ -187,6 +195,7 @@ class MoeSpec:
     module: nn.Module
     shared: Optional[MlpSpec] = None
     shared_gate: Optional[nn.Module] = None
+    softmax_of_chosen: bool = False
     gated: ClassVar[bool] = True
 
     @property
@@ -446,7 +455,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         causal = False  # a single query row: its keys are chosen by the row mask
         N = 1
     A = None
-    if p.sdpa and r.fuse and p.softcap is None:
+    if p.sdpa and r.fuse and p.softcap is None and p.sinks is None:
         ctx = r(ATTENTION, _fused(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
     else:
         k_all, v_all = (k, v) if groups == 1 else \
@@ -459,7 +468,8 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         if p.softcap is not None:  # not a module of the model: not recorded as the first element-wise layer
             scores = r(ELEMENTWISE, p.softcap, scores, module=p.softcap)
         masked = scores if bias is None else r(MASK_ADD, _add, scores, bias)
-        softmax = p.softmax or (_softmax if p.softmax_dtype is None else _softmax_float32)
+        softmax = p.sinks if p.sinks is not None else \
+            p.softmax or (_softmax if p.softmax_dtype is None else _softmax_float32)
         A = r(SOFTMAX, softmax, masked)  # (B, H, N, N)
         ctx = r(MATMUL_AV, _matmul, A, v_all)  # (B, H, N, d)
     o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N + p.pad_tokens, H * d))
@@ -484,6 +494,8 @@ def _mlp_forward(p: MlpSpec, m: Tensor, r: Replay) -> tuple[dict, Tensor, Option
         lin = {"fc1": r.module(LINEAR, p.fc1, m)}
         pre_gate, up = lin["fc1"].chunk(2, dim=-1)
     gate = r.module(ELEMENTWISE, p.act, pre_gate)
+    if not isinstance(p.up_act, nn.Identity):  # not a module of the model: not recorded as a first layer
+        up = r(ELEMENTWISE, p.up_act, up, module=p.up_act)
     return lin, r.norm(p.mid_norm, r(GATE_MUL, _mul, gate, up)), gate, up
 
 
@@ -556,10 +568,13 @@ def _mlp_run(p: MlpSpec, x: Tensor, r: Replay) -> MlpRecord:
     return MlpRecord(m=x, lin=lin, g=g, gate=gate, up=up)
 
 
-def _routing(normalise: bool) -> Callable[[Tensor, Tensor], Tensor]:
+def _routing(normalise: bool, of_chosen: bool = False) -> Callable[[Tensor, Tensor], Tensor]:
     """logits (T, E), chosen (T, k) -> the chosen experts' weights (T, k): Hugging Face's arithmetic (softmax in
-    float32, renormalised there where ``normalise``, cast back to the logits' dtype)."""
+    float32, renormalised there where ``normalise``, cast back to the logits' dtype; ``of_chosen``: the softmax
+    of the k chosen logits, in their dtype)."""
     def route(logits: Tensor, chosen: Tensor) -> Tensor:
+        if of_chosen:
+            return logits.gather(-1, chosen).softmax(dim=-1, dtype=logits.dtype)
         w = logits.softmax(dim=-1, dtype=torch.float32).gather(-1, chosen)
         if normalise:
             w = w / w.sum(dim=-1, keepdim=True)
@@ -599,8 +614,9 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
     T = x.shape[0]
     logits = r.module(LINEAR, p.router, x)  # (T, E)
     with torch.no_grad():
-        chosen = torch.topk(logits.detach().softmax(dim=-1, dtype=torch.float32), p.top_k, dim=-1).indices
-    weights = r(ROUTE, _routing(p.normalise), logits, chosen)  # (T, k)
+        scores = logits.detach() if p.softmax_of_chosen else logits.detach().softmax(dim=-1, dtype=torch.float32)
+        chosen = torch.topk(scores, p.top_k, dim=-1).indices
+    weights = r(ROUTE, _routing(p.normalise, p.softmax_of_chosen), logits, chosen)  # (T, k)
     runs = []
     for e in torch.unique(chosen).tolist():  # the experts that receive a token, in order
         slots, tokens = torch.where(chosen.T == e)  # Hugging Face's order: by rank, then token
@@ -735,6 +751,9 @@ def _mlp_relprop(p: MlpSpec, rec: BlockRecord, R_g: Tensor, prop: Propagation) -
         return prop.linear(p.fc1, rec.m, R_g, out=rec.lin["fc1"])
     product = rec.g if isinstance(p.mid_norm, nn.Identity) else None
     R_gate, R_up = prop(GATE_MUL, (rec.gate, rec.up), R_g, output=product)
+    if not isinstance(p.up_act, nn.Identity):  # the up projection's element-wise function
+        pre_up = rec.lin["fc1"] if p.gate is not None else rec.lin["fc1"][..., R_gate.shape[-1]:]
+        R_up = prop.unary(ELEMENTWISE, pre_up, R_up, p.up_act)
     if p.gate is not None:  # x feeds gate and up: a Clone
         R_pre = prop.unary(ELEMENTWISE, rec.lin["gate"], R_gate, p.act)
         return prop.clone(rec.m, prop.linear(p.gate, rec.m, R_pre, out=rec.lin["gate"]),

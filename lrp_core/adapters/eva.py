@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ..rules.composites import Composite
-from ..rules.linear import LinearView, is_linear
+from ..rules.linear import LinearView, effective_linear, is_linear
 from .blocks import IDENTITY, AttentionSpec, BlockSpec, MlpSpec, pairs_to_halves
 from .readouts import Readout
 from .records import Trace
@@ -52,9 +52,15 @@ class BiasedQkv(LinearView):
         object.__setattr__(self, "attn", attn)  # plain attribute: not a child module
 
     def linear_parts(self) -> tuple[Tensor, Optional[Tensor]]:
-        """(weight (3·H·d, D), bias (3·H·d,))."""
+        """(weight (3·H·d, D), bias (3·H·d,)) of what ``forward`` computes: where the bias is added after the
+        Linear is called, the Linear's effective map (a peft adapter on qkv acts there); inside ``F.linear``, the
+        Linear's own weight (the model reads ``qkv.weight``, so an adapter on qkv has no effect)."""
         a = self.attn
-        return a.qkv.weight, torch.cat((a.q_bias, a.k_bias, a.v_bias))
+        bias = torch.cat((a.q_bias, a.k_bias, a.v_bias))
+        if getattr(a, "qkv_bias_separate", False):
+            weight, own = effective_linear(a.qkv)
+            return weight, bias if own is None else own + bias
+        return a.qkv.weight, bias
 
     @property
     def weight(self) -> Tensor:
@@ -74,10 +80,11 @@ class BiasedQkv(LinearView):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., D) -> (..., 3·H·d), the attention's own arithmetic."""
-        weight, bias = self.linear_parts()
-        if getattr(self.attn, "qkv_bias_separate", False):
-            return self.attn.qkv(x) + bias
-        return torch.nn.functional.linear(x, weight=weight, bias=bias)
+        a = self.attn
+        bias = torch.cat((a.q_bias, a.k_bias, a.v_bias))
+        if getattr(a, "qkv_bias_separate", False):
+            return a.qkv(x) + bias
+        return torch.nn.functional.linear(x, weight=a.qkv.weight, bias=bias)
 
 
 class GammaScale(nn.Module):

@@ -27,9 +27,10 @@ def _meta(cls_name: str, config) -> torch.nn.Module:
 
 
 #: mixture-of-experts decoders no adapter replays (Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE have adapters:
-#: tests/adapters/test_decoders_moe.py)
+#: tests/adapters/test_decoders_moe.py; GPT-OSS's causal LM and sequence classifier: test_decoders_gpt_oss.py)
 MOE = {
-    "GPT-OSS": lambda: _meta("GptOssForCausalLM", T.GptOssConfig(**SMALL, num_local_experts=4, head_dim=16)),
+    "GPT-OSS token classifier": lambda: _meta("GptOssForTokenClassification",
+                                              T.GptOssConfig(**SMALL, num_local_experts=4, head_dim=16)),
     "DeepSeek-V3": lambda: _meta("DeepseekV3ForCausalLM", T.DeepseekV3Config(
         **SMALL, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, first_k_dense_replace=0)),
 }
@@ -61,8 +62,9 @@ def test_refused_decoders_say_why_and_what_is_supported(name, build, words):
 
 def test_a_refusal_reaches_the_caller_of_explain_before_any_work():
     torch.manual_seed(0)
-    model = T.GptOssForCausalLM(T.GptOssConfig(**SMALL, num_local_experts=4, head_dim=16)).eval()
-    with pytest.raises(UnsupportedModelError, match="sink"):
+    model = T.DeepseekV3ForCausalLM(T.DeepseekV3Config(**SMALL, n_routed_experts=4, num_experts_per_tok=2,
+                                                        moe_intermediate_size=16, first_k_dense_replace=0)).eval()
+    with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):
         explain(model, {"input_ids": torch.tensor([[1, 2, 3]])}, method="attnlrp")
 
 

@@ -1,9 +1,10 @@
 """The model is never changed by a call, whatever hooks the user has on it.
 
-Every method is run on tiny models (timm ViT, BERT, Llama and GPT-2 with a causal-LM and a sequence-classifier
-head) that carry the user's hooks of every kind — forward, pre-, with-kwargs, always-called, full backward and
-backward pre-hooks — on every module kind the engine touches (input embeddings, the head, norms, a block, an
-attention module and one of its projections), and, on the Hugging Face models, the hook
+Every method is run on tiny models (timm ViT, EVA and Swin, BERT and ModernBERT, every decoder family — the
+mixture-of-experts, parallel-block, soft-capped and post-norm ones included — and Llama and GPT-2 with a
+sequence-classifier head too) that carry the user's hooks of every kind — forward, pre-, with-kwargs,
+always-called, full backward and backward pre-hooks — on every module kind the engine touches (input embeddings,
+the head, norms, a block, an attention module and one of its projections), and, on the Hugging Face models, the hook
 ``enable_input_require_grads()`` puts on the input embeddings. After each call:
 
 * every module's hook dictionaries are as before, entry for entry (same ids, same functions, same order),
@@ -28,10 +29,14 @@ from torch.nn.modules import module as torch_module
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # tests/: conftest's builders, decoders
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "adapters"))  # eva, swin, modernbert
 from conftest import make_tiny_bert, make_tiny_vit  # noqa: E402
 from decoders import batch, make_decoder, quick, rows  # noqa: E402
+from test_eva import make_eva  # noqa: E402
+from test_swin import make_swin  # noqa: E402
 
 from lrp_core import METHODS, InputError, explain  # noqa: E402
+from lrp_core.adapters.swin import REFUSED_METHODS as SWIN_REFUSED  # noqa: E402
 from lrp_core.methods.baselines import CAPTUM_METHODS  # noqa: E402
 from lrp_core.runtime.guard import HOOK_DICTS  # noqa: E402
 
@@ -78,7 +83,55 @@ MODELS = {
                              "model.layers.0.self_attn." + ("qkv_proj" if family == "phi3" else "q_proj")),
                             lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6))))
        for family in ("mistral", "qwen2", "qwen3", "gemma3", "phi3")},
+    # mixture-of-experts decoders: hooks on the MoE module, its router and its experts too (the replay reads their
+    # weights through views and calls none of them)
+    **{f"{family}-causal": (lambda family=family: make_decoder(family),
+                            ("model.embed_tokens", "lm_head", "model.layers.0.input_layernorm", "model.norm",
+                             "model.layers.0", "model.layers.0.self_attn", "model.layers.0.self_attn.q_proj",
+                             "model.layers.0.mlp",
+                             "model.layers.0.mlp." + ("router" if family == "gpt_oss" else "gate"),
+                             "model.layers.0.mlp.experts"),
+                            lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6))))
+       for family in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss")},
+    "gpt_neox-causal": (lambda: make_decoder("gpt_neox"),
+                        ("gpt_neox.embed_in", "lm_head", "gpt_neox.layers.0.input_layernorm",
+                         "gpt_neox.final_layer_norm", "gpt_neox.layers.0", "gpt_neox.layers.0.attention",
+                         "gpt_neox.layers.0.attention.query_key_value"),
+                        lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6)))),
+    "phi-causal": (lambda: make_decoder("phi"),
+                   ("model.embed_tokens", "lm_head", "model.layers.0.input_layernorm", "model.final_layernorm",
+                    "model.layers.0", "model.layers.0.self_attn", "model.layers.0.self_attn.q_proj",
+                    "model.layers.0.self_attn.q_layernorm"),
+                   lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6)))),
+    "falcon-causal": (lambda: make_decoder("falcon"),
+                      ("transformer.word_embeddings", "lm_head", "transformer.h.0.ln_attn", "transformer.ln_f",
+                       "transformer.h.0", "transformer.h.0.self_attention",
+                       "transformer.h.0.self_attention.query_key_value"),
+                      lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6)))),
+    **{f"{family}-causal": (lambda family=family: make_decoder(family),
+                            ("model.embed_tokens", "lm_head", "model.layers.0.post_attention_layernorm", "model.norm",
+                             "model.layers.0", "model.layers.0.self_attn", "model.layers.0.self_attn.q_proj"),
+                            lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6))))
+       for family in ("gemma2", "olmo2")},
+    "modernbert": (lambda: _modernbert(),
+                   ("model.embeddings.tok_embeddings", "classifier", "model.embeddings.norm", "model.final_norm",
+                    "model.layers.1", "model.layers.1.attn", "model.layers.1.attn.Wqkv", "head.dense"),
+                   lambda: _bert_text((5, 7), 1), lambda: _bert_text((4, 9, 6), 2)),
+    "eva": (lambda: make_eva(use_rot_pos_emb=True, swiglu_mlp=True, num_reg_tokens=2, init_values=0.3),
+            ("patch_embed.proj", "head", "blocks.0.norm1", "norm", "blocks.0", "blocks.0.attn", "blocks.0.attn.qkv",
+             "blocks.0.mlp.fc1"),
+            lambda: _images(2, 1), lambda: _images(3, 2)),
+    "swin": (lambda: make_swin(),
+             ("patch_embed.proj", "head.fc", "layers.0.blocks.0.norm1", "norm", "layers.0.blocks.1",
+              "layers.0.blocks.1.attn", "layers.0.blocks.1.attn.qkv", "layers.1.downsample"),
+             lambda: _images(2, 1), lambda: _images(3, 2)),
 }
+
+
+def _modernbert() -> nn.Module:
+    """The tiny ModernBERT classifier of the text-family list ([CLS] pooling, sdpa), in float32."""
+    from text_families import make
+    return make("modernbert", "sdpa")
 
 
 def _attach(model: nn.Module, names: tuple, log: list) -> None:
@@ -160,8 +213,13 @@ class _Untouched:
 #: every method on one model of each adapter kind (timm ViT, BERT) and on every decoder family; on the
 #: sequence-classifier heads the methods that put hooks of the engine's own on the model (the Captum baselines)
 #: and one relevance pass
+#: the families of the mixture-of-experts, parallel-block, soft-capped and post-norm decoders, ModernBERT, EVA and
+#: Swin (Swin: the methods its adapter does not refuse)
+NEWER = ("qwen3_moe-causal", "qwen2_moe-causal", "mixtral-causal", "olmoe-causal", "gpt_oss-causal", "gpt_neox-causal",
+         "phi-causal", "falcon-causal", "gemma2-causal", "olmo2-causal", "modernbert", "eva", "swin")
 CASES = [(name, method) for name in ("vit", "bert", "llama-causal", "mistral-causal", "qwen2-causal", "qwen3-causal",
-                                     "gemma3-causal", "phi3-causal", "gpt2-causal") for method in METHODS] + [
+                                     "gemma3-causal", "phi3-causal", "gpt2-causal") + NEWER for method in METHODS
+         if name != "swin" or method not in SWIN_REFUSED] + [
     (name, method) for name in ("llama-seq", "gpt2-seq") for method in CAPTUM_METHODS + ("attnlrp",)
 ]
 
