@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError, UnsupportedModelError
+from ..errors import InputError
 from ..rules.composites import Propagation
 from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
 from .blocks import NO_RECORD, BlockSpec, Replay

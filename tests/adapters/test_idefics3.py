@@ -324,3 +324,44 @@ def test_a_split_image_is_replayed_and_scored_without_a_pixel_map():
             e.upsample()
     e = explain(model, x, method="cp_lrp")
     assert ((e.scores.sum(-1) - e.conservation.output).abs() / e.conservation.output.abs()).max() <= 1e-6
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("split", [False, True])
+def test_the_image_processors_output_is_explained(cls, split):
+    """The model's own image processor (no download: built from its defaults, sized for the tiny tower) on a
+    70 × 50 image: one 32 × 32 image, or with splitting 2 × 2 crops and the global image (k = 5), its
+    pixel_attention_mask all ones; with the placeholder tokens laid out, the replay gives the model's logits."""
+    import numpy as np
+    import transformers
+    from PIL import Image
+    image = Image.fromarray((np.random.RandomState(0).rand(50, 70, 3) * 255).astype("uint8"))
+    processor = getattr(transformers, f"{cls}ImageProcessor")(
+        do_image_splitting=split, max_image_size={"longest_edge": SMOL_SIZE}, size={"longest_edge": 2 * SMOL_SIZE})
+    out = processor(images=[[image], [image]], return_tensors="pt")
+    k = 5 if split else 1
+    assert out["pixel_values"].shape == (2, k, 3, SMOL_SIZE, SMOL_SIZE)
+    assert bool((out["pixel_attention_mask"] == 1).all())
+    x = dict(smol_inputs(_rows(images=k), side="left"), **out)
+    assert _replay_deviation(make_smolvlm(cls), x) <= 1e-10
+    e = explain(make_smolvlm(cls), x, method="attnlrp")
+    assert (e.pixels is None) == split and torch.isfinite(e.scores).all()
+
+
+def test_the_global_image_of_a_split_is_the_rows_last_and_its_map_reads_its_tokens():
+    """With splitting the processor puts the downscaled global image last: its patches are the last h·w entries of
+    ``image_tokens``; an explanation restricted to them (``dataclasses.replace``) gives its map, each patch the
+    score of its token (the row's last 16 image tokens) / 4."""
+    from dataclasses import replace
+    model = make_smolvlm()
+    rows = _rows(images=3)
+    x = smol_inputs(rows, side="left", images=3)
+    e = explain(model, x, method="attnlrp")
+    last = replace(e, image_tokens=e.image_tokens[:, -SMOL_GRID ** 2:])
+    T = x["input_ids"].shape[1]
+    for i, row in enumerate(rows):
+        end = T - len(row) + len(row) - 1 - row[::-1].index(IMAGE)  # the row's last image token
+        tokens = e.scores[i, end - 15:end + 1].reshape(4, 4)
+        want = tokens.repeat_interleave(2, 0).repeat_interleave(2, 1) / 4
+        assert torch.allclose(last.patch_map()[i], want, rtol=1e-15, atol=0)
+    assert last.upsample().shape == (2, SMOL_SIZE, SMOL_SIZE)
