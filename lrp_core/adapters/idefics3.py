@@ -25,7 +25,7 @@ D_v the tower's width, D the language model's width.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -33,42 +33,53 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..rules.composites import Propagation
 from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
-from .blocks import NO_RECORD, BlockSpec, Replay
+from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
 from .checks import pixel_values
 from .clip import clip_block
 from .records import EmbeddingRecord
 from .vlm import TOWERS, VisionTower, VLMAdapter, VLMEmbeddingRecord
 
 
-def bucketised_position_ids(grid: tuple, per_side: int, batch: int, device: torch.device) -> Tensor:
-    """The position ids of an unpadded image's patches, as the model's vision embeddings compute them: patch row
-    i of h (column j of w) falls in the bucket of its fractional coordinate i / h on the trained
-    ``per_side``-wide grid (float32, as the model).
+def bucketised_position_ids(patch_mask: Tensor, per_side: int) -> Tensor:
+    """The position ids of the patches, as the model's vision embeddings compute them: an image's valid patches
+    form an n_h × n_w rectangle at the top left of its grid; its patch row i takes the bucket of i / n_h on the
+    trained ``per_side``-wide grid (column j that of j / n_w; float32, as the model); a padding patch takes id 0.
 
     Parameters
     ----------
-    grid : tuple
-        (h, w), the image's patch grid.
+    patch_mask : Tensor
+        (B, h, w) bool, the valid patches.
     per_side : int
         ``num_patches_per_side`` of the position embedding.
-    batch : int
-        B, the number of images.
-    device : torch.device
-        Where to build them.
 
     Returns
     -------
     Tensor
         (B, h·w) long, raster order.
     """
-    h, w = grid
+    B, h, w = patch_mask.shape
+    device = patch_mask.device
     boundaries = torch.arange(1 / per_side, 1.0, 1 / per_side, device=device)
     coords = []
-    for n in (h, w):
-        step = 1.0 / torch.full((batch,), n, device=device)
-        frac = torch.arange(n, device=device, dtype=torch.float32)[None, :] * step[:, None]
+    for n, size in ((patch_mask[:, :, 0].sum(dim=1), h), (patch_mask[:, 0, :].sum(dim=1), w)):
+        step = 1.0 / n
+        frac = torch.arange(size, device=device, dtype=torch.float32)[None, :] * step[:, None]
         coords.append(torch.bucketize(torch.clamp(frac, max=1.0 - 1e-6), boundaries, right=True))
-    return (coords[0][:, :, None] * per_side + coords[1][:, None, :]).reshape(batch, -1)
+    ids = (coords[0][:, :, None] * per_side + coords[1][:, None, :]).reshape(B, -1)
+    return torch.where(patch_mask.reshape(B, -1), ids, torch.zeros_like(ids))
+
+
+def patch_mask_of(pixel_mask: Tensor, patch_size: tuple) -> Tensor:
+    """The valid patches of ``pixel_mask`` (N, H, W): those with a valid pixel, as the model reads them.
+
+    Returns
+    -------
+    Tensor
+        (N, H / ph, W / pw) bool.
+    """
+    N, H, W = pixel_mask.shape
+    ph, pw = patch_size
+    return pixel_mask.reshape(N, H // ph, ph, W // pw, pw).sum(dim=(2, 4)) > 0
 
 
 def pixel_shuffle(x: Tensor, grid: tuple, s: int) -> Tensor:
@@ -130,16 +141,18 @@ class Idefics3VisionTower(VisionTower):
         return spec
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        """The vision embeddings of unpadded images: the patch convolution, plus the position embedding at the
-        bucketised ids (:func:`bucketised_position_ids`)."""
+        """The vision embeddings: the patch convolution, plus the position embedding at the bucketised ids
+        (:func:`bucketised_position_ids`; ``prepared["patch_mask"]`` (N, h, w) the valid patches, default all)."""
         emb = self.model.embeddings
         images = prepared["images"]
         if track:
             images = images.detach().requires_grad_(True)
         patches = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))
-        grid = tuple(patches.shape[-2:])
+        mask = prepared.get("patch_mask")
+        if mask is None:
+            mask = torch.ones(images.shape[0], *patches.shape[-2:], dtype=torch.bool, device=images.device)
         patches = patches.flatten(2).transpose(1, 2)
-        ids = bucketised_position_ids(grid, emb.num_patches_per_side, images.shape[0], images.device)
+        ids = bucketised_position_ids(mask.to(images.device), emb.num_patches_per_side)
         x_pos = r(POS_ADD, torch.add, patches, emb.position_embedding(ids))
         return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=patches, x_pos=x_pos, images=images, patches=patches)
 
@@ -197,17 +210,74 @@ class Idefics3Adapter(VLMAdapter):
                                  "takes for a padding image and drops: the same number of real images in every "
                                  "row is explained")
         mask = inputs.get("pixel_attention_mask")
+        patch_mask = None
         if mask is not None:
             mask = torch.as_tensor(mask)
             if tuple(mask.shape) != tuple(mask_shape):
                 raise InputError(f"pixel_attention_mask must be {tuple(mask_shape)} (one mask per image); got "
                                  f"{tuple(mask.shape)}")
-            if not bool((mask != 0).all()):
-                raise InputError("pixel_attention_mask marks padded pixels: an image padded inside pixel_values "
-                                 "is not explained (the processor squares every image and pads none; pass its "
-                                 "pixel_attention_mask, all ones, or none)")
+            patch_mask = patch_mask_of(mask.reshape(-1, H, W).to(images.device), self.tower.patch_size)
+            n_h, n_w = patch_mask[:, :, 0].sum(dim=1), patch_mask[:, 0, :].sum(dim=1)
+            h, w = patch_mask.shape[1:]
+            rect = (torch.arange(h, device=n_h.device)[None, :, None] < n_h[:, None, None]) \
+                & (torch.arange(w, device=n_w.device)[None, None, :] < n_w[:, None, None])
+            bad = torch.nonzero(~(patch_mask == rect).flatten(1).all(dim=1) | (n_h == 0)).flatten().tolist()
+            if bad:
+                raise InputError(f"pixel_attention_mask of image {bad[0]}: the valid pixels must cover a rectangle "
+                                 "at the image's top left, at least one patch (the processor pads at the bottom "
+                                 "and the right), as the model's position ids assume")
+            if bool(patch_mask.all()):
+                patch_mask = None  # unpadded: the tower's default
         rest = {k: v for k, v in inputs.items() if k != "pixel_attention_mask"}
-        return super().check_inputs({**rest, "pixel_values": images})
+        prepared = super().check_inputs({**rest, "pixel_values": images})
+        if patch_mask is not None:
+            prepared["patch_mask"] = patch_mask.reshape(*prepared["pixel_values"].shape[:2], *patch_mask.shape[1:])
+        return prepared
+
+    def take(self, prepared: dict, rows: Tensor, n: Optional[int] = None) -> dict:
+        """The base's, with the rows' patch masks."""
+        out = super().take({k: v for k, v in prepared.items() if k != "patch_mask"}, rows, n)
+        if "patch_mask" in prepared:
+            out["patch_mask"] = prepared["patch_mask"][rows.to(prepared["patch_mask"].device)]
+        return out
+
+    # ------------------------------------------------------------ forward
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
+        """The base's (:meth:`VLMAdapter.embed`) with the padded patches of ``pixel_attention_mask``: their
+        position id 0 and, in every tower block, a key mask (−inf on their scores, as the model's attention
+        mask); padded patches still reach the connector, as in the model. The key mask is added for unpadded
+        images too (zeros): every image's relevance then takes the same path whatever the others in the batch
+        (the explicit rules' share of a mask add of zero is the scores' up to their stabiliser)."""
+        stacked = prepared["pixel_values"]  # (B, k, 3, H, W)
+        B, k = stacked.shape[:2]
+        mask = prepared.get("patch_mask")
+        if mask is None:
+            ph, pw = self.tower.patch_size
+            mask = torch.ones(B, k, stacked.shape[-2] // ph, stacked.shape[-1] // pw, dtype=torch.bool,
+                              device=stacked.device)
+        images = stacked[:, 0] if k == 1 else stacked
+        if track:
+            images = images.detach().requires_grad_(True)
+        flat_mask = mask.reshape(B * k, *mask.shape[2:])
+        vision = self.tower.embed({"images": images.reshape(B * k, *stacked.shape[2:]), "patch_mask": flat_mask},
+                                  r)
+        x = vision.x0
+        bias = torch.zeros(B * k, 1, 1, x.shape[1], dtype=x.dtype, device=x.device)
+        bias = bias.masked_fill(~flat_mask.reshape(B * k, 1, 1, -1).to(x.device), float("-inf"))
+        records = []
+        for spec in self.tower.blocks:
+            rec = block_forward(spec, x, bias, r)
+            records.append(rec)
+            x = rec.out
+        selected = self.select(x)
+        connector, features = self.connect(selected, r)
+        ids = prepared["input_ids"]
+        words = self.text.embed_tokens(ids)
+        image_mask = ids == self.image_token_id
+        x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
+        return VLMEmbeddingRecord(x0=x0, embeds=x0, images=images if k == 1 else None, vision=vision,
+                                  vision_blocks=records, selected=selected, connector=connector, features=features,
+                                  image_mask=image_mask)
 
     # ------------------------------------------------------------ the connector
     def _grid(self, tokens: int) -> tuple:
@@ -239,5 +309,5 @@ class Idefics3Adapter(VLMAdapter):
         return grid[0] * grid[1] // (self.scale * self.scale)
 
 
-__all__ = ["Idefics3Adapter", "Idefics3VisionTower", "SmolVLMVisionTower", "bucketised_position_ids",
+__all__ = ["Idefics3Adapter", "Idefics3VisionTower", "SmolVLMVisionTower", "bucketised_position_ids", "patch_mask_of",
            "pixel_shuffle", "pixel_unshuffle"]
