@@ -15,9 +15,11 @@ The two classes compute the same thing (SmolVLM's modules are Idefics3's under o
 
 Inputs: the processor's ``pixel_values`` (B, k, 3, H, W) — k square images per row (with image splitting, a
 large image is k − 1 crops and a downscaled global image, each an image of the row) — and its
-``pixel_attention_mask`` (B, k, H, W), which must be all ones (the processor squares every image, so it never
-pads one; a zero image is the model's padding image, which it drops). One image per row gives ``pixels`` and
-``upsample()``; several (crops, or several images) are scored token by token (the base's rule).
+``pixel_attention_mask`` (B, k, H, W), read as the model reads it (a patch is valid if one of its pixels is; the
+valid patches a rectangle at the top left: their bucketised positions, the padded patches masked as keys in the
+tower's attention). An all-zero image is the model's padding image, which it drops: refused. One image per row
+gives ``pixels`` and ``upsample()``; several (crops, or several images) are scored token by token (the base's
+rule; with splitting the global image is the row's last).
 
 Shapes: B rows, k images per row, (h, w) the patch grid, s the scale factor, P = h·w / s² image tokens per image,
 D_v the tower's width, D the language model's width.
@@ -185,7 +187,8 @@ class Idefics3Adapter(VLMAdapter):
     def check_inputs(self, inputs) -> dict:
         """The processor's output: ``input_ids``, ``attention_mask``, ``pixel_values`` (B, k, 3, H, W) (or
         (B·k, 3, H, W)) of square images whose patch grid the scale factor divides, and ``pixel_attention_mask``
-        (B, k, H, W) all ones (or none)."""
+        (B, k, H, W) (or none: no padding). ``prepared["patch_mask"]`` (B, k, h, w) bool holds the valid patches
+        where some image is padded."""
         name = type(self.model).__name__
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs or inputs.get("pixel_values") is None:
             return super().check_inputs(inputs)  # the base's message for what is missing
