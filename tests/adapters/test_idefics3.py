@@ -179,6 +179,22 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels():
     _close(ours.pixels, (pixels * g_pixels).sum(2)[:, 0].detach())
 
 
+def test_position_and_contrast_are_the_decoders():
+    """``position=`` (teacher forcing inside the text) and a ``Contrast`` target read as for the decoder alone."""
+    model = make_smolvlm()
+    x = smol_inputs(_rows(), side="right")
+    adapter = get_adapter(model)
+    with torch.no_grad():
+        x0 = adapter.embed(adapter.check_inputs(x)).x0
+    lm, ids = _language_model_alone(model, x0)
+    text = {"input_ids": ids, "attention_mask": x["attention_mask"]}
+    for method in ("attnlrp", "lrp", "transformer_attribution", "token_ablation"):
+        kw = dict(method=method, position=[len(r) - 2 for r in _rows()], target=lrp_core.Contrast(5, 6))
+        ours, theirs = explain(model, x, **kw), explain(lm, text, **kw)
+        _close(ours.scores, theirs.scores, 1e-8)
+        assert ours.scores[0, len(_rows()[0]) - 1:].abs().sum() == 0  # nothing after the position read
+
+
 # ------------------------------------------------------------------------------------------- (c) conservation
 @pytest.mark.parametrize("cls", CLASSES)
 def test_cp_lrp_conserves_from_the_logit_to_the_pixels_and_the_text(cls):
@@ -319,6 +335,35 @@ def test_every_call_leaves_the_model_bit_identical_and_without_hooks():
         for key in ("training", "requires_grad", "hooks"):
             assert before[key] == after[key], (method, key)
         assert all(a is b for a, b in zip(before["grads"], after["grads"])), method
+
+
+def test_transformers_output_capturing_hooks_are_not_taken_for_the_users():
+    """The model's own forward leaves transformers' output-capturing hooks on the vision transformer (they record
+    hidden states and change nothing): an explanation after it warns of no unreflected hook; a user's hook does."""
+    import warnings
+
+    from lrp_core.errors import UnreflectedHookWarning
+    model = make_smolvlm()
+    x = smol_inputs(_rows(), side="left")
+    with torch.no_grad():
+        model(**x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnreflectedHookWarning)
+        explain(model, x, method="attnlrp")
+    model.model.vision_model.encoder.layers[0].register_forward_hook(lambda m, i, o: o)
+    with pytest.warns(UnreflectedHookWarning, match="vision_model.encoder.layers.0"):
+        explain(model, x, method="attnlrp")
+
+
+def test_explain_generation_is_refused_with_what_to_do_instead():
+    class Tokenizer:
+        pad_token_id = 0
+
+        def __call__(self, texts, **kw):
+            return {"input_ids": torch.tensor([[1, 5, 6]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
+
+    with pytest.raises(UnsupportedModelError, match="position=p"):
+        lrp_core.explain_generation(make_smolvlm(), Tokenizer(), ["a prompt"], max_new_tokens=1)
 
 
 # ---------------------------------------------------------------------------------------------- (f) bad inputs
