@@ -6,7 +6,7 @@ The two classes compute the same thing (SmolVLM's modules are Idefics3's under o
 * the **vision transformer** (``vision_model``): a SigLIP-like ViT without a class token — a patch convolution
   plus a learned position embedding whose ids are *bucketised* (the image's patch grid laid over the trained
   ``num_patches_per_side``² grid, so any square multiple of the patch size is read), then CLIP's pre-LN blocks
-  (:func:`~lrp_core.adapters.clip.clip_block`), all of them, then ``post_layernorm``;
+  (:func:`~lrp_core.adapters.clip.clip_block`), all of them;
 * the **connector**: ``post_layernorm``, then a **pixel shuffle** (space-to-depth: each language-model image
   token concatenates the features of an s × s square of neighbouring patches, s = ``scale_factor``; a
   permutation of the features, so relevance passes through it exactly, by the inverse permutation), then the
