@@ -290,6 +290,8 @@ def test_a_batch_with_a_padded_image_gives_each_row_its_explanation_alone(method
     rows = _rows()
     x = _padded(smol_inputs(rows, side="right"))
     both = explain(model, x, method=method)
+    pieces = explain(model, x, method=method, chunk_size=1)  # a row at a time: its patch mask taken with it
+    _close(both.scores, pieces.scores)
     for i, row in enumerate(rows):
         alone = explain(model, {"input_ids": torch.tensor([row]), "attention_mask": torch.ones(1, len(row)),
                                 "pixel_values": x["pixel_values"][i:i + 1],
