@@ -469,3 +469,10 @@ def test_the_global_image_of_a_split_is_the_rows_last_and_its_map_reads_its_toke
         want = tokens.repeat_interleave(2, 0).repeat_interleave(2, 1) / 4
         assert torch.allclose(last.patch_map()[i], want, rtol=1e-15, atol=0)
     assert last.upsample().shape == (2, SMOL_SIZE, SMOL_SIZE)
+
+
+def test_the_widgets_show_each_patch_its_share_of_its_tokens_score():
+    from widgets.views import _row
+    e = explain(make_smolvlm(), smol_inputs(_rows(), side="left"), method="rollout")
+    for i in range(2):
+        assert torch.allclose(torch.from_numpy(_row(e[i], e.scores[i])), e.patch_map()[i], rtol=1e-15, atol=0)
