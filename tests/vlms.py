@@ -90,3 +90,55 @@ def inputs(rows: list, side: str = "left", seed: int = 0, dtype: torch.dtype = t
     g = torch.Generator().manual_seed(seed)
     pixels = torch.randn(len(rows), 3, SIZE, SIZE, generator=g, dtype=dtype)
     return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
+
+
+# ------------------------------------------------------------------------------------------- Idefics3 / SmolVLM
+#: SmolVLM / Idefics3: 32-pixel images, patch 4 (an 8 × 8 grid), scale factor 2 (16 image tokens per image)
+SMOL_SIZE = 32
+SMOL_PATCH = 4
+SMOL_GRID = SMOL_SIZE // SMOL_PATCH
+
+
+def make_smolvlm(cls: str = "SmolVLM", seed: int = 0, scale: int = 2, bias_free: bool = False, attn: str = "sdpa",
+                 dtype: torch.dtype = torch.float64, image_size: int = SMOL_SIZE):
+    """A tiny ``SmolVLMForConditionalGeneration`` (``cls="Idefics3"``: ``Idefics3ForConditionalGeneration``): the
+    vision transformer (hidden 24, 2 layers, 2 heads, patch 4; its position grid ``image_size`` / 4 per side), the
+    pixel shuffle at ``scale`` and a Llama language model as :func:`make_llava`'s. ``bias_free``: every additive
+    constant zero (Linear / Conv biases, LayerNorm shifts, the position embedding)."""
+    import transformers
+    config = getattr(transformers, f"{cls}Config")
+    torch.manual_seed(seed)
+    tcfg = dict(model_type="llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=PAD,
+                bos_token_id=1, eos_token_id=1, tie_word_embeddings=False, attention_bias=False)
+    vcfg = dict(hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                image_size=image_size, patch_size=SMOL_PATCH)
+    cfg = config(text_config=tcfg, vision_config=vcfg, scale_factor=scale, image_token_id=IMAGE,
+                 tie_word_embeddings=False)
+    cfg._attn_implementation = attn
+    for sub in (cfg.text_config, cfg.vision_config):
+        sub._attn_implementation = attn
+    model = getattr(transformers, f"{cls}ForConditionalGeneration")(cfg).eval().to(dtype)
+    _norms(model, seed, bias_free)
+    if bias_free:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".bias") or "position_embedding" in name:
+                    p.zero_()
+    return model
+
+
+def smol_prompt(before: list, after: list, images: int = 1, scale: int = 2) -> list:
+    """``[1, *before, IMAGE × k·P, *after]``."""
+    return [1, *before] + [IMAGE] * (images * SMOL_GRID ** 2 // scale ** 2) + list(after)
+
+
+def smol_inputs(rows: list, side: str = "left", seed: int = 0, images: int = 1, size: int = SMOL_SIZE,
+                dtype: torch.dtype = torch.float64) -> dict:
+    """The processor's output for id rows: ``pixel_values`` (B, k, 3, size, size) random, ``pixel_attention_mask``
+    all ones (B, k, size, size)."""
+    x = inputs(rows, side=side, seed=seed, dtype=dtype)
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.randn(len(rows), images, 3, size, size, generator=g, dtype=dtype)
+    return {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"], "pixel_values": pixels,
+            "pixel_attention_mask": torch.ones(len(rows), images, size, size, dtype=torch.long)}

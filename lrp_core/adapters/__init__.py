@@ -208,7 +208,7 @@ def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
 
 
 #: the vision-language models an adapter explains (their rows in ADAPTERS)
-VLM_CLASSES = ("LlavaForConditionalGeneration",)
+VLM_CLASSES = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration")
 #: the Hugging Face Swin classes an adapter replays (their row in ADAPTERS); other heads of those types are refused
 HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassification")
 
@@ -295,6 +295,11 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ("Hugging Face LlavaForConditionalGeneration (LLaVA: a CLIP-vision or DINOv2 tower, the MLP projector, a Llama / "
      "Mistral / Qwen2 language model; the same number of images in every row)", _named("LlavaForConditionalGeneration"),
      _decoder("llava", "LlavaAdapter")),
+    ("Hugging Face Idefics3ForConditionalGeneration / SmolVLMForConditionalGeneration (Idefics3, SmolVLM: the "
+     "SigLIP-like vision transformer, the pixel-shuffle connector, a Llama language model; the same number of "
+     "images in every row, image splitting's crops included)",
+     _named("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
+     _decoder("idefics3", "Idefics3Adapter")),
     ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
      _named("LlamaForCausalLM", "LlamaForSequenceClassification"), _decoder("llama", "LlamaAdapter")),
     ("Hugging Face MistralForCausalLM / MistralForSequenceClassification (sliding window)",

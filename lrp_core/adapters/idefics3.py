@@ -1,0 +1,316 @@
+"""Idefics3 and SmolVLM (Hugging Face ``Idefics3ForConditionalGeneration`` / ``SmolVLMForConditionalGeneration``,
+docs/METHODS.md §2g).
+
+The two classes compute the same thing (SmolVLM's modules are Idefics3's under other names):
+
+* the **vision transformer** (``vision_model``): a SigLIP-like ViT without a class token — a patch convolution
+  plus a learned position embedding whose ids are *bucketised* (the image's patch grid laid over the trained
+  ``num_patches_per_side``² grid, so any square multiple of the patch size is read), then CLIP's pre-LN blocks
+  (:func:`~lrp_core.adapters.clip.clip_block`), all of them;
+* the **connector**: ``post_layernorm``, then a **pixel shuffle** (space-to-depth: each language-model image
+  token concatenates the features of an s × s square of neighbouring patches, s = ``scale_factor``; a
+  permutation of the features, so relevance passes through it exactly, by the inverse permutation), then the
+  bias-free ``modality_projection`` Linear;
+* a Llama language model.
+
+Inputs: the processor's ``pixel_values`` (B, k, 3, H, W) — k square images per row (with image splitting, a
+large image is k − 1 crops and a downscaled global image, each an image of the row) — and its
+``pixel_attention_mask`` (B, k, H, W), read as the model reads it (a patch is valid if one of its pixels is; the
+valid patches a rectangle at the top left: their bucketised positions, the padded patches masked as keys in the
+tower's attention). An all-zero image is the model's padding image, which it drops: refused. One image per row
+gives ``pixels`` and ``upsample()``; several (crops, or several images) are scored token by token (the base's
+rule; with splitting the global image is the row's last).
+
+Shapes: B rows, k images per row, (h, w) the patch grid, s the scale factor, P = h·w / s² image tokens per image,
+D_v the tower's width, D the language model's width.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import InputError
+from ..rules.composites import Propagation
+from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
+from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
+from .checks import pixel_values
+from .clip import clip_block
+from .records import EmbeddingRecord
+from .vlm import TOWERS, VisionTower, VLMAdapter, VLMEmbeddingRecord
+
+
+def bucketised_position_ids(patch_mask: Tensor, per_side: int) -> Tensor:
+    """The position ids of the patches, as the model's vision embeddings compute them: an image's valid patches
+    form an n_h × n_w rectangle at the top left of its grid; its patch row i takes the bucket of i / n_h on the
+    trained ``per_side``-wide grid (column j that of j / n_w; float32, as the model); a padding patch takes id 0.
+
+    Parameters
+    ----------
+    patch_mask : Tensor
+        (B, h, w) bool, the valid patches.
+    per_side : int
+        ``num_patches_per_side`` of the position embedding.
+
+    Returns
+    -------
+    Tensor
+        (B, h·w) long, raster order.
+    """
+    B, h, w = patch_mask.shape
+    device = patch_mask.device
+    boundaries = torch.arange(1 / per_side, 1.0, 1 / per_side, device=device)
+    coords = []
+    for n, size in ((patch_mask[:, :, 0].sum(dim=1), h), (patch_mask[:, 0, :].sum(dim=1), w)):
+        step = 1.0 / n
+        frac = torch.arange(size, device=device, dtype=torch.float32)[None, :] * step[:, None]
+        coords.append(torch.bucketize(torch.clamp(frac, max=1.0 - 1e-6), boundaries, right=True))
+    ids = (coords[0][:, :, None] * per_side + coords[1][:, None, :]).reshape(B, -1)
+    return torch.where(patch_mask.reshape(B, -1), ids, torch.zeros_like(ids))
+
+
+def patch_mask_of(pixel_mask: Tensor, patch_size: tuple) -> Tensor:
+    """The valid patches of ``pixel_mask`` (N, H, W): those with a valid pixel, as the model reads them.
+
+    Returns
+    -------
+    Tensor
+        (N, H / ph, W / pw) bool.
+    """
+    N, H, W = pixel_mask.shape
+    ph, pw = patch_size
+    return pixel_mask.reshape(N, H // ph, ph, W // pw, pw).sum(dim=(2, 4)) > 0
+
+
+def pixel_shuffle(x: Tensor, grid: tuple, s: int) -> Tensor:
+    """Space-to-depth: token (I, J) of the (h/s, w/s) grid is the channels of patches (I·s + e, J·s + a),
+    e, a < s, concatenated e-major — the model's ``pixel_shuffle`` written as one reshape and permutation.
+
+    Parameters
+    ----------
+    x : Tensor
+        (B, h·w, D_v), raster order.
+    grid : tuple
+        (h, w).
+    s : int
+        The scale factor.
+
+    Returns
+    -------
+    Tensor
+        (B, h·w / s², s²·D_v).
+    """
+    B, _, D = x.shape
+    h, w = grid
+    return x.reshape(B, h // s, s, w // s, s, D).permute(0, 1, 3, 2, 4, 5).reshape(B, -1, s * s * D)
+
+
+def pixel_unshuffle(x: Tensor, grid: tuple, s: int) -> Tensor:
+    """The inverse permutation of :func:`pixel_shuffle`: (B, h·w / s², s²·D_v) -> (B, h·w, D_v)."""
+    B, _, SD = x.shape
+    h, w = grid
+    D = SD // (s * s)
+    return x.reshape(B, h // s, w // s, s, s, D).permute(0, 1, 3, 2, 4, 5).reshape(B, h * w, D)
+
+
+class Idefics3VisionTower(VisionTower):
+    """``Idefics3VisionTransformer``: patch convolution, bucketised learned positions, CLIP's pre-LN blocks (its
+    ``post_layernorm`` is the connector's first step, :class:`Idefics3Adapter`)."""
+
+    tower_class = "Idefics3VisionTransformer"
+
+    def __init__(self, model: nn.Module, layers: int):
+        emb = model.embeddings
+        self.patch_conv = emb.patch_embedding
+        ps = emb.patch_size
+        self.patch_size = (ps, ps) if isinstance(ps, int) else tuple(ps)
+        self.image_size = None  # bucketised positions: any multiple of the patch size
+        self.num_prefix_tokens = 0
+        super().__init__(model, layers)
+
+    @staticmethod
+    def layers_of(model: nn.Module) -> nn.ModuleList:
+        return model.encoder.layers
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        """:func:`clip_block`; eager attention computes its softmax in float32 and casts back, as the model's
+        eager kernel does (sdpa keeps the model's dtype)."""
+        spec = clip_block(layer, self.model.config)
+        spec.attn.softmax_dtype = torch.float32 if getattr(self.model.config, "_attn_implementation",
+                                                           "eager") == "eager" else None
+        return spec
+
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """The vision embeddings: the patch convolution, plus the position embedding at the bucketised ids
+        (:func:`bucketised_position_ids`; ``prepared["patch_mask"]`` (N, h, w) the valid patches, default all)."""
+        emb = self.model.embeddings
+        images = prepared["images"]
+        if track:
+            images = images.detach().requires_grad_(True)
+        patches = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))
+        mask = prepared.get("patch_mask")
+        if mask is None:
+            mask = torch.ones(images.shape[0], *patches.shape[-2:], dtype=torch.bool, device=images.device)
+        patches = patches.flatten(2).transpose(1, 2)
+        ids = bucketised_position_ids(mask.to(images.device), emb.num_patches_per_side)
+        x_pos = r(POS_ADD, torch.add, patches, emb.position_embedding(ids))
+        return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=patches, x_pos=x_pos, images=images, patches=patches)
+
+
+class SmolVLMVisionTower(Idefics3VisionTower):
+    """``SmolVLMVisionTransformer``: Idefics3's vision transformer under SmolVLM's names."""
+
+    tower_class = "SmolVLMVisionTransformer"
+
+
+TOWERS.update({cls.tower_class: cls for cls in (Idefics3VisionTower, SmolVLMVisionTower)})
+
+
+class Idefics3Adapter(VLMAdapter):
+    """``Idefics3ForConditionalGeneration`` / ``SmolVLMForConditionalGeneration``: the vision transformer (every
+    layer) → ``post_layernorm`` → pixel shuffle → ``modality_projection`` → the Llama language model's image
+    tokens."""
+
+    image_inputs = ("pixel_values", "pixel_attention_mask")
+
+    def _parts(self) -> tuple[nn.Module, nn.Module, Any, nn.Module, int]:
+        cfg = self.model.config
+        base = self.model.model
+        self.scale = int(cfg.scale_factor)
+        self.post_norm = base.vision_model.post_layernorm
+        self.projection = base.connector.modality_projection.proj
+        return base.text_model, self.model.lm_head, cfg.get_text_config(), base.vision_model, -1
+
+    # ------------------------------------------------------------ validation
+    def check_inputs(self, inputs) -> dict:
+        """The processor's output: ``input_ids``, ``attention_mask``, ``pixel_values`` (B, k, 3, H, W) (or
+        (B·k, 3, H, W)) of square images whose patch grid the scale factor divides, and ``pixel_attention_mask``
+        (B, k, H, W) (or none: no padding). ``prepared["patch_mask"]`` (B, k, h, w) bool holds the valid patches
+        where some image is padded."""
+        name = type(self.model).__name__
+        if not isinstance(inputs, Mapping) or "input_ids" not in inputs or inputs.get("pixel_values") is None:
+            return super().check_inputs(inputs)  # the base's message for what is missing
+        images = pixel_values(inputs["pixel_values"])
+        if images.dim() == 5:
+            mask_shape = images.shape[:2] + images.shape[-2:]
+            images = images.reshape(-1, *images.shape[2:])
+        elif images.dim() == 4:
+            mask_shape = images.shape[:1] + images.shape[-2:]
+        else:
+            raise InputError(f"{name}: pixel_values must be (B, k, 3, H, W) (the processor's) or (B·k, 3, H, W); "
+                             f"got {tuple(images.shape)}")
+        H, W = images.shape[-2:]
+        ph, pw = self.tower.patch_size
+        if H != W or H % ph or (H // ph) % self.scale:
+            raise InputError(f"{name} reads square images whose patch grid its pixel shuffle (scale factor "
+                             f"{self.scale}) divides: a side that is a multiple of {ph * self.scale}; got {H}×{W}")
+        if images.is_floating_point():
+            zero = (images == 0).flatten(1).all(dim=1)
+            if bool(zero.any()):
+                raise InputError(f"image {int(zero.nonzero()[0, 0])} of pixel_values is all zeros, which the model "
+                                 "takes for a padding image and drops: the same number of real images in every "
+                                 "row is explained")
+        mask = inputs.get("pixel_attention_mask")
+        patch_mask = None
+        if mask is not None:
+            mask = torch.as_tensor(mask)
+            if tuple(mask.shape) != tuple(mask_shape):
+                raise InputError(f"pixel_attention_mask must be {tuple(mask_shape)} (one mask per image); got "
+                                 f"{tuple(mask.shape)}")
+            patch_mask = patch_mask_of(mask.reshape(-1, H, W).to(images.device), self.tower.patch_size)
+            n_h, n_w = patch_mask[:, :, 0].sum(dim=1), patch_mask[:, 0, :].sum(dim=1)
+            h, w = patch_mask.shape[1:]
+            rect = (torch.arange(h, device=n_h.device)[None, :, None] < n_h[:, None, None]) \
+                & (torch.arange(w, device=n_w.device)[None, None, :] < n_w[:, None, None])
+            bad = torch.nonzero(~(patch_mask == rect).flatten(1).all(dim=1) | (n_h == 0)).flatten().tolist()
+            if bad:
+                raise InputError(f"pixel_attention_mask of image {bad[0]}: the valid pixels must cover a rectangle "
+                                 "at the image's top left, at least one patch (the processor pads at the bottom "
+                                 "and the right), as the model's position ids assume")
+            if bool(patch_mask.all()):
+                patch_mask = None  # unpadded: the tower's default
+        rest = {k: v for k, v in inputs.items() if k != "pixel_attention_mask"}
+        prepared = super().check_inputs({**rest, "pixel_values": images})
+        if patch_mask is not None:
+            prepared["patch_mask"] = patch_mask.reshape(*prepared["pixel_values"].shape[:2], *patch_mask.shape[1:])
+        return prepared
+
+    def take(self, prepared: dict, rows: Tensor, n: Optional[int] = None) -> dict:
+        """The base's, with the rows' patch masks."""
+        out = super().take({k: v for k, v in prepared.items() if k != "patch_mask"}, rows, n)
+        if "patch_mask" in prepared:
+            out["patch_mask"] = prepared["patch_mask"][rows.to(prepared["patch_mask"].device)]
+        return out
+
+    # ------------------------------------------------------------ forward
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
+        """The base's (:meth:`VLMAdapter.embed`) with the padded patches of ``pixel_attention_mask``: their
+        position id 0 and, in every tower block, a key mask (−inf on their scores, as the model's attention
+        mask); padded patches still reach the connector, as in the model. The key mask is added for unpadded
+        images too (zeros): every image's relevance then takes the same path whatever the others in the batch
+        (the explicit rules' share of a mask add of zero is the scores' up to their stabiliser)."""
+        stacked = prepared["pixel_values"]  # (B, k, 3, H, W)
+        B, k = stacked.shape[:2]
+        mask = prepared.get("patch_mask")
+        if mask is None:
+            ph, pw = self.tower.patch_size
+            mask = torch.ones(B, k, stacked.shape[-2] // ph, stacked.shape[-1] // pw, dtype=torch.bool,
+                              device=stacked.device)
+        images = stacked[:, 0] if k == 1 else stacked
+        if track:
+            images = images.detach().requires_grad_(True)
+        flat_mask = mask.reshape(B * k, *mask.shape[2:])
+        vision = self.tower.embed({"images": images.reshape(B * k, *stacked.shape[2:]), "patch_mask": flat_mask},
+                                  r)
+        x = vision.x0
+        bias = torch.zeros(B * k, 1, 1, x.shape[1], dtype=x.dtype, device=x.device)
+        bias = bias.masked_fill(~flat_mask.reshape(B * k, 1, 1, -1).to(x.device), float("-inf"))
+        records = []
+        for spec in self.tower.blocks:
+            rec = block_forward(spec, x, bias, r)
+            records.append(rec)
+            x = rec.out
+        selected = self.select(x)
+        connector, features = self.connect(selected, r)
+        ids = prepared["input_ids"]
+        words = self.text.embed_tokens(ids)
+        image_mask = ids == self.image_token_id
+        x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
+        return VLMEmbeddingRecord(x0=x0, embeds=x0, images=images if k == 1 else None, vision=vision,
+                                  vision_blocks=records, selected=selected, connector=connector, features=features,
+                                  image_mask=image_mask)
+
+    # ------------------------------------------------------------ the connector
+    def _grid(self, tokens: int) -> tuple:
+        side = int(round(tokens ** 0.5))
+        return side, side
+
+    def connect(self, selected: Tensor, r: Replay) -> tuple[dict, Tensor]:
+        """``modality_projection(pixel_shuffle(post_layernorm(selected)))``."""
+        normed = r.module(LAYERNORM, self.post_norm, selected)
+        shuffled = pixel_shuffle(normed, self._grid(selected.shape[1]), self.scale)
+        out = r.module(LINEAR, self.projection, shuffled)
+        return {"post_layernorm": normed, "shuffled": shuffled}, out
+
+    def connect_relprop(self, emb: VLMEmbeddingRecord, R: Tensor, prop: Propagation) -> Tensor:
+        """The projection's Linear rule, the inverse permutation of the pixel shuffle (exact), the LayerNorm's
+        rule."""
+        c = emb.connector
+        R = prop.linear(self.projection, c["shuffled"], R, out=emb.features)
+        R = pixel_unshuffle(R, self._grid(emb.selected.shape[1]), self.scale)
+        return prop.unary(LAYERNORM, emb.selected, R, self.post_norm)
+
+    def patch_tokens(self, grid: tuple) -> Tensor:
+        """Patch (i, j) is carried by token (i // s)·(w / s) + j // s."""
+        h, w = grid
+        rows, cols = torch.div(torch.arange(h * w), w, rounding_mode="floor"), torch.arange(h * w) % w
+        return (rows // self.scale) * (w // self.scale) + cols // self.scale
+
+    def tokens_per_image(self, grid: tuple) -> int:
+        return grid[0] * grid[1] // (self.scale * self.scale)
+
+
+__all__ = ["Idefics3Adapter", "Idefics3VisionTower", "SmolVLMVisionTower", "bucketised_position_ids", "patch_mask_of",
+           "pixel_shuffle", "pixel_unshuffle"]
