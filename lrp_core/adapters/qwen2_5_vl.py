@@ -253,7 +253,8 @@ class Qwen2_5_VLAdapter(VLMAdapter):
                                    "input_ids, mm_token_type_ids, image_grid_thw and attention_mask): pass none",
                    **{k: why_video for k in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")},
                    "mm_encoder_outputs": "the image features are read from the tower's replay: pass pixel_values"}
-        input_keys(inputs, name, self.text.honoured_inputs + self.image_inputs, refused, NO_EFFECT)
+        honoured = tuple(k for k in self.text.honoured_inputs if k != "position_ids") + self.image_inputs
+        input_keys(inputs, name, honoured, refused, NO_EFFECT)
         text = {k: inputs[k] for k in ("input_ids", "attention_mask", "cache_position") if k in inputs}
         prepared = self.text.check_inputs(text)
         ids, mask = prepared["input_ids"], prepared["attention_mask"]
