@@ -106,23 +106,27 @@ def make_qwen_vl(seed: int = 0, bias_free: bool = False, attn: str = "sdpa", dty
     temporal patch 2, window 16 pixels, full attention in the blocks ``fullatt``), the patch merger, and a
     language model (hidden 32, 2 layers, 4 query / 2 key-value heads, M-RoPE sections (2, 1, 1)).
     ``bias_free``: every Linear bias zero (the vision q/k/v, MLP and merger biases, the text q/k/v biases)."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    import transformers
     torch.manual_seed(seed)
     text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=1,
                 eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                  "mrope_section": [2, 1, 1]})
-    vision = dict(depth=3, hidden_size=24, intermediate_size=32, num_heads=2, patch_size=QWEN_PATCH,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=16, out_hidden_size=32,
-                  fullatt_block_indexes=list(fullatt))
-    cfg = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=QWEN_IMAGE,
+    vision = dict(depth=3, num_heads=2, patch_size=QWEN_PATCH, spatial_merge_size=2, temporal_patch_size=2)
+    if version == "2.5":
+        vision.update(hidden_size=24, intermediate_size=32, window_size=16, out_hidden_size=32,
+                      fullatt_block_indexes=list(fullatt))
+    else:  # Qwen2-VL: embed_dim is the tower's width, hidden_size the merger's output
+        vision.update(embed_dim=24, hidden_size=32, mlp_ratio=2)
+    prefix = "Qwen2_5_VL" if version == "2.5" else "Qwen2VL"
+    cfg = getattr(transformers, f"{prefix}Config")(text_config=text, vision_config=vision, image_token_id=QWEN_IMAGE,
                            video_token_id=QWEN_VIDEO, vision_start_token_id=QWEN_START,
                            vision_end_token_id=QWEN_END, tie_word_embeddings=False, attn_implementation=attn)
-    model = Qwen2_5_VLForConditionalGeneration(cfg).eval().to(dtype)
+    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(cfg).eval().to(dtype)
     _norms(model, seed, bias_free)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(".bias"):
+            if name.endswith(".bias") and not ("norm" in name or "ln_q" in name):
                 p.copy_(torch.zeros_like(p) if bias_free else 0.1 * torch.randn_like(p))
     return model
 

@@ -203,7 +203,7 @@ def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
 
 
 #: the vision-language models an adapter explains (their rows in ADAPTERS)
-VLM_CLASSES = ("LlavaForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+VLM_CLASSES = ("LlavaForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration")
 
 
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
@@ -289,9 +289,10 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ("Hugging Face LlavaForConditionalGeneration (LLaVA: a CLIP-vision or DINOv2 tower, the MLP projector, a Llama / "
      "Mistral / Qwen2 language model; the same number of images in every row)", _named("LlavaForConditionalGeneration"),
      _decoder("llava", "LlavaAdapter")),
-    ("Hugging Face Qwen2_5_VLForConditionalGeneration (Qwen2.5-VL: its vision tower with 2D rotary positions and "
-     "window attention, the 2 × 2 patch merger, the M-RoPE Qwen2 language model; images of one grid, the same "
-     "number in every row)", _named("Qwen2_5_VLForConditionalGeneration"),
+    ("Hugging Face Qwen2_5_VLForConditionalGeneration / Qwen2VLForConditionalGeneration (Qwen2.5-VL, Qwen2-VL: "
+     "the vision tower with 2D rotary positions (Qwen2.5-VL: and window attention), the 2 × 2 patch merger, the "
+     "M-RoPE Qwen2 language model; images of one grid, the same number in every row)",
+     _named("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
      _decoder("qwen2_5_vl", "Qwen2_5_VLAdapter")),
     ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
      _named("LlamaForCausalLM", "LlamaForSequenceClassification"), _decoder("llama", "LlamaAdapter")),

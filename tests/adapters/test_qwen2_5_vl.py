@@ -1,4 +1,5 @@
-"""Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``, docs/METHODS.md §2g): the tower and the whole replay are the
+"""Qwen2.5-VL and Qwen2-VL (``Qwen2_5_VLForConditionalGeneration``, ``Qwen2VLForConditionalGeneration``,
+docs/METHODS.md §2g): the tower and the whole replay are the
 model (2D rotary, window attention, the patch merger, M-RoPE), the language-model part of every method is the
 decoder's at the same M-RoPE positions, CP-LRP conserves down to the pixels, a batch is its rows, and bad inputs are
 refused. Tiny random models (tests/vlms.py), float64."""
@@ -35,13 +36,13 @@ def test_the_refused_methods_are_those_listed():
 
 
 # ------------------------------------------------------------------------------------------------ (a) the replay
-@pytest.mark.parametrize("fullatt", [(1,), (), (0, 1, 2)])
+@pytest.mark.parametrize("version,fullatt", [("2.5", (1,)), ("2.5", ()), ("2.5", (0, 1, 2)), ("2", ())])
 @pytest.mark.parametrize("grid", [QWEN_GRID, (4, 4)])
-def test_the_towers_image_features_are_the_models(fullatt, grid):
+def test_the_towers_image_features_are_the_models(version, fullatt, grid):
     """Window attention (uneven windows on the 6 × 8 grid: 3 × 4 merged tokens in windows of 2 × 2), full-attention
     blocks, the merger and the window order undone: the features equal ``get_image_features`` (one call over both
-    images: the model's cu_seqlens keep each image to itself)."""
-    model = make_qwen_vl(fullatt=fullatt)
+    images: the model's cu_seqlens keep each image to itself). Qwen2-VL: LayerNorm blocks, a GELU MLP, no windows."""
+    model = make_qwen_vl(fullatt=fullatt, version=version)
     rows = [qwen_prompt([5], [6], grid), qwen_prompt([7, 8], [9], grid)]
     x = qwen_inputs(rows, grid=grid)
     adapter = get_adapter(model)
@@ -52,10 +53,11 @@ def test_the_towers_image_features_are_the_models(fullatt, grid):
     assert (ours.reshape(-1, 32) - theirs).abs().max() <= 1e-12
 
 
+@pytest.mark.parametrize("version", ["2.5", "2"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_the_replay_gives_the_models_logits(side):
+def test_the_replay_gives_the_models_logits(side, version):
     """The model's own forward, whose M-RoPE positions (get_rope_index) follow the attention mask."""
-    model = make_qwen_vl()
+    model = make_qwen_vl(version=version)
     x = qwen_inputs(_rows(), side=side)
     adapter = get_adapter(model)
     prepared = adapter.check_inputs(x)
@@ -65,9 +67,10 @@ def test_the_replay_gives_the_models_logits(side):
     assert (got - ref[torch.arange(2), prepared["read_at"].argmax(dim=-1)]).abs().max() <= 1e-10
 
 
-def test_the_eager_replay_gives_the_eager_models_logits():
+@pytest.mark.parametrize("version", ["2.5", "2"])
+def test_the_eager_replay_gives_the_eager_models_logits(version):
     """Eager attention: the tower's float32 softmax per window (over the masked row it is 8e-10 off in float64)."""
-    model = make_qwen_vl(attn="eager")
+    model = make_qwen_vl(attn="eager", version=version)
     x = qwen_inputs([_rows()[0]])
     adapter = get_adapter(model)
     with torch.no_grad():
@@ -119,12 +122,12 @@ def _language_model_alone(model, x: dict, x0: torch.Tensor):
     return lm, {"input_ids": ids, "attention_mask": x["attention_mask"], "position_ids": ids}
 
 
-@pytest.mark.parametrize("side", ["left", "right"])
-def test_every_methods_language_model_part_is_the_decoders(side):
+@pytest.mark.parametrize("side,version", [("left", "2.5"), ("right", "2.5"), ("left", "2")])
+def test_every_methods_language_model_part_is_the_decoders(side, version):
     """Each method's scores (every position, the image tokens' embeddings included), per-block token relevance and
     layers equal the Qwen2 decoder's explanation of the language model alone on the same ``x0`` at the same M-RoPE
     positions."""
-    model = make_qwen_vl()
+    model = make_qwen_vl(version=version)
     x = qwen_inputs(_rows(), side=side)
     adapter = get_adapter(model)
     with torch.no_grad():
@@ -158,7 +161,8 @@ def _raster_pixels(pixel_values: torch.Tensor, model, grid: tuple) -> torch.Tens
     return out
 
 
-def test_the_replays_gradient_is_the_models_down_to_the_pixels():
+@pytest.mark.parametrize("version", ["2.5", "2"])
+def test_the_replays_gradient_is_the_models_down_to_the_pixels(version):
     """With the plain gradient as every rule, the modified-gradient pass is gradient × input of the model itself:
     its scores equal autograd through Hugging Face's forward at the language model's input embeddings, and its
     pixels gradient × pixel_values laid on the image — the tower, the merger and the scatter are on the graph. The
@@ -168,7 +172,7 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels():
     from lrp_core.rules.gradient import Gradient
     from lrp_core.rules.ops import OP_KINDS
     gradient = ATTNLRP.with_rules("gradient", by_kind={kind: Gradient() for kind in OP_KINDS})
-    model = make_qwen_vl()
+    model = make_qwen_vl(version=version)
     x = qwen_inputs(_rows(), side="left")
     ours = explain(model, x, method="attnlrp", composite=gradient)
     caught = {}
@@ -186,14 +190,15 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels():
 
 
 # ------------------------------------------------------------------------------------------- (c) conservation
-def test_cp_lrp_conserves_from_the_logit_to_the_pixels_and_the_text():
+@pytest.mark.parametrize("version", ["2.5", "2"])
+def test_cp_lrp_conserves_from_the_logit_to_the_pixels_and_the_text(version):
     """Bias-free model (no Linear biases): y_t = Σ over the text tokens + Σ over the pixels, and the image tokens'
     scores sum to the pixels' total — up to the float32 round-off of the RMSNorms (computed in float32 by the model)
     and the identity rule's stabiliser at the merger's GELU. With the biases kept, their share is missing."""
     x = qwen_inputs(_rows(), side="left")
     image = x["input_ids"] == QWEN_IMAGE
     for bias_free in (True, False):
-        e = explain(make_qwen_vl(bias_free=bias_free), x, method="cp_lrp")
+        e = explain(make_qwen_vl(bias_free=bias_free, version=version), x, method="cp_lrp")
         text = (e.scores * ~image).sum(-1)
         y = e.conservation.output.abs()
         leak = ((text + e.pixels.sum(dim=(1, 2)) - e.conservation.output).abs() / y).max()
@@ -206,9 +211,9 @@ def test_cp_lrp_conserves_from_the_logit_to_the_pixels_and_the_text():
 
 
 # -------------------------------------------------------------------------------------------- (d) batch = single
-@pytest.mark.parametrize("side", ["left", "right"])
-def test_a_padded_batch_gives_each_row_its_explanation_alone(side):
-    model = make_qwen_vl()
+@pytest.mark.parametrize("side,version", [("left", "2.5"), ("right", "2.5"), ("right", "2")])
+def test_a_padded_batch_gives_each_row_its_explanation_alone(side, version):
+    model = make_qwen_vl(version=version)
     rows = _rows()
     x = qwen_inputs(rows, side=side)
     T = x["input_ids"].shape[1]
