@@ -232,7 +232,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "Use timm's SwinTransformer or a plain ViT / DeiT / DINOv2 (timm or Hugging Face) to explain with this "
      "library, or gradient-based input attributions (e.g. Captum's IntegratedGradients, LayerGradCam on the last "
      "stage) for this model"),
-    ("multimodal decoders other than LLaVA (Gemma 3 with images, Qwen2-VL, Idefics, PaliGemma, ...)",
+    ("multimodal decoders other than LLaVA (Gemma 3 with images, Qwen3-VL, Idefics, PaliGemma, ...)",
      lambda m: _is_multimodal_decoder(m) and not _named(*VLM_CLASSES)(m),
      "images enter the token stream through a vision tower and a projector (image features replace placeholder "
      "tokens), and the vision tower and connector of these families are described by no adapter. Use "

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -79,7 +79,18 @@ def pack_positions(positions: Tensor) -> Tensor:
 
 
 def unpack_positions(packed: Tensor) -> Tensor:
-    """The inverse of :func:`pack_positions`: (B, T) long -> (3, B, T) long (t, h, w)."""
+    """The inverse of :func:`pack_positions`.
+
+    Parameters
+    ----------
+    packed : Tensor
+        (B, T) long, positions packed by :func:`pack_positions` (and possibly shifted by a whole number).
+
+    Returns
+    -------
+    Tensor
+        (3, B, T) long, the positions (t, h, w).
+    """
     t = packed % _BASE - _OFFSET
     h = t + (packed // _BASE) % _BASE - _OFFSET
     w = t + packed // (_BASE * _BASE) - _OFFSET

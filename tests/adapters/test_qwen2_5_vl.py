@@ -8,8 +8,17 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from vlms import (QWEN_END, QWEN_GRID, QWEN_IMAGE, QWEN_PATCH, QWEN_START, make_qwen_vl, qwen_inputs, qwen_prompt,
-                  qwen_tokens)
+from vlms import (
+    QWEN_END,
+    QWEN_GRID,
+    QWEN_IMAGE,
+    QWEN_PATCH,
+    QWEN_START,
+    make_qwen_vl,
+    qwen_inputs,
+    qwen_prompt,
+    qwen_tokens,
+)
 
 import lrp_core
 from lrp_core import explain
