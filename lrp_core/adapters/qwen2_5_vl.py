@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
-from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, norm_kind
+from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, Op, norm_kind
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .checks import NO_EFFECT, input_keys, token_ids
@@ -405,7 +405,11 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         raster = torch.empty_like(R_patches)
         raster[:, self._raster(c["grid"]).to(R.device)] = R_patches
         R_map = raster.transpose(1, 2).reshape(B, -1, h, w)
-        (R_px,) = prop(PATCH_CONV, (emb.images,), R_map, module=_PatchConv2d(self.visual.patch_embed.proj))
+        # the rule is chosen for the model's Conv3d (a composite's first-layer or by-name choice names it) and
+        # applied to the Conv2d it equals on the reassembled image
+        conv = self.visual.patch_embed.proj
+        op = Op(PATCH_CONV, (emb.images,), None, _PatchConv2d(conv))
+        (R_px,) = prop.rule(PATCH_CONV, conv).relevance(op, R_map, prop.cache)
         return scores, R_px.sum(dim=1)
 
 
