@@ -160,7 +160,6 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         self.vision_sdpa = impl == "sdpa"
         self.tower_blocks = [self._vision_block(i, layer) for i, layer in enumerate(self.visual.blocks)]
         self.image_token_id = int(cfg.image_token_id)
-        self.video_token_id = int(getattr(cfg, "video_token_id", -1))
 
     def _vision_block(self, i: int, layer: nn.Module) -> BlockSpec:
         """A vision block: pre-norm, fused qkv (query, key, value heads in turn), 2D rotary in float32 (Hugging

@@ -261,6 +261,14 @@ def test_each_patch_gets_a_quarter_of_its_merged_tokens_score():
     assert e.pixels.shape == (2, h * QWEN_PATCH, w * QWEN_PATCH)
 
 
+def test_the_widgets_show_the_image_tokens_on_the_patch_grid():
+    """The widgets' patch view of a row is its patch map (each merged token's score split over its 4 patches)."""
+    from widgets.views import _row
+    e = explain(make_qwen_vl(), qwen_inputs(_rows(), side="left"), method="rollout")
+    for i in range(2):
+        assert torch.equal(torch.from_numpy(_row(e[i], e.scores[i])), e.patch_map()[i])
+
+
 # ------------------------------------------------------------------------------- (e) the model is left as it was
 def _state(model):
     return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
