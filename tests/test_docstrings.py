@@ -77,6 +77,7 @@ CONVERTED = [
     "lrp_core.adapters.vit",
     "lrp_core.adapters.clip",
     "lrp_core.adapters.siglip",
+    "lrp_core.adapters.qwen2_5_vl",
     "lrp_core.adapters.modernbert",
     "lrp_core.tools.doctor",
     "lrp_core.tools.bench_models",

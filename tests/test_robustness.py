@@ -26,7 +26,16 @@ from test_api import _assert_same, _state  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402
 from torch.nn.modules import module as torch_module  # noqa: E402
 from vlms import inputs as llava_inputs  # noqa: E402
-from vlms import make_llava, make_smolvlm, prompt, smol_inputs, smol_prompt  # noqa: E402
+from vlms import (  # noqa: E402
+    make_llava,
+    make_qwen_vl,
+    make_smolvlm,
+    prompt,
+    qwen_inputs,
+    qwen_prompt,
+    smol_inputs,
+    smol_prompt,
+)
 
 from lrp_core import METHODS, InputError, UnsupportedModelError, explain  # noqa: E402
 from lrp_core.errors import LRPWarning, UnreflectedHookWarning  # noqa: E402
@@ -66,6 +75,9 @@ FAMILIES = {
     "smolvlm": (lambda: make_smolvlm(dtype=torch.float32),
                 lambda: smol_inputs([smol_prompt([5, 6], [7]), smol_prompt([8], [9, 10, 11])], dtype=torch.float32),
                 96, 2),
+    "qwen2_5_vl": (lambda: make_qwen_vl(dtype=torch.float32),
+                   lambda: qwen_inputs([qwen_prompt([5, 6], [7]), qwen_prompt([8], [9, 10, 11])],
+                                       dtype=torch.float32), 96, 2),
 }
 IMAGE_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is not _text]
 TEXT_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is _text]

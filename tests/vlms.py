@@ -142,3 +142,65 @@ def smol_inputs(rows: list, side: str = "left", seed: int = 0, images: int = 1, 
     pixels = torch.randn(len(rows), images, 3, size, size, generator=g, dtype=dtype)
     return {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"], "pixel_values": pixels,
             "pixel_attention_mask": torch.ones(len(rows), images, size, size, dtype=torch.long)}
+
+# ---------------------------------------------------------------------------------------------- Qwen2.5-VL
+#: Qwen2.5-VL: patch 4, 2 × 2 merge, windows of 16 pixels (2 × 2 merged tokens); a 6 × 8 patch grid is 3 × 4
+#: merged tokens, so the windows at the bottom edge are cut (uneven windows)
+QWEN_PATCH = 4
+QWEN_GRID = (6, 8)
+QWEN_IMAGE, QWEN_VIDEO, QWEN_START, QWEN_END = 90, 91, 92, 93
+
+
+def make_qwen_vl(seed: int = 0, bias_free: bool = False, attn: str = "sdpa", dtype: torch.dtype = torch.float64,
+                 fullatt: tuple = (1,), version: str = "2.5"):
+    """A tiny Qwen2.5-VL (``version="2"``: Qwen2-VL): a vision tower of 3 blocks (hidden 24, 2 heads, patch 4,
+    temporal patch 2, window 16 pixels, full attention in the blocks ``fullatt``), the patch merger, and a
+    language model (hidden 32, 2 layers, 4 query / 2 key-value heads, M-RoPE sections (2, 1, 1)).
+    ``bias_free``: every Linear bias zero (the vision q/k/v, MLP and merger biases, the text q/k/v biases)."""
+    import transformers
+    torch.manual_seed(seed)
+    text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=1,
+                eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                 "mrope_section": [2, 1, 1]})
+    vision = dict(depth=3, num_heads=2, patch_size=QWEN_PATCH, spatial_merge_size=2, temporal_patch_size=2)
+    if version == "2.5":
+        vision.update(hidden_size=24, intermediate_size=32, window_size=16, out_hidden_size=32,
+                      fullatt_block_indexes=list(fullatt))
+    else:  # Qwen2-VL: embed_dim is the tower's width, hidden_size the merger's output
+        vision.update(embed_dim=24, hidden_size=32, mlp_ratio=2)
+    prefix = "Qwen2_5_VL" if version == "2.5" else "Qwen2VL"
+    cfg = getattr(transformers, f"{prefix}Config")(text_config=text, vision_config=vision, image_token_id=QWEN_IMAGE,
+                           video_token_id=QWEN_VIDEO, vision_start_token_id=QWEN_START,
+                           vision_end_token_id=QWEN_END, tie_word_embeddings=False, attn_implementation=attn)
+    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(cfg).eval().to(dtype)
+    _norms(model, seed, bias_free)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias") and not ("norm" in name or "ln_q" in name):
+                p.copy_(torch.zeros_like(p) if bias_free else 0.1 * torch.randn_like(p))
+    return model
+
+
+def qwen_tokens(grid: tuple = QWEN_GRID) -> int:
+    """The image tokens of one image: its merged tokens, (h / 2) · (w / 2)."""
+    return grid[0] // 2 * (grid[1] // 2)
+
+
+def qwen_prompt(before: list, after: list, grid: tuple = QWEN_GRID) -> list:
+    """``[1, *before, vision_start, IMAGE × P, vision_end, *after]``."""
+    return [1, *before, QWEN_START] + [QWEN_IMAGE] * qwen_tokens(grid) + [QWEN_END, *after]
+
+
+def qwen_inputs(rows: list, side: str = "left", seed: int = 0, grid: tuple = QWEN_GRID,
+                dtype: torch.dtype = torch.float64) -> dict:
+    """The processor's output for id rows (padded on ``side``), one random image of patch grid ``grid`` per row:
+    ``pixel_values`` (B · h · w, 3 · 2 · 4 · 4), ``image_grid_thw`` (B, 3), ``mm_token_type_ids`` (1 at the image
+    tokens)."""
+    x = inputs(rows, side=side, seed=seed, dtype=dtype)
+    g = torch.Generator().manual_seed(seed)
+    n = len(rows) * grid[0] * grid[1]
+    x["pixel_values"] = torch.randn(n, 3 * 2 * QWEN_PATCH * QWEN_PATCH, generator=g, dtype=dtype)
+    x["image_grid_thw"] = torch.tensor([[1, *grid]] * len(rows))
+    x["mm_token_type_ids"] = (x["input_ids"] == QWEN_IMAGE).long()
+    return x

@@ -208,7 +208,8 @@ def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
 
 
 #: the vision-language models an adapter explains (their rows in ADAPTERS)
-VLM_CLASSES = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration")
+VLM_CLASSES = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration",
+               "Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration")
 #: the Hugging Face Swin classes an adapter replays (their row in ADAPTERS); other heads of those types are refused
 HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassification")
 
@@ -242,7 +243,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "Swin classifiers or a plain ViT / DeiT / DINOv2 (timm or Hugging Face) to explain with this library, or "
      "gradient-based input attributions (e.g. Captum's IntegratedGradients, LayerGradCam on the last stage) for "
      "this model"),
-    ("multimodal decoders other than LLaVA (Gemma 3 with images, Qwen2-VL, Idefics, PaliGemma, ...)",
+    ("multimodal decoders other than LLaVA (Gemma 3 with images, Qwen3-VL, PaliGemma, ...)",
      lambda m: _is_multimodal_decoder(m) and not _named(*VLM_CLASSES)(m),
      "images enter the token stream through a vision tower and a projector (image features replace placeholder "
      "tokens), and the vision tower and connector of these families are described by no adapter. Use "
@@ -300,6 +301,11 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      "images in every row, image splitting's crops included)",
      _named("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
      _decoder("idefics3", "Idefics3Adapter")),
+    ("Hugging Face Qwen2_5_VLForConditionalGeneration / Qwen2VLForConditionalGeneration (Qwen2.5-VL, Qwen2-VL: "
+     "the vision tower with 2D rotary positions (Qwen2.5-VL: and window attention), the 2 × 2 patch merger, the "
+     "M-RoPE Qwen2 language model; images of one grid, the same number in every row)",
+     _named("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
+     _decoder("qwen2_5_vl", "Qwen2_5_VLAdapter")),
     ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
      _named("LlamaForCausalLM", "LlamaForSequenceClassification"), _decoder("llama", "LlamaAdapter")),
     ("Hugging Face MistralForCausalLM / MistralForSequenceClassification (sliding window)",

@@ -86,6 +86,11 @@ class AttentionSpec:
     ``causal``: causal attention — where the fused replay gets no mask (no padding, no window), the kernel's own;
     ``rotary_dtype``: the dtype q and k are rounded to before they are rotated (ModernBERT rotates float32 copies,
     so a float64 model's rotated q and k carry float32 round-off); ``None``: rotated as they are;
+    ``rotary_compute``: the dtype the whole rotation is computed in, q, k and the tables cast to it and the result
+    cast back (Qwen2.5-VL's vision tower rotates in float32); ``None``: in q's dtype; ``segmented``: the additive
+    mask leaves contiguous diagonal blocks open (Qwen2.5-VL's windows) and the model runs one attention per block,
+    so a float32 softmax is computed block by block, its sums those of the model's (over the whole masked row they
+    would be summed in another order);
     ``norm_whole``: ``q_norm`` / ``k_norm`` normalise the whole projection (every head together, OLMoE) before
     it is split into heads, not each head's d channels (OLMo-2, OLMoE); ``qkv_layout``: the order of a fused
     ``qkv``'s outputs (:data:`QKV_LAYOUTS`); ``softcap``: the scaled scores are soft-capped (:class:`SoftCap`)
@@ -130,6 +135,8 @@ class AttentionSpec:
     rope_skip: int = 0
     rope_interleaved: bool = False
     rotary_dtype: Optional[torch.dtype] = None
+    rotary_compute: Optional[torch.dtype] = None
+    segmented: bool = False
     norm_whole: bool = False
     qkv_layout: str = "split"
     softcap: Optional[SoftCap] = None
@@ -307,6 +314,22 @@ def _softmax_float32(s: Tensor) -> Tensor:
     return s.softmax(dim=-1, dtype=torch.float32).to(s.dtype)
 
 
+def _segmented_softmax(bias: Tensor) -> Callable[[Tensor], Tensor]:
+    """The float32 softmax of scores (…, N, N) block by block, the blocks those the bias (…, N, N) leaves open
+    along the diagonal (0 inside, the dtype's minimum outside): Hugging Face's per-window eager attention. The weights
+    outside the blocks are exactly 0, as the masked softmax's."""
+    open_ = bias.reshape(-1, *bias.shape[-2:])[0] == 0
+    N = open_.shape[-1]
+    starts = [0] + [i for i in range(1, N) if not bool(open_[i, i - 1])] + [N]
+
+    def softmax(s: Tensor) -> Tensor:
+        out = torch.zeros_like(s)
+        for a, b in zip(starts[:-1], starts[1:]):
+            out[..., a:b, a:b] = s[..., a:b, a:b].softmax(dim=-1, dtype=torch.float32).to(s.dtype)
+        return out
+    return softmax
+
+
 def _matmul(a: Tensor, b: Tensor) -> Tensor:
     return a @ b
 
@@ -351,6 +374,20 @@ def _rounded_rotary(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor], Te
     return rotate
 
 
+def _computed_rotary(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """:func:`apply_rotary` computed in ``dtype`` and cast back: Qwen2.5-VL's vision rotation
+    ``(q.float() * cos.float() + rotate_half(q.float()) * sin.float()).to(q.dtype)``.
+
+    The value is that rounded rotation; the gradient is the exact rotation's (its difference to the rounded one is
+    detached), so a modified-gradient pass keeps x's precision.
+    """
+    def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        exact = apply_rotary(x, cos, sin)
+        rounded = apply_rotary(x.to(dtype), cos.to(dtype), sin.to(dtype)).to(x.dtype)
+        return exact + (rounded - exact).detach()
+    return rotate
+
+
 def _fused(
     bias: Optional[Tensor], scale: float, groups: int, causal: bool
 ) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
@@ -382,6 +419,8 @@ def _rotate(p: AttentionSpec, x: Tensor, cos: Tensor, sin: Tensor, r: Replay) ->
     if p.rope_interleaved:
         body = pairs_to_halves(body)
     rotate = apply_rotary if p.rotary_dtype is None else _rounded_rotary(p.rotary_dtype)
+    if p.rotary_compute is not None:
+        rotate = _computed_rotary(p.rotary_compute)
     out = r(ROPE, rotate, body, cos, sin)
     if p.rope_interleaved:
         out = halves_to_pairs(out)
@@ -468,8 +507,10 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         if p.softcap is not None:  # not a module of the model: not recorded as the first element-wise layer
             scores = r(ELEMENTWISE, p.softcap, scores, module=p.softcap)
         masked = scores if bias is None else r(MASK_ADD, _add, scores, bias)
-        softmax = p.sinks if p.sinks is not None else \
-            p.softmax or (_softmax if p.softmax_dtype is None else _softmax_float32)
+        softmax = _softmax if p.softmax_dtype is None else _softmax_float32
+        if p.segmented and bias is not None and p.softmax_dtype is not None:
+            softmax = _segmented_softmax(bias)
+        softmax = p.sinks if p.sinks is not None else p.softmax or softmax
         A = r(SOFTMAX, softmax, masked)  # (B, H, N, N)
         ctx = r(MATMUL_AV, _matmul, A, v_all)  # (B, H, N, d)
     o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N + p.pad_tokens, H * d))
