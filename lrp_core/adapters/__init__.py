@@ -90,10 +90,10 @@ def _is_other_mixture_of_experts(model: nn.Module) -> bool:
 
 
 def _is_soft_capped(model: nn.Module) -> bool:
-    """A decoder other than Gemma 2's two classes (which the Gemma 2 adapter replays, soft-caps included) whose config
-    turns attention- or final-logit soft-capping on (multimodal Gemma 2 relatives, Gemma 2 subclasses of other
-    names)."""
-    if _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification")(model):
+    """A decoder other than Gemma 2's two classes and PaliGemma (whose Gemma 2 language model the Gemma 2 adapter
+    replays, soft-caps included) whose config turns attention- or final-logit soft-capping on (multimodal Gemma 2
+    relatives, Gemma 2 subclasses of other names)."""
+    if _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification", "PaliGemmaForConditionalGeneration")(model):
         return False
     return bool(_config_values(model, "attn_logit_softcapping", "final_logit_softcapping"))
 
@@ -203,7 +203,7 @@ def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
 
 
 #: the vision-language models an adapter explains (their rows in ADAPTERS)
-VLM_CLASSES = ("LlavaForConditionalGeneration",)
+VLM_CLASSES = ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
 
 
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
@@ -289,6 +289,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ("Hugging Face LlavaForConditionalGeneration (LLaVA: a CLIP-vision or DINOv2 tower, the MLP projector, a Llama / "
      "Mistral / Qwen2 language model; the same number of images in every row)", _named("LlavaForConditionalGeneration"),
      _decoder("llava", "LlavaAdapter")),
+    ("Hugging Face Gemma3ForConditionalGeneration (Gemma 3 with images: the SigLIP tower, the pooling projector, the "
+     "Gemma 3 language model, bidirectional within each image given token_type_ids; the same number of images in "
+     "every row)", _named("Gemma3ForConditionalGeneration"), _decoder("gemma3_vl", "Gemma3VLMAdapter")),
+    ("Hugging Face PaliGemmaForConditionalGeneration (PaliGemma 1 / 2: the SigLIP tower, the linear projector, a "
+     "Gemma or Gemma 2 language model, the prefix attended bidirectionally given token_type_ids)",
+     _named("PaliGemmaForConditionalGeneration"), _decoder("paligemma", "PaliGemmaAdapter")),
     ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
      _named("LlamaForCausalLM", "LlamaForSequenceClassification"), _decoder("llama", "LlamaAdapter")),
     ("Hugging Face MistralForCausalLM / MistralForSequenceClassification (sliding window)",
