@@ -26,7 +26,8 @@ from test_api import _assert_same, _state  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402
 from torch.nn.modules import module as torch_module  # noqa: E402
 from vlms import inputs as llava_inputs  # noqa: E402
-from vlms import make_llava, prompt  # noqa: E402
+from vlms import gemma3_prompt, image_types, make_gemma3, make_llava, make_paligemma, paligemma_prompt  # noqa: E402
+from vlms import prompt, with_types  # noqa: E402
 
 from lrp_core import METHODS, InputError, UnsupportedModelError, explain  # noqa: E402
 from lrp_core.errors import LRPWarning, UnreflectedHookWarning  # noqa: E402
@@ -63,6 +64,13 @@ FAMILIES = {
     # classes: the vocabulary; batch: 2 rows, one image each, left-padded
     "llava": (lambda: make_llava(dtype=torch.float32),
               lambda: llava_inputs([prompt([5, 6], [7]), prompt([8], [9, 10, 11])], dtype=torch.float32), 96, 2),
+    "gemma3_vl": (lambda: make_gemma3(dtype=torch.float32),
+                  lambda: image_types(llava_inputs([gemma3_prompt([5, 6], [7]), gemma3_prompt([8], [9, 10, 11])],
+                                                   dtype=torch.float32)), 96, 2),
+    "paligemma": (lambda: make_paligemma(2, dtype=torch.float32),
+                  lambda: with_types(llava_inputs([paligemma_prompt([5, 6])[0], paligemma_prompt([8], [9, 10])[0]],
+                                                  dtype=torch.float32),
+                                     [paligemma_prompt([5, 6])[1], paligemma_prompt([8], [9, 10])[1]]), 96, 2),
 }
 IMAGE_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is not _text]
 TEXT_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is _text]

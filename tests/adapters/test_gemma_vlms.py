@@ -232,7 +232,8 @@ def test_cp_lrp_conserves_from_the_logit_to_the_pixels_and_the_text(family):
     """Bias-free model (no Linear / Conv biases, LayerNorm shifts or position embedding): y_t = Σ over the text
     tokens + Σ over the pixels, and the image tokens' scores sum to the pixels' total — up to the float32 round-off of
     Gemma's RMSNorms (transformers computes them in float32, the projector's too) and the identity rule's stabiliser
-    at the GELUs: measured ≤ 1e-6 · |y_t|. With the additive constants kept, their share is missing well beyond that.
+    at the GELUs: measured ≤ 1.2e-7 · |y_t| (the tower alone ≤ 4.3e-9). With the additive constants kept, their share
+    is missing well beyond that.
     PaliGemma 2's capped logit is the one explained (the final cap takes the identity rule)."""
     build, make_inputs, _ = FAMILIES[family]
     x = make_inputs("left")
@@ -244,7 +245,7 @@ def test_cp_lrp_conserves_from_the_logit_to_the_pixels_and_the_text(family):
         leak = ((text + e.pixels.sum(dim=(1, 2)) - e.conservation.output).abs() / y).max()
         tower_leak = ((e.scores[image].reshape(2, -1).sum(-1) - e.pixels.sum(dim=(1, 2))).abs() / y).max()
         if bias_free:
-            assert leak <= 1e-5 and tower_leak <= 1e-5, (leak, tower_leak)
+            assert leak <= 1e-6 and tower_leak <= 1e-6, (leak, tower_leak)
             assert e.pixels.abs().sum() > 0 and text.abs().sum() > 0
         else:
             assert tower_leak > 1e-3, tower_leak
