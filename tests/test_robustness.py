@@ -25,9 +25,17 @@ from conftest import make_tiny_vit  # noqa: E402
 from test_api import _assert_same, _state  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402
 from torch.nn.modules import module as torch_module  # noqa: E402
+from vlms import (  # noqa: E402
+    gemma3_prompt,
+    image_types,
+    make_gemma3,
+    make_llava,
+    make_paligemma,
+    paligemma_prompt,
+    prompt,
+    with_types,
+)
 from vlms import inputs as llava_inputs  # noqa: E402
-from vlms import gemma3_prompt, image_types, make_gemma3, make_llava, make_paligemma, paligemma_prompt  # noqa: E402
-from vlms import prompt, with_types  # noqa: E402
 
 from lrp_core import METHODS, InputError, UnsupportedModelError, explain  # noqa: E402
 from lrp_core.errors import LRPWarning, UnreflectedHookWarning  # noqa: E402

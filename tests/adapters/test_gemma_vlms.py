@@ -10,8 +10,19 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from vlms import (GEMMA3_TOKENS, GRID, IMAGE, SIZE, gemma3_prompt, image_types, inputs, make_gemma3, make_paligemma,
-                  paligemma_prompt, with_types)
+from vlms import (
+    GEMMA3_TOKENS,
+    GRID,
+    IMAGE,
+    SIZE,
+    gemma3_prompt,
+    image_types,
+    inputs,
+    make_gemma3,
+    make_paligemma,
+    paligemma_prompt,
+    with_types,
+)
 
 import lrp_core
 from lrp_core import explain
@@ -292,9 +303,10 @@ def test_gemma3s_pooled_token_splits_its_score_over_its_square_of_patches():
 
 
 def test_gemma3s_pooling_gives_each_square_of_patches_its_tokens_relevance():
-    """The explicit pass through the projector (transformer_attribution's rules: the bias-free projection's Linear rule and the norms'
-    identity keep each token's total): the relevance of image token j arrives on the k × k patches of its square, and
-    only there — the pooling's weighted-sum rule. And lrp, attnlrp, cp_lrp carry it on to the pixels."""
+    """The explicit pass through the projector (transformer_attribution's rules: the bias-free projection's Linear
+    rule and the norms' identity keep each token's total): the relevance of image token j arrives on the k × k
+    patches of its square, and only there — the pooling's weighted-sum rule. And lrp, attnlrp, cp_lrp carry it on to
+    the pixels."""
     from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Propagation
     model = make_gemma3()
     adapter = get_adapter(model)
