@@ -3,7 +3,9 @@
 ``make_llava(tower, ...)`` gives a seeded ``LlavaForConditionalGeneration`` with a CLIP-vision or DINOv2 tower
 (hidden 24, 3 layers, 2 heads, patch 7 on 28-pixel images: a 4 × 4 grid) and a Llama language model (hidden 32,
 2 layers, 4 query / 2 key-value heads, vocabulary 96, image token 95); ``prompt(...)`` lays a row out as
-``bos, text, image tokens, text``.
+``bos, text, image tokens, text``. ``make_gemma3`` / ``make_paligemma`` give Gemma 3 with images and PaliGemma 1 / 2
+on the same images (a SigLIP tower); ``gemma3_prompt``, ``paligemma_prompt``, ``image_types`` and ``with_types`` lay
+out their rows and ``token_type_ids``.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A VLM here is three parts, each replayed from the model's own submodules:
 
-* the **vision tower**, a ViT (:class:`VisionTower`: Hugging Face CLIP vision and DINOv2 towers), run up to
+* the **vision tower**, a ViT (:class:`VisionTower`: Hugging Face CLIP vision, DINOv2 and SigLIP towers), run up to
   the layer the model reads its image features from (``vision_feature_layer``); the blocks after it are not run;
 * the **connector**, which turns the tower's selected tokens into language-model embeddings (LLaVA: an MLP
   projector; Idefics3: a pixel shuffle; Qwen2.5-VL: a patch merger) — the family's part
