@@ -79,6 +79,7 @@ CONVERTED = [
     "lrp_core.adapters.siglip",
     "lrp_core.adapters.qwen2_5_vl",
     "lrp_core.adapters.modernbert",
+    "lrp_core.adapters.vlm_groups",
     "lrp_core.tools.doctor",
     "lrp_core.tools.bench_models",
     "lrp_core.tools.bench",

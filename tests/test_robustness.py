@@ -25,17 +25,23 @@ from conftest import make_tiny_vit  # noqa: E402
 from test_api import _assert_same, _state  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402
 from torch.nn.modules import module as torch_module  # noqa: E402
-from vlms import inputs as llava_inputs  # noqa: E402
 from vlms import (  # noqa: E402
+    gemma3_prompt,
+    image_types,
+    make_gemma3,
     make_llava,
+    make_paligemma,
     make_qwen_vl,
     make_smolvlm,
+    paligemma_prompt,
     prompt,
     qwen_inputs,
     qwen_prompt,
     smol_inputs,
     smol_prompt,
+    with_types,
 )
+from vlms import inputs as llava_inputs  # noqa: E402
 
 from lrp_core import METHODS, InputError, UnsupportedModelError, explain  # noqa: E402
 from lrp_core.errors import LRPWarning, UnreflectedHookWarning  # noqa: E402
@@ -78,6 +84,13 @@ FAMILIES = {
     "qwen2_5_vl": (lambda: make_qwen_vl(dtype=torch.float32),
                    lambda: qwen_inputs([qwen_prompt([5, 6], [7]), qwen_prompt([8], [9, 10, 11])],
                                        dtype=torch.float32), 96, 2),
+    "gemma3_vl": (lambda: make_gemma3(dtype=torch.float32),
+                  lambda: image_types(llava_inputs([gemma3_prompt([5, 6], [7]), gemma3_prompt([8], [9, 10, 11])],
+                                                   dtype=torch.float32)), 96, 2),
+    "paligemma": (lambda: make_paligemma(2, dtype=torch.float32),
+                  lambda: with_types(llava_inputs([paligemma_prompt([5, 6])[0], paligemma_prompt([8], [9, 10])[0]],
+                                                  dtype=torch.float32),
+                                     [paligemma_prompt([5, 6])[1], paligemma_prompt([8], [9, 10])[1]]), 96, 2),
 }
 IMAGE_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is not _text]
 TEXT_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is _text]

@@ -3,7 +3,9 @@
 ``make_llava(tower, ...)`` gives a seeded ``LlavaForConditionalGeneration`` with a CLIP-vision or DINOv2 tower
 (hidden 24, 3 layers, 2 heads, patch 7 on 28-pixel images: a 4 × 4 grid) and a Llama language model (hidden 32,
 2 layers, 4 query / 2 key-value heads, vocabulary 96, image token 95); ``prompt(...)`` lays a row out as
-``bos, text, image tokens, text``.
+``bos, text, image tokens, text``. ``make_gemma3`` / ``make_paligemma`` give Gemma 3 with images and PaliGemma 1 / 2
+on the same images (a SigLIP tower); ``gemma3_prompt``, ``paligemma_prompt``, ``image_types`` and ``with_types`` lay
+out their rows and ``token_type_ids``.
 """
 from __future__ import annotations
 
@@ -204,3 +206,100 @@ def qwen_inputs(rows: list, side: str = "left", seed: int = 0, grid: tuple = QWE
     x["image_grid_thw"] = torch.tensor([[1, *grid]] * len(rows))
     x["mm_token_type_ids"] = (x["input_ids"] == QWEN_IMAGE).long()
     return x
+
+# ------------------------------------------------------------------------------------- Gemma 3 and PaliGemma
+#: Gemma 3's begin / end-of-image tokens around an image's tokens
+BOI, EOI = 93, 94
+#: Gemma 3's image tokens per image: the 4 × 4 patch grid pooled in 2 × 2 squares
+GEMMA3_TOKENS = 4
+
+
+def _siglip(attn: str):
+    from transformers import SiglipVisionConfig
+    return SiglipVisionConfig(hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                              image_size=SIZE, patch_size=PATCH, vision_use_head=False, attn_implementation=attn)
+
+
+def _randomise(model: torch.nn.Module, seed: int, bias_free: bool) -> torch.nn.Module:
+    """Every parameter random (norm weights around 1, LayerNorm shifts random unless ``bias_free``; Gemma's norms
+    multiply by ``1 + w``, so theirs are around 0 and 1 + w around 1); ``bias_free``: every Linear / Conv bias and
+    the tower's position embedding zero."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+            gemma_norm = "norm" in name and ("language_model" in name or "mm_soft_emb_norm" in name)
+            if gemma_norm:
+                p.copy_(0.3 * noise)
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.3 * noise)
+            elif bias_free and (name.endswith(".bias") or "position_embedding" in name):
+                p.zero_()
+            else:
+                p.copy_(0.3 * noise)
+    return model
+
+
+def make_gemma3(seed: int = 0, attn: str = "sdpa", dtype: torch.dtype = torch.float64, bias_free: bool = False,
+                window: int = 4):
+    """A tiny ``Gemma3ForConditionalGeneration``: the SigLIP tower (hidden 24, 2 layers, patch 7 on 28 pixels: a 4 × 4
+    grid) pooled to 4 image tokens, and a Gemma 3 language model (hidden 32, a sliding layer of window ``window`` then
+    a global one, vocabulary 96; image token 95 between ``BOI`` and ``EOI``)."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig
+    torch.manual_seed(seed)
+    text = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12,
+                            sliding_window=window, layer_types=["sliding_attention", "full_attention"],
+                            max_position_embeddings=128,
+                            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                             "full_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                            pad_token_id=PAD, bos_token_id=1, eos_token_id=1, tie_word_embeddings=False,
+                            attn_implementation=attn)
+    cfg = Gemma3Config(vision_config=_siglip(attn), text_config=text, mm_tokens_per_image=GEMMA3_TOKENS,
+                       boi_token_index=BOI, eoi_token_index=EOI, image_token_index=IMAGE, tie_word_embeddings=False,
+                       attn_implementation=attn)
+    return _randomise(Gemma3ForConditionalGeneration(cfg).eval().to(dtype), seed, bias_free)
+
+
+def make_paligemma(version: int = 2, seed: int = 0, attn: str = "eager", dtype: torch.dtype = torch.float64,
+                   bias_free: bool = False):
+    """A tiny ``PaliGemmaForConditionalGeneration``: the SigLIP tower (as :func:`make_gemma3`'s: 16 image tokens) and
+    a Gemma (``version`` 1) or Gemma 2 language model (``version`` 2: a sliding layer of window 4 then a global one,
+    attention scores capped at 5 and logits at 3, eager attention as transformers runs Gemma 2)."""
+    from transformers import Gemma2Config, GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration
+    torch.manual_seed(seed)
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=1,
+                  eos_token_id=1, tie_word_embeddings=False, attn_implementation=attn)
+    text = GemmaConfig(**common) if version == 1 else Gemma2Config(
+        **common, query_pre_attn_scalar=12, sliding_window=4, attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
+    cfg = PaliGemmaConfig(vision_config=_siglip(attn), text_config=text, image_token_index=IMAGE,
+                          projection_dim=32, hidden_size=32, tie_word_embeddings=False, attn_implementation=attn)
+    return _randomise(PaliGemmaForConditionalGeneration(cfg).eval().to(dtype), seed, bias_free)
+
+
+def gemma3_prompt(before: list, after: list, images: int = 1) -> list:
+    """``[1, *before, (BOI, IMAGE × 4, EOI) × images, *after]``."""
+    return [1, *before] + [BOI, *[IMAGE] * GEMMA3_TOKENS, EOI] * images + list(after)
+
+
+def paligemma_prompt(prefix: list, suffix: list = ()) -> tuple:
+    """PaliGemma's layout ``[IMAGE × 16, 1, *prefix, 2 (newline), *suffix]`` and its token types (0 for the image
+    and the prefix, 1 for the suffix)."""
+    row = [IMAGE] * GRID * GRID + [1, *prefix, 2]
+    return row + list(suffix), [0] * len(row) + [1] * len(suffix)
+
+
+def with_types(x: dict, types: list, side: str = "left") -> dict:
+    """``x`` with ``token_type_ids`` from per-row type lists (padding: type 0, as the processor pads them)."""
+    T = x["input_ids"].shape[1]
+    tt = torch.zeros(len(types), T, dtype=torch.long)
+    for i, t in enumerate(types):
+        sl = slice(T - len(t), T) if side == "left" else slice(0, len(t))
+        tt[i, sl] = torch.tensor(t, dtype=torch.long)
+    return {**x, "token_type_ids": tt}
+
+
+def image_types(x: dict) -> dict:
+    """``x`` with Gemma 3's ``token_type_ids``: 1 at the image tokens."""
+    return {**x, "token_type_ids": (x["input_ids"] == IMAGE).long()}

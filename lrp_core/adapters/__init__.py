@@ -90,10 +90,10 @@ def _is_other_mixture_of_experts(model: nn.Module) -> bool:
 
 
 def _is_soft_capped(model: nn.Module) -> bool:
-    """A decoder other than Gemma 2's two classes (which the Gemma 2 adapter replays, soft-caps included) whose config
-    turns attention- or final-logit soft-capping on (multimodal Gemma 2 relatives, Gemma 2 subclasses of other
-    names)."""
-    if _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification")(model):
+    """A decoder other than Gemma 2's two classes and PaliGemma (whose Gemma 2 language model the Gemma 2 adapter
+    replays, soft-caps included) whose config turns attention- or final-logit soft-capping on (multimodal Gemma 2
+    relatives, Gemma 2 subclasses of other names)."""
+    if _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification", "PaliGemmaForConditionalGeneration")(model):
         return False
     return bool(_config_values(model, "attn_logit_softcapping", "final_logit_softcapping"))
 
@@ -209,7 +209,8 @@ def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
 
 #: the vision-language models an adapter explains (their rows in ADAPTERS)
 VLM_CLASSES = ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration",
-               "Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration")
+               "Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration",
+               "Gemma3ForConditionalGeneration", "PaliGemmaForConditionalGeneration")
 #: the Hugging Face Swin classes an adapter replays (their row in ADAPTERS); other heads of those types are refused
 HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassification")
 
@@ -243,12 +244,13 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
      "Swin classifiers or a plain ViT / DeiT / DINOv2 (timm or Hugging Face) to explain with this library, or "
      "gradient-based input attributions (e.g. Captum's IntegratedGradients, LayerGradCam on the last stage) for "
      "this model"),
-    ("multimodal decoders other than LLaVA (Gemma 3 with images, Qwen3-VL, PaliGemma, ...)",
+    ("other multimodal decoders (LLaVA-NeXT, Qwen3-VL, Mllama, ...)",
      lambda m: _is_multimodal_decoder(m) and not _named(*VLM_CLASSES)(m),
      "images enter the token stream through a vision tower and a projector (image features replace placeholder "
-     "tokens), and the vision tower and connector of these families are described by no adapter. Use "
-     "LlavaForConditionalGeneration, explain the language model alone (e.g. Gemma3ForCausalLM, a Qwen2 / Llama "
-     "causal LM) on text, or the image side with a ViT / CLIP"),
+     "tokens), and the vision tower and connector of these families are described by no adapter. Use an explained "
+     "vision-language model (LLaVA, SmolVLM / Idefics3, Qwen2-VL / Qwen2.5-VL, Gemma 3 with images, PaliGemma), "
+     "explain the language model alone (e.g. Gemma3ForCausalLM, a Qwen2 / Llama causal LM) on text, or the image "
+     "side with a ViT / CLIP"),
     ("other mixture-of-experts decoders (DeepSeek, DBRX, Jamba, ...)", _is_other_mixture_of_experts,
      "a router picks a few experts per token in a way no adapter describes (grouped or biased top-k, sigmoid "
      "scoring, experts fused or sliced differently, or recurrent mixers beside them). The mixture-of-experts "
@@ -306,6 +308,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
      "M-RoPE Qwen2 language model; images of one grid, the same number in every row)",
      _named("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
      _decoder("qwen2_5_vl", "Qwen2_5_VLAdapter")),
+    ("Hugging Face Gemma3ForConditionalGeneration (Gemma 3 with images: the SigLIP tower, the pooling projector, the "
+     "Gemma 3 language model, bidirectional within each image given token_type_ids; the same number of images in "
+     "every row)", _named("Gemma3ForConditionalGeneration"), _decoder("gemma3_vl", "Gemma3VLMAdapter")),
+    ("Hugging Face PaliGemmaForConditionalGeneration (PaliGemma 1 / 2: the SigLIP tower, the linear projector, a "
+     "Gemma or Gemma 2 language model, the prefix attended bidirectionally given token_type_ids)",
+     _named("PaliGemmaForConditionalGeneration"), _decoder("paligemma", "PaliGemmaAdapter")),
     ("Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
      _named("LlamaForCausalLM", "LlamaForSequenceClassification"), _decoder("llama", "LlamaAdapter")),
     ("Hugging Face MistralForCausalLM / MistralForSequenceClassification (sliding window)",

@@ -7,7 +7,8 @@ scale ``query_pre_attn_scalar^-½``; per-head q/k norms; a GELU-tanh gated MLP; 
 branch's output before its residual Add: the block's ``post1`` / ``post2``); and alternating sliding-window and
 global layers, each kind with its own rotary base (``rope_key`` = the layer type).
 
-The multimodal ``Gemma3ForConditionalGeneration`` is refused (adapters.REFUSED); Gemma 2 too (soft-capping).
+The multimodal ``Gemma3ForConditionalGeneration`` is explained by :mod:`~lrp_core.adapters.gemma3_vl` (this adapter
+for its language model); Gemma 2 has its own adapter (soft-capping).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A VLM here is three parts, each replayed from the model's own submodules:
 
-* the **vision tower**, a ViT (:class:`VisionTower`: Hugging Face CLIP vision and DINOv2 towers), run up to
+* the **vision tower**, a ViT (:class:`VisionTower`: Hugging Face CLIP vision, DINOv2 and SigLIP towers), run up to
   the layer the model reads its image features from (``vision_feature_layer``); the blocks after it are not run;
 * the **connector**, which turns the tower's selected tokens into language-model embeddings (LLaVA: an MLP
   projector; Idefics3: a pixel shuffle; Qwen2.5-VL: a patch merger) — the family's part
@@ -49,6 +49,7 @@ from .checks import NO_EFFECT, input_keys, pixel_values
 from .clip import clip_block
 from .decoder import REFUSED_INPUTS, DecoderAdapter
 from .records import EmbeddingRecord, TokenLayout, Trace
+from .siglip import check_siglip_tower, siglip_block, siglip_embed, siglip_patch_conv, siglip_patch_size
 from .vit import ViTAdapter, hf_attention, hf_mlp
 
 #: the text model's ``model_type`` -> (adapter module, decoder adapter class) of its family
@@ -91,7 +92,8 @@ class LanguageModelView(nn.Module):
         return self.model.get_input_embeddings()
 
 
-def text_adapter(stack: nn.Module, head: nn.Module, config: Any) -> DecoderAdapter:
+def text_adapter(stack: nn.Module, head: nn.Module, config: Any,
+                 families: Optional[Mapping[str, tuple]] = None) -> DecoderAdapter:
     """The decoder adapter of a VLM's language model, chosen by the text config's ``model_type``.
 
     Parameters
@@ -102,6 +104,9 @@ def text_adapter(stack: nn.Module, head: nn.Module, config: Any) -> DecoderAdapt
         The LM head.
     config : Any
         The text config.
+    families : Mapping, optional
+        ``model_type`` -> (adapter module, class) of the language models the VLM family explains (default
+        :data:`TEXT_FAMILIES`).
 
     Returns
     -------
@@ -113,11 +118,12 @@ def text_adapter(stack: nn.Module, head: nn.Module, config: Any) -> DecoderAdapt
     UnsupportedModelError
         For a text model of another family.
     """
+    families = TEXT_FAMILIES if families is None else families
     kind = getattr(config, "model_type", None)
-    if kind not in TEXT_FAMILIES:
-        raise UnsupportedModelError(f"its language model is {kind!r}; the language models explained inside a "
-                                    f"vision-language model are {', '.join(TEXT_FAMILIES)}")
-    module, cls = TEXT_FAMILIES[kind]
+    if kind not in families:
+        raise UnsupportedModelError(f"its language model is {kind!r}; the language models explained inside this "
+                                    f"vision-language model are {', '.join(families)}")
+    module, cls = families[kind]
     return getattr(importlib.import_module(f"{__package__}.{module}"), cls)(LanguageModelView(stack, head, config))
 
 
@@ -241,8 +247,40 @@ class Dinov2VisionTower(VisionTower):
         return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
 
 
+class SiglipVisionTower(VisionTower):
+    """Hugging Face ``SiglipVisionModel`` (:mod:`~lrp_core.adapters.siglip`'s pieces): no [CLS] — every token is a
+    patch —, patch convolution plus learned positions (no pre-norm), CLIP's pre-LN blocks. The position embedding
+    is read at the trained size (the model's forward without ``interpolate_pos_encoding``), so the images must
+    have the config's ``image_size``. ``post_layernorm`` is not a block: a family that reads the tower's
+    ``last_hidden_state`` (Gemma 3, PaliGemma) runs it first in its connector; the attention-pooling head (when
+    present) is not on the features' path."""
+
+    tower_class = "SiglipVisionModel"
+
+    def __init__(self, model: nn.Module, layers: int):
+        check_siglip_tower(model, "the vision tower")
+        self.patch_conv = siglip_patch_conv(model)
+        self.patch_size = siglip_patch_size(model)
+        size = model.config.image_size
+        self.image_size = (size, size) if isinstance(size, int) else tuple(size)
+        self.num_prefix_tokens = 0
+        super().__init__(model, layers)
+
+    @staticmethod
+    def layers_of(model: nn.Module) -> nn.ModuleList:
+        return model.encoder.layers
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        """:func:`~lrp_core.adapters.siglip.siglip_block` (the softmax in float32 under eager attention)."""
+        return siglip_block(layer, self.model)
+
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """``SiglipVisionEmbeddings`` at the trained size (:func:`~lrp_core.adapters.siglip.siglip_embed`)."""
+        return siglip_embed(self.model, prepared["images"], r, track, conv=self.patch_conv)
+
+
 #: the vision towers replayed, by class name
-TOWERS = {cls.tower_class: cls for cls in (CLIPVisionTower, Dinov2VisionTower)}
+TOWERS = {cls.tower_class: cls for cls in (CLIPVisionTower, Dinov2VisionTower, SiglipVisionTower)}
 
 
 def vision_tower(module: nn.Module, feature_layer: int) -> VisionTower:
@@ -326,6 +364,8 @@ class VLMAdapter(Adapter):
     image_entries = ("pixel_values",)
     #: the input keys read besides the text's
     image_inputs = ("pixel_values", "image_sizes")
+    #: the language models the family explains: ``model_type`` -> (adapter module, decoder adapter class)
+    text_families: Mapping[str, tuple] = TEXT_FAMILIES
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -335,7 +375,7 @@ class VLMAdapter(Adapter):
                                         "transformers and may compute something else, which no probe checks here: "
                                         "explain transformers' own class (load the weights into it)")
         stack, head, text_config, tower, feature_layer = self._parts()
-        self.text = text_adapter(stack, head, text_config)
+        self.text = text_adapter(stack, head, text_config, self.text_families)
         self.blocks = self.text.blocks
         self.readout = self.text.readout
         self.tower = vision_tower(tower, feature_layer)
@@ -496,5 +536,6 @@ class VLMAdapter(Adapter):
         return scores, pixels
 
 
-__all__ = ["VLMAdapter", "VisionTower", "CLIPVisionTower", "Dinov2VisionTower", "LanguageModelView",
-           "VLMEmbeddingRecord", "TEXT_FAMILIES", "TOWERS", "VLM_REFUSED_METHODS", "text_adapter", "vision_tower"]
+__all__ = ["VLMAdapter", "VisionTower", "CLIPVisionTower", "Dinov2VisionTower", "SiglipVisionTower",
+           "LanguageModelView", "VLMEmbeddingRecord", "TEXT_FAMILIES", "TOWERS", "VLM_REFUSED_METHODS", "text_adapter",
+           "vision_tower"]

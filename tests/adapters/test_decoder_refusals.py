@@ -38,9 +38,9 @@ SOFT_CAPPED = {  # Gemma 2 itself is replayed (tests/adapters/test_decoders_gemm
     "Gemma 3 with soft-capping switched on": lambda: _meta(
         "Gemma3ForCausalLM", T.Gemma3TextConfig(**SMALL, head_dim=16, final_logit_softcapping=30.0)),
 }
-MULTIMODAL = {  # LLaVA and Qwen2(.5)-VL are explained (tests/adapters/test_llava.py, test_qwen2_5_vl.py)
-    "Gemma 3 multimodal": lambda: _meta("Gemma3ForConditionalGeneration", T.Gemma3Config(
-        vision_config=T.SiglipVisionConfig(**VISION), text_config=T.Gemma3TextConfig(**SMALL, head_dim=16))),
+MULTIMODAL = {  # LLaVA, SmolVLM / Idefics3, Qwen2(.5)-VL, Gemma 3 with images and PaliGemma are explained
+    "LLaVA-NeXT": lambda: _meta("LlavaNextForConditionalGeneration", T.LlavaNextConfig(
+        vision_config=T.CLIPVisionConfig(**VISION), text_config=T.LlamaConfig(**SMALL))),
 }
 REASONS = [(MOE, ("mixture-of-experts", "Qwen3-MoE", "dense decoder")),
            (SOFT_CAPPED, ("soft-capping", "tanh", "Gemma 3")),
@@ -68,7 +68,8 @@ def test_a_refusal_reaches_the_caller_of_explain_before_any_work():
 
 def test_dense_configs_are_not_taken_for_refused_families():
     """The refusal tests look at what makes a model unexplainable, not at its name: a dense Gemma 3 text model,
-    a Llama, CLIP (vision config, but no generation), LLaVA and Qwen2-VL (explained) pass every refusal row."""
+    a Llama, CLIP (vision config, but no generation), LLaVA, Qwen2-VL, Gemma 3 with images and PaliGemma 2
+    (soft-capped Gemma 2 inside; explained) pass every refusal row."""
     from lrp_core.adapters import REFUSED
 
     models = [_meta("Gemma3ForCausalLM", T.Gemma3TextConfig(**SMALL, head_dim=16)),
@@ -79,7 +80,13 @@ def test_dense_configs_are_not_taken_for_refused_families():
               _meta("LlavaForConditionalGeneration", T.LlavaConfig(vision_config=T.CLIPVisionConfig(**VISION),
                                                                    text_config=T.LlamaConfig(**SMALL))),
               _meta("Qwen2VLForConditionalGeneration", T.Qwen2VLConfig(
-                  text_config=dict(SMALL), vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2)))]
+                  text_config=dict(SMALL), vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2))),
+              _meta("Gemma3ForConditionalGeneration", T.Gemma3Config(
+                  vision_config=T.SiglipVisionConfig(**VISION), text_config=T.Gemma3TextConfig(**SMALL, head_dim=16),
+                  mm_tokens_per_image=4)),
+              _meta("PaliGemmaForConditionalGeneration", T.PaliGemmaConfig(
+                  vision_config=T.SiglipVisionConfig(**VISION), text_config=T.Gemma2Config(**SMALL, head_dim=16),
+                  projection_dim=32))]
     for model in models:
         hits = [family for family, recognise, _ in REFUSED if recognise(model)]
         assert hits == [], (type(model).__name__, hits)
