@@ -126,6 +126,9 @@ class Qwen2_5_VLAdapter(VLMAdapter):
 
     image_entries = ("pixel_values", "image_grid_thw")
     image_inputs = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+    #: removing tokens (the source methods without ``filler=``) shifts the later tokens' position ids by one; the
+    #: packed (t, h, w) M-RoPE positions here would need each of the three shifted by its own rule
+    removes_tokens = False
 
     def __init__(self, model: nn.Module):
         Adapter.__init__(self, model)  # the tower is this family's own (not one of vlm.TOWERS)

@@ -75,17 +75,22 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
     flat = drop.reshape(B * M, T).to(dev)
     out = torch.empty(B * M, dtype=torch.float64)
     vocab = getattr(a, "vocab_size", None)  # a decoder adapter's (the source methods run on decoders only)
+    if opt.filler is None and not getattr(a, "removes_tokens", True):
+        raise InputError(f"{type(a.model).__name__}: removing a source's tokens would shift its multi-axis position "
+                         "ids, which the replay does not describe; give filler=<a token id> to replace the tokens "
+                         "instead")
     if opt.filler is not None and vocab is not None and opt.filler >= vocab:
         raise InputError(f"filler={opt.filler} is not a token id of the model (0 … {vocab - 1})")
     chunks = torch.arange(B * M, device=dev).split(opt.batch_size)
     for chunk in progress_bar(chunks, bool(opt.progress), desc="ablations", unit="batch", leave=False):
         b, d = rows[chunk], flat[chunk]
+        rest = a.take(p, b)  # every per-row entry (a VLM's images and token types too), then the ablated text
         if opt.filler is None:
             m = mask[b] * (~d).to(mask.dtype)
             ps = (pos[b] - (d & (mask[b] != 0)).long().cumsum(-1)).clamp(min=0)
-            sub = {"input_ids": ids[b], "attention_mask": m, "position_ids": ps, "read_at": read[b]}
+            sub = {**rest, "input_ids": ids[b], "attention_mask": m, "position_ids": ps, "read_at": read[b]}
         else:
-            sub = {"input_ids": ids[b].masked_fill(d, opt.filler), "attention_mask": mask[b],
+            sub = {**rest, "input_ids": ids[b].masked_fill(d, opt.filler), "attention_mask": mask[b],
                    "position_ids": pos[b], "read_at": read[b]}
         out[chunk.cpu()] = c.output(logits_only(c, sub), target[b], rows=b).detach().double().cpu()
     return out.reshape(B, M)

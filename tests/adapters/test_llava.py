@@ -258,6 +258,33 @@ def test_sources_are_spans_of_the_sequence_image_tokens_included():
     assert torch.equal(e.by_source(spans), e.sources)
 
 
+@pytest.mark.parametrize("filler", [None, 7])
+def test_leave_one_out_equals_running_the_model_without_each_source(filler):
+    """The source methods' ablated rows keep the images: leave-one-out of a text span = y(full) − y(the model run
+    with that span removed (its tokens gone, later positions following) or replaced by ``filler``), float64."""
+    model = make_llava("dinov2")
+    rows = _rows()  # [bos, 5, 6, image × 16, 7, 8, 9] and [bos, 10, image × 16, 11, 12]
+    x = inputs(rows, side="left")
+    spans = [[(1, 3), (19, 20)], [(1, 2), (18, 19)]]  # per row: the words before the image; the first after it
+    e = explain(model, x, method="leave_one_out", sources=spans, filler=filler)
+
+    def y(seq: torch.Tensor, i: int) -> float:
+        one = {"input_ids": seq[None], "attention_mask": torch.ones(1, len(seq), dtype=torch.long),
+               "pixel_values": x["pixel_values"][i:i + 1]}
+        with torch.no_grad():
+            logits = model(**one, position_ids=position_ids(one["attention_mask"])).logits
+        return float(logits[0, -1, e.target[i]])
+
+    for i, row in enumerate(rows):
+        ids = torch.tensor(row)
+        for j, (a, b) in enumerate(spans[i]):
+            kept = torch.cat([ids[:a], ids[b:]]) if filler is None else ids.clone().index_fill_(
+                0, torch.arange(a, b), filler)
+            want = y(ids, i) - y(kept, i)
+            assert abs(float(e.sources[i, j]) - want) <= 1e-10 * max(1.0, abs(want)), (i, j, float(e.sources[i, j]),
+                                                                                      want)
+
+
 # ------------------------------------------------------------------------------- (e) the model is left as it was
 def _state(model):
     return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},

@@ -372,3 +372,15 @@ def test_a_sliding_window_language_model_is_refused():
     model.config.text_config.use_sliding_window = True
     with pytest.raises(UnsupportedModelError, match="sliding"):
         get_adapter(model)
+
+
+def test_source_removal_is_refused_and_replacement_runs():
+    """Removing a source's tokens would shift the packed (t, h, w) positions: leave-one-out without ``filler=`` is
+    an InputError that names it; with a filler token (positions unchanged) it runs and gives finite scores."""
+    model = make_qwen_vl()
+    x = qwen_inputs(_rows())
+    spans = [(1, 2)]
+    with pytest.raises(InputError, match="filler="):
+        explain(model, x, method="leave_one_out", sources=spans)
+    e = explain(model, x, method="leave_one_out", sources=spans, filler=5)
+    assert e.sources.shape == (2, 1) and torch.isfinite(e.sources).all()
