@@ -112,8 +112,8 @@ ex14_2 = Exercise(
                       "other shape'")],
     atol=1e-6, rtol=1e-4,
     discussion="The contrast removes what speaks for both shapes alike (that the question asks for a shape, "
-               "the words): on the notebook's question the image and the text tokens both keep about a third of "
-               "their plain scores, and the image tokens still carry most of the difference. The mask share barely moves (the plain map already told the two "
-               "shapes apart: the other object's patches are negative in both), so the contrast confirms the "
-               "plain map here rather than correcting it.",
+               "the words): on the notebook's question the image and the text tokens both keep about a third "
+               "of their plain scores, and the image tokens still carry most of the difference. The mask share "
+               "barely moves (the plain map already told the two shapes apart: the other object's patches are "
+               "negative in both), so the contrast confirms the plain map here rather than correcting it.",
 )

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "notebooks"))
 
 import solutions  # noqa: E402
 from solutions import exercise as exmod  # noqa: E402
-from solutions import nb01, nb02, nb03, nb05, nb08, nb10, nb11, nb13, nb14  # noqa: E402
+from solutions import nb01, nb02, nb03, nb05, nb08, nb10, nb11, nb13  # noqa: E402
 
 EXERCISES = solutions.all_exercises()
 NEEDS_MODELS = {name for name, ex in EXERCISES.items() if ex.needs}
