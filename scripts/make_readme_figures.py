@@ -6,7 +6,10 @@ change there shows up here when the script is run again:
 * ``method_grid.png`` — one two-object scene explained by several methods,
   once for each of its two classes (one row per class, one column per method);
 * ``token_heatmap.png`` — a sentence's words coloured by relevance for each of
-  the sentiment classes of ``minilm-sentiment``.
+  the sentiment classes of ``minilm-sentiment``;
+* ``vlm_answer.png`` — ``tiny-vlm`` (the embedded LLaVA) answering a held-out question about a scene: the
+  image with the deciding object's outline, the answer's image map, and the question's words (the 64 image
+  tokens summed into one cell).
 
 Usage (from the repository root)::
 
@@ -36,7 +39,14 @@ from PIL import Image  # noqa: E402
 from lrp_core import explain  # noqa: E402
 from lrp_core.data import make_scenes  # noqa: E402
 from lrp_core.models import load  # noqa: E402
-from lrp_core.viz import colorize, merge_wordpieces, relevance_cmap, show_methods, signed_norm  # noqa: E402
+from lrp_core.viz import (  # noqa: E402
+    colorize,
+    merge_wordpieces,
+    relevance_cmap,
+    show_methods,
+    show_relevance,
+    signed_norm,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("transformer_attribution", "generic_attention", "attnlrp", "cdam", "rollout")
@@ -148,6 +158,71 @@ def token_heatmap(sentence: str, method: str, dpi: int) -> plt.Figure:
     return fig
 
 
+def pick_question(vlm, seed: int, kind: str = "which", n: int = 24):
+    """The first held-out question of ``kind`` (seeds from ``HELD_OUT_SEED + seed``) the model answers correctly.
+
+    The README should show a question the model gets right, chosen by a rule, not by eye.
+    """
+    from lrp_core.data import make_vqa
+    from lrp_core.models.tiny_vlm import HELD_OUT_SEED
+
+    for r in make_vqa(n, seed=HELD_OUT_SEED + seed):
+        if r.kind != kind or not r.has_evidence:
+            continue
+        inputs = vlm.preprocess(r.image, r.question)
+        with torch.no_grad():
+            best = int(vlm.model(**inputs).logits[0, -1].argmax())
+        if best == vlm.tokenizer.convert_tokens_to_ids(r.answer):
+            return r, inputs
+    raise RuntimeError(f"no {kind!r} question of make_vqa({n}, seed=HELD_OUT_SEED + {seed}) is answered correctly")
+
+
+def vlm_figure(seed: int, method: str, dpi: int) -> plt.Figure:
+    """tiny-vlm: the scene with the deciding object outlined, the answer's image map, the question's word map."""
+    vlm = load("tiny-vlm")
+    record, inputs = pick_question(vlm, seed)
+    tok = vlm.tokenizer
+    answer = tok.convert_tokens_to_ids(record.answer)
+    exp = explain(vlm.model, inputs, method=method, target=answer)
+    with torch.no_grad():
+        prob = float(vlm.model(**inputs).logits[0, -1].softmax(-1)[answer])
+    scores, image = exp.scores[0], exp.image_tokens[0]
+    pieces = tok.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
+    first, last = int(image[0]), int(image[-1])
+    words = [f"[image ×{len(image)}]"] + pieces[last + 1:]            # <s> left out: not part of the prompt
+    values = torch.cat([scores[image].sum().reshape(1), scores[last + 1:]]).numpy()
+    assert first == 1 and pieces[0] == "<s>"
+
+    fig = plt.figure(figsize=(6.4, 3.9))
+    grid = fig.add_gridspec(2, 2, height_ratios=[4.2, 1.0], hspace=0.08, wspace=0.05)
+    ax_img, ax_map, ax_words = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
+    contour = dict(levels=[0.5], colors="#00c000", linewidths=1.2)
+    ax_img.imshow(record.image)
+    ax_img.contour(record.mask.astype(float), **contour)
+    ax_img.set_title(f"\"{record.question}\" → {record.answer} (p = {prob:.2f})", fontsize=9)
+    ax_img.set_axis_off()
+    show_relevance(record.image, exp.upsample()[0], ax=ax_map, colorbar=False)
+    ax_map.contour(record.mask.astype(float), **contour)
+    ax_map.set_title(f"{SHORT.get(method, method)}: the image tokens", fontsize=9)
+    norm = signed_norm(values)
+    colours = colorize(values, limit=norm.vmax) / 255.0
+    ax_words.set_axis_off()
+    ax_words.set_xlim(0, 1)
+    ax_words.set_ylim(0, 1)
+    ax_words.text(0.0, 0.5, "the prompt:", ha="left", va="center", fontsize=9, color="#333333")
+    xpos = 0.16
+    for w, col in zip(words, colours):
+        t = ax_words.text(xpos, 0.5, w, ha="left", va="center", fontsize=11, family="monospace",
+                          bbox=dict(boxstyle="round,pad=0.25", facecolor=col, edgecolor="#cccccc"))
+        fig.canvas.draw()                            # measure the word to place the next one
+        box = t.get_window_extent().transformed(ax_words.transData.inverted())
+        xpos = box.x1 + 0.015
+    fig.suptitle("tiny-vlm (LLaVA: DINOv2 tower, Llama) — red: for the answer, blue: against; green: the deciding "
+                 "object", fontsize=9, y=0.99)
+    fig.set_dpi(dpi)
+    return fig
+
+
 def save(fig: plt.Figure, path: Path, dpi: int) -> Path:
     """Write ``fig`` as a palette PNG and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                         "of negative relevance)")
     p.add_argument("--text-method", default="transformer_attribution", help="method of the token heat map")
     p.add_argument("--sentence", default=SENTENCE)
+    p.add_argument("--vlm-method", default="attnlrp", help="method of the tiny-vlm figure")
+    p.add_argument("--vlm-seed", type=int, default=14, help="held-out make_vqa seed offset of the tiny-vlm question")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "images")
     p.add_argument("--dpi", type=int, default=80)
     p.add_argument("--panel", type=float, default=2.0, help="panel size of the grid in inches")
@@ -180,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.out_dir / "method_grid.png", args.dpi)
     tokens = save(token_heatmap(args.sentence, args.text_method, args.dpi),
                   args.out_dir / "token_heatmap.png", args.dpi)
-    for path in (grid, tokens):
+    vlm = save(vlm_figure(args.vlm_seed, args.vlm_method, args.dpi), args.out_dir / "vlm_answer.png", args.dpi)
+    for path in (grid, tokens, vlm):
         print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KB)")
     return 0
 

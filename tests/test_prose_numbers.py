@@ -36,7 +36,7 @@ DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.]*\d)")
 STRICT = ["00_welcome.ipynb", "01_relevance_and_conservation.ipynb", "02_signed_activations.ipynb",
           "04_inside_one_block.ipynb", "05_from_blocks_to_a_map.ipynb", "06_explaining_a_vit.ipynb", "07_cdam.ipynb",
           "09_is_an_explanation_right.ipynb", "10_explore.ipynb", "11_attnlrp_and_cp_lrp.ipynb",
-          "12_your_own_model.ipynb"]
+          "12_your_own_model.ipynb", "14_explaining_a_vlm.ipynb"]
 #: (notebook, decimal) quoted in prose that is not a cell output, and why
 UNMARKED: dict[tuple[str, str], str] = {
     ("09_is_an_explanation_right.ipynb", "0.0156"): "1/64 written out, a hand computation",

@@ -179,6 +179,10 @@ WRONG = {
                (lambda: 2 * _ref("ex13_2"), "twice the expected value")],
     "ex13_3": [(lambda: _ref("ex13_3")[:-1], "wrong shape"),
                (lambda: _ref("ex13_3").float(), None)],
+    "ex14_1": [(lambda: 100 * _ref("ex14_1"), "a percentage"),
+               (lambda: 1 - _ref("ex14_1"), "too small")],
+    "ex14_2": [(lambda: _ref("ex14_2") + 0.05, "too large"),
+               (lambda: torch.tensor(_ref("ex14_2")), None)],
 }
 
 
@@ -761,6 +765,32 @@ def _nm_ex13_3(step):
     return per_step[0] if step == "the whole answer" else per_step.mean(0)
 
 
+def _nm_ex14_1(step):
+    from lrp_core import explain
+    c = _nm_ctx("ex14_1")
+    vlm, record = c["vlm"], c["record"]
+    inputs = vlm.preprocess(record.image, record.question)
+    image_map = explain(vlm.model, inputs, method="attnlrp",
+                        target=vlm.tokenizer.convert_tokens_to_ids(record.answer)).upsample()[0].double()
+    mask = torch.as_tensor(record.mask)
+    if step == "the deciding object's mask":
+        mask = torch.as_tensor(record.masks[1 - [bool((m == record.mask).all()) for m in record.masks].index(True)])
+    part = image_map if step == "the positive part" else image_map.clamp(min=0)
+    return float(part[mask].sum() / part.sum())
+
+
+def _nm_ex14_2(step):
+    from lrp_core import Contrast, explain
+    c = _nm_ctx("ex14_2")
+    vlm, record = c["vlm"], c["record"]
+    answer, other = vlm.tokenizer.convert_tokens_to_ids([record.answer, *[s for s in record.shapes
+                                                                          if s != record.answer]])
+    target = answer if step == "the contrast" else Contrast(other, answer)
+    inputs = vlm.preprocess(record.image, record.question)
+    image_map = explain(vlm.model, inputs, method="attnlrp", target=target).upsample()[0].double().clamp(min=0)
+    return float(image_map[torch.as_tensor(record.mask)].sum() / image_map.sum())
+
+
 #: For every exercise, the steps it asks for: (step, a fragment the checker's message must contain when the
 #: answer is submitted with that step left out). ``_nm_<name>(step)`` builds that near miss independently.
 STEPS = {
@@ -808,6 +838,8 @@ STEPS = {
     "ex13_1": [("highest first", "rank 1 is the highest score"), ("ranks from 1", "counted from 0")],
     "ex13_2": [("the contrast", "target=Contrast(answer, rival)"), ("the right way round", "other way round")],
     "ex13_3": [("the whole answer", "first step only"), ("summed over the steps", "mean over the steps")],
+    "ex14_1": [("the positive part", "clamp(min=0)"), ("the deciding object's mask", "other object's mask")],
+    "ex14_2": [("the contrast", "target=Contrast(answer, other)"), ("the right way round", "other way round")],
 }
 
 
