@@ -71,6 +71,7 @@ CONVERTED = [
     "lrp_core.models.dinov2_scenes",
     "lrp_core.adapters",
     "lrp_core.adapters.checks",
+    "lrp_core.adapters.kernels",
     "lrp_core.adapters.decoder",
     "lrp_core.adapters.blocks",
     "lrp_core.adapters.recognise",

@@ -41,6 +41,21 @@ from ..rules.ops import (
     SOFTMAX,
     norm_kind,
 )
+from .kernels import (
+    computed_rotary,
+    fused_attention,
+    halves_to_pairs,
+    matmul,
+    pairs_to_halves,
+    parallel_sum,
+    parallel_sum_skip_first,
+    plus,
+    rounded_rotary,
+    segmented_softmax,
+    softmax_float32,
+    softmax_rows,
+    times,
+)
 from .records import AttentionRecord, BlockRecord, ExpertRun, MlpRecord, MoeRecord
 
 IDENTITY = nn.Identity()
@@ -297,43 +312,6 @@ class Replay(RuleChoice):
 NO_RECORD = Replay(record=False)
 
 
-def _add(u: Tensor, v: Tensor) -> Tensor:
-    return u + v
-
-
-def _mul(u: Tensor, v: Tensor) -> Tensor:
-    return u * v
-
-
-def _softmax(s: Tensor) -> Tensor:
-    return s.softmax(dim=-1)
-
-
-def _softmax_float32(s: Tensor) -> Tensor:
-    """Hugging Face eager attention: the softmax computed in float32 and cast back."""
-    return s.softmax(dim=-1, dtype=torch.float32).to(s.dtype)
-
-
-def _segmented_softmax(bias: Tensor) -> Callable[[Tensor], Tensor]:
-    """The float32 softmax of scores (…, N, N) block by block, the blocks those the bias (…, N, N) leaves open
-    along the diagonal (0 inside, the dtype's minimum outside): Hugging Face's per-window eager attention. The weights
-    outside the blocks are exactly 0, as the masked softmax's."""
-    open_ = bias.reshape(-1, *bias.shape[-2:])[0] == 0
-    N = open_.shape[-1]
-    starts = [0] + [i for i in range(1, N) if not bool(open_[i, i - 1])] + [N]
-
-    def softmax(s: Tensor) -> Tensor:
-        out = torch.zeros_like(s)
-        for a, b in zip(starts[:-1], starts[1:]):
-            out[..., a:b, a:b] = s[..., a:b, a:b].softmax(dim=-1, dtype=torch.float32).to(s.dtype)
-        return out
-    return softmax
-
-
-def _matmul(a: Tensor, b: Tensor) -> Tensor:
-    return a @ b
-
-
 def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tensor, Tensor]:
     """The q, k, v projections of h (B, N, D) -> (Linear outputs by role, q (B, H, N, d), k, v (B, Hkv, N, d)).
 
@@ -362,65 +340,15 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
     return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
 
 
-def _rounded_rotary(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    """:func:`apply_rotary` of x's values rounded to ``dtype``: Hugging Face ModernBERT's
-    ``q.float() * cos + rotate_half(q.float()) * sin``, whose products are formed in cos's dtype (x's).
-
-    The rounding passes the gradient unchanged (``x + (round(x) − x)`` with the difference detached: the same
-    values, since ``round(x) − x`` is exact), so a modified-gradient pass keeps x's precision.
-    """
-    def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        return apply_rotary(x + (x.to(dtype).to(x.dtype) - x).detach(), cos, sin)
-    return rotate
-
-
-def _computed_rotary(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    """:func:`apply_rotary` computed in ``dtype`` and cast back: Qwen2.5-VL's vision rotation
-    ``(q.float() * cos.float() + rotate_half(q.float()) * sin.float()).to(q.dtype)``.
-
-    The value is that rounded rotation; the gradient is the exact rotation's (its difference to the rounded one is
-    detached), so a modified-gradient pass keeps x's precision.
-    """
-    def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        exact = apply_rotary(x, cos, sin)
-        rounded = apply_rotary(x.to(dtype), cos.to(dtype), sin.to(dtype)).to(x.dtype)
-        return exact + (rounded - exact).detach()
-    return rotate
-
-
-def _fused(
-    bias: Optional[Tensor], scale: float, groups: int, causal: bool
-) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
-    """softmax(q·kᵀ·scale + bias)·v by ``F.scaled_dot_product_attention`` (q (B, H, N, d); k, v (B, Hkv, N, d)).
-
-    ``causal`` with ``bias`` ``None``: the kernel's own causal mask (no N×N tensor at all).
-    """
-    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=bias, scale=scale, is_causal=causal)
-    return attend
-
-
-def pairs_to_halves(x: Tensor) -> Tensor:
-    """(…, d) -> (…, d): the even channels, then the odd ones (interleaved rotary pairs laid out as halves)."""
-    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
-
-
-def halves_to_pairs(x: Tensor) -> Tensor:
-    """The inverse of :func:`pairs_to_halves`."""
-    h = x.shape[-1] // 2
-    return torch.stack((x[..., :h], x[..., h:]), dim=-1).reshape(x.shape)
-
-
 def _rotate(p: AttentionSpec, x: Tensor, cos: Tensor, sin: Tensor, r: Replay) -> Tensor:
     """x (B, H, N, d) rotated by the tables: the first ``p.rope_skip`` tokens pass, pairs per ``p.rope_interleaved``."""
     n = p.rope_skip
     body = x[:, :, n:] if n else x
     if p.rope_interleaved:
         body = pairs_to_halves(body)
-    rotate = apply_rotary if p.rotary_dtype is None else _rounded_rotary(p.rotary_dtype)
+    rotate = apply_rotary if p.rotary_dtype is None else rounded_rotary(p.rotary_dtype)
     if p.rotary_compute is not None:
-        rotate = _computed_rotary(p.rotary_compute)
+        rotate = computed_rotary(p.rotary_compute)
     out = r(ROPE, rotate, body, cos, sin)
     if p.rope_interleaved:
         out = halves_to_pairs(out)
@@ -495,24 +423,24 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         N = 1
     A = None
     if p.sdpa and r.fuse and p.softcap is None and p.sinks is None:
-        ctx = r(ATTENTION, _fused(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
+        ctx = r(ATTENTION, fused_attention(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
     else:
         k_all, v_all = (k, v) if groups == 1 else \
             (r(KV_REPEAT, lambda t: repeat_kv(t, groups), t) for t in (k, v))
         kT = k_all.transpose(-2, -1)
         if p.scale_queries_first:
-            scores = r(MATMUL_QK, _matmul, q * p.scale, kT)
+            scores = r(MATMUL_QK, matmul, q * p.scale, kT)
         else:
-            scores = r(MATMUL_QK, _matmul, q, kT) * p.scale
+            scores = r(MATMUL_QK, matmul, q, kT) * p.scale
         if p.softcap is not None:  # not a module of the model: not recorded as the first element-wise layer
             scores = r(ELEMENTWISE, p.softcap, scores, module=p.softcap)
-        masked = scores if bias is None else r(MASK_ADD, _add, scores, bias)
-        softmax = _softmax if p.softmax_dtype is None else _softmax_float32
+        masked = scores if bias is None else r(MASK_ADD, plus, scores, bias)
+        softmax = softmax_rows if p.softmax_dtype is None else softmax_float32
         if p.segmented and bias is not None and p.softmax_dtype is not None:
-            softmax = _segmented_softmax(bias)
+            softmax = segmented_softmax(bias)
         softmax = p.sinks if p.sinks is not None else p.softmax or softmax
         A = r(SOFTMAX, softmax, masked)  # (B, H, N, N)
-        ctx = r(MATMUL_AV, _matmul, A, v_all)  # (B, H, N, d)
+        ctx = r(MATMUL_AV, matmul, A, v_all)  # (B, H, N, d)
     o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N + p.pad_tokens, H * d))
     lin["proj"] = r.module(LINEAR, p.proj, o)
     if p.pad_tokens:  # the padding's outputs are dropped
@@ -537,17 +465,7 @@ def _mlp_forward(p: MlpSpec, m: Tensor, r: Replay) -> tuple[dict, Tensor, Option
     gate = r.module(ELEMENTWISE, p.act, pre_gate)
     if not isinstance(p.up_act, nn.Identity):  # not a module of the model: not recorded as a first layer
         up = r(ELEMENTWISE, p.up_act, up, module=p.up_act)
-    return lin, r.norm(p.mid_norm, r(GATE_MUL, _mul, gate, up)), gate, up
-
-
-def _add3(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
-    """A parallel block's output ``(a + f) + x``: the order in which GPT-NeoX, Phi and Falcon add."""
-    return a + f + x
-
-
-def _add3_skip_first(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
-    """A parallel block's output ``(x + a) + f`` (StableLM's, Cohere's order)."""
-    return x + a + f
+    return lin, r.norm(p.mid_norm, r(GATE_MUL, times, gate, up)), gate, up
 
 
 def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = NO_RECORD,
@@ -583,7 +501,7 @@ def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = N
     if rows is not None:
         x = take_rows(x, rows, 1)
     a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
-    mid = r(ADD, _add, x, a)
+    mid = r(ADD, plus, x, a)
     if not pre:
         mid = r.norm(p.norm1, mid)
     m = r.norm(p.norm2, mid) if pre else mid
@@ -596,7 +514,7 @@ def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = N
         lin, g, gate, up = _mlp_forward(p.mlp, m, r)
         lin["fc2"] = branch = r.module(LINEAR, p.mlp.fc2, g)
     f = r.module(SCALE, p.ls2, r.norm(p.post2, branch))
-    out = r(ADD, _add, mid, f)
+    out = r(ADD, plus, mid, f)
     if not pre:
         out = r.norm(p.norm2, out)
     return BlockRecord(x=x, attn=att, a=a, mid=mid, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up, moe=moe)
@@ -664,14 +582,14 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
         mlp = _mlp_run(p.experts[e], x[tokens], r)
         w = weights[tokens, slots, None]  # (P, 1)
         runs.append(ExpertRun(expert=e, tokens=tokens, slots=slots, mlp=mlp, weight=w,
-                              out=r(GATE_MUL, _mul, w, mlp.lin["fc2"])))
+                              out=r(GATE_MUL, times, w, mlp.lin["fc2"])))
     parts, where = [run.out for run in runs], [run.tokens for run in runs]
     shared = shared_logit = shared_weight = shared_out = None
     if p.shared is not None:
         shared = _mlp_run(p.shared, x, r)
         shared_logit = r.module(LINEAR, p.shared_gate, x)  # (T, 1)
         shared_weight = r(ROUTE, torch.sigmoid, shared_logit)
-        shared_out = r(GATE_MUL, _mul, shared_weight, shared.lin["fc2"])
+        shared_out = r(GATE_MUL, times, shared_weight, shared.lin["fc2"])
         parts.append(shared_out)
         where.append(torch.arange(T, device=x.device))
     parts_all, tokens_all = torch.cat(parts), torch.cat(where)
@@ -697,7 +615,7 @@ def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay
     lin, g, gate, up = _mlp_forward(p.mlp, m, r)
     lin["fc2"] = r.module(LINEAR, p.mlp.fc2, g)
     f = r.module(SCALE, p.ls2, r.norm(p.post2, lin["fc2"]))
-    out = r(ADD, _add3_skip_first if p.skip_first else _add3, x, a, f)
+    out = r(ADD, parallel_sum_skip_first if p.skip_first else parallel_sum, x, a, f)
     return BlockRecord(x=x, attn=att, a=a, mid=x, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up)
 
 
@@ -857,7 +775,7 @@ def _scores(p: AttentionSpec, rec: AttentionRecord) -> Tensor:
     """(B, H, N, N) the forward's scaled ``q·kᵀ``, the same operations again: the replay does not keep it,
     so a long sequence's records hold one ``H·N²`` map per block (A), not two."""
     kT = repeat_kv(rec.k, p.groups).transpose(-2, -1)
-    return _matmul(rec.q * p.scale, kT) if p.scale_queries_first else _matmul(rec.q, kT) * p.scale
+    return matmul(rec.q * p.scale, kT) if p.scale_queries_first else matmul(rec.q, kT) * p.scale
 
 
 def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: Propagation,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -273,12 +273,39 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         ids, mask = prepared["input_ids"], prepared["attention_mask"]
         B = ids.shape[0]
         pixels = inputs["pixel_values"]
+        grids, h, w, k = self._check_images(pixels, inputs["image_grid_thw"], B)
+        types = token_ids(inputs["mm_token_type_ids"], "mm_token_type_ids").to(ids.device)
+        self._check_image_tokens(ids, mask, types, k, (h, w))
+        with torch.no_grad():
+            rope, _ = self.model.model.get_rope_index(ids, mm_token_type_ids=types, image_grid_thw=grids.to(ids.device),
+                                                      attention_mask=mask)
+        return {**prepared, "position_ids": pack_positions(rope),
+                "pixel_values": pixels.reshape(B, k, h * w, -1),
+                "image_grid_thw": grids.to(ids.device).reshape(B, k, 3)}
+
+    def _check_images(self, pixels: Any, grid_thw: Any, B: int) -> tuple[Tensor, int, int, int]:
+        """The flattened patches and ``image_grid_thw`` checked against each other and the B rows.
+
+        Parameters
+        ----------
+        pixels : Any
+            The processor's ``pixel_values`` (n · h · w, C · T · p · p).
+        grid_thw : Any
+            The processor's ``image_grid_thw`` (n, 3).
+        B : int
+            The rows of ``input_ids``.
+
+        Returns
+        -------
+        tuple[Tensor, int, int, int]
+            ``(grids (n, 3) on the CPU, h, w, k images per row)``.
+        """
         if not isinstance(pixels, Tensor) or pixels.dim() != 2 or not pixels.is_floating_point():
             raise InputError("pixel_values must be the processor's flattened patches, a float tensor (patches, "
                              f"{self.channels} · {self.frames} · {self.patch} · {self.patch}); got "
                              f"{getattr(pixels, 'shape', type(pixels).__name__)}")
         F = self.channels * self.frames * self.patch * self.patch
-        grids = torch.as_tensor(inputs["image_grid_thw"]).cpu()
+        grids = torch.as_tensor(grid_thw).cpu()
         if grids.dim() != 2 or grids.shape[1] != 3 or grids.shape[0] == 0 or grids.is_floating_point():
             raise InputError(f"image_grid_thw must be (images, 3) integers (t, h, w); got {tuple(grids.shape)}")
         n = grids.shape[0]
@@ -295,9 +322,22 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         if n % B:
             raise InputError(f"image_grid_thw names {n} images for {B} rows of input_ids: every row must hold the "
                              "same number of images")
-        k = n // B
-        P = self.tokens_per_image((h, w))
-        types = token_ids(inputs["mm_token_type_ids"], "mm_token_type_ids").to(ids.device)
+        return grids, h, w, n // B
+
+    def _check_image_tokens(self, ids: Tensor, mask: Tensor, types: Tensor, k: int, grid: tuple[int, int]) -> None:
+        """Each row holds its k images' placeholder tokens as k runs, marked by ``mm_token_type_ids``.
+
+        Parameters
+        ----------
+        ids, mask, types : Tensor
+            (B, T) ``input_ids``, ``attention_mask`` and ``mm_token_type_ids``.
+        k : int
+            Images per row.
+        grid : tuple[int, int]
+            The patch grid (h, w) of every image.
+        """
+        h, w = grid
+        P = self.tokens_per_image(grid)
         placeholders = ids == self.image_token_id
         if types.shape != ids.shape or not torch.equal(types, placeholders.to(types.dtype)):
             raise InputError("mm_token_type_ids must be 1 at the image tokens (id "
@@ -305,7 +345,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
                              "explained): pass the processor's")
         if bool((placeholders & (mask == 0)).any()):
             raise InputError("an image token is padding (attention_mask 0): the image tokens must be real tokens")
-        for b in range(B):
+        for b in range(ids.shape[0]):
             real = placeholders[b][mask[b].bool()].to(torch.int8)
             starts = int((real[1:] > real[:-1]).sum()) + int(real[0])
             if int(real.sum()) != k * P or starts != k:
@@ -313,12 +353,6 @@ class Qwen2_5_VLAdapter(VLMAdapter):
                                  f"{starts} run(s), but its {k} image(s) of {h} × {w} patches give {k} runs of {P}: "
                                  "put the processor's image tokens in the text (processor(images=..., text=...)), "
                                  "the same number of images in every row")
-        with torch.no_grad():
-            rope, _ = self.model.model.get_rope_index(ids, mm_token_type_ids=types, image_grid_thw=grids.to(ids.device),
-                                                      attention_mask=mask)
-        return {**prepared, "position_ids": pack_positions(rope),
-                "pixel_values": pixels.reshape(B, k, h * w, F),
-                "image_grid_thw": grids.to(ids.device).reshape(B, k, 3)}
 
     def layout(self, prepared: dict) -> TokenLayout:
         """The decoder's layout, the patch grid, the image size (h · p, w · p) and each patch's image token

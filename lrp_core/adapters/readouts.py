@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ..rules.composites import Propagation
 from ..rules.ops import ADD, LAYERNORM, LINEAR, POOL, READOUT, norm_kind
 from .blocks import NO_RECORD, Replay, SoftCap
+from .kernels import plus
 from .records import ReadoutRecord
 
 
@@ -332,10 +333,6 @@ def _half(t: Tensor) -> Tensor:
     return t / 2
 
 
-def _add(u: Tensor, v: Tensor) -> Tensor:
-    return u + v
-
-
 class TwoHeadReadout(Readout):
     """Two tokens, each read by its own head; the logits are the heads' mean (distilled DeiT at inference).
 
@@ -371,7 +368,7 @@ class TwoHeadReadout(Readout):
         tokens = [r(READOUT, lambda t, k=k: t[:, k], normed) for k in self.indices]
         outs = tuple(r.module(LINEAR, head, t) for head, t in zip(self.heads, tokens))
         halves = tuple(_half(o) for o in outs)  # a constant scale: relevance passes unchanged
-        logits = r(ADD, _add, *halves)  # = (u + v) / 2 exactly (halving is exact in floating point)
+        logits = r(ADD, plus, *halves)  # = (u + v) / 2 exactly (halving is exact in floating point)
         pooled = self.pool(normed)
         return TwoHeadRecord(hidden=hidden, normed=normed, token=pooled, inputs=tokens, pooled=pooled,
                              logits=logits, halves=halves, outs=outs)

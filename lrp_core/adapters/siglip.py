@@ -54,6 +54,7 @@ from .base import Adapter
 from .blocks import NO_RECORD, BlockSpec, Replay
 from .checks import pixel_values
 from .clip import L2Normalize, _prompts, _scaled_embeddings, clip_block
+from .kernels import matmul, plus
 from .readouts import HeadLayer, MeanReadout, Readout
 from .records import EmbeddingRecord, ReadoutRecord, Trace
 from .vit import ViTAdapter, hf_linear_head
@@ -469,16 +470,8 @@ class PoolRecord(ReadoutRecord):
     y: Optional[Tensor] = None
 
 
-def _matmul(a: Tensor, b: Tensor) -> Tensor:
-    return a @ b
-
-
 def _softmax(s: Tensor) -> Tensor:
     return s.softmax(dim=-1)
-
-
-def _add(u: Tensor, v: Tensor) -> Tensor:
-    return u + v
 
 
 class AttentionPoolReadout(Readout):
@@ -538,16 +531,16 @@ class AttentionPoolReadout(Readout):
                "v": r.module(LINEAR, self.v, normed)}
         q, k, v = (lin[n].reshape(B, -1, H, d).transpose(1, 2) for n in "qkv")
         # torch's multi-head attention scales the queries before the product
-        scores = r(MATMUL_QK, _matmul, q * (1.0 / d) ** 0.5, k.transpose(-2, -1))  # (B, H, 1, N)
+        scores = r(MATMUL_QK, matmul, q * (1.0 / d) ** 0.5, k.transpose(-2, -1))  # (B, H, 1, N)
         A = r(SOFTMAX, _softmax, scores)
-        ctx = r(MATMUL_AV, _matmul, A, v)  # (B, H, 1, d)
+        ctx = r(MATMUL_AV, matmul, A, v)  # (B, H, 1, d)
         o = ctx.transpose(1, 2).reshape(B, 1, D)
         lin["proj"] = r.module(LINEAR, att.out_proj, o)
         ln = r.norm(self.head.layernorm, lin["proj"])
         fc1 = r.module(LINEAR, mlp.fc1, ln)
         g = r.module(ELEMENTWISE, mlp.activation_fn, fc1)
         fc2 = r.module(LINEAR, mlp.fc2, g)
-        y = r(ADD, _add, lin["proj"], fc2)
+        y = r(ADD, plus, lin["proj"], fc2)
         return PoolRecord(hidden=normed, normed=normed, token=y[:, 0], inputs=[], pooled=y[:, 0], logits=y[:, 0],
                           probe=probe, lin=lin, q=q, k=k, v=v, A=A, ctx=ctx, o=o, ln=ln, fc1=fc1, g=g, fc2=fc2, y=y)
 
