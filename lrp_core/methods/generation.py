@@ -18,7 +18,8 @@ step is computed.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -27,12 +28,14 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..runtime.guard import eval_semantics, model_guard
+from ..runtime.guard import _observer, eval_semantics, model_guard
 from ..runtime.wrappers import unwrap
 from ..viz.text import generation_html, image_cell, page
 from .call import Contrast
 
 TokenLike = Union[int, str]
+#: the attribute transformers sets on a model once its output-capturing hooks are installed
+INSTALLED = "_output_capturing_hooks_installed"
 
 
 @dataclass
@@ -294,7 +297,7 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
     out = torch.full((input_ids.shape[0], steps), pad_token_id, dtype=torch.long, device=input_ids.device)
     taken = 0
     lengths = attention_mask.sum(1)
-    with eval_semantics(model), model_guard(unwrap(model)):
+    with eval_semantics(model), model_guard(unwrap(model)), _no_new_observers(unwrap(model)):
         for n in lengths.unique().tolist():
             rows = (lengths == n).nonzero().squeeze(1)
             ids = input_ids[rows, input_ids.shape[1] - n:]  # left-padded: the real tokens are the last n columns
@@ -310,6 +313,23 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
                         break
                 ids = torch.cat([ids, nxt[:, None]], 1)
     return out[:, :taken] if len(eos) else out
+
+
+@contextmanager
+def _no_new_observers(model: nn.Module) -> Iterator[None]:
+    """Take back the output-capturing hooks transformers installs on a model's layers at its first forward (and
+    the flag that says they are there), so the greedy steps leave the model with the hooks it had."""
+    modules = list(model.modules())
+    before = [set(m._forward_hooks) for m in modules]
+    flagged = [INSTALLED in vars(m) for m in modules]
+    try:
+        yield
+    finally:
+        for m, keys, had in zip(modules, before, flagged):
+            for key in [k for k, fn in m._forward_hooks.items() if k not in keys and _observer(fn)]:
+                del m._forward_hooks[key]
+            if not had and INSTALLED in vars(m):
+                delattr(m, INSTALLED)
 
 
 def _image_rows(images: Optional[dict], rows: Tensor, batch: int) -> dict:
