@@ -177,3 +177,32 @@ def test_tiny_vlm_steps_are_explain_on_their_prefixes(tiny_vlm):
     page = gen.html()
     assert page.count('<img class="trl-map"') == 2 and page.count("&lt;image&gt;") == 0
     assert html.unescape(page).count(f"'{IMAGE_LABEL}': ") == 2
+
+
+def test_the_generation_explorer_shows_the_image_map_beside_the_text_row():
+    """Per step: the image map is the engine's pixel map (float64), the text row shows the image tokens as one
+    [image] cell holding their summed score, and the widget's HTML holds the picture."""
+    from widgets import GenerationExplorer
+
+    model = make_llava("clip")
+    x = inputs([prompt([5, 6], [7, 8])])
+    gen = explain_generation(model, x, method="attnlrp", max_new_tokens=2, stop_at_eos=False)
+    w = GenerationExplorer(model, None, prompt=x, max_new_tokens=2, methods=["attnlrp", "rollout"])
+    assert torch.equal(w.input_ids, gen.input_ids)
+    P = gen.prompt_length
+    image = (x["input_ids"][0] == IMAGE).numpy()
+    for k in range(2):
+        w.step_selector.value = k
+        assert w.image_map.shape == (SIZE, SIZE)
+        assert _dev(torch.from_numpy(w.image_map), gen.pixels[0, k]) <= 1e-10
+        assert w.image_view.value.startswith('<img class="trl-step-image"') and "base64," in w.image_view.value
+        assert w.displayed_tokens.count(IMAGE_LABEL) == 1 and len(w.displayed_tokens) == P + k - image.sum() + 1
+        row = gen.scores[0, k, :P + k].numpy()
+        cell = w.displayed_map[w.displayed_tokens.index(IMAGE_LABEL)]
+        assert abs(cell - row[:P][image].sum()) <= 1e-10 * np.abs(row).max()
+    w.method_selector.value = "rollout"  # no pixels: the image tokens' scores upsampled
+    ref = explain_generation(model, x, method="rollout", continuation=gen.targets)
+    assert _dev(torch.from_numpy(w.image_map), ref.upsample()[0, 1]) <= 1e-10
+    assert "pa_lrp" not in w.method_selector.options  # the methods refused on a VLM are not offered
+    with pytest.raises(UnsupportedModelError, match="pa_lrp"):
+        GenerationExplorer(model, None, prompt=x, max_new_tokens=1, methods=["pa_lrp"])
