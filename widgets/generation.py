@@ -36,16 +36,15 @@ import torch
 
 from lrp_core.adapters import get_adapter
 from lrp_core.adapters.decoder import DecoderAdapter
+from lrp_core.adapters.vlm import VLMAdapter
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.methods import registry
 from lrp_core.methods.call import Contrast
-from lrp_core.adapters.vlm import VLMAdapter
 from lrp_core.methods.generation import _continuation, _prompts, _vlm_prompts, greedy_continuation
 from lrp_core.models import LoadedModel
 from lrp_core.sources import as_spans, in_columns
 from lrp_core.viz import token_html
-from lrp_core.viz.text import (NEWLINE_MARKS, SPACE_MARKS, image_cell, merge_words, readable, source_blocks,
-                                span_text)
+from lrp_core.viz.text import NEWLINE_MARKS, SPACE_MARKS, image_cell, merge_words, readable, source_blocks, span_text
 
 from . import _engine, views
 from ._cache import CACHE_SIZE, Cached, ExplanationCache
@@ -453,7 +452,8 @@ class GenerationExplorer(RelevanceWidget):
         values = self.current_values()
         pieces = self.pieces[:self.prompt_length + self.step]
         if self.vlm:  # the image tokens as one cell holding their sum
-            placeholder = (self.input_ids[0, :len(pieces)] == self.facts.adapter.image_token_id).numpy()
+            image_id = cast(VLMAdapter, self.facts.adapter).image_token_id
+            placeholder = (self.input_ids[0, :len(pieces)] == image_id).numpy()
             tokens, summed = image_cell(pieces, np.asarray(values, dtype=np.float64)[None], placeholder)
             values, tokens = summed[0], [shown_token(t) for t in tokens]
             self.image_view.value = self._image_html()

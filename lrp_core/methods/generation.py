@@ -103,7 +103,8 @@ class GenerationExplanation:
     def patch_map(self) -> Tensor:
         """(B, K, h, w) each step's image-token scores on the patch grid (as ``Explanation.patch_map``)."""
         B, K = self.scores.shape[:2]
-        return self._steps_as_explanation().patch_map().reshape(B, K, *self.grid)
+        maps = self._steps_as_explanation().patch_map()
+        return maps.reshape(B, K, *maps.shape[-2:])
 
     def upsample(self, size: Optional[tuple[int, int]] = None, mode: str = "bilinear") -> Tensor:
         """(B, K, H, W) each step's patch map upsampled to the image size (or ``size``), as
@@ -176,7 +177,8 @@ class GenerationExplanation:
 
         from ..viz.maps import render_overlay_png
 
-        if self.grid is None or self.image_tokens.shape[1] != self.grid[0] * self.grid[1]:
+        if self.grid is None or self.image_tokens is None or \
+                self.image_tokens.shape[1] != self.grid[0] * self.grid[1]:
             return None
         maps = self.pixel_map()[row, :steps].detach().double().cpu().numpy()
         out = []
@@ -647,11 +649,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, me
     # the explained rows see every written column: causal attention keeps the later ones out of each map
     inputs = {"input_ids": full_ids[:, :-1], "attention_mask": torch.cat([mask, torch.ones_like(gen)], 1)[:, :-1]}
     if images:
-        image_id = adapter.image_token_id
-        if bool((gen[:, :-1] == image_id).any()):  # it would be one more image token than the images have features
-            raise InputError(f"the continuation holds the image token (id {image_id}) before its last step: the "
-                             "image tokens of the prompt are the only ones its images fill; give another continuation")
-        options = {**options, "image_token_id": image_id}
+        options = {**options, "image_token_id": _image_token(adapter, gen)}
     scores, logits, sources, probabilities, seen = _explain_steps(model, method, inputs, gen, negative, groups,
                                                                   active, P, progress, options, images)
     if negative is not None:
@@ -669,6 +667,16 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, me
                                  sources=sources, probabilities=probabilities, **seen)
 
 
+def _image_token(adapter: Any, gen: Tensor) -> int:
+    """A vision-language model's image token id, checked absent from the continuation (B, K) before its last
+    step (it would be one more image token than the images have features)."""
+    image_id = int(adapter.image_token_id)
+    if bool((gen[:, :-1] == image_id).any()):
+        raise InputError(f"the continuation holds the image token (id {image_id}) before its last step: the image "
+                         "tokens of the prompt are the only ones its images fill; give another continuation")
+    return image_id
+
+
 def _check_positions(adapter: Any, P: int, K: int) -> None:
     """Prompts P tokens wide and K steps: the last step reads P + K − 1 tokens, which the model must have."""
     limit = getattr(getattr(adapter, "text", adapter), "max_length", None)  # a VLM: its language model's
@@ -680,7 +688,8 @@ def _check_positions(adapter: Any, P: int, K: int) -> None:
 
 def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, negative: Optional[Tensor],
                    groups: list[list[int]], active: Tensor, P: int, progress: Optional[bool],
-                   options: dict, images: Optional[dict] = None) -> tuple[Tensor, Tensor, Optional[Tensor], Tensor, dict]:
+                   options: dict,
+                   images: Optional[dict] = None) -> tuple[Tensor, Tensor, Optional[Tensor], Tensor, dict]:
     """The maps (B, K, P+K−1), explained logits (B, K), with ``sources=`` source scores (B, K, S), the
     model's probabilities of the explained tokens (B, K) of the steps each row took (``active`` (B, K)), and a
     vision-language model's image fields (``pixels`` (B, K, H, W) or ``None``, ``grid``, ``image_size``,
