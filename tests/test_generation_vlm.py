@@ -200,6 +200,8 @@ def test_the_generation_explorer_shows_the_image_map_beside_the_text_row():
         row = gen.scores[0, k, :P + k].numpy()
         cell = w.displayed_map[w.displayed_tokens.index(IMAGE_LABEL)]
         assert abs(cell - row[:P][image].sum()) <= 1e-10 * np.abs(row).max()
+        static = w._static_bundle()["text/html"]  # what a notebook without widgets shows
+        assert static.count('<img class="trl-step-image"') == 1 and IMAGE_LABEL in static
     w.method_selector.value = "rollout"  # no pixels: the image tokens' scores upsampled
     ref = explain_generation(model, x, method="rollout", continuation=gen.targets)
     assert _dev(torch.from_numpy(w.image_map), ref.upsample()[0, 1]) <= 1e-10

@@ -534,7 +534,11 @@ class GenerationExplorer(RelevanceWidget):
         return "<br>".join(lines)
 
     def _static_bundle(self) -> dict[str, Any]:
-        return token_page_bundle(self)
+        bundle = token_page_bundle(self)
+        if self.vlm and self.displayed_map is not None and self.image_view.value:  # the image map beside the text
+            bundle["text/html"] = (f'<div style="display:flex;gap:8px">{self.image_view.value}'
+                                   f'<div>{bundle["text/html"]}</div></div>')
+        return bundle
 
 
 __all__ = ["GenerationExplorer", "decoder_methods", "stops", "token_id", "word_scheme"]
