@@ -27,6 +27,7 @@ explanations are cached per (method, step, contrast) as in the other explorers.
 from __future__ import annotations
 
 import html
+from dataclasses import replace
 from typing import Any, Optional, Sequence, cast
 
 import ipywidgets as W
@@ -35,14 +36,15 @@ import torch
 
 from lrp_core.adapters import get_adapter
 from lrp_core.adapters.decoder import DecoderAdapter
+from lrp_core.adapters.vlm import VLMAdapter
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.methods import registry
 from lrp_core.methods.call import Contrast
-from lrp_core.methods.generation import _continuation, _prompts, greedy_continuation
+from lrp_core.methods.generation import _continuation, _prompts, _vlm_prompts, greedy_continuation
 from lrp_core.models import LoadedModel
 from lrp_core.sources import as_spans, in_columns
 from lrp_core.viz import token_html
-from lrp_core.viz.text import NEWLINE_MARKS, SPACE_MARKS, merge_words, readable, source_blocks, span_text
+from lrp_core.viz.text import NEWLINE_MARKS, SPACE_MARKS, image_cell, merge_words, readable, source_blocks, span_text
 
 from . import _engine, views
 from ._cache import CACHE_SIZE, Cached, ExplanationCache
@@ -115,14 +117,15 @@ def prompt_ids(tokenizer: Any, prompt: Any) -> torch.Tensor:
 
 
 def new_tokens(module: torch.nn.Module, tokenizer: Any, ids: torch.Tensor, max_new_tokens: Any,
-               continuation: Any) -> torch.Tensor:
-    """The K tokens (1, K) to explain: the given continuation, or the model's greedy choices."""
+               continuation: Any, images: Optional[dict] = None) -> torch.Tensor:
+    """The K tokens (1, K) to explain: the given continuation, or the model's greedy choices (a vision-language
+    model: with its ``images``, the same at every step)."""
     if continuation is not None:
         return _continuation(tokenizer, continuation, 1, max_new_tokens)
     K = DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise InputError(f"max_new_tokens must be a positive integer (the tokens to write), got {max_new_tokens!r}")
-    return greedy_continuation(module, ids, torch.ones_like(ids), K)
+    return greedy_continuation(module, ids, torch.ones_like(ids), K, images=images)
 
 
 def word_scheme(tokenizer: Any) -> Optional[str]:
@@ -203,7 +206,10 @@ class GenerationExplorer(RelevanceWidget):
         model: a causal LM the engine supports (``LlamaForCausalLM``, ``GPT2LMHeadModel``, …) or a
             ``lrp_core.models.LoadedModel`` of one.
         tokenizer: its tokenizer (default: the LoadedModel's); without one, prompts are token ids.
-        prompt: the text to continue (or token ids, or a tokenizer dict of one row).
+        prompt: the text to continue (or token ids, or a tokenizer dict of one row). A vision-language model
+            (``LlavaForConditionalGeneration``): the processor's output for one image and its text; each step
+            then shows its image map (the pixel map where the method reaches the pixels, else the image tokens'
+            scores upsampled) beside the text, whose image tokens are one cell "[image]" holding their sum.
         max_new_tokens: K, the greedy tokens to write (default 5; with a continuation, its length).
         methods: the methods offered (default: every method that runs on decoders).
         continuation: the tokens to explain instead of the greedy ones (text or ids).
@@ -219,14 +225,21 @@ class GenerationExplorer(RelevanceWidget):
                  methods: Optional[Sequence[str]] = None, continuation: Any = None, sources: Any = None) -> None:
         super().__init__()
         self.facts = resolve_lm(model, tokenizer)
+        #: a vision-language model's image inputs (``pixel_values``, …), the same at every step; {} for a text LM
+        self.images: dict = {}
+        self.vlm = isinstance(self.facts.adapter, VLMAdapter)
         chosen = decoder_methods(methods, sources=sources is not None)
+        if self.vlm:
+            chosen = self._vlm_methods(chosen, methods is None)
         #: (S, 2) the prompt's source spans, or None
         self.sources = None if sources is None else as_spans(sources)[0]
         self.given = continuation is not None
         with _engine.torch_threads(self.facts.module, self.threads):
+            if self.vlm:
+                _, prompt, self.images = _vlm_prompts(self.facts.adapter, self.tokenizer, prompt)
             ids = prompt_ids(self.tokenizer, prompt)
-            self.facts.adapter.check_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
-            gen = new_tokens(self.facts.module, self.tokenizer, ids, max_new_tokens, continuation)
+            self.facts.adapter.check_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids), **self.images})
+            gen = new_tokens(self.facts.module, self.tokenizer, ids, max_new_tokens, continuation, self.images)
         #: (1, P+K) the prompt and the K tokens explained; P the prompt's length
         self.input_ids = torch.cat([ids, gen.to(ids.device)], 1)
         self.prompt_length = int(ids.shape[1])
@@ -242,6 +255,9 @@ class GenerationExplorer(RelevanceWidget):
         self.explanation: Any = None
         self.displayed_map: Optional[np.ndarray] = None
         self.displayed_tokens: list[str] = []
+        #: a vision-language model: the image map of the step shown (H, W), else None
+        self.image_map: Optional[np.ndarray] = None
+        self._with_image: dict = {}  # a VLM: the cached explanations with their image grid, by key
         self._build(chosen)
         self._guarded("first", self._recompute)
 
@@ -253,8 +269,18 @@ class GenerationExplorer(RelevanceWidget):
     def num_steps(self) -> int:
         return int(self.input_ids.shape[1]) - self.prompt_length
 
+    def _vlm_methods(self, chosen: list[str], default: bool) -> list[str]:
+        """The methods offered on a vision-language model: those it does not refuse (refused when named)."""
+        refused = self.facts.adapter.refused_methods
+        named = [m for m in chosen if m in refused]
+        if named and not default:
+            raise UnsupportedModelError(f"method {named[0]!r} is not defined on {type(self.facts.module).__name__}: "
+                                        f"{refused[named[0]]}")
+        return [m for m in chosen if m not in refused]
+
     def _check_length(self) -> None:
-        limit = cast(DecoderAdapter, self.facts.adapter).max_length  # resolve_lm found a decoder
+        adapter = getattr(self.facts.adapter, "text", self.facts.adapter)  # a VLM: its language model's
+        limit = cast(DecoderAdapter, adapter).max_length  # resolve_lm found a decoder
         if limit is not None and self.input_ids.shape[1] - 1 > limit:
             raise InputError(f"prompt and continuation need {self.input_ids.shape[1] - 1} positions; "
                              f"{type(self.facts.module).__name__} reads at most {limit}: write fewer tokens")
@@ -289,8 +315,14 @@ class GenerationExplorer(RelevanceWidget):
         self.add_class("trl-widget")
         self.add_class("trl-generation-explorer")
         label = W.HTML(value="<b>generated:</b>&nbsp;")
+        self.image_view = W.HTML(value="")
+        shown: W.Widget = self.html
+        if self.vlm:  # the step's image map beside its text map
+            self.word_toggle.layout.display = "none"  # the pieces are shown, the image tokens as one cell
+            self.image_view.add_class("trl-image-view")
+            shown = W.HBox([self.image_view, self.html])
         self.children = [W.HBox([self.method_selector, self.contrast_box, self.word_toggle]),
-                         W.HBox([label, self.step_selector]), self.layer_slider, self.message, self.html,
+                         W.HBox([label, self.step_selector]), self.layer_slider, self.message, shown,
                          self.info, self.status]
         for w in (self.method_selector, self.step_selector):
             w.observe(self._on_compute_change, names="value")
@@ -318,7 +350,7 @@ class GenerationExplorer(RelevanceWidget):
     def prefix(self, step: int) -> dict[str, torch.Tensor]:
         """The inputs of step k: the prompt and the k tokens written before g_k, (1, P+k)."""
         ids = self.input_ids[:, :self.prompt_length + step]
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), **self.images}
 
     def explanation_for(self, method: str, step: int, contrast: Optional[int] = None) -> Any:
         """The engine's explanation of step k (cached): ``explain`` on the step's prefix for ``y_{g_k}``
@@ -336,6 +368,9 @@ class GenerationExplorer(RelevanceWidget):
                 target = Contrast([target], [contrast])
             exp = _engine.explain(self.facts.module, inputs, method, target=target, keep_heads=False,
                                   sources=self.sources)
+            if self.vlm:  # the views read the text row (every position); the image map is read from the whole
+                self._with_image[key] = exp
+                exp = replace(exp, grid=None, image_size=None, pixels=None)
             return Cached(exp, _engine.sample_readout(self.facts.adapter, inputs))
 
         return self._cache.get(key, compute)
@@ -416,7 +451,13 @@ class GenerationExplorer(RelevanceWidget):
             return
         values = self.current_values()
         pieces = self.pieces[:self.prompt_length + self.step]
-        if self._scheme and self.word_toggle.value == "words":  # the sum keeps the total
+        if self.vlm:  # the image tokens as one cell holding their sum
+            image_id = cast(VLMAdapter, self.facts.adapter).image_token_id
+            placeholder = (self.input_ids[0, :len(pieces)] == image_id).numpy()
+            tokens, summed = image_cell(pieces, np.asarray(values, dtype=np.float64)[None], placeholder)
+            values, tokens = summed[0], [shown_token(t) for t in tokens]
+            self.image_view.value = self._image_html()
+        elif self._scheme and self.word_toggle.value == "words":  # the sum keeps the total
             tokens, merged = merge_words(pieces, values, reduce="sum", scheme=self._scheme)
             assert merged is not None  # values given, so merged too
             values = merged
@@ -430,6 +471,23 @@ class GenerationExplorer(RelevanceWidget):
                            + f'<div class="trl-next" style="margin-top:4px">\u2192 next token: <b>{nxt}</b></div>'
                            + self._sources_html())
         self.info.value = self._info_html()
+
+    def _image_html(self) -> str:
+        """The step's image map as an ``<img>`` (the method's map, whatever the layer slider shows)."""
+        import base64
+
+        from lrp_core.viz.maps import render_overlay_png
+
+        exp = self._with_image.get(self._key())
+        if exp is None or exp.grid is None or exp.image_tokens is None or \
+                exp.image_tokens.shape[1] != exp.grid[0] * exp.grid[1]:
+            self.image_map = None  # several images per row: their tokens are scored, no single map
+            return ""
+        self.image_map = exp.pixel_map()[0].detach().double().cpu().numpy()
+        what = "pixels" if exp.pixels is not None else "image tokens, upsampled"
+        png = render_overlay_png(None, self.image_map, display_size=160, title=f"image ({what})")
+        return (f'<img class="trl-step-image" alt="image map of step {self.step + 1}" '
+                f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
 
     def source_labels(self) -> list[str]:
         """The text of each source (its pieces joined)."""
@@ -476,7 +534,11 @@ class GenerationExplorer(RelevanceWidget):
         return "<br>".join(lines)
 
     def _static_bundle(self) -> dict[str, Any]:
-        return token_page_bundle(self)
+        bundle = token_page_bundle(self)
+        if self.vlm and self.displayed_map is not None and self.image_view.value:  # the image map beside the text
+            bundle["text/html"] = (f'<div style="display:flex;gap:8px">{self.image_view.value}'
+                                   f'<div>{bundle["text/html"]}</div></div>')
+        return bundle
 
 
 __all__ = ["GenerationExplorer", "decoder_methods", "stops", "token_id", "word_scheme"]

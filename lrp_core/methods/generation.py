@@ -18,6 +18,8 @@ step is computed.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -26,12 +28,14 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..runtime.guard import eval_semantics, model_guard
+from ..runtime.guard import _observer, eval_semantics, model_guard
 from ..runtime.wrappers import unwrap
-from ..viz.text import generation_html, page
+from ..viz.text import generation_html, image_cell, page
 from .call import Contrast
 
 TokenLike = Union[int, str]
+#: the attribute transformers sets on a model once its output-capturing hooks are installed
+INSTALLED = "_output_capturing_hooks_installed"
 
 
 @dataclass
@@ -53,6 +57,13 @@ class GenerationExplanation:
             :meth:`answer_sources` sums it over the answer.
         probabilities: (B, K) the model's probability of each explained token at its step (0 for steps not
             explained): a given continuation may hold tokens the model would not write.
+        pixels: a vision-language model with one image per row, and a method that reaches the pixels (``lrp``,
+            ``attnlrp``, ``cp_lrp``): (B, K, H, W) the pixel relevance of each step, else ``None``.
+        grid, image_size: a vision-language model's patch grid (h, w) and image size (H, W), else ``None``.
+        image_tokens: (B, k·h·w) a vision-language model's image tokens: for each patch in raster order, the
+            position in ``scores`` of the image token carrying it (the same at every step: the image is in the
+            prompt), else ``None``; :meth:`patch_map` (B, K, h, w) and :meth:`upsample` (B, K, H, W) read the
+            step maps there.
 
     K is the number of steps the longest row took. A row that wrote its end-of-text token at step s < K (greedy
     with ``stop_at_eos``) is padded after it as ``generate`` pads it: from step s+1 on its ``input_ids`` and
@@ -72,6 +83,39 @@ class GenerationExplanation:
     options: dict = field(default_factory=dict)
     sources: Optional[Tensor] = None
     probabilities: Optional[Tensor] = None
+    pixels: Optional[Tensor] = None
+    grid: Optional[tuple[int, int]] = None
+    image_size: Optional[tuple[int, int]] = None
+    image_tokens: Optional[Tensor] = None
+
+    def _steps_as_explanation(self) -> Any:
+        """The B·K step maps as one :class:`~lrp_core.explanation.Explanation` (row b·K + k: row b, step k)."""
+        from ..explanation import Explanation
+
+        if self.grid is None or self.image_tokens is None:
+            raise InputError("patch_map() / upsample() need the explanation of a vision-language model's "
+                             "generation; this one is of a text")
+        B, K, T = self.scores.shape
+        return Explanation(scores=self.scores.reshape(B * K, T), target=self.targets.reshape(-1),
+                           logits=self.logits.reshape(-1, 1), method=self.method, grid=self.grid,
+                           image_size=self.image_size, image_tokens=self.image_tokens.repeat_interleave(K, 0))
+
+    def patch_map(self) -> Tensor:
+        """(B, K, h, w) each step's image-token scores on the patch grid (as ``Explanation.patch_map``)."""
+        B, K = self.scores.shape[:2]
+        maps = self._steps_as_explanation().patch_map()
+        return maps.reshape(B, K, *maps.shape[-2:])
+
+    def upsample(self, size: Optional[tuple[int, int]] = None, mode: str = "bilinear") -> Tensor:
+        """(B, K, H, W) each step's patch map upsampled to the image size (or ``size``), as
+        ``Explanation.upsample``."""
+        B, K = self.scores.shape[:2]
+        maps = self._steps_as_explanation().upsample(size, mode)
+        return maps.reshape(B, K, *maps.shape[-2:])
+
+    def pixel_map(self) -> Tensor:
+        """(B, K, H, W) the pixel relevance where the method computed it (``pixels``), else :meth:`upsample`."""
+        return self.pixels if self.pixels is not None else self.upsample()
 
     def answer_sources(self) -> Tensor:
         """(B, S) each source's score for the whole answer: the sum of its step scores over the steps each row
@@ -116,8 +160,32 @@ class GenerationExplanation:
             sources = self.sources[row, :steps].detach().double().cpu().numpy()
             labels = self.source_labels(row)
         probs = None if self.probabilities is None else self.probabilities[row, :steps].tolist()
+        images = None
+        if self.image_tokens is not None:
+            image_id = self.options["image_token_id"]
+            placeholder = (self.input_ids[row, start:stop] == image_id).cpu().numpy()
+            context, scores = image_cell(context, scores, placeholder)
+            images = self._step_images(row, steps)
         return generation_html(context, self.generated(row), scores, scale=scale, contrasts=contrasts,
-                               title=title, sources=sources, source_labels=labels, probabilities=probs)
+                               title=title, sources=sources, source_labels=labels, probabilities=probs,
+                               images=images)
+
+    def _step_images(self, row: int, steps: int) -> Optional[list]:
+        """Per step an ``<img>`` (PNG, the map alone in the zero-centred diverging colours): the pixel map, else
+        the upsampled patch map; ``None`` for several images per row."""
+        import base64
+
+        from ..viz.maps import render_overlay_png
+
+        if self.grid is None or self.image_tokens is None or \
+                self.image_tokens.shape[1] != self.grid[0] * self.grid[1]:
+            return None
+        maps = self.pixel_map()[row, :steps].detach().double().cpu().numpy()
+        out = []
+        for k in range(steps):
+            png = base64.b64encode(render_overlay_png(None, maps[k], display_size=96, legend=False)).decode()
+            out.append(f'<img class="trl-map" alt="step {k + 1}: image map" src="data:image/png;base64,{png}">')
+        return out
 
     def source_labels(self, row: int = 0) -> list[str]:
         """The text of each source of a row (its tokens joined), from the spans given as ``sources=``."""
@@ -189,7 +257,8 @@ def end_of_text(model: nn.Module) -> tuple[list[int], Optional[int]]:
 
 @torch.no_grad()
 def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, steps: int,
-                        eos_token_id: Optional[Sequence[int]] = None, pad_token_id: Optional[int] = None) -> Tensor:
+                        eos_token_id: Optional[Sequence[int]] = None, pad_token_id: Optional[int] = None,
+                        images: Optional[dict] = None) -> Tensor:
     """Up to ``steps`` greedy tokens after left-padded prompts (B, P): (B, K), K ≤ ``steps``.
 
     The model runs in eval semantics (:func:`eval_semantics`; no dropout, its modes restored) and as found
@@ -215,6 +284,9 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
         row. ``None`` / empty: no stopping, K = ``steps``.
     pad_token_id : Optional[int], optional
         The id written after a row has stopped.
+    images : Optional[dict], optional
+        A vision-language model's image inputs (``pixel_values``, …), each (B·k, …): the k images of every row,
+        in row order, as the processor stacks them; passed unchanged with their rows at every step.
 
     Returns
     -------
@@ -227,12 +299,13 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
     out = torch.full((input_ids.shape[0], steps), pad_token_id, dtype=torch.long, device=input_ids.device)
     taken = 0
     lengths = attention_mask.sum(1)
-    with eval_semantics(model), model_guard(unwrap(model)):
+    with eval_semantics(model), model_guard(unwrap(model)), _no_new_observers(unwrap(model)):
         for n in lengths.unique().tolist():
             rows = (lengths == n).nonzero().squeeze(1)
             ids = input_ids[rows, input_ids.shape[1] - n:]  # left-padded: the real tokens are the last n columns
             for k in range(steps):
-                nxt = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, -1].argmax(-1)
+                seen = _image_rows(images, rows, input_ids.shape[0])
+                nxt = model(input_ids=ids, attention_mask=torch.ones_like(ids), **seen).logits[:, -1].argmax(-1)
                 out[rows, k] = nxt
                 taken = max(taken, k + 1)
                 if len(eos):  # rows that wrote an end-of-text token stop here
@@ -242,6 +315,55 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
                         break
                 ids = torch.cat([ids, nxt[:, None]], 1)
     return out[:, :taken] if len(eos) else out
+
+
+@contextmanager
+def _no_new_observers(model: nn.Module) -> Iterator[None]:
+    """Take back the output-capturing hooks transformers installs on a model's layers at its first forward (and
+    the flag that says they are there), so the greedy steps leave the model with the hooks it had."""
+    modules = list(model.modules())
+    before = [set(m._forward_hooks) for m in modules]
+    flagged = [INSTALLED in vars(m) for m in modules]
+    try:
+        yield
+    finally:
+        for m, keys, had in zip(modules, before, flagged):
+            for key in [k for k, fn in m._forward_hooks.items() if k not in keys and _observer(fn)]:
+                del m._forward_hooks[key]
+            if not had and INSTALLED in vars(m):
+                delattr(m, INSTALLED)
+
+
+def _image_rows(images: Optional[dict], rows: Tensor, batch: int) -> dict:
+    """The image inputs (each (B·k, …), k images per row in row order) of the rows ``rows``: (len(rows)·k, …)."""
+    out = {}
+    for name, value in (images or {}).items():
+        k = value.shape[0] // batch
+        idx = (rows.to(value.device)[:, None] * k + torch.arange(k, device=value.device)[None, :]).reshape(-1)
+        out[name] = value[idx]
+    return out
+
+
+def _vlm_prompts(adapter: Any, tokenizer: Any, prompts: Any) -> tuple[Any, dict, dict]:
+    """A vision-language model's prompts: (the tokenizer, the text entries, the image entries (B·k, …)).
+
+    ``explain_generation(vlm, processor_output)`` is accepted (the tokenizer left out), and a processor gives its
+    tokenizer. The processor's output is checked as :func:`lrp_core.explain` checks it.
+    """
+    if prompts is None and isinstance(tokenizer, Mapping):
+        prompts, tokenizer = tokenizer, None
+    if tokenizer is not None and not hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "tokenizer"):
+        tokenizer = tokenizer.tokenizer  # a processor: its tokenizer gives the pieces
+    if not isinstance(prompts, Mapping) or "input_ids" not in prompts or prompts.get("pixel_values") is None:
+        raise InputError(f"{type(adapter.model).__name__} reads an image with its text: pass the processor's output "
+                         "(a dict with 'input_ids', 'attention_mask' and 'pixel_values', e.g. processor(images=image, "
+                         "text=prompt, return_tensors='pt')) as prompts, got "
+                         f"{type(prompts).__name__}")
+    adapter.check_inputs(prompts)
+    ids = torch.as_tensor(prompts["input_ids"])
+    text = {"input_ids": ids, "attention_mask": torch.as_tensor(prompts.get("attention_mask", torch.ones_like(ids)))}
+    images = {k: torch.as_tensor(prompts[k]) for k in adapter.image_inputs if prompts.get(k) is not None}
+    return tokenizer, text, images
 
 
 def _token_ids(tokenizer: Any, values: Any, what: str) -> list:
@@ -392,17 +514,12 @@ def _contrasts(tokenizer: Any, contrast: Any, batch: int, steps: int, vocab: int
 
 
 def _language_model(model: nn.Module) -> tuple[Any, int]:
-    """(the engine's adapter of a causal LM, its vocabulary size V = the LM head's outputs); others refused."""
+    """(the engine's adapter of a causal LM or a vision-language model, its vocabulary size V = the LM head's
+    outputs); others refused."""
     from ..adapters import get_adapter
-    from ..adapters.vlm import VLMAdapter
 
     adapter = get_adapter(model)
     inner: Any = unwrap(model)
-    if isinstance(adapter, VLMAdapter):
-        raise UnsupportedModelError(f"explain_generation takes text prompts; {type(inner).__name__} reads an image "
-                                    "with its text. Explain each generated token with explain(model, inputs, "
-                                    "position=p, target=token) on the processor's output for the prompt and the "
-                                    "tokens written so far")
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if not adapter.is_decoder or not isinstance(head, nn.Linear):
         raise UnsupportedModelError(f"explain_generation explains what a causal language model writes (a decoder "
@@ -416,6 +533,10 @@ def _check_method(method: str, options: dict, contrast: Any, adapter: Any) -> No
     from . import registry
 
     spec = registry.get(method)
+    if method in adapter.refused_methods:  # as explain refuses it, before any step is generated
+        runs = [m for m in registry.METHODS if m not in adapter.refused_methods]
+        raise UnsupportedModelError(f"method {method!r} is not defined on {type(adapter.model).__name__}: "
+                                    f"{adapter.refused_methods[method]}. Methods that run on it: {', '.join(runs)}")
     fixed = sorted({"position", "target"} & set(options))
     if fixed:
         raise InputError(f"explain_generation sets {fixed} itself (each step is read at its own position, with the "
@@ -426,7 +547,7 @@ def _check_method(method: str, options: dict, contrast: Any, adapter: Any) -> No
                          "class-sensitive method")
 
 
-def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: str = "attnlrp",
+def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, method: str = "attnlrp",
                        max_new_tokens: Optional[int] = None, continuation: Any = None, contrast: Any = None,
                        progress: Optional[bool] = None, step_batch: int = 8, stop_at_eos: bool = True,
                        **options: Any) -> GenerationExplanation:
@@ -440,11 +561,16 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
     Parameters
     ----------
     model : nn.Module
-        a causal LM the engine supports (``LlamaForCausalLM``, ``GPT2LMHeadModel``, …).
+        a causal LM the engine supports (``LlamaForCausalLM``, ``GPT2LMHeadModel``, …), or a vision-language
+        model (``LlavaForConditionalGeneration``, ``docs/METHODS.md`` §2g, Generation).
     tokenizer : Any
-        its tokenizer (text prompts, pieces for the pictures); may be ``None`` for id inputs.
+        its tokenizer (text prompts, pieces for the pictures); may be ``None`` for id inputs. A
+        vision-language model: its tokenizer or processor, or the processor's output itself
+        (``explain_generation(vlm, processor_output)``).
     prompts : Any
-        a string, a list of strings, or a tokenizer dict (padded on either side).
+        a string, a list of strings, or a tokenizer dict (padded on either side). A vision-language model:
+        the processor's output (``input_ids``, ``attention_mask``, ``pixel_values``); the images stay the same
+        at every step, and their placeholder tokens are part of every prefix.
     method : str, optional
         any method of :func:`lrp_core.explain` that takes a target.
     max_new_tokens : Optional[int], optional
@@ -471,7 +597,9 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
     Returns
     -------
     GenerationExplanation
-        ``scores`` (B, K, P+K−1), with ``.show()`` and ``.save_html(path)``.
+        ``scores`` (B, K, P+K−1), with ``.show()`` and ``.save_html(path)``; a vision-language model adds
+        ``image_tokens``, ``patch_map()`` (B, K, h, w), ``upsample()`` (B, K, H, W) and, where the method
+        reaches the pixels, ``pixels`` (B, K, H, W).
 
     Raises
     ------
@@ -484,8 +612,16 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
         raise InputError(f"step_batch must be a positive integer, got {step_batch!r}")
     if not isinstance(stop_at_eos, bool):
         raise InputError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
+    from ..adapters.vlm import VLMAdapter
+
     adapter, vocab = _language_model(model)
     _check_method(method, options, contrast, adapter)
+    images: dict = {}
+    if isinstance(adapter, VLMAdapter):
+        if adapter.generation_refused is not None:
+            raise UnsupportedModelError(f"explain_generation does not run on {type(adapter.model).__name__}: "
+                                        f"{adapter.generation_refused}")
+        tokenizer, prompts, images = _vlm_prompts(adapter, tokenizer, prompts)
     ids, mask = _prompts(tokenizer, prompts)
     B, P = ids.shape
     if continuation is None:
@@ -497,12 +633,12 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
         gen = _continuation(tokenizer, continuation, B, max_new_tokens, vocab)
         K = gen.shape[1]
     _check_positions(adapter, P, K)
-    adapter.check_inputs({"input_ids": ids, "attention_mask": mask})  # the prompts' ids against the vocabulary
+    adapter.check_inputs({"input_ids": ids, "attention_mask": mask, **images})  # the ids against the vocabulary
     negative = _contrasts(tokenizer, contrast, B, K, vocab)
     groups = _step_groups(negative, K, step_batch)  # checked before the steps are computed
     if gen is None:
         eos, pad = end_of_text(unwrap(model)) if stop_at_eos else ([], None)
-        gen = greedy_continuation(model, ids, mask, K, eos_token_id=eos, pad_token_id=pad)
+        gen = greedy_continuation(model, ids, mask, K, eos_token_id=eos, pad_token_id=pad, images=images)
         if gen.shape[1] < K:  # every row stopped early: the steps all rows skipped go
             K = gen.shape[1]
             negative = None if negative is None else negative[:, :K]
@@ -515,8 +651,10 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
     full_mask = torch.cat([mask, active.to(mask)], 1)
     # the explained rows see every written column: causal attention keeps the later ones out of each map
     inputs = {"input_ids": full_ids[:, :-1], "attention_mask": torch.cat([mask, torch.ones_like(gen)], 1)[:, :-1]}
-    scores, logits, sources, probabilities = _explain_steps(model, method, inputs, gen, negative, groups, active, P,
-                                                            progress, options)
+    if images:
+        options = {**options, "image_token_id": _image_token(adapter, gen)}
+    scores, logits, sources, probabilities, seen = _explain_steps(model, method, inputs, gen, negative, groups,
+                                                                  active, P, progress, options, images)
     if negative is not None:
         negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
     used = sorted(
@@ -529,22 +667,37 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any, method: s
                                  scores=scores, tokens=pieces, targets=gen, logits=logits, contrasts=negative,
                                  options={"id_to_token": id_to_token, "continuation_given": continuation is not None,
                                           **options},
-                                 sources=sources, probabilities=probabilities)
+                                 sources=sources, probabilities=probabilities, **seen)
+
+
+def _image_token(adapter: Any, gen: Tensor) -> int:
+    """A vision-language model's image token id, checked absent from the continuation (B, K) before its last
+    step (it would be one more image token than the images have features)."""
+    image_id = int(adapter.image_token_id)
+    if bool((gen[:, :-1] == image_id).any()):
+        raise InputError(f"the continuation holds the image token (id {image_id}) before its last step: the image "
+                         "tokens of the prompt are the only ones its images fill; give another continuation")
+    return image_id
 
 
 def _check_positions(adapter: Any, P: int, K: int) -> None:
     """Prompts P tokens wide and K steps: the last step reads P + K − 1 tokens, which the model must have."""
-    if adapter.max_length is not None and P + K - 1 > adapter.max_length:
+    limit = getattr(getattr(adapter, "text", adapter), "max_length", None)  # a VLM: its language model's
+    if limit is not None and P + K - 1 > limit:
         raise InputError(f"the prompts ({P} tokens) and {K} new tokens need P + K − 1 = {P + K - 1} positions; "
-                         f"{type(adapter.model).__name__} has {adapter.max_length} (max_position_embeddings): "
-                         f"shorten the prompts or write at most {adapter.max_length - P + 1} tokens")
+                         f"{type(adapter.model).__name__} has {limit} (max_position_embeddings): "
+                         f"shorten the prompts or write at most {limit - P + 1} tokens")
 
 
 def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, negative: Optional[Tensor],
                    groups: list[list[int]], active: Tensor, P: int, progress: Optional[bool],
-                   options: dict) -> tuple[Tensor, Tensor, Optional[Tensor], Tensor]:
-    """The maps (B, K, P+K−1), explained logits (B, K), with ``sources=`` source scores (B, K, S), and the
-    model's probabilities of the explained tokens (B, K) of the steps each row took (``active`` (B, K)).
+                   options: dict,
+                   images: Optional[dict] = None) -> tuple[Tensor, Tensor, Optional[Tensor], Tensor, dict]:
+    """The maps (B, K, P+K−1), explained logits (B, K), with ``sources=`` source scores (B, K, S), the
+    model's probabilities of the explained tokens (B, K) of the steps each row took (``active`` (B, K)), and a
+    vision-language model's image fields (``pixels`` (B, K, H, W) or ``None``, ``grid``, ``image_size``,
+    ``image_tokens`` (B, k·h·w); empty for a text model). ``images``: its image inputs (B·k, …), the same at
+    every step.
 
     ``inputs``: prompts and continuation without its last token (B, P+K−1); each group of steps is one
     :func:`lrp_core.explain` call over its (step, prompt) pairs, each read at its own position, with its
@@ -562,12 +715,14 @@ def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, neg
         raise InputError(f"sources gives spans for {spans.shape[0]} prompts; there are {B}: give one list of spans "
                          "for every prompt, or one per prompt")
     sources = None if spans is None else torch.zeros(B, K, spans.shape[1], dtype=torch.float64)
-    options = {k: v for k, v in options.items() if k != "sources"}
+    options = {k: v for k, v in options.items() if k not in ("sources", "image_token_id")}
+    seen: dict = {}
+    pixels = image_tokens = None
     with _StepBar(K, progress or (progress is None and K >= 8), method) as bar:
         for steps in groups:  # steps as rows: (step, prompt) pairs, each read at its own position
             pairs = [(k, b) for k in steps for b in range(B) if active[b, k]]
             ks, bs = torch.tensor([k for k, _ in pairs]), torch.tensor([b for _, b in pairs])
-            rows = {name: v[bs.to(v.device)] for name, v in inputs.items()}
+            rows = {**{name: v[bs.to(v.device)] for name, v in inputs.items()}, **_image_rows(images, bs, B)}
             t = gen[bs, ks].tolist()
             target: Any = t if negative is None or negative[0, steps[0]] < 0 else \
                 Contrast(t, negative[bs, ks].tolist())
@@ -581,13 +736,22 @@ def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, neg
             # zero after each step's prefix (the causal mask keeps those positions out already)
             got[torch.arange(P + K - 1)[None, :] >= (P + ks)[:, None]] = 0.0
             scores[bs, ks] = got
+            if exp.image_tokens is not None:  # a vision-language model: the same image tokens at every step
+                if image_tokens is None:
+                    image_tokens = torch.zeros(B, exp.image_tokens.shape[1], dtype=torch.long)
+                    seen.update(grid=exp.grid, image_size=exp.image_size, image_tokens=image_tokens)
+                image_tokens[bs] = exp.image_tokens.cpu()
+            if exp.pixels is not None:
+                if pixels is None:
+                    pixels = seen["pixels"] = torch.zeros(B, K, *exp.pixels.shape[1:], dtype=torch.float64)
+                pixels[bs, ks] = exp.pixels.detach().to(torch.float64).cpu()
             picked = lg.gather(1, gen[bs, ks].cpu()[:, None])[:, 0]
             probabilities[bs, ks] = lg.softmax(-1).gather(1, gen[bs, ks].cpu()[:, None])[:, 0]
             if negative is not None and negative[0, steps[0]] >= 0:
                 picked = picked - lg.gather(1, negative[bs, ks][:, None])[:, 0]
             logits[bs, ks] = picked
             bar.update(len(steps))
-    return scores, logits, sources, probabilities
+    return scores, logits, sources, probabilities, seen
 
 
 def _steps_written(gen: Tensor, eos: Sequence[int]) -> Tensor:

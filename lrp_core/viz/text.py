@@ -149,6 +149,10 @@ def _scheme_of(pieces: Sequence[str]) -> str:
     return "words"
 
 
+#: the piece a vision-language model's image tokens are shown as, one cell for all of them
+IMAGE_LABEL = "[image]"
+
+
 def _special(piece: str) -> bool:
     return (piece.startswith("<") and piece.endswith(">")) or (piece.startswith("[") and piece.endswith("]"))
 
@@ -168,6 +172,7 @@ _STYLE = ("body{font-family:system-ui,sans-serif;margin:12px}"
           ".c{font-family:monospace;display:inline-block;padding:1px 3px;margin:1px;border-radius:3px;"
           "border:1px solid #ddd;white-space:pre}"
           ".c.off{color:#bbb;border-color:#f3f3f3}"
+          ".trl-gen img.trl-map{width:64px;height:64px;image-rendering:pixelated}"
           ".trl-note{color:#555;font-size:12px;margin-top:6px}"
           ".trl-src{display:flex;flex-wrap:wrap;gap:4px;margin:4px 0}"
           ".s{display:inline-block;padding:3px 6px;border-radius:4px;border:1px solid #ccc;font-size:12px;"
@@ -217,7 +222,7 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
                     clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA,
                     title: Optional[str] = None, contrasts: Optional[Sequence[Optional[str]]] = None,
                     sources: Any = None, source_labels: Optional[Sequence[str]] = None,
-                    probabilities: Any = None) -> str:
+                    probabilities: Any = None, images: Optional[Sequence[str]] = None) -> str:
     """One row per generated token: the relevance of every context token for it.
 
     Parameters
@@ -245,6 +250,9 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
         the S sources' texts (with ``sources``).
     probabilities : Any, optional
         (K,) the model's probability of each step's token, shown beside it.
+    images : Optional[Sequence[str]], optional
+        per step an HTML picture (a vision-language model's image map for that step, an ``<img>``), drawn in a
+        cell between the generated token and its row.
 
     Returns
     -------
@@ -254,7 +262,8 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
     Raises
     ------
     InputError
-        If ``scores`` is not (K, P+K−1) or ``scale`` is not ``"row"`` or ``"all"``.
+        If ``scores`` is not (K, P+K−1), ``images`` does not give one picture per step, or ``scale`` is not
+        ``"row"`` or ``"all"``.
     """
     vals = np.nan_to_num(np.asarray(scores, dtype=np.float64))
     K, P = len(generated), len(context) - len(generated) + 1
@@ -263,6 +272,8 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
                          f"({K}, {len(context)}) for {K} generated and {len(context)} context tokens")
     if scale not in SCALES:
         raise InputError(f"scale must be one of {SCALES}, got {scale!r}")
+    if images is not None and len(images) != K:
+        raise InputError(f"generation_html: {len(images)} images for {K} generated tokens; give one per step")
     limit_all = colour_scale(vals, clip).limit
     src = None if sources is None else np.nan_to_num(np.asarray(sources, dtype=np.float64))
     labels = list(source_labels) if source_labels is not None else \
@@ -284,8 +295,9 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
             f' <span style="font-weight:normal;color:#777">p {100 * float(probabilities[k]):.1f} %</span>'
         blocks = "" if src is None else \
             f'<td>{source_blocks(labels, src[k], limit=src_limit, short=True, gamma=gamma)}</td>'
+        picture = "" if images is None else f"<td>{images[k]}</td>"
         rows.append(f'<tr><td class="g">{html.escape(readable(generated[k]))}{versus}{p_k}</td>'
-                    f'<td>{"".join(cells)}</td>{blocks}</tr>')
+                    f'{picture}<td>{"".join(cells)}</td>{blocks}</tr>')
         notes.append(limit)
     head = f"<h3>{html.escape(title)}</h3>" if title else ""
     whole = ""
@@ -298,6 +310,43 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
             f"Hover a token for its exact score.</div>")
     return (f'<div class="trl-generation"><style>{_STYLE}</style>{head}'
             f'<table class="trl-gen">{"".join(rows)}</table>{whole}{note}</div>')
+
+
+def image_cell(context: Sequence[str], scores: Any, placeholder: Any,
+               label: str = IMAGE_LABEL) -> tuple[list[str], np.ndarray]:
+    """A vision-language model's image placeholder tokens shown as one cell: each run of consecutive placeholders
+    becomes one piece ``label`` whose score is the run's summed score.
+
+    Parameters
+    ----------
+    context : Sequence[str]
+        The T context pieces.
+    scores : Any
+        (K, T) the step scores over them.
+    placeholder : Any
+        (T,) bool, the image placeholder tokens.
+    label : str, optional
+        The piece shown for a run.
+
+    Returns
+    -------
+    tuple[list[str], np.ndarray]
+        The pieces and the (K, T') scores with every run summed into its first column.
+    """
+    vals = np.asarray(scores, dtype=np.float64)
+    mask = np.asarray(placeholder, dtype=bool).reshape(-1)
+    if vals.ndim != 2 or vals.shape[1] != len(context) or len(mask) != len(context):
+        raise InputError(f"image_cell: scores {vals.shape} and placeholders ({len(mask)},) must cover the "
+                         f"{len(context)} context pieces")
+    pieces: list[str] = []
+    columns: list[np.ndarray] = []
+    for i, piece in enumerate(context):
+        if mask[i] and i > 0 and mask[i - 1]:
+            columns[-1] = columns[-1] + vals[:, i]  # the run goes on: its scores add up in one cell
+            continue
+        pieces.append(label if mask[i] else piece)
+        columns.append(vals[:, i].copy())
+    return pieces, np.stack(columns, 1) if columns else vals[:, :0]
 
 
 def page(fragment: str, title: str = "Transformer Relevance Lab") -> str:
@@ -319,4 +368,5 @@ def page(fragment: str, title: str = "Transformer Relevance Lab") -> str:
             f"</head><body>{fragment}</body></html>")
 
 
-__all__ = ["readable", "merge_words", "span_text", "generation_html", "source_blocks", "page", "SPACE_MARKS", "SCALES"]
+__all__ = ["readable", "merge_words", "span_text", "generation_html", "source_blocks", "image_cell", "page",
+           "IMAGE_LABEL", "SPACE_MARKS", "SCALES"]

@@ -388,17 +388,6 @@ def test_several_feature_layers_are_refused():
         get_adapter(model)
 
 
-def test_explain_generation_is_refused_with_what_to_do_instead():
-    class Tokenizer:
-        pad_token_id = 0
-
-        def __call__(self, texts, **kw):
-            return {"input_ids": torch.tensor([[1, 5, 6]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
-
-    with pytest.raises(UnsupportedModelError, match="position=p"):
-        lrp_core.explain_generation(make_llava(), Tokenizer(), ["a prompt"], max_new_tokens=1)
-
-
 def test_the_widgets_show_the_image_tokens_on_the_patch_grid():
     from widgets.views import _row
     e = explain(make_llava(), inputs(_rows(), side="left"), method="rollout")
