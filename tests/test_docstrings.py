@@ -45,6 +45,8 @@ CONVERTED = [
     "lrp_core.data.sets",
     "lrp_core.data.photos",
     "lrp_core.data.scenes",
+    "lrp_core.data.vqa",
+    "lrp_core.models.tiny_vlm",
     "lrp_core.sources",
     "lrp_core.api",
     "lrp_core.evaluation.batching",

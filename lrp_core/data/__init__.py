@@ -5,6 +5,8 @@
   ship inside installed packages (scikit-image, scikit-learn, matplotlib).
 - :func:`make_facts`: the facts prompts of the embedded LM, each with its exact evidence tokens
   (:class:`FactRecord`).
+- :func:`make_vqa`: questions about two-object scenes whose answer one known object decides, with its exact
+  mask (:class:`VQARecord`), the embedded VLM's task.
 - :func:`load_rationales`: sentiment sentences with human rationales
   (:class:`RationaleRecord`).
 - :class:`ImageSet`, :class:`TextSet`, :func:`scene_sets`, :func:`dinov2_scene_sets`: evaluation data;
@@ -28,11 +30,12 @@ from .sets import (
                    rationale_set,
                    scene_sets,
 )
+from .vqa import VQARecord, make_vqa
 
 __all__ = [
     "CLASS_NAMES", "IMAGE_SIZE", "MEAN", "STD", "Scenes", "make_scenes", "normalize",
     "sample_image", "list_images", "compose_pair", "load_rationales",
     "RationaleRecord", "ImageSet", "TextSet", "SCENE_SEED", "BUILTIN_IMAGE_SETS",
     "scene_sets", "dinov2_scene_sets", "rationale_set", "label_id", "as_record", "load_data_folder",
-    "FactRecord", "make_facts",
+    "FactRecord", "make_facts", "VQARecord", "make_vqa",
 ]

@@ -340,11 +340,35 @@ def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
     return mask, tex
 
 
+def _palette_colors(rng: np.random.Generator, palette: np.ndarray, base: np.ndarray,
+                    n_objects: int) -> np.ndarray:
+    """(n, k, 3) colours taken from the rows of ``palette`` (m, 3), distinct within a scene.
+
+    Each object's colour is drawn uniformly among the palette colours not yet used in its scene that are at
+    least 0.45 (Euclidean) from the background's ``base`` (n, 3) and differ from it by at least 0.2 in
+    luminance; where none is left, the unused colour farthest from the background is taken.
+    """
+    n = base.shape[0]
+    far = np.linalg.norm(palette[None] - base[:, None], axis=2)  # (n, m)
+    ok = (far >= 0.45) & (np.abs((palette[None] - base[:, None]) @ _LUMA) >= 0.2)
+    used = np.zeros(far.shape, dtype=bool)
+    out = np.zeros((n, n_objects, 3))
+    for j in range(n_objects):
+        key = np.where(ok, 2.0 + rng.uniform(size=far.shape), far)  # allowed ones first, in random order
+        key[used] = -np.inf
+        pick = key.argmax(1)
+        used[np.arange(n), pick] = True
+        out[:, j] = palette[pick]
+    return out
+
+
 def _classes_sizes_colours(rng: np.random.Generator, n: int, n_objects: int, size: int,
-                           base: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                           base: np.ndarray, palette: np.ndarray | None = None,
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Class ids (n, k), radii in pixels (n, k) and colours (n, k, 3) of the objects, k = ``n_objects``.
 
-    Colours keep away from the background's ``base`` colour (n, 3) and from each other.
+    Colours keep away from the background's ``base`` colour (n, 3) and from each other; with a ``palette``
+    (m, 3) they are rows of it (:func:`_palette_colors`).
     """
     n_cls = len(CLASS_NAMES)
     if n_objects == 1:
@@ -356,6 +380,8 @@ def _classes_sizes_colours(rng: np.random.Generator, n: int, n_objects: int, siz
         labels = np.stack([first, second], axis=1)
         r_lo, r_hi = 8.5, 13.0
     radius = rng.uniform(r_lo, r_hi, (n, n_objects)) * (size / IMAGE_SIZE)
+    if palette is not None:
+        return labels, radius, _palette_colors(rng, palette, base, n_objects).astype(np.float32)
     colors = np.zeros((n, n_objects, 3))
     for j in range(n_objects):
         avoid = [base] + [colors[:, i] for i in range(j)]
@@ -434,7 +460,7 @@ def _place_objects(rng: np.random.Generator, labels: np.ndarray, radius: np.ndar
 
 def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
                   textures: bool, clutter: bool, drop: int | None = None,
-                  ) -> tuple[np.ndarray, ...]:
+                  palette: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """Render ``n`` scenes: rgb (n,H,W,3), labels (n,k), masks (n,k,H,W), colours (n,k,3).
 
     ``drop`` (an object index) leaves that object out of the picture while
@@ -442,7 +468,7 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
     its mask is empty and the other object is drawn (and masked) whole.
     """
     img, base = _background(rng, n, size, clutter)
-    labels, radius, colors = _classes_sizes_colours(rng, n, n_objects, size, base)
+    labels, radius, colors = _classes_sizes_colours(rng, n, n_objects, size, base, palette)
     masks, whole, layers = _place_objects(rng, labels, radius, colors, base, size, textures)
     if drop is not None:  # nothing hides the remaining object any more
         masks = whole
@@ -456,7 +482,8 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
 
 
 def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_SIZE,
-                textures: bool = True, clutter: bool = True, drop: int | None = None) -> Scenes:
+                textures: bool = True, clutter: bool = True, drop: int | None = None,
+                palette: np.ndarray | None = None) -> Scenes:
     """Draw ``n`` procedural scenes, deterministically for a given ``seed``.
 
     Parameters
@@ -481,6 +508,10 @@ def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_
         Pixels outside the original ``masks[:, j]`` are identical; inside it the background (or the part of
         the other object that j covered) appears. ``labels`` are those of the full scenes, ``masks[:, j]`` is
         empty and the other object's mask is its whole shape.
+    palette : np.ndarray | None, optional
+        ``None`` (random colours), or (m, 3) colours in [0, 1], m >= ``n_objects``: each object's main colour is
+        then exactly one of these rows, distinct within a scene and chosen to stand out from the background
+        (the named colours of :func:`lrp_core.data.make_vqa`). Without a palette the scenes are unchanged.
 
     Returns
     -------
@@ -501,8 +532,14 @@ def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_
         raise InputError(f"size must be an integer >= 32, got {size!r}")
     if drop is not None and (isinstance(drop, bool) or drop not in range(n_objects)):
         raise InputError(f"drop must be None or an object index below {n_objects}, got {drop!r}")
+    if palette is not None:
+        palette = np.asarray(palette, dtype=np.float64)
+        if palette.ndim != 2 or palette.shape[1] != 3 or len(palette) < n_objects or not (
+                np.isfinite(palette).all() and palette.min() >= 0 and palette.max() <= 1):
+            raise InputError(f"palette must be None or an (m, 3) array of colours in [0, 1] with m >= n_objects "
+                             f"= {n_objects}, got shape {np.shape(palette)}")
     rng = np.random.default_rng(seed)
-    parts = [_render_chunk(rng, min(_CHUNK, n - i), n_objects, int(size), textures, clutter, drop)
+    parts = [_render_chunk(rng, min(_CHUNK, n - i), n_objects, int(size), textures, clutter, drop, palette)
              for i in range(0, int(n), _CHUNK)]
     rgb, labels, masks, colors = (np.concatenate(p, axis=0) for p in zip(*parts))
     return Scenes(images=normalize(rgb), labels=torch.from_numpy(labels),

@@ -47,6 +47,9 @@ def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
     if name == "tiny-lm":
         from .tiny_lm import load_tiny_lm
         return load_tiny_lm(pretrained=pretrained)
+    if name == "tiny-vlm":
+        from .tiny_vlm import load_tiny_vlm
+        return load_tiny_vlm(pretrained=pretrained)
     from .hub import load_hub
     return load_hub(name, pretrained=pretrained)
 

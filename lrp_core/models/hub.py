@@ -8,6 +8,9 @@
   from ``config.id2label``. A repo whose config declares a causal LM (``gpt2``,
   ``Qwen/Qwen2.5-0.5B``, ...) loads as ``AutoModelForCausalLM`` with its
   tokenizer (:mod:`.lm`).
+- vision-language models (:data:`KNOWN_VLMS`, any config AutoModelForImageTextToText
+  builds): the model with its ``AutoProcessor``, ``kind == "vlm"``; offline, the
+  error names the embedded ``tiny-vlm``.
 
 With ``pretrained=False`` a timm architecture is built with random weights and
 no network access. Pretrained weights come from the local cache when present;
@@ -32,11 +35,12 @@ from ..errors import InputError, LRPError
 from .base import LoadedModel
 from .lm import KNOWN_DECODERS, LM_HINTS, is_causal_lm, lm_alternative, lm_labels, lm_preprocess
 
-__all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "hub_endpoint", "hub_reachable", "imagenet_class_names",
-           "load_hub"]
+__all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "KNOWN_VLMS", "hub_endpoint", "hub_reachable",
+           "imagenet_class_names", "load_hub"]
 
 _IMAGE_ALTERNATIVES = "load('toy-vit') or load('dinov2-s14')"
 _TEXT_ALTERNATIVES = "load('minilm-sentiment')"
+_VLM_ALTERNATIVES = "load('tiny-vlm') (a LLaVA with the DINOv2 tower, trained on questions about the scenes)"
 
 
 class HubUnavailableError(LRPError, OSError):
@@ -129,6 +133,16 @@ def hub_reachable(timeout: float = 1.5) -> bool:
 _TEXT_HINTS = ("bert", "sst", "sentiment", "roberta", "distil", "minilm", "nli", "text", "gpt",
                "emotion", "imdb", "electra", "mpnet")
 _IMAGE_HINTS = ("vit", "deit", "beit", "dino", "image", "swin", "convnext", "resnet", "patch")
+_VLM_HINTS = ("llava", "vlm", "-vl-", "-vl", "paligemma", "idefics", "image-text")
+
+#: vision-language models by repo id -> architecture: loaded with AutoModelForImageTextToText and AutoProcessor
+KNOWN_VLMS = {
+    "HuggingFaceTB/SmolVLM-256M-Instruct": "Idefics3ForConditionalGeneration (SigLIP tower, SmolLM2)",
+    "llava-hf/llava-1.5-7b-hf": "LlavaForConditionalGeneration (CLIP ViT-L/14-336 tower, Vicuna-7B)",
+    "Qwen/Qwen2.5-VL-3B-Instruct": "Qwen2_5_VLForConditionalGeneration (windowed ViT, Qwen2.5-3B)",
+    "google/gemma-3-4b-it": "Gemma3ForConditionalGeneration (SigLIP tower, Gemma 3 4B)",
+    "google/paligemma2-3b-pt-224": "PaliGemmaForConditionalGeneration (SigLIP tower, Gemma 2 2B)",
+}
 
 
 #: Hugging Face models the engine explains, by repo id -> (kind, architecture); known before any download.
@@ -153,6 +167,8 @@ KNOWN_HF_MODELS = {
     "openai/clip-vit-large-patch14": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
     # decoder language models (lm.py): the next-token logit explained
     **{name: ("lm", what) for name, what in KNOWN_DECODERS.items()},
+    # vision-language models: an image and a question, the next-token logit explained
+    **{name: ("vlm", what) for name, what in KNOWN_VLMS.items()},
 }
 
 
@@ -161,6 +177,8 @@ def _guess_kind(name: str) -> str:
     if name in KNOWN_HF_MODELS:
         return KNOWN_HF_MODELS[name][0]
     low = name.lower()
+    if any(h in low for h in _VLM_HINTS):
+        return "vlm"
     if any(h in low for h in LM_HINTS):
         return "lm"
     if any(h in low for h in _TEXT_HINTS):
@@ -171,7 +189,8 @@ def _guess_kind(name: str) -> str:
 
 
 def _unavailable(name: str, kind: str, detail: str = "") -> HubUnavailableError:
-    alt = {"text": _TEXT_ALTERNATIVES, "image": _IMAGE_ALTERNATIVES, "lm": lm_alternative()}.get(
+    alt = {"text": _TEXT_ALTERNATIVES, "image": _IMAGE_ALTERNATIVES, "lm": lm_alternative(),
+           "vlm": _VLM_ALTERNATIVES}.get(
         kind, f"{_IMAGE_ALTERNATIVES} for images, {_TEXT_ALTERNATIVES} for text")
     extra = f" ({detail})" if detail else ""
     random_hint = ", or load(name, pretrained=False) for random weights" if kind == "image" \
@@ -387,6 +406,13 @@ def _is_clip_config(config: Any) -> bool:
     return getattr(config, "model_type", None) == "clip"
 
 
+def _is_vlm_config(config: Any) -> bool:
+    """Whether ``config`` is an image-text-to-text model (AutoModelForImageTextToText builds it)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return getattr(config, "model_type", None) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
 def _hf_config_anywhere(name: str, pretrained: bool) -> tuple[Any, Optional[bool]]:
     """The repo's config, from the cache or else the hub, and whether the hub was found reachable (None: not asked)."""
     try:
@@ -505,10 +531,39 @@ def _text_preprocess(fetch: _Fetch, info: dict[str, Any]) -> tuple[Callable, Any
     return preprocess, tokenizer
 
 
+def _load_vlm(name: str, config: Any, pretrained: bool, fetch: _Fetch) -> LoadedModel:
+    """A vision-language model with its processor: ``preprocess(image, text)`` gives the processor's batch."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    if pretrained:
+        model = fetch(AutoModelForImageTextToText.from_pretrained, attn_implementation="eager")
+        source = "Hugging Face pretrained"
+    else:
+        model = AutoModelForImageTextToText.from_config(config, attn_implementation="eager")
+        source = "random weights (architecture only)"
+    processor = fetch(AutoProcessor.from_pretrained)
+
+    def preprocess(image: Any, text: str | Sequence[str]) -> Any:
+        """An image and a prompt (or equally long lists of both) -> the processor's batch."""
+        images = [as_pil_image(i) for i in image] if isinstance(image, (list, tuple)) else [as_pil_image(image)]
+        texts = [text] if isinstance(text, str) else list(text)
+        return processor(images=images, text=texts, padding=True, return_tensors="pt")
+
+    tokenizer = getattr(processor, "tokenizer", None)
+    info = {"source": source, "library": "transformers", "pretrained": bool(pretrained),
+            "model_type": config.model_type, "task": "image-text-to-text", "processor": processor}
+    labels = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))) if tokenizer is not None else []
+    two_arguments: Callable[..., Any] = preprocess  # LoadedModel.preprocess is typed for one argument
+    return LoadedModel(name=name, model=model.eval(), preprocess=two_arguments, labels=labels, kind="vlm",
+                       tokenizer=tokenizer, info=info)
+
+
 def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     from transformers import AutoConfig  # noqa: F401 - fail early if transformers is missing
 
     config, online = _hf_config_anywhere(name, pretrained)  # online: None until the hub had to be asked
+    if _is_vlm_config(config):
+        return _load_vlm(name, config, pretrained, _Fetch(name, "vlm", online))
     clip = _is_clip_config(config)
     kind = "image" if _is_image_config(config) or clip else "text"
     fetch = _Fetch(name, kind, online)
