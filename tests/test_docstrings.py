@@ -80,6 +80,7 @@ CONVERTED = [
     "lrp_core.adapters.modernbert",
     "lrp_core.tools.doctor",
     "lrp_core.tools.bench_models",
+    "lrp_core.tools.bench_vlm",
     "lrp_core.tools.bench",
 ]
 

@@ -145,7 +145,8 @@ def comparison_table(curves: dict[str, dict[str, list]], reference: str = "trans
     str
         The table; ``—`` where a method lacks a column.
     """
-    spec = columns if columns is not None else {"text": TEXT_COLUMNS, "lm": LM_COLUMNS, "vlm": VLM_COLUMNS}.get(kind, IMAGE_COLUMNS)
+    by_kind = {"text": TEXT_COLUMNS, "lm": LM_COLUMNS, "vlm": VLM_COLUMNS}
+    spec = columns if columns is not None else by_kind.get(kind, IMAGE_COLUMNS)
     cols = [c for c, key in spec.items() if key in curves[reference]]
     lines = [f"| {reference} − method | " + " | ".join(cols) + " |",
              "|---|" + "---|" * len(cols)]

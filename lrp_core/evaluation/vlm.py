@@ -445,5 +445,5 @@ def vlm_protocol(model: Any, processor: Any, records: Sequence[Any], methods: Se
     return results, curves, len(correct) / len(records), len(correct)
 
 
-__all__ = ["vlm_protocol", "deciding_word", "background_fill", "VLM_METRICS", "MAX_PATCHES", "pointing_hit", "mask_share", "text_rank", "patch_order", "paint_patches",
-           "patch_curve", "question_values", "mean_values"]
+__all__ = ["vlm_protocol", "deciding_word", "background_fill", "VLM_METRICS", "MAX_PATCHES", "pointing_hit",
+           "mask_share", "text_rank", "patch_order", "paint_patches", "patch_curve", "question_values", "mean_values"]

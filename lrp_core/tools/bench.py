@@ -84,15 +84,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..adapters.vlm import VLM_REFUSED_METHODS
 from ..api import METHODS, explain
 from ..errors import InputError, LRPError
 from ..evaluation.sources import passes as explanation_passes
 from ..methods import registry
-from ..adapters.vlm import VLM_REFUSED_METHODS
 from ..methods.registry import DECODER_METHODS
 from ..runtime import memory
 from ..runtime.utils import proc_kib
-from .bench_vlm import VLM_BENCH_METHODS, VLM_MODELS, is_vlm, vlm_tokens
 from .bench_models import (
     DECODER_MODELS,
     IMAGE_MODELS,
@@ -105,6 +104,7 @@ from .bench_models import (
     is_text,
     prepare,
 )
+from .bench_vlm import VLM_BENCH_METHODS, VLM_MODELS, is_vlm, vlm_tokens
 
 #: The baseline every method is compared with (a row of its own in the table).
 BASELINE = "forward+backward"

@@ -109,7 +109,7 @@ def build_model(name: str) -> nn.Module:
         The model, in eval mode.
     """
     if is_vlm(name):
-        return build_vlm(name)
+        return build_vlm(name, llama_config(tiny=name == "tiny-llava"))
     if name == "qwen3-moe":
         from transformers import Qwen3MoeForCausalLM
         model = Qwen3MoeForCausalLM(qwen3_moe_config()).eval()
@@ -230,5 +230,6 @@ def build_in(name: str, dtype: torch.dtype) -> nn.Module:
         torch.set_default_dtype(old)
 
 
-__all__ = ["VLM_MODELS", "IMAGE_MODELS", "TEXT_MODELS", "DECODER_MODELS", "TINY_MODELS", "Inputs", "is_text", "is_decoder",
-           "llama_config", "qwen3_moe_config", "build_model", "image_tokens", "make_inputs", "prepare", "build_in"]
+__all__ = ["VLM_MODELS", "IMAGE_MODELS", "TEXT_MODELS", "DECODER_MODELS", "TINY_MODELS", "Inputs", "is_text",
+           "is_decoder", "llama_config", "qwen3_moe_config", "build_model", "image_tokens", "make_inputs", "prepare",
+           "build_in"]

@@ -45,13 +45,16 @@ def is_vlm(name: str) -> bool:
     return name in VLM_MODELS
 
 
-def build_vlm(name: str) -> nn.Module:
+def build_vlm(name: str, text: Any) -> nn.Module:
     """The random LLaVA ``name`` in eval mode (seed torch first for reproducible weights).
 
     Parameters
     ----------
     name : str
         ``"llava"`` or ``"tiny-llava"``.
+    text : LlamaConfig
+        The language model's configuration (the decoder rows', :func:`lrp_core.tools.bench_models.llama_config`);
+        its vocabulary is widened to hold the image token.
 
     Returns
     -------
@@ -60,17 +63,16 @@ def build_vlm(name: str) -> nn.Module:
     """
     from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
 
-    from .bench_models import llama_config
-
+    # read by the configs' __post_init__(**kwargs), which the dataclass signatures mypy reads do not list
+    sdpa: dict[str, Any] = {"attn_implementation": "sdpa"}
+    image: dict[str, Any] = {"image_token_id": IMAGE_TOKEN, **sdpa}
     tiny = name == "tiny-llava"
-    text = llama_config(tiny=tiny)
     text.vocab_size = IMAGE_TOKEN + 64
     vision = (CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                               image_size=32, patch_size=8, attn_implementation="sdpa") if tiny else
+                               image_size=32, patch_size=8, **sdpa) if tiny else
               CLIPVisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                               image_size=224, patch_size=16, projection_dim=512, attn_implementation="sdpa"))
-    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=IMAGE_TOKEN,
-                      vision_feature_select_strategy="default", attn_implementation="sdpa")
+                               image_size=224, patch_size=16, projection_dim=512, **sdpa))
+    cfg = LlavaConfig(vision_config=vision, text_config=text, vision_feature_select_strategy="default", **image)
     return LlavaForConditionalGeneration(cfg).eval()
 
 
