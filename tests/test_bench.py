@@ -237,3 +237,27 @@ def test_source_methods_are_priced_at_the_bench_batch_size(monkeypatch):
     assert gated[1]["ms_per_sample"] is None and gated[1]["note"].startswith("not run")
     ungated = bench.run(small, ["attnlrp"], FAST, isolate=False, printer=lambda s: None, check_memory=False)
     assert ungated[1]["seconds"] > 0 and not ungated[1]["note"]
+
+
+def test_the_vlm_row_is_a_llava_of_the_issue_shape():
+    """``--vlm``: one row of 196 image tokens (CLIP ViT-B/16 at 224 px, [CLS] dropped) + 64 text tokens, the
+    language model of the llama rows; the LRP family and the layer products by default, pa_lrp refused."""
+    assert [c.size for c in bench.make_cases(["llava"])] == ["1 × 260"]
+    assert bench._models(bench._parser(), None, quick=False, vlm=True) == ["llava"]
+    assert bench._methods(bench._parser(), "all", vlm=True)[:3] == ("attnlrp", "cp_lrp", "lrp")
+    with torch.device("meta"):
+        model = bench_models.build_model("llava")
+    v, t = model.config.vision_config, model.config.text_config
+    assert (v.hidden_size, v.num_hidden_layers, v.image_size, v.patch_size) == (768, 12, 224, 16)
+    assert (t.hidden_size, t.num_hidden_layers, model.config.vision_feature_select_strategy) == (512, 8, "default")
+    inputs = bench_models.make_inputs(model, Case("llava", 1, 260))
+    assert inputs["input_ids"].shape == (1, 260) and inputs["pixel_values"].shape == (1, 3, 224, 224)
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 196
+    assert "refused on VLMs" in bench.skip_reason(Case("llava", 1, 260), "pa_lrp", FAST)
+
+
+def test_quick_vlm_row_runs_in_process():
+    rows = bench.main(["--quick", "--vlm", "--methods", "attnlrp,lrp", "--repeat", "1", "--threads", "1"])
+    assert [(r["model"], r["tokens"], r["method"]) for r in rows] == [
+        ("tiny-llava", 24, m) for m in (BASELINE, "attnlrp", "lrp")]
+    assert all(not r["note"] and r["seconds"] > 0 and r["ratio"] > 0 for r in rows)

@@ -83,6 +83,7 @@ CONVERTED = [
     "lrp_core.adapters.vlm_groups",
     "lrp_core.tools.doctor",
     "lrp_core.tools.bench_models",
+    "lrp_core.tools.bench_vlm",
     "lrp_core.tools.bench",
 ]
 

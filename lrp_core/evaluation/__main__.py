@@ -18,9 +18,12 @@ from ..data.sets import SCENE_SEED
 from ..errors import LRPError
 from . import shards
 from .report import format_table, write_run
-from .run import evaluate
+from .run import VLM_CURVE_QUESTIONS, evaluate
 from .text import text_metric_names
 
+#: the built-in VLMs, whose default --n is VLM_DEFAULT_N (each question costs every method an explanation)
+VLM_NAMES = ("tiny-vlm",)
+VLM_DEFAULT_N = 200
 PROG = "python -m lrp_core.evaluation"
 """The documented command (kept as the name in ``--help`` and in the written ``command``)."""
 
@@ -40,8 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="causal LMs: 'evidence' (evidence tokens, METHODS §3.6) or 'sources' (which fact decided "
                         "the answer, §3.7; also takes the methods leave_one_out and context_cite)")
     # --samples / -n: under torchrun, whose parser reads --n as an abbreviation of its own options
-    p.add_argument("--n", "--samples", "-n", dest="n", type=int, default=500,
-                   help="number of images / documents (under torchrun: --samples or -n)")
+    p.add_argument("--n", "--samples", "-n", dest="n", type=int, default=None,
+                   help="number of images / documents / questions (default 500; a VLM: 200 scenes, one question "
+                        "each; under torchrun: --samples or -n)")
+    p.add_argument("--curve-questions", type=int, default=VLM_CURVE_QUESTIONS,
+                   help="a VLM: the answered questions whose patch MoRF / LeRF curves are computed (0: all)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=SCENE_SEED, help="scene seed (toy-vit)")
     p.add_argument("--data", default=None, help="your own data folder (layouts above)")
@@ -90,9 +96,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         shard, device = shards.from_environment(a.device, a.backend)
         shard.folder = Path(str(a.out) + ".partial") if a.out else None
         shard.resume, shard.stop_after = a.resume, a.stop_after_blocks
-        run = evaluate(a.model, a.methods, a.n, a.batch_size, a.seed, a.data, a.split,
+        n = a.n if a.n is not None else (VLM_DEFAULT_N if a.model in VLM_NAMES else 500)
+        run = evaluate(a.model, a.methods, n, a.batch_size, a.seed, a.data, a.split,
                        a.text_target, progress=not a.quiet and shard.rank == 0,
-                       baseline=not a.no_baseline, device=device, shard=shard, protocol=a.protocol)
+                       baseline=not a.no_baseline, device=device, shard=shard, protocol=a.protocol,
+                       curve_questions=a.curve_questions or None)
         if run is not None:  # rank 0 (or alone) writes the results; the other ranks are done
             _report(run, a, argv, shard)
     except LRPError as err:

@@ -52,6 +52,10 @@ LM_COLUMNS = {"evidence hit@1 ↑": "evidence_hit1_per_prompt", "evidence AP ↑
 SOURCE_COLUMNS = {"source hit@1 ↑": "source_hit1_per_prompt", "source AP ↑": "source_ap_per_prompt",
                   "drop top ↓": "drop_top_per_prompt", "keep top ↑": "keep_top_per_prompt"}
 """Column name -> per-prompt list in ``curves[method]`` of a sources run (docs/METHODS.md §3.7)."""
+VLM_COLUMNS = {"pointing ↑": "pointing_per_question", "mask share ↑": "mask_share_per_question",
+               "text rank ↓": "text_rank_per_question", "MoRF AUC ↓": "morf_auc_per_question",
+               "LeRF AUC ↑": "lerf_auc_per_question"}
+"""Column name -> per-question list in ``curves[method]`` of a vision-language run (docs/METHODS.md §3c)."""
 PER_CASE = IMAGE_COLUMNS
 """The image columns (former name)."""
 POOLED: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -131,8 +135,8 @@ def comparison_table(curves: dict[str, dict[str, list]], reference: str = "trans
     reference : str, optional
         The method the others are compared with.
     kind : str, optional
-        The run's kind, ``"image"``, ``"text"`` or ``"lm"``; it picks :data:`IMAGE_COLUMNS`,
-        :data:`TEXT_COLUMNS` or :data:`LM_COLUMNS` when ``columns`` is not given.
+        The run's kind, ``"image"``, ``"text"``, ``"lm"`` or ``"vlm"``; it picks :data:`IMAGE_COLUMNS`,
+        :data:`TEXT_COLUMNS`, :data:`LM_COLUMNS` or :data:`VLM_COLUMNS` when ``columns`` is not given.
     columns : Optional[dict[str, str]], optional
         Column name to per-case key; columns the reference lacks are left out.
 
@@ -141,7 +145,8 @@ def comparison_table(curves: dict[str, dict[str, list]], reference: str = "trans
     str
         The table; ``—`` where a method lacks a column.
     """
-    spec = columns if columns is not None else {"text": TEXT_COLUMNS, "lm": LM_COLUMNS}.get(kind, IMAGE_COLUMNS)
+    by_kind = {"text": TEXT_COLUMNS, "lm": LM_COLUMNS, "vlm": VLM_COLUMNS}
+    spec = columns if columns is not None else by_kind.get(kind, IMAGE_COLUMNS)
     cols = [c for c, key in spec.items() if key in curves[reference]]
     lines = [f"| {reference} − method | " + " | ".join(cols) + " |",
              "|---|" + "---|" * len(cols)]

@@ -18,6 +18,9 @@ from .images import image_protocol
 from .shards import Shard
 from .text import text_protocol
 
+#: a VLM run's questions whose patch MoRF / LeRF curves are computed (each costs 2·16 forwards per method)
+VLM_CURVE_QUESTIONS = 16
+
 
 def resolve_methods(spec: str | Sequence[str], protocol: str = "evidence") -> list[str]:
     """Turn a method specification into a checked list of names.
@@ -54,7 +57,8 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
              batch_size: int = 32, seed: int = SCENE_SEED, data: Optional[str] = None,
              split: str = "val", text_target: str = "true", progress: bool = True,
              baseline: bool = True, device: str = "cpu",
-             shard: Optional[Shard] = None, protocol: str = "evidence") -> Optional[dict[str, Any]]:
+             shard: Optional[Shard] = None, protocol: str = "evidence",
+             curve_questions: Optional[int] = VLM_CURVE_QUESTIONS) -> Optional[dict[str, Any]]:
     """Run the evaluation of a model.
 
     The samples are evaluated in blocks of ``batch_size`` (text: 16 at most). The per-sample values and the
@@ -90,6 +94,9 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     protocol : str, optional
         A causal LM's task: ``"evidence"`` (the evidence tokens, docs/METHODS.md §3.6) or ``"sources"`` (the
         deciding fact among the prompt's facts, §3.7). Image and text classifiers take ``"evidence"`` only.
+    curve_questions : Optional[int], optional
+        A VLM (§3c): the patch MoRF / LeRF curves are computed on the first this many answered questions
+        (``None``: all); the other metrics on all ``n``.
 
     Returns
     -------
@@ -119,6 +126,10 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
         raise InputError(f"batch_size must be >= 1, got {batch_size}")
     loaded = load(model) if isinstance(model, str) else model
     is_lm = loaded.kind == "lm" or (getattr(loaded, "info", None) or {}).get("task") == "causal-lm"
+    is_vlm = loaded.kind == "vlm"
+    if is_vlm and methods == "all":  # 'all' on a VLM: the methods with a meaning there
+        from ..adapters.vlm import VLM_REFUSED_METHODS
+        names = [m for m in names if m not in VLM_REFUSED_METHODS]
     if is_lm and methods == "all":  # 'all' on a decoder: the methods that run there (no Captum baselines yet)
         names = [m for m in names if m in registry.DECODER_METHODS or m in registry.SOURCE_METHOD_NAMES]
     if protocol == "sources" and not is_lm:
@@ -137,6 +148,9 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     elif loaded.kind == "text":
         part = _text_run(loaded, names, n, batch_size, data, split, text_target, progress,
                          baseline, shard, config)
+    elif is_vlm:
+        part = _vlm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol,
+                        curve_questions)
     elif is_lm:
         part = _lm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol)
         out["protocol"] = protocol
@@ -237,6 +251,36 @@ def _lm_run(loaded: Any, methods: list[str], n: int, batch_size: int, seed: int,
                                                       baseline=baseline)
     return {"n": n, "accuracy": accuracy, "answered": answered, "results": results, "curves": curves,
             "skipped": []}
+
+
+def _vlm_run(loaded: Any, methods: list[str], n: int, batch_size: int, seed: int, data: Optional[str],
+             progress: bool, baseline: bool, shard: Shard, protocol: str,
+             curve_questions: Optional[int]) -> dict[str, Any]:
+    """``n``, ``questions``, ``accuracy``, ``answered``, ``curve_questions``, ``results``, ``curves``, ``skipped`` of
+    a VLM on the scene questions (:mod:`.vlm`): ``make_vqa(n, seed)``, seeds at or above tiny-vlm's held-out seed
+    by default; the questions with a deciding object are scored."""
+    from ..data.vqa import make_vqa
+    from ..models.tiny_vlm import HELD_OUT_SEED
+    from .vlm import vlm_protocol
+
+    if data is not None:
+        raise InputError("a vision-language model is evaluated on the built-in scene questions; --data is for image "
+                         "and text classifiers")
+    if protocol != "evidence":
+        raise InputError("a vision-language model takes the evidence protocol only")
+    if shard.world > 1:
+        raise InputError("the vision-language evaluation runs in one process; start it without torchrun")
+    processor = (getattr(loaded, "info", None) or {}).get("processor")
+    if processor is None:
+        raise InputError(f"{loaded.name} carries no processor (info['processor']) to encode the questions")
+    records = make_vqa(n, HELD_OUT_SEED + seed if seed < HELD_OUT_SEED else seed)
+    with_object = sum(r.has_evidence for r in records)
+    results, curves, accuracy, answered = vlm_protocol(loaded.model, processor, records, methods,
+                                                       batch_size=min(batch_size, 8), progress=progress,
+                                                       baseline=baseline, curve_questions=curve_questions)
+    return {"n": n, "questions": with_object, "accuracy": accuracy, "answered": answered,
+            "curve_questions": min(answered, curve_questions) if curve_questions is not None else answered,
+            "results": results, "curves": curves, "skipped": []}
 
 
 __all__ = ["resolve_methods", "evaluate"]

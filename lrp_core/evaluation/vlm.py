@@ -11,19 +11,30 @@ prompt's token scores). Per question:
 * ``morf_auc`` / ``lerf_auc``: the k = 0 … K highest- (lowest-) scoring patches are painted with a fill
   colour and the answer's probability recorded; the area under that curve over k / K (trapezoid).
 
-These functions take plain tensors and a probability function, so they are tested on hand-made maps; the
-protocol that runs a model over held-out questions builds on them.
+These functions take plain tensors and a probability function, so they are tested on hand-made maps;
+:func:`vlm_protocol` runs a model over held-out questions with them: on the questions with a deciding object
+that the model answers correctly (argmax of the next-token logits = the answer), every method explains the
+answer's logit at the last position (explanations in batches); the *deciding word* is the question's last word
+before ``?`` (the anchor shape of ``where``, the colour of ``which``, the shape of ``colour`` and ``exists``);
+the fill colour is the image's mean colour outside both objects' masks, in the model's normalised pixel space
+(the background under the objects is unknown). A seeded ``random`` row (uniform token scores) is the
+reference; the per-question values feed the paired bootstrap.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import hashlib
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import InputError
+from ..runtime.utils import progress_bar
+from . import batching
 from .lm import curve_auc
+from .report import Results, metric_value
 
 #: patches painted at the last point of the MoRF / LeRF curves
 MAX_PATCHES = 16
@@ -244,5 +255,195 @@ def mean_values(values: Sequence[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.mean([v[k] for v in values])) if values else float("nan") for k in VLM_METRICS}
 
 
-__all__ = ["VLM_METRICS", "MAX_PATCHES", "pointing_hit", "mask_share", "text_rank", "patch_order", "paint_patches",
-           "patch_curve", "question_values", "mean_values"]
+def deciding_word(question: str) -> str:
+    """The word of a question that names what decides its answer: its last word before the final ``?``.
+
+    ``"what is left of the ring ?"`` → ``ring`` (the anchor that locates the answered object), ``"which shape
+    is red ?"`` → ``red``, ``"what colour is the cross ?"`` and ``"is there a cross ?"`` → ``cross``.
+
+    Parameters
+    ----------
+    question : str
+        Words separated by spaces, ending in ``" ?"`` (:func:`lrp_core.data.make_vqa`).
+
+    Returns
+    -------
+    str
+        The word.
+    """
+    words = question.split()
+    if len(words) < 2 or words[-1] != "?":
+        raise InputError(f"a question is words ending in ' ?', got {question!r}")
+    return words[-2]
+
+
+def background_fill(pixels: Tensor, masks: np.ndarray) -> Tensor:
+    """The image's mean colour outside every object's mask, per channel, in the model's pixel space.
+
+    Parameters
+    ----------
+    pixels : Tensor
+        (3, H, W) the model's input image (normalised).
+    masks : np.ndarray
+        (k, H, W) bool, the scene's objects.
+
+    Returns
+    -------
+    Tensor
+        (3,) the fill value.
+    """
+    if masks.ndim != 3 or tuple(masks.shape[1:]) != tuple(pixels.shape[1:]):
+        raise InputError(f"the objects' masks {tuple(masks.shape)} must be (k, H, W) at the model's image size "
+                         f"{tuple(pixels.shape[1:])}")
+    outside = ~torch.as_tensor(masks).any(0)
+    if not bool(outside.any()):
+        raise InputError("the objects cover the whole image: there is no background colour to paint with")
+    return pixels[:, outside].mean(1)
+
+
+def _encode(processor: Any, model: Any, records: Sequence[Any]) -> dict:
+    """The processor's batch, the answers' and deciding words' tokens, the text positions, per record."""
+    from ..models.tiny_vlm import prompt
+
+    tok = processor.tokenizer
+    enc = dict(processor(images=[r.image for r in records], text=[prompt(r.question) for r in records],
+                         return_tensors="pt", padding=True))
+    image_id = int(model.config.image_token_index)
+    special = torch.tensor(sorted(set(tok.all_special_ids) | {image_id}))
+    text, word, answers = [], [], []
+    for b, r in enumerate(records):
+        ids = enc["input_ids"][b]
+        positions = torch.nonzero((enc["attention_mask"][b] == 1) & ~torch.isin(ids, special)).flatten()
+        w = tok(deciding_word(r.question), add_special_tokens=False)["input_ids"]
+        row = ids[positions].tolist()
+        starts = [i for i in range(len(row) - len(w) + 1) if row[i:i + len(w)] == w]
+        if not starts:
+            raise InputError(f"question {b}'s deciding word {deciding_word(r.question)!r} is not among its tokens")
+        text.append(positions)
+        word.append(positions[starts[-1]:starts[-1] + len(w)])
+        answers.append(tok(r.answer, add_special_tokens=False)["input_ids"][0])
+    enc_out = {k: enc[k] for k in ("input_ids", "attention_mask", "pixel_values")}
+    return {"batch": enc_out, "text": text, "word": word, "answers": torch.tensor(answers, dtype=torch.long),
+            "image": [torch.nonzero(enc["input_ids"][b] == image_id).flatten() for b in range(len(records))]}
+
+
+def _probability(model: Any, batch: dict, b: int, answer: int, chunk: int = 17) -> Callable[[Tensor], Tensor]:
+    """(n, 3, H, W) images → (n,) p(answer) for question ``b``'s text; painted images seen before are not re-run
+    (the methods of one question share many of their curves' images: k = 0 always, often the first patches)."""
+    seen: dict[str, float] = {}
+
+    @torch.no_grad()
+    def probability(images: Tensor) -> Tensor:
+        keys = [hashlib.sha1(im.contiguous().numpy().tobytes()).hexdigest() for im in images]
+        new = [i for i, k in enumerate(keys) if k not in seen and keys.index(k) == i]
+        for s in range(0, len(new), chunk):
+            idx = new[s:s + chunk]
+            n = len(idx)
+            logits = model(input_ids=batch["input_ids"][b:b + 1].repeat(n, 1),
+                           attention_mask=batch["attention_mask"][b:b + 1].repeat(n, 1),
+                           pixel_values=images[idx]).logits[:, -1]
+            p = logits.float().softmax(-1)[:, answer]
+            for i, v in zip(idx, p.tolist()):
+                seen[keys[i]] = v
+        return torch.tensor([seen[k] for k in keys], dtype=torch.float64)
+
+    return probability
+
+
+def vlm_protocol(model: Any, processor: Any, records: Sequence[Any], methods: Sequence[str], batch_size: int = 8,
+                 progress: bool = True, baseline: bool = True, seed: int = 0, K: int = MAX_PATCHES,
+                 curve_questions: Optional[int] = None) -> tuple[Results, dict, float, int]:
+    """Run every method on the questions with a deciding object that the model answers correctly.
+
+    Parameters
+    ----------
+    model : Any
+        A LLaVA-shaped VLM (``LlavaForConditionalGeneration``) whose answer is the next token after the prompt.
+    processor : Any
+        Its processor (``images=``, ``text=``; the tokenizer pads on the left).
+    records : Sequence[Any]
+        :class:`lrp_core.data.vqa.VQARecord` questions; those without a deciding object are left out.
+    methods : Sequence[str]
+        Method names that run on a VLM.
+    batch_size : int, optional
+        Questions per explanation call.
+    progress : bool, optional
+        Show progress bars.
+    baseline : bool, optional
+        Add the row ``random`` (seeded uniform random token scores, upsampled as a method's are).
+    seed : int, optional
+        Seed of the random row.
+    K : int, optional
+        Patches painted at the last point of the MoRF / LeRF curves.
+    curve_questions : Optional[int], optional
+        Compute the MoRF / LeRF curves on the first this many answered questions only (each costs 2·K model
+        forwards per method); ``None``: on all.
+
+    Returns
+    -------
+    tuple[Results, dict, float, int]
+        ``(results, curves, accuracy, n_correct)``: ``results[method][metric]`` the means over the answered
+        questions (:data:`VLM_METRICS`), ``curves[method][metric + "_per_question"]`` the values per question
+        (for the bootstrap; ``morf_auc`` / ``lerf_auc`` on the first ``curve_questions``), the share of the
+        questions with a deciding object answered correctly and the number answered.
+
+    Raises
+    ------
+    InputError
+        If no record has a deciding object, or a question's deciding word is not among its tokens.
+    """
+    from ..api import explain
+
+    records = [r for r in records if r.has_evidence]
+    if not records:
+        raise InputError("no question has a deciding object: nothing to score (make_vqa's 'no' answers have none)")
+    enc = _encode(processor, model, records)
+    batch = enc["batch"]
+    correct: list[int] = []
+    with torch.no_grad():
+        for s in range(0, len(records), batch_size):
+            sl = slice(s, s + batch_size)
+            logits = model(**{k: v[sl] for k, v in batch.items()}).logits[:, -1]
+            hit = logits.argmax(-1).cpu() == enc["answers"][sl]
+            correct += [s + int(i) for i in torch.nonzero(hit).flatten()]
+    patch = int(model.config.vision_config.patch_size)
+    H, W = batch["pixel_values"].shape[-2:]
+    h, w = H // patch, W // patch
+    curved = set(correct if curve_questions is None else correct[:curve_questions])
+    fills = {b: background_fill(batch["pixel_values"][b], records[b].masks) for b in curved}
+    probs = {b: _probability(model, batch, b, int(enc["answers"][b])) for b in curved}
+    names = batching.method_order(methods) + (["random"] if baseline else [])
+    rng = np.random.default_rng(seed)
+    random_scores = {b: torch.as_tensor(rng.random(batch["input_ids"].shape[1])) for b in correct}
+    curves: dict[str, dict[str, list]] = {}
+    for method in progress_bar(names, progress, desc="methods"):
+        values: dict[str, list] = {m: [] for m in VLM_METRICS}
+        for start in range(0, len(correct), batch_size):
+            rows = correct[start:start + batch_size]
+            if method == "random":
+                scores = torch.stack([random_scores[b] for b in rows])
+                pmaps = torch.stack([random_scores[b][enc["image"][b]].reshape(h, w) for b in rows])
+                imaps = F.interpolate(pmaps[:, None], size=(H, W), mode="bilinear", align_corners=False)[:, 0]
+            else:
+                exp = explain(model, {k: v[rows] for k, v in batch.items()}, method=method,
+                              target=enc["answers"][rows].tolist(), progress=False)
+                scores = exp.scores.detach().double().cpu()
+                pmaps, imaps = exp.patch_map().detach().double().cpu(), exp.upsample().detach().double().cpu()
+            for i, b in enumerate(rows):
+                mask = torch.as_tensor(records[b].mask)
+                values["pointing"].append(pointing_hit(imaps[i], mask))
+                values["mask_share"].append(mask_share(imaps[i], mask))
+                values["text_rank"].append(float(text_rank(scores[i], enc["text"][b], enc["word"][b])))
+                if b in curved:
+                    order = patch_order(pmaps[i])
+                    px, fill = batch["pixel_values"][b], fills[b]
+                    values["morf_auc"].append(curve_auc(patch_curve(probs[b], px, order, patch, fill, K)))
+                    values["lerf_auc"].append(curve_auc(patch_curve(probs[b], px, order.flip(0), patch, fill, K)))
+        curves[method] = {f"{k}_per_question": v for k, v in values.items()}
+    results = {m: {k: metric_value(float(np.mean(v)) if v else None) for k, v in
+                   ((k, curves[m][f"{k}_per_question"]) for k in VLM_METRICS)} for m in names}
+    return results, curves, len(correct) / len(records), len(correct)
+
+
+__all__ = ["vlm_protocol", "deciding_word", "background_fill", "VLM_METRICS", "MAX_PATCHES", "pointing_hit",
+           "mask_share", "text_rank", "patch_order", "paint_patches", "patch_curve", "question_values", "mean_values"]

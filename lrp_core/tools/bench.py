@@ -84,6 +84,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..adapters.vlm import VLM_REFUSED_METHODS
 from ..api import METHODS, explain
 from ..errors import InputError, LRPError
 from ..evaluation.sources import passes as explanation_passes
@@ -103,6 +104,7 @@ from .bench_models import (
     is_text,
     prepare,
 )
+from .bench_vlm import VLM_BENCH_METHODS, VLM_MODELS, is_vlm, vlm_tokens
 
 #: The baseline every method is compared with (a row of its own in the table).
 BASELINE = "forward+backward"
@@ -454,7 +456,9 @@ def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
     """
     cases = []
     for name in models:
-        if sources and is_decoder(name) and batches is None:
+        if is_vlm(name):
+            cases += [Case(name, B, vlm_tokens(name), dtype) for B in (batches or [1])]
+        elif sources and is_decoder(name) and batches is None:
             default = QUICK_SOURCE_SIZES if name == "tiny-llama" else SOURCE_SIZES
             cases += [Case(name, 1, T, dtype) for T in (lengths or [T for _, T in default])]
         elif is_decoder(name) and batches is None and lengths is None:
@@ -486,6 +490,8 @@ def skip_reason(case: Case, method: str, settings: Settings) -> Optional[str]:
         The reason: a method that does not run on decoders, or ``token_ablation`` where batch × tokens exceeds
         ``settings.ablation_max``.
     """
+    if is_vlm(case.model) and method in VLM_REFUSED_METHODS:
+        return f"{method} is refused on VLMs (lrp_core.adapters.vlm.VLM_REFUSED_METHODS)"
     if is_decoder(case.model) and method not in DECODER_METHODS and method not in registry.SOURCE_METHODS:
         return f"{method} does not run on decoder LMs (lrp_core.methods.registry.DECODER_METHODS)"
     if method == "token_ablation" and case.batch * case.tokens > settings.ablation_max:
@@ -785,6 +791,10 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"the source rows: llama at 1 × {SOURCE_SIZES[0][1]} (--lengths: others), {N_SOURCES} equal "
                         f"sources, methods {', '.join(SOURCE_BENCH_METHODS)} (--quick: tiny-llama at 1 × "
                         f"{QUICK_SOURCE_SIZES[0][1]})")
+    p.add_argument("--vlm", action="store_true",
+                   help="the vision-language row: llava at 1 × 260 (a random LLaVA: CLIP ViT-B/16 at 224 px + the "
+                        "llama row's language model, 196 image + 64 text tokens; lrp_core.tools.bench_vlm), methods "
+                        f"{', '.join(VLM_BENCH_METHODS)} (--quick: tiny-llava)")
     p.add_argument("--models", help="comma-separated: timm ViT names, bert-base, llama, or the stand-ins "
                                     f"{', '.join(TINY_MODELS)} (default: {', '.join(IMAGE_MODELS + TEXT_MODELS)})")
     p.add_argument("--batches", help="comma-separated batch sizes for every model (default: 1,8,16 for images, "
@@ -827,12 +837,12 @@ def _ints(p: argparse.ArgumentParser, flag: str, text: Optional[str]) -> Optiona
     return values
 
 
-def _methods(p: argparse.ArgumentParser, text: str, sources: bool = False) -> tuple[str, ...]:
+def _methods(p: argparse.ArgumentParser, text: str, sources: bool = False, vlm: bool = False) -> tuple[str, ...]:
     """``--methods``: ``all`` (with ``--sources``: :data:`SOURCE_BENCH_METHODS`) or names; the source methods
     (leave_one_out, context_cite) only with ``--sources``."""
     known = METHODS + (tuple(registry.SOURCE_METHODS) if sources else ())
     if text == "all":
-        return SOURCE_BENCH_METHODS if sources else METHODS
+        return SOURCE_BENCH_METHODS if sources else VLM_BENCH_METHODS if vlm else METHODS
     methods = tuple(m.strip() for m in text.split(","))
     unknown = [m for m in methods if m not in known]
     if unknown:
@@ -842,7 +852,9 @@ def _methods(p: argparse.ArgumentParser, text: str, sources: bool = False) -> tu
 
 
 def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool, decoders: bool = False,
-            sources: bool = False) -> list[str]:
+            sources: bool = False, vlm: bool = False) -> list[str]:
+    if text is None and vlm:
+        return ["tiny-llava" if quick else "llava"]
     if text is None and sources:
         return ["tiny-llama" if quick else "llama"]
     if text is None and decoders:
@@ -851,7 +863,7 @@ def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool, decode
         return list(QUICK_MODELS if quick else IMAGE_MODELS + TEXT_MODELS)
     import timm
     models = [m.strip() for m in text.split(",")]
-    known = set(TEXT_MODELS + DECODER_MODELS + TINY_MODELS)
+    known = set(TEXT_MODELS + DECODER_MODELS + TINY_MODELS + VLM_MODELS)
     unknown = [m for m in models if m not in known and not timm.is_model(m)]
     if unknown:
         p.error(f"unknown model(s) {unknown}; choose timm ViT names (e.g. {', '.join(IMAGE_MODELS)}), "
@@ -879,11 +891,11 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         return []
     if a.repeat < 1 or a.threads < 0 or a.budget <= 0 or a.ablation_max < 0:
         p.error("--repeat must be ≥ 1, --threads ≥ 0, --budget > 0 and --ablation-max ≥ 0")
-    methods = _methods(p, a.methods, a.sources)
-    models = _models(p, a.models, a.quick, a.decoders, a.sources)
+    methods = _methods(p, a.methods, a.sources, a.vlm)
+    models = _models(p, a.models, a.quick, a.decoders, a.sources, a.vlm)
     if a.sources and not all(is_decoder(m) for m in models):
         p.error(f"--sources measures decoder LMs only (llama, qwen3-moe, tiny-llama); got {', '.join(models)}")
-    quick_batches = list(QUICK_BATCHES) if a.quick and not all(is_decoder(m) for m in models) else None
+    quick_batches = list(QUICK_BATCHES) if a.quick and not all(is_decoder(m) or is_vlm(m) for m in models) else None
     batches = _ints(p, "--batches", a.batches) or quick_batches
     lengths = _ints(p, "--lengths", a.lengths)
     if a.sources and lengths and min(lengths) <= N_SOURCES:

@@ -9,6 +9,8 @@ from typing import Any, Union
 import torch
 from torch import Tensor, nn
 
+from .bench_vlm import VLM_MODELS, build_vlm, is_vlm, vlm_inputs
+
 Inputs = Union[Tensor, dict]
 # The models are read by attribute name (timm's patch_embed, a transformers model's config) through values typed
 # Any: torch types every submodule attribute as ``Tensor | Module``. transformers' configs take
@@ -98,6 +100,7 @@ def build_model(name: str) -> nn.Module:
     ----------
     name : str
         A timm ViT name, ``"bert-base"`` (``BertConfig()`` defaults, 2 labels), ``"llama"`` (:func:`llama_config`),
+        ``"llava"`` / ``"tiny-llava"`` (:func:`lrp_core.tools.bench_vlm.build_vlm`),
         ``"qwen3-moe"`` (:func:`qwen3_moe_config`, router weights drawn at random), or a tiny stand-in.
 
     Returns
@@ -105,6 +108,8 @@ def build_model(name: str) -> nn.Module:
     nn.Module
         The model, in eval mode.
     """
+    if is_vlm(name):
+        return build_vlm(name, llama_config(tiny=name == "tiny-llava"))
     if name == "qwen3-moe":
         from transformers import Qwen3MoeForCausalLM
         model = Qwen3MoeForCausalLM(qwen3_moe_config()).eval()
@@ -163,8 +168,11 @@ def make_inputs(model: nn.Module, case: Any, seed: int = 0) -> Inputs:
     Returns
     -------
     Tensor or dict
-        Images ``(B, 3, H, W)``, or for text ``{"input_ids", "attention_mask"}``, each ``(B, T)`` (mask all ones).
+        Images ``(B, 3, H, W)``, or for text ``{"input_ids", "attention_mask"}``, each ``(B, T)`` (mask all ones);
+        a VLM row also ``pixel_values`` (:func:`lrp_core.tools.bench_vlm.vlm_inputs`).
     """
+    if is_vlm(case.model):
+        return vlm_inputs(model, case.batch, seed)
     g = torch.Generator().manual_seed(seed)
     named: Any = model
     if case.text:
@@ -222,5 +230,6 @@ def build_in(name: str, dtype: torch.dtype) -> nn.Module:
         torch.set_default_dtype(old)
 
 
-__all__ = ["IMAGE_MODELS", "TEXT_MODELS", "DECODER_MODELS", "TINY_MODELS", "Inputs", "is_text", "is_decoder",
-           "llama_config", "qwen3_moe_config", "build_model", "image_tokens", "make_inputs", "prepare", "build_in"]
+__all__ = ["VLM_MODELS", "IMAGE_MODELS", "TEXT_MODELS", "DECODER_MODELS", "TINY_MODELS", "Inputs", "is_text",
+           "is_decoder", "llama_config", "qwen3_moe_config", "build_model", "image_tokens", "make_inputs", "prepare",
+           "build_in"]
