@@ -348,8 +348,12 @@ def _vlm_prompts(adapter: Any, tokenizer: Any, prompts: Any) -> tuple[Any, dict,
     """A vision-language model's prompts: (the tokenizer, the text entries, the image entries (B·k, …)).
 
     ``explain_generation(vlm, processor_output)`` is accepted (the tokenizer left out), and a processor gives its
-    tokenizer. The processor's output is checked as :func:`lrp_core.explain` checks it.
+    tokenizer. The processor's output is checked as :func:`lrp_core.explain` checks it. A family whose processor
+    gives per-token entries the loop does not extend is refused (``VLMAdapter.generation_refused``).
     """
+    if adapter.generation_refused is not None:
+        raise UnsupportedModelError(f"explain_generation does not run on {type(adapter.model).__name__}: "
+                                    f"{adapter.generation_refused}")
     if prompts is None and isinstance(tokenizer, Mapping):
         prompts, tokenizer = tokenizer, None
     if tokenizer is not None and not hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "tokenizer"):
@@ -618,9 +622,6 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, me
     _check_method(method, options, contrast, adapter)
     images: dict = {}
     if isinstance(adapter, VLMAdapter):
-        if adapter.generation_refused is not None:
-            raise UnsupportedModelError(f"explain_generation does not run on {type(adapter.model).__name__}: "
-                                        f"{adapter.generation_refused}")
         tokenizer, prompts, images = _vlm_prompts(adapter, tokenizer, prompts)
     ids, mask = _prompts(tokenizer, prompts)
     B, P = ids.shape
