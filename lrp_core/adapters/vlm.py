@@ -66,11 +66,6 @@ _CAPTUM_REASON = ("the Captum baselines attribute either the pixels of an image 
                   "tokens (or the text) a score of zero that means nothing. Use attnlrp, cp_lrp or lrp (pixels and "
                   "tokens), or token_ablation")
 
-#: why a family whose processor gives per-token entries besides ``input_ids`` is not run by ``explain_generation``
-GENERATION_PER_TOKEN = ("its processor's output carries per-token entries besides input_ids ({keys}) that the "
-                        "generation loop would have to extend for every generated token; explain each step with "
-                        "explain(..., position=) on the prompt and the tokens written so far, or use LLaVA / SmolVLM")
-
 #: methods without a meaning on a VLM, and why
 VLM_REFUSED_METHODS = {
     "pa_lrp": "its positional relevance is one (B, T) map over the position encodings of one token set; a VLM has "
@@ -366,7 +361,8 @@ class VLMAdapter(Adapter):
     mask_value = float("-inf")
     refused_methods = VLM_REFUSED_METHODS
     #: why ``explain_generation`` does not run on this family (``None``: it does): the generation loop extends
-    #: ``input_ids`` and ``attention_mask`` only, and keeps the image entries one (or k) per row
+    #: ``input_ids``, ``attention_mask`` and the entries in :attr:`generated_token_values`, and keeps the image
+    #: entries one (or k) per row
     generation_refused: Optional[str] = None
     #: the processor's per-token entries (B, T) besides ``input_ids`` / ``attention_mask``, each with the value a
     #: generated token takes in it (the value the model's own ``generate`` gives it)
