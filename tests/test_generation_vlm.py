@@ -226,13 +226,98 @@ def test_smolvlm_steps_are_explain_on_their_prefixes():
         assert _dev(gen.pixels[:, k], ref.pixels) <= 1e-10
 
 
-@pytest.mark.parametrize("family", ["gemma3", "paligemma", "qwen"])
-def test_families_with_per_token_image_entries_are_refused_with_the_reason(family):
-    """Gemma 3, PaliGemma (token_type_ids) and Qwen2.5-VL (mm_token_type_ids, M-RoPE) carry per-token entries the
-    generation loop does not extend: explain_generation refuses them, naming the entries and what to do."""
+def test_a_family_the_loop_cannot_extend_is_refused_with_the_reason(monkeypatch):
+    """An adapter that names why explain_generation does not run on its family is refused with that reason, before
+    any step (every family explained today runs: this checks the refusal itself)."""
+    from lrp_core.adapters.gemma3_vl import Gemma3VLMAdapter
+    monkeypatch.setattr(Gemma3VLMAdapter, "generation_refused", "a per-token entry the loop does not extend")
+    model, x, _, _ = _per_token_family("gemma3")
+    with pytest.raises(UnsupportedModelError, match="Gemma3ForConditionalGeneration: a per-token entry the loop"):
+        explain_generation(model, x, method="attnlrp", max_new_tokens=1)
+
+
+def _per_token_family(family: str) -> tuple:
+    """(model, one prompt's processor output, its per-token entry, the value ``generate`` gives a new token there)."""
     import vlms
-    model = {"gemma3": lambda: vlms.make_gemma3(), "paligemma": lambda: vlms.make_paligemma(2),
-             "qwen": lambda: vlms.make_qwen_vl()}[family]()
-    with pytest.raises(UnsupportedModelError, match="token_type_ids.*position="):
-        explain_generation(model, {"input_ids": torch.tensor([[1, 5]]), "pixel_values": torch.zeros(1, 3, 8, 8)},
-                           method="attnlrp", max_new_tokens=1)
+    if family == "gemma3":
+        return (vlms.make_gemma3(), vlms.image_types(inputs([vlms.gemma3_prompt([5, 6], [7, 8])])),
+                "token_type_ids", 0)
+    if family == "paligemma":
+        row, types = vlms.paligemma_prompt([5, 6, 7])
+        return vlms.make_paligemma(2), vlms.with_types(inputs([row]), [types]), "token_type_ids", 1
+    return (vlms.make_qwen_vl(version="2" if family == "qwen2" else "2.5"),
+            vlms.qwen_inputs([vlms.qwen_prompt([5, 6], [7, 8])]), "mm_token_type_ids", 0)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "paligemma", "qwen", "qwen2"])
+def test_per_token_families_generate_as_generate_and_each_step_is_explain_on_its_prefix(family):
+    """Gemma 3 (token_type_ids): the greedy tokens are the model's generate(do_sample=False); step k is explain on
+    the prompt and its first k tokens, whose per-token entry holds the value generate gives a written token; the
+    model is left bit-identical."""
+    model, x, name, value = _per_token_family(family)
+    before = _state(model)
+    gen = explain_generation(model, x, method="attnlrp", max_new_tokens=K)  # stops at end-of-text, as generate
+    with torch.no_grad():
+        out = model.generate(**x, max_new_tokens=K, do_sample=False)
+    assert torch.equal(gen.targets, out[:, x["input_ids"].shape[1]:])
+    P = gen.prompt_length
+    for k in range(gen.targets.shape[1]):
+        ids = gen.input_ids[:, :P + k]
+        types = torch.cat([x[name], torch.full((1, k), value, dtype=x[name].dtype)], 1)
+        ref = explain(model, {**x, "input_ids": ids, "attention_mask": torch.ones_like(ids), name: types},
+                      method="attnlrp", target=int(gen.targets[0, k]))
+        assert _dev(gen.scores[:, k, :P + k], ref.scores) <= 1e-10
+        assert _dev(gen.pixels[:, k], ref.pixels) <= 1e-10
+        assert abs(float(gen.logits[0, k]) - float(ref.logits[0, gen.targets[0, k]])) <= 1e-10
+    after = _state(model)
+    assert all(torch.equal(before["params"][n], after["params"][n]) for n in before["params"])
+    assert before["hooks"] == after["hooks"] and before["training"] == after["training"]
+
+
+def test_the_generation_explorer_refuses_a_family_with_per_token_entries():
+    """The explorer does not extend token_type_ids for the written tokens: Gemma 3 is refused, naming them."""
+    from widgets import GenerationExplorer
+
+    model, x, _, _ = _per_token_family("gemma3")
+    with pytest.raises(UnsupportedModelError, match="token_type_ids.*explain_generation"):
+        GenerationExplorer(model, None, prompt=x, max_new_tokens=2, methods=["attnlrp"])
+
+
+def _two_rows(family: str) -> tuple:
+    """(model, two right-padded prompts of different lengths, each prompt alone) for a per-token family."""
+    import vlms
+    if family == "gemma3":
+        rows = [vlms.gemma3_prompt([5, 6, 7], [8]), vlms.gemma3_prompt([], [9])]
+        one = [vlms.image_types(inputs([r], seed=2)) for r in rows]
+        both = vlms.image_types(inputs(rows, side="right", seed=2))
+        model = vlms.make_gemma3()
+    elif family == "paligemma":
+        (r0, t0), (r1, t1) = vlms.paligemma_prompt([5, 6, 7]), vlms.paligemma_prompt([8])
+        one = [vlms.with_types(inputs([r], seed=2), [t]) for r, t in ((r0, t0), (r1, t1))]
+        both = vlms.with_types(inputs([r0, r1], side="right", seed=2), [t0, t1], side="right")
+        model = vlms.make_paligemma(2)
+    else:
+        rows = [vlms.qwen_prompt([5, 6, 7], [8]), vlms.qwen_prompt([], [9])]
+        both = vlms.qwen_inputs(rows, side="right", seed=2)
+        n = both["pixel_values"].shape[0] // 2
+        one = [{**vlms.qwen_inputs([r], seed=2), "pixel_values": both["pixel_values"][b * n:(b + 1) * n]}
+               for b, r in enumerate(rows)]
+        model = vlms.make_qwen_vl()
+    for b in range(2):
+        one[b]["pixel_values"] = one[b]["pixel_values"] if family == "qwen" else both["pixel_values"][b:b + 1]
+    return model, both, one
+
+
+@pytest.mark.parametrize("family", ["gemma3", "paligemma", "qwen"])
+def test_a_padded_batch_of_a_per_token_family_is_its_rows(family):
+    """Right-padded prompts of different lengths (re-padded on the left with their per-token entries): each row's
+    greedy tokens and maps are those of the row alone."""
+    model, both, one = _two_rows(family)
+    gen = explain_generation(model, both, method="attnlrp", max_new_tokens=2, stop_at_eos=False)
+    for b in range(2):
+        alone = explain_generation(model, one[b], method="attnlrp", max_new_tokens=2, stop_at_eos=False)
+        pad = gen.prompt_length - alone.prompt_length
+        assert torch.equal(gen.targets[b], alone.targets[0])
+        assert not gen.scores[b, :, :pad].any()
+        assert _dev(gen.scores[b, :, pad:], alone.scores[0]) <= 1e-10
+        assert _dev(gen.pixels[b], alone.pixels[0]) <= 1e-10

@@ -236,7 +236,12 @@ class GenerationExplorer(RelevanceWidget):
         self.given = continuation is not None
         with _engine.torch_threads(self.facts.module, self.threads):
             if self.vlm:
-                _, prompt, self.images = _vlm_prompts(self.facts.adapter, self.tokenizer, prompt)
+                _, prompt, self.images, per_token = _vlm_prompts(self.facts.adapter, self.tokenizer, prompt)
+                if per_token:  # each step's input would need them extended as explain_generation extends them
+                    raise UnsupportedModelError(
+                        f"the generation explorer does not run on {type(self.facts.module).__name__}: its processor's "
+                        f"per-token entries ({', '.join(per_token)}) are not extended here for the written tokens; "
+                        "use lrp_core.explain_generation, which extends them")
             ids = prompt_ids(self.tokenizer, prompt)
             self.facts.adapter.check_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids), **self.images})
             gen = new_tokens(self.facts.module, self.tokenizer, ids, max_new_tokens, continuation, self.images)

@@ -31,7 +31,7 @@ from ..rules.composites import Propagation
 from ..rules.linear import LinearView
 from ..rules.ops import LAYERNORM, LINEAR, POOL, norm_kind
 from .blocks import Replay
-from .vlm import GENERATION_PER_TOKEN, VLMEmbeddingRecord
+from .vlm import VLMEmbeddingRecord
 from .vlm_groups import GroupedAttentionVLM
 
 
@@ -67,7 +67,8 @@ class Gemma3VLMAdapter(GroupedAttentionVLM):
     """``Gemma3ForConditionalGeneration``: SigLIP tower → post_layernorm → k × k average pooling → RMSNorm →
     projection → the image tokens of the Gemma 3 language model (bidirectional within an image)."""
 
-    generation_refused = GENERATION_PER_TOKEN.format(keys="token_type_ids")
+    #: generated tokens are text, causal: type 0 (as ``generate`` attends them)
+    generated_token_values = {"token_type_ids": 0}
 
     text_families = {"gemma3_text": ("gemma3", "Gemma3Adapter")}
     window_bounds_groups = True

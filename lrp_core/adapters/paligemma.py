@@ -35,7 +35,7 @@ from ..errors import InputError
 from ..rules.composites import Propagation
 from ..rules.ops import LAYERNORM, LINEAR
 from .blocks import Replay
-from .vlm import GENERATION_PER_TOKEN, VLMEmbeddingRecord
+from .vlm import VLMEmbeddingRecord
 from .vlm_groups import GroupedAttentionVLM
 
 
@@ -43,7 +43,8 @@ class PaliGemmaAdapter(GroupedAttentionVLM):
     """``PaliGemmaForConditionalGeneration``: SigLIP tower → post_layernorm → Linear → the image tokens of the
     Gemma / Gemma 2 language model (the prefix bidirectional)."""
 
-    generation_refused = GENERATION_PER_TOKEN.format(keys="token_type_ids")
+    #: generated tokens are the suffix, causal: type 1 (as ``generate`` attends them)
+    generated_token_values = {"token_type_ids": 1}
 
     text_families = {"gemma": ("llama", "LlamaAdapter"), "gemma2": ("gemma2", "Gemma2Adapter")}
     window_bounds_groups = False

@@ -49,7 +49,7 @@ from .checks import NO_EFFECT, input_keys, token_ids
 from .decoder import REFUSED_INPUTS
 from .qwen2 import Qwen2Adapter
 from .records import EmbeddingRecord, TokenLayout, Trace
-from .vlm import GENERATION_PER_TOKEN, LanguageModelView, VLMAdapter, VLMEmbeddingRecord
+from .vlm import LanguageModelView, VLMAdapter, VLMEmbeddingRecord
 
 #: the packing of a token's three M-RoPE positions (t, h, w) into one long (:func:`pack_positions`): removing a
 #: token before it (token ablation) subtracts from the packed value, which moves t, h and w together
@@ -124,7 +124,8 @@ class Qwen2_5_VLAdapter(VLMAdapter):
     """``Qwen2_5_VLForConditionalGeneration`` (and ``Qwen2VLForConditionalGeneration``): the vision tower with 2D
     rotary positions and window attention, the patch merger, the M-RoPE language model."""
 
-    generation_refused = GENERATION_PER_TOKEN.format(keys="mm_token_type_ids; the new tokens' M-RoPE positions")
+    #: generated tokens are text (type 0); their M-RoPE positions follow from get_rope_index of the extended ids
+    generated_token_values = {"mm_token_type_ids": 0}
 
     image_entries = ("pixel_values", "image_grid_thw")
     image_inputs = ("pixel_values", "image_grid_thw", "mm_token_type_ids")

@@ -66,11 +66,6 @@ _CAPTUM_REASON = ("the Captum baselines attribute either the pixels of an image 
                   "tokens (or the text) a score of zero that means nothing. Use attnlrp, cp_lrp or lrp (pixels and "
                   "tokens), or token_ablation")
 
-#: why a family whose processor gives per-token entries besides ``input_ids`` is not run by ``explain_generation``
-GENERATION_PER_TOKEN = ("its processor's output carries per-token entries besides input_ids ({keys}) that the "
-                        "generation loop would have to extend for every generated token; explain each step with "
-                        "explain(..., position=) on the prompt and the tokens written so far, or use LLaVA / SmolVLM")
-
 #: methods without a meaning on a VLM, and why
 VLM_REFUSED_METHODS = {
     "pa_lrp": "its positional relevance is one (B, T) map over the position encodings of one token set; a VLM has "
@@ -366,8 +361,12 @@ class VLMAdapter(Adapter):
     mask_value = float("-inf")
     refused_methods = VLM_REFUSED_METHODS
     #: why ``explain_generation`` does not run on this family (``None``: it does): the generation loop extends
-    #: ``input_ids`` and ``attention_mask`` only, and keeps the image entries one (or k) per row
+    #: ``input_ids``, ``attention_mask`` and the entries in :attr:`generated_token_values`, and keeps the image
+    #: entries one (or k) per row
     generation_refused: Optional[str] = None
+    #: the processor's per-token entries (B, T) besides ``input_ids`` / ``attention_mask``, each with the value a
+    #: generated token takes in it (the value the model's own ``generate`` gives it)
+    generated_token_values: Mapping[str, int] = {}
     #: the prepared entries that hold the rows' images, (B, k, 3, H, W) (not cut along a token axis)
     image_entries = ("pixel_values",)
     #: the input keys read besides the text's
@@ -388,6 +387,24 @@ class VLMAdapter(Adapter):
         self.readout = self.text.readout
         self.tower = vision_tower(tower, feature_layer)
         self.image_token_id = int(self.model.config.image_token_id)
+
+    def extend_for_generation(self, entries: Mapping[str, Tensor], new_tokens: Tensor) -> dict:
+        """The per-token entries of a prompt extended by generated tokens, as the model's ``generate`` sees them.
+
+        Parameters
+        ----------
+        entries : Mapping[str, Tensor]
+            The per-token entries (:attr:`generated_token_values`' names), each (B, T).
+        new_tokens : Tensor
+            (B, n) the tokens written after the T columns.
+
+        Returns
+        -------
+        dict
+            The same names, each (B, T + n): the n new columns hold the family's value for a generated token.
+        """
+        return {name: torch.cat([v, torch.full(new_tokens.shape, self.generated_token_values[name], dtype=v.dtype,
+                                                device=v.device)], 1) for name, v in entries.items()}
 
     # ------------------------------------------------------------ the family's part
     def _parts(self) -> tuple[nn.Module, nn.Module, Any, nn.Module, int]:

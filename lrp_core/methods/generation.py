@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -258,7 +258,8 @@ def end_of_text(model: nn.Module) -> tuple[list[int], Optional[int]]:
 @torch.no_grad()
 def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, steps: int,
                         eos_token_id: Optional[Sequence[int]] = None, pad_token_id: Optional[int] = None,
-                        images: Optional[dict] = None) -> Tensor:
+                        images: Optional[dict] = None, per_token: Optional[dict] = None,
+                        extend: Optional[Callable[[dict, Tensor], dict]] = None) -> Tensor:
     """Up to ``steps`` greedy tokens after left-padded prompts (B, P): (B, K), K ≤ ``steps``.
 
     The model runs in eval semantics (:func:`eval_semantics`; no dropout, its modes restored) and as found
@@ -287,6 +288,12 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
     images : Optional[dict], optional
         A vision-language model's image inputs (``pixel_values``, …), each (B·k, …): the k images of every row,
         in row order, as the processor stacks them; passed unchanged with their rows at every step.
+    per_token : Optional[dict], optional
+        A vision-language model's other per-token entries (``token_type_ids``, …), each (B, P) left-padded as the
+        prompts; extended by ``extend`` for the tokens written (needed with them).
+    extend : Optional[Callable[[dict, Tensor], dict]], optional
+        (entries each (b, T), new tokens (b, n)) -> entries each (b, T + n), e.g.
+        :meth:`lrp_core.adapters.vlm.VLMAdapter.extend_for_generation`.
 
     Returns
     -------
@@ -303,17 +310,22 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
         for n in lengths.unique().tolist():
             rows = (lengths == n).nonzero().squeeze(1)
             ids = input_ids[rows, input_ids.shape[1] - n:]  # left-padded: the real tokens are the last n columns
+            tokens = {name: v[rows, v.shape[1] - n:] for name, v in (per_token or {}).items()}
             for k in range(steps):
                 seen = _image_rows(images, rows, input_ids.shape[0])
-                nxt = model(input_ids=ids, attention_mask=torch.ones_like(ids), **seen).logits[:, -1].argmax(-1)
+                nxt = model(input_ids=ids, attention_mask=torch.ones_like(ids), **seen, **tokens).logits[:, -1]
+                nxt = nxt.argmax(-1)
                 out[rows, k] = nxt
                 taken = max(taken, k + 1)
                 if len(eos):  # rows that wrote an end-of-text token stop here
                     going = ~torch.isin(nxt, eos)
                     rows, ids, nxt = rows[going], ids[going], nxt[going]
+                    tokens = {name: v[going] for name, v in tokens.items()}
                     if not len(rows):
                         break
                 ids = torch.cat([ids, nxt[:, None]], 1)
+                if tokens:
+                    tokens = extend(tokens, nxt[:, None])
     return out[:, :taken] if len(eos) else out
 
 
@@ -344,12 +356,14 @@ def _image_rows(images: Optional[dict], rows: Tensor, batch: int) -> dict:
     return out
 
 
-def _vlm_prompts(adapter: Any, tokenizer: Any, prompts: Any) -> tuple[Any, dict, dict]:
-    """A vision-language model's prompts: (the tokenizer, the text entries, the image entries (B·k, …)).
+def _vlm_prompts(adapter: Any, tokenizer: Any, prompts: Any) -> tuple[Any, dict, dict, dict]:
+    """A vision-language model's prompts: (the tokenizer, the text entries, the image entries (B·k, …), the other
+    per-token entries (B, P), re-padded on the left as :func:`_prompts` re-pads the ids).
 
     ``explain_generation(vlm, processor_output)`` is accepted (the tokenizer left out), and a processor gives its
     tokenizer. The processor's output is checked as :func:`lrp_core.explain` checks it. A family whose processor
-    gives per-token entries the loop does not extend is refused (``VLMAdapter.generation_refused``).
+    gives per-token entries the loop does not extend is refused (``VLMAdapter.generation_refused``); the ones it
+    extends are ``VLMAdapter.generated_token_values``.
     """
     if adapter.generation_refused is not None:
         raise UnsupportedModelError(f"explain_generation does not run on {type(adapter.model).__name__}: "
@@ -366,8 +380,13 @@ def _vlm_prompts(adapter: Any, tokenizer: Any, prompts: Any) -> tuple[Any, dict,
     adapter.check_inputs(prompts)
     ids = torch.as_tensor(prompts["input_ids"])
     text = {"input_ids": ids, "attention_mask": torch.as_tensor(prompts.get("attention_mask", torch.ones_like(ids)))}
-    images = {k: torch.as_tensor(prompts[k]) for k in adapter.image_inputs if prompts.get(k) is not None}
-    return tokenizer, text, images
+    names = adapter.generated_token_values
+    images = {k: torch.as_tensor(prompts[k]) for k in adapter.image_inputs
+              if prompts.get(k) is not None and k not in names}
+    order = torch.argsort(text["attention_mask"].to(torch.int8), dim=1, stable=True)  # as _left_padded
+    per_token = {k: torch.as_tensor(prompts[k]).reshape(ids.shape).gather(1, order.to(ids.device))
+                 for k in names if prompts.get(k) is not None}
+    return tokenizer, text, images, per_token
 
 
 def _token_ids(tokenizer: Any, values: Any, what: str) -> list:
@@ -621,8 +640,9 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, me
     adapter, vocab = _language_model(model)
     _check_method(method, options, contrast, adapter)
     images: dict = {}
+    per_token: dict = {}
     if isinstance(adapter, VLMAdapter):
-        tokenizer, prompts, images = _vlm_prompts(adapter, tokenizer, prompts)
+        tokenizer, prompts, images, per_token = _vlm_prompts(adapter, tokenizer, prompts)
     ids, mask = _prompts(tokenizer, prompts)
     B, P = ids.shape
     if continuation is None:
@@ -634,12 +654,13 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, me
         gen = _continuation(tokenizer, continuation, B, max_new_tokens, vocab)
         K = gen.shape[1]
     _check_positions(adapter, P, K)
-    adapter.check_inputs({"input_ids": ids, "attention_mask": mask, **images})  # the ids against the vocabulary
+    adapter.check_inputs({"input_ids": ids, "attention_mask": mask, **images, **per_token})  # ids vs the vocabulary
     negative = _contrasts(tokenizer, contrast, B, K, vocab)
     groups = _step_groups(negative, K, step_batch)  # checked before the steps are computed
     if gen is None:
         eos, pad = end_of_text(unwrap(model)) if stop_at_eos else ([], None)
-        gen = greedy_continuation(model, ids, mask, K, eos_token_id=eos, pad_token_id=pad, images=images)
+        gen = greedy_continuation(model, ids, mask, K, eos_token_id=eos, pad_token_id=pad, images=images,
+                                  per_token=per_token, extend=getattr(adapter, "extend_for_generation", None))
         if gen.shape[1] < K:  # every row stopped early: the steps all rows skipped go
             K = gen.shape[1]
             negative = None if negative is None else negative[:, :K]
@@ -652,6 +673,8 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, me
     full_mask = torch.cat([mask, active.to(mask)], 1)
     # the explained rows see every written column: causal attention keeps the later ones out of each map
     inputs = {"input_ids": full_ids[:, :-1], "attention_mask": torch.cat([mask, torch.ones_like(gen)], 1)[:, :-1]}
+    if per_token:  # each written token with the entries the model's generate gives it
+        inputs.update(adapter.extend_for_generation(per_token, gen[:, :-1].to(ids.device)))
     if images:
         options = {**options, "image_token_id": _image_token(adapter, gen)}
     scores, logits, sources, probabilities, seen = _explain_steps(model, method, inputs, gen, negative, groups,
