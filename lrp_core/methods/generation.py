@@ -300,6 +300,9 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
     Tensor
         (B, K) the tokens written, on the device of ``input_ids``.
     """
+    if per_token and extend is None:
+        raise InputError("per-token entries (per_token=) need extend=, the function that appends a written token's "
+                         "values to them (a VLM adapter's extend_for_generation)")
     eos = torch.tensor(sorted(set(eos_token_id or ())), dtype=torch.long, device=input_ids.device)
     if pad_token_id is None:
         pad_token_id = int(eos[0]) if len(eos) else 0  # without an end-of-text id every column is written
@@ -324,7 +327,7 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
                     if not len(rows):
                         break
                 ids = torch.cat([ids, nxt[:, None]], 1)
-                if tokens:
+                if tokens and extend is not None:  # always given with per_token (checked above)
                     tokens = extend(tokens, nxt[:, None])
     return out[:, :taken] if len(eos) else out
 
