@@ -648,14 +648,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, me
         tokenizer, prompts, images, per_token = _vlm_prompts(adapter, tokenizer, prompts)
     ids, mask = _prompts(tokenizer, prompts)
     B, P = ids.shape
-    if continuation is None:
-        K = 1 if max_new_tokens is None else max_new_tokens
-        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-            raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        gen = None
-    else:
-        gen = _continuation(tokenizer, continuation, B, max_new_tokens, vocab)
-        K = gen.shape[1]
+    gen, K = _given_steps(tokenizer, continuation, B, max_new_tokens, vocab)
     _check_positions(adapter, P, K)
     adapter.check_inputs({"input_ids": ids, "attention_mask": mask, **images, **per_token})  # ids vs the vocabulary
     negative = _contrasts(tokenizer, contrast, B, K, vocab)
@@ -695,6 +688,37 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, me
                                  options={"id_to_token": id_to_token, "continuation_given": continuation is not None,
                                           **options},
                                  sources=sources, probabilities=probabilities, **seen)
+
+
+def _given_steps(tokenizer: Any, continuation: Any, B: int, max_new_tokens: Optional[int],
+                 vocab: int) -> tuple[Optional[Tensor], int]:
+    """The continuation (B, K) to explain, or ``None`` for greedy steps, and K.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        The tokenizer (text continuations), or ``None``.
+    continuation : Any
+        The given tokens, or ``None``: K = ``max_new_tokens`` (default 1) greedy steps.
+    B : int
+        The prompts.
+    max_new_tokens : int, optional
+        K for greedy steps; with a continuation, the most of its tokens explained.
+    vocab : int
+        The vocabulary size the ids are checked against.
+
+    Returns
+    -------
+    tuple[Optional[Tensor], int]
+        ``(continuation (B, K) or None, K)``.
+    """
+    if continuation is not None:
+        gen = _continuation(tokenizer, continuation, B, max_new_tokens, vocab)
+        return gen, gen.shape[1]
+    K = 1 if max_new_tokens is None else max_new_tokens
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    return None, K
 
 
 def _image_token(adapter: Any, gen: Tensor) -> int:
