@@ -357,14 +357,16 @@ def test_transformers_output_capturing_hooks_are_not_taken_for_the_users():
         explain(model, x, method="attnlrp")
 
 
-def test_explain_generation_is_refused_with_what_to_do_instead():
+def test_explain_generation_without_the_image_is_refused_with_what_to_pass():
+    """explain_generation runs on SmolVLM (tests/test_generation_vlm.py); text prompts without the processor's
+    image entries are an InputError that names the processor's output."""
     class Tokenizer:
         pad_token_id = 0
 
         def __call__(self, texts, **kw):
             return {"input_ids": torch.tensor([[1, 5, 6]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
 
-    with pytest.raises(UnsupportedModelError, match="position=p"):
+    with pytest.raises(InputError, match="pixel_values"):
         lrp_core.explain_generation(make_smolvlm(), Tokenizer(), ["a prompt"], max_new_tokens=1)
 
 
