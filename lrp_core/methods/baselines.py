@@ -27,6 +27,8 @@ module only hands Captum a forward function and reads its attributions back:
   features are the row's *context* — its real tokens up to the one read
   (``adapter.layout(prepared).mask``). Tokens after the read position are
   treated like padding: they keep their embeddings and score 0.
+* **vision-language models** (Input × Gradient only): the pixels and the text's word embeddings are attributed
+  together, in one replay; an image token scores its patches' pixel sum (:func:`_vlm_input_x_gradient`).
 * **one sample at a time** (all but Input × Gradient): each sample is
   attributed alone, cut to its features where the cut row is the row alone
   (:class:`_Row`), with the generator seeded by ``seed`` (the global generator
@@ -406,9 +408,75 @@ def input_x_gradient(c: Call) -> MethodResult:
         (B, H, W); the target (B,) and the logits (B, C).
     """
     InputXGradient = require("captum.attr", extra="baselines", what="input_x_gradient").InputXGradient
+    if getattr(c.adapter, "image_token_id", None) is not None and "pixel_values" in c.prepared:
+        return _vlm_input_x_gradient(c, InputXGradient)
     a, target, logits = _start(c, grad=True)
     attr = InputXGradient(a.forward).attribute(a.inputs, target=target, additional_forward_args=a.args)
     return _result(c, a, attr, target, logits, per_feature=False)
+
+
+def _vlm_input_x_gradient(c: Call, InputXGradient: Any) -> MethodResult:
+    """Input × gradient of a vision-language model at its two inputs at once: the pixels and the word embeddings.
+
+    The forward function replays the model from ``(pixels, words)``: ``pixels`` (B, k, 3, H, W) stand in for
+    ``pixel_values`` and ``words`` (B, T, D) for the output of the language model's token embedding (an engine hook
+    for that replay), so the gradient reaches both, and the image tokens' embeddings are what the tower and the
+    connector make of the pixels.
+
+    Parameters
+    ----------
+    c : Call
+        The method call on a vision-language model's adapter.
+    InputXGradient : Any
+        Captum's ``InputXGradient`` class.
+
+    Returns
+    -------
+    MethodResult
+        ``scores`` (B, T): a text token's Σ_D e · ∂y/∂e, an image token's the pixel attribution summed over the
+        patches it carries (zero outside the context); ``pixels`` (B, H, W) = Σ_channels p · ∂y/∂p with one
+        image per row; the target (B,) and the logits (B, C).
+
+    Raises
+    ------
+    UnsupportedModelError
+        If the model's ``pixel_values`` are not images (B, k, 3, H, W).
+    """
+    adapter, prepared = c.adapter, c.prepared
+    images = prepared["pixel_values"]
+    if images.dim() != 5:
+        raise UnsupportedModelError(f"{type(adapter.model).__name__}: its pixel_values are not images (B, k, 3, H, "
+                                    "W), so input_x_gradient has no pixel map to give")
+    with torch.no_grad():
+        logits = adapter.forward(prepared).logits
+    target = c.resolve(logits).to(logits.device)
+    module = adapter.text.model.get_input_embeddings()
+    ids = prepared["input_ids"]
+    with torch.no_grad():
+        words = module(ids).detach()
+    keys = tuple(k for k in prepared if k != "pixel_values")
+
+    def forward(pixels: Tensor, embeds: Tensor, *values: Any) -> Tensor:
+        *entries, neg = values
+        with _output_replaced(module, embeds):
+            trace = adapter.forward({**dict(zip(keys, entries)), "pixel_values": pixels},
+                                    grad=torch.is_grad_enabled())
+        return _contrast(trace.logits, neg)
+
+    # detached copies of the method's own: the caller's tensors stay as they are
+    inputs = (images.detach().clone().requires_grad_(True), words.clone().requires_grad_(True))
+    attr_pixels, attr_words = InputXGradient(forward).attribute(
+        inputs, target=target, additional_forward_args=tuple(prepared[k] for k in keys) + (c.negative,))
+    layout = adapter.layout(prepared)
+    text = (ids != adapter.image_token_id) & layout.mask.bool().to(ids.device)
+    scores = attr_words.detach().sum(-1) * text.to(attr_words.dtype)
+    # the pixel attribution summed over each patch, given to the image token that carries the patch
+    h, w = layout.grid
+    B, k, _, H, W = attr_pixels.shape
+    per_pixel = attr_pixels.detach().sum(dim=2)  # (B, k, H, W)
+    patches = per_pixel.reshape(B, k, h, H // h, w, W // w).sum(dim=(3, 5)).reshape(B, k * h * w)
+    scores = scores.scatter_add(1, layout.image_tokens.to(scores.device), patches.to(scores.dtype))
+    return MethodResult(scores=scores, target=target, logits=logits, pixels=per_pixel[:, 0] if k == 1 else None)
 
 
 def integrated_gradients(c: Call) -> MethodResult:
