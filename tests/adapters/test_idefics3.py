@@ -17,9 +17,9 @@ from lrp_core.adapters.idefics3 import bucketised_position_ids, pixel_shuffle, p
 from lrp_core.errors import InputError, UnsupportedModelError
 
 RUN = tuple(m for m in lrp_core.METHODS if m not in get_adapter(make_smolvlm()).refused_methods)
-REFUSED = ("pa_lrp", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap")
-#: the methods whose scores are the language model's alone (input_x_gradient's image tokens hold the pixels')
-LM_PART = tuple(m for m in RUN if m != "input_x_gradient")
+REFUSED = ("pa_lrp", "smoothgrad", "occlusion", "kernel_shap")
+#: the methods whose scores are the language model's alone (the Captum baselines' image tokens hold the pixels')
+LM_PART = tuple(m for m in RUN if m not in ("input_x_gradient", "integrated_gradients"))
 CLASSES = ("SmolVLM", "Idefics3")
 
 
