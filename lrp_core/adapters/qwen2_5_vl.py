@@ -49,7 +49,7 @@ from .checks import NO_EFFECT, input_keys, token_ids
 from .decoder import REFUSED_INPUTS
 from .qwen2 import Qwen2Adapter
 from .records import EmbeddingRecord, TokenLayout, Trace
-from .vlm import LanguageModelView, VLMAdapter, VLMEmbeddingRecord
+from .vlm import VLM_REFUSED_METHODS, LanguageModelView, VLMAdapter, VLMEmbeddingRecord
 
 #: the packing of a token's three M-RoPE positions (t, h, w) into one long (:func:`pack_positions`): removing a
 #: token before it (token ablation) subtracts from the packed value, which moves t, h and w together
@@ -129,6 +129,10 @@ class Qwen2_5_VLAdapter(VLMAdapter):
 
     image_entries = ("pixel_values", "image_grid_thw")
     image_inputs = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+    refused_methods = {**VLM_REFUSED_METHODS,
+                       **{m: "its pixel_values are flattened patches (N, 3 · 2 · p · p, two frames each), not images "
+                             "(B, 3, H, W): no pixel map is laid out from them here. Use attnlrp, cp_lrp or lrp, or "
+                             "token_ablation" for m in ("input_x_gradient", "integrated_gradients")}}
     #: removing tokens (the source methods without ``filler=``) shifts the later tokens' position ids by one; the
     #: packed (t, h, w) M-RoPE positions here would need each of the three shifted by its own rule
     removes_tokens = False

@@ -30,8 +30,10 @@ from lrp_core.adapters import get_adapter
 from lrp_core.adapters.decoder import position_ids
 from lrp_core.errors import InputError, UnsupportedModelError
 
-REFUSED = ("pa_lrp", "input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap")
+REFUSED = ("pa_lrp", "smoothgrad", "occlusion", "kernel_shap")
 RUN = tuple(m for m in lrp_core.METHODS if m not in REFUSED)
+#: the methods whose scores are the language model's alone (the Captum baselines' image tokens hold the pixels')
+LM_PART = tuple(m for m in RUN if m not in ("input_x_gradient", "integrated_gradients"))
 
 
 def _gemma3_rows() -> list:
@@ -169,7 +171,7 @@ def test_every_methods_language_model_part_is_the_decoders(family):
     # the same position ids (PaliGemma counts from 1): the float32 rotary tables differ at other angles (1e-8)
     text = {"input_ids": ids, "attention_mask": x["attention_mask"],
             "position_ids": adapter.check_inputs(x)["position_ids"]}
-    for method in RUN:
+    for method in LM_PART:
         ours, theirs = explain(model, x, method=method), explain(lm, text, method=method)
         assert torch.equal(ours.target, theirs.target), method
         _close(ours.scores, theirs.scores, 1e-8)
@@ -272,17 +274,20 @@ def test_a_padded_batch_gives_each_row_its_explanation_alone(family, side):
     T = x["input_ids"].shape[1]
     lengths = x["attention_mask"].sum(-1).tolist()
     for method in RUN:
+        # the gradient methods differentiate the model's own float32 RMSNorms: a padded batch moves the gradient by
+        # float32 round-off (measured 3.6e-8 of the image map's max on Gemma 3); the other methods agree to 1e-8
+        tol = 1e-7 if method in ("input_x_gradient", "integrated_gradients") else 1e-8
         both = explain(model, x, method=method)
         for i, n in enumerate(lengths):
             cols = slice(T - n, T) if side == "left" else slice(0, n)
             alone = explain(model, {"input_ids": x["input_ids"][i:i + 1, cols], "attention_mask": torch.ones(1, n),
                                     "token_type_ids": x["token_type_ids"][i:i + 1, cols],
                                     "pixel_values": x["pixel_values"][i:i + 1]}, method=method)
-            _close(both.scores[i:i + 1, cols], alone.scores, 1e-8)
+            _close(both.scores[i:i + 1, cols], alone.scores, tol)
             assert both.scores[i, :T - n].abs().sum() == 0 if side == "left" else both.scores[i, n:].abs().sum() == 0
-            _close(both.upsample()[i:i + 1], alone.upsample(), 1e-8)
+            _close(both.upsample()[i:i + 1], alone.upsample(), tol)
             if alone.pixels is not None:
-                _close(both.pixels[i:i + 1], alone.pixels, 1e-8)
+                _close(both.pixels[i:i + 1], alone.pixels, tol)
 
 
 # ------------------------------------------------------------------------------------------ the image's map
