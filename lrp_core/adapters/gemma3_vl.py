@@ -1,4 +1,4 @@
-"""Gemma 3 with images (Hugging Face ``Gemma3ForConditionalGeneration``, docs/METHODS.md §2g.1).
+"""Gemma 3 with images (Hugging Face ``Gemma3ForConditionalGeneration``, docs/METHODS.md §2g.3).
 
 * The vision tower is SigLIP (``SiglipVisionModel``, :class:`~lrp_core.adapters.vlm.SiglipVisionTower`), read at
   its ``last_hidden_state``: every block, then ``post_layernorm`` (the first operation of the connector here).

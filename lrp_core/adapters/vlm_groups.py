@@ -1,4 +1,4 @@
-"""Bidirectional attention groups in a VLM's language model (docs/METHODS.md §2g.1): Gemma 3's images, PaliGemma's
+"""Bidirectional attention groups in a VLM's language model (docs/METHODS.md §2g.3): Gemma 3's images, PaliGemma's
 prefix.
 
 Some vision-language models let chosen tokens attend each other in both directions while the rest of the sequence

@@ -1,5 +1,5 @@
 """Gemma 3 with images (``Gemma3ForConditionalGeneration``) and PaliGemma 1 / 2 (``PaliGemmaForConditionalGeneration``),
-docs/METHODS.md §2g.1: the replay is the model (the bidirectional image / prefix groups of ``token_type_ids`` included),
+docs/METHODS.md §2g.3: the replay is the model (the bidirectional image / prefix groups of ``token_type_ids`` included),
 the language-model part of every method is the decoder's, the gradient through the pooling projector and the groups
 is the model's, CP-LRP conserves down to the pixels, a batch is its rows, bad inputs are refused. Tiny random models
 (tests/vlms.py), float64."""
