@@ -109,8 +109,9 @@ def test_attnlrp_loses_relevance_in_the_blocks_not_at_the_readout():
 # ---------------------------------------------------------------- SiglipModel: attention pooling, sigmoid similarity
 def _siglip_model(seed: int = 0, attn: str = "sdpa"):
     """A tiny SiglipModel: the pooling head's LayerNorms randomised like the others, a non-zero logit_bias."""
-    from conftest import _perturb_norms
+    from by_path import root_fixtures  # the root conftest by path (tests/widgets has a conftest too)
     from transformers import SiglipConfig, SiglipModel
+    _perturb_norms = root_fixtures()._perturb_norms
     torch.manual_seed(seed)
     model = SiglipModel._from_config(SiglipConfig(vision_config=VISION, text_config=TEXT),
                                      attn_implementation=attn).eval()
@@ -231,7 +232,8 @@ VISION2 = dict(patch_size=8, num_patches=16, hidden_size=48, num_hidden_layers=2
 
 def _siglip2(cls: str = "Siglip2ForImageClassification", attn: str = "sdpa", seed: int = 0):
     import transformers
-    from conftest import _perturb_norms
+    from by_path import root_fixtures  # the root conftest by path (tests/widgets has a conftest too)
+    _perturb_norms = root_fixtures()._perturb_norms
     torch.manual_seed(seed)
     extra = dict(text_config=TEXT) if cls == "Siglip2Model" else dict(num_labels=4)
     model = getattr(transformers, cls)._from_config(transformers.Siglip2Config(vision_config=VISION2, **extra),
