@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..rules.composites import Propagation
 from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
-from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
+from .blocks import NO_RECORD, BlockSpec, Replay
 from .checks import pixel_values
 from .clip import clip_block
 from .records import EmbeddingRecord
@@ -245,12 +245,8 @@ class Idefics3Adapter(VLMAdapter):
         return out
 
     # ------------------------------------------------------------ forward
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
-        """The base's (:meth:`VLMAdapter.embed`) with the padded patches of ``pixel_attention_mask``: their
-        position id 0 and, in every tower block, a key mask (−inf on their scores, as the model's attention
-        mask); padded patches still reach the connector, as in the model. The key mask is added for unpadded
-        images too (zeros): every image's relevance then takes the same path whatever the others in the batch
-        (the explicit rules' share of a mask add of zero is the scores' up to their stabiliser)."""
+    def _patch_mask(self, prepared: dict) -> Tensor:
+        """(B · k, h, w) bool: the real patches of ``pixel_attention_mask`` (all, where it is not given)."""
         stacked = prepared["pixel_values"]  # (B, k, 3, H, W)
         B, k = stacked.shape[:2]
         mask = prepared.get("patch_mask")
@@ -258,29 +254,20 @@ class Idefics3Adapter(VLMAdapter):
             ph, pw = self.tower.patch_size
             mask = torch.ones(B, k, stacked.shape[-2] // ph, stacked.shape[-1] // pw, dtype=torch.bool,
                               device=stacked.device)
-        images = stacked[:, 0] if k == 1 else stacked
-        if track:
-            images = images.detach().requires_grad_(True)
-        flat_mask = mask.reshape(B * k, *mask.shape[2:])
-        vision = self.tower.embed({"images": images.reshape(B * k, *stacked.shape[2:]), "patch_mask": flat_mask},
-                                  r)
-        x = vision.x0
-        bias = torch.zeros(B * k, 1, 1, x.shape[1], dtype=x.dtype, device=x.device)
-        bias = bias.masked_fill(~flat_mask.reshape(B * k, 1, 1, -1).to(x.device), float("-inf"))
-        records = []
-        for spec in self.tower.blocks:
-            rec = block_forward(spec, x, bias, r)
-            records.append(rec)
-            x = rec.out
-        selected = self.select(x)
-        connector, features = self.connect(selected, r)
-        ids = prepared["input_ids"]
-        words = self.text.embed_tokens(ids)
-        image_mask = ids == self.image_token_id
-        x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
-        return VLMEmbeddingRecord(x0=x0, embeds=x0, images=images if k == 1 else None, vision=vision,
-                                  vision_blocks=records, selected=selected, connector=connector, features=features,
-                                  image_mask=image_mask)
+        return mask.reshape(B * k, *mask.shape[2:])
+
+    def tower_inputs(self, prepared: dict, images: Tensor) -> dict:
+        """The images and their patch mask: padded patches get position id 0, as in the model."""
+        return {"images": images, "patch_mask": self._patch_mask(prepared)}
+
+    def tower_bias(self, prepared: dict, x: Tensor) -> Optional[Tensor]:
+        """A key mask in every tower block (−inf on the padded patches' scores, as the model's attention mask);
+        padded patches still reach the connector, as in the model. It is added for unpadded images too (zeros):
+        every image's relevance then takes the same path whatever the others in the batch (the explicit rules'
+        share of a mask add of zero is the scores' up to their stabiliser)."""
+        flat = self._patch_mask(prepared)
+        bias = torch.zeros(flat.shape[0], 1, 1, x.shape[1], dtype=x.dtype, device=x.device)
+        return bias.masked_fill(~flat.reshape(flat.shape[0], 1, 1, -1).to(x.device), float("-inf"))
 
     # ------------------------------------------------------------ the connector
     def _grid(self, tokens: int) -> tuple:

@@ -516,6 +516,40 @@ class VLMAdapter(Adapter):
                       fused: bool = False) -> list:
         return self.text.block_context(x0, mask, positions, fused)
 
+    def tower_inputs(self, prepared: dict, images: Tensor) -> dict:
+        """What the tower's embedding reads: the images (B · k, 3, H, W); a family adds its own entries.
+
+        Parameters
+        ----------
+        prepared : dict
+            The prepared batch.
+        images : Tensor
+            (B · k, 3, H, W) the images, one after the other.
+
+        Returns
+        -------
+        dict
+            The tower's prepared input (``images`` and the family's entries).
+        """
+        return {"images": images}
+
+    def tower_bias(self, prepared: dict, x: Tensor) -> Optional[Tensor]:
+        """The additive key mask of every tower block (``None``: none; a family with padded patches has one).
+
+        Parameters
+        ----------
+        prepared : dict
+            The prepared batch.
+        x : Tensor
+            (B · k, N_v, D_v) the tower's block-0 input.
+
+        Returns
+        -------
+        Tensor or None
+            (B · k, 1, 1, N_v), or ``None``.
+        """
+        return None
+
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
         """The tower up to the feature layer, the connector, and the features scattered into the word embeddings
         at the image tokens — every operation through the same replay ``r``. ``track``: the pixels are the leaf
@@ -525,10 +559,11 @@ class VLMAdapter(Adapter):
         images = stacked[:, 0] if k == 1 else stacked
         if track:
             images = images.detach().requires_grad_(True)
-        vision = self.tower.embed({"images": images.reshape(B * k, *stacked.shape[2:])}, r)
+        vision = self.tower.embed(self.tower_inputs(prepared, images.reshape(B * k, *stacked.shape[2:])), r)
         x, records = vision.x0, []
+        bias = self.tower_bias(prepared, x)
         for spec in self.tower.blocks:
-            rec = block_forward(spec, x, None, r)
+            rec = block_forward(spec, x, bias, r)
             records.append(rec)
             x = rec.out
         selected = self.select(x)
