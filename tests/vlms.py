@@ -303,3 +303,20 @@ def with_types(x: dict, types: list, side: str = "left") -> dict:
 def image_types(x: dict) -> dict:
     """``x`` with Gemma 3's ``token_type_ids``: 1 at the image tokens."""
     return {**x, "token_type_ids": (x["input_ids"] == IMAGE).long()}
+
+
+def relative_deviation(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-10) -> float:
+    """max |a − b| relative to the larger of the two maps' max |·|; asserted ≤ tol."""
+    dev = float((a - b).abs().max() / max(float(a.abs().max()), float(b.abs().max()), 1e-300))
+    assert dev <= tol, dev
+    return dev
+
+
+def model_state(model: torch.nn.Module) -> dict:
+    """What a call must leave as it was: parameters and buffers, modes, requires_grad, .grad, hook counts."""
+    return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "training": [m.training for m in model.modules()],
+            "requires_grad": [p.requires_grad for p in model.parameters()],
+            "grads": [p.grad for p in model.parameters()],
+            "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
+                      for m in model.modules()]}

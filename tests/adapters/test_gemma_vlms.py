@@ -20,7 +20,9 @@ from vlms import (
     inputs,
     make_gemma3,
     make_paligemma,
+    model_state,
     paligemma_prompt,
+    relative_deviation,
     with_types,
 )
 
@@ -64,11 +66,7 @@ FAMILIES = {
 }
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-10) -> float:
-    """max |a − b| relative to the larger of the two maps' max |·|; asserted ≤ tol."""
-    dev = float((a - b).abs().max() / max(float(a.abs().max()), float(b.abs().max()), 1e-300))
-    assert dev <= tol, dev
-    return dev
+_close = relative_deviation
 
 
 def _replay_deviation(model, x: dict, positions) -> float:
@@ -337,13 +335,7 @@ def test_paligemmas_image_tokens_are_the_patches_in_raster_order():
 
 
 # ------------------------------------------------------------------------------- (e) the model is left as it was
-def _state(model):
-    return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "training": [m.training for m in model.modules()],
-            "requires_grad": [p.requires_grad for p in model.parameters()],
-            "grads": [p.grad for p in model.parameters()],
-            "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                      for m in model.modules()]}
+_state = model_state
 
 
 @pytest.mark.parametrize("family", ["gemma3", "paligemma2"])

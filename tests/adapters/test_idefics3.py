@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from vlms import IMAGE, SMOL_GRID, SMOL_SIZE, make_smolvlm, smol_inputs, smol_prompt
+from vlms import IMAGE, SMOL_GRID, SMOL_SIZE, make_smolvlm, model_state, relative_deviation, smol_inputs, smol_prompt
 
 import lrp_core
 from lrp_core import explain
@@ -27,11 +27,7 @@ def _rows(scale: int = 2, images: int = 1) -> list:
     return [smol_prompt([5, 6], [7, 8, 9], images, scale), smol_prompt([10], [11, 12], images, scale)]
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-10) -> float:
-    """max |a − b| relative to the larger of the two maps' max |·|; asserted ≤ tol."""
-    dev = float((a - b).abs().max() / max(float(a.abs().max()), float(b.abs().max()), 1e-300))
-    assert dev <= tol, dev
-    return dev
+_close = relative_deviation
 
 
 def _replay_deviation(model, x) -> float:
@@ -313,13 +309,7 @@ def test_cp_lrp_conserves_on_a_padded_image():
 
 
 # ------------------------------------------------------------------------------- (e) the model is left as it was
-def _state(model):
-    return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "training": [m.training for m in model.modules()],
-            "requires_grad": [p.requires_grad for p in model.parameters()],
-            "grads": [p.grad for p in model.parameters()],
-            "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                      for m in model.modules()]}
+_state = model_state
 
 
 def test_every_call_leaves_the_model_bit_identical_and_without_hooks():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from vlms import GRID, IMAGE, SIZE, inputs, make_llava, prompt
+from vlms import GRID, IMAGE, SIZE, inputs, make_llava, model_state, prompt, relative_deviation
 
 import lrp_core
 from lrp_core import explain
@@ -27,11 +27,7 @@ def _rows(strategy: str = "default") -> list:
     return [prompt([5, 6], [7, 8, 9], strategy), prompt([10], [11, 12], strategy)]
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-10) -> float:
-    """max |a − b| relative to the larger of the two maps' max |·|; asserted ≤ tol."""
-    dev = float((a - b).abs().max() / max(float(a.abs().max()), float(b.abs().max()), 1e-300))
-    assert dev <= tol, dev
-    return dev
+_close = relative_deviation
 
 
 def test_the_refused_methods_are_those_listed():
@@ -288,13 +284,7 @@ def test_leave_one_out_equals_running_the_model_without_each_source(filler):
 
 
 # ------------------------------------------------------------------------------- (e) the model is left as it was
-def _state(model):
-    return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "training": [m.training for m in model.modules()],
-            "requires_grad": [p.requires_grad for p in model.parameters()],
-            "grads": [p.grad for p in model.parameters()],
-            "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                      for m in model.modules()]}
+_state = model_state
 
 
 def test_every_call_leaves_the_model_bit_identical_and_without_hooks():

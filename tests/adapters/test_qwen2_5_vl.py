@@ -18,6 +18,7 @@ from vlms import (
     qwen_inputs,
     qwen_prompt,
     qwen_tokens,
+    relative_deviation,
 )
 
 import lrp_core
@@ -33,11 +34,7 @@ def _rows() -> list:
     return [qwen_prompt([5, 6], [7, 8, 9]), qwen_prompt([10], [11])]
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-10) -> float:
-    """max |a − b| relative to the larger of the two maps' max |·|; asserted ≤ tol."""
-    dev = float((a - b).abs().max() / max(float(a.abs().max()), float(b.abs().max()), 1e-300))
-    assert dev <= tol, dev
-    return dev
+_close = relative_deviation
 
 
 def test_the_refused_methods_are_those_listed():
