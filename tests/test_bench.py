@@ -8,8 +8,8 @@ import torch
 
 from lrp_core.api import METHODS
 from lrp_core.methods.registry import DECODER_METHODS
-from lrp_core.tools import bench, bench_models
-from lrp_core.tools.bench import BASELINE, Case, Settings
+from lrp_core.tools import bench, bench_models, bench_table
+from lrp_core.tools.bench_table import BASELINE, Case, Settings
 
 FAST = Settings(repeat=1, budget=5.0, threads=1, ablation_max=20)
 
@@ -101,7 +101,7 @@ def test_worker_failure_is_a_row_not_a_crash():
     rows = bench.run([Case("tiny-bert", 1, 600)], [], FAST, printer=lambda s: None)  # > 512 positions
     assert [r["method"] for r in rows] == [BASELINE]
     assert rows[0]["ms_per_sample"] is None and rows[0]["note"].startswith("error: tiny-bert 1 × 600")
-    assert "error²" in bench.markdown(rows)
+    assert "error²" in bench_table.markdown(rows)
 
 
 def test_quick_markdown_has_one_row_per_case_and_method(capsys, tmp_path):
@@ -153,17 +153,17 @@ def test_a_cell_over_the_available_memory_is_not_run():
     assert reason.startswith("not run: estimated peak") and "10.0 GiB available" in reason
     assert bench.memory_reason(big, "transformer_attribution", None) is None  # unknown free memory: run
     rows = bench.run([Case("tiny-llama", 1, 16)], ["attnlrp"], FAST, isolate=False, printer=lambda s: None)
-    row = bench.make_row(big, "transformer_attribution", None, None, note=reason)
-    md = bench.markdown(rows + [row])
+    row = bench_table.make_row(big, "transformer_attribution", None, None, note=reason)
+    md = bench_table.markdown(rows + [row])
     assert "| llama | 1 × 4096 | `transformer_attribution` | —³ |" in md and "³ not run" in md
     assert "error²" not in md
 
 
 def test_markdown_columns():
-    row = bench.make_row(Case("m", 8, 197), "lrp", {"seconds": 2.0, "runs": 3, "rss_before_kb": 1024,
+    row = bench_table.make_row(Case("m", 8, 197), "lrp", {"seconds": 2.0, "runs": 3, "rss_before_kb": 1024,
                                                     "peak_rss_kb": 3072},
                          {"seconds": 1.0, "runs": 3, "rss_before_kb": 1024, "peak_rss_kb": 2048})
-    lines = bench.markdown([row]).splitlines()
+    lines = bench_table.markdown([row]).splitlines()
     assert lines[0].startswith("| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB |")
     assert lines[2] == "| m | 8 × 197 | `lrp` | 250.0 | 2.00 | 3 | 2 | 1.50 |"
 

@@ -84,6 +84,8 @@ CONVERTED = [
     "lrp_core.tools.doctor",
     "lrp_core.tools.bench_models",
     "lrp_core.tools.bench_vlm",
+    "lrp_core.tools.bench_table",
+    "lrp_core.models.reachability",
     "lrp_core.tools.bench",
 ]
 

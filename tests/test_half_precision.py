@@ -284,10 +284,10 @@ def test_an_in_place_write_into_a_half_tensor_is_an_error_inside_the_mode():
 def test_bench_builds_a_half_model_in_its_dtype_and_labels_its_rows():
     """``python -m lrp_core.tools.bench --dtype bfloat16``: the weights are made in bfloat16 (never held in float32),
     images too; the rows say which dtype they measured."""
-    from lrp_core.tools import bench
+    from lrp_core.tools import bench, bench_table
     model, x = bench.prepare(bench.Case("tiny-vit", 2, 17, "bfloat16"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and x.dtype == torch.bfloat16
     rows = bench.run([bench.Case("tiny-bert", 1, 8, "bfloat16")], ["lrp"], bench.Settings(repeat=1, threads=1),
                      isolate=False, printer=lambda s: None)
     assert [(r["method"], r["dtype"]) for r in rows] == [(bench.BASELINE, "bfloat16"), ("lrp", "bfloat16")]
-    assert rows[1]["ms_per_sample"] is not None and "tiny-bert (bfloat16)" in bench.markdown(rows)
+    assert rows[1]["ms_per_sample"] is not None and "tiny-bert (bfloat16)" in bench_table.markdown(rows)

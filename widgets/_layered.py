@@ -59,28 +59,7 @@ class LayerExplorer(RelevanceWidget):
         self._sync_count = 0
         self.explanation: Any = None
         self.displayed_map: Optional[np.ndarray] = None
-        self.class_selector = W.Dropdown(description="class", layout=W.Layout(width="320px"))
-        self.class_search = W.Combobox(placeholder="any class by name\u2026", ensure_option=True,
-                                       layout=W.Layout(width="200px"))
-        self.method_selector = W.Dropdown(description="method", layout=W.Layout(width="300px"))
-        self.sample_selector = W.Dropdown(description="sample", options=[("0", 0)],
-                                          layout=W.Layout(width="160px"))
-        self.view_selector = W.ToggleButtons(options=[(views.VIEW_LABELS["output"], "output")],
-                                             style={"button_width": "140px"})
-        self.layer_slider = W.IntSlider(description="block b", min=0, max=0, value=0,
-                                        continuous_update=True)
-        self.start_layer = W.IntSlider(description="start layer", min=0, max=0, value=0,
-                                       continuous_update=False)
-        self.head_selector = W.Dropdown(description="head", options=[("mean", "mean")],
-                                        value="mean", layout=W.Layout(width="160px"))
-        self.sign_toggle = W.ToggleButtons(options=[("signed", True), ("positive", False)],
-                                           value=True, style={"button_width": "80px"})
-        self.info = W.HTML(value="")
-        self.status = W.HTML(value="")
-        for name in ("class_selector", "method_selector", "view_selector", "layer_slider",
-                     "start_layer", "head_selector", "sign_toggle", "info"):
-            getattr(self, name).add_class("trl-" + name.replace("_", "-"))  # stable CSS hooks
-        self.add_class("trl-widget")
+        self._make_controls()
         try:
             self.facts: ResolvedModel = resolve_model(model, type(self).__name__)
             self._check_kind()
@@ -103,6 +82,31 @@ class LayerExplorer(RelevanceWidget):
         self._guarded("first", self._recompute)
 
     # -- set-up ---------------------------------------------------------
+    def _make_controls(self) -> None:
+        """The controls, empty until the model is known, each with a stable CSS class."""
+        self.class_selector = W.Dropdown(description="class", layout=W.Layout(width="320px"))
+        self.class_search = W.Combobox(placeholder="any class by name\u2026", ensure_option=True,
+                                       layout=W.Layout(width="200px"))
+        self.method_selector = W.Dropdown(description="method", layout=W.Layout(width="300px"))
+        self.sample_selector = W.Dropdown(description="sample", options=[("0", 0)],
+                                          layout=W.Layout(width="160px"))
+        self.view_selector = W.ToggleButtons(options=[(views.VIEW_LABELS["output"], "output")],
+                                             style={"button_width": "140px"})
+        self.layer_slider = W.IntSlider(description="block b", min=0, max=0, value=0,
+                                        continuous_update=True)
+        self.start_layer = W.IntSlider(description="start layer", min=0, max=0, value=0,
+                                       continuous_update=False)
+        self.head_selector = W.Dropdown(description="head", options=[("mean", "mean")],
+                                        value="mean", layout=W.Layout(width="160px"))
+        self.sign_toggle = W.ToggleButtons(options=[("signed", True), ("positive", False)],
+                                           value=True, style={"button_width": "80px"})
+        self.info = W.HTML(value="")
+        self.status = W.HTML(value="")
+        for name in ("class_selector", "method_selector", "view_selector", "layer_slider",
+                     "start_layer", "head_selector", "sign_toggle", "info"):
+            getattr(self, name).add_class("trl-" + name.replace("_", "-"))  # stable CSS hooks
+        self.add_class("trl-widget")
+
     def _check_kind(self) -> None:
         check_kind(self.facts, self.expected_kind, type(self).__name__)
 

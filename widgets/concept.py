@@ -121,15 +121,7 @@ class ConceptBuilder(RelevanceWidget):
             self.show_error(describe_error(err), title="Cannot build this widget")
             self.children = [self.message]
             return
-        tiles = []
-        for i, rgb in enumerate(self.candidate_rgb):
-            box = W.Checkbox(value=bool(selected and i in selected), description=f"example {i}",
-                             indent=False, layout=W.Layout(width=f"{self._column_px()}px"))
-            box.observe(lambda _: self._guarded("compute", self._recompute), "value")
-            self.checkboxes.append(box)
-            pic = W.Image(value=_encode(rgb, self.tile_size), format="png",
-                          layout=W.Layout(width=f"{self.tile_size}px"))
-            tiles.append(W.VBox([pic, box]))
+        tiles = self._tiles(selected)
         nq = self.queries.shape[0]
         self.query_selector.options = [(str(i), i) for i in range(nq)]
         self.query_selector.layout.display = None if nq > 1 else "none"
@@ -142,6 +134,19 @@ class ConceptBuilder(RelevanceWidget):
                          W.HBox([self.query_selector, self.sign_toggle, self.opacity]),
                          self.message, W.HBox([self.image, self.info])]
         self._guarded("first", self._recompute)
+
+    def _tiles(self, selected: Optional[list[int]]) -> list[W.VBox]:
+        """One tile per candidate image: its thumbnail over a checkbox (ticked where ``selected`` says)."""
+        tiles = []
+        for i, rgb in enumerate(self.candidate_rgb):
+            box = W.Checkbox(value=bool(selected and i in selected), description=f"example {i}",
+                             indent=False, layout=W.Layout(width=f"{self._column_px()}px"))
+            box.observe(lambda _: self._guarded("compute", self._recompute), "value")
+            self.checkboxes.append(box)
+            pic = W.Image(value=_encode(rgb, self.tile_size), format="png",
+                          layout=W.Layout(width=f"{self.tile_size}px"))
+            tiles.append(W.VBox([pic, box]))
+        return tiles
 
     def _column_px(self) -> int:
         """Width of one gallery column: the thumbnail, but never too narrow for "example 12"

@@ -77,7 +77,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -104,10 +104,22 @@ from .bench_models import (
     is_text,
     prepare,
 )
+from .bench_table import (
+    ABLATION_MAX,
+    BASELINE,
+    BUDGET_S,
+    HEADER,
+    N_ABLATIONS,
+    SOURCE_BATCH_SIZE,
+    Case,
+    Settings,
+    format_row,
+    make_row,
+    markdown,
+    save_json,
+)
 from .bench_vlm import VLM_BENCH_METHODS, VLM_MODELS, is_vlm, vlm_tokens
 
-#: The baseline every method is compared with (a row of its own in the table).
-BASELINE = "forward+backward"
 #: (batch, tokens) of the decoder rows, and of ``--quick --decoders`` (tiny-llama).
 DECODER_SIZES = ((1, 512), (1, 1024), (1, 4096), (8, 512))
 #: the mixture-of-experts row's size (qwen3-moe)
@@ -118,10 +130,6 @@ TEXT_BATCHES = (1, 8)
 LENGTHS = (128, 256, 512)
 QUICK_MODELS = ("deit_tiny_patch16_224", "deit_small_patch16_224")
 QUICK_BATCHES = (1, 16)
-#: token_ablation is timed only where batch × tokens is at most this (it costs one forward per token and sample).
-ABLATION_MAX = 256
-#: Seconds: a call slower than this gets fewer timed runs (see the module docstring).
-BUDGET_S = 20.0
 #: The dtypes ``--dtype`` builds models in.
 DTYPES = ("float32", "bfloat16", "float16")
 #: ``--sources``: the methods, the number of sources, the sizes (full and ``--quick``) and the ablation options.
@@ -129,44 +137,8 @@ SOURCE_BENCH_METHODS = ("attnlrp", "cp_lrp", "leave_one_out", "context_cite")
 N_SOURCES = 32
 SOURCE_SIZES = ((1, 4096),)
 QUICK_SOURCE_SIZES = ((1, 64),)
-SOURCE_BATCH_SIZE = 1  # ablated sequences per forward: the peak of one long forward, not of 33 at once
-N_ABLATIONS = 64
 #: The worker's stdout line that carries its result (JSON after the tag).
 RESULT_TAG = "BENCH_RESULT "
-
-
-@dataclass(frozen=True)
-class Case:
-    """One model at one input size: ``batch`` samples of ``tokens`` tokens.
-
-    ``tokens`` is the sequence length the Transformer sees: patches + class
-    token for a ViT (197 at 224² with 16² patches), the text length for BERT.
-    """
-
-    model: str
-    batch: int
-    tokens: int
-    dtype: str = "float32"  # the dtype the model's weights are built in
-
-    @property
-    def text(self) -> bool:
-        return is_text(self.model)
-
-    @property
-    def size(self) -> str:
-        return f"{self.batch} × {self.tokens}"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How each (case, method) is measured."""
-
-    repeat: int = 3
-    budget: float = BUDGET_S
-    threads: int = 0  # torch threads in the measuring process; 0: torch's default
-    seed: int = 0
-    ablation_max: int = ABLATION_MAX
-    sources: int = 0  # explain with this many equal sources (``--sources``); 0: no sources
 
 
 # ----------------------------------------------------------------------------------------------- models, inputs
@@ -542,151 +514,7 @@ def memory_reason(case: Case, method: str, free: Optional[int]) -> Optional[str]
             f"(lrp_core.runtime.memory.estimate)")
 
 
-def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dict], note: str = "") -> dict:
-    """One table row.
-
-    ``ratio`` = method time / baseline time; ``peak_mb`` = the process's peak RSS; ``call_mb`` = that peak
-    minus the RSS right before the first call (what the call itself costs above the loaded model and
-    inputs); ``peak_ratio`` = peak / the baseline's peak; ``runs`` = how many timed runs the time is the best of.
-
-    Parameters
-    ----------
-    case : Case
-        The model and input size.
-    method : str
-        The method name, or :data:`BASELINE`.
-    result : dict or None
-        What :func:`measure` returned for the method; ``None``: not measured (the numbers stay ``None``).
-    base : dict or None
-        What it returned for the baseline; ``None``: no ratios.
-    note : str
-        Why a cell is empty, or an error.
-
-    Returns
-    -------
-    dict
-        The row: the case, the method, the numbers above, ``ms_per_sample``, ``seconds``, ``threads`` and ``note``.
-    """
-    row: dict[str, Any] = {"model": case.model, "dtype": case.dtype, "batch": case.batch, "tokens": case.tokens,
-                           "method": method,
-                           "ms_per_sample": None, "ratio": None, "peak_mb": None, "call_mb": None,
-                           "peak_ratio": None, "runs": None, "seconds": None, "threads": None, "note": note}
-    if result is not None and "forward_passes" in result:  # a --sources row
-        row["forward_passes"], row["backward_passes"] = result["forward_passes"], result["backward_passes"]
-    if result is None:
-        return row
-    row["ms_per_sample"] = 1000 * result["seconds"] / case.batch
-    row["runs"], row["seconds"], row["threads"] = result["runs"], result["seconds"], result.get("threads")
-    if base is not None:
-        row["ratio"] = result["seconds"] / base["seconds"]
-    if result.get("peak_rss_kb") is not None:
-        row["peak_mb"] = result["peak_rss_kb"] / 1024
-        row["call_mb"] = (result["peak_rss_kb"] - result["rss_before_kb"]) / 1024
-        if base is not None and base.get("peak_rss_kb"):
-            row["peak_ratio"] = result["peak_rss_kb"] / base["peak_rss_kb"]
-    return row
-
-
-def _fmt(value: Optional[float], spec: str) -> str:
-    return "—" if value is None else format(value, spec)
-
-
-HEADER = f"{'model':<24}{'batch × tok':>12}  {'method':<24}{'ms/sample':>10}{'×fwd+bwd':>9}" \
-         f"{'peak MB':>9}{'call MB':>9}{'peak×fb':>8}"
-
-
-def format_row(row: dict) -> str:
-    """One row as a line of the plain-text table (under :data:`HEADER`).
-
-    Parameters
-    ----------
-    row : dict
-        A row of :func:`make_row`.
-
-    Returns
-    -------
-    str
-        The line, with the row's note in parentheses.
-    """
-    size = f"{row['batch']} × {row['tokens']}"
-    line = (f"{_model_label(row):<24}{size:>12}  {row['method']:<24}{_fmt(row['ms_per_sample'], '.1f'):>10}"
-            f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
-            f"{_fmt(row['peak_ratio'], '.2f'):>8}")
-    if "forward_passes" in row:
-        line += f"  passes {_passes(row)}"
-    return line + (f"  ({row['note']})" if row["note"] else "")
-
-
-def _model_label(row: dict) -> str:
-    """The model's name, with its dtype where that is not float32 (e.g. ``bert-base (bfloat16)``)."""
-    dtype = row.get("dtype", "float32")
-    return row["model"] if dtype == "float32" else f"{row['model']} ({dtype})"
-
-
-def _passes(row: dict) -> str:
-    """``"forward / backward"`` passes of a ``--sources`` row (``—`` where it was not measured)."""
-    if row.get("forward_passes") is None:
-        return "—"
-    return f"{row['forward_passes']:g} / {row['backward_passes']:g}"
-
-
-def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated: bool = True) -> str:
-    """The rows as a Markdown table for the README, with footnotes for the cells shown as "—".
-
-    Parameters
-    ----------
-    rows : Sequence of dict
-        Rows of :func:`make_row`.
-    settings : Settings or None
-        Adds a line saying how the rows were measured; ``None``: no such line.
-    isolated : bool
-        Whether the peaks were measured (one process per cell).
-
-    Returns
-    -------
-    str
-        The table and its footnotes, ending with a newline.
-    """
-    passes = any("forward_passes" in r for r in rows)  # --sources rows: with the passes per explanation
-    lines = ["| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB | above model MB "
-             "| peak ÷ fwd+bwd peak |" + (" forward / backward passes |" if passes else ""),
-             "|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if passes else "")]
-    skipped = errors = too_big = False
-    for r in rows:
-        ms = _fmt(r["ms_per_sample"], ".1f")
-        if r["ms_per_sample"] is None and r["note"].startswith("not run"):
-            too_big, ms = True, "—³"
-        elif r["ms_per_sample"] is None:
-            skipped |= r["method"] == "token_ablation"
-            errors |= r["method"] != "token_ablation"
-            ms = "—¹" if r["method"] == "token_ablation" else "error²"
-        method = r["method"] if r["method"] == BASELINE else f"`{r['method']}`"
-        lines.append(f"| {_model_label(r)} | {r['batch']} × {r['tokens']} | {method} | {ms} "
-                     f"| {_fmt(r['ratio'], '.2f')} "
-                     f"| {_fmt(r['peak_mb'], '.0f')} | {_fmt(r['call_mb'], '.0f')} | {_fmt(r['peak_ratio'], '.2f')} |"
-                     + (f" {_passes(r)} |" if passes else ""))
-    lines.append("")
-    if skipped:
-        limit = settings.ablation_max if settings else ABLATION_MAX
-        lines.append(f"¹ `token_ablation` runs one forward pass per token and sample; it is timed only where "
-                     f"batch × tokens ≤ {limit} (`--ablation-max`).")
-    if errors:
-        lines.append("² the measuring subprocess failed; see the run's output.")
-    if too_big:
-        lines.append("³ not run: the estimated peak (`lrp_core.runtime.memory.estimate`) exceeds the available memory.")
-    if settings is not None:
-        threads = settings.threads or torch.get_num_threads()
-        memory = "peak = peak RSS of a fresh process per cell" if isolated else "in one process, no memory"
-        lines.append(f"torch {torch.__version__}, {threads} thread(s), best of up to {settings.repeat} timed run(s) "
-                     f"(fewer for calls over {settings.budget:g} s), {memory}.")
-        if settings.sources:
-            lines.append(f"{settings.sources} equal sources covering the context before the last token; "
-                         f"context_cite with {N_ABLATIONS} ablations; the ablations replayed "
-                         f"{SOURCE_BATCH_SIZE} sequence(s) per forward.")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Settings = Settings(),
+def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Optional[Settings] = None,
         isolate: bool = True, printer: Callable[[str], None] = tqdm.write,
         json_path: Optional[str] = None, check_memory: bool = True) -> list[dict]:
     """Measure the baseline and every method on every case; print each row as it completes.
@@ -697,8 +525,8 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Setti
         The cases (:func:`make_cases`).
     methods : Sequence of str
         The methods.
-    settings : Settings
-        How each call is measured.
+    settings : Settings or None
+        How each call is measured; ``None``: :class:`Settings`' defaults.
     isolate : bool
         One fresh subprocess per ``(case, method)`` (peak memory), else in this process (``--quick``).
     printer : callable
@@ -714,6 +542,7 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Setti
     list of dict
         The rows (:func:`make_row`).
     """
+    settings = settings or Settings()
     measure_one = run_worker if isolate else InProcess()
     free = memory.available(torch.device("cpu")) if check_memory else None
     rows: list[dict] = []
@@ -755,29 +584,21 @@ def _try(measure_one: Callable[[Case, str, Settings], dict], case: Case, method:
         return None
 
 
-def save_json(path: str, rows: Sequence[dict], settings: Settings) -> None:
-    """Save the rows, the settings and torch's version as JSON (``{"torch", "settings", "rows"}``).
-
-    Parameters
-    ----------
-    path : str
-        The file; its folder is made when missing.
-    rows : Sequence of dict
-        Rows of :func:`make_row`.
-    settings : Settings
-        How the rows were measured.
-    """
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump({"torch": torch.__version__, "settings": asdict(settings), "rows": list(rows)}, f, indent=1)
-
-
 # ----------------------------------------------------------------------------------------------- command line
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lrp_core.tools.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_tables(p)
+    _add_cases(p)
+    _add_measuring(p)
+    p.add_argument("--_worker", help=argparse.SUPPRESS)
+    return p
+
+
+def _add_tables(p: argparse.ArgumentParser) -> None:
+    """Which table: the scaling table (default), ``--quick``, the decoder, source and vision-language rows."""
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--scaling", action="store_true", help="the full scaling table (the default)")
     mode.add_argument("--quick", action="store_true",
@@ -795,6 +616,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="the vision-language row: llava at 1 × 260 (a random LLaVA: CLIP ViT-B/16 at 224 px + the "
                         "llama row's language model, 196 image + 64 text tokens; lrp_core.tools.bench_vlm), methods "
                         f"{', '.join(VLM_BENCH_METHODS)} (--quick: tiny-llava)")
+
+
+def _add_cases(p: argparse.ArgumentParser) -> None:
+    """The models, sizes and methods of the cases."""
     p.add_argument("--models", help="comma-separated: timm ViT names, bert-base, llama, or the stand-ins "
                                     f"{', '.join(TINY_MODELS)} (default: {', '.join(IMAGE_MODELS + TEXT_MODELS)})")
     p.add_argument("--batches", help="comma-separated batch sizes for every model (default: 1,8,16 for images, "
@@ -802,6 +627,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", help="comma-separated text lengths (tokens; default: "
                                      f"{','.join(map(str, LENGTHS))}; decoders: their sizes above)")
     p.add_argument("--methods", default="all", help="'all' or comma-separated method names")
+
+
+def _add_measuring(p: argparse.ArgumentParser) -> None:
+    """How each cell is measured and where the rows go."""
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--repeat", type=int, default=3, help="timed runs after one warm-up (the best is reported)")
     p.add_argument("--budget", type=float, default=BUDGET_S,
@@ -820,8 +649,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="save the rows as JSON (rewritten after every row)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table for the README at the end")
-    p.add_argument("--_worker", help=argparse.SUPPRESS)
-    return p
 
 
 def _ints(p: argparse.ArgumentParser, flag: str, text: Optional[str]) -> Optional[list[int]]:

@@ -161,7 +161,7 @@ def make_inputs(model: nn.Module, case: Any, seed: int = 0) -> Inputs:
     model : nn.Module
         The case's model (its vocabulary size, or its image size).
     case : Case
-        The case (:class:`lrp_core.tools.bench.Case`): ``batch`` B, ``tokens`` T, ``text``.
+        The case (:class:`lrp_core.tools.bench_table.Case`): ``batch`` B, ``tokens`` T, ``text``.
     seed : int
         The generator's seed.
 
@@ -188,7 +188,7 @@ def prepare(case: Any, seed: int = 0) -> tuple[nn.Module, Inputs]:
     Parameters
     ----------
     case : Case
-        The case (:class:`lrp_core.tools.bench.Case`): model name, size and ``dtype``.
+        The case (:class:`lrp_core.tools.bench_table.Case`): model name, size and ``dtype``.
     seed : int
         Seeds torch before the model is built, and the inputs' generator.
 
