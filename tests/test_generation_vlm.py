@@ -14,6 +14,7 @@ from vlms import GRID, IMAGE, SIZE, inputs, make_llava, per_token_family, prompt
 from lrp_core import explain, explain_generation
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.viz.text import IMAGE_LABEL, image_cell
+from lrp_core.viz.thumbnails import THUMB_PX
 
 K = 3
 PIXEL_METHODS = ("attnlrp", "lrp", "cp_lrp")
@@ -177,6 +178,8 @@ def test_tiny_vlm_steps_are_explain_on_their_prefixes(tiny_vlm):
     page = gen.html()
     assert page.count('<img class="trl-map"') == 2 and page.count("&lt;image&gt;") == 0
     assert html.unescape(page).count(f"'{IMAGE_LABEL}': ") == 2
+    shown = gen.html(image=record.image, mask=record.mask)  # the photo under each step's map, the object outlined
+    assert shown.count(f'width="{THUMB_PX}" height="{THUMB_PX}"') == 2 and "outlined: the mask given" in shown
 
 
 def test_the_generation_explorer_shows_the_image_map_beside_the_text_row():
