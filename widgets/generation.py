@@ -131,6 +131,22 @@ def new_tokens(module: torch.nn.Module, tokenizer: Any, ids: torch.Tensor, max_n
                                extend=extend)
 
 
+def photo_and_mask(image: Any, mask: Any, vlm: bool) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+    """The photo (H, W, 3) uint8 a vision-language model's image map is drawn over and the mask (H, W) bool
+    outlined on it (each ``None`` when not given), checked."""
+    if image is None and mask is None:
+        return None, None
+    if not vlm:
+        raise InputError("image= and mask= draw a vision-language model's image map; this model reads text only")
+    if image is None:
+        raise InputError("mask= is outlined on the photo: give image= too (the picture the processor read)")
+    from lrp_core.viz.maps import to_rgb_uint8
+    from lrp_core.viz.thumbnails import checked_mask
+
+    photo = to_rgb_uint8(image)
+    return photo, None if mask is None else checked_mask(mask, photo.shape[:2])
+
+
 def word_scheme(tokenizer: Any) -> Optional[str]:
     """``"marks"`` when the tokenizer's pieces mark a word's start (``Ġ`` / ``▁``), else ``None``.
 
@@ -221,6 +237,10 @@ class GenerationExplorer(RelevanceWidget):
         continuation: the tokens to explain instead of the greedy ones (text or ids).
         sources: token spans (start, end) of the prompt's sources (documents, sentences:
             ``lrp_core.sources``); each step's source scores are drawn as blocks beside its map.
+        image: a vision-language model's photo (a PIL image or an (H, W, 3) array), drawn in light grey under
+            each step's image map (default: the map on white).
+        mask: (H, W) bool at the photo's size (e.g. a ``make_vqa`` record's ``.mask``), outlined on the picture;
+            needs ``image``.
 
     Bad arguments raise an :class:`~lrp_core.errors.InputError` naming what is accepted; errors while
     using the widget (an unknown contrast token) are shown in it. The map shown is ``displayed_map``
@@ -228,12 +248,15 @@ class GenerationExplorer(RelevanceWidget):
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, prompt: Any = "", max_new_tokens: Optional[int] = None,
-                 methods: Optional[Sequence[str]] = None, continuation: Any = None, sources: Any = None) -> None:
+                 methods: Optional[Sequence[str]] = None, continuation: Any = None, sources: Any = None,
+                 image: Any = None, mask: Any = None) -> None:
         super().__init__()
         self.facts = resolve_lm(model, tokenizer)
         #: a vision-language model's image inputs (``pixel_values``, …), the same at every step; {} for a text LM
         self.images: dict = {}
         self.vlm = isinstance(self.facts.adapter, VLMAdapter)
+        #: the photo (H, W, 3) uint8 under the image map and the mask (H, W) bool outlined on it, or None
+        self.photo, self.mask = photo_and_mask(image, mask, self.vlm)
         chosen = decoder_methods(methods, sources=sources is not None)
         if self.vlm:
             chosen = self._vlm_methods(chosen, methods is None)
@@ -245,7 +268,9 @@ class GenerationExplorer(RelevanceWidget):
         self.per_token: dict = {}
         with _engine.torch_threads(self.facts.module, self.threads):
             if self.vlm:
-                _, prompt, self.images, per_token = _vlm_prompts(self.facts.adapter, self.tokenizer, prompt)
+                # a processor given as the tokenizer: its tokenizer gives the pieces
+                self.facts.tokenizer, prompt, self.images, per_token = _vlm_prompts(self.facts.adapter,
+                                                                                    self.tokenizer, prompt)
             ids = prompt_ids(self.tokenizer, prompt)
             if self.vlm:  # re-padded on the left as the ids: the prompt is their last P columns
                 self.per_token = {k: v[:, v.shape[1] - ids.shape[1]:] for k, v in per_token.items()}
@@ -495,7 +520,7 @@ class GenerationExplorer(RelevanceWidget):
         """The step's image map as an ``<img>`` (the method's map, whatever the layer slider shows)."""
         import base64
 
-        from lrp_core.viz.maps import render_overlay_png
+        from lrp_core.viz.thumbnails import map_png
 
         exp = self._with_image.get(self._key())
         if exp is None or exp.grid is None or exp.image_tokens is None or \
@@ -504,7 +529,7 @@ class GenerationExplorer(RelevanceWidget):
             return ""
         self.image_map = exp.pixel_map()[0].detach().double().cpu().numpy()
         what = "pixels" if exp.pixels is not None else "image tokens, upsampled"
-        png = render_overlay_png(None, self.image_map, display_size=160, title=f"image ({what})")
+        png = map_png(self.image_map, image=self.photo, mask=self.mask, title=f"image ({what})")
         return (f'<img class="trl-step-image" alt="image map of step {self.step + 1}" '
                 f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
 

@@ -167,29 +167,31 @@ class GenerationExplanation:
             sources = self.sources[row, :steps].detach().double().cpu().numpy()
             labels = self.source_labels(row)
         probs = None if self.probabilities is None else self.probabilities[row, :steps].tolist()
-        images = None
+        images = note = None
         if self.image_tokens is not None:
             image_id = self.options["image_token_id"]
             placeholder = (self.input_ids[row, start:stop] == image_id).cpu().numpy()
             context, scores = image_cell(context, scores, placeholder)
-            images = self._step_images(row, steps, scale, image, mask)
+            images, note = self._step_images(row, steps, scale, image, mask)
         elif image is not None or mask is not None:
             raise InputError("image= and mask= draw a vision-language model's image maps; this explanation is of "
                              "a text")
         return generation_html(context, self.generated(row), scores, scale=scale, contrasts=contrasts,
                                title=title, sources=sources, source_labels=labels, probabilities=probs,
-                               images=images, image_note=None if images is None else _image_note(
-                                   self.pixels is not None, image is not None, mask is not None))
+                               images=images, image_note=note)
 
-    def _step_images(self, row: int, steps: int, scale: str, image: Any, mask: Any) -> Optional[list]:
+    def _step_images(self, row: int, steps: int, scale: str, image: Any,
+                     mask: Any) -> tuple[Optional[list], Optional[str]]:
         """Per step a ``<figure>`` (:func:`lrp_core.viz.thumbnails.step_thumbnails`): the pixel map, else the
-        upsampled patch map, over ``image`` with ``mask`` outlined; ``None`` for several images per row."""
-        from ..viz.thumbnails import step_thumbnails
+        upsampled patch map, over ``image`` with ``mask`` outlined, and the note saying so; ``None`` for several
+        images per row."""
+        from ..viz.thumbnails import image_note, step_thumbnails
 
         if self.grid is None or self.image_tokens is None or \
                 self.image_tokens.shape[1] != self.grid[0] * self.grid[1]:
-            return None
-        return step_thumbnails(self.pixel_map()[row, :steps], image=image, mask=mask, scale=scale)
+            return None, None
+        return (step_thumbnails(self.pixel_map()[row, :steps], image=image, mask=mask, scale=scale),
+                image_note(self.pixels is not None, image is not None, mask is not None))
 
     def source_labels(self, row: int = 0) -> list[str]:
         """The text of each source of a row (its tokens joined), from the spans given as ``sources=``."""
@@ -235,14 +237,6 @@ class GenerationExplanation:
                                  mask=None if masks is None else masks[r]) for r in rows)
         path.write_text(page(body, title=f"{self.method} — generation"), encoding="utf-8")
         return path
-
-
-def _image_note(pixels: bool, photo: bool, outline: bool) -> str:
-    """What the image column of a generation page shows."""
-    what = "its pixel relevance" if pixels else "its image tokens' scores, upsampled"
-    return (f"Beside each token: the image map of its step ({what}; same colours, its limit \u00b1m below it"
-            + (", over the photo in grey" if photo else "") + ("; outlined: the mask given" if outline else "")
-            + ").")
 
 
 def _left_padded(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

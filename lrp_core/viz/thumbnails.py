@@ -18,7 +18,7 @@ from PIL import Image
 
 from ..errors import InputError
 from .colours import DEFAULT_CLIP, DEFAULT_GAMMA, _as_numpy, _fmt, colour_scale
-from .maps import _encode_png, overlay, to_rgb_uint8
+from .maps import _compose, _encode_png, overlay, to_rgb_uint8
 from .text import SCALES
 
 #: the longest side of a step's picture, in px
@@ -112,16 +112,87 @@ def step_thumbnails(maps: Any, image: Any = None, mask: Any = None, scale: str =
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 16:
         raise InputError(f"size must be an integer of at least 16 (px), got {size!r}")
     rgb = None if image is None else to_rgb_uint8(image)
-    shape = vals.shape[1:] if rgb is None else rgb.shape[:2]
-    edge = None
-    if mask is not None:
-        m = _bool_mask(mask)
-        if m.shape != tuple(shape):
-            what = "the photo" if rgb is not None else "the maps"
-            raise InputError(f"the mask is {m.shape}; it must have the size of {what}, {tuple(shape)}")
-        edge = mask_outline(m, _fitted(shape, size))
+    edge = _edge(mask, rgb, vals.shape[1:], size)
     shared = colour_scale(vals, clip).limit if scale == "all" else None
-    return [_thumbnail(vals[k], rgb, edge, size, shared, clip, gamma, k) for k in range(len(vals))]
+    return [_figure(vals[k], rgb, edge, size, shared, clip, gamma, k) for k in range(len(vals))]
+
+
+def map_png(relmap: Any, image: Any = None, mask: Any = None, size: int = THUMB_PX, title: Optional[str] = None,
+            clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA) -> bytes:
+    """One image map as :func:`step_thumbnails` draws it (over the photo in grey, the mask outlined), with a
+    title above and the colour bar below (:func:`lrp_core.viz.maps.render_overlay_png`'s legend).
+
+    Parameters
+    ----------
+    relmap : Any
+        (H, W) the map.
+    image : Any, optional
+        The photo (as :func:`step_thumbnails` takes it), or ``None``: the map on white.
+    mask : Any, optional
+        (H', W') bool at the photo's size (without a photo: the map's), outlined.
+    size : int, optional
+        The picture's longest side in px.
+    title : Optional[str], optional
+        A title above the picture (wrapped).
+    clip : Optional[float], optional
+        Percentile of ``|map|`` for the colour limit (``None``: the maximum).
+    gamma : float, optional
+        Colour gamma in (0, 1].
+
+    Returns
+    -------
+    bytes
+        The PNG file's bytes.
+
+    Raises
+    ------
+    InputError
+        If ``relmap`` is not 2-D or the mask is not 2-D bool of the photo's (or the map's) size.
+    """
+    vals = np.nan_to_num(_as_numpy(relmap))
+    if vals.ndim != 2:
+        raise InputError(f"a relevance map must be 2-D (H, W); got shape {tuple(vals.shape)}")
+    rgb = None if image is None else to_rgb_uint8(image)
+    scale = colour_scale(vals, clip)
+    panel, _ = _panel(vals, rgb, _edge(mask, rgb, vals.shape, size), size, scale.limit, gamma)
+    return _encode_png(_compose(panel, scale, True, title, gamma))
+
+
+def _edge(mask: Any, rgb: Optional[np.ndarray], map_shape: Sequence[int], size: int) -> Optional[np.ndarray]:
+    """The mask's outline at the pictures' size, the mask checked against the photo's (or the maps') size."""
+    if mask is None:
+        return None
+    shape = tuple(map_shape) if rgb is None else rgb.shape[:2]
+    return mask_outline(checked_mask(mask, shape, "the photo" if rgb is not None else "the maps"),
+                        _fitted(shape, size))
+
+
+def checked_mask(mask: Any, shape: Sequence[int], what: str = "the photo") -> np.ndarray:
+    """A mask checked: 2-D, bool (or 0 / 1), of the size ``shape`` of ``what`` it is drawn on.
+
+    Parameters
+    ----------
+    mask : Any
+        (H, W) the mask (array or tensor).
+    shape : Sequence[int]
+        (H, W) the size it must have.
+    what : str, optional
+        What has that size, for the error message.
+
+    Returns
+    -------
+    np.ndarray
+        (H, W) bool.
+
+    Raises
+    ------
+    InputError
+        If the mask is not 2-D, not bool (or 0 / 1), or not of the size ``shape``.
+    """
+    m = _bool_mask(mask)
+    if m.shape != tuple(shape):
+        raise InputError(f"the mask is {m.shape}; it must have the size of {what}, {tuple(shape)}")
+    return m
 
 
 def _fitted(shape: Sequence[int], size: int) -> tuple[int, int]:
@@ -130,18 +201,48 @@ def _fitted(shape: Sequence[int], size: int) -> tuple[int, int]:
     return max(1, round(shape[0] * f)), max(1, round(shape[1] * f))
 
 
-def _thumbnail(relmap: np.ndarray, rgb: Optional[np.ndarray], edge: Optional[np.ndarray], size: int,
-               limit: Optional[float], clip: Optional[float], gamma: float, k: int) -> str:
-    """One step's ``<figure>``: the map over the grey photo (or white), the outline, the limit below."""
+def _panel(relmap: np.ndarray, rgb: Optional[np.ndarray], edge: Optional[np.ndarray], size: int, limit: float,
+           gamma: float) -> tuple[np.ndarray, tuple[int, int]]:
+    """The map over the grey photo (or white) at ``size``, coloured to ``limit``, the outline on top; its (h, w)."""
     h, w = _fitted(rgb.shape[:2] if rgb is not None else relmap.shape, size)
-    m = colour_scale(relmap, clip).limit if limit is None else limit
-    panel = overlay(rgb, relmap, size=(h, w), clip=clip, gamma=gamma, limit=m)
+    panel = overlay(rgb, relmap, size=(h, w), gamma=gamma, limit=limit)
     if edge is not None:
         panel[edge] = OUTLINE_RGB
+    return panel, (h, w)
+
+
+def _figure(relmap: np.ndarray, rgb: Optional[np.ndarray], edge: Optional[np.ndarray], size: int,
+            limit: Optional[float], clip: Optional[float], gamma: float, k: int) -> str:
+    """One step's ``<figure>``: the picture, the limit below."""
+    m = colour_scale(relmap, clip).limit if limit is None else limit
+    panel, (h, w) = _panel(relmap, rgb, edge, size, m, gamma)
     png = base64.b64encode(_encode_png(Image.fromarray(panel))).decode()
     return (f'<figure class="trl-thumb"><img class="trl-map" width="{w}" height="{h}" '
             f'alt="step {k + 1}: image map" src="data:image/png;base64,{png}">'
             f'<figcaption>\u00b1{html.escape(_fmt(m))}</figcaption></figure>')
 
 
-__all__ = ["step_thumbnails", "mask_outline", "THUMB_PX"]
+def image_note(pixels: bool, photo: bool, outline: bool) -> str:
+    """What the image column of a generation page shows (a sentence for its note).
+
+    Parameters
+    ----------
+    pixels : bool
+        The maps are pixel relevance (else the image tokens' scores, upsampled).
+    photo : bool
+        They are drawn over the photo.
+    outline : bool
+        A mask is outlined.
+
+    Returns
+    -------
+    str
+        The sentence.
+    """
+    what = "its pixel relevance" if pixels else "its image tokens' scores, upsampled"
+    return (f"Beside each token: the image map of its step ({what}; same colours, its limit \u00b1m below it"
+            + (", over the photo in grey" if photo else "") + ("; outlined: the mask given" if outline else "")
+            + ").")
+
+
+__all__ = ["step_thumbnails", "map_png", "mask_outline", "checked_mask", "image_note", "THUMB_PX", "OUTLINE_RGB"]

@@ -12,12 +12,18 @@ moved the maps by up to 4e-8 (on one thread: 5e-17). The model is left bit-ident
 """
 from __future__ import annotations
 
+import base64
+import io
+import re
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from vlms import model_state, per_token_family, relative_deviation
 
+from lrp_core.errors import InputError
 from lrp_core.methods.generation import explain_generation
 from lrp_core.viz.text import IMAGE_LABEL
 from widgets import GenerationExplorer, _engine
@@ -94,3 +100,60 @@ def test_smolvlm_whose_processor_gives_no_per_token_entries():
         w.step_selector.value = k
         relative_deviation(torch.from_numpy(w.current_values()), gen.scores[0, k, :P + k])
         relative_deviation(torch.from_numpy(w.image_map), gen.pixels[0, k])
+
+
+def _png(value: str) -> np.ndarray:
+    """The picture of an ``<img … src="data:image/png;base64,…">``, (H, W, 3) uint8."""
+    data = re.search(r'base64,([^"]+)"', value).group(1)
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB"))
+
+
+def test_the_image_map_is_drawn_over_the_photo_with_the_mask_outlined():
+    """image= / mask=: each step's picture is map_png of the step's image map over the photo, the mask's 2 px
+    border (80² − 76² px for this square) drawn in OUTLINE_RGB; bad photos and masks are InputErrors."""
+    from vlms import SIZE, inputs, make_llava, prompt
+
+    from lrp_core.viz.thumbnails import OUTLINE_RGB, THUMB_PX, map_png
+
+    model = make_llava("clip")
+    x = inputs([prompt([5, 6], [7, 8])])
+    photo = (np.random.default_rng(0).random((SIZE, SIZE, 3)) * 255).astype(np.uint8)
+    mask = np.zeros((SIZE, SIZE), dtype=bool)
+    mask[7:21, 7:21] = True  # 14 of 28 px: 80 of THUMB_PX = 160
+    w = GenerationExplorer(model, None, prompt=x, max_new_tokens=2, methods=["attnlrp"], image=photo, mask=mask)
+    plain = GenerationExplorer(model, None, prompt=x, max_new_tokens=2, methods=["attnlrp"])
+    for k in range(2):
+        w.step_selector.value = plain.step_selector.value = k
+        pic = _png(w.image_view.value)
+        want = map_png(w.image_map, image=photo, mask=mask, title="image (pixels)")
+        assert np.array_equal(pic, np.asarray(Image.open(io.BytesIO(want)).convert("RGB")))
+        assert pic.shape[1] == THUMB_PX and (pic == OUTLINE_RGB).all(-1).sum() >= 80 ** 2 - 76 ** 2
+        assert not np.array_equal(pic, _png(plain.image_view.value))  # the photo is under the map
+    with pytest.raises(InputError, match="image= too"):
+        GenerationExplorer(model, None, prompt=x, max_new_tokens=1, mask=mask)
+    with pytest.raises(InputError, match="size of the photo"):
+        GenerationExplorer(model, None, prompt=x, max_new_tokens=1, image=photo, mask=mask[:20])
+    with pytest.raises(InputError, match="bool"):
+        GenerationExplorer(model, None, prompt=x, max_new_tokens=1, image=photo, mask=mask * 0.5)
+    from decoders import make_decoder
+    with pytest.raises(InputError, match="reads text only"):
+        GenerationExplorer(make_decoder("llama"), None, prompt=[1, 5, 6], max_new_tokens=1, image=photo)
+
+
+def test_a_processor_given_as_the_tokenizer_gives_its_tokenizers_pieces():
+    """GenerationExplorer(vlm, processor, prompt=processor_output), as explain_generation takes it: the pieces come
+    from the processor's tokenizer (the processor itself has no convert_ids_to_tokens)."""
+    from types import SimpleNamespace
+
+    from vlms import inputs, make_llava, prompt
+
+    class Pieces:
+        def convert_ids_to_tokens(self, ids: list) -> list:
+            return [f"t{i}" for i in ids]
+
+    model = make_llava("clip")
+    x = inputs([prompt([5, 6], [7, 8])])
+    w = GenerationExplorer(model, SimpleNamespace(tokenizer=Pieces()), prompt=x, max_new_tokens=2,
+                           methods=["attnlrp"])
+    assert w.last_error is None
+    assert w.pieces == [f"t{i}" for i in w.input_ids[0].tolist()]
