@@ -18,7 +18,7 @@ from vlms import SIZE, inputs, make_llava, prompt
 from lrp_core import explain_generation
 from lrp_core.errors import InputError
 from lrp_core.viz import colour_scale, grey_photo
-from lrp_core.viz.thumbnails import OUTLINE_RGB, THUMB_PX, mask_outline, step_thumbnails
+from lrp_core.viz.thumbnails import OUTLINE_RGB, PHOTO_LIGHT, THUMB_PX, mask_outline, step_thumbnails
 
 
 def pictures(fragment: str) -> list[np.ndarray]:
@@ -55,7 +55,7 @@ def test_the_thumbnails_are_the_signed_map_over_the_grey_photo_with_the_outline(
     assert pic.shape == (THUMB_PX, THUMB_PX, 3)
     edge = mask_outline(mask, (THUMB_PX, THUMB_PX))
     assert (pic[edge] == OUTLINE_RGB).all()
-    grey = grey_photo(photo)[0, 0]
+    grey = grey_photo(photo, PHOTO_LIGHT)[0, 0]
     middle = pic[70:90, 20:30]  # relevance 0, off the outline: the grey photo as it is
     assert (middle == grey).all()
     top, bottom = pic[5, 80].astype(int), pic[-5, 80].astype(int)

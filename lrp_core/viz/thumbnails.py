@@ -2,7 +2,8 @@
 
 Each step's map (the pixel relevance, or the image tokens' scores upsampled) is drawn as the project's other
 image plots draw a map (:func:`lrp_core.viz.maps.overlay`): the zero-centred diverging colours (red for, blue
-against, white 0; limit at the 99th percentile of ``|map|``, gamma 0.5) tinting the photo in light grey, or on
+against, white 0; limit at the 99th percentile of ``|map|``, gamma 0.5) tinting the photo in light grey (black
+drawn at :data:`PHOTO_LIGHT`, lighter than in the large plots, so that the colours show on a small dark object), or on
 white without a photo. A boolean mask (the object a question asks about) is drawn as a dark outline on top, so
 one sees whether the relevance lies on it. The pictures are :data:`THUMB_PX` px on their longest side and shown at
 that size (no browser rescaling, which turned single-pixel relevance into noise).
@@ -18,11 +19,14 @@ from PIL import Image
 
 from ..errors import InputError
 from .colours import DEFAULT_CLIP, DEFAULT_GAMMA, _as_numpy, _fmt, colour_scale
-from .maps import _compose, _encode_png, overlay, to_rgb_uint8
+from .maps import _compose, _encode_png, grey_photo, overlay, to_rgb_uint8
 from .text import SCALES
 
 #: the longest side of a step's picture, in px
 THUMB_PX = 160
+#: the grey level of black in the photo under a small map (:func:`lrp_core.viz.maps.grey_photo`'s ``floor``): lighter
+#: than the large plots' 0.35, so the colours stay visible on the dark objects of a picture this small
+PHOTO_LIGHT = 0.6
 #: the outline's colour (RGB) and width (px): dark, readable on the grey photo and on red or blue
 OUTLINE_RGB = (20, 20, 20)
 OUTLINE_PX = 2
@@ -205,7 +209,8 @@ def _panel(relmap: np.ndarray, rgb: Optional[np.ndarray], edge: Optional[np.ndar
            gamma: float) -> tuple[np.ndarray, tuple[int, int]]:
     """The map over the grey photo (or white) at ``size``, coloured to ``limit``, the outline on top; its (h, w)."""
     h, w = _fitted(rgb.shape[:2] if rgb is not None else relmap.shape, size)
-    panel = overlay(rgb, relmap, size=(h, w), gamma=gamma, limit=limit)
+    light = None if rgb is None else grey_photo(rgb, PHOTO_LIGHT)
+    panel = overlay(light, relmap, size=(h, w), gamma=gamma, limit=limit, grey=False)
     if edge is not None:
         panel[edge] = OUTLINE_RGB
     return panel, (h, w)
@@ -245,4 +250,5 @@ def image_note(pixels: bool, photo: bool, outline: bool) -> str:
             + ").")
 
 
-__all__ = ["step_thumbnails", "map_png", "mask_outline", "checked_mask", "image_note", "THUMB_PX", "OUTLINE_RGB"]
+__all__ = ["step_thumbnails", "map_png", "mask_outline", "checked_mask", "image_note", "THUMB_PX", "OUTLINE_RGB",
+           "PHOTO_LIGHT"]
