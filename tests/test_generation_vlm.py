@@ -9,11 +9,12 @@ import re
 import numpy as np
 import pytest
 import torch
-from vlms import GRID, IMAGE, SIZE, inputs, make_llava, prompt
+from vlms import GRID, IMAGE, SIZE, inputs, make_llava, per_token_family, prompt
 
 from lrp_core import explain, explain_generation
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.viz.text import IMAGE_LABEL, image_cell
+from lrp_core.viz.thumbnails import THUMB_PX
 
 K = 3
 PIXEL_METHODS = ("attnlrp", "lrp", "cp_lrp")
@@ -177,6 +178,8 @@ def test_tiny_vlm_steps_are_explain_on_their_prefixes(tiny_vlm):
     page = gen.html()
     assert page.count('<img class="trl-map"') == 2 and page.count("&lt;image&gt;") == 0
     assert html.unescape(page).count(f"'{IMAGE_LABEL}': ") == 2
+    shown = gen.html(image=record.image, mask=record.mask)  # the photo under each step's map, the object outlined
+    assert shown.count(f'width="{THUMB_PX}" height="{THUMB_PX}"') == 2 and "outlined: the mask given" in shown
 
 
 def test_the_generation_explorer_shows_the_image_map_beside_the_text_row():
@@ -231,22 +234,9 @@ def test_a_family_the_loop_cannot_extend_is_refused_with_the_reason(monkeypatch)
     any step (every family explained today runs: this checks the refusal itself)."""
     from lrp_core.adapters.gemma3_vl import Gemma3VLMAdapter
     monkeypatch.setattr(Gemma3VLMAdapter, "generation_refused", "a per-token entry the loop does not extend")
-    model, x, _, _ = _per_token_family("gemma3")
+    model, x, _, _ = per_token_family("gemma3")
     with pytest.raises(UnsupportedModelError, match="Gemma3ForConditionalGeneration: a per-token entry the loop"):
         explain_generation(model, x, method="attnlrp", max_new_tokens=1)
-
-
-def _per_token_family(family: str) -> tuple:
-    """(model, one prompt's processor output, its per-token entry, the value ``generate`` gives a new token there)."""
-    import vlms
-    if family == "gemma3":
-        return (vlms.make_gemma3(), vlms.image_types(inputs([vlms.gemma3_prompt([5, 6], [7, 8])])),
-                "token_type_ids", 0)
-    if family == "paligemma":
-        row, types = vlms.paligemma_prompt([5, 6, 7])
-        return vlms.make_paligemma(2), vlms.with_types(inputs([row]), [types]), "token_type_ids", 1
-    return (vlms.make_qwen_vl(version="2" if family == "qwen2" else "2.5"),
-            vlms.qwen_inputs([vlms.qwen_prompt([5, 6], [7, 8])]), "mm_token_type_ids", 0)
 
 
 @pytest.mark.parametrize("family", ["gemma3", "paligemma", "qwen", "qwen2"])
@@ -254,7 +244,7 @@ def test_per_token_families_generate_as_generate_and_each_step_is_explain_on_its
     """Gemma 3 (token_type_ids): the greedy tokens are the model's generate(do_sample=False); step k is explain on
     the prompt and its first k tokens, whose per-token entry holds the value generate gives a written token; the
     model is left bit-identical."""
-    model, x, name, value = _per_token_family(family)
+    model, x, name, value = per_token_family(family)
     before = _state(model)
     gen = explain_generation(model, x, method="attnlrp", max_new_tokens=K)  # stops at end-of-text, as generate
     with torch.no_grad():
@@ -272,15 +262,6 @@ def test_per_token_families_generate_as_generate_and_each_step_is_explain_on_its
     after = _state(model)
     assert all(torch.equal(before["params"][n], after["params"][n]) for n in before["params"])
     assert before["hooks"] == after["hooks"] and before["training"] == after["training"]
-
-
-def test_the_generation_explorer_refuses_a_family_with_per_token_entries():
-    """The explorer does not extend token_type_ids for the written tokens: Gemma 3 is refused, naming them."""
-    from widgets import GenerationExplorer
-
-    model, x, _, _ = _per_token_family("gemma3")
-    with pytest.raises(UnsupportedModelError, match="token_type_ids.*explain_generation"):
-        GenerationExplorer(model, None, prompt=x, max_new_tokens=2, methods=["attnlrp"])
 
 
 def _two_rows(family: str) -> tuple:

@@ -305,6 +305,20 @@ def image_types(x: dict) -> dict:
     return {**x, "token_type_ids": (x["input_ids"] == IMAGE).long()}
 
 
+def per_token_family(family: str) -> tuple:
+    """A tiny model of a family whose processor gives per-token entries, one prompt's processor output, the entry's
+    name and the value ``generate`` gives a written token there: ``"gemma3"`` (``token_type_ids``, 0),
+    ``"paligemma"`` (``token_type_ids``, 1), ``"qwen"`` / ``"qwen2"`` (Qwen2.5-VL / Qwen2-VL,
+    ``mm_token_type_ids``, 0)."""
+    if family == "gemma3":
+        return make_gemma3(), image_types(inputs([gemma3_prompt([5, 6], [7, 8])])), "token_type_ids", 0
+    if family == "paligemma":
+        row, types = paligemma_prompt([5, 6, 7])
+        return make_paligemma(2), with_types(inputs([row]), [types]), "token_type_ids", 1
+    return (make_qwen_vl(version="2" if family == "qwen2" else "2.5"), qwen_inputs([qwen_prompt([5, 6], [7, 8])]),
+            "mm_token_type_ids", 0)
+
+
 def relative_deviation(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-10) -> float:
     """max |a − b| relative to the larger of the two maps' max |·|; asserted ≤ tol."""
     dev = float((a - b).abs().max() / max(float(a.abs().max()), float(b.abs().max()), 1e-300))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import replace
-from typing import Any, Optional, Sequence, cast
+from typing import Any, Callable, Optional, Sequence, cast
 
 import ipywidgets as W
 import numpy as np
@@ -117,15 +117,34 @@ def prompt_ids(tokenizer: Any, prompt: Any) -> torch.Tensor:
 
 
 def new_tokens(module: torch.nn.Module, tokenizer: Any, ids: torch.Tensor, max_new_tokens: Any,
-               continuation: Any, images: Optional[dict] = None) -> torch.Tensor:
+               continuation: Any, images: Optional[dict] = None, per_token: Optional[dict] = None,
+               extend: Optional[Callable[[dict, torch.Tensor], dict]] = None) -> torch.Tensor:
     """The K tokens (1, K) to explain: the given continuation, or the model's greedy choices (a vision-language
-    model: with its ``images``, the same at every step)."""
+    model: with its ``images``, the same at every step, and its ``per_token`` entries (1, P) extended by
+    ``extend`` for each token written, as :func:`lrp_core.methods.generation.greedy_continuation` extends them)."""
     if continuation is not None:
         return _continuation(tokenizer, continuation, 1, max_new_tokens)
     K = DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise InputError(f"max_new_tokens must be a positive integer (the tokens to write), got {max_new_tokens!r}")
-    return greedy_continuation(module, ids, torch.ones_like(ids), K, images=images)
+    return greedy_continuation(module, ids, torch.ones_like(ids), K, images=images, per_token=per_token,
+                               extend=extend)
+
+
+def photo_and_mask(image: Any, mask: Any, vlm: bool) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+    """The photo (H, W, 3) uint8 a vision-language model's image map is drawn over and the mask (H, W) bool
+    outlined on it (each ``None`` when not given), checked."""
+    if image is None and mask is None:
+        return None, None
+    if not vlm:
+        raise InputError("image= and mask= draw a vision-language model's image map; this model reads text only")
+    if image is None:
+        raise InputError("mask= is outlined on the photo: give image= too (the picture the processor read)")
+    from lrp_core.viz.maps import to_rgb_uint8
+    from lrp_core.viz.thumbnails import checked_mask
+
+    photo = to_rgb_uint8(image)
+    return photo, None if mask is None else checked_mask(mask, photo.shape[:2])
 
 
 def word_scheme(tokenizer: Any) -> Optional[str]:
@@ -207,14 +226,21 @@ class GenerationExplorer(RelevanceWidget):
             ``lrp_core.models.LoadedModel`` of one.
         tokenizer: its tokenizer (default: the LoadedModel's); without one, prompts are token ids.
         prompt: the text to continue (or token ids, or a tokenizer dict of one row). A vision-language model
-            (``LlavaForConditionalGeneration``): the processor's output for one image and its text; each step
-            then shows its image map (the pixel map where the method reaches the pixels, else the image tokens'
-            scores upsampled) beside the text, whose image tokens are one cell "[image]" holding their sum.
+            (LLaVA, SmolVLM / Idefics3, Qwen2.5-VL / Qwen2-VL, Gemma 3, PaliGemma): the processor's output for one
+            image and its text; each step then shows its image map (the pixel map where the method reaches the
+            pixels, else the image tokens' scores upsampled) beside the text, whose image tokens are one cell
+            "[image]" holding their sum. The processor's per-token entries (``token_type_ids``,
+            ``mm_token_type_ids``) are extended for the written tokens as :func:`lrp_core.explain_generation`
+            extends them (``VLMAdapter.extend_for_generation``).
         max_new_tokens: K, the greedy tokens to write (default 5; with a continuation, its length).
         methods: the methods offered (default: every method that runs on decoders).
         continuation: the tokens to explain instead of the greedy ones (text or ids).
         sources: token spans (start, end) of the prompt's sources (documents, sentences:
             ``lrp_core.sources``); each step's source scores are drawn as blocks beside its map.
+        image: a vision-language model's photo (a PIL image or an (H, W, 3) array), drawn in light grey under
+            each step's image map (default: the map on white).
+        mask: (H, W) bool at the photo's size (e.g. a ``make_vqa`` record's ``.mask``), outlined on the picture;
+            needs ``image``.
 
     Bad arguments raise an :class:`~lrp_core.errors.InputError` naming what is accepted; errors while
     using the widget (an unknown contrast token) are shown in it. The map shown is ``displayed_map``
@@ -222,29 +248,36 @@ class GenerationExplorer(RelevanceWidget):
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, prompt: Any = "", max_new_tokens: Optional[int] = None,
-                 methods: Optional[Sequence[str]] = None, continuation: Any = None, sources: Any = None) -> None:
+                 methods: Optional[Sequence[str]] = None, continuation: Any = None, sources: Any = None,
+                 image: Any = None, mask: Any = None) -> None:
         super().__init__()
         self.facts = resolve_lm(model, tokenizer)
         #: a vision-language model's image inputs (``pixel_values``, …), the same at every step; {} for a text LM
         self.images: dict = {}
         self.vlm = isinstance(self.facts.adapter, VLMAdapter)
+        #: the photo (H, W, 3) uint8 under the image map and the mask (H, W) bool outlined on it, or None
+        self.photo, self.mask = photo_and_mask(image, mask, self.vlm)
         chosen = decoder_methods(methods, sources=sources is not None)
         if self.vlm:
             chosen = self._vlm_methods(chosen, methods is None)
         #: (S, 2) the prompt's source spans, or None
         self.sources = None if sources is None else as_spans(sources)[0]
         self.given = continuation is not None
+        #: a vision-language model's other per-token entries of the prompt (``token_type_ids``, Qwen-VL's
+        #: ``mm_token_type_ids``), each (1, P); {} for a text LM and for the families without them
+        self.per_token: dict = {}
         with _engine.torch_threads(self.facts.module, self.threads):
             if self.vlm:
-                _, prompt, self.images, per_token = _vlm_prompts(self.facts.adapter, self.tokenizer, prompt)
-                if per_token:  # each step's input would need them extended as explain_generation extends them
-                    raise UnsupportedModelError(
-                        f"the generation explorer does not run on {type(self.facts.module).__name__}: its processor's "
-                        f"per-token entries ({', '.join(per_token)}) are not extended here for the written tokens; "
-                        "use lrp_core.explain_generation, which extends them")
+                # a processor given as the tokenizer: its tokenizer gives the pieces
+                self.facts.tokenizer, prompt, self.images, per_token = _vlm_prompts(self.facts.adapter,
+                                                                                    self.tokenizer, prompt)
             ids = prompt_ids(self.tokenizer, prompt)
-            self.facts.adapter.check_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids), **self.images})
-            gen = new_tokens(self.facts.module, self.tokenizer, ids, max_new_tokens, continuation, self.images)
+            if self.vlm:  # re-padded on the left as the ids: the prompt is their last P columns
+                self.per_token = {k: v[:, v.shape[1] - ids.shape[1]:] for k, v in per_token.items()}
+            self.facts.adapter.check_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids), **self.images,
+                                             **self.per_token})
+            gen = new_tokens(self.facts.module, self.tokenizer, ids, max_new_tokens, continuation, self.images,
+                             self.per_token, getattr(self.facts.adapter, "extend_for_generation", None))
         #: (1, P+K) the prompt and the K tokens explained; P the prompt's length
         self.input_ids = torch.cat([ids, gen.to(ids.device)], 1)
         self.prompt_length = int(ids.shape[1])
@@ -353,9 +386,15 @@ class GenerationExplorer(RelevanceWidget):
         return (self.method, self.step, self.contrast)
 
     def prefix(self, step: int) -> dict[str, torch.Tensor]:
-        """The inputs of step k: the prompt and the k tokens written before g_k, (1, P+k)."""
+        """The inputs of step k: the prompt and the k tokens written before g_k, (1, P+k); a vision-language
+        model's per-token entries extended for those k tokens by its adapter's ``extend_for_generation``, as
+        :func:`lrp_core.explain_generation` extends them."""
         ids = self.input_ids[:, :self.prompt_length + step]
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), **self.images}
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **self.images}
+        if self.per_token:
+            written = self.input_ids[:, self.prompt_length:self.prompt_length + step]
+            inputs.update(cast(VLMAdapter, self.facts.adapter).extend_for_generation(self.per_token, written))
+        return inputs
 
     def explanation_for(self, method: str, step: int, contrast: Optional[int] = None) -> Any:
         """The engine's explanation of step k (cached): ``explain`` on the step's prefix for ``y_{g_k}``
@@ -481,7 +520,7 @@ class GenerationExplorer(RelevanceWidget):
         """The step's image map as an ``<img>`` (the method's map, whatever the layer slider shows)."""
         import base64
 
-        from lrp_core.viz.maps import render_overlay_png
+        from lrp_core.viz.thumbnails import map_png
 
         exp = self._with_image.get(self._key())
         if exp is None or exp.grid is None or exp.image_tokens is None or \
@@ -490,7 +529,7 @@ class GenerationExplorer(RelevanceWidget):
             return ""
         self.image_map = exp.pixel_map()[0].detach().double().cpu().numpy()
         what = "pixels" if exp.pixels is not None else "image tokens, upsampled"
-        png = render_overlay_png(None, self.image_map, display_size=160, title=f"image ({what})")
+        png = map_png(self.image_map, image=self.photo, mask=self.mask, title=f"image ({what})")
         return (f'<img class="trl-step-image" alt="image map of step {self.step + 1}" '
                 f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
 

@@ -138,8 +138,15 @@ class GenerationExplanation:
         """The generated pieces of a row (up to its end-of-text token, included)."""
         return self.tokens[row][self.prompt_length:self.prompt_length + int(self.steps_per_row[row])]
 
-    def html(self, row: int = 0, scale: str = "row", merge: bool = False) -> str:
-        """The heat map of one row as an HTML fragment (context tokens × generated tokens)."""
+    def html(self, row: int = 0, scale: str = "row", merge: bool = False, image: Any = None,
+             mask: Any = None) -> str:
+        """The heat map of one row as an HTML fragment (context tokens × generated tokens).
+
+        A vision-language model's steps each get their image map (:func:`lrp_core.viz.thumbnails.step_thumbnails`,
+        on the ``scale`` of the rows): over ``image``, the photo the row's model read (a PIL image or an (H, W, 3)
+        array; ``None``: the map on white), with ``mask`` ((H, W) bool at the photo's size, e.g. a
+        ``make_vqa`` record's ``.mask``: the object asked about) outlined.
+        """
         if not 0 <= row < len(self.tokens):
             raise InputError(f"row must be in 0 … {len(self.tokens) - 1}, got {row}")
         keep = self.attention_mask[row, :-1].bool().cpu()
@@ -160,32 +167,31 @@ class GenerationExplanation:
             sources = self.sources[row, :steps].detach().double().cpu().numpy()
             labels = self.source_labels(row)
         probs = None if self.probabilities is None else self.probabilities[row, :steps].tolist()
-        images = None
+        images = note = None
         if self.image_tokens is not None:
             image_id = self.options["image_token_id"]
             placeholder = (self.input_ids[row, start:stop] == image_id).cpu().numpy()
             context, scores = image_cell(context, scores, placeholder)
-            images = self._step_images(row, steps)
+            images, note = self._step_images(row, steps, scale, image, mask)
+        elif image is not None or mask is not None:
+            raise InputError("image= and mask= draw a vision-language model's image maps; this explanation is of "
+                             "a text")
         return generation_html(context, self.generated(row), scores, scale=scale, contrasts=contrasts,
                                title=title, sources=sources, source_labels=labels, probabilities=probs,
-                               images=images)
+                               images=images, image_note=note)
 
-    def _step_images(self, row: int, steps: int) -> Optional[list]:
-        """Per step an ``<img>`` (PNG, the map alone in the zero-centred diverging colours): the pixel map, else
-        the upsampled patch map; ``None`` for several images per row."""
-        import base64
-
-        from ..viz.maps import render_overlay_png
+    def _step_images(self, row: int, steps: int, scale: str, image: Any,
+                     mask: Any) -> tuple[Optional[list], Optional[str]]:
+        """Per step a ``<figure>`` (:func:`lrp_core.viz.thumbnails.step_thumbnails`): the pixel map, else the
+        upsampled patch map, over ``image`` with ``mask`` outlined, and the note saying so; ``None`` for several
+        images per row."""
+        from ..viz.thumbnails import image_note, step_thumbnails
 
         if self.grid is None or self.image_tokens is None or \
                 self.image_tokens.shape[1] != self.grid[0] * self.grid[1]:
-            return None
-        maps = self.pixel_map()[row, :steps].detach().double().cpu().numpy()
-        out = []
-        for k in range(steps):
-            png = base64.b64encode(render_overlay_png(None, maps[k], display_size=96, legend=False)).decode()
-            out.append(f'<img class="trl-map" alt="step {k + 1}: image map" src="data:image/png;base64,{png}">')
-        return out
+            return None, None
+        return (step_thumbnails(self.pixel_map()[row, :steps], image=image, mask=mask, scale=scale),
+                image_note(self.pixels is not None, image is not None, mask is not None))
 
     def source_labels(self, row: int = 0) -> list[str]:
         """The text of each source of a row (its tokens joined), from the spans given as ``sources=``."""
@@ -200,24 +206,36 @@ class GenerationExplanation:
     def _piece(self, row: int, token_id: int) -> str:
         return self.options.get("id_to_token", {}).get(token_id, str(token_id))
 
-    def show(self, row: int = 0, scale: str = "row") -> None:
-        """Display the heat map of one row in Jupyter, once.
+    def show(self, row: int = 0, scale: str = "row", image: Any = None, mask: Any = None) -> None:
+        """Display the heat map of one row in Jupyter, once (``image`` / ``mask``: as :meth:`html`).
 
         Returns None: a cell that ends in ``gen.show()`` would otherwise display the returned object a
         second time. ``html(row, scale)`` gives the fragment itself.
         """
         from IPython.display import HTML, display
-        display(HTML(self.html(row, scale)))
+        display(HTML(self.html(row, scale, image=image, mask=mask)))
 
     def _repr_html_(self) -> str:
         return self.html(0)
 
-    def save_html(self, path: Union[str, Path], rows: Optional[Sequence[int]] = None, scale: str = "row") -> Path:
-        """Write a self-contained page (no script, font or style from elsewhere) with the rows' heat maps."""
-        rows = range(len(self.tokens)) if rows is None else rows
+    def save_html(self, path: Union[str, Path], rows: Optional[Sequence[int]] = None, scale: str = "row",
+                  images: Optional[Sequence[Any]] = None, masks: Optional[Sequence[Any]] = None) -> Path:
+        """Write a self-contained page (no script, font or style from elsewhere) with the rows' heat maps.
+
+        ``images`` / ``masks``: a vision-language model's photos and masks, one per row of the batch (B; ``None``
+        for none), drawn under and around each step's image map as :meth:`html` draws them.
+        """
+        B = len(self.tokens)
+        for name, given in (("images", images), ("masks", masks)):
+            if given is not None and (not isinstance(given, (list, tuple)) or len(given) != B):
+                got = f"{len(given)} entries" if isinstance(given, (list, tuple)) else type(given).__name__
+                raise InputError(f"{name} must be a list with one entry per row of the batch ({B}; None for none), "
+                                 f"got {got}")
+        rows = range(B) if rows is None else rows
         path = Path(path)
-        path.write_text(page("".join(self.html(r, scale) for r in rows), title=f"{self.method} — generation"),
-                        encoding="utf-8")
+        body = "".join(self.html(r, scale, image=None if images is None else images[r],
+                                 mask=None if masks is None else masks[r]) for r in rows)
+        path.write_text(page(body, title=f"{self.method} — generation"), encoding="utf-8")
         return path
 
 

@@ -228,7 +228,7 @@ def _faded_photo(image: Any, alpha: float) -> np.ndarray:
 
 def overlay(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool = True,
             size: Optional[tuple[int, int]] = None, clip: Optional[float] = DEFAULT_CLIP,
-            gamma: float = DEFAULT_GAMMA, grey: bool = True) -> np.ndarray:
+            gamma: float = DEFAULT_GAMMA, grey: bool = True, limit: Optional[float] = None) -> np.ndarray:
     """Tint the (grey) photo with the coloured relevance: (H, W, 3) uint8.
 
     The map is upsampled bilinearly to the image (or to ``size``) and coloured
@@ -261,6 +261,9 @@ def overlay(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool = True
         Colour gamma in (0, 1].
     grey : bool, optional
         Draw the photo in light grey from ``alpha >= 0.5`` on; ``False``: its own colours.
+    limit : Optional[float], optional
+        The colour limit m (several maps drawn on one scale); ``None``: :func:`colour_scale` of ``relmap``
+        with ``clip``.
 
     Returns
     -------
@@ -283,7 +286,7 @@ def overlay(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool = True
         if size is not None and base.shape[:2] != tuple(size):
             base = np.asarray(Image.fromarray(base).resize((size[1], size[0]), Image.Resampling.BICUBIC))
     shown = _view(np.nan_to_num(_as_numpy(relmap)), signed)
-    m = colour_scale(shown, clip).limit
+    m = colour_scale(shown, clip).limit if limit is None else float(limit)
     rel = _view(upsample_map(shown, base.shape[:2]), signed)
     colour = colorize(rel, signed=True, limit=m, gamma=gamma).astype(np.float32) / 255.0
     a = np.float32(alpha)

@@ -172,7 +172,9 @@ _STYLE = ("body{font-family:system-ui,sans-serif;margin:12px}"
           ".c{font-family:monospace;display:inline-block;padding:1px 3px;margin:1px;border-radius:3px;"
           "border:1px solid #ddd;white-space:pre}"
           ".c.off{color:#bbb;border-color:#f3f3f3}"
-          ".trl-gen img.trl-map{width:64px;height:64px;image-rendering:pixelated}"
+          ".trl-gen figure.trl-thumb{margin:0;text-align:center}"
+          ".trl-gen img.trl-map{display:block;border:1px solid #ddd}"
+          ".trl-gen figcaption{font-size:11px;color:#555}"
           ".trl-note{color:#555;font-size:12px;margin-top:6px}"
           ".trl-src{display:flex;flex-wrap:wrap;gap:4px;margin:4px 0}"
           ".s{display:inline-block;padding:3px 6px;border-radius:4px;border:1px solid #ccc;font-size:12px;"
@@ -222,7 +224,8 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
                     clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA,
                     title: Optional[str] = None, contrasts: Optional[Sequence[Optional[str]]] = None,
                     sources: Any = None, source_labels: Optional[Sequence[str]] = None,
-                    probabilities: Any = None, images: Optional[Sequence[str]] = None) -> str:
+                    probabilities: Any = None, images: Optional[Sequence[str]] = None,
+                    image_note: Optional[str] = None) -> str:
     """One row per generated token: the relevance of every context token for it.
 
     Parameters
@@ -251,8 +254,10 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
     probabilities : Any, optional
         (K,) the model's probability of each step's token, shown beside it.
     images : Optional[Sequence[str]], optional
-        per step an HTML picture (a vision-language model's image map for that step, an ``<img>``), drawn in a
-        cell between the generated token and its row.
+        per step an HTML picture (a vision-language model's image map for that step, e.g. a ``<figure>`` of
+        :func:`lrp_core.viz.thumbnails.step_thumbnails`), drawn in a cell between the generated token and its row.
+    image_note : Optional[str], optional
+        a sentence saying what the pictures show, added to the note below the rows.
 
     Returns
     -------
@@ -307,7 +312,7 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
     how = ("each row has its own colour limit" if scale == "row" else f"one colour limit ±{limit_all:.3g}")
     note = (f'<div class="trl-note">Row k: the relevance of each context token for generated token k '
             f"(red for, blue against, white 0; {how}; greyed tokens come after the step's prefix). "
-            f"Hover a token for its exact score.</div>")
+            f"Hover a token for its exact score.{'' if not image_note else ' ' + html.escape(image_note)}</div>")
     return (f'<div class="trl-generation"><style>{_STYLE}</style>{head}'
             f'<table class="trl-gen">{"".join(rows)}</table>{whole}{note}</div>')
 
