@@ -86,6 +86,7 @@ CONVERTED = [
     "lrp_core.tools.bench_vlm",
     "lrp_core.tools.bench_table",
     "lrp_core.models.reachability",
+    "lrp_core.methods.generation_result",
     "lrp_core.tools.bench",
 ]
 
