@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from lrp_core import explain
-from lrp_core.tools.bench import BASELINE, forward_backward
+from lrp_core.tools.bench import forward_backward
 from lrp_core.tools.bench_models import build_in, llama_config
 from lrp_core.tools.bench_vlm import vlm_inputs
 
@@ -41,6 +41,8 @@ VLM_METHODS = ("attnlrp", "cp_lrp", "lrp", "transformer_attribution")
 LLAMA_LENGTHS = (1024, 4096, 16384)
 QUICK_LLAMA_LENGTHS = (32, 64, 128)
 LLAMA_METHODS = ("attnlrp",)
+#: the baseline row (the name lrp_core.tools.bench gives it)
+BASELINE = "forward+backward"
 #: the targets of the VLM issue, for AttnLRP: time and peak memory relative to forward + backward
 TIME_TARGET, MEMORY_TARGET = 1.0, 1.3
 
@@ -130,9 +132,12 @@ def run_row(model_name: str, model: torch.nn.Module, x: dict, methods: tuple, dt
     tokens = int(x["input_ids"].shape[1])
     base: Optional[dict] = None
     for method in (BASELINE, *methods):
+        row: dict = {"model": model_name, "dtype": dtype, "batch": 1, "tokens": tokens, "method": method}
+        if time.perf_counter() > a.deadline:
+            emit({**row, "note": "skipped: --total-budget spent"})
+            continue
         fn = ((lambda: forward_backward(model, x)) if method == BASELINE
               else (lambda m=method: explain(model, x, method=m)))
-        row: dict = {"model": model_name, "dtype": dtype, "batch": 1, "tokens": tokens, "method": method}
         try:
             r = measure(clock, fn, a.warmup, a.repeat, a.budget)
         except torch.cuda.OutOfMemoryError as e:
@@ -183,6 +188,8 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--budget", type=float, default=5.0, help="seconds of timed calls per cell, about")
+    p.add_argument("--total-budget", type=float, default=float("inf"),
+                   help="seconds: the cells left after this are skipped (recorded as such)")
     p.add_argument("--json", metavar="PATH", help="save the rows (rewritten after every row)")
     a = p.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -190,6 +197,7 @@ def main(argv: Optional[list] = None) -> int:
     lengths = ([int(v) for v in a.lengths.split(",")] if a.lengths
                else list(QUICK_LLAMA_LENGTHS if a.quick else LLAMA_LENGTHS))
     clock = Clock(a.device)
+    a.deadline = time.perf_counter() + a.total_budget
     import transformers
     meta = {"torch": torch.__version__, "transformers": transformers.__version__, "device": a.device,
             "device_name": torch.cuda.get_device_name() if clock.cuda else "cpu",
@@ -210,6 +218,8 @@ def main(argv: Optional[list] = None) -> int:
     t0 = time.perf_counter()
     for dtype_name in a.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
+        if time.perf_counter() > a.deadline:
+            break
         if "vlm" in a.rows.split(","):
             name = "tiny-llava" if a.quick else "llava"
             torch.manual_seed(0)

@@ -4,8 +4,9 @@ on the CPU, both in float64, for tiny random models (built in milliseconds, ever
     PYTHONPATH=. python scripts/gpu_check.py                   # cuda vs cpu
     PYTHONPATH=. python scripts/gpu_check.py --device cpu      # cpu vs cpu (a dry run of the machinery: all 0)
 
-Families: decoders (Llama, Qwen3-MoE, Gemma 2, GPT-OSS; a left-padded batch of two rows), ModernBERT (right
-padded), timm EVA-02 and Swin, the vision-language models (LLaVA with a CLIP tower, SmolVLM / Idefics3, Qwen2.5-VL,
+Families: decoders (Llama eager and sdpa, Qwen2 with a sliding layer, Qwen3-MoE, Mixtral, Gemma 2, Gemma 3,
+GPT-OSS, Phi-3, GPT-2, GPT-NeoX; a left-padded batch of two rows), ModernBERT (right padded), timm EVA-02 and Swin,
+the vision-language models (LLaVA with a CLIP and with a DINOv2 tower, SmolVLM / Idefics3, Qwen2.5-VL, Qwen2-VL,
 Gemma 3 with images, PaliGemma 2), plus ``explain_generation`` on the Llama and on the LLaVA (three greedy steps).
 The methods are those the family's adapter does not refuse (``adapter.refused_methods``); the Captum baselines run
 with few steps / samples (``tests/decoders.py::QUICK``). Prints max|Δ| / max|CPU| per family × method (the map and,
@@ -96,15 +97,17 @@ def _modernbert() -> tuple:
     return model, {"input_ids": x, "attention_mask": (x != 0).long()}
 
 
-def _decoder(family: str) -> Callable[[], tuple]:
+def _decoder(family: str, attn: str = "eager") -> Callable[[], tuple]:
     def build() -> tuple:
-        return decoders.make_decoder(family), decoders.batch(decoders.rows(lengths=(5, 8)), "left")
+        return decoders.make_decoder(family, attn=attn), decoders.batch(decoders.rows(lengths=(5, 8)), "left")
     return build
 
 
-def _llava() -> tuple:
-    rows = [vlms.prompt([5, 6], [7, 8, 9]), vlms.prompt([10], [11, 12])]
-    return vlms.make_llava("clip"), vlms.inputs(rows, side="left")
+def _llava(tower: str = "clip") -> Callable[[], tuple]:
+    def build() -> tuple:
+        rows = [vlms.prompt([5, 6], [7, 8, 9]), vlms.prompt([10], [11, 12])]
+        return vlms.make_llava(tower), vlms.inputs(rows, side="left")
+    return build
 
 
 def _smolvlm() -> tuple:
@@ -112,9 +115,11 @@ def _smolvlm() -> tuple:
     return vlms.make_smolvlm("SmolVLM"), vlms.smol_inputs(rows, side="left")
 
 
-def _qwen_vl() -> tuple:
-    rows = [vlms.qwen_prompt([5, 6], [7, 8, 9]), vlms.qwen_prompt([10], [11])]
-    return vlms.make_qwen_vl(), vlms.qwen_inputs(rows, side="left")
+def _qwen_vl(version: str = "2.5") -> Callable[[], tuple]:
+    def build() -> tuple:
+        rows = [vlms.qwen_prompt([5, 6], [7, 8, 9]), vlms.qwen_prompt([10], [11])]
+        return vlms.make_qwen_vl(version=version), vlms.qwen_inputs(rows, side="left")
+    return build
 
 
 def _gemma3() -> tuple:
@@ -130,18 +135,30 @@ def _paligemma() -> tuple:
 #: family -> builder of (float64 model on the CPU, its inputs)
 CASES: dict[str, Callable[[], tuple]] = {
     "llama": _decoder("llama"),
+    "llama_sdpa": _decoder("llama", "sdpa"),
+    "qwen2": _decoder("qwen2"),
     "qwen3_moe": _decoder("qwen3_moe"),
+    "mixtral": _decoder("mixtral"),
     "gemma2": _decoder("gemma2"),
+    "gemma3": _decoder("gemma3"),
     "gpt_oss": _decoder("gpt_oss"),
+    "phi3": _decoder("phi3"),
+    "gpt2": _decoder("gpt2"),
+    "gpt_neox": _decoder("gpt_neox"),
     "modernbert": _modernbert,
     "eva02": _eva,
     "swin": _swin,
-    "llava": _llava,
+    "llava": _llava("clip"),
+    "llava_dinov2": _llava("dinov2"),
     "smolvlm": _smolvlm,
-    "qwen2_5_vl": _qwen_vl,
+    "qwen2_5_vl": _qwen_vl("2.5"),
+    "qwen2_vl": _qwen_vl("2"),
     "gemma3_vl": _gemma3,
     "paligemma2": _paligemma,
 }
+#: the families checked first (then explain_generation, then the others): the ones a run must not miss
+FIRST = ("llama", "qwen3_moe", "gemma2", "gpt_oss", "modernbert", "eva02", "swin", "llava", "smolvlm", "qwen2_5_vl",
+         "gemma3_vl", "paligemma2")
 #: explain_generation cases: family of :data:`CASES` -> its prompts' builder
 GENERATION = {"llama": lambda: decoders.batch(decoders.rows(lengths=(5, 8)), "left"),
               "llava": lambda: vlms.inputs([vlms.prompt([5, 6], [7, 8])], side="left")}
@@ -174,8 +191,9 @@ def compare(ref: Any, got: Any) -> float:
 
 
 def check_case(name: str, build: Callable[[], tuple], device: str, methods: list,
-               record: Callable[[str, str, Optional[float], str], None]) -> None:
-    """Every method the case's adapter runs: CPU float64 against ``device`` float64."""
+               record: Callable[[str, str, Optional[float], str], None], deadline: float = float("inf")) -> None:
+    """Every method the case's adapter runs: CPU float64 against ``device`` float64; the methods left when the
+    clock passes ``deadline`` (``time.perf_counter``) are recorded as skipped."""
     try:
         model, x = build()
         gpu_model = copy.deepcopy(model).to(device)
@@ -186,6 +204,9 @@ def check_case(name: str, build: Callable[[], tuple], device: str, methods: list
     gx = to(x, device)
     for m in methods:
         if m in refused:
+            continue
+        if time.perf_counter() > deadline:
+            record(name, m, None, "skipped: --budget spent")
             continue
         opts = decoders.quick(m)
         try:
@@ -226,6 +247,8 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--methods", default="all", help="'all' or comma-separated method names")
     p.add_argument("--no-generation", action="store_true", help="skip the explain_generation cases")
     p.add_argument("--tol", type=float, default=1e-8, help="exit 1 if the worst deviation exceeds this")
+    p.add_argument("--budget", type=float, default=float("inf"),
+                   help="seconds: the calls left after this are skipped (and counted), the summary still printed")
     a = p.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("no CUDA device here; use --device cpu for a dry run")
@@ -241,20 +264,28 @@ def main(argv: Optional[list] = None) -> int:
 
     def record(case: str, method: str, err: Optional[float], note: str) -> None:
         rows.append((case, method, err, note))
-        shown = "FAILED" if err is None else f"{err:.2e}"
+        shown = f"{err:.2e}" if err is not None else "skipped" if note.startswith("skipped") else "FAILED"
         print(f"{case:12s} {method:24s} {shown:>9s} {note}", flush=True)
 
     t0 = time.perf_counter()
-    for name in cases:
-        t = time.perf_counter()
-        check_case(name, CASES[name], a.device, methods, record)
-        print(f"# {name}: {time.perf_counter() - t:.1f} s", flush=True)
+
+    def families(names: list) -> None:
+        for name in names:
+            t = time.perf_counter()
+            check_case(name, CASES[name], a.device, methods, record, t0 + a.budget)
+            print(f"# {name}: {time.perf_counter() - t:.1f} s", flush=True)
+
+    families([c for c in cases if c in FIRST])
     if not a.no_generation:
         for name in GENERATION:
-            if name in cases:
+            if name in cases and time.perf_counter() > t0 + a.budget:
+                record(name, "explain_generation", None, "skipped: --budget spent")
+            elif name in cases:
                 check_generation(name, a.device, record)
+    families([c for c in cases if c not in FIRST])
     compared = [r for r in rows if r[2] is not None and r[1] not in STOCHASTIC]
-    failed = [r for r in rows if r[2] is None]
+    failed = [r for r in rows if r[2] is None and not r[3].startswith("skipped")]
+    skipped = [r for r in rows if r[2] is None and r[3].startswith("skipped")]
     worst = max(compared, key=lambda r: r[2], default=None)
     rng = [r[2] for r in rows if r[2] is not None and r[1] in STOCHASTIC]
     print(f"worst {worst[2]:.2e} ({worst[0]} / {worst[1]}) over {len(compared)} family × method pairs"
@@ -263,8 +294,10 @@ def main(argv: Optional[list] = None) -> int:
         print(f"stochastic methods (device generators differ; not in the worst): max {max(rng):.2e} over "
               f"{len(rng)} pairs")
     print(f"failed: {len(failed)}" + "".join(f"\n  {c} / {m}: {n}" for c, m, _, n in failed))
+    if skipped:
+        print(f"skipped (--budget): {len(skipped)}")
     print(f"total {time.perf_counter() - t0:.1f} s")
-    return int(bool(failed) or (worst is not None and worst[2] > a.tol))
+    return int(bool(failed) or bool(skipped) or (worst is not None and worst[2] > a.tol))
 
 
 if __name__ == "__main__":
