@@ -13,7 +13,9 @@ with few steps / samples (``tests/decoders.py::QUICK``). Prints max|Δ| / max|CP
 where the method reaches them, the pixels) and the worst of them. SmoothGrad and KernelSHAP draw their noise /
 coalitions from the device's generator, which differs between CPU and CUDA for the same seed: their rows are
 printed but kept out of the worst (marked ``rng``). An exception in one case is printed and counted, not fatal.
-Exit status 1 if any case failed or the worst exceeds ``--tol``.
+``--budget`` seconds: the calls left after it are skipped and counted, and the summary is still printed (the
+families of :data:`FIRST` and ``explain_generation`` run first). Exit status 1 if a call failed or was skipped, or
+the worst exceeds ``--tol``.
 
 Not a test (CI has no GPU); it needs the test builders (``tests/decoders.py``, ``tests/vlms.py``), not pytest.
 """
