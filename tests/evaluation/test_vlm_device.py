@@ -33,12 +33,19 @@ class DeviceMixError(AssertionError):
     """What CUDA would raise: a CPU tensor met one on the device."""
 
 
+def _device_type(x):
+    """The device type ``x`` names (a device or its string), else ``None`` (e.g. a mode string like 'bilinear')."""
+    if isinstance(x, torch.device):
+        return x.type
+    return x.split(":")[0] if isinstance(x, str) and x.split(":")[0] in ("cpu", "cuda", DEVICE.type) else None
+
+
 def _is_device(x):
-    return isinstance(x, (str, torch.device)) and torch.device(x).type == DEVICE.type
+    return _device_type(x) == DEVICE.type
 
 
 def _is_cpu(x):
-    return isinstance(x, (str, torch.device)) and torch.device(x).type == "cpu"
+    return _device_type(x) == "cpu"
 
 
 def _wrap(out):
