@@ -127,10 +127,9 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     loaded = load(model) if isinstance(model, str) else model
     is_lm = loaded.kind == "lm" or (getattr(loaded, "info", None) or {}).get("task") == "causal-lm"
     is_vlm = loaded.kind == "vlm"
-    if is_vlm and methods == "all":  # 'all' on a VLM: the methods with a meaning on its family
-        from ..adapters import get_adapter
-        refused = get_adapter(loaded.model).refused_methods
-        names = [m for m in names if m not in refused]
+    if is_vlm and methods == "all":  # 'all' on a VLM: the methods its adapter does not refuse
+        from .vlm import vlm_methods
+        names = vlm_methods(loaded.model)
     if is_lm and methods == "all":  # 'all' on a decoder: the methods that run there (no Captum baselines yet)
         names = [m for m in names if m in registry.DECODER_METHODS or m in registry.SOURCE_METHOD_NAMES]
     if protocol == "sources" and not is_lm:
