@@ -81,7 +81,7 @@ class Readout(ABC):
 
     def row(self, M: Tensor) -> Tensor:
         """The readout's row of a token-mixing matrix M (..., N, N): ``wᵀ M`` -> (..., N)."""
-        w = self.weights(M.shape[-1]).to(M.dtype)
+        w = self.weights(M.shape[-1]).to(device=M.device, dtype=M.dtype)
         shape = (w.shape[0],) + (1,) * (M.dim() - 3) + (1, w.shape[-1])
         return (w.reshape(shape) @ M).squeeze(-2)
 
@@ -235,7 +235,7 @@ class MeanReadout(PooledReadout):
         """Generic rule on the mean: ``R_i = h_i/P ⊙ safe_div(R, mean)`` (docs/METHODS.md §4.4)."""
         B, N, D = rec.normed.shape
         R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
-        w = self.weights(N)[:, self.start:]
+        w = self.weights(N)[:, self.start:].to(rec.normed.device)
         R[:, self.start:], _ = prop(POOL, (rec.normed[:, self.start:], w), R_token, output=rec.token)
         return R
 

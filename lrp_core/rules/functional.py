@@ -605,7 +605,7 @@ def weighted_sum(x: Tensor, w: Tensor, R: Tensor, out: Tensor | None = None) -> 
         (B, n, D) relevance of the pooled tokens, ``w_i x_i ⊙ safe_div(R, out)``; for
         ``w = e_0`` the selection rule :func:`select`.
     """
-    wx = w.to(x.dtype)[..., None] * x
+    wx = w.to(device=x.device, dtype=x.dtype)[..., None] * x  # a readout's weights are built on the CPU
     if out is None:
         out = wx.sum(dim=1)
     return wx * safe_div(R, out)[:, None]
