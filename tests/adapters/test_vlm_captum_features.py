@@ -29,9 +29,10 @@ from vlms import (
 from lrp_core import explain
 from lrp_core.adapters.decoder import position_ids
 from lrp_core.errors import InputError
-from lrp_core.methods.baselines_vlm import PIXEL_NOISE_SCALE
 
 NEW = ("smoothgrad", "occlusion", "kernel_shap")
+#: SmoothGrad's pixel noise σ over the embeddings' on a VLM (METHODS §2g.5)
+PIXEL_NOISE_SCALE = 30.0
 QUICK = {"smoothgrad": {"n_samples": 3}, "occlusion": {}, "kernel_shap": {"n_samples": 48},
          "input_x_gradient": {}, "integrated_gradients": {"n_steps": 8}}
 N = QWEN_GRID[0] * QWEN_GRID[1]
