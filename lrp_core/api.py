@@ -102,7 +102,8 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         (default 256).
     stdevs : float, optional
         ``smoothgrad``: the standard deviation of the Gaussian noise, in input units (default 0.6 for normalised
-        pixels, 0.02 for embedding entries).
+        pixels, 0.02 for embedding entries; on a vision-language model the embeddings' σ, the pixels getting 30 ×
+        it, docs/METHODS.md §2g.5).
     seed : int, optional
         ``smoothgrad``, ``kernel_shap``: the seed of the random draws, the same for every sample (default 0).
     base : {"attnlrp", "cp_lrp", "cp_halved"}, optional

@@ -61,6 +61,7 @@ CONVERTED = [
     "lrp_core.evaluation.bootstrap",
     "lrp_core.evaluation.__main__",
     "lrp_core.methods.baselines",
+    "lrp_core.methods.baselines_vlm",
     "lrp_core.models",
     "lrp_core.models.hub",
     "lrp_core.models.dinov2",

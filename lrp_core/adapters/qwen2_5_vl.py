@@ -129,10 +129,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
 
     image_entries = ("pixel_values", "image_grid_thw")
     image_inputs = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
-    refused_methods = {**VLM_REFUSED_METHODS,
-                       **{m: "its pixel_values are flattened patches (N, 3 · 2 · p · p, two frames each), not images "
-                             "(B, 3, H, W): no pixel map is laid out from them here. Use attnlrp, cp_lrp or lrp, or "
-                             "token_ablation" for m in ("input_x_gradient", "integrated_gradients")}}
+    refused_methods = VLM_REFUSED_METHODS
     #: removing tokens (the source methods without ``filler=``) shifts the later tokens' position ids by one; the
     #: packed (t, h, w) M-RoPE positions here would need each of the three shifted by its own rule
     removes_tokens = False

@@ -59,21 +59,11 @@ TEXT_FAMILIES = {
     "qwen2": ("qwen2", "Qwen2Adapter"),
 }
 
-#: why the Captum baselines other than input_x_gradient and integrated_gradients are not run on a VLM
-#: (``Adapter.refused_methods``)
-_CAPTUM_REASON = ("on a vision-language model input_x_gradient and integrated_gradients attribute the pixels and "
-                  "the text's word embeddings at once; this method's perturbations (noise, ablated patches and "
-                  "tokens) are not defined for the two inputs together here, and moving one while holding the other "
-                  "fixed would give the image tokens (or the text) a score of zero that means nothing. Use "
-                  "input_x_gradient, integrated_gradients, attnlrp, cp_lrp or lrp (pixels and tokens), or "
-                  "token_ablation")
-
 #: methods without a meaning on a VLM, and why
 VLM_REFUSED_METHODS = {
     "pa_lrp": "its positional relevance is one (B, T) map over the position encodings of one token set; a VLM has "
               "two (the vision tower's position embedding over the patch grid and the language model's rotary "
               "positions over the sequence). Use attnlrp or cp_lrp",
-    **{m: _CAPTUM_REASON for m in ("smoothgrad", "occlusion", "kernel_shap")},
 }
 
 

@@ -27,8 +27,8 @@ module only hands Captum a forward function and reads its attributions back:
   features are the row's *context* — its real tokens up to the one read
   (``adapter.layout(prepared).mask``). Tokens after the read position are
   treated like padding: they keep their embeddings and score 0.
-* **vision-language models** (Input × Gradient, Integrated Gradients): the pixels and the text's word embeddings
-  are attributed together, in one replay; an image token scores its patches' pixel sum (:func:`_vlm_result`).
+* **vision-language models**: the pixels and the text's word embeddings are attributed together, in one replay;
+  an image token scores its patches' (:mod:`lrp_core.methods.baselines_vlm`).
 * **one sample at a time** (all but Input × Gradient): each sample is
   attributed alone, cut to its features where the cut row is the row alone
   (:class:`_Row`), with the generator seeded by ``seed`` (the global generator
@@ -41,9 +41,9 @@ Captum directly on the very function the methods use.
 """
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +53,16 @@ from ..adapters.base import Adapter
 from ..errors import InputError, UnsupportedModelError
 from ..runtime.extras import require
 from ..runtime.guard import engine_hook
+from .baselines_vlm import contrast as _contrast
+from .baselines_vlm import (
+    is_vlm,
+    vlm_input_x_gradient,
+    vlm_integrated_gradients,
+    vlm_kernel_shap,
+    vlm_occlusion,
+    vlm_smoothgrad,
+)
+from .baselines_vlm import output_replaced as _output_replaced
 from .call import Call, MethodResult
 
 #: What ``baseline`` may name: images "zeros" | "blur", text "zeros" | "pad" | "mask" (or a token id).
@@ -102,24 +112,6 @@ class Attributed:
             ``args`` with each tensor cut to row ``i`` (``[i:i + 1]``); other arguments as they are.
         """
         return tuple(a[i:i + 1] if isinstance(a, Tensor) else a for a in self.args)
-
-
-def _contrast(logits: Tensor, negative: Optional[Tensor]) -> Tensor:
-    """(B, C) logits, or ``y_c − y_negative`` for every class c (Captum's target then picks y_t − y_negative)."""
-    return logits if negative is None else logits - logits.gather(1, negative[:, None].to(logits.device))
-
-
-@contextmanager
-def _output_replaced(module: nn.Module, value: Tensor) -> Iterator[None]:
-    """``module`` returns ``value`` instead of its output while the context lasts (an engine hook, removed on exit
-    whatever ends the context; the user's hooks on ``module`` run before it and stay)."""
-    def hook(mod: nn.Module, args: Any, out: Tensor) -> Tensor:
-        if out.shape != value.shape:
-            raise InputError(f"embeddings of shape {tuple(value.shape)} given for a batch whose word embeddings "
-                             f"have shape {tuple(out.shape)}")
-        return value
-    with engine_hook(module, hook):
-        yield
 
 
 def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
@@ -408,125 +400,11 @@ def input_x_gradient(c: Call) -> MethodResult:
         (B, H, W); the target (B,) and the logits (B, C).
     """
     InputXGradient = require("captum.attr", extra="baselines", what="input_x_gradient").InputXGradient
-    if _is_vlm(c):
-        return _vlm_input_x_gradient(c, InputXGradient)
+    if is_vlm(c):
+        return vlm_input_x_gradient(c, InputXGradient)
     a, target, logits = _start(c, grad=True)
     attr = InputXGradient(a.forward).attribute(a.inputs, target=target, additional_forward_args=a.args)
     return _result(c, a, attr, target, logits, per_feature=False)
-
-
-@dataclass
-class _VLMInputs:
-    """What Captum attributes on a vision-language model: ``forward(pixels, words, *args)`` → logits (B, C).
-
-    Attributes:
-        forward: the replay from the pixels (B, k, 3, H, W) and the word embeddings (B, T, D) to the (contrasted)
-            logits; ``words`` stand in for the output of the language model's token embedding (an engine hook for
-            that replay).
-        inputs: (pixels, words), detached copies of the method's own.
-        args: the prepared entries besides the pixels, and the contrast class.
-        text: (B, T) bool, the text features: context tokens that are not image placeholders.
-    """
-
-    forward: Callable[..., Tensor]
-    inputs: tuple
-    args: tuple
-    text: Tensor
-
-
-def _vlm_inputs(c: Call) -> _VLMInputs:
-    """The forward function and the two inputs of a vision-language model (:class:`_VLMInputs`).
-
-    Raises
-    ------
-    UnsupportedModelError
-        If the model's ``pixel_values`` are not images (B, k, 3, H, W).
-    """
-    adapter: Any = c.adapter  # a VLMAdapter (its ``text`` decoder and ``image_token_id``)
-    prepared = c.prepared
-    images = prepared["pixel_values"]
-    if images.dim() != 5:
-        raise UnsupportedModelError(f"{type(adapter.model).__name__}: its pixel_values are not images (B, k, 3, H, "
-                                    "W), so the Captum baselines have no pixel map to give")
-    module = adapter.text.model.get_input_embeddings()
-    ids = prepared["input_ids"]
-    with torch.no_grad():
-        words = module(ids).detach()
-    keys = tuple(k for k in prepared if k != "pixel_values")
-
-    def forward(pixels: Tensor, embeds: Tensor, *values: Any) -> Tensor:
-        *entries, neg = values
-        with _output_replaced(module, embeds):
-            trace = adapter.forward({**dict(zip(keys, entries)), "pixel_values": pixels},
-                                    grad=torch.is_grad_enabled())
-        return _contrast(trace.logits, neg)
-
-    mask = adapter.layout(prepared).mask  # a decoder's layout always has one
-    text = (ids != adapter.image_token_id) & mask.bool().to(ids.device)
-    return _VLMInputs(forward, (images.detach().clone(), words.clone()),
-                      tuple(prepared[k] for k in keys) + (c.negative,), text)
-
-
-def _vlm_result(c: Call, v: _VLMInputs, attr: tuple, target: Tensor, logits: Tensor, **extra: Any) -> MethodResult:
-    """Scores (B, T) and pixels (B, H, W) from the attributions of the pixels and the word embeddings.
-
-    A text token scores Σ_D of its embedding's attribution; an image token the pixel attribution summed over the
-    patches it carries (the layout's ``image_tokens``); other positions 0. ``pixels`` with one image per row.
-    """
-    attr_pixels, attr_words = (t.detach() for t in attr)
-    scores = attr_words.sum(-1) * v.text.to(attr_words.dtype)
-    layout: Any = c.adapter.layout(c.prepared)  # a VLM's: with its patch grid and image tokens
-    h, w = layout.grid
-    B, k, _, H, W = attr_pixels.shape
-    per_pixel = attr_pixels.sum(dim=2)  # (B, k, H, W)
-    patches = per_pixel.reshape(B, k, h, H // h, w, W // w).sum(dim=(3, 5)).reshape(B, k * h * w)
-    scores = scores.scatter_add(1, layout.image_tokens.to(scores.device), patches.to(scores.dtype))
-    return MethodResult(scores=scores, target=target, logits=logits, pixels=per_pixel[:, 0] if k == 1 else None,
-                        **extra)
-
-
-def _is_vlm(c: Call) -> bool:
-    """A vision-language model's call: its adapter names an image token and the batch holds pixels."""
-    return getattr(c.adapter, "image_token_id", None) is not None and "pixel_values" in c.prepared
-
-
-def _vlm_start(c: Call) -> tuple[_VLMInputs, Tensor, Tensor]:
-    """The inputs, the target (B,) and the logits (B, C) of a vision-language model's call."""
-    with torch.no_grad():
-        logits = c.adapter.forward(c.prepared).logits
-    return _vlm_inputs(c), c.resolve(logits).to(logits.device), logits
-
-
-def _vlm_input_x_gradient(c: Call, InputXGradient: Any) -> MethodResult:
-    """Input × gradient of a vision-language model at its two inputs at once, the pixels and the word embeddings,
-    in one replay (:func:`_vlm_result` gives the scores)."""
-    v, target, logits = _vlm_start(c)
-    inputs = tuple(t.requires_grad_(True) for t in v.inputs)
-    attr = InputXGradient(v.forward).attribute(inputs, target=target, additional_forward_args=v.args)
-    return _vlm_result(c, v, attr, target, logits)
-
-
-def _vlm_integrated_gradients(c: Call, IntegratedGradients: Any) -> MethodResult:
-    """Integrated Gradients of a vision-language model from zero pixels and zero text embeddings (padding and the
-    image placeholders keep theirs), each row alone (as a batch of one: Captum's chunks of steps are the row's)."""
-    if c.opt.baseline != "zeros":
-        raise InputError(f"baseline={c.opt.baseline!r}: on a vision-language model integrated_gradients starts from "
-                         "baseline='zeros' only (zero pixels and zero text embeddings)")
-    v, target, logits = _vlm_start(c)
-    pixels, words = v.inputs
-    ref = (torch.zeros_like(pixels), torch.where(v.text[..., None].to(words.device), 0.0, words))
-    ig, deltas, rows = IntegratedGradients(v.forward), [], []
-    for i in range(pixels.shape[0]):
-        args = tuple(a[i:i + 1] if isinstance(a, Tensor) else a for a in v.args)
-        attr, delta = ig.attribute((pixels[i:i + 1].requires_grad_(True), words[i:i + 1].requires_grad_(True)),
-                                   baselines=(ref[0][i:i + 1], ref[1][i:i + 1]), target=target[i:i + 1],
-                                   additional_forward_args=args, n_steps=c.opt.n_steps,
-                                   internal_batch_size=c.opt.batch_size, return_convergence_delta=True)
-        rows.append(attr)
-        deltas.append(delta.detach())
-    attr = tuple(torch.cat([r[j] for r in rows]) for j in range(2))
-    return _vlm_result(c, v, attr, target, logits, convergence_delta=torch.cat(deltas),
-                       used={"baseline": c.opt.baseline, "n_steps": c.opt.n_steps})
 
 
 def integrated_gradients(c: Call) -> MethodResult:
@@ -549,8 +427,8 @@ def integrated_gradients(c: Call) -> MethodResult:
         If the ``baseline`` option does not fit the input kind or names no token of the model.
     """
     IntegratedGradients = require("captum.attr", extra="baselines", what="integrated_gradients").IntegratedGradients
-    if _is_vlm(c):
-        return _vlm_integrated_gradients(c, IntegratedGradients)
+    if is_vlm(c):
+        return vlm_integrated_gradients(c, IntegratedGradients)
     a, target, logits = _start(c, grad=True)
     ref, ig, deltas = reference(c, a), IntegratedGradients(a.forward), []
 
@@ -582,6 +460,8 @@ def smoothgrad(c: Call) -> MethodResult:
     """
     captum = require("captum.attr", extra="baselines", what="smoothgrad")
     InputXGradient, NoiseTunnel = captum.InputXGradient, captum.NoiseTunnel
+    if is_vlm(c):
+        return vlm_smoothgrad(c, InputXGradient)
     a, target, logits = _start(c, grad=True)
     tunnel = NoiseTunnel(InputXGradient(a.forward))
 
@@ -616,6 +496,8 @@ def occlusion(c: Call) -> MethodResult:
         If the ``baseline`` option does not fit the input kind or names no token of the model.
     """
     FeatureAblation = require("captum.attr", extra="baselines", what="occlusion").FeatureAblation
+    if is_vlm(c):
+        return vlm_occlusion(c, FeatureAblation)
     a, target, logits = _start(c)
     ref, mask, ablation = reference(c, a), feature_mask(c, a), FeatureAblation(a.forward)
 
@@ -650,6 +532,8 @@ def kernel_shap(c: Call) -> MethodResult:
         If the ``baseline`` option does not fit the input kind or names no token of the model.
     """
     KernelShap = require("captum.attr", extra="baselines", what="kernel_shap").KernelShap
+    if is_vlm(c):
+        return vlm_kernel_shap(c, KernelShap)
     a, target, logits = _start(c)
     ref, mask = reference(c, a), feature_mask(c, a)
     shap = KernelShap(a.forward)

@@ -15,11 +15,12 @@ from lrp_core.adapters import get_adapter
 from lrp_core.adapters.decoder import position_ids
 from lrp_core.adapters.idefics3 import bucketised_position_ids, pixel_shuffle, pixel_unshuffle
 from lrp_core.errors import InputError, UnsupportedModelError
+from lrp_core.methods.baselines import CAPTUM_METHODS
 
 RUN = tuple(m for m in lrp_core.METHODS if m not in get_adapter(make_smolvlm()).refused_methods)
-REFUSED = ("pa_lrp", "smoothgrad", "occlusion", "kernel_shap")
+REFUSED = ("pa_lrp",)
 #: the methods whose scores are the language model's alone (the Captum baselines' image tokens hold the pixels')
-LM_PART = tuple(m for m in RUN if m not in ("input_x_gradient", "integrated_gradients"))
+LM_PART = tuple(m for m in RUN if m not in CAPTUM_METHODS)
 CLASSES = ("SmolVLM", "Idefics3")
 
 

@@ -13,12 +13,13 @@ from lrp_core import explain
 from lrp_core.adapters import get_adapter
 from lrp_core.adapters.decoder import position_ids
 from lrp_core.errors import InputError, UnsupportedModelError
+from lrp_core.methods.baselines import CAPTUM_METHODS
 
-#: the methods that run on a VLM (pa_lrp, smoothgrad, occlusion and kernel_shap are refused by method)
+#: the methods that run on a VLM (pa_lrp is refused by method)
 RUN = tuple(m for m in lrp_core.METHODS if m not in get_adapter(make_llava()).refused_methods)
-REFUSED = ("pa_lrp", "smoothgrad", "occlusion", "kernel_shap")
+REFUSED = ("pa_lrp",)
 #: the methods whose scores are the language model's alone (the Captum baselines' image tokens hold the pixels')
-LM_PART = tuple(m for m in RUN if m not in ("input_x_gradient", "integrated_gradients"))
+LM_PART = tuple(m for m in RUN if m not in CAPTUM_METHODS)
 #: (tower, vision_feature_layer, strategy)
 CONFIGS = [("dinov2", -1, "default"), ("dinov2", -2, "full"), ("clip", -1, "default"), ("clip", -2, "full")]
 
@@ -189,7 +190,8 @@ def test_a_padded_batch_gives_each_row_its_explanation_alone(side):
     rows = _rows()
     x = inputs(rows, side=side)
     T = x["input_ids"].shape[1]
-    for method in RUN:
+    # smoothgrad, occlusion and kernel_shap: tests/adapters/test_vlm_captum_features.py, with fewer samples
+    for method in (m for m in RUN if m not in ("smoothgrad", "occlusion", "kernel_shap")):
         both = explain(model, x, method=method)
         for i, row in enumerate(rows):
             alone = explain(model, {"input_ids": torch.tensor([row]), "attention_mask": torch.ones(1, len(row)),
