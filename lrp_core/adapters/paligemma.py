@@ -20,12 +20,16 @@
 * Positions count from 1: the model's default ``position_ids`` are ``1 … T`` (``generate``: 1 from each row's
   first real token); the replay's default is the latter, so a padded row is read as alone. Given ``position_ids``
   are used as given.
+* The final logit soft-cap of PaliGemma 2 is replayed only where the model's ``forward`` applies it: its config
+  carries ``final_logit_softcapping`` in every transformers version, but transformers 5.17's forward ignored it
+  (the logits were uncapped) and later versions cap them (:func:`forward_caps_logits`).
 
 Shapes: B rows, N_v tower tokens (= P image tokens), D_v tower width, D language-model width.
 """
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 import torch
@@ -37,6 +41,28 @@ from ..rules.ops import LAYERNORM, LINEAR
 from .blocks import Replay
 from .vlm import VLMEmbeddingRecord
 from .vlm_groups import GroupedAttentionVLM
+
+
+def forward_caps_logits(model: nn.Module) -> bool:
+    """Whether ``type(model).forward`` soft-caps the logits by the text config's ``final_logit_softcapping``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A ``PaliGemmaForConditionalGeneration`` (or a subclass).
+
+    Returns
+    -------
+    bool
+        True where the forward's source reads the cap (transformers after 5.17); False where it does not, so the
+        logits the model returns are uncapped whatever its config says. Without source code (a frozen build) the
+        config is taken at its word: True.
+    """
+    try:
+        source = inspect.getsource(type(model).forward)
+    except (OSError, TypeError):
+        return True
+    return "final_logit_softcapping" in source
 
 
 class PaliGemmaAdapter(GroupedAttentionVLM):
@@ -57,6 +83,8 @@ class PaliGemmaAdapter(GroupedAttentionVLM):
         # config's use_bidirectional_attention has no effect: the text adapter sees a copy with it off
         text_config = copy.copy(self.model.config.text_config)
         text_config.use_bidirectional_attention = False
+        if not forward_caps_logits(self.model):  # the config's cap, which this forward does not apply
+            text_config.final_logit_softcapping = None
         return base.language_model, self.model.lm_head, text_config, base.vision_tower, -1
 
     def groups_of(self, token_type_ids: Tensor) -> Tensor:

@@ -445,3 +445,32 @@ def test_the_gemma_2_and_paligemma_refusal_rows_let_these_classes_through():
     from lrp_core.adapters import REFUSED as ROWS
     for model in (make_gemma3(), make_paligemma(1), make_paligemma(2)):
         assert not any(matches(model) for _, matches, _ in ROWS), type(model).__name__
+
+
+def test_a_paligemma_2_whose_forward_does_not_cap_the_logits_is_replayed_uncapped():
+    """transformers 5.17's PaliGemma forward ignored its config's final_logit_softcapping (later versions apply it):
+    the replay follows the forward, not the config. A subclass with such a forward stands in for 5.17 here; its
+    logits differ from the capped model's by far more than the replay's deviation."""
+    from transformers import PaliGemmaForConditionalGeneration
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from lrp_core.adapters.paligemma import forward_caps_logits
+
+    class UncappedPaliGemma(PaliGemmaForConditionalGeneration):
+        def forward(self, input_ids=None, pixel_values=None, attention_mask=None, token_type_ids=None,
+                    position_ids=None, **kwargs):
+            out = self.model(input_ids=input_ids, pixel_values=pixel_values, attention_mask=attention_mask,
+                             token_type_ids=token_type_ids, position_ids=position_ids, **kwargs)
+            return CausalLMOutputWithPast(logits=self.lm_head(out.last_hidden_state))
+
+    UncappedPaliGemma.__module__ = PaliGemmaForConditionalGeneration.__module__  # transformers' class, as in 5.17
+    capped = make_paligemma(2)
+    uncapped = UncappedPaliGemma(capped.config).eval().to(torch.float64)
+    uncapped.load_state_dict(capped.state_dict())
+    assert forward_caps_logits(capped) and not forward_caps_logits(uncapped)
+    x, positions = _pali_inputs("left"), FAMILIES["paligemma2"][2]
+    with torch.no_grad():
+        gap = (capped(**x).logits - uncapped(**x).logits).abs().max()
+    assert gap > 1e-2
+    assert _replay_deviation(uncapped, x, positions) <= 1e-10
+    assert _replay_deviation(capped, x, positions) <= 1e-10
