@@ -21,6 +21,7 @@ from ..errors import InputError
 from ..rules.composites import Composite, Propagation
 from ..runtime.precision import compute_precision
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward, block_relprop
+from .parts import ModelPart
 from .readouts import PositionReadout, Readout
 from .records import AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout, Trace
 
@@ -28,7 +29,7 @@ from .records import AttentionRecord, BlockRecord, BlockRelevance, EmbeddingReco
 class Adapter(ABC):
     """One model, replayed from its own submodules. Subclasses set the attributes and the abstract methods."""
 
-    model: nn.Module
+    model: ModelPart  # the user's model, read by attribute name (lrp_core.adapters.parts)
     blocks: list  # BlockSpec per block, in forward order (a shared layer appears once per use)
     readout: Readout  # the readout, where it does not depend on the batch (else see readout_for)
     modality: str  # "image" | "text"

@@ -34,6 +34,7 @@ from ..rules.ops import LINEAR
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
+from .parts import ModelPart
 from .readouts import HeadLayer, PositionReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -223,7 +224,7 @@ class _RowRotary:
         return getattr(self.__dict__["_module"], name)
 
 
-def _fresh_inv_freq(module: nn.Module, kind: str, seq_len: Tensor, layer_type: Optional[str]) -> Tensor:
+def _fresh_inv_freq(module: ModelPart, kind: str, seq_len: Tensor, layer_type: Optional[str]) -> Tensor:
     """The inverse frequencies the module uses, freshly loaded, for a call whose longest position is ``seq_len − 1``.
 
     ``longrope``: the long factors past ``original_max_position_embeddings``, else the short ones; ``dynamic``:
@@ -245,7 +246,7 @@ def _fresh_inv_freq(module: nn.Module, kind: str, seq_len: Tensor, layer_type: O
     return ROPE_INIT_FUNCTIONS[kind](module.config, original.device, seq_len=seq_len, layer_type=layer_type)[0]
 
 
-def row_rotary_tables(module: nn.Module, x: Tensor, positions: Tensor, mask: Optional[Tensor],
+def row_rotary_tables(module: ModelPart, x: Tensor, positions: Tensor, mask: Optional[Tensor],
                       layer_type: Optional[str] = None) -> tuple[Tensor, Tensor]:
     """The rotary tables of the model's rotary ``module`` at ``positions``, each row's as for the row alone.
 
@@ -324,7 +325,7 @@ class DecoderAdapter(Adapter):
     #: text with a padding mask; the additive values are the dtype's minimum (:func:`causal_bias`)
     mask_value = float("-inf")
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         self.config = getattr(model, "config", None)
         self.base, layers, final_norm = self._stack()
@@ -340,7 +341,7 @@ class DecoderAdapter(Adapter):
         self.pools = self.readout.head_layers[0].module is getattr(self.model, "score", None)
 
     # ------------------------------------------------------------ the family's part
-    def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
+    def _stack(self) -> tuple[ModelPart, Sequence[ModelPart], ModelPart]:
         """(the decoder stack, its layers, its final norm): the Llama layout ``model.model`` with ``layers``
         and ``norm`` (GPT-2 overrides: ``model.transformer`` with ``h`` and ``ln_f``)."""
         base = getattr(self.model, "model", None)
@@ -360,7 +361,7 @@ class DecoderAdapter(Adapter):
         """The layers after the final norm: the head alone (Gemma 2 adds its logit soft-cap)."""
         return [HeadLayer(LINEAR, self._head())]
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """A Llama-layout decoder layer: RMSNorm → attention (GQA, RoPE) → RMSNorm → gated MLP, pre-norm."""
         try:
             att, mlp = layer.self_attn, layer.mlp
@@ -372,7 +373,7 @@ class DecoderAdapter(Adapter):
                 f"layer {i} ({type(layer).__name__}) does not have the Llama layout (input_layernorm, self_attn "
                 f"with q/k/v/o_proj, post_attention_layernorm, mlp with gate/up/down_proj): {e}") from None
 
-    def _attention(self, att: nn.Module, **extra: Any) -> AttentionSpec:
+    def _attention(self, att: ModelPart, **extra: Any) -> AttentionSpec:
         """An HF decoder attention: q/k/v/o projections, shared kv heads, RoPE, the model's scale and window."""
         cfg = self.config
         window = extra.pop("window", getattr(att, "sliding_window", None))

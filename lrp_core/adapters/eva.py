@@ -34,6 +34,7 @@ from ..rules.composites import Composite
 from ..rules.linear import LinearView, effective_linear, is_linear
 from .blocks import IDENTITY, AttentionSpec, BlockSpec, MlpSpec
 from .kernels import pairs_to_halves
+from .parts import ModelPart
 from .readouts import Readout
 from .records import Trace
 from .vit import TimmViTAdapter
@@ -100,7 +101,7 @@ class GammaScale(nn.Module):
         return getattr(self.block, self.name) * x
 
 
-def _eva_mlp(mlp: nn.Module, where: str) -> MlpSpec:
+def _eva_mlp(mlp: ModelPart, where: str) -> MlpSpec:
     """timm ``Mlp``, ``SwiGLU`` or ``GluMlp`` (SwiGLUPacked) as an :class:`MlpSpec`."""
     kind = type(mlp).__name__
     norm = getattr(mlp, "norm", IDENTITY)
@@ -133,7 +134,7 @@ class TimmEvaAdapter(TimmViTAdapter):
                 "depend on the image's patch grid; build the model for one image size")
         super().__init__(model)
 
-    def _block(self, i: int, blk: nn.Module) -> BlockSpec:
+    def _block(self, i: int, blk: ModelPart) -> BlockSpec:
         where = f"block {i} ({type(blk).__name__})"
         kind = type(blk).__name__
         if kind not in ("EvaBlock", "EvaBlockPostNorm"):

@@ -23,6 +23,7 @@ from ..rules.linear import LinearView, effective_linear
 from ..rules.ops import POS_ADD
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .decoder import DecoderAdapter
+from .parts import ModelPart
 from .records import EmbeddingRecord, Trace
 
 
@@ -96,13 +97,13 @@ class GPT2Adapter(DecoderAdapter):
                 names[view] = names[view.conv]
         return names
 
-    def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
+    def _stack(self) -> tuple[ModelPart, Sequence[ModelPart], ModelPart]:
         base = getattr(self.model, "transformer", None)
         if self.config is None or base is None or not hasattr(base, "h"):
             raise UnsupportedModelError(f"{type(self.model).__name__}: not a GPT-2 (expected model.transformer.h)")
         return base, base.h, base.ln_f
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """ln_1 → attention (fused c_attn, c_proj) → + → ln_2 → c_fc → GELU → c_proj → +; pre-LN."""
         try:
             att, mlp = layer.attn, layer.mlp

@@ -28,6 +28,7 @@ from ..errors import UnsupportedModelError
 from ..rules.linear import LinearView
 from .blocks import AttentionSpec, MlpSpec, MoeSpec
 from .moe import MoeDecoderAdapter
+from .parts import ModelPart
 
 
 class AttentionSinks(nn.Module):
@@ -102,7 +103,7 @@ class ExpertLinear(LinearView):
 class RouterLinear(LinearView):
     """GPT-OSS's router as a Linear: ``logits = x · Wᵀ + b`` (``W`` (E, D), ``b`` (E,)), read at every call."""
 
-    def __init__(self, owner: nn.Module):
+    def __init__(self, owner: ModelPart):
         super().__init__()
         object.__setattr__(self, "owner", owner)
         self.out_features, self.in_features = (int(n) for n in owner.weight.shape)
@@ -174,7 +175,7 @@ class GptOssAdapter(MoeDecoderAdapter):
         cos, sin = super().rotary_tables(x0, positions, key, mask)
         return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
-    def _moe(self, i: int, mlp: nn.Module) -> MoeSpec:
+    def _moe(self, i: int, mlp: ModelPart) -> MoeSpec:
         router, experts = getattr(mlp, "router", None), mlp.experts
         names = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
         parts = [getattr(experts, n, None) for n in names]

@@ -34,6 +34,7 @@ from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
 from .decoder import given_position_ids, row_rotary_tables
+from .parts import ModelPart
 from .readouts import HeadLayer, MaskedMeanReadout, Readout, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -112,7 +113,7 @@ class ModernBertAdapter(Adapter):
         self.readout = TokenReadout(norm=self.base.final_norm, head_layers=self._head())
         self.vocab_size = int(cfg.vocab_size)
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """attn_norm → attention (Wqkv, RoPE, window) → + → mlp_norm → GLU MLP (Wi halves, Wo) → +."""
         cfg = self.config
         try:

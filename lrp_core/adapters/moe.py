@@ -21,6 +21,7 @@ from ..errors import UnsupportedModelError
 from ..rules.linear import LinearView
 from .blocks import BlockSpec, MlpSpec, MoeSpec
 from .decoder import DecoderAdapter
+from .parts import ModelPart
 
 
 class StackedLinear(LinearView):
@@ -69,7 +70,7 @@ class MoeDecoderAdapter(DecoderAdapter):
     #: the layout's name, for messages
     family = "mixture-of-experts"
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """input norm → attention → + → post-attention norm → MoE (or dense gated) MLP → +."""
         try:
             att, mlp = layer.self_attn, layer.mlp
@@ -83,7 +84,7 @@ class MoeDecoderAdapter(DecoderAdapter):
                 f"self_attn with q/k/v/o_proj, post_attention_layernorm, mlp with gate (router) and experts "
                 f"(gate_up_proj, down_proj) or a dense gate/up/down_proj MLP): {e}") from None
 
-    def _moe(self, i: int, mlp: nn.Module) -> MoeSpec:
+    def _moe(self, i: int, mlp: ModelPart) -> MoeSpec:
         router, experts = mlp.gate, mlp.experts
         stacked = (getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None))
         if any(not isinstance(w, Tensor) or w.dim() != 3 for w in stacked) or \

@@ -47,6 +47,7 @@ from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .checks import NO_EFFECT, input_keys, token_ids
 from .decoder import REFUSED_INPUTS
+from .parts import ModelPart
 from .qwen2 import Qwen2Adapter
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .vlm import VLM_REFUSED_METHODS, LanguageModelView, VLMAdapter, VLMEmbeddingRecord
@@ -137,7 +138,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
     #: packed (t, h, w) M-RoPE positions here would need each of the three shifted by its own rule
     removes_tokens = False
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         Adapter.__init__(self, model)  # the tower is this family's own (not one of vlm.TOWERS)
         if not type(model).__module__.startswith("transformers."):
             raise UnsupportedModelError(f"{type(model).__name__} subclasses a vision-language model outside "
@@ -171,7 +172,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         self.tower_blocks = [self._vision_block(i, layer) for i, layer in enumerate(self.visual.blocks)]
         self.image_token_id = int(cfg.image_token_id)
 
-    def _vision_block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _vision_block(self, i: int, layer: ModelPart) -> BlockSpec:
         """A vision block: pre-norm, fused qkv (query, key, value heads in turn), 2D rotary in float32 (Hugging
         Face rotates float32 copies of q and k with float32 tables), the MLP (gated: SwiGLU; else fc1, act, fc2)."""
         att, mlp = layer.attn, layer.mlp

@@ -55,6 +55,7 @@ from .blocks import NO_RECORD, BlockSpec, Replay
 from .checks import pixel_values
 from .clip import L2Normalize, _prompts, _scaled_embeddings, clip_block
 from .kernels import matmul, plus
+from .parts import ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout
 from .records import EmbeddingRecord, ReadoutRecord, Trace
 from .vit import ViTAdapter, hf_linear_head
@@ -77,7 +78,7 @@ def is_siglip2_tower(vision_model: nn.Module) -> bool:
     return is_linear(getattr(emb, "patch_embedding", None)) and hasattr(emb, "resize_positional_embeddings")
 
 
-def check_siglip_tower(vision_model: nn.Module, name: str) -> None:
+def check_siglip_tower(vision_model: ModelPart, name: str) -> None:
     """Refuse a SigLIP vision tower whose parts the replay does not describe.
 
     Parameters
@@ -110,7 +111,7 @@ class PatchLinearConv(nn.Module):
     weight ``W.reshape(D, p, p, C).permute(0, 3, 1, 2)`` (a view of the model's weight, read at every call; the
     module owns no parameters). The zᴮ rule and the replay see an ordinary patch convolution."""
 
-    def __init__(self, linear: nn.Module, patch_size: int, channels: int):
+    def __init__(self, linear: ModelPart, patch_size: int, channels: int):
         super().__init__()
         object.__setattr__(self, "linear", linear)  # not a child module: no parameters of its own
         self.kernel_size = self.stride = (int(patch_size), int(patch_size))
@@ -132,7 +133,7 @@ class PatchLinearConv(nn.Module):
         return torch.nn.functional.conv2d(x, self.weight, self.bias, stride=self.stride)
 
 
-def siglip_patch_conv(vision_model: nn.Module) -> nn.Module:
+def siglip_patch_conv(vision_model: ModelPart) -> ModelPart:
     """The tower's patch embedding as a convolution on ``(B, C, H, W)``.
 
     Parameters
@@ -211,7 +212,7 @@ def _eager(vision_model: nn.Module) -> bool:
     return getattr(vision_model.config, "_attn_implementation", "eager") == "eager"
 
 
-def siglip_vision_blocks(vision_model: nn.Module) -> list[BlockSpec]:
+def siglip_vision_blocks(vision_model: ModelPart) -> list[BlockSpec]:
     """The blocks of a SigLIP vision tower: CLIP's pre-LN block, one per encoder layer.
 
     Parameters
@@ -248,7 +249,7 @@ def siglip_block(layer: nn.Module, vision_model: nn.Module) -> BlockSpec:
     return spec
 
 
-def siglip_patch_size(vision_model: nn.Module) -> tuple:
+def siglip_patch_size(vision_model: ModelPart) -> tuple:
     """The patch size.
 
     Parameters
@@ -265,7 +266,7 @@ def siglip_patch_size(vision_model: nn.Module) -> tuple:
     return (ps, ps) if isinstance(ps, int) else tuple(ps)
 
 
-def siglip_embed(vision_model: nn.Module, images: Tensor, r: Replay = NO_RECORD, track: bool = False,
+def siglip_embed(vision_model: ModelPart, images: Tensor, r: Replay = NO_RECORD, track: bool = False,
                  conv: Optional[nn.Module] = None) -> EmbeddingRecord:
     """The tower's input layer: patch convolution, then the position embedding added (no prefix token, no norm).
 
@@ -312,7 +313,7 @@ def siglip_embed(vision_model: nn.Module, images: Tensor, r: Replay = NO_RECORD,
     return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=patches, x_pos=x_pos, images=images, patches=patches)
 
 
-def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Tensor, prop: Propagation,
+def siglip_input_relevance(vision_model: ModelPart, emb: EmbeddingRecord, R0: Tensor, prop: Propagation,
                            conv: Optional[nn.Module] = None) -> tuple[Tensor, Tensor]:
     """Relevance of block 0's input → the patches and the pixels: the position add (the patches' share), then
     the zᴮ rule on the patch convolution (docs/METHODS.md §1.13).
@@ -350,7 +351,7 @@ def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Te
 class _SiglipTowerAdapter(ViTAdapter):
     """What the SigLIP image adapters share: the tower ``model.vision_model`` (embedding, blocks, pixels)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         vision = model.vision_model
         check_siglip_tower(vision, type(model).__name__)
@@ -361,7 +362,7 @@ class _SiglipTowerAdapter(ViTAdapter):
         self.num_prefix_tokens = 0
         self.blocks = siglip_vision_blocks(vision)
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         return siglip_block(layer, self.vision)
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
@@ -407,7 +408,7 @@ class HFSiglipAdapter(_SiglipTowerAdapter):
         """Images (B, 3, H, W), or the processor's dict (:meth:`images`); ``prepared``: ``images``."""
         return super().check_inputs(self.images(inputs))
 
-    def _readout(self, model: nn.Module) -> Readout:
+    def _readout(self, model: ModelPart) -> Readout:
         """post_layernorm → the mean of every token → classifier (HF ``torch.mean(..., dim=1)``)."""
         (clf,) = hf_linear_head(model, "classifier")
         return MeanReadout(norm=self.vision.post_layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=0)
@@ -604,7 +605,7 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
 
     shared = ("prompt_ids", "prompt_mask", "prompt_embeddings")
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         if getattr(self.vision, "head", None) is None:
             raise UnsupportedModelError(f"{type(model).__name__} without the vision pooling head "

@@ -38,6 +38,7 @@ from ..rules.composites import Composite, Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import LINEAR, PATCH_CONV, norm_kind
 from .blocks import IDENTITY, NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
+from .parts import ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout
 from .records import BlockRelevance, EmbeddingRecord, Trace
 from .vit import ViTAdapter
@@ -350,7 +351,7 @@ class TimmSwinAdapter(SwinAdapter):
     """timm ``SwinTransformer`` and ``SwinTransformerV2`` (fixed image size, even grids before each merging,
     average pooling; windows padded after the shift, as timm pads them)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         name = type(model).__name__
         if name not in ("SwinTransformer", "SwinTransformerV2"):
@@ -391,7 +392,7 @@ class TimmSwinAdapter(SwinAdapter):
                 if self.v2:
                     self.logit_scales[b] = blk.attn.logit_scale
 
-    def _block(self, i: int, blk: nn.Module) -> BlockSpec:
+    def _block(self, i: int, blk: ModelPart) -> BlockSpec:
         where = f"block {i} ({type(blk).__name__})"
         block_name = "SwinTransformerV2Block" if self.v2 else "SwinTransformerBlock"
         if type(blk).__name__ != block_name or type(blk.attn).__name__ != "WindowAttention":

@@ -25,6 +25,7 @@ from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
 from .base import Adapter
 from .blocks import IDENTITY, NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
+from .parts import ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -106,7 +107,7 @@ class TimmViTAdapter(ViTAdapter):
     """timm ``VisionTransformer`` (ViT, DeiT, DINO, DINOv2 with LayerScale, register tokens) and
     ``VisionTransformerDistilled``; [CLS] or average pooling, with or without a class token."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         name = type(model).__name__
         if getattr(model, "attn_pool", None) is not None or model.global_pool not in ("token", "avg"):
@@ -127,7 +128,7 @@ class TimmViTAdapter(ViTAdapter):
         self.readout = self._readout(model)
 
     @staticmethod
-    def _readout(model: nn.Module) -> Readout:
+    def _readout(model: ModelPart) -> Readout:
         """[CLS], the mean of the tokens after the prefix, or the distilled model's two heads."""
         heads = [model.head] + ([model.head_dist] if getattr(model, "head_dist", None) is not None else [])
         for h in heads:
@@ -141,7 +142,7 @@ class TimmViTAdapter(ViTAdapter):
             return MeanReadout(norm=model.norm, head_layers=head, start=start)
         return TokenReadout(norm=model.norm, head_layers=head)
 
-    def _block(self, i: int, blk: nn.Module) -> BlockSpec:
+    def _block(self, i: int, blk: ModelPart) -> BlockSpec:
         where = f"block {i} ({type(blk).__name__})"
         needed = ("norm1", "attn", "ls1", "norm2", "mlp", "ls2")
         if not all(hasattr(blk, n) for n in needed) or type(blk).__name__ != "Block":
@@ -163,7 +164,7 @@ class TimmViTAdapter(ViTAdapter):
             mlp=MlpSpec(fc1=mlp.fc1, act=mlp.act, fc2=mlp.fc2, mid_norm=getattr(mlp, "norm", IDENTITY)))
 
     @property
-    def patch_norm(self) -> nn.Module:
+    def patch_norm(self) -> ModelPart:
         return self.model.patch_embed.norm
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
@@ -206,7 +207,7 @@ class TimmViTAdapter(ViTAdapter):
 # ----------------------------------------------------------------------------
 # Hugging Face
 # ----------------------------------------------------------------------------
-def hf_attention(att: nn.Module) -> tuple:
+def hf_attention(att: ModelPart) -> tuple:
     """The query, key, value and output projections of a Hugging Face ViT-style attention.
 
     Parameters
@@ -226,7 +227,7 @@ def hf_attention(att: nn.Module) -> tuple:
     return sa.query, sa.key, sa.value, att.output.dense
 
 
-def hf_mlp(layer: nn.Module) -> MlpSpec:
+def hf_mlp(layer: ModelPart) -> MlpSpec:
     """The two-layer MLP of a Hugging Face ViT-style layer.
 
     Parameters
@@ -246,7 +247,7 @@ def hf_mlp(layer: nn.Module) -> MlpSpec:
     return MlpSpec(fc1=layer.intermediate.dense, act=layer.intermediate.intermediate_act_fn, fc2=layer.output.dense)
 
 
-def hf_layers(base: nn.Module) -> nn.ModuleList:
+def hf_layers(base: ModelPart) -> ModelPart:
     """The encoder layers of a Hugging Face ViT-style backbone.
 
     Parameters
@@ -312,11 +313,11 @@ class HFViTAdapter(ViTAdapter):
         self.blocks = [self._block(i, layer) for i, layer in enumerate(hf_layers(base))]
         self.readout = self._readout(model, base)
 
-    def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
+    def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
         (clf,) = hf_linear_head(model, "classifier")
         return TokenReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)])
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         cfg = self.model.config
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
@@ -349,7 +350,7 @@ class HFDeiTAdapter(HFViTAdapter):
     backbone = "deit"
     prefix_names = ("cls_token", "distillation_token")
 
-    def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
+    def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
         if hasattr(model, "distillation_classifier"):
             head, head_dist = hf_linear_head(model, "cls_classifier", "distillation_classifier")
             return TwoHeadReadout(norm=base.layernorm, head=head, head_dist=head_dist)

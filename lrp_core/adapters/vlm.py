@@ -48,6 +48,7 @@ from .blocks import NO_RECORD, AttentionSpec, BlockSpec, Replay, block_forward, 
 from .checks import NO_EFFECT, input_keys, pixel_values
 from .clip import clip_block
 from .decoder import REFUSED_INPUTS, DecoderAdapter
+from .parts import ModelPart
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .siglip import check_siglip_tower, siglip_block, siglip_embed, siglip_patch_conv, siglip_patch_size
 from .vit import ViTAdapter, hf_attention, hf_mlp
@@ -88,12 +89,12 @@ class LanguageModelView(nn.Module):
         self.lm_head = head
         self.config = config
 
-    def get_input_embeddings(self) -> nn.Module:
+    def get_input_embeddings(self) -> ModelPart:
         """The language model's token embedding (``embed_tokens``)."""
         return self.model.get_input_embeddings()
 
 
-def text_adapter(stack: nn.Module, head: nn.Module, config: Any,
+def text_adapter(stack: ModelPart, head: nn.Module, config: Any,
                  families: Optional[Mapping[str, tuple]] = None) -> DecoderAdapter:
     """The decoder adapter of a VLM's language model, chosen by the text config's ``model_type``.
 
@@ -147,7 +148,7 @@ class VisionTower(ViTAdapter):
         self.blocks = [self._block(i, layer) for i, layer in enumerate(self.layers_of(model)[:layers])]
 
     @staticmethod
-    def layers_of(model: nn.Module) -> nn.ModuleList:
+    def layers_of(model: nn.Module) -> ModelPart:
         """All the encoder layers of the tower ``model``, input first."""
         raise NotImplementedError
 
@@ -165,7 +166,7 @@ class CLIPVisionTower(VisionTower):
 
     tower_class = "CLIPVisionModel"
 
-    def __init__(self, model: nn.Module, layers: int):
+    def __init__(self, model: ModelPart, layers: int):
         emb = model.embeddings
         self.patch_conv = emb.patch_embedding
         ps = emb.patch_size
@@ -176,7 +177,7 @@ class CLIPVisionTower(VisionTower):
         super().__init__(model, layers)
 
     @staticmethod
-    def layers_of(model: nn.Module) -> nn.ModuleList:
+    def layers_of(model: ModelPart) -> ModelPart:
         return model.encoder.layers
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
@@ -208,7 +209,7 @@ class Dinov2VisionTower(VisionTower):
 
     tower_class = "Dinov2Model"
 
-    def __init__(self, model: nn.Module, layers: int):
+    def __init__(self, model: ModelPart, layers: int):
         if getattr(model.config, "use_swiglu_ffn", False):
             raise UnsupportedModelError("a DINOv2 vision tower with use_swiglu_ffn=True (DINOv2 giant) multiplies two "
                                         "activations in its MLP, which the block description does not cover")
@@ -221,10 +222,10 @@ class Dinov2VisionTower(VisionTower):
         super().__init__(model, layers)
 
     @staticmethod
-    def layers_of(model: nn.Module) -> nn.ModuleList:
+    def layers_of(model: ModelPart) -> ModelPart:
         return model.encoder.layer
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         cfg = self.model.config
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
@@ -258,7 +259,7 @@ class SiglipVisionTower(VisionTower):
 
     tower_class = "SiglipVisionModel"
 
-    def __init__(self, model: nn.Module, layers: int):
+    def __init__(self, model: ModelPart, layers: int):
         check_siglip_tower(model, "the vision tower")
         self.patch_conv = siglip_patch_conv(model)
         self.patch_size = siglip_patch_size(model)
@@ -268,7 +269,7 @@ class SiglipVisionTower(VisionTower):
         super().__init__(model, layers)
 
     @staticmethod
-    def layers_of(model: nn.Module) -> nn.ModuleList:
+    def layers_of(model: ModelPart) -> ModelPart:
         return model.encoder.layers
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
@@ -375,7 +376,7 @@ class VLMAdapter(Adapter):
     #: the language models the family explains: ``model_type`` -> (adapter module, decoder adapter class)
     text_families: Mapping[str, tuple] = TEXT_FAMILIES
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         if not type(model).__module__.startswith("transformers."):
             # a decoder subclass is checked against its own logits on a text probe; a VLM's needs an image too
@@ -408,7 +409,7 @@ class VLMAdapter(Adapter):
                                                 device=v.device)], 1) for name, v in entries.items()}
 
     # ------------------------------------------------------------ the family's part
-    def _parts(self) -> tuple[nn.Module, nn.Module, Any, nn.Module, int]:
+    def _parts(self) -> tuple[ModelPart, ModelPart, Any, ModelPart, int]:
         """(decoder stack, LM head, text config, vision tower, feature layer)."""
         raise NotImplementedError
 
