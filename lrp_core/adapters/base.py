@@ -211,6 +211,7 @@ class Adapter(ABC):
         """
         if self.mask_value is None:
             return None
+        assert mask is not None, "a model with a padding mask value gets a mask (run_blocks makes one)"
         return (1.0 - mask[:, None, None, :].to(x0.dtype)) * self.mask_value
 
     def block_tokens(self, b: int, row: Tensor) -> Tensor:
@@ -248,11 +249,14 @@ class Adapter(ABC):
                  prepared: Optional[dict], on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
                  release: bool) -> BlockRelevance:
         prop = Propagation(composite, cache=self.shares_weights, names=self._names_for(composite), first=trace.first)
+        assert trace.readout is not None and trace.readout_record is not None, "run_blocks records the readout"
+        R: Optional[Tensor]  # None past stop_block when the pass stops there
         R = trace.readout.relprop(trace.readout_record, R_out, prop)  # the readout the trace was run with
         B, N, _ = R.shape
         L = self.num_blocks
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, N, dtype=R.dtype, device=R.device))
         for b in range(L - 1, stop_block - 1, -1):
+            assert R is not None, "every block above stop_block passes relevance on"
             out.tokens[:, b] = R.sum(-1)  # leaving block b
             R, R_A = block_relprop(self.blocks[b], trace.blocks[b], R, prop, deeper=to_input or b > stop_block)
             out.attn[b] = R_A if on_attention is None else on_attention(b, R_A)
@@ -262,6 +266,7 @@ class Adapter(ABC):
         if R is not None:
             out.inputs = R.sum(-1)
         if to_input:
+            assert prepared is not None and R is not None, "to input space: relevance and the prepared batch"
             out.scores, out.pixels = self.input_relevance(trace, R, prop, prepared)
         return out
 

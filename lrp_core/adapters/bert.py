@@ -97,7 +97,7 @@ class BertAdapter(Adapter):
         """The classification head on [CLS], layer by layer (pooler dense + tanh + classifier, or RoBERTa's)."""
         model = self.model
         clf = getattr(model, "classifier", None)
-        pooler = getattr(self.base, "pooler", None)
+        pooler: ModelPart = getattr(self.base, "pooler", None)
         if is_linear(clf) and pooler is not None and is_linear(getattr(pooler, "dense", None)):
             # BERT: [CLS] -> dense -> tanh -> classifier
             return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation), HeadLayer(LINEAR, clf)]

@@ -270,7 +270,7 @@ def row_rotary_tables(module: ModelPart, x: Tensor, positions: Tensor, mask: Opt
         longest position of the call (:data:`BATCH_DEPENDENT_ROPE`), the choice is made per row, and the module's
         undecorated forward computes each row's tables with them (the module itself is not written to).
     """
-    kinds = getattr(module, "rope_type", "default")
+    kinds: ModelPart = getattr(module, "rope_type", "default")  # a str, or a dict by layer type (Gemma 3)
     kind = kinds if layer_type is None else kinds[layer_type]
     args = () if layer_type is None else (layer_type,)
     if not isinstance(kind, str) or not any(k in kind for k in BATCH_DEPENDENT_ROPE):
@@ -327,8 +327,9 @@ class DecoderAdapter(Adapter):
 
     def __init__(self, model: ModelPart):
         super().__init__(model)
-        self.config = getattr(model, "config", None)
+        self.config: ModelPart = getattr(model, "config", None)  # a transformers config, read by name
         self.base, layers, final_norm = self._stack()
+        assert self.config is not None, "_stack refuses a model without a config"
         self.sdpa = getattr(self.config, "_attn_implementation", "eager") == "sdpa"
         self.blocks = [self._block(i, layer) for i, layer in enumerate(layers)]
         # the head; a batch is read at its rows' positions (readout_for), this one at token 0 only names the head
@@ -352,7 +353,7 @@ class DecoderAdapter(Adapter):
 
     def _head(self) -> nn.Linear:
         """The LM head (``lm_head``, tied or not) or the sequence classifier (``score``)."""
-        head = getattr(self.model, "lm_head", None) or getattr(self.model, "score", None)
+        head: ModelPart = getattr(self.model, "lm_head", None) or getattr(self.model, "score", None)
         if not is_linear(head):
             raise UnsupportedModelError(f"{type(self.model).__name__}: no LM head (lm_head) or classifier (score)")
         return head
@@ -472,12 +473,14 @@ class DecoderAdapter(Adapter):
             words = words.detach().requires_grad_(True)
         return EmbeddingRecord(x0=words, embeds=words)
 
-    def block_context(self, x0: Tensor, mask: Tensor, positions: Optional[Tensor], fused: bool = False) -> list:
+    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
+                      fused: bool = False) -> list:
         """Per block (bias, rope): the causal (+ window) mask and the rotary tables of this batch.
 
         A fused replay of an unpadded batch gets no mask for its full-attention blocks: the kernel's own
         causal mask, so long sequences hold no N×N tensor at all.
         """
+        assert mask is not None, "a decoder always has a padding mask (run_blocks makes one: mask_value is set)"
         if positions is None:
             positions = position_ids(mask)
         plain = fused and self.sdpa and bool(mask.all())

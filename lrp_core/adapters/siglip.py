@@ -38,7 +38,7 @@ Shapes: B batch, P = N patches (no prefix token), D width, C classes (or P promp
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -110,6 +110,8 @@ class PatchLinearConv(nn.Module):
     image processor patchifies) read as the Conv2d it equals on ``(B, C, H, W)`` images: kernel = stride = p,
     weight ``W.reshape(D, p, p, C).permute(0, 3, 1, 2)`` (a view of the model's weight, read at every call; the
     module owns no parameters). The zᴮ rule and the replay see an ordinary patch convolution."""
+
+    linear: ModelPart  # the model's patch Linear (set in __init__, not as a child module)
 
     def __init__(self, linear: ModelPart, patch_size: int, channels: int):
         super().__init__()
@@ -267,7 +269,7 @@ def siglip_patch_size(vision_model: ModelPart) -> tuple:
 
 
 def siglip_embed(vision_model: ModelPart, images: Tensor, r: Replay = NO_RECORD, track: bool = False,
-                 conv: Optional[nn.Module] = None) -> EmbeddingRecord:
+                 conv: Optional[ModelPart] = None) -> EmbeddingRecord:
     """The tower's input layer: patch convolution, then the position embedding added (no prefix token, no norm).
 
     SigLIP: the position embedding is the model's own ``interpolate_pos_encoding`` for the image size: the stored
@@ -314,7 +316,7 @@ def siglip_embed(vision_model: ModelPart, images: Tensor, r: Replay = NO_RECORD,
 
 
 def siglip_input_relevance(vision_model: ModelPart, emb: EmbeddingRecord, R0: Tensor, prop: Propagation,
-                           conv: Optional[nn.Module] = None) -> tuple[Tensor, Tensor]:
+                           conv: Optional[ModelPart] = None) -> tuple[Tensor, Tensor]:
     """Relevance of block 0's input → the patches and the pixels: the position add (the patches' share), then
     the zᴮ rule on the patch convolution (docs/METHODS.md §1.13).
 
@@ -338,6 +340,7 @@ def siglip_input_relevance(vision_model: ModelPart, emb: EmbeddingRecord, R0: Te
     """
     (R_patch, _) = prop(POS_ADD, (emb.tokens, None), R0, output=emb.x_pos)
     ph, pw = siglip_patch_size(vision_model)
+    assert emb.images is not None, "a vision replay records its images (siglip_embed)"
     B, _, H, W = emb.images.shape
     # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
     R_map = R_patch.contiguous().transpose(1, 2).reshape(B, -1, H // ph, W // pw)
@@ -371,6 +374,7 @@ class _SiglipTowerAdapter(ViTAdapter):
     def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
                         prepared: dict) -> tuple[Tensor, Tensor]:
         """Block-0 input relevance → patch scores (B, P) and pixels (B, H, W) (:func:`siglip_input_relevance`)."""
+        assert trace.embedding is not None, "forward records the embedding"
         return siglip_input_relevance(self.vision, trace.embedding, R0, prop, conv=self.patch_conv)
 
     def images(self, inputs) -> Tensor:
@@ -421,6 +425,9 @@ class InProjection(LinearView):
     """One of the query / key / value projections packed in an ``nn.MultiheadAttention``: rows
     ``[i·D, (i+1)·D)`` of ``in_proj_weight`` and ``in_proj_bias``, read at every call (a view: no parameters)."""
 
+    owner: nn.MultiheadAttention  # set in __init__, not as a child module
+    index: int
+
     def __init__(self, attention: nn.MultiheadAttention, index: int):
         super().__init__()
         object.__setattr__(self, "owner", attention)  # not a child module: the view owns no parameters
@@ -446,7 +453,7 @@ class InProjection(LinearView):
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
-@dataclass
+@dataclass(kw_only=True)  # keyword-only: the fields after the base's need no default
 class PoolRecord(ReadoutRecord):
     """The attention-pooling head's forward quantities (one query: the probe).
 
@@ -456,19 +463,19 @@ class PoolRecord(ReadoutRecord):
     (B, 1, D) the residual sum.
     """
 
-    probe: Optional[Tensor] = None
-    lin: dict = field(default_factory=dict)
-    q: Optional[Tensor] = None
-    k: Optional[Tensor] = None
-    v: Optional[Tensor] = None
-    A: Optional[Tensor] = None
-    ctx: Optional[Tensor] = None
-    o: Optional[Tensor] = None
-    ln: Optional[Tensor] = None
-    fc1: Optional[Tensor] = None
-    g: Optional[Tensor] = None
-    fc2: Optional[Tensor] = None
-    y: Optional[Tensor] = None
+    probe: Tensor
+    lin: dict
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    A: Tensor
+    ctx: Tensor
+    o: Tensor
+    ln: Tensor
+    fc1: Tensor
+    g: Tensor
+    fc2: Tensor
+    y: Tensor
 
 
 def _softmax(s: Tensor) -> Tensor:
@@ -487,7 +494,7 @@ class AttentionPoolReadout(Readout):
     from a plain replay of the batch): the pooling's own attention row, as [CLS]'s row is a ViT's.
     """
 
-    def __init__(self, norm: nn.Module, head: nn.Module, head_layers: Sequence[HeadLayer],
+    def __init__(self, norm: nn.Module, head: ModelPart, head_layers: Sequence[HeadLayer],
                  probe_attention: Optional[Tensor] = None):
         self.norm, self.head, self.head_layers = norm, head, [h for h in head_layers
                                                                if not isinstance(h.module, nn.Identity)]
@@ -556,11 +563,12 @@ class AttentionPoolReadout(Readout):
         rec.pooled = inputs[-1] if inputs else h  # the normalised image embedding the similarity reads
         return rec
 
-    def relprop(self, rec: PoolRecord, R_out: Tensor, prop: Propagation) -> Tensor:
+    def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
         """Relevance of the logits (B, P) → of the final hidden states (B, N, D): the head layers, the MLP residual
         (Add, MLP, LayerNorm, a Clone of the attention output), the output projection, A·V, the softmax and q·kᵀ
         (the probe's query absorbs its share), the key and value projections (a Clone of the normed tokens), the
         final norm."""
+        assert isinstance(rec, PoolRecord), "the record of this readout's forward"
         R = R_out
         for layer, x in zip(reversed(self.head_layers), reversed(rec.inputs)):
             R = prop.unary(layer.kind, x, R, layer.module)
@@ -649,6 +657,7 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
             prepared.update(prompt_ids=ids, prompt_mask=mask,
                             prompt_embeddings=_scaled_embeddings(self.model, text, dtype))
             trace = self.forward(prepared)  # the plain replay: the probe's attention of each image
+        assert isinstance(trace.readout_record, PoolRecord), "the attention-pooling readout's record"
         prepared["probe_attention"] = trace.readout_record.A.mean(dim=1)[:, 0].detach()
         return prepared
 

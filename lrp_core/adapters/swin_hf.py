@@ -69,7 +69,7 @@ class HFSwinAdapter(SwinAdapter):
         size = cfg.image_size
         self.image_size = tuple(size) if isinstance(size, (tuple, list)) else (int(size), int(size))
         self.num_prefix_tokens = 0
-        self.patch_norm = emb.norm
+        self._patch_norm = emb.norm
         (clf,) = hf_linear_head(model, "classifier")
         self.readout: Readout = MeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=0)
         grid = tuple(pe.grid_size)

@@ -80,13 +80,17 @@ class ViTAdapter(Adapter):
         """Block-0 input relevance -> pixels: (norm_pre), drop prefix, position add (token part), (patch norm),
         zᴮ conv (docs/METHODS.md §1.13)."""
         emb = trace.embedding
+        assert emb is not None and emb.x_pos is not None and emb.tokens is not None and emb.patches is not None, \
+            "a vision replay records its embedding's tokens, their position sum and the patches (embed)"
         R = prop.unary(LAYERNORM, emb.x_pos, R0, self.norm_pre)
         P0 = self.num_prefix_tokens  # the prefix tokens' relevance is dropped; the rules are element-wise
         R_patch = R[:, P0:]
         if emb.x_pos is not emb.tokens:  # a position embedding was added: the tokens' share of the sum
             (R_patch, _) = prop(POS_ADD, (emb.tokens[:, P0:], None), R_patch, output=emb.x_pos[:, P0:])
         R_patch = prop.unary(LAYERNORM, emb.patches, R_patch, self.patch_norm)
-        h, w = self.layout(prepared).grid
+        grid = self.layout(prepared).grid
+        assert grid is not None, "an image layout has its patch grid"
+        h, w = grid
         # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
         R_map = R_patch.contiguous().transpose(1, 2).reshape(R0.shape[0], -1, h, w)
         (R_px,) = prop(PATCH_CONV, (prepared["images"],), R_map, module=self.patch_conv)
@@ -97,7 +101,12 @@ class ViTAdapter(Adapter):
         return scores, pixels
 
     norm_pre: nn.Module = IDENTITY
-    patch_norm: nn.Module = IDENTITY  # the norm inside the patch embedding (timm's PatchEmbed.norm)
+    _patch_norm: nn.Module = IDENTITY  # what patch_norm gives, where a family sets it when built (Swin)
+
+    @property
+    def patch_norm(self) -> nn.Module:
+        """The norm inside the patch embedding (timm's ``PatchEmbed.norm``), identity where there is none."""
+        return self._patch_norm
 
 
 # ----------------------------------------------------------------------------
@@ -242,7 +251,7 @@ def hf_mlp(layer: ModelPart) -> MlpSpec:
     """
     if hasattr(layer, "mlp"):
         mlp = layer.mlp
-        act = getattr(mlp, "activation_fn", None) or getattr(mlp, "activation", None)
+        act: ModelPart = getattr(mlp, "activation_fn", None) or getattr(mlp, "activation", None)
         return MlpSpec(fc1=mlp.fc1, act=act, fc2=mlp.fc2)
     return MlpSpec(fc1=layer.intermediate.dense, act=layer.intermediate.intermediate_act_fn, fc2=layer.output.dense)
 
