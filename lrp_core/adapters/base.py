@@ -85,6 +85,10 @@ class Adapter(ABC):
     def module_names(self) -> dict:
         """The model's module → its qualified name (``"blocks.0.mlp.fc1"``), built once per adapter: what a
         composite's ``names`` patterns are matched against (a module used twice keeps its first name)."""
+        return self._model_module_names()
+
+    def _model_module_names(self) -> dict:
+        """:attr:`module_names` of the model's own modules (a family adds its views' names to a copy)."""
         return {module: name for name, module in self.model.named_modules()}
 
     def _names_for(self, composite: Optional[Composite]) -> Optional[dict]:

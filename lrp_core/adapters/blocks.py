@@ -43,6 +43,7 @@ from ..rules.ops import (
     norm_kind,
 )
 from .kernels import (
+    SoftCap,
     computed_rotary,
     fused_attention,
     halves_to_pairs,
@@ -66,25 +67,6 @@ LAYOUTS = ("pre_ln", "post_ln", "parallel")
 #: heads: timm, Phi-3, GPT-2), "grouped" (per key/value head its query heads, then its key, then its value:
 #: GPT-NeoX's and Falcon's per-head ``[q, k, v]``, Falcon's new decoder architecture's ``[q…, k, v]``)
 QKV_LAYOUTS = ("split", "grouped")
-
-
-class SoftCap(nn.Module):
-    """``cap · tanh(x / cap)``, the soft-capping of attention scores and logits (Gemma 2), as the model computes it.
-
-    An element-wise non-linearity (operation kind ELEMENTWISE): identity in the explicit passes, the identity rule
-    under AttnLRP (docs/METHODS.md §2f).
-    """
-
-    def __init__(self, cap: float):
-        super().__init__()
-        self.cap = float(cap)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(...) -> (...): divided, tanh, multiplied, in the model's order of operations."""
-        return torch.tanh(x / self.cap) * self.cap
-
-    def extra_repr(self) -> str:
-        return f"cap={self.cap:g}"
 
 
 @dataclass

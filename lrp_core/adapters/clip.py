@@ -291,7 +291,9 @@ class CLIPTextAdapter(Adapter):
         T = x0.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=x0.device).triu(1)
         future = causal.to(x0.dtype)[None, None] * self.mask_value
-        return super().attention_bias(x0, mask) + future
+        padding = super().attention_bias(x0, mask)
+        assert padding is not None, "the text tower has a padding mask value"
+        return padding + future
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         emb = self.model.text_model.embeddings

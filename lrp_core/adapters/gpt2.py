@@ -38,6 +38,8 @@ class Conv1DLinear(LinearView):
     model does and hooks the user put on the conv fire as they would.
     """
 
+    conv: ModelPart  # the model's Conv1D (set in __init__: a plain attribute, not a child module)
+
     def __init__(self, conv: nn.Module):
         super().__init__()
         weight = getattr(conv, "weight", None)
@@ -91,7 +93,7 @@ class GPT2Adapter(DecoderAdapter):
     def module_names(self) -> dict:
         """The model's module → qualified name, each Conv1D view named as its Conv1D (``transformer.h.0.mlp.c_fc``):
         the views are not modules of the model, and a composite's name patterns must reach them."""
-        names = dict(DecoderAdapter.module_names.func(self))
+        names = dict(self._model_module_names())
         for spec in self.blocks:
             for view in (spec.attn.qkv, spec.attn.proj, spec.mlp.fc1, spec.mlp.fc2):
                 names[view] = names[view.conv]
@@ -135,6 +137,7 @@ class GPT2Adapter(DecoderAdapter):
     def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
         """Block-0 input relevance -> the token part of the position add, summed over channels; padding 0."""
         emb = trace.embedding
+        assert emb is not None, "forward records the embedding"
         (R_tok, _) = prop(POS_ADD, (emb.tokens, None), R0, output=emb.x_pos)
         return R_tok.sum(-1) * prepared["attention_mask"].to(R_tok.dtype), None
 

@@ -33,6 +33,10 @@ class StackedLinear(LinearView):
     then 2-D and taken whole: ``index`` ``None``).
     """
 
+    owner: ModelPart  # the model's module holding the stacked weight (set in __init__: plain attributes)
+    pname: str
+    index: Optional[int]
+
     def __init__(self, owner: nn.Module, name: str, index: Optional[int] = None):
         super().__init__()
         object.__setattr__(self, "owner", owner)  # plain attributes: not a child module, no parameters of its own
@@ -86,7 +90,8 @@ class MoeDecoderAdapter(DecoderAdapter):
 
     def _moe(self, i: int, mlp: ModelPart) -> MoeSpec:
         router, experts = mlp.gate, mlp.experts
-        stacked = (getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None))
+        stacked: tuple[ModelPart, ModelPart] = (getattr(experts, "gate_up_proj", None),
+                                                getattr(experts, "down_proj", None))
         if any(not isinstance(w, Tensor) or w.dim() != 3 for w in stacked) or \
                 any(getattr(experts, f"{n}_bias", None) is not None for n in ("gate_up_proj", "down_proj")):
             raise UnsupportedModelError(
@@ -112,7 +117,7 @@ class MoeDecoderAdapter(DecoderAdapter):
         """The model's module → qualified name, each view named too: the router's as the router
         (``model.layers.0.mlp.gate``), an expert's as ``model.layers.0.mlp.experts.<e>.gate_up_proj`` /
         ``.down_proj`` — the views are not modules of the model, and a composite's name patterns must reach them."""
-        names = dict(DecoderAdapter.module_names.func(self))
+        names = dict(self._model_module_names())
         for spec in self.blocks:
             if isinstance(spec.mlp, MoeSpec):
                 names[spec.mlp.router] = names[spec.mlp.router.owner]

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ..rules.composites import ATTNLRP
-from ..rules.ops import norm_kind
+from ..rules.ops import GradientRule, norm_kind
 from ..runtime.guard import model_guard
 from ..runtime.precision import compute_precision
 from .blocks import BlockSpec, MlpSpec
@@ -328,7 +328,7 @@ def _check_norm(module: ModelPart, where: str) -> None:
         return  # no values to compare; the probe refuses a meta model
     x = torch.randn(2, 3, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype=dtype,
                                                                                               device=device)
-    rule = ATTNLRP.rules[norm_kind(module)]
+    rule = cast(GradientRule, ATTNLRP.rules[norm_kind(module)])  # AttnLRP is a modified-gradient rule set
     try:
         with torch.no_grad():
             want, got = module(x), rule.forward(module, x, module=module)
@@ -507,6 +507,7 @@ def verify(adapter: DecoderAdapter, norms: bool = False) -> DecoderAdapter:
     if key not in seen:
         try:
             if norms:
+                assert isinstance(adapter, OpenDecoderAdapter), "only a recognised decoder's norms are checked"
                 adapter.check_norms()
             seen[key] = probe(adapter)
         except UnsupportedModelError as err:
