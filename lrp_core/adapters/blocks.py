@@ -15,7 +15,7 @@ Shapes: B batch, N tokens, D width, H heads, d head width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Mapping, Optional, cast
+from typing import Callable, ClassVar, Literal, Mapping, Optional, cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -112,9 +112,7 @@ class AttentionSpec:
     that order) and puts them back: the same products, element by element, as the model's.
     """
 
-    # the projections: the model's Linears (a peft LoRA layer wrapping one is no nn.Linear), or modules that compute
-    # one from the model's weights (GPT-2's Conv1D, a fused bias): Linear-like parts (lrp_core.adapters.parts)
-    proj: ModelPart
+    proj: ModelPart  # Linear-like parts: the model's Linears (a peft LoRA layer is none), or views (GPT-2's Conv1D)
     num_heads: int
     head_dim: int
     scale: float
@@ -279,8 +277,7 @@ class Replay(RuleChoice):
                  module: Optional[nn.Module] = None) -> Tensor:
         if self.plain:
             return fn(*inputs)
-        # a GradientRule: RuleChoice refused a composite that does not serve a modified-gradient pass
-        return cast(GradientRule, self.rule(kind, module)).forward(fn, *inputs, module=module)
+        return cast(GradientRule, self.rule(kind, module)).forward(fn, *inputs, module=module)  # a gradient rule set
 
     def module(self, kind: str, module: nn.Module, x: Tensor) -> Tensor:
         """A submodule of the model; identities are skipped."""
@@ -496,8 +493,6 @@ def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = N
     m = r.norm(p.norm2, mid) if pre else mid
     moe = None
     lin: dict[str, Tensor]
-    gate: Optional[Tensor]
-    up: Optional[Tensor]
     if isinstance(p.mlp, MoeSpec):
         moe = moe_forward(p.mlp, m.reshape(-1, m.shape[-1]), r)
         lin, g, gate, up = {}, moe.out.reshape(m.shape), None, None
@@ -616,6 +611,12 @@ def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay
 # ----------------------------------------------------------------------------
 # the relevance driver
 # ----------------------------------------------------------------------------
+@overload
+def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
+                  deeper: Literal[True] = True) -> tuple[Tensor, Tensor]: ...
+@overload
+def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
+                  deeper: bool) -> tuple[Optional[Tensor], Tensor]: ...
 def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
                   deeper: bool = True) -> tuple[Optional[Tensor], Tensor]:
     """Propagate the relevance of a block's output to its input and its attention map.

@@ -35,14 +35,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
-from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, Op, norm_kind
+from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, ExplicitRule, Op, norm_kind
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .checks import NO_EFFECT, input_keys, token_ids
@@ -164,7 +164,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         self.frames = int(vcfg.temporal_patch_size)
         self.channels = int(vcfg.in_channels)
         self.windowed = hasattr(self.visual, "fullatt_block_indexes")  # Qwen2.5-VL; Qwen2-VL: full attention
-        self.full_blocks = set(self.visual.fullatt_block_indexes) if self.windowed else None
+        self.full_blocks = set(self.visual.fullatt_block_indexes) if self.windowed else set()
         impl = getattr(vcfg, "_attn_implementation", "eager")
         if impl not in ("eager", "sdpa"):
             raise UnsupportedModelError(f"its vision tower runs {impl!r} attention; explained: eager and sdpa")
@@ -452,8 +452,9 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         # the rule is chosen for the model's Conv3d (a composite's first-layer or by-name choice names it) and
         # applied to the Conv2d it equals on the reassembled image
         conv = self.visual.patch_embed.proj
-        op = Op(PATCH_CONV, (emb.images,), None, _PatchConv2d(conv))
-        (R_px,) = prop.rule(PATCH_CONV, conv).relevance(op, R_map, prop.cache)
+        # the stand-in is duck-typed: the zᴮ rule reads its weight, stride and padding (an explicit rule set's rule)
+        op = Op(PATCH_CONV, (emb.images,), None, cast(nn.Module, _PatchConv2d(conv)))
+        (R_px,) = cast(ExplicitRule, prop.rule(PATCH_CONV, conv)).relevance(op, R_map, prop.cache)
         return scores, R_px.sum(dim=1)
 
 

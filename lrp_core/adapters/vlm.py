@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
@@ -83,7 +83,7 @@ class LanguageModelView(nn.Module):
     ``config`` — what :class:`~lrp_core.adapters.decoder.DecoderAdapter` reads. It holds the model's own modules
     (nothing is copied or changed)."""
 
-    def __init__(self, stack: nn.Module, head: nn.Module, config: Any):
+    def __init__(self, stack: ModelPart, head: nn.Module, config: Any):
         super().__init__()
         self.model = stack
         self.lm_head = head
@@ -122,7 +122,7 @@ def text_adapter(stack: ModelPart, head: nn.Module, config: Any,
     """
     families = TEXT_FAMILIES if families is None else families
     kind = getattr(config, "model_type", None)
-    if kind not in families:
+    if not isinstance(kind, str) or kind not in families:  # a model_type is a str (the keys' type)
         raise UnsupportedModelError(f"its language model is {kind!r}; the language models explained inside this "
                                     f"vision-language model are {', '.join(families)}")
     module, cls = families[kind]
@@ -282,7 +282,8 @@ class SiglipVisionTower(VisionTower):
 
 
 #: the vision towers replayed, by class name
-TOWERS = {cls.tower_class: cls for cls in (CLIPVisionTower, Dinov2VisionTower, SiglipVisionTower)}
+TOWERS: dict[str, type[VisionTower]] = {cls.tower_class: cls for cls in (CLIPVisionTower, Dinov2VisionTower,
+                                                                          SiglipVisionTower)}
 
 
 def vision_tower(module: nn.Module, feature_layer: int) -> VisionTower:
@@ -325,7 +326,7 @@ def vision_tower(module: nn.Module, feature_layer: int) -> VisionTower:
 # ----------------------------------------------------------------------------
 # records
 # ----------------------------------------------------------------------------
-@dataclass
+@dataclass(kw_only=True)  # keyword-only: the fields after the base's need no default
 class VLMEmbeddingRecord(EmbeddingRecord):
     """The input layer of a VLM: the language model's ``x0`` and what made its image part.
 
@@ -340,12 +341,12 @@ class VLMEmbeddingRecord(EmbeddingRecord):
         image_mask: (B, T) bool, the image placeholder tokens.
     """
 
-    vision: Optional[EmbeddingRecord] = None
-    vision_blocks: list = field(default_factory=list)
-    selected: Optional[Tensor] = None
-    connector: dict = field(default_factory=dict)
-    features: Optional[Tensor] = None
-    image_mask: Optional[Tensor] = None
+    vision: EmbeddingRecord
+    vision_blocks: list
+    selected: Tensor
+    connector: dict
+    features: Tensor
+    image_mask: Tensor
 
 
 # ----------------------------------------------------------------------------
@@ -370,9 +371,9 @@ class VLMAdapter(Adapter):
     #: generated token takes in it (the value the model's own ``generate`` gives it)
     generated_token_values: Mapping[str, int] = {}
     #: the prepared entries that hold the rows' images, (B, k, 3, H, W) (not cut along a token axis)
-    image_entries = ("pixel_values",)
+    image_entries: tuple[str, ...] = ("pixel_values",)
     #: the input keys read besides the text's
-    image_inputs = ("pixel_values", "image_sizes")
+    image_inputs: tuple[str, ...] = ("pixel_values", "image_sizes")
     #: the language models the family explains: ``model_type`` -> (adapter module, decoder adapter class)
     text_families: Mapping[str, tuple] = TEXT_FAMILIES
 
@@ -467,6 +468,7 @@ class VLMAdapter(Adapter):
                              "must hold the same number of images (the processor stacks them in row order)")
         k = images.shape[0] // B
         grid = self.tower.layout({"images": images}).grid
+        assert grid is not None, "an image layout has its patch grid"
         P = self.tokens_per_image(grid)
         placeholders = ids == self.image_token_id
         counts = placeholders.sum(dim=1)
@@ -502,6 +504,7 @@ class VLMAdapter(Adapter):
         (``image_tokens`` (B, k·h·w): positions in the sequence, raster order, image after image)."""
         images = prepared["pixel_values"]
         grid = self.tower.layout({"images": images[:, 0]}).grid
+        assert grid is not None, "an image layout has its patch grid"
         ids = prepared["input_ids"]
         # each row's image tokens in order: their positions, first the image tokens, by a stable sort
         where = torch.argsort((ids != self.image_token_id).to(torch.int8), dim=1, stable=True)
