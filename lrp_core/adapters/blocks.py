@@ -269,13 +269,13 @@ class Replay(RuleChoice):
                  record: bool = True, fuse: bool = False):
         self.fuse = fuse
         self.first: Optional[dict] = {} if record else None
-        self.plain = composite is None  # no rule set: every operation its own function (RuleChoice not set up)
+        self.composite = None
         if composite is not None:
             super().__init__(composite, names, self.first)
 
     def __call__(self, kind: str, fn: Callable[..., Tensor], *inputs: Tensor,
                  module: Optional[nn.Module] = None) -> Tensor:
-        if self.plain:
+        if self.composite is None:
             return fn(*inputs)
         return cast(GradientRule, self.rule(kind, module)).forward(fn, *inputs, module=module)  # a gradient rule set
 
