@@ -18,20 +18,19 @@ from __future__ import annotations
 
 from typing import Optional
 
-from torch import nn
-
 from ..errors import UnsupportedModelError
 from ..rules.linear import is_linear
 from ..rules.ops import ELEMENTWISE, LINEAR
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
+from .parts import ModelPart
 from .readouts import HeadLayer
 
 
 class AlbertAdapter(BertAdapter):
     """``AlbertForSequenceClassification``: shared post-LN layers, pooler (dense + tanh) → classifier."""
 
-    def _backbone(self) -> nn.Module:
+    def _backbone(self) -> ModelPart:
         model = self.model
         name = type(model).__name__
         base = getattr(model, "albert", None)
@@ -56,12 +55,12 @@ class AlbertAdapter(BertAdapter):
                 HeadLayer(LINEAR, self.model.classifier)]
 
     @staticmethod
-    def layer_uses(enc: nn.Module, cfg) -> list:
+    def layer_uses(enc: ModelPart, cfg) -> list:
         """The ALBERT layers in the order the encoder runs them (a shared layer once per use)."""
         L, G = cfg.num_hidden_layers, cfg.num_hidden_groups
         return [layer for i in range(L) for layer in enc.albert_layer_groups[int(i / (L / G))].albert_layers]
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         try:
             att = layer.attention
             H, d = att.num_attention_heads, att.attention_head_size
@@ -75,7 +74,7 @@ class AlbertAdapter(BertAdapter):
                 f"{type(layer).__name__} does not have the ALBERT layout (attention.query/key/value/dense/LayerNorm, "
                 f"ffn, activation, ffn_output, full_layer_layer_norm): {e}") from None
 
-    def embedding_projection(self) -> Optional[nn.Module]:
+    def embedding_projection(self) -> Optional[ModelPart]:
         return self.base.encoder.embedding_hidden_mapping_in
 
 

@@ -21,6 +21,7 @@ from ..errors import InputError
 from ..rules.composites import Composite, Propagation
 from ..runtime.precision import compute_precision
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward, block_relprop
+from .parts import ModelPart
 from .readouts import PositionReadout, Readout
 from .records import AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout, Trace
 
@@ -28,7 +29,7 @@ from .records import AttentionRecord, BlockRecord, BlockRelevance, EmbeddingReco
 class Adapter(ABC):
     """One model, replayed from its own submodules. Subclasses set the attributes and the abstract methods."""
 
-    model: nn.Module
+    model: ModelPart  # the user's model, read by attribute name (lrp_core.adapters.parts)
     blocks: list  # BlockSpec per block, in forward order (a shared layer appears once per use)
     readout: Readout  # the readout, where it does not depend on the batch (else see readout_for)
     modality: str  # "image" | "text"
@@ -84,6 +85,10 @@ class Adapter(ABC):
     def module_names(self) -> dict:
         """The model's module → its qualified name (``"blocks.0.mlp.fc1"``), built once per adapter: what a
         composite's ``names`` patterns are matched against (a module used twice keeps its first name)."""
+        return self._model_module_names()
+
+    def _model_module_names(self) -> dict:
+        """:attr:`module_names` of the model's own modules (a family adds its views' names to a copy)."""
         return {module: name for name, module in self.model.named_modules()}
 
     def _names_for(self, composite: Optional[Composite]) -> Optional[dict]:
@@ -210,6 +215,7 @@ class Adapter(ABC):
         """
         if self.mask_value is None:
             return None
+        assert mask is not None, "a model with a padding mask value gets a mask (run_blocks makes one)"
         return (1.0 - mask[:, None, None, :].to(x0.dtype)) * self.mask_value
 
     def block_tokens(self, b: int, row: Tensor) -> Tensor:
@@ -247,11 +253,14 @@ class Adapter(ABC):
                  prepared: Optional[dict], on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
                  release: bool) -> BlockRelevance:
         prop = Propagation(composite, cache=self.shares_weights, names=self._names_for(composite), first=trace.first)
+        assert trace.readout is not None and trace.readout_record is not None, "run_blocks records the readout"
+        R: Optional[Tensor]  # None past stop_block when the pass stops there
         R = trace.readout.relprop(trace.readout_record, R_out, prop)  # the readout the trace was run with
         B, N, _ = R.shape
         L = self.num_blocks
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, N, dtype=R.dtype, device=R.device))
         for b in range(L - 1, stop_block - 1, -1):
+            assert R is not None, "every block above stop_block passes relevance on"
             out.tokens[:, b] = R.sum(-1)  # leaving block b
             R, R_A = block_relprop(self.blocks[b], trace.blocks[b], R, prop, deeper=to_input or b > stop_block)
             out.attn[b] = R_A if on_attention is None else on_attention(b, R_A)
@@ -261,6 +270,7 @@ class Adapter(ABC):
         if R is not None:
             out.inputs = R.sum(-1)
         if to_input:
+            assert prepared is not None and R is not None, "to input space: relevance and the prepared batch"
             out.scores, out.pixels = self.input_relevance(trace, R, prop, prepared)
         return out
 

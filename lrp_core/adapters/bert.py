@@ -21,6 +21,7 @@ from ..rules.ops import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized
+from .parts import ModelPart
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -44,7 +45,7 @@ class BertAdapter(Adapter):
         self.max_length = self._max_length()
         self.vocab_size = int(getattr(model.config, "vocab_size", 0)) or None
 
-    def _backbone(self) -> nn.Module:
+    def _backbone(self) -> ModelPart:
         """The encoder holding ``embeddings`` (``model.base_model``), after checking the BERT layout."""
         model = self.model
         name = type(model).__name__
@@ -74,7 +75,7 @@ class BertAdapter(Adapter):
         pad_offset = getattr(cfg, "pad_token_id", None) if roberta_positions else None
         return max_length - (int(pad_offset) + 1 if pad_offset is not None else 0)
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         if getattr(layer, "crossattention", None) is not None:
             raise UnsupportedModelError(f"layer {i} has cross-attention; only encoders are supported")
         try:
@@ -96,7 +97,7 @@ class BertAdapter(Adapter):
         """The classification head on [CLS], layer by layer (pooler dense + tanh + classifier, or RoBERTa's)."""
         model = self.model
         clf = getattr(model, "classifier", None)
-        pooler = getattr(self.base, "pooler", None)
+        pooler: ModelPart = getattr(self.base, "pooler", None)
         if is_linear(clf) and pooler is not None and is_linear(getattr(pooler, "dense", None)):
             # BERT: [CLS] -> dense -> tanh -> classifier
             return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation), HeadLayer(LINEAR, clf)]
@@ -192,7 +193,7 @@ class BertAdapter(Adapter):
             x0 = r.module(LINEAR, project, x0)
         return EmbeddingRecord(x0=x0, embeds=words)
 
-    def embedding_projection(self) -> Optional[nn.Module]:
+    def embedding_projection(self) -> Optional[ModelPart]:
         """The Linear from the embedding width to the hidden width, or ``None`` (ELECTRA's ``embeddings_project``)."""
         return getattr(self.base, "embeddings_project", None)
 

@@ -15,7 +15,7 @@ Shapes: B batch, N tokens, D width, H heads, d head width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Mapping, Optional
+from typing import Callable, ClassVar, Literal, Mapping, Optional, cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -39,9 +39,11 @@ from ..rules.ops import (
     ROUTE,
     SCALE,
     SOFTMAX,
+    GradientRule,
     norm_kind,
 )
 from .kernels import (
+    SoftCap,
     computed_rotary,
     fused_attention,
     halves_to_pairs,
@@ -56,6 +58,7 @@ from .kernels import (
     softmax_rows,
     times,
 )
+from .parts import ModelPart
 from .records import AttentionRecord, BlockRecord, ExpertRun, MlpRecord, MoeRecord
 
 IDENTITY = nn.Identity()
@@ -64,25 +67,6 @@ LAYOUTS = ("pre_ln", "post_ln", "parallel")
 #: heads: timm, Phi-3, GPT-2), "grouped" (per key/value head its query heads, then its key, then its value:
 #: GPT-NeoX's and Falcon's per-head ``[q, k, v]``, Falcon's new decoder architecture's ``[q…, k, v]``)
 QKV_LAYOUTS = ("split", "grouped")
-
-
-class SoftCap(nn.Module):
-    """``cap · tanh(x / cap)``, the soft-capping of attention scores and logits (Gemma 2), as the model computes it.
-
-    An element-wise non-linearity (operation kind ELEMENTWISE): identity in the explicit passes, the identity rule
-    under AttnLRP (docs/METHODS.md §2f).
-    """
-
-    def __init__(self, cap: float):
-        super().__init__()
-        self.cap = float(cap)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """(...) -> (...): divided, tanh, multiplied, in the model's order of operations."""
-        return torch.tanh(x / self.cap) * self.cap
-
-    def extra_repr(self) -> str:
-        return f"cap={self.cap:g}"
 
 
 @dataclass
@@ -128,14 +112,14 @@ class AttentionSpec:
     that order) and puts them back: the same products, element by element, as the model's.
     """
 
-    proj: nn.Linear
+    proj: ModelPart  # Linear-like parts: the model's Linears (a peft LoRA layer is none), or views (GPT-2's Conv1D)
     num_heads: int
     head_dim: int
     scale: float
-    qkv: Optional[nn.Linear] = None
-    q: Optional[nn.Linear] = None
-    k: Optional[nn.Linear] = None
-    v: Optional[nn.Linear] = None
+    qkv: Optional[ModelPart] = None
+    q: Optional[ModelPart] = None
+    k: Optional[ModelPart] = None
+    v: Optional[ModelPart] = None
     q_norm: nn.Module = IDENTITY
     k_norm: nn.Module = IDENTITY
     ctx_norm: nn.Module = IDENTITY
@@ -183,11 +167,11 @@ class MlpSpec:
     where absent: ``fc2(act(gate(x)) ⊙ up_act(fc1(x)))``.
     """
 
-    fc1: nn.Linear
+    fc1: ModelPart  # Linear-like, as AttentionSpec's projections (an expert's: a view of the stacked weights)
     act: nn.Module
-    fc2: nn.Linear
+    fc2: ModelPart
     mid_norm: nn.Module = IDENTITY
-    gate: Optional[nn.Linear] = None
+    gate: Optional[ModelPart] = None
     fused_gate: bool = False
     up_act: nn.Module = IDENTITY
 
@@ -293,7 +277,7 @@ class Replay(RuleChoice):
                  module: Optional[nn.Module] = None) -> Tensor:
         if self.composite is None:
             return fn(*inputs)
-        return self.rule(kind, module).forward(fn, *inputs, module=module)
+        return cast(GradientRule, self.rule(kind, module)).forward(fn, *inputs, module=module)  # a gradient rule set
 
     def module(self, kind: str, module: nn.Module, x: Tensor) -> Tensor:
         """A submodule of the model; identities are skipped."""
@@ -331,6 +315,7 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
             q, k, v = (t.reshape(B, N, -1, d).transpose(1, 2)
                        for t in lin["qkv"].split([H * d, Hkv * d, Hkv * d], dim=-1))
         return lin, r.norm(p.q_norm, q), r.norm(p.k_norm, k), v
+    assert p.q is not None and p.k is not None and p.v is not None, "an attention without qkv has q, k and v"
     lin = {n: r.module(LINEAR, m, h) for n, m in (("q", p.q), ("k", p.k), ("v", p.v))}
     if p.norm_whole:  # the norms over all heads' channels at once, then the heads
         q, k, v = (t.reshape(B, N, -1, d).transpose(1, 2)
@@ -412,6 +397,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
     lin, q, k, v = _project(p, _padded(p, h), r)
     q_pre = k_pre = None
     if p.rotary:
+        assert rope is not None, "a rotary attention gets its tables (Adapter.block_context)"
         cos, sin = rope
         q_pre, k_pre = q, k
         q, k = _rotate(p, q, cos, sin, r), _rotate(p, k, cos, sin, r)
@@ -435,7 +421,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
         if p.softcap is not None:  # not a module of the model: not recorded as the first element-wise layer
             scores = r(ELEMENTWISE, p.softcap, scores, module=p.softcap)
         masked = scores if bias is None else r(MASK_ADD, plus, scores, bias)
-        softmax = softmax_rows if p.softmax_dtype is None else softmax_float32
+        softmax: Callable[[Tensor], Tensor] = softmax_rows if p.softmax_dtype is None else softmax_float32
         if p.segmented and bias is not None and p.softmax_dtype is not None:
             softmax = segmented_softmax(bias)
         softmax = p.sinks if p.sinks is not None else p.softmax or softmax
@@ -506,6 +492,7 @@ def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = N
         mid = r.norm(p.norm1, mid)
     m = r.norm(p.norm2, mid) if pre else mid
     moe = None
+    lin: dict[str, Tensor]
     if isinstance(p.mlp, MoeSpec):
         moe = moe_forward(p.mlp, m.reshape(-1, m.shape[-1]), r)
         lin, g, gate, up = {}, moe.out.reshape(m.shape), None, None
@@ -586,6 +573,7 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
     parts, where = [run.out for run in runs], [run.tokens for run in runs]
     shared = shared_logit = shared_weight = shared_out = None
     if p.shared is not None:
+        assert p.shared_gate is not None, "a shared expert has its gate"
         shared = _mlp_run(p.shared, x, r)
         shared_logit = r.module(LINEAR, p.shared_gate, x)  # (T, 1)
         shared_weight = r(ROUTE, torch.sigmoid, shared_logit)
@@ -612,6 +600,7 @@ def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay
     if rows is not None:
         x, m = take_rows(x, rows, 1), take_rows(m, rows, 1)
     a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
+    assert isinstance(p.mlp, MlpSpec), "a parallel block's MLP is no mixture of experts"
     lin, g, gate, up = _mlp_forward(p.mlp, m, r)
     lin["fc2"] = r.module(LINEAR, p.mlp.fc2, g)
     f = r.module(SCALE, p.ls2, r.norm(p.post2, lin["fc2"]))
@@ -622,6 +611,12 @@ def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay
 # ----------------------------------------------------------------------------
 # the relevance driver
 # ----------------------------------------------------------------------------
+@overload
+def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
+                  deeper: Literal[True] = True) -> tuple[Tensor, Tensor]: ...
+@overload
+def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
+                  deeper: bool) -> tuple[Optional[Tensor], Tensor]: ...
 def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
                   deeper: bool = True) -> tuple[Optional[Tensor], Tensor]:
     """Propagate the relevance of a block's output to its input and its attention map.
@@ -659,8 +654,10 @@ def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
     R_fc2 = prop.unary(SCALE, branch, R_f, p.ls2)
     R_fc2 = prop.unary(norm_kind(p.post2), branch, R_fc2, p.post2)
     if rec.moe is not None:
+        assert isinstance(p.mlp, MoeSpec), "a mixture of experts' record comes from its MoeSpec"
         R_m = moe_relprop(p.mlp, rec.moe, R_fc2.reshape(rec.moe.out.shape), prop).reshape(rec.m.shape)
     else:
+        assert isinstance(p.mlp, MlpSpec), "an MLP's record comes from its MlpSpec"
         R_g = prop.linear(p.mlp.fc2, rec.g, R_fc2, out=rec.lin["fc2"])
         R_m = _mlp_relprop(p.mlp, rec, prop.unary(norm_kind(p.mlp.mid_norm), rec.g, R_g, p.mlp.mid_norm), prop)
     if pre:
@@ -675,6 +672,7 @@ def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
     R_A, R_h = _attention_relprop(p.attn, rec.attn, R_proj, prop, deeper)
     if not deeper:
         return None, R_A
+    assert R_h is not None, "deeper: the attention passes relevance on to its input"
     if pre:
         R_h = prop.unary(norm_kind(p.norm1), rec.x, R_h, p.norm1)
     return prop.clone(rec.x, R_x, R_h), R_A
@@ -686,6 +684,7 @@ def _parallel_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagati
     its norm, and the block input a Clone of the skip and the norms (one norm feeding both branches: a Clone of
     its output first)."""
     R_x, R_a, R_f = prop(ADD, (rec.x, rec.a, rec.f), R, output=rec.out)
+    assert isinstance(p.mlp, MlpSpec), "a parallel block's MLP is no mixture of experts"
     R_fc2 = prop.unary(SCALE, rec.lin["fc2"], R_f, p.ls2)
     R_fc2 = prop.unary(norm_kind(p.post2), rec.lin["fc2"], R_fc2, p.post2)
     R_g = prop.linear(p.mlp.fc2, rec.g, R_fc2, out=rec.lin["fc2"])
@@ -695,6 +694,7 @@ def _parallel_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagati
     R_A, R_h = _attention_relprop(p.attn, rec.attn, R_proj, prop, deeper)
     if not deeper:
         return None, R_A
+    assert R_h is not None, "deeper: the attention passes relevance on to its input"
     if p.norm2 is p.norm1:
         R_n = prop.unary(norm_kind(p.norm1), rec.x, prop.clone(rec.attn.h, R_h, R_m), p.norm1)
         return prop.clone(rec.x, R_x, R_n), R_A
@@ -703,7 +703,7 @@ def _parallel_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagati
     return prop.clone(rec.x, R_x, R_n1, R_n2), R_A
 
 
-def _mlp_relprop(p: MlpSpec, rec: BlockRecord, R_g: Tensor, prop: Propagation) -> Tensor:
+def _mlp_relprop(p: MlpSpec, rec: BlockRecord | MlpRecord, R_g: Tensor, prop: Propagation) -> Tensor:
     """Relevance of the MLP's hidden units (B, N, F) -> relevance of its input m (B, N, D)."""
     if not p.gated:
         R_g = prop.unary(ELEMENTWISE, rec.lin["fc1"], R_g, p.act)
@@ -766,6 +766,7 @@ def moe_relprop(p: MoeSpec, rec: MoeRecord, R: Tensor, prop: Propagation) -> Ten
     if rec.shared is not None:
         R_sw, R_sy = prop(GATE_MUL, (rec.shared_weight, rec.shared.lin["fc2"]), R_parts[start:], output=rec.shared_out)
         (R_slogit,) = prop(ROUTE, (rec.shared_logit,), R_sw)
+        assert p.shared is not None and p.shared_gate is not None, "the shared expert's record comes from its spec"
         branches += [_expert_relprop(p.shared, rec.shared, R_sy, prop),
                      prop.linear(p.shared_gate, rec.x, R_slogit, out=rec.shared_logit)]
     return prop.clone(rec.x, *branches)
@@ -808,6 +809,7 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
         (R_k,), (R_v,) = prop(KV_REPEAT, (rec.k,), R_k), prop(KV_REPEAT, (rec.v,), R_v)
     q, k = rec.q, rec.k
     if rec.rope is not None:
+        assert rec.q_pre is not None and rec.k_pre is not None, "a rotary attention records q and k before it"
         cos, sin = rec.rope
         R_q = _rotate_relprop(p, rec.q_pre, rec.q, cos, sin, R_q, prop)
         R_k = _rotate_relprop(p, rec.k_pre, rec.k, cos, sin, R_k, prop)
@@ -831,6 +833,7 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
         else:
             R_qkv = torch.cat([t.transpose(1, 2).reshape(B, N, -1) for t in (R_q, R_k, R_v)], dim=-1)
         return R_A, _unpadded(p, prop.linear(p.qkv, h, R_qkv, out=rec.lin["qkv"]), N_in)
+    assert p.q is not None and p.k is not None and p.v is not None, "an attention without qkv has q, k and v"
     R_parts = [prop.linear(m, h, flat(r), out=rec.lin[n])
                for n, m, r in (("q", p.q, R_q), ("k", p.k, R_k), ("v", p.v, R_v))]
     return R_A, _unpadded(p, prop.clone(h, *R_parts), N_in)  # the three-way Clone

@@ -29,6 +29,7 @@ from .base import Adapter
 from .bert import MASK_VALUE
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import attention_mask, pixel_values, token_ids
+from .parts import ModelPart
 from .readouts import HeadLayer, PositionReadout, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .vit import ViTAdapter
@@ -47,7 +48,7 @@ class L2Normalize(nn.Module):
         return x / self.denominator(x)
 
 
-def clip_block(layer: nn.Module, cfg) -> BlockSpec:
+def clip_block(layer: ModelPart, cfg) -> BlockSpec:
     """The block of a CLIP encoder layer (either tower): pre-LN, q/k/v/out projections, two-layer MLP.
 
     Parameters
@@ -93,7 +94,7 @@ def similarity_linear(weight: Tensor) -> nn.Linear:
     return lin.requires_grad_(False)
 
 
-def _scaled_embeddings(model: nn.Module, features: Tensor, dtype: torch.dtype) -> Tensor:
+def _scaled_embeddings(model: ModelPart, features: Tensor, dtype: torch.dtype) -> Tensor:
     """The other tower's output → its normalised embeddings × ``logit_scale.exp()`` (K, E), in ``dtype``
     (or float32 where a half-precision model computed them in float32, lrp_core.runtime.precision)."""
     emb = L2Normalize()(getattr(features, "pooler_output", features))
@@ -111,7 +112,7 @@ class CLIPImageAdapter(ViTAdapter):
     #: entries of a prepared batch shared by all its images (kept whole when the batch is cut into pieces)
     shared = ("prompt_ids", "prompt_mask", "prompt_embeddings")
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         vision = model.vision_model
         emb = vision.embeddings
@@ -127,7 +128,7 @@ class CLIPImageAdapter(ViTAdapter):
                                                  dtype=model.visual_projection.weight.dtype,
                                                  device=model.visual_projection.weight.device))
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         return clip_block(layer, self.model.config.vision_config)
 
     def _readout(self, prompts: Tensor) -> TokenReadout:
@@ -219,7 +220,7 @@ class CLIPTextAdapter(Adapter):
     #: the images' embeddings are shared by every prompt of the batch
     shared = ("image_embeddings",)
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         text = model.text_model
         self.blocks = [self._block(i, layer) for i, layer in enumerate(text.encoder.layers)]
@@ -229,7 +230,7 @@ class CLIPTextAdapter(Adapter):
         self.readout = TokenReadout(norm=text.final_layer_norm, head_layers=self._head(placeholder), index=-1)
         self.max_length = int(text.embeddings.position_embedding.weight.shape[0])
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         return clip_block(layer, self.model.config.text_config)
 
     def _head(self, images: Tensor) -> list:
@@ -290,7 +291,9 @@ class CLIPTextAdapter(Adapter):
         T = x0.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=x0.device).triu(1)
         future = causal.to(x0.dtype)[None, None] * self.mask_value
-        return super().attention_bias(x0, mask) + future
+        padding = super().attention_bias(x0, mask)
+        assert padding is not None, "the text tower has a padding mask value"
+        return padding + future
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         emb = self.model.text_model.embeddings

@@ -34,6 +34,7 @@ from ..rules.ops import LINEAR
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
+from .parts import ModelPart
 from .readouts import HeadLayer, PositionReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -223,7 +224,7 @@ class _RowRotary:
         return getattr(self.__dict__["_module"], name)
 
 
-def _fresh_inv_freq(module: nn.Module, kind: str, seq_len: Tensor, layer_type: Optional[str]) -> Tensor:
+def _fresh_inv_freq(module: ModelPart, kind: str, seq_len: Tensor, layer_type: Optional[str]) -> Tensor:
     """The inverse frequencies the module uses, freshly loaded, for a call whose longest position is ``seq_len − 1``.
 
     ``longrope``: the long factors past ``original_max_position_embeddings``, else the short ones; ``dynamic``:
@@ -245,7 +246,7 @@ def _fresh_inv_freq(module: nn.Module, kind: str, seq_len: Tensor, layer_type: O
     return ROPE_INIT_FUNCTIONS[kind](module.config, original.device, seq_len=seq_len, layer_type=layer_type)[0]
 
 
-def row_rotary_tables(module: nn.Module, x: Tensor, positions: Tensor, mask: Optional[Tensor],
+def row_rotary_tables(module: ModelPart, x: Tensor, positions: Tensor, mask: Optional[Tensor],
                       layer_type: Optional[str] = None) -> tuple[Tensor, Tensor]:
     """The rotary tables of the model's rotary ``module`` at ``positions``, each row's as for the row alone.
 
@@ -269,7 +270,7 @@ def row_rotary_tables(module: nn.Module, x: Tensor, positions: Tensor, mask: Opt
         longest position of the call (:data:`BATCH_DEPENDENT_ROPE`), the choice is made per row, and the module's
         undecorated forward computes each row's tables with them (the module itself is not written to).
     """
-    kinds = getattr(module, "rope_type", "default")
+    kinds: ModelPart = getattr(module, "rope_type", "default")  # a str, or a dict by layer type (Gemma 3)
     kind = kinds if layer_type is None else kinds[layer_type]
     args = () if layer_type is None else (layer_type,)
     if not isinstance(kind, str) or not any(k in kind for k in BATCH_DEPENDENT_ROPE):
@@ -324,10 +325,11 @@ class DecoderAdapter(Adapter):
     #: text with a padding mask; the additive values are the dtype's minimum (:func:`causal_bias`)
     mask_value = float("-inf")
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
-        self.config = getattr(model, "config", None)
+        self.config: ModelPart = getattr(model, "config", None)  # a transformers config, read by name
         self.base, layers, final_norm = self._stack()
+        assert self.config is not None, "_stack refuses a model without a config"
         self.sdpa = getattr(self.config, "_attn_implementation", "eager") == "sdpa"
         self.blocks = [self._block(i, layer) for i, layer in enumerate(layers)]
         # the head; a batch is read at its rows' positions (readout_for), this one at token 0 only names the head
@@ -340,7 +342,7 @@ class DecoderAdapter(Adapter):
         self.pools = self.readout.head_layers[0].module is getattr(self.model, "score", None)
 
     # ------------------------------------------------------------ the family's part
-    def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
+    def _stack(self) -> tuple[ModelPart, Sequence[ModelPart], ModelPart]:
         """(the decoder stack, its layers, its final norm): the Llama layout ``model.model`` with ``layers``
         and ``norm`` (GPT-2 overrides: ``model.transformer`` with ``h`` and ``ln_f``)."""
         base = getattr(self.model, "model", None)
@@ -351,7 +353,7 @@ class DecoderAdapter(Adapter):
 
     def _head(self) -> nn.Linear:
         """The LM head (``lm_head``, tied or not) or the sequence classifier (``score``)."""
-        head = getattr(self.model, "lm_head", None) or getattr(self.model, "score", None)
+        head: ModelPart = getattr(self.model, "lm_head", None) or getattr(self.model, "score", None)
         if not is_linear(head):
             raise UnsupportedModelError(f"{type(self.model).__name__}: no LM head (lm_head) or classifier (score)")
         return head
@@ -360,7 +362,7 @@ class DecoderAdapter(Adapter):
         """The layers after the final norm: the head alone (Gemma 2 adds its logit soft-cap)."""
         return [HeadLayer(LINEAR, self._head())]
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """A Llama-layout decoder layer: RMSNorm → attention (GQA, RoPE) → RMSNorm → gated MLP, pre-norm."""
         try:
             att, mlp = layer.self_attn, layer.mlp
@@ -372,7 +374,7 @@ class DecoderAdapter(Adapter):
                 f"layer {i} ({type(layer).__name__}) does not have the Llama layout (input_layernorm, self_attn "
                 f"with q/k/v/o_proj, post_attention_layernorm, mlp with gate/up/down_proj): {e}") from None
 
-    def _attention(self, att: nn.Module, **extra: Any) -> AttentionSpec:
+    def _attention(self, att: ModelPart, **extra: Any) -> AttentionSpec:
         """An HF decoder attention: q/k/v/o projections, shared kv heads, RoPE, the model's scale and window."""
         cfg = self.config
         window = extra.pop("window", getattr(att, "sliding_window", None))
@@ -471,12 +473,14 @@ class DecoderAdapter(Adapter):
             words = words.detach().requires_grad_(True)
         return EmbeddingRecord(x0=words, embeds=words)
 
-    def block_context(self, x0: Tensor, mask: Tensor, positions: Optional[Tensor], fused: bool = False) -> list:
+    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
+                      fused: bool = False) -> list:
         """Per block (bias, rope): the causal (+ window) mask and the rotary tables of this batch.
 
         A fused replay of an unpadded batch gets no mask for its full-attention blocks: the kernel's own
         causal mask, so long sequences hold no N×N tensor at all.
         """
+        assert mask is not None, "a decoder always has a padding mask (run_blocks makes one: mask_value is set)"
         if positions is None:
             positions = position_ids(mask)
         plain = fused and self.sdpa and bool(mask.all())

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..rules.ops import LINEAR
 from .blocks import AttentionSpec, BlockSpec
+from .parts import ModelPart
 from .readouts import ClsMeanReadout, HeadLayer, Readout
 from .vit import HFViTAdapter, hf_attention, hf_linear_head, hf_mlp
 
@@ -35,11 +36,11 @@ class HFDinov2Adapter(HFViTAdapter):
         super().__init__(model)
         self.image_size = None  # the position grid is interpolated: any multiple of the patch size
 
-    def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
+    def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
         (clf,) = hf_linear_head(model, "classifier")
         return ClsMeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=self.num_prefix_tokens)
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         cfg = self.model.config
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H

@@ -21,6 +21,7 @@ from ..rules.linear import is_linear
 from ..rules.ops import ELEMENTWISE, LINEAR
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
+from .parts import ModelPart
 from .readouts import HeadLayer
 
 #: the classifier's ReLU (the model applies a fresh ``nn.ReLU()`` inline; it has no state)
@@ -33,7 +34,7 @@ class DistilBertAdapter(BertAdapter):
     #: the model's forward takes no token types and no position ids
     honoured_inputs = ("input_ids", "attention_mask")
 
-    def _backbone(self) -> nn.Module:
+    def _backbone(self) -> ModelPart:
         model = self.model
         name = type(model).__name__
         base = getattr(model, "distilbert", None)
@@ -56,7 +57,7 @@ class DistilBertAdapter(BertAdapter):
         return [HeadLayer(LINEAR, self.model.pre_classifier), HeadLayer(ELEMENTWISE, _RELU),
                 HeadLayer(LINEAR, self.model.classifier)]
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         try:
             att, ffn = layer.attention, layer.ffn
             H = self.model.config.n_heads

@@ -34,6 +34,7 @@ from ..rules.composites import Composite
 from ..rules.linear import LinearView, effective_linear, is_linear
 from .blocks import IDENTITY, AttentionSpec, BlockSpec, MlpSpec
 from .kernels import pairs_to_halves
+from .parts import ModelPart
 from .readouts import Readout
 from .records import Trace
 from .vit import TimmViTAdapter
@@ -48,11 +49,13 @@ class BiasedQkv(LinearView):
     (``qkv_bias_separate``).
     """
 
+    attn: ModelPart  # the model's attention (set in __init__: a plain attribute, not a child module)
+
     def __init__(self, attn: nn.Module):
         super().__init__()
         object.__setattr__(self, "attn", attn)  # plain attribute: not a child module
 
-    def linear_parts(self) -> tuple[Tensor, Optional[Tensor]]:
+    def linear_parts(self) -> tuple[Tensor, Tensor]:
         """(weight (3·H·d, D), bias (3·H·d,)) of what ``forward`` computes: where the bias is added after the
         Linear is called, the Linear's effective map (a peft adapter on qkv acts there); inside ``F.linear``, the
         Linear's own weight (the model reads ``qkv.weight``, so an adapter on qkv has no effect)."""
@@ -91,6 +94,8 @@ class BiasedQkv(LinearView):
 class GammaScale(nn.Module):
     """A block's LayerScale parameter (``gamma_1`` or ``gamma_2``) as a module: ``gamma * x``, the block's order."""
 
+    block: ModelPart  # the model's block (set in __init__: a plain attribute)
+
     def __init__(self, block: nn.Module, name: str):
         super().__init__()
         object.__setattr__(self, "block", block)  # plain attribute: the view owns no parameters
@@ -100,7 +105,7 @@ class GammaScale(nn.Module):
         return getattr(self.block, self.name) * x
 
 
-def _eva_mlp(mlp: nn.Module, where: str) -> MlpSpec:
+def _eva_mlp(mlp: ModelPart, where: str) -> MlpSpec:
     """timm ``Mlp``, ``SwiGLU`` or ``GluMlp`` (SwiGLUPacked) as an :class:`MlpSpec`."""
     kind = type(mlp).__name__
     norm = getattr(mlp, "norm", IDENTITY)
@@ -133,7 +138,7 @@ class TimmEvaAdapter(TimmViTAdapter):
                 "depend on the image's patch grid; build the model for one image size")
         super().__init__(model)
 
-    def _block(self, i: int, blk: nn.Module) -> BlockSpec:
+    def _block(self, i: int, blk: ModelPart) -> BlockSpec:
         where = f"block {i} ({type(blk).__name__})"
         kind = type(blk).__name__
         if kind not in ("EvaBlock", "EvaBlockPostNorm"):
@@ -149,6 +154,7 @@ class TimmEvaAdapter(TimmViTAdapter):
         if self.model.rope is not None and int(attn.num_prefix_tokens) != self.num_prefix_tokens:
             raise UnsupportedModelError(f"{where}: its attention leaves {attn.num_prefix_tokens} tokens unrotated, "
                                         f"the model has {self.num_prefix_tokens} prefix tokens")
+        parts: dict[str, ModelPart]
         if attn.qkv is not None:
             qkv = attn.qkv if attn.q_bias is None else BiasedQkv(attn)
             parts = dict(qkv=qkv)
@@ -168,10 +174,11 @@ class TimmEvaAdapter(TimmViTAdapter):
                          ls2=IDENTITY if blk.gamma_2 is None else GammaScale(blk, "gamma_2"))
 
     def forward(self, prepared: dict, *, grad: bool = False, composite: Optional[Composite] = None,
-                track: bool = False, readout: Optional[Readout] = None) -> Trace:
+                track: bool = False, readout: Optional[Readout] = None, read_rows: bool = False) -> Trace:
         """The replay (:meth:`Adapter.forward`); with rotary embeddings the trace names each token's position
         (B, N), which a token ablation keeps for the tokens that remain (their rotary angles stay theirs)."""
-        trace = super().forward(prepared, grad=grad, composite=composite, track=track, readout=readout)
+        trace = super().forward(prepared, grad=grad, composite=composite, track=track, readout=readout,
+                                read_rows=read_rows)
         if self.model.rope is not None:
             B, N = trace.x0.shape[:2]
             trace.positions = torch.arange(N, device=trace.x0.device).expand(B, N)

@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .decoder import DecoderAdapter
+from .parts import ModelPart
 
 
 class FalconAdapter(DecoderAdapter):
@@ -31,13 +32,13 @@ class FalconAdapter(DecoderAdapter):
                                         "describe; only Falcon with rotary embeddings (alibi=False) is supported")
         super().__init__(model)
 
-    def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
+    def _stack(self) -> tuple[ModelPart, Sequence[ModelPart], ModelPart]:
         base = getattr(self.model, "transformer", None)
         if self.config is None or base is None or not hasattr(base, "h"):
             raise UnsupportedModelError(f"{type(self.model).__name__}: not a Falcon (expected model.transformer.h)")
         return base, base.h, base.ln_f
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """The layer's norms and layout as its forward reads the config (FalconDecoderLayer.forward)."""
         cfg = self.config
         try:

@@ -16,6 +16,7 @@ from ..errors import UnsupportedModelError
 from ..rules.ops import ELEMENTWISE
 from .blocks import BlockSpec, MlpSpec, SoftCap
 from .decoder import DecoderAdapter
+from .parts import ModelPart
 from .readouts import HeadLayer
 
 
@@ -37,7 +38,7 @@ class Gemma2Adapter(DecoderAdapter):
             layers.append(HeadLayer(ELEMENTWISE, SoftCap(cap)))
         return layers
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """input norm → attention (soft-capped scores) → post-attention norm → + → pre-MLP norm → gated MLP →
         post-MLP norm → +."""
         cap = getattr(self.config, "attn_logit_softcapping", None)

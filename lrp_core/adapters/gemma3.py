@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from .blocks import BlockSpec, MlpSpec
 from .decoder import DecoderAdapter, row_rotary_tables
+from .parts import ModelPart
 
 
 class Gemma3Adapter(DecoderAdapter):
@@ -32,7 +33,7 @@ class Gemma3Adapter(DecoderAdapter):
                                         "supported")
         super().__init__(model)
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """input norm → attention → post-attention norm → + → pre-MLP norm → gated MLP → post-MLP norm → +."""
         try:
             att, mlp = layer.self_attn, layer.mlp

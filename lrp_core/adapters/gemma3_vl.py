@@ -31,6 +31,7 @@ from ..rules.composites import Propagation
 from ..rules.linear import LinearView
 from ..rules.ops import LAYERNORM, LINEAR, POOL, norm_kind
 from .blocks import Replay
+from .parts import ModelPart
 from .vlm import VLMEmbeddingRecord
 from .vlm_groups import GroupedAttentionVLM
 
@@ -74,7 +75,7 @@ class Gemma3VLMAdapter(GroupedAttentionVLM):
     window_bounds_groups = True
     group_name = "the tokens of one image (each run of 1s)"
 
-    def _parts(self) -> tuple[nn.Module, nn.Module, Any, nn.Module, int]:
+    def _parts(self) -> tuple[ModelPart, ModelPart, Any, ModelPart, int]:
         cfg = self.model.config
         base = self.model.model
         p = base.multi_modal_projector

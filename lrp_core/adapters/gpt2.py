@@ -23,6 +23,7 @@ from ..rules.linear import LinearView, effective_linear
 from ..rules.ops import POS_ADD
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .decoder import DecoderAdapter
+from .parts import ModelPart
 from .records import EmbeddingRecord, Trace
 
 
@@ -36,6 +37,8 @@ class Conv1DLinear(LinearView):
     (after ``model.double()`` too). ``forward`` runs the conv itself, so the replay computes exactly what the
     model does and hooks the user put on the conv fire as they would.
     """
+
+    conv: ModelPart  # the model's Conv1D (set in __init__: a plain attribute, not a child module)
 
     def __init__(self, conv: nn.Module):
         super().__init__()
@@ -90,19 +93,19 @@ class GPT2Adapter(DecoderAdapter):
     def module_names(self) -> dict:
         """The model's module → qualified name, each Conv1D view named as its Conv1D (``transformer.h.0.mlp.c_fc``):
         the views are not modules of the model, and a composite's name patterns must reach them."""
-        names = dict(DecoderAdapter.module_names.func(self))
+        names = dict(self._model_module_names())
         for spec in self.blocks:
             for view in (spec.attn.qkv, spec.attn.proj, spec.mlp.fc1, spec.mlp.fc2):
                 names[view] = names[view.conv]
         return names
 
-    def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
+    def _stack(self) -> tuple[ModelPart, Sequence[ModelPart], ModelPart]:
         base = getattr(self.model, "transformer", None)
         if self.config is None or base is None or not hasattr(base, "h"):
             raise UnsupportedModelError(f"{type(self.model).__name__}: not a GPT-2 (expected model.transformer.h)")
         return base, base.h, base.ln_f
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """ln_1 → attention (fused c_attn, c_proj) → + → ln_2 → c_fc → GELU → c_proj → +; pre-LN."""
         try:
             att, mlp = layer.attn, layer.mlp
@@ -134,6 +137,7 @@ class GPT2Adapter(DecoderAdapter):
     def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
         """Block-0 input relevance -> the token part of the position add, summed over channels; padding 0."""
         emb = trace.embedding
+        assert emb is not None, "forward records the embedding"
         (R_tok, _) = prop(POS_ADD, (emb.tokens, None), R0, output=emb.x_pos)
         return R_tok.sum(-1) * prepared["attention_mask"].to(R_tok.dtype), None
 

@@ -14,23 +14,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 
 from ..errors import UnsupportedModelError
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .decoder import DecoderAdapter
+from .parts import ModelPart
 
 
 class GPTNeoXAdapter(DecoderAdapter):
     """Hugging Face GPT-NeoX decoders (eager or sdpa attention), parallel or sequential residual."""
 
-    def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
+    def _stack(self) -> tuple[ModelPart, Sequence[ModelPart], ModelPart]:
         base = getattr(self.model, "gpt_neox", None)
         if self.config is None or base is None or not hasattr(base, "layers"):
             raise UnsupportedModelError(f"{type(self.model).__name__}: not a GPT-NeoX (expected model.gpt_neox.layers)")
         return base, base.layers, base.final_layer_norm
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """input_layernorm → attention (fused per-head qkv) | post_attention_layernorm → MLP; parallel or not."""
         try:
             att, mlp = layer.attention, layer.mlp

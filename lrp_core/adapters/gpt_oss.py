@@ -28,6 +28,7 @@ from ..errors import UnsupportedModelError
 from ..rules.linear import LinearView
 from .blocks import AttentionSpec, MlpSpec, MoeSpec
 from .moe import MoeDecoderAdapter
+from .parts import ModelPart
 
 
 class AttentionSinks(nn.Module):
@@ -41,6 +42,8 @@ class AttentionSinks(nn.Module):
     column (docs/METHODS.md §2c.5). ``owner``: the model's attention module, its ``sinks`` (H,) read at every call
     (not a child module: no parameters of its own).
     """
+
+    owner: ModelPart  # the model's attention (set in __init__: a plain attribute)
 
     def __init__(self, owner: nn.Module):
         super().__init__()
@@ -65,6 +68,10 @@ class ExpertLinear(LinearView):
     ``clamp(u + 1, 1 − L, 1 + L)`` is ``clamp(u, −L, L) + 1`` bit for bit. The owner is not a child module and is
     read at every call (after ``model.double()`` too).
     """
+
+    owner: ModelPart  # the model's experts module (set in __init__: plain attributes)
+    pname: str
+    index: int
 
     def __init__(self, owner: nn.Module, name: str, index: int, interleaved: bool = False, shift: float = 0.0):
         super().__init__()
@@ -102,7 +109,9 @@ class ExpertLinear(LinearView):
 class RouterLinear(LinearView):
     """GPT-OSS's router as a Linear: ``logits = x · Wᵀ + b`` (``W`` (E, D), ``b`` (E,)), read at every call."""
 
-    def __init__(self, owner: nn.Module):
+    owner: ModelPart  # the model's router (set in __init__: a plain attribute)
+
+    def __init__(self, owner: ModelPart):
         super().__init__()
         object.__setattr__(self, "owner", owner)
         self.out_features, self.in_features = (int(n) for n in owner.weight.shape)
@@ -174,10 +183,11 @@ class GptOssAdapter(MoeDecoderAdapter):
         cos, sin = super().rotary_tables(x0, positions, key, mask)
         return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
-    def _moe(self, i: int, mlp: nn.Module) -> MoeSpec:
-        router, experts = getattr(mlp, "router", None), mlp.experts
+    def _moe(self, i: int, mlp: ModelPart) -> MoeSpec:
+        router: ModelPart = getattr(mlp, "router", None)
+        experts = mlp.experts
         names = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
-        parts = [getattr(experts, n, None) for n in names]
+        parts: list[ModelPart] = [getattr(experts, n, None) for n in names]
         if any(not isinstance(t, Tensor) for t in parts) or parts[0].dim() != 3 or parts[2].dim() != 3 \
                 or not hasattr(experts, "alpha") or not hasattr(experts, "limit"):
             raise UnsupportedModelError(

@@ -38,6 +38,7 @@ from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
 from .blocks import NO_RECORD, BlockSpec, Replay
 from .checks import pixel_values
 from .clip import clip_block
+from .parts import ModelPart
 from .records import EmbeddingRecord
 from .vlm import TOWERS, VisionTower, VLMAdapter, VLMEmbeddingRecord
 
@@ -121,7 +122,7 @@ class Idefics3VisionTower(VisionTower):
 
     tower_class = "Idefics3VisionTransformer"
 
-    def __init__(self, model: nn.Module, layers: int):
+    def __init__(self, model: ModelPart, layers: int):
         emb = model.embeddings
         self.patch_conv = emb.patch_embedding
         ps = emb.patch_size
@@ -131,7 +132,7 @@ class Idefics3VisionTower(VisionTower):
         super().__init__(model, layers)
 
     @staticmethod
-    def layers_of(model: nn.Module) -> nn.ModuleList:
+    def layers_of(model: ModelPart) -> ModelPart:
         return model.encoder.layers
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
@@ -175,7 +176,7 @@ class Idefics3Adapter(VLMAdapter):
 
     image_inputs = ("pixel_values", "pixel_attention_mask")
 
-    def _parts(self) -> tuple[nn.Module, nn.Module, Any, nn.Module, int]:
+    def _parts(self) -> tuple[ModelPart, ModelPart, Any, ModelPart, int]:
         cfg = self.model.config
         base = self.model.model
         self.scale = int(cfg.scale_factor)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..rules.functional import apply_rotary, repeat_kv
 
@@ -264,6 +264,25 @@ def parallel_sum_skip_first(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
     return x + a + f
 
 
-__all__ = ["softmax_rows", "softmax_float32", "segmented_softmax", "fused_attention", "rounded_rotary",
+class SoftCap(nn.Module):
+    """``cap · tanh(x / cap)``, the soft-capping of attention scores and logits (Gemma 2), as the model computes it.
+
+    An element-wise non-linearity (operation kind ELEMENTWISE): identity in the explicit passes, the identity rule
+    under AttnLRP (docs/METHODS.md §2f).
+    """
+
+    def __init__(self, cap: float):
+        super().__init__()
+        self.cap = float(cap)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(...) -> (...): divided, tanh, multiplied, in the model's order of operations."""
+        return torch.tanh(x / self.cap) * self.cap
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap:g}"
+
+
+__all__ = ["SoftCap", "softmax_rows", "softmax_float32", "segmented_softmax", "fused_attention", "rounded_rotary",
            "computed_rotary", "pairs_to_halves", "halves_to_pairs", "plus", "times", "matmul", "parallel_sum",
            "parallel_sum_skip_first"]

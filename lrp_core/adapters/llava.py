@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..errors import UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.ops import ELEMENTWISE, LINEAR
 from .blocks import Replay
+from .parts import ModelPart
 from .vlm import VLMAdapter, VLMEmbeddingRecord
 
 #: the feature-select strategies LLaVA knows
@@ -27,7 +28,7 @@ STRATEGIES = ("default", "full")
 class LlavaAdapter(VLMAdapter):
     """``LlavaForConditionalGeneration``: tower → projector MLP → the language model's image tokens."""
 
-    def _parts(self) -> tuple[nn.Module, nn.Module, Any, nn.Module, int]:
+    def _parts(self) -> tuple[ModelPart, ModelPart, Any, ModelPart, int]:
         cfg = self.model.config
         layer = cfg.vision_feature_layer
         if not isinstance(layer, int):

@@ -34,6 +34,7 @@ from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
 from .decoder import given_position_ids, row_rotary_tables
+from .parts import ModelPart
 from .readouts import HeadLayer, MaskedMeanReadout, Readout, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -79,6 +80,8 @@ class ModernBertAdapter(Adapter):
     modality = "text"
     #: text with a padding mask; the additive values are the dtype's minimum (:func:`encoder_bias`)
     mask_value = float("-inf")
+    config: ModelPart  # the model's transformers config, read by name
+    base: ModelPart  # model.model: embeddings, layers, rotary_emb
     #: the input keys the replay reads as the model does
     honoured_inputs = ("input_ids", "attention_mask", "position_ids")
     #: input keys the model reads that the replay does not, and what to pass instead
@@ -112,7 +115,7 @@ class ModernBertAdapter(Adapter):
         self.readout = TokenReadout(norm=self.base.final_norm, head_layers=self._head())
         self.vocab_size = int(cfg.vocab_size)
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """attn_norm → attention (Wqkv, RoPE, window) → + → mlp_norm → GLU MLP (Wi halves, Wo) → +."""
         cfg = self.config
         try:
@@ -135,7 +138,8 @@ class ModernBertAdapter(Adapter):
 
     def _head(self) -> list:
         """head.dense → head.act → head.norm → classifier (the pooled token's layers; dropout: inference)."""
-        head, clf = getattr(self.model, "head", None), getattr(self.model, "classifier", None)
+        head: ModelPart = getattr(self.model, "head", None)
+        clf: ModelPart = getattr(self.model, "classifier", None)
         if not is_linear(getattr(head, "dense", None)) or not is_linear(clf):
             raise UnsupportedModelError(f"{type(self.model).__name__}: classification head not recognised (expected "
                                         "head.dense / head.act / head.norm and a Linear classifier)")
@@ -187,11 +191,13 @@ class ModernBertAdapter(Adapter):
             words = words.detach().requires_grad_(True)
         return EmbeddingRecord(x0=r.norm(emb.norm, words), embeds=words)
 
-    def block_context(self, x0: Tensor, mask: Tensor, positions: Optional[Tensor], fused: bool = False) -> list:
+    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
+                      fused: bool = False) -> list:
         """Per block (bias, rope): the padding (+ window) mask and the rotary tables of its layer type.
 
         Positions: the given ones, else ``0 … T−1`` in every row, as the model numbers them (padding included).
         """
+        assert mask is not None, "a text encoder always has a padding mask (run_blocks makes one: mask_value is set)"
         B, T = mask.shape
         if positions is None:
             positions = torch.arange(T, device=mask.device)[None].expand(B, T)

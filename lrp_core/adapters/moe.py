@@ -21,6 +21,7 @@ from ..errors import UnsupportedModelError
 from ..rules.linear import LinearView
 from .blocks import BlockSpec, MlpSpec, MoeSpec
 from .decoder import DecoderAdapter
+from .parts import ModelPart
 
 
 class StackedLinear(LinearView):
@@ -31,6 +32,10 @@ class StackedLinear(LinearView):
     ``name`` is the owner's parameter (``"gate_up_proj"``, ``"down_proj"``, or ``"weight"`` of a router, which is
     then 2-D and taken whole: ``index`` ``None``).
     """
+
+    owner: ModelPart  # the model's module holding the stacked weight (set in __init__: plain attributes)
+    pname: str
+    index: Optional[int]
 
     def __init__(self, owner: nn.Module, name: str, index: Optional[int] = None):
         super().__init__()
@@ -69,7 +74,7 @@ class MoeDecoderAdapter(DecoderAdapter):
     #: the layout's name, for messages
     family = "mixture-of-experts"
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """input norm → attention → + → post-attention norm → MoE (or dense gated) MLP → +."""
         try:
             att, mlp = layer.self_attn, layer.mlp
@@ -83,9 +88,10 @@ class MoeDecoderAdapter(DecoderAdapter):
                 f"self_attn with q/k/v/o_proj, post_attention_layernorm, mlp with gate (router) and experts "
                 f"(gate_up_proj, down_proj) or a dense gate/up/down_proj MLP): {e}") from None
 
-    def _moe(self, i: int, mlp: nn.Module) -> MoeSpec:
+    def _moe(self, i: int, mlp: ModelPart) -> MoeSpec:
         router, experts = mlp.gate, mlp.experts
-        stacked = (getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None))
+        stacked: tuple[ModelPart, ModelPart] = (getattr(experts, "gate_up_proj", None),
+                                                getattr(experts, "down_proj", None))
         if any(not isinstance(w, Tensor) or w.dim() != 3 for w in stacked) or \
                 any(getattr(experts, f"{n}_bias", None) is not None for n in ("gate_up_proj", "down_proj")):
             raise UnsupportedModelError(
@@ -111,7 +117,7 @@ class MoeDecoderAdapter(DecoderAdapter):
         """The model's module → qualified name, each view named too: the router's as the router
         (``model.layers.0.mlp.gate``), an expert's as ``model.layers.0.mlp.experts.<e>.gate_up_proj`` /
         ``.down_proj`` — the views are not modules of the model, and a composite's name patterns must reach them."""
-        names = dict(DecoderAdapter.module_names.func(self))
+        names = dict(self._model_module_names())
         for spec in self.blocks:
             if isinstance(spec.mlp, MoeSpec):
                 names[spec.mlp.router] = names[spec.mlp.router.owner]

@@ -22,11 +22,12 @@ from __future__ import annotations
 import importlib
 from typing import Optional
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..errors import UnsupportedModelError
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
+from .parts import ModelPart
 
 
 class MPNetAdapter(BertAdapter):
@@ -38,7 +39,7 @@ class MPNetAdapter(BertAdapter):
                       "position_ids": "the replay places MPNet's tokens at the positions the model gives them "
                                       "itself (after the padding index): pass no position_ids"}
 
-    def _backbone(self) -> nn.Module:
+    def _backbone(self) -> ModelPart:
         model = self.model
         base = getattr(model, "mpnet", None)
         enc = getattr(base, "encoder", None)
@@ -53,7 +54,7 @@ class MPNetAdapter(BertAdapter):
         """Positions start after the padding index (as RoBERTa's)."""
         return int(self.model.config.max_position_embeddings) - self.padding_idx - 1
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         try:
             att = layer.attention.attn
             H, d = att.num_attention_heads, att.attention_head_size

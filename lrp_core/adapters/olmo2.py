@@ -17,12 +17,13 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from .blocks import BlockSpec, MlpSpec
 from .decoder import DecoderAdapter, row_rotary_tables
+from .parts import ModelPart
 
 
 class Olmo2Adapter(DecoderAdapter):
     """Hugging Face OLMo-2 / OLMo-3 decoders (eager or sdpa attention)."""
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """attention (whole-projection q/k norms) → post-attention norm → + → gated MLP → post-MLP norm → +."""
         try:
             att, mlp = layer.self_attn, layer.mlp

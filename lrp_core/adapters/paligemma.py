@@ -33,17 +33,18 @@ import inspect
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..errors import InputError
 from ..rules.composites import Propagation
 from ..rules.ops import LAYERNORM, LINEAR
 from .blocks import Replay
+from .parts import ModelPart
 from .vlm import VLMEmbeddingRecord
 from .vlm_groups import GroupedAttentionVLM
 
 
-def forward_caps_logits(model: nn.Module) -> bool:
+def forward_caps_logits(model: ModelPart) -> bool:
     """Whether ``type(model).forward`` soft-caps the logits by the text config's ``final_logit_softcapping``.
 
     Parameters
@@ -76,7 +77,7 @@ class PaliGemmaAdapter(GroupedAttentionVLM):
     window_bounds_groups = False
     group_name = "the prefix, every token of type 0"
 
-    def _parts(self) -> tuple[nn.Module, nn.Module, Any, nn.Module, int]:
+    def _parts(self) -> tuple[ModelPart, ModelPart, Any, ModelPart, int]:
         base = self.model.model
         self.projector = base.multi_modal_projector
         # the language model attends by the mask PaliGemma builds from token_type_ids (required), where its

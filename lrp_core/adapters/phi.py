@@ -15,18 +15,19 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .decoder import DecoderAdapter
+from .parts import ModelPart
 
 
 class PhiAdapter(DecoderAdapter):
     """Hugging Face Phi (1, 1.5, 2) decoders (eager or sdpa attention)."""
 
-    def _stack(self) -> tuple[nn.Module, Sequence[nn.Module], nn.Module]:
+    def _stack(self) -> tuple[ModelPart, Sequence[ModelPart], ModelPart]:
         base = getattr(self.model, "model", None)
         if self.config is None or base is None or not hasattr(base, "layers"):
             raise UnsupportedModelError(f"{type(self.model).__name__}: not a Phi (expected model.model.layers)")
         return base, base.layers, base.final_layernorm
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """input_layernorm → attention (+) MLP, both from the one norm's output, added to the input together."""
         cfg = self.config
         try:

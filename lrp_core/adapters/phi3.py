@@ -9,17 +9,17 @@ are identities (inference).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..errors import UnsupportedModelError
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .decoder import DecoderAdapter
+from .parts import ModelPart
 
 
 class Phi3Adapter(DecoderAdapter):
     """Hugging Face Phi-3 decoders (eager or sdpa attention)."""
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """input norm → attention (fused qkv) → + → post-attention norm → gated MLP (fused gate_up) → +."""
         try:
             att, mlp = layer.self_attn, layer.mlp
@@ -32,7 +32,7 @@ class Phi3Adapter(DecoderAdapter):
                 f"layer {i} ({type(layer).__name__}) does not have the Phi-3 layout (input_layernorm, self_attn "
                 f"with qkv_proj / o_proj, post_attention_layernorm, mlp with gate_up_proj / down_proj): {e}") from None
 
-    def _fused_attention(self, att: nn.Module) -> AttentionSpec:
+    def _fused_attention(self, att: ModelPart) -> AttentionSpec:
         cfg = self.config
         window = getattr(cfg, "sliding_window", None)
         return AttentionSpec(qkv=att.qkv_proj, proj=att.o_proj, num_heads=cfg.num_attention_heads,

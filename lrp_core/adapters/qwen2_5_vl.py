@@ -35,18 +35,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
-from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, Op, norm_kind
+from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, ExplicitRule, Op, norm_kind
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .checks import NO_EFFECT, input_keys, token_ids
 from .decoder import REFUSED_INPUTS
+from .parts import ModelPart
 from .qwen2 import Qwen2Adapter
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .vlm import VLM_REFUSED_METHODS, LanguageModelView, VLMAdapter, VLMEmbeddingRecord
@@ -134,7 +135,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
     #: packed (t, h, w) M-RoPE positions here would need each of the three shifted by its own rule
     removes_tokens = False
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         Adapter.__init__(self, model)  # the tower is this family's own (not one of vlm.TOWERS)
         if not type(model).__module__.startswith("transformers."):
             raise UnsupportedModelError(f"{type(model).__name__} subclasses a vision-language model outside "
@@ -160,7 +161,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         self.frames = int(vcfg.temporal_patch_size)
         self.channels = int(vcfg.in_channels)
         self.windowed = hasattr(self.visual, "fullatt_block_indexes")  # Qwen2.5-VL; Qwen2-VL: full attention
-        self.full_blocks = set(self.visual.fullatt_block_indexes) if self.windowed else None
+        self.full_blocks = set(self.visual.fullatt_block_indexes) if self.windowed else set()
         impl = getattr(vcfg, "_attn_implementation", "eager")
         if impl not in ("eager", "sdpa"):
             raise UnsupportedModelError(f"its vision tower runs {impl!r} attention; explained: eager and sdpa")
@@ -168,7 +169,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         self.tower_blocks = [self._vision_block(i, layer) for i, layer in enumerate(self.visual.blocks)]
         self.image_token_id = int(cfg.image_token_id)
 
-    def _vision_block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _vision_block(self, i: int, layer: ModelPart) -> BlockSpec:
         """A vision block: pre-norm, fused qkv (query, key, value heads in turn), 2D rotary in float32 (Hugging
         Face rotates float32 copies of q and k with float32 tables), the MLP (gated: SwiGLU; else fc1, act, fc2)."""
         att, mlp = layer.attn, layer.mlp
@@ -448,8 +449,9 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         # the rule is chosen for the model's Conv3d (a composite's first-layer or by-name choice names it) and
         # applied to the Conv2d it equals on the reassembled image
         conv = self.visual.patch_embed.proj
-        op = Op(PATCH_CONV, (emb.images,), None, _PatchConv2d(conv))
-        (R_px,) = prop.rule(PATCH_CONV, conv).relevance(op, R_map, prop.cache)
+        # the stand-in is duck-typed: the zᴮ rule reads its weight, stride and padding (an explicit rule set's rule)
+        op = Op(PATCH_CONV, (emb.images,), None, cast(nn.Module, _PatchConv2d(conv)))
+        (R_px,) = cast(ExplicitRule, prop.rule(PATCH_CONV, conv)).relevance(op, R_map, prop.cache)
         return scores, R_px.sum(dim=1)
 
 

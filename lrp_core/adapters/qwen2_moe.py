@@ -12,6 +12,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from .blocks import MlpSpec, MoeSpec
 from .moe import MoeDecoderAdapter
+from .parts import ModelPart
 
 
 class Qwen2MoeAdapter(MoeDecoderAdapter):
@@ -19,7 +20,7 @@ class Qwen2MoeAdapter(MoeDecoderAdapter):
 
     family = "Qwen2-MoE"
 
-    def _shared(self, mlp: nn.Module, spec: MoeSpec) -> None:
+    def _shared(self, mlp: ModelPart, spec: MoeSpec) -> None:
         shared, gate = mlp.shared_expert, mlp.shared_expert_gate
         if not isinstance(gate, nn.Linear) or gate.out_features != 1:
             raise UnsupportedModelError(f"mlp.shared_expert_gate ({type(gate).__name__}) is not a Linear to one logit")

@@ -20,6 +20,7 @@ from ..rules.composites import Propagation
 from ..rules.ops import ADD, LAYERNORM, LINEAR, POOL, READOUT, norm_kind
 from .blocks import NO_RECORD, Replay, SoftCap
 from .kernels import plus
+from .parts import ModelPart
 from .records import ReadoutRecord
 
 
@@ -28,7 +29,7 @@ class HeadLayer:
     """One layer of a classification head: an operation kind and the model's own module."""
 
     kind: str
-    module: nn.Module
+    module: ModelPart  # the model's head Linear or norm (read by name), or a SoftCap of the logits
 
 
 class Readout(ABC):
@@ -373,8 +374,9 @@ class TwoHeadReadout(Readout):
         return TwoHeadRecord(hidden=hidden, normed=normed, token=pooled, inputs=tokens, pooled=pooled,
                              logits=logits, halves=halves, outs=outs)
 
-    def relprop(self, rec: TwoHeadRecord, R_out: Tensor, prop: Propagation) -> Tensor:
+    def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
         """The Add of the halved logits (the rule set's Add rule), each head's Linear, each token's selection."""
+        assert isinstance(rec, TwoHeadRecord), "the record of this readout's forward"
         B, N, D = rec.normed.shape
         R = torch.zeros(B, N, D, dtype=R_out.dtype, device=R_out.device)
         for k, head, t, out, R_half in zip(self.indices, self.heads, rec.inputs, rec.outs,

@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ..rules.composites import ATTNLRP
-from ..rules.ops import norm_kind
+from ..rules.ops import GradientRule, norm_kind
 from ..runtime.guard import model_guard
 from ..runtime.precision import compute_precision
 from .blocks import BlockSpec, MlpSpec
 from .decoder import DecoderAdapter, position_ids, row_rotary_tables
+from .parts import ModelPart
 
 #: What an unlisted decoder must look like to be recognised (the text of every refusal).
 STRUCTURES = (
@@ -205,7 +206,7 @@ class OpenDecoderAdapter(DecoderAdapter):
         self._rope_takes_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
         return base, base.layers, base.norm
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         """The layer's norms, attention and MLP by their names (:data:`NORM_LAYOUTS`, :data:`MLP_FORMS`)."""
         where = f"layer {i} ({type(layer).__name__})"
         if layer._parameters:
@@ -229,7 +230,7 @@ class OpenDecoderAdapter(DecoderAdapter):
         return BlockSpec(layout="pre_ln", norm1=norm1, norm2=norm2, post1=post1, post2=post2,
                          attn=self._open_attention(i, layer.self_attn, where), mlp=_mlp(layer.mlp, where))
 
-    def _parallel_block(self, i: int, layer: nn.Module, parts: dict, norms: frozenset, where: str) -> BlockSpec:
+    def _parallel_block(self, i: int, layer: ModelPart, parts: dict, norms: frozenset, where: str) -> BlockSpec:
         """A parallel block (docs/METHODS.md §2f) summed as ``(x + attn) + mlp``: ``input_layernorm`` feeding both
         branches, or it and ``post_attention_layernorm`` feeding the attention and the MLP (the probe checks)."""
         if norms not in ({"input_layernorm"}, {"input_layernorm", "post_attention_layernorm"}):
@@ -240,7 +241,7 @@ class OpenDecoderAdapter(DecoderAdapter):
                          skip_first=True, attn=self._open_attention(i, layer.self_attn, where),
                          mlp=_mlp(layer.mlp, where))
 
-    def _open_attention(self, i: int, att: nn.Module, where: str):
+    def _open_attention(self, i: int, att: ModelPart, where: str):
         cfg = self.config
         parts = _children(att)
         extra = set(parts) - ATTENTION_PARTS
@@ -312,7 +313,7 @@ def _mlp(mlp: nn.Module, where: str) -> MlpSpec:
     return MlpSpec(gate=parts[gate] if gate else None, fc1=parts[up], fc2=parts[down], act=act, fused_gate=fused)
 
 
-def _check_norm(module: nn.Module, where: str) -> None:
+def _check_norm(module: ModelPart, where: str) -> None:
     """The modified-gradient rules recompute a norm from its parameters (AttnLRP / CP-LRP hold its divisor
     constant): their arithmetic must be the module's. Compared on a fixed random input; refused otherwise."""
     p = next(module.parameters(), None)
@@ -327,7 +328,7 @@ def _check_norm(module: nn.Module, where: str) -> None:
         return  # no values to compare; the probe refuses a meta model
     x = torch.randn(2, 3, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype=dtype,
                                                                                               device=device)
-    rule = ATTNLRP.rules[norm_kind(module)]
+    rule = cast(GradientRule, ATTNLRP.rules[norm_kind(module)])  # AttnLRP is a modified-gradient rule set
     try:
         with torch.no_grad():
             want, got = module(x), rule.forward(module, x, module=module)
@@ -358,7 +359,7 @@ def _hooks(model: nn.Module) -> tuple:
                  for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks)
 
 
-def _fingerprint(model: nn.Module) -> tuple:
+def _fingerprint(model: ModelPart) -> tuple:
     """(dtype, device, attention implementation, config values, forward hooks): what the probe's verdict depends
     on."""
     p = next(model.parameters())
@@ -506,6 +507,7 @@ def verify(adapter: DecoderAdapter, norms: bool = False) -> DecoderAdapter:
     if key not in seen:
         try:
             if norms:
+                assert isinstance(adapter, OpenDecoderAdapter), "only a recognised decoder's norms are checked"
                 adapter.check_norms()
             seen[key] = probe(adapter)
         except UnsupportedModelError as err:

@@ -37,7 +37,7 @@ class AttentionRecord:
     q: Tensor
     k: Tensor
     v: Tensor
-    A: Tensor
+    A: Optional[Tensor]
     ctx: Tensor
     o: Tensor
     lin: dict
@@ -224,10 +224,12 @@ class Trace:
 
     @property
     def logits(self) -> Tensor:
+        assert self.readout_record is not None, "run_blocks records the readout"
         return self.readout_record.logits
 
     @property
     def pooled(self) -> Tensor:
+        assert self.readout_record is not None, "run_blocks records the readout"
         return self.readout_record.pooled
 
 

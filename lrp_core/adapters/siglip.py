@@ -38,7 +38,7 @@ Shapes: B batch, P = N patches (no prefix token), D width, C classes (or P promp
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -55,6 +55,7 @@ from .blocks import NO_RECORD, BlockSpec, Replay
 from .checks import pixel_values
 from .clip import L2Normalize, _prompts, _scaled_embeddings, clip_block
 from .kernels import matmul, plus
+from .parts import ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout
 from .records import EmbeddingRecord, ReadoutRecord, Trace
 from .vit import ViTAdapter, hf_linear_head
@@ -77,7 +78,7 @@ def is_siglip2_tower(vision_model: nn.Module) -> bool:
     return is_linear(getattr(emb, "patch_embedding", None)) and hasattr(emb, "resize_positional_embeddings")
 
 
-def check_siglip_tower(vision_model: nn.Module, name: str) -> None:
+def check_siglip_tower(vision_model: ModelPart, name: str) -> None:
     """Refuse a SigLIP vision tower whose parts the replay does not describe.
 
     Parameters
@@ -110,7 +111,9 @@ class PatchLinearConv(nn.Module):
     weight ``W.reshape(D, p, p, C).permute(0, 3, 1, 2)`` (a view of the model's weight, read at every call; the
     module owns no parameters). The zᴮ rule and the replay see an ordinary patch convolution."""
 
-    def __init__(self, linear: nn.Module, patch_size: int, channels: int):
+    linear: ModelPart  # the model's patch Linear (set in __init__, not as a child module)
+
+    def __init__(self, linear: ModelPart, patch_size: int, channels: int):
         super().__init__()
         object.__setattr__(self, "linear", linear)  # not a child module: no parameters of its own
         self.kernel_size = self.stride = (int(patch_size), int(patch_size))
@@ -132,7 +135,7 @@ class PatchLinearConv(nn.Module):
         return torch.nn.functional.conv2d(x, self.weight, self.bias, stride=self.stride)
 
 
-def siglip_patch_conv(vision_model: nn.Module) -> nn.Module:
+def siglip_patch_conv(vision_model: ModelPart) -> ModelPart:
     """The tower's patch embedding as a convolution on ``(B, C, H, W)``.
 
     Parameters
@@ -211,7 +214,7 @@ def _eager(vision_model: nn.Module) -> bool:
     return getattr(vision_model.config, "_attn_implementation", "eager") == "eager"
 
 
-def siglip_vision_blocks(vision_model: nn.Module) -> list[BlockSpec]:
+def siglip_vision_blocks(vision_model: ModelPart) -> list[BlockSpec]:
     """The blocks of a SigLIP vision tower: CLIP's pre-LN block, one per encoder layer.
 
     Parameters
@@ -248,7 +251,7 @@ def siglip_block(layer: nn.Module, vision_model: nn.Module) -> BlockSpec:
     return spec
 
 
-def siglip_patch_size(vision_model: nn.Module) -> tuple:
+def siglip_patch_size(vision_model: ModelPart) -> tuple:
     """The patch size.
 
     Parameters
@@ -265,8 +268,8 @@ def siglip_patch_size(vision_model: nn.Module) -> tuple:
     return (ps, ps) if isinstance(ps, int) else tuple(ps)
 
 
-def siglip_embed(vision_model: nn.Module, images: Tensor, r: Replay = NO_RECORD, track: bool = False,
-                 conv: Optional[nn.Module] = None) -> EmbeddingRecord:
+def siglip_embed(vision_model: ModelPart, images: Tensor, r: Replay = NO_RECORD, track: bool = False,
+                 conv: Optional[ModelPart] = None) -> EmbeddingRecord:
     """The tower's input layer: patch convolution, then the position embedding added (no prefix token, no norm).
 
     SigLIP: the position embedding is the model's own ``interpolate_pos_encoding`` for the image size: the stored
@@ -312,8 +315,8 @@ def siglip_embed(vision_model: nn.Module, images: Tensor, r: Replay = NO_RECORD,
     return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=patches, x_pos=x_pos, images=images, patches=patches)
 
 
-def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Tensor, prop: Propagation,
-                           conv: Optional[nn.Module] = None) -> tuple[Tensor, Tensor]:
+def siglip_input_relevance(vision_model: ModelPart, emb: EmbeddingRecord, R0: Tensor, prop: Propagation,
+                           conv: Optional[ModelPart] = None) -> tuple[Tensor, Tensor]:
     """Relevance of block 0's input → the patches and the pixels: the position add (the patches' share), then
     the zᴮ rule on the patch convolution (docs/METHODS.md §1.13).
 
@@ -337,6 +340,7 @@ def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Te
     """
     (R_patch, _) = prop(POS_ADD, (emb.tokens, None), R0, output=emb.x_pos)
     ph, pw = siglip_patch_size(vision_model)
+    assert emb.images is not None, "a vision replay records its images (siglip_embed)"
     B, _, H, W = emb.images.shape
     # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
     R_map = R_patch.contiguous().transpose(1, 2).reshape(B, -1, H // ph, W // pw)
@@ -350,7 +354,7 @@ def siglip_input_relevance(vision_model: nn.Module, emb: EmbeddingRecord, R0: Te
 class _SiglipTowerAdapter(ViTAdapter):
     """What the SigLIP image adapters share: the tower ``model.vision_model`` (embedding, blocks, pixels)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         vision = model.vision_model
         check_siglip_tower(vision, type(model).__name__)
@@ -361,7 +365,7 @@ class _SiglipTowerAdapter(ViTAdapter):
         self.num_prefix_tokens = 0
         self.blocks = siglip_vision_blocks(vision)
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         return siglip_block(layer, self.vision)
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
@@ -370,6 +374,7 @@ class _SiglipTowerAdapter(ViTAdapter):
     def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
                         prepared: dict) -> tuple[Tensor, Tensor]:
         """Block-0 input relevance → patch scores (B, P) and pixels (B, H, W) (:func:`siglip_input_relevance`)."""
+        assert trace.embedding is not None, "forward records the embedding"
         return siglip_input_relevance(self.vision, trace.embedding, R0, prop, conv=self.patch_conv)
 
     def images(self, inputs) -> Tensor:
@@ -407,7 +412,7 @@ class HFSiglipAdapter(_SiglipTowerAdapter):
         """Images (B, 3, H, W), or the processor's dict (:meth:`images`); ``prepared``: ``images``."""
         return super().check_inputs(self.images(inputs))
 
-    def _readout(self, model: nn.Module) -> Readout:
+    def _readout(self, model: ModelPart) -> Readout:
         """post_layernorm → the mean of every token → classifier (HF ``torch.mean(..., dim=1)``)."""
         (clf,) = hf_linear_head(model, "classifier")
         return MeanReadout(norm=self.vision.post_layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=0)
@@ -419,6 +424,9 @@ class HFSiglipAdapter(_SiglipTowerAdapter):
 class InProjection(LinearView):
     """One of the query / key / value projections packed in an ``nn.MultiheadAttention``: rows
     ``[i·D, (i+1)·D)`` of ``in_proj_weight`` and ``in_proj_bias``, read at every call (a view: no parameters)."""
+
+    owner: nn.MultiheadAttention  # set in __init__, not as a child module
+    index: int
 
     def __init__(self, attention: nn.MultiheadAttention, index: int):
         super().__init__()
@@ -445,7 +453,7 @@ class InProjection(LinearView):
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
-@dataclass
+@dataclass(kw_only=True)  # keyword-only: the fields after the base's need no default
 class PoolRecord(ReadoutRecord):
     """The attention-pooling head's forward quantities (one query: the probe).
 
@@ -455,19 +463,19 @@ class PoolRecord(ReadoutRecord):
     (B, 1, D) the residual sum.
     """
 
-    probe: Optional[Tensor] = None
-    lin: dict = field(default_factory=dict)
-    q: Optional[Tensor] = None
-    k: Optional[Tensor] = None
-    v: Optional[Tensor] = None
-    A: Optional[Tensor] = None
-    ctx: Optional[Tensor] = None
-    o: Optional[Tensor] = None
-    ln: Optional[Tensor] = None
-    fc1: Optional[Tensor] = None
-    g: Optional[Tensor] = None
-    fc2: Optional[Tensor] = None
-    y: Optional[Tensor] = None
+    probe: Tensor
+    lin: dict
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    A: Tensor
+    ctx: Tensor
+    o: Tensor
+    ln: Tensor
+    fc1: Tensor
+    g: Tensor
+    fc2: Tensor
+    y: Tensor
 
 
 def _softmax(s: Tensor) -> Tensor:
@@ -486,7 +494,7 @@ class AttentionPoolReadout(Readout):
     from a plain replay of the batch): the pooling's own attention row, as [CLS]'s row is a ViT's.
     """
 
-    def __init__(self, norm: nn.Module, head: nn.Module, head_layers: Sequence[HeadLayer],
+    def __init__(self, norm: nn.Module, head: ModelPart, head_layers: Sequence[HeadLayer],
                  probe_attention: Optional[Tensor] = None):
         self.norm, self.head, self.head_layers = norm, head, [h for h in head_layers
                                                                if not isinstance(h.module, nn.Identity)]
@@ -555,11 +563,12 @@ class AttentionPoolReadout(Readout):
         rec.pooled = inputs[-1] if inputs else h  # the normalised image embedding the similarity reads
         return rec
 
-    def relprop(self, rec: PoolRecord, R_out: Tensor, prop: Propagation) -> Tensor:
+    def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
         """Relevance of the logits (B, P) → of the final hidden states (B, N, D): the head layers, the MLP residual
         (Add, MLP, LayerNorm, a Clone of the attention output), the output projection, A·V, the softmax and q·kᵀ
         (the probe's query absorbs its share), the key and value projections (a Clone of the normed tokens), the
         final norm."""
+        assert isinstance(rec, PoolRecord), "the record of this readout's forward"
         R = R_out
         for layer, x in zip(reversed(self.head_layers), reversed(rec.inputs)):
             R = prop.unary(layer.kind, x, R, layer.module)
@@ -604,7 +613,7 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
 
     shared = ("prompt_ids", "prompt_mask", "prompt_embeddings")
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         if getattr(self.vision, "head", None) is None:
             raise UnsupportedModelError(f"{type(model).__name__} without the vision pooling head "
@@ -648,6 +657,7 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
             prepared.update(prompt_ids=ids, prompt_mask=mask,
                             prompt_embeddings=_scaled_embeddings(self.model, text, dtype))
             trace = self.forward(prepared)  # the plain replay: the probe's attention of each image
+        assert isinstance(trace.readout_record, PoolRecord), "the attention-pooling readout's record"
         prepared["probe_attention"] = trace.readout_record.A.mean(dim=1)[:, 0].detach()
         return prepared
 

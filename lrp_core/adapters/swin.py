@@ -38,6 +38,7 @@ from ..rules.composites import Composite, Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import LINEAR, PATCH_CONV, norm_kind
 from .blocks import IDENTITY, NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
+from .parts import ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout
 from .records import BlockRelevance, EmbeddingRecord, Trace
 from .vit import ViTAdapter
@@ -315,12 +316,15 @@ class SwinAdapter(ViTAdapter):
         norm's rule, and the regrouping undone."""
         assert isinstance(trace, StagedTrace)
         prop = Propagation(composite, names=self._names_for(composite), first=trace.first)
+        assert trace.readout is not None and trace.readout_record is not None, "run_blocks records the readout"
+        R: Optional[Tensor]  # None past stop_block when the pass stops there
         R = trace.readout.relprop(trace.readout_record, R_out, prop)
         B = R.shape[0]
         L = self.num_blocks
         out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, trace.x0.shape[1], dtype=R.dtype,
                                                                    device=R.device))
         for b in range(L - 1, stop_block - 1, -1):
+            assert R is not None, "every block above stop_block passes relevance on"
             out.tokens[:, b] = self.block_tokens(b, R.sum(-1))
             R, R_A = block_relprop(self.blocks[b], trace.blocks[b], R, prop, deeper=to_input or b > stop_block)
             out.attn[b] = R_A if on_attention is None else on_attention(b, R_A)
@@ -339,6 +343,7 @@ class SwinAdapter(ViTAdapter):
         if R is not None:
             out.inputs = R.sum(-1)
         if to_input:
+            assert prepared is not None and R is not None, "to input space: relevance and the prepared batch"
             out.scores, out.pixels = self.input_relevance(trace, R, prop, prepared)
         return out
 
@@ -350,7 +355,7 @@ class TimmSwinAdapter(SwinAdapter):
     """timm ``SwinTransformer`` and ``SwinTransformerV2`` (fixed image size, even grids before each merging,
     average pooling; windows padded after the shift, as timm pads them)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         name = type(model).__name__
         if name not in ("SwinTransformer", "SwinTransformerV2"):
@@ -363,7 +368,7 @@ class TimmSwinAdapter(SwinAdapter):
         self.patch_size = tuple(pe.patch_size)
         self.image_size = tuple(pe.img_size)
         self.num_prefix_tokens = 0
-        self.patch_norm = pe.norm
+        self._patch_norm = pe.norm
         head = model.head
         pool = getattr(getattr(head, "global_pool", None), "pool_type", None)
         if type(head).__name__ != "ClassifierHead" or pool != "avg" or not is_linear(getattr(head, "fc", None)):
@@ -391,7 +396,7 @@ class TimmSwinAdapter(SwinAdapter):
                 if self.v2:
                     self.logit_scales[b] = blk.attn.logit_scale
 
-    def _block(self, i: int, blk: nn.Module) -> BlockSpec:
+    def _block(self, i: int, blk: ModelPart) -> BlockSpec:
         where = f"block {i} ({type(blk).__name__})"
         block_name = "SwinTransformerV2Block" if self.v2 else "SwinTransformerBlock"
         if type(blk).__name__ != block_name or type(blk.attn).__name__ != "WindowAttention":

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..rules.ops import LINEAR
 from .blocks import IDENTITY, AttentionSpec, BlockSpec
+from .parts import ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout
 from .swin import COSINE, Merge, SwinAdapter, Windows, check_windows, cpb_bias, window_slots, window_softmax
 from .vit import hf_linear_head, hf_mlp
@@ -41,7 +42,7 @@ ATTENTION_IMPLEMENTATIONS = {"sdpa": None, "eager": torch.float32}
 class HFSwinAdapter(SwinAdapter):
     """Hugging Face ``SwinForImageClassification`` (v1) and ``Swinv2ForImageClassification`` (v2)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         name = type(model).__name__
         if name not in ("SwinForImageClassification", "Swinv2ForImageClassification"):
@@ -68,7 +69,7 @@ class HFSwinAdapter(SwinAdapter):
         size = cfg.image_size
         self.image_size = tuple(size) if isinstance(size, (tuple, list)) else (int(size), int(size))
         self.num_prefix_tokens = 0
-        self.patch_norm = emb.norm
+        self._patch_norm = emb.norm
         (clf,) = hf_linear_head(model, "classifier")
         self.readout: Readout = MeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=0)
         grid = tuple(pe.grid_size)
@@ -97,7 +98,7 @@ class HFSwinAdapter(SwinAdapter):
                                                       norm_first=not self.v2)
                 grid = (grid[0] // 2, grid[1] // 2)
 
-    def _windows(self, layer: nn.Module, grid: tuple) -> Windows:
+    def _windows(self, layer: ModelPart, grid: tuple) -> Windows:
         """The block's windows on ``grid``: v1 clamps its (current) window to a grid no larger than it and then
         does not shift, as ``SwinLayer.set_shift_and_window_size`` does on every forward; v2 fixed them when built."""
         ws, shift = int(layer.window_size), int(layer.shift_size)
@@ -105,7 +106,7 @@ class HFSwinAdapter(SwinAdapter):
             ws, shift = min(grid), 0
         return Windows(grid=grid, size=(ws, ws), shift=(shift, shift), block=layer, pad_first=True)
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         where = f"block {i} ({type(layer).__name__})"
         expected = "Swinv2Layer" if self.v2 else "SwinLayer"
         if type(layer).__name__ != expected:

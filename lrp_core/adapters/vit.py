@@ -25,6 +25,7 @@ from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
 from .base import Adapter
 from .blocks import IDENTITY, NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
+from .parts import ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -79,13 +80,17 @@ class ViTAdapter(Adapter):
         """Block-0 input relevance -> pixels: (norm_pre), drop prefix, position add (token part), (patch norm),
         zᴮ conv (docs/METHODS.md §1.13)."""
         emb = trace.embedding
+        assert emb is not None and emb.x_pos is not None and emb.tokens is not None and emb.patches is not None, \
+            "a vision replay records its embedding's tokens, their position sum and the patches (embed)"
         R = prop.unary(LAYERNORM, emb.x_pos, R0, self.norm_pre)
         P0 = self.num_prefix_tokens  # the prefix tokens' relevance is dropped; the rules are element-wise
         R_patch = R[:, P0:]
         if emb.x_pos is not emb.tokens:  # a position embedding was added: the tokens' share of the sum
             (R_patch, _) = prop(POS_ADD, (emb.tokens[:, P0:], None), R_patch, output=emb.x_pos[:, P0:])
         R_patch = prop.unary(LAYERNORM, emb.patches, R_patch, self.patch_norm)
-        h, w = self.layout(prepared).grid
+        grid = self.layout(prepared).grid
+        assert grid is not None, "an image layout has its patch grid"
+        h, w = grid
         # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
         R_map = R_patch.contiguous().transpose(1, 2).reshape(R0.shape[0], -1, h, w)
         (R_px,) = prop(PATCH_CONV, (prepared["images"],), R_map, module=self.patch_conv)
@@ -96,7 +101,12 @@ class ViTAdapter(Adapter):
         return scores, pixels
 
     norm_pre: nn.Module = IDENTITY
-    patch_norm: nn.Module = IDENTITY  # the norm inside the patch embedding (timm's PatchEmbed.norm)
+    _patch_norm: nn.Module = IDENTITY  # what patch_norm gives, where a family sets it when built (Swin)
+
+    @property
+    def patch_norm(self) -> nn.Module:
+        """The norm inside the patch embedding (timm's ``PatchEmbed.norm``), identity where there is none."""
+        return self._patch_norm
 
 
 # ----------------------------------------------------------------------------
@@ -106,7 +116,7 @@ class TimmViTAdapter(ViTAdapter):
     """timm ``VisionTransformer`` (ViT, DeiT, DINO, DINOv2 with LayerScale, register tokens) and
     ``VisionTransformerDistilled``; [CLS] or average pooling, with or without a class token."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         name = type(model).__name__
         if getattr(model, "attn_pool", None) is not None or model.global_pool not in ("token", "avg"):
@@ -127,7 +137,7 @@ class TimmViTAdapter(ViTAdapter):
         self.readout = self._readout(model)
 
     @staticmethod
-    def _readout(model: nn.Module) -> Readout:
+    def _readout(model: ModelPart) -> Readout:
         """[CLS], the mean of the tokens after the prefix, or the distilled model's two heads."""
         heads = [model.head] + ([model.head_dist] if getattr(model, "head_dist", None) is not None else [])
         for h in heads:
@@ -141,7 +151,7 @@ class TimmViTAdapter(ViTAdapter):
             return MeanReadout(norm=model.norm, head_layers=head, start=start)
         return TokenReadout(norm=model.norm, head_layers=head)
 
-    def _block(self, i: int, blk: nn.Module) -> BlockSpec:
+    def _block(self, i: int, blk: ModelPart) -> BlockSpec:
         where = f"block {i} ({type(blk).__name__})"
         needed = ("norm1", "attn", "ls1", "norm2", "mlp", "ls2")
         if not all(hasattr(blk, n) for n in needed) or type(blk).__name__ != "Block":
@@ -163,7 +173,7 @@ class TimmViTAdapter(ViTAdapter):
             mlp=MlpSpec(fc1=mlp.fc1, act=mlp.act, fc2=mlp.fc2, mid_norm=getattr(mlp, "norm", IDENTITY)))
 
     @property
-    def patch_norm(self) -> nn.Module:
+    def patch_norm(self) -> ModelPart:
         return self.model.patch_embed.norm
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
@@ -206,7 +216,7 @@ class TimmViTAdapter(ViTAdapter):
 # ----------------------------------------------------------------------------
 # Hugging Face
 # ----------------------------------------------------------------------------
-def hf_attention(att: nn.Module) -> tuple:
+def hf_attention(att: ModelPart) -> tuple:
     """The query, key, value and output projections of a Hugging Face ViT-style attention.
 
     Parameters
@@ -226,7 +236,7 @@ def hf_attention(att: nn.Module) -> tuple:
     return sa.query, sa.key, sa.value, att.output.dense
 
 
-def hf_mlp(layer: nn.Module) -> MlpSpec:
+def hf_mlp(layer: ModelPart) -> MlpSpec:
     """The two-layer MLP of a Hugging Face ViT-style layer.
 
     Parameters
@@ -241,12 +251,12 @@ def hf_mlp(layer: nn.Module) -> MlpSpec:
     """
     if hasattr(layer, "mlp"):
         mlp = layer.mlp
-        act = getattr(mlp, "activation_fn", None) or getattr(mlp, "activation", None)
+        act: ModelPart = getattr(mlp, "activation_fn", None) or getattr(mlp, "activation", None)
         return MlpSpec(fc1=mlp.fc1, act=act, fc2=mlp.fc2)
     return MlpSpec(fc1=layer.intermediate.dense, act=layer.intermediate.intermediate_act_fn, fc2=layer.output.dense)
 
 
-def hf_layers(base: nn.Module) -> nn.ModuleList:
+def hf_layers(base: ModelPart) -> ModelPart:
     """The encoder layers of a Hugging Face ViT-style backbone.
 
     Parameters
@@ -312,11 +322,11 @@ class HFViTAdapter(ViTAdapter):
         self.blocks = [self._block(i, layer) for i, layer in enumerate(hf_layers(base))]
         self.readout = self._readout(model, base)
 
-    def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
+    def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
         (clf,) = hf_linear_head(model, "classifier")
         return TokenReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)])
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         cfg = self.model.config
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
@@ -349,7 +359,7 @@ class HFDeiTAdapter(HFViTAdapter):
     backbone = "deit"
     prefix_names = ("cls_token", "distillation_token")
 
-    def _readout(self, model: nn.Module, base: nn.Module) -> Readout:
+    def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
         if hasattr(model, "distillation_classifier"):
             head, head_dist = hf_linear_head(model, "cls_classifier", "distillation_classifier")
             return TwoHeadReadout(norm=base.layernorm, head=head, head_dist=head_dist)

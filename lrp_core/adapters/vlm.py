@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
@@ -48,6 +48,7 @@ from .blocks import NO_RECORD, AttentionSpec, BlockSpec, Replay, block_forward, 
 from .checks import NO_EFFECT, input_keys, pixel_values
 from .clip import clip_block
 from .decoder import REFUSED_INPUTS, DecoderAdapter
+from .parts import ModelPart
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .siglip import check_siglip_tower, siglip_block, siglip_embed, siglip_patch_conv, siglip_patch_size
 from .vit import ViTAdapter, hf_attention, hf_mlp
@@ -72,18 +73,18 @@ class LanguageModelView(nn.Module):
     ``config`` — what :class:`~lrp_core.adapters.decoder.DecoderAdapter` reads. It holds the model's own modules
     (nothing is copied or changed)."""
 
-    def __init__(self, stack: nn.Module, head: nn.Module, config: Any):
+    def __init__(self, stack: ModelPart, head: nn.Module, config: Any):
         super().__init__()
         self.model = stack
         self.lm_head = head
         self.config = config
 
-    def get_input_embeddings(self) -> nn.Module:
+    def get_input_embeddings(self) -> ModelPart:
         """The language model's token embedding (``embed_tokens``)."""
         return self.model.get_input_embeddings()
 
 
-def text_adapter(stack: nn.Module, head: nn.Module, config: Any,
+def text_adapter(stack: ModelPart, head: nn.Module, config: Any,
                  families: Optional[Mapping[str, tuple]] = None) -> DecoderAdapter:
     """The decoder adapter of a VLM's language model, chosen by the text config's ``model_type``.
 
@@ -111,7 +112,7 @@ def text_adapter(stack: nn.Module, head: nn.Module, config: Any,
     """
     families = TEXT_FAMILIES if families is None else families
     kind = getattr(config, "model_type", None)
-    if kind not in families:
+    if not isinstance(kind, str) or kind not in families:  # a model_type is a str (the keys' type)
         raise UnsupportedModelError(f"its language model is {kind!r}; the language models explained inside this "
                                     f"vision-language model are {', '.join(families)}")
     module, cls = families[kind]
@@ -137,7 +138,7 @@ class VisionTower(ViTAdapter):
         self.blocks = [self._block(i, layer) for i, layer in enumerate(self.layers_of(model)[:layers])]
 
     @staticmethod
-    def layers_of(model: nn.Module) -> nn.ModuleList:
+    def layers_of(model: nn.Module) -> ModelPart:
         """All the encoder layers of the tower ``model``, input first."""
         raise NotImplementedError
 
@@ -155,7 +156,7 @@ class CLIPVisionTower(VisionTower):
 
     tower_class = "CLIPVisionModel"
 
-    def __init__(self, model: nn.Module, layers: int):
+    def __init__(self, model: ModelPart, layers: int):
         emb = model.embeddings
         self.patch_conv = emb.patch_embedding
         ps = emb.patch_size
@@ -166,7 +167,7 @@ class CLIPVisionTower(VisionTower):
         super().__init__(model, layers)
 
     @staticmethod
-    def layers_of(model: nn.Module) -> nn.ModuleList:
+    def layers_of(model: ModelPart) -> ModelPart:
         return model.encoder.layers
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
@@ -198,7 +199,7 @@ class Dinov2VisionTower(VisionTower):
 
     tower_class = "Dinov2Model"
 
-    def __init__(self, model: nn.Module, layers: int):
+    def __init__(self, model: ModelPart, layers: int):
         if getattr(model.config, "use_swiglu_ffn", False):
             raise UnsupportedModelError("a DINOv2 vision tower with use_swiglu_ffn=True (DINOv2 giant) multiplies two "
                                         "activations in its MLP, which the block description does not cover")
@@ -211,10 +212,10 @@ class Dinov2VisionTower(VisionTower):
         super().__init__(model, layers)
 
     @staticmethod
-    def layers_of(model: nn.Module) -> nn.ModuleList:
+    def layers_of(model: ModelPart) -> ModelPart:
         return model.encoder.layer
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         cfg = self.model.config
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
@@ -248,7 +249,7 @@ class SiglipVisionTower(VisionTower):
 
     tower_class = "SiglipVisionModel"
 
-    def __init__(self, model: nn.Module, layers: int):
+    def __init__(self, model: ModelPart, layers: int):
         check_siglip_tower(model, "the vision tower")
         self.patch_conv = siglip_patch_conv(model)
         self.patch_size = siglip_patch_size(model)
@@ -258,7 +259,7 @@ class SiglipVisionTower(VisionTower):
         super().__init__(model, layers)
 
     @staticmethod
-    def layers_of(model: nn.Module) -> nn.ModuleList:
+    def layers_of(model: ModelPart) -> ModelPart:
         return model.encoder.layers
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
@@ -271,7 +272,8 @@ class SiglipVisionTower(VisionTower):
 
 
 #: the vision towers replayed, by class name
-TOWERS = {cls.tower_class: cls for cls in (CLIPVisionTower, Dinov2VisionTower, SiglipVisionTower)}
+TOWERS: dict[str, type[VisionTower]] = {cls.tower_class: cls for cls in (CLIPVisionTower, Dinov2VisionTower,
+                                                                          SiglipVisionTower)}
 
 
 def vision_tower(module: nn.Module, feature_layer: int) -> VisionTower:
@@ -314,7 +316,7 @@ def vision_tower(module: nn.Module, feature_layer: int) -> VisionTower:
 # ----------------------------------------------------------------------------
 # records
 # ----------------------------------------------------------------------------
-@dataclass
+@dataclass(kw_only=True)  # keyword-only: the fields after the base's need no default
 class VLMEmbeddingRecord(EmbeddingRecord):
     """The input layer of a VLM: the language model's ``x0`` and what made its image part.
 
@@ -329,12 +331,12 @@ class VLMEmbeddingRecord(EmbeddingRecord):
         image_mask: (B, T) bool, the image placeholder tokens.
     """
 
-    vision: Optional[EmbeddingRecord] = None
-    vision_blocks: list = field(default_factory=list)
-    selected: Optional[Tensor] = None
-    connector: dict = field(default_factory=dict)
-    features: Optional[Tensor] = None
-    image_mask: Optional[Tensor] = None
+    vision: EmbeddingRecord
+    vision_blocks: list
+    selected: Tensor
+    connector: dict
+    features: Tensor
+    image_mask: Tensor
 
 
 # ----------------------------------------------------------------------------
@@ -359,13 +361,13 @@ class VLMAdapter(Adapter):
     #: generated token takes in it (the value the model's own ``generate`` gives it)
     generated_token_values: Mapping[str, int] = {}
     #: the prepared entries that hold the rows' images, (B, k, 3, H, W) (not cut along a token axis)
-    image_entries = ("pixel_values",)
+    image_entries: tuple[str, ...] = ("pixel_values",)
     #: the input keys read besides the text's
-    image_inputs = ("pixel_values", "image_sizes")
+    image_inputs: tuple[str, ...] = ("pixel_values", "image_sizes")
     #: the language models the family explains: ``model_type`` -> (adapter module, decoder adapter class)
     text_families: Mapping[str, tuple] = TEXT_FAMILIES
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         super().__init__(model)
         if not type(model).__module__.startswith("transformers."):
             # a decoder subclass is checked against its own logits on a text probe; a VLM's needs an image too
@@ -398,7 +400,7 @@ class VLMAdapter(Adapter):
                                                 device=v.device)], 1) for name, v in entries.items()}
 
     # ------------------------------------------------------------ the family's part
-    def _parts(self) -> tuple[nn.Module, nn.Module, Any, nn.Module, int]:
+    def _parts(self) -> tuple[ModelPart, ModelPart, Any, ModelPart, int]:
         """(decoder stack, LM head, text config, vision tower, feature layer)."""
         raise NotImplementedError
 
@@ -456,6 +458,7 @@ class VLMAdapter(Adapter):
                              "must hold the same number of images (the processor stacks them in row order)")
         k = images.shape[0] // B
         grid = self.tower.layout({"images": images}).grid
+        assert grid is not None, "an image layout has its patch grid"
         P = self.tokens_per_image(grid)
         placeholders = ids == self.image_token_id
         counts = placeholders.sum(dim=1)
@@ -491,6 +494,7 @@ class VLMAdapter(Adapter):
         (``image_tokens`` (B, k·h·w): positions in the sequence, raster order, image after image)."""
         images = prepared["pixel_values"]
         grid = self.tower.layout({"images": images[:, 0]}).grid
+        assert grid is not None, "an image layout has its patch grid"
         ids = prepared["input_ids"]
         # each row's image tokens in order: their positions, first the image tokens, by a stable sort
         where = torch.argsort((ids != self.image_token_id).to(torch.int8), dim=1, stable=True)

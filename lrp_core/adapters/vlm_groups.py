@@ -162,17 +162,18 @@ class GroupedAttentionVLM(VLMAdapter):
         return out
 
     def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = NO_RECORD, keep: bool = True,
-                   readout: Optional[Any] = None, positions: Optional[Tensor] = None, **kwargs: Any) -> Trace:
+                   readout: Optional[Any] = None, positions: Optional[Tensor] = None,
+                   rows: Optional[Tensor] = None) -> Trace:
         """:meth:`Adapter.run_blocks` with every block's mask built from the readout's attention groups
         (:func:`grouped_bias`) where any token is in a group; the plain causal masks otherwise."""
         head = self.readout if readout is None else readout
         groups = getattr(head, "groups", None)
         if groups is None or not bool((groups >= 0).any()):
-            return super().run_blocks(x0, mask, r, keep, readout, positions, **kwargs)
+            return super().run_blocks(x0, mask, r, keep, readout, positions, rows)
         # a sibling view of this adapter whose block context is this batch's (the adapter itself never changes)
         view = copy.copy(self)
         view.block_context = functools.partial(self._grouped_context, groups=groups)  # type: ignore[method-assign]
-        return super(GroupedAttentionVLM, view).run_blocks(x0, mask, r, keep, readout, positions, **kwargs)
+        return super(GroupedAttentionVLM, view).run_blocks(x0, mask, r, keep, readout, positions, rows)
 
     def _grouped_context(self, x0: Tensor, mask: Tensor, positions: Optional[Tensor], fused: bool = False, *,
                          groups: Tensor) -> list:

@@ -346,6 +346,7 @@ class RuleChoice:
     """
 
     serves = ""
+    composite: Optional[Composite]  # None only in a plain Replay, which asks for no rule
 
     def __init__(self, composite: Composite, names: Optional[Mapping[nn.Module, str]] = None,
                  first: Optional[Mapping[str, nn.Module]] = None):
@@ -363,6 +364,7 @@ class RuleChoice:
 
     def rule(self, kind: str, module: Optional[nn.Module] = None) -> Rule:
         """The composite's rule for one operation, told the module's name and place where it reads them."""
+        assert self.composite is not None, "a rule is asked of a rule set (a plain Replay has none and asks none)"
         if module is None or (self._names is None and self._first is None):
             return self.composite.rule(kind, module)
         name = None if self._names is None else self._names.get(module)
