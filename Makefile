@@ -51,9 +51,11 @@ test: $(STAMP) browser lint typecheck docs
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
 
-# The linter (ruff, in the dev extra; its rules are in pyproject.toml).
+# The linter and the format check (ruff, in the dev extra; its rules and line length are in pyproject.toml).
+# `ruff format lrp_core widgets tests scripts` rewrites what the check refuses.
 lint: $(STAMP)
 	$(BIN)/python -m ruff check lrp_core widgets tests scripts
+	$(BIN)/python -m ruff format --check lrp_core widgets tests scripts
 
 # mypy over lrp_core and widgets, with the strictness of pyproject.toml's [tool.mypy] (docs/ARCHITECTURE.md).
 typecheck: $(STAMP)

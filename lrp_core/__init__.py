@@ -4,13 +4,18 @@
 >>> exp = explain(model, images, method="transformer_attribution")
 >>> exp.scores.shape   # (B, number of patches)
 """
+
 from .errors import InputError, LRPError, UnknownMethodError, UnsupportedModelError
 from .explanation import Explanation
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Explanation", "InputError", "LRPError", "UnknownMethodError", "UnsupportedModelError",
+    "Explanation",
+    "InputError",
+    "LRPError",
+    "UnknownMethodError",
+    "UnsupportedModelError",
 ]
 
 from .api import METHODS, AttentionParts, ConceptTarget, Contrast, attention_parts, concept_target, explain

@@ -6,6 +6,7 @@ readout, what is per sample), the method registry and its options (:mod:`lrp_cor
 targets (:mod:`lrp_core.methods.targets`), the pieces a batch is explained in (:mod:`lrp_core.runtime.pieces`) and
 the model guard (:mod:`lrp_core.runtime.guard`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -36,18 +37,36 @@ OPTION_NAMES: frozenset[str] = frozenset(o.name for o in OPTIONS)
 
 
 @public_call
-def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None, *,
-            start_layer: Optional[int] = None, end_layer: Optional[int] = None,
-            rollout_norm: Optional[Literal["none", "row"]] = None, use_gradient: Optional[bool] = None,
-            keep_heads: Optional[bool] = None, batch_size: Optional[int] = None,
-            n_steps: Optional[int] = None, baseline: Union[Literal["zeros", "blur", "pad", "mask"], int, None] = None,
-            n_samples: Optional[int] = None, stdevs: Optional[float] = None, seed: Optional[int] = None,
-            base: Optional[Literal["attnlrp", "cp_lrp", "cp_halved"]] = None, composite: Optional[Composite] = None,
-            progress: Optional[bool] = None, position: Union[int, Sequence[int], Tensor, None] = None,
-            max_memory: MaxMemory = None, chunk_size: Optional[int] = None,
-            sources: Optional[SourcesLike] = None, n_ablations: Optional[int] = None,
-            keep_prob: Optional[float] = None, alpha: Optional[float] = None, filler: Optional[int] = None,
-            **unknown: NoReturn) -> Explanation:
+def explain(
+    model: nn.Module,
+    inputs: Any,
+    method: str = "transformer_attribution",
+    target: Target = None,
+    *,
+    start_layer: Optional[int] = None,
+    end_layer: Optional[int] = None,
+    rollout_norm: Optional[Literal["none", "row"]] = None,
+    use_gradient: Optional[bool] = None,
+    keep_heads: Optional[bool] = None,
+    batch_size: Optional[int] = None,
+    n_steps: Optional[int] = None,
+    baseline: Union[Literal["zeros", "blur", "pad", "mask"], int, None] = None,
+    n_samples: Optional[int] = None,
+    stdevs: Optional[float] = None,
+    seed: Optional[int] = None,
+    base: Optional[Literal["attnlrp", "cp_lrp", "cp_halved"]] = None,
+    composite: Optional[Composite] = None,
+    progress: Optional[bool] = None,
+    position: Union[int, Sequence[int], Tensor, None] = None,
+    max_memory: MaxMemory = None,
+    chunk_size: Optional[int] = None,
+    sources: Optional[SourcesLike] = None,
+    n_ablations: Optional[int] = None,
+    keep_prob: Optional[float] = None,
+    alpha: Optional[float] = None,
+    filler: Optional[int] = None,
+    **unknown: NoReturn,
+) -> Explanation:
     """Explain a batch of predictions of an unmodified timm / Hugging Face Transformer.
 
     Every option is keyword-only and ``None`` by default, which means the method's default (per input
@@ -172,8 +191,10 @@ def _explain(model: nn.Module, inputs: Any, method: str, target: Any, options: d
     adapter = get_adapter(model).for_inputs(inputs)
     if method in adapter.refused_methods:
         runs = [m for m in registry.METHODS if m not in adapter.refused_methods]
-        raise UnsupportedModelError(f"method {method!r} is not defined on {type(model).__name__}: "
-                                    f"{adapter.refused_methods[method]}. Methods that run on it: {', '.join(runs)}")
+        raise UnsupportedModelError(
+            f"method {method!r} is not defined on {type(model).__name__}: "
+            f"{adapter.refused_methods[method]}. Methods that run on it: {', '.join(runs)}"
+        )
     prepared = adapter.check_inputs(inputs)
     opt = registry.parse_options(spec, options, adapter.num_blocks, registry.defaults_key(adapter))
     if opt.position is not None:  # decoders: explain the prediction at another token
@@ -193,10 +214,16 @@ def _explain(model: nn.Module, inputs: Any, method: str, target: Any, options: d
         result.sources = by_source(result.scores.detach(), opt.sources.to(result.scores.device))
     if aim.negative is not None:
         used["contrast_with"] = aim.negative.tolist()
-    return Explanation(method=method, grid=layout.grid, image_size=layout.image_size,
-                       start_layer=used.get("start_layer"), attention_mask=layout.mask,
-                       image_tokens=layout.image_tokens, options=used,
-                       **result_fields(result))
+    return Explanation(
+        method=method,
+        grid=layout.grid,
+        image_size=layout.image_size,
+        start_layer=used.get("start_layer"),
+        attention_mask=layout.mask,
+        image_tokens=layout.image_tokens,
+        options=used,
+        **result_fields(result),
+    )
 
 
 @public_call
@@ -283,9 +310,19 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
     with torch.no_grad():
         rel = adapter.relprop(trace, one_hot(trace.logits, t), TRANSFORMER_ATTRIBUTION, stop_block=0)
     stack = lambda ts: torch.stack([x.detach() for x in ts], dim=1)  # noqa: E731
-    return AttentionParts(attention=stack(attns), gradient=stack(grads), relevance=stack(rel.attn),
-                          target=t, logits=trace.logits.detach())
+    return AttentionParts(
+        attention=stack(attns), gradient=stack(grads), relevance=stack(rel.attn), target=t, logits=trace.logits.detach()
+    )
 
 
-__all__ = ["explain", "METHODS", "SOURCE_METHODS", "concept_target", "ConceptTarget", "Contrast", "model_guard",
-           "attention_parts", "AttentionParts"]
+__all__ = [
+    "explain",
+    "METHODS",
+    "SOURCE_METHODS",
+    "concept_target",
+    "ConceptTarget",
+    "Contrast",
+    "model_guard",
+    "attention_parts",
+    "AttentionParts",
+]

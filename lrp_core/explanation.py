@@ -13,6 +13,7 @@ and editors see the fields on both, and :data:`RESULT_FIELDS` (what
 which optional field is ``MethodSpec.returns`` in
 :mod:`lrp_core.methods.registry` (:func:`lrp_core.methods.registry.filled_by`).
 """
+
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, MISSING, dataclass, field, fields
@@ -60,9 +61,13 @@ class Conservation:
 
     def __getitem__(self, i: int) -> "Conservation":
         sl = slice(i, i + 1)
-        return Conservation(self.output[sl], self.blocks[sl], self.input[sl],
-                            None if self.pixels is None else self.pixels[sl],
-                            None if self.positional is None else self.positional[sl])
+        return Conservation(
+            self.output[sl],
+            self.blocks[sl],
+            self.input[sl],
+            None if self.pixels is None else self.pixels[sl],
+            None if self.positional is None else self.positional[sl],
+        )
 
 
 @dataclass(frozen=True)
@@ -121,9 +126,17 @@ class ResultFields:
 def _declared() -> tuple[ResultField, ...]:
     """:data:`RESULT_FIELDS`, read from the fields of :class:`ResultFields`."""
     hints = get_type_hints(ResultFields)
-    return tuple(ResultField(f.name, f.metadata["shape"], hints[f.name], f.metadata["token_axes"],
-                             required=f.default is MISSING, detach=f.metadata["detach"])
-                 for f in fields(ResultFields))
+    return tuple(
+        ResultField(
+            f.name,
+            f.metadata["shape"],
+            hints[f.name],
+            f.metadata["token_axes"],
+            required=f.default is MISSING,
+            detach=f.metadata["detach"],
+        )
+        for f in fields(ResultFields)
+    )
 
 
 #: Every per-sample field of a result, in the order of :class:`ResultFields`.
@@ -156,7 +169,7 @@ def _sample(value: Any, i: int) -> Any:
     """Sample ``i`` of a per-sample field as a batch of one."""
     if value is None:
         return None
-    return value[i] if isinstance(value, Conservation) else value[i:i + 1]
+    return value[i] if isinstance(value, Conservation) else value[i : i + 1]
 
 
 @dataclass
@@ -227,9 +240,11 @@ class Explanation(ResultFields):
         scores = self.scores
         if self.image_tokens is not None:
             if self.image_tokens.shape[1] != h * w:
-                raise InputError(f"patch_map() and upsample() show one image per row; these rows hold "
-                                 f"{self.image_tokens.shape[1] // (h * w)} images each: read their image tokens' "
-                                 "scores at the positions exp.image_tokens names, image after image")
+                raise InputError(
+                    f"patch_map() and upsample() show one image per row; these rows hold "
+                    f"{self.image_tokens.shape[1] // (h * w)} images each: read their image tokens' "
+                    "scores at the positions exp.image_tokens names, image after image"
+                )
             idx = self.image_tokens.to(scores.device)
             share = torch.zeros_like(scores).scatter_add_(1, idx, torch.ones_like(idx, dtype=scores.dtype))
             scores = scores.gather(1, idx) / share.gather(1, idx)
@@ -269,9 +284,16 @@ class Explanation(ResultFields):
     def __getitem__(self, i: int) -> "Explanation":
         """The explanation of sample ``i`` as a batch of one."""
         per_sample = {f.name: _sample(getattr(self, f.name), i) for f in RESULT_FIELDS}
-        return Explanation(method=self.method, grid=self.grid, image_size=self.image_size,
-                           start_layer=self.start_layer, attention_mask=_sample(self.attention_mask, i),
-                           image_tokens=_sample(self.image_tokens, i), options=dict(self.options), **per_sample)
+        return Explanation(
+            method=self.method,
+            grid=self.grid,
+            image_size=self.image_size,
+            start_layer=self.start_layer,
+            attention_mask=_sample(self.attention_mask, i),
+            image_tokens=_sample(self.image_tokens, i),
+            options=dict(self.options),
+            **per_sample,
+        )
 
     def __len__(self) -> int:
         return self.batch_size

@@ -13,6 +13,7 @@ its offset mapping — and refuses a span whose edge falls inside a token.
 
 Shapes: B batch, T tokens (padding included), S sources.
 """
+
 from __future__ import annotations
 
 import re
@@ -65,8 +66,10 @@ class SourceText:
         try:
             enc = tokenizer(self.text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         except NotImplementedError as err:
-            raise InputError("token spans need the tokenizer's character offsets (a fast tokenizer, "
-                             "PreTrainedTokenizerFast); this one gives none") from err
+            raise InputError(
+                "token spans need the tokenizer's character offsets (a fast tokenizer, "
+                "PreTrainedTokenizerFast); this one gives none"
+            ) from err
         return token_spans(self.text, self.spans, [tuple(o) for o in enc["offset_mapping"]])
 
 
@@ -111,9 +114,11 @@ def token_spans(text: str, char_spans: Sequence[Span], offsets: Sequence[Span]) 
             x, y = offsets[t]
             outside = (text[x:lo] if x < lo else "") + (text[hi:y] if y > hi else "")
             if outside.strip():
-                raise InputError(f"source {s} ({text[a:b]!r}) does not align with the tokens: token {t} "
-                                 f"({text[x:y]!r}, characters {x}–{y}) reaches outside it. Cut the sources at "
-                                 "token boundaries (e.g. at spaces or sentence ends)")
+                raise InputError(
+                    f"source {s} ({text[a:b]!r}) does not align with the tokens: token {t} "
+                    f"({text[x:y]!r}, characters {x}–{y}) reaches outside it. Cut the sources at "
+                    "token boundaries (e.g. at spaces or sentence ends)"
+                )
         if not inside or inside != list(range(inside[0], inside[-1] + 1)):
             raise InputError(f"source {s} ({text[a:b]!r}) covers no run of tokens")
         out.append((inside[0], inside[-1] + 1))
@@ -147,8 +152,7 @@ def sentences(text: str) -> SourceText:
     return SourceText(text, spans)
 
 
-def documents(docs: Sequence[str], template: str = "{documents}", separator: str = "\n\n",
-              **fields: str) -> SourceText:
+def documents(docs: Sequence[str], template: str = "{documents}", separator: str = "\n\n", **fields: str) -> SourceText:
     """Documents placed into a prompt ``template``, each document one source.
 
     The template's ``{documents}`` field becomes the documents joined by ``separator``; the other fields
@@ -216,8 +220,10 @@ def as_spans(value: Any) -> Tensor:
         ``start > end`` or a negative start, a non-integer dtype, or rows with
         different numbers of sources.
     """
-    what = ("sources must be token spans (start, end): a list of pairs for every row, a list of such lists (one "
-            "per row, the same number of sources each) or an integer tensor (S, 2) / (B, S, 2)")
+    what = (
+        "sources must be token spans (start, end): a list of pairs for every row, a list of such lists (one "
+        "per row, the same number of sources each) or an integer tensor (S, 2) / (B, S, 2)"
+    )
     if isinstance(value, Tensor):
         t = value
         if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
@@ -245,8 +251,9 @@ def as_spans(value: Any) -> Tensor:
 
 
 def _is_pair(p: Any) -> bool:
-    return isinstance(p, (list, tuple)) and len(p) == 2 and all(
-        isinstance(x, int) and not isinstance(x, bool) for x in p)
+    return (
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
+    )
 
 
 def in_columns(spans: Tensor, mask: Tensor, read: Optional[Tensor] = None) -> Tensor:
@@ -274,27 +281,33 @@ def in_columns(spans: Tensor, mask: Tensor, read: Optional[Tensor] = None) -> Te
     """
     B, T = mask.shape
     if spans.shape[0] not in (1, B):
-        raise InputError(f"sources gives spans for {spans.shape[0]} rows; the batch has {B}: give one list of "
-                         "spans for every row, or one per row")
+        raise InputError(
+            f"sources gives spans for {spans.shape[0]} rows; the batch has {B}: give one list of "
+            "spans for every row, or one per row"
+        )
     spans = spans.to(mask.device).expand(B, -1, -1)
     first = (mask != 0).long().argmax(dim=1)
     cols = spans + first[:, None, None]
     idx = torch.arange(T, device=mask.device)
     inside = (idx[None, None, :] >= cols[..., :1]) & (idx[None, None, :] < cols[..., 1:])  # (B, S, T)
-    count = (spans[..., 1] - spans[..., 0])
+    count = spans[..., 1] - spans[..., 0]
     real = (inside & (mask[:, None, :] != 0)).sum(-1)
     bad = torch.nonzero((cols[..., 1] > T) | (real != count))
     if len(bad):
         b, s = bad[0].tolist()
-        raise InputError(f"source {s} of row {b}, tokens {tuple(spans[b, s].tolist())}, reaches past the row's "
-                         f"{int(mask[b].sum())} real tokens (spans count each row's tokens from its first real one)")
+        raise InputError(
+            f"source {s} of row {b}, tokens {tuple(spans[b, s].tolist())}, reaches past the row's "
+            f"{int(mask[b].sum())} real tokens (spans count each row's tokens from its first real one)"
+        )
     if read is not None:
         late = torch.nonzero((cols[..., 1] > read[:, None]) & (count > 0))
         if len(late):
             b, s = late[0].tolist()
-            raise InputError(f"source {s} of row {b}, tokens {tuple(spans[b, s].tolist())}, reaches the explained "
-                             f"token ({int(read[b] - first[b])} from the row's start): a source is context before "
-                             "the prediction, so it must end before it")
+            raise InputError(
+                f"source {s} of row {b}, tokens {tuple(spans[b, s].tolist())}, reaches the explained "
+                f"token ({int(read[b] - first[b])} from the row's start): a source is context before "
+                "the prediction, so it must end before it"
+            )
     return cols
 
 
@@ -337,5 +350,15 @@ def by_source(scores: Tensor, cols: Tensor) -> Tensor:
     return torch.einsum("bst,bt->bs", membership(cols, scores.shape[-1], scores.dtype), scores)
 
 
-__all__ = ["SourceText", "sentences", "documents", "token_spans", "as_spans", "in_columns", "membership",
-           "by_source", "Span", "SourcesLike"]
+__all__ = [
+    "SourceText",
+    "sentences",
+    "documents",
+    "token_spans",
+    "as_spans",
+    "in_columns",
+    "membership",
+    "by_source",
+    "Span",
+    "SourcesLike",
+]

@@ -19,6 +19,7 @@ before each (row, method) cell, whole peak and the part above the model and inpu
 baseline of the same row and dtype; the targets printed are AttnLRP ≤ 1.0× time and ≤ 1.3× peak. A cell that runs
 out of memory is recorded as such. ``--quick``: the stand-ins (tiny-llava, tiny-llama at 1 × 32 / 64 / 128).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,6 +51,7 @@ TIME_TARGET, MEMORY_TARGET = 1.0, 1.3
 def build_llama(tiny: bool, dtype: torch.dtype, positions: int) -> torch.nn.Module:
     """The decoder rows' Llama (``llama_config``) with ``positions`` positions, its weights made in ``dtype``."""
     from transformers import LlamaForCausalLM
+
     cfg = llama_config(tiny=tiny)
     cfg.max_position_embeddings = max(cfg.max_position_embeddings, positions)
     old = torch.get_default_dtype()
@@ -118,16 +120,29 @@ def measure(clock: Clock, fn: Callable[[], Any], warmup: int, repeat: int, budge
         t_warm = clock.time(fn)
     runs = max(1, min(repeat, int(budget // max(t_warm, 1e-9)))) if warmup else repeat
     times = [clock.time(fn) for _ in range(runs)]
-    return {"seconds": statistics.median(times), "min_seconds": min(times), "runs": runs, "before_bytes": before,
-            "peak_bytes": clock.peak()}
+    return {
+        "seconds": statistics.median(times),
+        "min_seconds": min(times),
+        "runs": runs,
+        "before_bytes": before,
+        "peak_bytes": clock.peak(),
+    }
 
 
 def mb(x: Optional[int]) -> Optional[float]:
     return None if x is None else x / 2**20
 
 
-def run_row(model_name: str, model: torch.nn.Module, x: dict, methods: tuple, dtype: str, clock: Clock,
-            a: argparse.Namespace, emit: Callable[[dict], None]) -> None:
+def run_row(
+    model_name: str,
+    model: torch.nn.Module,
+    x: dict,
+    methods: tuple,
+    dtype: str,
+    clock: Clock,
+    a: argparse.Namespace,
+    emit: Callable[[dict], None],
+) -> None:
     """The baseline, then each method, on one (model, inputs); each cell emitted as a row dict."""
     tokens = int(x["input_ids"].shape[1])
     base: Optional[dict] = None
@@ -136,8 +151,11 @@ def run_row(model_name: str, model: torch.nn.Module, x: dict, methods: tuple, dt
         if time.perf_counter() > a.deadline:
             emit({**row, "note": "skipped: --total-budget spent"})
             continue
-        fn = ((lambda: forward_backward(model, x)) if method == BASELINE
-              else (lambda m=method: explain(model, x, method=m)))
+        fn = (
+            (lambda: forward_backward(model, x))
+            if method == BASELINE
+            else (lambda m=method: explain(model, x, method=m))
+        )
         try:
             r = measure(clock, fn, a.warmup, a.repeat, a.budget)
         except torch.cuda.OutOfMemoryError as e:
@@ -151,8 +169,13 @@ def run_row(model_name: str, model: torch.nn.Module, x: dict, methods: tuple, dt
             model.zero_grad(set_to_none=True)
             emit(row)
             continue
-        row.update(ms=1e3 * r["seconds"], ms_min=1e3 * r["min_seconds"], runs=r["runs"], peak_mb=mb(r["peak_bytes"]),
-                   above_mb=mb(None if r["peak_bytes"] is None else r["peak_bytes"] - r["before_bytes"]))
+        row.update(
+            ms=1e3 * r["seconds"],
+            ms_min=1e3 * r["min_seconds"],
+            runs=r["runs"],
+            peak_mb=mb(r["peak_bytes"]),
+            above_mb=mb(None if r["peak_bytes"] is None else r["peak_bytes"] - r["before_bytes"]),
+        )
         if method == BASELINE:
             base = row
         elif base is not None:
@@ -162,8 +185,7 @@ def run_row(model_name: str, model: torch.nn.Module, x: dict, methods: tuple, dt
                 row["above_ratio"] = row["above_mb"] / max(base["above_mb"], 1e-9)
             if method == "attnlrp":
                 ok_t = "ok" if row["time_ratio"] <= TIME_TARGET else "OVER"
-                ok_m = ("—" if row.get("peak_ratio") is None
-                        else "ok" if row["peak_ratio"] <= MEMORY_TARGET else "OVER")
+                ok_m = "—" if row.get("peak_ratio") is None else "ok" if row["peak_ratio"] <= MEMORY_TARGET else "OVER"
                 row["targets"] = f"time {ok_t}, memory {ok_m}"
         emit(row)
 
@@ -172,10 +194,13 @@ def fmt(row: dict) -> str:
     def f(key: str, spec: str) -> str:
         v = row.get(key)
         return "—" if v is None else format(v, spec)
-    return (f"{row['model']:10s} {row['dtype']:8s} {row['batch']} × {row['tokens']:<6d} {row['method']:24s} "
-            f"{f('ms', '10.1f')} ms {f('time_ratio', '6.2f')}×  peak {f('peak_mb', '9.0f')} MB "
-            f"(above {f('above_mb', '8.0f')}) {f('peak_ratio', '6.2f')}× {f('above_ratio', '7.2f')}×  "
-            f"runs {row.get('runs', '—')}  {row.get('targets', '')}{row.get('note', '')}")
+
+    return (
+        f"{row['model']:10s} {row['dtype']:8s} {row['batch']} × {row['tokens']:<6d} {row['method']:24s} "
+        f"{f('ms', '10.1f')} ms {f('time_ratio', '6.2f')}×  peak {f('peak_mb', '9.0f')} MB "
+        f"(above {f('above_mb', '8.0f')}) {f('peak_ratio', '6.2f')}× {f('above_ratio', '7.2f')}×  "
+        f"runs {row.get('runs', '—')}  {row.get('targets', '')}{row.get('note', '')}"
+    )
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -188,22 +213,35 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--budget", type=float, default=5.0, help="seconds of timed calls per cell, about")
-    p.add_argument("--total-budget", type=float, default=float("inf"),
-                   help="seconds: the cells left after this are skipped (recorded as such)")
+    p.add_argument(
+        "--total-budget",
+        type=float,
+        default=float("inf"),
+        help="seconds: the cells left after this are skipped (recorded as such)",
+    )
     p.add_argument("--json", metavar="PATH", help="save the rows (rewritten after every row)")
     a = p.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("no CUDA device here; use --device cpu --quick for a dry run")
-    lengths = ([int(v) for v in a.lengths.split(",")] if a.lengths
-               else list(QUICK_LLAMA_LENGTHS if a.quick else LLAMA_LENGTHS))
+    lengths = (
+        [int(v) for v in a.lengths.split(",")] if a.lengths else list(QUICK_LLAMA_LENGTHS if a.quick else LLAMA_LENGTHS)
+    )
     clock = Clock(a.device)
     a.deadline = time.perf_counter() + a.total_budget
     import transformers
-    meta = {"torch": torch.__version__, "transformers": transformers.__version__, "device": a.device,
-            "device_name": torch.cuda.get_device_name() if clock.cuda else "cpu",
-            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "warmup": a.warmup, "repeat": a.repeat,
-            "budget_s": a.budget, "statistic": "median of the timed runs",
-            "memory": "torch.cuda.max_memory_allocated, reset per cell" if clock.cuda else None}
+
+    meta = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": a.device,
+        "device_name": torch.cuda.get_device_name() if clock.cuda else "cpu",
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "warmup": a.warmup,
+        "repeat": a.repeat,
+        "budget_s": a.budget,
+        "statistic": "median of the timed runs",
+        "memory": "torch.cuda.max_memory_allocated, reset per cell" if clock.cuda else None,
+    }
     print(" ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
     rows: list = []
 

@@ -7,6 +7,7 @@ interval of (reference − method) from 2000 paired resamples of the images
 (numpy.random.default_rng(0)), for the positive and negative tests with the
 predicted class as target, as a Markdown table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,10 @@ def main() -> None:
     def cell(values: np.ndarray) -> str:
         return f"{values.mean():.2f} ± {values.std(ddof=1) / np.sqrt(len(values)):.2f}"
 
-    print(f"| method | pos AUC | {a.reference} − method (pos; < 0: reference better) "
-          f"| neg AUC | {a.reference} − method (neg; > 0: reference better) |")
+    print(
+        f"| method | pos AUC | {a.reference} − method (pos; < 0: reference better) "
+        f"| neg AUC | {a.reference} − method (neg; > 0: reference better) |"
+    )
     print("|---|---:|---|---:|---|")
     for method, c in curves.items():
         row = [method]

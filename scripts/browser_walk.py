@@ -9,6 +9,7 @@ Needs Debian's chromium (``make browser``) and the dev extras (playwright, nbcon
 are shown by the HTML export as their stored still picture or not at all; the widgets themselves are
 tested live in ``tests/widgets/test_browser.py``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,15 +18,24 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def export_html(notebooks: list[Path], out: Path) -> list[Path]:
     """Each notebook as it is stored (not re-executed) -> ``out/<name>.html``."""
     for nb in notebooks:
-        subprocess.run([sys.executable, "-m", "nbconvert", "--to", "html", "--output-dir", str(out), str(nb)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "nbconvert", "--to", "html", "--output-dir", str(out), str(nb)],
+            check=True,
+            capture_output=True,
+        )
     return [out / (nb.stem + ".html") for nb in notebooks]
 
 

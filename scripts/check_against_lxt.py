@@ -41,6 +41,7 @@ reference for the other cases is built from LXT's own building blocks
 and the timm ViT reference is cross-checked against the torchvision ViT with the
 same weights (LXT's official map for CP-LRP).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,28 +60,42 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 TOL = {"float64": 1e-8, "float32": 1e-4}
 SEED = 20240611
 
-BERT_CONFIG = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                   intermediate_size=64, max_position_embeddings=40, type_vocab_size=2, num_labels=3,
-                   pad_token_id=0, hidden_act="gelu", layer_norm_eps=1e-12)
+BERT_CONFIG = dict(
+    vocab_size=60,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=40,
+    type_vocab_size=2,
+    num_labels=3,
+    pad_token_id=0,
+    hidden_act="gelu",
+    layer_norm_eps=1e-12,
+)
 BERT_LENGTHS = (12, 7, 9)  # right-padded batch of three texts of different lengths
-VIT_TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=5,
-                qkv_bias=True, mlp_ratio=4.0)
+VIT_TINY = dict(
+    img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=5, qkv_bias=True, mlp_ratio=4.0
+)
 
 # name -> how to build it (family, constructor arguments)
 MODELS = {
     "bert_eager": dict(family="bert", attn="eager"),
     "bert_sdpa": dict(family="bert", attn="sdpa", same_weights_as="bert_eager"),
     "vit_tiny": dict(family="vit", timm_kwargs=VIT_TINY, batch=3),
-    "vit_tiny_nobias": dict(family="vit", timm_kwargs=VIT_TINY, batch=3, zero_constants=True,
-                            same_weights_as="vit_tiny"),
+    "vit_tiny_nobias": dict(
+        family="vit", timm_kwargs=VIT_TINY, batch=3, zero_constants=True, same_weights_as="vit_tiny"
+    ),
     "deit_tiny": dict(family="vit", timm_name="deit_tiny_patch16_224", batch=2),
 }
 
 
 # ----------------------------------------------------------------------------- model building (both venvs)
 
+
 def build_bert(spec: dict, bert_cls=None):
     from transformers import BertConfig
+
     if bert_cls is None:
         from transformers import BertForSequenceClassification as bert_cls
     config = BertConfig(**BERT_CONFIG)
@@ -92,6 +107,7 @@ def build_bert(spec: dict, bert_cls=None):
 def build_timm_vit(spec: dict):
     import timm
     from timm.models.vision_transformer import VisionTransformer
+
     if "timm_name" in spec:
         model = timm.create_model(spec["timm_name"], pretrained=False)
     else:
@@ -115,7 +131,7 @@ def randomise_(model: torch.nn.Module, seed: int, zero_constants: bool = False) 
     for _, mod in model.named_modules():
         if isinstance(mod, (torch.nn.Linear, torch.nn.Conv2d)):
             fan_in = mod.weight[0].numel()
-            rnd(mod.weight, fan_in ** -0.5)
+            rnd(mod.weight, fan_in**-0.5)
             if mod.bias is not None:
                 rnd(mod.bias, 0.1)
         elif isinstance(mod, torch.nn.LayerNorm):
@@ -156,6 +172,7 @@ def make_inputs(name: str, seed: int) -> dict:
 
 def load_model(workdir: Path, name: str, dtype: torch.dtype, bert_cls=None):
     from safetensors.torch import load_file
+
     model = build(name, bert_cls)
     state = load_file(str(workdir / f"{name}.safetensors"))
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -166,6 +183,7 @@ def load_model(workdir: Path, name: str, dtype: torch.dtype, bert_cls=None):
 
 
 # ----------------------------------------------------------------------------- reference side (LXT venv)
+
 
 class _SDPAShim:
     """Stands in for ``torch.nn.functional`` inside timm's attention module; only SDPA is routed through LXT."""
@@ -216,8 +234,9 @@ def patch_vit_family(method: str) -> dict:
             return wrapped_mha(self, query, key, value, *args, **kwargs)
 
         tv_map = dict(vit_torch.cp_LRP)
-        tv_map[vision_transformer.nn.MultiheadAttention] = partial(patch_method, attnlrp_mha_forward,
-                                                                   keep_original=True)
+        tv_map[vision_transformer.nn.MultiheadAttention] = partial(
+            patch_method, attnlrp_mha_forward, keep_original=True
+        )
         monkey_patch(vision_transformer, tv_map)
         info["torchvision_map"] = "vit_torch.cp_LRP with MultiheadAttention -> lxt wrap_attention_forward"
         lxt_sdpa = wrap_attention_forward(_plain_sdpa)
@@ -235,43 +254,69 @@ def patch_vit_family(method: str) -> dict:
     }
     monkey_patch(timm_attention, timm_map)
     assert torch.nn.GELU.forward is non_linear_forward and torch.nn.LayerNorm.forward is layer_norm_forward
-    info["timm_map"] = ("GELU: non_linear_forward (from torchvision map, global), timm LayerNorm: "
-                        "layer_norm_forward, Dropout: dropout_forward, timm Attention SDPA: "
-                        + ("cp_wrap_attention_forward" if method == "cp_lrp" else "wrap_attention_forward"))
+    info["timm_map"] = (
+        "GELU: non_linear_forward (from torchvision map, global), timm LayerNorm: "
+        "layer_norm_forward, Dropout: dropout_forward, timm Attention SDPA: "
+        + ("cp_wrap_attention_forward" if method == "cp_lrp" else "wrap_attention_forward")
+    )
     return {"shim": shim, "info": info}
 
 
 def timm_to_torchvision(model) -> torch.nn.Module:
     from torchvision.models.vision_transformer import VisionTransformer as TV
+
     D = model.embed_dim
     img = model.patch_embed.img_size[0]
     p = model.patch_embed.patch_size[0]
-    tv = TV(image_size=img, patch_size=p, num_layers=len(model.blocks), num_heads=model.blocks[0].attn.num_heads,
-            hidden_dim=D, mlp_dim=model.blocks[0].mlp.fc1.out_features, num_classes=model.num_classes)
-    sd = {"conv_proj.weight": model.patch_embed.proj.weight, "conv_proj.bias": model.patch_embed.proj.bias,
-          "class_token": model.cls_token, "encoder.pos_embedding": model.pos_embed,
-          "encoder.ln.weight": model.norm.weight, "encoder.ln.bias": model.norm.bias,
-          "heads.head.weight": model.head.weight, "heads.head.bias": model.head.bias}
+    tv = TV(
+        image_size=img,
+        patch_size=p,
+        num_layers=len(model.blocks),
+        num_heads=model.blocks[0].attn.num_heads,
+        hidden_dim=D,
+        mlp_dim=model.blocks[0].mlp.fc1.out_features,
+        num_classes=model.num_classes,
+    )
+    sd = {
+        "conv_proj.weight": model.patch_embed.proj.weight,
+        "conv_proj.bias": model.patch_embed.proj.bias,
+        "class_token": model.cls_token,
+        "encoder.pos_embedding": model.pos_embed,
+        "encoder.ln.weight": model.norm.weight,
+        "encoder.ln.bias": model.norm.bias,
+        "heads.head.weight": model.head.weight,
+        "heads.head.bias": model.head.bias,
+    }
     for i, blk in enumerate(model.blocks):
         pre = f"encoder.layers.encoder_layer_{i}."
-        sd.update({pre + "ln_1.weight": blk.norm1.weight, pre + "ln_1.bias": blk.norm1.bias,
-                   pre + "self_attention.in_proj_weight": blk.attn.qkv.weight,
-                   pre + "self_attention.in_proj_bias": blk.attn.qkv.bias,
-                   pre + "self_attention.out_proj.weight": blk.attn.proj.weight,
-                   pre + "self_attention.out_proj.bias": blk.attn.proj.bias,
-                   pre + "ln_2.weight": blk.norm2.weight, pre + "ln_2.bias": blk.norm2.bias,
-                   pre + "mlp.0.weight": blk.mlp.fc1.weight, pre + "mlp.0.bias": blk.mlp.fc1.bias,
-                   pre + "mlp.3.weight": blk.mlp.fc2.weight, pre + "mlp.3.bias": blk.mlp.fc2.bias})
+        sd.update(
+            {
+                pre + "ln_1.weight": blk.norm1.weight,
+                pre + "ln_1.bias": blk.norm1.bias,
+                pre + "self_attention.in_proj_weight": blk.attn.qkv.weight,
+                pre + "self_attention.in_proj_bias": blk.attn.qkv.bias,
+                pre + "self_attention.out_proj.weight": blk.attn.proj.weight,
+                pre + "self_attention.out_proj.bias": blk.attn.proj.bias,
+                pre + "ln_2.weight": blk.norm2.weight,
+                pre + "ln_2.bias": blk.norm2.bias,
+                pre + "mlp.0.weight": blk.mlp.fc1.weight,
+                pre + "mlp.0.bias": blk.mlp.fc1.bias,
+                pre + "mlp.3.weight": blk.mlp.fc2.weight,
+                pre + "mlp.3.bias": blk.mlp.fc2.bias,
+            }
+        )
     tv.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=True)
     return tv.to(model.pos_embed.dtype).eval()
 
 
 def _capture_outputs(modules, store: list):
     """Forward hooks that keep (and retain the gradient of) each module's output hidden state."""
+
     def hook(_m, _inp, out):
         h = out[0] if isinstance(out, tuple) else out
         h.retain_grad()
         store.append(h)
+
     return [m.register_forward_hook(hook) for m in modules]
 
 
@@ -292,9 +337,13 @@ def explain_vit_sample(model, x, kind: str):
             h.remove()
     e = tok[0]
     scores = (e * e.grad).sum(-1) if kind == "timm" else (e * e.grad).sum(1).flatten(1)
-    return dict(target=t, logits=logits[0].detach(), scores=scores[0].detach(),
-                pixels=(x * x.grad).sum(1)[0].detach(),
-                token_relevance=torch.stack([(h * h.grad).sum(-1)[0] for h in blocks]).detach())
+    return dict(
+        target=t,
+        logits=logits[0].detach(),
+        scores=scores[0].detach(),
+        pixels=(x * x.grad).sum(1)[0].detach(),
+        token_relevance=torch.stack([(h * h.grad).sum(-1)[0] for h in blocks]).detach(),
+    )
 
 
 def explain_bert_sample(model, ids):
@@ -309,14 +358,20 @@ def explain_bert_sample(model, ids):
     finally:
         for h in hooks:
             h.remove()
-    return dict(target=t, logits=logits[0].detach(), scores=(embeds * embeds.grad).sum(-1)[0].detach(),
-                token_relevance=torch.stack([(h * h.grad).sum(-1)[0] for h in blocks]).detach())
+    return dict(
+        target=t,
+        logits=logits[0].detach(),
+        scores=(embeds * embeds.grad).sum(-1)[0].detach(),
+        token_relevance=torch.stack([(h * h.grad).sum(-1)[0] for h in blocks]).detach(),
+    )
 
 
 def stack_samples(samples: list, T: int = None) -> dict:
     """Per-sample results -> batch tensors (text: zero-padded to T)."""
-    out = {"target": torch.tensor([s["target"] for s in samples]),
-           "logits": torch.stack([s["logits"] for s in samples])}
+    out = {
+        "target": torch.tensor([s["target"] for s in samples]),
+        "logits": torch.stack([s["logits"] for s in samples]),
+    }
     out["y"] = out["logits"].gather(1, out["target"][:, None])[:, 0]
     for key in ("scores", "token_relevance", "pixels"):
         if key not in samples[0]:
@@ -327,7 +382,7 @@ def stack_samples(samples: list, T: int = None) -> dict:
             like = samples[0][key]
             full = torch.zeros((len(samples),) + tuple(like.shape[:-1]) + (T,), dtype=like.dtype)
             for i, s in enumerate(samples):
-                full[i, ..., :s[key].shape[-1]] = s[key]
+                full[i, ..., : s[key].shape[-1]] = s[key]
             out[key] = full
     return out
 
@@ -336,6 +391,7 @@ def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> Non
     from importlib.metadata import version
 
     import lxt
+
     versions = {p: version(p) for p in ("lxt", "torch", "transformers", "timm", "torchvision", "zennit")}
     assert versions["lxt"] == "2.1", versions
     for p in lxt.__path__:
@@ -348,6 +404,7 @@ def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> Non
         import transformers.models.bert.modeling_bert as modeling_bert
         from lxt.efficient import monkey_patch
         from lxt.efficient.rules import stop_gradient
+
         if method == "cp_lrp":
             # LXT 2.1 has no CP-LRP map for BERT. Same BERT patch minus the uniform rule (no /2 anywhere),
             # plus LXT's CP-LRP attention rule: query and key detached (stop_gradient) right after their Linears.
@@ -355,9 +412,12 @@ def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> Non
         monkey_patch(modeling_bert)  # LXT's default map for BERT (attnLRP): replaces the modeling_bert module
         bert_cls = modeling_bert.BertForSequenceClassification
         assert bert_cls.__module__ == "lxt.efficient.models.bert", bert_cls.__module__
-        report["patch"] = ("lxt.efficient.models.bert.attnLRP" if method == "attnlrp" else
-                           "lxt.efficient.models.bert.attnLRP with divide_gradient -> identity and "
-                           "stop_gradient on the query/key Linear outputs")
+        report["patch"] = (
+            "lxt.efficient.models.bert.attnLRP"
+            if method == "attnlrp"
+            else "lxt.efficient.models.bert.attnLRP with divide_gradient -> identity and "
+            "stop_gradient on the query/key Linear outputs"
+        )
         names = [n for n, s in MODELS.items() if s["family"] == "bert"]
         for name in names:
             inputs = torch.load(workdir / f"{name}__inputs.pt")
@@ -373,15 +433,23 @@ def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> Non
                             lin.register_forward_hook(lambda _m, _i, out: stop_gradient(out))
                 samples = []
                 for i, n in enumerate(inputs["attention_mask"].sum(1).tolist()):
-                    samples.append(explain_bert_sample(model, inputs["input_ids"][i:i + 1, :n]))
+                    samples.append(explain_bert_sample(model, inputs["input_ids"][i : i + 1, :n]))
                 res = stack_samples(samples, T=inputs["input_ids"].shape[1])
                 res["lengths"] = inputs["attention_mask"].sum(1)
                 res["meta"] = dict(report, self_attention=sa_cls)
                 torch.save(res, workdir / f"ref__{name}__{method}__{dn}.pt")
-                report["checks"].append(dict(model=name, dtype=dn, kind="sum(scores) vs y_t (biases present)",
-                                             sum=res["scores"].sum(1).tolist(), y=res["y"].tolist()))
+                report["checks"].append(
+                    dict(
+                        model=name,
+                        dtype=dn,
+                        kind="sum(scores) vs y_t (biases present)",
+                        sum=res["scores"].sum(1).tolist(),
+                        y=res["y"].tolist(),
+                    )
+                )
     else:
         from torchvision.models import vision_transformer  # noqa: F401  (patched below)
+
         patched = patch_vit_family(method)
         report["patch"] = patched["info"]
         shim = patched["shim"]
@@ -396,7 +464,7 @@ def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> Non
                 assert type(model.blocks[0].mlp.act) is torch.nn.GELU
                 calls0 = shim.calls
                 x = images.to(DTYPES[dn])
-                res = stack_samples([explain_vit_sample(model, x[i:i + 1], "timm") for i in range(len(x))])
+                res = stack_samples([explain_vit_sample(model, x[i : i + 1], "timm") for i in range(len(x))])
                 assert shim.calls - calls0 == len(model.blocks) * len(x), "LXT attention rule not applied"
                 res["meta"] = report
                 torch.save(res, workdir / f"ref__{name}__{method}__{dn}.pt")
@@ -404,20 +472,27 @@ def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> Non
                 tv = timm_to_torchvision(model)
                 for prm in tv.parameters():
                     prm.requires_grad_(False)
-                tvr = stack_samples([explain_vit_sample(tv, x[i:i + 1], "torchvision") for i in range(len(x))])
+                tvr = stack_samples([explain_vit_sample(tv, x[i : i + 1], "torchvision") for i in range(len(x))])
                 cross = {k: rel(res[k], tvr[k]) for k in ("logits", "scores", "pixels", "token_relevance")}
                 cross["target_equal"] = bool(torch.equal(res["target"], tvr["target"]))
                 total = res["pixels"].sum((1, 2))
-                report["checks"].append(dict(
-                    model=name, dtype=dn, kind="conservation sum(pixels) vs y_t",
-                    sum=total.tolist(), y=res["y"].tolist(),
-                    rel_gap=((total - res["y"]).abs() / res["y"].abs()).max().item(),
-                    torchvision_cross_check=cross))
+                report["checks"].append(
+                    dict(
+                        model=name,
+                        dtype=dn,
+                        kind="conservation sum(pixels) vs y_t",
+                        sum=total.tolist(),
+                        y=res["y"].tolist(),
+                        rel_gap=((total - res["y"]).abs() / res["y"].abs()).max().item(),
+                        torchvision_cross_check=cross,
+                    )
+                )
     with open(workdir / f"report__{family}__{method}.json", "w") as f:
         json.dump(report, f, indent=1)
 
 
 # ----------------------------------------------------------------------------- project side
+
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     a, ref = a.detach().double().cpu(), ref.detach().double().cpu()
@@ -429,33 +504,55 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def prepare_workdir(workdir: Path) -> None:
     from safetensors.torch import save_file
+
     order = list(MODELS)
     for name in MODELS:
         k = order.index(MODELS[name].get("same_weights_as", name))  # shared seed -> identical weights/inputs
         torch.manual_seed(SEED + k)
         model = build(name).double()
         randomise_(model, SEED + 100 * k, zero_constants=MODELS[name].get("zero_constants", False))
-        save_file({n: t.detach().contiguous() for n, t in model.state_dict().items()
-                   if not n.endswith("position_ids") and not (n.endswith("token_type_ids") and "embeddings" in n)},
-                  str(workdir / f"{name}.safetensors"))
+        save_file(
+            {
+                n: t.detach().contiguous()
+                for n, t in model.state_dict().items()
+                if not n.endswith("position_ids") and not (n.endswith("token_type_ids") and "embeddings" in n)
+            },
+            str(workdir / f"{name}.safetensors"),
+        )
         torch.save(make_inputs(name, SEED + 100 * k), workdir / f"{name}__inputs.pt")
-    manifest = dict(seed=SEED, bert_config=BERT_CONFIG, bert_lengths=BERT_LENGTHS, vit_tiny=VIT_TINY,
-                    models={n: {k: v for k, v in s.items()} for n, s in MODELS.items()},
-                    files=dict(weights="<model>.safetensors (float64; cast for float32)",
-                               inputs="<model>__inputs.pt (BERT: input_ids/attention_mask right-padded; "
-                                      "ViT: images float64)",
-                               reference="ref__<model>__<method>__<dtype>.pt: target (B,), logits (B,C), y (B,), "
-                                         "scores (B,T; BERT zero-padded), token_relevance (B,L,N), pixels (B,H,W) "
-                                         "for ViTs, meta"),
-                    built_by="scripts/check_against_lxt.py in the project venv; references by LXT 2.1")
+    manifest = dict(
+        seed=SEED,
+        bert_config=BERT_CONFIG,
+        bert_lengths=BERT_LENGTHS,
+        vit_tiny=VIT_TINY,
+        models={n: {k: v for k, v in s.items()} for n, s in MODELS.items()},
+        files=dict(
+            weights="<model>.safetensors (float64; cast for float32)",
+            inputs="<model>__inputs.pt (BERT: input_ids/attention_mask right-padded; ViT: images float64)",
+            reference="ref__<model>__<method>__<dtype>.pt: target (B,), logits (B,C), y (B,), "
+            "scores (B,T; BERT zero-padded), token_relevance (B,L,N), pixels (B,H,W) "
+            "for ViTs, meta",
+        ),
+        built_by="scripts/check_against_lxt.py in the project venv; references by LXT 2.1",
+    )
     (workdir / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
 def run_reference(workdir: Path, lxt_python: str, dtypes: list) -> None:
     for family in ("bert", "vit"):
         for method in METHODS_CHECKED:
-            cmd = [lxt_python, os.path.abspath(__file__), "--reference-mode", str(workdir),
-                   "--family", family, "--method", method, "--dtype", ",".join(dtypes)]
+            cmd = [
+                lxt_python,
+                os.path.abspath(__file__),
+                "--reference-mode",
+                str(workdir),
+                "--family",
+                family,
+                "--method",
+                method,
+                "--dtype",
+                ",".join(dtypes),
+            ]
             print(f"[reference] LXT: {family} {method} ...", flush=True)
             env = dict(os.environ, PYTHONWARNINGS="ignore")
             subprocess.run(cmd, check=True, cwd=str(workdir), env=env)
@@ -479,32 +576,44 @@ def print_reference_checks(workdir: Path, dtypes: list) -> bool:
                 if "rel_gap" in c:
                     cross = c["torchvision_cross_check"]
                     worst = max(v for k, v in cross.items() if k != "target_equal")
-                    line = (f"  {c['model']:16s} {method:8s} {c['dtype']:8s} |sum(pixels)-y|/|y| = "
-                            f"{c['rel_gap']:.2e}   timm vs torchvision(LXT map): {worst:.2e}"
-                            f"{'' if cross['target_equal'] else '  TARGET DIFFERS'}")
+                    line = (
+                        f"  {c['model']:16s} {method:8s} {c['dtype']:8s} |sum(pixels)-y|/|y| = "
+                        f"{c['rel_gap']:.2e}   timm vs torchvision(LXT map): {worst:.2e}"
+                        f"{'' if cross['target_equal'] else '  TARGET DIFFERS'}"
+                    )
                     print(line)
                     if c["dtype"] == "float64" and worst > 1e-8:
                         ok = False
-                    if c["model"] == "vit_tiny_nobias" and method == "cp_lrp" and c["dtype"] == "float64" \
-                            and c["rel_gap"] > 1e-8:
+                    if (
+                        c["model"] == "vit_tiny_nobias"
+                        and method == "cp_lrp"
+                        and c["dtype"] == "float64"
+                        and c["rel_gap"] > 1e-8
+                    ):
                         print("  !! CP-LRP does not conserve on the bias-free ViT")
                         ok = False
                 else:
                     gaps = [abs(s - y) / abs(y) for s, y in zip(c["sum"], c["y"])]
-                    print(f"  {c['model']:16s} {method:8s} {c['dtype']:8s} |sum(scores)-y|/|y| = "
-                          f"{max(gaps):.2e} (not conserved: biases, position/token-type embeddings)")
+                    print(
+                        f"  {c['model']:16s} {method:8s} {c['dtype']:8s} |sum(scores)-y|/|y| = "
+                        f"{max(gaps):.2e} (not conserved: biases, position/token-type embeddings)"
+                    )
     return ok
 
 
 def compare(workdir: Path, dtypes: list) -> bool:
     import lrp_core
+
     missing = [m for m in METHODS_CHECKED if m not in lrp_core.METHODS]
     if missing:
         print(f"\nlrp_core.METHODS has no {', '.join(missing)}: comparison skipped. Reference outputs:")
         for f in sorted(workdir.glob("ref__*.pt")):
             r = torch.load(f)
-            parts = [f"{k}{tuple(r[k].shape)} sum={r[k].double().sum().item():+.6e}"
-                     for k in ("scores", "pixels", "token_relevance") if k in r]
+            parts = [
+                f"{k}{tuple(r[k].shape)} sum={r[k].double().sum().item():+.6e}"
+                for k in ("scores", "pixels", "token_relevance")
+                if k in r
+            ]
             print(f"  {f.name:42s} target={r['target'].tolist()} " + "  ".join(parts))
         return True
     ok = True
@@ -532,8 +641,9 @@ def compare(workdir: Path, dtypes: list) -> bool:
                         ok = False
                         continue
                     if tuple(got.shape) != tuple(want.shape):
-                        rows.append((name, dn, method, field, f"shape {tuple(got.shape)} != {tuple(want.shape)}",
-                                     False))
+                        rows.append(
+                            (name, dn, method, field, f"shape {tuple(got.shape)} != {tuple(want.shape)}", False)
+                        )
                         ok = False
                         continue
                     r = rel(got, want)
@@ -546,8 +656,9 @@ def compare(workdir: Path, dtypes: list) -> bool:
                     rows.append((name, dn, method, "padding |score|", f"{pad_max:.1e}", pad_max == 0.0))
                     ok &= pad_max == 0.0
                 if not same_target:
-                    rows.append((name, dn, method, "target", f"{exp.target.tolist()} != {ref['target'].tolist()}",
-                                 False))
+                    rows.append(
+                        (name, dn, method, "target", f"{exp.target.tolist()} != {ref['target'].tolist()}", False)
+                    )
                     ok = False
     print(f"\n{'model':16s} {'dtype':8s} {'method':8s} {'field':16s} {'max|d|/max|ref|':>18s}")
     for name, dn, method, field, val, good in rows:
@@ -560,8 +671,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lxt-python", default="/work/lxt21-venv/bin/python")
     ap.add_argument("--dtype", default="both", help="float64, float32 or both (reference mode: comma list)")
-    ap.add_argument("--save-reference", default="/work/lxt_reference",
-                    help="copy weights, inputs and LXT outputs here ('none' to skip)")
+    ap.add_argument(
+        "--save-reference",
+        default="/work/lxt_reference",
+        help="copy weights, inputs and LXT outputs here ('none' to skip)",
+    )
     ap.add_argument("--reference-mode", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--family", choices=("bert", "vit"), help=argparse.SUPPRESS)
     ap.add_argument("--method", choices=METHODS_CHECKED, help=argparse.SUPPRESS)

@@ -37,6 +37,7 @@ Three modes, each a fresh pair of runs:
   only; the pass / fail of the script (float64 tolerance 1e-8).
 * "float32 softmax (as written)": their file as it is; ours eager (Hugging Face's eager softmax is float32).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,9 +114,22 @@ def make_llama(attn: str = "eager"):
     """The tiny random Llama (transformers 5 here), float64, and its config as a plain dict; ``attn``: "eager"
     (Hugging Face's softmax in float32, as their file) or "sdpa" (float64 throughout)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, pad_token_id=0,
-               bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, rope_theta=10000.0)
+
+    cfg = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+    )
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(LlamaConfig(**cfg, attn_implementation=attn))
     g = torch.Generator().manual_seed(SEED)
@@ -142,10 +156,15 @@ def ours(model, seqs: list, refs: list) -> dict:
     from lxt_decoders import pad
 
     from lrp_core import explain
+
     worst = {"tokens": 0.0, "positional": 0.0, "tokens_padded": 0.0, "positional_padded": 0.0}
     for ids, ref in zip(seqs, refs):
-        e = explain(model, {"input_ids": ids[None], "attention_mask": torch.ones(1, len(ids), dtype=torch.long)},
-                    method="pa_lrp", target=ref["target"])
+        e = explain(
+            model,
+            {"input_ids": ids[None], "attention_mask": torch.ones(1, len(ids), dtype=torch.long)},
+            method="pa_lrp",
+            target=ref["target"],
+        )
         worst["tokens"] = max(worst["tokens"], rel(e.scores[0], ref["tokens"]))
         worst["positional"] = max(worst["positional"], rel(e.positional[0], ref["positional_per_layer"].sum(0)))
     for side in ("left", "right"):
@@ -154,8 +173,9 @@ def ours(model, seqs: list, refs: list) -> dict:
         for i, ref in enumerate(refs):
             m = inp["attention_mask"][i].bool()
             worst["tokens_padded"] = max(worst["tokens_padded"], rel(e.scores[i][m], ref["tokens"]))
-            worst["positional_padded"] = max(worst["positional_padded"],
-                                             rel(e.positional[i][m], ref["positional_per_layer"].sum(0)))
+            worst["positional_padded"] = max(
+                worst["positional_padded"], rel(e.positional[i][m], ref["positional_per_layer"].sum(0))
+            )
     return worst
 
 
@@ -165,9 +185,19 @@ def reference(args, model, cfg, seqs, float32_softmax: bool, keep_eps: bool, rms
         data, out, script = Path(tmp, "in.pt"), Path(tmp, "out.pt"), Path(tmp, "ref.py")
         torch.save({"config": cfg, "state_dict": model.state_dict(), "rows": seqs}, data)
         script.write_text(REFERENCE)
-        subprocess.run([args.ref_python, str(script), args.authors, str(data), str(out),
-                        "1" if float32_softmax else "0", "1" if not keep_eps else "0", "1" if rms64 else "0"],
-                       check=True)
+        subprocess.run(
+            [
+                args.ref_python,
+                str(script),
+                args.authors,
+                str(data),
+                str(out),
+                "1" if float32_softmax else "0",
+                "1" if not keep_eps else "0",
+                "1" if rms64 else "0",
+            ],
+            check=True,
+        )
         return torch.load(out)
 
 
@@ -180,6 +210,7 @@ def _rmsnorm_float64(on: bool):
     from transformers.models.llama import modeling_llama
 
     from lrp_core.rules.functional import gradient as gradient_rules
+
     old_hf, old_rule = modeling_llama.LlamaRMSNorm.forward, gradient_rules.DetachedRMSNorm.forward
 
     def hf(self, x):
@@ -188,6 +219,7 @@ def _rmsnorm_float64(on: bool):
     def rule(self, fn, x, module=None):
         c = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon).detach()
         return module.weight.detach() * (x * c)
+
     modeling_llama.LlamaRMSNorm.forward, gradient_rules.DetachedRMSNorm.forward = hf, rule
     try:
         yield
@@ -283,10 +315,14 @@ DEIT_FIGURES = {
     "their cp_rule (v gets ½) vs our cp_lrp": (dict(_EPS, cp=True), "cp_lrp"),
     "attention on, their softmax (R passed unchanged) vs attnlrp": (dict(_EPS), "attnlrp"),
     "cp_rule, their stabilisers kept": (dict(_EPS, cp=True, no_eps=False), "cp_halved"),
-    "their evaluation rules (γ=0.05 Linear outside attention) vs cp_halved": (dict(_EPS, cp=True, gamma_rule=0.05),
-                                                                              "cp_halved"),
-    "their demo rules (α1β0 Linear, normalised Add) vs cp_halved": (dict(_EPS, cp=True, epsilon_rule=False),
-                                                                    "cp_halved"),
+    "their evaluation rules (γ=0.05 Linear outside attention) vs cp_halved": (
+        dict(_EPS, cp=True, gamma_rule=0.05),
+        "cp_halved",
+    ),
+    "their demo rules (α1β0 Linear, normalised Add) vs cp_halved": (
+        dict(_EPS, cp=True, epsilon_rule=False),
+        "cp_halved",
+    ),
 }
 
 
@@ -294,6 +330,7 @@ def make_deit():
     """The tiny DeiT (timm's VisionTransformer, as DeiT: cls token, learned positions over cls + patches), every
     parameter random, float64; 17 tokens ≠ head dim 16 (their einsum rule tells q·kᵀ from A·V by these sizes)."""
     from timm.models.vision_transformer import VisionTransformer
+
     torch.manual_seed(SEED)
     model = VisionTransformer(**DEIT, qkv_bias=True)
     g = torch.Generator().manual_seed(SEED)
@@ -320,8 +357,15 @@ def reference_deit(args, model, x, targets, opts: dict) -> dict:
     ours' seed. ``tokens`` / ``positional``: (B, 1 + P) channel sums of the two parts of ``x + pos_embed``."""
     with tempfile.TemporaryDirectory() as tmp:
         data, out, script = Path(tmp, "in.pt"), Path(tmp, "out.pt"), Path(tmp, "ref.py")
-        torch.save({"config": {**DEIT, "norm_eps": model.norm.eps}, "state_dict": model.state_dict(),
-                    "images": x, "targets": targets}, data)
+        torch.save(
+            {
+                "config": {**DEIT, "norm_eps": model.norm.eps},
+                "state_dict": model.state_dict(),
+                "images": x,
+                "targets": targets,
+            },
+            data,
+        )
         script.write_text(REFERENCE_DEIT)
         subprocess.run([args.ref_python, str(script), args.authors, str(data), str(out), json.dumps(opts)], check=True)
         r = torch.load(out)
@@ -333,6 +377,7 @@ def reference_deit(args, model, x, targets, opts: dict) -> dict:
 def _identity_rule_eps(value: Optional[float]):
     """The identity rule's stabiliser (``f(x) / (x + 1e-10)`` at GELU) set to ``value`` for one comparison."""
     from lrp_core.rules.functional import gradient as gradient_rules
+
     old = gradient_rules.IDENTITY_RULE_EPS
     gradient_rules.IDENTITY_RULE_EPS = old if value is None else value
     try:
@@ -344,12 +389,16 @@ def _identity_rule_eps(value: Optional[float]):
 def ours_deit(model, x, targets, ref: dict, base: str) -> dict:
     """max |ours − theirs| / max |theirs|: patch tokens, patch positions, every position's total (cls's too), logit."""
     from lrp_core import explain
+
     e = explain(model, x, method="pa_lrp", base=base, target=targets)
     with torch.no_grad():
         y = model(x).gather(1, targets[:, None])[:, 0]
-    return {"tokens": rel(e.scores, ref["tokens"][:, 1:]), "positional": rel(e.positional, ref["positional"][:, 1:]),
-            "positional_total": rel(e.conservation.positional, ref["positional"].sum(-1)),
-            "logit": rel(y, ref["logit"])}
+    return {
+        "tokens": rel(e.scores, ref["tokens"][:, 1:]),
+        "positional": rel(e.positional, ref["positional"][:, 1:]),
+        "positional_total": rel(e.conservation.positional, ref["positional"].sum(-1)),
+        "logit": rel(y, ref["logit"]),
+    }
 
 
 def main_deit(args) -> int:
@@ -365,18 +414,28 @@ def main_deit(args) -> int:
             exact = ours_deit(model, x, targets, ref, base)
         bad = {k: v for k, v in exact.items() if v > TOL}
         failed |= bool(bad)
-        print(f"{label} [base={base}]\n  identity-rule eps 0: {_fmt(exact)}\n  engine as is:        {_fmt(as_is)}"
-              f"\n  {'FAIL' if bad else 'OK'} (float64 tolerance {TOL:g}) {bad or ''}")
+        print(
+            f"{label} [base={base}]\n  identity-rule eps 0: {_fmt(exact)}\n  engine as is:        {_fmt(as_is)}"
+            f"\n  {'FAIL' if bad else 'OK'} (float64 tolerance {TOL:g}) {bad or ''}"
+        )
     for label, (opts, base) in DEIT_FIGURES.items():
         ref = reference_deit(args, model, x, targets, opts)
         print(f"{label} [base={base}]: {_fmt(ours_deit(model, x, targets, ref, base))}")
     if args.write_fixture != "none":
         path = Path(args.write_fixture)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"source": "YardenBakish/PE-AWARE-LRP models/model.py + modules/layers_ours.py (relprop, "
-                              "method custom_lrp, epsilon_rule), float64, stabilisers eps -> 0",
-                    "config": DEIT, "state_dict": model.state_dict(), "images": x, "targets": targets,
-                    "reference": {DEIT_MODES[k][1]: v for k, v in refs.items()}}, path)
+        torch.save(
+            {
+                "source": "YardenBakish/PE-AWARE-LRP models/model.py + modules/layers_ours.py (relprop, "
+                "method custom_lrp, epsilon_rule), float64, stabilisers eps -> 0",
+                "config": DEIT,
+                "state_dict": model.state_dict(),
+                "images": x,
+                "targets": targets,
+                "reference": {DEIT_MODES[k][1]: v for k, v in refs.items()},
+            },
+            path,
+        )
         print("wrote", path)
     return 1 if failed else 0
 
@@ -389,9 +448,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", choices=("llama", "deit"), default="llama")
     ap.add_argument("--ref-python", default="/work/lxt21-venv/bin/python")
-    ap.add_argument("--authors", default=None, help="llama: their NLP/ folder (git archive of NLP/lxt); deit: their "
-                    "repository's root (git archive of models/, modules/, baselines/); default /work/palrp-ref/NLP, "
-                    "/work/palrp-ref/vision")
+    ap.add_argument(
+        "--authors",
+        default=None,
+        help="llama: their NLP/ folder (git archive of NLP/lxt); deit: their "
+        "repository's root (git archive of models/, modules/, baselines/); default /work/palrp-ref/NLP, "
+        "/work/palrp-ref/vision",
+    )
     ap.add_argument("--write-fixture", default=None, help="default tests/fixtures/pa_lrp/<family>.pt; 'none': none")
     ap.add_argument("--keep-eps", action="store_true", help="their stabilisers as they are (+1e-6 / +1e-8)")
     args = ap.parse_args()
@@ -425,9 +488,17 @@ def main() -> int:
             if args.write_fixture != "none" and not args.keep_eps:
                 path = Path(args.write_fixture)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save({"source": "YardenBakish/PE-AWARE-LRP NLP/lxt/models/llama_PE.py + NLP/lxt (their attnlrp "
-                                      "composite), float64: softmax cast removed, stabilisers eps -> 0",
-                            "config": cfg, "state_dict": model.state_dict(), "rows": seqs, "reference": refs}, path)
+                torch.save(
+                    {
+                        "source": "YardenBakish/PE-AWARE-LRP NLP/lxt/models/llama_PE.py + NLP/lxt (their attnlrp "
+                        "composite), float64: softmax cast removed, stabilisers eps -> 0",
+                        "config": cfg,
+                        "state_dict": model.state_dict(),
+                        "rows": seqs,
+                        "reference": refs,
+                    },
+                    path,
+                )
                 print("wrote", path)
     return 1 if failed else 0
 

@@ -35,6 +35,7 @@ What it does:
    ``lrp_core`` can explain decoders — compares ``lrp_core.explain`` on the rows padded left and
    right with LXT (float64 ≤ 1e-8, float32 ≤ 1e-4 of max|ref|). Exit status 1 on a failure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,41 +59,73 @@ LENGTHS = (5, 9, 12)  # three unpadded rows of different lengths
 VOCAB = 64
 FIRST_ID = 3  # sequences use ids >= 3 (0, 1, 2 are pad / bos / eos in the configs)
 LXT_MAP_NAME = {"attnlrp": "attnLRP", "cp_lrp": "cp_LRP"}
-MODEL_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-               "gemma3": "Gemma3ForCausalLM", "gpt2": "GPT2LMHeadModel", "qwen3_moe": "Qwen3MoeForCausalLM"}
+MODEL_CLASS = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 # families without any additive constant (no biases, no LayerNorm beta, no position embedding):
 # CP-LRP's backward is then linear in the embeddings and sum(scores) = target logit.
 BIAS_FREE = ("llama", "qwen3", "gemma3")
 
-_RMS = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, pad_token_id=0,
-            bos_token_id=1, eos_token_id=2)
+_RMS = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 CONFIGS = {
     "llama": _RMS,
     "qwen2": _RMS,  # Qwen2 attention always has q/k/v biases
     "qwen3": dict(_RMS, head_dim=8),  # per-head q_norm / k_norm
-    "gemma3": dict(_RMS, head_dim=8, query_pre_attn_scalar=12, sliding_window=4,
-                   layer_types=["sliding_attention", "full_attention"], hidden_activation="gelu_pytorch_tanh"),
-    "gpt2": dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_inner=48, n_positions=64,
-                 bos_token_id=1, eos_token_id=2),
+    "gemma3": dict(
+        _RMS,
+        head_dim=8,
+        query_pre_attn_scalar=12,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        hidden_activation="gelu_pytorch_tanh",
+    ),
+    "gpt2": dict(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_inner=48, n_positions=64, bos_token_id=1, eos_token_id=2
+    ),
     # 4 experts, top-2, renormalised; per-head q/k norms (LXT: attnLRP only)
-    "qwen3_moe": dict(_RMS, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                      norm_topk_prob=True),
+    "qwen3_moe": dict(
+        _RMS, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True
+    ),
 }
 
 
 # ----------------------------------------------------------------------------- model building (both venvs)
 
+
 def config_class(family: str):
     import transformers
-    return {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-            "qwen3": transformers.Qwen3Config, "gemma3": transformers.Gemma3TextConfig,
-            "gpt2": transformers.GPT2Config, "qwen3_moe": transformers.Qwen3MoeConfig}[family]
+
+    return {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "gemma3": transformers.Gemma3TextConfig,
+        "gpt2": transformers.GPT2Config,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
+    }[family]
 
 
 def randomise_(model: torch.nn.Module, seed: int) -> None:
     """Every parameter drawn at random (norm weights included); raises if one was left out."""
     from transformers.pytorch_utils import Conv1D
+
     g = torch.Generator().manual_seed(seed)
     done: set[int] = set()
 
@@ -105,7 +138,7 @@ def randomise_(model: torch.nn.Module, seed: int) -> None:
         own = dict(mod.named_parameters(recurse=False))
         if isinstance(mod, (torch.nn.Linear, Conv1D)):
             fan_in = mod.weight.shape[1] if isinstance(mod, torch.nn.Linear) else mod.weight.shape[0]
-            rnd(mod.weight, fan_in ** -0.5)
+            rnd(mod.weight, fan_in**-0.5)
             if mod.bias is not None:
                 rnd(mod.bias, 0.1)
         elif isinstance(mod, torch.nn.Embedding):
@@ -133,17 +166,24 @@ def make_family(family: str, seed: int) -> dict:
     cfg = config_class(family)(**CONFIGS[family])
     cfg._attn_implementation = "eager"
     import transformers
+
     torch.manual_seed(seed)
     model = getattr(transformers, MODEL_CLASS[family])(cfg).double()
     randomise_(model, seed)
     g = torch.Generator().manual_seed(seed + 1)
     sequences = [torch.randint(FIRST_ID, VOCAB, (n,), generator=g) for n in LENGTHS]
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return dict(family=family, model_class=MODEL_CLASS[family], config=model.config.to_dict(),
-                state_dict=state, sequences=sequences)
+    return dict(
+        family=family,
+        model_class=MODEL_CLASS[family],
+        config=model.config.to_dict(),
+        state_dict=state,
+        sequences=sequences,
+    )
 
 
 # ----------------------------------------------------------------------------- reference side (LXT venv)
+
 
 def explain_sequence(model: torch.nn.Module, ids: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
     """LXT's recipe for one unpadded sequence (T,): (target, target logit, scores (T,)), in the model dtype."""
@@ -158,8 +198,11 @@ def explain_rows(model: torch.nn.Module, sequences: list) -> dict:
     for p in model.parameters():
         p.requires_grad_(False)
     rows = [explain_sequence(model, s) for s in sequences]
-    return dict(targets=torch.tensor([r[0] for r in rows]), logits=torch.stack([r[1] for r in rows]),
-                scores=[r[2] for r in rows])
+    return dict(
+        targets=torch.tensor([r[0] for r in rows]),
+        logits=torch.stack([r[1] for r in rows]),
+        scores=[r[2] for r in rows],
+    )
 
 
 def lxt_commit() -> str:
@@ -170,17 +213,30 @@ def lxt_commit() -> str:
 
 def patched_names(modeling, family: str) -> dict:
     """Which functions/classes now come from LXT (proof that the map was applied)."""
-    mlp = {"llama": "LlamaMLP", "qwen2": "Qwen2MLP", "qwen3": "Qwen3MLP", "gemma3": "Gemma3MLP",
-           "gpt2": "GPT2MLP", "qwen3_moe": "Qwen3MoeExperts"}[family]
-    norm = {"gpt2": ("LayerNorm", "forward"), "gemma3": ("Gemma3RMSNorm", "_norm"),
-            "llama": ("LlamaRMSNorm", "forward"), "qwen2": ("Qwen2RMSNorm", "forward"),
-            "qwen3": ("Qwen3RMSNorm", "forward"), "qwen3_moe": ("Qwen3MoeRMSNorm", "forward")}[family]
+    mlp = {
+        "llama": "LlamaMLP",
+        "qwen2": "Qwen2MLP",
+        "qwen3": "Qwen3MLP",
+        "gemma3": "Gemma3MLP",
+        "gpt2": "GPT2MLP",
+        "qwen3_moe": "Qwen3MoeExperts",
+    }[family]
+    norm = {
+        "gpt2": ("LayerNorm", "forward"),
+        "gemma3": ("Gemma3RMSNorm", "_norm"),
+        "llama": ("LlamaRMSNorm", "forward"),
+        "qwen2": ("Qwen2RMSNorm", "forward"),
+        "qwen3": ("Qwen3RMSNorm", "forward"),
+        "qwen3_moe": ("Qwen3MoeRMSNorm", "forward"),
+    }[family]
     norm_cls = torch.nn.LayerNorm if family == "gpt2" else getattr(modeling, norm[0])
-    return {"eager_attention_forward": modeling.eager_attention_forward.__module__,
-            "ALL_ATTENTION_FUNCTIONS[sdpa]": modeling.ALL_ATTENTION_FUNCTIONS["sdpa"].__module__,
-            f"{mlp}.forward": getattr(modeling, mlp).forward.__module__,
-            f"{norm[0]}.{norm[1]}": getattr(norm_cls, norm[1]).__module__,
-            "Dropout.forward": torch.nn.Dropout.forward.__module__}
+    return {
+        "eager_attention_forward": modeling.eager_attention_forward.__module__,
+        "ALL_ATTENTION_FUNCTIONS[sdpa]": modeling.ALL_ATTENTION_FUNCTIONS["sdpa"].__module__,
+        f"{mlp}.forward": getattr(modeling, mlp).forward.__module__,
+        f"{norm[0]}.{norm[1]}": getattr(norm_cls, norm[1]).__module__,
+        "Dropout.forward": torch.nn.Dropout.forward.__module__,
+    }
 
 
 def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> None:
@@ -190,12 +246,14 @@ def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> Non
     import lxt
     import transformers
     from lxt.efficient import monkey_patch
+
     spec = torch.load(workdir / f"{family}__model.pt")
     assert all("lxt-venv" in p for p in lxt.__path__), lxt.__path__
     plain = None
     if "float64" in dtypes:  # plain gradient x input, before the patch (only to show the patch acts)
-        plain = explain_rows(build_model(spec["model_class"], spec["config"], spec["state_dict"], torch.float64),
-                             spec["sequences"])
+        plain = explain_rows(
+            build_model(spec["model_class"], spec["config"], spec["state_dict"], torch.float64), spec["sequences"]
+        )
     modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     lxt_family = importlib.import_module(f"lxt.efficient.models.{family}")
     monkey_patch(modeling, getattr(lxt_family, LXT_MAP_NAME[method]))
@@ -206,19 +264,32 @@ def reference_mode(workdir: Path, family: str, method: str, dtypes: list) -> Non
         for attn in ("eager", "sdpa"):
             model = build_model(spec["model_class"], spec["config"], spec["state_dict"], DTYPES[dn], attn)
             out[attn] = explain_rows(model, spec["sequences"])
-        fixture = dict(family=family, model_class=spec["model_class"], config=spec["config"],
-                       state_dict=spec["state_dict"], sequences=spec["sequences"],
-                       targets=out["eager"]["targets"], logits=out["eager"]["logits"],
-                       scores=out["eager"]["scores"], dtype=dn, method=method,
-                       lxt_commit=lxt_commit(), transformers_version=transformers.__version__,
-                       torch_version=str(torch.__version__), attn_implementation="eager", sdpa=out["sdpa"],
-                       lxt_map=f"lxt.efficient.models.{family}.{LXT_MAP_NAME[method]}", lxt_patched=patched)
+        fixture = dict(
+            family=family,
+            model_class=spec["model_class"],
+            config=spec["config"],
+            state_dict=spec["state_dict"],
+            sequences=spec["sequences"],
+            targets=out["eager"]["targets"],
+            logits=out["eager"]["logits"],
+            scores=out["eager"]["scores"],
+            dtype=dn,
+            method=method,
+            lxt_commit=lxt_commit(),
+            transformers_version=transformers.__version__,
+            torch_version=str(torch.__version__),
+            attn_implementation="eager",
+            sdpa=out["sdpa"],
+            lxt_map=f"lxt.efficient.models.{family}.{LXT_MAP_NAME[method]}",
+            lxt_patched=patched,
+        )
         if plain is not None and dn == "float64":
             fixture["gradient_x_input"] = plain["scores"]
         torch.save(fixture, workdir / f"{family}__{method}__{dn}.pt")
 
 
 # ----------------------------------------------------------------------------- project side
+
 
 def row_rel(got: list, ref: list) -> float:
     """max over rows of max|got - ref| / max|ref| (each row against its own scale)."""
@@ -241,8 +312,10 @@ def self_checks(workdir: Path, families: list, methods: list, dtypes: list) -> b
                 same_t = torch.equal(fx["sdpa"]["targets"], fx["targets"])
                 sums = torch.stack([s.sum() for s in fx["scores"]])
                 gap = ((sums - fx["logits"]).abs() / fx["logits"].abs()).max().item()
-                line = (f"  {family:7s} {method:8s} {dn:8s} rebuilt logit {d_logit:.1e}  eager vs sdpa {d_sdpa:.1e}"
-                        f"{'' if same_t else ' (TARGET DIFFERS)'}  |Σscores−y|/|y| {gap:.1e}")
+                line = (
+                    f"  {family:7s} {method:8s} {dn:8s} rebuilt logit {d_logit:.1e}  eager vs sdpa {d_sdpa:.1e}"
+                    f"{'' if same_t else ' (TARGET DIFFERS)'}  |Σscores−y|/|y| {gap:.1e}"
+                )
                 if "gradient_x_input" in fx:
                     line += f"  vs plain grad×input {row_rel(fx['scores'], fx['gradient_x_input']):.1e}"
                 print(line)
@@ -256,8 +329,12 @@ def self_checks(workdir: Path, families: list, methods: list, dtypes: list) -> b
 def engine_rows(model: torch.nn.Module, sequences: list, method: str, batching: str) -> tuple:
     """lrp_core.explain on the rows padded left / right (one batch) or each alone: (targets, scores, pad max)."""
     import lrp_core
-    batches = [pad(sequences, batching, pad_id=0)] if batching != "single" else [
-        pad([s], "right", pad_id=0) for s in sequences]
+
+    batches = (
+        [pad(sequences, batching, pad_id=0)]
+        if batching != "single"
+        else [pad([s], "right", pad_id=0) for s in sequences]
+    )
     targets, scores, pad_max = [], [], 0.0
     for batch in batches:
         exp = lrp_core.explain(model, batch, method=method)
@@ -275,6 +352,7 @@ def compare(workdir: Path, families: list, methods: list, dtypes: list) -> bool:
     from lxt_decoders import reference
 
     from lrp_core.errors import LRPError
+
     ok = True
     print(f"\n{'family':7s} {'method':8s} {'dtype':8s} {'attn':6s} {'batch':6s} {'max|d|/max|ref| (per row)':>26s}")
     for family in families:
@@ -295,8 +373,10 @@ def compare(workdir: Path, families: list, methods: list, dtypes: list) -> bool:
                         r = row_rel(scores, ref["scores"])
                         same_t = torch.equal(targets, ref["targets"])
                         good = r <= TOL[dn] and pad_max == 0.0 and same_t
-                        print(f"{head} {r:26.3e}  padding {pad_max:.1e}"
-                              f"{'' if same_t else '  TARGET DIFFERS'}  {'ok' if good else 'FAIL'}")
+                        print(
+                            f"{head} {r:26.3e}  padding {pad_max:.1e}"
+                            f"{'' if same_t else '  TARGET DIFFERS'}  {'ok' if good else 'FAIL'}"
+                        )
                         ok &= good
     print(f"(limits: float64 {TOL['float64']:g}, float32 {TOL['float32']:g})")
     return ok
@@ -306,8 +386,18 @@ def run_reference(workdir: Path, lxt_python: str, families: list, methods: list,
     for family in families:
         for method in [m for m in methods if m in methods_of(family)]:
             print(f"[reference] LXT: {family} {method} ...", flush=True)
-            cmd = [lxt_python, os.path.abspath(__file__), "--reference-mode", str(workdir), "--families", family,
-                   "--methods", method, "--dtype", ",".join(dtypes)]
+            cmd = [
+                lxt_python,
+                os.path.abspath(__file__),
+                "--reference-mode",
+                str(workdir),
+                "--families",
+                family,
+                "--methods",
+                method,
+                "--dtype",
+                ",".join(dtypes),
+            ]
             env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
             env.pop("PYTHONPATH", None)  # the LXT process must not see the project's lrp_core
             subprocess.run(cmd, check=True, cwd=str(workdir), env=env)
@@ -324,17 +414,26 @@ def main() -> int:
         default=str(Path(__file__).resolve().parents[1] / "tests/fixtures/lxt/decoders"),
         help="where the fixtures go ('none': do not write)",
     )
-    ap.add_argument("--compare-only", action="store_true",
-                    help="no LXT run: self-checks and engine comparison on the committed fixtures")
+    ap.add_argument(
+        "--compare-only",
+        action="store_true",
+        help="no LXT run: self-checks and engine comparison on the committed fixtures",
+    )
     ap.add_argument("--with-encoders", action="store_true", help="also run scripts/check_against_lxt.py")
-    ap.add_argument("--lxt21-python", default="/work/lxt21-venv/bin/python",
-                    help="LXT 2.1 + transformers 4.51.3 venv for the encoder cases (LXT's BERT needs 4.x)")
+    ap.add_argument(
+        "--lxt21-python",
+        default="/work/lxt21-venv/bin/python",
+        help="LXT 2.1 + transformers 4.51.3 venv for the encoder cases (LXT's BERT needs 4.x)",
+    )
     ap.add_argument("--reference-mode", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
     dtypes = ["float64", "float32"] if args.dtype == "both" else args.dtype.split(",")
     families, methods = args.families.split(","), args.methods.split(",")
-    for name, given, known in (("dtype", dtypes, DTYPES), ("family", families, FAMILIES),
-                               ("method", methods, METHODS_CHECKED)):
+    for name, given, known in (
+        ("dtype", dtypes, DTYPES),
+        ("family", families, FAMILIES),
+        ("method", methods, METHODS_CHECKED),
+    ):
         for v in given:
             if v not in known:
                 ap.error(f"unknown {name} {v!r}; accepted: {', '.join(known)}")
@@ -365,8 +464,14 @@ def main() -> int:
         ok = compare(workdir, families, methods, dtypes)
     enc_ok = True
     if args.with_encoders:
-        enc = [sys.executable, str(Path(__file__).with_name("check_against_lxt.py")), "--lxt-python", args.lxt21_python,
-               "--save-reference", "none"]
+        enc = [
+            sys.executable,
+            str(Path(__file__).with_name("check_against_lxt.py")),
+            "--lxt-python",
+            args.lxt21_python,
+            "--save-reference",
+            "none",
+        ]
         enc_ok = subprocess.run(enc).returncode == 0
     if not ref_ok:
         print("reference self-checks FAILED")

@@ -8,6 +8,7 @@ Usage::
 
     python scripts/convert_dinov2.py [--force] [--images 4]
 """
+
 from __future__ import annotations
 
 import argparse

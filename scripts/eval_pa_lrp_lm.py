@@ -9,6 +9,7 @@ tiny-lm's weights are not shipped (lrp_core/models/tiny_lm.py); train them first
 Besides the methods' own maps (``scores``: the token relevance), the row ``pa_lrp tokens+positions`` scores
 ``scores + positional`` — the relevance of each (token, position) pair, the map the authors display.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,6 +26,7 @@ from lrp_core.models.tiny_lm import HELD_OUT_SEED, build_model, build_tokenizer
 
 def load(weights: Path):
     from safetensors.torch import load_file
+
     tok = build_tokenizer()
     model = build_model(len(tok.get_vocab()))
     model.load_state_dict(load_file(str(weights / "model.safetensors")), strict=False)
@@ -38,9 +40,14 @@ def combined_row(model, tok, records, correct: list) -> dict:
     filler = filler_token(tok)
     values = {m: [] for m in LM_METRICS}
     for start in range(0, len(correct), 16):
-        rows = correct[start:start + 16]
-        exp = explain(model, {"input_ids": enc["input_ids"][rows], "attention_mask": enc["attention_mask"][rows]},
-                      method="pa_lrp", target=enc["answers"][rows].tolist(), progress=False)
+        rows = correct[start : start + 16]
+        exp = explain(
+            model,
+            {"input_ids": enc["input_ids"][rows], "attention_mask": enc["attention_mask"][rows]},
+            method="pa_lrp",
+            target=enc["answers"][rows].tolist(),
+            progress=False,
+        )
         for b, m in zip(rows, (exp.scores + exp.positional).double().numpy()):
             for k, v in prompt_values(model, enc, b, m, filler).items():
                 values[k].append(v)
@@ -55,13 +62,16 @@ def main() -> None:
     torch.set_num_threads(1)
     model, tok = load(args.weights)
     records = make_facts(args.n, seed=HELD_OUT_SEED + 7)
-    results, _, accuracy, n_correct = lm_protocol(model, tok, records, ["attnlrp", "cp_lrp", "pa_lrp"],
-                                                  progress=False)
+    results, _, accuracy, n_correct = lm_protocol(model, tok, records, ["attnlrp", "cp_lrp", "pa_lrp"], progress=False)
     enc = encode(tok, records)
     with torch.no_grad():
         from lrp_core.evaluation.lm import _positions
-        logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                       position_ids=_positions(enc["attention_mask"])).logits[:, -1]
+
+        logits = model(
+            input_ids=enc["input_ids"],
+            attention_mask=enc["attention_mask"],
+            position_ids=_positions(enc["attention_mask"]),
+        ).logits[:, -1]
     correct = torch.nonzero(logits.argmax(-1) == enc["answers"]).flatten().tolist()
     results["pa_lrp tokens+positions"] = combined_row(model, tok, records, correct)
     print(f"accuracy {accuracy:.3f}, {n_correct} prompts answered correctly of {args.n}")

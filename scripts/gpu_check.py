@@ -19,6 +19,7 @@ the worst exceeds ``--tol``.
 
 Not a test (CI has no GPU); it needs the test builders (``tests/decoders.py``, ``tests/vlms.py``), not pytest.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,11 @@ def _scaled(model: torch.nn.Module, seed: int) -> torch.nn.Module:
                 big = "qkv" in name or name.endswith(("q_proj.weight", "k_proj.weight"))
                 p.copy_(torch.randn(p.shape, generator=g) * p[0].numel() ** -0.5 * (3.0 if big else 1.0))
             elif name.endswith("bias") or name.endswith(("gamma_1", "gamma_2")):
-                p.copy_((0.5 + torch.rand(p.shape, generator=g)) if "gamma" in name
-                        else 0.1 * torch.randn(p.shape, generator=g))
+                p.copy_(
+                    (0.5 + torch.rand(p.shape, generator=g))
+                    if "gamma" in name
+                    else 0.1 * torch.randn(p.shape, generator=g)
+                )
     return model.eval()
 
 
@@ -69,30 +73,60 @@ def _images(n: int = 2, size: int = 32) -> torch.Tensor:
 def _eva() -> tuple:
     """EVA-02: rotary q/k, SwiGLU with a hidden norm, 2 registers, LayerScale, average pooling."""
     from timm.models.eva import Eva
+
     torch.manual_seed(0)
-    model = Eva(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5, use_rot_pos_emb=True,
-                swiglu_mlp=True, scale_mlp=True, num_reg_tokens=2, init_values=0.3, global_pool="avg",
-                scale_attn_inner=True)
+    model = Eva(
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=4,
+        num_classes=5,
+        use_rot_pos_emb=True,
+        swiglu_mlp=True,
+        scale_mlp=True,
+        num_reg_tokens=2,
+        init_values=0.3,
+        global_pool="avg",
+        scale_attn_inner=True,
+    )
     return _scaled(model, 1).double(), _images()
 
 
 def _swin() -> tuple:
     """Swin with windows of 2: shifted windows in both stages, relative position bias."""
     from timm.models.swin_transformer import SwinTransformer
+
     torch.manual_seed(0)
-    model = SwinTransformer(img_size=32, patch_size=4, window_size=2, embed_dim=16, depths=(2, 2), num_heads=(2, 4),
-                            num_classes=5)
+    model = SwinTransformer(
+        img_size=32, patch_size=4, window_size=2, embed_dim=16, depths=(2, 2), num_heads=(2, 4), num_classes=5
+    )
     return _scaled(model, 1).double(), _images()
 
 
 def _modernbert() -> tuple:
     """ModernBERT: a global then two sliding-window layers (±2 tokens), [CLS] pooling, a right-padded batch."""
     from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
     torch.manual_seed(0)
-    cfg = ModernBertConfig(attn_implementation="sdpa", vocab_size=60, hidden_size=32, num_hidden_layers=3,
-                           num_attention_heads=2, intermediate_size=48, global_attn_every_n_layers=3,
-                           local_attention=4, classifier_pooling="cls", num_labels=3, pad_token_id=0, bos_token_id=1,
-                           eos_token_id=2, cls_token_id=1, sep_token_id=2, max_position_embeddings=40)
+    cfg = ModernBertConfig(
+        attn_implementation="sdpa",
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=48,
+        global_attn_every_n_layers=3,
+        local_attention=4,
+        classifier_pooling="cls",
+        num_labels=3,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+        max_position_embeddings=40,
+    )
     model = decoders.perturb(ModernBertForSequenceClassification(cfg), 0).double().eval()
     ids = [[1, 5, 6, 7, 8, 9, 10, 11, 2], [1, 21, 22, 2, 0, 0, 0, 0, 0]]
     x = torch.tensor(ids)
@@ -102,6 +136,7 @@ def _modernbert() -> tuple:
 def _decoder(family: str, attn: str = "eager") -> Callable[[], tuple]:
     def build() -> tuple:
         return decoders.make_decoder(family, attn=attn), decoders.batch(decoders.rows(lengths=(5, 8)), "left")
+
     return build
 
 
@@ -109,6 +144,7 @@ def _llava(tower: str = "clip") -> Callable[[], tuple]:
     def build() -> tuple:
         rows = [vlms.prompt([5, 6], [7, 8, 9]), vlms.prompt([10], [11, 12])]
         return vlms.make_llava(tower), vlms.inputs(rows, side="left")
+
     return build
 
 
@@ -121,6 +157,7 @@ def _qwen_vl(version: str = "2.5") -> Callable[[], tuple]:
     def build() -> tuple:
         rows = [vlms.qwen_prompt([5, 6], [7, 8, 9]), vlms.qwen_prompt([10], [11])]
         return vlms.make_qwen_vl(version=version), vlms.qwen_inputs(rows, side="left")
+
     return build
 
 
@@ -159,11 +196,25 @@ CASES: dict[str, Callable[[], tuple]] = {
     "paligemma2": _paligemma,
 }
 #: the families checked first (then explain_generation, then the others): the ones a run must not miss
-FIRST = ("llama", "qwen3_moe", "gemma2", "gpt_oss", "modernbert", "eva02", "swin", "llava", "smolvlm", "qwen2_5_vl",
-         "gemma3_vl", "paligemma2")
+FIRST = (
+    "llama",
+    "qwen3_moe",
+    "gemma2",
+    "gpt_oss",
+    "modernbert",
+    "eva02",
+    "swin",
+    "llava",
+    "smolvlm",
+    "qwen2_5_vl",
+    "gemma3_vl",
+    "paligemma2",
+)
 #: explain_generation cases: family of :data:`CASES` -> its prompts' builder
-GENERATION = {"llama": lambda: decoders.batch(decoders.rows(lengths=(5, 8)), "left"),
-              "llava": lambda: vlms.inputs([vlms.prompt([5, 6], [7, 8])], side="left")}
+GENERATION = {
+    "llama": lambda: decoders.batch(decoders.rows(lengths=(5, 8)), "left"),
+    "llava": lambda: vlms.inputs([vlms.prompt([5, 6], [7, 8])], side="left"),
+}
 
 
 # --------------------------------------------------------------------------------------------------- comparing
@@ -192,8 +243,14 @@ def compare(ref: Any, got: Any) -> float:
     return max(deviation(getattr(got, f, None), getattr(ref, f, None)) for f in ("scores", "pixels"))
 
 
-def check_case(name: str, build: Callable[[], tuple], device: str, methods: list,
-               record: Callable[[str, str, Optional[float], str], None], deadline: float = float("inf")) -> None:
+def check_case(
+    name: str,
+    build: Callable[[], tuple],
+    device: str,
+    methods: list,
+    record: Callable[[str, str, Optional[float], str], None],
+    deadline: float = float("inf"),
+) -> None:
     """Every method the case's adapter runs: CPU float64 against ``device`` float64; the methods left when the
     clock passes ``deadline`` (``time.perf_counter``) are recorded as skipped."""
     try:
@@ -232,8 +289,11 @@ def check_generation(name: str, device: str, record: Callable[[str, str, Optiona
         kw = dict(method="attnlrp", max_new_tokens=3, stop_at_eos=False)
         ref = explain_generation(model, None, x, **kw) if name == "llama" else explain_generation(model, x, **kw)
         gpu_model, gx = copy.deepcopy(model).to(device), to(x, device)
-        got = (explain_generation(gpu_model, None, gx, **kw) if name == "llama"
-               else explain_generation(gpu_model, gx, **kw))
+        got = (
+            explain_generation(gpu_model, None, gx, **kw)
+            if name == "llama"
+            else explain_generation(gpu_model, gx, **kw)
+        )
         same = torch.equal(ref.targets.cpu(), got.targets.cpu())
         err = compare(ref, got) if same else float("inf")
         record(name, "explain_generation", err, "" if same else "different greedy tokens")
@@ -249,8 +309,12 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--methods", default="all", help="'all' or comma-separated method names")
     p.add_argument("--no-generation", action="store_true", help="skip the explain_generation cases")
     p.add_argument("--tol", type=float, default=1e-8, help="exit 1 if the worst deviation exceeds this")
-    p.add_argument("--budget", type=float, default=float("inf"),
-                   help="seconds: the calls left after this are skipped (and counted), the summary still printed")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=float("inf"),
+        help="seconds: the calls left after this are skipped (and counted), the summary still printed",
+    )
     a = p.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("no CUDA device here; use --device cpu for a dry run")
@@ -260,8 +324,11 @@ def main(argv: Optional[list] = None) -> int:
     if unknown:
         p.error(f"unknown case(s) / method(s) {unknown}")
     torch.backends.cuda.matmul.allow_tf32 = False  # float64 anyway; no reduced-precision paths
-    print(f"torch {torch.__version__}, device {a.device}"
-          + (f" ({torch.cuda.get_device_name()})" if a.device.startswith("cuda") else ""), flush=True)
+    print(
+        f"torch {torch.__version__}, device {a.device}"
+        + (f" ({torch.cuda.get_device_name()})" if a.device.startswith("cuda") else ""),
+        flush=True,
+    )
     rows: list = []
 
     def record(case: str, method: str, err: Optional[float], note: str) -> None:
@@ -290,11 +357,15 @@ def main(argv: Optional[list] = None) -> int:
     skipped = [r for r in rows if r[2] is None and r[3].startswith("skipped")]
     worst = max(compared, key=lambda r: r[2], default=None)
     rng = [r[2] for r in rows if r[2] is not None and r[1] in STOCHASTIC]
-    print(f"worst {worst[2]:.2e} ({worst[0]} / {worst[1]}) over {len(compared)} family × method pairs"
-          if worst else "worst: nothing compared")
+    print(
+        f"worst {worst[2]:.2e} ({worst[0]} / {worst[1]}) over {len(compared)} family × method pairs"
+        if worst
+        else "worst: nothing compared"
+    )
     if rng:
-        print(f"stochastic methods (device generators differ; not in the worst): max {max(rng):.2e} over "
-              f"{len(rng)} pairs")
+        print(
+            f"stochastic methods (device generators differ; not in the worst): max {max(rng):.2e} over {len(rng)} pairs"
+        )
     print(f"failed: {len(failed)}" + "".join(f"\n  {c} / {m}: {n}" for c, m, _, n in failed))
     if skipped:
         print(f"skipped (--budget): {len(skipped)}")

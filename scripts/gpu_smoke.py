@@ -5,6 +5,7 @@
 
 Not a test (CI has no GPU). Measured on an H100: worst 3.2e-12 over 44 family × method pairs.
 """
+
 import sys
 
 import torch
@@ -24,9 +25,14 @@ clip_in = {
     "input_ids": cids,
     "attention_mask": (cids != 0).long(),
 }
-cases = [("vit", make_tiny_vit(), torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))),
-         ("bert", make_tiny_bert(), text), ("clip", make_clip(), clip_in),
-         ("clip-text", make_clip(), {**clip_in, "explain": "text"})]
+cases = [
+    ("vit", make_tiny_vit(), torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))),
+    ("bert", make_tiny_bert(), text),
+    ("clip", make_clip(), clip_in),
+    ("clip-text", make_clip(), {**clip_in, "explain": "text"}),
+]
+
+
 def to(x, d, dt):
     if isinstance(x, dict):
         return {

@@ -19,6 +19,7 @@ Usage (from the repository root)::
     python scripts/learner_copy.py --out /tmp/room     # -> /tmp/room/notebooks/
     python scripts/learner_copy.py --notebooks 3 8     # only notebooks 3 and 8 (and every checker)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,7 +54,7 @@ exec(compile(_zlib.decompress(_b64.b64decode(_PACKED)).decode("utf-8"), "<{name}
 def pack(source: str) -> str:
     """``source`` zlib-compressed and base64-encoded, wrapped in lines of 100 characters."""
     blob = base64.b64encode(zlib.compress(source.encode("utf-8"), 9)).decode("ascii")
-    return "\n".join(blob[i:i + 100] for i in range(0, len(blob), 100))
+    return "\n".join(blob[i : i + 100] for i in range(0, len(blob), 100))
 
 
 def packed_module(path: Path) -> str:
@@ -61,8 +62,13 @@ def packed_module(path: Path) -> str:
     n = int(re.fullmatch(r"nb(\d+)", path.stem).group(1))
     blob = pack(path.read_text(encoding="utf-8"))
     head, tail = PACKED_MODULE.split("import zlib as _zlib\n")
-    return (head + "import zlib as _zlib\n\n_PACKED = \"\"\"\n" + blob + "\n\"\"\".replace(\"\\n\", \"\")\n"
-            + tail.format(name=f"solutions.{path.stem}")).replace("{n}", str(n))
+    return (
+        head
+        + 'import zlib as _zlib\n\n_PACKED = """\n'
+        + blob
+        + '\n""".replace("\\n", "")\n'
+        + tail.format(name=f"solutions.{path.stem}")
+    ).replace("{n}", str(n))
 
 
 def write_copy(out: Path, notebooks: list[int] | None = None) -> Path:

@@ -16,6 +16,7 @@ Usage (from the repository root)::
     python scripts/make_answer_key.py            # (re)write docs/ANSWERS.md
     python scripts/make_answer_key.py --check    # exit 1 if docs/ANSWERS.md is out of date
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,6 +57,7 @@ def exercises() -> dict:
     sys.path.insert(0, str(NOTEBOOKS))
     try:
         import solutions
+
         return solutions.all_exercises()
     finally:
         sys.path.remove(str(NOTEBOOKS))
@@ -94,7 +96,7 @@ def task_and_cell(name: str, path: Path) -> tuple[str, str]:
         m = re.search(rf"^\*\*{re.escape(label)} · .*", src, flags=re.M | re.S)
         if c["type"] == "markdown" and m and not task:
             lines = [ln for ln in m.group(0).splitlines() if not ln.startswith("*Stuck?*")]
-            task = "\n".join(lines[1:]).strip()        # the first line (title, difficulty) is in the heading
+            task = "\n".join(lines[1:]).strip()  # the first line (title, difficulty) is in the heading
         if c["type"] == "code" and re.search(rf"\b{name}\.check\(", src):
             cell = src.strip()
     if not task or not cell:
@@ -106,13 +108,27 @@ def section(name: str, ex, path: Path) -> str:
     """The Markdown of one exercise."""
     task, cell = task_and_cell(name, path)
     code = textwrap.dedent(inspect.getsource(ex.reference)).strip()
-    out = [f"### {name[2:].replace('_', '.')} · {ex.title}",
-           f"`{name}` · difficulty {ex.level.split('difficulty ', 1)[1]}"
-           + (f" · takes the notebook's {', '.join(f'`{k}`' for k in ex.needs)}" if ex.needs else "")
-           + (" · the answer is a function, called on the checker's own cases" if ex.cases is not None else ""),
-           "", "**Task.** " + task, "", "**The learner's cell:**", "", "```python", cell, "```", "",
-           "**Reference solution** (`" + f"{name}.solution()` prints this and runs it):", "",
-           "```python", code, "```", ""]
+    out = [
+        f"### {name[2:].replace('_', '.')} · {ex.title}",
+        f"`{name}` · difficulty {ex.level.split('difficulty ', 1)[1]}"
+        + (f" · takes the notebook's {', '.join(f'`{k}`' for k in ex.needs)}" if ex.needs else "")
+        + (" · the answer is a function, called on the checker's own cases" if ex.cases is not None else ""),
+        "",
+        "**Task.** " + task,
+        "",
+        "**The learner's cell:**",
+        "",
+        "```python",
+        cell,
+        "```",
+        "",
+        "**Reference solution** (`" + f"{name}.solution()` prints this and runs it):",
+        "",
+        "```python",
+        code,
+        "```",
+        "",
+    ]
     if ex.hints:
         out += ["**Hints** (in the order `hint()` gives them):", ""]
         out += [f"{j}. {h}" for j, h in enumerate(ex.hints, 1)] + [""]
@@ -137,8 +153,12 @@ def answer_key() -> str:
         parts.append(f"- **{notebook_title(path)}** (`{path.name}`): {links}")
     parts.append("")
     for path, names in by_nb.items():
-        parts += [f"## {notebook_title(path)}", "", f"`notebooks/{path.name}` · exercises in "
-                  f"`notebooks/solutions/{path.name[:2].join(['nb', '.py'])}`", ""]
+        parts += [
+            f"## {notebook_title(path)}",
+            "",
+            f"`notebooks/{path.name}` · exercises in `notebooks/solutions/{path.name[:2].join(['nb', '.py'])}`",
+            "",
+        ]
         parts += [section(n, exs[n], path) for n in names]
     return "\n".join(parts).rstrip() + "\n"
 

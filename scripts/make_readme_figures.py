@@ -19,6 +19,7 @@ Usage (from the repository root)::
 
 Everything is offline and seeded: the same code and library give the same maps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,16 +51,26 @@ from lrp_core.viz import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("transformer_attribution", "generic_attention", "attnlrp", "cdam", "rollout")
-SHORT = {"transformer_attribution": "transformer attr.", "generic_attention": "generic attention",
-         "attention_gradcam": "attention Grad-CAM", "raw_attention": "raw attention", "partial_lrp": "partial LRP",
-         "token_ablation": "token ablation", "attnlrp": "AttnLRP", "cp_lrp": "CP-LRP", "lrp": "LRP",
-         "cdam": "CDAM", "rollout": "rollout"}
+SHORT = {
+    "transformer_attribution": "transformer attr.",
+    "generic_attention": "generic attention",
+    "attention_gradcam": "attention Grad-CAM",
+    "raw_attention": "raw attention",
+    "partial_lrp": "partial LRP",
+    "token_ablation": "token ablation",
+    "attnlrp": "AttnLRP",
+    "cp_lrp": "CP-LRP",
+    "lrp": "LRP",
+    "cdam": "CDAM",
+    "rollout": "rollout",
+}
 SENTENCE = "The plot is thin, but the acting is wonderful."
 
 
 @dataclass
 class Scene:
     """One two-object scene ready to explain: the model input (1, 3, H, W), its picture, its two classes."""
+
     x: torch.Tensor
     rgb: np.ndarray
     classes: tuple[int, int]
@@ -70,8 +81,10 @@ def scene_input(model_name: str, rgb: np.ndarray) -> torch.Tensor:
     """The model's input for scenes drawn at its size: (N, H, W, 3) in [0, 1] -> (N, 3, H, W)."""
     if model_name == "toy-vit":
         from lrp_core.data.scenes import normalize
+
         return normalize(rgb)
     from lrp_core.models.dinov2_scenes import scene_inputs
+
     return scene_inputs(rgb)
 
 
@@ -88,8 +101,7 @@ def pick_scene(loaded, model_name: str, seed: int, size: int, tries: int = 16) -
         if set(top2.tolist()) == set(scenes.labels[0].tolist()):
             a, b = (int(c) for c in scenes.labels[0])
             return Scene(x, scenes.rgb[0], (a, b), (scenes.class_names[a], scenes.class_names[b]))
-    raise RuntimeError(f"no two-object scene of seeds {seed}..{seed + tries - 1} has both classes in the "
-                       "model's top 2")
+    raise RuntimeError(f"no two-object scene of seeds {seed}..{seed + tries - 1} has both classes in the model's top 2")
 
 
 def method_grid(model_name: str, methods: list[str], seed: int, panel: float, dpi: int) -> plt.Figure:
@@ -103,14 +115,21 @@ def method_grid(model_name: str, methods: list[str], seed: int, panel: float, dp
             exp = explain(loaded.model, scene.x, method=m, target=cls)
             maps[f"{name}: {SHORT.get(m, m)}"] = exp.upsample()[0]
     fig = show_methods(scene.rgb, maps, ncols=len(methods), panel_size=panel, colorbar=False)
-    for j, ax in enumerate(fig.axes[:len(maps)]):
+    for j, ax in enumerate(fig.axes[: len(maps)]):
         row, col = divmod(j, len(methods))
         ax.set_title(SHORT.get(methods[col], methods[col]) if row == 0 else "", fontsize=10)
-        if col == 0:                                  # row label: which class this row explains
-            ax.text(-0.06, 0.5, f"why '{scene.names[row]}'?", transform=ax.transAxes, rotation=90,
-                    ha="right", va="center", fontsize=10)
-    fig.suptitle(f"{model_name}, one scene with two objects — red: for the class, blue: against", fontsize=10,
-                 y=1.0)
+        if col == 0:  # row label: which class this row explains
+            ax.text(
+                -0.06,
+                0.5,
+                f"why '{scene.names[row]}'?",
+                transform=ax.transAxes,
+                rotation=90,
+                ha="right",
+                va="center",
+                fontsize=10,
+            )
+    fig.suptitle(f"{model_name}, one scene with two objects — red: for the class, blue: against", fontsize=10, y=1.0)
     fig.tight_layout()
     fig.set_dpi(dpi)
     return fig
@@ -135,25 +154,40 @@ def token_heatmap(sentence: str, method: str, dpi: int) -> plt.Figure:
     rows = [(c, *word_scores(text, sentence, c, method)) for c in range(len(text.labels))]
     fig, axes = plt.subplots(len(rows), 1, figsize=(8.0, 0.75 * len(rows) + 0.5), squeeze=False)
     for ax, (c, words, scores) in zip(axes[:, 0], rows):
-        norm = signed_norm(scores)                   # the library's zero-centred limits
+        norm = signed_norm(scores)  # the library's zero-centred limits
         colours = colorize(scores, limit=norm.vmax) / 255.0
         ax.set_axis_off()
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
-        ax.text(0.0, 0.5, f"{text.labels[c]} (p = {float(probs[c]):.2f})", ha="left", va="center", fontsize=9,
-                color="#333333")
+        ax.text(
+            0.0,
+            0.5,
+            f"{text.labels[c]} (p = {float(probs[c]):.2f})",
+            ha="left",
+            va="center",
+            fontsize=9,
+            color="#333333",
+        )
         xpos = 0.22
         for w, col in zip(words, colours):
-            t = ax.text(xpos, 0.5, w, ha="left", va="center", fontsize=11, family="monospace",
-                        bbox=dict(boxstyle="round,pad=0.25", facecolor=col, edgecolor="#cccccc"))
-            fig.canvas.draw()                        # measure the word to place the next one
+            t = ax.text(
+                xpos,
+                0.5,
+                w,
+                ha="left",
+                va="center",
+                fontsize=11,
+                family="monospace",
+                bbox=dict(boxstyle="round,pad=0.25", facecolor=col, edgecolor="#cccccc"),
+            )
+            fig.canvas.draw()  # measure the word to place the next one
             box = t.get_window_extent().transformed(ax.transData.inverted())
             xpos = box.x1 + 0.012
     sm = plt.cm.ScalarMappable(cmap=relevance_cmap, norm=plt.Normalize(-1, 1))
     bar = fig.colorbar(sm, ax=axes[:, 0].tolist(), orientation="horizontal", fraction=0.08, pad=0.02, aspect=50)
     bar.set_ticks([-1, 0, 1], labels=["against (−max)", "0", "for the class (+max)"])
     bar.ax.tick_params(labelsize=8)
-    fig.suptitle(f"minilm-sentiment, {SHORT.get(method, method)}: \"{sentence}\"", fontsize=10)
+    fig.suptitle(f'minilm-sentiment, {SHORT.get(method, method)}: "{sentence}"', fontsize=10)
     fig.set_dpi(dpi)
     return fig
 
@@ -189,8 +223,8 @@ def vlm_figure(seed: int, method: str, dpi: int) -> plt.Figure:
     scores, image = exp.scores[0], exp.image_tokens[0]
     pieces = tok.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
     first, last = int(image[0]), int(image[-1])
-    words = [f"[image ×{len(image)}]"] + pieces[last + 1:]            # <s> left out: not part of the prompt
-    values = torch.cat([scores[image].sum().reshape(1), scores[last + 1:]]).numpy()
+    words = [f"[image ×{len(image)}]"] + pieces[last + 1 :]  # <s> left out: not part of the prompt
+    values = torch.cat([scores[image].sum().reshape(1), scores[last + 1 :]]).numpy()
     assert first == 1 and pieces[0] == "<s>"
 
     fig = plt.figure(figsize=(6.4, 3.9))
@@ -199,7 +233,7 @@ def vlm_figure(seed: int, method: str, dpi: int) -> plt.Figure:
     contour = dict(levels=[0.5], colors="#00c000", linewidths=1.2)
     ax_img.imshow(record.image)
     ax_img.contour(record.mask.astype(float), **contour)
-    ax_img.set_title(f"\"{record.question}\" → {record.answer} (p = {prob:.2f})", fontsize=9)
+    ax_img.set_title(f'"{record.question}" → {record.answer} (p = {prob:.2f})', fontsize=9)
     ax_img.set_axis_off()
     show_relevance(record.image, exp.upsample()[0], ax=ax_map, colorbar=False)
     ax_map.contour(record.mask.astype(float), **contour)
@@ -212,13 +246,24 @@ def vlm_figure(seed: int, method: str, dpi: int) -> plt.Figure:
     ax_words.text(0.0, 0.5, "the prompt:", ha="left", va="center", fontsize=9, color="#333333")
     xpos = 0.16
     for w, col in zip(words, colours):
-        t = ax_words.text(xpos, 0.5, w, ha="left", va="center", fontsize=11, family="monospace",
-                          bbox=dict(boxstyle="round,pad=0.25", facecolor=col, edgecolor="#cccccc"))
-        fig.canvas.draw()                            # measure the word to place the next one
+        t = ax_words.text(
+            xpos,
+            0.5,
+            w,
+            ha="left",
+            va="center",
+            fontsize=11,
+            family="monospace",
+            bbox=dict(boxstyle="round,pad=0.25", facecolor=col, edgecolor="#cccccc"),
+        )
+        fig.canvas.draw()  # measure the word to place the next one
         box = t.get_window_extent().transformed(ax_words.transData.inverted())
         xpos = box.x1 + 0.015
-    fig.suptitle("tiny-vlm (LLaVA: DINOv2 tower, Llama) — red: for the answer, blue: against; green: the deciding "
-                 "object", fontsize=9, y=0.99)
+    fig.suptitle(
+        "tiny-vlm (LLaVA: DINOv2 tower, Llama) — red: for the answer, blue: against; green: the deciding object",
+        fontsize=9,
+        y=0.99,
+    )
     fig.set_dpi(dpi)
     return fig
 
@@ -236,12 +281,20 @@ def save(fig: plt.Figure, path: Path, dpi: int) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="dinov2-scenes", choices=["dinov2-scenes", "toy-vit"],
-                   help="image model of the method grid (default: dinov2-scenes)")
+    p.add_argument(
+        "--model",
+        default="dinov2-scenes",
+        choices=["dinov2-scenes", "toy-vit"],
+        help="image model of the method grid (default: dinov2-scenes)",
+    )
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods, one column each")
-    p.add_argument("--seed", type=int, default=5,
-                   help="first seed tried for the grid's scene (5: a background that does not look like the blue "
-                        "of negative relevance)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=5,
+        help="first seed tried for the grid's scene (5: a background that does not look like the blue "
+        "of negative relevance)",
+    )
     p.add_argument("--text-method", default="transformer_attribution", help="method of the token heat map")
     p.add_argument("--sentence", default=SENTENCE)
     p.add_argument("--vlm-method", default="attnlrp", help="method of the tiny-vlm figure")
@@ -253,10 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    grid = save(method_grid(args.model, methods, args.seed, args.panel, args.dpi),
-                args.out_dir / "method_grid.png", args.dpi)
-    tokens = save(token_heatmap(args.sentence, args.text_method, args.dpi),
-                  args.out_dir / "token_heatmap.png", args.dpi)
+    grid = save(
+        method_grid(args.model, methods, args.seed, args.panel, args.dpi), args.out_dir / "method_grid.png", args.dpi
+    )
+    tokens = save(
+        token_heatmap(args.sentence, args.text_method, args.dpi), args.out_dir / "token_heatmap.png", args.dpi
+    )
     vlm = save(vlm_figure(args.vlm_seed, args.vlm_method, args.dpi), args.out_dir / "vlm_answer.png", args.dpi)
     for path in (grid, tokens, vlm):
         print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KB)")

@@ -14,6 +14,7 @@ widget loader, which the course's slides do not need, are left out, and the note
 dropped so that each widget shows its stored still picture. The decks then make no request outside their
 folder (``tests/test_slides.py`` opens one in headless Chromium and checks that).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,15 @@ ASSETS = {
 }
 
 #: the three-hour plan: (notebook prefix, time slot) — docs/TEACHING.md
-PLAN = [("00", "0:00–0:10"), ("01", "0:10–0:40"), ("02", "0:40–1:00"), ("03", "1:00–1:25"),
-        ("04", "1:35–2:10"), ("05", "2:10–2:35"), ("06", "2:35–3:00")]
+PLAN = [
+    ("00", "0:00–0:10"),
+    ("01", "0:10–0:40"),
+    ("02", "0:40–1:00"),
+    ("03", "1:00–1:25"),
+    ("04", "1:35–2:10"),
+    ("05", "2:10–2:35"),
+    ("06", "2:35–3:00"),
+]
 
 
 def fetch_assets(dest: Path) -> Path:
@@ -48,18 +56,21 @@ def fetch_assets(dest: Path) -> Path:
     if all((modules / path).exists() for path in ASSETS.values()):
         return modules
     if shutil.which("npm") is None:
-        raise SystemExit("make_slides: npm is needed once to fetch reveal.js and MathJax (apt-get install npm), "
-                         "or pass --assets with a folder that has them")
+        raise SystemExit(
+            "make_slides: npm is needed once to fetch reveal.js and MathJax (apt-get install npm), "
+            "or pass --assets with a folder that has them"
+        )
     dest.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(dest), *ASSETS],
-                   check=True)
+    subprocess.run(
+        ["npm", "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(dest), *ASSETS], check=True
+    )
     return modules
 
 
 def slide_notebook(nb: dict) -> dict:
     """A copy of ``nb`` with reveal.js slide types: a heading starts a slide, a figure a sub-slide."""
     nb = copy.deepcopy(nb)
-    nb.get("metadata", {}).pop("widgets", None)   # no widget state: widgets show their stored picture
+    nb.get("metadata", {}).pop("widgets", None)  # no widget state: widgets show their stored picture
     for cell in nb["cells"]:
         text = "".join(cell["source"]).lstrip()
         kind = "-"
@@ -78,9 +89,13 @@ def export(nb: dict, assets: str) -> str:
 
     # theme "white": its fonts ship with reveal.js ("simple" imports web fonts from the network)
     exporter = SlidesExporter(
-        reveal_url_prefix=f"{assets}/reveal.js", reveal_scroll=True, reveal_theme="white",
-        require_js_url=f"{assets}/requirejs/require.js", jquery_url=f"{assets}/jquery/dist/jquery.min.js",
-        mathjax_url=f"{assets}/mathjax/MathJax.js?config=TeX-AMS_CHTML-full,Safe")
+        reveal_url_prefix=f"{assets}/reveal.js",
+        reveal_scroll=True,
+        reveal_theme="white",
+        require_js_url=f"{assets}/requirejs/require.js",
+        jquery_url=f"{assets}/jquery/dist/jquery.min.js",
+        mathjax_url=f"{assets}/mathjax/MathJax.js?config=TeX-AMS_CHTML-full,Safe",
+    )
     body, _ = exporter.from_notebook_node(nbformat.reads(json.dumps(nb), as_version=4))
     # the template imports Mermaid from a CDN in a module script; the course has no Mermaid diagram
     body = re.sub(r"<script type=\"module\">\s*import mermaid.*?</script>", "", body, flags=re.S)
@@ -93,20 +108,24 @@ def external_urls(page: str) -> list[str]:
     """The http(s) addresses a page would load: ``src=``/``href=`` of scripts, styles and links, and imports."""
     loads = re.findall(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=[\"'](https?://[^\"']+)", page)
     loads += re.findall(r"import [^;]*?from ['\"](https?://[^'\"]+)", page)
-    loads += re.findall(r"Src\s*=\s*['\"](https?://[^'\"]+)", page)   # the widget loader's script address
+    loads += re.findall(r"Src\s*=\s*['\"](https?://[^'\"]+)", page)  # the widget loader's script address
     return loads
 
 
 def index_page(decks: list[tuple[str, str, str]]) -> str:
     """The plan's table of contents: (time slot, title, file) per deck."""
-    rows = "\n".join(f"<li><span>{html.escape(slot)}</span> <a href=\"{html.escape(f)}\">{html.escape(title)}</a></li>"
-                     for slot, title, f in decks)
-    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>Transformer Relevance Lab — slides</title>"
-            "<style>body{font-family:sans-serif;max-width:40em;margin:2em auto}li{margin:.4em 0}"
-            "span{display:inline-block;width:7em;color:#555}</style></head><body>"
-            "<h1>Transformer Relevance Lab</h1><p>The three-hour workshop (docs/TEACHING.md), one deck per notebook. "
-            "Arrow keys move between slides; <kbd>↓</kbd> shows a slide's figures.</p>"
-            f"<ol>\n{rows}\n</ol></body></html>\n")
+    rows = "\n".join(
+        f'<li><span>{html.escape(slot)}</span> <a href="{html.escape(f)}">{html.escape(title)}</a></li>'
+        for slot, title, f in decks
+    )
+    return (
+        '<!doctype html><html><head><meta charset="utf-8"><title>Transformer Relevance Lab — slides</title>'
+        "<style>body{font-family:sans-serif;max-width:40em;margin:2em auto}li{margin:.4em 0}"
+        "span{display:inline-block;width:7em;color:#555}</style></head><body>"
+        "<h1>Transformer Relevance Lab</h1><p>The three-hour workshop (docs/TEACHING.md), one deck per notebook. "
+        "Arrow keys move between slides; <kbd>↓</kbd> shows a slide's figures.</p>"
+        f"<ol>\n{rows}\n</ol></body></html>\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     modules = fetch_assets(args.assets.resolve() if args.assets else out / "assets")
     local = out / "assets" / "node_modules"
-    if modules.resolve() != local.resolve():                          # the decks' folder holds its own copy
+    if modules.resolve() != local.resolve():  # the decks' folder holds its own copy
         shutil.rmtree(local, ignore_errors=True)
         local.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(modules, local)
@@ -134,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"make_slides: {path.name} would load {leaks[:3]} from the network")
         target = out / f"{path.stem}.slides.html"
         target.write_text(page, encoding="utf-8")
-        title = next(("".join(c["source"]).lstrip("# ").splitlines()[0] for c in nb["cells"]
-                      if c["cell_type"] == "markdown"), path.stem)
+        title = next(
+            ("".join(c["source"]).lstrip("# ").splitlines()[0] for c in nb["cells"] if c["cell_type"] == "markdown"),
+            path.stem,
+        )
         decks.append((slots.get(prefix, ""), title, target.name))
         print(f"{target.relative_to(out)}: {len(page) / 1e6:.1f} MB")
     (out / "index.html").write_text(index_page(decks), encoding="utf-8")

@@ -14,6 +14,7 @@ float32 map is not, and an exception's class name a case the engine refused.
     python scripts/measure_half_precision.py                # tiny models of every family (about a minute)
     python scripts/measure_half_precision.py --size base --families bert timm-vit   # BERT-/ViT-base shaped
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,6 +38,7 @@ def _images(n: int = 2, size: int = 32) -> torch.Tensor:
 
 def _text(model: torch.nn.Module) -> dict:
     from text_families import text_batch
+
     return text_batch(model)
 
 
@@ -48,12 +50,20 @@ def _clip_inputs() -> dict:
 def _hf_vit(size: str) -> torch.nn.Module:
     from conftest import _perturb_norms
     from transformers import ViTConfig, ViTForImageClassification
+
     torch.manual_seed(5)
     if size == "base":
         cfg = ViTConfig(image_size=224, patch_size=16, num_labels=1000)
     else:
-        cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
-                        intermediate_size=96, num_labels=5)
+        cfg = ViTConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=3,
+            intermediate_size=96,
+            num_labels=5,
+        )
     model = ViTForImageClassification(cfg).eval()
     _perturb_norms(model, 5)
     return model
@@ -64,6 +74,7 @@ def families(size: str = "tiny") -> dict[str, Callable[[], tuple[torch.nn.Module
     from conftest import make_tiny_bert, make_tiny_vit
     from text_families import make
     from tiny_clip import make_clip
+
     if size == "base":
         from timm.models.vision_transformer import VisionTransformer
         from transformers import BertConfig, BertForSequenceClassification
@@ -78,6 +89,7 @@ def families(size: str = "tiny") -> dict[str, Callable[[], tuple[torch.nn.Module
         def vit_base():
             torch.manual_seed(0)
             return VisionTransformer(num_classes=1000).eval(), _images(2, 224)
+
         return {"bert": bert_base, "timm-vit": vit_base, "hf-vit": lambda: (_hf_vit("base"), _images(2, 224))}
     out = {
         "timm-vit": lambda: (make_tiny_vit(), _images()),
@@ -89,6 +101,7 @@ def families(size: str = "tiny") -> dict[str, Callable[[], tuple[torch.nn.Module
     for fam in ("distilbert", "roberta", "electra", "albert", "mpnet"):
         out[fam] = lambda fam=fam: (make(fam), _text(make(fam)))
     from test_vision_families import FAMILIES as VISION
+
     for fam in ("timm_avg_registers", "timm_distilled", "hf_deit_teacher", "hf_dinov2"):
         out[fam.replace("_", "-")] = lambda fam=fam: (VISION[fam](), _images())
     return out
@@ -98,8 +111,7 @@ def cast_inputs(inputs: Any, dtype: torch.dtype) -> Any:
     """Float tensors (images, pixel_values) to ``dtype``; token ids and masks as they are."""
     if isinstance(inputs, torch.Tensor):
         return inputs.to(dtype)
-    return {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-            for k, v in inputs.items()}
+    return {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in inputs.items()}
 
 
 def upcast_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -107,10 +119,12 @@ def upcast_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).float()
 
 
-def run_case(model: torch.nn.Module, inputs: Any, method: str, case: str,
-             device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def run_case(
+    model: torch.nn.Module, inputs: Any, method: str, case: str, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the map under ``case``, the float32 reference map) for a float32 ``model``."""
     from lrp_core import explain
+
     if case == "autocast-bf16":
         ref = explain(model, inputs, method=method).scores
         with torch.autocast(device, dtype=torch.bfloat16):
@@ -178,6 +192,7 @@ def print_table(table: dict, names: list[str], methods: list[str], detail: bool,
 
 def main() -> int:
     from lrp_core import METHODS
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=("tiny", "base"), default="tiny")
     p.add_argument("--families", nargs="*")

@@ -8,6 +8,7 @@ its ``/proc/<pid>/status`` is read: ``VmHWM``, the peak resident set size of the
 ``VmRSS``, what the kernel still holds when the last cell has run (a kernel left open keeps about that
 much). Linux only (``/proc``). The printed table is the one of docs/TEACHING.md ("Memory").
 """
+
 from __future__ import annotations
 
 import argparse

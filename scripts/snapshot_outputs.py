@@ -9,6 +9,7 @@ A developer tool for changes to the engine that must not change behaviour:
 difference (max |Δ| / max |before|) over every tensor field of the
 ``Explanation`` and fails when float64 exceeds 1e-10 or float32 1e-6.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,13 +58,17 @@ def _cases() -> Iterator[tuple[str, Callable[[], tuple[torch.nn.Module, Any]]]]:
     images = lambda n=3, s=32: torch.randn(n, 3, s, s, generator=torch.Generator().manual_seed(1))  # noqa: E731
     ids = torch.tensor([[2, 11, 12, 13, 14, 15, 3], [2, 21, 22, 3, 0, 0, 0], [2, 31, 32, 33, 34, 3, 0]])
     text = {"input_ids": ids, "attention_mask": (ids != 0).long()}
-    left = {"input_ids": torch.tensor([[0, 0, 2, 5, 3], [2, 6, 7, 8, 3]]),
-            "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])}
+    left = {
+        "input_ids": torch.tensor([[0, 0, 2, 5, 3], [2, 6, 7, 8, 3]]),
+        "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]),
+    }
 
     yield "timm-vit", lambda: (make_tiny_vit(), images())
     yield "timm-vit-unfused", lambda: (_unfused(make_tiny_vit(seed=3)), images())
-    yield "timm-vit-ls-reg", lambda: (make_tiny_vit(seed=2, init_values=0.5, reg_tokens=2, no_embed_class=True),
-                                      images())
+    yield (
+        "timm-vit-ls-reg",
+        lambda: (make_tiny_vit(seed=2, init_values=0.5, reg_tokens=2, no_embed_class=True), images()),
+    )
     yield "hf-vit", lambda: (_hf_vit(), images())
     for impl in ("eager", "sdpa"):
         yield f"bert-{impl}", lambda impl=impl: (make_tiny_bert(attn_implementation=impl), text)
@@ -73,20 +78,24 @@ def _cases() -> Iterator[tuple[str, Callable[[], tuple[torch.nn.Module, Any]]]]:
     def toy():
         from lrp_core.data import make_scenes
         from lrp_core.models import load
+
         lm = load("toy-vit")
         return lm.model, make_scenes(4, seed=123).images
 
     def minilm():
         from lrp_core.models import load
+
         lm = load("minilm-sentiment")
-        enc = lm.tokenizer(["a truly wonderful film", "dull and far too long, I left early"],
-                           padding=True, return_tensors="pt")
+        enc = lm.tokenizer(
+            ["a truly wonderful film", "dull and far too long, I left early"], padding=True, return_tensors="pt"
+        )
         return lm.model, {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
     yield "toy-vit", toy
     yield "minilm-sentiment", minilm
 
     from decoders import FAMILIES, batch, make_decoder, rows
+
     for family in FAMILIES:
         yield f"{family}-causal", lambda family=family: (make_decoder(family), batch(rows(), "left"))
     yield "llama-seq", lambda: (make_decoder("llama", head="seq"), batch(rows(), "right"))
@@ -100,11 +109,20 @@ def _unfused(model):
 
 def _hf_vit():
     from transformers import ViTConfig, ViTForImageClassification
+
     torch.manual_seed(5)
-    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
-                    intermediate_size=96, num_labels=5)
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        intermediate_size=96,
+        num_labels=5,
+    )
     model = ViTForImageClassification(cfg).eval()
     from conftest import _perturb_norms
+
     _perturb_norms(model, 5)
     return model
 
@@ -117,6 +135,7 @@ def _cast(inputs: Any, dtype: torch.dtype) -> Any:
 
 def collect() -> dict:
     from lrp_core import explain
+
     out: dict = {}
     for name, build in _cases():
         for dtype in (torch.float32, torch.float64):

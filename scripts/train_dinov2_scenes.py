@@ -34,6 +34,7 @@ A first [CLS] probe with a quarter of the learning rate (5e-5, 3,000 scenes,
 Why one-vs-rest: soft-target softmax cross-entropy (½ / ½ for two objects) gave lower top-2 rates on the
 same features (e.g. 0.733 vs 0.790 on [CLS]).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,15 +62,16 @@ EVAL_SEED = 30_000_011
 """Seeds of the script's own held-out measurement (one-object; two-object = +1)."""
 
 
-def frozen_tokens(model: torch.nn.Module, rgb: np.ndarray, batch: int = 64, progress: bool = True,
-                  desc: str = "blocks 1-11") -> torch.Tensor:
+def frozen_tokens(
+    model: torch.nn.Module, rgb: np.ndarray, batch: int = 64, progress: bool = True, desc: str = "blocks 1-11"
+) -> torch.Tensor:
     """(N, 65, 384) tokens entering the last block, for scenes ``rgb`` (N, H, W, 3)."""
     from tqdm.auto import tqdm
 
     out = []
     with torch.inference_mode():
         for s in tqdm(range(0, len(rgb), batch), desc=desc, disable=not progress):
-            h = model.norm_pre(model._pos_embed(model.patch_embed(scene_inputs(rgb[s:s + batch]))))
+            h = model.norm_pre(model._pos_embed(model.patch_embed(scene_inputs(rgb[s : s + batch]))))
             for blk in model.blocks[:-1]:
                 h = blk(h)
             out.append(h)
@@ -86,8 +88,16 @@ def multi_hot(labels: torch.Tensor, n: int = len(CLASS_NAMES)) -> torch.Tensor:
     return torch.nn.functional.one_hot(labels, n).sum(1).clamp(max=1).float()
 
 
-def tune(model: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, epochs: int, lr_block: float,
-         lr_head: float, batch: int = 64, progress: bool = True) -> None:
+def tune(
+    model: torch.nn.Module,
+    h: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    lr_block: float,
+    lr_head: float,
+    batch: int = 64,
+    progress: bool = True,
+) -> None:
     """Train the last block, the final norm and the head in place on cached tokens ``h`` (N, 65, 384)."""
     from tqdm.auto import tqdm
 
@@ -95,17 +105,15 @@ def tune(model: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, epochs: int, 
         p.requires_grad_(n.startswith(TUNED_PREFIXES))
     head = list(model.head.parameters())
     body = [p for n, p in model.named_parameters() if n.startswith(TUNED_PREFIXES) and not n.startswith("head.")]
-    opt = torch.optim.AdamW([{"params": body, "lr": lr_block}, {"params": head, "lr": lr_head}],
-                            weight_decay=1e-4)
+    opt = torch.optim.AdamW([{"params": body, "lr": lr_block}, {"params": head, "lr": lr_head}], weight_decay=1e-4)
     steps = epochs * -(-len(h) // batch)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[lr_block, lr_head], total_steps=steps,
-                                                pct_start=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[lr_block, lr_head], total_steps=steps, pct_start=0.1)
     model.train()  # no dropout / drop-path in this model: train mode changes nothing but the flag
     bar = tqdm(total=steps, desc="tuning block 12 + head", disable=not progress)
     for _ in range(epochs):
         order = torch.randperm(len(h))
         for s in range(0, len(h), batch):
-            i = order[s:s + batch]
+            i = order[s : s + batch]
             loss = torch.nn.functional.binary_cross_entropy_with_logits(tail(model, h[i]), y[i])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -118,18 +126,21 @@ def tune(model: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, epochs: int, 
     model.zero_grad(set_to_none=True)
 
 
-def accuracy(logits1: torch.Tensor, labels1: torch.Tensor, logits2: torch.Tensor,
-             labels2: torch.Tensor) -> dict[str, float]:
+def accuracy(
+    logits1: torch.Tensor, labels1: torch.Tensor, logits2: torch.Tensor, labels2: torch.Tensor
+) -> dict[str, float]:
     """Single-object top-1 accuracy and the rate at which both classes are the top-2 logits."""
     top2 = logits2.topk(2, dim=1).indices.sort(1).values
-    return {"single_object_accuracy": float((logits1.argmax(1) == labels1[:, 0]).float().mean()),
-            "two_object_top2_accuracy": float((top2 == labels2.sort(1).values).all(1).float().mean())}
+    return {
+        "single_object_accuracy": float((logits1.argmax(1) == labels1[:, 0]).float().mean()),
+        "two_object_top2_accuracy": float((top2 == labels2.sort(1).values).all(1).float().mean()),
+    }
 
 
 def logits(model: torch.nn.Module, rgb: np.ndarray, batch: int = 64) -> torch.Tensor:
     """The full timm model's (N, 8) logits for scenes ``rgb``."""
     with torch.inference_mode():
-        return torch.cat([model(scene_inputs(rgb[s:s + batch])) for s in range(0, len(rgb), batch)])
+        return torch.cat([model(scene_inputs(rgb[s : s + batch])) for s in range(0, len(rgb), batch)])
 
 
 def main() -> None:
@@ -140,8 +151,12 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr-block", type=float, default=2e-4, help="peak learning rate of block 12 and the norm")
     p.add_argument("--lr-head", type=float, default=2e-3, help="peak learning rate of the head")
-    p.add_argument("--readout", choices=sorted(READOUTS), default="token",
-                   help="token: [CLS] (dinov2-scenes); avg: mean of the patch tokens (dinov2-scenes-avg)")
+    p.add_argument(
+        "--readout",
+        choices=sorted(READOUTS),
+        default="token",
+        help="token: [CLS] (dinov2-scenes); avg: mean of the patch tokens (dinov2-scenes-avg)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tiny", action="store_true", help="24 + 24 scenes, 8 + 8 held out, 3 epochs")
     p.add_argument("--out", default=str(ASSET_DIR))
@@ -154,8 +169,12 @@ def main() -> None:
     model = build_dinov2_scenes(readout=a.readout)
     one = make_scenes(a.n_single, TRAIN_SEED, 1, size=IMAGE_SIZE)
     two = make_scenes(a.n_two, TRAIN_SEED + 1, 2, size=IMAGE_SIZE)
-    h = torch.cat([frozen_tokens(model, one.rgb, desc="blocks 1-11, 1-object"),
-                   frozen_tokens(model, two.rgb, desc="blocks 1-11, 2-object")])
+    h = torch.cat(
+        [
+            frozen_tokens(model, one.rgb, desc="blocks 1-11, 1-object"),
+            frozen_tokens(model, two.rgb, desc="blocks 1-11, 2-object"),
+        ]
+    )
     y = torch.cat([multi_hot(one.labels), multi_hot(two.labels)])
     del one, two
     tune(model, h, y, a.epochs, a.lr_block, a.lr_head)
@@ -165,8 +184,8 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     from safetensors.torch import load_file, save_file
-    tuned = {n: t.detach().half().contiguous() for n, t in model.state_dict().items()
-             if n.startswith(TUNED_PREFIXES)}
+
+    tuned = {n: t.detach().half().contiguous() for n, t in model.state_dict().items() if n.startswith(TUNED_PREFIXES)}
     weights, facts = asset_paths(a.readout, out)
     save_file(tuned, str(weights))
     # measure the model as shipped: the float16 tensors loaded back
@@ -174,15 +193,28 @@ def main() -> None:
     e1 = make_scenes(a.n_eval, EVAL_SEED, 1, size=IMAGE_SIZE)
     e2 = make_scenes(a.n_eval, EVAL_SEED + 1, 2, size=IMAGE_SIZE)
     acc = accuracy(logits(model, e1.rgb), e1.labels, logits(model, e2.rgb), e2.labels)
-    info = {"model": READOUTS[a.readout], "readout": a.readout,
-            "class_names": list(CLASS_NAMES), "image_size": IMAGE_SIZE,
-            "accuracy": {**acc, "n_eval_each": a.n_eval, "eval_seed": EVAL_SEED},
-            "training": {"seconds": round(train_s, 1), "n_single": a.n_single, "n_two": a.n_two,
-                         "train_seed": TRAIN_SEED, "epochs": a.epochs, "lr_block": a.lr_block,
-                         "lr_head": a.lr_head, "batch": 64, "optimizer": "AdamW, one-cycle, weight decay 1e-4",
-                         "threads": a.threads, "loss": "one-vs-rest logistic, multi-hot targets",
-                         "tuned": "block 12, final norm, head (float16 on disk); blocks 1-11, patch and "
-                                  "position embeddings: DINOv2's, frozen"}}
+    info = {
+        "model": READOUTS[a.readout],
+        "readout": a.readout,
+        "class_names": list(CLASS_NAMES),
+        "image_size": IMAGE_SIZE,
+        "accuracy": {**acc, "n_eval_each": a.n_eval, "eval_seed": EVAL_SEED},
+        "training": {
+            "seconds": round(train_s, 1),
+            "n_single": a.n_single,
+            "n_two": a.n_two,
+            "train_seed": TRAIN_SEED,
+            "epochs": a.epochs,
+            "lr_block": a.lr_block,
+            "lr_head": a.lr_head,
+            "batch": 64,
+            "optimizer": "AdamW, one-cycle, weight decay 1e-4",
+            "threads": a.threads,
+            "loss": "one-vs-rest logistic, multi-hot targets",
+            "tuned": "block 12, final norm, head (float16 on disk); blocks 1-11, patch and "
+            "position embeddings: DINOv2's, frozen",
+        },
+    }
     facts.write_text(json.dumps(info, indent=1) + "\n")
     print(json.dumps(info, indent=1))
 

@@ -17,6 +17,7 @@ Measured: 8.7 min with ``--threads 1`` on a 2-core machine shared with other
 jobs (18 min under heavy contention); the shipped head was produced by exactly
 this command, and a second run reproduced it bit for bit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,9 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
         p.requires_grad = any(name.startswith(t) for t in trained_prefixes)
     head = [p for n, p in model.named_parameters() if n.startswith("classifier.")]
     body = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("classifier.")]
-    opt = torch.optim.AdamW(
-        [{"params": body, "lr": args.lr}, {"params": head, "lr": args.head_lr}], weight_decay=0.01
-    )
+    opt = torch.optim.AdamW([{"params": body, "lr": args.lr}, {"params": head, "lr": args.head_lr}], weight_decay=0.01)
     steps = args.epochs * ((len(data) + args.batch_size - 1) // args.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / (0.06 * steps)) * max(0.0, 1 - s / steps)

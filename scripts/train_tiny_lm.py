@@ -27,6 +27,7 @@ one more every quarter of them (facts per prompt drawn from 2 … max).
     python scripts/train_tiny_lm.py                 # the committed weights (about 8 min on one core)
     python scripts/train_tiny_lm.py --steps 200 --out /tmp/tiny_lm   # a quick look
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ def accuracy(model, tok, n: int, seed: int, batch: int = 250) -> float:
     records = make_facts(n, seed)
     hits = 0
     for i in range(0, n, batch):
-        enc, answers = batch_of(tok, records[i:i + batch])
+        enc, answers = batch_of(tok, records[i : i + batch])
         hits += int((model(**enc).logits[:, -1].argmax(-1) == answers).sum())
     return hits / n
 
@@ -98,8 +99,17 @@ def facts_range(step: int, curriculum: int) -> tuple[int, int]:
     return 2, min(MAX_FACTS, 2 + (4 * step) // curriculum)
 
 
-def train(steps: int, batch: int, lr: float, seed: int, threads: int, lm_weight: float, aux_weight: float = 1.0,
-          aux_layer: int = 1, curriculum: int = 0) -> tuple:
+def train(
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    threads: int,
+    lm_weight: float,
+    aux_weight: float = 1.0,
+    aux_layer: int = 1,
+    curriculum: int = 0,
+) -> tuple:
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     tok = build_tokenizer()
@@ -107,7 +117,8 @@ def train(steps: int, batch: int, lr: float, seed: int, threads: int, lm_weight:
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
     model.train()
     bar = tqdm(range(steps), desc="training tiny-lm")
     for step in bar:
@@ -154,20 +165,42 @@ def main(argv=None) -> None:
     if args.steps >= HELD_OUT_SEED:
         ap.error(f"--steps must stay below the held-out seeds ({HELD_OUT_SEED})")
     t0 = time.time()
-    model, tok = train(args.steps, args.batch, args.lr, args.seed, args.threads, args.lm_weight, args.aux_weight,
-                       args.aux_layer, args.curriculum)
+    model, tok = train(
+        args.steps,
+        args.batch,
+        args.lr,
+        args.seed,
+        args.threads,
+        args.lm_weight,
+        args.aux_weight,
+        args.aux_layer,
+        args.curriculum,
+    )
     minutes = (time.time() - t0) / 60
     acc = accuracy(model, tok, args.eval, HELD_OUT_SEED)
     print(f"held-out accuracy {acc:.4f} on {args.eval} prompts (seed {HELD_OUT_SEED}); trained in {minutes:.1f} min")
     from safetensors.torch import save_file
+
     args.out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     save_file(state, str(args.out / "model.safetensors"))
-    meta = {"held_out_accuracy": acc, "held_out_prompts": args.eval, "held_out_seed": HELD_OUT_SEED,
-            "train_steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
-            "threads": args.threads, "lm_weight": args.lm_weight, "aux_weight": args.aux_weight,
-            "aux_layer": args.aux_layer, "curriculum": args.curriculum, "train_minutes": round(minutes, 1),
-            "parameters": sum(p.numel() for p in model.parameters()), "config": CONFIG}
+    meta = {
+        "held_out_accuracy": acc,
+        "held_out_prompts": args.eval,
+        "held_out_seed": HELD_OUT_SEED,
+        "train_steps": args.steps,
+        "batch": args.batch,
+        "lr": args.lr,
+        "seed": args.seed,
+        "threads": args.threads,
+        "lm_weight": args.lm_weight,
+        "aux_weight": args.aux_weight,
+        "aux_layer": args.aux_layer,
+        "curriculum": args.curriculum,
+        "train_minutes": round(minutes, 1),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "config": CONFIG,
+    }
     (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 

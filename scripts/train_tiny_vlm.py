@@ -21,6 +21,7 @@ Deterministic: seeded, ``torch.use_deterministic_algorithms(True)``, CPU. The co
 (the defaults: 3000 scenes, 1500 steps of 24 scenes, lr 1e-3, 1 thread; ``--features`` caches the tower's
 features of the training scenes, ``--val`` only reports progress). Times and CPU seconds are in ``meta.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,7 @@ def tower_features(model, processor, records, batch: int = 64) -> torch.Tensor:
     out = []
     with torch.no_grad():
         for i in range(0, len(order), batch):
-            px = processor.image_processor([images[j] for j in order[i:i + batch]], return_tensors="pt")
+            px = processor.image_processor([images[j] for j in order[i : i + batch]], return_tensors="pt")
             hs = model.model.vision_tower(px["pixel_values"], output_hidden_states=True).hidden_states
             out.append(hs[model.config.vision_feature_layer][:, 1:].clone())  # "default": [CLS] dropped
     return torch.cat(out)
@@ -59,8 +60,13 @@ def question_ids(tok, question: str, n_image: int) -> list[int]:
     return [tok.bos_token_id] + [image_id] * n_image + tok(question, add_special_tokens=False)["input_ids"]
 
 
-def answer_logits(model, feats: torch.Tensor, suffix: torch.Tensor, length: torch.Tensor, per_scene: int,
-                  ) -> torch.Tensor:
+def answer_logits(
+    model,
+    feats: torch.Tensor,
+    suffix: torch.Tensor,
+    length: torch.Tensor,
+    per_scene: int,
+) -> torch.Tensor:
     """(S * Q, V) next-token logits after each question, Q = ``per_scene`` questions about each of S scenes.
 
     The prompt ``<s>`` + 64 image tokens is the same for every question about a scene, and the causal language
@@ -77,10 +83,16 @@ def answer_logits(model, feats: torch.Tensor, suffix: torch.Tensor, length: torc
     prefix = torch.cat([lm.embed_tokens(bos), inner.multi_modal_projector(feats)], dim=1)
     cache = lm(inputs_embeds=prefix, use_cache=True).past_key_values  # the returned DynamicCache
     cache.batch_repeat_interleave(per_scene)
-    attn = torch.cat([torch.ones(suffix.shape[0], prefix.shape[1], dtype=torch.long),
-                      (torch.arange(suffix.shape[1])[None] < length[:, None]).long()], dim=1)
-    hidden = lm(inputs_embeds=lm.embed_tokens(suffix), cache=cache, attention_mask=attn,
-                use_cache=True).last_hidden_state
+    attn = torch.cat(
+        [
+            torch.ones(suffix.shape[0], prefix.shape[1], dtype=torch.long),
+            (torch.arange(suffix.shape[1])[None] < length[:, None]).long(),
+        ],
+        dim=1,
+    )
+    hidden = lm(
+        inputs_embeds=lm.embed_tokens(suffix), cache=cache, attention_mask=attn, use_cache=True
+    ).last_hidden_state
     return model.lm_head(hidden[torch.arange(suffix.shape[0]), length - 1])
 
 
@@ -100,7 +112,7 @@ def scene_questions(records, tok) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     for a, i in enumerate(order):
         assert [r.answer if r.kind == "exists" else r.kind for r in by_scene[i]] == columns
         for b, (r, w) in enumerate(zip(by_scene[i], words[a])):
-            ids[a, b, :len(w)] = torch.tensor(w)
+            ids[a, b, : len(w)] = torch.tensor(w)
             length[a, b] = len(w)
             answer[a, b] = tok.convert_tokens_to_ids(r.answer)
     return ids, length, answer, columns
@@ -111,12 +123,18 @@ def check_against_full_model(model, processor, records, feats: torch.Tensor) -> 
     tok = processor.tokenizer
     part = [r for r in records if r.index < 2][:6]
     with torch.no_grad():
-        full = model(**processor(images=[r.image for r in part], text=[tv.prompt(r.question) for r in part],
-                                 return_tensors="pt", padding=True)).logits[:, -1]
+        full = model(
+            **processor(
+                images=[r.image for r in part],
+                text=[tv.prompt(r.question) for r in part],
+                return_tensors="pt",
+                padding=True,
+            )
+        ).logits[:, -1]
         ours = []
         for r in part:
             w = torch.tensor([tok(r.question, add_special_tokens=False)["input_ids"]])
-            ours.append(answer_logits(model, feats[r.index:r.index + 1], w, torch.tensor([w.shape[1]]), 1))
+            ours.append(answer_logits(model, feats[r.index : r.index + 1], w, torch.tensor([w.shape[1]]), 1))
     return float((full - torch.cat(ours)).abs().max())
 
 
@@ -127,9 +145,13 @@ def held_out_accuracy(model, processor, records, batch: int = 64) -> tuple[dict[
     seen: Counter = Counter()
     with torch.no_grad():
         for i in range(0, len(records), batch):
-            part = records[i:i + batch]
-            inputs = processor(images=[r.image for r in part], text=[tv.prompt(r.question) for r in part],
-                               return_tensors="pt", padding=True)
+            part = records[i : i + batch]
+            inputs = processor(
+                images=[r.image for r in part],
+                text=[tv.prompt(r.question) for r in part],
+                return_tensors="pt",
+                padding=True,
+            )
             pred = model(**inputs).logits[:, -1].argmax(-1)
             for r, p in zip(part, pred.tolist()):
                 ok = int(p == tok.convert_tokens_to_ids(r.answer))
@@ -139,14 +161,17 @@ def held_out_accuracy(model, processor, records, batch: int = 64) -> tuple[dict[
     return {k: right[k] / seen[k] for k in list(KINDS) + ["all"]}, seen["all"]
 
 
-def val_accuracy(model, feats: torch.Tensor, ids: torch.Tensor, length: torch.Tensor, answer: torch.Tensor,
-                 columns: list[str]) -> dict[str, float]:
+def val_accuracy(
+    model, feats: torch.Tensor, ids: torch.Tensor, length: torch.Tensor, answer: torch.Tensor, columns: list[str]
+) -> dict[str, float]:
     """Accuracy per pool on every question of the scenes (cached features, :func:`answer_logits`)."""
     with torch.no_grad():
         pred = answer_logits(model, feats, ids.flatten(0, 1), length.flatten(), len(columns)).argmax(-1)
     ok = (pred.view(answer.shape) == answer).float()
-    return {k: round(float(ok[:, [c for c, x in enumerate(columns) if x == k]].mean()), 4)
-            for k in ("where", "which", "colour", "yes", "no")}
+    return {
+        k: round(float(ok[:, [c for c, x in enumerate(columns) if x == k]].mean()), 4)
+        for k in ("where", "which", "colour", "yes", "no")
+    }
 
 
 def main() -> None:
@@ -159,12 +184,20 @@ def main() -> None:
     ap.add_argument("--held-out", type=int, default=800, help="held-out scenes (one question each)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--log-every", type=int, default=100, help="steps between progress lines")
-    ap.add_argument("--features", type=Path, default=None,
-                    help="optional cache file of the training scenes' tower features (re-used when present)")
+    ap.add_argument(
+        "--features",
+        type=Path,
+        default=None,
+        help="optional cache file of the training scenes' tower features (re-used when present)",
+    )
     ap.add_argument("--out", type=Path, default=tv.ASSET_DIR)
-    ap.add_argument("--val", type=Path, default=None,
-                    help="optional: report every 100 steps the accuracy on every question of 400 scenes of seed "
-                         f"{VAL_SEED} (below HELD_OUT_SEED, not a training seed), their tower features cached here")
+    ap.add_argument(
+        "--val",
+        type=Path,
+        default=None,
+        help="optional: report every 100 steps the accuracy on every question of 400 scenes of seed "
+        f"{VAL_SEED} (below HELD_OUT_SEED, not a training seed), their tower features cached here",
+    )
     args = ap.parse_args()
     if args.seed >= tv.HELD_OUT_SEED:
         raise SystemExit(f"--seed must be below HELD_OUT_SEED = {tv.HELD_OUT_SEED}")
@@ -210,19 +243,24 @@ def main() -> None:
     trained = [p for n, p in model.named_parameters() if n.startswith(tv.TRAINED_PREFIXES)]
     opt = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warm = max(1, args.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (
-        1 + np.cos(np.pi * min(1.0, s / args.steps))))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + np.cos(np.pi * min(1.0, s / args.steps)))
+    )
     rng = np.random.default_rng(args.seed)
     model.train()
     t0, c0 = time.perf_counter(), time.process_time()
     running = []
     for step in range(args.steps):
         scenes = torch.from_numpy(rng.choice(len(feats), args.batch, replace=False))
-        cols = torch.tensor([fixed + [yes[a], no[b]] for a, b in zip(rng.integers(0, len(yes), args.batch),
-                                                                       rng.integers(0, len(no), args.batch))])
+        cols = torch.tensor(
+            [
+                fixed + [yes[a], no[b]]
+                for a, b in zip(rng.integers(0, len(yes), args.batch), rng.integers(0, len(no), args.batch))
+            ]
+        )
         rows = scenes[:, None].expand(-1, per_scene)
         q_ids, q_len, target = ids[rows, cols].flatten(0, 1), length[rows, cols].flatten(), answer[rows, cols].flatten()
-        q_ids = q_ids[:, :int(q_len.max())]
+        q_ids = q_ids[:, : int(q_len.max())]
         logits = answer_logits(model, feats[scenes], q_ids, q_len, per_scene)
         loss = F.cross_entropy(logits, target)
         opt.zero_grad(set_to_none=True)
@@ -234,8 +272,7 @@ def main() -> None:
         if (step + 1) % args.log_every == 0:
             lo, acc = np.mean(running, axis=0)
             running = []
-            print(f"step {step + 1}: loss {lo:.4f} train acc {acc:.3f} ({time.perf_counter() - t0:.0f} s)",
-                  flush=True)
+            print(f"step {step + 1}: loss {lo:.4f} train acc {acc:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
             if args.val is not None:
                 model.eval()
                 print("  val", val_accuracy(model, *args.val_data), flush=True)
@@ -244,8 +281,11 @@ def main() -> None:
     from safetensors.torch import save_file
 
     args.out.mkdir(parents=True, exist_ok=True)
-    state = {n: t.detach().to(torch.float16).contiguous() for n, t in model.state_dict().items()
-             if n.startswith(tv.TRAINED_PREFIXES)}
+    state = {
+        n: t.detach().to(torch.float16).contiguous()
+        for n, t in model.state_dict().items()
+        if n.startswith(tv.TRAINED_PREFIXES)
+    }
     save_file(state, str(args.out / "model.safetensors"))
     # what ships is float16: the held-out accuracy is measured with those tensors, loaded as load() does
     model.load_state_dict({n: t.float() for n, t in state.items()}, strict=False)
@@ -261,15 +301,29 @@ def main() -> None:
         "held_out_questions": n_held,
         "held_out_seed": tv.HELD_OUT_SEED,
         "answer": "argmax of the next-token logits at the last position",
-        "train_scenes": args.scenes, "train_questions": len(records), "train_seed": args.seed,
-        "steps": args.steps, "scenes_per_step": args.batch, "questions_per_step": args.batch * per_scene,
+        "train_scenes": args.scenes,
+        "train_questions": len(records),
+        "train_seed": args.seed,
+        "steps": args.steps,
+        "scenes_per_step": args.batch,
+        "questions_per_step": args.batch * per_scene,
         "lr": args.lr,
-        "seconds": {"features": round(t_features), "training": round(t_train), "evaluation": round(t_eval),
-                    "total": round(total)},
-        "cpu_seconds": {"features": round(c_features), "training": round(c_train), "evaluation": round(c_eval),
-                        "total": round(c_total)},
-        "threads": args.threads, "cpu": platform.processor() or platform.machine(),
-        "text_config": tv.TEXT_CONFIG, "vision_config": tv.VISION_CONFIG,
+        "seconds": {
+            "features": round(t_features),
+            "training": round(t_train),
+            "evaluation": round(t_eval),
+            "total": round(total),
+        },
+        "cpu_seconds": {
+            "features": round(c_features),
+            "training": round(c_train),
+            "evaluation": round(c_eval),
+            "total": round(c_total),
+        },
+        "threads": args.threads,
+        "cpu": platform.processor() or platform.machine(),
+        "text_config": tv.TEXT_CONFIG,
+        "vision_config": tv.VISION_CONFIG,
         "vision_feature_layer": model.config.vision_feature_layer,
         "trained_parameters": sum(p.numel() for p in trained),
         "dtype": "float16 (trained tensors); the DINOv2 tower comes from dinov2-s14's weights",

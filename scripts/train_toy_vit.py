@@ -30,6 +30,7 @@ two-object scenes) and ``model.safetensors`` plus ``info.json`` are written to
 ``lrp_core/assets/toy_vit/``. Runs are reproducible for a given seed and
 thread count on the same machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,6 +61,7 @@ N_CLASSES = len(CLASS_NAMES)
 
 # --------------------------------------------------------------------------- data
 
+
 def _pool_chunk(job: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One chunk of the pool: images (n, 3, 64, 64) fp16, labels (n, 2), cover (n, 2, 8, 8) fp16.
 
@@ -77,8 +79,7 @@ def _pool_chunk(job: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor, 
     return s.images.half(), labels, cover.half()
 
 
-def make_pool(n_single: int, n_double: int, seed: int, workers: int
-              ) -> dict[str, torch.Tensor]:
+def make_pool(n_single: int, n_double: int, seed: int, workers: int) -> dict[str, torch.Tensor]:
     """Draw the training scenes once; chunk ``c`` always has the same seed, whatever ``workers``."""
     jobs = []
     for n_total, k in ((n_single, 1), (n_double, 2)):
@@ -87,21 +88,34 @@ def make_pool(n_single: int, n_double: int, seed: int, workers: int
     with ProcessPoolExecutor(max_workers=workers) as ex:
         parts = list(tqdm(ex.map(_pool_chunk, jobs), total=len(jobs), desc="scenes", unit="chunk"))
     images, labels, cover = (torch.cat(p) for p in zip(*parts))
-    return {"images": images, "labels": labels, "cover": cover,
-            "two": torch.cat([torch.full((j[0],), j[2] == 2) for j in jobs])}
+    return {
+        "images": images,
+        "labels": labels,
+        "cover": cover,
+        "two": torch.cat([torch.full((j[0],), j[2] == 2) for j in jobs]),
+    }
 
 
-def sample_batch(pool: dict[str, torch.Tensor], one_idx: torch.Tensor, two_idx: torch.Tensor,
-                 batch: int, two_share: float, gen: torch.Generator
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_batch(
+    pool: dict[str, torch.Tensor],
+    one_idx: torch.Tensor,
+    two_idx: torch.Tensor,
+    batch: int,
+    two_share: float,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A random batch with ``round(batch * two_share)`` two-object scenes, randomly mirrored.
 
     ``one_idx`` / ``two_idx`` are the pool rows of the one- and two-object scenes.
     Returns images (B, 3, 64, 64), labels (B, 2) and cover (B, 2, 8, 8).
     """
     n_two = int(round(batch * two_share))
-    idx = torch.cat([one_idx[torch.randint(len(one_idx), (batch - n_two,), generator=gen)],
-                     two_idx[torch.randint(len(two_idx), (n_two,), generator=gen)]])
+    idx = torch.cat(
+        [
+            one_idx[torch.randint(len(one_idx), (batch - n_two,), generator=gen)],
+            two_idx[torch.randint(len(two_idx), (n_two,), generator=gen)],
+        ]
+    )
     x, y, cover = pool["images"][idx].float(), pool["labels"][idx], pool["cover"][idx].float()
     flip = torch.rand(batch, generator=gen) < 0.5
     x[flip] = x[flip].flip(-1)
@@ -110,6 +124,7 @@ def sample_batch(pool: dict[str, torch.Tensor], one_idx: torch.Tensor, two_idx: 
 
 
 # --------------------------------------------------------------------------- model
+
 
 def sincos_grid(grid: int, dim: int) -> torch.Tensor:
     """(grid * grid, dim) 2-d sine-cosine position code: dim/4 frequencies each for x and y."""
@@ -129,7 +144,7 @@ def data_driven_init(model: torch.nn.Module, images: torch.Tensor, scale: float 
     """
     conv = model.patch_embed.proj  # weight (D, 3, 8, 8)
     dim = conv.weight.shape[0]
-    patches = F.unfold(images.float(), PATCH, stride=PATCH).transpose(1, 2).reshape(-1, 3 * PATCH ** 2)
+    patches = F.unfold(images.float(), PATCH, stride=PATCH).transpose(1, 2).reshape(-1, 3 * PATCH**2)
     mean = patches.mean(0)
     cov = (patches - mean).T @ (patches - mean) / patches.shape[0]  # (192, 192)
     _, vecs = torch.linalg.eigh(cov.double())
@@ -140,11 +155,12 @@ def data_driven_init(model: torch.nn.Module, images: torch.Tensor, scale: float 
     conv.bias.zero_()
     conv.bias[:k] = -(w @ mean)
     grid = model.patch_embed.grid_size[0]
-    model.pos_embed[0, model.num_prefix_tokens:] = sincos_grid(grid, dim)
+    model.pos_embed[0, model.num_prefix_tokens :] = sincos_grid(grid, dim)
 
 
-def forward_kept(model: torch.nn.Module, x: torch.Tensor, cover: torch.Tensor, keep: int,
-                 gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_kept(
+    model: torch.nn.Module, x: torch.Tensor, cover: torch.Tensor, keep: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward pass on ``keep`` patch tokens per image: every object patch, then random background.
 
     Args:
@@ -163,8 +179,14 @@ def forward_kept(model: torch.nn.Module, x: torch.Tensor, cover: torch.Tensor, k
     return h, cover.gather(2, idx[:, None].expand(-1, 2, -1))
 
 
-def losses(model: torch.nn.Module, feats: torch.Tensor, labels: torch.Tensor,
-           cover: torch.Tensor, token_weight: float, token_min_cover: float) -> torch.Tensor:
+def losses(
+    model: torch.nn.Module,
+    feats: torch.Tensor,
+    labels: torch.Tensor,
+    cover: torch.Tensor,
+    token_weight: float,
+    token_min_cover: float,
+) -> torch.Tensor:
     """[CLS] soft-target cross-entropy + ``token_weight`` x token-labelling cross-entropy.
 
     Args:
@@ -180,7 +202,7 @@ def losses(model: torch.nn.Module, feats: torch.Tensor, labels: torch.Tensor,
         keep = tok_target.sum(-1) >= token_min_cover
         if keep.any():
             t = tok_target[keep]
-            tok_logits = model.head(feats[:, model.num_prefix_tokens:][keep])
+            tok_logits = model.head(feats[:, model.num_prefix_tokens :][keep])
             loss = loss + token_weight * soft_ce(tok_logits, t / t.sum(-1, keepdim=True))
     return loss
 
@@ -200,9 +222,9 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 # --------------------------------------------------------------------------- evaluation
 
+
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, n: int, seed: int = EVAL_SEED, batch: int = 250
-             ) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, n: int, seed: int = EVAL_SEED, batch: int = 250) -> dict[str, float]:
     """Accuracy on ``n`` one-object scenes and top-2 hit rate on ``n`` two-object scenes."""
     model.eval()
     hits1 = hits2 = 0
@@ -213,8 +235,7 @@ def evaluate(model: torch.nn.Module, n: int, seed: int = EVAL_SEED, batch: int =
         s2 = make_scenes(m, seed + 5_000_000 + start, n_objects=2)
         top2 = model(s2.images).topk(2, dim=1).indices.sort(1).values
         hits2 += int((top2 == s2.labels.sort(1).values).all(1).sum())
-    return {"single_object_accuracy": hits1 / n, "two_object_top2_accuracy": hits2 / n,
-            "n_eval": n}
+    return {"single_object_accuracy": hits1 / n, "two_object_top2_accuracy": hits2 / n, "n_eval": n}
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
@@ -227,6 +248,7 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
 
 # --------------------------------------------------------------------------- main
 
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--steps", type=int, default=6400)
@@ -234,21 +256,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--two-object-share", type=float, default=0.75,
-                   help="fraction of each batch with two objects")
+    p.add_argument("--two-object-share", type=float, default=0.75, help="fraction of each batch with two objects")
     p.add_argument("--pool-single", type=int, default=16_000, help="one-object scenes in the pool")
     p.add_argument("--pool-double", type=int, default=48_000, help="two-object scenes in the pool")
-    p.add_argument("--token-loss", type=float, default=0.5,
-                   help="weight of the token-labelling term (0: off)")
-    p.add_argument("--token-min-cover", type=float, default=0.25,
-                   help="least object share of a patch for it to get a token label")
-    p.add_argument("--keep", type=int, default=32,
-                   help="patch tokens kept per image while dropping (64: no dropping)")
-    p.add_argument("--full-fraction", type=float, default=0.33,
-                   help="final fraction of the steps trained on all 64 tokens")
+    p.add_argument("--token-loss", type=float, default=0.5, help="weight of the token-labelling term (0: off)")
+    p.add_argument(
+        "--token-min-cover", type=float, default=0.25, help="least object share of a patch for it to get a token label"
+    )
+    p.add_argument("--keep", type=int, default=32, help="patch tokens kept per image while dropping (64: no dropping)")
+    p.add_argument(
+        "--full-fraction", type=float, default=0.33, help="final fraction of the steps trained on all 64 tokens"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--processes", type=int, default=2,
-                   help="data-parallel training processes (gradients averaged each step)")
+    p.add_argument(
+        "--processes", type=int, default=2, help="data-parallel training processes (gradients averaged each step)"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--eval", type=int, default=2000, help="held-out scenes of each kind")
     p.add_argument("--log-every", type=int, default=1000, help="quick held-out check (0: never)")
@@ -282,18 +304,25 @@ def train(args: argparse.Namespace) -> dict:
     metrics = evaluate(model, args.eval)
     save_weights(model, args.out / "model.safetensors")
     info = {
-        "name": "toy-vit", "class_names": list(CLASS_NAMES), "config": TOY_VIT_CONFIG,
-        "accuracy": metrics, "eval_seed": EVAL_SEED,
+        "name": "toy-vit",
+        "class_names": list(CLASS_NAMES),
+        "config": TOY_VIT_CONFIG,
+        "accuracy": metrics,
+        "eval_seed": EVAL_SEED,
         "training": {
             "script": "scripts/train_toy_vit.py",
-            "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                        if k not in ("out", "log_every")},
-            "seconds": round(train_s, 1), "pool_seconds": round(pool_s, 1),
+            "options": {
+                k: (str(v) if isinstance(v, Path) else v)
+                for k, v in vars(args).items()
+                if k not in ("out", "log_every")
+            },
+            "seconds": round(train_s, 1),
+            "pool_seconds": round(pool_s, 1),
             "scenes_in_pool": args.pool_single + args.pool_double,
             "scenes_seen": args.steps * args.batch,
             "init": "patch embedding = principal components of pool patches; 2-d sin-cos positions",
             "loss": "soft-target cross-entropy on [CLS] (1 or 0.5/0.5) + token_loss x soft "
-                    "cross-entropy of the head on object patch tokens",
+            "cross-entropy of the head on object patch tokens",
             "torch": torch.__version__,
         },
     }
@@ -301,8 +330,9 @@ def train(args: argparse.Namespace) -> dict:
     return info
 
 
-def _fit(rank: int, args: argparse.Namespace, pool: dict[str, torch.Tensor],
-         group: Path | None) -> dict[str, torch.Tensor]:
+def _fit(
+    rank: int, args: argparse.Namespace, pool: dict[str, torch.Tensor], group: Path | None
+) -> dict[str, torch.Tensor]:
     """The training loop of one process (rank); returns the state dict.
 
     Data-parallel (``group`` = a scratch folder), the ranks meet through a file in it
@@ -313,16 +343,18 @@ def _fit(rank: int, args: argparse.Namespace, pool: dict[str, torch.Tensor],
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     if group is not None:
-        dist.init_process_group("gloo", init_method=f"file://{group / 'rendezvous'}", rank=rank,
-                                world_size=args.processes)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{group / 'rendezvous'}", rank=rank, world_size=args.processes
+        )
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     model = build_toy_vit()
     data_driven_init(model, pool["images"][:4000])  # identical on every rank
     params = list(model.parameters())
     decay = [q for n, q in model.named_parameters() if q.ndim > 1 and "pos_embed" not in n]
     no_decay = [q for n, q in model.named_parameters() if not (q.ndim > 1 and "pos_embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr
+    )
     local_batch = args.batch // args.processes
     drop_steps = int(args.steps * (1 - args.full_fraction)) if args.keep < 64 else 0
     one_idx, two_idx = torch.nonzero(~pool["two"]).flatten(), torch.nonzero(pool["two"]).flatten()
@@ -346,7 +378,7 @@ def _fit(rank: int, args: argparse.Namespace, pool: dict[str, torch.Tensor],
             flat /= args.processes
             offset = 0
             for q in params:
-                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q))
+                q.grad.copy_(flat[offset : offset + q.numel()].view_as(q))
                 offset += q.numel()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -355,9 +387,11 @@ def _fit(rank: int, args: argparse.Namespace, pool: dict[str, torch.Tensor],
         if rank == 0 and args.log_every and (step + 1) % args.log_every == 0 and step + 1 < args.steps:
             quick = evaluate(model, 250, seed=EVAL_SEED + 900_000)
             model.train()
-            tqdm.write(f"step {step + 1}: loss {ema:.3f}, single {quick['single_object_accuracy']:.3f}, "
-                       f"two-object top-2 {quick['two_object_top2_accuracy']:.3f}, "
-                       f"{time.perf_counter() - t0:.0f} s")
+            tqdm.write(
+                f"step {step + 1}: loss {ema:.3f}, single {quick['single_object_accuracy']:.3f}, "
+                f"two-object top-2 {quick['two_object_top2_accuracy']:.3f}, "
+                f"{time.perf_counter() - t0:.0f} s"
+            )
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if group is not None:
         if rank == 0:
@@ -371,8 +405,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     info = train(args)
     print(json.dumps(info["accuracy"], indent=1))
-    print(f"training (pool included) {info['training']['seconds']:.0f} s; "
-          f"wrote {args.out / 'model.safetensors'} and info.json")
+    print(
+        f"training (pool included) {info['training']['seconds']:.0f} s; "
+        f"wrote {args.out / 'model.safetensors'} and info.json"
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 ``from conftest import …`` finds whichever ``conftest`` module pytest loaded last (tests/widgets has one
 too), so helpers that need the root fixtures from any test file load tests/conftest.py by path instead.
 """
+
 from __future__ import annotations
 
 import functools

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny models built in milliseconds."""
+
 from __future__ import annotations
 
 import os
@@ -25,6 +26,7 @@ def _perturb_norms(model: torch.nn.Module, seed: int) -> None:
 
 def make_tiny_vit(seed: int = 0, **kw):
     from timm.models.vision_transformer import VisionTransformer
+
     torch.manual_seed(seed)
     cfg = dict(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=5, qkv_bias=True)
     cfg.update(kw)
@@ -36,9 +38,19 @@ def make_tiny_vit(seed: int = 0, **kw):
 def make_tiny_bert(seed: int = 0, weight_scale: float = 1.0, **kw):
     """A 2-layer BERT classifier. ``weight_scale`` > 1 enlarges the matrices beyond HF's init (std 0.02)."""
     from transformers import BertConfig, BertForSequenceClassification
+
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-               max_position_embeddings=40, num_labels=3, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    cfg = dict(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        num_labels=3,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
     cfg.update(kw)
     model = BertForSequenceClassification(BertConfig(**cfg)).eval()
     with torch.no_grad():
@@ -73,8 +85,6 @@ def images():
 @pytest.fixture
 def text_batch():
     """Three texts of different lengths, right-padded with id 0."""
-    ids = torch.tensor([[2, 11, 12, 13, 14, 15, 3],
-                        [2, 21, 22, 3, 0, 0, 0],
-                        [2, 31, 32, 33, 34, 3, 0]])
+    ids = torch.tensor([[2, 11, 12, 13, 14, 15, 3], [2, 21, 22, 3, 0, 0, 0], [2, 31, 32, 33, 34, 3, 0]])
     mask = (ids != 0).long()
     return {"input_ids": ids, "attention_mask": mask}

@@ -3,6 +3,7 @@
 ``make_decoder(family, ...)`` gives a seeded model of hidden 32, 2 blocks, 4 query heads / 2 key-value heads,
 vocabulary 96; ``batch(rows, side)`` pads unpadded id rows on the left or the right.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -38,13 +39,36 @@ MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 
 #: GPT-OSS: 4 experts, top-2, a sliding then a full layer, YaRN past 16 positions, attention sinks, and a SwiGLU
 #: limit of 1 so that the clamps bind on the tiny random model (the default 7 is never reached there)
-GPT_OSS = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
-               layer_types=["sliding_attention", "full_attention"], max_position_embeddings=64, rms_norm_eps=1e-6,
-               swiglu_limit=1.0, pad_token_id=PAD, bos_token_id=1, eos_token_id=1, tie_word_embeddings=False,
-               experts_implementation="eager",
-               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
-                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16})
+GPT_OSS = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    sliding_window=4,
+    layer_types=["sliding_attention", "full_attention"],
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    swiglu_limit=1.0,
+    pad_token_id=PAD,
+    bos_token_id=1,
+    eos_token_id=1,
+    tie_word_embeddings=False,
+    experts_implementation="eager",
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 4.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 16,
+    },
+)
 
 #: the gpt2 helper's families (tests/adapters/test_decoders_gpt2.py etc.): configurations that differ from Llama's
 GPT2_HELPER_FAMILIES = ("gpt2", "gemma3", "phi3")
@@ -54,19 +78,55 @@ def _other_config(family: str, attn: str) -> dict:
     """GPT-2: its own names and a tied LM head; Gemma 3: a sliding then a global layer with their own rotary
     bases, query_pre_attn_scalar ≠ head_dim, GELU-tanh; Phi-3: fused projections, partial rotary, a window."""
     if family == "gpt2":
-        return dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, pad_token_id=PAD,
-                    bos_token_id=1, eos_token_id=1, attn_implementation=attn)
+        return dict(
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            pad_token_id=PAD,
+            bos_token_id=1,
+            eos_token_id=1,
+            attn_implementation=attn,
+        )
     if family == "gemma3":
-        return dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12, sliding_window=4,
-                    layer_types=["sliding_attention", "full_attention"], max_position_embeddings=64,
-                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-                                     "full_attention": {"rope_type": "default", "rope_theta": 10000.0}},
-                    pad_token_id=PAD, bos_token_id=1, eos_token_id=1, attn_implementation=attn)
-    return dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=64, sliding_window=4, pad_token_id=PAD, bos_token_id=1,
-                eos_token_id=1, tie_word_embeddings=False, attn_implementation=attn,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+        return dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            query_pre_attn_scalar=12,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            max_position_embeddings=64,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            pad_token_id=PAD,
+            bos_token_id=1,
+            eos_token_id=1,
+            attn_implementation=attn,
+        )
+    return dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=4,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    )
 
 
 #: the parallel-block families (GPT-NeoX / Pythia, Phi-1/2, Falcon), in tests/adapters/test_decoders_gpt2.py too
@@ -78,35 +138,71 @@ def _parallel_config(family: str, attn: str) -> dict:
     per-head q/k LayerNorms, grouped kv heads, partial rotary; Falcon: the new decoder architecture (two norms,
     2 key/value groups in one fused qkv) with biases. Variants by ``overrides`` (``use_parallel_residual=False``,
     ``new_decoder_architecture=False, multi_query=True``, ...)."""
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=64, pad_token_id=PAD, bos_token_id=1, eos_token_id=1,
-                  tie_word_embeddings=False, attn_implementation=attn)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
+    )
     partial = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
     if family == "gpt_neox":
-        return dict(common, intermediate_size=48, use_parallel_residual=True, attention_bias=True,
-                    rope_parameters=partial)
+        return dict(
+            common, intermediate_size=48, use_parallel_residual=True, attention_bias=True, rope_parameters=partial
+        )
     if family == "phi":
         return dict(common, intermediate_size=48, num_key_value_heads=2, qk_layernorm=True, rope_parameters=partial)
-    return dict(common, ffn_hidden_size=48, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=2,
-                parallel_attn=True, multi_query=False, alibi=False, bias=True)
+    return dict(
+        common,
+        ffn_hidden_size=48,
+        new_decoder_architecture=True,
+        num_kv_heads=2,
+        num_ln_in_parallel_attn=2,
+        parallel_attn=True,
+        multi_query=False,
+        alibi=False,
+        bias=True,
+    )
 
 
 #: Gemma 2 (both soft-caps on, a sliding then a global layer; transformers runs it eager only) and OLMo-2 (post-norm
 #: blocks, whole-projection q/k norms), as tests/adapters/test_decoders_parallel.py builds them
 OTHER_CONFIGS = {
-    "gemma2": dict(hidden_size=32, intermediate_size=48, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12,
-                   sliding_window=4, layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=2.0,
-                   final_logit_softcapping=3.0),
+    "gemma2": dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=12,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0,
+    ),
     "olmo2": dict(hidden_size=32, intermediate_size=48, num_key_value_heads=2),
 }
 
 
 def _config(family: str, attn: str, **overrides):
     import transformers
+
     if family in OTHER_CONFIGS:
-        common = dict(vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
-                      pad_token_id=PAD, bos_token_id=1, eos_token_id=1, tie_word_embeddings=False,
-                      attn_implementation="eager" if family == "gemma2" else attn)
+        common = dict(
+            vocab_size=VOCAB,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            pad_token_id=PAD,
+            bos_token_id=1,
+            eos_token_id=1,
+            tie_word_embeddings=False,
+            attn_implementation="eager" if family == "gemma2" else attn,
+        )
         return getattr(transformers, FAMILIES[family][3])(**{**common, **OTHER_CONFIGS[family], **overrides})
     if family == "gpt_oss":
         return transformers.GptOssConfig(**{**GPT_OSS, "attn_implementation": attn, **overrides})
@@ -114,9 +210,19 @@ def _config(family: str, attn: str, **overrides):
         return getattr(transformers, FAMILIES[family][3])(**{**_parallel_config(family, attn), **overrides})
     if family in GPT2_HELPER_FAMILIES:
         return getattr(transformers, FAMILIES[family][3])(**{**_other_config(family, attn), **overrides})
-    kw = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, pad_token_id=PAD,
-              tie_word_embeddings=False, attn_implementation=attn)
+    kw = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        pad_token_id=PAD,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
+    )
     if family == "mistral":
         kw["sliding_window"] = 4  # shorter than the test rows, so the window matters
     if family == "qwen2":
@@ -128,8 +234,16 @@ def _config(family: str, attn: str, **overrides):
     if family == "qwen3_moe":  # per-head q/k norms; routed weights renormalised
         kw.update(head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True)
     if family == "qwen2_moe":  # not renormalised; a shared expert with its sigmoid gate; layer 1 slides
-        kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
-                  norm_topk_prob=False, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+        kw.update(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            norm_topk_prob=False,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+        )
     if family == "mixtral":
         kw.update(num_local_experts=4, num_experts_per_tok=2, sliding_window=4)
     if family == "olmoe":  # q/k norms over the whole projections
@@ -162,10 +276,18 @@ def perturb(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model
 
 
-def make_decoder(family: str = "llama", attn: str = "eager", head: str = "causal", dtype=torch.float64,
-                 seed: int = 0, num_labels: int = 3, **overrides) -> torch.nn.Module:
+def make_decoder(
+    family: str = "llama",
+    attn: str = "eager",
+    head: str = "causal",
+    dtype=torch.float64,
+    seed: int = 0,
+    num_labels: int = 3,
+    **overrides,
+) -> torch.nn.Module:
     """A tiny seeded decoder: ``head`` "causal" (LM head) or "seq" (sequence classifier)."""
     import transformers
+
     _, causal, seq, _ = FAMILIES[family]
     cfg = _config(family, attn, **overrides)
     if head == "seq":

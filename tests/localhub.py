@@ -14,6 +14,7 @@ Every request is logged in :attr:`LocalHub.requests` as ``(method, path, status)
 The ``*_repo`` functions write tiny models with random weights under famous hub names, with the files
 those repos really hold (the loaders read these names), and return the model that was written.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,7 +49,6 @@ class _HubHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         self._route(body=True)
 
-
     # -- routing
 
     def _route(self, body: bool) -> None:
@@ -58,7 +58,7 @@ class _HubHandler(BaseHTTPRequestHandler):
             if path == "/":  # the home page, which hub_reachable asks for
                 status = self._json({"hub": "local"}, body)
             elif path.startswith("/api/models/"):
-                status = self._api(path[len("/api/models/"):], body)
+                status = self._api(path[len("/api/models/") :], body)
             elif "/resolve/" in path:
                 status = self._resolve(path.lstrip("/"), body)
             else:
@@ -97,12 +97,21 @@ class _HubHandler(BaseHTTPRequestHandler):
         commit = _commit_of(repo_id)
         files = self.owner.files(repo_id)
         if tail == "" or tail.startswith("revision/"):
-            info = {"id": repo_id, "modelId": repo_id, "sha": commit, "private": False, "disabled": False,
-                    "gated": False, "tags": [], "downloads": 0, "likes": 0,
-                    "siblings": [{"rfilename": f} for f in files]}
+            info = {
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": commit,
+                "private": False,
+                "disabled": False,
+                "gated": False,
+                "tags": [],
+                "downloads": 0,
+                "likes": 0,
+                "siblings": [{"rfilename": f} for f in files],
+            }
             return self._json(info, body)
         if tail.startswith("tree/"):
-            _, _, sub = tail[len("tree/"):].partition("/")
+            _, _, sub = tail[len("tree/") :].partition("/")
             return self._json(self._tree(repo_id, sub.strip("/")), body)
         return self._error(404, "", f"no route for api/models/{rest}", body)
 
@@ -215,7 +224,7 @@ class LocalHub(_Server):
         """``'owner/name/tail'`` -> ``('owner/name', 'tail')`` for a served repo (longest id first), else None."""
         for repo_id in sorted(self.repos, key=len, reverse=True):
             if rest == repo_id or rest.startswith(repo_id + "/"):
-                return repo_id, rest[len(repo_id) + 1:]
+                return repo_id, rest[len(repo_id) + 1 :]
         return None
 
     def files(self, repo_id: str) -> list[str]:
@@ -235,6 +244,7 @@ class ProxyStub(_Server):
 
 
 # ----------------------------------------------------------------------------- repos under famous names
+
 
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2))
@@ -278,16 +288,32 @@ def bert_sst2_repo(folder: Path, vocab_file: Path, seed: int = 1) -> torch.nn.Mo
 
     vocab = vocab_file.read_text(encoding="utf-8")
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=len(vocab.splitlines()), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=512, num_labels=2,
-                     architectures=["BertForSequenceClassification"], finetuning_task="sst-2")
+    cfg = BertConfig(
+        vocab_size=len(vocab.splitlines()),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_labels=2,
+        architectures=["BertForSequenceClassification"],
+        finetuning_task="sst-2",
+    )
     model = BertForSequenceClassification(cfg).eval()
     _randomise_norms(model, seed)
     _save_bin_checkpoint(folder, model)
     (folder / "vocab.txt").write_text(vocab, encoding="utf-8")
     _write_json(folder / "tokenizer_config.json", {"do_lower_case": True, "model_max_length": 512})
-    _write_json(folder / "special_tokens_map.json", {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-                                                     "cls_token": "[CLS]", "mask_token": "[MASK]"})
+    _write_json(
+        folder / "special_tokens_map.json",
+        {
+            "unk_token": "[UNK]",
+            "sep_token": "[SEP]",
+            "pad_token": "[PAD]",
+            "cls_token": "[CLS]",
+            "mask_token": "[MASK]",
+        },
+    )
     return model
 
 
@@ -298,9 +324,17 @@ def distilbert_sst2_repo(folder: Path, vocab_file: Path, seed: int = 2) -> torch
 
     vocab = vocab_file.read_text(encoding="utf-8")
     torch.manual_seed(seed)
-    cfg = DistilBertConfig(vocab_size=len(vocab.splitlines()), dim=32, n_layers=2, n_heads=2, hidden_dim=64,
-                           id2label={0: "NEGATIVE", 1: "POSITIVE"}, label2id={"NEGATIVE": 0, "POSITIVE": 1},
-                           finetuning_task="sst-2", initializer_range=0.3)
+    cfg = DistilBertConfig(
+        vocab_size=len(vocab.splitlines()),
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        hidden_dim=64,
+        id2label={0: "NEGATIVE", 1: "POSITIVE"},
+        label2id={"NEGATIVE": 0, "POSITIVE": 1},
+        finetuning_task="sst-2",
+        initializer_range=0.3,
+    )
     model = DistilBertForSequenceClassification(cfg).eval()
     _randomise_norms(model, seed)
     model.save_pretrained(folder)
@@ -327,18 +361,38 @@ def roberta_sentiment_repo(folder: Path, seed: int = 3) -> torch.nn.Module:
     vocab = _byte_level_vocab(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
     torch.manual_seed(seed)
     labels = {0: "negative", 1: "neutral", 2: "positive"}
-    cfg = RobertaConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
-                        bos_token_id=0, eos_token_id=2, id2label=labels, label2id={v: k for k, v in labels.items()},
-                        architectures=["RobertaForSequenceClassification"])
+    cfg = RobertaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=514,
+        type_vocab_size=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+        architectures=["RobertaForSequenceClassification"],
+    )
     model = RobertaForSequenceClassification(cfg).eval()
     _randomise_norms(model, seed)
     _save_bin_checkpoint(folder, model)
     _write_json(folder / "vocab.json", vocab)
     (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
-    _write_json(folder / "special_tokens_map.json", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                                                     "sep_token": "</s>", "pad_token": "<pad>", "cls_token": "<s>",
-                                                     "mask_token": "<mask>"})
+    _write_json(
+        folder / "special_tokens_map.json",
+        {
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "sep_token": "</s>",
+            "pad_token": "<pad>",
+            "cls_token": "<s>",
+            "mask_token": "<mask>",
+        },
+    )
     return model
 
 
@@ -349,16 +403,34 @@ def deit_image_repo(folder: Path, seed: int = 4) -> torch.nn.Module:
 
     torch.manual_seed(seed)
     labels = {i: f"imagenet class {i}" for i in range(10)}
-    cfg = ViTConfig(image_size=224, patch_size=16, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-                    intermediate_size=96, id2label=labels, label2id={v: k for k, v in labels.items()},
-                    architectures=["ViTForImageClassification"])
+    cfg = ViTConfig(
+        image_size=224,
+        patch_size=16,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=96,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+        architectures=["ViTForImageClassification"],
+    )
     model = ViTForImageClassification(cfg).eval()
     _randomise_norms(model, seed)
     _save_bin_checkpoint(folder, model)
-    _write_json(folder / "preprocessor_config.json", {
-        "crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
-        "feature_extractor_type": "DeiTFeatureExtractor", "image_mean": [0.485, 0.456, 0.406],
-        "image_std": [0.229, 0.224, 0.225], "resample": 3, "size": 256})
+    _write_json(
+        folder / "preprocessor_config.json",
+        {
+            "crop_size": 224,
+            "do_center_crop": True,
+            "do_normalize": True,
+            "do_resize": True,
+            "feature_extractor_type": "DeiTFeatureExtractor",
+            "image_mean": [0.485, 0.456, 0.406],
+            "image_std": [0.229, 0.224, 0.225],
+            "resample": 3,
+            "size": 256,
+        },
+    )
     return model
 
 
@@ -373,16 +445,43 @@ def clip_repo(folder: Path, seed: int = 5) -> torch.nn.Module:
     _write_json(folder / "vocab.json", vocab)
     (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
     CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt")).save_pretrained(folder)
-    _write_json(folder / "preprocessor_config.json", {
-        "crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
-        "feature_extractor_type": "CLIPFeatureExtractor", "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "size": 224})
+    _write_json(
+        folder / "preprocessor_config.json",
+        {
+            "crop_size": 224,
+            "do_center_crop": True,
+            "do_normalize": True,
+            "do_resize": True,
+            "feature_extractor_type": "CLIPFeatureExtractor",
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "resample": 3,
+            "size": 224,
+        },
+    )
     torch.manual_seed(seed)
-    cfg = CLIPConfig(text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77,
-                                      bos_token_id=0, eos_token_id=1, pad_token_id=1),
-                     vision_config=dict(image_size=224, patch_size=32, hidden_size=48, intermediate_size=96,
-                                        num_hidden_layers=2, num_attention_heads=3), projection_dim=24)
+    cfg = CLIPConfig(
+        text_config=dict(
+            vocab_size=len(vocab),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=77,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+        ),
+        vision_config=dict(
+            image_size=224,
+            patch_size=32,
+            hidden_size=48,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=3,
+        ),
+        projection_dim=24,
+    )
     model = CLIPModel(cfg).eval()
     _randomise_norms(model, seed)
     model.save_pretrained(folder)
@@ -394,21 +493,69 @@ def clip_repo(folder: Path, seed: int = 5) -> torch.nn.Module:
 #: tiny causal-LM configurations per family: (transformers config class, model class, config arguments)
 _DECODER_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=2, n_positions=64)),
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                      num_attention_heads=4, num_key_value_heads=2,
-                                                      tie_word_embeddings=True)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                      num_attention_heads=4, num_key_value_heads=2,
-                                                      tie_word_embeddings=True)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                                      tie_word_embeddings=True)),
-    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(hidden_size=32, intermediate_size=64,
-                                                                  num_hidden_layers=2, num_attention_heads=4,
-                                                                  num_key_value_heads=2, head_dim=8,
-                                                                  sliding_window=4, query_pre_attn_scalar=8)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                                   num_attention_heads=4, num_key_value_heads=2, pad_token_id=None)),
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            sliding_window=4,
+            query_pre_attn_scalar=8,
+        ),
+    ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            pad_token_id=None,
+        ),
+    ),
 }
 
 
@@ -434,8 +581,9 @@ def decoder_repo(folder: Path, family: str, seed: int = 6) -> torch.nn.Module:
         bpe.decoder = decoders.ByteLevel()
         transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=eos, bos_token=eos).save_pretrained(folder)
     torch.manual_seed(seed)
-    cfg = getattr(transformers, config_class)(vocab_size=len(vocab), bos_token_id=0, eos_token_id=0,
-                                              architectures=[model_class], **sizes)
+    cfg = getattr(transformers, config_class)(
+        vocab_size=len(vocab), bos_token_id=0, eos_token_id=0, architectures=[model_class], **sizes
+    )
     model = getattr(transformers, model_class)(cfg).eval()
     _randomise_norms(model, seed)
     model.save_pretrained(folder)

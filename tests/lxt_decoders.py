@@ -15,6 +15,7 @@ with LXT at git HEAD (its own virtualenv; LXT is not a dependency of the tests).
 This module only needs torch and transformers; the check script uses ``build_model`` and ``pad``
 from here too, in the LXT venv, so both sides rebuild the model the same way.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -32,12 +33,15 @@ FAMILY_METHODS = {"qwen3_moe": ("attnlrp",)}
 def methods_of(family: str) -> tuple:
     """The methods of :data:`METHODS` with an LXT fixture for ``family``."""
     return FAMILY_METHODS.get(family, METHODS)
+
+
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 ATTN = ("eager", "sdpa")
 
 
-def build_model(model_class: str, config: dict, state_dict: dict, dtype: torch.dtype,
-                attn: str = "eager") -> torch.nn.Module:
+def build_model(
+    model_class: str, config: dict, state_dict: dict, dtype: torch.dtype, attn: str = "eager"
+) -> torch.nn.Module:
     """``transformers.<model_class>`` from ``config`` (a ``to_dict()``), weights loaded, in eval mode.
 
     Built in float32 (as ``from_pretrained`` does), cast to ``dtype``, then the float64 state dict
@@ -46,6 +50,7 @@ def build_model(model_class: str, config: dict, state_dict: dict, dtype: torch.d
     values they are created with, as in the LXT process.
     """
     import transformers
+
     cls = getattr(transformers, model_class)
     conf = cls.config_class.from_dict(dict(config))
     conf._attn_implementation = attn
@@ -80,8 +85,10 @@ def pad(sequences: list[torch.Tensor], side: str, pad_id: int) -> dict[str, torc
 def _read(family: str, method: str, dtype: str) -> dict:
     path = FIXTURES / f"{family}__{method}__{dtype}.pt"
     if not path.exists():
-        raise FileNotFoundError(f"no LXT fixture {path.name}; families {FAMILIES}, methods {METHODS}, "
-                                f"dtypes {tuple(DTYPES)} (written by scripts/check_decoders_against_lxt.py)")
+        raise FileNotFoundError(
+            f"no LXT fixture {path.name}; families {FAMILIES}, methods {METHODS}, "
+            f"dtypes {tuple(DTYPES)} (written by scripts/check_decoders_against_lxt.py)"
+        )
     return torch.load(path, weights_only=True)
 
 

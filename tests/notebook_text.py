@@ -1,4 +1,5 @@
 """The text a stored notebook shows: what the course tests scan for leaked solutions."""
+
 from __future__ import annotations
 
 

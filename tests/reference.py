@@ -8,6 +8,7 @@ closed forms, so that agreement between the two is a real check of the engine.
 It reads the weights of a timm ViT or a Hugging Face BERT; it is not part of
 the library.
 """
+
 from __future__ import annotations
 
 import torch
@@ -191,7 +192,7 @@ def vit_relprop(model, saved: dict, blocks: list, one_hot: Tensor, ours: bool, s
 def vit_transformer_attribution(model, x: Tensor, target: int | None = None, start_layer: int = 0) -> Tensor:
     out = []
     for i in range(x.shape[0]):
-        logits, blocks, saved = vit_forward(model, x[i:i + 1])
+        logits, blocks, saved = vit_forward(model, x[i : i + 1])
         t = int(logits.argmax()) if target is None else target
         one_hot = torch.zeros_like(logits)
         one_hot[0, t] = 1
@@ -213,7 +214,7 @@ def vit_lrp(model, x: Tensor, target: int | None = None) -> tuple[Tensor, Tensor
     pixels, partial = [], []
     for i in range(x.shape[0]):
         with torch.enable_grad():
-            logits, blocks, saved = vit_forward(model, x[i:i + 1])
+            logits, blocks, saved = vit_forward(model, x[i : i + 1])
         t = int(logits.argmax()) if target is None else target
         one_hot = torch.zeros_like(logits)
         one_hot[0, t] = 1
@@ -231,8 +232,7 @@ def vit_lrp(model, x: Tensor, target: int | None = None) -> tuple[Tensor, Tensor
 
 
 # --------------------------------------------------------------------------- HF BERT
-def bert_transformer_attribution(model, input_ids: Tensor, target: int | None = None,
-                                 start_layer: int = 0) -> Tensor:
+def bert_transformer_attribution(model, input_ids: Tensor, target: int | None = None, start_layer: int = 0) -> Tensor:
     """Batch-1 BERT transformer attribution in the reference's style (no padding)."""
     base = model.base_model
     x = base.embeddings(input_ids=input_ids)
@@ -247,7 +247,7 @@ def bert_transformer_attribution(model, input_ids: Tensor, target: int | None = 
         k = sa.key(h).view(b, n, H, d).transpose(1, 2)
         v = sa.value(h).view(b, n, H, d).transpose(1, 2)
         s.update(q=q, k=k, v=v)
-        scores = torch.matmul(q, k.transpose(-1, -2)) / (d ** 0.5)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / (d**0.5)
         mask = torch.zeros(1, 1, 1, n)
         s["scores"], s["mask"] = scores, mask
         probs = (scores + mask).softmax(dim=-1)

@@ -1,4 +1,5 @@
 """The public call: targets, options, errors, and a model left exactly as it was."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,25 +10,57 @@ from lrp_core import METHODS, InputError, UnknownMethodError, UnsupportedModelEr
 
 
 def test_methods_list_is_the_contract():
-    assert set(METHODS) == {"transformer_attribution", "generic_attention", "rollout", "raw_attention",
-                            "attention_gradcam", "lrp", "partial_lrp", "cdam", "token_ablation", "attnlrp", "cp_lrp",
-                            "input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap",
-                            "pa_lrp"}
+    assert set(METHODS) == {
+        "transformer_attribution",
+        "generic_attention",
+        "rollout",
+        "raw_attention",
+        "attention_gradcam",
+        "lrp",
+        "partial_lrp",
+        "cdam",
+        "token_ablation",
+        "attnlrp",
+        "cp_lrp",
+        "input_x_gradient",
+        "integrated_gradients",
+        "smoothgrad",
+        "occlusion",
+        "kernel_shap",
+        "pa_lrp",
+    }
 
 
 def test_an_option_the_method_does_not_take_is_refused(tiny_vit, images):
     from lrp_core.methods import registry
-    with pytest.raises(InputError, match=r"'rollout' does not take option\(s\) \['use_gradient'\]; "
-                                         r"method 'rollout' accepts: start_layer"):
+
+    with pytest.raises(
+        InputError,
+        match=r"'rollout' does not take option\(s\) \['use_gradient'\]; "
+        r"method 'rollout' accepts: start_layer",
+    ):
         explain(tiny_vit, images, method="rollout", use_gradient=False)
     with pytest.raises(InputError, match="'cdam' accepts no options"):
         explain(tiny_vit, images, method="cdam", keep_heads=True)
     # the registry is the one source: every option a method declares is accepted by explain
     for name, spec in registry.METHODS.items():
         for option in spec.options:
-            value = {"start_layer": 0, "end_layer": None, "rollout_norm": None, "use_gradient": True,
-                     "keep_heads": False, "progress": False, "batch_size": 64, "n_steps": 4, "baseline": "zeros",
-                     "n_samples": 8, "stdevs": 0.5, "seed": 1, "base": "cp_lrp", "composite": None}[option]
+            value = {
+                "start_layer": 0,
+                "end_layer": None,
+                "rollout_norm": None,
+                "use_gradient": True,
+                "keep_heads": False,
+                "progress": False,
+                "batch_size": 64,
+                "n_steps": 4,
+                "baseline": "zeros",
+                "n_samples": 8,
+                "stdevs": 0.5,
+                "seed": 1,
+                "base": "cp_lrp",
+                "composite": None,
+            }[option]
             assert explain(tiny_vit, images[:1], method=name, **{option: value}).scores.shape == (1, 16)
 
 
@@ -52,14 +85,17 @@ def test_explanation_helpers(tiny_vit, images):
     assert exp.layers.shape == (3, 3, 17, 17)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (torch.randn(1, 3, 48, 48), "expects images of size"),
-    (torch.randn(3, 32, 32), "batched"),
-    (torch.randn(1, 1, 32, 32), r"\(B, 3, H, W\)"),
-    (torch.full((1, 3, 32, 32), float("nan")), "NaN"),
-    (torch.zeros(1, 3, 32, 32, dtype=torch.long), "float"),
-    ({"input_ids": torch.tensor([[1, 2]])}, "images"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (torch.randn(1, 3, 48, 48), "expects images of size"),
+        (torch.randn(3, 32, 32), "batched"),
+        (torch.randn(1, 1, 32, 32), r"\(B, 3, H, W\)"),
+        (torch.full((1, 3, 32, 32), float("nan")), "NaN"),
+        (torch.zeros(1, 3, 32, 32, dtype=torch.long), "float"),
+        ({"input_ids": torch.tensor([[1, 2]])}, "images"),
+    ],
+)
 def test_bad_images_are_refused_clearly(tiny_vit, bad, match):
     with pytest.raises(InputError, match=match):
         explain(tiny_vit, bad)
@@ -106,6 +142,7 @@ def test_unsupported_models_are_named():
     with pytest.raises(UnsupportedModelError, match="global_pool='map'"):  # average pooling is supported (§4)
         explain(make_tiny_vit(global_pool="map"), torch.randn(1, 3, 32, 32))
     import timm
+
     resnet = timm.create_model("resnet18", pretrained=False, num_classes=3)
     with pytest.raises(UnsupportedModelError, match="ResNet"):
         explain(resnet, torch.randn(1, 3, 32, 32))
@@ -118,8 +155,7 @@ def _state(model):
         "requires_grad": [p.requires_grad for p in model.parameters()],
         "grads": [p.grad for p in model.parameters()],
         "fused": [getattr(m, "fused_attn", None) for m in model.modules()],
-        "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                  for m in model.modules()],
+        "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()],
         "attn_impl": getattr(getattr(model, "config", None), "_attn_implementation", None),
     }
 
@@ -184,6 +220,7 @@ def test_frozen_model_still_explains(images):
 
 def test_headless_model_needs_a_concept(images):
     from lrp_core import concept_target
+
     vit = make_tiny_vit(num_classes=0)
     assert explain(vit, images, method="rollout").scores.shape == (3, 16)
     with pytest.raises(InputError, match="no classification head"):
@@ -196,6 +233,7 @@ def test_headless_model_needs_a_concept(images):
 
 def test_attention_parts_are_what_transformer_attribution_combines(tiny_vit, images):
     from lrp_core import attention_parts
+
     parts = attention_parts(tiny_vit, images, target=[0, 1, 2])
     assert parts.attention.shape == (3, 3, 3, 17, 17)
     exp = explain(tiny_vit, images, target=[0, 1, 2])

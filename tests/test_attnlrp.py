@@ -4,6 +4,7 @@ The LXT outputs in ``tests/fixtures/lxt`` were computed by LXT 2.1 itself
 (``scripts/check_against_lxt.py``, run in a separate virtualenv; LXT is not a
 dependency of the tests), on the stored weights and inputs.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +34,10 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def _lxt_vit():
     from safetensors.torch import load_file
     from timm.models.vision_transformer import VisionTransformer
-    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=5,
-                              qkv_bias=True, mlp_ratio=4.0)
+
+    model = VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=5, qkv_bias=True, mlp_ratio=4.0
+    )
     model.load_state_dict(load_file(str(FIXTURES / "vit_tiny.safetensors")))
     return model.double().eval(), torch.load(FIXTURES / "vit_tiny__inputs.pt")["images"].double()
 
@@ -42,9 +45,20 @@ def _lxt_vit():
 def _lxt_bert(attn: str):
     from safetensors.torch import load_file
     from transformers import BertConfig, BertForSequenceClassification
-    cfg = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=40, type_vocab_size=2, num_labels=3,
-                     pad_token_id=0, hidden_act="gelu", layer_norm_eps=1e-12)
+
+    cfg = BertConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        type_vocab_size=2,
+        num_labels=3,
+        pad_token_id=0,
+        hidden_act="gelu",
+        layer_norm_eps=1e-12,
+    )
     cfg._attn_implementation = attn
     model = BertForSequenceClassification(cfg)
     model.load_state_dict(load_file(str(FIXTURES / "bert_eager.safetensors")), strict=False)
@@ -105,8 +119,8 @@ def test_attnlrp_does_not_conserve_through_the_softmax():
     model = _without_additive_constants(make_tiny_vit(seed=3)).double()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     attn, cp = (explain(model, x, method=m).conservation for m in METHODS)
-    gap_attn = ((attn.input - attn.output).abs() / attn.output.abs())
-    gap_cp = ((cp.input - cp.output).abs() / cp.output.abs())
+    gap_attn = (attn.input - attn.output).abs() / attn.output.abs()
+    gap_cp = (cp.input - cp.output).abs() / cp.output.abs()
     assert (gap_cp < 1e-8).all() and (gap_attn > 1e-3).all()
     # the loss happens inside the blocks (where the softmax is), not at the readout or the embedding
     steps = attn.absorbed().abs() / attn.output.abs()[:, None]
@@ -163,9 +177,9 @@ def test_vit_batch_equals_single(method, tiny_vit, images):
     model, x = tiny_vit.double(), images.double()
     batch = explain(model, x, method=method)
     for i in range(x.shape[0]):
-        one = explain(model, x[i:i + 1], method=method, target=int(batch.target[i]))
-        assert rel_err(batch.scores[i:i + 1], one.scores) < 1e-10
-        assert rel_err(batch.pixels[i:i + 1], one.pixels) < 1e-10
+        one = explain(model, x[i : i + 1], method=method, target=int(batch.target[i]))
+        assert rel_err(batch.scores[i : i + 1], one.scores) < 1e-10
+        assert rel_err(batch.pixels[i : i + 1], one.pixels) < 1e-10
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -173,7 +187,7 @@ def test_text_padded_batch_equals_single(method, text_batch):
     model = make_tiny_bert(weight_scale=5.0).double()
     batch = explain(model, text_batch, method=method)
     for i, n in enumerate(text_batch["attention_mask"].sum(1).tolist()):
-        one = {k: v[i:i + 1, :n] for k, v in text_batch.items()}
+        one = {k: v[i : i + 1, :n] for k, v in text_batch.items()}
         single = explain(model, one, method=method, target=int(batch.target[i]))
         assert torch.equal(batch.scores[i, :n], single.scores[0])
         assert (batch.scores[i, n:] == 0).all()
@@ -191,15 +205,21 @@ def test_one_backward_pass_and_no_parameter_gradients(method, tiny_vit, images):
 
 def test_gradient_rules_refuse_an_explicit_pass(tiny_vit, images):
     from lrp_core.adapters import get_adapter
+
     a = get_adapter(tiny_vit)
     trace = a.forward(a.check_inputs(images))
     from lrp_core.errors import RuleSetError
+
     with pytest.raises(RuleSetError, match="'cp_lrp' is a rule set for a modified-gradient replay"):
         a.relprop(trace, torch.eye(5)[:3], CP_LRP)
 
 
 def test_options_are_refused(tiny_vit, images):
     from lrp_core import InputError
-    with pytest.raises(InputError, match=r"'attnlrp' does not take option\(s\) \['start_layer'\]; method 'attnlrp' "
-                                         r"accepts: composite \(the rule set"):
+
+    with pytest.raises(
+        InputError,
+        match=r"'attnlrp' does not take option\(s\) \['start_layer'\]; method 'attnlrp' "
+        r"accepts: composite \(the rule set",
+    ):
         explain(tiny_vit, images, method="attnlrp", start_layer=1)

@@ -5,6 +5,7 @@ Every check runs in float64 on tiny random models (timm ViT, Hugging Face ViT, C
 references below build their own baselines and feature masks by hand — only the forward function is shared,
 and it is checked against the models' own forward passes first.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -21,15 +22,28 @@ from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function, gaussia
 from lrp_core.methods.call import Call
 
 #: small settings so that the suite stays fast; batch_size 8 makes Captum split its passes
-FAST = {"integrated_gradients": {"n_steps": 20, "batch_size": 8}, "smoothgrad": {"n_samples": 6, "batch_size": 4},
-        "occlusion": {"batch_size": 8}, "kernel_shap": {"n_samples": 40, "batch_size": 16}, "input_x_gradient": {}}
+FAST = {
+    "integrated_gradients": {"n_steps": 20, "batch_size": 8},
+    "smoothgrad": {"n_samples": 6, "batch_size": 4},
+    "occlusion": {"batch_size": 8},
+    "kernel_shap": {"n_samples": 40, "batch_size": 16},
+    "input_x_gradient": {},
+}
 
 
 def _hf_vit():
     from transformers import ViTConfig, ViTForImageClassification
+
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-                    intermediate_size=96, num_labels=5)
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=96,
+        num_labels=5,
+    )
     return ViTForImageClassification(cfg).eval()
 
 
@@ -108,22 +122,44 @@ def _captum(method: str, model, a, target: torch.Tensor, opts: dict) -> torch.Te
     if method == "input_x_gradient":
         return InputXGradient(f).attribute(x.requires_grad_(), target=target, additional_forward_args=args)
     if method == "integrated_gradients":
-        return IntegratedGradients(f).attribute(x, baselines=_hand_baseline(model, x, a.mask), target=target,
-                                                additional_forward_args=args, n_steps=opts["n_steps"],
-                                                internal_batch_size=opts["batch_size"])
+        return IntegratedGradients(f).attribute(
+            x,
+            baselines=_hand_baseline(model, x, a.mask),
+            target=target,
+            additional_forward_args=args,
+            n_steps=opts["n_steps"],
+            internal_batch_size=opts["batch_size"],
+        )
     if method == "occlusion":
-        return FeatureAblation(f).attribute(x, baselines=_hand_baseline(model, x, a.mask), target=target,
-                                            additional_forward_args=args, feature_mask=_hand_features(x, a.mask),
-                                            perturbations_per_eval=opts["batch_size"] // x.shape[0])
+        return FeatureAblation(f).attribute(
+            x,
+            baselines=_hand_baseline(model, x, a.mask),
+            target=target,
+            additional_forward_args=args,
+            feature_mask=_hand_features(x, a.mask),
+            perturbations_per_eval=opts["batch_size"] // x.shape[0],
+        )
     torch.manual_seed(0)  # the default seed
     if method == "smoothgrad":
         stdevs = 0.6 if a.mask is None else 0.02  # the registry's defaults
         return NoiseTunnel(InputXGradient(f)).attribute(
-            x.requires_grad_(), nt_type="smoothgrad", nt_samples=opts["n_samples"],
-            nt_samples_batch_size=opts["batch_size"], stdevs=stdevs, target=target, additional_forward_args=args)
-    return KernelShap(f).attribute(x, baselines=_hand_baseline(model, x, a.mask), target=target,
-                                   additional_forward_args=args, feature_mask=_hand_features(x, a.mask),
-                                   n_samples=opts["n_samples"], perturbations_per_eval=opts["batch_size"])
+            x.requires_grad_(),
+            nt_type="smoothgrad",
+            nt_samples=opts["n_samples"],
+            nt_samples_batch_size=opts["batch_size"],
+            stdevs=stdevs,
+            target=target,
+            additional_forward_args=args,
+        )
+    return KernelShap(f).attribute(
+        x,
+        baselines=_hand_baseline(model, x, a.mask),
+        target=target,
+        additional_forward_args=args,
+        feature_mask=_hand_features(x, a.mask),
+        n_samples=opts["n_samples"],
+        perturbations_per_eval=opts["batch_size"],
+    )
 
 
 def _scores(attr: torch.Tensor, per_feature: bool) -> torch.Tensor:
@@ -147,18 +183,24 @@ def test_each_method_equals_captum_called_directly(method, name):
     text = name == "bert"
     if method in ("smoothgrad", "kernel_shap") or text:  # one sample at a time, unpadded (as explain does)
         for i, t in enumerate((1, 2)):
-            one = {k: v[i:i + 1] for k, v in inputs.items()} if text else \
-                (inputs[i:i + 1] if isinstance(inputs, torch.Tensor) else dict(inputs, pixel_values=inputs[
-                    "pixel_values"][i:i + 1]))
+            one = (
+                {k: v[i : i + 1] for k, v in inputs.items()}
+                if text
+                else (
+                    inputs[i : i + 1]
+                    if isinstance(inputs, torch.Tensor)
+                    else dict(inputs, pixel_values=inputs["pixel_values"][i : i + 1])
+                )
+            )
             if text:
                 n = int(one["attention_mask"].sum())
                 one = {k: v[:, :n] for k, v in one.items()}
             a = forward_function(adapter, adapter.check_inputs(one))
             want = _scores(_captum(method, model, a, torch.tensor([t]), opts), per_feature)[0]
-            got = e.scores[i, :want.shape[0]]
+            got = e.scores[i, : want.shape[0]]
             assert rel(got, want) < 1e-9, (i, got, want)
             if text:
-                assert (e.scores[i, want.shape[0]:] == 0).all()
+                assert (e.scores[i, want.shape[0] :] == 0).all()
     else:
         a = forward_function(adapter, adapter.check_inputs(inputs))
         attr = _captum(method, model, a, torch.tensor([1, 2]), opts)
@@ -176,7 +218,7 @@ def test_batch_equals_single(method, name):
     model, inputs = MODELS[name]()
     both = explain(model, inputs, method=method, target=[0, 2], **FAST[method])
     for i, t in enumerate((0, 2)):
-        one = inputs[i:i + 1] if name == "timm" else {k: v[i:i + 1] for k, v in inputs.items()}
+        one = inputs[i : i + 1] if name == "timm" else {k: v[i : i + 1] for k, v in inputs.items()}
         single = explain(model, one, method=method, target=t, **FAST[method])
         assert rel(both.scores[i], single.scores[0]) < 1e-9
 
@@ -236,9 +278,9 @@ def test_occlusion_of_a_token_is_the_logit_drop_computed_by_hand():
     for i, t in enumerate((2, 0)):
         n = int(inputs["attention_mask"][i].sum())
         for j in range(n):
-            ids = inputs["input_ids"][i:i + 1, :n].clone()
+            ids = inputs["input_ids"][i : i + 1, :n].clone()
             ids[0, j] = 0  # the padding token in place of token j
-            one = {"input_ids": ids, "attention_mask": inputs["attention_mask"][i:i + 1, :n]}
+            one = {"input_ids": ids, "attention_mask": inputs["attention_mask"][i : i + 1, :n]}
             assert abs(e.scores[i, j] - (y[i, t] - _logits(model, one)[0, t])) < 1e-12 * y.abs().max()
 
 
@@ -249,9 +291,9 @@ def test_occlusion_of_a_patch_is_the_logit_drop_computed_by_hand():
     for p in (0, 5, 15):
         r, c = divmod(p, 4)
         cut = x.clone()
-        cut[:, :, 8 * r:8 * r + 8, 8 * c:8 * c + 8] = 0
+        cut[:, :, 8 * r : 8 * r + 8, 8 * c : 8 * c + 8] = 0
         assert torch.allclose(e.scores[:, p], y - _logits(model, cut)[:, 4], rtol=1e-10, atol=1e-14)
-        assert (e.pixels[:, 8 * r:8 * r + 8, 8 * c:8 * c + 8] == e.scores[:, p, None, None]).all()
+        assert (e.pixels[:, 8 * r : 8 * r + 8, 8 * c : 8 * c + 8] == e.scores[:, p, None, None]).all()
 
 
 @pytest.mark.parametrize("method", ("integrated_gradients", "occlusion"))
@@ -265,6 +307,7 @@ def test_a_contrast_is_the_difference_of_the_two_explanations(method):
 
 def test_blur_baseline_is_a_gaussian_blur():
     from torchvision.transforms.functional import gaussian_blur as tv_blur
+
     x = _images()
     assert rel(gaussian_blur(x, 2.0), tv_blur(x, kernel_size=13, sigma=2.0)) < 1e-12
 
@@ -281,18 +324,21 @@ def test_a_token_id_baseline_is_that_token():
 # ----------------------------------------------------------------------------
 # options, the model and the generator left alone
 # ----------------------------------------------------------------------------
-@pytest.mark.parametrize("method, options, words", [
-    ("integrated_gradients", {"n_steps": 0}, "n_steps must be a positive int"),
-    ("integrated_gradients", {"baseline": "noise"}, "baseline must be one of"),
-    ("integrated_gradients", {"baseline": "pad"}, "not one for images"),
-    ("occlusion", {"baseline": 3}, "not one for images"),
-    ("smoothgrad", {"stdevs": -1.0}, "stdevs must be a positive number"),
-    ("smoothgrad", {"seed": -1}, "seed must be an int >= 0"),
-    ("kernel_shap", {"n_samples": 0}, "n_samples must be a positive int"),
-    ("occlusion", {"n_steps": 5}, "does not take option(s) ['n_steps']"),
-    ("input_x_gradient", {"baseline": "zeros"}, "accepts no options of its own"),
-    ("smoothgrad", {"stdev": 0.1}, "unknown option(s) ['stdev']"),
-])
+@pytest.mark.parametrize(
+    "method, options, words",
+    [
+        ("integrated_gradients", {"n_steps": 0}, "n_steps must be a positive int"),
+        ("integrated_gradients", {"baseline": "noise"}, "baseline must be one of"),
+        ("integrated_gradients", {"baseline": "pad"}, "not one for images"),
+        ("occlusion", {"baseline": 3}, "not one for images"),
+        ("smoothgrad", {"stdevs": -1.0}, "stdevs must be a positive number"),
+        ("smoothgrad", {"seed": -1}, "seed must be an int >= 0"),
+        ("kernel_shap", {"n_samples": 0}, "n_samples must be a positive int"),
+        ("occlusion", {"n_steps": 5}, "does not take option(s) ['n_steps']"),
+        ("input_x_gradient", {"baseline": "zeros"}, "accepts no options of its own"),
+        ("smoothgrad", {"stdev": 0.1}, "unknown option(s) ['stdev']"),
+    ],
+)
 def test_option_errors_name_what_is_accepted(method, options, words):
     model, x = MODELS["timm"]()
     with pytest.raises(InputError) as err:
@@ -300,11 +346,14 @@ def test_option_errors_name_what_is_accepted(method, options, words):
     assert words in str(err.value)
 
 
-@pytest.mark.parametrize("options, words", [
-    ({"baseline": "blur"}, "'blur' is for images"),
-    ({"baseline": "mask"}, "tokenizer.mask_token_id"),
-    ({"baseline": 60}, "outside the vocabulary"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"baseline": "blur"}, "'blur' is for images"),
+        ({"baseline": "mask"}, "tokenizer.mask_token_id"),
+        ({"baseline": 60}, "outside the vocabulary"),
+    ],
+)
 def test_text_baseline_errors(options, words):
     model, inputs = MODELS["bert"]()
     with pytest.raises(InputError) as err:

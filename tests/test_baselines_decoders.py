@@ -5,6 +5,7 @@ the features are the row's context tokens (its real tokens up to the one read). 
 directly on ``forward_function`` of the row alone (unpadded, cut after the read position), with their own
 reference input (zero vectors, the decoders' default) and feature mask (one id per token) built by hand.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,13 +19,31 @@ from lrp_core.adapters import get_adapter
 from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function
 
 #: small settings so that the suite stays fast; the batch sizes make Captum split its passes
-FAST = {"integrated_gradients": {"n_steps": 16, "batch_size": 8}, "smoothgrad": {"n_samples": 6, "batch_size": 4},
-        "occlusion": {"batch_size": 8}, "kernel_shap": {"n_samples": 40, "batch_size": 16}, "input_x_gradient": {}}
+FAST = {
+    "integrated_gradients": {"n_steps": 16, "batch_size": 8},
+    "smoothgrad": {"n_samples": 6, "batch_size": 4},
+    "occlusion": {"batch_size": 8},
+    "kernel_shap": {"n_samples": 40, "batch_size": 16},
+    "input_x_gradient": {},
+}
 #: llama (RMSNorm, RoPE, GQA), gpt2 (learned positions, tied head, no pad token in real configs),
 #: gemma3 (a scaled word embedding, sliding + global layers); the mixture-of-experts decoders (GPT-OSS: sinks,
 #: clamped experts), the parallel blocks (GPT-NeoX, Phi, Falcon), Gemma 2 (soft-caps) and OLMo-2 (post-norms)
-FAMILIES = ("llama", "gpt2", "gemma3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "gpt_neox", "phi",
-            "falcon", "gemma2", "olmo2")
+FAMILIES = (
+    "llama",
+    "gpt2",
+    "gemma3",
+    "qwen3_moe",
+    "qwen2_moe",
+    "mixtral",
+    "olmoe",
+    "gpt_oss",
+    "gpt_neox",
+    "phi",
+    "falcon",
+    "gemma2",
+    "olmo2",
+)
 TARGETS = [7, 30, 55]
 PER_FEATURE = ("occlusion", "kernel_shap")
 
@@ -48,21 +67,45 @@ def _captum(method: str, a, target: int, opts: dict) -> torch.Tensor:
     if method == "input_x_gradient":
         attr = InputXGradient(f).attribute(x.requires_grad_(), target=t, additional_forward_args=args)
     elif method == "integrated_gradients":
-        attr = IntegratedGradients(f).attribute(x, baselines=zeros, target=t, additional_forward_args=args,
-                                                n_steps=opts["n_steps"], internal_batch_size=opts["batch_size"])
+        attr = IntegratedGradients(f).attribute(
+            x,
+            baselines=zeros,
+            target=t,
+            additional_forward_args=args,
+            n_steps=opts["n_steps"],
+            internal_batch_size=opts["batch_size"],
+        )
     elif method == "occlusion":
-        attr = FeatureAblation(f).attribute(x, baselines=zeros, target=t, additional_forward_args=args,
-                                            feature_mask=features, perturbations_per_eval=opts["batch_size"])
+        attr = FeatureAblation(f).attribute(
+            x,
+            baselines=zeros,
+            target=t,
+            additional_forward_args=args,
+            feature_mask=features,
+            perturbations_per_eval=opts["batch_size"],
+        )
     elif method == "smoothgrad":
         torch.manual_seed(0)  # the default seed
         attr = NoiseTunnel(InputXGradient(f)).attribute(
-            x.requires_grad_(), nt_type="smoothgrad", nt_samples=opts["n_samples"],
-            nt_samples_batch_size=opts["batch_size"], stdevs=0.02, target=t, additional_forward_args=args)
+            x.requires_grad_(),
+            nt_type="smoothgrad",
+            nt_samples=opts["n_samples"],
+            nt_samples_batch_size=opts["batch_size"],
+            stdevs=0.02,
+            target=t,
+            additional_forward_args=args,
+        )
     else:
         torch.manual_seed(0)
-        attr = KernelShap(f).attribute(x, baselines=zeros, target=t, additional_forward_args=args,
-                                       feature_mask=features, n_samples=opts["n_samples"],
-                                       perturbations_per_eval=opts["batch_size"])
+        attr = KernelShap(f).attribute(
+            x,
+            baselines=zeros,
+            target=t,
+            additional_forward_args=args,
+            feature_mask=features,
+            n_samples=opts["n_samples"],
+            perturbations_per_eval=opts["batch_size"],
+        )
     return attr[0, :, 0] if method in PER_FEATURE else attr[0].sum(-1)
 
 
@@ -124,12 +167,14 @@ def test_a_padded_batch_equals_captum_on_the_padded_batch(method):
     if method == "input_x_gradient":
         attr = InputXGradient(a.forward).attribute(x.requires_grad_(), target=t, additional_forward_args=a.args)
     elif method == "integrated_gradients":
-        attr = IntegratedGradients(a.forward).attribute(x, baselines=ref, target=t, additional_forward_args=a.args,
-                                                        n_steps=opts["n_steps"], internal_batch_size=8)
+        attr = IntegratedGradients(a.forward).attribute(
+            x, baselines=ref, target=t, additional_forward_args=a.args, n_steps=opts["n_steps"], internal_batch_size=8
+        )
     else:
         ids = (inputs["attention_mask"].cumsum(1) - 1).clamp(min=0)[..., None]
-        attr = FeatureAblation(a.forward).attribute(x, baselines=ref, target=t, additional_forward_args=a.args,
-                                                    feature_mask=ids, perturbations_per_eval=2)
+        attr = FeatureAblation(a.forward).attribute(
+            x, baselines=ref, target=t, additional_forward_args=a.args, feature_mask=ids, perturbations_per_eval=2
+        )
     want = (attr[..., 0] if method in PER_FEATURE else attr.sum(-1)) * inputs["attention_mask"]
     assert rel(e.scores, want) < 1e-12
 
@@ -158,9 +203,9 @@ def test_left_padding_equals_right_padding_equals_alone(method, family):
     for i, (seq, t) in enumerate(zip(seqs, TARGETS)):
         alone = explain(model, _alone(seq), method=method, target=t, **FAST[method]).scores[0]
         n = len(seq)
-        assert rel(left.scores[i, T - n:], alone) < 1e-9
+        assert rel(left.scores[i, T - n :], alone) < 1e-9
         assert rel(right.scores[i, :n], alone) < 1e-9
-        assert (left.scores[i, :T - n] == 0).all() and (right.scores[i, n:] == 0).all()
+        assert (left.scores[i, : T - n] == 0).all() and (right.scores[i, n:] == 0).all()
 
 
 @pytest.mark.parametrize("method", CAPTUM_METHODS)
@@ -175,11 +220,11 @@ def test_a_position_equals_the_row_cut_after_it(method):
     pos = [s + k for s, k in zip(starts, cut_at)]
     e = explain(model, inputs, method=method, target=TARGETS, position=pos, **FAST[method])
     for i, (seq, t) in enumerate(zip(seqs, TARGETS)):
-        alone = explain(model, _alone(seq[:cut_at[i] + 1]), method=method, target=t, **FAST[method]).scores[0]
-        assert rel(e.scores[i, starts[i]:pos[i] + 1], alone) < 1e-9
-        assert (e.scores[i, pos[i] + 1:] == 0).all() and (e.scores[i, :starts[i]] == 0).all()
+        alone = explain(model, _alone(seq[: cut_at[i] + 1]), method=method, target=t, **FAST[method]).scores[0]
+        assert rel(e.scores[i, starts[i] : pos[i] + 1], alone) < 1e-9
+        assert (e.scores[i, pos[i] + 1 :] == 0).all() and (e.scores[i, : starts[i]] == 0).all()
         one = explain(model, _alone(seq), method=method, target=t, position=cut_at[i], **FAST[method]).scores[0]
-        assert rel(one[:cut_at[i] + 1], alone) < 1e-9 and (one[cut_at[i] + 1:] == 0).all()  # a batch of one too
+        assert rel(one[: cut_at[i] + 1], alone) < 1e-9 and (one[cut_at[i] + 1 :] == 0).all()  # a batch of one too
 
 
 def test_kernel_shap_with_one_context_token_is_the_logit_drop():
@@ -190,8 +235,9 @@ def test_kernel_shap_with_one_context_token_is_the_logit_drop():
     first = {k: v[:, :1] for k, v in inputs.items()}
     with torch.no_grad():
         y = model_logits(model, first)
-        zero = model(inputs_embeds=torch.zeros(3, 1, 32, dtype=torch.float64),
-                     attention_mask=first["attention_mask"]).logits[:, 0]
+        zero = model(
+            inputs_embeds=torch.zeros(3, 1, 32, dtype=torch.float64), attention_mask=first["attention_mask"]
+        ).logits[:, 0]
     drop = (y - zero)[torch.arange(3), TARGETS]
     assert rel(e.scores[:, 0], drop) < 1e-12
     assert (e.scores[:, 1:] == 0).all()
@@ -234,8 +280,10 @@ def test_a_contrast_is_the_difference_of_the_two_explanations(method):
     inputs = batch(rows(), "left")
     opts = FAST[method]
     c = explain(model, inputs, method=method, target=Contrast(TARGETS, [3, 3, 3]), **opts)
-    d = explain(model, inputs, method=method, target=TARGETS, **opts).scores \
+    d = (
+        explain(model, inputs, method=method, target=TARGETS, **opts).scores
         - explain(model, inputs, method=method, target=3, **opts).scores
+    )
     assert rel(c.scores, d) < (1e-5 if method == "kernel_shap" else 1e-9)
     assert c.options["contrast_with"] == [3, 3, 3]
 
@@ -268,14 +316,17 @@ def test_the_decoders_default_reference_is_zeros_and_a_token_can_be_named():
     assert explain(model, inputs, method="kernel_shap", n_samples=8).options["baseline"] == "zeros"
 
 
-@pytest.mark.parametrize("options, words", [
-    ({"baseline": "blur"}, "'blur' is for images"),
-    ({"baseline": "mask"}, "tokenizer.mask_token_id"),
-    ({"baseline": "pad"}, "tokenizer.pad_token_id"),  # GPT-2's config names no padding token
-    ({"baseline": 96}, "outside the vocabulary"),
-    ({"n_steps": 0}, "n_steps must be a positive int"),
-    ({"stdevs": 0.1}, "does not take option(s) ['stdevs']"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"baseline": "blur"}, "'blur' is for images"),
+        ({"baseline": "mask"}, "tokenizer.mask_token_id"),
+        ({"baseline": "pad"}, "tokenizer.pad_token_id"),  # GPT-2's config names no padding token
+        ({"baseline": 96}, "outside the vocabulary"),
+        ({"n_steps": 0}, "n_steps must be a positive int"),
+        ({"stdevs": 0.1}, "does not take option(s) ['stdevs']"),
+    ],
+)
 def test_bad_options_are_refused(options, words):
     model = make_decoder("gpt2", pad_token_id=None)
     with pytest.raises(InputError) as err:
@@ -293,5 +344,3 @@ def test_the_model_and_the_global_generator_are_left_as_they_were(method):
     explain(model, batch(rows(), "left"), method=method, **FAST[method])
     assert torch.equal(torch.rand(3), expected)
     _assert_same(before, _state(model))
-
-

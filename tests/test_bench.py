@@ -1,4 +1,5 @@
 """The benchmark's machinery on the seconds-fast stand-ins (tiny-vit, tiny-bert, tiny-llama); no timed assertions."""
+
 from __future__ import annotations
 
 import json
@@ -32,19 +33,34 @@ def test_decoder_cases_are_the_issue_sizes_unless_a_grid_is_given():
     assert [c.size for c in bench.make_cases(["llama"])] == ["1 × 512", "1 × 1024", "1 × 4096", "8 × 512"]
     assert [c.size for c in bench.make_cases(["llama"], batches=[2], lengths=[64, 128])] == ["2 × 64", "2 × 128"]
     cfg = bench_models.llama_config()
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
-            cfg.intermediate_size, cfg.vocab_size, cfg._attn_implementation) == (512, 8, 8, 2, 1376, 32000, "sdpa")
+    assert (
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+        cfg._attn_implementation,
+    ) == (512, 8, 8, 2, 1376, 32000, "sdpa")
 
 
 def test_the_mixture_of_experts_row_is_a_qwen3_moe_of_the_llama_rows_shape():
     assert [c.size for c in bench.make_cases(["qwen3-moe"])] == ["1 × 1024"]
     assert bench._models(bench._parser(), None, quick=False, decoders=True) == ["llama", "qwen3-moe"]
     cfg = bench_models.qwen3_moe_config()
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
-            cfg.num_experts, cfg.num_experts_per_tok, cfg.vocab_size, cfg._attn_implementation) == \
-        (512, 8, 8, 2, 8, 2, 32000, "sdpa")
+    assert (
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.num_experts,
+        cfg.num_experts_per_tok,
+        cfg.vocab_size,
+        cfg._attn_implementation,
+    ) == (512, 8, 8, 2, 8, 2, 32000, "sdpa")
     with torch.device("meta"):  # the engine takes it (an adapter row, not a refusal)
         from lrp_core.adapters import get_adapter
+
         assert type(get_adapter(bench_models.build_model("qwen3-moe"))).__name__ == "Qwen3MoeAdapter"
 
 
@@ -58,8 +74,7 @@ def test_decoder_inputs_and_baseline():
     assert len(seen) == 1 and seen[0].abs().sum() > 0
     # the loss is the argmax next-token logit of each row at its last position
     logits = model(**inputs).logits[:, -1]
-    assert torch.equal(seen[0].ne(0).any(1).nonzero().flatten().sort().values,
-                       logits.argmax(1).unique().sort().values)
+    assert torch.equal(seen[0].ne(0).any(1).nonzero().flatten().sort().values, logits.argmax(1).unique().sort().values)
     assert all(p.grad is None for p in model.parameters())
 
 
@@ -74,11 +89,22 @@ def test_scaling_run_in_subprocesses(tmp_path):
     """Each (case, method) in a fresh process: positive times, peak ≥ pre-call RSS, consistent ratios."""
     path = tmp_path / "rows.json"
     printed: list[str] = []
-    rows = bench.run([Case("tiny-vit", 1, 17), Case("tiny-bert", 1, 24)], ["rollout", "token_ablation"], FAST,
-                     isolate=True, printer=printed.append, json_path=str(path))
+    rows = bench.run(
+        [Case("tiny-vit", 1, 17), Case("tiny-bert", 1, 24)],
+        ["rollout", "token_ablation"],
+        FAST,
+        isolate=True,
+        printer=printed.append,
+        json_path=str(path),
+    )
     assert [(r["model"], r["method"]) for r in rows] == [
-        ("tiny-vit", BASELINE), ("tiny-vit", "rollout"), ("tiny-vit", "token_ablation"),
-        ("tiny-bert", BASELINE), ("tiny-bert", "rollout"), ("tiny-bert", "token_ablation")]
+        ("tiny-vit", BASELINE),
+        ("tiny-vit", "rollout"),
+        ("tiny-vit", "token_ablation"),
+        ("tiny-bert", BASELINE),
+        ("tiny-bert", "rollout"),
+        ("tiny-bert", "token_ablation"),
+    ]
     timed = [r for r in rows if r["ms_per_sample"] is not None]
     assert len(timed) == 5  # token_ablation on tiny-bert 1 × 24 is over the limit of 20
     skipped = rows[-1]
@@ -106,14 +132,32 @@ def test_worker_failure_is_a_row_not_a_crash():
 
 def test_quick_markdown_has_one_row_per_case_and_method(capsys, tmp_path):
     methods = ["rollout", "raw_attention", "token_ablation"]
-    bench.main(["--quick", "--models", "tiny-vit", "--batches", "1,2", "--methods", ",".join(methods),
-                "--repeat", "1", "--threads", "1", "--ablation-max", "20", "--markdown",
-                "--json", str(tmp_path / "q.json")])
+    bench.main(
+        [
+            "--quick",
+            "--models",
+            "tiny-vit",
+            "--batches",
+            "1,2",
+            "--methods",
+            ",".join(methods),
+            "--repeat",
+            "1",
+            "--threads",
+            "1",
+            "--ablation-max",
+            "20",
+            "--markdown",
+            "--json",
+            str(tmp_path / "q.json"),
+        ]
+    )
     out = capsys.readouterr().out
     table = [ln for ln in out.splitlines() if ln.startswith("| tiny-vit")]
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in table]
-    assert [(c[1], c[2]) for c in cells] == [(size, m) for size in ("1 × 17", "2 × 17")
-                                             for m in [BASELINE] + [f"`{m}`" for m in methods]]
+    assert [(c[1], c[2]) for c in cells] == [
+        (size, m) for size in ("1 × 17", "2 × 17") for m in [BASELINE] + [f"`{m}`" for m in methods]
+    ]
     assert cells[-1][3] == "—¹" and "¹ `token_ablation`" in out  # 2 × 17 > 20: not timed, with a footnote
     assert all(c[5] == "—" for c in cells)  # in-process: no memory columns
     assert len(json.loads((tmp_path / "q.json").read_text())["rows"]) == len(table)
@@ -124,7 +168,8 @@ def test_quick_decoders_run_every_decoder_method(capsys):
     (all of them, the Captum baselines included)."""
     rows = bench.main(["--quick", "--decoders", "--repeat", "1", "--threads", "1", "--ablation-max", "40"])
     assert [(r["batch"], r["tokens"], r["method"]) for r in rows] == [
-        (b, 32, m) for b in (1, 2) for m in (BASELINE,) + tuple(DECODER_METHODS)]
+        (b, 32, m) for b in (1, 2) for m in (BASELINE,) + tuple(DECODER_METHODS)
+    ]
     for r in rows:
         if r["method"] == "token_ablation" and r["batch"] == 2:  # 64 tokens > 40: not timed
             assert r["ms_per_sample"] is None and "not timed" in r["note"]
@@ -160,21 +205,27 @@ def test_a_cell_over_the_available_memory_is_not_run():
 
 
 def test_markdown_columns():
-    row = bench_table.make_row(Case("m", 8, 197), "lrp", {"seconds": 2.0, "runs": 3, "rss_before_kb": 1024,
-                                                    "peak_rss_kb": 3072},
-                         {"seconds": 1.0, "runs": 3, "rss_before_kb": 1024, "peak_rss_kb": 2048})
+    row = bench_table.make_row(
+        Case("m", 8, 197),
+        "lrp",
+        {"seconds": 2.0, "runs": 3, "rss_before_kb": 1024, "peak_rss_kb": 3072},
+        {"seconds": 1.0, "runs": 3, "rss_before_kb": 1024, "peak_rss_kb": 2048},
+    )
     lines = bench_table.markdown([row]).splitlines()
     assert lines[0].startswith("| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB |")
     assert lines[2] == "| m | 8 × 197 | `lrp` | 250.0 | 2.00 | 3 | 2 | 1.50 |"
 
 
-@pytest.mark.parametrize("argv, accepted", [
-    (["--methods", "rollout,nope"], ", ".join(METHODS)),
-    (["--models", "not_a_model"], "bert-base"),
-    (["--batches", "1,x"], "positive integers"),
-    (["--lengths", "0"], "positive integers"),
-    (["--repeat", "0"], "--repeat must be ≥ 1"),
-])
+@pytest.mark.parametrize(
+    "argv, accepted",
+    [
+        (["--methods", "rollout,nope"], ", ".join(METHODS)),
+        (["--models", "not_a_model"], "bert-base"),
+        (["--batches", "1,x"], "positive integers"),
+        (["--lengths", "0"], "positive integers"),
+        (["--repeat", "0"], "--repeat must be ≥ 1"),
+    ],
+)
 def test_bad_flags_name_what_is_accepted(argv, accepted, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(argv)
@@ -189,10 +240,16 @@ def test_quick_sources_rows_count_their_passes(capsys):
     the full row (n_ablations + 1), AttnLRP / CP-LRP one forward and one backward."""
     rows = bench.main(["--quick", "--sources", "--repeat", "1", "--threads", "1", "--markdown"])
     assert [(r["model"], r["batch"], r["tokens"], r["method"]) for r in rows] == [
-        ("tiny-llama", 1, 64, m) for m in (BASELINE,) + bench.SOURCE_BENCH_METHODS]
+        ("tiny-llama", 1, 64, m) for m in (BASELINE,) + bench.SOURCE_BENCH_METHODS
+    ]
     S, n = bench.N_SOURCES, bench.N_ABLATIONS
-    expected = {BASELINE: (1, 1), "attnlrp": (1, 1), "cp_lrp": (1, 1), "leave_one_out": (S + 1, 0),
-                "context_cite": (n + 1, 0)}
+    expected = {
+        BASELINE: (1, 1),
+        "attnlrp": (1, 1),
+        "cp_lrp": (1, 1),
+        "leave_one_out": (S + 1, 0),
+        "context_cite": (n + 1, 0),
+    }
     for r in rows:
         assert not r["note"], r
         assert (r["forward_passes"], r["backward_passes"]) == expected[r["method"]], r
@@ -225,9 +282,11 @@ def test_source_methods_are_priced_at_the_bench_batch_size(monkeypatch):
     at the option's default 64; ``check_memory=False`` (``--ignore-estimate``) runs a cell over the estimate."""
     from lrp_core.methods import registry
     from lrp_core.runtime import memory
+
     case = Case("llama", 1, 2048)
-    one = memory.estimate(registry.get("leave_one_out").memory, bench.case_facts("llama", 2048), 1,
-                          batch_size=bench.SOURCE_BATCH_SIZE)
+    one = memory.estimate(
+        registry.get("leave_one_out").memory, bench.case_facts("llama", 2048), 1, batch_size=bench.SOURCE_BATCH_SIZE
+    )
     assert one < memory.estimate(registry.get("leave_one_out").memory, bench.case_facts("llama", 2048), 1)
     assert bench.memory_reason(case, "leave_one_out", one) is None
     assert bench.memory_reason(case, "leave_one_out", one - 1).startswith("not run: estimated peak")
@@ -259,5 +318,6 @@ def test_the_vlm_row_is_a_llava_of_the_issue_shape():
 def test_quick_vlm_row_runs_in_process():
     rows = bench.main(["--quick", "--vlm", "--methods", "attnlrp,lrp", "--repeat", "1", "--threads", "1"])
     assert [(r["model"], r["tokens"], r["method"]) for r in rows] == [
-        ("tiny-llava", 24, m) for m in (BASELINE, "attnlrp", "lrp")]
+        ("tiny-llava", 24, m) for m in (BASELINE, "attnlrp", "lrp")
+    ]
     assert all(not r["note"] and r["seconds"] > 0 and r["ratio"] > 0 for r in rows)

@@ -1,4 +1,5 @@
 """A rule set is a composite and nothing else: the drivers ask it for every step of the pass."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,9 @@ class GenericRule(ExplicitRule):
 
 
 #: the generic DTD rule everywhere it applies: Linear, the residual Adds; everything else as before
-GENERIC = TRANSFORMER_ATTRIBUTION.with_rules("generic", by_kind={LINEAR: GenericRule(), ADD: GenericAdd(),
-                                                                 MASK_ADD: GenericAdd()})
+GENERIC = TRANSFORMER_ATTRIBUTION.with_rules(
+    "generic", by_kind={LINEAR: GenericRule(), ADD: GenericAdd(), MASK_ADD: GenericAdd()}
+)
 
 
 def _bias_free_vit(seed: int = 0) -> torch.nn.Module:
@@ -67,8 +69,9 @@ def test_every_step_asks_the_composite():
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     a = get_adapter(model)
     trace = a.forward(a.check_inputs(x))
-    ref = a.relprop(trace, torch.eye(5)[:1], TRANSFORMER_ATTRIBUTION, stop_block=0, to_input=True,
-                    prepared={"images": x})
+    ref = a.relprop(
+        trace, torch.eye(5)[:1], TRANSFORMER_ATTRIBUTION, stop_block=0, to_input=True, prepared={"images": x}
+    )
     got = a.relprop(trace, torch.eye(5)[:1], spy, stop_block=0, to_input=True, prepared={"images": x})
     assert torch.equal(ref.pixels, got.pixels)
     used = set(asked)
@@ -99,8 +102,12 @@ from lrp_core.rules.explicit import BaselineLinear, SignedLinear  # noqa: E402
 from lrp_core.rules.gradient import Gradient  # noqa: E402
 from lrp_core.rules.ops import ELEMENTWISE, EXPLICIT, MODIFIED_GRADIENT, PATCH_CONV, POS_ADD, GradientRule  # noqa: E402
 
-BUILT_IN = {"transformer_attribution": (TRANSFORMER_ATTRIBUTION, EXPLICIT), "lrp_baseline": (LRP_BASELINE, EXPLICIT),
-            "attnlrp": (ATTNLRP, MODIFIED_GRADIENT), "cp_lrp": (CP_LRP, MODIFIED_GRADIENT)}
+BUILT_IN = {
+    "transformer_attribution": (TRANSFORMER_ATTRIBUTION, EXPLICIT),
+    "lrp_baseline": (LRP_BASELINE, EXPLICIT),
+    "attnlrp": (ATTNLRP, MODIFIED_GRADIENT),
+    "cp_lrp": (CP_LRP, MODIFIED_GRADIENT),
+}
 
 
 def _count_module_calls(model: torch.nn.Module) -> list:
@@ -123,17 +130,23 @@ def test_a_composite_in_the_other_kind_of_pass_is_refused_at_once(name, images):
     calls = _count_module_calls(model)
     if serves == EXPLICIT:
         Propagation(composite)  # its own pass takes it
-        with pytest.raises(RuleSetError, match=rf"Replay runs a modified-gradient replay, but composite '{name}' is a "
-                                               r"rule set for an explicit relevance pass: run it as an explicit .*"
-                                               r"Propagation.*ATTNLRP, CP_LRP"):
+        with pytest.raises(
+            RuleSetError,
+            match=rf"Replay runs a modified-gradient replay, but composite '{name}' is a "
+            r"rule set for an explicit relevance pass: run it as an explicit .*"
+            r"Propagation.*ATTNLRP, CP_LRP",
+        ):
             Replay(composite)
         with pytest.raises(RuleSetError, match=f"composite '{name}'"):
             a.forward(prepared, grad=True, composite=composite)
     else:
         Replay(composite)
-        with pytest.raises(RuleSetError, match=rf"Propagation runs an explicit relevance pass, but composite '{name}' "
-                                               r"is a rule set for a modified-gradient replay: .*Replay.*"
-                                               r"TRANSFORMER_ATTRIBUTION, LRP_BASELINE"):
+        with pytest.raises(
+            RuleSetError,
+            match=rf"Propagation runs an explicit relevance pass, but composite '{name}' "
+            r"is a rule set for a modified-gradient replay: .*Replay.*"
+            r"TRANSFORMER_ATTRIBUTION, LRP_BASELINE",
+        ):
             Propagation(composite)
         with pytest.raises(RuleSetError, match=f"composite '{name}'"):
             a.relprop(trace, torch.eye(5)[:3], composite, stop_block=0, to_input=True, prepared=prepared)
@@ -152,18 +165,28 @@ def test_the_plain_replay_is_the_model():
 
 
 def test_a_composite_that_mixes_kinds_of_pass_is_an_error_when_built():
-    with pytest.raises(RuleSetError, match="'mixed' mixes explicit-pass rules .*SignedLinear.* with modified-gradient "
-                                           "rules .*Gradient"):
+    with pytest.raises(
+        RuleSetError, match="'mixed' mixes explicit-pass rules .*SignedLinear.* with modified-gradient rules .*Gradient"
+    ):
         Composite("mixed", {LINEAR: SignedLinear(), ADD: Gradient()})
-    with pytest.raises(RuleSetError, match=r"'transformer_attribution' serves an explicit relevance pass, but "
-                                           r"by_name\['head'\] is Gradient\(\), a rule of a modified-gradient replay"):
+    with pytest.raises(
+        RuleSetError,
+        match=r"'transformer_attribution' serves an explicit relevance pass, but "
+        r"by_name\['head'\] is Gradient\(\), a rule of a modified-gradient replay",
+    ):
         TRANSFORMER_ATTRIBUTION.with_rules("x", by_name={"head": Gradient()})
-    with pytest.raises(RuleSetError, match=r"'attnlrp' serves a modified-gradient replay, but first\['linear'\] is "
-                                           r"BaselineLinear\(\), .* accepts a rule of a modified-gradient replay "
-                                           r"\(a GradientRule\) — here Gradient"):
+    with pytest.raises(
+        RuleSetError,
+        match=r"'attnlrp' serves a modified-gradient replay, but first\['linear'\] is "
+        r"BaselineLinear\(\), .* accepts a rule of a modified-gradient replay "
+        r"\(a GradientRule\) — here Gradient",
+    ):
         ATTNLRP.with_rules("y", first={LINEAR: BaselineLinear()})
-    with pytest.raises(RuleSetError, match=r"'odd names' serves a modified-gradient replay \(its rules by operation "
-                                           r"kind\), but names\['head'\] is SignedLinear\(\)"):
+    with pytest.raises(
+        RuleSetError,
+        match=r"'odd names' serves a modified-gradient replay \(its rules by operation "
+        r"kind\), but names\['head'\] is SignedLinear\(\)",
+    ):
         Composite("odd names", dict(ATTNLRP.rules), names={"head": SignedLinear()})
 
     class Neither(Rule):
@@ -214,7 +237,8 @@ def test_a_name_map_swaps_exactly_the_named_layers_rules():
     trace = a.forward(a.check_inputs(x))
     R_out = torch.eye(5, dtype=torch.float64)[[1, 3]]
     named = TRANSFORMER_ATTRIBUTION.with_rules(
-        "baseline head and fc1", by_name={"head": BaselineLinear(), "blocks.*.mlp.fc1": BaselineLinear()})
+        "baseline head and fc1", by_name={"head": BaselineLinear(), "blocks.*.mlp.fc1": BaselineLinear()}
+    )
     last = a.num_blocks - 1
     got = a.relprop(trace, R_out, named, stop_block=last).attn[last]
     default = a.relprop(trace, R_out, TRANSFORMER_ATTRIBUTION, stop_block=last).attn[last]
@@ -238,10 +262,15 @@ def _names_asked(a, trace, composite, x) -> set:
             seen.add(a.module_names[op.module])
             return self.inner.relevance(op, R, cache)
 
-    spied = Composite("spied", dict(composite.rules), names={p: Spy(r) for p, r in composite.names.items()},
-                      first={k: Spy(r) for k, r in composite.first.items()})
-    a.relprop(trace, torch.eye(5, dtype=x.dtype)[:x.shape[0]], spied, stop_block=0, to_input=True,
-              prepared={"images": x})
+    spied = Composite(
+        "spied",
+        dict(composite.rules),
+        names={p: Spy(r) for p, r in composite.names.items()},
+        first={k: Spy(r) for k, r in composite.first.items()},
+    )
+    a.relprop(
+        trace, torch.eye(5, dtype=x.dtype)[: x.shape[0]], spied, stop_block=0, to_input=True, prepared={"images": x}
+    )
     return seen
 
 
@@ -256,8 +285,9 @@ def test_the_first_layer_map_is_the_name_map_of_the_first_layer_in_input_order()
     first = TRANSFORMER_ATTRIBUTION.with_rules("first", first={LINEAR: BaselineLinear()})
     named = TRANSFORMER_ATTRIBUTION.with_rules("named", by_name={"blocks.0.attn.qkv": BaselineLinear()})
     R_out = torch.eye(5, dtype=torch.float64)[[0, 2]]
-    runs = [a.relprop(trace, R_out, c, to_input=True, prepared=prepared)
-            for c in (first, named, TRANSFORMER_ATTRIBUTION)]
+    runs = [
+        a.relprop(trace, R_out, c, to_input=True, prepared=prepared) for c in (first, named, TRANSFORMER_ATTRIBUTION)
+    ]
     assert torch.equal(runs[0].pixels, runs[1].pixels) and torch.equal(runs[0].attn[0], runs[1].attn[0])
     assert not torch.allclose(runs[0].pixels, runs[2].pixels)
     assert _names_asked(a, trace, first, x) == {"blocks.0.attn.qkv"}
@@ -300,26 +330,42 @@ def test_maps_need_what_they_read():
 # ---------------------------------------------------------------- every operation asks the composite
 def _hf_vit() -> torch.nn.Module:
     from transformers import ViTConfig, ViTForImageClassification
+
     torch.manual_seed(5)
-    return ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2,
-                                               num_attention_heads=3, intermediate_size=96, num_labels=5)).eval()
+    return ViTForImageClassification(
+        ViTConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=3,
+            intermediate_size=96,
+            num_labels=5,
+        )
+    ).eval()
 
 
 def _clip_inputs() -> dict:
     ids = torch.tensor([[1, 5, 6, 98], [1, 8, 98, 0]])
-    return {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)),
-            "input_ids": ids, "attention_mask": (ids != 0).long()}
+    return {
+        "pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)),
+        "input_ids": ids,
+        "attention_mask": (ids != 0).long(),
+    }
 
 
 def _clip():
     from tiny_clip import make_clip
+
     return make_clip()
 
 
 REPLAYED = {
     "timm": (make_tiny_vit, lambda: torch.randn(2, 3, 32, 32)),
-    "timm registers, no_embed_class": (lambda: make_tiny_vit(reg_tokens=2, no_embed_class=True, init_values=0.5),
-                                       lambda: torch.randn(2, 3, 32, 32)),
+    "timm registers, no_embed_class": (
+        lambda: make_tiny_vit(reg_tokens=2, no_embed_class=True, init_values=0.5),
+        lambda: torch.randn(2, 3, 32, 32),
+    ),
     "timm dynamic_img_size": (lambda: make_tiny_vit(dynamic_img_size=True), lambda: torch.randn(2, 3, 40, 24)),
     "hf vit": (_hf_vit, lambda: torch.randn(2, 3, 32, 32)),
     "clip": (_clip, _clip_inputs),

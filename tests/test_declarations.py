@@ -1,4 +1,5 @@
 """Issue #21 item 2: an option and a result field are each declared once, and what reads them agrees."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -84,17 +85,27 @@ def test_every_option_is_a_typed_keyword_of_explain_and_documented():
         named = {m for m in registry.METHOD_NAMES if f"``{m}``" in description}
         assert named == takers or (o.generic and description.strip().startswith("Every method")), o.name
     # besides model, inputs, method and target, explain's parameters are the options and the refused rest
-    assert set(sig.parameters) - {"model", "inputs", "method", "target", "unknown"} == set(OPTION_NAMES) \
+    assert (
+        set(sig.parameters) - {"model", "inputs", "method", "target", "unknown"}
+        == set(OPTION_NAMES)
         == {o.name for o in OPTIONS}
+    )
     assert sig.parameters["unknown"].kind is inspect.Parameter.VAR_KEYWORD
     assert "Returns\n    -------\n    Explanation" in explain.__doc__
 
 
 def test_none_is_the_method_default_and_a_misspelled_option_is_refused(tiny_vit, images):
     default = explain(tiny_vit, images[:1], method="smoothgrad")
-    spelled = explain(tiny_vit, images[:1], method="smoothgrad", n_samples=None, stdevs=None, seed=None,
-                      batch_size=None, keep_heads=None)
+    spelled = explain(
+        tiny_vit,
+        images[:1],
+        method="smoothgrad",
+        n_samples=None,
+        stdevs=None,
+        seed=None,
+        batch_size=None,
+        keep_heads=None,
+    )
     assert default.options == spelled.options and default.scores.equal(spelled.scores)
     with pytest.raises(InputError, match=r"unknown option\(s\) \['stdev'\]; method 'smoothgrad' accepts: n_samples"):
         explain(tiny_vit, images[:1], method="smoothgrad", stdev=0.1)
-

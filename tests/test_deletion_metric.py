@@ -1,4 +1,5 @@
 """The deletion check (metrics.deletion_*) on hand-built cases whose answer is known."""
+
 import math
 
 import numpy as np
@@ -20,11 +21,11 @@ def _masks():
 def test_shares_order_and_distraction_by_hand():
     masks = _masks().expand(3, 2, 4, 4)
     maps = torch.zeros(3, 4, 4)
-    maps[0, :, 0] = 3.0          # case 0: 12 on object 0, 4 on object 1
+    maps[0, :, 0] = 3.0  # case 0: 12 on object 0, 4 on object 1
     maps[0, :, 3] = 1.0
-    maps[1, :, 3] = 2.0          # case 1: everything on object 1, negatives ignored
+    maps[1, :, 3] = 2.0  # case 1: everything on object 1, negatives ignored
     maps[1, :, 0] = -5.0
-    maps[2, :, 1] = 1.0          # case 2: a tie of the masses
+    maps[2, :, 1] = 1.0  # case 2: a tie of the masses
     maps[2, :, 2] = 1.0
     drops = torch.tensor([[2.0, 0.5], [3.0, 1.0], [0.0, 4.0]])
     own = torch.tensor([0, 0, 1])
@@ -46,7 +47,7 @@ def test_a_map_that_follows_the_drops_scores_perfectly_and_its_mirror_fails():
     masks = _masks().expand(n, 2, 4, 4)
     drops = torch.rand(n, 2, generator=g) * 5
     follows = masks.float() * drops.view(n, 2, 1, 1)
-    good = follows.sum(1)                         # mass ∝ drop on each object
+    good = follows.sum(1)  # mass ∝ drop on each object
     bad = (masks.float() * drops.flip(1).view(n, 2, 1, 1)).sum(1)  # mass on the wrong object
     own = drops.argmax(1)
     rg = M.deletion_agreement(good, masks, drops, own)
@@ -58,9 +59,9 @@ def test_a_map_that_follows_the_drops_scores_perfectly_and_its_mirror_fails():
 
 def test_undefined_cases_are_left_out():
     masks = _masks().expand(2, 2, 4, 4)
-    maps = torch.zeros(2, 4, 4)                   # case 0: no positive relevance
+    maps = torch.zeros(2, 4, 4)  # case 0: no positive relevance
     maps[1, :, 0] = 1.0
-    drops = torch.tensor([[1.0, 0.0], [1.0, 1.0]])   # case 1: the drops tie
+    drops = torch.tensor([[1.0, 0.0], [1.0, 1.0]])  # case 1: the drops tie
     c = M.deletion_cases(maps, masks, drops, torch.tensor([0, 0]))
     assert math.isnan(c["order"][0]) and math.isnan(c["order"][1])
     assert math.isnan(c["distraction"][0]) and c["distraction"][1] == 0.0
@@ -72,11 +73,11 @@ def test_drops_of_a_linear_model_equal_the_removed_contribution():
     w = torch.randn(3, 2)
 
     def model(x):
-        return x.mean(dim=(2, 3)) @ w.T           # (B, 2 channels) -> (B, 3 classes)
+        return x.mean(dim=(2, 3)) @ w.T  # (B, 2 channels) -> (B, 3 classes)
 
     images = torch.rand(4, 2, 4, 4)
     removed = images.unsqueeze(1).repeat(1, 2, 1, 1, 1)
-    removed[:, 0, :, :, :2] = 0.0                 # object 0 taken out
+    removed[:, 0, :, :, :2] = 0.0  # object 0 taken out
     removed[:, 1, :, :, 2:] = 0.0
     classes = torch.tensor([[0, 2], [1, 0], [2, 1], [0, 1]])
     d = M.deletion_drops(model, images, removed, classes, batch_size=3)
@@ -85,7 +86,7 @@ def test_drops_of_a_linear_model_equal_the_removed_contribution():
         for j in range(2):
             for k in range(2):
                 c = classes[i, j]
-                expect = (model(images[i:i + 1]) - model(removed[i, k:k + 1]))[0, c]
+                expect = (model(images[i : i + 1]) - model(removed[i, k : k + 1]))[0, c]
                 assert d[i, j, k].item() == pytest.approx(expect.item(), abs=1e-6)
 
 
@@ -93,5 +94,4 @@ def test_shapes_are_checked():
     with pytest.raises(InputError):
         M.object_mass_shares(torch.zeros(2, 4, 4), torch.zeros(2, 4, 4, dtype=torch.bool))
     with pytest.raises(InputError):
-        M.deletion_cases(torch.zeros(2, 4, 4), _masks().expand(2, 2, 4, 4), torch.zeros(2, 3),
-                         torch.zeros(2))
+        M.deletion_cases(torch.zeros(2, 4, 4), _masks().expand(2, 2, 4, 4), torch.zeros(2, 3), torch.zeros(2))

@@ -1,4 +1,5 @@
 """Docstrings of the public functions: numpy style with every parameter documented, and no issue numbers."""
+
 from __future__ import annotations
 
 import importlib
@@ -144,8 +145,10 @@ def test_every_parameter_is_documented(module_name: str):
 def test_the_checks_see_functions():
     """The walk finds functions with parameters, and the parser reads a section it is shown."""
     assert sum(1 for m in CONVERTED for _ in _public_functions(m)) >= len(CONVERTED)
-    doc = ("Summary.\n\nParameters\n----------\nx : int\n    The x.\n*args\n    More.\n\n"
-           "Returns\n-------\nint\n    Twice x.\n")
+    doc = (
+        "Summary.\n\nParameters\n----------\nx : int\n    The x.\n*args\n    More.\n\n"
+        "Returns\n-------\nint\n    Twice x.\n"
+    )
     assert _documented_parameters(doc) == {"x", "args"}
     assert _documented_parameters("Summary.\n\nArgs:\n    x: the x.\n") is None
     # an entry without a type or without a description does not count

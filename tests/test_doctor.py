@@ -1,4 +1,5 @@
 """``python -m lrp_core.tools.doctor``: verifies an installation before a workshop, offline."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "CI": "true", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "lrp_core.tools.doctor", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "lrp_core.tools.doctor", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_quick_run_passes_here():
@@ -70,6 +77,7 @@ def test_warnings_do_not_fail(monkeypatch, capsys):
 def test_tiny_lm_check_fails_on_untrained_weights(monkeypatch):
     """The tiny-lm check asks for an answer, so random weights (a broken install) fail it with the fix."""
     from lrp_core import models
+
     real = models.load
     monkeypatch.setattr(models, "load", lambda name, **kw: real(name, pretrained=False))
     res = doctor.check_model("tiny-lm")
@@ -80,6 +88,7 @@ def test_tiny_vlm_check_answers_and_fails_on_untrained_weights(monkeypatch):
     """The tiny-vlm check asks for an answer to a held-out question: the trained weights pass, random ones fail."""
     assert doctor.check_model("tiny-vlm").status == "ok"
     from lrp_core import models
+
     real = models.load
     monkeypatch.setattr(models, "load", lambda name, **kw: real(name, pretrained=False))
     res = doctor.check_model("tiny-vlm")
@@ -91,7 +100,7 @@ def test_capacity_reports_ram_disk_and_learners():
     r = doctor.machine_capacity(total=32_000_000_000, available=25_000_000_000, disk_free=40_000_000_000)
     assert r.status == "ok"
     assert "RAM 32.0 GB, 25.0 GB available" in r.detail and "free disk 40.0 GB" in r.detail
-    assert "holds 12 learners" in r.detail           # 25 GB // 2 GB
+    assert "holds 12 learners" in r.detail  # 25 GB // 2 GB
     low = doctor.machine_capacity(total=4_000_000_000, available=1_500_000_000, disk_free=40_000_000_000)
     assert low.status == "warn" and "holds 0 learners" in low.detail and low.fix
     full = doctor.machine_capacity(total=32_000_000_000, available=25_000_000_000, disk_free=500_000_000)

@@ -13,6 +13,7 @@ What is correct in each case:
 * A one-token row in a padded batch is explained as it is alone (batch = single), and so are the rows beside it.
 * Zero-length text (T = 0) is an ``InputError`` for every method and every text family.
 """
+
 import pytest
 import torch
 from conftest import make_tiny_bert
@@ -57,8 +58,11 @@ def clip():
 
 def _clip_text(ids: list, mask: list = None) -> dict:
     g = torch.Generator().manual_seed(0)
-    return {**_text(ids, mask), "pixel_values": torch.randn(2, 3, 32, 32, generator=g, dtype=torch.float64),
-            "explain": "text"}
+    return {
+        **_text(ids, mask),
+        "pixel_values": torch.randn(2, 3, 32, 32, generator=g, dtype=torch.float64),
+        "explain": "text",
+    }
 
 
 # ----------------------------------------------------------------------------
@@ -77,8 +81,18 @@ def _by_hand(model, embed, method: str, target: int) -> float:
 
 
 @pytest.mark.parametrize("family", ["llama", "bert"])
-@pytest.mark.parametrize("method", ["rollout", "raw_attention", "transformer_attribution", "token_ablation",
-                                    "attention_gradcam", "input_x_gradient", *BASELINE_DROP])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "rollout",
+        "raw_attention",
+        "transformer_attribution",
+        "token_ablation",
+        "attention_gradcam",
+        "input_x_gradient",
+        *BASELINE_DROP,
+    ],
+)
 def test_a_one_token_row_has_the_trivial_map(family, method, llama, bert):
     model = llama if family == "llama" else bert
     inputs = _text([[5]])
@@ -136,8 +150,11 @@ def test_position_zero_in_a_batch(method, llama):
 CASES = {  # family -> (padded batch with a one-token row, the rows alone, where each row's tokens sit)
     "llama": (_text([[0, 0, 5], [5, 6, 7]], [[0, 0, 1], [1, 1, 1]]), [[[5]], [[5, 6, 7]]], [slice(2, 3), slice(0, 3)]),
     "bert": (_text([[2, 0, 0], [2, 5, 6]], [[1, 0, 0], [1, 1, 1]]), [[[2]], [[2, 5, 6]]], [slice(0, 1), slice(0, 3)]),
-    "clip": (_text([[98, 0, 0], [1, 5, 98]], [[1, 0, 0], [1, 1, 1]]), [[[98]], [[1, 5, 98]]],
-             [slice(0, 1), slice(0, 3)]),
+    "clip": (
+        _text([[98, 0, 0], [1, 5, 98]], [[1, 0, 0], [1, 1, 1]]),
+        [[[98]], [[1, 5, 98]]],
+        [slice(0, 1), slice(0, 3)],
+    ),
 }
 
 

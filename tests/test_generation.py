@@ -1,4 +1,5 @@
 """explain_generation: one map per generated token, each equal to explaining its teacher-forced prefix."""
+
 import re
 from types import SimpleNamespace
 
@@ -14,8 +15,10 @@ from lrp_core.methods.call import Contrast
 from lrp_core.methods.generation import explain_generation, greedy_continuation
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
 
-PROMPTS = ["Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer:",
-           "Carla has a cat. Where does Carla live? Answer:"]
+PROMPTS = [
+    "Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer:",
+    "Carla has a cat. Where does Carla live? Answer:",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +34,9 @@ def lm():
 def _alone(lm, prompt_ids, method, target, **options):
     """explain() of one unpadded prefix, read at its last token."""
     ids = torch.tensor([prompt_ids])
-    return lrp_core.explain(lm.model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method=method,
-                            target=target, **options).scores[0]
+    return lrp_core.explain(
+        lm.model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method=method, target=target, **options
+    ).scores[0]
 
 
 def test_greedy_matches_generate(lm):
@@ -41,8 +45,9 @@ def test_greedy_matches_generate(lm):
     ours = greedy_continuation(lm.model, enc["input_ids"], enc["attention_mask"], 4)
     for b, prompt in enumerate(PROMPTS):
         one = lm.tokenizer(prompt, return_tensors="pt")
-        ref = lm.model.generate(**one, max_new_tokens=4, do_sample=False, min_new_tokens=4,
-                                pad_token_id=lm.tokenizer.pad_token_id)[0, one["input_ids"].shape[1]:]
+        ref = lm.model.generate(
+            **one, max_new_tokens=4, do_sample=False, min_new_tokens=4, pad_token_id=lm.tokenizer.pad_token_id
+        )[0, one["input_ids"].shape[1] :]
         assert torch.equal(ours[b], ref)
 
 
@@ -55,8 +60,14 @@ def test_greedy_never_shows_padding_to_the_model():
         assert torch.isnan(model(**prompts).logits[:, -1]).any()  # the trap is real for this model
     got = greedy_continuation(model, prompts["input_ids"], prompts["attention_mask"], 3)
     for b, row in enumerate(decoder_rows(seed=3, lengths=(4, 6))):
-        alone = model.generate(input_ids=row[None], attention_mask=torch.ones_like(row[None]), max_new_tokens=3,
-                               min_new_tokens=3, do_sample=False, pad_token_id=0)[0, len(row):]
+        alone = model.generate(
+            input_ids=row[None],
+            attention_mask=torch.ones_like(row[None]),
+            max_new_tokens=3,
+            min_new_tokens=3,
+            do_sample=False,
+            pad_token_id=0,
+        )[0, len(row) :]
         assert torch.equal(got[b], alone)
 
 
@@ -71,18 +82,19 @@ def test_each_step_equals_its_prefix_alone(lm, method):
         ids = out.input_ids[b][real].tolist()
         pad = int((~real).sum())
         for k in range(K):
-            prefix = ids[:len(ids) - K + k]
+            prefix = ids[: len(ids) - K + k]
             ref = _alone(lm, prefix, method, int(out.targets[b, k]))
             got = out.scores[b, k]
-            assert torch.all(got[:pad] == 0) and torch.all(got[P + k:] == 0)
+            assert torch.all(got[:pad] == 0) and torch.all(got[P + k :] == 0)
             # Hugging Face's eager attention takes the softmax in float32 whatever the model's dtype (the engine
             # replays it so), and a float32 sum over a padded row may round differently: float32 round-off
-            torch.testing.assert_close(got[pad:P + k], ref.double(), rtol=2e-6, atol=2e-6 * ref.abs().max())
+            torch.testing.assert_close(got[pad : P + k], ref.double(), rtol=2e-6, atol=2e-6 * ref.abs().max())
 
 
 def test_contrast_per_step(lm):
-    out = explain_generation(lm.model, lm.tokenizer, PROMPTS[:1], method="attnlrp", continuation=" Oslo Rome",
-                             contrast=["Rome", None])
+    out = explain_generation(
+        lm.model, lm.tokenizer, PROMPTS[:1], method="attnlrp", continuation=" Oslo Rome", contrast=["Rome", None]
+    )
     assert out.targets[0].tolist() == lm.tokenizer.convert_tokens_to_ids(["Oslo", "Rome"])
     rome = lm.tokenizer.convert_tokens_to_ids("Rome")
     assert out.contrasts[0].tolist() == [rome, -1]
@@ -109,6 +121,7 @@ def test_a_cell_ending_in_show_displays_the_heat_map_once(lm):
     cell's output to display a second time."""
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
+
     out = explain_generation(lm.model, lm.tokenizer, PROMPTS[:1], method="rollout", max_new_tokens=2)
     shell = InteractiveShell.instance()
     shell.user_ns["gen"] = out
@@ -119,15 +132,21 @@ def test_a_cell_ending_in_show_displays_the_heat_map_once(lm):
     assert html == [out.html(0)]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(prompts=[]), "prompts must be"),
-    (dict(prompts=[""]), "prompts must be"),
-    (dict(prompts=PROMPTS, max_new_tokens=0), "max_new_tokens"),
-    (dict(prompts=PROMPTS, continuation=[" Oslo", " Rome Oslo"]), "same, non-zero number"),
-    (dict(prompts=PROMPTS[:1], continuation=" Oslo", max_new_tokens=2), "max_new_tokens=2"),
-    (dict(prompts=PROMPTS, max_new_tokens=2, contrast=[["Rome", None], [None, "Oslo"]]), "every prompt or for none"),
-    (dict(prompts=PROMPTS, max_new_tokens=1, step_batch=0), "step_batch"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(prompts=[]), "prompts must be"),
+        (dict(prompts=[""]), "prompts must be"),
+        (dict(prompts=PROMPTS, max_new_tokens=0), "max_new_tokens"),
+        (dict(prompts=PROMPTS, continuation=[" Oslo", " Rome Oslo"]), "same, non-zero number"),
+        (dict(prompts=PROMPTS[:1], continuation=" Oslo", max_new_tokens=2), "max_new_tokens=2"),
+        (
+            dict(prompts=PROMPTS, max_new_tokens=2, contrast=[["Rome", None], [None, "Oslo"]]),
+            "every prompt or for none",
+        ),
+        (dict(prompts=PROMPTS, max_new_tokens=1, step_batch=0), "step_batch"),
+    ],
+)
 def test_bad_input(lm, kwargs, match):
     with pytest.raises(InputError, match=match):
         explain_generation(lm.model, lm.tokenizer, method="attnlrp", **kwargs)
@@ -145,10 +164,14 @@ def test_every_decoder_family(family, method):
     for b, row in enumerate(decoder_rows(seed=3, lengths=(4, 6))):
         ids = row.tolist() + out.input_ids[b, -2:].tolist()
         for k in range(2):
-            prefix = torch.tensor([ids[:len(row) + k]])
+            prefix = torch.tensor([ids[: len(row) + k]])
             with torch.no_grad():
                 assert int(out.targets[b, k]) == int(model(input_ids=prefix).logits[0, -1].argmax())  # greedy
-            ref = lrp_core.explain(model, {"input_ids": prefix, "attention_mask": torch.ones_like(prefix)},
-                                   method=method, target=int(out.targets[b, k])).scores[0]
-            got = out.scores[b, k][out.attention_mask[b, :-1].bool()][:len(row) + k]
+            ref = lrp_core.explain(
+                model,
+                {"input_ids": prefix, "attention_mask": torch.ones_like(prefix)},
+                method=method,
+                target=int(out.targets[b, k]),
+            ).scores[0]
+            got = out.scores[b, k][out.attention_mask[b, :-1].bool()][: len(row) + k]
             torch.testing.assert_close(got, ref, rtol=2e-6, atol=2e-6 * float(ref.abs().max()))  # float32 softmax

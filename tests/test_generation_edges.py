@@ -1,5 +1,6 @@
 """explain_generation at its edges: a model left in train(), the end-of-text token, the model's positions,
 bad token ids (refused before any step is computed), and a one-token prompt."""
+
 import numpy as np
 import pytest
 import torch
@@ -32,8 +33,10 @@ class _Calls:
 # ----------------------------------------------------------------------------
 # a model left in train(): eval semantics, its modes unchanged
 # ----------------------------------------------------------------------------
-@pytest.mark.parametrize("family, dropout", [("gpt2", dict(resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3)),
-                                             ("llama", dict(attention_dropout=0.3))])
+@pytest.mark.parametrize(
+    "family, dropout",
+    [("gpt2", dict(resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3)), ("llama", dict(attention_dropout=0.3))],
+)
 def test_a_training_mode_model_is_explained_in_eval_semantics(family, dropout):
     """The greedy steps run without dropout: two random states give the same tokens and maps, those of the
     model in eval mode, and every module is back in train mode afterwards."""
@@ -68,13 +71,16 @@ def test_explain_on_a_training_mode_clip_is_in_eval_semantics_too():
     """CLIP embeds the other side (prompts or images) with the model's own towers: without dropout, as the replay,
     so explain gives the eval-mode maps whatever the random state, and leaves every module in train mode."""
     from tiny_clip import make_clip
+
     model = make_clip().double()
     for m in model.modules():  # dropout in both towers' attention (CLIPAttention reads it in train mode)
         if hasattr(m, "dropout") and isinstance(m.dropout, float):
             m.dropout = 0.5
     g = torch.Generator().manual_seed(1)
-    inputs = {"pixel_values": torch.randn(2, 3, 32, 32, generator=g, dtype=torch.float64),
-              "input_ids": torch.tensor([[1, 5, 98], [1, 6, 98]])}
+    inputs = {
+        "pixel_values": torch.randn(2, 3, 32, 32, generator=g, dtype=torch.float64),
+        "input_ids": torch.tensor([[1, 5, 98], [1, 6, 98]]),
+    }
     for side in ("image", "text"):
         ref = lrp_core.explain(model, {**inputs, "explain": side}, method="attnlrp").scores
         model.train()
@@ -89,6 +95,7 @@ def test_the_guard_does_not_undo_the_switch_back_to_train_mode():
     """A hooked module called last inside eval_semantics leaves a bracket open (until the next module call):
     switching back to train mode there must not be taken for a change of the hook's, to be undone."""
     from lrp_core.runtime.guard import eval_semantics, model_guard
+
     model = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(2, 2)).train()
     model[1].register_forward_hook(lambda *args: None)
     with model_guard(model):
@@ -102,13 +109,16 @@ def test_the_guard_does_not_undo_the_switch_back_to_train_mode():
 # the end-of-text token
 # ----------------------------------------------------------------------------
 def _generate_alone(model, row: torch.Tensor, steps: int) -> list:
-    out = model.generate(input_ids=row[None], attention_mask=torch.ones_like(row[None]), max_new_tokens=steps,
-                         do_sample=False)
-    return out[0, len(row):].tolist()
+    out = model.generate(
+        input_ids=row[None], attention_mask=torch.ones_like(row[None]), max_new_tokens=steps, do_sample=False
+    )
+    return out[0, len(row) :].tolist()
 
 
-@pytest.mark.parametrize("eos, source, lengths", [([36], "generation_config", [4, 5]), (2, "config", [2, 1]),
-                                                  ([2, 71], "generation_config", [1, 1])])
+@pytest.mark.parametrize(
+    "eos, source, lengths",
+    [([36], "generation_config", [4, 5]), (2, "config", [2, 1]), ([2, 71], "generation_config", [1, 1])],
+)
 def test_greedy_stops_at_the_end_of_text_token_as_generate_does(eos, source, lengths):
     """Each row writes what generate() writes alone, its end-of-text token included; a row that stopped earlier
     is padded with the pad id, its mask 0 there and its later steps unexplained (zero maps, logits 0); the steps
@@ -120,8 +130,9 @@ def test_greedy_stops_at_the_end_of_text_token_as_generate_does(eos, source, len
     else:
         model.generation_config.eos_token_id = eos
     out = explain_generation(model, None, _prompts(), method="attnlrp", max_new_tokens=5, progress=False)
-    full = explain_generation(model, None, _prompts(), method="attnlrp", max_new_tokens=5, progress=False,
-                              stop_at_eos=False)
+    full = explain_generation(
+        model, None, _prompts(), method="attnlrp", max_new_tokens=5, progress=False, stop_at_eos=False
+    )
     if source == "config":
         model.generation_config.eos_token_id = eos  # what generate() reads
     P, K = out.prompt_length, out.num_steps
@@ -133,7 +144,7 @@ def test_greedy_stops_at_the_end_of_text_token_as_generate_does(eos, source, len
         assert int(out.steps_per_row[b]) == n
         assert out.input_ids[b, P:].tolist() == w + [pad] * (K - n) == out.targets[b].tolist()
         assert out.attention_mask[b, P:].tolist() == [1] * n + [0] * (K - n)
-        torch.testing.assert_close(out.scores[b, :n], full.scores[b, :n, :P + K - 1], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(out.scores[b, :n], full.scores[b, :n, : P + K - 1], rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(out.logits[b, :n], full.logits[b, :n], rtol=1e-12, atol=0.0)
         assert (out.scores[b, n:] == 0).all() and (out.logits[b, n:] == 0).all()
         assert len(out.generated(b)) == n
@@ -144,17 +155,19 @@ def test_the_batch_is_padded_as_generate_pads_it():
     """The continuations of a (right-padded, sdpa) batch equal generate()'s on the left-padded batch."""
     model = make_decoder("gpt2", attn="sdpa")
     model.generation_config.eos_token_id = [36]
-    out = explain_generation(model, None, decoder_batch(PROMPTS, side="right"), method="rollout", max_new_tokens=5,
-                             progress=False)
+    out = explain_generation(
+        model, None, decoder_batch(PROMPTS, side="right"), method="rollout", max_new_tokens=5, progress=False
+    )
     left = _prompts()
-    ref = model.generate(**left, max_new_tokens=5, do_sample=False)[:, left["input_ids"].shape[1]:]
-    assert torch.equal(out.input_ids[:, out.prompt_length:], ref)
+    ref = model.generate(**left, max_new_tokens=5, do_sample=False)[:, left["input_ids"].shape[1] :]
+    assert torch.equal(out.input_ids[:, out.prompt_length :], ref)
 
 
 def test_a_given_continuation_is_explained_past_the_end_of_text_token():
     model = make_decoder("gpt2")  # end of text: id 1
-    out = explain_generation(model, None, _prompts(), method="rollout", continuation=[[5, 1, 7], [1, 1, 9]],
-                             progress=False)
+    out = explain_generation(
+        model, None, _prompts(), method="rollout", continuation=[[5, 1, 7], [1, 1, 9]], progress=False
+    )
     assert out.num_steps == 3 and out.steps_per_row.tolist() == [3, 3] and (out.logits != 0).all()
 
 
@@ -180,8 +193,15 @@ def test_prompt_and_new_tokens_past_the_models_positions_are_refused_up_front(fa
         explain_generation(model, None, _prompts(), method="rollout", continuation=list(range(3, 63)), progress=False)
     assert calls.n == 0
     calls.handle.remove()
-    out = explain_generation(model, None, {"input_ids": PROMPTS[1][None]}, method="rollout", max_new_tokens=59,
-                             progress=False, stop_at_eos=False)
+    out = explain_generation(
+        model,
+        None,
+        {"input_ids": PROMPTS[1][None]},
+        method="rollout",
+        max_new_tokens=59,
+        progress=False,
+        stop_at_eos=False,
+    )
     assert out.input_ids.shape == (1, 65) and out.scores.shape == (1, 59, 64)
 
 
@@ -196,22 +216,25 @@ class _Tokenizer:
 
 
 @pytest.mark.parametrize("tokenizer", [None, _Tokenizer()])
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(max_new_tokens=2, contrast=-3), r"contrast ids must lie in 0 … 95.*\[-3\]"),
-    (dict(max_new_tokens=2, contrast=[7, -1]), r"contrast ids .*\[-1\]"),
-    (dict(max_new_tokens=2, contrast=96), r"contrast ids .*\[96\]"),
-    (dict(max_new_tokens=2, contrast=[[7, 2 ** 70], [7, 7]]), r"contrast ids .*\[1180591620717411303424\]"),
-    (dict(max_new_tokens=2, contrast=2.0), "contrast must be"),
-    (dict(max_new_tokens=2, contrast=[7, True]), "contrast must be token ids"),
-    (dict(continuation=[5, 96]), r"continuation ids .*\[96\]"),
-    (dict(continuation=[5, -2]), r"continuation ids .*\[-2\]"),
-    (dict(continuation=[5.0, 6.0]), "continuation must be token ids"),
-    (dict(max_new_tokens=1, stop_at_eos="yes"), "stop_at_eos"),
-    (dict(max_new_tokens=1, method="rollout", contrast=7), "'rollout' does not depend on the target token"),
-    (dict(max_new_tokens=1, start_layer=9), "start_layer"),
-    (dict(max_new_tokens=1, position=0), r"sets \['position'\] itself"),
-    (dict(prompts={"input_ids": torch.tensor([[5, 200]])}, max_new_tokens=1), r"input_ids must lie in \[0, 96\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(max_new_tokens=2, contrast=-3), r"contrast ids must lie in 0 … 95.*\[-3\]"),
+        (dict(max_new_tokens=2, contrast=[7, -1]), r"contrast ids .*\[-1\]"),
+        (dict(max_new_tokens=2, contrast=96), r"contrast ids .*\[96\]"),
+        (dict(max_new_tokens=2, contrast=[[7, 2**70], [7, 7]]), r"contrast ids .*\[1180591620717411303424\]"),
+        (dict(max_new_tokens=2, contrast=2.0), "contrast must be"),
+        (dict(max_new_tokens=2, contrast=[7, True]), "contrast must be token ids"),
+        (dict(continuation=[5, 96]), r"continuation ids .*\[96\]"),
+        (dict(continuation=[5, -2]), r"continuation ids .*\[-2\]"),
+        (dict(continuation=[5.0, 6.0]), "continuation must be token ids"),
+        (dict(max_new_tokens=1, stop_at_eos="yes"), "stop_at_eos"),
+        (dict(max_new_tokens=1, method="rollout", contrast=7), "'rollout' does not depend on the target token"),
+        (dict(max_new_tokens=1, start_layer=9), "start_layer"),
+        (dict(max_new_tokens=1, position=0), r"sets \['position'\] itself"),
+        (dict(prompts={"input_ids": torch.tensor([[5, 200]])}, max_new_tokens=1), r"input_ids must lie in \[0, 96\)"),
+    ],
+)
 def test_bad_ids_are_refused_before_any_step(tokenizer, kwargs, words):
     model = make_decoder("gpt2")
     calls = _Calls(model)
@@ -236,8 +259,9 @@ def test_a_piece_without_a_tokenizer_is_refused():
 
 def test_numpy_ids_are_token_ids():
     model = make_decoder("gpt2")
-    a = explain_generation(model, None, _prompts(), method="attnlrp", max_new_tokens=2, contrast=np.int64(7),
-                           progress=False)
+    a = explain_generation(
+        model, None, _prompts(), method="attnlrp", max_new_tokens=2, contrast=np.int64(7), progress=False
+    )
     b = explain_generation(model, None, _prompts(), method="attnlrp", max_new_tokens=2, contrast=7, progress=False)
     assert torch.equal(a.contrasts, b.contrasts) and torch.equal(a.logits, b.logits)
 
@@ -255,14 +279,15 @@ def test_a_one_token_prompt(method):
     """Step 1 explains the prediction after the first token: that token alone (token ablation: nothing to
     remove, 0); step 2 equals explain() of the two-token prefix."""
     model = make_decoder("llama")
-    out = explain_generation(model, None, {"input_ids": torch.tensor([[5]])}, method=method, max_new_tokens=2,
-                             progress=False)
+    out = explain_generation(
+        model, None, {"input_ids": torch.tensor([[5]])}, method=method, max_new_tokens=2, progress=False
+    )
     assert out.scores.shape == (1, 2, 2)  # no end-of-text token (id 2) written
     ids = out.input_ids[0]
     for k in range(2):
-        prefix = {"input_ids": ids[None, :k + 1], "attention_mask": torch.ones(1, k + 1, dtype=torch.long)}
+        prefix = {"input_ids": ids[None, : k + 1], "attention_mask": torch.ones(1, k + 1, dtype=torch.long)}
         ref = lrp_core.explain(model, prefix, method=method, target=int(out.targets[0, k])).scores[0]
-        torch.testing.assert_close(out.scores[0, k, :k + 1], ref.double(), rtol=1e-9, atol=1e-12)
-        assert (out.scores[0, k, k + 1:] == 0).all()
+        torch.testing.assert_close(out.scores[0, k, : k + 1], ref.double(), rtol=1e-9, atol=1e-12)
+        assert (out.scores[0, k, k + 1 :] == 0).all()
     if method == "token_ablation":
         assert (out.scores[0, 0] == 0).all()

@@ -2,6 +2,7 @@
 THUMB_PX (160) px without browser rescaling, in the zero-centred diverging colours over the photo in grey, one
 colour limit per step or for all, and a boolean mask drawn as an outline of OUTLINE_PX px. Hand-made maps and masks,
 and the page of a tiny random LLaVA (tests/vlms.py)."""
+
 from __future__ import annotations
 
 import base64
@@ -23,8 +24,10 @@ from lrp_core.viz.thumbnails import OUTLINE_RGB, PHOTO_LIGHT, THUMB_PX, mask_out
 
 def pictures(fragment: str) -> list[np.ndarray]:
     """The inline PNGs of an HTML fragment, decoded (H, W, 3) uint8."""
-    return [np.asarray(Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB"))
-            for b in re.findall(r'src="data:image/png;base64,([^"]+)"', fragment)]
+    return [
+        np.asarray(Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB"))
+        for b in re.findall(r'src="data:image/png;base64,([^"]+)"', fragment)
+    ]
 
 
 def _square(n: int, a: int, b: int) -> np.ndarray:
@@ -37,7 +40,7 @@ def test_a_square_mask_is_outlined_by_its_two_pixel_border_at_the_pictures_size(
     """A 56 px square of a 112 px mask is an 80 px square at 160 px: its 2 px border holds 80² − 76² pixels."""
     edge = mask_outline(_square(112, 28, 84), (160, 160))
     inside = _square(160, 40, 120)
-    assert edge.sum() == 80 ** 2 - 76 ** 2
+    assert edge.sum() == 80**2 - 76**2
     assert not (edge & ~inside).any() and not (edge & _square(160, 42, 118)).any()
 
 

@@ -1,6 +1,7 @@
 """explain_generation on a vision-language model (docs/METHODS.md §2g, Generation): step k is ``explain`` on the
 prefix with the image, in float64; the image maps per step; a batch is its rows; the model is left as it was; the
 HTML shows the image tokens as one cell and an image map per step. Tiny random LLaVA (tests/vlms.py) and tiny-vlm."""
+
 from __future__ import annotations
 
 import html
@@ -27,13 +28,15 @@ def _dev(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _prefix(gen, x: dict, k: int, row: int = 0) -> dict:
     """The processor's output for row ``row``'s prompt and its first k generated tokens, unpadded."""
-    real = gen.attention_mask[row, :gen.prompt_length + k].bool()
-    ids = gen.input_ids[row, :gen.prompt_length + k][real][None]
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": x["pixel_values"][row:row + 1]}
+    real = gen.attention_mask[row, : gen.prompt_length + k].bool()
+    ids = gen.input_ids[row, : gen.prompt_length + k][real][None]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": x["pixel_values"][row : row + 1]}
 
 
-@pytest.mark.parametrize("tower,method", [("dinov2", "attnlrp"), ("clip", "lrp"), ("dinov2", "cp_lrp"),
-                                          ("clip", "rollout"), ("dinov2", "token_ablation")])
+@pytest.mark.parametrize(
+    "tower,method",
+    [("dinov2", "attnlrp"), ("clip", "lrp"), ("dinov2", "cp_lrp"), ("clip", "rollout"), ("dinov2", "token_ablation")],
+)
 def test_each_step_is_explain_on_its_prefix(tower, method):
     model = make_llava(tower)
     x = inputs([prompt([5, 6], [7, 8])])
@@ -46,8 +49,8 @@ def test_each_step_is_explain_on_its_prefix(tower, method):
     for k in range(K):
         ref = explain(model, _prefix(gen, x, k), method=method, target=int(gen.targets[0, k]))
         assert torch.equal(gen.image_tokens, ref.image_tokens)
-        assert _dev(gen.scores[:, k, :P + k], ref.scores) <= 1e-10
-        assert not gen.scores[:, k, P + k:].any()  # after the step's prefix
+        assert _dev(gen.scores[:, k, : P + k], ref.scores) <= 1e-10
+        assert not gen.scores[:, k, P + k :].any()  # after the step's prefix
         assert _dev(gen.patch_map()[:, k], ref.patch_map()) <= 1e-10
         assert _dev(gen.upsample()[:, k], ref.upsample()) <= 1e-10
         if method in PIXEL_METHODS:
@@ -62,7 +65,7 @@ def test_the_greedy_tokens_are_generates():
     gen = explain_generation(model, x, method="rollout", max_new_tokens=K, stop_at_eos=False)
     with torch.no_grad():
         out = model.generate(**x, max_new_tokens=K, do_sample=False, min_new_tokens=K)
-    assert torch.equal(gen.targets, out[:, x["input_ids"].shape[1]:])
+    assert torch.equal(gen.targets, out[:, x["input_ids"].shape[1] :])
 
 
 def test_a_batch_is_its_rows():
@@ -75,7 +78,7 @@ def test_a_batch_is_its_rows():
     assert gen.scores.shape == (2, 2, gen.prompt_length + 1) and gen.pixels.shape == (2, 2, SIZE, SIZE)
     for b, row in enumerate(rows):
         one = inputs([row], seed=2)
-        one["pixel_values"] = x["pixel_values"][b:b + 1]
+        one["pixel_values"] = x["pixel_values"][b : b + 1]
         alone = explain_generation(model, one, method="attnlrp", continuation=cont[b])
         pad = gen.prompt_length - alone.prompt_length
         assert not gen.scores[b, :, :pad].any()
@@ -86,12 +89,13 @@ def test_a_batch_is_its_rows():
 
 
 def _state(model):
-    return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "training": [m.training for m in model.modules()],
-            "requires_grad": [p.requires_grad for p in model.parameters()],
-            "grads": [p.grad for p in model.parameters()],
-            "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                      for m in model.modules()]}
+    return {
+        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "training": [m.training for m in model.modules()],
+        "requires_grad": [p.requires_grad for p in model.parameters()],
+        "grads": [p.grad for p in model.parameters()],
+        "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()],
+    }
 
 
 def test_the_model_is_left_bit_identical_and_without_hooks():
@@ -125,8 +129,9 @@ def test_bad_inputs_are_refused_with_what_is_accepted():
     with pytest.raises(InputError, match="image token"):  # its image tokens would outnumber the image's features
         explain_generation(model, x, continuation=[IMAGE, 5])
     with pytest.raises(InputError, match="image tokens"):  # the prompt lacks its image tokens
-        explain_generation(model, dict(x, input_ids=x["input_ids"].masked_fill(x["input_ids"] == IMAGE, 7)),
-                           max_new_tokens=1)
+        explain_generation(
+            model, dict(x, input_ids=x["input_ids"].masked_fill(x["input_ids"] == IMAGE, 7)), max_new_tokens=1
+        )
 
 
 def test_image_cell_sums_each_run_of_image_tokens():
@@ -155,6 +160,7 @@ def test_the_html_shows_one_image_cell_and_an_image_map_per_step():
 @pytest.fixture(scope="module")
 def tiny_vlm():
     from lrp_core import models
+
     loaded = models.load("tiny-vlm")
     loaded.model.double()  # the float64 property is checked in float64
     return loaded
@@ -165,15 +171,18 @@ def test_tiny_vlm_steps_are_explain_on_their_prefixes(tiny_vlm):
     from lrp_core.models.tiny_vlm import HELD_OUT_SEED
 
     record = make_vqa(1, HELD_OUT_SEED)[0]
-    x = {k: (v.double() if v.is_floating_point() else v) for k, v in
-         tiny_vlm.preprocess(record.image, record.question).items()}
-    gen = explain_generation(tiny_vlm.model, tiny_vlm.info["processor"], x, method="attnlrp", max_new_tokens=2,
-                             stop_at_eos=False)
+    x = {
+        k: (v.double() if v.is_floating_point() else v)
+        for k, v in tiny_vlm.preprocess(record.image, record.question).items()
+    }
+    gen = explain_generation(
+        tiny_vlm.model, tiny_vlm.info["processor"], x, method="attnlrp", max_new_tokens=2, stop_at_eos=False
+    )
     assert gen.generated(0)[0] == record.answer  # the answer it gives held-out questions
     assert gen.pixels.shape == (1, 2, 112, 112) and gen.patch_map().shape == (1, 2, 8, 8)
     for k in range(2):
         ref = explain(tiny_vlm.model, _prefix(gen, x, k), method="attnlrp", target=int(gen.targets[0, k]))
-        assert _dev(gen.scores[:, k, :gen.prompt_length + k], ref.scores) <= 1e-10
+        assert _dev(gen.scores[:, k, : gen.prompt_length + k], ref.scores) <= 1e-10
         assert _dev(gen.pixels[:, k], ref.pixels) <= 1e-10
     page = gen.html()
     assert page.count('<img class="trl-map"') == 2 and page.count("&lt;image&gt;") == 0
@@ -200,7 +209,7 @@ def test_the_generation_explorer_shows_the_image_map_beside_the_text_row():
         assert _dev(torch.from_numpy(w.image_map), gen.pixels[0, k]) <= 1e-10
         assert w.image_view.value.startswith('<img class="trl-step-image"') and "base64," in w.image_view.value
         assert w.displayed_tokens.count(IMAGE_LABEL) == 1 and len(w.displayed_tokens) == P + k - image.sum() + 1
-        row = gen.scores[0, k, :P + k].numpy()
+        row = gen.scores[0, k, : P + k].numpy()
         cell = w.displayed_map[w.displayed_tokens.index(IMAGE_LABEL)]
         assert abs(cell - row[:P][image].sum()) <= 1e-10 * np.abs(row).max()
         static = w._static_bundle()["text/html"]  # what a notebook without widgets shows
@@ -216,16 +225,21 @@ def test_the_generation_explorer_shows_the_image_map_beside_the_text_row():
 def test_smolvlm_steps_are_explain_on_their_prefixes():
     """SmolVLM's images (B, k, 3, H, W) and pixel masks stay one per row through the generation loop."""
     from vlms import make_smolvlm, smol_inputs, smol_prompt
+
     model = make_smolvlm()
     x = smol_inputs([smol_prompt([5, 6], [7, 8])])
     gen = explain_generation(model, x, method="attnlrp", max_new_tokens=K, stop_at_eos=False)
     P = gen.prompt_length
     for k in range(K):
-        real = gen.attention_mask[0, :P + k].bool()
-        ids = gen.input_ids[0, :P + k][real][None]
-        ref = explain(model, {**x, "input_ids": ids, "attention_mask": torch.ones_like(ids)}, method="attnlrp",
-                      target=int(gen.targets[0, k]))
-        assert _dev(gen.scores[:, k, :P + k], ref.scores) <= 1e-10
+        real = gen.attention_mask[0, : P + k].bool()
+        ids = gen.input_ids[0, : P + k][real][None]
+        ref = explain(
+            model,
+            {**x, "input_ids": ids, "attention_mask": torch.ones_like(ids)},
+            method="attnlrp",
+            target=int(gen.targets[0, k]),
+        )
+        assert _dev(gen.scores[:, k, : P + k], ref.scores) <= 1e-10
         assert _dev(gen.pixels[:, k], ref.pixels) <= 1e-10
 
 
@@ -233,6 +247,7 @@ def test_a_family_the_loop_cannot_extend_is_refused_with_the_reason(monkeypatch)
     """An adapter that names why explain_generation does not run on its family is refused with that reason, before
     any step (every family explained today runs: this checks the refusal itself)."""
     from lrp_core.adapters.gemma3_vl import Gemma3VLMAdapter
+
     monkeypatch.setattr(Gemma3VLMAdapter, "generation_refused", "a per-token entry the loop does not extend")
     model, x, _, _ = per_token_family("gemma3")
     with pytest.raises(UnsupportedModelError, match="Gemma3ForConditionalGeneration: a per-token entry the loop"):
@@ -249,14 +264,18 @@ def test_per_token_families_generate_as_generate_and_each_step_is_explain_on_its
     gen = explain_generation(model, x, method="attnlrp", max_new_tokens=K)  # stops at end-of-text, as generate
     with torch.no_grad():
         out = model.generate(**x, max_new_tokens=K, do_sample=False)
-    assert torch.equal(gen.targets, out[:, x["input_ids"].shape[1]:])
+    assert torch.equal(gen.targets, out[:, x["input_ids"].shape[1] :])
     P = gen.prompt_length
     for k in range(gen.targets.shape[1]):
-        ids = gen.input_ids[:, :P + k]
+        ids = gen.input_ids[:, : P + k]
         types = torch.cat([x[name], torch.full((1, k), value, dtype=x[name].dtype)], 1)
-        ref = explain(model, {**x, "input_ids": ids, "attention_mask": torch.ones_like(ids), name: types},
-                      method="attnlrp", target=int(gen.targets[0, k]))
-        assert _dev(gen.scores[:, k, :P + k], ref.scores) <= 1e-10
+        ref = explain(
+            model,
+            {**x, "input_ids": ids, "attention_mask": torch.ones_like(ids), name: types},
+            method="attnlrp",
+            target=int(gen.targets[0, k]),
+        )
+        assert _dev(gen.scores[:, k, : P + k], ref.scores) <= 1e-10
         assert _dev(gen.pixels[:, k], ref.pixels) <= 1e-10
         assert abs(float(gen.logits[0, k]) - float(ref.logits[0, gen.targets[0, k]])) <= 1e-10
     after = _state(model)
@@ -267,6 +286,7 @@ def test_per_token_families_generate_as_generate_and_each_step_is_explain_on_its
 def _two_rows(family: str) -> tuple:
     """(model, two right-padded prompts of different lengths, each prompt alone) for a per-token family."""
     import vlms
+
     if family == "gemma3":
         rows = [vlms.gemma3_prompt([5, 6, 7], [8]), vlms.gemma3_prompt([], [9])]
         one = [vlms.image_types(inputs([r], seed=2)) for r in rows]
@@ -281,11 +301,13 @@ def _two_rows(family: str) -> tuple:
         rows = [vlms.qwen_prompt([5, 6, 7], [8]), vlms.qwen_prompt([], [9])]
         both = vlms.qwen_inputs(rows, side="right", seed=2)
         n = both["pixel_values"].shape[0] // 2
-        one = [{**vlms.qwen_inputs([r], seed=2), "pixel_values": both["pixel_values"][b * n:(b + 1) * n]}
-               for b, r in enumerate(rows)]
+        one = [
+            {**vlms.qwen_inputs([r], seed=2), "pixel_values": both["pixel_values"][b * n : (b + 1) * n]}
+            for b, r in enumerate(rows)
+        ]
         model = vlms.make_qwen_vl()
     for b in range(2):
-        one[b]["pixel_values"] = one[b]["pixel_values"] if family == "qwen" else both["pixel_values"][b:b + 1]
+        one[b]["pixel_values"] = one[b]["pixel_values"] if family == "qwen" else both["pixel_values"][b : b + 1]
     return model, both, one
 
 

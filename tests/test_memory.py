@@ -1,5 +1,6 @@
 """Memory and pieces (lrp_core.runtime.memory, explain's max_memory / chunk_size): a batch explained in pieces is the
 batch explained at once, every field; the estimate is an upper bound of the measured peak."""
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,16 @@ from lrp_core.methods import registry
 from lrp_core.runtime import memory
 from lrp_core.runtime import pieces as lrp_pieces
 
-TENSOR_FIELDS = ("scores", "target", "logits", "pixels", "layers", "layers_per_head", "token_relevance",
-                 "attention_mask")
+TENSOR_FIELDS = (
+    "scores",
+    "target",
+    "logits",
+    "pixels",
+    "layers",
+    "layers_per_head",
+    "token_relevance",
+    "attention_mask",
+)
 CONSERVATION_FIELDS = ("output", "blocks", "input", "pixels")
 
 
@@ -59,10 +68,18 @@ def _cat(parts: list):
     merged = {name: cat([getattr(p, name) for p in parts]) for name in TENSOR_FIELDS}
     conservation = None
     if first.conservation is not None:
-        conservation = type(first.conservation)(**{n: cat([getattr(p.conservation, n) for p in parts])
-                                                   for n in CONSERVATION_FIELDS})
-    return type(first)(method=first.method, grid=first.grid, image_size=first.image_size,
-                       start_layer=first.start_layer, conservation=conservation, options=first.options, **merged)
+        conservation = type(first.conservation)(
+            **{n: cat([getattr(p.conservation, n) for p in parts]) for n in CONSERVATION_FIELDS}
+        )
+    return type(first)(
+        method=first.method,
+        grid=first.grid,
+        image_size=first.image_size,
+        start_layer=first.start_layer,
+        conservation=conservation,
+        options=first.options,
+        **merged,
+    )
 
 
 def _images(dtype):
@@ -87,8 +104,10 @@ def test_image_pieces_are_each_piece_explained_alone(method, dtype):
     t = [0, 4, 1, 3, 2] if not registry.get(method).class_agnostic else None
     for k in (1, 2):
         chunked = explain(model, x, method=method, target=t, chunk_size=k, **_options(method))
-        alone = [explain(model, x[s:s + k], method=method, target=None if t is None else t[s:s + k],
-                         **_options(method)) for s in range(0, 5, k)]
+        alone = [
+            explain(model, x[s : s + k], method=method, target=None if t is None else t[s : s + k], **_options(method))
+            for s in range(0, 5, k)
+        ]
         _assert_equal(chunked, _cat(alone))
 
 
@@ -143,21 +162,27 @@ def test_text_pieces_compose_with_length_groups(method):
 def test_clip_pieces_keep_the_prompts_and_images_they_compare_with():
     """CLIP: image pieces share the prompts (the classes); prompt pieces share the images."""
     from tiny_clip import make_clip
+
     clip = make_clip().double()
     ids = torch.tensor([[1, 5, 6, 7, 98], [1, 8, 9, 98, 0], [1, 10, 98, 0, 0], [1, 11, 12, 98, 0]])
     images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3)).double()
     inputs = {"pixel_values": images, "input_ids": ids, "attention_mask": (ids != 0).long()}
     for method in ("transformer_attribution", "attnlrp"):
         chunked = explain(clip, inputs, method=method, chunk_size=1)
-        _assert_equal(chunked, _cat([explain(clip, {**inputs, "pixel_values": images[i:i + 1]}, method=method)
-                                     for i in range(3)]))
+        _assert_equal(
+            chunked,
+            _cat([explain(clip, {**inputs, "pixel_values": images[i : i + 1]}, method=method) for i in range(3)]),
+        )
         text = {**inputs, "explain": "text"}
         chunked = explain(clip, text, method=method, chunk_size=1)
         whole = explain(clip, text, method=method, max_memory="none")
         _assert_equal(chunked, whole, tol=1e-8)
         for i, n in enumerate(inputs["attention_mask"].sum(1).tolist()):
-            one = explain(clip, {**text, "input_ids": ids[i:i + 1, :n], "attention_mask": torch.ones(1, n).long()},
-                          method=method)
+            one = explain(
+                clip,
+                {**text, "input_ids": ids[i : i + 1, :n], "attention_mask": torch.ones(1, n).long()},
+                method=method,
+            )
             assert torch.equal(chunked.scores[i, :n], one.scores[0]) and torch.equal(chunked.logits[i], one.logits[0])
 
 
@@ -165,13 +190,18 @@ def test_targets_follow_the_rows(tiny_vit):
     """Explicit targets, contrasts and concepts: each piece explains its own rows' classes, bit for bit."""
     x = _images(torch.float32)
     t, neg = [4, 0, 3, 1, 2], [0, 1, 0, 0, 0]
-    forms = [(lambda s: t[s:s + 2]), (lambda s: torch.tensor(t)[s:s + 2]), (lambda s: 2),
-             (lambda s: Contrast(positive=t[s:s + 2], negative=neg[s:s + 2])), (lambda s: Contrast(None, 3))]
+    forms = [
+        (lambda s: t[s : s + 2]),
+        (lambda s: torch.tensor(t)[s : s + 2]),
+        (lambda s: 2),
+        (lambda s: Contrast(positive=t[s : s + 2], negative=neg[s : s + 2])),
+        (lambda s: Contrast(None, 3)),
+    ]
     whole_forms = [t, torch.tensor(t), 2, Contrast(positive=t, negative=neg), Contrast(None, 3)]
     for method in ("transformer_attribution", "attnlrp"):
         for whole_target, piece_target in zip(whole_forms, forms):
             chunked = explain(tiny_vit, x, method=method, target=whole_target, chunk_size=2)
-            alone = [explain(tiny_vit, x[s:s + 2], method=method, target=piece_target(s)) for s in (0, 2, 4)]
+            alone = [explain(tiny_vit, x[s : s + 2], method=method, target=piece_target(s)) for s in (0, 2, 4)]
             merged = _cat(alone)
             merged.options = dict(chunked.options)  # contrast_with lists the whole batch's classes
             _assert_equal(chunked, merged)
@@ -180,7 +210,7 @@ def test_targets_follow_the_rows(tiny_vit):
     concept = concept_target(tiny_vit, x[:2])
     assert isinstance(concept, ConceptTarget)
     chunked = explain(tiny_vit, x, method="cdam", target=concept, chunk_size=2)
-    _assert_equal(chunked, _cat([explain(tiny_vit, x[s:s + 2], method="cdam", target=concept) for s in (0, 2, 4)]))
+    _assert_equal(chunked, _cat([explain(tiny_vit, x[s : s + 2], method="cdam", target=concept) for s in (0, 2, 4)]))
     assert chunked.target.tolist() == [-1] * 5 and chunked.options == {"concept": "concept"}
 
 
@@ -222,6 +252,7 @@ def test_one_sample_is_never_split_and_reads_no_free_memory(tiny_vit, text_batch
 
 def test_model_is_untouched_by_a_call_in_pieces(images, text_batch):
     from test_api import _assert_same, _state
+
     vit = make_tiny_vit()
     vit.train()
     vit.blocks[0].attn.fused_attn = False
@@ -297,8 +328,10 @@ def test_estimate_grows_with_batch_tokens_and_kept_heads():
         assert memory.per_sample(_p(method), f, keep_heads=True) >= memory.per_sample(_p(method), f)
     ta = memory.per_sample(_p("transformer_attribution"), f)
     assert memory.per_sample(_p("transformer_attribution"), f, keep_heads=True) > ta
-    assert memory.piece_size(2 * ta + memory.fixed(_p("transformer_attribution"), f), _p("transformer_attribution"),
-                             f, 10) == 2
+    assert (
+        memory.piece_size(2 * ta + memory.fixed(_p("transformer_attribution"), f), _p("transformer_attribution"), f, 10)
+        == 2
+    )
     assert memory.piece_size(1, _p("transformer_attribution"), f, 10) == 1  # at least one sample per piece
     assert memory.piece_size(math.inf, _p("transformer_attribution"), f, 10) == 10
 
@@ -308,6 +341,7 @@ def test_estimate_bounds_the_measured_peak():
     """A fresh process: BERT of width 256, 4 blocks, 128 tokens, batch 2 (a few seconds)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
     from measure_memory import measure
+
     r = measure("bert", "transformer_attribution", tokens=128, batch=2)
     assert r["reliable"], r
     assert r["measured_mb"] <= r["estimated_mb"] <= 3 * r["measured_mb"], r
@@ -316,8 +350,16 @@ def test_estimate_bounds_the_measured_peak():
 def test_decoder_facts_know_the_lm_head_sdpa_and_the_gated_mlp():
     """A Llama's facts: the head's outputs are the vocabulary, sdpa is read, a gated MLP counts twice its width."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=48, attn_implementation="sdpa")
+
+    cfg = LlamaConfig(
+        vocab_size=500,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        attn_implementation="sdpa",
+    )
     adapter = get_adapter(LlamaForCausalLM(cfg).eval())
     ids = torch.randint(0, 500, (2, 9), generator=torch.Generator().manual_seed(0))
     f = memory.facts_of(adapter, adapter.check_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids)}))
@@ -326,17 +368,18 @@ def test_decoder_facts_know_the_lm_head_sdpa_and_the_gated_mlp():
 
 def test_fused_methods_keep_no_attention_maps_on_sdpa():
     """AttnLRP / CP-LRP on an sdpa model: the estimate has no H·N² term (only N² masks); elsewhere it does."""
+
     def facts(n: int, sdpa: bool) -> memory.SizeFacts:
-        return memory.SizeFacts(blocks=8, tokens=n, width=512, heads=8, mlp=2752, itemsize=4, outputs=32000,
-                                 sdpa=sdpa)
+        return memory.SizeFacts(blocks=8, tokens=n, width=512, heads=8, mlp=2752, itemsize=4, outputs=32000, sdpa=sdpa)
+
     for method in ("attnlrp", "cp_lrp"):
         eager = memory.per_sample(_p(method), facts(4096, False))
         fused = memory.per_sample(_p(method), facts(4096, True))
-        hnn = 8 * 4096 ** 2 * 4
+        hnn = 8 * 4096**2 * 4
         assert eager - fused >= 8 * 5 * hnn, method  # the replay's maps of every block are gone
         # what stays: linear in N, plus two N² masks and the logits
         lin = memory.per_sample(_p(method), facts(2, True)) / 2
-        assert fused <= 4096 * lin + (2 * 4096 ** 2 + 2 * 32000) * 4, method
+        assert fused <= 4096 * lin + (2 * 4096**2 + 2 * 32000) * 4, method
     ta = memory.per_sample(_p("transformer_attribution"), facts(4096, True))
     assert ta == memory.per_sample(_p("transformer_attribution"), facts(4096, False))  # keeps its maps either way
     # the LM head: 2·V per sample, and its V·D weight is the largest weight of the fixed part
@@ -352,6 +395,7 @@ def test_decoder_estimate_bounds_the_measured_peak(method, tokens):
     """A fresh process: an sdpa Llama of width 256, 4 blocks, 8 heads / 2 key-value heads, vocabulary 8000."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
     from measure_memory import measure
+
     r = measure("llama", method, tokens=tokens, batch=1, heads=8)
     assert r["reliable"], r
     assert r["measured_mb"] <= r["estimated_mb"] <= 3 * r["measured_mb"], r
@@ -364,6 +408,7 @@ def test_source_ablation_estimate_bounds_the_measured_peak(method, batch_size):
     bounds the measured peak and stays within 3x of it (priced as full traces: 4.4x at batch_size 1)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
     from measure_memory import measure
+
     r = measure("llama", method, tokens=512, batch=1, heads=8, sources=8, batch_size=batch_size)
     assert r["reliable"], r
     assert r["measured_mb"] <= r["estimated_mb"] <= 3 * r["measured_mb"], r

@@ -1,4 +1,5 @@
 """Every method against an independent computation: the reference mechanics, the model's own tensors, or a hand loop."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,8 +44,12 @@ def test_bert_transformer_attribution_matches_reference(scale):
     model = make_tiny_bert(weight_scale=scale)
     ids = torch.tensor([[2, 11, 17, 5, 40, 33, 3]])
     for start_layer in (0, 1):
-        exp = explain(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
-                      method="transformer_attribution", start_layer=start_layer)
+        exp = explain(
+            model,
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+            method="transformer_attribution",
+            start_layer=start_layer,
+        )
         expected = ref.bert_transformer_attribution(model, ids, start_layer=start_layer)
         assert rel_err(exp.scores, expected) < 1e-4
 
@@ -70,9 +75,11 @@ def test_bert_replay_reproduces_logits(text_batch, impl):
 
 def _keep(store: list):
     """A forward hook that keeps the module's output and its gradient (returns None: output unchanged)."""
+
     def hook(module, inputs, output):
         output.retain_grad()
         store.append(output)
+
     return hook
 
 
@@ -146,6 +153,7 @@ def test_cdam_is_gradient_times_tokens_at_last_norm1(tiny_vit, images):
 
 def test_cdam_concept_target(tiny_vit, images):
     from lrp_core import concept_target
+
     examples = images[:2]
     c = concept_target(tiny_vit, examples)
     with torch.no_grad():
@@ -183,10 +191,10 @@ def test_token_ablation_by_hand(tiny_vit, images):
 def test_vit_batch_equals_single(tiny_vit, images, method):
     batch = explain(tiny_vit, images, method=method)
     for i in range(images.shape[0]):
-        one = explain(tiny_vit, images[i:i + 1], method=method)
-        assert rel_err(batch.scores[i:i + 1], one.scores) < 1e-5, method
+        one = explain(tiny_vit, images[i : i + 1], method=method)
+        assert rel_err(batch.scores[i : i + 1], one.scores) < 1e-5, method
         if batch.pixels is not None:
-            assert rel_err(batch.pixels[i:i + 1], one.pixels) < 1e-5
+            assert rel_err(batch.pixels[i : i + 1], one.pixels) < 1e-5
 
 
 def _assert_text_batch_equals_single(model, text_batch, method: str, tol: float) -> None:
@@ -195,7 +203,7 @@ def _assert_text_batch_equals_single(model, text_batch, method: str, tol: float)
     mask = text_batch["attention_mask"]
     for i in range(mask.shape[0]):
         n = int(mask[i].sum())
-        one = explain(model, {k: v[i:i + 1, :n] for k, v in text_batch.items()}, method=method)
+        one = explain(model, {k: v[i : i + 1, :n] for k, v in text_batch.items()}, method=method)
         assert rel_err(batch.scores[i, :n], one.scores[0]) < tol, method
         assert (batch.scores[i, n:] == 0).all(), "padding positions must score 0"
 
@@ -271,9 +279,19 @@ def test_class_agnostic_methods_ignore_the_target(tiny_vit, images):
 def test_hf_vit_matches_an_equivalent_timm_vit():
     """The same weights in a Hugging Face ViT and a timm ViT give the same explanations."""
     from transformers import ViTConfig, ViTForImageClassification
+
     timm_vit = make_tiny_vit(seed=3)
-    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
-                    intermediate_size=192, num_labels=5, qkv_bias=True, layer_norm_eps=1e-6)
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        intermediate_size=192,
+        num_labels=5,
+        qkv_bias=True,
+        layer_norm_eps=1e-6,
+    )
     hf = ViTForImageClassification(cfg).eval()
     _copy_timm_to_hf(timm_vit, hf)
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
@@ -298,10 +316,14 @@ def _copy_timm_to_hf(t, h):
             qw, kw, vw = blk.attn.qkv.weight.split(D)
             qb, kb, vb = blk.attn.qkv.bias.split(D)
             att = layer.attention
-            for lin, w, b in ((att.q_proj, qw, qb), (att.k_proj, kw, kb), (att.v_proj, vw, vb),
-                              (att.o_proj, blk.attn.proj.weight, blk.attn.proj.bias),
-                              (layer.mlp.fc1, blk.mlp.fc1.weight, blk.mlp.fc1.bias),
-                              (layer.mlp.fc2, blk.mlp.fc2.weight, blk.mlp.fc2.bias)):
+            for lin, w, b in (
+                (att.q_proj, qw, qb),
+                (att.k_proj, kw, kb),
+                (att.v_proj, vw, vb),
+                (att.o_proj, blk.attn.proj.weight, blk.attn.proj.bias),
+                (layer.mlp.fc1, blk.mlp.fc1.weight, blk.mlp.fc1.bias),
+                (layer.mlp.fc2, blk.mlp.fc2.weight, blk.mlp.fc2.bias),
+            ):
                 lin.weight.copy_(w)
                 lin.bias.copy_(b)
             for a, b in ((layer.layernorm_before, blk.norm1), (layer.layernorm_after, blk.norm2)):
@@ -357,6 +379,7 @@ def test_bert_lrp_reaches_the_embeddings(tiny_bert, text_batch):
     """BERT `lrp` scores are the relevance of the embedding output: the relevance pass through every layer."""
     from lrp_core.adapters import get_adapter
     from lrp_core.rules.composites import LRP_BASELINE
+
     exp = explain(tiny_bert, text_batch, method="lrp")
     a = get_adapter(tiny_bert)
     prepared = a.check_inputs(text_batch)
@@ -386,10 +409,10 @@ def test_a_mean_readout_reads_the_mean_patch_row_so_every_patch_gets_the_identit
     identity gives every one of the N patches 1/N on top of Ā's signal (docs/RESULTS.md, dinov2-scenes-avg)."""
     model = make_tiny_vit(global_pool="avg")
     exp = explain(model, images, method="transformer_attribution")
-    prod = accumulate(exp.layers, 0, norm="none")                     # (B, 17, 17)
+    prod = accumulate(exp.layers, 0, norm="none")  # (B, 17, 17)
     assert torch.allclose(exp.scores, prod[:, 1:, 1:].mean(1), atol=1e-6)
     n = exp.scores.shape[1]
-    assert (exp.scores >= 1 / n - 1e-6).all()                         # Ā ≥ 0 adds, never removes
+    assert (exp.scores >= 1 / n - 1e-6).all()  # Ā ≥ 0 adds, never removes
     cls = explain(make_tiny_vit(global_pool="token"), images, method="transformer_attribution")
     # [CLS] readout: its own row, whose identity entry falls on [CLS] (not scored), not on a patch
     assert torch.allclose(cls.scores, accumulate(cls.layers, 0, norm="none")[:, 0, 1:], atol=1e-6)

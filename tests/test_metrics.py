@@ -1,4 +1,5 @@
 """Hand-computed checks of the evaluation metrics (lrp_core.metrics)."""
+
 from __future__ import annotations
 
 import math
@@ -71,7 +72,7 @@ def test_perturbation_measures_against_true_label_and_mixes_images():
     model, images, _, perfect = _setup(4)
     labels = torch.tensor([0, 1, 0, 0])  # image 1 is "wrong" when intact, right when destroyed
     maps = perfect.clone()
-    maps[2] = -perfect[2]                # image 2 gets the inverted map
+    maps[2] = -perfect[2]  # image 2 gets the inverted map
     correct = M.perturbation_curve(model, images, maps, labels, batch_size=3, return_correct=True)
     assert correct.shape == (10, 4)
     np.testing.assert_array_equal(correct[:, 0], [1, 1, 1, 0, 0, 0, 0, 0, 0, 0])
@@ -84,9 +85,7 @@ def test_perturbation_measures_against_true_label_and_mixes_images():
 def test_perturbation_zeroes_all_channels_in_input_space():
     maps = torch.tensor([[[3.0, 1.0], [2.0, 0.0]]])
     masks = M.perturbation_masks(maps, fractions=(0.25, 0.5, 0.75))
-    expected = [[[True, False], [False, False]],
-                [[True, False], [True, False]],
-                [[True, True], [True, False]]]
+    expected = [[[True, False], [False, False]], [[True, False], [True, False]], [[True, True], [True, False]]]
     assert masks[:, 0].tolist() == expected
     seen = []
 
@@ -94,10 +93,10 @@ def test_perturbation_zeroes_all_channels_in_input_space():
         seen.append(x.clone())
         return torch.zeros(x.shape[0], 2)
 
-    images = torch.full((1, 3, 2, 2), -1.5)   # normalised input: zero != black
+    images = torch.full((1, 3, 2, 2), -1.5)  # normalised input: zero != black
     M.perturbation_curve(model, images, maps, torch.tensor([0]), fractions=(0.5,))
     x = torch.cat(seen)
-    assert torch.equal(x[0], images[0])                        # clean
+    assert torch.equal(x[0], images[0])  # clean
     assert x[1, :, 0, 0].eq(0).all() and x[1, :, 1, 0].eq(0).all()
     assert x[1, :, 0, 1].eq(-1.5).all() and x[1, :, 1, 1].eq(-1.5).all()
 
@@ -129,11 +128,10 @@ MASK = torch.tensor([[[True, True], [False, False]]])
 
 def test_segmentation_perfect_inverted_constant():
     perfect = M.segmentation_scores(MASK.float(), MASK)
-    assert perfect == {"pixel_accuracy": 1.0, "iou_background": 1.0, "iou_foreground": 1.0,
-                       "miou": 1.0, "map": 1.0}
+    assert perfect == {"pixel_accuracy": 1.0, "iou_background": 1.0, "iou_foreground": 1.0, "miou": 1.0, "map": 1.0}
     inv = M.segmentation_scores(1 - MASK.float(), MASK)
     assert inv["pixel_accuracy"] == 0.0 and inv["miou"] == 0.0
-    assert inv["map"] == pytest.approx(0.5)   # bg ranked first: P=0.5 at full recall
+    assert inv["map"] == pytest.approx(0.5)  # bg ranked first: P=0.5 at full recall
     const = M.segmentation_scores(torch.full((1, 2, 2), 7.0), MASK)
     # nothing above the mean -> all background
     assert const["pixel_accuracy"] == 0.5
@@ -149,7 +147,7 @@ def test_segmentation_threshold_at_mean_of_normalised_map():
     assert s["iou_foreground"] == pytest.approx(0.5)
     assert s["iou_background"] == pytest.approx(2 / 3)
     assert s["miou"] == pytest.approx(7 / 12)
-    assert s["map"] == pytest.approx(1.0)     # both object pixels outrank the background
+    assert s["map"] == pytest.approx(1.0)  # both object pixels outrank the background
 
 
 def test_segmentation_accumulates_over_the_set():
@@ -167,12 +165,13 @@ def test_segmentation_accumulates_over_the_set():
 def test_average_precision_matches_sklearn_with_ties():
     rng = np.random.default_rng(0)
     for _ in range(20):
-        scores = rng.integers(0, 4, size=30).astype(float)   # many ties
+        scores = rng.integers(0, 4, size=30).astype(float)  # many ties
         truth = rng.random(30) < 0.4
         if not truth.any():
             continue
         assert M.average_precision(torch.tensor(scores), torch.tensor(truth)) == pytest.approx(
-            average_precision_score(truth, scores))
+            average_precision_score(truth, scores)
+        )
     assert math.isnan(M.average_precision(torch.ones(4), torch.zeros(4, dtype=torch.bool)))
 
 
@@ -191,8 +190,7 @@ def test_word_scores_max_over_pieces_and_offsets_mapping():
     spans = M.word_spans(text, words)
     assert spans[3] == (13, 24)
     # [CLS] the film was un ##watch ##able . [SEP] [PAD]
-    offsets = [(0, 0), (0, 3), (4, 8), (9, 12), (13, 15), (15, 20), (20, 24), (25, 26), (0, 0),
-               (0, 0)]
+    offsets = [(0, 0), (0, 3), (4, 8), (9, 12), (13, 15), (15, 20), (20, 24), (25, 26), (0, 0), (0, 0)]
     wid = M.word_ids_from_offsets(offsets, spans)
     assert wid == [None, 0, 1, 2, 3, 3, 3, 4, None, None]
     tok = [9.0, 0.1, 0.2, 0.3, 0.5, 0.9, 0.4, 0.05, 9.0, 0.0]
@@ -204,6 +202,7 @@ def test_word_scores_max_over_pieces_and_offsets_mapping():
 def test_word_ids_from_a_real_fast_tokenizer_layout():
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer, models, pre_tokenizers
+
     vocab = {"[UNK]": 0, "good": 1, "movie": 2, "!": 3, "bad": 4}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -231,8 +230,7 @@ def test_rationale_f1_hand_computed():
 
 def test_rationale_f1_at_gold_size():
     scores = [np.array([5.0, 4, 3, 2, 1, 0]), np.array([0.0, 1, 2]), np.array([1.0, 2])]
-    gold = [np.array([1, 1, 0, 0, 0, 1], bool), np.array([1, 0, 0], bool),
-            np.array([0, 0], bool)]
+    gold = [np.array([1, 1, 0, 0, 0, 1], bool), np.array([1, 0, 0], bool), np.array([0, 0], bool)]
     # doc0: k=3 -> {0,1,2}, 2 hits: 2/3; doc1: k=1 -> {2}: 0; doc2 has no rationale: left out
     assert M.rationale_f1_at_gold_size(scores, gold) == pytest.approx(1 / 3)
     assert math.isnan(M.rationale_f1_at_gold_size(scores[2:], gold[2:]))
@@ -275,7 +273,7 @@ def test_class_sensitivity_class_agnostic_and_negative_relevance():
     m = torch.zeros(1, 4, 4)
     m[0, 0, 0], m[0, 0, 3], m[0, 3, 3] = 3.0, 1.0, -5.0
     assert M.own_mask_share(m, ma)[0] == pytest.approx(0.75)
-    assert np.isnan(M.own_mask_share(-ma.float(), ma)[0])   # no positive relevance
+    assert np.isnan(M.own_mask_share(-ma.float(), ma)[0])  # no positive relevance
 
 
 def test_class_map_correlation_hand_computed():
@@ -285,15 +283,20 @@ def test_class_map_correlation_hand_computed():
     # dx = [-1.5,-.5,.5,1.5], dy = [-1.5,.5,-.5,1.5] -> (2.25-.25-.25+2.25)/5 = 0.8
     assert M.class_map_correlation(a, b) == pytest.approx(0.8)
     assert M.class_map_correlation(torch.stack([a[0], a[0]]), torch.stack([b[0], -a[0]])) == (
-        pytest.approx((0.8 - 1.0) / 2))
+        pytest.approx((0.8 - 1.0) / 2)
+    )
 
 
 # --------------------------------------------------------------------------
 # CDAM statistics
 # --------------------------------------------------------------------------
 def test_sparsity_hand_computed():
-    s = torch.tensor([[10.0, -0.4, 0.5, -3.0],      # |0.4| < 0.5 only: 1/4
-                      [0.0, 0.0, 0.0, 0.0]])         # all zero: fully sparse
+    s = torch.tensor(
+        [
+            [10.0, -0.4, 0.5, -3.0],  # |0.4| < 0.5 only: 1/4
+            [0.0, 0.0, 0.0, 0.0],
+        ]
+    )  # all zero: fully sparse
     assert M.sparsity(s) == pytest.approx((0.25 + 1.0) / 2)
     assert M.sparsity(s[:1], rel_threshold=0.31) == pytest.approx(0.75)
 

@@ -8,6 +8,7 @@ that this run covers every notebook and that the notebooks follow the
 course's conventions (stored outputs, python3 kernel, seeds, thread count,
 checked cells, exercises that check and reveal nothing).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,13 @@ CHECK_TAG = "nbval-check-output"
 
 #: The exact command CI uses (also usable by hand from the repository root).
 NBVAL_ARGS = [
-    "--nbval-lax", "--nbval-current-env", "--nbval-sanitize-with", str(SANITIZE.relative_to(ROOT)),
-    "-p", "no:cacheprovider", str(NB_DIR.relative_to(ROOT)) + "/",
+    "--nbval-lax",
+    "--nbval-current-env",
+    "--nbval-sanitize-with",
+    str(SANITIZE.relative_to(ROOT)),
+    "-p",
+    "no:cacheprovider",
+    str(NB_DIR.relative_to(ROOT)) + "/",
 ]
 
 
@@ -38,8 +44,9 @@ def _pytest(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
     # The stored outputs are the offline path's: ``ONLINE = hub_reachable()`` must be False in this run
     # even on a machine that can reach the hub, or the checked cells would compare other models' numbers.
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _load(path: Path) -> dict:
@@ -73,11 +80,13 @@ def test_notebook_conventions(path: Path):
     setup = "\n".join(code[:3])
     assert "torch.set_num_threads(1)" in setup and "manual_seed" in setup, "seed and thread count at the top"
     cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert all(c.get("execution_count") for c in cells if "".join(c["source"]).strip()), \
+    assert all(c.get("execution_count") for c in cells if "".join(c["source"]).strip()), (
         "store outputs: execute the notebook and save it"
+    )
     # checked cells carry the cell tag (metadata), so learners see no test machinery in the code
-    assert any(CHECK_TAG in c.get("metadata", {}).get("tags", []) for c in cells), \
+    assert any(CHECK_TAG in c.get("metadata", {}).get("tags", []) for c in cells), (
         f"no cell carries checked numbers (cell tag {CHECK_TAG!r})"
+    )
     assert not any("NBVAL_" in src for src in code), f"nbval markers are cell tags ({CHECK_TAG!r}), not comments"
     for cell in cells:
         for out in cell.get("outputs", []):
@@ -91,6 +100,7 @@ def _exercises():
     sys.path.insert(0, str(NB_DIR))
     try:
         import solutions
+
         return solutions.all_exercises()
     finally:
         sys.path.remove(str(NB_DIR))
@@ -141,6 +151,7 @@ def test_exercise_cells_are_stored_unattempted(path: Path):
 def test_no_solution_code_in_stored_outputs():
     """No line of any reference solution appears in a stored output (the results: tests/course)."""
     import inspect
+
     outputs = {p.name: stored_output_text(_load(p)) for p in NOTEBOOKS}
     for name, ex in _exercises().items():
         lines = [ln.strip() for ln in inspect.getsource(ex.reference).splitlines()]

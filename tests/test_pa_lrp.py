@@ -1,4 +1,5 @@
 """pa_lrp (PA-LRP, Bakish et al. 2025; docs/METHODS.md §2e): positions take relevance; conservation counts them."""
+
 from __future__ import annotations
 
 import pytest
@@ -73,8 +74,10 @@ def test_batch_equals_single_and_padding_sides(family):
         for got in (left.positional[i, -n:], right.positional[i, :n]):
             assert torch.allclose(got, one.positional[0], atol=1e-10)
         assert torch.allclose(left.scores[i, -n:], right.scores[i, :n], atol=1e-10)
-    assert torch.equal(left.positional[1:][batch(seqs, "left")["attention_mask"][1:] == 0],
-                       torch.zeros(int((batch(seqs, "left")["attention_mask"][1:] == 0).sum()), dtype=torch.float64))
+    assert torch.equal(
+        left.positional[1:][batch(seqs, "left")["attention_mask"][1:] == 0],
+        torch.zeros(int((batch(seqs, "left")["attention_mask"][1:] == 0).sum()), dtype=torch.float64),
+    )
 
 
 def test_vit_positions_and_model_untouched():
@@ -114,6 +117,7 @@ def test_agrees_with_the_authors_code_fixture():
     from pathlib import Path
 
     from transformers import LlamaConfig, LlamaForCausalLM
+
     fx = torch.load(Path(__file__).parent / "fixtures" / "pa_lrp" / "llama.pt")
     model = LlamaForCausalLM(LlamaConfig(**fx["config"], attn_implementation="sdpa"))
     model.load_state_dict(fx["state_dict"])
@@ -142,6 +146,7 @@ def _fixture_deit():
     from pathlib import Path
 
     from timm.models.vision_transformer import VisionTransformer
+
     fx = torch.load(Path(__file__).parent / "fixtures" / "pa_lrp" / "deit.pt")
     model = VisionTransformer(**fx["config"], qkv_bias=True)
     model.load_state_dict(fx["state_dict"])
@@ -161,6 +166,7 @@ def test_agrees_with_the_authors_vit_fixture(base, monkeypatch):
     cls position's too). Rules equal: 1e-15 with the GELU identity rule's stabiliser (1e-10) at 0 as theirs;
     the engine as is: 1.8e-8 (scripts/pa_lrp_findings.md)."""
     from lrp_core.rules import gradient as gradient_rules
+
     model, fx = _fixture_deit()
     ref = fx["reference"][base]
     x, t = fx["images"], fx["targets"]
@@ -196,13 +202,14 @@ def test_fused_cp_halved_rule_is_the_explicit_one():
     """On a fused attention (sdpa models) "cp_halved" is q, k detached and v's gradient ÷2: the same as
     ``softmax(q kᵀ s)`` held constant times v under the uniform rule (explicit path: MATMUL_AV halved)."""
     from lrp_core.rules.gradient import FusedAttentionCPHalved
+
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
     w = torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64)
     y = FusedAttentionCPHalved().forward(torch.nn.functional.scaled_dot_product_attention, q, k, v)
     (y * w).sum().backward()
     v2 = v.detach().clone().requires_grad_(True)
-    A = torch.softmax(q.detach() @ k.detach().transpose(-1, -2) / 8 ** 0.5, dim=-1)
+    A = torch.softmax(q.detach() @ k.detach().transpose(-1, -2) / 8**0.5, dim=-1)
     y2 = A @ v2
     (y2 * w).sum().backward()
     assert torch.allclose(y, y2, atol=1e-12)

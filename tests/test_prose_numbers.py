@@ -14,6 +14,7 @@ In the notebooks of ``STRICT`` every decimal number of the prose (outside formul
 a marker, except the notebook's exercise numbers (``6.1`` in notebook 6) and those listed in ``UNMARKED``
 with the reason they are not an output.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,20 @@ ANCHOR = re.compile(r"\"([^\"]*)\"")
 DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.]*\d)")
 
 #: notebooks whose every decimal number in the prose is marked
-STRICT = ["00_welcome.ipynb", "01_relevance_and_conservation.ipynb", "02_signed_activations.ipynb",
-          "04_inside_one_block.ipynb", "05_from_blocks_to_a_map.ipynb", "06_explaining_a_vit.ipynb", "07_cdam.ipynb",
-          "09_is_an_explanation_right.ipynb", "10_explore.ipynb", "11_attnlrp_and_cp_lrp.ipynb",
-          "12_your_own_model.ipynb", "14_explaining_a_vlm.ipynb"]
+STRICT = [
+    "00_welcome.ipynb",
+    "01_relevance_and_conservation.ipynb",
+    "02_signed_activations.ipynb",
+    "04_inside_one_block.ipynb",
+    "05_from_blocks_to_a_map.ipynb",
+    "06_explaining_a_vit.ipynb",
+    "07_cdam.ipynb",
+    "09_is_an_explanation_right.ipynb",
+    "10_explore.ipynb",
+    "11_attnlrp_and_cp_lrp.ipynb",
+    "12_your_own_model.ipynb",
+    "14_explaining_a_vlm.ipynb",
+]
 #: (notebook, decimal) quoted in prose that is not a cell output, and why
 UNMARKED: dict[tuple[str, str], str] = {
     ("09_is_an_explanation_right.ipynb", "0.0156"): "1/64 written out, a hand computation",
@@ -72,8 +83,8 @@ def resolve(source: str, anchors: list[str], index: int | None) -> list[float]:
             raise LookupError(f"anchor {anchor!r} not found (after offset {pos})")
         pos = found + len(anchor)
     end = source.find("\n", pos)
-    rest = source[pos:end if end >= 0 else None]
-    numbers = [_as_float(n) for n in re.findall(rf"{NUMBER}|nan", rest)]   # nan: an empty cell of a table
+    rest = source[pos : end if end >= 0 else None]
+    numbers = [_as_float(n) for n in re.findall(rf"{NUMBER}|nan", rest)]  # nan: an empty cell of a table
     if index is None:
         return numbers
     if not 1 <= index <= len(numbers):
@@ -89,11 +100,11 @@ def quotes(nb: dict) -> list[tuple[str, str, list[str], int | None]]:
             continue
         text = "".join(cell["source"])
         matches = list(QUOTE.finditer(text))
-        assert len(matches) == len(MARKER.findall(text)), \
+        assert len(matches) == len(MARKER.findall(text)), (
             f"a marker in cell {cell.get('id')} is not right after a number or is malformed: {text[:200]!r}"
+        )
         for m in matches:
-            found.append((m.group(1), m.group(2), ANCHOR.findall(m.group(3)),
-                          int(m.group(4)) if m.group(4) else None))
+            found.append((m.group(1), m.group(2), ANCHOR.findall(m.group(3)), int(m.group(4)) if m.group(4) else None))
     return found
 
 
@@ -122,16 +133,18 @@ def check_notebook(nb: dict) -> list[str]:
 def unmarked_decimals(name: str, nb: dict) -> list[str]:
     """Decimal numbers in the prose of ``nb`` that carry no marker (formulas, code and links left out)."""
     missing = []
-    exercise = re.compile(rf"{int(name[:2])}\.\d") if name[:2].isdigit() else None   # "6.1": exercise 6.1
+    exercise = re.compile(rf"{int(name[:2])}\.\d") if name[:2].isdigit() else None  # "6.1": exercise 6.1
     for cell in nb["cells"]:
         if cell["cell_type"] != "markdown":
             continue
         text = "".join(cell["source"])
-        text = QUOTE.sub("", text)                                  # the marked numbers
-        text = re.sub(r"\$[^$]*\$|`[^`]*`|\]\([^)]*\)", "", text)   # formulas, code, link targets
+        text = QUOTE.sub("", text)  # the marked numbers
+        text = re.sub(r"\$[^$]*\$|`[^`]*`|\]\([^)]*\)", "", text)  # formulas, code, link targets
         for m in DECIMAL.finditer(text):
             if (name, m.group(0)) not in UNMARKED and not (exercise and exercise.fullmatch(m.group(0))):
-                missing.append(f"{m.group(0)} in cell {cell.get('id')}: …{text[max(0, m.start() - 60):m.end() + 20]!r}")
+                missing.append(
+                    f"{m.group(0)} in cell {cell.get('id')}: …{text[max(0, m.start() - 60) : m.end() + 20]!r}"
+                )
     return missing
 
 
@@ -151,13 +164,21 @@ def test_every_decimal_in_the_prose_is_quoted(name: str):
     if name not in ("00_welcome.ipynb", "04_inside_one_block.ipynb", "12_your_own_model.ipynb"):  # no decimal there
         assert quotes(nb), "the notebook quotes no output"
     missing = unmarked_decimals(name, nb)
-    assert not missing, "decimal numbers without a marker (<!-- out CELL \"anchor\" N -->):\n" + "\n".join(missing)
+    assert not missing, 'decimal numbers without a marker (<!-- out CELL "anchor" N -->):\n' + "\n".join(missing)
 
 
 def _notebook(markdown: str, output: str) -> dict:
-    return {"cells": [{"cell_type": "code", "id": "c1", "source": [],
-                       "outputs": [{"output_type": "stream", "name": "stdout", "text": [output]}]},
-                      {"cell_type": "markdown", "id": "m1", "source": [markdown]}]}
+    return {
+        "cells": [
+            {
+                "cell_type": "code",
+                "id": "c1",
+                "source": [],
+                "outputs": [{"output_type": "stream", "name": "stdout", "text": [output]}],
+            },
+            {"cell_type": "markdown", "id": "m1", "source": [markdown]},
+        ]
+    }
 
 
 def test_a_drifted_number_is_caught():

@@ -1,4 +1,5 @@
 """The release files agree with the package: licence, version, changelog."""
+
 from __future__ import annotations
 
 from pathlib import Path

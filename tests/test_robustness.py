@@ -5,6 +5,7 @@ dtype: equal to explaining the cast input) or the exact error class with a messa
 accepted — and that an error leaves the model as it was, with no hook behind. A new family is one row
 in :data:`FAMILIES` and inherits every probe.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,31 +67,63 @@ def _clip_inputs(side: str = "image") -> dict:
 #: family -> (tiny model builder, inputs builder, number of classes the target indexes, batch size)
 FAMILIES = {
     "timm_cls": (make_tiny_vit, _images, 5, 2),
-    **{name: (vision.FAMILIES[name], _images, 5, 2) for name in
-       ("timm_avg", "timm_avg_no_class_token", "timm_distilled", "hf_deit", "hf_deit_teacher", "hf_dinov2",
-        "hf_siglip", "hf_siglip2")},
+    **{
+        name: (vision.FAMILIES[name], _images, 5, 2)
+        for name in (
+            "timm_avg",
+            "timm_avg_no_class_token",
+            "timm_distilled",
+            "hf_deit",
+            "hf_deit_teacher",
+            "hf_dinov2",
+            "hf_siglip",
+            "hf_siglip2",
+        )
+    },
     "hf_vit": (lambda: vision._hf("ViTForImageClassification", "ViTConfig"), _images, 5, 2),
-    **{name: (lambda name=name: text_families.make(name), _text, 3, 2) for name in
-       ("bert", "roberta", "electra", "distilbert", "albert", "mpnet", "modernbert_mean")},
+    **{
+        name: (lambda name=name: text_families.make(name), _text, 3, 2)
+        for name in ("bert", "roberta", "electra", "distilbert", "albert", "mpnet", "modernbert_mean")
+    },
     "clip_image": (make_clip, _clip_inputs, 3, 2),  # classes: the 3 prompts; batch: the 2 images
     "clip_text": (make_clip, lambda: _clip_inputs("text"), 2, 3),  # classes: the 2 images; batch: the 3 prompts
     "siglip_image": (lambda: siglip_tests._siglip_model(), lambda: siglip_tests._pair(_images()), 3, 2),
     # classes: the vocabulary; batch: 2 rows, one image each, left-padded
-    "llava": (lambda: make_llava(dtype=torch.float32),
-              lambda: llava_inputs([prompt([5, 6], [7]), prompt([8], [9, 10, 11])], dtype=torch.float32), 96, 2),
-    "smolvlm": (lambda: make_smolvlm(dtype=torch.float32),
-                lambda: smol_inputs([smol_prompt([5, 6], [7]), smol_prompt([8], [9, 10, 11])], dtype=torch.float32),
-                96, 2),
-    "qwen2_5_vl": (lambda: make_qwen_vl(dtype=torch.float32),
-                   lambda: qwen_inputs([qwen_prompt([5, 6], [7]), qwen_prompt([8], [9, 10, 11])],
-                                       dtype=torch.float32), 96, 2),
-    "gemma3_vl": (lambda: make_gemma3(dtype=torch.float32),
-                  lambda: image_types(llava_inputs([gemma3_prompt([5, 6], [7]), gemma3_prompt([8], [9, 10, 11])],
-                                                   dtype=torch.float32)), 96, 2),
-    "paligemma": (lambda: make_paligemma(2, dtype=torch.float32),
-                  lambda: with_types(llava_inputs([paligemma_prompt([5, 6])[0], paligemma_prompt([8], [9, 10])[0]],
-                                                  dtype=torch.float32),
-                                     [paligemma_prompt([5, 6])[1], paligemma_prompt([8], [9, 10])[1]]), 96, 2),
+    "llava": (
+        lambda: make_llava(dtype=torch.float32),
+        lambda: llava_inputs([prompt([5, 6], [7]), prompt([8], [9, 10, 11])], dtype=torch.float32),
+        96,
+        2,
+    ),
+    "smolvlm": (
+        lambda: make_smolvlm(dtype=torch.float32),
+        lambda: smol_inputs([smol_prompt([5, 6], [7]), smol_prompt([8], [9, 10, 11])], dtype=torch.float32),
+        96,
+        2,
+    ),
+    "qwen2_5_vl": (
+        lambda: make_qwen_vl(dtype=torch.float32),
+        lambda: qwen_inputs([qwen_prompt([5, 6], [7]), qwen_prompt([8], [9, 10, 11])], dtype=torch.float32),
+        96,
+        2,
+    ),
+    "gemma3_vl": (
+        lambda: make_gemma3(dtype=torch.float32),
+        lambda: image_types(
+            llava_inputs([gemma3_prompt([5, 6], [7]), gemma3_prompt([8], [9, 10, 11])], dtype=torch.float32)
+        ),
+        96,
+        2,
+    ),
+    "paligemma": (
+        lambda: make_paligemma(2, dtype=torch.float32),
+        lambda: with_types(
+            llava_inputs([paligemma_prompt([5, 6])[0], paligemma_prompt([8], [9, 10])[0]], dtype=torch.float32),
+            [paligemma_prompt([5, 6])[1], paligemma_prompt([8], [9, 10])[1]],
+        ),
+        96,
+        2,
+    ),
 }
 IMAGE_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is not _text]
 TEXT_FAMILIES = [f for f in FAMILIES if FAMILIES[f][1] is _text]
@@ -143,8 +176,11 @@ def test_every_method_works_the_same_in_every_gradient_context(family):
 def test_inputs_made_under_inference_mode_are_explained_like_ordinary_ones(family):
     model, x, _ = _family(family)
     with torch.inference_mode():
-        made = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in x.items()} \
-            if isinstance(x, dict) else x.clone()
+        made = (
+            {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in x.items()}
+            if isinstance(x, dict)
+            else x.clone()
+        )
         inside = explain(model, made, method="attnlrp")
     _same(inside, explain(model, x, method="attnlrp"))
 
@@ -169,8 +205,10 @@ def _cast(x, dtype):
 def test_an_input_of_another_float_dtype_is_explained_as_the_cast_input(family):
     model, x, _ = _family(family)
     for method in ("transformer_attribution", "attnlrp"):
-        _same(explain(model, _cast(x, torch.float64), method=method),
-              explain(model, _cast(_cast(x, torch.float64), torch.float32), method=method))
+        _same(
+            explain(model, _cast(x, torch.float64), method=method),
+            explain(model, _cast(_cast(x, torch.float64), torch.float32), method=method),
+        )
     double = model.double()  # and the reverse: float32 images on a float64 model
     _same(explain(double, x), explain(double, _cast(x, torch.float64)))
 
@@ -188,6 +226,7 @@ def test_compiled_and_data_parallel_models_are_explained_as_the_model_inside(fam
 @pytest.fixture
 def process_group(tmp_path):
     import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
@@ -220,8 +259,14 @@ def test_integer_targets_in_every_form_agree(family):
     run = lambda target: explain(model, x, method="attention_gradcam", target=target)  # noqa: E731
     as_list = run(ids)
     assert as_list.target.tolist() == ids
-    for form in (tuple(ids), np.array(ids), np.array(ids, dtype=np.uint8), torch.tensor(ids, dtype=torch.int32),
-                 [np.int64(i) for i in ids], [torch.tensor(i) for i in ids]):
+    for form in (
+        tuple(ids),
+        np.array(ids),
+        np.array(ids, dtype=np.uint8),
+        torch.tensor(ids, dtype=torch.int32),
+        [np.int64(i) for i in ids],
+        [torch.tensor(i) for i in ids],
+    ):
         _same(run(form), as_list)
     for one in (np.int64(1), torch.tensor(1), np.array(1), torch.tensor([1])):
         _same(run(one), run(1))
@@ -230,26 +275,49 @@ def test_integer_targets_in_every_form_agree(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_targets_that_are_not_integer_class_ids_are_refused(family):
     model, x, classes = _family(family)
-    for bad in ([0.7, 1.2], np.array([0.7, 1.2]), np.array([1.0, 0.0], dtype=np.float32), [True, False],
-                np.array([True, False]), torch.tensor([True, False]), True, 1.0, "1", [1, "0"], {0: 1}):
+    for bad in (
+        [0.7, 1.2],
+        np.array([0.7, 1.2]),
+        np.array([1.0, 0.0], dtype=np.float32),
+        [True, False],
+        np.array([True, False]),
+        torch.tensor([True, False]),
+        True,
+        1.0,
+        "1",
+        [1, "0"],
+        {0: 1},
+    ):
         _refused(model, x, InputError, ACCEPTED, target=bad)
     rest = [0] * (FAMILIES[family][3] - 1)
-    for huge in (10**20, -10**20, [10**20] + rest, np.array([2**63 - 1] + rest), np.uint64(2**64 - 1), classes):
-        _refused(model, x, InputError, rf"out of range: the model has {classes} classes \(0 … {classes - 1}\)",
-                 target=huge)
+    for huge in (10**20, -(10**20), [10**20] + rest, np.array([2**63 - 1] + rest), np.uint64(2**64 - 1), classes):
+        _refused(
+            model, x, InputError, rf"out of range: the model has {classes} classes \(0 … {classes - 1}\)", target=huge
+        )
 
 
 @pytest.mark.parametrize("family", TEXT_FAMILIES)
 def test_bad_text_is_an_input_error_naming_what_is_accepted(family):
     model, x, _ = _family(family)
-    _refused(model, dict(x, attention_mask=x["attention_mask"] * 0.5), InputError,
-             r"attention_mask must hold 1 \(a token\) and 0 \(padding\) only.*\[0.5\]")
-    _refused(model, dict(x, attention_mask=torch.tensor([[1, 1, 2, 1, 1], [1, 1, 1, 1, 0]])), InputError,
-             r"0 \(padding\) only.*\[2\]")
-    _refused(model, {"input_ids": [[2, 11, 12, 3], [2, 21, 3]]}, InputError,
-             r"rectangular batch.*different lengths \[3, 4\].*padding=True")
-    _refused(model, dict(x, token_type_ids=torch.zeros(2, 3, dtype=torch.long)), InputError,
-             "token_type_ids has shape")
+    _refused(
+        model,
+        dict(x, attention_mask=x["attention_mask"] * 0.5),
+        InputError,
+        r"attention_mask must hold 1 \(a token\) and 0 \(padding\) only.*\[0.5\]",
+    )
+    _refused(
+        model,
+        dict(x, attention_mask=torch.tensor([[1, 1, 2, 1, 1], [1, 1, 1, 1, 0]])),
+        InputError,
+        r"0 \(padding\) only.*\[2\]",
+    )
+    _refused(
+        model,
+        {"input_ids": [[2, 11, 12, 3], [2, 21, 3]]},
+        InputError,
+        r"rectangular batch.*different lengths \[3, 4\].*padding=True",
+    )
+    _refused(model, dict(x, token_type_ids=torch.zeros(2, 3, dtype=torch.long)), InputError, "token_type_ids has shape")
     # a binary mask of any dtype is the tokenizer's mask
     for mask in (x["attention_mask"].bool(), x["attention_mask"].float(), x["attention_mask"].tolist()):
         _same(explain(model, dict(x, attention_mask=mask)), explain(model, x))
@@ -259,11 +327,19 @@ def test_bad_text_is_an_input_error_naming_what_is_accepted(family):
 @pytest.mark.parametrize("side", ["image", "text"])
 def test_bad_clip_inputs_are_input_errors_naming_what_is_accepted(side):
     model, x = make_clip(), _clip_inputs(side)
-    _refused(model, dict(x, input_ids=torch.zeros(0, 4, dtype=torch.long), attention_mask=None), InputError,
-             "at least one text prompt.*processor")
+    _refused(
+        model,
+        dict(x, input_ids=torch.zeros(0, 4, dtype=torch.long), attention_mask=None),
+        InputError,
+        "at least one text prompt.*processor",
+    )
     _refused(model, dict(x, input_ids=[], attention_mask=None), InputError, "input_ids must be batched")
-    _refused(model, dict(x, pixel_values=list(x["pixel_values"])), InputError,
-             r"pixel_values must be a float tensor \(B, 3, H, W\).*list of 2 Tensor.*return_tensors='pt'")
+    _refused(
+        model,
+        dict(x, pixel_values=list(x["pixel_values"])),
+        InputError,
+        r"pixel_values must be a float tensor \(B, 3, H, W\).*list of 2 Tensor.*return_tensors='pt'",
+    )
     _refused(model, dict(x, input_ids=[[1, 5, 98], [1, 98]], attention_mask=None), InputError, "rectangular")
     _refused(model, dict(x, attention_mask=x["attention_mask"] * 0.5), InputError, "0 \\(padding\\) only")
     _same(explain(model, dict(x, pixel_values=x["pixel_values"].numpy())), explain(model, x))
@@ -289,6 +365,7 @@ def _pause_first_module_call(model, reached: threading.Event, resume: threading.
         if id(module) in mine and threading.current_thread() is not main and not reached.is_set():
             reached.set()
             assert resume.wait(30)
+
     return torch_module.register_module_forward_pre_hook(hook)
 
 
@@ -335,6 +412,7 @@ def test_the_guard_lists_the_model_only_when_a_hook_can_change_it(monkeypatch):
     """Without hooks nothing foreign runs on the model, so the guard builds no watch (a walk of every module and
     parameter per call); with a hook it does, and undoes what the hook changes."""
     from lrp_core.runtime import guard
+
     built = []
 
     class Counted(guard._Watch):
@@ -364,6 +442,7 @@ def test_the_calls_own_changes_are_undone_and_another_threads_survive():
     def flip(module, args, output):  # a user hook the replay runs: it changes the model mid-call
         module.train()
         module.register_forward_hook(lambda *a: None)
+
     model.head.register_forward_hook(flip)
     before = _state(model)
     during = _concurrent(model, x, lambda: model.blocks[2].requires_grad_(False))  # before the head runs
@@ -376,6 +455,7 @@ def test_the_calls_own_changes_are_undone_and_another_threads_survive():
 @pytest.mark.parametrize("family", ["timm_cls", "bert", "clip_image"])
 def test_concurrent_calls_give_the_sequential_answers(family):
     from concurrent.futures import ThreadPoolExecutor
+
     model, x, _ = _family(family)
     leaf = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
     leaf.register_forward_hook(lambda m, i, o: None)  # a hooked model: the guard's brackets are on

@@ -1,4 +1,5 @@
 """Rule-by-rule properties of lrp_core.rules.functional on random tensors (hypothesis)."""
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,7 @@ def test_baseline_linear_does_not_conserve():
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=SEEDS, b=st.integers(1, 4), n=st.integers(1, 6), d=st.integers(1, 6),
-       scale=st.floats(0.01, 100.0))
+@given(seed=SEEDS, b=st.integers(1, 4), n=st.integers(1, 6), d=st.integers(1, 6), scale=st.floats(0.01, 100.0))
 def test_normalized_add_conserves_and_bounds_shares_per_sample(seed, b, n, d, scale):
     u, v = _rand(seed, b, n, d, scale=scale), _rand(seed + 1, b, n, d, scale=scale)
     R = _rand(seed + 2, b, n, d)
@@ -83,8 +83,8 @@ def test_normalized_add_per_sample_equals_single_sample():
     u, v, R = _rand(0, 3, 4, 5), _rand(1, 3, 4, 5), _rand(2, 3, 4, 5)
     Ru, Rv = rules.add_normalized(u, v, R)
     for i in range(3):
-        ru, rv = rules.add_normalized(u[i:i + 1], v[i:i + 1], R[i:i + 1], per_sample=False)
-        assert torch.allclose(Ru[i:i + 1], ru) and torch.allclose(Rv[i:i + 1], rv)
+        ru, rv = rules.add_normalized(u[i : i + 1], v[i : i + 1], R[i : i + 1], per_sample=False)
+        assert torch.allclose(Ru[i : i + 1], ru) and torch.allclose(Rv[i : i + 1], rv)
 
 
 def test_instability_example_from_the_paper():

@@ -8,6 +8,7 @@ notebook's formulas and the figures must be there. Needs Debian's chromium (``ma
 playwright package (dev extra) and npm the first time; like the widget browser test, it skips locally
 without them and fails when ``CI=true``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,9 +26,17 @@ import make_slides  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 "--allow-file-access-from-files"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--allow-file-access-from-files",
+]
 ASSET_CACHE = ROOT / ".cache" / "slides-assets"
 
 
@@ -47,14 +56,18 @@ def _chromium() -> str | None:
 
 
 def test_slide_types_follow_headings_and_figures():
-    nb = {"metadata": {"widgets": {"state": {}}}, "cells": [
-        {"cell_type": "markdown", "source": ["## 2. A section"], "metadata": {}},
-        {"cell_type": "markdown", "source": ["prose"], "metadata": {}},
-        {"cell_type": "code", "source": [], "metadata": {}, "outputs": [{"data": {"image/jpeg": "..."}}]},
-        {"cell_type": "code", "source": [], "metadata": {}, "outputs": [{"text": "numbers"}]}]}
+    nb = {
+        "metadata": {"widgets": {"state": {}}},
+        "cells": [
+            {"cell_type": "markdown", "source": ["## 2. A section"], "metadata": {}},
+            {"cell_type": "markdown", "source": ["prose"], "metadata": {}},
+            {"cell_type": "code", "source": [], "metadata": {}, "outputs": [{"data": {"image/jpeg": "..."}}]},
+            {"cell_type": "code", "source": [], "metadata": {}, "outputs": [{"text": "numbers"}]},
+        ],
+    }
     out = make_slides.slide_notebook(nb)
     assert [c["metadata"]["slideshow"]["slide_type"] for c in out["cells"]] == ["slide", "-", "subslide", "-"]
-    assert "widgets" not in out["metadata"] and "widgets" in nb["metadata"]   # the input is left as it was
+    assert "widgets" not in out["metadata"] and "widgets" in nb["metadata"]  # the input is left as it was
 
 
 def test_the_plan_deck_opens_offline_in_chromium(tmp_path):
@@ -78,8 +91,14 @@ def test_the_plan_deck_opens_offline_in_chromium(tmp_path):
         browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.on("request", lambda r: None if r.url.startswith(f"file://{tmp_path}") or r.url.startswith("data:")
-                    else outside.append(r.url))
+            page.on(
+                "request",
+                lambda r: (
+                    None
+                    if r.url.startswith(f"file://{tmp_path}") or r.url.startswith("data:")
+                    else outside.append(r.url)
+                ),
+            )
             page.on("requestfailed", lambda r: failed.append(r.url))
             page.goto(deck.as_uri())
             page.wait_for_function("document.querySelector('.reveal.ready') !== null", timeout=60_000)  # reveal.js ran
@@ -88,8 +107,10 @@ def test_the_plan_deck_opens_offline_in_chromium(tmp_path):
             first = page.evaluate("document.querySelector('.reveal .slides > section.present h1').textContent")
             assert first.startswith("6 · Explaining a Vision Transformer")
             page.keyboard.press("ArrowRight")
-            page.wait_for_function("document.querySelectorAll('.reveal .slides > section')[1]"
-                                   ".classList.contains('present')", timeout=10_000)
+            page.wait_for_function(
+                "document.querySelectorAll('.reveal .slides > section')[1].classList.contains('present')",
+                timeout=10_000,
+            )
             page.wait_for_function("document.querySelectorAll('.MathJax_CHTML').length > 0", timeout=60_000)
             page.screenshot(path=str(tmp_path / "slide.png"))
         finally:

@@ -1,5 +1,6 @@
 """Sources as units (docs/METHODS.md §2s): source scores, the span helpers, leave-one-out and the ContextCite
 surrogate against explicit removals and hand computations, on tiny seeded decoders in float64."""
+
 from __future__ import annotations
 
 import sys
@@ -23,9 +24,12 @@ def llama():
 
 
 def _state(model):
-    return ({k: v.detach().clone() for k, v in model.state_dict().items()},
-            [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()],
-            [m.training for m in model.modules()], [p.grad for p in model.parameters()])
+    return (
+        {k: v.detach().clone() for k, v in model.state_dict().items()},
+        [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()],
+        [m.training for m in model.modules()],
+        [p.grad for p in model.parameters()],
+    )
 
 
 def _same_state(a, b) -> bool:
@@ -44,16 +48,22 @@ def test_source_scores_are_the_token_scores_summed_over_each_span(llama, side):
     x = batch(rows(lengths=(9, 7, 8)), side=side)
     exp = explain(llama, x, method="attnlrp", sources=SPANS)
     first = (x["attention_mask"] != 0).long().argmax(1)
-    by_hand = torch.tensor([[float(exp.scores[b, first[b] + a:first[b] + e].sum()) for a, e in SPANS]
-                            for b in range(3)], dtype=torch.float64)
+    by_hand = torch.tensor(
+        [[float(exp.scores[b, first[b] + a : first[b] + e].sum()) for a, e in SPANS] for b in range(3)],
+        dtype=torch.float64,
+    )
     assert exp.sources.shape == (3, 3)
     assert torch.allclose(exp.sources, by_hand, rtol=0, atol=1e-12)
     assert torch.equal(exp.by_source(SPANS), exp.sources)
     # per-row spans: row 1 scored over other spans
     per_row = [SPANS, [(1, 3), (3, 4), (4, 6)], SPANS]
-    assert torch.allclose(explain(llama, x, method="attnlrp", sources=per_row).sources[1],
-                          torch.tensor([float(exp.scores[1, first[1] + a:first[1] + e].sum())
-                                        for a, e in per_row[1]], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(
+        explain(llama, x, method="attnlrp", sources=per_row).sources[1],
+        torch.tensor(
+            [float(exp.scores[1, first[1] + a : first[1] + e].sum()) for a, e in per_row[1]], dtype=torch.float64
+        ),
+        atol=1e-12,
+    )
 
 
 def test_padding_side_does_not_move_the_spans(llama):
@@ -63,14 +73,17 @@ def test_padding_side_does_not_move_the_spans(llama):
     assert torch.allclose(left, right, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("bad, match", [
-    ([(0, 2), (5, 12)], "reaches past the row"),            # row 1 has 7 real tokens
-    ([(0, 2), (5, 7)], "reaches the explained token"),       # row 1 is read at its token 6
-    ([(3, 1)], "0 ≤ start ≤ end"),
-    ([(0, 1.5)], "token spans"),
-    ([[(0, 1)], [(0, 1), (1, 2)]], r"the rows have \[1, 2\] sources"),
-    ([], "token spans"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ([(0, 2), (5, 12)], "reaches past the row"),  # row 1 has 7 real tokens
+        ([(0, 2), (5, 7)], "reaches the explained token"),  # row 1 is read at its token 6
+        ([(3, 1)], "0 ≤ start ≤ end"),
+        ([(0, 1.5)], "token spans"),
+        ([[(0, 1)], [(0, 1), (1, 2)]], r"the rows have \[1, 2\] sources"),
+        ([], "token spans"),
+    ],
+)
 def test_bad_spans_are_refused(llama, bad, match):
     with pytest.raises(InputError, match=match):
         explain(llama, batch(rows(lengths=(9, 7)), side="left"), method="attnlrp", sources=bad)
@@ -109,7 +122,7 @@ def test_leave_one_out_equals_explicit_removals(family, side):
     first = (x["attention_mask"] != 0).long().argmax(1)
     for b in range(3):
         for s, (a, e) in enumerate(SPANS):
-            got = exp.scores[b, first[b] + a:first[b] + e]
+            got = exp.scores[b, first[b] + a : first[b] + e]
             assert torch.allclose(got, exp.sources[b, s].expand(e - a) / (e - a), atol=1e-14)
 
 
@@ -121,8 +134,10 @@ def test_leave_one_out_with_a_filler_equals_explicit_replacements(llama):
         for s, (a, e) in enumerate(SPANS):
             replaced = ids.clone()
             replaced[a:e] = 3
-            assert abs(float(exp.sources[b, s]) - (_logit_at_end(llama, ids, t) - _logit_at_end(llama, replaced, t))) \
+            assert (
+                abs(float(exp.sources[b, s]) - (_logit_at_end(llama, ids, t) - _logit_at_end(llama, replaced, t)))
                 < 1e-10
+            )
 
 
 @pytest.mark.parametrize("method", ["leave_one_out", "context_cite"])
@@ -132,8 +147,13 @@ def test_a_batch_equals_its_rows_one_by_one(llama, method):
     opts = {"n_ablations": 16} if method == "context_cite" else {}
     whole = explain(llama, x, method=method, sources=SPANS, **opts)
     for b, ids in enumerate(r):
-        one = explain(llama, {"input_ids": ids[None], "attention_mask": torch.ones(1, len(ids), dtype=torch.long)},
-                      method=method, sources=SPANS, **opts)
+        one = explain(
+            llama,
+            {"input_ids": ids[None], "attention_mask": torch.ones(1, len(ids), dtype=torch.long)},
+            method=method,
+            sources=SPANS,
+            **opts,
+        )
         assert torch.allclose(one.sources[0], whole.sources[b], rtol=0, atol=1e-9), b
     # pieces: the same rows explained two at a time
     split = explain(llama, x, method=method, sources=SPANS, chunk_size=2, **opts)
@@ -177,15 +197,20 @@ def test_the_lasso_shrinks_one_source_by_alpha_over_its_spread():
 def test_context_cite_is_the_surrogate_of_explicit_removals(llama):
     r = rows(lengths=(9, 7))
     before = _state(llama)
-    exp = explain(llama, batch(r, side="left"), method="context_cite", sources=SPANS, n_ablations=12, seed=5,
-                  alpha=0.0)
+    exp = explain(llama, batch(r, side="left"), method="context_cite", sources=SPANS, n_ablations=12, seed=5, alpha=0.0)
     assert _same_state(before, _state(llama))
     assert exp.options["forward_passes"] == 13
     keep = ablation_masks(len(SPANS), 12, 0.5, seed=5).numpy()
     for b, ids in enumerate(r):
         t = int(exp.target[b])
-        y = np.array([_logit_at_end(llama, torch.cat([ids[a:e] for s, (a, e) in enumerate(SPANS) if k[s]]
-                                                     + [ids[SPANS[-1][1]:]]), t) for k in keep])
+        y = np.array(
+            [
+                _logit_at_end(
+                    llama, torch.cat([ids[a:e] for s, (a, e) in enumerate(SPANS) if k[s]] + [ids[SPANS[-1][1] :]]), t
+                )
+                for k in keep
+            ]
+        )
         beta, _ = fit_surrogate(keep, y, alpha=0.0)
         assert np.abs(exp.sources[b].numpy() - beta).max() < 1e-8, b
     # the default penalty (ContextCite's 0.01) gives scikit-learn's Lasso on the same masks
@@ -203,13 +228,18 @@ def test_context_cite_without_scikit_learn_names_the_extra(llama, monkeypatch):
 # ------------------------------------------------------------------ the span helpers
 def test_sentences_and_documents_map_onto_word_level_tokens():
     from lrp_core.models.tiny_lm import build_tokenizer
+
     tok = build_tokenizer()
     text = sentences("Anna lives in Rome. Boris moved to Oslo.  Where does Anna live? Answer:")
     assert text.labels == ["Anna lives in Rome.", "Boris moved to Oslo.", "Where does Anna live?", "Answer:"]
     # <s> is token 0; "Anna lives in Rome ." tokens 1-5, "Boris moved to Oslo ." 6-10, ...
     assert text.token_spans(tok) == [(1, 6), (6, 11), (11, 16), (16, 18)]
-    doc = documents(["Anna lives in Rome.", "Boris moved to Oslo."], "{documents} {question}", separator=" ",
-                    question="Where does Anna live? Answer:")
+    doc = documents(
+        ["Anna lives in Rome.", "Boris moved to Oslo."],
+        "{documents} {question}",
+        separator=" ",
+        question="Where does Anna live? Answer:",
+    )
     assert doc.text == "Anna lives in Rome. Boris moved to Oslo. Where does Anna live? Answer:"
     assert doc.token_spans(tok) == [(1, 6), (6, 11)]
 
@@ -217,11 +247,14 @@ def test_sentences_and_documents_map_onto_word_level_tokens():
 def test_spans_follow_byte_level_tokens_with_leading_spaces():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    core.train_from_iterator(["Anna lives in Rome. Boris moved to Oslo."] * 4,
-                             trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    core.train_from_iterator(
+        ["Anna lives in Rome. Boris moved to Oslo."] * 4,
+        trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=core)
     text = sentences("Anna lives in Rome. Boris moved to Oslo.")
     spans = text.token_spans(tok)
@@ -243,15 +276,20 @@ def test_generation_gives_step_sources_and_the_answer_sums_them(llama):
     first = (gen.attention_mask != 0).long().argmax(1)
     for b in range(2):
         for k in range(3):
-            by_hand = [float(gen.scores[b, k, first[b] + a:first[b] + e].sum()) for a, e in SPANS]
+            by_hand = [float(gen.scores[b, k, first[b] + a : first[b] + e].sum()) for a, e in SPANS]
             assert np.allclose(gen.sources[b, k].numpy(), by_hand, atol=1e-12)
     assert torch.equal(gen.answer_sources(), gen.sources.sum(1))
     loo = explain_generation(llama, None, x, method="leave_one_out", continuation=gen.targets, sources=SPANS)
     # step 1 of row 1 by hand: the prompt without source 1
     t = int(gen.targets[1, 0])
     ids = r[1]
-    assert abs(float(loo.sources[1, 0, 1]) - (_logit_at_end(llama, ids, t)
-                                              - _logit_at_end(llama, torch.cat([ids[:2], ids[5:]]), t))) < 1e-10
+    assert (
+        abs(
+            float(loo.sources[1, 0, 1])
+            - (_logit_at_end(llama, ids, t) - _logit_at_end(llama, torch.cat([ids[:2], ids[5:]]), t))
+        )
+        < 1e-10
+    )
 
 
 # ------------------------------------------------------------------ the views
@@ -262,6 +300,7 @@ def tiny_lm():
     from decoders import perturb
 
     from lrp_core.models.tiny_lm import build_model, build_tokenizer
+
     tok = build_tokenizer()
     torch.manual_seed(0)
     return SimpleNamespace(model=perturb(build_model(len(tok)), 0).double().eval(), tokenizer=tok)
@@ -272,8 +311,9 @@ PROMPT = "Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer
 
 def test_the_generation_page_shows_sources_probabilities_and_an_honest_title(tiny_lm, monkeypatch):
     spans = sentences(PROMPT).token_spans(tiny_lm.tokenizer)[:2]
-    gen = explain_generation(tiny_lm.model, tiny_lm.tokenizer, PROMPT, method="attnlrp", continuation=" Oslo .",
-                             sources=spans)
+    gen = explain_generation(
+        tiny_lm.model, tiny_lm.tokenizer, PROMPT, method="attnlrp", continuation=" Oslo .", sources=spans
+    )
     page = gen.html(0)
     assert gen.source_labels(0) == ["Anna lives in Rome .", "Boris lives in Oslo ."]
     assert "Sources, whole answer" in page and "Boris lives in Oslo ." in page
@@ -291,15 +331,23 @@ def test_the_generation_page_shows_sources_probabilities_and_an_honest_title(tin
     # show() displays once and returns nothing (a cell ending in it does not draw it twice)
     shown = []
     import IPython.display
+
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
     assert gen.show() is None and len(shown) == 1
 
 
 def test_the_generation_explorer_draws_each_steps_sources(tiny_lm):
     from widgets import GenerationExplorer
+
     spans = sentences(PROMPT).token_spans(tiny_lm.tokenizer)[:2]
-    w = GenerationExplorer(tiny_lm.model, tiny_lm.tokenizer, prompt=PROMPT, continuation=" Oslo .", sources=spans,
-                           methods=["attnlrp", "leave_one_out"])
+    w = GenerationExplorer(
+        tiny_lm.model,
+        tiny_lm.tokenizer,
+        prompt=PROMPT,
+        continuation=" Oslo .",
+        sources=spans,
+        methods=["attnlrp", "leave_one_out"],
+    )
     assert w.source_labels() == ["Anna lives in Rome .", "Boris lives in Oslo ."]
     got = w.explanation.sources[0]
     want = explain(tiny_lm.model, w.prefix(0), method="attnlrp", target=w.target_id(0), sources=spans).sources[0]

@@ -5,6 +5,7 @@ The method makes each block's attention gradient only when the top-down relevanc
 the textbook computation from the public pieces: every ∇A_b from one backward and R^{A_b} from one relevance
 pass (``attention_parts``), the N×N product (``accumulate``) and the readout's row of it.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -47,8 +48,9 @@ def test_decoders_match_the_full_product(family):
     assert torch.isfinite(e.scores).all()
 
 
-@pytest.mark.parametrize("options", [dict(start_layer=1), dict(rollout_norm="row"),
-                                     dict(start_layer=1, end_layer=1, rollout_norm="row")])
+@pytest.mark.parametrize(
+    "options", [dict(start_layer=1), dict(rollout_norm="row"), dict(start_layer=1, end_layer=1, rollout_norm="row")]
+)
 def test_options_match_the_full_product(options):
     model = make_decoder("llama", dtype=torch.float64, num_hidden_layers=3)
     inputs = batch(rows(lengths=(8, 8)))
@@ -98,6 +100,7 @@ def test_vector_chain_is_the_row_of_the_product():
 def test_gradients_are_handed_out_top_down_only():
     from lrp_core.errors import LRPError
     from lrp_core.methods.attention import _TopDownGradients
+
     model = make_decoder("llama", dtype=torch.float64)
     adapter = get_adapter(model)
     trace = adapter.forward(adapter.check_inputs(batch(rows(lengths=(6,)))), grad=True)
@@ -113,6 +116,7 @@ def test_gradients_are_handed_out_top_down_only():
 def test_one_backward_for_all_blocks_gives_the_split_backwards_maps(monkeypatch, method, options):
     """A model that is not a plain stack gets every ∂y/∂A_b from one backward: the same maps, float64."""
     from lrp_core.methods.attention import _TopDownGradients
+
     model = make_tiny_vit().double()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     split = explain(model, x, method=method, **options)
@@ -120,6 +124,7 @@ def test_one_backward_for_all_blocks_gives_the_split_backwards_maps(monkeypatch,
 
     def not_split(*args):
         raise AssertionError("the split backward ran")
+
     monkeypatch.setattr(_TopDownGradients, "__init__", not_split)
     whole = explain(model, x, method=method, **options)
     assert _rel(whole.scores, split.scores) <= TOL

@@ -4,6 +4,7 @@ No Docker engine is needed: the Dockerfile is read, not built. What is checked i
 installs by the Makefile's own `make install`, copies everything that target and the course
 need, and starts the course the Makefile's way.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -25,8 +26,9 @@ def make_dry_run(*args: str) -> list[str]:
     """The commands `make -n ARGS` would run (nothing is executed)."""
     if shutil.which("make") is None:
         pytest.fail("`make` is not installed: the README's two commands need it")
-    out = subprocess.run(["make", "-n", "-C", str(ROOT), "--no-print-directory", *args],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "--no-print-directory", *args], capture_output=True, text=True, check=True
+    )
     return out.stdout.splitlines()
 
 
@@ -44,8 +46,9 @@ def pip_installs(lines: list[str]) -> list[str]:
 # ---------------------------------------------------------------- Makefile
 def test_lab_adds_allow_root_only_for_root_and_passes_lab_args():
     as_root = [ln for ln in make_dry_run("lab", "USER_ID=0") if "jupyter lab" in ln]
-    as_user = [ln for ln in make_dry_run("lab", "USER_ID=1000", "LAB_ARGS=--ip 0.0.0.0 --no-browser")
-               if "jupyter lab" in ln]
+    as_user = [
+        ln for ln in make_dry_run("lab", "USER_ID=1000", "LAB_ARGS=--ip 0.0.0.0 --no-browser") if "jupyter lab" in ln
+    ]
     assert len(as_root) == len(as_user) == 1
     assert "--allow-root" in as_root[0].split()
     assert "--allow-root" not in as_user[0].split()
@@ -56,7 +59,7 @@ def test_lab_adds_allow_root_only_for_root_and_passes_lab_args():
 def test_wheelhouse_install_uses_only_the_wheelhouse():
     online = pip_installs(make_dry_run("-B", "install"))
     offline = pip_installs(make_dry_run("-B", "install", "WHEELHOUSE=/media/usb/wheelhouse"))
-    assert len(online) == len(offline) == 3                       # pip itself, torch pair, the project
+    assert len(online) == len(offline) == 3  # pip itself, torch pair, the project
     assert not any("--no-index" in a for a in online)
     for on, off in zip(online, offline):
         assert off == f"--no-index --find-links /media/usb/wheelhouse {on}"  # the same steps, offline
@@ -64,9 +67,12 @@ def test_wheelhouse_install_uses_only_the_wheelhouse():
 
 def test_wheelhouse_target_downloads_what_install_installs():
     install = pip_installs(make_dry_run("-B", "install"))
-    downloads = [re.sub(r"^.*pip download .*?-d \S+ ", "", ln).replace('"', "").strip()
-                 for ln in make_dry_run("-B", "wheelhouse") if "pip download" in ln]
-    for step in install[1:]:                                       # -r requirements..., -c ... -e .[dev]
+    downloads = [
+        re.sub(r"^.*pip download .*?-d \S+ ", "", ln).replace('"', "").strip()
+        for ln in make_dry_run("-B", "wheelhouse")
+        if "pip download" in ln
+    ]
+    for step in install[1:]:  # -r requirements..., -c ... -e .[dev]
         wanted = step.replace("-e ", "")
         assert wanted in downloads, (wanted, downloads)
     assert any(d.startswith("pip ") and "setuptools" in d and "wheel" in d for d in downloads)  # build backend
@@ -80,11 +86,11 @@ def environment_pip_lines() -> list[str]:
 
 
 def test_environment_yml_installs_what_the_makefile_installs():
-    install = pip_installs(make_dry_run("-B", "install"))[1:]     # without `--upgrade pip`
+    install = pip_installs(make_dry_run("-B", "install"))[1:]  # without `--upgrade pip`
     make_args = " ".join(install).split()
     env_args = " ".join(environment_pip_lines()).split()
     # the same options and files: -r requirements-torch.txt, -c requirements-torch.txt, -e .[dev]
-    pairs = lambda args: sorted(zip(args[::2], args[1::2]))        # noqa: E731
+    pairs = lambda args: sorted(zip(args[::2], args[1::2]))  # noqa: E731
     assert pairs(env_args) == pairs(make_args)
 
 
@@ -141,31 +147,44 @@ def excluded(path: str, patterns: list[str]) -> bool:
     for pat in patterns:
         for k in range(1, len(parts) + 1):
             head = "/".join(parts[:k])
-            if fnmatch.fnmatch(head, pat) or fnmatch.fnmatch(head, pat.removeprefix("**/")) \
-                    or (pat.startswith("**/") and fnmatch.fnmatch(parts[k - 1], pat[3:])):
+            if (
+                fnmatch.fnmatch(head, pat)
+                or fnmatch.fnmatch(head, pat.removeprefix("**/"))
+                or (pat.startswith("**/") and fnmatch.fnmatch(parts[k - 1], pat[3:]))
+            ):
                 return True
     return False
 
 
 def test_dockerignore_keeps_what_install_and_the_course_need():
     patterns = dockerignore_patterns()
-    assert not any(p.startswith("!") for p in patterns)             # the simple matcher above suffices
+    assert not any(p.startswith("!") for p in patterns)  # the simple matcher above suffices
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    if not tracked:                                                  # not a git checkout: the folders' files
+    if not tracked:  # not a git checkout: the folders' files
         tracked = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and ".venv" not in p.parts]
-    needed = [p for p in tracked if p in ("pyproject.toml", "requirements-torch.txt", "README.md", "Makefile")
-              or p.split("/")[0] in ("lrp_core", "widgets", "notebooks", "scripts")]
+    needed = [
+        p
+        for p in tracked
+        if p in ("pyproject.toml", "requirements-torch.txt", "README.md", "Makefile")
+        or p.split("/")[0] in ("lrp_core", "widgets", "notebooks", "scripts")
+    ]
     assert "lrp_core/__init__.py" in needed and "notebooks/00_welcome.ipynb" in needed
     assert [p for p in needed if excluded(p, patterns)] == []
-    for local in (".venv", ".venv/bin/python", "wheelhouse/torch.whl", ".git/HEAD", "results/x.json",
-                  "lrp_core/__pycache__/api.cpython-311.pyc"):
+    for local in (
+        ".venv",
+        ".venv/bin/python",
+        "wheelhouse/torch.whl",
+        ".git/HEAD",
+        "results/x.json",
+        "lrp_core/__pycache__/api.cpython-311.pyc",
+    ):
         assert excluded(local, patterns), local
 
 
 # ---------------------------------------------------------------- docs
 def test_readme_first_screen_has_the_picture_the_two_commands_and_the_course_map():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    first = readme.split("\n## ", 4)                                 # the opening and the first sections
+    first = readme.split("\n## ", 4)  # the opening and the first sections
     top = "\n## ".join(first[:4])
     for img in re.findall(r"\]\((docs/images/[^)]+\.png)\)", top):
         assert (ROOT / img).is_file(), img
@@ -177,7 +196,7 @@ def test_readme_first_screen_has_the_picture_the_two_commands_and_the_course_map
 
 def test_docs_point_to_the_answer_key():
     assert "(docs/ANSWERS.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "(ANSWERS.md)" in (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")   # a link beside it
+    assert "(ANSWERS.md)" in (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")  # a link beside it
 
 
 def plan_rows(title: str) -> list[str]:
@@ -190,13 +209,13 @@ def plan_rows(title: str) -> list[str]:
 def taught_in() -> dict[str, int]:
     """Each method of the library -> the first notebook (from 1 on) whose *code* uses it."""
     from lrp_core.methods.registry import METHODS
+
     first: dict[str, int] = {}
     for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         n = int(nb.name[:2])
         if n == 0:
-            continue                                                 # the welcome's map names, not teaches
-        code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"]
-                         if c["cell_type"] == "code")
+            continue  # the welcome's map names, not teaches
+        code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
         for m in METHODS:
             if m not in first and re.search(rf"[\"']{m}[\"']", code):
                 first[m] = n
@@ -206,6 +225,7 @@ def taught_in() -> dict[str, int]:
 def methods_of(exercise) -> set[str]:
     """Method names an exercise's reference uses: in its source, or in module constants it names."""
     from lrp_core.methods.registry import METHODS
+
     src = inspect.getsource(exercise.reference)
     module = sys.modules[exercise.reference.__module__]
     for const in set(re.findall(r"\b[A-Z][A-Z_0-9]{2,}\b", src)):
@@ -220,6 +240,7 @@ def course():
     sys.path.insert(0, str(ROOT / "notebooks"))
     try:
         import solutions
+
         yield solutions.all_exercises(), taught_in()
     finally:
         sys.path.remove(str(ROOT / "notebooks"))
@@ -249,8 +270,9 @@ def test_plans_use_only_what_was_taught_before(plan, course):
         for n, k in re.findall(r"\b(\d+)\.(\d)\b", in_class):
             assert int(n) in taught, f"{plan}: exercise {n}.{k} before notebook {n} ({row})"
             for method in methods_of(exercises[f"ex{n}_{k}"]):
-                assert first[method] in taught, \
+                assert first[method] in taught, (
                     f"{plan}: exercise {n}.{k} uses {method}, taught in notebook {first[method]} ({row})"
+                )
             done += 1
     assert done >= 3, f"{plan}: no exercises found in its table"
 

@@ -1,4 +1,5 @@
 """Tokens as people read them, and the self-contained generation heat map."""
+
 import re
 
 import numpy as np
@@ -8,8 +9,10 @@ from lrp_core.errors import InputError
 from lrp_core.viz.text import generation_html, merge_words, page, readable
 
 
-@pytest.mark.parametrize("piece, text", [("Ġcat", " cat"), ("▁Rome", " Rome"), ("Ċ", "\n"), ("##ly", "ly"),
-                                         ("plain", "plain"), ("<s>", "<s>")])
+@pytest.mark.parametrize(
+    "piece, text",
+    [("Ġcat", " cat"), ("▁Rome", " Rome"), ("Ċ", "\n"), ("##ly", "ly"), ("plain", "plain"), ("<s>", "<s>")],
+)
 def test_readable(piece, text):
     assert readable(piece) == text
 

@@ -1,4 +1,5 @@
 """Shared helpers (lrp_core.runtime.utils): model device, progress bars, logits."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ from lrp_core.runtime.utils import logits_in_batches, logits_of, minmax_rows, mo
 
 def test_model_device():
     assert model_device(torch.nn.Linear(2, 3)) == torch.device("cpu")
-    assert model_device(lambda x: x) == torch.device("cpu")        # no parameters
+    assert model_device(lambda x: x) == torch.device("cpu")  # no parameters
 
 
 def test_progress_bar_passes_through_without_progress():
@@ -26,7 +27,8 @@ def test_logits_of_tensor_output_and_dict_inputs():
     x = torch.randn(2, 4)
     assert torch.equal(logits_of(lin, x), lin(x))
     hf_like = lambda input_ids, attention_mask: SimpleNamespace(  # noqa: E731
-        logits=(input_ids * attention_mask).float())
+        logits=(input_ids * attention_mask).float()
+    )
     ids, mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
     assert logits_of(hf_like, {"input_ids": ids, "attention_mask": mask}).shape == (2, 5)
     with pytest.raises(InputError, match=r"\(B, C\)"):
@@ -56,12 +58,13 @@ def test_logits_in_batches_prepares_each_block():
     texts = ["a", "bb", "ccc", "dddd", "eeeee"]
 
     def prepare(block: list[str]) -> dict[str, torch.Tensor]:
-        width = max(map(len, block))                     # padding per block, as a tokenizer does
+        width = max(map(len, block))  # padding per block, as a tokenizer does
         ids = torch.tensor([[len(t)] * width for t in block])
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
     hf_like = lambda input_ids, attention_mask: SimpleNamespace(  # noqa: E731
-        logits=(input_ids * attention_mask).float())
+        logits=(input_ids * attention_mask).float()
+    )
     out = [(block, lg) for block, lg in logits_in_batches(hf_like, texts, 2, prepare)]
     assert [b.start for b, _ in out] == [0, 2, 4]
     assert [lg.shape for _, lg in out] == [(2, 2), (2, 4), (1, 5)]

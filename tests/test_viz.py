@@ -1,4 +1,5 @@
 """lrp_core.viz: zero-centred colours, overlays, PNG rendering, token HTML, word-pieces."""
+
 from __future__ import annotations
 
 import io
@@ -76,7 +77,7 @@ def test_colorize_zero_is_white_and_signs_are_red_and_blue():
     # gamma 0.5: a tenth of the limit gets about a third of the full colour (linear: a tenth)
     weak = viz.colorize(np.array([0.1]), limit=1.0)[0]
     lin = viz.colorize(np.array([0.1]), limit=1.0, gamma=1.0)[0]
-    assert 255 - weak[1] == pytest.approx(255 * 0.1 ** 0.5, abs=2)
+    assert 255 - weak[1] == pytest.approx(255 * 0.1**0.5, abs=2)
     assert 255 - lin[1] == pytest.approx(25.5, abs=2)
     # values beyond the limit take the end colour
     assert tuple(viz.colorize(np.array([7.0]), limit=1.0)[0]) == tuple(viz.colorize(np.array([1.0]), limit=1.0)[0])
@@ -84,8 +85,7 @@ def test_colorize_zero_is_white_and_signs_are_red_and_blue():
 
 def test_colorize_positive_view_is_the_clamped_map():
     vals = np.array([-2.0, -1.0, 0.5, 1.0])
-    np.testing.assert_array_equal(viz.colorize(vals, signed=False),
-                                  viz.colorize(np.clip(vals, 0, None), limit=1.0))
+    np.testing.assert_array_equal(viz.colorize(vals, signed=False), viz.colorize(np.clip(vals, 0, None), limit=1.0))
 
 
 def test_one_huge_patch_does_not_blank_the_others():

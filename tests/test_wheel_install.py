@@ -5,6 +5,7 @@ setuptools), and the new environment sees the project venv's packages (torch, ti
 appended after its own site-packages, so ``lrp_core`` is found in the wheel's copy first. The run happens in a
 temporary directory outside the repository, so nothing of the checkout can be imported by accident.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,13 @@ pytestmark = pytest.mark.slow
 
 def _checkout_files() -> list[str]:
     """The files a fresh clone of this working tree would have: tracked and new, not ignored."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout.splitlines()
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     return [f for f in out if (ROOT / f).is_file()]
 
 
@@ -40,8 +46,24 @@ def wheel(tmp_path_factory) -> Path:
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--disable-pip-version-check", "-q", "-w", str(out), str(src)], check=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        check=True,
+        timeout=600,
+    )
     (found,) = out.glob("transformer_relevance_lab-0.1.0-*.whl")
     return found
 
@@ -61,19 +83,41 @@ def test_installed_wheel_explains_an_embedded_model(wheel, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     # the project venv's packages after the new venv's own (a plain path line: its .pth files, the editable
     # install of this checkout among them, are not run)
     (site / "zz_project_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env["PYTHONNOUSERSITE"] = "1"
-    subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
-                    "-q", str(wheel)], check=True, env=env, timeout=300)
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-q",
+            str(wheel),
+        ],
+        check=True,
+        env=env,
+        timeout=300,
+    )
     run = tmp_path / "elsewhere"
     run.mkdir()
     # the same thread count as this process: a CPU matrix product's round-off depends on it
-    code = f"import torch\ntorch.set_num_threads({torch.get_num_threads()})\n" + """
+    code = (
+        f"import torch\ntorch.set_num_threads({torch.get_num_threads()})\n"
+        + """
 import json, torch
 import lrp_core
 from lrp_core.models import load
@@ -83,6 +127,7 @@ x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))  #
 exp = lrp_core.explain(m.model, x, method="transformer_attribution")
 print(json.dumps({"file": lrp_core.__file__, "scores": exp.scores.tolist(), "x": x.tolist()}))
 """
+    )
     proc = subprocess.run([str(python), "-c", code], cwd=run, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -91,6 +136,7 @@ print(json.dumps({"file": lrp_core.__file__, "scores": exp.scores.tolist(), "x":
 
     import lrp_core
     from lrp_core.models import load
+
     assert ROOT in Path(lrp_core.__file__).resolve().parents  # the reference: this checkout
     ref = lrp_core.explain(load("toy-vit").model, torch.tensor(got["x"]), method="transformer_attribution")
     assert torch.equal(torch.tensor(got["scores"]), ref.scores)

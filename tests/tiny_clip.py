@@ -1,4 +1,5 @@
 """A tiny random Hugging Face CLIPModel, built in milliseconds, shared by the engine and widget tests."""
+
 from __future__ import annotations
 
 import torch
@@ -11,13 +12,29 @@ def make_clip(seed: int = 0, eos_token_id: int = 98) -> torch.nn.Module:
     the first occurrence of that id.
     """
     from transformers import CLIPConfig, CLIPModel
+
     torch.manual_seed(seed)
     cfg = CLIPConfig(
-        text_config=dict(vocab_size=99, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, max_position_embeddings=16, bos_token_id=1,
-                         eos_token_id=eos_token_id),
-        vision_config=dict(image_size=32, patch_size=8, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                           num_attention_heads=3), projection_dim=24)
+        text_config=dict(
+            vocab_size=99,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            bos_token_id=1,
+            eos_token_id=eos_token_id,
+        ),
+        vision_config=dict(
+            image_size=32,
+            patch_size=8,
+            hidden_size=48,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=3,
+        ),
+        projection_dim=24,
+    )
     model = CLIPModel(cfg).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # non-trivial LayerNorms

@@ -7,6 +7,7 @@
 on the same images (a SigLIP tower); ``gemma3_prompt``, ``paligemma_prompt``, ``image_types`` and ``with_types`` lay
 out their rows and ``token_type_ids``.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -33,30 +34,64 @@ def _norms(model: torch.nn.Module, seed: int, bias_free: bool) -> None:
                 p.copy_(torch.zeros_like(p) if bias_free else 0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
-def make_llava(tower: str = "dinov2", seed: int = 0, layer: int = -1, strategy: str = "default",
-               bias_free: bool = False, attn: str = "sdpa", dtype: torch.dtype = torch.float64,
-               text: Optional[dict] = None, family: str = "llama"):
+def make_llava(
+    tower: str = "dinov2",
+    seed: int = 0,
+    layer: int = -1,
+    strategy: str = "default",
+    bias_free: bool = False,
+    attn: str = "sdpa",
+    dtype: torch.dtype = torch.float64,
+    text: Optional[dict] = None,
+    family: str = "llama",
+):
     """A tiny LLaVA. ``bias_free``: every additive constant zero (Linear / Conv biases, LayerNorm shifts, position
     embeddings, [CLS]), for the conservation checks. ``family``: the language model's (llama, mistral, qwen2)."""
     import transformers
     from transformers import CLIPVisionConfig, Dinov2Config, LlavaConfig, LlavaForConditionalGeneration
-    text_config = getattr(transformers, {"llama": "LlamaConfig", "mistral": "MistralConfig",
-                                         "qwen2": "Qwen2Config"}[family])
+
+    text_config = getattr(
+        transformers, {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}[family]
+    )
     torch.manual_seed(seed)
-    tcfg = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=1, eos_token_id=1,
-                tie_word_embeddings=False, attn_implementation=attn)
+    tcfg = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
+    )
     if family == "llama":
         tcfg["attention_bias"] = False
     if family == "mistral":
         tcfg["sliding_window"] = 8
     tcfg.update(text or {})
-    vision = dict(hidden_size=24, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
-                  image_size=SIZE, patch_size=PATCH, attn_implementation=attn)
+    vision = dict(
+        hidden_size=24,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=SIZE,
+        patch_size=PATCH,
+        attn_implementation=attn,
+    )
     vcfg = Dinov2Config(**vision, qkv_bias=not bias_free) if tower == "dinov2" else CLIPVisionConfig(**vision)
-    cfg = LlavaConfig(vision_config=vcfg, text_config=text_config(**tcfg), image_token_id=IMAGE,
-                      vision_feature_layer=layer, vision_feature_select_strategy=strategy,
-                      multimodal_projector_bias=not bias_free, attn_implementation=attn)
+    cfg = LlavaConfig(
+        vision_config=vcfg,
+        text_config=text_config(**tcfg),
+        image_token_id=IMAGE,
+        vision_feature_layer=layer,
+        vision_feature_select_strategy=strategy,
+        multimodal_projector_bias=not bias_free,
+        attn_implementation=attn,
+    )
     model = LlavaForConditionalGeneration(cfg).eval().to(dtype)
     _norms(model, seed, bias_free)
     g = torch.Generator().manual_seed(seed + 1)
@@ -64,8 +99,12 @@ def make_llava(tower: str = "dinov2", seed: int = 0, layer: int = -1, strategy: 
         for name, p in model.named_parameters():
             if "layer_scale" in name or "lambda1" in name:
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-            if bias_free and (name.endswith(".bias") or "position_embedding" in name or "cls_token" in name
-                              or "class_embedding" in name):
+            if bias_free and (
+                name.endswith(".bias")
+                or "position_embedding" in name
+                or "cls_token" in name
+                or "class_embedding" in name
+            ):
                 p.zero_()
     return model
 
@@ -101,22 +140,49 @@ SMOL_PATCH = 4
 SMOL_GRID = SMOL_SIZE // SMOL_PATCH
 
 
-def make_smolvlm(cls: str = "SmolVLM", seed: int = 0, scale: int = 2, bias_free: bool = False, attn: str = "sdpa",
-                 dtype: torch.dtype = torch.float64, image_size: int = SMOL_SIZE):
+def make_smolvlm(
+    cls: str = "SmolVLM",
+    seed: int = 0,
+    scale: int = 2,
+    bias_free: bool = False,
+    attn: str = "sdpa",
+    dtype: torch.dtype = torch.float64,
+    image_size: int = SMOL_SIZE,
+):
     """A tiny ``SmolVLMForConditionalGeneration`` (``cls="Idefics3"``: ``Idefics3ForConditionalGeneration``): the
     vision transformer (hidden 24, 2 layers, 2 heads, patch 4; its position grid ``image_size`` / 4 per side), the
     pixel shuffle at ``scale`` and a Llama language model as :func:`make_llava`'s. ``bias_free``: every additive
     constant zero (Linear / Conv biases, LayerNorm shifts, the position embedding)."""
     import transformers
+
     config = getattr(transformers, f"{cls}Config")
     torch.manual_seed(seed)
-    tcfg = dict(model_type="llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=PAD,
-                bos_token_id=1, eos_token_id=1, tie_word_embeddings=False, attention_bias=False)
-    vcfg = dict(hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
-                image_size=image_size, patch_size=SMOL_PATCH)
-    cfg = config(text_config=tcfg, vision_config=vcfg, scale_factor=scale, image_token_id=IMAGE,
-                 tie_word_embeddings=False)
+    tcfg = dict(
+        model_type="llama",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+        attention_bias=False,
+    )
+    vcfg = dict(
+        hidden_size=24,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=image_size,
+        patch_size=SMOL_PATCH,
+    )
+    cfg = config(
+        text_config=tcfg, vision_config=vcfg, scale_factor=scale, image_token_id=IMAGE, tie_word_embeddings=False
+    )
     cfg._attn_implementation = attn
     for sub in (cfg.text_config, cfg.vision_config):
         sub._attn_implementation = attn
@@ -132,18 +198,29 @@ def make_smolvlm(cls: str = "SmolVLM", seed: int = 0, scale: int = 2, bias_free:
 
 def smol_prompt(before: list, after: list, images: int = 1, scale: int = 2) -> list:
     """``[1, *before, IMAGE × k·P, *after]``."""
-    return [1, *before] + [IMAGE] * (images * SMOL_GRID ** 2 // scale ** 2) + list(after)
+    return [1, *before] + [IMAGE] * (images * SMOL_GRID**2 // scale**2) + list(after)
 
 
-def smol_inputs(rows: list, side: str = "left", seed: int = 0, images: int = 1, size: int = SMOL_SIZE,
-                dtype: torch.dtype = torch.float64) -> dict:
+def smol_inputs(
+    rows: list,
+    side: str = "left",
+    seed: int = 0,
+    images: int = 1,
+    size: int = SMOL_SIZE,
+    dtype: torch.dtype = torch.float64,
+) -> dict:
     """The processor's output for id rows: ``pixel_values`` (B, k, 3, size, size) random, ``pixel_attention_mask``
     all ones (B, k, size, size)."""
     x = inputs(rows, side=side, seed=seed, dtype=dtype)
     g = torch.Generator().manual_seed(seed)
     pixels = torch.randn(len(rows), images, 3, size, size, generator=g, dtype=dtype)
-    return {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"], "pixel_values": pixels,
-            "pixel_attention_mask": torch.ones(len(rows), images, size, size, dtype=torch.long)}
+    return {
+        "input_ids": x["input_ids"],
+        "attention_mask": x["attention_mask"],
+        "pixel_values": pixels,
+        "pixel_attention_mask": torch.ones(len(rows), images, size, size, dtype=torch.long),
+    }
+
 
 # ---------------------------------------------------------------------------------------------- Qwen2.5-VL
 #: Qwen2.5-VL: patch 4, 2 × 2 merge, windows of 16 pixels (2 × 2 merged tokens); a 6 × 8 patch grid is 3 × 4
@@ -153,28 +230,56 @@ QWEN_GRID = (6, 8)
 QWEN_IMAGE, QWEN_VIDEO, QWEN_START, QWEN_END = 90, 91, 92, 93
 
 
-def make_qwen_vl(seed: int = 0, bias_free: bool = False, attn: str = "sdpa", dtype: torch.dtype = torch.float64,
-                 fullatt: tuple = (1,), version: str = "2.5"):
+def make_qwen_vl(
+    seed: int = 0,
+    bias_free: bool = False,
+    attn: str = "sdpa",
+    dtype: torch.dtype = torch.float64,
+    fullatt: tuple = (1,),
+    version: str = "2.5",
+):
     """A tiny Qwen2.5-VL (``version="2"``: Qwen2-VL): a vision tower of 3 blocks (hidden 24, 2 heads, patch 4,
     temporal patch 2, window 16 pixels, full attention in the blocks ``fullatt``), the patch merger, and a
     language model (hidden 32, 2 layers, 4 query / 2 key-value heads, M-RoPE sections (2, 1, 1)).
     ``bias_free``: every Linear bias zero (the vision q/k/v, MLP and merger biases, the text q/k/v biases)."""
     import transformers
+
     torch.manual_seed(seed)
-    text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=1,
-                eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                 "mrope_section": [2, 1, 1]})
+    text = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+    )
     vision = dict(depth=3, num_heads=2, patch_size=QWEN_PATCH, spatial_merge_size=2, temporal_patch_size=2)
     if version == "2.5":
-        vision.update(hidden_size=24, intermediate_size=32, window_size=16, out_hidden_size=32,
-                      fullatt_block_indexes=list(fullatt))
+        vision.update(
+            hidden_size=24,
+            intermediate_size=32,
+            window_size=16,
+            out_hidden_size=32,
+            fullatt_block_indexes=list(fullatt),
+        )
     else:  # Qwen2-VL: embed_dim is the tower's width, hidden_size the merger's output
         vision.update(embed_dim=24, hidden_size=32, mlp_ratio=2)
     prefix = "Qwen2_5_VL" if version == "2.5" else "Qwen2VL"
-    cfg = getattr(transformers, f"{prefix}Config")(text_config=text, vision_config=vision, image_token_id=QWEN_IMAGE,
-                           video_token_id=QWEN_VIDEO, vision_start_token_id=QWEN_START,
-                           vision_end_token_id=QWEN_END, tie_word_embeddings=False, attn_implementation=attn)
+    cfg = getattr(transformers, f"{prefix}Config")(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=QWEN_IMAGE,
+        video_token_id=QWEN_VIDEO,
+        vision_start_token_id=QWEN_START,
+        vision_end_token_id=QWEN_END,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
+    )
     model = getattr(transformers, f"{prefix}ForConditionalGeneration")(cfg).eval().to(dtype)
     _norms(model, seed, bias_free)
     with torch.no_grad():
@@ -194,8 +299,9 @@ def qwen_prompt(before: list, after: list, grid: tuple = QWEN_GRID) -> list:
     return [1, *before, QWEN_START] + [QWEN_IMAGE] * qwen_tokens(grid) + [QWEN_END, *after]
 
 
-def qwen_inputs(rows: list, side: str = "left", seed: int = 0, grid: tuple = QWEN_GRID,
-                dtype: torch.dtype = torch.float64) -> dict:
+def qwen_inputs(
+    rows: list, side: str = "left", seed: int = 0, grid: tuple = QWEN_GRID, dtype: torch.dtype = torch.float64
+) -> dict:
     """The processor's output for id rows (padded on ``side``), one random image of patch grid ``grid`` per row:
     ``pixel_values`` (B · h · w, 3 · 2 · 4 · 4), ``image_grid_thw`` (B, 3), ``mm_token_type_ids`` (1 at the image
     tokens)."""
@@ -207,6 +313,7 @@ def qwen_inputs(rows: list, side: str = "left", seed: int = 0, grid: tuple = QWE
     x["mm_token_type_ids"] = (x["input_ids"] == QWEN_IMAGE).long()
     return x
 
+
 # ------------------------------------------------------------------------------------- Gemma 3 and PaliGemma
 #: Gemma 3's begin / end-of-image tokens around an image's tokens
 BOI, EOI = 93, 94
@@ -216,8 +323,17 @@ GEMMA3_TOKENS = 4
 
 def _siglip(attn: str):
     from transformers import SiglipVisionConfig
-    return SiglipVisionConfig(hidden_size=24, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
-                              image_size=SIZE, patch_size=PATCH, vision_use_head=False, attn_implementation=attn)
+
+    return SiglipVisionConfig(
+        hidden_size=24,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=SIZE,
+        patch_size=PATCH,
+        vision_use_head=False,
+        attn_implementation=attn,
+    )
 
 
 def _randomise(model: torch.nn.Module, seed: int, bias_free: bool) -> torch.nn.Module:
@@ -240,41 +356,94 @@ def _randomise(model: torch.nn.Module, seed: int, bias_free: bool) -> torch.nn.M
     return model
 
 
-def make_gemma3(seed: int = 0, attn: str = "sdpa", dtype: torch.dtype = torch.float64, bias_free: bool = False,
-                window: int = 4):
+def make_gemma3(
+    seed: int = 0, attn: str = "sdpa", dtype: torch.dtype = torch.float64, bias_free: bool = False, window: int = 4
+):
     """A tiny ``Gemma3ForConditionalGeneration``: the SigLIP tower (hidden 24, 2 layers, patch 7 on 28 pixels: a 4 × 4
     grid) pooled to 4 image tokens, and a Gemma 3 language model (hidden 32, a sliding layer of window ``window`` then
     a global one, vocabulary 96; image token 95 between ``BOI`` and ``EOI``)."""
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig
+
     torch.manual_seed(seed)
-    text = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12,
-                            sliding_window=window, layer_types=["sliding_attention", "full_attention"],
-                            max_position_embeddings=128,
-                            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-                                             "full_attention": {"rope_type": "default", "rope_theta": 10000.0}},
-                            pad_token_id=PAD, bos_token_id=1, eos_token_id=1, tie_word_embeddings=False,
-                            attn_implementation=attn)
-    cfg = Gemma3Config(vision_config=_siglip(attn), text_config=text, mm_tokens_per_image=GEMMA3_TOKENS,
-                       boi_token_index=BOI, eoi_token_index=EOI, image_token_index=IMAGE, tie_word_embeddings=False,
-                       attn_implementation=attn)
+    text = Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=12,
+        sliding_window=window,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=128,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
+    )
+    cfg = Gemma3Config(
+        vision_config=_siglip(attn),
+        text_config=text,
+        mm_tokens_per_image=GEMMA3_TOKENS,
+        boi_token_index=BOI,
+        eoi_token_index=EOI,
+        image_token_index=IMAGE,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
+    )
     return _randomise(Gemma3ForConditionalGeneration(cfg).eval().to(dtype), seed, bias_free)
 
 
-def make_paligemma(version: int = 2, seed: int = 0, attn: str = "eager", dtype: torch.dtype = torch.float64,
-                   bias_free: bool = False):
+def make_paligemma(
+    version: int = 2, seed: int = 0, attn: str = "eager", dtype: torch.dtype = torch.float64, bias_free: bool = False
+):
     """A tiny ``PaliGemmaForConditionalGeneration``: the SigLIP tower (as :func:`make_gemma3`'s: 16 image tokens) and
     a Gemma (``version`` 1) or Gemma 2 language model (``version`` 2: a sliding layer of window 4 then a global one,
     attention scores capped at 5 and logits at 3, eager attention as transformers runs Gemma 2)."""
     from transformers import Gemma2Config, GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration
+
     torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=8, max_position_embeddings=128, pad_token_id=PAD, bos_token_id=1,
-                  eos_token_id=1, tie_word_embeddings=False, attn_implementation=attn)
-    text = GemmaConfig(**common) if version == 1 else Gemma2Config(
-        **common, query_pre_attn_scalar=12, sliding_window=4, attn_logit_softcapping=5.0, final_logit_softcapping=3.0)
-    cfg = PaliGemmaConfig(vision_config=_siglip(attn), text_config=text, image_token_index=IMAGE,
-                          projection_dim=32, hidden_size=32, tie_word_embeddings=False, attn_implementation=attn)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
+    )
+    text = (
+        GemmaConfig(**common)
+        if version == 1
+        else Gemma2Config(
+            **common,
+            query_pre_attn_scalar=12,
+            sliding_window=4,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+        )
+    )
+    cfg = PaliGemmaConfig(
+        vision_config=_siglip(attn),
+        text_config=text,
+        image_token_index=IMAGE,
+        projection_dim=32,
+        hidden_size=32,
+        tie_word_embeddings=False,
+        attn_implementation=attn,
+    )
     return _randomise(PaliGemmaForConditionalGeneration(cfg).eval().to(dtype), seed, bias_free)
 
 
@@ -315,8 +484,12 @@ def per_token_family(family: str) -> tuple:
     if family == "paligemma":
         row, types = paligemma_prompt([5, 6, 7])
         return make_paligemma(2), with_types(inputs([row]), [types]), "token_type_ids", 1
-    return (make_qwen_vl(version="2" if family == "qwen2" else "2.5"), qwen_inputs([qwen_prompt([5, 6], [7, 8])]),
-            "mm_token_type_ids", 0)
+    return (
+        make_qwen_vl(version="2" if family == "qwen2" else "2.5"),
+        qwen_inputs([qwen_prompt([5, 6], [7, 8])]),
+        "mm_token_type_ids",
+        0,
+    )
 
 
 def relative_deviation(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-10) -> float:
@@ -328,9 +501,10 @@ def relative_deviation(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-10) -> 
 
 def model_state(model: torch.nn.Module) -> dict:
     """What a call must leave as it was: parameters and buffers, modes, requires_grad, .grad, hook counts."""
-    return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "training": [m.training for m in model.modules()],
-            "requires_grad": [p.requires_grad for p in model.parameters()],
-            "grads": [p.grad for p in model.parameters()],
-            "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                      for m in model.modules()]}
+    return {
+        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "training": [m.training for m in model.modules()],
+        "requires_grad": [p.requires_grad for p in model.parameters()],
+        "grads": [p.grad for p in model.parameters()],
+        "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()],
+    }

@@ -13,6 +13,7 @@ All use core ipywidgets controls only (no custom JavaScript) and carry a static
 picture in their display data for places where widgets cannot render.
 They need ipywidgets and matplotlib: ``pip install 'transformer-relevance-lab[widgets]'``.
 """
+
 from lrp_core.runtime.extras import require
 
 require("ipywidgets", extra="widgets", what="the widgets package")  # before the views, so the message names the extra

@@ -6,6 +6,7 @@ an :class:`ExplanationCache` of :data:`CACHE_SIZE` entries. Moving the block
 slider, switching the head, the view or the sign only re-slices the cached
 tensors (no forward or backward pass).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -42,8 +43,9 @@ class Cached:
             if view == "accumulated":  # from the partial products: one vector-matrix product at most
                 self.values[key] = self.layer_products().view(block, start, head)
             else:
-                self.values[key] = views.view_map(self.explanation, view, block=block, start=start,
-                                                  head=head, readout=self.readout)
+                self.values[key] = views.view_map(
+                    self.explanation, view, block=block, start=start, head=head, readout=self.readout
+                )
         return self.values[key]
 
 

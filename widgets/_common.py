@@ -1,4 +1,5 @@
 """Pieces every relevance widget shares: model facts, class lists, errors, static fallback."""
+
 from __future__ import annotations
 
 import base64
@@ -47,7 +48,7 @@ class ResolvedModel:
     mean: Optional[Sequence[float]] = None
     std: Optional[Sequence[float]] = None
     preprocess: Any = None
-    probabilities: str = "softmax"   # how the model was trained to read its logits (lrp_core.models.PROBABILITIES)
+    probabilities: str = "softmax"  # how the model was trained to read its logits (lrp_core.models.PROBABILITIES)
 
     @property
     def kind(self) -> str:
@@ -62,19 +63,32 @@ def resolve_model(model: Any, widget: str) -> ResolvedModel:
     try:
         adapter = get_adapter(module)
     except UnsupportedModelError as err:  # say which widget refused it; the engine says what is supported
-        raise UnsupportedModelError(f"{widget} got {type(module).__name__}, not a model lrp_core can "
-                                    f"explain: {err}") from None
+        raise UnsupportedModelError(
+            f"{widget} got {type(module).__name__}, not a model lrp_core can explain: {err}"
+        ) from None
     if loaded is not None:
         info = dict(loaded.info or {})
-        return ResolvedModel(module=module, adapter=adapter, labels=list(loaded.labels or []),
-                          tokenizer=loaded.tokenizer, mean=info.get("mean"), std=info.get("std"),
-                          preprocess=loaded.preprocess,
-                          probabilities=info.get("probabilities") or probabilities_of(module))
+        return ResolvedModel(
+            module=module,
+            adapter=adapter,
+            labels=list(loaded.labels or []),
+            tokenizer=loaded.tokenizer,
+            mean=info.get("mean"),
+            std=info.get("std"),
+            preprocess=loaded.preprocess,
+            probabilities=info.get("probabilities") or probabilities_of(module),
+        )
     id2label = getattr(getattr(module, "config", None), "id2label", None)
     labels = [str(id2label[i]) for i in sorted(id2label)] if id2label else []
     pcfg = getattr(module, "pretrained_cfg", None) or {}
-    return ResolvedModel(module=module, adapter=adapter, labels=labels, mean=pcfg.get("mean"),
-                      std=pcfg.get("std"), probabilities=probabilities_of(module))
+    return ResolvedModel(
+        module=module,
+        adapter=adapter,
+        labels=labels,
+        mean=pcfg.get("mean"),
+        std=pcfg.get("std"),
+        probabilities=probabilities_of(module),
+    )
 
 
 def probabilities_of(module: torch.nn.Module) -> str:
@@ -93,13 +107,16 @@ def check_kind(facts: ResolvedModel, expected: str, widget: str) -> None:
     kind = facts.kind
     if kind != expected:
         article = "an" if kind[0] in "aeiou" else "a"
-        raise UnsupportedModelError(f"{widget} explains {expected} models; this is {article} {kind} "
-                                    f"model ({type(facts.module).__name__}): use {WIDGET_FOR[kind]}")
+        raise UnsupportedModelError(
+            f"{widget} explains {expected} models; this is {article} {kind} "
+            f"model ({type(facts.module).__name__}): use {WIDGET_FOR[kind]}"
+        )
 
 
 def is_clip(facts: ResolvedModel) -> bool:
     """Whether the model is a CLIP explained on its image side (prompts in place of classes)."""
     from lrp_core.adapters.clip import CLIPImageAdapter
+
     return isinstance(facts.adapter, CLIPImageAdapter)
 
 
@@ -129,8 +146,9 @@ def class_names(labels: Sequence[str], n_classes: int, strict: bool = False) -> 
     return [f"class {i}" for i in range(n_classes)]
 
 
-def class_options(logits: torch.Tensor, names: Sequence[str], k: int = TOP_K,
-                  probabilities: str = "softmax") -> list[tuple[str, int]]:
+def class_options(
+    logits: torch.Tensor, names: Sequence[str], k: int = TOP_K, probabilities: str = "softmax"
+) -> list[tuple[str, int]]:
     """Dropdown options: the top-k classes by probability first, then every other class.
 
     ``probabilities`` (one of ``lrp_core.models.PROBABILITIES``) follows the model's training: a softmax over
@@ -161,9 +179,11 @@ def image_rgb(inputs: torch.Tensor, facts: ResolvedModel) -> np.ndarray:
 
 def error_html(message: str, title: str = "Cannot show this explanation") -> str:
     """A readable red error box (no traceback)."""
-    return ('<div class="trl-error" style="border:1px solid #c62828;background:#fdecea;'
-            'color:#611a15;padding:8px 12px;border-radius:4px;max-width:640px">'
-            f'<b>{html.escape(title)}</b><br>{html.escape(str(message))}</div>')
+    return (
+        '<div class="trl-error" style="border:1px solid #c62828;background:#fdecea;'
+        'color:#611a15;padding:8px 12px;border-radius:4px;max-width:640px">'
+        f"<b>{html.escape(title)}</b><br>{html.escape(str(message))}</div>"
+    )
 
 
 def describe_error(err: BaseException) -> str:
@@ -246,6 +266,7 @@ class RelevanceWidget(W.VBox):
     def static_display(self) -> Any:
         """The static picture as an IPython display object (``Image`` or ``HTML``)."""
         from IPython.display import HTML, Image
+
         bundle = self._static_bundle()
         if "image/png" in bundle:
             return Image(data=base64.b64decode(bundle["image/png"]), format="png")
@@ -254,6 +275,7 @@ class RelevanceWidget(W.VBox):
     def show_static(self) -> None:
         """Display the static picture (for places where widgets cannot render)."""
         from IPython.display import display
+
         display(self.static_display())
 
 

@@ -4,6 +4,7 @@ Every engine call and every method fact a widget uses goes through here: one
 place tests can patch, and no widget keeps its own copy of what the engine
 (:mod:`lrp_core.methods.registry`, :mod:`lrp_core.adapters`) already says.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -41,8 +42,7 @@ def _threads_for(module: Optional[torch.nn.Module], threads: Union[str, int, Non
 
 
 @contextmanager
-def torch_threads(module: Optional[torch.nn.Module], threads: Union[str, int, None] = "auto"
-                  ) -> Iterator[None]:
+def torch_threads(module: Optional[torch.nn.Module], threads: Union[str, int, None] = "auto") -> Iterator[None]:
     """Run torch on ``threads`` CPU threads inside the block, then restore the setting.
 
     ``"auto"``: one thread for models under :data:`SMALL_MODEL_PARAMS` parameters.
@@ -99,8 +99,15 @@ def concept_method() -> str:
     return next(n for n, s in registry.METHODS.items() if s.concept_target)
 
 
-def explain(model: torch.nn.Module, inputs: Any, method: str, target: Any = None,
-            start_layer: Optional[int] = None, keep_heads: bool = True, sources: Any = None) -> Any:
+def explain(
+    model: torch.nn.Module,
+    inputs: Any,
+    method: str,
+    target: Any = None,
+    start_layer: Optional[int] = None,
+    keep_heads: bool = True,
+    sources: Any = None,
+) -> Any:
     """``lrp_core.explain`` with the options a widget needs, where the method takes them.
 
     ``start_layer`` is passed to the methods that take it; per-head matrices are

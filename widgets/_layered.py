@@ -5,6 +5,7 @@ The controls and their observers live here; the cache of explanations in
 head, the view or the sign only re-slices cached tensors), and the title and
 info line in :mod:`widgets._render`. Subclasses draw the map (``_render``).
 """
+
 from __future__ import annotations
 
 import html
@@ -33,10 +34,12 @@ from ._common import (
 def forward_logits(facts: ResolvedModel, inputs: Any, threads: Any = "auto") -> torch.Tensor:
     """The model's logits (B, C) without gradients (on ``threads`` CPU threads)."""
     if facts.adapter.num_classes == 0:  # a backbone without a head (e.g. DINOv2): no classes to pick
-        raise UnsupportedModelError(f"{type(facts.module).__name__} has no classification head, so there are no "
-                        "classes to explain: use widgets.ConceptBuilder (a concept from example "
-                        "images) or a class-agnostic method "
-                        f"({', '.join(_engine.class_agnostic())}) with lrp_core.explain")
+        raise UnsupportedModelError(
+            f"{type(facts.module).__name__} has no classification head, so there are no "
+            "classes to explain: use widgets.ConceptBuilder (a concept from example "
+            "images) or a class-agnostic method "
+            f"({', '.join(_engine.class_agnostic())}) with lrp_core.explain"
+        )
     with torch.no_grad(), _engine.torch_threads(facts.module, threads):
         return logits_of(facts.module, inputs).float()
 
@@ -50,8 +53,9 @@ class LayerExplorer(RelevanceWidget):
 
     expected_kind = "image"
 
-    def __init__(self, model: Any, inputs: Any, labels: Optional[Sequence[str]] = None,
-                 methods: Optional[Sequence[str]] = None) -> None:
+    def __init__(
+        self, model: Any, inputs: Any, labels: Optional[Sequence[str]] = None, methods: Optional[Sequence[str]] = None
+    ) -> None:
         super().__init__()
         self._cache = ExplanationCache(CACHE_SIZE)
         self._current: Optional[Cached] = None
@@ -65,8 +69,11 @@ class LayerExplorer(RelevanceWidget):
             self._check_kind()
             self.inputs = self._prepare_inputs(inputs)
             self.logits = self._forward_logits()
-            self.names = class_names(list(labels) if labels is not None else self.facts.labels,
-                                     self.logits.shape[1], strict=labels is not None)
+            self.names = class_names(
+                list(labels) if labels is not None else self.facts.labels,
+                self.logits.shape[1],
+                strict=labels is not None,
+            )
             self._set_methods(methods)
         except Exception as err:  # noqa: BLE001 - shown as a message in the widget
             self.show_error(describe_error(err), title="Cannot build this widget")
@@ -85,25 +92,34 @@ class LayerExplorer(RelevanceWidget):
     def _make_controls(self) -> None:
         """The controls, empty until the model is known, each with a stable CSS class."""
         self.class_selector = W.Dropdown(description="class", layout=W.Layout(width="320px"))
-        self.class_search = W.Combobox(placeholder="any class by name\u2026", ensure_option=True,
-                                       layout=W.Layout(width="200px"))
+        self.class_search = W.Combobox(
+            placeholder="any class by name\u2026", ensure_option=True, layout=W.Layout(width="200px")
+        )
         self.method_selector = W.Dropdown(description="method", layout=W.Layout(width="300px"))
-        self.sample_selector = W.Dropdown(description="sample", options=[("0", 0)],
-                                          layout=W.Layout(width="160px"))
-        self.view_selector = W.ToggleButtons(options=[(views.VIEW_LABELS["output"], "output")],
-                                             style={"button_width": "140px"})
-        self.layer_slider = W.IntSlider(description="block b", min=0, max=0, value=0,
-                                        continuous_update=True)
-        self.start_layer = W.IntSlider(description="start layer", min=0, max=0, value=0,
-                                       continuous_update=False)
-        self.head_selector = W.Dropdown(description="head", options=[("mean", "mean")],
-                                        value="mean", layout=W.Layout(width="160px"))
-        self.sign_toggle = W.ToggleButtons(options=[("signed", True), ("positive", False)],
-                                           value=True, style={"button_width": "80px"})
+        self.sample_selector = W.Dropdown(description="sample", options=[("0", 0)], layout=W.Layout(width="160px"))
+        self.view_selector = W.ToggleButtons(
+            options=[(views.VIEW_LABELS["output"], "output")], style={"button_width": "140px"}
+        )
+        self.layer_slider = W.IntSlider(description="block b", min=0, max=0, value=0, continuous_update=True)
+        self.start_layer = W.IntSlider(description="start layer", min=0, max=0, value=0, continuous_update=False)
+        self.head_selector = W.Dropdown(
+            description="head", options=[("mean", "mean")], value="mean", layout=W.Layout(width="160px")
+        )
+        self.sign_toggle = W.ToggleButtons(
+            options=[("signed", True), ("positive", False)], value=True, style={"button_width": "80px"}
+        )
         self.info = W.HTML(value="")
         self.status = W.HTML(value="")
-        for name in ("class_selector", "method_selector", "view_selector", "layer_slider",
-                     "start_layer", "head_selector", "sign_toggle", "info"):
+        for name in (
+            "class_selector",
+            "method_selector",
+            "view_selector",
+            "layer_slider",
+            "start_layer",
+            "head_selector",
+            "sign_toggle",
+            "info",
+        ):
             getattr(self, name).add_class("trl-" + name.replace("_", "-"))  # stable CSS hooks
         self.add_class("trl-widget")
 
@@ -120,15 +136,13 @@ class LayerExplorer(RelevanceWidget):
         logits = self.logits[self.sample_selector.value]
         self._quiet = True
         try:
-            self.class_selector.options = class_options(logits, self.names,
-                                                        probabilities=self.facts.probabilities)
+            self.class_selector.options = class_options(logits, self.names, probabilities=self.facts.probabilities)
             self.class_selector.value = int(logits.argmax())
         finally:
             self._quiet = False
 
     def _controls(self) -> list[W.Widget]:
-        row1 = W.HBox([self.class_selector, self.class_search, self.method_selector,
-                       self.sample_selector])
+        row1 = W.HBox([self.class_selector, self.class_search, self.method_selector, self.sample_selector])
         row2 = W.HBox([self.view_selector])
         row3 = W.HBox([self.layer_slider, self.start_layer, self.head_selector])
         row4 = W.HBox([self.sign_toggle] + self._extra_controls())
@@ -206,8 +220,9 @@ class LayerExplorer(RelevanceWidget):
         def compute() -> Cached:
             sample, target, method, start = key
             inputs = self._sample(sample)
-            exp = _engine.explain(self.facts.module, inputs, method, target=self._engine_target(target),
-                                  start_layer=start)
+            exp = _engine.explain(
+                self.facts.module, inputs, method, target=self._engine_target(target), start_layer=start
+            )
             return Cached(exp, _engine.sample_readout(self.facts.adapter, inputs))
 
         return self._cache.get(key, compute)
@@ -257,8 +272,9 @@ class LayerExplorer(RelevanceWidget):
     def _recompute(self) -> None:
         self.clear_error()
         if self._key() not in self._cache:  # reaches the browser before the work starts
-            self.status.value = (f'<i style="color:#666">computing {self.method} for '
-                                 f'{html.escape(self._target_name())}\u2026</i>')
+            self.status.value = (
+                f'<i style="color:#666">computing {self.method} for {html.escape(self._target_name())}\u2026</i>'
+            )
         try:
             self._current = self._entry()
         finally:
@@ -325,8 +341,7 @@ class LayerExplorer(RelevanceWidget):
         if self.explanation is None:
             return
         view = self.view_selector.value
-        self.head_selector.disabled = (views.n_heads(self.explanation) == 0
-                                       or view not in ("block", "accumulated"))
+        self.head_selector.disabled = views.n_heads(self.explanation) == 0 or view not in ("block", "accumulated")
         values = self.current_values()
         shown = values if self.signed else np.clip(values, 0.0, None)
         self.displayed_map = shown
@@ -334,10 +349,24 @@ class LayerExplorer(RelevanceWidget):
         self.info.value = self._info_html(shown)
 
     def _title(self) -> str:
-        return _render.view_title(self._target_name(), self.method, self.view_selector.value,
-                                  self.layer_slider.value, self.start_layer.value, self.head)
+        return _render.view_title(
+            self._target_name(),
+            self.method,
+            self.view_selector.value,
+            self.layer_slider.value,
+            self.start_layer.value,
+            self.head,
+        )
 
     def _info_html(self, shown: np.ndarray) -> str:
-        return _render.info_html(self.logits[self.sample_selector.value], self.target, self.names,
-                                 self._target_name(), self.view_selector.value, shown,
-                                 self.explanation, self.layer_slider.value, self.facts.probabilities)
+        return _render.info_html(
+            self.logits[self.sample_selector.value],
+            self.target,
+            self.names,
+            self._target_name(),
+            self.view_selector.value,
+            shown,
+            self.explanation,
+            self.layer_slider.value,
+            self.facts.probabilities,
+        )

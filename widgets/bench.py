@@ -6,6 +6,7 @@ text model such as ``minilm-sentiment``, :class:`~widgets.GenerationExplorer` fo
 server side, i.e. recompute or re-slice, draw, encode the PNG / HTML. The first computation is reported
 separately; later moves of the block slider, head switches and sign toggles must not recompute anything.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,12 +24,14 @@ def _model(name: str) -> tuple[Any, Any, str]:
     try:
         from lrp_core.data import make_scenes
         from lrp_core.models import load
+
         try:
             loaded = load(name)
         except FileNotFoundError:  # weights not built yet: same architecture, same speed
             if name != "toy-vit":
                 raise
             from lrp_core.models.toy_vit import load_toy_vit
+
             loaded, name = load_toy_vit(pretrained=False), "toy-vit architecture (untrained weights)"
         if loaded.kind == "text":
             return loaded, TEXT, name
@@ -40,9 +43,9 @@ def _model(name: str) -> tuple[Any, Any, str]:
         return loaded, x, name
     except Exception as err:  # noqa: BLE001
         from timm.models.vision_transformer import VisionTransformer
+
         torch.manual_seed(0)
-        m = VisionTransformer(img_size=64, patch_size=8, embed_dim=96, depth=4, num_heads=4,
-                              num_classes=10).eval()
+        m = VisionTransformer(img_size=64, patch_size=8, embed_dim=96, depth=4, num_heads=4, num_classes=10).eval()
         return m, torch.randn(1, 3, 64, 64), f"random ViT 64px/8, 4 blocks ({name}: {err})"
 
 
@@ -59,11 +62,13 @@ def _language_model(name: str) -> tuple[Any, Any, str]:
     """(model or LoadedModel, tokenizer, label): the registered LM, else tiny-lm's shape with random weights."""
     try:
         from lrp_core.models import load
+
         return load(name), None, name
     except Exception as err:  # noqa: BLE001 - not registered / weights not built yet: same shape, same speed
         if name != "tiny-lm":
             raise
         from lrp_core.models.tiny_lm import build_model, build_tokenizer
+
         tok = build_tokenizer()
         torch.manual_seed(0)
         return build_model(len(tok)).eval(), tok, f"tiny-lm shape, random weights ({type(err).__name__})"
@@ -79,6 +84,7 @@ def run_generation(name: str = "tiny-lm", repeat: int = 10, steps: int = 5) -> d
     from lrp_core.data.facts import make_facts
     from lrp_core.models.tiny_lm import HELD_OUT_SEED
     from widgets import GenerationExplorer
+
     model, tok, label = _language_model(name)
     prompt = make_facts(1, seed=HELD_OUT_SEED)[0].prompt  # a held-out facts prompt (about 45 tokens)
     t0 = time.perf_counter()
@@ -97,14 +103,19 @@ def run_generation(name: str = "tiny-lm", repeat: int = 10, steps: int = 5) -> d
         state["k"] = (state["k"] + 1) % steps
         w.step_selector.value = state["k"]
 
-    results = {"first computation": [first], "layer slider move": _time(slider, repeat),
-               "step switch (new step)": _time(step, steps - 1)}
+    results = {
+        "first computation": [first],
+        "layer slider move": _time(slider, repeat),
+        "step switch (new step)": _time(step, steps - 1),
+    }
     state["k"] = 0
     results["step switch (cached)"] = _time(step, steps - 1)
     w.method_selector.value = "transformer_attribution"
     results["layer slider move (product)"] = _time(slider, repeat)
-    print(f"model: {label}; {len(w.layer_slider.options)} product stops, {steps} steps, prompt of "
-          f"{w.prompt_length} tokens; torch threads {torch.get_num_threads()}")
+    print(
+        f"model: {label}; {len(w.layer_slider.options)} product stops, {steps} steps, prompt of "
+        f"{w.prompt_length} tokens; torch threads {torch.get_num_threads()}"
+    )
     _report(results)
     return results
 
@@ -114,6 +125,7 @@ def run(name: str = "toy-vit", repeat: int = 10) -> dict[str, list[float]]:
     if name == "tiny-lm":
         return run_generation(name, repeat)
     from widgets import RelevanceExplorer, TokenRelevance
+
     model, x, label = _model(name)
     t0 = time.perf_counter()
     w = TokenRelevance(model, x) if isinstance(x, str) else RelevanceExplorer(model, x)
@@ -147,9 +159,12 @@ def run(name: str = "toy-vit", repeat: int = 10) -> dict[str, list[float]]:
     results["class switch (new class)"] = _time(new_class, min(repeat, len(classes) - 1))
     results["class switch (cached)"] = _time(new_class, min(repeat, len(classes) - 1))
     from widgets._engine import _threads_for
+
     used = _threads_for(w.facts.module, w.threads) or torch.get_num_threads()
-    print(f"model: {label}; {L} blocks, {len(heads) - 1} heads; torch threads: "
-          f"{torch.get_num_threads()}, widget computes on {used} (threads={w.threads!r})")
+    print(
+        f"model: {label}; {L} blocks, {len(heads) - 1} heads; torch threads: "
+        f"{torch.get_num_threads()}, widget computes on {used} (threads={w.threads!r})"
+    )
     _report(results)
     return results
 
@@ -158,12 +173,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="toy-vit")
     ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--threads", default="auto",
-                    help='CPU threads for the widget: "auto" (default), a number, or "torch"')
+    ap.add_argument(
+        "--threads", default="auto", help='CPU threads for the widget: "auto" (default), a number, or "torch"'
+    )
     args = ap.parse_args()
     from widgets._common import RelevanceWidget
-    RelevanceWidget.threads = None if args.threads == "torch" else (
-        args.threads if args.threads == "auto" else int(args.threads))
+
+    RelevanceWidget.threads = (
+        None if args.threads == "torch" else (args.threads if args.threads == "auto" else int(args.threads))
+    )
     run(args.model, args.repeat)
 
 

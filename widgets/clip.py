@@ -9,6 +9,7 @@ static PNG fallback.
 The logits are the engine's (the adapter's replay of ``logits_per_image``, (B, P)),
 so the probabilities shown are those of the model the maps explain.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -73,29 +74,45 @@ class ClipExplorer(RelevanceExplorer):
     The prompts are ``prompts``; ``class_selector`` lists them with their probabilities.
     """
 
-    def __init__(self, model: Any, inputs: Any, prompts: Sequence[str], tokenizer: Any = None,
-                 methods: Optional[Sequence[str]] = None, image: Any = None, display_size: int = 320) -> None:
+    def __init__(
+        self,
+        model: Any,
+        inputs: Any,
+        prompts: Sequence[str],
+        tokenizer: Any = None,
+        methods: Optional[Sequence[str]] = None,
+        image: Any = None,
+        display_size: int = 320,
+    ) -> None:
         self.tokenizer = tokenizer
         self.prompts = as_prompt_list(prompts)
         self.tokens: dict[str, torch.Tensor] = {}
-        self.prompt_box = W.Text(placeholder="a photo of \u2026", description="new prompt",
-                                 layout=W.Layout(width="320px"))
+        self.prompt_box = W.Text(
+            placeholder="a photo of \u2026", description="new prompt", layout=W.Layout(width="320px")
+        )
         self.add_button = W.Button(description="add prompt", icon="plus", layout=W.Layout(width="120px"))
-        self.contrast_selector = W.Dropdown(description="rather than", options=[("none", NO_CONTRAST)],
-                                            value=NO_CONTRAST, layout=W.Layout(width="300px"))
+        self.contrast_selector = W.Dropdown(
+            description="rather than",
+            options=[("none", NO_CONTRAST)],
+            value=NO_CONTRAST,
+            layout=W.Layout(width="300px"),
+        )
         self.prompt_box.add_class("trl-prompt-box")
         self.contrast_selector.add_class("trl-contrast-selector")
-        super().__init__(model, inputs, labels=list(self.prompts), methods=methods, image=image,
-                         display_size=display_size)
+        super().__init__(
+            model, inputs, labels=list(self.prompts), methods=methods, image=image, display_size=display_size
+        )
         self.class_selector.description = "prompt"
 
     # -- set-up ---------------------------------------------------------
     def _check_kind(self) -> None:
         check_kind(self.facts, self.expected_kind, type(self).__name__)
         if not is_clip(self.facts):
-            raise UnsupportedModelError(f"ClipExplorer explains a Hugging Face CLIPModel; "
-                                        f"{type(self.facts.module).__name__} is a classifier: use "
-                                        "widgets.RelevanceExplorer")
+            raise UnsupportedModelError(
+                f"ClipExplorer explains a Hugging Face CLIPModel; "
+                f"{type(self.facts.module).__name__} is a classifier: use "
+                "widgets.RelevanceExplorer"
+            )
 
     def _images(self, inputs: Any) -> torch.Tensor:
         """Images from a tensor, a processor output or PIL images; checked with the prompts by the adapter."""
@@ -104,8 +121,10 @@ class ClipExplorer(RelevanceExplorer):
         if self.tokenizer is None:
             self.tokenizer = self.facts.tokenizer
         if self.tokenizer is None:
-            raise InputError("ClipExplorer needs the model's tokenizer (or CLIPProcessor) to read the prompts: "
-                             "tokenizer=CLIPProcessor.from_pretrained(...)")
+            raise InputError(
+                "ClipExplorer needs the model's tokenizer (or CLIPProcessor) to read the prompts: "
+                "tokenizer=CLIPProcessor.from_pretrained(...)"
+            )
         self._use_processor_stats()
         pixels = self._pixel_values(inputs)
         self.tokens = tokenize(self.tokenizer, self.prompts)
@@ -115,8 +134,9 @@ class ClipExplorer(RelevanceExplorer):
         """``pixel_values`` from what the user gave (PIL images go through the processor's image part)."""
         if isinstance(inputs, Mapping):
             if "pixel_values" not in inputs:
-                raise InputError("inputs is a mapping without 'pixel_values'; pass the images (B, 3, H, W) "
-                                 "or the processor's output")
+                raise InputError(
+                    "inputs is a mapping without 'pixel_values'; pass the images (B, 3, H, W) or the processor's output"
+                )
             inputs = inputs["pixel_values"]
         images = getattr(self.tokenizer, "image_processor", None)
         if not isinstance(inputs, torch.Tensor) and images is not None:
@@ -158,7 +178,7 @@ class ClipExplorer(RelevanceExplorer):
         return self._logits_for(self.tokens)
 
     def _sample(self, i: int) -> dict[str, torch.Tensor]:
-        return self._clip_inputs(self.inputs[i:i + 1])
+        return self._clip_inputs(self.inputs[i : i + 1])
 
     # -- targets ----------------------------------------------------------
     @property
@@ -182,7 +202,7 @@ class ClipExplorer(RelevanceExplorer):
         return name if q is None else f"{name} rather than \u201c{self.names[q]}\u201d"
 
     def _sync_contrast(self) -> None:
-        """"Rather than" offers every other prompt; off for methods that ignore the target."""
+        """ "Rather than" offers every other prompt; off for methods that ignore the target."""
         keep = self.contrast_selector.value
         others = [(p, i) for i, p in enumerate(self.prompts) if i != self.target]
         self._quiet = True

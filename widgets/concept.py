@@ -1,4 +1,5 @@
 """``ConceptBuilder``: pick example images that define a concept, see its CDAM on a query."""
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
@@ -31,11 +32,13 @@ def _encode(rgb: np.ndarray, size: int) -> bytes:
     import io
 
     from PIL import Image
+
     buf = io.BytesIO()
     img = Image.fromarray(rgb)
     scale = size / max(img.size)
-    img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))),
-               Image.Resampling.NEAREST).save(buf, format="PNG")
+    img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.Resampling.NEAREST).save(
+        buf, format="PNG"
+    )
     return buf.getvalue()
 
 
@@ -89,19 +92,26 @@ class ConceptBuilder(RelevanceWidget):
     ``sign_toggle``, ``opacity``; the picture is ``image``, the values ``displayed_map``.
     """
 
-    def __init__(self, model: Any, candidate_images: Any, query_image: Any,
-                 candidate_rgb: Any = None, query_rgb: Any = None,
-                 selected: Optional[list[int]] = None, display_size: int = 320,
-                 tile_size: int = 96) -> None:
+    def __init__(
+        self,
+        model: Any,
+        candidate_images: Any,
+        query_image: Any,
+        candidate_rgb: Any = None,
+        query_rgb: Any = None,
+        selected: Optional[list[int]] = None,
+        display_size: int = 320,
+        tile_size: int = 96,
+    ) -> None:
         super().__init__()
         self.display_size = readable_size(display_size, MIN_PICTURE_PX)
         self.tile_size = readable_size(tile_size, MIN_TILE_PX)
         self.image = W.Image(format="png", layout=W.Layout(width=f"{self.display_size}px"))
-        self.sign_toggle = W.ToggleButtons(options=[("signed", True), ("positive", False)],
-                                           value=True, style={"button_width": "80px"})
+        self.sign_toggle = W.ToggleButtons(
+            options=[("signed", True), ("positive", False)], value=True, style={"button_width": "80px"}
+        )
         self.opacity = W.FloatSlider(description="opacity", min=0.0, max=1.0, step=0.05, value=0.7)
-        self.query_selector = W.Dropdown(description="query", options=[("0", 0)],
-                                         layout=W.Layout(width="160px"))
+        self.query_selector = W.Dropdown(description="query", options=[("0", 0)], layout=W.Layout(width="160px"))
         self.info = W.HTML(value="")
         self.checkboxes: list[W.Checkbox] = []
         self.displayed_map: Optional[np.ndarray] = None
@@ -128,23 +138,33 @@ class ConceptBuilder(RelevanceWidget):
         self.query_selector.observe(lambda _: self._guarded("compute", self._recompute), "value")
         for w in (self.sign_toggle, self.opacity):
             w.observe(lambda _: self._guarded("redraw", self._redraw), "value")
-        gallery = W.GridBox(tiles, layout=W.Layout(
-            grid_template_columns=f"repeat(auto-fill, {self._column_px() + 4}px)", width="100%"))
-        self.children = [W.HTML("<b>Tick example images that show the concept:</b>"), gallery,
-                         W.HBox([self.query_selector, self.sign_toggle, self.opacity]),
-                         self.message, W.HBox([self.image, self.info])]
+        gallery = W.GridBox(
+            tiles, layout=W.Layout(grid_template_columns=f"repeat(auto-fill, {self._column_px() + 4}px)", width="100%")
+        )
+        self.children = [
+            W.HTML("<b>Tick example images that show the concept:</b>"),
+            gallery,
+            W.HBox([self.query_selector, self.sign_toggle, self.opacity]),
+            self.message,
+            W.HBox([self.image, self.info]),
+        ]
         self._guarded("first", self._recompute)
 
     def _tiles(self, selected: Optional[list[int]]) -> list[W.VBox]:
         """One tile per candidate image: its thumbnail over a checkbox (ticked where ``selected`` says)."""
         tiles = []
         for i, rgb in enumerate(self.candidate_rgb):
-            box = W.Checkbox(value=bool(selected and i in selected), description=f"example {i}",
-                             indent=False, layout=W.Layout(width=f"{self._column_px()}px"))
+            box = W.Checkbox(
+                value=bool(selected and i in selected),
+                description=f"example {i}",
+                indent=False,
+                layout=W.Layout(width=f"{self._column_px()}px"),
+            )
             box.observe(lambda _: self._guarded("compute", self._recompute), "value")
             self.checkboxes.append(box)
-            pic = W.Image(value=_encode(rgb, self.tile_size), format="png",
-                          layout=W.Layout(width=f"{self.tile_size}px"))
+            pic = W.Image(
+                value=_encode(rgb, self.tile_size), format="png", layout=W.Layout(width=f"{self.tile_size}px")
+            )
             tiles.append(W.VBox([pic, box]))
         return tiles
 
@@ -189,8 +209,9 @@ class ConceptBuilder(RelevanceWidget):
         key = (tuple(chosen), q)
         if key not in self._cache:
             concept = _engine.concept_target(self.facts.module, self.candidates[chosen])
-            exp = _engine.explain(self.facts.module, self.queries[q:q + 1], _engine.concept_method(),
-                                  target=concept, keep_heads=False)
+            exp = _engine.explain(
+                self.facts.module, self.queries[q : q + 1], _engine.concept_method(), target=concept, keep_heads=False
+            )
             self._cache[key] = (concept, exp)
         self.concept, self.explanation = self._cache[key]
         self._redraw()
@@ -202,13 +223,19 @@ class ConceptBuilder(RelevanceWidget):
         signed = bool(self.sign_toggle.value)
         self.displayed_map = values if signed else np.clip(values, 0.0, None)
         title = f"concept of {len(self.selected)} example(s): CDAM"
-        self.image.value = render_overlay_png(self.query_rgb[self.query_selector.value],
-                                              self.displayed_map, alpha=self.opacity.value,
-                                              signed=signed, display_size=self.display_size,
-                                              title=title)
-        self.info.value = (f"concept from examples {self.selected}<br>"
-                           f"\u03a3 shown = {self.displayed_map.sum():.4g}, "
-                           f"max |value| = {np.abs(self.displayed_map).max():.4g}")
+        self.image.value = render_overlay_png(
+            self.query_rgb[self.query_selector.value],
+            self.displayed_map,
+            alpha=self.opacity.value,
+            signed=signed,
+            display_size=self.display_size,
+            title=title,
+        )
+        self.info.value = (
+            f"concept from examples {self.selected}<br>"
+            f"\u03a3 shown = {self.displayed_map.sum():.4g}, "
+            f"max |value| = {np.abs(self.displayed_map).max():.4g}"
+        )
 
     def _static_bundle(self) -> dict[str, Any]:
         if not self.image.value:

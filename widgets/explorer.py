@@ -1,4 +1,5 @@
 """``RelevanceExplorer``: one image, its relevance overlay, and every control that matters."""
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
@@ -37,15 +38,22 @@ class RelevanceExplorer(LayerExplorer):
 
     expected_kind = "image"
 
-    def __init__(self, model: Any, inputs: Any, labels: Optional[Sequence[str]] = None,
-                 methods: Optional[Sequence[str]] = None, image: Any = None,
-                 display_size: int = 320) -> None:
+    def __init__(
+        self,
+        model: Any,
+        inputs: Any,
+        labels: Optional[Sequence[str]] = None,
+        methods: Optional[Sequence[str]] = None,
+        image: Any = None,
+        display_size: int = 320,
+    ) -> None:
         self._rgb_arg = image
         self.display_size = readable_size(display_size, MIN_PICTURE_PX)
         self.image = W.Image(format="png", layout=W.Layout(width=f"{self.display_size}px"))
         self.image.add_class("trl-image")
-        self.opacity = W.FloatSlider(description="opacity", min=0.0, max=1.0, step=0.05, value=0.7,
-                                     continuous_update=True)
+        self.opacity = W.FloatSlider(
+            description="opacity", min=0.0, max=1.0, step=0.05, value=0.7, continuous_update=True
+        )
         super().__init__(model, inputs, labels=labels, methods=methods)
 
     def _check_kind(self) -> None:
@@ -53,7 +61,8 @@ class RelevanceExplorer(LayerExplorer):
         if is_clip(self.facts):
             raise UnsupportedModelError(
                 f"{type(self.facts.module).__name__} scores images against text prompts, not classes: use "
-                "widgets.ClipExplorer(model, images, prompts=['a dog', 'a cat'], tokenizer=processor)")
+                "widgets.ClipExplorer(model, images, prompts=['a dog', 'a cat'], tokenizer=processor)"
+            )
 
     def _prepare_inputs(self, inputs: Any) -> torch.Tensor:
         x = self._images(inputs)
@@ -74,7 +83,7 @@ class RelevanceExplorer(LayerExplorer):
         return prepare_images(self.facts, inputs)
 
     def _sample(self, i: int) -> Any:
-        return self.inputs[i:i + 1]
+        return self.inputs[i : i + 1]
 
     def _extra_controls(self) -> list[W.Widget]:
         self.opacity.observe(self._on_redraw, names="value")
@@ -86,8 +95,15 @@ class RelevanceExplorer(LayerExplorer):
 
     def _png(self, values: np.ndarray, title: Optional[str] = None, legend: bool = True) -> bytes:
         rgb = self.rgb[self.sample_selector.value]
-        return render_overlay_png(rgb, values, alpha=self.opacity.value, signed=self.signed,
-                                  display_size=self.display_size, title=title, legend=legend)
+        return render_overlay_png(
+            rgb,
+            values,
+            alpha=self.opacity.value,
+            signed=self.signed,
+            display_size=self.display_size,
+            title=title,
+            legend=legend,
+        )
 
     def _render(self, values: np.ndarray, title: str) -> None:
         self.image.value = self._png(values, title=title)

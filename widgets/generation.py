@@ -24,6 +24,7 @@ always the method's map:
 Every value shown is the engine's (``lrp_core.explain`` on the step's prefix);
 explanations are cached per (method, step, contrast) as in the other explorers.
 """
+
 from __future__ import annotations
 
 import html
@@ -84,13 +85,15 @@ def resolve_lm(model: Any, tokenizer: Any) -> ResolvedModel:
     try:
         adapter = get_adapter(module)
     except UnsupportedModelError as err:
-        raise UnsupportedModelError(f"GenerationExplorer got {type(module).__name__}, not a model lrp_core can "
-                                    f"explain: {err}") from None
+        raise UnsupportedModelError(
+            f"GenerationExplorer got {type(module).__name__}, not a model lrp_core can explain: {err}"
+        ) from None
     lm_head = getattr(module, "get_output_embeddings", lambda: None)()
     if not getattr(adapter, "is_decoder", False) or lm_head is None:
         raise UnsupportedModelError(
             f"GenerationExplorer explains causal language models (LlamaForCausalLM, GPT2LMHeadModel, ...); "
-            f"{type(module).__name__} has no language-model head: use widgets.TokenRelevance for classifiers")
+            f"{type(module).__name__} has no language-model head: use widgets.TokenRelevance for classifiers"
+        )
     return ResolvedModel(module=module, adapter=adapter, labels=[], tokenizer=tokenizer)
 
 
@@ -105,8 +108,9 @@ def prompt_ids(tokenizer: Any, prompt: Any) -> torch.Tensor:
         if ids.dim() == 2 and ids.shape[0] == 1:
             ids = ids[0]
         if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point():
-            raise InputError(f"a prompt of token ids must be a non-empty 1-D list or tensor of ints, got shape "
-                             f"{tuple(ids.shape)}")
+            raise InputError(
+                f"a prompt of token ids must be a non-empty 1-D list or tensor of ints, got shape {tuple(ids.shape)}"
+            )
         return ids.long()[None]
     if isinstance(prompt, dict) or hasattr(prompt, "keys"):
         ids, mask = _prompts(tokenizer, prompt)
@@ -116,9 +120,16 @@ def prompt_ids(tokenizer: Any, prompt: Any) -> torch.Tensor:
     raise InputError(f"prompt must be a non-empty text, token ids or a tokenizer dict, got {type(prompt).__name__}")
 
 
-def new_tokens(module: torch.nn.Module, tokenizer: Any, ids: torch.Tensor, max_new_tokens: Any,
-               continuation: Any, images: Optional[dict] = None, per_token: Optional[dict] = None,
-               extend: Optional[Callable[[dict, torch.Tensor], dict]] = None) -> torch.Tensor:
+def new_tokens(
+    module: torch.nn.Module,
+    tokenizer: Any,
+    ids: torch.Tensor,
+    max_new_tokens: Any,
+    continuation: Any,
+    images: Optional[dict] = None,
+    per_token: Optional[dict] = None,
+    extend: Optional[Callable[[dict, torch.Tensor], dict]] = None,
+) -> torch.Tensor:
     """The K tokens (1, K) to explain: the given continuation, or the model's greedy choices (a vision-language
     model: with its ``images``, the same at every step, and its ``per_token`` entries (1, P) extended by
     ``extend`` for each token written, as :func:`lrp_core.methods.generation.greedy_continuation` extends them)."""
@@ -127,8 +138,7 @@ def new_tokens(module: torch.nn.Module, tokenizer: Any, ids: torch.Tensor, max_n
     K = DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise InputError(f"max_new_tokens must be a positive integer (the tokens to write), got {max_new_tokens!r}")
-    return greedy_continuation(module, ids, torch.ones_like(ids), K, images=images, per_token=per_token,
-                               extend=extend)
+    return greedy_continuation(module, ids, torch.ones_like(ids), K, images=images, per_token=per_token, extend=extend)
 
 
 def photo_and_mask(image: Any, mask: Any, vlm: bool) -> tuple[Optional[np.ndarray], Optional[np.ndarray]]:
@@ -192,8 +202,10 @@ def _vocabulary_id(tokenizer: Any, text: str, hint: str) -> int:
         if len(ids) == 1 and ids[0] != unk:
             return int(ids[0])
     pieces = tokenizer.convert_ids_to_tokens(tokenizer(text, add_special_tokens=False)["input_ids"])
-    raise InputError(f"{text!r} is not one token of this model's vocabulary (the tokenizer reads it as "
-                     f"{[str(p) for p in pieces]}); type a single token, or #id{hint}")
+    raise InputError(
+        f"{text!r} is not one token of this model's vocabulary (the tokenizer reads it as "
+        f"{[str(p) for p in pieces]}); type a single token, or #id{hint}"
+    )
 
 
 def stops(exp: Any) -> list[Stop]:
@@ -247,9 +259,18 @@ class GenerationExplorer(RelevanceWidget):
     for the tokens ``displayed_tokens``; ``current_values()`` is the per-piece map of the current stop.
     """
 
-    def __init__(self, model: Any, tokenizer: Any = None, prompt: Any = "", max_new_tokens: Optional[int] = None,
-                 methods: Optional[Sequence[str]] = None, continuation: Any = None, sources: Any = None,
-                 image: Any = None, mask: Any = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        prompt: Any = "",
+        max_new_tokens: Optional[int] = None,
+        methods: Optional[Sequence[str]] = None,
+        continuation: Any = None,
+        sources: Any = None,
+        image: Any = None,
+        mask: Any = None,
+    ) -> None:
         super().__init__()
         self.facts = resolve_lm(model, tokenizer)
         #: a vision-language model's image inputs (``pixel_values``, …), the same at every step; {} for a text LM
@@ -269,15 +290,25 @@ class GenerationExplorer(RelevanceWidget):
         with _engine.torch_threads(self.facts.module, self.threads):
             if self.vlm:
                 # a processor given as the tokenizer: its tokenizer gives the pieces
-                self.facts.tokenizer, prompt, self.images, per_token = _vlm_prompts(self.facts.adapter,
-                                                                                    self.tokenizer, prompt)
+                self.facts.tokenizer, prompt, self.images, per_token = _vlm_prompts(
+                    self.facts.adapter, self.tokenizer, prompt
+                )
             ids = prompt_ids(self.tokenizer, prompt)
             if self.vlm:  # re-padded on the left as the ids: the prompt is their last P columns
-                self.per_token = {k: v[:, v.shape[1] - ids.shape[1]:] for k, v in per_token.items()}
-            self.facts.adapter.check_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids), **self.images,
-                                             **self.per_token})
-            gen = new_tokens(self.facts.module, self.tokenizer, ids, max_new_tokens, continuation, self.images,
-                             self.per_token, getattr(self.facts.adapter, "extend_for_generation", None))
+                self.per_token = {k: v[:, v.shape[1] - ids.shape[1] :] for k, v in per_token.items()}
+            self.facts.adapter.check_inputs(
+                {"input_ids": ids, "attention_mask": torch.ones_like(ids), **self.images, **self.per_token}
+            )
+            gen = new_tokens(
+                self.facts.module,
+                self.tokenizer,
+                ids,
+                max_new_tokens,
+                continuation,
+                self.images,
+                self.per_token,
+                getattr(self.facts.adapter, "extend_for_generation", None),
+            )
         #: (1, P+K) the prompt and the K tokens explained; P the prompt's length
         self.input_ids = torch.cat([ids, gen.to(ids.device)], 1)
         self.prompt_length = int(ids.shape[1])
@@ -312,16 +343,19 @@ class GenerationExplorer(RelevanceWidget):
         refused = self.facts.adapter.refused_methods
         named = [m for m in chosen if m in refused]
         if named and not default:
-            raise UnsupportedModelError(f"method {named[0]!r} is not defined on {type(self.facts.module).__name__}: "
-                                        f"{refused[named[0]]}")
+            raise UnsupportedModelError(
+                f"method {named[0]!r} is not defined on {type(self.facts.module).__name__}: {refused[named[0]]}"
+            )
         return [m for m in chosen if m not in refused]
 
     def _check_length(self) -> None:
         adapter = getattr(self.facts.adapter, "text", self.facts.adapter)  # a VLM: its language model's
         limit = cast(DecoderAdapter, adapter).max_length  # resolve_lm found a decoder
         if limit is not None and self.input_ids.shape[1] - 1 > limit:
-            raise InputError(f"prompt and continuation need {self.input_ids.shape[1] - 1} positions; "
-                             f"{type(self.facts.module).__name__} reads at most {limit}: write fewer tokens")
+            raise InputError(
+                f"prompt and continuation need {self.input_ids.shape[1] - 1} positions; "
+                f"{type(self.facts.module).__name__} reads at most {limit}: write fewer tokens"
+            )
 
     def _pieces(self) -> list[str]:
         ids = self.input_ids[0].tolist()
@@ -331,19 +365,34 @@ class GenerationExplorer(RelevanceWidget):
 
     # -- controls ---------------------------------------------------------------------------
     def _build(self, methods: list[str]) -> None:
-        self.method_selector = W.Dropdown(description="method", options=methods, layout=W.Layout(width="300px"),
-                                          value=DEFAULT_METHOD if DEFAULT_METHOD in methods else methods[0])
-        generated = self.pieces[self.prompt_length:]
+        self.method_selector = W.Dropdown(
+            description="method",
+            options=methods,
+            layout=W.Layout(width="300px"),
+            value=DEFAULT_METHOD if DEFAULT_METHOD in methods else methods[0],
+        )
+        generated = self.pieces[self.prompt_length :]
         self.step_selector = W.ToggleButtons(
-            options=[(shown_token(p), k) for k, p in enumerate(generated)], value=0,
+            options=[(shown_token(p), k) for k, p in enumerate(generated)],
+            value=0,
             tooltips=[f"step {k + 1}: {readable(p)!r}" for k, p in enumerate(generated)],
-            style={"button_width": "auto"})
-        self.layer_slider = W.SelectionSlider(description="layer", options=[(MAP_LABEL, ("output", 0))],
-                                              continuous_update=True, layout=W.Layout(width="420px"))
-        self.contrast_box = W.Text(placeholder="rather than\u2026 (a token, Enter)", continuous_update=False,
-                                   description="contrast", layout=W.Layout(width="300px"))
-        self.word_toggle = W.ToggleButtons(options=[("words", "words"), ("pieces", "pieces")], value="words",
-                                           style={"button_width": "80px"})
+            style={"button_width": "auto"},
+        )
+        self.layer_slider = W.SelectionSlider(
+            description="layer",
+            options=[(MAP_LABEL, ("output", 0))],
+            continuous_update=True,
+            layout=W.Layout(width="420px"),
+        )
+        self.contrast_box = W.Text(
+            placeholder="rather than\u2026 (a token, Enter)",
+            continuous_update=False,
+            description="contrast",
+            layout=W.Layout(width="300px"),
+        )
+        self.word_toggle = W.ToggleButtons(
+            options=[("words", "words"), ("pieces", "pieces")], value="words", style={"button_width": "80px"}
+        )
         self.word_toggle.layout.display = None if self._scheme else "none"  # pieces are words already
         self.html = W.HTML(value="", layout=W.Layout(width="100%"))
         self.info = W.HTML(value="")
@@ -359,9 +408,15 @@ class GenerationExplorer(RelevanceWidget):
             self.word_toggle.layout.display = "none"  # the pieces are shown, the image tokens as one cell
             self.image_view.add_class("trl-image-view")
             shown = W.HBox([self.image_view, self.html])
-        self.children = [W.HBox([self.method_selector, self.contrast_box, self.word_toggle]),
-                         W.HBox([label, self.step_selector]), self.layer_slider, self.message, shown,
-                         self.info, self.status]
+        self.children = [
+            W.HBox([self.method_selector, self.contrast_box, self.word_toggle]),
+            W.HBox([label, self.step_selector]),
+            self.layer_slider,
+            self.message,
+            shown,
+            self.info,
+            self.status,
+        ]
         for w in (self.method_selector, self.step_selector):
             w.observe(self._on_compute_change, names="value")
         self.layer_slider.observe(self._on_redraw, names="value")
@@ -389,10 +444,10 @@ class GenerationExplorer(RelevanceWidget):
         """The inputs of step k: the prompt and the k tokens written before g_k, (1, P+k); a vision-language
         model's per-token entries extended for those k tokens by its adapter's ``extend_for_generation``, as
         :func:`lrp_core.explain_generation` extends them."""
-        ids = self.input_ids[:, :self.prompt_length + step]
+        ids = self.input_ids[:, : self.prompt_length + step]
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **self.images}
         if self.per_token:
-            written = self.input_ids[:, self.prompt_length:self.prompt_length + step]
+            written = self.input_ids[:, self.prompt_length : self.prompt_length + step]
             inputs.update(cast(VLMAdapter, self.facts.adapter).extend_for_generation(self.per_token, written))
         return inputs
 
@@ -410,8 +465,9 @@ class GenerationExplorer(RelevanceWidget):
             target: Any = self.target_id(step)
             if contrast is not None:
                 target = Contrast([target], [contrast])
-            exp = _engine.explain(self.facts.module, inputs, method, target=target, keep_heads=False,
-                                  sources=self.sources)
+            exp = _engine.explain(
+                self.facts.module, inputs, method, target=target, keep_heads=False, sources=self.sources
+            )
             if self.vlm:  # the views read the text row (every position); the image map is read from the whole
                 self._with_image[key] = exp
                 exp = replace(exp, grid=None, image_size=None, pixels=None)
@@ -445,19 +501,24 @@ class GenerationExplorer(RelevanceWidget):
             self._check_contrast(new, self.step)  # a refused contrast leaves the map as it was
             self.contrast = new
             self._recompute()
+
         self._guarded("compute", use)
 
     def _check_contrast(self, contrast: Optional[int], step: int) -> None:
         if contrast is not None and contrast == self.target_id(step):
-            raise InputError(f"the contrast {self._name(contrast)!r} is the token written at this step: choose "
-                             "another token (the difference would be zero)")
+            raise InputError(
+                f"the contrast {self._name(contrast)!r} is the token written at this step: choose "
+                "another token (the difference would be zero)"
+            )
 
     # -- computing and drawing --------------------------------------------------------------------
     def _recompute(self) -> None:
         self.clear_error()
         if self._key() not in self._cache:  # reaches the browser before the work starts
-            self.status.value = (f'<i style="color:#666">computing {html.escape(self.method)} for '
-                                 f'{html.escape(self._name(self.target_id()))}\u2026</i>')
+            self.status.value = (
+                f'<i style="color:#666">computing {html.escape(self.method)} for '
+                f"{html.escape(self._name(self.target_id()))}\u2026</i>"
+            )
         try:
             self._current = self._entry(self._key())
         except Exception:
@@ -494,10 +555,10 @@ class GenerationExplorer(RelevanceWidget):
         if self._current is None:
             return
         values = self.current_values()
-        pieces = self.pieces[:self.prompt_length + self.step]
+        pieces = self.pieces[: self.prompt_length + self.step]
         if self.vlm:  # the image tokens as one cell holding their sum
             image_id = cast(VLMAdapter, self.facts.adapter).image_token_id
-            placeholder = (self.input_ids[0, :len(pieces)] == image_id).numpy()
+            placeholder = (self.input_ids[0, : len(pieces)] == image_id).numpy()
             tokens, summed = image_cell(pieces, np.asarray(values, dtype=np.float64)[None], placeholder)
             values, tokens = summed[0], [shown_token(t) for t in tokens]
             self.image_view.value = self._image_html()
@@ -510,10 +571,12 @@ class GenerationExplorer(RelevanceWidget):
             tokens = [shown_token(p) for p in pieces]
         self.displayed_map, self.displayed_tokens = np.asarray(values, dtype=np.float64), tokens
         nxt = html.escape(shown_token(self.pieces[self.prompt_length + self.step]))
-        self.html.value = (f'<div style="color:#333;margin:4px 0">{html.escape(self._title())}</div>'
-                           + token_html(tokens, values, signed=True, explained="the token")
-                           + f'<div class="trl-next" style="margin-top:4px">\u2192 next token: <b>{nxt}</b></div>'
-                           + self._sources_html())
+        self.html.value = (
+            f'<div style="color:#333;margin:4px 0">{html.escape(self._title())}</div>'
+            + token_html(tokens, values, signed=True, explained="the token")
+            + f'<div class="trl-next" style="margin-top:4px">\u2192 next token: <b>{nxt}</b></div>'
+            + self._sources_html()
+        )
         self.info.value = self._info_html()
 
     def _image_html(self) -> str:
@@ -523,15 +586,21 @@ class GenerationExplorer(RelevanceWidget):
         from lrp_core.viz.thumbnails import map_png
 
         exp = self._with_image.get(self._key())
-        if exp is None or exp.grid is None or exp.image_tokens is None or \
-                exp.image_tokens.shape[1] != exp.grid[0] * exp.grid[1]:
+        if (
+            exp is None
+            or exp.grid is None
+            or exp.image_tokens is None
+            or exp.image_tokens.shape[1] != exp.grid[0] * exp.grid[1]
+        ):
             self.image_map = None  # several images per row: their tokens are scored, no single map
             return ""
         self.image_map = exp.pixel_map()[0].detach().double().cpu().numpy()
         what = "pixels" if exp.pixels is not None else "image tokens, upsampled"
         png = map_png(self.image_map, image=self.photo, mask=self.mask, title=f"image ({what})")
-        return (f'<img class="trl-step-image" alt="image map of step {self.step + 1}" '
-                f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+        return (
+            f'<img class="trl-step-image" alt="image map of step {self.step + 1}" '
+            f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        )
 
     def source_labels(self) -> list[str]:
         """The text of each source (its pieces joined)."""
@@ -544,16 +613,20 @@ class GenerationExplorer(RelevanceWidget):
         exp = self.explanation
         if self.sources is None or exp is None or exp.sources is None:
             return ""
-        return ('<div style="color:#333;margin-top:6px">sources (each: the sum of its tokens\' scores):</div>'
-                + source_blocks(self.source_labels(), exp.sources[0].double().cpu().numpy()))
+        return (
+            '<div style="color:#333;margin-top:6px">sources (each: the sum of its tokens\' scores):</div>'
+            + source_blocks(self.source_labels(), exp.sources[0].double().cpu().numpy())
+        )
 
     def _title(self) -> str:
         versus = "" if self.contrast is None else f" rather than {self._name(self.contrast)!r}"
         label = next(lab for lab, v in self.layer_slider.options if v == self.layer_slider.value)
         # a given token may be one the model would not write: not "why", but what speaks for it
         why = "what speaks for" if self.given else "why"
-        return (f"{self.method}: {why} {self._name(self.target_id())!r}{versus} "
-                f"(step {self.step + 1} of {self.num_steps}) | {label}")
+        return (
+            f"{self.method}: {why} {self._name(self.target_id())!r}{versus} "
+            f"(step {self.step + 1} of {self.num_steps}) | {label}"
+        )
 
     def _top(self) -> list[tuple[str, float]]:
         """The model's most likely next tokens at this step, with their probabilities (from the engine's logits)."""
@@ -569,9 +642,11 @@ class GenerationExplorer(RelevanceWidget):
         what = "y" if self.contrast is None else f"y \u2212 y_{html.escape(self._name(self.contrast))}"
         shown = self.displayed_map
         assert shown is not None  # _redraw sets it before the info is drawn
-        lines = [f"explaining <b>{html.escape(self._name(g))}</b> (p = {p:.1%}; {what} = {y:.4g}); likely here: "
-                 + ", ".join(f"{html.escape(t)} ({q:.1%})" for t, q in self._top()),
-                 f"\u03a3 shown = {shown.sum():.4g}, max |value| = {np.abs(shown).max():.4g}"]
+        lines = [
+            f"explaining <b>{html.escape(self._name(g))}</b> (p = {p:.1%}; {what} = {y:.4g}); likely here: "
+            + ", ".join(f"{html.escape(t)} ({q:.1%})" for t, q in self._top()),
+            f"\u03a3 shown = {shown.sum():.4g}, max |value| = {np.abs(shown).max():.4g}",
+        ]
         note = views.absorbed_note(exp)
         if note is not None:
             lines.append(html.escape(note))
@@ -580,8 +655,9 @@ class GenerationExplorer(RelevanceWidget):
     def _static_bundle(self) -> dict[str, Any]:
         bundle = token_page_bundle(self)
         if self.vlm and self.displayed_map is not None and self.image_view.value:  # the image map beside the text
-            bundle["text/html"] = (f'<div style="display:flex;gap:8px">{self.image_view.value}'
-                                   f'<div>{bundle["text/html"]}</div></div>')
+            bundle["text/html"] = (
+                f'<div style="display:flex;gap:8px">{self.image_view.value}<div>{bundle["text/html"]}</div></div>'
+            )
         return bundle
 
 

@@ -1,4 +1,5 @@
 """``MethodGrid``: several explanation methods side by side for one input and one class."""
+
 from __future__ import annotations
 
 import html as _html
@@ -45,17 +46,27 @@ class MethodGrid(RelevanceWidget):
     ``errors`` the methods that could not run and why.
     """
 
-    def __init__(self, model: Any, inputs: Any, methods: Optional[Sequence[str]] = None,
-                 target: Any = None, labels: Optional[Sequence[str]] = None, image: Any = None,
-                 sample: int = 0, tokenizer: Any = None, ncols: int = 4,
-                 panel_size: int = 200) -> None:
+    def __init__(
+        self,
+        model: Any,
+        inputs: Any,
+        methods: Optional[Sequence[str]] = None,
+        target: Any = None,
+        labels: Optional[Sequence[str]] = None,
+        image: Any = None,
+        sample: int = 0,
+        tokenizer: Any = None,
+        ncols: int = 4,
+        panel_size: int = 200,
+    ) -> None:
         super().__init__()
         self.ncols, self.panel_size = int(ncols), readable_size(panel_size, MIN_PANEL_PX)
         self.image = W.Image(format="png")
         self.html = W.HTML(value="")
         self.class_selector = W.Dropdown(description="class", layout=W.Layout(width="320px"))
-        self.sign_toggle = W.ToggleButtons(options=[("signed", True), ("positive", False)],
-                                           value=True, style={"button_width": "80px"})
+        self.sign_toggle = W.ToggleButtons(
+            options=[("signed", True), ("positive", False)], value=True, style={"button_width": "80px"}
+        )
         self.opacity = W.FloatSlider(description="opacity", min=0.0, max=1.0, step=0.05, value=0.7)
         self.maps: dict[str, np.ndarray] = {}
         self.displayed_maps: dict[str, np.ndarray] = {}
@@ -72,21 +83,29 @@ class MethodGrid(RelevanceWidget):
         for w in (self.sign_toggle, self.opacity):
             w.observe(lambda _: self._guarded("redraw", self._redraw), "value")
         picture = self.image if self.kind == "image" else self.html
-        self.children = [W.HBox([self.class_selector, self.sign_toggle, self.opacity]),
-                         self.message, picture]
+        self.children = [W.HBox([self.class_selector, self.sign_toggle, self.opacity]), self.message, picture]
         self._guarded("first", self._recompute)
 
-    def _setup(self, model: Any, inputs: Any, methods: Optional[Sequence[str]], target: Any,
-               labels: Optional[Sequence[str]], image: Any, sample: int, tokenizer: Any) -> None:
+    def _setup(
+        self,
+        model: Any,
+        inputs: Any,
+        methods: Optional[Sequence[str]],
+        target: Any,
+        labels: Optional[Sequence[str]],
+        image: Any,
+        sample: int,
+        tokenizer: Any,
+    ) -> None:
         self.facts = resolve_model(model, "MethodGrid")
         self.kind = self.facts.kind  # images and texts alike
         self.inputs: Any  # text: the tokenizer dict; images: (1, 3, H, W) (self.kind says which)
         if self.kind == "text":
             self.tokenizer = tokenizer if tokenizer is not None else self.facts.tokenizer
             full = prepare_text(self.facts, inputs, self.tokenizer)
-            self.inputs = {k: v[sample:sample + 1] for k, v in full.items()}
+            self.inputs = {k: v[sample : sample + 1] for k, v in full.items()}
         else:
-            self.inputs = prepare_images(self.facts, inputs)[sample:sample + 1]
+            self.inputs = prepare_images(self.facts, inputs)[sample : sample + 1]
             if image is None:
                 self.rgb = image_rgb(self.inputs, self.facts)[0]
             else:
@@ -94,10 +113,10 @@ class MethodGrid(RelevanceWidget):
                 self.rgb = to_rgb_uint8(arr[sample] if arr.ndim == 4 else arr)
         self.methods = _engine.check_methods(methods if methods is not None else _engine.methods())
         self.logits = forward_logits(self.facts, self.inputs, self.threads)
-        self.names = class_names(list(labels) if labels is not None else self.facts.labels,
-                                 self.logits.shape[1], strict=labels is not None)
-        self.class_selector.options = class_options(self.logits[0], self.names,
-                                                    probabilities=self.facts.probabilities)
+        self.names = class_names(
+            list(labels) if labels is not None else self.facts.labels, self.logits.shape[1], strict=labels is not None
+        )
+        self.class_selector.options = class_options(self.logits[0], self.names, probabilities=self.facts.probabilities)
         if target is None:
             self.class_selector.value = int(self.logits[0].argmax())
         elif isinstance(target, str):
@@ -120,16 +139,16 @@ class MethodGrid(RelevanceWidget):
             key = (self.target, m)
             try:
                 if key not in self._cache:
-                    self._cache[key] = _engine.explain(self.facts.module, self.inputs, m,
-                                                       target=self.target, keep_heads=False)
+                    self._cache[key] = _engine.explain(
+                        self.facts.module, self.inputs, m, target=self.target, keep_heads=False
+                    )
                 exp = self._cache[key]
                 self.explanations[m] = exp
                 self.maps[m] = views.view_map(exp, "output")
             except Exception as err:  # noqa: BLE001 - one failing method keeps the others
                 self.errors[m] = describe_error(err)
         if self.errors:
-            self.show_error("; ".join(f"{m}: {e}" for m, e in self.errors.items()),
-                            title="Some methods could not run")
+            self.show_error("; ".join(f"{m}: {e}" for m, e in self.errors.items()), title="Some methods could not run")
         self._redraw()
 
     def _redraw(self) -> None:
@@ -138,9 +157,12 @@ class MethodGrid(RelevanceWidget):
         if not self.displayed_maps:
             return
         if self.kind == "image":
-            tiles = [overlay_image(self.rgb, v, alpha=self.opacity.value, signed=signed,
-                                   display_size=self.panel_size, title=m)
-                     for m, v in self.displayed_maps.items()]
+            tiles = [
+                overlay_image(
+                    self.rgb, v, alpha=self.opacity.value, signed=signed, display_size=self.panel_size, title=m
+                )
+                for m, v in self.displayed_maps.items()
+            ]
             self.image.value = tile_pngs(tiles, ncols=min(self.ncols, len(tiles)))
         else:
             self.html.value = self._text_table(signed)
@@ -149,11 +171,12 @@ class MethodGrid(RelevanceWidget):
         n = int(self.inputs["attention_mask"][0].sum())
         ids = self.inputs["input_ids"][0, :n].tolist()
         tok = self.tokenizer
-        tokens = ([str(t) for t in tok.convert_ids_to_tokens(ids)] if tok is not None
-                  else [f"[{i}]" for i in ids])
-        rows = [f'<tr><td style="padding:4px 8px;vertical-align:top"><b>{_html.escape(m)}</b></td>'
-                f'<td>{token_html(tokens, v[:n], signed=signed, legend=False)}</td></tr>'
-                for m, v in self.displayed_maps.items()]
+        tokens = [str(t) for t in tok.convert_ids_to_tokens(ids)] if tok is not None else [f"[{i}]" for i in ids]
+        rows = [
+            f'<tr><td style="padding:4px 8px;vertical-align:top"><b>{_html.escape(m)}</b></td>'
+            f"<td>{token_html(tokens, v[:n], signed=signed, legend=False)}</td></tr>"
+            for m, v in self.displayed_maps.items()
+        ]
         return f'<table class="trl-method-grid">{"".join(rows)}</table>'
 
     def _static_bundle(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 """``TokenRelevance``: BERT text with each token coloured by its relevance."""
+
 from __future__ import annotations
 
 import html as _html
@@ -20,8 +21,10 @@ _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 def tokenize(texts: Sequence[str], tokenizer: Any) -> dict[str, torch.Tensor]:
     """Tokenise texts (padding to the longest); empty texts are an :class:`InputError`."""
     if tokenizer is None:
-        raise InputError("texts need a tokenizer: pass tokenizer=..., a LoadedModel, or "
-                         "already tokenised inputs (a dict with input_ids and attention_mask)")
+        raise InputError(
+            "texts need a tokenizer: pass tokenizer=..., a LoadedModel, or "
+            "already tokenised inputs (a dict with input_ids and attention_mask)"
+        )
     if not texts:
         raise InputError("no text given: type a sentence to explain")
     for t in texts:
@@ -68,16 +71,24 @@ class TokenRelevance(LayerExplorer):
 
     expected_kind = "text"
 
-    def __init__(self, model: Any, inputs: Any = None, labels: Optional[Sequence[str]] = None,
-                 methods: Optional[Sequence[str]] = None, texts: Any = None,
-                 tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        inputs: Any = None,
+        labels: Optional[Sequence[str]] = None,
+        methods: Optional[Sequence[str]] = None,
+        texts: Any = None,
+        tokenizer: Any = None,
+    ) -> None:
         self._tokenizer_arg = tokenizer
         self._texts_arg = texts
         self.html = W.HTML(value="", layout=W.Layout(width="100%"))
-        self.word_toggle = W.ToggleButtons(options=[("word-pieces", "pieces"), ("words", "words")],
-                                           value="pieces", style={"button_width": "100px"})
-        self.text_box = W.Text(placeholder="type a text and press Enter", continuous_update=False,
-                               layout=W.Layout(width="520px"))
+        self.word_toggle = W.ToggleButtons(
+            options=[("word-pieces", "pieces"), ("words", "words")], value="pieces", style={"button_width": "100px"}
+        )
+        self.text_box = W.Text(
+            placeholder="type a text and press Enter", continuous_update=False, layout=W.Layout(width="520px")
+        )
         self.displayed_tokens: list[str] = []
         super().__init__(model, inputs, labels=labels, methods=methods)
 
@@ -92,7 +103,7 @@ class TokenRelevance(LayerExplorer):
         return prepare_text(self.facts, texts, self.tokenizer)
 
     def _sample(self, i: int) -> dict[str, torch.Tensor]:
-        return {k: v[i:i + 1] for k, v in self.inputs.items()}
+        return {k: v[i : i + 1] for k, v in self.inputs.items()}
 
     def tokens(self, i: Optional[int] = None) -> list[str]:
         """The real (non-padding) word-pieces of sample ``i`` (default: the selected one)."""
@@ -111,8 +122,7 @@ class TokenRelevance(LayerExplorer):
         return [self.word_toggle]
 
     def _build_layout(self) -> None:
-        self.children = [self.text_box, *self._controls(), self.message, self.html, self.info,
-                         self.status]
+        self.children = [self.text_box, *self._controls(), self.message, self.html, self.info, self.status]
 
     def _on_text(self, change: dict) -> None:
         def use_text() -> None:
@@ -126,6 +136,7 @@ class TokenRelevance(LayerExplorer):
             self._quiet = False
             self._fill_classes()
             self._recompute()
+
         self._guarded("compute", use_text)
 
     def _render(self, values: np.ndarray, title: str) -> None:
@@ -136,8 +147,9 @@ class TokenRelevance(LayerExplorer):
             tokens, values = merge_wordpieces(tokens, values, reduce="max")
             self.displayed_map = values
         self.displayed_tokens = list(tokens)
-        self.html.value = (f'<div style="color:#333;margin:4px 0">{_html.escape(title)}</div>'
-                           + token_html(tokens, values, signed=self.signed))
+        self.html.value = f'<div style="color:#333;margin:4px 0">{_html.escape(title)}</div>' + token_html(
+            tokens, values, signed=self.signed
+        )
 
     def _static_bundle(self) -> dict[str, Any]:
         return token_page_bundle(self)

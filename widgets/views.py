@@ -21,6 +21,7 @@ end-of-text row for CLIP's text side. Every view keeps the scored tokens only
 method replaces the scored readout tokens' entries by the row minimum
 (transformer attribution on text, docs/METHODS.md §5.6), the accumulated view does too.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -98,8 +99,8 @@ def _row(exp: Any, row: Any) -> np.ndarray:
         if image is not None:  # a vision-language model: the patches are its image tokens, wherever they lie
             idx = image[0].cpu().numpy()  # a token carrying several patches: its score split equally over them
             return (row[idx] / np.bincount(idx, minlength=row.shape[0])[idx]).reshape(h, w)
-        return row[-h * w:].reshape(h, w).copy()
-    return row[:real_tokens(exp)].copy()
+        return row[-h * w :].reshape(h, w).copy()
+    return row[: real_tokens(exp)].copy()
 
 
 def _as_numpy(m: Any) -> np.ndarray:
@@ -132,13 +133,21 @@ def scored_map(exp: Any, readout: _engine.SampleReadout, row: np.ndarray, minimu
 
 def _need_readout(readout: Optional[_engine.SampleReadout], view: str) -> _engine.SampleReadout:
     if readout is None:
-        raise InputError(f"the {view!r} view reads the matrices through the sample's readout: pass "
-                         "readout=widgets._engine.sample_readout(model, inputs)")
+        raise InputError(
+            f"the {view!r} view reads the matrices through the sample's readout: pass "
+            "readout=widgets._engine.sample_readout(model, inputs)"
+        )
     return readout
 
 
-def view_map(exp: Any, view: str, block: int = 0, start: int = 0, head: Optional[int] = None,
-             readout: Optional[_engine.SampleReadout] = None) -> np.ndarray:
+def view_map(
+    exp: Any,
+    view: str,
+    block: int = 0,
+    start: int = 0,
+    head: Optional[int] = None,
+    readout: Optional[_engine.SampleReadout] = None,
+) -> np.ndarray:
     """The values a widget shows: (h, w) for images (or (H, W) pixels), (T,) for text.
 
     ``head=None`` uses the head mean (``exp.layers``); an int uses that head's
@@ -226,8 +235,7 @@ class LayerProducts:
         self.norm = rollout_norm(exp)
         self.minimum = _engine.readout_minimum(exp.method)
         L = n_blocks(exp)
-        self.factors = [_engine.accumulate(exp.layers[:1], b, b, norm=self.norm)[0].double().numpy()
-                        for b in range(L)]
+        self.factors = [_engine.accumulate(exp.layers[:1], b, b, norm=self.norm)[0].double().numpy() for b in range(L)]
         self._prefix: dict[int, list[np.ndarray]] = {}
         self._head_rows: dict[tuple[int, int], np.ndarray] = {}
 
@@ -244,7 +252,7 @@ class LayerProducts:
         """wᵀ(I+Ā_b^h) (N,), with head h's own matrix (engine normalisation)."""
         key = (block, head)
         if key not in self._head_rows:
-            one = _heads(self.exp)[:1, block:block + 1, head]
+            one = _heads(self.exp)[:1, block : block + 1, head]
             factor = _engine.accumulate(one, 0, 0, norm=self.norm)[0]
             self._head_rows[key] = readout_row(self.readout, factor)
         return self._head_rows[key]

@@ -14,6 +14,7 @@ cp_lrp read token relevance at the word embeddings, before the projection.
 
 Shapes: B batch, T tokens, E embedding width, D hidden width.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -35,13 +36,21 @@ class AlbertAdapter(BertAdapter):
         name = type(model).__name__
         base = getattr(model, "albert", None)
         enc = getattr(base, "encoder", None)
-        if getattr(model, "config", None) is None or base is None or not hasattr(enc, "albert_layer_groups") \
-                or not is_linear(getattr(enc, "embedding_hidden_mapping_in", None)):
-            raise UnsupportedModelError(f"{name}: not an ALBERT classifier (expected albert.embeddings and "
-                                        "albert.encoder.albert_layer_groups / embedding_hidden_mapping_in)")
+        if (
+            getattr(model, "config", None) is None
+            or base is None
+            or not hasattr(enc, "albert_layer_groups")
+            or not is_linear(getattr(enc, "embedding_hidden_mapping_in", None))
+        ):
+            raise UnsupportedModelError(
+                f"{name}: not an ALBERT classifier (expected albert.embeddings and "
+                "albert.encoder.albert_layer_groups / embedding_hidden_mapping_in)"
+            )
         if not is_linear(getattr(base, "pooler", None)) or not is_linear(model.classifier):
-            raise UnsupportedModelError(f"{name}: expected a pooler (Linear + tanh) and a Linear classifier; "
-                                        "ALBERT without its pooling layer is not supported")
+            raise UnsupportedModelError(
+                f"{name}: expected a pooler (Linear + tanh) and a Linear classifier; "
+                "ALBERT without its pooling layer is not supported"
+            )
         return base
 
     def _layers(self) -> list:
@@ -51,8 +60,11 @@ class AlbertAdapter(BertAdapter):
         return int(self.model.config.max_position_embeddings)
 
     def _head(self) -> list:
-        return [HeadLayer(LINEAR, self.base.pooler), HeadLayer(ELEMENTWISE, self.base.pooler_activation),
-                HeadLayer(LINEAR, self.model.classifier)]
+        return [
+            HeadLayer(LINEAR, self.base.pooler),
+            HeadLayer(ELEMENTWISE, self.base.pooler_activation),
+            HeadLayer(LINEAR, self.model.classifier),
+        ]
 
     @staticmethod
     def layer_uses(enc: ModelPart, cfg) -> list:
@@ -65,14 +77,19 @@ class AlbertAdapter(BertAdapter):
             att = layer.attention
             H, d = att.num_attention_heads, att.attention_head_size
             return BlockSpec(
-                layout="post_ln", norm1=att.LayerNorm, norm2=layer.full_layer_layer_norm,
-                attn=AttentionSpec(q=att.query, k=att.key, v=att.value, proj=att.dense, num_heads=H, head_dim=d,
-                                   scale=d ** -0.5),
-                mlp=MlpSpec(fc1=layer.ffn, act=layer.activation, fc2=layer.ffn_output))
+                layout="post_ln",
+                norm1=att.LayerNorm,
+                norm2=layer.full_layer_layer_norm,
+                attn=AttentionSpec(
+                    q=att.query, k=att.key, v=att.value, proj=att.dense, num_heads=H, head_dim=d, scale=d**-0.5
+                ),
+                mlp=MlpSpec(fc1=layer.ffn, act=layer.activation, fc2=layer.ffn_output),
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"{type(layer).__name__} does not have the ALBERT layout (attention.query/key/value/dense/LayerNorm, "
-                f"ffn, activation, ffn_output, full_layer_layer_norm): {e}") from None
+                f"ffn, activation, ffn_output, full_layer_layer_norm): {e}"
+            ) from None
 
     def embedding_projection(self) -> Optional[ModelPart]:
         return self.base.encoder.embedding_hidden_mapping_in

@@ -8,6 +8,7 @@ block 0 reaches input space (pixels or embeddings). The replay, the
 relevance pass and every method are shared; a new model family is one small
 subclass plus a line in :data:`lrp_core.adapters.ADAPTERS`.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -76,9 +77,11 @@ class Adapter(ABC):
         Every per-sample entry is indexed by ``rows`` (and cut to ``n`` along its token axis, axis 1); the
         :attr:`shared` entries are kept whole.
         """
+
         def one(v: Tensor) -> Tensor:
             rows_here = rows.to(v.device)
             return v[rows_here] if n is None else v[rows_here, :n]
+
         return {k: v if v is None or k in self.shared else one(v) for k, v in prepared.items()}
 
     @cached_property
@@ -120,8 +123,9 @@ class Adapter(ABC):
         """The token layout of a prepared batch."""
 
     @abstractmethod
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
-                        prepared: dict) -> tuple[Tensor, Optional[Tensor]]:
+    def input_relevance(
+        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict
+    ) -> tuple[Tensor, Optional[Tensor]]:
         """Relevance of block 0's input (B, N, D) -> (token scores (B, T), pixels (B, H, W) or ``None``)."""
 
     # --------------------------------------------------------------- readout
@@ -135,11 +139,14 @@ class Adapter(ABC):
 
     def at_position(self, prepared: dict, position) -> dict:
         """``prepared`` read at another position (``explain(..., position=)``): only decoder language models."""
-        raise InputError(f"position= names the token a decoder language model is explained at; "
-                         f"{type(self.model).__name__} reads its prediction from a fixed token")
+        raise InputError(
+            f"position= names the token a decoder language model is explained at; "
+            f"{type(self.model).__name__} reads its prediction from a fixed token"
+        )
 
-    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
-                      fused: bool = False) -> list:
+    def block_context(
+        self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor], fused: bool = False
+    ) -> list:
         """Per block ``(bias, rope)``: the additive attention mask and the rotary tables (``None``: none).
 
         Default: every block gets :meth:`attention_bias` and no rotary tables (decoders override; ``fused``:
@@ -149,8 +156,16 @@ class Adapter(ABC):
         return [(bias, None)] * len(self.blocks)
 
     # --------------------------------------------------------------- forward
-    def forward(self, prepared: dict, *, grad: bool = False, composite: Optional[Composite] = None,
-                track: bool = False, readout: Optional[Readout] = None, read_rows: bool = False) -> Trace:
+    def forward(
+        self,
+        prepared: dict,
+        *,
+        grad: bool = False,
+        composite: Optional[Composite] = None,
+        track: bool = False,
+        readout: Optional[Readout] = None,
+        read_rows: bool = False,
+    ) -> Trace:
         """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations (an
         explicit-pass one is refused at once); ``None``: the plain replay. ``readout``: the batch's readout
         (default :meth:`readout_for`); the trace keeps it as ``trace.readout``. ``read_rows``: with a readout
@@ -168,14 +183,22 @@ class Adapter(ABC):
                 x0 = x0.detach().requires_grad_(True)
                 emb.x0 = x0
             rows = head.positions if read_rows and isinstance(head, PositionReadout) else None
-            trace = self.run_blocks(x0, prepared.get("attention_mask"), r, readout=head,
-                                    positions=prepared.get("position_ids"), rows=rows)
+            trace = self.run_blocks(
+                x0, prepared.get("attention_mask"), r, readout=head, positions=prepared.get("position_ids"), rows=rows
+            )
             trace.embedding = emb
         return trace
 
-    def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = NO_RECORD,
-                   keep: bool = True, readout: Optional[Readout] = None,
-                   positions: Optional[Tensor] = None, rows: Optional[Tensor] = None) -> Trace:
+    def run_blocks(
+        self,
+        x0: Tensor,
+        mask: Optional[Tensor] = None,
+        r: Replay = NO_RECORD,
+        keep: bool = True,
+        readout: Optional[Readout] = None,
+        positions: Optional[Tensor] = None,
+        rows: Optional[Tensor] = None,
+    ) -> Trace:
         """Blocks and readout from the block-0 input ``x0`` (B, N, D); ``mask`` (B, N) 1 = real token.
 
         ``readout``: the batch's readout (default :attr:`readout`, for a family whose readout does not
@@ -190,8 +213,9 @@ class Adapter(ABC):
         head = self.readout if readout is None else readout
         if self.mask_value is not None and mask is None:
             mask = torch.ones(x0.shape[:2], dtype=torch.long, device=x0.device)
-        trace = Trace(x0=x0, mask=mask if self.mask_value is not None else None, readout=head, positions=positions,
-                      first=r.first)
+        trace = Trace(
+            x0=x0, mask=mask if self.mask_value is not None else None, readout=head, positions=positions, first=r.first
+        )
         x = x0
         last = len(self.blocks) - 1
         for b, (spec, (bias, rope)) in enumerate(zip(self.blocks, self.block_context(x0, mask, positions, r.fuse))):
@@ -228,10 +252,17 @@ class Adapter(ABC):
         return trace.blocks[-1].attn.h
 
     # ------------------------------------------------------------- relevance
-    def relprop(self, trace: Trace, R_out: Tensor, composite: Composite, stop_block: int = 0,
-                to_input: bool = False, prepared: Optional[dict] = None,
-                on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]] = None,
-                release: bool = False) -> BlockRelevance:
+    def relprop(
+        self,
+        trace: Trace,
+        R_out: Tensor,
+        composite: Composite,
+        stop_block: int = 0,
+        to_input: bool = False,
+        prepared: Optional[dict] = None,
+        on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]] = None,
+        release: bool = False,
+    ) -> BlockRelevance:
         """The explicit relevance pass, every rule chosen by ``composite`` (an explicit-pass rule set; a
         modified-gradient one is refused at once).
 
@@ -249,9 +280,17 @@ class Adapter(ABC):
         with compute_precision(self.model):  # in float32 for a half-precision model (a no-op inside a method)
             return self._relprop(trace, R_out, composite, stop_block, to_input, prepared, on_attention, release)
 
-    def _relprop(self, trace: Trace, R_out: Tensor, composite: Composite, stop_block: int, to_input: bool,
-                 prepared: Optional[dict], on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
-                 release: bool) -> BlockRelevance:
+    def _relprop(
+        self,
+        trace: Trace,
+        R_out: Tensor,
+        composite: Composite,
+        stop_block: int,
+        to_input: bool,
+        prepared: Optional[dict],
+        on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
+        release: bool,
+    ) -> BlockRelevance:
         prop = Propagation(composite, cache=self.shares_weights, names=self._names_for(composite), first=trace.first)
         assert trace.readout is not None and trace.readout_record is not None, "run_blocks records the readout"
         R: Optional[Tensor]  # None past stop_block when the pass stops there
@@ -275,5 +314,14 @@ class Adapter(ABC):
         return out
 
 
-__all__ = ["Adapter", "AttentionRecord", "BlockRecord", "BlockRelevance", "BlockSpec", "EmbeddingRecord",
-           "ReadoutRecord", "TokenLayout", "Trace"]
+__all__ = [
+    "Adapter",
+    "AttentionRecord",
+    "BlockRecord",
+    "BlockRelevance",
+    "BlockSpec",
+    "EmbeddingRecord",
+    "ReadoutRecord",
+    "TokenLayout",
+    "Trace",
+]

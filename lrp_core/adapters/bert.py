@@ -7,6 +7,7 @@ submodules and the engine replays them — whatever attention implementation
 
 Shapes: B batch, T tokens (padding included), D width, C classes.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -51,10 +52,16 @@ class BertAdapter(Adapter):
         name = type(model).__name__
         cfg = getattr(model, "config", None)
         base = getattr(model, "base_model", None)
-        if cfg is None or base is None or not hasattr(base, "embeddings") or not hasattr(base, "encoder") \
-                or not hasattr(base.encoder, "layer"):
+        if (
+            cfg is None
+            or base is None
+            or not hasattr(base, "embeddings")
+            or not hasattr(base, "encoder")
+            or not hasattr(base.encoder, "layer")
+        ):
             raise UnsupportedModelError(
-                f"{name}: not a BERT-family encoder (expected base_model.embeddings and base_model.encoder.layer)")
+                f"{name}: not a BERT-family encoder (expected base_model.embeddings and base_model.encoder.layer)"
+            )
         if getattr(cfg, "is_decoder", False):
             raise UnsupportedModelError(f"{name}: decoder (causal) models are not supported")
         pet = getattr(cfg, "position_embedding_type", "absolute")
@@ -83,15 +90,21 @@ class BertAdapter(Adapter):
             H = self.model.config.num_attention_heads
             d = self.model.config.hidden_size // H
             return BlockSpec(
-                layout="post_ln", norm1=so.LayerNorm, norm2=layer.output.LayerNorm,
-                attn=AttentionSpec(q=sa.query, k=sa.key, v=sa.value, proj=so.dense, num_heads=H, head_dim=d,
-                                   scale=d ** -0.5),
-                mlp=MlpSpec(fc1=layer.intermediate.dense, act=layer.intermediate.intermediate_act_fn,
-                            fc2=layer.output.dense))
+                layout="post_ln",
+                norm1=so.LayerNorm,
+                norm2=layer.output.LayerNorm,
+                attn=AttentionSpec(
+                    q=sa.query, k=sa.key, v=sa.value, proj=so.dense, num_heads=H, head_dim=d, scale=d**-0.5
+                ),
+                mlp=MlpSpec(
+                    fc1=layer.intermediate.dense, act=layer.intermediate.intermediate_act_fn, fc2=layer.output.dense
+                ),
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"layer {i} ({type(layer).__name__}) does not have the BERT layout "
-                f"(attention.self.query/key/value, attention.output, intermediate, output): {e}") from None
+                f"(attention.self.query/key/value, attention.output, intermediate, output): {e}"
+            ) from None
 
     def _head(self) -> list:
         """The classification head on [CLS], layer by layer (pooler dense + tanh + classifier, or RoBERTa's)."""
@@ -101,13 +114,13 @@ class BertAdapter(Adapter):
         if is_linear(clf) and pooler is not None and is_linear(getattr(pooler, "dense", None)):
             # BERT: [CLS] -> dense -> tanh -> classifier
             return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation), HeadLayer(LINEAR, clf)]
-        if clf is not None and is_linear(getattr(clf, "dense", None)) \
-                and is_linear(getattr(clf, "out_proj", None)):
+        if clf is not None and is_linear(getattr(clf, "dense", None)) and is_linear(getattr(clf, "out_proj", None)):
             act = getattr(clf, "activation", None) or nn.Tanh()  # RoBERTa's head uses tanh inline
             return [HeadLayer(LINEAR, clf.dense), HeadLayer(ELEMENTWISE, act), HeadLayer(LINEAR, clf.out_proj)]
         raise UnsupportedModelError(
             f"{type(model).__name__}: classification head not recognised (expected a pooler (dense + tanh) with a "
-            "Linear classifier, or a classifier with dense and out_proj)")
+            "Linear classifier, or a classifier with dense and out_proj)"
+        )
 
     # ------------------------------------------------------------ validation
     #: the input keys the replay reads as the model does
@@ -115,9 +128,9 @@ class BertAdapter(Adapter):
     #: input keys the model's forward reads that the replay does not, and what to pass instead
     refused_inputs: dict = {
         "inputs_embeds": "the token scores are read at the model's own word embeddings of input_ids, so embeddings "
-                         "given directly are refused: pass input_ids (and attention_mask)",
+        "given directly are refused: pass input_ids (and attention_mask)",
         "head_mask": "a head mask scales the heads' attention, and the replay runs every head as the model does "
-                     "without one: pass no head_mask",
+        "without one: pass no head_mask",
     }
 
     def check_inputs(self, inputs) -> dict:
@@ -126,19 +139,24 @@ class BertAdapter(Adapter):
         if T > self.max_length:
             raise InputError(
                 f"the text is {T} tokens long; {type(self.model).__name__} accepts at most {self.max_length}. "
-                f"Tokenize with truncation=True, max_length={self.max_length} to cut it")
+                f"Tokenize with truncation=True, max_length={self.max_length} to cut it"
+            )
         if self.vocab_size is not None and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise InputError(f"input_ids must lie in [0, {self.vocab_size}) (the vocabulary size)")
         tt = inputs.get("token_type_ids")
         if tt is not None:
             tt = token_ids(tt, "token_type_ids").to(ids.device)
             if tt.shape != ids.shape:
-                raise InputError(f"token_type_ids has shape {tuple(tt.shape)}, input_ids {tuple(ids.shape)}: they "
-                                 "must be the same (one segment id per token)")
+                raise InputError(
+                    f"token_type_ids has shape {tuple(tt.shape)}, input_ids {tuple(ids.shape)}: they "
+                    "must be the same (one segment id per token)"
+                )
             table = getattr(self.base.embeddings, "token_type_embeddings", None)
             if table is not None and (int(tt.min()) < 0 or int(tt.max()) >= table.num_embeddings):
-                raise InputError(f"token_type_ids must lie in [0, {table.num_embeddings}) (the model's segment "
-                                 f"table); got {int(tt.min())} … {int(tt.max())}")
+                raise InputError(
+                    f"token_type_ids must lie in [0, {table.num_embeddings}) (the model's segment "
+                    f"table); got {int(tt.min())} … {int(tt.max())}"
+                )
             if table is None and "token_type_ids" not in self.honoured_inputs and not bool(tt.any()):
                 # a model without a segment table (DistilBERT, MPNet) given one segment only, as a BERT
                 # tokenizer emits it: nothing it would compute with; any other segment id is refused below
@@ -155,18 +173,22 @@ class BertAdapter(Adapter):
         if pos.shape[0] == 1 and pos.shape[1] == ids.shape[1]:
             pos = pos.expand(ids.shape)
         if pos.shape != ids.shape:
-            raise InputError(f"position_ids has shape {tuple(pos.shape)}, input_ids {tuple(ids.shape)}: give one "
-                             "position per token, (B, T) or (1, T)")
+            raise InputError(
+                f"position_ids has shape {tuple(pos.shape)}, input_ids {tuple(ids.shape)}: give one "
+                "position per token, (B, T) or (1, T)"
+            )
         n = self.base.embeddings.position_embeddings.num_embeddings
         if int(pos.min()) < 0 or int(pos.max()) >= n:
-            raise InputError(f"position_ids must lie in [0, {n}) (the position table); got {int(pos.min())} … "
-                             f"{int(pos.max())}")
+            raise InputError(
+                f"position_ids must lie in [0, {n}) (the position table); got {int(pos.min())} … {int(pos.max())}"
+            )
         return pos
 
     def layout(self, prepared: dict) -> TokenLayout:
         mask = prepared["attention_mask"]
-        return TokenLayout(modality="text", num_tokens=mask.shape[1], output_start=0,
-                           readout_tokens=self.readout.tokens, mask=mask)
+        return TokenLayout(
+            modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=self.readout.tokens, mask=mask
+        )
 
     # --------------------------------------------------------------- forward
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
@@ -202,11 +224,10 @@ class BertAdapter(Adapter):
         make = getattr(emb, "create_position_ids_from_input_ids", None)
         if make is not None:  # RoBERTa family: positions count real tokens after the padding index
             return make(ids, emb.padding_idx)
-        return emb.position_ids[:, :ids.shape[1]]
+        return emb.position_ids[:, : ids.shape[1]]
 
     # ------------------------------------------------------------- relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
-                        prepared: dict) -> tuple[Tensor, None]:
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
         """Relevance at the embedding output, summed over channels; padding scores 0."""
         return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
 

@@ -12,6 +12,7 @@ code here replays it (:func:`block_forward`) and walks it backward
 
 Shapes: B batch, N tokens, D width, H heads, d head width.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -265,16 +266,22 @@ class Replay(RuleChoice):
 
     serves = MODIFIED_GRADIENT
 
-    def __init__(self, composite: Optional[Composite] = None, names: Optional[Mapping[nn.Module, str]] = None,
-                 record: bool = True, fuse: bool = False):
+    def __init__(
+        self,
+        composite: Optional[Composite] = None,
+        names: Optional[Mapping[nn.Module, str]] = None,
+        record: bool = True,
+        fuse: bool = False,
+    ):
         self.fuse = fuse
         self.first: Optional[dict] = {} if record else None
         self.composite = None
         if composite is not None:
             super().__init__(composite, names, self.first)
 
-    def __call__(self, kind: str, fn: Callable[..., Tensor], *inputs: Tensor,
-                 module: Optional[nn.Module] = None) -> Tensor:
+    def __call__(
+        self, kind: str, fn: Callable[..., Tensor], *inputs: Tensor, module: Optional[nn.Module] = None
+    ) -> Tensor:
         if self.composite is None:
             return fn(*inputs)
         return cast(GradientRule, self.rule(kind, module)).forward(fn, *inputs, module=module)  # a gradient rule set
@@ -307,19 +314,22 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
         lin = {"qkv": r.module(LINEAR, p.qkv, h)}  # (B, N, (H + 2·Hkv)·d)
         if p.qkv_layout == "grouped":  # per key/value head: its query heads, its key, its value
             parts = lin["qkv"].reshape(B, N, Hkv, p.groups + 2, d)
-            q = parts[:, :, :, :p.groups].reshape(B, N, H, d).transpose(1, 2)
+            q = parts[:, :, :, : p.groups].reshape(B, N, H, d).transpose(1, 2)
             k, v = parts[:, :, :, p.groups].transpose(1, 2), parts[:, :, :, p.groups + 1].transpose(1, 2)
         elif Hkv == H:
             q, k, v = lin["qkv"].reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
         else:  # fused GQA projection (Phi-3): the query heads, then the key heads, then the value heads
-            q, k, v = (t.reshape(B, N, -1, d).transpose(1, 2)
-                       for t in lin["qkv"].split([H * d, Hkv * d, Hkv * d], dim=-1))
+            q, k, v = (
+                t.reshape(B, N, -1, d).transpose(1, 2) for t in lin["qkv"].split([H * d, Hkv * d, Hkv * d], dim=-1)
+            )
         return lin, r.norm(p.q_norm, q), r.norm(p.k_norm, k), v
     assert p.q is not None and p.k is not None and p.v is not None, "an attention without qkv has q, k and v"
     lin = {n: r.module(LINEAR, m, h) for n, m in (("q", p.q), ("k", p.k), ("v", p.v))}
     if p.norm_whole:  # the norms over all heads' channels at once, then the heads
-        q, k, v = (t.reshape(B, N, -1, d).transpose(1, 2)
-                   for t in (r.norm(p.q_norm, lin["q"]), r.norm(p.k_norm, lin["k"]), lin["v"]))
+        q, k, v = (
+            t.reshape(B, N, -1, d).transpose(1, 2)
+            for t in (r.norm(p.q_norm, lin["q"]), r.norm(p.k_norm, lin["k"]), lin["v"])
+        )
         return lin, q, k, v
     q, k, v = (lin[n].reshape(B, N, -1, d) for n in "qkv")
     return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
@@ -340,8 +350,9 @@ def _rotate(p: AttentionSpec, x: Tensor, cos: Tensor, sin: Tensor, r: Replay) ->
     return torch.cat((x[:, :, :n], out), dim=2) if n else out
 
 
-def _rotate_relprop(p: AttentionSpec, x: Tensor, rotated: Tensor, cos: Tensor, sin: Tensor, R: Tensor,
-                    prop: Propagation) -> Tensor:
+def _rotate_relprop(
+    p: AttentionSpec, x: Tensor, rotated: Tensor, cos: Tensor, sin: Tensor, R: Tensor, prop: Propagation
+) -> Tensor:
     """Relevance of the rotated q or k (B, H, N, d) -> of the unrotated one (the skipped tokens' passes as is)."""
     n = p.rope_skip
     parts = [t[:, :, n:] if n else t for t in (x, rotated, R)]
@@ -365,8 +376,14 @@ def _unpadded(p: AttentionSpec, t: Tensor, n: int) -> Tensor:
     return t[:, :n] if p.pad_tokens else t
 
 
-def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Replay,
-                      rope: Optional[tuple] = None, rows: Optional[Tensor] = None) -> AttentionRecord:
+def attention_forward(
+    p: AttentionSpec,
+    h: Tensor,
+    bias: Optional[Tensor],
+    r: Replay,
+    rope: Optional[tuple] = None,
+    rows: Optional[Tensor] = None,
+) -> AttentionRecord:
     """Multi-head self-attention on ``h``; the attention map is computed explicitly unless fused.
 
     Parameters
@@ -411,8 +428,7 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
     if p.sdpa and r.fuse and p.softcap is None and p.sinks is None:
         ctx = r(ATTENTION, fused_attention(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
     else:
-        k_all, v_all = (k, v) if groups == 1 else \
-            (r(KV_REPEAT, lambda t: repeat_kv(t, groups), t) for t in (k, v))
+        k_all, v_all = (k, v) if groups == 1 else (r(KV_REPEAT, lambda t: repeat_kv(t, groups), t) for t in (k, v))
         kT = k_all.transpose(-2, -1)
         if p.scale_queries_first:
             scores = r(MATMUL_QK, matmul, q * p.scale, kT)
@@ -432,9 +448,20 @@ def attention_forward(p: AttentionSpec, h: Tensor, bias: Optional[Tensor], r: Re
     if p.pad_tokens:  # the padding's outputs are dropped
         lin["proj_all"] = lin["proj"]
         lin["proj"] = lin["proj_all"][:, :N]
-    return AttentionRecord(h=h, q=q, k=k, v=v, A=A, ctx=ctx, o=o, lin=lin,
-                           bias=bias, q_pre=q_pre, k_pre=k_pre,
-                           rope=rope if p.rotary else None)
+    return AttentionRecord(
+        h=h,
+        q=q,
+        k=k,
+        v=v,
+        A=A,
+        ctx=ctx,
+        o=o,
+        lin=lin,
+        bias=bias,
+        q_pre=q_pre,
+        k_pre=k_pre,
+        rope=rope if p.rotary else None,
+    )
 
 
 def _mlp_forward(p: MlpSpec, m: Tensor, r: Replay) -> tuple[dict, Tensor, Optional[Tensor], Optional[Tensor]]:
@@ -454,8 +481,14 @@ def _mlp_forward(p: MlpSpec, m: Tensor, r: Replay) -> tuple[dict, Tensor, Option
     return lin, r.norm(p.mid_norm, r(GATE_MUL, times, gate, up)), gate, up
 
 
-def block_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay = NO_RECORD,
-                  rope: Optional[tuple] = None, rows: Optional[Tensor] = None) -> BlockRecord:
+def block_forward(
+    p: BlockSpec,
+    x: Tensor,
+    bias: Optional[Tensor],
+    r: Replay = NO_RECORD,
+    rope: Optional[tuple] = None,
+    rows: Optional[Tensor] = None,
+) -> BlockRecord:
     """One Transformer block on ``x`` (pre-LN, post-LN or parallel layout).
 
     Parameters
@@ -518,6 +551,7 @@ def _routing(normalise: bool, of_chosen: bool = False) -> Callable[[Tensor, Tens
     """logits (T, E), chosen (T, k) -> the chosen experts' weights (T, k): Hugging Face's arithmetic (softmax in
     float32, renormalised there where ``normalise``, cast back to the logits' dtype; ``of_chosen``: the softmax
     of the k chosen logits, in their dtype)."""
+
     def route(logits: Tensor, chosen: Tensor) -> Tensor:
         if of_chosen:
             return logits.gather(-1, chosen).softmax(dim=-1, dtype=logits.dtype)
@@ -525,13 +559,16 @@ def _routing(normalise: bool, of_chosen: bool = False) -> Callable[[Tensor, Tens
         if normalise:
             w = w / w.sum(dim=-1, keepdim=True)
         return w.to(logits.dtype)
+
     return route
 
 
 def _summed(T: int) -> Callable[[Tensor, Tensor], Tensor]:
     """parts (P, D), tokens (P,) -> (T, D) the parts added up per token, in order (as Hugging Face's index_add)."""
+
     def add_up(parts: Tensor, tokens: Tensor) -> Tensor:
         return parts.new_zeros((T, parts.shape[-1])).index_add(0, tokens, parts)
+
     return add_up
 
 
@@ -568,8 +605,11 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
         slots, tokens = torch.where(chosen.T == e)  # Hugging Face's order: by rank, then token
         mlp = _mlp_run(p.experts[e], x[tokens], r)
         w = weights[tokens, slots, None]  # (P, 1)
-        runs.append(ExpertRun(expert=e, tokens=tokens, slots=slots, mlp=mlp, weight=w,
-                              out=r(GATE_MUL, times, w, mlp.lin["fc2"])))
+        runs.append(
+            ExpertRun(
+                expert=e, tokens=tokens, slots=slots, mlp=mlp, weight=w, out=r(GATE_MUL, times, w, mlp.lin["fc2"])
+            )
+        )
     parts, where = [run.out for run in runs], [run.tokens for run in runs]
     shared = shared_logit = shared_weight = shared_out = None
     if p.shared is not None:
@@ -582,13 +622,25 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
         where.append(torch.arange(T, device=x.device))
     parts_all, tokens_all = torch.cat(parts), torch.cat(where)
     out = r(EXPERT_SUM, _summed(T), parts_all, tokens_all)
-    return MoeRecord(x=x, logits=logits, chosen=chosen, weights=weights, runs=runs, parts=parts_all,
-                     tokens=tokens_all, out=out, shared=shared, shared_logit=shared_logit,
-                     shared_weight=shared_weight, shared_out=shared_out)
+    return MoeRecord(
+        x=x,
+        logits=logits,
+        chosen=chosen,
+        weights=weights,
+        runs=runs,
+        parts=parts_all,
+        tokens=tokens_all,
+        out=out,
+        shared=shared,
+        shared_logit=shared_logit,
+        shared_weight=shared_weight,
+        shared_out=shared_out,
+    )
 
 
-def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay,
-                      rope: Optional[tuple], rows: Optional[Tensor] = None) -> BlockRecord:
+def _parallel_forward(
+    p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay, rope: Optional[tuple], rows: Optional[Tensor] = None
+) -> BlockRecord:
     """A parallel block: attention and MLP both read the (normalised) block input, one sum of three operands.
 
     The record's ``mid`` is the block input itself (no stream between the branches) and ``m`` the MLP's input.
@@ -612,13 +664,16 @@ def _parallel_forward(p: BlockSpec, x: Tensor, bias: Optional[Tensor], r: Replay
 # the relevance driver
 # ----------------------------------------------------------------------------
 @overload
-def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
-                  deeper: Literal[True] = True) -> tuple[Tensor, Tensor]: ...
+def block_relprop(
+    p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation, deeper: Literal[True] = True
+) -> tuple[Tensor, Tensor]: ...
 @overload
-def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
-                  deeper: bool) -> tuple[Optional[Tensor], Tensor]: ...
-def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
-                  deeper: bool = True) -> tuple[Optional[Tensor], Tensor]:
+def block_relprop(
+    p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation, deeper: bool
+) -> tuple[Optional[Tensor], Tensor]: ...
+def block_relprop(
+    p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation, deeper: bool = True
+) -> tuple[Optional[Tensor], Tensor]:
     """Propagate the relevance of a block's output to its input and its attention map.
 
     ``deeper=False`` stops at the attention map: R^A is the halved relevance of
@@ -678,8 +733,9 @@ def block_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
     return prop.clone(rec.x, R_x, R_h), R_A
 
 
-def _parallel_relprop(p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation,
-                      deeper: bool) -> tuple[Optional[Tensor], Tensor]:
+def _parallel_relprop(
+    p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation, deeper: bool
+) -> tuple[Optional[Tensor], Tensor]:
     """:func:`block_relprop` of a parallel block: the three-operand Add (docs/METHODS.md §2f), each branch down to
     its norm, and the block input a Clone of the skip and the norms (one norm feeding both branches: a Clone of
     its output first)."""
@@ -711,13 +767,16 @@ def _mlp_relprop(p: MlpSpec, rec: BlockRecord | MlpRecord, R_g: Tensor, prop: Pr
     product = rec.g if isinstance(p.mid_norm, nn.Identity) else None
     R_gate, R_up = prop(GATE_MUL, (rec.gate, rec.up), R_g, output=product)
     if not isinstance(p.up_act, nn.Identity):  # the up projection's element-wise function
-        pre_up = rec.lin["fc1"] if p.gate is not None else rec.lin["fc1"][..., R_gate.shape[-1]:]
+        pre_up = rec.lin["fc1"] if p.gate is not None else rec.lin["fc1"][..., R_gate.shape[-1] :]
         R_up = prop.unary(ELEMENTWISE, pre_up, R_up, p.up_act)
     if p.gate is not None:  # x feeds gate and up: a Clone
         R_pre = prop.unary(ELEMENTWISE, rec.lin["gate"], R_gate, p.act)
-        return prop.clone(rec.m, prop.linear(p.gate, rec.m, R_pre, out=rec.lin["gate"]),
-                          prop.linear(p.fc1, rec.m, R_up, out=rec.lin["fc1"]))
-    pre_gate = rec.lin["fc1"][..., :R_gate.shape[-1]]
+        return prop.clone(
+            rec.m,
+            prop.linear(p.gate, rec.m, R_pre, out=rec.lin["gate"]),
+            prop.linear(p.fc1, rec.m, R_up, out=rec.lin["fc1"]),
+        )
+    pre_gate = rec.lin["fc1"][..., : R_gate.shape[-1]]
     R_pre = prop.unary(ELEMENTWISE, pre_gate, R_gate, p.act)  # one fused Linear: its outputs' relevance side by side
     return prop.linear(p.fc1, rec.m, torch.cat([R_pre, R_up], dim=-1), out=rec.lin["fc1"])
 
@@ -757,7 +816,7 @@ def moe_relprop(p: MoeSpec, rec: MoeRecord, R: Tensor, prop: Propagation) -> Ten
     start = 0
     for run in rec.runs:
         n = run.tokens.numel()
-        R_w_run, R_y = prop(GATE_MUL, (run.weight, run.mlp.lin["fc2"]), R_parts[start:start + n], output=run.out)
+        R_w_run, R_y = prop(GATE_MUL, (run.weight, run.mlp.lin["fc2"]), R_parts[start : start + n], output=run.out)
         start += n
         R_w[run.tokens, run.slots] = R_w_run[:, 0]
         R_experts.index_add_(0, run.tokens, _expert_relprop(p.experts[run.expert], run.mlp, R_y, prop))
@@ -767,8 +826,10 @@ def moe_relprop(p: MoeSpec, rec: MoeRecord, R: Tensor, prop: Propagation) -> Ten
         R_sw, R_sy = prop(GATE_MUL, (rec.shared_weight, rec.shared.lin["fc2"]), R_parts[start:], output=rec.shared_out)
         (R_slogit,) = prop(ROUTE, (rec.shared_logit,), R_sw)
         assert p.shared is not None and p.shared_gate is not None, "the shared expert's record comes from its spec"
-        branches += [_expert_relprop(p.shared, rec.shared, R_sy, prop),
-                     prop.linear(p.shared_gate, rec.x, R_slogit, out=rec.shared_logit)]
+        branches += [
+            _expert_relprop(p.shared, rec.shared, R_sy, prop),
+            prop.linear(p.shared_gate, rec.x, R_slogit, out=rec.shared_logit),
+        ]
     return prop.clone(rec.x, *branches)
 
 
@@ -779,8 +840,9 @@ def _scores(p: AttentionSpec, rec: AttentionRecord) -> Tensor:
     return matmul(rec.q * p.scale, kT) if p.scale_queries_first else matmul(rec.q, kT) * p.scale
 
 
-def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: Propagation,
-                       deeper: bool) -> tuple[Tensor, Optional[Tensor]]:
+def _attention_relprop(
+    p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: Propagation, deeper: bool
+) -> tuple[Tensor, Optional[Tensor]]:
     """Relevance of the output projection's output -> (R^A, relevance of the attention input or ``None``).
 
     With ``p.pad_tokens`` the padding's outputs get no relevance, and its inputs' relevance is dropped."""
@@ -825,19 +887,38 @@ def _attention_relprop(p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: 
     if p.qkv is not None:
         if p.qkv_layout == "grouped":  # per key/value head: its query heads' relevance, its key's, its value's
             Hkv = p.kv_heads
-            R_qkv = torch.cat([R_q.transpose(1, 2).reshape(B, N, Hkv, groups, d),
-                               R_k.transpose(1, 2)[:, :, :, None], R_v.transpose(1, 2)[:, :, :, None]],
-                              dim=3).reshape(B, N, -1)
+            R_qkv = torch.cat(
+                [
+                    R_q.transpose(1, 2).reshape(B, N, Hkv, groups, d),
+                    R_k.transpose(1, 2)[:, :, :, None],
+                    R_v.transpose(1, 2)[:, :, :, None],
+                ],
+                dim=3,
+            ).reshape(B, N, -1)
         elif groups == 1:
             R_qkv = torch.stack([R_q, R_k, R_v], dim=2).transpose(1, 3).reshape(B, N, 3 * H * d)
         else:
             R_qkv = torch.cat([t.transpose(1, 2).reshape(B, N, -1) for t in (R_q, R_k, R_v)], dim=-1)
         return R_A, _unpadded(p, prop.linear(p.qkv, h, R_qkv, out=rec.lin["qkv"]), N_in)
     assert p.q is not None and p.k is not None and p.v is not None, "an attention without qkv has q, k and v"
-    R_parts = [prop.linear(m, h, flat(r), out=rec.lin[n])
-               for n, m, r in (("q", p.q, R_q), ("k", p.k, R_k), ("v", p.v, R_v))]
+    R_parts = [
+        prop.linear(m, h, flat(r), out=rec.lin[n]) for n, m, r in (("q", p.q, R_q), ("k", p.k, R_k), ("v", p.v, R_v))
+    ]
     return R_A, _unpadded(p, prop.clone(h, *R_parts), N_in)  # the three-way Clone
 
 
-__all__ = ["AttentionSpec", "MlpSpec", "MoeSpec", "BlockSpec", "Replay", "NO_RECORD", "IDENTITY", "LAYOUTS",
-           "attention_forward", "block_forward", "block_relprop", "moe_forward", "moe_relprop"]
+__all__ = [
+    "AttentionSpec",
+    "MlpSpec",
+    "MoeSpec",
+    "BlockSpec",
+    "Replay",
+    "NO_RECORD",
+    "IDENTITY",
+    "LAYOUTS",
+    "attention_forward",
+    "block_forward",
+    "block_relprop",
+    "moe_forward",
+    "moe_relprop",
+]

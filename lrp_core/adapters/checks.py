@@ -5,6 +5,7 @@ the tensor the replay needs, or raises :class:`~lrp_core.errors.InputError`
 naming what was wrong and what is accepted — never a raw ``ValueError`` from
 ``torch.as_tensor`` or a silent reinterpretation (a mask of 0.5s read as 0).
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
@@ -27,8 +28,10 @@ def _tensor(value: Any, name: str) -> Tensor:
     except (ValueError, TypeError, RuntimeError):
         lengths = sorted({len(v) for v in value if hasattr(v, "__len__")}) if isinstance(value, (list, tuple)) else []
         ragged = f" of different lengths {lengths}" if len(lengths) > 1 else ""
-        raise InputError(f"{name} must be a rectangular batch (B, T) of integer ids: a tensor, an array, or lists of "
-                         f"one length; got a {type(value).__name__} of lists{ragged} — {_PAD_HINT}") from None
+        raise InputError(
+            f"{name} must be a rectangular batch (B, T) of integer ids: a tensor, an array, or lists of "
+            f"one length; got a {type(value).__name__} of lists{ragged} — {_PAD_HINT}"
+        ) from None
 
 
 def token_ids(value: Any, name: str = "input_ids", rows: str = "B") -> Tensor:
@@ -57,8 +60,10 @@ def token_ids(value: Any, name: str = "input_ids", rows: str = "B") -> Tensor:
     if ids.dim() == 1:
         raise InputError(f"{name} must be batched ({rows}, T); got shape {tuple(ids.shape)} — use ids.unsqueeze(0)")
     if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
-        raise InputError(f"{name} must be an integer tensor of shape ({rows}, T) (int64 or int32 token ids); got "
-                         f"shape {tuple(ids.shape)} and dtype {ids.dtype}")
+        raise InputError(
+            f"{name} must be an integer tensor of shape ({rows}, T) (int64 or int32 token ids); got "
+            f"shape {tuple(ids.shape)} and dtype {ids.dtype}"
+        )
     return ids.long()
 
 
@@ -89,12 +94,16 @@ def attention_mask(value: Any, ids: Tensor) -> Tensor:
         return torch.ones_like(ids)
     mask = _tensor(value, "attention_mask").to(ids.device)
     if mask.shape != ids.shape:
-        raise InputError(f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(ids.shape)}: they must be "
-                         "the same (one 0/1 per token)")
+        raise InputError(
+            f"attention_mask has shape {tuple(mask.shape)}, input_ids {tuple(ids.shape)}: they must be "
+            "the same (one 0/1 per token)"
+        )
     if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
         odd = mask[(mask != 0) & (mask != 1)].unique()[:5].tolist()
-        raise InputError(f"attention_mask must hold 1 (a token) and 0 (padding) only, e.g. the tokenizer's mask; "
-                         f"got the values {odd}")
+        raise InputError(
+            f"attention_mask must hold 1 (a token) and 0 (padding) only, e.g. the tokenizer's mask; "
+            f"got the values {odd}"
+        )
     return mask.long()
 
 
@@ -122,11 +131,15 @@ def tokenized(inputs: Any, model_name: str) -> tuple[Tensor, Tensor]:
         For raw text, a value that is not a mapping with ``input_ids``, an empty text, or a row of padding only.
     """
     if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str)):
-        raise InputError("text must be tokenized first: pass the tokenizer's output (a dict / BatchEncoding with "
-                         "input_ids and attention_mask), e.g. tokenizer(texts, padding=True, return_tensors='pt')")
+        raise InputError(
+            "text must be tokenized first: pass the tokenizer's output (a dict / BatchEncoding with "
+            "input_ids and attention_mask), e.g. tokenizer(texts, padding=True, return_tensors='pt')"
+        )
     if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
-        raise InputError(f"{model_name} explains text: pass a dict / BatchEncoding with 'input_ids' (and "
-                         f"'attention_mask'), got {type(inputs).__name__}")
+        raise InputError(
+            f"{model_name} explains text: pass a dict / BatchEncoding with 'input_ids' (and "
+            f"'attention_mask'), got {type(inputs).__name__}"
+        )
     ids = token_ids(inputs["input_ids"])
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise InputError("the text is empty: no tokens to explain")
@@ -139,12 +152,25 @@ def tokenized(inputs: Any, model_name: str) -> tuple[Tensor, Tensor]:
 
 #: keys of a tokenizer's or a user's inputs that change none of the logits an explanation reads: a loss's labels,
 #: what the model returns, whether it builds a cache for later calls
-NO_EFFECT = ("labels", "return_dict", "return_loss", "output_attentions", "output_hidden_states", "use_cache",
-             "logits_to_keep", "num_items_in_batch")
+NO_EFFECT = (
+    "labels",
+    "return_dict",
+    "return_loss",
+    "output_attentions",
+    "output_hidden_states",
+    "use_cache",
+    "logits_to_keep",
+    "num_items_in_batch",
+)
 
 
-def input_keys(inputs: Mapping, model_name: str, honoured: Sequence[str], refused: Mapping[str, str] = {},
-               no_effect: Sequence[str] = NO_EFFECT) -> None:
+def input_keys(
+    inputs: Mapping,
+    model_name: str,
+    honoured: Sequence[str],
+    refused: Mapping[str, str] = {},
+    no_effect: Sequence[str] = NO_EFFECT,
+) -> None:
     """Every key of ``inputs`` with a value is honoured by the replay, changes no logit, or is an :class:`InputError`.
 
     A key the model would use and the replay ignored would explain another computation than the model's:
@@ -173,9 +199,11 @@ def input_keys(inputs: Mapping, model_name: str, honoured: Sequence[str], refuse
             continue
         if key in refused:
             raise InputError(f"{model_name} is explained without {key!r}: {refused[key]}")
-        raise InputError(f"{model_name}: the input {key!r} is not one the explanation reads; it reads "
-                         f"{', '.join(honoured)} (and ignores {', '.join(no_effect)}, which change no logit) — drop "
-                         f"{key!r} from the inputs (e.g. inputs.pop({key!r}))")
+        raise InputError(
+            f"{model_name}: the input {key!r} is not one the explanation reads; it reads "
+            f"{', '.join(honoured)} (and ignores {', '.join(no_effect)}, which change no logit) — drop "
+            f"{key!r} from the inputs (e.g. inputs.pop({key!r}))"
+        )
 
 
 def pixel_values(value: Any, name: str = "pixel_values") -> Tensor:
@@ -202,10 +230,15 @@ def pixel_values(value: Any, name: str = "pixel_values") -> Tensor:
         return torch.from_numpy(value)
     if isinstance(value, Tensor):
         return value
-    what = f"a list of {len(value)} {type(value[0]).__name__}" if isinstance(value, (list, tuple)) and value \
+    what = (
+        f"a list of {len(value)} {type(value[0]).__name__}"
+        if isinstance(value, (list, tuple)) and value
         else f"a {type(value).__name__}"
-    raise InputError(f"{name} must be a float tensor (B, 3, H, W) (or a NumPy array); got {what} — ask the "
-                     "processor for return_tensors='pt', or torch.stack the images into one batch")
+    )
+    raise InputError(
+        f"{name} must be a float tensor (B, 3, H, W) (or a NumPy array); got {what} — ask the "
+        "processor for return_tensors='pt', or torch.stack the images into one batch"
+    )
 
 
 def to_model_dtype(images: Tensor, dtype: torch.dtype) -> Tensor:

@@ -12,6 +12,7 @@ not changed). The text tower runs once, without gradients, to embed the prompts.
 
 Shapes: B images, P prompts, T prompt tokens, N = 1 + patches, D width, E projection width.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -66,10 +67,15 @@ def clip_block(layer: ModelPart, cfg) -> BlockSpec:
     att = layer.self_attn
     H = cfg.num_attention_heads
     d = cfg.hidden_size // H
-    return BlockSpec(layout="pre_ln", norm1=layer.layer_norm1, norm2=layer.layer_norm2,
-                     attn=AttentionSpec(q=att.q_proj, k=att.k_proj, v=att.v_proj, proj=att.out_proj,
-                                        num_heads=H, head_dim=d, scale=att.scale),
-                     mlp=MlpSpec(fc1=layer.mlp.fc1, act=layer.mlp.activation_fn, fc2=layer.mlp.fc2))
+    return BlockSpec(
+        layout="pre_ln",
+        norm1=layer.layer_norm1,
+        norm2=layer.layer_norm2,
+        attn=AttentionSpec(
+            q=att.q_proj, k=att.k_proj, v=att.v_proj, proj=att.out_proj, num_heads=H, head_dim=d, scale=att.scale
+        ),
+        mlp=MlpSpec(fc1=layer.mlp.fc1, act=layer.mlp.activation_fn, fc2=layer.mlp.fc2),
+    )
 
 
 def similarity_linear(weight: Tensor) -> nn.Linear:
@@ -87,8 +93,9 @@ def similarity_linear(weight: Tensor) -> nn.Linear:
     nn.Linear
         ``E → C``, without bias and gradient, on the weight's device and in its dtype.
     """
-    lin = torch.nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], bias=False, device=weight.device,
-                                   dtype=weight.dtype)
+    lin = torch.nn.utils.skip_init(
+        nn.Linear, weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype
+    )
     with torch.no_grad():
         lin.weight.copy_(weight)
     return lin.requires_grad_(False)
@@ -124,9 +131,14 @@ class CLIPImageAdapter(ViTAdapter):
         self.norm_pre = vision.pre_layrnorm
         self.blocks = [self._block(i, layer) for i, layer in enumerate(vision.encoder.layers)]
         # without a batch: one placeholder prompt (zero weight); readout_for builds the batch's readout
-        self.readout = self._readout(torch.zeros(1, model.visual_projection.out_features,
-                                                 dtype=model.visual_projection.weight.dtype,
-                                                 device=model.visual_projection.weight.device))
+        self.readout = self._readout(
+            torch.zeros(
+                1,
+                model.visual_projection.out_features,
+                dtype=model.visual_projection.weight.dtype,
+                device=model.visual_projection.weight.device,
+            )
+        )
 
     def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         return clip_block(layer, self.model.config.vision_config)
@@ -134,9 +146,15 @@ class CLIPImageAdapter(ViTAdapter):
     def _readout(self, prompts: Tensor) -> TokenReadout:
         """[CLS] → post_layernorm → visual_projection → L2 normalisation → ``prompts`` (P, E)."""
         vision = self.model.vision_model
-        return TokenReadout(norm=nn.Identity(), head_layers=[
-            HeadLayer(LAYERNORM, vision.post_layernorm), HeadLayer(LINEAR, self.model.visual_projection),
-            HeadLayer(LAYERNORM, L2Normalize()), HeadLayer(LINEAR, similarity_linear(prompts))])
+        return TokenReadout(
+            norm=nn.Identity(),
+            head_layers=[
+                HeadLayer(LAYERNORM, vision.post_layernorm),
+                HeadLayer(LINEAR, self.model.visual_projection),
+                HeadLayer(LAYERNORM, L2Normalize()),
+                HeadLayer(LINEAR, similarity_linear(prompts)),
+            ],
+        )
 
     def readout_for(self, prepared: dict) -> TokenReadout:
         """The readout of a batch: the similarity to its prompts' embeddings ``prepared["prompt_embeddings"]``."""
@@ -158,7 +176,8 @@ class CLIPImageAdapter(ViTAdapter):
                 f"{type(self.model).__name__} explains the similarity of images to text prompts: pass CLIP's "
                 "processor output, a dict with 'pixel_values' (B, 3, H, W) and the prompts' 'input_ids' / "
                 "'attention_mask' (P, T), e.g. processor(text=['a dog', 'a cat'], images=img, padding=True, "
-                f"return_tensors='pt'); got {type(inputs).__name__}")
+                f"return_tensors='pt'); got {type(inputs).__name__}"
+            )
         prepared = super().check_inputs(pixel_values(inputs["pixel_values"]))
         ids, mask = _prompts(inputs)
         embeddings = self.embed_prompts(ids, mask, prepared["images"].dtype)
@@ -171,8 +190,9 @@ class CLIPImageAdapter(ViTAdapter):
         A half-precision model embeds the prompts in float32, and they stay float32 (lrp_core.runtime.precision).
         """
         with torch.no_grad(), compute_precision(self.model), eval_semantics(self.model):  # no dropout, as the replay
-            return _scaled_embeddings(self.model, self.model.get_text_features(input_ids=ids, attention_mask=mask),
-                                      dtype)
+            return _scaled_embeddings(
+                self.model, self.model.get_text_features(input_ids=ids, attention_mask=mask), dtype
+            )
 
     # --------------------------------------------------------------- forward
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
@@ -193,9 +213,11 @@ def _prompts(inputs: Mapping) -> tuple[Tensor, Tensor]:
     """The prompts' ids and 0/1 mask (P, T), long; at least one prompt of at least one token."""
     ids = token_ids(inputs["input_ids"], rows="P")
     if ids.numel() == 0:
-        raise InputError(f"CLIP needs at least one text prompt (of at least one token) to compare the images with; "
-                         f"input_ids has shape {tuple(ids.shape)} — pass e.g. processor(text=['a dog', 'a cat'], "
-                         "images=..., padding=True, return_tensors='pt')")
+        raise InputError(
+            f"CLIP needs at least one text prompt (of at least one token) to compare the images with; "
+            f"input_ids has shape {tuple(ids.shape)} — pass e.g. processor(text=['a dog', 'a cat'], "
+            "images=..., padding=True, return_tensors='pt')"
+        )
     return ids, attention_mask(inputs.get("attention_mask"), ids)
 
 
@@ -225,8 +247,12 @@ class CLIPTextAdapter(Adapter):
         text = model.text_model
         self.blocks = [self._block(i, layer) for i, layer in enumerate(text.encoder.layers)]
         # without a batch: one placeholder image (zero weight), read at the last position; see readout_for
-        placeholder = torch.zeros(1, model.text_projection.out_features, dtype=model.text_projection.weight.dtype,
-                                  device=model.text_projection.weight.device)
+        placeholder = torch.zeros(
+            1,
+            model.text_projection.out_features,
+            dtype=model.text_projection.weight.dtype,
+            device=model.text_projection.weight.device,
+        )
         self.readout = TokenReadout(norm=text.final_layer_norm, head_layers=self._head(placeholder), index=-1)
         self.max_length = int(text.embeddings.position_embedding.weight.shape[0])
 
@@ -235,36 +261,48 @@ class CLIPTextAdapter(Adapter):
 
     def _head(self, images: Tensor) -> list:
         """text_projection → L2 normalisation → ``images`` (B, E)."""
-        return [HeadLayer(LINEAR, self.model.text_projection), HeadLayer(LAYERNORM, L2Normalize()),
-                HeadLayer(LINEAR, similarity_linear(images))]
+        return [
+            HeadLayer(LINEAR, self.model.text_projection),
+            HeadLayer(LAYERNORM, L2Normalize()),
+            HeadLayer(LINEAR, similarity_linear(images)),
+        ]
 
     def readout_for(self, prepared: dict) -> PositionReadout:
         """Each prompt's end-of-text token, compared with the batch's images ``prepared["image_embeddings"]``."""
-        return PositionReadout(norm=self.model.text_model.final_layer_norm,
-                               head_layers=self._head(prepared["image_embeddings"]),
-                               positions=self._end_of_text(prepared["input_ids"]))
+        return PositionReadout(
+            norm=self.model.text_model.final_layer_norm,
+            head_layers=self._head(prepared["image_embeddings"]),
+            positions=self._end_of_text(prepared["input_ids"]),
+        )
 
     def check_inputs(self, inputs) -> dict:
         """Validate prompts and images; ``prepared``: ``input_ids`` / ``attention_mask`` (P, T) and the
         images' scaled normalised embeddings ``image_embeddings`` (B, E)."""
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
-            raise InputError("explaining CLIP's prompts needs CLIP's processor output: a dict with the prompts' "
-                             f"'input_ids' / 'attention_mask' (P, T) and the 'pixel_values' (B, 3, H, W) they are "
-                             f"compared with, and explain='text'; got {type(inputs).__name__}")
+            raise InputError(
+                "explaining CLIP's prompts needs CLIP's processor output: a dict with the prompts' "
+                f"'input_ids' / 'attention_mask' (P, T) and the 'pixel_values' (B, 3, H, W) they are "
+                f"compared with, and explain='text'; got {type(inputs).__name__}"
+            )
         ids, mask = _prompts(inputs)
         if ids.shape[1] > self.max_length:
-            raise InputError(f"the prompts are {ids.shape[1]} tokens long; the text tower accepts at most "
-                             f"{self.max_length}: tokenize with truncation=True")
+            raise InputError(
+                f"the prompts are {ids.shape[1]} tokens long; the text tower accepts at most "
+                f"{self.max_length}: tokenize with truncation=True"
+            )
         last = mask.sum(dim=1) - 1
         if not torch.equal(self._end_of_text(ids), last):
-            raise InputError("the end-of-text token must be the last real token of every prompt (right padding, "
-                             "as CLIP's tokenizer gives with padding=True)")
+            raise InputError(
+                "the end-of-text token must be the last real token of every prompt (right padding, "
+                "as CLIP's tokenizer gives with padding=True)"
+            )
         if "pixel_values" not in inputs:
             raise InputError("explaining the prompts needs the images they are compared with: 'pixel_values'")
         pixels = pixel_values(inputs["pixel_values"])
         if pixels.dim() == 4 and pixels.shape[0] == 0:
-            raise InputError("explaining the prompts needs at least one image to compare them with: 'pixel_values' "
-                             "has B = 0 images")
+            raise InputError(
+                "explaining the prompts needs at least one image to compare them with: 'pixel_values' has B = 0 images"
+            )
         images = ViTAdapter.check_inputs(CLIPImageAdapter(self.model), pixels)["images"]
         return {"input_ids": ids, "attention_mask": mask, "image_embeddings": self.embed_images(images)}
 
@@ -283,8 +321,14 @@ class CLIPTextAdapter(Adapter):
 
     def layout(self, prepared: dict) -> TokenLayout:
         mask = prepared["attention_mask"]
-        return TokenLayout(modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=(),
-                           mask=mask, readout_rows=self._end_of_text(prepared["input_ids"]))
+        return TokenLayout(
+            modality="text",
+            num_tokens=mask.shape[1],
+            output_start=0,
+            readout_tokens=(),
+            mask=mask,
+            readout_rows=self._end_of_text(prepared["input_ids"]),
+        )
 
     def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
         """Padding mask (B, 1, 1, T) plus the causal mask (1, 1, T, T): a token sees only itself and earlier ones."""
@@ -301,11 +345,10 @@ class CLIPTextAdapter(Adapter):
         words = emb.token_embedding(ids)
         if track:
             words = words.detach().requires_grad_(True)
-        x0 = r(POS_ADD, torch.add, words, emb.position_embedding(emb.position_ids[:, :ids.shape[1]]))
+        x0 = r(POS_ADD, torch.add, words, emb.position_embedding(emb.position_ids[:, : ids.shape[1]]))
         return EmbeddingRecord(x0=x0, embeds=words)
 
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
-                        prepared: dict) -> tuple[Tensor, None]:
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
         """Relevance at the embedding output, summed over channels; padding scores 0."""
         return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
 

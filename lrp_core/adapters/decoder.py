@@ -18,6 +18,7 @@ is the default here.
 
 Shapes: B batch, T tokens (padding included), D width, V vocabulary, H heads, d head width.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -72,22 +73,23 @@ def last_real(mask: Tensor) -> Tensor:
     return (idx[None, :] * mask).argmax(dim=-1)
 
 
-_CACHE = ("a cache holds the keys and values of earlier tokens, which the replay does not see, so the explanation "
-          "would miss them: pass the whole sequence (the earlier tokens and the new ones) as input_ids with its "
-          "attention_mask, without past_key_values / cache (use_cache may stay: it changes no logit)")
+_CACHE = (
+    "a cache holds the keys and values of earlier tokens, which the replay does not see, so the explanation "
+    "would miss them: pass the whole sequence (the earlier tokens and the new ones) as input_ids with its "
+    "attention_mask, without past_key_values / cache (use_cache may stay: it changes no logit)"
+)
 
 #: input keys a decoder's forward reads that the replay does not, and what to pass instead
 REFUSED_INPUTS = {
     "past_key_values": _CACHE,
     "cache": _CACHE,
     "inputs_embeds": "the token scores are read at the model's own embeddings of input_ids (embed_tokens), so "
-                     "embeddings given directly are refused: pass input_ids (and attention_mask)",
+    "embeddings given directly are refused: pass input_ids (and attention_mask)",
     "encoder_hidden_states": "the replay explains a decoder-only model, without cross-attention",
 }
 
 
-def given_position_ids(value: Any, mask: Tensor, limit: Optional[int], has_mask: bool,
-                       windowed: bool) -> Tensor:
+def given_position_ids(value: Any, mask: Tensor, limit: Optional[int], has_mask: bool, windowed: bool) -> Tensor:
     """The ``position_ids`` given with the inputs, checked.
 
     They must be ``(B, T)`` or ``(1, T)`` (one row for all rows), integers in ``[0, limit)``.
@@ -123,24 +125,32 @@ def given_position_ids(value: Any, mask: Tensor, limit: Optional[int], has_mask:
     if pos.shape[0] == 1 and pos.shape[1] == T:
         pos = pos.expand(B, T)
     if pos.shape != (B, T):
-        raise InputError(f"position_ids has shape {tuple(pos.shape)}, input_ids {(B, T)}: give one position per "
-                         "token, (B, T) or (1, T)")
+        raise InputError(
+            f"position_ids has shape {tuple(pos.shape)}, input_ids {(B, T)}: give one position per "
+            "token, (B, T) or (1, T)"
+        )
     pos = pos.to(mask.device)
     if int(pos.min()) < 0 or (limit is not None and int(pos.max()) >= limit):
-        raise InputError(f"position_ids must lie in [0, {limit}) (max_position_embeddings); got "
-                         f"{int(pos.min())} … {int(pos.max())}" if limit is not None else
-                         f"position_ids must be ≥ 0; got {int(pos.min())}")
+        raise InputError(
+            f"position_ids must lie in [0, {limit}) (max_position_embeddings); got {int(pos.min())} … {int(pos.max())}"
+            if limit is not None
+            else f"position_ids must be ≥ 0; got {int(pos.min())}"
+        )
     step = pos[:, 1:] - pos[:, :-1]
     if not has_mask and bool((step != 1).any()):
-        raise InputError("position_ids restart or jump inside a row and no attention_mask is given: the model "
-                         "would read the row as packed sequences (attention within each run only). Pass each "
-                         "sequence as its own row, with an attention_mask")
+        raise InputError(
+            "position_ids restart or jump inside a row and no attention_mask is given: the model "
+            "would read the row as packed sequences (attention within each run only). Pass each "
+            "sequence as its own row, with an attention_mask"
+        )
     real = (mask[:, 1:] * mask[:, :-1]).bool()
     if windowed and bool((step[real] != 1).any()):
-        raise InputError("position_ids of consecutive tokens differ by other than 1: the model's sliding window "
-                         "counts tokens, the explanation counts positions, and the two would disagree. Pass "
-                         "position ids that count 0, 1, … along each row's tokens, or none (they then follow the "
-                         "attention mask)")
+        raise InputError(
+            "position_ids of consecutive tokens differ by other than 1: the model's sliding window "
+            "counts tokens, the explanation counts positions, and the two would disagree. Pass "
+            "position ids that count 0, 1, … along each row's tokens, or none (they then follow the "
+            "attention mask)"
+        )
     return pos
 
 
@@ -165,8 +175,10 @@ def check_cache_position(value: Any, T: int) -> None:
         return
     pos = torch.as_tensor(value)
     if pos.shape[-1:] != (T,) or not bool((pos == torch.arange(T, device=pos.device)).all()):
-        raise InputError(f"cache_position must be 0 … {T - 1} (the whole sequence, no cache); other values continue "
-                         f"a cache: {_CACHE}")
+        raise InputError(
+            f"cache_position must be 0 … {T - 1} (the whole sequence, no cache); other values continue "
+            f"a cache: {_CACHE}"
+        )
 
 
 def pooled_position(ids: Tensor, mask: Tensor, pad_id: Optional[int]) -> Tensor:
@@ -203,9 +215,11 @@ def pooled_position(ids: Tensor, mask: Tensor, pad_id: Optional[int]) -> Tensor:
     read = (idx[None, :] * (ids != pad_id)).argmax(dim=-1)
     bad = torch.nonzero(mask.gather(1, read[:, None])[:, 0] == 0).flatten().tolist()
     if bad:
-        raise InputError(f"the classifier reads row {bad[0]} at its last token that is not config.pad_token_id "
-                         f"({pad_id}), position {int(read[bad[0]])}, which is padding (attention_mask 0): pad the "
-                         f"batch with the id {pad_id} (tokenizer.pad_token_id = model.config.pad_token_id)")
+        raise InputError(
+            f"the classifier reads row {bad[0]} at its last token that is not config.pad_token_id "
+            f"({pad_id}), position {int(read[bad[0]])}, which is padding (attention_mask 0): pad the "
+            f"batch with the id {pad_id} (tokenizer.pad_token_id = model.config.pad_token_id)"
+        )
     return read
 
 
@@ -233,6 +247,7 @@ def _fresh_inv_freq(module: ModelPart, kind: str, seq_len: Tensor, layer_type: O
     length it has seen, so its tables depend on the calls before).
     """
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     prefix = "" if layer_type is None else f"{layer_type}_"
     original = getattr(module, f"{prefix}original_inv_freq")
     params = module.config.rope_parameters if layer_type is None else module.config.rope_parameters[layer_type]
@@ -246,8 +261,9 @@ def _fresh_inv_freq(module: ModelPart, kind: str, seq_len: Tensor, layer_type: O
     return ROPE_INIT_FUNCTIONS[kind](module.config, original.device, seq_len=seq_len, layer_type=layer_type)[0]
 
 
-def row_rotary_tables(module: ModelPart, x: Tensor, positions: Tensor, mask: Optional[Tensor],
-                      layer_type: Optional[str] = None) -> tuple[Tensor, Tensor]:
+def row_rotary_tables(
+    module: ModelPart, x: Tensor, positions: Tensor, mask: Optional[Tensor], layer_type: Optional[str] = None
+) -> tuple[Tensor, Tensor]:
     """The rotary tables of the model's rotary ``module`` at ``positions``, each row's as for the row alone.
 
     Parameters
@@ -280,8 +296,15 @@ def row_rotary_tables(module: ModelPart, x: Tensor, positions: Tensor, mask: Opt
     longest = real.max(dim=1).values + 1  # (B,) long, as transformers' seq_len
     raw = inspect.unwrap(type(module).forward)
     name = "inv_freq" if layer_type is None else f"{layer_type}_inv_freq"
-    tables = [raw(_RowRotary(module, name, _fresh_inv_freq(module, kind, longest[b], layer_type)),
-                  x[b:b + 1], positions[b:b + 1], *args) for b in range(x.shape[0])]
+    tables = [
+        raw(
+            _RowRotary(module, name, _fresh_inv_freq(module, kind, longest[b], layer_type)),
+            x[b : b + 1],
+            positions[b : b + 1],
+            *args,
+        )
+        for b in range(x.shape[0])
+    ]
     return torch.cat([c for c, _ in tables]), torch.cat([s for _, s in tables])
 
 
@@ -347,8 +370,9 @@ class DecoderAdapter(Adapter):
         and ``norm`` (GPT-2 overrides: ``model.transformer`` with ``h`` and ``ln_f``)."""
         base = getattr(self.model, "model", None)
         if self.config is None or base is None or not hasattr(base, "layers"):
-            raise UnsupportedModelError(f"{type(self.model).__name__}: not a decoder language model (expected "
-                                        "model.model.layers)")
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__}: not a decoder language model (expected model.model.layers)"
+            )
         return base, base.layers, base.norm
 
     def _head(self) -> nn.Linear:
@@ -366,32 +390,49 @@ class DecoderAdapter(Adapter):
         """A Llama-layout decoder layer: RMSNorm → attention (GQA, RoPE) → RMSNorm → gated MLP, pre-norm."""
         try:
             att, mlp = layer.self_attn, layer.mlp
-            return BlockSpec(layout="pre_ln", norm1=layer.input_layernorm, norm2=layer.post_attention_layernorm,
-                             attn=self._attention(att), mlp=MlpSpec(gate=mlp.gate_proj, fc1=mlp.up_proj,
-                                                                    act=mlp.act_fn, fc2=mlp.down_proj))
+            return BlockSpec(
+                layout="pre_ln",
+                norm1=layer.input_layernorm,
+                norm2=layer.post_attention_layernorm,
+                attn=self._attention(att),
+                mlp=MlpSpec(gate=mlp.gate_proj, fc1=mlp.up_proj, act=mlp.act_fn, fc2=mlp.down_proj),
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"layer {i} ({type(layer).__name__}) does not have the Llama layout (input_layernorm, self_attn "
-                f"with q/k/v/o_proj, post_attention_layernorm, mlp with gate/up/down_proj): {e}") from None
+                f"with q/k/v/o_proj, post_attention_layernorm, mlp with gate/up/down_proj): {e}"
+            ) from None
 
     def _attention(self, att: ModelPart, **extra: Any) -> AttentionSpec:
         """An HF decoder attention: q/k/v/o projections, shared kv heads, RoPE, the model's scale and window."""
         cfg = self.config
         window = extra.pop("window", getattr(att, "sliding_window", None))
-        return AttentionSpec(q=att.q_proj, k=att.k_proj, v=att.v_proj, proj=att.o_proj,
-                             num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
-                             head_dim=att.head_dim, scale=float(att.scaling), rotary=True,
-                             q_norm=getattr(att, "q_norm", nn.Identity()), k_norm=getattr(att, "k_norm", nn.Identity()),
-                             window=int(window) if window else None,
-                             softmax_dtype=None if self.sdpa else torch.float32, sdpa=self.sdpa, causal=True,
-                             **extra)
+        return AttentionSpec(
+            q=att.q_proj,
+            k=att.k_proj,
+            v=att.v_proj,
+            proj=att.o_proj,
+            num_heads=cfg.num_attention_heads,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=att.head_dim,
+            scale=float(att.scaling),
+            rotary=True,
+            q_norm=getattr(att, "q_norm", nn.Identity()),
+            k_norm=getattr(att, "k_norm", nn.Identity()),
+            window=int(window) if window else None,
+            softmax_dtype=None if self.sdpa else torch.float32,
+            sdpa=self.sdpa,
+            causal=True,
+            **extra,
+        )
 
     def embed_tokens(self, ids: Tensor) -> Tensor:
         """e = ``model.get_input_embeddings()(ids)`` (B, T, D): what AttnLRP / CP-LRP read relevance at."""
         return self.model.get_input_embeddings()(ids)
 
-    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str,
-                      mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def rotary_tables(
+        self, x0: Tensor, positions: Tensor, key: str, mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
         """(cos, sin) (B, T, r) of the rotary embedding ``key`` at ``positions``, from the model's own module
         (each row's as for the row alone: :func:`row_rotary_tables`; ``mask`` (B, T) 1 = real token)."""
         return row_rotary_tables(self.base.rotary_emb, x0, positions, mask)
@@ -413,17 +454,29 @@ class DecoderAdapter(Adapter):
         input_keys(inputs, name, self.honoured_inputs, REFUSED_INPUTS, NO_EFFECT + ("token_type_ids",))
         B, T = ids.shape
         if self.max_length is not None and T > self.max_length:
-            raise InputError(f"the text is {T} tokens long; {name} accepts at most "
-                             f"{self.max_length} (max_position_embeddings)")
+            raise InputError(
+                f"the text is {T} tokens long; {name} accepts at most {self.max_length} (max_position_embeddings)"
+            )
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise InputError(f"input_ids must lie in [0, {self.vocab_size}) (the vocabulary size)")
         check_cache_position(inputs.get("cache_position"), T)
         given = inputs.get("position_ids")
-        positions = position_ids(mask) if given is None else given_position_ids(
-            given, mask, self.max_length, inputs.get("attention_mask") is not None,
-            any(s.attn.window is not None for s in self.blocks))
-        pad = getattr(self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config,
-                      "pad_token_id", None)
+        positions = (
+            position_ids(mask)
+            if given is None
+            else given_position_ids(
+                given,
+                mask,
+                self.max_length,
+                inputs.get("attention_mask") is not None,
+                any(s.attn.window is not None for s in self.blocks),
+            )
+        )
+        pad = getattr(
+            self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config,
+            "pad_token_id",
+            None,
+        )
         at = pooled_position(ids, mask, pad) if self.pools else last_real(mask)
         read = torch.zeros_like(mask)
         read[torch.arange(B), at] = 1
@@ -444,8 +497,10 @@ class DecoderAdapter(Adapter):
         pos = torch.where(pos < 0, pos + T, pos).long()
         bad = torch.nonzero((pos < 0) | (pos >= T)).flatten().tolist()
         if bad:
-            raise InputError(f"position {pos[bad[0]].item()} of row {bad[0]} is past the row (the batch has {T} "
-                             f"tokens: use 0 … {T - 1}, or -{T} … -1 from the end)")
+            raise InputError(
+                f"position {pos[bad[0]].item()} of row {bad[0]} is past the row (the batch has {T} "
+                f"tokens: use 0 … {T - 1}, or -{T} … -1 from the end)"
+            )
         pad = torch.nonzero(mask[torch.arange(B), pos] == 0).flatten().tolist()
         if pad:
             raise InputError(f"position {pos[pad[0]].item()} of row {pad[0]} is padding: name a real token")
@@ -459,8 +514,15 @@ class DecoderAdapter(Adapter):
         ablation removes, and Grad-CAM averages and min-max scales over, the context only)."""
         mask, read = prepared["attention_mask"], prepared["read_at"].argmax(dim=-1)
         context = mask * (torch.arange(mask.shape[1], device=mask.device)[None, :] <= read[:, None]).to(mask.dtype)
-        return TokenLayout(modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=(), mask=context,
-                           readout_rows=read, readout_minimum_applies=False)
+        return TokenLayout(
+            modality="text",
+            num_tokens=mask.shape[1],
+            output_start=0,
+            readout_tokens=(),
+            mask=context,
+            readout_rows=read,
+            readout_minimum_applies=False,
+        )
 
     def readout_for(self, prepared: dict) -> PositionReadout:
         """The readout of this batch: the head at each row's read position."""
@@ -473,8 +535,9 @@ class DecoderAdapter(Adapter):
             words = words.detach().requires_grad_(True)
         return EmbeddingRecord(x0=words, embeds=words)
 
-    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
-                      fused: bool = False) -> list:
+    def block_context(
+        self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor], fused: bool = False
+    ) -> list:
         """Per block (bias, rope): the causal (+ window) mask and the rotary tables of this batch.
 
         A fused replay of an unpadded batch gets no mask for its full-attention blocks: the kernel's own
@@ -484,18 +547,31 @@ class DecoderAdapter(Adapter):
         if positions is None:
             positions = position_ids(mask)
         plain = fused and self.sdpa and bool(mask.all())
-        biases = {w: None if plain and w is None else causal_bias(mask, positions, w, x0.dtype)
-                  for w in {s.attn.window for s in self.blocks}}
-        ropes = {k: self.rotary_tables(x0, positions, k, mask)
-                 for k in {s.attn.rope_key for s in self.blocks if s.attn.rotary}}
+        biases = {
+            w: None if plain and w is None else causal_bias(mask, positions, w, x0.dtype)
+            for w in {s.attn.window for s in self.blocks}
+        }
+        ropes = {
+            k: self.rotary_tables(x0, positions, k, mask)
+            for k in {s.attn.rope_key for s in self.blocks if s.attn.rotary}
+        }
         return [(biases[s.attn.window], ropes.get(s.attn.rope_key)) for s in self.blocks]
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
-                        prepared: dict) -> tuple[Tensor, None]:
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
         """Relevance at the embedding output, summed over channels; padding scores 0."""
         return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
 
 
-__all__ = ["DecoderAdapter", "position_ids", "last_real", "causal_bias", "given_position_ids", "pooled_position",
-           "check_cache_position", "row_rotary_tables", "REFUSED_INPUTS", "BATCH_DEPENDENT_ROPE"]
+__all__ = [
+    "DecoderAdapter",
+    "position_ids",
+    "last_real",
+    "causal_bias",
+    "given_position_ids",
+    "pooled_position",
+    "check_cache_position",
+    "row_rotary_tables",
+    "REFUSED_INPUTS",
+    "BATCH_DEPENDENT_ROPE",
+]

@@ -9,6 +9,7 @@ readout is :class:`~lrp_core.adapters.readouts.ClsMeanReadout` (token weights
 
 Shapes: B batch, N = 1 + P tokens, D width.
 """
+
 from __future__ import annotations
 
 from torch import Tensor, nn
@@ -32,7 +33,8 @@ class HFDinov2Adapter(HFViTAdapter):
             raise UnsupportedModelError(
                 f"{type(model).__name__} with use_swiglu_ffn=True (DINOv2 giant) is not supported: its MLP "
                 "multiplies two activations (a SwiGLU gate), which the block description does not cover; "
-                "the two-layer-MLP DINOv2 models (small, base, large) are supported")
+                "the two-layer-MLP DINOv2 models (small, base, large) are supported"
+            )
         super().__init__(model)
         self.image_size = None  # the position grid is interpolated: any multiple of the patch size
 
@@ -45,10 +47,15 @@ class HFDinov2Adapter(HFViTAdapter):
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
         q, k, v, proj = hf_attention(layer.attention)
-        return BlockSpec(layout="pre_ln", norm1=layer.norm1, norm2=layer.norm2, ls1=layer.layer_scale1,
-                         ls2=layer.layer_scale2,
-                         attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d ** -0.5),
-                         mlp=hf_mlp(layer))
+        return BlockSpec(
+            layout="pre_ln",
+            norm1=layer.norm1,
+            norm2=layer.norm2,
+            ls1=layer.layer_scale1,
+            ls2=layer.layer_scale2,
+            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d**-0.5),
+            mlp=hf_mlp(layer),
+        )
 
     def position_embedding(self, tokens: Tensor, images: Tensor) -> Tensor:
         """The model's own interpolation of its position grid to the image size, (1, N, D)."""

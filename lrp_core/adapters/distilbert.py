@@ -12,6 +12,7 @@ float64), so the logits agree; −10000 keeps the mask add's relevance shares fi
 
 Shapes: B batch, T tokens, D width, C classes.
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -38,10 +39,15 @@ class DistilBertAdapter(BertAdapter):
         model = self.model
         name = type(model).__name__
         base = getattr(model, "distilbert", None)
-        if getattr(model, "config", None) is None or base is None or not hasattr(base, "embeddings") \
-                or not hasattr(getattr(base, "transformer", None), "layer"):
-            raise UnsupportedModelError(f"{name}: not a DistilBERT classifier (expected distilbert.embeddings "
-                                        "and distilbert.transformer.layer)")
+        if (
+            getattr(model, "config", None) is None
+            or base is None
+            or not hasattr(base, "embeddings")
+            or not hasattr(getattr(base, "transformer", None), "layer")
+        ):
+            raise UnsupportedModelError(
+                f"{name}: not a DistilBERT classifier (expected distilbert.embeddings and distilbert.transformer.layer)"
+            )
         for part in ("pre_classifier", "classifier"):
             if not is_linear(getattr(model, part, None)):
                 raise UnsupportedModelError(f"{name}: expected a Linear {part!r} (DistilBERT's [CLS] head)")
@@ -54,8 +60,11 @@ class DistilBertAdapter(BertAdapter):
         return int(self.model.config.max_position_embeddings)
 
     def _head(self) -> list:
-        return [HeadLayer(LINEAR, self.model.pre_classifier), HeadLayer(ELEMENTWISE, _RELU),
-                HeadLayer(LINEAR, self.model.classifier)]
+        return [
+            HeadLayer(LINEAR, self.model.pre_classifier),
+            HeadLayer(ELEMENTWISE, _RELU),
+            HeadLayer(LINEAR, self.model.classifier),
+        ]
 
     def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         try:
@@ -63,14 +72,19 @@ class DistilBertAdapter(BertAdapter):
             H = self.model.config.n_heads
             d = self.model.config.dim // H
             return BlockSpec(
-                layout="post_ln", norm1=layer.sa_layer_norm, norm2=layer.output_layer_norm,
-                attn=AttentionSpec(q=att.q_lin, k=att.k_lin, v=att.v_lin, proj=att.out_lin, num_heads=H,
-                                   head_dim=d, scale=d ** -0.5),
-                mlp=MlpSpec(fc1=ffn.lin1, act=ffn.activation, fc2=ffn.lin2))
+                layout="post_ln",
+                norm1=layer.sa_layer_norm,
+                norm2=layer.output_layer_norm,
+                attn=AttentionSpec(
+                    q=att.q_lin, k=att.k_lin, v=att.v_lin, proj=att.out_lin, num_heads=H, head_dim=d, scale=d**-0.5
+                ),
+                mlp=MlpSpec(fc1=ffn.lin1, act=ffn.activation, fc2=ffn.lin2),
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"layer {i} ({type(layer).__name__}) does not have the DistilBERT layout (attention.q_lin/k_lin/"
-                f"v_lin/out_lin, sa_layer_norm, ffn.lin1/activation/lin2, output_layer_norm): {e}") from None
+                f"v_lin/out_lin, sa_layer_norm, ffn.lin1/activation/lin2, output_layer_norm): {e}"
+            ) from None
 
 
 __all__ = ["DistilBertAdapter"]

@@ -22,6 +22,7 @@ embeddings other than ``RotaryEmbeddingCat`` (per-depth learned frequencies ``'m
 
 Shapes: B batch, N tokens (prefix tokens + P patches), D width, H heads, d head width.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -127,15 +128,18 @@ class TimmEvaAdapter(TimmViTAdapter):
         if getattr(model, "rope_mixed", False) or (rope is not None and type(rope).__name__ != "RotaryEmbeddingCat"):
             raise UnsupportedModelError(
                 f"{name} with rotary embedding {type(rope).__name__} is not supported: only timm's "
-                "RotaryEmbeddingCat (rope_type='cat', one table for every block) is replayed")
+                "RotaryEmbeddingCat (rope_type='cat', one table for every block) is replayed"
+            )
         if rope is not None and getattr(rope, "aug_active", False):
             raise UnsupportedModelError(
                 f"{name}: its rotary embedding draws random coordinate shifts (shift / jitter / rescale_coords), "
-                "so the model is not one function of the image")
+                "so the model is not one function of the image"
+            )
         if rope is not None and getattr(model, "dynamic_img_size", False):
             raise UnsupportedModelError(
                 f"{name} with dynamic_img_size=True and rotary embeddings is not supported: the rotary angles "
-                "depend on the image's patch grid; build the model for one image size")
+                "depend on the image's patch grid; build the model for one image size"
+            )
         super().__init__(model)
 
     def _block(self, i: int, blk: ModelPart) -> BlockSpec:
@@ -147,38 +151,67 @@ class TimmEvaAdapter(TimmViTAdapter):
         if type(attn).__name__ != "EvaAttention":
             raise UnsupportedModelError(
                 f"{where}: attention {type(attn).__name__} is not supported (attn_type='rope' builds timm's "
-                "AttentionRope); EvaAttention (attn_type='eva') is")
+                "AttentionRope); EvaAttention (attn_type='eva') is"
+            )
         if getattr(attn, "gate", None) is not None:
-            raise UnsupportedModelError(f"{where}: gated attention (a sigmoid gate on the heads' output, "
-                                        "gated_attn=True) is not supported")
+            raise UnsupportedModelError(
+                f"{where}: gated attention (a sigmoid gate on the heads' output, gated_attn=True) is not supported"
+            )
         if self.model.rope is not None and int(attn.num_prefix_tokens) != self.num_prefix_tokens:
-            raise UnsupportedModelError(f"{where}: its attention leaves {attn.num_prefix_tokens} tokens unrotated, "
-                                        f"the model has {self.num_prefix_tokens} prefix tokens")
+            raise UnsupportedModelError(
+                f"{where}: its attention leaves {attn.num_prefix_tokens} tokens unrotated, "
+                f"the model has {self.num_prefix_tokens} prefix tokens"
+            )
         parts: dict[str, ModelPart]
         if attn.qkv is not None:
             qkv = attn.qkv if attn.q_bias is None else BiasedQkv(attn)
             parts = dict(qkv=qkv)
         else:
             parts = dict(q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
-        spec = AttentionSpec(**parts, q_norm=attn.q_norm, k_norm=attn.k_norm, ctx_norm=attn.norm, proj=attn.proj,
-                             num_heads=attn.num_heads, head_dim=attn.head_dim, scale=attn.scale,
-                             scale_queries_first=True, rotary=self.model.rope is not None,
-                             rope_skip=int(attn.num_prefix_tokens),
-                             rope_interleaved=not getattr(attn, "rotate_half", False))
+        spec = AttentionSpec(
+            **parts,
+            q_norm=attn.q_norm,
+            k_norm=attn.k_norm,
+            ctx_norm=attn.norm,
+            proj=attn.proj,
+            num_heads=attn.num_heads,
+            head_dim=attn.head_dim,
+            scale=attn.scale,
+            scale_queries_first=True,
+            rotary=self.model.rope is not None,
+            rope_skip=int(attn.num_prefix_tokens),
+            rope_interleaved=not getattr(attn, "rotate_half", False),
+        )
         mlp = _eva_mlp(blk.mlp, where)
         if kind == "EvaBlockPostNorm":  # x + norm1(attn(x)), x + norm2(mlp(x))
-            return BlockSpec(layout="pre_ln", norm1=IDENTITY, norm2=IDENTITY, post1=blk.norm1, post2=blk.norm2,
-                             attn=spec, mlp=mlp)
-        return BlockSpec(layout="pre_ln", norm1=blk.norm1, norm2=blk.norm2, attn=spec, mlp=mlp,
-                         ls1=IDENTITY if blk.gamma_1 is None else GammaScale(blk, "gamma_1"),
-                         ls2=IDENTITY if blk.gamma_2 is None else GammaScale(blk, "gamma_2"))
+            return BlockSpec(
+                layout="pre_ln", norm1=IDENTITY, norm2=IDENTITY, post1=blk.norm1, post2=blk.norm2, attn=spec, mlp=mlp
+            )
+        return BlockSpec(
+            layout="pre_ln",
+            norm1=blk.norm1,
+            norm2=blk.norm2,
+            attn=spec,
+            mlp=mlp,
+            ls1=IDENTITY if blk.gamma_1 is None else GammaScale(blk, "gamma_1"),
+            ls2=IDENTITY if blk.gamma_2 is None else GammaScale(blk, "gamma_2"),
+        )
 
-    def forward(self, prepared: dict, *, grad: bool = False, composite: Optional[Composite] = None,
-                track: bool = False, readout: Optional[Readout] = None, read_rows: bool = False) -> Trace:
+    def forward(
+        self,
+        prepared: dict,
+        *,
+        grad: bool = False,
+        composite: Optional[Composite] = None,
+        track: bool = False,
+        readout: Optional[Readout] = None,
+        read_rows: bool = False,
+    ) -> Trace:
         """The replay (:meth:`Adapter.forward`); with rotary embeddings the trace names each token's position
         (B, N), which a token ablation keeps for the tokens that remain (their rotary angles stay theirs)."""
-        trace = super().forward(prepared, grad=grad, composite=composite, track=track, readout=readout,
-                                read_rows=read_rows)
+        trace = super().forward(
+            prepared, grad=grad, composite=composite, track=track, readout=readout, read_rows=read_rows
+        )
         if self.model.rope is not None:
             B, N = trace.x0.shape[:2]
             trace.positions = torch.arange(N, device=trace.x0.device).expand(B, N)
@@ -188,15 +221,17 @@ class TimmEvaAdapter(TimmViTAdapter):
         """(cos, sin), each (P, d), of the model's rotary embedding over its patch grid (the model's own call), in
         the replay's channel order (pairs laid out as halves where the model turns interleaved pairs)."""
         rope = self.model.rope
-        emb = rope.get_embed() if hasattr(rope, "feat_shape") else \
-            rope.get_embed(shape=self.model.patch_embed.grid_size)
+        emb = (
+            rope.get_embed() if hasattr(rope, "feat_shape") else rope.get_embed(shape=self.model.patch_embed.grid_size)
+        )
         sin, cos = emb.to(like.dtype).chunk(2, dim=-1)  # timm's layout: cat(sin, cos)
         if self.blocks[0].attn.rope_interleaved:
             sin, cos = pairs_to_halves(sin), pairs_to_halves(cos)
         return cos, sin
 
-    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
-                      fused: bool = False) -> list:
+    def block_context(
+        self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor], fused: bool = False
+    ) -> list:
         """Per block (no mask, the rotary tables of the patch tokens (B, N − prefix, d) at their positions)."""
         if self.model.rope is None:
             return [(None, None)] * len(self.blocks)
@@ -206,8 +241,10 @@ class TimmEvaAdapter(TimmViTAdapter):
         rows = positions[:, P0:] - P0  # the patches' places on the grid (the prefix tokens are not rotated)
         cos, sin = self.rotary_tables(x0)
         if cos.shape[0] != self.model.patch_embed.num_patches:
-            raise UnsupportedModelError(f"{type(self.model).__name__}: its rotary table has {cos.shape[0]} rows "
-                                        f"for {self.model.patch_embed.num_patches} patches")
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__}: its rotary table has {cos.shape[0]} rows "
+                f"for {self.model.patch_embed.num_patches} patches"
+            )
         rope = (cos[rows.to(cos.device)], sin[rows.to(cos.device)])
         return [(None, rope)] * len(self.blocks)
 

@@ -8,6 +8,7 @@ global layers) without q/k norms, with one rotary table for every layer, and wit
 the LM head's logits ``c · tanh(z / c)`` (``final_logit_softcapping``; the explained logit is the capped one, as the
 model outputs it). The sequence classifier's scores are not capped (the model does not cap them).
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -26,8 +27,10 @@ class Gemma2Adapter(DecoderAdapter):
     def __init__(self, model: nn.Module):
         cfg = getattr(model, "config", None)
         if getattr(cfg, "use_bidirectional_attention", False):
-            raise UnsupportedModelError(f"{type(model).__name__}: use_bidirectional_attention=True is not a causal "
-                                        "decoder; only causal Gemma 2 is supported")
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: use_bidirectional_attention=True is not a causal "
+                "decoder; only causal Gemma 2 is supported"
+            )
         super().__init__(model)
 
     def _head_layers(self) -> list[HeadLayer]:
@@ -44,15 +47,21 @@ class Gemma2Adapter(DecoderAdapter):
         cap = getattr(self.config, "attn_logit_softcapping", None)
         try:
             att, mlp = layer.self_attn, layer.mlp
-            return BlockSpec(layout="pre_ln", norm1=layer.input_layernorm, norm2=layer.pre_feedforward_layernorm,
-                             post1=layer.post_attention_layernorm, post2=layer.post_feedforward_layernorm,
-                             attn=self._attention(att, softcap=None if cap is None else SoftCap(cap)),
-                             mlp=MlpSpec(gate=mlp.gate_proj, fc1=mlp.up_proj, act=mlp.act_fn, fc2=mlp.down_proj))
+            return BlockSpec(
+                layout="pre_ln",
+                norm1=layer.input_layernorm,
+                norm2=layer.pre_feedforward_layernorm,
+                post1=layer.post_attention_layernorm,
+                post2=layer.post_feedforward_layernorm,
+                attn=self._attention(att, softcap=None if cap is None else SoftCap(cap)),
+                mlp=MlpSpec(gate=mlp.gate_proj, fc1=mlp.up_proj, act=mlp.act_fn, fc2=mlp.down_proj),
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"layer {i} ({type(layer).__name__}) does not have the Gemma 2 layout (input_layernorm, self_attn "
                 "with q/k/v/o_proj, post_attention_layernorm, pre_feedforward_layernorm, mlp, "
-                f"post_feedforward_layernorm): {e}") from None
+                f"post_feedforward_layernorm): {e}"
+            ) from None
 
 
 __all__ = ["Gemma2Adapter"]

@@ -19,6 +19,7 @@ the image map (:meth:`Gemma3VLMAdapter.patch_tokens`).
 
 Shapes: B rows, N_v = p² tower tokens, D_v tower width, P = (p/k)² image tokens, D language-model width.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -80,11 +81,12 @@ class Gemma3VLMAdapter(GroupedAttentionVLM):
         base = self.model.model
         p = base.multi_modal_projector
         side, per_side, k = int(p.patches_per_image), int(p.tokens_per_side), int(p.kernel_size)
-        if k < 1 or per_side * k != side or per_side ** 2 != int(cfg.mm_tokens_per_image):
+        if k < 1 or per_side * k != side or per_side**2 != int(cfg.mm_tokens_per_image):
             raise UnsupportedModelError(
                 f"the projector pools a {side} × {side} patch grid to mm_tokens_per_image={cfg.mm_tokens_per_image} "
                 f"tokens in {k} × {k} squares, which do not tile the grid: explained are square token counts whose "
-                "side divides the patch grid's")
+                "side divides the patch grid's"
+            )
         self.projector = p
         self.projection = MatrixLinear(p, "mm_input_projection_weight")
         self.side, self.per_side, self.kernel = side, per_side, k
@@ -129,8 +131,7 @@ class Gemma3VLMAdapter(GroupedAttentionVLM):
         B, N, D = h.shape
         a, k = self.per_side, self.kernel
         w = torch.full((1, k * k), 1.0 / (k * k), dtype=h.dtype, device=h.device)
-        (R_sq, _) = prop(POOL, (self._squares(h), w), R.reshape(B * a * a, D),
-                         output=c["pooled"].reshape(B * a * a, D))
+        (R_sq, _) = prop(POOL, (self._squares(h), w), R.reshape(B * a * a, D), output=c["pooled"].reshape(B * a * a, D))
         R = R_sq.reshape(B, a, a, k, k, D).permute(0, 1, 3, 2, 4, 5).reshape(B, N, D)
         return prop.unary(LAYERNORM, emb.selected, R, self.tower.model.post_layernorm)
 
@@ -141,7 +142,7 @@ class Gemma3VLMAdapter(GroupedAttentionVLM):
         return (rows * self.per_side + cols).flatten()
 
     def tokens_per_image(self, grid: tuple) -> int:
-        return self.per_side ** 2
+        return self.per_side**2
 
 
 __all__ = ["Gemma3VLMAdapter", "MatrixLinear"]

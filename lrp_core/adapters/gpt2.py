@@ -9,6 +9,7 @@ AttnLRP / CP-LRP read relevance at the token embedding ``wte(ids)``, before the 
 
 Shapes: B batch, T tokens (padding included), D width.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -85,8 +86,10 @@ class GPT2Adapter(DecoderAdapter):
     def __init__(self, model: nn.Module):
         cfg = getattr(model, "config", None)
         if getattr(cfg, "add_cross_attention", False):
-            raise UnsupportedModelError(f"{type(model).__name__}: GPT-2 with cross-attention (add_cross_attention) "
-                                        "is an encoder-decoder's decoder; only the self-attention GPT-2 is supported")
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: GPT-2 with cross-attention (add_cross_attention) "
+                "is an encoder-decoder's decoder; only the self-attention GPT-2 is supported"
+            )
         super().__init__(model)
 
     @cached_property
@@ -111,19 +114,33 @@ class GPT2Adapter(DecoderAdapter):
             att, mlp = layer.attn, layer.mlp
             H = int(att.num_heads)
             return BlockSpec(
-                layout="pre_ln", norm1=layer.ln_1, norm2=layer.ln_2,
-                attn=AttentionSpec(qkv=Conv1DLinear(att.c_attn), proj=Conv1DLinear(att.c_proj), num_heads=H,
-                                   head_dim=int(att.head_dim), scale=float(att.scaling), sdpa=self.sdpa, causal=True),
-                mlp=MlpSpec(fc1=Conv1DLinear(mlp.c_fc), act=mlp.act, fc2=Conv1DLinear(mlp.c_proj)))
+                layout="pre_ln",
+                norm1=layer.ln_1,
+                norm2=layer.ln_2,
+                attn=AttentionSpec(
+                    qkv=Conv1DLinear(att.c_attn),
+                    proj=Conv1DLinear(att.c_proj),
+                    num_heads=H,
+                    head_dim=int(att.head_dim),
+                    scale=float(att.scaling),
+                    sdpa=self.sdpa,
+                    causal=True,
+                ),
+                mlp=MlpSpec(fc1=Conv1DLinear(mlp.c_fc), act=mlp.act, fc2=Conv1DLinear(mlp.c_proj)),
+            )
         except AttributeError as e:
-            raise UnsupportedModelError(f"layer {i} ({type(layer).__name__}) does not have the GPT-2 layout (ln_1, "
-                                        f"attn.c_attn / c_proj, ln_2, mlp.c_fc / act / c_proj): {e}") from None
+            raise UnsupportedModelError(
+                f"layer {i} ({type(layer).__name__}) does not have the GPT-2 layout (ln_1, "
+                f"attn.c_attn / c_proj, ln_2, mlp.c_fc / act / c_proj): {e}"
+            ) from None
 
     def check_inputs(self, inputs) -> dict:
         prepared = super().check_inputs(inputs)
         if inputs.get("token_type_ids") is not None:  # GPT-2 would add wte(token_type_ids) to every token
-            raise InputError("GPT-2 is explained without token_type_ids (the model would add their token embeddings "
-                             "to the input): pass input_ids and attention_mask only")
+            raise InputError(
+                "GPT-2 is explained without token_type_ids (the model would add their token embeddings "
+                "to the input): pass input_ids and attention_mask only"
+            )
         return prepared
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:

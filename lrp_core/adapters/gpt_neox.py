@@ -9,6 +9,7 @@ rotated, the rest passed) → ``dense``; LayerNorm
 the two branches read the layer input and ``out = (mlp + attn) + x`` (the "parallel" layout, docs/METHODS.md §2f),
 otherwise the sequential pre-LN layout with its two norms. The dropouts are identities (inference).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -35,17 +36,31 @@ class GPTNeoXAdapter(DecoderAdapter):
         try:
             att, mlp = layer.attention, layer.mlp
             H = int(self.config.num_attention_heads)
-            attn = AttentionSpec(qkv=att.query_key_value, qkv_layout="grouped", proj=att.dense, num_heads=H,
-                                 head_dim=int(att.head_size), scale=float(att.scaling), rotary=True,
-                                 softmax_dtype=None if self.sdpa else torch.float32, sdpa=self.sdpa, causal=True)
-            return BlockSpec(layout="parallel" if layer.use_parallel_residual else "pre_ln",
-                             norm1=layer.input_layernorm, norm2=layer.post_attention_layernorm, attn=attn,
-                             mlp=MlpSpec(fc1=mlp.dense_h_to_4h, act=mlp.act, fc2=mlp.dense_4h_to_h))
+            attn = AttentionSpec(
+                qkv=att.query_key_value,
+                qkv_layout="grouped",
+                proj=att.dense,
+                num_heads=H,
+                head_dim=int(att.head_size),
+                scale=float(att.scaling),
+                rotary=True,
+                softmax_dtype=None if self.sdpa else torch.float32,
+                sdpa=self.sdpa,
+                causal=True,
+            )
+            return BlockSpec(
+                layout="parallel" if layer.use_parallel_residual else "pre_ln",
+                norm1=layer.input_layernorm,
+                norm2=layer.post_attention_layernorm,
+                attn=attn,
+                mlp=MlpSpec(fc1=mlp.dense_h_to_4h, act=mlp.act, fc2=mlp.dense_4h_to_h),
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"layer {i} ({type(layer).__name__}) does not have the GPT-NeoX layout (input_layernorm, attention "
                 "with query_key_value / dense, post_attention_layernorm, mlp with dense_h_to_4h / act / "
-                f"dense_4h_to_h): {e}") from None
+                f"dense_4h_to_h): {e}"
+            ) from None
 
 
 __all__ = ["GPTNeoXAdapter"]

@@ -17,6 +17,7 @@ The Llama layout (RMSNorms, grouped key/value heads, rotary q/k: YaRN by default
 
 Shapes: E experts, F an expert's hidden width, D the model width, H heads, d head width.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -102,8 +103,9 @@ class ExpertLinear(LinearView):
 
     def forward(self, x: Tensor) -> Tensor:
         """(P, D_in) -> (P, D_out): ``x @ W[e] + b[e]`` as the model computes it, then reordered."""
-        return self._order(x @ getattr(self.owner, self.pname)[self.index]
-                           + getattr(self.owner, f"{self.pname}_bias")[self.index])
+        return self._order(
+            x @ getattr(self.owner, self.pname)[self.index] + getattr(self.owner, f"{self.pname}_bias")[self.index]
+        )
 
 
 class RouterLinear(LinearView):
@@ -176,8 +178,9 @@ class GptOssAdapter(MoeDecoderAdapter):
             raise UnsupportedModelError(f"{type(att).__name__} has no attention sinks (sinks (H,))")
         return super()._attention(att, sinks=AttentionSinks(att), **extra)
 
-    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str,
-                      mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def rotary_tables(
+        self, x0: Tensor, positions: Tensor, key: str, mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
         """(cos, sin) (B, T, d): the model's half-width tables (B, T, d/2) repeated, so the rotation of the halves
         ``(x₁ cos − x₂ sin, x₂ cos + x₁ sin)`` is the replay's ``x·cos + rotate_half(x)·sin``, product for product."""
         cos, sin = super().rotary_tables(x0, positions, key, mask)
@@ -188,26 +191,46 @@ class GptOssAdapter(MoeDecoderAdapter):
         experts = mlp.experts
         names = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
         parts: list[ModelPart] = [getattr(experts, n, None) for n in names]
-        if any(not isinstance(t, Tensor) for t in parts) or parts[0].dim() != 3 or parts[2].dim() != 3 \
-                or not hasattr(experts, "alpha") or not hasattr(experts, "limit"):
+        if (
+            any(not isinstance(t, Tensor) for t in parts)
+            or parts[0].dim() != 3
+            or parts[2].dim() != 3
+            or not hasattr(experts, "alpha")
+            or not hasattr(experts, "limit")
+        ):
             raise UnsupportedModelError(
                 f"layer {i}: mlp.experts ({type(experts).__name__}) does not hold GPT-OSS's stacked experts "
-                "(gate_up_proj (E, D, 2F) and down_proj (E, F, D) with their biases, alpha, limit)")
-        if not isinstance(getattr(router, "weight", None), Tensor) or \
-                not isinstance(getattr(router, "bias", None), Tensor):
-            raise UnsupportedModelError(f"layer {i}: mlp.router ({type(router).__name__}) is not a router with a "
-                                        "weight (E, D) and a bias (E,)")
+                "(gate_up_proj (E, D, 2F) and down_proj (E, F, D) with their biases, alpha, limit)"
+            )
+        if not isinstance(getattr(router, "weight", None), Tensor) or not isinstance(
+            getattr(router, "bias", None), Tensor
+        ):
+            raise UnsupportedModelError(
+                f"layer {i}: mlp.router ({type(router).__name__}) is not a router with a weight (E, D) and a bias (E,)"
+            )
         E = int(parts[0].shape[0])
         if int(router.weight.shape[0]) != E:
-            raise UnsupportedModelError(f"layer {i}: the router scores {router.weight.shape[0]} experts, the stack "
-                                        f"holds {E}")
+            raise UnsupportedModelError(
+                f"layer {i}: the router scores {router.weight.shape[0]} experts, the stack holds {E}"
+            )
         act, up_act = ClampedSwiGLU(experts.alpha, experts.limit), ShiftedClamp(experts.limit)
-        return MoeSpec(router=RouterLinear(router), top_k=int(router.top_k), normalise=False, module=mlp,
-                       softmax_of_chosen=True,
-                       experts=[MlpSpec(fc1=ExpertLinear(experts, "gate_up_proj", e, interleaved=True, shift=1.0),
-                                        fused_gate=True, act=act, up_act=up_act,
-                                        fc2=ExpertLinear(experts, "down_proj", e))
-                                for e in range(E)])
+        return MoeSpec(
+            router=RouterLinear(router),
+            top_k=int(router.top_k),
+            normalise=False,
+            module=mlp,
+            softmax_of_chosen=True,
+            experts=[
+                MlpSpec(
+                    fc1=ExpertLinear(experts, "gate_up_proj", e, interleaved=True, shift=1.0),
+                    fused_gate=True,
+                    act=act,
+                    up_act=up_act,
+                    fc2=ExpertLinear(experts, "down_proj", e),
+                )
+                for e in range(E)
+            ],
+        )
 
 
 __all__ = ["GptOssAdapter", "AttentionSinks", "ExpertLinear", "RouterLinear", "ClampedSwiGLU", "ShiftedClamp"]

@@ -24,6 +24,7 @@ rule; with splitting the global image is the row's last).
 Shapes: B rows, k images per row, (h, w) the patch grid, s the scale factor, P = h·w / s² image tokens per image,
 D_v the tower's width, D the language model's width.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -139,8 +140,9 @@ class Idefics3VisionTower(VisionTower):
         """:func:`clip_block`; eager attention computes its softmax in float32 and casts back, as the model's
         eager kernel does (sdpa keeps the model's dtype)."""
         spec = clip_block(layer, self.model.config)
-        spec.attn.softmax_dtype = torch.float32 if getattr(self.model.config, "_attn_implementation",
-                                                           "eager") == "eager" else None
+        spec.attn.softmax_dtype = (
+            torch.float32 if getattr(self.model.config, "_attn_implementation", "eager") == "eager" else None
+        )
         return spec
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
@@ -200,36 +202,46 @@ class Idefics3Adapter(VLMAdapter):
         elif images.dim() == 4:
             mask_shape = images.shape[:1] + images.shape[-2:]
         else:
-            raise InputError(f"{name}: pixel_values must be (B, k, 3, H, W) (the processor's) or (B·k, 3, H, W); "
-                             f"got {tuple(images.shape)}")
+            raise InputError(
+                f"{name}: pixel_values must be (B, k, 3, H, W) (the processor's) or (B·k, 3, H, W); "
+                f"got {tuple(images.shape)}"
+            )
         H, W = images.shape[-2:]
         ph, pw = self.tower.patch_size
         if H != W or H % ph or (H // ph) % self.scale:
-            raise InputError(f"{name} reads square images whose patch grid its pixel shuffle (scale factor "
-                             f"{self.scale}) divides: a side that is a multiple of {ph * self.scale}; got {H}×{W}")
+            raise InputError(
+                f"{name} reads square images whose patch grid its pixel shuffle (scale factor "
+                f"{self.scale}) divides: a side that is a multiple of {ph * self.scale}; got {H}×{W}"
+            )
         if images.is_floating_point():
             zero = (images == 0).flatten(1).all(dim=1)
             if bool(zero.any()):
-                raise InputError(f"image {int(zero.nonzero()[0, 0])} of pixel_values is all zeros, which the model "
-                                 "takes for a padding image and drops: the same number of real images in every "
-                                 "row is explained")
+                raise InputError(
+                    f"image {int(zero.nonzero()[0, 0])} of pixel_values is all zeros, which the model "
+                    "takes for a padding image and drops: the same number of real images in every "
+                    "row is explained"
+                )
         mask = inputs.get("pixel_attention_mask")
         patch_mask = None
         if mask is not None:
             mask = torch.as_tensor(mask)
             if tuple(mask.shape) != tuple(mask_shape):
-                raise InputError(f"pixel_attention_mask must be {tuple(mask_shape)} (one mask per image); got "
-                                 f"{tuple(mask.shape)}")
+                raise InputError(
+                    f"pixel_attention_mask must be {tuple(mask_shape)} (one mask per image); got {tuple(mask.shape)}"
+                )
             patch_mask = patch_mask_of(mask.reshape(-1, H, W).to(images.device), self.tower.patch_size)
             n_h, n_w = patch_mask[:, :, 0].sum(dim=1), patch_mask[:, 0, :].sum(dim=1)
             h, w = patch_mask.shape[1:]
-            rect = (torch.arange(h, device=n_h.device)[None, :, None] < n_h[:, None, None]) \
-                & (torch.arange(w, device=n_w.device)[None, None, :] < n_w[:, None, None])
+            rect = (torch.arange(h, device=n_h.device)[None, :, None] < n_h[:, None, None]) & (
+                torch.arange(w, device=n_w.device)[None, None, :] < n_w[:, None, None]
+            )
             bad = torch.nonzero(~(patch_mask == rect).flatten(1).all(dim=1) | (n_h == 0)).flatten().tolist()
             if bad:
-                raise InputError(f"pixel_attention_mask of image {bad[0]}: the valid pixels must cover a rectangle "
-                                 "at the image's top left, at least one patch (the processor pads at the bottom "
-                                 "and the right), as the model's position ids assume")
+                raise InputError(
+                    f"pixel_attention_mask of image {bad[0]}: the valid pixels must cover a rectangle "
+                    "at the image's top left, at least one patch (the processor pads at the bottom "
+                    "and the right), as the model's position ids assume"
+                )
             if bool(patch_mask.all()):
                 patch_mask = None  # unpadded: the tower's default
         rest = {k: v for k, v in inputs.items() if k != "pixel_attention_mask"}
@@ -253,8 +265,9 @@ class Idefics3Adapter(VLMAdapter):
         mask = prepared.get("patch_mask")
         if mask is None:
             ph, pw = self.tower.patch_size
-            mask = torch.ones(B, k, stacked.shape[-2] // ph, stacked.shape[-1] // pw, dtype=torch.bool,
-                              device=stacked.device)
+            mask = torch.ones(
+                B, k, stacked.shape[-2] // ph, stacked.shape[-1] // pw, dtype=torch.bool, device=stacked.device
+            )
         return mask.reshape(B * k, *mask.shape[2:])
 
     def tower_inputs(self, prepared: dict, images: Tensor) -> dict:
@@ -272,7 +285,7 @@ class Idefics3Adapter(VLMAdapter):
 
     # ------------------------------------------------------------ the connector
     def _grid(self, tokens: int) -> tuple:
-        side = int(round(tokens ** 0.5))
+        side = int(round(tokens**0.5))
         return side, side
 
     def connect(self, selected: Tensor, r: Replay) -> tuple[dict, Tensor]:
@@ -300,5 +313,12 @@ class Idefics3Adapter(VLMAdapter):
         return grid[0] * grid[1] // (self.scale * self.scale)
 
 
-__all__ = ["Idefics3Adapter", "Idefics3VisionTower", "SmolVLMVisionTower", "bucketised_position_ids", "patch_mask_of",
-           "pixel_shuffle", "pixel_unshuffle"]
+__all__ = [
+    "Idefics3Adapter",
+    "Idefics3VisionTower",
+    "SmolVLMVisionTower",
+    "bucketised_position_ids",
+    "patch_mask_of",
+    "pixel_shuffle",
+    "pixel_unshuffle",
+]

@@ -7,6 +7,7 @@ Qwen2.5-VL's vision tower) and the two channel layouts of rotary pairs. Each is 
 
 Shapes: B batch, H heads, N tokens, d head width.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -74,11 +75,13 @@ def segmented_softmax(bias: Tensor) -> Callable[[Tensor], Tensor]:
         for a, b in zip(starts[:-1], starts[1:]):
             out[..., a:b, a:b] = s[..., a:b, a:b].softmax(dim=-1, dtype=torch.float32).to(s.dtype)
         return out
+
     return softmax
 
 
-def fused_attention(bias: Optional[Tensor], scale: float, groups: int,
-                    causal: bool) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+def fused_attention(
+    bias: Optional[Tensor], scale: float, groups: int, causal: bool
+) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
     """softmax(q·kᵀ·scale + bias)·v by ``F.scaled_dot_product_attention``.
 
     Parameters
@@ -97,9 +100,12 @@ def fused_attention(bias: Optional[Tensor], scale: float, groups: int,
     Callable[[Tensor, Tensor, Tensor], Tensor]
         (q (B, H, N, d), k, v (B, Hkv, M, d)) -> (B, H, N, d).
     """
+
     def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return torch.nn.functional.scaled_dot_product_attention(
-            q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=bias, scale=scale, is_causal=causal)
+            q, repeat_kv(k, groups), repeat_kv(v, groups), attn_mask=bias, scale=scale, is_causal=causal
+        )
+
     return attend
 
 
@@ -120,8 +126,10 @@ def rounded_rotary(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor], Ten
     Callable[[Tensor, Tensor, Tensor], Tensor]
         (x (B, H, N, d), cos, sin) -> rotated x.
     """
+
     def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         return apply_rotary(x + (x.to(dtype).to(x.dtype) - x).detach(), cos, sin)
+
     return rotate
 
 
@@ -142,10 +150,12 @@ def computed_rotary(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor], Te
     Callable[[Tensor, Tensor, Tensor], Tensor]
         (x (B, H, N, d), cos, sin) -> rotated x.
     """
+
     def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         exact = apply_rotary(x, cos, sin)
         rounded = apply_rotary(x.to(dtype), cos.to(dtype), sin.to(dtype)).to(x.dtype)
         return exact + (rounded - exact).detach()
+
     return rotate
 
 
@@ -283,6 +293,19 @@ class SoftCap(nn.Module):
         return f"cap={self.cap:g}"
 
 
-__all__ = ["SoftCap", "softmax_rows", "softmax_float32", "segmented_softmax", "fused_attention", "rounded_rotary",
-           "computed_rotary", "pairs_to_halves", "halves_to_pairs", "plus", "times", "matmul", "parallel_sum",
-           "parallel_sum_skip_first"]
+__all__ = [
+    "SoftCap",
+    "softmax_rows",
+    "softmax_float32",
+    "segmented_softmax",
+    "fused_attention",
+    "rounded_rotary",
+    "computed_rotary",
+    "pairs_to_halves",
+    "halves_to_pairs",
+    "plus",
+    "times",
+    "matmul",
+    "parallel_sum",
+    "parallel_sum_skip_first",
+]

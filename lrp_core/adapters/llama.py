@@ -3,6 +3,7 @@
 The layout is :class:`~lrp_core.adapters.decoder.DecoderAdapter`'s default: RMSNorm, grouped-query attention
 with rotary embeddings, RMSNorm, SwiGLU MLP, final RMSNorm, LM head (tied or not) or classifier ``score``.
 """
+
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
@@ -15,8 +16,10 @@ class LlamaAdapter(DecoderAdapter):
     def __init__(self, model):
         super().__init__(model)
         if int(getattr(self.config, "pretraining_tp", 1) or 1) > 1:  # older checkpoints: sliced Linears
-            raise UnsupportedModelError("pretraining_tp > 1 splits every Linear into slices the replay does not "
-                                        "describe; load the model with pretraining_tp=1 (the same function)")
+            raise UnsupportedModelError(
+                "pretraining_tp > 1 splits every Linear into slices the replay does not "
+                "describe; load the model with pretraining_tp=1 (the same function)"
+            )
 
 
 __all__ = ["LlamaAdapter"]

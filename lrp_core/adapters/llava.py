@@ -7,6 +7,7 @@ of the language model: the image tokens are the patches in raster order (``"full
 
 Shapes: B rows, N_v tower tokens, D_v tower width, P image tokens, D language-model width.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,8 +33,9 @@ class LlavaAdapter(VLMAdapter):
         cfg = self.model.config
         layer = cfg.vision_feature_layer
         if not isinstance(layer, int):
-            raise UnsupportedModelError(f"vision_feature_layer={layer!r} concatenates several tower layers; one layer "
-                                        "(an int) is explained")
+            raise UnsupportedModelError(
+                f"vision_feature_layer={layer!r} concatenates several tower layers; one layer (an int) is explained"
+            )
         self.strategy = cfg.vision_feature_select_strategy
         if self.strategy not in STRATEGIES:
             raise UnsupportedModelError(f"vision_feature_select_strategy={self.strategy!r}; explained: {STRATEGIES}")
@@ -42,11 +44,11 @@ class LlavaAdapter(VLMAdapter):
         return base.language_model, self.model.lm_head, cfg.get_text_config(), base.vision_tower, layer
 
     def select(self, hidden: Tensor) -> Tensor:
-        """"default": the tokens after [CLS]; "full": all."""
+        """ "default": the tokens after [CLS]; "full": all."""
         return hidden[:, 1:] if self.strategy == "default" else hidden
 
     def unselect(self, R: Tensor, emb: VLMEmbeddingRecord) -> Tensor:
-        """"default": [CLS] gets none of the relevance (the projector does not read it)."""
+        """ "default": [CLS] gets none of the relevance (the projector does not read it)."""
         if self.strategy == "full":
             return R
         return torch.cat([torch.zeros_like(R[:, :1]), R], dim=1)

@@ -2,6 +2,7 @@
 
 Llama's layout; every layer attends within ``config.sliding_window`` positions when it is set.
 """
+
 from __future__ import annotations
 
 from torch import nn

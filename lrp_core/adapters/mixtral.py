@@ -5,6 +5,7 @@ mixture-of-experts MLP in every layer (docs/METHODS.md §2c.4): softmax over the
 ``num_experts_per_tok``, always renormalised to sum 1. The router's jitter noise acts in training mode only
 (the replay is inference).
 """
+
 from __future__ import annotations
 
 from torch import nn

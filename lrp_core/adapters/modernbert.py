@@ -19,6 +19,7 @@ k; the replay does both, so a float64 model is replayed to float64 round-off.
 
 Shapes: B batch, T tokens (padding included), D width, C classes.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -87,7 +88,7 @@ class ModernBertAdapter(Adapter):
     #: input keys the model reads that the replay does not, and what to pass instead
     refused_inputs = {
         "inputs_embeds": "the token scores are read at the model's own word embeddings of input_ids, so embeddings "
-                         "given directly are refused: pass input_ids (and attention_mask)",
+        "given directly are refused: pass input_ids (and attention_mask)",
     }
 
     def __init__(self, model: nn.Module):
@@ -95,22 +96,25 @@ class ModernBertAdapter(Adapter):
         name = type(model).__name__
         cfg = self.config = getattr(model, "config", None)
         self.base = getattr(model, "model", None)
-        if cfg is None or self.base is None or not hasattr(self.base, "layers") \
-                or not hasattr(self.base, "rotary_emb"):
-            raise UnsupportedModelError(f"{name}: not a ModernBERT classifier (expected model.embeddings, "
-                                        "model.layers, model.rotary_emb)")
+        if cfg is None or self.base is None or not hasattr(self.base, "layers") or not hasattr(self.base, "rotary_emb"):
+            raise UnsupportedModelError(
+                f"{name}: not a ModernBERT classifier (expected model.embeddings, model.layers, model.rotary_emb)"
+            )
         impl = getattr(cfg, "_attn_implementation", "eager")
         if impl not in _IMPLEMENTATIONS:
             raise UnsupportedModelError(
                 f"{name}: attn_implementation={impl!r} is not one the replay is checked against (eager and sdpa, "
                 "both reproduced to float64 round-off; flash attention unpads the batch and bounds its window its own "
                 "way, flex attention compiles its own kernel): load the model with attn_implementation='sdpa' or "
-                "'eager'")
+                "'eager'"
+            )
         self.sdpa = impl == "sdpa"
         self.pooling = getattr(cfg, "classifier_pooling", "cls")
         if self.pooling not in ("cls", "mean"):
-            raise UnsupportedModelError(f"{name}: classifier_pooling={self.pooling!r}; the model then classifies "
-                                        "every token, not the text. Supported: 'cls', 'mean'")
+            raise UnsupportedModelError(
+                f"{name}: classifier_pooling={self.pooling!r}; the model then classifies "
+                "every token, not the text. Supported: 'cls', 'mean'"
+            )
         self.blocks = [self._block(i, layer) for i, layer in enumerate(self.base.layers)]
         self.readout = TokenReadout(norm=self.base.final_norm, head_layers=self._head())
         self.vocab_size = int(cfg.vocab_size)
@@ -124,27 +128,45 @@ class ModernBertAdapter(Adapter):
             d = int(att.head_dim)
             local = layer.attention_type == "sliding_attention"
             return BlockSpec(
-                layout="pre_ln", norm1=layer.attn_norm, norm2=layer.mlp_norm,
-                attn=AttentionSpec(qkv=att.Wqkv, proj=att.Wo, num_heads=H, head_dim=d, scale=d ** -0.5,
-                                   rotary=True, rope_key=layer.attention_type,
-                                   window=int(cfg.sliding_window) if local else None,
-                                   softmax_dtype=None if self.sdpa else torch.float32, sdpa=self.sdpa,
-                                   rotary_dtype=torch.float32),
-                mlp=MlpSpec(fc1=mlp.Wi, fused_gate=True, act=mlp.act, fc2=mlp.Wo))
+                layout="pre_ln",
+                norm1=layer.attn_norm,
+                norm2=layer.mlp_norm,
+                attn=AttentionSpec(
+                    qkv=att.Wqkv,
+                    proj=att.Wo,
+                    num_heads=H,
+                    head_dim=d,
+                    scale=d**-0.5,
+                    rotary=True,
+                    rope_key=layer.attention_type,
+                    window=int(cfg.sliding_window) if local else None,
+                    softmax_dtype=None if self.sdpa else torch.float32,
+                    sdpa=self.sdpa,
+                    rotary_dtype=torch.float32,
+                ),
+                mlp=MlpSpec(fc1=mlp.Wi, fused_gate=True, act=mlp.act, fc2=mlp.Wo),
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"layer {i} ({type(layer).__name__}) does not have the ModernBERT layout (attn_norm, attn with Wqkv "
-                f"/ Wo, mlp_norm, mlp with Wi / Wo, attention_type): {e}") from None
+                f"/ Wo, mlp_norm, mlp with Wi / Wo, attention_type): {e}"
+            ) from None
 
     def _head(self) -> list:
         """head.dense → head.act → head.norm → classifier (the pooled token's layers; dropout: inference)."""
         head: ModelPart = getattr(self.model, "head", None)
         clf: ModelPart = getattr(self.model, "classifier", None)
         if not is_linear(getattr(head, "dense", None)) or not is_linear(clf):
-            raise UnsupportedModelError(f"{type(self.model).__name__}: classification head not recognised (expected "
-                                        "head.dense / head.act / head.norm and a Linear classifier)")
-        return [HeadLayer(LINEAR, head.dense), HeadLayer(ELEMENTWISE, head.act), HeadLayer(LAYERNORM, head.norm),
-                HeadLayer(LINEAR, clf)]
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__}: classification head not recognised (expected "
+                "head.dense / head.act / head.norm and a Linear classifier)"
+            )
+        return [
+            HeadLayer(LINEAR, head.dense),
+            HeadLayer(ELEMENTWISE, head.act),
+            HeadLayer(LAYERNORM, head.norm),
+            HeadLayer(LINEAR, clf),
+        ]
 
     # ------------------------------------------------------------ validation
     def check_inputs(self, inputs) -> dict:
@@ -155,16 +177,20 @@ class ModernBertAdapter(Adapter):
         types = inputs.get("token_type_ids")
         types = None if types is None else token_ids(types, "token_type_ids")
         if types is not None and types.shape != ids.shape:
-            raise InputError(f"token_type_ids has shape {tuple(types.shape)}, input_ids {tuple(ids.shape)}: they must "
-                             "be the same (one segment id per token; the model ignores them)")
+            raise InputError(
+                f"token_type_ids has shape {tuple(types.shape)}, input_ids {tuple(ids.shape)}: they must "
+                "be the same (one segment id per token; the model ignores them)"
+            )
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise InputError(f"input_ids must lie in [0, {self.vocab_size}) (the vocabulary size)")
         if self.pooling == "cls":
             bad = torch.nonzero(mask[:, 0] == 0).flatten().tolist()
             if bad:
-                raise InputError(f"the classifier reads token 0 ([CLS]), which is padding in row {bad[0]} (the batch "
-                                 "is padded on the left): the model would classify a padding token's state. Pad on "
-                                 "the right (tokenizer.padding_side = 'right')")
+                raise InputError(
+                    f"the classifier reads token 0 ([CLS]), which is padding in row {bad[0]} (the batch "
+                    "is padded on the left): the model would classify a padding token's state. Pad on "
+                    "the right (tokenizer.padding_side = 'right')"
+                )
         given = inputs.get("position_ids")
         # the model counts its window in tokens and places RoPE at the position ids: any ids are its computation
         pos = None if given is None else given_position_ids(given, mask, None, True, False)
@@ -172,8 +198,13 @@ class ModernBertAdapter(Adapter):
 
     def layout(self, prepared: dict) -> TokenLayout:
         mask = prepared["attention_mask"]
-        return TokenLayout(modality="text", num_tokens=mask.shape[1], output_start=0,
-                           readout_tokens=self.readout_for(prepared).tokens, mask=mask)
+        return TokenLayout(
+            modality="text",
+            num_tokens=mask.shape[1],
+            output_start=0,
+            readout_tokens=self.readout_for(prepared).tokens,
+            mask=mask,
+        )
 
     def readout_for(self, prepared: dict) -> Readout:
         """[CLS] pooling (:attr:`readout`), or the mean over this batch's real tokens."""
@@ -191,8 +222,9 @@ class ModernBertAdapter(Adapter):
             words = words.detach().requires_grad_(True)
         return EmbeddingRecord(x0=r.norm(emb.norm, words), embeds=words)
 
-    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
-                      fused: bool = False) -> list:
+    def block_context(
+        self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor], fused: bool = False
+    ) -> list:
         """Per block (bias, rope): the padding (+ window) mask and the rotary tables of its layer type.
 
         Positions: the given ones, else ``0 … T−1`` in every row, as the model numbers them (padding included).
@@ -202,13 +234,14 @@ class ModernBertAdapter(Adapter):
         if positions is None:
             positions = torch.arange(T, device=mask.device)[None].expand(B, T)
         biases = {w: encoder_bias(mask, w, x0.dtype) for w in {s.attn.window for s in self.blocks}}
-        ropes = {k: row_rotary_tables(self.base.rotary_emb, x0, positions, mask, k)
-                 for k in {s.attn.rope_key for s in self.blocks}}
+        ropes = {
+            k: row_rotary_tables(self.base.rotary_emb, x0, positions, mask, k)
+            for k in {s.attn.rope_key for s in self.blocks}
+        }
         return [(biases[s.attn.window], ropes[s.attn.rope_key]) for s in self.blocks]
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
-                        prepared: dict) -> tuple[Tensor, None]:
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
         """Relevance at block 0's input (the embedding LayerNorm's output), summed over channels; padding 0."""
         return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
 

@@ -9,6 +9,7 @@ is a :class:`~lrp_core.adapters.blocks.MoeSpec`. A layer whose MLP is dense (``m
 
 Shapes: E experts, F an expert's hidden width, D the model width.
 """
+
 from __future__ import annotations
 
 from functools import cached_property
@@ -78,37 +79,63 @@ class MoeDecoderAdapter(DecoderAdapter):
         """input norm → attention → + → post-attention norm → MoE (or dense gated) MLP → +."""
         try:
             att, mlp = layer.self_attn, layer.mlp
-            spec = self._moe(i, mlp) if hasattr(mlp, "experts") else MlpSpec(
-                gate=mlp.gate_proj, fc1=mlp.up_proj, act=mlp.act_fn, fc2=mlp.down_proj)
-            return BlockSpec(layout="pre_ln", norm1=layer.input_layernorm, norm2=layer.post_attention_layernorm,
-                             attn=self._attention(att), mlp=spec)
+            spec = (
+                self._moe(i, mlp)
+                if hasattr(mlp, "experts")
+                else MlpSpec(gate=mlp.gate_proj, fc1=mlp.up_proj, act=mlp.act_fn, fc2=mlp.down_proj)
+            )
+            return BlockSpec(
+                layout="pre_ln",
+                norm1=layer.input_layernorm,
+                norm2=layer.post_attention_layernorm,
+                attn=self._attention(att),
+                mlp=spec,
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"layer {i} ({type(layer).__name__}) does not have the {self.family} layout (input_layernorm, "
                 f"self_attn with q/k/v/o_proj, post_attention_layernorm, mlp with gate (router) and experts "
-                f"(gate_up_proj, down_proj) or a dense gate/up/down_proj MLP): {e}") from None
+                f"(gate_up_proj, down_proj) or a dense gate/up/down_proj MLP): {e}"
+            ) from None
 
     def _moe(self, i: int, mlp: ModelPart) -> MoeSpec:
         router, experts = mlp.gate, mlp.experts
-        stacked: tuple[ModelPart, ModelPart] = (getattr(experts, "gate_up_proj", None),
-                                                getattr(experts, "down_proj", None))
-        if any(not isinstance(w, Tensor) or w.dim() != 3 for w in stacked) or \
-                any(getattr(experts, f"{n}_bias", None) is not None for n in ("gate_up_proj", "down_proj")):
+        stacked: tuple[ModelPart, ModelPart] = (
+            getattr(experts, "gate_up_proj", None),
+            getattr(experts, "down_proj", None),
+        )
+        if any(not isinstance(w, Tensor) or w.dim() != 3 for w in stacked) or any(
+            getattr(experts, f"{n}_bias", None) is not None for n in ("gate_up_proj", "down_proj")
+        ):
             raise UnsupportedModelError(
                 f"layer {i}: mlp.experts ({type(experts).__name__}) does not hold bias-free stacked gate_up_proj "
-                "(E, 2F, D) and down_proj (E, D, F) weights")
+                "(E, 2F, D) and down_proj (E, D, F) weights"
+            )
         if not isinstance(getattr(router, "weight", None), Tensor) or getattr(router, "bias", None) is not None:
-            raise UnsupportedModelError(f"layer {i}: mlp.gate ({type(router).__name__}) is not a bias-free router "
-                                        "with a weight (E, D)")
+            raise UnsupportedModelError(
+                f"layer {i}: mlp.gate ({type(router).__name__}) is not a bias-free router with a weight (E, D)"
+            )
         E = int(stacked[0].shape[0])
         if int(router.weight.shape[0]) != E:
-            raise UnsupportedModelError(f"layer {i}: the router scores {router.weight.shape[0]} experts, the stack "
-                                        f"holds {E}")
+            raise UnsupportedModelError(
+                f"layer {i}: the router scores {router.weight.shape[0]} experts, the stack holds {E}"
+            )
         normalise = self.normalise if self.normalise is not None else bool(router.norm_topk_prob)
-        spec = MoeSpec(router=StackedLinear(router, "weight"), top_k=int(router.top_k), normalise=normalise,
-                       module=mlp, experts=[MlpSpec(fc1=StackedLinear(experts, "gate_up_proj", e), fused_gate=True,
-                                                    act=experts.act_fn, fc2=StackedLinear(experts, "down_proj", e))
-                                            for e in range(E)])
+        spec = MoeSpec(
+            router=StackedLinear(router, "weight"),
+            top_k=int(router.top_k),
+            normalise=normalise,
+            module=mlp,
+            experts=[
+                MlpSpec(
+                    fc1=StackedLinear(experts, "gate_up_proj", e),
+                    fused_gate=True,
+                    act=experts.act_fn,
+                    fc2=StackedLinear(experts, "down_proj", e),
+                )
+                for e in range(E)
+            ],
+        )
         self._shared(mlp, spec)
         return spec
 

@@ -17,6 +17,7 @@ in the relative bias, their absolute position embedding stays).
 
 Shapes: B batch, N tokens, H heads.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,18 +36,26 @@ class MPNetAdapter(BertAdapter):
 
     #: no token types; position ids the replay does not take (its relative bias follows the token order)
     honoured_inputs = ("input_ids", "attention_mask")
-    refused_inputs = {**BertAdapter.refused_inputs,
-                      "position_ids": "the replay places MPNet's tokens at the positions the model gives them "
-                                      "itself (after the padding index): pass no position_ids"}
+    refused_inputs = {
+        **BertAdapter.refused_inputs,
+        "position_ids": "the replay places MPNet's tokens at the positions the model gives them "
+        "itself (after the padding index): pass no position_ids",
+    }
 
     def _backbone(self) -> ModelPart:
         model = self.model
         base = getattr(model, "mpnet", None)
         enc = getattr(base, "encoder", None)
-        if getattr(model, "config", None) is None or base is None or not hasattr(enc, "layer") \
-                or not hasattr(enc, "compute_position_bias"):
-            raise UnsupportedModelError(f"{type(model).__name__}: not an MPNet classifier (expected mpnet.embeddings "
-                                        "and mpnet.encoder.layer / compute_position_bias)")
+        if (
+            getattr(model, "config", None) is None
+            or base is None
+            or not hasattr(enc, "layer")
+            or not hasattr(enc, "compute_position_bias")
+        ):
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: not an MPNet classifier (expected mpnet.embeddings "
+                "and mpnet.encoder.layer / compute_position_bias)"
+            )
         self.padding_idx = int(base.embeddings.padding_idx)
         return base
 
@@ -59,14 +68,19 @@ class MPNetAdapter(BertAdapter):
             att = layer.attention.attn
             H, d = att.num_attention_heads, att.attention_head_size
             return BlockSpec(
-                layout="post_ln", norm1=layer.attention.LayerNorm, norm2=layer.output.LayerNorm,
-                attn=AttentionSpec(q=att.q, k=att.k, v=att.v, proj=att.o, num_heads=H, head_dim=d, scale=d ** -0.5),
-                mlp=MlpSpec(fc1=layer.intermediate.dense, act=layer.intermediate.intermediate_act_fn,
-                            fc2=layer.output.dense))
+                layout="post_ln",
+                norm1=layer.attention.LayerNorm,
+                norm2=layer.output.LayerNorm,
+                attn=AttentionSpec(q=att.q, k=att.k, v=att.v, proj=att.o, num_heads=H, head_dim=d, scale=d**-0.5),
+                mlp=MlpSpec(
+                    fc1=layer.intermediate.dense, act=layer.intermediate.intermediate_act_fn, fc2=layer.output.dense
+                ),
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"layer {i} ({type(layer).__name__}) does not have the MPNet layout (attention.attn.q/k/v/o, "
-                f"attention.LayerNorm, intermediate, output): {e}") from None
+                f"attention.LayerNorm, intermediate, output): {e}"
+            ) from None
 
     def _positions(self, ids: Tensor) -> Tensor:
         """The model's own position ids (its module-level ``create_position_ids_from_input_ids``)."""

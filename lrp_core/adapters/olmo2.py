@@ -8,6 +8,7 @@ together, before the head split — not each head (docs/METHODS.md §2f; identit
 detached under AttnLRP / CP-LRP as every RMSNorm). OLMo-3 adds sliding-window layers, each layer type with its own
 rotary table (``rope_key`` = the layer type).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -29,22 +30,29 @@ class Olmo2Adapter(DecoderAdapter):
             att, mlp = layer.self_attn, layer.mlp
             key = getattr(att, "attention_type", None) if self._typed_rope else None
             extra = {"rope_key": key} if key is not None else {}
-            return BlockSpec(layout="pre_ln", norm1=nn.Identity(), norm2=nn.Identity(),
-                             post1=layer.post_attention_layernorm, post2=layer.post_feedforward_layernorm,
-                             attn=self._attention(att, norm_whole=True, **extra),
-                             mlp=MlpSpec(gate=mlp.gate_proj, fc1=mlp.up_proj, act=mlp.act_fn, fc2=mlp.down_proj))
+            return BlockSpec(
+                layout="pre_ln",
+                norm1=nn.Identity(),
+                norm2=nn.Identity(),
+                post1=layer.post_attention_layernorm,
+                post2=layer.post_feedforward_layernorm,
+                attn=self._attention(att, norm_whole=True, **extra),
+                mlp=MlpSpec(gate=mlp.gate_proj, fc1=mlp.up_proj, act=mlp.act_fn, fc2=mlp.down_proj),
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"layer {i} ({type(layer).__name__}) does not have the OLMo-2 layout (self_attn with q/k/v/o_proj and "
-                f"q_norm / k_norm, post_attention_layernorm, mlp, post_feedforward_layernorm): {e}") from None
+                f"q_norm / k_norm, post_attention_layernorm, mlp, post_feedforward_layernorm): {e}"
+            ) from None
 
     @property
     def _typed_rope(self) -> bool:
         """Whether the rotary module keeps one table per layer type (OLMo-3)."""
         return isinstance(getattr(self.base.rotary_emb, "rope_type", None), dict)
 
-    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str,
-                      mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def rotary_tables(
+        self, x0: Tensor, positions: Tensor, key: str, mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
         """(cos, sin) (B, T, r): the one table (OLMo-2) or that of layer type ``key`` (OLMo-3), each row's as for the
         row alone (:func:`~lrp_core.adapters.decoder.row_rotary_tables`)."""
         return row_rotary_tables(self.base.rotary_emb, x0, positions, mask, key if self._typed_rope else None)

@@ -5,6 +5,7 @@ they are split into heads) and a mixture-of-experts MLP in every layer (docs/MET
 router's logits, the top ``num_experts_per_tok``, renormalised where ``norm_topk_prob``. ``config.clip_qkv``
 (clamping q, k, v) is refused: a clamp the rules do not describe.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,9 +25,11 @@ class OlmoeAdapter(MoeDecoderAdapter):
     def __init__(self, model: Any):
         clip = getattr(getattr(model, "config", None), "clip_qkv", None)
         if clip is not None:
-            raise UnsupportedModelError(f"config.clip_qkv={clip}: the attention clamps q, k and v to ±{clip}, a "
-                                        "clamp the relevance rules do not describe; load the model with clip_qkv=None "
-                                        "only where no value reaches the bound (else it is another function)")
+            raise UnsupportedModelError(
+                f"config.clip_qkv={clip}: the attention clamps q, k and v to ±{clip}, a "
+                "clamp the relevance rules do not describe; load the model with clip_qkv=None "
+                "only where no value reaches the bound (else it is another function)"
+            )
         super().__init__(model)
 
     def _attention(self, att: nn.Module, **extra) -> AttentionSpec:

@@ -26,6 +26,7 @@
 
 Shapes: B rows, N_v tower tokens (= P image tokens), D_v tower width, D language-model width.
 """
+
 from __future__ import annotations
 
 import copy
@@ -97,10 +98,12 @@ class PaliGemmaAdapter(GroupedAttentionVLM):
         from 1 (the model's)."""
         prepared = super().check_inputs(inputs)
         if inputs.get("token_type_ids") is None:
-            raise InputError(f"{type(self.model).__name__} is explained with the processor's 'token_type_ids' (0 for "
-                             "the image and the prompt, 1 for a suffix): without them the model attends in both "
-                             "directions or causally depending on its attention implementation and the padding. "
-                             "Pass processor(images=..., text=..., return_tensors='pt') whole")
+            raise InputError(
+                f"{type(self.model).__name__} is explained with the processor's 'token_type_ids' (0 for "
+                "the image and the prompt, 1 for a suffix): without them the model attends in both "
+                "directions or causally depending on its attention implementation and the padding. "
+                "Pass processor(images=..., text=..., return_tensors='pt') whole"
+            )
         if inputs.get("position_ids") is None:
             prepared["position_ids"] = prepared["position_ids"] + 1
         return prepared

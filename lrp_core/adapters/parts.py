@@ -7,6 +7,7 @@ parts are duck-typed on purpose: a ``Linear``, a GPT-2 ``Conv1D`` view or a peft
 projection. Each adapter checks the layout it reads and refuses another with
 :class:`~lrp_core.errors.UnsupportedModelError` naming what does not match.
 """
+
 from __future__ import annotations
 
 from typing import Any

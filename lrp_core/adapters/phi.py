@@ -5,6 +5,7 @@ projections with biases, optional per-head LayerNorms ``q_layernorm`` / ``k_laye
 partial rotary, output projection ``dense``) and the MLP (``fc1`` → GELU → ``fc2``), and ``out = (attn + mlp) + x``.
 The final norm is ``final_layernorm``; the LM head has a bias. The dropouts are identities (inference).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -33,18 +34,34 @@ class PhiAdapter(DecoderAdapter):
         try:
             att, mlp = layer.self_attn, layer.mlp
             qk = bool(getattr(att, "qk_layernorm", False))
-            attn = AttentionSpec(q=att.q_proj, k=att.k_proj, v=att.v_proj, proj=att.dense,
-                                 num_heads=int(cfg.num_attention_heads), num_kv_heads=int(cfg.num_key_value_heads),
-                                 head_dim=int(att.head_dim), scale=float(att.scaling), rotary=True,
-                                 q_norm=att.q_layernorm if qk else nn.Identity(),
-                                 k_norm=att.k_layernorm if qk else nn.Identity(),
-                                 softmax_dtype=None if self.sdpa else torch.float32, sdpa=self.sdpa, causal=True)
-            return BlockSpec(layout="parallel", norm1=layer.input_layernorm, norm2=layer.input_layernorm, attn=attn,
-                             mlp=MlpSpec(fc1=mlp.fc1, act=mlp.activation_fn, fc2=mlp.fc2))
+            attn = AttentionSpec(
+                q=att.q_proj,
+                k=att.k_proj,
+                v=att.v_proj,
+                proj=att.dense,
+                num_heads=int(cfg.num_attention_heads),
+                num_kv_heads=int(cfg.num_key_value_heads),
+                head_dim=int(att.head_dim),
+                scale=float(att.scaling),
+                rotary=True,
+                q_norm=att.q_layernorm if qk else nn.Identity(),
+                k_norm=att.k_layernorm if qk else nn.Identity(),
+                softmax_dtype=None if self.sdpa else torch.float32,
+                sdpa=self.sdpa,
+                causal=True,
+            )
+            return BlockSpec(
+                layout="parallel",
+                norm1=layer.input_layernorm,
+                norm2=layer.input_layernorm,
+                attn=attn,
+                mlp=MlpSpec(fc1=mlp.fc1, act=mlp.activation_fn, fc2=mlp.fc2),
+            )
         except AttributeError as e:
             raise UnsupportedModelError(
                 f"layer {i} ({type(layer).__name__}) does not have the Phi layout (input_layernorm, self_attn with "
-                f"q/k/v_proj / dense, mlp with fc1 / activation_fn / fc2): {e}") from None
+                f"q/k/v_proj / dense, mlp with fc1 / activation_fn / fc2): {e}"
+            ) from None
 
 
 __all__ = ["PhiAdapter"]

@@ -4,6 +4,7 @@ Llama's layout with biases on the q, k, v projections (ordinary Linear biases to
 config enables it, sliding-window attention on the layers ``config.layer_types`` marks as sliding (the
 attention module's ``sliding_window``).
 """
+
 from __future__ import annotations
 
 from .decoder import DecoderAdapter

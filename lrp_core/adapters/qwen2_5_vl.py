@@ -31,6 +31,7 @@ image tokens' scores over the image (each token's score split equally over its m
 Shapes: B rows, k images per row, N = h · w patches per image, P = N / m² image tokens per image, D_v the tower's
 width, D the language model's width, F = C · T · p · p a flattened patch.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -54,8 +55,8 @@ from .vlm import VLM_REFUSED_METHODS, LanguageModelView, VLMAdapter, VLMEmbeddin
 
 #: the packing of a token's three M-RoPE positions (t, h, w) into one long (:func:`pack_positions`): removing a
 #: token before it (token ablation) subtracts from the packed value, which moves t, h and w together
-_BASE = 2 ** 20
-_OFFSET = 2 ** 19
+_BASE = 2**20
+_OFFSET = 2**19
 
 
 def pack_positions(positions: Tensor) -> Tensor:
@@ -102,8 +103,9 @@ class MRopeLanguageModel(Qwen2Adapter):
     """The Qwen2-VL / Qwen2.5-VL language model: a Qwen2 decoder whose rotary tables are read at the three M-RoPE
     positions of each token (``prepared["position_ids"]`` packed by :func:`pack_positions`)."""
 
-    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str,
-                      mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def rotary_tables(
+        self, x0: Tensor, positions: Tensor, key: str, mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
         """(cos, sin) (B, T, d) of the model's ``rotary_emb`` at the (3, B, T) positions packed in ``positions``
         (B, T): each section of the frequencies turned by its position (``mrope_section``), as the model does."""
         return self.base.rotary_emb(x0, unpack_positions(positions))
@@ -138,15 +140,19 @@ class Qwen2_5_VLAdapter(VLMAdapter):
     def __init__(self, model: ModelPart):
         Adapter.__init__(self, model)  # the tower is this family's own (not one of vlm.TOWERS)
         if not type(model).__module__.startswith("transformers."):
-            raise UnsupportedModelError(f"{type(model).__name__} subclasses a vision-language model outside "
-                                        "transformers and may compute something else, which no probe checks here: "
-                                        "explain transformers' own class (load the weights into it)")
+            raise UnsupportedModelError(
+                f"{type(model).__name__} subclasses a vision-language model outside "
+                "transformers and may compute something else, which no probe checks here: "
+                "explain transformers' own class (load the weights into it)"
+            )
         cfg = model.config
         tcfg = cfg.get_text_config()
         layer_types = getattr(tcfg, "layer_types", None) or ()
         if getattr(tcfg, "use_sliding_window", False) or "sliding_attention" in layer_types:
-            raise UnsupportedModelError("its language model uses sliding-window attention (use_sliding_window), which "
-                                        "Hugging Face runs with flash attention only; explained: full attention")
+            raise UnsupportedModelError(
+                "its language model uses sliding-window attention (use_sliding_window), which "
+                "Hugging Face runs with flash attention only; explained: full attention"
+            )
         rope = getattr(tcfg, "rope_parameters", None) or {}
         if rope.get("rope_type", "default") != "default":
             raise UnsupportedModelError(f"its M-RoPE has rope_type={rope.get('rope_type')!r}; explained: 'default'")
@@ -176,9 +182,18 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         H = int(att.num_heads)
         d = int(att.qkv.out_features) // (3 * H)
         eager = not self.vision_sdpa
-        spec = AttentionSpec(qkv=att.qkv, proj=att.proj, num_heads=H, head_dim=d, scale=d ** -0.5, rotary=True,
-                             rotary_compute=torch.float32, softmax_dtype=torch.float32 if eager else None,
-                             sdpa=self.vision_sdpa, segmented=True)
+        spec = AttentionSpec(
+            qkv=att.qkv,
+            proj=att.proj,
+            num_heads=H,
+            head_dim=d,
+            scale=d**-0.5,
+            rotary=True,
+            rotary_compute=torch.float32,
+            softmax_dtype=torch.float32 if eager else None,
+            sdpa=self.vision_sdpa,
+            segmented=True,
+        )
         if hasattr(mlp, "gate_proj"):
             mlp_spec = MlpSpec(gate=mlp.gate_proj, fc1=mlp.up_proj, act=mlp.act_fn, fc2=mlp.down_proj)
         else:
@@ -194,7 +209,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         return (r * (w // self.merge) + c).flatten()
 
     def tokens_per_image(self, grid: tuple) -> int:
-        return grid[0] * grid[1] // self.merge ** 2
+        return grid[0] * grid[1] // self.merge**2
 
     def _raster(self, grid: tuple) -> Tensor:
         """(N,) long: for each patch in the processor's order (merge block by merge block), its raster index."""
@@ -225,15 +240,18 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         if not self.windowed:
             return torch.arange(P, device=device), None
         from transformers.vision_utils import get_vision_window_index
+
         thw = torch.tensor([[1, grid[0], grid[1]]], device=device)
-        index, cu = get_vision_window_index(thw, spatial_merge_size=self.merge, window_size=self.visual.window_size,
-                                            patch_size=self.patch)
+        index, cu = get_vision_window_index(
+            thw, spatial_merge_size=self.merge, window_size=self.visual.window_size, patch_size=self.patch
+        )
         return index.to(device), cu.to(device)
 
     def _tables(self, x: Tensor, grid: tuple, order: Tensor) -> tuple[Tensor, Tensor]:
         """The tower's rotary tables (1, N, d) at the patches' (row, column), in the window order ``order`` (N,):
         the model's ``rotary_pos_emb`` (float32), exactly cast to the replay's dtype."""
         from transformers.vision_utils import get_vision_position_ids
+
         thw = torch.tensor([[1, grid[0], grid[1]]], device=x.device)
         pos = get_vision_position_ids(thw, self.merge)  # (N, 2)
         cos, sin = self.visual.rotary_pos_emb(x, pos)  # (N, d) float32
@@ -255,22 +273,28 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         ``prepared["image_grid_thw"]`` (B, k, 3), ``prepared["position_ids"]`` the packed M-RoPE positions (B, T)."""
         name = type(self.model).__name__
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
-            raise InputError(f"{name} explains a text with an image: pass the processor's output, a dict with "
-                             "'input_ids', 'attention_mask', 'pixel_values', 'image_grid_thw' and "
-                             "'mm_token_type_ids', e.g. processor(images=image, text=prompt, return_tensors='pt'); "
-                             f"got {type(inputs).__name__}")
+            raise InputError(
+                f"{name} explains a text with an image: pass the processor's output, a dict with "
+                "'input_ids', 'attention_mask', 'pixel_values', 'image_grid_thw' and "
+                "'mm_token_type_ids', e.g. processor(images=image, text=prompt, return_tensors='pt'); "
+                f"got {type(inputs).__name__}"
+            )
         for key in ("pixel_values", "image_grid_thw", "mm_token_type_ids"):
             if inputs.get(key) is None:
-                raise InputError(f"{name}: {key!r} is missing. Pass the processor's whole output (input_ids, "
-                                 "attention_mask, pixel_values, image_grid_thw, mm_token_type_ids): the model places "
-                                 "the image tokens by image_grid_thw and gives them their 3D positions by "
-                                 "mm_token_type_ids (without them it would give the image tokens text positions)")
+                raise InputError(
+                    f"{name}: {key!r} is missing. Pass the processor's whole output (input_ids, "
+                    "attention_mask, pixel_values, image_grid_thw, mm_token_type_ids): the model places "
+                    "the image tokens by image_grid_thw and gives them their 3D positions by "
+                    "mm_token_type_ids (without them it would give the image tokens text positions)"
+                )
         why_video = "videos are not explained: pass images only"
-        refused = {**REFUSED_INPUTS,
-                   "position_ids": "the replay computes the model's own M-RoPE positions (get_rope_index of "
-                                   "input_ids, mm_token_type_ids, image_grid_thw and attention_mask): pass none",
-                   **{k: why_video for k in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")},
-                   "mm_encoder_outputs": "the image features are read from the tower's replay: pass pixel_values"}
+        refused = {
+            **REFUSED_INPUTS,
+            "position_ids": "the replay computes the model's own M-RoPE positions (get_rope_index of "
+            "input_ids, mm_token_type_ids, image_grid_thw and attention_mask): pass none",
+            **{k: why_video for k in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")},
+            "mm_encoder_outputs": "the image features are read from the tower's replay: pass pixel_values",
+        }
         honoured = tuple(k for k in self.text.honoured_inputs if k != "position_ids") + self.image_inputs
         input_keys(inputs, name, honoured, refused, NO_EFFECT)
         text = {k: inputs[k] for k in ("input_ids", "attention_mask", "cache_position") if k in inputs}
@@ -282,11 +306,15 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         types = token_ids(inputs["mm_token_type_ids"], "mm_token_type_ids").to(ids.device)
         self._check_image_tokens(ids, mask, types, k, (h, w))
         with torch.no_grad():
-            rope, _ = self.model.model.get_rope_index(ids, mm_token_type_ids=types, image_grid_thw=grids.to(ids.device),
-                                                      attention_mask=mask)
-        return {**prepared, "position_ids": pack_positions(rope),
-                "pixel_values": pixels.reshape(B, k, h * w, -1),
-                "image_grid_thw": grids.to(ids.device).reshape(B, k, 3)}
+            rope, _ = self.model.model.get_rope_index(
+                ids, mm_token_type_ids=types, image_grid_thw=grids.to(ids.device), attention_mask=mask
+            )
+        return {
+            **prepared,
+            "position_ids": pack_positions(rope),
+            "pixel_values": pixels.reshape(B, k, h * w, -1),
+            "image_grid_thw": grids.to(ids.device).reshape(B, k, 3),
+        }
 
     def _check_images(self, pixels: Any, grid_thw: Any, B: int) -> tuple[Tensor, int, int, int]:
         """The flattened patches and ``image_grid_thw`` checked against each other and the B rows.
@@ -306,27 +334,36 @@ class Qwen2_5_VLAdapter(VLMAdapter):
             ``(grids (n, 3) on the CPU, h, w, k images per row)``.
         """
         if not isinstance(pixels, Tensor) or pixels.dim() != 2 or not pixels.is_floating_point():
-            raise InputError("pixel_values must be the processor's flattened patches, a float tensor (patches, "
-                             f"{self.channels} · {self.frames} · {self.patch} · {self.patch}); got "
-                             f"{getattr(pixels, 'shape', type(pixels).__name__)}")
+            raise InputError(
+                "pixel_values must be the processor's flattened patches, a float tensor (patches, "
+                f"{self.channels} · {self.frames} · {self.patch} · {self.patch}); got "
+                f"{getattr(pixels, 'shape', type(pixels).__name__)}"
+            )
         F = self.channels * self.frames * self.patch * self.patch
         grids = torch.as_tensor(grid_thw).cpu()
         if grids.dim() != 2 or grids.shape[1] != 3 or grids.shape[0] == 0 or grids.is_floating_point():
             raise InputError(f"image_grid_thw must be (images, 3) integers (t, h, w); got {tuple(grids.shape)}")
         n = grids.shape[0]
         if not bool((grids == grids[0]).all()) or int(grids[0, 0]) != 1:
-            raise InputError(f"image_grid_thw {grids.tolist()}: every image must have the same grid and t = 1 (one "
-                             "image, not a video); resize the images to one size")
+            raise InputError(
+                f"image_grid_thw {grids.tolist()}: every image must have the same grid and t = 1 (one "
+                "image, not a video); resize the images to one size"
+            )
         h, w = int(grids[0, 1]), int(grids[0, 2])
         if h % self.merge or w % self.merge or h <= 0 or w <= 0:
-            raise InputError(f"image_grid_thw gives a {h} × {w} patch grid; the patch merger needs multiples of "
-                             f"{self.merge}")
+            raise InputError(
+                f"image_grid_thw gives a {h} × {w} patch grid; the patch merger needs multiples of {self.merge}"
+            )
         if pixels.shape != (n * h * w, F):
-            raise InputError(f"pixel_values has shape {tuple(pixels.shape)}; image_grid_thw's {n} image(s) of "
-                             f"{h} × {w} patches need ({n * h * w}, {F})")
+            raise InputError(
+                f"pixel_values has shape {tuple(pixels.shape)}; image_grid_thw's {n} image(s) of "
+                f"{h} × {w} patches need ({n * h * w}, {F})"
+            )
         if n % B:
-            raise InputError(f"image_grid_thw names {n} images for {B} rows of input_ids: every row must hold the "
-                             "same number of images")
+            raise InputError(
+                f"image_grid_thw names {n} images for {B} rows of input_ids: every row must hold the "
+                "same number of images"
+            )
         return grids, h, w, n // B
 
     def _check_image_tokens(self, ids: Tensor, mask: Tensor, types: Tensor, k: int, grid: tuple[int, int]) -> None:
@@ -345,19 +382,23 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         P = self.tokens_per_image(grid)
         placeholders = ids == self.image_token_id
         if types.shape != ids.shape or not torch.equal(types, placeholders.to(types.dtype)):
-            raise InputError("mm_token_type_ids must be 1 at the image tokens (id "
-                             f"{self.image_token_id}) and 0 elsewhere, shaped as input_ids (videos, type 2, are not "
-                             "explained): pass the processor's")
+            raise InputError(
+                "mm_token_type_ids must be 1 at the image tokens (id "
+                f"{self.image_token_id}) and 0 elsewhere, shaped as input_ids (videos, type 2, are not "
+                "explained): pass the processor's"
+            )
         if bool((placeholders & (mask == 0)).any()):
             raise InputError("an image token is padding (attention_mask 0): the image tokens must be real tokens")
         for b in range(ids.shape[0]):
             real = placeholders[b][mask[b].bool()].to(torch.int8)
             starts = int((real[1:] > real[:-1]).sum()) + int(real[0])
             if int(real.sum()) != k * P or starts != k:
-                raise InputError(f"row {b} holds {int(real.sum())} image tokens (id {self.image_token_id}) in "
-                                 f"{starts} run(s), but its {k} image(s) of {h} × {w} patches give {k} runs of {P}: "
-                                 "put the processor's image tokens in the text (processor(images=..., text=...)), "
-                                 "the same number of images in every row")
+                raise InputError(
+                    f"row {b} holds {int(real.sum())} image tokens (id {self.image_token_id}) in "
+                    f"{starts} run(s), but its {k} image(s) of {h} × {w} patches give {k} runs of {P}: "
+                    "put the processor's image tokens in the text (processor(images=..., text=...)), "
+                    "the same number of images in every row"
+                )
 
     def layout(self, prepared: dict) -> TokenLayout:
         """The decoder's layout, the patch grid, the image size (h · p, w · p) and each patch's image token
@@ -370,8 +411,12 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         per_image = self.patch_tokens(grid).to(ids.device)
         carriers = torch.cat([per_image + j * P for j in range(k)])
         positions = where.gather(1, carriers[None].expand(ids.shape[0], -1))
-        return replace(self.text.layout(prepared), grid=grid, image_size=(grid[0] * self.patch, grid[1] * self.patch),
-                       image_tokens=positions)
+        return replace(
+            self.text.layout(prepared),
+            grid=grid,
+            image_size=(grid[0] * self.patch, grid[1] * self.patch),
+            image_tokens=positions,
+        )
 
     # ------------------------------------------------------------ forward
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
@@ -387,7 +432,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
             images = images.detach().requires_grad_(True)
         patches = r.module(PATCH_CONV, conv, self._patches(images, grid))  # (B·k·N, D_v, 1, 1, 1)
         patches = patches.reshape(B * k, N, -1)
-        unit = self.merge ** 2
+        unit = self.merge**2
         index, cu = self._windows(grid, patches.device)
         order = (index[:, None] * unit + torch.arange(unit, device=patches.device)).flatten()  # (N,) window order
         x = patches[:, order]
@@ -412,15 +457,31 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         image_mask = ids == self.image_token_id
         x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
         vision = EmbeddingRecord(x0=patches[:, order], embeds=patches, images=images)
-        return VLMEmbeddingRecord(x0=x0, embeds=x0, images=images if k == 1 else None, vision=vision,
-                                  vision_blocks=records, selected=x,
-                                  connector={"norm": normed, "cat": cat, "fc1": h1, "act": a, "out": out,
-                                             "index": index, "order": order, "grid": grid},
-                                  features=features, image_mask=image_mask)
+        return VLMEmbeddingRecord(
+            x0=x0,
+            embeds=x0,
+            images=images if k == 1 else None,
+            vision=vision,
+            vision_blocks=records,
+            selected=x,
+            connector={
+                "norm": normed,
+                "cat": cat,
+                "fc1": h1,
+                "act": a,
+                "out": out,
+                "index": index,
+                "order": order,
+                "grid": grid,
+            },
+            features=features,
+            image_mask=image_mask,
+        )
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
-                        prepared: dict) -> tuple[Tensor, Optional[Tensor]]:
+    def input_relevance(
+        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict
+    ) -> tuple[Tensor, Optional[Tensor]]:
         """Token scores: every position's embedding's relevance summed over channels (padding 0); pixels (one
         image per row): the image tokens' relevance back through the merger (the window order re-applied, the
         concatenation split back exactly), the tower's blocks, the window order undone, and zᴮ on the patch

@@ -5,6 +5,7 @@ mixture-of-experts MLP (docs/METHODS.md §2c.4) with a shared expert: every toke
 ``mlp.shared_expert`` (a gated MLP), weighted by ``sigmoid(mlp.shared_expert_gate(x))`` — one more summand,
 its gate a routing weight of its own.
 """
+
 from __future__ import annotations
 
 from torch import nn

@@ -4,6 +4,7 @@ Llama's layout with an RMSNorm on each query and key head (``q_norm``, ``k_norm`
 identity in the explicit passes, ``rsqrt`` detached under AttnLRP / CP-LRP) and per-layer sliding windows
 where configured.
 """
+
 from __future__ import annotations
 
 from .decoder import DecoderAdapter

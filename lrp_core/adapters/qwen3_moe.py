@@ -5,6 +5,7 @@ sparse layer (docs/METHODS.md §2c.4): softmax over the router's logits, the top
 where ``norm_topk_prob``; the layers of ``mlp_only_layers`` (and those ``decoder_sparse_step`` skips) have a dense
 gated MLP.
 """
+
 from __future__ import annotations
 
 from .moe import MoeDecoderAdapter

@@ -7,6 +7,7 @@ the relevance passes start from :meth:`Readout.relprop`.
 
 Shapes: B batch, N tokens, D width, C classes.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -224,20 +225,20 @@ class MeanReadout(PooledReadout):
         self.norm, self.head_layers, self.start = norm, _kept(head_layers), start
 
     def pool(self, normed: Tensor) -> Tensor:
-        return normed[:, self.start:].mean(dim=1)
+        return normed[:, self.start :].mean(dim=1)
 
     def weights(self, num_tokens: int) -> Tensor:
         return _range_weights(num_tokens, self.start)
 
     def row(self, M: Tensor) -> Tensor:
-        return M[..., self.start:, :].mean(dim=-2)  # = wᵀM
+        return M[..., self.start :, :].mean(dim=-2)  # = wᵀM
 
     def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
         """Generic rule on the mean: ``R_i = h_i/P ⊙ safe_div(R, mean)`` (docs/METHODS.md §4.4)."""
         B, N, D = rec.normed.shape
         R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
-        w = self.weights(N)[:, self.start:].to(rec.normed.device)
-        R[:, self.start:], _ = prop(POOL, (rec.normed[:, self.start:], w), R_token, output=rec.token)
+        w = self.weights(N)[:, self.start :].to(rec.normed.device)
+        R[:, self.start :], _ = prop(POOL, (rec.normed[:, self.start :], w), R_token, output=rec.token)
         return R
 
 
@@ -302,7 +303,7 @@ class ClsMeanReadout(PooledReadout):
 
     def pool(self, normed: Tensor) -> Tensor:
         """(B, N, D) -> (B, 2D)."""
-        return torch.cat([normed[:, 0], normed[:, self.start:].mean(dim=1)], dim=-1)
+        return torch.cat([normed[:, 0], normed[:, self.start :].mean(dim=1)], dim=-1)
 
     def weights(self, num_tokens: int) -> Tensor:
         w = 0.5 * _range_weights(num_tokens, self.start)
@@ -310,15 +311,15 @@ class ClsMeanReadout(PooledReadout):
         return w
 
     def row(self, M: Tensor) -> Tensor:
-        return 0.5 * (M[..., 0, :] + M[..., self.start:, :].mean(dim=-2))
+        return 0.5 * (M[..., 0, :] + M[..., self.start :, :].mean(dim=-2))
 
     def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
         """The classifier input's two halves: [CLS] selection (§1.6) and the generic rule on the mean (§4.4)."""
         B, N, D = rec.normed.shape
         R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
         (R[:, 0],) = prop(READOUT, (rec.normed[:, 0],), R_token[:, :D])
-        w = _range_weights(N, self.start)[:, self.start:]
-        R[:, self.start:], _ = prop(POOL, (rec.normed[:, self.start:], w), R_token[:, D:], output=rec.token[:, D:])
+        w = _range_weights(N, self.start)[:, self.start :]
+        R[:, self.start :], _ = prop(POOL, (rec.normed[:, self.start :], w), R_token[:, D:], output=rec.token[:, D:])
         return R
 
 
@@ -371,20 +372,39 @@ class TwoHeadReadout(Readout):
         halves = tuple(_half(o) for o in outs)  # a constant scale: relevance passes unchanged
         logits = r(ADD, plus, *halves)  # = (u + v) / 2 exactly (halving is exact in floating point)
         pooled = self.pool(normed)
-        return TwoHeadRecord(hidden=hidden, normed=normed, token=pooled, inputs=tokens, pooled=pooled,
-                             logits=logits, halves=halves, outs=outs)
+        return TwoHeadRecord(
+            hidden=hidden,
+            normed=normed,
+            token=pooled,
+            inputs=tokens,
+            pooled=pooled,
+            logits=logits,
+            halves=halves,
+            outs=outs,
+        )
 
     def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
         """The Add of the halved logits (the rule set's Add rule), each head's Linear, each token's selection."""
         assert isinstance(rec, TwoHeadRecord), "the record of this readout's forward"
         B, N, D = rec.normed.shape
         R = torch.zeros(B, N, D, dtype=R_out.dtype, device=R_out.device)
-        for k, head, t, out, R_half in zip(self.indices, self.heads, rec.inputs, rec.outs,
-                                           prop(ADD, rec.halves, R_out)):
+        for k, head, t, out, R_half in zip(
+            self.indices, self.heads, rec.inputs, rec.outs, prop(ADD, rec.halves, R_out)
+        ):
             R_t = R_half if isinstance(head, nn.Identity) else prop.linear(head, t, R_half, out=out)
             (R[:, k],) = prop(READOUT, (t,), R_t)
         return prop.unary(LAYERNORM, rec.hidden, R, self.norm)
 
 
-__all__ = ["HeadLayer", "Readout", "PooledReadout", "TokenReadout", "PositionReadout", "MeanReadout",
-           "MaskedMeanReadout", "ClsMeanReadout", "TwoHeadReadout", "TwoHeadRecord"]
+__all__ = [
+    "HeadLayer",
+    "Readout",
+    "PooledReadout",
+    "TokenReadout",
+    "PositionReadout",
+    "MeanReadout",
+    "MaskedMeanReadout",
+    "ClsMeanReadout",
+    "TwoHeadReadout",
+    "TwoHeadRecord",
+]

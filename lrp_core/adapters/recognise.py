@@ -20,6 +20,7 @@ such and checked by the probe like any other.
 
 Shapes: B batch, T tokens, D width, V vocabulary, H heads, d head width.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -51,7 +52,8 @@ STRUCTURES = (
     "post_feedforward_layernorm), or attention_layernorm + feedforward_layernorm, or post_attention_layernorm + "
     "post_feedforward_layernorm alone (norms on the branch outputs); a rotary embedding of type default, linear, "
     "llama3, yarn or proportional; parallel blocks (input_layernorm alone, or a use_parallel_residual / parallel_attn "
-    "config) too; and the engine's replay equal to the model's own logits on a probe input")
+    "config) too; and the engine's replay equal to the model's own logits on a probe input"
+)
 
 #: Relative tolerance of the probe (max |replay − model| / max |model| over the probe's logits), by dtype:
 #: float32 round-off accumulated over a few blocks is ~1e-6 (measured 2e-7 … 6e-7 on the tiny test models, float64
@@ -60,9 +62,21 @@ STRUCTURES = (
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-5}
 
 #: Activation modules the rules know (element-wise: relevance passes them unchanged, docs/METHODS.md §1.2, §2c).
-ACTIVATIONS = ("SiLU", "SiLUActivation", "GELU", "GELUActivation", "NewGELUActivation", "GELUTanh", "PytorchGELUTanh",
-               "FastGELUActivation", "QuickGELUActivation", "AccurateGELUActivation", "ReLU", "ReLUSquaredActivation",
-               "Tanh")
+ACTIVATIONS = (
+    "SiLU",
+    "SiLUActivation",
+    "GELU",
+    "GELUActivation",
+    "NewGELUActivation",
+    "GELUTanh",
+    "PytorchGELUTanh",
+    "FastGELUActivation",
+    "QuickGELUActivation",
+    "AccurateGELUActivation",
+    "ReLU",
+    "ReLUSquaredActivation",
+    "Tanh",
+)
 
 #: Rotary types whose tables the model's rotary module computes from the positions alone. "dynamic" and
 #: "longrope" rewrite the module's own frequency buffers as sequences grow (state the probe cannot vouch for).
@@ -70,19 +84,39 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
 #: norm names of a layer -> (norm1, norm2, post1, post2): the pre-norms and the branch-output norms
 NORM_LAYOUTS = {
-    frozenset({"input_layernorm", "post_attention_layernorm"}):
-        ("input_layernorm", "post_attention_layernorm", None, None),
-    frozenset({"input_layernorm", "post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"}):
-        ("input_layernorm", "post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"),
-    frozenset({"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-               "post_feedforward_layernorm"}):
-        ("input_layernorm", "pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm"),
-    frozenset({"input_layernorm", "pre_feedforward_layernorm"}):
-        ("input_layernorm", "pre_feedforward_layernorm", None, None),
-    frozenset({"attention_layernorm", "feedforward_layernorm"}):
-        ("attention_layernorm", "feedforward_layernorm", None, None),
-    frozenset({"post_attention_layernorm", "post_feedforward_layernorm"}):
-        (None, None, "post_attention_layernorm", "post_feedforward_layernorm"),
+    frozenset({"input_layernorm", "post_attention_layernorm"}): (
+        "input_layernorm",
+        "post_attention_layernorm",
+        None,
+        None,
+    ),
+    frozenset({"input_layernorm", "post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm"}): (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "post_self_attn_layernorm",
+        "post_mlp_layernorm",
+    ),
+    frozenset(
+        {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"}
+    ): ("input_layernorm", "pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm"),
+    frozenset({"input_layernorm", "pre_feedforward_layernorm"}): (
+        "input_layernorm",
+        "pre_feedforward_layernorm",
+        None,
+        None,
+    ),
+    frozenset({"attention_layernorm", "feedforward_layernorm"}): (
+        "attention_layernorm",
+        "feedforward_layernorm",
+        None,
+        None,
+    ),
+    frozenset({"post_attention_layernorm", "post_feedforward_layernorm"}): (
+        None,
+        None,
+        "post_attention_layernorm",
+        "post_feedforward_layernorm",
+    ),
 }
 
 #: mlp child names (without the activation) -> (gate, up/fc1, down/fc2, fused gate): the MLP forms understood
@@ -101,16 +135,24 @@ ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"}
 
 #: (words in a module's class name, what such a module is): blocks refused by name
 UNREPLAYABLE = (
-    (("mamba", "mixer"), "a state-space (Mamba-style) mixer: a selective scan over the sequence with a causal "
-                         "convolution, not attention"),
+    (
+        ("mamba", "mixer"),
+        "a state-space (Mamba-style) mixer: a selective scan over the sequence with a causal "
+        "convolution, not attention",
+    ),
     (("rwkv",), "an RWKV time-mixing layer: a recurrence over the sequence, not attention"),
     (("shortconv",), "a short causal convolution mixer (LFM2): a convolution over the sequence, not attention"),
     (("recurrentblock", "rglru", "recurrent"), "a gated linear recurrence (RecurrentGemma / Griffin), not attention"),
-    (("gateddeltanet", "lineardecoderlayer", "linearattention", "lightning"),
-     "a linear-attention / delta-rule recurrence, not softmax attention"),
-    (("moe", "experts", "router", "topkrouter"), "a mixture-of-experts layer of a family no adapter lists (Mixtral, "
-                                                 "Qwen2-MoE, Qwen3-MoE and OLMoE have theirs): its router and "
-                                                 "experts are not recognised by their structure"),
+    (
+        ("gateddeltanet", "lineardecoderlayer", "linearattention", "lightning"),
+        "a linear-attention / delta-rule recurrence, not softmax attention",
+    ),
+    (
+        ("moe", "experts", "router", "topkrouter"),
+        "a mixture-of-experts layer of a family no adapter lists (Mixtral, "
+        "Qwen2-MoE, Qwen3-MoE and OLMoE have theirs): its router and "
+        "experts are not recognised by their structure",
+    ),
 )
 
 
@@ -155,8 +197,10 @@ def unreplayable(model: nn.Module) -> Optional[str]:
     cfg = getattr(model, "config", None)
     odd = sorted({t for t in getattr(cfg, "layer_types", None) or () if t not in LAYER_TYPES})
     if odd:
-        return (f"config.layer_types has {', '.join(map(repr, odd))} layers: mixers other than (sliding-window) "
-                "softmax attention (recurrent, convolutional or state-space), which the block replay does not describe")
+        return (
+            f"config.layer_types has {', '.join(map(repr, odd))} layers: mixers other than (sliding-window) "
+            "softmax attention (recurrent, convolutional or state-space), which the block replay does not describe"
+        )
     return None
 
 
@@ -175,8 +219,10 @@ class OpenDecoderAdapter(DecoderAdapter):
     def __init__(self, model: nn.Module):
         cfg = getattr(model, "config", None)
         if int(getattr(cfg, "pretraining_tp", 1) or 1) > 1:
-            raise UnsupportedModelError("pretraining_tp > 1 splits every Linear into slices the replay does not "
-                                        "describe; load the model with pretraining_tp=1 (the same function)")
+            raise UnsupportedModelError(
+                "pretraining_tp > 1 splits every Linear into slices the replay does not "
+                "describe; load the model with pretraining_tp=1 (the same function)"
+            )
         super().__init__(model)
 
     def _stack(self):
@@ -186,23 +232,28 @@ class OpenDecoderAdapter(DecoderAdapter):
         parts = _children(base)
         missing = {"embed_tokens", "layers", "norm", "rotary_emb"} - set(parts)
         if missing:
-            raise UnsupportedModelError(f"model.model ({type(base).__name__}) has no {', '.join(sorted(missing))}; "
-                                        f"its parts are {', '.join(parts)}")
+            raise UnsupportedModelError(
+                f"model.model ({type(base).__name__}) has no {', '.join(sorted(missing))}; "
+                f"its parts are {', '.join(parts)}"
+            )
         extra = set(parts) - {"embed_tokens", "layers", "norm", "rotary_emb"}
         if extra:
             name = sorted(extra)[0]
-            raise UnsupportedModelError(f"model.model.{name} ({type(parts[name]).__name__}) is a part the replay "
-                                        "does not describe")
+            raise UnsupportedModelError(
+                f"model.model.{name} ({type(parts[name]).__name__}) is a part the replay does not describe"
+            )
         top = set(_children(self.model)) - {"model", "lm_head", "score"}
         if top:
             name = sorted(top)[0]
-            raise UnsupportedModelError(f"model.{name} ({type(getattr(self.model, name)).__name__}) is a part the "
-                                        "replay does not describe")
+            raise UnsupportedModelError(
+                f"model.{name} ({type(getattr(self.model, name)).__name__}) is a part the replay does not describe"
+            )
         rope = getattr(base.rotary_emb, "rope_type", "default")
-        for kind in (rope.values() if isinstance(rope, dict) else [rope]):  # a dict: one per layer type
+        for kind in rope.values() if isinstance(rope, dict) else [rope]:  # a dict: one per layer type
             if kind not in ROPE_TYPES:
-                raise UnsupportedModelError(f"the rotary embedding's rope_type {kind!r} is not one the engine "
-                                            f"replays ({', '.join(ROPE_TYPES)})")
+                raise UnsupportedModelError(
+                    f"the rotary embedding's rope_type {kind!r} is not one the engine replays ({', '.join(ROPE_TYPES)})"
+                )
         self._rope_takes_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
         return base, base.layers, base.norm
 
@@ -210,13 +261,15 @@ class OpenDecoderAdapter(DecoderAdapter):
         """The layer's norms, attention and MLP by their names (:data:`NORM_LAYOUTS`, :data:`MLP_FORMS`)."""
         where = f"layer {i} ({type(layer).__name__})"
         if layer._parameters:
-            raise UnsupportedModelError(f"{where} has parameters of its own ({', '.join(layer._parameters)}) the "
-                                        "replay does not describe")
+            raise UnsupportedModelError(
+                f"{where} has parameters of its own ({', '.join(layer._parameters)}) the replay does not describe"
+            )
         parts = _children(layer)
         if set(parts) - {"self_attn", "mlp"} - {n for n, m in parts.items() if _is_norm(m)}:
             name = sorted(set(parts) - {"self_attn", "mlp"} - {n for n, m in parts.items() if _is_norm(m)})[0]
-            raise UnsupportedModelError(f"{where}.{name} ({type(parts[name]).__name__}) is a part the replay does "
-                                        "not describe")
+            raise UnsupportedModelError(
+                f"{where}.{name} ({type(parts[name]).__name__}) is a part the replay does not describe"
+            )
         if "self_attn" not in parts or "mlp" not in parts:
             raise UnsupportedModelError(f"{where} has no self_attn and mlp (its parts: {', '.join(parts)})")
         norms = frozenset(n for n, m in parts.items() if _is_norm(m))
@@ -224,22 +277,37 @@ class OpenDecoderAdapter(DecoderAdapter):
             return self._parallel_block(i, layer, parts, norms, where)
         layout = NORM_LAYOUTS.get(norms)
         if layout is None:
-            raise UnsupportedModelError(f"{where} has the norms {', '.join(sorted(norms))}, not one of the layouts "
-                                        "the replay describes")
+            raise UnsupportedModelError(
+                f"{where} has the norms {', '.join(sorted(norms))}, not one of the layouts the replay describes"
+            )
         norm1, norm2, post1, post2 = (parts[n] if n else nn.Identity() for n in layout)
-        return BlockSpec(layout="pre_ln", norm1=norm1, norm2=norm2, post1=post1, post2=post2,
-                         attn=self._open_attention(i, layer.self_attn, where), mlp=_mlp(layer.mlp, where))
+        return BlockSpec(
+            layout="pre_ln",
+            norm1=norm1,
+            norm2=norm2,
+            post1=post1,
+            post2=post2,
+            attn=self._open_attention(i, layer.self_attn, where),
+            mlp=_mlp(layer.mlp, where),
+        )
 
     def _parallel_block(self, i: int, layer: ModelPart, parts: dict, norms: frozenset, where: str) -> BlockSpec:
         """A parallel block (docs/METHODS.md §2f) summed as ``(x + attn) + mlp``: ``input_layernorm`` feeding both
         branches, or it and ``post_attention_layernorm`` feeding the attention and the MLP (the probe checks)."""
         if norms not in ({"input_layernorm"}, {"input_layernorm", "post_attention_layernorm"}):
-            raise UnsupportedModelError(f"{where} is a parallel block with the norms {', '.join(sorted(norms))}; the "
-                                        "replay describes input_layernorm (+ post_attention_layernorm for the MLP)")
+            raise UnsupportedModelError(
+                f"{where} is a parallel block with the norms {', '.join(sorted(norms))}; the "
+                "replay describes input_layernorm (+ post_attention_layernorm for the MLP)"
+            )
         norm1 = parts["input_layernorm"]
-        return BlockSpec(layout="parallel", norm1=norm1, norm2=parts.get("post_attention_layernorm", norm1),
-                         skip_first=True, attn=self._open_attention(i, layer.self_attn, where),
-                         mlp=_mlp(layer.mlp, where))
+        return BlockSpec(
+            layout="parallel",
+            norm1=norm1,
+            norm2=parts.get("post_attention_layernorm", norm1),
+            skip_first=True,
+            attn=self._open_attention(i, layer.self_attn, where),
+            mlp=_mlp(layer.mlp, where),
+        )
 
     def _open_attention(self, i: int, att: ModelPart, where: str):
         cfg = self.config
@@ -249,7 +317,8 @@ class OpenDecoderAdapter(DecoderAdapter):
             what = sorted(extra) + list(att._parameters)
             raise UnsupportedModelError(
                 f"{where}.self_attn ({type(att).__name__}) is not q_proj / k_proj / v_proj / o_proj with optional "
-                f"q_norm / k_norm" + (f": it has {', '.join(what)}" if what else ""))
+                f"q_norm / k_norm" + (f": it has {', '.join(what)}" if what else "")
+            )
         if not all(isinstance(parts[n], nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
             raise UnsupportedModelError(f"{where}.self_attn's projections are not nn.Linear")
         d = int(getattr(att, "head_dim", 0) or 0)
@@ -257,30 +326,35 @@ class OpenDecoderAdapter(DecoderAdapter):
         Hkv = int(getattr(cfg, "num_key_value_heads", None) or H)
         widths = (att.q_proj.out_features, att.k_proj.out_features)
         if not d or widths != (H * d, Hkv * d) or not hasattr(att, "scaling"):
-            raise UnsupportedModelError(f"{where}.self_attn: q_proj / k_proj widths ({att.q_proj.out_features}, "
-                                        f"{att.k_proj.out_features}) are not {H} / {Hkv} heads of head_dim {d}, or "
-                                        "it has no scaling")
+            raise UnsupportedModelError(
+                f"{where}.self_attn: q_proj / k_proj widths ({att.q_proj.out_features}, "
+                f"{att.k_proj.out_features}) are not {H} / {Hkv} heads of head_dim {d}, or "
+                "it has no scaling"
+            )
         for n in ("q_norm", "k_norm"):
             if n in parts:
                 w = getattr(parts[n], "weight", None)
                 if w is not None and w.numel() != d:
                     raise UnsupportedModelError(
                         f"{where}.self_attn.{n} normalises {w.numel()} channels at once (all heads together); the "
-                        f"replay describes per-head q/k norms over head_dim = {d} channels")
+                        f"replay describes per-head q/k norms over head_dim = {d} channels"
+                    )
         types = getattr(cfg, "layer_types", None)
         layer_type = types[i] if types is not None and i < len(types) else None
         if layer_type is not None:
             window = getattr(cfg, "sliding_window", None) if layer_type == "sliding_attention" else None
         else:
             window = getattr(att, "sliding_window", None) or (
-                getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None)
+                getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+            )
         key = layer_type if self._rope_takes_type and layer_type is not None else "default"
         spec = self._attention(att, window=int(window) if window else None, rope_key=key)
         spec.rotary = bool(getattr(att, "use_rope", True))  # SmolLM3: some layers without positions (NoPE)
         return spec
 
-    def rotary_tables(self, x0: Tensor, positions: Tensor, key: str,
-                      mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def rotary_tables(
+        self, x0: Tensor, positions: Tensor, key: str, mask: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
         """(cos, sin) (B, T, r) of the model's rotary embedding; per layer type where the module takes one
         (each row's as for the row alone: :func:`~lrp_core.adapters.decoder.row_rotary_tables`)."""
         return row_rotary_tables(self.base.rotary_emb, x0, positions, mask, key if self._rope_takes_type else None)
@@ -288,8 +362,9 @@ class OpenDecoderAdapter(DecoderAdapter):
     def check_norms(self) -> None:
         """Every norm of the replay (blocks, q/k, final) computed by the rules' arithmetic (:func:`_check_norm`)."""
         names = self.module_names
-        norms = [self.readout.norm] + [m for s in self.blocks for m in (s.norm1, s.norm2, s.post1, s.post2,
-                                                                         s.attn.q_norm, s.attn.k_norm)]
+        norms = [self.readout.norm] + [
+            m for s in self.blocks for m in (s.norm1, s.norm2, s.post1, s.post2, s.attn.q_norm, s.attn.k_norm)
+        ]
         done = set()
         for spec_norm in norms:
             if not isinstance(spec_norm, nn.Identity) and id(spec_norm) not in done:
@@ -303,12 +378,16 @@ def _mlp(mlp: nn.Module, where: str) -> MlpSpec:
     acts = {n: m for n, m in parts.items() if not isinstance(m, nn.Linear)}
     form = MLP_FORMS.get(frozenset(set(parts) - set(acts)))
     if form is None or len(acts) != 1 or mlp._parameters:
-        raise UnsupportedModelError(f"{where}.mlp ({type(mlp).__name__}) with parts {', '.join(parts)} is not one "
-                                    "of the MLP forms the replay describes")
-    (act_name, act), = acts.items()
+        raise UnsupportedModelError(
+            f"{where}.mlp ({type(mlp).__name__}) with parts {', '.join(parts)} is not one "
+            "of the MLP forms the replay describes"
+        )
+    ((act_name, act),) = acts.items()
     if type(act).__name__ not in ACTIVATIONS:
-        raise UnsupportedModelError(f"{where}.mlp.{act_name} ({type(act).__name__}) is not an activation the engine "
-                                    f"knows ({', '.join(ACTIVATIONS)})")
+        raise UnsupportedModelError(
+            f"{where}.mlp.{act_name} ({type(act).__name__}) is not an activation the engine "
+            f"knows ({', '.join(ACTIVATIONS)})"
+        )
     gate, up, down, fused = form
     return MlpSpec(gate=parts[gate] if gate else None, fc1=parts[up], fc2=parts[down], act=act, fused_gate=fused)
 
@@ -326,21 +405,25 @@ def _check_norm(module: ModelPart, where: str) -> None:
     device = ref.device if ref is not None else torch.device("cpu")
     if device.type == "meta":
         return  # no values to compare; the probe refuses a meta model
-    x = torch.randn(2, 3, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype=dtype,
-                                                                                              device=device)
+    x = torch.randn(2, 3, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(
+        dtype=dtype, device=device
+    )
     rule = cast(GradientRule, ATTNLRP.rules[norm_kind(module)])  # AttnLRP is a modified-gradient rule set
     try:
         with torch.no_grad():
             want, got = module(x), rule.forward(module, x, module=module)
     except (AttributeError, TypeError, RuntimeError, UnsupportedModelError) as err:
-        raise UnsupportedModelError(f"{where} ({type(module).__name__}) is not a norm the rules can recompute "
-                                    f"({type(err).__name__}: {err})") from None
+        raise UnsupportedModelError(
+            f"{where} ({type(module).__name__}) is not a norm the rules can recompute ({type(err).__name__}: {err})"
+        ) from None
     dev = float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
     # the rules compute RMSNorm in float32 as LXT does (a float64 model's own norm may round elsewhere: ~1e-8)
     if not dev <= max(TOLERANCE.get(dtype, 1e-5), 1e-5):
-        raise UnsupportedModelError(f"{where} ({type(module).__name__}) is not computed as the rules' "
-                                    f"{norm_kind(module)} (they differ by {dev:.1e} relative): a norm variant the "
-                                    "AttnLRP / CP-LRP rules do not describe")
+        raise UnsupportedModelError(
+            f"{where} ({type(module).__name__}) is not computed as the rules' "
+            f"{norm_kind(module)} (they differ by {dev:.1e} relative): a norm variant the "
+            "AttnLRP / CP-LRP rules do not describe"
+        )
 
 
 # ----------------------------------------------------------------------------
@@ -355,8 +438,11 @@ PROBE_TOKENS = 12
 
 def _hooks(model: nn.Module) -> tuple:
     """The forward hooks and pre-hooks on the model's modules (they run in the model's own forward)."""
-    return tuple((name, tuple(map(id, m._forward_pre_hooks.values())), tuple(map(id, m._forward_hooks.values())))
-                 for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks)
+    return tuple(
+        (name, tuple(map(id, m._forward_pre_hooks.values())), tuple(map(id, m._forward_hooks.values())))
+        for name, m in model.named_modules()
+        if m._forward_hooks or m._forward_pre_hooks
+    )
 
 
 def _fingerprint(model: ModelPart) -> tuple:
@@ -364,8 +450,13 @@ def _fingerprint(model: ModelPart) -> tuple:
     on."""
     p = next(model.parameters())
     cfg = model.config
-    return (p.dtype, str(p.device), getattr(cfg, "_attn_implementation", None), cfg.to_json_string(use_diff=False),
-            _hooks(model))
+    return (
+        p.dtype,
+        str(p.device),
+        getattr(cfg, "_attn_implementation", None),
+        cfg.to_json_string(use_diff=False),
+        _hooks(model),
+    )
 
 
 def probe(adapter: DecoderAdapter) -> float:
@@ -418,11 +509,13 @@ def probe(adapter: DecoderAdapter) -> float:
             with torch.no_grad():
                 try:
                     with compute_precision(model):  # a half-precision model: its own forward in float32 too
-                        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
-                                    use_cache=False).logits
+                        out = model(
+                            input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False
+                        ).logits
                 except Exception as err:  # the model's own forward: any error of its code is a reason to refuse
-                    raise UnsupportedModelError(f"{type(model).__name__}'s own forward failed on the probe input "
-                                                f"({type(err).__name__}: {err})") from None
+                    raise UnsupportedModelError(
+                        f"{type(model).__name__}'s own forward failed on the probe input ({type(err).__name__}: {err})"
+                    ) from None
                 got = adapter.forward(adapter.check_inputs({"input_ids": ids, "attention_mask": mask})).logits
         finally:
             for m in training:
@@ -455,8 +548,9 @@ def open_adapter(model: nn.Module) -> Optional[DecoderAdapter]:
         deviation (the message omits the supported families: the caller appends them).
     """
     cls = type(model).__name__
-    if getattr(model, "config", None) is None or not cls.endswith(("ForCausalLM", "LMHeadModel",
-                                                                     "ForSequenceClassification")):
+    if getattr(model, "config", None) is None or not cls.endswith(
+        ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
+    ):
         return None
     why = unreplayable(model)
     if why is not None:
@@ -466,8 +560,9 @@ def open_adapter(model: nn.Module) -> Optional[DecoderAdapter]:
     except UnsupportedModelError as err:
         raise UnsupportedModelError(f"{cls} is not a decoder the engine recognises: {err}. {STRUCTURES}") from None
     except (AttributeError, TypeError, ValueError) as err:
-        raise UnsupportedModelError(f"{cls} is not a decoder the engine recognises ({type(err).__name__}: {err}). "
-                                    f"{STRUCTURES}") from None
+        raise UnsupportedModelError(
+            f"{cls} is not a decoder the engine recognises ({type(err).__name__}: {err}). {STRUCTURES}"
+        ) from None
     return verify(adapter, norms=True)
 
 
@@ -499,9 +594,11 @@ def verify(adapter: DecoderAdapter, norms: bool = False) -> DecoderAdapter:
     cls = type(model).__name__
     p = next(model.parameters(), None)
     if p is None or p.device.type == "meta":
-        raise UnsupportedModelError(f"{cls} has the structure of a supported decoder, but its weights are on the meta "
-                                    "device (or absent): the replay cannot be checked against the model's own logits; "
-                                    "load the weights first")
+        raise UnsupportedModelError(
+            f"{cls} has the structure of a supported decoder, but its weights are on the meta "
+            "device (or absent): the replay cannot be checked against the model's own logits; "
+            "load the weights first"
+        )
     key = _fingerprint(model)
     seen = _PROBED.setdefault(model, {})
     if key not in seen:
@@ -521,7 +618,8 @@ def verify(adapter: DecoderAdapter, norms: bool = False) -> DecoderAdapter:
             f"{dev:.1e} relative on a probe input (tolerance {tol:.0e} in {str(p.dtype).replace('torch.', '')}"
             f"{', compared in float32' if p.dtype in (torch.float16, torch.bfloat16) else ''})"
             f"{_unreplayed_config(model)}{_hooked(key[-1])}: the model computes something the replay does not (a "
-            "scaling, a rotary layout or a mask the structure does not show), so it is not explained approximately")
+            "scaling, a rotary layout or a mask the structure does not show), so it is not explained approximately"
+        )
     return adapter
 
 
@@ -535,10 +633,23 @@ def _unreplayed_config(model: nn.Module) -> str:
     """Config values that scale what the replay computes, where not neutral (a hint in the refusal)."""
     cfg = model.config
     neutral = {"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "logits_scaling": 1.0, "logit_scale": 1.0}
-    odd = [f"{k}={getattr(cfg, k)}" for k, v in neutral.items()
-           if isinstance(getattr(cfg, k, None), (int, float)) and getattr(cfg, k) != v]
+    odd = [
+        f"{k}={getattr(cfg, k)}"
+        for k, v in neutral.items()
+        if isinstance(getattr(cfg, k, None), (int, float)) and getattr(cfg, k) != v
+    ]
     return f" (config values the replay does not apply: {', '.join(odd)})" if odd else ""
 
 
-__all__ = ["OpenDecoderAdapter", "open_adapter", "verify", "probe", "unreplayable", "STRUCTURES", "TOLERANCE",
-           "ACTIVATIONS", "ROPE_TYPES", "PROBE_TOKENS"]
+__all__ = [
+    "OpenDecoderAdapter",
+    "open_adapter",
+    "verify",
+    "probe",
+    "unreplayable",
+    "STRUCTURES",
+    "TOLERANCE",
+    "ACTIVATIONS",
+    "ROPE_TYPES",
+    "PROBE_TOKENS",
+]

@@ -2,6 +2,7 @@
 
 Shapes: B batch, N tokens, D width, H heads, d head width, C classes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -289,13 +290,14 @@ class TokenLayout:
 
     def scores(self, row: Tensor) -> Tensor:
         """Token scores from a (B, N) row: the scored tokens, padding set to 0."""
-        row = row[:, self.output_start:]
-        return row if self.mask is None else row * self.mask[:, self.output_start:].to(row.dtype)
+        row = row[:, self.output_start :]
+        return row if self.mask is None else row * self.mask[:, self.output_start :].to(row.dtype)
 
     def ablatable(self) -> Tensor:
         """Positions a token-ablation may remove in every row: every scored token not in ``readout_tokens``."""
-        return torch.tensor([i for i in range(self.output_start, self.num_tokens) if i not in self.readout_tokens],
-                            dtype=torch.long)
+        return torch.tensor(
+            [i for i in range(self.output_start, self.num_tokens) if i not in self.readout_tokens], dtype=torch.long
+        )
 
     def ablation_pairs(self, batch: int, device: torch.device) -> Tensor:
         """(K, 2) the (sample, token) pairs a token ablation removes, sample-major: every real scored token
@@ -317,8 +319,9 @@ class TokenLayout:
         positions = [t - self.output_start for t in self.readout_tokens if t >= self.output_start]
         if not self.readout_minimum_applies or (not positions and self.readout_rows is None):
             return scores
-        mask = torch.ones_like(scores, dtype=torch.bool) if self.mask is None else \
-            self.mask[:, self.output_start:].bool()
+        mask = (
+            torch.ones_like(scores, dtype=torch.bool) if self.mask is None else self.mask[:, self.output_start :].bool()
+        )
         big = torch.finfo(scores.dtype).max
         row_min = torch.where(mask, scores, torch.full_like(scores, big)).min(dim=1).values
         scores = scores.clone()
@@ -330,6 +333,15 @@ class TokenLayout:
         return scores * mask.to(scores.dtype)
 
 
-__all__ = ["AttentionRecord", "BlockRecord", "MlpRecord", "ExpertRun", "MoeRecord", "ReadoutRecord",
-           "EmbeddingRecord", "Trace", "BlockRelevance",
-           "TokenLayout"]
+__all__ = [
+    "AttentionRecord",
+    "BlockRecord",
+    "MlpRecord",
+    "ExpertRun",
+    "MoeRecord",
+    "ReadoutRecord",
+    "EmbeddingRecord",
+    "Trace",
+    "BlockRelevance",
+    "TokenLayout",
+]

@@ -35,6 +35,7 @@ Reusable pieces, for an adapter whose vision tower is a ``SiglipVisionModel`` or
 
 Shapes: B batch, P = N patches (no prefix token), D width, C classes (or P prompts for the similarity).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -96,8 +97,10 @@ def check_siglip_tower(vision_model: ModelPart, name: str) -> None:
     """
     emb = getattr(vision_model, "embeddings", None)
     if not (isinstance(getattr(emb, "patch_embedding", None), nn.Conv2d) or is_siglip2_tower(vision_model)):
-        raise UnsupportedModelError(f"{name}: the vision tower's patch embedding is neither a Conv2d (SigLIP) nor "
-                                    "SigLIP 2's Linear on patchified pixels")
+        raise UnsupportedModelError(
+            f"{name}: the vision tower's patch embedding is neither a Conv2d (SigLIP) nor "
+            "SigLIP 2's Linear on patchified pixels"
+        )
     for i, layer in enumerate(vision_model.encoder.layers):
         att = layer.self_attn
         parts = (att.q_proj, att.k_proj, att.v_proj, att.out_proj, layer.mlp.fc1, layer.mlp.fc2)
@@ -154,8 +157,9 @@ def siglip_patch_conv(vision_model: ModelPart) -> ModelPart:
     return PatchLinearConv(emb.patch_embedding, emb.patch_size, vision_model.config.num_channels)
 
 
-def patches_to_images(pixels: Tensor, spatial_shapes: Tensor, mask: Optional[Tensor], patch_size: int,
-                      channels: int) -> Tensor:
+def patches_to_images(
+    pixels: Tensor, spatial_shapes: Tensor, mask: Optional[Tensor], patch_size: int, channels: int
+) -> Tensor:
     """SigLIP 2's processor output → images: patch vectors ``(B, P_max, p·p·C)`` of one grid ``(h, w)`` for the whole
     batch, the first ``h·w`` of each row real (``pixel_attention_mask`` 1), the rest padding → ``(B, C, h·p, w·p)``.
 
@@ -187,13 +191,17 @@ def patches_to_images(pixels: Tensor, spatial_shapes: Tensor, mask: Optional[Ten
         shapes that do not fit.
     """
     if pixels.dim() != 3 or spatial_shapes.shape != (pixels.shape[0], 2):
-        raise InputError(f"SigLIP 2's inputs: pixel_values (B, P, {channels}·p·p) and spatial_shapes (B, 2); got "
-                         f"{tuple(pixels.shape)} and {tuple(spatial_shapes.shape)}")
+        raise InputError(
+            f"SigLIP 2's inputs: pixel_values (B, P, {channels}·p·p) and spatial_shapes (B, 2); got "
+            f"{tuple(pixels.shape)} and {tuple(spatial_shapes.shape)}"
+        )
     shapes = spatial_shapes.long()
     if not (shapes == shapes[:1]).all():
-        raise InputError(f"the images of one call must share one patch grid; spatial_shapes has "
-                         f"{sorted({tuple(t) for t in shapes.tolist()})}: explain each grid in a call of its own "
-                         "(images of one size, or the processor called per image)")
+        raise InputError(
+            f"the images of one call must share one patch grid; spatial_shapes has "
+            f"{sorted({tuple(t) for t in shapes.tolist()})}: explain each grid in a call of its own "
+            "(images of one size, or the processor called per image)"
+        )
     h, w = (int(v) for v in shapes[0])
     B, P, F = pixels.shape
     p, C = int(patch_size), int(channels)
@@ -201,11 +209,13 @@ def patches_to_images(pixels: Tensor, spatial_shapes: Tensor, mask: Optional[Ten
         raise InputError(f"pixel_values {tuple(pixels.shape)} does not hold a {h}×{w} grid of {p}×{p}×{C} patches")
     if mask is not None:
         expected = torch.zeros(B, P, dtype=torch.long, device=mask.device)
-        expected[:, :h * w] = 1
+        expected[:, : h * w] = 1
         if not torch.equal(mask.long(), expected):
-            raise InputError("pixel_attention_mask must be 1 on the first h·w patches of every image (its grid, "
-                             "spatial_shapes) and 0 on the padding after them")
-    grid = pixels[:, :h * w].reshape(B, h, w, p, p, C)
+            raise InputError(
+                "pixel_attention_mask must be 1 on the first h·w patches of every image (its grid, "
+                "spatial_shapes) and 0 on the padding after them"
+            )
+    grid = pixels[:, : h * w].reshape(B, h, w, p, p, C)
     return grid.permute(0, 5, 1, 3, 2, 4).reshape(B, C, h * p, w * p)
 
 
@@ -268,8 +278,13 @@ def siglip_patch_size(vision_model: ModelPart) -> tuple:
     return (ps, ps) if isinstance(ps, int) else tuple(ps)
 
 
-def siglip_embed(vision_model: ModelPart, images: Tensor, r: Replay = NO_RECORD, track: bool = False,
-                 conv: Optional[ModelPart] = None) -> EmbeddingRecord:
+def siglip_embed(
+    vision_model: ModelPart,
+    images: Tensor,
+    r: Replay = NO_RECORD,
+    track: bool = False,
+    conv: Optional[ModelPart] = None,
+) -> EmbeddingRecord:
     """The tower's input layer: patch convolution, then the position embedding added (no prefix token, no norm).
 
     SigLIP: the position embedding is the model's own ``interpolate_pos_encoding`` for the image size: the stored
@@ -307,16 +322,18 @@ def siglip_embed(vision_model: ModelPart, images: Tensor, r: Replay = NO_RECORD,
         side = emb.position_embedding_size
         h, w = H // conv.stride[0], W // conv.stride[1]
         shapes = torch.tensor([[h, w]] * images.shape[0], device=images.device)
-        pos = emb.resize_positional_embeddings(emb.position_embedding.weight.reshape(side, side, -1), shapes,
-                                               max_length=h * w)  # (B, P, D)
+        pos = emb.resize_positional_embeddings(
+            emb.position_embedding.weight.reshape(side, side, -1), shapes, max_length=h * w
+        )  # (B, P, D)
     else:
         pos = emb.interpolate_pos_encoding(patches, H, W)  # (1, P, D)
     x_pos = r(POS_ADD, torch.add, patches, pos)
     return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=patches, x_pos=x_pos, images=images, patches=patches)
 
 
-def siglip_input_relevance(vision_model: ModelPart, emb: EmbeddingRecord, R0: Tensor, prop: Propagation,
-                           conv: Optional[ModelPart] = None) -> tuple[Tensor, Tensor]:
+def siglip_input_relevance(
+    vision_model: ModelPart, emb: EmbeddingRecord, R0: Tensor, prop: Propagation, conv: Optional[ModelPart] = None
+) -> tuple[Tensor, Tensor]:
     """Relevance of block 0's input → the patches and the pixels: the position add (the patches' share), then
     the zᴮ rule on the patch convolution (docs/METHODS.md §1.13).
 
@@ -371,8 +388,7 @@ class _SiglipTowerAdapter(ViTAdapter):
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         return siglip_embed(self.vision, prepared["images"], r, track, conv=self.patch_conv)
 
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
-                        prepared: dict) -> tuple[Tensor, Tensor]:
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, Tensor]:
         """Block-0 input relevance → patch scores (B, P) and pixels (B, H, W) (:func:`siglip_input_relevance`)."""
         assert trace.embedding is not None, "forward records the embedding"
         return siglip_input_relevance(self.vision, trace.embedding, R0, prop, conv=self.patch_conv)
@@ -389,11 +405,17 @@ class _SiglipTowerAdapter(ViTAdapter):
         value = pixel_values(inputs["pixel_values"])
         if is_siglip2_tower(self.vision) and value.dim() == 3:
             if inputs.get("spatial_shapes") is None:
-                raise InputError("SigLIP 2's patch vectors (B, P, p·p·C) need their grid: pass the processor's "
-                                 "'spatial_shapes' (and 'pixel_attention_mask') with them")
-            value = patches_to_images(value, torch.as_tensor(inputs["spatial_shapes"]),
-                                      inputs.get("pixel_attention_mask"), self.patch_size[0],
-                                      self.patch_conv.in_channels)
+                raise InputError(
+                    "SigLIP 2's patch vectors (B, P, p·p·C) need their grid: pass the processor's "
+                    "'spatial_shapes' (and 'pixel_attention_mask') with them"
+                )
+            value = patches_to_images(
+                value,
+                torch.as_tensor(inputs["spatial_shapes"]),
+                inputs.get("pixel_attention_mask"),
+                self.patch_size[0],
+                self.patch_conv.in_channels,
+            )
         return value
 
 
@@ -438,13 +460,13 @@ class InProjection(LinearView):
     def weight(self) -> Tensor:
         """(D, D): the slice of the packed weight."""
         D = self.out_features
-        return self.owner.in_proj_weight[self.index * D:(self.index + 1) * D]
+        return self.owner.in_proj_weight[self.index * D : (self.index + 1) * D]
 
     @property
     def bias(self) -> Optional[Tensor]:
         """(D,) or ``None`` where the attention has no input bias."""
         b, D = self.owner.in_proj_bias, self.out_features
-        return None if b is None else b[self.index * D:(self.index + 1) * D]
+        return None if b is None else b[self.index * D : (self.index + 1) * D]
 
     def linear_parts(self) -> tuple[Tensor, Optional[Tensor]]:
         return self.weight, self.bias
@@ -494,10 +516,18 @@ class AttentionPoolReadout(Readout):
     from a plain replay of the batch): the pooling's own attention row, as [CLS]'s row is a ViT's.
     """
 
-    def __init__(self, norm: nn.Module, head: ModelPart, head_layers: Sequence[HeadLayer],
-                 probe_attention: Optional[Tensor] = None):
-        self.norm, self.head, self.head_layers = norm, head, [h for h in head_layers
-                                                               if not isinstance(h.module, nn.Identity)]
+    def __init__(
+        self,
+        norm: nn.Module,
+        head: ModelPart,
+        head_layers: Sequence[HeadLayer],
+        probe_attention: Optional[Tensor] = None,
+    ):
+        self.norm, self.head, self.head_layers = (
+            norm,
+            head,
+            [h for h in head_layers if not isinstance(h.module, nn.Identity)],
+        )
         att = head.attention
         self.q, self.k, self.v = (InProjection(att, i) for i in range(3))
         self.num_heads, self.head_dim = int(att.num_heads), int(att.head_dim)
@@ -510,8 +540,10 @@ class AttentionPoolReadout(Readout):
     def weights(self, num_tokens: int) -> Tensor:
         """(B, N): the probe's head-mean attention of the batch."""
         if self.probe_attention is None or self.probe_attention.shape[-1] != num_tokens:
-            raise InputError("the attention-pooling readout's token weights come from a batch: build the readout "
-                             "with adapter.readout_for(prepared)")
+            raise InputError(
+                "the attention-pooling readout's token weights come from a batch: build the readout "
+                "with adapter.readout_for(prepared)"
+            )
         return self.probe_attention.cpu().to(torch.float64)
 
     def row(self, M: Tensor) -> Tensor:
@@ -535,8 +567,11 @@ class AttentionPoolReadout(Readout):
         H, d = self.num_heads, self.head_dim
         att, mlp = self.head.attention, self.head.mlp
         probe = self.head.probe.expand(B, 1, D)
-        lin = {"q": r.module(LINEAR, self.q, probe), "k": r.module(LINEAR, self.k, normed),
-               "v": r.module(LINEAR, self.v, normed)}
+        lin = {
+            "q": r.module(LINEAR, self.q, probe),
+            "k": r.module(LINEAR, self.k, normed),
+            "v": r.module(LINEAR, self.v, normed),
+        }
         q, k, v = (lin[n].reshape(B, -1, H, d).transpose(1, 2) for n in "qkv")
         # torch's multi-head attention scales the queries before the product
         scores = r(MATMUL_QK, matmul, q * (1.0 / d) ** 0.5, k.transpose(-2, -1))  # (B, H, 1, N)
@@ -549,8 +584,27 @@ class AttentionPoolReadout(Readout):
         g = r.module(ELEMENTWISE, mlp.activation_fn, fc1)
         fc2 = r.module(LINEAR, mlp.fc2, g)
         y = r(ADD, plus, lin["proj"], fc2)
-        return PoolRecord(hidden=normed, normed=normed, token=y[:, 0], inputs=[], pooled=y[:, 0], logits=y[:, 0],
-                          probe=probe, lin=lin, q=q, k=k, v=v, A=A, ctx=ctx, o=o, ln=ln, fc1=fc1, g=g, fc2=fc2, y=y)
+        return PoolRecord(
+            hidden=normed,
+            normed=normed,
+            token=y[:, 0],
+            inputs=[],
+            pooled=y[:, 0],
+            logits=y[:, 0],
+            probe=probe,
+            lin=lin,
+            q=q,
+            k=k,
+            v=v,
+            A=A,
+            ctx=ctx,
+            o=o,
+            ln=ln,
+            fc1=fc1,
+            g=g,
+            fc2=fc2,
+            y=y,
+        )
 
     def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> PoolRecord:
         normed = r.norm(self.norm, hidden)
@@ -586,16 +640,19 @@ class AttentionPoolReadout(Readout):
         (R_s,) = prop(SOFTMAX, (), R_A, output=rec.A)
         _, R_kT = prop(MATMUL_QK, (rec.q, rec.k.transpose(-2, -1)), R_s)
         flat = lambda t: t.transpose(1, 2).reshape(B, N, D)  # noqa: E731  (B, H, N, d) -> (B, N, H·d)
-        R_normed = prop.clone(rec.normed, prop.linear(self.k, rec.normed, flat(R_kT.transpose(-2, -1)),
-                                                      out=rec.lin["k"]),
-                              prop.linear(self.v, rec.normed, flat(R_v), out=rec.lin["v"]))
+        R_normed = prop.clone(
+            rec.normed,
+            prop.linear(self.k, rec.normed, flat(R_kT.transpose(-2, -1)), out=rec.lin["k"]),
+            prop.linear(self.v, rec.normed, flat(R_v), out=rec.lin["v"]),
+        )
         return prop.unary(LAYERNORM, rec.hidden, R_normed, self.norm)
 
 
 def similarity_with_bias(weight: Tensor, bias: Tensor) -> nn.Linear:
     """A frozen Linear ``E → P``: the prompts' scaled embeddings (P, E) as rows, ``logit_bias`` (1,) on every one."""
-    lin = torch.nn.utils.skip_init(nn.Linear, weight.shape[1], weight.shape[0], bias=True, device=weight.device,
-                                   dtype=weight.dtype)
+    lin = torch.nn.utils.skip_init(
+        nn.Linear, weight.shape[1], weight.shape[0], bias=True, device=weight.device, dtype=weight.dtype
+    )
     with torch.no_grad():
         lin.weight.copy_(weight)
         lin.bias.copy_(bias.to(weight.dtype).expand(weight.shape[0]))
@@ -616,17 +673,25 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
     def __init__(self, model: ModelPart):
         super().__init__(model)
         if getattr(self.vision, "head", None) is None:
-            raise UnsupportedModelError(f"{type(model).__name__} without the vision pooling head "
-                                        "(vision_use_head=False) has no image embedding to compare")
+            raise UnsupportedModelError(
+                f"{type(model).__name__} without the vision pooling head "
+                "(vision_use_head=False) has no image embedding to compare"
+            )
         D = self.vision.config.hidden_size
         ref = self.vision.post_layernorm.weight
         self.readout = self._readout(torch.zeros(1, D, dtype=ref.dtype, device=ref.device), None)
 
     def _readout(self, prompts: Tensor, probe_attention: Optional[Tensor]) -> AttentionPoolReadout:
         """post_layernorm → pooling head → L2 normalisation → the prompts (P, E) and ``logit_bias``."""
-        return AttentionPoolReadout(self.vision.post_layernorm, self.vision.head, [
-            HeadLayer(LAYERNORM, L2Normalize()),
-            HeadLayer(LINEAR, similarity_with_bias(prompts, self.model.logit_bias))], probe_attention)
+        return AttentionPoolReadout(
+            self.vision.post_layernorm,
+            self.vision.head,
+            [
+                HeadLayer(LAYERNORM, L2Normalize()),
+                HeadLayer(LINEAR, similarity_with_bias(prompts, self.model.logit_bias)),
+            ],
+            probe_attention,
+        )
 
     def readout_for(self, prepared: dict) -> AttentionPoolReadout:
         """The batch's readout: its prompts and its images' probe attention (``prepared``)."""
@@ -635,8 +700,9 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
     def for_inputs(self, inputs) -> Adapter:
         side = inputs.get("explain", "image") if isinstance(inputs, Mapping) else "image"
         if side != "image":
-            raise InputError(f"{type(self.model).__name__} is explained on the image only (explain='image'); "
-                             f"got explain={side!r}")
+            raise InputError(
+                f"{type(self.model).__name__} is explained on the image only (explain='image'); got explain={side!r}"
+            )
         return self
 
     def check_inputs(self, inputs) -> dict:
@@ -648,21 +714,36 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
                 f"{type(self.model).__name__} explains the similarity of images to text prompts: pass the "
                 "processor's output, a dict with 'pixel_values' (B, 3, H, W) and the prompts' 'input_ids' (P, T), "
                 "e.g. processor(text=['a dog', 'a cat'], images=img, padding='max_length', return_tensors='pt'); "
-                f"got {type(inputs).__name__}")
+                f"got {type(inputs).__name__}"
+            )
         prepared = super().check_inputs(self.images(inputs))
         ids, mask = _prompts(inputs)
         dtype = prepared["images"].dtype
         with torch.no_grad(), compute_precision(self.model), eval_semantics(self.model):
             text = self.model.get_text_features(input_ids=ids, attention_mask=inputs.get("attention_mask"))
-            prepared.update(prompt_ids=ids, prompt_mask=mask,
-                            prompt_embeddings=_scaled_embeddings(self.model, text, dtype))
+            prepared.update(
+                prompt_ids=ids, prompt_mask=mask, prompt_embeddings=_scaled_embeddings(self.model, text, dtype)
+            )
             trace = self.forward(prepared)  # the plain replay: the probe's attention of each image
         assert isinstance(trace.readout_record, PoolRecord), "the attention-pooling readout's record"
         prepared["probe_attention"] = trace.readout_record.A.mean(dim=1)[:, 0].detach()
         return prepared
 
 
-__all__ = ["AttentionPoolReadout", "HFSiglipAdapter", "InProjection", "PatchLinearConv", "PoolRecord",
-           "SiglipImageAdapter", "check_siglip_tower", "is_siglip2_tower", "patches_to_images", "siglip_block",
-           "siglip_embed", "siglip_input_relevance", "siglip_patch_conv", "siglip_patch_size",
-           "siglip_vision_blocks"]
+__all__ = [
+    "AttentionPoolReadout",
+    "HFSiglipAdapter",
+    "InProjection",
+    "PatchLinearConv",
+    "PoolRecord",
+    "SiglipImageAdapter",
+    "check_siglip_tower",
+    "is_siglip2_tower",
+    "patches_to_images",
+    "siglip_block",
+    "siglip_embed",
+    "siglip_input_relevance",
+    "siglip_patch_conv",
+    "siglip_patch_size",
+    "siglip_vision_blocks",
+]

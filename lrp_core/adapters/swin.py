@@ -24,6 +24,7 @@ input patch gets an equal share of the score of the merged token that covers it 
 
 Shapes: B batch, N tokens of a stage (row-major over its grid), C width, H heads, A tokens of a window.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,20 +49,21 @@ OUTSIDE = -1e9
 #: Swin V2's bound on the learned per-head logit scale (``log(1 / 0.01)``)
 MAX_LOGIT_SCALE = math.log(1.0 / 0.01)
 
-_LAYER_PRODUCTS = ("attention runs inside local windows and patches are merged between stages, so there is no "
-                   "single token set whose attention matrices can be multiplied across blocks")
+_LAYER_PRODUCTS = (
+    "attention runs inside local windows and patches are merged between stages, so there is no "
+    "single token set whose attention matrices can be multiplied across blocks"
+)
 #: method -> why it is refused on a windowed, hierarchical model
 REFUSED_METHODS = {
     "transformer_attribution": _LAYER_PRODUCTS,
     "generic_attention": _LAYER_PRODUCTS,
     "rollout": _LAYER_PRODUCTS,
     "raw_attention": "the last block's attention is between the last stage's merged tokens, not the input patches",
-    "attention_gradcam": "the last block's attention is between the last stage's merged tokens, not the input "
-                         "patches",
+    "attention_gradcam": "the last block's attention is between the last stage's merged tokens, not the input patches",
     "partial_lrp": "its map is the last block's attention relevance, between the last stage's merged tokens",
     "token_ablation": "the windows and the patch merging need every grid position: a patch token cannot be removed",
     "pa_lrp": "it adds no position encoding to the tokens that could take relevance (its relative position bias is "
-              "a constant inside each window's attention scores)",
+    "a constant inside each window's attention scores)",
 }
 
 
@@ -190,6 +192,7 @@ def window_softmax(slots: Tensor, dtype: Optional[torch.dtype]) -> Callable[[Ten
     A (B, H, N, N), each window's (A, A) block taken out, its softmax computed (in ``dtype`` and cast back, or in
     the scores' dtype) and put back; 0 between windows. The same values as the softmax over whole rows with
     :data:`OUTSIDE` between windows, but with the model's own sums (its round-off, e.g. in float32)."""
+
     def softmax(s: Tensor) -> Tensor:
         at = slots.to(s.device)
         rows, cols = at[:, :, None], at[:, None, :]
@@ -198,6 +201,7 @@ def window_softmax(slots: Tensor, dtype: Optional[torch.dtype]) -> Callable[[Ten
         out = s.new_zeros(s.shape)
         out[:, :, rows, cols] = a
         return out
+
     return softmax
 
 
@@ -205,8 +209,9 @@ def check_windows(where: str, win: Windows, bias_size: tuple) -> None:
     """Refuse a block whose window is not the one its position bias is made for (the model itself fails there)."""
     ws = win.size
     if tuple(ws) != tuple(bias_size):
-        raise UnsupportedModelError(f"{where}: its window {ws} differs from the {tuple(bias_size)} window its "
-                                    "position bias is made for")
+        raise UnsupportedModelError(
+            f"{where}: its window {ws} differs from the {tuple(bias_size)} window its position bias is made for"
+        )
 
 
 def cpb_bias(mlp: nn.Module, table: Tensor, index: Tensor, heads: int, area: int) -> Tensor:
@@ -264,9 +269,16 @@ class SwinAdapter(ViTAdapter):
         a constant of the pass."""
         return torch.clamp(self.logit_scales[b].detach(), max=MAX_LOGIT_SCALE).exp().to(like.dtype)
 
-    def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = NO_RECORD,
-                   keep: bool = True, readout: Optional[Readout] = None,
-                   positions: Optional[Tensor] = None, rows: Optional[Tensor] = None) -> StagedTrace:
+    def run_blocks(
+        self,
+        x0: Tensor,
+        mask: Optional[Tensor] = None,
+        r: Replay = NO_RECORD,
+        keep: bool = True,
+        readout: Optional[Readout] = None,
+        positions: Optional[Tensor] = None,
+        rows: Optional[Tensor] = None,
+    ) -> StagedTrace:
         """Stages of blocks, each stage after the first behind its patch merging, then the mean readout.
 
         ``rows`` is always ``None`` here: the mean readout reads every token, so the last block runs at all of them.
@@ -309,9 +321,17 @@ class SwinAdapter(ViTAdapter):
         return up.reshape(B, h0 * w0) / (f * (w0 // w))
 
     # ----------------------------------------------------------- relevance
-    def _relprop(self, trace: Trace, R_out: Tensor, composite: Composite, stop_block: int, to_input: bool,
-                 prepared: Optional[dict], on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
-                 release: bool) -> BlockRelevance:
+    def _relprop(
+        self,
+        trace: Trace,
+        R_out: Tensor,
+        composite: Composite,
+        stop_block: int,
+        to_input: bool,
+        prepared: Optional[dict],
+        on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
+        release: bool,
+    ) -> BlockRelevance:
         """The explicit pass of :meth:`Adapter.relprop` with the patch mergings: their Linear rule, their
         norm's rule, and the regrouping undone."""
         assert isinstance(trace, StagedTrace)
@@ -321,8 +341,9 @@ class SwinAdapter(ViTAdapter):
         R = trace.readout.relprop(trace.readout_record, R_out, prop)
         B = R.shape[0]
         L = self.num_blocks
-        out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, trace.x0.shape[1], dtype=R.dtype,
-                                                                   device=R.device))
+        out = BlockRelevance(
+            attn=[None] * L, tokens=torch.zeros(B, L, trace.x0.shape[1], dtype=R.dtype, device=R.device)
+        )
         for b in range(L - 1, stop_block - 1, -1):
             assert R is not None, "every block above stop_block passes relevance on"
             out.tokens[:, b] = self.block_tokens(b, R.sum(-1))
@@ -372,8 +393,9 @@ class TimmSwinAdapter(SwinAdapter):
         head = model.head
         pool = getattr(getattr(head, "global_pool", None), "pool_type", None)
         if type(head).__name__ != "ClassifierHead" or pool != "avg" or not is_linear(getattr(head, "fc", None)):
-            raise UnsupportedModelError(f"{name}: the head must be timm's ClassifierHead with global_pool='avg' "
-                                        "and a Linear fc")
+            raise UnsupportedModelError(
+                f"{name}: the head must be timm's ClassifierHead with global_pool='avg' and a Linear fc"
+            )
         self.readout: Readout = MeanReadout(norm=model.norm, head_layers=[HeadLayer(LINEAR, head.fc)], start=0)
         grid = tuple(pe.grid_size)
         self.blocks, self.windows, self.merges, self.logit_scales = [], [], {}, {}
@@ -381,10 +403,13 @@ class TimmSwinAdapter(SwinAdapter):
             if not isinstance(stage.downsample, nn.Identity):
                 ds = stage.downsample
                 if type(ds).__name__ != "PatchMerging" or grid[0] % 2 or grid[1] % 2:
-                    raise UnsupportedModelError(f"{name}: stage {s} must merge 2×2 patches of an even grid "
-                                                f"(PatchMerging), got {type(ds).__name__} on {grid}")
-                self.merges[len(self.blocks)] = Merge(reduction=ds.reduction, norm=ds.norm, grid=grid,
-                                                      norm_first=not self.v2)
+                    raise UnsupportedModelError(
+                        f"{name}: stage {s} must merge 2×2 patches of an even grid "
+                        f"(PatchMerging), got {type(ds).__name__} on {grid}"
+                    )
+                self.merges[len(self.blocks)] = Merge(
+                    reduction=ds.reduction, norm=ds.norm, grid=grid, norm_first=not self.v2
+                )
                 grid = (grid[0] // 2, grid[1] // 2)
             for blk in stage.blocks:
                 b = len(self.blocks)
@@ -402,36 +427,65 @@ class TimmSwinAdapter(SwinAdapter):
         if type(blk).__name__ != block_name or type(blk.attn).__name__ != "WindowAttention":
             raise UnsupportedModelError(f"{where}: only timm's {block_name} with WindowAttention is supported")
         if getattr(blk, "dynamic_mask", False):
-            raise UnsupportedModelError(f"{where}: dynamic masks (always_partition / strict_img_size=False) are not "
-                                        "replayed")
+            raise UnsupportedModelError(
+                f"{where}: dynamic masks (always_partition / strict_img_size=False) are not replayed"
+            )
         a, mlp = blk.attn, blk.mlp
         if type(mlp).__name__ != "Mlp":
             raise UnsupportedModelError(f"{where}: MLP {type(mlp).__name__} is not timm's Mlp")
         spec = MlpSpec(fc1=mlp.fc1, act=mlp.act, fc2=mlp.fc2, mid_norm=mlp.norm)
         heads, d = a.num_heads, a.qkv.out_features // (3 * a.num_heads)
         if not self.v2:
-            return BlockSpec(layout="pre_ln", norm1=blk.norm1, norm2=blk.norm2, mlp=spec,
-                             attn=AttentionSpec(qkv=a.qkv, proj=a.proj, num_heads=heads, head_dim=d, scale=a.scale,
-                                                scale_queries_first=True))
+            return BlockSpec(
+                layout="pre_ln",
+                norm1=blk.norm1,
+                norm2=blk.norm2,
+                mlp=spec,
+                attn=AttentionSpec(
+                    qkv=a.qkv, proj=a.proj, num_heads=heads, head_dim=d, scale=a.scale, scale_queries_first=True
+                ),
+            )
         from .eva import BiasedQkv  # the same fused projection with its attention-added bias
+
         qkv = a.qkv if a.q_bias is None else BiasedQkv(a)
         # post-norm block: norm1 / norm2 act on the branch outputs; the scale is set per pass (logit_scale)
-        return BlockSpec(layout="pre_ln", norm1=IDENTITY, norm2=IDENTITY, post1=blk.norm1, post2=blk.norm2, mlp=spec,
-                         attn=AttentionSpec(qkv=qkv, proj=a.proj, num_heads=heads, head_dim=d, scale=1.0,
-                                            q_norm=COSINE, k_norm=COSINE))
+        return BlockSpec(
+            layout="pre_ln",
+            norm1=IDENTITY,
+            norm2=IDENTITY,
+            post1=blk.norm1,
+            post2=blk.norm2,
+            mlp=spec,
+            attn=AttentionSpec(
+                qkv=qkv, proj=a.proj, num_heads=heads, head_dim=d, scale=1.0, q_norm=COSINE, k_norm=COSINE
+            ),
+        )
 
     def window_terms(self, b: int, like: Tensor) -> tuple[Tensor, Optional[Tensor]]:
         blk = self.windows[b].block
         a = blk.attn
         with torch.no_grad():
             if self.v2:
-                rel = cpb_bias(a.cpb_mlp, a.relative_coords_table, a.relative_position_index, a.num_heads,
-                               blk.window_area)
+                rel = cpb_bias(
+                    a.cpb_mlp, a.relative_coords_table, a.relative_position_index, a.num_heads, blk.window_area
+                )
             else:
                 rel = a._get_rel_pos_bias()[0]  # (H, A, A)
         mask = blk.attn_mask
         return rel.to(like.dtype), None if mask is None else mask.to(like.dtype)
 
 
-__all__ = ["SwinAdapter", "TimmSwinAdapter", "StagedTrace", "MergeRecord", "Merge", "Windows", "CosineNormalize",
-           "REFUSED_METHODS", "window_slots", "window_softmax", "check_windows", "cpb_bias"]
+__all__ = [
+    "SwinAdapter",
+    "TimmSwinAdapter",
+    "StagedTrace",
+    "MergeRecord",
+    "Merge",
+    "Windows",
+    "CosineNormalize",
+    "REFUSED_METHODS",
+    "window_slots",
+    "window_softmax",
+    "check_windows",
+    "cpb_bias",
+]

@@ -20,6 +20,7 @@ patch merging (transformers pads them; the replay does not), images of another s
 
 Shapes: B batch, N tokens of a stage, C width, H heads, A tokens of a window.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -46,22 +47,27 @@ class HFSwinAdapter(SwinAdapter):
         super().__init__(model)
         name = type(model).__name__
         if name not in ("SwinForImageClassification", "Swinv2ForImageClassification"):
-            raise UnsupportedModelError(f"{name}: only SwinForImageClassification and Swinv2ForImageClassification "
-                                        "are replayed")
+            raise UnsupportedModelError(
+                f"{name}: only SwinForImageClassification and Swinv2ForImageClassification are replayed"
+            )
         self.v2 = name == "Swinv2ForImageClassification"
         cfg = model.config
         base = model.swinv2 if self.v2 else model.swin
         emb = base.embeddings
         if emb.position_embeddings is not None:
-            raise UnsupportedModelError(f"{name}: absolute position embeddings (use_absolute_embeddings=True) are "
-                                        "not replayed")
+            raise UnsupportedModelError(
+                f"{name}: absolute position embeddings (use_absolute_embeddings=True) are not replayed"
+            )
         if base.pooler is None or not isinstance(base.pooler, nn.AdaptiveAvgPool1d):
-            raise UnsupportedModelError(f"{name}: the classifier must read the mean of the last stage's tokens "
-                                        "(an AdaptiveAvgPool1d pooler)")
+            raise UnsupportedModelError(
+                f"{name}: the classifier must read the mean of the last stage's tokens (an AdaptiveAvgPool1d pooler)"
+            )
         impl = getattr(cfg, "_attn_implementation", None) or "eager"
         if not self.v2 and impl not in ATTENTION_IMPLEMENTATIONS:
-            raise UnsupportedModelError(f"{name}: attention implementation {impl!r} is not replayed; set "
-                                        f"attn_implementation to one of {sorted(ATTENTION_IMPLEMENTATIONS)}")
+            raise UnsupportedModelError(
+                f"{name}: attention implementation {impl!r} is not replayed; set "
+                f"attn_implementation to one of {sorted(ATTENTION_IMPLEMENTATIONS)}"
+            )
         self.softmax_dtype = None if self.v2 else ATTENTION_IMPLEMENTATIONS[impl]
         pe = emb.patch_embeddings
         self.patch_conv = pe.projection
@@ -79,23 +85,28 @@ class HFSwinAdapter(SwinAdapter):
                 b = len(self.blocks)
                 self.blocks.append(self._block(b, layer))
                 win = self._windows(layer, grid)
-                bias_size = layer.attention.self.window_size if self.v2 else \
-                    layer.attention.relative_position_bias.window_size
+                bias_size = (
+                    layer.attention.self.window_size if self.v2 else layer.attention.relative_position_bias.window_size
+                )
                 check_windows(f"block {b}", win, bias_size)
                 self.blocks[b].attn.pad_tokens = win.pad_tokens
                 if self.softmax_dtype is not None:  # eager: the float32 softmax over each window, as the model sums
-                    self.blocks[b].attn.softmax = window_softmax(window_slots(win, torch.device("cpu")),
-                                                                 self.softmax_dtype)
+                    self.blocks[b].attn.softmax = window_softmax(
+                        window_slots(win, torch.device("cpu")), self.softmax_dtype
+                    )
                 self.windows.append(win)
                 if self.v2:
                     self.logit_scales[b] = layer.attention.self.logit_scale
             if stage.downsample is not None:
                 ds = stage.downsample
                 if grid[0] % 2 or grid[1] % 2:
-                    raise UnsupportedModelError(f"{name}: stage {s} merges patches of the odd grid {grid} "
-                                                "(transformers pads it; the replay does not)")
-                self.merges[len(self.blocks)] = Merge(reduction=ds.reduction, norm=ds.norm, grid=grid,
-                                                      norm_first=not self.v2)
+                    raise UnsupportedModelError(
+                        f"{name}: stage {s} merges patches of the odd grid {grid} "
+                        "(transformers pads it; the replay does not)"
+                    )
+                self.merges[len(self.blocks)] = Merge(
+                    reduction=ds.reduction, norm=ds.norm, grid=grid, norm_first=not self.v2
+                )
                 grid = (grid[0] // 2, grid[1] // 2)
 
     def _windows(self, layer: ModelPart, grid: tuple) -> Windows:
@@ -115,18 +126,44 @@ class HFSwinAdapter(SwinAdapter):
         if not self.v2:
             a = layer.attention
             d = a.head_dim
-            return BlockSpec(layout="pre_ln", norm1=layer.layernorm_before, norm2=layer.layernorm_after, mlp=mlp,
-                             attn=AttentionSpec(q=a.q_proj, k=a.k_proj, v=a.v_proj, proj=a.o_proj,
-                                                num_heads=a.num_attention_heads, head_dim=d, scale=a.scaling,
-                                                softmax_dtype=self.softmax_dtype))
+            return BlockSpec(
+                layout="pre_ln",
+                norm1=layer.layernorm_before,
+                norm2=layer.layernorm_after,
+                mlp=mlp,
+                attn=AttentionSpec(
+                    q=a.q_proj,
+                    k=a.k_proj,
+                    v=a.v_proj,
+                    proj=a.o_proj,
+                    num_heads=a.num_attention_heads,
+                    head_dim=d,
+                    scale=a.scaling,
+                    softmax_dtype=self.softmax_dtype,
+                ),
+            )
         sa = layer.attention.self
         # post-norm: layernorm_before acts on the attention's output, layernorm_after on the MLP's; the scale is
         # the per-head logit scale, set per pass
-        return BlockSpec(layout="pre_ln", norm1=IDENTITY, norm2=IDENTITY, post1=layer.layernorm_before,
-                         post2=layer.layernorm_after, mlp=mlp,
-                         attn=AttentionSpec(q=sa.query, k=sa.key, v=sa.value, proj=layer.attention.output.dense,
-                                            num_heads=sa.num_attention_heads, head_dim=sa.attention_head_size,
-                                            scale=1.0, q_norm=COSINE, k_norm=COSINE))
+        return BlockSpec(
+            layout="pre_ln",
+            norm1=IDENTITY,
+            norm2=IDENTITY,
+            post1=layer.layernorm_before,
+            post2=layer.layernorm_after,
+            mlp=mlp,
+            attn=AttentionSpec(
+                q=sa.query,
+                k=sa.key,
+                v=sa.value,
+                proj=layer.attention.output.dense,
+                num_heads=sa.num_attention_heads,
+                head_dim=sa.attention_head_size,
+                scale=1.0,
+                q_norm=COSINE,
+                k_norm=COSINE,
+            ),
+        )
 
     def window_terms(self, b: int, like: Tensor) -> tuple[Tensor, Optional[Tensor]]:
         win = self.windows[b]
@@ -135,8 +172,13 @@ class HFSwinAdapter(SwinAdapter):
         with torch.no_grad():
             if self.v2:
                 sa = layer.attention.self
-                rel = cpb_bias(sa.continuous_position_bias_mlp, sa.relative_coords_table, sa.relative_position_index,
-                               sa.num_attention_heads, win.size[0] * win.size[1])
+                rel = cpb_bias(
+                    sa.continuous_position_bias_mlp,
+                    sa.relative_coords_table,
+                    sa.relative_position_index,
+                    sa.num_attention_heads,
+                    win.size[0] * win.size[1],
+                )
             else:
                 rel = layer.attention.relative_position_bias()[0]  # (H, A, A)
             mask = None

@@ -11,6 +11,7 @@ reproduces the model's logits to float32 round-off (tested).
 
 Shapes: B batch, N tokens (prefix tokens + P patches), D width, C classes.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -43,14 +44,18 @@ class ViTAdapter(Adapter):
     def check_inputs(self, inputs) -> dict:
         name = type(self.model).__name__
         if isinstance(inputs, dict) or not isinstance(inputs, Tensor):
-            raise InputError(f"{name} explains images: pass a float tensor of shape (B, 3, H, W), "
-                             f"got {type(inputs).__name__}")
+            raise InputError(
+                f"{name} explains images: pass a float tensor of shape (B, 3, H, W), got {type(inputs).__name__}"
+            )
         if inputs.dim() == 3:
-            raise InputError(f"images must be batched (B, 3, H, W); got {tuple(inputs.shape)} — add a batch "
-                             "dimension with images.unsqueeze(0)")
+            raise InputError(
+                f"images must be batched (B, 3, H, W); got {tuple(inputs.shape)} — add a batch "
+                "dimension with images.unsqueeze(0)"
+            )
         if inputs.dim() != 4 or inputs.shape[1] != self.patch_conv.in_channels:
-            raise InputError(f"images must have shape (B, {self.patch_conv.in_channels}, H, W); "
-                             f"got {tuple(inputs.shape)}")
+            raise InputError(
+                f"images must have shape (B, {self.patch_conv.in_channels}, H, W); got {tuple(inputs.shape)}"
+            )
         if inputs.shape[0] == 0:
             raise InputError("the batch is empty (B = 0)")
         if not inputs.is_floating_point():
@@ -58,8 +63,10 @@ class ViTAdapter(Adapter):
         inputs = to_model_dtype(inputs, self.patch_conv.weight.dtype)  # float64 on a float32 model, and back
         H, W = inputs.shape[-2:]
         if self.image_size is not None and (H, W) != tuple(self.image_size):
-            raise InputError(f"{name} expects images of size {self.image_size[0]}\u00d7{self.image_size[1]}, "
-                             f"got {H}\u00d7{W}; resize them (e.g. with the model's preprocess)")
+            raise InputError(
+                f"{name} expects images of size {self.image_size[0]}\u00d7{self.image_size[1]}, "
+                f"got {H}\u00d7{W}; resize them (e.g. with the model's preprocess)"
+            )
         ph, pw = self.patch_size
         if H % ph or W % pw:
             raise InputError(f"image size ({H}, {W}) is not a multiple of the patch size {self.patch_size}")
@@ -70,18 +77,23 @@ class ViTAdapter(Adapter):
     def layout(self, prepared: dict) -> TokenLayout:
         H, W = prepared["images"].shape[-2:]
         grid = (H // self.patch_size[0], W // self.patch_size[1])
-        return TokenLayout(modality="image", num_tokens=self.num_prefix_tokens + grid[0] * grid[1],
-                           output_start=self.num_prefix_tokens, readout_tokens=self.readout.tokens,
-                           grid=grid, image_size=(H, W))
+        return TokenLayout(
+            modality="image",
+            num_tokens=self.num_prefix_tokens + grid[0] * grid[1],
+            output_start=self.num_prefix_tokens,
+            readout_tokens=self.readout.tokens,
+            grid=grid,
+            image_size=(H, W),
+        )
 
     # ------------------------------------------------------------- relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
-                        prepared: dict) -> tuple[Tensor, Tensor]:
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, Tensor]:
         """Block-0 input relevance -> pixels: (norm_pre), drop prefix, position add (token part), (patch norm),
         zᴮ conv (docs/METHODS.md §1.13)."""
         emb = trace.embedding
-        assert emb is not None and emb.x_pos is not None and emb.tokens is not None and emb.patches is not None, \
+        assert emb is not None and emb.x_pos is not None and emb.tokens is not None and emb.patches is not None, (
             "a vision replay records its embedding's tokens, their position sum and the patches (embed)"
+        )
         R = prop.unary(LAYERNORM, emb.x_pos, R0, self.norm_pre)
         P0 = self.num_prefix_tokens  # the prefix tokens' relevance is dropped; the rules are element-wise
         R_patch = R[:, P0:]
@@ -123,7 +135,8 @@ class TimmViTAdapter(ViTAdapter):
             raise UnsupportedModelError(
                 f"{name} with global_pool={model.global_pool!r} is not supported: the readout must be a weighted "
                 "sum of tokens — global_pool='token' ([CLS]) or 'avg' (mean of the patch tokens); attention "
-                "pooling ('map') and max pooling ('max', 'avgmax') are not")
+                "pooling ('map') and max pooling ('max', 'avgmax') are not"
+            )
         pe = model.patch_embed
         if not isinstance(getattr(pe, "proj", None), nn.Conv2d):
             raise UnsupportedModelError(f"{name}: patch embedding {type(pe).__name__} is not a plain Conv2d")
@@ -156,21 +169,37 @@ class TimmViTAdapter(ViTAdapter):
         needed = ("norm1", "attn", "ls1", "norm2", "mlp", "ls2")
         if not all(hasattr(blk, n) for n in needed) or type(blk).__name__ != "Block":
             raise UnsupportedModelError(
-                f"{where}: only timm's pre-norm `Block` (norm1 → attn → ls1, norm2 → mlp → ls2) is supported")
+                f"{where}: only timm's pre-norm `Block` (norm1 → attn → ls1, norm2 → mlp → ls2) is supported"
+            )
         attn, mlp = blk.attn, blk.mlp
         if type(attn).__name__ != "Attention" or not is_linear(getattr(attn, "qkv", None)):
             raise UnsupportedModelError(f"{where}: attention {type(attn).__name__} is not timm's `Attention`")
         if getattr(attn, "gate", None) is not None:
             raise UnsupportedModelError(f"{where}: gated attention is not supported")
-        if not (is_linear(getattr(mlp, "fc1", None)) and is_linear(getattr(mlp, "fc2", None))) \
-                or type(mlp).__name__ != "Mlp":
+        if (
+            not (is_linear(getattr(mlp, "fc1", None)) and is_linear(getattr(mlp, "fc2", None)))
+            or type(mlp).__name__ != "Mlp"
+        ):
             raise UnsupportedModelError(f"{where}: MLP {type(mlp).__name__} is not timm's two-layer `Mlp`")
         return BlockSpec(
-            layout="pre_ln", norm1=blk.norm1, norm2=blk.norm2, ls1=blk.ls1, ls2=blk.ls2,
-            attn=AttentionSpec(qkv=attn.qkv, q_norm=attn.q_norm, k_norm=attn.k_norm,
-                               ctx_norm=getattr(attn, "norm", IDENTITY), proj=attn.proj, num_heads=attn.num_heads,
-                               head_dim=attn.head_dim, scale=attn.scale, scale_queries_first=True),
-            mlp=MlpSpec(fc1=mlp.fc1, act=mlp.act, fc2=mlp.fc2, mid_norm=getattr(mlp, "norm", IDENTITY)))
+            layout="pre_ln",
+            norm1=blk.norm1,
+            norm2=blk.norm2,
+            ls1=blk.ls1,
+            ls2=blk.ls2,
+            attn=AttentionSpec(
+                qkv=attn.qkv,
+                q_norm=attn.q_norm,
+                k_norm=attn.k_norm,
+                ctx_norm=getattr(attn, "norm", IDENTITY),
+                proj=attn.proj,
+                num_heads=attn.num_heads,
+                head_dim=attn.head_dim,
+                scale=attn.scale,
+                scale_queries_first=True,
+            ),
+            mlp=MlpSpec(fc1=mlp.fc1, act=mlp.act, fc2=mlp.fc2, mid_norm=getattr(mlp, "norm", IDENTITY)),
+        )
 
     @property
     def patch_norm(self) -> ModelPart:
@@ -187,8 +216,11 @@ class TimmViTAdapter(ViTAdapter):
         conv = r.module(PATCH_CONV, self.patch_conv, images)  # (B, D, h, w); the size is a multiple of the patch
         patches = conv.flatten(2).transpose(1, 2)  # (B, P, D)
         flat = r.module(LAYERNORM, self.patch_norm, patches)  # the token embeddings gradients are read at
-        prefix = [t.expand(images.shape[0], -1, -1) for t in
-                  (m.cls_token, getattr(m, "dist_token", None), getattr(m, "reg_token", None)) if t is not None]
+        prefix = [
+            t.expand(images.shape[0], -1, -1)
+            for t in (m.cls_token, getattr(m, "dist_token", None), getattr(m, "reg_token", None))
+            if t is not None
+        ]
         # no prefix: the patches themselves, in their layout (a copy would change the round-off of what follows)
         tokens = torch.cat(prefix + [flat], dim=1) if prefix else flat
         pos = self._position_embedding(conv.shape[-2:])
@@ -208,9 +240,14 @@ class TimmViTAdapter(ViTAdapter):
         if m.pos_embed is None or not getattr(m, "dynamic_img_size", False):
             return m.pos_embed
         from timm.layers import resample_abs_pos_embed  # only a timm model gets here
+
         prefix = 0 if getattr(m, "no_embed_class", False) else m.num_prefix_tokens
-        return resample_abs_pos_embed(m.pos_embed, new_size=(int(grid[0]), int(grid[1])),
-                                      old_size=m.patch_embed.grid_size, num_prefix_tokens=prefix)
+        return resample_abs_pos_embed(
+            m.pos_embed,
+            new_size=(int(grid[0]), int(grid[1])),
+            old_size=m.patch_embed.grid_size,
+            num_prefix_tokens=prefix,
+        )
 
 
 # ----------------------------------------------------------------------------
@@ -331,9 +368,13 @@ class HFViTAdapter(ViTAdapter):
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
         q, k, v, proj = hf_attention(layer.attention)
-        return BlockSpec(layout="pre_ln", norm1=layer.layernorm_before, norm2=layer.layernorm_after,
-                         attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d ** -0.5),
-                         mlp=hf_mlp(layer))
+        return BlockSpec(
+            layout="pre_ln",
+            norm1=layer.layernorm_before,
+            norm2=layer.layernorm_after,
+            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d**-0.5),
+            mlp=hf_mlp(layer),
+        )
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         emb = getattr(self.model, self.backbone).embeddings
@@ -344,8 +385,7 @@ class HFViTAdapter(ViTAdapter):
         prefix = [getattr(emb, n).expand(images.shape[0], -1, -1) for n in self.prefix_names]
         tokens = torch.cat(prefix + [patches], dim=1)
         x_pos = r(POS_ADD, torch.add, tokens, self.position_embedding(tokens, images))
-        return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images,
-                               patches=patches)
+        return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
 
     def position_embedding(self, tokens: Tensor, images: Tensor) -> Tensor:
         """(1, N, D) the position embedding added to ``tokens``; fixed image size: the parameter itself."""
@@ -366,5 +406,13 @@ class HFDeiTAdapter(HFViTAdapter):
         return super()._readout(model, base)
 
 
-__all__ = ["ViTAdapter", "TimmViTAdapter", "HFViTAdapter", "HFDeiTAdapter", "hf_attention", "hf_mlp", "hf_layers",
-           "hf_linear_head"]
+__all__ = [
+    "ViTAdapter",
+    "TimmViTAdapter",
+    "HFViTAdapter",
+    "HFDeiTAdapter",
+    "hf_attention",
+    "hf_mlp",
+    "hf_layers",
+    "hf_linear_head",
+]

@@ -30,6 +30,7 @@ not given.
 Shapes: B rows, k images per row, T tokens, D the language model's width, N_v the tower's tokens, D_v its width,
 P image tokens per image, (h, w) the patch grid.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -63,8 +64,8 @@ TEXT_FAMILIES = {
 #: methods without a meaning on a VLM, and why
 VLM_REFUSED_METHODS = {
     "pa_lrp": "its positional relevance is one (B, T) map over the position encodings of one token set; a VLM has "
-              "two (the vision tower's position embedding over the patch grid and the language model's rotary "
-              "positions over the sequence). Use attnlrp or cp_lrp",
+    "two (the vision tower's position embedding over the patch grid and the language model's rotary "
+    "positions over the sequence). Use attnlrp or cp_lrp",
 }
 
 
@@ -84,8 +85,9 @@ class LanguageModelView(nn.Module):
         return self.model.get_input_embeddings()
 
 
-def text_adapter(stack: ModelPart, head: nn.Module, config: Any,
-                 families: Optional[Mapping[str, tuple]] = None) -> DecoderAdapter:
+def text_adapter(
+    stack: ModelPart, head: nn.Module, config: Any, families: Optional[Mapping[str, tuple]] = None
+) -> DecoderAdapter:
     """The decoder adapter of a VLM's language model, chosen by the text config's ``model_type``.
 
     Parameters
@@ -113,8 +115,10 @@ def text_adapter(stack: ModelPart, head: nn.Module, config: Any,
     families = TEXT_FAMILIES if families is None else families
     kind = getattr(config, "model_type", None)
     if not isinstance(kind, str) or kind not in families:  # a model_type is a str (the keys' type)
-        raise UnsupportedModelError(f"its language model is {kind!r}; the language models explained inside this "
-                                    f"vision-language model are {', '.join(families)}")
+        raise UnsupportedModelError(
+            f"its language model is {kind!r}; the language models explained inside this "
+            f"vision-language model are {', '.join(families)}"
+        )
     module, cls = families[kind]
     return getattr(importlib.import_module(f"{__package__}.{module}"), cls)(LanguageModelView(stack, head, config))
 
@@ -146,8 +150,14 @@ class VisionTower(ViTAdapter):
         """The tower's tokens: the prefix, then the patches in raster order."""
         H, W = prepared["images"].shape[-2:]
         grid = (H // self.patch_size[0], W // self.patch_size[1])
-        return TokenLayout(modality="image", num_tokens=self.num_prefix_tokens + grid[0] * grid[1],
-                           output_start=self.num_prefix_tokens, readout_tokens=(), grid=grid, image_size=(H, W))
+        return TokenLayout(
+            modality="image",
+            num_tokens=self.num_prefix_tokens + grid[0] * grid[1],
+            output_start=self.num_prefix_tokens,
+            readout_tokens=(),
+            grid=grid,
+            image_size=(H, W),
+        )
 
 
 class CLIPVisionTower(VisionTower):
@@ -201,8 +211,10 @@ class Dinov2VisionTower(VisionTower):
 
     def __init__(self, model: ModelPart, layers: int):
         if getattr(model.config, "use_swiglu_ffn", False):
-            raise UnsupportedModelError("a DINOv2 vision tower with use_swiglu_ffn=True (DINOv2 giant) multiplies two "
-                                        "activations in its MLP, which the block description does not cover")
+            raise UnsupportedModelError(
+                "a DINOv2 vision tower with use_swiglu_ffn=True (DINOv2 giant) multiplies two "
+                "activations in its MLP, which the block description does not cover"
+            )
         pe = model.embeddings.patch_embeddings
         self.patch_conv = pe.projection
         ps = pe.patch_size
@@ -220,10 +232,15 @@ class Dinov2VisionTower(VisionTower):
         H = cfg.num_attention_heads
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
         q, k, v, proj = hf_attention(layer.attention)
-        return BlockSpec(layout="pre_ln", norm1=layer.norm1, norm2=layer.norm2, ls1=layer.layer_scale1,
-                         ls2=layer.layer_scale2,
-                         attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d ** -0.5),
-                         mlp=hf_mlp(layer))
+        return BlockSpec(
+            layout="pre_ln",
+            norm1=layer.norm1,
+            norm2=layer.norm2,
+            ls1=layer.layer_scale1,
+            ls2=layer.layer_scale2,
+            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d**-0.5),
+            mlp=hf_mlp(layer),
+        )
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """``Dinov2Embeddings`` at inference (no mask token, dropout an identity)."""
@@ -272,8 +289,9 @@ class SiglipVisionTower(VisionTower):
 
 
 #: the vision towers replayed, by class name
-TOWERS: dict[str, type[VisionTower]] = {cls.tower_class: cls for cls in (CLIPVisionTower, Dinov2VisionTower,
-                                                                          SiglipVisionTower)}
+TOWERS: dict[str, type[VisionTower]] = {
+    cls.tower_class: cls for cls in (CLIPVisionTower, Dinov2VisionTower, SiglipVisionTower)
+}
 
 
 def vision_tower(module: nn.Module, feature_layer: int) -> VisionTower:
@@ -304,12 +322,15 @@ def vision_tower(module: nn.Module, feature_layer: int) -> VisionTower:
     cls = TOWERS[name]
     depth = len(cls.layers_of(module))
     if not -(depth + 1) <= feature_layer <= depth:
-        raise UnsupportedModelError(f"vision_feature_layer={feature_layer} is outside the tower's {depth + 1} hidden "
-                                    "states")
+        raise UnsupportedModelError(
+            f"vision_feature_layer={feature_layer} is outside the tower's {depth + 1} hidden states"
+        )
     layers = feature_layer % (depth + 1)
     if layers == depth and getattr(module.config, "tie_last_hidden_states", None):
-        raise UnsupportedModelError("the vision config sets tie_last_hidden_states, so the last hidden state is read "
-                                    "after the tower's final norm, which the replay does not run")
+        raise UnsupportedModelError(
+            "the vision config sets tie_last_hidden_states, so the last hidden state is read "
+            "after the tower's final norm, which the replay does not run"
+        )
     return cls(module, layers)
 
 
@@ -371,9 +392,11 @@ class VLMAdapter(Adapter):
         super().__init__(model)
         if not type(model).__module__.startswith("transformers."):
             # a decoder subclass is checked against its own logits on a text probe; a VLM's needs an image too
-            raise UnsupportedModelError(f"{type(model).__name__} subclasses a vision-language model outside "
-                                        "transformers and may compute something else, which no probe checks here: "
-                                        "explain transformers' own class (load the weights into it)")
+            raise UnsupportedModelError(
+                f"{type(model).__name__} subclasses a vision-language model outside "
+                "transformers and may compute something else, which no probe checks here: "
+                "explain transformers' own class (load the weights into it)"
+            )
         stack, head, text_config, tower, feature_layer = self._parts()
         self.text = text_adapter(stack, head, text_config, self.text_families)
         self.blocks = self.text.blocks
@@ -396,8 +419,12 @@ class VLMAdapter(Adapter):
         dict
             The same names, each (B, T + n): the n new columns hold the family's value for a generated token.
         """
-        return {name: torch.cat([v, torch.full(new_tokens.shape, self.generated_token_values[name], dtype=v.dtype,
-                                                device=v.device)], 1) for name, v in entries.items()}
+        return {
+            name: torch.cat(
+                [v, torch.full(new_tokens.shape, self.generated_token_values[name], dtype=v.dtype, device=v.device)], 1
+            )
+            for name, v in entries.items()
+        }
 
     # ------------------------------------------------------------ the family's part
     def _parts(self) -> tuple[ModelPart, ModelPart, Any, ModelPart, int]:
@@ -439,23 +466,33 @@ class VLMAdapter(Adapter):
         ``prepared["pixel_values"]`` is (B, k, 3, H, W)."""
         name = type(self.model).__name__
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
-            raise InputError(f"{name} explains a text with an image: pass the processor's output, a dict with "
-                             "'input_ids', 'attention_mask' and 'pixel_values', e.g. processor(images=image, "
-                             f"text=prompt, return_tensors='pt'); got {type(inputs).__name__}")
+            raise InputError(
+                f"{name} explains a text with an image: pass the processor's output, a dict with "
+                "'input_ids', 'attention_mask' and 'pixel_values', e.g. processor(images=image, "
+                f"text=prompt, return_tensors='pt'); got {type(inputs).__name__}"
+            )
         if inputs.get("pixel_values") is None:
-            raise InputError(f"{name}: 'pixel_values' is missing. Pass the image with the text (the processor's "
-                             "output); to explain a text alone, explain the language model on its own")
-        refused = {**REFUSED_INPUTS, **{k: f"the replay reads the model's config ({k} = "
-                                           f"{getattr(self.model.config, k, None)!r}); pass none"
-                                        for k in ("vision_feature_layer", "vision_feature_select_strategy")}}
+            raise InputError(
+                f"{name}: 'pixel_values' is missing. Pass the image with the text (the processor's "
+                "output); to explain a text alone, explain the language model on its own"
+            )
+        refused = {
+            **REFUSED_INPUTS,
+            **{
+                k: f"the replay reads the model's config ({k} = {getattr(self.model.config, k, None)!r}); pass none"
+                for k in ("vision_feature_layer", "vision_feature_select_strategy")
+            },
+        }
         input_keys(inputs, name, self.text.honoured_inputs + self.image_inputs, refused, NO_EFFECT)
         prepared = self.text.check_inputs({k: inputs[k] for k in self.text.honoured_inputs if k in inputs})
         images = self.tower.check_inputs(pixel_values(inputs["pixel_values"]))["images"]
         ids, mask = prepared["input_ids"], prepared["attention_mask"]
         B = ids.shape[0]
         if images.shape[0] % B:
-            raise InputError(f"pixel_values holds {images.shape[0]} images for {B} rows of input_ids: every row "
-                             "must hold the same number of images (the processor stacks them in row order)")
+            raise InputError(
+                f"pixel_values holds {images.shape[0]} images for {B} rows of input_ids: every row "
+                "must hold the same number of images (the processor stacks them in row order)"
+            )
         k = images.shape[0] // B
         grid = self.tower.layout({"images": images}).grid
         assert grid is not None, "an image layout has its patch grid"
@@ -464,18 +501,22 @@ class VLMAdapter(Adapter):
         counts = placeholders.sum(dim=1)
         bad = torch.nonzero(counts != k * P).flatten().tolist()
         if bad:
-            raise InputError(f"row {bad[0]} holds {int(counts[bad[0]])} image tokens (id {self.image_token_id}), "
-                             f"but its {k} image(s) of {tuple(images.shape[-2:])} pixels give {k} × {P} features: "
-                             "put the processor's image tokens in the text (processor(images=..., text=...)), the "
-                             "same number of images in every row")
+            raise InputError(
+                f"row {bad[0]} holds {int(counts[bad[0]])} image tokens (id {self.image_token_id}), "
+                f"but its {k} image(s) of {tuple(images.shape[-2:])} pixels give {k} × {P} features: "
+                "put the processor's image tokens in the text (processor(images=..., text=...)), the "
+                "same number of images in every row"
+            )
         if bool((placeholders & (mask == 0)).any()):
             raise InputError("an image token is padding (attention_mask 0): the image tokens must be real tokens")
         sizes = inputs.get("image_sizes")
         if sizes is not None:
             sizes = torch.as_tensor(sizes).cpu()
             if sizes.shape != (B * k, 2) or not bool((sizes == torch.tensor(images.shape[-2:])).all()):
-                raise InputError(f"image_sizes must give each image's own size {tuple(images.shape[-2:])} "
-                                 f"({B * k}, 2): images cropped or padded inside pixel_values are not explained")
+                raise InputError(
+                    f"image_sizes must give each image's own size {tuple(images.shape[-2:])} "
+                    f"({B * k}, 2): images cropped or padded inside pixel_values are not explained"
+                )
         return {**prepared, "pixel_values": images.reshape(B, k, *images.shape[1:])}
 
     def take(self, prepared: dict, rows: Tensor, n: Optional[int] = None) -> dict:
@@ -502,12 +543,14 @@ class VLMAdapter(Adapter):
         per_image = self.patch_tokens(grid).to(ids.device)
         carriers = torch.cat([per_image + j * P for j in range(images.shape[1])])
         positions = where.gather(1, carriers[None].expand(ids.shape[0], -1))
-        return replace(self.text.layout(prepared), grid=grid, image_size=tuple(images.shape[-2:]),
-                       image_tokens=positions)
+        return replace(
+            self.text.layout(prepared), grid=grid, image_size=tuple(images.shape[-2:]), image_tokens=positions
+        )
 
     # ------------------------------------------------------------ forward
-    def block_context(self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor],
-                      fused: bool = False) -> list:
+    def block_context(
+        self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor], fused: bool = False
+    ) -> list:
         return self.text.block_context(x0, mask, positions, fused)
 
     def tower_inputs(self, prepared: dict, images: Tensor) -> dict:
@@ -566,13 +609,22 @@ class VLMAdapter(Adapter):
         words = self.text.embed_tokens(ids)
         image_mask = ids == self.image_token_id
         x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
-        return VLMEmbeddingRecord(x0=x0, embeds=x0, images=images if k == 1 else None, vision=vision,
-                                  vision_blocks=records,
-                                  selected=selected, connector=connector, features=features, image_mask=image_mask)
+        return VLMEmbeddingRecord(
+            x0=x0,
+            embeds=x0,
+            images=images if k == 1 else None,
+            vision=vision,
+            vision_blocks=records,
+            selected=selected,
+            connector=connector,
+            features=features,
+            image_mask=image_mask,
+        )
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation,
-                        prepared: dict) -> tuple[Tensor, Optional[Tensor]]:
+    def input_relevance(
+        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict
+    ) -> tuple[Tensor, Optional[Tensor]]:
         """Token scores: the relevance of every position's embedding, summed over channels (padding 0); pixels
         (one image per row, else ``None``): the image tokens' relevance back through the connector, the tower's
         blocks (the explicit pass) and its embedding (:meth:`ViTAdapter.input_relevance`)."""
@@ -591,6 +643,17 @@ class VLMAdapter(Adapter):
         return scores, pixels
 
 
-__all__ = ["VLMAdapter", "VisionTower", "CLIPVisionTower", "Dinov2VisionTower", "SiglipVisionTower",
-           "LanguageModelView", "VLMEmbeddingRecord", "TEXT_FAMILIES", "TOWERS", "VLM_REFUSED_METHODS", "text_adapter",
-           "vision_tower"]
+__all__ = [
+    "VLMAdapter",
+    "VisionTower",
+    "CLIPVisionTower",
+    "Dinov2VisionTower",
+    "SiglipVisionTower",
+    "LanguageModelView",
+    "VLMEmbeddingRecord",
+    "TEXT_FAMILIES",
+    "TOWERS",
+    "VLM_REFUSED_METHODS",
+    "text_adapter",
+    "vision_tower",
+]

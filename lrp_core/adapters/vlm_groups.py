@@ -22,6 +22,7 @@ token's column goes, the other tokens keep their groups).
 
 Shapes: B rows, T tokens.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,8 +40,14 @@ from .records import Trace
 from .vlm import VLMAdapter
 
 
-def grouped_bias(mask: Tensor, positions: Tensor, groups: Tensor, window: Optional[int], window_bounds_groups: bool,
-                 dtype: torch.dtype) -> Tensor:
+def grouped_bias(
+    mask: Tensor,
+    positions: Tensor,
+    groups: Tensor,
+    window: Optional[int],
+    window_bounds_groups: bool,
+    dtype: torch.dtype,
+) -> Tensor:
     """The additive attention mask with bidirectional groups: 0 where query i may attend key j, the dtype's minimum
     elsewhere (the module docstring's rule). A padding query row attends itself only, as
     :func:`~lrp_core.adapters.decoder.causal_bias` has it (its output reaches no real token).
@@ -130,8 +137,10 @@ class GroupedAttentionVLM(VLMAdapter):
             if types.dim() == 1 and ids.shape[0] == 1:
                 types = types[None]
             if types.shape != ids.shape or types.is_floating_point() or types.is_complex():
-                raise InputError(f"token_type_ids must be integers of the shape of input_ids {tuple(ids.shape)} (the "
-                                 f"processor's, one type per token); got {tuple(types.shape)} {types.dtype}")
+                raise InputError(
+                    f"token_type_ids must be integers of the shape of input_ids {tuple(ids.shape)} (the "
+                    f"processor's, one type per token); got {tuple(types.shape)} {types.dtype}"
+                )
             groups = self.groups_of(types.long())
         return {**prepared, "attention_groups": groups}
 
@@ -140,8 +149,9 @@ class GroupedAttentionVLM(VLMAdapter):
         head = super().readout_for(prepared)
         groups = prepared.get("attention_groups")
         if groups is None:
-            raise InputError(f"{type(self.model).__name__}: the batch has no attention groups; prepare it with "
-                             "adapter.check_inputs")
+            raise InputError(
+                f"{type(self.model).__name__}: the batch has no attention groups; prepare it with adapter.check_inputs"
+            )
         return GroupedPositionReadout(head.norm, head.head_layers, head.positions, groups)
 
     def at_position(self, prepared: dict, position) -> dict:
@@ -152,18 +162,27 @@ class GroupedAttentionVLM(VLMAdapter):
         read = out["read_at"].argmax(dim=-1)
         for b in range(groups.shape[0]):
             p, g = int(read[b]), int(groups[b, read[b]])
-            later = (groups[b, p + 1:] == g) & (mask[b, p + 1:] != 0)
+            later = (groups[b, p + 1 :] == g) & (mask[b, p + 1 :] != 0)
             if g >= 0 and bool(later.any()):
-                raise InputError(f"position {p} of row {b} lies in a group of tokens that attend each other in both "
-                                 f"directions (token_type_ids: {self.group_name}) and token "
-                                 f"{p + 1 + int(later.nonzero()[0, 0])} of that group comes after it, so the "
-                                 "prediction there reads later tokens too: name a position after the group (or its "
-                                 "last token)")
+                raise InputError(
+                    f"position {p} of row {b} lies in a group of tokens that attend each other in both "
+                    f"directions (token_type_ids: {self.group_name}) and token "
+                    f"{p + 1 + int(later.nonzero()[0, 0])} of that group comes after it, so the "
+                    "prediction there reads later tokens too: name a position after the group (or its "
+                    "last token)"
+                )
         return out
 
-    def run_blocks(self, x0: Tensor, mask: Optional[Tensor] = None, r: Replay = NO_RECORD, keep: bool = True,
-                   readout: Optional[Any] = None, positions: Optional[Tensor] = None,
-                   rows: Optional[Tensor] = None) -> Trace:
+    def run_blocks(
+        self,
+        x0: Tensor,
+        mask: Optional[Tensor] = None,
+        r: Replay = NO_RECORD,
+        keep: bool = True,
+        readout: Optional[Any] = None,
+        positions: Optional[Tensor] = None,
+        rows: Optional[Tensor] = None,
+    ) -> Trace:
         """:meth:`Adapter.run_blocks` with every block's mask built from the readout's attention groups
         (:func:`grouped_bias`) where any token is in a group; the plain causal masks otherwise."""
         head = self.readout if readout is None else readout
@@ -175,14 +194,17 @@ class GroupedAttentionVLM(VLMAdapter):
         view.block_context = functools.partial(self._grouped_context, groups=groups)  # type: ignore[method-assign]
         return super(GroupedAttentionVLM, view).run_blocks(x0, mask, r, keep, readout, positions, rows)
 
-    def _grouped_context(self, x0: Tensor, mask: Tensor, positions: Optional[Tensor], fused: bool = False, *,
-                         groups: Tensor) -> list:
+    def _grouped_context(
+        self, x0: Tensor, mask: Tensor, positions: Optional[Tensor], fused: bool = False, *, groups: Tensor
+    ) -> list:
         """Per block (bias, rope): the text decoder's rotary tables, the masks of :func:`grouped_bias`."""
         context = self.text.block_context(x0, mask, positions, False)
         if positions is None:
             positions = position_ids(mask)
-        biases = {w: grouped_bias(mask, positions, groups, w, self.window_bounds_groups, x0.dtype)
-                  for w in {s.attn.window for s in self.blocks}}
+        biases = {
+            w: grouped_bias(mask, positions, groups, w, self.window_bounds_groups, x0.dtype)
+            for w in {s.attn.window for s in self.blocks}
+        }
         return [(biases[s.attn.window], rope) for s, (_, rope) in zip(self.blocks, context)]
 
 

@@ -12,6 +12,7 @@
 - :class:`ImageSet`, :class:`TextSet`, :func:`scene_sets`, :func:`dinov2_scene_sets`: evaluation data;
   :func:`load_data_folder`: your own images with masks, or texts with rationales.
 """
+
 from __future__ import annotations
 
 from .facts import FactRecord, make_facts
@@ -20,22 +21,43 @@ from .photos import compose_pair, list_images, sample_image
 from .rationales import RationaleRecord, load_rationales
 from .scenes import CLASS_NAMES, IMAGE_SIZE, MEAN, STD, Scenes, make_scenes, normalize
 from .sets import (
-                   BUILTIN_IMAGE_SETS,
-                   SCENE_SEED,
-                   ImageSet,
-                   TextSet,
-                   as_record,
-                   dinov2_scene_sets,
-                   label_id,
-                   rationale_set,
-                   scene_sets,
+    BUILTIN_IMAGE_SETS,
+    SCENE_SEED,
+    ImageSet,
+    TextSet,
+    as_record,
+    dinov2_scene_sets,
+    label_id,
+    rationale_set,
+    scene_sets,
 )
 from .vqa import VQARecord, make_vqa
 
 __all__ = [
-    "CLASS_NAMES", "IMAGE_SIZE", "MEAN", "STD", "Scenes", "make_scenes", "normalize",
-    "sample_image", "list_images", "compose_pair", "load_rationales",
-    "RationaleRecord", "ImageSet", "TextSet", "SCENE_SEED", "BUILTIN_IMAGE_SETS",
-    "scene_sets", "dinov2_scene_sets", "rationale_set", "label_id", "as_record", "load_data_folder",
-    "FactRecord", "make_facts", "VQARecord", "make_vqa",
+    "CLASS_NAMES",
+    "IMAGE_SIZE",
+    "MEAN",
+    "STD",
+    "Scenes",
+    "make_scenes",
+    "normalize",
+    "sample_image",
+    "list_images",
+    "compose_pair",
+    "load_rationales",
+    "RationaleRecord",
+    "ImageSet",
+    "TextSet",
+    "SCENE_SEED",
+    "BUILTIN_IMAGE_SETS",
+    "scene_sets",
+    "dinov2_scene_sets",
+    "rationale_set",
+    "label_id",
+    "as_record",
+    "load_data_folder",
+    "FactRecord",
+    "make_facts",
+    "VQARecord",
+    "make_vqa",
 ]

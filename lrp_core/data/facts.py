@@ -12,6 +12,7 @@ Text is plain words and punctuation separated as a word-level tokenizer splits
 them (``\\w+`` runs and single punctuation marks), so the evidence maps onto whole
 tokens and a record can give both its character spans and its token positions.
 """
+
 from __future__ import annotations
 
 import random
@@ -21,27 +22,85 @@ from typing import Sequence
 
 from ..errors import InputError
 
-NAMES = ("Anna", "Boris", "Carla", "David", "Elena", "Felix", "Greta", "Hugo", "Ines", "Jonas", "Karin", "Leo",
-         "Maria", "Nils", "Olga", "Paul", "Rosa", "Sven", "Tara", "Umar", "Vera", "Walter", "Yara", "Zeno")
+NAMES = (
+    "Anna",
+    "Boris",
+    "Carla",
+    "David",
+    "Elena",
+    "Felix",
+    "Greta",
+    "Hugo",
+    "Ines",
+    "Jonas",
+    "Karin",
+    "Leo",
+    "Maria",
+    "Nils",
+    "Olga",
+    "Paul",
+    "Rosa",
+    "Sven",
+    "Tara",
+    "Umar",
+    "Vera",
+    "Walter",
+    "Yara",
+    "Zeno",
+)
 
 #: the kinds of fact: values, ways of stating a fact, ways of asking for it. ``{n}`` a name, ``{v}`` a value.
 RELATIONS = {
-    "city": (("Rome", "Oslo", "Paris", "Lima", "Cairo", "Tokyo", "Delhi", "Berlin", "Madrid", "Vienna", "Dublin",
-              "Quito", "Seoul", "Nairobi", "Prague", "Lisbon"),
-             ("{n} lives in {v}.", "{n} moved to {v}.", "The home of {n} is {v}."),
-             ("Where does {n} live?", "In which city does {n} live?")),
-    "colour": (("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink", "brown", "grey",
-                "gold"),
-               ("{n} likes the colour {v}.", "The favourite colour of {n} is {v}.", "{n} paints everything {v}."),
-               ("Which colour does {n} like?", "What is the favourite colour of {n}?")),
-    "pet": (("cat", "dog", "horse", "parrot", "rabbit", "turtle", "goat", "hamster", "snake", "duck", "pony",
-             "lizard"),
-            ("{n} has a {v}.", "{n} keeps a {v} at home.", "The pet of {n} is a {v}."),
-            ("Which pet does {n} have?", "What animal does {n} keep?")),
-    "job": (("baker", "doctor", "pilot", "farmer", "teacher", "painter", "lawyer", "nurse", "singer", "driver",
-             "judge", "chef"),
-            ("{n} works as a {v}.", "{n} is a {v} by trade.", "The job of {n} is {v}."),
-            ("What does {n} do for a living?", "Which job does {n} have?")),
+    "city": (
+        (
+            "Rome",
+            "Oslo",
+            "Paris",
+            "Lima",
+            "Cairo",
+            "Tokyo",
+            "Delhi",
+            "Berlin",
+            "Madrid",
+            "Vienna",
+            "Dublin",
+            "Quito",
+            "Seoul",
+            "Nairobi",
+            "Prague",
+            "Lisbon",
+        ),
+        ("{n} lives in {v}.", "{n} moved to {v}.", "The home of {n} is {v}."),
+        ("Where does {n} live?", "In which city does {n} live?"),
+    ),
+    "colour": (
+        ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "pink", "brown", "grey", "gold"),
+        ("{n} likes the colour {v}.", "The favourite colour of {n} is {v}.", "{n} paints everything {v}."),
+        ("Which colour does {n} like?", "What is the favourite colour of {n}?"),
+    ),
+    "pet": (
+        ("cat", "dog", "horse", "parrot", "rabbit", "turtle", "goat", "hamster", "snake", "duck", "pony", "lizard"),
+        ("{n} has a {v}.", "{n} keeps a {v} at home.", "The pet of {n} is a {v}."),
+        ("Which pet does {n} have?", "What animal does {n} keep?"),
+    ),
+    "job": (
+        (
+            "baker",
+            "doctor",
+            "pilot",
+            "farmer",
+            "teacher",
+            "painter",
+            "lawyer",
+            "nurse",
+            "singer",
+            "driver",
+            "judge",
+            "chef",
+        ),
+        ("{n} works as a {v}.", "{n} is a {v} by trade.", "The job of {n} is {v}."),
+        ("What does {n} do for a living?", "Which job does {n} have?"),
+    ),
 }
 
 ANSWER_CUE = "Answer:"
@@ -116,9 +175,16 @@ def _record(rng: random.Random, n_facts: tuple[int, int]) -> FactRecord:
     prompt = " ".join(parts + [rng.choice(asks).format(n=people[asked]), ANSWER_CUE])
     words = words_of(prompt)
     evidence_words = [i for i, (_, s, e) in enumerate(words) if (s, e) in spans]
-    return FactRecord(prompt=prompt, answer=vals[asked], evidence=spans, evidence_words=evidence_words,
-                      words=[w for w, _, _ in words], relation=relation, subject=people[asked],
-                      distractors=[v for i, v in enumerate(vals) if i != asked])
+    return FactRecord(
+        prompt=prompt,
+        answer=vals[asked],
+        evidence=spans,
+        evidence_words=evidence_words,
+        words=[w for w, _, _ in words],
+        relation=relation,
+        subject=people[asked],
+        distractors=[v for i, v in enumerate(vals) if i != asked],
+    )
 
 
 #: the most facts a prompt can hold: every fact needs its own person and its own value
@@ -156,11 +222,15 @@ def make_facts(n: int, seed: int = 0, n_facts: tuple[int, int] = (MIN_FACTS, MAX
         raise InputError(f"n must be a non-negative integer (how many prompts), got {n!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InputError(f"seed must be an integer, got {seed!r}")
-    ok = (isinstance(n_facts, tuple) and len(n_facts) == 2
-          and all(isinstance(k, int) and not isinstance(k, bool) for k in n_facts))
+    ok = (
+        isinstance(n_facts, tuple)
+        and len(n_facts) == 2
+        and all(isinstance(k, int) and not isinstance(k, bool) for k in n_facts)
+    )
     if not ok or not 1 <= n_facts[0] <= n_facts[1] <= _MOST_FACTS:
-        raise InputError(f"n_facts must be a pair of integers (lo, hi) with 1 <= lo <= hi <= {_MOST_FACTS}, "
-                         f"got {n_facts!r}")
+        raise InputError(
+            f"n_facts must be a pair of integers (lo, hi) with 1 <= lo <= hi <= {_MOST_FACTS}, got {n_facts!r}"
+        )
     return [_record(random.Random(f"facts-{seed}-{i}"), n_facts) for i in range(n)]
 
 
@@ -179,9 +249,7 @@ def evidence_tokens(record: FactRecord, offsets: Sequence[tuple[int, int]]) -> l
     list[int]
         The positions of the overlapping tokens, ascending.
     """
-    return [i for i, (s, e) in enumerate(offsets)
-            if e > s and any(s < b and a < e for a, b in record.evidence)]
+    return [i for i, (s, e) in enumerate(offsets) if e > s and any(s < b and a < e for a, b in record.evidence)]
 
 
-__all__ = ["FactRecord", "make_facts", "vocabulary", "words_of", "evidence_tokens", "RELATIONS", "NAMES",
-           "ANSWER_CUE"]
+__all__ = ["FactRecord", "make_facts", "vocabulary", "words_of", "evidence_tokens", "RELATIONS", "NAMES", "ANSWER_CUE"]

@@ -15,6 +15,7 @@
   "rationale": [0/1 per word], "label": int|name}`` per line (``"text"``
   optional, default: words joined by spaces).
 """
+
 from __future__ import annotations
 
 import csv
@@ -34,22 +35,26 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 @overload
-def load_data_folder(path: str | Path, kind: Literal["image"], preprocess: Any = None,
-                     labels: Sequence[str] = (), split: str = "val") -> ImageSet: ...
+def load_data_folder(
+    path: str | Path, kind: Literal["image"], preprocess: Any = None, labels: Sequence[str] = (), split: str = "val"
+) -> ImageSet: ...
 
 
 @overload
-def load_data_folder(path: str | Path, kind: Literal["text"], preprocess: Any = None,
-                     labels: Sequence[str] = (), split: str = "val") -> TextSet: ...
+def load_data_folder(
+    path: str | Path, kind: Literal["text"], preprocess: Any = None, labels: Sequence[str] = (), split: str = "val"
+) -> TextSet: ...
 
 
 @overload
-def load_data_folder(path: str | Path, kind: str, preprocess: Any = None,
-                     labels: Sequence[str] = (), split: str = "val") -> ImageSet | TextSet: ...
+def load_data_folder(
+    path: str | Path, kind: str, preprocess: Any = None, labels: Sequence[str] = (), split: str = "val"
+) -> ImageSet | TextSet: ...
 
 
-def load_data_folder(path: str | Path, kind: str, preprocess: Any = None,
-                     labels: Sequence[str] = (), split: str = "val") -> ImageSet | TextSet:
+def load_data_folder(
+    path: str | Path, kind: str, preprocess: Any = None, labels: Sequence[str] = (), split: str = "val"
+) -> ImageSet | TextSet:
     """Load a user data folder (layouts in the module docstring).
 
     Parameters
@@ -88,8 +93,7 @@ def load_data_folder(path: str | Path, kind: str, preprocess: Any = None,
             return TextSet([as_record(json.loads(line), labels) for line in f if line.strip()])
     if (root / "docs").is_dir() and (root / f"{split}.jsonl").is_file():
         return load_eraser(root, split, labels)
-    raise InputError(f"--data {root}: expected rationales.jsonl, or ERASER's docs/ and "
-                     f"{split}.jsonl")
+    raise InputError(f"--data {root}: expected rationales.jsonl, or ERASER's docs/ and {split}.jsonl")
 
 
 # --------------------------------------------------------------------------
@@ -120,6 +124,7 @@ def load_image_folder(root: Path, preprocess: Any, names: Sequence[str]) -> Imag
         image, or an image has no mask or no row in ``labels.csv``.
     """
     from PIL import Image
+
     if preprocess is None:
         raise InputError("loading images needs the model's preprocess")
     img_dir, mask_dir = root / "images", root / "masks"
@@ -142,8 +147,9 @@ def load_image_folder(root: Path, preprocess: Any, names: Sequence[str]) -> Imag
             if p.stem not in table:
                 raise InputError(f"labels.csv has no row for {p.name}")
             labels.append(table[p.stem])
-    return ImageSet(torch.stack(images), torch.tensor(labels).view(-1, 1) if table else None,
-                    torch.stack(masks).unsqueeze(1))
+    return ImageSet(
+        torch.stack(images), torch.tensor(labels).view(-1, 1) if table else None, torch.stack(masks).unsqueeze(1)
+    )
 
 
 def _read_labels(path: Path, names: Sequence[str]) -> dict[str, int]:
@@ -166,6 +172,7 @@ def _transform_mask(mask: np.ndarray, preprocess: Any) -> Tensor:
     object where channel 0 is nearer the value of white than that of black.
     """
     from PIL import Image
+
     bw = Image.fromarray(np.where(mask, 255, 0).astype(np.uint8)).convert("RGB")
     black = Image.new("RGB", bw.size, (0, 0, 0))
     white = Image.new("RGB", bw.size, (255, 255, 255))
@@ -214,14 +221,13 @@ def load_eraser(root: Path, split: str, names: Sequence[str]) -> TextSet:
 def _eraser_record(root: Path, ann: dict[str, Any], names: Sequence[str]) -> RationaleRecord:
     """One ERASER annotation: its document's words, the evidence spans in that document."""
     evid = [e for group in ann.get("evidences", []) for e in group]
-    docid = (evid[0]["docid"] if evid else ann.get("docids", [ann["annotation_id"]])[0])
+    docid = evid[0]["docid"] if evid else ann.get("docids", [ann["annotation_id"]])[0]
     words = (root / "docs" / docid).read_text(encoding="utf-8").split()
     rationale = np.zeros(len(words), dtype=bool)
     for e in evid:
         if e.get("docid", docid) == docid:
-            rationale[int(e["start_token"]):int(e["end_token"])] = True
-    return RationaleRecord(" ".join(words), words, rationale,
-                           label_id(ann["classification"], names))
+            rationale[int(e["start_token"]) : int(e["end_token"])] = True
+    return RationaleRecord(" ".join(words), words, rationale, label_id(ann["classification"], names))
 
 
 __all__ = ["load_data_folder", "load_image_folder", "load_eraser"]

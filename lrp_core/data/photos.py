@@ -14,6 +14,7 @@ Sources and licences (as stated by the packages):
 >>> img = sample_image("chelsea")
 >>> pair, masks = compose_pair("chelsea", "coffee", size=224, return_masks=True)
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -32,6 +33,7 @@ def _skimage(fn_name: str) -> Callable[[], np.ndarray]:
         data = require("skimage.data", extra="photos", what=f"the sample photo from scikit-image's {fn_name!r}")
         out = getattr(data, fn_name)()
         return out[0] if isinstance(out, tuple) else out  # stereo_motorcycle: (left, right, disp)
+
     return load
 
 
@@ -39,6 +41,7 @@ def _sklearn(file_name: str) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
         datasets = require("sklearn.datasets", extra="photos", what=f"the sample photo {file_name!r}")
         return datasets.load_sample_image(file_name)
+
     return load
 
 
@@ -47,6 +50,7 @@ def _matplotlib(file_name: str) -> Callable[[], np.ndarray]:
         cbook = require("matplotlib.cbook", extra="viz", what=f"the sample photo {file_name!r}")
         with cbook.get_sample_data(file_name) as f:
             return np.asarray(Image.open(f).convert("RGB"))
+
     return load
 
 
@@ -60,8 +64,7 @@ PHOTO_SOURCES: dict[str, tuple[Callable[[], np.ndarray], str]] = {
     "motorcycle": (_skimage("stereo_motorcycle"), "scikit-image; Middlebury stereo dataset"),
     "camera": (_skimage("camera"), "scikit-image; CC0 (Lav Varshney), grayscale"),
     "coins": (_skimage("coins"), "scikit-image; no known copyright restrictions, grayscale"),
-    "immunohistochemistry": (_skimage("immunohistochemistry"),
-                             "scikit-image; no known copyright restrictions"),
+    "immunohistochemistry": (_skimage("immunohistochemistry"), "scikit-image; no known copyright restrictions"),
     "hubble_deep_field": (_skimage("hubble_deep_field"), "scikit-image; NASA, public domain"),
     "retina": (_skimage("retina"), "scikit-image; CC0 1.0"),
     "brick": (_skimage("brick"), "scikit-image; CC0 texture, grayscale"),
@@ -69,8 +72,7 @@ PHOTO_SOURCES: dict[str, tuple[Callable[[], np.ndarray], str]] = {
     "gravel": (_skimage("gravel"), "scikit-image; CC0 texture, grayscale"),
     "china": (_sklearn("china.jpg"), "scikit-learn; CC BY 2.0 (danielbuechele, Flickr)"),
     "flower": (_sklearn("flower.jpg"), "scikit-learn; CC BY 2.0 (vultilion, Flickr)"),
-    "grace_hopper": (_matplotlib("grace_hopper.jpg"),
-                     "matplotlib sample data; U.S. Navy photograph, public domain"),
+    "grace_hopper": (_matplotlib("grace_hopper.jpg"), "matplotlib sample data; U.S. Navy photograph, public domain"),
 }
 
 
@@ -106,16 +108,16 @@ def as_pil_image(image: Any) -> Image.Image:
     if hasattr(image, "detach"):  # torch tensor
         image = image.detach().cpu().numpy()
     if not isinstance(image, np.ndarray):
-        raise InputTypeError("expected a PIL image or an (H, W[, 3|4]) uint8 / float array, "
-                        f"got {type(image).__name__}")
+        raise InputTypeError(
+            f"expected a PIL image or an (H, W[, 3|4]) uint8 / float array, got {type(image).__name__}"
+        )
     arr = image
     if arr.ndim == 3 and arr.shape[0] in (3, 4) and arr.shape[-1] not in (3, 4):
         arr = np.transpose(arr, (1, 2, 0))
     if arr.ndim == 2:
         arr = np.stack([arr] * 3, axis=-1)
     if arr.ndim != 3 or arr.shape[-1] not in (3, 4):
-        raise InputError("expected an (H, W), (H, W, 3) or (H, W, 4) array, "
-                         f"got shape {tuple(image.shape)}")
+        raise InputError(f"expected an (H, W), (H, W, 3) or (H, W, 4) array, got shape {tuple(image.shape)}")
     arr = arr[..., :3]
     if arr.dtype == np.uint8:
         return Image.fromarray(np.ascontiguousarray(arr), "RGB")
@@ -167,8 +169,9 @@ def _center_crop_resize(img: Image.Image, width: int, height: int) -> Image.Imag
     return img.crop(box).resize((width, height), Image.Resampling.BICUBIC)
 
 
-def compose_pair(img_a: Any, img_b: Any, size: int = 224, return_masks: bool = False
-                 ) -> Image.Image | tuple[Image.Image, np.ndarray]:
+def compose_pair(
+    img_a: Any, img_b: Any, size: int = 224, return_masks: bool = False
+) -> Image.Image | tuple[Image.Image, np.ndarray]:
     """Place two photos side by side in one ``size`` x ``size`` image.
 
     Each photo is centre-cropped to a half-width portrait and resized; ``img_a`` fills the left ``size // 2``

@@ -13,6 +13,7 @@ line, in the spirit of ERASER (DeYoung et al., 2020)::
 tokens); ``end_token`` is exclusive; an evidence's ``text`` is the exact
 substring of ``text`` its tokens cover.
 """
+
 from __future__ import annotations
 
 import json
@@ -89,7 +90,6 @@ class RationaleRecord:
     @property
     def rationale_words(self) -> list[str]:
         return [w for w, r in zip(self.words, self.rationale) if r]
-
 
 
 def _fail(path: Path, line_no: int, msg: str) -> RationaleFormatError:

@@ -12,6 +12,7 @@ does not own the occluder's pixels).
 >>> s.images.shape, s.labels.shape, s.masks.shape, s.rgb.shape
 (torch.Size([8, 3, 64, 64]), torch.Size([8, 2]), torch.Size([8, 2, 64, 64]), (8, 64, 64, 3))
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,13 +24,29 @@ import torch
 from ..errors import InputError
 
 __all__ = [
-    "CLASS_NAMES", "IMAGE_SIZE", "MEAN", "STD", "Scenes", "make_scenes", "normalize",
-    "IMAGENET_MEAN", "IMAGENET_STD", "DINOV2_SCENE_SIZE", "imagenet_normalize",
+    "CLASS_NAMES",
+    "IMAGE_SIZE",
+    "MEAN",
+    "STD",
+    "Scenes",
+    "make_scenes",
+    "normalize",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "DINOV2_SCENE_SIZE",
+    "imagenet_normalize",
 ]
 
 #: Object classes, index = class id. They differ in shape; colour is random.
 CLASS_NAMES: tuple[str, ...] = (
-    "disc", "square", "triangle", "ring", "cross", "star", "ellipse", "heart",
+    "disc",
+    "square",
+    "triangle",
+    "ring",
+    "cross",
+    "star",
+    "ellipse",
+    "heart",
 )
 #: Side of the square scenes in pixels (the toy ViT's input size).
 IMAGE_SIZE = 64
@@ -140,6 +157,7 @@ def imagenet_normalize(rgb: np.ndarray) -> torch.Tensor:
 # its radius; every shape fits in the unit disc.
 # ---------------------------------------------------------------------------
 
+
 def _disc(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return u * u + v * v <= 1.0
 
@@ -158,7 +176,7 @@ def _triangle(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def _ring(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     r2 = u * u + v * v
-    return (r2 <= 1.0) & (r2 >= 0.55 ** 2)
+    return (r2 <= 1.0) & (r2 >= 0.55**2)
 
 
 def _cross(u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -181,11 +199,18 @@ def _ellipse(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 def _heart(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     x = 1.15 * u
     y = -1.15 * v + 0.15  # image rows grow downwards: lobes on top
-    return (x * x + y * y - 1.0) ** 3 - x * x * y ** 3 <= 0.0
+    return (x * x + y * y - 1.0) ** 3 - x * x * y**3 <= 0.0
 
 
 _SHAPES: tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], ...] = (
-    _disc, _square, _triangle, _ring, _cross, _star, _ellipse, _heart,
+    _disc,
+    _square,
+    _triangle,
+    _ring,
+    _cross,
+    _star,
+    _ellipse,
+    _heart,
 )
 # any orientation for the ellipse; the others are tilted by at most 20 degrees
 _ROTATES = np.array([0, 0, 0, 0, 0, 0, 1, 0], dtype=bool)
@@ -194,6 +219,7 @@ _ROTATES = np.array([0, 0, 0, 0, 0, 0, 1, 0], dtype=bool)
 # ---------------------------------------------------------------------------
 # Rendering
 # ---------------------------------------------------------------------------
+
 
 def _interp_matrix(src: int, dst: int) -> np.ndarray:
     """(dst, src) matrix of linear interpolation weights (upsampling a 1-d signal)."""
@@ -209,10 +235,12 @@ def _interp_matrix(src: int, dst: int) -> np.ndarray:
 _LUMA = np.array([0.299, 0.587, 0.114])
 
 
-def _random_colors(rng: np.random.Generator, avoid: list[np.ndarray], min_dist: float,
-                   n: int, min_luma: float = 0.0) -> np.ndarray:
+def _random_colors(
+    rng: np.random.Generator, avoid: list[np.ndarray], min_dist: float, n: int, min_luma: float = 0.0
+) -> np.ndarray:
     """(n, 3) colours in [0, 1] at least ``min_dist`` (Euclidean) from every row of ``avoid``
     and, if ``min_luma > 0``, differing by at least ``min_luma`` in luminance from ``avoid[0]``."""
+
     def bad_rows(col: np.ndarray) -> np.ndarray:
         bad = np.zeros(len(col), dtype=bool)
         for a in avoid:
@@ -272,8 +300,8 @@ def _background(rng: np.random.Generator, n: int, size: int, clutter: bool) -> t
         across = -dx * s + dy * c
         half = (length[:, j] / 2)[:, None, None]
         excess = np.maximum(np.abs(along) - half, 0.0)
-        line = excess ** 2 + across ** 2 <= 0.8 ** 2
-        dot = dx ** 2 + dy ** 2 <= rad[:, j, None, None] ** 2
+        line = excess**2 + across**2 <= 0.8**2
+        dot = dx**2 + dy**2 <= rad[:, j, None, None] ** 2
         hit = np.where((kind[:, j] == 0)[:, None, None], dot, line) & active[:, j, None, None]
         yy_, xx_ = iy[:, :, None], ix[:, None, :]
         patch = img[rows, yy_, xx_]  # (n, 20, 20, 3)
@@ -281,9 +309,17 @@ def _background(rng: np.random.Generator, n: int, size: int, clutter: bool) -> t
     return img, base
 
 
-def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
-                  cy: np.ndarray, radius: np.ndarray, size: int, textures: bool,
-                  color: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _object_layer(
+    rng: np.random.Generator,
+    classes: np.ndarray,
+    cx: np.ndarray,
+    cy: np.ndarray,
+    radius: np.ndarray,
+    size: int,
+    textures: bool,
+    color: np.ndarray,
+    base: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Render one object per image.
 
     Args:
@@ -316,8 +352,9 @@ def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
     kind = rng.integers(0, len(_TEXTURES), n)
     away = np.sign((color - base) @ _LUMA)[:, None]  # lighter objects get a lighter texture
     second = np.clip(color + 0.3 * away, 0, 1).astype(np.float32)  # same hue, more contrast
-    second = np.where(np.abs(second - color).sum(1, keepdims=True) < 0.3,
-                      np.clip(color - 0.3 * away, 0, 1), second).astype(np.float32)
+    second = np.where(
+        np.abs(second - color).sum(1, keepdims=True) < 0.3, np.clip(color - 0.3 * away, 0, 1), second
+    ).astype(np.float32)
     period = rng.uniform(3.0, 7.0, n).astype(np.float32)[:, None, None]
     phase = rng.uniform(0, 2 * np.pi, n).astype(np.float32)[:, None, None]
     ang = rng.uniform(0, np.pi, n).astype(np.float32)[:, None, None]
@@ -326,8 +363,7 @@ def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
     alt = np.zeros((n, size, size), dtype=bool)  # pixels in the second colour
     i = np.nonzero(kind == 1)[0]  # stripes
     if i.size:
-        alt[i] = np.sin(2 * np.pi * (gx[i] * np.cos(ang[i]) + gy[i] * np.sin(ang[i])) / period[i]
-                        + phase[i]) > 0
+        alt[i] = np.sin(2 * np.pi * (gx[i] * np.cos(ang[i]) + gy[i] * np.sin(ang[i])) / period[i] + phase[i]) > 0
     i = np.nonzero(kind == 2)[0]  # checks
     if i.size:
         p = period[i] / 1.2
@@ -335,13 +371,11 @@ def _object_layer(rng: np.random.Generator, classes: np.ndarray, cx: np.ndarray,
     np.copyto(tex, second[:, None, None, :], where=alt[..., None])
     noisy = kind == 3
     if noisy.any():
-        tex[noisy] += 0.12 * rng.standard_normal((int(noisy.sum()), size, size, 3),
-                                                 dtype=np.float32)
+        tex[noisy] += 0.12 * rng.standard_normal((int(noisy.sum()), size, size, 3), dtype=np.float32)
     return mask, tex
 
 
-def _palette_colors(rng: np.random.Generator, palette: np.ndarray, base: np.ndarray,
-                    n_objects: int) -> np.ndarray:
+def _palette_colors(rng: np.random.Generator, palette: np.ndarray, base: np.ndarray, n_objects: int) -> np.ndarray:
     """(n, k, 3) colours taken from the rows of ``palette`` (m, 3), distinct within a scene.
 
     Each object's colour is drawn uniformly among the palette colours not yet used in its scene that are at
@@ -362,9 +396,14 @@ def _palette_colors(rng: np.random.Generator, palette: np.ndarray, base: np.ndar
     return out
 
 
-def _classes_sizes_colours(rng: np.random.Generator, n: int, n_objects: int, size: int,
-                           base: np.ndarray, palette: np.ndarray | None = None,
-                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _classes_sizes_colours(
+    rng: np.random.Generator,
+    n: int,
+    n_objects: int,
+    size: int,
+    base: np.ndarray,
+    palette: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Class ids (n, k), radii in pixels (n, k) and colours (n, k, 3) of the objects, k = ``n_objects``.
 
     Colours keep away from the background's ``base`` colour (n, 3) and from each other; with a ``palette``
@@ -389,8 +428,15 @@ def _classes_sizes_colours(rng: np.random.Generator, n: int, n_objects: int, siz
     return labels, radius, colors.astype(np.float32)
 
 
-def _keep_apart(rng: np.random.Generator, cx: np.ndarray, cy: np.ndarray, radius: np.ndarray,
-                lo: np.ndarray, hi: np.ndarray, pending: np.ndarray) -> None:
+def _keep_apart(
+    rng: np.random.Generator,
+    cx: np.ndarray,
+    cy: np.ndarray,
+    radius: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    pending: np.ndarray,
+) -> None:
     """Redraw the second object's centre (``cx``, ``cy`` (n, 2), in place) until the two are apart enough."""
     far = np.hypot(cx[pending, 0] - cx[pending, 1], cy[pending, 0] - cy[pending, 1])
     close = far < 0.75 * radius[pending].sum(1)
@@ -418,8 +464,15 @@ def _occlude(masks: np.ndarray, order: np.ndarray, pending: np.ndarray) -> np.nd
     return frac < _MIN_VISIBLE
 
 
-def _place_objects(rng: np.random.Generator, labels: np.ndarray, radius: np.ndarray, colors: np.ndarray,
-                   base: np.ndarray, size: int, textures: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _place_objects(
+    rng: np.random.Generator,
+    labels: np.ndarray,
+    radius: np.ndarray,
+    colors: np.ndarray,
+    base: np.ndarray,
+    size: int,
+    textures: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Place and draw the objects: visible masks and whole shapes (n, k, H, W), pictures (n, k, H, W, 3).
 
     The object stays inside the frame; two objects overlap only a little (redrawn until they do).
@@ -439,9 +492,17 @@ def _place_objects(rng: np.random.Generator, labels: np.ndarray, radius: np.ndar
         if n_objects == 2:
             _keep_apart(rng, cx, cy, radius, lo, hi, pending)
         for j in range(n_objects):
-            m, t = _object_layer(rng, labels[pending, j], cx[pending, j], cy[pending, j],
-                                 radius[pending, j], size, textures, colors[pending, j],
-                                 base[pending])
+            m, t = _object_layer(
+                rng,
+                labels[pending, j],
+                cx[pending, j],
+                cy[pending, j],
+                radius[pending, j],
+                size,
+                textures,
+                colors[pending, j],
+                base[pending],
+            )
             masks[pending, j] = m
             whole[pending, j] = m
             layers[pending, j] = t
@@ -458,9 +519,16 @@ def _place_objects(rng: np.random.Generator, labels: np.ndarray, radius: np.ndar
     return masks, whole, layers
 
 
-def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
-                  textures: bool, clutter: bool, drop: int | None = None,
-                  palette: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+def _render_chunk(
+    rng: np.random.Generator,
+    n: int,
+    n_objects: int,
+    size: int,
+    textures: bool,
+    clutter: bool,
+    drop: int | None = None,
+    palette: np.ndarray | None = None,
+) -> tuple[np.ndarray, ...]:
     """Render ``n`` scenes: rgb (n,H,W,3), labels (n,k), masks (n,k,H,W), colours (n,k,3).
 
     ``drop`` (an object index) leaves that object out of the picture while
@@ -481,9 +549,17 @@ def _render_chunk(rng: np.random.Generator, n: int, n_objects: int, size: int,
     return img.astype(np.float32), labels.astype(np.int64), masks, colors
 
 
-def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_SIZE,
-                textures: bool = True, clutter: bool = True, drop: int | None = None,
-                palette: np.ndarray | None = None) -> Scenes:
+def make_scenes(
+    n: int,
+    seed: int = 0,
+    n_objects: int = 1,
+    *,
+    size: int = IMAGE_SIZE,
+    textures: bool = True,
+    clutter: bool = True,
+    drop: int | None = None,
+    palette: np.ndarray | None = None,
+) -> Scenes:
     """Draw ``n`` procedural scenes, deterministically for a given ``seed``.
 
     Parameters
@@ -534,17 +610,30 @@ def make_scenes(n: int, seed: int = 0, n_objects: int = 1, *, size: int = IMAGE_
         raise InputError(f"drop must be None or an object index below {n_objects}, got {drop!r}")
     if palette is not None:
         palette = np.asarray(palette, dtype=np.float64)
-        if palette.ndim != 2 or palette.shape[1] != 3 or len(palette) < n_objects or not (
-                np.isfinite(palette).all() and palette.min() >= 0 and palette.max() <= 1):
-            raise InputError(f"palette must be None or an (m, 3) array of colours in [0, 1] with m >= n_objects "
-                             f"= {n_objects}, got shape {np.shape(palette)}")
+        if (
+            palette.ndim != 2
+            or palette.shape[1] != 3
+            or len(palette) < n_objects
+            or not (np.isfinite(palette).all() and palette.min() >= 0 and palette.max() <= 1)
+        ):
+            raise InputError(
+                f"palette must be None or an (m, 3) array of colours in [0, 1] with m >= n_objects "
+                f"= {n_objects}, got shape {np.shape(palette)}"
+            )
     rng = np.random.default_rng(seed)
-    parts = [_render_chunk(rng, min(_CHUNK, n - i), n_objects, int(size), textures, clutter, drop, palette)
-             for i in range(0, int(n), _CHUNK)]
+    parts = [
+        _render_chunk(rng, min(_CHUNK, n - i), n_objects, int(size), textures, clutter, drop, palette)
+        for i in range(0, int(n), _CHUNK)
+    ]
     rgb, labels, masks, colors = (np.concatenate(p, axis=0) for p in zip(*parts))
-    return Scenes(images=normalize(rgb), labels=torch.from_numpy(labels),
-                  masks=torch.from_numpy(masks), rgb=rgb, colors=colors,
-                  seed=seed if isinstance(seed, int) else 0)
+    return Scenes(
+        images=normalize(rgb),
+        labels=torch.from_numpy(labels),
+        masks=torch.from_numpy(masks),
+        rgb=rgb,
+        colors=colors,
+        seed=seed if isinstance(seed, int) else 0,
+    )
 
 
 def benchmark(n: int = 4096, seed: int = 0) -> dict[str, float]:

@@ -9,6 +9,7 @@
 - :func:`label_id`, :func:`as_record`: labels given by id or name, and records
   from dicts or objects, as the loaders of :mod:`lrp_core.data.folders` read them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -51,8 +52,12 @@ class ImageSet:
 
     def head(self, n: int) -> "ImageSet":
         """The first ``n`` images (all of them when there are fewer)."""
-        return ImageSet(self.images[:n], None if self.labels is None else self.labels[:n],
-                        self.masks[:n], None if self.removed is None else self.removed[:n])
+        return ImageSet(
+            self.images[:n],
+            None if self.labels is None else self.labels[:n],
+            self.masks[:n],
+            None if self.removed is None else self.removed[:n],
+        )
 
 
 @dataclass
@@ -69,9 +74,12 @@ class TextSet:
         return TextSet(self.records[:n])
 
 
-def scene_sets(n: int, seed: int = SCENE_SEED, size: int = 64,
-               inputs: Optional[Callable[[np.ndarray], Tensor]] = None,
-               ) -> tuple[ImageSet, ImageSet]:
+def scene_sets(
+    n: int,
+    seed: int = SCENE_SEED,
+    size: int = 64,
+    inputs: Optional[Callable[[np.ndarray], Tensor]] = None,
+) -> tuple[ImageSet, ImageSet]:
     """Held-out scenes: ``n`` one-object and ``n`` two-object scenes (with ``removed``).
 
     Parameters
@@ -101,8 +109,7 @@ def scene_sets(n: int, seed: int = SCENE_SEED, size: int = 64,
     one, x1 = draw(1, seed)
     two, x2 = draw(2, seed + 1)
     removed = torch.stack([draw(2, seed + 1, j)[1] for j in (0, 1)], dim=1)
-    return (ImageSet(x1, one.labels, one.masks),
-            ImageSet(x2, two.labels, two.masks, removed))
+    return (ImageSet(x1, one.labels, one.masks), ImageSet(x2, two.labels, two.masks, removed))
 
 
 def dinov2_scene_sets(n: int, seed: int = SCENE_SEED) -> tuple[ImageSet, ImageSet]:
@@ -121,6 +128,7 @@ def dinov2_scene_sets(n: int, seed: int = SCENE_SEED) -> tuple[ImageSet, ImageSe
         ``(one_object, two_object)`` as :func:`scene_sets` returns them.
     """
     from .scenes import DINOV2_SCENE_SIZE, imagenet_normalize
+
     return scene_sets(n, seed, size=DINOV2_SCENE_SIZE, inputs=imagenet_normalize)
 
 
@@ -209,8 +217,7 @@ def as_record(rec: Any, names: Sequence[str]) -> RationaleRecord:
         If the rationale or the offsets do not have one entry per word (or the
         label is unknown).
     """
-    get = (lambda k, d=None: rec.get(k, d)) if isinstance(rec, dict) else (
-        lambda k, d=None: getattr(rec, k, d))
+    get = (lambda k, d=None: rec.get(k, d)) if isinstance(rec, dict) else (lambda k, d=None: getattr(rec, k, d))
     words = [str(w) for w in get("words")]
     rationale = np.asarray(get("rationale"), dtype=bool).reshape(-1)
     if len(words) != rationale.shape[0]:
@@ -220,11 +227,24 @@ def as_record(rec: Any, names: Sequence[str]) -> RationaleRecord:
     offsets = [(int(a), int(b)) for a, b in offsets] if offsets is not None else None
     if offsets is not None and len(offsets) != len(words):
         raise InputError(f"{len(words)} words but {len(offsets)} offsets")
-    return RationaleRecord(text=str(text), words=words, rationale=rationale,
-                           label=label_id(get("label"), names), offsets=offsets,
-                           id=str(get("id") or ""))
+    return RationaleRecord(
+        text=str(text),
+        words=words,
+        rationale=rationale,
+        label=label_id(get("label"), names),
+        offsets=offsets,
+        id=str(get("id") or ""),
+    )
 
 
-__all__ = ["SCENE_SEED", "ImageSet", "TextSet", "scene_sets", "dinov2_scene_sets",
-           "BUILTIN_IMAGE_SETS",
-           "rationale_set", "label_id", "as_record"]
+__all__ = [
+    "SCENE_SEED",
+    "ImageSet",
+    "TextSet",
+    "scene_sets",
+    "dinov2_scene_sets",
+    "BUILTIN_IMAGE_SETS",
+    "rationale_set",
+    "label_id",
+    "as_record",
+]

@@ -21,6 +21,7 @@ Text is lower-case words and a final ``?`` separated by spaces, so a word-level 
 identical records; the embedded ``tiny-vlm`` is trained on seeds below
 :data:`lrp_core.models.tiny_vlm.HELD_OUT_SEED` only, so held-out sets are seeds from there on.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,14 +36,22 @@ __all__ = ["PALETTE", "COLOUR_NAMES", "KINDS", "VQARecord", "make_vqa", "vocabul
 
 #: the named object colours (RGB in [0, 1]); object colours are exactly these (no texture)
 PALETTE: dict[str, tuple[float, float, float]] = {
-    "red": (0.86, 0.08, 0.08), "green": (0.10, 0.65, 0.15), "blue": (0.10, 0.25, 0.90),
-    "yellow": (0.95, 0.88, 0.10), "white": (0.97, 0.97, 0.97), "black": (0.05, 0.05, 0.05),
+    "red": (0.86, 0.08, 0.08),
+    "green": (0.10, 0.65, 0.15),
+    "blue": (0.10, 0.25, 0.90),
+    "yellow": (0.95, 0.88, 0.10),
+    "white": (0.97, 0.97, 0.97),
+    "black": (0.05, 0.05, 0.05),
 }
 COLOUR_NAMES: tuple[str, ...] = tuple(PALETTE)
 #: the question kinds, in the order make_vqa cycles through them
 KINDS: tuple[str, ...] = ("where", "which", "colour", "exists")
-_DIRECTIONS = {"left": "what is left of the {s} ?", "right": "what is right of the {s} ?",
-               "above": "what is above the {s} ?", "below": "what is below the {s} ?"}
+_DIRECTIONS = {
+    "left": "what is left of the {s} ?",
+    "right": "what is right of the {s} ?",
+    "above": "what is above the {s} ?",
+    "below": "what is below the {s} ?",
+}
 _QUESTION_SEED = 7_654_321  # mixed with the record seed: the questions' generator differs from the scenes'
 
 
@@ -85,14 +94,28 @@ def vocabulary() -> list[str]:
         Question words, then the shapes (:data:`~lrp_core.data.scenes.CLASS_NAMES`), the colour names
         (:data:`COLOUR_NAMES`), ``yes`` and ``no``.
     """
-    words = ["what", "which", "is", "of", "the", "there", "a", "shape", "colour", "left", "right", "above",
-             "below", "?"]
+    words = [
+        "what",
+        "which",
+        "is",
+        "of",
+        "the",
+        "there",
+        "a",
+        "shape",
+        "colour",
+        "left",
+        "right",
+        "above",
+        "below",
+        "?",
+    ]
     return words + list(CLASS_NAMES) + list(COLOUR_NAMES) + ["yes", "no"]
 
 
 def _centroids(masks: np.ndarray) -> np.ndarray:
     """(k, 2) (row, column) centroids of (k, H, W) masks."""
-    rows, cols = np.mgrid[0:masks.shape[1], 0:masks.shape[2]]
+    rows, cols = np.mgrid[0 : masks.shape[1], 0 : masks.shape[2]]
     area = masks.sum((1, 2)).astype(np.float64)
     return np.stack([(masks * rows).sum((1, 2)) / area, (masks * cols).sum((1, 2)) / area], axis=1)
 
@@ -171,7 +194,19 @@ def make_vqa(n: int, seed: int = 0, *, every_question: bool = False) -> list[VQA
         chosen = candidates if every_question else [pool[pick]]
         for kind_, question, answer, j in chosen:
             mask = masks[i, j].copy() if j >= 0 else np.zeros(masks.shape[2:], dtype=bool)
-            records.append(VQARecord(image=image, question=question, answer=answer, mask=mask, kind=kind_,
-                                     has_evidence=j >= 0, shapes=tuple(shapes), colours=tuple(colours),
-                                     masks=masks[i].copy(), seed=int(seed), index=i))
+            records.append(
+                VQARecord(
+                    image=image,
+                    question=question,
+                    answer=answer,
+                    mask=mask,
+                    kind=kind_,
+                    has_evidence=j >= 0,
+                    shapes=tuple(shapes),
+                    colours=tuple(colours),
+                    masks=masks[i].copy(),
+                    seed=int(seed),
+                    index=i,
+                )
+            )
     return records

@@ -51,6 +51,7 @@ Modules: :mod:`.images` and :mod:`.text` (the protocols), :mod:`.batching`
 checkpoints), :mod:`.report` (tables, plots, JSON), :mod:`.run` (one whole
 run), ``__main__`` (the command line).
 """
+
 from ..data import SCENE_SEED, ImageSet, RationaleRecord, TextSet, load_data_folder, scene_sets
 from .batching import TAM_BATCH
 from .images import IMAGE_METRICS, evaluate_images, image_maps, predict, random_maps
@@ -59,10 +60,28 @@ from .run import evaluate, resolve_methods
 from .text import evaluate_text, random_word_scores, text_accuracy, text_metric_names, text_word_scores
 
 __all__ = [
-    "evaluate", "evaluate_images", "evaluate_text", "resolve_methods",
-    "image_maps", "predict", "random_maps", "IMAGE_METRICS",
-    "text_word_scores", "text_accuracy", "random_word_scores", "text_metric_names",
-    "format_table", "plot_curves", "write_run", "metric_value", "SHORT",
-    "ImageSet", "TextSet", "RationaleRecord", "scene_sets", "load_data_folder", "SCENE_SEED",
+    "evaluate",
+    "evaluate_images",
+    "evaluate_text",
+    "resolve_methods",
+    "image_maps",
+    "predict",
+    "random_maps",
+    "IMAGE_METRICS",
+    "text_word_scores",
+    "text_accuracy",
+    "random_word_scores",
+    "text_metric_names",
+    "format_table",
+    "plot_curves",
+    "write_run",
+    "metric_value",
+    "SHORT",
+    "ImageSet",
+    "TextSet",
+    "RationaleRecord",
+    "scene_sets",
+    "load_data_folder",
+    "SCENE_SEED",
     "TAM_BATCH",
 ]

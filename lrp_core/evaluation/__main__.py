@@ -4,6 +4,7 @@ Under ``torchrun --nproc_per_node N -m lrp_core.evaluation ...`` the processes
 share the samples (:mod:`.shards`); rank 0 prints and writes the same files as
 a one-process run would (only ``seconds`` and ``processes`` of the meta differ).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,38 +35,63 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Evaluate explanation methods (perturbation, segmentation, class "
-                    "sensitivity, CDAM statistics; rationale token-F1 for text models).",
+        "sensitivity, CDAM statistics; rationale token-F1 for text models).",
         epilog=("--data PATH" + doc.split("``--data PATH``", 1)[-1]) if doc else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="toy-vit", help="a name lrp_core.models.load accepts")
     p.add_argument("--methods", default="all", help="'all' or a comma list")
-    p.add_argument("--protocol", choices=("evidence", "sources"), default="evidence",
-                   help="causal LMs: 'evidence' (evidence tokens, METHODS §3.6) or 'sources' (which fact decided "
-                        "the answer, §3.7; also takes the methods leave_one_out and context_cite)")
+    p.add_argument(
+        "--protocol",
+        choices=("evidence", "sources"),
+        default="evidence",
+        help="causal LMs: 'evidence' (evidence tokens, METHODS §3.6) or 'sources' (which fact decided "
+        "the answer, §3.7; also takes the methods leave_one_out and context_cite)",
+    )
     # --samples / -n: under torchrun, whose parser reads --n as an abbreviation of its own options
-    p.add_argument("--n", "--samples", "-n", dest="n", type=int, default=None,
-                   help="number of images / documents / questions (default 500; a VLM: 200 scenes, one question "
-                        "each; under torchrun: --samples or -n)")
-    p.add_argument("--curve-questions", type=int, default=VLM_CURVE_QUESTIONS,
-                   help="a VLM: the answered questions whose patch MoRF / LeRF curves are computed (0: all)")
+    p.add_argument(
+        "--n",
+        "--samples",
+        "-n",
+        dest="n",
+        type=int,
+        default=None,
+        help="number of images / documents / questions (default 500; a VLM: 200 scenes, one question "
+        "each; under torchrun: --samples or -n)",
+    )
+    p.add_argument(
+        "--curve-questions",
+        type=int,
+        default=VLM_CURVE_QUESTIONS,
+        help="a VLM: the answered questions whose patch MoRF / LeRF curves are computed (0: all)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=SCENE_SEED, help="scene seed (toy-vit)")
     p.add_argument("--data", default=None, help="your own data folder (layouts above)")
     p.add_argument("--split", default="val", help="ERASER split file in --data")
-    p.add_argument("--text-target", choices=("true", "predicted"), default="true",
-                   help="class explained in the rationale evaluation")
+    p.add_argument(
+        "--text-target",
+        choices=("true", "predicted"),
+        default="true",
+        help="class explained in the rationale evaluation",
+    )
     p.add_argument("--out", default=None, help="JSON file to write (plot goes next to it)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    p.add_argument("--no-baseline", action="store_true",
-                   help="leave out the reference row 'random' (seeded random maps)")
+    p.add_argument(
+        "--no-baseline", action="store_true", help="leave out the reference row 'random' (seeded random maps)"
+    )
     p.add_argument("--device", default="cpu", help="torch device of the model (e.g. cuda)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (1 is fastest on a busy machine)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run from the finished blocks in <out>.partial/")
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                   help="torch.distributed backend under torchrun (auto: nccl on CUDA, else gloo)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue an interrupted run from the finished blocks in <out>.partial/"
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="torch.distributed backend under torchrun (auto: nccl on CUDA, else gloo)",
+    )
     # developer option (tests of --resume): each process stops after K new blocks, exit status 3
     p.add_argument("--stop-after-blocks", type=int, default=None, help=argparse.SUPPRESS)
     return p
@@ -97,10 +123,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         shard.folder = Path(str(a.out) + ".partial") if a.out else None
         shard.resume, shard.stop_after = a.resume, a.stop_after_blocks
         n = a.n if a.n is not None else (VLM_DEFAULT_N if a.model in VLM_NAMES else 500)
-        run = evaluate(a.model, a.methods, n, a.batch_size, a.seed, a.data, a.split,
-                       a.text_target, progress=not a.quiet and shard.rank == 0,
-                       baseline=not a.no_baseline, device=device, shard=shard, protocol=a.protocol,
-                       curve_questions=a.curve_questions or None)
+        run = evaluate(
+            a.model,
+            a.methods,
+            n,
+            a.batch_size,
+            a.seed,
+            a.data,
+            a.split,
+            a.text_target,
+            progress=not a.quiet and shard.rank == 0,
+            baseline=not a.no_baseline,
+            device=device,
+            shard=shard,
+            protocol=a.protocol,
+            curve_questions=a.curve_questions or None,
+        )
         if run is not None:  # rank 0 (or alone) writes the results; the other ranks are done
             _report(run, a, argv, shard)
     except LRPError as err:

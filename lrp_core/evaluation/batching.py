@@ -4,6 +4,7 @@ Both protocols explain through :func:`explain_batch` (one place to spy on in
 tests, one place that sets the engine options of the evaluation) and run the
 methods in the order of :func:`method_order`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence

@@ -17,6 +17,7 @@ deletion check's per-case order hits and distraction shares (per map).
 Text runs (:data:`TEXT_COLUMNS`): per document, F1 at gold size and ERASER
 comprehensiveness and sufficiency. Cases undefined for either method are left out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,47 +28,75 @@ import numpy as np
 
 from ..metrics import pooled_miou
 
-PAPER_BASELINES = ("rollout", "raw_attention", "lrp", "partial_lrp", "attention_gradcam",
-                   "generic_attention", "attnlrp", "cp_lrp")
+PAPER_BASELINES = (
+    "rollout",
+    "raw_attention",
+    "lrp",
+    "partial_lrp",
+    "attention_gradcam",
+    "generic_attention",
+    "attnlrp",
+    "cp_lrp",
+)
 """The rows that come first, in this order (the paper's comparisons); every other method of the run follows in
 the run's order, then ``random``. (Before, only these were compared: methods added later — token_ablation, cdam,
 pa_lrp, the Captum baselines — had no interval row.)"""
-IMAGE_COLUMNS = {"pos AUC pred ↓": "positive_predicted_auc_per_image",
-                 "neg AUC pred ↑": "negative_predicted_auc_per_image",
-                 "pos AUC target ↓": "positive_target_auc_per_image",
-                 "neg AUC target ↑": "negative_target_auc_per_image",
-                 "pixel acc ↑": "segmentation_pixel_accuracy_per_image",
-                 "mIoU ↑": "segmentation_iou_counts_per_image",
-                 "mAP ↑": "segmentation_ap_per_image",
-                 "deletion order ↑": "deletion_order_per_case",
-                 "distraction ↓": "deletion_distraction_per_case"}
+IMAGE_COLUMNS = {
+    "pos AUC pred ↓": "positive_predicted_auc_per_image",
+    "neg AUC pred ↑": "negative_predicted_auc_per_image",
+    "pos AUC target ↓": "positive_target_auc_per_image",
+    "neg AUC target ↑": "negative_target_auc_per_image",
+    "pixel acc ↑": "segmentation_pixel_accuracy_per_image",
+    "mIoU ↑": "segmentation_iou_counts_per_image",
+    "mAP ↑": "segmentation_ap_per_image",
+    "deletion order ↑": "deletion_order_per_case",
+    "distraction ↓": "deletion_distraction_per_case",
+}
 """Column name -> per-case list in ``curves[method]`` of an image run."""
-TEXT_COLUMNS = {"F1@gold ↑": "f1_gold_per_document",
-                "comprehensiveness ↑": "comprehensiveness_per_document",
-                "sufficiency ↓": "sufficiency_per_document"}
+TEXT_COLUMNS = {
+    "F1@gold ↑": "f1_gold_per_document",
+    "comprehensiveness ↑": "comprehensiveness_per_document",
+    "sufficiency ↓": "sufficiency_per_document",
+}
 """Column name -> per-document list in ``curves[method]`` of a text run."""
-LM_COLUMNS = {"evidence hit@1 ↑": "evidence_hit1_per_prompt", "evidence AP ↑": "evidence_ap_per_prompt",
-              "MoRF AUC ↓": "morf_auc_per_prompt", "LeRF AUC ↑": "lerf_auc_per_prompt"}
+LM_COLUMNS = {
+    "evidence hit@1 ↑": "evidence_hit1_per_prompt",
+    "evidence AP ↑": "evidence_ap_per_prompt",
+    "MoRF AUC ↓": "morf_auc_per_prompt",
+    "LeRF AUC ↑": "lerf_auc_per_prompt",
+}
 """Column name -> per-prompt list in ``curves[method]`` of a language-model run (docs/METHODS.md §3b)."""
-SOURCE_COLUMNS = {"source hit@1 ↑": "source_hit1_per_prompt", "source AP ↑": "source_ap_per_prompt",
-                  "drop top ↓": "drop_top_per_prompt", "keep top ↑": "keep_top_per_prompt"}
+SOURCE_COLUMNS = {
+    "source hit@1 ↑": "source_hit1_per_prompt",
+    "source AP ↑": "source_ap_per_prompt",
+    "drop top ↓": "drop_top_per_prompt",
+    "keep top ↑": "keep_top_per_prompt",
+}
 """Column name -> per-prompt list in ``curves[method]`` of a sources run (docs/METHODS.md §3.7)."""
-VLM_COLUMNS = {"pointing ↑": "pointing_per_question", "mask share ↑": "mask_share_per_question",
-               "text rank ↓": "text_rank_per_question", "MoRF AUC ↓": "morf_auc_per_question",
-               "LeRF AUC ↑": "lerf_auc_per_question"}
+VLM_COLUMNS = {
+    "pointing ↑": "pointing_per_question",
+    "mask share ↑": "mask_share_per_question",
+    "text rank ↓": "text_rank_per_question",
+    "MoRF AUC ↓": "morf_auc_per_question",
+    "LeRF AUC ↑": "lerf_auc_per_question",
+}
 """Column name -> per-question list in ``curves[method]`` of a vision-language run (docs/METHODS.md §3c)."""
 PER_CASE = IMAGE_COLUMNS
 """The image columns (former name)."""
-POOLED: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "segmentation_iou_counts_per_image": pooled_miou}
+POOLED: dict[str, Callable[[np.ndarray], np.ndarray]] = {"segmentation_iou_counts_per_image": pooled_miou}
 """Per-case keys whose statistic is pooled: resampled cases (R, N, ...) -> (R,)."""
-TWO_DIGITS = {"positive_predicted_auc_per_image", "negative_predicted_auc_per_image",
-              "positive_target_auc_per_image", "negative_target_auc_per_image"}
+TWO_DIGITS = {
+    "positive_predicted_auc_per_image",
+    "negative_predicted_auc_per_image",
+    "positive_target_auc_per_image",
+    "negative_target_auc_per_image",
+}
 """Keys printed with two decimals (AUCs in %); the others get three."""
 
 
-def paired_interval(a: Sequence[Any], b: Sequence[Any], resamples: int = 2000,
-                    seed: int = 0) -> tuple[float, float, float]:
+def paired_interval(
+    a: Sequence[Any], b: Sequence[Any], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
     """The mean of ``a − b`` over the cases where both are defined, with its 95 % paired-bootstrap interval.
 
     Parameters
@@ -94,9 +123,13 @@ def paired_interval(a: Sequence[Any], b: Sequence[Any], resamples: int = 2000,
     return float(d.mean()), float(lo), float(hi)
 
 
-def paired_statistic_interval(a: Any, b: Any, statistic: Callable[[np.ndarray], np.ndarray],
-                              resamples: int = 2000, seed: int = 0,
-                              ) -> tuple[float, float, float]:
+def paired_statistic_interval(
+    a: Any,
+    b: Any,
+    statistic: Callable[[np.ndarray], np.ndarray],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
     """``statistic(a) − statistic(b)`` with its 95 % paired-bootstrap interval, for the pooled metrics.
 
     Parameters
@@ -124,8 +157,12 @@ def paired_statistic_interval(a: Any, b: Any, statistic: Callable[[np.ndarray], 
     return float(statistic(x[None])[0] - statistic(y[None])[0]), float(lo), float(hi)
 
 
-def comparison_table(curves: dict[str, dict[str, list]], reference: str = "transformer_attribution",
-                     kind: str = "image", columns: Optional[dict[str, str]] = None) -> str:
+def comparison_table(
+    curves: dict[str, dict[str, list]],
+    reference: str = "transformer_attribution",
+    kind: str = "image",
+    columns: Optional[dict[str, str]] = None,
+) -> str:
     """A Markdown table with one row per compared method: ``reference − method`` [interval] in each column.
 
     Parameters
@@ -148,8 +185,7 @@ def comparison_table(curves: dict[str, dict[str, list]], reference: str = "trans
     by_kind = {"text": TEXT_COLUMNS, "lm": LM_COLUMNS, "vlm": VLM_COLUMNS}
     spec = columns if columns is not None else by_kind.get(kind, IMAGE_COLUMNS)
     cols = [c for c, key in spec.items() if key in curves[reference]]
-    lines = [f"| {reference} − method | " + " | ".join(cols) + " |",
-             "|---|" + "---|" * len(cols)]
+    lines = [f"| {reference} − method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for m in compared(curves, reference):
         cells = []
         for c in cols:
@@ -158,11 +194,9 @@ def comparison_table(curves: dict[str, dict[str, list]], reference: str = "trans
                 cells.append("—")
                 continue
             if key in POOLED:
-                mean, lo, hi = paired_statistic_interval(curves[reference][key], curves[m][key],
-                                                         POOLED[key])
+                mean, lo, hi = paired_statistic_interval(curves[reference][key], curves[m][key], POOLED[key])
             else:
-                mean, lo, hi = paired_interval(_floats(curves[reference][key]),
-                                               _floats(curves[m][key]))
+                mean, lo, hi = paired_interval(_floats(curves[reference][key]), _floats(curves[m][key]))
             d = 2 if key in TWO_DIGITS else 3
             cells.append(f"{mean:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -205,16 +239,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     """
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("meta")
-    p.add_argument("--reference", default=None, help="default: attnlrp for a sources run, else "
-                                                       "transformer_attribution")
+    p.add_argument("--reference", default=None, help="default: attnlrp for a sources run, else transformer_attribution")
     a = p.parse_args(argv)
     with open(a.meta, encoding="utf-8") as f:
         meta = json.load(f)
     if meta.get("protocol") == "sources":
         print(comparison_table(meta["curves"], a.reference or "attnlrp", columns=SOURCE_COLUMNS))
     else:
-        print(comparison_table(meta["curves"], a.reference or "transformer_attribution",
-                               kind=meta.get("kind", "image")))
+        print(
+            comparison_table(meta["curves"], a.reference or "transformer_attribution", kind=meta.get("kind", "image"))
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

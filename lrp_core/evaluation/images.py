@@ -12,6 +12,7 @@ each block yields per-image values (correctness under perturbation,
 segmentation counts, own-mask shares, deletion cases, token scores), and the
 summaries are computed from all blocks' values, concatenated in order.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,11 +30,20 @@ from .report import Results, metric_value
 from .shards import Shard, block_spans
 
 IMAGE_METRICS: tuple[str, ...] = (
-    "perturbation_positive_auc_predicted", "perturbation_negative_auc_predicted",
-    "perturbation_positive_auc_target", "perturbation_negative_auc_target",
-    "pixel_accuracy", "miou", "map", "class_sensitivity", "class_map_correlation",
-    "cdam_sparsity", "tam_correlation",
-    "deletion_order", "deletion_correlation", "deletion_distraction",
+    "perturbation_positive_auc_predicted",
+    "perturbation_negative_auc_predicted",
+    "perturbation_positive_auc_target",
+    "perturbation_negative_auc_target",
+    "pixel_accuracy",
+    "miou",
+    "map",
+    "class_sensitivity",
+    "class_map_correlation",
+    "cdam_sparsity",
+    "tam_correlation",
+    "deletion_order",
+    "deletion_correlation",
+    "deletion_distraction",
 )
 """Metric names of an image evaluation (keys of each method's result)."""
 
@@ -47,8 +57,14 @@ MapPair = tuple[Tensor, Tensor]
 # --------------------------------------------------------------------------
 # maps in batches
 # --------------------------------------------------------------------------
-def image_maps(model: Any, images: Tensor, method: str, target: Optional[Tensor] = None,
-               batch_size: int = 32, progress: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+def image_maps(
+    model: Any,
+    images: Tensor,
+    method: str,
+    target: Optional[Tensor] = None,
+    batch_size: int = 32,
+    progress: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Explain ``images`` batch by batch.
 
     Parameters
@@ -76,8 +92,8 @@ def image_maps(model: Any, images: Tensor, method: str, target: Optional[Tensor]
     device = model_device(model)
     maps, scores, targets = [], [], []
     for s in progress_bar(range(0, len(images), batch_size), progress, desc=method, leave=False):
-        x = images[s:s + batch_size].to(device)
-        t = None if target is None else target[s:s + batch_size].to(device)
+        x = images[s : s + batch_size].to(device)
+        t = None if target is None else target[s : s + batch_size].to(device)
         exp = batching.explain_batch(model, x, method, t)
         pm = exp.pixel_map().detach().float().cpu()
         if tuple(pm.shape[-2:]) != tuple(images.shape[-2:]):
@@ -88,8 +104,9 @@ def image_maps(model: Any, images: Tensor, method: str, target: Optional[Tensor]
     return torch.cat(maps), torch.cat(scores), torch.cat(targets)
 
 
-def _maps_for(model: Any, images: Tensor, method: str, target: Tensor, base: Tensor,
-              base_target: Tensor, batch_size: int) -> Tensor:
+def _maps_for(
+    model: Any, images: Tensor, method: str, target: Tensor, base: Tensor, base_target: Tensor, batch_size: int
+) -> Tensor:
     """Maps (N, H, W) for ``target``, reusing ``base`` where it already explains that class."""
     out = base.clone()
     redo = torch.nonzero(base_target != target).reshape(-1)
@@ -98,15 +115,16 @@ def _maps_for(model: Any, images: Tensor, method: str, target: Tensor, base: Ten
     return out
 
 
-def _pair_maps(model: Any, two: Optional[ImageSet], method: str,
-               batch_size: int) -> Optional[MapPair]:
+def _pair_maps(model: Any, two: Optional[ImageSet], method: str, batch_size: int) -> Optional[MapPair]:
     """Maps of the two-object set for each of its classes, or ``None`` without such a set."""
     if not _has_pairs(two):
         return None
     labels = two.labels
     assert labels is not None, "_has_pairs checked the labels"
-    return (image_maps(model, two.images, method, labels[:, 0], batch_size)[0],
-            image_maps(model, two.images, method, labels[:, 1], batch_size)[0])
+    return (
+        image_maps(model, two.images, method, labels[:, 0], batch_size)[0],
+        image_maps(model, two.images, method, labels[:, 1], batch_size)[0],
+    )
 
 
 def _has_pairs(two: Optional[ImageSet]) -> TypeGuard[ImageSet]:
@@ -137,9 +155,16 @@ def predict(model: Any, images: Tensor, batch_size: int = 64) -> Tensor:
 # --------------------------------------------------------------------------
 # the protocol: per-image values block by block, then the summaries
 # --------------------------------------------------------------------------
-def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Sequence[str],
-                    batch_size: int = 32, progress: bool = True, baseline: bool = False,
-                    drops: Optional[Tensor] = None) -> tuple[Results, Curves]:
+def evaluate_images(
+    model: Any,
+    one: ImageSet,
+    two: Optional[ImageSet],
+    methods: Sequence[str],
+    batch_size: int = 32,
+    progress: bool = True,
+    baseline: bool = False,
+    drops: Optional[Tensor] = None,
+) -> tuple[Results, Curves]:
     """Every image metric of each method.
 
     Parameters
@@ -174,10 +199,17 @@ def evaluate_images(model: Any, one: ImageSet, two: Optional[ImageSet], methods:
     return out[0], out[1]
 
 
-def image_protocol(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Sequence[str],
-                   batch_size: int = 32, progress: bool = True, baseline: bool = False,
-                   drops: Optional[Tensor] = None, shard: Optional[Shard] = None,
-                   ) -> Optional[tuple[Results, Curves, Tensor]]:
+def image_protocol(
+    model: Any,
+    one: ImageSet,
+    two: Optional[ImageSet],
+    methods: Sequence[str],
+    batch_size: int = 32,
+    progress: bool = True,
+    baseline: bool = False,
+    drops: Optional[Tensor] = None,
+    shard: Optional[Shard] = None,
+) -> Optional[tuple[Results, Curves, Tensor]]:
     """:func:`evaluate_images` in blocks of ``batch_size`` images, spread over the ranks of ``shard``.
 
     Each model call sees the images of one block only (:mod:`.shards`), so the per-image values do not
@@ -216,8 +248,7 @@ def image_protocol(model: Any, one: ImageSet, two: Optional[ImageSet], methods: 
     draws = RandomDraws(len(one), n_two)
 
     def block(b: int) -> dict[str, Any]:
-        return _image_block(model, one, two if n_two else None, methods, spans[b], batch_size,
-                            baseline, drops, draws)
+        return _image_block(model, one, two if n_two else None, methods, spans[b], batch_size, baseline, drops, draws)
 
     blocks = shard.map(len(spans), block, progress, desc="image blocks")
     if blocks is None:
@@ -254,9 +285,17 @@ def _rows(data: ImageSet, s: int, e: int) -> ImageSet:
     return ImageSet(data.images[s:e], cut(data.labels), data.masks[s:e], cut(data.removed))
 
 
-def _image_block(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Sequence[str],
-                 spans: tuple[Span, Span], batch_size: int, baseline: bool,
-                 drops: Optional[Tensor], draws: "RandomDraws") -> dict[str, Any]:
+def _image_block(
+    model: Any,
+    one: ImageSet,
+    two: Optional[ImageSet],
+    methods: Sequence[str],
+    spans: tuple[Span, Span],
+    batch_size: int,
+    baseline: bool,
+    drops: Optional[Tensor],
+    draws: "RandomDraws",
+) -> dict[str, Any]:
     """Every model call of one block, and the per-image values they give.
 
     Returns:
@@ -280,22 +319,26 @@ def _image_block(model: Any, one: ImageSet, two: Optional[ImageSet], methods: Se
         cache[method] = scores
         variants = {"predicted": maps}
         if truth is not None:
-            variants["target"] = _maps_for(model, o.images, method, truth, maps, targets,
-                                           batch_size)
+            variants["target"] = _maps_for(model, o.images, method, truth, maps, targets, batch_size)
         pair = _pair_maps(model, t, method, batch_size)
         values[method] = _map_values(model, o, t, variants, pair, reference, batch_size, d)
         if method == "cdam":
-            values[method]["cdam"] = _cdam_scores(model, o.images, scores, targets, cache,
-                                                  batch_size)
+            values[method]["cdam"] = _cdam_scores(model, o.images, scores, targets, cache, batch_size)
     if baseline:
-        variants, pair = draws.maps(cache, (o.images.shape[-2], o.images.shape[-1]), (s, e),
-                                    (s2, e2) if t is not None else None, truth is not None)
+        variants, pair = draws.maps(
+            cache,
+            (o.images.shape[-2], o.images.shape[-1]),
+            (s, e),
+            (s2, e2) if t is not None else None,
+            truth is not None,
+        )
         values["random"] = _map_values(model, o, t, variants, pair, reference, batch_size, d)
     return {"pred": pred, "values": values}
 
 
-def _cdam_scores(model: Any, images: Tensor, scores: Tensor, targets: Tensor,
-                 cache: dict[str, Tensor], batch_size: int) -> dict[str, Tensor]:
+def _cdam_scores(
+    model: Any, images: Tensor, scores: Tensor, targets: Tensor, cache: dict[str, Tensor], batch_size: int
+) -> dict[str, Tensor]:
     """CDAM's token scores (b, T) and token ablation's for the same ``targets`` (b,).
 
     Token ablation's come from ``cache`` when that method ran already
@@ -308,9 +351,16 @@ def _cdam_scores(model: Any, images: Tensor, scores: Tensor, targets: Tensor,
     return {"scores": scores, "tam": tam}
 
 
-def _map_values(model: Any, one: ImageSet, two: Optional[ImageSet], variants: dict[str, Tensor],
-                pair: Optional[MapPair], reference: Tensor, batch_size: int,
-                drops: Optional[Tensor] = None) -> dict[str, Any]:
+def _map_values(
+    model: Any,
+    one: ImageSet,
+    two: Optional[ImageSet],
+    variants: dict[str, Tensor],
+    pair: Optional[MapPair],
+    reference: Tensor,
+    batch_size: int,
+    drops: Optional[Tensor] = None,
+) -> dict[str, Any]:
     """The per-image values behind every metric of given maps (one block).
 
     Args:
@@ -328,28 +378,32 @@ def _map_values(model: Any, one: ImageSet, two: Optional[ImageSet], variants: di
     """
     out: dict[str, Any] = {"correct": {}}
     for sign in ("positive", "negative"):
-        correct = _perturbation_correct(model, one.images, variants, reference,
-                                        sign == "negative", max(batch_size, 64))
+        correct = _perturbation_correct(model, one.images, variants, reference, sign == "negative", max(batch_size, 64))
         for which, c in correct.items():
             out["correct"][f"{sign}_{which}"] = c
     out["seg"] = M.segmentation_per_image(variants["predicted"], one.masks[:, 0])
     if pair is not None and two is not None:
         a = pair[0].reshape(len(pair[0]), -1).numpy()
         b = pair[1].reshape(len(pair[1]), -1).numpy()
-        out["pair"] = {"share_a": M.own_mask_share(pair[0], two.masks[:, 0]),
-                       "share_b": M.own_mask_share(pair[1], two.masks[:, 1]),
-                       "r": np.array([M.pearson(x, y) for x, y in zip(a, b)], dtype=np.float64)}
+        out["pair"] = {
+            "share_a": M.own_mask_share(pair[0], two.masks[:, 0]),
+            "share_b": M.own_mask_share(pair[1], two.masks[:, 1]),
+            "r": np.array([M.pearson(x, y) for x, y in zip(a, b)], dtype=np.float64),
+        }
         if drops is not None:
             own = [torch.full((len(pair[j]),), j, dtype=torch.long) for j in (0, 1)]
             d = [drops[:, j].to(torch.float64) for j in (0, 1)]
-            out["deletion"] = {"cases": [M.deletion_cases(pair[j], two.masks, d[j], own[j])
-                                         for j in (0, 1)],
-                               "drops": [x.numpy() for x in d]}
+            out["deletion"] = {
+                "cases": [M.deletion_cases(pair[j], two.masks, d[j], own[j]) for j in (0, 1)],
+                "drops": [x.numpy() for x in d],
+            }
     return out
 
 
-def _summarise(vals: list[dict[str, Any]], with_cdam: bool = False,
-               ) -> tuple[dict[str, Optional[float]], dict[str, list]]:
+def _summarise(
+    vals: list[dict[str, Any]],
+    with_cdam: bool = False,
+) -> tuple[dict[str, Optional[float]], dict[str, list]]:
     """One method's metrics and curves from its per-image values of every block, in block order.
 
     Each summary is computed from the concatenated values exactly as over the
@@ -358,18 +412,16 @@ def _summarise(vals: list[dict[str, Any]], with_cdam: bool = False,
     res: dict[str, Optional[float]] = {k: None for k in IMAGE_METRICS}
     cur: dict[str, list] = {}
     for test in vals[0]["correct"]:
-        c = np.concatenate([v["correct"][test] for v in vals], axis=1)   # (1 + P, N)
+        c = np.concatenate([v["correct"][test] for v in vals], axis=1)  # (1 + P, N)
         sign, which = test.split("_")
         acc = c.mean(axis=1)
         cur[test] = acc.tolist()
         res[f"perturbation_{sign}_auc_{which}"] = M.perturbation_auc(acc)
         # the AUC is linear in the curve: it is the mean of these per-image AUCs
-        cur[f"{test}_auc_per_image"] = [
-            round(M.perturbation_auc(col), 2) for col in c.T.astype(np.float64)]
+        cur[f"{test}_auc_per_image"] = [round(M.perturbation_auc(col), 2) for col in c.T.astype(np.float64)]
     # per image, for the bootstrap: pixel accuracy and AP average to the results; the IoUs
     # are pooled, so their counts (fg ∩, fg ∪, bg ∩, bg ∪) are kept (M.pooled_miou)
-    per = {k: np.concatenate([v["seg"][k] for v in vals])
-           for k in ("pixel_accuracy", "iou_counts", "ap")}
+    per = {k: np.concatenate([v["seg"][k] for v in vals]) for k in ("pixel_accuracy", "iou_counts", "ap")}
     per["pixels"] = vals[0]["seg"]["pixels"]
     seg = M.segmentation_summary(per)
     res.update(pixel_accuracy=seg["pixel_accuracy"], miou=seg["miou"], map=seg["map"])
@@ -390,8 +442,7 @@ def _summarise(vals: list[dict[str, Any]], with_cdam: bool = False,
     if with_cdam:
         scores = torch.cat([v["cdam"]["scores"] for v in vals])
         tam = torch.cat([v["cdam"]["tam"] for v in vals])
-        res.update(cdam_sparsity=M.sparsity(scores),
-                   tam_correlation=M.pooled_correlation(scores, tam))
+        res.update(cdam_sparsity=M.sparsity(scores), tam_correlation=M.pooled_correlation(scores, tam))
     return res, cur
 
 
@@ -407,19 +458,23 @@ def _deletion(dels: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, l
         values: ``deletion_order_per_case``, ``deletion_distraction_per_case``,
         ``deletion_shares`` (2 N2, 2) and ``deletion_drops`` (2 N2, 2).
     """
-    order = [(x, j) for j in (0, 1) for x in dels]   # class j of every block's scenes
-    cases = {k: np.concatenate([x["cases"][j][k] for x, j in order])
-             for k in ("shares", "order", "distraction")}
+    order = [(x, j) for j in (0, 1) for x in dels]  # class j of every block's scenes
+    cases = {k: np.concatenate([x["cases"][j][k] for x, j in order]) for k in ("shares", "order", "distraction")}
     d = np.concatenate([x["drops"][j] for x, j in order])
     ok = ~np.isnan(cases["shares"]).any(1)
-    corr = (M.pearson(cases["shares"][ok].reshape(-1), d[ok].reshape(-1)) if ok.sum() >= 1
-            else math.nan)
+    corr = M.pearson(cases["shares"][ok].reshape(-1), d[ok].reshape(-1)) if ok.sum() >= 1 else math.nan
     rnd = _json_floats
-    cur = {"deletion_order_per_case": rnd(cases["order"]),
-           "deletion_distraction_per_case": rnd(cases["distraction"]),
-           "deletion_shares": rnd(cases["shares"]), "deletion_drops": rnd(d)}
-    res = {"deletion_order": _nanmean(cases["order"]), "deletion_correlation": corr,
-           "deletion_distraction": _nanmean(cases["distraction"])}
+    cur = {
+        "deletion_order_per_case": rnd(cases["order"]),
+        "deletion_distraction_per_case": rnd(cases["distraction"]),
+        "deletion_shares": rnd(cases["shares"]),
+        "deletion_drops": rnd(d),
+    }
+    res = {
+        "deletion_order": _nanmean(cases["order"]),
+        "deletion_correlation": corr,
+        "deletion_distraction": _nanmean(cases["distraction"]),
+    }
     return res, cur
 
 
@@ -429,8 +484,9 @@ def _nanmean(x: np.ndarray) -> float:
     return float(x.mean()) if x.size else math.nan
 
 
-def _perturbation_correct(model: Any, images: Tensor, variants: dict[str, Tensor],
-                          labels: Tensor, negative: bool, batch_size: int) -> dict[str, np.ndarray]:
+def _perturbation_correct(
+    model: Any, images: Tensor, variants: dict[str, Tensor], labels: Tensor, negative: bool, batch_size: int
+) -> dict[str, np.ndarray]:
     """(1 + P, N) correctness matrix of each map variant (``predicted``, ``target``).
 
     The perturbed inputs of an image are the same for two variants whose maps
@@ -441,16 +497,23 @@ def _perturbation_correct(model: Any, images: Tensor, variants: dict[str, Tensor
     first: Optional[tuple[Tensor, np.ndarray]] = None
     for which, mp in variants.items():
         if first is None:
-            c = M.perturbation_curve(model, images, mp, labels, negative=negative,
-                                     batch_size=batch_size, return_correct=True)
+            c = M.perturbation_curve(
+                model, images, mp, labels, negative=negative, batch_size=batch_size, return_correct=True
+            )
             first = (mp, c)
         else:
             c = first[1].copy()
             differ = (mp != first[0]).reshape(len(mp), -1).any(dim=1)
             if differ.any():
                 c[:, differ.numpy()] = M.perturbation_curve(
-                    model, images[differ], mp[differ], labels[differ], negative=negative,
-                    batch_size=batch_size, return_correct=True)
+                    model,
+                    images[differ],
+                    mp[differ],
+                    labels[differ],
+                    negative=negative,
+                    batch_size=batch_size,
+                    return_correct=True,
+                )
         out[which] = c
     return out
 
@@ -464,9 +527,13 @@ def _json_floats(a: Any) -> list:
 # --------------------------------------------------------------------------
 # the reference row
 # --------------------------------------------------------------------------
-def random_maps(one: ImageSet, two: Optional[ImageSet], cache: dict[str, Tensor],
-                with_target: bool, seed: int = 0,
-                ) -> tuple[dict[str, Tensor], Optional[MapPair]]:
+def random_maps(
+    one: ImageSet,
+    two: Optional[ImageSet],
+    cache: dict[str, Tensor],
+    with_target: bool,
+    seed: int = 0,
+) -> tuple[dict[str, Tensor], Optional[MapPair]]:
     """Seeded uniform random patch maps for whole sets (the reference row ``random``).
 
     The patch grid is read from the methods' token scores (N, T) in ``cache`` (a square grid); without any,
@@ -494,8 +561,9 @@ def random_maps(one: ImageSet, two: Optional[ImageSet], cache: dict[str, Tensor]
     """
     n_two = len(two) if _has_pairs(two) else 0
     draws = RandomDraws(len(one), n_two, seed)
-    return draws.maps(cache, (one.images.shape[-2], one.images.shape[-1]), (0, len(one)),
-                      (0, n_two) if n_two else None, with_target)
+    return draws.maps(
+        cache, (one.images.shape[-2], one.images.shape[-1]), (0, len(one)), (0, n_two) if n_two else None, with_target
+    )
 
 
 class RandomDraws:
@@ -519,9 +587,14 @@ class RandomDraws:
         self._one = torch.rand(self.n_one, *grid, generator=g)
         self._two = torch.rand(self.n_two, *grid, generator=g) if self.n_two else None
 
-    def maps(self, cache: dict[str, Tensor], size: tuple[int, int], one: Span,
-             two: Optional[Span], with_target: bool,
-             ) -> tuple[dict[str, Tensor], Optional[MapPair]]:
+    def maps(
+        self,
+        cache: dict[str, Tensor],
+        size: tuple[int, int],
+        one: Span,
+        two: Optional[Span],
+        with_target: bool,
+    ) -> tuple[dict[str, Tensor], Optional[MapPair]]:
         """The maps at ``size`` of the one-object rows ``one`` and the two-object rows ``two``.
 
         Parameters
@@ -545,15 +618,23 @@ class RandomDraws:
         if self._one is None:
             self._draw(cache, size)
         assert self._one is not None
-        variants = {"predicted": M.upsample_maps(self._one[one[0]:one[1]], size)}
+        variants = {"predicted": M.upsample_maps(self._one[one[0] : one[1]], size)}
         if with_target:
             variants["target"] = variants["predicted"]
         pair = None
         if two is not None and self._two is not None:
-            m = M.upsample_maps(self._two[two[0]:two[1]], size)
+            m = M.upsample_maps(self._two[two[0] : two[1]], size)
             pair = (m, m)
         return variants, pair
 
 
-__all__ = ["IMAGE_METRICS", "Curves", "image_maps", "predict", "evaluate_images", "image_protocol",
-           "random_maps", "RandomDraws"]
+__all__ = [
+    "IMAGE_METRICS",
+    "Curves",
+    "image_maps",
+    "predict",
+    "evaluate_images",
+    "image_protocol",
+    "random_maps",
+    "RandomDraws",
+]

@@ -15,6 +15,7 @@ prompt's real tokens except special tokens (the begin-of-text token):
 
 A seeded ``random`` row (uniform scores) is the reference; per-prompt values feed the paired bootstrap.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -54,8 +55,13 @@ def encode(tokenizer: Any, records: Sequence[FactRecord]) -> dict:
     InputError
         If a prompt has no evidence token after tokenizing.
     """
-    enc = tokenizer([r.prompt for r in records], return_tensors="pt", padding=True, return_offsets_mapping=True,
-                    return_special_tokens_mask=True)
+    enc = tokenizer(
+        [r.prompt for r in records],
+        return_tensors="pt",
+        padding=True,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
     context, evidence = [], []
     for b, r in enumerate(records):
         real = (enc["attention_mask"][b] == 1) & (enc["special_tokens_mask"][b] == 0)
@@ -68,8 +74,13 @@ def encode(tokenizer: Any, records: Sequence[FactRecord]) -> dict:
     for r in records:
         ids = tokenizer(" " + r.answer, add_special_tokens=False)["input_ids"]
         answers.append(ids[0])
-    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "context": context,
-            "evidence": evidence, "answers": torch.tensor(answers, dtype=torch.long)}
+    return {
+        "input_ids": enc["input_ids"],
+        "attention_mask": enc["attention_mask"],
+        "context": context,
+        "evidence": evidence,
+        "answers": torch.tensor(answers, dtype=torch.long),
+    }
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -127,8 +138,9 @@ def evidence_scores(scores: np.ndarray, context: np.ndarray, evidence: np.ndarra
     return float(hits[0]), float((precision * hits).sum() / max(1, hits.sum()))
 
 
-def replacement_curve(model: Any, ids: torch.Tensor, mask: torch.Tensor, order: torch.Tensor, answer: int,
-                      filler: int, K: int) -> np.ndarray:
+def replacement_curve(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, order: torch.Tensor, answer: int, filler: int, K: int
+) -> np.ndarray:
     """The answer's probability as the first k tokens of ``order`` are replaced by ``filler``, k = 0 … K.
 
     Parameters
@@ -208,15 +220,22 @@ def prompt_values(model: Any, enc: dict, b: int, scores: np.ndarray, filler: int
     ctx, ev = enc["context"][b].numpy(), enc["evidence"][b].numpy()
     hit, ap = evidence_scores(scores, ctx, ev)
     ranked = torch.as_tensor(ctx[np.argsort(-scores[ctx], kind="stable")])
-    ids, mask, ans = enc["input_ids"][b:b + 1], enc["attention_mask"][b:b + 1], int(enc["answers"][b])
+    ids, mask, ans = enc["input_ids"][b : b + 1], enc["attention_mask"][b : b + 1], int(enc["answers"][b])
     morf = curve_auc(replacement_curve(model, ids, mask, ranked, ans, filler, MAX_REPLACED))
     lerf = curve_auc(replacement_curve(model, ids, mask, ranked.flip(0), ans, filler, MAX_REPLACED))
     return {"evidence_hit1": hit, "evidence_ap": ap, "morf_auc": morf, "lerf_auc": lerf}
 
 
-def lm_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], methods: Sequence[str],
-                batch_size: int = 16, progress: bool = True, baseline: bool = True,
-                seed: int = 0) -> tuple[Results, dict, float, int]:
+def lm_protocol(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[FactRecord],
+    methods: Sequence[str],
+    batch_size: int = 16,
+    progress: bool = True,
+    baseline: bool = True,
+    seed: int = 0,
+) -> tuple[Results, dict, float, int]:
     """Run every method on the prompts the model answers correctly.
 
     Parameters
@@ -255,8 +274,11 @@ def lm_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], metho
 
     enc = encode(tokenizer, records)
     with torch.no_grad():
-        logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                       position_ids=_positions(enc["attention_mask"])).logits[:, -1]
+        logits = model(
+            input_ids=enc["input_ids"],
+            attention_mask=enc["attention_mask"],
+            position_ids=_positions(enc["attention_mask"]),
+        ).logits[:, -1]
     correct = torch.nonzero(logits.argmax(-1).cpu() == enc["answers"]).flatten().tolist()
     accuracy = len(correct) / len(records)
     filler = filler_token(tokenizer)
@@ -267,22 +289,40 @@ def lm_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], metho
     for method in progress_bar(names, progress, desc="methods"):
         values: dict[str, list] = {m: [] for m in LM_METRICS}
         for start in range(0, len(correct), batch_size):
-            rows = correct[start:start + batch_size]
+            rows = correct[start : start + batch_size]
             if method == "random":
                 maps = [random_maps[b] for b in rows]
             else:
-                exp = explain(model, {"input_ids": enc["input_ids"][rows], "attention_mask":
-                                      enc["attention_mask"][rows]}, method=method,
-                              target=enc["answers"][rows].tolist(), progress=False)
+                exp = explain(
+                    model,
+                    {"input_ids": enc["input_ids"][rows], "attention_mask": enc["attention_mask"][rows]},
+                    method=method,
+                    target=enc["answers"][rows].tolist(),
+                    progress=False,
+                )
                 maps = list(exp.scores.detach().double().cpu().numpy())
             for b, m in zip(rows, maps):
                 for k, v in prompt_values(model, enc, b, m, filler).items():
                     values[k].append(v)
         curves[method] = {f"{k}_per_prompt": v for k, v in values.items()}
-    results = {m: {k: metric_value(float(np.mean(v)) if v else None) for k, v in
-                   ((k, curves[m][f"{k}_per_prompt"]) for k in LM_METRICS)} for m in names}
+    results = {
+        m: {
+            k: metric_value(float(np.mean(v)) if v else None)
+            for k, v in ((k, curves[m][f"{k}_per_prompt"]) for k in LM_METRICS)
+        }
+        for m in names
+    }
     return results, curves, accuracy, len(correct)
 
 
-__all__ = ["lm_protocol", "encode", "evidence_scores", "replacement_curve", "curve_auc", "answer_probabilities",
-           "filler_token", "LM_METRICS", "MAX_REPLACED"]
+__all__ = [
+    "lm_protocol",
+    "encode",
+    "evidence_scores",
+    "replacement_curve",
+    "curve_auc",
+    "answer_probabilities",
+    "filler_token",
+    "LM_METRICS",
+    "MAX_REPLACED",
+]

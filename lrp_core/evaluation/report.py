@@ -1,4 +1,5 @@
 """What an evaluation run shows and writes: metric values, tables, curve plots, JSON files."""
+
 from __future__ import annotations
 
 import json
@@ -13,12 +14,19 @@ Results = dict[str, dict[str, Optional[float]]]
 """``results[method][metric]``: a value, or ``None`` where the metric does not apply."""
 
 SHORT = {
-    "perturbation_positive_auc_predicted": "pos↓ pred", "perturbation_negative_auc_predicted":
-    "neg↑ pred", "perturbation_positive_auc_target": "pos↓ true",
-    "perturbation_negative_auc_target": "neg↑ true", "pixel_accuracy": "pix acc",
-    "miou": "mIoU", "map": "mAP", "class_sensitivity": "class sens", "class_map_correlation":
-    "class corr", "cdam_sparsity": "sparsity", "tam_correlation": "r(TAM)",
-    **{f"token_f1@{k}": f"F1@{k}" for k in M.TOP_K}, "token_f1@gold": "F1@gold",
+    "perturbation_positive_auc_predicted": "pos↓ pred",
+    "perturbation_negative_auc_predicted": "neg↑ pred",
+    "perturbation_positive_auc_target": "pos↓ true",
+    "perturbation_negative_auc_target": "neg↑ true",
+    "pixel_accuracy": "pix acc",
+    "miou": "mIoU",
+    "map": "mAP",
+    "class_sensitivity": "class sens",
+    "class_map_correlation": "class corr",
+    "cdam_sparsity": "sparsity",
+    "tam_correlation": "r(TAM)",
+    **{f"token_f1@{k}": f"F1@{k}" for k in M.TOP_K},
+    "token_f1@gold": "F1@gold",
 }
 """Column headers of :func:`format_table`."""
 
@@ -45,8 +53,7 @@ def metric_value(v: Any) -> Optional[float]:
     return None if math.isnan(v) else v
 
 
-def format_table(results: Results, markdown: bool = False,
-                 columns: Optional[Sequence[str]] = None) -> str:
+def format_table(results: Results, markdown: bool = False, columns: Optional[Sequence[str]] = None) -> str:
     """A method × metric table, in plain text or Markdown; ``—`` stands for ``None``.
 
     Parameters
@@ -67,15 +74,16 @@ def format_table(results: Results, markdown: bool = False,
         return "(no results)"
     cols = list(columns or next(iter(results.values())).keys())
     head = ["method"] + [SHORT.get(c, c) for c in cols]
-    rows = [[m] + ["—" if (v := r.get(c)) is None else _fmt(c, v) for c in cols]
-            for m, r in results.items()]
+    rows = [[m] + ["—" if (v := r.get(c)) is None else _fmt(c, v) for c in cols] for m, r in results.items()]
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(cols)) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
     width = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    fmt = lambda r: "  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w)  # noqa: E731
-                              for i, (x, w) in enumerate(zip(r, width)))
+
+    def fmt(r: Sequence[Any]) -> str:
+        return "  ".join(str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(r, width)))
+
     return "\n".join([fmt(head), "  ".join("-" * w for w in width)] + [fmt(r) for r in rows])
 
 
@@ -104,12 +112,12 @@ def plot_curves(curves: dict[str, dict[str, list]], path: str | Path, title: str
     matplotlib = require("matplotlib", extra="viz", what="plot_curves")  # late: only runs that write a plot need it
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+
     tests = [t for t in CURVE_TESTS if any(t in c for c in curves.values())]
     x = [0.0, *M.FRACTIONS]
     cols = 2 if len(tests) > 1 else 1
     rows = (len(tests) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols + 2.2, 3.6 * rows), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols + 2.2, 3.6 * rows), squeeze=False, sharey=True)
     for ax, test in zip(axes.flat, tests):
         for method, c in curves.items():
             if test in c:
@@ -120,7 +128,7 @@ def plot_curves(curves: dict[str, dict[str, list]], path: str | Path, title: str
         ax.set_xlabel("fraction of pixels removed")
         ax.set_ylabel("top-1 accuracy")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(tests):]:
+    for ax in list(axes.flat)[len(tests) :]:
         ax.set_visible(False)
     handles, names = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="center right", fontsize=8, frameon=False)
@@ -163,10 +171,10 @@ def write_run(run: dict[str, Any], path: str | Path, command: str) -> list[Path]
     written = [path, meta_path]
     if run.get("curves") and run.get("kind", "image") == "image":
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run["model"])
-        written.append(plot_curves(run["curves"], path.parent / f"perturbation_{safe}.png",
-                                   title=f"{run['model']}, n={run['n']}"))
+        written.append(
+            plot_curves(run["curves"], path.parent / f"perturbation_{safe}.png", title=f"{run['model']}, n={run['n']}")
+        )
     return written
 
 
-__all__ = ["Results", "SHORT", "CURVE_TESTS", "metric_value", "format_table", "plot_curves",
-           "write_run"]
+__all__ = ["Results", "SHORT", "CURVE_TESTS", "metric_value", "format_table", "plot_curves", "write_run"]

@@ -2,6 +2,7 @@
 
 A run is done in blocks of samples, possibly spread over processes (:mod:`.shards`).
 """
+
 from __future__ import annotations
 
 import time
@@ -44,21 +45,33 @@ def resolve_methods(spec: str | Sequence[str], protocol: str = "evidence") -> li
         If a name is unknown or none is given; the message lists the accepted names.
     """
     known = list(METHODS) + (list(registry.SOURCE_METHOD_NAMES) if protocol == "sources" else [])
-    names = list(known) if spec == "all" else (
-        [s.strip() for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec))
+    names = (
+        list(known)
+        if spec == "all"
+        else ([s.strip() for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec))
+    )
     bad = [m for m in names if m not in known]
     if bad or not names:
-        raise UnknownMethodError(f"unknown method(s) {bad or names}; choose from {known} "
-                                 f"or 'all'")
+        raise UnknownMethodError(f"unknown method(s) {bad or names}; choose from {known} or 'all'")
     return names
 
 
-def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all", n: int = 500,
-             batch_size: int = 32, seed: int = SCENE_SEED, data: Optional[str] = None,
-             split: str = "val", text_target: str = "true", progress: bool = True,
-             baseline: bool = True, device: str = "cpu",
-             shard: Optional[Shard] = None, protocol: str = "evidence",
-             curve_questions: Optional[int] = VLM_CURVE_QUESTIONS) -> Optional[dict[str, Any]]:
+def evaluate(
+    model: str | Any = "toy-vit",
+    methods: str | Sequence[str] = "all",
+    n: int = 500,
+    batch_size: int = 32,
+    seed: int = SCENE_SEED,
+    data: Optional[str] = None,
+    split: str = "val",
+    text_target: str = "true",
+    progress: bool = True,
+    baseline: bool = True,
+    device: str = "cpu",
+    shard: Optional[Shard] = None,
+    protocol: str = "evidence",
+    curve_questions: Optional[int] = VLM_CURVE_QUESTIONS,
+) -> Optional[dict[str, Any]]:
     """Run the evaluation of a model.
 
     The samples are evaluated in blocks of ``batch_size`` (text: 16 at most). The per-sample values and the
@@ -115,6 +128,7 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
         If a method name is unknown.
     """
     from ..models import load  # late: the model zoo pulls in timm / transformers
+
     t0 = time.perf_counter()
     shard = shard or Shard()
     if protocol not in ("evidence", "sources"):
@@ -129,6 +143,7 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     is_vlm = loaded.kind == "vlm"
     if is_vlm and methods == "all":  # 'all' on a VLM: the methods its adapter does not refuse
         from .vlm import vlm_methods
+
         names = vlm_methods(loaded.model)
     if is_lm and methods == "all":  # 'all' on a decoder: the methods that run there (no Captum baselines yet)
         names = [m for m in names if m in registry.DECODER_METHODS or m in registry.SOURCE_METHOD_NAMES]
@@ -136,21 +151,32 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
         raise InputError("the sources protocol scores a causal language model's facts task (e.g. --model tiny-lm)")
     if device != "cpu":
         loaded.model.to(device)
-    out: dict[str, Any] = {"model": getattr(loaded, "name", str(model)), "kind": loaded.kind,
-                           "methods": names, "seed": seed, "device": str(device)}
-    config = {"model": out["model"], "kind": loaded.kind, "methods": names, "n": n,
-              "batch_size": batch_size, "seed": seed, "data": data, "split": split,
-              "text_target": text_target, "baseline": baseline,
-              "device": torch.device(device).type}  # cuda:0 and cuda:1 give the same values
+    out: dict[str, Any] = {
+        "model": getattr(loaded, "name", str(model)),
+        "kind": loaded.kind,
+        "methods": names,
+        "seed": seed,
+        "device": str(device),
+    }
+    config = {
+        "model": out["model"],
+        "kind": loaded.kind,
+        "methods": names,
+        "n": n,
+        "batch_size": batch_size,
+        "seed": seed,
+        "data": data,
+        "split": split,
+        "text_target": text_target,
+        "baseline": baseline,
+        "device": torch.device(device).type,
+    }  # cuda:0 and cuda:1 give the same values
     if loaded.kind == "image":
-        part = _image_run(loaded, out["model"], names, n, batch_size, seed, data, progress,
-                          baseline, shard, config)
+        part = _image_run(loaded, out["model"], names, n, batch_size, seed, data, progress, baseline, shard, config)
     elif loaded.kind == "text":
-        part = _text_run(loaded, names, n, batch_size, data, split, text_target, progress,
-                         baseline, shard, config)
+        part = _text_run(loaded, names, n, batch_size, data, split, text_target, progress, baseline, shard, config)
     elif is_vlm:
-        part = _vlm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol,
-                        curve_questions)
+        part = _vlm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol, curve_questions)
     elif is_lm:
         part = _lm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol)
         out["protocol"] = protocol
@@ -164,27 +190,46 @@ def evaluate(model: str | Any = "toy-vit", methods: str | Sequence[str] = "all",
     return out
 
 
-def _image_run(loaded: Any, name: str, methods: list[str], n: int, batch_size: int, seed: int,
-               data: Optional[str], progress: bool, baseline: bool, shard: Shard,
-               config: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _image_run(
+    loaded: Any,
+    name: str,
+    methods: list[str],
+    n: int,
+    batch_size: int,
+    seed: int,
+    data: Optional[str],
+    progress: bool,
+    baseline: bool,
+    shard: Shard,
+    config: dict[str, Any],
+) -> Optional[dict[str, Any]]:
     """``accuracy``, ``n``, ``results``, ``curves``, ``skipped`` of an image model, in this order.
 
     The order is that of the keys in ``<out>.meta.json``. ``None`` on ranks other than 0.
     """
     one, two = _image_sets(loaded, name, n, seed, data)
     shard.start({**config, "samples": len(one)})
-    done = image_protocol(loaded.model, one, two, methods, batch_size, progress, baseline,
-                          shard=shard)
+    done = image_protocol(loaded.model, one, two, methods, batch_size, progress, baseline, shard=shard)
     if done is None:
         return None
     results, curves, pred = done
     ref = one.labels[:, 0] if one.labels is not None else pred
-    return {"accuracy": float((pred == ref).float().mean()), "n": len(one), "results": results,
-            "curves": curves, "skipped": []}
+    return {
+        "accuracy": float((pred == ref).float().mean()),
+        "n": len(one),
+        "results": results,
+        "curves": curves,
+        "skipped": [],
+    }
 
 
-def _image_sets(loaded: Any, name: str, n: int, seed: int, data: Optional[str],
-                ) -> tuple[ImageSet, Optional[ImageSet]]:
+def _image_sets(
+    loaded: Any,
+    name: str,
+    n: int,
+    seed: int,
+    data: Optional[str],
+) -> tuple[ImageSet, Optional[ImageSet]]:
     """The one-object set (and the two-object set, built-in data only) of an image run.
 
     ``data`` (a folder) wins; else the model's ``info["evaluation_data"]`` names
@@ -194,14 +239,26 @@ def _image_sets(loaded: Any, name: str, n: int, seed: int, data: Optional[str],
         return load_data_folder(data, "image", loaded.preprocess, loaded.labels).head(n), None
     source = (getattr(loaded, "info", None) or {}).get("evaluation_data")
     if source not in BUILTIN_IMAGE_SETS:
-        raise InputError(f"{name} has no built-in evaluation data: pass --data with "
-                         f"images/ and masks/ (see python -m lrp_core.evaluation --help)")
+        raise InputError(
+            f"{name} has no built-in evaluation data: pass --data with "
+            f"images/ and masks/ (see python -m lrp_core.evaluation --help)"
+        )
     return BUILTIN_IMAGE_SETS[source](n, seed)
 
 
-def _text_run(loaded: Any, methods: list[str], n: int, batch_size: int, data: Optional[str],
-              split: str, text_target: str, progress: bool, baseline: bool, shard: Shard,
-              config: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _text_run(
+    loaded: Any,
+    methods: list[str],
+    n: int,
+    batch_size: int,
+    data: Optional[str],
+    split: str,
+    text_target: str,
+    progress: bool,
+    baseline: bool,
+    shard: Shard,
+    config: dict[str, Any],
+) -> Optional[dict[str, Any]]:
     """``n``, ``accuracy``, ``results``, ``curves``, ``skipped`` of a text model, in this order.
 
     The order is that of the keys in ``<out>.meta.json``; ``curves[method]`` holds
@@ -210,23 +267,50 @@ def _text_run(loaded: Any, methods: list[str], n: int, batch_size: int, data: Op
 
     Without ``data`` every text model is scored on the shipped rationale set.
     """
-    ds: TextSet = (load_data_folder(data, "text", labels=loaded.labels, split=split)
-                   if data is not None else rationale_set(loaded.labels))
+    ds: TextSet = (
+        load_data_folder(data, "text", labels=loaded.labels, split=split)
+        if data is not None
+        else rationale_set(loaded.labels)
+    )
     ds = ds.head(n)
     shard.start({**config, "samples": len(ds)})
     curves: dict[str, dict[str, list]] = {}
-    done = text_protocol(loaded.model, loaded.tokenizer, ds, methods, target=text_target,
-                         batch_size=min(batch_size, 16), progress=progress, baseline=baseline,
-                         curves=curves, shard=shard)
+    done = text_protocol(
+        loaded.model,
+        loaded.tokenizer,
+        ds,
+        methods,
+        target=text_target,
+        batch_size=min(batch_size, 16),
+        progress=progress,
+        baseline=baseline,
+        curves=curves,
+        shard=shard,
+    )
     if done is None:
         return None
     results, skipped, accuracy = done
-    return {"n": len(ds), "accuracy": accuracy, "results": results,
-            "curves": {m: curves[m] for m in results if m in curves}, "skipped": skipped}
+    return {
+        "n": len(ds),
+        "accuracy": accuracy,
+        "results": results,
+        "curves": {m: curves[m] for m in results if m in curves},
+        "skipped": skipped,
+    }
 
 
-def _lm_run(loaded: Any, methods: list[str], n: int, batch_size: int, seed: int, data: Optional[str],
-            progress: bool, baseline: bool, shard: Shard, protocol: str = "evidence") -> dict[str, Any]:
+def _lm_run(
+    loaded: Any,
+    methods: list[str],
+    n: int,
+    batch_size: int,
+    seed: int,
+    data: Optional[str],
+    progress: bool,
+    baseline: bool,
+    shard: Shard,
+    protocol: str = "evidence",
+) -> dict[str, Any]:
     """``n``, ``accuracy``, ``answered``, ``results``, ``curves``, ``skipped`` of a causal LM on the facts task
     (:mod:`.lm`): prompts ``make_facts(n, seed)``, seeds at or above tiny-lm's held-out seed by default."""
     from ..data.facts import make_facts
@@ -234,28 +318,50 @@ def _lm_run(loaded: Any, methods: list[str], n: int, batch_size: int, seed: int,
     from .lm import lm_protocol
 
     if data is not None:
-        raise InputError("a language model is evaluated on the built-in facts task; --data is for image and text "
-                         "classifiers")
+        raise InputError(
+            "a language model is evaluated on the built-in facts task; --data is for image and text classifiers"
+        )
     if shard.world > 1:
         raise InputError("the language-model evaluation runs in one process; start it without torchrun")
     records = make_facts(n, HELD_OUT_SEED + seed if seed < HELD_OUT_SEED else seed)
     if protocol == "sources":
         from .sources import sources_protocol
-        results, curves, accuracy, answered = sources_protocol(loaded.model, loaded.tokenizer, records, methods,
-                                                               batch_size=min(batch_size, 16), progress=progress,
-                                                               baseline=baseline)
-        return {"n": n, "accuracy": accuracy, "answered": answered, "results": results, "curves": curves,
-                "skipped": []}
-    results, curves, accuracy, answered = lm_protocol(loaded.model, loaded.tokenizer, records, methods,
-                                                      batch_size=min(batch_size, 16), progress=progress,
-                                                      baseline=baseline)
-    return {"n": n, "accuracy": accuracy, "answered": answered, "results": results, "curves": curves,
-            "skipped": []}
+
+        results, curves, accuracy, answered = sources_protocol(
+            loaded.model,
+            loaded.tokenizer,
+            records,
+            methods,
+            batch_size=min(batch_size, 16),
+            progress=progress,
+            baseline=baseline,
+        )
+        return {"n": n, "accuracy": accuracy, "answered": answered, "results": results, "curves": curves, "skipped": []}
+    results, curves, accuracy, answered = lm_protocol(
+        loaded.model,
+        loaded.tokenizer,
+        records,
+        methods,
+        batch_size=min(batch_size, 16),
+        progress=progress,
+        baseline=baseline,
+    )
+    return {"n": n, "accuracy": accuracy, "answered": answered, "results": results, "curves": curves, "skipped": []}
 
 
-def _vlm_run(loaded: Any, methods: list[str], n: int, batch_size: int, seed: int, data: Optional[str],
-             progress: bool, baseline: bool, shard: Shard, protocol: str,
-             curve_questions: Optional[int]) -> dict[str, Any]:
+def _vlm_run(
+    loaded: Any,
+    methods: list[str],
+    n: int,
+    batch_size: int,
+    seed: int,
+    data: Optional[str],
+    progress: bool,
+    baseline: bool,
+    shard: Shard,
+    protocol: str,
+    curve_questions: Optional[int],
+) -> dict[str, Any]:
     """``n``, ``questions``, ``accuracy``, ``answered``, ``curve_questions``, ``results``, ``curves``, ``skipped`` of
     a VLM on the scene questions (:mod:`.vlm`): ``make_vqa(n, seed)``, seeds at or above tiny-vlm's held-out seed
     by default; the questions with a deciding object are scored."""
@@ -264,8 +370,10 @@ def _vlm_run(loaded: Any, methods: list[str], n: int, batch_size: int, seed: int
     from .vlm import vlm_protocol
 
     if data is not None:
-        raise InputError("a vision-language model is evaluated on the built-in scene questions; --data is for image "
-                         "and text classifiers")
+        raise InputError(
+            "a vision-language model is evaluated on the built-in scene questions; --data is for image "
+            "and text classifiers"
+        )
     if protocol != "evidence":
         raise InputError("a vision-language model takes the evidence protocol only")
     if shard.world > 1:
@@ -275,12 +383,26 @@ def _vlm_run(loaded: Any, methods: list[str], n: int, batch_size: int, seed: int
         raise InputError(f"{loaded.name} carries no processor (info['processor']) to encode the questions")
     records = make_vqa(n, HELD_OUT_SEED + seed if seed < HELD_OUT_SEED else seed)
     with_object = sum(r.has_evidence for r in records)
-    results, curves, accuracy, answered = vlm_protocol(loaded.model, processor, records, methods,
-                                                       batch_size=min(batch_size, 8), progress=progress,
-                                                       baseline=baseline, curve_questions=curve_questions)
-    return {"n": n, "questions": with_object, "accuracy": accuracy, "answered": answered,
-            "curve_questions": min(answered, curve_questions) if curve_questions is not None else answered,
-            "results": results, "curves": curves, "skipped": []}
+    results, curves, accuracy, answered = vlm_protocol(
+        loaded.model,
+        processor,
+        records,
+        methods,
+        batch_size=min(batch_size, 8),
+        progress=progress,
+        baseline=baseline,
+        curve_questions=curve_questions,
+    )
+    return {
+        "n": n,
+        "questions": with_object,
+        "accuracy": accuracy,
+        "answered": answered,
+        "curve_questions": min(answered, curve_questions) if curve_questions is not None else answered,
+        "results": results,
+        "curves": curves,
+        "skipped": [],
+    }
 
 
 __all__ = ["resolve_methods", "evaluate"]

@@ -19,6 +19,7 @@ run; ``--resume`` loads the saved blocks instead of computing them again (any
 number of processes may resume, as long as they see the folder). The folder is
 removed once the results are written.
 """
+
 from __future__ import annotations
 
 import json
@@ -122,7 +123,8 @@ class Shard:
                 raise InputError(
                     f"--resume: {self.folder} holds a different run ("
                     + ", ".join(f"{k}: {saved.get(k)!r} there, {config.get(k)!r} now" for k in diff)
-                    + "); rerun without --resume to start afresh")
+                    + "); rerun without --resume to start afresh"
+                )
         elif self.rank == 0:
             if self.folder.exists():
                 shutil.rmtree(self.folder)
@@ -171,8 +173,9 @@ class Shard:
         """
         return list(range(self.rank, n_blocks, self.world))
 
-    def map(self, n_blocks: int, compute: Callable[[int], Any], progress: bool = False,
-            desc: str = "blocks") -> Optional[list[Any]]:
+    def map(
+        self, n_blocks: int, compute: Callable[[int], Any], progress: bool = False, desc: str = "blocks"
+    ) -> Optional[list[Any]]:
         """``[compute(b) for b in range(n_blocks)]``, spread over the ranks.
 
         Each rank computes its own blocks (or loads them, when resuming).
@@ -207,8 +210,9 @@ class Shard:
                 loaded += 1
             done[b] = values
         if loaded:
-            print(f"rank {self.rank}: {loaded} block(s) resumed from {self.folder}, "
-                  f"{computed} computed", file=sys.stderr)
+            print(
+                f"rank {self.rank}: {loaded} block(s) resumed from {self.folder}, {computed} computed", file=sys.stderr
+            )
         if self.stop_after is not None:
             self.barrier()
             raise Interrupted()
@@ -237,6 +241,7 @@ class Shard:
         if not self.distributed:
             return [obj]
         import torch.distributed as dist
+
         out: Optional[list[Any]] = [None] * self.world if self.rank == 0 else None
         dist.gather_object(obj, out, dst=0)
         return out
@@ -244,6 +249,7 @@ class Shard:
     def barrier(self) -> None:
         if self.distributed:
             import torch.distributed as dist
+
             dist.barrier()
 
 
@@ -275,6 +281,7 @@ def from_environment(device: str, backend: str = "auto") -> tuple[Shard, str]:
         return Shard(), device
     import torch
     import torch.distributed as dist
+
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     on_cuda = device.startswith("cuda")
     if on_cuda:
@@ -294,6 +301,7 @@ def from_environment(device: str, backend: str = "auto") -> tuple[Shard, str]:
         # gloo threads running into interpreter shutdown, where freeing a gathered tensor aborts
         # the process (SIGABRT, about 1 run in 50). Imported first, the defaults are None.
         import torch.distributed.nn  # noqa: F401
+
         dist.init_process_group(backend=backend, timeout=GROUP_TIMEOUT)
     return Shard(rank=rank, world=world), device
 
@@ -305,6 +313,7 @@ def leave() -> None:
     threads while Python is still running (see :func:`from_environment`).
     """
     import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -13,6 +13,7 @@ explains the answer's logit with ``sources=`` the fact spans and its source scor
 
 A seeded ``random`` row (uniform source scores) is the reference; per-prompt values feed the paired bootstrap.
 """
+
 from __future__ import annotations
 
 import time
@@ -27,12 +28,18 @@ from ..runtime.utils import progress_bar
 from ..sources import sentences
 from .report import Results, metric_value
 
-SOURCE_METRICS = ("source_hit1", "source_ap", "drop_top", "keep_top", "forward_passes", "backward_passes",
-                  "seconds")
+SOURCE_METRICS = ("source_hit1", "source_ap", "drop_top", "keep_top", "forward_passes", "backward_passes", "seconds")
 #: the methods a sources run compares by default: the relevance methods of the LRP line, attention, gradient,
 #: token ablation, and the two ablation methods on sources
-DEFAULT_METHODS = ("attnlrp", "cp_lrp", "transformer_attribution", "input_x_gradient", "token_ablation",
-                   "leave_one_out", "context_cite")
+DEFAULT_METHODS = (
+    "attnlrp",
+    "cp_lrp",
+    "transformer_attribution",
+    "input_x_gradient",
+    "token_ablation",
+    "leave_one_out",
+    "context_cite",
+)
 #: passes per explanation of the methods without a cost of their own in ``Explanation.options``:
 #: (forward, backward); an explicit relevance pass counts as one backward pass
 _NO_BACKWARD = ("rollout", "raw_attention")
@@ -61,7 +68,7 @@ def fact_sources(record: FactRecord, tokenizer: Any) -> tuple[list[tuple[int, in
     text = sentences(record.prompt)
     n_facts = len(record.distractors) + 1
     text.spans, text.labels = text.spans[:n_facts], text.labels[:n_facts]
-    (a, b), = record.evidence
+    ((a, b),) = record.evidence
     deciding = [i for i, (s, e) in enumerate(text.spans) if s <= a and b <= e]
     if len(deciding) != 1:
         raise InputError(f"the evidence of {record.prompt!r} lies in no single fact sentence")
@@ -117,8 +124,9 @@ def _without(ids: torch.Tensor, drop: Sequence[tuple[int, int]]) -> torch.Tensor
     return ids[keep]
 
 
-def ablation_table(model: Any, ids: list[torch.Tensor], spans: list[list[tuple[int, int]]],
-                   answers: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def ablation_table(
+    model: Any, ids: list[torch.Tensor], spans: list[list[tuple[int, int]]], answers: list[int]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """For each prompt, p(answer) with each source removed and with only each source kept.
 
     Parameters
@@ -147,8 +155,8 @@ def ablation_table(model: Any, ids: list[torch.Tensor], spans: list[list[tuple[i
     drop, keep, k = [], [], 0
     for sp in spans:
         S = len(sp)
-        drop.append(p[k:k + 2 * S:2])
-        keep.append(p[k + 1:k + 2 * S:2])
+        drop.append(p[k : k + 2 * S : 2])
+        keep.append(p[k + 1 : k + 2 * S : 2])
         k += 2 * S
     return drop, keep
 
@@ -179,7 +187,7 @@ def _left_padded(rows: list[torch.Tensor]) -> dict:
     ids = torch.zeros(len(rows), T, dtype=torch.long)
     mask = torch.zeros(len(rows), T, dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, T - len(r):], mask[i, T - len(r):] = r, 1
+        ids[i, T - len(r) :], mask[i, T - len(r) :] = r, 1
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -191,18 +199,31 @@ def _answered(model: Any, ids: list[torch.Tensor], answers: list[int]) -> list[i
     return [i for i in range(len(ids)) if int(pred[i]) == answers[i]]
 
 
-def _method_scores(model: Any, method: str, ids: list[torch.Tensor], answers: list[int], found: list,
-                   groups: dict[int, list[int]], batch_size: int) -> dict[int, tuple[np.ndarray, float, float, float]]:
+def _method_scores(
+    model: Any,
+    method: str,
+    ids: list[torch.Tensor],
+    answers: list[int],
+    found: list,
+    groups: dict[int, list[int]],
+    batch_size: int,
+) -> dict[int, tuple[np.ndarray, float, float, float]]:
     """Per prompt: the method's source scores (S,), forward and backward passes, seconds per explanation."""
     from ..api import explain
 
     per = {}
     for members in groups.values():
         for start in range(0, len(members), batch_size):
-            rows = members[start:start + batch_size]
+            rows = members[start : start + batch_size]
             t0 = time.perf_counter()
-            exp = explain(model, _left_padded([ids[i] for i in rows]), method=method,
-                          target=[answers[i] for i in rows], sources=[found[i][0] for i in rows], progress=False)
+            exp = explain(
+                model,
+                _left_padded([ids[i] for i in rows]),
+                method=method,
+                target=[answers[i] for i in rows],
+                sources=[found[i][0] for i in rows],
+                progress=False,
+            )
             seconds = (time.perf_counter() - t0) / len(rows)
             assert exp.sources is not None, "explain(sources=...) fills exp.sources"
             got = exp.sources.detach().double().cpu().numpy()
@@ -211,9 +232,16 @@ def _method_scores(model: Any, method: str, ids: list[torch.Tensor], answers: li
     return per
 
 
-def sources_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], methods: Sequence[str],
-                     batch_size: int = 16, progress: bool = True, baseline: bool = True,
-                     seed: int = 0) -> tuple[Results, dict, float, int]:
+def sources_protocol(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[FactRecord],
+    methods: Sequence[str],
+    batch_size: int = 16,
+    progress: bool = True,
+    baseline: bool = True,
+    seed: int = 0,
+) -> tuple[Results, dict, float, int]:
     """Run every method on the prompts the model answers correctly, scoring the sources.
 
     Parameters
@@ -252,8 +280,9 @@ def sources_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], 
     found = [fact_sources(r, tokenizer) for r in records]
     p_answer = _probabilities(model, ids, answers)
     correct = _answered(model, ids, answers)
-    drop, keep = ablation_table(model, [ids[i] for i in correct], [found[i][0] for i in correct],
-                                [answers[i] for i in correct])
+    drop, keep = ablation_table(
+        model, [ids[i] for i in correct], [found[i][0] for i in correct], [answers[i] for i in correct]
+    )
     drop_of, keep_of = dict(zip(correct, drop)), dict(zip(correct, keep))
     rng = np.random.default_rng(seed)
     random_scores = {i: (rng.random(len(found[i][0])), 0.0, 0.0, 0.0) for i in correct}
@@ -263,22 +292,35 @@ def sources_protocol(model: Any, tokenizer: Any, records: Sequence[FactRecord], 
     curves: dict[str, dict[str, list]] = {}
     names = list(methods) + (["random"] if baseline else [])
     for method in progress_bar(names, progress, desc="methods"):
-        per = random_scores if method == "random" else \
-            _method_scores(model, method, ids, answers, found, groups, batch_size)
+        per = (
+            random_scores
+            if method == "random"
+            else _method_scores(model, method, ids, answers, found, groups, batch_size)
+        )
         values: dict[str, list] = {k: [] for k in SOURCE_METRICS}
         for i in correct:  # prompt order, the same for every method (paired)
             scores, fwd, bwd, seconds = per[i]
             hit, ap = source_ranking(scores, found[i][1])
             top = int(np.argsort(-scores, kind="stable")[0])
-            for k, v in zip(SOURCE_METRICS, (hit, ap, float(drop_of[i][top]), float(keep_of[i][top]), fwd, bwd,
-                                             seconds)):
+            for k, v in zip(
+                SOURCE_METRICS, (hit, ap, float(drop_of[i][top]), float(keep_of[i][top]), fwd, bwd, seconds)
+            ):
                 values[k].append(v)
         curves[method] = {f"{k}_per_prompt": v for k, v in values.items()}
         curves[method]["p_answer_per_prompt"] = [float(p_answer[i]) for i in correct]
-    results = {m: {k: metric_value(float(np.mean(curves[m][f"{k}_per_prompt"])) if correct else None)
-                   for k in SOURCE_METRICS} for m in names}
+    results = {
+        m: {k: metric_value(float(np.mean(curves[m][f"{k}_per_prompt"])) if correct else None) for k in SOURCE_METRICS}
+        for m in names
+    }
     return results, curves, len(correct) / max(1, len(records)), len(correct)
 
 
-__all__ = ["sources_protocol", "fact_sources", "source_ranking", "ablation_table", "passes", "SOURCE_METRICS",
-           "DEFAULT_METHODS"]
+__all__ = [
+    "sources_protocol",
+    "fact_sources",
+    "source_ranking",
+    "ablation_table",
+    "passes",
+    "SOURCE_METRICS",
+    "DEFAULT_METHODS",
+]

@@ -6,6 +6,7 @@ word-piece scores to words (max over the pieces of a word);
 :func:`evaluate_text` compares the top-k words with the human rationale at each
 k (ERASER's token-level metrics) and at k = the size of each rationale.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Union
@@ -37,15 +38,16 @@ def text_metric_names(ks: Sequence[int] = M.TOP_K) -> tuple[str, ...]:
         ``token_f1@k`` with its precision and recall, for each k.
     """
     names = [f"token_{m}@{k}" for m in ("f1", "precision", "recall") for k in ks]
-    return tuple(names) + ("token_f1@gold", "comprehensiveness", "sufficiency",
-                           "cdam_sparsity", "tam_correlation")
+    return tuple(names) + ("token_f1@gold", "comprehensiveness", "sufficiency", "cdam_sparsity", "tam_correlation")
 
 
 def _tokenizing(tokenizer: Any, max_len: int) -> Any:
     """texts -> the (B, T) ``input_ids`` / ``attention_mask`` of one padded block."""
+
     def tokenize(texts: Sequence[str]) -> dict[str, torch.Tensor]:
         enc = tokenizer(list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
     return tokenize
 
 
@@ -59,9 +61,15 @@ def _max_length(tokenizer: Any, model: Any) -> int:
     return int(min(limit, mml if mml < 1e6 else limit))
 
 
-def text_word_scores(model: Any, tokenizer: Any, records: Sequence[RationaleRecord], method: str,
-                     target: str = "true", batch_size: int = 16, progress: bool = False,
-                     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def text_word_scores(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[RationaleRecord],
+    method: str,
+    target: str = "true",
+    batch_size: int = 16,
+    progress: bool = False,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """One method's word scores for each document (the maximum over a word's word-pieces).
 
     Parameters
@@ -98,13 +106,17 @@ def text_word_scores(model: Any, tokenizer: Any, records: Sequence[RationaleReco
     max_len = _max_length(tokenizer, model)
     words_out, tokens_out = [], []
     for s in progress_bar(range(0, len(records), batch_size), progress, desc=method, leave=False):
-        chunk = records[s:s + batch_size]
-        enc = tokenizer([r.text for r in chunk], padding=True, truncation=True,
-                        max_length=max_len, return_offsets_mapping=True, return_tensors="pt")
-        inputs = {"input_ids": enc["input_ids"].to(device),
-                  "attention_mask": enc["attention_mask"].to(device)}
-        tgt = (torch.tensor([r.label for r in chunk], device=device)
-               if target == "true" else None)
+        chunk = records[s : s + batch_size]
+        enc = tokenizer(
+            [r.text for r in chunk],
+            padding=True,
+            truncation=True,
+            max_length=max_len,
+            return_offsets_mapping=True,
+            return_tensors="pt",
+        )
+        inputs = {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
+        tgt = torch.tensor([r.label for r in chunk], device=device) if target == "true" else None
         exp = batching.explain_batch(model, inputs, method, tgt)
         sc = exp.scores.detach().float().cpu().numpy()
         for i, r in enumerate(chunk):
@@ -135,8 +147,9 @@ def random_word_scores(data: TextSet, seed: int = 0) -> list[np.ndarray]:
 
 
 @torch.no_grad()
-def class_probabilities(model: Any, tokenizer: Any, texts: Sequence[str], classes: Sequence[int],
-                        batch_size: int = 32) -> np.ndarray:
+def class_probabilities(
+    model: Any, tokenizer: Any, texts: Sequence[str], classes: Sequence[int], batch_size: int = 32
+) -> np.ndarray:
     """The softmax probability of a given class for each text.
 
     Parameters
@@ -165,10 +178,16 @@ def class_probabilities(model: Any, tokenizer: Any, texts: Sequence[str], classe
     return np.concatenate(out)
 
 
-def faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
-                 word_scores: Sequence[np.ndarray], classes: Sequence[int],
-                 fractions: Sequence[float] = M.ERASER_FRACTIONS, batch_size: int = 32,
-                 per_document: bool = False) -> dict[str, Any]:
+def faithfulness(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[RationaleRecord],
+    word_scores: Sequence[np.ndarray],
+    classes: Sequence[int],
+    fractions: Sequence[float] = M.ERASER_FRACTIONS,
+    batch_size: int = 32,
+    per_document: bool = False,
+) -> dict[str, Any]:
     """ERASER comprehensiveness and sufficiency (AOPC over ``fractions``), averaged over the documents.
 
     Parameters
@@ -202,8 +221,9 @@ def faithfulness(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
     q = len(fractions)
     cls = list(classes)
     p_full = class_probabilities(model, tokenizer, full, cls, batch_size)
-    p = class_probabilities(model, tokenizer, texts, [c for c in cls for _ in range(2 * q)],
-                            batch_size).reshape(len(records), q, 2)
+    p = class_probabilities(model, tokenizer, texts, [c for c in cls for _ in range(2 * q)], batch_size).reshape(
+        len(records), q, 2
+    )
     comp = [M.aopc(pf, pi[:, 0]) for pf, pi in zip(p_full, p)]
     suff = [M.aopc(pf, pi[:, 1]) for pf, pi in zip(p_full, p)]
     if per_document:
@@ -239,17 +259,25 @@ def _hits(model: Any, tokenizer: Any, records: Sequence[RationaleRecord], batch_
     """Number of ``records`` whose predicted class is their label."""
     tokenize = _tokenizing(tokenizer, _max_length(tokenizer, model))
     hits = 0
-    for block, logits in logits_in_batches(model, list(records), batch_size,
-                                           lambda chunk: tokenize([r.text for r in chunk])):
+    for block, logits in logits_in_batches(
+        model, list(records), batch_size, lambda chunk: tokenize([r.text for r in chunk])
+    ):
         hits += int((logits.argmax(-1).cpu() == torch.tensor([r.label for r in records[block]])).sum())
     return hits
 
 
-def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[str],
-                  ks: Sequence[int] = M.TOP_K, target: str = "true", batch_size: int = 16,
-                  progress: bool = True, baseline: bool = False,
-                  curves: Optional[dict[str, dict[str, list]]] = None,
-                  ) -> tuple[Results, list[str]]:
+def evaluate_text(
+    model: Any,
+    tokenizer: Any,
+    data: TextSet,
+    methods: Sequence[str],
+    ks: Sequence[int] = M.TOP_K,
+    target: str = "true",
+    batch_size: int = 16,
+    progress: bool = True,
+    baseline: bool = False,
+    curves: Optional[dict[str, dict[str, list]]] = None,
+) -> tuple[Results, list[str]]:
     """Rationale token precision, recall and F1 at each k, for each method.
 
     Methods the engine cannot apply to the model are skipped. When both apply, ``cdam`` also gets its
@@ -291,18 +319,24 @@ def evaluate_text(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
     InputError
         If the tokenizer is not a fast one.
     """
-    out = text_protocol(model, tokenizer, data, methods, ks, target, batch_size, progress,
-                        baseline, curves)
+    out = text_protocol(model, tokenizer, data, methods, ks, target, batch_size, progress, baseline, curves)
     assert out is not None  # one process holds every block
     return out[0], out[1]
 
 
-def text_protocol(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[str],
-                  ks: Sequence[int] = M.TOP_K, target: str = "true", batch_size: int = 16,
-                  progress: bool = True, baseline: bool = False,
-                  curves: Optional[dict[str, dict[str, list]]] = None,
-                  shard: Optional[Shard] = None,
-                  ) -> Optional[tuple[Results, list[str], Optional[float]]]:
+def text_protocol(
+    model: Any,
+    tokenizer: Any,
+    data: TextSet,
+    methods: Sequence[str],
+    ks: Sequence[int] = M.TOP_K,
+    target: str = "true",
+    batch_size: int = 16,
+    progress: bool = True,
+    baseline: bool = False,
+    curves: Optional[dict[str, dict[str, list]]] = None,
+    shard: Optional[Shard] = None,
+) -> Optional[tuple[Results, list[str], Optional[float]]]:
     """:func:`evaluate_text` in blocks of ``batch_size`` documents, spread over the ranks of ``shard``.
 
     Each model call sees the documents of one block only (:mod:`.shards`).
@@ -344,8 +378,9 @@ def text_protocol(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
 
     def block(b: int) -> dict[str, Any]:
         s, e = spans[b]
-        return _text_block(model, tokenizer, data.records[s:e], methods, target, batch_size,
-                           None if rnd is None else rnd[s:e])
+        return _text_block(
+            model, tokenizer, data.records[s:e], methods, target, batch_size, None if rnd is None else rnd[s:e]
+        )
 
     blocks = shard.map(len(spans), block, progress, desc="text blocks")
     if blocks is None:
@@ -367,16 +402,21 @@ def text_protocol(model: Any, tokenizer: Any, data: TextSet, methods: Sequence[s
         _f1_per_document(ws, gold, curves, method)
         if method == "cdam":
             res.update(_cdam_stats(vals, skipped))
-        results[method] = ({k: metric_value(v) for k, v in res.items()} if method != "random"
-                           else res)
+        results[method] = {k: metric_value(v) for k, v in res.items()} if method != "random" else res
     order = [*methods, "random"] if baseline else list(methods)
     accuracy = (sum(b["hits"] for b in blocks) / max(len(data), 1)) if model is not None else None
     return {m: results[m] for m in order if m in results}, skipped, accuracy
 
 
-def _text_block(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
-                methods: Sequence[str], target: str, batch_size: int,
-                rnd: Optional[list[np.ndarray]]) -> dict[str, Any]:
+def _text_block(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[RationaleRecord],
+    methods: Sequence[str],
+    target: str,
+    batch_size: int,
+    rnd: Optional[list[np.ndarray]],
+) -> dict[str, Any]:
     """Every model call of one block of documents, and the per-document values they give.
 
     Returns:
@@ -389,8 +429,10 @@ def _text_block(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
     """
     block = TextSet(list(records))
     classes = _explained_classes(model, tokenizer, block, target) if model is not None else []
-    out: dict[str, Any] = {"hits": None if model is None else
-                           _hits(model, tokenizer, records, batch_size), "values": {}}
+    out: dict[str, Any] = {
+        "hits": None if model is None else _hits(model, tokenizer, records, batch_size),
+        "values": {},
+    }
     tokens: dict[str, list[np.ndarray]] = {}  # word-piece scores per method, TAM reused by CDAM
     for method in batching.method_order(methods):
         try:
@@ -406,8 +448,7 @@ def _text_block(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
             try:
                 tam = tokens.get("token_ablation")
                 if tam is None:
-                    tam = text_word_scores(model, tokenizer, records, "token_ablation", target,
-                                           batch_size)[1]
+                    tam = text_word_scores(model, tokenizer, records, "token_ablation", target, batch_size)[1]
                 tokens["token_ablation"] = tam
                 v["tam"] = tam
             except LRPError as err:
@@ -421,23 +462,26 @@ def _text_block(model: Any, tokenizer: Any, records: Sequence[RationaleRecord],
     return out
 
 
-def _faithfulness(vals: list[dict[str, Any]], curves: Optional[dict[str, dict[str, list]]],
-                  method: str) -> dict[str, float]:
+def _faithfulness(
+    vals: list[dict[str, Any]], curves: Optional[dict[str, dict[str, list]]], method: str
+) -> dict[str, float]:
     """Means of the blocks' per-document :func:`faithfulness`, kept in ``curves`` if given."""
     per = {k: [x for v in vals for x in v["faith"][k]] for k in vals[0]["faith"]}
     if curves is not None:
-        curves.setdefault(method, {}).update(
-            {f"{k}_per_document": [float(v) for v in xs] for k, xs in per.items()})
+        curves.setdefault(method, {}).update({f"{k}_per_document": [float(v) for v in xs] for k, xs in per.items()})
     return {k: float(np.mean(xs)) for k, xs in per.items()}
 
 
-def _f1_per_document(ws: list[np.ndarray], gold: list[Union[Sequence[bool], np.ndarray]],
-                     curves: Optional[dict[str, dict[str, list]]], method: str) -> None:
+def _f1_per_document(
+    ws: list[np.ndarray],
+    gold: list[Union[Sequence[bool], np.ndarray]],
+    curves: Optional[dict[str, dict[str, list]]],
+    method: str,
+) -> None:
     """Store the per-document F1 at gold size in ``curves[method]`` (when ``curves`` is given)."""
     if curves is not None:
         per = M.rationale_f1_at_gold_size_per_document(ws, gold)
-        curves.setdefault(method, {})["f1_gold_per_document"] = [
-            None if np.isnan(v) else float(v) for v in per]
+        curves.setdefault(method, {})["f1_gold_per_document"] = [None if np.isnan(v) else float(v) for v in per]
 
 
 def _explained_classes(model: Any, tokenizer: Any, data: TextSet, target: str) -> list[int]:
@@ -445,8 +489,9 @@ def _explained_classes(model: Any, tokenizer: Any, data: TextSet, target: str) -
     if target == "true":
         return [r.label for r in data.records]
     texts = [r.text for r in data.records]
-    p = np.stack([class_probabilities(model, tokenizer, texts, [c] * len(texts))
-                  for c in range(_n_classes(model))], axis=1)
+    p = np.stack(
+        [class_probabilities(model, tokenizer, texts, [c] * len(texts)) for c in range(_n_classes(model))], axis=1
+    )
     return p.argmax(1).tolist()
 
 
@@ -462,20 +507,23 @@ def _cdam_stats(vals: list[dict[str, Any]], skipped: list[str]) -> dict[str, Opt
     and the reason appended to ``skipped``.
     """
     ts = [t for v in vals for t in v["ts"]]
-    out: dict[str, Optional[float]] = {
-        "cdam_sparsity": float(np.mean([M.sparsity(t[None]) for t in ts]))}
+    out: dict[str, Optional[float]] = {"cdam_sparsity": float(np.mean([M.sparsity(t[None]) for t in ts]))}
     why = [v["tam_skipped"] for v in vals if "tam_skipped" in v]
     if why:
         skipped.append(why[0])
         return out
     tam = [t for v in vals for t in v["tam"]]
     out["tam_correlation"] = M.pooled_correlation(
-        torch.as_tensor(np.concatenate(ts)), torch.as_tensor(np.concatenate(tam)))
+        torch.as_tensor(np.concatenate(ts)), torch.as_tensor(np.concatenate(tam))
+    )
     return out
 
 
-def _rationale_metrics(ws: list[np.ndarray], gold: list[Union[Sequence[bool], np.ndarray]], ks: Sequence[int],
-                       ) -> dict[str, Optional[float]]:
+def _rationale_metrics(
+    ws: list[np.ndarray],
+    gold: list[Union[Sequence[bool], np.ndarray]],
+    ks: Sequence[int],
+) -> dict[str, Optional[float]]:
     """Token precision / recall / F1 at each k and F1 at gold size of word scores ``ws`` (W,)."""
     res: dict[str, Optional[float]] = {k: None for k in text_metric_names(ks)}
     for k, v in M.rationale_scores(ws, gold, ks).items():
@@ -485,6 +533,13 @@ def _rationale_metrics(ws: list[np.ndarray], gold: list[Union[Sequence[bool], np
     return {k: metric_value(v) for k, v in res.items()}
 
 
-__all__ = ["text_metric_names", "text_word_scores", "random_word_scores", "text_accuracy",
-           "class_probabilities", "faithfulness",
-           "evaluate_text", "text_protocol"]
+__all__ = [
+    "text_metric_names",
+    "text_word_scores",
+    "random_word_scores",
+    "text_accuracy",
+    "class_probabilities",
+    "faithfulness",
+    "evaluate_text",
+    "text_protocol",
+]

@@ -23,6 +23,7 @@ reference; the per-question values feed the paired bootstrap. A method whose exp
 pointing and mask share of that map at pixel resolution (against the same mask), and the random row its
 counterpart ``random (pixels)`` (seeded uniform scores per pixel).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,8 +53,10 @@ PIXEL_SUFFIX = " (pixels)"
 
 def _check_map_and_mask(image_map: Tensor, mask: Tensor) -> None:
     if image_map.dim() != 2 or tuple(image_map.shape) != tuple(mask.shape):
-        raise InputError(f"the image map and the mask must both be (H, W) of the same size, got "
-                         f"{tuple(image_map.shape)} and {tuple(mask.shape)}")
+        raise InputError(
+            f"the image map and the mask must both be (H, W) of the same size, got "
+            f"{tuple(image_map.shape)} and {tuple(mask.shape)}"
+        )
     if mask.dtype != torch.bool:
         raise InputError(f"the mask must be a boolean (H, W) tensor, got dtype {mask.dtype}")
     if not bool(mask.any()):
@@ -124,8 +127,7 @@ def text_rank(scores: Tensor, text_positions: Tensor, word_positions: Tensor) ->
     text = set(text_positions.tolist())
     word = set(word_positions.tolist())
     if not word or not word <= text:
-        raise InputError(f"the deciding word's positions {sorted(word)} must be non-empty text positions of the "
-                         "prompt")
+        raise InputError(f"the deciding word's positions {sorted(word)} must be non-empty text positions of the prompt")
     s = scores.double()
     best = float(s[list(word)].max())
     others = [p for p in text if p not in word]
@@ -175,12 +177,18 @@ def paint_patches(pixels: Tensor, patches: Tensor, patch: int, fill: Tensor) -> 
     out = pixels.clone()
     for p in patches.tolist():
         r, c = divmod(int(p), w)
-        out[:, r * patch:(r + 1) * patch, c * patch:(c + 1) * patch] = fill.to(out)[:, None, None]
+        out[:, r * patch : (r + 1) * patch, c * patch : (c + 1) * patch] = fill.to(out)[:, None, None]
     return out
 
 
-def patch_curve(probability: Callable[[Tensor], Tensor], pixels: Tensor, order: Tensor, patch: int, fill: Tensor,
-                K: int = MAX_PATCHES) -> np.ndarray:
+def patch_curve(
+    probability: Callable[[Tensor], Tensor],
+    pixels: Tensor,
+    order: Tensor,
+    patch: int,
+    fill: Tensor,
+    K: int = MAX_PATCHES,
+) -> np.ndarray:
     """The answer's probability as the first k patches of ``order`` are painted, k = 0 … K.
 
     Parameters
@@ -208,9 +216,19 @@ def patch_curve(probability: Callable[[Tensor], Tensor], pixels: Tensor, order: 
     return probability(images).detach().double().cpu().numpy()
 
 
-def question_values(image_map: Tensor, mask: Tensor, patch_map: Tensor, scores: Tensor, text_positions: Tensor,
-                    word_positions: Tensor, probability: Callable[[Tensor], Tensor], pixels: Tensor, patch: int,
-                    fill: Tensor, K: int = MAX_PATCHES) -> dict[str, float]:
+def question_values(
+    image_map: Tensor,
+    mask: Tensor,
+    patch_map: Tensor,
+    scores: Tensor,
+    text_positions: Tensor,
+    word_positions: Tensor,
+    probability: Callable[[Tensor], Tensor],
+    pixels: Tensor,
+    patch: int,
+    fill: Tensor,
+    K: int = MAX_PATCHES,
+) -> dict[str, float]:
     """The five metrics of one question for one method's maps.
 
     Parameters
@@ -242,10 +260,13 @@ def question_values(image_map: Tensor, mask: Tensor, patch_map: Tensor, scores: 
         One value per name of :data:`VLM_METRICS`.
     """
     order = patch_order(patch_map)
-    return {"pointing": pointing_hit(image_map, mask), "mask_share": mask_share(image_map, mask),
-            "text_rank": float(text_rank(scores, text_positions, word_positions)),
-            "morf_auc": curve_auc(patch_curve(probability, pixels, order, patch, fill, K)),
-            "lerf_auc": curve_auc(patch_curve(probability, pixels, order.flip(0), patch, fill, K))}
+    return {
+        "pointing": pointing_hit(image_map, mask),
+        "mask_share": mask_share(image_map, mask),
+        "text_rank": float(text_rank(scores, text_positions, word_positions)),
+        "morf_auc": curve_auc(patch_curve(probability, pixels, order, patch, fill, K)),
+        "lerf_auc": curve_auc(patch_curve(probability, pixels, order.flip(0), patch, fill, K)),
+    }
 
 
 def mean_values(values: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -302,8 +323,10 @@ def background_fill(pixels: Tensor, masks: np.ndarray) -> Tensor:
         (3,) the fill value.
     """
     if masks.ndim != 3 or tuple(masks.shape[1:]) != tuple(pixels.shape[1:]):
-        raise InputError(f"the objects' masks {tuple(masks.shape)} must be (k, H, W) at the model's image size "
-                         f"{tuple(pixels.shape[1:])}")
+        raise InputError(
+            f"the objects' masks {tuple(masks.shape)} must be (k, H, W) at the model's image size "
+            f"{tuple(pixels.shape[1:])}"
+        )
     outside = ~torch.as_tensor(masks, device=pixels.device).any(0)
     if not bool(outside.any()):
         raise InputError("the objects cover the whole image: there is no background colour to paint with")
@@ -316,8 +339,14 @@ def _encode(processor: Any, model: Any, records: Sequence[Any], device: torch.de
     from ..models.tiny_vlm import prompt
 
     tok = processor.tokenizer
-    enc = dict(processor(images=[r.image for r in records], text=[prompt(r.question) for r in records],
-                         return_tensors="pt", padding=True))
+    enc = dict(
+        processor(
+            images=[r.image for r in records],
+            text=[prompt(r.question) for r in records],
+            return_tensors="pt",
+            padding=True,
+        )
+    )
     image_id = int(model.config.image_token_index)
     special = torch.tensor(sorted(set(tok.all_special_ids) | {image_id}))
     text, word, answers = [], [], []
@@ -326,15 +355,20 @@ def _encode(processor: Any, model: Any, records: Sequence[Any], device: torch.de
         positions = torch.nonzero((enc["attention_mask"][b] == 1) & ~torch.isin(ids, special)).flatten()
         w = tok(deciding_word(r.question), add_special_tokens=False)["input_ids"]
         row = ids[positions].tolist()
-        starts = [i for i in range(len(row) - len(w) + 1) if row[i:i + len(w)] == w]
+        starts = [i for i in range(len(row) - len(w) + 1) if row[i : i + len(w)] == w]
         if not starts:
             raise InputError(f"question {b}'s deciding word {deciding_word(r.question)!r} is not among its tokens")
         text.append(positions)
-        word.append(positions[starts[-1]:starts[-1] + len(w)])
+        word.append(positions[starts[-1] : starts[-1] + len(w)])
         answers.append(tok(r.answer, add_special_tokens=False)["input_ids"][0])
     enc_out = {k: enc[k].to(device) for k in ("input_ids", "attention_mask", "pixel_values")}
-    return {"batch": enc_out, "text": text, "word": word, "answers": torch.tensor(answers, dtype=torch.long),
-            "image": [torch.nonzero(enc["input_ids"][b] == image_id).flatten() for b in range(len(records))]}
+    return {
+        "batch": enc_out,
+        "text": text,
+        "word": word,
+        "answers": torch.tensor(answers, dtype=torch.long),
+        "image": [torch.nonzero(enc["input_ids"][b] == image_id).flatten() for b in range(len(records))],
+    }
 
 
 def _answered(model: Any, batch: dict, answers: Tensor, batch_size: int) -> list[int]:
@@ -360,11 +394,13 @@ def _probability(model: Any, batch: dict, b: int, answer: int, chunk: int = 17) 
         keys = [hashlib.sha1(im.contiguous().numpy().tobytes()).hexdigest() for im in images.detach().cpu()]
         new = [i for i, k in enumerate(keys) if k not in seen and keys.index(k) == i]
         for s in range(0, len(new), chunk):
-            idx = new[s:s + chunk]
+            idx = new[s : s + chunk]
             n = len(idx)
-            logits = model(input_ids=batch["input_ids"][b:b + 1].repeat(n, 1),
-                           attention_mask=batch["attention_mask"][b:b + 1].repeat(n, 1),
-                           pixel_values=images[idx]).logits[:, -1]
+            logits = model(
+                input_ids=batch["input_ids"][b : b + 1].repeat(n, 1),
+                attention_mask=batch["attention_mask"][b : b + 1].repeat(n, 1),
+                pixel_values=images[idx],
+            ).logits[:, -1]
             p = logits.float().softmax(-1)[:, answer]
             for i, v in zip(idx, p.tolist()):
                 seen[keys[i]] = v
@@ -391,8 +427,9 @@ class _Questions:
     K: int
 
 
-def _questions(model: Any, processor: Any, records: list, batch_size: int, seed: int, K: int,
-               curve_questions: Optional[int]) -> _Questions:
+def _questions(
+    model: Any, processor: Any, records: list, batch_size: int, seed: int, K: int, curve_questions: Optional[int]
+) -> _Questions:
     """Encode the questions, find those answered, and prepare their curves and random maps."""
     enc = _encode(processor, model, records, model_device(model))
     batch = enc["batch"]
@@ -403,11 +440,19 @@ def _questions(model: Any, processor: Any, records: list, batch_size: int, seed:
     # the token scores are drawn first, as they were before the pixel row existed: the random row keeps its values
     random_tokens = {b: torch.as_tensor(rng.random(batch["input_ids"].shape[1])) for b in correct}
     random_pixels = {b: torch.as_tensor(rng.random((H, W))) for b in correct}
-    return _Questions(records=records, enc=enc, correct=correct, curved=curved,
-                      fills={b: background_fill(batch["pixel_values"][b], records[b].masks) for b in curved},
-                      probs={b: _probability(model, batch, b, int(enc["answers"][b])) for b in curved},
-                      patch=int(model.config.vision_config.patch_size), size=(int(H), int(W)),
-                      random_tokens=random_tokens, random_pixels=random_pixels, K=K)
+    return _Questions(
+        records=records,
+        enc=enc,
+        correct=correct,
+        curved=curved,
+        fills={b: background_fill(batch["pixel_values"][b], records[b].masks) for b in curved},
+        probs={b: _probability(model, batch, b, int(enc["answers"][b])) for b in curved},
+        patch=int(model.config.vision_config.patch_size),
+        size=(int(H), int(W)),
+        random_tokens=random_tokens,
+        random_pixels=random_pixels,
+        K=K,
+    )
 
 
 def _maps(model: Any, method: str, q: _Questions, rows: list[int]) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
@@ -421,11 +466,20 @@ def _maps(model: Any, method: str, q: _Questions, rows: list[int]) -> tuple[Tens
         pmaps = torch.stack([q.random_tokens[b][q.enc["image"][b]].reshape(h, w) for b in rows])
         imaps = F.interpolate(pmaps[:, None], size=q.size, mode="bilinear", align_corners=False)[:, 0]
         return scores, pmaps, imaps, torch.stack([q.random_pixels[b] for b in rows])
-    exp = explain(model, {k: v[rows] for k, v in q.enc["batch"].items()}, method=method,
-                  target=q.enc["answers"][rows].tolist(), progress=False)
+    exp = explain(
+        model,
+        {k: v[rows] for k, v in q.enc["batch"].items()},
+        method=method,
+        target=q.enc["answers"][rows].tolist(),
+        progress=False,
+    )
     pixels = None if exp.pixels is None else exp.pixels.detach().double().cpu()
-    return (exp.scores.detach().double().cpu(), exp.patch_map().detach().double().cpu(),
-            exp.upsample().detach().double().cpu(), pixels)
+    return (
+        exp.scores.detach().double().cpu(),
+        exp.patch_map().detach().double().cpu(),
+        exp.upsample().detach().double().cpu(),
+        pixels,
+    )
 
 
 def _method_values(model: Any, method: str, q: _Questions, batch_size: int) -> tuple[dict, Optional[dict]]:
@@ -435,7 +489,7 @@ def _method_values(model: Any, method: str, q: _Questions, batch_size: int) -> t
     pixel: Optional[dict[str, list]] = None
     batch = q.enc["batch"]
     for start in range(0, len(q.correct), batch_size):
-        rows = q.correct[start:start + batch_size]
+        rows = q.correct[start : start + batch_size]
         scores, pmaps, imaps, pixels = _maps(model, method, q, rows)
         for i, b in enumerate(rows):
             mask = torch.as_tensor(q.records[b].mask)
@@ -497,9 +551,18 @@ def vlm_methods(model: Any) -> list[str]:
     return [m for m in registry.METHODS if m not in refused]
 
 
-def vlm_protocol(model: Any, processor: Any, records: Sequence[Any], methods: Sequence[str], batch_size: int = 8,
-                 progress: bool = True, baseline: bool = True, seed: int = 0, K: int = MAX_PATCHES,
-                 curve_questions: Optional[int] = None) -> tuple[Results, dict, float, int]:
+def vlm_protocol(
+    model: Any,
+    processor: Any,
+    records: Sequence[Any],
+    methods: Sequence[str],
+    batch_size: int = 8,
+    progress: bool = True,
+    baseline: bool = True,
+    seed: int = 0,
+    K: int = MAX_PATCHES,
+    curve_questions: Optional[int] = None,
+) -> tuple[Results, dict, float, int]:
     """Run every method on the questions with a deciding object that the model answers correctly.
 
     The questions go to the model's device (that of its first parameter); the maps come back to the CPU to be
@@ -563,11 +626,30 @@ def vlm_protocol(model: Any, processor: Any, records: Sequence[Any], methods: Se
         if pixel is not None and (method != "random" or pixel_rows):  # random's pixel row: a reference for others
             pixel_rows = True
             curves[pixel_row(method)] = {f"{k}_per_question": v for k, v in pixel.items()}
-            results[pixel_row(method)] = {**{k: None for k in VLM_METRICS},
-                                          **{k: _mean(v) for k, v in pixel.items()}, "seconds": None}
+            results[pixel_row(method)] = {
+                **{k: None for k in VLM_METRICS},
+                **{k: _mean(v) for k, v in pixel.items()},
+                "seconds": None,
+            }
     return results, curves, len(q.correct) / len(records), len(q.correct)
 
 
-__all__ = ["vlm_protocol", "vlm_methods", "deciding_word", "background_fill", "VLM_METRICS", "PIXEL_METRICS",
-           "PIXEL_SUFFIX", "MAX_PATCHES", "pixel_row", "pointing_hit", "mask_share", "text_rank", "patch_order",
-           "paint_patches", "patch_curve", "question_values", "mean_values"]
+__all__ = [
+    "vlm_protocol",
+    "vlm_methods",
+    "deciding_word",
+    "background_fill",
+    "VLM_METRICS",
+    "PIXEL_METRICS",
+    "PIXEL_SUFFIX",
+    "MAX_PATCHES",
+    "pixel_row",
+    "pointing_hit",
+    "mask_share",
+    "text_rank",
+    "patch_order",
+    "paint_patches",
+    "patch_curve",
+    "question_values",
+    "mean_values",
+]

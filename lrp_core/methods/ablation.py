@@ -17,6 +17,7 @@ follow (the row as if the tokens had never been written); ``filler=<token id>`` 
 
 Shapes: B batch, T tokens, S sources, M ablated copies of a row.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,11 +34,15 @@ from .call import Call, MethodResult
 def _sources_of(c: Call, name: str) -> Tensor:
     """The call's source columns (B, S, 2); a decoder LM only (an encoder has no prefix to remove from)."""
     if not getattr(c.adapter, "is_decoder", False):
-        raise UnsupportedModelError(f"{name} removes sources from the context of a decoder language model's "
-                                    f"prediction; {type(c.adapter.model).__name__} is not one")
+        raise UnsupportedModelError(
+            f"{name} removes sources from the context of a decoder language model's "
+            f"prediction; {type(c.adapter.model).__name__} is not one"
+        )
     if c.opt.sources is None:
-        raise InputError(f"{name} scores sources: give them with sources=[(start, end), ...] (token spans of the "
-                         "context; lrp_core.sources.sentences / documents find them in a text)")
+        raise InputError(
+            f"{name} scores sources: give them with sources=[(start, end), ...] (token spans of the "
+            "context; lrp_core.sources.sentences / documents find them in a text)"
+        )
     return c.opt.sources
 
 
@@ -76,9 +81,11 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
     out = torch.empty(B * M, dtype=torch.float64)
     vocab = getattr(a, "vocab_size", None)  # a decoder adapter's (the source methods run on decoders only)
     if opt.filler is None and not getattr(a, "removes_tokens", True):
-        raise InputError(f"{type(a.model).__name__}: removing a source's tokens would shift its multi-axis position "
-                         "ids, which the replay does not describe; give filler=<a token id> to replace the tokens "
-                         "instead")
+        raise InputError(
+            f"{type(a.model).__name__}: removing a source's tokens would shift its multi-axis position "
+            "ids, which the replay does not describe; give filler=<a token id> to replace the tokens "
+            "instead"
+        )
     if opt.filler is not None and vocab is not None and opt.filler >= vocab:
         raise InputError(f"filler={opt.filler} is not a token id of the model (0 … {vocab - 1})")
     chunks = torch.arange(B * M, device=dev).split(opt.batch_size)
@@ -90,8 +97,13 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
             ps = (pos[b] - (d & (mask[b] != 0)).long().cumsum(-1)).clamp(min=0)
             sub = {**rest, "input_ids": ids[b], "attention_mask": m, "position_ids": ps, "read_at": read[b]}
         else:
-            sub = {**rest, "input_ids": ids[b].masked_fill(d, opt.filler), "attention_mask": mask[b],
-                   "position_ids": pos[b], "read_at": read[b]}
+            sub = {
+                **rest,
+                "input_ids": ids[b].masked_fill(d, opt.filler),
+                "attention_mask": mask[b],
+                "position_ids": pos[b],
+                "read_at": read[b],
+            }
         out[chunk.cpu()] = c.output(logits_only(c, sub), target[b], rows=b).detach().double().cpu()
     return out.reshape(B, M)
 
@@ -116,8 +128,9 @@ def logits_only(c: Call, prepared: dict) -> Tensor:
     """
     a = c.adapter
     x0 = a.embed(prepared).x0
-    return a.run_blocks(x0, prepared["attention_mask"], keep=False, readout=a.readout_for(prepared),
-                        positions=prepared["position_ids"]).logits
+    return a.run_blocks(
+        x0, prepared["attention_mask"], keep=False, readout=a.readout_for(prepared), positions=prepared["position_ids"]
+    ).logits
 
 
 def _spread(scores: Tensor, inside: Tensor) -> Tensor:
@@ -126,12 +139,16 @@ def _spread(scores: Tensor, inside: Tensor) -> Tensor:
     return torch.einsum("bs,bst->bt", scores / size, inside)
 
 
-def _result(c: Call, trace_logits: Tensor, target: Tensor, scores: Tensor, inside: Tensor,
-            passes: int) -> MethodResult:
+def _result(c: Call, trace_logits: Tensor, target: Tensor, scores: Tensor, inside: Tensor, passes: int) -> MethodResult:
     dtype = trace_logits.dtype
     src = scores.to(dtype)
-    return MethodResult(scores=_spread(src, inside.to(dtype)), target=target, logits=trace_logits, sources=src,
-                        used={"forward_passes": passes})
+    return MethodResult(
+        scores=_spread(src, inside.to(dtype)),
+        target=target,
+        logits=trace_logits,
+        sources=src,
+        used={"forward_passes": passes},
+    )
 
 
 def leave_one_out(c: Call) -> MethodResult:

@@ -4,6 +4,7 @@ Transformer attribution and generic attention weigh each block's attention (by i
 with its gradient and multiply the blocks' ``I + Ā_b``; rollout multiplies the plain attention; raw attention
 and attention Grad-CAM read the last block alone; CDAM takes gradient × the tokens entering the last attention.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -135,8 +136,9 @@ def transformer_attribution(c: Call) -> MethodResult:
     with torch.no_grad():
         # the pass weighs each block's map as it goes and drops the records behind it: the peak
         # memory holds one block's relevance maps, not all of them
-        rel = a.relprop(trace, c.start(logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s,
-                        on_attention=weigh, release=True)
+        rel = a.relprop(
+            trace, c.start(logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s, on_attention=weigh, release=True
+        )
         del trace, grad_of
         rel.attn = []  # the per-block maps are not returned
         layers, heads = _layers_result(kept, L, s, opt.keep_heads)
@@ -145,9 +147,14 @@ def transformer_attribution(c: Call) -> MethodResult:
         assert norm is not None  # MethodSpec.defaults sets it for every modality
         scores = c.layout.readout_minimum(_product_scores(c, layers, s, end, norm=norm))
     return MethodResult(
-        scores=scores, target=target, logits=logits, layers=layers, layers_per_head=heads,
+        scores=scores,
+        target=target,
+        logits=logits,
+        layers=layers,
+        layers_per_head=heads,
         token_relevance=rel.tokens,
-        used={"start_layer": s, "end_layer": end, "rollout_norm": opt.rollout_norm, "use_gradient": opt.use_gradient})
+        used={"start_layer": s, "end_layer": end, "rollout_norm": opt.rollout_norm, "use_gradient": opt.use_gradient},
+    )
 
 
 def generic_attention(c: Call) -> MethodResult:
@@ -180,8 +187,9 @@ def generic_attention(c: Call) -> MethodResult:
         layers, heads = _layers_result(kept, L, s, c.opt.keep_heads)
         del kept
         scores = _product_scores(c, layers, s)
-    return MethodResult(scores=scores, target=target, logits=logits, layers=layers,
-                        layers_per_head=heads, used={"start_layer": s})
+    return MethodResult(
+        scores=scores, target=target, logits=logits, layers=layers, layers_per_head=heads, used={"start_layer": s}
+    )
 
 
 def _attention_only(c: Call) -> tuple[Trace, Tensor, list]:
@@ -197,17 +205,27 @@ def rollout(c: Call) -> MethodResult:
     layers = _stack([A.mean(dim=1) for A in attns])
     # the readout row of the product, carried as a vector (O(N²) per block, not the N×N product's O(N³))
     scores = _product_scores(c, layers, c.opt.start_layer, c.opt.end_layer, norm="row")
-    return MethodResult(scores=scores, target=target, logits=trace.logits, layers=layers,
-                        layers_per_head=_stack(attns) if c.opt.keep_heads else None,
-                        used={"start_layer": c.opt.start_layer})
+    return MethodResult(
+        scores=scores,
+        target=target,
+        logits=trace.logits,
+        layers=layers,
+        layers_per_head=_stack(attns) if c.opt.keep_heads else None,
+        used={"start_layer": c.opt.start_layer},
+    )
 
 
 def raw_attention(c: Call) -> MethodResult:
     """The last block's attention from the readout token(s), averaged over heads. Class-agnostic."""
     trace, target, attns = _attention_only(c)
     layers = _stack([A.mean(dim=1) for A in attns])
-    return MethodResult(scores=_readout_scores(c, layers[:, -1]), target=target, logits=trace.logits,
-                        layers=layers, layers_per_head=_stack(attns) if c.opt.keep_heads else None)
+    return MethodResult(
+        scores=_readout_scores(c, layers[:, -1]),
+        target=target,
+        logits=trace.logits,
+        layers=layers,
+        layers_per_head=_stack(attns) if c.opt.keep_heads else None,
+    )
 
 
 def attention_gradcam(c: Call) -> MethodResult:
@@ -243,14 +261,17 @@ def cdam(c: Call) -> MethodResult:
     else:
         v = c.concept.vector.to(trace.pooled.dtype)
         if v.shape[-1] != trace.pooled.shape[-1]:
-            raise InputError(f"concept vector has size {v.shape[-1]}, the model's final embedding "
-                             f"{trace.pooled.shape[-1]}")
+            raise InputError(
+                f"concept vector has size {v.shape[-1]}, the model's final embedding {trace.pooled.shape[-1]}"
+            )
         target = torch.full((T.shape[0],), -1, dtype=torch.long)
         y = trace.pooled @ v
     (g,) = torch.autograd.grad(y.sum(), [T])
     with torch.no_grad():
         scores = c.layout.scores(a.block_tokens(a.num_blocks - 1, (T * g).sum(dim=-1)))
-    return MethodResult(scores=scores, target=target, logits=trace.logits.detach(),
-                        used={"concept": c.concept.name} if c.concept is not None else {})
-
-
+    return MethodResult(
+        scores=scores,
+        target=target,
+        logits=trace.logits.detach(),
+        used={"concept": c.concept.name} if c.concept is not None else {},
+    )

@@ -39,6 +39,7 @@ module only hands Captum a forward function and reads its attributions back:
 :func:`forward_function` is public so that a test (or a reader) can call
 Captum directly on the very function the methods use.
 """
+
 from __future__ import annotations
 
 from contextlib import ExitStack
@@ -111,7 +112,7 @@ class Attributed:
         tuple
             ``args`` with each tensor cut to row ``i`` (``[i:i + 1]``); other arguments as they are.
         """
-        return tuple(a[i:i + 1] if isinstance(a, Tensor) else a for a in self.args)
+        return tuple(a[i : i + 1] if isinstance(a, Tensor) else a for a in self.args)
 
 
 def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
@@ -146,8 +147,10 @@ def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
     for mod, out in outputs:
         if out is embeds:
             return mod
-    raise UnsupportedModelError(f"{type(adapter.model).__name__}: its word embeddings are not the output of one "
-                                "nn.Embedding module, so the Captum baselines cannot attribute at them")
+    raise UnsupportedModelError(
+        f"{type(adapter.model).__name__}: its word embeddings are not the output of one "
+        "nn.Embedding module, so the Captum baselines cannot attribute at them"
+    )
 
 
 def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor] = None) -> Attributed:
@@ -179,9 +182,11 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
         If the word embeddings are not the output of one ``nn.Embedding`` module (text).
     """
     if "images" in prepared:
+
         def forward_images(images: Tensor, neg: Optional[Tensor] = None) -> Tensor:
             trace = adapter.forward({**prepared, "images": images}, grad=torch.is_grad_enabled())
             return _contrast(trace.logits, neg)
+
         return Attributed(forward_images, prepared["images"].detach(), (negative,))
 
     # per-sample entries travel with the samples (Captum repeats / slices them); shared ones (CLIP's images of the
@@ -203,8 +208,9 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
     decoder = adapter.is_decoder
     # a decoder's features are the context of the prediction read (the layout's mask), an encoder's its real tokens
     features = adapter.layout(prepared).mask if decoder else prepared["attention_mask"]
-    return Attributed(forward, embeds, tuple(prepared[k] for k in keys) + (negative,), features, module,
-                      cut_anywhere=decoder)
+    return Attributed(
+        forward, embeds, tuple(prepared[k] for k in keys) + (negative,), features, module, cut_anywhere=decoder
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -242,8 +248,10 @@ def _special_token(adapter: Adapter, name: str) -> int:
         tok = getattr(cfg, f"{name}_token_id", None)
         if isinstance(tok, int):
             return tok
-    raise InputError(f"baseline={name!r}: {type(adapter.model).__name__}'s config names no {name} token; pass its id "
-                     f"instead, e.g. baseline=tokenizer.{name}_token_id")
+    raise InputError(
+        f"baseline={name!r}: {type(adapter.model).__name__}'s config names no {name} token; pass its id "
+        f"instead, e.g. baseline=tokenizer.{name}_token_id"
+    )
 
 
 def _grid(c: Call) -> tuple[int, int]:
@@ -354,8 +362,9 @@ def _start(c: Call, grad: bool = False) -> tuple[Attributed, Tensor, Tensor]:
     return a, target.to(logits.device), logits
 
 
-def _result(c: Call, a: Attributed, attr: Tensor, target: Tensor, logits: Tensor, per_feature: bool,
-            **extra: Any) -> MethodResult:
+def _result(
+    c: Call, a: Attributed, attr: Tensor, target: Tensor, logits: Tensor, per_feature: bool, **extra: Any
+) -> MethodResult:
     """Scores (and pixels) from Captum's attributions ``attr`` (shaped like ``a.inputs``).
 
     ``per_feature`` (occlusion, KernelSHAP): every element of a patch / token carries the feature's value, and
@@ -434,14 +443,29 @@ def integrated_gradients(c: Call) -> MethodResult:
 
     def one(i: int) -> Tensor:
         row = _Row.of(a, i)  # alone: Captum's chunks of steps are those of the sample alone, whatever the batch
-        attr, delta = ig.attribute(row.x, baselines=row.cut(ref[i:i + 1]), target=target[i:i + 1],
-                                   additional_forward_args=row.args, n_steps=c.opt.n_steps,
-                                   internal_batch_size=c.opt.batch_size, return_convergence_delta=True)
+        attr, delta = ig.attribute(
+            row.x,
+            baselines=row.cut(ref[i : i + 1]),
+            target=target[i : i + 1],
+            additional_forward_args=row.args,
+            n_steps=c.opt.n_steps,
+            internal_batch_size=c.opt.batch_size,
+            return_convergence_delta=True,
+        )
         deltas.append(delta.detach())
         return row.back(attr)
+
     attr = _per_sample(c, a, one)
-    return _result(c, a, attr, target, logits, per_feature=False, convergence_delta=torch.cat(deltas),
-                   used={"baseline": c.opt.baseline, "n_steps": c.opt.n_steps})
+    return _result(
+        c,
+        a,
+        attr,
+        target,
+        logits,
+        per_feature=False,
+        convergence_delta=torch.cat(deltas),
+        used={"baseline": c.opt.baseline, "n_steps": c.opt.n_steps},
+    )
 
 
 def smoothgrad(c: Call) -> MethodResult:
@@ -467,13 +491,27 @@ def smoothgrad(c: Call) -> MethodResult:
 
     def one(i: int) -> Tensor:
         row = _Row.of(a, i)  # the noise is drawn for the features only: padding changes nothing
-        got = tunnel.attribute(row.x, nt_type="smoothgrad", nt_samples=c.opt.n_samples,
-                               nt_samples_batch_size=c.opt.batch_size, stdevs=float(c.opt.stdevs),
-                               target=target[i:i + 1], additional_forward_args=row.args)
+        got = tunnel.attribute(
+            row.x,
+            nt_type="smoothgrad",
+            nt_samples=c.opt.n_samples,
+            nt_samples_batch_size=c.opt.batch_size,
+            stdevs=float(c.opt.stdevs),
+            target=target[i : i + 1],
+            additional_forward_args=row.args,
+        )
         return row.back(got)
+
     attr = _per_sample(c, a, one)
-    return _result(c, a, attr, target, logits, per_feature=False,
-                   used={"n_samples": c.opt.n_samples, "stdevs": c.opt.stdevs, "seed": c.opt.seed})
+    return _result(
+        c,
+        a,
+        attr,
+        target,
+        logits,
+        per_feature=False,
+        used={"n_samples": c.opt.n_samples, "stdevs": c.opt.stdevs, "seed": c.opt.seed},
+    )
 
 
 def occlusion(c: Call) -> MethodResult:
@@ -503,10 +541,18 @@ def occlusion(c: Call) -> MethodResult:
 
     def one(i: int) -> Tensor:
         row = _Row.of(a, i)  # alone: its perturbations are evaluated in the chunks of the sample alone
-        m = mask if a.image else row.cut(mask[i:i + 1])  # images: one mask for all
-        return row.back(ablation.attribute(row.x, baselines=row.cut(ref[i:i + 1]), target=target[i:i + 1],
-                                           additional_forward_args=row.args, feature_mask=m,
-                                           perturbations_per_eval=c.opt.batch_size))
+        m = mask if a.image else row.cut(mask[i : i + 1])  # images: one mask for all
+        return row.back(
+            ablation.attribute(
+                row.x,
+                baselines=row.cut(ref[i : i + 1]),
+                target=target[i : i + 1],
+                additional_forward_args=row.args,
+                feature_mask=m,
+                perturbations_per_eval=c.opt.batch_size,
+            )
+        )
+
     attr = _per_sample(c, a, one)
     return _result(c, a, attr, target, logits, per_feature=True, used={"baseline": c.opt.baseline})
 
@@ -541,16 +587,32 @@ def kernel_shap(c: Call) -> MethodResult:
     def one(i: int) -> Tensor:
         # a row cut to its features (text), so that its coalitions are those of the row alone
         row = _Row.of(a, i)
-        r = row.cut(ref[i:i + 1])
-        m = mask if a.image else row.cut(mask[i:i + 1])  # images: one mask for all
+        r = row.cut(ref[i : i + 1])
+        m = mask if a.image else row.cut(mask[i : i + 1])  # images: one mask for all
         if int(m.max()) == 0:  # one feature: its Shapley value is f(x) − f(reference) (efficiency);
             return row.back(_whole_input_value(a.forward, row, r, target[i]))  # Captum's weights are undefined
-        return row.back(shap.attribute(row.x, baselines=r, target=target[i:i + 1],
-                                       additional_forward_args=row.args, feature_mask=m,
-                                       n_samples=c.opt.n_samples, perturbations_per_eval=c.opt.batch_size))
+        return row.back(
+            shap.attribute(
+                row.x,
+                baselines=r,
+                target=target[i : i + 1],
+                additional_forward_args=row.args,
+                feature_mask=m,
+                n_samples=c.opt.n_samples,
+                perturbations_per_eval=c.opt.batch_size,
+            )
+        )
+
     attr = _per_sample(c, a, one)
-    return _result(c, a, attr, target, logits, per_feature=True,
-                   used={"baseline": c.opt.baseline, "n_samples": c.opt.n_samples, "seed": c.opt.seed})
+    return _result(
+        c,
+        a,
+        attr,
+        target,
+        logits,
+        per_feature=True,
+        used={"baseline": c.opt.baseline, "n_samples": c.opt.n_samples, "seed": c.opt.seed},
+    )
 
 
 @dataclass
@@ -576,7 +638,7 @@ class _Row:
 
     @staticmethod
     def of(a: Attributed, i: int) -> "_Row":
-        x, args = a.inputs[i:i + 1], a.row(i)
+        x, args = a.inputs[i : i + 1], a.row(i)
         if a.image or a.mask is None:
             return _Row(x, args, None, 0)
         m = a.mask[i].bool()
@@ -594,7 +656,7 @@ class _Row:
         """``v`` (1, T, ...) cut to the span; another value (shared entries, ``None``) as it is."""
         if self.span is None or not isinstance(v, Tensor) or v.dim() < 2 or v.shape[1] != self.length:
             return v
-        return v[:, self.span[0]:self.span[1]]
+        return v[:, self.span[0] : self.span[1]]
 
     def back(self, attr: Tensor) -> Tensor:
         """Attributions of the cut row (1, n, D) padded back with zeros to the row's length (1, T, D)."""
@@ -612,9 +674,21 @@ def _whole_input_value(forward: Callable[..., Tensor], row: _Row, ref: Tensor, t
 
 
 #: The methods of this module, in the order of the registry.
-CAPTUM_METHODS: tuple[str, ...] = ("input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion",
-                                   "kernel_shap")
+CAPTUM_METHODS: tuple[str, ...] = ("input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap")
 
-__all__ = ["Attributed", "forward_function", "word_embedding_module", "gaussian_blur", "reference", "feature_mask",
-           "input_x_gradient", "integrated_gradients", "smoothgrad", "occlusion", "kernel_shap", "CAPTUM_METHODS",
-           "IMAGE_BASELINES", "TEXT_BASELINES"]
+__all__ = [
+    "Attributed",
+    "forward_function",
+    "word_embedding_module",
+    "gaussian_blur",
+    "reference",
+    "feature_mask",
+    "input_x_gradient",
+    "integrated_gradients",
+    "smoothgrad",
+    "occlusion",
+    "kernel_shap",
+    "CAPTUM_METHODS",
+    "IMAGE_BASELINES",
+    "TEXT_BASELINES",
+]

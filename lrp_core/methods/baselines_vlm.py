@@ -28,6 +28,7 @@ that lives for one replay). The explained output is the decoder's: the logit at 
 
 Shapes: B rows, k images per row, T tokens, D the language model's width, (h, w) the patch grid, (H, W) an image.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -83,11 +84,15 @@ def output_replaced(module: nn.Module, value: Tensor) -> Iterator[None]:
     InputError
         If ``value``'s shape is not the output's.
     """
+
     def hook(mod: nn.Module, args: Any, out: Tensor) -> Tensor:
         if out.shape != value.shape:
-            raise InputError(f"embeddings of shape {tuple(value.shape)} given for a batch whose word embeddings "
-                             f"have shape {tuple(out.shape)}")
+            raise InputError(
+                f"embeddings of shape {tuple(value.shape)} given for a batch whose word embeddings "
+                f"have shape {tuple(out.shape)}"
+            )
         return value
+
     with engine_hook(module, hook):
         yield
 
@@ -126,7 +131,7 @@ class VLMInputs:
         tuple
             ``args`` with each tensor cut to row ``i`` and expanded to ``n`` rows; other arguments as they are.
         """
-        return tuple(a[i:i + 1].expand(n, *a.shape[1:]) if isinstance(a, Tensor) else a for a in self.args)
+        return tuple(a[i : i + 1].expand(n, *a.shape[1:]) if isinstance(a, Tensor) else a for a in self.args)
 
 
 def is_vlm(c: Call) -> bool:
@@ -172,9 +177,11 @@ def vlm_inputs(c: Call) -> VLMInputs:
     prepared = c.prepared
     images = prepared["pixel_values"]
     if images.dim() != 5 and not _flattened(c):
-        raise UnsupportedModelError(f"{type(adapter.model).__name__}: its pixel_values are neither images (B, k, 3, "
-                                    "H, W) nor flattened patches on a patch grid, so the Captum baselines have no "
-                                    "pixel map to give")
+        raise UnsupportedModelError(
+            f"{type(adapter.model).__name__}: its pixel_values are neither images (B, k, 3, "
+            "H, W) nor flattened patches on a patch grid, so the Captum baselines have no "
+            "pixel map to give"
+        )
     module = adapter.text.model.get_input_embeddings()
     ids = prepared["input_ids"]
     with torch.no_grad():
@@ -184,14 +191,14 @@ def vlm_inputs(c: Call) -> VLMInputs:
     def forward(pixels: Tensor, embeds: Tensor, *values: Any) -> Tensor:
         *entries, neg = values
         with output_replaced(module, embeds):
-            trace = adapter.forward({**dict(zip(keys, entries)), "pixel_values": pixels},
-                                    grad=torch.is_grad_enabled())
+            trace = adapter.forward({**dict(zip(keys, entries)), "pixel_values": pixels}, grad=torch.is_grad_enabled())
         return contrast(trace.logits, neg)
 
     mask = adapter.layout(prepared).mask  # a decoder's layout always has one
     text = (ids != adapter.image_token_id) & mask.bool().to(ids.device)
-    return VLMInputs(forward, (images.detach().clone(), words.clone()),
-                     tuple(prepared[k] for k in keys) + (c.negative,), text)
+    return VLMInputs(
+        forward, (images.detach().clone(), words.clone()), tuple(prepared[k] for k in keys) + (c.negative,), text
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -230,7 +237,7 @@ def _features(c: Call, v: VLMInputs, i: int) -> tuple[Tensor, Tensor]:
     positions share the first text id (or 0): their baseline is their own value, so they change nothing.
     """
     h, w = _grid(c)
-    shape = _to_images(c, v.inputs[0][i:i + 1]).shape  # (1, k, C', H, W)
+    shape = _to_images(c, v.inputs[0][i : i + 1]).shape  # (1, k, C', H, W)
     k, H, W = shape[1], shape[-2], shape[-1]
     device = v.inputs[0].device
     ids = torch.arange(k * h * w, device=device).reshape(k, h, w)
@@ -245,14 +252,17 @@ def _features(c: Call, v: VLMInputs, i: int) -> tuple[Tensor, Tensor]:
 def _reference(c: Call, v: VLMInputs, method: str) -> tuple[Tensor, Tensor]:
     """Zero pixels and zero embeddings at the text features (the other positions keep theirs)."""
     if c.opt.baseline != "zeros":
-        raise InputError(f"baseline={c.opt.baseline!r}: on a vision-language model {method} starts from "
-                         "baseline='zeros' only (zero pixels and zero text embeddings)")
+        raise InputError(
+            f"baseline={c.opt.baseline!r}: on a vision-language model {method} starts from "
+            "baseline='zeros' only (zero pixels and zero text embeddings)"
+        )
     pixels, words = v.inputs
     return torch.zeros_like(pixels), torch.where(v.text[..., None].to(words.device), 0.0, words)
 
 
-def vlm_result(c: Call, v: VLMInputs, attr: tuple, target: Tensor, logits: Tensor, per_feature: bool = False,
-               **extra: Any) -> MethodResult:
+def vlm_result(
+    c: Call, v: VLMInputs, attr: tuple, target: Tensor, logits: Tensor, per_feature: bool = False, **extra: Any
+) -> MethodResult:
     """Scores (B, T) and pixels (B, H, W) from the attributions of the pixels and the word embeddings.
 
     Parameters
@@ -292,8 +302,9 @@ def vlm_result(c: Call, v: VLMInputs, attr: tuple, target: Tensor, logits: Tenso
     blocks = per_pixel.reshape(B, k, h, H // h, w, W // w)
     patches = (blocks[:, :, :, 0, :, 0] if per_feature else blocks.sum(dim=(3, 5))).reshape(B, k * h * w)
     scores = scores.scatter_add(1, layout.image_tokens.to(scores.device), patches.to(scores.dtype))
-    return MethodResult(scores=scores, target=target, logits=logits, pixels=per_pixel[:, 0] if k == 1 else None,
-                        **extra)
+    return MethodResult(
+        scores=scores, target=target, logits=logits, pixels=per_pixel[:, 0] if k == 1 else None, **extra
+    )
 
 
 def _start(c: Call) -> tuple[VLMInputs, Tensor, Tensor]:
@@ -357,20 +368,34 @@ def vlm_integrated_gradients(c: Call, IntegratedGradients: Any) -> MethodResult:
     ref, ig, deltas = _reference(c, v, "integrated_gradients"), IntegratedGradients(v.forward), []
 
     def one(i: int) -> tuple:
-        x = tuple(t[i:i + 1].requires_grad_(True) for t in v.inputs)
-        attr, delta = ig.attribute(x, baselines=tuple(r[i:i + 1] for r in ref), target=target[i:i + 1],
-                                   additional_forward_args=v.row(i), n_steps=c.opt.n_steps,
-                                   internal_batch_size=c.opt.batch_size, return_convergence_delta=True)
+        x = tuple(t[i : i + 1].requires_grad_(True) for t in v.inputs)
+        attr, delta = ig.attribute(
+            x,
+            baselines=tuple(r[i : i + 1] for r in ref),
+            target=target[i : i + 1],
+            additional_forward_args=v.row(i),
+            n_steps=c.opt.n_steps,
+            internal_batch_size=c.opt.batch_size,
+            return_convergence_delta=True,
+        )
         deltas.append(delta.detach())
         return attr
+
     attr = _each_row(c, v, one)
-    return vlm_result(c, v, attr, target, logits, convergence_delta=torch.cat(deltas),
-                      used={"baseline": c.opt.baseline, "n_steps": c.opt.n_steps})
+    return vlm_result(
+        c,
+        v,
+        attr,
+        target,
+        logits,
+        convergence_delta=torch.cat(deltas),
+        used={"baseline": c.opt.baseline, "n_steps": c.opt.n_steps},
+    )
 
 
 def _noisy(c: Call, v: VLMInputs, i: int) -> tuple[Tensor, Tensor]:
     """Row ``i``'s ``n_samples`` noisy copies: pixels (n, ...) and word embeddings (n, T, D) (module docstring)."""
-    pixels, words = (t[i:i + 1].detach() for t in v.inputs)
+    pixels, words = (t[i : i + 1].detach() for t in v.inputs)
     text = v.text[i].to(words.device)
     n, sigma = c.opt.n_samples, float(c.opt.stdevs)
     g = torch.Generator().manual_seed(c.opt.seed)
@@ -405,16 +430,18 @@ def vlm_smoothgrad(c: Call, InputXGradient: Any) -> MethodResult:
 
     def one(i: int) -> tuple:
         pixels, words = _noisy(c, v, i)
-        n, total = pixels.shape[0], [torch.zeros_like(t[i:i + 1]) for t in v.inputs]
+        n, total = pixels.shape[0], [torch.zeros_like(t[i : i + 1]) for t in v.inputs]
         for s in range(0, n, c.opt.batch_size):
             m = min(c.opt.batch_size, n - s)
-            x = (pixels[s:s + m].requires_grad_(True), words[s:s + m].requires_grad_(True))
-            attr = ixg.attribute(x, target=target[i:i + 1].expand(m), additional_forward_args=v.row(i, m))
+            x = (pixels[s : s + m].requires_grad_(True), words[s : s + m].requires_grad_(True))
+            attr = ixg.attribute(x, target=target[i : i + 1].expand(m), additional_forward_args=v.row(i, m))
             total = [t + a.detach().sum(0, keepdim=True) for t, a in zip(total, attr)]
         return tuple(t / n for t in total)
+
     attr = _each_row(c, v, one)
-    return vlm_result(c, v, attr, target, logits,
-                      used={"n_samples": c.opt.n_samples, "stdevs": c.opt.stdevs, "seed": c.opt.seed})
+    return vlm_result(
+        c, v, attr, target, logits, used={"n_samples": c.opt.n_samples, "stdevs": c.opt.stdevs, "seed": c.opt.seed}
+    )
 
 
 def vlm_occlusion(c: Call, FeatureAblation: Any) -> MethodResult:
@@ -436,9 +463,15 @@ def vlm_occlusion(c: Call, FeatureAblation: Any) -> MethodResult:
     ref, ablation = _reference(c, v, "occlusion"), FeatureAblation(v.forward)
 
     def one(i: int) -> tuple:
-        return ablation.attribute(tuple(t[i:i + 1] for t in v.inputs), baselines=tuple(r[i:i + 1] for r in ref),
-                                  target=target[i:i + 1], additional_forward_args=v.row(i),
-                                  feature_mask=_features(c, v, i), perturbations_per_eval=c.opt.batch_size)
+        return ablation.attribute(
+            tuple(t[i : i + 1] for t in v.inputs),
+            baselines=tuple(r[i : i + 1] for r in ref),
+            target=target[i : i + 1],
+            additional_forward_args=v.row(i),
+            feature_mask=_features(c, v, i),
+            perturbations_per_eval=c.opt.batch_size,
+        )
+
     attr = _each_row(c, v, one)
     return vlm_result(c, v, attr, target, logits, per_feature=True, used={"baseline": c.opt.baseline})
 
@@ -463,14 +496,39 @@ def vlm_kernel_shap(c: Call, KernelShap: Any) -> MethodResult:
 
     def one(i: int) -> tuple:
         # a VLM row has at least one image of several patches: never a single feature
-        return shap.attribute(tuple(t[i:i + 1] for t in v.inputs), baselines=tuple(r[i:i + 1] for r in ref),
-                              target=target[i:i + 1], additional_forward_args=v.row(i),
-                              feature_mask=_features(c, v, i), n_samples=c.opt.n_samples,
-                              perturbations_per_eval=c.opt.batch_size)
+        return shap.attribute(
+            tuple(t[i : i + 1] for t in v.inputs),
+            baselines=tuple(r[i : i + 1] for r in ref),
+            target=target[i : i + 1],
+            additional_forward_args=v.row(i),
+            feature_mask=_features(c, v, i),
+            n_samples=c.opt.n_samples,
+            perturbations_per_eval=c.opt.batch_size,
+        )
+
     attr = _each_row(c, v, one)
-    return vlm_result(c, v, attr, target, logits, per_feature=True,
-                      used={"baseline": c.opt.baseline, "n_samples": c.opt.n_samples, "seed": c.opt.seed})
+    return vlm_result(
+        c,
+        v,
+        attr,
+        target,
+        logits,
+        per_feature=True,
+        used={"baseline": c.opt.baseline, "n_samples": c.opt.n_samples, "seed": c.opt.seed},
+    )
 
 
-__all__ = ["PIXEL_NOISE_SCALE", "VLMInputs", "contrast", "output_replaced", "is_vlm", "vlm_inputs", "vlm_result",
-           "vlm_input_x_gradient", "vlm_integrated_gradients", "vlm_smoothgrad", "vlm_occlusion", "vlm_kernel_shap"]
+__all__ = [
+    "PIXEL_NOISE_SCALE",
+    "VLMInputs",
+    "contrast",
+    "output_replaced",
+    "is_vlm",
+    "vlm_inputs",
+    "vlm_result",
+    "vlm_input_x_gradient",
+    "vlm_integrated_gradients",
+    "vlm_smoothgrad",
+    "vlm_occlusion",
+    "vlm_kernel_shap",
+]

@@ -5,6 +5,7 @@ A method is a function ``Call -> MethodResult``; which options it takes, its def
 declared in :mod:`lrp_core.methods.registry`. ``lrp_core.api.explain`` validates the inputs, guards the model and
 builds the :class:`~lrp_core.Explanation`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -103,5 +104,3 @@ class Call:
 def one_hot(logits: Tensor, target: Tensor) -> Tensor:
     """(B, C) one-hot rows of the target classes: the relevance the passes start from."""
     return torch.zeros_like(logits).scatter_(1, target[:, None], 1.0)
-
-

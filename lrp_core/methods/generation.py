@@ -15,6 +15,7 @@ The greedy steps run the model in eval semantics (no dropout), as every explanat
 end-of-text token like ``generate``; the ids, the positions and every token id given are checked before any
 step is computed.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -71,10 +72,17 @@ def end_of_text(model: nn.Module) -> tuple[list[int], Optional[int]]:
 
 
 @torch.no_grad()
-def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, steps: int,
-                        eos_token_id: Optional[Sequence[int]] = None, pad_token_id: Optional[int] = None,
-                        images: Optional[dict] = None, per_token: Optional[dict] = None,
-                        extend: Optional[Callable[[dict, Tensor], dict]] = None) -> Tensor:
+def greedy_continuation(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    steps: int,
+    eos_token_id: Optional[Sequence[int]] = None,
+    pad_token_id: Optional[int] = None,
+    images: Optional[dict] = None,
+    per_token: Optional[dict] = None,
+    extend: Optional[Callable[[dict, Tensor], dict]] = None,
+) -> Tensor:
     """Up to ``steps`` greedy tokens after left-padded prompts (B, P): (B, K), K ≤ ``steps``.
 
     The model runs in eval semantics (:func:`eval_semantics`; no dropout, its modes restored) and as found
@@ -116,8 +124,10 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
         (B, K) the tokens written, on the device of ``input_ids``.
     """
     if per_token and extend is None:
-        raise InputError("per-token entries (per_token=) need extend=, the function that appends a written token's "
-                         "values to them (a VLM adapter's extend_for_generation)")
+        raise InputError(
+            "per-token entries (per_token=) need extend=, the function that appends a written token's "
+            "values to them (a VLM adapter's extend_for_generation)"
+        )
     eos = torch.tensor(sorted(set(eos_token_id or ())), dtype=torch.long, device=input_ids.device)
     if pad_token_id is None:
         pad_token_id = int(eos[0]) if len(eos) else 0  # without an end-of-text id every column is written
@@ -127,8 +137,8 @@ def greedy_continuation(model: nn.Module, input_ids: Tensor, attention_mask: Ten
     with eval_semantics(model), model_guard(unwrap(model)), _no_new_observers(unwrap(model)):
         for n in lengths.unique().tolist():
             rows = (lengths == n).nonzero().squeeze(1)
-            ids = input_ids[rows, input_ids.shape[1] - n:]  # left-padded: the real tokens are the last n columns
-            tokens = {name: v[rows, v.shape[1] - n:] for name, v in (per_token or {}).items()}
+            ids = input_ids[rows, input_ids.shape[1] - n :]  # left-padded: the real tokens are the last n columns
+            tokens = {name: v[rows, v.shape[1] - n :] for name, v in (per_token or {}).items()}
             for k in range(steps):
                 seen = _image_rows(images, rows, input_ids.shape[0])
                 nxt = model(input_ids=ids, attention_mask=torch.ones_like(ids), **seen, **tokens).logits[:, -1]
@@ -184,26 +194,33 @@ def _vlm_prompts(adapter: Any, tokenizer: Any, prompts: Any) -> tuple[Any, dict,
     extends are ``VLMAdapter.generated_token_values``.
     """
     if adapter.generation_refused is not None:
-        raise UnsupportedModelError(f"explain_generation does not run on {type(adapter.model).__name__}: "
-                                    f"{adapter.generation_refused}")
+        raise UnsupportedModelError(
+            f"explain_generation does not run on {type(adapter.model).__name__}: {adapter.generation_refused}"
+        )
     if prompts is None and isinstance(tokenizer, Mapping):
         prompts, tokenizer = tokenizer, None
     if tokenizer is not None and not hasattr(tokenizer, "convert_ids_to_tokens") and hasattr(tokenizer, "tokenizer"):
         tokenizer = tokenizer.tokenizer  # a processor: its tokenizer gives the pieces
     if not isinstance(prompts, Mapping) or "input_ids" not in prompts or prompts.get("pixel_values") is None:
-        raise InputError(f"{type(adapter.model).__name__} reads an image with its text: pass the processor's output "
-                         "(a dict with 'input_ids', 'attention_mask' and 'pixel_values', e.g. processor(images=image, "
-                         "text=prompt, return_tensors='pt')) as prompts, got "
-                         f"{type(prompts).__name__}")
+        raise InputError(
+            f"{type(adapter.model).__name__} reads an image with its text: pass the processor's output "
+            "(a dict with 'input_ids', 'attention_mask' and 'pixel_values', e.g. processor(images=image, "
+            "text=prompt, return_tensors='pt')) as prompts, got "
+            f"{type(prompts).__name__}"
+        )
     adapter.check_inputs(prompts)
     ids = torch.as_tensor(prompts["input_ids"])
     text = {"input_ids": ids, "attention_mask": torch.as_tensor(prompts.get("attention_mask", torch.ones_like(ids)))}
     names = adapter.generated_token_values
-    images = {k: torch.as_tensor(prompts[k]) for k in adapter.image_inputs
-              if prompts.get(k) is not None and k not in names}
+    images = {
+        k: torch.as_tensor(prompts[k]) for k in adapter.image_inputs if prompts.get(k) is not None and k not in names
+    }
     order = torch.argsort(text["attention_mask"].to(torch.int8), dim=1, stable=True)  # as _left_padded
-    per_token = {k: torch.as_tensor(prompts[k]).reshape(ids.shape).gather(1, order.to(ids.device))
-                 for k in names if prompts.get(k) is not None}
+    per_token = {
+        k: torch.as_tensor(prompts[k]).reshape(ids.shape).gather(1, order.to(ids.device))
+        for k in names
+        if prompts.get(k) is not None
+    }
     return tokenizer, text, images, per_token
 
 
@@ -259,6 +276,7 @@ class _StepBar:
         self.bar = None
         if show:
             from tqdm.auto import tqdm
+
             self.bar = tqdm(total=total, desc=f"{method}: steps", unit="step", leave=False)
 
     def __enter__(self) -> "_StepBar":
@@ -279,8 +297,10 @@ def _prompts(tokenizer: Any, prompts: Any) -> tuple[Tensor, Tensor]:
         prompts = [prompts]
     if isinstance(prompts, (list, tuple)):
         if not prompts or not all(isinstance(p, str) and p for p in prompts):
-            raise InputError("prompts must be a non-empty string, a list of non-empty strings, or a tokenizer's "
-                             "output dict with 'input_ids' (and 'attention_mask')")
+            raise InputError(
+                "prompts must be a non-empty string, a list of non-empty strings, or a tokenizer's "
+                "output dict with 'input_ids' (and 'attention_mask')"
+            )
         if tokenizer is None:
             raise InputError("text prompts need the model's tokenizer: explain_generation(model, tokenizer, prompts)")
         enc = tokenizer(list(prompts), return_tensors="pt", padding=True)
@@ -295,21 +315,30 @@ def _prompts(tokenizer: Any, prompts: Any) -> tuple[Tensor, Tensor]:
             f"prompts must be a string, a list of strings or a tokenizer dict, got {type(prompts).__name__}"
         )
     if ids.dim() != 2 or mask.shape != ids.shape:
-        raise InputError(f"input_ids must be (B, P) with an attention_mask of the same shape, got {tuple(ids.shape)} "
-                         f"and {tuple(mask.shape)}")
+        raise InputError(
+            f"input_ids must be (B, P) with an attention_mask of the same shape, got {tuple(ids.shape)} "
+            f"and {tuple(mask.shape)}"
+        )
     if bool((mask.sum(1) == 0).any()):
         raise InputError("a prompt has no real token (its attention_mask row is all 0)")
     return _left_padded(ids.long(), mask.long())
 
 
-def _continuation(tokenizer: Any, continuation: Any, batch: int, steps: Optional[int],
-                  vocab: Optional[int] = None) -> Tensor:
+def _continuation(
+    tokenizer: Any, continuation: Any, batch: int, steps: Optional[int], vocab: Optional[int] = None
+) -> Tensor:
     """A given continuation: a string / token ids for every prompt, or one per prompt -> (B, K); each id checked
     against the vocabulary size ``vocab`` when given."""
     if getattr(continuation, "ndim", 1) == 2:  # a (B, K) tensor or array (``.targets``): one row per prompt
         continuation = continuation.tolist()
-    rows = continuation if isinstance(continuation, (list, tuple)) and continuation and \
-        isinstance(continuation[0], (list, tuple, str)) and not isinstance(continuation, str) else [continuation]
+    rows = (
+        continuation
+        if isinstance(continuation, (list, tuple))
+        and continuation
+        and isinstance(continuation[0], (list, tuple, str))
+        and not isinstance(continuation, str)
+        else [continuation]
+    )
     if len(rows) == 1 and batch > 1:
         rows = rows * batch
     ids = []
@@ -319,12 +348,19 @@ def _continuation(tokenizer: Any, continuation: Any, batch: int, steps: Optional
                 raise InputError("a text continuation needs the tokenizer")
             ids.append(tokenizer(r, add_special_tokens=False)["input_ids"])
         else:
-            flat = list(r) if isinstance(r, (list, tuple)) else \
-                r.reshape(-1).tolist() if hasattr(r, "reshape") and hasattr(r, "tolist") else [r]  # tensor / array
+            flat = (
+                list(r)
+                if isinstance(r, (list, tuple))
+                else r.reshape(-1).tolist()
+                if hasattr(r, "reshape") and hasattr(r, "tolist")
+                else [r]
+            )  # tensor / array
             ids.append(_token_ids(tokenizer, flat, "continuation"))
     if len(ids) != batch or len({len(r) for r in ids}) != 1 or not ids[0]:
-        raise InputError(f"continuation must give the same, non-zero number of tokens for each of the {batch} prompts "
-                         f"(got lengths {[len(r) for r in ids]})")
+        raise InputError(
+            f"continuation must give the same, non-zero number of tokens for each of the {batch} prompts "
+            f"(got lengths {[len(r) for r in ids]})"
+        )
     if steps is not None and steps != len(ids[0]):
         raise InputError(f"max_new_tokens={steps} but the continuation has {len(ids[0])} tokens; give one or the other")
     if any(v is None for r in ids for v in r):
@@ -340,15 +376,23 @@ def _contrasts(tokenizer: Any, contrast: Any, batch: int, steps: int, vocab: int
         return None
     if isinstance(contrast, (numbers.Integral, str)) and not isinstance(contrast, bool):
         grid = [[contrast] * steps] * batch
-    elif isinstance(contrast, (list, tuple)) and len(contrast) == steps and not \
-            any(isinstance(c, (list, tuple)) for c in contrast):
+    elif (
+        isinstance(contrast, (list, tuple))
+        and len(contrast) == steps
+        and not any(isinstance(c, (list, tuple)) for c in contrast)
+    ):
         grid = [list(contrast)] * batch
-    elif isinstance(contrast, (list, tuple)) and len(contrast) == batch and \
-            all(isinstance(c, (list, tuple)) and len(c) == steps for c in contrast):
+    elif (
+        isinstance(contrast, (list, tuple))
+        and len(contrast) == batch
+        and all(isinstance(c, (list, tuple)) and len(c) == steps for c in contrast)
+    ):
         grid = [list(c) for c in contrast]
     else:
-        raise InputError(f"contrast must be one token (id or piece) for every step, a list of {steps} (one per step, "
-                         f"None for none) or {batch} such lists (one per prompt)")
+        raise InputError(
+            f"contrast must be one token (id or piece) for every step, a list of {steps} (one per step, "
+            f"None for none) or {batch} such lists (one per prompt)"
+        )
     ids = [_token_ids(tokenizer, row, "contrast") for row in grid]
     _check_ids(ids, vocab, "contrast")  # before −1 stands for "none": a negative id is an error, not "none"
     return torch.tensor([[-1 if v is None else v for v in row] for row in ids], dtype=torch.long)
@@ -363,8 +407,10 @@ def _language_model(model: nn.Module) -> tuple[Any, int]:
     inner: Any = unwrap(model)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if not adapter.is_decoder or not isinstance(head, nn.Linear):
-        raise UnsupportedModelError(f"explain_generation explains what a causal language model writes (a decoder "
-                                    f"with an LM head, e.g. LlamaForCausalLM); {type(inner).__name__} has none")
+        raise UnsupportedModelError(
+            f"explain_generation explains what a causal language model writes (a decoder "
+            f"with an LM head, e.g. LlamaForCausalLM); {type(inner).__name__} has none"
+        )
     return adapter, int(head.out_features)
 
 
@@ -376,22 +422,37 @@ def _check_method(method: str, options: dict, contrast: Any, adapter: Any) -> No
     spec = registry.get(method)
     if method in adapter.refused_methods:  # as explain refuses it, before any step is generated
         runs = [m for m in registry.METHODS if m not in adapter.refused_methods]
-        raise UnsupportedModelError(f"method {method!r} is not defined on {type(adapter.model).__name__}: "
-                                    f"{adapter.refused_methods[method]}. Methods that run on it: {', '.join(runs)}")
+        raise UnsupportedModelError(
+            f"method {method!r} is not defined on {type(adapter.model).__name__}: "
+            f"{adapter.refused_methods[method]}. Methods that run on it: {', '.join(runs)}"
+        )
     fixed = sorted({"position", "target"} & set(options))
     if fixed:
-        raise InputError(f"explain_generation sets {fixed} itself (each step is read at its own position, with the "
-                         "generated token as target); use continuation= and contrast= instead")
+        raise InputError(
+            f"explain_generation sets {fixed} itself (each step is read at its own position, with the "
+            "generated token as target); use continuation= and contrast= instead"
+        )
     registry.parse_options(spec, options, adapter.num_blocks, registry.defaults_key(adapter))
     if contrast is not None and spec.class_agnostic:
-        raise InputError(f"{method!r} does not depend on the target token, so a contrast explains nothing; use a "
-                         "class-sensitive method")
+        raise InputError(
+            f"{method!r} does not depend on the target token, so a contrast explains nothing; use a "
+            "class-sensitive method"
+        )
 
 
-def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, method: str = "attnlrp",
-                       max_new_tokens: Optional[int] = None, continuation: Any = None, contrast: Any = None,
-                       progress: Optional[bool] = None, step_batch: int = 8, stop_at_eos: bool = True,
-                       **options: Any) -> GenerationExplanation:
+def explain_generation(
+    model: nn.Module,
+    tokenizer: Any,
+    prompts: Any = None,
+    method: str = "attnlrp",
+    max_new_tokens: Optional[int] = None,
+    continuation: Any = None,
+    contrast: Any = None,
+    progress: Optional[bool] = None,
+    step_batch: int = 8,
+    stop_at_eos: bool = True,
+    **options: Any,
+) -> GenerationExplanation:
     """Explain each token a causal LM writes after ``prompts`` (``docs/METHODS.md`` §2c, Generation).
 
     Everything given is checked before any step is computed: the prompts' ids, prompt length + steps against
@@ -470,8 +531,17 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, me
     groups = _step_groups(negative, K, step_batch)  # checked before the steps are computed
     if gen is None:
         eos, pad = end_of_text(unwrap(model)) if stop_at_eos else ([], None)
-        gen = greedy_continuation(model, ids, mask, K, eos_token_id=eos, pad_token_id=pad, images=images,
-                                  per_token=per_token, extend=getattr(adapter, "extend_for_generation", None))
+        gen = greedy_continuation(
+            model,
+            ids,
+            mask,
+            K,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            images=images,
+            per_token=per_token,
+            extend=getattr(adapter, "extend_for_generation", None),
+        )
         if gen.shape[1] < K:  # every row stopped early: the steps all rows skipped go
             K = gen.shape[1]
             negative = None if negative is None else negative[:, :K]
@@ -488,25 +558,39 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompts: Any = None, me
         inputs.update(adapter.extend_for_generation(per_token, gen[:, :-1].to(ids.device)))
     if images:
         options = {**options, "image_token_id": _image_token(adapter, gen)}
-    scores, logits, sources, probabilities, seen = _explain_steps(model, method, inputs, gen, negative, groups,
-                                                                  active, P, progress, options, images)
+    scores, logits, sources, probabilities, seen = _explain_steps(
+        model, method, inputs, gen, negative, groups, active, P, progress, options, images
+    )
     if negative is not None:
         negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
     used = sorted(
         set(full_ids.flatten().tolist()) | set([] if negative is None else negative.flatten().tolist()) - {-1}
     )
     id_to_token = {} if tokenizer is None else dict(zip(used, tokenizer.convert_ids_to_tokens(used)))
-    pieces = [[str(t) for t in (tokenizer.convert_ids_to_tokens(r.tolist()) if tokenizer is not None else r.tolist())]
-              for r in full_ids]
-    return GenerationExplanation(method=method, input_ids=full_ids, attention_mask=full_mask, prompt_length=P,
-                                 scores=scores, tokens=pieces, targets=gen, logits=logits, contrasts=negative,
-                                 options={"id_to_token": id_to_token, "continuation_given": continuation is not None,
-                                          **options},
-                                 sources=sources, probabilities=probabilities, **seen)
+    pieces = [
+        [str(t) for t in (tokenizer.convert_ids_to_tokens(r.tolist()) if tokenizer is not None else r.tolist())]
+        for r in full_ids
+    ]
+    return GenerationExplanation(
+        method=method,
+        input_ids=full_ids,
+        attention_mask=full_mask,
+        prompt_length=P,
+        scores=scores,
+        tokens=pieces,
+        targets=gen,
+        logits=logits,
+        contrasts=negative,
+        options={"id_to_token": id_to_token, "continuation_given": continuation is not None, **options},
+        sources=sources,
+        probabilities=probabilities,
+        **seen,
+    )
 
 
-def _given_steps(tokenizer: Any, continuation: Any, B: int, max_new_tokens: Optional[int],
-                 vocab: int) -> tuple[Optional[Tensor], int]:
+def _given_steps(
+    tokenizer: Any, continuation: Any, B: int, max_new_tokens: Optional[int], vocab: int
+) -> tuple[Optional[Tensor], int]:
     """The continuation (B, K) to explain, or ``None`` for greedy steps, and K.
 
     Parameters
@@ -541,8 +625,10 @@ def _image_token(adapter: Any, gen: Tensor) -> int:
     step (it would be one more image token than the images have features)."""
     image_id = int(adapter.image_token_id)
     if bool((gen[:, :-1] == image_id).any()):
-        raise InputError(f"the continuation holds the image token (id {image_id}) before its last step: the image "
-                         "tokens of the prompt are the only ones its images fill; give another continuation")
+        raise InputError(
+            f"the continuation holds the image token (id {image_id}) before its last step: the image "
+            "tokens of the prompt are the only ones its images fill; give another continuation"
+        )
     return image_id
 
 
@@ -550,15 +636,26 @@ def _check_positions(adapter: Any, P: int, K: int) -> None:
     """Prompts P tokens wide and K steps: the last step reads P + K − 1 tokens, which the model must have."""
     limit = getattr(getattr(adapter, "text", adapter), "max_length", None)  # a VLM: its language model's
     if limit is not None and P + K - 1 > limit:
-        raise InputError(f"the prompts ({P} tokens) and {K} new tokens need P + K − 1 = {P + K - 1} positions; "
-                         f"{type(adapter.model).__name__} has {limit} (max_position_embeddings): "
-                         f"shorten the prompts or write at most {limit - P + 1} tokens")
+        raise InputError(
+            f"the prompts ({P} tokens) and {K} new tokens need P + K − 1 = {P + K - 1} positions; "
+            f"{type(adapter.model).__name__} has {limit} (max_position_embeddings): "
+            f"shorten the prompts or write at most {limit - P + 1} tokens"
+        )
 
 
-def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, negative: Optional[Tensor],
-                   groups: list[list[int]], active: Tensor, P: int, progress: Optional[bool],
-                   options: dict,
-                   images: Optional[dict] = None) -> tuple[Tensor, Tensor, Optional[Tensor], Tensor, dict]:
+def _explain_steps(
+    model: nn.Module,
+    method: str,
+    inputs: dict,
+    gen: Tensor,
+    negative: Optional[Tensor],
+    groups: list[list[int]],
+    active: Tensor,
+    P: int,
+    progress: Optional[bool],
+    options: dict,
+    images: Optional[dict] = None,
+) -> tuple[Tensor, Tensor, Optional[Tensor], Tensor, dict]:
     """The maps (B, K, P+K−1), explained logits (B, K), with ``sources=`` source scores (B, K, S), the
     model's probabilities of the explained tokens (B, K) of the steps each row took (``active`` (B, K)), and a
     vision-language model's image fields (``pixels`` (B, K, H, W) or ``None``, ``grid``, ``image_size``,
@@ -578,8 +675,10 @@ def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, neg
     probabilities = torch.zeros(B, K, dtype=torch.float64)
     spans = None if options.get("sources") is None else as_spans(options["sources"])
     if spans is not None and spans.shape[0] not in (1, B):
-        raise InputError(f"sources gives spans for {spans.shape[0]} prompts; there are {B}: give one list of spans "
-                         "for every prompt, or one per prompt")
+        raise InputError(
+            f"sources gives spans for {spans.shape[0]} prompts; there are {B}: give one list of spans "
+            "for every prompt, or one per prompt"
+        )
     sources = None if spans is None else torch.zeros(B, K, spans.shape[1], dtype=torch.float64)
     options = {k: v for k, v in options.items() if k not in ("sources", "image_token_id")}
     seen: dict = {}
@@ -590,11 +689,11 @@ def _explain_steps(model: nn.Module, method: str, inputs: dict, gen: Tensor, neg
             ks, bs = torch.tensor([k for k, _ in pairs]), torch.tensor([b for _, b in pairs])
             rows = {**{name: v[bs.to(v.device)] for name, v in inputs.items()}, **_image_rows(images, bs, B)}
             t = gen[bs, ks].tolist()
-            target: Any = t if negative is None or negative[0, steps[0]] < 0 else \
-                Contrast(t, negative[bs, ks].tolist())
+            target: Any = t if negative is None or negative[0, steps[0]] < 0 else Contrast(t, negative[bs, ks].tolist())
             row_spans = None if spans is None else spans.expand(B, -1, -1)[bs]
-            exp = explain(model, rows, method=method, target=target, position=(P - 1 + ks).tolist(),
-                          sources=row_spans, **options)
+            exp = explain(
+                model, rows, method=method, target=target, position=(P - 1 + ks).tolist(), sources=row_spans, **options
+            )
             if sources is not None and exp.sources is not None:
                 sources[bs, ks] = exp.sources.detach().to(torch.float64).cpu()
             got = exp.scores.detach().to(torch.float64).cpu()

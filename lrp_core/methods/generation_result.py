@@ -3,6 +3,7 @@
 A :class:`GenerationExplanation` holds, for B prompts and K steps, the (B, K, P + K − 1) scores, the written
 tokens and, for a vision-language model, the image tokens that map its patches back to the picture.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -71,12 +72,20 @@ class GenerationExplanation:
         from ..explanation import Explanation
 
         if self.grid is None or self.image_tokens is None:
-            raise InputError("patch_map() / upsample() need the explanation of a vision-language model's "
-                             "generation; this one is of a text")
+            raise InputError(
+                "patch_map() / upsample() need the explanation of a vision-language model's "
+                "generation; this one is of a text"
+            )
         B, K, T = self.scores.shape
-        return Explanation(scores=self.scores.reshape(B * K, T), target=self.targets.reshape(-1),
-                           logits=self.logits.reshape(-1, 1), method=self.method, grid=self.grid,
-                           image_size=self.image_size, image_tokens=self.image_tokens.repeat_interleave(K, 0))
+        return Explanation(
+            scores=self.scores.reshape(B * K, T),
+            target=self.targets.reshape(-1),
+            logits=self.logits.reshape(-1, 1),
+            method=self.method,
+            grid=self.grid,
+            image_size=self.image_size,
+            image_tokens=self.image_tokens.repeat_interleave(K, 0),
+        )
 
     def patch_map(self) -> Tensor:
         """(B, K, h, w) each step's image-token scores on the patch grid (as ``Explanation.patch_map``)."""
@@ -99,8 +108,10 @@ class GenerationExplanation:
         """(B, S) each source's score for the whole answer: the sum of its step scores over the steps each row
         took (docs/METHODS.md §2s)."""
         if self.sources is None:
-            raise InputError("this explanation has no sources: pass sources=[(start, end), ...] (token spans of the "
-                             "prompt) to explain_generation")
+            raise InputError(
+                "this explanation has no sources: pass sources=[(start, end), ...] (token spans of the "
+                "prompt) to explain_generation"
+            )
         return self.sources.sum(1)
 
     @property
@@ -110,14 +121,13 @@ class GenerationExplanation:
     @property
     def steps_per_row(self) -> Tensor:
         """(B,) the steps explained in each row: K, or fewer for a row that stopped at its end-of-text token."""
-        return self.attention_mask[:, self.prompt_length:].sum(1)
+        return self.attention_mask[:, self.prompt_length :].sum(1)
 
     def generated(self, row: int = 0) -> list[str]:
         """The generated pieces of a row (up to its end-of-text token, included)."""
-        return self.tokens[row][self.prompt_length:self.prompt_length + int(self.steps_per_row[row])]
+        return self.tokens[row][self.prompt_length : self.prompt_length + int(self.steps_per_row[row])]
 
-    def html(self, row: int = 0, scale: str = "row", merge: bool = False, image: Any = None,
-             mask: Any = None) -> str:
+    def html(self, row: int = 0, scale: str = "row", merge: bool = False, image: Any = None, mask: Any = None) -> str:
         """The heat map of one row as an HTML fragment (context tokens × generated tokens).
 
         A vision-language model's steps each get their image map (:func:`lrp_core.viz.thumbnails.step_thumbnails`,
@@ -138,8 +148,11 @@ class GenerationExplanation:
             contrasts = [None if c < 0 else self._piece(row, int(c)) for c in self.contrasts[row, :steps].tolist()]
         given = bool(self.options.get("continuation_given"))
         # a given continuation is not necessarily what the model writes (a step may have p ≈ 0)
-        title = f"{self.method}: what speaks for each token of the given continuation" if given else \
-            f"{self.method}: why the model wrote what it wrote"
+        title = (
+            f"{self.method}: what speaks for each token of the given continuation"
+            if given
+            else f"{self.method}: why the model wrote what it wrote"
+        )
         sources = labels = None
         if self.sources is not None:
             sources = self.sources[row, :steps].detach().double().cpu().numpy()
@@ -152,24 +165,37 @@ class GenerationExplanation:
             context, scores = image_cell(context, scores, placeholder)
             images, note = self._step_images(row, steps, scale, image, mask)
         elif image is not None or mask is not None:
-            raise InputError("image= and mask= draw a vision-language model's image maps; this explanation is of "
-                             "a text")
-        return generation_html(context, self.generated(row), scores, scale=scale, contrasts=contrasts,
-                               title=title, sources=sources, source_labels=labels, probabilities=probs,
-                               images=images, image_note=note)
+            raise InputError(
+                "image= and mask= draw a vision-language model's image maps; this explanation is of a text"
+            )
+        return generation_html(
+            context,
+            self.generated(row),
+            scores,
+            scale=scale,
+            contrasts=contrasts,
+            title=title,
+            sources=sources,
+            source_labels=labels,
+            probabilities=probs,
+            images=images,
+            image_note=note,
+        )
 
-    def _step_images(self, row: int, steps: int, scale: str, image: Any,
-                     mask: Any) -> tuple[Optional[list], Optional[str]]:
+    def _step_images(
+        self, row: int, steps: int, scale: str, image: Any, mask: Any
+    ) -> tuple[Optional[list], Optional[str]]:
         """Per step a ``<figure>`` (:func:`lrp_core.viz.thumbnails.step_thumbnails`): the pixel map, else the
         upsampled patch map, over ``image`` with ``mask`` outlined, and the note saying so; ``None`` for several
         images per row."""
         from ..viz.thumbnails import image_note, step_thumbnails
 
-        if self.grid is None or self.image_tokens is None or \
-                self.image_tokens.shape[1] != self.grid[0] * self.grid[1]:
+        if self.grid is None or self.image_tokens is None or self.image_tokens.shape[1] != self.grid[0] * self.grid[1]:
             return None, None
-        return (step_thumbnails(self.pixel_map()[row, :steps], image=image, mask=mask, scale=scale),
-                image_note(self.pixels is not None, image is not None, mask is not None))
+        return (
+            step_thumbnails(self.pixel_map()[row, :steps], image=image, mask=mask, scale=scale),
+            image_note(self.pixels is not None, image is not None, mask is not None),
+        )
 
     def source_labels(self, row: int = 0) -> list[str]:
         """The text of each source of a row (its tokens joined), from the spans given as ``sources=``."""
@@ -179,7 +205,7 @@ class GenerationExplanation:
         spans = as_spans(self.options["sources"]).expand(len(self.tokens), -1, -1)[row]
         first = int(torch.nonzero(self.attention_mask[row])[0]) if self.attention_mask[row].any() else 0
         pieces = self.tokens[row]
-        return [span_text(pieces[first + a:first + b], pieces) for a, b in spans.tolist()]
+        return [span_text(pieces[first + a : first + b], pieces) for a, b in spans.tolist()]
 
     def _piece(self, row: int, token_id: int) -> str:
         return self.options.get("id_to_token", {}).get(token_id, str(token_id))
@@ -191,13 +217,20 @@ class GenerationExplanation:
         second time. ``html(row, scale)`` gives the fragment itself.
         """
         from IPython.display import HTML, display
+
         display(HTML(self.html(row, scale, image=image, mask=mask)))
 
     def _repr_html_(self) -> str:
         return self.html(0)
 
-    def save_html(self, path: Union[str, Path], rows: Optional[Sequence[int]] = None, scale: str = "row",
-                  images: Optional[Sequence[Any]] = None, masks: Optional[Sequence[Any]] = None) -> Path:
+    def save_html(
+        self,
+        path: Union[str, Path],
+        rows: Optional[Sequence[int]] = None,
+        scale: str = "row",
+        images: Optional[Sequence[Any]] = None,
+        masks: Optional[Sequence[Any]] = None,
+    ) -> Path:
         """Write a self-contained page (no script, font or style from elsewhere) with the rows' heat maps.
 
         ``images`` / ``masks``: a vision-language model's photos and masks, one per row of the batch (B; ``None``
@@ -207,11 +240,14 @@ class GenerationExplanation:
         for name, given in (("images", images), ("masks", masks)):
             if given is not None and (not isinstance(given, (list, tuple)) or len(given) != B):
                 got = f"{len(given)} entries" if isinstance(given, (list, tuple)) else type(given).__name__
-                raise InputError(f"{name} must be a list with one entry per row of the batch ({B}; None for none), "
-                                 f"got {got}")
+                raise InputError(
+                    f"{name} must be a list with one entry per row of the batch ({B}; None for none), got {got}"
+                )
         rows = range(B) if rows is None else rows
         path = Path(path)
-        body = "".join(self.html(r, scale, image=None if images is None else images[r],
-                                 mask=None if masks is None else masks[r]) for r in rows)
+        body = "".join(
+            self.html(r, scale, image=None if images is None else images[r], mask=None if masks is None else masks[r])
+            for r in rows
+        )
         path.write_text(page(body, title=f"{self.method} — generation"), encoding="utf-8")
         return path

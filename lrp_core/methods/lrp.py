@@ -3,6 +3,7 @@
 ``lrp`` and ``partial_lrp`` run the explicit pass with the baseline rules; ``attnlrp``, ``cp_lrp`` and
 ``pa_lrp`` are gradient × input through a replay whose operations carry their rules' modified gradients.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -39,11 +40,18 @@ def lrp(c: Call) -> MethodResult:
     composite = _rule_set(c, LRP_BASELINE)
     trace, target, _ = _attention_only(c)
     with torch.no_grad():
-        rel = c.adapter.relprop(trace, c.start(trace.logits, target), composite, stop_block=0,
-                                to_input=True, prepared=c.prepared)
+        rel = c.adapter.relprop(
+            trace, c.start(trace.logits, target), composite, stop_block=0, to_input=True, prepared=c.prepared
+        )
     assert rel.scores is not None  # to_input=True: the pass reached the input
-    return MethodResult(scores=rel.scores, target=target, logits=trace.logits, pixels=rel.pixels,
-                        token_relevance=rel.tokens, used=_used(c, composite, "lrp"))
+    return MethodResult(
+        scores=rel.scores,
+        target=target,
+        logits=trace.logits,
+        pixels=rel.pixels,
+        token_relevance=rel.tokens,
+        used=_used(c, composite, "lrp"),
+    )
 
 
 def partial_lrp(c: Call) -> MethodResult:
@@ -54,8 +62,13 @@ def partial_lrp(c: Call) -> MethodResult:
     with torch.no_grad():
         rel = c.adapter.relprop(trace, c.start(trace.logits, target), composite, stop_block=L - 1)
         last = rel.attn[L - 1].clamp(min=0).mean(dim=1)
-    return MethodResult(scores=_readout_scores(c, last), target=target, logits=trace.logits,
-                        token_relevance=rel.tokens, used=_used(c, composite, "partial_lrp"))
+    return MethodResult(
+        scores=_readout_scores(c, last),
+        target=target,
+        logits=trace.logits,
+        token_relevance=rel.tokens,
+        used=_used(c, composite, "partial_lrp"),
+    )
 
 
 def _modified_gradient(c: Call, composite: Composite, positions: Optional[PositionLeaves] = None) -> MethodResult:
@@ -83,26 +96,43 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
         raise UnsupportedModelError(
             f"pa_lrp gives relevance to the position encoding, but {type(c.adapter.model).__name__} adds none that "
             "the engine sees (no learned / absolute position embedding added to the tokens, no rotary q/k); "
-            "use attnlrp or cp_lrp")
+            "use attnlrp or cp_lrp"
+        )
     grads = torch.autograd.grad(y.sum(), wrt + leaves, allow_unused=True)
-    pos_grads, grads = grads[len(wrt):], grads[:len(wrt)]
+    pos_grads, grads = grads[len(wrt) :], grads[: len(wrt)]
     with torch.no_grad():
         scores = (embeds * grads[0]).sum(-1)  # (B, T) the scored tokens' embeddings
         mask = c.layout.mask
         if mask is not None:
-            scores = scores * mask[:, c.layout.output_start:].to(scores.dtype)
-        blocks = torch.stack([c.adapter.block_tokens(b, (h * g).sum(-1))
-                              for b, (h, g) in enumerate(zip(hidden, grads[1:1 + len(hidden)]))], dim=1)
+            scores = scores * mask[:, c.layout.output_start :].to(scores.dtype)
+        blocks = torch.stack(
+            [
+                c.adapter.block_tokens(b, (h * g).sum(-1))
+                for b, (h, g) in enumerate(zip(hidden, grads[1 : 1 + len(hidden)]))
+            ],
+            dim=1,
+        )
         if mask is not None:
             blocks = blocks * mask[:, None, :].to(blocks.dtype)
         pixels = (images * grads[-1]).sum(1) if images is not None else None
         per_position = _positional(leaves, pos_grads, mask)
-        conservation = Conservation(output=y.detach(), blocks=blocks.sum(-1), input=scores.sum(-1),
-                                    pixels=None if pixels is None else pixels.sum(dim=(1, 2)),
-                                    positional=None if per_position is None else per_position.sum(-1))
-    positional = None if per_position is None else per_position[:, -scores.shape[1]:]  # the scored tokens'
-    return MethodResult(scores=scores, target=target, logits=trace.logits.detach(), pixels=pixels,
-                        token_relevance=blocks, conservation=conservation, positional=positional)
+        conservation = Conservation(
+            output=y.detach(),
+            blocks=blocks.sum(-1),
+            input=scores.sum(-1),
+            pixels=None if pixels is None else pixels.sum(dim=(1, 2)),
+            positional=None if per_position is None else per_position.sum(-1),
+        )
+    positional = None if per_position is None else per_position[:, -scores.shape[1] :]  # the scored tokens'
+    return MethodResult(
+        scores=scores,
+        target=target,
+        logits=trace.logits.detach(),
+        pixels=pixels,
+        token_relevance=blocks,
+        conservation=conservation,
+        positional=positional,
+    )
 
 
 def _positional(leaves: list, grads: tuple, mask: Optional[Tensor]) -> Optional[Tensor]:
@@ -116,10 +146,9 @@ def _positional(leaves: list, grads: tuple, mask: Optional[Tensor]) -> Optional[
         if g is None:  # a table the output does not depend on (e.g. CP-LRP: q, k detached after RoPE)
             g = torch.zeros_like(leaf)
         rows.append((leaf * g).sum(-1))  # (B, n)
-    total = torch.zeros(rows[0].shape[0], max(r.shape[1] for r in rows), dtype=rows[0].dtype,
-                        device=rows[0].device)
+    total = torch.zeros(rows[0].shape[0], max(r.shape[1] for r in rows), dtype=rows[0].dtype, device=rows[0].device)
     for r in rows:
-        total[:, total.shape[1] - r.shape[1]:] += r
+        total[:, total.shape[1] - r.shape[1] :] += r
     if mask is not None and mask.shape[1] == total.shape[1]:
         total = total * mask.to(total.dtype)
     return total

@@ -21,6 +21,7 @@ Adding an option: one field of :class:`Options` here, its name in the
 parameter of ``explain`` (``lrp_core/api.py``), and the method code that reads
 ``call.opt.<name>``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -64,15 +65,18 @@ T = TypeVar("T")
 
 def _block(name: str) -> Callable[[Any, int], Optional[int]]:
     """A check for a block index: an int in -L … L-1, returned as 0 … L-1 (``None`` passes)."""
+
     def check(v: Any, L: int) -> Optional[int]:
         if v is None:
             return None
         if not isinstance(v, int) or isinstance(v, bool):
             raise InputError(f"{name} must be an int, got {type(v).__name__}")
         if not -L <= v < L:
-            raise InputError(f"{name}={v} is out of range: the model has {L} blocks, so use 0 … {L - 1} "
-                             f"(or -{L} … -1 from the end)")
+            raise InputError(
+                f"{name}={v} is out of range: the model has {L} blocks, so use 0 … {L - 1} (or -{L} … -1 from the end)"
+            )
         return v % L
+
     return check
 
 
@@ -81,6 +85,7 @@ def _flag(name: str) -> Callable[[Any, int], bool]:
         if not isinstance(v, bool):
             raise InputError(f"{name} must be True or False, got {v!r}")
         return v
+
     return check
 
 
@@ -91,6 +96,7 @@ def _positive_int(name: str, what: str = "", optional: bool = False) -> Callable
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise InputError(f"{name} must be a positive int{what}, got {v!r}")
         return v
+
     return check
 
 
@@ -99,6 +105,7 @@ def _positive_float(name: str) -> Callable[[Any, int], float]:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
             raise InputError(f"{name} must be a positive number, got {v!r}")
         return float(v)
+
     return check
 
 
@@ -117,8 +124,10 @@ def _baseline(v: Any, L: int) -> Any:
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
         return v
     if v not in BASELINES:
-        raise InputError(f"baseline must be one of {BASELINES} (images: 'zeros', 'blur'; text: 'zeros', 'pad', "
-                         f"'mask') or a token id (an int >= 0, text), got {v!r}")
+        raise InputError(
+            f"baseline must be one of {BASELINES} (images: 'zeros', 'blur'; text: 'zeros', 'pad', "
+            f"'mask') or a token id (an int >= 0, text), got {v!r}"
+        )
     return v
 
 
@@ -130,25 +139,30 @@ def _norm(v: Any, L: int) -> Optional[str]:
 
 def _choice(name: str, choices: tuple) -> Callable[[Any, int], Any]:
     """A check for one of ``choices``."""
+
     def check(v: Any, L: int) -> Any:
         if v not in choices:
             raise InputError(f"{name} must be one of {choices}, got {v!r}")
         return v
+
     return check
 
 
 def _composite(v: Any, L: int) -> Optional[Composite]:
     """A rule set (:class:`~lrp_core.rules.Composite`); which kind of pass it must serve, the registry checks."""
     if v is not None and not isinstance(v, Composite):
-        raise InputError(f"composite must be a rule set (lrp_core.rules.Composite, e.g. "
-                         f"ATTNLRP.with_rules(by_kind={{LINEAR: GammaGradient(0.25)}})), got {type(v).__name__}")
+        raise InputError(
+            f"composite must be a rule set (lrp_core.rules.Composite, e.g. "
+            f"ATTNLRP.with_rules(by_kind={{LINEAR: GammaGradient(0.25)}})), got {type(v).__name__}"
+        )
     return v
 
 
 def _progress(v: Any, L: int) -> Optional[bool]:
     if v is not None and not isinstance(v, bool):
-        raise InputError(f"progress must be True (a progress bar), False (none) or None (only for long runs), "
-                         f"got {v!r}")
+        raise InputError(
+            f"progress must be True (a progress bar), False (none) or None (only for long runs), got {v!r}"
+        )
     return v
 
 
@@ -168,6 +182,7 @@ def _position(v: Any, L: int) -> Any:
 def _sources(v: Any, L: int) -> Optional[Tensor]:
     """Token spans of the context's sources, as (R, S, 2) (:func:`lrp_core.sources.as_spans`); ``None`` passes."""
     from ..sources import as_spans  # late: lrp_core.sources is a leaf, but keeps this module's imports small
+
     return None if v is None else as_spans(v)
 
 
@@ -176,6 +191,7 @@ def _probability(name: str) -> Callable[[Any, int], float]:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
             raise InputError(f"{name} must be a number strictly between 0 and 1, got {v!r}")
         return float(v)
+
     return check
 
 
@@ -187,13 +203,16 @@ def _alpha(v: Any, L: int) -> float:
 
 def _filler(v: Any, L: int) -> Optional[int]:
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-        raise InputError(f"filler must be None (remove the source's tokens) or a token id (an int >= 0) that "
-                         f"replaces them, got {v!r}")
+        raise InputError(
+            f"filler must be None (remove the source's tokens) or a token id (an int >= 0) that "
+            f"replaces them, got {v!r}"
+        )
     return v
 
 
-def _option(default: T, help: str, check: Callable[[Any, int], Any], none_is_value: bool = False,
-            generic: bool = False) -> T:
+def _option(
+    default: T, help: str, check: Callable[[Any, int], Any], none_is_value: bool = False, generic: bool = False
+) -> T:
     """A field of :class:`Options`: its ``default``, with ``help`` and ``check`` (and the flags of :class:`Option`)
     kept in the field's metadata. Typed as its default, as :func:`dataclasses.field` is, so a type checker
     checks the default against the field's annotation."""
@@ -216,64 +235,112 @@ class Options:
     that take it and their per-modality defaults.
     """
 
-    start_layer: int = _option(0, "first block in the layer product (0-based; negative counts from the end)",
-                               _block("start_layer"))
-    end_layer: Optional[int] = _option(None, "last block in the layer product (default: the last)",
-                                       _block("end_layer"), none_is_value=True)
-    rollout_norm: Optional[str] = _option(None, f"normalisation of each factor I + Ā_b, one of {NORMS}", _norm,
-                                          none_is_value=True)
-    use_gradient: bool = _option(True, "weight R^A by ∇A (True) or by A (False, the paper's ablation)",
-                                 _flag("use_gradient"))
-    progress: Optional[bool] = _option(None, "show a progress bar (None: only for long runs)", _progress,
-                                       none_is_value=True, generic=True)
+    start_layer: int = _option(
+        0, "first block in the layer product (0-based; negative counts from the end)", _block("start_layer")
+    )
+    end_layer: Optional[int] = _option(
+        None, "last block in the layer product (default: the last)", _block("end_layer"), none_is_value=True
+    )
+    rollout_norm: Optional[str] = _option(
+        None, f"normalisation of each factor I + Ā_b, one of {NORMS}", _norm, none_is_value=True
+    )
+    use_gradient: bool = _option(
+        True, "weight R^A by ∇A (True) or by A (False, the paper's ablation)", _flag("use_gradient")
+    )
+    progress: Optional[bool] = _option(
+        None, "show a progress bar (None: only for long runs)", _progress, none_is_value=True, generic=True
+    )
     keep_heads: bool = _option(False, "also return the per-head matrices (layers_per_head)", _flag("keep_heads"))
     batch_size: int = _option(64, "sequences per forward pass", _positive_int("batch_size"))
     position: Union[None, int, Tensor] = _option(
-        None, "decoder language models: the token whose prediction is explained, an int or one per row (default: "
-        "each row's last real token; negative counts from the end)", _position, none_is_value=True, generic=True)
+        None,
+        "decoder language models: the token whose prediction is explained, an int or one per row (default: "
+        "each row's last real token; negative counts from the end)",
+        _position,
+        none_is_value=True,
+        generic=True,
+    )
     # the Captum baselines (lrp_core.methods.baselines); their per-method defaults are in the registry
     n_steps: int = _option(50, "integration steps of Integrated Gradients", _positive_int("n_steps"))
-    baseline: Union[str, int] = _option("zeros", "reference input: 'zeros' | 'blur' (images), 'zeros' | 'pad' | "
-                                        "'mask' | a token id (text; padding positions kept)", _baseline)
-    n_samples: int = _option(16, "noisy copies (smoothgrad) or coalitions (kernel_shap) per sample",
-                             _positive_int("n_samples"))
-    stdevs: float = _option(0.6, "std of SmoothGrad's Gaussian noise, in input units (normalised pixels, "
-                            "embedding entries)", _positive_float("stdevs"))
+    baseline: Union[str, int] = _option(
+        "zeros",
+        "reference input: 'zeros' | 'blur' (images), 'zeros' | 'pad' | "
+        "'mask' | a token id (text; padding positions kept)",
+        _baseline,
+    )
+    n_samples: int = _option(
+        16, "noisy copies (smoothgrad) or coalitions (kernel_shap) per sample", _positive_int("n_samples")
+    )
+    stdevs: float = _option(
+        0.6,
+        "std of SmoothGrad's Gaussian noise, in input units (normalised pixels, embedding entries)",
+        _positive_float("stdevs"),
+    )
     seed: int = _option(0, "seed of the random draws (noise, coalitions), the same for every sample", _seed)
-    base: str = _option("attnlrp", "pa_lrp: the rule set the positional rules are added to, 'attnlrp', 'cp_lrp' "
-                        "or 'cp_halved' (the authors' ViT rules: CP-LRP with A·V's ÷2 kept; not conservative)",
-                        _choice("base", ("attnlrp", "cp_lrp", "cp_halved")))
+    base: str = _option(
+        "attnlrp",
+        "pa_lrp: the rule set the positional rules are added to, 'attnlrp', 'cp_lrp' "
+        "or 'cp_halved' (the authors' ViT rules: CP-LRP with A·V's ÷2 kept; not conservative)",
+        _choice("base", ("attnlrp", "cp_lrp", "cp_halved")),
+    )
     # sources as units (lrp_core.sources) and the ablation methods on them (lrp_core.methods.ablation)
     sources: Optional[Tensor] = _option(
-        None, "token spans (start, end) of the context's sources, counted from each row's first real token: one "
-        "list for every row or one per row; fills Explanation.sources (B, S)", _sources, none_is_value=True,
-        generic=True)
+        None,
+        "token spans (start, end) of the context's sources, counted from each row's first real token: one "
+        "list for every row or one per row; fills Explanation.sources (B, S)",
+        _sources,
+        none_is_value=True,
+        generic=True,
+    )
     n_ablations: int = _option(64, "context_cite: random ablation masks per row", _positive_int("n_ablations"))
-    keep_prob: float = _option(0.5, "context_cite: the probability that a source is kept in a mask",
-                               _probability("keep_prob"))
-    alpha: float = _option(0.01, "context_cite: the Lasso penalty on the standardised masks (0: least squares)",
-                           _alpha)
-    filler: Optional[int] = _option(None, "leave_one_out, context_cite: None removes an ablated source's tokens "
-                                    "(later positions follow), a token id replaces them", _filler,
-                                    none_is_value=True)
+    keep_prob: float = _option(
+        0.5, "context_cite: the probability that a source is kept in a mask", _probability("keep_prob")
+    )
+    alpha: float = _option(0.01, "context_cite: the Lasso penalty on the standardised masks (0: least squares)", _alpha)
+    filler: Optional[int] = _option(
+        None,
+        "leave_one_out, context_cite: None removes an ablated source's tokens "
+        "(later positions follow), a token id replaces them",
+        _filler,
+        none_is_value=True,
+    )
     # how the call is split into pieces (lrp_core.runtime.memory; read by ``explain``, not by the methods)
     composite: Optional[Composite] = _option(
-        None, "the rule set of the relevance pass (lrp_core.rules.Composite; default: the method's own): lrp, "
+        None,
+        "the rule set of the relevance pass (lrp_core.rules.Composite; default: the method's own): lrp, "
         "partial_lrp take an explicit-pass one (from LRP_BASELINE), attnlrp, cp_lrp a modified-gradient one "
-        "(from ATTNLRP, CP_LRP)", _composite)
-    max_memory: Optional[float] = _option(None, "bytes or '2GB' a call may use, else it runs in pieces; "
-                                          "None/'auto': half the free memory, 'none': never split",
-                                          lambda v, L: memory.parse_max_memory(v), generic=True)
-    chunk_size: Optional[int] = _option(None, "samples per piece, instead of max_memory",
-                                        _positive_int("chunk_size", " (samples per piece)", optional=True),
-                                        generic=True)
+        "(from ATTNLRP, CP_LRP)",
+        _composite,
+    )
+    max_memory: Optional[float] = _option(
+        None,
+        "bytes or '2GB' a call may use, else it runs in pieces; None/'auto': half the free memory, 'none': never split",
+        lambda v, L: memory.parse_max_memory(v),
+        generic=True,
+    )
+    chunk_size: Optional[int] = _option(
+        None,
+        "samples per piece, instead of max_memory",
+        _positive_int("chunk_size", " (samples per piece)", optional=True),
+        generic=True,
+    )
 
 
 def _declared() -> tuple[Option, ...]:
     """:data:`OPTIONS`, read from the fields of :class:`Options`."""
     hints = get_type_hints(Options)
-    return tuple(Option(f.name, f.default, f.metadata["help"], f.metadata["check"], f.metadata["none_is_value"],
-                        f.metadata["generic"], hints[f.name]) for f in fields(Options))
+    return tuple(
+        Option(
+            f.name,
+            f.default,
+            f.metadata["help"],
+            f.metadata["check"],
+            f.metadata["none_is_value"],
+            f.metadata["generic"],
+            hints[f.name],
+        )
+        for f in fields(Options)
+    )
 
 
 #: Every option any method takes, in the order they are checked: the fields of :class:`Options`.
@@ -301,8 +368,9 @@ def check_together(values: dict) -> None:
     if values["end_layer"] is not None and values["end_layer"] < values["start_layer"]:
         raise InputError(f"end_layer={values['end_layer']} is before start_layer={values['start_layer']}")
     if values["chunk_size"] is not None and values["max_memory"] is not None:
-        raise InputError("give chunk_size (samples per piece) or max_memory (a budget the pieces are sized to), "
-                         "not both")
+        raise InputError(
+            "give chunk_size (samples per piece) or max_memory (a budget the pieces are sized to), not both"
+        )
 
 
 def describe(name: str) -> str:

@@ -1,4 +1,5 @@
 """Perturbation (docs/METHODS.md §2.7): what the output loses when one token is removed."""
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,13 @@ def token_ablation(c: Call) -> MethodResult:
         pairs = c.layout.ablation_pairs(B, dev)
         keep = torch.arange(N - 1, device=dev)
         scores = torch.zeros(B, N, dtype=x0.dtype, device=dev)
-        bar = tqdm(total=len(pairs), desc="token ablation", unit="seq",
-                   disable=not opt.progress if opt.progress is not None else len(pairs) < 2048, leave=False)
+        bar = tqdm(
+            total=len(pairs),
+            desc="token ablation",
+            unit="seq",
+            disable=not opt.progress if opt.progress is not None else len(pairs) < 2048,
+            leave=False,
+        )
         # an empty split still yields one empty chunk, whose replay cannot reshape zero rows: skip it
         for chunk in pairs.split(opt.batch_size) if len(pairs) else ():
             bi, ti = chunk[:, 0], chunk[:, 1]
@@ -41,6 +47,4 @@ def token_ablation(c: Call) -> MethodResult:
             scores[bi, ti] = y_full[bi] - c.output(out.logits, target[bi], rows=bi)
             bar.update(len(chunk))
         bar.close()
-    return MethodResult(scores=scores[:, c.layout.output_start:], target=target, logits=trace.logits)
-
-
+    return MethodResult(scores=scores[:, c.layout.output_start :], target=target, logits=trace.logits)

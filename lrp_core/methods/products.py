@@ -6,6 +6,7 @@ is and in whether each factor is row-normalised. :func:`accumulate` forms the
 (B, N, N) product (the course and the widgets' partial products);
 the methods read only the readout's row of it, :func:`accumulate_row`.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -40,8 +41,9 @@ def _span(layers: Sequence[Tensor] | Tensor, start: int, stop: Optional[int], no
     return layers, stop
 
 
-def accumulate(layers: Sequence[Tensor] | Tensor, start: int = 0, stop: Optional[int] = None,
-               norm: str = "none") -> Tensor:
+def accumulate(
+    layers: Sequence[Tensor] | Tensor, start: int = 0, stop: Optional[int] = None, norm: str = "none"
+) -> Tensor:
     """The product (I+Ā_stop)·…·(I+Ā_start), accumulated as ``C ← (I+Ā_b)·C``.
 
     Parameters
@@ -67,8 +69,9 @@ def accumulate(layers: Sequence[Tensor] | Tensor, start: int = 0, stop: Optional
     return joint
 
 
-def accumulate_row(layers: Sequence[Tensor] | Tensor, w: Tensor, start: int = 0, stop: Optional[int] = None,
-                   norm: str = "none") -> Tensor:
+def accumulate_row(
+    layers: Sequence[Tensor] | Tensor, w: Tensor, start: int = 0, stop: Optional[int] = None, norm: str = "none"
+) -> Tensor:
     """The readout row ``wᵀ·(I+Ā_stop)·…·(I+Ā_start)`` of :func:`accumulate`'s product, as a vector chain.
 
     A map reads only the readout's row(s) of the product, so it is carried from the top as a vector,

@@ -7,6 +7,7 @@ truncated (``0.7`` is not class 0), bools rather than read as 0 / 1, and an
 id outside ``0 … C−1`` is an :class:`~lrp_core.errors.InputError` whatever
 its size (``10**20`` included), never an ``OverflowError``.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -24,9 +25,11 @@ from .call import ConceptTarget, Contrast
 Target = Union[None, int, Sequence[int], Tensor, np.ndarray, ConceptTarget, Contrast]
 
 #: the accepted forms, for error messages
-ACCEPTED = ("target must be None (the predicted class), an integer class id (a Python int or a NumPy integer), "
-            "a sequence / 1-D NumPy array / integer tensor of one class id per sample, Contrast(positive, negative), "
-            "or — for method='cdam' — a ConceptTarget")
+ACCEPTED = (
+    "target must be None (the predicted class), an integer class id (a Python int or a NumPy integer), "
+    "a sequence / 1-D NumPy array / integer tensor of one class id per sample, Contrast(positive, negative), "
+    "or — for method='cdam' — a ConceptTarget"
+)
 
 _INTEGERS = "targets are integer class ids: a float is not rounded, a bool is not a class"
 
@@ -86,22 +89,26 @@ def class_ids(target: Any, batch: int) -> list[int]:
         if not _integer_dtype(target):
             raise InputError(f"{ACCEPTED}; got a {_kind(target)} — {_INTEGERS}")
         if target.ndim > 1:
-            raise InputError(f"{ACCEPTED}; got a {type(target).__name__} of shape {tuple(target.shape)} — "
-                             f"one class per sample needs shape ({batch},)")
+            raise InputError(
+                f"{ACCEPTED}; got a {type(target).__name__} of shape {tuple(target.shape)} — "
+                f"one class per sample needs shape ({batch},)"
+            )
         ids = [int(v) for v in target.reshape(-1).tolist()]
         if len(ids) == 1:
             ids = ids * batch
     elif isinstance(target, (list, tuple, range)):
         bad = [v for v in target if not _is_int(v)]
         if bad:
-            raise InputError(f"{ACCEPTED}; got a {type(target).__name__} holding {_kind(bad[0])} ({bad[0]!r}) — "
-                             f"{_INTEGERS}")
+            raise InputError(
+                f"{ACCEPTED}; got a {type(target).__name__} holding {_kind(bad[0])} ({bad[0]!r}) — {_INTEGERS}"
+            )
         ids = [int(v) for v in target]
     else:
         raise InputError(f"{ACCEPTED}; got {_kind(target)}")
     if len(ids) != batch:
-        raise InputError(f"target has {len(ids)} class ids for a batch of {batch} (one per sample, or a single "
-                         "int for all)")
+        raise InputError(
+            f"target has {len(ids)} class ids for a batch of {batch} (one per sample, or a single int for all)"
+        )
     return ids
 
 
@@ -140,6 +147,7 @@ def resolver(target: Any, batch: int, num_classes: int) -> Resolver:
     def resolve(logits: Tensor, rows: Optional[Tensor] = None) -> Tensor:
         on = t.to(logits.device)
         return on if rows is None else on[rows.to(logits.device)]
+
     return resolve
 
 
@@ -187,17 +195,23 @@ def goal(spec: Any, target: Any, batch: int, num_classes: int, model_name: str) 
         takers = [n for n, s in registry.METHODS.items() if s.concept_target]
         raise InputError(f"a concept target works with method={takers[0]!r} only, not {spec.name!r}")
     if concept is None and num_classes == 0 and not spec.class_agnostic:
-        raise InputError(f"{model_name} has no classification head: explain it with a class-agnostic "
-                         f"method ({', '.join(registry.CLASS_AGNOSTIC)}) or with method='cdam' and a concept target "
-                         "(lrp_core.concept_target)")
+        raise InputError(
+            f"{model_name} has no classification head: explain it with a class-agnostic "
+            f"method ({', '.join(registry.CLASS_AGNOSTIC)}) or with method='cdam' and a concept target "
+            "(lrp_core.concept_target)"
+        )
     negative = None
     if isinstance(target, Contrast):
         if spec.class_agnostic:
-            raise InputError(f"{spec.name!r} does not depend on the target class, so a contrast explains nothing; "
-                             "use a class-sensitive method")
+            raise InputError(
+                f"{spec.name!r} does not depend on the target class, so a contrast explains nothing; "
+                "use a class-sensitive method"
+            )
         if target.negative is None:
-            raise InputError("Contrast(positive, negative) needs the class to contrast with (negative), e.g. "
-                             "Contrast(positive=None, negative=3): the prediction rather than class 3")
+            raise InputError(
+                "Contrast(positive, negative) needs the class to contrast with (negative), e.g. "
+                "Contrast(positive=None, negative=3): the prediction rather than class 3"
+            )
         negative = resolver(target.negative, batch, num_classes)(torch.empty(0))
         target = target.positive
     return Goal(resolver(target if concept is None else None, batch, num_classes), negative, concept)

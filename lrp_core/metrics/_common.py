@@ -1,4 +1,5 @@
 """Input conversion and map resizing shared by the metric modules."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,8 +29,7 @@ def upsample_maps(maps: Tensor, size: tuple[int, int]) -> Tensor:
         raise InputError(f"maps must be (B, h, w), got shape {tuple(maps.shape)}")
     if tuple(maps.shape[-2:]) == tuple(size):
         return maps
-    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
-                         align_corners=False).squeeze(1)
+    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear", align_corners=False).squeeze(1)
 
 
 def minmax_normalise(maps: Tensor) -> Tensor:
@@ -37,4 +37,4 @@ def minmax_normalise(maps: Tensor) -> Tensor:
     return minmax_rows(maps.reshape(maps.shape[0], -1)).reshape(maps.shape)
 
 
-__all__ = ['upsample_maps', 'minmax_normalise']
+__all__ = ["upsample_maps", "minmax_normalise"]

@@ -4,6 +4,7 @@
 tests); :func:`perturbation_masks` shows which pixels each level removes.
 Ties in a ranking are broken by row-major pixel index, lowest first.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,7 @@ def n_removed(fraction: float, n_pixels: int) -> int:
     return int(math.floor(fraction * n_pixels + 1e-9))
 
 
-def perturbation_masks(maps: Tensor, fractions: Sequence[float] = FRACTIONS,
-                       negative: bool = False) -> Tensor:
+def perturbation_masks(maps: Tensor, fractions: Sequence[float] = FRACTIONS, negative: bool = False) -> Tensor:
     """Which pixels are zeroed at each level.
 
     Parameters
@@ -147,8 +147,10 @@ def perturbation_curve(
         raise InputError(f"images must be (N, C, H, W), got shape {tuple(images.shape)}")
     n, _, h, w = images.shape
     if tuple(maps.shape) != (n, h, w):
-        raise InputError(f"maps must be (N, H, W) = {(n, h, w)} to match the images, "
-                         f"got {tuple(maps.shape)}; upsample patch maps first")
+        raise InputError(
+            f"maps must be (N, H, W) = {(n, h, w)} to match the images, "
+            f"got {tuple(maps.shape)}; upsample patch maps first"
+        )
     if labels.shape[0] != n:
         raise InputError(f"labels must have {n} entries, got {labels.shape[0]}")
     if batch_size < 1:
@@ -160,11 +162,12 @@ def perturbation_curve(
 
     def perturbed(chunk: list[tuple[int, int]]) -> Tensor:
         lv, idx = _job_index(chunk)
-        keep = _keep_masks(maps[idx], lv, fractions, negative)      # (b, H, W)
+        keep = _keep_masks(maps[idx], lv, fractions, negative)  # (b, H, W)
         return images[idx] * keep.unsqueeze(1).to(images.dtype)
 
-    for block, logits in logits_in_batches(model, jobs, batch_size, perturbed, progress=progress,
-                                           desc="perturbation" + (" (neg)" if negative else "")):
+    for block, logits in logits_in_batches(
+        model, jobs, batch_size, perturbed, progress=progress, desc="perturbation" + (" (neg)" if negative else "")
+    ):
         lv, idx = _job_index(jobs[block])
         correct[lv, idx] = logits.argmax(dim=1).cpu() == labels[idx]
     if return_correct:
@@ -215,9 +218,8 @@ def perturbation_auc(accuracy: Sequence[float], fractions: Sequence[float] = FRA
     acc = np.asarray(accuracy, dtype=np.float64)
     x = np.asarray([0.0, *fractions], dtype=np.float64)
     if acc.shape != x.shape:
-        raise InputError(f"accuracy must have {len(x)} values (clean + one per level), "
-                         f"got {acc.shape}")
+        raise InputError(f"accuracy must have {len(x)} values (clean + one per level), got {acc.shape}")
     return float(np.sum((x[1:] - x[:-1]) * (acc[1:] + acc[:-1]) / 2.0) * 100.0)
 
 
-__all__ = ['FRACTIONS', 'n_removed', 'perturbation_masks', 'perturbation_curve', 'perturbation_auc']
+__all__ = ["FRACTIONS", "n_removed", "perturbation_masks", "perturbation_curve", "perturbation_auc"]

@@ -6,6 +6,7 @@
   :func:`object_mass_shares`) — does the relevance mass on each object follow
   the logit drop when that object is removed from the scene?
 """
+
 from __future__ import annotations
 
 import math
@@ -45,13 +46,13 @@ def own_mask_share(maps: Tensor, masks: Tensor) -> np.ndarray:
     maps = _as_tensor(maps, "maps")
     masks = _as_tensor(masks, "masks", torch.bool)
     if maps.dim() != 3 or maps.shape != masks.shape:
-        raise InputError(f"maps and masks must both be (N, H, W), got {tuple(maps.shape)} "
-                         f"and {tuple(masks.shape)}")
+        raise InputError(f"maps and masks must both be (N, H, W), got {tuple(maps.shape)} and {tuple(masks.shape)}")
     pos = torch.nan_to_num(maps).clamp(min=0).double()
     total = pos.sum(dim=(1, 2))
     inside = (pos * masks).sum(dim=(1, 2))
-    share = torch.where(total > 0, inside / torch.where(total > 0, total, torch.ones_like(total)),
-                        torch.full_like(total, math.nan))
+    share = torch.where(
+        total > 0, inside / torch.where(total > 0, total, torch.ones_like(total)), torch.full_like(total, math.nan)
+    )
     return share.numpy()
 
 
@@ -121,8 +122,9 @@ def class_map_correlation(maps_a: Tensor, maps_b: Tensor) -> float:
 
 
 @torch.no_grad()
-def deletion_drops(model: Callable[[Tensor], Any], images: Tensor, removed: Tensor,
-                   classes: Tensor, batch_size: int = 64) -> Tensor:
+def deletion_drops(
+    model: Callable[[Tensor], Any], images: Tensor, removed: Tensor, classes: Tensor, batch_size: int = 64
+) -> Tensor:
     """Logit drops ``Δ[i, c, k] = y_c(scene i) − y_c(scene i without object k)``.
 
     Parameters
@@ -152,10 +154,10 @@ def deletion_drops(model: Callable[[Tensor], Any], images: Tensor, removed: Tens
     images, removed = _as_tensor(images, "images"), _as_tensor(removed, "removed")
     classes = _as_tensor(classes, "classes", torch.long)
     n, k = removed.shape[:2]
-    if removed.dim() != 5 or removed.shape[0] != images.shape[0] or \
-            removed.shape[2:] != images.shape[1:]:
-        raise InputError(f"removed must be (N, K, C, H, W) matching images {tuple(images.shape)}, "
-                         f"got {tuple(removed.shape)}")
+    if removed.dim() != 5 or removed.shape[0] != images.shape[0] or removed.shape[2:] != images.shape[1:]:
+        raise InputError(
+            f"removed must be (N, K, C, H, W) matching images {tuple(images.shape)}, got {tuple(removed.shape)}"
+        )
     stack = torch.cat([images.unsqueeze(1), removed], dim=1).reshape(n * (k + 1), *images.shape[1:])
     logits = torch.cat([lg.double().cpu() for _, lg in logits_in_batches(model, stack, batch_size)])
     logits = logits.reshape(n, k + 1, -1)
@@ -186,10 +188,10 @@ def object_mass_shares(maps: Tensor, masks: Tensor) -> np.ndarray:
     """
     maps = _as_tensor(maps, "maps")
     masks = _as_tensor(masks, "masks", torch.bool)
-    if maps.dim() != 3 or masks.dim() != 4 or masks.shape[0] != maps.shape[0] \
-            or masks.shape[2:] != maps.shape[1:]:
-        raise InputError(f"maps must be (M, H, W) and masks (M, K, H, W), got "
-                         f"{tuple(maps.shape)} and {tuple(masks.shape)}")
+    if maps.dim() != 3 or masks.dim() != 4 or masks.shape[0] != maps.shape[0] or masks.shape[2:] != maps.shape[1:]:
+        raise InputError(
+            f"maps must be (M, H, W) and masks (M, K, H, W), got {tuple(maps.shape)} and {tuple(masks.shape)}"
+        )
     pos = torch.nan_to_num(maps).clamp(min=0).double()
     total = pos.sum(dim=(1, 2))
     inside = (pos.unsqueeze(1) * masks).sum(dim=(2, 3))
@@ -233,8 +235,7 @@ def deletion_cases(maps: Tensor, masks: Tensor, drops: Tensor, own: Tensor) -> d
     d = _as_tensor(drops, "drops", torch.float64).numpy()
     own_idx = _as_tensor(own, "own", torch.long).numpy()
     if d.shape != shares.shape or own_idx.shape != (shares.shape[0],):
-        raise InputError(f"drops must be (M, K) = {shares.shape} and own (M,), got {d.shape} "
-                         f"and {own_idx.shape}")
+        raise InputError(f"drops must be (M, K) = {shares.shape} and own (M,), got {d.shape} and {own_idx.shape}")
     order = np.full(len(d), math.nan)
     for i, (s, dd) in enumerate(zip(shares, d)):
         top_drop = np.flatnonzero(dd == dd.max())
@@ -244,8 +245,7 @@ def deletion_cases(maps: Tensor, masks: Tensor, drops: Tensor, own: Tensor) -> d
         order[i] = (top_drop[0] in top_mass) / len(top_mass)
     others = np.ones_like(shares, dtype=bool)
     others[np.arange(len(d)), own_idx] = False
-    distraction = np.where(np.isnan(shares).any(1), math.nan,
-                           np.where(others, shares, 0.0).sum(1))
+    distraction = np.where(np.isnan(shares).any(1), math.nan, np.where(others, shares, 0.0).sum(1))
     return {"shares": shares, "order": order, "distraction": distraction}
 
 
@@ -277,9 +277,19 @@ def deletion_agreement(maps: Tensor, masks: Tensor, drops: Tensor, own: Tensor) 
     d = _as_tensor(drops, "drops", torch.float64).numpy()
     ok = ~np.isnan(c["shares"]).any(1)
     corr = pearson(c["shares"][ok].reshape(-1), d[ok].reshape(-1)) if ok.sum() >= 1 else math.nan
-    return {"deletion_order": _nanmean(c["order"]), "deletion_correlation": corr,
-            "deletion_distraction": _nanmean(c["distraction"])}
+    return {
+        "deletion_order": _nanmean(c["order"]),
+        "deletion_correlation": corr,
+        "deletion_distraction": _nanmean(c["distraction"]),
+    }
 
 
-__all__ = ['own_mask_share', 'class_sensitivity', 'class_map_correlation', 'deletion_drops', 'object_mass_shares',
-           'deletion_cases', 'deletion_agreement']
+__all__ = [
+    "own_mask_share",
+    "class_sensitivity",
+    "class_map_correlation",
+    "deletion_drops",
+    "object_mass_shares",
+    "deletion_cases",
+    "deletion_agreement",
+]

@@ -4,6 +4,7 @@
 mIoU, mAP), the per-image values behind it (:func:`segmentation_per_image`)
 that the bootstrap resamples, and :func:`average_precision`.
 """
+
 from __future__ import annotations
 
 import math
@@ -100,8 +101,7 @@ def segmentation_per_image(maps: Tensor, masks: Tensor) -> dict[str, Any]:
     maps = _as_tensor(maps, "maps")
     masks = _as_tensor(masks, "masks", torch.bool)
     if maps.dim() != 3 or maps.shape != masks.shape:
-        raise InputError(f"maps and masks must both be (N, H, W), got {tuple(maps.shape)} "
-                         f"and {tuple(masks.shape)}")
+        raise InputError(f"maps and masks must both be (N, H, W), got {tuple(maps.shape)} and {tuple(masks.shape)}")
     soft = minmax_normalise(torch.nan_to_num(maps))
     mean = soft.reshape(soft.shape[0], -1).mean(dim=1).view(-1, 1, 1)
     pred = soft > mean
@@ -109,14 +109,16 @@ def segmentation_per_image(maps: Tensor, masks: Tensor) -> dict[str, Any]:
     def per(x: Tensor) -> Tensor:
         return x.reshape(x.shape[0], -1).sum(dim=1)
 
-    counts = torch.stack([per(pred & masks), per(pred | masks), per(~pred & ~masks),
-                          per(~pred | ~masks)], dim=1)
+    counts = torch.stack([per(pred & masks), per(pred | masks), per(~pred & ~masks), per(~pred | ~masks)], dim=1)
     n_pix = masks[0].numel() if len(masks) else 1
-    return {"pixel_accuracy": ((counts[:, 0] + counts[:, 2]).double() / n_pix).numpy(),
-            "iou_counts": counts.numpy().astype(np.int64),
-            "ap": np.array([average_precision(s.reshape(-1), m.reshape(-1))
-                            for s, m in zip(soft, masks)], dtype=np.float64),
-            "pixels": n_pix}
+    return {
+        "pixel_accuracy": ((counts[:, 0] + counts[:, 2]).double() / n_pix).numpy(),
+        "iou_counts": counts.numpy().astype(np.int64),
+        "ap": np.array(
+            [average_precision(s.reshape(-1), m.reshape(-1)) for s, m in zip(soft, masks)], dtype=np.float64
+        ),
+        "pixels": n_pix,
+    }
 
 
 def pooled_miou(iou_counts: np.ndarray) -> np.ndarray:
@@ -187,4 +189,4 @@ def average_precision(scores: Tensor, truth: Tensor) -> float:
     return float(((recall - prev) * precision).sum())
 
 
-__all__ = ['segmentation_scores', 'segmentation_summary', 'segmentation_per_image', 'pooled_miou', 'average_precision']
+__all__ = ["segmentation_scores", "segmentation_summary", "segmentation_per_image", "pooled_miou", "average_precision"]

@@ -1,6 +1,7 @@
 """Statistics of relevance maps: correlation (:func:`pearson`, :func:`pooled_correlation`) and
 CDAM's :func:`sparsity`.
 """
+
 from __future__ import annotations
 
 import math
@@ -110,4 +111,4 @@ def pooled_correlation(scores_a: Tensor, scores_b: Tensor) -> float:
     return pearson(a.numpy(), b.numpy())
 
 
-__all__ = ['pearson', 'pooled_correlation', 'sparsity']
+__all__ = ["pearson", "pooled_correlation", "sparsity"]

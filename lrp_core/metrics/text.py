@@ -9,6 +9,7 @@
 
 Ties in a ranking are broken by word index, lowest first.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,8 +53,7 @@ def word_spans(text: str, words: Sequence[str]) -> list[tuple[int, int]]:
     return spans
 
 
-def word_ids_from_offsets(offsets: Sequence[tuple[int, int]],
-                          spans: Sequence[tuple[int, int]]) -> list[Optional[int]]:
+def word_ids_from_offsets(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[Optional[int]]:
     """Map word-pieces to words through character offsets.
 
     Parameters
@@ -78,13 +78,12 @@ def word_ids_from_offsets(offsets: Sequence[tuple[int, int]],
         if b <= a:
             out.append(None)
             continue
-        hit = np.nonzero((starts < b) & (ends > a))[0]   # overlapping words
+        hit = np.nonzero((starts < b) & (ends > a))[0]  # overlapping words
         out.append(int(hit[0]) if hit.size else None)
     return out
 
 
-def word_scores(token_scores: Sequence[float], word_ids: Sequence[Optional[int]],
-                n_words: int) -> np.ndarray:
+def word_scores(token_scores: Sequence[float], word_ids: Sequence[Optional[int]], n_words: int) -> np.ndarray:
     """Word score = max over its word-pieces.
 
     Parameters
@@ -140,12 +139,13 @@ def top_k_words(scores: np.ndarray, k: int) -> np.ndarray:
     scores = np.asarray(scores, dtype=np.float64)
     order = np.argsort(-scores, kind="stable")
     pick = np.zeros(scores.shape[0], dtype=bool)
-    pick[order[:min(k, scores.shape[0])]] = True
+    pick[order[: min(k, scores.shape[0])]] = True
     return pick
 
 
-def rationale_scores(scores: Sequence[np.ndarray], rationales: Sequence[Union[Sequence[bool], np.ndarray]],
-                     ks: Sequence[int] = TOP_K) -> dict[int, dict[str, float]]:
+def rationale_scores(
+    scores: Sequence[np.ndarray], rationales: Sequence[Union[Sequence[bool], np.ndarray]], ks: Sequence[int] = TOP_K
+) -> dict[int, dict[str, float]]:
     """Token-level precision / recall / F1 of the top-k words, per document, averaged.
 
     For each document and k, the top ``min(k, W)`` words are the predicted
@@ -194,13 +194,13 @@ def rationale_scores(scores: Sequence[np.ndarray], rationales: Sequence[Union[Se
             p_all.append(p)
             r_all.append(r)
             f_all.append(f)
-        out[k] = {"precision": float(np.mean(p_all)), "recall": float(np.mean(r_all)),
-                  "f1": float(np.mean(f_all))}
+        out[k] = {"precision": float(np.mean(p_all)), "recall": float(np.mean(r_all)), "f1": float(np.mean(f_all))}
     return out
 
 
-def rationale_f1_at_gold_size(scores: Sequence[np.ndarray],
-                              rationales: Sequence[Union[Sequence[bool], np.ndarray]]) -> float:
+def rationale_f1_at_gold_size(
+    scores: Sequence[np.ndarray], rationales: Sequence[Union[Sequence[bool], np.ndarray]]
+) -> float:
     """Token F1 with k = the size of each document's human rationale, averaged.
 
     At that k precision, recall and F1 are equal (the share of the top-|gold|
@@ -225,8 +225,9 @@ def rationale_f1_at_gold_size(scores: Sequence[np.ndarray],
     return float(np.mean(vals)) if len(vals) else math.nan
 
 
-def rationale_f1_at_gold_size_per_document(scores: Sequence[np.ndarray],
-                                           rationales: Sequence[Union[Sequence[bool], np.ndarray]]) -> np.ndarray:
+def rationale_f1_at_gold_size_per_document(
+    scores: Sequence[np.ndarray], rationales: Sequence[Union[Sequence[bool], np.ndarray]]
+) -> np.ndarray:
     """(D,) the per-document values of :func:`rationale_f1_at_gold_size`; NaN without rationale.
 
     Parameters
@@ -264,8 +265,9 @@ ERASER_FRACTIONS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)
 """Removal fractions q of ERASER's comprehensiveness and sufficiency (AOPC bins)."""
 
 
-def eraser_texts(words: Sequence[str], scores: np.ndarray,
-                 fractions: Sequence[float] = ERASER_FRACTIONS) -> list[tuple[str, str]]:
+def eraser_texts(
+    words: Sequence[str], scores: np.ndarray, fractions: Sequence[float] = ERASER_FRACTIONS
+) -> list[tuple[str, str]]:
     """The inputs of ERASER's faithfulness metrics, one pair per fraction q.
 
     The top ``ceil(q · W)`` words (:func:`top_k_words`, ties by position; at
@@ -298,8 +300,7 @@ def eraser_texts(words: Sequence[str], scores: np.ndarray,
             raise InputError(f"fractions must lie in (0, 1], got {q}")
         k = max(1, math.ceil(q * len(words) - 1e-9))
         top = top_k_words(np.asarray(scores, dtype=np.float64), k)
-        out.append((" ".join(w for w, t in zip(words, top) if not t),
-                    " ".join(w for w, t in zip(words, top) if t)))
+        out.append((" ".join(w for w, t in zip(words, top) if not t), " ".join(w for w, t in zip(words, top) if t)))
     return out
 
 
@@ -333,6 +334,16 @@ def aopc(p_full: float, p_perturbed: Union[Sequence[float], np.ndarray]) -> floa
     return float(np.mean(float(p_full) - p))
 
 
-__all__ = ['TOP_K', 'word_spans', 'word_ids_from_offsets', 'word_scores', 'top_k_words', 'rationale_scores',
-           'rationale_f1_at_gold_size', 'rationale_f1_at_gold_size_per_document', 'ERASER_FRACTIONS', 'eraser_texts',
-           'aopc']
+__all__ = [
+    "TOP_K",
+    "word_spans",
+    "word_ids_from_offsets",
+    "word_scores",
+    "top_k_words",
+    "rationale_scores",
+    "rationale_f1_at_gold_size",
+    "rationale_f1_at_gold_size_per_document",
+    "ERASER_FRACTIONS",
+    "eraser_texts",
+    "aopc",
+]

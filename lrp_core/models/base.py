@@ -1,4 +1,5 @@
 """What every loader returns: :class:`LoadedModel`; and the names of the embedded models."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ def logits_to_probabilities(logits: torch.Tensor, probabilities: str = "softmax"
     if probabilities == "sigmoid":
         return torch.sigmoid(logits)
     from ..errors import InputError
+
     raise InputError(f"probabilities must be one of {PROBABILITIES}, got {probabilities!r}")
 
 

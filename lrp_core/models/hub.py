@@ -18,6 +18,7 @@ otherwise the hub is contacted only after a short connectivity check, and an
 unreachable hub raises :class:`HubUnavailableError` at once, naming the
 embedded alternatives.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,15 @@ from .base import LoadedModel
 from .lm import KNOWN_DECODERS, LM_HINTS, is_causal_lm, lm_alternative, lm_labels, lm_preprocess
 from .reachability import hub_endpoint, hub_reachable
 
-__all__ = ["HubUnavailableError", "KNOWN_HF_MODELS", "KNOWN_VLMS", "hub_endpoint", "hub_reachable",
-           "imagenet_class_names", "load_hub"]
+__all__ = [
+    "HubUnavailableError",
+    "KNOWN_HF_MODELS",
+    "KNOWN_VLMS",
+    "hub_endpoint",
+    "hub_reachable",
+    "imagenet_class_names",
+    "load_hub",
+]
 
 _IMAGE_ALTERNATIVES = "load('toy-vit') or load('dinov2-s14')"
 _TEXT_ALTERNATIVES = "load('minilm-sentiment')"
@@ -45,8 +53,21 @@ class HubUnavailableError(LRPError, OSError):
     """Pretrained weights were asked for, but the hub is unreachable and nothing is cached."""
 
 
-_TEXT_HINTS = ("bert", "sst", "sentiment", "roberta", "distil", "minilm", "nli", "text", "gpt",
-               "emotion", "imdb", "electra", "mpnet")
+_TEXT_HINTS = (
+    "bert",
+    "sst",
+    "sentiment",
+    "roberta",
+    "distil",
+    "minilm",
+    "nli",
+    "text",
+    "gpt",
+    "emotion",
+    "imdb",
+    "electra",
+    "mpnet",
+)
 _IMAGE_HINTS = ("vit", "deit", "beit", "dino", "image", "swin", "convnext", "resnet", "patch")
 _VLM_HINTS = ("llava", "vlm", "-vl-", "-vl", "paligemma", "idefics", "image-text")
 
@@ -69,12 +90,18 @@ KNOWN_HF_MODELS = {
     "facebook/dinov2-base-imagenet1k-1-layer": ("image", "Dinov2ForImageClassification ([CLS] + mean of patches)"),
     # text: the sentiment classifiers people actually use, one per supported family
     "distilbert-base-uncased-finetuned-sst-2-english": ("text", "DistilBertForSequenceClassification (SST-2)"),
-    "distilbert/distilbert-base-uncased-finetuned-sst-2-english": ("text",
-                                                                   "DistilBertForSequenceClassification (SST-2)"),
-    "cardiffnlp/twitter-roberta-base-sentiment-latest": ("text", "RobertaForSequenceClassification (tweets, "
-                                                                 "negative / neutral / positive)"),
-    "cardiffnlp/twitter-xlm-roberta-base-sentiment": ("text", "XLMRobertaForSequenceClassification (multilingual "
-                                                              "tweets, negative / neutral / positive)"),
+    "distilbert/distilbert-base-uncased-finetuned-sst-2-english": (
+        "text",
+        "DistilBertForSequenceClassification (SST-2)",
+    ),
+    "cardiffnlp/twitter-roberta-base-sentiment-latest": (
+        "text",
+        "RobertaForSequenceClassification (tweets, negative / neutral / positive)",
+    ),
+    "cardiffnlp/twitter-xlm-roberta-base-sentiment": (
+        "text",
+        "XLMRobertaForSequenceClassification (multilingual tweets, negative / neutral / positive)",
+    ),
     "textattack/albert-base-v2-SST-2": ("text", "AlbertForSequenceClassification (SST-2)"),
     # image–text: CLIP, explained as the similarity of an image to text prompts
     "openai/clip-vit-base-patch32": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
@@ -104,16 +131,23 @@ def _guess_kind(name: str) -> str:
 
 
 def _unavailable(name: str, kind: str, detail: str = "") -> HubUnavailableError:
-    alt = {"text": _TEXT_ALTERNATIVES, "image": _IMAGE_ALTERNATIVES, "lm": lm_alternative(),
-           "vlm": _VLM_ALTERNATIVES}.get(
-        kind, f"{_IMAGE_ALTERNATIVES} for images, {_TEXT_ALTERNATIVES} for text")
+    alt = {
+        "text": _TEXT_ALTERNATIVES,
+        "image": _IMAGE_ALTERNATIVES,
+        "lm": lm_alternative(),
+        "vlm": _VLM_ALTERNATIVES,
+    }.get(kind, f"{_IMAGE_ALTERNATIVES} for images, {_TEXT_ALTERNATIVES} for text")
     extra = f" ({detail})" if detail else ""
-    random_hint = ", or load(name, pretrained=False) for random weights" if kind == "image" \
-        and ("/" not in name or name.startswith("timm/")) else ""
+    random_hint = (
+        ", or load(name, pretrained=False) for random weights"
+        if kind == "image" and ("/" not in name or name.startswith("timm/"))
+        else ""
+    )
     return HubUnavailableError(
         f"cannot load pretrained {name!r}: the Hugging Face hub is unreachable and the "
         f"weights are not in the local cache{extra}. Embedded models work offline: "
-        f"{alt}{random_hint}.")
+        f"{alt}{random_hint}."
+    )
 
 
 def _is_network_error(err: BaseException) -> bool:
@@ -135,18 +169,24 @@ def _download_error(name: str, kind: str, err: BaseException) -> Exception:
 
     where = f"the hub at {hub_endpoint()}"
     if isinstance(err, GatedRepoError):
-        return InputError(f"{name!r} is gated on {where}: accept its conditions on its page and log in "
-                          f"(`hf auth login`) to download it")
+        return InputError(
+            f"{name!r} is gated on {where}: accept its conditions on its page and log in "
+            f"(`hf auth login`) to download it"
+        )
     if isinstance(err, (RepositoryNotFoundError, RevisionNotFoundError)) or (
-            isinstance(err, EntryNotFoundError) and not isinstance(err, LocalEntryNotFoundError)):
-        return InputError(f"{name!r} was not found on {where} ({type(err).__name__}): check the spelling, or use "
-                          f"a timm model name (timm.list_models()) or a Hugging Face repo id 'owner/name'")
+        isinstance(err, EntryNotFoundError) and not isinstance(err, LocalEntryNotFoundError)
+    ):
+        return InputError(
+            f"{name!r} was not found on {where} ({type(err).__name__}): check the spelling, or use "
+            f"a timm model name (timm.list_models()) or a Hugging Face repo id 'owner/name'"
+        )
     return _unavailable(name, kind, f"{type(err).__name__}: {err}")
 
 
 # ---------------------------------------------------------------------------
 # timm
 # ---------------------------------------------------------------------------
+
 
 def imagenet_class_names(subset: str = "imagenet-1k") -> list[str]:
     """Readable ImageNet class names, taken from the files timm ships.
@@ -295,17 +335,25 @@ def _load_timm(name: str, pretrained: bool) -> LoadedModel:
         return transform(as_pil_image(image)).unsqueeze(0)
 
     pcfg = getattr(model, "pretrained_cfg", {}) or {}
-    info = {"source": source, "library": "timm", "pretrained": bool(pretrained),
-            "image_size": tuple(data_cfg["input_size"][1:]), "mean": tuple(data_cfg["mean"]),
-            "std": tuple(data_cfg["std"]), "licence": pcfg.get("license", "see the model card"),
-            "data_config": data_cfg}
-    return LoadedModel(name=name, model=model, preprocess=preprocess, labels=_timm_labels(model),
-                       kind="image", info=info)
+    info = {
+        "source": source,
+        "library": "timm",
+        "pretrained": bool(pretrained),
+        "image_size": tuple(data_cfg["input_size"][1:]),
+        "mean": tuple(data_cfg["mean"]),
+        "std": tuple(data_cfg["std"]),
+        "licence": pcfg.get("license", "see the model card"),
+        "data_config": data_cfg,
+    }
+    return LoadedModel(
+        name=name, model=model, preprocess=preprocess, labels=_timm_labels(model), kind="image", info=info
+    )
 
 
 # ---------------------------------------------------------------------------
 # Hugging Face transformers
 # ---------------------------------------------------------------------------
+
 
 def _hf_config(name: str, online: bool) -> Any:
     from transformers import AutoConfig
@@ -335,15 +383,19 @@ def _hf_config_anywhere(name: str, pretrained: bool) -> tuple[Any, Optional[bool
     except OSError:
         pass
     if not hub_reachable():
-        detail = ("its config is not cached either" if pretrained else
-                  "pretrained=False still needs its config.json, which is not cached")
+        detail = (
+            "its config is not cached either"
+            if pretrained
+            else "pretrained=False still needs its config.json, which is not cached"
+        )
         raise _unavailable(name, _guess_kind(name), detail) from None
     try:
         return _hf_config(name, online=True), True
     except OSError as err:
         raise InputError(
             f"{name!r} is neither an embedded model (toy-vit, dinov2-s14, minilm-sentiment), "
-            f"a timm model name, nor a loadable repo id on the hub at {hub_endpoint()}: {err}") from err
+            f"a timm model name, nor a loadable repo id on the hub at {hub_endpoint()}: {err}"
+        ) from err
 
 
 class _Fetch:
@@ -372,14 +424,18 @@ def _auto_class(config: Any, kind: str) -> tuple[Any, str]:
     """The transformers class that builds ``config``'s model, and the attention implementation to load it with."""
     if _is_clip_config(config):
         from transformers import CLIPModel
+
         return CLIPModel, "eager"
     if is_causal_lm(config):  # sdpa: AttnLRP / CP-LRP then never form the (T, T) attention matrices
         from transformers import AutoModelForCausalLM
+
         return AutoModelForCausalLM, "sdpa"
     if kind == "image":
         from transformers import AutoModelForImageClassification
+
         return AutoModelForImageClassification, "eager"
     from transformers import AutoModelForSequenceClassification
+
     return AutoModelForSequenceClassification, "eager"
 
 
@@ -424,8 +480,9 @@ def _image_preprocess(fetch: _Fetch, info: dict[str, Any]) -> tuple[Callable, An
         """PIL image / (H, W, 3) array -> (1, 3, H, W) ``pixel_values``."""
         return processor(images=as_pil_image(image), return_tensors="pt")["pixel_values"]
 
-    info.update(mean=tuple(getattr(processor, "image_mean", ()) or ()),
-                std=tuple(getattr(processor, "image_std", ()) or ()))
+    info.update(
+        mean=tuple(getattr(processor, "image_mean", ()) or ()), std=tuple(getattr(processor, "image_std", ()) or ())
+    )
     return preprocess, None
 
 
@@ -465,12 +522,25 @@ def _load_vlm(name: str, config: Any, pretrained: bool, fetch: _Fetch) -> Loaded
         return processor(images=images, text=texts, padding=True, return_tensors="pt")
 
     tokenizer = getattr(processor, "tokenizer", None)
-    info = {"source": source, "library": "transformers", "pretrained": bool(pretrained),
-            "model_type": config.model_type, "task": "image-text-to-text", "processor": processor}
+    info = {
+        "source": source,
+        "library": "transformers",
+        "pretrained": bool(pretrained),
+        "model_type": config.model_type,
+        "task": "image-text-to-text",
+        "processor": processor,
+    }
     labels = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))) if tokenizer is not None else []
     two_arguments: Callable[..., Any] = preprocess  # LoadedModel.preprocess is typed for one argument
-    return LoadedModel(name=name, model=model.eval(), preprocess=two_arguments, labels=labels, kind="vlm",
-                       tokenizer=tokenizer, info=info)
+    return LoadedModel(
+        name=name,
+        model=model.eval(),
+        preprocess=two_arguments,
+        labels=labels,
+        kind="vlm",
+        tokenizer=tokenizer,
+        info=info,
+    )
 
 
 def _load_hf(name: str, pretrained: bool) -> LoadedModel:
@@ -487,19 +557,25 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     labels: Sequence[str] = [str(id2label.get(i, id2label.get(str(i), f"class {i}"))) for i in range(len(id2label))]
     if clip:
         labels = []  # CLIP has no classes (its config's default LABEL_0/LABEL_1 mean nothing): targets are prompts
-    info: dict[str, Any] = {"source": source, "library": "transformers",
-                            "pretrained": bool(pretrained), "model_type": config.model_type}
+    info: dict[str, Any] = {
+        "source": source,
+        "library": "transformers",
+        "pretrained": bool(pretrained),
+        "model_type": config.model_type,
+    }
     if is_causal_lm(config):
         info["task"] = "causal-lm"
     make = _clip_preprocess if clip else _image_preprocess if kind == "image" else _text_preprocess
     preprocess, tokenizer = make(fetch, info)
     if info.get("task") == "causal-lm":
         labels = lm_labels(model, tokenizer)
-    return LoadedModel(name=name, model=model, preprocess=preprocess, labels=labels, kind=kind,
-                       tokenizer=tokenizer, info=info)
+    return LoadedModel(
+        name=name, model=model, preprocess=preprocess, labels=labels, kind=kind, tokenizer=tokenizer, info=info
+    )
 
 
 # ---------------------------------------------------------------------------
+
 
 def load_hub(name: str, pretrained: str | bool = "auto") -> LoadedModel:
     """Load a model from the timm or Hugging Face hub.
@@ -539,4 +615,5 @@ def load_hub(name: str, pretrained: str | bool = "auto") -> LoadedModel:
         f"unknown model {name!r}: use an embedded model ('toy-vit', 'dinov2-s14', "
         "'minilm-sentiment'), a timm model name (see timm.list_models(), e.g. "
         "'deit_small_patch16_224'), or a Hugging Face repo id 'owner/name' "
-        "(e.g. 'google/vit-base-patch16-224').")
+        "(e.g. 'google/vit-base-patch16-224')."
+    )

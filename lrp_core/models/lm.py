@@ -9,6 +9,7 @@ A loaded LM is ``kind = "text"`` with ``info["task"] = "causal-lm"``; its ``labe
 (``labels[i]`` = the text of token ``i``, decoded on demand), so ``labels[exp.target[0]]`` names the explained
 next token.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,8 +48,10 @@ def lm_alternative() -> str:
 
     if "tiny-lm" in EMBEDDED:
         return "load('tiny-lm') (an embedded Llama-family language model)"
-    return ("load('minilm-sentiment') (an embedded text classifier; no language model is embedded yet), or a "
-            "decoder saved on this machine: load('/path/to/folder')")
+    return (
+        "load('minilm-sentiment') (an embedded text classifier; no language model is embedded yet), or a "
+        "decoder saved on this machine: load('/path/to/folder')"
+    )
 
 
 def is_causal_lm(config: Any) -> bool:
@@ -144,10 +147,17 @@ def lm_labels(model: torch.nn.Module, tokenizer: Any) -> Vocabulary:
         text.
     """
     lm: Any = model  # a transformers PreTrainedModel: its get_output_embeddings is read by name
-    size = lm.get_output_embeddings().weight.shape[0] if lm.get_output_embeddings() is not None \
-        else len(tokenizer)
+    size = lm.get_output_embeddings().weight.shape[0] if lm.get_output_embeddings() is not None else len(tokenizer)
     return Vocabulary(tokenizer, size)
 
 
-__all__ = ["KNOWN_DECODERS", "LM_HINTS", "TokenIdError", "Vocabulary", "is_causal_lm", "lm_alternative", "lm_labels",
-           "lm_preprocess"]
+__all__ = [
+    "KNOWN_DECODERS",
+    "LM_HINTS",
+    "TokenIdError",
+    "Vocabulary",
+    "is_causal_lm",
+    "lm_alternative",
+    "lm_labels",
+    "lm_preprocess",
+]

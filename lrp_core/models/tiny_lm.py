@@ -13,6 +13,7 @@ writes ``lrp_core/assets/tiny_lm/`` (``model.safetensors`` without ``lm_head``, 
 tied to the embedding; ``meta.json`` with the held-out accuracy); this module builds the
 tokenizer and the model and loads those weights (``models.load("tiny-lm")``).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,18 @@ HELD_OUT_SEED = 1_000_000
 
 #: the model's shape: Llama with grouped-query attention (2 query heads of width 48 share 1 key/value head;
 #: head width 48 rather than 24 lifted the 3-5-fact accuracy from 55 % to 77 % at 3000 steps)
-CONFIG: dict[str, Any] = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=3, num_attention_heads=2,
-                              num_key_value_heads=1, max_position_embeddings=64, rms_norm_eps=1e-6,
-                              rope_theta=10000.0, tie_word_embeddings=True, hidden_act="silu")
+CONFIG: dict[str, Any] = dict(
+    hidden_size=96,
+    intermediate_size=256,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+)
 
 
 class TinyLMAssetError(LRPError, FileNotFoundError):
@@ -53,8 +63,9 @@ def build_tokenizer():
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()  # \w+ runs and punctuation, as lrp_core.data.facts splits
     core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                  eos_token="</s>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
     tok.padding_side = "left"  # generation reads the last position; the engine accepts either side
     return tok
 
@@ -115,8 +126,10 @@ def _trained(tok):
     from safetensors.torch import load_file
 
     if not WEIGHTS_FILE.exists():
-        raise TinyLMAssetError(f"tiny-lm's weights are missing ({WEIGHTS_FILE}); reinstall the package or run "
-                               "`python scripts/train_tiny_lm.py`")
+        raise TinyLMAssetError(
+            f"tiny-lm's weights are missing ({WEIGHTS_FILE}); reinstall the package or run "
+            "`python scripts/train_tiny_lm.py`"
+        )
     model = build_model(len(tok))
     state = load_file(str(WEIGHTS_FILE))
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -134,10 +147,20 @@ def _loaded(model, tok, meta: dict) -> LoadedModel:
             raise InputError("tiny-lm's preprocess takes a prompt or a list of prompts (strings)")
         return dict(tok(list(texts), return_tensors="pt", padding=True))
 
-    return LoadedModel(name="tiny-lm", model=model, preprocess=preprocess, labels=tok.convert_ids_to_tokens(
-        list(range(len(tok)))), kind="lm", tokenizer=tok, info={
-        "source": "trained by scripts/train_tiny_lm.py on lrp_core.data.make_facts", "architecture": "Llama",
-        "task": "facts: answer a question about one of several facts", **meta})
+    return LoadedModel(
+        name="tiny-lm",
+        model=model,
+        preprocess=preprocess,
+        labels=tok.convert_ids_to_tokens(list(range(len(tok)))),
+        kind="lm",
+        tokenizer=tok,
+        info={
+            "source": "trained by scripts/train_tiny_lm.py on lrp_core.data.make_facts",
+            "architecture": "Llama",
+            "task": "facts: answer a question about one of several facts",
+            **meta,
+        },
+    )
 
 
 __all__ = ["load_tiny_lm", "build_tokenizer", "build_model", "CONFIG", "HELD_OUT_SEED", "TinyLMAssetError"]

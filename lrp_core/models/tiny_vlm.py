@@ -22,6 +22,7 @@ cross ?")`` expands ``<image>`` into the 64 image tokens and gives ``input_ids``
 (``model.safetensors``: the trained tensors only; ``meta.json``: held-out accuracy per question kind, time,
 seeds, config); this module builds the model and processor and loads those tensors (``models.load("tiny-vlm")``).
 """
+
 from __future__ import annotations
 
 import json
@@ -46,13 +47,29 @@ PROMPT = IMAGE_TOKEN + " {question}"
 TRAINED_PREFIXES = ("model.multi_modal_projector.", "model.language_model.", "lm_head.")
 
 #: the language model's shape (Llama: RMSNorm, rotary positions, grouped-query attention, SiLU-gated MLP)
-TEXT_CONFIG: dict[str, Any] = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
-                                   hidden_act="silu")
+TEXT_CONFIG: dict[str, Any] = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    hidden_act="silu",
+)
 #: DINOv2 ViT-S/14 as a HF ``Dinov2Config`` at 112 px
-VISION_CONFIG: dict[str, Any] = dict(image_size=112, patch_size=14, hidden_size=384, num_hidden_layers=12,
-                                     num_attention_heads=6, mlp_ratio=4, layer_norm_eps=1e-6, layerscale_value=1.0)
+VISION_CONFIG: dict[str, Any] = dict(
+    image_size=112,
+    patch_size=14,
+    hidden_size=384,
+    num_hidden_layers=12,
+    num_attention_heads=6,
+    mlp_ratio=4,
+    layer_norm_eps=1e-6,
+    layerscale_value=1.0,
+)
 
 
 class TinyVLMAssetError(LRPError, FileNotFoundError):
@@ -94,8 +111,13 @@ def tower_state_dict() -> dict[str, torch.Tensor]:
         "layernorm.weight": sd["norm.weight"],
         "layernorm.bias": sd["norm.bias"],
     }
-    renames = (("norm1", "norm1"), ("norm2", "norm2"), ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2"),
-               ("attn.proj", "attention.o_proj"))
+    renames = (
+        ("norm1", "norm1"),
+        ("norm2", "norm2"),
+        ("mlp.fc1", "mlp.fc1"),
+        ("mlp.fc2", "mlp.fc2"),
+        ("attn.proj", "attention.o_proj"),
+    )
     for i in range(DEPTH):
         src, dst = f"blocks.{i}.", f"encoder.layer.{i}."
         for a, b in renames:
@@ -126,8 +148,14 @@ def build_tokenizer():
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
     core.add_special_tokens([AddedToken(IMAGE_TOKEN, normalized=False, special=True)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                  eos_token="</s>", extra_special_tokens={"image_token": IMAGE_TOKEN})
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        extra_special_tokens={"image_token": IMAGE_TOKEN},
+    )
     tok.padding_side = "left"
     return tok
 
@@ -152,12 +180,24 @@ def build_processor(tokenizer=None):
     from ..data.scenes import IMAGENET_MEAN, IMAGENET_STD
 
     side = VISION_CONFIG["image_size"]
-    images = BitImageProcessor(size={"height": side, "width": side}, resample=PILImageResampling.BILINEAR,
-                               do_center_crop=False, do_rescale=True, do_normalize=True, image_mean=IMAGENET_MEAN,
-                               image_std=IMAGENET_STD, do_convert_rgb=True)
-    return LlavaProcessor(image_processor=images, tokenizer=tokenizer if tokenizer is not None else build_tokenizer(),
-                          patch_size=VISION_CONFIG["patch_size"], vision_feature_select_strategy="default",
-                          image_token=IMAGE_TOKEN, num_additional_image_tokens=1)
+    images = BitImageProcessor(
+        size={"height": side, "width": side},
+        resample=PILImageResampling.BILINEAR,
+        do_center_crop=False,
+        do_rescale=True,
+        do_normalize=True,
+        image_mean=IMAGENET_MEAN,
+        image_std=IMAGENET_STD,
+        do_convert_rgb=True,
+    )
+    return LlavaProcessor(
+        image_processor=images,
+        tokenizer=tokenizer if tokenizer is not None else build_tokenizer(),
+        patch_size=VISION_CONFIG["patch_size"],
+        vision_feature_select_strategy="default",
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,
+    )
 
 
 def build_model(tokenizer=None, pretrained_tower: bool = True):
@@ -179,17 +219,27 @@ def build_model(tokenizer=None, pretrained_tower: bool = True):
     from transformers import Dinov2Config, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
     tok = tokenizer if tokenizer is not None else build_tokenizer()
-    text = LlamaConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                       eos_token_id=tok.eos_token_id, **TEXT_CONFIG)
+    text = LlamaConfig(
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        **TEXT_CONFIG,
+    )
     text._attn_implementation = "eager"
     vision = Dinov2Config(**VISION_CONFIG)
     # sdpa in the tower: the same fused attention as timm's DINOv2, so the tower's outputs equal timm's bit for bit
     vision._attn_implementation = "sdpa"
-    cfg = LlavaConfig(vision_config=vision, text_config=text,
-                      image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN), projector_hidden_act="gelu",
-                      vision_feature_layer=-1, vision_feature_select_strategy="default",
-                      image_seq_length=(VISION_CONFIG["image_size"] // VISION_CONFIG["patch_size"]) ** 2,
-                      tie_word_embeddings=False)
+    cfg = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+        projector_hidden_act="gelu",
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        image_seq_length=(VISION_CONFIG["image_size"] // VISION_CONFIG["patch_size"]) ** 2,
+        tie_word_embeddings=False,
+    )
     cfg._attn_implementation = "eager"
     cfg.text_config._attn_implementation = "eager"  # type: ignore[union-attr]  # a config: it was given one
     cfg.vision_config._attn_implementation = "sdpa"  # type: ignore[union-attr]
@@ -250,16 +300,20 @@ def load_tiny_vlm(pretrained: str | bool = "auto") -> LoadedModel:
         torch.manual_seed(0)
         return _loaded(build_model(tok, pretrained_tower=False), processor, {"weights": "random (pretrained=False)"})
     if not WEIGHTS_FILE.exists():
-        raise TinyVLMAssetError(f"tiny-vlm's trained tensors are missing ({WEIGHTS_FILE}); reinstall the package "
-                                "or run `python scripts/train_tiny_vlm.py`")
+        raise TinyVLMAssetError(
+            f"tiny-vlm's trained tensors are missing ({WEIGHTS_FILE}); reinstall the package "
+            "or run `python scripts/train_tiny_vlm.py`"
+        )
     from safetensors.torch import load_file
 
     model = build_model(tok)
     state = load_file(str(WEIGHTS_FILE))
     expected = sorted(n for n in model.state_dict() if n.startswith(TRAINED_PREFIXES))
     if sorted(state) != expected or any(state[n].shape != model.state_dict()[n].shape for n in expected):
-        raise TinyVLMAssetError(f"{WEIGHTS_FILE} does not hold exactly the trained tensors of tiny-vlm's shape "
-                                f"({TRAINED_PREFIXES}); re-create it with `python scripts/train_tiny_vlm.py`")
+        raise TinyVLMAssetError(
+            f"{WEIGHTS_FILE} does not hold exactly the trained tensors of tiny-vlm's shape "
+            f"({TRAINED_PREFIXES}); re-create it with `python scripts/train_tiny_vlm.py`"
+        )
     model.load_state_dict({n: t.float() for n, t in state.items()}, strict=False)
     return _loaded(model.eval(), processor, json.loads(META_FILE.read_text()) if META_FILE.exists() else {})
 
@@ -269,23 +323,47 @@ def _loaded(model, processor, meta: dict) -> LoadedModel:
         """An image and a question (or equally long lists of both) -> the processor's batch."""
         if isinstance(questions, str):
             questions, images = [questions], [images]
-        if not isinstance(questions, (list, tuple)) or not questions or not all(
-                isinstance(q, str) for q in questions) or not isinstance(images, (list, tuple)) or len(
-                images) != len(questions):
+        if (
+            not isinstance(questions, (list, tuple))
+            or not questions
+            or not all(isinstance(q, str) for q in questions)
+            or not isinstance(images, (list, tuple))
+            or len(images) != len(questions)
+        ):
             raise InputError("tiny-vlm's preprocess takes an image and a question, or equally long lists of both")
-        return dict(processor(images=list(images), text=[prompt(q) for q in questions], return_tensors="pt",
-                              padding=True))
+        return dict(
+            processor(images=list(images), text=[prompt(q) for q in questions], return_tensors="pt", padding=True)
+        )
 
     tok = processor.tokenizer
     two_arguments: Callable[..., Any] = preprocess  # LoadedModel.preprocess is typed for one argument
-    return LoadedModel(name="tiny-vlm", model=model, preprocess=two_arguments,
-                       labels=tok.convert_ids_to_tokens(list(range(len(tok)))), kind="vlm", tokenizer=tok,
-                       info={"source": "trained by scripts/train_tiny_vlm.py on lrp_core.data.make_vqa",
-                             "architecture": "LLaVA (HF LlavaForConditionalGeneration): DINOv2 ViT-S/14 tower "
-                                             "(frozen), Linear-GELU-Linear projector, Llama language model",
-                             "task": "answer a one-word question about a two-object scene",
-                             "processor": processor, **meta})
+    return LoadedModel(
+        name="tiny-vlm",
+        model=model,
+        preprocess=two_arguments,
+        labels=tok.convert_ids_to_tokens(list(range(len(tok)))),
+        kind="vlm",
+        tokenizer=tok,
+        info={
+            "source": "trained by scripts/train_tiny_vlm.py on lrp_core.data.make_vqa",
+            "architecture": "LLaVA (HF LlavaForConditionalGeneration): DINOv2 ViT-S/14 tower "
+            "(frozen), Linear-GELU-Linear projector, Llama language model",
+            "task": "answer a one-word question about a two-object scene",
+            "processor": processor,
+            **meta,
+        },
+    )
 
 
-__all__ = ["load_tiny_vlm", "build_tokenizer", "build_processor", "build_model", "tower_state_dict", "prompt",
-           "TEXT_CONFIG", "VISION_CONFIG", "HELD_OUT_SEED", "TinyVLMAssetError"]
+__all__ = [
+    "load_tiny_vlm",
+    "build_tokenizer",
+    "build_processor",
+    "build_model",
+    "tower_state_dict",
+    "prompt",
+    "TEXT_CONFIG",
+    "VISION_CONFIG",
+    "HELD_OUT_SEED",
+    "TinyVLMAssetError",
+]

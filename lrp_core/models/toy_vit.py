@@ -8,6 +8,7 @@ explanation method treats it exactly like a hub ViT. The weights ship in
 >>> m = load_toy_vit()
 >>> m.model(m.preprocess(sample_image_array)).shape   # (1, 8)
 """
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,17 @@ __all__ = ["ASSET_DIR", "TOY_VIT_CONFIG", "build_toy_vit", "load_toy_vit", "toy_
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "toy_vit"
 #: Keyword arguments of the timm ``VisionTransformer``.
 TOY_VIT_CONFIG: dict[str, Any] = dict(
-    img_size=IMAGE_SIZE, patch_size=8, in_chans=3, num_classes=len(CLASS_NAMES),
-    embed_dim=128, depth=4, num_heads=4, mlp_ratio=2.0, qkv_bias=True,
-    class_token=True, global_pool="token",
+    img_size=IMAGE_SIZE,
+    patch_size=8,
+    in_chans=3,
+    num_classes=len(CLASS_NAMES),
+    embed_dim=128,
+    depth=4,
+    num_heads=4,
+    mlp_ratio=2.0,
+    qkv_bias=True,
+    class_token=True,
+    global_pool="token",
 )
 
 
@@ -60,11 +69,15 @@ def toy_vit_preprocess(image: Any) -> torch.Tensor:
     torch.Tensor
         (1, 3, 64, 64), normalised.
     """
-    if isinstance(image, torch.Tensor) and image.is_floating_point() \
-            and tuple(image.shape) in ((3, IMAGE_SIZE, IMAGE_SIZE), (1, 3, IMAGE_SIZE, IMAGE_SIZE)):
+    if (
+        isinstance(image, torch.Tensor)
+        and image.is_floating_point()
+        and tuple(image.shape) in ((3, IMAGE_SIZE, IMAGE_SIZE), (1, 3, IMAGE_SIZE, IMAGE_SIZE))
+    ):
         return image.reshape(1, 3, IMAGE_SIZE, IMAGE_SIZE).float()
-    if isinstance(image, np.ndarray) and image.dtype.kind == "f" \
-            and image.shape == (IMAGE_SIZE, IMAGE_SIZE, 3):  # e.g. Scenes.rgb[i]: no rounding
+    if (
+        isinstance(image, np.ndarray) and image.dtype.kind == "f" and image.shape == (IMAGE_SIZE, IMAGE_SIZE, 3)
+    ):  # e.g. Scenes.rgb[i]: no rounding
         arr = np.clip(image, 0.0, 1.0).astype(np.float32)
     else:
         pil = as_pil_image(image)
@@ -109,8 +122,12 @@ def load_toy_vit(pretrained: str | bool = "auto") -> LoadedModel:
     model = build_toy_vit()
     info: dict[str, Any] = {
         "source": "embedded (lrp_core/assets/toy_vit), trained by scripts/train_toy_vit.py",
-        "image_size": IMAGE_SIZE, "patch_size": TOY_VIT_CONFIG["patch_size"],
-        "mean": MEAN, "std": STD, "config": dict(TOY_VIT_CONFIG), "licence": "MIT (this project)",
+        "image_size": IMAGE_SIZE,
+        "patch_size": TOY_VIT_CONFIG["patch_size"],
+        "mean": MEAN,
+        "std": STD,
+        "config": dict(TOY_VIT_CONFIG),
+        "licence": "MIT (this project)",
         # held-out scenes of the kind it was trained on (lrp_core.data.BUILTIN_IMAGE_SETS)
         "evaluation_data": "scenes",
         # trained with cross-entropy on soft targets (scripts/train_toy_vit.py)
@@ -121,15 +138,17 @@ def load_toy_vit(pretrained: str | bool = "auto") -> LoadedModel:
         if not weights.is_file():
             raise MissingFileError(
                 f"toy-vit weights not found at {weights}; retrain them with "
-                "`python scripts/train_toy_vit.py` or use load_toy_vit(pretrained=False)")
+                "`python scripts/train_toy_vit.py` or use load_toy_vit(pretrained=False)"
+            )
         from safetensors.torch import load_file
 
         model.load_state_dict(load_file(str(weights)))
         info.update(_read_info())
     info["pretrained"] = bool(pretrained)
     model.eval()
-    return LoadedModel(name="toy-vit", model=model, preprocess=toy_vit_preprocess,
-                       labels=list(CLASS_NAMES), kind="image", info=info)
+    return LoadedModel(
+        name="toy-vit", model=model, preprocess=toy_vit_preprocess, labels=list(CLASS_NAMES), kind="image", info=info
+    )
 
 
 def soft_targets(labels: torch.Tensor, n_classes: int = len(CLASS_NAMES)) -> torch.Tensor:

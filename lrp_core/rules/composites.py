@@ -12,6 +12,7 @@ Besides the operation kind, a composite can choose a rule by the module's qualif
 (``names``: fnmatch patterns, zennit's name map) or for the first layer of a kind in input order (``first``,
 zennit's first-layer map).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -127,22 +128,29 @@ class Composite:
         self.serves = _pass_served(self)
         for kind, rule in self.rules.items():
             if kind not in OP_KINDS:
-                raise RuleSetError(f"composite {self.name!r}: unknown operation kind {kind!r} (for {rule!r}); the "
-                                   f"kinds are {', '.join(OP_KINDS)}")
+                raise RuleSetError(
+                    f"composite {self.name!r}: unknown operation kind {kind!r} (for {rule!r}); the "
+                    f"kinds are {', '.join(OP_KINDS)}"
+                )
             _check_kind(self, rule, kind, f"operation {kind!r}")
         odd = [k for k in self.first if k not in LAYER_KINDS]
         if odd:
-            raise RuleSetError(f"composite {self.name!r}: 'first' names the first layer of a kind, but {odd} have no "
-                               f"module; it accepts {', '.join(LAYER_KINDS)}")
+            raise RuleSetError(
+                f"composite {self.name!r}: 'first' names the first layer of a kind, but {odd} have no "
+                f"module; it accepts {', '.join(LAYER_KINDS)}"
+            )
         for kind, rule in self.first.items():
             _check_kind(self, rule, kind, f"the first {kind!r} layer (operation {kind!r})")
         bad = [p for p in self.names if not isinstance(p, str) or not p]
         if bad:
-            raise RuleSetError(f"composite {self.name!r}: a name pattern is a non-empty string (fnmatch: "
-                               f"'blocks.*.mlp.fc1', 'head'), got {bad}")
+            raise RuleSetError(
+                f"composite {self.name!r}: a name pattern is a non-empty string (fnmatch: "
+                f"'blocks.*.mlp.fc1', 'head'), got {bad}"
+            )
 
-    def rule(self, kind: str, module: Optional[nn.Module] = None, name: Optional[str] = None,
-             first: bool = False) -> Rule:
+    def rule(
+        self, kind: str, module: Optional[nn.Module] = None, name: Optional[str] = None, first: bool = False
+    ) -> Rule:
         """The rule of one operation: ``kind``, its qualified module ``name`` in the model (if known) and whether
         it is the ``first`` module of its kind in input order. (``module`` is accepted for the callers' sake.)"""
         if name is not None:
@@ -157,12 +165,18 @@ class Composite:
         try:
             return self.rules[kind]
         except KeyError:
-            raise UnknownNameError(f"composite {self.name!r} has no rule for operation {kind!r}; "
-                                   f"it covers {', '.join(self.rules)}") from None
+            raise UnknownNameError(
+                f"composite {self.name!r} has no rule for operation {kind!r}; it covers {', '.join(self.rules)}"
+            ) from None
 
-    def with_rules(self, name: Optional[str] = None, *, by_kind: Optional[Mapping[str, Rule]] = None,
-                   by_name: Optional[Mapping[str, Rule]] = None,
-                   first: Optional[Mapping[str, Rule]] = None) -> "Composite":
+    def with_rules(
+        self,
+        name: Optional[str] = None,
+        *,
+        by_kind: Optional[Mapping[str, Rule]] = None,
+        by_name: Optional[Mapping[str, Rule]] = None,
+        first: Optional[Mapping[str, Rule]] = None,
+    ) -> "Composite":
         """A copy with some rules replaced or added: ``by_kind`` replaces the rules of those operation kinds,
         ``by_name`` patterns are tried before the copied ones, ``first`` entries replace those of the same kind.
 
@@ -178,12 +192,18 @@ class Composite:
             for key, rule in entries.items():
                 _check_pass_of(self, rule, f"{where}[{key!r}]")
         if name is None:
-            parts = [f"{k}: {r!r}" for k, r in by_kind.items()] + [f"{p}: {r!r}" for p, r in by_name.items()] \
+            parts = (
+                [f"{k}: {r!r}" for k, r in by_kind.items()]
+                + [f"{p}: {r!r}" for p, r in by_name.items()]
                 + [f"first {k}: {r!r}" for k, r in first.items()]
+            )
             name = f"{self.name}[{'; '.join(parts)}]" if parts else self.name
-        return Composite(name=name, rules={**self.rules, **by_kind},
-                         names={**by_name, **{p: r for p, r in self.names.items() if p not in by_name}},
-                         first={**self.first, **first})
+        return Composite(
+            name=name,
+            rules={**self.rules, **by_kind},
+            names={**by_name, **{p: r for p, r in self.names.items() if p not in by_name}},
+            first={**self.first, **first},
+        )
 
     def fresh(self) -> "Composite":
         """The same rule set with an empty record of what chose a rule (:meth:`unused`): one per call."""
@@ -198,14 +218,18 @@ class Composite:
                 layers = [n for n, k in self._asked.items() if rule.kinds is None or k in rule.kinds]
                 hits = [n for n in layers if fnmatchcase(n, pattern)]
                 if hits:  # it matches, but an earlier pattern chose those layers' rule
-                    out.append(f"name pattern {pattern!r} ({rule!r}): it matches {', '.join(hits[:3])}, but an "
-                               "earlier pattern chose their rule first (patterns are tried in order; with_rules puts "
-                               "the new ones first)")
+                    out.append(
+                        f"name pattern {pattern!r} ({rule!r}): it matches {', '.join(hits[:3])}, but an "
+                        "earlier pattern chose their rule first (patterns are tried in order; with_rules puts "
+                        "the new ones first)"
+                    )
                     continue
                 reach = "" if rule.kinds is None else f" of kind {'/'.join(rule.kinds)}"
                 shown = ", ".join(layers[:6]) + (f", … ({len(layers)} in all)" if len(layers) > 6 else "")
-                out.append(f"name pattern {pattern!r} ({rule!r}) matched no layer{reach} the pass asked a rule "
-                           f"for; those are named {shown or '(none)'}")
+                out.append(
+                    f"name pattern {pattern!r} ({rule!r}) matched no layer{reach} the pass asked a rule "
+                    f"for; those are named {shown or '(none)'}"
+                )
         for kind, rule in self.first.items():
             if ("first", kind) not in self._chosen:
                 out.append(f"first-layer entry {kind!r} ({rule!r}): the pass met no {kind!r} layer")
@@ -217,16 +241,21 @@ class Composite:
         ``where`` does not reach — the result would silently be the unmodified rule set's."""
         unused = self.unused()
         if unused:
-            raise RuleSetError(f"{where}: composite {self.name!r} chose no rule with " + "; and ".join(unused)
-                               + ". Fix the pattern (fnmatch on the model's module names) or drop the entry")
+            raise RuleSetError(
+                f"{where}: composite {self.name!r} chose no rule with "
+                + "; and ".join(unused)
+                + ". Fix the pattern (fnmatch on the model's module names) or drop the entry"
+            )
 
 
 def _check_kind(c: Composite, rule: Rule, kind: str, where: str) -> None:
     """Refuse ``rule`` for operation ``kind`` unless it serves that kind (``Rule.kinds``)."""
     if rule.kinds is not None and kind not in rule.kinds:
-        raise RuleSetError(f"composite {c.name!r}: {rule!r} cannot serve {where}: it serves "
-                           f"{', '.join(rule.kinds)}; for {kind!r} {_WORDS[c.serves]} accepts "
-                           f"{_accepted(kind, c.serves)}")
+        raise RuleSetError(
+            f"composite {c.name!r}: {rule!r} cannot serve {where}: it serves "
+            f"{', '.join(rule.kinds)}; for {kind!r} {_WORDS[c.serves]} accepts "
+            f"{_accepted(kind, c.serves)}"
+        )
 
 
 def _accepted(kind: str, serves: str) -> str:
@@ -244,8 +273,14 @@ def _accepted(kind: str, serves: str) -> str:
 _A = {"ExplicitRule": "an ExplicitRule", "GradientRule": "a GradientRule"}
 
 #: a rule's counterpart for the other kind of pass, for the messages
-_COUNTERPART = {"GammaLinear": "GammaGradient", "EpsilonLinear": "EpsilonGradient", "GammaGradient": "GammaLinear",
-                "EpsilonGradient": "EpsilonLinear", "SignedLinear": "Gradient", "BaselineLinear": "Gradient"}
+_COUNTERPART = {
+    "GammaLinear": "GammaGradient",
+    "EpsilonLinear": "EpsilonGradient",
+    "GammaGradient": "GammaLinear",
+    "EpsilonGradient": "EpsilonLinear",
+    "SignedLinear": "Gradient",
+    "BaselineLinear": "Gradient",
+}
 
 
 def _check_pass_of(c: Composite, rule: Rule, where: str) -> None:
@@ -256,8 +291,10 @@ def _check_pass_of(c: Composite, rule: Rule, where: str) -> None:
     contract = "ExplicitRule" if c.serves == EXPLICIT else "GradientRule"
     instead = _COUNTERPART.get(type(rule).__name__)
     hint = f" — here {instead}" if instead else ""
-    raise RuleSetError(f"composite {c.name!r} serves {_WORDS[c.serves]}, but {where} is {rule!r}, a rule of "
-                       f"{_WORDS[got]}; {where} accepts a rule of {_WORDS[c.serves]} ({_A[contract]}){hint}")
+    raise RuleSetError(
+        f"composite {c.name!r} serves {_WORDS[c.serves]}, but {where} is {rule!r}, a rule of "
+        f"{_WORDS[got]}; {where} accepts a rule of {_WORDS[c.serves]} ({_A[contract]}){hint}"
+    )
 
 
 def _pass_served(c: Composite) -> str:
@@ -267,16 +304,20 @@ def _pass_served(c: Composite) -> str:
         raise RuleSetError(f"composite {c.name!r} has no rules")
     for rule in every:
         if getattr(rule, "serves", "") not in PASS_KINDS:
-            raise RuleSetError(f"composite {c.name!r}: {rule!r} serves no kind of pass; derive a rule from "
-                               "ExplicitRule (relevance(op, R), explicit passes) or GradientRule "
-                               "(forward(fn, *inputs), modified-gradient replays)")
+            raise RuleSetError(
+                f"composite {c.name!r}: {rule!r} serves no kind of pass; derive a rule from "
+                "ExplicitRule (relevance(op, R), explicit passes) or GradientRule "
+                "(forward(fn, *inputs), modified-gradient replays)"
+            )
     seen: dict[str, Rule] = {}
     for rule in c.rules.values() or every:
         seen.setdefault(rule.serves, rule)
     if len(seen) > 1:
-        raise RuleSetError(f"composite {c.name!r} mixes explicit-pass rules (e.g. {seen[EXPLICIT]!r}) with "
-                           f"modified-gradient rules (e.g. {seen[MODIFIED_GRADIENT]!r}); a composite serves one "
-                           "kind of pass: make one composite of each")
+        raise RuleSetError(
+            f"composite {c.name!r} mixes explicit-pass rules (e.g. {seen[EXPLICIT]!r}) with "
+            f"modified-gradient rules (e.g. {seen[MODIFIED_GRADIENT]!r}); a composite serves one "
+            "kind of pass: make one composite of each"
+        )
     serves = next(iter(seen))
     for where, entries in (("names", c.names), ("first", c.first)):
         for key, rule in entries.items():
@@ -284,18 +325,20 @@ def _pass_served(c: Composite) -> str:
                 contract = "ExplicitRule" if serves == EXPLICIT else "GradientRule"
                 instead = _COUNTERPART.get(type(rule).__name__)
                 hint = f" — here {instead}" if instead else ""
-                raise RuleSetError(f"composite {c.name!r} serves {_WORDS[serves]} (its rules by operation kind), "
-                                   f"but {where}[{key!r}] is {rule!r}, a rule of {_WORDS[rule.serves]}; it accepts "
-                                   f"a rule of {_WORDS[serves]} ({_A[contract]}){hint}")
+                raise RuleSetError(
+                    f"composite {c.name!r} serves {_WORDS[serves]} (its rules by operation kind), "
+                    f"but {where}[{key!r}] is {rule!r}, a rule of {_WORDS[rule.serves]}; it accepts "
+                    f"a rule of {_WORDS[serves]} ({_A[contract]}){hint}"
+                )
     return serves
 
 
 #: what to use instead, per kind of pass, for the messages of :func:`check_pass`
 _INSTEAD = {
     EXPLICIT: "run it as an explicit relevance pass — Propagation(composite), adapter.relprop(trace, R, composite) "
-              "(as the methods transformer_attribution, lrp and partial_lrp do)",
+    "(as the methods transformer_attribution, lrp and partial_lrp do)",
     MODIFIED_GRADIENT: "run it as a modified-gradient replay — Replay(composite), adapter.forward(prepared, "
-                       "grad=True, composite=composite), then gradient × input (as the methods attnlrp and cp_lrp do)",
+    "grad=True, composite=composite), then gradient × input (as the methods attnlrp and cp_lrp do)",
 }
 
 
@@ -324,14 +367,18 @@ def check_pass(composite: Composite, serves: str, where: str) -> None:
         other pass (the message says which rule sets fit).
     """
     if not isinstance(composite, Composite):
-        raise RuleSetError(f"{where} runs {_WORDS[serves]} and takes a Composite (e.g. {_SETS[serves]}), "
-                           f"got {type(composite).__name__}")
+        raise RuleSetError(
+            f"{where} runs {_WORDS[serves]} and takes a Composite (e.g. {_SETS[serves]}), "
+            f"got {type(composite).__name__}"
+        )
     got = composite.serves
     if got == serves:
         return
-    raise RuleSetError(f"{where} runs {_WORDS[serves]}, but composite {composite.name!r} is a rule set for "
-                       f"{_WORDS[got]}: {_INSTEAD[got]}; or pass a rule set for {_WORDS[serves]} "
-                       f"(e.g. {_SETS[serves]}) to {where}")
+    raise RuleSetError(
+        f"{where} runs {_WORDS[serves]}, but composite {composite.name!r} is a rule set for "
+        f"{_WORDS[got]}: {_INSTEAD[got]}; or pass a rule set for {_WORDS[serves]} "
+        f"(e.g. {_SETS[serves]}) to {where}"
+    )
 
 
 class RuleChoice:
@@ -348,16 +395,24 @@ class RuleChoice:
     serves = ""
     composite: Optional[Composite]  # None only in a plain Replay, which asks for no rule
 
-    def __init__(self, composite: Composite, names: Optional[Mapping[nn.Module, str]] = None,
-                 first: Optional[Mapping[str, nn.Module]] = None):
+    def __init__(
+        self,
+        composite: Composite,
+        names: Optional[Mapping[nn.Module, str]] = None,
+        first: Optional[Mapping[str, nn.Module]] = None,
+    ):
         where = type(self).__name__
         check_pass(composite, self.serves, where)
         if composite.names and names is None:
-            raise RuleSetError(f"composite {composite.name!r} chooses rules by module name: {where} needs the "
-                               "model's module names (names=adapter.module_names)")
+            raise RuleSetError(
+                f"composite {composite.name!r} chooses rules by module name: {where} needs the "
+                "model's module names (names=adapter.module_names)"
+            )
         if composite.first and first is None:
-            raise RuleSetError(f"composite {composite.name!r} chooses rules for the first layer of a kind: "
-                               f"{where} needs the replay's order (first=trace.first)")
+            raise RuleSetError(
+                f"composite {composite.name!r} chooses rules for the first layer of a kind: "
+                f"{where} needs the replay's order (first=trace.first)"
+            )
         self.composite = composite
         self._names = names if composite.names else None  # looked up only where the composite reads names
         self._first = first if composite.first else None
@@ -383,13 +438,24 @@ class Propagation(RuleChoice):
 
     serves = EXPLICIT
 
-    def __init__(self, composite: Composite, cache: bool = False, names: Optional[Mapping[nn.Module, str]] = None,
-                 first: Optional[Mapping[str, nn.Module]] = None):
+    def __init__(
+        self,
+        composite: Composite,
+        cache: bool = False,
+        names: Optional[Mapping[nn.Module, str]] = None,
+        first: Optional[Mapping[str, nn.Module]] = None,
+    ):
         super().__init__(composite, names, first)
         self.cache: Optional[dict] = {} if cache else None
 
-    def __call__(self, kind: str, inputs: tuple, R: RelevanceIn, output: Optional[Tensor] = None,
-                 module: Optional[nn.Module] = None) -> tuple[Tensor, ...]:
+    def __call__(
+        self,
+        kind: str,
+        inputs: tuple,
+        R: RelevanceIn,
+        output: Optional[Tensor] = None,
+        module: Optional[nn.Module] = None,
+    ) -> tuple[Tensor, ...]:
         op = Op(kind, inputs, output, module)
         # an explicit pass runs a composite of ExplicitRules only (check_pass, when the pass is made)
         return cast(ExplicitRule, self.rule(kind, module)).relevance(op, R, self.cache)
@@ -410,25 +476,39 @@ class Propagation(RuleChoice):
 # ----------------------------------------------------------------------------
 def _identities() -> dict[str, Rule]:
     """Operations that pass relevance unchanged in the explicit passes (docs/METHODS.md §1.2, §2c)."""
-    return {LAYERNORM: Identity(), RMSNORM: Identity(), ELEMENTWISE: Identity(), SCALE: Identity(),
-            SOFTMAX: Identity()}
+    return {LAYERNORM: Identity(), RMSNORM: Identity(), ELEMENTWISE: Identity(), SCALE: Identity(), SOFTMAX: Identity()}
 
 
 #: The rules of Chefer et al. (CVPR 2021), used by ``transformer_attribution``; decoders' operations per §2c.
 TRANSFORMER_ATTRIBUTION = Composite(
     name="transformer_attribution",
-    rules={LINEAR: SignedLinear(), PATCH_CONV: ZBox(), **_identities(), ADD: NormalizedAdd(),
-           MASK_ADD: NormalizedAdd(), POS_ADD: GenericAdd(), MATMUL_QK: HalvedMatMul(),
-           MATMUL_AV: HalvedMatMul(), CLONE: Clone(), READOUT: Select(), POOL: WeightedSum(),
-           ROPE: Rotary(), KV_REPEAT: SharedHeads(), GATE_MUL: HalvedProduct(), ATTENTION: NoExplicitFusedAttention(),
-           ROUTE: Routing(), EXPERT_SUM: NormalizedSum()},
+    rules={
+        LINEAR: SignedLinear(),
+        PATCH_CONV: ZBox(),
+        **_identities(),
+        ADD: NormalizedAdd(),
+        MASK_ADD: NormalizedAdd(),
+        POS_ADD: GenericAdd(),
+        MATMUL_QK: HalvedMatMul(),
+        MATMUL_AV: HalvedMatMul(),
+        CLONE: Clone(),
+        READOUT: Select(),
+        POOL: WeightedSum(),
+        ROPE: Rotary(),
+        KV_REPEAT: SharedHeads(),
+        GATE_MUL: HalvedProduct(),
+        ATTENTION: NoExplicitFusedAttention(),
+        ROUTE: Routing(),
+        EXPERT_SUM: NormalizedSum(),
+    },
 )
 
 #: The LRP baseline (``lrp``, ``partial_lrp``): no Add normalisation, separate denominators.
 # (the ignores below: mypy cannot tell that the spread kinds are not the keywords ``names`` / ``first``)
 LRP_BASELINE = TRANSFORMER_ATTRIBUTION.with_rules(
-    "lrp_baseline", by_kind={LINEAR: BaselineLinear(), ADD: GenericAdd(), MASK_ADD: GenericAdd(),
-                             EXPERT_SUM: GenericSum()})
+    "lrp_baseline",
+    by_kind={LINEAR: BaselineLinear(), ADD: GenericAdd(), MASK_ADD: GenericAdd(), EXPERT_SUM: GenericSum()},
+)
 
 
 def _gradient_everywhere() -> dict[str, Rule]:
@@ -438,21 +518,34 @@ def _gradient_everywhere() -> dict[str, Rule]:
 #: AttnLRP (Achtibat et al., ICML 2024) as LXT's efficient mode: ``attnlrp`` (decoders: LXT git HEAD, §2c).
 ATTNLRP = Composite(
     name="attnlrp",
-    rules={**_gradient_everywhere(), LAYERNORM: DetachedStdLayerNorm(), RMSNORM: DetachedRMSNorm(),
-           ELEMENTWISE: IdentityRule(), MATMUL_QK: HalvedGradient(), MATMUL_AV: HalvedGradient(),
-           GATE_MUL: HalvedGradient(), ATTENTION: FusedAttentionLRP()},
+    rules={
+        **_gradient_everywhere(),
+        LAYERNORM: DetachedStdLayerNorm(),
+        RMSNORM: DetachedRMSNorm(),
+        ELEMENTWISE: IdentityRule(),
+        MATMUL_QK: HalvedGradient(),
+        MATMUL_AV: HalvedGradient(),
+        GATE_MUL: HalvedGradient(),
+        ATTENTION: FusedAttentionLRP(),
+    },
 )
 
 #: CP-LRP (Ali et al., ICML 2022): AttnLRP's rules, but Q and K detached, the gate detached, no halving: ``cp_lrp``.
 #: Mixture-of-experts: the routing weights detached too (ROUTE), so a routed product is linear in its expert (§2c.4).
-CP_LRP = ATTNLRP.with_rules("cp_lrp", by_kind={MATMUL_QK: DetachedOperands(), MATMUL_AV: Gradient(),
-                                              GATE_MUL: DetachedGate(), ATTENTION: FusedAttentionCP(),
-                                              ROUTE: DetachedOperands()})
+CP_LRP = ATTNLRP.with_rules(
+    "cp_lrp",
+    by_kind={
+        MATMUL_QK: DetachedOperands(),
+        MATMUL_AV: Gradient(),
+        GATE_MUL: DetachedGate(),
+        ATTENTION: FusedAttentionCP(),
+        ROUTE: DetachedOperands(),
+    },
+)
 
 #: The PA-LRP authors' ViT rule set (their ``cp_rule``): CP-LRP, but ``A·V`` keeps AttnLRP's uniform rule, so v
 #: gets half of its relevance and the attention weights' half is dropped (not conservative; §2e.4).
-CP_HALVED = CP_LRP.with_rules("cp_halved", by_kind={MATMUL_AV: HalvedGradient(),
-                                                    ATTENTION: FusedAttentionCPHalved()})
+CP_HALVED = CP_LRP.with_rules("cp_halved", by_kind={MATMUL_AV: HalvedGradient(), ATTENTION: FusedAttentionCPHalved()})
 
 #: the rule sets PA-LRP builds on (``pa_lrp``'s option ``base``)
 PA_LRP_BASES = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "cp_halved": CP_HALVED}
@@ -480,13 +573,22 @@ def pa_lrp_composite(base: str = "attnlrp") -> tuple[Composite, PositionLeaves]:
         The composite and its :class:`PositionLeaves`.
     """
     positions = PositionLeaves()
-    composite = PA_LRP_BASES[base].with_rules(f"pa_lrp[{base}]", by_kind={ROPE: PositionalRotary(positions),
-                                                                         POS_ADD: PositionalAdd(positions)})
+    composite = PA_LRP_BASES[base].with_rules(
+        f"pa_lrp[{base}]", by_kind={ROPE: PositionalRotary(positions), POS_ADD: PositionalAdd(positions)}
+    )
     return composite, positions
 
 
 __all__ = [
-    "PA_LRP_BASES", "pa_lrp_composite",
-    "Composite", "check_pass", "RuleChoice", "Propagation", "TRANSFORMER_ATTRIBUTION", "LRP_BASELINE", "ATTNLRP",
-    "CP_LRP", "CP_HALVED",
+    "PA_LRP_BASES",
+    "pa_lrp_composite",
+    "Composite",
+    "check_pass",
+    "RuleChoice",
+    "Propagation",
+    "TRANSFORMER_ATTRIBUTION",
+    "LRP_BASELINE",
+    "ATTNLRP",
+    "CP_LRP",
+    "CP_HALVED",
 ]

@@ -4,6 +4,7 @@ Each rule object wraps a plain-tensor function of :mod:`lrp_core.rules.functiona
 and uses its one stabiliser :data:`lrp_core.rules.EPS`. A composite (:mod:`lrp_core.rules.composites`) chooses
 which rule each operation gets.
 """
+
 from __future__ import annotations
 
 import math
@@ -339,8 +340,10 @@ class NoExplicitFusedAttention(ExplicitRule):
     kinds = (ATTENTION,)
 
     def relevance(self, op, R, cache=None):
-        raise UnsupportedModelError("an explicit relevance pass needs the attention map: replay the attention "
-                                    "eagerly (the fused kind is for modified-gradient rules only)")
+        raise UnsupportedModelError(
+            "an explicit relevance pass needs the attention map: replay the attention "
+            "eagerly (the fused kind is for modified-gradient rules only)"
+        )
 
 
 __all__ = [

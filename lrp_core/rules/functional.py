@@ -9,6 +9,7 @@ objects of :mod:`lrp_core.rules.composites` wrap them, and a composite maps each
 operation of a relevance pass to one of them; the course calls the functions
 directly.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
@@ -104,8 +105,14 @@ def generic(fn: Callable[[Tensor], Tensor], x: Tensor, R: Tensor) -> Tensor:
 # --------------------------------------------------------------------------
 # Linear layers (x: (..., D_in), weight: (D_out, D_in), R: (..., D_out))
 # --------------------------------------------------------------------------
-def linear_signed(x: Tensor, weight: Tensor, R: Tensor, out: Tensor | None = None,
-                  bias: Tensor | None = None, cache: dict | None = None) -> Tensor:
+def linear_signed(
+    x: Tensor,
+    weight: Tensor,
+    R: Tensor,
+    out: Tensor | None = None,
+    bias: Tensor | None = None,
+    cache: dict | None = None,
+) -> Tensor:
     """Signed-input rule G_q (α=1, β=0) with one shared denominator.
 
     Only the contributions ``x_j w_ji ≥ 0`` count: ``z⁺ = x⁺W⁺ + x⁻W⁻`` (no
@@ -228,8 +235,15 @@ def linear_generic(x: Tensor, weight: Tensor, R: Tensor) -> Tensor:
 # --------------------------------------------------------------------------
 # Linear layers: the ε- and (generalised) γ-rules, bias included
 # --------------------------------------------------------------------------
-def linear_gamma_factors(x: Tensor, weight: Tensor, R: Tensor, gamma: float, epsilon: float = EPS,
-                         bias: Tensor | None = None, out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def linear_gamma_factors(
+    x: Tensor,
+    weight: Tensor,
+    R: Tensor,
+    gamma: float,
+    epsilon: float = EPS,
+    bias: Tensor | None = None,
+    out: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """The generalised γ-rule with a sign-matched stabiliser ε, as the two factors its relevance is made of.
 
     With ``W⁺ = W + γ·max(W, 0)``, ``W⁻ = W + γ·min(W, 0)`` (likewise ``b⁺``, ``b⁻``) and ``z = xWᵀ + b``,
@@ -289,8 +303,15 @@ def linear_gamma_factors(x: Tensor, weight: Tensor, R: Tensor, gamma: float, eps
     return g_pos.reshape(x.shape), g_neg.reshape(x.shape)
 
 
-def linear_gamma(x: Tensor, weight: Tensor, R: Tensor, gamma: float, epsilon: float = EPS,
-                 bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+def linear_gamma(
+    x: Tensor,
+    weight: Tensor,
+    R: Tensor,
+    gamma: float,
+    epsilon: float = EPS,
+    bias: Tensor | None = None,
+    out: Tensor | None = None,
+) -> Tensor:
     """The generalised γ-rule ``R_x = x⁺ ⊙ g⁺ + x⁻ ⊙ g⁻``.
 
     Montavon et al. 2019, §10.2.1; the factors g⁺, g⁻ come from :func:`linear_gamma_factors`.
@@ -324,8 +345,9 @@ def linear_gamma(x: Tensor, weight: Tensor, R: Tensor, gamma: float, epsilon: fl
     return xp * g_pos + (x - xp) * g_neg
 
 
-def linear_epsilon(x: Tensor, weight: Tensor, R: Tensor, epsilon: float, bias: Tensor | None = None,
-                   out: Tensor | None = None) -> Tensor:
+def linear_epsilon(
+    x: Tensor, weight: Tensor, R: Tensor, epsilon: float, bias: Tensor | None = None, out: Tensor | None = None
+) -> Tensor:
     """The ε-rule with a sign-matched stabiliser (Bach et al. 2015; Montavon et al. 2019, §10.2.1).
 
     ``R_i = x_i Σ_j w_ji R_j / (z_j + ε·sign(z_j))``, ``z = xWᵀ + b`` (0 where ``z_j = 0``).
@@ -499,8 +521,9 @@ def add_generic_n(zs: Sequence[Tensor], R: Tensor, out: Tensor | None = None) ->
     return [z * s for z in zs]
 
 
-def add_normalized_n(zs: Sequence[Tensor], R: Tensor, per_sample: bool = True,
-                     out: Tensor | None = None) -> list[Tensor]:
+def add_normalized_n(
+    zs: Sequence[Tensor], R: Tensor, per_sample: bool = True, out: Tensor | None = None
+) -> list[Tensor]:
     """:func:`add_normalized` for n operands (a parallel block's ``x + attn + mlp``): the generic shares of
     :func:`add_generic_n`, each operand's total then replaced by ``|S_i| / Σ_j |S_j| · S`` (``S_i`` its share's sum,
     ``S`` that of R; per sample unless ``per_sample=False``). For n = 2 the numbers of :func:`add_normalized`.
@@ -725,9 +748,7 @@ def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
 
 def _transpose_output_padding(in_hw, out_hw, k_hw, stride, padding) -> tuple[int, int]:
     st, pd = _pair(stride), _pair(padding)
-    return tuple(
-        int(in_hw[i]) - ((int(out_hw[i]) - 1) * st[i] - 2 * pd[i] + int(k_hw[i])) for i in range(2)
-    )  # type: ignore[return-value]
+    return tuple(int(in_hw[i]) - ((int(out_hw[i]) - 1) * st[i] - 2 * pd[i] + int(k_hw[i])) for i in range(2))  # type: ignore[return-value]
 
 
 # ---- decoders (docs/METHODS.md §2c): the rotary embedding as a linear map, shared key/value heads
@@ -820,7 +841,7 @@ def take_rows(x: Tensor, rows: Tensor, dim: int) -> Tensor:
         x's shape with axis ``dim`` of length 1.
     """
     shape = [x.shape[0]] + [1] * (x.dim() - 1)
-    index = rows.to(x.device).view(shape).expand(*x.shape[:dim], 1, *x.shape[dim + 1:])
+    index = rows.to(x.device).view(shape).expand(*x.shape[:dim], 1, *x.shape[dim + 1 :])
     return x.gather(dim, index)
 
 
@@ -876,11 +897,32 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
     return x[:, :, None].expand(B, Hkv, groups, N, d).reshape(B, Hkv * groups, N, d)
 
 
-
 __all__ = [
-    "EPS", "safe_div", "generic", "linear_signed", "linear_baseline", "linear_generic", "linear_gamma_factors",
-    "linear_gamma", "linear_epsilon",
-    "add_generic", "add_normalized", "add_generic_n", "add_normalized_n", "sum_generic", "sum_normalized",
-    "clone", "select", "weighted_sum", "matmul", "identity", "zbox_conv2d",
-    "rotate_half", "apply_rotary", "rotary_transpose", "repeat_kv", "take_rows", "query_row_bias",
+    "EPS",
+    "safe_div",
+    "generic",
+    "linear_signed",
+    "linear_baseline",
+    "linear_generic",
+    "linear_gamma_factors",
+    "linear_gamma",
+    "linear_epsilon",
+    "add_generic",
+    "add_normalized",
+    "add_generic_n",
+    "add_normalized_n",
+    "sum_generic",
+    "sum_normalized",
+    "clone",
+    "select",
+    "weighted_sum",
+    "matmul",
+    "identity",
+    "zbox_conv2d",
+    "rotate_half",
+    "apply_rotary",
+    "rotary_transpose",
+    "repeat_kv",
+    "take_rows",
+    "query_row_bias",
 ]

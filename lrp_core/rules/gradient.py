@@ -3,6 +3,7 @@
 Each rule computes its operation's value with the gradient its paper prescribes; relevance is then
 gradient × input. A composite (:mod:`lrp_core.rules.composites`) chooses which rule each operation gets.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -156,8 +157,9 @@ class DetachedRMSNorm(GradientRule):
             h = x.float()
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.eps).detach()
             return (h * (1.0 + w.float())).type_as(x)
-        raise UnsupportedModelError(f"{type(self).__name__}: {type(module).__name__} is not an RMSNorm "
-                                    "(expected variance_epsilon or eps)")
+        raise UnsupportedModelError(
+            f"{type(self).__name__}: {type(module).__name__} is not an RMSNorm (expected variance_epsilon or eps)"
+        )
 
 
 class DetachedGate(GradientRule):
@@ -227,8 +229,9 @@ class _LinearRuleFn(torch.autograd.Function):
         # weights are computed with in float32 (runtime.precision)
         weight, bias = effective_linear(ctx.layer)
         bias = None if bias is None else bias.detach().to(z.dtype)
-        g_pos, g_neg = F.linear_gamma_factors(x, weight.detach().to(z.dtype), z * grad, ctx.gamma, ctx.epsilon,
-                                              bias=bias, out=z)
+        g_pos, g_neg = F.linear_gamma_factors(
+            x, weight.detach().to(z.dtype), z * grad, ctx.gamma, ctx.epsilon, bias=bias, out=z
+        )
         zero = g_pos.new_zeros(())
         return torch.where(x > 0, g_pos, torch.where(x < 0, g_neg, zero)), None, None, None
 
@@ -236,8 +239,9 @@ class _LinearRuleFn(torch.autograd.Function):
 def _linear_rule(rule: GradientRule, x: Tensor, module, gamma: float, epsilon: float) -> Tensor:
     """``module(x)`` under the γ/ε-rule ``rule``; the module must be Linear-like (a 2-D ``weight`` (D_out, D_in))."""
     if not is_linear(module):
-        raise UnsupportedModelError(f"{rule!r} is a Linear rule: it needs a layer with a 2-D weight (D_out, D_in), "
-                                    f"got {module!r}")
+        raise UnsupportedModelError(
+            f"{rule!r} is a Linear rule: it needs a layer with a 2-D weight (D_out, D_in), got {module!r}"
+        )
     return _LinearRuleFn.apply(x, module, gamma, epsilon)
 
 
@@ -327,6 +331,7 @@ class PositionalRotary(GradientRule):
 
         def half(t: Tensor) -> Tensor:
             return _DivideGradientFn.apply(t, 2.0)
+
         r = cos.shape[-1]
         if r == x.shape[-1]:
             return fn(half(x), half(c), half(s))

@@ -20,6 +20,7 @@ classes cannot be named without importing them.
 
 Shapes: ``weight`` (D_out, D_in), ``bias`` (D_out,) or ``None``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -29,8 +30,10 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 
-MERGE_HINT = ("merge the adapters into the model first (model = peft_model.merge_and_unload(): the same "
-              "function, plain Linear layers)")
+MERGE_HINT = (
+    "merge the adapters into the model first (model = peft_model.merge_and_unload(): the same "
+    "function, plain Linear layers)"
+)
 
 
 class LinearView(nn.Module):
@@ -75,7 +78,7 @@ def is_conv1d(module: nn.Module) -> bool:
 
 
 def _kind(module: nn.Module) -> Optional[str]:
-    """"lora", "ia3" or "modules_to_save" for the peft layers :func:`effective_linear` reads, else ``None``."""
+    """ "lora", "ia3" or "modules_to_save" for the peft layers :func:`effective_linear` reads, else ``None``."""
     if not is_peft(module):
         return None
     path, name = type(module).__module__, type(module).__name__
@@ -172,7 +175,7 @@ def _lora(module: Any, active: list, weight: Tensor, bias: Optional[Tensor]) -> 
         b_delta = None if B.bias is None else s * B.bias.to(weight.dtype)
         if _dora(module, name):  # the only variant _check_layer lets through
             norm = torch.linalg.norm(base_weight + delta, dim=1)  # (D_out,): ‖W + s·BA‖ per output row
-            scale = (module.lora_magnitude_vector[name].weight.to(weight.dtype) / norm)  # (D_out,)
+            scale = module.lora_magnitude_vector[name].weight.to(weight.dtype) / norm  # (D_out,)
             weight = scale[:, None] * (weight + delta)
             if bias is not None:  # (y − b): b the base layer's bias, 0 where it has none
                 bias = bias + (scale - 1) * (bias if base_bias is None else bias - base_bias)
@@ -205,25 +208,48 @@ def _ia3(module: Any, active: list, weight: Tensor, bias: Optional[Tensor]) -> t
 def _check_layer(module: Any, where: str = "") -> None:
     """Refuse what :func:`effective_linear` cannot read as the forward computes it (``where``: its name)."""
     if not is_linear(module):
-        raise UnsupportedModelError(_refusal(module, where, f"wraps a {type(module.base_layer).__name__}, not a "
-                                                            "Linear"))
+        raise UnsupportedModelError(
+            _refusal(module, where, f"wraps a {type(module.base_layer).__name__}, not a Linear")
+        )
     if module.disable_adapters and module.merged:
-        raise UnsupportedModelError(_refusal(module, where, "has its adapters disabled while they are merged (its "
-                                                            "forward would unmerge them, changing the model); "
-                                                            "unmerge them (peft_model.unmerge_adapter()) or enable "
-                                                            "them, or"))
+        raise UnsupportedModelError(
+            _refusal(
+                module,
+                where,
+                "has its adapters disabled while they are merged (its "
+                "forward would unmerge them, changing the model); "
+                "unmerge them (peft_model.unmerge_adapter()) or enable "
+                "them, or",
+            )
+        )
     if _kind(module) == "lora":
-        other = sorted({type(v).__name__ for v in getattr(module, "lora_variant", {}).values()}
-                       - {"DoraLinearVariant"})
+        other = sorted({type(v).__name__ for v in getattr(module, "lora_variant", {}).values()} - {"DoraLinearVariant"})
         if other:
-            raise UnsupportedModelError(_refusal(module, where, f"uses the LoRA variant {', '.join(other)}, whose "
-                                                                "function the rules do not read (plain LoRA and "
-                                                                "DoRA they do)"))
-        if not module.disable_adapters and not module.merged and any(
+            raise UnsupportedModelError(
+                _refusal(
+                    module,
+                    where,
+                    f"uses the LoRA variant {', '.join(other)}, whose "
+                    "function the rules do not read (plain LoRA and "
+                    "DoRA they do)",
+                )
+            )
+        if (
+            not module.disable_adapters
+            and not module.merged
+            and any(
                 module.lora_dropout[a].training and getattr(module.lora_dropout[a], "p", 0) > 0
-                for a in module.active_adapters if a in module.lora_dropout):
-            raise UnsupportedModelError(_refusal(module, where, "is in training mode with LoRA dropout, so its "
-                                                                "forward is random; call model.eval(), or"))
+                for a in module.active_adapters
+                if a in module.lora_dropout
+            )
+        ):
+            raise UnsupportedModelError(
+                _refusal(
+                    module,
+                    where,
+                    "is in training mode with LoRA dropout, so its forward is random; call model.eval(), or",
+                )
+            )
 
 
 def _refusal(module: nn.Module, where: str, why: str) -> str:
@@ -253,14 +279,21 @@ def check_peft_layers(model: nn.Module) -> None:
         if kind is None:
             if _inside_peft_layer(model, qualified):
                 continue  # a part of a layer checked as a whole (lora_A, lora_B, a DoRA magnitude, …)
-            raise UnsupportedModelError(_refusal(module, qualified, "is not a layer the relevance rules read "
-                                                                    "(they read LoRA and DoRA, IA³ and "
-                                                                    "modules_to_save on Linear layers)"))
+            raise UnsupportedModelError(
+                _refusal(
+                    module,
+                    qualified,
+                    "is not a layer the relevance rules read "
+                    "(they read LoRA and DoRA, IA³ and "
+                    "modules_to_save on Linear layers)",
+                )
+            )
         if kind == "modules_to_save":
             wrapper: Any = module
             if not is_linear(wrapper.original_module):
-                raise UnsupportedModelError(_refusal(module, qualified, "wraps a "
-                                                     f"{type(wrapper.original_module).__name__}, not a Linear"))
+                raise UnsupportedModelError(
+                    _refusal(module, qualified, f"wraps a {type(wrapper.original_module).__name__}, not a Linear")
+                )
             continue
         _check_layer(module, qualified)
 

@@ -13,6 +13,7 @@ contract each (:data:`PASS_KINDS`):
 
 Which rule each operation gets is chosen in one place: :mod:`lrp_core.rules.composites`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,8 +50,29 @@ ROUTE = "route"  # router logits -> routing weights: inputs (logits (T, E), chos
 EXPERT_SUM = "expert_sum"  # Σ of the weighted experts' outputs per token: inputs (parts (P, D), their tokens (P,))
 
 #: every operation kind, encoders' then decoders'
-OP_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, ELEMENTWISE, SCALE, SOFTMAX, MATMUL_QK, MATMUL_AV, ADD, CLONE, MASK_ADD,
-            POS_ADD, READOUT, POOL, RMSNORM, ROPE, KV_REPEAT, GATE_MUL, ATTENTION, ROUTE, EXPERT_SUM)
+OP_KINDS = (
+    LINEAR,
+    PATCH_CONV,
+    LAYERNORM,
+    ELEMENTWISE,
+    SCALE,
+    SOFTMAX,
+    MATMUL_QK,
+    MATMUL_AV,
+    ADD,
+    CLONE,
+    MASK_ADD,
+    POS_ADD,
+    READOUT,
+    POOL,
+    RMSNORM,
+    ROPE,
+    KV_REPEAT,
+    GATE_MUL,
+    ATTENTION,
+    ROUTE,
+    EXPERT_SUM,
+)
 DECODER_KINDS = (RMSNORM, ROPE, KV_REPEAT, GATE_MUL, ATTENTION, ROUTE, EXPERT_SUM)
 #: the kinds whose operations are modules of the model (layers): those a ``first`` entry can name
 LAYER_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, RMSNORM, ELEMENTWISE, SCALE)
@@ -150,8 +172,38 @@ class GradientRule(Rule):
         return fn(*inputs)
 
 
-__all__ = ["LINEAR", "PATCH_CONV", "LAYERNORM", "ELEMENTWISE", "SCALE", "SOFTMAX", "MATMUL_QK", "MATMUL_AV", "ADD",
-           "CLONE", "MASK_ADD", "POS_ADD", "READOUT", "POOL", "RMSNORM", "ROPE", "KV_REPEAT", "GATE_MUL", "ATTENTION",
-           "ROUTE", "EXPERT_SUM",
-           "OP_KINDS", "DECODER_KINDS", "LAYER_KINDS", "EXPLICIT", "MODIFIED_GRADIENT", "PASS_KINDS", "RelevanceIn",
-           "Op", "norm_kind", "Rule", "ExplicitRule", "GradientRule"]
+__all__ = [
+    "LINEAR",
+    "PATCH_CONV",
+    "LAYERNORM",
+    "ELEMENTWISE",
+    "SCALE",
+    "SOFTMAX",
+    "MATMUL_QK",
+    "MATMUL_AV",
+    "ADD",
+    "CLONE",
+    "MASK_ADD",
+    "POS_ADD",
+    "READOUT",
+    "POOL",
+    "RMSNORM",
+    "ROPE",
+    "KV_REPEAT",
+    "GATE_MUL",
+    "ATTENTION",
+    "ROUTE",
+    "EXPERT_SUM",
+    "OP_KINDS",
+    "DECODER_KINDS",
+    "LAYER_KINDS",
+    "EXPLICIT",
+    "MODIFIED_GRADIENT",
+    "PASS_KINDS",
+    "RelevanceIn",
+    "Op",
+    "norm_kind",
+    "Rule",
+    "ExplicitRule",
+    "GradientRule",
+]

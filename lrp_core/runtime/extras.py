@@ -10,6 +10,7 @@ own, installed with an extra of the distribution (``pyproject.toml``)::
 :func:`require` imports such a package at the point of use, and when it is missing raises
 :class:`~lrp_core.errors.MissingExtraError` naming the feature, the package and the extra to install.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -68,8 +69,9 @@ def require(module: str, extra: str, what: Optional[str] = None) -> ModuleType:
         if err.name != top and not (top in sys.modules and sys.modules[top] is None):
             raise  # the package is there but something it imports is not: installing the extra would not help
         package = _PACKAGE.get(top, top)
-        missing = MissingExtraError(f"{what or module} needs {package}, which is not installed: "
-                                    f"pip install '{DISTRIBUTION}[{extra}]'")
+        missing = MissingExtraError(
+            f"{what or module} needs {package}, which is not installed: pip install '{DISTRIBUTION}[{extra}]'"
+        )
         missing.name = top
         raise missing from err
 

@@ -45,6 +45,7 @@ never calls (a whole block, the model itself) is not reflected in the
 explanation, and :func:`warn_unreflected_hooks` names those modules with an
 :class:`~lrp_core.errors.UnreflectedHookWarning`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,9 +66,19 @@ from .wrappers import unwrap
 #: module attributes the engine's families read as flags (timm's fused attention)
 FLAGS = ("fused_attn",)
 #: a module's hook dictionaries (those this torch has); the first two change what its forward returns
-HOOK_DICTS = tuple(name for name in ("_forward_pre_hooks", "_forward_hooks", "_forward_pre_hooks_with_kwargs",
-                                     "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                                     "_backward_pre_hooks", "_backward_hooks") if hasattr(nn.Module(), name))
+HOOK_DICTS = tuple(
+    name
+    for name in (
+        "_forward_pre_hooks",
+        "_forward_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_backward_pre_hooks",
+        "_backward_hooks",
+    )
+    if hasattr(nn.Module(), name)
+)
 _MISSING = object()
 
 #: ids of the hooks the engine itself holds on some module right now, in any thread (hook ids are unique
@@ -108,8 +119,10 @@ def _observer(hook: Any) -> bool:
     """transformers' output-capturing hook: installed on a model's layers the first time their hidden states are
     asked for (LLaVA asks for its vision tower's on every forward), it records outputs while a capture is active
     and never changes one."""
-    return getattr(hook, "__module__", None) == "transformers.utils.output_capturing" and \
-        getattr(hook, "__name__", None) == "output_capturing_hook"
+    return (
+        getattr(hook, "__module__", None) == "transformers.utils.output_capturing"
+        and getattr(hook, "__name__", None) == "output_capturing_hook"
+    )
 
 
 def _user_hooks(hooks: dict) -> dict:
@@ -118,6 +131,7 @@ def _user_hooks(hooks: dict) -> dict:
     with _ENGINE_LOCK:
         engine = set(_ENGINE_HOOKS)
     return {k: v for k, v in hooks.items() if k not in engine and not _observer(v)}
+
 
 Slot = tuple  # ("training", i) | ("flag", i, name) | ("hook", i, dict, id) | ("requires_grad", j) | ("grad", j) | ...
 
@@ -233,8 +247,10 @@ class _Brackets:
         self.handles: list = []
 
     def install(self) -> None:
-        self.handles = [_module.register_module_forward_pre_hook(self._pre),
-                        _module.register_module_forward_hook(self._post)]
+        self.handles = [
+            _module.register_module_forward_pre_hook(self._pre),
+            _module.register_module_forward_hook(self._post),
+        ]
         _OPEN.__dict__.setdefault("brackets", []).append(self)
 
     def remove(self) -> None:
@@ -269,8 +285,11 @@ class _Brackets:
 
 def _hooked_modules(model: nn.Module) -> dict:
     """``id(module) -> qualified name`` of the modules with a forward hook or pre-hook of the user's."""
-    return {id(m): name or type(model).__name__ for name, m in model.named_modules()
-            if _user_hooks(m._forward_hooks) or _user_hooks(m._forward_pre_hooks)}
+    return {
+        id(m): name or type(model).__name__
+        for name, m in model.named_modules()
+        if _user_hooks(m._forward_hooks) or _user_hooks(m._forward_pre_hooks)
+    }
 
 
 @contextmanager
@@ -329,7 +348,9 @@ def warn_unreflected_hooks(report: GuardReport, stacklevel: int = 3) -> None:
             "and the explanation may not describe the hooked model's prediction. Put the hook on a leaf module the "
             "replay runs, remove it, or make this an error with "
             "warnings.simplefilter('error', lrp_core.errors.UnreflectedHookWarning)",
-            UnreflectedHookWarning, stacklevel=stacklevel)
+            UnreflectedHookWarning,
+            stacklevel=stacklevel,
+        )
 
 
 @contextmanager
@@ -436,11 +457,13 @@ def inference_model_named(model: nn.Module) -> Iterator[None]:
     except RuntimeError as err:
         if "Inference tensors" not in str(err) or not any(p.is_inference() for p in model.parameters()):
             raise
-        raise InputError(f"{type(model).__name__}'s parameters are inference tensors (the model was created or "
-                         "loaded inside torch.inference_mode()), so no gradient flows through them and this method "
-                         "needs one; create or load the model outside inference_mode (explain itself may run "
-                         "inside it), or use a method without gradients (rollout, raw_attention, lrp, partial_lrp, "
-                         "token_ablation)") from err
+        raise InputError(
+            f"{type(model).__name__}'s parameters are inference tensors (the model was created or "
+            "loaded inside torch.inference_mode()), so no gradient flows through them and this method "
+            "needs one; create or load the model outside inference_mode (explain itself may run "
+            "inside it), or use a method without gradients (rollout, raw_attention, lrp, partial_lrp, "
+            "token_ablation)"
+        ) from err
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -469,6 +492,7 @@ def public_call(fn: F) -> F:
     F
         ``fn`` wrapped, with the same signature.
     """
+
     @functools.wraps(fn)
     def call(model, inputs, *args, **kwargs):
         if not isinstance(model, nn.Module):
@@ -479,9 +503,20 @@ def public_call(fn: F) -> F:
                 out = fn(model, normal_tensors(inputs), *args, **kwargs)
         warn_unreflected_hooks(seen, stacklevel=3)
         return out
+
     return call  # type: ignore[return-value]
 
 
-__all__ = ["GuardReport", "model_guard", "eval_semantics", "engine_hook", "warn_unreflected_hooks", "autograd_on",
-           "normal_tensors",
-           "inference_model_named", "public_call", "FLAGS", "HOOK_DICTS"]
+__all__ = [
+    "GuardReport",
+    "model_guard",
+    "eval_semantics",
+    "engine_hook",
+    "warn_unreflected_hooks",
+    "autograd_on",
+    "normal_tensors",
+    "inference_model_named",
+    "public_call",
+    "FLAGS",
+    "HOOK_DICTS",
+]

@@ -52,6 +52,7 @@ docs/ARCHITECTURE.md). It does not count the model's weights (already
 resident) or the inputs. On CUDA the same tensors are allocated; the estimate
 was not measured there.
 """
+
 from __future__ import annotations
 
 import math
@@ -155,13 +156,22 @@ def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = 
     first = adapter.blocks[0]
     # a gated MLP keeps gate and up outputs, the activation and the product: twice a plain one's N·F; a
     # mixture of experts says its own per-token width (MoeSpec.hidden_width: the k chosen experts')
-    widths = [getattr(spec.mlp, "hidden_width", None) or
-              spec.mlp.fc1.out_features * (2 if getattr(spec.mlp, "gated", False) else 1) for spec in adapter.blocks]
+    widths = [
+        getattr(spec.mlp, "hidden_width", None)
+        or spec.mlp.fc1.out_features * (2 if getattr(spec.mlp, "gated", False) else 1)
+        for spec in adapter.blocks
+    ]
     n = tokens if tokens is not None else adapter.layout(prepared).num_tokens
-    return SizeFacts(blocks=adapter.num_blocks, tokens=int(n), width=int(first.attn.proj.out_features),
-                      heads=int(first.attn.num_heads), mlp=int(max(widths)),
-                      itemsize=_compute_itemsize(first.attn.proj.weight), outputs=_head_outputs(adapter),
-                      sdpa=bool(getattr(first.attn, "sdpa", False)))
+    return SizeFacts(
+        blocks=adapter.num_blocks,
+        tokens=int(n),
+        width=int(first.attn.proj.out_features),
+        heads=int(first.attn.num_heads),
+        mlp=int(max(widths)),
+        itemsize=_compute_itemsize(first.attn.proj.weight),
+        outputs=_head_outputs(adapter),
+        sdpa=bool(getattr(first.attn, "sdpa", False)),
+    )
 
 
 def _head_outputs(adapter: Any) -> int:
@@ -227,8 +237,10 @@ def fixed(p: Profile, f: SizeFacts, batch_size: int = 64) -> int:
     """
     out = 3 * f.width * max(f.mlp, f.outputs) * f.itemsize  # the largest weight: an LM head's V·D
     if p.ablated:
-        out += batch_size * per_sample(ABLATED_PASS, SizeFacts(f.blocks, max(f.tokens - 1, 1), f.width, f.heads,
-                                                                f.mlp, f.itemsize, f.outputs, f.sdpa))
+        out += batch_size * per_sample(
+            ABLATED_PASS,
+            SizeFacts(f.blocks, max(f.tokens - 1, 1), f.width, f.heads, f.mlp, f.itemsize, f.outputs, f.sdpa),
+        )
     elif p.batched:
         out += batch_size * per_sample(p, f)
     return int(out)
@@ -261,10 +273,22 @@ def estimate(p: Profile, f: SizeFacts, batch: int, keep_heads: bool = False, bat
 # ----------------------------------------------------------------------------
 # the budget
 # ----------------------------------------------------------------------------
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-_ACCEPTED = ("max_memory must be None or 'auto' (a share of the free memory of the model's device), a number of "
-             "bytes (> 0), a string such as '512MB' or '2GiB', or float('inf') / 'none' (never split)")
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_ACCEPTED = (
+    "max_memory must be None or 'auto' (a share of the free memory of the model's device), a number of "
+    "bytes (> 0), a string such as '512MB' or '2GiB', or float('inf') / 'none' (never split)"
+)
 
 
 def parse_max_memory(value: MaxMemory) -> Union[None, float]:
@@ -338,6 +362,7 @@ def available(device: torch.device) -> Optional[int]:
         return kib * 1024
     try:
         import psutil  # optional
+
         return int(psutil.virtual_memory().available)
     except Exception:  # not installed, or no reading on this system
         return None
@@ -368,8 +393,9 @@ def budget(max_memory: MaxMemory, device: torch.device) -> float:
     return math.inf if free is None else SAFETY_FRACTION * free
 
 
-def piece_size(budget_bytes: float, p: Profile, f: SizeFacts, batch: int, keep_heads: bool = False,
-               batch_size: int = 64) -> int:
+def piece_size(
+    budget_bytes: float, p: Profile, f: SizeFacts, batch: int, keep_heads: bool = False, batch_size: int = 64
+) -> int:
     """Samples per piece of a pass with profile ``p``.
 
     ``batch`` if the whole batch fits, else
@@ -401,5 +427,17 @@ def piece_size(budget_bytes: float, p: Profile, f: SizeFacts, batch: int, keep_h
     return max(1, min(batch, int(room // max(per_sample(p, f, keep_heads), 1))))
 
 
-__all__ = ["SizeFacts", "Profile", "ABLATED_PASS", "SAFETY_FRACTION", "facts_of", "per_sample", "fixed", "estimate",
-           "parse_max_memory", "available", "budget", "piece_size"]
+__all__ = [
+    "SizeFacts",
+    "Profile",
+    "ABLATED_PASS",
+    "SAFETY_FRACTION",
+    "facts_of",
+    "per_sample",
+    "fixed",
+    "estimate",
+    "parse_max_memory",
+    "available",
+    "budget",
+    "piece_size",
+]

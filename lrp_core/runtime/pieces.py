@@ -11,6 +11,7 @@ What is per sample and what is shared by the batch (CLIP's prompts / images) is 
 
 Shapes: B batch, T (padded) tokens, n a group's length.
 """
+
 from __future__ import annotations
 
 from dataclasses import fields, replace
@@ -99,8 +100,9 @@ def plan(adapter: Adapter, prepared: dict, profile: memory.Profile, opt: Any) ->
             if budget is None:
                 budget = memory.budget(opt.max_memory, adapter.blocks[0].attn.proj.weight.device)
             facts = memory.facts_of(adapter, prepared, tokens=n)
-            k = memory.piece_size(budget, profile, facts, len(rows), keep_heads=opt.keep_heads,
-                                  batch_size=opt.batch_size)
+            k = memory.piece_size(
+                budget, profile, facts, len(rows), keep_heads=opt.keep_heads, batch_size=opt.batch_size
+            )
         pieces += [Piece(part, n) for part in rows.split(k)]
     return pieces
 
@@ -126,8 +128,9 @@ def call_for(call: Call, piece: Piece) -> Call:
     opt = call.opt
     if opt.sources is not None:  # per-row spans (columns): the piece's rows (a trimmed piece keeps its columns)
         opt = replace(opt, sources=opt.sources[rows.to(opt.sources.device)])
-    return Call(a, sub, a.layout(sub), _sub_resolver(call.resolve, rows), opt, call.concept, negative,
-                a.readout_for(sub))
+    return Call(
+        a, sub, a.layout(sub), _sub_resolver(call.resolve, rows), opt, call.concept, negative, a.readout_for(sub)
+    )
 
 
 def _sub_resolver(resolve, rows: Tensor):
@@ -155,8 +158,9 @@ def run(spec: Any, call: Call, pieces: list[Piece]) -> MethodResult:
         return spec.run(call)
     opt = call.opt
     parts = []
-    for piece in progress_bar(pieces, opt.progress or (opt.progress is None and len(pieces) >= 16),
-                              desc=spec.name, unit="piece", leave=False):
+    for piece in progress_bar(
+        pieces, opt.progress or (opt.progress is None and len(pieces) >= 16), desc=spec.name, unit="piece", leave=False
+    ):
         parts.append((piece.rows, piece.n, spec.run(call_for(call, piece))))
     a = call.adapter
     return merge(parts, a.batch_size(call.prepared), call.layout.num_tokens if a.modality == "text" else None)
@@ -193,7 +197,7 @@ def merge(parts: list, batch: int, T: Optional[int]) -> MethodResult:
         if isinstance(like, Conservation):
             return _merge_conservation(parts, batch)
         pad_dims = 0 if T is None else f.token_axes
-        shape = (batch,) + tuple(like.shape[1:like.dim() - pad_dims]) + (T,) * pad_dims
+        shape = (batch,) + tuple(like.shape[1 : like.dim() - pad_dims]) + (T,) * pad_dims
         out = torch.zeros(shape, dtype=like.dtype, device=like.device)
         for rows, n, res in parts:
             idx = (rows.to(out.device),) + (slice(None),) * (like.dim() - 1 - pad_dims) + (slice(0, n),) * pad_dims

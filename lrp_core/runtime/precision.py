@@ -20,6 +20,7 @@ The result is the float32 result of the same weights: what ``model.float()`` wou
 Float32 and float64 models never enter the mode (their arithmetic is unchanged). Tolerances, and the errors
 before and after: ``docs/METHODS.md`` §5.9.
 """
+
 from __future__ import annotations
 
 import threading
@@ -35,12 +36,36 @@ from torch.overrides import TorchFunctionMode
 HALF = (torch.float16, torch.bfloat16)
 
 #: torch functions that read a tensor's metadata or manage autograd: passed through as they are
-_METADATA = frozenset({
-    "__get__", "__set__", "__delete__", "grad", "size", "dim", "ndimension", "numel", "nelement", "element_size",
-    "is_floating_point", "is_complex", "data_ptr", "stride", "storage_offset", "is_contiguous", "get_device",
-    "__len__", "__repr__", "__format__", "__hash__", "__reduce_ex__", "__deepcopy__", "register_hook",
-    "retain_grad", "requires_grad_",
-})
+_METADATA = frozenset(
+    {
+        "__get__",
+        "__set__",
+        "__delete__",
+        "grad",
+        "size",
+        "dim",
+        "ndimension",
+        "numel",
+        "nelement",
+        "element_size",
+        "is_floating_point",
+        "is_complex",
+        "data_ptr",
+        "stride",
+        "storage_offset",
+        "is_contiguous",
+        "get_device",
+        "__len__",
+        "__repr__",
+        "__format__",
+        "__hash__",
+        "__reduce_ex__",
+        "__deepcopy__",
+        "register_hook",
+        "retain_grad",
+        "requires_grad_",
+    }
+)
 _TO_FLOAT32 = frozenset({"half", "bfloat16"})  # x.half(), x.bfloat16()
 
 _state = threading.local()
@@ -159,14 +184,20 @@ class Float32Mode(TorchFunctionMode):
             return _embedding(*args, **kwargs)
         if _writes_in_place(name, kwargs) and _is_half(args[0] if args else None):
             # a write into a half tensor would round the float32 result back to 8 or 11 bits
-            raise RuntimeError(f"lrp_core.runtime.precision: in-place {name} on a {args[0].dtype} tensor inside a "
-                               "float32 pass (an engine bug: build the tensor in float32)")
+            raise RuntimeError(
+                f"lrp_core.runtime.precision: in-place {name} on a {args[0].dtype} tensor inside a "
+                "float32 pass (an engine bug: build the tensor in float32)"
+            )
         return func(*_convert(args), **{k: _convert(v) for k, v in kwargs.items()})
 
 
 def _writes_in_place(name: str, kwargs: dict) -> bool:
-    return "out" in kwargs or name == "__setitem__" or (name.endswith("_") and not name.startswith("_")) \
+    return (
+        "out" in kwargs
+        or name == "__setitem__"
+        or (name.endswith("_") and not name.startswith("_"))
         or (name.startswith("__i") and name.endswith("__"))
+    )
 
 
 def _is_half(t: Any) -> bool:
@@ -240,5 +271,4 @@ def _tensors(model: nn.Module) -> Iterator[Tensor]:
             yield b
 
 
-__all__ = ["HALF", "autocast_active", "is_half", "needs_float32", "compute_dtype", "compute_precision",
-           "Float32Mode"]
+__all__ = ["HALF", "autocast_active", "is_half", "needs_float32", "compute_dtype", "compute_precision", "Float32Mode"]

@@ -7,6 +7,7 @@
   ``batch_size`` (the one loop behind every "predict / score in batches").
 - :func:`minmax_rows`: per-row min–max scaling to [0, 1] (optionally over a mask).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
@@ -56,6 +57,7 @@ def progress_bar(iterable: Iterable, progress: bool, **kwargs: Any) -> Iterable:
     if not progress:
         return iterable
     from tqdm.auto import tqdm  # imported late: only runs that show a bar need it
+
     return tqdm(iterable, **kwargs)
 
 
@@ -109,9 +111,15 @@ def to_device(inputs: Tensor | Mapping[str, Any], device: torch.device) -> Tenso
     return inputs.to(device)
 
 
-def logits_in_batches(model: Callable[..., Any], samples: Sequence[Any] | Tensor,
-                      batch_size: int, prepare: Optional[Callable[[Any], Any]] = None, *,
-                      progress: bool = False, desc: Optional[str] = None) -> Iterator[tuple[slice, Tensor]]:
+def logits_in_batches(
+    model: Callable[..., Any],
+    samples: Sequence[Any] | Tensor,
+    batch_size: int,
+    prepare: Optional[Callable[[Any], Any]] = None,
+    *,
+    progress: bool = False,
+    desc: Optional[str] = None,
+) -> Iterator[tuple[slice, Tensor]]:
     """Run ``model`` over ``samples`` in consecutive blocks of ``batch_size``.
 
     Each block ``samples[s:s + batch_size]`` is turned into model inputs by

@@ -1,5 +1,6 @@
 """Wrapped models: ``torch.compile``, ``DataParallel``, ``DistributedDataParallel`` and peft's ``PeftModel``
 hold the model the engine explains; TorchScript has no Python submodules to replay and is refused."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,13 +40,15 @@ def unwrap(model: nn.Module) -> nn.Module:
         learning adapter active.
     """
     import torch
+
     while True:
         if isinstance(model, torch.jit.ScriptModule):
             raise UnsupportedModelError(
                 f"{type(model).__name__} is a TorchScript module (torch.jit.script / torch.jit.trace): its "
                 "submodules are compiled code the explanation cannot replay. Explain the original nn.Module "
                 "(the one you scripted or traced); torch.compile, DataParallel and DistributedDataParallel "
-                "wrappers are accepted")
+                "wrappers are accepted"
+            )
         inner = _inner(model)
         if inner is None:
             return model
@@ -54,10 +57,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def _inner(model: nn.Module):
     from torch.nn.parallel import DataParallel, DistributedDataParallel
+
     if isinstance(model, (DataParallel, DistributedDataParallel)):
         return model.module
-    if type(model).__name__ == "OptimizedModule" and isinstance(model.__dict__.get("_modules", {}).get("_orig_mod"),
-                                                                nn.Module):
+    if type(model).__name__ == "OptimizedModule" and isinstance(
+        model.__dict__.get("_modules", {}).get("_orig_mod"), nn.Module
+    ):
         return model._orig_mod
     return _peft_inner(model)
 
@@ -78,7 +83,8 @@ def _peft_inner(model: nn.Module):
                 raise UnsupportedModelError(
                     f"{type(model).__name__}: adapter {name!r} is prompt learning "
                     f"({peft.peft_config[name].peft_type}), whose virtual tokens the explanation does not compute; "
-                    "adapters on layers (LoRA, DoRA, IA³) are explained")
+                    "adapters on layers (LoRA, DoRA, IA³) are explained"
+                )
         return children["base_model"]
     if isinstance(children.get("model"), nn.Module):  # a tuner (LoraModel, IA3Model, …): the model it adapts
         return children["model"]

@@ -68,6 +68,7 @@ rows (rewritten after every row, so an interrupted run keeps what it measured),
 names ``tiny-vit``, ``tiny-bert`` and ``tiny-llama`` are seconds-fast stand-ins (2 blocks,
 width 48 / 32 / 32) for the tests and for a smoke run of the machinery.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -231,8 +232,9 @@ def call_for(model: nn.Module, inputs: Inputs, method: str, sources: int = 0) ->
     return lambda: explain(model, inputs, method=method, **opts)
 
 
-def best_time(fn: Callable[[], object], repeat: int, warmup: int = 1,
-              budget: Optional[float] = None) -> tuple[float, int]:
+def best_time(
+    fn: Callable[[], object], repeat: int, warmup: int = 1, budget: Optional[float] = None
+) -> tuple[float, int]:
     """The best wall time of ``fn`` (the run least disturbed by other load), and how many runs it is the best of.
 
     After ``warmup`` untimed runs, ``repeat`` timed runs — fewer when a budget
@@ -281,6 +283,7 @@ def rss_kb() -> Optional[int]:
 def peak_rss_kb() -> int:
     """This process's peak resident set size so far, in KB (``ru_maxrss``; bytes on macOS)."""
     import resource
+
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak // 1024 if sys.platform == "darwin" else peak
 
@@ -314,11 +317,16 @@ def measure(model: nn.Module, inputs: Inputs, method: str, settings: Settings) -
     before = rss_kb()
     seconds, runs = best_time(fn, settings.repeat, budget=settings.budget)
     peak = peak_rss_kb()
-    out = {"seconds": seconds, "runs": runs, "rss_before_kb": before if before is not None else peak,
-           "peak_rss_kb": peak}
+    out = {
+        "seconds": seconds,
+        "runs": runs,
+        "rss_before_kb": before if before is not None else peak,
+        "peak_rss_kb": peak,
+    }
     if settings.sources:
-        forward, backward = (1.0, 1.0) if method == BASELINE else \
-            explanation_passes(method, last[0], int(inputs["input_ids"].shape[1]))  # type: ignore[index]
+        forward, backward = (
+            (1.0, 1.0) if method == BASELINE else explanation_passes(method, last[0], int(inputs["input_ids"].shape[1]))
+        )  # type: ignore[index]
         out["forward_passes"], out["backward_passes"] = forward, backward
     return out
 
@@ -375,13 +383,17 @@ def run_worker(case: Case, method: str, settings: Settings) -> dict:
     job = {**asdict(case), **asdict(settings), "method": method}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, "-m", "lrp_core.tools.bench", "--_worker", json.dumps(job)],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lrp_core.tools.bench", "--_worker", json.dumps(job)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise BenchError(f"{case.model} {case.size} {method}: worker exited {proc.returncode}: " + " | ".join(tail))
-    return json.loads(lines[-1][len(RESULT_TAG):])
+    return json.loads(lines[-1][len(RESULT_TAG) :])
 
 
 class InProcess:
@@ -401,8 +413,13 @@ class InProcess:
 # ----------------------------------------------------------------------------------------------- the table
 
 
-def make_cases(models: Sequence[str], batches: Optional[Sequence[int]] = None,
-               lengths: Optional[Sequence[int]] = None, dtype: str = "float32", sources: bool = False) -> list[Case]:
+def make_cases(
+    models: Sequence[str],
+    batches: Optional[Sequence[int]] = None,
+    lengths: Optional[Sequence[int]] = None,
+    dtype: str = "float32",
+    sources: bool = False,
+) -> list[Case]:
     """Every ``(model, batch, length)`` case.
 
     Parameters
@@ -467,8 +484,10 @@ def skip_reason(case: Case, method: str, settings: Settings) -> Optional[str]:
     if is_decoder(case.model) and method not in DECODER_METHODS and method not in registry.SOURCE_METHODS:
         return f"{method} does not run on decoder LMs (lrp_core.methods.registry.DECODER_METHODS)"
     if method == "token_ablation" and case.batch * case.tokens > settings.ablation_max:
-        return (f"token_ablation not timed where batch × tokens > {settings.ablation_max}: it runs one forward "
-                f"pass per token and sample ({case.batch * case.tokens} here)")
+        return (
+            f"token_ablation not timed where batch × tokens > {settings.ablation_max}: it runs one forward "
+            f"pass per token and sample ({case.batch * case.tokens} here)"
+        )
     return None
 
 
@@ -477,6 +496,7 @@ def case_facts(model: str, tokens: int) -> Optional[memory.SizeFacts]:
     """The memory estimate's facts of ``model`` at ``tokens`` tokens, from a weightless (meta) copy;
     ``None`` where the engine does not take the model."""
     from ..adapters import get_adapter
+
     try:
         with torch.device("meta"):
             adapter = get_adapter(build_model(model))
@@ -510,13 +530,21 @@ def memory_reason(case: Case, method: str, free: Optional[int]) -> Optional[str]
     need = memory.estimate(registry.get(method).memory, facts, case.batch, batch_size=size) if facts is not None else 0
     if free is None or need <= free:  # without a free size nothing is estimated: need is 0
         return None
-    return (f"not run: estimated peak {need / 2**30:.1f} GiB > {free / 2**30:.1f} GiB available "
-            f"(lrp_core.runtime.memory.estimate)")
+    return (
+        f"not run: estimated peak {need / 2**30:.1f} GiB > {free / 2**30:.1f} GiB available "
+        f"(lrp_core.runtime.memory.estimate)"
+    )
 
 
-def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Optional[Settings] = None,
-        isolate: bool = True, printer: Callable[[str], None] = tqdm.write,
-        json_path: Optional[str] = None, check_memory: bool = True) -> list[dict]:
+def run(
+    cases: Sequence[Case],
+    methods: Sequence[str] = METHODS,
+    settings: Optional[Settings] = None,
+    isolate: bool = True,
+    printer: Callable[[str], None] = tqdm.write,
+    json_path: Optional[str] = None,
+    check_memory: bool = True,
+) -> list[dict]:
     """Measure the baseline and every method on every case; print each row as it completes.
 
     Parameters
@@ -553,8 +581,10 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Optio
         if json_path:
             save_json(json_path, rows, settings)
 
-    printer(f"torch {torch.__version__}, {settings.threads or torch.get_num_threads()} thread(s), "
-            f"{'one subprocess per (case, method)' if isolate else 'in process'}")
+    printer(
+        f"torch {torch.__version__}, {settings.threads or torch.get_num_threads()} thread(s), "
+        f"{'one subprocess per (case, method)' if isolate else 'in process'}"
+    )
     printer(HEADER)
     bar = tqdm(cases, desc="bench cases", unit="case")
     for case in bar:
@@ -574,8 +604,13 @@ def run(cases: Sequence[Case], methods: Sequence[str] = METHODS, settings: Optio
     return rows
 
 
-def _try(measure_one: Callable[[Case, str, Settings], dict], case: Case, method: str, settings: Settings,
-         emit: Callable[[dict], None]) -> Optional[dict]:
+def _try(
+    measure_one: Callable[[Case, str, Settings], dict],
+    case: Case,
+    method: str,
+    settings: Settings,
+    emit: Callable[[dict], None],
+) -> Optional[dict]:
     """``measure_one(case, method, settings)``; on a worker failure an error row is emitted and ``None`` returned."""
     try:
         return measure_one(case, method, settings)
@@ -588,8 +623,9 @@ def _try(measure_one: Callable[[Case, str, Settings], dict], case: Case, method:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lrp_core.tools.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m lrp_core.tools.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     _add_tables(p)
     _add_cases(p)
     _add_measuring(p)
@@ -601,31 +637,53 @@ def _add_tables(p: argparse.ArgumentParser) -> None:
     """Which table: the scaling table (default), ``--quick``, the decoder, source and vision-language rows."""
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--scaling", action="store_true", help="the full scaling table (the default)")
-    mode.add_argument("--quick", action="store_true",
-                      help="short in-process run: deit tiny + small at batch 1 and 16 (with --decoders: "
-                           "tiny-llama at 1 × 32 and 2 × 32), no memory columns")
-    p.add_argument("--decoders", action="store_true",
-                   help="the decoder rows: llama at " + ", ".join(f"{b} × {t}" for b, t in DECODER_SIZES)
-                        + " (a Llama-shaped random causal LM; see above) and qwen3-moe at "
-                        + ", ".join(f"{b} × {t}" for b, t in MOE_SIZES) + " (its mixture-of-experts twin)")
-    p.add_argument("--sources", action="store_true",
-                   help=f"the source rows: llama at 1 × {SOURCE_SIZES[0][1]} (--lengths: others), {N_SOURCES} equal "
-                        f"sources, methods {', '.join(SOURCE_BENCH_METHODS)} (--quick: tiny-llama at 1 × "
-                        f"{QUICK_SOURCE_SIZES[0][1]})")
-    p.add_argument("--vlm", action="store_true",
-                   help="the vision-language row: llava at 1 × 260 (a random LLaVA: CLIP ViT-B/16 at 224 px + the "
-                        "llama row's language model, 196 image + 64 text tokens; lrp_core.tools.bench_vlm), methods "
-                        f"{', '.join(VLM_BENCH_METHODS)} (--quick: tiny-llava)")
+    mode.add_argument(
+        "--quick",
+        action="store_true",
+        help="short in-process run: deit tiny + small at batch 1 and 16 (with --decoders: "
+        "tiny-llama at 1 × 32 and 2 × 32), no memory columns",
+    )
+    p.add_argument(
+        "--decoders",
+        action="store_true",
+        help="the decoder rows: llama at "
+        + ", ".join(f"{b} × {t}" for b, t in DECODER_SIZES)
+        + " (a Llama-shaped random causal LM; see above) and qwen3-moe at "
+        + ", ".join(f"{b} × {t}" for b, t in MOE_SIZES)
+        + " (its mixture-of-experts twin)",
+    )
+    p.add_argument(
+        "--sources",
+        action="store_true",
+        help=f"the source rows: llama at 1 × {SOURCE_SIZES[0][1]} (--lengths: others), {N_SOURCES} equal "
+        f"sources, methods {', '.join(SOURCE_BENCH_METHODS)} (--quick: tiny-llama at 1 × "
+        f"{QUICK_SOURCE_SIZES[0][1]})",
+    )
+    p.add_argument(
+        "--vlm",
+        action="store_true",
+        help="the vision-language row: llava at 1 × 260 (a random LLaVA: CLIP ViT-B/16 at 224 px + the "
+        "llama row's language model, 196 image + 64 text tokens; lrp_core.tools.bench_vlm), methods "
+        f"{', '.join(VLM_BENCH_METHODS)} (--quick: tiny-llava)",
+    )
 
 
 def _add_cases(p: argparse.ArgumentParser) -> None:
     """The models, sizes and methods of the cases."""
-    p.add_argument("--models", help="comma-separated: timm ViT names, bert-base, llama, or the stand-ins "
-                                    f"{', '.join(TINY_MODELS)} (default: {', '.join(IMAGE_MODELS + TEXT_MODELS)})")
-    p.add_argument("--batches", help="comma-separated batch sizes for every model (default: 1,8,16 for images, "
-                                     "1,8 for text; --quick: 1,16)")
-    p.add_argument("--lengths", help="comma-separated text lengths (tokens; default: "
-                                     f"{','.join(map(str, LENGTHS))}; decoders: their sizes above)")
+    p.add_argument(
+        "--models",
+        help="comma-separated: timm ViT names, bert-base, llama, or the stand-ins "
+        f"{', '.join(TINY_MODELS)} (default: {', '.join(IMAGE_MODELS + TEXT_MODELS)})",
+    )
+    p.add_argument(
+        "--batches",
+        help="comma-separated batch sizes for every model (default: 1,8,16 for images, 1,8 for text; --quick: 1,16)",
+    )
+    p.add_argument(
+        "--lengths",
+        help="comma-separated text lengths (tokens; default: "
+        f"{','.join(map(str, LENGTHS))}; decoders: their sizes above)",
+    )
     p.add_argument("--methods", default="all", help="'all' or comma-separated method names")
 
 
@@ -633,19 +691,30 @@ def _add_measuring(p: argparse.ArgumentParser) -> None:
     """How each cell is measured and where the rows go."""
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--repeat", type=int, default=3, help="timed runs after one warm-up (the best is reported)")
-    p.add_argument("--budget", type=float, default=BUDGET_S,
-                   help="seconds: slower calls get fewer timed runs (default %(default)s)")
-    p.add_argument("--ablation-max", type=int, default=ABLATION_MAX,
-                   help="time token_ablation only where batch × tokens ≤ this (default %(default)s)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=BUDGET_S,
+        help="seconds: slower calls get fewer timed runs (default %(default)s)",
+    )
+    p.add_argument(
+        "--ablation-max",
+        type=int,
+        default=ABLATION_MAX,
+        help="time token_ablation only where batch × tokens ≤ this (default %(default)s)",
+    )
     p.add_argument(
         "--dtype",
         choices=DTYPES,
         default="float32",
         help="the dtype the models are built in; half dtypes are explained in float32 (lrp_core.runtime.precision)",
     )
-    p.add_argument("--ignore-estimate", action="store_true",
-                   help="run cells whose estimated peak (an upper bound) exceeds the available memory too; "
-                        "watch the machine's memory")
+    p.add_argument(
+        "--ignore-estimate",
+        action="store_true",
+        help="run cells whose estimated peak (an upper bound) exceeds the available memory too; "
+        "watch the machine's memory",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="save the rows as JSON (rewritten after every row)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table for the README at the end")
@@ -673,13 +742,21 @@ def _methods(p: argparse.ArgumentParser, text: str, sources: bool = False, vlm: 
     methods = tuple(m.strip() for m in text.split(","))
     unknown = [m for m in methods if m not in known]
     if unknown:
-        p.error(f"unknown method(s) {unknown}; choose 'all' or from {', '.join(known)}"
-                + ("" if sources else f" ({', '.join(registry.SOURCE_METHODS)} with --sources)"))
+        p.error(
+            f"unknown method(s) {unknown}; choose 'all' or from {', '.join(known)}"
+            + ("" if sources else f" ({', '.join(registry.SOURCE_METHODS)} with --sources)")
+        )
     return methods
 
 
-def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool, decoders: bool = False,
-            sources: bool = False, vlm: bool = False) -> list[str]:
+def _models(
+    p: argparse.ArgumentParser,
+    text: Optional[str],
+    quick: bool,
+    decoders: bool = False,
+    sources: bool = False,
+    vlm: bool = False,
+) -> list[str]:
     if text is None and vlm:
         return ["tiny-llava" if quick else "llava"]
     if text is None and sources:
@@ -689,12 +766,15 @@ def _models(p: argparse.ArgumentParser, text: Optional[str], quick: bool, decode
     if text is None:
         return list(QUICK_MODELS if quick else IMAGE_MODELS + TEXT_MODELS)
     import timm
+
     models = [m.strip() for m in text.split(",")]
     known = set(TEXT_MODELS + DECODER_MODELS + TINY_MODELS + VLM_MODELS)
     unknown = [m for m in models if m not in known and not timm.is_model(m)]
     if unknown:
-        p.error(f"unknown model(s) {unknown}; choose timm ViT names (e.g. {', '.join(IMAGE_MODELS)}), "
-                f"{', '.join(TEXT_MODELS + DECODER_MODELS)}, or the stand-ins {', '.join(TINY_MODELS)}")
+        p.error(
+            f"unknown model(s) {unknown}; choose timm ViT names (e.g. {', '.join(IMAGE_MODELS)}), "
+            f"{', '.join(TEXT_MODELS + DECODER_MODELS)}, or the stand-ins {', '.join(TINY_MODELS)}"
+        )
     return models
 
 
@@ -726,14 +806,28 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     batches = _ints(p, "--batches", a.batches) or quick_batches
     lengths = _ints(p, "--lengths", a.lengths)
     if a.sources and lengths and min(lengths) <= N_SOURCES:
-        p.error(f"--sources splits the context before the last token into {N_SOURCES} sources: --lengths must be "
-                f"> {N_SOURCES}; got {a.lengths!r}")
-    settings = Settings(repeat=a.repeat, budget=a.budget, threads=a.threads, seed=a.seed,
-                        ablation_max=a.ablation_max, sources=N_SOURCES if a.sources else 0)
+        p.error(
+            f"--sources splits the context before the last token into {N_SOURCES} sources: --lengths must be "
+            f"> {N_SOURCES}; got {a.lengths!r}"
+        )
+    settings = Settings(
+        repeat=a.repeat,
+        budget=a.budget,
+        threads=a.threads,
+        seed=a.seed,
+        ablation_max=a.ablation_max,
+        sources=N_SOURCES if a.sources else 0,
+    )
     if a.threads:
         torch.set_num_threads(a.threads)
-    rows = run(make_cases(models, batches, lengths, a.dtype, a.sources), methods, settings, isolate=not a.quick,
-               json_path=a.json, check_memory=not a.ignore_estimate)
+    rows = run(
+        make_cases(models, batches, lengths, a.dtype, a.sources),
+        methods,
+        settings,
+        isolate=not a.quick,
+        json_path=a.json,
+        check_memory=not a.ignore_estimate,
+    )
     if a.markdown:
         print("\n" + markdown(rows, settings, isolated=not a.quick), end="")
     return rows

@@ -2,6 +2,7 @@
 
 Separate from :mod:`lrp_core.tools.bench` (the measuring and the tables) so each stays one concept.
 """
+
 from __future__ import annotations
 
 from typing import Any, Union
@@ -74,23 +75,49 @@ def llama_config(tiny: bool = False) -> Any:
         The configuration, with sdpa attention and 4096 positions.
     """
     from transformers import LlamaConfig
+
     if tiny:
-        return LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=48, max_position_embeddings=4096,
-                           **_SDPA)
-    return LlamaConfig(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                       num_key_value_heads=2, intermediate_size=1376, max_position_embeddings=4096,
-                       **_SDPA)
+        return LlamaConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            max_position_embeddings=4096,
+            **_SDPA,
+        )
+    return LlamaConfig(
+        vocab_size=32000,
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=1376,
+        max_position_embeddings=4096,
+        **_SDPA,
+    )
 
 
 def qwen3_moe_config() -> Any:
     """The mixture-of-experts row's ``Qwen3MoeConfig``: the Llama row's shape (D 512, 8 blocks, 8 / 2 heads of 64,
     V 32,000, sdpa) with 8 experts of F 688 per block, top-2 renormalised (k·F = the Llama row's 1376)."""
     from transformers import Qwen3MoeConfig
+
     shape: dict[str, Any] = {"head_dim": 64, **_SDPA}  # read by the config's __post_init__(**kwargs)
-    return Qwen3MoeConfig(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                          num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
-                          moe_intermediate_size=688, norm_topk_prob=True, max_position_embeddings=4096, **shape)
+    return Qwen3MoeConfig(
+        vocab_size=32000,
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=688,
+        norm_topk_prob=True,
+        max_position_embeddings=4096,
+        **shape,
+    )
 
 
 def build_model(name: str) -> nn.Module:
@@ -112,6 +139,7 @@ def build_model(name: str) -> nn.Module:
         return build_vlm(name, llama_config(tiny=name == "tiny-llava"))
     if name == "qwen3-moe":
         from transformers import Qwen3MoeForCausalLM
+
         model = Qwen3MoeForCausalLM(qwen3_moe_config()).eval()
         with torch.no_grad():  # the router is initialised at 0 (every expert tied): random, as trained ones are not
             for layer in model.model.layers:
@@ -119,19 +147,30 @@ def build_model(name: str) -> nn.Module:
         return model
     if is_decoder(name):
         from transformers import LlamaForCausalLM
+
         return LlamaForCausalLM(llama_config(tiny=name == "tiny-llama")).eval()
     if name == "bert-base":
         from transformers import BertConfig, BertForSequenceClassification
+
         return BertForSequenceClassification(BertConfig(**_TWO_LABELS)).eval()
     if name == "tiny-bert":
         from transformers import BertConfig, BertForSequenceClassification
-        cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, **_TWO_LABELS)
+
+        cfg = BertConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            **_TWO_LABELS,
+        )
         return BertForSequenceClassification(cfg).eval()
     if name == "tiny-vit":
         from timm.models.vision_transformer import VisionTransformer
+
         return VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=5).eval()
     import timm
+
     return timm.create_model(name, pretrained=False).eval()
 
 
@@ -230,6 +269,20 @@ def build_in(name: str, dtype: torch.dtype) -> nn.Module:
         torch.set_default_dtype(old)
 
 
-__all__ = ["VLM_MODELS", "IMAGE_MODELS", "TEXT_MODELS", "DECODER_MODELS", "TINY_MODELS", "Inputs", "is_text",
-           "is_decoder", "llama_config", "qwen3_moe_config", "build_model", "image_tokens", "make_inputs", "prepare",
-           "build_in"]
+__all__ = [
+    "VLM_MODELS",
+    "IMAGE_MODELS",
+    "TEXT_MODELS",
+    "DECODER_MODELS",
+    "TINY_MODELS",
+    "Inputs",
+    "is_text",
+    "is_decoder",
+    "llama_config",
+    "qwen3_moe_config",
+    "build_model",
+    "image_tokens",
+    "make_inputs",
+    "prepare",
+    "build_in",
+]

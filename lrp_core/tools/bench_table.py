@@ -5,6 +5,7 @@ A row holds the case (model, dtype, batch × tokens), the method and what was me
 to the forward + backward baseline, the peak RSS, the part of it above the loaded model, and the ratio of the
 peaks.
 """
+
 from __future__ import annotations
 
 import json
@@ -85,10 +86,22 @@ def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dic
     dict
         The row: the case, the method, the numbers above, ``ms_per_sample``, ``seconds``, ``threads`` and ``note``.
     """
-    row: dict[str, Any] = {"model": case.model, "dtype": case.dtype, "batch": case.batch, "tokens": case.tokens,
-                           "method": method,
-                           "ms_per_sample": None, "ratio": None, "peak_mb": None, "call_mb": None,
-                           "peak_ratio": None, "runs": None, "seconds": None, "threads": None, "note": note}
+    row: dict[str, Any] = {
+        "model": case.model,
+        "dtype": case.dtype,
+        "batch": case.batch,
+        "tokens": case.tokens,
+        "method": method,
+        "ms_per_sample": None,
+        "ratio": None,
+        "peak_mb": None,
+        "call_mb": None,
+        "peak_ratio": None,
+        "runs": None,
+        "seconds": None,
+        "threads": None,
+        "note": note,
+    }
     if result is not None and "forward_passes" in result:  # a --sources row
         row["forward_passes"], row["backward_passes"] = result["forward_passes"], result["backward_passes"]
     if result is None:
@@ -109,8 +122,10 @@ def _fmt(value: Optional[float], spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
-HEADER = f"{'model':<24}{'batch × tok':>12}  {'method':<24}{'ms/sample':>10}{'×fwd+bwd':>9}" \
-         f"{'peak MB':>9}{'call MB':>9}{'peak×fb':>8}"
+HEADER = (
+    f"{'model':<24}{'batch × tok':>12}  {'method':<24}{'ms/sample':>10}{'×fwd+bwd':>9}"
+    f"{'peak MB':>9}{'call MB':>9}{'peak×fb':>8}"
+)
 
 
 def format_row(row: dict) -> str:
@@ -127,9 +142,11 @@ def format_row(row: dict) -> str:
         The line, with the row's note in parentheses.
     """
     size = f"{row['batch']} × {row['tokens']}"
-    line = (f"{_model_label(row):<24}{size:>12}  {row['method']:<24}{_fmt(row['ms_per_sample'], '.1f'):>10}"
-            f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
-            f"{_fmt(row['peak_ratio'], '.2f'):>8}")
+    line = (
+        f"{_model_label(row):<24}{size:>12}  {row['method']:<24}{_fmt(row['ms_per_sample'], '.1f'):>10}"
+        f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
+        f"{_fmt(row['peak_ratio'], '.2f'):>8}"
+    )
     if "forward_passes" in row:
         line += f"  passes {_passes(row)}"
     return line + (f"  ({row['note']})" if row["note"] else "")
@@ -166,9 +183,11 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
         The table and its footnotes, ending with a newline.
     """
     passes = any("forward_passes" in r for r in rows)  # --sources rows: with the passes per explanation
-    lines = ["| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB | above model MB "
-             "| peak ÷ fwd+bwd peak |" + (" forward / backward passes |" if passes else ""),
-             "|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if passes else "")]
+    lines = [
+        "| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB | above model MB "
+        "| peak ÷ fwd+bwd peak |" + (" forward / backward passes |" if passes else ""),
+        "|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if passes else ""),
+    ]
     skipped = errors = too_big = False
     for r in rows:
         ms = _fmt(r["ms_per_sample"], ".1f")
@@ -179,15 +198,19 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
             errors |= r["method"] != "token_ablation"
             ms = "—¹" if r["method"] == "token_ablation" else "error²"
         method = r["method"] if r["method"] == BASELINE else f"`{r['method']}`"
-        lines.append(f"| {_model_label(r)} | {r['batch']} × {r['tokens']} | {method} | {ms} "
-                     f"| {_fmt(r['ratio'], '.2f')} "
-                     f"| {_fmt(r['peak_mb'], '.0f')} | {_fmt(r['call_mb'], '.0f')} | {_fmt(r['peak_ratio'], '.2f')} |"
-                     + (f" {_passes(r)} |" if passes else ""))
+        lines.append(
+            f"| {_model_label(r)} | {r['batch']} × {r['tokens']} | {method} | {ms} "
+            f"| {_fmt(r['ratio'], '.2f')} "
+            f"| {_fmt(r['peak_mb'], '.0f')} | {_fmt(r['call_mb'], '.0f')} | {_fmt(r['peak_ratio'], '.2f')} |"
+            + (f" {_passes(r)} |" if passes else "")
+        )
     lines.append("")
     if skipped:
         limit = settings.ablation_max if settings else ABLATION_MAX
-        lines.append(f"¹ `token_ablation` runs one forward pass per token and sample; it is timed only where "
-                     f"batch × tokens ≤ {limit} (`--ablation-max`).")
+        lines.append(
+            f"¹ `token_ablation` runs one forward pass per token and sample; it is timed only where "
+            f"batch × tokens ≤ {limit} (`--ablation-max`)."
+        )
     if errors:
         lines.append("² the measuring subprocess failed; see the run's output.")
     if too_big:
@@ -195,12 +218,16 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
     if settings is not None:
         threads = settings.threads or torch.get_num_threads()
         memory = "peak = peak RSS of a fresh process per cell" if isolated else "in one process, no memory"
-        lines.append(f"torch {torch.__version__}, {threads} thread(s), best of up to {settings.repeat} timed run(s) "
-                     f"(fewer for calls over {settings.budget:g} s), {memory}.")
+        lines.append(
+            f"torch {torch.__version__}, {threads} thread(s), best of up to {settings.repeat} timed run(s) "
+            f"(fewer for calls over {settings.budget:g} s), {memory}."
+        )
         if settings.sources:
-            lines.append(f"{settings.sources} equal sources covering the context before the last token; "
-                         f"context_cite with {N_ABLATIONS} ablations; the ablations replayed "
-                         f"{SOURCE_BATCH_SIZE} sequence(s) per forward.")
+            lines.append(
+                f"{settings.sources} equal sources covering the context before the last token; "
+                f"context_cite with {N_ABLATIONS} ablations; the ablations replayed "
+                f"{SOURCE_BATCH_SIZE} sequence(s) per forward."
+            )
     return "\n".join(lines).rstrip() + "\n"
 
 

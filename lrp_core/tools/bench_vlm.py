@@ -11,6 +11,7 @@ What is explained is the next-token logit at the last position, as for the decod
 forward with the LM head on the last position and a backward into the parameters
 (:func:`lrp_core.tools.bench.forward_backward`).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -68,10 +69,28 @@ def build_vlm(name: str, text: Any) -> nn.Module:
     image: dict[str, Any] = {"image_token_id": IMAGE_TOKEN, **sdpa}
     tiny = name == "tiny-llava"
     text.vocab_size = IMAGE_TOKEN + 64
-    vision = (CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                               image_size=32, patch_size=8, **sdpa) if tiny else
-              CLIPVisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                               image_size=224, patch_size=16, projection_dim=512, **sdpa))
+    vision = (
+        CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+            **sdpa,
+        )
+        if tiny
+        else CLIPVisionConfig(
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            image_size=224,
+            patch_size=16,
+            projection_dim=512,
+            **sdpa,
+        )
+    )
     cfg = LlavaConfig(vision_config=vision, text_config=text, vision_feature_select_strategy="default", **image)
     return LlavaForConditionalGeneration(cfg).eval()
 

@@ -9,6 +9,7 @@ touches the network: the embedded models ship with the library.
     python -m lrp_core.tools.doctor            # everything (about half a minute)
     python -m lrp_core.tools.doctor --quick    # skip loading the models and the widget
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,13 +44,13 @@ PACKAGES = [
     ("jupyterlab", "jupyterlab", "4.2", False),
 ]
 
-INSTALL = "run `make install` (or: pip install -e \".[dev]\") in the repository"
+INSTALL = 'run `make install` (or: pip install -e ".[dev]") in the repository'
 
 
 @dataclass
 class Result:
     name: str
-    status: str            # "ok", "warn" or "fail"
+    status: str  # "ok", "warn" or "fail"
     detail: str = ""
     fix: str = ""
     essential: bool = True
@@ -90,10 +91,12 @@ def _print(r: Result) -> None:
 
 def _fix_for(name: str) -> str:
     if name.startswith("model "):
-        return ("reinstall the package so that lrp_core/assets is complete (" + INSTALL + "); for dinov2-s14 "
-                "also check that the cache folder is writable (RELEVANCE_LAB_CACHE points it elsewhere)")
+        return (
+            "reinstall the package so that lrp_core/assets is complete (" + INSTALL + "); for dinov2-s14 "
+            "also check that the cache folder is writable (RELEVANCE_LAB_CACHE points it elsewhere)"
+        )
     if name.startswith("widget"):
-        return "pip install \"ipywidgets>=8.1\" in the course environment, then restart Jupyter"
+        return 'pip install "ipywidgets>=8.1" in the course environment, then restart Jupyter'
     if name.startswith("kernel"):
         return "python -m ipykernel install --user --name python3 (run with the course environment's python)"
     return INSTALL
@@ -136,6 +139,7 @@ def check_package(module: str, dist: str, minimum: str | None) -> Result:
         the ``pip install`` fix when the version is older than ``minimum``.
     """
     from importlib import metadata
+
     try:
         importlib.import_module(module)
     except Exception as err:  # noqa: BLE001
@@ -145,8 +149,9 @@ def check_package(module: str, dist: str, minimum: str | None) -> Result:
     except metadata.PackageNotFoundError:
         version = getattr(sys.modules[module], "__version__", "?")
     if minimum and version != "?" and _version_tuple(version) < _version_tuple(minimum):
-        return Result(f"import {module}", "fail", f"{version} is older than {minimum}",
-                      f"pip install \"{dist}>={minimum}\"")
+        return Result(
+            f"import {module}", "fail", f"{version} is older than {minimum}", f'pip install "{dist}>={minimum}"'
+        )
     return Result(f"import {module}", "ok", version)
 
 
@@ -154,11 +159,13 @@ def check_course_packages() -> Result:
     import lrp_core
     import widgets  # noqa: F401
     from lrp_core import METHODS
+
     return Result("lrp_core + widgets", "ok", f"lrp_core {lrp_core.__version__}, {len(METHODS)} methods")
 
 
 def check_threads() -> Result:
     import torch
+
     cores = os.cpu_count() or 1
     n = torch.get_num_threads()
     omp = os.environ.get("OMP_NUM_THREADS")
@@ -166,8 +173,12 @@ def check_threads() -> Result:
     if n > cores:
         return Result("threads", "warn", detail, f"export OMP_NUM_THREADS={cores} before starting Jupyter")
     if omp is None and cores > 4:
-        return Result("threads", "warn", detail + " (the notebooks set 1 thread themselves)",
-                      "on a shared machine with many learners, export OMP_NUM_THREADS=1 before starting Jupyter")
+        return Result(
+            "threads",
+            "warn",
+            detail + " (the notebooks set 1 thread themselves)",
+            "on a shared machine with many learners, export OMP_NUM_THREADS=1 before starting Jupyter",
+        )
     return Result("threads", "ok", detail + " — the notebooks set 1 thread themselves")
 
 
@@ -189,14 +200,19 @@ def _tiny_vlm_answers(m: Any) -> tuple[Optional[Result], Any]:
     from lrp_core import explain
     from lrp_core.data import make_vqa
     from lrp_core.models.tiny_vlm import HELD_OUT_SEED
+
     record = next(r for r in make_vqa(8, HELD_OUT_SEED + 1) if r.has_evidence)
     x = m.preprocess(record.image, record.question)
     with torch.no_grad():
         written = m.tokenizer.convert_ids_to_tokens(int(m.model(**x).logits[0, -1].argmax()))
     if written != record.answer:
-        return Result("model tiny-vlm", "fail", f"answered {written!r} to {record.question!r} where the answer is "
-                      f"{record.answer!r}: its weights are not the trained ones",
-                      "reinstall the package (lrp_core/assets/tiny_vlm/)"), None
+        return Result(
+            "model tiny-vlm",
+            "fail",
+            f"answered {written!r} to {record.question!r} where the answer is "
+            f"{record.answer!r}: its weights are not the trained ones",
+            "reinstall the package (lrp_core/assets/tiny_vlm/)",
+        ), None
     exp = explain(m.model, x, method="attnlrp")
     if not torch.isfinite(exp.upsample()).all():
         return Result("model tiny-vlm", "fail", "the image map contains NaN/inf", _fix_for("model ")), None
@@ -224,6 +240,7 @@ def check_model(name: str) -> Result:
 
     from lrp_core import explain
     from lrp_core.models import load
+
     t0 = time.perf_counter()
     m = load(name)
     t_load = time.perf_counter() - t0
@@ -234,13 +251,18 @@ def check_model(name: str) -> Result:
     elif name == "tiny-lm":  # it must answer, not only run: one held-out facts prompt, its answer's AttnLRP map
         from lrp_core.data.facts import make_facts
         from lrp_core.models.tiny_lm import HELD_OUT_SEED
+
         record = make_facts(1, HELD_OUT_SEED + 1)[0]
         x = m.preprocess([record.prompt])
         with torch.no_grad():
             written = m.tokenizer.convert_ids_to_tokens(int(m.model(**x).logits[0, -1].argmax()))
         if written != record.answer:
-            return Result(f"model {name}", "fail", f"wrote {written!r} where the answer is {record.answer!r}: its "
-                          "weights are not the trained ones", "reinstall the package (lrp_core/assets/tiny_lm/)")
+            return Result(
+                f"model {name}",
+                "fail",
+                f"wrote {written!r} where the answer is {record.answer!r}: its weights are not the trained ones",
+                "reinstall the package (lrp_core/assets/tiny_lm/)",
+            )
         exp = explain(m.model, x, method="attnlrp")
     elif name == "tiny-vlm":  # it must answer too: one held-out question, its answer's AttnLRP map on the image
         failed, exp = _tiny_vlm_answers(m)
@@ -252,6 +274,7 @@ def check_model(name: str) -> Result:
         x = torch.rand(1, 3, h, w)
         if getattr(m.model, "num_classes", 1) == 0:  # a backbone without a head: explain a concept
             from lrp_core import concept_target
+
             exp = explain(m.model, x, method="cdam", target=concept_target(m.model, x, name="self"))
         else:
             exp = explain(m.model, x)
@@ -260,12 +283,17 @@ def check_model(name: str) -> Result:
     detail = f"loads in {t_load:.1f} s, explains"
     if name.startswith("dinov2"):
         from lrp_core.models import dinov2
+
         cache = dinov2.cache_dir()
         cached = any(cache.glob("dinov2_s14_*.safetensors")) if cache.is_dir() else False
         detail += f"; converted weights cached in {cache}" if cached else "; weights NOT cached"
         if not cached:
-            return Result(f"model {name}", "warn", detail,
-                          f"make {cache} writable (or set RELEVANCE_LAB_CACHE); otherwise every load converts again")
+            return Result(
+                f"model {name}",
+                "warn",
+                detail,
+                f"make {cache} writable (or set RELEVANCE_LAB_CACHE); otherwise every load converts again",
+            )
     return Result(f"model {name}", "ok", detail)
 
 
@@ -274,6 +302,7 @@ def check_widget() -> Result:
 
     from lrp_core.models import load
     from widgets import RelevanceExplorer
+
     toy = load("toy-vit")
     torch.manual_seed(0)
     w = RelevanceExplorer(toy, torch.rand(1, 3, 64, 64))
@@ -294,24 +323,32 @@ def check_kernel() -> Result:
     try:
         spec = KernelSpecManager().get_kernel_spec("python3")
     except NoSuchKernel:
-        return Result("kernel python3", "fail", "no kernel called python3 (the notebooks ask for it)",
-                      _fix_for("kernel"))
+        return Result(
+            "kernel python3", "fail", "no kernel called python3 (the notebooks ask for it)", _fix_for("kernel")
+        )
     exe = spec.argv[0]
     # jupyter_client starts a kernel whose argv[0] is a bare "python" with the server's own interpreter
     if exe in ("python", f"python{sys.version_info[0]}", "python%d.%d" % sys.version_info[:2], "{python}"):
         exe = sys.executable
     elif not os.path.isabs(exe):
         exe = shutil.which(exe) or exe
-    probe = subprocess.run([exe, "-c", "import lrp_core, widgets, torch; print(lrp_core.__file__)"],
-                           capture_output=True, text=True, timeout=120)
+    probe = subprocess.run(
+        [exe, "-c", "import lrp_core, widgets, torch; print(lrp_core.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if probe.returncode != 0:
-        return Result("kernel python3", "fail", f"its python ({exe}) cannot import lrp_core",
-                      _fix_for("kernel"))
+        return Result("kernel python3", "fail", f"its python ({exe}) cannot import lrp_core", _fix_for("kernel"))
     where = Path(probe.stdout.strip()).resolve().parent
     mine = Path(__file__).resolve().parents[1]  # lrp_core
     if where != mine:
-        return Result("kernel python3", "warn", f"its python ({exe}) imports lrp_core from {where}, not {mine}",
-                      _fix_for("kernel"))
+        return Result(
+            "kernel python3",
+            "warn",
+            f"its python ({exe}) imports lrp_core from {where}, not {mine}",
+            _fix_for("kernel"),
+        )
     return Result("kernel python3", "ok", f"runs {exe} and imports this lrp_core")
 
 
@@ -319,11 +356,16 @@ def check_notebooks() -> Result:
     nb_dir = ROOT / "notebooks"
     notebooks = sorted(nb_dir.glob("[0-9][0-9]_*.ipynb"))
     if not notebooks:
-        return Result("notebooks", "warn", f"no notebooks next to the package ({nb_dir})",
-                      "run the course from a clone of the repository")
+        return Result(
+            "notebooks",
+            "warn",
+            f"no notebooks next to the package ({nb_dir})",
+            "run the course from a clone of the repository",
+        )
     sys.path.insert(0, str(nb_dir))
     try:
         import solutions
+
         n = len(solutions.all_exercises())
     finally:
         sys.path.remove(str(nb_dir))
@@ -348,7 +390,7 @@ def _memory_bytes() -> tuple[int | None, int | None]:
     try:
         page = os.sysconf("SC_PAGE_SIZE")
         return os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
-    except (AttributeError, ValueError, OSError):   # Windows has no sysconf; macOS no SC_AVPHYS_PAGES
+    except (AttributeError, ValueError, OSError):  # Windows has no sysconf; macOS no SC_AVPHYS_PAGES
         return None, None
 
 
@@ -370,14 +412,24 @@ def machine_capacity(total: int | None, available: int | None, disk_free: int) -
     gb = 1e9
     disk = f"free disk {disk_free / gb:.1f} GB"
     if available is None or total is None:
-        return Result("memory and disk", "warn", f"RAM unknown on this system; {disk}",
-                      f"plan {LEARNER_BYTES / gb:.0f} GB of RAM per learner (docs/TEACHING.md)")
+        return Result(
+            "memory and disk",
+            "warn",
+            f"RAM unknown on this system; {disk}",
+            f"plan {LEARNER_BYTES / gb:.0f} GB of RAM per learner (docs/TEACHING.md)",
+        )
     learners = int(available // LEARNER_BYTES)
-    detail = (f"RAM {total / gb:.1f} GB, {available / gb:.1f} GB available; {disk}; holds {learners} "
-              f"learner{'s' if learners != 1 else ''} at {LEARNER_BYTES / gb:.0f} GB each")
+    detail = (
+        f"RAM {total / gb:.1f} GB, {available / gb:.1f} GB available; {disk}; holds {learners} "
+        f"learner{'s' if learners != 1 else ''} at {LEARNER_BYTES / gb:.0f} GB each"
+    )
     if learners < 1:
-        return Result("memory and disk", "warn", detail,
-                      "a kernel peaks near 1.5 GB: close other programs or use a machine with more memory")
+        return Result(
+            "memory and disk",
+            "warn",
+            detail,
+            "a kernel peaks near 1.5 GB: close other programs or use a machine with more memory",
+        )
     if disk_free < MIN_FREE_DISK:
         return Result("memory and disk", "warn", detail, "free at least 1 GB of disk for caches and saved notebooks")
     return Result("memory and disk", "ok", detail)
@@ -390,6 +442,7 @@ def check_capacity() -> Result:
 
 def check_writable() -> Result:
     import tempfile
+
     with tempfile.NamedTemporaryFile(dir=ROOT / "notebooks" if (ROOT / "notebooks").is_dir() else None):
         pass
     return Result("notebooks writable", "ok", "learners can save their work")
@@ -423,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     doc.run("memory and disk", check_capacity, essential=False)
     if not args.quick:
         from lrp_core.models import EMBEDDED
+
         for name in EMBEDDED:
             doc.run(f"model {name}", functools.partial(check_model, name))
         doc.run("widget renders", check_widget)
@@ -433,8 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     warned = [r for r in doc.results if r.status != "ok" and r not in failed]
     print()
     if failed:
-        print(f"✗ {len(failed)} essential check(s) failed: " + ", ".join(r.name for r in failed)
-              + ". Fix them before the workshop (see the 'fix:' lines).")
+        print(
+            f"✗ {len(failed)} essential check(s) failed: "
+            + ", ".join(r.name for r in failed)
+            + ". Fix them before the workshop (see the 'fix:' lines)."
+        )
         return 1
     print("✓ ready for the workshop" + (f" ({len(warned)} warning(s) above)" if warned else "") + ".")
     return 0

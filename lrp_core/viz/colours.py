@@ -5,6 +5,7 @@ at ``sign(v) |v / m| ** gamma``; :mod:`.maps` draws figures and pictures with it
 heat maps. This module needs no matplotlib: its table is matplotlib's ``LinearSegmentedColormap`` through
 blue, white and red with 257 entries, computed here (the same bytes, checked in the tests).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -92,8 +93,7 @@ _NOT_WORTH_CLIPPING = 0.95
 
 def _check_clip(clip: Optional[float]) -> None:
     if clip is not None and not 0.0 < float(clip) <= 100.0:
-        raise InputError(f"clip is a percentile of |values| in (0, 100], or None for the exact "
-                         f"maximum; got {clip!r}")
+        raise InputError(f"clip is a percentile of |values| in (0, 100], or None for the exact maximum; got {clip!r}")
 
 
 def colour_scale(values: Any, clip: Optional[float] = DEFAULT_CLIP) -> ColourScale:
@@ -164,8 +164,13 @@ def _view(values: np.ndarray, signed: bool) -> np.ndarray:
     return values if signed else np.clip(values, 0.0, None)
 
 
-def colorize(values: Any, signed: bool = True, limit: Optional[float] = None,
-             clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA) -> np.ndarray:
+def colorize(
+    values: Any,
+    signed: bool = True,
+    limit: Optional[float] = None,
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+) -> np.ndarray:
     """Map relevance to RGB with the zero-centred colormap: (..., 3) uint8.
 
     Parameters
@@ -199,5 +204,13 @@ def _text_colour(rgb: np.ndarray) -> str:
     return "#ffffff" if lum < 0.5 else "#111111"
 
 
-__all__ = ["DEFAULT_CLIP", "DEFAULT_GAMMA", "DIVERGING_ANCHORS", "LUT_SIZE", "ColourScale", "colour_scale",
-           "symmetric_limit", "colorize"]
+__all__ = [
+    "DEFAULT_CLIP",
+    "DEFAULT_GAMMA",
+    "DIVERGING_ANCHORS",
+    "LUT_SIZE",
+    "ColourScale",
+    "colour_scale",
+    "symmetric_limit",
+    "colorize",
+]

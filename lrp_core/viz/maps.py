@@ -33,6 +33,7 @@ merging BERT word-pieces into words (:func:`merge_wordpieces`).
 The colour limit, gamma and table live in :mod:`.colours` (numpy only); this
 module needs matplotlib (the ``viz`` extra; pyplot only for figures) and Pillow.
 """
+
 from __future__ import annotations
 
 import functools
@@ -70,16 +71,36 @@ else:
     mcolors = require("matplotlib.colors", extra="viz", what="lrp_core.viz")
 
 __all__ = [
-    "relevance_cmap", "DEFAULT_CLIP", "DEFAULT_GAMMA", "ColourScale", "colour_scale",
-    "signed_norm", "symmetric_limit", "colorize", "upsample_map", "to_rgb_uint8", "PHOTO_FLOOR", "grey_photo",
-    "overlay", "overlay_image", "render_overlay_png", "tile_pngs", "show_relevance",
-    "show_methods", "render_png", "token_html", "merge_wordpieces", "denormalize"]
+    "relevance_cmap",
+    "DEFAULT_CLIP",
+    "DEFAULT_GAMMA",
+    "ColourScale",
+    "colour_scale",
+    "signed_norm",
+    "symmetric_limit",
+    "colorize",
+    "upsample_map",
+    "to_rgb_uint8",
+    "PHOTO_FLOOR",
+    "grey_photo",
+    "overlay",
+    "overlay_image",
+    "render_overlay_png",
+    "tile_pngs",
+    "show_relevance",
+    "show_methods",
+    "render_png",
+    "token_html",
+    "merge_wordpieces",
+    "denormalize",
+]
 
 #: Diverging colormap used for every relevance picture (blue < 0 < red). Like
 #: matplotlib's "bwr", but with an odd number of entries so that zero is exactly white;
 #: its table is :mod:`.colours`' (the pictures colour with that table, without matplotlib).
 relevance_cmap: mcolors.Colormap = mcolors.LinearSegmentedColormap.from_list(
-    "trl_relevance", list(DIVERGING_ANCHORS), N=LUT_SIZE)
+    "trl_relevance", list(DIVERGING_ANCHORS), N=LUT_SIZE
+)
 
 
 def _pyplot():
@@ -115,7 +136,6 @@ def signed_norm(values: Any, clip: Optional[float] = None, gamma: float = 1.0) -
         return mcolors.Normalize(vmin=-m, vmax=m)
     g = float(gamma)
     return mcolors.FuncNorm((lambda x: _power(x, g), lambda y: _power(y, 1.0 / g)), vmin=-m, vmax=m)
-
 
 
 def upsample_map(relmap: Any, size: tuple[int, int]) -> np.ndarray:
@@ -226,9 +246,17 @@ def _faded_photo(image: Any, alpha: float) -> np.ndarray:
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
-def overlay(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool = True,
-            size: Optional[tuple[int, int]] = None, clip: Optional[float] = DEFAULT_CLIP,
-            gamma: float = DEFAULT_GAMMA, grey: bool = True, limit: Optional[float] = None) -> np.ndarray:
+def overlay(
+    image_rgb: Any,
+    relmap: Any,
+    alpha: float = 0.6,
+    signed: bool = True,
+    size: Optional[tuple[int, int]] = None,
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+    grey: bool = True,
+    limit: Optional[float] = None,
+) -> np.ndarray:
     """Tint the (grey) photo with the coloured relevance: (H, W, 3) uint8.
 
     The map is upsampled bilinearly to the image (or to ``size``) and coloured
@@ -353,8 +381,7 @@ def _wrap(draw: ImageDraw.ImageDraw, text: str, font: Any, width: float) -> list
     return lines
 
 
-def _compose(panel: np.ndarray, scale: ColourScale, signed: bool, title: Optional[str],
-             gamma: float) -> Image.Image:
+def _compose(panel: np.ndarray, scale: ColourScale, signed: bool, title: Optional[str], gamma: float) -> Image.Image:
     """Panel + optional title (wrapped onto as many lines as it needs) above + colourbar below."""
     body = Image.fromarray(panel)
     w = body.width
@@ -384,10 +411,17 @@ def _encode_png(img: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def render_overlay_png(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool = True,
-                       display_size: int = 320, title: Optional[str] = None,
-                       legend: bool = True, clip: Optional[float] = DEFAULT_CLIP,
-                       gamma: float = DEFAULT_GAMMA) -> bytes:
+def render_overlay_png(
+    image_rgb: Any,
+    relmap: Any,
+    alpha: float = 0.6,
+    signed: bool = True,
+    display_size: int = 320,
+    title: Optional[str] = None,
+    legend: bool = True,
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+) -> bytes:
     """Fast PNG of :func:`overlay` at ``display_size`` px (longest side), with colourbar.
 
     This is the widgets' drawing path: numpy colour lookup + PIL, a few ms. The
@@ -420,14 +454,22 @@ def render_overlay_png(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: 
     bytes
         The PNG file's bytes.
     """
-    return _encode_png(overlay_image(image_rgb, relmap, alpha, signed, display_size, title, legend,
-                                     clip=clip, gamma=gamma))
+    return _encode_png(
+        overlay_image(image_rgb, relmap, alpha, signed, display_size, title, legend, clip=clip, gamma=gamma)
+    )
 
 
-def overlay_image(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool = True,
-                  display_size: int = 320, title: Optional[str] = None,
-                  legend: bool = True, clip: Optional[float] = DEFAULT_CLIP,
-                  gamma: float = DEFAULT_GAMMA) -> Image.Image:
+def overlay_image(
+    image_rgb: Any,
+    relmap: Any,
+    alpha: float = 0.6,
+    signed: bool = True,
+    display_size: int = 320,
+    title: Optional[str] = None,
+    legend: bool = True,
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+) -> Image.Image:
     """The PIL image that :func:`render_overlay_png` encodes.
 
     Parameters
@@ -471,8 +513,7 @@ def overlay_image(image_rgb: Any, relmap: Any, alpha: float = 0.6, signed: bool 
         small = overlay(None, rel, signed=signed, clip=clip, gamma=gamma)
         panel = np.asarray(Image.fromarray(small).resize((size[1], size[0]), Image.Resampling.NEAREST))
     else:
-        panel = overlay(image_rgb, relmap, alpha=alpha, signed=signed, size=size, clip=clip,
-                        gamma=gamma)
+        panel = overlay(image_rgb, relmap, alpha=alpha, signed=signed, size=size, clip=clip, gamma=gamma)
     if not legend:
         return Image.fromarray(panel)
     cscale = colour_scale(_view(np.nan_to_num(_as_numpy(relmap)), signed), clip)
@@ -514,10 +555,18 @@ def tile_pngs(images: Sequence[Image.Image], ncols: Optional[int] = None, pad: i
     return _encode_png(out)
 
 
-def show_relevance(image_rgb: Any, relmap: Any, ax: Optional[plt.Axes] = None, alpha: float = 0.6,
-                   signed: bool = True, title: Optional[str] = None,
-                   colorbar: bool = True, clip: Optional[float] = DEFAULT_CLIP,
-                   gamma: float = DEFAULT_GAMMA, grey: bool = True) -> plt.Axes:
+def show_relevance(
+    image_rgb: Any,
+    relmap: Any,
+    ax: Optional[plt.Axes] = None,
+    alpha: float = 0.6,
+    signed: bool = True,
+    title: Optional[str] = None,
+    colorbar: bool = True,
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+    grey: bool = True,
+) -> plt.Axes:
     """Draw the relevance map over the image on a matplotlib axis; returns the axis.
 
     The pixels are exactly :func:`overlay`'s (the widgets draw the same picture):
@@ -567,8 +616,7 @@ def show_relevance(image_rgb: Any, relmap: Any, ax: Optional[plt.Axes] = None, a
     if rel.ndim != 2:
         raise InputError(f"a relevance map must be 2-D (h, w); got shape {tuple(rel.shape)}")
     size = to_rgb_uint8(image_rgb).shape[:2] if image_rgb is not None else None
-    pixels = overlay(image_rgb, rel, alpha=alpha, signed=signed, size=size, clip=clip, gamma=gamma,
-                     grey=grey)
+    pixels = overlay(image_rgb, rel, alpha=alpha, signed=signed, size=size, clip=clip, gamma=gamma, grey=grey)
     ax.imshow(pixels, interpolation="nearest" if image_rgb is None else "antialiased")
     scale = colour_scale(rel, clip)
     if colorbar:
@@ -582,18 +630,33 @@ def show_relevance(image_rgb: Any, relmap: Any, ax: Optional[plt.Axes] = None, a
         if not signed:
             cb.ax.set_ylim(0.0, scale.limit)
         if scale.clipped:  # under the picture, where it costs no width
-            ax.text(0.5, -0.015, f"clipped at p{scale.percentile:g} (max {_fmt(scale.maximum)})",
-                    transform=ax.transAxes, ha="center", va="top", fontsize="small", color="#a30")
+            ax.text(
+                0.5,
+                -0.015,
+                f"clipped at p{scale.percentile:g} (max {_fmt(scale.maximum)})",
+                transform=ax.transAxes,
+                ha="center",
+                va="top",
+                fontsize="small",
+                color="#a30",
+            )
     ax.set_axis_off()
     if title:
         ax.set_title(title)
     return ax
 
 
-def show_methods(image: Any, maps: Mapping[str, Any], ncols: Optional[int] = None,
-                 alpha: float = 0.6, signed: bool = True, panel_size: float = 3.0,
-                 colorbar: bool = True, clip: Optional[float] = DEFAULT_CLIP,
-                 gamma: float = DEFAULT_GAMMA) -> plt.Figure:
+def show_methods(
+    image: Any,
+    maps: Mapping[str, Any],
+    ncols: Optional[int] = None,
+    alpha: float = 0.6,
+    signed: bool = True,
+    panel_size: float = 3.0,
+    colorbar: bool = True,
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+) -> plt.Figure:
     """A grid of :func:`show_relevance` panels, one per ``{name: map}``; returns the figure.
 
     Each panel has its own colour limit (methods differ in scale); ``clip`` and
@@ -635,11 +698,11 @@ def show_methods(image: Any, maps: Mapping[str, Any], ncols: Optional[int] = Non
     n = len(maps)
     ncols = min(ncols or n, n)
     nrows = -(-n // ncols)
-    fig, axes = _pyplot().subplots(nrows, ncols, figsize=(panel_size * ncols * 1.15, panel_size * nrows),
-                             squeeze=False)
+    fig, axes = _pyplot().subplots(nrows, ncols, figsize=(panel_size * ncols * 1.15, panel_size * nrows), squeeze=False)
     for ax, (name, relmap) in zip(axes.flat, maps.items()):
-        show_relevance(image, relmap, ax=ax, alpha=alpha, signed=signed, title=name,
-                       colorbar=colorbar, clip=clip, gamma=gamma)
+        show_relevance(
+            image, relmap, ax=ax, alpha=alpha, signed=signed, title=name, colorbar=colorbar, clip=clip, gamma=gamma
+        )
     for ax in list(axes.flat)[n:]:
         ax.set_axis_off()
     fig.tight_layout()
@@ -670,8 +733,15 @@ def render_png(fig: plt.Figure, dpi: Optional[float] = None, close: bool = False
     return buf.getvalue()
 
 
-def token_html(tokens: Sequence[str], scores: Any, signed: bool = True, legend: bool = True,
-               clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA, explained: str = "the class") -> str:
+def token_html(
+    tokens: Sequence[str],
+    scores: Any,
+    signed: bool = True,
+    legend: bool = True,
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+    explained: str = "the class",
+) -> str:
     """Tokens as HTML spans whose background shows their relevance.
 
     Zero-centred diverging colours (white = 0, red > 0, blue < 0) with the same
@@ -715,23 +785,31 @@ def token_html(tokens: Sequence[str], scores: Any, signed: bool = True, legend: 
     colours = colorize(vals, signed=True, limit=m, gamma=gamma)
     spans = []
     for tok, v, rgb in zip(tokens, vals, colours):
-        style = (f"background-color:rgb({rgb[0]},{rgb[1]},{rgb[2]});color:{_text_colour(rgb)};"
-                 "padding:1px 4px;margin:1px;border-radius:3px;display:inline-block;"
-                 "font-family:monospace;border:1px solid #ddd")
-        spans.append(f'<span class="trl-token" style="{style}" title="{html.escape(str(tok))}: '
-                     f'{v:.4g}">{html.escape(str(tok))}</span>')
+        style = (
+            f"background-color:rgb({rgb[0]},{rgb[1]},{rgb[2]});color:{_text_colour(rgb)};"
+            "padding:1px 4px;margin:1px;border-radius:3px;display:inline-block;"
+            "font-family:monospace;border:1px solid #ddd"
+        )
+        spans.append(
+            f'<span class="trl-token" style="{style}" title="{html.escape(str(tok))}: '
+            f'{v:.4g}">{html.escape(str(tok))}</span>'
+        )
     body = " ".join(spans)
     out = f'<div class="trl-tokens" style="line-height:1.9;max-width:100%">{body}</div>'
     if legend:
-        scale_text = (f"{_fmt(-m)} (blue, against) \u2026 0 (white) \u2026 {_fmt(m)} (red, for {explained})"
-                      if signed else f"0 (white) \u2026 {_fmt(m)} (red, for {explained}); negatives hidden")
-        out += ('<div class="trl-legend" style="font-size:85%;color:#444;margin-top:4px">'
-                f"colour scale {scale_text}; {html.escape(scale.describe())}</div>")
+        scale_text = (
+            f"{_fmt(-m)} (blue, against) \u2026 0 (white) \u2026 {_fmt(m)} (red, for {explained})"
+            if signed
+            else f"0 (white) \u2026 {_fmt(m)} (red, for {explained}); negatives hidden"
+        )
+        out += (
+            '<div class="trl-legend" style="font-size:85%;color:#444;margin-top:4px">'
+            f"colour scale {scale_text}; {html.escape(scale.describe())}</div>"
+        )
     return out
 
 
-def merge_wordpieces(tokens: Sequence[str], scores: Any,
-                     reduce: str = "max") -> tuple[list[str], np.ndarray]:
+def merge_wordpieces(tokens: Sequence[str], scores: Any, reduce: str = "max") -> tuple[list[str], np.ndarray]:
     """Merge BERT ``##`` continuation pieces into words.
 
     Parameters

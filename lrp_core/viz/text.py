@@ -11,6 +11,7 @@ with the colours of :mod:`lrp_core.viz` (zero-centred, white = 0, red for,
 blue against; numpy only, no matplotlib). The page has no script, remote font
 or style sheet: it opens offline and outside Jupyter.
 """
+
 from __future__ import annotations
 
 import html
@@ -54,8 +55,9 @@ def readable(piece: str) -> str:
     return text
 
 
-def merge_words(pieces: Sequence[str], scores: Any = None, reduce: str = "sum",
-                scheme: Optional[str] = None) -> tuple[list[str], Optional[np.ndarray]]:
+def merge_words(
+    pieces: Sequence[str], scores: Any = None, reduce: str = "sum", scheme: Optional[str] = None
+) -> tuple[list[str], Optional[np.ndarray]]:
     """Join sub-word pieces into words, and their scores (``reduce="sum"`` keeps the total, ``"max"``).
 
     ``scheme``: ``"marks"`` — a piece starting with ``Ġ``/``▁`` begins a word (byte-level BPE, SentencePiece),
@@ -165,25 +167,28 @@ def _cell(text: str, value: Optional[float], rgb: Optional[np.ndarray]) -> str:
     return f'<span class="c" style="{style}" title="{html.escape(repr(text))}: {value:.4g}">{shown}</span>'
 
 
-_STYLE = ("body{font-family:system-ui,sans-serif;margin:12px}"
-          ".trl-gen{border-collapse:collapse;font-size:13px}"
-          ".trl-gen td{padding:3px 6px;vertical-align:top;border-bottom:1px solid #eee}"
-          ".trl-gen td.g{font-family:monospace;font-weight:bold;white-space:nowrap}"
-          ".c{font-family:monospace;display:inline-block;padding:1px 3px;margin:1px;border-radius:3px;"
-          "border:1px solid #ddd;white-space:pre}"
-          ".c.off{color:#bbb;border-color:#f3f3f3}"
-          ".trl-gen figure.trl-thumb{margin:0;text-align:center}"
-          ".trl-gen img.trl-map{display:block;border:1px solid #ddd}"
-          ".trl-gen figcaption{font-size:11px;color:#555}"
-          ".trl-note{color:#555;font-size:12px;margin-top:6px}"
-          ".trl-src{display:flex;flex-wrap:wrap;gap:4px;margin:4px 0}"
-          ".s{display:inline-block;padding:3px 6px;border-radius:4px;border:1px solid #ccc;font-size:12px;"
-          "max-width:22em}"
-          ".s b{font-family:monospace;margin-right:4px}")
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:12px}"
+    ".trl-gen{border-collapse:collapse;font-size:13px}"
+    ".trl-gen td{padding:3px 6px;vertical-align:top;border-bottom:1px solid #eee}"
+    ".trl-gen td.g{font-family:monospace;font-weight:bold;white-space:nowrap}"
+    ".c{font-family:monospace;display:inline-block;padding:1px 3px;margin:1px;border-radius:3px;"
+    "border:1px solid #ddd;white-space:pre}"
+    ".c.off{color:#bbb;border-color:#f3f3f3}"
+    ".trl-gen figure.trl-thumb{margin:0;text-align:center}"
+    ".trl-gen img.trl-map{display:block;border:1px solid #ddd}"
+    ".trl-gen figcaption{font-size:11px;color:#555}"
+    ".trl-note{color:#555;font-size:12px;margin-top:6px}"
+    ".trl-src{display:flex;flex-wrap:wrap;gap:4px;margin:4px 0}"
+    ".s{display:inline-block;padding:3px 6px;border-radius:4px;border:1px solid #ccc;font-size:12px;"
+    "max-width:22em}"
+    ".s b{font-family:monospace;margin-right:4px}"
+)
 
 
-def source_blocks(labels: Sequence[str], scores: Any, limit: Optional[float] = None, short: bool = False,
-                  gamma: float = DEFAULT_GAMMA) -> str:
+def source_blocks(
+    labels: Sequence[str], scores: Any, limit: Optional[float] = None, short: bool = False, gamma: float = DEFAULT_GAMMA
+) -> str:
     """The sources as coloured blocks with their scores.
 
     The styles are :func:`generation_html`'s.
@@ -215,17 +220,28 @@ def source_blocks(labels: Sequence[str], scores: Any, limit: Optional[float] = N
     for j, (label, v) in enumerate(zip(labels, vals)):
         style = f"background:rgb({rgb[j][0]},{rgb[j][1]},{rgb[j][2]});color:{_text_colour(rgb[j])}"
         text = "" if short else " " + html.escape(label)
-        cells.append(f'<span class="s" style="{style}" title="{html.escape(label)}: {v:.4g}">'
-                     f"<b>#{j + 1} {v:+.3g}</b>{text}</span>")
+        cells.append(
+            f'<span class="s" style="{style}" title="{html.escape(label)}: {v:.4g}">'
+            f"<b>#{j + 1} {v:+.3g}</b>{text}</span>"
+        )
     return f'<div class="trl-src">{"".join(cells)}</div>'
 
 
-def generation_html(context: Sequence[str], generated: Sequence[str], scores: Any, scale: str = "row",
-                    clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA,
-                    title: Optional[str] = None, contrasts: Optional[Sequence[Optional[str]]] = None,
-                    sources: Any = None, source_labels: Optional[Sequence[str]] = None,
-                    probabilities: Any = None, images: Optional[Sequence[str]] = None,
-                    image_note: Optional[str] = None) -> str:
+def generation_html(
+    context: Sequence[str],
+    generated: Sequence[str],
+    scores: Any,
+    scale: str = "row",
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+    title: Optional[str] = None,
+    contrasts: Optional[Sequence[Optional[str]]] = None,
+    sources: Any = None,
+    source_labels: Optional[Sequence[str]] = None,
+    probabilities: Any = None,
+    images: Optional[Sequence[str]] = None,
+    image_note: Optional[str] = None,
+) -> str:
     """One row per generated token: the relevance of every context token for it.
 
     Parameters
@@ -273,16 +289,21 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
     vals = np.nan_to_num(np.asarray(scores, dtype=np.float64))
     K, P = len(generated), len(context) - len(generated) + 1
     if vals.shape != (K, len(context)):
-        raise InputError(f"generation_html: scores have shape {vals.shape}, expected (K, P+K−1) = "
-                         f"({K}, {len(context)}) for {K} generated and {len(context)} context tokens")
+        raise InputError(
+            f"generation_html: scores have shape {vals.shape}, expected (K, P+K−1) = "
+            f"({K}, {len(context)}) for {K} generated and {len(context)} context tokens"
+        )
     if scale not in SCALES:
         raise InputError(f"scale must be one of {SCALES}, got {scale!r}")
     if images is not None and len(images) != K:
         raise InputError(f"generation_html: {len(images)} images for {K} generated tokens; give one per step")
     limit_all = colour_scale(vals, clip).limit
     src = None if sources is None else np.nan_to_num(np.asarray(sources, dtype=np.float64))
-    labels = list(source_labels) if source_labels is not None else \
-        [f"source {j + 1}" for j in range(0 if src is None else src.shape[1])]
+    labels = (
+        list(source_labels)
+        if source_labels is not None
+        else [f"source {j + 1}" for j in range(0 if src is None else src.shape[1])]
+    )
     if src is not None and (src.ndim != 2 or src.shape != (K, len(labels))):
         raise InputError(f"generation_html: sources have shape {src.shape}, expected (K, S) = ({K}, {len(labels)})")
     src_limit = None if src is None else float(np.abs(src).max())
@@ -294,31 +315,47 @@ def generation_html(context: Sequence[str], generated: Sequence[str], scores: An
         cells = [_cell(readable(t), float(vals[k, i]), rgb[i]) for i, t in enumerate(context[:visible])]
         cells += [_cell(readable(t), None, None) for t in context[visible:]]
         versus_k = contrasts[k] if contrasts else None
-        versus = "" if versus_k is None else \
-            f' <span style="font-weight:normal">rather than {html.escape(readable(versus_k))}</span>'
-        p_k = "" if probabilities is None else \
-            f' <span style="font-weight:normal;color:#777">p {100 * float(probabilities[k]):.1f} %</span>'
-        blocks = "" if src is None else \
-            f'<td>{source_blocks(labels, src[k], limit=src_limit, short=True, gamma=gamma)}</td>'
+        versus = (
+            ""
+            if versus_k is None
+            else f' <span style="font-weight:normal">rather than {html.escape(readable(versus_k))}</span>'
+        )
+        p_k = (
+            ""
+            if probabilities is None
+            else f' <span style="font-weight:normal;color:#777">p {100 * float(probabilities[k]):.1f} %</span>'
+        )
+        blocks = (
+            "" if src is None else f"<td>{source_blocks(labels, src[k], limit=src_limit, short=True, gamma=gamma)}</td>"
+        )
         picture = "" if images is None else f"<td>{images[k]}</td>"
-        rows.append(f'<tr><td class="g">{html.escape(readable(generated[k]))}{versus}{p_k}</td>'
-                    f'{picture}<td>{"".join(cells)}</td>{blocks}</tr>')
+        rows.append(
+            f'<tr><td class="g">{html.escape(readable(generated[k]))}{versus}{p_k}</td>'
+            f"{picture}<td>{''.join(cells)}</td>{blocks}</tr>"
+        )
         notes.append(limit)
     head = f"<h3>{html.escape(title)}</h3>" if title else ""
     whole = ""
     if src is not None:
-        whole = (f'<div class="trl-note"><b>Sources, whole answer</b> (each source\'s score summed over the '
-                 f"steps; per step in the last column):</div>{source_blocks(labels, src.sum(0), gamma=gamma)}")
-    how = ("each row has its own colour limit" if scale == "row" else f"one colour limit ±{limit_all:.3g}")
-    note = (f'<div class="trl-note">Row k: the relevance of each context token for generated token k '
-            f"(red for, blue against, white 0; {how}; greyed tokens come after the step's prefix). "
-            f"Hover a token for its exact score.{'' if not image_note else ' ' + html.escape(image_note)}</div>")
-    return (f'<div class="trl-generation"><style>{_STYLE}</style>{head}'
-            f'<table class="trl-gen">{"".join(rows)}</table>{whole}{note}</div>')
+        whole = (
+            f'<div class="trl-note"><b>Sources, whole answer</b> (each source\'s score summed over the '
+            f"steps; per step in the last column):</div>{source_blocks(labels, src.sum(0), gamma=gamma)}"
+        )
+    how = "each row has its own colour limit" if scale == "row" else f"one colour limit ±{limit_all:.3g}"
+    note = (
+        f'<div class="trl-note">Row k: the relevance of each context token for generated token k '
+        f"(red for, blue against, white 0; {how}; greyed tokens come after the step's prefix). "
+        f"Hover a token for its exact score.{'' if not image_note else ' ' + html.escape(image_note)}</div>"
+    )
+    return (
+        f'<div class="trl-generation"><style>{_STYLE}</style>{head}'
+        f'<table class="trl-gen">{"".join(rows)}</table>{whole}{note}</div>'
+    )
 
 
-def image_cell(context: Sequence[str], scores: Any, placeholder: Any,
-               label: str = IMAGE_LABEL) -> tuple[list[str], np.ndarray]:
+def image_cell(
+    context: Sequence[str], scores: Any, placeholder: Any, label: str = IMAGE_LABEL
+) -> tuple[list[str], np.ndarray]:
     """A vision-language model's image placeholder tokens shown as one cell: each run of consecutive placeholders
     becomes one piece ``label`` whose score is the run's summed score.
 
@@ -341,8 +378,10 @@ def image_cell(context: Sequence[str], scores: Any, placeholder: Any,
     vals = np.asarray(scores, dtype=np.float64)
     mask = np.asarray(placeholder, dtype=bool).reshape(-1)
     if vals.ndim != 2 or vals.shape[1] != len(context) or len(mask) != len(context):
-        raise InputError(f"image_cell: scores {vals.shape} and placeholders ({len(mask)},) must cover the "
-                         f"{len(context)} context pieces")
+        raise InputError(
+            f"image_cell: scores {vals.shape} and placeholders ({len(mask)},) must cover the "
+            f"{len(context)} context pieces"
+        )
     pieces: list[str] = []
     columns: list[np.ndarray] = []
     for i, piece in enumerate(context):
@@ -369,9 +408,21 @@ def page(fragment: str, title: str = "Transformer Relevance Lab") -> str:
     str
         The HTML document.
     """
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"</head><body>{fragment}</body></html>")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"</head><body>{fragment}</body></html>"
+    )
 
 
-__all__ = ["readable", "merge_words", "span_text", "generation_html", "source_blocks", "image_cell", "page",
-           "IMAGE_LABEL", "SPACE_MARKS", "SCALES"]
+__all__ = [
+    "readable",
+    "merge_words",
+    "span_text",
+    "generation_html",
+    "source_blocks",
+    "image_cell",
+    "page",
+    "IMAGE_LABEL",
+    "SPACE_MARKS",
+    "SCALES",
+]

@@ -8,6 +8,7 @@ white without a photo. A boolean mask (the object a question asks about) is draw
 one sees whether the relevance lies on it. The pictures are :data:`THUMB_PX` px on their longest side and shown at
 that size (no browser rescaling, which turned single-pixel relevance into noise).
 """
+
 from __future__ import annotations
 
 import base64
@@ -74,8 +75,15 @@ def _bool_mask(mask: Any) -> np.ndarray:
     return arr.astype(bool)
 
 
-def step_thumbnails(maps: Any, image: Any = None, mask: Any = None, scale: str = "row", size: int = THUMB_PX,
-                    clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA) -> list[str]:
+def step_thumbnails(
+    maps: Any,
+    image: Any = None,
+    mask: Any = None,
+    scale: str = "row",
+    size: int = THUMB_PX,
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+) -> list[str]:
     """Each step's image map as an HTML ``<figure>``: the picture (an inline PNG) and its colour limit.
 
     Parameters
@@ -121,8 +129,15 @@ def step_thumbnails(maps: Any, image: Any = None, mask: Any = None, scale: str =
     return [_figure(vals[k], rgb, edge, size, shared, clip, gamma, k) for k in range(len(vals))]
 
 
-def map_png(relmap: Any, image: Any = None, mask: Any = None, size: int = THUMB_PX, title: Optional[str] = None,
-            clip: Optional[float] = DEFAULT_CLIP, gamma: float = DEFAULT_GAMMA) -> bytes:
+def map_png(
+    relmap: Any,
+    image: Any = None,
+    mask: Any = None,
+    size: int = THUMB_PX,
+    title: Optional[str] = None,
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+) -> bytes:
     """One image map as :func:`step_thumbnails` draws it (over the photo in grey, the mask outlined), with a
     title above and the colour bar below (:func:`lrp_core.viz.maps.render_overlay_png`'s legend).
 
@@ -167,8 +182,7 @@ def _edge(mask: Any, rgb: Optional[np.ndarray], map_shape: Sequence[int], size: 
     if mask is None:
         return None
     shape = tuple(map_shape) if rgb is None else rgb.shape[:2]
-    return mask_outline(checked_mask(mask, shape, "the photo" if rgb is not None else "the maps"),
-                        _fitted(shape, size))
+    return mask_outline(checked_mask(mask, shape, "the photo" if rgb is not None else "the maps"), _fitted(shape, size))
 
 
 def checked_mask(mask: Any, shape: Sequence[int], what: str = "the photo") -> np.ndarray:
@@ -205,8 +219,9 @@ def _fitted(shape: Sequence[int], size: int) -> tuple[int, int]:
     return max(1, round(shape[0] * f)), max(1, round(shape[1] * f))
 
 
-def _panel(relmap: np.ndarray, rgb: Optional[np.ndarray], edge: Optional[np.ndarray], size: int, limit: float,
-           gamma: float) -> tuple[np.ndarray, tuple[int, int]]:
+def _panel(
+    relmap: np.ndarray, rgb: Optional[np.ndarray], edge: Optional[np.ndarray], size: int, limit: float, gamma: float
+) -> tuple[np.ndarray, tuple[int, int]]:
     """The map over the grey photo (or white) at ``size``, coloured to ``limit``, the outline on top; its (h, w)."""
     h, w = _fitted(rgb.shape[:2] if rgb is not None else relmap.shape, size)
     light = None if rgb is None else grey_photo(rgb, PHOTO_LIGHT)
@@ -216,15 +231,25 @@ def _panel(relmap: np.ndarray, rgb: Optional[np.ndarray], edge: Optional[np.ndar
     return panel, (h, w)
 
 
-def _figure(relmap: np.ndarray, rgb: Optional[np.ndarray], edge: Optional[np.ndarray], size: int,
-            limit: Optional[float], clip: Optional[float], gamma: float, k: int) -> str:
+def _figure(
+    relmap: np.ndarray,
+    rgb: Optional[np.ndarray],
+    edge: Optional[np.ndarray],
+    size: int,
+    limit: Optional[float],
+    clip: Optional[float],
+    gamma: float,
+    k: int,
+) -> str:
     """One step's ``<figure>``: the picture, the limit below."""
     m = colour_scale(relmap, clip).limit if limit is None else limit
     panel, (h, w) = _panel(relmap, rgb, edge, size, m, gamma)
     png = base64.b64encode(_encode_png(Image.fromarray(panel))).decode()
-    return (f'<figure class="trl-thumb"><img class="trl-map" width="{w}" height="{h}" '
-            f'alt="step {k + 1}: image map" src="data:image/png;base64,{png}">'
-            f'<figcaption>\u00b1{html.escape(_fmt(m))}</figcaption></figure>')
+    return (
+        f'<figure class="trl-thumb"><img class="trl-map" width="{w}" height="{h}" '
+        f'alt="step {k + 1}: image map" src="data:image/png;base64,{png}">'
+        f"<figcaption>\u00b1{html.escape(_fmt(m))}</figcaption></figure>"
+    )
 
 
 def image_note(pixels: bool, photo: bool, outline: bool) -> str:
@@ -245,10 +270,21 @@ def image_note(pixels: bool, photo: bool, outline: bool) -> str:
         The sentence.
     """
     what = "its pixel relevance" if pixels else "its image tokens' scores, upsampled"
-    return (f"Beside each token: the image map of its step ({what}; same colours, its limit \u00b1m below it"
-            + (", over the photo in grey" if photo else "") + ("; outlined: the mask given" if outline else "")
-            + ").")
+    return (
+        f"Beside each token: the image map of its step ({what}; same colours, its limit \u00b1m below it"
+        + (", over the photo in grey" if photo else "")
+        + ("; outlined: the mask given" if outline else "")
+        + ")."
+    )
 
 
-__all__ = ["step_thumbnails", "map_png", "mask_outline", "checked_mask", "image_note", "THUMB_PX", "OUTLINE_RGB",
-           "PHOTO_LIGHT"]
+__all__ = [
+    "step_thumbnails",
+    "map_png",
+    "mask_outline",
+    "checked_mask",
+    "image_note",
+    "THUMB_PX",
+    "OUTLINE_RGB",
+    "PHOTO_LIGHT",
+]

@@ -1,4 +1,5 @@
 """CLIP (Hugging Face CLIPModel): image–text similarity explained on the image; contrast targets."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,11 @@ def clip():
 @pytest.fixture
 def inputs():
     ids = torch.tensor([[1, 5, 6, 7, 98], [1, 8, 9, 98, 0], [1, 10, 98, 0, 0]])  # 98: end of text
-    return {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)),
-            "input_ids": ids, "attention_mask": (ids != 0).long()}
+    return {
+        "pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)),
+        "input_ids": ids,
+        "attention_mask": (ids != 0).long(),
+    }
 
 
 def test_replay_reproduces_the_similarity_logits(clip, inputs):
@@ -103,15 +107,23 @@ def test_text_side_every_method_scores_the_prompt_tokens_padding_zero(inputs, me
     mask = inputs["attention_mask"].bool()
     assert exp.scores.shape == (3, 5) and torch.isfinite(exp.scores).all()
     assert (exp.scores[~mask] == 0).all()
-    single = explain(model, {**x, "input_ids": x["input_ids"][1:2, :4], "attention_mask": x["attention_mask"][1:2, :4]},
-                     method=method, target=0)
+    single = explain(
+        model,
+        {**x, "input_ids": x["input_ids"][1:2, :4], "attention_mask": x["attention_mask"][1:2, :4]},
+        method=method,
+        target=0,
+    )
     assert torch.allclose(exp.scores[1, :4], single.scores[0], rtol=1e-9, atol=1e-12)
 
 
 def test_text_side_errors(clip, inputs):
     with pytest.raises(InputError, match=r"inputs\['explain'\] must be one of"):
         explain(clip, {**inputs, "explain": "both"})
-    left = {**inputs, "input_ids": torch.tensor([[0, 1, 5, 98]]), "attention_mask": torch.tensor([[0, 1, 1, 1]]),
-            "explain": "text"}
+    left = {
+        **inputs,
+        "input_ids": torch.tensor([[0, 1, 5, 98]]),
+        "attention_mask": torch.tensor([[0, 1, 1, 1]]),
+        "explain": "text",
+    }
     with pytest.raises(InputError, match="end-of-text token must be the last real token"):
         explain(clip, left, method="cdam")

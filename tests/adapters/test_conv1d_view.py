@@ -1,5 +1,6 @@
 """GPT-2's Conv1D seen as a Linear (``lrp_core.adapters.gpt2.Conv1DLinear``): a view, never a copy, and every
 rule set treats it exactly as the equivalent ``nn.Linear``."""
+
 from __future__ import annotations
 
 import pytest
@@ -85,8 +86,9 @@ def test_the_model_is_not_modified():
     before = {k: v.clone() for k, v in conv.state_dict().items()}
     modules_before = [type(m) for m in conv.modules()]
     view = Conv1DLinear(conv)
-    Propagation(TRANSFORMER_ATTRIBUTION).linear(view, torch.randn(3, 6, dtype=torch.float64),
-                                                torch.randn(3, 5, dtype=torch.float64))
+    Propagation(TRANSFORMER_ATTRIBUTION).linear(
+        view, torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    )
     assert all(torch.equal(before[k], v) for k, v in conv.state_dict().items())
     assert [type(m) for m in conv.modules()] == modules_before and conv.weight.shape == (6, 5)
     assert not conv._forward_hooks and not conv._forward_pre_hooks

@@ -10,6 +10,7 @@
   their tables by the longest position of a call: chosen per row);
 * BERT-family encoders honour ``position_ids`` and ``token_type_ids`` too.
 """
+
 from __future__ import annotations
 
 import copy
@@ -60,12 +61,15 @@ def test_given_position_ids_one_row_for_all_and_left_padding():
     assert _rel(shared.scores, exp.scores[1:]) < 1e-10
 
 
-@pytest.mark.parametrize("bad,match", [
-    (torch.arange(5)[None].expand(3, -1), "shape"),
-    (torch.full((3, 9), -1), "lie in"),
-    (torch.full((3, 9), 64), "lie in"),
-    (torch.zeros(3, 9), "integer"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (torch.arange(5)[None].expand(3, -1), "shape"),
+        (torch.full((3, 9), -1), "lie in"),
+        (torch.full((3, 9), 64), "lie in"),
+        (torch.zeros(3, 9), "integer"),
+    ],
+)
 def test_bad_position_ids_are_refused(bad, match):
     model = make_decoder("llama")
     with pytest.raises(InputError, match=match):
@@ -91,6 +95,7 @@ def test_position_ids_that_skip_under_a_sliding_window_are_refused():
 @pytest.mark.parametrize("key", ["past_key_values", "cache"])
 def test_a_cache_is_refused(key):
     from transformers import DynamicCache
+
     model = make_decoder("llama")
     ids = rows(lengths=(8,))[0][None]
     with torch.no_grad():
@@ -124,8 +129,14 @@ def test_unknown_keys_are_refused_and_keys_without_effect_pass():
     with pytest.raises(InputError, match="'offset_mapping'.*input_ids, attention_mask, position_ids"):
         lrp_core.explain(model, {**inputs, "offset_mapping": torch.zeros(3, 9, 2, dtype=torch.long)}, method="attnlrp")
     plain = lrp_core.explain(model, inputs, method="attnlrp")
-    extra = {"labels": inputs["input_ids"], "use_cache": False, "output_attentions": True, "return_dict": True,
-             "token_type_ids": torch.zeros_like(inputs["input_ids"]), "past_key_values": None}
+    extra = {
+        "labels": inputs["input_ids"],
+        "use_cache": False,
+        "output_attentions": True,
+        "return_dict": True,
+        "token_type_ids": torch.zeros_like(inputs["input_ids"]),
+        "past_key_values": None,
+    }
     assert torch.equal(lrp_core.explain(model, {**inputs, **extra}, method="attnlrp").scores, plain.scores)
 
 
@@ -147,7 +158,7 @@ def test_classifier_with_pad_equal_to_eos_is_read_where_the_model_pools(family, 
     # the map is that of the row without its final eos, alone: the eos after the read token carries nothing
     for i, s in enumerate(seqs):
         alone = lrp_core.explain(model, batch([s[:-1]]), method="attnlrp")
-        assert _rel(alone.logits, own[i:i + 1]) < 1e-12
+        assert _rel(alone.logits, own[i : i + 1]) < 1e-12
         got = exp.scores[i][inputs["attention_mask"][i].bool()]
         assert got[-1] == 0
         assert _rel(got[:-1], alone.scores[0]) < 1e-10
@@ -161,36 +172,81 @@ def test_classifier_padded_with_another_id_than_its_pad_token_is_refused():
 
 
 # ----------------------------------------------------------------------------- rotary tables per row
-LONGROPE = dict(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                                 "short_factor": [1.0, 1.1], "long_factor": [3.0, 5.0],
-                                 "original_max_position_embeddings": 8},
-                original_max_position_embeddings=8, sliding_window=None)
+LONGROPE = dict(
+    rope_parameters={
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "short_factor": [1.0, 1.1],
+        "long_factor": [3.0, 5.0],
+        "original_max_position_embeddings": 8,
+    },
+    original_max_position_embeddings=8,
+    sliding_window=None,
+)
 #: every rotary type transformers has, on a tiny Llama (longrope on Phi-3), each with a row past its switch length
 ROPES = {
     "default": ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
     "linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
-    "dynamic": ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
-                          "max_position_embeddings": 8}),
-    "yarn": ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                           "original_max_position_embeddings": 8}}),
-    "llama3": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                             "original_max_position_embeddings": 8}}),
-    "proportional": ("llama", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 10000.0,
-                                                   "factor": 2.0, "partial_rotary_factor": 0.5}}),
+    "dynamic": (
+        "llama",
+        {
+            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+            "max_position_embeddings": 8,
+        },
+    ),
+    "yarn": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 8,
+            }
+        },
+    ),
+    "llama3": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8,
+            }
+        },
+    ),
+    "proportional": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "proportional",
+                "rope_theta": 10000.0,
+                "factor": 2.0,
+                "partial_rotary_factor": 0.5,
+            }
+        },
+    ),
     "longrope": ("phi3", LONGROPE),
 }
 
 
 def test_every_rotary_type_is_covered():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     assert set(ROPE_INIT_FUNCTIONS) | {"default"} == set(ROPES)
 
 
 def _rotary_state(model) -> dict:
     rope = model.model.rotary_emb
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(rope).items()
-            if not k.startswith("_") and k != "config"} | {k: b.clone() for k, b in rope.named_buffers()}
+    return {
+        k: (v.clone() if isinstance(v, torch.Tensor) else v)
+        for k, v in vars(rope).items()
+        if not k.startswith("_") and k != "config"
+    } | {k: b.clone() for k, b in rope.named_buffers()}
 
 
 @pytest.mark.parametrize("rope", list(ROPES))
@@ -242,14 +298,25 @@ def test_encoder_position_and_token_type_ids_are_the_models(family):
     assert _rel(lrp_core.explain(model, inputs, method="attnlrp").logits, own) < 1e-12
 
 
-@pytest.mark.parametrize("family,key", [("bert", "head_mask"), ("bert", "inputs_embeds"), ("bert", "offset_mapping"),
-                                        ("distilbert", "token_type_ids"), ("distilbert", "position_ids"),
-                                        ("mpnet", "position_ids")])
+@pytest.mark.parametrize(
+    "family,key",
+    [
+        ("bert", "head_mask"),
+        ("bert", "inputs_embeds"),
+        ("bert", "offset_mapping"),
+        ("distilbert", "token_type_ids"),
+        ("distilbert", "position_ids"),
+        ("mpnet", "position_ids"),
+    ],
+)
 def test_encoder_keys_the_replay_does_not_read_are_refused(family, key):
     model = make(family)
     inputs = text_batch(model)
-    value = {"head_mask": torch.ones(2, 2), "inputs_embeds": torch.zeros(3, 7, 32),
-             "token_type_ids": torch.ones_like(inputs["input_ids"])}.get(key, torch.zeros_like(inputs["input_ids"]))
+    value = {
+        "head_mask": torch.ones(2, 2),
+        "inputs_embeds": torch.zeros(3, 7, 32),
+        "token_type_ids": torch.ones_like(inputs["input_ids"]),
+    }.get(key, torch.zeros_like(inputs["input_ids"]))
     with pytest.raises(InputError, match=key):
         lrp_core.explain(model, {**inputs, key: value}, method="attnlrp")
 
@@ -260,8 +327,9 @@ def test_one_segment_on_a_model_without_a_segment_table_changes_nothing(family):
     explanation is the one without them, bit for bit; a second segment is refused (the test above)."""
     model = make(family)
     inputs = text_batch(model)
-    with_zeros = lrp_core.explain(model, {**inputs, "token_type_ids": torch.zeros_like(inputs["input_ids"])},
-                                  method="attnlrp")
+    with_zeros = lrp_core.explain(
+        model, {**inputs, "token_type_ids": torch.zeros_like(inputs["input_ids"])}, method="attnlrp"
+    )
     assert torch.equal(with_zeros.scores, lrp_core.explain(model, inputs, method="attnlrp").scores)
 
 

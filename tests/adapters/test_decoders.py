@@ -8,6 +8,7 @@ Tiny seeded models (tests/decoders.py), float64. What is checked:
 * sdpa (fused attention) and eager give the same AttnLRP / CP-LRP;
 * bad inputs are clear errors.
 """
+
 from __future__ import annotations
 
 import os
@@ -141,8 +142,13 @@ def test_fused_rules_equal_explicit_rules_in_float32_softmax_free_setting():
         for fuse in (True, False):
             r = lrp_core.adapters.blocks.Replay(comp, fuse=fuse)
             emb = adapter.embed(prepared, r, track=True)
-            tr = adapter.run_blocks(emb.x0, prepared["attention_mask"], r, readout=adapter.readout_for(prepared),
-                                    positions=prepared["position_ids"])
+            tr = adapter.run_blocks(
+                emb.x0,
+                prepared["attention_mask"],
+                r,
+                readout=adapter.readout_for(prepared),
+                positions=prepared["position_ids"],
+            )
             y = tr.logits.max(-1).values.sum()
             grads.append((emb.embeds * torch.autograd.grad(y, emb.embeds)[0]).sum(-1))
         assert _rel(grads[0], grads[1]) < 1e-12
@@ -219,17 +225,24 @@ def test_lrp_pass_is_finite_and_padding_stays_zero():
     inputs = batch(rows(), "left")
     exp = lrp_core.explain(model, inputs, method="lrp")
     assert torch.isfinite(exp.scores).all() and (exp.scores[inputs["attention_mask"] == 0] == 0).all()
-    assert (exp.token_relevance[:, :, :][inputs["attention_mask"][:, None].expand_as(exp.token_relevance) == 0]
-            == 0).all()
+    assert (
+        exp.token_relevance[:, :, :][inputs["attention_mask"][:, None].expand_as(exp.token_relevance) == 0] == 0
+    ).all()
 
 
 # ----------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("bad, match", [
-    ({"input_ids": torch.zeros(2, 0, dtype=torch.long)}, "empty"),
-    ({"input_ids": torch.tensor([[1, 2], [3, 4]]), "attention_mask": torch.tensor([[1, 1], [0, 0]])}, "all padding"),
-    ({"input_ids": torch.tensor([[1, 200]])}, "vocabulary"),
-    ("a text", "tokenized"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"input_ids": torch.zeros(2, 0, dtype=torch.long)}, "empty"),
+        (
+            {"input_ids": torch.tensor([[1, 2], [3, 4]]), "attention_mask": torch.tensor([[1, 1], [0, 0]])},
+            "all padding",
+        ),
+        ({"input_ids": torch.tensor([[1, 200]])}, "vocabulary"),
+        ("a text", "tokenized"),
+    ],
+)
 def test_bad_inputs(bad, match):
     with pytest.raises(InputError, match=match):
         lrp_core.explain(make_decoder("llama"), bad, method="attnlrp")
@@ -252,11 +265,11 @@ def test_bad_targets_and_positions():
 
 def test_position_refused_for_encoders():
     from by_path import root_fixtures  # the root conftest by path (tests/widgets has a conftest too)
+
     bert = root_fixtures().make_tiny_bert()
     ids = torch.tensor([[2, 5, 6, 3]])
     with pytest.raises(InputError, match="position"):
-        lrp_core.explain(bert, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method="attnlrp",
-                         position=1)
+        lrp_core.explain(bert, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method="attnlrp", position=1)
 
 
 def test_every_method_runs_on_decoders():

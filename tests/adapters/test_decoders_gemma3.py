@@ -22,7 +22,7 @@ def test_layer_types_give_their_window_and_rotary_base():
     sliding, full = (b.attn for b in adapter.blocks)
     assert (sliding.rope_key, sliding.window) == ("sliding_attention", 4)
     assert (full.rope_key, full.window) == ("full_attention", None)
-    assert sliding.scale == full.scale == 12 ** -0.5  # query_pre_attn_scalar, not head_dim
+    assert sliding.scale == full.scale == 12**-0.5  # query_pre_attn_scalar, not head_dim
     positions = torch.arange(9)[None]
     x = torch.zeros(1, 9, 32, dtype=torch.float64)
     cos_s, _ = adapter.rotary_tables(x, positions, "sliding_attention")
@@ -51,7 +51,7 @@ def test_relevance_is_read_at_the_scaled_embedding(method):
     e = adapter.embed(prepared).embeds
     table = model.model.embed_tokens
     scale = table.embed_scale.to(table.weight.dtype)  # √D as the model holds it (a float32 buffer)
-    assert abs(float(scale) - 32 ** 0.5) <= 1e-6
+    assert abs(float(scale) - 32**0.5) <= 1e-6
     torch.testing.assert_close(e, table.weight[inputs["input_ids"]] * scale, rtol=0, atol=0)
     exp = explain(model, inputs, method=method)
     assert torch.isfinite(exp.scores).all() and (exp.scores.abs().sum(1) > 0).all()

@@ -6,6 +6,7 @@ map it gives the row alone, padded on the left or the right, padding 0; eager eq
 the additive constants zeroed; ``position=`` is teacher forcing; the model stays untouched; bad inputs are refused.
 GPT-2's AttnLRP / CP-LRP equal a hand-written GPT-2 with LXT's rules (docs/METHODS.md §2c).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -123,8 +124,8 @@ def test_position_is_teacher_forcing(family, method):
     for i, s in enumerate(seqs):
         keep = p[i] - (T - len(s)) + 1  # tokens of row i up to and including p
         cut = explain(model, {"input_ids": s[None, :keep]}, method=method)
-        assert _rel(exp.scores[i, p[i] - keep + 1:p[i] + 1], cut.scores[0]) <= 1e-8
-        assert (exp.scores[i, p[i] + 1:] == 0).all()
+        assert _rel(exp.scores[i, p[i] - keep + 1 : p[i] + 1], cut.scores[0]) <= 1e-8
+        assert (exp.scores[i, p[i] + 1 :] == 0).all()
         assert torch.equal(exp.target[i], cut.target[0])
 
 
@@ -159,9 +160,17 @@ def test_bad_inputs_are_refused_clearly(family):
     model = make_decoder(family, attn="sdpa")
     inputs = batch(rows(), "right")
     cases = [
-        (dict(inputs=dict(inputs, attention_mask=torch.cat([inputs["attention_mask"][:2],
-                                                             torch.zeros_like(inputs["attention_mask"][2:])]))),
-         "all padding"),
+        (
+            dict(
+                inputs=dict(
+                    inputs,
+                    attention_mask=torch.cat(
+                        [inputs["attention_mask"][:2], torch.zeros_like(inputs["attention_mask"][2:])]
+                    ),
+                )
+            ),
+            "all padding",
+        ),
         (dict(inputs={"input_ids": torch.zeros(1, 0, dtype=torch.long)}), "empty"),
         (dict(inputs=inputs, target=10_000), "10000"),
         (dict(inputs=inputs, position=40), "past the row"),
@@ -188,8 +197,12 @@ def test_gpt2_blocks_read_the_conv1d_weights_through_views():
     adapter = get_adapter(model)
     assert isinstance(adapter, GPT2Adapter)
     block, layer = adapter.blocks[0], model.transformer.h[0]
-    for view, conv in ((block.attn.qkv, layer.attn.c_attn), (block.attn.proj, layer.attn.c_proj),
-                       (block.mlp.fc1, layer.mlp.c_fc), (block.mlp.fc2, layer.mlp.c_proj)):
+    for view, conv in (
+        (block.attn.qkv, layer.attn.c_attn),
+        (block.attn.proj, layer.attn.c_proj),
+        (block.mlp.fc1, layer.mlp.c_fc),
+        (block.mlp.fc2, layer.mlp.c_proj),
+    ):
         assert isinstance(view, Conv1DLinear) and view.weight.data_ptr() == conv.weight.data_ptr()
         assert view.weight.shape == conv.weight.shape[::-1]
     assert adapter.readout.head_layers[0].module is model.lm_head
@@ -239,8 +252,11 @@ def _lxt_gpt2(model, ids: torch.Tensor, cp: bool) -> tuple[torch.Tensor, torch.T
     for blk in tr.h:
         qkv = conv(blk.attn.c_attn, ln(blk.ln_1, x)).split(D, -1)
         q, k, v = (t.reshape(1, T, H, D // H).transpose(1, 2) for t in qkv)
-        q, k, v = (q.detach(), k.detach(), v) if cp else \
-            (_DivideGradient.apply(q, 4.0), _DivideGradient.apply(k, 4.0), _DivideGradient.apply(v, 2.0))
+        q, k, v = (
+            (q.detach(), k.detach(), v)
+            if cp
+            else (_DivideGradient.apply(q, 4.0), _DivideGradient.apply(k, 4.0), _DivideGradient.apply(v, 2.0))
+        )
         A = ((q @ k.transpose(-1, -2)) * blk.attn.scaling + causal).softmax(-1)
         x = x + conv(blk.attn.c_proj, (A @ v).transpose(1, 2).reshape(1, T, D))
         x = x + conv(blk.mlp.c_proj, _IdentityRule.apply(conv(blk.mlp.c_fc, ln(blk.ln_2, x)), blk.mlp.act))

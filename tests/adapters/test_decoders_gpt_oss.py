@@ -6,6 +6,7 @@ Tiny seeded model (tests/decoders.py ``GPT_OSS``: hidden 32, 2 blocks, 4 experts
 clamps bind), float64. transformers runs GPT-OSS eager only on CPU (no sdpa path; flex refuses sinks on CPU), so
 the eager model is the reference. No LXT reference exists for GPT-OSS (LXT has no patch for it).
 """
+
 from __future__ import annotations
 
 import os
@@ -104,6 +105,7 @@ def test_clamps_bind_and_the_expert_replay_is_the_models_expert():
         gate_up = x @ experts.gate_up_proj[2] + experts.gate_up_proj_bias[2]
         theirs = experts._apply_gate(gate_up) @ experts.down_proj[2] + experts.down_proj_bias[2]
         from lrp_core.adapters.blocks import _mlp_run
+
         ours = _mlp_run(spec, x, NO_RECORD).lin["fc2"]
     assert (gate_up[:, 0::2] > 1).float().mean() > 0.1 and (gate_up[:, 1::2].abs() > 1).float().mean() > 0.1
     assert torch.equal(ours, theirs)
@@ -178,6 +180,7 @@ def test_clamped_entries_pass_their_relevance_whole(composite):
         kept[name] = t
 
     from lrp_core.adapters import blocks
+
     expert = spec.experts[1]
     rec = blocks._mlp_run(expert, x, Replay(composite))
     F_ = rec.up.shape[-1]
@@ -219,14 +222,16 @@ def test_an_expert_that_receives_no_token_changes_no_map():
     adapter = get_adapter(model)
     for seed in range(100):
         inputs = batch(rows(seed, lengths=(3, 4)), "right")
-        unused = sorted(set(range(4)) - set(adapter.forward(adapter.check_inputs(inputs)).blocks[1].moe.chosen
-                                            .unique().tolist()))
+        unused = sorted(
+            set(range(4)) - set(adapter.forward(adapter.check_inputs(inputs)).blocks[1].moe.chosen.unique().tolist())
+        )
         if unused:
             break
     assert unused, "no batch of the search leaves an expert without a token"
 
     def perturbed(expert: int) -> torch.nn.Module:
         import copy
+
         other = copy.deepcopy(model)
         with torch.no_grad():
             ex = other.model.layers[1].mlp.experts
@@ -238,15 +243,20 @@ def test_an_expert_that_receives_no_token_changes_no_map():
         a, b = (lrp_core.explain(m, inputs, method=method).scores for m in (model, perturbed(unused[0])))
         assert torch.equal(a, b), method
     used = adapter.forward(adapter.check_inputs(inputs)).blocks[1].moe.chosen[0, 0].item()
-    assert not torch.allclose(lrp_core.explain(perturbed(used), inputs, method="attnlrp").scores,
-                              lrp_core.explain(model, inputs, method="attnlrp").scores)
+    assert not torch.allclose(
+        lrp_core.explain(perturbed(used), inputs, method="attnlrp").scores,
+        lrp_core.explain(model, inputs, method="attnlrp").scores,
+    )
 
 
 def test_name_patterns_reach_the_expert_and_router_views():
     model = make_decoder("gpt_oss")
     names = set(get_adapter(model).module_names.values())
-    assert {"model.layers.1.mlp.experts.3.gate_up_proj", "model.layers.1.mlp.experts.3.down_proj",
-            "model.layers.1.mlp.router"} <= names
+    assert {
+        "model.layers.1.mlp.experts.3.gate_up_proj",
+        "model.layers.1.mlp.experts.3.down_proj",
+        "model.layers.1.mlp.router",
+    } <= names
 
 
 def test_moe_forward_runs_only_the_chosen_experts():
@@ -263,6 +273,7 @@ def test_moe_forward_runs_only_the_chosen_experts():
 def test_other_heads_of_gpt_oss_are_refused():
     import transformers as T
     from decoders import GPT_OSS
+
     with torch.device("meta"):
         tokens = T.GptOssForTokenClassification(T.GptOssConfig(**GPT_OSS))
     with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):

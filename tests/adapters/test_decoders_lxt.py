@@ -8,6 +8,7 @@ The engine must give every row LXT's scores whether the rows are padded left, ri
 alone, with eager or sdpa attention (each compared with LXT run the same way: in float64 the two
 differ at float32 round-off, because transformers computes the eager softmax in float32).
 """
+
 from __future__ import annotations
 
 import sys
@@ -35,6 +36,7 @@ def row_rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 # ----------------------------------------------------------------------------- the fixtures themselves
+
 
 @pytest.mark.parametrize("family,method,dtype", CASES, ids=ids)
 def test_fixture_model_reproduces_lxt_logits(family, method, dtype):
@@ -98,6 +100,7 @@ def test_pad_left_and_right():
 
 
 # ----------------------------------------------------------------------------- the engine against LXT
+
 
 @pytest.mark.parametrize("attn", ATTN)
 @pytest.mark.parametrize("batching", ["left", "right", "single"])

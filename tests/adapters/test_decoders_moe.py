@@ -11,6 +11,7 @@ Tiny seeded models (tests/decoders.py: hidden 32, 2 blocks, 4 experts, top-2), f
 (Qwen3-MoE's AttnLRP against LXT: tests/adapters/test_decoders_lxt.py; GPT-OSS: test_decoders_gpt_oss.py; the
 mixtures still refused: test_decoder_refusals.py.)
 """
+
 from __future__ import annotations
 
 import os
@@ -127,8 +128,9 @@ def test_normalised_sum_conserves_per_token_and_bounds_each_share():
     assert (share.abs() <= 1 + 1e-12).all()
     generic = F.sum_generic(parts, tokens, R, out)  # the LRP baseline: each operand its share of R_t
     assert torch.allclose(generic, parts * R[tokens] / (out[tokens] + F.EPS), rtol=1e-12)
-    (Rn, _), (Rg, _) = (rule.relevance(C.Op(C.EXPERT_SUM, (parts, tokens), out), R)
-                        for rule in (C.NormalizedSum(), C.GenericSum()))
+    (Rn, _), (Rg, _) = (
+        rule.relevance(C.Op(C.EXPERT_SUM, (parts, tokens), out), R) for rule in (C.NormalizedSum(), C.GenericSum())
+    )
     assert torch.equal(Rn, Rp) and torch.equal(Rg, generic)
 
 
@@ -177,6 +179,7 @@ def test_only_the_chosen_experts_run_on_their_tokens():
 
 def _perturbed_expert(model, layer: int, expert: int) -> torch.nn.Module:
     import copy
+
     other = copy.deepcopy(model)
     with torch.no_grad():
         ex = other.model.layers[layer].mlp.experts
@@ -193,8 +196,9 @@ def test_an_expert_that_receives_no_token_changes_no_map(family):
     adapter = get_adapter(model)
     for seed in range(100):
         inputs = batch(rows(seed, lengths=(3, 4)), "right")
-        unused = sorted(set(range(4)) - set(adapter.forward(adapter.check_inputs(inputs)).blocks[1].moe.chosen
-                                            .unique().tolist()))
+        unused = sorted(
+            set(range(4)) - set(adapter.forward(adapter.check_inputs(inputs)).blocks[1].moe.chosen.unique().tolist())
+        )
         if unused:
             break
     assert unused, "no batch of the search leaves an expert without a token"
@@ -205,8 +209,10 @@ def test_an_expert_that_receives_no_token_changes_no_map(family):
         assert torch.equal(a, b), method
     # a used expert's weights do change the maps (the comparison can fail)
     used = adapter.forward(adapter.check_inputs(inputs)).blocks[1].moe.chosen[0, 0].item()
-    assert not torch.allclose(lrp_core.explain(_perturbed_expert(model, 1, used), inputs, method="attnlrp").scores,
-                              lrp_core.explain(model, inputs, method="attnlrp").scores)
+    assert not torch.allclose(
+        lrp_core.explain(_perturbed_expert(model, 1, used), inputs, method="attnlrp").scores,
+        lrp_core.explain(model, inputs, method="attnlrp").scores,
+    )
 
 
 def test_top_k_ties_follow_the_models_choice_and_leave_the_others_out():
@@ -227,10 +233,12 @@ def test_top_k_ties_follow_the_models_choice_and_leave_the_others_out():
     for method in RELEVANCE:
         base = lrp_core.explain(model, inputs, method=method).scores
         assert torch.isfinite(base).all()
-        assert torch.equal(lrp_core.explain(_perturbed_expert(model, 1, left_out[0]), inputs,
-                                            method=method).scores, base), method
-        assert not torch.allclose(lrp_core.explain(_perturbed_expert(model, 1, min(chosen)), inputs,
-                                                   method=method).scores, base), method
+        assert torch.equal(
+            lrp_core.explain(_perturbed_expert(model, 1, left_out[0]), inputs, method=method).scores, base
+        ), method
+        assert not torch.allclose(
+            lrp_core.explain(_perturbed_expert(model, 1, min(chosen)), inputs, method=method).scores, base
+        ), method
 
 
 # ----------------------------------------------------------------------------- names
@@ -240,10 +248,17 @@ def test_name_patterns_reach_the_experts_and_the_router():
 
     model = make_decoder("qwen3_moe")
     names = set(get_adapter(model).module_names.values())
-    assert {"model.layers.1.mlp.experts.3.gate_up_proj", "model.layers.1.mlp.experts.3.down_proj",
-            "model.layers.1.mlp.gate"} <= names
+    assert {
+        "model.layers.1.mlp.experts.3.gate_up_proj",
+        "model.layers.1.mlp.experts.3.down_proj",
+        "model.layers.1.mlp.gate",
+    } <= names
     inputs = batch(rows(), "right")
     plain = lrp_core.explain(model, inputs, method="attnlrp").scores
-    gamma = lrp_core.explain(model, inputs, method="attnlrp",
-                             composite=C.ATTNLRP.with_rules(by_name={"*.mlp.experts.*": GammaGradient(0.25)})).scores
+    gamma = lrp_core.explain(
+        model,
+        inputs,
+        method="attnlrp",
+        composite=C.ATTNLRP.with_rules(by_name={"*.mlp.experts.*": GammaGradient(0.25)}),
+    ).scores
     assert torch.isfinite(gamma).all() and not torch.allclose(gamma, plain)

@@ -7,6 +7,7 @@ Falcon's original / multi-query / one-norm layouts), and Gemma 2 and OLMo-2/3 (G
 Tiny seeded models, float64 unless the model's own eager float64 forward cannot be compared (NaN rows of a sliding
 window: transformers' mask minimum overflows there, see test_decoders_gpt2.py).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,9 +31,18 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _build(cls: str, config: str, dtype=torch.float64, **kw) -> torch.nn.Module:
     import transformers as T
+
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64,
-                  pad_token_id=0, bos_token_id=1, eos_token_id=1, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=VOCAB,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
     return perturb(getattr(T, cls)(getattr(T, config)(**{**common, **kw})), 0).to(dtype).eval()
 
 
@@ -86,47 +96,86 @@ def test_a_parallel_block_hands_its_add_the_three_operands():
             seen.append((len(op.inputs), float(sum(o.sum() for o in out).detach()), float(R.sum().detach())))
             return out
 
-    model = _build("GPTNeoXForCausalLM", "GPTNeoXConfig", hidden_size=32, intermediate_size=48,
-                   use_parallel_residual=True, attn_implementation="sdpa")
+    model = _build(
+        "GPTNeoXForCausalLM",
+        "GPTNeoXConfig",
+        hidden_size=32,
+        intermediate_size=48,
+        use_parallel_residual=True,
+        attn_implementation="sdpa",
+    )
     adapter = get_adapter(model)
     assert [b.layout for b in adapter.blocks] == ["parallel", "parallel"]
     prepared = adapter.check_inputs({"input_ids": rows()[1][None]})
     trace = adapter.forward(prepared)
     R = torch.zeros_like(trace.logits)
     R[0, trace.logits[0].argmax()] = 1.0
-    adapter.relprop(trace, R, TRANSFORMER_ATTRIBUTION.with_rules(by_kind={ADD: Spy()}), to_input=True,
-                    prepared=prepared)
+    adapter.relprop(
+        trace, R, TRANSFORMER_ATTRIBUTION.with_rules(by_kind={ADD: Spy()}), to_input=True, prepared=prepared
+    )
     assert [n for n, _, _ in seen] == [3, 3]
     for _, got, want in seen:
         assert abs(got - want) <= 1e-8 * max(1.0, abs(want))
 
 
 # ---------------------------------------------------------------- family variants: replay = model, batch = alone
-NEOX = dict(hidden_size=32, intermediate_size=48, attention_bias=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+NEOX = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    attention_bias=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+)
 FALCON = dict(hidden_size=32, ffn_hidden_size=48, alibi=False, bias=True)
 VARIANTS = {
     "gpt_neox sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(NEOX, use_parallel_residual=False), "pre_ln"),
-    "phi without q/k norms": ("PhiForCausalLM", "PhiConfig",
-                              dict(hidden_size=32, intermediate_size=48, num_key_value_heads=4, qk_layernorm=False),
-                              "parallel"),
-    "falcon original": ("FalconForCausalLM", "FalconConfig",
-                        dict(FALCON, new_decoder_architecture=False, multi_query=False, parallel_attn=True),
-                        "parallel"),
-    "falcon multi-query": ("FalconForCausalLM", "FalconConfig",
-                           dict(FALCON, new_decoder_architecture=False, multi_query=True, parallel_attn=True),
-                           "parallel"),
-    "falcon sequential": ("FalconForCausalLM", "FalconConfig",
-                          dict(FALCON, new_decoder_architecture=False, multi_query=False, parallel_attn=False),
-                          "pre_ln"),
-    "falcon new, one norm": ("FalconForCausalLM", "FalconConfig",
-                             dict(FALCON, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1),
-                             "parallel"),
-    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(hidden_size=32, intermediate_size=48, num_key_value_heads=2),
-              "pre_ln"),
-    "olmo3": ("Olmo3ForCausalLM", "Olmo3Config",
-              dict(hidden_size=32, intermediate_size=48, num_key_value_heads=2, sliding_window=4,
-                   layer_types=["sliding_attention", "full_attention"]), "pre_ln"),
+    "phi without q/k norms": (
+        "PhiForCausalLM",
+        "PhiConfig",
+        dict(hidden_size=32, intermediate_size=48, num_key_value_heads=4, qk_layernorm=False),
+        "parallel",
+    ),
+    "falcon original": (
+        "FalconForCausalLM",
+        "FalconConfig",
+        dict(FALCON, new_decoder_architecture=False, multi_query=False, parallel_attn=True),
+        "parallel",
+    ),
+    "falcon multi-query": (
+        "FalconForCausalLM",
+        "FalconConfig",
+        dict(FALCON, new_decoder_architecture=False, multi_query=True, parallel_attn=True),
+        "parallel",
+    ),
+    "falcon sequential": (
+        "FalconForCausalLM",
+        "FalconConfig",
+        dict(FALCON, new_decoder_architecture=False, multi_query=False, parallel_attn=False),
+        "pre_ln",
+    ),
+    "falcon new, one norm": (
+        "FalconForCausalLM",
+        "FalconConfig",
+        dict(FALCON, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1),
+        "parallel",
+    ),
+    "olmo2": (
+        "Olmo2ForCausalLM",
+        "Olmo2Config",
+        dict(hidden_size=32, intermediate_size=48, num_key_value_heads=2),
+        "pre_ln",
+    ),
+    "olmo3": (
+        "Olmo3ForCausalLM",
+        "Olmo3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_key_value_heads=2,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        "pre_ln",
+    ),
 }
 
 
@@ -171,14 +220,24 @@ def test_olmo_q_k_norms_act_on_the_whole_projection():
 
 def test_falcon_with_alibi_is_refused():
     from lrp_core.errors import UnsupportedModelError
+
     with pytest.raises(UnsupportedModelError, match="alibi"):
         get_adapter(_build("FalconForCausalLM", "FalconConfig", dtype=torch.float32, **dict(FALCON, alibi=True)))
 
 
 # ---------------------------------------------------------------- Gemma 2: soft-capping
-GEMMA2 = dict(hidden_size=32, intermediate_size=48, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12,
-              sliding_window=4, layer_types=["sliding_attention", "full_attention"], attn_implementation="eager",
-              attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+GEMMA2 = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_key_value_heads=2,
+    head_dim=8,
+    query_pre_attn_scalar=12,
+    sliding_window=4,
+    layer_types=["sliding_attention", "full_attention"],
+    attn_implementation="eager",
+    attn_logit_softcapping=2.0,
+    final_logit_softcapping=3.0,
+)
 
 
 def _gemma2(dtype=torch.float64, head: str = "causal", **kw) -> torch.nn.Module:
@@ -258,8 +317,16 @@ def test_an_unlisted_parallel_decoder_is_recognised_and_checked_by_the_probe():
     ``(x + attn) + mlp``; the open recogniser replays it as a parallel block, the probe confirms it (before: refused
     by name as a parallel block)."""
     from lrp_core.adapters.recognise import OpenDecoderAdapter
-    model = _build("StableLmForCausalLM", "StableLmConfig", hidden_size=32, intermediate_size=48,
-                   num_key_value_heads=2, use_parallel_residual=True, attn_implementation="sdpa")
+
+    model = _build(
+        "StableLmForCausalLM",
+        "StableLmConfig",
+        hidden_size=32,
+        intermediate_size=48,
+        num_key_value_heads=2,
+        use_parallel_residual=True,
+        attn_implementation="sdpa",
+    )
     adapter = get_adapter(model)
     assert isinstance(adapter, OpenDecoderAdapter)
     assert all(b.layout == "parallel" and b.skip_first and b.norm2 is b.norm1 for b in adapter.blocks)

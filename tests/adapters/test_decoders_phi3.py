@@ -1,6 +1,7 @@
 """Phi-3 specifics: the fused qkv and gate_up projections are explained exactly as separate ones (a Llama holding
 the same weights split gives every method's map), and partial rotary rotates only part of each head. The properties
 every decoder has are tested for Phi-3 in test_decoders_gpt2.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,21 +18,35 @@ def _as_llama(phi3: torch.nn.Module) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = phi3.config
-    cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                      num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-                      num_key_value_heads=c.num_key_value_heads, max_position_embeddings=c.max_position_embeddings,
-                      rms_norm_eps=c.rms_norm_eps, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                      tie_word_embeddings=False, pad_token_id=0, attn_implementation=c._attn_implementation)
+    cfg = LlamaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        attn_implementation=c._attn_implementation,
+    )
     llama = LlamaForCausalLM(cfg).to(torch.float64).eval()
     q, kv = c.num_attention_heads * 8, c.num_key_value_heads * 8
     state = {}
     for name, t in phi3.state_dict().items():
         if name.endswith("qkv_proj.weight"):
-            stem = name[:-len("qkv_proj.weight")]
-            state.update({stem + "q_proj.weight": t[:q], stem + "k_proj.weight": t[q:q + kv],
-                          stem + "v_proj.weight": t[q + kv:]})
+            stem = name[: -len("qkv_proj.weight")]
+            state.update(
+                {
+                    stem + "q_proj.weight": t[:q],
+                    stem + "k_proj.weight": t[q : q + kv],
+                    stem + "v_proj.weight": t[q + kv :],
+                }
+            )
         elif name.endswith("gate_up_proj.weight"):
-            stem = name[:-len("gate_up_proj.weight")]
+            stem = name[: -len("gate_up_proj.weight")]
             half = t.shape[0] // 2
             state.update({stem + "gate_proj.weight": t[:half], stem + "up_proj.weight": t[half:]})
         else:
@@ -46,8 +61,9 @@ def test_fused_projections_explain_as_the_split_ones(attn):
     the same map (float64, ≤ 1e-8 of the map's maximum: the fused and the split matrix products round differently,
     and the LRP baseline's separate denominators amplify that most — measured 4e-9), so the fused qkv / gate_up
     paths (explicit passes included) are exact."""
-    phi3 = make_decoder("phi3", attn=attn, sliding_window=None,
-                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    phi3 = make_decoder(
+        "phi3", attn=attn, sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}
+    )
     llama = _as_llama(phi3)
     # left-padded (an explicit causal mask) and unpadded (sdpa's own causal mask in the fused passes)
     for inputs in (batch(rows(), "left"), {"input_ids": rows()[1][None]}):

@@ -1,6 +1,7 @@
 """timm ``Eva`` (EVA, EVA-02): rotary q/k with the prefix tokens unrotated, interleaved or half-split pairs,
 SwiGLU (separate and packed, with and without a hidden norm), registers, q/k bias, LayerScale, post-norm blocks.
 Tiny random models (img 32, patch 8, width 32, depth 2, 4 heads), seconds each."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,6 +27,7 @@ def make_eva(seed: int = 0, **kw):
     weights 3× larger, so that the attention — and the rotation of q and k — shapes the logits (measured: the
     other rotary pairing moves them by 0.4–1.8 relative)."""
     from timm.models.eva import Eva
+
     torch.manual_seed(seed)
     cfg = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5)
     cfg.update(kw)
@@ -51,11 +53,24 @@ FAMILIES = {
     # rotary q/k (interleaved pairs), [CLS] unrotated, absolute positions too
     "rope": dict(use_rot_pos_emb=True),
     # EVA-02: rotary, SwiGLU with a norm on the hidden units, registers, LayerScale, average pooling
-    "eva02": dict(use_rot_pos_emb=True, swiglu_mlp=True, scale_mlp=True, num_reg_tokens=2, init_values=0.3,
-                  global_pool="avg", scale_attn_inner=True),
+    "eva02": dict(
+        use_rot_pos_emb=True,
+        swiglu_mlp=True,
+        scale_mlp=True,
+        num_reg_tokens=2,
+        init_values=0.3,
+        global_pool="avg",
+        scale_attn_inner=True,
+    ),
     # packed SwiGLU (one gate-up Linear), half-split rotary pairs, separate q/k/v Linears, q/k norms, no abs pos
-    "packed": dict(use_rot_pos_emb=True, swiglu_mlp=True, rope_rotate_half=True, qkv_fused=False, qk_norm=True,
-                   use_abs_pos_emb=False),
+    "packed": dict(
+        use_rot_pos_emb=True,
+        swiglu_mlp=True,
+        rope_rotate_half=True,
+        qkv_fused=False,
+        qk_norm=True,
+        use_abs_pos_emb=False,
+    ),
     # post-norm blocks, no class token, average pooling
     "post_norm": dict(use_post_norm=True, use_rot_pos_emb=True, class_token=False, global_pool="avg"),
 }
@@ -112,10 +127,10 @@ def test_batch_equals_single_in_float64(family, method):
     model, x = make_eva(**FAMILIES[family]).double(), _images(3).double()
     batch = explain(model, x, method=method)
     for i in range(x.shape[0]):
-        one = explain(model, x[i:i + 1], method=method)
-        assert rel_err(batch.scores[i:i + 1], one.scores) <= 1e-8, method
+        one = explain(model, x[i : i + 1], method=method)
+        assert rel_err(batch.scores[i : i + 1], one.scores) <= 1e-8, method
         if batch.pixels is not None:
-            assert rel_err(batch.pixels[i:i + 1], one.pixels) <= 1e-8, method
+            assert rel_err(batch.pixels[i : i + 1], one.pixels) <= 1e-8, method
 
 
 # ---------------------------------------------------------------- the model is left as it was
@@ -220,18 +235,22 @@ def _run(model, x, rope):
 def _gated_attention():
     """An EvaBlock with ``gated_attn=True`` (Eva's constructor does not pass it on): a sigmoid gate on the heads."""
     from timm.models.eva import EvaBlock
+
     model = make_eva()
     model.blocks[1] = EvaBlock(32, 4, gated_attn=True).eval()
     return model
 
 
-@pytest.mark.parametrize("build,words", [
-    (lambda: make_eva(attn_type="rope", use_rot_pos_emb=True), ("AttentionRope", "attn_type")),
-    (_gated_attention, ("gated attention",)),
-    (lambda: make_eva(use_rot_pos_emb=True, rope_type="mixed"), ("RotaryEmbeddingMixed", "RotaryEmbeddingCat")),
-    (lambda: make_eva(use_rot_pos_emb=True, dynamic_img_size=True), ("dynamic_img_size", "patch grid")),
-    (lambda: make_eva(global_pool="map"), ("global_pool='map'",)),
-])
+@pytest.mark.parametrize(
+    "build,words",
+    [
+        (lambda: make_eva(attn_type="rope", use_rot_pos_emb=True), ("AttentionRope", "attn_type")),
+        (_gated_attention, ("gated attention",)),
+        (lambda: make_eva(use_rot_pos_emb=True, rope_type="mixed"), ("RotaryEmbeddingMixed", "RotaryEmbeddingCat")),
+        (lambda: make_eva(use_rot_pos_emb=True, dynamic_img_size=True), ("dynamic_img_size", "patch grid")),
+        (lambda: make_eva(global_pool="map"), ("global_pool='map'",)),
+    ],
+)
 def test_refused_variants_say_why(build, words):
     model = build()
     with pytest.raises(UnsupportedModelError) as err:

@@ -3,6 +3,7 @@ docs/METHODS.md §2g.3: the replay is the model (the bidirectional image / prefi
 the language-model part of every method is the decoder's, the gradient through the pooling projector and the groups
 is the model's, CP-LRP conserves down to the pixels, a batch is its rows, bad inputs are refused. Tiny random models
 (tests/vlms.py), float64."""
+
 from __future__ import annotations
 
 import copy
@@ -140,6 +141,7 @@ def _language_model_alone(model, x0: torch.Tensor):
     ``x0[b, t]`` (Gemma's √D scale set to 1 there): explaining it on those ids gives the decoder's explanation of the
     same input embeddings."""
     import transformers
+
     cfg = copy.deepcopy(model.config.text_config)
     cfg.use_bidirectional_attention = False  # PaliGemma's config turns it on; its own masks decide
     name = {"gemma3_text": "Gemma3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma": "GemmaForCausalLM"}
@@ -149,7 +151,7 @@ def _language_model_alone(model, x0: torch.Tensor):
     B, T, D = x0.shape
     with torch.no_grad():
         lm.model.embed_tokens.embed_scale.fill_(1.0)
-        lm.model.embed_tokens.weight[:B * T] = x0.reshape(B * T, D)
+        lm.model.embed_tokens.weight[: B * T] = x0.reshape(B * T, D)
     return lm, torch.arange(B * T).reshape(B, T)
 
 
@@ -161,15 +163,21 @@ def test_every_methods_language_model_part_is_the_decoders(family):
     build, make_inputs, _ = FAMILIES[family]
     model = build()
     x = make_inputs("left")
-    x = dict(x, token_type_ids=torch.ones_like(x["token_type_ids"])) if family != "gemma3" else \
-        {k: v for k, v in x.items() if k != "token_type_ids"}
+    x = (
+        dict(x, token_type_ids=torch.ones_like(x["token_type_ids"]))
+        if family != "gemma3"
+        else {k: v for k, v in x.items() if k != "token_type_ids"}
+    )
     adapter = get_adapter(model)
     with torch.no_grad():
         x0 = adapter.embed(adapter.check_inputs(x)).x0
     lm, ids = _language_model_alone(model, x0)
     # the same position ids (PaliGemma counts from 1): the float32 rotary tables differ at other angles (1e-8)
-    text = {"input_ids": ids, "attention_mask": x["attention_mask"],
-            "position_ids": adapter.check_inputs(x)["position_ids"]}
+    text = {
+        "input_ids": ids,
+        "attention_mask": x["attention_mask"],
+        "position_ids": adapter.check_inputs(x)["position_ids"],
+    }
     for method in LM_PART:
         ours, theirs = explain(model, x, method=method), explain(lm, text, method=method)
         assert torch.equal(ours.target, theirs.target), method
@@ -190,6 +198,7 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels(family):
     from lrp_core.rules.composites import ATTNLRP
     from lrp_core.rules.gradient import Gradient
     from lrp_core.rules.ops import OP_KINDS
+
     gradient = ATTNLRP.with_rules("gradient", by_kind={kind: Gradient() for kind in OP_KINDS})
     build, make_inputs, positions = FAMILIES[family]
     model = build()
@@ -197,7 +206,8 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels(family):
     ours = explain(model, x, method="attnlrp", composite=gradient)
     caught = {}
     hook = model.model.language_model.register_forward_pre_hook(
-        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True)
+        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True
+    )
     pixels = x["pixel_values"].clone().requires_grad_(True)
     try:
         logits = model(**dict(x, pixel_values=pixels), position_ids=positions(x["attention_mask"])).logits
@@ -220,7 +230,8 @@ def test_token_ablation_removes_a_token_and_keeps_the_others_groups():
     e = explain(model, x, method="token_ablation")
     caught = {}
     hook = model.model.language_model.register_forward_pre_hook(
-        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True)
+        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True
+    )
     positions = position_ids(x["attention_mask"])
     try:
         with torch.no_grad():
@@ -231,9 +242,12 @@ def test_token_ablation_removes_a_token_and_keeps_the_others_groups():
     for col in (row.index(IMAGE) + 1, 2):
         keep = [c for c in range(T) if c != col]
         with torch.no_grad():
-            y = model(inputs_embeds=caught["embeds"][:, keep], attention_mask=x["attention_mask"][:, keep],
-                      token_type_ids=x["token_type_ids"][:, keep], position_ids=positions[:, keep]
-                      ).logits[0, -1, e.target[0]]
+            y = model(
+                inputs_embeds=caught["embeds"][:, keep],
+                attention_mask=x["attention_mask"][:, keep],
+                token_type_ids=x["token_type_ids"][:, keep],
+                position_ids=positions[:, keep],
+            ).logits[0, -1, e.target[0]]
         assert abs(float(e.scores[0, col]) - float(y_full - y)) <= 1e-10 * float(y_full.abs())
         assert abs(float(y_full - y)) > 1e-6
 
@@ -279,14 +293,21 @@ def test_a_padded_batch_gives_each_row_its_explanation_alone(family, side):
         both = explain(model, x, method=method)
         for i, n in enumerate(lengths):
             cols = slice(T - n, T) if side == "left" else slice(0, n)
-            alone = explain(model, {"input_ids": x["input_ids"][i:i + 1, cols], "attention_mask": torch.ones(1, n),
-                                    "token_type_ids": x["token_type_ids"][i:i + 1, cols],
-                                    "pixel_values": x["pixel_values"][i:i + 1]}, method=method)
-            _close(both.scores[i:i + 1, cols], alone.scores, tol)
-            assert both.scores[i, :T - n].abs().sum() == 0 if side == "left" else both.scores[i, n:].abs().sum() == 0
-            _close(both.upsample()[i:i + 1], alone.upsample(), tol)
+            alone = explain(
+                model,
+                {
+                    "input_ids": x["input_ids"][i : i + 1, cols],
+                    "attention_mask": torch.ones(1, n),
+                    "token_type_ids": x["token_type_ids"][i : i + 1, cols],
+                    "pixel_values": x["pixel_values"][i : i + 1],
+                },
+                method=method,
+            )
+            _close(both.scores[i : i + 1, cols], alone.scores, tol)
+            assert both.scores[i, : T - n].abs().sum() == 0 if side == "left" else both.scores[i, n:].abs().sum() == 0
+            _close(both.upsample()[i : i + 1], alone.upsample(), tol)
             if alone.pixels is not None:
-                _close(both.pixels[i:i + 1], alone.pixels, tol)
+                _close(both.pixels[i : i + 1], alone.pixels, tol)
 
 
 # ------------------------------------------------------------------------------------------ the image's map
@@ -298,7 +319,7 @@ def test_gemma3s_pooled_token_splits_its_score_over_its_square_of_patches():
     T = e.scores.shape[1]
     for i, row in enumerate(_gemma3_rows()):
         start = T - len(row) + row.index(IMAGE)
-        tokens = e.scores[i, start:start + GEMMA3_TOKENS].reshape(2, 2)
+        tokens = e.scores[i, start : start + GEMMA3_TOKENS].reshape(2, 2)
         want = tokens.repeat_interleave(2, 0).repeat_interleave(2, 1) / 4
         assert torch.allclose(e.patch_map()[i], want, rtol=1e-15, atol=0)
         up = F.interpolate(e.patch_map()[i][None, None], size=(SIZE, SIZE), mode="bilinear", align_corners=False)
@@ -312,6 +333,7 @@ def test_gemma3s_pooling_gives_each_square_of_patches_its_tokens_relevance():
     patches of its square, and only there — the pooling's weighted-sum rule. And lrp, attnlrp, cp_lrp carry it on to
     the pixels."""
     from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Propagation
+
     model = make_gemma3()
     adapter = get_adapter(model)
     prepared = adapter.check_inputs(_gemma3_inputs("left"))
@@ -331,7 +353,7 @@ def test_paligemmas_image_tokens_are_the_patches_in_raster_order():
     T = e.scores.shape[1]
     for i, row in enumerate(_pali_rows()[0]):
         start = T - len(row)
-        assert torch.equal(e.patch_map()[i], e.scores[i, start:start + GRID * GRID].reshape(GRID, GRID))
+        assert torch.equal(e.patch_map()[i], e.scores[i, start : start + GRID * GRID].reshape(GRID, GRID))
     assert e.pixels.shape == (2, SIZE, SIZE)
 
 
@@ -365,6 +387,7 @@ def test_transformers_output_capturing_hooks_are_not_taken_for_the_users(family)
     import warnings
 
     from lrp_core.errors import UnreflectedHookWarning
+
     build, make_inputs, _ = FAMILIES[family]
     model = build()
     x = make_inputs("left")
@@ -414,7 +437,7 @@ def test_a_position_inside_a_bidirectional_group_is_refused_and_one_after_it_is_
         explain(model, x, method="attnlrp", position=inside)
     after = [r.index(IMAGE) + GEMMA3_TOKENS + 1 for r in _gemma3_rows()]  # the end-of-image tokens
     e = explain(model, x, method="attnlrp", position=after)
-    assert e.scores[0, after[0] + 1:].abs().sum() == 0
+    assert e.scores[0, after[0] + 1 :].abs().sum() == 0
     pali = make_paligemma(2)
     with pytest.raises(InputError, match="prefix"):
         explain(pali, _pali_inputs("right"), method="attnlrp", position=[3, 3])
@@ -443,6 +466,7 @@ def test_another_language_model_or_a_capped_gemma_3_is_refused():
 
 def test_the_gemma_2_and_paligemma_refusal_rows_let_these_classes_through():
     from lrp_core.adapters import REFUSED as ROWS
+
     for model in (make_gemma3(), make_paligemma(1), make_paligemma(2)):
         assert not any(matches(model) for _, matches, _ in ROWS), type(model).__name__
 
@@ -457,10 +481,23 @@ def test_a_paligemma_2_whose_forward_does_not_cap_the_logits_is_replayed_uncappe
     from lrp_core.adapters.paligemma import forward_caps_logits
 
     class UncappedPaliGemma(PaliGemmaForConditionalGeneration):
-        def forward(self, input_ids=None, pixel_values=None, attention_mask=None, token_type_ids=None,
-                    position_ids=None, **kwargs):
-            out = self.model(input_ids=input_ids, pixel_values=pixel_values, attention_mask=attention_mask,
-                             token_type_ids=token_type_ids, position_ids=position_ids, **kwargs)
+        def forward(
+            self,
+            input_ids=None,
+            pixel_values=None,
+            attention_mask=None,
+            token_type_ids=None,
+            position_ids=None,
+            **kwargs,
+        ):
+            out = self.model(
+                input_ids=input_ids,
+                pixel_values=pixel_values,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                position_ids=position_ids,
+                **kwargs,
+            )
             return CausalLMOutputWithPast(logits=self.lm_head(out.last_hidden_state))
 
     UncappedPaliGemma.__module__ = PaliGemmaForConditionalGeneration.__module__  # transformers' class, as in 5.17

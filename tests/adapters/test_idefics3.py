@@ -2,6 +2,7 @@
 §2g): the replay is the model (bucketised positions, pixel shuffle), the language-model part of every method is the
 decoder's, the pixel shuffle is a permutation of the relevance, CP-LRP conserves down to the pixels, a batch is its
 rows, and bad inputs are refused. Tiny random models (tests/vlms.py), float64."""
+
 from __future__ import annotations
 
 import pytest
@@ -92,12 +93,14 @@ def test_the_pixel_shuffle_is_the_models_and_its_inverse_a_permutation():
     check); the shuffle equals the model's; unshuffling puts every channel back (a permutation: the relevance of
     each patch is the channels its token carried for it, the sum per token preserved)."""
     model = make_smolvlm()
-    x = torch.arange(16.0, dtype=torch.float64)[None, :, None].repeat(1, 1, 3) + torch.tensor([0.0, 0.1, 0.2],
-                                                                                               dtype=torch.float64)
+    x = torch.arange(16.0, dtype=torch.float64)[None, :, None].repeat(1, 1, 3) + torch.tensor(
+        [0.0, 0.1, 0.2], dtype=torch.float64
+    )
     got = pixel_shuffle(x, (4, 4), 2)
     assert torch.equal(got, model.model.connector.pixel_shuffle(x, 2))
-    assert torch.equal(got[0, 1], torch.tensor([2.0, 2.1, 2.2, 3.0, 3.1, 3.2, 6.0, 6.1, 6.2, 7.0, 7.1, 7.2],
-                                               dtype=torch.float64))
+    assert torch.equal(
+        got[0, 1], torch.tensor([2.0, 2.1, 2.2, 3.0, 3.1, 3.2, 6.0, 6.1, 6.2, 7.0, 7.1, 7.2], dtype=torch.float64)
+    )
     assert torch.equal(pixel_unshuffle(got, (4, 4), 2), x)
     R = torch.randn(2, 16, 4 * 24, dtype=torch.float64)
     back = pixel_unshuffle(R, (8, 8), 2)
@@ -121,12 +124,13 @@ def test_each_patch_is_carried_by_the_token_the_model_puts_it_in():
 # ------------------------------------------------------------------ (b) the language-model part is the decoder's
 def _language_model_alone(model, x0: torch.Tensor):
     from transformers import LlamaForCausalLM
+
     lm = LlamaForCausalLM(model.config.text_config).to(torch.float64).eval()
     lm.model.load_state_dict(model.model.text_model.state_dict())
     lm.lm_head.load_state_dict(model.lm_head.state_dict())
     B, T, D = x0.shape
     with torch.no_grad():
-        lm.model.embed_tokens.weight[:B * T] = x0.reshape(B * T, D)
+        lm.model.embed_tokens.weight[: B * T] = x0.reshape(B * T, D)
     return lm, torch.arange(B * T).reshape(B, T)
 
 
@@ -159,13 +163,15 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels():
     from lrp_core.rules.composites import ATTNLRP
     from lrp_core.rules.gradient import Gradient
     from lrp_core.rules.ops import OP_KINDS
+
     gradient = ATTNLRP.with_rules("gradient", by_kind={kind: Gradient() for kind in OP_KINDS})
     model = make_smolvlm()
     x = smol_inputs(_rows(), side="left")
     ours = explain(model, x, method="attnlrp", composite=gradient)
     caught = {}
     hook = model.model.text_model.register_forward_pre_hook(
-        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True)
+        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True
+    )
     pixels = x["pixel_values"].clone().requires_grad_(True)
     try:
         logits = model(**dict(x, pixel_values=pixels), position_ids=position_ids(x["attention_mask"])).logits
@@ -191,7 +197,7 @@ def test_position_and_contrast_are_the_decoders():
         kw = dict(method=method, position=[len(r) - 2 for r in _rows()], target=lrp_core.Contrast(5, 6))
         ours, theirs = explain(model, x, **kw), explain(lm, text, **kw)
         _close(ours.scores, theirs.scores, 1e-8)
-        assert ours.scores[0, len(_rows()[0]) - 1:].abs().sum() == 0  # nothing after the position read
+        assert ours.scores[0, len(_rows()[0]) - 1 :].abs().sum() == 0  # nothing after the position read
 
 
 # ------------------------------------------------------------------------------------------- (c) conservation
@@ -225,13 +231,20 @@ def test_a_padded_batch_gives_each_row_its_explanation_alone(side):
     for method in RUN:
         both = explain(model, x, method=method)
         for i, row in enumerate(rows):
-            alone = explain(model, {"input_ids": torch.tensor([row]), "attention_mask": torch.ones(1, len(row)),
-                                    "pixel_values": x["pixel_values"][i:i + 1]}, method=method)
+            alone = explain(
+                model,
+                {
+                    "input_ids": torch.tensor([row]),
+                    "attention_mask": torch.ones(1, len(row)),
+                    "pixel_values": x["pixel_values"][i : i + 1],
+                },
+                method=method,
+            )
             cols = slice(T - len(row), T) if side == "left" else slice(0, len(row))
-            _close(both.scores[i:i + 1, cols], alone.scores)
-            _close(both.upsample()[i:i + 1], alone.upsample())
+            _close(both.scores[i : i + 1, cols], alone.scores)
+            _close(both.upsample()[i : i + 1], alone.upsample())
             if alone.pixels is not None:
-                _close(both.pixels[i:i + 1], alone.pixels)
+                _close(both.pixels[i : i + 1], alone.pixels)
 
 
 # ------------------------------------------------------------------------------------------ the image's map
@@ -245,7 +258,7 @@ def test_each_patch_gets_an_equal_share_of_its_tokens_score():
     T = x["input_ids"].shape[1]
     for i, row in enumerate(rows):
         start = T - len(row) + row.index(IMAGE)
-        tokens = e.scores[i, start:start + 16].reshape(4, 4)
+        tokens = e.scores[i, start : start + 16].reshape(4, 4)
         want = tokens.repeat_interleave(2, 0).repeat_interleave(2, 1) / 4
         assert torch.allclose(e.patch_map()[i], want, rtol=1e-15, atol=0)
         up = F.interpolate(want[None, None], size=(SMOL_SIZE, SMOL_SIZE), mode="bilinear", align_corners=False)
@@ -292,12 +305,19 @@ def test_a_batch_with_a_padded_image_gives_each_row_its_explanation_alone(method
     pieces = explain(model, x, method=method, chunk_size=1)  # a row at a time: its patch mask taken with it
     _close(both.scores, pieces.scores)
     for i, row in enumerate(rows):
-        alone = explain(model, {"input_ids": torch.tensor([row]), "attention_mask": torch.ones(1, len(row)),
-                                "pixel_values": x["pixel_values"][i:i + 1],
-                                "pixel_attention_mask": x["pixel_attention_mask"][i:i + 1]}, method=method)
-        _close(both.scores[i:i + 1, :len(row)], alone.scores)
+        alone = explain(
+            model,
+            {
+                "input_ids": torch.tensor([row]),
+                "attention_mask": torch.ones(1, len(row)),
+                "pixel_values": x["pixel_values"][i : i + 1],
+                "pixel_attention_mask": x["pixel_attention_mask"][i : i + 1],
+            },
+            method=method,
+        )
+        _close(both.scores[i : i + 1, : len(row)], alone.scores)
         if alone.pixels is not None:
-            _close(both.pixels[i:i + 1], alone.pixels)
+            _close(both.pixels[i : i + 1], alone.pixels)
 
 
 def test_cp_lrp_conserves_on_a_padded_image():
@@ -338,6 +358,7 @@ def test_transformers_output_capturing_hooks_are_not_taken_for_the_users():
     import warnings
 
     from lrp_core.errors import UnreflectedHookWarning
+
     model = make_smolvlm()
     x = smol_inputs(_rows(), side="left")
     with torch.no_grad():
@@ -353,6 +374,7 @@ def test_transformers_output_capturing_hooks_are_not_taken_for_the_users():
 def test_explain_generation_without_the_image_is_refused_with_what_to_pass():
     """explain_generation runs on SmolVLM (tests/test_generation_vlm.py); text prompts without the processor's
     image entries are an InputError that names the processor's output."""
+
     class Tokenizer:
         pad_token_id = 0
 
@@ -379,8 +401,10 @@ def _bad_cases():
         "no pixel_values": ({k: v for k, v in x.items() if k != "pixel_values"}, "pixel_values"),
         "fewer image tokens than features": (dict(x, input_ids=one_less), "image tokens"),
         "not square": (dict(x, pixel_values=x["pixel_values"][..., :24], pixel_attention_mask=None), "square"),
-        "a grid the scale factor does not divide": (dict(x, pixel_values=x["pixel_values"][..., :28, :28],
-                                                         pixel_attention_mask=None), "scale factor 2"),
+        "a grid the scale factor does not divide": (
+            dict(x, pixel_values=x["pixel_values"][..., :28, :28], pixel_attention_mask=None),
+            "scale factor 2",
+        ),
         "an all-zero image": (dict(x, pixel_values=zero), "all zeros"),
         "a mask that is not a top-left rectangle": (dict(x, pixel_attention_mask=holed), "rectangle"),
         "a mask with no valid patch": (dict(x, pixel_attention_mask=torch.zeros_like(padded)), "rectangle"),
@@ -402,8 +426,7 @@ def test_bad_inputs_are_refused_with_the_reason(case):
 def test_flat_pixel_values_and_no_mask_are_the_same_input():
     model = make_smolvlm()
     x = smol_inputs(_rows(), side="left")
-    flat = {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"],
-            "pixel_values": x["pixel_values"][:, 0]}
+    flat = {"input_ids": x["input_ids"], "attention_mask": x["attention_mask"], "pixel_values": x["pixel_values"][:, 0]}
     assert torch.equal(explain(model, flat, method="attnlrp").scores, explain(model, x, method="attnlrp").scores)
 
 
@@ -418,7 +441,7 @@ def test_a_split_image_is_replayed_and_scored_without_a_pixel_map():
     for method in ("lrp", "attnlrp", "cp_lrp", "rollout"):
         e = explain(model, x, method=method)
         assert e.pixels is None and torch.isfinite(e.scores).all()
-        assert e.image_tokens.shape == (2, 3 * SMOL_GRID ** 2)
+        assert e.image_tokens.shape == (2, 3 * SMOL_GRID**2)
         with pytest.raises(InputError, match="one image per row"):
             e.upsample()
     e = explain(model, x, method="cp_lrp")
@@ -434,9 +457,11 @@ def test_the_image_processors_output_is_explained(cls, split):
     import numpy as np
     import transformers
     from PIL import Image
+
     image = Image.fromarray((np.random.RandomState(0).rand(50, 70, 3) * 255).astype("uint8"))
     processor = getattr(transformers, f"{cls}ImageProcessor")(
-        do_image_splitting=split, max_image_size={"longest_edge": SMOL_SIZE}, size={"longest_edge": 2 * SMOL_SIZE})
+        do_image_splitting=split, max_image_size={"longest_edge": SMOL_SIZE}, size={"longest_edge": 2 * SMOL_SIZE}
+    )
     out = processor(images=[[image], [image]], return_tensors="pt")
     k = 5 if split else 1
     assert out["pixel_values"].shape == (2, k, 3, SMOL_SIZE, SMOL_SIZE)
@@ -452,15 +477,16 @@ def test_the_global_image_of_a_split_is_the_rows_last_and_its_map_reads_its_toke
     ``image_tokens``; an explanation restricted to them (``dataclasses.replace``) gives its map, each patch the
     score of its token (the row's last 16 image tokens) / 4."""
     from dataclasses import replace
+
     model = make_smolvlm()
     rows = _rows(images=3)
     x = smol_inputs(rows, side="left", images=3)
     e = explain(model, x, method="attnlrp")
-    last = replace(e, image_tokens=e.image_tokens[:, -SMOL_GRID ** 2:])
+    last = replace(e, image_tokens=e.image_tokens[:, -(SMOL_GRID**2) :])
     T = x["input_ids"].shape[1]
     for i, row in enumerate(rows):
         end = T - len(row) + len(row) - 1 - row[::-1].index(IMAGE)  # the row's last image token
-        tokens = e.scores[i, end - 15:end + 1].reshape(4, 4)
+        tokens = e.scores[i, end - 15 : end + 1].reshape(4, 4)
         want = tokens.repeat_interleave(2, 0).repeat_interleave(2, 1) / 4
         assert torch.allclose(last.patch_map()[i], want, rtol=1e-15, atol=0)
     assert last.upsample().shape == (2, SMOL_SIZE, SMOL_SIZE)
@@ -468,6 +494,7 @@ def test_the_global_image_of_a_split_is_the_rows_last_and_its_map_reads_its_toke
 
 def test_the_widgets_show_each_patch_its_share_of_its_tokens_score():
     from widgets.views import _row
+
     e = explain(make_smolvlm(), smol_inputs(_rows(), side="left"), method="rollout")
     for i in range(2):
         assert torch.allclose(torch.from_numpy(_row(e[i], e.scores[i])), e.patch_map()[i], rtol=1e-15, atol=0)

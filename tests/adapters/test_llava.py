@@ -1,6 +1,7 @@
 """LLaVA (``LlavaForConditionalGeneration``, docs/METHODS.md §2g): the replay is the model, the language-model part
 of every method is the decoder's, CP-LRP conserves down to the pixels, a batch is its rows, and bad inputs are
 refused. Tiny random models (tests/vlms.py), float64."""
+
 from __future__ import annotations
 
 import pytest
@@ -84,12 +85,13 @@ def _language_model_alone(model, x0: torch.Tensor):
     """A LlamaForCausalLM with the VLM's language model and head, whose token ``b·T + t`` embeds to ``x0[b, t]``:
     explaining it on those ids gives the decoder's explanation of the same input embeddings."""
     from transformers import LlamaForCausalLM
+
     lm = LlamaForCausalLM(model.config.text_config).to(torch.float64).eval()
     lm.model.load_state_dict(model.model.language_model.state_dict())
     lm.lm_head.load_state_dict(model.lm_head.state_dict())
     B, T, D = x0.shape
     with torch.no_grad():
-        lm.model.embed_tokens.weight[:B * T] = x0.reshape(B * T, D)
+        lm.model.embed_tokens.weight[: B * T] = x0.reshape(B * T, D)
     return lm, torch.arange(B * T).reshape(B, T)
 
 
@@ -128,7 +130,7 @@ def test_position_and_contrast_are_the_decoders():
         kw = dict(method=method, position=[len(r) - 2 for r in _rows()], target=lrp_core.Contrast(5, 6))
         ours, theirs = explain(model, x, **kw), explain(lm, text, **kw)
         _close(ours.scores, theirs.scores)
-        assert ours.scores[0, len(_rows()[0]) - 1:].abs().sum() == 0  # nothing after the position read
+        assert ours.scores[0, len(_rows()[0]) - 1 :].abs().sum() == 0  # nothing after the position read
 
 
 @pytest.mark.parametrize("tower,layer,strategy", [CONFIGS[1], CONFIGS[2]])
@@ -139,13 +141,15 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels(tower, layer, str
     from lrp_core.rules.composites import ATTNLRP
     from lrp_core.rules.gradient import Gradient
     from lrp_core.rules.ops import OP_KINDS
+
     gradient = ATTNLRP.with_rules("gradient", by_kind={kind: Gradient() for kind in OP_KINDS})
     model = make_llava(tower, layer=layer, strategy=strategy)
     x = inputs(_rows(strategy), side="left")
     ours = explain(model, x, method="attnlrp", composite=gradient)
     caught = {}
     hook = model.model.language_model.register_forward_pre_hook(
-        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True)
+        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True
+    )
     pixels = x["pixel_values"].clone().requires_grad_(True)
     try:
         logits = model(**dict(x, pixel_values=pixels), position_ids=position_ids(x["attention_mask"])).logits
@@ -194,15 +198,25 @@ def test_a_padded_batch_gives_each_row_its_explanation_alone(side):
     for method in (m for m in RUN if m not in ("smoothgrad", "occlusion", "kernel_shap")):
         both = explain(model, x, method=method)
         for i, row in enumerate(rows):
-            alone = explain(model, {"input_ids": torch.tensor([row]), "attention_mask": torch.ones(1, len(row)),
-                                    "pixel_values": x["pixel_values"][i:i + 1]}, method=method)
+            alone = explain(
+                model,
+                {
+                    "input_ids": torch.tensor([row]),
+                    "attention_mask": torch.ones(1, len(row)),
+                    "pixel_values": x["pixel_values"][i : i + 1],
+                },
+                method=method,
+            )
             cols = slice(T - len(row), T) if side == "left" else slice(0, len(row))
-            _close(both.scores[i:i + 1, cols], alone.scores)
-            assert both.scores[i, :T - len(row)].abs().sum() == 0 if side == "left" else \
-                both.scores[i, len(row):].abs().sum() == 0
-            _close(both.upsample()[i:i + 1], alone.upsample())
+            _close(both.scores[i : i + 1, cols], alone.scores)
+            assert (
+                both.scores[i, : T - len(row)].abs().sum() == 0
+                if side == "left"
+                else both.scores[i, len(row) :].abs().sum() == 0
+            )
+            _close(both.upsample()[i : i + 1], alone.upsample())
             if alone.pixels is not None:
-                _close(both.pixels[i:i + 1], alone.pixels)
+                _close(both.pixels[i : i + 1], alone.pixels)
 
 
 # ------------------------------------------------------------------------------------------ the image's map
@@ -217,7 +231,7 @@ def test_upsample_is_the_image_tokens_scores_on_the_patch_grid(strategy):
     skip = 1 if strategy == "full" else 0
     for i, row in enumerate(rows):
         start = T - len(row) + row.index(IMAGE) + skip
-        want = e.scores[i, start:start + GRID * GRID].reshape(GRID, GRID)
+        want = e.scores[i, start : start + GRID * GRID].reshape(GRID, GRID)
         assert torch.equal(e.patch_map()[i], want)
         up = F.interpolate(want[None, None], size=(SIZE, SIZE), mode="bilinear", align_corners=False)[0, 0]
         assert torch.equal(e.upsample()[i], up)
@@ -231,14 +245,19 @@ def test_a_token_carrying_several_patches_splits_its_score_over_them():
     from dataclasses import replace
 
     from widgets.views import _row
+
     e = explain(make_llava(), inputs(_rows(), side="left"), method="rollout")
     r, c = torch.div(torch.arange(GRID * GRID), GRID, rounding_mode="floor"), torch.arange(GRID * GRID) % GRID
     merged = (r // 2) * (GRID // 2) + c // 2  # patch -> its 2 × 2 token
-    merged_exp = replace(e, image_tokens=e.image_tokens[:, :GRID * GRID // 4].gather(1, merged[None].expand(2, -1)))
+    merged_exp = replace(e, image_tokens=e.image_tokens[:, : GRID * GRID // 4].gather(1, merged[None].expand(2, -1)))
     want = e.scores.gather(1, merged_exp.image_tokens).reshape(2, GRID, GRID) / 4
     assert torch.allclose(merged_exp.patch_map(), want, rtol=1e-15, atol=0)
-    assert torch.allclose(merged_exp.patch_map().sum(dim=(1, 2)),
-                          e.scores.gather(1, e.image_tokens[:, :GRID * GRID // 4]).sum(-1), rtol=1e-12, atol=0)
+    assert torch.allclose(
+        merged_exp.patch_map().sum(dim=(1, 2)),
+        e.scores.gather(1, e.image_tokens[:, : GRID * GRID // 4]).sum(-1),
+        rtol=1e-12,
+        atol=0,
+    )
     assert torch.allclose(torch.from_numpy(_row(merged_exp[0], e.scores[0])), want[0], rtol=1e-15, atol=0)
 
 
@@ -253,7 +272,7 @@ def test_sources_are_spans_of_the_sequence_image_tokens_included():
     T = x["input_ids"].shape[1]
     for i, row in enumerate(rows):
         start = T - len(row)
-        want = torch.stack([e.scores[i, start + a:start + b].sum() for a, b in spans])
+        want = torch.stack([e.scores[i, start + a : start + b].sum() for a, b in spans])
         assert torch.allclose(e.sources[i], want, rtol=1e-12, atol=0)
     assert torch.equal(e.by_source(spans), e.sources)
 
@@ -269,8 +288,11 @@ def test_leave_one_out_equals_running_the_model_without_each_source(filler):
     e = explain(model, x, method="leave_one_out", sources=spans, filler=filler)
 
     def y(seq: torch.Tensor, i: int) -> float:
-        one = {"input_ids": seq[None], "attention_mask": torch.ones(1, len(seq), dtype=torch.long),
-               "pixel_values": x["pixel_values"][i:i + 1]}
+        one = {
+            "input_ids": seq[None],
+            "attention_mask": torch.ones(1, len(seq), dtype=torch.long),
+            "pixel_values": x["pixel_values"][i : i + 1],
+        }
         with torch.no_grad():
             logits = model(**one, position_ids=position_ids(one["attention_mask"])).logits
         return float(logits[0, -1, e.target[i]])
@@ -278,11 +300,18 @@ def test_leave_one_out_equals_running_the_model_without_each_source(filler):
     for i, row in enumerate(rows):
         ids = torch.tensor(row)
         for j, (a, b) in enumerate(spans[i]):
-            kept = torch.cat([ids[:a], ids[b:]]) if filler is None else ids.clone().index_fill_(
-                0, torch.arange(a, b), filler)
+            kept = (
+                torch.cat([ids[:a], ids[b:]])
+                if filler is None
+                else ids.clone().index_fill_(0, torch.arange(a, b), filler)
+            )
             want = y(ids, i) - y(kept, i)
-            assert abs(float(e.sources[i, j]) - want) <= 1e-10 * max(1.0, abs(want)), (i, j, float(e.sources[i, j]),
-                                                                                      want)
+            assert abs(float(e.sources[i, j]) - want) <= 1e-10 * max(1.0, abs(want)), (
+                i,
+                j,
+                float(e.sources[i, j]),
+                want,
+            )
 
 
 # ------------------------------------------------------------------------------- (e) the model is left as it was
@@ -315,6 +344,7 @@ def test_transformers_output_capturing_hooks_are_not_taken_for_the_users():
     import warnings
 
     from lrp_core.errors import UnreflectedHookWarning
+
     model = make_llava("dinov2")
     x = inputs(_rows(), side="left")
     with torch.no_grad():
@@ -340,10 +370,14 @@ def _bad_cases():
         "no pixel_values": ({k: v for k, v in x.items() if k != "pixel_values"}, "pixel_values"),
         "pixel_values None": (dict(x, pixel_values=None), "pixel_values"),
         "fewer image tokens than features": (dict(x, input_ids=one_less), "image tokens"),
-        "two images per row, one image's tokens": (dict(x, pixel_values=torch.cat([x["pixel_values"]] * 2)),
-                                                    "image tokens"),
-        "three images for two rows": (dict(x, pixel_values=torch.cat([x["pixel_values"]] * 3)[:3]),
-                                      "same number of images"),
+        "two images per row, one image's tokens": (
+            dict(x, pixel_values=torch.cat([x["pixel_values"]] * 2)),
+            "image tokens",
+        ),
+        "three images for two rows": (
+            dict(x, pixel_values=torch.cat([x["pixel_values"]] * 3)[:3]),
+            "same number of images",
+        ),
         "an image token is padding": (padded_image, "padding"),
         "image_sizes not the image's": (dict(x, image_sizes=torch.tensor([[14, 28], [28, 28]])), "image_sizes"),
         "a feature layer given": (dict(x, vision_feature_layer=-2), "vision_feature_layer"),
@@ -384,6 +418,7 @@ def test_several_feature_layers_are_refused():
 
 def test_the_widgets_show_the_image_tokens_on_the_patch_grid():
     from widgets.views import _row
+
     e = explain(make_llava(), inputs(_rows(), side="left"), method="rollout")
     for i in range(2):
         assert torch.equal(torch.from_numpy(_row(e[i], e.scores[i])), e.patch_map()[i])
@@ -401,14 +436,16 @@ def test_a_subclass_from_outside_transformers_is_refused():
         get_adapter(model)
 
 
-
 # ------------------------------------------------------------------------------------------ several images per row
 def _two_images():
-    rows = [[1, 5] + [IMAGE] * GRID ** 2 + [6] + [IMAGE] * GRID ** 2 + [7, 8], [1] + [IMAGE] * GRID ** 2 + [9]
-            + [IMAGE] * GRID ** 2 + [10]]
+    rows = [
+        [1, 5] + [IMAGE] * GRID**2 + [6] + [IMAGE] * GRID**2 + [7, 8],
+        [1] + [IMAGE] * GRID**2 + [9] + [IMAGE] * GRID**2 + [10],
+    ]
     x = inputs(rows, side="left")
-    x["pixel_values"] = torch.randn(4, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(3),
-                                    dtype=torch.float64)  # the processor's order: row 0's two images, then row 1's
+    x["pixel_values"] = torch.randn(
+        4, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(3), dtype=torch.float64
+    )  # the processor's order: row 0's two images, then row 1's
     return rows, x
 
 
@@ -427,13 +464,20 @@ def test_several_images_per_row_are_replayed_and_scored_without_a_pixel_map():
     for method in ("lrp", "attnlrp", "cp_lrp", "rollout"):
         e = explain(model, x, method=method)
         assert e.pixels is None and e.scores.shape == (2, T) and torch.isfinite(e.scores).all()
-        assert e.image_tokens.shape == (2, 2 * GRID ** 2)
+        assert e.image_tokens.shape == (2, 2 * GRID**2)
         assert bool((x["input_ids"].gather(1, e.image_tokens) == IMAGE).all())
         with pytest.raises(InputError, match="one image per row"):
             e.upsample()
     y = e.conservation.output if (e := explain(model, x, method="cp_lrp")).conservation is not None else None
     assert ((e.scores.sum(-1) - y).abs() / y.abs()).max() <= 1e-6
     for i, row in enumerate(rows):  # a row alone, with its two images
-        alone = explain(model, {"input_ids": torch.tensor([row]), "attention_mask": torch.ones(1, len(row)),
-                                "pixel_values": x["pixel_values"][2 * i:2 * i + 2]}, method="attnlrp")
-        _close(explain(model, x, method="attnlrp").scores[i:i + 1, T - len(row):], alone.scores)
+        alone = explain(
+            model,
+            {
+                "input_ids": torch.tensor([row]),
+                "attention_mask": torch.ones(1, len(row)),
+                "pixel_values": x["pixel_values"][2 * i : 2 * i + 2],
+            },
+            method="attnlrp",
+        )
+        _close(explain(model, x, method="attnlrp").scores[i : i + 1, T - len(row) :], alone.scores)

@@ -3,6 +3,7 @@ sliding-window layers, [CLS] and mean pooling), the window and the mean readout 
 on a bias-free model, and what the replay cannot explain is refused. The shared text-family tests
 (test_text_families.py: batch = single for every method, finite scores, padding 0, the model untouched) run on
 ModernBERT through ``text_families.FAMILIES``."""
+
 from __future__ import annotations
 
 import pytest
@@ -146,10 +147,10 @@ def test_left_padding_with_mean_pooling_is_the_model_and_each_row_alone(method):
     for i, r in enumerate(ROWS):
         one = explain(model, {"input_ids": torch.tensor([r])}, method=method)
         if method != "token_ablation":  # given positions stay with their tokens when one is removed; alone: 0, 1, …
-            assert rel_err(shifted.scores[i, T - len(r):], one.scores[0]) <= 1e-10, method
-        assert (exp.scores[i, :T - len(r)] == 0).all() and (shifted.scores[i, :T - len(r)] == 0).all()
+            assert rel_err(shifted.scores[i, T - len(r) :], one.scores[0]) <= 1e-10, method
+        assert (exp.scores[i, : T - len(r)] == 0).all() and (shifted.scores[i, : T - len(r)] == 0).all()
         if method != "lrp":
-            assert rel_err(exp.scores[i, T - len(r):], one.scores[0]) <= 1e-7, method
+            assert rel_err(exp.scores[i, T - len(r) :], one.scores[0]) <= 1e-7, method
 
 
 def test_cls_pooling_of_a_left_padded_row_is_refused():
@@ -177,8 +178,8 @@ def test_mean_readout_weights_and_token_ablation_are_the_models():
     t = exp.target
     for i, r in enumerate(ROWS):
         full = _alone(model, [r])[0, t[i]]
-        ref = torch.stack([full - _alone(model, [r[:j] + r[j + 1:]])[0, t[i]] for j in range(len(r))])
-        assert (exp.scores[i, :len(r)] - ref).abs().max() <= 1e-10
+        ref = torch.stack([full - _alone(model, [r[:j] + r[j + 1 :]])[0, t[i]] for j in range(len(r))])
+        assert (exp.scores[i, : len(r)] - ref).abs().max() <= 1e-10
 
 
 # ---------------------------------------------------------------- conservation (bias-free: the config's biases
@@ -224,5 +225,7 @@ def test_what_the_replay_cannot_explain_is_refused():
     types = torch.ones_like(batch["input_ids"])
     with torch.no_grad():
         assert torch.equal(model(**batch, token_type_ids=types).logits, model(**batch).logits)
-    assert torch.equal(explain(model, {**batch, "token_type_ids": types}, method="attnlrp").scores,
-                       explain(model, batch, method="attnlrp").scores)
+    assert torch.equal(
+        explain(model, {**batch, "token_type_ids": types}, method="attnlrp").scores,
+        explain(model, batch, method="attnlrp").scores,
+    )

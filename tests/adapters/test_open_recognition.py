@@ -11,6 +11,7 @@ What is checked:
 * parts the engine does not know are named (the module and why);
 * the probe runs once per model and configuration, and the model is untouched by recognition and refusals.
 """
+
 from __future__ import annotations
 
 import re
@@ -26,9 +27,20 @@ from lrp_core.adapters.recognise import OpenDecoderAdapter
 from lrp_core.errors import UnsupportedModelError
 from lrp_core.methods.registry import DECODER_METHODS
 
-SMALL = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-             eos_token_id=1, tie_word_embeddings=False)
+SMALL = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=1,
+    tie_word_embeddings=False,
+)
 
 #: family -> (config overrides, has a sequence classifier): the unlisted families recognised, and what each brings
 RECOGNISED = {
@@ -37,8 +49,15 @@ RECOGNISED = {
     "Exaone4": (dict(sliding_window=4, layer_types=["sliding_attention"] * 2), True),  # norms on the branch outputs,
     #                                                                                   per-head q/k norms, window
     "Gemma": ({}, True),  # RMSNorm with weight 1 + w, √D inside the embedding, GELU-tanh gated MLP
-    "SmolLM3": (dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4, use_sliding_window=True,
-                     no_rope_layers=[1, 0]), True),  # per-layer windows (config.layer_types), a layer without RoPE
+    "SmolLM3": (
+        dict(
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=4,
+            use_sliding_window=True,
+            no_rope_layers=[1, 0],
+        ),
+        True,
+    ),  # per-layer windows (config.layer_types), a layer without RoPE
     "Arcee": ({}, True),  # ReLU² MLP without a gate (up_proj, down_proj)
     "Granite": ({}, False),  # multipliers all 1
 }
@@ -65,16 +84,22 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _state(model: torch.nn.Module) -> tuple:
     """Everything a call could change: parameters and buffers (copies), training flags, hooks, gradients."""
-    return ({k: v.clone() for k, v in model.state_dict().items()}, [m.training for m in model.modules()],
-            sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()),
-            [p.grad for p in model.parameters()])
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        [m.training for m in model.modules()],
+        sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()),
+        [p.grad for p in model.parameters()],
+    )
 
 
 def _same(model: torch.nn.Module, before: tuple) -> bool:
     state, training, hooks, grads = before
-    return all(torch.equal(state[k], v) for k, v in model.state_dict().items()) and \
-        [m.training for m in model.modules()] == training and all(g is None for g in grads) and \
-        sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == hooks
+    return (
+        all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+        and [m.training for m in model.modules()] == training
+        and all(g is None for g in grads)
+        and sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == hooks
+    )
 
 
 @pytest.fixture
@@ -86,6 +111,7 @@ def probes(monkeypatch):
     def counting(adapter):
         seen.append(adapter.model)
         return real(adapter)
+
     monkeypatch.setattr(recognise, "probe", counting)
     return seen
 
@@ -120,11 +146,12 @@ def test_what_is_read_from_the_structure():
     star = _build("Starcoder2")
     block, layer = get_adapter(star).blocks[1], star.model.layers[1]
     assert not block.mlp.gated and block.mlp.fc1 is layer.mlp.c_fc and block.mlp.act is layer.mlp.act
-    assert block.attn.scale == layer.self_attn.scaling == 8 ** -0.5
+    assert block.attn.scale == layer.self_attn.scaling == 8**-0.5
 
 
-@pytest.mark.parametrize("family,head", [("StableLm", "causal"), ("Exaone4", "causal"), ("Gemma", "seq"),
-                                         ("Starcoder2", "causal")])
+@pytest.mark.parametrize(
+    "family,head", [("StableLm", "causal"), ("Exaone4", "causal"), ("Gemma", "seq"), ("Starcoder2", "causal")]
+)
 def test_every_method_explains_a_padded_batch_as_each_row_alone(family, head):
     model = _build(family, head)
     seqs = rows(lengths=(4, 7))
@@ -183,12 +210,17 @@ def _scaled_llama() -> torch.nn.Module:
 
 DIFFER = {
     # embedding × 12, each branch × 0.22, logits ÷ 8 (the attention multiplier is the modules' own scaling)
-    "Granite with multipliers": (lambda: _build("Granite", embedding_multiplier=12.0, residual_multiplier=0.22,
-                                                attention_multiplier=0.1, logits_scaling=8.0),
-                                 "embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0"),
+    "Granite with multipliers": (
+        lambda: _build(
+            "Granite", embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.1, logits_scaling=8.0
+        ),
+        "embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0",
+    ),
     # the global layer of a hybrid EXAONE 4 has no rotary embedding (NoPE)
-    "EXAONE 4 with a global layer": (lambda: _build("Exaone4", layer_types=["sliding_attention", "full_attention"]),
-                                     None),
+    "EXAONE 4 with a global layer": (
+        lambda: _build("Exaone4", layer_types=["sliding_attention", "full_attention"]),
+        None,
+    ),
     # GLM rotates interleaved channel pairs (0,1), (2,3), ... of the rotary part
     "GLM": (lambda: _build("Glm"), None),
     "a Llama subclass that scales its logits": (_scaled_llama, None),
@@ -226,19 +258,49 @@ def test_a_listed_transformers_class_is_not_probed(probes):
 
 # ----------------------------------------------------------------------------- refused by name
 BY_NAME = {
-    "Mamba": (lambda: _meta("MambaForCausalLM", T.MambaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2,
-                                                               state_size=4)), ("MambaMixer", "state-space")),
-    "RWKV": (lambda: _meta("RwkvForCausalLM", T.RwkvConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2,
-                                                            attention_hidden_size=32, intermediate_size=64)),
-             ("RwkvSelfAttention", "recurrence")),
-    "LFM2": (lambda: _meta("Lfm2ForCausalLM", T.Lfm2Config(**SMALL, layer_types=["conv", "full_attention"])),
-             ("Lfm2ShortConv", "convolution")),
-    "Falcon-H1": (lambda: _meta("FalconH1ForCausalLM", T.FalconH1Config(
-        **SMALL, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=4, mamba_n_groups=1)),
-        ("FalconH1Mixer", "state-space")),
-    "RecurrentGemma": (lambda: _meta("RecurrentGemmaForCausalLM", T.RecurrentGemmaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, lru_width=32,
-        attention_window_size=8)), ("RecurrentGemmaRglru", "recurrence")),
+    "Mamba": (
+        lambda: _meta(
+            "MambaForCausalLM", T.MambaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, state_size=4)
+        ),
+        ("MambaMixer", "state-space"),
+    ),
+    "RWKV": (
+        lambda: _meta(
+            "RwkvForCausalLM",
+            T.RwkvConfig(
+                vocab_size=96, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32, intermediate_size=64
+            ),
+        ),
+        ("RwkvSelfAttention", "recurrence"),
+    ),
+    "LFM2": (
+        lambda: _meta("Lfm2ForCausalLM", T.Lfm2Config(**SMALL, layer_types=["conv", "full_attention"])),
+        ("Lfm2ShortConv", "convolution"),
+    ),
+    "Falcon-H1": (
+        lambda: _meta(
+            "FalconH1ForCausalLM",
+            T.FalconH1Config(
+                **SMALL, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=4, mamba_n_groups=1
+            ),
+        ),
+        ("FalconH1Mixer", "state-space"),
+    ),
+    "RecurrentGemma": (
+        lambda: _meta(
+            "RecurrentGemmaForCausalLM",
+            T.RecurrentGemmaConfig(
+                vocab_size=96,
+                hidden_size=32,
+                intermediate_size=48,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                lru_width=32,
+                attention_window_size=8,
+            ),
+        ),
+        ("RecurrentGemmaRglru", "recurrence"),
+    ),
 }  # parallel blocks are replayed (GPT-NeoX, Phi, Falcon: their rows; others: test_decoders_parallel.py)
 
 
@@ -301,8 +363,9 @@ def test_a_hook_that_changes_the_models_output_is_probed_with_it_and_without_it(
     """A steering hook on a layer (not run by the replay) changes the model's own logits: refused, naming the
     hook; once removed, the model is probed again (the hooks are part of the configuration) and recognised."""
     model = _build("Starcoder2")
-    handle = model.model.layers[0].register_forward_hook(lambda m, i, out: (out[0] * 1.1,) + tuple(out[1:])
-                                                         if isinstance(out, tuple) else out * 1.1)
+    handle = model.model.layers[0].register_forward_hook(
+        lambda m, i, out: (out[0] * 1.1,) + tuple(out[1:]) if isinstance(out, tuple) else out * 1.1
+    )
     with pytest.raises(UnsupportedModelError, match=r"forward hooks on model\.layers\.0 ran in the model's own"):
         get_adapter(model)
     handle.remove()
@@ -318,6 +381,10 @@ def test_the_probe_leaves_a_training_model_as_found(probes):
 
 def test_a_meta_model_with_a_supported_structure_is_refused_without_a_probe(probes):
     with pytest.raises(UnsupportedModelError, match="meta device"):
-        get_adapter(_meta("Ministral3ForCausalLM", T.Ministral3Config(
-            **SMALL, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})))
+        get_adapter(
+            _meta(
+                "Ministral3ForCausalLM",
+                T.Ministral3Config(**SMALL, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+            )
+        )
     assert not probes

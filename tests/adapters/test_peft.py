@@ -3,6 +3,7 @@ method's map is the map of the ``merge_and_unload()`` copy (the same function, p
 round-off — the explicit relevance rules read each adapted layer's effective weight
 (``lrp_core.rules.linear.effective_linear``), the replay calls the layers themselves. Layers the rules do not
 read are refused with the merge hint; the model is left bit-identical, adapters as found."""
+
 from __future__ import annotations
 
 import copy
@@ -34,13 +35,16 @@ PHI3_TARGETS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
 GPT2_TARGETS = ["c_attn", "c_proj", "c_fc"]
 ATTENTION_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 #: the Linear names of the families whose names differ from Llama's
-NEWER_TARGETS = {"qwen3_moe": ATTENTION_TARGETS, "mixtral": ATTENTION_TARGETS, "olmoe": ATTENTION_TARGETS,
-                 "gpt_oss": ATTENTION_TARGETS,
-                 "qwen2_moe": ATTENTION_TARGETS + ["shared_expert.gate_proj", "shared_expert.up_proj",
-                                                   "shared_expert.down_proj"],
-                 "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
-                 "phi": ["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"],
-                 "falcon": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]}
+NEWER_TARGETS = {
+    "qwen3_moe": ATTENTION_TARGETS,
+    "mixtral": ATTENTION_TARGETS,
+    "olmoe": ATTENTION_TARGETS,
+    "gpt_oss": ATTENTION_TARGETS,
+    "qwen2_moe": ATTENTION_TARGETS + ["shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj"],
+    "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+    "phi": ["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"],
+    "falcon": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+}
 
 
 def _eva_bias_separate() -> torch.nn.Module:
@@ -56,6 +60,7 @@ def _eva_bias_separate() -> torch.nn.Module:
 def _modernbert() -> torch.nn.Module:
     """The tiny ModernBERT classifier of the text-family list ([CLS] pooling, sdpa), in float64."""
     from text_families import make
+
     return make("modernbert", "sdpa").double()
 
 
@@ -122,23 +127,51 @@ CASES = {
         batch(rows(lengths=(4, 6))),
     ),
     # the other decoder families: sliding windows, q/k norms, Gemma 3's (1+w) norms, Phi-3's fused projections
-    **{family: (lambda family=family: (
-        _adapted(make_decoder(family), _lora(target_modules=PHI3_TARGETS if family == "phi3" else DECODER_TARGETS)),
-        batch(rows(lengths=(4, 6)), "left"),
-    )) for family in ("mistral", "qwen2", "qwen3", "gemma3", "phi3")},
+    **{
+        family: (
+            lambda family=family: (
+                _adapted(
+                    make_decoder(family), _lora(target_modules=PHI3_TARGETS if family == "phi3" else DECODER_TARGETS)
+                ),
+                batch(rows(lengths=(4, 6)), "left"),
+            )
+        )
+        for family in ("mistral", "qwen2", "qwen3", "gemma3", "phi3")
+    },
     # the mixture-of-experts, parallel-block, soft-capped and post-norm decoders (the experts' stacked weights are
     # no Linear: LoRA on the attention, and on Qwen2-MoE's shared expert), ModernBERT, EVA and Swin
-    **{family: (lambda family=family: (
-        _adapted(make_decoder(family), _lora(target_modules=NEWER_TARGETS.get(family, DECODER_TARGETS))),
-        batch(rows(lengths=(4, 6)), "left"),
-    )) for family in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "gpt_neox", "phi", "falcon", "gemma2",
-                      "olmo2")},
-    "modernbert": lambda: (_adapted(_modernbert(), _lora(target_modules=["Wqkv", "Wo", "Wi", "dense"])),
-                           _bert_inputs()),
-    "eva": lambda: (_adapted(_eva_bias_separate(),
-                             _lora(target_modules=r".*\.(qkv|attn\.proj|fc1_g|fc1_x|fc1|fc2)|head")), _images()),
-    "swin": lambda: (_adapted(make_swin().double(), _lora(target_modules=r".*\.(qkv|attn\.proj|fc1|fc2|reduction)")),
-                     _images()),
+    **{
+        family: (
+            lambda family=family: (
+                _adapted(make_decoder(family), _lora(target_modules=NEWER_TARGETS.get(family, DECODER_TARGETS))),
+                batch(rows(lengths=(4, 6)), "left"),
+            )
+        )
+        for family in (
+            "qwen3_moe",
+            "qwen2_moe",
+            "mixtral",
+            "olmoe",
+            "gpt_oss",
+            "gpt_neox",
+            "phi",
+            "falcon",
+            "gemma2",
+            "olmo2",
+        )
+    },
+    "modernbert": lambda: (
+        _adapted(_modernbert(), _lora(target_modules=["Wqkv", "Wo", "Wi", "dense"])),
+        _bert_inputs(),
+    ),
+    "eva": lambda: (
+        _adapted(_eva_bias_separate(), _lora(target_modules=r".*\.(qkv|attn\.proj|fc1_g|fc1_x|fc1|fc2)|head")),
+        _images(),
+    ),
+    "swin": lambda: (
+        _adapted(make_swin().double(), _lora(target_modules=r".*\.(qkv|attn\.proj|fc1|fc2|reduction)")),
+        _images(),
+    ),
 }
 
 
@@ -254,11 +287,12 @@ def test_dora_ia3_and_lora_bias_are_explained_as_their_merged_copies(kind, famil
             {"fan_in_fan_out": True},
         )
         feedforward = ["c_proj"]
-    config = {"dora": lambda: _lora(target_modules=targets, use_dora=True, **extra),
-              "lora_bias": lambda: _lora(target_modules=targets, lora_bias=True, **extra),
-              "ia3": lambda: peft.IA3Config(target_modules=targets, feedforward_modules=[], **extra),
-              "ia3_feedforward": lambda: peft.IA3Config(target_modules=targets, feedforward_modules=feedforward,
-                                                        **extra)}[kind]()
+    config = {
+        "dora": lambda: _lora(target_modules=targets, use_dora=True, **extra),
+        "lora_bias": lambda: _lora(target_modules=targets, lora_bias=True, **extra),
+        "ia3": lambda: peft.IA3Config(target_modules=targets, feedforward_modules=[], **extra),
+        "ia3_feedforward": lambda: peft.IA3Config(target_modules=targets, feedforward_modules=feedforward, **extra),
+    }[kind]()
     pm = _adapted(model, config)
     reference = _merged(pm)
     for method in FEW:
@@ -266,13 +300,26 @@ def test_dora_ia3_and_lora_bias_are_explained_as_their_merged_copies(kind, famil
 
 
 # ---------------------------------------------------------------- refusals
-@pytest.mark.parametrize("what, make, match", [
-    ("lora on the patch convolution", lambda: _adapted(make_tiny_vit().double(),
-                                                       _lora(target_modules=["patch_embed.proj"])), "Conv2d"),
-    ("lora on an embedding", lambda: _adapted(make_tiny_bert().double(), _lora(target_modules=["word_embeddings"])),
-     "Embedding"),
-    ("lokr", lambda: _adapted(make_tiny_bert().double(), peft.LoKrConfig(target_modules=BERT_TARGETS, r=2)), "lokr"),
-])
+@pytest.mark.parametrize(
+    "what, make, match",
+    [
+        (
+            "lora on the patch convolution",
+            lambda: _adapted(make_tiny_vit().double(), _lora(target_modules=["patch_embed.proj"])),
+            "Conv2d",
+        ),
+        (
+            "lora on an embedding",
+            lambda: _adapted(make_tiny_bert().double(), _lora(target_modules=["word_embeddings"])),
+            "Embedding",
+        ),
+        (
+            "lokr",
+            lambda: _adapted(make_tiny_bert().double(), peft.LoKrConfig(target_modules=BERT_TARGETS, r=2)),
+            "lokr",
+        ),
+    ],
+)
 def test_peft_layers_the_rules_do_not_read_are_refused_with_the_merge_hint(what, make, match):
     pm = make()
     inputs = _images() if "patch" in what else _bert_inputs()
@@ -297,13 +344,15 @@ def test_prompt_learning_is_refused():
 
 
 def test_the_library_runs_without_peft():
-    code = ("import sys; sys.modules['peft'] = None\n"  # any import of peft now fails
-            "import torch\n"
-            "sys.path.insert(0, 'tests')\n"
-            "from conftest import make_tiny_bert\n"
-            "from lrp_core import explain\n"
-            "x = {'input_ids': torch.tensor([[3, 4, 5]]), 'attention_mask': torch.ones(1, 3, dtype=torch.long)}\n"
-            "e = explain(make_tiny_bert(), x, method='lrp')\n"
-            "assert e.scores.shape == (1, 3)\n")
+    code = (
+        "import sys; sys.modules['peft'] = None\n"  # any import of peft now fails
+        "import torch\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from conftest import make_tiny_bert\n"
+        "from lrp_core import explain\n"
+        "x = {'input_ids': torch.tensor([[3, 4, 5]]), 'attention_mask': torch.ones(1, 3, dtype=torch.long)}\n"
+        "e = explain(make_tiny_bert(), x, method='lrp')\n"
+        "assert e.scores.shape == (1, 3)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -3,6 +3,7 @@ docs/METHODS.md §2g): the tower and the whole replay are the
 model (2D rotary, window attention, the patch merger, M-RoPE), the language-model part of every method is the
 decoder's at the same M-RoPE positions, CP-LRP conserves down to the pixels, a batch is its rows, and bad inputs are
 refused. Tiny random models (tests/vlms.py), float64."""
+
 from __future__ import annotations
 
 import pytest
@@ -110,21 +111,38 @@ def _language_model_alone(model, x: dict, x0: torch.Tensor):
     whose rotary module gives that token its M-RoPE tables: explaining it on those ids (and those position ids)
     gives the decoder's explanation of the same input embeddings at the same positions."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
     tcfg = model.config.text_config
-    cfg = Qwen2Config(**{k: getattr(tcfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
-                                                       "num_hidden_layers", "num_attention_heads",
-                                                       "num_key_value_heads", "max_position_embeddings",
-                                                       "rms_norm_eps")},
-                      tie_word_embeddings=False, attn_implementation=tcfg._attn_implementation)
+    cfg = Qwen2Config(
+        **{
+            k: getattr(tcfg, k)
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "max_position_embeddings",
+                "rms_norm_eps",
+            )
+        },
+        tie_word_embeddings=False,
+        attn_implementation=tcfg._attn_implementation,
+    )
     lm = Qwen2ForCausalLM(cfg).to(torch.float64).eval()
     lm.model.load_state_dict(model.model.language_model.state_dict(), strict=False)
     lm.lm_head.load_state_dict(model.lm_head.state_dict())
-    positions, _ = model.model.get_rope_index(x["input_ids"], mm_token_type_ids=x["mm_token_type_ids"],
-                                              image_grid_thw=x["image_grid_thw"], attention_mask=x["attention_mask"])
+    positions, _ = model.model.get_rope_index(
+        x["input_ids"],
+        mm_token_type_ids=x["mm_token_type_ids"],
+        image_grid_thw=x["image_grid_thw"],
+        attention_mask=x["attention_mask"],
+    )
     lm.model.rotary_emb = _RopeAt(model.model.language_model.rotary_emb, positions)
     B, T, D = x0.shape
     with torch.no_grad():
-        lm.model.embed_tokens.weight[:B * T] = x0.reshape(B * T, D)
+        lm.model.embed_tokens.weight[: B * T] = x0.reshape(B * T, D)
     ids = torch.arange(B * T).reshape(B, T)
     return lm, {"input_ids": ids, "attention_mask": x["attention_mask"], "position_ids": ids}
 
@@ -157,6 +175,7 @@ def _raster_pixels(pixel_values: torch.Tensor, model, grid: tuple) -> torch.Tens
     """(n · h · w, F) per-patch values -> (n, h · p, w · p): summed over channels and frames, each patch put at
     its (row, column) as the model's own ``get_vision_position_ids`` names it."""
     from transformers.vision_utils import get_vision_position_ids
+
     h, w = grid
     p = QWEN_PATCH
     n = pixel_values.shape[0] // (h * w)
@@ -164,7 +183,7 @@ def _raster_pixels(pixel_values: torch.Tensor, model, grid: tuple) -> torch.Tens
     per_patch = pixel_values.reshape(n, h * w, 3, 2, p, p).sum(dim=(2, 3))
     out = torch.zeros(n, h * p, w * p, dtype=pixel_values.dtype)
     for i, (r, c) in enumerate(pos.tolist()):
-        out[:, r * p:(r + 1) * p, c * p:(c + 1) * p] = per_patch[:, i]
+        out[:, r * p : (r + 1) * p, c * p : (c + 1) * p] = per_patch[:, i]
     return out
 
 
@@ -178,13 +197,15 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels(version):
     from lrp_core.rules.composites import ATTNLRP
     from lrp_core.rules.gradient import Gradient
     from lrp_core.rules.ops import OP_KINDS
+
     gradient = ATTNLRP.with_rules("gradient", by_kind={kind: Gradient() for kind in OP_KINDS})
     model = make_qwen_vl(version=version)
     x = qwen_inputs(_rows(), side="left")
     ours = explain(model, x, method="attnlrp", composite=gradient)
     caught = {}
     hook = model.model.language_model.register_forward_pre_hook(
-        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True)
+        lambda m, args, kw: caught.update(embeds=kw["inputs_embeds"]), with_kwargs=True
+    )
     pixels = x["pixel_values"].clone().requires_grad_(True)
     try:
         logits = model(**dict(x, pixel_values=pixels)).logits
@@ -229,15 +250,22 @@ def test_a_padded_batch_gives_each_row_its_explanation_alone(side, version):
         both = explain(model, x, method=method)
         for i, row in enumerate(rows):
             ids = torch.tensor([row])
-            alone = explain(model, {"input_ids": ids, "attention_mask": torch.ones(1, len(row), dtype=torch.long),
-                                    "pixel_values": x["pixel_values"][i * N:(i + 1) * N],
-                                    "image_grid_thw": x["image_grid_thw"][i:i + 1],
-                                    "mm_token_type_ids": (ids == QWEN_IMAGE).long()}, method=method)
+            alone = explain(
+                model,
+                {
+                    "input_ids": ids,
+                    "attention_mask": torch.ones(1, len(row), dtype=torch.long),
+                    "pixel_values": x["pixel_values"][i * N : (i + 1) * N],
+                    "image_grid_thw": x["image_grid_thw"][i : i + 1],
+                    "mm_token_type_ids": (ids == QWEN_IMAGE).long(),
+                },
+                method=method,
+            )
             cols = slice(T - len(row), T) if side == "left" else slice(0, len(row))
-            _close(both.scores[i:i + 1, cols], alone.scores)
-            _close(both.upsample()[i:i + 1], alone.upsample())
+            _close(both.scores[i : i + 1, cols], alone.scores)
+            _close(both.upsample()[i : i + 1], alone.upsample())
             if alone.pixels is not None:
-                _close(both.pixels[i:i + 1], alone.pixels)
+                _close(both.pixels[i : i + 1], alone.pixels)
 
 
 # ------------------------------------------------------------------------------------------ the image's map
@@ -252,7 +280,7 @@ def test_each_patch_gets_a_quarter_of_its_merged_tokens_score():
     h, w = QWEN_GRID
     for i, row in enumerate(rows):
         start = T - len(row) + row.index(QWEN_IMAGE)
-        tokens = e.scores[i, start:start + qwen_tokens()].reshape(h // 2, w // 2)
+        tokens = e.scores[i, start : start + qwen_tokens()].reshape(h // 2, w // 2)
         want = tokens.repeat_interleave(2, 0).repeat_interleave(2, 1) / 4
         assert torch.allclose(e.patch_map()[i], want, rtol=1e-15, atol=0)
     assert e.upsample().shape == (2, h * QWEN_PATCH, w * QWEN_PATCH)
@@ -262,6 +290,7 @@ def test_each_patch_gets_a_quarter_of_its_merged_tokens_score():
 def test_the_widgets_show_the_image_tokens_on_the_patch_grid():
     """The widgets' patch view of a row is its patch map (each merged token's score split over its 4 patches)."""
     from widgets.views import _row
+
     e = explain(make_qwen_vl(), qwen_inputs(_rows(), side="left"), method="rollout")
     for i in range(2):
         assert torch.equal(torch.from_numpy(_row(e[i], e.scores[i])), e.patch_map()[i])
@@ -269,13 +298,14 @@ def test_the_widgets_show_the_image_tokens_on_the_patch_grid():
 
 # ------------------------------------------------------------------------------- (e) the model is left as it was
 def _state(model):
-    return {"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "buffers": {k: v.clone() for k, v in model.named_buffers()},
-            "rope_deltas": model.model.rope_deltas,
-            "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks))
-                      for m in model.modules()],
-            "requires_grad": [p.requires_grad for p in model.parameters()],
-            "grads": [p.grad for p in model.parameters()]}
+    return {
+        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "buffers": {k: v.clone() for k, v in model.named_buffers()},
+        "rope_deltas": model.model.rope_deltas,
+        "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()],
+        "requires_grad": [p.requires_grad for p in model.parameters()],
+        "grads": [p.grad for p in model.parameters()],
+    }
 
 
 def test_every_call_leaves_the_model_bit_identical_and_without_hooks():
@@ -313,23 +343,33 @@ def _bad_cases():
         "no image_grid_thw": ({k: v for k, v in x.items() if k != "image_grid_thw"}, "image_grid_thw"),
         "no pixel_values": ({k: v for k, v in x.items() if k != "pixel_values"}, "pixel_values"),
         "no mm_token_type_ids": ({k: v for k, v in x.items() if k != "mm_token_type_ids"}, "mm_token_type_ids"),
-        "mm_token_type_ids not the image tokens": (dict(x, mm_token_type_ids=torch.zeros_like(ids)),
-                                                   "mm_token_type_ids"),
-        "fewer image tokens than features": (dict(x, input_ids=one_less,
-                                                  mm_token_type_ids=(one_less == QWEN_IMAGE).long()), "image tokens"),
-        "the image tokens in two runs": (dict(x, input_ids=split, mm_token_type_ids=(split == QWEN_IMAGE).long()),
-                                         "run"),
+        "mm_token_type_ids not the image tokens": (
+            dict(x, mm_token_type_ids=torch.zeros_like(ids)),
+            "mm_token_type_ids",
+        ),
+        "fewer image tokens than features": (
+            dict(x, input_ids=one_less, mm_token_type_ids=(one_less == QWEN_IMAGE).long()),
+            "image tokens",
+        ),
+        "the image tokens in two runs": (
+            dict(x, input_ids=split, mm_token_type_ids=(split == QWEN_IMAGE).long()),
+            "run",
+        ),
         "a grid the patches do not fill": (dict(x, image_grid_thw=torch.tensor([[1, 4, 4]] * 2)), "pixel_values"),
         "grids that differ": (dict(x, image_grid_thw=torch.tensor([[1, 6, 8], [1, 8, 6]])), "same grid"),
         "a video grid": (dict(x, image_grid_thw=torch.tensor([[2, 6, 4]] * 2)), "t = 1"),
         "an odd grid": (dict(x, image_grid_thw=torch.tensor([[1, 3, 16]] * 2)), "multiples"),
-        "three images for two rows": (dict(x, pixel_values=x["pixel_values"][:48],
-                                           image_grid_thw=torch.tensor([[1, 4, 4]] * 3)), "same number"),
+        "three images for two rows": (
+            dict(x, pixel_values=x["pixel_values"][:48], image_grid_thw=torch.tensor([[1, 4, 4]] * 3)),
+            "same number",
+        ),
         "an image token is padding": (padded_image, "padding"),
         "position_ids": (dict(x, position_ids=torch.zeros_like(ids)), "M-RoPE"),
         "inputs_embeds": (dict(x, inputs_embeds=torch.zeros(2, ids.shape[1], 32)), "inputs_embeds"),
-        "pixel_values as images": (dict(x, pixel_values=torch.zeros(2, 3, 24, 32, dtype=torch.float64)),
-                                   "flattened patches"),
+        "pixel_values as images": (
+            dict(x, pixel_values=torch.zeros(2, 3, 24, 32, dtype=torch.float64)),
+            "flattened patches",
+        ),
         "a tensor, not the processor's dict": (x["pixel_values"], "processor"),
     }
 

@@ -3,6 +3,7 @@
 The other rows of the last block reach nothing that is read, so the replay must give the full replay's logits,
 gradients and per-block relevance (float64: round-off only) while its last attention computes one query row.
 """
+
 import os
 import sys
 
@@ -18,9 +19,14 @@ from lrp_core.rules.composites import ATTNLRP, CP_LRP  # noqa: E402
 
 #: (family, attention, padding side, rule set): a plain sdpa stack, eager attention, sliding + global layers
 #: (Gemma 3), parallel blocks, experts; both paddings, both rule sets
-CASES = [("llama", "sdpa", "right", ATTNLRP), ("llama", "eager", "left", ATTNLRP), ("llama", "sdpa", "left", CP_LRP),
-         ("gemma3", "sdpa", "right", ATTNLRP), ("gpt_neox", "sdpa", "left", ATTNLRP),
-         ("qwen3_moe", "sdpa", "right", CP_LRP)]
+CASES = [
+    ("llama", "sdpa", "right", ATTNLRP),
+    ("llama", "eager", "left", ATTNLRP),
+    ("llama", "sdpa", "left", CP_LRP),
+    ("gemma3", "sdpa", "right", ATTNLRP),
+    ("gpt_neox", "sdpa", "left", ATTNLRP),
+    ("qwen3_moe", "sdpa", "right", CP_LRP),
+]
 
 
 def _relevance(model, inputs: dict, composite, read_rows: bool, position=None):
@@ -39,8 +45,7 @@ def _relevance(model, inputs: dict, composite, read_rows: bool, position=None):
     return trace, logits.detach(), scores.detach(), blocks.detach()
 
 
-@pytest.mark.parametrize("family, attn, side, composite", CASES,
-                         ids=[f"{f}-{a}-{s}-{c.name}" for f, a, s, c in CASES])
+@pytest.mark.parametrize("family, attn, side, composite", CASES, ids=[f"{f}-{a}-{s}-{c.name}" for f, a, s, c in CASES])
 def test_last_block_at_the_read_token_equals_the_full_replay(family, attn, side, composite):
     model = make_decoder(family, attn=attn)
     inputs = batch(rows(lengths=(6, 11, 8)), side=side)

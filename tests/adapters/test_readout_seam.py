@@ -1,5 +1,6 @@
 """The per-batch readout seam: ``Adapter.readout_for(prepared)``, ``trace.readout``, :class:`PositionReadout`,
 and adapters that validate without side effects (issue #21 items 3, 4)."""
+
 from __future__ import annotations
 
 import pytest
@@ -67,16 +68,22 @@ def test_position_readout_after_a_removal_reads_the_same_token():
 @pytest.fixture
 def inputs():
     ids = torch.tensor([[1, 5, 6, 7, 98], [1, 8, 9, 98, 0], [1, 10, 98, 0, 0]])  # 98: end of text
-    return {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)),
-            "input_ids": ids, "attention_mask": (ids != 0).long()}
+    return {
+        "pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)),
+        "input_ids": ids,
+        "attention_mask": (ids != 0).long(),
+    }
 
 
 def _state(adapter) -> dict:
     """Everything an adapter holds: each attribute's identity, and the readout's head layers and their weights."""
     head = adapter.readout.head_layers
-    return {"attrs": {k: id(v) for k, v in vars(adapter).items()}, "readout": id(adapter.readout),
-            "head": [(layer.kind, id(layer.module)) for layer in head],
-            "weights": [layer.module.weight.detach().clone() for layer in head if hasattr(layer.module, "weight")]}
+    return {
+        "attrs": {k: id(v) for k, v in vars(adapter).items()},
+        "readout": id(adapter.readout),
+        "head": [(layer.kind, id(layer.module)) for layer in head],
+        "weights": [layer.module.weight.detach().clone() for layer in head if hasattr(layer.module, "weight")],
+    }
 
 
 def _assert_same(before: dict, after: dict) -> None:
@@ -143,8 +150,11 @@ def test_clip_text_of_mixed_lengths_without_grouping_reads_each_prompts_end_of_t
     lengths = inputs["attention_mask"].sum(1).tolist()
     assert scores.shape == (3, 5) and (scores[inputs["attention_mask"] == 0] == 0).all()
     for p, n in enumerate(lengths):
-        alone = explain(model, {**x, "input_ids": x["input_ids"][p:p + 1, :n],
-                                "attention_mask": x["attention_mask"][p:p + 1, :n]}, method=method,
-                        target=target[p]).scores[0]
+        alone = explain(
+            model,
+            {**x, "input_ids": x["input_ids"][p : p + 1, :n], "attention_mask": x["attention_mask"][p : p + 1, :n]},
+            method=method,
+            target=target[p],
+        ).scores[0]
         scale = alone.abs().max().clamp(min=1e-30)
         assert ((scores[p, :n] - alone).abs().max() / scale) < 1e-9, (p, method)

@@ -1,4 +1,5 @@
 """Adapter.run_blocks: a logits-only pass (``keep=False``) computes the same logits and keeps no block records."""
+
 import torch
 
 from lrp_core import explain
@@ -36,6 +37,6 @@ def test_token_ablation_is_the_logit_drop_of_each_removed_token(tiny_vit, images
         t = int(e.target[0])
         start = x0.shape[1] - e.scores.shape[1]  # scored tokens are the last ones ([CLS] first)
         i = start + 3
-        without = torch.cat([x0[:, :i], x0[:, i + 1:]], dim=1)
+        without = torch.cat([x0[:, :i], x0[:, i + 1 :]], dim=1)
         drop = tiny_vit(x)[0, t] - a.run_blocks(without).logits[0, t]
     assert torch.allclose(e.scores[0, 3], drop, rtol=1e-5, atol=1e-6)

@@ -1,6 +1,7 @@
 """SigLIP (Hugging Face SiglipForImageClassification) and the reusable SigLIP vision-tower pieces; the SigLIP models
 that are refused. The family's every-method, batch = single and untouched-model tests are the ``hf_siglip`` rows of
 test_vision_families.py. Tiny random models, milliseconds each."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,10 +13,27 @@ from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import UnsupportedModelError
 
-VISION = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
-              intermediate_size=96, layer_norm_eps=1e-6)
-TEXT = dict(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-            max_position_embeddings=8, projection_size=48, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+VISION = dict(
+    image_size=32,
+    patch_size=8,
+    hidden_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=3,
+    intermediate_size=96,
+    layer_norm_eps=1e-6,
+)
+TEXT = dict(
+    vocab_size=50,
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=8,
+    projection_size=48,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 
 
 def _images(n: int = 2, size: tuple = (32, 32), seed: int = 1) -> torch.Tensor:
@@ -111,16 +129,18 @@ def _siglip_model(seed: int = 0, attn: str = "sdpa"):
     """A tiny SiglipModel: the pooling head's LayerNorms randomised like the others, a non-zero logit_bias."""
     from by_path import root_fixtures  # the root conftest by path (tests/widgets has a conftest too)
     from transformers import SiglipConfig, SiglipModel
+
     _perturb_norms = root_fixtures()._perturb_norms
     torch.manual_seed(seed)
-    model = SiglipModel._from_config(SiglipConfig(vision_config=VISION, text_config=TEXT),
-                                     attn_implementation=attn).eval()
+    model = SiglipModel._from_config(
+        SiglipConfig(vision_config=VISION, text_config=TEXT), attn_implementation=attn
+    ).eval()
     _perturb_norms(model, seed)
     with torch.no_grad():
         model.logit_scale.fill_(1.2)
         model.logit_bias.fill_(-2.5)
         head = model.vision_model.head.attention  # a peaked probe attention: larger query weights
-        head.in_proj_weight[:head.embed_dim].mul_(10.0)
+        head.in_proj_weight[: head.embed_dim].mul_(10.0)
     return model
 
 
@@ -191,6 +211,7 @@ def test_pooling_heads_explicit_pass_keeps_three_quarters_the_probe_query_absorb
     conserves; A·V halves (A and v a half each), the softmax passes A's half to q·kᵀ, which halves again — and q
     is the probe's, a constant. So the final hidden states hold ½ (v) + ¼ (k) = ¾ of the logit."""
     from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Propagation
+
     model = _without_additive_constants(_siglip_model(seed=3)).double()
     with torch.no_grad():
         model.logit_bias.zero_()
@@ -221,23 +242,35 @@ def test_similarity_bias_is_absorbed_not_spread():
 
 def test_similarity_text_side_is_refused():
     from lrp_core.errors import InputError
+
     with pytest.raises(InputError, match="image only"):
         explain(_siglip_model(), dict(_pair(_images(1).float()), explain="text"))
 
 
 # ---------------------------------------------------------------- SigLIP 2: patch vectors, per-image grids
-VISION2 = dict(patch_size=8, num_patches=16, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-               intermediate_size=96, layer_norm_eps=1e-6)
+VISION2 = dict(
+    patch_size=8,
+    num_patches=16,
+    hidden_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    intermediate_size=96,
+    layer_norm_eps=1e-6,
+)
 
 
 def _siglip2(cls: str = "Siglip2ForImageClassification", attn: str = "sdpa", seed: int = 0):
     import transformers
     from by_path import root_fixtures  # the root conftest by path (tests/widgets has a conftest too)
+
     _perturb_norms = root_fixtures()._perturb_norms
     torch.manual_seed(seed)
     extra = dict(text_config=TEXT) if cls == "Siglip2Model" else dict(num_labels=4)
-    model = getattr(transformers, cls)._from_config(transformers.Siglip2Config(vision_config=VISION2, **extra),
-                                                    attn_implementation=attn).eval()
+    model = (
+        getattr(transformers, cls)
+        ._from_config(transformers.Siglip2Config(vision_config=VISION2, **extra), attn_implementation=attn)
+        .eval()
+    )
     _perturb_norms(model, seed)
     return model
 
@@ -276,6 +309,7 @@ def test_siglip2_eager_padding_changes_only_the_models_float32_softmax_rounding(
 
 def test_siglip2_inputs_that_do_not_lie_on_one_grid_are_refused():
     from lrp_core.errors import InputError
+
     model = _siglip2()
     inputs = _patchified(_images(2).float(), 20)
     mixed = dict(inputs, spatial_shapes=torch.tensor([[4, 4], [2, 8]]))
@@ -302,20 +336,26 @@ def test_siglip2_similarity_every_method_equals_the_model():
 
 # ---------------------------------------------------------------- refused SigLIP models say why
 
+
 def _siglip_vision_model():
     from transformers import SiglipVisionConfig, SiglipVisionModel
+
     return SiglipVisionModel(SiglipVisionConfig(**VISION)).eval()
 
 
 def _siglip2_vision_model():
     from transformers import Siglip2VisionConfig, Siglip2VisionModel
+
     return Siglip2VisionModel(Siglip2VisionConfig(**VISION2)).eval()
 
 
-@pytest.mark.parametrize("build,words", [
-    (_siglip_vision_model, ("no prediction", "SiglipForImageClassification", "SiglipModel")),
-    (_siglip2_vision_model, ("no prediction", "Siglip2ForImageClassification", "Siglip2Model")),
-])
+@pytest.mark.parametrize(
+    "build,words",
+    [
+        (_siglip_vision_model, ("no prediction", "SiglipForImageClassification", "SiglipModel")),
+        (_siglip2_vision_model, ("no prediction", "Siglip2ForImageClassification", "Siglip2Model")),
+    ],
+)
 def test_refused_siglip_models_say_why(build, words):
     model = build()
     with pytest.raises(UnsupportedModelError) as err:

@@ -1,6 +1,7 @@
 """timm ``SwinTransformer``: windowed attention (shifted windows with their region mask, relative position bias)
 replayed as full attention over each stage with an additive bias, patch merging between stages, mean readout.
 Tiny random models (img 32, patch 4, windows 4 or 2, depths (2, 2), width 16), seconds each."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,6 +28,7 @@ def make_swin(seed: int = 0, **kw):
     """A tiny timm Swin with weights of std 1/√fan_in (q/k 3× larger) and random biases and position-bias tables,
     so that the windows, their shifts and the position bias shape the logits."""
     from timm.models.swin_transformer import SwinTransformer
+
     torch.manual_seed(seed)
     cfg = dict(img_size=32, patch_size=4, window_size=4, embed_dim=16, depths=(2, 2), num_heads=(2, 4), num_classes=5)
     cfg.update(kw)
@@ -92,10 +94,10 @@ def test_batch_equals_single_in_float64(method):
     model, x = make_swin(window_size=2).double(), _images(3).double()
     batch = explain(model, x, method=method)
     for i in range(x.shape[0]):
-        one = explain(model, x[i:i + 1], method=method)
-        assert rel_err(batch.scores[i:i + 1], one.scores) <= 1e-8, method
+        one = explain(model, x[i : i + 1], method=method)
+        assert rel_err(batch.scores[i : i + 1], one.scores) <= 1e-8, method
         if batch.pixels is not None:
-            assert rel_err(batch.pixels[i:i + 1], one.pixels) <= 1e-8, method
+            assert rel_err(batch.pixels[i : i + 1], one.pixels) <= 1e-8, method
 
 
 @pytest.mark.parametrize("method", sorted(REFUSED_METHODS))
@@ -147,6 +149,7 @@ def test_lrp_token_relevance_of_the_merged_stage_is_spread_over_its_patches():
 
 def test_regrouping_is_timms_patch_merging_grouping_and_its_inverse_undoes_it():
     from lrp_core.adapters.swin import _regroup, _ungroup
+
     x = torch.randn(2, 8, 6, 5, dtype=torch.float64)  # (B, H, W, C)
     timm_grouped = x.reshape(2, 4, 2, 3, 2, 5).permute(0, 1, 3, 4, 2, 5).flatten(3)  # PatchMerging.forward
     flat = x.reshape(2, 48, 5)

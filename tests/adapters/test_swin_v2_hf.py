@@ -3,6 +3,7 @@
 stage, a patch merging, mean readout), and Swin V2's post-norm blocks, cosine attention with its clamped per-head
 logit scale and continuous position bias. Tiny random models (img 32, patch 4, window 4, depths (2, 2), width 16):
 stage 0 is an 8×8 grid with shifted windows in its second block, stage 1 a 4×4 grid in one window."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,19 +30,26 @@ def _images(n: int = 2, seed: int = 1) -> torch.Tensor:
 
 
 def _build(family: str, **kw) -> torch.nn.Module:
-    cfg = dict(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4,
-               num_labels=5)
+    cfg = dict(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=5)
     cfg.update(kw)
     if family == "timm_v2":
         from timm.models.swin_transformer_v2 import SwinTransformerV2
-        return SwinTransformerV2(img_size=cfg["image_size"], patch_size=cfg["patch_size"],
-                                 window_size=cfg["window_size"], embed_dim=cfg["embed_dim"],
-                                 depths=tuple(cfg["depths"]), num_heads=tuple(cfg["num_heads"]),
-                                 num_classes=cfg["num_labels"])
+
+        return SwinTransformerV2(
+            img_size=cfg["image_size"],
+            patch_size=cfg["patch_size"],
+            window_size=cfg["window_size"],
+            embed_dim=cfg["embed_dim"],
+            depths=tuple(cfg["depths"]),
+            num_heads=tuple(cfg["num_heads"]),
+            num_classes=cfg["num_labels"],
+        )
     if family == "hf_v2":
         from transformers import Swinv2Config, Swinv2ForImageClassification
+
         return Swinv2ForImageClassification(Swinv2Config(**cfg))
     from transformers import SwinConfig, SwinForImageClassification
+
     return SwinForImageClassification(SwinConfig(**cfg, attn_implementation=family.rsplit("_", 1)[1]))
 
 
@@ -121,11 +129,14 @@ def test_patch_merging_concatenates_the_neighbours_in_the_regrouping_order(famil
 def _merging(family: str) -> torch.nn.Module:
     if family == "timm_v2":
         from timm.models.swin_transformer_v2 import PatchMerging
+
         return PatchMerging(dim=5)
     if family == "hf_v2":
         from transformers.models.swinv2.modeling_swinv2 import Swinv2PatchMerging
+
         return Swinv2PatchMerging((8, 6), dim=5)
     from transformers.models.swin.modeling_swin import SwinPatchMerging
+
     return SwinPatchMerging(dim=5)
 
 
@@ -134,6 +145,7 @@ def test_cosine_normalisation_is_torchs_and_attnlrp_holds_its_divisor_constant()
     Jacobian is ``I / ‖x‖`` (the divisor a constant), so relevance passes through it unchanged."""
     from lrp_core.rules.composites import ATTNLRP
     from lrp_core.rules.ops import LAYERNORM
+
     x = torch.randn(3, 2, 5, 8, dtype=torch.float64)
     assert torch.equal(COSINE(x), torch.nn.functional.normalize(x, dim=-1))
     assert isinstance(COSINE, CosineNormalize)
@@ -168,10 +180,10 @@ def test_batch_equals_single_in_float64(family, method):
     model, x = make_swin(family).double(), _images(3).double()
     batch = explain(model, x, method=method)
     for i in range(x.shape[0]):
-        one = explain(model, x[i:i + 1], method=method)
-        assert rel_err(batch.scores[i:i + 1], one.scores) <= 1e-8, method
+        one = explain(model, x[i : i + 1], method=method)
+        assert rel_err(batch.scores[i : i + 1], one.scores) <= 1e-8, method
         if batch.pixels is not None:
-            assert rel_err(batch.pixels[i:i + 1], one.pixels) <= 1e-8, method
+            assert rel_err(batch.pixels[i : i + 1], one.pixels) <= 1e-8, method
 
 
 @pytest.mark.parametrize("family", ["hf_v1_sdpa", "hf_v2"])
@@ -245,6 +257,7 @@ def _padded_model(family: str) -> torch.nn.Module:
     whole windows with zero tokens, shifted blocks included (timm v1 from test_swin.py)."""
     if family == "timm_v1":
         from test_swin import make_swin as make_timm_v1
+
         return make_timm_v1(img_size=40)
     return make_swin(family, image_size=40)
 
@@ -271,8 +284,9 @@ def test_cp_lrp_conserves_through_the_padding_without_additive_constants(family)
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.zero_()
-    exp = explain(model, torch.randn(2, 3, 40, 40, generator=torch.Generator().manual_seed(3)).double(),
-                  method="cp_lrp")
+    exp = explain(
+        model, torch.randn(2, 3, 40, 40, generator=torch.Generator().manual_seed(3)).double(), method="cp_lrp"
+    )
     c = exp.conservation
     tol = 1e-8 * c.output.abs() + 1e-9
     assert (c.absorbed().abs().max(dim=1).values < tol).all()
@@ -298,9 +312,10 @@ def test_absolute_position_embeddings_are_refused():
 
 def test_a_swin_without_a_classification_head_is_refused_by_family():
     from transformers import SwinConfig, SwinModel
-    model = SwinModel(SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4],
-                                 window_size=4)).eval()
+
+    model = SwinModel(
+        SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4)
+    ).eval()
     with pytest.raises(UnsupportedModelError) as err:
         explain(model, _images(1), method="lrp")
     assert "SwinForImageClassification" in str(err.value) and "no class to explain" in str(err.value)
-

@@ -1,5 +1,6 @@
 """Every supported Hugging Face text family: the replay is the model, batches equal single texts, the model
 stays untouched, every method gives one finite score per token; RoBERTa ≡ BERT; refused families say why."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,7 +39,7 @@ def test_batch_equals_single_in_float64(family, method):
     assert exp.scores.shape == mask.shape and torch.isfinite(exp.scores).all()
     for i in range(mask.shape[0]):
         n = int(mask[i].sum())
-        one = explain(model, {k: v[i:i + 1, :n] for k, v in batch.items()}, method=method)
+        one = explain(model, {k: v[i : i + 1, :n] for k, v in batch.items()}, method=method)
         assert rel_err(exp.scores[i, :n], one.scores[0]) <= 1e-8, (family, method)
         assert (exp.scores[i, n:] == 0).all(), "padding scores 0"
 
@@ -96,8 +97,14 @@ def _copy_roberta_to_bert(roberta, bert) -> None:
     types = sd["bert.embeddings.token_type_embeddings.weight"]  # RoBERTa has one token type
     sd["bert.embeddings.token_type_embeddings.weight"] = types.expand(bert.config.type_vocab_size, -1)
     head = roberta.classifier
-    sd.update({"bert.pooler.dense.weight": head.dense.weight, "bert.pooler.dense.bias": head.dense.bias,
-               "classifier.weight": head.out_proj.weight, "classifier.bias": head.out_proj.bias})
+    sd.update(
+        {
+            "bert.pooler.dense.weight": head.dense.weight,
+            "bert.pooler.dense.bias": head.dense.bias,
+            "classifier.weight": head.out_proj.weight,
+            "classifier.bias": head.out_proj.bias,
+        }
+    )
     missing, unexpected = bert.load_state_dict(sd, strict=False)
     assert not unexpected and all(k.endswith("position_ids") or k.endswith("token_type_ids") for k in missing)
 
@@ -169,19 +176,35 @@ def test_mpnet_position_bias_is_in_every_block():
 
 def _deberta_v2():
     from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
-    return DebertaV2ForSequenceClassification(DebertaV2Config(vocab_size=60, hidden_size=32, num_hidden_layers=1,
-                                                              num_attention_heads=2, intermediate_size=64))
+
+    return DebertaV2ForSequenceClassification(
+        DebertaV2Config(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    )
 
 
 def _modernbert_mlm():
     from transformers import ModernBertConfig, ModernBertForMaskedLM
-    return ModernBertForMaskedLM(ModernBertConfig(
-        vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2))
+
+    return ModernBertForMaskedLM(
+        ModernBertConfig(
+            vocab_size=60,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            cls_token_id=1,
+            sep_token_id=2,
+        )
+    )
 
 
-@pytest.mark.parametrize("build,why", [(_deberta_v2, "disentangled attention"),
-                                       (_modernbert_mlm, "ModernBertForSequenceClassification is explained")])
+@pytest.mark.parametrize(
+    "build,why",
+    [(_deberta_v2, "disentangled attention"), (_modernbert_mlm, "ModernBertForSequenceClassification is explained")],
+)
 def test_refused_families_say_why_and_what_is_supported(build, why):
     model = build()
     with pytest.raises(UnsupportedModelError, match=why) as err:

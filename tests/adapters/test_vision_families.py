@@ -1,5 +1,6 @@
 """Vision families beyond the [CLS]-pooled ViT: average pooling, no class token, distilled DeiT (timm and
 Hugging Face), Hugging Face DINOv2 — and the families that are refused. Tiny random models, seconds each."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,16 @@ from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import InputError, UnsupportedModelError
 
-CFG = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
-           intermediate_size=192, num_labels=5, layer_norm_eps=1e-6)
+CFG = dict(
+    image_size=32,
+    patch_size=8,
+    hidden_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=3,
+    intermediate_size=192,
+    num_labels=5,
+    layer_norm_eps=1e-6,
+)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -26,15 +35,18 @@ def _images(n: int = 3, size: tuple = (32, 32), seed: int = 1) -> torch.Tensor:
 # ---------------------------------------------------------------- the tiny models
 def timm_distilled(seed: int = 0):
     from timm.models.deit import VisionTransformerDistilled
+
     torch.manual_seed(seed)
-    model = VisionTransformerDistilled(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=5,
-                                       qkv_bias=True).eval()
+    model = VisionTransformerDistilled(
+        img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=5, qkv_bias=True
+    ).eval()
     _perturb_norms(model, seed)
     return model
 
 
 def _hf(cls_name: str, config_name: str, seed: int = 0, **kw):
     import transformers
+
     torch.manual_seed(seed)
     model = getattr(transformers, cls_name)(getattr(transformers, config_name)(**{**CFG, **kw})).eval()
     _perturb_norms(model, seed)
@@ -54,9 +66,20 @@ def hf_dinov2(seed: int = 0):
 def hf_siglip(seed: int = 0, attn: str = "sdpa", **kw):
     """A tiny ``SiglipForImageClassification`` (no class token, mean of all tokens; the unread pooling head kept)."""
     import transformers
+
     torch.manual_seed(seed)
-    vision = {k: CFG[k] for k in ("image_size", "patch_size", "hidden_size", "num_hidden_layers",
-                                  "num_attention_heads", "intermediate_size", "layer_norm_eps")}
+    vision = {
+        k: CFG[k]
+        for k in (
+            "image_size",
+            "patch_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "layer_norm_eps",
+        )
+    }
     config = transformers.SiglipConfig(vision_config={**vision, **kw}, num_labels=CFG["num_labels"])
     model = transformers.SiglipForImageClassification._from_config(config, attn_implementation=attn).eval()
     _perturb_norms(model, seed)
@@ -66,9 +89,19 @@ def hf_siglip(seed: int = 0, attn: str = "sdpa", **kw):
 def hf_siglip2(seed: int = 0):
     """A tiny ``Siglip2ForImageClassification`` on (B, 3, H, W) images (its patch Linear read as a convolution)."""
     import transformers
+
     torch.manual_seed(seed)
-    vision = {k: CFG[k] for k in ("patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                  "intermediate_size", "layer_norm_eps")}
+    vision = {
+        k: CFG[k]
+        for k in (
+            "patch_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "layer_norm_eps",
+        )
+    }
     config = transformers.Siglip2Config(vision_config={**vision, "num_patches": 16}, num_labels=CFG["num_labels"])
     model = transformers.Siglip2ForImageClassification._from_config(config, attn_implementation="sdpa").eval()
     _perturb_norms(model, seed)
@@ -88,14 +121,23 @@ FAMILIES = {
 }
 
 #: the tokens the classifier reads directly, per family
-READOUT_TOKENS = {"timm_avg": (), "timm_avg_no_class_token": (), "timm_avg_registers": (), "timm_distilled": (0, 1),
-                  "hf_deit": (0,), "hf_deit_teacher": (0, 1), "hf_dinov2": (0,), "hf_siglip": (),
-                  "hf_siglip2": ()}
+READOUT_TOKENS = {
+    "timm_avg": (),
+    "timm_avg_no_class_token": (),
+    "timm_avg_registers": (),
+    "timm_distilled": (0, 1),
+    "hf_deit": (0,),
+    "hf_deit_teacher": (0, 1),
+    "hf_dinov2": (0,),
+    "hf_siglip": (),
+    "hf_siglip2": (),
+}
 
 
 def siglip2_patches(images: torch.Tensor, length: int = 0, patch: int = 8) -> dict:
     """What SigLIP 2's processor gives for these images: transformers' own patchify, padded to ``length`` patches."""
     from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
+
     rows = torch.stack([convert_image_to_patches(im, patch) for im in images])  # (B, h·w, p·p·3)
     B, P, F = rows.shape
     values = torch.zeros(B, max(length, P), F, dtype=images.dtype)
@@ -154,10 +196,10 @@ def test_batch_equals_single_in_float64(family, method):
     model, x = FAMILIES[family]().double(), _images(3).double()
     batch = explain(model, x, method=method)
     for i in range(x.shape[0]):
-        one = explain(model, x[i:i + 1], method=method)
-        assert rel_err(batch.scores[i:i + 1], one.scores) <= 1e-8, method
+        one = explain(model, x[i : i + 1], method=method)
+        assert rel_err(batch.scores[i : i + 1], one.scores) <= 1e-8, method
         if batch.pixels is not None:
-            assert rel_err(batch.pixels[i:i + 1], one.pixels) <= 1e-8, method
+            assert rel_err(batch.pixels[i : i + 1], one.pixels) <= 1e-8, method
 
 
 # ---------------------------------------------------------------- the model is left as it was
@@ -187,8 +229,15 @@ def test_mean_over_one_token_is_reading_that_token(monkeypatch):
     x = _images(2, (8, 8)).double()
     methods = [m for m in METHODS if m != "token_ablation"]
     mean = {m: explain(model, x, method=m) for m in methods}
-    monkeypatch.setattr(TimmViTAdapter, "_readout", staticmethod(lambda m: TokenReadout(
-        norm=m.norm, head_layers=[HeadLayer(LAYERNORM, m.fc_norm), HeadLayer(LINEAR, m.head)], index=0)))
+    monkeypatch.setattr(
+        TimmViTAdapter,
+        "_readout",
+        staticmethod(
+            lambda m: TokenReadout(
+                norm=m.norm, head_layers=[HeadLayer(LAYERNORM, m.fc_norm), HeadLayer(LINEAR, m.head)], index=0
+            )
+        ),
+    )
     assert type(get_adapter(model).readout) is TokenReadout
     for m in methods:
         token = explain(model, x, method=m)
@@ -212,8 +261,17 @@ def _symmetric_deit_pair():
 
 
 #: methods whose map is the same for the two descriptions (docs/METHODS.md §4.3), and the factor where not 1
-SAME_MAP = {"rollout": 1.0, "raw_attention": 1.0, "attention_gradcam": 1.0, "cdam": 1.0, "lrp": 1.0,
-            "token_ablation": 1.0, "attnlrp": 1.0, "cp_lrp": 1.0, "partial_lrp": 0.5}
+SAME_MAP = {
+    "rollout": 1.0,
+    "raw_attention": 1.0,
+    "attention_gradcam": 1.0,
+    "cdam": 1.0,
+    "lrp": 1.0,
+    "token_ablation": 1.0,
+    "attnlrp": 1.0,
+    "cp_lrp": 1.0,
+    "partial_lrp": 0.5,
+}
 
 
 @pytest.mark.parametrize("method", SAME_MAP)
@@ -233,12 +291,18 @@ def _copy_blocks(t, layers) -> None:
     for blk, layer in zip(t.blocks, layers):
         D = blk.attn.qkv.weight.shape[1]
         att = layer.attention
-        for lin, w, b in zip((att.q_proj, att.k_proj, att.v_proj), blk.attn.qkv.weight.split(D),
-                             blk.attn.qkv.bias.split(D)):
+        for lin, w, b in zip(
+            (att.q_proj, att.k_proj, att.v_proj), blk.attn.qkv.weight.split(D), blk.attn.qkv.bias.split(D)
+        ):
             lin.weight.copy_(w)
             lin.bias.copy_(b)
-        for dst, src in ((att.o_proj, blk.attn.proj), (layer.mlp.fc1, blk.mlp.fc1), (layer.mlp.fc2, blk.mlp.fc2),
-                         (layer.layernorm_before, blk.norm1), (layer.layernorm_after, blk.norm2)):
+        for dst, src in (
+            (att.o_proj, blk.attn.proj),
+            (layer.mlp.fc1, blk.mlp.fc1),
+            (layer.mlp.fc2, blk.mlp.fc2),
+            (layer.layernorm_before, blk.norm1),
+            (layer.layernorm_after, blk.norm2),
+        ):
             dst.load_state_dict(src.state_dict())
 
 
@@ -281,6 +345,7 @@ def test_hf_distilled_deit_matches_timm_distilled_deit(method):
 def test_readout_relevance_is_conserved_and_every_rule_set_covers_it(family):
     from lrp_core.rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE, TRANSFORMER_ATTRIBUTION, Propagation
     from lrp_core.rules.ops import POOL
+
     a = get_adapter(FAMILIES[family]().double())
     trace = a.forward(a.check_inputs(_images(2).double()))
     R_out = torch.zeros_like(trace.logits)
@@ -302,29 +367,37 @@ def test_readout_relevance_is_conserved_and_every_rule_set_covers_it(family):
 # ---------------------------------------------------------------- refused families say why
 def _tiny_swin_v2_cr():
     from timm.models.swin_transformer_v2_cr import SwinTransformerV2Cr
-    return SwinTransformerV2Cr(img_size=32, patch_size=4, window_size=4, embed_dim=24, depths=(1, 1),
-                               num_heads=(1, 2), num_classes=3).eval()
+
+    return SwinTransformerV2Cr(
+        img_size=32, patch_size=4, window_size=4, embed_dim=24, depths=(1, 1), num_heads=(1, 2), num_classes=3
+    ).eval()
 
 
 def _hf_swin_backbone():
     from transformers import SwinConfig, SwinModel
-    return SwinModel(SwinConfig(image_size=32, patch_size=4, embed_dim=24, depths=[1, 1], num_heads=[1, 2],
-                                window_size=4)).eval()
+
+    return SwinModel(
+        SwinConfig(image_size=32, patch_size=4, embed_dim=24, depths=[1, 1], num_heads=[1, 2], window_size=4)
+    ).eval()
 
 
 def _hf_beit():
     from transformers import BeitConfig, BeitForImageClassification
+
     return BeitForImageClassification(BeitConfig(**{**CFG, "use_relative_position_bias": True})).eval()
 
 
-@pytest.mark.parametrize("build,words", [
-    (_tiny_swin_v2_cr, ("windows", "merged", "SwinTransformerV2Cr", "learned temperature")),
-    (_hf_swin_backbone, ("windows", "merged", "no class to explain", "Captum")),
-    (_hf_beit, ("relative position bias",)),
-    (lambda: make_tiny_vit(global_pool="map"), ("global_pool='map'", "'token'", "'avg'")),
-    (lambda: make_tiny_vit(global_pool="max", fc_norm=True), ("global_pool='max'",)),
-    (lambda: _hf("Dinov2ForImageClassification", "Dinov2Config", use_swiglu_ffn=True), ("SwiGLU",)),
-])
+@pytest.mark.parametrize(
+    "build,words",
+    [
+        (_tiny_swin_v2_cr, ("windows", "merged", "SwinTransformerV2Cr", "learned temperature")),
+        (_hf_swin_backbone, ("windows", "merged", "no class to explain", "Captum")),
+        (_hf_beit, ("relative position bias",)),
+        (lambda: make_tiny_vit(global_pool="map"), ("global_pool='map'", "'token'", "'avg'")),
+        (lambda: make_tiny_vit(global_pool="max", fc_norm=True), ("global_pool='max'",)),
+        (lambda: _hf("Dinov2ForImageClassification", "Dinov2Config", use_swiglu_ffn=True), ("SwiGLU",)),
+    ],
+)
 def test_refused_families_say_why(build, words):
     model = build()
     with pytest.raises(UnsupportedModelError) as err:

@@ -1,5 +1,6 @@
 """The Captum baselines on vision-language models: attributed at the pixels and the text's word embeddings at once
 (docs/METHODS.md §2g). Tiny random LLaVA (tests/vlms.py), float64."""
+
 from __future__ import annotations
 
 import pytest
@@ -83,9 +84,12 @@ def test_input_x_gradient_gives_each_row_of_a_padded_batch_its_explanation_alone
     x = inputs(rows, side="left")
     batch = explain(model, x, method="input_x_gradient")
     for i, r in enumerate(rows):
-        one = explain(model, {k: v[i:i + 1, -len(r):] if k != "pixel_values" else v[i:i + 1] for k, v in x.items()},
-                      method="input_x_gradient")
-        assert (batch.scores[i, -len(r):] - one.scores[0]).abs().max() <= 1e-10
+        one = explain(
+            model,
+            {k: v[i : i + 1, -len(r) :] if k != "pixel_values" else v[i : i + 1] for k, v in x.items()},
+            method="input_x_gradient",
+        )
+        assert (batch.scores[i, -len(r) :] - one.scores[0]).abs().max() <= 1e-10
         assert (batch.pixels[i] - one.pixels[0]).abs().max() <= 1e-10
 
 
@@ -154,7 +158,11 @@ def test_integrated_gradients_gives_each_row_of_a_padded_batch_its_explanation_a
     x = inputs(rows, side="right")
     batch = explain(model, x, method="integrated_gradients", n_steps=8)
     for i, r in enumerate(rows):
-        one = explain(model, {k: v[i:i + 1, :len(r)] if k != "pixel_values" else v[i:i + 1] for k, v in x.items()},
-                      method="integrated_gradients", n_steps=8)
-        assert (batch.scores[i, :len(r)] - one.scores[0]).abs().max() <= 1e-10
+        one = explain(
+            model,
+            {k: v[i : i + 1, : len(r)] if k != "pixel_values" else v[i : i + 1] for k, v in x.items()},
+            method="integrated_gradients",
+            n_steps=8,
+        )
+        assert (batch.scores[i, : len(r)] - one.scores[0]).abs().max() <= 1e-10
         assert (batch.pixels[i] - one.pixels[0]).abs().max() <= 1e-10

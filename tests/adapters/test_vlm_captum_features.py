@@ -1,6 +1,7 @@
 """SmoothGrad, occlusion and KernelSHAP on vision-language models, and the Captum baselines on Qwen-VL's flattened
 patches (docs/METHODS.md §2g.5): each checked against the model itself (Hugging Face's forward and autograd), on
 tiny random models (tests/vlms.py), float64."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,8 +34,13 @@ from lrp_core.errors import InputError
 NEW = ("smoothgrad", "occlusion", "kernel_shap")
 #: SmoothGrad's pixel noise σ over the embeddings' on a VLM (METHODS §2g.5)
 PIXEL_NOISE_SCALE = 30.0
-QUICK = {"smoothgrad": {"n_samples": 3}, "occlusion": {}, "kernel_shap": {"n_samples": 48},
-         "input_x_gradient": {}, "integrated_gradients": {"n_steps": 8}}
+QUICK = {
+    "smoothgrad": {"n_samples": 3},
+    "occlusion": {},
+    "kernel_shap": {"n_samples": 48},
+    "input_x_gradient": {},
+    "integrated_gradients": {"n_steps": 8},
+}
 N = QWEN_GRID[0] * QWEN_GRID[1]
 
 
@@ -73,6 +79,7 @@ def _words(model, x: dict) -> torch.Tensor:
 def _qwen_raster(model) -> torch.Tensor:
     """(N,) for each patch in the processor's order its raster index, from the model's own vision position ids."""
     from transformers.vision_utils import get_vision_position_ids
+
     pos = get_vision_position_ids(torch.tensor([[1, *QWEN_GRID]]), model.config.vision_config.spatial_merge_size)
     return pos[:, 0] * QWEN_GRID[1] + pos[:, 1]
 
@@ -88,9 +95,9 @@ def test_occlusion_of_a_patch_and_of_a_token_is_the_logit_drop_by_hand_on_llava(
     p = SIZE // GRID
     for b, (r, col) in enumerate([(0, 0), (2, 3)]):
         pixels = x["pixel_values"].clone()
-        pixels[b, :, r * p:(r + 1) * p, col * p:(col + 1) * p] = 0.0
+        pixels[b, :, r * p : (r + 1) * p, col * p : (col + 1) * p] = 0.0
         drop = float((y - _y(model, dict(x, pixel_values=pixels), e.target))[b])
-        patch = e.pixels[b, r * p:(r + 1) * p, col * p:(col + 1) * p]
+        patch = e.pixels[b, r * p : (r + 1) * p, col * p : (col + 1) * p]
         assert (patch - drop).abs().max() <= 1e-12 * max(1.0, abs(drop))  # measured 3e-15 relative
         token = torch.nonzero(x["input_ids"][b] == IMAGE).flatten()[r * GRID + col]  # one patch per image token
         assert abs(float(e.scores[b, token]) - drop) <= 1e-10 * max(1.0, abs(drop))
@@ -116,7 +123,9 @@ def test_occlusion_of_a_patch_and_of_a_token_is_the_logit_drop_by_hand_on_qwen(v
         pixels[b * N + n] = 0.0
         drop = float((y - _y(model, dict(x, pixel_values=pixels), e.target))[b])
         r, col = divmod(int(raster[n]), w)
-        assert (e.pixels[b, r * p:(r + 1) * p, col * p:(col + 1) * p] - drop).abs().max() <= 1e-10 * max(1.0, abs(drop))
+        assert (e.pixels[b, r * p : (r + 1) * p, col * p : (col + 1) * p] - drop).abs().max() <= 1e-10 * max(
+            1.0, abs(drop)
+        )
         t = int(torch.nonzero(_text(x, QWEN_IMAGE)[b]).flatten()[1])
         words = _words(model, x)
         words[b, t] = 0.0
@@ -221,14 +230,22 @@ def test_smoothgrad_is_the_mean_of_input_x_gradient_at_the_noisy_copies(family):
     words = _words(model, x)
     per_row = N if family == "qwen" else 1
     pixels_sum, words_sum = 0.0, 0.0
-    noises = [_noise(x["pixel_values"][b * per_row:(b + 1) * per_row] if family == "qwen" else x["pixel_values"][b],
-                     n, int(text[b].sum()), words.shape[-1], sigma) for b in range(2)]
+    noises = [
+        _noise(
+            x["pixel_values"][b * per_row : (b + 1) * per_row] if family == "qwen" else x["pixel_values"][b],
+            n,
+            int(text[b].sum()),
+            words.shape[-1],
+            sigma,
+        )
+        for b in range(2)
+    ]
     for s in range(n):
         noisy_pixels = x["pixel_values"].clone()
         noisy_words = words.clone()
         for b, (eps_pixels, eps_words) in enumerate(noises):
             if family == "qwen":
-                noisy_pixels[b * N:(b + 1) * N] += eps_pixels[s]
+                noisy_pixels[b * N : (b + 1) * N] += eps_pixels[s]
             else:
                 noisy_pixels[b] += eps_pixels[s]
             noisy_words[b, text[b]] += eps_words[s]
@@ -243,12 +260,15 @@ def test_smoothgrad_is_the_mean_of_input_x_gradient_at_the_noisy_copies(family):
 def _alone(x: dict, i: int, row: list, side: str, qwen: bool) -> dict:
     T = x["input_ids"].shape[1]
     cols = slice(T - len(row), T) if side == "left" else slice(0, len(row))
-    one = {k: x[k][i:i + 1, cols] for k in ("input_ids", "attention_mask")}
+    one = {k: x[k][i : i + 1, cols] for k in ("input_ids", "attention_mask")}
     if qwen:
-        return {**one, "pixel_values": x["pixel_values"][i * N:(i + 1) * N],
-                "image_grid_thw": x["image_grid_thw"][i:i + 1],
-                "mm_token_type_ids": x["mm_token_type_ids"][i:i + 1, cols]}
-    return {**one, "pixel_values": x["pixel_values"][i:i + 1]}
+        return {
+            **one,
+            "pixel_values": x["pixel_values"][i * N : (i + 1) * N],
+            "image_grid_thw": x["image_grid_thw"][i : i + 1],
+            "mm_token_type_ids": x["mm_token_type_ids"][i : i + 1, cols],
+        }
+    return {**one, "pixel_values": x["pixel_values"][i : i + 1]}
 
 
 @pytest.mark.parametrize("family", ["llava", "qwen"])
@@ -263,8 +283,8 @@ def test_a_padded_batch_gives_each_row_its_explanation_alone(family, side):
         for i, row in enumerate(rows):
             alone = explain(model, _alone(x, i, row, side, family == "qwen"), method=method, **QUICK[method])
             cols = slice(T - len(row), T) if side == "left" else slice(0, len(row))
-            relative_deviation(both.scores[i:i + 1, cols], alone.scores)
-            relative_deviation(both.pixels[i:i + 1], alone.pixels)
+            relative_deviation(both.scores[i : i + 1, cols], alone.scores)
+            relative_deviation(both.pixels[i : i + 1], alone.pixels)
             padding = torch.ones(T, dtype=torch.bool)
             padding[cols] = False
             assert float(both.scores[i, padding].abs().sum()) == 0.0
@@ -275,6 +295,7 @@ def test_occlusion_and_kernel_shap_run_on_pooled_and_shuffled_towers(build):
     """Gemma 3 (4 patches per image token) and SmolVLM (pixel shuffle): occlusion's image token holds its patches'
     values (Σ scores = Σ patch values + Σ text), KernelSHAP is efficient against the model's reference drop."""
     from vlms import gemma3_prompt, image_types
+
     if build == "gemma3":
         model, image_id = make_gemma3(), IMAGE
         x = image_types(inputs([gemma3_prompt([5, 6], [7, 8, 9]), gemma3_prompt([10], [11, 12])], side="left"))

@@ -1,4 +1,5 @@
 """Tiny Hugging Face text classifiers of every supported family, built in milliseconds (no downloads)."""
+
 from __future__ import annotations
 
 import torch
@@ -6,61 +7,104 @@ from conftest import _perturb_norms
 
 #: shared sizes: 2 heads of width 16, 3 classes, room for 40 positions
 SIZES = dict(vocab_size=60, num_labels=3, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
-BERT_LIKE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                 max_position_embeddings=42, **SIZES)
+BERT_LIKE = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=42,
+    **SIZES,
+)
 
 
 def _bert(impl):
     from transformers import BertConfig, BertForSequenceClassification
+
     return BertForSequenceClassification(BertConfig(attn_implementation=impl, **BERT_LIKE))
 
 
 def _roberta(impl):
     from transformers import RobertaConfig, RobertaForSequenceClassification
-    return RobertaForSequenceClassification(RobertaConfig(attn_implementation=impl, pad_token_id=1, type_vocab_size=1,
-                                                          **BERT_LIKE))
+
+    return RobertaForSequenceClassification(
+        RobertaConfig(attn_implementation=impl, pad_token_id=1, type_vocab_size=1, **BERT_LIKE)
+    )
 
 
 def _xlm_roberta(impl):
     from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
-    return XLMRobertaForSequenceClassification(XLMRobertaConfig(attn_implementation=impl, pad_token_id=1,
-                                                                **BERT_LIKE))
+
+    return XLMRobertaForSequenceClassification(XLMRobertaConfig(attn_implementation=impl, pad_token_id=1, **BERT_LIKE))
 
 
 def _electra(impl):
     """embedding_size 16 != hidden 32: the embeddings_project Linear is in the replay."""
     from transformers import ElectraConfig, ElectraForSequenceClassification
+
     return ElectraForSequenceClassification(ElectraConfig(attn_implementation=impl, embedding_size=16, **BERT_LIKE))
 
 
 def _distilbert(impl, sinusoidal: bool = False):
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
-    cfg = DistilBertConfig(attn_implementation=impl, vocab_size=60, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
-                           max_position_embeddings=40, num_labels=3, dropout=0.1, attention_dropout=0.1,
-                           sinusoidal_pos_embds=sinusoidal)
+
+    cfg = DistilBertConfig(
+        attn_implementation=impl,
+        vocab_size=60,
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        hidden_dim=64,
+        max_position_embeddings=40,
+        num_labels=3,
+        dropout=0.1,
+        attention_dropout=0.1,
+        sinusoidal_pos_embds=sinusoidal,
+    )
     return DistilBertForSequenceClassification(cfg)
 
 
 def _albert(impl, groups: int = 1, inner: int = 1, layers: int = 3):
     """One layer shared by ``layers`` uses (default), or several groups of several layers."""
     from transformers import AlbertConfig, AlbertForSequenceClassification
-    cfg = AlbertConfig(attn_implementation=impl, embedding_size=16, num_hidden_groups=groups, inner_group_num=inner,
-                       **{**BERT_LIKE, "num_hidden_layers": layers})
+
+    cfg = AlbertConfig(
+        attn_implementation=impl,
+        embedding_size=16,
+        num_hidden_groups=groups,
+        inner_group_num=inner,
+        **{**BERT_LIKE, "num_hidden_layers": layers},
+    )
     return AlbertForSequenceClassification(cfg)
 
 
 def _mpnet(impl):
     from transformers import MPNetConfig, MPNetForSequenceClassification
+
     return MPNetForSequenceClassification(MPNetConfig(attn_implementation=impl, **BERT_LIKE))
 
 
 def _modernbert(impl, pooling: str = "cls"):
     """3 layers, the first global and the other two sliding-window (±2 tokens: shorter than the texts)."""
     from transformers import ModernBertConfig, ModernBertForSequenceClassification
-    cfg = ModernBertConfig(attn_implementation=impl, vocab_size=60, hidden_size=32, num_hidden_layers=3,
-                           num_attention_heads=2, intermediate_size=48, global_attn_every_n_layers=3,
-                           local_attention=4, classifier_pooling=pooling, num_labels=3, pad_token_id=0,
-                           bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, max_position_embeddings=40)
+
+    cfg = ModernBertConfig(
+        attn_implementation=impl,
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=48,
+        global_attn_every_n_layers=3,
+        local_attention=4,
+        classifier_pooling=pooling,
+        num_labels=3,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+        max_position_embeddings=40,
+    )
     return ModernBertForSequenceClassification(cfg)
 
 

@@ -1,5 +1,6 @@
 """The learner's copy (``scripts/learner_copy.py``, ``make learner-copy``): no solution in plain text, checkers
 that still check, and notebooks that pass nbval from the copy."""
+
 from __future__ import annotations
 
 import ast
@@ -39,7 +40,7 @@ def _solution_lines() -> set[str]:
         source = path.read_text(encoding="utf-8").splitlines()
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.Lambda)):
-                for ln in source[node.lineno - 1:node.end_lineno]:
+                for ln in source[node.lineno - 1 : node.end_lineno]:
                     if len(ln.strip()) >= 25:
                         lines.add(ln.strip())
     return lines
@@ -47,8 +48,9 @@ def _solution_lines() -> set[str]:
 
 def test_the_copy_has_every_notebook_and_checker(copy):
     assert sorted(p.name for p in copy.glob("*.ipynb")) == sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
-    assert sorted(p.name for p in (copy / "solutions").glob("*.py")) == \
-        sorted(p.name for p in (ROOT / "notebooks" / "solutions").glob("*.py"))
+    assert sorted(p.name for p in (copy / "solutions").glob("*.py")) == sorted(
+        p.name for p in (ROOT / "notebooks" / "solutions").glob("*.py")
+    )
 
 
 def test_no_solution_code_in_plain_text(copy):
@@ -100,9 +102,11 @@ def test_the_copy_checks_without_showing_solutions(copy):
     """Imported from the copy alone: all exercises are there, right answers pass, near misses fail with their
     message, and ``solution()`` prints no code — only the discussion, once the exercise is solved."""
     import json
-    env = dict(os.environ, PYTHONPATH=str(ROOT))       # this checkout's library, the copy's checkers
-    res = subprocess.run([sys.executable, "-c", _PROBE, str(copy)], cwd=copy, capture_output=True, text=True,
-                         timeout=120, env=env)
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this checkout's library, the copy's checkers
+    res = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(copy)], cwd=copy, capture_output=True, text=True, timeout=120, env=env
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["n"] == len(EXERCISES)
@@ -127,13 +131,33 @@ def test_the_teachers_copy_still_shows_solutions():
 def test_a_notebook_with_exercises_passes_nbval_from_the_copy(tmp_path):
     """Notebook 3 (three exercises) runs from the learner's copy and its checked cells match (nbval, lax)."""
     dest = learner_copy.write_copy(tmp_path, notebooks=[3])
-    nb, = dest.glob("03_*.ipynb")
+    (nb,) = dest.glob("03_*.ipynb")
     # the kernel imports this checkout's library (the copy holds only the notebooks and checkers)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
-                                                                                       os.environ.get("PYTHONPATH")])))
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval-lax", "--nbval-current-env",
-                          "--nbval-sanitize-with", str(dest / "nbval_sanitize.cfg"), "-p", "no:cacheprovider",
-                          str(nb)], cwd=dest, capture_output=True, text=True, timeout=300, env=env)
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "--nbval-sanitize-with",
+            str(dest / "nbval_sanitize.cfg"),
+            "-p",
+            "no:cacheprovider",
+            str(nb),
+        ],
+        cwd=dest,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     assert " passed" in res.stdout and "failed" not in res.stdout
 

@@ -1,4 +1,5 @@
 """The facts task: reproducible prompts whose evidence is known exactly (docs/METHODS.md §3b)."""
+
 import pytest
 
 from lrp_core.data.facts import RELATIONS, evidence_tokens, make_facts, vocabulary, words_of

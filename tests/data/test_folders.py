@@ -1,4 +1,5 @@
 """User data folders (lrp_core.data.folders): images with masks, ERASER, simple JSONL."""
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,9 @@ def test_image_folder_masks_follow_the_preprocess(tmp_path):
     rng = np.random.default_rng(0)
     truth = []
     for i, name in enumerate(["a", "b"]):
-        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(
-            tmp_path / "images" / f"{name}.png")
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "images" / f"{name}.png")
         m = np.zeros((64, 64), np.uint8)
-        m[8 + 8 * i:40, 16:48] = 255                       # even-aligned: exact after /2
+        m[8 + 8 * i : 40, 16:48] = 255  # even-aligned: exact after /2
         Image.fromarray(m).save(tmp_path / "masks" / f"{name}.png")
         truth.append(m[::2, ::2][4:28, 4:28] > 0)
     (tmp_path / "labels.csv").write_text("name,label\na.png,2\nb,dog\n")
@@ -48,11 +48,15 @@ def test_image_folder_masks_follow_the_preprocess(tmp_path):
 def test_eraser_and_jsonl_folders(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "negR_1.txt").write_text("a dull ,\nlifeless film .\n")
-    ann = {"annotation_id": "negR_1.txt", "classification": "NEG", "query": "?",
-           "evidences": [[{"docid": "negR_1.txt", "start_token": 1, "end_token": 2,
-                           "text": "dull"}],
-                         [{"docid": "negR_1.txt", "start_token": 3, "end_token": 4,
-                           "text": "lifeless"}]]}
+    ann = {
+        "annotation_id": "negR_1.txt",
+        "classification": "NEG",
+        "query": "?",
+        "evidences": [
+            [{"docid": "negR_1.txt", "start_token": 1, "end_token": 2, "text": "dull"}],
+            [{"docid": "negR_1.txt", "start_token": 3, "end_token": 4, "text": "lifeless"}],
+        ],
+    }
     (tmp_path / "val.jsonl").write_text(json.dumps(ann) + "\n")
     ds = load_data_folder(tmp_path, "text", labels=["negative", "positive"])
     (rec,) = ds.records
@@ -61,8 +65,9 @@ def test_eraser_and_jsonl_folders(tmp_path):
     assert rec.label == 0
     simple = tmp_path / "simple"
     simple.mkdir()
-    (simple / "rationales.jsonl").write_text(json.dumps(
-        {"words": ["so", "good"], "rationale": [0, 1], "label": "positive"}) + "\n")
+    (simple / "rationales.jsonl").write_text(
+        json.dumps({"words": ["so", "good"], "rationale": [0, 1], "label": "positive"}) + "\n"
+    )
     (rec,) = load_data_folder(simple, "text", labels=["negative", "positive"]).records
     assert (rec.text, rec.label, rec.rationale.tolist()) == ("so good", 1, [False, True])
     with pytest.raises(InputError):

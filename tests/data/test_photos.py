@@ -1,4 +1,5 @@
 """Bundled photos and the two-photo composition."""
+
 import numpy as np
 import pytest
 from PIL import Image

@@ -1,4 +1,5 @@
 """The shipped rationale set is well-formed, balanced and self-consistent; the loader rejects bad files."""
+
 from __future__ import annotations
 
 import json
@@ -91,10 +92,14 @@ def test_loader_reads_a_valid_file(tmp_path: Path) -> None:
         (lambda o: {k: v for k, v in o.items() if k != "tokens"}, r"line 2: missing key 'tokens'"),
         (lambda o: {**o, "evidences": []}, r"line 2: no evidences"),
         (lambda o: {**o, "tokens": o["tokens"][:-1]}, r"line 2: 'tokens' do not match"),
-        (lambda o: {**o, "evidences": [{"start_token": 3, "end_token": 99, "text": "x"}]},
-         r"line 2: evidence 0: need 0 <="),
-        (lambda o: {**o, "evidences": [{"start_token": 0, "end_token": 1, "text": "Great"}]},
-         r"line 2: evidence 0: text 'Great'"),
+        (
+            lambda o: {**o, "evidences": [{"start_token": 3, "end_token": 99, "text": "x"}]},
+            r"line 2: evidence 0: need 0 <=",
+        ),
+        (
+            lambda o: {**o, "evidences": [{"start_token": 0, "end_token": 1, "text": "Great"}]},
+            r"line 2: evidence 0: text 'Great'",
+        ),
         (lambda o: {**o, "annotation_id": "a"}, r"line 2: duplicate annotation_id 'a'"),
     ],
 )
@@ -114,5 +119,12 @@ def test_loader_missing_file(tmp_path: Path) -> None:
 
 def test_tokenize_keeps_contractions_and_hyphens() -> None:
     assert [w for w, _, _ in tokenize("It isn't mean-spirited; 10/10!")] == [
-        "It", "isn't", "mean-spirited", ";", "10", "/", "10", "!"
+        "It",
+        "isn't",
+        "mean-spirited",
+        ";",
+        "10",
+        "/",
+        "10",
+        "!",
     ]

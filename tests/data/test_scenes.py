@@ -1,4 +1,5 @@
 """Procedural scenes: determinism, exact masks, valid labels."""
+
 import numpy as np
 import pytest
 import torch

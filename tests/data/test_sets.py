@@ -1,4 +1,5 @@
 """Evaluation data sets (lrp_core.data.sets): one record type, records, held-out scenes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,10 +15,14 @@ def test_one_record_type_serves_loader_and_evaluation():
     norm = as_record(rec, ["negative", "positive"])
     assert isinstance(norm, RationaleRecord)
     assert (norm.text, norm.words, norm.label, norm.offsets, norm.id) == (
-        rec.text, rec.words, rec.label, rec.offsets, rec.id)
+        rec.text,
+        rec.words,
+        rec.label,
+        rec.offsets,
+        rec.id,
+    )
     assert norm.rationale.dtype == bool and norm.rationale.tolist() == rec.rationale
-    assert [r.id for r in rationale_set(["negative", "positive"]).records] == [
-        r.id for r in load_rationales()]
+    assert [r.id for r in rationale_set(["negative", "positive"]).records] == [r.id for r in load_rationales()]
 
 
 def test_labels_by_id_or_name():

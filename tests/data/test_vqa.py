@@ -1,4 +1,5 @@
 """make_vqa: questions about the scenes whose answer one known object decides."""
+
 import numpy as np
 import pytest
 
@@ -59,11 +60,12 @@ def _expected(r):
     if r.kind == "where":
         anchor = r.shapes.index(words[-2])
         other = 1 - anchor
-        rows, cols = np.mgrid[0:r.mask.shape[0], 0:r.mask.shape[1]]
+        rows, cols = np.mgrid[0 : r.mask.shape[0], 0 : r.mask.shape[1]]
         centre = [np.array([rows[m].mean(), cols[m].mean()]) for m in r.masks]
         d_row, d_col = centre[other] - centre[anchor]
-        direction = ("right" if d_col > 0 else "left") if abs(d_col) >= abs(d_row) else (
-            "below" if d_row > 0 else "above")
+        direction = (
+            ("right" if d_col > 0 else "left") if abs(d_col) >= abs(d_row) else ("below" if d_row > 0 else "above")
+        )
         assert direction in words and max(abs(d_row), abs(d_col)) >= 16  # a clear relation
         return r.shapes[other], other
     if r.kind == "which":
@@ -110,7 +112,7 @@ def test_held_out_scenes_are_not_training_scenes():
 def test_palette_colours_are_palette_rows_and_a_bad_palette_is_refused():
     palette = np.array(list(PALETTE.values()), dtype=np.float32)
     scenes = make_scenes(32, 0, 2, palette=palette)
-    match = (np.abs(scenes.colors[:, :, None] - palette[None, None]).max(-1) == 0)  # (32, 2, 6)
+    match = np.abs(scenes.colors[:, :, None] - palette[None, None]).max(-1) == 0  # (32, 2, 6)
     assert (match.sum(-1) == 1).all()  # each object's colour is exactly one palette row
     assert (match[:, 0].argmax(-1) != match[:, 1].argmax(-1)).all()  # two different colours per scene
     assert not (np.abs(make_scenes(32, 0, 2).colors[:, :, None] - palette[None, None]).max(-1) == 0).any()

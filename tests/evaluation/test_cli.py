@@ -1,4 +1,5 @@
 """The command line (python -m lrp_core.evaluation): end to end on the embedded toy ViT."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,23 @@ def test_command_line_toy_vit(tmp_path, capsys):
     out = tmp_path / "r" / "toy.json"
     threads = torch.get_num_threads()
     try:  # one thread: fastest on a busy CI machine
-        rc = main(["--model", "toy-vit", "--methods", "transformer_attribution,rollout,cdam",
-                   "--n", "16", "--batch-size", "16", "--quiet", "--threads", "1",
-                   "--out", str(out)])
+        rc = main(
+            [
+                "--model",
+                "toy-vit",
+                "--methods",
+                "transformer_attribution,rollout,cdam",
+                "--n",
+                "16",
+                "--batch-size",
+                "16",
+                "--quiet",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
     finally:
         torch.set_num_threads(threads)
     assert rc == 0

@@ -1,4 +1,5 @@
 """ERASER comprehensiveness / sufficiency: the rationale texts and the AOPC, by hand."""
+
 import numpy as np
 import pytest
 
@@ -42,14 +43,13 @@ def test_faithfulness_with_a_counting_model():
     class Model(torch.nn.Module):
         def forward(self, input_ids, attention_mask):
             good = ((input_ids == 1).sum(1).double() + 1) / (attention_mask.sum(1).double() + 2)
-            return torch.log(torch.stack([1 - good, good], 1))   # softmax gives (1 - g, g)
+            return torch.log(torch.stack([1 - good, good], 1))  # softmax gives (1 - g, g)
 
     words = ["good", "bad", "bad", "good"]
-    rec = RationaleRecord(text=" ".join(words), words=words, rationale=np.array([1, 0, 0, 1], bool),
-                          label=1)
+    rec = RationaleRecord(text=" ".join(words), words=words, rationale=np.array([1, 0, 0, 1], bool), label=1)
     scores = [np.array([0.9, 0.0, 0.1, 0.5])]
     r = T.faithfulness(Model(), Tok(), [rec], scores, [1], fractions=(0.25, 0.5))
-    p = lambda n_good, n: (n_good + 1) / (n + 2)   # noqa: E731
+    p = lambda n_good, n: (n_good + 1) / (n + 2)  # noqa: E731
     full = p(2, 4)
     # q = 25 %: 1 word ("good" #0); q = 50 %: 2 words (both "good")
     comp = ((full - p(1, 3)) + (full - p(0, 2))) / 2

@@ -1,4 +1,5 @@
 """The language-model evidence protocol (docs/METHODS.md §3b) on hand-checkable cases."""
+
 from types import SimpleNamespace
 
 import numpy as np

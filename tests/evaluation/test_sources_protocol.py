@@ -1,4 +1,5 @@
 """The sources protocol (docs/METHODS.md §3.7) on tiny-lm: the deciding fact, rankings and ablations by hand."""
+
 import json
 
 import numpy as np
@@ -14,6 +15,7 @@ from lrp_core.evaluation.sources import fact_sources, source_ranking, sources_pr
 @pytest.fixture(scope="module")
 def tiny():
     from lrp_core.models import load
+
     return load("tiny-lm")
 
 
@@ -42,8 +44,9 @@ def test_the_deciding_fact_holds_the_evidence(tiny):
 
 def test_protocol_values_by_hand(tiny):
     recs = make_facts(6, seed=1_000_000)
-    results, curves, accuracy, answered = sources_protocol(tiny.model, tiny.tokenizer, recs,
-                                                           ["leave_one_out", "attnlrp"], progress=False)
+    results, curves, accuracy, answered = sources_protocol(
+        tiny.model, tiny.tokenizer, recs, ["leave_one_out", "attnlrp"], progress=False
+    )
     assert answered == len(curves["leave_one_out"]["source_hit1_per_prompt"]) > 0
     loo = curves["leave_one_out"]
     assert set(loo["forward_passes_per_prompt"]) <= {4.0, 5.0, 6.0}  # S + 1 for 3 … 5 facts
@@ -51,6 +54,7 @@ def test_protocol_values_by_hand(tiny):
     assert curves["attnlrp"]["backward_passes_per_prompt"][0] == 1.0
     # prompt 0 by hand: leave-one-out's top source removed / kept alone, through the model itself
     from lrp_core import explain
+
     def answer_of(r):
         return tiny.tokenizer(" " + r.answer, add_special_tokens=False)["input_ids"][0]
 
@@ -62,11 +66,16 @@ def test_protocol_values_by_hand(tiny):
         r = next(r for r in recs if int(tiny.model(input_ids=ids_of(r)[None]).logits[0, -1].argmax()) == answer_of(r))
     spans, deciding = fact_sources(r, tiny.tokenizer)
     ids, answer = ids_of(r), answer_of(r)
-    exp = explain(tiny.model, {"input_ids": ids[None], "attention_mask": torch.ones(1, len(ids), dtype=torch.long)},
-                  method="leave_one_out", target=answer, sources=spans)
+    exp = explain(
+        tiny.model,
+        {"input_ids": ids[None], "attention_mask": torch.ones(1, len(ids), dtype=torch.long)},
+        method="leave_one_out",
+        target=answer,
+        sources=spans,
+    )
     top = int(exp.sources[0].argmax())
     keep = torch.ones(len(ids), dtype=torch.bool)
-    keep[spans[top][0]:spans[top][1]] = False
+    keep[spans[top][0] : spans[top][1]] = False
     only = torch.ones(len(ids), dtype=torch.bool)
     for j, (a, b) in enumerate(spans):
         if j != top:
@@ -83,8 +92,24 @@ def test_protocol_values_by_hand(tiny):
 
 def test_the_command_line_writes_a_sources_run(tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert main(["--model", "tiny-lm", "--protocol", "sources", "--methods", "cp_lrp,context_cite", "--n", "4",
-                 "--quiet", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                "tiny-lm",
+                "--protocol",
+                "sources",
+                "--methods",
+                "cp_lrp,context_cite",
+                "--n",
+                "4",
+                "--quiet",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     results = json.loads(out.read_text())
     assert set(results) == {"cp_lrp", "context_cite", "random"}
     assert results["context_cite"]["forward_passes"] == 65.0

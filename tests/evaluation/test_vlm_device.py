@@ -6,6 +6,7 @@ of the subclass :class:`OnDevice` whose ``.device`` reads ``meta``; ``.to(device
 operation mixing a tensor on the device with a CPU tensor of one or more dimensions (CPU index tensors excepted, as
 CUDA takes them), ``.numpy()`` of a tensor on the device, and a CPU tensor reaching the model or ``explain``.
 """
+
 import contextlib
 import dataclasses
 

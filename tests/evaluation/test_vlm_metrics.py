@@ -1,4 +1,5 @@
 """The vision-language evidence metrics (docs/METHODS.md §3c) on hand-made maps, masks and a known model."""
+
 import numpy as np
 import pytest
 import torch
@@ -72,15 +73,29 @@ def test_morf_drops_and_lerf_keeps_on_a_model_that_reads_one_patch():
     np.testing.assert_array_equal(morf, [1, 0, 0, 0, 0])
     np.testing.assert_array_equal(lerf, [1, 1, 1, 1, 0])
     from lrp_core.evaluation.lm import curve_auc
+
     assert curve_auc(morf) == pytest.approx(0.125)  # trapezoid over k/4: ½ · ¼
     assert curve_auc(lerf) == pytest.approx(0.875)
     values = vlm.question_values(
         image_map=good.repeat_interleave(2, 0).repeat_interleave(2, 1),
         mask=_mask(4, 4, ((2, 0), (2, 1), (3, 0), (3, 1))),
-        patch_map=good, scores=torch.tensor([0.0, 1.0, 2.0]), text_positions=torch.tensor([1, 2]),
-        word_positions=torch.tensor([2]), probability=probability, pixels=pixels, patch=2, fill=torch.zeros(3), K=4)
-    assert values == {"pointing": 1.0, "mask_share": pytest.approx(1.0 / 1.3), "text_rank": 1.0,
-                      "morf_auc": pytest.approx(0.125), "lerf_auc": pytest.approx(0.875)}
+        patch_map=good,
+        scores=torch.tensor([0.0, 1.0, 2.0]),
+        text_positions=torch.tensor([1, 2]),
+        word_positions=torch.tensor([2]),
+        probability=probability,
+        pixels=pixels,
+        patch=2,
+        fill=torch.zeros(3),
+        K=4,
+    )
+    assert values == {
+        "pointing": 1.0,
+        "mask_share": pytest.approx(1.0 / 1.3),
+        "text_rank": 1.0,
+        "morf_auc": pytest.approx(0.125),
+        "lerf_auc": pytest.approx(0.875),
+    }
 
 
 def test_bad_maps_and_masks_are_refused():

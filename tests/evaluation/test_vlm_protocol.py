@@ -1,4 +1,5 @@
 """The vision-language evidence protocol (docs/METHODS.md §3c) end to end with the embedded tiny-vlm."""
+
 import dataclasses
 import json
 
@@ -55,8 +56,9 @@ def test_protocol_runs_end_to_end_with_values_in_range(tiny):
     model, processor = tiny
     before = {k: v.clone() for k, v in model.state_dict().items()}
     records = _records()
-    results, curves, accuracy, answered = vlm.vlm_protocol(model, processor, records, ["attnlrp"], progress=False,
-                                                           K=4, curve_questions=2)
+    results, curves, accuracy, answered = vlm.vlm_protocol(
+        model, processor, records, ["attnlrp"], progress=False, K=4, curve_questions=2
+    )
     assert answered == len(records) and accuracy == 1.0  # tiny-vlm answers these held-out questions
     assert set(results) == {"attnlrp", "attnlrp (pixels)", "random", "random (pixels)"}
     for method, c in curves.items():
@@ -80,8 +82,9 @@ def test_the_random_row_is_seeded(tiny):
     records = _records()
 
     def run(seed):
-        return vlm.vlm_protocol(model, processor, records, [], progress=False, K=2, curve_questions=1,
-                                seed=seed)[1]["random"]
+        return vlm.vlm_protocol(model, processor, records, [], progress=False, K=2, curve_questions=1, seed=seed)[1][
+            "random"
+        ]
 
     a, b, c = run(0), run(0), run(1)
     assert a == b
@@ -94,8 +97,9 @@ def test_a_question_answered_wrongly_is_skipped(tiny):
     wrong = "yes" if records[0].answer != "yes" else "no"
     changed = [dataclasses.replace(records[0], answer=wrong)] + records[1:]
     no_object = dataclasses.replace(records[1], has_evidence=False)
-    _, curves, accuracy, answered = vlm.vlm_protocol(model, processor, changed + [no_object], [], progress=False,
-                                                     K=1, curve_questions=1)
+    _, curves, accuracy, answered = vlm.vlm_protocol(
+        model, processor, changed + [no_object], [], progress=False, K=1, curve_questions=1
+    )
     assert answered == len(records) - 1 and accuracy == pytest.approx((len(records) - 1) / len(records))
     assert len(curves["random"]["pointing_per_question"]) == len(records) - 1
     with pytest.raises(InputError, match="deciding object"):
@@ -104,8 +108,24 @@ def test_a_question_answered_wrongly_is_skipped(tiny):
 
 def test_the_cli_evaluates_tiny_vlm(tmp_path, capsys):
     out = tmp_path / "vlm.json"
-    assert main(["--model", "tiny-vlm", "--n", "2", "--methods", "raw_attention", "--curve-questions", "1",
-                 "--quiet", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                "tiny-vlm",
+                "--n",
+                "2",
+                "--methods",
+                "raw_attention",
+                "--curve-questions",
+                "1",
+                "--quiet",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "tiny-vlm (vlm), n=2" in printed
     results = json.loads(out.read_text())
@@ -152,14 +172,16 @@ def test_pixel_rows_score_the_pixel_maps_at_pixel_resolution(tiny, monkeypatch):
         return _HandMade(inputs, torch.stack(maps))
 
     monkeypatch.setattr(lrp_core.api, "explain", hand_made)
-    results, curves, _, answered = vlm.vlm_protocol(model, processor, records, ["attnlrp", "rollout"],
-                                                    progress=False, K=1, curve_questions=1, seed=3)
+    results, curves, _, answered = vlm.vlm_protocol(
+        model, processor, records, ["attnlrp", "rollout"], progress=False, K=1, curve_questions=1, seed=3
+    )
     assert answered == len(records) and "rollout (pixels)" not in results
     area = [float(m.sum()) for m in masks]
     c = curves["attnlrp (pixels)"]
     assert c["pointing_per_question"] == [1.0 if i % 2 == 0 else 0.0 for i in range(len(records))]
     assert c["mask_share_per_question"] == pytest.approx(
-        [a / (a + (0.5 if i % 2 == 0 else 3.0)) for i, a in enumerate(area)], rel=1e-12)
+        [a / (a + (0.5 if i % 2 == 0 else 3.0)) for i, a in enumerate(area)], rel=1e-12
+    )
     assert results["attnlrp (pixels)"]["pointing"] == pytest.approx(np.mean(c["pointing_per_question"]))
     assert results["attnlrp (pixels)"]["text_rank"] is None
     rng = np.random.default_rng(3)  # the random row's token scores are drawn first, then the pixels
@@ -183,8 +205,11 @@ def test_the_default_methods_are_those_the_model_accepts(loaded, tiny, monkeypat
     for m in refused:
         with pytest.raises(UnsupportedModelError, match=f"method '{m}' is not defined"):
             explain(model, inputs, method=m, target=0)
-    monkeypatch.setattr(adapter, "refused_methods", {**{k: v for k, v in refused.items() if k != "smoothgrad"},
-                                                      "rollout": "refused for this test"})
+    monkeypatch.setattr(
+        adapter,
+        "refused_methods",
+        {**{k: v for k, v in refused.items() if k != "smoothgrad"}, "rollout": "refused for this test"},
+    )
     assert "smoothgrad" in vlm.vlm_methods(model) and "rollout" not in vlm.vlm_methods(model)
     ran = {}
 

@@ -2,6 +2,7 @@
 
 The conversion takes ~2 s, so it runs here for real, into a temporary cache.
 """
+
 from __future__ import annotations
 
 import time

@@ -1,5 +1,6 @@
 """dinov2-scenes ([CLS] readout) and dinov2-scenes-avg (patch mean): unmodified timm ViTs (DINOv2 backbone +
 trained last block and head), offline, as accurate as claimed."""
+
 import json
 import subprocess
 import sys
@@ -38,7 +39,7 @@ def test_is_a_timm_vit_with_its_readout_and_a_linear_head(m):
     frozen = [n for n in sd if not n.startswith(TUNED_PREFIXES) and n not in ("pos_embed",)]
     assert "blocks.10.mlp.fc2.weight" in frozen and "patch_embed.proj.weight" in frozen
     assert all(torch.equal(sd[n], base[n]) for n in frozen)
-    assert torch.equal(sd["pos_embed"][:, 0], base["pos_embed"][:, 0])   # [CLS] entry kept
+    assert torch.equal(sd["pos_embed"][:, 0], base["pos_embed"][:, 0])  # [CLS] entry kept
     assert not torch.equal(sd["blocks.11.mlp.fc2.weight"], base["blocks.11.mlp.fc2.weight"])
 
 
@@ -51,6 +52,7 @@ def test_the_variants_share_everything_but_the_tuned_tensors():
 
 def test_an_unknown_readout_is_refused_with_the_choices():
     from lrp_core.models.dinov2_scenes import build_dinov2_scenes
+
     with pytest.raises(ValueError, match="'avg'.*'token'.*got 'max'"):
         build_dinov2_scenes(pretrained_backbone=False, readout="max")
 
@@ -65,7 +67,7 @@ def test_accuracy_on_a_fixed_held_out_sample_meets_the_claim(m):
         top2 = m.model(scene_inputs(two.rgb)).topk(2, 1).indices.sort(1).values
     rate = (top2 == two.labels.sort(1).values).all(1).float().mean().item()
     print(f"{m.name} held-out: single {acc:.3f}, top-2 {rate:.3f} (96 scenes each)")
-    assert acc >= 0.92 and rate >= 0.80   # 96 scenes: about 3 standard errors under the measurement
+    assert acc >= 0.92 and rate >= 0.80  # 96 scenes: about 3 standard errors under the measurement
     info = json.loads(asset_paths(m.info["readout"])[1].read_text())
     assert info["readout"] == m.info["readout"] and info["model"] == m.name
     assert info["accuracy"]["single_object_accuracy"] >= 0.95
@@ -80,12 +82,26 @@ def test_preprocess_gives_the_scene_inputs(m):
 
 def test_training_script_is_deterministic_on_a_tiny_run(tmp_path):
     from safetensors.torch import load_file
+
     runs = []
     for run, readout in (("a", "token"), ("b", "token"), ("c", "avg")):
         out = tmp_path / run
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "train_dinov2_scenes.py"), "--tiny",
-                        "--threads", "1", "--readout", readout, "--out", str(out)], check=True,
-                       capture_output=True, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "train_dinov2_scenes.py"),
+                "--tiny",
+                "--threads",
+                "1",
+                "--readout",
+                readout,
+                "--out",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
         weights, facts = asset_paths(readout, out)
         assert sorted(p.name for p in out.iterdir()) == sorted([weights.name, facts.name])
         runs.append(load_file(str(weights)))
@@ -94,7 +110,7 @@ def test_training_script_is_deterministic_on_a_tiny_run(tmp_path):
     assert all(n.startswith(TUNED_PREFIXES) for n in a) and "norm.weight" in a
     assert sorted(a) == sorted(b) and all(torch.equal(a[n], b[n]) for n in a)
     assert a["head.weight"].abs().sum() > 0
-    assert not torch.equal(a["head.weight"], c["head.weight"])   # the readout changes what is learnt
+    assert not torch.equal(a["head.weight"], c["head.weight"])  # the readout changes what is learnt
     # three steps moved block 12 away from DINOv2's weights
     base = load("dinov2-s14").model.state_dict()
     assert not torch.equal(a["blocks.11.attn.qkv.weight"].float(), base["blocks.11.attn.qkv.weight"])

@@ -58,8 +58,9 @@ def test_random_weights_from_a_timm_hub_name_of_a_registered_architecture_work_o
     m = load(name, pretrained=False)
     reference = timm.create_model("deit_tiny_patch16_224", pretrained=False)
     assert type(m.model) is type(reference)
-    assert {k: v.shape for k, v in m.model.state_dict().items()} == \
-        {k: v.shape for k, v in reference.state_dict().items()}
+    assert {k: v.shape for k, v in m.model.state_dict().items()} == {
+        k: v.shape for k, v in reference.state_dict().items()
+    }
 
 
 def test_random_weights_of_an_unregistered_timm_hub_name_need_the_hub(offline):
@@ -68,11 +69,14 @@ def test_random_weights_of_an_unregistered_timm_hub_name_need_the_hub(offline):
     assert "timm/not_an_architecture.x" in str(err.value)
 
 
-@pytest.mark.parametrize("name,alternative", [
-    ("deit_small_patch16_224", "toy-vit"),
-    ("textattack/bert-base-uncased-SST-2", "minilm-sentiment"),
-    ("google/vit-base-patch16-224", "dinov2-s14"),
-])
+@pytest.mark.parametrize(
+    "name,alternative",
+    [
+        ("deit_small_patch16_224", "toy-vit"),
+        ("textattack/bert-base-uncased-SST-2", "minilm-sentiment"),
+        ("google/vit-base-patch16-224", "dinov2-s14"),
+    ],
+)
 def test_pretrained_fails_fast_offline_naming_the_embedded_model(offline, name, alternative):
     with pytest.raises(HubUnavailableError) as err:
         load(name)
@@ -81,27 +85,42 @@ def test_pretrained_fails_fast_offline_naming_the_embedded_model(offline, name, 
 
 def test_unknown_names_and_bad_pretrained_are_clear_errors():
     from lrp_core.errors import InputError
+
     with pytest.raises(InputError, match="timm model name"):
         load("definitely_not_a_model")
     with pytest.raises(ValueError, match="pretrained must be"):
         load("deit_tiny_patch16_224", pretrained="yes")
 
 
-@pytest.mark.parametrize("name", ["facebook/deit-small-patch16-224", "facebook/deit-base-distilled-patch16-224",
-                                  "facebook/dinov2-small-imagenet1k-1-layer", "openai/clip-vit-base-patch32"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "facebook/deit-small-patch16-224",
+        "facebook/deit-base-distilled-patch16-224",
+        "facebook/dinov2-small-imagenet1k-1-layer",
+        "openai/clip-vit-base-patch32",
+    ],
+)
 def test_known_vision_classifiers_fail_fast_offline_naming_the_embedded_models(offline, name):
     from lrp_core.models.hub import KNOWN_HF_MODELS
+
     assert KNOWN_HF_MODELS[name][0] == "image"
     with pytest.raises(HubUnavailableError) as err:
         load(name)
     assert name in str(err.value) and "toy-vit" in str(err.value) and "dinov2-s14" in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["distilbert-base-uncased-finetuned-sst-2-english",
-                                  "cardiffnlp/twitter-roberta-base-sentiment-latest",
-                                  "textattack/albert-base-v2-SST-2"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "distilbert-base-uncased-finetuned-sst-2-english",
+        "cardiffnlp/twitter-roberta-base-sentiment-latest",
+        "textattack/albert-base-v2-SST-2",
+    ],
+)
 def test_known_text_classifiers_fail_fast_offline_naming_the_embedded_model(offline, name):
     from lrp_core.models.hub import KNOWN_HF_MODELS
+
     assert KNOWN_HF_MODELS[name][0] == "text"
     with pytest.raises(HubUnavailableError) as err:
         load(name)
@@ -116,18 +135,37 @@ def test_a_cached_clip_checkpoint_loads_with_its_processor_and_is_explained(tmp_
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
 
     from lrp_core import explain
+
     words = ["a", "photo", "of", "dog", "cat"]
     vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, **{w + "</w>": i + 2 for i, w in enumerate(words)}}
     (tmp_path / "vocab.json").write_text(json.dumps(vocab))
     (tmp_path / "merges.txt").write_text("#version: 0.2\n")
     tok = CLIPTokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
-    proc = CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32},
-                                                            crop_size={"height": 32, "width": 32}), tokenizer=tok)
-    cfg = CLIPConfig(text_config=dict(vocab_size=len(vocab), hidden_size=16, intermediate_size=32,
-                                      num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=16,
-                                      bos_token_id=0, eos_token_id=1),
-                     vision_config=dict(image_size=32, patch_size=8, hidden_size=16, intermediate_size=32,
-                                        num_hidden_layers=1, num_attention_heads=2), projection_dim=8)
+    proc = CLIPProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+        tokenizer=tok,
+    )
+    cfg = CLIPConfig(
+        text_config=dict(
+            vocab_size=len(vocab),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            bos_token_id=0,
+            eos_token_id=1,
+        ),
+        vision_config=dict(
+            image_size=32,
+            patch_size=8,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+        ),
+        projection_dim=8,
+    )
     repo = tmp_path / "tiny-clip"
     CLIPModel(cfg).save_pretrained(repo)
     proc.save_pretrained(repo)

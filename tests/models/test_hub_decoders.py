@@ -6,6 +6,7 @@ then a second run loads them again from the cache with the hub gone. Offline: ev
 once, naming an embedded model. A decoder saved in a folder loads as a causal LM too (before: a sequence classifier
 with a random head).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,12 +47,14 @@ def _hashes(model: torch.nn.Module) -> dict[str, str]:
     out = {}
     for key, t in model.state_dict().items():
         t = t.detach().cpu().contiguous()
-        out[key] = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode()
-                                  + t.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        out[key] = hashlib.sha256(
+            f"{t.dtype}{tuple(t.shape)}".encode() + t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        ).hexdigest()
     return out
 
 
 # ----------------------------------------------------------------------------- the subprocess
+
 
 def _driver(out_file: str) -> None:
     """Load every case; record what came out (or the traceback)."""
@@ -67,12 +70,19 @@ def _driver(out_file: str) -> None:
             with torch.no_grad():
                 logits = m.model(**inputs).logits
             exp = explain(m.model, inputs, method="attnlrp")
-            results[name] = {"class": type(m.model).__name__, "kind": m.kind, "info": m.info,
-                             "attn": m.model.config._attn_implementation, "training": m.model.training,
-                             "hashes": _hashes(m.model), "inputs": inputs, "logits": logits,
-                             "labels": (len(m.labels), [m.labels[i] for i in (0, 40, 41)]),
-                             "tokenizer": type(m.tokenizer).__name__,
-                             "explained": (exp.scores, exp.logits, exp.target, m.labels[int(exp.target[0])])}
+            results[name] = {
+                "class": type(m.model).__name__,
+                "kind": m.kind,
+                "info": m.info,
+                "attn": m.model.config._attn_implementation,
+                "training": m.model.training,
+                "hashes": _hashes(m.model),
+                "inputs": inputs,
+                "logits": logits,
+                "labels": (len(m.labels), [m.labels[i] for i in (0, 40, 41)]),
+                "tokenizer": type(m.tokenizer).__name__,
+                "explained": (exp.scores, exp.logits, exp.target, m.labels[int(exp.target[0])]),
+            }
         except Exception:
             results[name] = {"error": traceback.format_exc()}
     torch.save(results, out_file)
@@ -86,13 +96,27 @@ def _free_port() -> int:
 
 def _run_driver(tmp: Path, tag: str, endpoint: str, catcher: str, hf_home: Path) -> dict[str, Any]:
     out = tmp / f"out-{tag}.pt"
-    env = {k: v for k, v in os.environ.items()
-           if not k.upper().startswith(("HF_", "HUGGINGFACE", "TRANSFORMERS_")) and not k.lower().endswith("_proxy")}
-    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(hf_home), HF_HUB_DISABLE_TELEMETRY="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT), HTTP_PROXY=catcher, HTTPS_PROXY=catcher, NO_PROXY="127.0.0.1,localhost",
-               http_proxy=catcher, https_proxy=catcher, no_proxy="127.0.0.1,localhost")
-    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.upper().startswith(("HF_", "HUGGINGFACE", "TRANSFORMERS_")) and not k.lower().endswith("_proxy")
+    }
+    env.update(
+        HF_ENDPOINT=endpoint,
+        HF_HOME=str(hf_home),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+        HTTP_PROXY=catcher,
+        HTTPS_PROXY=catcher,
+        NO_PROXY="127.0.0.1,localhost",
+        http_proxy=catcher,
+        https_proxy=catcher,
+        no_proxy="127.0.0.1,localhost",
+    )
+    proc = subprocess.run(
+        [sys.executable, __file__, str(out)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out, weights_only=False)
 
@@ -102,8 +126,9 @@ def served(tmp_path_factory):
     """The repos, the driver's run against the local hub, and its run from the cache with the hub gone."""
     tmp = tmp_path_factory.mktemp("decoderhub")
     folders = {name: tmp / "repos" / name for name in CASES}
-    models = {name: localhub.decoder_repo(folders[name], family, seed=i) for i, (name, family) in
-              enumerate(CASES.items())}
+    models = {
+        name: localhub.decoder_repo(folders[name], family, seed=i) for i, (name, family) in enumerate(CASES.items())
+    }
     hf_home = tmp / "hf_home"
     with localhub.LocalHub() as hub, localhub.ProxyStub(403) as catcher:
         for name in CASES:
@@ -112,8 +137,9 @@ def served(tmp_path_factory):
         requests = list(hub.requests)
         cached = _run_driver(tmp, "cached", f"http://127.0.0.1:{_free_port()}", catcher.endpoint, hf_home)
         outside = list(catcher.requests)
-    return dict(models=models, folders=folders, runs={"online": online, "cached": cached}, requests=requests,
-                outside=outside)
+    return dict(
+        models=models, folders=folders, runs={"online": online, "cached": cached}, requests=requests, outside=outside
+    )
 
 
 def _case(served, run: str, name: str) -> dict[str, Any]:
@@ -184,8 +210,11 @@ def test_the_loaded_lm_is_explained_at_each_rows_last_real_token(served, run, na
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_weights_came_over_http_from_the_hub(served, name):
-    fetched = {p.rsplit("/", 1)[1] for method, p, status in served["requests"]
-               if method == "GET" and status == 200 and p.startswith(f"/{name}/resolve/")}
+    fetched = {
+        p.rsplit("/", 1)[1]
+        for method, p, status in served["requests"]
+        if method == "GET" and status == 200 and p.startswith(f"/{name}/resolve/")
+    }
     assert "model.safetensors" in fetched and "config.json" in fetched, served["requests"][:20]
 
 
@@ -194,6 +223,7 @@ def test_nothing_left_for_another_host(served):
 
 
 # ----------------------------------------------------------------------------- in-process: offline, a local folder
+
 
 @pytest.fixture
 def offline(monkeypatch):
@@ -258,9 +288,17 @@ def test_a_text_classifier_still_loads_as_a_classifier(tmp_path):
 
     from lrp_core.models import load
 
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, num_labels=2, pad_token_id=0,
-                      architectures=["Qwen2ForSequenceClassification"])
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=2,
+        pad_token_id=0,
+        architectures=["Qwen2ForSequenceClassification"],
+    )
     Qwen2ForSequenceClassification(cfg).save_pretrained(tmp_path / "clf")
     localhub.decoder_repo(tmp_path / "tok", "qwen2")  # a tokenizer next to it
     for f in ("tokenizer.json", "tokenizer_config.json"):

@@ -8,6 +8,7 @@ at it (huggingface_hub reads the variable once, at import), with an empty ``HF_H
 can reach the real hub. A second run, with the hub gone, loads the same names from the cache the first
 filled. The tests compare what was loaded with what was served: weights, preprocessing, logits.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,20 +30,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for local
 import localhub  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-SENTENCES = ["The plot is thin, but the acting is wonderful and the ending made me smile.",
-             "An unwatchable mess with a few beautiful shots."]
+SENTENCES = [
+    "The plot is thin, but the acting is wonderful and the ending made me smile.",
+    "An unwatchable mess with a few beautiful shots.",
+]
 PROMPTS = ["a photo of a dog", "a photo of a cat", "a red car"]
 
 #: name given to load -> (repo served, input kind, method the notebooks use on it)
 CASES: dict[str, tuple[str, str, str]] = {
     "deit_small_patch16_224": ("timm/deit_small_patch16_224.fb_in1k", "image", "transformer_attribution"),
-    "timm/vit_medium_patch16_gap_256.sw_in12k_ft_in1k": ("timm/vit_medium_patch16_gap_256.sw_in12k_ft_in1k",
-                                                         "image", "transformer_attribution"),
+    "timm/vit_medium_patch16_gap_256.sw_in12k_ft_in1k": (
+        "timm/vit_medium_patch16_gap_256.sw_in12k_ft_in1k",
+        "image",
+        "transformer_attribution",
+    ),
     "textattack/bert-base-uncased-SST-2": ("textattack/bert-base-uncased-SST-2", "text", "transformer_attribution"),
-    "distilbert-base-uncased-finetuned-sst-2-english": ("distilbert-base-uncased-finetuned-sst-2-english", "text",
-                                                        "transformer_attribution"),
-    "cardiffnlp/twitter-roberta-base-sentiment-latest": ("cardiffnlp/twitter-roberta-base-sentiment-latest", "text",
-                                                         "attnlrp"),
+    "distilbert-base-uncased-finetuned-sst-2-english": (
+        "distilbert-base-uncased-finetuned-sst-2-english",
+        "text",
+        "transformer_attribution",
+    ),
+    "cardiffnlp/twitter-roberta-base-sentiment-latest": (
+        "cardiffnlp/twitter-roberta-base-sentiment-latest",
+        "text",
+        "attnlrp",
+    ),
     "facebook/deit-small-patch16-224": ("facebook/deit-small-patch16-224", "image", "transformer_attribution"),
     "openai/clip-vit-base-patch32": ("openai/clip-vit-base-patch32", "clip", "generic_attention"),
 }
@@ -56,11 +68,13 @@ def _build_repo(repo: str, folder: Path, vocab: Path) -> torch.nn.Module:
         return localhub.timm_repo(folder, repo)
     if repo.startswith("timm/"):  # loaded as timm/<repo>: timm reads model_args from config.json, so tiny
         return localhub.timm_repo(folder, repo, model_args=dict(embed_dim=48, depth=2, num_heads=3))
-    builders = {"textattack/bert-base-uncased-SST-2": lambda f: localhub.bert_sst2_repo(f, vocab),
-                "distilbert-base-uncased-finetuned-sst-2-english": lambda f: localhub.distilbert_sst2_repo(f, vocab),
-                "cardiffnlp/twitter-roberta-base-sentiment-latest": localhub.roberta_sentiment_repo,
-                "facebook/deit-small-patch16-224": localhub.deit_image_repo,
-                "openai/clip-vit-base-patch32": localhub.clip_repo}
+    builders = {
+        "textattack/bert-base-uncased-SST-2": lambda f: localhub.bert_sst2_repo(f, vocab),
+        "distilbert-base-uncased-finetuned-sst-2-english": lambda f: localhub.distilbert_sst2_repo(f, vocab),
+        "cardiffnlp/twitter-roberta-base-sentiment-latest": localhub.roberta_sentiment_repo,
+        "facebook/deit-small-patch16-224": localhub.deit_image_repo,
+        "openai/clip-vit-base-patch32": localhub.clip_repo,
+    }
     return builders[repo](folder)
 
 
@@ -116,10 +130,20 @@ def _driver(spec_file: str, out_file: str) -> None:
                 inputs = dict(m.preprocess(image, PROMPTS))
             logits = _logits(m.model, inputs)
             exp = explain(m.model, inputs, method=method, target=1 if kind == "clip" else None)
-            res = {"class": type(m.model).__name__, "kind": m.kind, "labels": list(m.labels), "info": m.info,
-                   "hashes": _hashes(m.model), "inputs": inputs, "logits": logits, "scores": exp.scores,
-                   "exp_logits": exp.logits, "target": exp.target, "grid": exp.grid,
-                   "seconds": {"load": loaded - start, "explain": time.perf_counter() - loaded}}
+            res = {
+                "class": type(m.model).__name__,
+                "kind": m.kind,
+                "labels": list(m.labels),
+                "info": m.info,
+                "hashes": _hashes(m.model),
+                "inputs": inputs,
+                "logits": logits,
+                "scores": exp.scores,
+                "exp_logits": exp.logits,
+                "target": exp.target,
+                "grid": exp.grid,
+                "seconds": {"load": loaded - start, "explain": time.perf_counter() - loaded},
+            }
             if kind == "clip":
                 text_exp = explain(m.model, dict(inputs, explain="text"), method=method, target=0)
                 res["text_scores"] = text_exp.scores
@@ -140,15 +164,29 @@ def _run_driver(tmp: Path, tag: str, endpoint: str, catcher: str, hf_home: Path)
     spec = tmp / f"spec-{tag}.json"
     spec.write_text(json.dumps({"image": str(tmp / "image.npy")}))
     out = tmp / f"out-{tag}.pt"
-    env = {k: v for k, v in os.environ.items()
-           if not k.upper().startswith(("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH_HOME"))
-           and not k.lower().endswith("_proxy")}
-    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(hf_home), TORCH_HOME=str(hf_home / "torch"),
-               HF_HUB_DISABLE_TELEMETRY="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
-               HTTP_PROXY=catcher, HTTPS_PROXY=catcher, NO_PROXY="127.0.0.1,localhost",
-               http_proxy=catcher, https_proxy=catcher, no_proxy="127.0.0.1,localhost")
-    proc = subprocess.run([sys.executable, __file__, str(spec), str(out)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.upper().startswith(("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH_HOME"))
+        and not k.lower().endswith("_proxy")
+    }
+    env.update(
+        HF_ENDPOINT=endpoint,
+        HF_HOME=str(hf_home),
+        TORCH_HOME=str(hf_home / "torch"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+        HTTP_PROXY=catcher,
+        HTTPS_PROXY=catcher,
+        NO_PROXY="127.0.0.1,localhost",
+        http_proxy=catcher,
+        https_proxy=catcher,
+        no_proxy="127.0.0.1,localhost",
+    )
+    proc = subprocess.run(
+        [sys.executable, __file__, str(spec), str(out)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out, weights_only=False)
 
@@ -179,8 +217,14 @@ def served(tmp_path_factory):
         # the hub gone (a port nobody listens on): the same names must come from the cache just filled
         cached = _run_driver(tmp, "cached", f"http://127.0.0.1:{_free_port()}", catcher.endpoint, hf_home)
         outside = list(catcher.requests)
-    return dict(models=models, folders=folders, image=image, runs={"online": online, "cached": cached},
-                hub_requests=hub_requests, outside=outside)
+    return dict(
+        models=models,
+        folders=folders,
+        image=image,
+        runs={"online": online, "cached": cached},
+        hub_requests=hub_requests,
+        outside=outside,
+    )
 
 
 def _case(served, run: str, name: str) -> dict[str, Any]:
@@ -220,18 +264,24 @@ def test_preprocess_is_the_served_one_and_logits_match(served, run, name):
     pil = Image.fromarray(served["image"])
     if repo.startswith("timm/"):
         from timm.data import create_transform, resolve_data_config
+
         expected = create_transform(**resolve_data_config({}, model=model))(pil).unsqueeze(0)
     elif kind == "image":
         from transformers import AutoImageProcessor
+
         expected = AutoImageProcessor.from_pretrained(folder)(images=pil, return_tensors="pt")["pixel_values"]
     elif kind == "text":
         from transformers import AutoTokenizer
-        expected = dict(AutoTokenizer.from_pretrained(folder)(SENTENCES, padding=True, truncation=True,
-                                                             return_tensors="pt"))
+
+        expected = dict(
+            AutoTokenizer.from_pretrained(folder)(SENTENCES, padding=True, truncation=True, return_tensors="pt")
+        )
     else:
         from transformers import CLIPProcessor
-        expected = dict(CLIPProcessor.from_pretrained(folder)(text=PROMPTS, images=pil, padding=True,
-                                                               return_tensors="pt"))
+
+        expected = dict(
+            CLIPProcessor.from_pretrained(folder)(text=PROMPTS, images=pil, padding=True, return_tensors="pt")
+        )
     got = res["inputs"]
     if isinstance(expected, dict):
         assert sorted(got) == sorted(expected)
@@ -288,8 +338,11 @@ def test_weights_came_over_http_from_the_hub(served, name):
     """The first run downloaded each repo's weights file from the local hub (HF_ENDPOINT was honoured)."""
     repo = CASES[name][0]
     weights = {"model.safetensors", "pytorch_model.bin"} & set(os.listdir(served["folders"][name]))
-    fetched = {p.rsplit("/", 1)[1] for method, p, status in served["hub_requests"]
-               if method == "GET" and status == 200 and p.startswith(f"/{repo}/resolve/")}
+    fetched = {
+        p.rsplit("/", 1)[1]
+        for method, p, status in served["hub_requests"]
+        if method == "GET" and status == 200 and p.startswith(f"/{repo}/resolve/")
+    }
     assert fetched & weights, f"no weights of {repo} were downloaded; requests: {served['hub_requests'][:20]}"
 
 
@@ -335,8 +388,18 @@ def endpoint(monkeypatch):
     """Set the endpoint huggingface_hub uses (it read HF_ENDPOINT at import, so patch the constant)."""
     from huggingface_hub import constants
 
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
-                "http_proxy", "https_proxy", "all_proxy", "NO_PROXY", "no_proxy"):
+    for var in (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "NO_PROXY",
+        "no_proxy",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     return lambda url: monkeypatch.setattr(constants, "ENDPOINT", url)
@@ -397,8 +460,9 @@ def test_hub_reachable_is_an_http_answer_that_is_not_a_refusal(endpoint, status,
 
 
 @pytest.mark.parametrize("status,reachable", [(200, True), (403, False)])
-def test_hub_reachable_goes_through_the_proxy_unless_no_proxy_exempts_the_host(endpoint, monkeypatch, status,
-                                                                              reachable):
+def test_hub_reachable_goes_through_the_proxy_unless_no_proxy_exempts_the_host(
+    endpoint, monkeypatch, status, reachable
+):
     from lrp_core.models.hub import hub_reachable
 
     hub = f"http://127.0.0.1:{_free_port()}"  # the hub itself refuses connections

@@ -1,4 +1,5 @@
 """minilm-sentiment: offline load, [CLS] -> pooler -> classifier path, accuracy on held-out text."""
+
 from __future__ import annotations
 
 import re

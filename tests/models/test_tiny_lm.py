@@ -1,4 +1,5 @@
 """tiny-lm: an embedded Llama-family LM with real weights that answers the facts task."""
+
 import pytest
 import torch
 
@@ -25,6 +26,7 @@ def test_architecture_is_the_llama_family(lm):
     assert type(lm.model).__name__ == "LlamaForCausalLM" and lm.kind == "lm"
     assert cfg.num_key_value_heads < cfg.num_attention_heads  # grouped-query attention
     from transformers import PreTrainedTokenizerFast
+
     assert isinstance(lm.tokenizer, PreTrainedTokenizerFast)  # transformers 5 names the class TokenizersBackend
     assert sum(p.numel() for p in lm.model.parameters()) < 5_000_000
 

@@ -1,4 +1,5 @@
 """tiny-vlm: an embedded LLaVA (HF LlavaForConditionalGeneration) with the real DINOv2 tower, answering make_vqa."""
+
 import json
 
 import numpy as np

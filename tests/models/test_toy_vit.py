@@ -1,4 +1,5 @@
 """toy-vit: architecture, offline loading, accuracy on fresh held-out scenes."""
+
 import json
 import time
 
@@ -67,6 +68,7 @@ def test_preprocess_matches_scene_normalisation(toy):
     # float arrays, PIL images and larger photos are accepted; resized to 64 x 64
     assert torch.allclose(toy_vit_preprocess(s.rgb[0]), s.images[:1], atol=1e-5)
     from PIL import Image
+
     big = Image.fromarray(u8).resize((200, 200))
     assert toy.preprocess(big).shape == (1, 3, 64, 64)
     # an already-normalised scene tensor passes through

@@ -1,5 +1,6 @@
 """A user's rule set through ``explain(..., composite=...)``: the γ- and ε-rules of a Linear in both kinds of pass,
 chosen by operation kind, module name or position, checked when built and refused where it changes nothing."""
+
 from __future__ import annotations
 
 import pytest
@@ -81,9 +82,12 @@ def test_gamma_and_epsilon_on_one_linear_match_the_hand_computation():
     with torch.no_grad():
         lin.weight.copy_(W), lin.bias.copy_(b)
     from lrp_core.rules.ops import Op
+
     z = lin(x)
-    for explicit, gradient in ((GammaLinear(0.5, epsilon=0.01), GammaGradient(0.5, epsilon=0.01)),
-                               (EpsilonLinear(0.2), EpsilonGradient(0.2))):
+    for explicit, gradient in (
+        (GammaLinear(0.5, epsilon=0.01), GammaGradient(0.5, epsilon=0.01)),
+        (EpsilonLinear(0.2), EpsilonGradient(0.2)),
+    ):
         gamma = getattr(explicit, "gamma", 0.0)
         want = _by_hand(x, W, b, R, gamma, explicit.epsilon)
         (got,) = explicit.relevance(Op(LINEAR, (x,), z, lin), R)
@@ -99,15 +103,17 @@ def test_gamma_zero_is_epsilon_and_epsilon_zero_is_the_generic_rule():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(6, 8, dtype=DT, generator=g)
     W, b, R = (torch.randn(*s, dtype=DT, generator=g) for s in ((7, 8), (7,), (6, 7)))
-    assert torch.allclose(F.linear_gamma(x, W, R, 0.0, 0.05, bias=b), F.linear_epsilon(x, W, R, 0.05, bias=b),
-                          rtol=0, atol=1e-13)
+    assert torch.allclose(
+        F.linear_gamma(x, W, R, 0.0, 0.05, bias=b), F.linear_epsilon(x, W, R, 0.05, bias=b), rtol=0, atol=1e-13
+    )
     # linear_generic adds the project's +1e-9 to z: 1e-9 / min|z| = 2.3e-8 here
     assert _rel(F.linear_epsilon(x, W, R, 0.0), F.linear_generic(x, W, R)) < 1e-7
     # γ > 0 with no negative contributions anywhere (x ≥ 0, W ≥ 0, b ≥ 0): every unit is boosted uniformly by
     # 1 + γ, so the shares are LRP-0's
     xp, Wp, bp = x.abs(), W.abs(), b.abs()
-    assert torch.allclose(F.linear_gamma(xp, Wp, R, 3.0, 0.0, bias=bp), F.linear_epsilon(xp, Wp, R, 0.0, bias=bp),
-                          rtol=0, atol=1e-12)
+    assert torch.allclose(
+        F.linear_gamma(xp, Wp, R, 3.0, 0.0, bias=bp), F.linear_epsilon(xp, Wp, R, 0.0, bias=bp), rtol=0, atol=1e-12
+    )
 
 
 # ---------------------------------------------------------------- reduction: γ = 0 / ε = 0 give the default maps
@@ -157,15 +163,17 @@ def test_gamma_on_the_mlps_reaches_exactly_fc1_and_fc2():
     names = get_adapter(model).module_names
     spied = explain(model, x, method="attnlrp", composite=ATTNLRP.with_rules(by_name={"blocks.*.mlp.*": Spy(0.5)}))
     assert sorted(set(met)) == [f"blocks.{b}.mlp.{fc}" for b in range(3) for fc in ("fc1", "fc2")]
-    one_by_one = ATTNLRP.with_rules(by_name={f"blocks.{b}.mlp.{fc}": GammaGradient(0.5)
-                                             for b in range(3) for fc in ("fc1", "fc2")})
+    one_by_one = ATTNLRP.with_rules(
+        by_name={f"blocks.{b}.mlp.{fc}": GammaGradient(0.5) for b in range(3) for fc in ("fc1", "fc2")}
+    )
     assert torch.equal(explain(model, x, method="attnlrp", composite=one_by_one).scores, spied.scores)
     everywhere = explain(model, x, method="attnlrp", composite=ATTNLRP.with_rules(by_kind={LINEAR: GammaGradient(0.5)}))
     assert _rel(everywhere.scores, spied.scores) > 1e-3  # the attention's Linears and the head too: another map
 
 
-@pytest.mark.parametrize("method, default, gamma", [("attnlrp", ATTNLRP, GammaGradient(0.5)),
-                                                   ("lrp", LRP_BASELINE, GammaLinear(0.5))])
+@pytest.mark.parametrize(
+    "method, default, gamma", [("attnlrp", ATTNLRP, GammaGradient(0.5)), ("lrp", LRP_BASELINE, GammaLinear(0.5))]
+)
 def test_gamma_on_one_blocks_mlp_changes_the_relevance_below_it_only(method, default, gamma):
     """γ on block 1's MLP: the relevance leaving blocks 2 and 1 (above the rule in the backward pass) is the
     default's bit for bit; below it — leaving block 0, and the map — it differs."""
@@ -213,8 +221,10 @@ def test_a_text_model_takes_a_gamma_rule_set_too():
     model = make_tiny_bert().double()
     ids = torch.tensor([[2, 11, 12, 13, 3], [2, 21, 22, 3, 0]])
     inputs = {"input_ids": ids, "attention_mask": (ids != 0).long()}
-    for method, composite in (("attnlrp", ATTNLRP.with_rules(by_kind={LINEAR: GammaGradient(0.25)})),
-                              ("lrp", LRP_BASELINE.with_rules(by_kind={LINEAR: GammaLinear(0.25)}))):
+    for method, composite in (
+        ("attnlrp", ATTNLRP.with_rules(by_kind={LINEAR: GammaGradient(0.25)})),
+        ("lrp", LRP_BASELINE.with_rules(by_kind={LINEAR: GammaLinear(0.25)})),
+    ):
         got = explain(model, inputs, method=method, composite=composite)
         assert _rel(got.scores, explain(model, inputs, method=method).scores) > 1e-3
         one = explain(model, {k: v[1:, :4] for k, v in inputs.items()}, method=method, composite=composite)
@@ -223,26 +233,38 @@ def test_a_text_model_takes_a_gamma_rule_set_too():
 
 # ---------------------------------------------------------------- refused where they cannot serve
 def test_a_rule_of_the_other_kind_of_pass_is_refused_when_the_rule_set_is_built():
-    with pytest.raises(RuleSetError, match=r"composite 'attnlrp' serves a modified-gradient replay, but "
-                                           r"by_kind\['linear'\] is GammaLinear\(0.25\), a rule of an explicit "
-                                           r"relevance pass; .* accepts a rule of a modified-gradient replay "
-                                           r"\(a GradientRule\) — here GammaGradient"):
+    with pytest.raises(
+        RuleSetError,
+        match=r"composite 'attnlrp' serves a modified-gradient replay, but "
+        r"by_kind\['linear'\] is GammaLinear\(0.25\), a rule of an explicit "
+        r"relevance pass; .* accepts a rule of a modified-gradient replay "
+        r"\(a GradientRule\) — here GammaGradient",
+    ):
         ATTNLRP.with_rules(by_kind={LINEAR: GammaLinear(0.25)})
-    with pytest.raises(RuleSetError, match=r"composite 'lrp_baseline' serves an explicit relevance pass, but "
-                                           r"by_name\['blocks.\*'\] is EpsilonGradient\(0.1\).* — here EpsilonLinear"):
+    with pytest.raises(
+        RuleSetError,
+        match=r"composite 'lrp_baseline' serves an explicit relevance pass, but "
+        r"by_name\['blocks.\*'\] is EpsilonGradient\(0.1\).* — here EpsilonLinear",
+    ):
         LRP_BASELINE.with_rules(by_name={"blocks.*": EpsilonGradient(0.1)})
     with pytest.raises(RuleSetError, match=r"first\['linear'\] is GammaGradient\(0.25\)"):
         TRANSFORMER_ATTRIBUTION.with_rules(first={LINEAR: GammaGradient(0.25)})
 
 
 def test_a_rule_for_an_operation_it_cannot_serve_is_refused_when_built():
-    with pytest.raises(RuleSetError, match=r"GammaGradient\(0.25\) cannot serve operation 'softmax': it serves "
-                                           r"linear; for 'softmax' a modified-gradient replay accepts "
-                                           r"DetachedOperands, Gradient"):
+    with pytest.raises(
+        RuleSetError,
+        match=r"GammaGradient\(0.25\) cannot serve operation 'softmax': it serves "
+        r"linear; for 'softmax' a modified-gradient replay accepts "
+        r"DetachedOperands, Gradient",
+    ):
         ATTNLRP.with_rules(by_kind={SOFTMAX: GammaGradient(0.25)})
-    with pytest.raises(RuleSetError, match=r"EpsilonLinear\(0.1\) cannot serve the first 'patch_conv' layer .*: it "
-                                           r"serves linear; for 'patch_conv' an explicit relevance pass accepts "
-                                           r"Identity, ZBox"):
+    with pytest.raises(
+        RuleSetError,
+        match=r"EpsilonLinear\(0.1\) cannot serve the first 'patch_conv' layer .*: it "
+        r"serves linear; for 'patch_conv' an explicit relevance pass accepts "
+        r"Identity, ZBox",
+    ):
         LRP_BASELINE.with_rules(first={PATCH_CONV: EpsilonLinear(0.1)})
     with pytest.raises(RuleSetError, match="unknown operation kind 'linaer'"):
         Composite("typo", {**ATTNLRP.rules, "linaer": Gradient()})
@@ -257,15 +279,24 @@ def _state(model: torch.nn.Module) -> dict:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("pattern, why", [("blocks.*.mlpp.*", "a typo"), ("blocks.*.mlp.act", "a GELU: not a Linear"),
-                                          ("blocks.0.*", "partial_lrp's pass stops at the last block")])
+@pytest.mark.parametrize(
+    "pattern, why",
+    [
+        ("blocks.*.mlpp.*", "a typo"),
+        ("blocks.*.mlp.act", "a GELU: not a Linear"),
+        ("blocks.0.*", "partial_lrp's pass stops at the last block"),
+    ],
+)
 def test_a_name_pattern_that_changes_nothing_is_refused(pattern, why):
     """A pattern that reaches no operation its rule serves would silently give the default map: refused, naming
     the pattern and the layers the pass did ask a rule for; no hook is left and the model is unchanged."""
     model, x = _vit(), _images()
     before = _state(model)
-    method, composite = ("partial_lrp", LRP_BASELINE.with_rules(by_name={pattern: GammaLinear(0.25)})) \
-        if why.startswith("partial") else ("attnlrp", ATTNLRP.with_rules(by_name={pattern: GammaGradient(0.25)}))
+    method, composite = (
+        ("partial_lrp", LRP_BASELINE.with_rules(by_name={pattern: GammaLinear(0.25)}))
+        if why.startswith("partial")
+        else ("attnlrp", ATTNLRP.with_rules(by_name={pattern: GammaGradient(0.25)}))
+    )
     with pytest.raises(
         RuleSetError,
         match=rf"method '{method}': composite .* chose no rule with name pattern "
@@ -280,8 +311,11 @@ def test_a_name_pattern_that_changes_nothing_is_refused(pattern, why):
 def test_a_pattern_shadowed_by_an_earlier_one_is_refused():
     """Patterns are tried in order; one whose layers all took an earlier pattern's rule changes nothing."""
     composite = ATTNLRP.with_rules(by_name={"blocks.*": GammaGradient(0.5), "blocks.0.mlp.fc1": EpsilonGradient(0.1)})
-    with pytest.raises(RuleSetError, match=r"name pattern 'blocks.0.mlp.fc1' \(EpsilonGradient\(0.1\)\): it matches "
-                                           r"blocks.0.mlp.fc1, but an earlier pattern chose their rule first"):
+    with pytest.raises(
+        RuleSetError,
+        match=r"name pattern 'blocks.0.mlp.fc1' \(EpsilonGradient\(0.1\)\): it matches "
+        r"blocks.0.mlp.fc1, but an earlier pattern chose their rule first",
+    ):
         explain(_vit(), _images(), method="attnlrp", composite=composite)
 
 
@@ -290,8 +324,9 @@ def test_a_first_layer_entry_the_pass_never_meets_is_refused():
     ids = torch.tensor([[2, 11, 12, 3]])
     composite = ATTNLRP.with_rules(first={PATCH_CONV: Gradient()})
     with pytest.raises(RuleSetError, match="first-layer entry 'patch_conv' .*the pass met no 'patch_conv' layer"):
-        explain(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method="attnlrp",
-                composite=composite)
+        explain(
+            model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method="attnlrp", composite=composite
+        )
 
 
 @pytest.mark.parametrize("method", ["transformer_attribution", "rollout", "pa_lrp", "integrated_gradients"])
@@ -300,15 +335,20 @@ def test_a_method_without_rule_sets_refuses_composite(method):
         explain(make_tiny_vit(), _images().float(), method=method, composite=ATTNLRP)
 
 
-@pytest.mark.parametrize("method, composite, takers", [("attnlrp", LRP_BASELINE, "'lrp' or 'partial_lrp'"),
-                                                       ("lrp", CP_LRP, "'attnlrp' or 'cp_lrp'")])
+@pytest.mark.parametrize(
+    "method, composite, takers",
+    [("attnlrp", LRP_BASELINE, "'lrp' or 'partial_lrp'"), ("lrp", CP_LRP, "'attnlrp' or 'cp_lrp'")],
+)
 def test_a_rule_set_for_the_other_kind_of_pass_is_refused_before_anything_runs(method, composite, takers):
     model = make_tiny_vit()
     calls: list = []
     for m in model.modules():
         m.register_forward_pre_hook(lambda mod, inp: calls.append(mod))
-    with pytest.raises(RuleSetError, match=rf"method '{method}' runs .* composite '{composite.name}' is a rule set "
-                                           rf"for .*: pass it to {takers}"):
+    with pytest.raises(
+        RuleSetError,
+        match=rf"method '{method}' runs .* composite '{composite.name}' is a rule set "
+        rf"for .*: pass it to {takers}",
+    ):
         explain(model, _images().float(), method=method, composite=composite)
     assert calls == []
     with pytest.raises(InputError, match="composite must be a rule set"):
@@ -319,6 +359,7 @@ def test_a_gpt2_conv1d_is_reached_by_its_name():
     """GPT-2's Conv1D layers are seen through Linear views that are not modules of the model: a name pattern on
     the Conv1D's name reaches them (before, the pattern reached nothing)."""
     from decoders import batch, make_decoder, rows
+
     model, inputs = make_decoder("gpt2"), batch(rows(lengths=(5, 4)))
     composite = ATTNLRP.with_rules(by_name={"transformer.h.*.mlp.c_fc": GammaGradient(0.5)})
     got = explain(model, inputs, method="attnlrp", composite=composite)

@@ -16,6 +16,7 @@ the head, norms, a block, an attention module and one of its projections), and, 
 A call that fails midway (a bad option checked late, a user hook that raises, ``KeyboardInterrupt``) leaves the
 model the same way.
 """
+
 from __future__ import annotations
 
 import copy
@@ -40,9 +41,11 @@ from lrp_core.adapters.swin import REFUSED_METHODS as SWIN_REFUSED  # noqa: E402
 from lrp_core.methods.baselines import CAPTUM_METHODS  # noqa: E402
 from lrp_core.runtime.guard import HOOK_DICTS  # noqa: E402
 
-pytestmark = [pytest.mark.filterwarnings("ignore::lrp_core.errors.UnreflectedHookWarning"),  # hooks on blocks
-              # torch's note on full backward hooks of modules whose inputs need no gradient (the embeddings)
-              pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::lrp_core.errors.UnreflectedHookWarning"),  # hooks on blocks
+    # torch's note on full backward hooks of modules whose inputs need no gradient (the embeddings)
+    pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning"),
+]
 
 
 def _images(n: int, seed: int) -> torch.Tensor:
@@ -57,85 +60,219 @@ def _bert_text(lengths: tuple, seed: int) -> dict:
 #: model -> (builder, hooked modules: embeddings, head, norms, block, attention, a projection, the inputs
 #: explained, new inputs of another shape for the model's own forward)
 MODELS = {
-    "vit": (make_tiny_vit,
-            ("patch_embed.proj", "head", "blocks.0.norm1", "norm", "blocks.0", "blocks.0.attn", "blocks.0.attn.qkv"),
-            lambda: _images(2, 1), lambda: _images(3, 2)),
-    "bert": (make_tiny_bert,
-             ("bert.embeddings.word_embeddings", "classifier", "bert.embeddings.LayerNorm",
-              "bert.encoder.layer.0.output.LayerNorm", "bert.encoder.layer.0", "bert.encoder.layer.0.attention",
-              "bert.encoder.layer.0.attention.self.query", "bert.pooler.dense"),
-             lambda: _bert_text((5, 7), 1), lambda: _bert_text((4, 9, 6), 2)),
-    **{f"llama-{head}": (lambda head=head: make_decoder("llama", head=head),
-                         ("model.embed_tokens", "lm_head" if head == "causal" else "score",
-                          "model.layers.0.input_layernorm", "model.norm", "model.layers.0", "model.layers.0.self_attn",
-                          "model.layers.0.self_attn.q_proj"),
-                         lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6))))
-       for head in ("causal", "seq")},
-    **{f"gpt2-{head}": (lambda head=head: make_decoder("gpt2", head=head),
-                        ("transformer.wte", "lm_head" if head == "causal" else "score", "transformer.wpe",
-                         "transformer.h.0.ln_1", "transformer.ln_f", "transformer.h.0", "transformer.h.0.attn",
-                         "transformer.h.0.attn.c_attn"),
-                        lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6))))
-       for head in ("causal", "seq")},
-    **{f"{family}-causal": (lambda family=family: make_decoder(family),
-                            ("model.embed_tokens", "lm_head", "model.layers.0.input_layernorm", "model.norm",
-                             "model.layers.0", "model.layers.0.self_attn",
-                             "model.layers.0.self_attn." + ("qkv_proj" if family == "phi3" else "q_proj")),
-                            lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6))))
-       for family in ("mistral", "qwen2", "qwen3", "gemma3", "phi3")},
+    "vit": (
+        make_tiny_vit,
+        ("patch_embed.proj", "head", "blocks.0.norm1", "norm", "blocks.0", "blocks.0.attn", "blocks.0.attn.qkv"),
+        lambda: _images(2, 1),
+        lambda: _images(3, 2),
+    ),
+    "bert": (
+        make_tiny_bert,
+        (
+            "bert.embeddings.word_embeddings",
+            "classifier",
+            "bert.embeddings.LayerNorm",
+            "bert.encoder.layer.0.output.LayerNorm",
+            "bert.encoder.layer.0",
+            "bert.encoder.layer.0.attention",
+            "bert.encoder.layer.0.attention.self.query",
+            "bert.pooler.dense",
+        ),
+        lambda: _bert_text((5, 7), 1),
+        lambda: _bert_text((4, 9, 6), 2),
+    ),
+    **{
+        f"llama-{head}": (
+            lambda head=head: make_decoder("llama", head=head),
+            (
+                "model.embed_tokens",
+                "lm_head" if head == "causal" else "score",
+                "model.layers.0.input_layernorm",
+                "model.norm",
+                "model.layers.0",
+                "model.layers.0.self_attn",
+                "model.layers.0.self_attn.q_proj",
+            ),
+            lambda: batch(rows(1, (5, 7))),
+            lambda: batch(rows(2, (4, 9, 6))),
+        )
+        for head in ("causal", "seq")
+    },
+    **{
+        f"gpt2-{head}": (
+            lambda head=head: make_decoder("gpt2", head=head),
+            (
+                "transformer.wte",
+                "lm_head" if head == "causal" else "score",
+                "transformer.wpe",
+                "transformer.h.0.ln_1",
+                "transformer.ln_f",
+                "transformer.h.0",
+                "transformer.h.0.attn",
+                "transformer.h.0.attn.c_attn",
+            ),
+            lambda: batch(rows(1, (5, 7))),
+            lambda: batch(rows(2, (4, 9, 6))),
+        )
+        for head in ("causal", "seq")
+    },
+    **{
+        f"{family}-causal": (
+            lambda family=family: make_decoder(family),
+            (
+                "model.embed_tokens",
+                "lm_head",
+                "model.layers.0.input_layernorm",
+                "model.norm",
+                "model.layers.0",
+                "model.layers.0.self_attn",
+                "model.layers.0.self_attn." + ("qkv_proj" if family == "phi3" else "q_proj"),
+            ),
+            lambda: batch(rows(1, (5, 7))),
+            lambda: batch(rows(2, (4, 9, 6))),
+        )
+        for family in ("mistral", "qwen2", "qwen3", "gemma3", "phi3")
+    },
     # mixture-of-experts decoders: hooks on the MoE module, its router and its experts too (the replay reads their
     # weights through views and calls none of them)
-    **{f"{family}-causal": (lambda family=family: make_decoder(family),
-                            ("model.embed_tokens", "lm_head", "model.layers.0.input_layernorm", "model.norm",
-                             "model.layers.0", "model.layers.0.self_attn", "model.layers.0.self_attn.q_proj",
-                             "model.layers.0.mlp",
-                             "model.layers.0.mlp." + ("router" if family == "gpt_oss" else "gate"),
-                             "model.layers.0.mlp.experts"),
-                            lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6))))
-       for family in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss")},
-    "gpt_neox-causal": (lambda: make_decoder("gpt_neox"),
-                        ("gpt_neox.embed_in", "lm_head", "gpt_neox.layers.0.input_layernorm",
-                         "gpt_neox.final_layer_norm", "gpt_neox.layers.0", "gpt_neox.layers.0.attention",
-                         "gpt_neox.layers.0.attention.query_key_value"),
-                        lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6)))),
-    "phi-causal": (lambda: make_decoder("phi"),
-                   ("model.embed_tokens", "lm_head", "model.layers.0.input_layernorm", "model.final_layernorm",
-                    "model.layers.0", "model.layers.0.self_attn", "model.layers.0.self_attn.q_proj",
-                    "model.layers.0.self_attn.q_layernorm"),
-                   lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6)))),
-    "falcon-causal": (lambda: make_decoder("falcon"),
-                      ("transformer.word_embeddings", "lm_head", "transformer.h.0.ln_attn", "transformer.ln_f",
-                       "transformer.h.0", "transformer.h.0.self_attention",
-                       "transformer.h.0.self_attention.query_key_value"),
-                      lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6)))),
-    **{f"{family}-causal": (lambda family=family: make_decoder(family),
-                            ("model.embed_tokens", "lm_head", "model.layers.0.post_attention_layernorm", "model.norm",
-                             "model.layers.0", "model.layers.0.self_attn", "model.layers.0.self_attn.q_proj"),
-                            lambda: batch(rows(1, (5, 7))), lambda: batch(rows(2, (4, 9, 6))))
-       for family in ("gemma2", "olmo2")},
-    "modernbert": (lambda: _modernbert(),
-                   ("model.embeddings.tok_embeddings", "classifier", "model.embeddings.norm", "model.final_norm",
-                    "model.layers.1", "model.layers.1.attn", "model.layers.1.attn.Wqkv", "head.dense"),
-                   lambda: _bert_text((5, 7), 1), lambda: _bert_text((4, 9, 6), 2)),
-    "eva": (lambda: make_eva(use_rot_pos_emb=True, swiglu_mlp=True, num_reg_tokens=2, init_values=0.3),
-            ("patch_embed.proj", "head", "blocks.0.norm1", "norm", "blocks.0", "blocks.0.attn", "blocks.0.attn.qkv",
-             "blocks.0.mlp.fc1"),
-            lambda: _images(2, 1), lambda: _images(3, 2)),
-    "swin": (lambda: make_swin(),
-             ("patch_embed.proj", "head.fc", "layers.0.blocks.0.norm1", "norm", "layers.0.blocks.1",
-              "layers.0.blocks.1.attn", "layers.0.blocks.1.attn.qkv", "layers.1.downsample"),
-             lambda: _images(2, 1), lambda: _images(3, 2)),
+    **{
+        f"{family}-causal": (
+            lambda family=family: make_decoder(family),
+            (
+                "model.embed_tokens",
+                "lm_head",
+                "model.layers.0.input_layernorm",
+                "model.norm",
+                "model.layers.0",
+                "model.layers.0.self_attn",
+                "model.layers.0.self_attn.q_proj",
+                "model.layers.0.mlp",
+                "model.layers.0.mlp." + ("router" if family == "gpt_oss" else "gate"),
+                "model.layers.0.mlp.experts",
+            ),
+            lambda: batch(rows(1, (5, 7))),
+            lambda: batch(rows(2, (4, 9, 6))),
+        )
+        for family in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss")
+    },
+    "gpt_neox-causal": (
+        lambda: make_decoder("gpt_neox"),
+        (
+            "gpt_neox.embed_in",
+            "lm_head",
+            "gpt_neox.layers.0.input_layernorm",
+            "gpt_neox.final_layer_norm",
+            "gpt_neox.layers.0",
+            "gpt_neox.layers.0.attention",
+            "gpt_neox.layers.0.attention.query_key_value",
+        ),
+        lambda: batch(rows(1, (5, 7))),
+        lambda: batch(rows(2, (4, 9, 6))),
+    ),
+    "phi-causal": (
+        lambda: make_decoder("phi"),
+        (
+            "model.embed_tokens",
+            "lm_head",
+            "model.layers.0.input_layernorm",
+            "model.final_layernorm",
+            "model.layers.0",
+            "model.layers.0.self_attn",
+            "model.layers.0.self_attn.q_proj",
+            "model.layers.0.self_attn.q_layernorm",
+        ),
+        lambda: batch(rows(1, (5, 7))),
+        lambda: batch(rows(2, (4, 9, 6))),
+    ),
+    "falcon-causal": (
+        lambda: make_decoder("falcon"),
+        (
+            "transformer.word_embeddings",
+            "lm_head",
+            "transformer.h.0.ln_attn",
+            "transformer.ln_f",
+            "transformer.h.0",
+            "transformer.h.0.self_attention",
+            "transformer.h.0.self_attention.query_key_value",
+        ),
+        lambda: batch(rows(1, (5, 7))),
+        lambda: batch(rows(2, (4, 9, 6))),
+    ),
+    **{
+        f"{family}-causal": (
+            lambda family=family: make_decoder(family),
+            (
+                "model.embed_tokens",
+                "lm_head",
+                "model.layers.0.post_attention_layernorm",
+                "model.norm",
+                "model.layers.0",
+                "model.layers.0.self_attn",
+                "model.layers.0.self_attn.q_proj",
+            ),
+            lambda: batch(rows(1, (5, 7))),
+            lambda: batch(rows(2, (4, 9, 6))),
+        )
+        for family in ("gemma2", "olmo2")
+    },
+    "modernbert": (
+        lambda: _modernbert(),
+        (
+            "model.embeddings.tok_embeddings",
+            "classifier",
+            "model.embeddings.norm",
+            "model.final_norm",
+            "model.layers.1",
+            "model.layers.1.attn",
+            "model.layers.1.attn.Wqkv",
+            "head.dense",
+        ),
+        lambda: _bert_text((5, 7), 1),
+        lambda: _bert_text((4, 9, 6), 2),
+    ),
+    "eva": (
+        lambda: make_eva(use_rot_pos_emb=True, swiglu_mlp=True, num_reg_tokens=2, init_values=0.3),
+        (
+            "patch_embed.proj",
+            "head",
+            "blocks.0.norm1",
+            "norm",
+            "blocks.0",
+            "blocks.0.attn",
+            "blocks.0.attn.qkv",
+            "blocks.0.mlp.fc1",
+        ),
+        lambda: _images(2, 1),
+        lambda: _images(3, 2),
+    ),
+    "swin": (
+        lambda: make_swin(),
+        (
+            "patch_embed.proj",
+            "head.fc",
+            "layers.0.blocks.0.norm1",
+            "norm",
+            "layers.0.blocks.1",
+            "layers.0.blocks.1.attn",
+            "layers.0.blocks.1.attn.qkv",
+            "layers.1.downsample",
+        ),
+        lambda: _images(2, 1),
+        lambda: _images(3, 2),
+    ),
 }
 
 
 def _modernbert() -> nn.Module:
     """The tiny ModernBERT classifier of the text-family list ([CLS] pooling, sdpa), in float32."""
     from text_families import make
+
     return make("modernbert", "sdpa")
 
 
 def _attach(model: nn.Module, names: tuple, log: list) -> None:
     """No-op user hooks of every kind on each named module (each appends its name to ``log`` when it fires)."""
+
     def note(tag: str):
         return lambda *args, **kwargs: log.append(tag)
 
@@ -154,13 +291,24 @@ def _attach(model: nn.Module, names: tuple, log: list) -> None:
 
 def _hook_table(model: nn.Module) -> list:
     """Every hook entry of every module, in order: (module, dictionary, key, the hook object's id)."""
-    return [(name, d, key, id(fn)) for name, m in model.named_modules() for d in HOOK_DICTS
-            for key, fn in getattr(m, d).items()]
+    return [
+        (name, d, key, id(fn))
+        for name, m in model.named_modules()
+        for d in HOOK_DICTS
+        for key, fn in getattr(m, d).items()
+    ]
 
 
 def _global_hooks() -> tuple:
-    return tuple(tuple(getattr(torch_module, d)) for d in ("_global_forward_hooks", "_global_forward_pre_hooks",
-                                                            "_global_backward_hooks", "_global_backward_pre_hooks"))
+    return tuple(
+        tuple(getattr(torch_module, d))
+        for d in (
+            "_global_forward_hooks",
+            "_global_forward_pre_hooks",
+            "_global_backward_hooks",
+            "_global_backward_pre_hooks",
+        )
+    )
 
 
 def _own(model: nn.Module, x) -> torch.Tensor:
@@ -199,8 +347,9 @@ class _Untouched:
     def check(self) -> None:
         assert _hook_table(self.model) == self.table  # the user's hooks, same ids and order; nothing added
         assert _global_hooks() == self.globals
-        assert [(p.requires_grad, p.grad) for p in self.model.parameters()] + \
-            [m.training for m in self.model.modules()] == self.flags
+        assert [(p.requires_grad, p.grad) for p in self.model.parameters()] + [
+            m.training for m in self.model.modules()
+        ] == self.flags
         with torch.no_grad():
             # another shape: bit-identical (NaN where the model's own eager forward gives a fully masked padding row
             # NaN under a sliding window: at the same places in both)
@@ -215,13 +364,38 @@ class _Untouched:
 #: and one relevance pass
 #: the families of the mixture-of-experts, parallel-block, soft-capped and post-norm decoders, ModernBERT, EVA and
 #: Swin (Swin: the methods its adapter does not refuse)
-NEWER = ("qwen3_moe-causal", "qwen2_moe-causal", "mixtral-causal", "olmoe-causal", "gpt_oss-causal", "gpt_neox-causal",
-         "phi-causal", "falcon-causal", "gemma2-causal", "olmo2-causal", "modernbert", "eva", "swin")
-CASES = [(name, method) for name in ("vit", "bert", "llama-causal", "mistral-causal", "qwen2-causal", "qwen3-causal",
-                                     "gemma3-causal", "phi3-causal", "gpt2-causal") + NEWER for method in METHODS
-         if name != "swin" or method not in SWIN_REFUSED] + [
-    (name, method) for name in ("llama-seq", "gpt2-seq") for method in CAPTUM_METHODS + ("attnlrp",)
-]
+NEWER = (
+    "qwen3_moe-causal",
+    "qwen2_moe-causal",
+    "mixtral-causal",
+    "olmoe-causal",
+    "gpt_oss-causal",
+    "gpt_neox-causal",
+    "phi-causal",
+    "falcon-causal",
+    "gemma2-causal",
+    "olmo2-causal",
+    "modernbert",
+    "eva",
+    "swin",
+)
+CASES = [
+    (name, method)
+    for name in (
+        "vit",
+        "bert",
+        "llama-causal",
+        "mistral-causal",
+        "qwen2-causal",
+        "qwen3-causal",
+        "gemma3-causal",
+        "phi3-causal",
+        "gpt2-causal",
+    )
+    + NEWER
+    for method in METHODS
+    if name != "swin" or method not in SWIN_REFUSED
+] + [(name, method) for name in ("llama-seq", "gpt2-seq") for method in CAPTUM_METHODS + ("attnlrp",)]
 
 
 @pytest.mark.parametrize("name, method", CASES)
@@ -272,18 +446,26 @@ def _raising_hook(after: int, error: type):
         calls["n"] += 1
         if calls["armed"] and calls["n"] == after + 1:
             raise error("raised by the user's hook")
+
     return hook, calls
 
 
 #: model -> (the norm the raising hook is on, the projection it is on for AttnLRP)
-RAISE_AT = {"llama-causal": ("model.layers.0.input_layernorm", "model.layers.0.self_attn.q_proj"),
-            "bert": ("bert.embeddings.LayerNorm", "bert.encoder.layer.0.attention.self.query")}
+RAISE_AT = {
+    "llama-causal": ("model.layers.0.input_layernorm", "model.layers.0.self_attn.q_proj"),
+    "bert": ("bert.embeddings.LayerNorm", "bert.encoder.layer.0.attention.self.query"),
+}
 
 
-@pytest.mark.parametrize("name, method, error",
-                         [(name, method, _Boom) for name in ("llama-causal", "bert")
-                          for method in CAPTUM_METHODS + ("attnlrp", "token_ablation")] +
-                         [("llama-causal", method, KeyboardInterrupt) for method in ("input_x_gradient", "occlusion")])
+@pytest.mark.parametrize(
+    "name, method, error",
+    [
+        (name, method, _Boom)
+        for name in ("llama-causal", "bert")
+        for method in CAPTUM_METHODS + ("attnlrp", "token_ablation")
+    ]
+    + [("llama-causal", method, KeyboardInterrupt) for method in ("input_x_gradient", "occlusion")],
+)
 def test_a_call_that_raises_midway_leaves_the_model_untouched(name, method, error):
     """A user hook on a norm raises at the norm's second call of the explanation — Llama: inside the first
     evaluation of a Captum baseline, with the engine's hook on the embeddings; BERT (its embeddings' LayerNorm):
@@ -307,8 +489,9 @@ def test_a_call_that_raises_midway_leaves_the_model_untouched(name, method, erro
 
 
 @pytest.mark.parametrize("method", ["integrated_gradients", "occlusion", "kernel_shap"])
-@pytest.mark.parametrize("baseline, match", [("blur", "baseline='blur' is for images"),
-                                             (10 ** 6, "outside the vocabulary")])
+@pytest.mark.parametrize(
+    "baseline, match", [("blur", "baseline='blur' is for images"), (10**6, "outside the vocabulary")]
+)
 def test_a_bad_option_checked_late_leaves_the_model_untouched(method, baseline, match):
     """The reference input is checked after the baseline found (and hooked) the word embeddings."""
     build, points, inputs, new_inputs = MODELS["llama-causal"]

@@ -1,4 +1,5 @@
 """scripts/make_answer_key.py: docs/ANSWERS.md is what the script generates now, and its code is the solution."""
+
 from __future__ import annotations
 
 import re
@@ -32,11 +33,11 @@ def test_every_exercise_has_its_section_task_cell_and_reference(script, key):
     exs = script.exercises()
     assert len(exs) >= 29
     headings = re.findall(r"^### (\d+\.\d+) · ", key, flags=re.M)
-    assert headings == [n[2:].replace("_", ".") for n in exs]       # one each, in course order
+    assert headings == [n[2:].replace("_", ".") for n in exs]  # one each, in course order
     for name, ex in exs.items():
         body = key.split(f"### {name[2:].replace('_', '.')} · {ex.title}\n", 1)[1].split("\n### ", 1)[0]
-        assert f"{name}.check(" in body                               # the learner's cell
-        assert f"def {ex.reference.__name__}(" in body                # the reference's source
+        assert f"{name}.check(" in body  # the learner's cell
+        assert f"def {ex.reference.__name__}(" in body  # the reference's source
         for h in ex.hints:
             assert h in body
         for mk in ex.mistakes:

@@ -1,4 +1,5 @@
 """scripts/make_readme_figures.py runs on the embedded models and writes real, readable PNGs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,22 +21,33 @@ def script():
 
 
 def test_small_run_writes_two_valid_pngs(script, tmp_path):
-    rc = script.main(["--model", "toy-vit", "--methods", "transformer_attribution,rollout",
-                      "--out-dir", str(tmp_path), "--dpi", "50"])
+    rc = script.main(
+        [
+            "--model",
+            "toy-vit",
+            "--methods",
+            "transformer_attribution,rollout",
+            "--out-dir",
+            str(tmp_path),
+            "--dpi",
+            "50",
+        ]
+    )
     assert rc == 0
     for name in ("method_grid.png", "token_heatmap.png"):
         path = tmp_path / name
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         img = Image.open(path)
-        img.verify()                                    # a complete, decodable file
+        img.verify()  # a complete, decodable file
         img = np.asarray(Image.open(path).convert("RGB"))
         assert img.shape[0] > 50 and img.shape[1] > 200
-        assert img.std() > 10                           # a picture, not a blank canvas
+        assert img.std() > 10  # a picture, not a blank canvas
         assert path.stat().st_size < 300 * 1024
 
 
 def test_the_grid_scene_is_one_the_model_gets_right(script):
     from lrp_core.models import load
+
     toy = load("toy-vit")
     scene = script.pick_scene(toy, "toy-vit", seed=0, size=64)
     with torch.no_grad():
@@ -46,6 +58,7 @@ def test_the_grid_scene_is_one_the_model_gets_right(script):
 def test_word_scores_drop_special_tokens_and_merge_pieces(script):
     from lrp_core import explain
     from lrp_core.models import load
+
     text = load("minilm-sentiment")
     words, scores = script.word_scores(text, "An unbelievably dull film.", 1, "transformer_attribution")
     assert "[CLS]" not in words and "[SEP]" not in words and not any(w.startswith("##") for w in words)

@@ -1,4 +1,5 @@
 """scripts/train_toy_vit.py: its parts do what the recipe says, and a short run is reproducible."""
+
 from __future__ import annotations
 
 import importlib
@@ -41,7 +42,7 @@ def test_cover_is_the_object_share_of_each_patch(script):
     images, labels, cover = script._pool_chunk((4, 11, 2))
     s = make_scenes(4, 11, n_objects=2)
     i, k, r, c = 2, 1, 3, 5
-    share = s.masks[i, k, 8 * r:8 * r + 8, 8 * c:8 * c + 8].float().mean()
+    share = s.masks[i, k, 8 * r : 8 * r + 8, 8 * c : 8 * c + 8].float().mean()
     assert float(cover[i, k, r, c]) == pytest.approx(float(share), abs=1e-3)
     assert torch.equal(labels, s.labels)
 
@@ -92,9 +93,26 @@ def test_losses_match_a_hand_computation(script):
 
 @pytest.mark.slow
 def test_a_short_run_is_reproducible_and_loadable(script, tmp_path):
-    args = ["--steps", "12", "--pool-single", "128", "--pool-double", "128", "--eval", "20",
-            "--threads", "1", "--log-every", "0", "--batch", "16", "--keep", "40",
-            "--full-fraction", "0.5"]
+    args = [
+        "--steps",
+        "12",
+        "--pool-single",
+        "128",
+        "--pool-double",
+        "128",
+        "--eval",
+        "20",
+        "--threads",
+        "1",
+        "--log-every",
+        "0",
+        "--batch",
+        "16",
+        "--keep",
+        "40",
+        "--full-fraction",
+        "0.5",
+    ]
     script.main(args + ["--out", str(tmp_path / "a")])
     script.main(args + ["--out", str(tmp_path / "b")])
     from safetensors.torch import load_file

@@ -1,4 +1,5 @@
 """Fixtures for the widget tests: tiny random models, built in milliseconds."""
+
 from __future__ import annotations
 
 import io
@@ -13,6 +14,7 @@ from PIL import Image
 def tiny_vit(seed: int = 0, **kw: Any) -> torch.nn.Module:
     """A random timm ViT: 32 px images, 8 px patches (4x4 grid), 3 blocks, 2 heads, 5 classes."""
     from timm.models.vision_transformer import VisionTransformer
+
     torch.manual_seed(seed)
     cfg = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=5)
     cfg.update(kw)
@@ -29,19 +31,43 @@ def tiny_vit(seed: int = 0, **kw: Any) -> torch.nn.Module:
 def tiny_bert(seed: int = 0) -> torch.nn.Module:
     """A random HF BERT classifier: vocab 100, hidden 32, 2 layers, 2 heads, 3 labels."""
     from transformers import BertConfig, BertForSequenceClassification
+
     torch.manual_seed(seed)
-    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=40, num_labels=3,
-                     id2label={0: "negative", 1: "neutral", 2: "positive"},
-                     label2id={"negative": 0, "neutral": 1, "positive": 2})
+    cfg = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        num_labels=3,
+        id2label={0: "negative", 1: "neutral", 2: "positive"},
+        label2id={"negative": 0, "neutral": 1, "positive": 2},
+    )
     return BertForSequenceClassification(cfg).eval()
 
 
 class WordPieceTokenizer:
     """A minimal tokenizer: known words map to fixed pieces (some with ``##``)."""
 
-    VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "film", "was", "un", "##believ", "##ably",
-             "good", "bad", "play", "##ing", "a", "story"]
+    VOCAB = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "the",
+        "film",
+        "was",
+        "un",
+        "##believ",
+        "##ably",
+        "good",
+        "bad",
+        "play",
+        "##ing",
+        "a",
+        "story",
+    ]
 
     def __init__(self) -> None:
         self.ids = {t: i for i, t in enumerate(self.VOCAB)}
@@ -50,8 +76,9 @@ class WordPieceTokenizer:
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return [self.VOCAB[i] for i in ids]
 
-    def __call__(self, texts: list[str], return_tensors: str = "pt", padding: bool = True,
-                 truncation: bool = True) -> dict[str, torch.Tensor]:
+    def __call__(
+        self, texts: list[str], return_tensors: str = "pt", padding: bool = True, truncation: bool = True
+    ) -> dict[str, torch.Tensor]:
         rows = []
         for text in texts:
             pieces = ["[CLS]"]

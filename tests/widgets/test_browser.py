@@ -14,6 +14,7 @@ Chromium comes from ``scripts/install_chromium.sh`` (``make browser``); no
 browser is ever downloaded. Without Chromium the test skips locally but fails
 when ``CI=true``.
 """
+
 from __future__ import annotations
 
 import io
@@ -36,9 +37,17 @@ from PIL import Image
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 SERVER_START_S = 180  # a loaded 2-core machine can be slow
 KERNEL_RUN_S = 420  # kernel start + imports + first explanation
 CHANGE_S = 120  # one interaction: comm round trip + recompute + redraw
@@ -89,11 +98,16 @@ def _free_port() -> int:
 
 
 def _write_notebook(path: Path, code: list[str]) -> None:
-    cells = [{"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {},
-              "outputs": [], "source": src} for i, src in enumerate(code)]
-    nb = {"cells": cells, "nbformat": 4, "nbformat_minor": 5,
-          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                      "language": "python"}}}
+    cells = [
+        {"cell_type": "code", "execution_count": None, "id": f"cell-{i}", "metadata": {}, "outputs": [], "source": src}
+        for i, src in enumerate(code)
+    ]
+    nb = {
+        "cells": cells,
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    }
     path.write_text(json.dumps(nb, indent=1))
 
 
@@ -117,26 +131,43 @@ def _server_up(url: str) -> bool:
 
 def _start_lab(root: Path, port: int, log: Path) -> subprocess.Popen:
     env = dict(os.environ)
-    for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"),
-                     ("JUPYTER_DATA_DIR", "data"), ("IPYTHONDIR", "ipython"),
-                     ("JUPYTERLAB_SETTINGS_DIR", "settings"),
-                     ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")):
+    for var, sub in (
+        ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTER_RUNTIME_DIR", "runtime"),
+        ("JUPYTER_DATA_DIR", "data"),
+        ("IPYTHONDIR", "ipython"),
+        ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+        ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
+    ):
         env[var] = str(root.parent / sub)
     # no "get notified about Jupyter news?" toast over the widget
     notify = root.parent / "settings" / "@jupyterlab" / "apputils-extension"
     notify.mkdir(parents=True, exist_ok=True)
     (notify / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-           f"--ServerApp.root_dir={root}", "--IdentityProvider.token=", "--ServerApp.password=",
-           "--ServerApp.disable_check_xsrf=True", "--ServerApp.port_retries=0",
-           "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           "--LabApp.extension_manager=readonly"]
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        f"--port={port}",
+        "--ip=127.0.0.1",
+        f"--ServerApp.root_dir={root}",
+        "--IdentityProvider.token=",
+        "--ServerApp.password=",
+        "--ServerApp.disable_check_xsrf=True",
+        "--ServerApp.port_retries=0",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI containers often run as root
         cmd.append("--allow-root")
-    return subprocess.Popen(cmd, cwd=root, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -200,8 +231,7 @@ def _lab_page(tmp_path: Path, code: list[str]) -> Iterator[Any]:
                 page.goto(url + "lab/tree/e2e.ipynb", timeout=SERVER_START_S * 1000)
                 page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=SERVER_START_S * 1000)
                 # the kernel is ready before running: the status bar reads "... | Idle"
-                page.locator(".jp-StatusBar-Widget", has_text="Idle").first.wait_for(
-                    timeout=KERNEL_RUN_S * 1000)
+                page.locator(".jp-StatusBar-Widget", has_text="Idle").first.wait_for(timeout=KERNEL_RUN_S * 1000)
                 time.sleep(1.0)
                 page.locator(".jp-Notebook").first.click()
                 page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
@@ -224,8 +254,9 @@ def test_widget_responds_in_jupyterlab(tmp_path: Path) -> None:
         try:
             img = page.locator("img.trl-image").first
             img.wait_for(state="visible", timeout=KERNEL_RUN_S * 1000)
-            _wait(lambda: img.evaluate("e => e.complete && e.naturalWidth > 0"), CHANGE_S,
-                  "the widget's picture to load")
+            _wait(
+                lambda: img.evaluate("e => e.complete && e.naturalWidth > 0"), CHANGE_S, "the widget's picture to load"
+            )
             img.scroll_into_view_if_needed()
             time.sleep(1.0)
             shots["first"] = _shot(img)
@@ -240,10 +271,14 @@ def test_widget_responds_in_jupyterlab(tmp_path: Path) -> None:
             t0 = time.perf_counter()
             handle.press("ArrowLeft")  # one block down
             latency["slider"] = _new_src(img, src, t0)
-            _wait(lambda: readout.inner_text().strip() == str(before - 1), CHANGE_S,
-                  "the slider to move one block down")
-            shots["slider"] = _wait(lambda: (lambda s: s if _differs(s, shots["first"]) else None)(
-                _shot(img)), CHANGE_S, "the picture to follow the slider")
+            _wait(
+                lambda: readout.inner_text().strip() == str(before - 1), CHANGE_S, "the slider to move one block down"
+            )
+            shots["slider"] = _wait(
+                lambda: (lambda s: s if _differs(s, shots["first"]) else None)(_shot(img)),
+                CHANGE_S,
+                "the picture to follow the slider",
+            )
 
             # 2. another class, from the dropdown
             select = page.locator(".trl-class-selector select").first
@@ -254,8 +289,11 @@ def test_widget_responds_in_jupyterlab(tmp_path: Path) -> None:
             t0 = time.perf_counter()
             select.select_option(value=other)
             latency["class"] = _new_src(img, src, t0)
-            shots["class"] = _wait(lambda: (lambda s: s if _differs(s, shots["slider"]) else None)(
-                _shot(img)), CHANGE_S, "the picture to follow the class")
+            shots["class"] = _wait(
+                lambda: (lambda s: s if _differs(s, shots["slider"]) else None)(_shot(img)),
+                CHANGE_S,
+                "the picture to follow the class",
+            )
             assert page.locator(".trl-widget .trl-error").count() == 0
         finally:
             for name, arr in shots.items():  # kept for a person to look at after a failure
@@ -304,7 +342,8 @@ w""",
 def _spans(page: Any) -> list[dict]:
     """The coloured tokens of the GenerationExplorer: text, value (from the tooltip) and background."""
     return page.locator(".trl-generation-explorer .trl-token").evaluate_all(
-        "ss => ss.map(s => ({text: s.textContent, title: s.title, bg: s.style.backgroundColor}))")
+        "ss => ss.map(s => ({text: s.textContent, title: s.title, bg: s.style.backgroundColor}))"
+    )
 
 
 def _values(spans: list[dict]) -> np.ndarray:
@@ -324,8 +363,15 @@ def test_generation_explorer_in_jupyterlab(tmp_path: Path) -> None:
     with _lab_page(tmp_path, GENERATION_CODE) as page:
         tokens = page.locator(".trl-generation-explorer .trl-token")
         tokens.first.wait_for(state="visible", timeout=KERNEL_RUN_S * 1000)
-        expected = json.loads(_wait(lambda: (tmp_path / "lab" / "expected.json").exists()
-                                    and (tmp_path / "lab" / "expected.json").read_text(), CHANGE_S, "expected.json"))
+        expected = json.loads(
+            _wait(
+                lambda: (
+                    (tmp_path / "lab" / "expected.json").exists() and (tmp_path / "lab" / "expected.json").read_text()
+                ),
+                CHANGE_S,
+                "expected.json",
+            )
+        )
         n = len(expected["tokens"])  # step 2's context: the prompt and the first generated token
         first = _spans(page)
         assert len(first) == n - 1 and [s["text"] for s in first] == expected["tokens"][:-1]
@@ -333,12 +379,16 @@ def test_generation_explorer_in_jupyterlab(tmp_path: Path) -> None:
         # 1. the second generated token, clicked
         t0 = time.perf_counter()
         page.locator(".trl-step-selector button").nth(1).click()
-        step2 = _wait(lambda: (lambda s: s if len(s) == n else None)(_spans(page)), CHANGE_S, "step 2's map",
-                      every=0.02)
+        step2 = _wait(
+            lambda: (lambda s: s if len(s) == n else None)(_spans(page)), CHANGE_S, "step 2's map", every=0.02
+        )
         latency["step"] = time.perf_counter() - t0
         assert [s["text"] for s in step2] == expected["tokens"]
-        step2 = _wait(lambda: (lambda s: s if _matches(s, expected["map"]) else None)(_spans(page)), CHANGE_S,
-                      "the engine's values for step 2")
+        step2 = _wait(
+            lambda: (lambda s: s if _matches(s, expected["map"]) else None)(_spans(page)),
+            CHANGE_S,
+            "the engine's values for step 2",
+        )
         top = int(np.argmax(expected["map"]))
         assert step2[top]["bg"] != "rgb(255, 255, 255)" and len({s["bg"] for s in step2}) > 2
 
@@ -348,8 +398,12 @@ def test_generation_explorer_in_jupyterlab(tmp_path: Path) -> None:
         page.locator(".trl-layer-slider .noUi-handle").first.focus()
         t0 = time.perf_counter()
         page.locator(".trl-layer-slider .noUi-handle").first.press("ArrowLeft")
-        moved = _wait(lambda: (lambda s: s if _matches(s, expected["leaving block 0"]) else None)(_spans(page)),
-                      CHANGE_S, "the residual relevance leaving block 0", every=0.02)
+        moved = _wait(
+            lambda: (lambda s: s if _matches(s, expected["leaving block 0"]) else None)(_spans(page)),
+            CHANGE_S,
+            "the residual relevance leaving block 0",
+            every=0.02,
+        )
         latency["slider"] = time.perf_counter() - t0
         assert readout.inner_text().strip() == "leaving block 0"
         assert [s["bg"] for s in moved] != [s["bg"] for s in step2]  # the colours followed

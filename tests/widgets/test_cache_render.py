@@ -1,4 +1,5 @@
 """The explorers' explanation cache (widgets._cache) and title line (widgets._render), without a widget."""
+
 from __future__ import annotations
 
 from widgets._cache import ExplanationCache
@@ -13,12 +14,13 @@ def test_cache_computes_once_and_evicts_the_least_recently_used():
         def compute():
             made.append(key)
             return f"entry {key}"
+
         return compute
 
     assert cache.get(("a",), maker("a")) == "entry a"
     assert cache.get(("b",), maker("b")) == "entry b"
-    assert cache.get(("a",), maker("a")) == "entry a"      # a hit: not recomputed, now most recent
-    cache.get(("c",), maker("c"))                          # evicts b, the least recently used
+    assert cache.get(("a",), maker("a")) == "entry a"  # a hit: not recomputed, now most recent
+    cache.get(("c",), maker("c"))  # evicts b, the least recently used
     assert ("a",) in cache and ("c",) in cache and ("b",) not in cache and len(cache) == 2
     assert made == ["a", "b", "c"]
     cache.clear()

@@ -1,4 +1,5 @@
 """ClipExplorer: a tiny random CLIPModel explained against free-text prompts."""
+
 from __future__ import annotations
 
 import base64
@@ -26,8 +27,9 @@ def tiny_clip(seed: int = 0) -> torch.nn.Module:
 class WordTokenizer:
     """Words to ids 3..98 deterministically; [1 = bos, words…, 2 = eos], right-padded with 0."""
 
-    def __call__(self, texts: list[str], padding: bool = True, truncation: bool = True,
-                 return_tensors: str = "pt") -> dict[str, torch.Tensor]:
+    def __call__(
+        self, texts: list[str], padding: bool = True, truncation: bool = True, return_tensors: str = "pt"
+    ) -> dict[str, torch.Tensor]:
         rows = [[1] + [3 + sum(map(ord, w)) % 96 for w in t.lower().split()][:14] + [2] for t in texts]
         T = max(len(r) for r in rows)
         ids = torch.tensor([r + [0] * (T - len(r)) for r in rows])
@@ -164,6 +166,7 @@ def test_a_prompt_the_tokenizer_refuses_is_an_error_and_changes_nothing(clip, im
         if any("bad" in t for t in texts):
             raise ValueError("cannot tokenize 'bad'")
         return tok(texts, **kw)
+
     w = widgets.ClipExplorer(clip, images[:1], prompts=PROMPTS, tokenizer=refusing)
     assert not w.add_prompt("a bad prompt")
     assert "cannot tokenize" in w.last_error and w.prompts == PROMPTS
@@ -207,11 +210,14 @@ def test_the_logits_come_from_the_engines_adapter_not_the_model(clip, images, to
     torch.testing.assert_close(w.logits, want)
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    (dict(prompts=[]), "at least one prompt"),
-    (dict(prompts=PROMPTS, tokenizer=None), "tokenizer"),
-    (dict(prompts=PROMPTS, inputs=torch.randn(1, 3, 64, 64)), "32\u00d732"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        (dict(prompts=[]), "at least one prompt"),
+        (dict(prompts=PROMPTS, tokenizer=None), "tokenizer"),
+        (dict(prompts=PROMPTS, inputs=torch.randn(1, 3, 64, 64)), "32\u00d732"),
+    ],
+)
 def test_bad_arguments_are_readable_messages(clip, images, tok, kwargs, expected):
     kw = dict(inputs=images[:1], tokenizer=tok)
     kw.update(kwargs)

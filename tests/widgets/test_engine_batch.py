@@ -1,4 +1,5 @@
 """Widgets run the batching methods (token ablation, Captum baselines) in small batches: bounded memory, same maps."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """RelevanceExplorer driven programmatically: the picture and the arrays follow the controls."""
+
 from __future__ import annotations
 
 import base64
@@ -36,8 +37,7 @@ def explorer(vit, images):
 @pytest.fixture(scope="module")
 def reference(vit, images, explorer):
     """The explanation of the widget's class, computed directly with the engine."""
-    return lrp_core.explain(vit, images[:1], method="transformer_attribution",
-                            target=explorer.target, keep_heads=True)
+    return lrp_core.explain(vit, images[:1], method="transformer_attribution", target=explorer.target, keep_heads=True)
 
 
 def test_first_picture_is_a_png_of_the_display_width(explorer, decode_png):
@@ -75,8 +75,7 @@ def test_last_block_of_the_accumulated_view_is_the_method_output(explorer, refer
     explorer.layer_slider.value = explorer.layer_slider.max
     acc = explorer.displayed_map.copy()
     explorer.view_selector.value = "output"
-    np.testing.assert_allclose(explorer.displayed_map, reference.scores[0].reshape(GRID).numpy(),
-                               rtol=1e-5)
+    np.testing.assert_allclose(explorer.displayed_map, reference.scores[0].reshape(GRID).numpy(), rtol=1e-5)
     np.testing.assert_allclose(acc, explorer.displayed_map, rtol=1e-4, atol=1e-9)
 
 
@@ -94,13 +93,12 @@ def test_block_view_shows_the_blocks_own_cls_row_per_head_and_mean(explorer, ref
     explorer.view_selector.value = "block"
     explorer.layer_slider.value = 1
     explorer.head_selector.value = "mean"
-    np.testing.assert_allclose(explorer.displayed_map,
-                               reference.layers[0, 1, 0, 1:].reshape(GRID).numpy(), rtol=1e-5)
+    np.testing.assert_allclose(explorer.displayed_map, reference.layers[0, 1, 0, 1:].reshape(GRID).numpy(), rtol=1e-5)
     for h in (0, 1):
         explorer.head_selector.value = h
-        np.testing.assert_allclose(explorer.displayed_map,
-                                   reference.layers_per_head[0, 1, h, 0, 1:].reshape(GRID).numpy(),
-                                   rtol=1e-5)
+        np.testing.assert_allclose(
+            explorer.displayed_map, reference.layers_per_head[0, 1, h, 0, 1:].reshape(GRID).numpy(), rtol=1e-5
+        )
     explorer.head_selector.value = "mean"
 
 
@@ -227,10 +225,10 @@ def test_opacity_zero_shows_the_plain_image(vit, images, decode_png):
     w.opacity.value = 0.0
     arr = decode_png(w.image.value)
     # the 320 px picture lies between the title lines above and the colourbar below
-    top = [t for t in range(arr.shape[0] - 319) if np.array_equal(arr[t:t + 320], rgb)]
+    top = [t for t in range(arr.shape[0] - 319) if np.array_equal(arr[t : t + 320], rgb)]
     assert len(top) == 1
     w.opacity.value = 1.0
-    assert not np.array_equal(decode_png(w.image.value)[top[0]:top[0] + 320], rgb)
+    assert not np.array_equal(decode_png(w.image.value)[top[0] : top[0] + 320], rgb)
 
 
 def test_small_display_size_is_raised_and_the_title_is_whole(vit, images, decode_png):
@@ -261,14 +259,17 @@ def test_mimebundle_carries_a_static_png_next_to_the_widget_view(explorer, decod
     assert arr.shape[1] == explorer.display_size
 
 
-@pytest.mark.parametrize("make_bad, expected", [
-    (lambda vit, bert: (vit, torch.randn(1, 3, 64, 64)), "32\u00d732"),
-    (lambda vit, bert: (torch.nn.Linear(3, 3), torch.randn(1, 3, 32, 32)), "not a model"),
-    (lambda vit, bert: (bert, {"input_ids": torch.ones(1, 4, dtype=torch.long)}), "TokenRelevance"),
-    (lambda vit, bert: (vit, torch.randn(1, 1, 32, 32)), "(B, 3, H, W)"),
-    (lambda vit, bert: (vit, "a picture"), "tensor"),
-    (lambda vit, bert: (vit, torch.zeros(0, 3, 32, 32)), "empty"),
-])
+@pytest.mark.parametrize(
+    "make_bad, expected",
+    [
+        (lambda vit, bert: (vit, torch.randn(1, 3, 64, 64)), "32\u00d732"),
+        (lambda vit, bert: (torch.nn.Linear(3, 3), torch.randn(1, 3, 32, 32)), "not a model"),
+        (lambda vit, bert: (bert, {"input_ids": torch.ones(1, 4, dtype=torch.long)}), "TokenRelevance"),
+        (lambda vit, bert: (vit, torch.randn(1, 1, 32, 32)), "(B, 3, H, W)"),
+        (lambda vit, bert: (vit, "a picture"), "tensor"),
+        (lambda vit, bert: (vit, torch.zeros(0, 3, 32, 32)), "empty"),
+    ],
+)
 def test_bad_input_shows_a_readable_message_in_the_widget(vit, bert, make_bad, expected):
     model, inputs = make_bad(vit, bert)
     w = widgets.RelevanceExplorer(model, inputs)
@@ -285,9 +286,17 @@ def test_unknown_method_is_a_readable_message(vit, images):
 
 def test_hugging_face_vit_works_too():
     from transformers import ViTConfig, ViTForImageClassification
+
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                    num_attention_heads=2, intermediate_size=64, num_labels=4)
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=4,
+    )
     model = ViTForImageClassification(cfg).eval()
     x = torch.randn(1, 3, 32, 32)
     w = widgets.RelevanceExplorer(model, x, methods=["transformer_attribution"])
@@ -302,6 +311,7 @@ def test_hugging_face_vit_works_too():
 @pytest.mark.parametrize("method, norm", [("transformer_attribution", "none"), ("rollout", "row")])
 def test_layer_products_match_the_engines_accumulate(vit, images, method, norm):
     from widgets import views
+
     exp = lrp_core.explain(vit, images[:1], method=method, keep_heads=True)
     prods = views.LayerProducts(exp, _engine.sample_readout(vit, images[:1]))
     assert prods.norm == norm
@@ -317,11 +327,11 @@ def test_layer_products_match_the_engines_accumulate(vit, images, method, norm):
 
 def test_small_models_compute_on_one_thread_and_the_setting_is_restored(vit, images, monkeypatch):
     from widgets import _engine
+
     before = torch.get_num_threads()
     seen = []
     real = _engine.explain
-    monkeypatch.setattr(_engine, "explain",
-                        lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    monkeypatch.setattr(_engine, "explain", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
     w = widgets.RelevanceExplorer(vit, images[:1])
     w.class_selector.value = next(v for _, v in w.class_selector.options if v != w.target)
     assert seen == [1, 1]
@@ -334,6 +344,7 @@ def test_small_models_compute_on_one_thread_and_the_setting_is_restored(vit, ima
 
 def test_static_display_objects(explorer, decode_png):
     from IPython.display import HTML, Image
+
     img = explorer.static_display()
     assert isinstance(img, Image)
     assert decode_png(img.data).shape[1] == explorer.display_size
@@ -349,6 +360,7 @@ def test_wrong_number_of_labels_is_a_readable_message(vit, images):
 
 def test_info_says_whether_the_block_totals_are_conserved(vit, images):
     from widgets import views
+
     assert views.conservation_note(np.array([1.0, 1.0, 1.0])).startswith("conserved")
     assert views.conservation_note(np.array([6.3, 3.9, 2.0])).startswith("not conserved")
     assert views.conservation_note(np.array([0.0, 0.0, 2.0])) == "one block computed"

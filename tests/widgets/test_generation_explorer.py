@@ -9,6 +9,7 @@ stops are compared with the engine's own tensors, combined here by plain torch. 
 float32, so prefix-alone and read-inside-the-sequence differ by float32 round-off of the attention
 probabilities: "equal" is within 1e-8 of the map's largest entry.
 """
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -68,14 +69,14 @@ def check_every_method(w: GenerationExplorer, model, tokenizer, prompt, zeros_al
     ``zeros_allowed``: how many of the maps may be all zero (Grad-CAM's clamp can zero a random model's map).
     """
     worst, zeros = {}, 0
-    generated = w.input_ids[0, w.prompt_length:].tolist()
+    generated = w.input_ids[0, w.prompt_length :].tolist()
     for method in METHODS:
         # on the widget's thread count: Hugging Face's float32 RMSNorm inside the float64 model rounds a 50-row
         # batch (Integrated Gradients' steps) differently on 1 and 2 threads (measured 3.8e-8)
         with _engine.torch_threads(model, w.threads):
             ref = explain_generation(model, tokenizer, prompt, method=method, continuation=generated).scores[0]
         for k in STEPS:
-            want = ref[k, :w.prompt_length + k].numpy()
+            want = ref[k, : w.prompt_length + k].numpy()
             zeros += int(np.abs(want).max() == 0)
             worst[method] = max(worst.get(method, 0.0), rel(show(w, method, k), want))
         assert worst[method] < TOL, (method, worst[method])
@@ -87,7 +88,7 @@ def check_every_method(w: GenerationExplorer, model, tokenizer, prompt, zeros_al
 def test_tiny_lm_every_method_equals_explain_generation(lm, explorer):
     assert explorer.last_error is None, explorer.last_error
     greedy = explain_generation(lm.model, lm.tokenizer, PROMPT, max_new_tokens=K).targets[0]
-    assert explorer.input_ids[0, explorer.prompt_length:].tolist() == greedy.tolist()  # the same continuation
+    assert explorer.input_ids[0, explorer.prompt_length :].tolist() == greedy.tolist()  # the same continuation
     worst = check_every_method(explorer, lm.model, lm.tokenizer, PROMPT)
     print("max |view - engine| / max |engine|:", {m: f"{v:.1e}" for m, v in worst.items()})
 
@@ -100,8 +101,7 @@ def test_every_decoder_family_every_method_equals_explain_generation(family):
     assert w.last_error is None, w.last_error
     assert w.pieces[:3] == [f"#{i}" for i in prompt[:3]]  # no tokenizer: ids as pieces
     worst = check_every_method(w, model, None, {"input_ids": torch.tensor([prompt])}, zeros_allowed=2)
-    print(family, "max |view - engine| / max |engine|:", f"{max(worst.values()):.1e}",
-          max(worst, key=worst.get))
+    print(family, "max |view - engine| / max |engine|:", f"{max(worst.values()):.1e}", max(worst, key=worst.get))
 
 
 # ----------------------------------------------------------------------------- the other stops
@@ -117,8 +117,9 @@ def _product_row(layers: torch.Tensor, stop: int, norm: str, position: int) -> n
     return c[position].numpy()
 
 
-@pytest.mark.parametrize("method,norm", [("transformer_attribution", "row"), ("generic_attention", "none"),
-                                         ("rollout", "row")])
+@pytest.mark.parametrize(
+    "method,norm", [("transformer_attribution", "row"), ("generic_attention", "none"), ("rollout", "row")]
+)
 def test_product_stops_are_the_product_up_to_each_block(lm, explorer, method, norm):
     for k in STEPS:
         inputs = explorer.prefix(k)
@@ -165,13 +166,13 @@ def test_methods_without_blocks_have_one_stop(explorer):
 # ----------------------------------------------------------------------------- contrast, cache, words
 def test_contrast_box(lm):
     w = GenerationExplorer(lm.model, lm.tokenizer, prompt=PROMPT, max_new_tokens=K, methods=["attnlrp"])
-    generated = w.input_ids[0, w.prompt_length:].tolist()
+    generated = w.input_ids[0, w.prompt_length :].tolist()
     other = next(t for t in ("Oslo", "Rome", "Anna") if lm.tokenizer.convert_tokens_to_ids(t) != generated[1])
     w.step_selector.value = 1
     w.contrast_box.value = other
     assert w.last_error is None, w.last_error
     ref = explain_generation(lm.model, lm.tokenizer, PROMPT, continuation=generated, contrast=[None, other, None])
-    assert rel(w.current_values(), ref.scores[0, 1, :w.prompt_length + 1].numpy()) < TOL
+    assert rel(w.current_values(), ref.scores[0, 1, : w.prompt_length + 1].numpy()) < TOL
     assert "rather than" in w.html.value and other in w.html.value
     assert "red, for the token" in w.html.value and "for the class" not in w.html.value  # the legend names the token
     w.contrast_box.value = "zzzz"  # not a word of tiny-lm's vocabulary: a message, the map kept
@@ -183,7 +184,7 @@ def test_contrast_box(lm):
     w.contrast_box.value = ""
     plain = explain_generation(lm.model, lm.tokenizer, PROMPT, continuation=generated).scores[0, 1]
     assert w.last_error is None and w.contrast is None
-    assert rel(w.current_values(), plain[:w.prompt_length + 1].numpy()) < TOL
+    assert rel(w.current_values(), plain[: w.prompt_length + 1].numpy()) < TOL
 
 
 def test_a_step_whose_token_is_the_contrast_shows_the_error_not_a_stale_map(lm):
@@ -202,8 +203,7 @@ def test_explanations_are_cached_per_method_step_and_contrast(lm, monkeypatch):
     calls = []
     real = G._engine.explain
     monkeypatch.setattr(G._engine, "explain", lambda *a, **kw: calls.append(a[2]) or real(*a, **kw))
-    w = GenerationExplorer(lm.model, lm.tokenizer, prompt=PROMPT, max_new_tokens=K,
-                           methods=["attnlrp", "rollout"])
+    w = GenerationExplorer(lm.model, lm.tokenizer, prompt=PROMPT, max_new_tokens=K, methods=["attnlrp", "rollout"])
     assert len(calls) == 1
     for stop in range(len(w.layer_slider.options)):  # the slider re-reads the cached explanation
         w.layer_slider.value = w.layer_slider.options[stop][1]
@@ -251,13 +251,19 @@ def test_pieces_are_shown_as_words_with_the_sum_of_their_scores():
 def test_a_word_level_tokenizer_shows_its_pieces_as_they_are(explorer):
     explorer.step_selector.value = 0
     assert G.word_scheme(explorer.tokenizer) is None and explorer.word_toggle.layout.display == "none"
-    assert explorer.displayed_tokens == explorer.pieces[:explorer.prompt_length]
+    assert explorer.displayed_tokens == explorer.pieces[: explorer.prompt_length]
     assert "<s>" in explorer.displayed_tokens and "Boris" in explorer.displayed_tokens
 
 
 def test_loaded_model_is_accepted(lm, explorer):
-    loaded = LoadedModel(name="tiny-lm", model=lm.model, preprocess=lambda t: lm.tokenizer(t), labels=[],
-                         kind="text", tokenizer=lm.tokenizer)
+    loaded = LoadedModel(
+        name="tiny-lm",
+        model=lm.model,
+        preprocess=lambda t: lm.tokenizer(t),
+        labels=[],
+        kind="text",
+        tokenizer=lm.tokenizer,
+    )
     w = GenerationExplorer(loaded, prompt=PROMPT, max_new_tokens=K, methods=["cp_lrp"])
     assert w.last_error is None
     assert torch.equal(w.input_ids, explorer.input_ids)
@@ -266,9 +272,18 @@ def test_loaded_model_is_accepted(lm, explorer):
 
 def test_bench_times_the_generation_explorer(capsys):
     from widgets import bench
+
     results = bench.run_generation("tiny-lm", repeat=2, steps=2)
-    assert [len(results[k]) for k in ("first computation", "layer slider move", "step switch (new step)",
-                                      "step switch (cached)", "layer slider move (product)")] == [1, 2, 1, 1, 2]
+    assert [
+        len(results[k])
+        for k in (
+            "first computation",
+            "layer slider move",
+            "step switch (new step)",
+            "step switch (cached)",
+            "layer slider move (product)",
+        )
+    ] == [1, 2, 1, 1, 2]
     assert "layer slider move" in capsys.readouterr().out
 
 
@@ -280,17 +295,20 @@ def test_static_picture_is_the_coloured_context(explorer):
 
 
 # ----------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("kwargs,words", [
-    (dict(prompt=""), ["prompt is empty"]),
-    (dict(prompt="   "), ["prompt is empty"]),
-    (dict(max_new_tokens=0), ["max_new_tokens", "positive integer", "0"]),
-    (dict(max_new_tokens=-2), ["max_new_tokens", "-2"]),
-    (dict(max_new_tokens=True), ["max_new_tokens", "True"]),
-    (dict(max_new_tokens=2.5), ["max_new_tokens", "2.5"]),
-    (dict(methods=["nope"]), ["'nope'", "is not a method", "attnlrp", "token_ablation"]),
-    (dict(methods=[]), ["no method", "attnlrp"]),
-    (dict(continuation="Oslo Rome", max_new_tokens=3), ["max_new_tokens=3", "2 tokens"]),
-])
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        (dict(prompt=""), ["prompt is empty"]),
+        (dict(prompt="   "), ["prompt is empty"]),
+        (dict(max_new_tokens=0), ["max_new_tokens", "positive integer", "0"]),
+        (dict(max_new_tokens=-2), ["max_new_tokens", "-2"]),
+        (dict(max_new_tokens=True), ["max_new_tokens", "True"]),
+        (dict(max_new_tokens=2.5), ["max_new_tokens", "2.5"]),
+        (dict(methods=["nope"]), ["'nope'", "is not a method", "attnlrp", "token_ablation"]),
+        (dict(methods=[]), ["no method", "attnlrp"]),
+        (dict(continuation="Oslo Rome", max_new_tokens=3), ["max_new_tokens=3", "2 tokens"]),
+    ],
+)
 def test_bad_arguments_are_input_errors_naming_what_is_accepted(lm, kwargs, words):
     args = {"prompt": PROMPT, **kwargs}
     with pytest.raises(InputError) as err:

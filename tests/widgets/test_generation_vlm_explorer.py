@@ -10,6 +10,7 @@ round-off: ≤ 1e-10 of the map's largest entry. The reference runs on one torch
 model: PaliGemma's eager attention takes its softmax in float32 (HF), and on torch's two threads here its round-off
 moved the maps by up to 4e-8 (on one thread: 5e-17). The model is left bit-identical and without hooks.
 """
+
 from __future__ import annotations
 
 import base64
@@ -60,13 +61,13 @@ def test_each_step_shows_explain_generations_text_map_and_image_map(family):
         assert w.last_error is None, w.last_error
         want = torch.cat([x[name], torch.full((1, k), value, dtype=x[name].dtype)], 1)
         assert torch.equal(w.prefix(k)[name], want)  # the value generate gives a written token
-        relative_deviation(torch.from_numpy(w.current_values()), gen.scores[0, k, :P + k])
+        relative_deviation(torch.from_numpy(w.current_values()), gen.scores[0, k, : P + k])
         assert w.image_map is not None and w.image_view.value.startswith('<img class="trl-step-image"')
         relative_deviation(torch.from_numpy(w.image_map), gen.pixels[0, k])
         assert w.displayed_tokens.count(IMAGE_LABEL) == 1  # the image tokens as one cell beside the text
     w.method_selector.value = "rollout"  # no pixels: the image tokens' scores upsampled
     ref = reference(model, x, method="rollout", continuation=gen.targets)
-    relative_deviation(torch.from_numpy(w.current_values()), ref.scores[0, K - 1, :P + K - 1])
+    relative_deviation(torch.from_numpy(w.current_values()), ref.scores[0, K - 1, : P + K - 1])
     relative_deviation(torch.from_numpy(w.image_map), ref.upsample()[0, K - 1])
     _unchanged(model, before)
 
@@ -80,7 +81,7 @@ def test_a_given_continuation_on_a_per_token_family():
     P = gen.prompt_length
     for k in range(len(cont)):
         w.step_selector.value = k
-        relative_deviation(torch.from_numpy(w.current_values()), gen.scores[0, k, :P + k])
+        relative_deviation(torch.from_numpy(w.current_values()), gen.scores[0, k, : P + k])
         relative_deviation(torch.from_numpy(w.image_map), gen.pixels[0, k])
 
 
@@ -98,7 +99,7 @@ def test_smolvlm_whose_processor_gives_no_per_token_entries():
     P = gen.prompt_length
     for k in range(K):
         w.step_selector.value = k
-        relative_deviation(torch.from_numpy(w.current_values()), gen.scores[0, k, :P + k])
+        relative_deviation(torch.from_numpy(w.current_values()), gen.scores[0, k, : P + k])
         relative_deviation(torch.from_numpy(w.image_map), gen.pixels[0, k])
 
 
@@ -127,7 +128,7 @@ def test_the_image_map_is_drawn_over_the_photo_with_the_mask_outlined():
         pic = _png(w.image_view.value)
         want = map_png(w.image_map, image=photo, mask=mask, title="image (pixels)")
         assert np.array_equal(pic, np.asarray(Image.open(io.BytesIO(want)).convert("RGB")))
-        assert pic.shape[1] == THUMB_PX and (pic == OUTLINE_RGB).all(-1).sum() >= 80 ** 2 - 76 ** 2
+        assert pic.shape[1] == THUMB_PX and (pic == OUTLINE_RGB).all(-1).sum() >= 80**2 - 76**2
         assert not np.array_equal(pic, _png(plain.image_view.value))  # the photo is under the map
     with pytest.raises(InputError, match="image= too"):
         GenerationExplorer(model, None, prompt=x, max_new_tokens=1, mask=mask)
@@ -136,6 +137,7 @@ def test_the_image_map_is_drawn_over_the_photo_with_the_mask_outlined():
     with pytest.raises(InputError, match="bool"):
         GenerationExplorer(model, None, prompt=x, max_new_tokens=1, image=photo, mask=mask * 0.5)
     from decoders import make_decoder
+
     with pytest.raises(InputError, match="reads text only"):
         GenerationExplorer(make_decoder("llama"), None, prompt=[1, 5, 6], max_new_tokens=1, image=photo)
 
@@ -153,7 +155,6 @@ def test_a_processor_given_as_the_tokenizer_gives_its_tokenizers_pieces():
 
     model = make_llava("clip")
     x = inputs([prompt([5, 6], [7, 8])])
-    w = GenerationExplorer(model, SimpleNamespace(tokenizer=Pieces()), prompt=x, max_new_tokens=2,
-                           methods=["attnlrp"])
+    w = GenerationExplorer(model, SimpleNamespace(tokenizer=Pieces()), prompt=x, max_new_tokens=2, methods=["attnlrp"])
     assert w.last_error is None
     assert w.pieces == [f"t{i}" for i in w.input_ids[0].tolist()]

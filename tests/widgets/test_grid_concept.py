@@ -1,4 +1,5 @@
 """MethodGrid and ConceptBuilder driven programmatically."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -55,17 +56,19 @@ def test_target_by_name(vit, images):
 
 
 def test_text_grid_shows_a_row_of_tokens_per_method(bert, tokenizer):
-    g = widgets.MethodGrid(bert, "the film was good", methods=["transformer_attribution", "cdam"],
-                           tokenizer=tokenizer)
+    g = widgets.MethodGrid(bert, "the film was good", methods=["transformer_attribution", "cdam"], tokenizer=tokenizer)
     assert g.last_error is None
     assert g.html.value.count("<tr>") == 2 and g.html.value.count('class="trl-token"') == 2 * 6
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    (dict(methods=["nope"]), "nope"),
-    (dict(target=9), "0..4"),
-    (dict(target="Z"), "unknown class"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        (dict(methods=["nope"]), "nope"),
+        (dict(target=9), "0..4"),
+        (dict(target="Z"), "unknown class"),
+    ],
+)
 def test_grid_bad_arguments_are_readable_messages(vit, images, kwargs, expected):
     g = widgets.MethodGrid(vit, images[:1], labels=list("ABCDE"), **kwargs)
     assert expected in g.last_error and "trl-error" in g.message.value
@@ -109,8 +112,9 @@ def test_head_less_backbone_concept_works_and_class_widgets_explain_why_not(make
     backbone = make_vit(num_classes=0)
     c = widgets.ConceptBuilder(backbone, candidates, images[:1], selected=[0, 1])
     assert c.last_error is None, c.last_error
-    ref = lrp_core.explain(backbone, images[:1], method="cdam",
-                           target=lrp_core.concept_target(backbone, candidates[[0, 1]]))
+    ref = lrp_core.explain(
+        backbone, images[:1], method="cdam", target=lrp_core.concept_target(backbone, candidates[[0, 1]])
+    )
     np.testing.assert_allclose(c.displayed_map, ref.scores[0].reshape(4, 4).numpy(), rtol=1e-4)
     for w in (widgets.RelevanceExplorer(backbone, images[:1]), widgets.MethodGrid(backbone, images[:1])):
         assert "no classification head" in w.last_error and "ConceptBuilder" in w.last_error
@@ -118,14 +122,15 @@ def test_head_less_backbone_concept_works_and_class_widgets_explain_why_not(make
 
 def test_concept_from_crops_of_any_size(vit, images):
     import torch.nn.functional as F
+
     big = torch.randn(3, 64, 64, generator=torch.Generator().manual_seed(5))
     crops = [big[:, :20, :30], big[:, 30:, 10:50]]
     c = widgets.ConceptBuilder(vit, crops, images[:1], selected=[0, 1])
     assert c.last_error is None, c.last_error
-    resized = torch.stack([F.interpolate(k[None], size=(32, 32), mode="bilinear",
-                                         align_corners=False)[0] for k in crops])
-    ref = lrp_core.explain(vit, images[:1], method="cdam",
-                           target=lrp_core.concept_target(vit, resized))
+    resized = torch.stack(
+        [F.interpolate(k[None], size=(32, 32), mode="bilinear", align_corners=False)[0] for k in crops]
+    )
+    ref = lrp_core.explain(vit, images[:1], method="cdam", target=lrp_core.concept_target(vit, resized))
     np.testing.assert_allclose(c.displayed_map, ref.scores[0].reshape(4, 4).numpy(), rtol=1e-4)
     bad = widgets.ConceptBuilder(vit, [torch.zeros(1, 8, 8)], images[:1])
     assert "crop 0" in bad.last_error

@@ -1,5 +1,6 @@
 """The widgets' class probabilities follow the model's training: softmax, or each class's sigmoid for a
 model trained one-vs-rest (several objects in one picture can all be likely)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,7 @@ from widgets._common import class_options, resolve_model
 
 def _loaded(vit: torch.nn.Module, probabilities: str | None) -> LoadedModel:
     info = {} if probabilities is None else {"probabilities": probabilities}
-    return LoadedModel(name="tiny", model=vit, preprocess=lambda x: x, labels=list("ABCDE"), kind="image",
-                       info=info)
+    return LoadedModel(name="tiny", model=vit, preprocess=lambda x: x, labels=list("ABCDE"), kind="image", info=info)
 
 
 def test_embedded_classifiers_declare_how_they_were_trained():

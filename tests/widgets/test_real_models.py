@@ -1,4 +1,5 @@
 """The widgets on the course's embedded models (minilm-sentiment, toy-vit)."""
+
 from __future__ import annotations
 
 import os
@@ -15,12 +16,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def minilm():
     from lrp_core.models import load
+
     return load("minilm-sentiment")
 
 
 def test_token_relevance_on_minilm_merges_real_word_pieces(minilm):
-    w = widgets.TokenRelevance(minilm, "an unbelievably charming film",
-                               methods=["transformer_attribution", "cdam"])
+    w = widgets.TokenRelevance(minilm, "an unbelievably charming film", methods=["transformer_attribution", "cdam"])
     assert w.last_error is None, w.last_error
     pieces = w.displayed_tokens
     assert pieces[0] == "[CLS]" and pieces[-1] == "[SEP]"
@@ -47,6 +48,7 @@ def test_token_relevance_switches_class_and_method_on_minilm(minilm):
 def test_relevance_explorer_on_toy_vit_scenes():
     from lrp_core.data import make_scenes
     from lrp_core.models import load
+
     try:
         model = load("toy-vit")
     except FileNotFoundError as err:  # the weights ship with the repository

@@ -1,4 +1,5 @@
 """Where widgets cannot render (nbconvert, nbval, GitHub), a static picture is shown instead."""
+
 from __future__ import annotations
 
 import base64
@@ -24,13 +25,17 @@ x = torch.randn(1, 3, 32, 32)"""
 def executed(tmp_path_factory):
     """A notebook with a working and a failing widget, executed headless by nbclient."""
     from nbclient import NotebookClient
+
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(SETUP),
-                nbformat.v4.new_code_cell("widgets.RelevanceExplorer(model, x)"),
-                nbformat.v4.new_code_cell("widgets.RelevanceExplorer(model, torch.randn(1, 3, 64, 64))")]
+    nb.cells = [
+        nbformat.v4.new_code_cell(SETUP),
+        nbformat.v4.new_code_cell("widgets.RelevanceExplorer(model, x)"),
+        nbformat.v4.new_code_cell("widgets.RelevanceExplorer(model, torch.randn(1, 3, 64, 64))"),
+    ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path_factory.mktemp("nb"))}}).execute()
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path_factory.mktemp("nb"))}}
+    ).execute()
     return nb
 
 
@@ -56,6 +61,7 @@ def test_bad_input_is_a_message_not_a_traceback(executed):
 
 def test_html_export_without_widget_state_shows_the_png(executed):
     from nbconvert import HTMLExporter
+
     body, _ = HTMLExporter().from_notebook_node(executed)
     assert body.count("data:image/png;base64,") >= 1
     assert "trl-error" in body

@@ -1,4 +1,5 @@
 """TokenRelevance driven programmatically: tokens, words, views and errors."""
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,7 @@ def text_widget(bert, tokenizer):
 
 
 def test_tokens_are_the_real_word_pieces(text_widget):
-    assert text_widget.displayed_tokens == ["[CLS]", "the", "film", "was", "un", "##believ", "##ably",
-                                            "good", "[SEP]"]
+    assert text_widget.displayed_tokens == ["[CLS]", "the", "film", "was", "un", "##believ", "##ably", "good", "[SEP]"]
     assert len(re.findall('class="trl-token"', text_widget.html.value)) == 9
 
 
@@ -31,8 +31,7 @@ def test_output_view_equals_the_engine_scores(bert, text_widget):
     text_widget.view_selector.value = "output"
     text_widget.word_toggle.value = "pieces"
     text_widget.sign_toggle.value = True
-    ref = lrp_core.explain(bert, {k: v[:1] for k, v in text_widget.inputs.items()},
-                           target=text_widget.target)
+    ref = lrp_core.explain(bert, {k: v[:1] for k, v in text_widget.inputs.items()}, target=text_widget.target)
     np.testing.assert_allclose(text_widget.displayed_map, ref.scores[0, :9].numpy(), rtol=1e-5)
 
 
@@ -42,8 +41,7 @@ def test_words_view_merges_pieces_by_their_max(text_widget):
     text_widget.word_toggle.value = "pieces"
     pieces, values = list(text_widget.displayed_tokens), text_widget.displayed_map.copy()
     text_widget.word_toggle.value = "words"
-    assert text_widget.displayed_tokens == ["[CLS]", "the", "film", "was", "unbelievably", "good",
-                                            "[SEP]"]
+    assert text_widget.displayed_tokens == ["[CLS]", "the", "film", "was", "unbelievably", "good", "[SEP]"]
     want_words, want = merge_wordpieces(pieces, values, reduce="max")
     assert text_widget.displayed_tokens == want_words
     np.testing.assert_allclose(text_widget.displayed_map, want)
@@ -54,8 +52,7 @@ def test_words_view_merges_pieces_by_their_max(text_widget):
 def test_accumulated_view_replaces_cls_by_the_row_minimum(bert, text_widget):
     text_widget.view_selector.value = "accumulated"
     text_widget.layer_slider.value = 1
-    ref = lrp_core.explain(bert, {k: v[:1] for k, v in text_widget.inputs.items()},
-                           target=text_widget.target)
+    ref = lrp_core.explain(bert, {k: v[:1] for k, v in text_widget.inputs.items()}, target=text_widget.target)
     prod = lrp_core.methods.products.accumulate(ref.layers, 0, 1, norm="row")[0, 0, :9].numpy()
     want = prod.copy()
     want[0] = prod.min()
@@ -106,12 +103,15 @@ def test_labels_come_from_the_config(text_widget):
     assert any("positive" in n for n in names) and any("negative" in n for n in names)
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    (dict(texts=[""]), "empty"),
-    (dict(texts="hello"), "tokenizer"),
-    (dict(inputs={"input_ids": torch.zeros(1, 0, dtype=torch.long)}), "empty"),
-    (dict(inputs=torch.randn(1, 3, 32, 32)), "dict"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        (dict(texts=[""]), "empty"),
+        (dict(texts="hello"), "tokenizer"),
+        (dict(inputs={"input_ids": torch.zeros(1, 0, dtype=torch.long)}), "empty"),
+        (dict(inputs=torch.randn(1, 3, 32, 32)), "dict"),
+    ],
+)
 def test_bad_text_input_is_a_readable_message(bert, tokenizer, kwargs, expected):
     if kwargs.get("texts") == [""]:
         kwargs = dict(kwargs, tokenizer=tokenizer)

@@ -8,6 +8,7 @@ the engine's tensors computed here by plain torch. The weights ``w`` are written
 table of docs/METHODS.md §4.2, not read from the adapter. The models are tiny, random and float64, so
 "equal" means equal to float64 round-off.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -28,12 +29,21 @@ GRID, P = (4, 4), 16
 #: every map here is within this share of its largest entry of the reference (float64 throughout)
 TOL = 1e-10
 
-HF_CFG = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
-              intermediate_size=96, num_labels=5, layer_norm_eps=1e-6)
+HF_CFG = dict(
+    image_size=32,
+    patch_size=8,
+    hidden_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=3,
+    intermediate_size=96,
+    num_labels=5,
+    layer_norm_eps=1e-6,
+)
 
 
 def _hf(cls_name: str, config_name: str, **kw) -> torch.nn.Module:
     import transformers
+
     torch.manual_seed(0)
     model = getattr(transformers, cls_name)(getattr(transformers, config_name)(**{**HF_CFG, **kw})).eval()
     ROOT._perturb_norms(model, 0)
@@ -42,9 +52,11 @@ def _hf(cls_name: str, config_name: str, **kw) -> torch.nn.Module:
 
 def _timm_distilled() -> torch.nn.Module:
     from timm.models.deit import VisionTransformerDistilled
+
     torch.manual_seed(0)
-    model = VisionTransformerDistilled(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3,
-                                       num_classes=5, qkv_bias=True).eval()
+    model = VisionTransformerDistilled(
+        img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=5, qkv_bias=True
+    ).eval()
     ROOT._perturb_norms(model, 0)
     return model
 
@@ -93,21 +105,39 @@ def _bert_text(ids: list, length: int) -> dict:
 #:          the readout weights w(N) of docs/METHODS.md §4.2, the readout token scored in text (or None))
 CASES: dict[str, tuple] = {
     "timm [CLS]": (lambda: ROOT.make_tiny_vit(), IMAGE, 1, lambda N: _onehot(N, (0, 1.0)), None),
-    "timm avg + fc_norm": (lambda: ROOT.make_tiny_vit(global_pool="avg"), IMAGE, 1,
-                           lambda N: _onehot(N, (slice(1, None), 1 / P)), None),
-    "timm no class token": (lambda: ROOT.make_tiny_vit(global_pool="avg", class_token=False), IMAGE, 0,
-                            lambda N: _onehot(N, (slice(None), 1 / P)), None),
+    "timm avg + fc_norm": (
+        lambda: ROOT.make_tiny_vit(global_pool="avg"),
+        IMAGE,
+        1,
+        lambda N: _onehot(N, (slice(1, None), 1 / P)),
+        None,
+    ),
+    "timm no class token": (
+        lambda: ROOT.make_tiny_vit(global_pool="avg", class_token=False),
+        IMAGE,
+        0,
+        lambda N: _onehot(N, (slice(None), 1 / P)),
+        None,
+    ),
     "timm distilled": (_timm_distilled, IMAGE, 2, lambda N: _onehot(N, (0, 0.5), (1, 0.5)), None),
-    "HF ViT": (lambda: _hf("ViTForImageClassification", "ViTConfig"), IMAGE, 1, lambda N: _onehot(N, (0, 1.0)),
-               None),
+    "HF ViT": (lambda: _hf("ViTForImageClassification", "ViTConfig"), IMAGE, 1, lambda N: _onehot(N, (0, 1.0)), None),
     "HF DeiT teacher": (_hf_deit_teacher, IMAGE, 2, lambda N: _onehot(N, (0, 0.5), (1, 0.5)), None),
     "HF DINOv2": (_hf_dinov2, IMAGE, 1, lambda N: _onehot(N, (0, 0.5), (slice(1, None), 0.5 / P)), None),
-    "CLIP image": (make_clip, {"pixel_values": IMAGE, "input_ids": CLIP_PROMPTS,
-                               "attention_mask": (CLIP_PROMPTS != 0).long()}, 1, lambda N: _onehot(N, (0, 1.0)), None),
-    "BERT": (lambda: ROOT.make_tiny_bert(), _bert_text([2, 11, 12, 13, 14, 3], 6), 6,
-             lambda N: _onehot(N, (0, 1.0)), 0),
-    "BERT padded": (lambda: ROOT.make_tiny_bert(), _bert_text([2, 21, 22, 3], 7), 4,
-                    lambda N: _onehot(N, (0, 1.0)), 0),
+    "CLIP image": (
+        make_clip,
+        {"pixel_values": IMAGE, "input_ids": CLIP_PROMPTS, "attention_mask": (CLIP_PROMPTS != 0).long()},
+        1,
+        lambda N: _onehot(N, (0, 1.0)),
+        None,
+    ),
+    "BERT": (
+        lambda: ROOT.make_tiny_bert(),
+        _bert_text([2, 11, 12, 13, 14, 3], 6),
+        6,
+        lambda N: _onehot(N, (0, 1.0)),
+        0,
+    ),
+    "BERT padded": (lambda: ROOT.make_tiny_bert(), _bert_text([2, 21, 22, 3], 7), 4, lambda N: _onehot(N, (0, 1.0)), 0),
     "CLIP text (end of text)": (make_clip, _clip_text([1, 5, 6, 7, 98], 5), 5, lambda N: _onehot(N, (4, 1.0)), 4),
     "CLIP text padded": (make_clip, _clip_text([1, 8, 9, 98], 6), 4, lambda N: _onehot(N, (3, 1.0)), 3),
 }
@@ -283,7 +313,7 @@ def test_output_and_residual_views_are_the_engines_tensors(case, method):
     if exp.pixels is not None:
         assert rel(out, exp.pixels[0].double().numpy()) == 0.0
     elif is_text(case):
-        assert rel(out, exp.scores[0, :CASES[case][2]].double().numpy()) == 0.0
+        assert rel(out, exp.scores[0, : CASES[case][2]].double().numpy()) == 0.0
     else:
         assert rel(out, exp.scores[0].double().reshape(GRID).numpy()) == 0.0
     for b in range(views.n_blocks(exp)):
@@ -324,8 +354,12 @@ def test_the_text_widget_shows_explains_map_for_a_padded_sample_with_every_produ
     """BERT, the shorter of two texts (padded in the batch): rollout and generic attention keep the [CLS]
     entry, transformer attribution replaces it by the minimum — as the engine does."""
     model = ROOT.make_tiny_bert()
-    w = widgets.TokenRelevance(model, texts=["the film was unbelievably good", "a bad story"], tokenizer=tokenizer,
-                               methods=list(PRODUCT_METHODS))
+    w = widgets.TokenRelevance(
+        model,
+        texts=["the film was unbelievably good", "a bad story"],
+        tokenizer=tokenizer,
+        methods=list(PRODUCT_METHODS),
+    )
     assert w.last_error is None, w.last_error
     w.sample_selector.value = 1
     for method in PRODUCT_METHODS:
