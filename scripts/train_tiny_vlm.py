@@ -16,10 +16,12 @@ the argmax of the next-token logits at the last position.
 
 Deterministic: seeded, ``torch.use_deterministic_algorithms(True)``, CPU. The committed asset is the run::
 
-    python scripts/train_tiny_vlm.py --features /tmp/tvlm/train3000.pt --val /tmp/tvlm/val.pt --log-every 50
+    python scripts/train_tiny_vlm.py --features /tmp/tvlm/features.pt
 
-(the defaults: 3000 scenes, 1500 steps of 24 scenes, lr 1e-3, 1 thread; ``--features`` caches the tower's
-features of the training scenes, ``--val`` only reports progress). Times and CPU seconds are in ``meta.json``.
+(the defaults: 3000 scenes, 3000 steps of 24 scenes, lr 1e-3 on a cosine schedule, 1 thread; held-out
+accuracy 97.9 %, 11 CPU-minutes; 1500 steps gave 93.1 %, under the 95 % the asset must reach; ``--features``
+caches the tower's features of the training scenes, ``--val`` only reports progress). Times and CPU seconds are
+in ``meta.json``.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scenes", type=int, default=3000, help="training scenes (14 questions each)")
     ap.add_argument("--seed", type=int, default=0, help="make_vqa seed of the training scenes")
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=24, help="scenes per step (8 questions each)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--held-out", type=int, default=800, help="held-out scenes (one question each)")

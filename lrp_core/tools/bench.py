@@ -324,9 +324,8 @@ def measure(model: nn.Module, inputs: Inputs, method: str, settings: Settings) -
         "peak_rss_kb": peak,
     }
     if settings.sources:
-        forward, backward = (
-            (1.0, 1.0) if method == BASELINE else explanation_passes(method, last[0], int(inputs["input_ids"].shape[1]))
-        )  # type: ignore[index]
+        tokens = int(inputs["input_ids"].shape[1])  # type: ignore[index]  # a --sources case's inputs: a dict
+        forward, backward = (1.0, 1.0) if method == BASELINE else explanation_passes(method, last[0], tokens)
         out["forward_passes"], out["backward_passes"] = forward, backward
     return out
 
