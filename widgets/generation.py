@@ -287,6 +287,50 @@ class GenerationExplorer(RelevanceWidget):
         #: a vision-language model's other per-token entries of the prompt (``token_type_ids``, Qwen-VL's
         #: ``mm_token_type_ids``), each (1, P); {} for a text LM and for the families without them
         self.per_token: dict = {}
+        ids, gen = self._prompt_and_steps(prompt, max_new_tokens, continuation)
+        #: (1, P+K) the prompt and the K tokens explained; P the prompt's length
+        self.input_ids = torch.cat([ids, gen.to(ids.device)], 1)
+        self.prompt_length = int(ids.shape[1])
+        self._check_length()
+        if self.sources is not None:  # checked against the prompt now, not at the first step
+            in_columns(self.sources[None], torch.ones_like(ids), torch.tensor([self.prompt_length - 1]))
+        self.pieces = self._pieces()
+        self._scheme = word_scheme(self.tokenizer)
+        self._cache = ExplanationCache(CACHE_SIZE)
+        self._current: Optional[Cached] = None
+        self._quiet = False
+        self.contrast: Optional[int] = None
+        self.explanation: Any = None
+        self.displayed_map: Optional[np.ndarray] = None
+        self.displayed_tokens: list[str] = []
+        #: a vision-language model: the image map of the step shown (H, W), else None
+        self.image_map: Optional[np.ndarray] = None
+        self._with_image: dict = {}  # a VLM: the cached explanations with their image grid, by key
+        self._build(chosen)
+        self._guarded("first", self._recompute)
+
+    def _prompt_and_steps(
+        self, prompt: Any, max_new_tokens: Optional[int], continuation: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompt's ids and the tokens to explain, checked against the model.
+
+        A vision-language model's image inputs and per-token entries are set on ``self.images`` and
+        ``self.per_token``, and a processor given as the tokenizer is replaced by its tokenizer.
+
+        Parameters
+        ----------
+        prompt : Any
+            The prompt as the widget takes it.
+        max_new_tokens : Optional[int]
+            K, the greedy tokens to write.
+        continuation : Any
+            The tokens to explain instead of the greedy ones, or ``None``.
+
+        Returns
+        -------
+        tuple[torch.Tensor, torch.Tensor]
+            ``(ids (1, P), continuation (1, K))``.
+        """
         with _engine.torch_threads(self.facts.module, self.threads):
             if self.vlm:
                 # a processor given as the tokenizer: its tokenizer gives the pieces
@@ -309,26 +353,7 @@ class GenerationExplorer(RelevanceWidget):
                 self.per_token,
                 getattr(self.facts.adapter, "extend_for_generation", None),
             )
-        #: (1, P+K) the prompt and the K tokens explained; P the prompt's length
-        self.input_ids = torch.cat([ids, gen.to(ids.device)], 1)
-        self.prompt_length = int(ids.shape[1])
-        self._check_length()
-        if self.sources is not None:  # checked against the prompt now, not at the first step
-            in_columns(self.sources[None], torch.ones_like(ids), torch.tensor([self.prompt_length - 1]))
-        self.pieces = self._pieces()
-        self._scheme = word_scheme(self.tokenizer)
-        self._cache = ExplanationCache(CACHE_SIZE)
-        self._current: Optional[Cached] = None
-        self._quiet = False
-        self.contrast: Optional[int] = None
-        self.explanation: Any = None
-        self.displayed_map: Optional[np.ndarray] = None
-        self.displayed_tokens: list[str] = []
-        #: a vision-language model: the image map of the step shown (H, W), else None
-        self.image_map: Optional[np.ndarray] = None
-        self._with_image: dict = {}  # a VLM: the cached explanations with their image grid, by key
-        self._build(chosen)
-        self._guarded("first", self._recompute)
+        return ids, gen
 
     @property
     def tokenizer(self) -> Any:

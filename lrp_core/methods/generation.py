@@ -510,19 +510,10 @@ def explain_generation(
         ``stop_at_eos`` is not a bool, or the prompts, lengths, continuation or
         contrasts do not fit the model (checked before any step is computed).
     """
-    if isinstance(step_batch, bool) or not isinstance(step_batch, int) or step_batch < 1:
-        raise InputError(f"step_batch must be a positive integer, got {step_batch!r}")
-    if not isinstance(stop_at_eos, bool):
-        raise InputError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
-    from ..adapters.vlm import VLMAdapter
-
+    _check_step_options(step_batch, stop_at_eos)
     adapter, vocab = _language_model(model)
     _check_method(method, options, contrast, adapter)
-    images: dict = {}
-    per_token: dict = {}
-    if isinstance(adapter, VLMAdapter):
-        tokenizer, prompts, images, per_token = _vlm_prompts(adapter, tokenizer, prompts)
-    ids, mask = _prompts(tokenizer, prompts)
+    tokenizer, ids, mask, images, per_token = _model_prompts(adapter, tokenizer, prompts)
     B, P = ids.shape
     gen, K = _given_steps(tokenizer, continuation, B, max_new_tokens, vocab)
     _check_positions(adapter, P, K)
@@ -530,32 +521,15 @@ def explain_generation(
     negative = _contrasts(tokenizer, contrast, B, K, vocab)
     groups = _step_groups(negative, K, step_batch)  # checked before the steps are computed
     if gen is None:
-        eos, pad = end_of_text(unwrap(model)) if stop_at_eos else ([], None)
-        gen = greedy_continuation(
-            model,
-            ids,
-            mask,
-            K,
-            eos_token_id=eos,
-            pad_token_id=pad,
-            images=images,
-            per_token=per_token,
-            extend=getattr(adapter, "extend_for_generation", None),
-        )
+        gen, written = _greedy_steps(model, adapter, ids, mask, K, stop_at_eos, images, per_token)
         if gen.shape[1] < K:  # every row stopped early: the steps all rows skipped go
-            K = gen.shape[1]
-            negative = None if negative is None else negative[:, :K]
-            groups = [g for g in ([k for k in group if k < K] for group in groups) if g]
-        written = _steps_written(gen, eos)
+            K, negative, groups = _drop_skipped_steps(gen.shape[1], negative, groups)
     else:
         written = torch.full((B,), K, dtype=torch.long)
     full_ids = torch.cat([ids, gen.to(ids.device)], 1)  # (B, P+K)
     active = torch.arange(K)[None, :] < written[:, None]  # (B, K): the steps each row took
     full_mask = torch.cat([mask, active.to(mask)], 1)
-    # the explained rows see every written column: causal attention keeps the later ones out of each map
-    inputs = {"input_ids": full_ids[:, :-1], "attention_mask": torch.cat([mask, torch.ones_like(gen)], 1)[:, :-1]}
-    if per_token:  # each written token with the entries the model's generate gives it
-        inputs.update(adapter.extend_for_generation(per_token, gen[:, :-1].to(ids.device)))
+    inputs = _step_inputs(adapter, full_ids, mask, gen, per_token)
     if images:
         options = {**options, "image_token_id": _image_token(adapter, gen)}
     scores, logits, sources, probabilities, seen = _explain_steps(
@@ -563,14 +537,7 @@ def explain_generation(
     )
     if negative is not None:
         negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
-    used = sorted(
-        set(full_ids.flatten().tolist()) | set([] if negative is None else negative.flatten().tolist()) - {-1}
-    )
-    id_to_token = {} if tokenizer is None else dict(zip(used, tokenizer.convert_ids_to_tokens(used)))
-    pieces = [
-        [str(t) for t in (tokenizer.convert_ids_to_tokens(r.tolist()) if tokenizer is not None else r.tolist())]
-        for r in full_ids
-    ]
+    id_to_token, pieces = _token_pieces(tokenizer, full_ids, negative)
     return GenerationExplanation(
         method=method,
         input_ids=full_ids,
@@ -586,6 +553,185 @@ def explain_generation(
         probabilities=probabilities,
         **seen,
     )
+
+
+def _check_step_options(step_batch: Any, stop_at_eos: Any) -> None:
+    """``step_batch`` checked a positive integer and ``stop_at_eos`` a bool.
+
+    Parameters
+    ----------
+    step_batch : Any
+        How many steps one :func:`lrp_core.explain` call explains.
+    stop_at_eos : Any
+        Whether greedy rows stop at an end-of-text token.
+
+    Raises
+    ------
+    InputError
+        If either is not of its kind.
+    """
+    if isinstance(step_batch, bool) or not isinstance(step_batch, int) or step_batch < 1:
+        raise InputError(f"step_batch must be a positive integer, got {step_batch!r}")
+    if not isinstance(stop_at_eos, bool):
+        raise InputError(f"stop_at_eos must be True or False, got {stop_at_eos!r}")
+
+
+def _model_prompts(adapter: Any, tokenizer: Any, prompts: Any) -> tuple[Any, Tensor, Tensor, dict, dict]:
+    """The prompts as the model's inputs, a vision-language model's image and per-token entries split off.
+
+    Parameters
+    ----------
+    adapter : Any
+        The engine's adapter of the model.
+    tokenizer : Any
+        Its tokenizer or, for a vision-language model, its processor or the processor's output; or ``None``.
+    prompts : Any
+        The prompts as :func:`explain_generation` takes them.
+
+    Returns
+    -------
+    tuple[Any, Tensor, Tensor, dict, dict]
+        ``(tokenizer, input_ids (B, P), attention_mask (B, P), images, per_token)``: the tokenizer that gives
+        the pieces, the left-padded ids and mask, a vision-language model's image entries (B·k, …) and its
+        other per-token entries (B, P) (both ``{}`` for a text model).
+    """
+    from ..adapters.vlm import VLMAdapter
+
+    images: dict = {}
+    per_token: dict = {}
+    if isinstance(adapter, VLMAdapter):
+        tokenizer, prompts, images, per_token = _vlm_prompts(adapter, tokenizer, prompts)
+    ids, mask = _prompts(tokenizer, prompts)
+    return tokenizer, ids, mask, images, per_token
+
+
+def _greedy_steps(
+    model: nn.Module,
+    adapter: Any,
+    ids: Tensor,
+    mask: Tensor,
+    K: int,
+    stop_at_eos: bool,
+    images: dict,
+    per_token: dict,
+) -> tuple[Tensor, Tensor]:
+    """The greedy continuation of the prompts and the tokens each row wrote.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The causal LM (or vision-language model).
+    adapter : Any
+        Its adapter (a vision-language model's extends the per-token entries for each written token).
+    ids, mask : Tensor
+        (B, P) the left-padded prompt ids and attention mask.
+    K : int
+        The greedy steps at most.
+    stop_at_eos : bool
+        Whether a row stops after writing an end-of-text token.
+    images, per_token : dict
+        A vision-language model's image entries (B·k, …) and per-token entries (B, P); ``{}`` for a text model.
+
+    Returns
+    -------
+    tuple[Tensor, Tensor]
+        ``(continuation (B, K'), written (B,))``: K' ≤ K (the longest row), and the tokens each row wrote, up
+        to its first end-of-text token included.
+    """
+    eos, pad = end_of_text(unwrap(model)) if stop_at_eos else ([], None)
+    gen = greedy_continuation(
+        model,
+        ids,
+        mask,
+        K,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        images=images,
+        per_token=per_token,
+        extend=getattr(adapter, "extend_for_generation", None),
+    )
+    return gen, _steps_written(gen, eos)
+
+
+def _drop_skipped_steps(
+    K: int, negative: Optional[Tensor], groups: list[list[int]]
+) -> tuple[int, Optional[Tensor], list[list[int]]]:
+    """The contrasts and step groups without the steps from ``K`` on, which every row skipped.
+
+    Parameters
+    ----------
+    K : int
+        The steps the longest row took.
+    negative : Optional[Tensor]
+        (B, K₀) the contrasted ids (−1: none), or ``None``.
+    groups : list[list[int]]
+        The steps of each :func:`lrp_core.explain` call.
+
+    Returns
+    -------
+    tuple[int, Optional[Tensor], list[list[int]]]
+        ``(K, negative (B, K) or None, groups)``, empty groups left out.
+    """
+    negative = None if negative is None else negative[:, :K]
+    groups = [g for g in ([k for k in group if k < K] for group in groups) if g]
+    return K, negative, groups
+
+
+def _step_inputs(adapter: Any, full_ids: Tensor, mask: Tensor, gen: Tensor, per_token: dict) -> dict:
+    """The explained rows' inputs: the prompts and the continuation without its last token.
+
+    The rows see every written column: causal attention keeps the later ones out of each map.
+
+    Parameters
+    ----------
+    adapter : Any
+        The model's adapter (a vision-language model's extends its per-token entries).
+    full_ids : Tensor
+        (B, P+K) the prompts and the continuation.
+    mask : Tensor
+        (B, P) the prompts' attention mask.
+    gen : Tensor
+        (B, K) the continuation.
+    per_token : dict
+        A vision-language model's per-token entries (B, P); ``{}`` for a text model.
+
+    Returns
+    -------
+    dict
+        ``input_ids`` and ``attention_mask`` (B, P+K−1) and any per-token entries extended to that width.
+    """
+    inputs = {"input_ids": full_ids[:, :-1], "attention_mask": torch.cat([mask, torch.ones_like(gen)], 1)[:, :-1]}
+    if per_token:  # each written token with the entries the model's generate gives it
+        inputs.update(adapter.extend_for_generation(per_token, gen[:, :-1].to(full_ids.device)))
+    return inputs
+
+
+def _token_pieces(tokenizer: Any, full_ids: Tensor, negative: Optional[Tensor]) -> tuple[dict, list[list[str]]]:
+    """The pieces of the ids shown: a map of every id used, and each row's pieces.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        The tokenizer, or ``None`` (the ids are shown as numbers, and the map is empty).
+    full_ids : Tensor
+        (B, P+K) the prompts and continuation.
+    negative : Optional[Tensor]
+        (B, K) the contrasted ids (−1: none), or ``None``.
+
+    Returns
+    -------
+    tuple[dict, list[list[str]]]
+        ``(id → piece for every id and contrast used, the B rows of P+K pieces)``.
+    """
+    used = sorted(
+        set(full_ids.flatten().tolist()) | set([] if negative is None else negative.flatten().tolist()) - {-1}
+    )
+    id_to_token = {} if tokenizer is None else dict(zip(used, tokenizer.convert_ids_to_tokens(used)))
+    pieces = [
+        [str(t) for t in (tokenizer.convert_ids_to_tokens(r.tolist()) if tokenizer is not None else r.tolist())]
+        for r in full_ids
+    ]
+    return id_to_token, pieces
 
 
 def _given_steps(
@@ -667,22 +813,15 @@ def _explain_steps(
     prompt's sources (spans count from the row's first real token, so the left padding does not move them).
     """
     from ..api import explain
-    from ..sources import as_spans
 
     B, K = gen.shape
     scores = torch.zeros(B, K, P + K - 1, dtype=torch.float64)
     logits = torch.zeros(B, K, dtype=torch.float64)
     probabilities = torch.zeros(B, K, dtype=torch.float64)
-    spans = None if options.get("sources") is None else as_spans(options["sources"])
-    if spans is not None and spans.shape[0] not in (1, B):
-        raise InputError(
-            f"sources gives spans for {spans.shape[0]} prompts; there are {B}: give one list of spans "
-            "for every prompt, or one per prompt"
-        )
+    spans = _source_spans(options.get("sources"), B)
     sources = None if spans is None else torch.zeros(B, K, spans.shape[1], dtype=torch.float64)
     options = {k: v for k, v in options.items() if k not in ("sources", "image_token_id")}
     seen: dict = {}
-    pixels = image_tokens = None
     with _StepBar(K, progress or (progress is None and K >= 8), method) as bar:
         for steps in groups:  # steps as rows: (step, prompt) pairs, each read at its own position
             pairs = [(k, b) for k in steps for b in range(B) if active[b, k]]
@@ -701,15 +840,7 @@ def _explain_steps(
             # zero after each step's prefix (the causal mask keeps those positions out already)
             got[torch.arange(P + K - 1)[None, :] >= (P + ks)[:, None]] = 0.0
             scores[bs, ks] = got
-            if exp.image_tokens is not None:  # a vision-language model: the same image tokens at every step
-                if image_tokens is None:
-                    image_tokens = torch.zeros(B, exp.image_tokens.shape[1], dtype=torch.long)
-                    seen.update(grid=exp.grid, image_size=exp.image_size, image_tokens=image_tokens)
-                image_tokens[bs] = exp.image_tokens.cpu()
-            if exp.pixels is not None:
-                if pixels is None:
-                    pixels = seen["pixels"] = torch.zeros(B, K, *exp.pixels.shape[1:], dtype=torch.float64)
-                pixels[bs, ks] = exp.pixels.detach().to(torch.float64).cpu()
+            _keep_image_fields(exp, seen, bs, ks, B, K)
             picked = lg.gather(1, gen[bs, ks].cpu()[:, None])[:, 0]
             probabilities[bs, ks] = lg.softmax(-1).gather(1, gen[bs, ks].cpu()[:, None])[:, 0]
             if negative is not None and negative[0, steps[0]] >= 0:
@@ -717,6 +848,66 @@ def _explain_steps(
             logits[bs, ks] = picked
             bar.update(len(steps))
     return scores, logits, sources, probabilities, seen
+
+
+def _source_spans(sources: Any, B: int) -> Optional[Tensor]:
+    """The ``sources=`` option as spans, checked to give one list of spans for all prompts or one per prompt.
+
+    Parameters
+    ----------
+    sources : Any
+        The option's value (see :func:`lrp_core.sources.as_spans`), or ``None``.
+    B : int
+        The prompts.
+
+    Returns
+    -------
+    Optional[Tensor]
+        (1 or B, S, 2) the spans, or ``None`` without sources.
+
+    Raises
+    ------
+    InputError
+        If the spans are given for another number of prompts.
+    """
+    from ..sources import as_spans
+
+    spans = None if sources is None else as_spans(sources)
+    if spans is not None and spans.shape[0] not in (1, B):
+        raise InputError(
+            f"sources gives spans for {spans.shape[0]} prompts; there are {B}: give one list of spans "
+            "for every prompt, or one per prompt"
+        )
+    return spans
+
+
+def _keep_image_fields(exp: Any, seen: dict, bs: Tensor, ks: Tensor, B: int, K: int) -> None:
+    """A vision-language model's image fields of one group of steps, written into ``seen``.
+
+    The first group adds ``grid``, ``image_size``, ``image_tokens`` (B, k·h·w) (the same image tokens at
+    every step) and, where the method reaches the pixels, ``pixels`` (B, K, H, W); a text model's
+    explanation has none and leaves ``seen`` as it is.
+
+    Parameters
+    ----------
+    exp : Any
+        The group's explanation, one row per (step, prompt) pair.
+    seen : dict
+        The image fields gathered so far (updated in place).
+    bs, ks : Tensor
+        (N,) each row's prompt and step.
+    B, K : int
+        The prompts and the steps.
+    """
+    if exp.image_tokens is not None:  # a vision-language model: the same image tokens at every step
+        if "image_tokens" not in seen:
+            image_tokens = torch.zeros(B, exp.image_tokens.shape[1], dtype=torch.long)
+            seen.update(grid=exp.grid, image_size=exp.image_size, image_tokens=image_tokens)
+        seen["image_tokens"][bs] = exp.image_tokens.cpu()
+    if exp.pixels is not None:
+        if "pixels" not in seen:
+            seen["pixels"] = torch.zeros(B, K, *exp.pixels.shape[1:], dtype=torch.float64)
+        seen["pixels"][bs, ks] = exp.pixels.detach().to(torch.float64).cpu()
 
 
 def _steps_written(gen: Tensor, eos: Sequence[int]) -> Tensor:

@@ -286,26 +286,10 @@ def generation_html(
         If ``scores`` is not (K, P+K−1), ``images`` does not give one picture per step, or ``scale`` is not
         ``"row"`` or ``"all"``.
     """
-    vals = np.nan_to_num(np.asarray(scores, dtype=np.float64))
+    vals = _step_scores(context, generated, scores, scale, images)
     K, P = len(generated), len(context) - len(generated) + 1
-    if vals.shape != (K, len(context)):
-        raise InputError(
-            f"generation_html: scores have shape {vals.shape}, expected (K, P+K−1) = "
-            f"({K}, {len(context)}) for {K} generated and {len(context)} context tokens"
-        )
-    if scale not in SCALES:
-        raise InputError(f"scale must be one of {SCALES}, got {scale!r}")
-    if images is not None and len(images) != K:
-        raise InputError(f"generation_html: {len(images)} images for {K} generated tokens; give one per step")
     limit_all = colour_scale(vals, clip).limit
-    src = None if sources is None else np.nan_to_num(np.asarray(sources, dtype=np.float64))
-    labels = (
-        list(source_labels)
-        if source_labels is not None
-        else [f"source {j + 1}" for j in range(0 if src is None else src.shape[1])]
-    )
-    if src is not None and (src.ndim != 2 or src.shape != (K, len(labels))):
-        raise InputError(f"generation_html: sources have shape {src.shape}, expected (K, S) = ({K}, {len(labels)})")
+    src, labels = _step_sources(sources, source_labels, K)
     src_limit = None if src is None else float(np.abs(src).max())
     rows, notes = [], []
     for k in range(K):
@@ -314,23 +298,13 @@ def generation_html(
         rgb = colorize(vals[k, :visible], signed=True, limit=limit, gamma=gamma)
         cells = [_cell(readable(t), float(vals[k, i]), rgb[i]) for i, t in enumerate(context[:visible])]
         cells += [_cell(readable(t), None, None) for t in context[visible:]]
-        versus_k = contrasts[k] if contrasts else None
-        versus = (
-            ""
-            if versus_k is None
-            else f' <span style="font-weight:normal">rather than {html.escape(readable(versus_k))}</span>'
-        )
-        p_k = (
-            ""
-            if probabilities is None
-            else f' <span style="font-weight:normal;color:#777">p {100 * float(probabilities[k]):.1f} %</span>'
-        )
+        p_k = None if probabilities is None else float(probabilities[k])
         blocks = (
             "" if src is None else f"<td>{source_blocks(labels, src[k], limit=src_limit, short=True, gamma=gamma)}</td>"
         )
         picture = "" if images is None else f"<td>{images[k]}</td>"
         rows.append(
-            f'<tr><td class="g">{html.escape(readable(generated[k]))}{versus}{p_k}</td>'
+            f"<tr>{_step_cell(generated[k], contrasts[k] if contrasts else None, p_k)}"
             f"{picture}<td>{''.join(cells)}</td>{blocks}</tr>"
         )
         notes.append(limit)
@@ -341,15 +315,142 @@ def generation_html(
             f'<div class="trl-note"><b>Sources, whole answer</b> (each source\'s score summed over the '
             f"steps; per step in the last column):</div>{source_blocks(labels, src.sum(0), gamma=gamma)}"
         )
+    return (
+        f'<div class="trl-generation"><style>{_STYLE}</style>{head}'
+        f'<table class="trl-gen">{"".join(rows)}</table>{whole}{_reading_note(scale, limit_all, image_note)}</div>'
+    )
+
+
+def _step_scores(
+    context: Sequence[str], generated: Sequence[str], scores: Any, scale: str, images: Optional[Sequence[str]]
+) -> np.ndarray:
+    """:func:`generation_html`'s scores as an array (NaN as 0), checked with its scale and pictures.
+
+    Parameters
+    ----------
+    context : Sequence[str]
+        The P+K−1 context pieces.
+    generated : Sequence[str]
+        The K generated pieces.
+    scores : Any
+        (K, P+K−1) the step scores.
+    scale : str
+        ``"row"`` or ``"all"``.
+    images : Optional[Sequence[str]]
+        One HTML picture per step, or ``None``.
+
+    Returns
+    -------
+    np.ndarray
+        (K, P+K−1) float64.
+
+    Raises
+    ------
+    InputError
+        If ``scores`` is not (K, P+K−1), ``scale`` is not in :data:`SCALES` or ``images`` does not give one
+        picture per step.
+    """
+    vals = np.nan_to_num(np.asarray(scores, dtype=np.float64))
+    K = len(generated)
+    if vals.shape != (K, len(context)):
+        raise InputError(
+            f"generation_html: scores have shape {vals.shape}, expected (K, P+K−1) = "
+            f"({K}, {len(context)}) for {K} generated and {len(context)} context tokens"
+        )
+    if scale not in SCALES:
+        raise InputError(f"scale must be one of {SCALES}, got {scale!r}")
+    if images is not None and len(images) != K:
+        raise InputError(f"generation_html: {len(images)} images for {K} generated tokens; give one per step")
+    return vals
+
+
+def _step_sources(
+    sources: Any, source_labels: Optional[Sequence[str]], K: int
+) -> tuple[Optional[np.ndarray], list[str]]:
+    """:func:`generation_html`'s source scores as an array (NaN as 0) and their labels, checked.
+
+    Parameters
+    ----------
+    sources : Any
+        (K, S) per step the score of each source, or ``None``.
+    source_labels : Optional[Sequence[str]]
+        The S sources' texts (default ``"source j"``).
+    K : int
+        The steps.
+
+    Returns
+    -------
+    tuple[Optional[np.ndarray], list[str]]
+        ``(sources (K, S) float64 or None, the labels)``.
+
+    Raises
+    ------
+    InputError
+        If ``sources`` is not (K, S) for the S labels.
+    """
+    src = None if sources is None else np.nan_to_num(np.asarray(sources, dtype=np.float64))
+    labels = (
+        list(source_labels)
+        if source_labels is not None
+        else [f"source {j + 1}" for j in range(0 if src is None else src.shape[1])]
+    )
+    if src is not None and (src.ndim != 2 or src.shape != (K, len(labels))):
+        raise InputError(f"generation_html: sources have shape {src.shape}, expected (K, S) = ({K}, {len(labels)})")
+    return src, labels
+
+
+def _step_cell(generated: str, versus: Optional[str], probability: Optional[float]) -> str:
+    """The cell of one generated token: the token, the one it was contrasted with and its probability.
+
+    Parameters
+    ----------
+    generated : str
+        The generated piece.
+    versus : Optional[str]
+        The piece it was contrasted with, or ``None``.
+    probability : Optional[float]
+        The model's probability of the generated token, or ``None``.
+
+    Returns
+    -------
+    str
+        An HTML ``<td>``.
+    """
+    rather = (
+        ""
+        if versus is None
+        else f' <span style="font-weight:normal">rather than {html.escape(readable(versus))}</span>'
+    )
+    p = (
+        ""
+        if probability is None
+        else f' <span style="font-weight:normal;color:#777">p {100 * probability:.1f} %</span>'
+    )
+    return f'<td class="g">{html.escape(readable(generated))}{rather}{p}</td>'
+
+
+def _reading_note(scale: str, limit_all: float, image_note: Optional[str]) -> str:
+    """The note below :func:`generation_html`'s rows: how to read them.
+
+    Parameters
+    ----------
+    scale : str
+        ``"row"`` or ``"all"``.
+    limit_all : float
+        The colour limit of all rows (shown with ``"all"``).
+    image_note : Optional[str]
+        A sentence on the pictures, added at the end.
+
+    Returns
+    -------
+    str
+        An HTML ``<div>``.
+    """
     how = "each row has its own colour limit" if scale == "row" else f"one colour limit ±{limit_all:.3g}"
-    note = (
+    return (
         f'<div class="trl-note">Row k: the relevance of each context token for generated token k '
         f"(red for, blue against, white 0; {how}; greyed tokens come after the step's prefix). "
         f"Hover a token for its exact score.{'' if not image_note else ' ' + html.escape(image_note)}</div>"
-    )
-    return (
-        f'<div class="trl-generation"><style>{_STYLE}</style>{head}'
-        f'<table class="trl-gen">{"".join(rows)}</table>{whole}{note}</div>'
     )
 
 
