@@ -39,6 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=("--data PATH" + doc.split("``--data PATH``", 1)[-1]) if doc else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_data_arguments(p)
+    _add_output_arguments(p)
+    _add_process_arguments(p)
+    return p
+
+
+def _add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """Add what is evaluated: the model, the methods, the protocol and the samples.
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+        The parser, changed in place.
+    """
     p.add_argument("--model", default="toy-vit", help="a name lrp_core.models.load accepts")
     p.add_argument("--methods", default="all", help="'all' or a comma list")
     p.add_argument(
@@ -75,12 +89,32 @@ def build_parser() -> argparse.ArgumentParser:
         default="true",
         help="class explained in the rationale evaluation",
     )
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """Add what is printed and written: ``--out``, ``--quiet``, ``--markdown``, ``--no-baseline``.
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+        The parser, changed in place.
+    """
     p.add_argument("--out", default=None, help="JSON file to write (plot goes next to it)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument(
         "--no-baseline", action="store_true", help="leave out the reference row 'random' (seeded random maps)"
     )
+
+
+def _add_process_arguments(p: argparse.ArgumentParser) -> None:
+    """Add where and how the run executes: device, threads, resuming, the torchrun backend.
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+        The parser, changed in place.
+    """
     p.add_argument("--device", default="cpu", help="torch device of the model (e.g. cuda)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
     p.add_argument(
@@ -94,7 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # developer option (tests of --resume): each process stops after K new blocks, exit status 3
     p.add_argument("--stop-after-blocks", type=int, default=None, help=argparse.SUPPRESS)
-    return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

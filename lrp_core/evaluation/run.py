@@ -131,23 +131,10 @@ def evaluate(
 
     t0 = time.perf_counter()
     shard = shard or Shard()
-    if protocol not in ("evidence", "sources"):
-        raise InputError(f"protocol must be 'evidence' or 'sources', got {protocol!r}")
-    names = resolve_methods(methods, protocol)
-    if n < 1:
-        raise InputError(f"n must be >= 1, got {n}")
-    if batch_size < 1:
-        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    names = _checked_methods(methods, n, batch_size, protocol)
     loaded = load(model) if isinstance(model, str) else model
-    is_lm = loaded.kind == "lm" or (getattr(loaded, "info", None) or {}).get("task") == "causal-lm"
-    is_vlm = loaded.kind == "vlm"
-    if is_vlm and methods == "all":  # 'all' on a VLM: the methods its adapter does not refuse
-        from .vlm import vlm_methods
-
-        names = vlm_methods(loaded.model)
-    if is_lm and methods == "all":  # 'all' on a decoder: the methods that run there (no Captum baselines yet)
-        names = [m for m in names if m in registry.DECODER_METHODS or m in registry.SOURCE_METHOD_NAMES]
-    if protocol == "sources" and not is_lm:
+    names = _model_methods(loaded, methods, names)
+    if protocol == "sources" and not _is_causal_lm(loaded):
         raise InputError("the sources protocol scores a causal language model's facts task (e.g. --model tiny-lm)")
     if device != "cpu":
         loaded.model.to(device)
@@ -158,8 +145,154 @@ def evaluate(
         "seed": seed,
         "device": str(device),
     }
+    part = _kind_run(
+        loaded,
+        out["model"],
+        names,
+        n,
+        batch_size,
+        seed,
+        data,
+        split,
+        text_target,
+        progress,
+        baseline,
+        device,
+        shard,
+        protocol,
+        curve_questions,
+    )
+    if part is None:  # a rank other than 0: its blocks went to rank 0
+        return None
+    out.update(part)
+    out["seconds"] = time.perf_counter() - t0
+    out["processes"] = shard.world
+    return out
+
+
+def _checked_methods(methods: str | Sequence[str], n: int, batch_size: int, protocol: str) -> list[str]:
+    """Check the options that do not depend on the model and resolve the method names.
+
+    Parameters
+    ----------
+    methods : str | Sequence[str]
+        As for :func:`resolve_methods`.
+    n : int
+        Number of samples (at least 1).
+    batch_size : int
+        Samples per block (at least 1).
+    protocol : str
+        ``"evidence"`` or ``"sources"``.
+
+    Returns
+    -------
+    list[str]
+        The method names, before the model narrows ``"all"`` (:func:`_model_methods`).
+
+    Raises
+    ------
+    InputError
+        If ``protocol``, ``n`` or ``batch_size`` is out of range.
+    UnknownMethodError
+        If a method name is unknown.
+    """
+    if protocol not in ("evidence", "sources"):
+        raise InputError(f"protocol must be 'evidence' or 'sources', got {protocol!r}")
+    names = resolve_methods(methods, protocol)
+    if n < 1:
+        raise InputError(f"n must be >= 1, got {n}")
+    if batch_size < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    return names
+
+
+def _is_causal_lm(loaded: Any) -> bool:
+    """Whether the loaded model is a causal LM (kind ``"lm"`` or ``info["task"] == "causal-lm"``).
+
+    Parameters
+    ----------
+    loaded : Any
+        A :class:`LoadedModel`.
+
+    Returns
+    -------
+    bool
+        ``True`` for a causal language model.
+    """
+    return loaded.kind == "lm" or (getattr(loaded, "info", None) or {}).get("task") == "causal-lm"
+
+
+def _model_methods(loaded: Any, methods: str | Sequence[str], names: list[str]) -> list[str]:
+    """The methods that run on the model: ``"all"`` keeps those its kind supports.
+
+    Parameters
+    ----------
+    loaded : Any
+        A :class:`LoadedModel`.
+    methods : str | Sequence[str]
+        The methods as asked (``"all"`` or names).
+    names : list[str]
+        The resolved names (:func:`_checked_methods`).
+
+    Returns
+    -------
+    list[str]
+        ``names``, except for ``"all"`` on a VLM (the methods its adapter does not refuse) or on a causal LM
+        (the decoder and source methods; no Captum baselines yet).
+    """
+    if loaded.kind == "vlm" and methods == "all":  # 'all' on a VLM: the methods its adapter does not refuse
+        from .vlm import vlm_methods
+
+        names = vlm_methods(loaded.model)
+    # 'all' on a decoder: the methods that run there (no Captum baselines yet)
+    if _is_causal_lm(loaded) and methods == "all":
+        names = [m for m in names if m in registry.DECODER_METHODS or m in registry.SOURCE_METHOD_NAMES]
+    return names
+
+
+def _kind_run(
+    loaded: Any,
+    name: str,
+    names: list[str],
+    n: int,
+    batch_size: int,
+    seed: int,
+    data: Optional[str],
+    split: str,
+    text_target: str,
+    progress: bool,
+    baseline: bool,
+    device: str,
+    shard: Shard,
+    protocol: str,
+    curve_questions: Optional[int],
+) -> Optional[dict[str, Any]]:
+    """Run the protocol of the model's kind (image, text, VLM or causal LM).
+
+    Parameters
+    ----------
+    loaded : Any
+        A :class:`LoadedModel`, already on ``device``.
+    name : str
+        The model's name in the results.
+    names : list[str]
+        The method names.
+    n, batch_size, seed, data, split, text_target, progress, baseline, device, shard, protocol, curve_questions
+        As for :func:`evaluate` (``shard`` not ``None``).
+
+    Returns
+    -------
+    Optional[dict[str, Any]]
+        The kind's part of the run's dict (a causal LM's starts with ``protocol``); ``None`` on ranks other
+        than 0.
+
+    Raises
+    ------
+    InputError
+        If the model's kind is unknown, or ``data``, ``protocol`` or the processes do not fit it.
+    """
     config = {
-        "model": out["model"],
+        "model": name,
         "kind": loaded.kind,
         "methods": names,
         "n": n,
@@ -170,24 +303,17 @@ def evaluate(
         "text_target": text_target,
         "baseline": baseline,
         "device": torch.device(device).type,
-    }  # cuda:0 and cuda:1 give the same values
+    }  # the image and text runs' checkpoint identity (cuda:0 and cuda:1 give the same values)
     if loaded.kind == "image":
-        part = _image_run(loaded, out["model"], names, n, batch_size, seed, data, progress, baseline, shard, config)
-    elif loaded.kind == "text":
-        part = _text_run(loaded, names, n, batch_size, data, split, text_target, progress, baseline, shard, config)
-    elif is_vlm:
-        part = _vlm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol, curve_questions)
-    elif is_lm:
+        return _image_run(loaded, name, names, n, batch_size, seed, data, progress, baseline, shard, config)
+    if loaded.kind == "text":
+        return _text_run(loaded, names, n, batch_size, data, split, text_target, progress, baseline, shard, config)
+    if loaded.kind == "vlm":
+        return _vlm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol, curve_questions)
+    if _is_causal_lm(loaded):
         part = _lm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol)
-        out["protocol"] = protocol
-    else:
-        raise InputError(f"unknown model kind {loaded.kind!r}")
-    if part is None:  # a rank other than 0: its blocks went to rank 0
-        return None
-    out.update(part)
-    out["seconds"] = time.perf_counter() - t0
-    out["processes"] = shard.world
-    return out
+        return {"protocol": protocol, **part}
+    raise InputError(f"unknown model kind {loaded.kind!r}")
 
 
 def _image_run(
