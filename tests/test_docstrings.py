@@ -76,6 +76,7 @@ CONVERTED = [
     "lrp_core.adapters.kernels",
     "lrp_core.adapters.decoder",
     "lrp_core.adapters.blocks",
+    "lrp_core.adapters.attention",
     "lrp_core.adapters.recognise",
     "lrp_core.adapters.vit",
     "lrp_core.adapters.clip",

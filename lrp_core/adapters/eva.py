@@ -33,9 +33,9 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..rules.composites import Composite
 from ..rules.linear import LinearView, effective_linear, is_linear
-from .blocks import IDENTITY, AttentionSpec, BlockSpec, MlpSpec
+from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .kernels import pairs_to_halves
-from .parts import ModelPart
+from .parts import IDENTITY, ModelPart
 from .readouts import Readout
 from .records import Trace
 from .vit import TimmViTAdapter

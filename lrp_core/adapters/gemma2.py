@@ -15,8 +15,9 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..rules.ops import ELEMENTWISE
-from .blocks import BlockSpec, MlpSpec, SoftCap
+from .blocks import BlockSpec, MlpSpec
 from .decoder import DecoderAdapter
+from .kernels import SoftCap
 from .parts import ModelPart
 from .readouts import HeadLayer
 

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import nn
+
 #: a module of the user's model (or the model itself), read by attribute name; see the module docstring
 ModelPart = Any
+#: a part the model does not have (a norm, a LayerScale, a q/k norm): the replay skips identities
+IDENTITY = nn.Identity()
 
-__all__ = ["ModelPart"]
+__all__ = ["ModelPart", "IDENTITY"]

@@ -19,8 +19,8 @@ from torch import Tensor, nn
 
 from ..rules.composites import Propagation
 from ..rules.ops import ADD, LAYERNORM, LINEAR, POOL, READOUT, norm_kind
-from .blocks import NO_RECORD, Replay, SoftCap
-from .kernels import plus
+from .blocks import NO_RECORD, Replay
+from .kernels import SoftCap, plus
 from .parts import ModelPart
 from .records import ReadoutRecord
 

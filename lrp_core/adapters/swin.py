@@ -38,8 +38,8 @@ from ..errors import UnsupportedModelError
 from ..rules.composites import Composite, Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import LINEAR, PATCH_CONV, norm_kind
-from .blocks import IDENTITY, NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
-from .parts import ModelPart
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
+from .parts import IDENTITY, ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout
 from .records import BlockRelevance, EmbeddingRecord, Trace
 from .vit import ViTAdapter

@@ -30,8 +30,8 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ..rules.ops import LINEAR
-from .blocks import IDENTITY, AttentionSpec, BlockSpec
-from .parts import ModelPart
+from .blocks import AttentionSpec, BlockSpec
+from .parts import IDENTITY, ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout
 from .swin import COSINE, Merge, SwinAdapter, Windows, check_windows, cpb_bias, window_slots, window_softmax
 from .vit import hf_linear_head, hf_mlp
@@ -78,7 +78,20 @@ class HFSwinAdapter(SwinAdapter):
         self._patch_norm = emb.norm
         (clf,) = hf_linear_head(model, "classifier")
         self.readout: Readout = MeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=0)
-        grid = tuple(pe.grid_size)
+        self._read_stages(base, tuple(pe.grid_size), name)
+
+    def _read_stages(self, base: ModelPart, grid: tuple, name: str) -> None:
+        """Read every stage's blocks, their windows (and v2's logit scales) and the patch merging after the stage.
+
+        Parameters
+        ----------
+        base : ModelPart
+            The model's ``swin`` / ``swinv2`` module (its ``encoder.layers`` are the stages).
+        grid : tuple
+            The patch grid ``(h, w)`` of the first stage.
+        name : str
+            The model's class name, for the refusals.
+        """
         self.blocks, self.windows, self.merges, self.logit_scales = [], [], {}, {}
         for s, stage in enumerate(base.encoder.layers):
             for layer in stage.blocks:

@@ -24,9 +24,9 @@ from ..rules.composites import Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
 from .base import Adapter
-from .blocks import IDENTITY, NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
-from .parts import ModelPart
+from .parts import IDENTITY, ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 

@@ -17,7 +17,7 @@ from test_api import _assert_same, _state
 
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
-from lrp_core.adapters.blocks import SoftCap
+from lrp_core.adapters.kernels import SoftCap
 from lrp_core.methods.registry import DECODER_METHODS
 from lrp_core.rules import functional as F
 from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION

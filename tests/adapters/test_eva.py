@@ -174,7 +174,7 @@ def test_rotary_rule_is_the_dtd_rule_of_timms_rotation():
     conserves; the unrotated prefix tokens keep their relevance."""
     from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 
-    from lrp_core.adapters.blocks import _rotate_relprop
+    from lrp_core.adapters.attention import _rotate_relprop
     from lrp_core.rules.composites import LRP_BASELINE, Propagation
     from lrp_core.rules.functional import safe_div
 

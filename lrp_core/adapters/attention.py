@@ -1,0 +1,463 @@
+"""One multi-head self-attention: its description (:class:`AttentionSpec`), its replay
+(:func:`attention_forward`) and its relevance (:func:`attention_relprop`), for :mod:`.blocks`.
+
+Shapes: B batch, N tokens, D width, H heads, Hkv key/value heads, d head width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import InputError
+from ..rules.composites import Propagation
+from ..rules.functional import apply_rotary, query_row_bias, repeat_kv, take_rows
+from ..rules.ops import (
+    ATTENTION,
+    ELEMENTWISE,
+    KV_REPEAT,
+    LINEAR,
+    MASK_ADD,
+    MATMUL_AV,
+    MATMUL_QK,
+    ROPE,
+    SOFTMAX,
+    norm_kind,
+)
+from .kernels import (
+    SoftCap,
+    computed_rotary,
+    fused_attention,
+    halves_to_pairs,
+    matmul,
+    pairs_to_halves,
+    plus,
+    rounded_rotary,
+    segmented_softmax,
+    softmax_float32,
+    softmax_rows,
+)
+from .parts import IDENTITY, ModelPart
+from .records import AttentionRecord
+
+if TYPE_CHECKING:  # for annotations only: blocks.py imports this module
+    from .blocks import Replay
+
+#: how a fused qkv projection orders its outputs: "split" (all query heads, then the key heads, then the value
+#: heads: timm, Phi-3, GPT-2), "grouped" (per key/value head its query heads, then its key, then its value:
+#: GPT-NeoX's and Falcon's per-head ``[q, k, v]``, Falcon's new decoder architecture's ``[q…, k, v]``)
+QKV_LAYOUTS = ("split", "grouped")
+
+
+@dataclass
+class AttentionSpec:
+    """The parts of one multi-head self-attention.
+
+    Either ``qkv`` (one fused Linear, timm, Phi-3) or ``q``, ``k``, ``v`` (Hugging Face).
+    ``scale_queries_first``: timm scales q before ``q·kᵀ``; Hugging Face scales the product.
+
+    Decoders (docs/METHODS.md §2c): ``num_kv_heads`` key/value heads shared by ``num_heads // num_kv_heads``
+    consecutive query heads each (``None``: as many as query heads); ``rotary``: q and k are rotated by the
+    batch's rotary tables (``rope_key`` names which, for models with several, e.g. Gemma 3's local and global
+    bases); ``window``: sliding-window attention over that many positions (the adapter builds the mask);
+    ``softmax_dtype``: the dtype the model's softmax computes in (Hugging Face eager: float32, cast back);
+    ``sdpa``: the model runs fused attention, so a modified-gradient replay may too (no N×N map in memory);
+    ``causal``: causal attention — where the fused replay gets no mask (no padding, no window), the kernel's own;
+    ``rotary_dtype``: the dtype q and k are rounded to before they are rotated (ModernBERT rotates float32 copies,
+    so a float64 model's rotated q and k carry float32 round-off); ``None``: rotated as they are;
+    ``rotary_compute``: the dtype the whole rotation is computed in, q, k and the tables cast to it and the result
+    cast back (Qwen2.5-VL's vision tower rotates in float32); ``None``: in q's dtype; ``segmented``: the additive
+    mask leaves contiguous diagonal blocks open (Qwen2.5-VL's windows) and the model runs one attention per block,
+    so a float32 softmax is computed block by block, its sums those of the model's (over the whole masked row they
+    would be summed in another order);
+    ``norm_whole``: ``q_norm`` / ``k_norm`` normalise the whole projection (every head together, OLMoE) before
+    it is split into heads, not each head's d channels (OLMo-2, OLMoE); ``qkv_layout``: the order of a fused
+    ``qkv``'s outputs (:data:`QKV_LAYOUTS`); ``softcap``: the scaled scores are soft-capped (:class:`SoftCap`)
+    before the mask is added (Gemma 2; never fused); ``sinks``: the softmax with attention sinks, masked scores
+    (B, H, N, M) -> weights (B, H, N, M) (:class:`lrp_core.adapters.gpt_oss.AttentionSinks`: one learned logit
+    per head in every row's denominator, no value; never fused), the map ``A`` then the softmax without the sink
+    column.
+
+    ``pad_tokens``: the attention reads that many zero tokens after the N tokens of its input (keys and values,
+    whose outputs are dropped): the padding a windowed model adds to fill its windows (Swin). The bias then covers
+    all N + pad_tokens tokens; the record keeps the unpadded input ``h`` and the cropped output projection
+    (``lin["proj_all"]``: the uncropped one). ``softmax``: the model's own softmax of the masked scores
+    (B, H, N, N) -> A, where it is not one over each whole row (Swin's eager attention: per window, in float32);
+    ``None``: per row, in ``softmax_dtype``.
+
+    Vision rotary embeddings (timm EVA): ``rope_skip`` leading tokens (class, register tokens) are not rotated,
+    and the rotary tables then cover the other tokens only, (B or 1, N − rope_skip, d); ``rope_interleaved``:
+    the rotation turns the channel pairs (2i, 2i+1) (timm's default) instead of (i, i + d/2) — the replay
+    gathers each head's even channels then its odd ones, rotates them in the halves layout (the tables given in
+    that order) and puts them back: the same products, element by element, as the model's.
+    """
+
+    proj: ModelPart  # Linear-like parts: the model's Linears (a peft LoRA layer is none), or views (GPT-2's Conv1D)
+    num_heads: int
+    head_dim: int
+    scale: float
+    qkv: Optional[ModelPart] = None
+    q: Optional[ModelPart] = None
+    k: Optional[ModelPart] = None
+    v: Optional[ModelPart] = None
+    q_norm: nn.Module = IDENTITY
+    k_norm: nn.Module = IDENTITY
+    ctx_norm: nn.Module = IDENTITY
+    scale_queries_first: bool = False
+    num_kv_heads: Optional[int] = None
+    rotary: bool = False
+    rope_key: str = "default"
+    window: Optional[int] = None
+    softmax_dtype: Optional[torch.dtype] = None
+    sdpa: bool = False
+    causal: bool = False
+    rope_skip: int = 0
+    rope_interleaved: bool = False
+    rotary_dtype: Optional[torch.dtype] = None
+    rotary_compute: Optional[torch.dtype] = None
+    segmented: bool = False
+    norm_whole: bool = False
+    qkv_layout: str = "split"
+    softcap: Optional[SoftCap] = None
+    pad_tokens: int = 0
+    softmax: Optional[Callable[[Tensor], Tensor]] = None
+    sinks: Optional[nn.Module] = None
+
+    def __post_init__(self) -> None:
+        if self.qkv_layout not in QKV_LAYOUTS:
+            raise InputError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head."""
+        return self.num_heads // self.kv_heads
+
+
+def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tensor, Tensor]:
+    """The q, k, v projections of h (B, N, D) -> (Linear outputs by role, q (B, H, N, d), k, v (B, Hkv, N, d)).
+
+    q/k norms act on each head's d channels (Qwen3: before the heads are transposed, as the model does).
+    """
+    B, N, _ = h.shape
+    H, Hkv, d = p.num_heads, p.kv_heads, p.head_dim
+    if p.qkv is not None:
+        lin = {"qkv": r.module(LINEAR, p.qkv, h)}  # (B, N, (H + 2·Hkv)·d)
+        if p.qkv_layout == "grouped":  # per key/value head: its query heads, its key, its value
+            parts = lin["qkv"].reshape(B, N, Hkv, p.groups + 2, d)
+            q = parts[:, :, :, : p.groups].reshape(B, N, H, d).transpose(1, 2)
+            k, v = parts[:, :, :, p.groups].transpose(1, 2), parts[:, :, :, p.groups + 1].transpose(1, 2)
+        elif Hkv == H:
+            q, k, v = lin["qkv"].reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+        else:  # fused GQA projection (Phi-3): the query heads, then the key heads, then the value heads
+            q, k, v = (
+                t.reshape(B, N, -1, d).transpose(1, 2) for t in lin["qkv"].split([H * d, Hkv * d, Hkv * d], dim=-1)
+            )
+        return lin, r.norm(p.q_norm, q), r.norm(p.k_norm, k), v
+    assert p.q is not None and p.k is not None and p.v is not None, "an attention without qkv has q, k and v"
+    lin = {n: r.module(LINEAR, m, h) for n, m in (("q", p.q), ("k", p.k), ("v", p.v))}
+    if p.norm_whole:  # the norms over all heads' channels at once, then the heads
+        q, k, v = (
+            t.reshape(B, N, -1, d).transpose(1, 2)
+            for t in (r.norm(p.q_norm, lin["q"]), r.norm(p.k_norm, lin["k"]), lin["v"])
+        )
+        return lin, q, k, v
+    q, k, v = (lin[n].reshape(B, N, -1, d) for n in "qkv")
+    return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
+
+
+def _rotate(p: AttentionSpec, x: Tensor, cos: Tensor, sin: Tensor, r: Replay) -> Tensor:
+    """x (B, H, N, d) rotated by the tables: the first ``p.rope_skip`` tokens pass, pairs per ``p.rope_interleaved``."""
+    n = p.rope_skip
+    body = x[:, :, n:] if n else x
+    if p.rope_interleaved:
+        body = pairs_to_halves(body)
+    rotate = apply_rotary if p.rotary_dtype is None else rounded_rotary(p.rotary_dtype)
+    if p.rotary_compute is not None:
+        rotate = computed_rotary(p.rotary_compute)
+    out = r(ROPE, rotate, body, cos, sin)
+    if p.rope_interleaved:
+        out = halves_to_pairs(out)
+    return torch.cat((x[:, :, :n], out), dim=2) if n else out
+
+
+def _rotate_relprop(
+    p: AttentionSpec, x: Tensor, rotated: Tensor, cos: Tensor, sin: Tensor, R: Tensor, prop: Propagation
+) -> Tensor:
+    """Relevance of the rotated q or k (B, H, N, d) -> of the unrotated one (the skipped tokens' passes as is)."""
+    n = p.rope_skip
+    parts = [t[:, :, n:] if n else t for t in (x, rotated, R)]
+    if p.rope_interleaved:
+        parts = [pairs_to_halves(t) for t in parts]
+    R_body = prop(ROPE, (parts[0], cos, sin), parts[2], output=parts[1])[0]
+    if p.rope_interleaved:
+        R_body = halves_to_pairs(R_body)
+    return torch.cat((R[:, :, :n], R_body), dim=2) if n else R_body
+
+
+def _padded(p: AttentionSpec, t: Tensor) -> Tensor:
+    """(B, N, D) -> (B, N + p.pad_tokens, D): the zero tokens the attention reads after the N tokens."""
+    if not p.pad_tokens:
+        return t
+    return torch.cat([t, t.new_zeros(t.shape[0], p.pad_tokens, t.shape[-1])], dim=1)
+
+
+def _unpadded(p: AttentionSpec, t: Tensor, n: int) -> Tensor:
+    """(B, n + p.pad_tokens, D) -> (B, n, D): the padding's entries dropped."""
+    return t[:, :n] if p.pad_tokens else t
+
+
+def _explicit_attention(
+    p: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], r: Replay
+) -> tuple[Tensor, Tensor]:
+    """The attention with its map computed: ``A = softmax(mask(scaled q·kᵀ))``, then ``A·v``.
+
+    Parameters
+    ----------
+    p : AttentionSpec
+        The attention's scale, soft-cap, softmax and key/value groups.
+    q : Tensor
+        The queries ``(B, H, N, d)`` (rotated where rotary; N = 1 where one row is computed).
+    k : Tensor
+        The keys ``(B, Hkv, M, d)``.
+    v : Tensor
+        The values ``(B, Hkv, M, d)``.
+    bias : Tensor or None
+        The additive mask, broadcast to ``(B, H, N, M)``, or ``None``.
+    r : Replay
+        Runs (and records) each operation through its rule.
+
+    Returns
+    -------
+    tuple of Tensor
+        ``(A, ctx)``: the attention map ``(B, H, N, M)`` and the heads' outputs ``A·v`` ``(B, H, N, d)``.
+    """
+    groups = p.groups
+    k_all, v_all = (k, v) if groups == 1 else (r(KV_REPEAT, lambda t: repeat_kv(t, groups), t) for t in (k, v))
+    kT = k_all.transpose(-2, -1)
+    if p.scale_queries_first:
+        scores = r(MATMUL_QK, matmul, q * p.scale, kT)
+    else:
+        scores = r(MATMUL_QK, matmul, q, kT) * p.scale
+    if p.softcap is not None:  # not a module of the model: not recorded as the first element-wise layer
+        scores = r(ELEMENTWISE, p.softcap, scores, module=p.softcap)
+    masked = scores if bias is None else r(MASK_ADD, plus, scores, bias)
+    softmax: Callable[[Tensor], Tensor] = softmax_rows if p.softmax_dtype is None else softmax_float32
+    if p.segmented and bias is not None and p.softmax_dtype is not None:
+        softmax = segmented_softmax(bias)
+    softmax = p.sinks if p.sinks is not None else p.softmax or softmax
+    A = r(SOFTMAX, softmax, masked)  # (B, H, N, N)
+    return A, r(MATMUL_AV, matmul, A, v_all)  # (B, H, N, d)
+
+
+def attention_forward(
+    p: AttentionSpec,
+    h: Tensor,
+    bias: Optional[Tensor],
+    r: Replay,
+    rope: Optional[tuple] = None,
+    rows: Optional[Tensor] = None,
+) -> AttentionRecord:
+    """Multi-head self-attention on ``h``; the attention map is computed explicitly unless fused.
+
+    Parameters
+    ----------
+    p : AttentionSpec
+        The attention's modules and shape (heads, head size, groups, rotary, scale).
+    h : Tensor
+        The attention's input ``(B, N, D)``.
+    bias : Tensor or None
+        The additive mask ``(B, 1, 1, N)`` or ``(B, 1, N, N)``, or ``None``.
+    r : Replay
+        Runs (and records) each operation through its rule; ``r.fuse`` allows the fused sdpa kernel.
+    rope : tuple of Tensor or None
+        ``(cos, sin)``, each ``(B, N − p.rope_skip, r)``, where ``p.rotary``; otherwise ``None``.
+    rows : Tensor or None
+        ``(B,)`` long: only the query at row ``rows[b]`` of each sample is computed (keys and values at every
+        row); the output, ``ctx`` and ``A`` then have one row (``(B, 1, D)``, ``(B, H, 1, d)``, ``(B, H, 1, N)``).
+        ``None``: every row.
+
+    Returns
+    -------
+    AttentionRecord
+        The forward quantities the rules need (projections, queries, keys, values, the map ``A`` ``(B, H, N, N)``
+        unless fused, the output ``(B, N, D)``).
+    """
+    B, N, _ = h.shape
+    H, d, groups = p.num_heads, p.head_dim, p.groups
+    lin, q, k, v = _project(p, _padded(p, h), r)
+    q_pre = k_pre = None
+    if p.rotary:
+        assert rope is not None, "a rotary attention gets its tables (Adapter.block_context)"
+        cos, sin = rope
+        q_pre, k_pre = q, k
+        q, k = _rotate(p, q, cos, sin, r), _rotate(p, k, cos, sin, r)
+    causal = p.causal
+    if rows is not None:  # every other query row's output reaches nothing that is read
+        q = take_rows(q, rows, 2)  # (B, H, 1, d)
+        bias = query_row_bias(bias, rows, N, p.causal, q)
+        causal = False  # a single query row: its keys are chosen by the row mask
+        N = 1
+    A = None
+    if p.sdpa and r.fuse and p.softcap is None and p.sinks is None:
+        ctx = r(ATTENTION, fused_attention(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
+    else:
+        A, ctx = _explicit_attention(p, q, k, v, bias, r)
+    o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N + p.pad_tokens, H * d))
+    lin["proj"] = r.module(LINEAR, p.proj, o)
+    if p.pad_tokens:  # the padding's outputs are dropped
+        lin["proj_all"] = lin["proj"]
+        lin["proj"] = lin["proj_all"][:, :N]
+    return AttentionRecord(
+        h=h,
+        q=q,
+        k=k,
+        v=v,
+        A=A,
+        ctx=ctx,
+        o=o,
+        lin=lin,
+        bias=bias,
+        q_pre=q_pre,
+        k_pre=k_pre,
+        rope=rope if p.rotary else None,
+    )
+
+
+def _scores(p: AttentionSpec, rec: AttentionRecord) -> Tensor:
+    """(B, H, N, N) the forward's scaled ``q·kᵀ``, the same operations again: the replay does not keep it,
+    so a long sequence's records hold one ``H·N²`` map per block (A), not two."""
+    kT = repeat_kv(rec.k, p.groups).transpose(-2, -1)
+    return matmul(rec.q * p.scale, kT) if p.scale_queries_first else matmul(rec.q, kT) * p.scale
+
+
+def _merge_heads(t: Tensor) -> Tensor:
+    """(B, H, N, d) -> (B, N, H·d): the heads side by side, as a projection's output lays them out."""
+    return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1)
+
+
+def _input_relprop(
+    p: AttentionSpec, rec: AttentionRecord, R_q: Tensor, R_k: Tensor, R_v: Tensor, prop: Propagation
+) -> Tensor:
+    """Relevance of the q, k, v projections' outputs -> of the attention's (padded) input: through one fused
+    ``qkv`` Linear (its outputs' relevance in its layout), or through ``q``, ``k``, ``v`` and the three-way Clone.
+
+    Parameters
+    ----------
+    p : AttentionSpec
+        The attention's projections and their layout.
+    rec : AttentionRecord
+        The attention's forward record (:func:`attention_forward`).
+    R_q : Tensor
+        The relevance of the queries' projection, per head ``(B, H, N, d)`` (N counting any padding tokens).
+    R_k : Tensor
+        The relevance of the keys' projection ``(B, Hkv, N, d)``.
+    R_v : Tensor
+        The relevance of the values' projection ``(B, Hkv, N, d)``.
+    prop : Propagation
+        The composite's rules, applied operation by operation.
+
+    Returns
+    -------
+    Tensor
+        The relevance of the padded input ``(B, N, D)``.
+    """
+    B, N = R_q.shape[0], R_q.shape[2]
+    H, d, groups = p.num_heads, p.head_dim, p.groups
+    h = _padded(p, rec.h)
+    if p.qkv is not None:
+        if p.qkv_layout == "grouped":  # per key/value head: its query heads' relevance, its key's, its value's
+            Hkv = p.kv_heads
+            R_qkv = torch.cat(
+                [
+                    R_q.transpose(1, 2).reshape(B, N, Hkv, groups, d),
+                    R_k.transpose(1, 2)[:, :, :, None],
+                    R_v.transpose(1, 2)[:, :, :, None],
+                ],
+                dim=3,
+            ).reshape(B, N, -1)
+        elif groups == 1:
+            R_qkv = torch.stack([R_q, R_k, R_v], dim=2).transpose(1, 3).reshape(B, N, 3 * H * d)
+        else:
+            R_qkv = torch.cat([_merge_heads(t) for t in (R_q, R_k, R_v)], dim=-1)
+        return prop.linear(p.qkv, h, R_qkv, out=rec.lin["qkv"])
+    assert p.q is not None and p.k is not None and p.v is not None, "an attention without qkv has q, k and v"
+    R_parts = [
+        prop.linear(m, h, _merge_heads(r), out=rec.lin[n])
+        for n, m, r in (("q", p.q, R_q), ("k", p.k, R_k), ("v", p.v, R_v))
+    ]
+    return prop.clone(h, *R_parts)  # the three-way Clone
+
+
+def attention_relprop(
+    p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: Propagation, deeper: bool
+) -> tuple[Tensor, Optional[Tensor]]:
+    """Propagate the relevance of the output projection's output to the attention map and the attention's input.
+
+    With ``p.pad_tokens`` the padding's outputs get no relevance, and its inputs' relevance is dropped.
+
+    Parameters
+    ----------
+    p : AttentionSpec
+        The attention's modules and shape.
+    rec : AttentionRecord
+        The attention's forward record (:func:`attention_forward`).
+    R : Tensor
+        The relevance of the output projection's output ``(B, N, D)``.
+    prop : Propagation
+        The composite's rules, applied operation by operation.
+    deeper : bool
+        Whether to continue past the attention map to the attention's input.
+
+    Returns
+    -------
+    tuple
+        ``(R_A, R_h)``: the relevance of the attention map ``(B, H, N, N)`` (its share at the ``A·V`` product) and
+        that of the attention's input ``(B, N, D)`` (``None`` when ``deeper`` is false).
+    """
+    N_in = R.shape[1]
+    R = _padded(p, R)
+    B, N, _ = R.shape
+    H, d, groups = p.num_heads, p.head_dim, p.groups
+    R_o = prop.linear(p.proj, rec.o, R, out=rec.lin.get("proj_all", rec.lin["proj"]))
+    R_o = prop.unary(norm_kind(p.ctx_norm), rec.o, R_o, p.ctx_norm).reshape(B, N, H, d).transpose(1, 2)
+    R_A, R_v = prop(MATMUL_AV, (rec.A, repeat_kv(rec.v, groups)), R_o, output=rec.ctx)
+    if not deeper:
+        return R_A, None
+    (R_s,) = prop(SOFTMAX, (), R_A, output=rec.A)  # the pass keeps only the softmax's output
+    if rec.bias is not None or p.softcap is not None:
+        raw = _scores(p, rec)
+        scores = raw if p.softcap is None else p.softcap(raw)
+        if rec.bias is not None:  # keep the scores' share of the mask add
+            R_s, _ = prop(MASK_ADD, (scores, rec.bias.expand_as(scores)), R_s)
+        if p.softcap is not None:  # the soft-cap: an element-wise non-linearity
+            R_s = prop.unary(ELEMENTWISE, raw, R_s, p.softcap)
+        del raw, scores
+    R_q, R_kT = prop(MATMUL_QK, (rec.q, repeat_kv(rec.k, groups).transpose(-2, -1)), R_s)
+    R_k = R_kT.transpose(-2, -1)
+    if groups > 1:  # the shared key/value heads: a Clone over the query heads that use them
+        (R_k,), (R_v,) = prop(KV_REPEAT, (rec.k,), R_k), prop(KV_REPEAT, (rec.v,), R_v)
+    q, k = rec.q, rec.k
+    if rec.rope is not None:
+        assert rec.q_pre is not None and rec.k_pre is not None, "a rotary attention records q and k before it"
+        cos, sin = rec.rope
+        R_q = _rotate_relprop(p, rec.q_pre, rec.q, cos, sin, R_q, prop)
+        R_k = _rotate_relprop(p, rec.k_pre, rec.k, cos, sin, R_k, prop)
+        q, k = rec.q_pre, rec.k_pre
+    if p.norm_whole:  # the norms read the whole projections: their relevance laid out as those outputs
+        heads = lambda t: t.reshape(B, N, -1, d).transpose(1, 2)  # noqa: E731
+        R_q = heads(prop.unary(norm_kind(p.q_norm), rec.lin["q"], _merge_heads(R_q), p.q_norm))
+        R_k = heads(prop.unary(norm_kind(p.k_norm), rec.lin["k"], _merge_heads(R_k), p.k_norm))
+    else:
+        R_q = prop.unary(norm_kind(p.q_norm), q, R_q, p.q_norm)
+        R_k = prop.unary(norm_kind(p.k_norm), k, R_k, p.k_norm)
+    return R_A, _unpadded(p, _input_relprop(p, rec, R_q, R_k, R_v, prop), N_in)
+
+
+__all__ = ["AttentionSpec", "QKV_LAYOUTS", "attention_forward", "attention_relprop"]
