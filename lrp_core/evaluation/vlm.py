@@ -19,9 +19,11 @@ before ``?`` (the anchor shape of ``where``, the colour of ``which``, the shape 
 the fill colour is the image's mean colour outside both objects' masks, in the model's normalised pixel space
 (the background under the objects is unknown). A seeded ``random`` row (uniform token scores) is the
 reference; the per-question values feed the paired bootstrap. A method whose explanation has pixel maps
-(``exp.pixels``: the LRP family, the Captum baselines) gets a second row, ``"<method> (pixels)"``, with the
+(``exp.pixels``: the LRP family, the gradient baselines) gets a second row, ``"<method> (pixels)"``, with the
 pointing and mask share of that map at pixel resolution (against the same mask), and the random row its
-counterpart ``random (pixels)`` (seeded uniform scores per pixel).
+counterpart ``random (pixels)`` (seeded uniform scores per pixel). Occlusion and KernelSHAP get none
+(:data:`PATCH_FEATURE_METHODS`): their features are the patches, so their pixel map is the patch map with every
+pixel of a patch equal — nothing finer, and a pointing game on it only reads how ties are broken.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ VLM_METRICS = ("pointing", "mask_share", "text_rank", "morf_auc", "lerf_auc")
 PIXEL_METRICS = ("pointing", "mask_share")
 #: a method's pixel-map row is the method's name with this suffix (:func:`pixel_row`)
 PIXEL_SUFFIX = " (pixels)"
+#: methods whose image features are whole patches: their pixel maps repeat the patch map, scored once
+PATCH_FEATURE_METHODS = ("occlusion", "kernel_shap")
 
 
 def _check_map_and_mask(image_map: Tensor, mask: Tensor) -> None:
@@ -496,7 +500,7 @@ def _method_values(model: Any, method: str, q: _Questions, batch_size: int) -> t
             values["pointing"].append(pointing_hit(imaps[i], mask))
             values["mask_share"].append(mask_share(imaps[i], mask))
             values["text_rank"].append(float(text_rank(scores[i], q.enc["text"][b], q.enc["word"][b])))
-            if pixels is not None:
+            if pixels is not None and method not in PATCH_FEATURE_METHODS:
                 pixel = pixel if pixel is not None else {m: [] for m in PIXEL_METRICS}
                 pixel["pointing"].append(pointing_hit(pixels[i], mask))
                 pixel["mask_share"].append(mask_share(pixels[i], mask))
@@ -642,6 +646,7 @@ __all__ = [
     "VLM_METRICS",
     "PIXEL_METRICS",
     "PIXEL_SUFFIX",
+    "PATCH_FEATURE_METHODS",
     "MAX_PATCHES",
     "pixel_row",
     "pointing_hit",

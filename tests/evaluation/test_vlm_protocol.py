@@ -153,7 +153,8 @@ class _HandMade:
 
 def test_pixel_rows_score_the_pixel_maps_at_pixel_resolution(tiny, monkeypatch):
     """A method with pixel maps gets the row '<method> (pixels)' scored on exactly those maps; the random row's
-    counterpart scores seeded uniform pixels; a method without pixel maps gets no such row."""
+    counterpart scores seeded uniform pixels; a method without pixel maps gets no such row, nor does occlusion,
+    whose pixel map is its patch map."""
     model, processor = tiny
     records = _records()
     masks = [torch.as_tensor(r.mask) for r in records]
@@ -173,9 +174,10 @@ def test_pixel_rows_score_the_pixel_maps_at_pixel_resolution(tiny, monkeypatch):
 
     monkeypatch.setattr(lrp_core.api, "explain", hand_made)
     results, curves, _, answered = vlm.vlm_protocol(
-        model, processor, records, ["attnlrp", "rollout"], progress=False, K=1, curve_questions=1, seed=3
+        model, processor, records, ["attnlrp", "rollout", "occlusion"], progress=False, K=1, curve_questions=1, seed=3
     )
-    assert answered == len(records) and "rollout (pixels)" not in results
+    assert answered == len(records) and "rollout (pixels)" not in results and "occlusion (pixels)" not in results
+    assert "occlusion" in results
     area = [float(m.sum()) for m in masks]
     c = curves["attnlrp (pixels)"]
     assert c["pointing_per_question"] == [1.0 if i % 2 == 0 else 0.0 for i in range(len(records))]
