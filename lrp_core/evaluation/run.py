@@ -6,7 +6,7 @@ A run is done in blocks of samples, possibly spread over processes (:mod:`.shard
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -450,20 +450,12 @@ def _lm_run(
     if shard.world > 1:
         raise InputError("the language-model evaluation runs in one process; start it without torchrun")
     records = make_facts(n, HELD_OUT_SEED + seed if seed < HELD_OUT_SEED else seed)
+    run_protocol: Callable[..., tuple] = lm_protocol
     if protocol == "sources":
         from .sources import sources_protocol
 
-        results, curves, accuracy, answered = sources_protocol(
-            loaded.model,
-            loaded.tokenizer,
-            records,
-            methods,
-            batch_size=min(batch_size, 16),
-            progress=progress,
-            baseline=baseline,
-        )
-        return {"n": n, "accuracy": accuracy, "answered": answered, "results": results, "curves": curves, "skipped": []}
-    results, curves, accuracy, answered = lm_protocol(
+        run_protocol = sources_protocol
+    results, curves, accuracy, answered = run_protocol(
         loaded.model,
         loaded.tokenizer,
         records,

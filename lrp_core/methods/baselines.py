@@ -57,6 +57,7 @@ from ..runtime.guard import engine_hook
 from .baselines_vlm import contrast as _contrast
 from .baselines_vlm import (
     is_vlm,
+    seeded_rows,
     vlm_input_x_gradient,
     vlm_integrated_gradients,
     vlm_kernel_shap,
@@ -384,14 +385,8 @@ def _result(
 
 
 def _per_sample(c: Call, a: Attributed, attribute: Callable[[int], Tensor]) -> Tensor:
-    """``attribute(i)`` for every sample, each with the generator seeded by ``seed`` (restored afterwards)."""
-    dev = a.inputs.device
-    out = []
-    for i in range(a.inputs.shape[0]):
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-            torch.manual_seed(c.opt.seed)
-            out.append(attribute(i))
-    return torch.cat(out)
+    """``attribute(i)`` for every sample (:func:`~.baselines_vlm.seeded_rows`), concatenated."""
+    return torch.cat(seeded_rows(c.opt.seed, a.inputs.device, a.inputs.shape[0], attribute))
 
 
 def input_x_gradient(c: Call) -> MethodResult:

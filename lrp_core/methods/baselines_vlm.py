@@ -314,15 +314,59 @@ def _start(c: Call) -> tuple[VLMInputs, Tensor, Tensor]:
     return vlm_inputs(c), c.resolve(logits).to(logits.device), logits
 
 
-def _each_row(c: Call, v: VLMInputs, attribute: Callable[[int], tuple]) -> tuple:
-    """``attribute(i)`` for every row, each with the global generator seeded by ``seed`` (restored afterwards)."""
-    dev = v.inputs[0].device
+def seeded_rows(seed: int, device: torch.device, n: int, attribute: Callable[[int], Any]) -> list:
+    """``attribute(i)`` for ``i`` in ``0 … n−1``, each with the global generator seeded by ``seed`` (its state, and
+    ``device``'s where that is a GPU, restored afterwards), so a row's draws do not depend on its batch.
+
+    Parameters
+    ----------
+    seed : int
+        The seed every row starts from.
+    device : torch.device
+        The device whose generator is forked with the CPU's (CUDA only).
+    n : int
+        The number of rows.
+    attribute : Callable[[int], Any]
+        Row index → that row's attribution(s).
+
+    Returns
+    -------
+    list
+        The n results, in row order.
+    """
     rows = []
-    for i in range(v.inputs[0].shape[0]):
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-            torch.manual_seed(c.opt.seed)
+    for i in range(n):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
             rows.append(attribute(i))
+    return rows
+
+
+def _each_row(c: Call, v: VLMInputs, attribute: Callable[[int], tuple]) -> tuple:
+    """``attribute(i)`` for every row (:func:`seeded_rows`), the rows' pixel and embedding parts concatenated."""
+    rows = seeded_rows(c.opt.seed, v.inputs[0].device, v.inputs[0].shape[0], attribute)
     return tuple(torch.cat([r[j] for r in rows]) for j in range(2))
+
+
+def _feature_rows(
+    c: Call, v: VLMInputs, target: Tensor, method: str, attribute: Callable[..., tuple], **extra: Any
+) -> tuple:
+    """A feature method (Captum's ``attribute`` of occlusion or KernelSHAP) on each row alone (:func:`_each_row`):
+    the row's patches and text tokens as features (:func:`_features`), set to the reference of ``method``."""
+    ref = _reference(c, v, method)
+
+    def one(i: int) -> tuple:
+        return attribute(
+            tuple(t[i : i + 1] for t in v.inputs),
+            baselines=tuple(r[i : i + 1] for r in ref),
+            target=target[i : i + 1],
+            additional_forward_args=v.row(i),
+            feature_mask=_features(c, v, i),
+            perturbations_per_eval=c.opt.batch_size,
+            **extra,
+        )
+
+    return _each_row(c, v, one)
 
 
 # ----------------------------------------------------------------------------
@@ -460,19 +504,7 @@ def vlm_occlusion(c: Call, FeatureAblation: Any) -> MethodResult:
         As :func:`vlm_result` (per feature).
     """
     v, target, logits = _start(c)
-    ref, ablation = _reference(c, v, "occlusion"), FeatureAblation(v.forward)
-
-    def one(i: int) -> tuple:
-        return ablation.attribute(
-            tuple(t[i : i + 1] for t in v.inputs),
-            baselines=tuple(r[i : i + 1] for r in ref),
-            target=target[i : i + 1],
-            additional_forward_args=v.row(i),
-            feature_mask=_features(c, v, i),
-            perturbations_per_eval=c.opt.batch_size,
-        )
-
-    attr = _each_row(c, v, one)
+    attr = _feature_rows(c, v, target, "occlusion", FeatureAblation(v.forward).attribute)
     return vlm_result(c, v, attr, target, logits, per_feature=True, used={"baseline": c.opt.baseline})
 
 
@@ -492,21 +524,8 @@ def vlm_kernel_shap(c: Call, KernelShap: Any) -> MethodResult:
         As :func:`vlm_result` (per feature).
     """
     v, target, logits = _start(c)
-    ref, shap = _reference(c, v, "kernel_shap"), KernelShap(v.forward)
-
-    def one(i: int) -> tuple:
-        # a VLM row has at least one image of several patches: never a single feature
-        return shap.attribute(
-            tuple(t[i : i + 1] for t in v.inputs),
-            baselines=tuple(r[i : i + 1] for r in ref),
-            target=target[i : i + 1],
-            additional_forward_args=v.row(i),
-            feature_mask=_features(c, v, i),
-            n_samples=c.opt.n_samples,
-            perturbations_per_eval=c.opt.batch_size,
-        )
-
-    attr = _each_row(c, v, one)
+    # a VLM row has at least one image of several patches: never a single feature
+    attr = _feature_rows(c, v, target, "kernel_shap", KernelShap(v.forward).attribute, n_samples=c.opt.n_samples)
     return vlm_result(
         c,
         v,
@@ -520,6 +539,7 @@ def vlm_kernel_shap(c: Call, KernelShap: Any) -> MethodResult:
 
 __all__ = [
     "PIXEL_NOISE_SCALE",
+    "seeded_rows",
     "VLMInputs",
     "contrast",
     "output_replaced",
