@@ -65,13 +65,14 @@ def explain(
     keep_prob: Optional[float] = None,
     alpha: Optional[float] = None,
     filler: Optional[int] = None,
+    dtype: Optional[torch.dtype] = None,
     **unknown: NoReturn,
 ) -> Explanation:
     """Explain a batch of predictions of an unmodified timm / Hugging Face Transformer.
 
     Every option is keyword-only and ``None`` by default, which means the method's default (per input
     modality where the method has one, ``MethodSpec.defaults``). A method takes the options listed for it below
-    and the four every method takes (``progress``, ``position``, ``max_memory``, ``chunk_size``); any other
+    and the five every method takes (``progress``, ``position``, ``max_memory``, ``chunk_size``, ``dtype``); any other
     option, or a misspelled one, is an :class:`~lrp_core.errors.InputError` naming the accepted ones.
 
     Parameters
@@ -168,6 +169,12 @@ def explain(
     filler : int, optional
         ``leave_one_out``, ``context_cite``: ``None`` (default) removes an ablated source's tokens (the later
         tokens' positions follow); a token id replaces them instead.
+    dtype : torch.dtype, optional
+        Every method: ``torch.float64`` computes every pass (the replay, the relevance and gradient passes) of
+        a float32 or half-precision model in float64, without copying or changing it — what ``model.double()``
+        would give. Plain LRP and transformer attribution are ill-conditioned in float32: their float32 maps
+        depend on the CPU's kernels (docs/METHODS.md §5.9 gives the deviations), their float64 maps do not.
+        ``None`` (default): the model's own precision, half models in float32.
     **unknown
         No other keyword is accepted: one is an :class:`~lrp_core.errors.InputError` naming the accepted
         options (typed ``NoReturn`` so that a type checker flags it too).

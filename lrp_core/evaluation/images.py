@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .. import metrics as M
 from ..data.sets import ImageSet
+from ..runtime.precision import compute_precision
 from ..runtime.utils import logits_in_batches, model_device, progress_bar
 from . import batching
 from .report import Results, metric_value
@@ -164,6 +165,7 @@ def evaluate_images(
     progress: bool = True,
     baseline: bool = False,
     drops: Optional[Tensor] = None,
+    dtype: Optional[torch.dtype] = None,
 ) -> tuple[Results, Curves]:
     """Every image metric of each method.
 
@@ -186,6 +188,10 @@ def evaluate_images(
     drops : Optional[Tensor], optional
         (N2, 2, 2) logit drops of the two-object set (:func:`lrp_core.metrics.deletion_drops`: class j,
         object k removed); computed here when ``two.removed`` is given and ``drops`` is not.
+    dtype : torch.dtype, optional
+        ``torch.float64``: every explanation and every forward pass of the protocol computed in float64
+        (``explain(..., dtype=)``, without copying the model), so that the figures of the ill-conditioned
+        methods (``lrp``, the LRP part of ``transformer_attribution``) do not depend on the CPU's kernels.
 
     Returns
     -------
@@ -194,7 +200,8 @@ def evaluate_images(
         ``curves[method][test]``, the accuracies at x = 0, 0.1 … 0.9 for the tests ``positive_predicted``,
         ``negative_predicted``, ``positive_target`` and ``negative_target``.
     """
-    out = image_protocol(model, one, two, methods, batch_size, progress, baseline, drops)
+    with compute_precision(model, dtype):
+        out = image_protocol(model, one, two, methods, batch_size, progress, baseline, drops)
     assert out is not None  # one process holds every block
     return out[0], out[1]
 

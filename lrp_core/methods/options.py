@@ -33,6 +33,7 @@ from torch import Tensor
 from ..errors import InputError
 from ..rules.composites import Composite
 from ..runtime import memory
+from ..runtime.precision import check_dtype
 from .products import NORMS
 
 
@@ -322,6 +323,15 @@ class Options:
         None,
         "samples per piece, instead of max_memory",
         _positive_int("chunk_size", " (samples per piece)", optional=True),
+        generic=True,
+    )
+    # the precision every pass is computed in (lrp_core.runtime.precision; entered by ``explain``'s call guard)
+    dtype: Optional[torch.dtype] = _option(
+        None,
+        "torch.float64 computes every pass in float64 without copying the model (None: the model's own "
+        "precision, half models in float32)",
+        lambda v, L: check_dtype(v),
+        none_is_value=True,
         generic=True,
     )
 

@@ -430,6 +430,39 @@ def normal_tensors(inputs: Any) -> Any:
     return inputs
 
 
+def in_dtype(inputs: Any, dtype: Optional[torch.dtype]) -> Any:
+    """``inputs`` with their floating tensors of lower precision cast to ``dtype`` (``explain(..., dtype=)``).
+
+    So a float32 model asked for float64 sees the float64 pixels ``model.double()`` would be given (the
+    methods that draw noise, SmoothGrad, draw it in that dtype). A mapping with such a tensor becomes a
+    ``dict``; ``dtype=None`` returns ``inputs`` as they are.
+
+    Parameters
+    ----------
+    inputs : Any
+        A tensor, a mapping of tensors, or any other input.
+    dtype : torch.dtype, optional
+        The precision the call computes in.
+
+    Returns
+    -------
+    Any
+        ``inputs``, their lower-precision floating tensors in ``dtype``.
+    """
+    if dtype is None:
+        return inputs
+
+    def cast(v: Any) -> Any:
+        low = isinstance(v, Tensor) and v.is_floating_point() and torch.finfo(v.dtype).bits < torch.finfo(dtype).bits
+        return v.to(dtype) if low else v
+
+    if isinstance(inputs, Tensor):
+        return cast(inputs)
+    if hasattr(inputs, "items") and any(cast(v) is not v for v in inputs.values()):
+        return {k: cast(v) for k, v in inputs.items()}
+    return inputs
+
+
 @contextmanager
 def inference_model_named(model: nn.Module) -> Iterator[None]:
     """Turn autograd's error about a model made under ``torch.inference_mode`` into an :class:`InputError`.
@@ -480,7 +513,8 @@ def public_call(fn: F) -> F:
       made under ``inference_mode`` are cloned into ordinary tensors (:func:`normal_tensors`);
     * the model is left as found (:func:`model_guard`, also on error), and forward hooks on modules the
       replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`;
-    * a half-precision model (or autocast) is computed in float32 (:mod:`lrp_core.runtime.precision`).
+    * a half-precision model (or autocast) is computed in float32, and every model in the ``dtype=`` a call
+      asks for (float64: :mod:`lrp_core.runtime.precision`).
 
     Parameters
     ----------
@@ -498,9 +532,10 @@ def public_call(fn: F) -> F:
         if not isinstance(model, nn.Module):
             return fn(model, inputs, *args, **kwargs)  # get_adapter names what is supported
         model = unwrap(model)
+        dtype = kwargs.get("dtype")
         with autograd_on(), inference_model_named(model):
-            with model_guard(model) as seen, compute_precision(model):
-                out = fn(model, normal_tensors(inputs), *args, **kwargs)
+            with model_guard(model) as seen, compute_precision(model, dtype):
+                out = fn(model, in_dtype(normal_tensors(inputs), dtype), *args, **kwargs)
         warn_unreflected_hooks(seen, stacklevel=3)
         return out
 

@@ -64,7 +64,7 @@ import torch
 
 from ..errors import InputError
 from ..rules.linear import is_linear
-from .precision import HALF
+from .precision import HALF, active_dtype
 from .utils import proc_kib
 
 #: Fraction of the device's free memory a call may use when ``max_memory`` is ``None`` / ``"auto"``.
@@ -182,7 +182,11 @@ def _head_outputs(adapter: Any) -> int:
 
 
 def _compute_itemsize(weight: Any) -> int:
-    """Bytes per activation element: a half-precision model is explained in float32 (lrp_core.runtime.precision)."""
+    """Bytes per activation element: a half-precision model is explained in float32, any model in the dtype a
+    call asked for (lrp_core.runtime.precision)."""
+    active = active_dtype()
+    if active is not None:
+        return torch.finfo(active).bits // 8
     return 4 if weight.dtype in HALF else weight.element_size()
 
 

@@ -1,4 +1,4 @@
-"""Half-precision models explained in float32, without copying or changing the model.
+"""Half-precision models explained in float32, and any model in float64 on request, without copying it.
 
 Relevance passes divide by sums of products that nearly cancel (``docs/METHODS.md`` §1): in float16 or
 bfloat16 (11 or 8 significant bits) the ratios lose every digit, so a map computed in the model's own half
@@ -17,8 +17,13 @@ float32:
   the half parameter and upcasts it again when the backward pass needs it.
 
 The result is the float32 result of the same weights: what ``model.float()`` would give (bitwise on CPU).
-Float32 and float64 models never enter the mode (their arithmetic is unchanged). Tolerances, and the errors
-before and after: ``docs/METHODS.md`` §5.9.
+Float32 and float64 models never enter the mode unless asked (their arithmetic is unchanged).
+
+``explain(..., dtype=torch.float64)`` enters the same mode with float64 as its target: float16, bfloat16 *and*
+float32 tensors are upcast to float64 one operation at a time, so a float32 model is explained as
+``model.double()`` would be, without the copy. Plain LRP and transformer attribution are ill-conditioned in
+float32 (``docs/METHODS.md`` §5.9 gives the measured deviations): their float32 digits depend on the CPU's BLAS
+kernels, their float64 digits do not. Tolerances, and the errors before and after: ``docs/METHODS.md`` §5.9.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import threading
 import weakref
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +39,8 @@ from torch.overrides import TorchFunctionMode
 
 #: the dtypes computed in float32 instead
 HALF = (torch.float16, torch.bfloat16)
+#: the dtypes a call may ask to be computed in (``explain(..., dtype=)``), by precision
+TARGETS = (torch.float32, torch.float64)
 
 #: torch functions that read a tensor's metadata or manage autograd: passed through as they are
 _METADATA = frozenset(
@@ -66,7 +73,9 @@ _METADATA = frozenset(
         "requires_grad_",
     }
 )
-_TO_FLOAT32 = frozenset({"half", "bfloat16"})  # x.half(), x.bfloat16()
+_TO_TARGET = {torch.float32: frozenset({"half", "bfloat16"}), torch.float64: frozenset({"half", "bfloat16", "float"})}
+#: the floating dtypes upcast to each target
+_BELOW = {torch.float32: HALF, torch.float64: (*HALF, torch.float32)}
 
 _state = threading.local()
 
@@ -109,86 +118,189 @@ def needs_float32(model: nn.Module) -> bool:
     return autocast_active() or is_half(model)
 
 
-def compute_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype the engine computes ``model``'s passes in: float32 for half models, else the weights' dtype.
+def compute_dtype(model: nn.Module, dtype: Optional[torch.dtype] = None) -> torch.dtype:
+    """The dtype the engine computes ``model``'s passes in: ``dtype`` if asked, float32 for half models, else
+    the weights' dtype.
 
     Parameters
     ----------
     model : nn.Module
         The model.
+    dtype : torch.dtype, optional
+        The precision asked for (``explain(..., dtype=)``), checked by :func:`check_dtype`.
 
     Returns
     -------
     torch.dtype
-        ``torch.float32`` for a half model, else the dtype of its weights (the default
-        dtype for a model without floating tensors).
+        ``dtype`` when given; else ``torch.float32`` for a half model, else the dtype of its weights (the
+        default dtype for a model without floating tensors).
     """
+    own = torch.get_default_dtype()
     for t in _tensors(model):
-        return torch.float32 if t.dtype in HALF else t.dtype
-    return torch.get_default_dtype()
+        own = torch.float32 if t.dtype in HALF else t.dtype
+        break
+    return own if dtype is None else check_dtype(dtype, own)
+
+
+def check_dtype(dtype: Any, own: Optional[torch.dtype] = None) -> Optional[torch.dtype]:
+    """``dtype`` if it is a precision a call may ask for (``None``, float32, float64) and not below ``own``.
+
+    Parameters
+    ----------
+    dtype : Any
+        What ``explain(..., dtype=)`` was given.
+    own : torch.dtype, optional
+        The model's own compute dtype (:func:`compute_dtype` without a request), when known.
+
+    Returns
+    -------
+    torch.dtype or None
+        ``dtype``.
+
+    Raises
+    ------
+    InputError
+        If ``dtype`` is not ``None``, ``torch.float32`` or ``torch.float64``, or is below the model's own
+        compute precision (a float64 model is not explained in float32).
+    """
+    from ..errors import InputError  # late: lrp_core.errors imports nothing of the runtime, but keep it a leaf
+
+    if dtype is None:
+        return None
+    if dtype not in TARGETS:
+        raise InputError(
+            f"dtype must be None (the model's precision; half models in float32), torch.float32 or "
+            f"torch.float64, got {dtype!r}"
+        )
+    if own is not None and own in TARGETS and TARGETS.index(dtype) < TARGETS.index(own):
+        raise InputError(
+            f"dtype={dtype} is below the precision of this {own} model: ask for {own} or None "
+            "(a relevance pass is never computed in less than the model's own precision)"
+        )
+    return dtype
+
+
+def active_dtype() -> Optional[torch.dtype]:
+    """The target of the precision mode active in this thread (float32 or float64), ``None`` outside one.
+
+    Returns
+    -------
+    torch.dtype or None
+        The dtype every floating operation is computed in right now, if a mode is active.
+    """
+    return getattr(_state, "target", None)
 
 
 @contextmanager
-def compute_precision(model: nn.Module) -> Iterator[None]:
-    """Run the enclosed passes in float32 if ``model`` is half precision or autocast is on; else do nothing.
+def compute_precision(model: nn.Module, dtype: Optional[torch.dtype] = None) -> Iterator[None]:
+    """Run the enclosed passes in ``dtype`` if asked, in float32 if ``model`` is half precision or autocast is
+    on; else do nothing.
 
-    Re-entrant: a nested call inside an active one does nothing more, and a nested call for the model an
-    enclosing call found in float32 does not look through its weights again (the engine changes no dtype;
-    ``explain`` enters this three times per call, and each look walks every parameter and buffer).
+    Re-entrant: a nested call inside an active mode does nothing more (unless it asks for a higher precision),
+    and a nested call for the model an enclosing call found in float32 does not look through its weights
+    again (the engine changes no dtype; ``explain`` enters this three times per call, and each look walks every
+    parameter and buffer).
 
     Parameters
     ----------
     model : nn.Module
         The model.
+    dtype : torch.dtype, optional
+        ``torch.float64`` (or float32) to compute every pass of a lower-precision model in; checked by
+        :func:`check_dtype`.
 
     Yields
     ------
     None
-        Nothing; the enclosed passes run in float32 where needed.
+        Nothing; the enclosed passes run in the target precision where needed.
     """
-    if getattr(_state, "active", False):
+    if dtype is not None:
+        compute_dtype(model, dtype)  # checks it: a precision a call may ask for, not below the model's
+    active = active_dtype()
+    if active is not None and (dtype is None or TARGETS.index(dtype) <= TARGETS.index(active)):
         yield
         return
     outer = getattr(_state, "float32_model", None)  # the model an enclosing call found in float32, if any
-    if not (autocast_active() or (outer is not model and is_half(model))):
+    if dtype is not None and _has_below(model, dtype):
+        target: Optional[torch.dtype] = dtype
+    elif autocast_active() or (outer is not model and is_half(model)):
+        target = torch.float32
+    else:
+        target = None
+    if target is None:
         _state.float32_model = model
         try:
             yield
         finally:
             _state.float32_model = outer
         return
-    _state.active = True
+    _state.target = target
     try:
         with ExitStack() as stack:
             for device in {"cpu"} | {t.device.type for t in _tensors(model)}:
                 if device in ("cpu", "cuda"):
                     stack.enter_context(torch.autocast(device, enabled=False))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(_pack, _unpack))
-            stack.enter_context(Float32Mode())
+            stack.enter_context(UpcastMode(target))
             yield
     finally:
-        _state.active = False
+        _state.target = active
 
 
-class Float32Mode(TorchFunctionMode):
-    """Every torch operation sees its float16 / bfloat16 tensors upcast to float32, its half dtypes as float32."""
+def _has_below(model: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether a floating parameter or buffer of ``model`` is below ``dtype`` (or autocast would lower one)."""
+    return autocast_active() or any(t.dtype in _BELOW[dtype] for t in _tensors(model))
+
+
+class UpcastMode(TorchFunctionMode):
+    """Every torch operation sees its floating tensors below ``target`` upcast to it, and those dtypes as it.
+
+    ``target`` float32: float16 / bfloat16 are upcast (a half model); float64: float32 too (``dtype=float64``).
+    """
+
+    def __init__(self, target: torch.dtype = torch.float32):
+        super().__init__()
+        self.target = target
+        self.below = _BELOW[target]
+        self.casts = _TO_TARGET[target]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if name in _METADATA:
             return func(*args, **kwargs)
-        if name in _TO_FLOAT32:
-            return _upcast(args[0])
-        if func is torch.nn.functional.embedding:  # look the rows up in half, upcast only them
-            return _embedding(*args, **kwargs)
-        if _writes_in_place(name, kwargs) and _is_half(args[0] if args else None):
+        if name in self.casts:
+            return self._up(args[0])
+        if func is torch.nn.functional.embedding:  # look the rows up in the table's dtype, upcast only them
+            return _embedding(self, *args, **kwargs)
+        first = args[0] if args else None
+        if _writes_in_place(name, kwargs) and isinstance(first, Tensor) and first.dtype in self.below:
+            if self.target is torch.float64 and first.dtype == torch.float32:
+                # a float32 tensor the engine made in the default dtype (model.double() would write into it too)
+                return func(*args, **kwargs)
             # a write into a half tensor would round the float32 result back to 8 or 11 bits
             raise RuntimeError(
-                f"lrp_core.runtime.precision: in-place {name} on a {args[0].dtype} tensor inside a "
-                "float32 pass (an engine bug: build the tensor in float32)"
+                f"lrp_core.runtime.precision: in-place {name} on a {first.dtype} tensor inside a "
+                f"{str(self.target).replace('torch.', '')} pass (an engine bug: build the tensor in that dtype)"
             )
-        return func(*_convert(args), **{k: _convert(v) for k, v in kwargs.items()})
+        return func(*self._convert(args), **{k: self._convert(v) for k, v in kwargs.items()})
+
+    def _convert(self, v: Any) -> Any:
+        """A tensor below the target upcast, such a dtype replaced by the target, inside lists and tuples too."""
+        if isinstance(v, Tensor):
+            return self._up(v) if v.dtype in self.below else v
+        if isinstance(v, torch.dtype):
+            return self.target if v in self.below else v
+        if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):  # not a named tuple (torch.Size is a tuple)
+            return type(v)(self._convert(x) for x in v)
+        return v
+
+    def _up(self, t: Tensor) -> Tensor:
+        return _upcast(t, self.target) if t.is_floating_point() or t.dtype in self.below else t.to(self.target)
+
+
+#: the mode of a half model (the float32 target); the name the tests and older code use
+Float32Mode = UpcastMode
 
 
 def _writes_in_place(name: str, kwargs: dict) -> bool:
@@ -200,64 +312,49 @@ def _writes_in_place(name: str, kwargs: dict) -> bool:
     )
 
 
-def _is_half(t: Any) -> bool:
-    return isinstance(t, Tensor) and t.dtype in HALF
-
-
-def _convert(v: Any) -> Any:
-    """A half tensor upcast, a half dtype replaced by float32, inside lists and tuples too; anything else as is."""
-    if isinstance(v, Tensor):
-        return _upcast(v) if v.dtype in HALF else v
-    if isinstance(v, torch.dtype):
-        return torch.float32 if v in HALF else v
-    if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):  # not a named tuple (torch.Size is a tuple)
-        return type(v)(_convert(x) for x in v)
-    return v
-
-
-def _upcast(t: Tensor) -> Tensor:
-    """``t`` in float32. A parameter becomes a constant (no graph to the model's weights; none is asked for),
-    registered so that autograd saves the parameter, not the float32 copy (see :func:`_pack`)."""
+def _upcast(t: Tensor, target: torch.dtype = torch.float32) -> Tensor:
+    """``t`` in ``target``. A parameter becomes a constant (no graph to the model's weights; none is asked for),
+    registered so that autograd saves the parameter, not the upcast copy (see :func:`_pack`)."""
     if isinstance(t, nn.Parameter) or not t.requires_grad:
         with torch.no_grad():
-            up = t.float()
-        if isinstance(t, nn.Parameter) and up.numel():
+            up = t.to(target)
+        if isinstance(t, nn.Parameter) and up.numel() and up.dtype != t.dtype:
             # keyed by the copy's memory: autograd often saves a view of it (Linear saves weight.t()); the entry
             # goes when the copy does, so the address cannot be taken by another tensor while it is listed
             ptr = up.untyped_storage().data_ptr()
             _UPCAST[ptr] = t
             weakref.finalize(up, _UPCAST.pop, ptr, None)
         return up
-    return t.float()  # an activation: the graph goes on through the cast
+    return t.to(target)  # an activation: the graph goes on through the cast
 
 
-#: memory address of a live float32 copy -> the half parameter it was made from
+#: memory address of a live upcast copy -> the parameter it was made from
 _UPCAST: dict[int, Tensor] = {}
 
 
-def _embedding(input: Tensor, weight: Tensor, *args, **kwargs) -> Tensor:
-    if not _is_half(weight):
+def _embedding(mode: UpcastMode, input: Tensor, weight: Tensor, *args, **kwargs) -> Tensor:
+    if weight.dtype not in mode.below:
         return torch.nn.functional.embedding(input, weight, *args, **kwargs)
     with torch.no_grad():
-        return torch.nn.functional.embedding(input, weight, *args, **kwargs).float()
+        return torch.nn.functional.embedding(input, weight, *args, **kwargs).to(mode.target)
 
 
 def _pack(t: Tensor) -> Any:
-    """What autograd keeps of a tensor it saves: for (a view of) a parameter's float32 copy, the half parameter
-    and the view's geometry — not a float32 copy of every weight until the backward pass."""
-    if t.layout != torch.strided or t.dtype != torch.float32 or not t.numel():
+    """What autograd keeps of a tensor it saves: for (a view of) a parameter's upcast copy, the parameter and
+    the view's geometry — not an upcast copy of every weight until the backward pass."""
+    if t.layout != torch.strided or t.dtype not in TARGETS or not t.numel():
         return t
     source = _UPCAST.get(t.untyped_storage().data_ptr())
     if source is None:
         return t
-    return (source, t.size(), t.stride(), t.storage_offset())
+    return (source, t.dtype, t.size(), t.stride(), t.storage_offset())
 
 
 def _unpack(saved: Any) -> Tensor:
     if isinstance(saved, tuple):
-        source, size, stride, offset = saved
-        with torch.no_grad():  # the copy has the parameter's layout (float() keeps the strides)
-            return source.float().as_strided(size, stride, offset)
+        source, dtype, size, stride, offset = saved
+        with torch.no_grad():  # the copy has the parameter's layout (to() keeps the strides)
+            return source.to(dtype).as_strided(size, stride, offset)
     return saved
 
 
@@ -271,4 +368,16 @@ def _tensors(model: nn.Module) -> Iterator[Tensor]:
             yield b
 
 
-__all__ = ["HALF", "autocast_active", "is_half", "needs_float32", "compute_dtype", "compute_precision", "Float32Mode"]
+__all__ = [
+    "HALF",
+    "TARGETS",
+    "autocast_active",
+    "is_half",
+    "needs_float32",
+    "compute_dtype",
+    "check_dtype",
+    "active_dtype",
+    "compute_precision",
+    "UpcastMode",
+    "Float32Mode",
+]
