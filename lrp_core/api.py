@@ -173,7 +173,7 @@ def explain(
         Every method: ``torch.float64`` computes every pass (the replay, the relevance and gradient passes) of
         a float32 or half-precision model in float64, without copying or changing it — what ``model.double()``
         would give. Plain LRP and transformer attribution are ill-conditioned in float32: their float32 maps
-        depend on the CPU's kernels (docs/METHODS.md §5.9 gives the deviations), their float64 maps do not.
+        depend on the CPU's kernels (docs/METHODS.md §5.10 gives the deviations), their float64 maps far less.
         ``None`` (default): the model's own precision, half models in float32.
     **unknown
         No other keyword is accepted: one is an :class:`~lrp_core.errors.InputError` naming the accepted

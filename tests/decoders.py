@@ -34,6 +34,32 @@ FAMILIES = {
     "olmo2": ("olmo2", "Olmo2ForCausalLM", None, "Olmo2Config"),  # no sequence classifier in transformers
 }
 
+#: What float64 agreement a float64 Hugging Face decoder allows on every CPU. transformers computes the eager
+#: softmax in float32 even in a float64 model (all these families but GPT-2, Falcon and GPT-OSS), and with the
+#: portable or AVX2 ATen kernels a float32 softmax rounds differently with the row's length and padding: a padded
+#: row, the row alone, the replay and the model's own forward then agree to float32 round-off (measured with
+#: ATEN_CPU_CAPABILITY=default: up to 3.7e-7 relative for the maps and logits, 2.1e-6 for integrated gradients'
+#: sums; 0 with AVX-512), not to float64's: the float32 models' tolerance, 1e-5. Bounds below this are kept where
+#: the whole pass is float64 (GPT-2, Falcon, GPT-OSS, sdpa).
+FLOAT32_ISLANDS = 1e-5
+#: the families whose eager attention keeps its softmax in the model's dtype
+FLOAT64_EAGER = ("gpt2", "falcon", "gpt_oss")
+
+
+def has_float32_islands(model: torch.nn.Module) -> bool:
+    """Whether a float64 model's eager attention computes its softmax in float32 (see :data:`FLOAT32_ISLANDS`)."""
+    cfg = getattr(model, "config", None)
+    configs = [cfg, getattr(cfg, "text_config", None)]
+    eager = any(getattr(c, "_attn_implementation", None) == "eager" for c in configs if c is not None)
+    types = {getattr(c, "model_type", None) for c in configs if c is not None}
+    return eager and not types <= set(FLOAT64_EAGER) | {None} and next(model.parameters()).dtype == torch.float64
+
+
+def f64_bound(model: torch.nn.Module, strict: float) -> float:
+    """``strict`` where ``model``'s float64 pass is float64 throughout, else :data:`FLOAT32_ISLANDS`."""
+    return max(strict, FLOAT32_ISLANDS) if has_float32_islands(model) else strict
+
+
 #: the mixture-of-experts families: 4 experts, top-2 (their own configuration in ``_config``)
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_tiny_vit
-from decoders import batch, make_decoder, rows
+from decoders import batch, f64_bound, make_decoder, rows
 
 from lrp_core import explain
 from lrp_core.errors import LRPError
@@ -72,8 +72,8 @@ def test_batch_equals_single_and_padding_sides(family):
         one = explain(model, {"input_ids": s[None]}, method="pa_lrp")
         n = len(s)
         for got in (left.positional[i, -n:], right.positional[i, :n]):
-            assert torch.allclose(got, one.positional[0], atol=1e-10)
-        assert torch.allclose(left.scores[i, -n:], right.scores[i, :n], atol=1e-10)
+            assert torch.allclose(got, one.positional[0], atol=f64_bound(model, 1e-10))
+        assert torch.allclose(left.scores[i, -n:], right.scores[i, :n], atol=f64_bound(model, 1e-10))
     assert torch.equal(
         left.positional[1:][batch(seqs, "left")["attention_mask"][1:] == 0],
         torch.zeros(int((batch(seqs, "left")["attention_mask"][1:] == 0).sum()), dtype=torch.float64),

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from decoders import batch, make_decoder, rows
+from decoders import batch, f64_bound, make_decoder, rows
 
 from lrp_core import InputError, UnsupportedModelError, explain, explain_generation
 from lrp_core.errors import MissingExtraError
@@ -70,7 +70,7 @@ def test_padding_side_does_not_move_the_spans(llama):
     r = rows(lengths=(9, 7))
     left = explain(llama, batch(r, side="left"), method="cp_lrp", sources=SPANS).sources
     right = explain(llama, batch(r, side="right"), method="cp_lrp", sources=SPANS).sources
-    assert torch.allclose(left, right, rtol=0, atol=1e-10)
+    assert torch.allclose(left, right, rtol=0, atol=f64_bound(llama, 1e-10))
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_leave_one_out_equals_explicit_removals(family, side):
         full = _logit_at_end(model, ids, t)
         for s, (a, e) in enumerate(SPANS):
             without = _logit_at_end(model, torch.cat([ids[:a], ids[e:]]), t)  # the tokens gone, positions shift
-            assert abs(float(exp.sources[b, s]) - (full - without)) < 1e-10, (b, s)
+            assert abs(float(exp.sources[b, s]) - (full - without)) < f64_bound(model, 1e-10), (b, s)
     # the token map spreads each source's score over its tokens
     first = (x["attention_mask"] != 0).long().argmax(1)
     for b in range(3):
@@ -134,10 +134,9 @@ def test_leave_one_out_with_a_filler_equals_explicit_replacements(llama):
         for s, (a, e) in enumerate(SPANS):
             replaced = ids.clone()
             replaced[a:e] = 3
-            assert (
-                abs(float(exp.sources[b, s]) - (_logit_at_end(llama, ids, t) - _logit_at_end(llama, replaced, t)))
-                < 1e-10
-            )
+            assert abs(
+                float(exp.sources[b, s]) - (_logit_at_end(llama, ids, t) - _logit_at_end(llama, replaced, t))
+            ) < f64_bound(llama, 1e-10)
 
 
 @pytest.mark.parametrize("method", ["leave_one_out", "context_cite"])
@@ -154,10 +153,10 @@ def test_a_batch_equals_its_rows_one_by_one(llama, method):
             sources=SPANS,
             **opts,
         )
-        assert torch.allclose(one.sources[0], whole.sources[b], rtol=0, atol=1e-9), b
+        assert torch.allclose(one.sources[0], whole.sources[b], rtol=0, atol=f64_bound(llama, 1e-9)), b
     # pieces: the same rows explained two at a time
     split = explain(llama, x, method=method, sources=SPANS, chunk_size=2, **opts)
-    assert torch.allclose(split.sources, whole.sources, rtol=0, atol=1e-9)
+    assert torch.allclose(split.sources, whole.sources, rtol=0, atol=f64_bound(llama, 1e-9))
 
 
 def test_source_methods_need_sources_and_a_decoder(llama, tiny_bert, text_batch):
@@ -212,7 +211,7 @@ def test_context_cite_is_the_surrogate_of_explicit_removals(llama):
             ]
         )
         beta, _ = fit_surrogate(keep, y, alpha=0.0)
-        assert np.abs(exp.sources[b].numpy() - beta).max() < 1e-8, b
+        assert np.abs(exp.sources[b].numpy() - beta).max() < f64_bound(llama, 1e-8), b
     # the default penalty (ContextCite's 0.01) gives scikit-learn's Lasso on the same masks
     lasso = explain(llama, batch(r, side="left"), method="context_cite", sources=SPANS, n_ablations=12, seed=5)
     assert lasso.options["forward_passes"] == 13 and not torch.equal(lasso.sources, exp.sources)
@@ -283,13 +282,10 @@ def test_generation_gives_step_sources_and_the_answer_sums_them(llama):
     # step 1 of row 1 by hand: the prompt without source 1
     t = int(gen.targets[1, 0])
     ids = r[1]
-    assert (
-        abs(
-            float(loo.sources[1, 0, 1])
-            - (_logit_at_end(llama, ids, t) - _logit_at_end(llama, torch.cat([ids[:2], ids[5:]]), t))
-        )
-        < 1e-10
-    )
+    assert abs(
+        float(loo.sources[1, 0, 1])
+        - (_logit_at_end(llama, ids, t) - _logit_at_end(llama, torch.cat([ids[:2], ids[5:]]), t))
+    ) < f64_bound(llama, 1e-10)
 
 
 # ------------------------------------------------------------------ the views

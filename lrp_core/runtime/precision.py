@@ -22,8 +22,8 @@ Float32 and float64 models never enter the mode unless asked (their arithmetic i
 ``explain(..., dtype=torch.float64)`` enters the same mode with float64 as its target: float16, bfloat16 *and*
 float32 tensors are upcast to float64 one operation at a time, so a float32 model is explained as
 ``model.double()`` would be, without the copy. Plain LRP and transformer attribution are ill-conditioned in
-float32 (``docs/METHODS.md`` §5.9 gives the measured deviations): their float32 digits depend on the CPU's BLAS
-kernels, their float64 digits do not. Tolerances, and the errors before and after: ``docs/METHODS.md`` §5.9.
+float32 (``docs/METHODS.md`` §5.10 gives the measured deviations): their float32 digits depend on the CPU's BLAS
+kernels, their float64 digits far less. Tolerances, and the errors before and after: ``docs/METHODS.md`` §5.9.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from decoders import f64_bound  # noqa: E402
 from lxt_decoders import ATTN, FAMILIES, load_fixture, methods_of, pad, reference  # noqa: E402
 
 from lrp_core import explain  # noqa: E402
@@ -54,7 +55,10 @@ def test_fixture_model_reproduces_lxt_logits(family, method, dtype):
     assert torch.equal(last.argmax(-1), fx["targets"])
     y = last.gather(1, fx["targets"][:, None])[:, 0]
     # LXT's forward equals transformers' up to round-off (GPT-2: its own LayerNorm arithmetic)
-    assert ((y - fx["logits"]).abs() / fx["logits"].abs()).max() <= (1e-13 if dtype == "float64" else 1e-5)
+    # (and the reference's float32 islands, its eager softmax, round with the kernels of the CPU that made it)
+    assert ((y - fx["logits"]).abs() / fx["logits"].abs()).max() <= f64_bound(
+        model, 1e-13 if dtype == "float64" else 1e-5
+    )
     for s, sc in zip(fx["sequences"], fx["scores"]):
         assert sc.shape == s.shape and sc.dtype == model.dtype
 
@@ -123,6 +127,6 @@ def test_engine_equals_lxt(family, method, dtype, batching, attn):
     assert got_targets == ref["targets"].tolist()
     for r, (got, want) in enumerate(zip(got_scores, ref["scores"])):
         err = row_rel(got, want)
-        assert err <= TOL[dtype], f"row {r} (length {len(want)}): max|d|/max|ref| = {err:.2e}"
+        assert err <= f64_bound(model, TOL[dtype]), f"row {r} (length {len(want)}): max|d|/max|ref| = {err:.2e}"
     for p_name, p in model.named_parameters():  # the engine never modifies the model
         assert torch.equal(p.detach().double(), fx["state_dict"][p_name].to(p.dtype).double()), p_name
