@@ -139,7 +139,8 @@ def compute_dtype(model: nn.Module, dtype: Optional[torch.dtype] = None) -> torc
     for t in _tensors(model):
         own = torch.float32 if t.dtype in HALF else t.dtype
         break
-    return own if dtype is None else check_dtype(dtype, own)
+    checked = check_dtype(dtype, own)
+    return own if checked is None else checked
 
 
 def check_dtype(dtype: Any, own: Optional[torch.dtype] = None) -> Optional[torch.dtype]:
