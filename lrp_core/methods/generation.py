@@ -27,14 +27,14 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..runtime.guard import _observer, eval_semantics, model_guard
+from ..runtime.guard import eval_semantics, model_guard
+from ..runtime.own_forward import INSTALLED
+from ..runtime.own_forward import no_new_observers as _no_new_observers
 from ..runtime.wrappers import unwrap
 from .call import Contrast
 from .generation_result import GenerationExplanation
 
 TokenLike = Union[int, str]
-#: the attribute transformers sets on a model once its output-capturing hooks are installed
-INSTALLED = "_output_capturing_hooks_installed"
 
 
 def _left_padded(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -155,23 +155,6 @@ def greedy_continuation(
                 if tokens and extend is not None:  # always given with per_token (checked above)
                     tokens = extend(tokens, nxt[:, None])
     return out[:, :taken] if len(eos) else out
-
-
-@contextmanager
-def _no_new_observers(model: nn.Module) -> Iterator[None]:
-    """Take back the output-capturing hooks transformers installs on a model's layers at its first forward (and
-    the flag that says they are there), so the greedy steps leave the model with the hooks it had."""
-    modules = list(model.modules())
-    before = [set(m._forward_hooks) for m in modules]
-    flagged = [INSTALLED in vars(m) for m in modules]
-    try:
-        yield
-    finally:
-        for m, keys, had in zip(modules, before, flagged):
-            for key in [k for k, fn in m._forward_hooks.items() if k not in keys and _observer(fn)]:
-                del m._forward_hooks[key]
-            if not had and INSTALLED in vars(m):
-                delattr(m, INSTALLED)
 
 
 def _image_rows(images: Optional[dict], rows: Tensor, batch: int) -> dict:
