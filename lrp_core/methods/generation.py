@@ -502,7 +502,9 @@ def explain_generation(
     _check_positions(adapter, P, K)
     adapter.check_inputs({"input_ids": ids, "attention_mask": mask, **images, **per_token})  # ids vs the vocabulary
     negative = _contrasts(tokenizer, contrast, B, K, vocab)
-    groups = _step_groups(negative, K, step_batch)  # checked before the steps are computed
+    # a rotary table chosen by the length of the call (Phi-3's longrope, dynamic NTK): each step alone, on its prefix
+    cut = bool(getattr(getattr(adapter, "text", adapter), "length_dependent", False))
+    groups = _step_groups(negative, K, 1 if cut else step_batch)  # checked before the steps are computed
     if gen is None:
         gen, written = _greedy_steps(model, adapter, ids, mask, K, stop_at_eos, images, per_token)
         if gen.shape[1] < K:  # every row stopped early: the steps all rows skipped go
@@ -516,7 +518,7 @@ def explain_generation(
     if images:
         options = {**options, "image_token_id": _image_token(adapter, gen)}
     scores, logits, sources, probabilities, seen = _explain_steps(
-        model, method, inputs, gen, negative, groups, active, P, progress, options, images
+        model, method, inputs, gen, negative, groups, active, P, progress, options, images, cut
     )
     if negative is not None:
         negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
@@ -784,6 +786,7 @@ def _explain_steps(
     progress: Optional[bool],
     options: dict,
     images: Optional[dict] = None,
+    cut: bool = False,
 ) -> tuple[Tensor, Tensor, Optional[Tensor], Tensor, dict]:
     """The maps (B, K, P+K−1), explained logits (B, K), with ``sources=`` source scores (B, K, S), the
     model's probabilities of the explained tokens (B, K) of the steps each row took (``active`` (B, K)), and a
@@ -794,6 +797,8 @@ def _explain_steps(
     ``inputs``: prompts and continuation without its last token (B, P+K−1); each group of steps is one
     :func:`lrp_core.explain` call over its (step, prompt) pairs, each read at its own position, with its
     prompt's sources (spans count from the row's first real token, so the left padding does not move them).
+    ``cut``: every group is one step k, its rows cut to the prefix (P + k tokens) — for a model whose rotary
+    tables depend on the length of the call (``longrope``, ``dynamic``), which the later columns would change.
     """
     from ..api import explain
 
@@ -809,7 +814,11 @@ def _explain_steps(
         for steps in groups:  # steps as rows: (step, prompt) pairs, each read at its own position
             pairs = [(k, b) for k in steps for b in range(B) if active[b, k]]
             ks, bs = torch.tensor([k for k, _ in pairs]), torch.tensor([b for _, b in pairs])
-            rows = {**{name: v[bs.to(v.device)] for name, v in inputs.items()}, **_image_rows(images, bs, B)}
+            width = P + steps[0] if cut else P + K - 1  # a cut group is one step: its prefix only
+            rows = {
+                **{name: v[bs.to(v.device), :width] for name, v in inputs.items()},
+                **_image_rows(images, bs, B),
+            }
             t = gen[bs, ks].tolist()
             target: Any = t if negative is None or negative[0, steps[0]] < 0 else Contrast(t, negative[bs, ks].tolist())
             row_spans = None if spans is None else spans.expand(B, -1, -1)[bs]
@@ -818,7 +827,7 @@ def _explain_steps(
             )
             if sources is not None and exp.sources is not None:
                 sources[bs, ks] = exp.sources.detach().to(torch.float64).cpu()
-            got = exp.scores.detach().to(torch.float64).cpu()
+            got = torch.nn.functional.pad(exp.scores.detach().to(torch.float64).cpu(), (0, P + K - 1 - width))
             lg = exp.logits.detach().to(torch.float64).cpu()
             # zero after each step's prefix (the causal mask keeps those positions out already)
             got[torch.arange(P + K - 1)[None, :] >= (P + ks)[:, None]] = 0.0
