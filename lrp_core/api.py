@@ -323,7 +323,9 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
     readout = adapter.readout_for(prepared)
     resolve = resolver(target, adapter.batch_size(prepared), readout.num_classes)
     trace = adapter.forward(prepared, grad=True, readout=readout)
-    verification.check(adapter, prepared, trace.logits, [pieces.Piece(torch.arange(adapter.batch_size(prepared)), None)])
+    verification.check(
+        adapter, prepared, trace.logits, [pieces.Piece(torch.arange(adapter.batch_size(prepared)), None)]
+    )
     t = resolve(trace.logits.detach())
     L = adapter.num_blocks
     attns = [trace.attention(b) for b in range(L)]

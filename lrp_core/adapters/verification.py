@@ -186,10 +186,7 @@ def locate(adapter: "Adapter", prepared: dict, tol: float) -> str:
     str
         The sentence (or why the blocks could not be compared).
     """
-    groups = adapter.own_pieces(prepared)
-    sub = groups[0][1]
-    with torch.no_grad():
-        trace = adapter.forward(sub)
+    sub = adapter.own_pieces(prepared)[0][1]  # the row as the model's own forward runs it (unpadded)
     modules = block_modules(adapter)
     seen: dict[int, list] = {}
     thread = threading.get_ident()
@@ -206,14 +203,29 @@ def locate(adapter: "Adapter", prepared: dict, tol: float) -> str:
             adapter.own_output(sub)
     except Exception as err:  # the model's own forward on one row: a failure is reported, not raised over the refusal
         return f"(The blocks could not be compared: {type(err).__name__}: {err}.)"
-    return _first_departure(adapter, trace, modules, seen, tol)
+    # the plain replay (the explicit passes, the gradient methods), then the modified-gradient ones (AttnLRP, CP-LRP
+    # compute some operations through their rules' own forward): the first that departs is named
+    from ..rules.composites import ATTNLRP, CP_LRP
+
+    found = ""
+    for composite, words in ((None, ""), (ATTNLRP, " in AttnLRP's replay"), (CP_LRP, " in CP-LRP's replay")):
+        with torch.no_grad():
+            trace = adapter.forward(prepared, composite=composite)  # padded as the call ran it: compared at real tokens
+        where, departs = _first_departure(adapter, trace, modules, seen, tol, words)
+        if departs:
+            return where
+        found = found or where
+    return found
 
 
-def _first_departure(adapter: "Adapter", trace: Any, modules: list, seen: dict, tol: float) -> str:
-    """The sentence of :func:`locate` from the replay's records and the blocks' own inputs and outputs."""
+def _first_departure(
+    adapter: "Adapter", trace: Any, modules: list, seen: dict, tol: float, words: str
+) -> tuple[str, bool]:
+    """The sentence of :func:`locate` from the replay's records and the blocks' own inputs and outputs, and whether
+    it names a departure inside the blocks (``words``: which replay, for the sentence)."""
     names = adapter.module_names
     uses: dict[int, int] = {}
-    mask = trace.mask.bool() if trace.mask is not None else None
+    mask = trace.mask.bool() if trace.mask is not None else None  # (1, N) 1 = real token
     compared, worst = 0, 0.0
     for b, (module, rec) in enumerate(zip(modules, trace.blocks)):
         if module is None or rec is None:
@@ -225,36 +237,38 @@ def _first_departure(adapter: "Adapter", trace: Any, modules: list, seen: dict, 
             continue
         inp, out = calls[k]
         label = names.get(module, type(module).__name__)
-        if b == 0 and inp is not None and inp.numel() == rec.x.numel():
-            d = deviation(rec.x, inp.reshape(rec.x.shape), _token_mask(mask, rec.x))
+        x, y = _real(rec.x, mask), _real(rec.out, mask)
+        if b == 0 and inp is not None and inp.numel() == x.numel():
+            d = deviation(x, inp.reshape(x.shape))
             if not d <= tol:
                 return (
-                    f"It departs before the first block: the input of {label} (the embedding) differs by {d:.2e} "
-                    "relative from the model's own."
-                )
-        if out is None or out.numel() != rec.out.numel():
+                    f"It departs before the first block{words}: the input of {label} (the embedding) differs by "
+                    f"{d:.2e} relative from the model's own."
+                ), True
+        if out is None or out.numel() != y.numel():
             continue
-        d = deviation(rec.out, out.reshape(rec.out.shape), _token_mask(mask, rec.out))
+        d = deviation(y, out.reshape(y.shape))
         compared += 1
         if not d <= tol:
             return (
-                f"It departs at block {b} ({label}): the residual stream leaving it differs by {d:.2e} relative "
-                f"from the model's own hidden states{' (the blocks before it agree)' if b else ''}."
-            )
+                f"It departs at block {b} ({label}){words}: the residual stream leaving it differs by {d:.2e} "
+                f"relative from the model's own hidden states{' (the blocks before it agree)' if b else ''}."
+            ), True
         worst = max(worst, d)
     if not compared:
-        return "(The model's blocks could not be compared with the replay's.)"
+        return "(The model's blocks could not be compared with the replay's.)", False
     return (
         f"Every block's output agrees with the model's own (to {worst:.1e}): it departs after the last block, in "
         "the final norm, the pooling or the head."
-    )
+    ), False
 
 
-def _token_mask(mask: Optional[Tensor], x: Tensor) -> Optional[Tensor]:
-    """The real tokens of a (B, N, ...) tensor, where the trace's mask (B, N) fits it; else every entry."""
-    if mask is None or x.dim() < 2 or tuple(mask.shape) != tuple(x.shape[:2]):
-        return None
-    return mask.to(x.device).reshape(mask.shape + (1,) * (x.dim() - 2)).expand(x.shape)
+def _real(x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """The real tokens of one sample's (1, N, ...) record, where the trace's mask (1, N) fits it: (1, n, ...) as the
+    model's own forward of the unpadded row gives them; else the record as it is."""
+    if mask is None or x.dim() < 2 or x.shape[0] != 1 or tuple(mask.shape) != tuple(x.shape[:2]):
+        return x
+    return x[:, mask[0].to(x.device)]
 
 
 # ----------------------------------------------------------------------------

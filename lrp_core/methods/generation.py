@@ -19,8 +19,7 @@ step is computed.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
@@ -28,8 +27,8 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..runtime.guard import eval_semantics, model_guard
-from ..runtime.own_forward import INSTALLED
 from ..runtime.own_forward import no_new_observers as _no_new_observers
+from ..runtime.own_forward import rotary_state_kept as _rotary
 from ..runtime.wrappers import unwrap
 from .call import Contrast
 from .generation_result import GenerationExplanation
@@ -86,7 +85,8 @@ def greedy_continuation(
     """Up to ``steps`` greedy tokens after left-padded prompts (B, P): (B, K), K ≤ ``steps``.
 
     The model runs in eval semantics (:func:`eval_semantics`; no dropout, its modes restored) and as found
-    otherwise (:func:`lrp_core.runtime.guard.model_guard` undoes what its forward hooks change).
+    otherwise (:func:`lrp_core.runtime.guard.model_guard` undoes what its forward hooks change; a length-dependent
+    rotary module starts fresh and is put back as found, :func:`lrp_core.runtime.own_forward.rotary_state_kept`).
 
     Rows of equal length run together and unpadded, so each row continues exactly as it would alone: the model
     never sees a padding position (Hugging Face's eager attention in float64 turns fully masked padding rows
@@ -134,7 +134,7 @@ def greedy_continuation(
     out = torch.full((input_ids.shape[0], steps), pad_token_id, dtype=torch.long, device=input_ids.device)
     taken = 0
     lengths = attention_mask.sum(1)
-    with eval_semantics(model), model_guard(unwrap(model)), _no_new_observers(unwrap(model)):
+    with eval_semantics(model), model_guard(unwrap(model)), _no_new_observers(unwrap(model)), _rotary(unwrap(model)):
         for n in lengths.unique().tolist():
             rows = (lengths == n).nonzero().squeeze(1)
             ids = input_ids[rows, input_ids.shape[1] - n :]  # left-padded: the real tokens are the last n columns

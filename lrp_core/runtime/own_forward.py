@@ -90,9 +90,9 @@ def _fresh(module: nn.Module) -> None:
     transformers' decorator starts a fresh model from. ``longrope`` chooses by the call alone."""
     for name in [n for n in module._buffers if n.endswith("inv_freq") and not n.endswith("original_inv_freq")]:
         prefix = name[: -len("inv_freq")]
-        original = getattr(module, f"{prefix}original_inv_freq", None)
-        if isinstance(original, Tensor) and original.shape == module._buffers[name].shape:
-            module._buffers[name] = original
+        original, current = getattr(module, f"{prefix}original_inv_freq", None), module._buffers[name]
+        if isinstance(original, Tensor) and isinstance(current, Tensor) and original.shape == current.shape:
+            module._buffers[name] = original.clone()  # a copy: longrope's update writes into the buffer in place
         if hasattr(module, f"{prefix}max_seq_len_cached") and hasattr(module, "original_max_seq_len"):
             setattr(module, f"{prefix}max_seq_len_cached", module.original_max_seq_len)
 
