@@ -15,7 +15,7 @@ from typing import Any, Literal, NoReturn, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from .adapters import get_adapter
+from .adapters import get_adapter, verification
 from .errors import InputError, UnsupportedModelError
 from .explanation import Explanation, result_fields
 from .methods import registry
@@ -66,13 +66,15 @@ def explain(
     alpha: Optional[float] = None,
     filler: Optional[int] = None,
     dtype: Optional[torch.dtype] = None,
+    unverified: Optional[bool] = None,
     **unknown: NoReturn,
 ) -> Explanation:
     """Explain a batch of predictions of an unmodified timm / Hugging Face Transformer.
 
     Every option is keyword-only and ``None`` by default, which means the method's default (per input
     modality where the method has one, ``MethodSpec.defaults``). A method takes the options listed for it below
-    and the five every method takes (``progress``, ``position``, ``max_memory``, ``chunk_size``, ``dtype``); any other
+    and the six every method takes (``progress``, ``position``, ``max_memory``, ``chunk_size``, ``dtype``,
+    ``unverified``); any other
     option, or a misspelled one, is an :class:`~lrp_core.errors.InputError` naming the accepted ones.
 
     Parameters
@@ -175,6 +177,14 @@ def explain(
         would give. Plain LRP and transformer attribution are ill-conditioned in float32: their float32 maps
         depend on the CPU's kernels (docs/METHODS.md §5.10 gives the deviations), their float64 maps far less.
         ``None`` (default): the model's own precision, half models in float32.
+    unverified : bool, optional
+        Every method: ``True`` skips the end-to-end check. By default (``None`` / ``False``) every call compares
+        the logits the method read from the replay with the model's own forward on the same inputs (one forward
+        without gradients, in eval semantics and the call's precision) and refuses, with an
+        :class:`~lrp_core.errors.UnsupportedModelError` naming the deviation and the first block that departs,
+        when they differ by more than 1e-5 relative in float32 (1e-10 in float64; half models are compared in
+        float32, 1e-5) — docs/CONTRACTS.md, "Verification on every call". Skipping it saves that forward
+        (benchmarks) and risks an explanation of a model the replay misreads, silently.
     **unknown
         No other keyword is accepted: one is an :class:`~lrp_core.errors.InputError` naming the accepted
         options (typed ``NoReturn`` so that a type checker flags it too).
@@ -215,7 +225,10 @@ def _explain(model: nn.Module, inputs: Any, method: str, target: Any, options: d
     readout = adapter.readout_for(prepared)
     aim = goal(spec, target, adapter.batch_size(prepared), readout.num_classes, type(model).__name__)
     call = Call(adapter, prepared, layout, aim.resolve, opt, aim.concept, aim.negative, readout)
-    result = pieces.run(spec, call, pieces.plan(adapter, prepared, spec.memory, opt))
+    plan = pieces.plan(adapter, prepared, spec.memory, opt)
+    result = pieces.run(spec, call, plan)
+    if not opt.unverified:  # the replay's logits against the model's own forward (lrp_core.adapters.verification)
+        verification.check(adapter, prepared, result.logits, plan)
     used = dict(result.used)
     if opt.sources is not None and result.sources is None:  # a token-map method: its scores summed per source
         result.sources = by_source(result.scores.detach(), opt.sources.to(result.scores.device))
@@ -310,6 +323,9 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
     readout = adapter.readout_for(prepared)
     resolve = resolver(target, adapter.batch_size(prepared), readout.num_classes)
     trace = adapter.forward(prepared, grad=True, readout=readout)
+    verification.check(
+        adapter, prepared, trace.logits, [pieces.Piece(torch.arange(adapter.batch_size(prepared)), None)]
+    )
     t = resolve(trace.logits.detach())
     L = adapter.num_blocks
     attns = [trace.attention(b) for b in range(L)]

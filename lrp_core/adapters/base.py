@@ -155,6 +155,29 @@ class Adapter(ABC):
         bias = self.attention_bias(x0, mask)
         return [(bias, None)] * len(self.blocks)
 
+    # ------------------------------------------------- the model's own output
+    def own_pieces(self, prepared: dict) -> list:
+        """``(rows (K,), prepared of those rows)``: the groups the model's own forward runs in for the end-to-end
+        check (:mod:`lrp_core.adapters.verification`). Default: the batch at once (decoders: unpadded rows)."""
+        return [(torch.arange(self.batch_size(prepared)), prepared)]
+
+    def own_output(self, prepared: dict) -> Tensor:
+        """(B, C) what the model's own forward gives for the quantity the replay's readout explains.
+
+        Called by the end-to-end check inside :func:`~lrp_core.runtime.own_forward.own_forward` (no gradients,
+        eval semantics, the call's precision). Default: images ``model(images)`` (timm) or
+        ``model(pixel_values=images).logits`` (Hugging Face); text ``model(**the given inputs).logits``. A family
+        whose own forward reads something else (a similarity, a read position, images with text) overrides it.
+        """
+        from .verification import logits_of
+
+        if self.modality == "image":
+            images = prepared["images"]
+            hf = hasattr(self.model, "config") and hasattr(self.model, "base_model_prefix")
+            return logits_of(self.model(pixel_values=images) if hf else self.model(images))
+        names = getattr(self, "honoured_inputs", ("input_ids", "attention_mask"))
+        return logits_of(self.model(**{k: prepared[k] for k in names if prepared.get(k) is not None}))
+
     # --------------------------------------------------------------- forward
     def forward(
         self,

@@ -184,6 +184,12 @@ class CLIPImageAdapter(ViTAdapter):
         prepared.update(prompt_ids=ids, prompt_mask=mask, prompt_embeddings=embeddings)
         return prepared
 
+    def own_output(self, prepared: dict) -> Tensor:
+        """The model's own ``logits_per_image`` (B, P) against the batch's prompts."""
+        return self.model(
+            pixel_values=prepared["images"], input_ids=prepared["prompt_ids"], attention_mask=prepared["prompt_mask"]
+        ).logits_per_image
+
     def embed_prompts(self, ids: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
         """The prompts' normalised text embeddings × logit_scale.exp() (P, E), without gradients.
 
@@ -305,6 +311,13 @@ class CLIPTextAdapter(Adapter):
             )
         images = ViTAdapter.check_inputs(CLIPImageAdapter(self.model), pixels)["images"]
         return {"input_ids": ids, "attention_mask": mask, "image_embeddings": self.embed_images(images)}
+
+    def own_output(self, prepared: dict) -> Tensor:
+        """The model's own ``logits_per_text`` (P, B): its text tower's normalised embeddings against the images'
+        (``prepared["image_embeddings"]``, the model's own image features, scaled)."""
+        text = self.model.get_text_features(input_ids=prepared["input_ids"], attention_mask=prepared["attention_mask"])
+        emb = L2Normalize()(getattr(text, "pooler_output", text))
+        return emb @ prepared["image_embeddings"].to(emb.dtype).T
 
     def _end_of_text(self, ids: Tensor) -> Tensor:
         """(P,) where the model pools, by its own rule (the highest id for old configs, else the first EOS)."""

@@ -528,6 +528,28 @@ class DecoderAdapter(Adapter):
         """The readout of this batch: the head at each row's read position."""
         return PositionReadout(self.readout.norm, self.readout.head_layers, prepared["read_at"].argmax(dim=-1))
 
+    # ------------------------------------------------------------ the model's own output
+    @property
+    def length_dependent(self) -> bool:
+        """Whether a rotary table of the model depends on the length of the call (:data:`BATCH_DEPENDENT_ROPE`)."""
+        kinds = getattr(getattr(self.base, "rotary_emb", None), "rope_type", None)
+        kinds = kinds.values() if isinstance(kinds, Mapping) else [kinds]
+        return any(isinstance(k, str) and any(d in k for d in BATCH_DEPENDENT_ROPE) for k in kinds)
+
+    def own_pieces(self, prepared: dict) -> list:
+        """Rows without their padding, rows of one length together: each as the model computes it alone."""
+        from .verification import unpadded_pieces
+
+        return unpadded_pieces(prepared, self.length_dependent, getattr(self, "image_entries", ()))
+
+    def own_output(self, prepared: dict) -> Tensor:
+        """(B, C) the model's own logits at each row's read position (a classifier: its head's there)."""
+        from .verification import read_logits
+
+        kwargs = {k: prepared[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        head = self.readout.head_layers[0].module if self.pools else None
+        return read_logits(self.model, {**kwargs, "use_cache": False}, prepared["read_at"].argmax(dim=-1), head)
+
     # ------------------------------------------------------------ forward
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         words = self.embed_tokens(prepared["input_ids"])

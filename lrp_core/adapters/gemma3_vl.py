@@ -92,6 +92,10 @@ class Gemma3VLMAdapter(GroupedAttentionVLM):
         self.side, self.per_side, self.kernel = side, per_side, k
         return base.language_model, self.model.lm_head, cfg.text_config, base.vision_tower, -1
 
+    def types_of(self, groups: Tensor) -> Tensor:
+        """1 on the image tokens (every group), 0 elsewhere."""
+        return (groups >= 0).long()
+
     def groups_of(self, token_type_ids: Tensor) -> Tensor:
         """Each run of ``token_type_ids == 1`` is one group (numbered in order), every other token causal — as
         transformers' ``get_block_sequence_ids_for_mask``."""

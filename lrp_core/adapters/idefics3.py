@@ -257,6 +257,14 @@ class Idefics3Adapter(VLMAdapter):
             out["patch_mask"] = prepared["patch_mask"][rows.to(prepared["patch_mask"].device)]
         return out
 
+    def own_inputs(self, prepared: dict) -> dict:
+        """The text's, the images (B, k, 3, H, W) and, where some image is padded, the pixel mask of its patches."""
+        out = {k: prepared[k] for k in ("input_ids", "attention_mask", "position_ids", "pixel_values")}
+        if "patch_mask" in prepared:
+            ph, pw = self.tower.patch_size
+            out["pixel_attention_mask"] = prepared["patch_mask"].repeat_interleave(ph, -2).repeat_interleave(pw, -1)
+        return out
+
     # ------------------------------------------------------------ forward
     def _patch_mask(self, prepared: dict) -> Tensor:
         """(B · k, h, w) bool: the real patches of ``pixel_attention_mask`` (all, where it is not given)."""

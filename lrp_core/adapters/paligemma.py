@@ -89,6 +89,10 @@ class PaliGemmaAdapter(GroupedAttentionVLM):
             text_config.final_logit_softcapping = None
         return base.language_model, self.model.lm_head, text_config, base.vision_tower, -1
 
+    def types_of(self, groups: Tensor) -> Tensor:
+        """0 on the prefix (the group), 1 on the suffix."""
+        return (groups != 0).long()
+
     def groups_of(self, token_type_ids: Tensor) -> Tensor:
         """Every token of type 0 in one group (0), the others causal — as the model's ``block_sequence_ids``."""
         return torch.where(token_type_ids == 0, torch.zeros_like(token_type_ids), torch.full_like(token_type_ids, -1))

@@ -316,6 +316,19 @@ class Qwen2_5_VLAdapter(VLMAdapter):
             "image_grid_thw": grids.to(ids.device).reshape(B, k, 3),
         }
 
+    def own_inputs(self, prepared: dict) -> dict:
+        """The text, the flattened patches (n · h · w, F), ``image_grid_thw`` (n, 3) and ``mm_token_type_ids`` (1 at
+        the image tokens); the M-RoPE positions are the model's own (``get_rope_index``)."""
+        ids = prepared["input_ids"]
+        pixels = prepared["pixel_values"]
+        return {
+            "input_ids": ids,
+            "attention_mask": prepared["attention_mask"],
+            "pixel_values": pixels.reshape(-1, pixels.shape[-1]),
+            "image_grid_thw": prepared["image_grid_thw"].reshape(-1, 3),
+            "mm_token_type_ids": (ids == self.image_token_id).long(),
+        }
+
     def _check_images(self, pixels: Any, grid_thw: Any, B: int) -> tuple[Tensor, int, int, int]:
         """The flattened patches and ``image_grid_thw`` checked against each other and the B rows.
 

@@ -393,6 +393,26 @@ class _SiglipTowerAdapter(ViTAdapter):
         assert trace.embedding is not None, "forward records the embedding"
         return siglip_input_relevance(self.vision, trace.embedding, R0, prop, conv=self.patch_conv)
 
+    def own_pixels(self, images: Tensor) -> dict:
+        """The model's own pixel inputs for images (B, C, H, W): SigLIP's ``pixel_values`` (positions interpolated
+        away from the trained size, as the replay resamples them), or SigLIP 2's patch vectors with their grid."""
+        B, C, H, W = images.shape
+        p = self.patch_size[0]
+        if not is_siglip2_tower(self.vision):
+            size = getattr(self.vision.config, "image_size", None)
+            return {"pixel_values": images, **({} if (H, W) == (size, size) else {"interpolate_pos_encoding": True})}
+        h, w = H // p, W // p
+        patches = images.reshape(B, C, h, p, w, p).permute(0, 2, 4, 3, 5, 1).reshape(B, h * w, p * p * C)
+        return {
+            "pixel_values": patches,
+            "pixel_attention_mask": torch.ones(B, h * w, dtype=torch.long, device=images.device),
+            "spatial_shapes": torch.tensor([[h, w]] * B, device=images.device),
+        }
+
+    def own_output(self, prepared: dict) -> Tensor:
+        """The classifier's own logits (B, C)."""
+        return self.model(**self.own_pixels(prepared["images"])).logits
+
     def images(self, inputs) -> Tensor:
         """The images of the inputs (validated by :meth:`ViTAdapter.check_inputs`): a tensor (B, C, H, W) as
         given, or a processor's dict: its ``pixel_values``; SigLIP 2's patch vectors (B, P, p·p·C) are laid back on
@@ -704,6 +724,11 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
                 f"{type(self.model).__name__} is explained on the image only (explain='image'); got explain={side!r}"
             )
         return self
+
+    def own_output(self, prepared: dict) -> Tensor:
+        """The model's own ``logits_per_image`` (B, P) against the batch's prompts."""
+        text = {"input_ids": prepared["prompt_ids"], "attention_mask": prepared["prompt_mask"]}
+        return self.model(**self.own_pixels(prepared["images"]), **text).logits_per_image
 
     def check_inputs(self, inputs) -> dict:
         """Validate images and prompts; ``prepared``: ``images``, ``prompt_ids`` / ``prompt_mask``, the prompts'

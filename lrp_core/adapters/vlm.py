@@ -459,6 +459,27 @@ class VLMAdapter(Adapter):
         """P, the image tokens one image of patch grid ``grid`` gives. Default: one per patch."""
         return grid[0] * grid[1]
 
+    # ------------------------------------------------------------ the model's own output
+    def own_pieces(self, prepared: dict) -> list:
+        """The decoder's: rows without their padding (the images taken by rows)."""
+        from .verification import unpadded_pieces
+
+        return unpadded_pieces(prepared, self.text.length_dependent, (*self.image_entries, "patch_mask"))
+
+    def own_inputs(self, prepared: dict) -> dict:
+        """The model's own inputs for a prepared batch: the text's and the images (B · k, …), as the processor
+        stacks them. A family whose forward reads other entries adds them."""
+        stacked = prepared["pixel_values"]
+        text = {k: prepared[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        return {**text, "pixel_values": stacked.reshape(-1, *stacked.shape[2:])}
+
+    def own_output(self, prepared: dict) -> Tensor:
+        """(B, V) the model's own logits at each row's read position."""
+        from .verification import read_logits
+
+        read = prepared["read_at"].argmax(dim=-1)
+        return read_logits(self.model, {**self.own_inputs(prepared), "use_cache": False}, read, None)
+
     # ------------------------------------------------------------ validation
     def check_inputs(self, inputs) -> dict:
         """The processor's output: ``input_ids``, ``attention_mask``, ``pixel_values`` (k images per row, the same

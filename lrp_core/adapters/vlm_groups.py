@@ -124,6 +124,15 @@ class GroupedAttentionVLM(VLMAdapter):
         """(B, T) ``token_type_ids`` -> (B, T) long groups (-1 causal, g ≥ 0 a bidirectional group)."""
         raise NotImplementedError
 
+    def types_of(self, groups: Tensor) -> Tensor:
+        """(B, T) the ``token_type_ids`` that give ``groups`` (the inverse of :meth:`groups_of`), for the model's own
+        forward."""
+        raise NotImplementedError
+
+    def own_inputs(self, prepared: dict) -> dict:
+        """The base's, with the ``token_type_ids`` of the batch's attention groups."""
+        return {**super().own_inputs(prepared), "token_type_ids": self.types_of(prepared["attention_groups"])}
+
     def check_inputs(self, inputs) -> dict:
         """:meth:`VLMAdapter.check_inputs`, and ``token_type_ids`` (B, T) (optional: the processor's) read into
         ``prepared["attention_groups"]`` (B, T) long."""

@@ -19,22 +19,21 @@ step is computed.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..runtime.guard import _observer, eval_semantics, model_guard
+from ..runtime.guard import eval_semantics, model_guard
+from ..runtime.own_forward import no_new_observers as _no_new_observers
+from ..runtime.own_forward import rotary_state_kept as _rotary
 from ..runtime.wrappers import unwrap
 from .call import Contrast
 from .generation_result import GenerationExplanation
 
 TokenLike = Union[int, str]
-#: the attribute transformers sets on a model once its output-capturing hooks are installed
-INSTALLED = "_output_capturing_hooks_installed"
 
 
 def _left_padded(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -86,7 +85,8 @@ def greedy_continuation(
     """Up to ``steps`` greedy tokens after left-padded prompts (B, P): (B, K), K ≤ ``steps``.
 
     The model runs in eval semantics (:func:`eval_semantics`; no dropout, its modes restored) and as found
-    otherwise (:func:`lrp_core.runtime.guard.model_guard` undoes what its forward hooks change).
+    otherwise (:func:`lrp_core.runtime.guard.model_guard` undoes what its forward hooks change; a length-dependent
+    rotary module starts fresh and is put back as found, :func:`lrp_core.runtime.own_forward.rotary_state_kept`).
 
     Rows of equal length run together and unpadded, so each row continues exactly as it would alone: the model
     never sees a padding position (Hugging Face's eager attention in float64 turns fully masked padding rows
@@ -134,7 +134,7 @@ def greedy_continuation(
     out = torch.full((input_ids.shape[0], steps), pad_token_id, dtype=torch.long, device=input_ids.device)
     taken = 0
     lengths = attention_mask.sum(1)
-    with eval_semantics(model), model_guard(unwrap(model)), _no_new_observers(unwrap(model)):
+    with eval_semantics(model), model_guard(unwrap(model)), _no_new_observers(unwrap(model)), _rotary(unwrap(model)):
         for n in lengths.unique().tolist():
             rows = (lengths == n).nonzero().squeeze(1)
             ids = input_ids[rows, input_ids.shape[1] - n :]  # left-padded: the real tokens are the last n columns
@@ -155,23 +155,6 @@ def greedy_continuation(
                 if tokens and extend is not None:  # always given with per_token (checked above)
                     tokens = extend(tokens, nxt[:, None])
     return out[:, :taken] if len(eos) else out
-
-
-@contextmanager
-def _no_new_observers(model: nn.Module) -> Iterator[None]:
-    """Take back the output-capturing hooks transformers installs on a model's layers at its first forward (and
-    the flag that says they are there), so the greedy steps leave the model with the hooks it had."""
-    modules = list(model.modules())
-    before = [set(m._forward_hooks) for m in modules]
-    flagged = [INSTALLED in vars(m) for m in modules]
-    try:
-        yield
-    finally:
-        for m, keys, had in zip(modules, before, flagged):
-            for key in [k for k, fn in m._forward_hooks.items() if k not in keys and _observer(fn)]:
-                del m._forward_hooks[key]
-            if not had and INSTALLED in vars(m):
-                delattr(m, INSTALLED)
 
 
 def _image_rows(images: Optional[dict], rows: Tensor, batch: int) -> dict:
@@ -519,7 +502,9 @@ def explain_generation(
     _check_positions(adapter, P, K)
     adapter.check_inputs({"input_ids": ids, "attention_mask": mask, **images, **per_token})  # ids vs the vocabulary
     negative = _contrasts(tokenizer, contrast, B, K, vocab)
-    groups = _step_groups(negative, K, step_batch)  # checked before the steps are computed
+    # a rotary table chosen by the length of the call (Phi-3's longrope, dynamic NTK): each step alone, on its prefix
+    cut = bool(getattr(getattr(adapter, "text", adapter), "length_dependent", False))
+    groups = _step_groups(negative, K, 1 if cut else step_batch)  # checked before the steps are computed
     if gen is None:
         gen, written = _greedy_steps(model, adapter, ids, mask, K, stop_at_eos, images, per_token)
         if gen.shape[1] < K:  # every row stopped early: the steps all rows skipped go
@@ -533,7 +518,7 @@ def explain_generation(
     if images:
         options = {**options, "image_token_id": _image_token(adapter, gen)}
     scores, logits, sources, probabilities, seen = _explain_steps(
-        model, method, inputs, gen, negative, groups, active, P, progress, options, images
+        model, method, inputs, gen, negative, groups, active, P, progress, options, images, cut
     )
     if negative is not None:
         negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
@@ -801,6 +786,7 @@ def _explain_steps(
     progress: Optional[bool],
     options: dict,
     images: Optional[dict] = None,
+    cut: bool = False,
 ) -> tuple[Tensor, Tensor, Optional[Tensor], Tensor, dict]:
     """The maps (B, K, P+K−1), explained logits (B, K), with ``sources=`` source scores (B, K, S), the
     model's probabilities of the explained tokens (B, K) of the steps each row took (``active`` (B, K)), and a
@@ -811,6 +797,8 @@ def _explain_steps(
     ``inputs``: prompts and continuation without its last token (B, P+K−1); each group of steps is one
     :func:`lrp_core.explain` call over its (step, prompt) pairs, each read at its own position, with its
     prompt's sources (spans count from the row's first real token, so the left padding does not move them).
+    ``cut``: every group is one step k, its rows cut to the prefix (P + k tokens) — for a model whose rotary
+    tables depend on the length of the call (``longrope``, ``dynamic``), which the later columns would change.
     """
     from ..api import explain
 
@@ -826,7 +814,11 @@ def _explain_steps(
         for steps in groups:  # steps as rows: (step, prompt) pairs, each read at its own position
             pairs = [(k, b) for k in steps for b in range(B) if active[b, k]]
             ks, bs = torch.tensor([k for k, _ in pairs]), torch.tensor([b for _, b in pairs])
-            rows = {**{name: v[bs.to(v.device)] for name, v in inputs.items()}, **_image_rows(images, bs, B)}
+            width = P + steps[0] if cut else P + K - 1  # a cut group is one step: its prefix only
+            rows = {
+                **{name: v[bs.to(v.device), :width] for name, v in inputs.items()},
+                **_image_rows(images, bs, B),
+            }
             t = gen[bs, ks].tolist()
             target: Any = t if negative is None or negative[0, steps[0]] < 0 else Contrast(t, negative[bs, ks].tolist())
             row_spans = None if spans is None else spans.expand(B, -1, -1)[bs]
@@ -835,7 +827,7 @@ def _explain_steps(
             )
             if sources is not None and exp.sources is not None:
                 sources[bs, ks] = exp.sources.detach().to(torch.float64).cpu()
-            got = exp.scores.detach().to(torch.float64).cpu()
+            got = torch.nn.functional.pad(exp.scores.detach().to(torch.float64).cpu(), (0, P + K - 1 - width))
             lg = exp.logits.detach().to(torch.float64).cpu()
             # zero after each step's prefix (the causal mask keeps those positions out already)
             got[torch.arange(P + K - 1)[None, :] >= (P + ks)[:, None]] = 0.0

@@ -334,6 +334,14 @@ class Options:
         none_is_value=True,
         generic=True,
     )
+    # the end-to-end check of every call (lrp_core.adapters.verification; read by ``explain``, not by the methods)
+    unverified: bool = _option(
+        False,
+        "True skips the check that the replay reproduces the model's own output on these inputs (benchmarks): "
+        "a model the replay misreads is then explained wrongly, silently",
+        _flag("unverified"),
+        generic=True,
+    )
 
 
 def _declared() -> tuple[Option, ...]:

@@ -245,6 +245,9 @@ class _Brackets:
         self.open: Optional[dict] = None  # the capture at the start of the current bracket
         self.changes: list = []  # (slot, old, new), oldest first
         self.handles: list = []
+        #: while the model's own forward runs (lrp_core.runtime.own_forward): where the hooked modules that run go
+        #: instead of ``report.ran`` (they are not the explanation's)
+        self.quiet: Optional[set] = None
 
     def install(self) -> None:
         self.handles = [
@@ -275,7 +278,7 @@ class _Brackets:
     def _pre(self, module: nn.Module, args: Any) -> None:
         hooked = id(module) in self.report.hooked
         if hooked and threading.get_ident() == self.thread:
-            self.report.ran.add(id(module))
+            (self.report.ran if self.quiet is None else self.quiet).add(id(module))
         # its pre-hooks run next, then its forward (its forward hooks: bracket opened by _post)
         self._event(module, hooked and bool(_user_hooks(module._forward_pre_hooks)))
 
