@@ -297,7 +297,8 @@ def hf_block_heads(cfg: ModelPart, att: ModelPart, parts: tuple, where: str) -> 
     H = cfg.num_attention_heads
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
     holder = att if hasattr(att, "q_proj") else att.attention
-    return hf_heads(holder, *parts, where=where, head_dim=d)
+    q, k, v, proj = parts
+    return hf_heads(holder, q, k, v, proj, where, d)
 
 
 def hf_mlp(layer: ModelPart) -> MlpSpec:

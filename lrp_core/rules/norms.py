@@ -19,7 +19,7 @@ it (:func:`check_norm_value`): a norm the rules misread is refused naming the mo
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -95,9 +95,10 @@ def norm_kind(module: nn.Module) -> str:
     return LAYERNORM
 
 
-def native_rms(module: nn.Module, x: Tensor, float32: bool = False) -> Tensor:
+def native_rms(module: Any, x: Tensor, float32: bool = False) -> Tensor:
     """``torch.nn.RMSNorm`` / timm ``RmsNorm`` on ``x`` (…, n), the divisor ``rsqrt(mean(x²) + ε)`` detached.
 
+    ``module`` is read by attribute name (``normalized_shape``, ``eps``, ``weight``), as a model's parts are.
     Computed in ``x``'s dtype (float32 for half precision, or with ``float32`` = timm's ``RmsNormFp32``), cast
     back, then times the weight where the module has one (``elementwise_affine=False``: none).
 
@@ -125,8 +126,9 @@ def native_rms(module: nn.Module, x: Tensor, float32: bool = False) -> Tensor:
 def check_norm_value(module: nn.Module, x: Tensor, got: Tensor, where: Callable[[nn.Module], str], rule: str) -> None:
     """Refuse a norm the rules recompute otherwise than the module's own forward does, on the input ``x``.
 
-    ``module(x)`` is computed without gradient (one norm, a small fraction of the pass) and compared with
-    the rule's value ``got``: relative max deviation at most :data:`NORM_TOLERANCE` (float64: 1e-10; else 1e-5).
+    ``module.forward(x)`` (its forward hooks aside: see ``UnreflectedHookWarning``) is computed without gradient
+    (one norm, a small fraction of the pass) and compared with the rule's value ``got``: relative max deviation at
+    most :data:`NORM_TOLERANCE` (float64: 1e-10; else 1e-5).
 
     Parameters
     ----------
@@ -147,7 +149,7 @@ def check_norm_value(module: nn.Module, x: Tensor, got: Tensor, where: Callable[
         Naming the module, its class, the deviation and what the rules read it as.
     """
     with torch.no_grad():
-        want = module(x)
+        want = module.forward(x)  # its own computation: forward hooks, reflected or warned about elsewhere, aside
     want = want if isinstance(want, Tensor) else want[0]
     if want.shape != got.shape:
         dev = float("inf")
