@@ -24,6 +24,7 @@ from ..rules.linear import is_linear
 from ..rules.ops import ELEMENTWISE, LINEAR
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
+from .heads import hf_heads
 from .parts import ModelPart
 from .readouts import HeadLayer
 
@@ -75,13 +76,13 @@ class AlbertAdapter(BertAdapter):
     def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         try:
             att = layer.attention
-            H, d = att.num_attention_heads, att.attention_head_size
+            H, d, scale = hf_heads(att, att.query, att.key, att.value, att.dense, f"layer {i}", att.attention_head_size)
             return BlockSpec(
                 layout="post_ln",
                 norm1=att.LayerNorm,
                 norm2=layer.full_layer_layer_norm,
                 attn=AttentionSpec(
-                    q=att.query, k=att.key, v=att.value, proj=att.dense, num_heads=H, head_dim=d, scale=d**-0.5
+                    q=att.query, k=att.key, v=att.value, proj=att.dense, num_heads=H, head_dim=d, scale=scale
                 ),
                 mlp=MlpSpec(fc1=layer.ffn, act=layer.activation, fc2=layer.ffn_output),
             )

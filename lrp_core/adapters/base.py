@@ -94,6 +94,11 @@ class Adapter(ABC):
         """:attr:`module_names` of the model's own modules (a family adds its views' names to a copy)."""
         return {module: name for name, module in self.model.named_modules()}
 
+    def module_name(self, module: nn.Module) -> str:
+        """The qualified name of one of the model's modules (its class name where it is a view of the engine)."""
+        name = self.module_names.get(module)
+        return f"{type(self.model).__name__}.{name}" if name else type(module).__name__
+
     def _names_for(self, composite: Optional[Composite]) -> Optional[dict]:
         """The module names, where the composite chooses rules by name (built only then)."""
         return self.module_names if composite is not None and composite.names else None
@@ -196,7 +201,7 @@ class Adapter(ABC):
         (:meth:`run_blocks`' ``rows``): the logits and every gradient are the full replay's, but the last
         block's record is not (a pass that reads only gradients and block outputs may ask for it)."""
         # a modified-gradient pass never reads A: models that run sdpa may keep their fused attention
-        r = Replay(composite, names=self._names_for(composite), fuse=composite is not None)
+        r = Replay(composite, names=self._names_for(composite), fuse=composite is not None, where=self.module_name)
         head = self.readout_for(prepared) if readout is None else readout
         # a half-precision model is replayed in float32 (lrp_core.runtime.precision; a no-op inside a method)
         with compute_precision(self.model), torch.set_grad_enabled(grad):

@@ -18,10 +18,11 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.linear import is_linear
-from ..rules.ops import ADD, ELEMENTWISE, LAYERNORM, LINEAR, POS_ADD
+from ..rules.ops import ADD, ELEMENTWISE, LINEAR, POS_ADD
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized
+from .heads import hf_heads
 from .parts import ModelPart
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -87,14 +88,14 @@ class BertAdapter(Adapter):
             raise UnsupportedModelError(f"layer {i} has cross-attention; only encoders are supported")
         try:
             sa, so = layer.attention.self, layer.attention.output
-            H = self.model.config.num_attention_heads
-            d = self.model.config.hidden_size // H
+            d = self.model.config.hidden_size // self.model.config.num_attention_heads
+            H, d, scale = hf_heads(sa, sa.query, sa.key, sa.value, so.dense, f"layer {i}", d)
             return BlockSpec(
                 layout="post_ln",
                 norm1=so.LayerNorm,
                 norm2=layer.output.LayerNorm,
                 attn=AttentionSpec(
-                    q=sa.query, k=sa.key, v=sa.value, proj=so.dense, num_heads=H, head_dim=d, scale=d**-0.5
+                    q=sa.query, k=sa.key, v=sa.value, proj=so.dense, num_heads=H, head_dim=d, scale=scale
                 ),
                 mlp=MlpSpec(
                     fc1=layer.intermediate.dense, act=layer.intermediate.intermediate_act_fn, fc2=layer.output.dense
@@ -209,7 +210,7 @@ class BertAdapter(Adapter):
             x = r(ADD, torch.add, x, types(torch.zeros_like(ids) if tt is None else tt))
         given = prepared.get("position_ids")
         x = r(POS_ADD, torch.add, x, emb.position_embeddings(self._positions(ids) if given is None else given))
-        x0 = r.module(LAYERNORM, emb.LayerNorm, x)  # dropout: inference
+        x0 = r.norm(emb.LayerNorm, x)  # dropout: inference
         project = self.embedding_projection()
         if project is not None:
             x0 = r.module(LINEAR, project, x0)

@@ -25,13 +25,16 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..rules.composites import Composite, Propagation, RuleChoice
 from ..rules.functional import take_rows
+from ..rules.norms import check_norm_value
 from ..rules.ops import (
     ADD,
     ELEMENTWISE,
     EXPERT_SUM,
     GATE_MUL,
+    LAYERNORM,
     LINEAR,
     MODIFIED_GRADIENT,
+    RMSNORM,
     ROUTE,
     SCALE,
     GradientRule,
@@ -43,6 +46,8 @@ from .parts import IDENTITY, ModelPart
 from .records import BlockRecord, ExpertRun, MlpRecord, MoeRecord
 
 LAYOUTS = ("pre_ln", "post_ln", "parallel")
+#: the operation kinds whose modified-gradient rules recompute the model's norm from its parameters
+NORM_KINDS = (LAYERNORM, RMSNORM)
 
 
 @dataclass
@@ -149,6 +154,9 @@ class Replay(RuleChoice):
     ``names``: the model's module → qualified name, for a composite that chooses rules by name.
     ``fuse``: attention of models that run sdpa is computed fused (the ATTENTION kind; no attention map is
     recorded) — for passes that never read A.
+    ``where``: the model's module → its qualified name, for refusals. With a composite, every norm the rules
+    recompute from its parameters is checked against the module's own output on the input the forward gives
+    it (:func:`lrp_core.rules.norms.check_norm_value`): a misread norm is refused naming the module.
     """
 
     serves = MODIFIED_GRADIENT
@@ -159,8 +167,10 @@ class Replay(RuleChoice):
         names: Optional[Mapping[nn.Module, str]] = None,
         record: bool = True,
         fuse: bool = False,
+        where: Optional[Callable[[nn.Module], str]] = None,
     ):
         self.fuse = fuse
+        self.where = where or (lambda m: type(m).__name__)
         self.first: Optional[dict] = {} if record else None
         self.composite = None
         if composite is not None:
@@ -171,7 +181,11 @@ class Replay(RuleChoice):
     ) -> Tensor:
         if self.composite is None:
             return fn(*inputs)
-        return cast(GradientRule, self.rule(kind, module)).forward(fn, *inputs, module=module)  # a gradient rule set
+        rule = cast(GradientRule, self.rule(kind, module))  # a gradient rule set
+        out = rule.forward(fn, *inputs, module=module)
+        if kind in NORM_KINDS and module is not None:  # the rule recomputed the norm from its parameters
+            check_norm_value(module, inputs[0], out, self.where, rule.name)
+        return out
 
     def module(self, kind: str, module: nn.Module, x: Tensor) -> Tensor:
         """A submodule of the model; identities are skipped."""

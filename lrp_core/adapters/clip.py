@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..rules.composites import Propagation
-from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
+from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, norm_kind
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
 from .base import Adapter
@@ -149,7 +149,7 @@ class CLIPImageAdapter(ViTAdapter):
         return TokenReadout(
             norm=nn.Identity(),
             head_layers=[
-                HeadLayer(LAYERNORM, vision.post_layernorm),
+                HeadLayer(norm_kind(vision.post_layernorm), vision.post_layernorm),
                 HeadLayer(LINEAR, self.model.visual_projection),
                 HeadLayer(LAYERNORM, L2Normalize()),
                 HeadLayer(LINEAR, similarity_linear(prompts)),
@@ -211,7 +211,7 @@ class CLIPImageAdapter(ViTAdapter):
         cls = emb.class_embedding.expand(images.shape[0], 1, -1)
         tokens = torch.cat([cls, patches], dim=1)
         x_pos = r(POS_ADD, torch.add, tokens, emb.position_embedding(emb.position_ids))
-        x0 = r.module(LAYERNORM, self.norm_pre, x_pos)
+        x0 = r.norm(self.norm_pre, x_pos)
         return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
 
 

@@ -19,7 +19,7 @@ from ..rules.ops import LINEAR
 from .blocks import AttentionSpec, BlockSpec
 from .parts import ModelPart
 from .readouts import ClsMeanReadout, HeadLayer, Readout
-from .vit import HFViTAdapter, hf_attention, hf_linear_head, hf_mlp
+from .vit import HFViTAdapter, hf_attention, hf_block_heads, hf_linear_head, hf_mlp
 
 
 class HFDinov2Adapter(HFViTAdapter):
@@ -43,17 +43,15 @@ class HFDinov2Adapter(HFViTAdapter):
         return ClsMeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=self.num_prefix_tokens)
 
     def _block(self, i: int, layer: ModelPart) -> BlockSpec:
-        cfg = self.model.config
-        H = cfg.num_attention_heads
-        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
         q, k, v, proj = hf_attention(layer.attention)
+        H, d, scale = hf_block_heads(self.model.config, layer.attention, (q, k, v, proj), f"layer {i}")
         return BlockSpec(
             layout="pre_ln",
             norm1=layer.norm1,
             norm2=layer.norm2,
             ls1=layer.layer_scale1,
             ls2=layer.layer_scale2,
-            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d**-0.5),
+            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=scale),
             mlp=hf_mlp(layer),
         )
 

@@ -22,6 +22,7 @@ from ..rules.linear import is_linear
 from ..rules.ops import ELEMENTWISE, LINEAR
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
+from .heads import hf_heads
 from .parts import ModelPart
 from .readouts import HeadLayer
 
@@ -69,14 +70,14 @@ class DistilBertAdapter(BertAdapter):
     def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         try:
             att, ffn = layer.attention, layer.ffn
-            H = self.model.config.n_heads
-            d = self.model.config.dim // H
+            d = self.model.config.dim // self.model.config.n_heads
+            H, d, scale = hf_heads(att, att.q_lin, att.k_lin, att.v_lin, att.out_lin, f"layer {i}", d)
             return BlockSpec(
                 layout="post_ln",
                 norm1=layer.sa_layer_norm,
                 norm2=layer.output_layer_norm,
                 attn=AttentionSpec(
-                    q=att.q_lin, k=att.k_lin, v=att.v_lin, proj=att.out_lin, num_heads=H, head_dim=d, scale=d**-0.5
+                    q=att.q_lin, k=att.k_lin, v=att.v_lin, proj=att.out_lin, num_heads=H, head_dim=d, scale=scale
                 ),
                 mlp=MlpSpec(fc1=ffn.lin1, act=ffn.activation, fc2=ffn.lin2),
             )

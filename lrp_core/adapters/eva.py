@@ -34,6 +34,7 @@ from ..errors import UnsupportedModelError
 from ..rules.composites import Composite
 from ..rules.linear import LinearView, effective_linear, is_linear
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
+from .heads import timm_scale
 from .kernels import pairs_to_halves
 from .parts import IDENTITY, ModelPart
 from .readouts import Readout
@@ -176,7 +177,7 @@ class TimmEvaAdapter(TimmViTAdapter):
             proj=attn.proj,
             num_heads=attn.num_heads,
             head_dim=attn.head_dim,
-            scale=attn.scale,
+            scale=timm_scale(attn, int(attn.head_dim)),
             scale_queries_first=True,
             rotary=self.model.rope is not None,
             rope_skip=int(attn.num_prefix_tokens),

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..rules.composites import Propagation
-from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
+from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD, norm_kind
 from .blocks import NO_RECORD, BlockSpec, Replay
 from .checks import pixel_values
 from .clip import clip_block
@@ -298,7 +298,7 @@ class Idefics3Adapter(VLMAdapter):
 
     def connect(self, selected: Tensor, r: Replay) -> tuple[dict, Tensor]:
         """``modality_projection(pixel_shuffle(post_layernorm(selected)))``."""
-        normed = r.module(LAYERNORM, self.post_norm, selected)
+        normed = r.norm(self.post_norm, selected)
         shuffled = pixel_shuffle(normed, self._grid(selected.shape[1]), self.scale)
         out = r.module(LINEAR, self.projection, shuffled)
         return {"post_layernorm": normed, "shuffled": shuffled}, out
@@ -309,7 +309,7 @@ class Idefics3Adapter(VLMAdapter):
         c = emb.connector
         R = prop.linear(self.projection, c["shuffled"], R, out=emb.features)
         R = pixel_unshuffle(R, self._grid(emb.selected.shape[1]), self.scale)
-        return prop.unary(LAYERNORM, emb.selected, R, self.post_norm)
+        return prop.unary(norm_kind(self.post_norm), emb.selected, R, self.post_norm)
 
     def patch_tokens(self, grid: tuple) -> Tensor:
         """Patch (i, j) is carried by token (i // s)·(w / s) + j // s."""

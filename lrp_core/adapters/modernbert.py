@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.linear import is_linear
-from ..rules.ops import ELEMENTWISE, LAYERNORM, LINEAR
+from ..rules.ops import ELEMENTWISE, LINEAR, norm_kind
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
@@ -164,7 +164,7 @@ class ModernBertAdapter(Adapter):
         return [
             HeadLayer(LINEAR, head.dense),
             HeadLayer(ELEMENTWISE, head.act),
-            HeadLayer(LAYERNORM, head.norm),
+            HeadLayer(norm_kind(head.norm), head.norm),
             HeadLayer(LINEAR, clf),
         ]
 

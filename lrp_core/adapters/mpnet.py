@@ -28,6 +28,7 @@ from torch import Tensor
 from ..errors import UnsupportedModelError
 from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
+from .heads import hf_heads
 from .parts import ModelPart
 
 
@@ -66,12 +67,12 @@ class MPNetAdapter(BertAdapter):
     def _block(self, i: int, layer: ModelPart) -> BlockSpec:
         try:
             att = layer.attention.attn
-            H, d = att.num_attention_heads, att.attention_head_size
+            H, d, scale = hf_heads(att, att.q, att.k, att.v, att.o, f"layer {i}", att.attention_head_size)
             return BlockSpec(
                 layout="post_ln",
                 norm1=layer.attention.LayerNorm,
                 norm2=layer.output.LayerNorm,
-                attn=AttentionSpec(q=att.q, k=att.k, v=att.v, proj=att.o, num_heads=H, head_dim=d, scale=d**-0.5),
+                attn=AttentionSpec(q=att.q, k=att.k, v=att.v, proj=att.o, num_heads=H, head_dim=d, scale=scale),
                 mlp=MlpSpec(
                     fc1=layer.intermediate.dense, act=layer.intermediate.intermediate_act_fn, fc2=layer.output.dense
                 ),

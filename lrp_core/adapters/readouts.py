@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..rules.composites import Propagation
-from ..rules.ops import ADD, LAYERNORM, LINEAR, POOL, READOUT, norm_kind
+from ..rules.ops import ADD, LINEAR, POOL, READOUT, norm_kind
 from .blocks import NO_RECORD, Replay
 from .kernels import SoftCap, plus
 from .parts import ModelPart
@@ -366,7 +366,7 @@ class TwoHeadReadout(Readout):
         return (M[..., i, :] + M[..., j, :]) / 2
 
     def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> TwoHeadRecord:
-        normed = r.module(LAYERNORM, self.norm, hidden)
+        normed = r.norm(self.norm, hidden)
         tokens = [r(READOUT, lambda t, k=k: t[:, k], normed) for k in self.indices]
         outs = tuple(r.module(LINEAR, head, t) for head, t in zip(self.heads, tokens))
         halves = tuple(_half(o) for o in outs)  # a constant scale: relevance passes unchanged
@@ -393,7 +393,7 @@ class TwoHeadReadout(Readout):
         ):
             R_t = R_half if isinstance(head, nn.Identity) else prop.linear(head, t, R_half, out=out)
             (R[:, k],) = prop(READOUT, (t,), R_t)
-        return prop.unary(LAYERNORM, rec.hidden, R, self.norm)
+        return prop.unary(norm_kind(self.norm), rec.hidden, R, self.norm)
 
 
 __all__ = [

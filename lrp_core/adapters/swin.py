@@ -39,6 +39,7 @@ from ..rules.composites import Composite, Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import LINEAR, PATCH_CONV, norm_kind
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
+from .heads import timm_scale
 from .parts import IDENTITY, ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout
 from .records import BlockRelevance, EmbeddingRecord, Trace
@@ -442,7 +443,12 @@ class TimmSwinAdapter(SwinAdapter):
                 norm2=blk.norm2,
                 mlp=spec,
                 attn=AttentionSpec(
-                    qkv=a.qkv, proj=a.proj, num_heads=heads, head_dim=d, scale=a.scale, scale_queries_first=True
+                    qkv=a.qkv,
+                    proj=a.proj,
+                    num_heads=heads,
+                    head_dim=d,
+                    scale=timm_scale(a, d),
+                    scale_queries_first=True,
                 ),
             )
         from .eva import BiasedQkv  # the same fused projection with its attention-added bias

@@ -22,10 +22,11 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.linear import is_linear
-from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
+from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD, norm_kind
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
+from .heads import hf_heads, timm_scale
 from .parts import IDENTITY, ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -94,12 +95,12 @@ class ViTAdapter(Adapter):
         assert emb is not None and emb.x_pos is not None and emb.tokens is not None and emb.patches is not None, (
             "a vision replay records its embedding's tokens, their position sum and the patches (embed)"
         )
-        R = prop.unary(LAYERNORM, emb.x_pos, R0, self.norm_pre)
+        R = prop.unary(norm_kind(self.norm_pre), emb.x_pos, R0, self.norm_pre)
         P0 = self.num_prefix_tokens  # the prefix tokens' relevance is dropped; the rules are element-wise
         R_patch = R[:, P0:]
         if emb.x_pos is not emb.tokens:  # a position embedding was added: the tokens' share of the sum
             (R_patch, _) = prop(POS_ADD, (emb.tokens[:, P0:], None), R_patch, output=emb.x_pos[:, P0:])
-        R_patch = prop.unary(LAYERNORM, emb.patches, R_patch, self.patch_norm)
+        R_patch = prop.unary(norm_kind(self.patch_norm), emb.patches, R_patch, self.patch_norm)
         grid = self.layout(prepared).grid
         assert grid is not None, "an image layout has its patch grid"
         h, w = grid
@@ -158,7 +159,7 @@ class TimmViTAdapter(ViTAdapter):
                 raise UnsupportedModelError(f"{type(model).__name__}: head {type(h).__name__} is not a Linear layer")
         if len(heads) == 2:  # timm's distilled forward_head reads tokens 0 and 1, no fc_norm
             return TwoHeadReadout(norm=model.norm, head=model.head, head_dist=model.head_dist)
-        head = [HeadLayer(LAYERNORM, model.fc_norm), HeadLayer(LINEAR, model.head)]
+        head = [HeadLayer(norm_kind(model.fc_norm), model.fc_norm), HeadLayer(LINEAR, model.head)]
         if model.global_pool == "avg":
             start = 0 if getattr(model, "pool_include_prefix", False) else int(model.num_prefix_tokens)
             return MeanReadout(norm=model.norm, head_layers=head, start=start)
@@ -195,7 +196,7 @@ class TimmViTAdapter(ViTAdapter):
                 proj=attn.proj,
                 num_heads=attn.num_heads,
                 head_dim=attn.head_dim,
-                scale=attn.scale,
+                scale=timm_scale(attn, int(attn.head_dim)),
                 scale_queries_first=True,
             ),
             mlp=MlpSpec(fc1=mlp.fc1, act=mlp.act, fc2=mlp.fc2, mid_norm=getattr(mlp, "norm", IDENTITY)),
@@ -215,7 +216,7 @@ class TimmViTAdapter(ViTAdapter):
             images = images.detach().requires_grad_(True)
         conv = r.module(PATCH_CONV, self.patch_conv, images)  # (B, D, h, w); the size is a multiple of the patch
         patches = conv.flatten(2).transpose(1, 2)  # (B, P, D)
-        flat = r.module(LAYERNORM, self.patch_norm, patches)  # the token embeddings gradients are read at
+        flat = r.norm(self.patch_norm, patches)  # the token embeddings gradients are read at
         prefix = [
             t.expand(images.shape[0], -1, -1)
             for t in (m.cls_token, getattr(m, "dist_token", None), getattr(m, "reg_token", None))
@@ -230,7 +231,7 @@ class TimmViTAdapter(ViTAdapter):
             x_pos = torch.cat(prefix + [r(POS_ADD, torch.add, flat, pos)], dim=1)
         else:
             x_pos = r(POS_ADD, torch.add, tokens, pos)
-        x0 = r.module(LAYERNORM, self.norm_pre, x_pos)
+        x0 = r.norm(self.norm_pre, x_pos)
         return EmbeddingRecord(x0=x0, embeds=flat, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
 
     def _position_embedding(self, grid: tuple) -> Optional[Tensor]:
@@ -271,6 +272,33 @@ def hf_attention(att: ModelPart) -> tuple:
         return att.q_proj, att.k_proj, att.v_proj, att.o_proj
     sa = att.attention
     return sa.query, sa.key, sa.value, att.output.dense
+
+
+def hf_block_heads(cfg: ModelPart, att: ModelPart, parts: tuple, where: str) -> tuple[int, int, float]:
+    """(heads, head width, scale) of a Hugging Face ViT-style attention as its module computes them
+    (:func:`~lrp_core.adapters.heads.hf_heads`: pruned heads, a changed ``scaling``).
+
+    Parameters
+    ----------
+    cfg : PretrainedConfig
+        The model's config (the head width where the module names none).
+    att : nn.Module
+        The layer's attention module (transformers 5: itself; 4.x: its ``attention`` holds the heads).
+    parts : tuple of nn.Module
+        ``(q, k, v, output projection)`` (:func:`hf_attention`).
+    where : str
+        The layer, for a refusal.
+
+    Returns
+    -------
+    tuple
+        ``(H, d, scale)``.
+    """
+    H = cfg.num_attention_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    holder = att if hasattr(att, "q_proj") else att.attention
+    q, k, v, proj = parts
+    return hf_heads(holder, q, k, v, proj, where, d)
 
 
 def hf_mlp(layer: ModelPart) -> MlpSpec:
@@ -364,15 +392,13 @@ class HFViTAdapter(ViTAdapter):
         return TokenReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)])
 
     def _block(self, i: int, layer: ModelPart) -> BlockSpec:
-        cfg = self.model.config
-        H = cfg.num_attention_heads
-        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
         q, k, v, proj = hf_attention(layer.attention)
+        H, d, scale = hf_block_heads(self.model.config, layer.attention, (q, k, v, proj), f"layer {i}")
         return BlockSpec(
             layout="pre_ln",
             norm1=layer.layernorm_before,
             norm2=layer.layernorm_after,
-            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d**-0.5),
+            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=scale),
             mlp=hf_mlp(layer),
         )
 
@@ -412,6 +438,7 @@ __all__ = [
     "HFViTAdapter",
     "HFDeiTAdapter",
     "hf_attention",
+    "hf_block_heads",
     "hf_mlp",
     "hf_layers",
     "hf_linear_head",

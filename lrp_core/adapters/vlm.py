@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
-from ..rules.ops import LAYERNORM, PATCH_CONV, POS_ADD
+from ..rules.ops import PATCH_CONV, POS_ADD
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, Replay, block_forward, block_relprop
 from .checks import NO_EFFECT, input_keys, pixel_values
@@ -52,7 +52,7 @@ from .decoder import REFUSED_INPUTS, DecoderAdapter
 from .parts import ModelPart
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .siglip import check_siglip_tower, siglip_block, siglip_embed, siglip_patch_conv, siglip_patch_size
-from .vit import ViTAdapter, hf_attention, hf_mlp
+from .vit import ViTAdapter, hf_attention, hf_block_heads, hf_mlp
 
 #: the text model's ``model_type`` -> (adapter module, decoder adapter class) of its family
 TEXT_FAMILIES = {
@@ -198,7 +198,7 @@ class CLIPVisionTower(VisionTower):
         patches = conv.flatten(2).transpose(1, 2)
         tokens = torch.cat([emb.class_embedding.expand(images.shape[0], 1, -1), patches], dim=1)
         x_pos = r(POS_ADD, torch.add, tokens, emb.position_embedding(emb.position_ids))
-        x0 = r.module(LAYERNORM, self.norm_pre, x_pos)
+        x0 = r.norm(self.norm_pre, x_pos)
         return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
 
 
@@ -228,17 +228,15 @@ class Dinov2VisionTower(VisionTower):
         return model.encoder.layer
 
     def _block(self, i: int, layer: ModelPart) -> BlockSpec:
-        cfg = self.model.config
-        H = cfg.num_attention_heads
-        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
         q, k, v, proj = hf_attention(layer.attention)
+        H, d, scale = hf_block_heads(self.model.config, layer.attention, (q, k, v, proj), f"layer {i}")
         return BlockSpec(
             layout="pre_ln",
             norm1=layer.norm1,
             norm2=layer.norm2,
             ls1=layer.layer_scale1,
             ls2=layer.layer_scale2,
-            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=d**-0.5),
+            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=scale),
             mlp=hf_mlp(layer),
         )
 

@@ -462,6 +462,10 @@ class Propagation(RuleChoice):
 
     # one-input shorthands
     def linear(self, module: nn.Module, x: Tensor, R: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        """A Linear-like layer's rule; an ``nn.Identity`` in a Linear's place (a projection the user replaced by
+        one) passes ``R`` unchanged, the exact relevance of ``y = x``, as the replay skips it."""
+        if isinstance(module, nn.Identity):
+            return R
         return self(LINEAR, (x,), R, out, module)[0]
 
     def unary(self, kind: str, x: Tensor, R: Tensor, module: Optional[nn.Module] = None) -> Tensor:

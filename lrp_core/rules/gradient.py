@@ -15,6 +15,7 @@ from ..errors import UnsupportedModelError
 from . import functional as F
 from .explicit import check_coefficient
 from .linear import effective_linear, is_linear
+from .norms import HF_FLOAT32, HF_OFFSET, NATIVE, NATIVE_FLOAT32, native_rms, rms_form
 from .ops import (
     ATTENTION,
     ELEMENTWISE,
@@ -106,10 +107,11 @@ class DetachedStdLayerNorm(GradientRule):
         # detached tensors, autograd keeps no activation-sized tensor for them — the same values
         std = (centred.detach().pow(2).mean(dim=-1, keepdim=True) + module.eps).sqrt()  # biased, as LayerNorm
         y = centred / std
-        if module.weight is not None:
-            y = y * module.weight.detach()
-        if module.bias is not None:
-            y = y + module.bias.detach()
+        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)  # elementwise_affine, bias
+        if weight is not None:
+            y = y * weight.detach()
+        if bias is not None:
+            y = y + bias.detach()
         return y
 
 
@@ -135,30 +137,38 @@ class DetachedOperands(GradientRule):
 
 
 class DetachedRMSNorm(GradientRule):
-    """RMSNorm with ``rsqrt(mean(x²)+ε)`` a constant, γ linear — LXT's patch, in LXT's arithmetic.
+    """RMSNorm with ``rsqrt(mean(x²)+ε)`` a constant, γ linear — LXT's patch, in the module's own arithmetic
+    (:func:`lrp_core.rules.norms.rms_form`).
 
-    Llama-style modules (``variance_epsilon``; Llama, Mistral, Qwen2/3): computed in float32 and cast back
-    before ``w ·`` (so a float64 model rounds here, as the model and LXT do). Gemma-style modules (``eps``,
+    Hugging Face Llama-style modules (``variance_epsilon``; Llama, Mistral, Qwen2/3): computed in float32 and cast
+    back before ``w ·`` (so a float64 model rounds here, as the model and LXT do). Gemma-style modules (``eps``,
     weight ``1 + w``): ``_norm`` on ``x.float()`` with the factor detached, times ``(1 + w)``, cast back.
+    ``torch.nn.RMSNorm`` and timm's ``RmsNorm``: in the input's dtype, times ``w`` where there is one
+    (:func:`lrp_core.rules.norms.native_rms`).
     """
 
     name = "detached_rms"
     kinds = (RMSNORM,)
 
     def forward(self, fn, x, module=None):
-        w = module.weight.detach()
-        if hasattr(module, "variance_epsilon"):
+        form = rms_form(module) if module is not None else None
+        if form in (NATIVE, NATIVE_FLOAT32):
+            return native_rms(module, x, float32=form == NATIVE_FLOAT32)
+        if form == HF_FLOAT32:
+            w = module.weight.detach()
             dtype = x.dtype
             h = x.to(torch.float32)
             variance = h.pow(2).mean(-1, keepdim=True)
             h = h * torch.rsqrt(variance + module.variance_epsilon).detach()
             return w * h.to(dtype)
-        if hasattr(module, "eps"):
+        if form == HF_OFFSET:
+            w = module.weight.detach()
             h = x.float()
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.eps).detach()
             return (h * (1.0 + w.float())).type_as(x)
         raise UnsupportedModelError(
-            f"{type(self).__name__}: {type(module).__name__} is not an RMSNorm (expected variance_epsilon or eps)"
+            f"{type(self).__name__}: {type(module).__name__} is not an RMSNorm (expected torch.nn.RMSNorm, timm's "
+            "RmsNorm, or a Hugging Face RMSNorm with variance_epsilon or eps)"
         )
 
 

@@ -106,7 +106,8 @@ class Op:
 
 
 def norm_kind(module: nn.Module) -> str:
-    """The operation kind of a normalisation module: RMSNORM for RMSNorm-like modules, else LAYERNORM.
+    """The operation kind of a normalisation module: RMSNORM for RMSNorm-like modules, else LAYERNORM
+    (:func:`lrp_core.rules.norms.norm_kind`, where what each norm computes is read).
 
     Parameters
     ----------
@@ -116,12 +117,12 @@ def norm_kind(module: nn.Module) -> str:
     Returns
     -------
     str
-        ``RMSNORM`` for a module whose class name contains "RMSNorm" or that has a
-        ``variance_epsilon`` attribute, else ``LAYERNORM``.
+        ``RMSNORM`` for ``torch.nn.RMSNorm``, timm's ``RmsNorm``, a module whose class name contains "RMSNorm"
+        or that has a ``variance_epsilon`` attribute, else ``LAYERNORM``.
     """
-    if "RMSNorm" in type(module).__name__ or hasattr(module, "variance_epsilon"):
-        return RMSNORM
-    return LAYERNORM
+    from .norms import norm_kind as kind  # norms builds on this module's vocabulary
+
+    return kind(module)
 
 
 # ----------------------------------------------------------------------------
