@@ -44,11 +44,32 @@ if TYPE_CHECKING:
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
-def tolerance(model: nn.Module) -> tuple[float, torch.dtype]:
+def tolerance(adapter: "Adapter") -> tuple[float, torch.dtype]:
     """(the tolerance, the dtype compared in): the active precision mode's target, else the model's own compute
-    dtype (float32 for a half model)."""
-    dtype = active_dtype() or compute_dtype(model)
+    dtype (float32 for a half model). A float64 model whose own code computes a step in float32 (Hugging Face's
+    eager softmax, a float32 rotation or router softmax: :func:`float32_steps`) carries float32 round-off, which
+    the CPU's float32 kernels round differently with a row's length and padding: it gets float32's tolerance
+    (``dtype=torch.float64`` lifts those steps to float64, in the replay and in the model's own forward)."""
+    dtype = active_dtype() or compute_dtype(adapter.model)
+    if dtype == torch.float64 and active_dtype() is None and float32_steps(adapter):
+        return TOLERANCE[torch.float32], torch.float32
     return TOLERANCE.get(dtype, 1e-5), dtype
+
+
+def float32_steps(adapter: "Adapter") -> bool:
+    """Whether the replay computes a step in float32 whatever the model's dtype, as the model's own code does."""
+    for spec in getattr(adapter, "blocks", ()):
+        attn = spec.attn
+        steps = (
+            getattr(attn, "softmax_dtype", None),
+            getattr(attn, "rotary_dtype", None),
+            getattr(attn, "rotary_compute", None),
+        )
+        if torch.float32 in steps or getattr(attn, "softmax", None) is not None:
+            return True
+        if hasattr(spec.mlp, "router") or type(spec.mlp).__name__ == "MoeSpec":  # the router's float32 softmax
+            return True
+    return False
 
 
 def deviation(replay: Tensor, own: Tensor, mask: Optional[Tensor] = None) -> float:
@@ -107,7 +128,7 @@ def check(adapter: "Adapter", prepared: dict, logits: Tensor, pieces: Sequence[A
         With the deviation, the tolerance and the first block that departs, when the replay is not the model.
     """
     own, unreflected = own_logits(adapter, prepared, pieces)
-    tol, dtype = tolerance(adapter.model)
+    tol, dtype = tolerance(adapter)
     dev = deviation(logits, own)
     if dev <= tol or unreflected:  # within tolerance; or the user's hooks the replay does not run (warned about)
         return dev
@@ -118,11 +139,21 @@ def check(adapter: "Adapter", prepared: dict, logits: Tensor, pieces: Sequence[A
     raise UnsupportedModelError(
         f"the replay of {name} does not reproduce the model's own output on these inputs: its explained logits "
         f"differ from the model's forward by {dev:.2e} relative (max |replay − model| / max |model|; tolerance "
-        f"{tol:.0e} in {str(dtype).replace('torch.', '')}{half}, worst at row {row}). {where} The explanation "
+        f"{tol:.0e} in {str(dtype).replace('torch.', '')}{half}{_islands(adapter, dtype)}, "
+        f"worst at row {row}). {where} The explanation "
         "would describe another function than the model's, so it is not given. The model may have modules that "
         "are not what their class or name suggests (a swapped norm, a changed attention scale, a replaced "
         "layer, a forward the replay does not read): explain an unmodified model of a supported family, or "
         "report the model; explain(..., unverified=True) skips this check (the result is then unverified)"
+    )
+
+
+def _islands(adapter: "Adapter", dtype: torch.dtype) -> str:
+    model_dtype = compute_dtype(adapter.model)
+    return (
+        " (the model's own code computes steps in float32)"
+        if dtype != model_dtype and not is_half(adapter.model)
+        else ""
     )
 
 
