@@ -18,7 +18,7 @@ from ..errors import UnsupportedModelError
 ADMITTED: dict[str, str] = {
     "torch": ">=2.14.1,<2.15",
     "transformers": ">=5.24.0,<5.25",
-    "timm": ">=1.0.9,<1.1",
+    "timm": ">=1.0.31,<1.1",
 }
 
 

@@ -67,7 +67,8 @@ def test_the_pinned_torch_and_the_test_environment_are_admitted():
         ("torch", "2.14.1+cu130", True),
         ("torch", "2.3.0", False),
         ("torch", "2.15.0", False),
-        ("timm", "1.0.9", True),
+        ("timm", "1.0.28", False),  # its Eva has no qk_norm: 20 EVA tests cannot build their models
+        ("timm", "1.0.9", False),
         ("timm", "1.0.31", True),
         ("timm", "0.9.16", False),
         ("timm", "1.1.0", False),
