@@ -23,7 +23,7 @@ LAB_ARGS ?=
 USER_ID  ?= $(shell id -u)
 LAB_ROOT := $(if $(filter 0,$(USER_ID)),--allow-root)
 
-.PHONY: install lab test lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers slides learner-copy clean
+.PHONY: install lab test test-versions lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers slides learner-copy clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,8 +43,16 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/00_welcome.ipynb $(LAB_ROOT) $(LAB_ARGS)
 
 # The linter, the type checker and the documentation build run first: each fails the run on its first finding.
+# Then every test, then the coverage tests at the other ends of the admitted transformers / timm ranges.
 test: $(STAMP) browser lint typecheck docs
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-versions
+
+# The decoder, encoder / ViT, families-of-2026 and VLM coverage tests at the lowest and the newest transformers and
+# timm that pyproject.toml admits (lrp_core/runtime/versions.py), each installed with pip --target into
+# .cache/versions and put first on PYTHONPATH over this venv; an end this venv already runs is tested by `make test`.
+test-versions: $(STAMP)
+	$(BIN)/python scripts/test_versions.py $(if $(PIP_FROM),--pip-args "$(PIP_FROM)")
 
 # The documentation site (MkDocs): offline, warnings are errors, into site/. The notebooks are rendered
 # from their stored outputs, not executed.

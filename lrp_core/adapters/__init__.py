@@ -13,6 +13,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..rules.linear import check_peft_layers
+from ..runtime.versions import check_versions, installed
 from ..runtime.wrappers import unwrap
 from .base import Adapter, BlockRelevance, TokenLayout, Trace
 
@@ -559,10 +560,13 @@ def get_adapter(model: nn.Module) -> Adapter:
     ------
     UnsupportedModelError
         When ``model`` is not an ``nn.Module``, belongs to a refused family, carries peft layers the rules do not
-        read, or matches no family; the message lists the supported families.
+        read, or matches no family; the message lists the supported families. Also when an imported torch,
+        transformers or timm lies outside the admitted range (:mod:`lrp_core.runtime.versions`; the message names
+        the installed version and the range); a refused layout names the transformers / timm it was read with.
     """
     if not isinstance(model, nn.Module):
         raise UnsupportedModelError(f"expected a torch.nn.Module, got {type(model).__name__}. Supported: {SUPPORTED}")
+    check_versions()
     model = unwrap(model)
     check_peft_layers(model)
     for family, recognise, reason in REFUSED:
@@ -574,7 +578,10 @@ def get_adapter(model: nn.Module) -> Adapter:
 
     for _, recognise, build in ADAPTERS:
         if recognise(model):
-            adapter = build(model)
+            try:
+                adapter = build(model)
+            except UnsupportedModelError as err:  # a layout the family's code read does not match
+                raise UnsupportedModelError(f"{err}{_read_with()}") from None
             if adapter.is_decoder and not type(model).__module__.startswith("transformers."):
                 # a user's subclass of a listed decoder may compute something else: checked like an unlisted one
                 _supported(open_recognition.verify, adapter)
@@ -582,15 +589,21 @@ def get_adapter(model: nn.Module) -> Adapter:
     adapter = _supported(open_recognition.open_adapter, model)
     if adapter is not None:
         return adapter
-    raise UnsupportedModelError(f"{type(model).__name__} is not supported. Supported: {SUPPORTED}")
+    raise UnsupportedModelError(f"{type(model).__name__} is not supported{_read_with()}. Supported: {SUPPORTED}")
 
 
 def _supported(check: Callable, *args):
-    """``check(*args)``, its refusal completed with the list of supported families."""
+    """``check(*args)``, its refusal completed with the versions it was read with and the supported families."""
     try:
         return check(*args)
     except UnsupportedModelError as err:
-        raise UnsupportedModelError(f"{err}. Supported: {SUPPORTED}") from None
+        raise UnsupportedModelError(f"{err}{_read_with()}. Supported: {SUPPORTED}") from None
+
+
+def _read_with() -> str:
+    """`` (read with transformers 5.24.0, timm 1.0.31)``: the installed code a layout refusal was read from."""
+    found = [f"{name} {v}" for name in ("transformers", "timm") if (v := installed(name)) is not None]
+    return f" (read with {', '.join(found)})" if found else ""
 
 
 __all__ = [

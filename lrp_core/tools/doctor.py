@@ -25,13 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..runtime.versions import ADMITTED, lowest, outside
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository (lrp_core/tools/doctor.py)
 
-#: (import name, distribution, minimal version, essential) — from pyproject.toml
+#: (import name, distribution, minimal version, essential) — from pyproject.toml; torch, timm and transformers
+#: are checked against their whole admitted range (lrp_core.runtime.versions)
 PACKAGES = [
-    ("torch", "torch", "2.3", True),
-    ("timm", "timm", "1.0.9", True),
-    ("transformers", "transformers", "4.46", True),
+    ("torch", "torch", lowest(ADMITTED["torch"]), True),
+    ("timm", "timm", lowest(ADMITTED["timm"]), True),
+    ("transformers", "transformers", lowest(ADMITTED["transformers"]), True),
     ("numpy", "numpy", None, True),
     ("matplotlib", "matplotlib", "3.7", True),
     ("ipywidgets", "ipywidgets", "8.1", True),
@@ -148,6 +151,8 @@ def check_package(module: str, dist: str, minimum: str | None) -> Result:
         version = metadata.version(dist)
     except metadata.PackageNotFoundError:
         version = getattr(sys.modules[module], "__version__", "?")
+    if dist in ADMITTED and version != "?" and (reason := outside(dist, version)) is not None:
+        return Result(f"import {module}", "fail", reason.split(";")[0], f'pip install "{dist}{ADMITTED[dist]}"')
     if minimum and version != "?" and _version_tuple(version) < _version_tuple(minimum):
         return Result(
             f"import {module}", "fail", f"{version} is older than {minimum}", f'pip install "{dist}>={minimum}"'
