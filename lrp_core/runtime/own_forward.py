@@ -154,6 +154,22 @@ def _hooks_not_counted(run: OwnRun) -> Iterator[None]:
 
 
 @contextmanager
+def attributes_kept(model: nn.Module) -> Iterator[None]:
+    """Every module's public attributes put back as found: what a forward caches on the model (Qwen2-VL's
+    ``rope_deltas``, set by its own forward and read by the next call) does not outlive the check."""
+    saved = [(m, {k: v for k, v in vars(m).items() if not k.startswith("_")}) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, attrs in saved:
+            for k in [k for k in vars(m) if not k.startswith("_") and k not in attrs]:
+                delattr(m, k)
+            for k, v in attrs.items():
+                if vars(m).get(k, v) is not v or k not in vars(m):
+                    setattr(m, k, v)
+
+
+@contextmanager
 def own_forward(model: nn.Module) -> Iterator[OwnRun]:
     """Run the model's own forward inside the block: eval semantics, no gradients, observers taken back, rotary
     state kept, hooks not counted as the replay's (see the module docstring).
@@ -169,9 +185,23 @@ def own_forward(model: nn.Module) -> Iterator[OwnRun]:
         Filled on exit: the hooked modules that ran only in the own forward.
     """
     run = OwnRun()
-    with torch.no_grad(), eval_semantics(model), no_new_observers(model), rotary_state_kept(model):
+    with (
+        attributes_kept(model),
+        torch.no_grad(),
+        eval_semantics(model),
+        no_new_observers(model),
+        rotary_state_kept(model),
+    ):
         with _hooks_not_counted(run):
             yield run
 
 
-__all__ = ["OwnRun", "own_forward", "no_new_observers", "rotary_state_kept", "INSTALLED", "LENGTH_DEPENDENT"]
+__all__ = [
+    "OwnRun",
+    "own_forward",
+    "attributes_kept",
+    "no_new_observers",
+    "rotary_state_kept",
+    "INSTALLED",
+    "LENGTH_DEPENDENT",
+]
