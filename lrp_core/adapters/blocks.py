@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..rules.composites import Composite, Propagation, RuleChoice
 from ..rules.functional import take_rows
+from ..rules.views import linear_call
 from ..rules.ops import (
     ADD,
     ELEMENTWISE,
@@ -179,7 +180,9 @@ class Replay(RuleChoice):
             return x
         if self.first is not None:
             self.first.setdefault(kind, module)
-        return self(kind, module, x, module=module)
+        # a quantised Linear: its own forward, with the gradient of the dequantised map the rules read
+        fn = linear_call(module) if kind == LINEAR else module
+        return self(kind, fn, x, module=module)
 
     def norm(self, module: nn.Module, x: Tensor) -> Tensor:
         """A normalisation of the model (LayerNorm or RMSNorm: its kind from the module); identities skipped."""

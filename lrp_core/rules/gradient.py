@@ -12,9 +12,11 @@ import torch
 from torch import Tensor
 
 from ..errors import UnsupportedModelError
+from ..runtime.offload import resolve
 from . import functional as F
 from .explicit import check_coefficient
 from .linear import effective_linear, is_linear
+from .views import check_linear
 from .ops import (
     ATTENTION,
     ELEMENTWISE,
@@ -106,10 +108,11 @@ class DetachedStdLayerNorm(GradientRule):
         # detached tensors, autograd keeps no activation-sized tensor for them — the same values
         std = (centred.detach().pow(2).mean(dim=-1, keepdim=True) + module.eps).sqrt()  # biased, as LayerNorm
         y = centred / std
-        if module.weight is not None:
-            y = y * module.weight.detach()
-        if module.bias is not None:
-            y = y + module.bias.detach()
+        weight, bias = resolve(module, "weight"), resolve(module, "bias")  # an offloaded norm's loaded γ, β
+        if weight is not None:
+            y = y * weight.detach()
+        if bias is not None:
+            y = y + bias.detach()
         return y
 
 
@@ -146,7 +149,7 @@ class DetachedRMSNorm(GradientRule):
     kinds = (RMSNORM,)
 
     def forward(self, fn, x, module=None):
-        w = module.weight.detach()
+        w = resolve(module, "weight").detach()  # an offloaded norm's loaded weight
         if hasattr(module, "variance_epsilon"):
             dtype = x.dtype
             h = x.to(torch.float32)
@@ -218,6 +221,7 @@ class _LinearRuleFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, layer: torch.nn.Module, gamma: float, epsilon: float) -> Tensor:
         z = layer(x)
+        check_linear(layer, x, z, *effective_linear(layer))  # the map the backward reads is the layer's
         ctx.save_for_backward(x, z)
         ctx.layer, ctx.gamma, ctx.epsilon = layer, gamma, epsilon
         return z

@@ -238,16 +238,28 @@ def loaded_weights(model: nn.Module) -> Iterator[None]:
         yield
         return
     entries = offloaded_tensors(model)
-    if not entries:
-        yield
-        return
     outer = getattr(_state, "model", None), getattr(_state, "index", None)
-    _state.model, _state.index = model, _Index(entries)
+    _state.model, _state.index = model, (_Index(entries) if entries else None)
     try:
-        with LoadedWeightsMode(_state.index):
+        if _state.index is None:
             yield
+        else:
+            with LoadedWeightsMode(_state.index):
+                yield
     finally:
         _state.model, _state.index = outer
+
+
+def explained_model() -> Optional[nn.Module]:
+    """The model whose weights the enclosing :func:`loaded_weights` reads (``None`` outside one): what a refusal
+    names a module within.
+
+    Returns
+    -------
+    nn.Module or None
+        The model.
+    """
+    return getattr(_state, "model", None)
 
 
 def resolve(module: nn.Module, name: str) -> Optional[Tensor]:
@@ -338,6 +350,7 @@ __all__ = [
     "offloaded_tensors",
     "LoadedWeightsMode",
     "loaded_weights",
+    "explained_model",
     "resolve",
     "execution_device",
     "check_loaded",
