@@ -114,6 +114,21 @@ def check_linear(
         raise UnsupportedModelError(_departs(module, "x·Wᵀ + b", dev, tol))
 
 
+def check_output(module: nn.Module, x: Tensor, y: Optional[Tensor]) -> None:
+    """:func:`check_linear` of the Linear ``module``'s view (:func:`~lrp_core.rules.linear.effective_linear`) on
+    its recorded input ``x`` and output ``y``: for a pass whose rule is handed no output (a head's layers).
+
+    Parameters
+    ----------
+    module : nn.Module
+        A Linear-like layer of the model.
+    x, y : Tensor, Tensor or None
+        (..., D_in) its input and (..., D_out) its output in the forward.
+    """
+    if y is not None:
+        check_linear(module, x, y, *effective_linear(module))
+
+
 def effective_conv(module: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
     """The weight (C_out, C_in, kh, kw) and bias (C_out,) or ``None`` of the convolution ``module`` computes:
     its parameters, dequantised for a quantised layer, loaded for an offloaded one.
@@ -259,4 +274,4 @@ def linear_call(module: nn.Module) -> Callable[[Tensor], Tensor]:
     return lambda x: _ViewLinearFn.apply(x, module)
 
 
-__all__ = ["ROWS", "tolerance", "check_linear", "effective_conv", "conv_padding", "check_conv", "linear_call"]
+__all__ = ["ROWS", "tolerance", "check_linear", "check_output", "effective_conv", "conv_padding", "check_conv", "linear_call"]
