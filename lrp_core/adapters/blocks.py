@@ -25,7 +25,6 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..rules.composites import Composite, Propagation, RuleChoice
 from ..rules.functional import take_rows
-from ..rules.views import linear_call
 from ..rules.ops import (
     ADD,
     ELEMENTWISE,
@@ -38,6 +37,7 @@ from ..rules.ops import (
     GradientRule,
     norm_kind,
 )
+from ..rules.views import linear_call
 from .attention import AttentionSpec, attention_forward, attention_relprop
 from .kernels import parallel_sum, parallel_sum_skip_first, plus, times
 from .parts import IDENTITY, ModelPart

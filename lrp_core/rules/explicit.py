@@ -12,7 +12,6 @@ import math
 from ..errors import RuleSetError, UnsupportedModelError
 from . import functional as F
 from .linear import effective_linear
-from .views import check_conv, check_linear, conv_padding, effective_conv
 from .ops import (
     ADD,
     ATTENTION,
@@ -32,6 +31,7 @@ from .ops import (
     ROUTE,
     ExplicitRule,
 )
+from .views import check_conv, check_linear, conv_padding, effective_conv
 
 
 def _linear_parts(op, cache):

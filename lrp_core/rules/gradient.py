@@ -16,7 +16,6 @@ from ..runtime.offload import resolve
 from . import functional as F
 from .explicit import check_coefficient
 from .linear import effective_linear, is_linear
-from .views import check_linear
 from .ops import (
     ATTENTION,
     ELEMENTWISE,
@@ -30,6 +29,7 @@ from .ops import (
     ROPE,
     GradientRule,
 )
+from .views import check_linear
 
 #: the identity rule's stabiliser (a plain +1e-10, as in LXT; not sign-matched)
 IDENTITY_RULE_EPS = 1e-10
@@ -149,7 +149,9 @@ class DetachedRMSNorm(GradientRule):
     kinds = (RMSNORM,)
 
     def forward(self, fn, x, module=None):
-        w = resolve(module, "weight").detach()  # an offloaded norm's loaded weight
+        weight = resolve(module, "weight")  # an offloaded norm's loaded weight
+        assert weight is not None, "an RMSNorm has a weight"
+        w = weight.detach()
         if hasattr(module, "variance_epsilon"):
             dtype = x.dtype
             h = x.to(torch.float32)

@@ -187,7 +187,9 @@ def repacks_in_place(module: nn.Module, x: Tensor) -> bool:
 
 def packed(module: nn.Module) -> bool:
     """Whether a bitsandbytes 4-bit layer's weight was already repacked for its CPU bfloat16 kernel."""
-    return _is_bnb(module) and bool(getattr(getattr(module.weight, "quant_state", None), "packing_format_for_cpu", False))
+    return _is_bnb(module) and bool(
+        getattr(getattr(module.weight, "quant_state", None), "packing_format_for_cpu", False)
+    )
 
 
 def linear_parts(module: nn.Module) -> Optional[tuple[Tensor, Optional[Tensor]]]:
@@ -243,7 +245,7 @@ def conv_weight(module: nn.Module) -> Optional[Tensor]:
 
 
 def _dequantised(w: Tensor) -> Tensor:
-    return w.dequantize() if hasattr(w, "dequantize") and not type(w) is torch.Tensor else w
+    return w.dequantize() if hasattr(w, "dequantize") and type(w) is not torch.Tensor else w
 
 
 def _bnb_weight(module: Any) -> Tensor:

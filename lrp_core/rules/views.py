@@ -203,7 +203,9 @@ def check_conv(module: nn.Module, x: Tensor, weight: Tensor, bias: Optional[Tens
         if view.shape != y.shape:
             dev = float("inf")
         else:
-            scale = TF.conv2d(first.abs(), w.abs(), None if b is None else b.abs(), stride=m.stride, padding=conv_padding(m))
+            scale = TF.conv2d(
+                first.abs(), w.abs(), None if b is None else b.abs(), stride=m.stride, padding=conv_padding(m)
+            )
             dev = float((view - y.to(dtype)).abs().max() / scale.max().clamp_min(torch.finfo(dtype).tiny))
     tol = tolerance(dtype, y.device, conv=True)
     if not dev <= tol:
@@ -274,4 +276,13 @@ def linear_call(module: nn.Module) -> Callable[[Tensor], Tensor]:
     return lambda x: _ViewLinearFn.apply(x, module)
 
 
-__all__ = ["ROWS", "tolerance", "check_linear", "check_output", "effective_conv", "conv_padding", "check_conv", "linear_call"]
+__all__ = [
+    "ROWS",
+    "tolerance",
+    "check_linear",
+    "check_output",
+    "effective_conv",
+    "conv_padding",
+    "check_conv",
+    "linear_call",
+]

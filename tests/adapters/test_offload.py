@@ -71,12 +71,16 @@ def _offload(kind: str, family: str, model: torch.nn.Module, tmp_path) -> torch.
         return accelerate.dispatch_model(model, _disk_map(model, family), offload_dir=str(tmp_path / "dispatch"))
     assert kind == "from_pretrained"
     model.save_pretrained(tmp_path / "saved")
-    return type(model).from_pretrained(
-        tmp_path / "saved",
-        device_map=_disk_map(model, family),
-        offload_folder=str(tmp_path / "folder"),
-        dtype=torch.float32,
-    ).eval()
+    return (
+        type(model)
+        .from_pretrained(
+            tmp_path / "saved",
+            device_map=_disk_map(model, family),
+            offload_folder=str(tmp_path / "folder"),
+            dtype=torch.float32,
+        )
+        .eval()
+    )
 
 
 def _state(model: torch.nn.Module) -> list:

@@ -44,7 +44,9 @@ def _swap(model, name: str, cls=DoubledLinear):
 @pytest.mark.parametrize("method", ["transformer_attribution", "lrp", "partial_lrp"])
 def test_a_linear_that_computes_another_function_is_refused_naming_it(method):
     model = _swap(make_tiny_vit(), "blocks.2.mlp.fc1")
-    with pytest.raises(UnsupportedModelError, match=r"blocks\.2\.mlp\.fc1 \(DoubledLinear\): its output departs .* by 0\.\d"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"blocks\.2\.mlp\.fc1 \(DoubledLinear\): its output departs .* by 0\.\d"
+    ):
         explain(model, _images(), method)
 
 
