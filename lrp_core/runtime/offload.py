@@ -141,19 +141,19 @@ def offloaded_tensors(model: nn.Module) -> list[Offloaded]:
     out: list[Offloaded] = []
     for module in model.modules():
         for hook in _align_hooks(module):
-            names = [n for n, _ in module.named_parameters(recurse=bool(hook.place_submodules))]
-            if hook.offload_buffers:
-                persistent = {
-                    f"{prefix}{'.' if prefix else ''}{b}"
-                    for prefix, m in module.named_modules()
-                    for b in m._buffers
-                    if b not in m._non_persistent_buffers_set and (prefix == "" or hook.place_submodules)
-                }
-                names += sorted(persistent)
-            for key in names:
+            recurse = bool(hook.place_submodules)
+            keys = [n for n, _ in module.named_parameters(recurse=recurse)]
+            if hook.offload_buffers:  # persistent buffers only: the hook keeps the others on the device
+                keys += [n for n, _ in module.named_buffers(recurse=recurse) if _persistent(module, n)]
+            for key in keys:
                 path, _, leaf = key.rpartition(".")
                 out.append(Offloaded(module.get_submodule(path) if path else module, leaf, hook, key))
     return out
+
+
+def _persistent(module: nn.Module, key: str) -> bool:
+    path, _, leaf = key.rpartition(".")
+    return leaf not in (module.get_submodule(path) if path else module)._non_persistent_buffers_set
 
 
 class _Index:
