@@ -496,6 +496,9 @@ def test_a_steering_hook_on_a_block_is_named_and_a_hook_on_a_leaf_is_replayed():
     model.head.register_forward_hook(lambda m, i, o: 2 * o)  # a leaf the replay calls: reflected, no warning
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnreflectedHookWarning)
-        exp = explain(model, x)
+        exp = explain(model, x, "attnlrp")  # a replay differentiates the hooked leaf itself
     with torch.no_grad():
         assert torch.allclose(exp.logits, model(x), atol=1e-5) and torch.allclose(exp.logits, 2 * plain.logits)
+    # the explicit rules would read the head's W, b, which the hooked head no longer computes: refused (issue #43)
+    with pytest.raises(UnsupportedModelError, match=r"head \(Linear\).* a forward hook or pre-hook on it changes"):
+        explain(model, x)

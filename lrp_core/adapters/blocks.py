@@ -40,6 +40,7 @@ from ..rules.ops import (
     GradientRule,
     norm_kind,
 )
+from ..rules.views import linear_call
 from .attention import AttentionSpec, attention_forward, attention_relprop
 from .kernels import parallel_sum, parallel_sum_skip_first, plus, times
 from .parts import IDENTITY, ModelPart
@@ -193,7 +194,9 @@ class Replay(RuleChoice):
             return x
         if self.first is not None:
             self.first.setdefault(kind, module)
-        return self(kind, module, x, module=module)
+        # a quantised Linear: its own forward, with the gradient of the dequantised map the rules read
+        fn = linear_call(module) if kind == LINEAR else module
+        return self(kind, fn, x, module=module)
 
     def norm(self, module: nn.Module, x: Tensor) -> Tensor:
         """A normalisation of the model (LayerNorm or RMSNorm: its kind from the module); identities skipped."""

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..rules.composites import Propagation
 from ..rules.ops import ADD, LINEAR, POOL, READOUT, norm_kind
+from ..rules.views import check_output
 from .blocks import NO_RECORD, Replay
 from .kernels import SoftCap, plus
 from .parts import ModelPart
@@ -113,9 +114,12 @@ class PooledReadout(Readout):
     def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
         """Relevance of the logits (B, C) -> relevance of the final hidden states (B, N, D)."""
         R = R_out
-        for layer, x in zip(reversed(self.head_layers), reversed(rec.inputs)):
+        outputs = [*rec.inputs[1:], rec.logits]
+        for layer, x, y in zip(reversed(self.head_layers), reversed(rec.inputs), reversed(outputs)):
             if isinstance(layer.module, nn.Identity):
                 continue
+            if layer.kind == LINEAR:  # the rule is handed no output: its view is checked on the recorded one here
+                check_output(layer.module, x, y)
             R = prop.unary(layer.kind, x, R, layer.module)  # Linears: the rule forms z from two products
         R_hidden = self.unpool(rec, R, prop)
         return prop.unary(norm_kind(self.norm), rec.hidden, R_hidden, self.norm)

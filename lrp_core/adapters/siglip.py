@@ -49,6 +49,7 @@ from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.linear import LinearView, is_linear
 from ..rules.ops import ADD, ELEMENTWISE, LAYERNORM, LINEAR, MATMUL_AV, MATMUL_QK, PATCH_CONV, POS_ADD, SOFTMAX
+from ..rules.views import check_output
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
 from .base import Adapter
@@ -644,7 +645,10 @@ class AttentionPoolReadout(Readout):
         final norm."""
         assert isinstance(rec, PoolRecord), "the record of this readout's forward"
         R = R_out
-        for layer, x in zip(reversed(self.head_layers), reversed(rec.inputs)):
+        outputs = [*rec.inputs[1:], rec.logits]
+        for layer, x, y in zip(reversed(self.head_layers), reversed(rec.inputs), reversed(outputs)):
+            if layer.kind == LINEAR:  # the rule is handed no output: its view is checked on the recorded one here
+                check_output(layer.module, x, y)
             R = prop.unary(layer.kind, x, R, layer.module)
         B, N, D = rec.normed.shape
         H, d = self.num_heads, self.head_dim

@@ -31,18 +31,24 @@ from .ops import (
     ROUTE,
     ExplicitRule,
 )
+from .views import check_conv, check_linear, conv_padding, effective_conv
 
 
-def _linear_parts(module, cache):
-    """(weight, bias) of the map the Linear ``module`` computes (:func:`effective_linear`: a peft adapter's
-    weight added in). Kept in ``cache`` where the pass has one, so a computed weight keeps the identity that
-    cache's weight parts are found by."""
+def _linear_parts(op, cache):
+    """(weight, bias) of the map the Linear ``op.module`` computes (:func:`effective_linear`: a peft adapter's
+    weight added in, a quantised weight dequantised, an offloaded one loaded), checked against the output the
+    forward recorded for ``op.inputs[0]`` (:func:`~lrp_core.rules.views.check_linear`). Kept in ``cache`` where
+    the pass has one, so a computed weight keeps the identity that cache's weight parts are found by."""
+    module = op.module
     if cache is None:
-        return effective_linear(module)
-    key = ("linear", id(module))
-    if key not in cache:
-        cache[key] = effective_linear(module)
-    return cache[key]
+        parts = effective_linear(module)
+    else:
+        key = ("linear", id(module))
+        if key not in cache:
+            cache[key] = effective_linear(module)
+        parts = cache[key]
+    check_linear(module, op.inputs[0], op.output, *parts)
+    return parts
 
 
 class Identity(ExplicitRule):
@@ -64,7 +70,7 @@ class SignedLinear(ExplicitRule):
     kinds = (LINEAR,)
 
     def relevance(self, op, R, cache=None):
-        weight, bias = _linear_parts(op.module, cache)
+        weight, bias = _linear_parts(op, cache)
         return (F.linear_signed(op.inputs[0], weight, R, out=op.output, bias=bias, cache=cache),)
 
 
@@ -75,7 +81,7 @@ class BaselineLinear(ExplicitRule):
     kinds = (LINEAR,)
 
     def relevance(self, op, R, cache=None):
-        return (F.linear_baseline(op.inputs[0], _linear_parts(op.module, cache)[0], R),)
+        return (F.linear_baseline(op.inputs[0], _linear_parts(op, cache)[0], R),)
 
 
 def check_coefficient(rule: str, name: str, value: float) -> float:
@@ -119,7 +125,7 @@ class GammaLinear(ExplicitRule):
         self.epsilon = check_coefficient(type(self).__name__, "epsilon", epsilon)
 
     def relevance(self, op, R, cache=None):
-        weight, bias = _linear_parts(op.module, cache)
+        weight, bias = _linear_parts(op, cache)
         return (F.linear_gamma(op.inputs[0], weight, R, self.gamma, self.epsilon, bias=bias, out=op.output),)
 
     def __repr__(self) -> str:
@@ -138,7 +144,7 @@ class EpsilonLinear(ExplicitRule):
         self.epsilon = check_coefficient(type(self).__name__, "epsilon", epsilon)
 
     def relevance(self, op, R, cache=None):
-        weight, bias = _linear_parts(op.module, cache)
+        weight, bias = _linear_parts(op, cache)
         return (F.linear_epsilon(op.inputs[0], weight, R, self.epsilon, bias=bias, out=op.output),)
 
     def __repr__(self) -> str:
@@ -234,9 +240,11 @@ class ZBox(ExplicitRule):
 
     def relevance(self, op, R, cache=None):
         conv = op.module
+        # the weights its forward computes with (dequantised, loaded), checked on the first image
+        weight, bias = effective_conv(conv)
+        check_conv(conv, op.inputs[0], weight, bias)
         # padding="valid" (SigLIP's patch convolution) is no padding; the transposed convolution needs numbers
-        padding = 0 if conv.padding == "valid" else conv.padding
-        return (F.zbox_conv2d(op.inputs[0], conv.weight, R, stride=conv.stride, padding=padding),)
+        return (F.zbox_conv2d(op.inputs[0], weight, R, stride=conv.stride, padding=conv_padding(conv)),)
 
 
 class Rotary(ExplicitRule):

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UnsupportedModelError
+from ..runtime.offload import resolve
 from . import functional as F
 from .explicit import check_coefficient
 from .linear import effective_linear, is_linear
@@ -29,6 +30,7 @@ from .ops import (
     ROPE,
     GradientRule,
 )
+from .views import check_linear
 
 #: the identity rule's stabiliser (a plain +1e-10, as in LXT; not sign-matched)
 IDENTITY_RULE_EPS = 1e-10
@@ -107,7 +109,7 @@ class DetachedStdLayerNorm(GradientRule):
         # detached tensors, autograd keeps no activation-sized tensor for them — the same values
         std = (centred.detach().pow(2).mean(dim=-1, keepdim=True) + module.eps).sqrt()  # biased, as LayerNorm
         y = centred / std
-        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)  # elementwise_affine, bias
+        weight, bias = resolve(module, "weight"), resolve(module, "bias")  # elementwise_affine, bias; offloaded
         if weight is not None:
             y = y * weight.detach()
         if bias is not None:
@@ -154,15 +156,18 @@ class DetachedRMSNorm(GradientRule):
         form = rms_form(module) if module is not None else None
         if form in (NATIVE, NATIVE_FLOAT32):
             return native_rms(module, x, float32=form == NATIVE_FLOAT32)
+        weight = resolve(module, "weight")  # an offloaded norm's loaded weight
         if form == HF_FLOAT32:
-            w = module.weight.detach()
+            assert weight is not None, "a Hugging Face RMSNorm has a weight"
+            w = weight.detach()
             dtype = x.dtype
             h = x.to(torch.float32)
             variance = h.pow(2).mean(-1, keepdim=True)
             h = h * torch.rsqrt(variance + module.variance_epsilon).detach()
             return w * h.to(dtype)
         if form == HF_OFFSET:
-            w = module.weight.detach()
+            assert weight is not None, "a Gemma RMSNorm has a weight"
+            w = weight.detach()
             h = x.float()
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.eps).detach()
             return (h * (1.0 + w.float())).type_as(x)
@@ -228,6 +233,7 @@ class _LinearRuleFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, layer: torch.nn.Module, gamma: float, epsilon: float) -> Tensor:
         z = layer(x)
+        check_linear(layer, x, z, *effective_linear(layer))  # the map the backward reads is the layer's
         ctx.save_for_backward(x, z)
         ctx.layer, ctx.gamma, ctx.epsilon = layer, gamma, epsilon
         return z

@@ -10,7 +10,10 @@ forward ran. :func:`effective_linear` is the one place the rules ask; it knows
 * peft's LoRA ``Linear`` (``W + Σ_active scaling·B·A``; DoRA's ``m ⊙ (W + ΔW) / ‖W + ΔW‖``), IA³ ``Linear``
   (the scaling vector on the input or the output features) and ``ModulesToSaveWrapper`` around a Linear,
   each over an ``nn.Linear`` or a ``Conv1D``, exactly as the layer's own forward combines them (merged
-  adapters already in the base weight, disabled adapters read as the base layer).
+  adapters already in the base weight, disabled adapters read as the base layer);
+* a quantised Linear (optimum-quanto, torchao, bitsandbytes, torch dynamic quantisation with float16
+  weights): its dequantised weight (:mod:`lrp_core.rules.quantised`);
+* an offloaded layer (accelerate): the weights its hook loads for its forward (:mod:`lrp_core.runtime.offload`).
 
 Any other peft layer (LoKr, LoHa, a LoRA on an Embedding or a convolution, LoRA variants other than DoRA, …)
 is refused (:func:`check_peft_layers`, run when the adapter is chosen) with a hint to merge the adapters.
@@ -29,6 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
+from ..runtime.offload import resolve
+from . import quantised
 
 MERGE_HINT = (
     "merge the adapters into the model first (model = peft_model.merge_and_unload(): the same "
@@ -105,6 +110,8 @@ def is_linear(module: Optional[nn.Module]) -> bool:
     """
     if isinstance(module, (nn.Linear, LinearView)):
         return True
+    if isinstance(module, nn.Module) and quantised.is_quantised(module) and not isinstance(module, nn.Conv2d):
+        return quantised.activation_quantisation(module) is None  # torch's dynamic Linear is no nn.Linear
     kind = _kind(module) if isinstance(module, nn.Module) else None
     if kind == "modules_to_save":
         wrapper: Any = module
@@ -137,14 +144,21 @@ def effective_linear(module: nn.Module) -> tuple[Tensor, Optional[Tensor]]:
     """
     if isinstance(module, LinearView):
         return module.linear_parts()
-    layer: Any = module
     if is_conv1d(module):
-        return layer.weight.t(), layer.bias
+        weight = resolve(module, "weight")
+        assert weight is not None, "a Conv1D has a weight"
+        return weight.t(), resolve(module, "bias")
     kind = _kind(module)
     if kind is None:
         if is_peft(module):
             raise UnsupportedModelError(_refusal(module, "", "is not a layer the relevance rules read"))
-        return layer.weight, getattr(module, "bias", None)
+        dequantised = quantised.linear_parts(module)
+        if dequantised is not None:
+            return dequantised
+        weight = resolve(module, "weight")
+        assert weight is not None, "a Linear has a weight"
+        return weight, resolve(module, "bias")
+    layer: Any = module
     if kind == "modules_to_save":
         return effective_linear(_saved_module(module))
     _check_layer(module)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
+from ..runtime.offload import resolve
 from .ops import LAYERNORM, RMSNORM
 
 #: Hugging Face Llama-style: float32, cast back, then ``w ·``
@@ -116,7 +117,7 @@ def native_rms(module: Any, x: Tensor, float32: bool = False) -> Tensor:
     h = x.float() if low or float32 else x
     eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps).detach()
-    w = module.weight
+    w = resolve(module, "weight")  # an offloaded norm's loaded weight
     if float32:
         return (h if w is None else h * w.detach().float()).to(x.dtype)
     h = h.type_as(x)

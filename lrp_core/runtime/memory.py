@@ -64,7 +64,7 @@ import torch
 
 from ..errors import InputError
 from ..rules.linear import is_linear
-from .precision import HALF, active_dtype
+from .precision import active_dtype, compute_dtype
 from .utils import proc_kib
 
 #: Fraction of the device's free memory a call may use when ``max_memory`` is ``None`` / ``"auto"``.
@@ -168,7 +168,7 @@ def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = 
         width=int(first.attn.proj.out_features),
         heads=int(first.attn.num_heads),
         mlp=int(max(widths)),
-        itemsize=_compute_itemsize(first.attn.proj.weight),
+        itemsize=_compute_itemsize(adapter.model),
         outputs=_head_outputs(adapter),
         sdpa=bool(getattr(first.attn, "sdpa", False)),
     )
@@ -181,13 +181,14 @@ def _head_outputs(adapter: Any) -> int:
     return int(linears[-1].out_features) if linears else 0
 
 
-def _compute_itemsize(weight: Any) -> int:
-    """Bytes per activation element: a half-precision model is explained in float32, any model in the dtype a
-    call asked for (lrp_core.runtime.precision)."""
+def _compute_itemsize(model: Any) -> int:
+    """Bytes per activation element: the dtype the model is computed in (a half-precision model is explained in
+    float32, any model in the dtype a call asked for: lrp_core.runtime.precision), whatever its weights are
+    stored as (a quantised Linear's packed integers, a torch dynamic-quantised layer's packed parameters)."""
     active = active_dtype()
     if active is not None:
         return torch.finfo(active).bits // 8
-    return 4 if weight.dtype in HALF else weight.element_size()
+    return torch.finfo(compute_dtype(model)).bits // 8
 
 
 def per_sample(p: Profile, f: SizeFacts, keep_heads: bool = False) -> int:

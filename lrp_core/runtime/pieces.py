@@ -24,7 +24,7 @@ from ..adapters.base import Adapter
 from ..explanation import RESULT_FIELDS, Conservation, ResultField
 from ..methods.call import Call, MethodResult
 from . import memory
-from .utils import progress_bar
+from .utils import model_device, progress_bar
 
 
 class Piece(NamedTuple):
@@ -98,7 +98,7 @@ def plan(adapter: Adapter, prepared: dict, profile: memory.Profile, opt: Any) ->
             k = 1  # one sample is never split: no need to read the free memory (a file read, or a CUDA query)
         else:
             if budget is None:
-                budget = memory.budget(opt.max_memory, adapter.blocks[0].attn.proj.weight.device)
+                budget = memory.budget(opt.max_memory, model_device(adapter.model))
             facts = memory.facts_of(adapter, prepared, tokens=n)
             k = memory.piece_size(
                 budget, profile, facts, len(rows), keep_heads=opt.keep_heads, batch_size=opt.batch_size

@@ -37,6 +37,8 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from .offload import loaded_weights
+
 #: the dtypes computed in float32 instead
 HALF = (torch.float16, torch.bfloat16)
 #: the dtypes a call may ask to be computed in (``explain(..., dtype=)``), by precision
@@ -197,6 +199,9 @@ def compute_precision(model: nn.Module, dtype: Optional[torch.dtype] = None) -> 
     """Run the enclosed passes in ``dtype`` if asked, in float32 if ``model`` is half precision or autocast is
     on; else do nothing.
 
+    An offloaded model's tensors read, meanwhile, as accelerate loads them for each module's forward
+    (:func:`lrp_core.runtime.offload.loaded_weights`).
+
     Re-entrant: a nested call inside an active mode does nothing more (unless it asks for a higher precision),
     and a nested call for the model an enclosing call found in float32 does not look through its weights
     again (the engine changes no dtype; ``explain`` enters this three times per call, and each look walks every
@@ -215,6 +220,14 @@ def compute_precision(model: nn.Module, dtype: Optional[torch.dtype] = None) -> 
     None
         Nothing; the enclosed passes run in the target precision where needed.
     """
+    # an offloaded model's tensors read as accelerate loads them for each forward (lrp_core.runtime.offload)
+    with loaded_weights(model), _precision(model, dtype):
+        yield
+
+
+@contextmanager
+def _precision(model: nn.Module, dtype: Optional[torch.dtype]) -> Iterator[None]:
+    """:func:`compute_precision` without the offloaded weights."""
     if dtype is not None:
         compute_dtype(model, dtype)  # checks it: a precision a call may ask for, not below the model's
     active = active_dtype()

@@ -16,10 +16,12 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from .offload import execution_device
 
 
 def model_device(model: Any) -> torch.device:
-    """Device of ``model``'s first parameter; CPU for parameter-free callables.
+    """Device of ``model``'s first parameter (where accelerate offloads it, the device its forward computes on);
+    CPU for parameter-free callables.
 
     Parameters
     ----------
@@ -32,9 +34,10 @@ def model_device(model: Any) -> torch.device:
         The device of its first parameter, or CPU.
     """
     try:
-        return next(model.parameters()).device
+        owner, name = next((m, n) for m in model.modules() for n in m._parameters if m._parameters[n] is not None)
     except (AttributeError, StopIteration):
         return torch.device("cpu")
+    return execution_device(owner, owner._parameters[name])
 
 
 def progress_bar(iterable: Iterable, progress: bool, **kwargs: Any) -> Iterable:
