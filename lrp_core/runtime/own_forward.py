@@ -153,6 +153,14 @@ def _hooks_not_counted(run: OwnRun) -> Iterator[None]:
             run.unreflected |= {b.report.hooked[i] for i in seen if i in b.report.hooked and i not in b.report.ran}
 
 
+def _grad_mode(model: nn.Module) -> Any:
+    """No gradients, except for a model with bitsandbytes 4-bit weights: on the CPU their forward without
+    gradients repacks the weight in place for its inference kernel (changing the model, and refusing some shapes);
+    with gradients it computes from the stored weight, as the replay's view reads it."""
+    bnb = any(type(p).__name__ == "Params4bit" for p in model.parameters())
+    return torch.enable_grad() if bnb else torch.no_grad()
+
+
 @contextmanager
 def attributes_kept(model: nn.Module) -> Iterator[None]:
     """Every module's public attributes put back as found: what a forward caches on the model (Qwen2-VL's
@@ -187,7 +195,7 @@ def own_forward(model: nn.Module) -> Iterator[OwnRun]:
     run = OwnRun()
     with (
         attributes_kept(model),
-        torch.no_grad(),
+        _grad_mode(model),
         eval_semantics(model),
         no_new_observers(model),
         rotary_state_kept(model),
