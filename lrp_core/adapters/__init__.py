@@ -572,14 +572,14 @@ def get_adapter(model: nn.Module) -> Adapter:
         raise UnsupportedModelError(f"expected a torch.nn.Module, got {type(model).__name__}. Supported: {SUPPORTED}")
     check_versions()
     model = unwrap(model)
-    check_loaded(model)  # weights never loaded (meta, no offloaded copy): refused before any family reads them
-    check_quantised_layers(model)  # quantised activations: refused naming the quantisation
     check_peft_layers(model)
-    for family, recognise, reason in REFUSED:
+    for family, recognise, reason in REFUSED:  # a structure no replay describes: refused first, loaded or not
         if recognise(model):
             raise UnsupportedModelError(
                 f"{type(model).__name__} ({family}) is not supported: {reason}. Supported: {SUPPORTED}"
             )
+    _supported(check_loaded, model)  # weights never loaded (meta, no offloaded copy): before any family reads them
+    check_quantised_layers(model)  # quantised activations: refused naming the quantisation
     from . import recognise as open_recognition  # imported here: it builds on the decoder adapter
 
     for _, recognise, build in ADAPTERS:
