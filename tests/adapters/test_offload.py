@@ -166,4 +166,3 @@ def test_a_model_whose_weights_were_never_loaded_is_refused(family):
     assert all(p.is_meta for p in model.parameters())
     with pytest.raises(UnsupportedModelError, match=r"weights were never loaded: \d+ of its tensors .* meta"):
         explain(model, x, "attnlrp")
-
