@@ -14,7 +14,6 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..rules.linear import check_peft_layers
 from ..rules.quantised import check_quantised_layers
-from ..runtime.offload import check_loaded
 from ..runtime.versions import check_versions, installed
 from ..runtime.wrappers import unwrap
 from .base import Adapter, BlockRelevance, TokenLayout, Trace
@@ -544,9 +543,10 @@ def get_adapter(model: nn.Module) -> Adapter:
 
     ``torch.compile``, ``DataParallel``, ``DistributedDataParallel`` and peft ``PeftModel`` wrappers are looked
     through (:func:`lrp_core.runtime.wrappers.unwrap`); TorchScript is refused, and so are peft layers the relevance
-    rules do not read (:func:`lrp_core.rules.linear.check_peft_layers`), weights never loaded
-    (:func:`lrp_core.runtime.offload.check_loaded`) and quantised layers whose forward quantises its activations
-    (:func:`lrp_core.rules.quantised.check_quantised_layers`). A decoder no row names (or a subclass of a
+    rules do not read (:func:`lrp_core.rules.linear.check_peft_layers`) and quantised layers whose forward quantises
+    its activations (:func:`lrp_core.rules.quantised.check_quantised_layers`). The choice reads the structure only
+    (a model on the meta device gets its adapter); a call that computes refuses weights never loaded
+    (:func:`lrp_core.runtime.offload.check_loaded`). A decoder no row names (or a subclass of a
     listed decoder defined outside transformers) is recognised by its structure and checked against its own logits
     (:mod:`lrp_core.adapters.recognise`).
 
@@ -572,14 +572,13 @@ def get_adapter(model: nn.Module) -> Adapter:
         raise UnsupportedModelError(f"expected a torch.nn.Module, got {type(model).__name__}. Supported: {SUPPORTED}")
     check_versions()
     model = unwrap(model)
+    check_quantised_layers(model)  # quantised activations: refused naming the quantisation
     check_peft_layers(model)
     for family, recognise, reason in REFUSED:  # a structure no replay describes: refused first, loaded or not
         if recognise(model):
             raise UnsupportedModelError(
                 f"{type(model).__name__} ({family}) is not supported: {reason}. Supported: {SUPPORTED}"
             )
-    _supported(check_loaded, model)  # weights never loaded (meta, no offloaded copy): before any family reads them
-    check_quantised_layers(model)  # quantised activations: refused naming the quantisation
     from . import recognise as open_recognition  # imported here: it builds on the decoder adapter
 
     for _, recognise, build in ADAPTERS:

@@ -222,7 +222,8 @@ def loaded_weights(model: nn.Module) -> Iterator[None]:
     """While active, every offloaded tensor of ``model`` reads as the value accelerate loads for its forward.
 
     Re-entrant, and a no-op for a model accelerate did not offload. Nothing of the model is changed: the values
-    are loaded per operation, transiently.
+    are loaded per operation, transiently. A model with weights never loaded is refused here
+    (:func:`check_loaded`), before anything computes with it.
 
     Parameters
     ----------
@@ -233,10 +234,16 @@ def loaded_weights(model: nn.Module) -> Iterator[None]:
     ------
     None
         Nothing; the enclosed code reads the loaded values.
+
+    Raises
+    ------
+    UnsupportedModelError
+        If tensors of ``model`` are on the meta device with no offloaded copy.
     """
     if getattr(_state, "model", None) is model:
         yield
         return
+    check_loaded(model)
     entries = offloaded_tensors(model)
     outer = getattr(_state, "model", None), getattr(_state, "index", None)
     _state.model, _state.index = model, (_Index(entries) if entries else None)

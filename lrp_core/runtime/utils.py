@@ -34,10 +34,13 @@ def model_device(model: Any) -> torch.device:
         The device of its first parameter, or CPU.
     """
     try:
-        owner, name = next((m, n) for m in model.modules() for n in m._parameters if m._parameters[n] is not None)
+        first = next(model.parameters())
     except (AttributeError, StopIteration):
         return torch.device("cpu")
-    return execution_device(owner, owner._parameters[name])
+    if first.is_meta and isinstance(model, torch.nn.Module):  # an offloaded placeholder: its hook's device
+        owner = next((m for m in model.modules() if any(t is first for t in m._parameters.values())), model)
+        return execution_device(owner, first)
+    return first.device
 
 
 def progress_bar(iterable: Iterable, progress: bool, **kwargs: Any) -> Iterable:
