@@ -137,7 +137,7 @@ def test_bad_text_is_refused_clearly(tiny_bert):
 
 
 def test_unsupported_models_are_named():
-    with pytest.raises(UnsupportedModelError, match="Sequential is not supported. Supported: timm"):
+    with pytest.raises(UnsupportedModelError, match=r"Sequential is not supported \(read with transformers [0-9.]+, timm [0-9.]+\)\. Supported: timm"):
         explain(torch.nn.Sequential(torch.nn.Linear(3, 3)), torch.randn(1, 3))
     with pytest.raises(UnsupportedModelError, match="global_pool='map'"):  # average pooling is supported (§4)
         explain(make_tiny_vit(global_pool="map"), torch.randn(1, 3, 32, 32))
