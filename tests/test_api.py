@@ -138,7 +138,8 @@ def test_bad_text_is_refused_clearly(tiny_bert):
 
 def test_unsupported_models_are_named():
     # the versions it was read with are named where transformers / timm are imported
-    with pytest.raises(UnsupportedModelError, match=r"Sequential is not supported( \(read with [^)]*\))?\. Supported: timm"):
+    named = r"Sequential is not supported( \(read with [^)]*\))?\. Supported: timm"
+    with pytest.raises(UnsupportedModelError, match=named):
         explain(torch.nn.Sequential(torch.nn.Linear(3, 3)), torch.randn(1, 3))
     with pytest.raises(UnsupportedModelError, match="global_pool='map'"):  # average pooling is supported (§4)
         explain(make_tiny_vit(global_pool="map"), torch.randn(1, 3, 32, 32))
