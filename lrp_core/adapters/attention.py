@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..rules.composites import Propagation
 from ..rules.functional import apply_rotary, query_row_bias, repeat_kv, take_rows
+from ..rules.norms import norm_kind
 from ..rules.ops import (
     ATTENTION,
     ELEMENTWISE,
@@ -25,7 +26,6 @@ from ..rules.ops import (
     MATMUL_QK,
     ROPE,
     SOFTMAX,
-    norm_kind,
 )
 from .kernels import (
     SoftCap,

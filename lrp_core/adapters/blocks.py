@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..rules.composites import Composite, Propagation, RuleChoice
 from ..rules.functional import take_rows
-from ..rules.norms import check_norm_value
+from ..rules.norms import check_norm_value, norm_kind
 from ..rules.ops import (
     ADD,
     ELEMENTWISE,
@@ -38,7 +38,6 @@ from ..rules.ops import (
     ROUTE,
     SCALE,
     GradientRule,
-    norm_kind,
 )
 from ..rules.views import linear_call
 from .attention import AttentionSpec, attention_forward, attention_relprop

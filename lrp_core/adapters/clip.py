@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..rules.composites import Propagation
-from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD, norm_kind
+from ..rules.norms import norm_kind
+from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
 from .base import Adapter

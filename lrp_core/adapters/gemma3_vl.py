@@ -30,7 +30,8 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.linear import LinearView
-from ..rules.ops import LAYERNORM, LINEAR, POOL, norm_kind
+from ..rules.norms import norm_kind
+from ..rules.ops import LAYERNORM, LINEAR, POOL
 from .blocks import Replay
 from .parts import ModelPart
 from .vlm import VLMEmbeddingRecord

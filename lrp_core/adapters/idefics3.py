@@ -35,7 +35,8 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..rules.composites import Propagation
-from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD, norm_kind
+from ..rules.norms import norm_kind
+from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
 from .blocks import NO_RECORD, BlockSpec, Replay
 from .checks import pixel_values
 from .clip import clip_block

@@ -30,7 +30,8 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.linear import is_linear
-from ..rules.ops import ELEMENTWISE, LINEAR, norm_kind
+from ..rules.norms import norm_kind
+from ..rules.ops import ELEMENTWISE, LINEAR
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized

@@ -43,7 +43,8 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
-from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, ExplicitRule, Op, norm_kind
+from ..rules.norms import norm_kind
+from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, ExplicitRule, Op
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .checks import NO_EFFECT, input_keys, token_ids

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from ..rules.composites import Propagation
-from ..rules.ops import ADD, LINEAR, POOL, READOUT, norm_kind
+from ..rules.norms import norm_kind
+from ..rules.ops import ADD, LINEAR, POOL, READOUT
 from ..rules.views import check_output
 from .blocks import NO_RECORD, Replay
 from .kernels import SoftCap, plus

@@ -32,7 +32,8 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ..rules.composites import ATTNLRP
-from ..rules.ops import GradientRule, norm_kind
+from ..rules.norms import norm_kind
+from ..rules.ops import GradientRule
 from ..runtime.guard import model_guard
 from ..runtime.precision import compute_precision
 from .blocks import BlockSpec, MlpSpec

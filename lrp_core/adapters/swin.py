@@ -37,7 +37,8 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..rules.composites import Composite, Propagation
 from ..rules.linear import is_linear
-from ..rules.ops import LINEAR, PATCH_CONV, norm_kind
+from ..rules.norms import norm_kind
+from ..rules.ops import LINEAR, PATCH_CONV
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .heads import timm_scale
 from .parts import IDENTITY, ModelPart

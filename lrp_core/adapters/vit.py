@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.linear import is_linear
-from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD, norm_kind
+from ..rules.norms import norm_kind
+from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype

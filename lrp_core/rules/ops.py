@@ -105,26 +105,6 @@ class Op:
     module: Optional[nn.Module] = None
 
 
-def norm_kind(module: nn.Module) -> str:
-    """The operation kind of a normalisation module: RMSNORM for RMSNorm-like modules, else LAYERNORM
-    (:func:`lrp_core.rules.norms.norm_kind`, where what each norm computes is read).
-
-    Parameters
-    ----------
-    module : nn.Module
-        The normalisation module.
-
-    Returns
-    -------
-    str
-        ``RMSNORM`` for ``torch.nn.RMSNorm``, timm's ``RmsNorm``, a module whose class name contains "RMSNorm"
-        or that has a ``variance_epsilon`` attribute, else ``LAYERNORM``.
-    """
-    from .norms import norm_kind as kind  # norms builds on this module's vocabulary
-
-    return kind(module)
-
-
 # ----------------------------------------------------------------------------
 # the rule contracts
 # ----------------------------------------------------------------------------
@@ -203,7 +183,6 @@ __all__ = [
     "PASS_KINDS",
     "RelevanceIn",
     "Op",
-    "norm_kind",
     "Rule",
     "ExplicitRule",
     "GradientRule",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from ..errors import UnsupportedModelError
+from ..errors import LRPError, UnsupportedModelError
 
 #: distribution name -> the PEP 440 range admitted; pyproject.toml's dependencies say exactly this
 ADMITTED: dict[str, str] = {
@@ -28,7 +28,7 @@ def lowest(spec: str) -> str:
         clause = clause.strip()
         if clause.startswith(">="):
             return clause[2:].strip()
-    raise ValueError(f"{spec!r} has no lower bound (>=)")
+    raise LRPError(f"{spec!r} has no lower bound (>=)")
 
 
 @functools.lru_cache(maxsize=None)
