@@ -74,6 +74,7 @@ def test_wheel_holds_every_package_and_asset(wheel):
     wanted = {f for f in _checkout_files() if f.split("/")[0] in ("lrp_core", "widgets")}
     assert any(f.startswith("lrp_core/assets/") for f in wanted)  # the embedded models' weights are among them
     assert sorted(wanted - names) == []
+    assert "lrp_core/py.typed" in names  # PEP 561: type checkers read the package's annotations
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
 
 
@@ -133,6 +134,7 @@ print(json.dumps({"file": lrp_core.__file__, "scores": exp.scores.tolist(), "x":
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert Path(got["file"]).resolve() == (site / "lrp_core" / "__init__.py").resolve()
     assert ROOT not in Path(got["file"]).resolve().parents
+    assert (site / "lrp_core" / "py.typed").is_file()
 
     import lrp_core
     from lrp_core.models import load
