@@ -1,11 +1,14 @@
 """Pictures of relevance: zero-centred diverging colours, overlays on images, token heat maps.
 
 - :mod:`.colours` — the colour limit, gamma and table (numpy only)
-- :mod:`.maps` — overlays, figures and token HTML (matplotlib: the ``viz`` extra)
-- :mod:`.text` — readable sub-word pieces, words, and the generation heat map (numpy only)
+- :mod:`.maps` — maps over a grey photo and PNGs with a legend (numpy and Pillow: the widgets' path)
+- :mod:`.figures` — matplotlib figures with colour bars for the notebooks (the ``viz`` extra)
+- :mod:`.words` — a tokenizer's pieces as text and words (numpy only)
+- :mod:`.text` — token heat maps as HTML and the generation heat map page (numpy only)
+- :mod:`.thumbnails` — small image maps for the generation page
 
-The names of :mod:`.maps` are imported on first use, so that ``import lrp_core`` (whose generation heat map
-reads :mod:`.text`) never loads matplotlib.
+The names of :mod:`.maps`, :mod:`.figures` and :mod:`.text` are imported on first use, so that ``import lrp_core``
+never loads matplotlib or Pillow.
 """
 
 from __future__ import annotations
@@ -14,25 +17,26 @@ from typing import Any
 
 from .colours import DEFAULT_CLIP, DEFAULT_GAMMA, ColourScale, colorize, colour_scale, symmetric_limit
 
-#: names served from :mod:`.maps`, imported when first asked for
-_FROM_MAPS = (
-    "relevance_cmap",
-    "PHOTO_FLOOR",
-    "signed_norm",
-    "upsample_map",
-    "to_rgb_uint8",
-    "grey_photo",
-    "overlay",
-    "overlay_image",
-    "render_overlay_png",
-    "tile_pngs",
-    "show_relevance",
-    "show_methods",
-    "render_png",
-    "token_html",
-    "merge_wordpieces",
-    "denormalize",
-)
+#: name -> the module it is served from, imported when first asked for
+_LAZY = {
+    **dict.fromkeys(("relevance_cmap", "signed_norm", "show_relevance", "show_methods", "render_png"), "figures"),
+    **dict.fromkeys(
+        (
+            "PHOTO_FLOOR",
+            "upsample_map",
+            "to_rgb_uint8",
+            "grey_photo",
+            "overlay",
+            "overlay_image",
+            "render_overlay_png",
+            "tile_pngs",
+            "denormalize",
+        ),
+        "maps",
+    ),
+    "token_html": "text",
+    "merge_wordpieces": "words",
+}
 
 __all__ = [
     "relevance_cmap",
@@ -61,10 +65,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _FROM_MAPS:
-        from . import maps
+    if name in _LAZY:
+        import importlib
 
-        return getattr(maps, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -1,84 +1,38 @@
-"""Plotting helpers shared by the widgets and the notebooks.
+"""Relevance pictures with numpy and Pillow: maps upsampled and drawn over a grey photo, PNGs with a legend.
 
-Relevance is signed: red speaks *for* the explained class, blue *against* it,
-white is zero. Every colour scale here is zero-centred with symmetric limits
-``[-m, m]``, so equal magnitudes get equal saturation. Three choices keep weak
-relevance visible (a map whose few strongest patches set the scale otherwise
-draws near-white everywhere else):
+Relevance is signed: red speaks *for* the explained class, blue *against* it, white is zero. Every colour scale
+is zero-centred with symmetric limits ``[-m, m]`` (:mod:`.colours`): a robust limit (by default the 99th
+percentile of ``|values|``, and every legend says when values were clipped), a gamma of 0.5 that keeps weak
+relevance visible, and a light-grey photo under the map, tinted by its colour (a multiply blend with opacity
+``alpha``), so that red and blue stand out on any scene and zero leaves the photo as it is.
 
-* **robust limit** ``m``: by default the 99th percentile of ``|values|``
-  (:data:`DEFAULT_CLIP`), not the maximum; values beyond it are drawn in the
-  end colour and every legend says so ("clipped at p99 = ..., max ...").
-  ``clip=None`` gives the exact maximum.
-* **gamma** (:data:`DEFAULT_GAMMA` = 0.5): the colour of ``v`` is the colormap
-  at ``sign(v) |v / m| ** 0.5``, so a patch at a tenth of the limit gets a third
-  of the full colour instead of a tenth. The colour bars show the ramp, so the
-  scale stays readable.
-* **grey photo** under the map: the picture is drawn in light grey and tinted by
-  the map's colour (a multiply blend with opacity ``alpha``), so red and blue
-  stand out on any scene, blue ones included, and zero relevance (white) leaves
-  the photo as it is.
-
-Two kinds of output, with the same defaults:
-
-* matplotlib figures (:func:`show_relevance`, :func:`show_methods`) for the
-  notebooks, with colourbars;
-* a fast numpy + PIL path (:func:`colorize`, :func:`overlay`,
-  :func:`render_overlay_png`) that widgets use to redraw in a few
-  milliseconds, far quicker than drawing a matplotlib figure.
-
-Text relevance is rendered as HTML (:func:`token_html`), optionally after
-merging BERT word-pieces into words (:func:`merge_wordpieces`).
-
-The colour limit, gamma and table live in :mod:`.colours` (numpy only); this
-module needs matplotlib (the ``viz`` extra; pyplot only for figures) and Pillow.
+This is the widgets' drawing path (:func:`overlay`, :func:`render_overlay_png`): a few milliseconds per picture,
+no matplotlib. The notebooks' matplotlib figures with colour bars are :mod:`.figures`; token heat maps
+:mod:`.text`.
 """
 
 from __future__ import annotations
 
 import functools
-import html
 import io
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from ..errors import InputError
-from ..runtime.extras import require
-from .colours import (  # noqa: F401
-    _LUT,
+from .colours import (
     DEFAULT_CLIP,
     DEFAULT_GAMMA,
-    DIVERGING_ANCHORS,
-    LUT_SIZE,
     ColourScale,
     _as_numpy,
-    _check_gamma,
     _fmt,
-    _power,
-    _text_colour,
     _view,
     colorize,
     colour_scale,
-    symmetric_limit,
 )
 
-if TYPE_CHECKING:
-    import matplotlib.colors as mcolors
-    import matplotlib.pyplot as plt
-else:
-    mcolors = require("matplotlib.colors", extra="viz", what="lrp_core.viz")
-
 __all__ = [
-    "relevance_cmap",
-    "DEFAULT_CLIP",
-    "DEFAULT_GAMMA",
-    "ColourScale",
-    "colour_scale",
-    "signed_norm",
-    "symmetric_limit",
-    "colorize",
     "upsample_map",
     "to_rgb_uint8",
     "PHOTO_FLOOR",
@@ -87,55 +41,8 @@ __all__ = [
     "overlay_image",
     "render_overlay_png",
     "tile_pngs",
-    "show_relevance",
-    "show_methods",
-    "render_png",
-    "token_html",
-    "merge_wordpieces",
     "denormalize",
 ]
-
-#: Diverging colormap used for every relevance picture (blue < 0 < red). Like
-#: matplotlib's "bwr", but with an odd number of entries so that zero is exactly white;
-#: its table is :mod:`.colours`' (the pictures colour with that table, without matplotlib).
-relevance_cmap: mcolors.Colormap = mcolors.LinearSegmentedColormap.from_list(
-    "trl_relevance", list(DIVERGING_ANCHORS), N=LUT_SIZE
-)
-
-
-def _pyplot():
-    """matplotlib's pyplot, imported on first use: only figures need it (the PIL pictures do not)."""
-    return require("matplotlib.pyplot", extra="viz", what="lrp_core.viz figures")
-
-
-def signed_norm(values: Any, clip: Optional[float] = None, gamma: float = 1.0) -> mcolors.Normalize:
-    """Zero-centred normalisation over ``[-m, m]`` (``m``: see :func:`colour_scale`).
-
-    The defaults (exact maximum, linear) suit small arrays of numbers; the relevance
-    pictures pass :data:`DEFAULT_CLIP` and :data:`DEFAULT_GAMMA`. With ``gamma < 1``
-    the norm is ``0.5 + 0.5 sign(v) |v/m| ** gamma`` (a matplotlib ``FuncNorm``), so
-    colourbars place their ticks at the true values.
-
-    Parameters
-    ----------
-    values : Any
-        Relevance (array, tensor or sequence) whose colour limit ``m`` is taken.
-    clip : Optional[float], optional
-        Percentile of ``|values|`` for ``m``; ``None`` = the exact maximum.
-    gamma : float, optional
-        Colour gamma in (0, 1]; 1 = linear colours.
-
-    Returns
-    -------
-    mcolors.Normalize
-        A norm mapping ``[-m, m]`` to [0, 1] (a ``FuncNorm`` when ``gamma < 1``).
-    """
-    _check_gamma(gamma)
-    m = symmetric_limit(values, clip)
-    if float(gamma) == 1.0:
-        return mcolors.Normalize(vmin=-m, vmax=m)
-    g = float(gamma)
-    return mcolors.FuncNorm((lambda x: _power(x, g), lambda y: _power(y, 1.0 / g)), vmin=-m, vmax=m)
 
 
 def upsample_map(relmap: Any, size: tuple[int, int]) -> np.ndarray:
@@ -553,303 +460,6 @@ def tile_pngs(images: Sequence[Image.Image], ncols: Optional[int] = None, pad: i
         r, c = divmod(k, ncols)
         out.paste(im, (c * (cw + pad), r * (ch + pad)))
     return _encode_png(out)
-
-
-def show_relevance(
-    image_rgb: Any,
-    relmap: Any,
-    ax: Optional[plt.Axes] = None,
-    alpha: float = 0.6,
-    signed: bool = True,
-    title: Optional[str] = None,
-    colorbar: bool = True,
-    clip: Optional[float] = DEFAULT_CLIP,
-    gamma: float = DEFAULT_GAMMA,
-    grey: bool = True,
-) -> plt.Axes:
-    """Draw the relevance map over the image on a matplotlib axis; returns the axis.
-
-    The pixels are exactly :func:`overlay`'s (the widgets draw the same picture):
-    grey photo tinted by the map, colour limit from :func:`colour_scale` (``clip``,
-    ``None`` = exact maximum), colour gamma ``gamma``. ``image_rgb=None`` draws the
-    map alone, one square per value. The colourbar has its ticks at the true values;
-    when values were clipped its ends are arrows and a line under the picture says
-    "clipped at p99 (max ...)".
-
-    Parameters
-    ----------
-    image_rgb : Any
-        The photo, in any form :func:`to_rgb_uint8` accepts, or ``None`` (the map alone).
-    relmap : Any
-        (h, w) relevance map.
-    ax : Optional[plt.Axes], optional
-        The axis to draw on; default a new figure's.
-    alpha : float, optional
-        Opacity of the relevance colours, in [0, 1].
-    signed : bool, optional
-        Keep negative relevance; ``False`` shows ``clamp(min=0)``.
-    title : Optional[str], optional
-        Title of the axis.
-    colorbar : bool, optional
-        Draw the colourbar.
-    clip : Optional[float], optional
-        Percentile of ``|relmap|`` for the colour limit (``None``: the maximum).
-    gamma : float, optional
-        Colour gamma in (0, 1].
-    grey : bool, optional
-        Draw the photo in light grey (see :func:`overlay`).
-
-    Returns
-    -------
-    plt.Axes
-        The axis drawn on.
-
-    Raises
-    ------
-    InputError
-        If ``image_rgb`` is ``None`` and ``relmap`` is not 2-D.
-    """
-    plt = _pyplot()
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4, 4))
-    rel = _view(np.nan_to_num(_as_numpy(relmap)), signed)
-    if rel.ndim != 2:
-        raise InputError(f"a relevance map must be 2-D (h, w); got shape {tuple(rel.shape)}")
-    size = to_rgb_uint8(image_rgb).shape[:2] if image_rgb is not None else None
-    pixels = overlay(image_rgb, rel, alpha=alpha, signed=signed, size=size, clip=clip, gamma=gamma, grey=grey)
-    ax.imshow(pixels, interpolation="nearest" if image_rgb is None else "antialiased")
-    scale = colour_scale(rel, clip)
-    if colorbar:
-        norm = signed_norm([scale.limit], gamma=gamma)
-        mappable = plt.cm.ScalarMappable(norm=norm, cmap=relevance_cmap)
-        extend = ("both" if signed else "max") if scale.clipped else "neither"
-        cb = ax.figure.colorbar(mappable, ax=ax, fraction=0.046, pad=0.03, extend=extend)
-        # plain numbers on each tick (no "1e-5" offset text that lands on the next title)
-        ticker = require("matplotlib.ticker", extra="viz", what="lrp_core.viz figures")
-        cb.ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.2g}"))
-        if not signed:
-            cb.ax.set_ylim(0.0, scale.limit)
-        if scale.clipped:  # under the picture, where it costs no width
-            ax.text(
-                0.5,
-                -0.015,
-                f"clipped at p{scale.percentile:g} (max {_fmt(scale.maximum)})",
-                transform=ax.transAxes,
-                ha="center",
-                va="top",
-                fontsize="small",
-                color="#a30",
-            )
-    ax.set_axis_off()
-    if title:
-        ax.set_title(title)
-    return ax
-
-
-def show_methods(
-    image: Any,
-    maps: Mapping[str, Any],
-    ncols: Optional[int] = None,
-    alpha: float = 0.6,
-    signed: bool = True,
-    panel_size: float = 3.0,
-    colorbar: bool = True,
-    clip: Optional[float] = DEFAULT_CLIP,
-    gamma: float = DEFAULT_GAMMA,
-) -> plt.Figure:
-    """A grid of :func:`show_relevance` panels, one per ``{name: map}``; returns the figure.
-
-    Each panel has its own colour limit (methods differ in scale); ``clip`` and
-    ``gamma`` as in :func:`show_relevance`.
-
-    Parameters
-    ----------
-    image : Any
-        The photo, in any form :func:`to_rgb_uint8` accepts.
-    maps : Mapping[str, Any]
-        ``{name: (h, w) map}``, one panel each, in order.
-    ncols : Optional[int], optional
-        Panels per row; default all in one row.
-    alpha : float, optional
-        Opacity of the relevance colours, in [0, 1].
-    signed : bool, optional
-        Keep negative relevance; ``False`` shows ``clamp(min=0)``.
-    panel_size : float, optional
-        Size of a panel in inches.
-    colorbar : bool, optional
-        Draw a colourbar per panel.
-    clip : Optional[float], optional
-        Percentile of ``|map|`` for each panel's colour limit (``None``: the maximum).
-    gamma : float, optional
-        Colour gamma in (0, 1].
-
-    Returns
-    -------
-    plt.Figure
-        The figure; unused axes are switched off.
-
-    Raises
-    ------
-    InputError
-        If ``maps`` is empty.
-    """
-    if not maps:
-        raise InputError("show_methods needs at least one {name: map} entry")
-    n = len(maps)
-    ncols = min(ncols or n, n)
-    nrows = -(-n // ncols)
-    fig, axes = _pyplot().subplots(nrows, ncols, figsize=(panel_size * ncols * 1.15, panel_size * nrows), squeeze=False)
-    for ax, (name, relmap) in zip(axes.flat, maps.items()):
-        show_relevance(
-            image, relmap, ax=ax, alpha=alpha, signed=signed, title=name, colorbar=colorbar, clip=clip, gamma=gamma
-        )
-    for ax in list(axes.flat)[n:]:
-        ax.set_axis_off()
-    fig.tight_layout()
-    return fig
-
-
-def render_png(fig: plt.Figure, dpi: Optional[float] = None, close: bool = False) -> bytes:
-    """Encode a matplotlib figure as PNG bytes (optionally closing it).
-
-    Parameters
-    ----------
-    fig : plt.Figure
-        The figure.
-    dpi : Optional[float], optional
-        Resolution; default the figure's own.
-    close : bool, optional
-        Close the figure after encoding it.
-
-    Returns
-    -------
-    bytes
-        The PNG file's bytes.
-    """
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    if close:
-        _pyplot().close(fig)
-    return buf.getvalue()
-
-
-def token_html(
-    tokens: Sequence[str],
-    scores: Any,
-    signed: bool = True,
-    legend: bool = True,
-    clip: Optional[float] = DEFAULT_CLIP,
-    gamma: float = DEFAULT_GAMMA,
-    explained: str = "the class",
-) -> str:
-    """Tokens as HTML spans whose background shows their relevance.
-
-    Zero-centred diverging colours (white = 0, red > 0, blue < 0) with the same
-    colour limit and gamma as the pictures (:func:`colour_scale`, :func:`colorize`);
-    the text colour switches to white on dark backgrounds; each span's tooltip gives
-    the exact score; the legend says when scores were clipped. ``signed=False``
-    shows ``clamp(min=0)``. ``explained``: what red speaks for in the legend (an LM's map: "the token").
-
-    Parameters
-    ----------
-    tokens : Sequence[str]
-        (T,) the tokens' texts.
-    scores : Any
-        (T,) one score per token.
-    signed : bool, optional
-        Keep negative scores; ``False`` shows ``clamp(min=0)``.
-    legend : bool, optional
-        Add the legend line under the tokens.
-    clip : Optional[float], optional
-        Percentile of ``|scores|`` for the colour limit (``None``: the maximum).
-    gamma : float, optional
-        Colour gamma in (0, 1].
-    explained : str, optional
-        What red speaks for, in the legend.
-
-    Returns
-    -------
-    str
-        An HTML fragment.
-
-    Raises
-    ------
-    InputError
-        If ``tokens`` and ``scores`` differ in length.
-    """
-    vals = _view(np.nan_to_num(_as_numpy(scores)).reshape(-1), signed)
-    if len(tokens) != vals.shape[0]:
-        raise InputError(f"token_html: {len(tokens)} tokens but {vals.shape[0]} scores")
-    scale = colour_scale(vals, clip)
-    m = scale.limit
-    colours = colorize(vals, signed=True, limit=m, gamma=gamma)
-    spans = []
-    for tok, v, rgb in zip(tokens, vals, colours):
-        style = (
-            f"background-color:rgb({rgb[0]},{rgb[1]},{rgb[2]});color:{_text_colour(rgb)};"
-            "padding:1px 4px;margin:1px;border-radius:3px;display:inline-block;"
-            "font-family:monospace;border:1px solid #ddd"
-        )
-        spans.append(
-            f'<span class="trl-token" style="{style}" title="{html.escape(str(tok))}: '
-            f'{v:.4g}">{html.escape(str(tok))}</span>'
-        )
-    body = " ".join(spans)
-    out = f'<div class="trl-tokens" style="line-height:1.9;max-width:100%">{body}</div>'
-    if legend:
-        scale_text = (
-            f"{_fmt(-m)} (blue, against) \u2026 0 (white) \u2026 {_fmt(m)} (red, for {explained})"
-            if signed
-            else f"0 (white) \u2026 {_fmt(m)} (red, for {explained}); negatives hidden"
-        )
-        out += (
-            '<div class="trl-legend" style="font-size:85%;color:#444;margin-top:4px">'
-            f"colour scale {scale_text}; {html.escape(scale.describe())}</div>"
-        )
-    return out
-
-
-def merge_wordpieces(tokens: Sequence[str], scores: Any, reduce: str = "max") -> tuple[list[str], np.ndarray]:
-    """Merge BERT ``##`` continuation pieces into words.
-
-    Parameters
-    ----------
-    tokens : Sequence[str]
-        word-pieces, e.g. ``["[CLS]", "un", "##like", "##ly", "[SEP]"]``.
-    scores : Any
-        one score per piece.
-    reduce : str, optional
-        ``"max"`` (the word's score is its largest piece score, as in
-        the rationale evaluation) or ``"sum"`` (conserves the total).
-
-    Returns
-    -------
-    tuple[list[str], np.ndarray]
-        ``(words, word_scores)``; special tokens stay words of their own.
-
-    Raises
-    ------
-    InputError
-        If ``reduce`` is neither "max" nor "sum", or ``tokens`` and ``scores``
-        differ in length.
-    """
-    if reduce not in ("max", "sum"):
-        raise InputError(f'reduce must be "max" or "sum"; got {reduce!r}')
-    vals = _as_numpy(scores).reshape(-1)
-    if len(tokens) != vals.shape[0]:
-        raise InputError(f"merge_wordpieces: {len(tokens)} tokens but {vals.shape[0]} scores")
-    words: list[str] = []
-    groups: list[list[float]] = []
-    for tok, v in zip(tokens, vals):
-        tok = str(tok)
-        if tok.startswith("##") and words:
-            words[-1] += tok[2:]
-            groups[-1].append(float(v))
-        else:
-            words.append(tok)
-            groups.append([float(v)])
-    agg = np.max if reduce == "max" else np.sum
-    return words, np.array([agg(g) for g in groups], dtype=np.float64)
 
 
 def denormalize(image_tensor: Any, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:

@@ -1,15 +1,9 @@
-"""Tokens as people read them, and the generation heat map as a self-contained HTML page.
+"""Token heat maps as HTML: one row of tokens (:func:`token_html`), and the generation heat map page.
 
-Language-model tokenizers mark word boundaries inside their pieces: byte-level
-BPE (GPT-2, Llama 3, Qwen) writes a leading space as ``Ġ`` and a newline as
-``Ċ``; SentencePiece (Llama 2, Gemma, Phi-3) writes a leading space as ``▁``;
-WordPiece (BERT) marks a continuation with ``##``. :func:`readable` turns a
-piece into the text it stands for, :func:`merge_words` joins pieces into words
-(summing relevance by default, so the total is kept), and
-:func:`generation_html` draws one row per generated token over its context
-with the colours of :mod:`lrp_core.viz` (zero-centred, white = 0, red for,
-blue against; numpy only, no matplotlib). The page has no script, remote font
-or style sheet: it opens offline and outside Jupyter.
+:func:`generation_html` draws one row per generated token over its context with the colours of
+:mod:`lrp_core.viz` (zero-centred, white = 0, red for, blue against; numpy only, no matplotlib). The page has no
+script, remote font or style sheet: it opens offline and outside Jupyter. The pieces are shown as text by
+:mod:`.words` (whose names this module re-exports).
 """
 
 from __future__ import annotations
@@ -20,143 +14,21 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..errors import InputError
-from .colours import DEFAULT_CLIP, DEFAULT_GAMMA, _text_colour, colorize, colour_scale
+from .colours import DEFAULT_CLIP, DEFAULT_GAMMA, _as_numpy, _fmt, _text_colour, _view, colorize, colour_scale
+from .words import (
+    CONTINUATION,
+    NEWLINE_MARKS,
+    SPACE_MARKS,
+    merge_wordpieces,
+    merge_words,
+    readable,
+    span_text,
+)
 
-#: markers of a leading space (byte-level BPE, SentencePiece) and of a newline (byte-level BPE)
-SPACE_MARKS = ("Ġ", "▁")
-NEWLINE_MARKS = ("Ċ",)
-CONTINUATION = "##"
 SCALES = ("row", "all")
-
-
-def readable(piece: str) -> str:
-    """The text a tokenizer piece stands for, its space, newline or continuation marks replaced.
-
-    ``'Ġcat'`` → ``' cat'``, ``'▁Rome'`` → ``' Rome'``, ``'Ċ'`` → ``'\\n'``, ``'##ly'`` → ``'ly'``; other pieces
-    unchanged.
-
-    Parameters
-    ----------
-    piece : str
-        A tokenizer piece.
-
-    Returns
-    -------
-    str
-        The text it stands for.
-    """
-    text = str(piece)
-    if text.startswith(CONTINUATION) and len(text) > 2:
-        return text[2:]
-    for mark in SPACE_MARKS:
-        text = text.replace(mark, " ")
-    for mark in NEWLINE_MARKS:
-        text = text.replace(mark, "\n")
-    return text
-
-
-def merge_words(
-    pieces: Sequence[str], scores: Any = None, reduce: str = "sum", scheme: Optional[str] = None
-) -> tuple[list[str], Optional[np.ndarray]]:
-    """Join sub-word pieces into words, and their scores (``reduce="sum"`` keeps the total, ``"max"``).
-
-    ``scheme``: ``"marks"`` — a piece starting with ``Ġ``/``▁`` begins a word (byte-level BPE, SentencePiece),
-    ``"wordpiece"`` — a piece starting with ``##`` continues one, ``"words"`` — every piece is a word already
-    (a word-level tokenizer such as tiny-lm's); ``None`` chooses from the pieces: ``##`` anywhere means
-    wordpiece, a space mark anywhere means marks, neither means words (no piece says where a word starts,
-    so nothing is joined). Special tokens (``<s>``, ``[CLS]``) stay words of their own.
-
-    Parameters
-    ----------
-    pieces : Sequence[str]
-        (T,) the tokenizer pieces.
-    scores : Any, optional
-        (T,) one score per piece, or ``None``.
-    reduce : str, optional
-        How a word's score is formed from its pieces' scores: ``"sum"`` or ``"max"``.
-    scheme : Optional[str], optional
-        ``"marks"``, ``"wordpiece"``, ``"words"`` or ``None`` (chosen from the pieces).
-
-    Returns
-    -------
-    tuple[list[str], Optional[np.ndarray]]
-        ``(words, word_scores)``: W words and their (W,) scores (``None`` without ``scores``).
-
-    Raises
-    ------
-    InputError
-        If ``reduce`` or ``scheme`` is not one of the accepted values, or
-        ``scores`` and ``pieces`` differ in length.
-    """
-    if reduce not in ("sum", "max"):
-        raise InputError(f"reduce must be 'sum' or 'max', got {reduce!r}")
-    pieces = [str(p) for p in pieces]
-    vals = None if scores is None else np.asarray(scores, dtype=np.float64).reshape(-1)
-    if vals is not None and len(vals) != len(pieces):
-        raise InputError(f"merge_words: {len(pieces)} pieces but {len(vals)} scores")
-    if scheme is None:
-        scheme = _scheme_of(pieces)
-    if scheme not in ("marks", "wordpiece", "words"):
-        raise InputError(f"scheme must be 'marks', 'wordpiece', 'words' or None, got {scheme!r}")
-    groups: list[list[int]] = []
-    for i, p in enumerate(pieces):
-        if not groups or _special(p) or _special(pieces[groups[-1][0]]):
-            new = True  # special tokens stand alone
-        elif scheme == "words":
-            new = True
-        elif scheme == "wordpiece":
-            new = not p.startswith(CONTINUATION)
-        else:
-            new = p[:1] in SPACE_MARKS + NEWLINE_MARKS
-        if new:
-            groups.append([i])
-        else:
-            groups[-1].append(i)
-    words = ["".join(readable(pieces[i]) for i in g) for g in groups]
-    if vals is None:
-        return words, None
-    agg = np.sum if reduce == "sum" else np.max
-    return words, np.array([agg(vals[g]) for g in groups])
-
-
-def span_text(pieces: Sequence[str], context: Optional[Sequence[str]] = None) -> str:
-    """The text of a run of pieces (a source's tokens), words joined as the tokenizer marks them.
-
-    ``context``: the row the pieces come from, to tell the sub-word scheme (:func:`merge_words`); default the
-    pieces themselves.
-
-    Parameters
-    ----------
-    pieces : Sequence[str]
-        The run of pieces.
-    context : Optional[Sequence[str]], optional
-        The row the pieces come from, to tell the sub-word scheme; default the pieces.
-
-    Returns
-    -------
-    str
-        The run's text, stripped.
-    """
-    scheme = _scheme_of([str(p) for p in (pieces if context is None else context)])
-    words, _ = merge_words(pieces, scheme=scheme)
-    return ("".join(words) if scheme == "marks" else " ".join(words)).strip()
-
-
-def _scheme_of(pieces: Sequence[str]) -> str:
-    """The sub-word scheme the pieces show: ``##`` continuations, leading space marks, or whole words."""
-    if any(p.startswith(CONTINUATION) for p in pieces):
-        return "wordpiece"
-    if any(p[:1] in SPACE_MARKS + NEWLINE_MARKS for p in pieces):
-        return "marks"
-    return "words"
-
 
 #: the piece a vision-language model's image tokens are shown as, one cell for all of them
 IMAGE_LABEL = "[image]"
-
-
-def _special(piece: str) -> bool:
-    return (piece.startswith("<") and piece.endswith(">")) or (piece.startswith("[") and piece.endswith("]"))
 
 
 def _cell(text: str, value: Optional[float], rgb: Optional[np.ndarray]) -> str:
@@ -494,6 +366,82 @@ def image_cell(
     return pieces, np.stack(columns, 1) if columns else vals[:, :0]
 
 
+def token_html(
+    tokens: Sequence[str],
+    scores: Any,
+    signed: bool = True,
+    legend: bool = True,
+    clip: Optional[float] = DEFAULT_CLIP,
+    gamma: float = DEFAULT_GAMMA,
+    explained: str = "the class",
+) -> str:
+    """Tokens as HTML spans whose background shows their relevance.
+
+    Zero-centred diverging colours (white = 0, red > 0, blue < 0) with the same
+    colour limit and gamma as the pictures (:func:`colour_scale`, :func:`colorize`);
+    the text colour switches to white on dark backgrounds; each span's tooltip gives
+    the exact score; the legend says when scores were clipped. ``signed=False``
+    shows ``clamp(min=0)``. ``explained``: what red speaks for in the legend (an LM's map: "the token").
+
+    Parameters
+    ----------
+    tokens : Sequence[str]
+        (T,) the tokens' texts.
+    scores : Any
+        (T,) one score per token.
+    signed : bool, optional
+        Keep negative scores; ``False`` shows ``clamp(min=0)``.
+    legend : bool, optional
+        Add the legend line under the tokens.
+    clip : Optional[float], optional
+        Percentile of ``|scores|`` for the colour limit (``None``: the maximum).
+    gamma : float, optional
+        Colour gamma in (0, 1].
+    explained : str, optional
+        What red speaks for, in the legend.
+
+    Returns
+    -------
+    str
+        An HTML fragment.
+
+    Raises
+    ------
+    InputError
+        If ``tokens`` and ``scores`` differ in length.
+    """
+    vals = _view(np.nan_to_num(_as_numpy(scores)).reshape(-1), signed)
+    if len(tokens) != vals.shape[0]:
+        raise InputError(f"token_html: {len(tokens)} tokens but {vals.shape[0]} scores")
+    scale = colour_scale(vals, clip)
+    m = scale.limit
+    colours = colorize(vals, signed=True, limit=m, gamma=gamma)
+    spans = []
+    for tok, v, rgb in zip(tokens, vals, colours):
+        style = (
+            f"background-color:rgb({rgb[0]},{rgb[1]},{rgb[2]});color:{_text_colour(rgb)};"
+            "padding:1px 4px;margin:1px;border-radius:3px;display:inline-block;"
+            "font-family:monospace;border:1px solid #ddd"
+        )
+        spans.append(
+            f'<span class="trl-token" style="{style}" title="{html.escape(str(tok))}: '
+            f'{v:.4g}">{html.escape(str(tok))}</span>'
+        )
+    body = " ".join(spans)
+    out = f'<div class="trl-tokens" style="line-height:1.9;max-width:100%">{body}</div>'
+    if legend:
+        scale_text = (
+            f"{_fmt(-m)} (blue, against) \u2026 0 (white) \u2026 {_fmt(m)} (red, for {explained})"
+            if signed
+            else f"0 (white) \u2026 {_fmt(m)} (red, for {explained}); negatives hidden"
+        )
+        out += (
+            '<div class="trl-legend" style="font-size:85%;color:#444;margin-top:4px">'
+            f"colour scale {scale_text}; {html.escape(scale.describe())}</div>"
+        )
+    return out
+
+
 def page(fragment: str, title: str = "Transformer Relevance Lab") -> str:
     """A whole HTML document around a fragment: UTF-8, no external resource.
 
@@ -516,8 +464,10 @@ def page(fragment: str, title: str = "Transformer Relevance Lab") -> str:
 
 
 __all__ = [
+    "token_html",
     "readable",
     "merge_words",
+    "merge_wordpieces",
     "span_text",
     "generation_html",
     "source_blocks",
@@ -525,5 +475,7 @@ __all__ = [
     "page",
     "IMAGE_LABEL",
     "SPACE_MARKS",
+    "NEWLINE_MARKS",
+    "CONTINUATION",
     "SCALES",
 ]

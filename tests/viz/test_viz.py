@@ -15,7 +15,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
-from lrp_core.viz import maps as viz  # noqa: E402
+from lrp_core import viz  # noqa: E402
+from lrp_core.viz import maps  # noqa: E402
 
 
 def decode(png: bytes) -> np.ndarray:
@@ -228,9 +229,9 @@ def test_overlay_image_wraps_long_titles_and_reports_clipping():
     long = viz.overlay_image(np.random.rand(16, 16, 3), rel, display_size=320, title=title)
     assert short.width == long.width == 320 and long.height > short.height  # more lines, not a cut
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    lines = viz._wrap(probe, title, viz._font(viz.TITLE_PX), 314)
+    lines = maps._wrap(probe, title, maps._font(maps.TITLE_PX), 314)
     assert len(lines) >= 2 and " ".join(lines) == title
-    assert all(probe.textlength(t, font=viz._font(viz.TITLE_PX)) <= 314 for t in lines)
+    assert all(probe.textlength(t, font=maps._font(maps.TITLE_PX)) <= 314 for t in lines)
 
 
 def test_token_html_colours_escapes_and_explains():
@@ -273,11 +274,18 @@ def test_merge_wordpieces_max_and_sum():
     assert s_sum.sum() == pytest.approx(sum(scores))
 
 
-def test_merge_wordpieces_errors_and_leading_piece():
-    assert viz.merge_wordpieces(["##x", "y"], [1, 2])[0] == ["##x", "y"]
+def test_merge_wordpieces_is_merge_words_on_wordpieces_and_checks_its_inputs():
+    from lrp_core.viz.words import merge_words
+
+    pieces, scores = ["[CLS]", "##x", "y", "##z", "[SEP]"], [1.0, 2.0, 3.0, -4.0, 5.0]
+    for reduce in ("max", "sum"):
+        words, merged = viz.merge_wordpieces(pieces, scores, reduce=reduce)
+        same_words, same = merge_words(pieces, scores, reduce=reduce, scheme="wordpiece")
+        assert words == same_words == ["[CLS]", "x", "yz", "[SEP]"]  # a special token joins nothing
+        np.testing.assert_array_equal(merged, same)
     with pytest.raises(ValueError, match="reduce"):
         viz.merge_wordpieces(["a"], [1], reduce="mean")
-    with pytest.raises(ValueError, match="1 tokens but 2"):
+    with pytest.raises(ValueError, match="1 pieces but 2"):
         viz.merge_wordpieces(["a"], [1, 2])
 
 
