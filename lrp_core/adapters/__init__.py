@@ -17,111 +17,18 @@ from ..rules.quantised import check_quantised_layers
 from ..runtime.versions import check_versions, installed
 from ..runtime.wrappers import unwrap
 from .base import Adapter, BlockRelevance, TokenLayout, Trace
-
-
-def _mro_names(model: nn.Module) -> set:
-    return {c.__name__ for c in type(model).__mro__}
-
-
-def _is_timm_vit(model: nn.Module) -> bool:
-    return "VisionTransformer" in _mro_names(model) and hasattr(model, "blocks") and hasattr(model, "patch_embed")
-
-
-def _is_hf_vit(model: nn.Module) -> bool:
-    return type(model).__name__ == "ViTForImageClassification" or (
-        hasattr(model, "vit") and hasattr(model, "classifier")
-    )
-
-
-def _is_hf_sequence_classifier(model: nn.Module) -> bool:
-    return type(model).__name__.endswith("ForSequenceClassification")
-
-
-def _hf_text(*model_types: str) -> Callable[[nn.Module], bool]:
-    """A Hugging Face sequence classifier whose ``config.model_type`` is one of ``model_types``."""
-    return lambda model: (
-        _is_hf_sequence_classifier(model) and getattr(getattr(model, "config", None), "model_type", None) in model_types
-    )
-
-
-def _named(*class_names: str) -> Callable[[nn.Module], bool]:
-    """A model whose class (or a base class) has one of these names."""
-    return lambda model: bool(_mro_names(model) & set(class_names))
-
-
-def _hf_type(*model_types: str) -> Callable[[nn.Module], bool]:
-    """A Hugging Face model (any head) whose ``config.model_type`` is one of ``model_types``."""
-    return lambda model: getattr(getattr(model, "config", None), "model_type", None) in model_types
-
-
-#: ``config.model_type`` of the encoders the BERT adapter replays exactly (post-LN blocks with attention.self /
-#: attention.output / intermediate / output, absolute positions, a pooler or dense + out_proj head). Recognised
-#: positively: any other ``*ForSequenceClassification`` (a decoder, BigBird, LayoutLM, ...) is not sent there.
-BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "electra", "camembert", "data2vec-text")
-
-
-def _model_types(model: nn.Module) -> set:
-    """``config.model_type`` of a Hugging Face model and of its text sub-config, if any (empty for other models)."""
-    cfg = getattr(model, "config", None)
-    types = {getattr(c, "model_type", None) for c in (cfg, getattr(cfg, "text_config", None)) if c is not None}
-    return {t for t in types if isinstance(t, str)}
-
-
-def _config_values(model: nn.Module, *names: str) -> list:
-    """The values of the named attributes on the config, its text sub-config and DBRX's ``ffn_config``."""
-    cfg = getattr(model, "config", None)
-    configs = [c for c in (cfg, getattr(cfg, "text_config", None), getattr(cfg, "ffn_config", None)) if c is not None]
-    return [getattr(c, n) for c in configs for n in names if getattr(c, n, None) is not None]
-
-
-def _is_mixture_of_experts(model: nn.Module) -> bool:
-    """A mixture-of-experts model: a ``*moe*`` model type, or a config naming more than one expert."""
-    counts = _config_values(model, "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-    return any(
-        "moe" in t or t in ("mixtral", "dbrx", "jamba", "gpt_oss", "deepseek_v2", "deepseek_v3")
-        for t in _model_types(model)
-    ) or any(isinstance(c, int) and c > 1 for c in counts)
-
-
-#: the mixture-of-experts decoders an adapter explains (their rows in ADAPTERS)
-MOE_CLASSES = (
-    "MixtralForCausalLM",
-    "MixtralForSequenceClassification",
-    "Qwen2MoeForCausalLM",
-    "Qwen2MoeForSequenceClassification",
-    "Qwen3MoeForCausalLM",
-    "Qwen3MoeForSequenceClassification",
-    "OlmoeForCausalLM",
-    "GptOssForCausalLM",
-    "GptOssForSequenceClassification",
+from .predicates import (
+    BERT_FAMILY,
+    hf_text,
+    hf_type,
+    is_hf_sequence_classifier,
+    is_hf_vit,
+    is_multimodal_decoder,
+    is_other_mixture_of_experts,
+    is_soft_capped,
+    is_timm_vit,
+    named,
 )
-
-
-def _is_other_mixture_of_experts(model: nn.Module) -> bool:
-    """A mixture-of-experts model (:func:`_is_mixture_of_experts`) of a family no adapter row names."""
-    return _is_mixture_of_experts(model) and not _named(*MOE_CLASSES)(model)
-
-
-def _is_soft_capped(model: nn.Module) -> bool:
-    """A decoder other than Gemma 2's two classes and PaliGemma (whose Gemma 2 language model the Gemma 2 adapter
-    replays, soft-caps included) whose config turns attention- or final-logit soft-capping on (multimodal Gemma 2
-    relatives, Gemma 2 subclasses of other names)."""
-    if _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification", "PaliGemmaForConditionalGeneration")(model):
-        return False
-    return bool(_config_values(model, "attn_logit_softcapping", "final_logit_softcapping"))
-
-
-def _is_multimodal_decoder(model: nn.Module) -> bool:
-    """A generative vision-language model (Llava, Gemma 3 multimodal, Qwen2-VL, ...): its model type is one that
-    transformers' image-text-to-text task lists, or it has a vision config and generates
-    (``...ForConditionalGeneration``). CLIP (``CLIPModel``: a similarity, no generation) is neither."""
-    cfg = getattr(model, "config", None)
-    if cfg is None or not _model_types(model):
-        return False
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as IMAGE_TEXT
-
-    generates = type(model).__name__.endswith(("ForConditionalGeneration", "ForImageTextToText"))
-    return getattr(cfg, "model_type", None) in IMAGE_TEXT or (generates and hasattr(cfg, "vision_config"))
 
 
 def _hf_deit(model):
@@ -164,9 +71,9 @@ SIGLIP_CLASSES = ("SiglipForImageClassification", "Siglip2ForImageClassification
 
 def _is_other_siglip(model: nn.Module) -> bool:
     """A SigLIP / SigLIP 2 model other than the :data:`SIGLIP_CLASSES`: a tower alone."""
-    return _hf_type(
+    return hf_type(
         "siglip", "siglip2", "siglip_vision_model", "siglip2_vision_model", "siglip_text_model", "siglip2_text_model"
-    )(model) and not _named(*SIGLIP_CLASSES)(model)
+    )(model) and not named(*SIGLIP_CLASSES)(model)
 
 
 def _timm_vit(model):
@@ -258,7 +165,7 @@ HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassificati
 REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     (
         "DeBERTa / DeBERTa-v2",
-        _hf_text("deberta", "deberta-v2"),
+        hf_text("deberta", "deberta-v2"),
         "its disentangled attention adds content-to-position and position-to-content score terms that depend on "
         "the tokens (relative position embeddings multiplied with the queries and keys), so the scores are not "
         "q·kᵀ plus a constant and the block replay and its relevance rules do not apply. Use a BERT, RoBERTa, "
@@ -266,7 +173,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ),
     (
         "ModernBERT without a sequence-classification head",
-        lambda m: _hf_type("modernbert")(m) and not _is_hf_sequence_classifier(m),
+        lambda m: hf_type("modernbert")(m) and not is_hf_sequence_classifier(m),
         "only ModernBertForSequenceClassification is explained (one prediction per text, read at [CLS] or the mean "
         "of the tokens); the masked-LM, token-classification, question-answering and multiple-choice heads predict "
         "per token or per choice, and ModernBertModel has no head. Load the checkpoint as "
@@ -276,7 +183,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "SwinTransformerV2Cr, Hugging Face Swin models without an image-classification head and other windowed / "
         "hierarchical vision transformers",
         lambda m: (
-            _named(
+            named(
                 "SwinTransformerV2Cr",
                 "PyramidVisionTransformerV2",
                 "MultiScaleVit",
@@ -287,8 +194,8 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
                 "NextViT",
                 "FocalNet",
             )(m)
-            or _hf_type("donut-swin", "maskformer-swin", "pvt", "pvt_v2", "hiera", "focalnet", "dinat", "nat")(m)
-            or (_hf_type("swin", "swinv2")(m) and not _named(*HF_SWIN_CLASSIFIERS)(m))
+            or hf_type("donut-swin", "maskformer-swin", "pvt", "pvt_v2", "hiera", "focalnet", "dinat", "nat")(m)
+            or (hf_type("swin", "swinv2")(m) and not named(*HF_SWIN_CLASSIFIERS)(m))
         ),
         "attention runs inside local windows and patch tokens are merged between stages, so there is no single "
         "token set whose token-to-token attention matrices can be multiplied across blocks (rollout, "
@@ -303,7 +210,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ),
     (
         "other multimodal decoders (LLaVA-NeXT, Qwen3-VL, Mllama, ...)",
-        lambda m: _is_multimodal_decoder(m) and not _named(*VLM_CLASSES)(m),
+        lambda m: is_multimodal_decoder(m) and not named(*VLM_CLASSES)(m),
         "images enter the token stream through a vision tower and a projector (image features replace placeholder "
         "tokens), and the vision tower and connector of these families are described by no adapter. Use an explained "
         "vision-language model (LLaVA, SmolVLM / Idefics3, Qwen2-VL / Qwen2.5-VL, Gemma 3 with images, PaliGemma), "
@@ -312,7 +219,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ),
     (
         "other mixture-of-experts decoders (DeepSeek, DBRX, Jamba, ...)",
-        _is_other_mixture_of_experts,
+        is_other_mixture_of_experts,
         "a router picks a few experts per token in a way no adapter describes (grouped or biased top-k, sigmoid "
         "scoring, experts fused or sliced differently, or recurrent mixers beside them). The mixture-of-experts "
         "decoders explained are Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and GPT-OSS; or use a dense decoder (Llama, "
@@ -320,7 +227,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ),
     (
         "soft-capped decoders other than Gemma 2",
-        _is_soft_capped,
+        is_soft_capped,
         "attention-logit and final-logit soft-capping (cap · tanh(x / cap) on the attention scores and on the "
         "logits) is replayed for Gemma2ForCausalLM / Gemma2ForSequenceClassification only; this model's other parts "
         "are not described. Use Gemma 2 (Gemma2ForCausalLM), Gemma 3 or another dense decoder",
@@ -334,7 +241,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ),
     (
         "BEiT / Data2Vec-vision",
-        lambda m: _named("Beit")(m) or _hf_type("beit", "data2vec-vision")(m),
+        lambda m: named("Beit")(m) or hf_type("beit", "data2vec-vision")(m),
         "every block adds its own learned relative position bias (a table indexed by token offsets, one per block) "
         "to the attention scores; the block description carries no per-block score bias, so the replay would not "
         "be the model. Use a ViT / DeiT / DINOv2 instead",
@@ -346,12 +253,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     (
         "timm VisionTransformer (ViT, DeiT, DINO, DINOv2; [CLS] or average pooling, with or without a class token) "
         "and VisionTransformerDistilled (distilled DeiT: [CLS] and distillation heads averaged)",
-        _is_timm_vit,
+        is_timm_vit,
         _timm_vit,
     ),
     (
         "timm Eva (EVA, EVA-02: rotary q/k, SwiGLU MLPs, registers, LayerScale, post-norm blocks)",
-        _named("Eva"),
+        named("Eva"),
         _timm_eva,
     ),
     (
@@ -362,175 +269,175 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ),
     (
         "Hugging Face SwinForImageClassification / Swinv2ForImageClassification (as timm's Swin and Swin V2)",
-        _named(*HF_SWIN_CLASSIFIERS),
+        named(*HF_SWIN_CLASSIFIERS),
         _hf_swin,
     ),
-    ("Hugging Face ViTForImageClassification", _is_hf_vit, _hf_vit),
+    ("Hugging Face ViTForImageClassification", is_hf_vit, _hf_vit),
     (
         "Hugging Face DeiTForImageClassification and DeiTForImageClassificationWithTeacher",
-        _named("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
+        named("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
         _hf_deit,
     ),
     (
         "Hugging Face Dinov2ForImageClassification ([CLS] and mean of the patch tokens)",
-        _named("Dinov2ForImageClassification"),
+        named("Dinov2ForImageClassification"),
         _hf_dinov2,
     ),
     (
         "Hugging Face SiglipForImageClassification / Siglip2ForImageClassification (no class token, mean of all "
         "tokens; SigLIP 2: one patch grid per call)",
-        _named("SiglipForImageClassification", "Siglip2ForImageClassification"),
+        named("SiglipForImageClassification", "Siglip2ForImageClassification"),
         _siglip,
     ),
     (
         "Hugging Face SiglipModel / Siglip2Model (image–text sigmoid similarity explained on the image: "
         "attention-pooling head, logit_scale.exp() · cos + logit_bias; target = a prompt)",
-        _named("SiglipModel", "Siglip2Model"),
+        named("SiglipModel", "Siglip2Model"),
         _siglip_model,
     ),
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip, _clip),
     (
         "Hugging Face LlavaForConditionalGeneration (LLaVA: a CLIP-vision or DINOv2 tower, the MLP projector, a "
         "Llama / Mistral / Qwen2 language model; the same number of images in every row)",
-        _named("LlavaForConditionalGeneration"),
+        named("LlavaForConditionalGeneration"),
         _decoder("llava", "LlavaAdapter"),
     ),
     (
         "Hugging Face Idefics3ForConditionalGeneration / SmolVLMForConditionalGeneration (Idefics3, SmolVLM: the "
         "SigLIP-like vision transformer, the pixel-shuffle connector, a Llama language model; the same number of "
         "images in every row, image splitting's crops included)",
-        _named("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
+        named("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
         _decoder("idefics3", "Idefics3Adapter"),
     ),
     (
         "Hugging Face Qwen2_5_VLForConditionalGeneration / Qwen2VLForConditionalGeneration (Qwen2.5-VL, Qwen2-VL: "
         "the vision tower with 2D rotary positions (Qwen2.5-VL: and window attention), the 2 × 2 patch merger, the "
         "M-RoPE Qwen2 language model; images of one grid, the same number in every row)",
-        _named("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
+        named("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
         _decoder("qwen2_5_vl", "Qwen2_5_VLAdapter"),
     ),
     (
         "Hugging Face Gemma3ForConditionalGeneration (Gemma 3 with images: the SigLIP tower, the pooling projector, "
         "the Gemma 3 language model, bidirectional within each image given token_type_ids; the same number of images "
         "in every row)",
-        _named("Gemma3ForConditionalGeneration"),
+        named("Gemma3ForConditionalGeneration"),
         _decoder("gemma3_vl", "Gemma3VLMAdapter"),
     ),
     (
         "Hugging Face PaliGemmaForConditionalGeneration (PaliGemma 1 / 2: the SigLIP tower, the linear projector, a "
         "Gemma or Gemma 2 language model, the prefix attended bidirectionally given token_type_ids)",
-        _named("PaliGemmaForConditionalGeneration"),
+        named("PaliGemmaForConditionalGeneration"),
         _decoder("paligemma", "PaliGemmaAdapter"),
     ),
     (
         "Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
-        _named("LlamaForCausalLM", "LlamaForSequenceClassification"),
+        named("LlamaForCausalLM", "LlamaForSequenceClassification"),
         _decoder("llama", "LlamaAdapter"),
     ),
     (
         "Hugging Face MistralForCausalLM / MistralForSequenceClassification (sliding window)",
-        _named("MistralForCausalLM", "MistralForSequenceClassification"),
+        named("MistralForCausalLM", "MistralForSequenceClassification"),
         _decoder("mistral", "MistralAdapter"),
     ),
     (
         "Hugging Face Qwen2ForCausalLM / Qwen2ForSequenceClassification (Qwen2, Qwen2.5)",
-        _named("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
+        named("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
         _decoder("qwen2", "Qwen2Adapter"),
     ),
     (
         "Hugging Face Qwen3ForCausalLM / Qwen3ForSequenceClassification",
-        _named("Qwen3ForCausalLM", "Qwen3ForSequenceClassification"),
+        named("Qwen3ForCausalLM", "Qwen3ForSequenceClassification"),
         _decoder("qwen3", "Qwen3Adapter"),
     ),
     (
         "Hugging Face Qwen3MoeForCausalLM / Qwen3MoeForSequenceClassification (mixture of experts)",
-        _named("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"),
+        named("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification"),
         _decoder("qwen3_moe", "Qwen3MoeAdapter"),
     ),
     (
         "Hugging Face Qwen2MoeForCausalLM / Qwen2MoeForSequenceClassification (mixture of experts, shared expert)",
-        _named("Qwen2MoeForCausalLM", "Qwen2MoeForSequenceClassification"),
+        named("Qwen2MoeForCausalLM", "Qwen2MoeForSequenceClassification"),
         _decoder("qwen2_moe", "Qwen2MoeAdapter"),
     ),
     (
         "Hugging Face MixtralForCausalLM / MixtralForSequenceClassification (mixture of experts, sliding window)",
-        _named("MixtralForCausalLM", "MixtralForSequenceClassification"),
+        named("MixtralForCausalLM", "MixtralForSequenceClassification"),
         _decoder("mixtral", "MixtralAdapter"),
     ),
     (
         "Hugging Face OlmoeForCausalLM (OLMoE: mixture of experts, q/k norms over all heads)",
-        _named("OlmoeForCausalLM"),
+        named("OlmoeForCausalLM"),
         _decoder("olmoe", "OlmoeAdapter"),
     ),
     (
         "Hugging Face GptOssForCausalLM / GptOssForSequenceClassification (GPT-OSS: mixture of experts with biased "
         "router and clamped SwiGLU experts, attention sinks, sliding-window and full layers)",
-        _named("GptOssForCausalLM", "GptOssForSequenceClassification"),
+        named("GptOssForCausalLM", "GptOssForSequenceClassification"),
         _decoder("gpt_oss", "GptOssAdapter"),
     ),
     (
         "Hugging Face GPT2LMHeadModel / GPT2ForSequenceClassification (GPT-2, DistilGPT-2)",
-        _named("GPT2LMHeadModel", "GPT2ForSequenceClassification"),
+        named("GPT2LMHeadModel", "GPT2ForSequenceClassification"),
         _decoder("gpt2", "GPT2Adapter"),
     ),
     (
         "Hugging Face Gemma3ForCausalLM / Gemma3TextForSequenceClassification (Gemma 3 text: gemma-3-270m, 1b)",
-        _named("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
+        named("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"),
         _decoder("gemma3", "Gemma3Adapter"),
     ),
     (
         "Hugging Face Phi3ForCausalLM / Phi3ForSequenceClassification (Phi-3; fused qkv and gate_up)",
-        _named("Phi3ForCausalLM", "Phi3ForSequenceClassification"),
+        named("Phi3ForCausalLM", "Phi3ForSequenceClassification"),
         _decoder("phi3", "Phi3Adapter"),
     ),
     (
         "Hugging Face GPTNeoXForCausalLM / GPTNeoXForSequenceClassification (Pythia, GPT-NeoX; parallel or sequential "
         "residual, fused per-head qkv, partial rotary)",
-        _named("GPTNeoXForCausalLM", "GPTNeoXForSequenceClassification"),
+        named("GPTNeoXForCausalLM", "GPTNeoXForSequenceClassification"),
         _decoder("gpt_neox", "GPTNeoXAdapter"),
     ),
     (
         "Hugging Face PhiForCausalLM / PhiForSequenceClassification (Phi-1, Phi-1.5, Phi-2; parallel blocks)",
-        _named("PhiForCausalLM", "PhiForSequenceClassification"),
+        named("PhiForCausalLM", "PhiForSequenceClassification"),
         _decoder("phi", "PhiAdapter"),
     ),
     (
         "Hugging Face FalconForCausalLM / FalconForSequenceClassification (rotary Falcon: parallel or sequential "
         "blocks, multi-query and grouped fused qkv)",
-        _named("FalconForCausalLM", "FalconForSequenceClassification"),
+        named("FalconForCausalLM", "FalconForSequenceClassification"),
         _decoder("falcon", "FalconAdapter"),
     ),
     (
         "Hugging Face Gemma2ForCausalLM / Gemma2ForSequenceClassification (Gemma 2; attention- and final-logit "
         "soft-capping)",
-        _named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
+        named("Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
         _decoder("gemma2", "Gemma2Adapter"),
     ),
     (
         "Hugging Face Olmo2ForCausalLM / Olmo3ForCausalLM (OLMo-2, OLMo-3; branch-output norms, whole-projection q/k "
         "norms)",
-        _named(
+        named(
             "Olmo2ForCausalLM", "Olmo3ForCausalLM", "Olmo2ForSequenceClassification", "Olmo3ForSequenceClassification"
         ),
         _decoder("olmo2", "Olmo2Adapter"),
     ),
-    ("Hugging Face DistilBertForSequenceClassification", _hf_text("distilbert"), _distilbert),
+    ("Hugging Face DistilBertForSequenceClassification", hf_text("distilbert"), _distilbert),
     (
         "Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings)",
-        _hf_text("albert"),
+        hf_text("albert"),
         _albert,
     ),
-    ("Hugging Face MPNetForSequenceClassification (relative position bias)", _hf_text("mpnet"), _mpnet),
+    ("Hugging Face MPNetForSequenceClassification (relative position bias)", hf_text("mpnet"), _mpnet),
     (
         "Hugging Face ModernBertForSequenceClassification (rotary positions, global and sliding-window layers, GLU "
         "MLPs; [CLS] or mean pooling)",
-        _hf_text("modernbert"),
+        hf_text("modernbert"),
         _modernbert,
     ),
     (
         "Hugging Face BertForSequenceClassification and BERT-family encoders with a pooler/[CLS] classification "
         "head (RoBERTa, XLM-RoBERTa, ELECTRA, CamemBERT, Data2Vec-text)",
-        _hf_text(*BERT_FAMILY),
+        hf_text(*BERT_FAMILY),
         _bert,
     ),
 ]
@@ -579,7 +486,7 @@ def get_adapter(model: nn.Module) -> Adapter:
             raise UnsupportedModelError(
                 f"{type(model).__name__} ({family}) is not supported: {reason}. Supported: {SUPPORTED}"
             )
-    from . import recognise as open_recognition  # imported here: it builds on the decoder adapter
+    from . import probe as open_recognition  # imported here: it builds on the decoder adapter
 
     for _, recognise, build in ADAPTERS:
         if recognise(model):

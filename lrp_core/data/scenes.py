@@ -16,12 +16,12 @@ does not own the occluder's pixels).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
 
 from ..errors import InputError
+from .shapes import ROTATES, SHAPES
 
 __all__ = [
     "CLASS_NAMES",
@@ -153,70 +153,6 @@ def imagenet_normalize(rgb: np.ndarray) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------
-# Shapes: boolean functions of the object's own coordinates (u, v), in units of
-# its radius; every shape fits in the unit disc.
-# ---------------------------------------------------------------------------
-
-
-def _disc(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    return u * u + v * v <= 1.0
-
-
-def _square(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    return np.maximum(np.abs(u), np.abs(v)) <= 0.7
-
-
-def _triangle(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    # equilateral, circumradius 1 (inradius 0.5): three half-planes
-    out = v <= 0.5
-    for a in (np.pi / 6, 5 * np.pi / 6):
-        out &= -(u * np.cos(a) + v * np.sin(a)) <= 0.5
-    return out
-
-
-def _ring(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    r2 = u * u + v * v
-    return (r2 <= 1.0) & (r2 >= 0.55**2)
-
-
-def _cross(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    au, av = np.abs(u), np.abs(v)
-    return ((au <= 0.28) & (av <= 0.95)) | ((av <= 0.28) & (au <= 0.95))
-
-
-def _star(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    # five points: the radius goes linearly from 1 at a point to 0.4 between points
-    phi = np.arctan2(v, u)
-    t = np.mod(5.0 * phi / (2 * np.pi) + 0.25, 1.0)
-    tri = np.abs(2.0 * t - 1.0)
-    return np.sqrt(u * u + v * v) <= 0.4 + 0.6 * tri
-
-
-def _ellipse(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    return u * u + (v / 0.38) ** 2 <= 1.0
-
-
-def _heart(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    x = 1.15 * u
-    y = -1.15 * v + 0.15  # image rows grow downwards: lobes on top
-    return (x * x + y * y - 1.0) ** 3 - x * x * y**3 <= 0.0
-
-
-_SHAPES: tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], ...] = (
-    _disc,
-    _square,
-    _triangle,
-    _ring,
-    _cross,
-    _star,
-    _ellipse,
-    _heart,
-)
-# any orientation for the ellipse; the others are tilted by at most 20 degrees
-_ROTATES = np.array([0, 0, 0, 0, 0, 0, 1, 0], dtype=bool)
-
-
-# ---------------------------------------------------------------------------
 # Rendering
 # ---------------------------------------------------------------------------
 
@@ -330,7 +266,7 @@ def _object_layer(
         mask (n, H, W) bool of the full object and its texture (n, H, W, 3) float32.
     """
     n: int = classes.shape[0]  # an int, not the stubs' Any: rng.uniform(.., n) then types as an array
-    theta = np.where(_ROTATES[classes], rng.uniform(0, 2 * np.pi, n), rng.uniform(-0.35, 0.35, n))
+    theta = np.where(ROTATES[classes], rng.uniform(0, 2 * np.pi, n), rng.uniform(-0.35, 0.35, n))
     X = np.arange(size, dtype=np.float32) + 0.5
     cx, cy, radius = (a.astype(np.float32) for a in (cx, cy, radius))
     dx = (X[None, None, :] - cx[:, None, None]) / radius[:, None, None]
@@ -340,7 +276,7 @@ def _object_layer(
     u = dx * c + dy * s
     v = -dx * s + dy * c
     mask = np.zeros((n, size, size), dtype=bool)
-    for k, fn in enumerate(_SHAPES):
+    for k, fn in enumerate(SHAPES):
         idx = np.nonzero(classes == k)[0]
         if idx.size:
             mask[idx] = fn(u[idx], v[idx])

@@ -16,7 +16,7 @@ summaries are computed from all blocks' values, concatenated in order.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence, TypeGuard
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from ..data.sets import ImageSet
 from ..runtime.precision import compute_precision
 from ..runtime.utils import logits_in_batches, model_device, progress_bar
 from . import batching
+from .reference_maps import MapPair, RandomDraws, Span, has_pairs, random_maps
 from .report import Results, metric_value
 from .shards import Shard, block_spans
 
@@ -50,9 +51,6 @@ IMAGE_METRICS: tuple[str, ...] = (
 
 Curves = dict[str, dict[str, list]]
 """``curves[method][test]``: accuracies at x = 0, 0.1 … 0.9 (and per-image AUCs)."""
-
-MapPair = tuple[Tensor, Tensor]
-"""Maps (N2, H, W) of a two-object set for its first and its second class."""
 
 
 # --------------------------------------------------------------------------
@@ -118,21 +116,16 @@ def _maps_for(
 
 def _pair_maps(model: Any, two: Optional[ImageSet], method: str, batch_size: int) -> Optional[MapPair]:
     """Maps of the two-object set for each of its classes, or ``None`` without such a set."""
-    if not _has_pairs(two):
+    if not has_pairs(two):
         return None
     labels = two.labels
-    assert labels is not None, "_has_pairs checked the labels"
+    assert labels is not None, "has_pairs checked the labels"
     return (
         image_maps(model, two.images, method, labels[:, 0], batch_size)[0],
         image_maps(model, two.images, method, labels[:, 1], batch_size)[0],
     )
 
 
-def _has_pairs(two: Optional[ImageSet]) -> TypeGuard[ImageSet]:
-    return two is not None and two.labels is not None and two.labels.shape[1] == 2
-
-
-@torch.no_grad()
 def predict(model: Any, images: Tensor, batch_size: int = 64) -> Tensor:
     """The argmax class of ``model`` on each image.
 
@@ -250,7 +243,7 @@ def image_protocol(
         ranks.
     """
     shard = shard or Shard()
-    n_two = len(two) if _has_pairs(two) else 0
+    n_two = len(two) if has_pairs(two) else 0
     spans = _spans(len(one), n_two, batch_size)
     draws = RandomDraws(len(one), n_two)
 
@@ -268,9 +261,6 @@ def image_protocol(
         results[m] = {k: metric_value(v) for k, v in res.items()}
         curves[m] = cur
     return results, curves, torch.cat([b["pred"] for b in blocks])
-
-
-Span = tuple[int, int]
 
 
 def _spans(n_one: int, n_two: int, size: int) -> list[tuple[Span, Span]]:
@@ -301,7 +291,7 @@ def _image_block(
     batch_size: int,
     baseline: bool,
     drops: Optional[Tensor],
-    draws: "RandomDraws",
+    draws: RandomDraws,
 ) -> dict[str, Any]:
     """Every model call of one block, and the per-image values they give.
 
@@ -317,7 +307,7 @@ def _image_block(
     reference = truth if truth is not None else pred
     d = drops[s2:e2] if drops is not None else None
     if d is None and t is not None and t.removed is not None:
-        assert t.labels is not None, "a block of the two-object set has its labels (_has_pairs)"
+        assert t.labels is not None, "a block of the two-object set has its labels (has_pairs)"
         d = M.deletion_drops(model, t.images, t.removed, t.labels, max(batch_size, 64))
     values: dict[str, dict[str, Any]] = {}
     cache: dict[str, Tensor] = {}  # token scores (b, T) per method: TAM for CDAM, grid for random
@@ -529,110 +519,6 @@ def _json_floats(a: Any) -> list:
     """Array -> nested lists of floats rounded to 4 digits, ``None`` for NaN (valid JSON)."""
     arr = np.round(np.asarray(a, dtype=np.float64), 4)
     return np.where(np.isnan(arr), np.array(None), arr).tolist()  # an object array: None where NaN
-
-
-# --------------------------------------------------------------------------
-# the reference row
-# --------------------------------------------------------------------------
-def random_maps(
-    one: ImageSet,
-    two: Optional[ImageSet],
-    cache: dict[str, Tensor],
-    with_target: bool,
-    seed: int = 0,
-) -> tuple[dict[str, Tensor], Optional[MapPair]]:
-    """Seeded uniform random patch maps for whole sets (the reference row ``random``).
-
-    The patch grid is read from the methods' token scores (N, T) in ``cache`` (a square grid); without any,
-    the maps are random per pixel. A random map knows no class, so one draw serves the predicted and the
-    true class, and both classes of a two-object scene.
-
-    Parameters
-    ----------
-    one : ImageSet
-        The one-object set.
-    two : Optional[ImageSet]
-        The two-object set, or ``None``.
-    cache : dict[str, Tensor]
-        The methods' token scores (N, T), by method (only their shape is read).
-    with_target : bool
-        Also give the maps for the true class.
-    seed : int, optional
-        Seed of the draw.
-
-    Returns
-    -------
-    tuple[dict[str, Tensor], Optional[MapPair]]
-        ``{"predicted": (N, H, W)}`` (plus ``"target"``, the same maps, with ``with_target``) and the pair of the
-        two-object set (one (N2, H, W) draw, twice), or ``None`` without that set.
-    """
-    n_two = len(two) if _has_pairs(two) else 0
-    draws = RandomDraws(len(one), n_two, seed)
-    return draws.maps(
-        cache, (one.images.shape[-2], one.images.shape[-1]), (0, len(one)), (0, n_two) if n_two else None, with_target
-    )
-
-
-class RandomDraws:
-    """The random maps of the reference row, drawn once for the whole run and cut into blocks.
-
-    One generator (``seed``) draws the (N, *grid) maps of the one-object set,
-    then the (N2, *grid) maps of the two-object set, so a block gets the same
-    rows whatever the blocks and processes are.
-    """
-
-    def __init__(self, n_one: int, n_two: int, seed: int = 0) -> None:
-        self.n_one, self.n_two, self.seed = n_one, n_two, seed
-        self._one: Optional[Tensor] = None
-        self._two: Optional[Tensor] = None
-
-    def _draw(self, cache: dict[str, Tensor], size: tuple[int, int]) -> None:
-        g = torch.Generator().manual_seed(self.seed)
-        t = next(iter(cache.values())).shape[1] if cache else 0
-        side = int(round(math.sqrt(t))) if t else 0
-        grid = (side, side) if side * side == t and t else size
-        self._one = torch.rand(self.n_one, *grid, generator=g)
-        self._two = torch.rand(self.n_two, *grid, generator=g) if self.n_two else None
-
-    def maps(
-        self,
-        cache: dict[str, Tensor],
-        size: tuple[int, int],
-        one: Span,
-        two: Optional[Span],
-        with_target: bool,
-    ) -> tuple[dict[str, Tensor], Optional[MapPair]]:
-        """The maps at ``size`` of the one-object rows ``one`` and the two-object rows ``two``.
-
-        Parameters
-        ----------
-        cache : dict[str, Tensor]
-            The methods' token scores (N, T), which give the patch grid on the first call.
-        size : tuple[int, int]
-            (H, W) of the maps.
-        one : Span
-            ``(start, stop)`` of the one-object rows.
-        two : Optional[Span]
-            ``(start, stop)`` of the two-object rows, or ``None``.
-        with_target : bool
-            Also give the maps for the true class.
-
-        Returns
-        -------
-        tuple[dict[str, Tensor], Optional[MapPair]]
-            As :func:`random_maps`, for those rows.
-        """
-        if self._one is None:
-            self._draw(cache, size)
-        assert self._one is not None
-        variants = {"predicted": M.upsample_maps(self._one[one[0] : one[1]], size)}
-        if with_target:
-            variants["target"] = variants["predicted"]
-        pair = None
-        if two is not None and self._two is not None:
-            m = M.upsample_maps(self._two[two[0] : two[1]], size)
-            pair = (m, m)
-        return variants, pair
 
 
 __all__ = [

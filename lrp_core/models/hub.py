@@ -31,7 +31,8 @@ import torch
 from ..data.photos import as_pil_image
 from ..errors import InputError, LRPError
 from .base import LoadedModel
-from .lm import KNOWN_DECODERS, LM_HINTS, is_causal_lm, lm_alternative, lm_labels, lm_preprocess
+from .hub_names import KNOWN_HF_MODELS, KNOWN_VLMS, guess_kind
+from .lm import is_causal_lm, lm_alternative, lm_labels, lm_preprocess
 from .reachability import hub_endpoint, hub_reachable
 
 __all__ = [
@@ -51,83 +52,6 @@ _VLM_ALTERNATIVES = "load('tiny-vlm') (a LLaVA with the DINOv2 tower, trained on
 
 class HubUnavailableError(LRPError, OSError):
     """Pretrained weights were asked for, but the hub is unreachable and nothing is cached."""
-
-
-_TEXT_HINTS = (
-    "bert",
-    "sst",
-    "sentiment",
-    "roberta",
-    "distil",
-    "minilm",
-    "nli",
-    "text",
-    "gpt",
-    "emotion",
-    "imdb",
-    "electra",
-    "mpnet",
-)
-_IMAGE_HINTS = ("vit", "deit", "beit", "dino", "image", "swin", "convnext", "resnet", "patch")
-_VLM_HINTS = ("llava", "vlm", "-vl-", "-vl", "paligemma", "idefics", "image-text")
-
-#: vision-language models by repo id -> architecture: loaded with AutoModelForImageTextToText and AutoProcessor
-KNOWN_VLMS = {
-    "HuggingFaceTB/SmolVLM-256M-Instruct": "Idefics3ForConditionalGeneration (SigLIP tower, SmolLM2)",
-    "llava-hf/llava-1.5-7b-hf": "LlavaForConditionalGeneration (CLIP ViT-L/14-336 tower, Vicuna-7B)",
-    "Qwen/Qwen2.5-VL-3B-Instruct": "Qwen2_5_VLForConditionalGeneration (windowed ViT, Qwen2.5-3B)",
-    "google/gemma-3-4b-it": "Gemma3ForConditionalGeneration (SigLIP tower, Gemma 3 4B)",
-    "google/paligemma2-3b-pt-224": "PaliGemmaForConditionalGeneration (SigLIP tower, Gemma 2 2B)",
-}
-
-
-#: Hugging Face models the engine explains, by repo id -> (kind, architecture); known before any download.
-#: kind: "image", "text" (a classifier) or "lm" (a causal language model, loaded as kind "text").
-KNOWN_HF_MODELS = {
-    "facebook/deit-small-patch16-224": ("image", "ViTForImageClassification (DeiT weights, [CLS] head)"),
-    "facebook/deit-base-distilled-patch16-224": ("image", "DeiTForImageClassificationWithTeacher (two heads)"),
-    "facebook/dinov2-small-imagenet1k-1-layer": ("image", "Dinov2ForImageClassification ([CLS] + mean of patches)"),
-    "facebook/dinov2-base-imagenet1k-1-layer": ("image", "Dinov2ForImageClassification ([CLS] + mean of patches)"),
-    # text: the sentiment classifiers people actually use, one per supported family
-    "distilbert-base-uncased-finetuned-sst-2-english": ("text", "DistilBertForSequenceClassification (SST-2)"),
-    "distilbert/distilbert-base-uncased-finetuned-sst-2-english": (
-        "text",
-        "DistilBertForSequenceClassification (SST-2)",
-    ),
-    "cardiffnlp/twitter-roberta-base-sentiment-latest": (
-        "text",
-        "RobertaForSequenceClassification (tweets, negative / neutral / positive)",
-    ),
-    "cardiffnlp/twitter-xlm-roberta-base-sentiment": (
-        "text",
-        "XLMRobertaForSequenceClassification (multilingual tweets, negative / neutral / positive)",
-    ),
-    "textattack/albert-base-v2-SST-2": ("text", "AlbertForSequenceClassification (SST-2)"),
-    # image–text: CLIP, explained as the similarity of an image to text prompts
-    "openai/clip-vit-base-patch32": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
-    "openai/clip-vit-base-patch16": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
-    "openai/clip-vit-large-patch14": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
-    # decoder language models (lm.py): the next-token logit explained
-    **{name: ("lm", what) for name, what in KNOWN_DECODERS.items()},
-    # vision-language models: an image and a question, the next-token logit explained
-    **{name: ("vlm", what) for name, what in KNOWN_VLMS.items()},
-}
-
-
-def _guess_kind(name: str) -> str:
-    """'text', 'image' or 'unknown' from a repo id (used before its config is available)."""
-    if name in KNOWN_HF_MODELS:
-        return KNOWN_HF_MODELS[name][0]
-    low = name.lower()
-    if any(h in low for h in _VLM_HINTS):
-        return "vlm"
-    if any(h in low for h in LM_HINTS):
-        return "lm"
-    if any(h in low for h in _TEXT_HINTS):
-        return "text"
-    if any(h in low for h in _IMAGE_HINTS):
-        return "image"
-    return "unknown"
 
 
 def _unavailable(name: str, kind: str, detail: str = "") -> HubUnavailableError:
@@ -388,7 +312,7 @@ def _hf_config_anywhere(name: str, pretrained: bool) -> tuple[Any, Optional[bool
             if pretrained
             else "pretrained=False still needs its config.json, which is not cached"
         )
-        raise _unavailable(name, _guess_kind(name), detail) from None
+        raise _unavailable(name, guess_kind(name), detail) from None
     try:
         return _hf_config(name, online=True), True
     except OSError as err:

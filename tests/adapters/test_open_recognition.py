@@ -22,7 +22,8 @@ import transformers as T
 from decoders import batch, model_logits, perturb, quick, rows
 
 from lrp_core import explain
-from lrp_core.adapters import get_adapter, recognise
+from lrp_core.adapters import get_adapter
+from lrp_core.adapters import probe as probe_module
 from lrp_core.adapters.recognise import OpenDecoderAdapter
 from lrp_core.errors import UnsupportedModelError
 from lrp_core.methods.registry import DECODER_METHODS
@@ -106,13 +107,13 @@ def _same(model: torch.nn.Module, before: tuple) -> bool:
 def probes(monkeypatch):
     """The probes run, as the models they ran on."""
     seen = []
-    real = recognise.probe
+    real = probe_module.probe
 
     def counting(adapter):
         seen.append(adapter.model)
         return real(adapter)
 
-    monkeypatch.setattr(recognise, "probe", counting)
+    monkeypatch.setattr(probe_module, "probe", counting)
     return seen
 
 
