@@ -58,7 +58,7 @@ RUNS: list[tuple[str, dict]] = [
 ]
 
 
-DTYPES = {"float32": (torch.float32,), "float64": (torch.float64,), "both": (torch.float32, torch.float64)}
+DTYPES = {"float32": (torch.float32,), "float64": (torch.float64,), "both": (torch.float64, torch.float32)}
 
 
 def _cast(inputs: Any, dtype: torch.dtype) -> Any:
@@ -70,16 +70,17 @@ def _cast(inputs: Any, dtype: torch.dtype) -> Any:
     return inputs
 
 
-def collect(only: str = "", dtypes: tuple = DTYPES["both"]) -> dict:
-    """Every run of every case whose name matches ``only``: key ``case|dtype|method|options`` -> the tensor
-    fields of the explanation, or ``{"error": "Type: message"}``."""
+def collect(only: str = "", dtypes: tuple = DTYPES["both"], save_to: str = "") -> dict:
+    """Every run of every case whose name matches ``only``, dtype by dtype: key ``case|dtype|method|options`` ->
+    the tensor fields of the explanation, or ``{"error": "Type: message"}``. ``save_to``: the runs so far are
+    written there after each case (a stopped save leaves the finished cases)."""
     from lrp_core import explain
 
     out: dict = {}
-    for name, build in cases():
-        if not re.search(only, name):
-            continue
-        for dtype in dtypes:
+    for dtype in dtypes:
+        for name, build in cases():
+            if not re.search(only, name):
+                continue
             start, refused = time.perf_counter(), 0
             model, inputs, case_opts = build()
             model, x = model.to(dtype), _cast(inputs, dtype)
@@ -95,6 +96,9 @@ def collect(only: str = "", dtypes: tuple = DTYPES["both"]) -> dict:
                 out[key] = {f: getattr(exp, f).detach().clone() for f in FIELDS if getattr(exp, f) is not None}
             took = time.perf_counter() - start
             print(f"{name} {str(dtype)[6:]}: {len(RUNS)} runs, {refused} errors, {took:.1f} s", flush=True)
+            if save_to:
+                torch.save(out, save_to + ".part")
+                os.replace(save_to + ".part", save_to)
     return out
 
 
@@ -162,10 +166,9 @@ def main() -> int:
 
     print(f"lrp_core from {os.path.dirname(os.path.abspath(lrp_core.__file__))}")
     start = time.perf_counter()
-    outputs = collect(args.only, DTYPES[args.dtype])
+    outputs = collect(args.only, DTYPES[args.dtype], args.path if args.mode == "save" else "")
     print(f"{len(outputs)} runs in {time.perf_counter() - start:.0f} s")
     if args.mode == "save":
-        torch.save(outputs, args.path)
         print(f"saved {len(outputs)} runs to {args.path}")
         return 0
     return compare(torch.load(args.path), outputs)
