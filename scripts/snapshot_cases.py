@@ -136,8 +136,14 @@ def _evas() -> Iterator[tuple[str, Build]]:
 
 def _image_text() -> Iterator[tuple[str, Build]]:
     """CLIP (image side and text side) and SigLIP / SigLIP 2 similarity, with the targets their tests use."""
-    from test_siglip import _pair, _siglip2, _siglip_model, siglip2_patches
+    from test_siglip import _siglip2, siglip2_patches
     from tiny_clip import make_clip
+
+    try:  # tests/adapters/vision_models.py since the tests mirror the package
+        from vision_models import siglip_model as _siglip_model
+        from vision_models import siglip_pair as _pair
+    except ImportError:
+        from test_siglip import _pair, _siglip_model
 
     ids = torch.tensor([[1, 5, 6, 7, 98], [1, 8, 9, 98, 0], [1, 10, 98, 0, 0]])  # 98: end of text
     clip = {"pixel_values": _images(2, seed=3), "input_ids": ids, "attention_mask": (ids != 0).long()}
