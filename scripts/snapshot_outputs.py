@@ -4,23 +4,29 @@ A developer tool for changes to the engine that must not change behaviour:
 
     python scripts/snapshot_outputs.py save before.pt      # on the old code
     python scripts/snapshot_outputs.py compare before.pt   # on the new code
+    python scripts/snapshot_outputs.py compare before.pt --only 'timm-vit|bert' --dtype float64
 
-``compare`` prints, per model, dtype and method, the largest relative
-difference (max |Δ| / max |before|) over every tensor field of the
-``Explanation`` and fails when float64 exceeds 1e-10 or float32 1e-6.
+The models are those of ``snapshot_cases.py``. ``compare`` prints, per case and
+dtype, the largest relative difference (max |Δ| / max |before|) over every
+method and tensor field of the ``Explanation``, then each run over its
+tolerance (float64 1e-10, float32 1e-6). A method a model refuses is recorded
+as its error; another error is a difference.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
-from typing import Any, Callable, Iterator
+import time
+from typing import Any
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path[:0] = [os.path.dirname(HERE), HERE]  # this checkout's lrp_core, not an installed one
+from snapshot_cases import cases  # noqa: E402
 
 FIELDS = ("scores", "target", "logits", "pixels", "layers", "layers_per_head", "token_relevance")
 TOL = {torch.float64: 1e-10, torch.float32: 1e-6}
@@ -52,141 +58,98 @@ RUNS: list[tuple[str, dict]] = [
 ]
 
 
-def _cases() -> Iterator[tuple[str, Callable[[], tuple[torch.nn.Module, Any]]]]:
-    from conftest import make_tiny_bert, make_tiny_vit
-
-    images = lambda n=3, s=32: torch.randn(n, 3, s, s, generator=torch.Generator().manual_seed(1))  # noqa: E731
-    ids = torch.tensor([[2, 11, 12, 13, 14, 15, 3], [2, 21, 22, 3, 0, 0, 0], [2, 31, 32, 33, 34, 3, 0]])
-    text = {"input_ids": ids, "attention_mask": (ids != 0).long()}
-    left = {
-        "input_ids": torch.tensor([[0, 0, 2, 5, 3], [2, 6, 7, 8, 3]]),
-        "attention_mask": torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]),
-    }
-
-    yield "timm-vit", lambda: (make_tiny_vit(), images())
-    yield "timm-vit-unfused", lambda: (_unfused(make_tiny_vit(seed=3)), images())
-    yield (
-        "timm-vit-ls-reg",
-        lambda: (make_tiny_vit(seed=2, init_values=0.5, reg_tokens=2, no_embed_class=True), images()),
-    )
-    yield "hf-vit", lambda: (_hf_vit(), images())
-    for impl in ("eager", "sdpa"):
-        yield f"bert-{impl}", lambda impl=impl: (make_tiny_bert(attn_implementation=impl), text)
-    yield "bert-wide", lambda: (make_tiny_bert(weight_scale=5.0), text)
-    yield "bert-left-padded", lambda: (make_tiny_bert(seed=4), left)
-
-    def toy():
-        from lrp_core.data import make_scenes
-        from lrp_core.models import load
-
-        lm = load("toy-vit")
-        return lm.model, make_scenes(4, seed=123).images
-
-    def minilm():
-        from lrp_core.models import load
-
-        lm = load("minilm-sentiment")
-        enc = lm.tokenizer(
-            ["a truly wonderful film", "dull and far too long, I left early"], padding=True, return_tensors="pt"
-        )
-        return lm.model, {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
-
-    yield "toy-vit", toy
-    yield "minilm-sentiment", minilm
-
-    from decoders import FAMILIES, batch, make_decoder, rows
-
-    for family in FAMILIES:
-        yield f"{family}-causal", lambda family=family: (make_decoder(family), batch(rows(), "left"))
-    yield "llama-seq", lambda: (make_decoder("llama", head="seq"), batch(rows(), "right"))
-
-
-def _unfused(model):
-    for blk in model.blocks:
-        blk.attn.fused_attn = False
-    return model
-
-
-def _hf_vit():
-    from transformers import ViTConfig, ViTForImageClassification
-
-    torch.manual_seed(5)
-    cfg = ViTConfig(
-        image_size=32,
-        patch_size=8,
-        hidden_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=3,
-        intermediate_size=96,
-        num_labels=5,
-    )
-    model = ViTForImageClassification(cfg).eval()
-    from conftest import _perturb_norms
-
-    _perturb_norms(model, 5)
-    return model
+DTYPES = {"float32": (torch.float32,), "float64": (torch.float64,), "both": (torch.float64, torch.float32)}
 
 
 def _cast(inputs: Any, dtype: torch.dtype) -> Any:
+    """Floating tensors (alone or in a dict) in ``dtype``; ids, masks and strings as they are."""
     if isinstance(inputs, torch.Tensor):
-        return inputs.to(dtype)
+        return inputs.to(dtype) if inputs.is_floating_point() else inputs
+    if isinstance(inputs, dict):
+        return {k: _cast(v, dtype) for k, v in inputs.items()}
     return inputs
 
 
-def collect() -> dict:
+def collect(only: str = "", dtypes: tuple = DTYPES["both"], save_to: str = "") -> dict:
+    """Every run of every case whose name matches ``only``, dtype by dtype: key ``case|dtype|method|options`` ->
+    the tensor fields of the explanation, or ``{"error": "Type: message"}``. ``save_to``: the runs so far are
+    written there after each case (a stopped save leaves the finished cases)."""
     from lrp_core import explain
 
     out: dict = {}
-    for name, build in _cases():
-        for dtype in (torch.float32, torch.float64):
-            model, inputs = build()
-            model = model.to(dtype)
-            x = _cast(inputs, dtype)
+    for dtype in dtypes:
+        for name, build in cases():
+            if not re.search(only, name):
+                continue
+            start, refused = time.perf_counter(), 0
+            model, inputs, case_opts = build()
+            model, x = model.to(dtype), _cast(inputs, dtype)
             for method, opts in RUNS:
-                if name.startswith(("bert", "minilm")) and method == "lrp" and opts:
-                    continue
                 key = f"{name}|{str(dtype)[6:]}|{method}|{sorted(opts.items())}"
+                torch.manual_seed(0)
                 try:
-                    exp = explain(model, x, method=method, **opts)
+                    exp = explain(model, x, method=method, **case_opts, **opts)
                 except Exception as err:  # noqa: BLE001 - an error is part of the behaviour
                     out[key] = {"error": f"{type(err).__name__}: {err}"}
+                    refused += 1
                     continue
                 out[key] = {f: getattr(exp, f).detach().clone() for f in FIELDS if getattr(exp, f) is not None}
-            print(f"{name} {dtype}: {len(RUNS)} runs", flush=True)
+            took = time.perf_counter() - start
+            print(f"{name} {str(dtype)[6:]}: {len(RUNS)} runs, {refused} errors, {took:.1f} s", flush=True)
+            if save_to:
+                torch.save(out, save_to + ".part")
+                os.replace(save_to + ".part", save_to)
     return out
 
 
+def difference(ref: dict, new: dict | None) -> tuple[float, str]:
+    """The largest relative difference over the fields of one run (inf if missing, reshaped or another error)."""
+    if new is None:
+        return float("inf"), "missing"
+    if "error" in ref or "error" in new:
+        if ref.get("error") == new.get("error"):
+            return 0.0, ""
+        return float("inf"), f"error {ref.get('error')!r} -> {new.get('error')!r}"
+    worst, why = 0.0, ""
+    for f, r in ref.items():
+        n = new.get(f)
+        if n is None or n.shape != r.shape:
+            return float("inf"), f"{f}: {None if n is None else tuple(n.shape)} vs {tuple(r.shape)}"
+        scale = r.double().abs().max().item() or 1.0
+        err = (n.double() - r.double()).abs().max().item() / scale
+        if not err <= worst:  # a NaN is a difference too
+            worst, why = err, f
+    return worst, why
+
+
 def compare(before: dict, after: dict) -> int:
+    """Print each case's largest difference per dtype and every run over its tolerance; 1 if any, else 0."""
+    chosen = {tuple(k.split("|")[:2]) for k in after}  # the (case, dtype) pairs --only / --dtype kept
+    worst: dict[str, dict[str, float]] = {}
     bad = 0
-    worst: dict[str, float] = {}
     for key, ref in before.items():
-        dtype = torch.float64 if "|float64|" in key else torch.float32
-        new = after.get(key)
-        if new is None:
-            print(f"MISSING {key}")
+        name, dt = key.split("|")[:2]
+        if (name, dt) not in chosen:
+            continue
+        err, why = difference(ref, after.get(key))
+        row = worst.setdefault(name, {})
+        prev = row.get(dt, 0.0)
+        row[dt] = prev if err <= prev else err  # a NaN is kept
+        if not err <= TOL[getattr(torch, dt)]:
+            print(f"DIFF {key}: {err:.3e} {why}")
             bad += 1
-            continue
-        if "error" in ref or "error" in new:
-            if ref.get("error") != new.get("error"):
-                print(f"ERROR DIFFERS {key}: {ref.get('error')} -> {new.get('error')}")
-                bad += 1
-            continue
-        for f, r in ref.items():
-            n = new.get(f)
-            if n is None or n.shape != r.shape:
-                print(f"FIELD {key} {f}: {None if n is None else tuple(n.shape)} vs {tuple(r.shape)}")
-                bad += 1
-                continue
-            scale = r.double().abs().max().item() or 1.0
-            err = (n.double() - r.double()).abs().max().item() / scale
-            worst[key] = max(worst.get(key, 0.0), err)
-            if not err <= TOL[dtype]:
-                print(f"DIFF {key} {f}: {err:.3e}")
-                bad += 1
+    for key in sorted(set(after) - set(before)):
+        print(f"NEW  {key} (not in the saved file)")
+    width = max([len(n) for n in worst] + [4])
+    print(f"{'case':<{width}}  {'float32':>9}  {'float64':>9}")
+    for name, row in worst.items():
+        cells = "  ".join(f"{row[dt]:9.1e}" if dt in row else f"{'-':>9}" for dt in ("float32", "float64"))
+        print(f"{name:<{width}}  {cells}")
     for dt in ("float32", "float64"):
-        vals = [v for k, v in worst.items() if f"|{dt}|" in k]
+        vals = [row[dt] for row in worst.values() if dt in row]
         if vals:
-            print(f"{dt}: {len(vals)} runs compared, largest relative difference {max(vals):.3e}")
+            tol = TOL[getattr(torch, dt)]
+            print(f"{dt}: {len(vals)} cases, largest relative difference {max(vals):.3e} (tolerance {tol:.0e})")
     print("OK" if not bad else f"{bad} differences")
     return 1 if bad else 0
 
@@ -195,11 +158,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("mode", choices=("save", "compare"))
     p.add_argument("path")
+    p.add_argument("--only", default="", help="only the cases whose name matches this regular expression")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="both")
     args = p.parse_args()
     torch.set_num_threads(1)
-    outputs = collect()
+    import lrp_core
+
+    print(f"lrp_core from {os.path.dirname(os.path.abspath(lrp_core.__file__))}")
+    start = time.perf_counter()
+    outputs = collect(args.only, DTYPES[args.dtype], args.path if args.mode == "save" else "")
+    print(f"{len(outputs)} runs in {time.perf_counter() - start:.0f} s")
     if args.mode == "save":
-        torch.save(outputs, args.path)
         print(f"saved {len(outputs)} runs to {args.path}")
         return 0
     return compare(torch.load(args.path), outputs)
