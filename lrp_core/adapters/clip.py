@@ -31,10 +31,11 @@ from .base import Adapter
 from .bert import MASK_VALUE
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import attention_mask, pixel_values, token_ids
+from .kernels import eager_softmax_dtype
 from .parts import ModelPart
 from .readouts import HeadLayer, PositionReadout, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
-from .vit import ViTAdapter
+from .vit import Encoder, ViTAdapter
 
 
 class L2Normalize(nn.Module):
@@ -51,14 +52,16 @@ class L2Normalize(nn.Module):
 
 
 def clip_block(layer: ModelPart, cfg) -> BlockSpec:
-    """The block of a CLIP encoder layer (either tower): pre-LN, q/k/v/out projections, two-layer MLP.
+    """The block of a CLIP-layout encoder layer (CLIP's towers, SigLIP's, Idefics3's): pre-LN, q/k/v/out
+    projections, two-layer MLP; under eager attention the softmax in float32, as the model's kernel
+    (:func:`~lrp_core.adapters.kernels.eager_softmax_dtype`).
 
     Parameters
     ----------
     layer : nn.Module
         The encoder layer (``self_attn``, ``layer_norm1`` / ``layer_norm2``, ``mlp``).
     cfg : object
-        The tower's config (``num_attention_heads``, ``hidden_size``).
+        The tower's config (``num_attention_heads``, ``hidden_size``, ``_attn_implementation``).
 
     Returns
     -------
@@ -73,10 +76,52 @@ def clip_block(layer: ModelPart, cfg) -> BlockSpec:
         norm1=layer.layer_norm1,
         norm2=layer.layer_norm2,
         attn=AttentionSpec(
-            q=att.q_proj, k=att.k_proj, v=att.v_proj, proj=att.out_proj, num_heads=H, head_dim=d, scale=att.scale
+            q=att.q_proj,
+            k=att.k_proj,
+            v=att.v_proj,
+            proj=att.out_proj,
+            num_heads=H,
+            head_dim=d,
+            scale=att.scale,
+            softmax_dtype=eager_softmax_dtype(cfg),
         ),
         mlp=MlpSpec(fc1=layer.mlp.fc1, act=layer.mlp.activation_fn, fc2=layer.mlp.fc2),
     )
+
+
+class CLIPVisionEncoder(Encoder):
+    """Hugging Face ``CLIPVisionModel`` (``CLIPModel.vision_model``, LLaVA's tower): the class embedding, the
+    patch convolution, learned positions at the trained size (no interpolation), ``pre_layrnorm``, pre-LN blocks
+    (:func:`clip_block`). ``post_layernorm`` reads the pooled token only: a reader's, not the encoder's."""
+
+    def __init__(self, module: ModelPart):
+        super().__init__(module)
+        emb = module.embeddings
+        self.patch_conv = emb.patch_embedding
+        ps = emb.patch_size
+        self.patch_size = (ps, ps) if isinstance(ps, int) else tuple(ps)
+        self.image_size = (emb.image_size, emb.image_size)
+        self.num_prefix_tokens = 1
+        self.norm_pre = module.pre_layrnorm
+
+    @staticmethod
+    def layers_of(module: ModelPart) -> ModelPart:
+        return module.encoder.layers
+
+    def block(self, i: int, layer: ModelPart) -> BlockSpec:
+        return clip_block(layer, self.module.config)
+
+    def embed(self, images: Tensor, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """``CLIPVisionEmbeddings`` (without position interpolation) and ``pre_layrnorm``."""
+        emb = self.module.embeddings
+        if track:
+            images = images.detach().requires_grad_(True)
+        conv = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))  # (B, D, h, w)
+        patches = conv.flatten(2).transpose(1, 2)
+        tokens = torch.cat([emb.class_embedding.expand(images.shape[0], 1, -1), patches], dim=1)
+        x_pos = r(POS_ADD, torch.add, tokens, emb.position_embedding(emb.position_ids))
+        x0 = r.norm(self.norm_pre, x_pos)
+        return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
 
 
 def similarity_linear(weight: Tensor) -> nn.Linear:
@@ -122,15 +167,7 @@ class CLIPImageAdapter(ViTAdapter):
 
     def __init__(self, model: ModelPart):
         super().__init__(model)
-        vision = model.vision_model
-        emb = vision.embeddings
-        self.patch_conv = emb.patch_embedding
-        ps = emb.patch_size
-        self.patch_size = (ps, ps) if isinstance(ps, int) else tuple(ps)
-        self.image_size = (emb.image_size, emb.image_size)
-        self.num_prefix_tokens = 1
-        self.norm_pre = vision.pre_layrnorm
-        self.blocks = [self._block(i, layer) for i, layer in enumerate(vision.encoder.layers)]
+        self.use_encoder(CLIPVisionEncoder(model.vision_model))
         # without a batch: one placeholder prompt (zero weight); readout_for builds the batch's readout
         self.readout = self._readout(
             torch.zeros(
@@ -140,9 +177,6 @@ class CLIPImageAdapter(ViTAdapter):
                 device=model.visual_projection.weight.device,
             )
         )
-
-    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
-        return clip_block(layer, self.model.config.vision_config)
 
     def _readout(self, prompts: Tensor) -> TokenReadout:
         """[CLS] → post_layernorm → visual_projection → L2 normalisation → ``prompts`` (P, E)."""
@@ -200,20 +234,6 @@ class CLIPImageAdapter(ViTAdapter):
             return _scaled_embeddings(
                 self.model, self.model.get_text_features(input_ids=ids, attention_mask=mask), dtype
             )
-
-    # --------------------------------------------------------------- forward
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        emb = self.model.vision_model.embeddings
-        images = prepared["images"]
-        if track:
-            images = images.detach().requires_grad_(True)
-        conv = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))  # (B, D, h, w)
-        patches = conv.flatten(2).transpose(1, 2)
-        cls = emb.class_embedding.expand(images.shape[0], 1, -1)
-        tokens = torch.cat([cls, patches], dim=1)
-        x_pos = r(POS_ADD, torch.add, tokens, emb.position_embedding(emb.position_ids))
-        x0 = r.norm(self.norm_pre, x_pos)
-        return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
 
 
 def _prompts(inputs: Mapping) -> tuple[Tensor, Tensor]:
@@ -367,4 +387,12 @@ class CLIPTextAdapter(Adapter):
         return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
 
 
-__all__ = ["CLIPImageAdapter", "CLIPTextAdapter", "L2Normalize", "SIDES", "clip_block", "similarity_linear"]
+__all__ = [
+    "CLIPImageAdapter",
+    "CLIPTextAdapter",
+    "CLIPVisionEncoder",
+    "L2Normalize",
+    "SIDES",
+    "clip_block",
+    "similarity_linear",
+]

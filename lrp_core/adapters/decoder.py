@@ -35,6 +35,7 @@ from ..rules.ops import LINEAR
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
+from .kernels import eager_softmax_dtype
 from .parts import ModelPart
 from .readouts import HeadLayer, PositionReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -420,7 +421,7 @@ class DecoderAdapter(Adapter):
             q_norm=getattr(att, "q_norm", nn.Identity()),
             k_norm=getattr(att, "k_norm", nn.Identity()),
             window=int(window) if window else None,
-            softmax_dtype=None if self.sdpa else torch.float32,
+            softmax_dtype=eager_softmax_dtype(self.config),
             sdpa=self.sdpa,
             causal=True,
             **extra,

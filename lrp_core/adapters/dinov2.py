@@ -1,5 +1,6 @@
-"""Hugging Face ``Dinov2ForImageClassification``: pre-LN blocks with LayerScale, interpolated position
-embeddings, and a classifier on ``concat([CLS], mean of the patch tokens)``.
+"""Hugging Face DINOv2: the encoder (``Dinov2Model``: pre-LN blocks with LayerScale, interpolated position
+embeddings), shared by ``Dinov2ForImageClassification`` and the vision-language models whose tower it is, and the
+classifier on ``concat([CLS], mean of the patch tokens)``.
 
 The embeddings are reproduced with the model's own ``interpolate_pos_encoding``
 (bicubic resampling of the position grid for any image size that is a multiple
@@ -12,39 +13,35 @@ Shapes: B batch, N = 1 + P tokens, D width.
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..errors import UnsupportedModelError
 from ..rules.ops import LINEAR
 from .blocks import AttentionSpec, BlockSpec
 from .parts import ModelPart
 from .readouts import ClsMeanReadout, HeadLayer, Readout
-from .vit import HFViTAdapter, hf_attention, hf_block_heads, hf_linear_head, hf_mlp
+from .vit import Encoder, HFViTAdapter, HFViTEncoder, hf_attention, hf_block_heads, hf_linear_head, hf_mlp
 
 
-class HFDinov2Adapter(HFViTAdapter):
-    """Hugging Face ``Dinov2ForImageClassification`` (two-layer MLP; the SwiGLU variant is refused)."""
+class Dinov2Encoder(HFViTEncoder):
+    """``Dinov2Model``: [CLS], the patch convolution, the position grid interpolated to the image size, pre-LN
+    blocks with LayerScale (eager attention's softmax in the model's dtype, as its kernel). The final
+    ``layernorm`` is the reader's (a classifier's readout norm; a VLM reads the hidden states before it).
+    The SwiGLU variant (DINOv2 giant) is refused; ``name`` says whose encoder it is."""
 
-    backbone = "dinov2"
-    prefix_names = ("cls_token",)
-
-    def __init__(self, model: nn.Module):
-        if getattr(model.config, "use_swiglu_ffn", False):
+    def __init__(self, module: ModelPart, name: str):
+        if getattr(module.config, "use_swiglu_ffn", False):
             raise UnsupportedModelError(
-                f"{type(model).__name__} with use_swiglu_ffn=True (DINOv2 giant) is not supported: its MLP "
-                "multiplies two activations (a SwiGLU gate), which the block description does not cover; "
-                "the two-layer-MLP DINOv2 models (small, base, large) are supported"
+                f"{name} with use_swiglu_ffn=True (DINOv2 giant) is not supported: its MLP multiplies two "
+                "activations (a SwiGLU gate), which the block description does not cover; the two-layer-MLP "
+                "DINOv2 models (small, base, large) are supported"
             )
-        super().__init__(model)
+        super().__init__(module, ("cls_token",))
         self.image_size = None  # the position grid is interpolated: any multiple of the patch size
 
-    def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
-        (clf,) = hf_linear_head(model, "classifier")
-        return ClsMeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=self.num_prefix_tokens)
-
-    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
+    def block(self, i: int, layer: ModelPart) -> BlockSpec:
         q, k, v, proj = hf_attention(layer.attention)
-        H, d, scale = hf_block_heads(self.model.config, layer.attention, (q, k, v, proj), f"layer {i}")
+        H, d, scale = hf_block_heads(self.module.config, layer.attention, (q, k, v, proj), f"layer {i}")
         return BlockSpec(
             layout="pre_ln",
             norm1=layer.norm1,
@@ -58,7 +55,21 @@ class HFDinov2Adapter(HFViTAdapter):
     def position_embedding(self, tokens: Tensor, images: Tensor) -> Tensor:
         """The model's own interpolation of its position grid to the image size, (1, N, D)."""
         H, W = images.shape[-2:]
-        return self.model.dinov2.embeddings.interpolate_pos_encoding(tokens, H, W)
+        return self.module.embeddings.interpolate_pos_encoding(tokens, H, W)
 
 
-__all__ = ["HFDinov2Adapter"]
+class HFDinov2Adapter(HFViTAdapter):
+    """Hugging Face ``Dinov2ForImageClassification`` (two-layer MLP; the SwiGLU variant is refused)."""
+
+    backbone = "dinov2"
+    prefix_names = ("cls_token",)
+
+    def encoder_of(self, base: ModelPart) -> Encoder:
+        return Dinov2Encoder(base, type(self.model).__name__)
+
+    def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
+        (clf,) = hf_linear_head(model, "classifier")
+        return ClsMeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=self.num_prefix_tokens)
+
+
+__all__ = ["Dinov2Encoder", "HFDinov2Adapter"]

@@ -1,6 +1,6 @@
 """Gemma 3 with images (Hugging Face ``Gemma3ForConditionalGeneration``, docs/METHODS.md §2g.3).
 
-* The vision tower is SigLIP (``SiglipVisionModel``, :class:`~lrp_core.adapters.vlm.SiglipVisionTower`), read at
+* The vision tower is SigLIP (``SiglipVisionModel``, :class:`~lrp_core.adapters.towers.SiglipVisionTower`), read at
   its ``last_hidden_state``: every block, then ``post_layernorm`` (the first operation of the connector here).
 * The connector (``Gemma3MultiModalProjector``): the (p × p) patch grid averaged in (k × k) squares
   (``AvgPool2d``) to ``mm_tokens_per_image`` = (p/k)² tokens, Gemma's RMSNorm (weight ``1 + w``, in float32),

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from ..errors import UnsupportedModelError
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .decoder import DecoderAdapter
+from .kernels import eager_softmax_dtype
 from .parts import ModelPart
 
 
@@ -44,7 +43,7 @@ class GPTNeoXAdapter(DecoderAdapter):
                 head_dim=int(att.head_size),
                 scale=float(att.scaling),
                 rotary=True,
-                softmax_dtype=None if self.sdpa else torch.float32,
+                softmax_dtype=eager_softmax_dtype(self.config),
                 sdpa=self.sdpa,
                 causal=True,
             )

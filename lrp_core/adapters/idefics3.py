@@ -42,7 +42,9 @@ from .checks import pixel_values
 from .clip import clip_block
 from .parts import ModelPart
 from .records import EmbeddingRecord
-from .vlm import TOWERS, VisionTower, VLMAdapter, VLMEmbeddingRecord
+from .towers import TOWERS, VisionTower
+from .vit import Encoder
+from .vlm import VLMAdapter, VLMEmbeddingRecord
 
 
 def bucketised_position_ids(patch_mask: Tensor, per_side: int) -> Tensor:
@@ -118,49 +120,57 @@ def pixel_unshuffle(x: Tensor, grid: tuple, s: int) -> Tensor:
     return x.reshape(B, h // s, w // s, s, s, D).permute(0, 1, 3, 2, 4, 5).reshape(B, h * w, D)
 
 
-class Idefics3VisionTower(VisionTower):
-    """``Idefics3VisionTransformer``: patch convolution, bucketised learned positions, CLIP's pre-LN blocks (its
-    ``post_layernorm`` is the connector's first step, :class:`Idefics3Adapter`)."""
+class Idefics3VisionEncoder(Encoder):
+    """``Idefics3VisionTransformer`` (SmolVLM's alike): patch convolution, bucketised learned positions, CLIP's
+    pre-LN blocks (:func:`~lrp_core.adapters.clip.clip_block`); its ``post_layernorm`` is the connector's first
+    step (:class:`Idefics3Adapter`)."""
 
-    tower_class = "Idefics3VisionTransformer"
-
-    def __init__(self, model: ModelPart, layers: int):
-        emb = model.embeddings
+    def __init__(self, module: ModelPart):
+        super().__init__(module)
+        emb = module.embeddings
         self.patch_conv = emb.patch_embedding
         ps = emb.patch_size
         self.patch_size = (ps, ps) if isinstance(ps, int) else tuple(ps)
         self.image_size = None  # bucketised positions: any multiple of the patch size
         self.num_prefix_tokens = 0
-        super().__init__(model, layers)
 
     @staticmethod
-    def layers_of(model: ModelPart) -> ModelPart:
-        return model.encoder.layers
+    def layers_of(module: ModelPart) -> ModelPart:
+        return module.encoder.layers
 
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
-        """:func:`clip_block`; eager attention computes its softmax in float32 and casts back, as the model's
-        eager kernel does (sdpa keeps the model's dtype)."""
-        spec = clip_block(layer, self.model.config)
-        spec.attn.softmax_dtype = (
-            torch.float32 if getattr(self.model.config, "_attn_implementation", "eager") == "eager" else None
-        )
-        return spec
+    def block(self, i: int, layer: nn.Module) -> BlockSpec:
+        return clip_block(layer, self.module.config)
 
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        """The vision embeddings: the patch convolution, plus the position embedding at the bucketised ids
-        (:func:`bucketised_position_ids`; ``prepared["patch_mask"]`` (N, h, w) the valid patches, default all)."""
-        emb = self.model.embeddings
-        images = prepared["images"]
+    def embed(
+        self, images: Tensor, r: Replay = NO_RECORD, track: bool = False, patch_mask: Optional[Tensor] = None
+    ) -> EmbeddingRecord:
+        """The patch convolution, plus the position embedding at the bucketised ids
+        (:func:`bucketised_position_ids`; ``patch_mask`` (N, h, w) the valid patches, default all)."""
+        emb = self.module.embeddings
         if track:
             images = images.detach().requires_grad_(True)
         patches = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))
-        mask = prepared.get("patch_mask")
-        if mask is None:
-            mask = torch.ones(images.shape[0], *patches.shape[-2:], dtype=torch.bool, device=images.device)
+        if patch_mask is None:
+            patch_mask = torch.ones(images.shape[0], *patches.shape[-2:], dtype=torch.bool, device=images.device)
         patches = patches.flatten(2).transpose(1, 2)
-        ids = bucketised_position_ids(mask.to(images.device), emb.num_patches_per_side)
+        ids = bucketised_position_ids(patch_mask.to(images.device), emb.num_patches_per_side)
         x_pos = r(POS_ADD, torch.add, patches, emb.position_embedding(ids))
         return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=patches, x_pos=x_pos, images=images, patches=patches)
+
+
+class Idefics3VisionTower(VisionTower):
+    """The Idefics3 vision transformer as a VLM tower (:class:`Idefics3VisionEncoder`)."""
+
+    tower_class = "Idefics3VisionTransformer"
+
+    @staticmethod
+    def encoder_of(module: ModelPart) -> Encoder:
+        return Idefics3VisionEncoder(module)
+
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """The encoder's input layer; ``prepared["patch_mask"]`` (N, h, w) the valid patches (default all)."""
+        assert isinstance(self.encoder, Idefics3VisionEncoder), "the tower replays its encoder"
+        return self.encoder.embed(prepared["images"], r, track, prepared.get("patch_mask"))
 
 
 class SmolVLMVisionTower(Idefics3VisionTower):
@@ -324,6 +334,7 @@ class Idefics3Adapter(VLMAdapter):
 
 __all__ = [
     "Idefics3Adapter",
+    "Idefics3VisionEncoder",
     "Idefics3VisionTower",
     "SmolVLMVisionTower",
     "bucketised_position_ids",

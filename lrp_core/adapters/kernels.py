@@ -50,6 +50,29 @@ def softmax_float32(s: Tensor) -> Tensor:
     return s.softmax(dim=-1, dtype=torch.float32).to(s.dtype)
 
 
+def eager_softmax_dtype(config) -> Optional[torch.dtype]:
+    """The dtype a Hugging Face attention whose eager kernel casts computes its softmax in.
+
+    transformers dispatches on ``config._attn_implementation``: ``"eager"`` or unset (``None``) runs the family's
+    ``eager_attention_forward``, which for CLIP, SigLIP (1, 2), ViT, DeiT, Idefics3 / SmolVLM, Swin (v1),
+    Qwen2.5-VL's vision tower and the Llama-style decoders (GPT-NeoX, Phi, Phi-3, ModernBERT, …) is
+    ``softmax(scores, dtype=float32).to(query.dtype)``; every other implementation (sdpa, flash, flex) runs its
+    own kernel in the model's dtype. Families whose eager kernel does not cast (DINOv2, BERT, GPT-2, Swin v2,
+    Falcon) do not call this.
+
+    Parameters
+    ----------
+    config : PretrainedConfig
+        The config the attention module reads (a tower's own config in a composite model).
+
+    Returns
+    -------
+    torch.dtype or None
+        ``torch.float32`` under eager attention, else ``None`` (the model's dtype).
+    """
+    return torch.float32 if getattr(config, "_attn_implementation", None) in (None, "eager") else None
+
+
 def segmented_softmax(bias: Tensor) -> Callable[[Tensor], Tensor]:
     """The float32 softmax block by block, the blocks those the bias leaves open along the diagonal.
 
@@ -297,6 +320,7 @@ __all__ = [
     "SoftCap",
     "softmax_rows",
     "softmax_float32",
+    "eager_softmax_dtype",
     "segmented_softmax",
     "fused_attention",
     "rounded_rotary",

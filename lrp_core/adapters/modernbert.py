@@ -36,6 +36,7 @@ from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
 from .decoder import given_position_ids, row_rotary_tables
+from .kernels import eager_softmax_dtype
 from .parts import ModelPart
 from .readouts import HeadLayer, MaskedMeanReadout, Readout, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -141,7 +142,7 @@ class ModernBertAdapter(Adapter):
                     rotary=True,
                     rope_key=layer.attention_type,
                     window=int(cfg.sliding_window) if local else None,
-                    softmax_dtype=None if self.sdpa else torch.float32,
+                    softmax_dtype=eager_softmax_dtype(self.config),
                     sdpa=self.sdpa,
                     rotary_dtype=torch.float32,
                 ),

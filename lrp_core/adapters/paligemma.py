@@ -1,6 +1,6 @@
 """PaliGemma 1 and 2 (Hugging Face ``PaliGemmaForConditionalGeneration``, docs/METHODS.md §2g.3).
 
-* The vision tower is SigLIP (``SiglipVisionModel``, :class:`~lrp_core.adapters.vlm.SiglipVisionTower`), read at
+* The vision tower is SigLIP (``SiglipVisionModel``, :class:`~lrp_core.adapters.towers.SiglipVisionTower`), read at
   its ``last_hidden_state``: every block, then ``post_layernorm`` (the first operation of the connector here).
 * The connector is one Linear (``multi_modal_projector.linear``): one image token per patch, in raster order. In
   transformers 5 the image features enter the language model unscaled (the √D scale of Gemma's embeddings is inside

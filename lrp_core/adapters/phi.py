@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .decoder import DecoderAdapter
+from .kernels import eager_softmax_dtype
 from .parts import ModelPart
 
 
@@ -46,7 +46,7 @@ class PhiAdapter(DecoderAdapter):
                 rotary=True,
                 q_norm=att.q_layernorm if qk else nn.Identity(),
                 k_norm=att.k_layernorm if qk else nn.Identity(),
-                softmax_dtype=None if self.sdpa else torch.float32,
+                softmax_dtype=eager_softmax_dtype(self.config),
                 sdpa=self.sdpa,
                 causal=True,
             )

@@ -9,11 +9,10 @@ are identities (inference).
 
 from __future__ import annotations
 
-import torch
-
 from ..errors import UnsupportedModelError
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .decoder import DecoderAdapter
+from .kernels import eager_softmax_dtype
 from .parts import ModelPart
 
 
@@ -49,7 +48,7 @@ class Phi3Adapter(DecoderAdapter):
             scale=float(att.scaling),
             rotary=True,
             window=int(window) if window else None,
-            softmax_dtype=None if self.sdpa else torch.float32,
+            softmax_dtype=eager_softmax_dtype(self.config),
             sdpa=self.sdpa,
             causal=True,
         )

@@ -49,6 +49,7 @@ from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .checks import NO_EFFECT, input_keys, token_ids
 from .decoder import REFUSED_INPUTS
+from .kernels import eager_softmax_dtype
 from .parts import ModelPart
 from .qwen2 import Qwen2Adapter
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -182,7 +183,6 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         att, mlp = layer.attn, layer.mlp
         H = int(att.num_heads)
         d = int(att.qkv.out_features) // (3 * H)
-        eager = not self.vision_sdpa
         spec = AttentionSpec(
             qkv=att.qkv,
             proj=att.proj,
@@ -191,7 +191,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
             scale=d**-0.5,
             rotary=True,
             rotary_compute=torch.float32,
-            softmax_dtype=torch.float32 if eager else None,
+            softmax_dtype=eager_softmax_dtype(self.visual.config),
             sdpa=self.vision_sdpa,
             segmented=True,
         )

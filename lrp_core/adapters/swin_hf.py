@@ -31,13 +31,14 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..rules.ops import LINEAR
 from .blocks import AttentionSpec, BlockSpec
+from .kernels import eager_softmax_dtype
 from .parts import IDENTITY, ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout
 from .swin import COSINE, Merge, SwinAdapter, Windows, check_windows, cpb_bias, window_slots, window_softmax
 from .vit import hf_linear_head, hf_mlp
 
-#: the attention implementations of transformers' Swin the replay reproduces (softmax dtype: None = the model's)
-ATTENTION_IMPLEMENTATIONS = {"sdpa": None, "eager": torch.float32}
+#: the attention implementations of transformers' Swin the replay reproduces
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 class HFSwinAdapter(SwinAdapter):
@@ -68,7 +69,8 @@ class HFSwinAdapter(SwinAdapter):
                 f"{name}: attention implementation {impl!r} is not replayed; set "
                 f"attn_implementation to one of {sorted(ATTENTION_IMPLEMENTATIONS)}"
             )
-        self.softmax_dtype = None if self.v2 else ATTENTION_IMPLEMENTATIONS[impl]
+        # Swin v2's eager kernel computes its softmax in the model's dtype (it has no other implementation)
+        self.softmax_dtype = None if self.v2 else eager_softmax_dtype(cfg)
         pe = emb.patch_embeddings
         self.patch_conv = pe.projection
         self.patch_size = tuple(pe.patch_size)

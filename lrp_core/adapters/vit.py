@@ -28,13 +28,51 @@ from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
 from .heads import hf_heads, timm_scale
+from .kernels import eager_softmax_dtype
 from .parts import IDENTITY, ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
 
+class Encoder:
+    """An image encoder (a ViT) as its replay reads it from its own module ``module``: the geometry, the input
+    layer and one pre-LN description per layer. One subclass per encoder (CLIP vision, DINOv2, SigLIP, HF ViT,
+    Idefics3), shared by the classifier and the vision-language adapters (:meth:`ViTAdapter.use_encoder`).
+
+    Shapes: B images, N = prefix + P patch tokens, D width.
+    """
+
+    patch_conv: ModelPart  # the patch embedding as a convolution on (B, C, H, W)
+    patch_size: tuple  # (ph, pw)
+    image_size: Optional[tuple]  # None: any multiple of the patch size
+    num_prefix_tokens: int
+    norm_pre: nn.Module = IDENTITY  # the norm before block 0 (CLIP's pre_layrnorm)
+
+    def __init__(self, module: nn.Module):
+        self.module: ModelPart = module  # read by the names of its Hugging Face class
+
+    @staticmethod
+    def layers_of(module: nn.Module) -> ModelPart:
+        """The encoder layers of ``module``, input first."""
+        raise NotImplementedError
+
+    def block(self, i: int, layer: nn.Module) -> BlockSpec:
+        """Layer ``i`` (``layer``) as a block description."""
+        raise NotImplementedError
+
+    def blocks(self, depth: Optional[int] = None) -> list[BlockSpec]:
+        """The first ``depth`` layers' descriptions (``None``: all), input first."""
+        return [self.block(i, layer) for i, layer in enumerate(self.layers_of(self.module)[:depth])]
+
+    def embed(self, images: Tensor, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """Images (B, C, H, W) -> block 0's input (B, N, D), each operation through the replay ``r``; ``track``:
+        the images are a leaf that requires gradients."""
+        raise NotImplementedError
+
+
 class ViTAdapter(Adapter):
-    """What timm and Hugging Face ViTs share: image validation, layout, pixel relevance."""
+    """What timm and Hugging Face ViTs share: image validation, layout, pixel relevance; with an
+    :class:`Encoder` (:meth:`use_encoder`), its blocks and input layer."""
 
     modality = "image"
     patch_conv: nn.Conv2d
@@ -121,6 +159,25 @@ class ViTAdapter(Adapter):
     def patch_norm(self) -> nn.Module:
         """The norm inside the patch embedding (timm's ``PatchEmbed.norm``), identity where there is none."""
         return self._patch_norm
+
+    #: the encoder whose blocks and input layer are replayed (``None``: the family's own, e.g. timm's)
+    encoder: Optional[Encoder] = None
+
+    def use_encoder(self, encoder: Encoder, depth: Optional[int] = None) -> None:
+        """Replay ``encoder``: its geometry, its input layer and its first ``depth`` blocks (``None``: all)."""
+        self.encoder = encoder
+        self.patch_conv, self.patch_size, self.image_size = encoder.patch_conv, encoder.patch_size, encoder.image_size
+        self.num_prefix_tokens, self.norm_pre = encoder.num_prefix_tokens, encoder.norm_pre
+        self.blocks = encoder.blocks(depth)
+
+    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
+        assert self.encoder is not None, "an adapter without an encoder describes its own blocks"
+        return self.encoder.block(i, layer)
+
+    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """The encoder's input layer on ``prepared["images"]`` (:meth:`Encoder.embed`)."""
+        assert self.encoder is not None, "an adapter without an encoder embeds its own inputs"
+        return self.encoder.embed(prepared["images"], r, track)
 
 
 # ----------------------------------------------------------------------------
@@ -368,8 +425,59 @@ def hf_linear_head(model: nn.Module, *names: str) -> list:
     return out
 
 
+class HFViTEncoder(Encoder):
+    """Hugging Face ``ViTModel`` / ``DeiTModel`` (``model.vit``, ``model.deit``): the prefix tokens
+    ``prefix_names``, the patch convolution, the learned position embedding at the trained size, pre-LN blocks
+    (``layernorm_before`` / ``layernorm_after``; eager attention's softmax in float32, as the model's)."""
+
+    def __init__(self, module: ModelPart, prefix_names: tuple = ("cls_token",)):
+        super().__init__(module)
+        pe = module.embeddings.patch_embeddings
+        self.prefix_names = prefix_names
+        self.patch_conv = pe.projection
+        ps = pe.patch_size
+        self.patch_size = tuple(ps) if not isinstance(ps, int) else (ps, ps)
+        self.image_size = tuple(pe.image_size)
+        self.num_prefix_tokens = len(prefix_names)
+
+    @staticmethod
+    def layers_of(module: ModelPart) -> ModelPart:
+        return hf_layers(module)
+
+    def block(self, i: int, layer: ModelPart) -> BlockSpec:
+        q, k, v, proj = hf_attention(layer.attention)
+        cfg = self.module.config
+        H, d, scale = hf_block_heads(cfg, layer.attention, (q, k, v, proj), f"layer {i}")
+        return BlockSpec(
+            layout="pre_ln",
+            norm1=layer.layernorm_before,
+            norm2=layer.layernorm_after,
+            attn=AttentionSpec(
+                q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=scale, softmax_dtype=eager_softmax_dtype(cfg)
+            ),
+            mlp=hf_mlp(layer),
+        )
+
+    def position_embedding(self, tokens: Tensor, images: Tensor) -> Tensor:
+        """(1, N, D) the position embedding added to ``tokens``; fixed image size: the parameter itself."""
+        return self.module.embeddings.position_embeddings
+
+    def embed(self, images: Tensor, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """The prefix tokens before the patches, then the position embedding added (dropout: an identity)."""
+        emb = self.module.embeddings
+        if track:
+            images = images.detach().requires_grad_(True)
+        patches = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))
+        patches = patches.flatten(2).transpose(1, 2)
+        prefix = [getattr(emb, n).expand(images.shape[0], -1, -1) for n in self.prefix_names]
+        tokens = torch.cat(prefix + [patches], dim=1)
+        x_pos = r(POS_ADD, torch.add, tokens, self.position_embedding(tokens, images))
+        return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
+
+
 class HFViTAdapter(ViTAdapter):
-    """Hugging Face ``ViTForImageClassification`` (transformers 4.x and 5.x layouts)."""
+    """Hugging Face ``ViTForImageClassification`` (transformers 4.x and 5.x layouts): :class:`HFViTEncoder`,
+    the [CLS] token after ``layernorm``, the classifier."""
 
     #: the attribute holding the backbone (``model.vit``)
     backbone = "vit"
@@ -379,44 +487,16 @@ class HFViTAdapter(ViTAdapter):
     def __init__(self, model: nn.Module):
         super().__init__(model)
         base = getattr(model, self.backbone)
-        emb = base.embeddings
-        self.patch_conv = emb.patch_embeddings.projection
-        ps = emb.patch_embeddings.patch_size
-        self.patch_size = tuple(ps) if not isinstance(ps, int) else (ps, ps)
-        self.image_size = tuple(emb.patch_embeddings.image_size)
-        self.num_prefix_tokens = len(self.prefix_names)
-        self.blocks = [self._block(i, layer) for i, layer in enumerate(hf_layers(base))]
+        self.use_encoder(self.encoder_of(base))
         self.readout = self._readout(model, base)
+
+    def encoder_of(self, base: ModelPart) -> Encoder:
+        """The backbone's encoder description."""
+        return HFViTEncoder(base, self.prefix_names)
 
     def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
         (clf,) = hf_linear_head(model, "classifier")
         return TokenReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)])
-
-    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
-        q, k, v, proj = hf_attention(layer.attention)
-        H, d, scale = hf_block_heads(self.model.config, layer.attention, (q, k, v, proj), f"layer {i}")
-        return BlockSpec(
-            layout="pre_ln",
-            norm1=layer.layernorm_before,
-            norm2=layer.layernorm_after,
-            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=scale),
-            mlp=hf_mlp(layer),
-        )
-
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        emb = getattr(self.model, self.backbone).embeddings
-        images = prepared["images"]
-        if track:
-            images = images.detach().requires_grad_(True)
-        patches = r.module(PATCH_CONV, self.patch_conv, images).flatten(2).transpose(1, 2)
-        prefix = [getattr(emb, n).expand(images.shape[0], -1, -1) for n in self.prefix_names]
-        tokens = torch.cat(prefix + [patches], dim=1)
-        x_pos = r(POS_ADD, torch.add, tokens, self.position_embedding(tokens, images))
-        return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
-
-    def position_embedding(self, tokens: Tensor, images: Tensor) -> Tensor:
-        """(1, N, D) the position embedding added to ``tokens``; fixed image size: the parameter itself."""
-        return getattr(self.model, self.backbone).embeddings.position_embeddings
 
 
 class HFDeiTAdapter(HFViTAdapter):
@@ -434,9 +514,11 @@ class HFDeiTAdapter(HFViTAdapter):
 
 
 __all__ = [
+    "Encoder",
     "ViTAdapter",
     "TimmViTAdapter",
     "HFViTAdapter",
+    "HFViTEncoder",
     "HFDeiTAdapter",
     "hf_attention",
     "hf_block_heads",

@@ -2,8 +2,9 @@
 
 A VLM here is three parts, each replayed from the model's own submodules:
 
-* the **vision tower**, a ViT (:class:`VisionTower`: Hugging Face CLIP vision, DINOv2 and SigLIP towers), run up to
-  the layer the model reads its image features from (``vision_feature_layer``); the blocks after it are not run;
+* the **vision tower**, a ViT (:class:`~lrp_core.adapters.towers.VisionTower`: Hugging Face CLIP vision, DINOv2,
+  SigLIP and Idefics3 towers, each its encoder's one description), run up to the layer the model reads its image
+  features from (``vision_feature_layer``); the blocks after it are not run;
 * the **connector**, which turns the tower's selected tokens into language-model embeddings (LLaVA: an MLP
   projector; Idefics3: a pixel shuffle; Qwen2.5-VL: a patch merger) — the family's part
   (:meth:`VLMAdapter.connect`, :meth:`VLMAdapter.connect_relprop`, :meth:`VLMAdapter.patch_tokens`);
@@ -43,16 +44,13 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
-from ..rules.ops import PATCH_CONV, POS_ADD
 from .base import Adapter
-from .blocks import NO_RECORD, AttentionSpec, BlockSpec, Replay, block_forward, block_relprop
+from .blocks import NO_RECORD, BlockSpec, Replay, block_forward, block_relprop
 from .checks import NO_EFFECT, input_keys, pixel_values
-from .clip import clip_block
 from .decoder import REFUSED_INPUTS, DecoderAdapter
 from .parts import ModelPart
 from .records import EmbeddingRecord, TokenLayout, Trace
-from .siglip import check_siglip_tower, siglip_block, siglip_embed, siglip_patch_conv, siglip_patch_size
-from .vit import ViTAdapter, hf_attention, hf_block_heads, hf_mlp
+from .towers import TOWERS, CLIPVisionTower, Dinov2VisionTower, SiglipVisionTower, VisionTower, vision_tower
 
 #: the text model's ``model_type`` -> (adapter module, decoder adapter class) of its family
 TEXT_FAMILIES = {
@@ -121,215 +119,6 @@ def text_adapter(
         )
     module, cls = families[kind]
     return getattr(importlib.import_module(f"{__package__}.{module}"), cls)(LanguageModelView(stack, head, config))
-
-
-# ----------------------------------------------------------------------------
-# the vision tower
-# ----------------------------------------------------------------------------
-class VisionTower(ViTAdapter):
-    """A VLM's vision tower: a pre-LN ViT without a head, replayed up to the ``layers`` blocks the VLM reads.
-
-    It validates the images and carries relevance from its block-0 input to the pixels as a ViT does
-    (:meth:`ViTAdapter.input_relevance`: the prefix tokens dropped, the position embedding's token share, zᴮ on
-    the patch convolution). ``model`` is the tower module.
-    """
-
-    #: the Hugging Face class of the tower
-    tower_class: str = ""
-
-    def __init__(self, model: nn.Module, layers: int):
-        super().__init__(model)
-        self.blocks = [self._block(i, layer) for i, layer in enumerate(self.layers_of(model)[:layers])]
-
-    @staticmethod
-    def layers_of(model: nn.Module) -> ModelPart:
-        """All the encoder layers of the tower ``model``, input first."""
-        raise NotImplementedError
-
-    def layout(self, prepared: dict) -> TokenLayout:
-        """The tower's tokens: the prefix, then the patches in raster order."""
-        H, W = prepared["images"].shape[-2:]
-        grid = (H // self.patch_size[0], W // self.patch_size[1])
-        return TokenLayout(
-            modality="image",
-            num_tokens=self.num_prefix_tokens + grid[0] * grid[1],
-            output_start=self.num_prefix_tokens,
-            readout_tokens=(),
-            grid=grid,
-            image_size=(H, W),
-        )
-
-
-class CLIPVisionTower(VisionTower):
-    """Hugging Face ``CLIPVisionModel``: class embedding, patch convolution, learned positions, ``pre_layrnorm``,
-    pre-LN blocks (``post_layernorm`` reads the pooled token only and is not on the features' path)."""
-
-    tower_class = "CLIPVisionModel"
-
-    def __init__(self, model: ModelPart, layers: int):
-        emb = model.embeddings
-        self.patch_conv = emb.patch_embedding
-        ps = emb.patch_size
-        self.patch_size = (ps, ps) if isinstance(ps, int) else tuple(ps)
-        self.image_size = (emb.image_size, emb.image_size)
-        self.num_prefix_tokens = 1
-        self.norm_pre = model.pre_layrnorm
-        super().__init__(model, layers)
-
-    @staticmethod
-    def layers_of(model: ModelPart) -> ModelPart:
-        return model.encoder.layers
-
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
-        """:func:`clip_block`; eager attention computes its softmax in float32 and casts back, as Hugging Face's
-        CLIP does (sdpa keeps the model's dtype)."""
-        spec = clip_block(layer, self.model.config)
-        if getattr(self.model.config, "_attn_implementation", "eager") != "sdpa":
-            spec.attn.softmax_dtype = torch.float32
-        return spec
-
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        """``CLIPVisionEmbeddings`` (without position interpolation, as LLaVA calls it) and ``pre_layrnorm``."""
-        emb = self.model.embeddings
-        images = prepared["images"]
-        if track:
-            images = images.detach().requires_grad_(True)
-        conv = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))
-        patches = conv.flatten(2).transpose(1, 2)
-        tokens = torch.cat([emb.class_embedding.expand(images.shape[0], 1, -1), patches], dim=1)
-        x_pos = r(POS_ADD, torch.add, tokens, emb.position_embedding(emb.position_ids))
-        x0 = r.norm(self.norm_pre, x_pos)
-        return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
-
-
-class Dinov2VisionTower(VisionTower):
-    """Hugging Face ``Dinov2Model``: [CLS], patch convolution, the position grid interpolated to the image size,
-    pre-LN blocks with LayerScale (the final ``layernorm`` is not on the features' path: the hidden states are
-    read before it)."""
-
-    tower_class = "Dinov2Model"
-
-    def __init__(self, model: ModelPart, layers: int):
-        if getattr(model.config, "use_swiglu_ffn", False):
-            raise UnsupportedModelError(
-                "a DINOv2 vision tower with use_swiglu_ffn=True (DINOv2 giant) multiplies two "
-                "activations in its MLP, which the block description does not cover"
-            )
-        pe = model.embeddings.patch_embeddings
-        self.patch_conv = pe.projection
-        ps = pe.patch_size
-        self.patch_size = (ps, ps) if isinstance(ps, int) else tuple(ps)
-        self.image_size = None  # the position grid is interpolated: any multiple of the patch size
-        self.num_prefix_tokens = 1
-        super().__init__(model, layers)
-
-    @staticmethod
-    def layers_of(model: ModelPart) -> ModelPart:
-        return model.encoder.layer
-
-    def _block(self, i: int, layer: ModelPart) -> BlockSpec:
-        q, k, v, proj = hf_attention(layer.attention)
-        H, d, scale = hf_block_heads(self.model.config, layer.attention, (q, k, v, proj), f"layer {i}")
-        return BlockSpec(
-            layout="pre_ln",
-            norm1=layer.norm1,
-            norm2=layer.norm2,
-            ls1=layer.layer_scale1,
-            ls2=layer.layer_scale2,
-            attn=AttentionSpec(q=q, k=k, v=v, proj=proj, num_heads=H, head_dim=d, scale=scale),
-            mlp=hf_mlp(layer),
-        )
-
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        """``Dinov2Embeddings`` at inference (no mask token, dropout an identity)."""
-        emb = self.model.embeddings
-        images = prepared["images"]
-        if track:
-            images = images.detach().requires_grad_(True)
-        conv = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))
-        patches = conv.flatten(2).transpose(1, 2)
-        tokens = torch.cat([emb.cls_token.expand(images.shape[0], -1, -1), patches], dim=1)
-        H, W = images.shape[-2:]
-        x_pos = r(POS_ADD, torch.add, tokens, emb.interpolate_pos_encoding(tokens, H, W))
-        return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
-
-
-class SiglipVisionTower(VisionTower):
-    """Hugging Face ``SiglipVisionModel`` (:mod:`~lrp_core.adapters.siglip`'s pieces): no [CLS] — every token is a
-    patch —, patch convolution plus learned positions (no pre-norm), CLIP's pre-LN blocks. The position embedding
-    is read at the trained size (the model's forward without ``interpolate_pos_encoding``), so the images must
-    have the config's ``image_size``. ``post_layernorm`` is not a block: a family that reads the tower's
-    ``last_hidden_state`` (Gemma 3, PaliGemma) runs it first in its connector; the attention-pooling head (when
-    present) is not on the features' path."""
-
-    tower_class = "SiglipVisionModel"
-
-    def __init__(self, model: ModelPart, layers: int):
-        check_siglip_tower(model, "the vision tower")
-        self.patch_conv = siglip_patch_conv(model)
-        self.patch_size = siglip_patch_size(model)
-        size = model.config.image_size
-        self.image_size = (size, size) if isinstance(size, int) else tuple(size)
-        self.num_prefix_tokens = 0
-        super().__init__(model, layers)
-
-    @staticmethod
-    def layers_of(model: ModelPart) -> ModelPart:
-        return model.encoder.layers
-
-    def _block(self, i: int, layer: nn.Module) -> BlockSpec:
-        """:func:`~lrp_core.adapters.siglip.siglip_block` (the softmax in float32 under eager attention)."""
-        return siglip_block(layer, self.model)
-
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        """``SiglipVisionEmbeddings`` at the trained size (:func:`~lrp_core.adapters.siglip.siglip_embed`)."""
-        return siglip_embed(self.model, prepared["images"], r, track, conv=self.patch_conv)
-
-
-#: the vision towers replayed, by class name
-TOWERS: dict[str, type[VisionTower]] = {
-    cls.tower_class: cls for cls in (CLIPVisionTower, Dinov2VisionTower, SiglipVisionTower)
-}
-
-
-def vision_tower(module: nn.Module, feature_layer: int) -> VisionTower:
-    """The tower's replay up to the hidden state ``feature_layer`` (Hugging Face's ``hidden_states`` index: 0 the
-    embeddings, i the output of layer i, negative from the end).
-
-    Parameters
-    ----------
-    module : nn.Module
-        The VLM's vision tower.
-    feature_layer : int
-        The index of the hidden state the features are read from.
-
-    Returns
-    -------
-    VisionTower
-        The tower, with the blocks up to that hidden state.
-
-    Raises
-    ------
-    UnsupportedModelError
-        For a tower of another class, a layer index outside the tower, or a tower whose last hidden state is read
-        after its final norm (``tie_last_hidden_states``).
-    """
-    name = type(module).__name__
-    if name not in TOWERS:
-        raise UnsupportedModelError(f"its vision tower is {name}; the towers explained are {', '.join(TOWERS)}")
-    cls = TOWERS[name]
-    depth = len(cls.layers_of(module))
-    if not -(depth + 1) <= feature_layer <= depth:
-        raise UnsupportedModelError(
-            f"vision_feature_layer={feature_layer} is outside the tower's {depth + 1} hidden states"
-        )
-    layers = feature_layer % (depth + 1)
-    if layers == depth and getattr(module.config, "tie_last_hidden_states", None):
-        raise UnsupportedModelError(
-            "the vision config sets tie_last_hidden_states, so the last hidden state is read "
-            "after the tower's final norm, which the replay does not run"
-        )
-    return cls(module, layers)
 
 
 # ----------------------------------------------------------------------------
