@@ -228,8 +228,8 @@ def _direct_call(model, inputs: dict, method: str, targets: list, **options) -> 
     adapter = get_adapter(model)
     prepared = adapter.check_inputs(inputs)
     layout = adapter.layout(prepared)
-    opt = registry.parse_options(registry.get(method), options, adapter.num_blocks, "text")
-    return Call(adapter, prepared, layout, lambda logits: torch.tensor(targets), opt)
+    bound = registry.get(method)(**options).bind(adapter.num_blocks, "text")
+    return Call(adapter, prepared, layout, lambda logits: torch.tensor(targets), bound)
 
 
 @pytest.mark.parametrize("method", ("input_x_gradient", "integrated_gradients", "occlusion", "kernel_shap"))

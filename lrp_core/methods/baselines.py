@@ -293,7 +293,7 @@ def reference(c: Call, a: Attributed) -> Tensor:
         If the baseline is not one for the input kind, names a token the model's config lacks, or is a
         token id outside the vocabulary.
     """
-    choice: Union[str, int] = c.opt.baseline
+    choice: Union[str, int] = c.method.baseline
     if a.image:
         if choice not in IMAGE_BASELINES:
             raise InputError(f"baseline={choice!r} is not one for images: use one of {IMAGE_BASELINES}")
@@ -385,8 +385,9 @@ def _result(
 
 
 def _per_sample(c: Call, a: Attributed, attribute: Callable[[int], Tensor]) -> Tensor:
-    """``attribute(i)`` for every sample (:func:`~.baselines_vlm.seeded_rows`), concatenated."""
-    return torch.cat(seeded_rows(c.opt.seed, a.inputs.device, a.inputs.shape[0], attribute))
+    """``attribute(i)`` for every sample (:func:`~.baselines_vlm.seeded_rows`, with the method's ``seed``; a method
+    that draws nothing owns none and runs with 0), concatenated."""
+    return torch.cat(seeded_rows(getattr(c.method, "seed", 0), a.inputs.device, a.inputs.shape[0], attribute))
 
 
 def input_x_gradient(c: Call) -> MethodResult:
@@ -443,8 +444,8 @@ def integrated_gradients(c: Call) -> MethodResult:
             baselines=row.cut(ref[i : i + 1]),
             target=target[i : i + 1],
             additional_forward_args=row.args,
-            n_steps=c.opt.n_steps,
-            internal_batch_size=c.opt.batch_size,
+            n_steps=c.method.n_steps,
+            internal_batch_size=c.method.batch_size,
             return_convergence_delta=True,
         )
         deltas.append(delta.detach())
@@ -459,7 +460,7 @@ def integrated_gradients(c: Call) -> MethodResult:
         logits,
         per_feature=False,
         convergence_delta=torch.cat(deltas),
-        used={"baseline": c.opt.baseline, "n_steps": c.opt.n_steps},
+        used={"baseline": c.method.baseline, "n_steps": c.method.n_steps},
     )
 
 
@@ -489,9 +490,9 @@ def smoothgrad(c: Call) -> MethodResult:
         got = tunnel.attribute(
             row.x,
             nt_type="smoothgrad",
-            nt_samples=c.opt.n_samples,
-            nt_samples_batch_size=c.opt.batch_size,
-            stdevs=float(c.opt.stdevs),
+            nt_samples=c.method.n_samples,
+            nt_samples_batch_size=c.method.batch_size,
+            stdevs=float(c.method.stdevs),
             target=target[i : i + 1],
             additional_forward_args=row.args,
         )
@@ -505,7 +506,7 @@ def smoothgrad(c: Call) -> MethodResult:
         target,
         logits,
         per_feature=False,
-        used={"n_samples": c.opt.n_samples, "stdevs": c.opt.stdevs, "seed": c.opt.seed},
+        used={"n_samples": c.method.n_samples, "stdevs": c.method.stdevs, "seed": c.method.seed},
     )
 
 
@@ -544,12 +545,12 @@ def occlusion(c: Call) -> MethodResult:
                 target=target[i : i + 1],
                 additional_forward_args=row.args,
                 feature_mask=m,
-                perturbations_per_eval=c.opt.batch_size,
+                perturbations_per_eval=c.method.batch_size,
             )
         )
 
     attr = _per_sample(c, a, one)
-    return _result(c, a, attr, target, logits, per_feature=True, used={"baseline": c.opt.baseline})
+    return _result(c, a, attr, target, logits, per_feature=True, used={"baseline": c.method.baseline})
 
 
 def kernel_shap(c: Call) -> MethodResult:
@@ -593,8 +594,8 @@ def kernel_shap(c: Call) -> MethodResult:
                 target=target[i : i + 1],
                 additional_forward_args=row.args,
                 feature_mask=m,
-                n_samples=c.opt.n_samples,
-                perturbations_per_eval=c.opt.batch_size,
+                n_samples=c.method.n_samples,
+                perturbations_per_eval=c.method.batch_size,
             )
         )
 
@@ -606,7 +607,7 @@ def kernel_shap(c: Call) -> MethodResult:
         target,
         logits,
         per_feature=True,
-        used={"baseline": c.opt.baseline, "n_samples": c.opt.n_samples, "seed": c.opt.seed},
+        used={"baseline": c.method.baseline, "n_samples": c.method.n_samples, "seed": c.method.seed},
     )
 
 

@@ -401,6 +401,7 @@ def _check_method(method: str, options: dict, contrast: Any, adapter: Any) -> No
     """The method, its options and a contrast checked as each step's :func:`lrp_core.explain` call will check
     them, before the first step; ``position`` and ``target`` are set per step and cannot be given."""
     from . import registry
+    from .options import SHARED_OPTIONS, Shared
 
     spec = registry.get(method)
     if method in adapter.refused_methods:  # as explain refuses it, before any step is generated
@@ -415,7 +416,9 @@ def _check_method(method: str, options: dict, contrast: Any, adapter: Any) -> No
             f"explain_generation sets {fixed} itself (each step is read at its own position, with the "
             "generated token as target); use continuation= and contrast= instead"
         )
-    registry.parse_options(spec, options, adapter.num_blocks, registry.defaults_key(adapter))
+    shared = {k: v for k, v in options.items() if k in SHARED_OPTIONS}
+    registry.bound(method, {k: v for k, v in options.items() if k not in shared}, adapter)
+    Shared(**shared)
     if contrast is not None and spec.class_agnostic:
         raise InputError(
             f"{method!r} does not depend on the target token, so a contrast explains nothing; use a "
