@@ -18,8 +18,9 @@ from tiny_clip import make_clip
 from lrp_core import Contrast, InputError, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.methods import registry
-from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function, gaussian_blur
+from lrp_core.methods.baselines import CAPTUM_METHODS
 from lrp_core.methods.call import Call
+from lrp_core.methods.captum_inputs import forward_function, gaussian_blur
 
 #: small settings so that the suite stays fast; batch_size 8 makes Captum split its passes
 FAST = {
