@@ -342,8 +342,9 @@ class Method:
         bound.check_bound()
         return bound
 
-    def used(self) -> dict[str, Any]:
-        """The options as fields: name → value."""
+    def keywords(self) -> dict[str, Any]:
+        """The options as the keywords of the string form: ``explain(m, x, method=o.name, **o.keywords())`` is
+        ``explain(m, x, method=o)``."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def memory_knobs(self) -> dict[str, Any]:

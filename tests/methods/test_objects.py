@@ -13,7 +13,7 @@ from conftest import make_tiny_bert, make_tiny_vit
 from decoders import batch, make_decoder, rows
 
 import lrp_core
-from lrp_core import InputError, IntegratedGradients, Rollout, SmoothGrad, explain
+from lrp_core import InputError, IntegratedGradients, Rollout, SmoothGrad, explain, explain_generation
 from lrp_core.errors import RuleSetError
 from lrp_core.explanation import RESULT_FIELDS
 from lrp_core.methods import objects, registry
@@ -188,3 +188,16 @@ def test_the_classes_are_the_registry_and_the_public_names():
     for cls in objects.ALL:
         assert getattr(lrp_core, cls.__name__) is cls and cls.__name__ in lrp_core.__all__
         assert issubclass(cls, Method) and "run" in vars(cls) and "memory" in vars(cls)
+
+
+def test_keywords_are_the_string_form_of_an_object(tiny_vit, images):
+    obj = lrp_core.TransformerAttribution(start_layer=1, keep_heads=True)
+    _same(explain(tiny_vit, images[:1], method=obj), explain(tiny_vit, images[:1], method=obj.name, **obj.keywords()))
+
+
+def test_explain_generation_takes_a_method_object_as_its_string_form():
+    llama, x = MODELS[2][1], MODELS[2][2]
+    by_name = explain_generation(llama, None, x, method="cp_lrp", max_new_tokens=2, stop_at_eos=False)
+    by_object = explain_generation(llama, None, x, method=lrp_core.CPLRP(), max_new_tokens=2, stop_at_eos=False)
+    assert by_object.method == "cp_lrp" and torch.equal(by_name.scores, by_object.scores)
+    assert torch.equal(by_name.input_ids, by_object.input_ids)
