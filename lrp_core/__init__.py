@@ -1,8 +1,9 @@
 """lrp_core: relevance propagation and attention explanations for Transformers.
 
->>> from lrp_core import explain, METHODS
+>>> from lrp_core import explain, IntegratedGradients
 >>> exp = explain(model, images, method="transformer_attribution")
 >>> exp.scores.shape   # (B, number of patches)
+>>> exp = explain(model, images, method=IntegratedGradients(n_steps=32))  # = method="integrated_gradients", n_steps=32
 """
 
 from .errors import InputError, LRPError, UnknownMethodError, UnsupportedModelError
@@ -26,3 +27,50 @@ from .methods.generation import explain_generation  # noqa: E402
 from .methods.generation_result import GenerationExplanation  # noqa: E402
 
 __all__ += ["explain_generation", "GenerationExplanation"]
+
+from .methods.objects import (  # noqa: E402
+    CDAM,
+    CPLRP,
+    LRP,
+    PALRP,
+    AttentionGradCAM,
+    AttnLRP,
+    ContextCite,
+    GenericAttention,
+    InputXGradient,
+    IntegratedGradients,
+    KernelShap,
+    LeaveOneOut,
+    Occlusion,
+    PartialLRP,
+    RawAttention,
+    Rollout,
+    SmoothGrad,
+    TokenAblation,
+    TransformerAttribution,
+)
+from .methods.options import Method  # noqa: E402
+
+# the method objects: explain(model, x, method=IntegratedGradients(n_steps=32))
+__all__ += [
+    "Method",
+    "TransformerAttribution",
+    "GenericAttention",
+    "Rollout",
+    "RawAttention",
+    "AttentionGradCAM",
+    "LRP",
+    "PartialLRP",
+    "CDAM",
+    "TokenAblation",
+    "AttnLRP",
+    "CPLRP",
+    "PALRP",
+    "InputXGradient",
+    "IntegratedGradients",
+    "SmoothGrad",
+    "Occlusion",
+    "KernelShap",
+    "LeaveOneOut",
+    "ContextCite",
+]

@@ -10,7 +10,7 @@ the model guard (:mod:`lrp_core.runtime.guard`).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal, NoReturn, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -20,9 +20,10 @@ from .errors import InputError, UnsupportedModelError
 from .explanation import Explanation, result_fields
 from .methods import registry
 from .methods.call import Call, ConceptTarget, Contrast, one_hot
-from .methods.options import OPTIONS
+from .methods.options import Shared
+from .methods.registry import MethodLike
 from .methods.targets import Target, goal, resolver
-from .rules.composites import TRANSFORMER_ATTRIBUTION, Composite
+from .rules.composites import TRANSFORMER_ATTRIBUTION
 from .runtime import pieces
 from .runtime.guard import model_guard, public_call
 from .runtime.memory import MaxMemory
@@ -32,50 +33,30 @@ from .sources import SourcesLike, by_source, in_columns
 METHODS: tuple[str, ...] = registry.METHOD_NAMES
 #: The methods that score sources (``sources=`` given; decoder language models): leave-one-out, ContextCite.
 SOURCE_METHODS: tuple[str, ...] = registry.SOURCE_METHOD_NAMES
-#: The options ``explain`` takes as keyword-only parameters: the fields of :class:`~lrp_core.methods.options.Options`.
-OPTION_NAMES: frozenset[str] = frozenset(o.name for o in OPTIONS)
 
 
 @public_call
 def explain(
     model: nn.Module,
     inputs: Any,
-    method: str = "transformer_attribution",
+    method: MethodLike = "transformer_attribution",
     target: Target = None,
     *,
-    start_layer: Optional[int] = None,
-    end_layer: Optional[int] = None,
-    rollout_norm: Optional[Literal["none", "row"]] = None,
-    use_gradient: Optional[bool] = None,
-    keep_heads: Optional[bool] = None,
-    batch_size: Optional[int] = None,
-    n_steps: Optional[int] = None,
-    baseline: Union[Literal["zeros", "blur", "pad", "mask"], int, None] = None,
-    n_samples: Optional[int] = None,
-    stdevs: Optional[float] = None,
-    seed: Optional[int] = None,
-    base: Optional[Literal["attnlrp", "cp_lrp", "cp_halved"]] = None,
-    composite: Optional[Composite] = None,
     progress: Optional[bool] = None,
     position: Union[int, Sequence[int], Tensor, None] = None,
+    sources: Optional[SourcesLike] = None,
     max_memory: MaxMemory = None,
     chunk_size: Optional[int] = None,
-    sources: Optional[SourcesLike] = None,
-    n_ablations: Optional[int] = None,
-    keep_prob: Optional[float] = None,
-    alpha: Optional[float] = None,
-    filler: Optional[int] = None,
     dtype: Optional[torch.dtype] = None,
     unverified: Optional[bool] = None,
-    **unknown: NoReturn,
+    **options: Any,
 ) -> Explanation:
     """Explain a batch of predictions of an unmodified timm / Hugging Face Transformer.
 
-    Every option is keyword-only and ``None`` by default, which means the method's default (per input
-    modality where the method has one, ``MethodSpec.defaults``). A method takes the options listed for it below
-    and the six every method takes (``progress``, ``position``, ``max_memory``, ``chunk_size``, ``dtype``,
-    ``unverified``); any other
-    option, or a misspelled one, is an :class:`~lrp_core.errors.InputError` naming the accepted ones.
+    ``method`` is a method object (``IntegratedGradients(n_steps=32)``, its options typed on its class,
+    :mod:`lrp_core.methods.objects`) or its name with the same options as keywords
+    (``method="integrated_gradients", n_steps=32``: the same call). The keyword-only parameters below are the
+    options every method takes; ``None`` means the default.
 
     Parameters
     ----------
@@ -88,154 +69,113 @@ def explain(
     inputs : Tensor (B, 3, H, W) or Mapping[str, Tensor]
         Images, float (another float dtype is cast to the model's), or a tokenizer output with ``input_ids``
         (B, T) and a 0/1 ``attention_mask`` (B, T).
-    method : str
-        One of :data:`METHODS`, or of :data:`SOURCE_METHODS` (``leave_one_out``, ``context_cite``: they score the
-        ``sources`` of a decoder language model's context by removing them).
+    method : str or Method
+        A method object, its class, or the name of one of :data:`METHODS` or of :data:`SOURCE_METHODS`
+        (``leave_one_out``, ``context_cite``: they score the ``sources`` of a decoder language model's context
+        by removing them).
     target : None, int, sequence of B ints, Tensor (B,), Contrast or ConceptTarget
         ``None`` (argmax per sample), an int (Python or NumPy), a sequence / array of B ints, an integer tensor
         (B,) — floats and bools are refused (:mod:`lrp_core.methods.targets`); ``Contrast(positive, negative)``
         (explain ``y_positive − y_negative``: "this class rather than that one"); or, for the methods that take
         one (``cdam``), a :class:`ConceptTarget` from :func:`concept_target`.
-    start_layer : int, optional
-        ``transformer_attribution``, ``generic_attention``, ``rollout``: the first block in the layer product
-        (default 0; negative counts from the end).
-    end_layer : int, optional
-        ``transformer_attribution``, ``rollout``: the last block in the layer product (default the last).
-    rollout_norm : {"none", "row"}, optional
-        ``transformer_attribution``: the normalisation of each factor ``I + Ā_b`` (default "none" for images,
-        "row" for text).
-    use_gradient : bool, optional
-        ``transformer_attribution``: weight ``R^A`` by ``∇A`` (default True) or by ``A`` (False, the paper's
-        ablation).
-    keep_heads : bool, optional
-        ``transformer_attribution``, ``generic_attention``, ``rollout``, ``raw_attention``: also return the
-        per-head matrices ``layers_per_head`` (B, L, H, N, N) (default False).
-    batch_size : int, optional
-        ``token_ablation``, ``integrated_gradients``, ``smoothgrad``, ``occlusion``, ``kernel_shap``: sequences
-        per forward pass (default 64).
-    n_steps : int, optional
-        ``integrated_gradients``: integration steps (default 50).
-    baseline : {"zeros", "blur", "pad", "mask"} or int, optional
-        ``integrated_gradients``, ``occlusion``, ``kernel_shap``: the reference input, "zeros" | "blur" for
-        images, "zeros" | "pad" | "mask" | a token id for text (padding positions kept). Default "zeros" for
-        images and decoder LMs, "pad" for text encoders.
-    n_samples : int, optional
-        ``smoothgrad``: noisy copies per sample (default 16); ``kernel_shap``: coalitions per sample
-        (default 256).
-    stdevs : float, optional
-        ``smoothgrad``: the standard deviation of the Gaussian noise, in input units (default 0.6 for normalised
-        pixels, 0.02 for embedding entries; on a vision-language model the embeddings' σ, the pixels getting 30 ×
-        it, docs/METHODS.md §2g.5).
-    seed : int, optional
-        ``smoothgrad``, ``kernel_shap``: the seed of the random draws, the same for every sample (default 0).
-    base : {"attnlrp", "cp_lrp", "cp_halved"}, optional
-        ``pa_lrp``: the rule set the positional rules are added to (default "attnlrp"; "cp_halved": the
-        authors' ViT rules, CP-LRP with A·V's ÷2 kept, not conservative).
-    composite : Composite, optional
-        ``lrp``, ``partial_lrp``, ``attnlrp``, ``cp_lrp``: the rule set of the relevance pass
-        (:class:`lrp_core.rules.Composite`; default: the method's own). ``lrp`` and ``partial_lrp`` take an
-        explicit-pass set (from ``LRP_BASELINE``), ``attnlrp`` and ``cp_lrp`` a modified-gradient one (from
-        ``ATTNLRP`` / ``CP_LRP``), e.g. ``ATTNLRP.with_rules(by_name={"blocks.*.mlp.*": GammaGradient(0.25)})``.
     progress : bool, optional
-        Every method: a progress bar (True), none (False); default only for long runs.
+        A progress bar (True), none (False); default only for long runs.
     position : int, sequence of B ints or Tensor (B,), optional
-        Every method, decoder language models only: the token whose prediction is explained, one for all rows
-        or one per row (default: each row's last real token; negative counts from the end).
-    max_memory : int, float or str, optional
-        Every method: the memory the call may use. ``None`` / ``"auto"`` (default): half of what the device of
-        the model has free (CPU: ``MemAvailable``; CUDA: ``torch.cuda.mem_get_info``); an int (bytes) or a
-        string such as ``"512MB"`` / ``"2GiB"``; ``float("inf")`` / ``"none"``: never split. A batch whose
-        estimated peak (:func:`lrp_core.runtime.memory.estimate`) exceeds it is explained in pieces of as many
-        samples as fit (at least one) and the results merged in batch order — every field, as if explained at
-        once. Each piece gets exactly the arithmetic of being explained alone; against the whole batch at once
-        it may differ by round-off, as a batch does from its samples one by one (the BLAS kernels depend on the
-        number of rows; docs/ARCHITECTURE.md, "Memory and pieces").
-    chunk_size : int, optional
-        Every method: explain in pieces of at most this many samples (an int ≥ 1) instead; giving it together
-        with an explicit ``max_memory`` is an error. Padded text is grouped by length first (each group
-        explained unpadded, docs/METHODS.md §5.8), then each group is cut into pieces.
+        Decoder language models only: the token whose prediction is explained, one for all rows or one per row
+        (default: each row's last real token; negative counts from the end).
     sources : list of (start, end), list of such lists, or Tensor (S, 2) / (B, S, 2), optional
-        Every method, text only: token spans (half-open) of the context's sources — documents, sentences,
-        marked passages — counted from each row's first real token (special tokens included), one list for
-        every row or one per row (the same number S each); :func:`lrp_core.sources.sentences` and
-        :func:`lrp_core.sources.documents` find them in a text. Fills ``sources`` (B, S): the sum of the token
-        scores over each span (the source methods: their own scores). On a decoder a source ends before the
-        explained token.
-    n_ablations : int, optional
-        ``context_cite`` (a source method): random ablation masks per row (default 64, ContextCite's).
-    keep_prob : float, optional
-        ``context_cite``: the probability that a mask keeps a source (default 0.5, ContextCite's).
-    alpha : float, optional
-        ``context_cite``: the Lasso penalty on the standardised masks (default 0.01, ContextCite's; 0 fits least
-        squares).
-    filler : int, optional
-        ``leave_one_out``, ``context_cite``: ``None`` (default) removes an ablated source's tokens (the later
-        tokens' positions follow); a token id replaces them instead.
+        Text only: token spans (half-open) of the context's sources — documents, sentences, marked passages —
+        counted from each row's first real token (special tokens included), one list for every row or one per
+        row (the same number S each); :func:`lrp_core.sources.sentences` and :func:`lrp_core.sources.documents`
+        find them in a text. Fills ``sources`` (B, S): the sum of the token scores over each span (the source
+        methods: their own scores). On a decoder a source ends before the explained token.
+    max_memory : int, float or str, optional
+        The memory the call may use. ``None`` / ``"auto"`` (default): half of what the device of the model has
+        free (CPU: ``MemAvailable``; CUDA: ``torch.cuda.mem_get_info``); an int (bytes) or a string such as
+        ``"512MB"`` / ``"2GiB"``; ``float("inf")`` / ``"none"``: never split. A batch whose estimated peak
+        (:func:`lrp_core.runtime.memory.estimate`) exceeds it is explained in pieces of as many samples as fit
+        (at least one) and the results merged in batch order — every field, as if explained at once. Each piece
+        gets exactly the arithmetic of being explained alone; against the whole batch at once it may differ by
+        round-off, as a batch does from its samples one by one (docs/ARCHITECTURE.md, "Memory and pieces").
+    chunk_size : int, optional
+        Explain in pieces of at most this many samples (an int ≥ 1) instead; giving it together with an explicit
+        ``max_memory`` is an error. Padded text is grouped by length first (each group explained unpadded,
+        docs/METHODS.md §5.8), then each group is cut into pieces.
     dtype : torch.dtype, optional
-        Every method: ``torch.float64`` computes every pass (the replay, the relevance and gradient passes) of
-        a float32 or half-precision model in float64, without copying or changing it — what ``model.double()``
-        would give. Plain LRP and transformer attribution are ill-conditioned in float32: their float32 maps
-        depend on the CPU's kernels (docs/METHODS.md §5.10 gives the deviations), their float64 maps far less.
+        ``torch.float64`` computes every pass (the replay, the relevance and gradient passes) of a float32 or
+        half-precision model in float64, without copying or changing it — what ``model.double()`` would give.
+        Plain LRP and transformer attribution are ill-conditioned in float32 (docs/METHODS.md §5.10).
         ``None`` (default): the model's own precision, half models in float32.
     unverified : bool, optional
-        Every method: ``True`` skips the end-to-end check. By default (``None`` / ``False``) every call compares
-        the logits the method read from the replay with the model's own forward on the same inputs (one forward
-        without gradients, in eval semantics and the call's precision) and refuses, with an
-        :class:`~lrp_core.errors.UnsupportedModelError` naming the deviation and the first block that departs,
-        when they differ by more than 1e-5 relative in float32 (1e-10 in float64; half models are compared in
-        float32, 1e-5) — docs/CONTRACTS.md, "Verification on every call". Skipping it saves that forward
-        (benchmarks) and risks an explanation of a model the replay misreads, silently.
-    **unknown
-        No other keyword is accepted: one is an :class:`~lrp_core.errors.InputError` naming the accepted
-        options (typed ``NoReturn`` so that a type checker flags it too).
+        ``True`` skips the end-to-end check. By default every call compares the logits the method read from
+        the replay with the model's own forward on the same inputs (one forward without gradients, in eval
+        semantics and the call's precision) and refuses, with an :class:`~lrp_core.errors.UnsupportedModelError`
+        naming the deviation and the first block that departs, when they differ by more than 1e-5 relative in
+        float32 (1e-10 in float64; half models are compared in float32) — docs/CONTRACTS.md, "Verification on
+        every call". Skipping it saves that forward (benchmarks) and risks an explanation of a model the replay
+        misreads, silently.
+    **options
+        With a method name: the method's own options (the fields of its class, e.g. ``n_steps``, ``baseline``
+        for ``integrated_gradients``). A keyword the method does not own is an
+        :class:`~lrp_core.errors.InputError` naming the method's options; with a method object, its options are
+        its fields and no keyword is accepted here.
 
     Returns
     -------
     Explanation
-        ``scores`` (B, T), ``target`` (B,), ``logits`` (B, C), and the fields the method fills
-        (``lrp_core.methods.registry.METHODS[method].returns``: ``layers`` (B, L, N, N), ``pixels`` (B, H, W),
-        ...); ``options`` holds the options the method used.
+        ``scores`` (B, T), ``target`` (B,), ``logits`` (B, C), and the fields the method fills (its class's
+        ``returns``: ``layers`` (B, L, N, N), ``pixels`` (B, H, W), ...); ``options`` holds the options the
+        method used.
     """
-    # the options given, by name: every parameter after ``target`` that is not None, and the unknown ones
-    # (refused by parse_options with the accepted ones named)
-    given = {k: v for k, v in locals().items() if k in OPTION_NAMES and v is not None}
-    return _explain(model, inputs, method, target, {**given, **unknown})
+    shared = dict(
+        progress=progress,
+        position=position,
+        sources=sources,
+        max_memory=max_memory,
+        chunk_size=chunk_size,
+        dtype=dtype,
+        unverified=unverified,
+    )
+    return _explain(model, inputs, method, target, options, shared)
 
 
-def _explain(model: nn.Module, inputs: Any, method: str, target: Any, options: dict[str, Any]) -> Explanation:
-    """``explain`` with its options gathered by name (the given ones and the unknown ones, refused here)."""
-    spec = registry.get(method)
+def _explain(
+    model: nn.Module, inputs: Any, method: MethodLike, target: Any, options: dict[str, Any], shared: dict[str, Any]
+) -> Explanation:
+    """``explain`` with the method's keywords ``options`` and the shared ones ``shared`` gathered."""
+    name = registry.name_of(method)
     adapter = get_adapter(model).for_inputs(inputs)
-    if method in adapter.refused_methods:
+    if name in adapter.refused_methods:
         runs = [m for m in registry.METHODS if m not in adapter.refused_methods]
         raise UnsupportedModelError(
-            f"method {method!r} is not defined on {type(model).__name__}: "
-            f"{adapter.refused_methods[method]}. Methods that run on it: {', '.join(runs)}"
+            f"method {name!r} is not defined on {type(model).__name__}: "
+            f"{adapter.refused_methods[name]}. Methods that run on it: {', '.join(runs)}"
         )
     prepared = adapter.check_inputs(inputs)
-    opt = registry.parse_options(spec, options, adapter.num_blocks, registry.defaults_key(adapter))
-    if opt.position is not None:  # decoders: explain the prediction at another token
-        prepared = adapter.at_position(prepared, opt.position)
+    bound = registry.bound(method, options, adapter)
+    run = Shared(**shared)
+    if run.position is not None:  # decoders: explain the prediction at another token
+        prepared = adapter.at_position(prepared, run.position)
     layout = adapter.layout(prepared)  # after the position: the layout names the token read (token ablation skips it)
-    if opt.sources is not None:  # the spans as columns of this batch, checked against its rows
+    if run.sources is not None:  # the spans as columns of this batch, checked against its rows
         if layout.modality != "text" or layout.output_start != 0:
             raise InputError("sources are token spans of a text; this model explains images")
         read = prepared["read_at"].argmax(dim=-1) if adapter.is_decoder else None
-        opt = replace(opt, sources=in_columns(opt.sources, prepared["attention_mask"], read))
+        run = replace(run, sources=in_columns(run.sources, prepared["attention_mask"], read))
     readout = adapter.readout_for(prepared)
-    aim = goal(spec, target, adapter.batch_size(prepared), readout.num_classes, type(model).__name__)
-    call = Call(adapter, prepared, layout, aim.resolve, opt, aim.concept, aim.negative, readout)
-    plan = pieces.plan(adapter, prepared, spec.memory, opt)
-    result = pieces.run(spec, call, plan)
-    if not opt.unverified:  # the replay's logits against the model's own forward (lrp_core.adapters.verification)
+    aim = goal(bound, target, adapter.batch_size(prepared), readout.num_classes, type(model).__name__)
+    call = Call(adapter, prepared, layout, aim.resolve, bound, run, aim.concept, aim.negative, readout)
+    plan = pieces.plan(adapter, prepared, bound, run)
+    result = pieces.run(call, plan)
+    if not run.unverified:  # the replay's logits against the model's own forward (lrp_core.adapters.verification)
         verification.check(adapter, prepared, result.logits, plan)
     used = dict(result.used)
-    if opt.sources is not None and result.sources is None:  # a token-map method: its scores summed per source
-        result.sources = by_source(result.scores.detach(), opt.sources.to(result.scores.device))
+    if run.sources is not None and result.sources is None:  # a token-map method: its scores summed per source
+        result.sources = by_source(result.scores.detach(), run.sources.to(result.scores.device))
     if aim.negative is not None:
         used["contrast_with"] = aim.negative.tolist()
     return Explanation(
-        method=method,
+        method=name,
         grid=layout.grid,
         image_size=layout.image_size,
         start_layer=used.get("start_layer"),

@@ -10,7 +10,7 @@ and editors see the fields on both, and :data:`RESULT_FIELDS` (what
 ``Explanation.__getitem__``, the merge of pieces
 (:func:`lrp_core.runtime.pieces.merge`) and ``explain``'s hand-over
 (:func:`result_fields`) loop over) is read from its fields. Which method fills
-which optional field is ``MethodSpec.returns`` in
+which optional field is the method class's ``returns`` in
 :mod:`lrp_core.methods.registry` (:func:`lrp_core.methods.registry.filled_by`).
 """
 
@@ -105,7 +105,7 @@ class ResultFields:
     :class:`~lrp_core.methods.call.MethodResult` (what a method returns) and :class:`Explanation` (what
     ``explain`` returns) both derive from this class, so each field is declared once, here: its type (the
     annotation), whether every method fills it (no default) or only some (``None`` by default; which,
-    ``MethodSpec.returns`` in :mod:`lrp_core.methods.registry`), and in its metadata its shape, its token axes
+    ``returns`` of its class, :mod:`lrp_core.methods.objects`), and in its metadata its shape, its token axes
     and whether ``explain`` detaches it. The batch dimension is the first of each; ``conservation`` is a
     :class:`Conservation` (its own per-sample totals). Each field is described in :class:`Explanation`.
     """
@@ -141,7 +141,7 @@ def _declared() -> tuple[ResultField, ...]:
 
 #: Every per-sample field of a result, in the order of :class:`ResultFields`.
 RESULT_FIELDS: tuple[ResultField, ...] = _declared()
-#: The optional fields: what a method may add (``MethodSpec.returns``).
+#: The optional fields: what a method may add (a method class's ``returns``).
 OPTIONAL_FIELDS: tuple[str, ...] = tuple(f.name for f in RESULT_FIELDS if not f.required)
 
 

@@ -45,7 +45,7 @@ def test_an_option_the_method_does_not_take_is_refused(tiny_vit, images):
         explain(tiny_vit, images, method="cdam", keep_heads=True)
     # the registry is the one source: every option a method declares is accepted by explain
     for name, spec in registry.METHODS.items():
-        for option in spec.options:
+        for option in spec.option_names():
             value = {
                 "start_layer": 0,
                 "end_layer": None,

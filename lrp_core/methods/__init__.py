@@ -1,4 +1,5 @@
-"""The methods: each a function ``Call -> MethodResult``, declared in :mod:`.registry`.
+"""The methods: each a class of :mod:`.objects` (its options its fields) whose ``run`` is a function
+``Call -> MethodResult``; :mod:`.registry` maps the names to the classes.
 
 - :mod:`.call` — what a method receives and returns
 - :mod:`.attention` — the attention-product family (transformer attribution, generic attention, rollout, …)
@@ -7,6 +8,7 @@
 - :mod:`.baselines` — the Captum baselines (input × gradient, integrated gradients, SmoothGrad, occlusion,
   KernelSHAP)
 - :mod:`.products` — the layer product ``Π (I + Ā_b)`` the attention family reads its maps from
-- :mod:`.registry`, :mod:`.options`, :mod:`.targets` — the method table, the options, what ``target`` may be
+- :mod:`.objects`, :mod:`.options` — the method classes, their base and the options every call shares
+- :mod:`.registry`, :mod:`.targets` — name → class (the string shorthand), what ``target`` may be
 - :mod:`.generation` — ``explain_generation``: one map per generated token
 """

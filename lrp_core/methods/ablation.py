@@ -20,6 +20,8 @@ Shapes: B batch, T tokens, S sources, M ablated copies of a row.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -30,6 +32,9 @@ from ..runtime.utils import progress_bar
 from ..sources import membership
 from .call import Call, MethodResult
 
+if TYPE_CHECKING:
+    from .objects import ContextCite
+
 
 def _sources_of(c: Call, name: str) -> Tensor:
     """The call's source columns (B, S, 2); a decoder LM only (an encoder has no prefix to remove from)."""
@@ -38,12 +43,12 @@ def _sources_of(c: Call, name: str) -> Tensor:
             f"{name} removes sources from the context of a decoder language model's "
             f"prediction; {type(c.adapter.model).__name__} is not one"
         )
-    if c.opt.sources is None:
+    if c.shared.sources is None:
         raise InputError(
             f"{name} scores sources: give them with sources=[(start, end), ...] (token spans of the "
             "context; lrp_core.sources.sentences / documents find them in a text)"
         )
-    return c.opt.sources
+    return c.shared.sources
 
 
 def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
@@ -72,7 +77,7 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
     InputError
         If ``filler`` is not a token id of the model.
     """
-    a, p, opt = c.adapter, c.prepared, c.opt
+    a, p, opt = c.adapter, c.prepared, c.method
     ids, mask, pos, read = p["input_ids"], p["attention_mask"], p["position_ids"], p["read_at"]
     B, M, T = drop.shape
     dev = ids.device
@@ -89,7 +94,7 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
     if opt.filler is not None and vocab is not None and opt.filler >= vocab:
         raise InputError(f"filler={opt.filler} is not a token id of the model (0 … {vocab - 1})")
     chunks = torch.arange(B * M, device=dev).split(opt.batch_size)
-    for chunk in progress_bar(chunks, bool(opt.progress), desc="ablations", unit="batch", leave=False):
+    for chunk in progress_bar(chunks, bool(c.shared.progress), desc="ablations", unit="batch", leave=False):
         b, d = rows[chunk], flat[chunk]
         rest = a.take(p, b)  # every per-row entry (a VLM's images and token types too), then the ablated text
         if opt.filler is None:
@@ -240,7 +245,7 @@ def fit_surrogate(masks: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.nd
     return beta, b0 - float((mean / scale) @ w)
 
 
-def context_cite(c: Call) -> MethodResult:
+def context_cite(c: Call[ContextCite]) -> MethodResult:
     """ContextCite's surrogate weights per source (B, S): ``n_ablations`` seeded masks, a Lasso fit per row.
 
     Parameters
@@ -256,7 +261,7 @@ def context_cite(c: Call) -> MethodResult:
         spread over the sources' tokens, the target and the logits.
     """
     cols = _sources_of(c, "context_cite")
-    opt = c.opt
+    opt = c.method
     if opt.alpha > 0:  # a missing scikit-learn is said before any pass runs
         require("sklearn.linear_model", "sources", "context_cite")
     with torch.no_grad():

@@ -7,7 +7,7 @@ and attention Grad-CAM read the last block alone; CDAM takes gradient × the tok
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -17,6 +17,9 @@ from ..errors import InputError, LRPError
 from ..rules.composites import TRANSFORMER_ATTRIBUTION
 from ..runtime.utils import minmax_rows
 from .call import Call, MethodResult
+
+if TYPE_CHECKING:
+    from .objects import GenericAttention, RawAttention, Rollout, TransformerAttribution
 from .products import accumulate_row
 
 
@@ -102,7 +105,7 @@ def _attention_gradients(trace: Trace, y: Tensor, start: int) -> Callable[[int],
     return dict(zip(blocks, torch.autograd.grad(y, [trace.attention(b) for b in blocks]))).pop
 
 
-def transformer_attribution(c: Call) -> MethodResult:
+def transformer_attribution(c: Call[TransformerAttribution]) -> MethodResult:
     """Chefer et al. (CVPR 2021): gradient-weighted relevance of the attention maps, multiplied over blocks.
 
     Memory: the attention gradients are made block by block as the top-down relevance
@@ -110,7 +113,7 @@ def transformer_attribution(c: Call) -> MethodResult:
     place in the gradient, and the map is the readout row of the product carried as a vector
     (:func:`~lrp_core.methods.products.accumulate_row`): no N×N product.
     """
-    a, opt = c.adapter, c.opt
+    a, opt = c.adapter, c.method
     L, s = a.num_blocks, opt.start_layer
     end = L - 1 if opt.end_layer is None else opt.end_layer
     trace = c.forward(grad=opt.use_gradient)
@@ -144,7 +147,7 @@ def transformer_attribution(c: Call) -> MethodResult:
         layers, heads = _layers_result(kept, L, s, opt.keep_heads)
         del kept
         norm = opt.rollout_norm
-        assert norm is not None  # MethodSpec.defaults sets it for every modality
+        assert norm is not None  # TransformerAttribution.defaults sets it for every modality
         scores = c.layout.readout_minimum(_product_scores(c, layers, s, end, norm=norm))
     return MethodResult(
         scores=scores,
@@ -157,7 +160,7 @@ def transformer_attribution(c: Call) -> MethodResult:
     )
 
 
-def generic_attention(c: Call) -> MethodResult:
+def generic_attention(c: Call[GenericAttention]) -> MethodResult:
     """Chefer et al. (ICCV 2021): ``Ā_b = mean_h((∇A_b ⊙ A_b)⁺)``, ``R ← R + Ā_b R``. One forward, one backward.
 
     Memory: on a plain stack the backward is split at the block outputs and run top-down
@@ -165,7 +168,7 @@ def generic_attention(c: Call) -> MethodResult:
     once, so one block's ``(B, H, N, N)`` gradient is alive at a time, not L of them; the map is the readout
     row of ``Π (I + Ā_b)`` carried as a vector (:func:`~lrp_core.methods.products.accumulate_row`): no N×N product.
     """
-    a, s = c.adapter, c.opt.start_layer
+    a, s = c.adapter, c.method.start_layer
     L = a.num_blocks
     trace = c.forward(grad=True)
     target = c.resolve(trace.logits.detach())
@@ -180,11 +183,11 @@ def generic_attention(c: Call) -> MethodResult:
             g = grad_of(b)
         with torch.no_grad():
             per_head = g.mul_(attns.pop(b)).clamp_(min=0)  # a fresh gradient, ours alone: formed in place
-            kept[b] = per_head if c.opt.keep_heads else per_head.mean(dim=1)
+            kept[b] = per_head if c.method.keep_heads else per_head.mean(dim=1)
         del g, per_head
     del grad_of
     with torch.no_grad():
-        layers, heads = _layers_result(kept, L, s, c.opt.keep_heads)
+        layers, heads = _layers_result(kept, L, s, c.method.keep_heads)
         del kept
         scores = _product_scores(c, layers, s)
     return MethodResult(
@@ -199,23 +202,23 @@ def _attention_only(c: Call) -> tuple[Trace, Tensor, list]:
     return trace, target, [trace.attention(b) for b in range(c.adapter.num_blocks)]
 
 
-def rollout(c: Call) -> MethodResult:
+def rollout(c: Call[Rollout]) -> MethodResult:
     """Abnar & Zuidema: ``mean_h(A_b) + I``, row-normalised, multiplied over blocks. Class-agnostic."""
     trace, target, attns = _attention_only(c)
     layers = _stack([A.mean(dim=1) for A in attns])
     # the readout row of the product, carried as a vector (O(N²) per block, not the N×N product's O(N³))
-    scores = _product_scores(c, layers, c.opt.start_layer, c.opt.end_layer, norm="row")
+    scores = _product_scores(c, layers, c.method.start_layer, c.method.end_layer, norm="row")
     return MethodResult(
         scores=scores,
         target=target,
         logits=trace.logits,
         layers=layers,
-        layers_per_head=_stack(attns) if c.opt.keep_heads else None,
-        used={"start_layer": c.opt.start_layer},
+        layers_per_head=_stack(attns) if c.method.keep_heads else None,
+        used={"start_layer": c.method.start_layer},
     )
 
 
-def raw_attention(c: Call) -> MethodResult:
+def raw_attention(c: Call[RawAttention]) -> MethodResult:
     """The last block's attention from the readout token(s), averaged over heads. Class-agnostic."""
     trace, target, attns = _attention_only(c)
     layers = _stack([A.mean(dim=1) for A in attns])
@@ -224,7 +227,7 @@ def raw_attention(c: Call) -> MethodResult:
         target=target,
         logits=trace.logits,
         layers=layers,
-        layers_per_head=_stack(attns) if c.opt.keep_heads else None,
+        layers_per_head=_stack(attns) if c.method.keep_heads else None,
     )
 
 

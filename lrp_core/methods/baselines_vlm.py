@@ -251,9 +251,9 @@ def _features(c: Call, v: VLMInputs, i: int) -> tuple[Tensor, Tensor]:
 
 def _reference(c: Call, v: VLMInputs, method: str) -> tuple[Tensor, Tensor]:
     """Zero pixels and zero embeddings at the text features (the other positions keep theirs)."""
-    if c.opt.baseline != "zeros":
+    if c.method.baseline != "zeros":
         raise InputError(
-            f"baseline={c.opt.baseline!r}: on a vision-language model {method} starts from "
+            f"baseline={c.method.baseline!r}: on a vision-language model {method} starts from "
             "baseline='zeros' only (zero pixels and zero text embeddings)"
         )
     pixels, words = v.inputs
@@ -343,8 +343,9 @@ def seeded_rows(seed: int, device: torch.device, n: int, attribute: Callable[[in
 
 
 def _each_row(c: Call, v: VLMInputs, attribute: Callable[[int], tuple]) -> tuple:
-    """``attribute(i)`` for every row (:func:`seeded_rows`), the rows' pixel and embedding parts concatenated."""
-    rows = seeded_rows(c.opt.seed, v.inputs[0].device, v.inputs[0].shape[0], attribute)
+    """``attribute(i)`` for every row (:func:`seeded_rows`, with the method's ``seed``; a method that draws nothing
+    owns none and runs with 0), the rows' pixel and embedding parts concatenated."""
+    rows = seeded_rows(getattr(c.method, "seed", 0), v.inputs[0].device, v.inputs[0].shape[0], attribute)
     return tuple(torch.cat([r[j] for r in rows]) for j in range(2))
 
 
@@ -362,7 +363,7 @@ def _feature_rows(
             target=target[i : i + 1],
             additional_forward_args=v.row(i),
             feature_mask=_features(c, v, i),
-            perturbations_per_eval=c.opt.batch_size,
+            perturbations_per_eval=c.method.batch_size,
             **extra,
         )
 
@@ -418,8 +419,8 @@ def vlm_integrated_gradients(c: Call, IntegratedGradients: Any) -> MethodResult:
             baselines=tuple(r[i : i + 1] for r in ref),
             target=target[i : i + 1],
             additional_forward_args=v.row(i),
-            n_steps=c.opt.n_steps,
-            internal_batch_size=c.opt.batch_size,
+            n_steps=c.method.n_steps,
+            internal_batch_size=c.method.batch_size,
             return_convergence_delta=True,
         )
         deltas.append(delta.detach())
@@ -433,7 +434,7 @@ def vlm_integrated_gradients(c: Call, IntegratedGradients: Any) -> MethodResult:
         target,
         logits,
         convergence_delta=torch.cat(deltas),
-        used={"baseline": c.opt.baseline, "n_steps": c.opt.n_steps},
+        used={"baseline": c.method.baseline, "n_steps": c.method.n_steps},
     )
 
 
@@ -441,8 +442,8 @@ def _noisy(c: Call, v: VLMInputs, i: int) -> tuple[Tensor, Tensor]:
     """Row ``i``'s ``n_samples`` noisy copies: pixels (n, ...) and word embeddings (n, T, D) (module docstring)."""
     pixels, words = (t[i : i + 1].detach() for t in v.inputs)
     text = v.text[i].to(words.device)
-    n, sigma = c.opt.n_samples, float(c.opt.stdevs)
-    g = torch.Generator().manual_seed(c.opt.seed)
+    n, sigma = c.method.n_samples, float(c.method.stdevs)
+    g = torch.Generator().manual_seed(c.method.seed)
     noise_pixels = torch.randn((n, *pixels.shape[1:]), generator=g, dtype=torch.float64)
     noise_words = torch.randn((n, int(text.sum()), words.shape[-1]), generator=g, dtype=torch.float64)
     noisy_pixels = pixels + PIXEL_NOISE_SCALE * sigma * noise_pixels.to(pixels.device, pixels.dtype)
@@ -475,17 +476,16 @@ def vlm_smoothgrad(c: Call, InputXGradient: Any) -> MethodResult:
     def one(i: int) -> tuple:
         pixels, words = _noisy(c, v, i)
         n, total = pixels.shape[0], [torch.zeros_like(t[i : i + 1]) for t in v.inputs]
-        for s in range(0, n, c.opt.batch_size):
-            m = min(c.opt.batch_size, n - s)
+        for s in range(0, n, c.method.batch_size):
+            m = min(c.method.batch_size, n - s)
             x = (pixels[s : s + m].requires_grad_(True), words[s : s + m].requires_grad_(True))
             attr = ixg.attribute(x, target=target[i : i + 1].expand(m), additional_forward_args=v.row(i, m))
             total = [t + a.detach().sum(0, keepdim=True) for t, a in zip(total, attr)]
         return tuple(t / n for t in total)
 
     attr = _each_row(c, v, one)
-    return vlm_result(
-        c, v, attr, target, logits, used={"n_samples": c.opt.n_samples, "stdevs": c.opt.stdevs, "seed": c.opt.seed}
-    )
+    used = {"n_samples": c.method.n_samples, "stdevs": c.method.stdevs, "seed": c.method.seed}
+    return vlm_result(c, v, attr, target, logits, used=used)
 
 
 def vlm_occlusion(c: Call, FeatureAblation: Any) -> MethodResult:
@@ -505,7 +505,7 @@ def vlm_occlusion(c: Call, FeatureAblation: Any) -> MethodResult:
     """
     v, target, logits = _start(c)
     attr = _feature_rows(c, v, target, "occlusion", FeatureAblation(v.forward).attribute)
-    return vlm_result(c, v, attr, target, logits, per_feature=True, used={"baseline": c.opt.baseline})
+    return vlm_result(c, v, attr, target, logits, per_feature=True, used={"baseline": c.method.baseline})
 
 
 def vlm_kernel_shap(c: Call, KernelShap: Any) -> MethodResult:
@@ -525,7 +525,7 @@ def vlm_kernel_shap(c: Call, KernelShap: Any) -> MethodResult:
     """
     v, target, logits = _start(c)
     # a VLM row has at least one image of several patches: never a single feature
-    attr = _feature_rows(c, v, target, "kernel_shap", KernelShap(v.forward).attribute, n_samples=c.opt.n_samples)
+    attr = _feature_rows(c, v, target, "kernel_shap", KernelShap(v.forward).attribute, n_samples=c.method.n_samples)
     return vlm_result(
         c,
         v,
@@ -533,7 +533,7 @@ def vlm_kernel_shap(c: Call, KernelShap: Any) -> MethodResult:
         target,
         logits,
         per_feature=True,
-        used={"baseline": c.opt.baseline, "n_samples": c.opt.n_samples, "seed": c.opt.seed},
+        used={"baseline": c.method.baseline, "n_samples": c.method.n_samples, "seed": c.method.seed},
     )
 
 

@@ -1,15 +1,16 @@
-"""What every method receives and returns: :class:`Call`, :class:`MethodResult`, :class:`Options`
-(declared in :mod:`lrp_core.methods.options`), and the two target forms :class:`Contrast` and :class:`ConceptTarget`.
+"""What every method receives and returns: :class:`Call`, :class:`MethodResult`, and the two target forms
+:class:`Contrast` and :class:`ConceptTarget`.
 
-A method is a function ``Call -> MethodResult``; which options it takes, its defaults and what it returns are
-declared in :mod:`lrp_core.methods.registry`. ``lrp_core.api.explain`` validates the inputs, guards the model and
-builds the :class:`~lrp_core.Explanation`.
+A method is a function ``Call -> MethodResult``; its options, defaults and what it returns are its class's
+(:mod:`lrp_core.methods.objects`); the call carries the bound method object (``call.method``) and the options
+every call shares (``call.shared``). ``lrp_core.api.explain`` validates the inputs, guards the model and builds
+the :class:`~lrp_core.Explanation`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Generic, Optional, TypeVar
 
 import torch
 from torch import Tensor
@@ -17,7 +18,9 @@ from torch import Tensor
 from ..adapters.base import Adapter, TokenLayout, Trace
 from ..adapters.readouts import Readout
 from ..explanation import ResultFields
-from .options import Options
+from .options import Method, Shared
+
+M = TypeVar("M", bound=Method)
 
 
 @dataclass
@@ -60,9 +63,11 @@ class Contrast:
 
 
 @dataclass
-class Call:
+class Call(Generic[M]):
     """One method call: what every method receives.
 
+    ``method``: the method object, bound to the model (its own options, defaults filled, blocks counted from 0);
+    ``shared``: the options every method takes (progress, sources, ...).
     ``negative`` (B,): the classes subtracted from the target (a :class:`Contrast`), else ``None``.
     ``readout``: the batch's readout (``adapter.readout_for(prepared)`` when not given); every replay of
     the call (:meth:`forward`) runs with it and every map is read through it.
@@ -72,7 +77,8 @@ class Call:
     prepared: dict
     layout: TokenLayout
     resolve: TargetResolver
-    opt: Options
+    method: M
+    shared: Shared = field(default_factory=Shared)
     concept: Optional[ConceptTarget] = None
     negative: Optional[Tensor] = None
     # ``None`` (the default) is replaced in __post_init__, so every method reads a Readout

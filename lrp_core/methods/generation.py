@@ -32,6 +32,7 @@ from ..runtime.own_forward import rotary_state_kept as _rotary
 from ..runtime.wrappers import unwrap
 from .call import Contrast
 from .generation_result import GenerationExplanation
+from .options import Method
 
 TokenLike = Union[int, str]
 
@@ -401,6 +402,7 @@ def _check_method(method: str, options: dict, contrast: Any, adapter: Any) -> No
     """The method, its options and a contrast checked as each step's :func:`lrp_core.explain` call will check
     them, before the first step; ``position`` and ``target`` are set per step and cannot be given."""
     from . import registry
+    from .options import SHARED_OPTIONS, Shared
 
     spec = registry.get(method)
     if method in adapter.refused_methods:  # as explain refuses it, before any step is generated
@@ -415,7 +417,9 @@ def _check_method(method: str, options: dict, contrast: Any, adapter: Any) -> No
             f"explain_generation sets {fixed} itself (each step is read at its own position, with the "
             "generated token as target); use continuation= and contrast= instead"
         )
-    registry.parse_options(spec, options, adapter.num_blocks, registry.defaults_key(adapter))
+    shared = {k: v for k, v in options.items() if k in SHARED_OPTIONS}
+    registry.bound(method, {k: v for k, v in options.items() if k not in shared}, adapter)
+    Shared(**shared)
     if contrast is not None and spec.class_agnostic:
         raise InputError(
             f"{method!r} does not depend on the target token, so a contrast explains nothing; use a "
@@ -427,7 +431,7 @@ def explain_generation(
     model: nn.Module,
     tokenizer: Any,
     prompts: Any = None,
-    method: str = "attnlrp",
+    method: Union[str, Method] = "attnlrp",
     max_new_tokens: Optional[int] = None,
     continuation: Any = None,
     contrast: Any = None,
@@ -456,8 +460,9 @@ def explain_generation(
         a string, a list of strings, or a tokenizer dict (padded on either side). A vision-language model:
         the processor's output (``input_ids``, ``attention_mask``, ``pixel_values``); the images stay the same
         at every step, and their placeholder tokens are part of every prefix.
-    method : str, optional
-        any method of :func:`lrp_core.explain` that takes a target.
+    method : str or Method, optional
+        any method of :func:`lrp_core.explain` that takes a target, by name (its options as keywords) or as an
+        object (``AttnLRP(composite=...)``).
     max_new_tokens : Optional[int], optional
         K, the greedy steps at most (default 1 without a continuation). The model must have
         positions for P + K − 1 tokens (P: the padded prompt width).
@@ -494,6 +499,9 @@ def explain_generation(
         contrasts do not fit the model (checked before any step is computed).
     """
     _check_step_options(step_batch, stop_at_eos)
+    if isinstance(method, Method):  # an object: its name, and its fields as the keywords of each step's call
+        options = {**method.keywords(), **options}
+        method = method.name
     adapter, vocab = _language_model(model)
     _check_method(method, options, contrast, adapter)
     tokenizer, ids, mask, images, per_token = _model_prompts(adapter, tokenizer, prompts)

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
@@ -18,17 +18,20 @@ from ..rules.gradient import PositionLeaves
 from .attention import _attention_only, _readout_scores
 from .call import Call, MethodResult
 
+if TYPE_CHECKING:
+    from .objects import PALRP
+
 
 def _rule_set(c: Call, default: Composite) -> Composite:
     """The call's rule set: the user's ``composite=`` (a fresh copy, recording which of its name / first-layer
     entries take effect) or the method's ``default``."""
-    return default if c.opt.composite is None else c.opt.composite.fresh()
+    return default if c.method.composite is None else c.method.composite.fresh()
 
 
 def _used(c: Call, composite: Composite, method: str) -> dict:
     """``Explanation.options`` of a call with a user's rule set (``{}`` without one): its name; a rule set whose
     name / first-layer entries chose no rule is refused here (:meth:`Composite.check_used`)."""
-    if c.opt.composite is None:
+    if c.method.composite is None:
         return {}
     composite.check_used(f"method {method!r}")
     return {"composite": composite.name}
@@ -172,10 +175,10 @@ def cp_lrp(c: Call) -> MethodResult:
     return result
 
 
-def pa_lrp(c: Call) -> MethodResult:
+def pa_lrp(c: Call[PALRP]) -> MethodResult:
     """PA-LRP (Bakish et al., 2025): AttnLRP (or CP-LRP, or the authors' ViT rules "cp_halved": option ``base``)
     with the position encodings as inputs:
     an added position embedding takes its ε-rule share of the sum; the rotary tables take half of each rotated
     q / k (the uniform rule). ``positional`` (B, T): their relevance per scored token; ``conservation.positional``."""
-    composite, positions = pa_lrp_composite(c.opt.base)
+    composite, positions = pa_lrp_composite(c.method.base)
     return _modified_gradient(c, composite, positions)

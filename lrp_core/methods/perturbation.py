@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from tqdm.auto import tqdm
 
 from .call import Call, MethodResult
 
+if TYPE_CHECKING:
+    from .objects import TokenAblation
 
-def token_ablation(c: Call) -> MethodResult:
+
+def token_ablation(c: Call[TokenAblation]) -> MethodResult:
     """Token ablation map: ``y_t(all tokens) − y_t(without token i)``, the removals batched.
 
     Decoders: the other tokens keep their position ids, and the head reads the same token.
     A row with nothing to remove (its only real token is the one read: a one-token row, or a decoder read at
     ``position=0``) has the all-zero map, and a batch of such rows runs no removal at all.
     """
-    a, opt = c.adapter, c.opt
+    a, opt, shared = c.adapter, c.method, c.shared
     with torch.no_grad():
         trace = c.forward(grad=False)
         target = c.resolve(trace.logits)
@@ -32,7 +37,7 @@ def token_ablation(c: Call) -> MethodResult:
             total=len(pairs),
             desc="token ablation",
             unit="seq",
-            disable=not opt.progress if opt.progress is not None else len(pairs) < 2048,
+            disable=not shared.progress if shared.progress is not None else len(pairs) < 2048,
             leave=False,
         )
         # an empty split still yields one empty chunk, whose replay cannot reshape zero rows: skip it

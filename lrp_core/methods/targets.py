@@ -167,7 +167,7 @@ def goal(spec: Any, target: Any, batch: int, num_classes: int, model_name: str) 
     Parameters
     ----------
     spec : Any
-        The method's :class:`~lrp_core.methods.registry.MethodSpec`.
+        The method (its class or object: :mod:`lrp_core.methods.objects`).
     target : Any
         The caller's target (class ids, ``None``, a :class:`Contrast` or a concept target).
     batch : int

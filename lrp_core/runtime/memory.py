@@ -123,7 +123,7 @@ class Profile:
     streamed: bool = False
 
 
-# The parts a method's Profile is made of (each method's profile is ``MethodSpec.memory`` in lrp_core.methods.registry).
+# The parts a method's Profile is made of (each method's profile is its class's ``memory``, lrp_core.methods.objects).
 # (typed dict[str, Any]: spread into Profile, whose float and bool fields one value type cannot cover)
 REPLAY_ONLY: dict[str, Any] = dict(act=16, mlp=2, att=3)  # replay without a graph
 GRAPH: dict[str, Any] = dict(act=18, mlp=3, att=4)  # replay with autograd's saved tensors
@@ -192,12 +192,12 @@ def _compute_itemsize(model: Any) -> int:
 
 
 def per_sample(p: Profile, f: SizeFacts, keep_heads: bool = False) -> int:
-    """Bytes one more sample adds to the peak of a pass with profile ``p`` (a method's ``MethodSpec.memory``).
+    """Bytes one more sample adds to the peak of a pass with profile ``p`` (a method class's ``memory``).
 
     Parameters
     ----------
     p : Profile
-        The method's memory profile (its ``MethodSpec.memory``).
+        The method's memory profile (its class's ``memory``).
     f : SizeFacts
         The model's size facts (:func:`facts_of`).
     keep_heads : bool, optional

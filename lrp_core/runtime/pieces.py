@@ -23,6 +23,7 @@ from torch import Tensor
 from ..adapters.base import Adapter
 from ..explanation import RESULT_FIELDS, Conservation, ResultField
 from ..methods.call import Call, MethodResult
+from ..methods.options import Method, Shared
 from . import memory
 from .utils import model_device, progress_bar
 
@@ -63,7 +64,7 @@ def length_groups(prepared: dict) -> Optional[list[Piece]]:
     return [Piece(torch.nonzero(lengths == n).flatten(), int(n)) for n in lengths.unique().tolist()]
 
 
-def plan(adapter: Adapter, prepared: dict, profile: memory.Profile, opt: Any) -> list[Piece]:
+def plan(adapter: Adapter, prepared: dict, method: Method, shared: Shared) -> list[Piece]:
     """The pieces a batch is explained in.
 
     Right-padded text of several lengths is first grouped by length (:func:`length_groups`); each group
@@ -76,10 +77,11 @@ def plan(adapter: Adapter, prepared: dict, profile: memory.Profile, opt: Any) ->
         The model's adapter.
     prepared : dict
         The prepared batch.
-    profile : memory.Profile
-        The method's memory profile (its ``MethodSpec.memory``).
-    opt : Any
-        The call's options (``chunk_size``, ``max_memory``, ``keep_heads``, ``batch_size``).
+    method : Method
+        The method: its memory profile (``method.memory``) and the options the estimate reads
+        (``keep_heads``, ``batch_size``: :meth:`Method.memory_knobs`).
+    shared : Shared
+        The call's shared options (``chunk_size``, ``max_memory``).
 
     Returns
     -------
@@ -92,17 +94,15 @@ def plan(adapter: Adapter, prepared: dict, profile: memory.Profile, opt: Any) ->
     budget = None
     pieces = []
     for rows, n in groups:
-        if opt.chunk_size is not None:
-            k = opt.chunk_size
+        if shared.chunk_size is not None:
+            k = shared.chunk_size
         elif len(rows) == 1:
             k = 1  # one sample is never split: no need to read the free memory (a file read, or a CUDA query)
         else:
             if budget is None:
-                budget = memory.budget(opt.max_memory, model_device(adapter.model))
+                budget = memory.budget(shared.max_memory, model_device(adapter.model))
             facts = memory.facts_of(adapter, prepared, tokens=n)
-            k = memory.piece_size(
-                budget, profile, facts, len(rows), keep_heads=opt.keep_heads, batch_size=opt.batch_size
-            )
+            k = memory.piece_size(budget, method.memory, facts, len(rows), **method.memory_knobs())
         pieces += [Piece(part, n) for part in rows.split(k)]
     return pieces
 
@@ -125,25 +125,22 @@ def call_for(call: Call, piece: Piece) -> Call:
     a, (rows, n) = call.adapter, piece
     sub = a.take(call.prepared, rows, n)
     negative = None if call.negative is None else call.negative.to(rows.device)[rows]
-    opt = call.opt
-    if opt.sources is not None:  # per-row spans (columns): the piece's rows (a trimmed piece keeps its columns)
-        opt = replace(opt, sources=opt.sources[rows.to(opt.sources.device)])
-    return Call(
-        a, sub, a.layout(sub), _sub_resolver(call.resolve, rows), opt, call.concept, negative, a.readout_for(sub)
-    )
+    shared = call.shared
+    if shared.sources is not None:  # per-row spans (columns): the piece's rows (a trimmed piece keeps its columns)
+        shared = replace(shared, sources=shared.sources[rows.to(shared.sources.device)])
+    resolve = _sub_resolver(call.resolve, rows)
+    return Call(a, sub, a.layout(sub), resolve, call.method, shared, call.concept, negative, a.readout_for(sub))
 
 
 def _sub_resolver(resolve, rows: Tensor):
     return lambda logits: resolve(logits, rows)
 
 
-def run(spec: Any, call: Call, pieces: list[Piece]) -> MethodResult:
-    """``spec.run`` on the whole batch (one untrimmed piece), else on every piece and the results merged.
+def run(call: Call, pieces: list[Piece]) -> MethodResult:
+    """``call.method.run`` on the whole batch (one untrimmed piece), else on every piece and the results merged.
 
     Parameters
     ----------
-    spec : Any
-        The method's spec (its ``run`` computes a :class:`MethodResult`).
     call : Call
         The call on the whole batch.
     pieces : list[Piece]
@@ -155,13 +152,13 @@ def run(spec: Any, call: Call, pieces: list[Piece]) -> MethodResult:
         The result for the whole batch, (B, ...) fields in batch order.
     """
     if len(pieces) == 1 and pieces[0].n is None:  # the whole batch at once, as given
-        return spec.run(call)
-    opt = call.opt
+        return call.method.run(call)
+    method, shown = call.method, call.shared.progress
     parts = []
     for piece in progress_bar(
-        pieces, opt.progress or (opt.progress is None and len(pieces) >= 16), desc=spec.name, unit="piece", leave=False
+        pieces, shown or (shown is None and len(pieces) >= 16), desc=method.name, unit="piece", leave=False
     ):
-        parts.append((piece.rows, piece.n, spec.run(call_for(call, piece))))
+        parts.append((piece.rows, piece.n, method.run(call_for(call, piece))))
     a = call.adapter
     return merge(parts, a.batch_size(call.prepared), call.layout.num_tokens if a.modality == "text" else None)
 

@@ -135,10 +135,10 @@ def _ungrouped(model, x: dict, method: str, target) -> torch.Tensor:
     a = get_adapter(model).for_inputs(x)
     prepared = a.check_inputs(x)
     spec = registry.get(method)
-    opt = registry.parse_options(spec, {}, a.num_blocks, a.modality)
+    bound = spec().bind(a.num_blocks, a.modality)
     readout = a.readout_for(prepared)
     resolve = resolver(target, a.batch_size(prepared), readout.num_classes)
-    return spec.run(Call(a, prepared, a.layout(prepared), resolve, opt, readout=readout)).scores
+    return spec.run(Call(a, prepared, a.layout(prepared), resolve, bound, readout=readout)).scores
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -18,8 +18,9 @@ from untouched import assert_untouched, snapshot
 from lrp_core import Contrast, InputError, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.methods import registry
-from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function, gaussian_blur
+from lrp_core.methods.baselines import CAPTUM_METHODS
 from lrp_core.methods.call import Call
+from lrp_core.methods.captum_inputs import forward_function, gaussian_blur
 
 #: small settings so that the suite stays fast; batch_size 8 makes Captum split its passes
 FAST = {
@@ -228,8 +229,8 @@ def _direct_call(model, inputs: dict, method: str, targets: list, **options) -> 
     adapter = get_adapter(model)
     prepared = adapter.check_inputs(inputs)
     layout = adapter.layout(prepared)
-    opt = registry.parse_options(registry.get(method), options, adapter.num_blocks, "text")
-    return Call(adapter, prepared, layout, lambda logits: torch.tensor(targets), opt)
+    bound = registry.get(method)(**options).bind(adapter.num_blocks, "text")
+    return Call(adapter, prepared, layout, lambda logits: torch.tensor(targets), bound)
 
 
 @pytest.mark.parametrize("method", ("input_x_gradient", "integrated_gradients", "occlusion", "kernel_shap"))

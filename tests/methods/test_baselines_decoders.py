@@ -16,7 +16,8 @@ from untouched import assert_untouched, snapshot
 
 from lrp_core import Contrast, InputError, explain
 from lrp_core.adapters import get_adapter
-from lrp_core.methods.baselines import CAPTUM_METHODS, forward_function
+from lrp_core.methods.baselines import CAPTUM_METHODS
+from lrp_core.methods.captum_inputs import forward_function
 
 #: small settings so that the suite stays fast; the batch sizes make Captum split its passes
 FAST = {

@@ -1,23 +1,27 @@
-"""An option and a result field are each declared once, and what reads them agrees: the checks, the fields a
-method fills, ``explain``'s keywords and its docstring."""
+"""An option and a result field are each declared once, and what reads them agrees."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 
 import pytest
 
 from lrp_core import InputError, explain
-from lrp_core.api import OPTION_NAMES
-from lrp_core.explanation import OPTIONAL_FIELDS
-from lrp_core.methods import registry
-from lrp_core.methods.options import OPTIONS
+from lrp_core.explanation import OPTIONAL_FIELDS, RESULT_FIELDS, Explanation
+from lrp_core.methods import objects, registry
+from lrp_core.methods.call import MethodResult
+from lrp_core.methods.options import SHARED_OPTIONS, Shared
 
 
-def test_every_option_default_passes_its_own_check():
-    for o in OPTIONS:  # unchanged, on a model of 4 blocks
-        assert o.check(o.default, 4) == o.default, o.name
+@pytest.mark.parametrize("cls", objects.ALL, ids=lambda c: c.name)
+def test_each_option_is_declared_once_with_its_help_check_and_a_default_that_passes_it(cls):
+    for f in dataclasses.fields(cls):
+        assert f.metadata["help"] and callable(f.metadata["check"]), f.name
+        assert f.metadata["check"](f.default, 4) == f.default, f.name
+    assert registry.get(cls.name) is cls and not set(cls.option_names()) & set(SHARED_OPTIONS)
+    assert isinstance(cls().bind(4, "text"), cls)  # the defaults construct and bind
 
 
 def test_an_option_check_is_what_explain_raises(tiny_vit, images):
@@ -26,6 +30,12 @@ def test_an_option_check_is_what_explain_raises(tiny_vit, images):
         explain(tiny_vit, images[:1], method="rollout", keep_heads="yes")
     with pytest.raises(InputError, match="start_layer=7 is out of range: the model has 3 blocks"):
         explain(tiny_vit, images[:1], method="rollout", start_layer=7)
+
+
+def test_result_fields_are_the_fields_of_method_result_and_explanation():
+    names = [f.name for f in RESULT_FIELDS]
+    assert [f.name for f in dataclasses.fields(MethodResult)] == names + ["used"]
+    assert set(names) <= {f.name for f in dataclasses.fields(Explanation)}
 
 
 @pytest.mark.parametrize("method", registry.METHOD_NAMES)
@@ -60,26 +70,18 @@ def _parameter_docs(doc: str) -> dict[str, str]:
     return {e.split(" :")[0].split("\n")[0].strip(): e for e in entries if e.strip()}
 
 
-def test_every_option_is_a_typed_keyword_of_explain_and_documented():
+def test_explain_takes_the_shared_options_as_typed_keywords_and_the_methods_own_as_the_rest():
     sig = inspect.signature(explain)
     docs = _parameter_docs(explain.__doc__)
-    for o in OPTIONS:
-        p = sig.parameters[o.name]
-        assert p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is None, o.name
-        assert p.annotation != inspect.Parameter.empty, o.name
-        assert o.name in docs, o.name
-        # the description names the methods that take the option (generic ones: "Every method")
-        takers = {m for m, spec in registry.METHODS.items() if o.name in spec.options}
-        description = docs[o.name].split("\n", 1)[1]
-        named = {m for m in registry.METHOD_NAMES if f"``{m}``" in description}
-        assert named == takers or (o.generic and description.strip().startswith("Every method")), o.name
-    # besides model, inputs, method and target, explain's parameters are the options and the refused rest
-    assert (
-        set(sig.parameters) - {"model", "inputs", "method", "target", "unknown"}
-        == set(OPTION_NAMES)
-        == {o.name for o in OPTIONS}
-    )
-    assert sig.parameters["unknown"].kind is inspect.Parameter.VAR_KEYWORD
+    keyword_only = [n for n, p in sig.parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert tuple(keyword_only) == SHARED_OPTIONS == tuple(f.name for f in dataclasses.fields(Shared))
+    for name in keyword_only:
+        p = sig.parameters[name]
+        assert p.default is None and p.annotation != inspect.Parameter.empty, name
+        assert name in docs, name
+    assert sig.parameters["options"].kind is inspect.Parameter.VAR_KEYWORD and "**options" in docs
+    # no method's option is a parameter of explain: each is a field of its method's class
+    assert not registry.OPTION_NAMES - set(SHARED_OPTIONS) & set(sig.parameters)
     assert "Returns\n    -------\n    Explanation" in explain.__doc__
 
 

@@ -64,6 +64,8 @@ CONVERTED = [
     "lrp_core.evaluation.bootstrap",
     "lrp_core.evaluation.__main__",
     "lrp_core.methods.baselines",
+    "lrp_core.methods.captum_inputs",
+    "lrp_core.methods.objects",
     "lrp_core.methods.baselines_vlm",
     "lrp_core.models",
     "lrp_core.models.hub",

@@ -14,6 +14,7 @@ from conftest import make_tiny_bert, make_tiny_vit
 from lrp_core import METHODS, ConceptTarget, Contrast, InputError, concept_target, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.methods import registry
+from lrp_core.methods.options import Shared
 from lrp_core.runtime import memory
 from lrp_core.runtime import pieces as lrp_pieces
 
@@ -137,8 +138,8 @@ def test_text_pieces_compose_with_length_groups(method):
     """Lengths 7, 4, 7, 7, 4 in pieces of 2: {1, 4} (length 4), {0, 2} and {3} (length 7), each unpadded."""
     model, text = make_tiny_bert(weight_scale=5.0).double(), _text()
     prepared = get_adapter(model).check_inputs(text)
-    opt = registry.parse_options(registry.get(method), {"chunk_size": 2}, 2, "text")
-    pieces = lrp_pieces.plan(get_adapter(model), prepared, registry.get(method).memory, opt)
+    bound = registry.get(method)().bind(2, "text")
+    pieces = lrp_pieces.plan(get_adapter(model), prepared, bound, Shared(chunk_size=2))
     assert [(r.tolist(), n) for r, n in pieces] == [([1, 4], 4), ([0, 2], 7), ([3], 7)]
     chunked = explain(model, text, method=method, chunk_size=2, **_options(method))
     for rows, n in pieces:
@@ -314,6 +315,12 @@ def _p(method: str) -> memory.Profile:
 
 
 # ---------------------------------------------------------------- the estimate
+def test_every_method_declares_its_own_profile():
+    # on its own class (the base Method has none to inherit), source methods included
+    for m in (*METHODS, *registry.SOURCE_METHOD_NAMES):
+        assert isinstance(vars(registry.get(m)).get("memory"), memory.Profile), m
+
+
 def test_estimate_grows_with_batch_tokens_and_kept_heads():
     f = memory.SizeFacts(blocks=12, tokens=197, width=768, heads=12, mlp=3072, itemsize=4)
     for method in METHODS:
