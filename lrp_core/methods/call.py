@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..adapters.base import Adapter, TokenLayout, Trace
+from ..adapters.batches import Batch
 from ..adapters.readouts import Readout
 from ..explanation import ResultFields
 from .options import Options
@@ -69,7 +70,7 @@ class Call:
     """
 
     adapter: Adapter
-    prepared: dict
+    prepared: Batch
     layout: TokenLayout
     resolve: TargetResolver
     opt: Options

@@ -58,10 +58,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
+from ..adapters.batches import Batch
 from ..errors import InputError
 from ..rules.linear import is_linear
 from .precision import active_dtype, compute_dtype
@@ -136,15 +137,15 @@ BACKWARD: dict[str, Any] = dict(tmp_act=6, tmp_mlp=3, tmp_att=3)  # autograd's b
 ABLATED_PASS = Profile(**REPLAY_ONLY, layers=True, tmp_att=1)
 
 
-def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = None) -> SizeFacts:
-    """The :class:`SizeFacts` of an adapter's model on a prepared batch (``tokens``: override ``N``).
+def facts_of(adapter: Any, prepared: Batch, tokens: Optional[int] = None) -> SizeFacts:
+    """The :class:`SizeFacts` of an adapter's model on a batch (``tokens``: override ``N``).
 
     Parameters
     ----------
     adapter : Any
         The model's adapter.
-    prepared : Mapping[str, Any]
-        The prepared batch (``input_ids`` or ``pixel_values`` and the rest).
+    prepared : Batch
+        The adapter's batch (:mod:`lrp_core.adapters.batches`).
     tokens : Optional[int], optional
         Override for the number of tokens ``N``.
 
