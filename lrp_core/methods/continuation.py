@@ -134,7 +134,22 @@ def greedy_continuation(
 
 
 def image_rows(images: Optional[dict], rows: Tensor, batch: int) -> dict:
-    """The image inputs (each (B·k, …), k images per row in row order) of the rows ``rows``: (len(rows)·k, …)."""
+    """The image inputs of some rows, k images per row in row order.
+
+    Parameters
+    ----------
+    images : Optional[dict]
+        The image inputs, each (B·k, …); ``None``: none.
+    rows : Tensor
+        (R,) the rows taken.
+    batch : int
+        B, the rows the inputs hold.
+
+    Returns
+    -------
+    dict
+        Each input at the rows' images, (R·k, …).
+    """
     out = {}
     for name, value in (images or {}).items():
         k = value.shape[0] // batch
@@ -192,7 +207,20 @@ def greedy_steps(
 
 
 def steps_written(gen: Tensor, eos: Sequence[int]) -> Tensor:
-    """(B,) the tokens each row of a greedy continuation (B, K) wrote: up to its first end-of-text id, included."""
+    """The tokens each row of a greedy continuation wrote: up to its first end-of-text id, included.
+
+    Parameters
+    ----------
+    gen : Tensor
+        (B, K) the continuation.
+    eos : Sequence[int]
+        The end-of-text ids.
+
+    Returns
+    -------
+    Tensor
+        (B,) long, on the CPU.
+    """
     K = gen.shape[1]
     hit = torch.isin(gen, torch.tensor(list(eos), dtype=torch.long, device=gen.device))
     first = torch.where(hit, torch.arange(K, device=gen.device)[None, :], K).min(1).values

@@ -19,13 +19,42 @@ from ..errors import InputError, UnsupportedModelError
 
 
 def left_padded(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """The same rows re-padded on the left (so every prompt ends at the last column)."""
+    """The same rows re-padded on the left, so every prompt ends at the last column.
+
+    Parameters
+    ----------
+    ids, mask : Tensor
+        (B, P) the ids and their attention mask (0 at padding), padded on either side.
+
+    Returns
+    -------
+    tuple[Tensor, Tensor]
+        ``(ids, mask)`` (B, P), left-padded.
+    """
     order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)  # padding (0) first, real tokens in order
     return ids.gather(1, order), mask.gather(1, order)
 
 
 def text_prompts(tokenizer: Any, prompts: Any) -> tuple[Tensor, Tensor]:
-    """Prompts (a string, a list of strings, or a tokenizer dict) -> left-padded (input_ids, attention_mask)."""
+    """Text prompts as left-padded ids.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        The model's tokenizer (needed for text prompts), or ``None``.
+    prompts : Any
+        A string, a list of strings, or a tokenizer dict (``input_ids`` and optionally ``attention_mask``).
+
+    Returns
+    -------
+    tuple[Tensor, Tensor]
+        ``(input_ids, attention_mask)`` (B, P) long, left-padded.
+
+    Raises
+    ------
+    InputError
+        If the prompts are empty, of another kind, misshapen, or a row has no real token.
+    """
     if isinstance(prompts, str):
         prompts = [prompts]
     if isinstance(prompts, (list, tuple)):
@@ -58,13 +87,28 @@ def text_prompts(tokenizer: Any, prompts: Any) -> tuple[Tensor, Tensor]:
 
 
 def vlm_prompts(adapter: Any, tokenizer: Any, prompts: Any) -> tuple[Any, dict, dict, dict]:
-    """A vision-language model's prompts: (the tokenizer, the text entries, the image entries (B·k, …), the other
-    per-token entries (B, P), re-padded on the left as :func:`text_prompts` re-pads the ids).
+    """A vision-language model's prompts split into text, images and the other per-token entries.
 
     ``explain_generation(vlm, processor_output)`` is accepted (the tokenizer left out), and a processor gives its
     tokenizer. The processor's output is checked as :func:`lrp_core.explain` checks it. A family whose processor
     gives per-token entries the loop does not extend is refused (``VLMAdapter.generation_refused``); the ones it
     extends are ``VLMAdapter.generated_token_values``.
+
+    Parameters
+    ----------
+    adapter : Any
+        The model's VLM adapter.
+    tokenizer : Any
+        Its tokenizer or processor, the processor's output itself, or ``None``.
+    prompts : Any
+        The processor's output (``input_ids``, ``attention_mask``, ``pixel_values``, …), or ``None``.
+
+    Returns
+    -------
+    tuple[Any, dict, dict, dict]
+        ``(tokenizer, text, images, per_token)``: the tokenizer that gives the pieces, ``input_ids`` /
+        ``attention_mask``, the image entries (B·k, …) and the per-token entries (B, P), re-padded on the left as
+        :func:`text_prompts` re-pads the ids.
     """
     if adapter.generation_refused is not None:
         raise UnsupportedModelError(
@@ -125,7 +169,22 @@ def model_prompts(adapter: Any, tokenizer: Any, prompts: Any) -> tuple[Any, Tens
 
 
 def token_ids(tokenizer: Any, values: Any, what: str) -> list:
-    """Token ids from ids or single-token strings (``None`` kept)."""
+    """Token ids from ids or single-token strings.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        The tokenizer (for strings), or ``None``.
+    values : Any
+        Ids, single-token pieces or ``None`` (kept).
+    what : str
+        What the values are, for messages.
+
+    Returns
+    -------
+    list
+        The ids (``None`` kept).
+    """
     out = []
     for v in values:
         if v is None or (isinstance(v, numbers.Integral) and not isinstance(v, bool)):
@@ -146,9 +205,21 @@ def token_ids(tokenizer: Any, values: Any, what: str) -> list:
 
 
 def check_ids(ids: Sequence[Sequence[Optional[int]]], vocab: int, what: str) -> None:
-    """Every id (rows of ints; ``None``: no token) in ``0 … vocab − 1``, else an InputError naming the others.
+    """Every id checked to lie in ``0 … vocab − 1``, on Python ints (an id too large for int64 is named).
 
-    Checked on Python ints, before any tensor is made: an id too large for int64 is named, not an OverflowError.
+    Parameters
+    ----------
+    ids : Sequence[Sequence[Optional[int]]]
+        Rows of ids (``None``: no token).
+    vocab : int
+        The vocabulary size.
+    what : str
+        What the ids are, for messages.
+
+    Raises
+    ------
+    InputError
+        Naming the ids outside the vocabulary.
     """
     bad = sorted({v for row in ids for v in row if v is not None and not 0 <= v < vocab})
     if bad:
@@ -158,8 +229,26 @@ def check_ids(ids: Sequence[Sequence[Optional[int]]], vocab: int, what: str) -> 
 def given_continuation(
     tokenizer: Any, continuation: Any, batch: int, steps: Optional[int], vocab: Optional[int] = None
 ) -> Tensor:
-    """A given continuation: a string / token ids for every prompt, or one per prompt -> (B, K); each id checked
-    against the vocabulary size ``vocab`` when given."""
+    """A given continuation as ids, one row per prompt.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        The tokenizer (text and pieces), or ``None``.
+    continuation : Any
+        A string or token ids for every prompt, or one per prompt (a (B, K) tensor or array too).
+    batch : int
+        B, the prompts.
+    steps : Optional[int]
+        ``max_new_tokens`` if given: it must be the continuation's length.
+    vocab : Optional[int], optional
+        The vocabulary size every id is checked against.
+
+    Returns
+    -------
+    Tensor
+        (B, K) long.
+    """
     if getattr(continuation, "ndim", 1) == 2:  # a (B, K) tensor or array (``.targets``): one row per prompt
         continuation = continuation.tolist()
     rows = (
@@ -202,7 +291,24 @@ def given_continuation(
 
 
 def contrasts(tokenizer: Any, contrast: Any, batch: int, steps: int, vocab: int) -> Optional[Tensor]:
-    """Per-step contrasted token ids (B, K), −1 where a step has none; ``None`` without contrasts."""
+    """The contrasted token of every step.
+
+    Parameters
+    ----------
+    tokenizer : Any
+        The tokenizer (pieces), or ``None``.
+    contrast : Any
+        One token for every step, a list of K (``None`` for none) or B such lists; ``None``: no contrast.
+    batch, steps : int
+        B prompts, K steps.
+    vocab : int
+        The vocabulary size every id is checked against.
+
+    Returns
+    -------
+    Optional[Tensor]
+        (B, K) long, −1 where a step has none; ``None`` without contrasts.
+    """
     if contrast is None:
         return None
     if isinstance(contrast, (numbers.Integral, str)) and not isinstance(contrast, bool):
