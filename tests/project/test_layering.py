@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 from typing import Iterator
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "lrp_core"
 WIDGETS = ROOT / "widgets"
 
