@@ -23,7 +23,7 @@ from .api import METHODS, AttentionParts, ConceptTarget, Contrast, attention_par
 
 __all__ += ["METHODS", "AttentionParts", "ConceptTarget", "Contrast", "attention_parts", "concept_target", "explain"]
 
-from .methods.generation import explain_generation  # noqa: E402
+from .generation import explain_generation  # noqa: E402
 from .methods.generation_result import GenerationExplanation  # noqa: E402
 
 __all__ += ["explain_generation", "GenerationExplanation"]

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .adapters import get_adapter, verification
+from .adapters.batches import DecoderBatch, TextBatch
 from .errors import InputError, UnsupportedModelError
 from .explanation import Explanation, result_fields
 from .methods import registry
@@ -158,12 +159,12 @@ def _explain(
         prepared = adapter.at_position(prepared, run.position)
     layout = adapter.layout(prepared)  # after the position: the layout names the token read (token ablation skips it)
     if run.sources is not None:  # the spans as columns of this batch, checked against its rows
-        if layout.modality != "text" or layout.output_start != 0:
+        if not isinstance(prepared, TextBatch) or layout.output_start != 0:
             raise InputError("sources are token spans of a text; this model explains images")
-        read = prepared["read_at"].argmax(dim=-1) if adapter.is_decoder else None
-        run = replace(run, sources=in_columns(run.sources, prepared["attention_mask"], read))
+        read = prepared.read if isinstance(prepared, DecoderBatch) else None
+        run = replace(run, sources=in_columns(run.sources, prepared.attention_mask, read))
     readout = adapter.readout_for(prepared)
-    aim = goal(bound, target, adapter.batch_size(prepared), readout.num_classes, type(model).__name__)
+    aim = goal(bound, target, prepared.size, readout.num_classes, type(model).__name__)
     call = Call(adapter, prepared, layout, aim.resolve, bound, run, aim.concept, aim.negative, readout)
     plan = pieces.plan(adapter, prepared, bound, run)
     result = pieces.run(call, plan)
@@ -261,11 +262,9 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
         raise InputError(f"{type(model).__name__} has no classification head: there is no class to explain")
     prepared = adapter.check_inputs(inputs)
     readout = adapter.readout_for(prepared)
-    resolve = resolver(target, adapter.batch_size(prepared), readout.num_classes)
+    resolve = resolver(target, prepared.size, readout.num_classes)
     trace = adapter.forward(prepared, grad=True, readout=readout)
-    verification.check(
-        adapter, prepared, trace.logits, [pieces.Piece(torch.arange(adapter.batch_size(prepared)), None)]
-    )
+    verification.check(adapter, prepared, trace.logits, [pieces.Piece(torch.arange(prepared.size), None)])
     t = resolve(trace.logits.detach())
     L = adapter.num_blocks
     attns = [trace.attention(b) for b in range(L)]

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from lrp_core.adapters import Adapter, get_adapter
+from lrp_core.adapters.batches import Batch, ImageBatch
 from lrp_core.errors import InputError, LRPError, UnsupportedModelError
 from lrp_core.models import PROBABILITIES, LoadedModel, logits_to_probabilities
 from lrp_core.viz import denormalize, to_rgb_uint8
@@ -131,7 +132,14 @@ def prepare_images(facts: ResolvedModel, inputs: Any) -> torch.Tensor:
         inputs = facts.preprocess(inputs)
     if isinstance(inputs, torch.Tensor) and inputs.dim() == 3:
         inputs = inputs.unsqueeze(0)
-    return facts.adapter.check_inputs(inputs)["images"]
+    return images_of(facts.adapter.check_inputs(inputs))
+
+
+def images_of(batch: Batch) -> torch.Tensor:
+    """The images (B, 3, H, W) of an image model's batch (the image widgets explain image models only)."""
+    if not isinstance(batch, ImageBatch):
+        raise InputError(f"this widget explains images; the model's inputs are a {type(batch).__name__}")
+    return batch.images
 
 
 def class_names(labels: Sequence[str], n_classes: int, strict: bool = False) -> list[str]:

@@ -22,7 +22,7 @@ from lrp_core import Contrast
 from lrp_core.errors import InputError, UnsupportedModelError
 
 from . import _engine
-from ._common import check_kind, is_clip
+from ._common import check_kind, images_of, is_clip
 from .explorer import RelevanceExplorer
 
 #: The value of the "rather than" dropdown when no contrast is chosen.
@@ -128,7 +128,7 @@ class ClipExplorer(RelevanceExplorer):
         self._use_processor_stats()
         pixels = self._pixel_values(inputs)
         self.tokens = tokenize(self.tokenizer, self.prompts)
-        return self.facts.adapter.check_inputs(dict(self.tokens, pixel_values=pixels))["images"]
+        return images_of(self.facts.adapter.check_inputs(dict(self.tokens, pixel_values=pixels)))
 
     def _pixel_values(self, inputs: Any) -> Any:
         """``pixel_values`` from what the user gave (PIL images go through the processor's image part)."""

@@ -41,7 +41,8 @@ from lrp_core.adapters.vlm import VLMAdapter
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.methods import registry
 from lrp_core.methods.call import Contrast
-from lrp_core.methods.generation import _continuation, _prompts, _vlm_prompts, greedy_continuation
+from lrp_core.methods.continuation import greedy_continuation
+from lrp_core.methods.prompts import given_continuation, text_prompts, vlm_prompts
 from lrp_core.models import LoadedModel
 from lrp_core.sources import as_spans, in_columns
 from lrp_core.viz import token_html
@@ -102,7 +103,7 @@ def prompt_ids(tokenizer: Any, prompt: Any) -> torch.Tensor:
     if isinstance(prompt, str):
         if not prompt.strip():
             raise InputError("the prompt is empty: give a text for the model to continue (or token ids)")
-        return _prompts(tokenizer, prompt)[0]
+        return text_prompts(tokenizer, prompt)[0]
     if isinstance(prompt, (list, tuple, torch.Tensor)) and not isinstance(prompt, dict):
         ids = torch.as_tensor(prompt)
         if ids.dim() == 2 and ids.shape[0] == 1:
@@ -113,7 +114,7 @@ def prompt_ids(tokenizer: Any, prompt: Any) -> torch.Tensor:
             )
         return ids.long()[None]
     if isinstance(prompt, dict) or hasattr(prompt, "keys"):
-        ids, mask = _prompts(tokenizer, prompt)
+        ids, mask = text_prompts(tokenizer, prompt)
         if ids.shape[0] != 1:
             raise InputError(f"a GenerationExplorer continues one prompt; got {ids.shape[0]}")
         return ids[:, mask[0].bool()]
@@ -132,9 +133,9 @@ def new_tokens(
 ) -> torch.Tensor:
     """The K tokens (1, K) to explain: the given continuation, or the model's greedy choices (a vision-language
     model: with its ``images``, the same at every step, and its ``per_token`` entries (1, P) extended by
-    ``extend`` for each token written, as :func:`lrp_core.methods.generation.greedy_continuation` extends them)."""
+    ``extend`` for each token written, as :func:`lrp_core.methods.continuation.greedy_continuation` extends them)."""
     if continuation is not None:
-        return _continuation(tokenizer, continuation, 1, max_new_tokens)
+        return given_continuation(tokenizer, continuation, 1, max_new_tokens)
     K = DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise InputError(f"max_new_tokens must be a positive integer (the tokens to write), got {max_new_tokens!r}")
@@ -334,7 +335,7 @@ class GenerationExplorer(RelevanceWidget):
         with _engine.torch_threads(self.facts.module, self.threads):
             if self.vlm:
                 # a processor given as the tokenizer: its tokenizer gives the pieces
-                self.facts.tokenizer, prompt, self.images, per_token = _vlm_prompts(
+                self.facts.tokenizer, prompt, self.images, per_token = vlm_prompts(
                     self.facts.adapter, self.tokenizer, prompt
                 )
             ids = prompt_ids(self.tokenizer, prompt)

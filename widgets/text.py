@@ -47,7 +47,7 @@ def prepare_text(facts: ResolvedModel, inputs: Any, tokenizer: Any) -> dict[str,
     if isinstance(inputs, (list, tuple)):
         inputs = tokenize(inputs, tokenizer)
     prepared = facts.adapter.check_inputs(inputs)
-    return {k: v for k, v in prepared.items() if v is not None}  # no token_type_ids: the model's own
+    return {k: v for k, v in prepared.entries().items() if v is not None}  # no token_type_ids: the model's own
 
 
 class TokenRelevance(LayerExplorer):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from functools import cached_property
-from typing import Callable, Mapping, Optional
+from typing import Callable, Generic, Mapping, Optional, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -21,14 +21,18 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..rules.composites import Composite, Propagation
 from ..runtime.precision import compute_precision
+from .batches import Batch, ImageBatch, TextBatch
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward, block_relprop
 from .parts import ModelPart
 from .readouts import PositionReadout, Readout
 from .records import AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout, Trace
 
+BatchT = TypeVar("BatchT", bound=Batch)
 
-class Adapter(ABC):
-    """One model, replayed from its own submodules. Subclasses set the attributes and the abstract methods."""
+
+class Adapter(ABC, Generic[BatchT]):
+    """One model, replayed from its own submodules. Subclasses set the attributes and the abstract methods;
+    ``BatchT`` is the batch type its :meth:`check_inputs` returns and every other method reads."""
 
     model: ModelPart  # the user's model, read by attribute name (lrp_core.adapters.parts)
     blocks: list  # BlockSpec per block, in forward order (a shared layer appears once per use)
@@ -38,9 +42,8 @@ class Adapter(ABC):
     mask_value: Optional[float] = None
     #: a decoder language model (lrp_core.adapters.decoder): methods declare whether they run on one
     is_decoder: bool = False
-    #: entries of a prepared batch shared by all its samples, not one per sample (CLIP: the other tower's
-    #: embeddings); :meth:`take` keeps them whole
-    shared: tuple = ()
+    #: a vision-language model (:mod:`lrp_core.adapters.vlm`): its batch is a :class:`VLMBatch`, text with images
+    is_vlm: bool = False
     #: method name -> why that method has no meaning on this model (``explain`` refuses it, naming the reason);
     #: empty: every method runs
     refused_methods: Mapping[str, str] = {}
@@ -66,23 +69,6 @@ class Adapter(ABC):
     @property
     def num_classes(self) -> int:
         return self.readout.num_classes
-
-    def batch_size(self, prepared: dict) -> int:
-        """B, the number of samples of a prepared batch (the first axis of its per-sample entries)."""
-        return next(v.shape[0] for k, v in prepared.items() if isinstance(v, Tensor) and k not in self.shared)
-
-    def take(self, prepared: dict, rows: Tensor, n: Optional[int] = None) -> dict:
-        """The samples ``rows`` of a prepared batch, text trimmed to its first ``n`` tokens (``None``: as is).
-
-        Every per-sample entry is indexed by ``rows`` (and cut to ``n`` along its token axis, axis 1); the
-        :attr:`shared` entries are kept whole.
-        """
-
-        def one(v: Tensor) -> Tensor:
-            rows_here = rows.to(v.device)
-            return v[rows_here] if n is None else v[rows_here, :n]
-
-        return {k: v if v is None or k in self.shared else one(v) for k, v in prepared.items()}
 
     @cached_property
     def module_names(self) -> dict:
@@ -115,26 +101,26 @@ class Adapter(ABC):
         ``self.model``. Raises :class:`~lrp_core.errors.UnsupportedModelError` naming what does not match."""
 
     @abstractmethod
-    def check_inputs(self, inputs) -> dict:
-        """Validate user inputs; return the prepared dict (``images`` or ``input_ids``/``attention_mask``...)."""
+    def check_inputs(self, inputs) -> Batch:
+        """Validate user inputs; return the family's typed batch (:mod:`lrp_core.adapters.batches`)."""
 
     @abstractmethod
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: BatchT, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """The input layer up to block 0's input. ``track``: make the input-space tensors
         (``images``, word ``embeds``) leaves that require gradients."""
 
     @abstractmethod
-    def layout(self, prepared: dict) -> TokenLayout:
+    def layout(self, prepared: BatchT) -> TokenLayout:
         """The token layout of a prepared batch."""
 
     @abstractmethod
     def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict
+        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: BatchT
     ) -> tuple[Tensor, Optional[Tensor]]:
         """Relevance of block 0's input (B, N, D) -> (token scores (B, T), pixels (B, H, W) or ``None``)."""
 
     # --------------------------------------------------------------- readout
-    def readout_for(self, prepared: dict) -> Readout:
+    def readout_for(self, prepared: BatchT) -> Readout:
         """The readout that reads this prepared batch: :attr:`readout`, unless the family's readout depends on
         the batch (CLIP: the other tower's embeddings; a token position that differs by row).
 
@@ -142,8 +128,8 @@ class Adapter(ABC):
         """
         return self.readout
 
-    def at_position(self, prepared: dict, position) -> dict:
-        """``prepared`` read at another position (``explain(..., position=)``): only decoder language models."""
+    def at_position(self, prepared: BatchT, position) -> BatchT:
+        """The batch read at another position (``explain(..., position=)``): only decoder language models."""
         raise InputError(
             f"position= names the token a decoder language model is explained at; "
             f"{type(self.model).__name__} reads its prediction from a fixed token"
@@ -161,12 +147,12 @@ class Adapter(ABC):
         return [(bias, None)] * len(self.blocks)
 
     # ------------------------------------------------- the model's own output
-    def own_pieces(self, prepared: dict) -> list:
-        """``(rows (K,), prepared of those rows)``: the groups the model's own forward runs in for the end-to-end
+    def own_pieces(self, prepared: BatchT) -> list:
+        """``(rows (K,), the batch of those rows)``: the groups the model's own forward runs in for the end-to-end
         check (:mod:`lrp_core.adapters.verification`). Default: the batch at once (decoders: unpadded rows)."""
-        return [(torch.arange(self.batch_size(prepared)), prepared)]
+        return [(torch.arange(prepared.size), prepared)]
 
-    def own_output(self, prepared: dict) -> Tensor:
+    def own_output(self, prepared: BatchT) -> Tensor:
         """(B, C) what the model's own forward gives for the quantity the replay's readout explains.
 
         Called by the end-to-end check inside :func:`~lrp_core.runtime.own_forward.own_forward` (no gradients,
@@ -176,17 +162,18 @@ class Adapter(ABC):
         """
         from .verification import logits_of
 
-        if self.modality == "image":
-            images = prepared["images"]
+        if isinstance(prepared, ImageBatch):
+            images = prepared.images
             hf = hasattr(self.model, "config") and hasattr(self.model, "base_model_prefix")
             return logits_of(self.model(pixel_values=images) if hf else self.model(images))
         names = getattr(self, "honoured_inputs", ("input_ids", "attention_mask"))
-        return logits_of(self.model(**{k: prepared[k] for k in names if prepared.get(k) is not None}))
+        given = prepared.entries()
+        return logits_of(self.model(**{k: given[k] for k in names if given.get(k) is not None}))
 
     # --------------------------------------------------------------- forward
     def forward(
         self,
-        prepared: dict,
+        prepared: BatchT,
         *,
         grad: bool = False,
         composite: Optional[Composite] = None,
@@ -211,9 +198,10 @@ class Adapter(ABC):
                 x0 = x0.detach().requires_grad_(True)
                 emb.x0 = x0
             rows = head.positions if read_rows and isinstance(head, PositionReadout) else None
-            trace = self.run_blocks(
-                x0, prepared.get("attention_mask"), r, readout=head, positions=prepared.get("position_ids"), rows=rows
+            mask, positions = (
+                (prepared.attention_mask, prepared.position_ids) if isinstance(prepared, TextBatch) else (None, None)
             )
+            trace = self.run_blocks(x0, mask, r, readout=head, positions=positions, rows=rows)
             trace.embedding = emb
         return trace
 
@@ -287,7 +275,7 @@ class Adapter(ABC):
         composite: Composite,
         stop_block: int = 0,
         to_input: bool = False,
-        prepared: Optional[dict] = None,
+        prepared: Optional[BatchT] = None,
         on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]] = None,
         release: bool = False,
     ) -> BlockRelevance:
@@ -315,7 +303,7 @@ class Adapter(ABC):
         composite: Composite,
         stop_block: int,
         to_input: bool,
-        prepared: Optional[dict],
+        prepared: Optional[BatchT],
         on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
         release: bool,
     ) -> BlockRelevance:

@@ -20,6 +20,7 @@ from ..rules.composites import Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import ADD, ELEMENTWISE, LINEAR, POS_ADD
 from .base import Adapter
+from .batches import TextBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized
 from .heads import hf_heads
@@ -31,7 +32,7 @@ from .records import EmbeddingRecord, TokenLayout, Trace
 MASK_VALUE = -10000.0
 
 
-class BertAdapter(Adapter):
+class BertAdapter(Adapter[TextBatch]):
     """Hugging Face BERT-family encoders with a [CLS] classification head."""
 
     modality = "text"
@@ -134,7 +135,7 @@ class BertAdapter(Adapter):
         "without one: pass no head_mask",
     }
 
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> TextBatch:
         ids, mask = tokenized(inputs, type(self.model).__name__)
         T = ids.shape[1]
         if T > self.max_length:
@@ -166,7 +167,7 @@ class BertAdapter(Adapter):
         pos = inputs.get("position_ids")
         if pos is not None:
             pos = self._given_positions(pos, ids)
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt, "position_ids": pos}
+        return TextBatch(input_ids=ids, attention_mask=mask, token_type_ids=tt, position_ids=pos)
 
     def _given_positions(self, value, ids: Tensor) -> Tensor:
         """The ``position_ids`` given with the inputs (B, T) or (1, T), checked to index the position table."""
@@ -185,30 +186,30 @@ class BertAdapter(Adapter):
             )
         return pos
 
-    def layout(self, prepared: dict) -> TokenLayout:
-        mask = prepared["attention_mask"]
+    def layout(self, prepared: TextBatch) -> TokenLayout:
+        mask = prepared.attention_mask
         return TokenLayout(
             modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=self.readout.tokens, mask=mask
         )
 
     # --------------------------------------------------------------- forward
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: TextBatch, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """Word (+ token-type) + position embeddings, LayerNorm (+ projection) — the model's own order.
 
         ``embeds`` (B, T, E) are the word embeddings, the read-out of attnlrp/cp_lrp; ``x0``
         (B, T, D) is block 0's input (after the projection where E != D: ELECTRA, ALBERT).
         """
         emb = self.base.embeddings
-        ids = prepared["input_ids"]
+        ids = prepared.input_ids
         words = emb.word_embeddings(ids)  # (B, T, E)
         if track:
             words = words.detach().requires_grad_(True)
         x = words
         types = getattr(emb, "token_type_embeddings", None)  # DistilBERT, MPNet have none
         if types is not None:
-            tt = prepared.get("token_type_ids")
+            tt = prepared.token_type_ids
             x = r(ADD, torch.add, x, types(torch.zeros_like(ids) if tt is None else tt))
-        given = prepared.get("position_ids")
+        given = prepared.position_ids
         x = r(POS_ADD, torch.add, x, emb.position_embeddings(self._positions(ids) if given is None else given))
         x0 = r.norm(emb.LayerNorm, x)  # dropout: inference
         project = self.embedding_projection()
@@ -228,9 +229,9 @@ class BertAdapter(Adapter):
         return emb.position_ids[:, : ids.shape[1]]
 
     # ------------------------------------------------------------- relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: TextBatch) -> tuple[Tensor, None]:
         """Relevance at the embedding output, summed over channels; padding scores 0."""
-        return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
+        return R0.sum(-1) * prepared.attention_mask.to(R0.dtype), None
 
 
 __all__ = ["BertAdapter", "MASK_VALUE"]

@@ -28,6 +28,7 @@ from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
 from .base import Adapter
+from .batches import PromptBatch, PromptedImageBatch
 from .bert import MASK_VALUE
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import attention_mask, pixel_values, token_ids
@@ -154,16 +155,13 @@ def _scaled_embeddings(model: ModelPart, features: Tensor, dtype: torch.dtype) -
     return (emb * model.logit_scale.exp()).to(dtype)
 
 
-class CLIPImageAdapter(ViTAdapter):
+class CLIPImageAdapter(ViTAdapter[PromptedImageBatch]):
     """The vision tower of a Hugging Face ``CLIPModel``, read out as similarity to text prompts.
 
-    ``check_inputs`` embeds the prompts (the text tower, without gradients) into ``prepared["prompt_embeddings"]``
+    ``check_inputs`` embeds the prompts (the text tower, without gradients) into ``prepared.prompt_embeddings``
     (P, E): they are shared by every image of the batch, and :meth:`readout_for` builds the batch's readout
     from them. The adapter itself never changes.
     """
-
-    #: entries of a prepared batch shared by all its images (kept whole when the batch is cut into pieces)
-    shared = ("prompt_ids", "prompt_mask", "prompt_embeddings")
 
     def __init__(self, model: ModelPart):
         super().__init__(model)
@@ -191,9 +189,9 @@ class CLIPImageAdapter(ViTAdapter):
             ],
         )
 
-    def readout_for(self, prepared: dict) -> TokenReadout:
-        """The readout of a batch: the similarity to its prompts' embeddings ``prepared["prompt_embeddings"]``."""
-        return self._readout(prepared["prompt_embeddings"])
+    def readout_for(self, prepared: PromptedImageBatch) -> TokenReadout:
+        """The readout of a batch: the similarity to its prompts' embeddings ``prepared.prompt_embeddings``."""
+        return self._readout(prepared.prompt_embeddings)
 
     def for_inputs(self, inputs) -> Adapter:
         """``inputs["explain"] == "text"``: the text side (the prompts' tokens given the images)."""
@@ -203,9 +201,9 @@ class CLIPImageAdapter(ViTAdapter):
         return CLIPTextAdapter(self.model) if side == "text" else self
 
     # ------------------------------------------------------------ validation
-    def check_inputs(self, inputs) -> dict:
-        """Validate the images and prompts; ``prepared``: ``images``, ``prompt_ids`` / ``prompt_mask`` and
-        the prompts' scaled normalised embeddings ``prompt_embeddings`` (P, E)."""
+    def check_inputs(self, inputs) -> PromptedImageBatch:
+        """Validate the images and prompts: the images, the prompts' ids and mask and their scaled normalised
+        embeddings (P, E)."""
         if not isinstance(inputs, Mapping) or "pixel_values" not in inputs or "input_ids" not in inputs:
             raise InputError(
                 f"{type(self.model).__name__} explains the similarity of images to text prompts: pass CLIP's "
@@ -213,16 +211,15 @@ class CLIPImageAdapter(ViTAdapter):
                 "'attention_mask' (P, T), e.g. processor(text=['a dog', 'a cat'], images=img, padding=True, "
                 f"return_tensors='pt'); got {type(inputs).__name__}"
             )
-        prepared = super().check_inputs(pixel_values(inputs["pixel_values"]))
+        images = super().check_inputs(pixel_values(inputs["pixel_values"])).images
         ids, mask = _prompts(inputs)
-        embeddings = self.embed_prompts(ids, mask, prepared["images"].dtype)
-        prepared.update(prompt_ids=ids, prompt_mask=mask, prompt_embeddings=embeddings)
-        return prepared
+        embeddings = self.embed_prompts(ids, mask, images.dtype)
+        return PromptedImageBatch(images=images, prompt_ids=ids, prompt_mask=mask, prompt_embeddings=embeddings)
 
-    def own_output(self, prepared: dict) -> Tensor:
+    def own_output(self, prepared: PromptedImageBatch) -> Tensor:
         """The model's own ``logits_per_image`` (B, P) against the batch's prompts."""
         return self.model(
-            pixel_values=prepared["images"], input_ids=prepared["prompt_ids"], attention_mask=prepared["prompt_mask"]
+            pixel_values=prepared.images, input_ids=prepared.prompt_ids, attention_mask=prepared.prompt_mask
         ).logits_per_image
 
     def embed_prompts(self, ids: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -252,22 +249,20 @@ def _prompts(inputs: Mapping) -> tuple[Tensor, Tensor]:
 SIDES = ("image", "text")
 
 
-class CLIPTextAdapter(Adapter):
+class CLIPTextAdapter(Adapter[PromptBatch]):
     """The text tower of a Hugging Face ``CLIPModel``: the prompts' tokens, read out as similarity to the images.
 
     The batch is the prompts (P) and the "classes" are the images (B): the logits are the model's
     ``logits_per_text`` (P, B), a target is an image index. Blocks are pre-LN with a causal mask;
     the readout (:class:`~lrp_core.adapters.readouts.PositionReadout`) reads each prompt's end-of-text
     token, after ``final_layer_norm`` → ``text_projection`` → L2 normalisation → the images' normalised
-    embeddings × ``logit_scale.exp()`` (``prepared["image_embeddings"]``, shared by all prompts). ``explain``
+    embeddings × ``logit_scale.exp()`` (``prepared.image_embeddings``, shared by all prompts). ``explain``
     explains a right-padded batch one length at a time (``docs/METHODS.md`` §5.8) for round-off parity
     with explaining each prompt alone; the readout reads the right token with or without that grouping.
     """
 
     modality = "text"
     mask_value = MASK_VALUE
-    #: the images' embeddings are shared by every prompt of the batch
-    shared = ("image_embeddings",)
 
     def __init__(self, model: ModelPart):
         super().__init__(model)
@@ -294,15 +289,15 @@ class CLIPTextAdapter(Adapter):
             HeadLayer(LINEAR, similarity_linear(images)),
         ]
 
-    def readout_for(self, prepared: dict) -> PositionReadout:
-        """Each prompt's end-of-text token, compared with the batch's images ``prepared["image_embeddings"]``."""
+    def readout_for(self, prepared: PromptBatch) -> PositionReadout:
+        """Each prompt's end-of-text token, compared with the batch's images ``prepared.image_embeddings``."""
         return PositionReadout(
             norm=self.model.text_model.final_layer_norm,
-            head_layers=self._head(prepared["image_embeddings"]),
-            positions=self._end_of_text(prepared["input_ids"]),
+            head_layers=self._head(prepared.image_embeddings),
+            positions=self._end_of_text(prepared.input_ids),
         )
 
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> PromptBatch:
         """Validate prompts and images; ``prepared``: ``input_ids`` / ``attention_mask`` (P, T) and the
         images' scaled normalised embeddings ``image_embeddings`` (B, E)."""
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
@@ -330,15 +325,15 @@ class CLIPTextAdapter(Adapter):
             raise InputError(
                 "explaining the prompts needs at least one image to compare them with: 'pixel_values' has B = 0 images"
             )
-        images = ViTAdapter.check_inputs(CLIPImageAdapter(self.model), pixels)["images"]
-        return {"input_ids": ids, "attention_mask": mask, "image_embeddings": self.embed_images(images)}
+        images = ViTAdapter.check_inputs(CLIPImageAdapter(self.model), pixels).images
+        return PromptBatch(input_ids=ids, attention_mask=mask, image_embeddings=self.embed_images(images))
 
-    def own_output(self, prepared: dict) -> Tensor:
+    def own_output(self, prepared: PromptBatch) -> Tensor:
         """The model's own ``logits_per_text`` (P, B): its text tower's normalised embeddings against the images'
-        (``prepared["image_embeddings"]``, the model's own image features, scaled)."""
-        text = self.model.get_text_features(input_ids=prepared["input_ids"], attention_mask=prepared["attention_mask"])
+        (``prepared.image_embeddings``, the model's own image features, scaled)."""
+        text = self.model.get_text_features(input_ids=prepared.input_ids, attention_mask=prepared.attention_mask)
         emb = L2Normalize()(getattr(text, "pooler_output", text))
-        return emb @ prepared["image_embeddings"].to(emb.dtype).T
+        return emb @ prepared.image_embeddings.to(emb.dtype).T
 
     def _end_of_text(self, ids: Tensor) -> Tensor:
         """(P,) where the model pools, by its own rule (the highest id for old configs, else the first EOS)."""
@@ -353,15 +348,15 @@ class CLIPTextAdapter(Adapter):
         with torch.no_grad(), compute_precision(self.model), eval_semantics(self.model):  # no dropout, as the replay
             return _scaled_embeddings(self.model, self.model.get_image_features(pixel_values=images), images.dtype)
 
-    def layout(self, prepared: dict) -> TokenLayout:
-        mask = prepared["attention_mask"]
+    def layout(self, prepared: PromptBatch) -> TokenLayout:
+        mask = prepared.attention_mask
         return TokenLayout(
             modality="text",
             num_tokens=mask.shape[1],
             output_start=0,
             readout_tokens=(),
             mask=mask,
-            readout_rows=self._end_of_text(prepared["input_ids"]),
+            readout_rows=self._end_of_text(prepared.input_ids),
         )
 
     def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:
@@ -373,18 +368,20 @@ class CLIPTextAdapter(Adapter):
         assert padding is not None, "the text tower has a padding mask value"
         return padding + future
 
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: PromptBatch, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         emb = self.model.text_model.embeddings
-        ids = prepared["input_ids"]
+        ids = prepared.input_ids
         words = emb.token_embedding(ids)
         if track:
             words = words.detach().requires_grad_(True)
         x0 = r(POS_ADD, torch.add, words, emb.position_embedding(emb.position_ids[:, : ids.shape[1]]))
         return EmbeddingRecord(x0=x0, embeds=words)
 
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
+    def input_relevance(
+        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: PromptBatch
+    ) -> tuple[Tensor, None]:
         """Relevance at the embedding output, summed over channels; padding scores 0."""
-        return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
+        return R0.sum(-1) * prepared.attention_mask.to(R0.dtype), None
 
 
 __all__ = [

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,7 @@ from ..rules.composites import Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import LINEAR
 from .base import Adapter
+from .batches import DecoderBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
 from .kernels import eager_softmax_dtype
@@ -341,7 +342,11 @@ def causal_bias(mask: Tensor, positions: Tensor, window: Optional[int], dtype: t
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
 
 
-class DecoderAdapter(Adapter):
+#: a decoder's batch, or a VLM's (a decoder batch with images) read through the VLM's language model
+D = TypeVar("D", bound=DecoderBatch)
+
+
+class DecoderAdapter(Adapter[DecoderBatch]):
     """A Hugging Face decoder-only LM (``*ForCausalLM``) or its ``*ForSequenceClassification``."""
 
     modality = "text"
@@ -448,7 +453,7 @@ class DecoderAdapter(Adapter):
     #: the input keys the replay reads as the model does (``cache_position`` only as 0 … T−1: no cache)
     honoured_inputs = ("input_ids", "attention_mask", "position_ids", "cache_position")
 
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> DecoderBatch:
         name = type(self.model).__name__
         ids, mask = tokenized(inputs, name)
         # token_type_ids: no decoder embedding but GPT-2's reads them (GPT2Adapter refuses them)
@@ -481,14 +486,14 @@ class DecoderAdapter(Adapter):
         at = pooled_position(ids, mask, pad) if self.pools else last_real(mask)
         read = torch.zeros_like(mask)
         read[torch.arange(B), at] = 1
-        return {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "read_at": read}
+        return DecoderBatch(input_ids=ids, attention_mask=mask, position_ids=positions, read_at=read)
 
-    def at_position(self, prepared: dict, position: Any) -> dict:
+    def at_position(self, prepared: D, position: Any) -> D:
         """``prepared`` read at ``position``: an int (every row) or one int per row; negative counts from the end.
 
         A position must be a real token of its row (not padding, not past the row).
         """
-        mask = prepared["attention_mask"]
+        mask = prepared.attention_mask
         B, T = mask.shape
         pos = torch.as_tensor(position, device=mask.device)
         if pos.dim() == 0:
@@ -507,13 +512,13 @@ class DecoderAdapter(Adapter):
             raise InputError(f"position {pos[pad[0]].item()} of row {pad[0]} is padding: name a real token")
         read = torch.zeros_like(mask)
         read[torch.arange(B), pos] = 1
-        return {**prepared, "read_at": read}
+        return prepared.replace(read_at=read)
 
-    def layout(self, prepared: dict) -> TokenLayout:
+    def layout(self, prepared: DecoderBatch) -> TokenLayout:
         """The tokens a row's map covers: its real tokens up to the one read (``position=``), the context of the
         explained prediction — so a map read inside a longer sequence is that of the row cut after it (token
         ablation removes, and Grad-CAM averages and min-max scales over, the context only)."""
-        mask, read = prepared["attention_mask"], prepared["read_at"].argmax(dim=-1)
+        mask, read = prepared.attention_mask, prepared.read
         context = mask * (torch.arange(mask.shape[1], device=mask.device)[None, :] <= read[:, None]).to(mask.dtype)
         return TokenLayout(
             modality="text",
@@ -525,9 +530,9 @@ class DecoderAdapter(Adapter):
             readout_minimum_applies=False,
         )
 
-    def readout_for(self, prepared: dict) -> PositionReadout:
+    def readout_for(self, prepared: DecoderBatch) -> PositionReadout:
         """The readout of this batch: the head at each row's read position."""
-        return PositionReadout(self.readout.norm, self.readout.head_layers, prepared["read_at"].argmax(dim=-1))
+        return PositionReadout(self.readout.norm, self.readout.head_layers, prepared.read)
 
     # ------------------------------------------------------------ the model's own output
     @property
@@ -537,23 +542,30 @@ class DecoderAdapter(Adapter):
         kinds = kinds.values() if isinstance(kinds, Mapping) else [kinds]
         return any(isinstance(k, str) and any(d in k for d in BATCH_DEPENDENT_ROPE) for k in kinds)
 
-    def own_pieces(self, prepared: dict) -> list:
+    def own_pieces(self, prepared: DecoderBatch) -> list:
         """Rows without their padding, rows of one length together: each as the model computes it alone."""
         from .verification import unpadded_pieces
 
-        return unpadded_pieces(prepared, self.length_dependent, getattr(self, "image_entries", ()))
+        return unpadded_pieces(prepared, self.length_dependent)
 
-    def own_output(self, prepared: dict) -> Tensor:
+    def own_inputs(self, prepared: DecoderBatch) -> dict:
+        """The model's own keyword inputs for the batch: ``input_ids``, ``attention_mask``, ``position_ids``."""
+        return {
+            "input_ids": prepared.input_ids,
+            "attention_mask": prepared.attention_mask,
+            "position_ids": prepared.position_ids,
+        }
+
+    def own_output(self, prepared: DecoderBatch) -> Tensor:
         """(B, C) the model's own logits at each row's read position (a classifier: its head's there)."""
         from .verification import read_logits
 
-        kwargs = {k: prepared[k] for k in ("input_ids", "attention_mask", "position_ids")}
         head = self.readout.head_layers[0].module if self.pools else None
-        return read_logits(self.model, {**kwargs, "use_cache": False}, prepared["read_at"].argmax(dim=-1), head)
+        return read_logits(self.model, {**self.own_inputs(prepared), "use_cache": False}, prepared.read, head)
 
     # ------------------------------------------------------------ forward
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        words = self.embed_tokens(prepared["input_ids"])
+    def embed(self, prepared: DecoderBatch, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        words = self.embed_tokens(prepared.input_ids)
         if track:
             words = words.detach().requires_grad_(True)
         return EmbeddingRecord(x0=words, embeds=words)
@@ -581,9 +593,11 @@ class DecoderAdapter(Adapter):
         return [(biases[s.attn.window], ropes.get(s.attn.rope_key)) for s in self.blocks]
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
+    def input_relevance(
+        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: DecoderBatch
+    ) -> tuple[Tensor, None]:
         """Relevance at the embedding output, summed over channels; padding scores 0."""
-        return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
+        return R0.sum(-1) * prepared.attention_mask.to(R0.dtype), None
 
 
 __all__ = [

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..rules.composites import Composite
 from ..rules.linear import LinearView, effective_linear, is_linear
+from .batches import ImageBatch
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .heads import timm_scale
 from .kernels import pairs_to_halves
@@ -200,7 +201,7 @@ class TimmEvaAdapter(TimmViTAdapter):
 
     def forward(
         self,
-        prepared: dict,
+        prepared: ImageBatch,
         *,
         grad: bool = False,
         composite: Optional[Composite] = None,

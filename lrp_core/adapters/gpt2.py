@@ -22,6 +22,7 @@ from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.linear import LinearView, effective_linear
 from ..rules.ops import POS_ADD
+from .batches import DecoderBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .decoder import DecoderAdapter
 from .parts import ModelPart
@@ -134,7 +135,7 @@ class GPT2Adapter(DecoderAdapter):
                 f"attn.c_attn / c_proj, ln_2, mlp.c_fc / act / c_proj): {e}"
             ) from None
 
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> DecoderBatch:
         prepared = super().check_inputs(inputs)
         if inputs.get("token_type_ids") is not None:  # GPT-2 would add wte(token_type_ids) to every token
             raise InputError(
@@ -143,20 +144,22 @@ class GPT2Adapter(DecoderAdapter):
             )
         return prepared
 
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: DecoderBatch, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """``wte(ids)`` (the tokens e, read by AttnLRP / CP-LRP) + ``wpe(position ids)``: block 0's input (B, T, D)."""
-        tokens = self.embed_tokens(prepared["input_ids"])
+        tokens = self.embed_tokens(prepared.input_ids)
         if track:
             tokens = tokens.detach().requires_grad_(True)
-        x0 = r(POS_ADD, torch.add, tokens, self.base.wpe(prepared["position_ids"]))  # dropout: inference
+        x0 = r(POS_ADD, torch.add, tokens, self.base.wpe(prepared.position_ids))  # dropout: inference
         return EmbeddingRecord(x0=x0, embeds=tokens, tokens=tokens, x_pos=x0)
 
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
+    def input_relevance(
+        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: DecoderBatch
+    ) -> tuple[Tensor, None]:
         """Block-0 input relevance -> the token part of the position add, summed over channels; padding 0."""
         emb = trace.embedding
         assert emb is not None, "forward records the embedding"
         (R_tok, _) = prop(POS_ADD, (emb.tokens, None), R0, output=emb.x_pos)
-        return R_tok.sum(-1) * prepared["attention_mask"].to(R_tok.dtype), None
+        return R_tok.sum(-1) * prepared.attention_mask.to(R_tok.dtype), None
 
 
 __all__ = ["Conv1DLinear", "GPT2Adapter"]

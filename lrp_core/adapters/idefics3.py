@@ -37,6 +37,7 @@ from ..errors import InputError
 from ..rules.composites import Propagation
 from ..rules.norms import norm_kind
 from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
+from .batches import ImageBatch, VLMBatch
 from .blocks import NO_RECORD, BlockSpec, Replay
 from .checks import pixel_values
 from .clip import clip_block
@@ -167,10 +168,10 @@ class Idefics3VisionTower(VisionTower):
     def encoder_of(module: ModelPart) -> Encoder:
         return Idefics3VisionEncoder(module)
 
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        """The encoder's input layer; ``prepared["patch_mask"]`` (N, h, w) the valid patches (default all)."""
+    def embed(self, prepared: ImageBatch, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """The encoder's input layer; ``prepared.patch_mask`` (N, h, w) the valid patches (default all)."""
         assert isinstance(self.encoder, Idefics3VisionEncoder), "the tower replays its encoder"
-        return self.encoder.embed(prepared["images"], r, track, prepared.get("patch_mask"))
+        return self.encoder.embed(prepared.images, r, track, prepared.patch_mask)
 
 
 class SmolVLMVisionTower(Idefics3VisionTower):
@@ -198,10 +199,10 @@ class Idefics3Adapter(VLMAdapter):
         return base.text_model, self.model.lm_head, cfg.get_text_config(), base.vision_model, -1
 
     # ------------------------------------------------------------ validation
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> VLMBatch:
         """The processor's output: ``input_ids``, ``attention_mask``, ``pixel_values`` (B, k, 3, H, W) (or
         (B·k, 3, H, W)) of square images whose patch grid the scale factor divides, and ``pixel_attention_mask``
-        (B, k, H, W) (or none: no padding). ``prepared["patch_mask"]`` (B, k, h, w) bool holds the valid patches
+        (B, k, H, W) (or none: no padding). The batch's ``patch_mask`` (B, k, h, w) bool holds the valid patches
         where some image is padded."""
         name = type(self.model).__name__
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs or inputs.get("pixel_values") is None:
@@ -257,31 +258,24 @@ class Idefics3Adapter(VLMAdapter):
                 patch_mask = None  # unpadded: the tower's default
         rest = {k: v for k, v in inputs.items() if k != "pixel_attention_mask"}
         prepared = super().check_inputs({**rest, "pixel_values": images})
-        if patch_mask is not None:
-            prepared["patch_mask"] = patch_mask.reshape(*prepared["pixel_values"].shape[:2], *patch_mask.shape[1:])
-        return prepared
+        if patch_mask is None:
+            return prepared
+        return prepared.replace(patch_mask=patch_mask.reshape(*prepared.pixel_values.shape[:2], *patch_mask.shape[1:]))
 
-    def take(self, prepared: dict, rows: Tensor, n: Optional[int] = None) -> dict:
-        """The base's, with the rows' patch masks."""
-        out = super().take({k: v for k, v in prepared.items() if k != "patch_mask"}, rows, n)
-        if "patch_mask" in prepared:
-            out["patch_mask"] = prepared["patch_mask"][rows.to(prepared["patch_mask"].device)]
-        return out
-
-    def own_inputs(self, prepared: dict) -> dict:
+    def own_inputs(self, prepared: VLMBatch) -> dict:
         """The text's, the images (B, k, 3, H, W) and, where some image is padded, the pixel mask of its patches."""
-        out = {k: prepared[k] for k in ("input_ids", "attention_mask", "position_ids", "pixel_values")}
-        if "patch_mask" in prepared:
+        out = {**self.text.own_inputs(prepared), "pixel_values": prepared.pixel_values}
+        if prepared.patch_mask is not None:
             ph, pw = self.tower.patch_size
-            out["pixel_attention_mask"] = prepared["patch_mask"].repeat_interleave(ph, -2).repeat_interleave(pw, -1)
+            out["pixel_attention_mask"] = prepared.patch_mask.repeat_interleave(ph, -2).repeat_interleave(pw, -1)
         return out
 
     # ------------------------------------------------------------ forward
-    def _patch_mask(self, prepared: dict) -> Tensor:
+    def _patch_mask(self, prepared: VLMBatch) -> Tensor:
         """(B · k, h, w) bool: the real patches of ``pixel_attention_mask`` (all, where it is not given)."""
-        stacked = prepared["pixel_values"]  # (B, k, 3, H, W)
+        stacked = prepared.pixel_values  # (B, k, 3, H, W)
         B, k = stacked.shape[:2]
-        mask = prepared.get("patch_mask")
+        mask = prepared.patch_mask
         if mask is None:
             ph, pw = self.tower.patch_size
             mask = torch.ones(
@@ -289,11 +283,11 @@ class Idefics3Adapter(VLMAdapter):
             )
         return mask.reshape(B * k, *mask.shape[2:])
 
-    def tower_inputs(self, prepared: dict, images: Tensor) -> dict:
+    def tower_inputs(self, prepared: VLMBatch, images: Tensor) -> ImageBatch:
         """The images and their patch mask: padded patches get position id 0, as in the model."""
-        return {"images": images, "patch_mask": self._patch_mask(prepared)}
+        return ImageBatch(images=images, patch_mask=self._patch_mask(prepared))
 
-    def tower_bias(self, prepared: dict, x: Tensor) -> Optional[Tensor]:
+    def tower_bias(self, prepared: VLMBatch, x: Tensor) -> Optional[Tensor]:
         """A key mask in every tower block (−inf on the padded patches' scores, as the model's attention mask);
         padded patches still reach the connector, as in the model. It is added for unpadded images too (zeros):
         every image's relevance then takes the same path whatever the others in the batch (the explicit rules'

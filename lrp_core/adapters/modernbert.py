@@ -33,6 +33,7 @@ from ..rules.linear import is_linear
 from ..rules.norms import norm_kind
 from ..rules.ops import ELEMENTWISE, LINEAR
 from .base import Adapter
+from .batches import TextBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
 from .decoder import given_position_ids, row_rotary_tables
@@ -77,7 +78,7 @@ def encoder_bias(mask: Tensor, window: Optional[int], dtype: torch.dtype) -> Ten
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
 
 
-class ModernBertAdapter(Adapter):
+class ModernBertAdapter(Adapter[TextBatch]):
     """``ModernBertForSequenceClassification`` (eager or sdpa attention; [CLS] or mean pooling)."""
 
     modality = "text"
@@ -171,7 +172,7 @@ class ModernBertAdapter(Adapter):
         ]
 
     # ------------------------------------------------------------ validation
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> TextBatch:
         name = type(self.model).__name__
         ids, mask = tokenized(inputs, name)
         # token_type_ids: the model has no segment table and its forward ignores them (a misshapen one is a mistake)
@@ -196,10 +197,10 @@ class ModernBertAdapter(Adapter):
         given = inputs.get("position_ids")
         # the model counts its window in tokens and places RoPE at the position ids: any ids are its computation
         pos = None if given is None else given_position_ids(given, mask, None, True, False)
-        return {"input_ids": ids, "attention_mask": mask, "position_ids": pos}
+        return TextBatch(input_ids=ids, attention_mask=mask, position_ids=pos)
 
-    def layout(self, prepared: dict) -> TokenLayout:
-        mask = prepared["attention_mask"]
+    def layout(self, prepared: TextBatch) -> TokenLayout:
+        mask = prepared.attention_mask
         return TokenLayout(
             modality="text",
             num_tokens=mask.shape[1],
@@ -208,18 +209,18 @@ class ModernBertAdapter(Adapter):
             mask=mask,
         )
 
-    def readout_for(self, prepared: dict) -> Readout:
+    def readout_for(self, prepared: TextBatch) -> Readout:
         """[CLS] pooling (:attr:`readout`), or the mean over this batch's real tokens."""
         if self.pooling == "cls":
             return self.readout
-        return MaskedMeanReadout(self.readout.norm, self.readout.head_layers, prepared["attention_mask"])
+        return MaskedMeanReadout(self.readout.norm, self.readout.head_layers, prepared.attention_mask)
 
     # --------------------------------------------------------------- forward
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: TextBatch, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """``embeds`` (B, T, D) the word embeddings (what AttnLRP / CP-LRP read relevance at); ``x0`` = their
         LayerNorm (dropout: inference)."""
         emb = self.base.embeddings
-        words = emb.tok_embeddings(prepared["input_ids"])
+        words = emb.tok_embeddings(prepared.input_ids)
         if track:
             words = words.detach().requires_grad_(True)
         return EmbeddingRecord(x0=r.norm(emb.norm, words), embeds=words)
@@ -243,9 +244,9 @@ class ModernBertAdapter(Adapter):
         return [(biases[s.attn.window], ropes[s.attn.rope_key]) for s in self.blocks]
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, None]:
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: TextBatch) -> tuple[Tensor, None]:
         """Relevance at block 0's input (the embedding LayerNorm's output), summed over channels; padding 0."""
-        return R0.sum(-1) * prepared["attention_mask"].to(R0.dtype), None
+        return R0.sum(-1) * prepared.attention_mask.to(R0.dtype), None
 
 
 __all__ = ["ModernBertAdapter", "encoder_bias"]

@@ -39,6 +39,7 @@ from torch import Tensor
 from ..errors import InputError
 from ..rules.composites import Propagation
 from ..rules.ops import LAYERNORM, LINEAR
+from .batches import VLMBatch
 from .blocks import Replay
 from .parts import ModelPart
 from .vlm import VLMEmbeddingRecord
@@ -97,7 +98,7 @@ class PaliGemmaAdapter(GroupedAttentionVLM):
         """Every token of type 0 in one group (0), the others causal — as the model's ``block_sequence_ids``."""
         return torch.where(token_type_ids == 0, torch.zeros_like(token_type_ids), torch.full_like(token_type_ids, -1))
 
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> VLMBatch:
         """:meth:`GroupedAttentionVLM.check_inputs` with ``token_type_ids`` required; the default positions count
         from 1 (the model's)."""
         prepared = super().check_inputs(inputs)
@@ -109,7 +110,7 @@ class PaliGemmaAdapter(GroupedAttentionVLM):
                 "Pass processor(images=..., text=..., return_tensors='pt') whole"
             )
         if inputs.get("position_ids") is None:
-            prepared["position_ids"] = prepared["position_ids"] + 1
+            return prepared.replace(position_ids=prepared.position_ids + 1)
         return prepared
 
     def connect(self, selected: Tensor, r: Replay) -> tuple[dict, Tensor]:

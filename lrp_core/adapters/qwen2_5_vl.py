@@ -46,6 +46,7 @@ from ..rules.composites import Propagation
 from ..rules.norms import norm_kind
 from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, ExplicitRule, Op
 from .base import Adapter
+from .batches import VLMBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .checks import NO_EFFECT, input_keys, token_ids
 from .decoder import REFUSED_INPUTS
@@ -103,7 +104,7 @@ def unpack_positions(packed: Tensor) -> Tensor:
 
 class MRopeLanguageModel(Qwen2Adapter):
     """The Qwen2-VL / Qwen2.5-VL language model: a Qwen2 decoder whose rotary tables are read at the three M-RoPE
-    positions of each token (``prepared["position_ids"]`` packed by :func:`pack_positions`)."""
+    positions of each token (``prepared.position_ids`` packed by :func:`pack_positions`)."""
 
     def rotary_tables(
         self, x0: Tensor, positions: Tensor, key: str, mask: Optional[Tensor] = None
@@ -132,7 +133,6 @@ class Qwen2_5_VLAdapter(VLMAdapter):
     #: generated tokens are text (type 0); their M-RoPE positions follow from get_rope_index of the extended ids
     generated_token_values = {"mm_token_type_ids": 0}
 
-    image_entries = ("pixel_values", "image_grid_thw")
     image_inputs = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
     refused_methods = VLM_REFUSED_METHODS
     #: removing tokens (the source methods without ``filler=``) shifts the later tokens' position ids by one; the
@@ -217,6 +217,15 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         h, w, m = grid[0], grid[1], self.merge
         return torch.arange(h * w).reshape(h // m, m, w // m, m).permute(0, 2, 1, 3).flatten()
 
+    def images_of(self, pixels: Tensor, grid: tuple) -> Tensor:
+        """The flattened patches (n, N, F) -> the images (n, C · T, H, W), the frames' channels side by side."""
+        return self._image(pixels, grid)
+
+    def pixels_of(self, images: Tensor, grid: tuple) -> Tensor:
+        """The inverse of :meth:`images_of`: (n, C · T, H, W) -> the flattened patches (n, N, F)."""
+        patches = self._patches(images, grid)
+        return patches.reshape(images.shape[0], -1, patches[0].numel())
+
     def _image(self, patches: Tensor, grid: tuple) -> Tensor:
         """The flattened patches (n, N, F) in the processor's order -> the images (n, C · T, h · p, w · p), the
         frames' channels side by side (channel c · T + t)."""
@@ -268,10 +277,10 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         return torch.where(same, zero, torch.finfo(dtype).min)[None, None]
 
     # ------------------------------------------------------------ validation
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> VLMBatch:
         """The processor's output: ``input_ids``, ``attention_mask``, ``pixel_values`` (n · h · w, F),
-        ``image_grid_thw`` (n, 3), ``mm_token_type_ids`` (B, T). ``prepared["pixel_values"]`` is (B, k, N, F),
-        ``prepared["image_grid_thw"]`` (B, k, 3), ``prepared["position_ids"]`` the packed M-RoPE positions (B, T)."""
+        ``image_grid_thw`` (n, 3), ``mm_token_type_ids`` (B, T). ``prepared.pixel_values`` is (B, k, N, F),
+        ``prepared.grid_thw`` (B, k, 3), ``prepared.position_ids`` the packed M-RoPE positions (B, T)."""
         name = type(self.model).__name__
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
             raise InputError(
@@ -300,7 +309,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         input_keys(inputs, name, honoured, refused, NO_EFFECT)
         text = {k: inputs[k] for k in ("input_ids", "attention_mask", "cache_position") if k in inputs}
         prepared = self.text.check_inputs(text)
-        ids, mask = prepared["input_ids"], prepared["attention_mask"]
+        ids, mask = prepared.input_ids, prepared.attention_mask
         B = ids.shape[0]
         pixels = inputs["pixel_values"]
         grids, h, w, k = self._check_images(pixels, inputs["image_grid_thw"], B)
@@ -310,23 +319,22 @@ class Qwen2_5_VLAdapter(VLMAdapter):
             rope, _ = self.model.model.get_rope_index(
                 ids, mm_token_type_ids=types, image_grid_thw=grids.to(ids.device), attention_mask=mask
             )
-        return {
-            **prepared,
-            "position_ids": pack_positions(rope),
-            "pixel_values": pixels.reshape(B, k, h * w, -1),
-            "image_grid_thw": grids.to(ids.device).reshape(B, k, 3),
-        }
+        return VLMBatch.of(
+            prepared.replace(position_ids=pack_positions(rope)),
+            pixels.reshape(B, k, h * w, -1),
+            grids.to(ids.device).reshape(B, k, 3),
+        )
 
-    def own_inputs(self, prepared: dict) -> dict:
+    def own_inputs(self, prepared: VLMBatch) -> dict:
         """The text, the flattened patches (n · h · w, F), ``image_grid_thw`` (n, 3) and ``mm_token_type_ids`` (1 at
         the image tokens); the M-RoPE positions are the model's own (``get_rope_index``)."""
-        ids = prepared["input_ids"]
-        pixels = prepared["pixel_values"]
+        ids = prepared.input_ids
+        pixels = prepared.pixel_values
         return {
             "input_ids": ids,
-            "attention_mask": prepared["attention_mask"],
+            "attention_mask": prepared.attention_mask,
             "pixel_values": pixels.reshape(-1, pixels.shape[-1]),
-            "image_grid_thw": prepared["image_grid_thw"].reshape(-1, 3),
+            "image_grid_thw": prepared.grid_thw.reshape(-1, 3),
             "mm_token_type_ids": (ids == self.image_token_id).long(),
         }
 
@@ -414,12 +422,12 @@ class Qwen2_5_VLAdapter(VLMAdapter):
                     "the same number of images in every row"
                 )
 
-    def layout(self, prepared: dict) -> TokenLayout:
+    def layout(self, prepared: VLMBatch) -> TokenLayout:
         """The decoder's layout, the patch grid, the image size (h · p, w · p) and each patch's image token
         (``image_tokens`` (B, k · h · w): positions in the sequence, raster order, image after image)."""
-        grid = tuple(int(v) for v in prepared["image_grid_thw"][0, 0, 1:])
-        k = prepared["pixel_values"].shape[1]
-        ids = prepared["input_ids"]
+        grid = tuple(int(v) for v in prepared.grid_thw[0, 0, 1:])
+        k = prepared.pixel_values.shape[1]
+        ids = prepared.input_ids
         where = torch.argsort((ids != self.image_token_id).to(torch.int8), dim=1, stable=True)
         P = self.tokens_per_image(grid)
         per_image = self.patch_tokens(grid).to(ids.device)
@@ -433,13 +441,13 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         )
 
     # ------------------------------------------------------------ forward
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
+    def embed(self, prepared: VLMBatch, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
         """The tower (patch embedding, window order, blocks), the merger, the window order undone, and the
         features scattered into the word embeddings at the image tokens — every operation through ``r``.
         ``track``: the reassembled images (B, C · T, H, W) are the leaf (one image per row)."""
-        stacked = prepared["pixel_values"]  # (B, k, N, F)
+        stacked = prepared.pixel_values  # (B, k, N, F)
         B, k, N, _ = stacked.shape
-        grid = tuple(int(v) for v in prepared["image_grid_thw"][0, 0, 1:])
+        grid = tuple(int(v) for v in prepared.grid_thw[0, 0, 1:])
         conv = self.visual.patch_embed.proj
         images = self._image(stacked.reshape(B * k, N, -1), grid).to(conv.weight.dtype)
         if track and k == 1:
@@ -466,7 +474,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         a = r.module(ELEMENTWISE, act, h1)
         out = r.module(LINEAR, fc2, a)
         features = out[:, torch.argsort(index)]  # (B·k, P, D) the merged tokens in raster order
-        ids = prepared["input_ids"]
+        ids = prepared.input_ids
         words = self.text.embed_tokens(ids)
         image_mask = ids == self.image_token_id
         x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
@@ -494,7 +502,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
 
     # ------------------------------------------------------------ relevance
     def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict
+        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: VLMBatch
     ) -> tuple[Tensor, Optional[Tensor]]:
         """Token scores: every position's embedding's relevance summed over channels (padding 0); pixels (one
         image per row): the image tokens' relevance back through the merger (the window order re-applied, the
@@ -502,7 +510,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         embedding read as the Conv2d over the reassembled image (B, H, W: channels and frames summed)."""
         emb = trace.embedding
         assert isinstance(emb, VLMEmbeddingRecord)
-        scores = R0.sum(-1) * prepared["attention_mask"].to(R0.dtype)
+        scores = R0.sum(-1) * prepared.attention_mask.to(R0.dtype)
         if emb.images is None:
             return scores, None
         c = emb.connector

@@ -36,6 +36,7 @@ from ..rules.views import check_output
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
 from .base import Adapter
+from .batches import ImageBatch, PromptedImageBatch
 from .blocks import NO_RECORD, Replay
 from .checks import pixel_values
 from .clip import L2Normalize, _prompts, _scaled_embeddings
@@ -55,7 +56,7 @@ from .siglip_tower import (
     siglip_patch_size,
     siglip_vision_blocks,
 )
-from .vit import ViTAdapter, hf_linear_head
+from .vit import ImageT, ViTAdapter, hf_linear_head
 
 
 def siglip_input_relevance(
@@ -95,7 +96,7 @@ def siglip_input_relevance(
     return scores, pixels
 
 
-class _SiglipTowerAdapter(ViTAdapter):
+class _SiglipTowerAdapter(ViTAdapter[ImageT]):
     """What the SigLIP image adapters share: the tower ``model.vision_model`` (:class:`SiglipVisionEncoder`), its
     pixels and SigLIP 2's patch vectors."""
 
@@ -105,7 +106,7 @@ class _SiglipTowerAdapter(ViTAdapter):
         # the position grid is interpolated: any multiple of the patch size
         self.use_encoder(SiglipVisionEncoder(self.vision, type(model).__name__))
 
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, Tensor]:
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: ImageT) -> tuple[Tensor, Tensor]:
         """Block-0 input relevance → patch scores (B, P) and pixels (B, H, W) (:func:`siglip_input_relevance`)."""
         assert trace.embedding is not None, "forward records the embedding"
         return siglip_input_relevance(self.vision, trace.embedding, R0, prop, conv=self.patch_conv)
@@ -126,9 +127,9 @@ class _SiglipTowerAdapter(ViTAdapter):
             "spatial_shapes": torch.tensor([[h, w]] * B, device=images.device),
         }
 
-    def own_output(self, prepared: dict) -> Tensor:
+    def own_output(self, prepared: ImageT) -> Tensor:
         """The classifier's own logits (B, C)."""
-        return self.model(**self.own_pixels(prepared["images"])).logits
+        return self.model(**self.own_pixels(prepared.images)).logits
 
     def images(self, inputs) -> Tensor:
         """The images of the inputs (validated by :meth:`ViTAdapter.check_inputs`): a tensor (B, C, H, W) as
@@ -156,7 +157,7 @@ class _SiglipTowerAdapter(ViTAdapter):
         return value
 
 
-class HFSiglipAdapter(_SiglipTowerAdapter):
+class HFSiglipAdapter(_SiglipTowerAdapter[ImageBatch]):
     """Hugging Face ``SiglipForImageClassification``: the SigLIP vision tower, the mean of all tokens, a Linear.
 
     Any image size that is a multiple of the patch size is accepted; the position grid is resampled as the
@@ -167,8 +168,8 @@ class HFSiglipAdapter(_SiglipTowerAdapter):
         super().__init__(model)
         self.readout = self._readout(model)
 
-    def check_inputs(self, inputs) -> dict:
-        """Images (B, 3, H, W), or the processor's dict (:meth:`images`); ``prepared``: ``images``."""
+    def check_inputs(self, inputs) -> ImageBatch:
+        """Images (B, 3, H, W), or the processor's dict (:meth:`images`)."""
         return super().check_inputs(self.images(inputs))
 
     def _readout(self, model: ModelPart) -> Readout:
@@ -399,7 +400,7 @@ def similarity_with_bias(weight: Tensor, bias: Tensor) -> nn.Linear:
     return lin.requires_grad_(False)
 
 
-class SiglipImageAdapter(_SiglipTowerAdapter):
+class SiglipImageAdapter(_SiglipTowerAdapter[PromptedImageBatch]):
     """The vision tower of a Hugging Face ``SiglipModel``, read out as its sigmoid similarity to text prompts.
 
     Inputs as for CLIP (the processor's ``pixel_values`` (B, 3, H, W) and the prompts' ``input_ids`` (P, T),
@@ -407,8 +408,6 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
     ``logit_scale.exp() · cos(image, prompt) + logit_bias`` (before the sigmoid), a target is a prompt index. The
     image is pooled by the attention-pooling head (:class:`AttentionPoolReadout`). The text side is not explained.
     """
-
-    shared = ("prompt_ids", "prompt_mask", "prompt_embeddings")
 
     def __init__(self, model: ModelPart):
         super().__init__(model)
@@ -433,9 +432,9 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
             probe_attention,
         )
 
-    def readout_for(self, prepared: dict) -> AttentionPoolReadout:
+    def readout_for(self, prepared: PromptedImageBatch) -> AttentionPoolReadout:
         """The batch's readout: its prompts and its images' probe attention (``prepared``)."""
-        return self._readout(prepared["prompt_embeddings"], prepared.get("probe_attention"))
+        return self._readout(prepared.prompt_embeddings, prepared.probe_attention)
 
     def for_inputs(self, inputs) -> Adapter:
         side = inputs.get("explain", "image") if isinstance(inputs, Mapping) else "image"
@@ -445,15 +444,14 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
             )
         return self
 
-    def own_output(self, prepared: dict) -> Tensor:
+    def own_output(self, prepared: PromptedImageBatch) -> Tensor:
         """The model's own ``logits_per_image`` (B, P) against the batch's prompts."""
-        text = {"input_ids": prepared["prompt_ids"], "attention_mask": prepared["prompt_mask"]}
-        return self.model(**self.own_pixels(prepared["images"]), **text).logits_per_image
+        text = {"input_ids": prepared.prompt_ids, "attention_mask": prepared.prompt_mask}
+        return self.model(**self.own_pixels(prepared.images), **text).logits_per_image
 
-    def check_inputs(self, inputs) -> dict:
-        """Validate images and prompts; ``prepared``: ``images``, ``prompt_ids`` / ``prompt_mask``, the prompts'
-        scaled normalised embeddings ``prompt_embeddings`` (P, E) and the probe's head-mean attention
-        ``probe_attention`` (B, N) of a plain replay."""
+    def check_inputs(self, inputs) -> PromptedImageBatch:
+        """Validate images and prompts: the images, the prompts' ids / mask, their scaled normalised embeddings
+        (P, E) and the probe's head-mean attention (B, N) of a plain replay."""
         if not isinstance(inputs, Mapping) or "pixel_values" not in inputs or "input_ids" not in inputs:
             raise InputError(
                 f"{type(self.model).__name__} explains the similarity of images to text prompts: pass the "
@@ -461,18 +459,15 @@ class SiglipImageAdapter(_SiglipTowerAdapter):
                 "e.g. processor(text=['a dog', 'a cat'], images=img, padding='max_length', return_tensors='pt'); "
                 f"got {type(inputs).__name__}"
             )
-        prepared = super().check_inputs(self.images(inputs))
+        images = super().check_inputs(self.images(inputs)).images
         ids, mask = _prompts(inputs)
-        dtype = prepared["images"].dtype
         with torch.no_grad(), compute_precision(self.model), eval_semantics(self.model):
             text = self.model.get_text_features(input_ids=ids, attention_mask=inputs.get("attention_mask"))
-            prepared.update(
-                prompt_ids=ids, prompt_mask=mask, prompt_embeddings=_scaled_embeddings(self.model, text, dtype)
-            )
+            embeddings = _scaled_embeddings(self.model, text, images.dtype)
+            prepared = PromptedImageBatch(images=images, prompt_ids=ids, prompt_mask=mask, prompt_embeddings=embeddings)
             trace = self.forward(prepared)  # the plain replay: the probe's attention of each image
         assert isinstance(trace.readout_record, PoolRecord), "the attention-pooling readout's record"
-        prepared["probe_attention"] = trace.readout_record.A.mean(dim=1)[:, 0].detach()
-        return prepared
+        return prepared.replace(probe_attention=trace.readout_record.A.mean(dim=1)[:, 0].detach())
 
 
 __all__ = [

@@ -39,6 +39,7 @@ from ..rules.composites import Composite, Propagation
 from ..rules.linear import is_linear
 from ..rules.norms import norm_kind
 from ..rules.ops import LINEAR, PATCH_CONV
+from .batches import ImageBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
 from .heads import timm_scale
 from .parts import IDENTITY, ModelPart
@@ -224,7 +225,7 @@ def cpb_bias(mlp: nn.Module, table: Tensor, index: Tensor, heads: int, area: int
     return 16 * torch.sigmoid(bias)
 
 
-class SwinAdapter(ViTAdapter):
+class SwinAdapter(ViTAdapter[ImageBatch]):
     """What the Swin replays share: the patch embedding, the stages (blocks over window biases, patch mergings
     between them), the mean readout and the relevance pass back through the mergings.
 
@@ -244,9 +245,9 @@ class SwinAdapter(ViTAdapter):
         raise NotImplementedError
 
     # ------------------------------------------------------------- forward
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: ImageBatch, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """The patch conv and its norm, tokens row-major over the grid."""
-        images = prepared["images"]
+        images = prepared.images
         if track:
             images = images.detach().requires_grad_(True)
         patches = r.module(PATCH_CONV, self.patch_conv, images).flatten(2).transpose(1, 2)  # (B, N, C)
@@ -330,7 +331,7 @@ class SwinAdapter(ViTAdapter):
         composite: Composite,
         stop_block: int,
         to_input: bool,
-        prepared: Optional[dict],
+        prepared: Optional[ImageBatch],
         on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
         release: bool,
     ) -> BlockRelevance:

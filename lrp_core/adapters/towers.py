@@ -16,6 +16,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from .batches import ImageBatch
 from .clip import CLIPVisionEncoder
 from .dinov2 import Dinov2Encoder
 from .parts import ModelPart
@@ -24,7 +25,7 @@ from .siglip_tower import SiglipVisionEncoder
 from .vit import Encoder, ViTAdapter
 
 
-class VisionTower(ViTAdapter):
+class VisionTower(ViTAdapter[ImageBatch]):
     """A VLM's vision tower: ``encoder`` without a head, replayed up to its first ``layers`` blocks. ``model`` is
     the tower module."""
 
@@ -40,9 +41,9 @@ class VisionTower(ViTAdapter):
         """The description of the tower ``module``."""
         raise NotImplementedError
 
-    def layout(self, prepared: dict) -> TokenLayout:
+    def layout(self, prepared: ImageBatch) -> TokenLayout:
         """The tower's tokens: the prefix, then the patches in raster order."""
-        H, W = prepared["images"].shape[-2:]
+        H, W = prepared.images.shape[-2:]
         grid = (H // self.patch_size[0], W // self.patch_size[1])
         return TokenLayout(
             modality="image",

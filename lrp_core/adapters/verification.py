@@ -36,6 +36,7 @@ from ..errors import UnsupportedModelError
 from ..runtime.guard import engine_hook
 from ..runtime.own_forward import own_forward
 from ..runtime.precision import active_dtype, compute_dtype, is_half
+from .batches import Batch, DecoderBatch
 
 if TYPE_CHECKING:
     from .base import Adapter
@@ -87,31 +88,31 @@ def deviation(replay: Tensor, own: Tensor, mask: Optional[Tensor] = None) -> flo
     return float((a - b).abs().max() / b.abs().max().clamp(min=torch.finfo(torch.float64).tiny))
 
 
-def own_logits(adapter: "Adapter", prepared: dict, pieces: Sequence[Any]) -> tuple[Tensor, set]:
+def own_logits(adapter: "Adapter", prepared: Batch, pieces: Sequence[Any]) -> tuple[Tensor, set]:
     """The model's own explained output (B, C) for a prepared batch, piece by piece (``pieces``: the call's
     :class:`~lrp_core.runtime.pieces.Piece` list), and the hooked modules that ran only in it."""
     parts = []
     with own_forward(adapter.model) as run:
         for piece in pieces:
-            sub = adapter.take(prepared, piece.rows, piece.n) if len(pieces) > 1 or piece.n is not None else prepared
+            sub = prepared.take(piece.rows, piece.n) if len(pieces) > 1 or piece.n is not None else prepared
             for rows, group in adapter.own_pieces(sub):
                 parts.append((piece.rows.to(rows.device)[rows], adapter.own_output(group)))
     first = parts[0][1]
-    out = first.new_zeros((adapter.batch_size(prepared),) + tuple(first.shape[1:]))
+    out = first.new_zeros((prepared.size,) + tuple(first.shape[1:]))
     for rows, part in parts:
         out[rows.to(out.device)] = part.to(out.dtype)
     return out, run.unreflected
 
 
-def check(adapter: "Adapter", prepared: dict, logits: Tensor, pieces: Sequence[Any]) -> float:
+def check(adapter: "Adapter", prepared: Batch, logits: Tensor, pieces: Sequence[Any]) -> float:
     """Refuse a call whose replay does not reproduce the model's own output (see the module docstring).
 
     Parameters
     ----------
     adapter : Adapter
         The call's adapter.
-    prepared : dict
-        The prepared batch explained.
+    prepared : Batch
+        The batch explained.
     logits : Tensor
         (B, C) the logits the method read from the replay.
     pieces : sequence of Piece
@@ -133,7 +134,7 @@ def check(adapter: "Adapter", prepared: dict, logits: Tensor, pieces: Sequence[A
     if dev <= tol or unreflected:  # within tolerance; or the user's hooks the replay does not run (warned about)
         return dev
     row = _worst_row(logits, own)
-    where = locate(adapter, adapter.take(prepared, torch.tensor([row])), tol)
+    where = locate(adapter, prepared.take(torch.tensor([row])), tol)
     name = type(adapter.model).__name__
     half = " (a half-precision model, replayed and run in float32)" if is_half(adapter.model) else ""
     raise UnsupportedModelError(
@@ -199,7 +200,7 @@ def _first_tensor(value: Any) -> Optional[Tensor]:
     return hidden if isinstance(hidden, Tensor) else None
 
 
-def locate(adapter: "Adapter", prepared: dict, tol: float) -> str:
+def locate(adapter: "Adapter", prepared: Batch, tol: float) -> str:
     """Where the replay of one sample departs from the model's own forward: a sentence naming the first block
     whose output differs beyond ``tol`` (or the embedding, or the readout).
 
@@ -207,8 +208,8 @@ def locate(adapter: "Adapter", prepared: dict, tol: float) -> str:
     ----------
     adapter : Adapter
         The call's adapter.
-    prepared : dict
-        A prepared batch of one sample.
+    prepared : Batch
+        A batch of one sample.
     tol : float
         The tolerance of the call's dtype.
 
@@ -318,14 +319,14 @@ def logits_of(output: Any) -> Tensor:
     return first
 
 
-def unpadded_pieces(prepared: dict, length_dependent: bool, keep: tuple = ()) -> list[tuple[Tensor, dict]]:
-    """A decoder's prepared batch as groups of rows without padding: ``(rows, prepared of those rows)``, each row
+def unpadded_pieces(prepared: DecoderBatch, length_dependent: bool) -> list[tuple[Tensor, DecoderBatch]]:
+    """A decoder's batch as groups of rows without padding: ``(rows, the batch of those rows)``, each row
     cut to its real tokens (which must be contiguous; else the batch as it is), rows of one length together
     (``length_dependent``: and of one longest position, as a length-dependent rotary table needs).
 
-    Every (B, T, ...) entry is cut along T; the others (``keep``: the image entries) are taken by rows.
+    Every (B, T, ...) field is cut along T; the others (the batch's ``untrimmed``: the images) are taken by rows.
     """
-    mask = prepared["attention_mask"]
+    mask = prepared.attention_mask
     B, T = mask.shape
     lengths = mask.sum(dim=1)
     first = mask.argmax(dim=1)
@@ -334,15 +335,16 @@ def unpadded_pieces(prepared: dict, length_dependent: bool, keep: tuple = ()) ->
     if not torch.equal(inside, mask.bool()) or bool((lengths == T).all()):
         return [(torch.arange(B), prepared)]
     keys = lengths.tolist()
-    if length_dependent and prepared.get("position_ids") is not None:
-        top = prepared["position_ids"].masked_fill(mask == 0, -1).max(dim=1).values.tolist()
+    if length_dependent and prepared.position_ids is not None:
+        top = prepared.position_ids.masked_fill(mask == 0, -1).max(dim=1).values.tolist()
         keys = list(zip(keys, top))
     out = []
     for key in dict.fromkeys(keys):
         rows = torch.tensor([b for b in range(B) if keys[b] == key], device=mask.device)
         n = int(lengths[rows[0]])
         cols = first[rows][:, None] + torch.arange(n, device=mask.device)[None, :]
-        out.append((rows.cpu(), {k: _cut(v, rows, cols, B, T, k in keep) for k, v in prepared.items()}))
+        cut = {k: _cut(v, rows, cols, B, T, k in prepared.untrimmed) for k, v in prepared.per_sample().items()}
+        out.append((rows.cpu(), prepared.replace(**cut)))
     return out
 
 

@@ -14,7 +14,7 @@ Shapes: B batch, N tokens (prefix tokens + P patches), D width, C classes.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +25,7 @@ from ..rules.linear import is_linear
 from ..rules.norms import norm_kind
 from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
 from .base import Adapter
+from .batches import ImageBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
 from .heads import hf_heads, timm_scale
@@ -32,6 +33,9 @@ from .kernels import eager_softmax_dtype
 from .parts import IDENTITY, ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
+
+#: the batch a vision adapter reads: images, or images with the prompts they are compared with (CLIP, SigLIP)
+ImageT = TypeVar("ImageT", bound=ImageBatch)
 
 
 class Encoder:
@@ -70,7 +74,7 @@ class Encoder:
         raise NotImplementedError
 
 
-class ViTAdapter(Adapter):
+class ViTAdapter(Adapter[ImageT]):
     """What timm and Hugging Face ViTs share: image validation, layout, pixel relevance; with an
     :class:`Encoder` (:meth:`use_encoder`), its blocks and input layer."""
 
@@ -81,7 +85,7 @@ class ViTAdapter(Adapter):
     patch_size: tuple
 
     # ------------------------------------------------------------ validation
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> ImageBatch:
         name = type(self.model).__name__
         if isinstance(inputs, dict) or not isinstance(inputs, Tensor):
             raise InputError(
@@ -112,10 +116,10 @@ class ViTAdapter(Adapter):
             raise InputError(f"image size ({H}, {W}) is not a multiple of the patch size {self.patch_size}")
         if not torch.isfinite(inputs).all():
             raise InputError("images contain NaN or infinite values")
-        return {"images": inputs}
+        return ImageBatch(images=inputs)
 
-    def layout(self, prepared: dict) -> TokenLayout:
-        H, W = prepared["images"].shape[-2:]
+    def layout(self, prepared: ImageT) -> TokenLayout:
+        H, W = prepared.images.shape[-2:]
         grid = (H // self.patch_size[0], W // self.patch_size[1])
         return TokenLayout(
             modality="image",
@@ -127,7 +131,7 @@ class ViTAdapter(Adapter):
         )
 
     # ------------------------------------------------------------- relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, Tensor]:
+    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: ImageT) -> tuple[Tensor, Tensor]:
         """Block-0 input relevance -> pixels: (norm_pre), drop prefix, position add (token part), (patch norm),
         zᴮ conv (docs/METHODS.md §1.13)."""
         emb = trace.embedding
@@ -145,7 +149,7 @@ class ViTAdapter(Adapter):
         h, w = grid
         # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
         R_map = R_patch.contiguous().transpose(1, 2).reshape(R0.shape[0], -1, h, w)
-        (R_px,) = prop(PATCH_CONV, (prepared["images"],), R_map, module=self.patch_conv)
+        (R_px,) = prop(PATCH_CONV, (prepared.images,), R_map, module=self.patch_conv)
         pixels = R_px.sum(dim=1)  # (B, H, W)
         ph, pw = self.patch_size
         B, H, W = pixels.shape
@@ -174,16 +178,16 @@ class ViTAdapter(Adapter):
         assert self.encoder is not None, "an adapter without an encoder describes its own blocks"
         return self.encoder.block(i, layer)
 
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
-        """The encoder's input layer on ``prepared["images"]`` (:meth:`Encoder.embed`)."""
+    def embed(self, prepared: ImageT, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """The encoder's input layer on ``prepared.images`` (:meth:`Encoder.embed`)."""
         assert self.encoder is not None, "an adapter without an encoder embeds its own inputs"
-        return self.encoder.embed(prepared["images"], r, track)
+        return self.encoder.embed(prepared.images, r, track)
 
 
 # ----------------------------------------------------------------------------
 # timm
 # ----------------------------------------------------------------------------
-class TimmViTAdapter(ViTAdapter):
+class TimmViTAdapter(ViTAdapter[ImageBatch]):
     """timm ``VisionTransformer`` (ViT, DeiT, DINO, DINOv2 with LayerScale, register tokens) and
     ``VisionTransformerDistilled``; [CLS] or average pooling, with or without a class token."""
 
@@ -264,12 +268,12 @@ class TimmViTAdapter(ViTAdapter):
     def patch_norm(self) -> ModelPart:
         return self.model.patch_embed.norm
 
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+    def embed(self, prepared: ImageBatch, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """timm's ``patch_embed`` and ``_pos_embed``, each operation through the replay: the patch conv, its
         norm, the prefix tokens (cls, dist, reg) and the position add (after them, or on the patches alone
         with ``no_embed_class``). Dropout and patch dropout: inference (identities)."""
         m = self.model
-        images = prepared["images"]
+        images = prepared.images
         if track:
             images = images.detach().requires_grad_(True)
         conv = r.module(PATCH_CONV, self.patch_conv, images)  # (B, D, h, w); the size is a multiple of the patch
@@ -475,7 +479,7 @@ class HFViTEncoder(Encoder):
         return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
 
 
-class HFViTAdapter(ViTAdapter):
+class HFViTAdapter(ViTAdapter[ImageBatch]):
     """Hugging Face ``ViTForImageClassification`` (transformers 4.x and 5.x layouts): :class:`HFViTEncoder`,
     the [CLS] token after ``layernorm``, the classifier."""
 

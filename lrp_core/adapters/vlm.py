@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
 from .base import Adapter
+from .batches import ImageBatch, VLMBatch
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward, block_relprop
 from .checks import NO_EFFECT, input_keys, pixel_values
 from .decoder import REFUSED_INPUTS, DecoderAdapter
@@ -150,7 +151,7 @@ class VLMEmbeddingRecord(EmbeddingRecord):
 # ----------------------------------------------------------------------------
 # the adapter
 # ----------------------------------------------------------------------------
-class VLMAdapter(Adapter):
+class VLMAdapter(Adapter[VLMBatch]):
     """A generative vision-language model: a vision tower, a connector and a decoder language model.
 
     A family sets :meth:`_parts` (the language model, the head, the tower and the feature layer) and the
@@ -159,6 +160,7 @@ class VLMAdapter(Adapter):
 
     modality = "text"
     is_decoder = True
+    is_vlm = True
     mask_value = float("-inf")
     refused_methods = VLM_REFUSED_METHODS
     #: why ``explain_generation`` does not run on this family (``None``: it does): the generation loop extends
@@ -168,8 +170,6 @@ class VLMAdapter(Adapter):
     #: the processor's per-token entries (B, T) besides ``input_ids`` / ``attention_mask``, each with the value a
     #: generated token takes in it (the value the model's own ``generate`` gives it)
     generated_token_values: Mapping[str, int] = {}
-    #: the prepared entries that hold the rows' images, (B, k, 3, H, W) (not cut along a token axis)
-    image_entries: tuple[str, ...] = ("pixel_values",)
     #: the input keys read besides the text's
     image_inputs: tuple[str, ...] = ("pixel_values", "image_sizes")
     #: the language models the family explains: ``model_type`` -> (adapter module, decoder adapter class)
@@ -246,32 +246,40 @@ class VLMAdapter(Adapter):
         """P, the image tokens one image of patch grid ``grid`` gives. Default: one per patch."""
         return grid[0] * grid[1]
 
+    # ------------------------------------------------------------ the input space
+    def images_of(self, pixels: Tensor, grid: tuple) -> Tensor:
+        """The pixel values of n images as the batch holds them (n, ...) -> the images (n, C', H, W) a pixel map is
+        laid on (``grid`` the patch grid). Default: they are the images (n, 3, H, W)."""
+        return pixels
+
+    def pixels_of(self, images: Tensor, grid: tuple) -> Tensor:
+        """The inverse of :meth:`images_of`: the images (n, C', H, W) -> their pixel values as the batch holds them."""
+        return images
+
     # ------------------------------------------------------------ the model's own output
-    def own_pieces(self, prepared: dict) -> list:
+    def own_pieces(self, prepared: VLMBatch) -> list:
         """The decoder's: rows without their padding (the images taken by rows)."""
         from .verification import unpadded_pieces
 
-        return unpadded_pieces(prepared, self.text.length_dependent, (*self.image_entries, "patch_mask"))
+        return unpadded_pieces(prepared, self.text.length_dependent)
 
-    def own_inputs(self, prepared: dict) -> dict:
+    def own_inputs(self, prepared: VLMBatch) -> dict:
         """The model's own inputs for a prepared batch: the text's and the images (B · k, …), as the processor
         stacks them. A family whose forward reads other entries adds them."""
-        stacked = prepared["pixel_values"]
-        text = {k: prepared[k] for k in ("input_ids", "attention_mask", "position_ids")}
-        return {**text, "pixel_values": stacked.reshape(-1, *stacked.shape[2:])}
+        stacked = prepared.pixel_values
+        return {**self.text.own_inputs(prepared), "pixel_values": stacked.reshape(-1, *stacked.shape[2:])}
 
-    def own_output(self, prepared: dict) -> Tensor:
+    def own_output(self, prepared: VLMBatch) -> Tensor:
         """(B, V) the model's own logits at each row's read position."""
         from .verification import read_logits
 
-        read = prepared["read_at"].argmax(dim=-1)
-        return read_logits(self.model, {**self.own_inputs(prepared), "use_cache": False}, read, None)
+        return read_logits(self.model, {**self.own_inputs(prepared), "use_cache": False}, prepared.read, None)
 
     # ------------------------------------------------------------ validation
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> VLMBatch:
         """The processor's output: ``input_ids``, ``attention_mask``, ``pixel_values`` (k images per row, the same
         k for every row), and ``image_sizes`` where the processor gives it (each the image's own size).
-        ``prepared["pixel_values"]`` is (B, k, 3, H, W)."""
+        The batch's ``pixel_values`` are (B, k, 3, H, W)."""
         name = type(self.model).__name__
         if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
             raise InputError(
@@ -293,8 +301,8 @@ class VLMAdapter(Adapter):
         }
         input_keys(inputs, name, self.text.honoured_inputs + self.image_inputs, refused, NO_EFFECT)
         prepared = self.text.check_inputs({k: inputs[k] for k in self.text.honoured_inputs if k in inputs})
-        images = self.tower.check_inputs(pixel_values(inputs["pixel_values"]))["images"]
-        ids, mask = prepared["input_ids"], prepared["attention_mask"]
+        images = self.tower.check_inputs(pixel_values(inputs["pixel_values"])).images
+        ids, mask = prepared.input_ids, prepared.attention_mask
         B = ids.shape[0]
         if images.shape[0] % B:
             raise InputError(
@@ -302,7 +310,7 @@ class VLMAdapter(Adapter):
                 "must hold the same number of images (the processor stacks them in row order)"
             )
         k = images.shape[0] // B
-        grid = self.tower.layout({"images": images}).grid
+        grid = self.tower.layout(ImageBatch(images=images)).grid
         assert grid is not None, "an image layout has its patch grid"
         P = self.tokens_per_image(grid)
         placeholders = ids == self.image_token_id
@@ -325,26 +333,21 @@ class VLMAdapter(Adapter):
                     f"image_sizes must give each image's own size {tuple(images.shape[-2:])} "
                     f"({B * k}, 2): images cropped or padded inside pixel_values are not explained"
                 )
-        return {**prepared, "pixel_values": images.reshape(B, k, *images.shape[1:])}
+        return VLMBatch.of(prepared, images.reshape(B, k, *images.shape[1:]))
 
-    def take(self, prepared: dict, rows: Tensor, n: Optional[int] = None) -> dict:
-        """The rows' text (cut to ``n`` tokens) and their images."""
-        text = super().take({k: v for k, v in prepared.items() if k not in self.image_entries}, rows, n)
-        return {**text, **{k: prepared[k][rows.to(prepared[k].device)] for k in self.image_entries}}
-
-    def at_position(self, prepared: dict, position) -> dict:
+    def at_position(self, prepared: VLMBatch, position) -> VLMBatch:
         return self.text.at_position(prepared, position)
 
-    def readout_for(self, prepared: dict):
+    def readout_for(self, prepared: VLMBatch):
         return self.text.readout_for(prepared)
 
-    def layout(self, prepared: dict) -> TokenLayout:
+    def layout(self, prepared: VLMBatch) -> TokenLayout:
         """The decoder's layout, with the patch grid, the image size and each patch's image token
         (``image_tokens`` (B, k·h·w): positions in the sequence, raster order, image after image)."""
-        images = prepared["pixel_values"]
-        grid = self.tower.layout({"images": images[:, 0]}).grid
+        images = prepared.pixel_values
+        grid = self.tower.layout(ImageBatch(images=images[:, 0])).grid
         assert grid is not None, "an image layout has its patch grid"
-        ids = prepared["input_ids"]
+        ids = prepared.input_ids
         # each row's image tokens in order: their positions, first the image tokens, by a stable sort
         where = torch.argsort((ids != self.image_token_id).to(torch.int8), dim=1, stable=True)
         P = self.tokens_per_image(grid)
@@ -361,30 +364,30 @@ class VLMAdapter(Adapter):
     ) -> list:
         return self.text.block_context(x0, mask, positions, fused)
 
-    def tower_inputs(self, prepared: dict, images: Tensor) -> dict:
+    def tower_inputs(self, prepared: VLMBatch, images: Tensor) -> ImageBatch:
         """What the tower's embedding reads: the images (B · k, 3, H, W); a family adds its own entries.
 
         Parameters
         ----------
-        prepared : dict
-            The prepared batch.
+        prepared : VLMBatch
+            The batch.
         images : Tensor
             (B · k, 3, H, W) the images, one after the other.
 
         Returns
         -------
-        dict
-            The tower's prepared input (``images`` and the family's entries).
+        ImageBatch
+            The tower's batch (the images and the family's entries).
         """
-        return {"images": images}
+        return ImageBatch(images=images)
 
-    def tower_bias(self, prepared: dict, x: Tensor) -> Optional[Tensor]:
+    def tower_bias(self, prepared: VLMBatch, x: Tensor) -> Optional[Tensor]:
         """The additive key mask of every tower block (``None``: none; a family with padded patches has one).
 
         Parameters
         ----------
-        prepared : dict
-            The prepared batch.
+        prepared : VLMBatch
+            The batch.
         x : Tensor
             (B · k, N_v, D_v) the tower's block-0 input.
 
@@ -395,11 +398,11 @@ class VLMAdapter(Adapter):
         """
         return None
 
-    def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
+    def embed(self, prepared: VLMBatch, r: Replay = NO_RECORD, track: bool = False) -> VLMEmbeddingRecord:
         """The tower up to the feature layer, the connector, and the features scattered into the word embeddings
         at the image tokens — every operation through the same replay ``r``. ``track``: the pixels are the leaf
         (``images``, one image per row; several: the stacked images, not recorded)."""
-        stacked = prepared["pixel_values"]  # (B, k, 3, H, W)
+        stacked = prepared.pixel_values  # (B, k, 3, H, W)
         B, k = stacked.shape[:2]
         images = stacked[:, 0] if k == 1 else stacked
         if track:
@@ -413,7 +416,7 @@ class VLMAdapter(Adapter):
             x = rec.out
         selected = self.select(x)
         connector, features = self.connect(selected, r)
-        ids = prepared["input_ids"]
+        ids = prepared.input_ids
         words = self.text.embed_tokens(ids)
         image_mask = ids == self.image_token_id
         x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
@@ -431,14 +434,14 @@ class VLMAdapter(Adapter):
 
     # ------------------------------------------------------------ relevance
     def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict
+        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: VLMBatch
     ) -> tuple[Tensor, Optional[Tensor]]:
         """Token scores: the relevance of every position's embedding, summed over channels (padding 0); pixels
         (one image per row, else ``None``): the image tokens' relevance back through the connector, the tower's
         blocks (the explicit pass) and its embedding (:meth:`ViTAdapter.input_relevance`)."""
         emb = trace.embedding
         assert isinstance(emb, VLMEmbeddingRecord)
-        scores = R0.sum(-1) * prepared["attention_mask"].to(R0.dtype)
+        scores = R0.sum(-1) * prepared.attention_mask.to(R0.dtype)
         if emb.images is None:  # several images per row: the image tokens are scored, no pixel map is given
             return scores, None
         B, _, D = R0.shape
@@ -447,7 +450,8 @@ class VLMAdapter(Adapter):
         for b in range(len(self.tower.blocks) - 1, -1, -1):
             R, _ = block_relprop(self.tower.blocks[b], emb.vision_blocks[b], R, prop)
         vision = Trace(x0=emb.vision.x0, embedding=emb.vision)
-        _, pixels = self.tower.input_relevance(vision, R, prop, {"images": emb.vision.images})
+        assert emb.vision.images is not None, "one image per row: the tower's embedding records its images"
+        _, pixels = self.tower.input_relevance(vision, R, prop, ImageBatch(images=emb.vision.images))
         return scores, pixels
 
 

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from .batches import VLMBatch
 from .blocks import NO_RECORD, Replay
 from .decoder import position_ids
 from .readouts import HeadLayer, PositionReadout
@@ -129,15 +130,15 @@ class GroupedAttentionVLM(VLMAdapter):
         forward."""
         raise NotImplementedError
 
-    def own_inputs(self, prepared: dict) -> dict:
+    def own_inputs(self, prepared: VLMBatch) -> dict:
         """The base's, with the ``token_type_ids`` of the batch's attention groups."""
-        return {**super().own_inputs(prepared), "token_type_ids": self.types_of(prepared["attention_groups"])}
+        return {**super().own_inputs(prepared), "token_type_ids": self.types_of(prepared.groups)}
 
-    def check_inputs(self, inputs) -> dict:
+    def check_inputs(self, inputs) -> VLMBatch:
         """:meth:`VLMAdapter.check_inputs`, and ``token_type_ids`` (B, T) (optional: the processor's) read into
-        ``prepared["attention_groups"]`` (B, T) long."""
+        the batch's ``attention_groups`` (B, T) long."""
         prepared = super().check_inputs(inputs)
-        ids = prepared["input_ids"]
+        ids = prepared.input_ids
         given = inputs.get("token_type_ids")
         if given is None:
             groups = torch.full_like(ids, -1)
@@ -151,24 +152,24 @@ class GroupedAttentionVLM(VLMAdapter):
                     f"processor's, one type per token); got {tuple(types.shape)} {types.dtype}"
                 )
             groups = self.groups_of(types.long())
-        return {**prepared, "attention_groups": groups}
+        return prepared.replace(attention_groups=groups)
 
-    def readout_for(self, prepared: dict) -> GroupedPositionReadout:
+    def readout_for(self, prepared: VLMBatch) -> GroupedPositionReadout:
         """The decoder's readout of the batch, with its rows' attention groups."""
         head = super().readout_for(prepared)
-        groups = prepared.get("attention_groups")
+        groups = prepared.attention_groups
         if groups is None:
             raise InputError(
                 f"{type(self.model).__name__}: the batch has no attention groups; prepare it with adapter.check_inputs"
             )
         return GroupedPositionReadout(head.norm, head.head_layers, head.positions, groups)
 
-    def at_position(self, prepared: dict, position) -> dict:
+    def at_position(self, prepared: VLMBatch, position) -> VLMBatch:
         """The decoder's ``position=``; a position inside a group that has real tokens after it is refused: the
         prediction there reads those later tokens too, so the tokens before it are not its whole context."""
         out = super().at_position(prepared, position)
-        groups, mask = prepared["attention_groups"], prepared["attention_mask"]
-        read = out["read_at"].argmax(dim=-1)
+        groups, mask = prepared.groups, prepared.attention_mask
+        read = out.read
         for b in range(groups.shape[0]):
             p, g = int(read[b]), int(groups[b, read[b]])
             later = (groups[b, p + 1 :] == g) & (mask[b, p + 1 :] != 0)

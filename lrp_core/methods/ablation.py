@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..adapters.batches import DecoderBatch
 from ..errors import InputError, UnsupportedModelError
 from ..runtime.extras import require
 from ..runtime.utils import progress_bar
@@ -61,7 +62,7 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
     Parameters
     ----------
     c : Call
-        The method call (adapter, prepared batch with ``read_at``, options with ``filler``).
+        The method call (adapter, a decoder batch, options with ``filler``).
     target : Tensor
         (B,) the explained class (token) per row.
     drop : Tensor
@@ -77,8 +78,8 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
     InputError
         If ``filler`` is not a token id of the model.
     """
-    a, p, opt = c.adapter, c.prepared, c.method
-    ids, mask, pos, read = p["input_ids"], p["attention_mask"], p["position_ids"], p["read_at"]
+    a, p, opt = c.adapter, decoder_batch(c), c.method
+    ids, mask, pos, read = p.input_ids, p.attention_mask, p.position_ids, p.read_at
     B, M, T = drop.shape
     dev = ids.device
     rows = torch.arange(B, device=dev).repeat_interleave(M)
@@ -96,24 +97,24 @@ def ablated_outputs(c: Call, target: Tensor, drop: Tensor) -> Tensor:
     chunks = torch.arange(B * M, device=dev).split(opt.batch_size)
     for chunk in progress_bar(chunks, bool(c.shared.progress), desc="ablations", unit="batch", leave=False):
         b, d = rows[chunk], flat[chunk]
-        rest = a.take(p, b)  # every per-row entry (a VLM's images and token types too), then the ablated text
+        rest = p.take(b)  # every per-row field (a VLM's images and token types too), then the ablated text
         if opt.filler is None:
             m = mask[b] * (~d).to(mask.dtype)
             ps = (pos[b] - (d & (mask[b] != 0)).long().cumsum(-1)).clamp(min=0)
-            sub = {**rest, "input_ids": ids[b], "attention_mask": m, "position_ids": ps, "read_at": read[b]}
+            sub = rest.replace(input_ids=ids[b], attention_mask=m, position_ids=ps, read_at=read[b])
         else:
-            sub = {
-                **rest,
-                "input_ids": ids[b].masked_fill(d, opt.filler),
-                "attention_mask": mask[b],
-                "position_ids": pos[b],
-                "read_at": read[b],
-            }
+            sub = rest.replace(input_ids=ids[b].masked_fill(d, opt.filler))
         out[chunk.cpu()] = c.output(logits_only(c, sub), target[b], rows=b).detach().double().cpu()
     return out.reshape(B, M)
 
 
-def logits_only(c: Call, prepared: dict) -> Tensor:
+def decoder_batch(c: Call) -> DecoderBatch:
+    """The call's batch, which the source methods (decoders only) read as a :class:`DecoderBatch`."""
+    assert isinstance(c.prepared, DecoderBatch), "the source methods run on decoder language models only"
+    return c.prepared
+
+
+def logits_only(c: Call, prepared: DecoderBatch) -> Tensor:
     """(B, C) the logits of a replay of ``prepared`` that keeps no block record.
 
     Each block's record is dropped once the next block has its output, so the pass holds one block's activations
@@ -123,8 +124,8 @@ def logits_only(c: Call, prepared: dict) -> Tensor:
     ----------
     c : Call
         The method call (its adapter).
-    prepared : dict
-        A prepared decoder batch: ``input_ids``, ``attention_mask``, ``position_ids``, ``read_at``.
+    prepared : DecoderBatch
+        A decoder batch.
 
     Returns
     -------
@@ -134,7 +135,7 @@ def logits_only(c: Call, prepared: dict) -> Tensor:
     a = c.adapter
     x0 = a.embed(prepared).x0
     return a.run_blocks(
-        x0, prepared["attention_mask"], keep=False, readout=a.readout_for(prepared), positions=prepared["position_ids"]
+        x0, prepared.attention_mask, keep=False, readout=a.readout_for(prepared), positions=prepared.position_ids
     ).logits
 
 
@@ -172,10 +173,10 @@ def leave_one_out(c: Call) -> MethodResult:
     """
     cols = _sources_of(c, "leave_one_out")
     with torch.no_grad():
-        logits = logits_only(c, c.prepared)
+        logits = logits_only(c, decoder_batch(c))
         target = c.resolve(logits)
         full = c.output(logits, target).detach().double().cpu()
-        inside = membership(cols, c.prepared["input_ids"].shape[1], torch.float64).cpu()  # (B, S, T)
+        inside = membership(cols, decoder_batch(c).input_ids.shape[1], torch.float64).cpu()  # (B, S, T)
         without = ablated_outputs(c, target, inside.bool())
     return _result(c, logits, target, full[:, None] - without, inside, cols.shape[1] + 1)
 
@@ -265,9 +266,9 @@ def context_cite(c: Call[ContextCite]) -> MethodResult:
     if opt.alpha > 0:  # a missing scikit-learn is said before any pass runs
         require("sklearn.linear_model", "sources", "context_cite")
     with torch.no_grad():
-        logits = logits_only(c, c.prepared)
+        logits = logits_only(c, decoder_batch(c))
         target = c.resolve(logits)
-        inside = membership(cols, c.prepared["input_ids"].shape[1], torch.float64).cpu()  # (B, S, T)
+        inside = membership(cols, decoder_batch(c).input_ids.shape[1], torch.float64).cpu()  # (B, S, T)
         keep = ablation_masks(cols.shape[1], opt.n_ablations, opt.keep_prob, opt.seed)  # (M, S)
         # a token goes when a source that holds it goes
         drop = torch.einsum("ms,bst->bmt", (~keep).double(), inside) > 0

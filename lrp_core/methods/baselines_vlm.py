@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
+from ..adapters.batches import VLMBatch
 from ..errors import InputError, UnsupportedModelError
 from ..runtime.guard import engine_hook
 from .call import Call, MethodResult
@@ -105,9 +106,9 @@ class VLMInputs:
         forward: the replay from the pixels and the word embeddings (B, T, D) to the (contrasted) logits;
             ``words`` stand in for the output of the language model's token embedding (an engine hook for that
             replay).
-        inputs: (pixels, words), detached copies of the method's own; pixels as prepared, (B, k, 3, H, W) or
+        inputs: (pixels, words), detached copies of the method's own; pixels as the batch holds them, (B, k, 3, H, W) or
             (B, k, N, F).
-        args: the prepared entries besides the pixels, and the contrast class.
+        args: the batch's per-sample fields besides the pixels, and the contrast class.
         text: (B, T) bool, the text features: context tokens that are not image placeholders.
     """
 
@@ -135,7 +136,7 @@ class VLMInputs:
 
 
 def is_vlm(c: Call) -> bool:
-    """Whether a call is a vision-language model's: its adapter names an image token and the batch holds pixels.
+    """Whether a call is a vision-language model's: its batch is a :class:`VLMBatch` (text with images).
 
     Parameters
     ----------
@@ -147,12 +148,12 @@ def is_vlm(c: Call) -> bool:
     bool
         True for a VLM's call.
     """
-    return getattr(c.adapter, "image_token_id", None) is not None and "pixel_values" in c.prepared
+    return isinstance(c.prepared, VLMBatch)
 
 
-def _flattened(c: Call) -> bool:
-    """Qwen-VL's pixels: flattened patches (B, k, N, F) with the adapter's map to the images (``_image``)."""
-    return c.prepared["pixel_values"].dim() == 4 and hasattr(c.adapter, "_image")
+def _batch(c: Call) -> VLMBatch:
+    assert isinstance(c.prepared, VLMBatch), "the VLM baselines run on a VLM's batch"
+    return c.prepared
 
 
 def vlm_inputs(c: Call) -> VLMInputs:
@@ -171,34 +172,34 @@ def vlm_inputs(c: Call) -> VLMInputs:
     Raises
     ------
     UnsupportedModelError
-        If the model's ``pixel_values`` are neither images (B, k, 3, H, W) nor Qwen-VL's flattened patches.
+        If the adapter's images of the batch's ``pixel_values`` are not (B, k, C', H, W).
     """
-    adapter: Any = c.adapter  # a VLMAdapter (its ``text`` decoder and ``image_token_id``)
-    prepared = c.prepared
-    images = prepared["pixel_values"]
-    if images.dim() != 5 and not _flattened(c):
+    adapter: Any = c.adapter  # a VLMAdapter (its ``text`` decoder, ``image_token_id``, ``images_of``)
+    prepared = _batch(c)
+    images = prepared.pixel_values
+    if _to_images(c, images[:1]).dim() != 5:
         raise UnsupportedModelError(
             f"{type(adapter.model).__name__}: its pixel_values are neither images (B, k, 3, "
             "H, W) nor flattened patches on a patch grid, so the Captum baselines have no "
             "pixel map to give"
         )
     module = adapter.text.model.get_input_embeddings()
-    ids = prepared["input_ids"]
+    ids = prepared.input_ids
     with torch.no_grad():
         words = module(ids).detach()
-    keys = tuple(k for k in prepared if k != "pixel_values")
+    given = {k: v for k, v in prepared.per_sample().items() if k != "pixel_values" and v is not None}
+    keys = tuple(given)
 
     def forward(pixels: Tensor, embeds: Tensor, *values: Any) -> Tensor:
         *entries, neg = values
         with output_replaced(module, embeds):
-            trace = adapter.forward({**dict(zip(keys, entries)), "pixel_values": pixels}, grad=torch.is_grad_enabled())
+            batch = prepared.replace(**dict(zip(keys, entries)), pixel_values=pixels)
+            trace = adapter.forward(batch, grad=torch.is_grad_enabled())
         return contrast(trace.logits, neg)
 
     mask = adapter.layout(prepared).mask  # a decoder's layout always has one
     text = (ids != adapter.image_token_id) & mask.bool().to(ids.device)
-    return VLMInputs(
-        forward, (images.detach().clone(), words.clone()), tuple(prepared[k] for k in keys) + (c.negative,), text
-    )
+    return VLMInputs(forward, (images.detach().clone(), words.clone()), tuple(given.values()) + (c.negative,), text)
 
 
 # ----------------------------------------------------------------------------
@@ -213,20 +214,18 @@ def _grid(c: Call) -> tuple[int, int]:
 def _to_images(c: Call, x: Tensor) -> Tensor:
     """A tensor shaped like the pixels (B, k, ...) -> (B, k, C', H, W) on the images (Qwen-VL: the frames' channels
     side by side, C' = C · T)."""
-    if not _flattened(c):
-        return x
-    B, k, N, _ = x.shape
-    images = c.adapter._image(x.reshape(B * k, N, -1), _grid(c))  # type: ignore[attr-defined]
+    B, k = x.shape[:2]
+    adapter: Any = c.adapter  # a VLMAdapter
+    images = adapter.images_of(x.flatten(0, 1), _grid(c))
     return images.reshape(B, k, *images.shape[1:])
 
 
 def _from_images(c: Call, images: Tensor) -> Tensor:
     """The inverse of :func:`_to_images`: (B, k, C', H, W) -> shaped like the pixels."""
-    if not _flattened(c):
-        return images
     B, k = images.shape[:2]
-    patches = c.adapter._patches(images.flatten(0, 1), _grid(c))  # type: ignore[attr-defined]
-    return patches.reshape(B, k, -1, patches[0].numel())
+    adapter: Any = c.adapter  # a VLMAdapter
+    pixels = adapter.pixels_of(images.flatten(0, 1), _grid(c))
+    return pixels.reshape(B, k, *pixels.shape[1:])
 
 
 def _features(c: Call, v: VLMInputs, i: int) -> tuple[Tensor, Tensor]:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..adapters.base import Adapter, TokenLayout, Trace
+from ..adapters.batches import Batch
 from ..adapters.readouts import Readout
 from ..explanation import ResultFields
 from .options import Method, Shared
@@ -74,7 +75,7 @@ class Call(Generic[M]):
     """
 
     adapter: Adapter
-    prepared: dict
+    prepared: Batch
     layout: TokenLayout
     resolve: TargetResolver
     method: M

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..adapters.base import Adapter
+from ..adapters.batches import Batch, ImageBatch, TextBatch
 from ..errors import InputError, UnsupportedModelError
 from ..runtime.guard import engine_hook
 from .baselines_vlm import contrast as _contrast
@@ -37,7 +38,7 @@ class Attributed:
     Attributes:
         forward: the adapter's replay from ``inputs`` to the (contrasted) logits.
         inputs: (B, 3, H, W) pixels or (B, T, E) word embeddings, detached.
-        args: the per-sample additional forward arguments (text: the prepared entries; the contrast class).
+        args: the per-sample additional forward arguments (text: the batch's per-sample fields; the contrast class).
         mask: (B, T) 1 = a feature (text: a real token; decoders: a context token), else ``None``.
         module: the word-embedding module (text), else ``None``.
         cut_anywhere: a row may be cut to its features wherever they lie (decoders: position ids follow the
@@ -72,7 +73,7 @@ class Attributed:
         return tuple(a[i : i + 1] if isinstance(a, Tensor) else a for a in self.args)
 
 
-def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
+def word_embedding_module(adapter: Adapter, prepared: Batch) -> nn.Module:
     """The ``nn.Embedding`` whose output the adapter reads as the word embeddings (``EmbeddingRecord.embeds``).
 
     It is found by identity during one embedding pass, with temporary hooks on the model's ``nn.Embedding``
@@ -82,8 +83,8 @@ def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
     ----------
     adapter : Adapter
         The text model's adapter.
-    prepared : dict
-        A prepared batch.
+    prepared : Batch
+        A batch of the adapter's.
 
     Returns
     -------
@@ -110,11 +111,11 @@ def word_embedding_module(adapter: Adapter, prepared: dict) -> nn.Module:
     )
 
 
-def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor] = None) -> Attributed:
+def forward_function(adapter: Adapter, prepared: Batch, negative: Optional[Tensor] = None) -> Attributed:
     """The forward function the baselines give Captum, with its inputs and additional arguments.
 
-    Images: ``f(pixels, negative)``. Text: ``f(embeddings, *prepared entries, negative)``, where for one replay
-    ``embeddings`` stands in for the word-embedding module's output (for decoders the prepared entries include
+    Images: ``f(pixels, negative)``. Text: ``f(embeddings, *the batch's per-sample fields, negative)``, where for
+    one replay ``embeddings`` stands in for the word-embedding module's output (for decoders the fields include
     ``read_at``, so the logits are read at each row's read position). Calling Captum as
     ``Method(a.forward).attribute(a.inputs, target=..., additional_forward_args=a.args)`` computes the methods.
 
@@ -122,8 +123,8 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
     ----------
     adapter : Adapter
         The model's adapter.
-    prepared : dict
-        The prepared batch (B rows).
+    prepared : Batch
+        The batch (B rows).
     negative : Optional[Tensor], optional
         (B,) a contrast class per row: the forward then returns ``y_c - y_negative`` for every class c.
 
@@ -138,24 +139,26 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
     UnsupportedModelError
         If the word embeddings are not the output of one ``nn.Embedding`` module (text).
     """
-    if "images" in prepared:
+    if isinstance(prepared, ImageBatch):
+        batch = prepared
 
         def forward_images(images: Tensor, neg: Optional[Tensor] = None) -> Tensor:
-            trace = adapter.forward({**prepared, "images": images}, grad=torch.is_grad_enabled())
+            trace = adapter.forward(batch.replace(images=images), grad=torch.is_grad_enabled())
             return _contrast(trace.logits, neg)
 
-        return Attributed(forward_images, prepared["images"].detach(), (negative,))
+        return Attributed(forward_images, prepared.images.detach(), (negative,))
 
-    # per-sample entries travel with the samples (Captum repeats / slices them); shared ones (CLIP's images of the
-    # text side) are the adapter's fact and stay whole
-    shared = {k: v for k, v in prepared.items() if k in adapter.shared}
-    keys = tuple(k for k in prepared if k not in shared)
+    assert isinstance(prepared, TextBatch), "a batch holds images or tokens"
+    # per-sample fields travel with the samples (Captum repeats / slices them); shared ones (CLIP's images of the
+    # text side) are the batch's fact and stay whole
+    given = {k: v for k, v in prepared.per_sample().items() if v is not None}
+    keys = tuple(given)
     module = word_embedding_module(adapter, prepared)
 
     def forward(embeds: Tensor, *values: Any) -> Tensor:
         *entries, neg = values
         with _output_replaced(module, embeds):
-            trace = adapter.forward({**shared, **dict(zip(keys, entries))}, grad=torch.is_grad_enabled())
+            trace = adapter.forward(prepared.replace(**dict(zip(keys, entries))), grad=torch.is_grad_enabled())
         return _contrast(trace.logits, neg)
 
     with torch.no_grad():
@@ -164,10 +167,8 @@ def forward_function(adapter: Adapter, prepared: dict, negative: Optional[Tensor
     embeds = embeds.detach()
     decoder = adapter.is_decoder
     # a decoder's features are the context of the prediction read (the layout's mask), an encoder's its real tokens
-    features = adapter.layout(prepared).mask if decoder else prepared["attention_mask"]
-    return Attributed(
-        forward, embeds, tuple(prepared[k] for k in keys) + (negative,), features, module, cut_anywhere=decoder
-    )
+    features = adapter.layout(prepared).mask if decoder else prepared.attention_mask
+    return Attributed(forward, embeds, tuple(given.values()) + (negative,), features, module, cut_anywhere=decoder)
 
 
 # ----------------------------------------------------------------------------

@@ -58,10 +58,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
+from ..adapters.batches import Batch
 from ..errors import InputError
 from ..rules.linear import is_linear
 from .precision import active_dtype, compute_dtype
@@ -136,15 +137,16 @@ BACKWARD: dict[str, Any] = dict(tmp_act=6, tmp_mlp=3, tmp_att=3)  # autograd's b
 ABLATED_PASS = Profile(**REPLAY_ONLY, layers=True, tmp_att=1)
 
 
-def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = None) -> SizeFacts:
-    """The :class:`SizeFacts` of an adapter's model on a prepared batch (``tokens``: override ``N``).
+def facts_of(adapter: Any, prepared: Optional[Batch], tokens: Optional[int] = None) -> SizeFacts:
+    """The :class:`SizeFacts` of an adapter's model on a batch (``tokens``: override ``N``; then the batch may be
+    ``None``).
 
     Parameters
     ----------
     adapter : Any
         The model's adapter.
-    prepared : Mapping[str, Any]
-        The prepared batch (``input_ids`` or ``pixel_values`` and the rest).
+    prepared : Optional[Batch]
+        The adapter's batch (:mod:`lrp_core.adapters.batches`); ``None`` with ``tokens``.
     tokens : Optional[int], optional
         Override for the number of tokens ``N``.
 
@@ -161,7 +163,10 @@ def facts_of(adapter: Any, prepared: Mapping[str, Any], tokens: Optional[int] = 
         or spec.mlp.fc1.out_features * (2 if getattr(spec.mlp, "gated", False) else 1)
         for spec in adapter.blocks
     ]
-    n = tokens if tokens is not None else adapter.layout(prepared).num_tokens
+    if tokens is None:
+        assert prepared is not None, "the tokens of a batch, or the tokens given"
+        tokens = adapter.layout(prepared).num_tokens
+    n = tokens
     return SizeFacts(
         blocks=adapter.num_blocks,
         tokens=int(n),

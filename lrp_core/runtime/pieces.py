@@ -6,8 +6,8 @@ results are scattered back in batch order — every field, as if explained at on
 several lengths is first grouped by length and each group explained without its padding
 (docs/METHODS.md §5.8): every sample then gets exactly the arithmetic of being explained alone.
 
-What is per sample and what is shared by the batch (CLIP's prompts / images) is the adapter's fact
-(:meth:`~lrp_core.adapters.base.Adapter.take`); so is the modality (``adapter.modality``).
+What is per sample and what is shared by the batch (CLIP's prompts / images) is the batch's fact
+(:meth:`~lrp_core.adapters.batches.Batch.take`); the modality is the adapter's (``adapter.modality``).
 
 Shapes: B batch, T (padded) tokens, n a group's length.
 """
@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..adapters.base import Adapter
+from ..adapters.batches import Batch, TextBatch
 from ..explanation import RESULT_FIELDS, Conservation, ResultField
 from ..methods.call import Call, MethodResult
 from ..methods.options import Method, Shared
@@ -36,7 +37,7 @@ class Piece(NamedTuple):
     n: Optional[int]
 
 
-def length_groups(prepared: dict) -> Optional[list[Piece]]:
+def length_groups(prepared: TextBatch) -> Optional[list[Piece]]:
     """Right-padded text of several lengths: the samples grouped by length, else ``None``.
 
     Each group is explained without padding, so every sample gets exactly the
@@ -46,8 +47,8 @@ def length_groups(prepared: dict) -> Optional[list[Piece]]:
 
     Parameters
     ----------
-    prepared : dict
-        The adapter's prepared batch (``input_ids``, ``attention_mask``, ...).
+    prepared : TextBatch
+        The adapter's batch of tokens.
 
     Returns
     -------
@@ -55,7 +56,7 @@ def length_groups(prepared: dict) -> Optional[list[Piece]]:
         One :class:`Piece` per length (rows and the length n), or ``None`` when
         the batch is not right-padded text of several lengths.
     """
-    mask = prepared["attention_mask"]
+    mask = prepared.attention_mask
     lengths = mask.sum(dim=1)
     T = mask.shape[1]
     prefix = (torch.arange(T, device=mask.device)[None, :] < lengths[:, None]).long()
@@ -64,7 +65,7 @@ def length_groups(prepared: dict) -> Optional[list[Piece]]:
     return [Piece(torch.nonzero(lengths == n).flatten(), int(n)) for n in lengths.unique().tolist()]
 
 
-def plan(adapter: Adapter, prepared: dict, method: Method, shared: Shared) -> list[Piece]:
+def plan(adapter: Adapter, prepared: Batch, method: Method, shared: Shared) -> list[Piece]:
     """The pieces a batch is explained in.
 
     Right-padded text of several lengths is first grouped by length (:func:`length_groups`); each group
@@ -75,8 +76,8 @@ def plan(adapter: Adapter, prepared: dict, method: Method, shared: Shared) -> li
     ----------
     adapter : Adapter
         The model's adapter.
-    prepared : dict
-        The prepared batch.
+    prepared : Batch
+        The batch.
     method : Method
         The method: its memory profile (``method.memory``) and the options the estimate reads
         (``keep_heads``, ``batch_size``: :meth:`Method.memory_knobs`).
@@ -88,9 +89,9 @@ def plan(adapter: Adapter, prepared: dict, method: Method, shared: Shared) -> li
     list[Piece]
         The pieces, each with its sample indices (K,) and trimmed length.
     """
-    groups = length_groups(prepared) if adapter.modality == "text" else None
+    groups = length_groups(prepared) if isinstance(prepared, TextBatch) else None
     if groups is None:
-        groups = [Piece(torch.arange(adapter.batch_size(prepared)), None)]  # indices, moved where they index
+        groups = [Piece(torch.arange(prepared.size), None)]  # indices, moved where they index
     budget = None
     pieces = []
     for rows, n in groups:
@@ -108,7 +109,7 @@ def plan(adapter: Adapter, prepared: dict, method: Method, shared: Shared) -> li
 
 
 def call_for(call: Call, piece: Piece) -> Call:
-    """The call of one piece: its samples (:meth:`Adapter.take`), their layout, readout, targets, contrast.
+    """The call of one piece: its samples (:meth:`Batch.take`), their layout, readout, targets, contrast.
 
     Parameters
     ----------
@@ -123,7 +124,7 @@ def call_for(call: Call, piece: Piece) -> Call:
         The call on the piece's K samples.
     """
     a, (rows, n) = call.adapter, piece
-    sub = a.take(call.prepared, rows, n)
+    sub = call.prepared.take(rows, n)
     negative = None if call.negative is None else call.negative.to(rows.device)[rows]
     shared = call.shared
     if shared.sources is not None:  # per-row spans (columns): the piece's rows (a trimmed piece keeps its columns)
@@ -160,7 +161,7 @@ def run(call: Call, pieces: list[Piece]) -> MethodResult:
     ):
         parts.append((piece.rows, piece.n, method.run(call_for(call, piece))))
     a = call.adapter
-    return merge(parts, a.batch_size(call.prepared), call.layout.num_tokens if a.modality == "text" else None)
+    return merge(parts, call.prepared.size, call.layout.num_tokens if a.modality == "text" else None)
 
 
 def merge(parts: list, batch: int, T: Optional[int]) -> MethodResult:

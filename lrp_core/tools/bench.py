@@ -235,7 +235,7 @@ def case_facts(model: str, tokens: int) -> Optional[memory.SizeFacts]:
     try:
         with torch.device("meta"):
             adapter = get_adapter(build_model(model))
-        return memory.facts_of(adapter, {}, tokens=tokens)
+        return memory.facts_of(adapter, None, tokens=tokens)
     except LRPError:
         return None
 

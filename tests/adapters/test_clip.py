@@ -44,7 +44,7 @@ def test_every_method_one_map_per_prompt_and_batch_equals_single(clip, inputs, m
 
 def test_cdam_with_the_text_embedding_as_concept_is_cdam_of_that_prompt(clip, inputs):
     a = get_adapter(clip)
-    text = a.check_inputs(inputs)["prompt_embeddings"][1].clone()  # the normalised text embedding × logit scale
+    text = a.check_inputs(inputs).prompt_embeddings[1].clone()  # the normalised text embedding × logit scale
     by_prompt = explain(clip, inputs, method="cdam", target=1).scores
     by_concept = explain(clip, inputs, method="cdam", target=ConceptTarget(vector=text)).scores
     assert torch.allclose(by_prompt, by_concept, rtol=1e-5, atol=1e-7)

@@ -145,10 +145,10 @@ def test_fused_rules_equal_explicit_rules_in_float32_softmax_free_setting():
             emb = adapter.embed(prepared, r, track=True)
             tr = adapter.run_blocks(
                 emb.x0,
-                prepared["attention_mask"],
+                prepared.attention_mask,
                 r,
                 readout=adapter.readout_for(prepared),
-                positions=prepared["position_ids"],
+                positions=prepared.position_ids,
             )
             y = tr.logits.max(-1).values.sum()
             grads.append((emb.embeds * torch.autograd.grad(y, emb.embeds)[0]).sum(-1))

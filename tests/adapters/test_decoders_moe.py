@@ -167,7 +167,7 @@ def test_only_the_chosen_experts_run_on_their_tokens():
     adapter = get_adapter(model)
     prepared = adapter.check_inputs(batch(rows(), "left"))
     trace = adapter.forward(prepared)
-    T = prepared["input_ids"].numel()
+    T = prepared.input_ids.numel()
     for rec in trace.blocks:
         moe = rec.moe
         assert sum(run.tokens.numel() for run in moe.runs) == T * 2  # top-2: T·k expert rows, not T·E

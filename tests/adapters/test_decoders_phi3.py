@@ -79,5 +79,5 @@ def test_partial_rotary_rotates_half_of_each_head():
     adapter = get_adapter(model)
     assert adapter.blocks[0].attn.rotary and adapter.blocks[0].attn.window == 4
     prepared = adapter.check_inputs(batch(rows(), "right"))
-    cos, sin = adapter.rotary_tables(torch.zeros(3, 9, 32, dtype=torch.float64), prepared["position_ids"], "default")
+    cos, sin = adapter.rotary_tables(torch.zeros(3, 9, 32, dtype=torch.float64), prepared.position_ids, "default")
     assert cos.shape[-1] == 4 == sin.shape[-1]

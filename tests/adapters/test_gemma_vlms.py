@@ -77,7 +77,7 @@ def _replay_deviation(model, x: dict, positions) -> float:
     with torch.no_grad():
         ref = model(**x, position_ids=positions(x["attention_mask"])).logits
         got = adapter.forward(prepared).logits
-    return float((got - ref[torch.arange(len(got)), prepared["read_at"].argmax(dim=-1)]).abs().max())
+    return float((got - ref[torch.arange(len(got)), prepared.read]).abs().max())
 
 
 def test_the_refused_methods_are_those_listed():
@@ -176,7 +176,7 @@ def test_every_methods_language_model_part_is_the_decoders(family):
     text = {
         "input_ids": ids,
         "attention_mask": x["attention_mask"],
-        "position_ids": adapter.check_inputs(x)["position_ids"],
+        "position_ids": adapter.check_inputs(x).position_ids,
     }
     for method in LM_PART:
         ours, theirs = explain(model, x, method=method), explain(lm, text, method=method)
@@ -213,7 +213,7 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels(family):
         logits = model(**dict(x, pixel_values=pixels), position_ids=positions(x["attention_mask"])).logits
     finally:
         hook.remove()
-    read = get_adapter(model).check_inputs(x)["read_at"].argmax(dim=-1)
+    read = get_adapter(model).check_inputs(x).read
     y = logits[torch.arange(2), read].gather(1, ours.target[:, None]).sum()
     g_embeds, g_pixels = torch.autograd.grad(y, [caught["embeds"], pixels])
     _close(ours.scores, (caught["embeds"] * g_embeds).sum(-1).detach())

@@ -39,7 +39,7 @@ def _replay_deviation(model, x) -> float:
         ref = model(**x, position_ids=position_ids(x["attention_mask"])).logits
         got = adapter.forward(prepared).logits
     B = x["input_ids"].shape[0]
-    return float((got - ref[torch.arange(B), prepared["read_at"].argmax(dim=-1)]).abs().max())
+    return float((got - ref[torch.arange(B), prepared.read]).abs().max())
 
 
 def test_the_refused_methods_are_those_listed():
@@ -177,7 +177,7 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels():
         logits = model(**dict(x, pixel_values=pixels), position_ids=position_ids(x["attention_mask"])).logits
     finally:
         hook.remove()
-    read = get_adapter(model).check_inputs(x)["read_at"].argmax(dim=-1)
+    read = get_adapter(model).check_inputs(x).read
     y = logits[torch.arange(2), read].gather(1, ours.target[:, None]).sum()
     g_embeds, g_pixels = torch.autograd.grad(y, [caught["embeds"], pixels])
     _close(ours.scores, (caught["embeds"] * g_embeds).sum(-1).detach())
@@ -291,7 +291,7 @@ def test_a_padded_image_is_replayed_with_its_positions_and_key_mask(cls, attn):
     unmasked = {k: v for k, v in prepared.items() if k != "patch_mask"}
     with torch.no_grad():
         assert (adapter.forward(unmasked).logits - adapter.forward(prepared).logits).abs().max() > 1e-3
-    ids = bucketised_position_ids(prepared["patch_mask"][:, 0], SMOL_GRID)[0].reshape(8, 8)
+    ids = bucketised_position_ids(prepared.patch_mask[:, 0], SMOL_GRID)[0].reshape(8, 8)
     want = torch.arange(8)[:, None] * SMOL_GRID + (torch.arange(8) * 8 // 6)[None, :]
     assert torch.equal(ids[:, :6], want[:, :6]) and bool((ids[:, 6:] == 0).all())
 

@@ -50,7 +50,7 @@ def test_the_replay_gives_the_models_logits(tower, layer, strategy, side):
     with torch.no_grad():
         ref = model(**x, position_ids=position_ids(x["attention_mask"])).logits
         got = adapter.forward(prepared).logits
-    read = prepared["read_at"].argmax(dim=-1)
+    read = prepared.read
     assert (got - ref[torch.arange(2), read]).abs().max() <= 1e-10
 
 
@@ -64,7 +64,7 @@ def test_the_replay_gives_the_models_logits_for_the_other_language_models(family
     with torch.no_grad():
         ref = model(**x, position_ids=position_ids(x["attention_mask"])).logits
         got = adapter.forward(prepared).logits
-    assert (got - ref[torch.arange(2), prepared["read_at"].argmax(dim=-1)]).abs().max() <= 1e-10
+    assert (got - ref[torch.arange(2), prepared.read]).abs().max() <= 1e-10
 
 
 @pytest.mark.parametrize("tower", ["dinov2", "clip"])
@@ -155,7 +155,7 @@ def test_the_replays_gradient_is_the_models_down_to_the_pixels(tower, layer, str
         logits = model(**dict(x, pixel_values=pixels), position_ids=position_ids(x["attention_mask"])).logits
     finally:
         hook.remove()
-    read = get_adapter(model).check_inputs(x)["read_at"].argmax(dim=-1)
+    read = get_adapter(model).check_inputs(x).read
     y = logits[torch.arange(2), read].gather(1, ours.target[:, None]).sum()
     g_embeds, g_pixels = torch.autograd.grad(y, [caught["embeds"], pixels])
     _close(ours.scores, (caught["embeds"] * g_embeds).sum(-1).detach())
@@ -459,7 +459,7 @@ def test_several_images_per_row_are_replayed_and_scored_without_a_pixel_map():
     with torch.no_grad():
         ref = model(**x, position_ids=position_ids(x["attention_mask"])).logits
         got = adapter.forward(prepared).logits
-    assert (got - ref[torch.arange(2), prepared["read_at"].argmax(dim=-1)]).abs().max() <= 1e-10
+    assert (got - ref[torch.arange(2), prepared.read]).abs().max() <= 1e-10
     T = x["input_ids"].shape[1]
     for method in ("lrp", "attnlrp", "cp_lrp", "rollout"):
         e = explain(model, x, method=method)

@@ -310,7 +310,7 @@ LONGROPE = dict(
 def test_longrope_generation_steps_equal_explain_of_their_prefixes(method):
     """Prompts of 6 and 4 tokens, 5 steps: the prefixes cross original_max_position_embeddings = 8 (short to long
     factors) inside the generation; before, steps 0-2 were 0.15-0.61 off explain() of their prefix."""
-    from lrp_core.methods.generation import explain_generation
+    from lrp_core.generation import explain_generation
 
     model = make_decoder("phi3", "sdpa", **LONGROPE)
     prompts = batch(rows(lengths=(6, 4)), "left")

@@ -46,7 +46,7 @@ def _by_hand(model: torch.nn.Module, x: dict, target: torch.Tensor, shift: int =
         logits = model(**dict(x, pixel_values=pixels), position_ids=position_ids(x["attention_mask"]) + shift).logits
     finally:
         hook.remove()
-    read = get_adapter(model).check_inputs(x)["read_at"].argmax(dim=-1)
+    read = get_adapter(model).check_inputs(x).read
     y = logits[torch.arange(len(target)), read].gather(1, target[:, None]).sum()
     g_pixels, g_words = torch.autograd.grad(y, [pixels, words])
     per_pixel = (pixels * g_pixels).sum(-3).detach()  # over the channels; SmolVLM's (B, 1, 3, H, W) has one image

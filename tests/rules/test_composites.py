@@ -45,7 +45,7 @@ def test_a_new_composite_changes_the_pass_and_nothing_else():
     a = get_adapter(model)
     trace = a.forward(a.check_inputs(x))
     start = torch.zeros_like(trace.logits).scatter_(1, trace.logits.argmax(1, keepdim=True), 1.0)
-    generic = a.relprop(trace, start, GENERIC, stop_block=0, to_input=True, prepared={"images": x})
+    generic = a.relprop(trace, start, GENERIC, stop_block=0, to_input=True, prepared=a.check_inputs(x))
     totals = torch.cat([generic.tokens.sum(-1), generic.inputs.sum(-1, keepdim=True)], dim=1)
     assert torch.allclose(totals, torch.ones_like(totals), atol=1e-6)
     paper = a.relprop(trace, start, TRANSFORMER_ATTRIBUTION, stop_block=0)
@@ -70,9 +70,9 @@ def test_every_step_asks_the_composite():
     a = get_adapter(model)
     trace = a.forward(a.check_inputs(x))
     ref = a.relprop(
-        trace, torch.eye(5)[:1], TRANSFORMER_ATTRIBUTION, stop_block=0, to_input=True, prepared={"images": x}
+        trace, torch.eye(5)[:1], TRANSFORMER_ATTRIBUTION, stop_block=0, to_input=True, prepared=a.check_inputs(x)
     )
-    got = a.relprop(trace, torch.eye(5)[:1], spy, stop_block=0, to_input=True, prepared={"images": x})
+    got = a.relprop(trace, torch.eye(5)[:1], spy, stop_block=0, to_input=True, prepared=a.check_inputs(x))
     assert torch.equal(ref.pixels, got.pixels)
     used = set(asked)
     # [CLS] pooling selects (READOUT, no weighted sum); an image model has no padding mask and none of the
@@ -269,7 +269,7 @@ def _names_asked(a, trace, composite, x) -> set:
         first={k: Spy(r) for k, r in composite.first.items()},
     )
     a.relprop(
-        trace, torch.eye(5, dtype=x.dtype)[: x.shape[0]], spied, stop_block=0, to_input=True, prepared={"images": x}
+        trace, torch.eye(5, dtype=x.dtype)[: x.shape[0]], spied, stop_block=0, to_input=True, prepared=a.check_inputs(x)
     )
     return seen
 

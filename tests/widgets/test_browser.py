@@ -308,7 +308,7 @@ GENERATION_CODE = [
 import json
 import torch
 import lrp_core
-from lrp_core.methods.generation import explain_generation
+from lrp_core.generation import explain_generation
 from lrp_core.models import load
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
 from widgets import GenerationExplorer

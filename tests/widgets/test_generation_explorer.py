@@ -21,8 +21,8 @@ from decoders import FAMILIES, make_decoder, perturb, rows
 
 import lrp_core
 from lrp_core.errors import InputError, UnsupportedModelError
+from lrp_core.generation import explain_generation
 from lrp_core.methods import registry
-from lrp_core.methods.generation import explain_generation
 from lrp_core.models import LoadedModel
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
 from widgets import GenerationExplorer, _engine

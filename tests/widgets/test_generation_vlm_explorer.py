@@ -25,7 +25,7 @@ from PIL import Image
 from vlms import model_state, per_token_family, relative_deviation
 
 from lrp_core.errors import InputError
-from lrp_core.methods.generation import explain_generation
+from lrp_core.generation import explain_generation
 from lrp_core.viz.text import IMAGE_LABEL
 from widgets import GenerationExplorer, _engine
 

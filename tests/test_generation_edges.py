@@ -10,7 +10,7 @@ from decoders import rows as decoder_rows
 
 import lrp_core
 from lrp_core.errors import InputError, UnknownMethodError
-from lrp_core.methods.generation import explain_generation
+from lrp_core.generation import explain_generation
 
 PROMPTS = decoder_rows(seed=3, lengths=(4, 6))  # gpt2 (seed 0) writes [71, 2, 71, 36, 23] and [2, 2, 2, 2, 2]
 

@@ -11,8 +11,9 @@ from decoders import rows as decoder_rows
 
 import lrp_core
 from lrp_core.errors import InputError
+from lrp_core.generation import explain_generation
 from lrp_core.methods.call import Contrast
-from lrp_core.methods.generation import explain_generation, greedy_continuation
+from lrp_core.methods.continuation import greedy_continuation
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
 
 PROMPTS = [
