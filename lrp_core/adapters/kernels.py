@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..rules.functional import apply_rotary, repeat_kv
+from ..rules.tensors import apply_rotary, repeat_kv
 
 
 def softmax_rows(s: Tensor) -> Tensor:
@@ -242,6 +242,16 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return a @ b
 
 
+def scaled_matmul(scale: float, queries_first: bool) -> Callable[[Tensor, Tensor], Tensor]:
+    """q (…, N, d), kᵀ (…, d, M) -> the scaled scores (…, N, M): ``(q · scale) @ kᵀ`` (timm scales the queries
+    first) or ``(q @ kᵀ) · scale`` (Hugging Face), in the model's order."""
+
+    def scores(q: Tensor, kT: Tensor) -> Tensor:
+        return (q * scale) @ kT if queries_first else (q @ kT) * scale
+
+    return scores
+
+
 def parallel_sum(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
     """A parallel block's output ``(a + f) + x``: the order in which GPT-NeoX, Phi and Falcon add.
 
@@ -306,6 +316,7 @@ __all__ = [
     "plus",
     "times",
     "matmul",
+    "scaled_matmul",
     "parallel_sum",
     "parallel_sum_skip_first",
 ]

@@ -43,10 +43,9 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
-from ..rules.norms import norm_kind
 from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, ExplicitRule, Op
 from .base import Adapter
-from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward
 from .checks import NO_EFFECT, input_keys, token_ids
 from .decoder import REFUSED_INPUTS
 from .parts import ModelPart
@@ -450,6 +449,9 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         index, cu = self._windows(grid, patches.device)
         order = (index[:, None] * unit + torch.arange(unit, device=patches.device)).flatten()  # (N,) window order
         x = patches[:, order]
+        if r.explicit and not x.requires_grad:  # an explicit pass reads the tower's input relevance
+            x = x.detach().requires_grad_(True)
+        x_tower = x
         rope = self._tables(x, grid, order)
         window = self._bias(cu, N, x.dtype)
         records = []
@@ -470,7 +472,7 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         words = self.text.embed_tokens(ids)
         image_mask = ids == self.image_token_id
         x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
-        vision = EmbeddingRecord(x0=patches[:, order], embeds=patches, images=images)
+        vision = EmbeddingRecord(x0=x_tower, embeds=patches, images=images)
         return VLMEmbeddingRecord(
             x0=x0,
             embeds=x0,
@@ -497,8 +499,8 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict
     ) -> tuple[Tensor, Optional[Tensor]]:
         """Token scores: every position's embedding's relevance summed over channels (padding 0); pixels (one
-        image per row): the image tokens' relevance back through the merger (the window order re-applied, the
-        concatenation split back exactly), the tower's blocks, the window order undone, and zᴮ on the patch
+        image per row): the image tokens' relevance back through the merger and the tower's blocks (the replay's
+        backward), the window order undone, and zᴮ on the patch
         embedding read as the Conv2d over the reassembled image (B, H, W: channels and frames summed)."""
         emb = trace.embedding
         assert isinstance(emb, VLMEmbeddingRecord)
@@ -506,15 +508,9 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         if emb.images is None:
             return scores, None
         c = emb.connector
-        merger = self.visual.merger
-        B, _, D = R0.shape
-        R = R0[emb.image_mask].reshape(B, -1, D)[:, c["index"]]  # back to the window order
-        R = prop.linear(merger.mlp[2], c["act"], R, out=c["out"])
-        R = prop.unary(ELEMENTWISE, c["fc1"], R, merger.mlp[1])
-        R = prop.linear(merger.mlp[0], c["cat"], R, out=c["fc1"])
-        R = prop.unary(norm_kind(merger.ln_q), emb.selected, R.reshape(emb.selected.shape), merger.ln_q)
-        for b in range(len(self.tower_blocks) - 1, -1, -1):
-            R, _ = block_relprop(self.tower_blocks[b], emb.vision_blocks[b], R, prop)
+        B = R0.shape[0]
+        # the merger and the tower's blocks: the rest of the explicit replay's backward, from block 0's input
+        (R,) = torch.autograd.grad(emb.x0, emb.vision.x0, grad_outputs=R0)
         R_patches = torch.empty_like(R)
         R_patches[:, c["order"]] = R  # the processor's order
         h, w = c["grid"]

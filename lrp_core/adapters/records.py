@@ -13,6 +13,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from .readouts import Readout
+    from .replay import Replay
 
 
 @dataclass
@@ -214,10 +215,14 @@ class Trace:
     mask: Optional[Tensor] = None  # (B, N) 1 = real token; None for images
     embedding: Optional[EmbeddingRecord] = None
     readout: Optional["Readout"] = None
-    #: operation kind → the first module of that kind the replay met (input order), for a composite's
-    #: first-layer rules; ``None`` where the replay kept no record
-    first: Optional[dict] = None
+    #: the replay that ran the pass (its composite, and the first module of each kind in input order)
+    replay: Optional["Replay"] = None
     positions: Optional[Tensor] = None  # (B, N) position ids (decoders), else None
+
+    @property
+    def first(self) -> Optional[dict]:
+        """Operation kind → the first module of that kind the replay met (input order); ``None``: no record."""
+        return None if self.replay is None else self.replay.first
 
     def attention(self, b: int) -> Tensor:
         """A_b (B, H, N, N)."""

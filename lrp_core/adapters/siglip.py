@@ -49,16 +49,15 @@ from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.linear import LinearView, is_linear
 from ..rules.ops import ADD, ELEMENTWISE, LAYERNORM, LINEAR, MATMUL_AV, MATMUL_QK, PATCH_CONV, POS_ADD, SOFTMAX
-from ..rules.views import check_output
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
 from .base import Adapter
 from .blocks import NO_RECORD, BlockSpec, Replay
 from .checks import pixel_values
 from .clip import L2Normalize, _prompts, _scaled_embeddings, clip_block
-from .kernels import matmul, plus
+from .kernels import matmul, plus, scaled_matmul
 from .parts import ModelPart
-from .readouts import HeadLayer, MeanReadout, Readout
+from .readouts import HeadLayer, MeanReadout, Readout, head_layer
 from .records import EmbeddingRecord, ReadoutRecord, Trace
 from .vit import ViTAdapter, hf_linear_head
 
@@ -588,23 +587,25 @@ class AttentionPoolReadout(Readout):
         H, d = self.num_heads, self.head_dim
         att, mlp = self.head.attention, self.head.mlp
         probe = self.head.probe.expand(B, 1, D)
+        for_k, for_v = r.fork(normed, 2)
         lin = {
             "q": r.module(LINEAR, self.q, probe),
-            "k": r.module(LINEAR, self.k, normed),
-            "v": r.module(LINEAR, self.v, normed),
+            "k": r.module(LINEAR, self.k, for_k),
+            "v": r.module(LINEAR, self.v, for_v),
         }
         q, k, v = (lin[n].reshape(B, -1, H, d).transpose(1, 2) for n in "qkv")
-        # torch's multi-head attention scales the queries before the product
-        scores = r(MATMUL_QK, matmul, q * (1.0 / d) ** 0.5, k.transpose(-2, -1))  # (B, H, 1, N)
+        # torch's multi-head attention scales the queries before the product (the rule reads q·kᵀ itself)
+        scores = r(MATMUL_QK, scaled_matmul((1.0 / d) ** 0.5, True), q, k.transpose(-2, -1), reuse=False)
         A = r(SOFTMAX, _softmax, scores)
         ctx = r(MATMUL_AV, matmul, A, v)  # (B, H, 1, d)
         o = ctx.transpose(1, 2).reshape(B, 1, D)
         lin["proj"] = r.module(LINEAR, att.out_proj, o)
-        ln = r.norm(self.head.layernorm, lin["proj"])
+        proj, for_ln = r.fork(lin["proj"], 2)
+        ln = r.norm(self.head.layernorm, for_ln)
         fc1 = r.module(LINEAR, mlp.fc1, ln)
         g = r.module(ELEMENTWISE, mlp.activation_fn, fc1)
         fc2 = r.module(LINEAR, mlp.fc2, g)
-        y = r(ADD, plus, lin["proj"], fc2)
+        y = r(ADD, plus, proj, fc2)
         return PoolRecord(
             hidden=normed,
             normed=normed,
@@ -633,43 +634,10 @@ class AttentionPoolReadout(Readout):
         h, inputs = rec.token, []
         for layer in self.head_layers:
             inputs.append(h)
-            h = r.module(layer.kind, layer.module, h)
+            h = head_layer(layer, h, r)
         rec.hidden, rec.inputs, rec.logits = hidden, inputs, h
         rec.pooled = inputs[-1] if inputs else h  # the normalised image embedding the similarity reads
         return rec
-
-    def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
-        """Relevance of the logits (B, P) → of the final hidden states (B, N, D): the head layers, the MLP residual
-        (Add, MLP, LayerNorm, a Clone of the attention output), the output projection, A·V, the softmax and q·kᵀ
-        (the probe's query absorbs its share), the key and value projections (a Clone of the normed tokens), the
-        final norm."""
-        assert isinstance(rec, PoolRecord), "the record of this readout's forward"
-        R = R_out
-        outputs = [*rec.inputs[1:], rec.logits]
-        for layer, x, y in zip(reversed(self.head_layers), reversed(rec.inputs), reversed(outputs)):
-            if layer.kind == LINEAR:  # the rule is handed no output: its view is checked on the recorded one here
-                check_output(layer.module, x, y)
-            R = prop.unary(layer.kind, x, R, layer.module)
-        B, N, D = rec.normed.shape
-        H, d = self.num_heads, self.head_dim
-        mlp = self.head.mlp
-        R_a, R_f = prop(ADD, (rec.lin["proj"], rec.fc2), R[:, None])
-        R_g = prop.linear(mlp.fc2, rec.g, R_f, out=rec.fc2)
-        R_fc1 = prop.unary(ELEMENTWISE, rec.fc1, R_g, mlp.activation_fn)
-        R_ln = prop.linear(mlp.fc1, rec.ln, R_fc1, out=rec.fc1)
-        R_proj = prop.clone(rec.lin["proj"], R_a, prop.unary(LAYERNORM, rec.lin["proj"], R_ln, self.head.layernorm))
-        R_o = prop.linear(self.head.attention.out_proj, rec.o, R_proj, out=rec.lin["proj"])
-        R_ctx = R_o.reshape(B, 1, H, d).transpose(1, 2)
-        R_A, R_v = prop(MATMUL_AV, (rec.A, rec.v), R_ctx, output=rec.ctx)
-        (R_s,) = prop(SOFTMAX, (), R_A, output=rec.A)
-        _, R_kT = prop(MATMUL_QK, (rec.q, rec.k.transpose(-2, -1)), R_s)
-        flat = lambda t: t.transpose(1, 2).reshape(B, N, D)  # noqa: E731  (B, H, N, d) -> (B, N, H·d)
-        R_normed = prop.clone(
-            rec.normed,
-            prop.linear(self.k, rec.normed, flat(R_kT.transpose(-2, -1)), out=rec.lin["k"]),
-            prop.linear(self.v, rec.normed, flat(R_v), out=rec.lin["v"]),
-        )
-        return prop.unary(LAYERNORM, rec.hidden, R_normed, self.norm)
 
 
 def similarity_with_bias(weight: Tensor, bias: Tensor) -> nn.Linear:

@@ -6,7 +6,7 @@ A VLM here is three parts, each replayed from the model's own submodules:
   the layer the model reads its image features from (``vision_feature_layer``); the blocks after it are not run;
 * the **connector**, which turns the tower's selected tokens into language-model embeddings (LLaVA: an MLP
   projector; Idefics3: a pixel shuffle; Qwen2.5-VL: a patch merger) — the family's part
-  (:meth:`VLMAdapter.connect`, :meth:`VLMAdapter.connect_relprop`, :meth:`VLMAdapter.patch_tokens`);
+  (:meth:`VLMAdapter.connect`, :meth:`VLMAdapter.patch_tokens`);
 * the **language model**, a decoder of §2c whose input embeddings ``x0`` are the word embeddings of the text
   with the projected image features in place of the image placeholder tokens (as Hugging Face's
   ``masked_scatter`` puts them). It is the existing decoder adapter of the text model's family over a view of
@@ -45,7 +45,7 @@ from ..errors import InputError, UnsupportedModelError
 from ..rules.composites import Propagation
 from ..rules.ops import PATCH_CONV, POS_ADD
 from .base import Adapter
-from .blocks import NO_RECORD, AttentionSpec, BlockSpec, Replay, block_forward, block_relprop
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, Replay, block_forward
 from .checks import NO_EFFECT, input_keys, pixel_values
 from .clip import clip_block
 from .decoder import REFUSED_INPUTS, DecoderAdapter
@@ -365,7 +365,7 @@ class VLMAdapter(Adapter):
     """A generative vision-language model: a vision tower, a connector and a decoder language model.
 
     A family sets :meth:`_parts` (the language model, the head, the tower and the feature layer) and the
-    connector (:meth:`connect`, :meth:`connect_relprop`, :meth:`patch_tokens`).
+    connector (:meth:`connect`, :meth:`patch_tokens`).
     """
 
     modality = "text"
@@ -436,16 +436,8 @@ class VLMAdapter(Adapter):
         """The tower's tokens (B, N_v, D_v) the connector reads (B, P_v, D_v). Default: all."""
         return hidden
 
-    def unselect(self, R: Tensor, emb: VLMEmbeddingRecord) -> Tensor:
-        """The relevance of the selected tokens (B, P_v, D_v) on the tower's tokens (B, N_v, D_v)."""
-        return R
-
     def connect(self, selected: Tensor, r: Replay) -> tuple[dict, Tensor]:
         """The connector: the selected tokens (B, P_v, D_v) -> (intermediate outputs, image features (B, P, D))."""
-        raise NotImplementedError
-
-    def connect_relprop(self, emb: VLMEmbeddingRecord, R: Tensor, prop: Propagation) -> Tensor:
-        """The relevance of the image features (B, P, D) -> of the selected tokens (B, P_v, D_v)."""
         raise NotImplementedError
 
     def patch_tokens(self, grid: tuple) -> Tensor:
@@ -616,6 +608,8 @@ class VLMAdapter(Adapter):
         if track:
             images = images.detach().requires_grad_(True)
         vision = self.tower.embed(self.tower_inputs(prepared, images.reshape(B * k, *stacked.shape[2:])), r)
+        if r.explicit and not vision.x0.requires_grad:  # an explicit pass reads the tower's input relevance
+            vision.x0 = vision.x0.detach().requires_grad_(True)
         x, records = vision.x0, []
         bias = self.tower_bias(prepared, x)
         for spec in self.tower.blocks:
@@ -645,18 +639,15 @@ class VLMAdapter(Adapter):
         self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict
     ) -> tuple[Tensor, Optional[Tensor]]:
         """Token scores: the relevance of every position's embedding, summed over channels (padding 0); pixels
-        (one image per row, else ``None``): the image tokens' relevance back through the connector, the tower's
-        blocks (the explicit pass) and its embedding (:meth:`ViTAdapter.input_relevance`)."""
+        (one image per row, else ``None``): the image tokens' relevance back through the connector and the tower's
+        blocks (the replay's backward) and its embedding (:meth:`ViTAdapter.input_relevance`)."""
         emb = trace.embedding
         assert isinstance(emb, VLMEmbeddingRecord)
         scores = R0.sum(-1) * prepared["attention_mask"].to(R0.dtype)
         if emb.images is None:  # several images per row: the image tokens are scored, no pixel map is given
             return scores, None
-        B, _, D = R0.shape
-        R = self.connect_relprop(emb, R0[emb.image_mask].reshape(B, -1, D), prop)
-        R = self.unselect(R, emb)
-        for b in range(len(self.tower.blocks) - 1, -1, -1):
-            R, _ = block_relprop(self.tower.blocks[b], emb.vision_blocks[b], R, prop)
+        # the connector and the tower's blocks: the rest of the explicit replay's backward, from block 0's input
+        (R,) = torch.autograd.grad(emb.x0, emb.vision.x0, grad_outputs=R0)
         vision = Trace(x0=emb.vision.x0, embedding=emb.vision)
         _, pixels = self.tower.input_relevance(vision, R, prop, {"images": emb.vision.images})
         return scores, pixels
