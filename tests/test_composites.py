@@ -8,7 +8,7 @@ from conftest import make_tiny_vit
 
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
-from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Composite, Propagation
+from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Composite
 from lrp_core.rules.explicit import GenericAdd, Identity
 from lrp_core.rules.functional import generic
 from lrp_core.rules.ops import ADD, DECODER_KINDS, LINEAR, MASK_ADD, OP_KINDS, ExplicitRule, Op, Rule
@@ -91,8 +91,6 @@ def test_every_step_asks_the_composite():
 def test_a_composite_without_a_rule_names_what_it_covers():
     partial = Composite("partial", {LINEAR: Identity()})
     with pytest.raises(KeyError, match="has no rule for operation 'add'; it covers linear"):
-        Propagation(partial)(ADD, (torch.ones(1), torch.ones(1)), torch.ones(1))
-    with pytest.raises(KeyError, match="has no rule for operation 'add'; it covers linear"):
         Replay(partial).rule(ADD)
 
 
@@ -140,22 +138,19 @@ def test_a_composite_in_the_other_kind_of_pass_is_refused_at_once(name, images):
     assert Replay(composite).explicit == (serves == EXPLICIT)
     calls = _count_module_calls(model)
     if serves == EXPLICIT:
-        Propagation(composite)  # the input layers' rules take it
         with pytest.raises(RuleSetError, match="replay the batch with adapter.forward"):
             a.relprop(trace, torch.eye(5)[:3], composite)  # a trace of the plain replay has no rules to run
     else:
         with pytest.raises(
             RuleSetError,
-            match=rf"Propagation runs an explicit relevance pass, but composite '{name}' "
+            match=rf"Adapter.relprop runs an explicit relevance pass, but composite '{name}' "
             r"is a rule set for a modified-gradient replay: .*Replay.*"
             r"TRANSFORMER_ATTRIBUTION, LRP_BASELINE",
         ):
-            Propagation(composite)
-        with pytest.raises(RuleSetError, match=f"composite '{name}'"):
             a.relprop(trace, torch.eye(5)[:3], composite, stop_block=0, to_input=True, prepared=prepared)
     assert calls == []  # refused before a single module ran
     with pytest.raises(RuleSetError, match="takes a Composite"):
-        Propagation(SignedLinear())
+        Replay(SignedLinear())
 
 
 def test_the_plain_replay_is_the_model():
@@ -330,8 +325,8 @@ def test_name_and_first_maps_in_a_modified_gradient_replay():
 
 
 def test_maps_need_what_they_read():
-    with pytest.raises(RuleSetError, match="chooses rules by module name: Propagation needs the model's module names"):
-        Propagation(TRANSFORMER_ATTRIBUTION.with_rules("n", by_name={"head": BaselineLinear()}))
+    with pytest.raises(RuleSetError, match="chooses rules by module name: Replay needs the model's module names"):
+        Replay(TRANSFORMER_ATTRIBUTION.with_rules("n", by_name={"head": BaselineLinear()}))
     with pytest.raises(RuleSetError, match="first layer of a kind: Replay needs the replay's order"):
         Replay(ATTNLRP.with_rules("f", first={LINEAR: Gradient()}), record=False)
 

@@ -274,11 +274,9 @@ def attention_forward(
     B, N, _ = h.shape
     H, d, groups = p.num_heads, p.head_dim, p.groups
     lin, q, k, v = _project(p, _padded(p, h), r)
-    q_pre = k_pre = None
     if p.rotary:
         assert rope is not None, "a rotary attention gets its tables (Adapter.block_context)"
         cos, sin = rope
-        q_pre, k_pre = q, k
         q, k = _rotate(p, q, cos, sin, r), _rotate(p, k, cos, sin, r)
     causal = p.causal
     if rows is not None:  # every other query row's output reaches nothing that is read
@@ -306,8 +304,6 @@ def attention_forward(
         o=o,
         lin=lin,
         bias=bias,
-        q_pre=q_pre,
-        k_pre=k_pre,
         rope=rope if p.rotary else None,
     )
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, RuleSetError
-from ..rules.composites import Composite, Propagation, check_pass
+from ..rules.composites import Composite, check_pass
 from ..rules.ops import EXPLICIT
 from ..runtime.precision import compute_precision
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
@@ -129,10 +129,9 @@ class Adapter(ABC):
         """The token layout of a prepared batch."""
 
     @abstractmethod
-    def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict
-    ) -> tuple[Tensor, Optional[Tensor]]:
-        """Relevance of block 0's input (B, N, D) -> (token scores (B, T), pixels (B, H, W) or ``None``)."""
+    def input_relevance(self, trace: Trace, R: list, prepared: dict) -> tuple[Tensor, Optional[Tensor]]:
+        """The relevance of :meth:`relevance_inputs` (block 0's input (B, N, D) first) -> (token scores (B, T),
+        pixels (B, H, W) or ``None``)."""
 
     # --------------------------------------------------------------- readout
     def readout_for(self, prepared: dict) -> Readout:
@@ -208,7 +207,7 @@ class Adapter(ABC):
         fuse = composite is not None and not explicit
         r = Replay(composite, self._names_for(composite), fuse=fuse, where=self.module_name, cache=self.shares_weights)
         r.vjps = explicit and grad  # the plain gradients of an explicit replay: each operation keeps its own
-        grad = grad or explicit
+        grad, track = grad or explicit, track or explicit  # an explicit pass reads its input-space leaves
         head = self.readout_for(prepared) if readout is None else readout
         # a half-precision model is replayed in float32 (lrp_core.runtime.precision; a no-op inside a method)
         with compute_precision(self.model), torch.set_grad_enabled(grad):
@@ -288,8 +287,8 @@ class Adapter(ABC):
 
     # ------------------------------------------------------------- relevance
     def relevance_inputs(self, trace: Trace) -> list:
-        """The tensors an explicit pass to input space stops at: block 0's input (a family whose input layer has
-        no rule of its own) — its relevance is handed to :meth:`input_relevance`."""
+        """The tensors an explicit pass to input space reads the relevance of (handed to :meth:`input_relevance`):
+        block 0's input first, then the family's input-space tensors (pixels: a tracked replay's leaf)."""
         return [trace.x0]
 
     def relprop(
@@ -375,23 +374,17 @@ class Adapter(ABC):
             trace.blocks = [None] * L
         try:
             # release: each block's saved tensors are freed as the pass leaves it; else the trace can run again
-            (R,) = torch.autograd.grad(logits, wanted, grad_outputs=R_out.to(logits.dtype), retain_graph=not release)
+            R = torch.autograd.grad(logits, wanted, grad_outputs=R_out.to(logits.dtype), retain_graph=not release)
         finally:
             for h in hooks:
                 h.remove()
         del logits, wanted
         if not to_input:
-            out.attn[stop_block] = R if on_attention is None else on_attention(stop_block, R)
+            out.attn[stop_block] = R[0] if on_attention is None else on_attention(stop_block, R[0])
             return out
         assert prepared is not None, "to input space: the prepared batch"
-        out.inputs = R.sum(-1)
-        prop = Propagation(
-            trace.replay.composite,
-            cache=self.shares_weights,
-            names=self._names_for(trace.replay.composite),
-            first=trace.first,
-        )
-        out.scores, out.pixels = self.input_relevance(trace, R, prop, prepared)
+        out.inputs = R[0].sum(-1)
+        out.scores, out.pixels = self.input_relevance(trace, list(R), prepared)
         return out
 
 

@@ -101,7 +101,7 @@ class Readout(ABC):
         logit_layers = len(self._logit_layers)
         last_linear = bool(logit_layers) and self.head_layers[logit_layers - 1].kind == LINEAR
         pooled = inputs[logit_layers - 1] if last_linear else h
-        return ReadoutRecord(hidden=hidden, normed=normed, token=token, inputs=inputs, pooled=pooled, logits=h)
+        return ReadoutRecord(hidden=hidden, token=token, inputs=inputs, pooled=pooled, logits=h)
 
 
 def _selected(t: Tensor) -> Tensor:
@@ -298,14 +298,6 @@ class ClsMeanReadout(PooledReadout):
         return 0.5 * (M[..., 0, :] + M[..., self.start :, :].mean(dim=-2))
 
 
-@dataclass
-class TwoHeadRecord(ReadoutRecord):
-    """A two-head readout: ``halves`` = (head(t_0)/2, head_dist(t_1)/2), ``outs`` = the heads' outputs."""
-
-    halves: tuple = ()
-    outs: tuple = ()
-
-
 def _half(t: Tensor) -> Tensor:
     return t / 2
 
@@ -340,23 +332,14 @@ class TwoHeadReadout(Readout):
         i, j = self.indices
         return (M[..., i, :] + M[..., j, :]) / 2
 
-    def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> TwoHeadRecord:
+    def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> ReadoutRecord:
         normed = r.norm(self.norm, hidden)
         tokens = [r(READOUT, _selected, normed[:, k]) for k in self.indices]
         outs = tuple(r.module(LINEAR, head, t) for head, t in zip(self.heads, tokens))
         halves = tuple(r.transparent(_half, o) for o in outs)  # a constant scale: relevance passes unchanged
         logits = r(ADD, plus, *halves)  # = (u + v) / 2 exactly (halving is exact in floating point)
         pooled = self.pool(normed)
-        return TwoHeadRecord(
-            hidden=hidden,
-            normed=normed,
-            token=pooled,
-            inputs=tokens,
-            pooled=pooled,
-            logits=logits,
-            halves=halves,
-            outs=outs,
-        )
+        return ReadoutRecord(hidden=hidden, token=pooled, inputs=tokens, pooled=pooled, logits=logits)
 
 
 __all__ = [
@@ -369,6 +352,5 @@ __all__ = [
     "MaskedMeanReadout",
     "ClsMeanReadout",
     "TwoHeadReadout",
-    "TwoHeadRecord",
     "head_layer",
 ]

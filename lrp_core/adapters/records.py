@@ -28,8 +28,6 @@ class AttentionRecord:
         o: (B, N, H·d) the heads concatenated (after any context norm), input of the output projection.
         lin: outputs of the attention's Linears by role: ``"qkv"`` or ``"q"``, ``"k"``, ``"v"``; ``"proj"``.
         bias: (B, 1, 1, N) the additive padding mask, (B, 1, N, N) a causal one, or ``None``.
-        q_pre, k_pre: decoders with rotary embeddings: q (B, H, N, d) and k (B, Hkv, N, d) before the rotation
-            (``q``, ``k`` are after it; ``k`` and ``v`` hold the Hkv shared heads, not repeated).
         rope: the rotation tables (cos, sin), each (B, N, r) — (B, N − skipped prefix tokens, d) for a vision
             model whose prefix tokens are not rotated (``AttentionSpec.rope_skip``) —, or ``None``.
         A is ``None`` where the attention ran fused (sdpa under a modified-gradient rule set).
@@ -44,8 +42,6 @@ class AttentionRecord:
     o: Tensor
     lin: dict
     bias: Optional[Tensor] = None
-    q_pre: Optional[Tensor] = None
-    k_pre: Optional[Tensor] = None
     rope: Optional[tuple] = None
 
 
@@ -160,7 +156,6 @@ class ReadoutRecord:
 
     Attributes:
         hidden: (B, N, D) the last block's output.
-        normed: (B, N, D) after the final norm (the same tensor where there is none).
         token: (B, D) what the head reads: the selected token, or the pooled tokens.
         inputs: the input of each head layer, in order.
         pooled: (B, D') the embedding the classifier reads (input of the last Linear), the
@@ -169,7 +164,6 @@ class ReadoutRecord:
     """
 
     hidden: Tensor
-    normed: Tensor
     token: Tensor
     inputs: list
     pooled: Tensor

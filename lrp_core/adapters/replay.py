@@ -156,7 +156,7 @@ class _Explicit(torch.autograd.Function):
     """``fn(*inputs)`` whose backward is the operation's rule (or, for plain gradients, its own vjp)."""
 
     @staticmethod
-    def forward(ctx, step: _Step, *inputs):  # type: ignore[override]
+    def forward(ctx, step: _Step, *inputs):
         ctx.step, ctx.vjp = step, None
         ctx.where = [i for i, t in enumerate(inputs) if isinstance(t, Tensor)]
         ctx.others = [None if isinstance(t, Tensor) else t for t in inputs]
@@ -174,7 +174,7 @@ class _Explicit(torch.autograd.Function):
         return result
 
     @staticmethod
-    def backward(ctx, R):  # type: ignore[override]
+    def backward(ctx, R):
         *saved, output = ctx.saved_tensors
         inputs = list(ctx.others)
         for i, t in zip(ctx.where, saved):
@@ -206,13 +206,13 @@ class _Fork(torch.autograd.Function):
     """``x`` handed to ``n`` branches; backward: the Clone rule of the branches' relevances (plain: their sum)."""
 
     @staticmethod
-    def forward(ctx, replay: Replay, n: int, x: Tensor):  # type: ignore[override]
+    def forward(ctx, replay: Replay, n: int, x: Tensor):
         ctx.replay = replay
         ctx.save_for_backward(x)
         return tuple(x.view_as(x) for _ in range(n))
 
     @staticmethod
-    def backward(ctx, *Rs):  # type: ignore[override]
+    def backward(ctx, *Rs):
         (x,) = ctx.saved_tensors
         r = ctx.replay
         if r._gradients:

@@ -26,10 +26,8 @@ Reusable pieces, for an adapter whose vision tower is a ``SiglipVisionModel`` or
   images ``(B, C, H, W)`` (H, W multiples of the patch size) → block 0's input ``(B, P, D)``, positions as the
   model computes them for that size (SigLIP: ``interpolate_pos_encoding``; SigLIP 2:
   ``resize_positional_embeddings``).
-* :func:`siglip_input_relevance` ``(vision_model, emb, R0, prop, conv=None) -> (scores (B, P), pixels (B, H,
-  W))``: block 0's input relevance through the position add and the patch convolution (zᴮ) to the pixels.
 * :func:`siglip_patch_conv` ``(vision_model) -> nn.Module`` (the patch embedding as a convolution; pass the same
-  module as ``conv`` to both functions above), :func:`siglip_patch_size` ``(vision_model) -> (ph, pw)``,
+  module as ``conv`` to :func:`siglip_embed`), :func:`siglip_patch_size` ``(vision_model) -> (ph, pw)``,
   :func:`is_siglip2_tower`, :func:`patches_to_images`.
 * :func:`check_siglip_tower` ``(vision_model, name)``: refuses a tower the pieces do not describe.
 
@@ -46,7 +44,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import Propagation
 from ..rules.linear import LinearView, is_linear
 from ..rules.ops import ADD, ELEMENTWISE, LAYERNORM, LINEAR, MATMUL_AV, MATMUL_QK, PATCH_CONV, POS_ADD, SOFTMAX
 from ..runtime.guard import eval_semantics
@@ -58,7 +55,7 @@ from .clip import L2Normalize, _prompts, _scaled_embeddings, clip_block
 from .kernels import matmul, plus, scaled_matmul
 from .parts import ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout, head_layer
-from .records import EmbeddingRecord, ReadoutRecord, Trace
+from .records import EmbeddingRecord, ReadoutRecord
 from .vit import ViTAdapter, hf_linear_head
 
 
@@ -331,43 +328,6 @@ def siglip_embed(
     return EmbeddingRecord(x0=x_pos, embeds=patches, tokens=patches, x_pos=x_pos, images=images, patches=patches)
 
 
-def siglip_input_relevance(
-    vision_model: ModelPart, emb: EmbeddingRecord, R0: Tensor, prop: Propagation, conv: Optional[ModelPart] = None
-) -> tuple[Tensor, Tensor]:
-    """Relevance of block 0's input → the patches and the pixels: the position add (the patches' share), then
-    the zᴮ rule on the patch convolution (docs/METHODS.md §1.13).
-
-    Parameters
-    ----------
-    vision_model : nn.Module
-        The ``SiglipVisionModel``.
-    emb : EmbeddingRecord
-        What :func:`siglip_embed` recorded for the batch.
-    R0 : Tensor
-        The relevance of block 0's input ``(B, P, D)``.
-    prop : Propagation
-        The composite's rules.
-    conv : nn.Module, optional
-        The patch convolution :func:`siglip_embed` ran (default :func:`siglip_patch_conv`).
-
-    Returns
-    -------
-    tuple of Tensor
-        ``(scores (B, P), pixels (B, H, W))``: each patch's relevance and the pixel map.
-    """
-    (R_patch, _) = prop(POS_ADD, (emb.tokens, None), R0, output=emb.x_pos)
-    ph, pw = siglip_patch_size(vision_model)
-    assert emb.images is not None, "a vision replay records its images (siglip_embed)"
-    B, _, H, W = emb.images.shape
-    # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
-    R_map = R_patch.contiguous().transpose(1, 2).reshape(B, -1, H // ph, W // pw)
-    conv = siglip_patch_conv(vision_model) if conv is None else conv
-    (R_px,) = prop(PATCH_CONV, (emb.images,), R_map, module=conv)
-    pixels = R_px.sum(dim=1)  # (B, H, W)
-    scores = pixels.reshape(B, H // ph, ph, W // pw, pw).sum(dim=(2, 4)).reshape(B, -1)
-    return scores, pixels
-
-
 class _SiglipTowerAdapter(ViTAdapter):
     """What the SigLIP image adapters share: the tower ``model.vision_model`` (embedding, blocks, pixels)."""
 
@@ -387,11 +347,6 @@ class _SiglipTowerAdapter(ViTAdapter):
 
     def embed(self, prepared: dict, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         return siglip_embed(self.vision, prepared["images"], r, track, conv=self.patch_conv)
-
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict) -> tuple[Tensor, Tensor]:
-        """Block-0 input relevance → patch scores (B, P) and pixels (B, H, W) (:func:`siglip_input_relevance`)."""
-        assert trace.embedding is not None, "forward records the embedding"
-        return siglip_input_relevance(self.vision, trace.embedding, R0, prop, conv=self.patch_conv)
 
     def own_pixels(self, images: Tensor) -> dict:
         """The model's own pixel inputs for images (B, C, H, W): SigLIP's ``pixel_values`` (positions interpolated
@@ -608,7 +563,6 @@ class AttentionPoolReadout(Readout):
         y = r(ADD, plus, proj, fc2)
         return PoolRecord(
             hidden=normed,
-            normed=normed,
             token=y[:, 0],
             inputs=[],
             pooled=y[:, 0],
@@ -739,7 +693,6 @@ __all__ = [
     "patches_to_images",
     "siglip_block",
     "siglip_embed",
-    "siglip_input_relevance",
     "siglip_patch_conv",
     "siglip_patch_size",
     "siglip_vision_blocks",

@@ -28,7 +28,7 @@ Shapes: B batch, N tokens of a stage (row-major over its grid), C width, H heads
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -127,24 +127,6 @@ class Merge:
     norm: nn.Module
     grid: tuple
     norm_first: bool = True
-
-
-@dataclass
-class MergeRecord:
-    """One patch merging: ``x`` (B, N, C) its input, ``flat`` (B, N/4, 4C) the 2×2 groups, ``mid`` the first
-    operation's output, ``out`` the second's."""
-
-    x: Tensor
-    flat: Tensor
-    mid: Tensor
-    out: Tensor
-
-
-@dataclass
-class StagedTrace(Trace):
-    """A :class:`Trace` with the patch mergings: block index → the merging before it."""
-
-    merges: dict = field(default_factory=dict)
 
 
 def _regroup(x: Tensor, grid: tuple) -> Tensor:
@@ -271,13 +253,13 @@ class SwinAdapter(ViTAdapter):
         readout: Optional[Readout] = None,
         positions: Optional[Tensor] = None,
         rows: Optional[Tensor] = None,
-    ) -> StagedTrace:
+    ) -> Trace:
         """Stages of blocks, each stage after the first behind its patch merging, then the mean readout.
 
         ``rows`` is always ``None`` here: the mean readout reads every token, so the last block runs at all of them.
         """
         head = self.readout if readout is None else readout
-        trace = StagedTrace(x0=x0, readout=head, replay=r)
+        trace = Trace(x0=x0, readout=head, replay=r)
         x = x0
         for b, spec in enumerate(self.blocks):
             if b in self.merges:
@@ -289,8 +271,6 @@ class SwinAdapter(ViTAdapter):
                 else:
                     mid = r.module(LINEAR, m.reduction, flat)
                     out = r.norm(m.norm, mid)
-                if keep:
-                    trace.merges[b] = MergeRecord(x=x, flat=flat, mid=mid, out=out)
                 x = out
             if b in self.logit_scales:  # read now: the parameter's current value, in the pass's dtype
                 spec.attn.scale = self.logit_scale(b, x)
@@ -428,8 +408,6 @@ class TimmSwinAdapter(SwinAdapter):
 __all__ = [
     "SwinAdapter",
     "TimmSwinAdapter",
-    "StagedTrace",
-    "MergeRecord",
     "Merge",
     "Windows",
     "CosineNormalize",

@@ -42,7 +42,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import Propagation
 from ..rules.ops import PATCH_CONV, POS_ADD
 from .base import Adapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, Replay, block_forward
@@ -343,7 +342,7 @@ class VLMEmbeddingRecord(EmbeddingRecord):
         x0, embeds: (B, T, D) the language model's input embeddings (the text's word embeddings, the projected
             image features at the image tokens); token scores are read here.
         images: (B, 3, H, W) the pixels, the leaf their relevance is read at (one image per row), else ``None``.
-        vision: the tower's embedding record; vision_blocks: its block records, in order.
+        vision: the tower's embedding record.
         selected: (B, P_v, D_v) the tower's tokens the connector reads (after the feature-select strategy).
         connector: the connector's intermediate outputs, by the family's names.
         features: (B, P, D) the connector's output, the image tokens' embeddings.
@@ -351,7 +350,6 @@ class VLMEmbeddingRecord(EmbeddingRecord):
     """
 
     vision: EmbeddingRecord
-    vision_blocks: list
     selected: Tensor
     connector: dict
     features: Tensor
@@ -608,13 +606,10 @@ class VLMAdapter(Adapter):
         if track:
             images = images.detach().requires_grad_(True)
         vision = self.tower.embed(self.tower_inputs(prepared, images.reshape(B * k, *stacked.shape[2:])), r)
-        if r.explicit and not vision.x0.requires_grad:  # an explicit pass reads the tower's input relevance
-            vision.x0 = vision.x0.detach().requires_grad_(True)
-        x, records = vision.x0, []
+        x = vision.x0
         bias = self.tower_bias(prepared, x)
         for spec in self.tower.blocks:
             rec = block_forward(spec, x, bias, r)
-            records.append(rec)
             x = rec.out
         selected = self.select(x)
         connector, features = self.connect(selected, r)
@@ -627,7 +622,6 @@ class VLMAdapter(Adapter):
             embeds=x0,
             images=images if k == 1 else None,
             vision=vision,
-            vision_blocks=records,
             selected=selected,
             connector=connector,
             features=features,
@@ -635,22 +629,18 @@ class VLMAdapter(Adapter):
         )
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: dict
-    ) -> tuple[Tensor, Optional[Tensor]]:
-        """Token scores: the relevance of every position's embedding, summed over channels (padding 0); pixels
-        (one image per row, else ``None``): the image tokens' relevance back through the connector and the tower's
-        blocks (the replay's backward) and its embedding (:meth:`ViTAdapter.input_relevance`)."""
+    def relevance_inputs(self, trace: Trace) -> list:
+        """Block 0's input, and the pixels where one image per row is their leaf (the connector, the tower's
+        blocks and its embedding are the replay's operations)."""
         emb = trace.embedding
         assert isinstance(emb, VLMEmbeddingRecord)
-        scores = R0.sum(-1) * prepared["attention_mask"].to(R0.dtype)
-        if emb.images is None:  # several images per row: the image tokens are scored, no pixel map is given
-            return scores, None
-        # the connector and the tower's blocks: the rest of the explicit replay's backward, from block 0's input
-        (R,) = torch.autograd.grad(emb.x0, emb.vision.x0, grad_outputs=R0)
-        vision = Trace(x0=emb.vision.x0, embedding=emb.vision)
-        _, pixels = self.tower.input_relevance(vision, R, prop, {"images": emb.vision.images})
-        return scores, pixels
+        return [trace.x0] if emb.images is None else [trace.x0, emb.images]
+
+    def input_relevance(self, trace: Trace, R: list, prepared: dict) -> tuple[Tensor, Optional[Tensor]]:
+        """Token scores: every position's embedding's relevance summed over channels (padding 0); pixels (one
+        image per row, else ``None``): the pixels' relevance, channels summed."""
+        scores = R[0].sum(-1) * prepared["attention_mask"].to(R[0].dtype)
+        return scores, (R[1].sum(dim=1) if len(R) > 1 else None)
 
 
 __all__ = [
