@@ -2,12 +2,12 @@
 # What the browser tests need, installed only where it is missing, each on its own terms:
 #
 #   chromium  Debian's chromium (+ fonts-dejavu-core), asked of apt only when no chromium is on PATH.
-#             Needed by tests/widgets/test_browser.py and tests/test_slides.py (headless, never downloaded
+#             Needed by tests/widgets/test_browser.py and tests/scripts/test_slides.py (headless, never downloaded
 #             by a test tool).
 #   npm       asked of apt only when there is no npm. When a Node.js is installed that does not come from
 #             Debian (NodeSource's ships its own npm; another may not), apt's npm would replace or fight it,
 #             so apt is first asked for a dry run and nothing is installed when it refuses. Needed once by
-#             tests/test_slides.py (reveal.js and MathJax from the npm registry into .cache/slides-assets).
+#             tests/scripts/test_slides.py (reveal.js and MathJax from the npm registry into .cache/slides-assets).
 #
 # Whatever cannot be installed is named, with the tests that need it, and the script exits 0: those tests
 # skip with the same reason on a laptop and fail under CI=true, so `make test` still runs everything else.
@@ -40,21 +40,21 @@ if [ ${#want[@]} -gt 0 ]; then
     if [ "$apt_ok" = 1 ] && "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${want[@]}"; then
         :
     else
-        missing+=("chromium (Debian package 'chromium'): tests/widgets/test_browser.py, tests/test_slides.py")
+        missing+=("chromium (Debian package 'chromium'): tests/widgets/test_browser.py, tests/scripts/test_slides.py")
     fi
 fi
 
 if [ -n "${want_npm:-}" ]; then
     if [ "$apt_ok" = 1 ] && "${SUDO[@]}" apt-get install -s -q --no-install-recommends npm >/dev/null 2>&1; then
         "${SUDO[@]}" apt-get install -y -q --no-install-recommends npm ||
-            missing+=("npm: tests/test_slides.py (once, to fetch reveal.js and MathJax)")
+            missing+=("npm: tests/scripts/test_slides.py (once, to fetch reveal.js and MathJax)")
     else
         node_note=""
         if have node; then
             node_note=" (apt's npm conflicts with the installed Node.js $(node --version 2>/dev/null) at $(command -v node):"
             node_note+=" install the npm of that Node.js distribution instead)"
         fi
-        missing+=("npm${node_note}: tests/test_slides.py (once, to fetch reveal.js and MathJax)")
+        missing+=("npm${node_note}: tests/scripts/test_slides.py (once, to fetch reveal.js and MathJax)")
     fi
 fi
 

@@ -12,7 +12,7 @@ of them points at a local copy in ``<out>/assets`` (from the npm registry, pinne
 once by ``npm install``; ``--assets`` reuses a folder that already has them). The Mermaid import and the
 widget loader, which the course's slides do not need, are left out, and the notebooks' widget state is
 dropped so that each widget shows its stored still picture. The decks then make no request outside their
-folder (``tests/test_slides.py`` opens one in headless Chromium and checks that).
+folder (``tests/scripts/test_slides.py`` opens one in headless Chromium and checks that).
 """
 
 from __future__ import annotations

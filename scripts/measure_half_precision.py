@@ -100,7 +100,7 @@ def families(size: str = "tiny") -> dict[str, Callable[[], tuple[torch.nn.Module
     }
     for fam in ("distilbert", "roberta", "electra", "albert", "mpnet"):
         out[fam] = lambda fam=fam: (make(fam), _text(make(fam)))
-    from test_vision_families import FAMILIES as VISION
+    from vision_models import FAMILIES as VISION
 
     for fam in ("timm_avg_registers", "timm_distilled", "hf_deit_teacher", "hf_dinov2"):
         out[fam.replace("_", "-")] = lambda fam=fam: (VISION[fam](), _images())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_tiny_bert, make_tiny_vit
+from untouched import assert_untouched, snapshot
 
 from lrp_core import METHODS, InputError, UnknownMethodError, UnsupportedModelError, explain
 
@@ -150,40 +151,19 @@ def test_unsupported_models_are_named():
         explain(resnet, torch.randn(1, 3, 32, 32))
 
 
-def _state(model):
-    return {
-        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "training": [m.training for m in model.modules()],
-        "requires_grad": [p.requires_grad for p in model.parameters()],
-        "grads": [p.grad for p in model.parameters()],
-        "fused": [getattr(m, "fused_attn", None) for m in model.modules()],
-        "hooks": [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()],
-        "attn_impl": getattr(getattr(model, "config", None), "_attn_implementation", None),
-    }
-
-
-def _assert_same(before, after):
-    assert before["params"].keys() == after["params"].keys()
-    for k in before["params"]:
-        assert torch.equal(before["params"][k], after["params"][k]), k
-    for key in ("training", "requires_grad", "fused", "hooks", "attn_impl"):
-        assert before[key] == after[key], key
-    assert all(a is b for a, b in zip(before["grads"], after["grads"]))
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_model_is_untouched(method, images, text_batch):
     vit = make_tiny_vit()
     vit.train()  # unusual modes and flags must survive too
     vit.blocks[0].attn.fused_attn = False
     vit.blocks[1].mlp.fc1.weight.requires_grad_(False)
-    before = _state(vit)
+    before = snapshot(vit)
     explain(vit, images, method=method)
-    _assert_same(before, _state(vit))
+    assert_untouched(before, snapshot(vit))
     bert = make_tiny_bert(attn_implementation="sdpa")
-    before = _state(bert)
+    before = snapshot(bert)
     explain(bert, text_batch, method=method)
-    _assert_same(before, _state(bert))
+    assert_untouched(before, snapshot(bert))
 
 
 def test_training_mode_gives_inference_explanations(images):
@@ -196,7 +176,7 @@ def test_training_mode_gives_inference_explanations(images):
 
 def test_model_is_untouched_after_an_error(images):
     vit = make_tiny_vit()
-    before = _state(vit)
+    before = snapshot(vit)
     with pytest.raises(InputError):
         explain(vit, images, target=99)
 
@@ -205,10 +185,10 @@ def test_model_is_untouched_after_an_error(images):
         raise RuntimeError("user hook failed")
 
     vit.patch_embed.proj.register_forward_hook(boom)  # a leaf the replay runs
-    before = _state(vit)
+    before = snapshot(vit)
     with pytest.raises(RuntimeError, match="user hook failed"):
         explain(vit, images)
-    _assert_same(before, _state(vit))
+    assert_untouched(before, snapshot(vit))
 
 
 def test_frozen_model_still_explains(images):

@@ -17,7 +17,7 @@ import copy
 
 import pytest
 import torch
-from decoders import batch, make_decoder, rows
+from decoders import ROPES, batch, make_decoder, rows
 from text_families import make, text_batch
 
 import lrp_core
@@ -172,68 +172,6 @@ def test_classifier_padded_with_another_id_than_its_pad_token_is_refused():
 
 
 # ----------------------------------------------------------------------------- rotary tables per row
-LONGROPE = dict(
-    rope_parameters={
-        "rope_type": "longrope",
-        "rope_theta": 10000.0,
-        "partial_rotary_factor": 0.5,
-        "short_factor": [1.0, 1.1],
-        "long_factor": [3.0, 5.0],
-        "original_max_position_embeddings": 8,
-    },
-    original_max_position_embeddings=8,
-    sliding_window=None,
-)
-#: every rotary type transformers has, on a tiny Llama (longrope on Phi-3), each with a row past its switch length
-ROPES = {
-    "default": ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
-    "linear": ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
-    "dynamic": (
-        "llama",
-        {
-            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
-            "max_position_embeddings": 8,
-        },
-    ),
-    "yarn": (
-        "llama",
-        {
-            "rope_parameters": {
-                "rope_type": "yarn",
-                "rope_theta": 10000.0,
-                "factor": 4.0,
-                "original_max_position_embeddings": 8,
-            }
-        },
-    ),
-    "llama3": (
-        "llama",
-        {
-            "rope_parameters": {
-                "rope_type": "llama3",
-                "rope_theta": 10000.0,
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8,
-            }
-        },
-    ),
-    "proportional": (
-        "llama",
-        {
-            "rope_parameters": {
-                "rope_type": "proportional",
-                "rope_theta": 10000.0,
-                "factor": 2.0,
-                "partial_rotary_factor": 0.5,
-            }
-        },
-    ),
-    "longrope": ("phi3", LONGROPE),
-}
-
-
 def test_every_rotary_type_is_covered():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

@@ -274,6 +274,7 @@ def test_position_refused_for_encoders():
 
 
 def test_every_method_runs_on_decoders():
-    """Every method of the registry explains decoders (the Captum baselines included, tests/test_baselines_decoders.py
-    checks them); a method marked ``decoders=False`` is refused there (test_every_method_runs_on_decoders_and_...)."""
+    """Every method of the registry explains decoders (the Captum baselines included,
+    tests/methods/test_baselines_decoders.py checks them); a method marked ``decoders=False`` is refused there
+    (test_every_method_runs_on_decoders_and_...)."""
     assert set(METHOD_NAMES) == set(DECODER_METHODS)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from decoders import batch, make_decoder, model_logits, quick, rows
-from test_api import _assert_same, _state
+from untouched import assert_untouched, snapshot
 
 from lrp_core import Contrast, explain
 from lrp_core.adapters import get_adapter
@@ -149,10 +149,10 @@ def test_model_is_untouched(family, head):
     model = make_decoder(family, attn="sdpa", head=head, dtype=torch.float32)
     model.train()  # an unusual mode must survive too (dropout is an identity in the replay)
     inputs = batch(rows(), "left")
-    before = _state(model)
+    before = snapshot(model)
     for method in DECODER_METHODS:
         explain(model, inputs, method=method, **quick(method))
-        _assert_same(before, _state(model))
+        assert_untouched(before, snapshot(model))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

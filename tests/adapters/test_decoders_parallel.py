@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from decoders import VOCAB, batch, f64_bound, model_logits, perturb, quick, rows
-from test_api import _assert_same, _state
+from untouched import assert_untouched, snapshot
 
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
@@ -190,7 +190,7 @@ def test_variant_replay_is_the_model_and_each_row_is_explained_alone(name):
         with torch.no_grad():
             got = adapter.forward(adapter.check_inputs(inputs)).logits
         assert (got - model_logits(model, inputs)).abs().max() <= 1e-12, side
-    before = _state(model)
+    before = snapshot(model)
     for method in ("attnlrp", "cp_lrp", "transformer_attribution", "lrp", "rollout"):
         alone = [explain(model, {"input_ids": s[None]}, method=method).scores[0] for s in seqs]
         for side in ("left", "right"):
@@ -200,7 +200,7 @@ def test_variant_replay_is_the_model_and_each_row_is_explained_alone(name):
             assert torch.isfinite(exp.scores).all() and (exp.scores[~mask] == 0).all(), (method, side)
             for i, one in enumerate(alone):
                 assert _rel(exp.scores[i][mask[i]], one) <= 1e-8, (name, method, side, i)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
     # CP-LRP conserves the logit without additive constants (the identity rule's 1e-10 stabiliser aside; OLMo's
     # RMSNorms compute in float32)
     exp = explain(_zero_biases(model), batch(seqs, "left"), method="cp_lrp")
@@ -270,7 +270,7 @@ def test_gemma2_replay_is_the_model_with_both_caps(head):
 def test_gemma2_every_method_gives_each_row_its_own_map_and_leaves_the_model(head):
     model = _gemma2(head=head)
     seqs = rows()
-    before = _state(model)
+    before = snapshot(model)
     for method in DECODER_METHODS:
         alone = [explain(model, {"input_ids": s[None]}, method=method, **quick(method)).scores[0] for s in seqs]
         for side in ("left", "right"):
@@ -280,7 +280,7 @@ def test_gemma2_every_method_gives_each_row_its_own_map_and_leaves_the_model(hea
             assert torch.isfinite(exp.scores).all() and (exp.scores[~mask] == 0).all(), (method, side)
             for i, one in enumerate(alone):
                 assert _rel(exp.scores[i][mask[i]], one) <= f64_bound(model, 1e-8), (method, side, i)
-        _assert_same(before, _state(model))
+        assert_untouched(before, snapshot(model))
 
 
 def test_gemma2_cp_lrp_conserves_the_capped_logit():

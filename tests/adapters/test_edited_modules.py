@@ -13,10 +13,10 @@ import pytest
 import torch
 from conftest import make_tiny_bert, make_tiny_vit
 from decoders import batch, make_decoder, rows
-from test_api import _assert_same, _state
-from test_vision_families import _hf
 from torch import nn
 from transformers.pytorch_utils import prune_linear_layer
+from untouched import assert_untouched, snapshot
+from vision_models import hf_classifier
 
 from lrp_core import explain
 from lrp_core.errors import UnsupportedModelError
@@ -30,7 +30,7 @@ TOL64 = 1e-10
 
 def hf_vit() -> nn.Module:
     """A tiny Hugging Face ``ViTForImageClassification`` (3 layers of 3 heads, width 48)."""
-    return _hf("ViTForImageClassification", "ViTConfig")
+    return hf_classifier("ViTForImageClassification", "ViTConfig")
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -60,7 +60,7 @@ def _check_exact(
     """Every method's explained output equals the model's own logits ``own`` (B, C) (default: the model's output
     on ``inputs``); the model is left as found."""
     own = _own_logits(model, inputs) if own is None else own
-    before = _state(model)
+    before = snapshot(model)
     out = {}
     for method in methods:
         e = explain(model, inputs, method)
@@ -70,7 +70,7 @@ def _check_exact(
             assert rel(e.conservation.output, y) <= tol, (method, rel(e.conservation.output, y))
         assert torch.isfinite(e.scores).all(), method
         out[method] = e
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
     return out
 
 
@@ -312,13 +312,13 @@ def test_a_decoder_with_torch_rmsnorms_is_explained_exactly(family):
     at = (torch.arange(mask.shape[1]) * mask).argmax(-1)
     with torch.no_grad():
         own = model(**inputs).logits[torch.arange(3), at]
-    before = _state(model)
+    before = snapshot(model)
     for method in METHODS:
         e = explain(model, inputs, method)
         assert rel(e.logits, own) <= TOL64, method
         if method in ("attnlrp", "cp_lrp"):
             assert rel(e.conservation.output, own[torch.arange(3), e.target]) <= TOL64, method
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
     # CP-LRP is linear in the embeddings of a model without constants (no biases, rotary q and k detached): it
     # conserves the logit exactly
     cp = explain(model, inputs, "cp_lrp")

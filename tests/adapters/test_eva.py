@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_api import _assert_same, _state
+from untouched import assert_untouched, snapshot
+from vision_models import make_eva
 
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
@@ -19,32 +20,6 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _images(n: int = 2, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-
-
-def make_eva(seed: int = 0, **kw):
-    """A tiny timm Eva with random biases, norms and LayerScales (timm initialises them to constants), Linear and
-    patch-convolution weights of std 1/√fan_in (timm's std 0.02 leaves the logits nearly constant) and q/k
-    weights 3× larger, so that the attention — and the rotation of q and k — shapes the logits (measured: the
-    other rotary pairing moves them by 0.4–1.8 relative)."""
-    from timm.models.eva import Eva
-
-    torch.manual_seed(seed)
-    cfg = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5)
-    cfg.update(kw)
-    model = Eva(**cfg).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            elif name.endswith("gamma_1") or name.endswith("gamma_2"):
-                p.copy_(0.5 + torch.rand(p.shape, generator=g))
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-            elif p.dim() >= 2 and name.endswith("weight"):  # Linears and the patch convolution
-                big = name.endswith(("attn.qkv.weight", "attn.q_proj.weight", "attn.k_proj.weight"))
-                p.copy_(torch.randn(p.shape, generator=g) * p[0].numel() ** -0.5 * (3.0 if big else 1.0))
-    return model
 
 
 FAMILIES = {
@@ -138,14 +113,14 @@ def test_batch_equals_single_in_float64(family, method):
 def test_model_is_untouched_by_calls_and_errors(family):
     model = make_eva(**FAMILIES[family])
     model.train()  # an unusual mode must survive too
-    before = _state(model)
+    before = snapshot(model)
     for method in METHODS:
         explain(model, _images(1), method=method)
     with pytest.raises(InputError):
         explain(model, torch.randn(1, 3, 40, 40), method="lrp")
     with pytest.raises(InputError):
         explain(model, _images(1), method="rollout", target=99)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
 
 
 # ---------------------------------------------------------------- relevance

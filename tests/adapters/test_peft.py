@@ -17,8 +17,7 @@ import pytest
 import torch
 from conftest import make_tiny_bert, make_tiny_vit
 from decoders import batch, make_decoder, quick, rows
-from test_eva import make_eva
-from test_swin import make_swin
+from vision_models import make_eva, make_swin
 
 from lrp_core import explain
 from lrp_core.adapters.swin import REFUSED_METHODS as SWIN_REFUSED

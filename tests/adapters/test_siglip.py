@@ -1,39 +1,17 @@
 """SigLIP (Hugging Face SiglipForImageClassification) and the reusable SigLIP vision-tower pieces; the SigLIP models
 that are refused. The family's every-method, batch = single and untouched-model tests are the ``hf_siglip`` rows of
-test_vision_families.py. Tiny random models, milliseconds each."""
+tests/adapters/test_vision_families.py. Tiny random models, milliseconds each."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_api import _assert_same, _state
-from test_vision_families import hf_siglip, siglip2_patches
+from untouched import assert_untouched, snapshot
+from vision_models import SIGLIP_TEXT, SIGLIP_VISION, hf_siglip, siglip2_patches, siglip_model, siglip_pair
 
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import UnsupportedModelError
-
-VISION = dict(
-    image_size=32,
-    patch_size=8,
-    hidden_size=48,
-    num_hidden_layers=3,
-    num_attention_heads=3,
-    intermediate_size=96,
-    layer_norm_eps=1e-6,
-)
-TEXT = dict(
-    vocab_size=50,
-    hidden_size=32,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=8,
-    projection_size=48,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
 
 
 def _images(n: int = 2, size: tuple = (32, 32), seed: int = 1) -> torch.Tensor:
@@ -75,7 +53,9 @@ def test_reusable_tower_pieces_reproduce_the_vision_model_at_every_layer():
     from lrp_core.adapters.siglip import siglip_embed, siglip_vision_blocks
 
     torch.manual_seed(0)
-    tower = SiglipVisionModel._from_config(SiglipVisionConfig(**VISION), attn_implementation="eager").double().eval()
+    tower = (
+        SiglipVisionModel._from_config(SiglipVisionConfig(**SIGLIP_VISION), attn_implementation="eager").double().eval()
+    )
     x = _images(2, (40, 24))
     with torch.no_grad():
         out = tower(x, interpolate_pos_encoding=True, output_hidden_states=True)
@@ -125,37 +105,13 @@ def test_attnlrp_loses_relevance_in_the_blocks_not_at_the_readout():
 
 
 # ---------------------------------------------------------------- SiglipModel: attention pooling, sigmoid similarity
-def _siglip_model(seed: int = 0, attn: str = "sdpa"):
-    """A tiny SiglipModel: the pooling head's LayerNorms randomised like the others, a non-zero logit_bias."""
-    from by_path import root_fixtures  # the root conftest by path (tests/widgets has a conftest too)
-    from transformers import SiglipConfig, SiglipModel
-
-    _perturb_norms = root_fixtures()._perturb_norms
-    torch.manual_seed(seed)
-    model = SiglipModel._from_config(
-        SiglipConfig(vision_config=VISION, text_config=TEXT), attn_implementation=attn
-    ).eval()
-    _perturb_norms(model, seed)
-    with torch.no_grad():
-        model.logit_scale.fill_(1.2)
-        model.logit_bias.fill_(-2.5)
-        head = model.vision_model.head.attention  # a peaked probe attention: larger query weights
-        head.in_proj_weight[: head.embed_dim].mul_(10.0)
-    return model
-
-
-def _pair(images: torch.Tensor) -> dict:
-    ids = torch.tensor([[5, 6, 7, 2, 0, 0, 0, 0], [8, 9, 10, 11, 12, 2, 0, 0], [13, 2, 0, 0, 0, 0, 0, 0]])
-    return {"pixel_values": images, "input_ids": ids}
-
-
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("size", [(32, 32), (40, 24)])
 def test_similarity_replay_equals_logits_per_image_in_float64(attn, size):
     """``logit_scale.exp() · cos + logit_bias`` through the attention-pooling head: the model's ``logits_per_image``
     (B, P), at the trained size and interpolated."""
-    model = _siglip_model(attn=attn).double()
-    x = _pair(_images(2, size))
+    model = siglip_model(attn=attn).double()
+    x = siglip_pair(_images(2, size))
     with torch.no_grad():
         ref = model(**x, interpolate_pos_encoding=True).logits_per_image
     for method in ("raw_attention", "attnlrp", "cp_lrp"):
@@ -166,8 +122,8 @@ def test_similarity_replay_equals_logits_per_image_in_float64(attn, size):
 
 def test_readout_token_weights_are_the_pooling_heads_attention():
     """The layer-product methods read the probe's head-mean attention: torch's own multi-head attention weights."""
-    model = _siglip_model().double()
-    x = _pair(_images(2))
+    model = siglip_model().double()
+    x = siglip_pair(_images(2))
     a = get_adapter(model)
     prepared = a.check_inputs(x)
     head = model.vision_model.head
@@ -181,26 +137,26 @@ def test_readout_token_weights_are_the_pooling_heads_attention():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_similarity_every_method_batch_equals_single_model_untouched(method):
-    model = _siglip_model(seed=1).double()
-    before = _state(model)
-    x = _pair(_images(2))
+    model = siglip_model(seed=1).double()
+    before = snapshot(model)
+    x = siglip_pair(_images(2))
     both = explain(model, x, method=method, target=[0, 2])
     assert both.scores.shape == (2, 16) and torch.isfinite(both.scores).all()
     one = explain(model, dict(x, pixel_values=x["pixel_values"][1:]), method=method, target=2)
     assert ((both.scores[1] - one.scores[0]).abs().max() / both.scores[1].abs().max().clamp(min=1e-30)) <= 1e-8
     if both.pixels is not None:
         assert both.pixels.shape == (2, 32, 32)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
 
 
 def test_similarity_cp_lrp_conserves_through_the_pooling_head_without_additive_constants():
     """Biases (the packed q/k/v bias, logit_bias included), LayerNorm β and positions 0: under CP-LRP (q, k
     detached: the probe's attention is a constant) the pooling head, the L2 normalisation (its norm held constant)
     and the similarity are linear in the tokens, so every stage holds the logit."""
-    model = _without_additive_constants(_siglip_model(seed=2)).double()
+    model = _without_additive_constants(siglip_model(seed=2)).double()
     with torch.no_grad():
         model.logit_bias.zero_()
-    c = explain(model, _pair(_images(2)), method="cp_lrp", target=[1, 0]).conservation
+    c = explain(model, siglip_pair(_images(2)), method="cp_lrp", target=[1, 0]).conservation
     tol = 1e-8 * c.output.abs() + 1e-9
     assert (c.absorbed().abs().max(dim=1).values < tol).all()
     assert ((c.pixels - c.output).abs() < tol).all()
@@ -212,11 +168,11 @@ def test_pooling_heads_explicit_pass_keeps_three_quarters_the_probe_query_absorb
     is the probe's, a constant. So the final hidden states hold ½ (v) + ¼ (k) = ¾ of the logit."""
     from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION
 
-    model = _without_additive_constants(_siglip_model(seed=3)).double()
+    model = _without_additive_constants(siglip_model(seed=3)).double()
     with torch.no_grad():
         model.logit_bias.zero_()
     a = get_adapter(model)
-    prepared = a.check_inputs(_pair(_images(2)))
+    prepared = a.check_inputs(siglip_pair(_images(2)))
     trace = a.forward(prepared, composite=TRANSFORMER_ATTRIBUTION)
     R_out = torch.zeros_like(trace.logits)
     R_out[:, 1] = trace.logits[:, 1]
@@ -230,8 +186,8 @@ def test_similarity_bias_is_absorbed_not_spread():
     """``logit_bias`` shifts every logit but is no evidence in the image: changing it changes the logit by exactly the
     difference and leaves CP-LRP's map as it was (the bias keeps its own term at the similarity's Linear; had it been
     folded into the prompts' weights or the scale, the map would change)."""
-    model = _siglip_model(seed=2).double()
-    x = _pair(_images(1))
+    model = siglip_model(seed=2).double()
+    x = siglip_pair(_images(1))
     a = explain(model, x, method="cp_lrp", target=0)
     with torch.no_grad():
         model.logit_bias.fill_(3.0)
@@ -244,7 +200,7 @@ def test_similarity_text_side_is_refused():
     from lrp_core.errors import InputError
 
     with pytest.raises(InputError, match="image only"):
-        explain(_siglip_model(), dict(_pair(_images(1).float()), explain="text"))
+        explain(siglip_model(), dict(siglip_pair(_images(1).float()), explain="text"))
 
 
 # ---------------------------------------------------------------- SigLIP 2: patch vectors, per-image grids
@@ -265,7 +221,7 @@ def _siglip2(cls: str = "Siglip2ForImageClassification", attn: str = "sdpa", see
 
     _perturb_norms = root_fixtures()._perturb_norms
     torch.manual_seed(seed)
-    extra = dict(text_config=TEXT) if cls == "Siglip2Model" else dict(num_labels=4)
+    extra = dict(text_config=SIGLIP_TEXT) if cls == "Siglip2Model" else dict(num_labels=4)
     model = (
         getattr(transformers, cls)
         ._from_config(transformers.Siglip2Config(vision_config=VISION2, **extra), attn_implementation=attn)
@@ -325,7 +281,7 @@ def test_siglip2_inputs_that_do_not_lie_on_one_grid_are_refused():
 
 def test_siglip2_similarity_every_method_equals_the_model():
     model = _siglip2("Siglip2Model").double()
-    x = dict(_patchified(_images(2, (24, 40)), 20), input_ids=_pair(None)["input_ids"])
+    x = dict(_patchified(_images(2, (24, 40)), 20), input_ids=siglip_pair(None)["input_ids"])
     with torch.no_grad():
         ref = model(**x).logits_per_image
     for method in METHODS:
@@ -340,7 +296,7 @@ def test_siglip2_similarity_every_method_equals_the_model():
 def _siglip_vision_model():
     from transformers import SiglipVisionConfig, SiglipVisionModel
 
-    return SiglipVisionModel(SiglipVisionConfig(**VISION)).eval()
+    return SiglipVisionModel(SiglipVisionConfig(**SIGLIP_VISION)).eval()
 
 
 def _siglip2_vision_model():

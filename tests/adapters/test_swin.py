@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_api import _assert_same, _state
+from untouched import assert_untouched, snapshot
+from vision_models import make_swin
 
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
@@ -22,29 +23,6 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _images(n: int = 2, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-
-
-def make_swin(seed: int = 0, **kw):
-    """A tiny timm Swin with weights of std 1/√fan_in (q/k 3× larger) and random biases and position-bias tables,
-    so that the windows, their shifts and the position bias shape the logits."""
-    from timm.models.swin_transformer import SwinTransformer
-
-    torch.manual_seed(seed)
-    cfg = dict(img_size=32, patch_size=4, window_size=4, embed_dim=16, depths=(2, 2), num_heads=(2, 4), num_classes=5)
-    cfg.update(kw)
-    model = SwinTransformer(**cfg).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2 and name.endswith("weight"):
-                p.copy_(torch.randn(p.shape, generator=g) * p[0].numel() ** -0.5 * (3.0 if "qkv" in name else 1.0))
-            elif "relative_position_bias_table" in name:
-                p.copy_(torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-    return model
 
 
 #: window 4: stage 0 (8×8 grid) has shifted windows, stage 1 (4×4) one window; window 2: shifts in both stages
@@ -103,23 +81,23 @@ def test_batch_equals_single_in_float64(method):
 @pytest.mark.parametrize("method", sorted(REFUSED_METHODS))
 def test_methods_without_meaning_are_refused_by_method(method):
     model = make_swin()
-    before = _state(model)
+    before = snapshot(model)
     with pytest.raises(UnsupportedModelError) as err:
         explain(model, _images(1), method=method)
     assert f"method {method!r} is not defined on SwinTransformer" in str(err.value)
     assert REFUSED_METHODS[method] in str(err.value) and "attnlrp" in str(err.value)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
 
 
 def test_model_is_untouched_by_calls_and_errors():
     model = make_swin(window_size=2)
     model.train()  # an unusual mode must survive too
-    before = _state(model)
+    before = snapshot(model)
     for method in RUNS:
         explain(model, _images(1), method=method)
     with pytest.raises(InputError):
         explain(model, torch.randn(1, 3, 40, 40), method="lrp")
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
 
 
 def test_cp_lrp_conserves_without_additive_constants():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_api import _assert_same, _state
+from untouched import assert_untouched, snapshot
 
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
@@ -190,24 +190,24 @@ def test_batch_equals_single_in_float64(family, method):
 @pytest.mark.parametrize("method", sorted(REFUSED_METHODS))
 def test_methods_without_meaning_are_refused_by_method(family, method):
     model = make_swin(family)
-    before = _state(model)
+    before = snapshot(model)
     with pytest.raises(UnsupportedModelError) as err:
         explain(model, _images(1), method=method)
     assert f"method {method!r} is not defined on {type(model).__name__}" in str(err.value)
     assert REFUSED_METHODS[method] in str(err.value) and "attnlrp" in str(err.value)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_model_is_untouched_by_calls_and_errors(family):
     model = make_swin(family)
     model.train()  # an unusual mode must survive too
-    before = _state(model)
+    before = snapshot(model)
     for method in RUNS:
         explain(model, _images(1), method=method)
     with pytest.raises(InputError):
         explain(model, torch.randn(1, 3, 40, 40), method="lrp")
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -254,9 +254,9 @@ def test_cdam_is_gradient_times_the_last_stage_tokens_shared_by_their_patches(fa
 # ---------------------------------------------------------------- what is refused, and why
 def _padded_model(family: str) -> torch.nn.Module:
     """Image 40, patch 4: stage 0 a 10×10 grid, stage 1 5×5, neither a multiple of the 4×4 window — both padded to
-    whole windows with zero tokens, shifted blocks included (timm v1 from test_swin.py)."""
+    whole windows with zero tokens, shifted blocks included (timm v1 from vision_models.py)."""
     if family == "timm_v1":
-        from test_swin import make_swin as make_timm_v1
+        from vision_models import make_swin as make_timm_v1
 
         return make_timm_v1(img_size=40)
     return make_swin(family, image_size=40)
@@ -297,11 +297,11 @@ def test_cp_lrp_conserves_through_the_padding_without_additive_constants(family)
 def test_odd_grids_before_a_merging_are_refused_with_the_reason(family):
     """Image 36, patch 4: a 9×9 grid, which transformers pads to 10×10 before merging 2×2 patches."""
     model = make_swin(family, image_size=36)
-    before = _state(model)
+    before = snapshot(model)
     with pytest.raises(UnsupportedModelError) as err:
         explain(model, torch.randn(1, 3, 36, 36), method="attnlrp")
     assert "odd grid (9, 9)" in str(err.value) and "pads" in str(err.value)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
 
 
 def test_absolute_position_embeddings_are_refused():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_api import _assert_same, _state
 from text_families import CASES, FAMILIES, make, rel_err, text_batch
+from untouched import assert_untouched, snapshot
 
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
@@ -61,13 +61,13 @@ def test_model_is_untouched(family, impl):
     model = make(family, impl)
     model.train()  # an unusual mode must survive too
     batch = text_batch(model)
-    before = _state(model)
+    before = snapshot(model)
     for method in METHODS:
         explain(model, batch, method=method)
-        _assert_same(before, _state(model))
+        assert_untouched(before, snapshot(model))
     with pytest.raises(InputError):
         explain(model, batch, target=99)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
 
 
 # ---------------------------------------------------------------- family specifics

@@ -5,147 +5,26 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import _perturb_norms, make_tiny_vit
-from test_api import _assert_same, _state
+from conftest import make_tiny_vit
+from untouched import assert_untouched, snapshot
+from vision_models import (
+    CFG,
+    FAMILIES,
+    READOUT_TOKENS,
+    hf_classifier,
+    hf_dinov2,
+    random_images,
+    siglip2_patches,
+    timm_distilled,
+)
 
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
 from lrp_core.errors import InputError, UnsupportedModelError
 
-CFG = dict(
-    image_size=32,
-    patch_size=8,
-    hidden_size=48,
-    num_hidden_layers=3,
-    num_attention_heads=3,
-    intermediate_size=192,
-    num_labels=5,
-    layer_norm_eps=1e-6,
-)
-
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
-
-
-def _images(n: int = 3, size: tuple = (32, 32), seed: int = 1) -> torch.Tensor:
-    return torch.randn(n, 3, *size, generator=torch.Generator().manual_seed(seed))
-
-
-# ---------------------------------------------------------------- the tiny models
-def timm_distilled(seed: int = 0):
-    from timm.models.deit import VisionTransformerDistilled
-
-    torch.manual_seed(seed)
-    model = VisionTransformerDistilled(
-        img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=5, qkv_bias=True
-    ).eval()
-    _perturb_norms(model, seed)
-    return model
-
-
-def _hf(cls_name: str, config_name: str, seed: int = 0, **kw):
-    import transformers
-
-    torch.manual_seed(seed)
-    model = getattr(transformers, cls_name)(getattr(transformers, config_name)(**{**CFG, **kw})).eval()
-    _perturb_norms(model, seed)
-    return model
-
-
-def hf_dinov2(seed: int = 0):
-    model = _hf("Dinov2ForImageClassification", "Dinov2Config", seed, mlp_ratio=4)
-    g = torch.Generator().manual_seed(seed + 7)
-    with torch.no_grad():  # LayerScale away from its constant init, so that it matters
-        for name, p in model.named_parameters():
-            if name.endswith("lambda1"):
-                p.copy_(0.5 + torch.rand(p.shape, generator=g))
-    return model
-
-
-def hf_siglip(seed: int = 0, attn: str = "sdpa", **kw):
-    """A tiny ``SiglipForImageClassification`` (no class token, mean of all tokens; the unread pooling head kept)."""
-    import transformers
-
-    torch.manual_seed(seed)
-    vision = {
-        k: CFG[k]
-        for k in (
-            "image_size",
-            "patch_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "layer_norm_eps",
-        )
-    }
-    config = transformers.SiglipConfig(vision_config={**vision, **kw}, num_labels=CFG["num_labels"])
-    model = transformers.SiglipForImageClassification._from_config(config, attn_implementation=attn).eval()
-    _perturb_norms(model, seed)
-    return model
-
-
-def hf_siglip2(seed: int = 0):
-    """A tiny ``Siglip2ForImageClassification`` on (B, 3, H, W) images (its patch Linear read as a convolution)."""
-    import transformers
-
-    torch.manual_seed(seed)
-    vision = {
-        k: CFG[k]
-        for k in (
-            "patch_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "layer_norm_eps",
-        )
-    }
-    config = transformers.Siglip2Config(vision_config={**vision, "num_patches": 16}, num_labels=CFG["num_labels"])
-    model = transformers.Siglip2ForImageClassification._from_config(config, attn_implementation="sdpa").eval()
-    _perturb_norms(model, seed)
-    return model
-
-
-FAMILIES = {
-    "timm_avg": lambda: make_tiny_vit(global_pool="avg"),  # fc_norm after the mean
-    "timm_avg_no_class_token": lambda: make_tiny_vit(global_pool="avg", class_token=False),
-    "timm_avg_registers": lambda: make_tiny_vit(global_pool="avg", reg_tokens=2, init_values=0.5),
-    "timm_distilled": timm_distilled,
-    "hf_deit": lambda: _hf("DeiTForImageClassification", "DeiTConfig"),
-    "hf_deit_teacher": lambda: _hf("DeiTForImageClassificationWithTeacher", "DeiTConfig"),
-    "hf_dinov2": hf_dinov2,
-    "hf_siglip": hf_siglip,
-    "hf_siglip2": hf_siglip2,
-}
-
-#: the tokens the classifier reads directly, per family
-READOUT_TOKENS = {
-    "timm_avg": (),
-    "timm_avg_no_class_token": (),
-    "timm_avg_registers": (),
-    "timm_distilled": (0, 1),
-    "hf_deit": (0,),
-    "hf_deit_teacher": (0, 1),
-    "hf_dinov2": (0,),
-    "hf_siglip": (),
-    "hf_siglip2": (),
-}
-
-
-def siglip2_patches(images: torch.Tensor, length: int = 0, patch: int = 8) -> dict:
-    """What SigLIP 2's processor gives for these images: transformers' own patchify, padded to ``length`` patches."""
-    from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
-
-    rows = torch.stack([convert_image_to_patches(im, patch) for im in images])  # (B, h·w, p·p·3)
-    B, P, F = rows.shape
-    values = torch.zeros(B, max(length, P), F, dtype=images.dtype)
-    values[:, :P] = rows
-    mask = torch.zeros(B, max(length, P), dtype=torch.long)
-    mask[:, :P] = 1
-    grid = torch.tensor([[images.shape[2] // patch, images.shape[3] // patch]] * B)
-    return {"pixel_values": values, "pixel_attention_mask": mask, "spatial_shapes": grid}
 
 
 def _logits(model, x):
@@ -157,13 +36,13 @@ def _logits(model, x):
 # ---------------------------------------------------------------- the replay is the model
 @pytest.mark.parametrize("family", FAMILIES)
 def test_replay_reproduces_the_logits(family):
-    model, x = FAMILIES[family](), _images()
+    model, x = FAMILIES[family](), random_images()
     for method in ("raw_attention", "attnlrp", "cp_lrp"):  # the plain replay and the modified-gradient one
         assert (explain(model, x, method=method).logits - _logits(model, x)).abs().max() <= 1e-5, method
 
 
 def test_dinov2_replay_at_another_resolution_interpolates_like_the_model():
-    model, x = hf_dinov2(), _images(2, (48, 40))
+    model, x = hf_dinov2(), random_images(2, (48, 40))
     exp = explain(model, x, method="transformer_attribution")
     assert (exp.logits - _logits(model, x)).abs().max() <= 1e-5
     assert exp.scores.shape == (2, 6 * 5)
@@ -171,7 +50,7 @@ def test_dinov2_replay_at_another_resolution_interpolates_like_the_model():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_method_gives_one_finite_score_per_patch(family):
-    model, x = FAMILIES[family](), _images(2)
+    model, x = FAMILIES[family](), random_images(2)
     for method in METHODS:
         exp = explain(model, x, method=method)
         assert exp.scores.shape == (2, 16), method
@@ -183,7 +62,7 @@ def test_every_method_gives_one_finite_score_per_patch(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_layout_names_the_tokens_the_classifier_reads(family):
     a = get_adapter(FAMILIES[family]())
-    layout = a.layout(a.check_inputs(_images(1)))
+    layout = a.layout(a.check_inputs(random_images(1)))
     assert layout.readout_tokens == READOUT_TOKENS[family]
     # token ablation removes every patch; the classifier's own tokens are prefix tokens here
     assert layout.ablatable().tolist() == list(range(layout.output_start, layout.num_tokens))
@@ -193,7 +72,7 @@ def test_layout_names_the_tokens_the_classifier_reads(family):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_batch_equals_single_in_float64(family, method):
-    model, x = FAMILIES[family]().double(), _images(3).double()
+    model, x = FAMILIES[family]().double(), random_images(3).double()
     batch = explain(model, x, method=method)
     for i in range(x.shape[0]):
         one = explain(model, x[i : i + 1], method=method)
@@ -207,14 +86,14 @@ def test_batch_equals_single_in_float64(family, method):
 def test_model_is_untouched_by_calls_and_errors(family):
     model = FAMILIES[family]()
     model.train()  # an unusual mode must survive too
-    before = _state(model)
+    before = snapshot(model)
     for method in METHODS:
-        explain(model, _images(1), method=method)
+        explain(model, random_images(1), method=method)
     with pytest.raises(InputError):
-        explain(model, _images(1, (30, 30)), method="lrp")
+        explain(model, random_images(1, (30, 30)), method="lrp")
     with pytest.raises(InputError):
-        explain(model, _images(1), method="rollout", target=99)
-    _assert_same(before, _state(model))
+        explain(model, random_images(1), method="rollout", target=99)
+    assert_untouched(before, snapshot(model))
 
 
 # ---------------------------------------------------------------- readouts: same function, same map
@@ -226,7 +105,7 @@ def test_mean_over_one_token_is_reading_that_token(monkeypatch):
     from lrp_core.rules.ops import LAYERNORM, LINEAR
 
     model = make_tiny_vit(img_size=8, global_pool="avg", class_token=False).double()
-    x = _images(2, (8, 8)).double()
+    x = random_images(2, (8, 8)).double()
     methods = [m for m in METHODS if m != "token_ablation"]
     mean = {m: explain(model, x, method=m) for m in methods}
     monkeypatch.setattr(
@@ -248,8 +127,8 @@ def test_mean_over_one_token_is_reading_that_token(monkeypatch):
 def _symmetric_deit_pair():
     """HF DeiT with the distillation token, its position embedding and head copies of the [CLS] ones, as a
     two-head model and as the [CLS]-only model with the same weights: the same function of the image."""
-    teacher = _hf("DeiTForImageClassificationWithTeacher", "DeiTConfig", seed=2).double()
-    plain = _hf("DeiTForImageClassification", "DeiTConfig", seed=2).double()
+    teacher = hf_classifier("DeiTForImageClassificationWithTeacher", "DeiTConfig", seed=2).double()
+    plain = hf_classifier("DeiTForImageClassification", "DeiTConfig", seed=2).double()
     with torch.no_grad():
         emb = teacher.deit.embeddings
         emb.distillation_token.copy_(emb.cls_token)
@@ -277,7 +156,7 @@ SAME_MAP = {
 @pytest.mark.parametrize("method", SAME_MAP)
 def test_distilled_readout_with_copied_token_and_head_gives_the_plain_map(method):
     teacher, plain = _symmetric_deit_pair()
-    x = _images(2).double()
+    x = random_images(2).double()
     a, b = explain(teacher, x, method=method), explain(plain, x, method=method)
     assert rel_err(a.logits, b.logits) <= 1e-12
     assert rel_err(a.scores, SAME_MAP[method] * b.scores) <= 1e-8, method
@@ -307,7 +186,7 @@ def _copy_blocks(t, layers) -> None:
 
 
 def _hf_teacher_from_timm(t):
-    h = _hf("DeiTForImageClassificationWithTeacher", "DeiTConfig")
+    h = hf_classifier("DeiTForImageClassificationWithTeacher", "DeiTConfig")
     emb = h.deit.embeddings
     with torch.no_grad():
         emb.cls_token.copy_(t.cls_token)
@@ -330,7 +209,7 @@ EQUIVALENCE_TOL = {"lrp": 1e-6}
 def test_hf_distilled_deit_matches_timm_distilled_deit(method):
     t = timm_distilled(seed=3)
     h = _hf_teacher_from_timm(t)
-    x = _images(2)
+    x = random_images(2)
     assert (_logits(h, x) - _logits(t, x)).abs().max() <= 1e-5
     t, h, x = t.double(), h.double(), x.double()
     a, b = explain(h, x, method=method), explain(t, x, method=method)
@@ -347,7 +226,7 @@ def test_readout_relevance_is_conserved_and_every_rule_set_covers_it(family):
     from lrp_core.rules.ops import POOL
 
     a = get_adapter(FAMILIES[family]().double())
-    prepared = a.check_inputs(_images(2).double())
+    prepared = a.check_inputs(random_images(2).double())
     trace = a.forward(prepared)
     R_out = torch.zeros_like(trace.logits)
     R_out[:, 1] = trace.logits[:, 1]
@@ -397,13 +276,13 @@ def _hf_beit():
         (_hf_beit, ("relative position bias",)),
         (lambda: make_tiny_vit(global_pool="map"), ("global_pool='map'", "'token'", "'avg'")),
         (lambda: make_tiny_vit(global_pool="max", fc_norm=True), ("global_pool='max'",)),
-        (lambda: _hf("Dinov2ForImageClassification", "Dinov2Config", use_swiglu_ffn=True), ("SwiGLU",)),
+        (lambda: hf_classifier("Dinov2ForImageClassification", "Dinov2Config", use_swiglu_ffn=True), ("SwiGLU",)),
     ],
 )
 def test_refused_families_say_why(build, words):
     model = build()
     with pytest.raises(UnsupportedModelError) as err:
-        explain(model, _images(1), method="rollout")
+        explain(model, random_images(1), method="rollout")
     for w in words:
         assert w in str(err.value)
 
@@ -414,7 +293,7 @@ def test_dynamic_img_size_vit_explains_like_the_fixed_size_one(method):
     fixed = make_tiny_vit().double()
     dynamic = make_tiny_vit(dynamic_img_size=True).double()
     dynamic.load_state_dict(fixed.state_dict())
-    x = _images().double()
+    x = random_images().double()
     a = explain(fixed, x, method=method)
     b = explain(dynamic, x, method=method)
     assert torch.allclose(a.scores, b.scores, rtol=1e-10, atol=1e-12)

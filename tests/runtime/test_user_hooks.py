@@ -33,8 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # tests/: confte
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "adapters"))  # eva, swin, modernbert
 from conftest import make_tiny_bert, make_tiny_vit  # noqa: E402
 from decoders import batch, make_decoder, quick, rows  # noqa: E402
-from test_eva import make_eva  # noqa: E402
-from test_swin import make_swin  # noqa: E402
+from vision_models import make_eva, make_swin  # noqa: E402
 
 from lrp_core import METHODS, InputError, explain  # noqa: E402
 from lrp_core.adapters.swin import REFUSED_METHODS as SWIN_REFUSED  # noqa: E402

@@ -88,11 +88,11 @@ def test_npm_conflicting_with_node_is_not_forced_and_is_named(tmp_path):
     res, calls = _run(tmp_path, ["chromium", "node"], NPM_CONFLICTS="1")
     assert res.returncode == 0
     assert _installs(calls) == []
-    assert "npm" in res.stderr and "Node.js v20.20.2" in res.stderr and "tests/test_slides.py" in res.stderr
+    assert "npm" in res.stderr and "Node.js v20.20.2" in res.stderr and "tests/scripts/test_slides.py" in res.stderr
 
 
 def test_apt_failing_names_what_is_missing_and_which_tests_need_it(tmp_path):
     res, _ = _run(tmp_path, ["npm"], APT_FAILS="1")
     assert res.returncode == 0  # the rest of the suite still runs; the browser tests say why they cannot
     assert "chromium" in res.stderr and "tests/widgets/test_browser.py" in res.stderr
-    assert "tests/test_slides.py" in res.stderr
+    assert "tests/scripts/test_slides.py" in res.stderr

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from notebook_text import stored_output_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NB_DIR = ROOT / "notebooks"
 SANITIZE = NB_DIR / "nbval_sanitize.cfg"
 NOTEBOOKS = sorted(p for p in NB_DIR.glob("*.ipynb"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Modules whose public functions (``__all__``) have numpy-style docstrings. The list grows as the other
 #: modules (adapters, tools, the remaining rules, methods and data modules, widgets) are converted.

@@ -118,7 +118,7 @@ def test_agrees_with_the_authors_code_fixture():
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    fx = torch.load(Path(__file__).parent / "fixtures" / "pa_lrp" / "llama.pt")
+    fx = torch.load(Path(__file__).parents[1] / "fixtures" / "pa_lrp" / "llama.pt")
     model = LlamaForCausalLM(LlamaConfig(**fx["config"], attn_implementation="sdpa"))
     model.load_state_dict(fx["state_dict"])
     model = model.double().eval()
@@ -147,7 +147,7 @@ def _fixture_deit():
 
     from timm.models.vision_transformer import VisionTransformer
 
-    fx = torch.load(Path(__file__).parent / "fixtures" / "pa_lrp" / "deit.pt")
+    fx = torch.load(Path(__file__).parents[1] / "fixtures" / "pa_lrp" / "deit.pt")
     model = VisionTransformer(**fx["config"], qkv_bias=True)
     model.load_state_dict(fx["state_dict"])
     return model.double().eval(), fx

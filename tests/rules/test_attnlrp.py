@@ -20,7 +20,7 @@ from lrp_core.rules.composites import ATTNLRP, CP_LRP
 from lrp_core.rules.gradient import HalvedGradient, IdentityRule
 from lrp_core.rules.ops import MATMUL_QK
 
-FIXTURES = Path(__file__).parent / "fixtures" / "lxt"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "lxt"
 METHODS = ("attnlrp", "cp_lrp")
 
 

@@ -251,20 +251,20 @@ def test_one_sample_is_never_split_and_reads_no_free_memory(tiny_vit, text_batch
 
 
 def test_model_is_untouched_by_a_call_in_pieces(images, text_batch):
-    from test_api import _assert_same, _state
+    from untouched import assert_untouched, snapshot
 
     vit = make_tiny_vit()
     vit.train()
     vit.blocks[0].attn.fused_attn = False
-    before = _state(vit)
+    before = snapshot(vit)
     for method in ("transformer_attribution", "attnlrp", "token_ablation"):
         explain(vit, images, method=method, chunk_size=1)
         explain(vit, images, method=method, max_memory=1)
-    _assert_same(before, _state(vit))
+    assert_untouched(before, snapshot(vit))
     bert = make_tiny_bert(attn_implementation="sdpa")
-    before = _state(bert)
+    before = snapshot(bert)
     explain(bert, text_batch, method="generic_attention", chunk_size=2)
-    _assert_same(before, _state(bert))
+    assert_untouched(before, snapshot(bert))
 
 
 def test_progress_bar_over_pieces(tiny_vit, capsys):
@@ -339,7 +339,7 @@ def test_estimate_grows_with_batch_tokens_and_kept_heads():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
 def test_estimate_bounds_the_measured_peak():
     """A fresh process: BERT of width 256, 4 blocks, 128 tokens, batch 2 (a few seconds)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "scripts"))
     from measure_memory import measure
 
     r = measure("bert", "transformer_attribution", tokens=128, batch=2)
@@ -393,7 +393,7 @@ def test_fused_methods_keep_no_attention_maps_on_sdpa():
 @pytest.mark.parametrize("method, tokens", [("attnlrp", 512), ("transformer_attribution", 256)])
 def test_decoder_estimate_bounds_the_measured_peak(method, tokens):
     """A fresh process: an sdpa Llama of width 256, 4 blocks, 8 heads / 2 key-value heads, vocabulary 8000."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "scripts"))
     from measure_memory import measure
 
     r = measure("llama", method, tokens=tokens, batch=1, heads=8)
@@ -406,7 +406,7 @@ def test_decoder_estimate_bounds_the_measured_peak(method, tokens):
 def test_source_ablation_estimate_bounds_the_measured_peak(method, batch_size):
     """The ablation methods replay logits only (two blocks held, not L): the estimate of 8 sources at 512 tokens
     bounds the measured peak and stays within 3x of it (priced as full traces: 4.4x at batch_size 1)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "scripts"))
     from measure_memory import measure
 
     r = measure("llama", method, tokens=512, batch=1, heads=8, sources=8, batch_size=batch_size)

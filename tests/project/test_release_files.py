@@ -9,7 +9,7 @@ import yaml
 
 import lrp_core
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_licence_version_and_citation_agree():

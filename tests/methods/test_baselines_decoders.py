@@ -12,7 +12,7 @@ import pytest
 import torch
 from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients, KernelShap, NoiseTunnel
 from decoders import batch, f64_bound, make_decoder, model_logits, rows
-from test_api import _assert_same, _state
+from untouched import assert_untouched, snapshot
 
 from lrp_core import Contrast, InputError, explain
 from lrp_core.adapters import get_adapter
@@ -339,10 +339,10 @@ def test_bad_options_are_refused(options, words):
 @pytest.mark.parametrize("method", CAPTUM_METHODS)
 def test_the_model_and_the_global_generator_are_left_as_they_were(method):
     model = make_decoder("gpt2")
-    before = _state(model)
+    before = snapshot(model)
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
     explain(model, batch(rows(), "left"), method=method, **FAST[method])
     assert torch.equal(torch.rand(3), expected)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))

@@ -17,15 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "adapters"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "adapters"))
 
-import test_siglip as siglip_tests  # noqa: E402
-import test_vision_families as vision  # noqa: E402
 import text_families  # noqa: E402
+import vision_models  # noqa: E402
 from conftest import make_tiny_vit  # noqa: E402
-from test_api import _assert_same, _state  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402
 from torch.nn.modules import module as torch_module  # noqa: E402
+from untouched import assert_untouched, snapshot  # noqa: E402
 from vlms import (  # noqa: E402
     gemma3_prompt,
     image_types,
@@ -68,7 +67,7 @@ def _clip_inputs(side: str = "image") -> dict:
 FAMILIES = {
     "timm_cls": (make_tiny_vit, _images, 5, 2),
     **{
-        name: (vision.FAMILIES[name], _images, 5, 2)
+        name: (vision_models.FAMILIES[name], _images, 5, 2)
         for name in (
             "timm_avg",
             "timm_avg_no_class_token",
@@ -80,14 +79,14 @@ FAMILIES = {
             "hf_siglip2",
         )
     },
-    "hf_vit": (lambda: vision._hf("ViTForImageClassification", "ViTConfig"), _images, 5, 2),
+    "hf_vit": (lambda: vision_models.hf_classifier("ViTForImageClassification", "ViTConfig"), _images, 5, 2),
     **{
         name: (lambda name=name: text_families.make(name), _text, 3, 2)
         for name in ("bert", "roberta", "electra", "distilbert", "albert", "mpnet", "modernbert_mean")
     },
     "clip_image": (make_clip, _clip_inputs, 3, 2),  # classes: the 3 prompts; batch: the 2 images
     "clip_text": (make_clip, lambda: _clip_inputs("text"), 2, 3),  # classes: the 2 images; batch: the 3 prompts
-    "siglip_image": (lambda: siglip_tests._siglip_model(), lambda: siglip_tests._pair(_images()), 3, 2),
+    "siglip_image": (lambda: vision_models.siglip_model(), lambda: vision_models.siglip_pair(_images()), 3, 2),
     # classes: the vocabulary; batch: 2 rows, one image each, left-padded
     "llava": (
         lambda: make_llava(dtype=torch.float32),
@@ -149,10 +148,10 @@ def _same(a, b) -> None:
 
 def _refused(model, inputs, error, match, **kw):
     """``explain`` raises ``error`` matching ``match`` and leaves the model (and torch's global hooks) as found."""
-    before, hooks = _state(model), _global_hooks()
+    before, hooks = snapshot(model), _global_hooks()
     with pytest.raises(error, match=match):
         explain(model, inputs, **kw)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
     assert _global_hooks() == hooks
 
 
@@ -218,9 +217,9 @@ def test_compiled_and_data_parallel_models_are_explained_as_the_model_inside(fam
     model, x, _ = _family(family)
     plain = explain(model, x)
     for wrapped in (torch.compile(model), torch.nn.DataParallel(model), torch.compile(torch.nn.DataParallel(model))):
-        before = _state(model)
+        before = snapshot(model)
         _same(explain(wrapped, x), plain)
-        _assert_same(before, _state(model))
+        assert_untouched(before, snapshot(model))
 
 
 @pytest.fixture
@@ -444,12 +443,12 @@ def test_the_calls_own_changes_are_undone_and_another_threads_survive():
         module.register_forward_hook(lambda *a: None)
 
     model.head.register_forward_hook(flip)
-    before = _state(model)
+    before = snapshot(model)
     during = _concurrent(model, x, lambda: model.blocks[2].requires_grad_(False))  # before the head runs
     _same(during, plain)
     assert not any(p.requires_grad for p in model.blocks[2].parameters())  # the other thread's change stays
     model.blocks[2].requires_grad_(True)
-    _assert_same(before, _state(model))  # the call's own: the head's mode and the hook it added, undone
+    assert_untouched(before, snapshot(model))  # the call's own: the head's mode and the hook it added, undone
 
 
 @pytest.mark.parametrize("family", ["timm_cls", "bert", "clip_image"])
@@ -461,12 +460,12 @@ def test_concurrent_calls_give_the_sequential_answers(family):
     leaf.register_forward_hook(lambda m, i, o: None)  # a hooked model: the guard's brackets are on
     methods = ["transformer_attribution", "attnlrp", "rollout", "lrp"]
     alone = [explain(model, x, method=m) for m in methods]
-    before, hooks = _state(model), _global_hooks()
+    before, hooks = snapshot(model), _global_hooks()
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda m: explain(model, x, method=m), methods * 2))
     for a, b in zip(alone * 2, together):
         _same(a, b)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))
     assert _global_hooks() == hooks
 
 

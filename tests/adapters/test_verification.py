@@ -14,18 +14,14 @@
 from __future__ import annotations
 
 import copy
-import os
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
-from torch import nn
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "adapters"))
 from conftest import make_tiny_bert, make_tiny_vit  # noqa: E402
 from decoders import batch, has_float32_islands, make_decoder, rows  # noqa: E402
 from text_families import make, text_batch  # noqa: E402
+from torch import nn
 
 import lrp_core  # noqa: E402
 from lrp_core import explain  # noqa: E402
@@ -84,9 +80,9 @@ def _vlm(family: str):
 
 
 def _vision(family: str):
-    import test_vision_families as V
+    import vision_models as V
 
-    return V.FAMILIES[family](), V._images()
+    return V.FAMILIES[family](), V.random_images()
 
 
 #: family -> (model, inputs), a cross-section of every kind the engine explains
@@ -95,8 +91,8 @@ CASES = {
     "timm_vit_float64": lambda: (make_tiny_vit().double(), _images().double()),
     **{f: (lambda f=f: _vision(f)) for f in ("timm_avg", "timm_distilled", "hf_deit_teacher", "hf_dinov2")},
     "hf_siglip2": lambda: _vision("hf_siglip2"),
-    "timm_eva": lambda: (__import__("test_eva").make_eva(), _images()),
-    "timm_swin": lambda: (__import__("test_swin").make_swin(), _images()),
+    "timm_eva": lambda: (__import__("vision_models").make_eva(), _images()),
+    "timm_swin": lambda: (__import__("vision_models").make_swin(), _images()),
     "bert": lambda: (make_tiny_bert(), text_batch(make_tiny_bert())),
     **{f: (lambda f=f: (make(f).eval(), text_batch(make(f)))) for f in ("roberta", "albert", "mpnet", "modernbert")},
     "clip_image": _clip,
@@ -285,7 +281,7 @@ def test_hooks_that_only_the_models_own_forward_runs_are_warned_about_not_refuse
 def test_length_dependent_rotary_state_is_left_as_found():
     """The check runs the model's own forward; transformers' longrope / dynamic update rewrites the rotary buffers
     and adds attributes: all put back."""
-    from test_decoder_inputs import ROPES
+    from decoders import ROPES
 
     for rope in ("longrope", "dynamic"):
         family, over = ROPES[rope]

@@ -1,7 +1,7 @@
 """The tests that compare relevance digits with outputs made on another machine, run again on portable kernels.
 
 The reference outputs in ``tests/fixtures`` (LXT's AttnLRP / CP-LRP maps, the PA-LRP authors' maps) were
-computed on some other CPU; the notebooks' stored outputs too (``tests/test_notebooks.py`` runs nbval with both
+computed on some other CPU; the notebooks' stored outputs too (``tests/course/test_notebooks.py`` runs nbval with both
 kernel sets itself). A comparison that holds only with this machine's ATen kernels would fail on the next
 machine, so the fixture tests are run once more in a subprocess with ``ATEN_CPU_CAPABILITY=default`` (the
 portable kernels every x86 and ARM CPU has), which add and round in another order than AVX2 or AVX-512.
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: the test files whose assertions read reference outputs stored in tests/fixtures
-FIXTURE_TESTS = ["tests/test_attnlrp.py", "tests/adapters/test_decoders_lxt.py", "tests/test_pa_lrp.py"]
+FIXTURE_TESTS = ["tests/rules/test_attnlrp.py", "tests/adapters/test_decoders_lxt.py", "tests/rules/test_pa_lrp.py"]
 
 
 def _run(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:

@@ -12,8 +12,8 @@ import pytest
 import torch
 from captum.attr import FeatureAblation, InputXGradient, IntegratedGradients, KernelShap, NoiseTunnel
 from conftest import make_tiny_bert, make_tiny_vit
-from test_api import _assert_same, _state
 from tiny_clip import make_clip
+from untouched import assert_untouched, snapshot
 
 from lrp_core import Contrast, InputError, explain
 from lrp_core.adapters import get_adapter
@@ -364,10 +364,10 @@ def test_text_baseline_errors(options, words):
 @pytest.mark.parametrize("method", CAPTUM_METHODS)
 def test_the_model_and_the_global_generator_are_left_as_they_were(method):
     model, inputs = MODELS["bert"]()
-    before = _state(model)
+    before = snapshot(model)
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
     explain(model, inputs, method=method, **FAST[method])
     assert torch.equal(torch.rand(3), expected)
-    _assert_same(before, _state(model))
+    assert_untouched(before, snapshot(model))

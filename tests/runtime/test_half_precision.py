@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from lrp_core import METHODS, attention_parts, concept_target, explain
 from lrp_core.runtime import precision
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "adapters"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "adapters"))
 
 from by_path import root_fixtures  # noqa: E402  (the root conftest by path: tests/widgets has one too)
 
@@ -29,11 +29,10 @@ _perturb_norms, make_tiny_bert, make_tiny_vit = (
     root_fixtures().make_tiny_bert,
     root_fixtures().make_tiny_vit,
 )
-from test_siglip import _pair as _siglip_pair  # noqa: E402
-from test_siglip import _siglip_model  # noqa: E402
-from test_vision_families import FAMILIES as VISION  # noqa: E402
 from text_families import make, text_batch  # noqa: E402
 from tiny_clip import make_clip  # noqa: E402
+from vision_models import FAMILIES as VISION  # noqa: E402
+from vision_models import siglip_model, siglip_pair  # noqa: E402
 
 #: max |Δscores| / max |scores_float32| allowed per method (docs/METHODS.md §5.9: float32 round-off)
 TOL = {m: 1e-6 for m in METHODS}
@@ -64,7 +63,7 @@ FAMILIES = {
     "hf_dinov2": lambda: (VISION["hf_dinov2"](), _images()),
     "hf_siglip": lambda: (VISION["hf_siglip"](), _images()),
     "hf_siglip2": lambda: (VISION["hf_siglip2"](), _images()),
-    "siglip_image": lambda: (_siglip_model(), _siglip_pair(_images())),
+    "siglip_image": lambda: (siglip_model(), siglip_pair(_images())),
     "clip_image": lambda: (make_clip(), _clip_inputs()),
     "clip_text": lambda: (make_clip(), _clip_inputs(explain="text")),
     "bert": lambda: (make_tiny_bert(), text_batch(make_tiny_bert())),

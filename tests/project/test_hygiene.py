@@ -6,7 +6,7 @@ import ast
 import builtins
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sources(*packages: str) -> list[Path]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: packages the engine must not load: pictures, widgets, the Captum baselines, the photo libraries
 OPTIONAL = ("matplotlib", "ipywidgets", "captum", "sklearn", "skimage")
