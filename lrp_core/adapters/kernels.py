@@ -243,8 +243,20 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def scaled_matmul(scale: float, queries_first: bool) -> Callable[[Tensor, Tensor], Tensor]:
-    """q (…, N, d), kᵀ (…, d, M) -> the scaled scores (…, N, M): ``(q · scale) @ kᵀ`` (timm scales the queries
-    first) or ``(q @ kᵀ) · scale`` (Hugging Face), in the model's order."""
+    """The scaled scores ``(q, kᵀ) -> (…, N, M)`` as one operation, in the model's order.
+
+    Parameters
+    ----------
+    scale : float
+        The scale (or a tensor broadcast with the scores).
+    queries_first : bool
+        ``(q · scale) @ kᵀ`` (timm scales the queries first); else ``(q @ kᵀ) · scale`` (Hugging Face).
+
+    Returns
+    -------
+    Callable
+        q (…, N, d), kᵀ (…, d, M) -> (…, N, M).
+    """
 
     def scores(q: Tensor, kT: Tensor) -> Tensor:
         return (q * scale) @ kT if queries_first else (q @ kT) * scale
