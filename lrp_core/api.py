@@ -263,14 +263,15 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
     prepared = adapter.check_inputs(inputs)
     readout = adapter.readout_for(prepared)
     resolve = resolver(target, prepared.size, readout.num_classes)
-    trace = adapter.forward(prepared, grad=True, readout=readout)
+    trace = adapter.forward(prepared, grad=True, readout=readout, composite=TRANSFORMER_ATTRIBUTION)
     verification.check(adapter, prepared, trace.logits, [pieces.Piece(torch.arange(prepared.size), None)])
     t = resolve(trace.logits.detach())
     L = adapter.num_blocks
     attns = [trace.attention(b) for b in range(L)]
-    grads = torch.autograd.grad(trace.logits.gather(1, t[:, None]).sum(), attns)
-    with torch.no_grad():
-        rel = adapter.relprop(trace, one_hot(trace.logits, t), TRANSFORMER_ATTRIBUTION, stop_block=0)
+    assert trace.replay is not None  # the explicit replay: ∇A on its graph, then its relevance pass
+    with trace.replay.plain_gradients():
+        grads = torch.autograd.grad(trace.logits.gather(1, t[:, None]).sum(), attns, retain_graph=True)
+    rel = adapter.relprop(trace, one_hot(trace.logits.detach(), t), TRANSFORMER_ATTRIBUTION, stop_block=0)
     stack = lambda ts: torch.stack([x.detach() for x in ts], dim=1)  # noqa: E731
     return AttentionParts(
         attention=stack(attns), gradient=stack(grads), relevance=stack(rel.attn), target=t, logits=trace.logits.detach()

@@ -1,5 +1,5 @@
-"""One multi-head self-attention: its description (:class:`AttentionSpec`), its replay
-(:func:`attention_forward`) and its relevance (:func:`attention_relprop`), for :mod:`.blocks`.
+"""One multi-head self-attention: its description (:class:`AttentionSpec`) and its replay
+(:func:`attention_forward`), for :mod:`.blocks`.
 
 Shapes: B batch, N tokens, D width, H heads, Hkv key/value heads, d head width.
 """
@@ -13,9 +13,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
-from ..rules.composites import Propagation
-from ..rules.functional import apply_rotary, query_row_bias, repeat_kv, take_rows
-from ..rules.norms import norm_kind
 from ..rules.ops import (
     ATTENTION,
     ELEMENTWISE,
@@ -27,6 +24,7 @@ from ..rules.ops import (
     ROPE,
     SOFTMAX,
 )
+from ..rules.tensors import apply_rotary, query_row_bias, repeat_kv, take_rows
 from .kernels import (
     SoftCap,
     computed_rotary,
@@ -36,6 +34,7 @@ from .kernels import (
     pairs_to_halves,
     plus,
     rounded_rotary,
+    scaled_matmul,
     segmented_softmax,
     softmax_float32,
     softmax_rows,
@@ -43,8 +42,8 @@ from .kernels import (
 from .parts import IDENTITY, ModelPart
 from .records import AttentionRecord
 
-if TYPE_CHECKING:  # for annotations only: blocks.py imports this module
-    from .blocks import Replay
+if TYPE_CHECKING:
+    from .replay import Replay
 
 #: how a fused qkv projection orders its outputs: "split" (all query heads, then the key heads, then the value
 #: heads: timm, Phi-3, GPT-2), "grouped" (per key/value head its query heads, then its key, then its value:
@@ -161,7 +160,7 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
             )
         return lin, r.norm(p.q_norm, q), r.norm(p.k_norm, k), v
     assert p.q is not None and p.k is not None and p.v is not None, "an attention without qkv has q, k and v"
-    lin = {n: r.module(LINEAR, m, h) for n, m in (("q", p.q), ("k", p.k), ("v", p.v))}
+    lin = {n: r.module(LINEAR, m, t) for n, m, t in zip("qkv", (p.q, p.k, p.v), r.fork(h, 3))}  # h read thrice
     if p.norm_whole:  # the norms over all heads' channels at once, then the heads
         q, k, v = (
             t.reshape(B, N, -1, d).transpose(1, 2)
@@ -185,20 +184,6 @@ def _rotate(p: AttentionSpec, x: Tensor, cos: Tensor, sin: Tensor, r: Replay) ->
     if p.rope_interleaved:
         out = halves_to_pairs(out)
     return torch.cat((x[:, :, :n], out), dim=2) if n else out
-
-
-def _rotate_relprop(
-    p: AttentionSpec, x: Tensor, rotated: Tensor, cos: Tensor, sin: Tensor, R: Tensor, prop: Propagation
-) -> Tensor:
-    """Relevance of the rotated q or k (B, H, N, d) -> of the unrotated one (the skipped tokens' passes as is)."""
-    n = p.rope_skip
-    parts = [t[:, :, n:] if n else t for t in (x, rotated, R)]
-    if p.rope_interleaved:
-        parts = [pairs_to_halves(t) for t in parts]
-    R_body = prop(ROPE, (parts[0], cos, sin), parts[2], output=parts[1])[0]
-    if p.rope_interleaved:
-        R_body = halves_to_pairs(R_body)
-    return torch.cat((R[:, :, :n], R_body), dim=2) if n else R_body
 
 
 def _padded(p: AttentionSpec, t: Tensor) -> Tensor:
@@ -240,11 +225,8 @@ def _explicit_attention(
     """
     groups = p.groups
     k_all, v_all = (k, v) if groups == 1 else (r(KV_REPEAT, lambda t: repeat_kv(t, groups), t) for t in (k, v))
-    kT = k_all.transpose(-2, -1)
-    if p.scale_queries_first:
-        scores = r(MATMUL_QK, matmul, q * p.scale, kT)
-    else:
-        scores = r(MATMUL_QK, matmul, q, kT) * p.scale
+    # the scaled q·kᵀ is one operation; its explicit rule reads q·kᵀ itself (reuse=False)
+    scores = r(MATMUL_QK, scaled_matmul(p.scale, p.scale_queries_first), q, k_all.transpose(-2, -1), reuse=False)
     if p.softcap is not None:  # not a module of the model: not recorded as the first element-wise layer
         scores = r(ELEMENTWISE, p.softcap, scores, module=p.softcap)
     masked = scores if bias is None else r(MASK_ADD, plus, scores, bias)
@@ -292,11 +274,9 @@ def attention_forward(
     B, N, _ = h.shape
     H, d, groups = p.num_heads, p.head_dim, p.groups
     lin, q, k, v = _project(p, _padded(p, h), r)
-    q_pre = k_pre = None
     if p.rotary:
         assert rope is not None, "a rotary attention gets its tables (Adapter.block_context)"
         cos, sin = rope
-        q_pre, k_pre = q, k
         q, k = _rotate(p, q, cos, sin, r), _rotate(p, k, cos, sin, r)
     causal = p.causal
     if rows is not None:  # every other query row's output reaches nothing that is read
@@ -324,140 +304,8 @@ def attention_forward(
         o=o,
         lin=lin,
         bias=bias,
-        q_pre=q_pre,
-        k_pre=k_pre,
         rope=rope if p.rotary else None,
     )
 
 
-def _scores(p: AttentionSpec, rec: AttentionRecord) -> Tensor:
-    """(B, H, N, N) the forward's scaled ``q·kᵀ``, the same operations again: the replay does not keep it,
-    so a long sequence's records hold one ``H·N²`` map per block (A), not two."""
-    kT = repeat_kv(rec.k, p.groups).transpose(-2, -1)
-    return matmul(rec.q * p.scale, kT) if p.scale_queries_first else matmul(rec.q, kT) * p.scale
-
-
-def _merge_heads(t: Tensor) -> Tensor:
-    """(B, H, N, d) -> (B, N, H·d): the heads side by side, as a projection's output lays them out."""
-    return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1)
-
-
-def _input_relprop(
-    p: AttentionSpec, rec: AttentionRecord, R_q: Tensor, R_k: Tensor, R_v: Tensor, prop: Propagation
-) -> Tensor:
-    """Relevance of the q, k, v projections' outputs -> of the attention's (padded) input: through one fused
-    ``qkv`` Linear (its outputs' relevance in its layout), or through ``q``, ``k``, ``v`` and the three-way Clone.
-
-    Parameters
-    ----------
-    p : AttentionSpec
-        The attention's projections and their layout.
-    rec : AttentionRecord
-        The attention's forward record (:func:`attention_forward`).
-    R_q : Tensor
-        The relevance of the queries' projection, per head ``(B, H, N, d)`` (N counting any padding tokens).
-    R_k : Tensor
-        The relevance of the keys' projection ``(B, Hkv, N, d)``.
-    R_v : Tensor
-        The relevance of the values' projection ``(B, Hkv, N, d)``.
-    prop : Propagation
-        The composite's rules, applied operation by operation.
-
-    Returns
-    -------
-    Tensor
-        The relevance of the padded input ``(B, N, D)``.
-    """
-    B, N = R_q.shape[0], R_q.shape[2]
-    H, d, groups = p.num_heads, p.head_dim, p.groups
-    h = _padded(p, rec.h)
-    if p.qkv is not None:
-        if p.qkv_layout == "grouped":  # per key/value head: its query heads' relevance, its key's, its value's
-            Hkv = p.kv_heads
-            R_qkv = torch.cat(
-                [
-                    R_q.transpose(1, 2).reshape(B, N, Hkv, groups, d),
-                    R_k.transpose(1, 2)[:, :, :, None],
-                    R_v.transpose(1, 2)[:, :, :, None],
-                ],
-                dim=3,
-            ).reshape(B, N, -1)
-        elif groups == 1:
-            R_qkv = torch.stack([R_q, R_k, R_v], dim=2).transpose(1, 3).reshape(B, N, 3 * H * d)
-        else:
-            R_qkv = torch.cat([_merge_heads(t) for t in (R_q, R_k, R_v)], dim=-1)
-        return prop.linear(p.qkv, h, R_qkv, out=rec.lin["qkv"])
-    assert p.q is not None and p.k is not None and p.v is not None, "an attention without qkv has q, k and v"
-    R_parts = [
-        prop.linear(m, h, _merge_heads(r), out=rec.lin[n])
-        for n, m, r in (("q", p.q, R_q), ("k", p.k, R_k), ("v", p.v, R_v))
-    ]
-    return prop.clone(h, *R_parts)  # the three-way Clone
-
-
-def attention_relprop(
-    p: AttentionSpec, rec: AttentionRecord, R: Tensor, prop: Propagation, deeper: bool
-) -> tuple[Tensor, Optional[Tensor]]:
-    """Propagate the relevance of the output projection's output to the attention map and the attention's input.
-
-    With ``p.pad_tokens`` the padding's outputs get no relevance, and its inputs' relevance is dropped.
-
-    Parameters
-    ----------
-    p : AttentionSpec
-        The attention's modules and shape.
-    rec : AttentionRecord
-        The attention's forward record (:func:`attention_forward`).
-    R : Tensor
-        The relevance of the output projection's output ``(B, N, D)``.
-    prop : Propagation
-        The composite's rules, applied operation by operation.
-    deeper : bool
-        Whether to continue past the attention map to the attention's input.
-
-    Returns
-    -------
-    tuple
-        ``(R_A, R_h)``: the relevance of the attention map ``(B, H, N, N)`` (its share at the ``A·V`` product) and
-        that of the attention's input ``(B, N, D)`` (``None`` when ``deeper`` is false).
-    """
-    N_in = R.shape[1]
-    R = _padded(p, R)
-    B, N, _ = R.shape
-    H, d, groups = p.num_heads, p.head_dim, p.groups
-    R_o = prop.linear(p.proj, rec.o, R, out=rec.lin.get("proj_all", rec.lin["proj"]))
-    R_o = prop.unary(norm_kind(p.ctx_norm), rec.o, R_o, p.ctx_norm).reshape(B, N, H, d).transpose(1, 2)
-    R_A, R_v = prop(MATMUL_AV, (rec.A, repeat_kv(rec.v, groups)), R_o, output=rec.ctx)
-    if not deeper:
-        return R_A, None
-    (R_s,) = prop(SOFTMAX, (), R_A, output=rec.A)  # the pass keeps only the softmax's output
-    if rec.bias is not None or p.softcap is not None:
-        raw = _scores(p, rec)
-        scores = raw if p.softcap is None else p.softcap(raw)
-        if rec.bias is not None:  # keep the scores' share of the mask add
-            R_s, _ = prop(MASK_ADD, (scores, rec.bias.expand_as(scores)), R_s)
-        if p.softcap is not None:  # the soft-cap: an element-wise non-linearity
-            R_s = prop.unary(ELEMENTWISE, raw, R_s, p.softcap)
-        del raw, scores
-    R_q, R_kT = prop(MATMUL_QK, (rec.q, repeat_kv(rec.k, groups).transpose(-2, -1)), R_s)
-    R_k = R_kT.transpose(-2, -1)
-    if groups > 1:  # the shared key/value heads: a Clone over the query heads that use them
-        (R_k,), (R_v,) = prop(KV_REPEAT, (rec.k,), R_k), prop(KV_REPEAT, (rec.v,), R_v)
-    q, k = rec.q, rec.k
-    if rec.rope is not None:
-        assert rec.q_pre is not None and rec.k_pre is not None, "a rotary attention records q and k before it"
-        cos, sin = rec.rope
-        R_q = _rotate_relprop(p, rec.q_pre, rec.q, cos, sin, R_q, prop)
-        R_k = _rotate_relprop(p, rec.k_pre, rec.k, cos, sin, R_k, prop)
-        q, k = rec.q_pre, rec.k_pre
-    if p.norm_whole:  # the norms read the whole projections: their relevance laid out as those outputs
-        heads = lambda t: t.reshape(B, N, -1, d).transpose(1, 2)  # noqa: E731
-        R_q = heads(prop.unary(norm_kind(p.q_norm), rec.lin["q"], _merge_heads(R_q), p.q_norm))
-        R_k = heads(prop.unary(norm_kind(p.k_norm), rec.lin["k"], _merge_heads(R_k), p.k_norm))
-    else:
-        R_q = prop.unary(norm_kind(p.q_norm), q, R_q, p.q_norm)
-        R_k = prop.unary(norm_kind(p.k_norm), k, R_k, p.k_norm)
-    return R_A, _unpadded(p, _input_relprop(p, rec, R_q, R_k, R_v, prop), N_in)
-
-
-__all__ = ["AttentionSpec", "QKV_LAYOUTS", "attention_forward", "attention_relprop"]
+__all__ = ["AttentionSpec", "QKV_LAYOUTS", "attention_forward"]

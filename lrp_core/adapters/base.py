@@ -18,11 +18,12 @@ from typing import Callable, Generic, Mapping, Optional, TypeVar
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
-from ..rules.composites import Composite, Propagation
+from ..errors import InputError, RuleSetError
+from ..rules.composites import Composite, check_pass
+from ..rules.ops import EXPLICIT
 from ..runtime.precision import compute_precision
 from .batches import Batch, ImageBatch, TextBatch
-from .blocks import NO_RECORD, BlockSpec, Replay, block_forward, block_relprop
+from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
 from .parts import ModelPart
 from .readouts import PositionReadout, Readout
 from .records import AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout, Trace
@@ -114,10 +115,9 @@ class Adapter(ABC, Generic[BatchT]):
         """The token layout of a prepared batch."""
 
     @abstractmethod
-    def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: BatchT
-    ) -> tuple[Tensor, Optional[Tensor]]:
-        """Relevance of block 0's input (B, N, D) -> (token scores (B, T), pixels (B, H, W) or ``None``)."""
+    def input_relevance(self, trace: Trace, R: list, prepared: BatchT) -> tuple[Tensor, Optional[Tensor]]:
+        """The relevance of :meth:`relevance_inputs` (block 0's input (B, N, D) first) -> (token scores (B, T),
+        pixels (B, H, W) or ``None``)."""
 
     # --------------------------------------------------------------- readout
     def readout_for(self, prepared: BatchT) -> Readout:
@@ -181,14 +181,20 @@ class Adapter(ABC, Generic[BatchT]):
         readout: Optional[Readout] = None,
         read_rows: bool = False,
     ) -> Trace:
-        """Replay the model. ``composite``: a modified-gradient rule set for the replay's operations (an
-        explicit-pass one is refused at once); ``None``: the plain replay. ``readout``: the batch's readout
+        """Replay the model. ``composite``: the rule set of the replay's operations — modified-gradient rules
+        (their gradient is the relevance) or explicit rules (each operation's backward is its rule:
+        :meth:`relprop` then runs the pass; ``grad``: plain gradients can be taken on the same graph, inside
+        ``trace.replay.plain_gradients()``); ``None``: the plain replay. ``readout``: the batch's readout
         (default :meth:`readout_for`); the trace keeps it as ``trace.readout``. ``read_rows``: with a readout
         that reads one token per row (:class:`PositionReadout`), the last block is computed at those tokens only
         (:meth:`run_blocks`' ``rows``): the logits and every gradient are the full replay's, but the last
         block's record is not (a pass that reads only gradients and block outputs may ask for it)."""
+        explicit = getattr(composite, "serves", None) == EXPLICIT
         # a modified-gradient pass never reads A: models that run sdpa may keep their fused attention
-        r = Replay(composite, names=self._names_for(composite), fuse=composite is not None, where=self.module_name)
+        fuse = composite is not None and not explicit
+        r = Replay(composite, self._names_for(composite), fuse=fuse, where=self.module_name, cache=self.shares_weights)
+        r.vjps = explicit and grad  # the plain gradients of an explicit replay: each operation keeps its own
+        grad, track = grad or explicit, track or explicit  # an explicit pass reads its input-space leaves
         head = self.readout_for(prepared) if readout is None else readout
         # a half-precision model is replayed in float32 (lrp_core.runtime.precision; a no-op inside a method)
         with compute_precision(self.model), torch.set_grad_enabled(grad):
@@ -230,7 +236,7 @@ class Adapter(ABC, Generic[BatchT]):
         if self.mask_value is not None and mask is None:
             mask = torch.ones(x0.shape[:2], dtype=torch.long, device=x0.device)
         trace = Trace(
-            x0=x0, mask=mask if self.mask_value is not None else None, readout=head, positions=positions, first=r.first
+            x0=x0, mask=mask if self.mask_value is not None else None, readout=head, positions=positions, replay=r
         )
         x = x0
         last = len(self.blocks) - 1
@@ -268,65 +274,105 @@ class Adapter(ABC, Generic[BatchT]):
         return trace.blocks[-1].attn.h
 
     # ------------------------------------------------------------- relevance
+    def relevance_inputs(self, trace: Trace) -> list:
+        """The tensors an explicit pass to input space reads the relevance of (handed to :meth:`input_relevance`):
+        block 0's input first, then the family's input-space tensors (pixels: a tracked replay's leaf)."""
+        return [trace.x0]
+
     def relprop(
         self,
         trace: Trace,
         R_out: Tensor,
-        composite: Composite,
+        composite: Optional[Composite] = None,
         stop_block: int = 0,
         to_input: bool = False,
         prepared: Optional[BatchT] = None,
         on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]] = None,
         release: bool = False,
+        on_block: Optional[Callable[[int], None]] = None,
     ) -> BlockRelevance:
-        """The explicit relevance pass, every rule chosen by ``composite`` (an explicit-pass rule set; a
-        modified-gradient one is refused at once).
+        """The explicit relevance pass: the backward of a trace replayed with an explicit composite
+        (``forward(prepared, composite=...)``), each operation's rule its backward.
 
         Args:
             R_out: (B, C) relevance of the logits (the one-hot target).
-            stop_block: the lowest block whose attention relevance is needed.
+            composite: the rule set the trace was replayed with (``None``: the trace's); a modified-gradient
+                one is refused at once.
+            stop_block: the lowest block whose attention relevance is needed: the pass stops at its map.
             to_input: continue through every block to input space (``scores``, ``pixels``).
             on_attention: ``f(b, R_A)`` called with each block's attention relevance (B, H, N, N) as the
-                pass reaches it; ``attn[b]`` keeps what it returns instead of R_A, so a method that only
-                needs a reduction of R_A never holds all blocks' maps at once.
-            release: drop ``trace.blocks[b]`` once block b is done (unless ``to_input``; the pass goes top-down, never
-                looking at a block again): the memory of the records falls as the pass goes on. The
-                trace then has ``None`` for those blocks.
+                pass reaches it; ``attn[b]`` keeps what it returns instead of R_A.
+            release: the pass frees each block's saved tensors as it leaves it (the trace runs one pass), and
+                the trace's block records are dropped before it (unless ``to_input``: then kept); without it the
+                trace can run further passes.
+            on_block: ``f(b)`` called when the pass reaches block b's output, before it enters the block.
         """
+        if composite is not None:
+            check_pass(composite, EXPLICIT, "Adapter.relprop")
+        r = trace.replay
+        if r is None or not r.explicit or (composite is not None and r.composite is not composite):
+            raise RuleSetError(
+                "Adapter.relprop runs the backward of an explicit replay: replay the batch with "
+                "adapter.forward(prepared, composite=<the same explicit composite>) first"
+            )
         with compute_precision(self.model):  # in float32 for a half-precision model (a no-op inside a method)
-            return self._relprop(trace, R_out, composite, stop_block, to_input, prepared, on_attention, release)
+            return self._relprop(trace, R_out, stop_block, to_input, prepared, on_attention, release, on_block)
 
     def _relprop(
         self,
         trace: Trace,
         R_out: Tensor,
-        composite: Composite,
         stop_block: int,
         to_input: bool,
         prepared: Optional[BatchT],
         on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
         release: bool,
+        on_block: Optional[Callable[[int], None]],
     ) -> BlockRelevance:
-        prop = Propagation(composite, cache=self.shares_weights, names=self._names_for(composite), first=trace.first)
-        assert trace.readout is not None and trace.readout_record is not None, "run_blocks records the readout"
-        R: Optional[Tensor]  # None past stop_block when the pass stops there
-        R = trace.readout.relprop(trace.readout_record, R_out, prop)  # the readout the trace was run with
-        B, N, _ = R.shape
         L = self.num_blocks
-        out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, N, dtype=R.dtype, device=R.device))
-        for b in range(L - 1, stop_block - 1, -1):
-            assert R is not None, "every block above stop_block passes relevance on"
-            out.tokens[:, b] = R.sum(-1)  # leaving block b
-            R, R_A = block_relprop(self.blocks[b], trace.blocks[b], R, prop, deeper=to_input or b > stop_block)
-            out.attn[b] = R_A if on_attention is None else on_attention(b, R_A)
-            del R_A
-            if release and not to_input:  # a pass to input space hands the trace on to input_relevance
-                trace.blocks[b] = None
-        if R is not None:
-            out.inputs = R.sum(-1)
-        if to_input:
-            assert prepared is not None and R is not None, "to input space: relevance and the prepared batch"
-            out.scores, out.pixels = self.input_relevance(trace, R, prop, prepared)
+        B, N = trace.x0.shape[:2]
+        out = BlockRelevance(attn=[None] * L, tokens=torch.zeros(B, L, N, dtype=trace.x0.dtype, device=R_out.device))
+
+        r = trace.replay
+        assert r is not None, "relprop checked the replay"
+
+        def leaving(b: int) -> Callable[[Tensor], None]:
+            def hook(R: Tensor) -> None:
+                if r.gradients:  # a plain-gradient pass on the same graph (transformer attribution's ∇A)
+                    return
+                out.tokens[:, b] = self.block_tokens(b, R.sum(-1))
+                if on_block is not None:
+                    on_block(b)
+
+            return hook
+
+        def reached(b: int) -> Callable[[Tensor], None]:
+            def hook(R_A: Tensor) -> None:
+                if r.gradients:
+                    return
+                out.attn[b] = R_A if on_attention is None else on_attention(b, R_A)
+
+            return hook
+
+        hooks = [trace.blocks[b].out.register_hook(leaving(b)) for b in range(stop_block, L)]
+        hooks += [trace.blocks[b].attn.A.register_hook(reached(b)) for b in range(stop_block + (not to_input), L)]
+        wanted = self.relevance_inputs(trace) if to_input else [trace.blocks[stop_block].attn.A]
+        logits = trace.logits
+        if release and not to_input:  # the graph holds what the pass needs, and frees it block by block
+            trace.blocks = [None] * L
+        try:
+            # release: each block's saved tensors are freed as the pass leaves it; else the trace can run again
+            R = torch.autograd.grad(logits, wanted, grad_outputs=R_out.to(logits.dtype), retain_graph=not release)
+        finally:
+            for h in hooks:
+                h.remove()
+        del logits, wanted
+        if not to_input:
+            out.attn[stop_block] = R[0] if on_attention is None else on_attention(stop_block, R[0])
+            return out
+        assert prepared is not None, "to input space: the prepared batch"
+        out.inputs = R[0].sum(-1)
+        out.scores, out.pixels = self.input_relevance(trace, list(R), prepared)
         return out
 
 

@@ -16,7 +16,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import ADD, ELEMENTWISE, LINEAR, POS_ADD
 from .base import Adapter
@@ -229,9 +228,9 @@ class BertAdapter(Adapter[TextBatch]):
         return emb.position_ids[:, : ids.shape[1]]
 
     # ------------------------------------------------------------- relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: TextBatch) -> tuple[Tensor, None]:
+    def input_relevance(self, trace: Trace, R: list, prepared: TextBatch) -> tuple[Tensor, None]:
         """Relevance at the embedding output, summed over channels; padding scores 0."""
-        return R0.sum(-1) * prepared.attention_mask.to(R0.dtype), None
+        return R[0].sum(-1) * prepared.attention_mask.to(R[0].dtype), None
 
 
 __all__ = ["BertAdapter", "MASK_VALUE"]

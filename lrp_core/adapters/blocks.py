@@ -1,10 +1,10 @@
-"""Transformer blocks as descriptions, their replay, and their relevance drivers.
+"""Transformer blocks as descriptions, and their replay.
 
 An adapter describes each block of its model with a :class:`BlockSpec` — which
 of the model's own submodules plays which part, in which layout — and the
-code here replays it (:func:`block_forward`) and walks it backward
-(:func:`block_relprop`), asking a composite for every rule; the attention's part is
-:mod:`.attention` (:class:`~.attention.AttentionSpec`). Three layouts:
+code here replays it (:func:`block_forward`), every operation through the replay ``r``
+(:mod:`.replay`: its rules give the gradient or, in an explicit pass, the relevance of each step);
+the attention's part is :mod:`.attention` (:class:`~.attention.AttentionSpec`). Three layouts:
 
 * ``"pre_ln"`` (ViT): ``mid = x + ls1(attn(norm1(x)))``, ``out = mid + ls2(mlp(norm2(mid)))``.
 * ``"post_ln"`` (BERT): ``mid = norm1(x + attn(x))``, ``out = norm2(mid + mlp(mid))``.
@@ -17,37 +17,21 @@ Shapes: B batch, N tokens, D width, H heads, d head width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Literal, Mapping, Optional, cast, overload
+from typing import Callable, ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
-from ..rules.composites import Composite, Propagation, RuleChoice
-from ..rules.functional import take_rows
-from ..rules.norms import check_norm_value, norm_kind
-from ..rules.ops import (
-    ADD,
-    ELEMENTWISE,
-    EXPERT_SUM,
-    GATE_MUL,
-    LAYERNORM,
-    LINEAR,
-    MODIFIED_GRADIENT,
-    RMSNORM,
-    ROUTE,
-    SCALE,
-    GradientRule,
-)
-from ..rules.views import linear_call
-from .attention import AttentionSpec, attention_forward, attention_relprop
+from ..rules.ops import ADD, ELEMENTWISE, EXPERT_SUM, GATE_MUL, LINEAR, ROUTE, SCALE
+from ..rules.tensors import take_rows
+from .attention import AttentionSpec, attention_forward
 from .kernels import parallel_sum, parallel_sum_skip_first, plus, times
 from .parts import IDENTITY, ModelPart
 from .records import BlockRecord, ExpertRun, MlpRecord, MoeRecord
+from .replay import NO_RECORD, Replay
 
 LAYOUTS = ("pre_ln", "post_ln", "parallel")
-#: the operation kinds whose modified-gradient rules recompute the model's norm from its parameters
-NORM_KINDS = (LAYERNORM, RMSNORM)
 
 
 @dataclass
@@ -139,80 +123,16 @@ class BlockSpec:
 
 
 # ----------------------------------------------------------------------------
-# the replay
+# the replay (each operation through r: lrp_core.adapters.replay)
 # ----------------------------------------------------------------------------
-class Replay(RuleChoice):
-    """Runs each operation of the forward pass through its rule's ``forward``.
-
-    ``Replay(None)`` computes every operation plainly (the model's own arithmetic); with a
-    modified-gradient composite (AttnLRP, CP-LRP) each operation keeps its value and gets the gradient its
-    rule prescribes. An explicit-pass composite (TRANSFORMER_ATTRIBUTION, LRP_BASELINE) is refused at once
-    (:class:`~lrp_core.errors.RuleSetError`): its rules define no gradient.
-
-    ``first`` records the first module of each operation kind the replay meets (input order): the
-    first-layer rules of a composite, in this replay and in a later explicit pass (``Trace.first``).
-    ``names``: the model's module → qualified name, for a composite that chooses rules by name.
-    ``fuse``: attention of models that run sdpa is computed fused (the ATTENTION kind; no attention map is
-    recorded) — for passes that never read A.
-    ``where``: the model's module → its qualified name, for refusals. With a composite, every norm the rules
-    recompute from its parameters is checked against the module's own output on the input the forward gives
-    it (:func:`lrp_core.rules.norms.check_norm_value`): a misread norm is refused naming the module.
-    """
-
-    serves = MODIFIED_GRADIENT
-
-    def __init__(
-        self,
-        composite: Optional[Composite] = None,
-        names: Optional[Mapping[nn.Module, str]] = None,
-        record: bool = True,
-        fuse: bool = False,
-        where: Optional[Callable[[nn.Module], str]] = None,
-    ):
-        self.fuse = fuse
-        self.where = where or (lambda m: type(m).__name__)
-        self.first: Optional[dict] = {} if record else None
-        self.composite = None
-        if composite is not None:
-            super().__init__(composite, names, self.first)
-
-    def __call__(
-        self, kind: str, fn: Callable[..., Tensor], *inputs: Tensor, module: Optional[nn.Module] = None
-    ) -> Tensor:
-        if self.composite is None:
-            return fn(*inputs)
-        rule = cast(GradientRule, self.rule(kind, module))  # a gradient rule set
-        out = rule.forward(fn, *inputs, module=module)
-        if kind in NORM_KINDS and module is not None:  # the rule recomputed the norm from its parameters
-            check_norm_value(module, inputs[0], out, self.where, rule.name)
-        return out
-
-    def module(self, kind: str, module: nn.Module, x: Tensor) -> Tensor:
-        """A submodule of the model; identities are skipped."""
-        if isinstance(module, nn.Identity):
-            return x
-        if self.first is not None:
-            self.first.setdefault(kind, module)
-        # a quantised Linear: its own forward, with the gradient of the dequantised map the rules read
-        fn = linear_call(module) if kind == LINEAR else module
-        return self(kind, fn, x, module=module)
-
-    def norm(self, module: nn.Module, x: Tensor) -> Tensor:
-        """A normalisation of the model (LayerNorm or RMSNorm: its kind from the module); identities skipped."""
-        return self.module(norm_kind(module), module, x)
-
-
-#: the plain replay of code that needs no record of the order (a module-level default: it keeps nothing)
-NO_RECORD = Replay(record=False)
-
-
 def _mlp_forward(p: MlpSpec, m: Tensor, r: Replay) -> tuple[dict, Tensor, Optional[Tensor], Optional[Tensor]]:
     """The MLP's hidden units from its input m (B, N, D) -> (Linear outputs, g, gate, up); gate/up for gated MLPs."""
     if not p.gated:
         lin = {"fc1": r.module(LINEAR, p.fc1, m)}
         return lin, r.norm(p.mid_norm, r.module(ELEMENTWISE, p.act, lin["fc1"])), None, None
     if p.gate is not None:
-        lin = {"gate": r.module(LINEAR, p.gate, m), "fc1": r.module(LINEAR, p.fc1, m)}
+        m_gate, m_up = r.fork(m, 2)
+        lin = {"gate": r.module(LINEAR, p.gate, m_gate), "fc1": r.module(LINEAR, p.fc1, m_up)}
         pre_gate, up = lin["gate"], lin["fc1"]
     else:
         lin = {"fc1": r.module(LINEAR, p.fc1, m)}
@@ -258,14 +178,16 @@ def block_forward(
     if p.layout == "parallel":
         return _parallel_forward(p, x, bias, r, rope, rows)
     pre = p.layout == "pre_ln"
-    att = attention_forward(p.attn, r.norm(p.norm1, x) if pre else x, bias, r, rope, rows)
+    skip, x_in = r.fork(x, 2)
+    att = attention_forward(p.attn, r.norm(p.norm1, x_in) if pre else x_in, bias, r, rope, rows)
     if rows is not None:
-        x = take_rows(x, rows, 1)
+        x, skip = take_rows(x, rows, 1), take_rows(skip, rows, 1)
     a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
-    mid = r(ADD, plus, x, a)
+    mid = r(ADD, plus, skip, a)
     if not pre:
         mid = r.norm(p.norm1, mid)
-    m = r.norm(p.norm2, mid) if pre else mid
+    mid_skip, mid_in = r.fork(mid, 2)
+    m = r.norm(p.norm2, mid_in) if pre else mid_in
     moe = None
     lin: dict[str, Tensor]
     if isinstance(p.mlp, MoeSpec):
@@ -276,7 +198,7 @@ def block_forward(
         lin, g, gate, up = _mlp_forward(p.mlp, m, r)
         lin["fc2"] = branch = r.module(LINEAR, p.mlp.fc2, g)
     f = r.module(SCALE, p.ls2, r.norm(p.post2, branch))
-    out = r(ADD, plus, mid, f)
+    out = r(ADD, plus, mid_skip, f)
     if not pre:
         out = r.norm(p.norm2, out)
     return BlockRecord(x=x, attn=att, a=a, mid=mid, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up, moe=moe)
@@ -337,7 +259,9 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
         The forward quantities; its output ``(T, D)`` is ``out``.
     """
     T = x.shape[0]
-    logits = r.module(LINEAR, p.router, x)  # (T, E)
+    x_all = x
+    x, x_router, *x_shared = r.fork(x, 2 if p.shared is None else 4)
+    logits = r.module(LINEAR, p.router, x_router)  # (T, E)
     with torch.no_grad():
         scores = logits.detach() if p.softmax_of_chosen else logits.detach().softmax(dim=-1, dtype=torch.float32)
         chosen = torch.topk(scores, p.top_k, dim=-1).indices
@@ -356,8 +280,8 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
     shared = shared_logit = shared_weight = shared_out = None
     if p.shared is not None:
         assert p.shared_gate is not None, "a shared expert has its gate"
-        shared = _mlp_run(p.shared, x, r)
-        shared_logit = r.module(LINEAR, p.shared_gate, x)  # (T, 1)
+        shared = _mlp_run(p.shared, x_shared[0], r)
+        shared_logit = r.module(LINEAR, p.shared_gate, x_shared[1])  # (T, 1)
         shared_weight = r(ROUTE, torch.sigmoid, shared_logit)
         shared_out = r(GATE_MUL, times, shared_weight, shared.lin["fc2"])
         parts.append(shared_out)
@@ -365,7 +289,7 @@ def moe_forward(p: MoeSpec, x: Tensor, r: Replay = NO_RECORD) -> MoeRecord:
     parts_all, tokens_all = torch.cat(parts), torch.cat(where)
     out = r(EXPERT_SUM, _summed(T), parts_all, tokens_all)
     return MoeRecord(
-        x=x,
+        x=x_all,
         logits=logits,
         chosen=chosen,
         weights=weights,
@@ -388,191 +312,22 @@ def _parallel_forward(
     The record's ``mid`` is the block input itself (no stream between the branches) and ``m`` the MLP's input.
     ``rows``: as :func:`block_forward`'s.
     """
-    h = r.norm(p.norm1, x)
-    m = h if p.norm2 is p.norm1 else r.norm(p.norm2, x)
+    if p.norm2 is p.norm1:  # one norm feeding both branches: its output read twice
+        skip, x_n = r.fork(x, 2)
+        h, m = r.fork(r.norm(p.norm1, x_n), 2)
+    else:
+        skip, x_n1, x_n2 = r.fork(x, 3)
+        h, m = r.norm(p.norm1, x_n1), r.norm(p.norm2, x_n2)
     att = attention_forward(p.attn, h, bias, r, rope, rows)
     if rows is not None:
-        x, m = take_rows(x, rows, 1), take_rows(m, rows, 1)
+        x, skip, m = take_rows(x, rows, 1), take_rows(skip, rows, 1), take_rows(m, rows, 1)
     a = r.module(SCALE, p.ls1, r.norm(p.post1, att.lin["proj"]))
     assert isinstance(p.mlp, MlpSpec), "a parallel block's MLP is no mixture of experts"
     lin, g, gate, up = _mlp_forward(p.mlp, m, r)
     lin["fc2"] = r.module(LINEAR, p.mlp.fc2, g)
     f = r.module(SCALE, p.ls2, r.norm(p.post2, lin["fc2"]))
-    out = r(ADD, parallel_sum_skip_first if p.skip_first else parallel_sum, x, a, f)
+    out = r(ADD, parallel_sum_skip_first if p.skip_first else parallel_sum, skip, a, f)
     return BlockRecord(x=x, attn=att, a=a, mid=x, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up)
-
-
-# ----------------------------------------------------------------------------
-# the relevance driver
-# ----------------------------------------------------------------------------
-@overload
-def block_relprop(
-    p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation, deeper: Literal[True] = True
-) -> tuple[Tensor, Tensor]: ...
-@overload
-def block_relprop(
-    p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation, deeper: bool
-) -> tuple[Optional[Tensor], Tensor]: ...
-def block_relprop(
-    p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation, deeper: bool = True
-) -> tuple[Optional[Tensor], Tensor]:
-    """Propagate the relevance of a block's output to its input and its attention map.
-
-    ``deeper=False`` stops at the attention map: R^A is the halved relevance of
-    A at the ``A·V`` product (docs/METHODS.md §1.9), and the input relevance is ``None``.
-
-    Parameters
-    ----------
-    p : BlockSpec
-        The block's modules and layout.
-    rec : BlockRecord
-        The block's forward record (:func:`block_forward`).
-    R : Tensor
-        The relevance of the block's output ``(B, N, D)``.
-    prop : Propagation
-        The composite's rules, applied operation by operation.
-    deeper : bool
-        Whether to continue past the attention map to the block's input.
-
-    Returns
-    -------
-    tuple
-        ``(R_x, R_A)``: the relevance of the block's input ``(B, N, D)`` (``None`` when ``deeper`` is false) and
-        that of the attention map ``(B, H, N, N)``.
-    """
-    if p.layout == "parallel":
-        return _parallel_relprop(p, rec, R, prop, deeper)
-    pre = p.layout == "pre_ln"
-    if not pre:
-        R = prop.unary(norm_kind(p.norm2), rec.out, R, p.norm2)
-    # MLP branch | skip
-    R_mid, R_f = prop(ADD, (rec.mid, rec.f), R)
-    branch = rec.g if rec.moe is not None else rec.lin["fc2"]
-    R_fc2 = prop.unary(SCALE, branch, R_f, p.ls2)
-    R_fc2 = prop.unary(norm_kind(p.post2), branch, R_fc2, p.post2)
-    if rec.moe is not None:
-        assert isinstance(p.mlp, MoeSpec), "a mixture of experts' record comes from its MoeSpec"
-        R_m = moe_relprop(p.mlp, rec.moe, R_fc2.reshape(rec.moe.out.shape), prop).reshape(rec.m.shape)
-    else:
-        assert isinstance(p.mlp, MlpSpec), "an MLP's record comes from its MlpSpec"
-        R_g = prop.linear(p.mlp.fc2, rec.g, R_fc2, out=rec.lin["fc2"])
-        R_m = _mlp_relprop(p.mlp, rec, prop.unary(norm_kind(p.mlp.mid_norm), rec.g, R_g, p.mlp.mid_norm), prop)
-    if pre:
-        R_m = prop.unary(norm_kind(p.norm2), rec.mid, R_m, p.norm2)
-    R_mid = prop.clone(rec.mid, R_mid, R_m)
-    if not pre:
-        R_mid = prop.unary(norm_kind(p.norm1), rec.mid, R_mid, p.norm1)
-    # attention branch | skip
-    R_x, R_a = prop(ADD, (rec.x, rec.a), R_mid)
-    R_proj = prop.unary(SCALE, rec.attn.lin["proj"], R_a, p.ls1)
-    R_proj = prop.unary(norm_kind(p.post1), rec.attn.lin["proj"], R_proj, p.post1)
-    R_A, R_h = attention_relprop(p.attn, rec.attn, R_proj, prop, deeper)
-    if not deeper:
-        return None, R_A
-    assert R_h is not None, "deeper: the attention passes relevance on to its input"
-    if pre:
-        R_h = prop.unary(norm_kind(p.norm1), rec.x, R_h, p.norm1)
-    return prop.clone(rec.x, R_x, R_h), R_A
-
-
-def _parallel_relprop(
-    p: BlockSpec, rec: BlockRecord, R: Tensor, prop: Propagation, deeper: bool
-) -> tuple[Optional[Tensor], Tensor]:
-    """:func:`block_relprop` of a parallel block: the three-operand Add (docs/METHODS.md §2f), each branch down to
-    its norm, and the block input a Clone of the skip and the norms (one norm feeding both branches: a Clone of
-    its output first)."""
-    R_x, R_a, R_f = prop(ADD, (rec.x, rec.a, rec.f), R, output=rec.out)
-    assert isinstance(p.mlp, MlpSpec), "a parallel block's MLP is no mixture of experts"
-    R_fc2 = prop.unary(SCALE, rec.lin["fc2"], R_f, p.ls2)
-    R_fc2 = prop.unary(norm_kind(p.post2), rec.lin["fc2"], R_fc2, p.post2)
-    R_g = prop.linear(p.mlp.fc2, rec.g, R_fc2, out=rec.lin["fc2"])
-    R_m = _mlp_relprop(p.mlp, rec, prop.unary(norm_kind(p.mlp.mid_norm), rec.g, R_g, p.mlp.mid_norm), prop)
-    R_proj = prop.unary(SCALE, rec.attn.lin["proj"], R_a, p.ls1)
-    R_proj = prop.unary(norm_kind(p.post1), rec.attn.lin["proj"], R_proj, p.post1)
-    R_A, R_h = attention_relprop(p.attn, rec.attn, R_proj, prop, deeper)
-    if not deeper:
-        return None, R_A
-    assert R_h is not None, "deeper: the attention passes relevance on to its input"
-    if p.norm2 is p.norm1:
-        R_n = prop.unary(norm_kind(p.norm1), rec.x, prop.clone(rec.attn.h, R_h, R_m), p.norm1)
-        return prop.clone(rec.x, R_x, R_n), R_A
-    R_n1 = prop.unary(norm_kind(p.norm1), rec.x, R_h, p.norm1)
-    R_n2 = prop.unary(norm_kind(p.norm2), rec.x, R_m, p.norm2)
-    return prop.clone(rec.x, R_x, R_n1, R_n2), R_A
-
-
-def _mlp_relprop(p: MlpSpec, rec: BlockRecord | MlpRecord, R_g: Tensor, prop: Propagation) -> Tensor:
-    """Relevance of the MLP's hidden units (B, N, F) -> relevance of its input m (B, N, D)."""
-    if not p.gated:
-        R_g = prop.unary(ELEMENTWISE, rec.lin["fc1"], R_g, p.act)
-        return prop.linear(p.fc1, rec.m, R_g, out=rec.lin["fc1"])
-    product = rec.g if isinstance(p.mid_norm, nn.Identity) else None
-    R_gate, R_up = prop(GATE_MUL, (rec.gate, rec.up), R_g, output=product)
-    if not isinstance(p.up_act, nn.Identity):  # the up projection's element-wise function
-        pre_up = rec.lin["fc1"] if p.gate is not None else rec.lin["fc1"][..., R_gate.shape[-1] :]
-        R_up = prop.unary(ELEMENTWISE, pre_up, R_up, p.up_act)
-    if p.gate is not None:  # x feeds gate and up: a Clone
-        R_pre = prop.unary(ELEMENTWISE, rec.lin["gate"], R_gate, p.act)
-        return prop.clone(
-            rec.m,
-            prop.linear(p.gate, rec.m, R_pre, out=rec.lin["gate"]),
-            prop.linear(p.fc1, rec.m, R_up, out=rec.lin["fc1"]),
-        )
-    pre_gate = rec.lin["fc1"][..., : R_gate.shape[-1]]
-    R_pre = prop.unary(ELEMENTWISE, pre_gate, R_gate, p.act)  # one fused Linear: its outputs' relevance side by side
-    return prop.linear(p.fc1, rec.m, torch.cat([R_pre, R_up], dim=-1), out=rec.lin["fc1"])
-
-
-def _expert_relprop(p: MlpSpec, rec: MlpRecord, R: Tensor, prop: Propagation) -> Tensor:
-    """Relevance of an expert's output (P, D) -> of its input (P, D): down projection, then the gated MLP's rules."""
-    return _mlp_relprop(p, rec, prop.linear(p.fc2, rec.g, R, out=rec.lin["fc2"]), prop)
-
-
-def moe_relprop(p: MoeSpec, rec: MoeRecord, R: Tensor, prop: Propagation) -> Tensor:
-    """Propagate the relevance of a mixture-of-experts MLP's output to its input (docs/METHODS.md §2c.4).
-
-    The per-token sum (EXPERT_SUM) shares R among the k (+1) summands; each ``w_e · expert_e(x)`` is a product
-    of two operands (GATE_MUL): the expert's share goes through its MLP to its tokens, the weight's through the
-    routing (ROUTE: to the chosen logits only) and the router's Linear; x, read by the router, the experts (and
-    the shared expert and its gate), is a Clone of those branches.
-
-    Parameters
-    ----------
-    p : MoeSpec
-        The router and the experts.
-    rec : MoeRecord
-        The forward record (:func:`moe_forward`).
-    R : Tensor
-        The relevance of the output ``(T, D)``.
-    prop : Propagation
-        The composite's rules, applied operation by operation.
-
-    Returns
-    -------
-    Tensor
-        The relevance of the input ``(T, D)``.
-    """
-    R_parts, _ = prop(EXPERT_SUM, (rec.parts, rec.tokens), R, output=rec.out)
-    R_experts = torch.zeros_like(R)
-    R_w = R.new_zeros(rec.weights.shape)
-    start = 0
-    for run in rec.runs:
-        n = run.tokens.numel()
-        R_w_run, R_y = prop(GATE_MUL, (run.weight, run.mlp.lin["fc2"]), R_parts[start : start + n], output=run.out)
-        start += n
-        R_w[run.tokens, run.slots] = R_w_run[:, 0]
-        R_experts.index_add_(0, run.tokens, _expert_relprop(p.experts[run.expert], run.mlp, R_y, prop))
-    R_logits, _ = prop(ROUTE, (rec.logits, rec.chosen), R_w)
-    branches = [R_experts, prop.linear(p.router, rec.x, R_logits, out=rec.logits)]
-    if rec.shared is not None:
-        R_sw, R_sy = prop(GATE_MUL, (rec.shared_weight, rec.shared.lin["fc2"]), R_parts[start:], output=rec.shared_out)
-        (R_slogit,) = prop(ROUTE, (rec.shared_logit,), R_sw)
-        assert p.shared is not None and p.shared_gate is not None, "the shared expert's record comes from its spec"
-        branches += [
-            _expert_relprop(p.shared, rec.shared, R_sy, prop),
-            prop.linear(p.shared_gate, rec.x, R_slogit, out=rec.shared_logit),
-        ]
-    return prop.clone(rec.x, *branches)
 
 
 __all__ = [
@@ -584,7 +339,5 @@ __all__ = [
     "NO_RECORD",
     "LAYOUTS",
     "block_forward",
-    "block_relprop",
     "moe_forward",
-    "moe_relprop",
 ]

@@ -22,7 +22,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
-from ..rules.composites import Propagation
 from ..rules.norms import norm_kind
 from ..rules.ops import LAYERNORM, LINEAR, PATCH_CONV, POS_ADD
 from ..runtime.guard import eval_semantics
@@ -377,11 +376,9 @@ class CLIPTextAdapter(Adapter[PromptBatch]):
         x0 = r(POS_ADD, torch.add, words, emb.position_embedding(emb.position_ids[:, : ids.shape[1]]))
         return EmbeddingRecord(x0=x0, embeds=words)
 
-    def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: PromptBatch
-    ) -> tuple[Tensor, None]:
+    def input_relevance(self, trace: Trace, R: list, prepared: PromptBatch) -> tuple[Tensor, None]:
         """Relevance at the embedding output, summed over channels; padding scores 0."""
-        return R0.sum(-1) * prepared.attention_mask.to(R0.dtype), None
+        return R[0].sum(-1) * prepared.attention_mask.to(R[0].dtype), None
 
 
 __all__ = [

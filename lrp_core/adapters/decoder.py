@@ -29,7 +29,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import Propagation
 from ..rules.linear import is_linear
 from ..rules.ops import LINEAR
 from .base import Adapter
@@ -593,11 +592,9 @@ class DecoderAdapter(Adapter[DecoderBatch]):
         return [(biases[s.attn.window], ropes.get(s.attn.rope_key)) for s in self.blocks]
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: DecoderBatch
-    ) -> tuple[Tensor, None]:
+    def input_relevance(self, trace: Trace, R: list, prepared: DecoderBatch) -> tuple[Tensor, None]:
         """Relevance at the embedding output, summed over channels; padding scores 0."""
-        return R0.sum(-1) * prepared.attention_mask.to(R0.dtype), None
+        return R[0].sum(-1) * prepared.attention_mask.to(R[0].dtype), None
 
 
 __all__ = [

@@ -28,13 +28,10 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
-from ..rules.composites import Propagation
 from ..rules.linear import LinearView
-from ..rules.norms import norm_kind
-from ..rules.ops import LAYERNORM, LINEAR, POOL
+from ..rules.ops import LINEAR, POOL
 from .blocks import Replay
 from .parts import ModelPart
-from .vlm import VLMEmbeddingRecord
 from .vlm_groups import GroupedAttentionVLM
 
 
@@ -121,24 +118,19 @@ class Gemma3VLMAdapter(GroupedAttentionVLM):
     def connect(self, selected: Tensor, r: Replay) -> tuple[dict, Tensor]:
         """post_layernorm → average pooling (POOL) → RMSNorm → ``@ mm_input_projection_weight``."""
         h = r.norm(self.tower.model.post_layernorm, selected)
-        pooled = r(POOL, self._pool, h)
-        normed = r.norm(self.projector.mm_soft_emb_norm, pooled)
-        out = r.module(LINEAR, self.projection, normed)
-        return {"post_layernorm": h, "pooled": pooled, "normed": normed}, out.type_as(selected)
-
-    def connect_relprop(self, emb: VLMEmbeddingRecord, R: Tensor, prop: Propagation) -> Tensor:
-        """The projector backward: the projection (Linear rule), the RMSNorm's rule, the pooling (the weighted-sum
-        rule onto each square's k² patches), post_layernorm's rule."""
-        c, norm = emb.connector, self.projector.mm_soft_emb_norm
-        R = prop.linear(self.projection, c["normed"], R, out=emb.features)
-        R = prop.unary(norm_kind(norm), c["pooled"], R, norm)
-        h = c["post_layernorm"]
         B, N, D = h.shape
         a, k = self.per_side, self.kernel
         w = torch.full((1, k * k), 1.0 / (k * k), dtype=h.dtype, device=h.device)
-        (R_sq, _) = prop(POOL, (self._squares(h), w), R.reshape(B * a * a, D), output=c["pooled"].reshape(B * a * a, D))
-        R = R_sq.reshape(B, a, a, k, k, D).permute(0, 1, 3, 2, 4, 5).reshape(B, N, D)
-        return prop.unary(LAYERNORM, emb.selected, R, self.tower.model.post_layernorm)
+
+        def pool(squares: Tensor, w: Tensor) -> Tensor:  # the model's AvgPool2d, on the squares' patches
+            grid = squares.reshape(B, a, a, k, k, D).permute(0, 1, 3, 2, 4, 5).reshape(B, N, D)
+            return self._pool(grid).reshape(B * a * a, D)
+
+        # the POOL operation: each pooled token a weighted sum of its square's k² patches (w: its rule's weights)
+        pooled = r(POOL, pool, self._squares(h), w).reshape(B, a * a, D)
+        normed = r.norm(self.projector.mm_soft_emb_norm, pooled)
+        out = r.module(LINEAR, self.projection, normed)
+        return {"post_layernorm": h, "pooled": pooled, "normed": normed}, out.type_as(selected)
 
     def patch_tokens(self, grid: tuple) -> Tensor:
         """Patch (r, c) is carried by pooled token ``(r // k) · (p / k) + c // k``."""

@@ -19,7 +19,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import Propagation
 from ..rules.linear import LinearView, effective_linear
 from ..rules.ops import POS_ADD
 from .batches import DecoderBatch
@@ -52,7 +51,7 @@ class Conv1DLinear(LinearView):
     @property
     def weight(self) -> Tensor:
         """(D_out, D_in): the conv's weight transposed, a view sharing its storage (a new view object per access:
-        a pass that caches weight parts by identity, ``Propagation(cache=True)``, is for shared layers only);
+        a pass that caches weight parts by identity, ``Replay(cache=True)``, is for shared layers only);
         with a peft adapter on the conv, the weight its forward applies."""
         return self.linear_parts()[0]
 
@@ -152,14 +151,14 @@ class GPT2Adapter(DecoderAdapter):
         x0 = r(POS_ADD, torch.add, tokens, self.base.wpe(prepared.position_ids))  # dropout: inference
         return EmbeddingRecord(x0=x0, embeds=tokens, tokens=tokens, x_pos=x0)
 
-    def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: DecoderBatch
-    ) -> tuple[Tensor, None]:
-        """Block-0 input relevance -> the token part of the position add, summed over channels; padding 0."""
-        emb = trace.embedding
-        assert emb is not None, "forward records the embedding"
-        (R_tok, _) = prop(POS_ADD, (emb.tokens, None), R0, output=emb.x_pos)
-        return R_tok.sum(-1) * prepared.attention_mask.to(R_tok.dtype), None
+    def relevance_inputs(self, trace: Trace) -> list:
+        """Block 0's input and the word embeddings (the token part of the position add)."""
+        assert trace.embedding is not None and trace.embedding.tokens is not None, "forward records the embedding"
+        return [trace.x0, trace.embedding.tokens]
+
+    def input_relevance(self, trace: Trace, R: list, prepared: DecoderBatch) -> tuple[Tensor, None]:
+        """The word embeddings' relevance (their share of the position add), summed over channels; padding 0."""
+        return R[1].sum(-1) * prepared.attention_mask.to(R[1].dtype), None
 
 
 __all__ = ["Conv1DLinear", "GPT2Adapter"]

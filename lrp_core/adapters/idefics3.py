@@ -34,8 +34,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
-from ..rules.composites import Propagation
-from ..rules.norms import norm_kind
 from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
 from .batches import ImageBatch, VLMBatch
 from .blocks import NO_RECORD, BlockSpec, Replay
@@ -45,7 +43,7 @@ from .parts import ModelPart
 from .records import EmbeddingRecord
 from .towers import TOWERS, VisionTower
 from .vit import Encoder
-from .vlm import VLMAdapter, VLMEmbeddingRecord
+from .vlm import VLMAdapter
 
 
 def bucketised_position_ids(patch_mask: Tensor, per_side: int) -> Tensor:
@@ -307,14 +305,6 @@ class Idefics3Adapter(VLMAdapter):
         shuffled = pixel_shuffle(normed, self._grid(selected.shape[1]), self.scale)
         out = r.module(LINEAR, self.projection, shuffled)
         return {"post_layernorm": normed, "shuffled": shuffled}, out
-
-    def connect_relprop(self, emb: VLMEmbeddingRecord, R: Tensor, prop: Propagation) -> Tensor:
-        """The projection's Linear rule, the inverse permutation of the pixel shuffle (exact), the LayerNorm's
-        rule."""
-        c = emb.connector
-        R = prop.linear(self.projection, c["shuffled"], R, out=emb.features)
-        R = pixel_unshuffle(R, self._grid(emb.selected.shape[1]), self.scale)
-        return prop.unary(norm_kind(self.post_norm), emb.selected, R, self.post_norm)
 
     def patch_tokens(self, grid: tuple) -> Tensor:
         """Patch (i, j) is carried by token (i // s)·(w / s) + j // s."""

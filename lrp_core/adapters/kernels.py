@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..rules.functional import apply_rotary, repeat_kv
+from ..rules.tensors import apply_rotary, repeat_kv
 
 
 def softmax_rows(s: Tensor) -> Tensor:
@@ -265,6 +265,28 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return a @ b
 
 
+def scaled_matmul(scale: float, queries_first: bool) -> Callable[[Tensor, Tensor], Tensor]:
+    """The scaled scores ``(q, kᵀ) -> (…, N, M)`` as one operation, in the model's order.
+
+    Parameters
+    ----------
+    scale : float
+        The scale (or a tensor broadcast with the scores).
+    queries_first : bool
+        ``(q · scale) @ kᵀ`` (timm scales the queries first); else ``(q @ kᵀ) · scale`` (Hugging Face).
+
+    Returns
+    -------
+    Callable
+        q (…, N, d), kᵀ (…, d, M) -> (…, N, M).
+    """
+
+    def scores(q: Tensor, kT: Tensor) -> Tensor:
+        return (q * scale) @ kT if queries_first else (q @ kT) * scale
+
+    return scores
+
+
 def parallel_sum(x: Tensor, a: Tensor, f: Tensor) -> Tensor:
     """A parallel block's output ``(a + f) + x``: the order in which GPT-NeoX, Phi and Falcon add.
 
@@ -330,6 +352,7 @@ __all__ = [
     "plus",
     "times",
     "matmul",
+    "scaled_matmul",
     "parallel_sum",
     "parallel_sum_skip_first",
 ]

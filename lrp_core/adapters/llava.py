@@ -16,11 +16,10 @@ import torch
 from torch import Tensor
 
 from ..errors import UnsupportedModelError
-from ..rules.composites import Propagation
 from ..rules.ops import ELEMENTWISE, LINEAR
 from .blocks import Replay
 from .parts import ModelPart
-from .vlm import VLMAdapter, VLMEmbeddingRecord
+from .vlm import VLMAdapter
 
 #: the feature-select strategies LLaVA knows
 STRATEGIES = ("default", "full")
@@ -47,12 +46,6 @@ class LlavaAdapter(VLMAdapter):
         """ "default": the tokens after [CLS]; "full": all."""
         return hidden[:, 1:] if self.strategy == "default" else hidden
 
-    def unselect(self, R: Tensor, emb: VLMEmbeddingRecord) -> Tensor:
-        """ "default": [CLS] gets none of the relevance (the projector does not read it)."""
-        if self.strategy == "full":
-            return R
-        return torch.cat([torch.zeros_like(R[:, :1]), R], dim=1)
-
     def connect(self, selected: Tensor, r: Replay) -> tuple[dict, Tensor]:
         """``linear_2(act(linear_1(selected)))``."""
         p = self.projector
@@ -60,13 +53,6 @@ class LlavaAdapter(VLMAdapter):
         a = r.module(ELEMENTWISE, p.act, h1)
         out = r.module(LINEAR, p.linear_2, a)
         return {"linear_1": h1, "act": a}, out
-
-    def connect_relprop(self, emb: VLMEmbeddingRecord, R: Tensor, prop: Propagation) -> Tensor:
-        """The projector backward: Linear, the activation's rule, Linear (§1)."""
-        p, c = self.projector, emb.connector
-        R = prop.linear(p.linear_2, c["act"], R, out=emb.features)
-        R = prop.unary(ELEMENTWISE, c["linear_1"], R, p.act)
-        return prop.linear(p.linear_1, emb.selected, R, out=c["linear_1"])
 
     def patch_tokens(self, grid: tuple) -> Tensor:
         """Patch i is image token i ("default") or i + 1 ("full": [CLS] first)."""

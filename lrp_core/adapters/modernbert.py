@@ -28,7 +28,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import Propagation
 from ..rules.linear import is_linear
 from ..rules.norms import norm_kind
 from ..rules.ops import ELEMENTWISE, LINEAR
@@ -244,9 +243,9 @@ class ModernBertAdapter(Adapter[TextBatch]):
         return [(biases[s.attn.window], ropes[s.attn.rope_key]) for s in self.blocks]
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: TextBatch) -> tuple[Tensor, None]:
+    def input_relevance(self, trace: Trace, R: list, prepared: TextBatch) -> tuple[Tensor, None]:
         """Relevance at block 0's input (the embedding LayerNorm's output), summed over channels; padding 0."""
-        return R0.sum(-1) * prepared.attention_mask.to(R0.dtype), None
+        return R[0].sum(-1) * prepared.attention_mask.to(R[0].dtype), None
 
 
 __all__ = ["ModernBertAdapter", "encoder_bias"]

@@ -37,12 +37,10 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..rules.composites import Propagation
-from ..rules.ops import LAYERNORM, LINEAR
+from ..rules.ops import LINEAR
 from .batches import VLMBatch
 from .blocks import Replay
 from .parts import ModelPart
-from .vlm import VLMEmbeddingRecord
 from .vlm_groups import GroupedAttentionVLM
 
 
@@ -117,11 +115,6 @@ class PaliGemmaAdapter(GroupedAttentionVLM):
         """post_layernorm → ``multi_modal_projector.linear``."""
         h = r.norm(self.tower.model.post_layernorm, selected)
         return {"post_layernorm": h}, r.module(LINEAR, self.projector.linear, h)
-
-    def connect_relprop(self, emb: VLMEmbeddingRecord, R: Tensor, prop: Propagation) -> Tensor:
-        """The Linear's rule, then post_layernorm's."""
-        R = prop.linear(self.projector.linear, emb.connector["post_layernorm"], R, out=emb.features)
-        return prop.unary(LAYERNORM, emb.selected, R, self.tower.model.post_layernorm)
 
 
 __all__ = ["PaliGemmaAdapter"]

@@ -42,12 +42,10 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import Propagation
-from ..rules.norms import norm_kind
 from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, ExplicitRule, Op
 from .base import Adapter
 from .batches import VLMBatch
-from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward
 from .checks import NO_EFFECT, input_keys, token_ids
 from .decoder import REFUSED_INPUTS
 from .kernels import eager_softmax_dtype
@@ -458,13 +456,12 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         index, cu = self._windows(grid, patches.device)
         order = (index[:, None] * unit + torch.arange(unit, device=patches.device)).flatten()  # (N,) window order
         x = patches[:, order]
+        x_tower = x
         rope = self._tables(x, grid, order)
         window = self._bias(cu, N, x.dtype)
-        records = []
         for i, spec in enumerate(self.tower_blocks):
             bias = None if not self.windowed or i in self.full_blocks else window
             rec = block_forward(spec, x, bias, r, rope)
-            records.append(rec)
             x = rec.out
         merger = self.visual.merger
         normed = r.norm(merger.ln_q, x)
@@ -478,13 +475,12 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         words = self.text.embed_tokens(ids)
         image_mask = ids == self.image_token_id
         x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
-        vision = EmbeddingRecord(x0=patches[:, order], embeds=patches, images=images)
+        vision = EmbeddingRecord(x0=x_tower, embeds=patches, images=images)
         return VLMEmbeddingRecord(
             x0=x0,
             embeds=x0,
             images=images if k == 1 else None,
             vision=vision,
-            vision_blocks=records,
             selected=x,
             connector={
                 "norm": normed,
@@ -501,40 +497,39 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         )
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: VLMBatch
-    ) -> tuple[Tensor, Optional[Tensor]]:
-        """Token scores: every position's embedding's relevance summed over channels (padding 0); pixels (one
-        image per row): the image tokens' relevance back through the merger (the window order re-applied, the
-        concatenation split back exactly), the tower's blocks, the window order undone, and zᴮ on the patch
-        embedding read as the Conv2d over the reassembled image (B, H, W: channels and frames summed)."""
+    def relevance_inputs(self, trace: Trace) -> list:
+        """Block 0's input, and the patch embedding's output (one image per row): the merger and the tower are the
+        replay's operations; the patch embedding's Conv3d gets zᴮ as the Conv2d it equals (:meth:`input_relevance`)."""
         emb = trace.embedding
         assert isinstance(emb, VLMEmbeddingRecord)
+        return [trace.x0] if emb.images is None else [trace.x0, emb.vision.embeds]
+
+    def input_relevance(self, trace: Trace, R: list, prepared: VLMBatch) -> tuple[Tensor, Optional[Tensor]]:
+        """Token scores: every position's embedding's relevance summed over channels (padding 0); pixels (one
+        image per row): the patch embedding's relevance (the replay's backward through the merger and the tower)
+        laid on the raster, and zᴮ on the patch embedding read as the Conv2d over the reassembled image
+        (B, H, W: channels and frames summed)."""
+        emb = trace.embedding
+        assert isinstance(emb, VLMEmbeddingRecord)
+        R0 = R[0]
         scores = R0.sum(-1) * prepared.attention_mask.to(R0.dtype)
         if emb.images is None:
             return scores, None
         c = emb.connector
-        merger = self.visual.merger
-        B, _, D = R0.shape
-        R = R0[emb.image_mask].reshape(B, -1, D)[:, c["index"]]  # back to the window order
-        R = prop.linear(merger.mlp[2], c["act"], R, out=c["out"])
-        R = prop.unary(ELEMENTWISE, c["fc1"], R, merger.mlp[1])
-        R = prop.linear(merger.mlp[0], c["cat"], R, out=c["fc1"])
-        R = prop.unary(norm_kind(merger.ln_q), emb.selected, R.reshape(emb.selected.shape), merger.ln_q)
-        for b in range(len(self.tower_blocks) - 1, -1, -1):
-            R, _ = block_relprop(self.tower_blocks[b], emb.vision_blocks[b], R, prop)
-        R_patches = torch.empty_like(R)
-        R_patches[:, c["order"]] = R  # the processor's order
+        B = R0.shape[0]
+        R_patches = R[1]  # (B, N, D) in the processor's order
         h, w = c["grid"]
         raster = torch.empty_like(R_patches)
-        raster[:, self._raster(c["grid"]).to(R.device)] = R_patches
+        raster[:, self._raster(c["grid"]).to(R_patches.device)] = R_patches
         R_map = raster.transpose(1, 2).reshape(B, -1, h, w)
         # the rule is chosen for the model's Conv3d (a composite's first-layer or by-name choice names it) and
         # applied to the Conv2d it equals on the reassembled image
         conv = self.visual.patch_embed.proj
         # the stand-in is duck-typed: the zᴮ rule reads its weight, stride and padding (an explicit rule set's rule)
         op = Op(PATCH_CONV, (emb.images,), None, cast(nn.Module, _PatchConv2d(conv)))
-        (R_px,) = cast(ExplicitRule, prop.rule(PATCH_CONV, conv)).relevance(op, R_map, prop.cache)
+        r = trace.replay
+        assert r is not None, "an explicit replay"
+        (R_px,) = cast(ExplicitRule, r.rule(PATCH_CONV, conv)).relevance(op, R_map, r.cache)
         return scores, R_px.sum(dim=1)
 
 

@@ -2,8 +2,8 @@
 
 Every method reads its map through the readout: the layer-product methods
 apply the readout's token weights to the rows of their aggregated matrix
-(:meth:`Readout.row`; for [CLS] pooling this is row 0 — docs/METHODS.md §4), and
-the relevance passes start from :meth:`Readout.relprop`.
+(:meth:`Readout.row`; for [CLS] pooling this is row 0 — docs/METHODS.md §4); the relevance
+passes start at the logits the readout's replay (:meth:`Readout.forward`) gives.
 
 Shapes: B batch, N tokens, D width, C classes.
 """
@@ -17,14 +17,12 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..rules.composites import Propagation
-from ..rules.norms import norm_kind
 from ..rules.ops import ADD, LINEAR, POOL, READOUT
 from ..rules.views import check_output
-from .blocks import NO_RECORD, Replay
 from .kernels import SoftCap, plus
 from .parts import ModelPart
 from .records import ReadoutRecord
+from .replay import NO_RECORD, Replay
 
 
 @dataclass
@@ -41,8 +39,6 @@ class Readout(ABC):
     #: the head layers after pooling, in forward order (the last Linear gives the logits)
     head_layers: Sequence[HeadLayer]
     norm: nn.Module
-    #: the operation kind of :meth:`pool` in the replay (a selection, or a weighted sum of tokens)
-    pool_kind: str = READOUT
 
     @property
     def _logit_layers(self) -> Sequence[HeadLayer]:
@@ -79,6 +75,11 @@ class Readout(ABC):
     def pool(self, normed: Tensor) -> Tensor:
         """(B, N, D) -> (B, D)."""
 
+    def pool_replay(self, normed: Tensor, r: Replay) -> Tensor:
+        """:meth:`pool` in the replay: the selected token (B, D) as a READOUT operation of its own (a pooled
+        average: the POOL operation on the pooled tokens and their weights)."""
+        return r(READOUT, _selected, self.pool(normed))
+
     @abstractmethod
     def weights(self, num_tokens: int) -> Tensor:
         """The readout's token weights w (B or 1, N): the pooled token is ``Σ_i w_i h_i``."""
@@ -92,42 +93,38 @@ class Readout(ABC):
     # ------------------------------------------------------------------ replay
     def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> ReadoutRecord:
         normed = r.norm(self.norm, hidden)
-        token = r(self.pool_kind, self.pool, normed)
+        token = self.pool_replay(normed, r)
         h, inputs = token, []
         for layer in self.head_layers:
             inputs.append(h)
-            h = r.module(layer.kind, layer.module, h)
+            h = head_layer(layer, h, r)
         logit_layers = len(self._logit_layers)
         last_linear = bool(logit_layers) and self.head_layers[logit_layers - 1].kind == LINEAR
         pooled = inputs[logit_layers - 1] if last_linear else h
-        return ReadoutRecord(hidden=hidden, normed=normed, token=token, inputs=inputs, pooled=pooled, logits=h)
+        return ReadoutRecord(hidden=hidden, token=token, inputs=inputs, pooled=pooled, logits=h)
 
-    # --------------------------------------------------------------- relevance
-    @abstractmethod
-    def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
-        """Relevance of the logits (B, C) -> relevance of the final hidden states (B, N, D)."""
+
+def _selected(t: Tensor) -> Tensor:
+    """The selected token itself (the READOUT operation: its rule is the selection's)."""
+    return t
+
+
+def _mean(x: Tensor, w: Tensor) -> Tensor:
+    """(B, n, D), weights (1, n) -> (B, D) the mean over n (the POOL operation; ``w`` is its rule's)."""
+    return x.mean(dim=1)
+
+
+def head_layer(layer: HeadLayer, h: Tensor, r: Replay) -> Tensor:
+    """One head layer in the replay. Its explicit rule is handed no output (a Linear's rule forms z from two
+    products), so a Linear's view is checked on the output here."""
+    out = r.module(layer.kind, layer.module, h, reuse=False)
+    if r.explicit and layer.kind == LINEAR and not isinstance(layer.module, nn.Identity):
+        check_output(layer.module, h, out)
+    return out
 
 
 class PooledReadout(Readout):
-    """A readout with one pooled token: ``head_layers(pool(norm(h)))``; relevance goes back through the head
-    layers, then :meth:`unpool` spreads the pooled token's relevance over the tokens it was pooled from."""
-
-    def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
-        """Relevance of the logits (B, C) -> relevance of the final hidden states (B, N, D)."""
-        R = R_out
-        outputs = [*rec.inputs[1:], rec.logits]
-        for layer, x, y in zip(reversed(self.head_layers), reversed(rec.inputs), reversed(outputs)):
-            if isinstance(layer.module, nn.Identity):
-                continue
-            if layer.kind == LINEAR:  # the rule is handed no output: its view is checked on the recorded one here
-                check_output(layer.module, x, y)
-            R = prop.unary(layer.kind, x, R, layer.module)  # Linears: the rule forms z from two products
-        R_hidden = self.unpool(rec, R, prop)
-        return prop.unary(norm_kind(self.norm), rec.hidden, R_hidden, self.norm)
-
-    @abstractmethod
-    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
-        """Relevance of the pooled token (B, D) -> (B, N, D)."""
+    """A readout with one pooled token: ``head_layers(pool(norm(h)))``."""
 
 
 def _kept(head_layers: Sequence[HeadLayer]) -> list:
@@ -155,12 +152,6 @@ class TokenReadout(PooledReadout):
 
     def row(self, M: Tensor) -> Tensor:
         return M[..., self.index, :]  # = wᵀM, without the round-off of a product
-
-    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
-        B, N, D = rec.normed.shape
-        R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
-        (R[:, self.index],) = prop(READOUT, (rec.token,), R_token)
-        return R
 
 
 class PositionReadout(PooledReadout):
@@ -198,12 +189,6 @@ class PositionReadout(PooledReadout):
         b, p = self._rows(M)
         return M[b, ..., p, :]  # the advanced indices are split by the ellipsis: their axis B comes first
 
-    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
-        B, N, D = rec.normed.shape
-        R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
-        (R[self._rows(R)],) = prop(READOUT, (rec.token,), R_token)
-        return R
-
     def after_removal(self, rows: Tensor, removed: Tensor) -> "PositionReadout":
         """Each row's token moves one place to the left where a token before it was removed."""
         p = self._positions.to(rows.device)[rows]
@@ -224,27 +209,21 @@ class MeanReadout(PooledReadout):
     with ``fc_norm`` as the first head layer; HF BEiT-style mean pooling.
     """
 
-    pool_kind = POOL
-
     def __init__(self, norm: nn.Module, head_layers: Sequence[HeadLayer], start: int = 0):
         self.norm, self.head_layers, self.start = norm, _kept(head_layers), start
 
     def pool(self, normed: Tensor) -> Tensor:
         return normed[:, self.start :].mean(dim=1)
 
+    def pool_replay(self, normed: Tensor, r: Replay) -> Tensor:
+        w = self.weights(normed.shape[1])[:, self.start :].to(normed.device)
+        return r(POOL, _mean, normed[:, self.start :], w)
+
     def weights(self, num_tokens: int) -> Tensor:
         return _range_weights(num_tokens, self.start)
 
     def row(self, M: Tensor) -> Tensor:
         return M[..., self.start :, :].mean(dim=-2)  # = wᵀM
-
-    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
-        """Generic rule on the mean: ``R_i = h_i/P ⊙ safe_div(R, mean)`` (docs/METHODS.md §4.4)."""
-        B, N, D = rec.normed.shape
-        R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
-        w = self.weights(N)[:, self.start :].to(rec.normed.device)
-        R[:, self.start :], _ = prop(POOL, (rec.normed[:, self.start :], w), R_token, output=rec.token)
-        return R
 
 
 class MaskedMeanReadout(PooledReadout):
@@ -255,8 +234,6 @@ class MaskedMeanReadout(PooledReadout):
     The token weights ``m_i / Σ m`` differ by row; the pooling is the POOL operation (docs/METHODS.md §4.4).
     """
 
-    pool_kind = POOL
-
     def __init__(self, norm: nn.Module, head_layers: Sequence[HeadLayer], mask: Tensor):
         self.norm, self.head_layers = norm, _kept(head_layers)
         self.mask = mask.long()
@@ -264,6 +241,10 @@ class MaskedMeanReadout(PooledReadout):
     def pool(self, normed: Tensor) -> Tensor:
         m = self.mask.to(normed.device)
         return (normed * m[..., None]).sum(dim=1) / m.sum(dim=1, keepdim=True)
+
+    def pool_replay(self, normed: Tensor, r: Replay) -> Tensor:
+        w = self.weights(normed.shape[1]).to(normed.device)
+        return r(POOL, lambda x, w: self.pool(x), normed, w)
 
     def weights(self, num_tokens: int) -> Tensor:
         """(B, N) float64: ``1/P_b`` on each of row b's ``P_b`` real tokens, 0 on padding."""
@@ -275,12 +256,6 @@ class MaskedMeanReadout(PooledReadout):
         m = self.mask.to(device=M.device, dtype=M.dtype)
         m = m.reshape((m.shape[0],) + (1,) * (M.dim() - 3) + (m.shape[1], 1))
         return (M * m).sum(dim=-2) / m.sum(dim=-2)
-
-    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
-        """Generic rule on the masked mean: ``R_i = w_i h_i ⊙ safe_div(R, mean)``, 0 on padding."""
-        w = self.weights(rec.normed.shape[1]).to(rec.normed.device)
-        R, _ = prop(POOL, (rec.normed, w), R_token, output=rec.token)
-        return R
 
     def after_removal(self, rows: Tensor, removed: Tensor) -> "MaskedMeanReadout":
         """The average of the rows ``rows`` (K,) without their token ``removed`` (K,): the mask loses that column."""
@@ -297,8 +272,6 @@ class ClsMeanReadout(PooledReadout):
     ``w = ½ e_0 + ½ · (1/P on the patch tokens)``.
     """
 
-    pool_kind = POOL
-
     def __init__(self, norm: nn.Module, head_layers: Sequence[HeadLayer], start: int = 1):
         self.norm, self.head_layers, self.start = norm, _kept(head_layers), start
 
@@ -310,6 +283,12 @@ class ClsMeanReadout(PooledReadout):
         """(B, N, D) -> (B, 2D)."""
         return torch.cat([normed[:, 0], normed[:, self.start :].mean(dim=1)], dim=-1)
 
+    def pool_replay(self, normed: Tensor, r: Replay) -> Tensor:
+        """The [CLS] selection (READOUT) and the mean (POOL), side by side."""
+        w = _range_weights(normed.shape[1], self.start)[:, self.start :]
+        cls = r(READOUT, _selected, normed[:, 0])
+        return torch.cat([cls, r(POOL, _mean, normed[:, self.start :], w)], dim=-1)
+
     def weights(self, num_tokens: int) -> Tensor:
         w = 0.5 * _range_weights(num_tokens, self.start)
         w[0, 0] = 0.5
@@ -317,23 +296,6 @@ class ClsMeanReadout(PooledReadout):
 
     def row(self, M: Tensor) -> Tensor:
         return 0.5 * (M[..., 0, :] + M[..., self.start :, :].mean(dim=-2))
-
-    def unpool(self, rec: ReadoutRecord, R_token: Tensor, prop: Propagation) -> Tensor:
-        """The classifier input's two halves: [CLS] selection (§1.6) and the generic rule on the mean (§4.4)."""
-        B, N, D = rec.normed.shape
-        R = torch.zeros(B, N, D, dtype=R_token.dtype, device=R_token.device)
-        (R[:, 0],) = prop(READOUT, (rec.normed[:, 0],), R_token[:, :D])
-        w = _range_weights(N, self.start)[:, self.start :]
-        R[:, self.start :], _ = prop(POOL, (rec.normed[:, self.start :], w), R_token[:, D:], output=rec.token[:, D:])
-        return R
-
-
-@dataclass
-class TwoHeadRecord(ReadoutRecord):
-    """A two-head readout: ``halves`` = (head(t_0)/2, head_dist(t_1)/2), ``outs`` = the heads' outputs."""
-
-    halves: tuple = ()
-    outs: tuple = ()
 
 
 def _half(t: Tensor) -> Tensor:
@@ -370,35 +332,14 @@ class TwoHeadReadout(Readout):
         i, j = self.indices
         return (M[..., i, :] + M[..., j, :]) / 2
 
-    def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> TwoHeadRecord:
+    def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> ReadoutRecord:
         normed = r.norm(self.norm, hidden)
-        tokens = [r(READOUT, lambda t, k=k: t[:, k], normed) for k in self.indices]
+        tokens = [r(READOUT, _selected, normed[:, k]) for k in self.indices]
         outs = tuple(r.module(LINEAR, head, t) for head, t in zip(self.heads, tokens))
-        halves = tuple(_half(o) for o in outs)  # a constant scale: relevance passes unchanged
+        halves = tuple(r.transparent(_half, o) for o in outs)  # a constant scale: relevance passes unchanged
         logits = r(ADD, plus, *halves)  # = (u + v) / 2 exactly (halving is exact in floating point)
         pooled = self.pool(normed)
-        return TwoHeadRecord(
-            hidden=hidden,
-            normed=normed,
-            token=pooled,
-            inputs=tokens,
-            pooled=pooled,
-            logits=logits,
-            halves=halves,
-            outs=outs,
-        )
-
-    def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
-        """The Add of the halved logits (the rule set's Add rule), each head's Linear, each token's selection."""
-        assert isinstance(rec, TwoHeadRecord), "the record of this readout's forward"
-        B, N, D = rec.normed.shape
-        R = torch.zeros(B, N, D, dtype=R_out.dtype, device=R_out.device)
-        for k, head, t, out, R_half in zip(
-            self.indices, self.heads, rec.inputs, rec.outs, prop(ADD, rec.halves, R_out)
-        ):
-            R_t = R_half if isinstance(head, nn.Identity) else prop.linear(head, t, R_half, out=out)
-            (R[:, k],) = prop(READOUT, (t,), R_t)
-        return prop.unary(norm_kind(self.norm), rec.hidden, R, self.norm)
+        return ReadoutRecord(hidden=hidden, token=pooled, inputs=tokens, pooled=pooled, logits=logits)
 
 
 __all__ = [
@@ -411,5 +352,5 @@ __all__ = [
     "MaskedMeanReadout",
     "ClsMeanReadout",
     "TwoHeadReadout",
-    "TwoHeadRecord",
+    "head_layer",
 ]

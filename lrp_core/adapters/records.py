@@ -13,6 +13,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from .readouts import Readout
+    from .replay import Replay
 
 
 @dataclass
@@ -27,8 +28,6 @@ class AttentionRecord:
         o: (B, N, H·d) the heads concatenated (after any context norm), input of the output projection.
         lin: outputs of the attention's Linears by role: ``"qkv"`` or ``"q"``, ``"k"``, ``"v"``; ``"proj"``.
         bias: (B, 1, 1, N) the additive padding mask, (B, 1, N, N) a causal one, or ``None``.
-        q_pre, k_pre: decoders with rotary embeddings: q (B, H, N, d) and k (B, Hkv, N, d) before the rotation
-            (``q``, ``k`` are after it; ``k`` and ``v`` hold the Hkv shared heads, not repeated).
         rope: the rotation tables (cos, sin), each (B, N, r) — (B, N − skipped prefix tokens, d) for a vision
             model whose prefix tokens are not rotated (``AttentionSpec.rope_skip``) —, or ``None``.
         A is ``None`` where the attention ran fused (sdpa under a modified-gradient rule set).
@@ -43,8 +42,6 @@ class AttentionRecord:
     o: Tensor
     lin: dict
     bias: Optional[Tensor] = None
-    q_pre: Optional[Tensor] = None
-    k_pre: Optional[Tensor] = None
     rope: Optional[tuple] = None
 
 
@@ -159,7 +156,6 @@ class ReadoutRecord:
 
     Attributes:
         hidden: (B, N, D) the last block's output.
-        normed: (B, N, D) after the final norm (the same tensor where there is none).
         token: (B, D) what the head reads: the selected token, or the pooled tokens.
         inputs: the input of each head layer, in order.
         pooled: (B, D') the embedding the classifier reads (input of the last Linear), the
@@ -168,7 +164,6 @@ class ReadoutRecord:
     """
 
     hidden: Tensor
-    normed: Tensor
     token: Tensor
     inputs: list
     pooled: Tensor
@@ -214,10 +209,14 @@ class Trace:
     mask: Optional[Tensor] = None  # (B, N) 1 = real token; None for images
     embedding: Optional[EmbeddingRecord] = None
     readout: Optional["Readout"] = None
-    #: operation kind → the first module of that kind the replay met (input order), for a composite's
-    #: first-layer rules; ``None`` where the replay kept no record
-    first: Optional[dict] = None
+    #: the replay that ran the pass (its composite, and the first module of each kind in input order)
+    replay: Optional["Replay"] = None
     positions: Optional[Tensor] = None  # (B, N) position ids (decoders), else None
+
+    @property
+    def first(self) -> Optional[dict]:
+        """Operation kind → the first module of that kind the replay met (input order); ``None``: no record."""
+        return None if self.replay is None else self.replay.first
 
     def attention(self, b: int) -> Tensor:
         """A_b (B, H, N, N)."""

@@ -13,8 +13,7 @@
   equals (:class:`PatchLinearConv`), so SigLIP 2 is explained on ``(B, C, H, W)`` images like SigLIP.
 
 The vision tower itself (embedding, blocks, SigLIP 2's patch vectors) is described once, in
-:mod:`~lrp_core.adapters.siglip_tower` (its names are importable from here too);
-:func:`siglip_input_relevance` carries block 0's input relevance to the pixels.
+:mod:`~lrp_core.adapters.siglip_tower` (its names are importable from here too).
 
 Shapes: B batch, P = N patches (no prefix token), D width, C classes (or P prompts for the similarity).
 """
@@ -29,10 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import Propagation
 from ..rules.linear import LinearView
-from ..rules.ops import ADD, ELEMENTWISE, LAYERNORM, LINEAR, MATMUL_AV, MATMUL_QK, PATCH_CONV, POS_ADD, SOFTMAX
-from ..rules.views import check_output
+from ..rules.ops import ADD, ELEMENTWISE, LAYERNORM, LINEAR, MATMUL_AV, MATMUL_QK, SOFTMAX
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
 from .base import Adapter
@@ -40,10 +37,10 @@ from .batches import ImageBatch, PromptedImageBatch
 from .blocks import NO_RECORD, Replay
 from .checks import pixel_values
 from .clip import L2Normalize, _prompts, _scaled_embeddings
-from .kernels import matmul, plus
+from .kernels import matmul, plus, scaled_matmul
 from .parts import ModelPart
-from .readouts import HeadLayer, MeanReadout, Readout
-from .records import EmbeddingRecord, ReadoutRecord, Trace
+from .readouts import HeadLayer, MeanReadout, Readout, head_layer
+from .records import ReadoutRecord
 from .siglip_tower import (
     PatchLinearConv,
     SiglipVisionEncoder,
@@ -59,43 +56,6 @@ from .siglip_tower import (
 from .vit import ImageT, ViTAdapter, hf_linear_head
 
 
-def siglip_input_relevance(
-    vision_model: ModelPart, emb: EmbeddingRecord, R0: Tensor, prop: Propagation, conv: Optional[ModelPart] = None
-) -> tuple[Tensor, Tensor]:
-    """Relevance of block 0's input → the patches and the pixels: the position add (the patches' share), then
-    the zᴮ rule on the patch convolution (docs/METHODS.md §1.13).
-
-    Parameters
-    ----------
-    vision_model : nn.Module
-        The ``SiglipVisionModel``.
-    emb : EmbeddingRecord
-        What :func:`siglip_embed` recorded for the batch.
-    R0 : Tensor
-        The relevance of block 0's input ``(B, P, D)``.
-    prop : Propagation
-        The composite's rules.
-    conv : nn.Module, optional
-        The patch convolution :func:`siglip_embed` ran (default :func:`siglip_patch_conv`).
-
-    Returns
-    -------
-    tuple of Tensor
-        ``(scores (B, P), pixels (B, H, W))``: each patch's relevance and the pixel map.
-    """
-    (R_patch, _) = prop(POS_ADD, (emb.tokens, None), R0, output=emb.x_pos)
-    ph, pw = siglip_patch_size(vision_model)
-    assert emb.images is not None, "a vision replay records its images (siglip_embed)"
-    B, _, H, W = emb.images.shape
-    # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
-    R_map = R_patch.contiguous().transpose(1, 2).reshape(B, -1, H // ph, W // pw)
-    conv = siglip_patch_conv(vision_model) if conv is None else conv
-    (R_px,) = prop(PATCH_CONV, (emb.images,), R_map, module=conv)
-    pixels = R_px.sum(dim=1)  # (B, H, W)
-    scores = pixels.reshape(B, H // ph, ph, W // pw, pw).sum(dim=(2, 4)).reshape(B, -1)
-    return scores, pixels
-
-
 class _SiglipTowerAdapter(ViTAdapter[ImageT]):
     """What the SigLIP image adapters share: the tower ``model.vision_model`` (:class:`SiglipVisionEncoder`), its
     pixels and SigLIP 2's patch vectors."""
@@ -105,11 +65,6 @@ class _SiglipTowerAdapter(ViTAdapter[ImageT]):
         self.vision = model.vision_model
         # the position grid is interpolated: any multiple of the patch size
         self.use_encoder(SiglipVisionEncoder(self.vision, type(model).__name__))
-
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: ImageT) -> tuple[Tensor, Tensor]:
-        """Block-0 input relevance → patch scores (B, P) and pixels (B, H, W) (:func:`siglip_input_relevance`)."""
-        assert trace.embedding is not None, "forward records the embedding"
-        return siglip_input_relevance(self.vision, trace.embedding, R0, prop, conv=self.patch_conv)
 
     def own_pixels(self, images: Tensor) -> dict:
         """The model's own pixel inputs for images (B, C, H, W): SigLIP's ``pixel_values`` (positions interpolated
@@ -305,26 +260,27 @@ class AttentionPoolReadout(Readout):
         H, d = self.num_heads, self.head_dim
         att, mlp = self.head.attention, self.head.mlp
         probe = self.head.probe.expand(B, 1, D)
+        for_k, for_v = r.fork(normed, 2)
         lin = {
             "q": r.module(LINEAR, self.q, probe),
-            "k": r.module(LINEAR, self.k, normed),
-            "v": r.module(LINEAR, self.v, normed),
+            "k": r.module(LINEAR, self.k, for_k),
+            "v": r.module(LINEAR, self.v, for_v),
         }
         q, k, v = (lin[n].reshape(B, -1, H, d).transpose(1, 2) for n in "qkv")
-        # torch's multi-head attention scales the queries before the product
-        scores = r(MATMUL_QK, matmul, q * (1.0 / d) ** 0.5, k.transpose(-2, -1))  # (B, H, 1, N)
+        # torch's multi-head attention scales the queries before the product (the rule reads q·kᵀ itself)
+        scores = r(MATMUL_QK, scaled_matmul((1.0 / d) ** 0.5, True), q, k.transpose(-2, -1), reuse=False)
         A = r(SOFTMAX, _softmax, scores)
         ctx = r(MATMUL_AV, matmul, A, v)  # (B, H, 1, d)
         o = ctx.transpose(1, 2).reshape(B, 1, D)
         lin["proj"] = r.module(LINEAR, att.out_proj, o)
-        ln = r.norm(self.head.layernorm, lin["proj"])
+        proj, for_ln = r.fork(lin["proj"], 2)
+        ln = r.norm(self.head.layernorm, for_ln)
         fc1 = r.module(LINEAR, mlp.fc1, ln)
         g = r.module(ELEMENTWISE, mlp.activation_fn, fc1)
         fc2 = r.module(LINEAR, mlp.fc2, g)
-        y = r(ADD, plus, lin["proj"], fc2)
+        y = r(ADD, plus, proj, fc2)
         return PoolRecord(
             hidden=normed,
-            normed=normed,
             token=y[:, 0],
             inputs=[],
             pooled=y[:, 0],
@@ -350,43 +306,10 @@ class AttentionPoolReadout(Readout):
         h, inputs = rec.token, []
         for layer in self.head_layers:
             inputs.append(h)
-            h = r.module(layer.kind, layer.module, h)
+            h = head_layer(layer, h, r)
         rec.hidden, rec.inputs, rec.logits = hidden, inputs, h
         rec.pooled = inputs[-1] if inputs else h  # the normalised image embedding the similarity reads
         return rec
-
-    def relprop(self, rec: ReadoutRecord, R_out: Tensor, prop: Propagation) -> Tensor:
-        """Relevance of the logits (B, P) → of the final hidden states (B, N, D): the head layers, the MLP residual
-        (Add, MLP, LayerNorm, a Clone of the attention output), the output projection, A·V, the softmax and q·kᵀ
-        (the probe's query absorbs its share), the key and value projections (a Clone of the normed tokens), the
-        final norm."""
-        assert isinstance(rec, PoolRecord), "the record of this readout's forward"
-        R = R_out
-        outputs = [*rec.inputs[1:], rec.logits]
-        for layer, x, y in zip(reversed(self.head_layers), reversed(rec.inputs), reversed(outputs)):
-            if layer.kind == LINEAR:  # the rule is handed no output: its view is checked on the recorded one here
-                check_output(layer.module, x, y)
-            R = prop.unary(layer.kind, x, R, layer.module)
-        B, N, D = rec.normed.shape
-        H, d = self.num_heads, self.head_dim
-        mlp = self.head.mlp
-        R_a, R_f = prop(ADD, (rec.lin["proj"], rec.fc2), R[:, None])
-        R_g = prop.linear(mlp.fc2, rec.g, R_f, out=rec.fc2)
-        R_fc1 = prop.unary(ELEMENTWISE, rec.fc1, R_g, mlp.activation_fn)
-        R_ln = prop.linear(mlp.fc1, rec.ln, R_fc1, out=rec.fc1)
-        R_proj = prop.clone(rec.lin["proj"], R_a, prop.unary(LAYERNORM, rec.lin["proj"], R_ln, self.head.layernorm))
-        R_o = prop.linear(self.head.attention.out_proj, rec.o, R_proj, out=rec.lin["proj"])
-        R_ctx = R_o.reshape(B, 1, H, d).transpose(1, 2)
-        R_A, R_v = prop(MATMUL_AV, (rec.A, rec.v), R_ctx, output=rec.ctx)
-        (R_s,) = prop(SOFTMAX, (), R_A, output=rec.A)
-        _, R_kT = prop(MATMUL_QK, (rec.q, rec.k.transpose(-2, -1)), R_s)
-        flat = lambda t: t.transpose(1, 2).reshape(B, N, D)  # noqa: E731  (B, H, N, d) -> (B, N, H·d)
-        R_normed = prop.clone(
-            rec.normed,
-            prop.linear(self.k, rec.normed, flat(R_kT.transpose(-2, -1)), out=rec.lin["k"]),
-            prop.linear(self.v, rec.normed, flat(R_v), out=rec.lin["v"]),
-        )
-        return prop.unary(LAYERNORM, rec.hidden, R_normed, self.norm)
 
 
 def similarity_with_bias(weight: Tensor, bias: Tensor) -> nn.Linear:
@@ -482,7 +405,6 @@ __all__ = [
     "patches_to_images",
     "siglip_block",
     "siglip_embed",
-    "siglip_input_relevance",
     "siglip_patch_conv",
     "siglip_patch_size",
     "siglip_vision_blocks",

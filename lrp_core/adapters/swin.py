@@ -28,23 +28,22 @@ Shapes: B batch, N tokens of a stage (row-major over its grid), C width, H heads
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
-from ..rules.composites import Composite, Propagation
 from ..rules.linear import is_linear
 from ..rules.norms import norm_kind
 from ..rules.ops import LINEAR, PATCH_CONV
 from .batches import ImageBatch
-from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward, block_relprop
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward
 from .heads import timm_scale
 from .parts import IDENTITY, ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout
-from .records import BlockRelevance, EmbeddingRecord, Trace
+from .records import EmbeddingRecord, Trace
 from .vit import ViTAdapter
 
 #: the score added between tokens of different windows: its softmax weight is exactly 0
@@ -131,38 +130,12 @@ class Merge:
     norm_first: bool = True
 
 
-@dataclass
-class MergeRecord:
-    """One patch merging: ``x`` (B, N, C) its input, ``flat`` (B, N/4, 4C) the 2×2 groups, ``mid`` the first
-    operation's output, ``out`` the second's."""
-
-    x: Tensor
-    flat: Tensor
-    mid: Tensor
-    out: Tensor
-
-
-@dataclass
-class StagedTrace(Trace):
-    """A :class:`Trace` with the patch mergings: block index → the merging before it."""
-
-    merges: dict = field(default_factory=dict)
-
-
 def _regroup(x: Tensor, grid: tuple) -> Tensor:
     """(B, h·w, C) -> (B, h/2 · w/2, 4C): the 2×2 neighbours of each merged token side by side, in the order
     (row 0, col 0), (row 1, col 0), (row 0, col 1), (row 1, col 1) — timm's and Hugging Face's patch merging."""
     B, _, C = x.shape
     h, w = grid
     return x.reshape(B, h // 2, 2, w // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3).reshape(B, -1, 4 * C)
-
-
-def _ungroup(R: Tensor, grid: tuple) -> Tensor:
-    """The inverse of :func:`_regroup`: (B, h/2 · w/2, 4C) -> (B, h·w, C)."""
-    B = R.shape[0]
-    h, w = grid
-    C = R.shape[-1] // 4
-    return R.reshape(B, h // 2, w // 2, 2, 2, C).permute(0, 1, 4, 2, 3, 5).reshape(B, h * w, C)
 
 
 def window_slots(win: Windows, device: torch.device) -> Tensor:
@@ -281,13 +254,13 @@ class SwinAdapter(ViTAdapter[ImageBatch]):
         readout: Optional[Readout] = None,
         positions: Optional[Tensor] = None,
         rows: Optional[Tensor] = None,
-    ) -> StagedTrace:
+    ) -> Trace:
         """Stages of blocks, each stage after the first behind its patch merging, then the mean readout.
 
         ``rows`` is always ``None`` here: the mean readout reads every token, so the last block runs at all of them.
         """
         head = self.readout if readout is None else readout
-        trace = StagedTrace(x0=x0, readout=head, first=r.first)
+        trace = Trace(x0=x0, readout=head, replay=r)
         x = x0
         for b, spec in enumerate(self.blocks):
             if b in self.merges:
@@ -299,8 +272,6 @@ class SwinAdapter(ViTAdapter[ImageBatch]):
                 else:
                     mid = r.module(LINEAR, m.reduction, flat)
                     out = r.norm(m.norm, mid)
-                if keep:
-                    trace.merges[b] = MergeRecord(x=x, flat=flat, mid=mid, out=out)
                 x = out
             if b in self.logit_scales:  # read now: the parameter's current value, in the pass's dtype
                 spec.attn.scale = self.logit_scale(b, x)
@@ -322,54 +293,6 @@ class SwinAdapter(ViTAdapter[ImageBatch]):
         B = row.shape[0]
         up = row.reshape(B, h, w).repeat_interleave(f, dim=1).repeat_interleave(w0 // w, dim=2)
         return up.reshape(B, h0 * w0) / (f * (w0 // w))
-
-    # ----------------------------------------------------------- relevance
-    def _relprop(
-        self,
-        trace: Trace,
-        R_out: Tensor,
-        composite: Composite,
-        stop_block: int,
-        to_input: bool,
-        prepared: Optional[ImageBatch],
-        on_attention: Optional[Callable[[int, Tensor], Optional[Tensor]]],
-        release: bool,
-    ) -> BlockRelevance:
-        """The explicit pass of :meth:`Adapter.relprop` with the patch mergings: their Linear rule, their
-        norm's rule, and the regrouping undone."""
-        assert isinstance(trace, StagedTrace)
-        prop = Propagation(composite, names=self._names_for(composite), first=trace.first)
-        assert trace.readout is not None and trace.readout_record is not None, "run_blocks records the readout"
-        R: Optional[Tensor]  # None past stop_block when the pass stops there
-        R = trace.readout.relprop(trace.readout_record, R_out, prop)
-        B = R.shape[0]
-        L = self.num_blocks
-        out = BlockRelevance(
-            attn=[None] * L, tokens=torch.zeros(B, L, trace.x0.shape[1], dtype=R.dtype, device=R.device)
-        )
-        for b in range(L - 1, stop_block - 1, -1):
-            assert R is not None, "every block above stop_block passes relevance on"
-            out.tokens[:, b] = self.block_tokens(b, R.sum(-1))
-            R, R_A = block_relprop(self.blocks[b], trace.blocks[b], R, prop, deeper=to_input or b > stop_block)
-            out.attn[b] = R_A if on_attention is None else on_attention(b, R_A)
-            del R_A
-            if R is not None and b in self.merges:
-                m, rec = self.merges[b], trace.merges[b]
-                if m.norm_first:
-                    R = prop.linear(m.reduction, rec.mid, R, out=rec.out)
-                    R = prop.unary(norm_kind(m.norm), rec.flat, R, m.norm)
-                else:
-                    R = prop.unary(norm_kind(m.norm), rec.mid, R, m.norm)
-                    R = prop.linear(m.reduction, rec.flat, R, out=rec.mid)
-                R = _ungroup(R, m.grid)
-            if release and not to_input:
-                trace.blocks[b] = None
-        if R is not None:
-            out.inputs = R.sum(-1)
-        if to_input:
-            assert prepared is not None and R is not None, "to input space: relevance and the prepared batch"
-            out.scores, out.pixels = self.input_relevance(trace, R, prop, prepared)
-        return out
 
 
 # ----------------------------------------------------------------------------
@@ -486,8 +409,6 @@ class TimmSwinAdapter(SwinAdapter):
 __all__ = [
     "SwinAdapter",
     "TimmSwinAdapter",
-    "StagedTrace",
-    "MergeRecord",
     "Merge",
     "Windows",
     "CosineNormalize",

@@ -20,7 +20,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import Propagation
 from ..rules.linear import is_linear
 from ..rules.norms import norm_kind
 from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
@@ -131,26 +130,16 @@ class ViTAdapter(Adapter[ImageT]):
         )
 
     # ------------------------------------------------------------- relevance
-    def input_relevance(self, trace: Trace, R0: Tensor, prop: Propagation, prepared: ImageT) -> tuple[Tensor, Tensor]:
-        """Block-0 input relevance -> pixels: (norm_pre), drop prefix, position add (token part), (patch norm),
-        zᴮ conv (docs/METHODS.md §1.13)."""
+    def relevance_inputs(self, trace: Trace) -> list:
+        """Block 0's input and the pixels (the embedding's norms, position add and zᴮ patch conv are the replay's
+        operations; docs/METHODS.md §1.13). The pixels are a leaf of a tracked replay."""
         emb = trace.embedding
-        assert emb is not None and emb.x_pos is not None and emb.tokens is not None and emb.patches is not None, (
-            "a vision replay records its embedding's tokens, their position sum and the patches (embed)"
-        )
-        R = prop.unary(norm_kind(self.norm_pre), emb.x_pos, R0, self.norm_pre)
-        P0 = self.num_prefix_tokens  # the prefix tokens' relevance is dropped; the rules are element-wise
-        R_patch = R[:, P0:]
-        if emb.x_pos is not emb.tokens:  # a position embedding was added: the tokens' share of the sum
-            (R_patch, _) = prop(POS_ADD, (emb.tokens[:, P0:], None), R_patch, output=emb.x_pos[:, P0:])
-        R_patch = prop.unary(norm_kind(self.patch_norm), emb.patches, R_patch, self.patch_norm)
-        grid = self.layout(prepared).grid
-        assert grid is not None, "an image layout has its patch grid"
-        h, w = grid
-        # token-major (B, P, D) before it is laid on the grid: the zᴮ conv's round-off depends on the layout
-        R_map = R_patch.contiguous().transpose(1, 2).reshape(R0.shape[0], -1, h, w)
-        (R_px,) = prop(PATCH_CONV, (prepared.images,), R_map, module=self.patch_conv)
-        pixels = R_px.sum(dim=1)  # (B, H, W)
+        assert emb is not None and emb.images is not None, "a vision replay records its images (embed)"
+        return [trace.x0, emb.images]
+
+    def input_relevance(self, trace: Trace, R: list, prepared: ImageT) -> tuple[Tensor, Tensor]:
+        """The pixels' relevance -> pixels (B, H, W, channels summed) and each patch's sum (B, P)."""
+        pixels = R[1].sum(dim=1)  # (B, H, W)
         ph, pw = self.patch_size
         B, H, W = pixels.shape
         scores = pixels.reshape(B, H // ph, ph, W // pw, pw).sum(dim=(2, 4)).reshape(B, -1)

@@ -7,7 +7,7 @@ A VLM here is three parts, each replayed from the model's own submodules:
   features from (``vision_feature_layer``); the blocks after it are not run;
 * the **connector**, which turns the tower's selected tokens into language-model embeddings (LLaVA: an MLP
   projector; Idefics3: a pixel shuffle; Qwen2.5-VL: a patch merger) — the family's part
-  (:meth:`VLMAdapter.connect`, :meth:`VLMAdapter.connect_relprop`, :meth:`VLMAdapter.patch_tokens`);
+  (:meth:`VLMAdapter.connect`, :meth:`VLMAdapter.patch_tokens`);
 * the **language model**, a decoder of §2c whose input embeddings ``x0`` are the word embeddings of the text
   with the projected image features in place of the image placeholder tokens (as Hugging Face's
   ``masked_scatter`` puts them). It is the existing decoder adapter of the text model's family over a view of
@@ -43,10 +43,9 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ..rules.composites import Propagation
 from .base import Adapter
 from .batches import ImageBatch, VLMBatch
-from .blocks import NO_RECORD, BlockSpec, Replay, block_forward, block_relprop
+from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
 from .checks import NO_EFFECT, input_keys, pixel_values
 from .decoder import REFUSED_INPUTS, DecoderAdapter
 from .parts import ModelPart
@@ -133,7 +132,7 @@ class VLMEmbeddingRecord(EmbeddingRecord):
         x0, embeds: (B, T, D) the language model's input embeddings (the text's word embeddings, the projected
             image features at the image tokens); token scores are read here.
         images: (B, 3, H, W) the pixels, the leaf their relevance is read at (one image per row), else ``None``.
-        vision: the tower's embedding record; vision_blocks: its block records, in order.
+        vision: the tower's embedding record.
         selected: (B, P_v, D_v) the tower's tokens the connector reads (after the feature-select strategy).
         connector: the connector's intermediate outputs, by the family's names.
         features: (B, P, D) the connector's output, the image tokens' embeddings.
@@ -141,7 +140,6 @@ class VLMEmbeddingRecord(EmbeddingRecord):
     """
 
     vision: EmbeddingRecord
-    vision_blocks: list
     selected: Tensor
     connector: dict
     features: Tensor
@@ -155,7 +153,7 @@ class VLMAdapter(Adapter[VLMBatch]):
     """A generative vision-language model: a vision tower, a connector and a decoder language model.
 
     A family sets :meth:`_parts` (the language model, the head, the tower and the feature layer) and the
-    connector (:meth:`connect`, :meth:`connect_relprop`, :meth:`patch_tokens`).
+    connector (:meth:`connect`, :meth:`patch_tokens`).
     """
 
     modality = "text"
@@ -225,16 +223,8 @@ class VLMAdapter(Adapter[VLMBatch]):
         """The tower's tokens (B, N_v, D_v) the connector reads (B, P_v, D_v). Default: all."""
         return hidden
 
-    def unselect(self, R: Tensor, emb: VLMEmbeddingRecord) -> Tensor:
-        """The relevance of the selected tokens (B, P_v, D_v) on the tower's tokens (B, N_v, D_v)."""
-        return R
-
     def connect(self, selected: Tensor, r: Replay) -> tuple[dict, Tensor]:
         """The connector: the selected tokens (B, P_v, D_v) -> (intermediate outputs, image features (B, P, D))."""
-        raise NotImplementedError
-
-    def connect_relprop(self, emb: VLMEmbeddingRecord, R: Tensor, prop: Propagation) -> Tensor:
-        """The relevance of the image features (B, P, D) -> of the selected tokens (B, P_v, D_v)."""
         raise NotImplementedError
 
     def patch_tokens(self, grid: tuple) -> Tensor:
@@ -408,11 +398,10 @@ class VLMAdapter(Adapter[VLMBatch]):
         if track:
             images = images.detach().requires_grad_(True)
         vision = self.tower.embed(self.tower_inputs(prepared, images.reshape(B * k, *stacked.shape[2:])), r)
-        x, records = vision.x0, []
+        x = vision.x0
         bias = self.tower_bias(prepared, x)
         for spec in self.tower.blocks:
             rec = block_forward(spec, x, bias, r)
-            records.append(rec)
             x = rec.out
         selected = self.select(x)
         connector, features = self.connect(selected, r)
@@ -425,7 +414,6 @@ class VLMAdapter(Adapter[VLMBatch]):
             embeds=x0,
             images=images if k == 1 else None,
             vision=vision,
-            vision_blocks=records,
             selected=selected,
             connector=connector,
             features=features,
@@ -433,26 +421,18 @@ class VLMAdapter(Adapter[VLMBatch]):
         )
 
     # ------------------------------------------------------------ relevance
-    def input_relevance(
-        self, trace: Trace, R0: Tensor, prop: Propagation, prepared: VLMBatch
-    ) -> tuple[Tensor, Optional[Tensor]]:
-        """Token scores: the relevance of every position's embedding, summed over channels (padding 0); pixels
-        (one image per row, else ``None``): the image tokens' relevance back through the connector, the tower's
-        blocks (the explicit pass) and its embedding (:meth:`ViTAdapter.input_relevance`)."""
+    def relevance_inputs(self, trace: Trace) -> list:
+        """Block 0's input, and the pixels where one image per row is their leaf (the connector, the tower's
+        blocks and its embedding are the replay's operations)."""
         emb = trace.embedding
         assert isinstance(emb, VLMEmbeddingRecord)
-        scores = R0.sum(-1) * prepared.attention_mask.to(R0.dtype)
-        if emb.images is None:  # several images per row: the image tokens are scored, no pixel map is given
-            return scores, None
-        B, _, D = R0.shape
-        R = self.connect_relprop(emb, R0[emb.image_mask].reshape(B, -1, D), prop)
-        R = self.unselect(R, emb)
-        for b in range(len(self.tower.blocks) - 1, -1, -1):
-            R, _ = block_relprop(self.tower.blocks[b], emb.vision_blocks[b], R, prop)
-        vision = Trace(x0=emb.vision.x0, embedding=emb.vision)
-        assert emb.vision.images is not None, "one image per row: the tower's embedding records its images"
-        _, pixels = self.tower.input_relevance(vision, R, prop, ImageBatch(images=emb.vision.images))
-        return scores, pixels
+        return [trace.x0] if emb.images is None else [trace.x0, emb.images]
+
+    def input_relevance(self, trace: Trace, R: list, prepared: VLMBatch) -> tuple[Tensor, Optional[Tensor]]:
+        """Token scores: every position's embedding's relevance summed over channels (padding 0); pixels (one
+        image per row, else ``None``): the pixels' relevance, channels summed."""
+        scores = R[0].sum(-1) * prepared.attention_mask.to(R[0].dtype)
+        return scores, (R[1].sum(dim=1) if len(R) > 1 else None)
 
 
 __all__ = [

@@ -67,14 +67,15 @@ class _TopDownGradients:
     previous block's output): :meth:`applies`.
     """
 
-    def __init__(self, trace: Trace, y: Tensor, start: int) -> None:
+    def __init__(self, trace: Trace, y: Tensor, start: int, keep: bool = False) -> None:
         blocks = trace.blocks
-        self.start, self.next = start, len(blocks) - 1
+        self.start, self.next, self.keep = start, len(blocks) - 1, keep
         self.attns = [rec.attn.A for rec in blocks]  # dropped one by one as they are used
         self.ins = [rec.x for rec in blocks]
         self.outs = [rec.out for rec in blocks]
         self.g: Optional[Tensor]  # ∂y/∂h of the next block's output; None once the last block is handed out
-        (self.g,) = torch.autograd.grad(y, [blocks[-1].out])  # (B, N, D) through the readout only
+        # (B, N, D) through the readout only; ``keep``: the graph stays for the relevance pass that follows
+        (self.g,) = torch.autograd.grad(y, [blocks[-1].out], retain_graph=keep)
 
     @staticmethod
     def applies(trace: Trace) -> bool:
@@ -87,48 +88,63 @@ class _TopDownGradients:
             raise LRPError(f"gradients are handed out top-down: block {self.next} next, asked for {b}")
         A, out, self.attns[b], self.outs[b] = self.attns[b], self.outs[b], None, None
         wrt = [A] + ([self.ins[b]] if b > self.start else [])
-        grads = torch.autograd.grad(out, wrt, grad_outputs=self.g)
+        grads = torch.autograd.grad(out, wrt, grad_outputs=self.g, retain_graph=self.keep)
         self.g = grads[1] if b > self.start else None
         self.ins[b], self.next = None, b - 1
         return grads[0]
 
 
-def _attention_gradients(trace: Trace, y: Tensor, start: int) -> Callable[[int], Tensor]:
+def _attention_gradients(trace: Trace, y: Tensor, start: int, keep: bool = False) -> Callable[[int], Tensor]:
     """``grad_of(b)``: (B, H, N, N) ∂y/∂A_b for blocks ``start … L−1``, each asked for once, top-down.
 
     On a plain stack the backward is split per block (:class:`_TopDownGradients`: one block's gradient
     alive at a time); otherwise one backward makes them all, and each is dropped as it is handed out.
+    ``keep``: the graph is kept for a relevance pass on the same replay.
     """
     if _TopDownGradients.applies(trace):
-        return _TopDownGradients(trace, y, start)
+        return _TopDownGradients(trace, y, start, keep)
     blocks = range(start, len(trace.blocks))
-    return dict(zip(blocks, torch.autograd.grad(y, [trace.attention(b) for b in blocks]))).pop
+    return dict(zip(blocks, torch.autograd.grad(y, [trace.attention(b) for b in blocks], retain_graph=keep))).pop
 
 
 def transformer_attribution(c: Call[TransformerAttribution]) -> MethodResult:
     """Chefer et al. (CVPR 2021): gradient-weighted relevance of the attention maps, multiplied over blocks.
 
-    Memory: the attention gradients are made block by block as the top-down relevance
-    pass reaches each block (:class:`_TopDownGradients`), each block's ``mean_h((∇A ⊙ R^A)⁺)`` is formed in
-    place in the gradient, and the map is the readout row of the product carried as a vector
+    One replay with the rules as its backward: ∇A_b is the plain gradient on that graph, made as the top-down
+    relevance pass reaches block b's output (:class:`_TopDownGradients`, one block's at a time), R^A_b the
+    relevance pass's. Memory: each block's ``mean_h((∇A ⊙ R^A)⁺)`` is formed in place in the gradient, and
+    the map is the readout row of the product carried as a vector
     (:func:`~lrp_core.methods.products.accumulate_row`): no N×N product.
     """
     a, opt = c.adapter, c.method
     L, s = a.num_blocks, opt.start_layer
     end = L - 1 if opt.end_layer is None else opt.end_layer
-    trace = c.forward(grad=opt.use_gradient)
+    trace = c.forward(grad=opt.use_gradient, composite=TRANSFORMER_ATTRIBUTION)
+    replay = trace.replay
+    assert replay is not None  # an explicit replay
     target = c.resolve(trace.logits.detach())
+    stash: dict = {}
     if opt.use_gradient:
-        grad_of = _attention_gradients(trace, c.output(trace.logits, target).sum(), s)
+        with replay.plain_gradients():
+            grad_of = _attention_gradients(trace, c.output(trace.logits, target).sum(), s, keep=True)
+
+        def before(b: int) -> None:
+            """∇A_b, made on the graph before the relevance pass enters block b."""
+            with torch.enable_grad(), replay.plain_gradients():  # noqa: F821 - as grad_of
+                stash[b] = grad_of(b)  # noqa: F821 - deleted by the caller only after the pass
+
     else:  # the maps themselves weigh the relevance, each dropped once used
         grad_of = {b: trace.attention(b).detach() for b in range(s, L)}.pop
+
+        def before(b: int) -> None:
+            stash[b] = grad_of(b)  # noqa: F821 - as above
+
     logits = trace.logits.detach()
     kept: dict = {}
 
     def weigh(b: int, R_A: Tensor) -> None:
         """Keep (∇A_b ⊙ R^A_b)⁺ (B, H, N, N) — or its head mean (B, N, N) — as the pass reaches block b."""
-        with torch.enable_grad() if opt.use_gradient else torch.no_grad():
-            w = grad_of(b)  # noqa: F821 - deleted by the caller only after the pass that calls this
+        w = stash.pop(b)
         if opt.use_gradient:  # a fresh gradient, ours alone: the product is formed in it, no H·N² temporary
             per_head = w.mul_(R_A).clamp_(min=0)
         else:  # the attention map itself: not ours to change
@@ -136,13 +152,19 @@ def transformer_attribution(c: Call[TransformerAttribution]) -> MethodResult:
         del w
         kept[b] = per_head if opt.keep_heads else per_head.mean(dim=1)  # noqa: F821 - as grad_of
 
+    # the pass weighs each block's map as it goes and frees the graph behind it: the peak
+    # memory holds one block's relevance maps, not all of them
+    rel = a.relprop(
+        trace,
+        c.start(logits, target),
+        TRANSFORMER_ATTRIBUTION,
+        stop_block=s,
+        on_attention=weigh,
+        release=True,
+        on_block=before,
+    )
+    del trace, grad_of, replay
     with torch.no_grad():
-        # the pass weighs each block's map as it goes and drops the records behind it: the peak
-        # memory holds one block's relevance maps, not all of them
-        rel = a.relprop(
-            trace, c.start(logits, target), TRANSFORMER_ATTRIBUTION, stop_block=s, on_attention=weigh, release=True
-        )
-        del trace, grad_of
         rel.attn = []  # the per-block maps are not returned
         layers, heads = _layers_result(kept, L, s, opt.keep_heads)
         del kept

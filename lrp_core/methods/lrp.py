@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import Tensor
 
+from ..adapters.records import Trace
 from ..errors import UnsupportedModelError
 from ..explanation import Conservation
 from ..rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE, Composite, pa_lrp_composite
 from ..rules.gradient import PositionLeaves
-from .attention import _attention_only, _readout_scores
+from .attention import _readout_scores
 from .call import Call, MethodResult
 
 if TYPE_CHECKING:
@@ -37,20 +38,26 @@ def _used(c: Call, composite: Composite, method: str) -> dict:
     return {"composite": composite.name}
 
 
+def _explicit_replay(c: Call, composite: Composite) -> tuple[Trace, Tensor, Tensor]:
+    """The call's batch replayed with an explicit rule set (its backward is the relevance pass): the trace, the
+    target and the logits (B, C)."""
+    trace = c.forward(composite=composite)
+    logits = trace.logits.detach()
+    return trace, c.resolve(logits), logits
+
+
 def lrp(c: Call) -> MethodResult:
     """Full LRP with the baseline rules (or ``composite=``), down to input space (pixels for images, embeddings
     for text)."""
     composite = _rule_set(c, LRP_BASELINE)
-    trace, target, _ = _attention_only(c)
-    with torch.no_grad():
-        rel = c.adapter.relprop(
-            trace, c.start(trace.logits, target), composite, stop_block=0, to_input=True, prepared=c.prepared
-        )
+    trace, target, logits = _explicit_replay(c, composite)
+    start = c.start(logits, target)
+    rel = c.adapter.relprop(trace, start, composite, stop_block=0, to_input=True, prepared=c.prepared, release=True)
     assert rel.scores is not None  # to_input=True: the pass reached the input
     return MethodResult(
         scores=rel.scores,
         target=target,
-        logits=trace.logits,
+        logits=logits,
         pixels=rel.pixels,
         token_relevance=rel.tokens,
         used=_used(c, composite, "lrp"),
@@ -60,15 +67,16 @@ def lrp(c: Call) -> MethodResult:
 def partial_lrp(c: Call) -> MethodResult:
     """Baseline LRP (or ``composite=``) down to the last block only: ``mean_h((R^{A_L})⁺)``, the readout's row."""
     composite = _rule_set(c, LRP_BASELINE)
-    trace, target, _ = _attention_only(c)
+    trace, target, logits = _explicit_replay(c, composite)
     L = c.adapter.num_blocks
+    rel = c.adapter.relprop(trace, c.start(logits, target), composite, stop_block=L - 1, release=True)
+    del trace
     with torch.no_grad():
-        rel = c.adapter.relprop(trace, c.start(trace.logits, target), composite, stop_block=L - 1)
         last = rel.attn[L - 1].clamp(min=0).mean(dim=1)
     return MethodResult(
         scores=_readout_scores(c, last),
         target=target,
-        logits=trace.logits,
+        logits=logits,
         token_relevance=rel.tokens,
         used=_used(c, composite, "partial_lrp"),
     )

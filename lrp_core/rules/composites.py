@@ -1,6 +1,6 @@
 """Composites: the one place where a relevance rule is chosen.
 
-Every step of a relevance pass — the engine's block drivers, the readout, the input layer — asks a
+Every operation of the replay (:class:`lrp_core.adapters.replay.Replay`: blocks, readout, input layer) asks a
 :class:`Composite` for the rule of its operation kind (:data:`lrp_core.ops.OP_KINDS`) and calls it, so a new
 rule set is a new composite and nothing else (zennit's design). The rule contracts are in :mod:`lrp_core.rules.ops`,
 the rules themselves in :mod:`lrp_core.rules.explicit` (explicit passes) and :mod:`lrp_core.rules.gradient`
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Mapping, Optional, cast
+from typing import Mapping, Optional
 
-from torch import Tensor, nn
+from torch import nn
 
 from ..errors import RuleSetError, UnknownNameError
 from .explicit import (
@@ -85,8 +85,6 @@ from .ops import (
     SOFTMAX,
     ExplicitRule,
     GradientRule,
-    Op,
-    RelevanceIn,
     Rule,
 )
 
@@ -335,8 +333,8 @@ def _pass_served(c: Composite) -> str:
 
 #: what to use instead, per kind of pass, for the messages of :func:`check_pass`
 _INSTEAD = {
-    EXPLICIT: "run it as an explicit relevance pass — Propagation(composite), adapter.relprop(trace, R, composite) "
-    "(as the methods transformer_attribution, lrp and partial_lrp do)",
+    EXPLICIT: "run it as an explicit relevance pass — adapter.forward(prepared, composite=composite), then "
+    "adapter.relprop(trace, R, composite) (as the methods transformer_attribution, lrp and partial_lrp do)",
     MODIFIED_GRADIENT: "run it as a modified-gradient replay — Replay(composite), adapter.forward(prepared, "
     "grad=True, composite=composite), then gradient × input (as the methods attnlrp and cp_lrp do)",
 }
@@ -425,54 +423,6 @@ class RuleChoice:
         name = None if self._names is None else self._names.get(module)
         first = self._first is not None and self._first.get(kind) is module
         return self.composite.rule(kind, module, name, first)
-
-
-class Propagation(RuleChoice):
-    """One explicit relevance pass: an explicit composite, and a cache for the weights' signed parts.
-
-    ``cache=True`` keeps each weight's parts for the rest of the pass: worth it only when a
-    weight is used again (ALBERT's shared layer). Otherwise the parts are made and dropped
-    layer by layer, so the pass never holds more than one layer's (BERT-base: about 1 GB less).
-    A modified-gradient composite (ATTNLRP, CP_LRP) is refused at once (:class:`RuleSetError`).
-    """
-
-    serves = EXPLICIT
-
-    def __init__(
-        self,
-        composite: Composite,
-        cache: bool = False,
-        names: Optional[Mapping[nn.Module, str]] = None,
-        first: Optional[Mapping[str, nn.Module]] = None,
-    ):
-        super().__init__(composite, names, first)
-        self.cache: Optional[dict] = {} if cache else None
-
-    def __call__(
-        self,
-        kind: str,
-        inputs: tuple,
-        R: RelevanceIn,
-        output: Optional[Tensor] = None,
-        module: Optional[nn.Module] = None,
-    ) -> tuple[Tensor, ...]:
-        op = Op(kind, inputs, output, module)
-        # an explicit pass runs a composite of ExplicitRules only (check_pass, when the pass is made)
-        return cast(ExplicitRule, self.rule(kind, module)).relevance(op, R, self.cache)
-
-    # one-input shorthands
-    def linear(self, module: nn.Module, x: Tensor, R: Tensor, out: Optional[Tensor] = None) -> Tensor:
-        """A Linear-like layer's rule; an ``nn.Identity`` in a Linear's place (a projection the user replaced by
-        one) passes ``R`` unchanged, the exact relevance of ``y = x``, as the replay skips it."""
-        if isinstance(module, nn.Identity):
-            return R
-        return self(LINEAR, (x,), R, out, module)[0]
-
-    def unary(self, kind: str, x: Tensor, R: Tensor, module: Optional[nn.Module] = None) -> Tensor:
-        return self(kind, (x,), R, None, module)[0]
-
-    def clone(self, x: Tensor, *Rs: Tensor) -> Tensor:
-        return self(CLONE, (x,), Rs)[0]
 
 
 # ----------------------------------------------------------------------------
@@ -589,7 +539,6 @@ __all__ = [
     "Composite",
     "check_pass",
     "RuleChoice",
-    "Propagation",
     "TRANSFORMER_ATTRIBUTION",
     "LRP_BASELINE",
     "ATTNLRP",

@@ -5,11 +5,12 @@ contract each (:data:`PASS_KINDS`):
 
 * :class:`ExplicitRule` — ``relevance(op, R)``: the explicit backward step of the Deep Taylor Decomposition
   passes (``transformer_attribution``, ``lrp``, ``partial_lrp``; docs/METHODS.md §1), driven by
-  :class:`lrp_core.rules.composites.Propagation`: the relevance of the operation's output → one relevance per input.
+  as the backward of the operation in the replay (:class:`lrp_core.adapters.replay.Replay`): the relevance of the
+  operation's output → one relevance per input.
   The rules are in :mod:`lrp_core.rules.explicit`.
 * :class:`GradientRule` — ``forward(fn, *inputs, module=None)``: the forward computation with the gradient a
   modified-gradient method prescribes (AttnLRP, CP-LRP: gradient × input; docs/METHODS.md §2b), driven by
-  :class:`lrp_core.adapters.blocks.Replay`. The rules are in :mod:`lrp_core.rules.gradient`.
+  :class:`lrp_core.adapters.replay.Replay`. The rules are in :mod:`lrp_core.rules.gradient`.
 
 Which rule each operation gets is chosen in one place: :mod:`lrp_core.rules.composites`.
 """
@@ -80,7 +81,7 @@ LAYER_KINDS = (LINEAR, PATCH_CONV, LAYERNORM, RMSNORM, ELEMENTWISE, SCALE)
 # ----------------------------------------------------------------------------
 # kinds of pass
 # ----------------------------------------------------------------------------
-EXPLICIT = "explicit"  # an explicit relevance pass (Propagation): rule.relevance(op, R)
+EXPLICIT = "explicit"  # an explicit relevance pass (the replay's backward): rule.relevance(op, R)
 MODIFIED_GRADIENT = "modified_gradient"  # a replay with modified gradients (Replay): rule.forward(fn, *inputs)
 PASS_KINDS = (EXPLICIT, MODIFIED_GRADIENT)
 
@@ -126,7 +127,7 @@ class Rule:
 
 
 class ExplicitRule(Rule):
-    """A rule of the explicit relevance passes (docs/METHODS.md §1), driven by :class:`Propagation`.
+    """A rule of the explicit relevance passes (docs/METHODS.md §1): the backward of its operation in the replay.
 
     Subclasses define :meth:`relevance`.
     """
@@ -141,7 +142,7 @@ class ExplicitRule(Rule):
 
 class GradientRule(Rule):
     """A rule of the modified-gradient replays (docs/METHODS.md §2b.1), driven by
-    :class:`lrp_core.adapters.blocks.Replay`: the operation's forward value, with the gradient the rule prescribes.
+    :class:`lrp_core.adapters.replay.Replay`: the operation's forward value, with the gradient the rule prescribes.
 
     Subclasses override :meth:`forward`; the default is the operation itself (the plain gradient).
     """

@@ -107,12 +107,11 @@ def test_a_parallel_block_hands_its_add_the_three_operands():
     adapter = get_adapter(model)
     assert [b.layout for b in adapter.blocks] == ["parallel", "parallel"]
     prepared = adapter.check_inputs({"input_ids": rows()[1][None]})
-    trace = adapter.forward(prepared)
+    spied = TRANSFORMER_ATTRIBUTION.with_rules(by_kind={ADD: Spy()})
+    trace = adapter.forward(prepared, composite=spied)
     R = torch.zeros_like(trace.logits)
     R[0, trace.logits[0].argmax()] = 1.0
-    adapter.relprop(
-        trace, R, TRANSFORMER_ATTRIBUTION.with_rules(by_kind={ADD: Spy()}), to_input=True, prepared=prepared
-    )
+    adapter.relprop(trace, R, spied, to_input=True, prepared=prepared)
     assert [n for n, _, _ in seen] == [3, 3]
     for _, got, want in seen:
         assert abs(got - want) <= 1e-8 * max(1.0, abs(want))

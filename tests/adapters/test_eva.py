@@ -149,8 +149,9 @@ def test_rotary_rule_is_the_dtd_rule_of_timms_rotation():
     conserves; the unrotated prefix tokens keep their relevance."""
     from timm.layers.pos_embed_sincos import apply_rot_embed_cat
 
-    from lrp_core.adapters.attention import _rotate_relprop
-    from lrp_core.rules.composites import LRP_BASELINE, Propagation
+    from lrp_core.adapters.attention import _rotate
+    from lrp_core.adapters.replay import Replay
+    from lrp_core.rules.composites import LRP_BASELINE
     from lrp_core.rules.functional import safe_div
 
     model = make_eva(**FAMILIES["eva02"]).double()
@@ -165,7 +166,8 @@ def test_rotary_rule_is_the_dtd_rule_of_timms_rotation():
     (grad,) = torch.autograd.grad(rotated, x, safe_div(R, rotated.detach()))
     x = x.detach()
     cos, sin = a.block_context(torch.zeros(2, P0 + 16, 32, dtype=torch.float64), None, None)[0][1]
-    got = _rotate_relprop(spec, x, rotated.detach(), cos, sin, R, Propagation(LRP_BASELINE))
+    x = x.requires_grad_(True)  # the rotation in the explicit replay: its backward is the relevance
+    (got,) = torch.autograd.grad(_rotate(spec, x, cos, sin, Replay(LRP_BASELINE)), x, R)
     assert rel_err(got[:, :, P0:], (x * grad)[:, :, P0:]) <= 1e-12
     assert torch.equal(got[:, :, :P0], R[:, :, :P0])
     assert rel_err(got.sum(dim=(1, 2, 3)), R.sum(dim=(1, 2, 3))) <= 1e-6  # up to the ε stabiliser

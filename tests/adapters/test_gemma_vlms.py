@@ -332,15 +332,16 @@ def test_gemma3s_pooling_gives_each_square_of_patches_its_tokens_relevance():
     rule and the norms' identity keep each token's total): the relevance of image token j arrives on the k × k
     patches of its square, and only there — the pooling's weighted-sum rule. And lrp, attnlrp, cp_lrp carry it on to
     the pixels."""
-    from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Propagation
+    from lrp_core.adapters.replay import Replay
+    from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION
 
     model = make_gemma3()
     adapter = get_adapter(model)
     prepared = adapter.check_inputs(_gemma3_inputs("left"))
-    with torch.no_grad():
-        emb = adapter.embed(prepared)
-        R = torch.randn(2, GEMMA3_TOKENS, 32, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-        R_patches = adapter.connect_relprop(emb, R, Propagation(TRANSFORMER_ATTRIBUTION)).sum(-1).reshape(2, 2, 2, 2, 2)
+    emb = adapter.embed(prepared, Replay(TRANSFORMER_ATTRIBUTION))  # the projector's backward is its rules
+    R = torch.randn(2, GEMMA3_TOKENS, 32, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    (R_patches,) = torch.autograd.grad(emb.features, emb.selected, R)
+    R_patches = R_patches.sum(-1).reshape(2, 2, 2, 2, 2)
     squares = R_patches.permute(0, 1, 3, 2, 4).reshape(2, GEMMA3_TOKENS, 4).sum(-1)  # (row, token, its patches)
     _close(squares, R.sum(-1), 1e-8)
     for method in ("lrp", "attnlrp", "cp_lrp"):

@@ -30,7 +30,10 @@ def test_position_readout_at_one_index_is_the_token_readout_bit_for_bit(tiny_ber
     prepared = a.check_inputs(text_batch)
     twin = _position_twin(a.readout, 3)
     with torch.no_grad():
-        ref, got = a.forward(prepared), a.forward(prepared, readout=twin)
+        ref, got = (
+            a.forward(prepared, composite=LRP_BASELINE),
+            a.forward(prepared, readout=twin, composite=LRP_BASELINE),
+        )
         assert ref.readout is a.readout and got.readout is twin  # the trace keeps the readout it ran with
         assert torch.equal(ref.logits, got.logits)
         start = one_hot(ref.logits, ref.logits.argmax(-1))

@@ -11,8 +11,8 @@ def _logits_both_ways(model, prepared):
     prepared = a.check_inputs(prepared)
     with torch.no_grad():
         x0 = a.embed(prepared).x0
-        full = a.run_blocks(x0, prepared.get("attention_mask"))
-        lean = a.run_blocks(x0, prepared.get("attention_mask"), keep=False)
+        full = a.run_blocks(x0, getattr(prepared, "attention_mask", None))
+        lean = a.run_blocks(x0, getattr(prepared, "attention_mask", None), keep=False)
     return full, lean
 
 

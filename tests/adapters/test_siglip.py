@@ -166,17 +166,17 @@ def test_pooling_heads_explicit_pass_keeps_three_quarters_the_probe_query_absorb
     """Chefer's rules through the pooling head of a bias-free model, by hand: every Linear, Add, Clone and identity
     conserves; A·V halves (A and v a half each), the softmax passes A's half to q·kᵀ, which halves again — and q
     is the probe's, a constant. So the final hidden states hold ½ (v) + ¼ (k) = ¾ of the logit."""
-    from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Propagation
+    from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION
 
     model = _without_additive_constants(siglip_model(seed=3)).double()
     with torch.no_grad():
         model.logit_bias.zero_()
     a = get_adapter(model)
     prepared = a.check_inputs(siglip_pair(_images(2)))
-    trace = a.forward(prepared)
+    trace = a.forward(prepared, composite=TRANSFORMER_ATTRIBUTION)
     R_out = torch.zeros_like(trace.logits)
     R_out[:, 1] = trace.logits[:, 1]
-    R = trace.readout.relprop(trace.readout_record, R_out, Propagation(TRANSFORMER_ATTRIBUTION))
+    (R,) = torch.autograd.grad(trace.logits, trace.readout_record.hidden, R_out)  # the readout's rules
     assert R.shape == trace.readout_record.hidden.shape
     kept = R.sum(dim=(1, 2)) / trace.logits[:, 1]
     assert torch.allclose(kept, torch.full_like(kept, 0.75), rtol=0, atol=1e-8)

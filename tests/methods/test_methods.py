@@ -383,7 +383,7 @@ def test_bert_lrp_reaches_the_embeddings(tiny_bert, text_batch):
     exp = explain(tiny_bert, text_batch, method="lrp")
     a = get_adapter(tiny_bert)
     prepared = a.check_inputs(text_batch)
-    trace = a.forward(prepared)
+    trace = a.forward(prepared, composite=LRP_BASELINE)
     one_hot = torch.zeros_like(trace.logits).scatter_(1, exp.target[:, None], 1.0)
     deep = a.relprop(trace, one_hot, LRP_BASELINE, stop_block=0, to_input=True, prepared=prepared)
     shallow = a.relprop(trace, one_hot, LRP_BASELINE, stop_block=0)

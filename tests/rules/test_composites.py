@@ -8,7 +8,7 @@ from conftest import make_tiny_vit
 
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
-from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Composite, Propagation
+from lrp_core.rules.composites import TRANSFORMER_ATTRIBUTION, Composite
 from lrp_core.rules.explicit import GenericAdd, Identity
 from lrp_core.rules.functional import generic
 from lrp_core.rules.ops import ADD, DECODER_KINDS, LINEAR, MASK_ADD, OP_KINDS, ExplicitRule, Op, Rule
@@ -43,12 +43,12 @@ def test_a_new_composite_changes_the_pass_and_nothing_else():
     model = _bias_free_vit()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     a = get_adapter(model)
-    trace = a.forward(a.check_inputs(x))
+    trace = a.forward(a.check_inputs(x), composite=GENERIC)
     start = torch.zeros_like(trace.logits).scatter_(1, trace.logits.argmax(1, keepdim=True), 1.0)
     generic = a.relprop(trace, start, GENERIC, stop_block=0, to_input=True, prepared=a.check_inputs(x))
     totals = torch.cat([generic.tokens.sum(-1), generic.inputs.sum(-1, keepdim=True)], dim=1)
     assert torch.allclose(totals, torch.ones_like(totals), atol=1e-6)
-    paper = a.relprop(trace, start, TRANSFORMER_ATTRIBUTION, stop_block=0)
+    paper = a.relprop(a.forward(a.check_inputs(x), composite=TRANSFORMER_ATTRIBUTION), start, stop_block=0)
     assert not torch.allclose(paper.attn[0], generic.attn[0])
 
 
@@ -68,23 +68,30 @@ def test_every_step_asks_the_composite():
     model = make_tiny_vit()
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     a = get_adapter(model)
-    trace = a.forward(a.check_inputs(x))
+    prepared = a.check_inputs(x)
     ref = a.relprop(
-        trace, torch.eye(5)[:1], TRANSFORMER_ATTRIBUTION, stop_block=0, to_input=True, prepared=a.check_inputs(x)
+        a.forward(prepared, composite=TRANSFORMER_ATTRIBUTION),
+        torch.eye(5)[:1],
+        stop_block=0,
+        to_input=True,
+        prepared=prepared,
     )
-    got = a.relprop(trace, torch.eye(5)[:1], spy, stop_block=0, to_input=True, prepared=a.check_inputs(x))
+    got = a.relprop(
+        a.forward(prepared, composite=spy), torch.eye(5)[:1], stop_block=0, to_input=True, prepared=prepared
+    )
     assert torch.equal(ref.pixels, got.pixels)
     used = set(asked)
     # [CLS] pooling selects (READOUT, no weighted sum); an image model has no padding mask and none of the
     # decoders' operations
-    assert used == set(OP_KINDS) - {"pool", "mask_add"} - set(DECODER_KINDS)
+    # (no LayerScale: the replay skips identities, so no scale operation)
+    assert used == set(OP_KINDS) - {"pool", "mask_add", "scale"} - set(DECODER_KINDS)
     assert asked.count(LINEAR) == 3 * 4 + 1  # qkv, proj, fc1, fc2 per block, and the head
 
 
 def test_a_composite_without_a_rule_names_what_it_covers():
     partial = Composite("partial", {LINEAR: Identity()})
     with pytest.raises(KeyError, match="has no rule for operation 'add'; it covers linear"):
-        Propagation(partial)(ADD, (torch.ones(1), torch.ones(1)), torch.ones(1))
+        Replay(partial).rule(ADD)
 
 
 def test_explain_is_unchanged_by_building_composites(tiny_vit, images):
@@ -119,7 +126,8 @@ def _count_module_calls(model: torch.nn.Module) -> list:
 
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_a_composite_in_the_other_kind_of_pass_is_refused_at_once(name, images):
-    """Each built-in rule set knows its pass; the other pass refuses it before running anything, naming the
+    """Each built-in rule set knows its pass; the replay runs both kinds (an explicit one as its backward), and
+    the explicit relevance pass refuses a modified-gradient rule set before running anything, naming the
     composite, the pass and what to use instead."""
     composite, serves = BUILT_IN[name]
     assert composite.serves == serves
@@ -127,32 +135,22 @@ def test_a_composite_in_the_other_kind_of_pass_is_refused_at_once(name, images):
     a = get_adapter(model)
     prepared = a.check_inputs(images)
     trace = a.forward(prepared, grad=True)
+    assert Replay(composite).explicit == (serves == EXPLICIT)
     calls = _count_module_calls(model)
     if serves == EXPLICIT:
-        Propagation(composite)  # its own pass takes it
-        with pytest.raises(
-            RuleSetError,
-            match=rf"Replay runs a modified-gradient replay, but composite '{name}' is a "
-            r"rule set for an explicit relevance pass: run it as an explicit .*"
-            r"Propagation.*ATTNLRP, CP_LRP",
-        ):
-            Replay(composite)
-        with pytest.raises(RuleSetError, match=f"composite '{name}'"):
-            a.forward(prepared, grad=True, composite=composite)
+        with pytest.raises(RuleSetError, match="replay the batch with adapter.forward"):
+            a.relprop(trace, torch.eye(5)[:3], composite)  # a trace of the plain replay has no rules to run
     else:
-        Replay(composite)
         with pytest.raises(
             RuleSetError,
-            match=rf"Propagation runs an explicit relevance pass, but composite '{name}' "
+            match=rf"Adapter.relprop runs an explicit relevance pass, but composite '{name}' "
             r"is a rule set for a modified-gradient replay: .*Replay.*"
             r"TRANSFORMER_ATTRIBUTION, LRP_BASELINE",
         ):
-            Propagation(composite)
-        with pytest.raises(RuleSetError, match=f"composite '{name}'"):
             a.relprop(trace, torch.eye(5)[:3], composite, stop_block=0, to_input=True, prepared=prepared)
     assert calls == []  # refused before a single module ran
     with pytest.raises(RuleSetError, match="takes a Composite"):
-        Propagation(SignedLinear())
+        Replay(SignedLinear())
 
 
 def test_the_plain_replay_is_the_model():
@@ -240,8 +238,9 @@ def test_a_name_map_swaps_exactly_the_named_layers_rules():
         "baseline head and fc1", by_name={"head": BaselineLinear(), "blocks.*.mlp.fc1": BaselineLinear()}
     )
     last = a.num_blocks - 1
-    got = a.relprop(trace, R_out, named, stop_block=last).attn[last]
-    default = a.relprop(trace, R_out, TRANSFORMER_ATTRIBUTION, stop_block=last).attn[last]
+    got = a.relprop(a.forward(a.check_inputs(x), composite=named), R_out, stop_block=last).attn[last]
+    default = a.relprop(a.forward(a.check_inputs(x), composite=TRANSFORMER_ATTRIBUTION), R_out, stop_block=last)
+    default = default.attn[last]
     assert torch.equal(got, _attention_relevance_of_the_last_block(model, trace, R_out, baseline, baseline))
     assert torch.equal(default, _attention_relevance_of_the_last_block(model, trace, R_out, signed, signed))
     assert (got - default).abs().max() > 1e-3 * default.abs().max()
@@ -268,8 +267,12 @@ def _names_asked(a, trace, composite, x) -> set:
         names={p: Spy(r) for p, r in composite.names.items()},
         first={k: Spy(r) for k, r in composite.first.items()},
     )
+    prepared = a.check_inputs(x)
     a.relprop(
-        trace, torch.eye(5, dtype=x.dtype)[: x.shape[0]], spied, stop_block=0, to_input=True, prepared=a.check_inputs(x)
+        a.forward(prepared, composite=spied),
+        torch.eye(5, dtype=x.dtype)[: x.shape[0]],
+        to_input=True,
+        prepared=prepared,
     )
     return seen
 
@@ -286,7 +289,8 @@ def test_the_first_layer_map_is_the_name_map_of_the_first_layer_in_input_order()
     named = TRANSFORMER_ATTRIBUTION.with_rules("named", by_name={"blocks.0.attn.qkv": BaselineLinear()})
     R_out = torch.eye(5, dtype=torch.float64)[[0, 2]]
     runs = [
-        a.relprop(trace, R_out, c, to_input=True, prepared=prepared) for c in (first, named, TRANSFORMER_ATTRIBUTION)
+        a.relprop(a.forward(prepared, composite=c), R_out, to_input=True, prepared=prepared)
+        for c in (first, named, TRANSFORMER_ATTRIBUTION)
     ]
     assert torch.equal(runs[0].pixels, runs[1].pixels) and torch.equal(runs[0].attn[0], runs[1].attn[0])
     assert not torch.allclose(runs[0].pixels, runs[2].pixels)
@@ -321,8 +325,8 @@ def test_name_and_first_maps_in_a_modified_gradient_replay():
 
 
 def test_maps_need_what_they_read():
-    with pytest.raises(RuleSetError, match="chooses rules by module name: Propagation needs the model's module names"):
-        Propagation(TRANSFORMER_ATTRIBUTION.with_rules("n", by_name={"head": BaselineLinear()}))
+    with pytest.raises(RuleSetError, match="chooses rules by module name: Replay needs the model's module names"):
+        Replay(TRANSFORMER_ATTRIBUTION.with_rules("n", by_name={"head": BaselineLinear()}))
     with pytest.raises(RuleSetError, match="first layer of a kind: Replay needs the replay's order"):
         Replay(ATTNLRP.with_rules("f", first={LINEAR: Gradient()}), record=False)
 
@@ -425,10 +429,10 @@ def test_the_explicit_pass_asks_for_the_patch_conv_and_the_position_add(family):
             return self.inner.relevance(op, R, cache)
 
     spy = Composite("spy", {k: Recording(k, r) for k, r in LRP_BASELINE.rules.items()})
-    trace = a.forward(prepared)
+    trace = a.forward(prepared, composite=spy)
     R_out = torch.zeros_like(trace.logits)
     R_out[:, 0] = 1.0
     got = a.relprop(trace, R_out, spy, to_input=True, prepared=prepared)
-    ref = a.relprop(trace, R_out, LRP_BASELINE, to_input=True, prepared=prepared)
+    ref = a.relprop(a.forward(prepared, composite=LRP_BASELINE), R_out, to_input=True, prepared=prepared)
     assert torch.equal(got.pixels, ref.pixels)
     assert asked.count(PATCH_CONV) == 1 and asked.count(POS_ADD) == 1
