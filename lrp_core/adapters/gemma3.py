@@ -19,8 +19,9 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from .blocks import BlockSpec, MlpSpec
-from .decoder import DecoderAdapter, row_rotary_tables
+from .decoder import DecoderAdapter
 from .parts import ModelPart
+from .positions import row_rotary_tables
 
 
 class Gemma3Adapter(DecoderAdapter):
@@ -60,7 +61,7 @@ class Gemma3Adapter(DecoderAdapter):
         self, x0: Tensor, positions: Tensor, key: str, mask: Optional[Tensor] = None
     ) -> tuple[Tensor, Tensor]:
         """(cos, sin) (B, T, d) of the rotary embedding of layer type ``key`` (sliding / full: own bases), each
-        row's as for the row alone (:func:`~lrp_core.adapters.decoder.row_rotary_tables`)."""
+        row's as for the row alone (:func:`~lrp_core.adapters.positions.row_rotary_tables`)."""
         return row_rotary_tables(self.base.rotary_emb, x0, positions, mask, key)
 
 

@@ -128,6 +128,8 @@ class Gemma3VLMAdapter(GroupedAttentionVLM):
 
         # the POOL operation: each pooled token a weighted sum of its square's k² patches (w: its rule's weights)
         pooled = r(POOL, pool, self._squares(h), w).reshape(B, a * a, D)
+        # in the layout the model's pooling leaves it (channels first): its float32 RMSNorm reduces in that order
+        pooled = pooled.transpose(1, 2).contiguous().transpose(1, 2)
         normed = r.norm(self.projector.mm_soft_emb_norm, pooled)
         out = r.module(LINEAR, self.projection, normed)
         return {"post_layernorm": h, "pooled": pooled, "normed": normed}, out.type_as(selected)

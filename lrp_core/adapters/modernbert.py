@@ -35,9 +35,9 @@ from .base import Adapter
 from .batches import TextBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, token_ids, tokenized
-from .decoder import given_position_ids, row_rotary_tables
 from .kernels import eager_softmax_dtype
 from .parts import ModelPart
+from .positions import given_position_ids, row_rotary_tables
 from .readouts import HeadLayer, MaskedMeanReadout, Readout, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 

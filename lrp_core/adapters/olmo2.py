@@ -17,8 +17,9 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from .blocks import BlockSpec, MlpSpec
-from .decoder import DecoderAdapter, row_rotary_tables
+from .decoder import DecoderAdapter
 from .parts import ModelPart
+from .positions import row_rotary_tables
 
 
 class Olmo2Adapter(DecoderAdapter):
@@ -54,7 +55,7 @@ class Olmo2Adapter(DecoderAdapter):
         self, x0: Tensor, positions: Tensor, key: str, mask: Optional[Tensor] = None
     ) -> tuple[Tensor, Tensor]:
         """(cos, sin) (B, T, r): the one table (OLMo-2) or that of layer type ``key`` (OLMo-3), each row's as for the
-        row alone (:func:`~lrp_core.adapters.decoder.row_rotary_tables`)."""
+        row alone (:func:`~lrp_core.adapters.positions.row_rotary_tables`)."""
         return row_rotary_tables(self.base.rotary_emb, x0, positions, mask, key if self._typed_rope else None)
 
 

@@ -17,8 +17,9 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..runtime.guard import model_guard
 from ..runtime.precision import compute_precision
-from .decoder import DecoderAdapter, position_ids
+from .decoder import DecoderAdapter
 from .parts import ModelPart
+from .positions import position_ids
 
 #: What an unlisted decoder must look like to be recognised (the text of every refusal).
 from .recognise import STRUCTURES, TOLERANCE, OpenDecoderAdapter, unreplayable

@@ -47,9 +47,9 @@ from .base import Adapter
 from .batches import VLMBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward
 from .checks import NO_EFFECT, input_keys, token_ids
-from .decoder import REFUSED_INPUTS
 from .kernels import eager_softmax_dtype
 from .parts import ModelPart
+from .positions import REFUSED_INPUTS
 from .qwen2 import Qwen2Adapter
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .vlm import VLM_REFUSED_METHODS, LanguageModelView, VLMAdapter, VLMEmbeddingRecord

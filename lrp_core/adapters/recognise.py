@@ -34,8 +34,9 @@ from ..rules.composites import ATTNLRP
 from ..rules.norms import norm_kind
 from ..rules.ops import GradientRule
 from .blocks import BlockSpec, MlpSpec
-from .decoder import DecoderAdapter, row_rotary_tables
+from .decoder import DecoderAdapter
 from .parts import ModelPart
+from .positions import row_rotary_tables
 
 #: What an unlisted decoder must look like to be recognised (the text of every refusal).
 STRUCTURES = (
@@ -354,7 +355,7 @@ class OpenDecoderAdapter(DecoderAdapter):
         self, x0: Tensor, positions: Tensor, key: str, mask: Optional[Tensor] = None
     ) -> tuple[Tensor, Tensor]:
         """(cos, sin) (B, T, r) of the model's rotary embedding; per layer type where the module takes one
-        (each row's as for the row alone: :func:`~lrp_core.adapters.decoder.row_rotary_tables`)."""
+        (each row's as for the row alone: :func:`~lrp_core.adapters.positions.row_rotary_tables`)."""
         return row_rotary_tables(self.base.rotary_emb, x0, positions, mask, key if self._rope_takes_type else None)
 
     def check_norms(self) -> None:

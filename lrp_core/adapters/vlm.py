@@ -47,8 +47,9 @@ from .base import Adapter
 from .batches import ImageBatch, VLMBatch
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
 from .checks import NO_EFFECT, input_keys, pixel_values
-from .decoder import REFUSED_INPUTS, DecoderAdapter
+from .decoder import DecoderAdapter
 from .parts import ModelPart
+from .positions import REFUSED_INPUTS
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .towers import TOWERS, CLIPVisionTower, Dinov2VisionTower, SiglipVisionTower, VisionTower, vision_tower
 

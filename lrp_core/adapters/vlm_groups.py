@@ -35,7 +35,7 @@ from torch import Tensor
 from ..errors import InputError
 from .batches import VLMBatch
 from .blocks import NO_RECORD, Replay
-from .decoder import position_ids
+from .positions import position_ids
 from .readouts import HeadLayer, PositionReadout
 from .records import Trace
 from .vlm import VLMAdapter
@@ -51,7 +51,7 @@ def grouped_bias(
 ) -> Tensor:
     """The additive attention mask with bidirectional groups: 0 where query i may attend key j, the dtype's minimum
     elsewhere (the module docstring's rule). A padding query row attends itself only, as
-    :func:`~lrp_core.adapters.decoder.causal_bias` has it (its output reaches no real token).
+    :func:`~lrp_core.adapters.positions.causal_bias` has it (its output reaches no real token).
 
     Parameters
     ----------

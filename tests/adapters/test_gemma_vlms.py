@@ -30,7 +30,7 @@ from vlms import (
 import lrp_core
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
-from lrp_core.adapters.decoder import position_ids
+from lrp_core.adapters.positions import position_ids
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.methods.baselines import CAPTUM_METHODS
 

@@ -13,8 +13,8 @@ from vlms import IMAGE, SMOL_GRID, SMOL_SIZE, make_smolvlm, model_state, relativ
 import lrp_core
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
-from lrp_core.adapters.decoder import position_ids
 from lrp_core.adapters.idefics3 import bucketised_position_ids, pixel_shuffle, pixel_unshuffle
+from lrp_core.adapters.positions import position_ids
 from lrp_core.errors import InputError, UnsupportedModelError
 from lrp_core.methods.baselines import CAPTUM_METHODS
 

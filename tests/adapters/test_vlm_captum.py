@@ -24,7 +24,7 @@ from vlms import (
 
 from lrp_core import explain
 from lrp_core.adapters import get_adapter
-from lrp_core.adapters.decoder import position_ids
+from lrp_core.adapters.positions import position_ids
 
 
 def _rows() -> list:

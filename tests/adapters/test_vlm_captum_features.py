@@ -28,7 +28,7 @@ from vlms import (
 )
 
 from lrp_core import explain
-from lrp_core.adapters.decoder import position_ids
+from lrp_core.adapters.positions import position_ids
 from lrp_core.errors import InputError
 
 NEW = ("smoothgrad", "occlusion", "kernel_shap")

@@ -26,6 +26,7 @@ from lrp_core.methods import registry
 from lrp_core.models import LoadedModel
 from lrp_core.models.tiny_lm import build_model, build_tokenizer
 from widgets import GenerationExplorer, _engine
+from widgets import _generation_parts as P
 from widgets import generation as G
 
 PROMPT = "Anna lives in Rome. Boris lives in Oslo. Where does Boris live? Answer:"
@@ -250,7 +251,7 @@ def test_pieces_are_shown_as_words_with_the_sum_of_their_scores():
 
 def test_a_word_level_tokenizer_shows_its_pieces_as_they_are(explorer):
     explorer.step_selector.value = 0
-    assert G.word_scheme(explorer.tokenizer) is None and explorer.word_toggle.layout.display == "none"
+    assert P.word_scheme(explorer.tokenizer) is None and explorer.word_toggle.layout.display == "none"
     assert explorer.displayed_tokens == explorer.pieces[: explorer.prompt_length]
     assert "<s>" in explorer.displayed_tokens and "Boris" in explorer.displayed_tokens
 
@@ -320,7 +321,7 @@ def test_bad_arguments_are_input_errors_naming_what_is_accepted(lm, kwargs, word
 def test_a_method_that_does_not_run_on_decoders_is_refused_by_name(lm, monkeypatch):
     """Every method runs on decoders today (the Captum baselines too: they are offered); one that did not
     would be refused by name, with the list of those accepted."""
-    assert "integrated_gradients" in G.decoder_methods() and "kernel_shap" in G.decoder_methods()
+    assert "integrated_gradients" in P.decoder_methods() and "kernel_shap" in P.decoder_methods()
     monkeypatch.setattr(registry, "DECODER_METHODS", tuple(m for m in METHODS if m != "integrated_gradients"))
     with pytest.raises(InputError) as err:
         GenerationExplorer(lm.model, lm.tokenizer, prompt=PROMPT, methods=["integrated_gradients"])
