@@ -529,7 +529,8 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         op = Op(PATCH_CONV, (emb.images,), None, cast(nn.Module, _PatchConv2d(conv)))
         r = trace.replay
         assert r is not None, "an explicit replay"
-        (R_px,) = cast(ExplicitRule, r.rule(PATCH_CONV, conv)).relevance(op, R_map, r.cache)
+        with torch.no_grad():  # a rule applied outside the backward: the images are a leaf of the replay's graph
+            (R_px,) = cast(ExplicitRule, r.rule(PATCH_CONV, conv)).relevance(op, R_map, r.cache)
         return scores, R_px.sum(dim=1)
 
 
