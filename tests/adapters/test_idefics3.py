@@ -372,7 +372,7 @@ def test_transformers_output_capturing_hooks_are_not_taken_for_the_users():
 
 
 def test_explain_generation_without_the_image_is_refused_with_what_to_pass():
-    """explain_generation runs on SmolVLM (tests/methods/test_generation_vlm.py); text prompts without the processor's
+    """explain_generation runs on SmolVLM (tests/test_generation_vlm.py); text prompts without the processor's
     image entries are an InputError that names the processor's output."""
 
     class Tokenizer:

@@ -87,7 +87,7 @@ def test_a_given_continuation_on_a_per_token_family():
 
 def test_smolvlm_whose_processor_gives_no_per_token_entries():
     """SmolVLM (images (1, k, 3, H, W) with their pixel mask, no per-token entry): the same agreement, so every VLM
-    family the engine explains is covered here (LLaVA: tests/methods/test_generation_vlm.py)."""
+    family the engine explains is covered here (LLaVA: tests/test_generation_vlm.py)."""
     from vlms import make_smolvlm, smol_inputs, smol_prompt
 
     model = make_smolvlm()
