@@ -28,6 +28,7 @@ from ..rules.composites import Composite, RuleChoice
 from ..rules.norms import check_norm_value, norm_kind
 from ..rules.ops import CLONE, EXPLICIT, LAYERNORM, LINEAR, MODIFIED_GRADIENT, RMSNORM, ExplicitRule, GradientRule, Op
 from ..rules.views import linear_call
+from ..runtime.offload import loaded
 
 #: the operation kinds whose modified-gradient rules recompute the model's norm from its parameters
 NORM_KINDS = (LAYERNORM, RMSNORM)
@@ -82,7 +83,8 @@ class Replay(RuleChoice):
         (it forms what it needs from the inputs, as for a head's Linears or a scaled ``q·kᵀ``)."""
         if self.composite is None:
             return fn(*inputs)
-        if self.explicit:
+        if self.explicit:  # the rule reads its operands in the backward: offloaded ones as loaded now
+            inputs = tuple(loaded(t) if isinstance(t, Tensor) else t for t in inputs)
             return _Explicit.apply(_Step(self, kind, module, fn, reuse), *inputs)
         rule = cast(GradientRule, self.rule(kind, module))  # a gradient rule set
         out = rule.forward(fn, *inputs, module=module)

@@ -269,6 +269,27 @@ def explained_model() -> Optional[nn.Module]:
     return getattr(_state, "model", None)
 
 
+def loaded(t: Tensor) -> Tensor:
+    """``t`` as the operation it enters sees it: an offloaded tensor's placeholder (meta) is its loaded value
+    inside :func:`loaded_weights`, anything else ``t`` itself (what a rule reads later, outside the forward).
+
+    Parameters
+    ----------
+    t : Tensor
+        An operand of the replay.
+
+    Returns
+    -------
+    Tensor
+        The loaded value, or ``t``.
+    """
+    if not t.is_meta:
+        return t
+    index = getattr(_state, "index", None)
+    entry = index.find(t) if index is not None else None
+    return t if entry is None else entry.load(t)
+
+
 def resolve(module: nn.Module, name: str) -> Optional[Tensor]:
     """``module``'s parameter or buffer ``name`` as its forward sees it: the loaded value of an offloaded tensor
     (inside :func:`loaded_weights`, or where the module's own hook offloads it), else the tensor itself.
@@ -358,6 +379,7 @@ __all__ = [
     "LoadedWeightsMode",
     "loaded_weights",
     "explained_model",
+    "loaded",
     "resolve",
     "execution_device",
     "check_loaded",
