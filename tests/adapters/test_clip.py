@@ -94,7 +94,7 @@ def test_the_model_is_left_as_it_was(inputs):
 def test_text_side_replay_reproduces_logits_per_text(clip, inputs):
     a = get_adapter(clip).for_inputs({**inputs, "explain": "text"})
     prepared = a.check_inputs({**inputs, "explain": "text"})
-    one = a.take(prepared, torch.tensor([0]), 5)  # the first prompt is unpadded
+    one = prepared.take(torch.tensor([0]), 5)  # the first prompt is unpadded
     logits = a.forward(one).logits
     assert torch.allclose(logits, clip(**inputs).logits_per_text[:1], atol=1e-5)
 

@@ -140,7 +140,7 @@ def _ungrouped(model, x: dict, method: str, target) -> torch.Tensor:
     spec = registry.get(method)
     bound = spec().bind(a.num_blocks, a.modality)
     readout = a.readout_for(prepared)
-    resolve = resolver(target, a.batch_size(prepared), readout.num_classes)
+    resolve = resolver(target, prepared.size, readout.num_classes)
     return spec.run(Call(a, prepared, a.layout(prepared), resolve, bound, readout=readout)).scores
 
 
