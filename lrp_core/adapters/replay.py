@@ -18,11 +18,12 @@ operation keeps its own vector-Jacobian product), so a method that needs ∇A an
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterator, Mapping, Optional, cast
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import _get_current_function_mode_stack
 
 from ..rules.composites import Composite, RuleChoice
 from ..rules.norms import check_norm_value, norm_kind
@@ -139,10 +140,21 @@ class Replay(RuleChoice):
 class _Step:
     """One operation of an explicit replay: its kind, module, function, and whether its rule sees the output."""
 
-    __slots__ = ("replay", "kind", "module", "fn", "reuse")
+    __slots__ = ("replay", "kind", "module", "fn", "reuse", "modes")
 
     def __init__(self, replay: Replay, kind: str, module: Optional[nn.Module], fn: Callable, reuse: bool):
         self.replay, self.kind, self.module, self.fn, self.reuse = replay, kind, module, fn, reuse
+        # the torch-function modes the forward ran under (a precision mode, offloaded weights): autograd runs a
+        # backward outside them, and the rule must compute as the forward did
+        self.modes = _get_current_function_mode_stack()
+
+    def computing(self) -> ExitStack:
+        """The forward's torch-function modes, entered again for the backward (those not active now)."""
+        stack, active = ExitStack(), _get_current_function_mode_stack()
+        for mode in self.modes:
+            if not any(mode is m for m in active):
+                stack.enter_context(mode)
+        return stack
 
     def relevance(self, inputs: tuple, output: Tensor, R: Tensor) -> tuple:
         """The rule's relevance of each input (``kind == ""``: a transparent operation, R itself)."""
@@ -183,6 +195,11 @@ class _Explicit(torch.autograd.Function):
             inputs[i] = t
         step, vjp = ctx.step, ctx.vjp
         ctx.vjp = None
+        with step.computing():
+            return _Explicit._backward(ctx, step, vjp, inputs, output, R)
+
+    @staticmethod
+    def _backward(ctx, step: _Step, vjp: Optional[tuple], inputs: list, output: Tensor, R: Tensor) -> tuple:
         if step.replay._gradients:
             assert vjp is not None, "plain gradients of an explicit replay that kept them (Replay.vjps)"
             leaves, out = vjp

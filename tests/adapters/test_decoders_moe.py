@@ -29,6 +29,7 @@ from lrp_core.adapters.blocks import MoeSpec  # noqa: E402
 from lrp_core.methods.registry import DECODER_METHODS  # noqa: E402
 from lrp_core.rules import composites as C  # noqa: E402
 from lrp_core.rules import functional as F  # noqa: E402
+from lrp_core.rules.ops import Op  # noqa: E402
 
 TOL = 1e-10  # float64, relative to the row's largest |score|
 #: the relevance methods whose maps read the MLP (the layer-product methods read the attention only)
@@ -129,7 +130,7 @@ def test_normalised_sum_conserves_per_token_and_bounds_each_share():
     generic = F.sum_generic(parts, tokens, R, out)  # the LRP baseline: each operand its share of R_t
     assert torch.allclose(generic, parts * R[tokens] / (out[tokens] + F.EPS), rtol=1e-12)
     (Rn, _), (Rg, _) = (
-        rule.relevance(C.Op(C.EXPERT_SUM, (parts, tokens), out), R) for rule in (C.NormalizedSum(), C.GenericSum())
+        rule.relevance(Op(C.EXPERT_SUM, (parts, tokens), out), R) for rule in (C.NormalizedSum(), C.GenericSum())
     )
     assert torch.equal(Rn, Rp) and torch.equal(Rg, generic)
 
@@ -138,13 +139,13 @@ def test_routing_rule_gives_the_chosen_logits_their_weights_relevance_and_the_pr
     logits = torch.randn(4, 5, dtype=torch.float64)
     chosen = torch.tensor([[1, 3], [0, 4], [2, 1], [3, 0]])
     R = torch.randn(4, 2, dtype=torch.float64)
-    R_logits, _ = C.Routing().relevance(C.Op(C.ROUTE, (logits, chosen)), R)
+    R_logits, _ = C.Routing().relevance(Op(C.ROUTE, (logits, chosen)), R)
     assert torch.equal(R_logits.gather(1, chosen), R) and R_logits.abs().sum() == R.abs().sum()
-    (R_gate,) = C.Routing().relevance(C.Op(C.ROUTE, (logits[:, :1],)), R[:, :1])  # the shared expert's gate
+    (R_gate,) = C.Routing().relevance(Op(C.ROUTE, (logits[:, :1],)), R[:, :1])  # the shared expert's gate
     assert torch.equal(R_gate, R[:, :1])
     w, y = torch.rand(4, 1, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
     Rz = torch.randn(4, 3, dtype=torch.float64)
-    Rw, Ry = C.HalvedProduct().relevance(C.Op(C.GATE_MUL, (w, y)), Rz)
+    Rw, Ry = C.HalvedProduct().relevance(Op(C.GATE_MUL, (w, y)), Rz)
     z = w * y
     assert Rw.shape == w.shape and torch.allclose(Rw[:, 0], Ry.sum(-1), rtol=1e-12)
     assert torch.allclose(Rw.sum() + Ry.sum(), (Rz * z / (z + F.EPS)).sum(), rtol=1e-12)
