@@ -42,7 +42,7 @@ _state = threading.local()
 
 #: torch functions that read a tensor's metadata (or manage autograd): handed the placeholder itself, so that
 #: nothing is loaded for them and accelerate's own bookkeeping (``data_ptr`` of tied weights) sees what it set
-_METADATA = frozenset(
+METADATA_FUNCTIONS = frozenset(
     {
         "__set__",
         "__delete__",
@@ -190,7 +190,7 @@ class LoadedWeightsMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name in _METADATA or (not _has_meta(args) and not _has_meta(kwargs.values())):
+        if name in METADATA_FUNCTIONS or (not _has_meta(args) and not _has_meta(kwargs.values())):
             return func(*args, **kwargs)
         if name == "__get__":  # an attribute: only a tensor-valued one (.T, .data) is loaded
             out = func(*args, **kwargs)
@@ -374,6 +374,7 @@ def check_loaded(model: nn.Module) -> None:
 
 
 __all__ = [
+    "METADATA_FUNCTIONS",
     "Offloaded",
     "offloaded_tensors",
     "LoadedWeightsMode",

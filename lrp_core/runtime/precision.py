@@ -37,44 +37,16 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from .offload import loaded_weights
+from .offload import METADATA_FUNCTIONS, loaded_weights
 
 #: the dtypes computed in float32 instead
 HALF = (torch.float16, torch.bfloat16)
 #: the dtypes a call may ask to be computed in (``explain(..., dtype=)``), by precision
 TARGETS = (torch.float32, torch.float64)
 
-#: torch functions that read a tensor's metadata or manage autograd: passed through as they are
-_METADATA = frozenset(
-    {
-        "__get__",
-        "__set__",
-        "__delete__",
-        "grad",
-        "size",
-        "dim",
-        "ndimension",
-        "numel",
-        "nelement",
-        "element_size",
-        "is_floating_point",
-        "is_complex",
-        "data_ptr",
-        "stride",
-        "storage_offset",
-        "is_contiguous",
-        "get_device",
-        "__len__",
-        "__repr__",
-        "__format__",
-        "__hash__",
-        "__reduce_ex__",
-        "__deepcopy__",
-        "register_hook",
-        "retain_grad",
-        "requires_grad_",
-    }
-)
+#: torch functions that read a tensor's metadata or manage autograd: passed through as they are (the offload mode's
+#: set, with attribute reads and ``.grad``, which this mode casts nothing for either)
+_METADATA = (METADATA_FUNCTIONS - {"is_inference", "untyped_storage"}) | {"__get__", "grad"}
 _TO_TARGET = {torch.float32: frozenset({"half", "bfloat16"}), torch.float64: frozenset({"half", "bfloat16", "float"})}
 #: the floating dtypes upcast to each target
 _BELOW = {torch.float32: HALF, torch.float64: (*HALF, torch.float32)}
