@@ -10,6 +10,15 @@ quoted anchors, each searched after the previous one, and optionally ``N``: the 
 number on the line of the last anchor, counted after that anchor (without ``N``: any number there).
 The quoted number and the one found must be equal as numbers (``0.40`` = ``0.4``; ``−`` = ``-``).
 
+A Markdown table never holds a marker: a ``|`` inside a row's comment splits the row's cells when JupyterLab
+renders it. A table quoted from a file instead follows a marker of its own, on the line before it:
+
+    <!-- rows docs/RESULTS.md "## toy-vit" cols 1 2 6 8 -->
+
+Each row of the table that follows is looked up by its first cell (the first line after the anchors that starts
+with ``| name |``), and the row's numbers, cell by cell, must be the numbers ``cols`` of that line (counted
+after the name, from 1).
+
 In the notebooks of ``STRICT`` every decimal number of the prose (outside formulas and code) must carry
 a marker, except the notebook's exercise numbers (``6.1`` in notebook 6) and those listed in ``UNMARKED``
 with the reason they are not an output.
@@ -32,6 +41,8 @@ QUOTE = re.compile(rf"({NUMBER})(?:\s*%)?(?:\*{{1,2}})?<!--\s*out\s+(\S+)((?:\s+
 MARKER = re.compile(r"<!--\s*out\s")
 ANCHOR = re.compile(r"\"([^\"]*)\"")
 DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.]*\d)")
+#: a quoted table: its source, anchors and the source columns of its numeric cells
+ROWS = re.compile(r"<!--\s*rows\s+(\S+)((?:\s+\"[^\"]*\")+)\s+cols((?:\s+\d+)+)\s*-->")
 
 #: notebooks whose every decimal number in the prose is marked
 STRICT = [
@@ -108,6 +119,75 @@ def quotes(nb: dict) -> list[tuple[str, str, list[str], int | None]]:
     return found
 
 
+def _cells(row: str) -> list[str]:
+    """The cells of one Markdown table row ``| a | b |``, stripped."""
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
+def _table_after(text: str, end: int) -> list[str]:
+    """The body rows (no header, no separator) of the Markdown table that follows offset ``end``."""
+    rows = []
+    for line in text[end:].split("\n")[1:]:
+        if not line.strip():
+            if rows:
+                break
+            continue
+        if not line.lstrip().startswith("|"):
+            break
+        rows.append(line)
+    return [r for r in rows[1:] if not set(r.replace("|", "").strip()) <= set("-: ")]
+
+
+def table_quotes(nb: dict) -> list[tuple[str, str, list[str], list[int]]]:
+    """(source, first-cell key, anchors, cols, the row) for every row of every quoted table."""
+    found = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        text = "".join(cell["source"])
+        for m in ROWS.finditer(text):
+            cols = [int(c) for c in m.group(3).split()]
+            for row in _table_after(text, m.end()):
+                found.append((m.group(1), ANCHOR.findall(m.group(2)), cols, row))
+    return found
+
+
+def check_tables(nb: dict, outputs: dict) -> list[str]:
+    """Every quoted table row whose numbers differ from (or cannot be found in) its source's row."""
+    problems = []
+    for src, anchors, cols, row in table_quotes(nb):
+        text = outputs.get(src) or ((ROOT / src).read_text(encoding="utf-8") if (ROOT / src).is_file() else None)
+        cells = _cells(row)
+        if text is None:
+            problems.append(f"table row {cells[0]!r}: no code cell or file {src!r}")
+            continue
+        values = [_as_float(v) for c in cells[1:] for v in re.findall(NUMBER, c.replace("*", ""))]
+        if len(values) != len(cols):
+            problems.append(f"table row {cells[0]!r} has {len(values)} numbers for {len(cols)} cols {cols}")
+            continue
+        try:
+            numbers = resolve(text, [*anchors, f"| {cells[0]} |"], None)
+        except LookupError as err:
+            problems.append(f"table row {cells[0]!r} -> {src}: {err}")
+            continue
+        for value, col in zip(values, cols):
+            if not 1 <= col <= len(numbers) or numbers[col - 1] != value:
+                shown = numbers[col - 1] if 1 <= col <= len(numbers) else None
+                problems.append(f"table row {cells[0]!r}: prose says {value}, {src} column {col} shows {shown}")
+    return problems
+
+
+def markers_in_table_rows(nb: dict) -> list[str]:
+    """Table rows of the Markdown cells that hold an HTML comment (it may split the row's cells)."""
+    return [
+        f"cell {cell.get('id')}: {line[:80]!r}"
+        for cell in nb["cells"]
+        if cell["cell_type"] == "markdown"
+        for line in "".join(cell["source"]).split("\n")
+        if line.lstrip().startswith("|") and "<!--" in line
+    ]
+
+
 def check_notebook(nb: dict) -> list[str]:
     """Every marker of ``nb`` whose number differs from (or cannot be found in) what it points at."""
     outputs = {c.get("id"): cell_output_text(c) for c in nb["cells"] if c["cell_type"] == "code"}
@@ -127,7 +207,7 @@ def check_notebook(nb: dict) -> list[str]:
             continue
         if _as_float(value) not in candidates:
             problems.append(f"prose says {value}, {src} {anchors} {index or ''} shows {candidates}")
-    return problems
+    return problems + check_tables(nb, outputs)
 
 
 def unmarked_decimals(name: str, nb: dict) -> list[str]:
@@ -139,6 +219,9 @@ def unmarked_decimals(name: str, nb: dict) -> list[str]:
             continue
         text = "".join(cell["source"])
         text = QUOTE.sub("", text)  # the marked numbers
+        for m in ROWS.finditer(text):  # a quoted table's rows
+            for row in _table_after(text, m.end()):
+                text = text.replace(row, "")
         text = re.sub(r"\$[^$]*\$|`[^`]*`|\]\([^)]*\)", "", text)  # formulas, code, link targets
         for m in DECIMAL.finditer(text):
             if (name, m.group(0)) not in UNMARKED and not (exercise and exercise.fullmatch(m.group(0))):
@@ -156,6 +239,12 @@ def _load(name: str) -> dict:
 def test_quoted_numbers_match_the_outputs(name: str):
     problems = check_notebook(_load(name))
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in NB_DIR.glob("*.ipynb")))
+def test_no_table_row_holds_a_marker(name: str):
+    rows = markers_in_table_rows(_load(name))
+    assert not rows, "quote a table with a rows marker before it, not markers in its rows:\n" + "\n".join(rows)
 
 
 @pytest.mark.parametrize("name", STRICT)
@@ -195,3 +284,16 @@ def test_a_drifted_number_is_caught():
         quotes(_notebook('the value <!-- out c1 "rollout" 1 --> here', out))
     assert unmarked_decimals("x", _notebook("an unmarked 0.92 and $0.5$ and `1.5`", out)) != []
     assert len(unmarked_decimals("x", _notebook("an unmarked 0.92 and $0.5$ and `1.5`", out))) == 1
+
+
+def test_a_quoted_table_is_checked_row_by_row():
+    out = "## scores\n| method | a | b | c |\n|---|---|---|---|\n| ta | 1.5 | 2.5 | 0.25 |\n| lrp | 3.0 | 4.0 | 0.75 |\n"
+    table = '<!-- rows c1 "## scores" cols 1 3 -->\n\n| method | a | c |\n|---|---:|---:|\n| ta | 1.5 | **0.25** |\n'
+    nb = _notebook(table + "| lrp | 3.0 | 0.75 |\n", out)
+    assert check_notebook(nb) == [] and markers_in_table_rows(nb) == []
+    assert unmarked_decimals("x", nb) == []
+    drifted = check_notebook(_notebook(table + "| lrp | 3.0 | 0.7 |\n", out))
+    assert len(drifted) == 1 and "0.7" in drifted[0] and "column 3" in drifted[0]
+    assert "not found" in check_notebook(_notebook(table + "| cdam | 3.0 | 0.75 |\n", out))[0]
+    garbled = _notebook('| ta | 1.5<!-- out c1 "| ta |" 1 --> |\n', out)
+    assert markers_in_table_rows(garbled) != []
