@@ -1,4 +1,13 @@
-"""Errors raised by lrp_core, each naming what was wrong and what is accepted."""
+"""Errors raised by lrp_core, each naming what was wrong and what is accepted.
+
+An :class:`InputError` is about the caller's input, so a public call raises it from its own frame: the
+traceback a learner reads ends at the line they wrote and the message, not in the library's internals
+(:func:`raised_at_the_call`). ``LRP_FULL_TRACEBACK=1`` keeps the whole traceback, for debugging the library.
+"""
+
+import functools
+import os
+from typing import Any, Callable, TypeVar
 
 
 class LRPError(ValueError):
@@ -49,3 +58,22 @@ class UnreflectedHookWarning(LRPWarning):
 class MissingExtraError(LRPError, ImportError):
     """An optional dependency that a feature needs is not installed; the message names the ``pip install`` of the
     package extra that brings it (an ``ImportError`` too, for callers that catch that)."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def raised_at_the_call(fn: F) -> F:
+    """``fn`` whose :class:`InputError` is raised from the public call itself, without the frames below it
+    (``LRP_FULL_TRACEBACK=1``: the whole traceback). Nested public calls strip once, at the outermost."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InputError as err:
+            if os.environ.get("LRP_FULL_TRACEBACK", "") not in ("", "0"):
+                raise
+            raise err.with_traceback(None) from err.__cause__
+
+    return call  # type: ignore[return-value]

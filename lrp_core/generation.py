@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .api import explain
-from .errors import InputError, UnsupportedModelError
+from .errors import InputError, UnsupportedModelError, raised_at_the_call
 from .methods.call import Contrast
 from .methods.continuation import greedy_steps, image_rows
 from .methods.generation_result import GenerationExplanation
@@ -114,6 +114,7 @@ def _check_method(method: str, options: dict, contrast: Any, adapter: Any) -> No
         )
 
 
+@raised_at_the_call
 def explain_generation(
     model: nn.Module,
     tokenizer: Any,

@@ -59,7 +59,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
-from ..errors import InputError, UnreflectedHookWarning
+from ..errors import InputError, UnreflectedHookWarning, raised_at_the_call
 from .precision import compute_precision
 from .wrappers import unwrap
 
@@ -517,7 +517,9 @@ def public_call(fn: F) -> F:
     * the model is left as found (:func:`model_guard`, also on error), and forward hooks on modules the
       replay does not run are named in an :class:`~lrp_core.errors.UnreflectedHookWarning`;
     * a half-precision model (or autocast) is computed in float32, and every model in the ``dtype=`` a call
-      asks for (float64: :mod:`lrp_core.runtime.precision`).
+      asks for (float64: :mod:`lrp_core.runtime.precision`);
+    * an :class:`~lrp_core.errors.InputError` is raised from the call itself, so its traceback ends at the
+      caller's line (:func:`lrp_core.errors.raised_at_the_call`).
 
     Parameters
     ----------
@@ -530,6 +532,7 @@ def public_call(fn: F) -> F:
         ``fn`` wrapped, with the same signature.
     """
 
+    @raised_at_the_call
     @functools.wraps(fn)
     def call(model, inputs, *args, **kwargs):
         if not isinstance(model, nn.Module):

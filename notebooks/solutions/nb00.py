@@ -23,7 +23,12 @@ ex0_1 = Exercise(
                       "blocks[0].attn.num_heads"),
               Mistake(lambda toy: (len(toy.model.blocks) * toy.model.blocks[0].attn.num_heads,
                                    toy.model.blocks[0].attn.num_heads, toy.model.patch_embed.num_patches),
-                      "the first number counts the heads of all blocks; count the blocks: len(toy.model.blocks)")],
+                      "the first number counts the heads of all blocks; count the blocks: len(toy.model.blocks)"),
+              Mistake(lambda toy: (len(toy.model.blocks) + 1, toy.model.blocks[0].attn.num_heads,
+                                   toy.model.patch_embed.num_patches),
+                      "one block too many: the patch embedding and the classifier head are not blocks — "
+                      "len(toy.model.blocks) counts the Transformer blocks (and the last one is "
+                      "blocks[len(blocks) - 1], counted from 0)")],
     discussion="An 8 × 8 grid of patches, plus one [CLS] token that the classifier reads: every map of the "
                "course has 64 entries.",
 )

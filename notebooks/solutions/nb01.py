@@ -138,6 +138,23 @@ def _from_one(Ws, x):
     return R
 
 
+def _output_k(k: int):
+    """explain_output0 for output ``k`` instead (a learner who explained another output)."""
+
+    def explain_output(Ws, x):
+        acts = [x]
+        for W in Ws[:-1]:
+            acts.append(F.linear(acts[-1], W).clamp(min=0))
+        out = F.linear(acts[-1], Ws[-1])
+        R = torch.zeros_like(out)
+        R[:, k] = out[:, k]
+        for W, a in zip(reversed(Ws), reversed(acts)):
+            R = rules.generic(lambda t, W=W: F.linear(t, W), a, R)
+        return R
+
+    return explain_output
+
+
 def _networks():
     cases = []
     for seed in (0, 1):
@@ -165,7 +182,11 @@ ex1_3 = Exercise(
     cases=lambda: _networks(),
     mistakes=[Mistake(_all_outputs, "you explained all 8 outputs at once; keep only output 0's relevance "
                                     "(R[:, 0] = out[:, 0], zero elsewhere)"),
-              Mistake(_from_one, "you started from R[:, 0] = 1; start from the score itself, R[:, 0] = out[:, 0]")],
+              Mistake(_from_one, "you started from R[:, 0] = 1; start from the score itself, R[:, 0] = out[:, 0]"),
+              Mistake(_output_k(1), "that explains output 1, the second output; output 0 is column 0 of the "
+                                    "output (R[:, 0] = out[:, 0], every other column 0)"),
+              Mistake(_output_k(-1), "that explains the last output (column -1); output 0 is column 0 "
+                                     "(R[:, 0] = out[:, 0], every other column 0)")],
     total=lambda ref, args: _score0(args),
     discussion="Every layer's total equals output 0 for every input, up to float32 round-off (about 1e-5): "
                "bias-free linear layers and ReLUs conserve relevance exactly.",

@@ -152,6 +152,8 @@ ex3_3 = Exercise(
               Mistake(lambda: _block_totals(block=_section4_block),
                       "that is section 4's block on its own input; run it on the x and Wv the exercise cell draws "
                       "(recompute Aw, V, AV and R_y from them)"),
+              Mistake(lambda: _block_totals()[::-1],
+                      "the two numbers are swapped: hand in (ΣR_x, ΣR_A), the input's total first"),
               Mistake(lambda: _block_totals(skip=False),
                       "ΣR_x lacks the skip connection's share: x receives both branches, rules.clone(R_skip, R_xv)"),
               Mistake(lambda: _block_totals(values=False),

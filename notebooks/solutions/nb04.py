@@ -40,7 +40,11 @@ ex4_1 = Exercise(
                       "you kept the [CLS] column: drop it with [1:] to keep the 64 patches"),
               Mistake(lambda toy, x: explain(toy.model, x, target=int(toy.model(x)[0].argsort(descending=True)[1]))
                       .layers[0, 0, 0, 1:],
-                      "this is the first block's row; take the last block, exp.layers[0, -1, ...]")],
+                      "this is the first block's row; take the last block, exp.layers[0, -1, ...]"),
+              Mistake(lambda toy, x: explain(toy.model, x, target=int(toy.model(x)[0].argsort()[1]))
+                      .layers[0, -1, 0, 1:],
+                      "this is the second *least* likely class: argsort() sorts from the lowest logit up — use "
+                      "argsort(descending=True)[1]")],
     discussion="The attention A of the forward pass is the same for both classes; the gradient and the "
                "relevance start from another one-hot target, so the map moves with the class.",
 )

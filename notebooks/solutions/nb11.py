@@ -116,6 +116,9 @@ ex11_2 = Exercise(
            "Leave the readout's column out; column k ≥ 1 is block L − k."],
     mistakes=[Mistake(_step_index, "that is the column of absorbed(), counted from the top; column k is block L − k "
                                    "(column 1 is the last block)"),
+              Mistake(lambda toy, x: (most_absorbing_block(toy, x)[0] + 1, most_absorbing_block(toy, x)[1]),
+                      "the block is counted from 1: the first block is block 0 (column k ≥ 1 of absorbed() is "
+                      "block L − k)"),
               Mistake(_absolute, "that is the relevance absorbed, not its share: divide by y_t "
                                  "(exp.conservation.output) scene by scene")],
     atol=1e-3, rtol=2e-2,

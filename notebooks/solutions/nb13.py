@@ -40,32 +40,42 @@ def _ranks(lm, records, method: str, skip_bos: bool = True, base: int = 1, desce
     return ranks
 
 
-def evidence_rank(lm, records, method: str = "transformer_attribution") -> float:
+def evidence_rank(lm, records, method: str = "rollout") -> float:
     ranks = _ranks(lm, records, method)
     mean = sum(ranks) / len(ranks)
     print(f"{method}: mean rank of the evidence token {mean:.2f} (1 = top; ranks {ranks})")
     return mean
 
 
+def _mean_rank(lm, records, **how) -> float:
+    return sum(_ranks(lm, records, "rollout", **how)) / len(records)
+
+
 ex13_1 = Exercise(
-    "ex13_1", "Where does transformer attribution put the evidence?", evidence_rank, difficulty=1, minutes=10,
+    "ex13_1", "Where does rollout put the evidence?", evidence_rank, difficulty=1, minutes=10,
     needs=("lm", "records"),
     answer="a number: the mean, over the 20 prompts in `records`, of the evidence token's rank in the "
-           "transformer_attribution map (1 = the highest score among the context tokens; the <s> token left out)",
+           "rollout map (1 = the highest score among the context tokens; the <s> token left out)",
     hints=["For one record r: tokenize r.prompt with return_offsets_mapping=True; evidence_tokens(r, offsets) gives "
            "the evidence position; the target is lm.tokenizer.convert_tokens_to_ids(r.answer).",
-           "explain(lm.model, enc, method='transformer_attribution', target=answer).scores[0] has one score per "
+           "explain(lm.model, enc, method='rollout', target=answer).scores[0] has one score per "
            "token; set position 0 (the <s> token) to -inf, then torch.argsort(scores, descending=True).",
            "The rank is the place of the evidence position in that order, counted from 1; average over the prompts."],
-    mistakes=[Mistake(lambda lm, records: sum(_ranks(lm, records, "transformer_attribution", descending=False))
-                      / len(records), "that counts from the lowest score: rank 1 is the highest score"),
-              Mistake(lambda lm, records: sum(_ranks(lm, records, "transformer_attribution", base=0)) / len(records),
-                      "ranks counted from 0: the top token has rank 1")],
+    mistakes=[Mistake(lambda lm, records: _mean_rank(lm, records, descending=False),
+                      "that counts from the lowest score: rank 1 is the highest score"),
+              Mistake(lambda lm, records: _mean_rank(lm, records, base=0),
+                      "ranks counted from 0: the top token has rank 1"),
+              Mistake(lambda lm, records: _mean_rank(lm, records, skip_bos=False),
+                      "the <s> token at position 0 was ranked too: it is not part of the context — set its score to "
+                      "-inf before sorting (on some prompts rollout puts it above the evidence)"),
+              Mistake(lambda lm, records: sum(_ranks(lm, records, "transformer_attribution")) / len(records),
+                      "that is the mean rank under transformer_attribution: explain with method='rollout'")],
     atol=1e-9,
-    discussion="AttnLRP ranks the evidence first on these prompts; transformer attribution puts it several places "
-               "down. Its map is the readout row of a product of (I + Ā_b): the identity keeps a large share on the "
-               "explained position itself and its neighbours (the question), and the evidence only gets what the "
-               "attention of the last position passes to it.",
+    discussion="AttnLRP ranks the evidence first on these prompts; rollout puts it several places down. Its map is "
+               "the readout row of a product of (I + A_b) / 2 over the blocks: the identity keeps a large share on "
+               "the explained position itself and its neighbours (the question), and the evidence only gets what "
+               "the attention of the last position passes to it. Rollout also gives the <s> token, where causal "
+               "models park attention they do not need, a share that can rank it above the evidence.",
 )
 
 
@@ -96,6 +106,13 @@ def _plain(lm, record):
     return float(explain(lm.model, enc, method="attnlrp", target=answer).scores[0, at])
 
 
+def _first_distractor(lm, record):
+    enc, _, answer, _, _ = _rival(lm, record)
+    first = lm.tokenizer.convert_tokens_to_ids(record.distractors[0])
+    at = enc["input_ids"][0].tolist().index(first)
+    return float(explain(lm.model, enc, method="attnlrp", target=Contrast(answer, first)).scores[0, at])
+
+
 def _reversed(lm, record):
     enc, _, answer, rival, at = _rival(lm, record)
     return float(explain(lm.model, enc, method="attnlrp", target=Contrast(rival, answer)).scores[0, at])
@@ -112,7 +129,11 @@ ex13_2 = Exercise(
            "Find the rival's position with the prompt's pieces (convert_ids_to_tokens) and read scores[0, position]."],
     mistakes=[Mistake(_plain, "that is the plain map of the answer: use target=Contrast(answer, rival)"),
               Mistake(_reversed, "the contrast is the other way round: Contrast(answer, rival) is 'the answer rather "
-                                 "than the rival'")],
+                                 "than the rival'"),
+              Mistake(_first_distractor, "that is record.distractors[0], the first distractor in the list (section "
+                                         "4's); the exercise asks for the one the model scores highest at the last "
+                                         "position: index the logits with all the distractors' ids and take the "
+                                         "argmax")],
     atol=1e-6, rtol=1e-4,
     discussion="In the contrast the rival's own word speaks against the answer (its score is negative): it is the "
                "reason the model could have written the other word. The plain map hides this, because the rival's "
@@ -121,23 +142,25 @@ ex13_2 = Exercise(
 
 
 # ---------------------------------------------------------------- 13.3
-def _fact_sources(lm, record) -> list:
+def _fact_sources(lm, record, with_question: bool = False) -> list:
     """The prompt's fact sentences as token spans (the question and "Answer:" are not sources)."""
     from lrp_core.sources import sentences
 
-    return sentences(record.prompt).token_spans(lm.tokenizer)[:len(record.distractors) + 1]
+    return sentences(record.prompt).token_spans(lm.tokenizer)[:len(record.distractors) + 1 + with_question]
 
 
-def _answer_steps(lm, record):
+def _answer_steps(lm, record, spans=None):
     """The per-step source scores (K, S) of AttnLRP for the answer " <value> ." written after the prompt."""
     from lrp_core import explain_generation
 
     gen = explain_generation(lm.model, lm.tokenizer, record.prompt, method="attnlrp",
-                             continuation=f" {record.answer} .", sources=_fact_sources(lm, record), progress=False)
+                             continuation=f" {record.answer} .", sources=spans or _fact_sources(lm, record),
+                             progress=False)
     return gen.sources[0]
 
 
-def answer_sources(lm, record) -> torch.Tensor:
+def answer_sources(lm, records) -> torch.Tensor:
+    record = records[1]
     per_step = _answer_steps(lm, record)
     whole = per_step.sum(0)
     print(f"AttnLRP, whole answer {record.answer!r} + '.': source scores {[round(float(v), 3) for v in whole]}; "
@@ -147,19 +170,26 @@ def answer_sources(lm, record) -> torch.Tensor:
 
 ex13_3 = Exercise(
     "ex13_3", "Which fact made it answer?", answer_sources, difficulty=2, minutes=10,
-    needs=("lm", "record"),
-    answer="a tensor of S numbers: for `record`, each fact sentence's AttnLRP source score for the whole answer "
-           "f\" {record.answer} .\" (the answer word and the full stop), one per fact in prompt order",
-    hints=["lrp_core.sources.sentences(record.prompt).token_spans(lm.tokenizer) gives every sentence's token span; "
-           "the facts are the first len(record.distractors) + 1 of them (the question and 'Answer:' are not "
-           "sources).",
-           "explain_generation(lm.model, lm.tokenizer, record.prompt, method='attnlrp', continuation=..., "
+    needs=("lm", "records"),
+    answer="a tensor of S numbers: for the second prompt, `records[1]`, each fact sentence's AttnLRP source score "
+           "for its whole answer f\" {records[1].answer} .\" (the answer word and the full stop), one per fact in "
+           "prompt order",
+    hints=["lrp_core.sources.sentences(records[1].prompt).token_spans(lm.tokenizer) gives every sentence's token "
+           "span; the facts are the first len(records[1].distractors) + 1 of them (the question and 'Answer:' are "
+           "not sources).",
+           "explain_generation(lm.model, lm.tokenizer, records[1].prompt, method='attnlrp', continuation=..., "
            "sources=spans) explains each written token; .sources is (1, K, S).",
            "The whole answer's score of a source is the sum of its step scores: gen.answer_sources()[0]."],
-    mistakes=[Mistake(lambda lm, record: _answer_steps(lm, record)[0],
+    mistakes=[Mistake(lambda lm, records: _answer_steps(lm, records[1])[0],
                       "that is the first step only (the answer word): sum the steps of the whole answer"),
-              Mistake(lambda lm, record: _answer_steps(lm, record).mean(0),
-                      "that is the mean over the steps: the whole answer's score is their sum")],
+              Mistake(lambda lm, records: _answer_steps(lm, records[1]).mean(0),
+                      "that is the mean over the steps: the whole answer's score is their sum"),
+              Mistake(lambda lm, records: _answer_steps(lm, records[1], _fact_sources(lm, records[1], True)).sum(0),
+                      "the question was counted as a source: the sources are the facts only, the first "
+                      "len(records[1].distractors) + 1 sentences"),
+              Mistake(lambda lm, records: answer_sources(lm, [records[1], records[0]]),
+                      "that is section 7's prompt, record = records[0] (gen.answer_sources() of that section); "
+                      "the exercise asks for records[1]")],
     atol=1e-6, rtol=1e-4,
     discussion="The asked person's fact takes nearly all the relevance of the answer word; the full stop adds "
                "little to any fact, since it follows from the answer just written. Leave-one-out and ContextCite "

@@ -30,6 +30,13 @@ def _answer_map(vlm, record, target=None) -> torch.Tensor:
     return explain(vlm.model, inputs, method="attnlrp", target=target).upsample()[0]
 
 
+def _pixel_map(vlm, record) -> torch.Tensor:
+    """(H, W) ``exp.pixels`` of the answer: the near miss of 14.1 (the pixel relevance, not the patch map)."""
+    inputs = vlm.preprocess(record.image, record.question)
+    target = vlm.tokenizer.convert_tokens_to_ids(record.answer)
+    return explain(vlm.model, inputs, method="attnlrp", target=target).pixels[0]
+
+
 def _share(image_map: torch.Tensor, mask, part: str = "positive") -> float:
     m = torch.as_tensor(mask)
     v = image_map.double()
@@ -68,6 +75,10 @@ ex14_1 = Exercise(
                       "that counts negative relevance as evidence (absolute values): use clamp(min=0)"),
               Mistake(lambda vlm, record: _share(_answer_map(vlm, record), _other_mask(record)),
                       "that is the other object's mask: record.mask is the deciding object's"),
+              Mistake(lambda vlm, record: _share(_pixel_map(vlm, record), record.mask),
+                      "that is exp.pixels, the relevance of the input pixels (what reaches the image through the "
+                      "vision tower's patch projection); the exercise asks for the patch map upsampled to the "
+                      "image: exp.upsample()[0]"),
               Mistake(lambda vlm, record: 100 * answer_mask_share(vlm, record),
                       "that is a percentage: hand in the share as a fraction in [0, 1]")],
     atol=1e-6, rtol=1e-4,

@@ -824,9 +824,10 @@ def _nm_ex13_1(step):
     ranks = nb13._ranks(
         c["lm"],
         c["records"],
-        "transformer_attribution",
+        "rollout",
         descending=step != "highest first",
         base=0 if step == "ranks from 1" else 1,
+        skip_bos=step != "<s> left out",
     )
     return sum(ranks) / len(ranks)
 
@@ -836,7 +837,10 @@ def _nm_ex13_2(step):
 
     c = _nm_ctx("ex13_2")
     enc, _, answer, rival, at = nb13._rival(c["lm"], c["record"])
-    target = answer if step == "the contrast" else Contrast(rival, answer)
+    if step == "the strongest distractor":
+        rival = c["lm"].tokenizer.convert_tokens_to_ids(c["record"].distractors[0])
+        at = enc["input_ids"][0].tolist().index(rival)
+    target = {"the contrast": answer, "the right way round": Contrast(rival, answer)}.get(step, Contrast(answer, rival))
     return float(explain(c["lm"].model, enc, method="attnlrp", target=target).scores[0, at])
 
 
@@ -845,8 +849,10 @@ def _nm_ex13_3(step):
     from lrp_core.sources import sentences
 
     c = _nm_ctx("ex13_3")
-    lm, record = c["lm"], c["record"]
-    facts = sentences(record.prompt).token_spans(lm.tokenizer)[: len(record.distractors) + 1]
+    lm, record = c["lm"], c["records"][1]
+    facts = sentences(record.prompt).token_spans(lm.tokenizer)[
+        : len(record.distractors) + 1 + (step == "the facts only")
+    ]
     gen = explain_generation(
         lm.model,
         lm.tokenizer,
@@ -857,7 +863,7 @@ def _nm_ex13_3(step):
         progress=False,
     )
     per_step = gen.sources[0]  # (K, S)
-    return per_step[0] if step == "the whole answer" else per_step.mean(0)
+    return {"the whole answer": per_step[0], "summed over the steps": per_step.mean(0)}.get(step, per_step.sum(0))
 
 
 def _nm_ex14_1(step):
@@ -963,9 +969,21 @@ STEPS = {
         ("over the rows", "the wrong axis"),
     ],
     "ex12_2": [("the contrast", "a contrast"), ("method attnlrp", 'method="attnlrp"')],
-    "ex13_1": [("highest first", "rank 1 is the highest score"), ("ranks from 1", "counted from 0")],
-    "ex13_2": [("the contrast", "target=Contrast(answer, rival)"), ("the right way round", "other way round")],
-    "ex13_3": [("the whole answer", "first step only"), ("summed over the steps", "mean over the steps")],
+    "ex13_1": [
+        ("highest first", "rank 1 is the highest score"),
+        ("ranks from 1", "counted from 0"),
+        ("<s> left out", "<s> token at position 0 was ranked"),
+    ],
+    "ex13_2": [
+        ("the contrast", "target=Contrast(answer, rival)"),
+        ("the right way round", "other way round"),
+        ("the strongest distractor", "record.distractors[0]"),
+    ],
+    "ex13_3": [
+        ("the whole answer", "first step only"),
+        ("summed over the steps", "mean over the steps"),
+        ("the facts only", "question was counted"),
+    ],
     "ex14_1": [("the positive part", "clamp(min=0)"), ("the deciding object's mask", "other object's mask")],
     "ex14_2": [("the contrast", "target=Contrast(answer, other)"), ("the right way round", "other way round")],
 }

@@ -162,6 +162,33 @@ def test_a_notebook_with_exercises_passes_nbval_from_the_copy(tmp_path):
     assert " passed" in res.stdout and "failed" not in res.stdout
 
 
+def test_notebook_9_shows_the_published_tables_from_the_copy(tmp_path):
+    """Notebook 9 section 4 shows the published tables from a copy of the notebooks alone (no ../docs)."""
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    dest = learner_copy.write_copy(tmp_path, notebooks=[9])
+    (path,) = dest.glob("09_*.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    old = {k: os.environ.get(k) for k in (*env, "HF_HUB_OFFLINE")}
+    os.environ.update(env, HF_HUB_OFFLINE="1")
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(dest)}}).execute()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and "published(name)" in c.source]
+    shown = ["".join(o["data"]["text/markdown"]) for o in cell.outputs if "text/markdown" in o.get("data", {})]
+    assert [m.split(" (")[0] for m in shown] == [
+        "**toy-vit**",
+        "**dinov2-scenes**",
+        "**dinov2-scenes-avg**",
+        "**minilm-sentiment**",
+    ]
+    assert all("| random |" in m for m in shown)
+
+
 def test_make_has_the_target():
     assert "learner-copy:" in (ROOT / "Makefile").read_text(encoding="utf-8")
     importlib.import_module("learner_copy")

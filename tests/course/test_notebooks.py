@@ -136,6 +136,20 @@ def test_notebook_opens_with_goals_prerequisites_and_time(path: Path):
     assert re.search(r"\*\*Time\*\* about \d+ min", first), "time in minutes"
 
 
+#: a path that leaves the notebook's folder: a parent folder, the repository's docs, an absolute path
+OUTSIDE = re.compile(r"""Path\(\s*["']\.\.["']|["']\.\./|["']docs/|["']/(?:work|home|tmp)/""")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_reads_nothing_outside_its_folder(path: Path):
+    """A copy of notebooks/ alone (the learner's copy, a hub image) runs and shows everything: the code reads
+    files through the package (lrp_core.evaluation.published, lrp_core.data), never ../docs or a fixed path."""
+    for cell in _load(path)["cells"]:
+        if cell["cell_type"] == "code":
+            found = OUTSIDE.search("".join(cell["source"]))
+            assert found is None, f"{path.name} cell {cell.get('id')} reads {found.group(0)!r}"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_exercise_cells_are_stored_unattempted(path: Path):
     """The stored check cells say "not attempted yet" and nothing else."""
