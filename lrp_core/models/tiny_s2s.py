@@ -67,7 +67,6 @@ def build_tokenizer():
         Splits on whitespace, appends ``</s>``, pads on the right with ``<pad>`` (id 0).
     """
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
 
     from ..data.translation import source_vocabulary, target_vocabulary
 
