@@ -8,8 +8,9 @@ the thresholded map). The protocol itself (:func:`alignment_protocol`) only sees
 it is tested on synthetic maps with known answers; the maps of a run come from
 :func:`lrp_core.explain_generation` (``gen.source``, :func:`explained_source_maps`) and, as a
 reference computed on the model directly, from :func:`gradient_source_maps` (input × gradient on the
-encoder's input embeddings by torch autograd; the row ``AUTOGRAD_ROW``). A seeded ``random`` row is
-the chance reference.
+encoder's input embeddings by torch autograd; the row ``AUTOGRAD_ROW``) and :func:`ablation_source_maps`
+(the logit drop when one source word becomes ``<unk>``; the row ``ABLATION_ROW``, which shows that the
+model's output does depend on the gold source words). A seeded ``random`` row is the chance reference.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ from .report import Results, metric_value
 ALIGNMENT_METRICS = ("top1_accuracy", "aer_top1_counts", "aer_threshold_counts")
 #: the row of the autograd input × gradient reference (computed on the model, not through lrp_core.explain)
 AUTOGRAD_ROW = "autograd_input_x_gradient"
+#: the row of the leave-one-word-out reference (each source word replaced by <unk>, on the model directly)
+ABLATION_ROW = "unk_ablation"
+#: the references computed on the model directly, added to every run
+REFERENCE_ROWS = (AUTOGRAD_ROW, ABLATION_ROW)
 #: a thresholded link: a positive score of at least this share of the word's largest
 THRESHOLD = 0.5
 SourceMaps = Callable[[str], Tensor]
@@ -165,6 +170,31 @@ def gradient_source_maps(model: Any, data: AlignmentData, batch: int = 64) -> Te
     return out * data.attention_mask[:, None, :]
 
 
+def ablation_source_maps(model: Any, data: AlignmentData, unk_id: int, batch: int = 64) -> Tensor:
+    """(N, K, S) the drop of each target word's logit when one source word is replaced by ``unk_id``.
+
+    Teacher forced on the gold prefix; ``M[k, s] = y_k(source) − y_k(source with word s → <unk>)`` for the source
+    words (``</s>`` and padding score 0). One forward per source position; a check that the model's output
+    depends on the gold source word, independent of any attribution method.
+    """
+    start = int(model.config.decoder_start_token_id)
+    out = torch.zeros(data.gold.shape, dtype=torch.float64)
+    for i in range(0, len(data.records), batch):
+        ids, mask, tgt = data.input_ids[i : i + batch], data.attention_mask[i : i + batch], data.targets[i : i + batch]
+        cand = data.candidates[i : i + batch]
+        dec = torch.cat([torch.full_like(tgt[:, :1], start), tgt[:, :-1]], dim=1)
+        with torch.no_grad():
+            base = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits.gather(-1, tgt[..., None])
+            for s in range(ids.shape[1]):
+                hidden = ids.clone()
+                hidden[:, s] = torch.where(cand[:, s], torch.full_like(ids[:, s], unk_id), ids[:, s])
+                y = model(input_ids=hidden, attention_mask=mask, decoder_input_ids=dec).logits.gather(
+                    -1, tgt[..., None]
+                )
+                out[i : i + batch, :, s] = (base - y)[..., 0].double() * cand[:, None, s]
+    return out
+
+
 def random_source_maps(shape: Sequence[int], seed: int = 0) -> Tensor:
     """(N, K, S) seeded uniform scores (``numpy.random.default_rng(seed)``), the chance reference."""
     return torch.from_numpy(np.random.default_rng(seed).random(tuple(shape)))
@@ -234,14 +264,14 @@ def s2s_run(
     batch_size: int = 16,
     seed: int = 0,
     baseline: bool = True,
-    autograd_row: bool = True,
+    references: bool = True,
     records: Optional[Sequence[TranslationRecord]] = None,
 ) -> dict[str, Any]:
     """A seq2seq model's run: ``n`` held-out sentences, the exactly translated ones explained by every method.
 
     The sentences are ``make_translations(n, HELD_OUT_SEED + seed, split="held_out")`` unless ``records`` are
-    given; the random row's seed is 0. Returns ``n``, ``accuracy`` (exact-match share), ``answered``,
-    ``results``, ``curves``, ``skipped``.
+    given; the random row's seed is 0; ``references`` adds the rows :data:`REFERENCE_ROWS`. Returns ``n``,
+    ``accuracy`` (exact-match share), ``answered``, ``results``, ``curves``, ``skipped``.
     """
     from ..data.translation import make_translations
     from ..models.tiny_s2s import HELD_OUT_SEED
@@ -257,9 +287,11 @@ def s2s_run(
     def maps(method: str) -> Tensor:
         if method == AUTOGRAD_ROW:
             return gradient_source_maps(model, data)
+        if method == ABLATION_ROW:
+            return ablation_source_maps(model, data, int(tok.unk_token_id))
         return explained_source_maps(model, tok, data, method, batch_size)
 
-    names = list(methods) + ([AUTOGRAD_ROW] if autograd_row and AUTOGRAD_ROW not in methods else [])
+    names = list(methods) + [r for r in REFERENCE_ROWS if references and r not in methods]
     results, curves, skipped = alignment_protocol(maps, data, names, baseline=baseline, seed=0)
     return {
         "n": len(records),
@@ -277,11 +309,14 @@ __all__ = [
     "alignment_protocol",
     "explained_source_maps",
     "gradient_source_maps",
+    "ablation_source_maps",
     "random_source_maps",
     "exact_rows",
     "s2s_run",
     "SourceMaps",
     "ALIGNMENT_METRICS",
     "AUTOGRAD_ROW",
+    "ABLATION_ROW",
+    "REFERENCE_ROWS",
     "THRESHOLD",
 ]

@@ -147,7 +147,8 @@ def test_the_command_line_runs_tiny_s2s_and_the_bootstrap_reads_its_meta(tmp_pat
     meta = json.loads(out.with_name("s2s.meta.json").read_text())
     results = json.loads(out.read_text())
     assert meta["kind"] == "seq2seq" and meta["answered"] >= 11
-    assert {al.AUTOGRAD_ROW, "random"} <= set(results)
+    assert {al.AUTOGRAD_ROW, al.ABLATION_ROW, "random"} <= set(results)
+    assert results[al.ABLATION_ROW]["top1_accuracy"] > 0.8  # the trained model's output depends on the gold word
     # attnlrp runs once the engine explains encoder-decoders; until then it is skipped with the reason
     assert "attnlrp" in results or any(s.startswith("attnlrp: ") for s in meta["skipped"])
     assert results[al.AUTOGRAD_ROW]["top1_accuracy"] > results["random"]["top1_accuracy"]
@@ -155,3 +156,24 @@ def test_the_command_line_runs_tiny_s2s_and_the_bootstrap_reads_its_meta(tmp_pat
     bootstrap.main([str(out.with_name("s2s.meta.json"))])
     table = capsys.readouterr().out
     assert "| random |" in table and "AER top-1" in table
+
+
+def test_ablation_maps_are_the_logit_drop_of_one_word_replaced_by_unk():
+    tok = build_tokenizer()
+    torch.manual_seed(1)
+    model = build_model(len(tok), dtype=torch.float64).eval()
+    data = al.alignment_data(tok, make_translations(3, seed=4, split="held_out"))
+    before = snapshot(model)
+    maps = al.ablation_source_maps(model, data, tok.unk_token_id)
+    assert_untouched(before, snapshot(model))
+    n, k, s = 2, 1, 1
+    start = torch.full_like(data.targets[:, :1], model.config.decoder_start_token_id)
+    dec = torch.cat([start, data.targets[:, :-1]], 1)[n : n + 1]
+    ids = data.input_ids[n : n + 1].clone()
+    mask = data.attention_mask[n : n + 1]
+    with torch.no_grad():
+        y = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits[0, k, data.targets[n, k]]
+        ids[0, s] = tok.unk_token_id
+        y_unk = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits[0, k, data.targets[n, k]]
+    assert maps[n, k, s].item() == pytest.approx((y - y_unk).item(), abs=1e-12)
+    assert (maps.permute(0, 2, 1)[~data.candidates] == 0).all()  # </s> and padding score 0
