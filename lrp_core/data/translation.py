@@ -179,7 +179,8 @@ def make_translations(n: int, seed: int = 0, split: str = "train") -> list[Trans
         raise InputError(f"split must be one of {SPLITS}, got {split!r}")
     if n < 0:
         raise InputError(f"n must be >= 0, got {n}")
-    rng, out = random.Random(seed), []
+    rng = random.Random(seed)
+    out: list[TranslationRecord] = []
     while len(out) < n:
         record = _record(rng)
         if split_of(record.source) == split:

@@ -63,15 +63,6 @@ class AlignmentData:
     scored: Tensor
     candidates: Tensor
 
-    def take(self, rows: Sequence[int]) -> "AlignmentData":
-        """The sentences ``rows`` only."""
-        idx = torch.as_tensor(list(rows), dtype=torch.long)
-        return AlignmentData(
-            [self.records[i] for i in idx.tolist()],
-            *(t[idx] for t in (self.input_ids, self.attention_mask, self.targets, self.gold, self.scored)),
-            self.candidates[idx],
-        )
-
 
 def alignment_data(tokenizer: Any, records: Sequence[TranslationRecord]) -> AlignmentData:
     """Tokenize sentence pairs and lay out their gold alignment (token = word: a word-level tokenizer).
