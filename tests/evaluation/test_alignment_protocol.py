@@ -177,3 +177,30 @@ def test_ablation_maps_are_the_logit_drop_of_one_word_replaced_by_unk():
         y_unk = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits[0, k, data.targets[n, k]]
     assert maps[n, k, s].item() == pytest.approx((y - y_unk).item(), abs=1e-12)
     assert (maps.permute(0, 2, 1)[~data.candidates] == 0).all()  # </s> and padding score 0
+
+
+def test_explained_maps_call_explain_generation_per_target_length_and_place_gen_source(monkeypatch, data):
+    """The wiring to lrp_core.explain_generation: one call per block of equal target length, the gold target as
+    continuation, ``gen.source`` (B, K, S) put back in the sentences' rows (a stand-in that returns the gold)."""
+    from types import SimpleNamespace
+
+    from lrp_core import generation
+
+    sub = al.alignment_data(build_tokenizer(), data.records[:40])
+    calls = []
+
+    def fake(model, tokenizer, prompts, method, continuation, progress):
+        rows = [
+            next(i for i in range(len(sub.records)) if torch.equal(sub.input_ids[i], x)) for x in prompts["input_ids"]
+        ]
+        assert all(len(c) == len(continuation[0]) for c in continuation)  # rectangular
+        assert [sub.targets[i, : len(c)].tolist() for i, c in zip(rows, continuation)] == continuation
+        calls.append((method, len(rows)))
+        return SimpleNamespace(source=sub.gold[rows, : len(continuation[0])].double() * 3)
+
+    monkeypatch.setattr(generation, "explain_generation", fake)
+    maps = al.explained_source_maps(object(), None, sub, "attnlrp", batch=8)
+    assert torch.equal(maps, sub.gold.double() * 3)
+    assert all(m == "attnlrp" and b <= 8 for m, b in calls)
+    lengths = {len(r.target_words) for r in sub.records}
+    assert len(calls) >= len(lengths)
