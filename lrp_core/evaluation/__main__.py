@@ -25,6 +25,9 @@ from .text import text_metric_names
 #: the built-in VLMs, whose default --n is VLM_DEFAULT_N (each question costs every method an explanation)
 VLM_NAMES = ("tiny-vlm",)
 VLM_DEFAULT_N = 200
+#: the built-in translation models, whose default --n is S2S_DEFAULT_N (every word of a sentence is explained)
+S2S_NAMES = ("tiny-s2s",)
+S2S_DEFAULT_N = 200
 PROG = "python -m lrp_core.evaluation"
 """The documented command (kept as the name in ``--help`` and in the written ``command``)."""
 
@@ -71,7 +74,7 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="number of images / documents / questions (default 500; a VLM: 200 scenes, one question "
-        "each; under torchrun: --samples or -n)",
+        "each; tiny-s2s: 200 sentences; under torchrun: --samples or -n)",
     )
     p.add_argument(
         "--curve-questions",
@@ -155,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         shard, device = shards.from_environment(a.device, a.backend)
         shard.folder = Path(str(a.out) + ".partial") if a.out else None
         shard.resume, shard.stop_after = a.resume, a.stop_after_blocks
-        n = a.n if a.n is not None else (VLM_DEFAULT_N if a.model in VLM_NAMES else 500)
+        n = a.n if a.n is not None else (VLM_DEFAULT_N if a.model in VLM_NAMES + S2S_NAMES else 500)
         run = evaluate(
             a.model,
             a.methods,

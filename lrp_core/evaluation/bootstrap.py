@@ -14,7 +14,8 @@ and negative, predicted and true class), the segmentation pixel accuracy and AP
 mIoU (pooled over the images: each resample recomputes it from the images'
 intersection / union counts, :func:`lrp_core.metrics.pooled_miou`), and the
 deletion check's per-case order hits and distraction shares (per map).
-Text runs (:data:`TEXT_COLUMNS`): per document, F1 at gold size and ERASER
+Translation runs (:data:`ALIGNMENT_COLUMNS`): per sentence, the top-1 accuracy, and the AERs pooled
+over the resampled sentences. Text runs (:data:`TEXT_COLUMNS`): per document, F1 at gold size and ERASER
 comprehensiveness and sufficiency. Cases undefined for either method are left out.
 """
 
@@ -27,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..metrics import pooled_miou
+from ..metrics.alignment import aer_from_counts
 
 PAPER_BASELINES = (
     "rollout",
@@ -81,9 +83,20 @@ VLM_COLUMNS = {
     "LeRF AUC ↑": "lerf_auc_per_question",
 }
 """Column name -> per-question list in ``curves[method]`` of a vision-language run (docs/METHODS.md §3c)."""
+ALIGNMENT_COLUMNS = {
+    "top-1 ↑": "top1_accuracy_per_sentence",
+    "AER top-1 ↓": "aer_top1_counts_per_sentence",
+    "AER threshold ↓": "aer_threshold_counts_per_sentence",
+}
+"""Column name -> per-sentence list in ``curves[method]`` of a translation run (docs/METHODS.md §3.9); the AERs
+are pooled over the resampled sentences from their ``[|A ∩ G|, |A|, |G|]`` counts."""
 PER_CASE = IMAGE_COLUMNS
 """The image columns (former name)."""
-POOLED: dict[str, Callable[[np.ndarray], np.ndarray]] = {"segmentation_iou_counts_per_image": pooled_miou}
+POOLED: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "segmentation_iou_counts_per_image": pooled_miou,
+    "aer_top1_counts_per_sentence": aer_from_counts,
+    "aer_threshold_counts_per_sentence": aer_from_counts,
+}
 """Per-case keys whose statistic is pooled: resampled cases (R, N, ...) -> (R,)."""
 TWO_DIGITS = {
     "positive_predicted_auc_per_image",
@@ -172,8 +185,9 @@ def comparison_table(
     reference : str, optional
         The method the others are compared with.
     kind : str, optional
-        The run's kind, ``"image"``, ``"text"``, ``"lm"`` or ``"vlm"``; it picks :data:`IMAGE_COLUMNS`,
-        :data:`TEXT_COLUMNS`, :data:`LM_COLUMNS` or :data:`VLM_COLUMNS` when ``columns`` is not given.
+        The run's kind, ``"image"``, ``"text"``, ``"lm"``, ``"vlm"`` or ``"seq2seq"``; it picks
+        :data:`IMAGE_COLUMNS`, :data:`TEXT_COLUMNS`, :data:`LM_COLUMNS`, :data:`VLM_COLUMNS` or
+        :data:`ALIGNMENT_COLUMNS` when ``columns`` is not given.
     columns : Optional[dict[str, str]], optional
         Column name to per-case key; columns the reference lacks are left out.
 
@@ -182,7 +196,7 @@ def comparison_table(
     str
         The table; ``—`` where a method lacks a column.
     """
-    by_kind = {"text": TEXT_COLUMNS, "lm": LM_COLUMNS, "vlm": VLM_COLUMNS}
+    by_kind = {"text": TEXT_COLUMNS, "lm": LM_COLUMNS, "vlm": VLM_COLUMNS, "seq2seq": ALIGNMENT_COLUMNS}
     spec = columns if columns is not None else by_kind.get(kind, IMAGE_COLUMNS)
     cols = [c for c, key in spec.items() if key in curves[reference]]
     lines = [f"| {reference} − method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
@@ -234,8 +248,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     Parameters
     ----------
     argv : Optional[Sequence[str]], optional
-        The arguments: the meta file and ``--reference`` (default ``attnlrp`` for a sources run, otherwise
-        ``transformer_attribution``); ``None`` reads ``sys.argv``.
+        The arguments: the meta file and ``--reference`` (default ``attnlrp`` for a sources run and a
+        translation run that has it — else its first row —, otherwise ``transformer_attribution``); ``None``
+        reads ``sys.argv``.
     """
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("meta")
@@ -245,6 +260,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         meta = json.load(f)
     if meta.get("protocol") == "sources":
         print(comparison_table(meta["curves"], a.reference or "attnlrp", columns=SOURCE_COLUMNS))
+    elif meta.get("kind") == "seq2seq":  # attnlrp when the run has it, else its first row
+        reference = a.reference or ("attnlrp" if "attnlrp" in meta["curves"] else next(iter(meta["curves"])))
+        print(comparison_table(meta["curves"], reference, kind="seq2seq"))
     else:
         print(
             comparison_table(meta["curves"], a.reference or "transformer_attribution", kind=meta.get("kind", "image"))

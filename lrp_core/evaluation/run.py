@@ -267,7 +267,7 @@ def _kind_run(
     protocol: str,
     curve_questions: Optional[int],
 ) -> Optional[dict[str, Any]]:
-    """Run the protocol of the model's kind (image, text, VLM or causal LM).
+    """Run the protocol of the model's kind (image, text, VLM, causal LM or seq2seq).
 
     Parameters
     ----------
@@ -310,6 +310,8 @@ def _kind_run(
         return _text_run(loaded, names, n, batch_size, data, split, text_target, progress, baseline, shard, config)
     if loaded.kind == "vlm":
         return _vlm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol, curve_questions)
+    if loaded.kind == "seq2seq":
+        return _s2s_run(loaded, names, n, batch_size, seed, data, baseline, shard)
     if _is_causal_lm(loaded):
         part = _lm_run(loaded, names, n, batch_size, seed, data, progress, baseline, shard, protocol)
         return {"protocol": protocol, **part}
@@ -465,6 +467,27 @@ def _lm_run(
         baseline=baseline,
     )
     return {"n": n, "accuracy": accuracy, "answered": answered, "results": results, "curves": curves, "skipped": []}
+
+
+def _s2s_run(
+    loaded: Any,
+    methods: list[str],
+    n: int,
+    batch_size: int,
+    seed: int,
+    data: Optional[str],
+    baseline: bool,
+    shard: Shard,
+) -> dict[str, Any]:
+    """A translation model on the alignment task (:mod:`.alignment`, docs/METHODS.md §3.9): ``n`` held-out
+    sentences of ``make_translations`` (seed ``HELD_OUT_SEED + seed``)."""
+    from .alignment import s2s_run
+
+    if data is not None:
+        raise InputError("a translation model is evaluated on the built-in alignment task; --data is not for it")
+    if shard.world > 1:
+        raise InputError("the alignment evaluation runs in one process; start it without torchrun")
+    return s2s_run(loaded, methods, n, batch_size=min(batch_size, 16), seed=seed, baseline=baseline)
 
 
 def _vlm_run(

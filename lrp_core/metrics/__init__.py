@@ -17,19 +17,31 @@ hand-made cases and used on any model:
   :func:`object_mass_shares`) — the deletion check: does the relevance mass on
   each object follow the logit drop when that object is removed from the scene?
 - :func:`sparsity`, :func:`pooled_correlation` — the CDAM statistics.
+- :func:`alignment_scores`, :func:`top1_links`, :func:`threshold_links`, :func:`alignment_counts`,
+  :func:`aer_from_counts`, :func:`alignment_error_rate`, :func:`top1_accuracy_per_sentence` — source maps of
+  a translation against its gold word alignment (top-1 accuracy, AER).
 
 Conventions: maps are (B, H, W) at image size unless said otherwise; higher
 score = more relevant. Ties in a ranking are broken by position (row-major
 pixel index, word index), lowest first, so every result is deterministic.
 
 The functions live in topic modules (``perturbation``, ``segmentation``,
-``text``, ``scenes``, ``statistics``); every public name is re-exported here,
+``text``, ``scenes``, ``statistics``, ``alignment``); every public name is re-exported here,
 so ``lrp_core.metrics.X`` is the stable spelling.
 """
 
 from __future__ import annotations
 
 from ._common import minmax_normalise, upsample_maps
+from .alignment import (
+    aer_from_counts,
+    alignment_counts,
+    alignment_error_rate,
+    alignment_scores,
+    threshold_links,
+    top1_accuracy_per_sentence,
+    top1_links,
+)
 from .perturbation import FRACTIONS, n_removed, perturbation_auc, perturbation_curve, perturbation_masks
 from .scenes import (
     class_map_correlation,
@@ -63,6 +75,13 @@ from .text import (
 )
 
 __all__ = [
+    "aer_from_counts",
+    "alignment_counts",
+    "alignment_error_rate",
+    "alignment_scores",
+    "threshold_links",
+    "top1_accuracy_per_sentence",
+    "top1_links",
     "FRACTIONS",
     "TOP_K",
     "average_precision",

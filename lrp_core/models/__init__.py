@@ -57,6 +57,10 @@ def load(name: str, pretrained: str | bool = "auto") -> LoadedModel:
         from .tiny_vlm import load_tiny_vlm
 
         return load_tiny_vlm(pretrained=pretrained)
+    if name == "tiny-s2s":
+        from .tiny_s2s import load_tiny_s2s
+
+        return load_tiny_s2s(pretrained=pretrained)
     from .hub import load_hub
 
     return load_hub(name, pretrained=pretrained)

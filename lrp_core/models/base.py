@@ -66,4 +66,13 @@ def logits_to_probabilities(logits: torch.Tensor, probabilities: str = "softmax"
     raise InputError(f"probabilities must be one of {PROBABILITIES}, got {probabilities!r}")
 
 
-EMBEDDED = ("toy-vit", "dinov2-s14", "dinov2-scenes", "dinov2-scenes-avg", "minilm-sentiment", "tiny-lm", "tiny-vlm")
+EMBEDDED = (
+    "toy-vit",
+    "dinov2-s14",
+    "dinov2-scenes",
+    "dinov2-scenes-avg",
+    "minilm-sentiment",
+    "tiny-lm",
+    "tiny-vlm",
+    "tiny-s2s",
+)

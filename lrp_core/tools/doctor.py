@@ -224,6 +224,38 @@ def _tiny_vlm_answers(m: Any) -> tuple[Optional[Result], Any]:
     return None, exp
 
 
+def _tiny_s2s_translates(m: Any) -> tuple[Optional[Result], Any]:
+    """tiny-s2s translates a held-out sentence exactly; its input × gradient source maps (autograd) are computed.
+
+    Parameters
+    ----------
+    m : Any
+        The loaded tiny-s2s.
+
+    Returns
+    -------
+    tuple[Optional[Result], Any]
+        ``(a failing Result or None, an object whose .scores are the (1, K, S) maps, or None)``.
+    """
+    from types import SimpleNamespace
+
+    from lrp_core.data.translation import make_translations
+    from lrp_core.evaluation.alignment import alignment_data, gradient_source_maps
+    from lrp_core.models.tiny_s2s import HELD_OUT_SEED, translate
+
+    record = make_translations(1, HELD_OUT_SEED + 1, split="held_out")[0]
+    written = translate(m.model, m.tokenizer, [record.source])[0]
+    if written != record.target:
+        return Result(
+            "model tiny-s2s",
+            "fail",
+            f"translated {record.source!r} as {written!r} where the translation is {record.target!r}: its "
+            "weights are not the trained ones",
+            "reinstall the package (lrp_core/assets/tiny_s2s/)",
+        ), None
+    return None, SimpleNamespace(scores=gradient_source_maps(m.model, alignment_data(m.tokenizer, [record])))
+
+
 def check_model(name: str) -> Result:
     """Whether an embedded model loads and explains one small input with finite scores.
 
@@ -271,6 +303,10 @@ def check_model(name: str) -> Result:
         exp = explain(m.model, x, method="attnlrp")
     elif name == "tiny-vlm":  # it must answer too: one held-out question, its answer's AttnLRP map on the image
         failed, exp = _tiny_vlm_answers(m)
+        if failed is not None:
+            return failed
+    elif name == "tiny-s2s":  # it must translate a held-out sentence exactly; its source maps must be finite
+        failed, exp = _tiny_s2s_translates(m)
         if failed is not None:
             return failed
     else:

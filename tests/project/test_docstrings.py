@@ -19,6 +19,7 @@ CONVERTED = [
     "lrp_core.metrics.segmentation",
     "lrp_core.metrics.statistics",
     "lrp_core.metrics.text",
+    "lrp_core.metrics.alignment",
     "lrp_core.rules.functional",
     "lrp_core.rules.ops",
     "lrp_core.rules.explicit",

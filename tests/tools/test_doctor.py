@@ -39,7 +39,7 @@ def test_quick_run_passes_here():
 def test_full_run_loads_every_embedded_model_and_a_widget():
     res = _run()
     assert res.returncode == 0, res.stdout + res.stderr
-    for name in ("toy-vit", "dinov2-s14", "minilm-sentiment", "tiny-lm", "tiny-vlm"):
+    for name in ("toy-vit", "dinov2-s14", "minilm-sentiment", "tiny-lm", "tiny-vlm", "tiny-s2s"):
         assert f"✓ model {name}" in res.stdout
     assert "✓ widget renders" in res.stdout
 
@@ -92,6 +92,17 @@ def test_tiny_vlm_check_answers_and_fails_on_untrained_weights(monkeypatch):
     real = models.load
     monkeypatch.setattr(models, "load", lambda name, **kw: real(name, pretrained=False))
     res = doctor.check_model("tiny-vlm")
+    assert res.status == "fail" and "not the trained ones" in res.detail and "reinstall" in res.fix
+
+
+def test_tiny_s2s_check_translates_and_fails_on_untrained_weights(monkeypatch):
+    """The tiny-s2s check asks for an exact translation of a held-out sentence: trained passes, random fails."""
+    assert doctor.check_model("tiny-s2s").status == "ok"
+    from lrp_core import models
+
+    real = models.load
+    monkeypatch.setattr(models, "load", lambda name, **kw: real(name, pretrained=False))
+    res = doctor.check_model("tiny-s2s")
     assert res.status == "fail" and "not the trained ones" in res.detail and "reinstall" in res.fix
 
 
