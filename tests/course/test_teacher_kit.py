@@ -332,3 +332,21 @@ def test_laptop_commands_run_the_makefiles_pip_steps():
         assert any("lrp_core.tools.doctor" in ln for ln in lines)
         assert lines[-1].split()[-1].replace("\\", "/") == "notebooks/00_welcome.ipynb"
         assert (ROOT / "notebooks" / "00_welcome.ipynb").is_file()
+
+
+def test_the_tasters_closing_demo_shows_the_class_switch():
+    """The taster ends on dinov2-scenes, whose two class maps differ (notebook 10's stored correlation), and
+    the correlations the plan quotes are the ones notebook 10 printed."""
+    nb = json.loads((ROOT / "notebooks" / "10_explore.ipynb").read_text(encoding="utf-8"))
+    (cell,) = [c for c in nb["cells"] if "class_map_correlation(maps[0], maps[1])" in "".join(c["source"])]
+    printed = "".join("".join(o.get("text", "")) for o in cell["outputs"])
+    corr = {m.group(1): float(m.group(2)) for m in re.finditer(r"(\S+): class sensitivity .*? maps (\S+) \(", printed)}
+    assert corr["dinov2-scenes"] < 0.5 < corr["toy-vit"], corr  # the switch moves dinov2-scenes' map, not toy-vit's
+    text = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
+    taster = text[text.index("## A 90-minute taster") : text.index("## A three-hour workshop")]
+    quoted = re.search(
+        r"correlation of the two classes' maps, (\S+) on dinov2-scenes\s+against (\S+) on toy-vit", taster
+    )
+    assert quoted, "the taster's demo quotes the two correlations"
+    assert (float(quoted.group(1)), float(quoted.group(2))) == (corr["dinov2-scenes"], corr["toy-vit"])
+    assert "dinov2-scenes" in taster and "RelevanceExplorer(toy" not in taster
