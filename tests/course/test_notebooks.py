@@ -136,6 +136,17 @@ def test_notebook_opens_with_goals_prerequisites_and_time(path: Path):
     assert re.search(r"\*\*Time\*\* about \d+ min", first), "time in minutes"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_states_its_measured_run_time(path: Path):
+    """The header gives the measured execution time, and it is the one of the teacher's table (TEACHING.md)."""
+    first = "".join(_load(path)["cells"][0]["source"])
+    found = re.search(r"Executing the whole notebook takes about (\d+) s \(measured", first)
+    assert found, f"{path.name}: the header states no measured run time"
+    teaching = (ROOT / "docs" / "TEACHING.md").read_text(encoding="utf-8")
+    row = re.search(rf"^\| {int(path.name[:2])} \| [^|]+ \| (\d+) s \|", teaching, re.M)
+    assert row and row.group(1) == found.group(1), f"{path.name}: {found.group(1)} s, TEACHING.md's table differs"
+
+
 #: a path that leaves the notebook's folder: a parent folder, the repository's docs, an absolute path
 OUTSIDE = re.compile(r"""Path\(\s*["']\.\.["']|["']\.\./|["']docs/|["']/(?:work|home|tmp)/""")
 
