@@ -88,6 +88,17 @@ def _timm_eva(model):
     return TimmEvaAdapter(model)
 
 
+def _relpos(cls: str) -> Callable[[nn.Module], Adapter]:
+    """A relative-position-bias ViT's adapter (:mod:`.relpos`), imported when first used."""
+
+    def build(model):
+        from . import relpos
+
+        return getattr(relpos, cls)(model)
+
+    return build
+
+
 def _timm_swin(model):
     from .swin import TimmSwinAdapter
 
@@ -159,6 +170,8 @@ VLM_CLASSES = (
 )
 #: the Hugging Face Swin classes an adapter replays (their row in ADAPTERS); other heads of those types are refused
 HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassification")
+#: the Hugging Face relative-position-bias ViTs an adapter replays (other heads of those types are refused)
+HF_RELPOS_CLASSIFIERS = ("BeitForImageClassification", "Data2VecVisionForImageClassification")
 
 
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
@@ -240,11 +253,11 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "Linear classifier) or SiglipModel / Siglip2Model (image–text sigmoid similarity)",
     ),
     (
-        "BEiT / Data2Vec-vision",
-        lambda m: named("Beit")(m) or hf_type("beit", "data2vec-vision")(m),
-        "every block adds its own learned relative position bias (a table indexed by token offsets, one per block) "
-        "to the attention scores; the block description carries no per-block score bias, so the replay would not "
-        "be the model. Use a ViT / DeiT / DINOv2 instead",
+        "BEiT / Data2Vec-vision without an image-classification head",
+        lambda m: hf_type("beit", "data2vec-vision")(m) and not named(*HF_RELPOS_CLASSIFIERS)(m),
+        "only BeitForImageClassification and Data2VecVisionForImageClassification are explained (one class per "
+        "image); the backbones, the masked-image-modelling and segmentation heads predict no class, or one per "
+        "patch. Load the checkpoint as BeitForImageClassification / Data2VecVisionForImageClassification",
     ),
 ]
 
@@ -262,6 +275,18 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         _timm_eva,
     ),
     (
+        "timm Beit (BEiT, BEiT v2: relative position bias per block and / or shared, LayerScale, [CLS] or average "
+        "pooling)",
+        named("Beit"),
+        _relpos("TimmBeitAdapter"),
+    ),
+    (
+        "timm VisionTransformerRelPos (vit_relpos, vit_srelpos: relative position bias tables or MLPs, pre-norm or "
+        "residual post-norm blocks)",
+        named("VisionTransformerRelPos"),
+        _relpos("TimmRelPosViTAdapter"),
+    ),
+    (
         "timm SwinTransformer and SwinTransformerV2 (windowed attention, shifted windows, patch merging; V2's cosine "
         "attention and continuous position bias; lrp, attnlrp, cp_lrp, cdam, the Captum baselines)",
         lambda m: type(m).__name__ in ("SwinTransformer", "SwinTransformerV2"),
@@ -271,6 +296,17 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "Hugging Face SwinForImageClassification / Swinv2ForImageClassification (as timm's Swin and Swin V2)",
         named(*HF_SWIN_CLASSIFIERS),
         _hf_swin,
+    ),
+    (
+        "Hugging Face BeitForImageClassification (BEiT: relative position bias per layer and / or shared, LayerScale, "
+        "[CLS] or mean pooling)",
+        named(HF_RELPOS_CLASSIFIERS[0]),
+        _relpos("HFBeitAdapter"),
+    ),
+    (
+        "Hugging Face Data2VecVisionForImageClassification (as BEiT)",
+        named(HF_RELPOS_CLASSIFIERS[1]),
+        _relpos("HFData2VecVisionAdapter"),
     ),
     ("Hugging Face ViTForImageClassification", is_hf_vit, _hf_vit),
     (

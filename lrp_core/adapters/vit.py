@@ -198,7 +198,7 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
         self.image_size = None if dynamic else tuple(pe.img_size)
         self.num_prefix_tokens = int(model.num_prefix_tokens)
         self.blocks = [self._block(i, blk) for i, blk in enumerate(model.blocks)]
-        self.norm_pre = model.norm_pre
+        self.norm_pre = getattr(model, "norm_pre", IDENTITY)  # timm Beit, VisionTransformerRelPos: none
         self.readout = self._readout(model)
 
     @staticmethod
@@ -289,8 +289,9 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
         """(1, N or P, D) what timm's ``_pos_embed`` adds, resampled to the grid (h, w) with ``dynamic_img_size``
         as timm does it; ``None`` for a model without one."""
         m = self.model
-        if m.pos_embed is None or not getattr(m, "dynamic_img_size", False):
-            return m.pos_embed
+        pos_embed = getattr(m, "pos_embed", None)  # VisionTransformerRelPos: none
+        if pos_embed is None or not getattr(m, "dynamic_img_size", False):
+            return pos_embed
         from timm.layers import resample_abs_pos_embed  # only a timm model gets here
 
         prefix = 0 if getattr(m, "no_embed_class", False) else m.num_prefix_tokens
