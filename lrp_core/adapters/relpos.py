@@ -27,7 +27,8 @@ from ..errors import UnsupportedModelError
 from ..rules.composites import Composite
 from ..rules.linear import is_linear
 from ..rules.norms import norm_kind
-from ..rules.ops import LINEAR
+from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
+from ..runtime.guard import eval_semantics
 from .batches import ImageBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .eva import BiasedQkv, GammaScale, _eva_mlp
@@ -68,16 +69,20 @@ class RelativeBias:
     at the positions of the tokens kept (token ablation). A mixin before the family's ViT adapter."""
 
     blocks: list
+    model: ModelPart
 
     def block_biases(self, like: Tensor) -> list:
-        """Per block the bias (1, H, N, N) its scores get, or ``None``; ``like`` block 0's input (B, N, D)."""
+        """Per block the bias (1, H, N, N) or (H, N, N) its scores get, or ``None``; ``like`` block 0's input
+        (B, N, D)."""
         raise NotImplementedError
 
     def block_context(
         self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor], fused: bool = False
     ) -> list:
-        """Per block (the bias at the tokens' positions, no rotary tables)."""
-        biases = self.block_biases(x0)
+        """Per block (the bias at the tokens' positions, no rotary tables). The bias is computed in eval mode, as
+        the model's own forward is checked (timm's bias MLP has a dropout)."""
+        with eval_semantics(self.model):
+            biases = [None if b is None else b.reshape((1,) + tuple(b.shape[-3:])) for b in self.block_biases(x0)]
         if positions is None:
             return [(b, None) for b in biases]
         return [(None if b is None else _at_positions(b, positions), None) for b in biases]
@@ -119,7 +124,10 @@ class BeitEncoder(HFViTEncoder):
     def block(self, i: int, layer: ModelPart) -> BlockSpec:
         q, k, v, proj = hf_attention(layer.attention)
         H, d, scale = hf_block_heads(self.module.config, layer.attention, (q, k, v, proj), f"layer {i}")
-        ls = [GammaScale(layer, n) if isinstance(getattr(layer, n), nn.Parameter) else IDENTITY for n in ("lambda_1", "lambda_2")]
+        ls = [
+            GammaScale(layer, n) if isinstance(getattr(layer, n), nn.Parameter) else IDENTITY
+            for n in ("lambda_1", "lambda_2")
+        ]
         return BlockSpec(
             layout="pre_ln",
             norm1=layer.layernorm_before,
@@ -139,8 +147,10 @@ class BeitEncoder(HFViTEncoder):
         ph, pw = self.patch_size
         window = (self.image_size[0] // ph, self.image_size[1] // pw)
         N = like.shape[1]
-        shared_mod = m.encoder.relative_position_bias if self.data2vec and m.encoder.has_relative_position_bias else (
-            getattr(m, "shared_position_bias", None)
+        shared_mod = (
+            m.encoder.relative_position_bias
+            if self.data2vec and m.encoder.has_relative_position_bias
+            else (getattr(m, "shared_position_bias", None))
         )
         shared = None if shared_mod is None else shared_mod(window, interpolate_pos_encoding=False, dim_size=N)
         out = []
@@ -154,8 +164,6 @@ class BeitEncoder(HFViTEncoder):
     def embed(self, images: Tensor, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
         """[CLS] before the patches, then the absolute position embedding where there is one (dropout: an
         identity; no ``bool_masked_pos``)."""
-        from ..rules.ops import PATCH_CONV, POS_ADD
-
         emb = self.module.embeddings
         if track:
             images = images.detach().requires_grad_(True)
@@ -190,7 +198,9 @@ class HFBeitAdapter(RelativeBias, HFViTAdapter):
         ln = getattr(pooler, "layernorm", None)
         if ln is None:  # [CLS] after the final layernorm
             return TokenReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)])
-        return MeanReadout(norm=base.layernorm, head_layers=[HeadLayer(norm_kind(ln), ln), HeadLayer(LINEAR, clf)], start=1)
+        return MeanReadout(
+            norm=base.layernorm, head_layers=[HeadLayer(norm_kind(ln), ln), HeadLayer(LINEAR, clf)], start=1
+        )
 
 
 class HFData2VecVisionAdapter(HFBeitAdapter):
@@ -267,7 +277,13 @@ class TimmRelPosViTAdapter(RelativeBias, TimmViTAdapter):
         mlp_spec = MlpSpec(fc1=mlp.fc1, act=mlp.act, fc2=mlp.fc2, mid_norm=getattr(mlp, "norm", IDENTITY))
         if kind == "ResPostRelPosBlock":  # x + norm1(attn(x)), x + norm2(mlp(x))
             return BlockSpec(
-                layout="pre_ln", norm1=IDENTITY, norm2=IDENTITY, post1=blk.norm1, post2=blk.norm2, attn=spec, mlp=mlp_spec
+                layout="pre_ln",
+                norm1=IDENTITY,
+                norm2=IDENTITY,
+                post1=blk.norm1,
+                post2=blk.norm2,
+                attn=spec,
+                mlp=mlp_spec,
             )
         return BlockSpec(
             layout="pre_ln", norm1=blk.norm1, norm2=blk.norm2, ls1=blk.ls1, ls2=blk.ls2, attn=spec, mlp=mlp_spec
