@@ -8,7 +8,6 @@ import torch
 from conftest import make_tiny_vit
 from untouched import assert_untouched, snapshot
 from vision_models import (
-    CFG,
     FAMILIES,
     READOUT_TOKENS,
     hf_classifier,
