@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
+from ..errors import InputError, UnsupportedModelError
 from ..rules.linear import LinearView, is_linear
 from ..rules.ops import ADD, ELEMENTWISE, LINEAR, MATMUL_AV, MATMUL_QK, SOFTMAX
 from .blocks import NO_RECORD, MlpSpec, Replay
@@ -230,4 +230,50 @@ class AttentionPoolReadout(Readout):
         return rec
 
 
-__all__ = ["AttentionPoolReadout", "PoolHead", "PoolRecord", "RowSlice"]
+def timm_pool_head(model: ModelPart) -> PoolHead:
+    """timm's ``AttentionPoolLatent`` (``model.attn_pool``, ``global_pool='map'``) as a :class:`PoolHead`: one
+    latent query, the fused ``kv`` Linear split into its key and value rows, the optional q / k norms, ``proj``,
+    then ``x + mlp(norm(x))``. A ``VisionTransformer`` pools the tokens after its prefix unless
+    ``pool_include_prefix``; ``Eva`` pools every token.
+
+    Raises
+    ------
+    UnsupportedModelError
+        For another pooling module (``'prr'``), several latent queries, a position embedding of the pool's own or a
+        pool without its output projection (``out_features=0``), naming it.
+    """
+    ap, name = model.attn_pool, type(model).__name__
+    if type(ap).__name__ != "AttentionPoolLatent":
+        raise UnsupportedModelError(
+            f"{name}: its attention pool {type(ap).__name__} is not timm's AttentionPoolLatent (global_pool='map')"
+        )
+    if int(ap.latent_len) != 1 or ap.pool not in ("token", "avg"):
+        raise UnsupportedModelError(
+            f"{name}: its attention pool has {ap.latent_len} latent queries (pool_type={ap.pool!r}); one query is "
+            "explained"
+        )
+    if ap.pos_embed is not None or not is_linear(ap.proj) or not is_linear(ap.kv):
+        raise UnsupportedModelError(
+            f"{name}: its attention pool adds a position embedding of its own or has no output projection; the pool "
+            "explained is AttentionPoolLatent with pos_embed='' and its proj / MLP"
+        )
+    D = int(ap.kv.out_features) // 2
+    mlp = None if ap.mlp is None else MlpSpec(fc1=ap.mlp.fc1, act=ap.mlp.act, fc2=ap.mlp.fc2, mid_norm=ap.mlp.norm)
+    return PoolHead(
+        probe=ap.latent,
+        q=ap.q,
+        k=RowSlice(ap.kv, 0, D),
+        v=RowSlice(ap.kv, D, 2 * D),
+        proj=ap.proj,
+        num_heads=int(ap.num_heads),
+        head_dim=int(ap.head_dim),
+        scale=float(ap.scale),
+        norm=ap.norm,
+        mlp=mlp,
+        q_norm=ap.q_norm,
+        k_norm=ap.k_norm,
+        skip=0 if getattr(model, "pool_include_prefix", True) else int(model.num_prefix_tokens),
+    )
+
+
+__all__ = ["AttentionPoolReadout", "PoolHead", "PoolRecord", "RowSlice", "timm_pool_head"]

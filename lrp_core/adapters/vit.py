@@ -183,11 +183,14 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
     def __init__(self, model: ModelPart):
         super().__init__(model)
         name = type(model).__name__
-        if getattr(model, "attn_pool", None) is not None or model.global_pool not in ("token", "avg"):
+        pooled_by_attention = model.global_pool == "map" and getattr(model, "attn_pool", None) is not None
+        if not pooled_by_attention and (
+            getattr(model, "attn_pool", None) is not None or model.global_pool not in ("token", "avg")
+        ):
             raise UnsupportedModelError(
                 f"{name} with global_pool={model.global_pool!r} is not supported: the readout must be a weighted "
-                "sum of tokens — global_pool='token' ([CLS]) or 'avg' (mean of the patch tokens); attention "
-                "pooling ('map') and max pooling ('max', 'avgmax') are not"
+                "sum of tokens — global_pool='token' ([CLS]) or 'avg' (mean of the patch tokens) — or timm's "
+                "attention pooling ('map'); max pooling ('max', 'avgmax') and 'prr' are not"
             )
         pe = model.patch_embed
         if not isinstance(getattr(pe, "proj", None), nn.Conv2d):
@@ -203,7 +206,7 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
 
     @staticmethod
     def _readout(model: ModelPart) -> Readout:
-        """[CLS], the mean of the tokens after the prefix, or the distilled model's two heads."""
+        """[CLS], the mean of the tokens after the prefix, the attention pool, or the distilled model's two heads."""
         heads = [model.head] + ([model.head_dist] if getattr(model, "head_dist", None) is not None else [])
         for h in heads:
             if not (is_linear(h) or isinstance(h, nn.Identity)):
@@ -211,10 +214,26 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
         if len(heads) == 2:  # timm's distilled forward_head reads tokens 0 and 1, no fc_norm
             return TwoHeadReadout(norm=model.norm, head=model.head, head_dist=model.head_dist)
         head = [HeadLayer(norm_kind(model.fc_norm), model.fc_norm), HeadLayer(LINEAR, model.head)]
+        if model.global_pool == "map":
+            from .attention_pool import AttentionPoolReadout, timm_pool_head
+
+            return AttentionPoolReadout(norm=model.norm, pool=timm_pool_head(model), head_layers=head)
         if model.global_pool == "avg":
             start = 0 if getattr(model, "pool_include_prefix", False) else int(model.num_prefix_tokens)
             return MeanReadout(norm=model.norm, head_layers=head, start=start)
         return TokenReadout(norm=model.norm, head_layers=head)
+
+    def readout_for(self, prepared: ImageBatch) -> Readout:
+        """:attr:`readout`; an attention pool's with the batch's probe attention (B, N), from a plain replay (its
+        token weights, :class:`~lrp_core.adapters.attention_pool.AttentionPoolReadout`)."""
+        from .attention_pool import AttentionPoolReadout
+
+        pool = self.readout
+        if not isinstance(pool, AttentionPoolReadout):
+            return pool
+        with torch.no_grad():
+            trace = self.forward(prepared, readout=pool)
+        return pool.with_attention(pool.attention_of(trace.readout_record))
 
     def _block(self, i: int, blk: ModelPart) -> BlockSpec:
         where = f"block {i} ({type(blk).__name__})"

@@ -266,7 +266,7 @@ def _hf_swin_backbone():
     [
         (_tiny_swin_v2_cr, ("windows", "merged", "SwinTransformerV2Cr", "learned temperature")),
         (_hf_swin_backbone, ("windows", "merged", "no class to explain", "Captum")),
-        (lambda: make_tiny_vit(global_pool="map"), ("global_pool='map'", "'token'", "'avg'")),
+        (lambda: make_tiny_vit(global_pool="prr"), ("global_pool='prr'", "'token'", "'avg'", "'map'")),
         (lambda: make_tiny_vit(global_pool="max", fc_norm=True), ("global_pool='max'",)),
         (lambda: hf_classifier("Dinov2ForImageClassification", "Dinov2Config", use_swiglu_ffn=True), ("SwiGLU",)),
     ],
