@@ -43,6 +43,12 @@ def _hf_dinov2(model):
     return HFDinov2Adapter(model)
 
 
+def _hf_dinov2_registers(model):
+    from .dinov2 import HFDinov2RegistersAdapter
+
+    return HFDinov2RegistersAdapter(model)
+
+
 def _is_hf_clip(model: nn.Module) -> bool:
     return hasattr(model, "vision_model") and hasattr(model, "text_model") and hasattr(model, "logit_scale")
 
@@ -318,6 +324,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "Hugging Face Dinov2ForImageClassification ([CLS] and mean of the patch tokens)",
         named("Dinov2ForImageClassification"),
         _hf_dinov2,
+    ),
+    (
+        "Hugging Face Dinov2WithRegistersForImageClassification ([CLS] and mean of the patch tokens; the register "
+        "tokens' relevance in exp.registers)",
+        named("Dinov2WithRegistersForImageClassification"),
+        _hf_dinov2_registers,
     ),
     (
         "Hugging Face SiglipForImageClassification / Siglip2ForImageClassification (no class token, mean of all "

@@ -50,6 +50,7 @@ class Encoder:
     image_size: Optional[tuple]  # None: any multiple of the patch size
     num_prefix_tokens: int
     norm_pre: nn.Module = IDENTITY  # the norm before block 0 (CLIP's pre_layrnorm)
+    registers: tuple = ()  # the register tokens' positions among the prefix tokens
 
     def __init__(self, module: nn.Module):
         self.module: ModelPart = module  # read by the names of its Hugging Face class
@@ -127,7 +128,11 @@ class ViTAdapter(Adapter[ImageT]):
             readout_tokens=self.readout.tokens,
             grid=grid,
             image_size=(H, W),
+            registers=self.registers,
         )
+
+    #: the positions of the register tokens in block 0's input (their relevance: ``Explanation.registers``)
+    registers: tuple = ()
 
     # ------------------------------------------------------------- relevance
     def relevance_inputs(self, trace: Trace) -> list:
@@ -161,6 +166,7 @@ class ViTAdapter(Adapter[ImageT]):
         self.encoder = encoder
         self.patch_conv, self.patch_size, self.image_size = encoder.patch_conv, encoder.patch_size, encoder.image_size
         self.num_prefix_tokens, self.norm_pre = encoder.num_prefix_tokens, encoder.norm_pre
+        self.registers = encoder.registers
         self.blocks = encoder.blocks(depth)
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
@@ -200,6 +206,9 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
         dynamic = bool(getattr(model, "dynamic_img_size", False)) or not getattr(pe, "strict_img_size", True)
         self.image_size = None if dynamic else tuple(pe.img_size)
         self.num_prefix_tokens = int(model.num_prefix_tokens)
+        reg = getattr(model, "reg_token", None)  # the registers come last among the prefix tokens
+        R = 0 if reg is None else int(reg.shape[1])
+        self.registers = tuple(range(self.num_prefix_tokens - R, self.num_prefix_tokens))
         self.blocks = [self._block(i, blk) for i, blk in enumerate(model.blocks)]
         self.norm_pre = getattr(model, "norm_pre", IDENTITY)  # timm Beit, VisionTransformerRelPos: none
         self.readout = self._readout(model)
