@@ -9,7 +9,7 @@ import pytest
 import torch
 from untouched import assert_untouched, snapshot
 from vision_models import random_images
-from vit_variants import RELPOS_FAMILIES, WITH_POSITIONS, hf_relpos
+from vit_variants import REGISTER_FAMILIES, RELPOS_FAMILIES, WITH_POSITIONS, hf_dinov2_registers, hf_relpos
 
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
@@ -184,3 +184,78 @@ def test_refused_heads_say_why(build, words):
         explain(build(), random_images(1), method="rollout")
     for w in words:
         assert w in str(err.value)
+
+
+# ---------------------------------------------------------------- register tokens: exp.registers
+RELEVANCE_METHODS = ("lrp", "attnlrp", "cp_lrp", "pa_lrp")
+
+
+def _own(model, x):
+    with torch.no_grad():
+        out = model(pixel_values=x) if hasattr(model, "config") else model(x)
+    return getattr(out, "logits", out)
+
+
+@pytest.mark.parametrize("family", REGISTER_FAMILIES)
+def test_registers_are_scored_apart_from_the_patch_map(family):
+    build, R = REGISTER_FAMILIES[family]
+    model, x = build(), random_images(2)
+    own = _own(model, x)
+    for method in METHODS:
+        exp = explain(model, x, method=method)
+        assert rel_err(exp.logits, own) <= 1e-5, method
+        assert exp.scores.shape == (2, 16), method  # the patches only
+        if method in RELEVANCE_METHODS:
+            assert exp.registers.shape == (2, R) and torch.isfinite(exp.registers).all(), method
+            assert (exp.registers.abs().sum(-1) > 0).all(), method
+        else:
+            assert exp.registers is None, method
+    model, x = model.double(), x.double()
+    assert rel_err(explain(model, x, method="raw_attention").logits, _own(model, x)) <= 1e-10
+
+
+def _constant_free(model):
+    """Biases (q / v biases too), LayerNorm β, [CLS] and positions zeroed; the register tokens stay."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("bias", "cls_token", "position_embeddings", "pos_embed")):
+                p.zero_()
+    return model
+
+
+@pytest.mark.parametrize("family", REGISTER_FAMILIES)
+def test_cp_lrp_conserves_with_the_registers_counted(family):
+    """Σ pixels + Σ registers = y_t (the registers are inputs of their own, not constants absorbed), and the
+    registers carry a share that matters."""
+    build, _ = REGISTER_FAMILIES[family]
+    model = _constant_free(build()).double()
+    exp = explain(model, random_images(2).double(), method="cp_lrp")
+    c = exp.conservation
+    tol = 1e-8 * c.output.abs() + 1e-9
+    assert torch.allclose(c.registers, exp.registers.sum(-1), rtol=1e-12, atol=0)
+    assert (c.registers.abs() > 100 * tol).all()
+    assert ((c.pixels + c.registers - c.output).abs() < tol).all()
+    assert (c.absorbed().abs().max(dim=1).values < tol).all()
+
+
+@pytest.mark.parametrize("method", RELEVANCE_METHODS)
+def test_registers_batch_equals_single_in_float64(method):
+    model, x = hf_dinov2_registers().double(), random_images(3).double()
+    batch = explain(model, x, method=method)
+    for i in range(3):
+        one = explain(model, x[i : i + 1], method=method)
+        assert rel_err(batch.registers[i : i + 1], one.registers) <= 1e-8
+        assert rel_err(batch.scores[i : i + 1], one.scores) <= 1e-8
+
+
+def test_dinov2_registers_input_x_gradient_is_autograd_and_the_model_untouched():
+    model = hf_dinov2_registers().double()
+    before = snapshot(model)
+    x = random_images(2).double()
+    exp = explain(model, x, method="input_x_gradient", target=3)
+    xr = x.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(model(pixel_values=xr).logits[:, 3].sum(), xr)
+    assert rel_err(exp.pixels, (x * grad).sum(dim=1)) <= 1e-10
+    for method in METHODS:
+        explain(model, x[:1], method=method)
+    assert_untouched(before, snapshot(model))

@@ -95,3 +95,49 @@ RELPOS_FAMILIES = {
 
 #: the families with an absolute position embedding (pa_lrp has one to score)
 WITH_POSITIONS = ("hf_beit_shared_cls",)
+
+
+def hf_dinov2_registers(seed: int = 0, registers: int = 3) -> torch.nn.Module:
+    """A tiny ``Dinov2WithRegistersForImageClassification`` with random register tokens and LayerScales."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.Dinov2WithRegistersConfig(**{**CFG, "num_register_tokens": registers, "mlp_ratio": 4})
+    model = transformers.Dinov2WithRegistersForImageClassification(config)
+    _perturb_norms(model, seed)
+    g = torch.Generator().manual_seed(seed + 5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("register_tokens", "cls_token")):
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif name.endswith("lambda1"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+    return model.eval()
+
+
+def timm_registers(seed: int = 0) -> torch.nn.Module:
+    """A tiny timm ``VisionTransformer`` with [CLS] and 2 register tokens (random)."""
+    from conftest import make_tiny_vit
+
+    model = make_tiny_vit(seed=seed, reg_tokens=2)
+    with torch.no_grad():
+        model.reg_token.copy_(torch.randn(model.reg_token.shape, generator=torch.Generator().manual_seed(seed)))
+    return model
+
+
+def eva_registers(seed: int = 0) -> torch.nn.Module:
+    """A tiny timm ``Eva`` with rotary q/k, [CLS] and 2 register tokens (random)."""
+    from vision_models import make_eva
+
+    model = make_eva(use_rot_pos_emb=True, num_reg_tokens=2)
+    with torch.no_grad():
+        model.reg_token.copy_(torch.randn(model.reg_token.shape, generator=torch.Generator().manual_seed(seed)))
+    return model
+
+
+#: family -> (builder, number of registers)
+REGISTER_FAMILIES = {
+    "hf_dinov2_registers": (hf_dinov2_registers, 3),
+    "timm_registers": (timm_registers, 2),
+    "eva_registers": (eva_registers, 2),
+}
