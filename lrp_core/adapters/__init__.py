@@ -49,6 +49,12 @@ def _hf_dinov2_registers(model):
     return HFDinov2RegistersAdapter(model)
 
 
+def _hf_ijepa(model):
+    from .vit import HFIJepaAdapter
+
+    return HFIJepaAdapter(model)
+
+
 def _is_hf_clip(model: nn.Module) -> bool:
     return hasattr(model, "vision_model") and hasattr(model, "text_model") and hasattr(model, "logit_scale")
 
@@ -265,6 +271,40 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "image); the backbones, the masked-image-modelling and segmentation heads predict no class, or one per "
         "patch. Load the checkpoint as BeitForImageClassification / Data2VecVisionForImageClassification",
     ),
+    (
+        "XCiT",
+        named("Xcit"),
+        "its cross-covariance attention (XCA) attends across channels — a d × d map per head between the features "
+        "of q and k — not across tokens, so there is no token × token attention map for the layer-product methods, "
+        "and its local patch interaction (depth-wise convolutions between the tokens), Fourier positions and "
+        "class-attention blocks are described by no adapter. Use a ViT / DeiT / DINOv2 / Eva (timm or Hugging Face)",
+    ),
+    (
+        "CaiT",
+        named("Cait"),
+        "its class-attention blocks (only the class token is updated, querying the frozen patch tokens) and "
+        "talking-heads attention (Linear maps across the heads before and after the softmax) are not yet "
+        "described by the block replay, so the replay would not be the model. Use a ViT / DeiT / DINOv2 / Eva",
+    ),
+    (
+        "NaFlexViT",
+        named("NaFlexVit"),
+        "it takes variable sets of patches with their coordinates and a patch mask (native-aspect, flexible "
+        "resolution inputs, optionally with rotary attention), while the replay describes one fixed patch grid per "
+        "call. Use timm's VisionTransformer or Eva at a fixed image size",
+    ),
+    (
+        "DeepSeek ViT and other AttentionRope ViTs",
+        named("DeepseekVitEncoder", "DeepseekVitClassifier"),
+        "its blocks use timm's AttentionRope (rotary q/k with its own tables and layout per block), which no adapter "
+        "describes; the rotary ViT explained is timm's Eva with EvaAttention (attn_type='eva', RotaryEmbeddingCat)",
+    ),
+    (
+        "I-JEPA without an image-classification head",
+        lambda m: hf_type("ijepa")(m) and not named("IJepaForImageClassification")(m),
+        "IJepaModel is an encoder with no head: no class to explain. Use IJepaForImageClassification (the mean of "
+        "the tokens and a Linear classifier)",
+    ),
 ]
 
 #: (what the family is called, how to recognise a model, its adapter), tried in order.
@@ -324,6 +364,11 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "Hugging Face Dinov2ForImageClassification ([CLS] and mean of the patch tokens)",
         named("Dinov2ForImageClassification"),
         _hf_dinov2,
+    ),
+    (
+        "Hugging Face IJepaForImageClassification (I-JEPA: no class token, mean of the tokens)",
+        named("IJepaForImageClassification"),
+        _hf_ijepa,
     ),
     (
         "Hugging Face Dinov2WithRegistersForImageClassification ([CLS] and mean of the patch tokens; the register "

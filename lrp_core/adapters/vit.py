@@ -535,6 +535,18 @@ class HFDeiTAdapter(HFViTAdapter):
         return super()._readout(model, base)
 
 
+class HFIJepaAdapter(HFViTAdapter):
+    """Hugging Face ``IJepaForImageClassification`` (I-JEPA): no class token, the ViT layers, the classifier on the
+    mean of every token after ``layernorm``."""
+
+    backbone = "ijepa"
+    prefix_names = ()
+
+    def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
+        (clf,) = hf_linear_head(model, "classifier")
+        return MeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=0)
+
+
 __all__ = [
     "Encoder",
     "ViTAdapter",
@@ -542,6 +554,7 @@ __all__ = [
     "HFViTAdapter",
     "HFViTEncoder",
     "HFDeiTAdapter",
+    "HFIJepaAdapter",
     "hf_attention",
     "hf_block_heads",
     "hf_mlp",

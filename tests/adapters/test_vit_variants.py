@@ -9,7 +9,7 @@ import pytest
 import torch
 from untouched import assert_untouched, snapshot
 from vision_models import random_images
-from vit_variants import REGISTER_FAMILIES, RELPOS_FAMILIES, WITH_POSITIONS, hf_dinov2_registers, hf_relpos
+from vit_variants import REGISTER_FAMILIES, VARIANTS, WITH_POSITIONS, hf_dinov2_registers, hf_relpos
 
 from lrp_core import METHODS, explain
 from lrp_core.adapters import get_adapter
@@ -37,9 +37,9 @@ def _explain_or_refused(model, x, method):
 
 
 # ---------------------------------------------------------------- the replay is the model
-@pytest.mark.parametrize("family", RELPOS_FAMILIES)
+@pytest.mark.parametrize("family", VARIANTS)
 def test_replay_reproduces_the_logits(family):
-    model, x = RELPOS_FAMILIES[family](), random_images(2)
+    model, x = VARIANTS[family](), random_images(2)
     own = _logits(model, x)
     assert own.abs().max() > 1e-2  # a head that reads something
     for method in ("raw_attention", "attnlrp", "cp_lrp", "lrp"):
@@ -51,7 +51,7 @@ def test_replay_reproduces_the_logits(family):
 @pytest.mark.parametrize("family", ["hf_beit", "data2vec", "timm_beit", "timm_relpos_post"])
 def test_the_replay_reads_the_position_bias(family):
     """Without the bias the replay's logits move: the check above sees it."""
-    model, x = RELPOS_FAMILIES[family]().double(), random_images(2).double()
+    model, x = VARIANTS[family]().double(), random_images(2).double()
     a = get_adapter(model)
     prepared = a.check_inputs(x)
     assert rel_err(a.forward(prepared).logits, _logits(model, x)) <= 1e-10
@@ -59,9 +59,9 @@ def test_the_replay_reads_the_position_bias(family):
     assert rel_err(a.forward(prepared).logits, _logits(model, x)) > 1e-3
 
 
-@pytest.mark.parametrize("family", RELPOS_FAMILIES)
+@pytest.mark.parametrize("family", VARIANTS)
 def test_every_method_gives_one_finite_score_per_patch_or_says_why(family):
-    model, x = RELPOS_FAMILIES[family](), random_images(2)
+    model, x = VARIANTS[family](), random_images(2)
     for method in METHODS:
         exp = _explain_or_refused(model, x, method)
         if exp is None:
@@ -76,7 +76,7 @@ def test_every_method_gives_one_finite_score_per_patch_or_says_why(family):
 @pytest.mark.parametrize("method", ["transformer_attribution", "lrp", "attnlrp", "cp_lrp", "token_ablation"])
 @pytest.mark.parametrize("family", ["hf_beit_shared_cls", "data2vec", "timm_beit", "timm_relpos_post"])
 def test_batch_equals_single_in_float64(family, method):
-    model, x = RELPOS_FAMILIES[family]().double(), random_images(3).double()
+    model, x = VARIANTS[family]().double(), random_images(3).double()
     batch = explain(model, x, method=method)
     for i in range(x.shape[0]):
         one = explain(model, x[i : i + 1], method=method)
@@ -97,9 +97,9 @@ def _without_additive_constants(model):
     return model
 
 
-@pytest.mark.parametrize("family", RELPOS_FAMILIES)
+@pytest.mark.parametrize("family", VARIANTS)
 def test_cp_lrp_conserves_without_additive_constants(family):
-    model = _without_additive_constants(RELPOS_FAMILIES[family]()).double()
+    model = _without_additive_constants(VARIANTS[family]()).double()
     c = explain(model, random_images(2).double(), method="cp_lrp").conservation
     tol = 1e-8 * c.output.abs() + 1e-9
     assert (c.output.abs() > 1e-3).all()
@@ -107,9 +107,9 @@ def test_cp_lrp_conserves_without_additive_constants(family):
     assert ((c.pixels - c.output).abs() < tol).all()
 
 
-@pytest.mark.parametrize("family", RELPOS_FAMILIES)
+@pytest.mark.parametrize("family", VARIANTS)
 def test_input_x_gradient_is_autograd_through_the_model(family):
-    model, x = RELPOS_FAMILIES[family]().double(), random_images(2).double()
+    model, x = VARIANTS[family]().double(), random_images(2).double()
     exp = explain(model, x, method="input_x_gradient", target=1)
     xr = x.clone().requires_grad_(True)
     out = model(xr)
@@ -121,7 +121,7 @@ def test_input_x_gradient_is_autograd_through_the_model(family):
 # ---------------------------------------------------------------- the model is left as it was
 @pytest.mark.parametrize("family", ["hf_beit", "data2vec", "timm_beit", "timm_relpos_post"])
 def test_model_is_untouched_by_calls_and_errors(family):
-    model = RELPOS_FAMILIES[family]()
+    model = VARIANTS[family]()
     model.train()  # an unusual mode must survive too
     before = snapshot(model)
     for method in METHODS:
@@ -137,7 +137,7 @@ def test_model_is_untouched_by_calls_and_errors(family):
 def test_token_ablation_keeps_the_bias_rows_of_the_remaining_tokens():
     """Removing patch i: the reference runs the model's own layers on the tokens without i, with the model's own
     bias without row and column i."""
-    model = RELPOS_FAMILIES["timm_beit"]().double()
+    model = VARIANTS["timm_beit"]().double()
     x = random_images(1).double()
     exp = explain(model, x, method="token_ablation")
     with torch.no_grad():
@@ -172,9 +172,25 @@ def _timm_beit_attention(attn, x, bias):
 
 
 # ---------------------------------------------------------------- what is refused says why
+def _timm(name, **kw):
+    import timm
+
+    return timm.create_model(name, pretrained=False, **kw).eval()
+
+
 @pytest.mark.parametrize(
     "build,words",
     [
+        (
+            lambda: _timm("xcit_nano_12_p16_224", img_size=32, depth=1, cls_attn_layers=1, num_classes=3),
+            ("cross-covariance", "no token × token attention map"),
+        ),
+        (
+            lambda: _timm("cait_xxs24_224", img_size=32, depth=1, depth_token_only=1, num_classes=3),
+            ("class-attention", "talking-heads"),
+        ),
+        (lambda: _timm("naflexvit_base_patch16_gap", depth=1, num_classes=3), ("variable sets of patches",)),
+        (lambda: hf_relpos("IJepaModel", "IJepaConfig"), ("IJepaForImageClassification", "no head")),
         (lambda: hf_relpos("BeitModel", "BeitConfig"), ("BeitForImageClassification", "no class")),
         (lambda: hf_relpos("Data2VecVisionModel", "Data2VecVisionConfig"), ("Data2VecVisionForImageClassification",)),
     ],

@@ -58,8 +58,8 @@ def _post_norm(**kw):
     return timm_relpos(block_fn=ResPostRelPosBlock, **kw)
 
 
-#: family -> builder, each a different combination of the variants' parts
-RELPOS_FAMILIES = {
+#: family -> builder, each a different combination of the variants' parts (the relative-position-bias ViTs, I-JEPA)
+VARIANTS = {
     # per-layer tables, LayerScale, mean pooling + the pooler's LayerNorm (BEiT's defaults for classification)
     "hf_beit": lambda: hf_relpos(
         "BeitForImageClassification", "BeitConfig", use_relative_position_bias=True, layer_scale_init_value=0.1
@@ -91,10 +91,12 @@ RELPOS_FAMILIES = {
     "timm_relpos": lambda: timm_relpos(class_token=True, global_pool="token", rel_pos_type="bias", init_values=0.1),
     # no class token, one shared MLP bias, residual post-norm blocks, average pooling + fc_norm
     "timm_relpos_post": lambda: _post_norm(shared_rel_pos=True, fc_norm=True),
+    # I-JEPA: no class token, the mean of every token
+    "hf_ijepa": lambda: hf_relpos("IJepaForImageClassification", "IJepaConfig"),
 }
 
 #: the families with an absolute position embedding (pa_lrp has one to score)
-WITH_POSITIONS = ("hf_beit_shared_cls",)
+WITH_POSITIONS = ("hf_beit_shared_cls", "hf_ijepa")
 
 
 def hf_dinov2_registers(seed: int = 0, registers: int = 3) -> torch.nn.Module:
