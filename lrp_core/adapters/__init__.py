@@ -55,6 +55,12 @@ def _hf_ijepa(model):
     return HFIJepaAdapter(model)
 
 
+def _hf_vit_mae(model):
+    from .vit_mae import HFViTMAEAdapter
+
+    return HFViTMAEAdapter(model)
+
+
 def _is_hf_clip(model: nn.Module) -> bool:
     return hasattr(model, "vision_model") and hasattr(model, "text_model") and hasattr(model, "logit_scale")
 
@@ -364,6 +370,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "Hugging Face Dinov2ForImageClassification ([CLS] and mean of the patch tokens)",
         named("Dinov2ForImageClassification"),
         _hf_dinov2,
+    ),
+    (
+        "Hugging Face ViTMAEModel (the MAE encoder with mask_ratio=0, every patch kept in raster order; no head: "
+        "the [CLS] embedding, class-agnostic methods)",
+        named("ViTMAEModel"),
+        _hf_vit_mae,
     ),
     (
         "Hugging Face IJepaForImageClassification (I-JEPA: no class token, mean of the tokens)",
