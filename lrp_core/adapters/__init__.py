@@ -29,6 +29,7 @@ from .predicates import (
     is_timm_vit,
     named,
 )
+from .refused_vit import HF_RELPOS_CLASSIFIERS, VIT_VARIANTS_REFUSED
 
 
 def _hf_deit(model):
@@ -41,24 +42,6 @@ def _hf_dinov2(model):
     from .dinov2 import HFDinov2Adapter
 
     return HFDinov2Adapter(model)
-
-
-def _hf_dinov2_registers(model):
-    from .dinov2 import HFDinov2RegistersAdapter
-
-    return HFDinov2RegistersAdapter(model)
-
-
-def _hf_ijepa(model):
-    from .vit import HFIJepaAdapter
-
-    return HFIJepaAdapter(model)
-
-
-def _hf_vit_mae(model):
-    from .vit_mae import HFViTMAEAdapter
-
-    return HFViTMAEAdapter(model)
 
 
 def _is_hf_clip(model: nn.Module) -> bool:
@@ -106,13 +89,13 @@ def _timm_eva(model):
     return TimmEvaAdapter(model)
 
 
-def _relpos(cls: str) -> Callable[[nn.Module], Adapter]:
-    """A relative-position-bias ViT's adapter (:mod:`.relpos`), imported when first used."""
+def _lazy(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
+    """The adapter ``cls`` of the family module ``module``, imported when first used."""
 
     def build(model):
-        from . import relpos
+        import importlib
 
-        return getattr(relpos, cls)(model)
+        return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(model)
 
     return build
 
@@ -188,8 +171,6 @@ VLM_CLASSES = (
 )
 #: the Hugging Face Swin classes an adapter replays (their row in ADAPTERS); other heads of those types are refused
 HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassification")
-#: the Hugging Face relative-position-bias ViTs an adapter replays (other heads of those types are refused)
-HF_RELPOS_CLASSIFIERS = ("BeitForImageClassification", "Data2VecVisionForImageClassification")
 
 
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
@@ -270,47 +251,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "similarity). Use SiglipForImageClassification / Siglip2ForImageClassification (mean of the tokens and a "
         "Linear classifier) or SiglipModel / Siglip2Model (image–text sigmoid similarity)",
     ),
-    (
-        "BEiT / Data2Vec-vision without an image-classification head",
-        lambda m: hf_type("beit", "data2vec-vision")(m) and not named(*HF_RELPOS_CLASSIFIERS)(m),
-        "only BeitForImageClassification and Data2VecVisionForImageClassification are explained (one class per "
-        "image); the backbones, the masked-image-modelling and segmentation heads predict no class, or one per "
-        "patch. Load the checkpoint as BeitForImageClassification / Data2VecVisionForImageClassification",
-    ),
-    (
-        "XCiT",
-        named("Xcit"),
-        "its cross-covariance attention (XCA) attends across channels — a d × d map per head between the features "
-        "of q and k — not across tokens, so there is no token × token attention map for the layer-product methods, "
-        "and its local patch interaction (depth-wise convolutions between the tokens), Fourier positions and "
-        "class-attention blocks are described by no adapter. Use a ViT / DeiT / DINOv2 / Eva (timm or Hugging Face)",
-    ),
-    (
-        "CaiT",
-        named("Cait"),
-        "its class-attention blocks (only the class token is updated, querying the frozen patch tokens) and "
-        "talking-heads attention (Linear maps across the heads before and after the softmax) are not yet "
-        "described by the block replay, so the replay would not be the model. Use a ViT / DeiT / DINOv2 / Eva",
-    ),
-    (
-        "NaFlexViT",
-        named("NaFlexVit"),
-        "it takes variable sets of patches with their coordinates and a patch mask (native-aspect, flexible "
-        "resolution inputs, optionally with rotary attention), while the replay describes one fixed patch grid per "
-        "call. Use timm's VisionTransformer or Eva at a fixed image size",
-    ),
-    (
-        "DeepSeek ViT and other AttentionRope ViTs",
-        named("DeepseekVitEncoder", "DeepseekVitClassifier"),
-        "its blocks use timm's AttentionRope (rotary q/k with its own tables and layout per block), which no adapter "
-        "describes; the rotary ViT explained is timm's Eva with EvaAttention (attn_type='eva', RotaryEmbeddingCat)",
-    ),
-    (
-        "I-JEPA without an image-classification head",
-        lambda m: hf_type("ijepa")(m) and not named("IJepaForImageClassification")(m),
-        "IJepaModel is an encoder with no head: no class to explain. Use IJepaForImageClassification (the mean of "
-        "the tokens and a Linear classifier)",
-    ),
+    *VIT_VARIANTS_REFUSED,  # BEiT heads, XCiT, CaiT, NaFlexViT, AttentionRope ViTs, IJepaModel (.refused_vit)
 ]
 
 #: (what the family is called, how to recognise a model, its adapter), tried in order.
@@ -330,13 +271,13 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "timm Beit (BEiT, BEiT v2: relative position bias per block and / or shared, LayerScale, [CLS] or average "
         "pooling)",
         named("Beit"),
-        _relpos("TimmBeitAdapter"),
+        _lazy("relpos", "TimmBeitAdapter"),
     ),
     (
         "timm VisionTransformerRelPos (vit_relpos, vit_srelpos: relative position bias tables or MLPs, pre-norm or "
         "residual post-norm blocks)",
         named("VisionTransformerRelPos"),
-        _relpos("TimmRelPosViTAdapter"),
+        _lazy("relpos", "TimmRelPosViTAdapter"),
     ),
     (
         "timm SwinTransformer and SwinTransformerV2 (windowed attention, shifted windows, patch merging; V2's cosine "
@@ -353,12 +294,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "Hugging Face BeitForImageClassification (BEiT: relative position bias per layer and / or shared, LayerScale, "
         "[CLS] or mean pooling)",
         named(HF_RELPOS_CLASSIFIERS[0]),
-        _relpos("HFBeitAdapter"),
+        _lazy("relpos", "HFBeitAdapter"),
     ),
     (
         "Hugging Face Data2VecVisionForImageClassification (as BEiT)",
         named(HF_RELPOS_CLASSIFIERS[1]),
-        _relpos("HFData2VecVisionAdapter"),
+        _lazy("relpos", "HFData2VecVisionAdapter"),
     ),
     ("Hugging Face ViTForImageClassification", is_hf_vit, _hf_vit),
     (
@@ -375,18 +316,18 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "Hugging Face ViTMAEModel (the MAE encoder with mask_ratio=0, every patch kept in raster order; no head: "
         "the [CLS] embedding, class-agnostic methods)",
         named("ViTMAEModel"),
-        _hf_vit_mae,
+        _lazy("vit_mae", "HFViTMAEAdapter"),
     ),
     (
         "Hugging Face IJepaForImageClassification (I-JEPA: no class token, mean of the tokens)",
         named("IJepaForImageClassification"),
-        _hf_ijepa,
+        _lazy("vit", "HFIJepaAdapter"),
     ),
     (
         "Hugging Face Dinov2WithRegistersForImageClassification ([CLS] and mean of the patch tokens; the register "
         "tokens' relevance in exp.registers)",
         named("Dinov2WithRegistersForImageClassification"),
-        _hf_dinov2_registers,
+        _lazy("dinov2", "HFDinov2RegistersAdapter"),
     ),
     (
         "Hugging Face SiglipForImageClassification / Siglip2ForImageClassification (no class token, mean of all "
