@@ -33,7 +33,7 @@ class RowSlice(LinearView):
 
     owner: ModelPart  # set in __init__, not as a child module
 
-    def __init__(self, linear: nn.Module, start: int, stop: int):
+    def __init__(self, linear: ModelPart, start: int, stop: int):
         super().__init__()
         object.__setattr__(self, "owner", linear)  # not a child module: the view owns no parameters
         self.start, self.stop = start, stop
@@ -133,7 +133,7 @@ class AttentionPoolReadout(Readout):
         """The same readout with the batch's probe attention (B, N)."""
         return AttentionPoolReadout(self.norm, self.pool_head, self.head_layers, probe_attention)
 
-    def attention_of(self, record: ReadoutRecord) -> Tensor:
+    def attention_of(self, record: Optional[ReadoutRecord]) -> Tensor:
         """(B, N) the probe's head-mean attention of a replay's record, 0 at the skipped prefix tokens."""
         assert isinstance(record, PoolRecord), "the attention-pooling readout's record"
         A = record.A.mean(dim=1)[:, 0].detach()

@@ -145,6 +145,7 @@ class BeitEncoder(HFViTEncoder):
         the trained grid (``interpolate_pos_encoding=False``, the model's default)."""
         m = self.module
         ph, pw = self.patch_size
+        assert self.image_size is not None, "BEiT is replayed at its trained size"
         window = (self.image_size[0] // ph, self.image_size[1] // pw)
         N = like.shape[1]
         shared_mod = (

@@ -17,12 +17,13 @@ Shapes: B images, N = 1 + P tokens, D width.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..errors import UnsupportedModelError
 from ..rules.ops import PATCH_CONV, POS_ADD
 from .batches import ImageBatch
 from .blocks import NO_RECORD, Replay
+from .parts import ModelPart
 from .readouts import TokenReadout
 from .records import EmbeddingRecord
 from .vit import HFViTAdapter, HFViTEncoder, ViTAdapter
@@ -55,7 +56,7 @@ class HFViTMAEAdapter(HFViTAdapter):
     """Hugging Face ``ViTMAEModel`` with ``mask_ratio = 0``: :class:`ViTMAEEncoder`, read at [CLS] after
     ``layernorm``, no head."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: ModelPart):
         ratio = float(model.config.mask_ratio)
         if ratio != 0.0:
             raise UnsupportedModelError(
