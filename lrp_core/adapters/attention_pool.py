@@ -2,7 +2,7 @@
 tokens, then ``y = a + mlp(norm(a))`` — SigLIP's pooling head and timm's ``AttentionPoolLatent``
 (``global_pool='map'``), described once (:class:`PoolHead`) and replayed once (:class:`AttentionPoolReadout`).
 
-The pooling is an attention block with one query (docs/METHODS.md §2h): in the replay each operation is the same
+The pooling is an attention block with one query (docs/METHODS.md §2v): in the replay each operation is the same
 kind as in a block (LINEAR projections, MATMUL_QK, SOFTMAX, MATMUL_AV, the residual ADD), so every composite applies
 its attention rules to it; the probe is a constant (its query's relevance is absorbed).
 

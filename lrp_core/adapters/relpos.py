@@ -2,7 +2,7 @@
 ``VisionTransformerRelPos`` (``vit_relpos_*``).
 
 Each block adds a learned table, indexed by the token offsets (and the [CLS] rows), to its scaled attention
-scores: a constant of the scores (docs/METHODS.md §2h), the MASK_ADD operand of the shared attention, as MPNet's
+scores: a constant of the scores (docs/METHODS.md §2v), the MASK_ADD operand of the shared attention, as MPNet's
 position bias. The bias is computed by the model's own modules (a per-block table, or one shared by every block,
 or both: summed as the model sums them), so the replay adds what the model adds. A token ablation keeps each
 remaining token's rows and columns of the bias (its offsets stay its own).

@@ -3,7 +3,7 @@
 The model masks at random on every call: it draws noise, shuffles the patches by it and keeps the first
 ``(1 − mask_ratio)`` of them. With ``mask_ratio = 0`` every patch is kept and only their order is shuffled; the
 model's own ``noise`` argument fixes that order, and ascending noise (``0, 1, …, P − 1``) keeps the raster order —
-the function the replay computes, and the one its end-to-end check runs the model with (docs/METHODS.md §2h). A
+the function the replay computes, and the one its end-to-end check runs the model with (docs/METHODS.md §2v). A
 model with ``mask_ratio > 0`` drops a random subset of patches on every call, so it is no function of the image:
 refused, with the reason.
 

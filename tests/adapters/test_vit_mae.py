@@ -1,4 +1,4 @@
-"""Hugging Face ``ViTMAEModel`` (the MAE encoder, docs/METHODS.md §2h): with ``mask_ratio=0`` the replay is the
+"""Hugging Face ``ViTMAEModel`` (the MAE encoder, docs/METHODS.md §2v): with ``mask_ratio=0`` the replay is the
 model run with its own ``noise`` argument in ascending order (every patch kept, raster order); its headless readout
 ([CLS] after ``layernorm``, no classes) runs the class-agnostic methods; ``mask_ratio > 0`` is refused with the
 reason. Tiny random models, seconds each."""

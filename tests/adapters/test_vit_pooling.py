@@ -1,4 +1,4 @@
-"""timm's attention pooling (``global_pool='map'``: ``AttentionPoolLatent``, docs/METHODS.md §2h) on a
+"""timm's attention pooling (``global_pool='map'``: ``AttentionPoolLatent``, docs/METHODS.md §2v) on a
 VisionTransformer (after the prefix tokens, or with them: ``pool_include_prefix``) and on Eva (every token):
 an attention block with a learned query, replayed by the readout SigLIP's pooling head uses. The replay is the
 model, batch = alone, CP-LRP conservation, input × gradient = autograd, untouched, the token weights are the

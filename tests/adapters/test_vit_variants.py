@@ -1,4 +1,4 @@
-"""ViT variants with a relative position bias (docs/METHODS.md §2h): Hugging Face BEiT and Data2Vec-vision, timm
+"""ViT variants with a relative position bias (docs/METHODS.md §2v): Hugging Face BEiT and Data2Vec-vision, timm
 Beit and VisionTransformerRelPos — the replay is the model, batch = alone, CP-LRP conservation on a constant-free
 variant, input × gradient = autograd through the model, the model untouched, what is refused says why. Tiny
 random models (tests/adapters/vit_variants.py), seconds each."""
