@@ -45,10 +45,19 @@ VIT_VARIANTS_REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "call. Use timm's VisionTransformer or Eva at a fixed image size",
     ),
     (
-        "DeepSeek ViT and other AttentionRope ViTs",
-        named("DeepseekVitEncoder", "DeepseekVitClassifier"),
-        "its blocks use timm's AttentionRope (rotary q/k with its own tables and layout per block), which no adapter "
-        "describes; the rotary ViT explained is timm's Eva with EvaAttention (attn_type='eva', RotaryEmbeddingCat)",
+        "DeepSeek ViT and other AttentionRope / 2D-rotary ViTs (Gemma 4, Qwen3 ViT, SAM's ViT)",
+        named(
+            "DeepseekVitEncoder",
+            "DeepseekVitClassifier",
+            "Gemma4VitEncoder",
+            "Gemma4VitClassifier",
+            "Qwen3VitEncoder",
+            "Qwen3VitClassifier",
+            "VisionTransformerSAM",
+        ),
+        "its blocks use timm's AttentionRope or a 2D rotary embedding of their own (rotary q/k with their own tables "
+        "and layout; SAM: windowed attention with decomposed relative positions), which no adapter describes; the "
+        "rotary ViT explained is timm's Eva with EvaAttention (attn_type='eva', RotaryEmbeddingCat)",
     ),
     (
         "I-JEPA without an image-classification head",
