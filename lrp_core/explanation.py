@@ -36,6 +36,8 @@ class Conservation:
         pixels: (B,) Σ of the pixel relevance (images), else ``None``.
         positional: (B,) Σ of the relevance the position encodings took (``pa_lrp``: every position, every
             block's rotary tables), else ``None``. The input stage counts it: tokens + positions.
+        registers: (B,) Σ of the register tokens' relevance (a ViT with registers), else ``None``; the input
+            stage counts it too.
     """
 
     output: torch.Tensor
@@ -43,11 +45,14 @@ class Conservation:
     input: torch.Tensor
     pixels: Optional[torch.Tensor] = None
     positional: Optional[torch.Tensor] = None
+    registers: Optional[torch.Tensor] = None
 
     def stages(self) -> torch.Tensor:
         """(B, L + 2) totals in the order the relevance flows: output, block L-1 … block 0, input
-        (with ``positional``: input tokens + positions)."""
+        (with ``positional``: input tokens + positions; with ``registers``: + the register tokens)."""
         bottom = self.input if self.positional is None else self.input + self.positional
+        if self.registers is not None:
+            bottom = bottom + self.registers
         return torch.cat([self.output[:, None], self.blocks.flip(1), bottom[:, None]], dim=1)
 
     def absorbed(self) -> torch.Tensor:
@@ -67,6 +72,7 @@ class Conservation:
             self.input[sl],
             None if self.pixels is None else self.pixels[sl],
             None if self.positional is None else self.positional[sl],
+            None if self.registers is None else self.registers[sl],
         )
 
 
@@ -121,6 +127,7 @@ class ResultFields:
     convergence_delta: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B,)", detach=True))
     positional: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B, T)", token_axes=1, detach=True))
     sources: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B, S)", detach=True))
+    registers: Optional[torch.Tensor] = field(default=None, metadata=_meta("(B, R)", detach=True))
 
 
 def _declared() -> tuple[ResultField, ...]:
@@ -212,6 +219,9 @@ class Explanation(ResultFields):
         sources: (B, S) the score of each source given with ``sources=`` (token spans of the context): the sum
             of the token scores over its span, or the ablation methods' own (``leave_one_out``,
             ``context_cite``), else ``None``.
+        registers: (B, R) the relevance of a ViT's register tokens (DINOv2 with registers, timm ``reg_tokens``)
+            from the relevance methods (``lrp``, ``attnlrp``, ``cp_lrp``, ``pa_lrp``): not part of the patch map, but
+            counted in ``conservation`` (``Σ pixels + Σ registers = y_t`` where CP-LRP conserves), else ``None``.
         options: the method options used.
     """
 

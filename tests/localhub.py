@@ -434,6 +434,64 @@ def deit_image_repo(folder: Path, seed: int = 4) -> torch.nn.Module:
     return model
 
 
+def _hf_image_repo(folder: Path, cls: str, config_cls: str, seed: int, **config: Any) -> torch.nn.Module:
+    """A tiny Hugging Face image classifier ``cls`` (224 px, 16 px patches, width 48, 2 layers, 10 classes):
+    config.json, pytorch_model.bin and a ViT-style preprocessor_config.json (resize 224, ImageNet mean / std)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    labels = {i: f"imagenet class {i}" for i in range(10)}
+    cfg = getattr(transformers, config_cls)(
+        image_size=224,
+        patch_size=16,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=96,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+        architectures=[cls],
+        **config,
+    )
+    model = getattr(transformers, cls)(cfg).eval()
+    _randomise_norms(model, seed)
+    _save_bin_checkpoint(folder, model)
+    _write_json(
+        folder / "preprocessor_config.json",
+        {
+            "do_normalize": True,
+            "do_resize": True,
+            "image_processor_type": "ViTImageProcessor",
+            "image_mean": [0.485, 0.456, 0.406],
+            "image_std": [0.229, 0.224, 0.225],
+            "resample": 3,
+            "size": {"height": 224, "width": 224},
+        },
+    )
+    return model
+
+
+def dinov2_registers_repo(folder: Path, seed: int = 6) -> torch.nn.Module:
+    """``facebook/dinov2-with-registers-small``: a tiny Dinov2WithRegistersForImageClassification, 4 registers."""
+    return _hf_image_repo(
+        folder, "Dinov2WithRegistersForImageClassification", "Dinov2WithRegistersConfig", seed, num_register_tokens=4
+    )
+
+
+def beit_repo(folder: Path, seed: int = 7) -> torch.nn.Module:
+    """``microsoft/beit-base-patch16-224``: a tiny BeitForImageClassification (per-layer relative position bias,
+    LayerScale, mean pooling), its bias tables random."""
+    model = _hf_image_repo(
+        folder, "BeitForImageClassification", "BeitConfig", seed, use_relative_position_bias=True, use_mean_pooling=True
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "relative_position_bias_table" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
+    _save_bin_checkpoint(folder, model)
+    return model
+
+
 def clip_repo(folder: Path, seed: int = 5) -> torch.nn.Module:
     """``openai/clip-vit-base-patch32``: config.json, model.safetensors, the legacy preprocessor_config.json
     (CLIPFeatureExtractor, 224 px) and the tokenizer files (vocab.json, merges.txt, tokenizer.json,

@@ -29,6 +29,7 @@ from .predicates import (
     is_timm_vit,
     named,
 )
+from .refused_vit import HF_RELPOS_CLASSIFIERS, VIT_VARIANTS_REFUSED
 
 
 def _hf_deit(model):
@@ -86,6 +87,17 @@ def _timm_eva(model):
     from .eva import TimmEvaAdapter
 
     return TimmEvaAdapter(model)
+
+
+def _lazy(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
+    """The adapter ``cls`` of the family module ``module``, imported when first used."""
+
+    def build(model):
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(model)
+
+    return build
 
 
 def _timm_swin(model):
@@ -239,13 +251,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "similarity). Use SiglipForImageClassification / Siglip2ForImageClassification (mean of the tokens and a "
         "Linear classifier) or SiglipModel / Siglip2Model (image–text sigmoid similarity)",
     ),
-    (
-        "BEiT / Data2Vec-vision",
-        lambda m: named("Beit")(m) or hf_type("beit", "data2vec-vision")(m),
-        "every block adds its own learned relative position bias (a table indexed by token offsets, one per block) "
-        "to the attention scores; the block description carries no per-block score bias, so the replay would not "
-        "be the model. Use a ViT / DeiT / DINOv2 instead",
-    ),
+    *VIT_VARIANTS_REFUSED,  # BEiT heads, XCiT, CaiT, NaFlexViT, AttentionRope ViTs, IJepaModel (.refused_vit)
 ]
 
 #: (what the family is called, how to recognise a model, its adapter), tried in order.
@@ -262,6 +268,18 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         _timm_eva,
     ),
     (
+        "timm Beit (BEiT, BEiT v2: relative position bias per block and / or shared, LayerScale, [CLS] or average "
+        "pooling)",
+        named("Beit"),
+        _lazy("relpos", "TimmBeitAdapter"),
+    ),
+    (
+        "timm VisionTransformerRelPos (vit_relpos, vit_srelpos: relative position bias tables or MLPs, pre-norm or "
+        "residual post-norm blocks)",
+        named("VisionTransformerRelPos"),
+        _lazy("relpos", "TimmRelPosViTAdapter"),
+    ),
+    (
         "timm SwinTransformer and SwinTransformerV2 (windowed attention, shifted windows, patch merging; V2's cosine "
         "attention and continuous position bias; lrp, attnlrp, cp_lrp, cdam, the Captum baselines)",
         lambda m: type(m).__name__ in ("SwinTransformer", "SwinTransformerV2"),
@@ -271,6 +289,17 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "Hugging Face SwinForImageClassification / Swinv2ForImageClassification (as timm's Swin and Swin V2)",
         named(*HF_SWIN_CLASSIFIERS),
         _hf_swin,
+    ),
+    (
+        "Hugging Face BeitForImageClassification (BEiT: relative position bias per layer and / or shared, LayerScale, "
+        "[CLS] or mean pooling)",
+        named(HF_RELPOS_CLASSIFIERS[0]),
+        _lazy("relpos", "HFBeitAdapter"),
+    ),
+    (
+        "Hugging Face Data2VecVisionForImageClassification (as BEiT)",
+        named(HF_RELPOS_CLASSIFIERS[1]),
+        _lazy("relpos", "HFData2VecVisionAdapter"),
     ),
     ("Hugging Face ViTForImageClassification", is_hf_vit, _hf_vit),
     (
@@ -282,6 +311,23 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "Hugging Face Dinov2ForImageClassification ([CLS] and mean of the patch tokens)",
         named("Dinov2ForImageClassification"),
         _hf_dinov2,
+    ),
+    (
+        "Hugging Face ViTMAEModel (the MAE encoder with mask_ratio=0, every patch kept in raster order; no head: "
+        "the [CLS] embedding, class-agnostic methods)",
+        named("ViTMAEModel"),
+        _lazy("vit_mae", "HFViTMAEAdapter"),
+    ),
+    (
+        "Hugging Face IJepaForImageClassification (I-JEPA: no class token, mean of the tokens)",
+        named("IJepaForImageClassification"),
+        _lazy("vit", "HFIJepaAdapter"),
+    ),
+    (
+        "Hugging Face Dinov2WithRegistersForImageClassification ([CLS] and mean of the patch tokens; the register "
+        "tokens' relevance in exp.registers)",
+        named("Dinov2WithRegistersForImageClassification"),
+        _lazy("dinov2", "HFDinov2RegistersAdapter"),
     ),
     (
         "Hugging Face SiglipForImageClassification / Siglip2ForImageClassification (no class token, mean of all "

@@ -13,13 +13,15 @@ Shapes: B batch, N = 1 + P tokens, D width.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..errors import UnsupportedModelError
-from ..rules.ops import LINEAR
-from .blocks import AttentionSpec, BlockSpec
+from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
+from .blocks import NO_RECORD, AttentionSpec, BlockSpec, Replay
 from .parts import ModelPart
 from .readouts import ClsMeanReadout, HeadLayer, Readout
+from .records import EmbeddingRecord
 from .vit import Encoder, HFViTAdapter, HFViTEncoder, hf_attention, hf_block_heads, hf_linear_head, hf_mlp
 
 
@@ -58,6 +60,30 @@ class Dinov2Encoder(HFViTEncoder):
         return self.module.embeddings.interpolate_pos_encoding(tokens, H, W)
 
 
+class Dinov2RegistersEncoder(Dinov2Encoder):
+    """``Dinov2WithRegistersModel``: as DINOv2, with ``R`` register tokens inserted after [CLS] once the position
+    embedding is added (they take no position): block 0's input is ``[CLS], registers, patches``."""
+
+    def __init__(self, module: ModelPart, name: str):
+        super().__init__(module, name)
+        R = int(module.embeddings.register_tokens.shape[1])
+        self.num_prefix_tokens = 1 + R
+        self.registers = tuple(range(1, 1 + R))
+
+    def embed(self, images: Tensor, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
+        """[CLS] and the patches, the interpolated position embedding added, then the registers after [CLS]."""
+        emb = self.module.embeddings
+        if track:
+            images = images.detach().requires_grad_(True)
+        patches = r.module(PATCH_CONV, self.patch_conv, images.to(self.patch_conv.weight.dtype))
+        patches = patches.flatten(2).transpose(1, 2)
+        tokens = torch.cat([emb.cls_token.expand(images.shape[0], -1, -1), patches], dim=1)
+        x_pos = r(POS_ADD, torch.add, tokens, self.position_embedding(tokens, images))
+        registers = emb.register_tokens.expand(images.shape[0], -1, -1)
+        x0 = torch.cat([x_pos[:, :1], registers, x_pos[:, 1:]], dim=1)
+        return EmbeddingRecord(x0=x0, embeds=patches, tokens=tokens, x_pos=x_pos, images=images, patches=patches)
+
+
 class HFDinov2Adapter(HFViTAdapter):
     """Hugging Face ``Dinov2ForImageClassification`` (two-layer MLP; the SwiGLU variant is refused)."""
 
@@ -72,4 +98,14 @@ class HFDinov2Adapter(HFViTAdapter):
         return ClsMeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=self.num_prefix_tokens)
 
 
-__all__ = ["Dinov2Encoder", "HFDinov2Adapter"]
+class HFDinov2RegistersAdapter(HFDinov2Adapter):
+    """Hugging Face ``Dinov2WithRegistersForImageClassification``: [CLS] and the mean of the patch tokens (the
+    registers are not pooled); their relevance is ``Explanation.registers``."""
+
+    backbone = "dinov2_with_registers"
+
+    def encoder_of(self, base: ModelPart) -> Encoder:
+        return Dinov2RegistersEncoder(base, type(self.model).__name__)
+
+
+__all__ = ["Dinov2Encoder", "Dinov2RegistersEncoder", "HFDinov2Adapter", "HFDinov2RegistersAdapter"]

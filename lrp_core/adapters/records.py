@@ -272,6 +272,8 @@ class TokenLayout:
         mask: (B, N) 1 = real token (text), else ``None``.
         image_tokens: (B, k·h·w) long, a vision-language model's k images per row: for each patch in raster order,
             image after image, the position of the token that carries it in the sequence; else ``None``.
+        registers: the positions of a ViT's register tokens in block 0's input (prefix tokens, not scored: their
+            relevance is ``Explanation.registers``); ``()`` without registers.
     """
 
     modality: str
@@ -286,6 +288,7 @@ class TokenLayout:
     #: decoders: no — docs/METHODS.md §2c)
     readout_minimum_applies: bool = True
     image_tokens: Optional[Tensor] = None
+    registers: tuple = ()
 
     def scores(self, row: Tensor) -> Tensor:
         """Token scores from a (B, N) row: the scored tokens, padding set to 0."""

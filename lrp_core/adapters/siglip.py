@@ -7,7 +7,7 @@
   0). The tower's attention-pooling head, if present, is computed by the model but not read by the classifier.
 * ``SiglipModel`` / ``Siglip2Model`` (:class:`SiglipImageAdapter`): the image side of the sigmoid similarity
   ``logit_scale.exp() · cos + logit_bias``, the image pooled by the attention-pooling head
-  (:class:`AttentionPoolReadout`); a target is a prompt.
+  (:class:`~lrp_core.adapters.attention_pool.AttentionPoolReadout`); a target is a prompt.
 * SigLIP 2 takes its processor's patch vectors ``(B, P, p·p·C)``; the replay lays them back on their grid
   (:func:`patches_to_images`: one grid per call, padding dropped) and reads the patch Linear as the convolution it
   equals (:class:`PatchLinearConv`), so SigLIP 2 is explained on ``(B, C, H, W)`` images like SigLIP.
@@ -20,8 +20,7 @@ Shapes: B batch, P = N patches (no prefix token), D width, C classes (or P promp
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Optional
 
 import torch
@@ -29,18 +28,17 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.linear import LinearView
-from ..rules.ops import ADD, ELEMENTWISE, LAYERNORM, LINEAR, MATMUL_AV, MATMUL_QK, SOFTMAX
+from ..rules.ops import LAYERNORM, LINEAR
 from ..runtime.guard import eval_semantics
 from ..runtime.precision import compute_precision
+from .attention_pool import AttentionPoolReadout, PoolHead, PoolRecord
 from .base import Adapter
 from .batches import ImageBatch, PromptedImageBatch
-from .blocks import NO_RECORD, Replay
+from .blocks import MlpSpec
 from .checks import pixel_values
 from .clip import L2Normalize, _prompts, _scaled_embeddings
-from .kernels import matmul, plus, scaled_matmul
 from .parts import ModelPart
-from .readouts import HeadLayer, MeanReadout, Readout, head_layer
-from .records import ReadoutRecord
+from .readouts import HeadLayer, MeanReadout, Readout
 from .siglip_tower import (
     PatchLinearConv,
     SiglipVisionEncoder,
@@ -168,148 +166,24 @@ class InProjection(LinearView):
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
-@dataclass(kw_only=True)  # keyword-only: the fields after the base's need no default
-class PoolRecord(ReadoutRecord):
-    """The attention-pooling head's forward quantities (one query: the probe).
-
-    ``probe`` (B, 1, D), ``lin`` the projections' outputs (``q`` (B, 1, D), ``k`` / ``v`` (B, N, D), ``proj``
-    (B, 1, D)), ``q`` (B, H, 1, d), ``k`` / ``v`` (B, H, N, d), ``A`` (B, H, 1, N), ``ctx`` (B, H, 1, d), ``o``
-    (B, 1, D) the heads side by side, ``ln`` the LayerNorm's output, ``fc1`` / ``g`` / ``fc2`` the MLP's, ``y``
-    (B, 1, D) the residual sum.
-    """
-
-    probe: Tensor
-    lin: dict
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    A: Tensor
-    ctx: Tensor
-    o: Tensor
-    ln: Tensor
-    fc1: Tensor
-    g: Tensor
-    fc2: Tensor
-    y: Tensor
-
-
-def _softmax(s: Tensor) -> Tensor:
-    return s.softmax(dim=-1)
-
-
-class AttentionPoolReadout(Readout):
-    """SigLIP's attention-pooling head (MAP) as a readout: ``norm`` (post_layernorm), then a learned probe token
-    attends to every token (``nn.MultiheadAttention`` with one query), then ``y = a + mlp(layernorm(a))``, then the
-    head layers (L2 normalisation, the similarity to the prompts and ``logit_bias``).
-
-    The pooling is an attention with one query: in the replay each operation is the same kind as in a block
-    (LINEAR projections, MATMUL_QK, SOFTMAX, MATMUL_AV), so every composite applies its attention rules to it;
-    the probe is a constant (its query's relevance is absorbed). The token weights the layer-product methods read
-    (:meth:`weights`) are the probe's attention averaged over the heads, per image (``probe_attention`` (B, N),
-    from a plain replay of the batch): the pooling's own attention row, as [CLS]'s row is a ViT's.
-    """
-
-    def __init__(
-        self,
-        norm: nn.Module,
-        head: ModelPart,
-        head_layers: Sequence[HeadLayer],
-        probe_attention: Optional[Tensor] = None,
-    ):
-        self.norm, self.head, self.head_layers = (
-            norm,
-            head,
-            [h for h in head_layers if not isinstance(h.module, nn.Identity)],
-        )
-        att = head.attention
-        self.q, self.k, self.v = (InProjection(att, i) for i in range(3))
-        self.num_heads, self.head_dim = int(att.num_heads), int(att.head_dim)
-        self.probe_attention = probe_attention
-
-    def pool(self, normed: Tensor) -> Tensor:
-        """(B, N, D) -> (B, D): the pooling head's output (a plain replay)."""
-        return self._pool(normed, NO_RECORD).y[:, 0]
-
-    def weights(self, num_tokens: int) -> Tensor:
-        """(B, N): the probe's head-mean attention of the batch."""
-        if self.probe_attention is None or self.probe_attention.shape[-1] != num_tokens:
-            raise InputError(
-                "the attention-pooling readout's token weights come from a batch: build the readout "
-                "with adapter.readout_for(prepared)"
-            )
-        return self.probe_attention.cpu().to(torch.float64)
-
-    def row(self, M: Tensor) -> Tensor:
-        """``wᵀ M`` per image for M (B, ..., N, N) -> (B, ..., N), on M's device."""
-        w = self.weights(M.shape[-1]).to(dtype=M.dtype, device=M.device)
-        return (w.reshape((w.shape[0],) + (1,) * (M.dim() - 3) + (1, w.shape[-1])) @ M).squeeze(-2)
-
-    def after_removal(self, rows: Tensor, removed: Tensor) -> "AttentionPoolReadout":
-        """Rows ``rows`` without their token ``removed``: the weights lose that column and are renormalised (the
-        pooling itself is recomputed by every replay)."""
-        if self.probe_attention is None:
-            return self
-        w = self.probe_attention.to(rows.device)[rows]
-        keep = torch.arange(w.shape[1] - 1, device=rows.device)
-        idx = keep[None, :] + (keep[None, :] >= removed.to(rows.device)[:, None]).long()
-        w = w.gather(1, idx)
-        return AttentionPoolReadout(self.norm, self.head, self.head_layers, w / w.sum(dim=1, keepdim=True))
-
-    def _pool(self, normed: Tensor, r: Replay) -> PoolRecord:
-        B, N, D = normed.shape
-        H, d = self.num_heads, self.head_dim
-        att, mlp = self.head.attention, self.head.mlp
-        probe = self.head.probe.expand(B, 1, D)
-        for_k, for_v = r.fork(normed, 2)
-        lin = {
-            "q": r.module(LINEAR, self.q, probe),
-            "k": r.module(LINEAR, self.k, for_k),
-            "v": r.module(LINEAR, self.v, for_v),
-        }
-        q, k, v = (lin[n].reshape(B, -1, H, d).transpose(1, 2) for n in "qkv")
-        # torch's multi-head attention scales the queries before the product (the rule reads q·kᵀ itself)
-        scores = r(MATMUL_QK, scaled_matmul((1.0 / d) ** 0.5, True), q, k.transpose(-2, -1), reuse=False)
-        A = r(SOFTMAX, _softmax, scores)
-        ctx = r(MATMUL_AV, matmul, A, v)  # (B, H, 1, d)
-        o = ctx.transpose(1, 2).reshape(B, 1, D)
-        lin["proj"] = r.module(LINEAR, att.out_proj, o)
-        proj, for_ln = r.fork(lin["proj"], 2)
-        ln = r.norm(self.head.layernorm, for_ln)
-        fc1 = r.module(LINEAR, mlp.fc1, ln)
-        g = r.module(ELEMENTWISE, mlp.activation_fn, fc1)
-        fc2 = r.module(LINEAR, mlp.fc2, g)
-        y = r(ADD, plus, proj, fc2)
-        return PoolRecord(
-            hidden=normed,
-            token=y[:, 0],
-            inputs=[],
-            pooled=y[:, 0],
-            logits=y[:, 0],
-            probe=probe,
-            lin=lin,
-            q=q,
-            k=k,
-            v=v,
-            A=A,
-            ctx=ctx,
-            o=o,
-            ln=ln,
-            fc1=fc1,
-            g=g,
-            fc2=fc2,
-            y=y,
-        )
-
-    def forward(self, hidden: Tensor, r: Replay = NO_RECORD) -> PoolRecord:
-        normed = r.norm(self.norm, hidden)
-        rec = self._pool(normed, r)
-        h, inputs = rec.token, []
-        for layer in self.head_layers:
-            inputs.append(h)
-            h = head_layer(layer, h, r)
-        rec.hidden, rec.inputs, rec.logits = hidden, inputs, h
-        rec.pooled = inputs[-1] if inputs else h  # the normalised image embedding the similarity reads
-        return rec
+def siglip_pool_head(head: ModelPart) -> PoolHead:
+    """SigLIP's pooling head (``SiglipMultiheadAttentionPoolingHead``: a probe, an ``nn.MultiheadAttention``, a
+    LayerNorm and an MLP) as a :class:`~lrp_core.adapters.attention_pool.PoolHead`."""
+    att, mlp = head.attention, head.mlp
+    d = int(att.head_dim)
+    q, k, v = (InProjection(att, i) for i in range(3))
+    return PoolHead(
+        probe=head.probe,
+        q=q,
+        k=k,
+        v=v,
+        proj=att.out_proj,
+        num_heads=int(att.num_heads),
+        head_dim=d,
+        scale=(1.0 / d) ** 0.5,  # torch's multi-head attention scales the queries first
+        norm=head.layernorm,
+        mlp=MlpSpec(fc1=mlp.fc1, act=mlp.activation_fn, fc2=mlp.fc2),
+    )
 
 
 def similarity_with_bias(weight: Tensor, bias: Tensor) -> nn.Linear:
@@ -347,7 +221,7 @@ class SiglipImageAdapter(_SiglipTowerAdapter[PromptedImageBatch]):
         """post_layernorm → pooling head → L2 normalisation → the prompts (P, E) and ``logit_bias``."""
         return AttentionPoolReadout(
             self.vision.post_layernorm,
-            self.vision.head,
+            siglip_pool_head(self.vision.head),
             [
                 HeadLayer(LAYERNORM, L2Normalize()),
                 HeadLayer(LINEAR, similarity_with_bias(prompts, self.model.logit_bias)),
@@ -389,8 +263,8 @@ class SiglipImageAdapter(_SiglipTowerAdapter[PromptedImageBatch]):
             embeddings = _scaled_embeddings(self.model, text, images.dtype)
             prepared = PromptedImageBatch(images=images, prompt_ids=ids, prompt_mask=mask, prompt_embeddings=embeddings)
             trace = self.forward(prepared)  # the plain replay: the probe's attention of each image
-        assert isinstance(trace.readout_record, PoolRecord), "the attention-pooling readout's record"
-        return prepared.replace(probe_attention=trace.readout_record.A.mean(dim=1)[:, 0].detach())
+        assert isinstance(trace.readout, AttentionPoolReadout)
+        return prepared.replace(probe_attention=trace.readout.attention_of(trace.readout_record))
 
 
 __all__ = [
@@ -400,6 +274,7 @@ __all__ = [
     "PatchLinearConv",
     "PoolRecord",
     "SiglipImageAdapter",
+    "siglip_pool_head",
     "check_siglip_tower",
     "is_siglip2_tower",
     "patches_to_images",

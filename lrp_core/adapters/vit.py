@@ -50,6 +50,7 @@ class Encoder:
     image_size: Optional[tuple]  # None: any multiple of the patch size
     num_prefix_tokens: int
     norm_pre: nn.Module = IDENTITY  # the norm before block 0 (CLIP's pre_layrnorm)
+    registers: tuple = ()  # the register tokens' positions among the prefix tokens
 
     def __init__(self, module: nn.Module):
         self.module: ModelPart = module  # read by the names of its Hugging Face class
@@ -127,7 +128,11 @@ class ViTAdapter(Adapter[ImageT]):
             readout_tokens=self.readout.tokens,
             grid=grid,
             image_size=(H, W),
+            registers=self.registers,
         )
+
+    #: the positions of the register tokens in block 0's input (their relevance: ``Explanation.registers``)
+    registers: tuple = ()
 
     # ------------------------------------------------------------- relevance
     def relevance_inputs(self, trace: Trace) -> list:
@@ -161,6 +166,7 @@ class ViTAdapter(Adapter[ImageT]):
         self.encoder = encoder
         self.patch_conv, self.patch_size, self.image_size = encoder.patch_conv, encoder.patch_size, encoder.image_size
         self.num_prefix_tokens, self.norm_pre = encoder.num_prefix_tokens, encoder.norm_pre
+        self.registers = encoder.registers
         self.blocks = encoder.blocks(depth)
 
     def _block(self, i: int, layer: nn.Module) -> BlockSpec:
@@ -183,11 +189,14 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
     def __init__(self, model: ModelPart):
         super().__init__(model)
         name = type(model).__name__
-        if getattr(model, "attn_pool", None) is not None or model.global_pool not in ("token", "avg"):
+        pooled_by_attention = model.global_pool == "map" and getattr(model, "attn_pool", None) is not None
+        if not pooled_by_attention and (
+            getattr(model, "attn_pool", None) is not None or model.global_pool not in ("token", "avg")
+        ):
             raise UnsupportedModelError(
                 f"{name} with global_pool={model.global_pool!r} is not supported: the readout must be a weighted "
-                "sum of tokens — global_pool='token' ([CLS]) or 'avg' (mean of the patch tokens); attention "
-                "pooling ('map') and max pooling ('max', 'avgmax') are not"
+                "sum of tokens — global_pool='token' ([CLS]) or 'avg' (mean of the patch tokens) — or timm's "
+                "attention pooling ('map'); max pooling ('max', 'avgmax') and 'prr' are not"
             )
         pe = model.patch_embed
         if not isinstance(getattr(pe, "proj", None), nn.Conv2d):
@@ -197,13 +206,16 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
         dynamic = bool(getattr(model, "dynamic_img_size", False)) or not getattr(pe, "strict_img_size", True)
         self.image_size = None if dynamic else tuple(pe.img_size)
         self.num_prefix_tokens = int(model.num_prefix_tokens)
+        reg = getattr(model, "reg_token", None)  # the registers come last among the prefix tokens
+        R = 0 if reg is None else int(reg.shape[1])
+        self.registers = tuple(range(self.num_prefix_tokens - R, self.num_prefix_tokens))
         self.blocks = [self._block(i, blk) for i, blk in enumerate(model.blocks)]
-        self.norm_pre = model.norm_pre
+        self.norm_pre = getattr(model, "norm_pre", IDENTITY)  # timm Beit, VisionTransformerRelPos: none
         self.readout = self._readout(model)
 
     @staticmethod
     def _readout(model: ModelPart) -> Readout:
-        """[CLS], the mean of the tokens after the prefix, or the distilled model's two heads."""
+        """[CLS], the mean of the tokens after the prefix, the attention pool, or the distilled model's two heads."""
         heads = [model.head] + ([model.head_dist] if getattr(model, "head_dist", None) is not None else [])
         for h in heads:
             if not (is_linear(h) or isinstance(h, nn.Identity)):
@@ -211,10 +223,26 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
         if len(heads) == 2:  # timm's distilled forward_head reads tokens 0 and 1, no fc_norm
             return TwoHeadReadout(norm=model.norm, head=model.head, head_dist=model.head_dist)
         head = [HeadLayer(norm_kind(model.fc_norm), model.fc_norm), HeadLayer(LINEAR, model.head)]
+        if model.global_pool == "map":
+            from .attention_pool import AttentionPoolReadout, timm_pool_head
+
+            return AttentionPoolReadout(norm=model.norm, pool=timm_pool_head(model), head_layers=head)
         if model.global_pool == "avg":
             start = 0 if getattr(model, "pool_include_prefix", False) else int(model.num_prefix_tokens)
             return MeanReadout(norm=model.norm, head_layers=head, start=start)
         return TokenReadout(norm=model.norm, head_layers=head)
+
+    def readout_for(self, prepared: ImageBatch) -> Readout:
+        """:attr:`readout`; an attention pool's with the batch's probe attention (B, N), from a plain replay (its
+        token weights, :class:`~lrp_core.adapters.attention_pool.AttentionPoolReadout`)."""
+        from .attention_pool import AttentionPoolReadout
+
+        pool = self.readout
+        if not isinstance(pool, AttentionPoolReadout):
+            return pool
+        with torch.no_grad():
+            trace = self.forward(prepared, readout=pool)
+        return pool.with_attention(pool.attention_of(trace.readout_record))
 
     def _block(self, i: int, blk: ModelPart) -> BlockSpec:
         where = f"block {i} ({type(blk).__name__})"
@@ -289,8 +317,9 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
         """(1, N or P, D) what timm's ``_pos_embed`` adds, resampled to the grid (h, w) with ``dynamic_img_size``
         as timm does it; ``None`` for a model without one."""
         m = self.model
-        if m.pos_embed is None or not getattr(m, "dynamic_img_size", False):
-            return m.pos_embed
+        pos_embed = getattr(m, "pos_embed", None)  # VisionTransformerRelPos: none
+        if pos_embed is None or not getattr(m, "dynamic_img_size", False):
+            return pos_embed
         from timm.layers import resample_abs_pos_embed  # only a timm model gets here
 
         prefix = 0 if getattr(m, "no_embed_class", False) else m.num_prefix_tokens
@@ -506,6 +535,18 @@ class HFDeiTAdapter(HFViTAdapter):
         return super()._readout(model, base)
 
 
+class HFIJepaAdapter(HFViTAdapter):
+    """Hugging Face ``IJepaForImageClassification`` (I-JEPA): no class token, the ViT layers, the classifier on the
+    mean of every token after ``layernorm``."""
+
+    backbone = "ijepa"
+    prefix_names = ()
+
+    def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
+        (clf,) = hf_linear_head(model, "classifier")
+        return MeanReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)], start=0)
+
+
 __all__ = [
     "Encoder",
     "ViTAdapter",
@@ -513,6 +554,7 @@ __all__ = [
     "HFViTAdapter",
     "HFViTEncoder",
     "HFDeiTAdapter",
+    "HFIJepaAdapter",
     "hf_attention",
     "hf_block_heads",
     "hf_mlp",

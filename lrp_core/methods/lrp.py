@@ -54,12 +54,14 @@ def lrp(c: Call) -> MethodResult:
     start = c.start(logits, target)
     rel = c.adapter.relprop(trace, start, composite, stop_block=0, to_input=True, prepared=c.prepared, release=True)
     assert rel.scores is not None  # to_input=True: the pass reached the input
+    regs = list(c.layout.registers)
     return MethodResult(
         scores=rel.scores,
         target=target,
         logits=logits,
         pixels=rel.pixels,
         token_relevance=rel.tokens,
+        registers=rel.inputs[:, regs] if regs and rel.inputs is not None else None,
         used=_used(c, composite, "lrp"),
     )
 
@@ -101,7 +103,8 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
     assert emb is not None and emb.embeds is not None  # a tracked replay records its embedding
     embeds, images = emb.embeds, emb.images
     hidden = [rec.out for rec in trace.blocks]
-    wrt = [embeds] + hidden + ([images] if images is not None else [])
+    regs = list(c.layout.registers)  # register tokens: their relevance is read at block 0's input
+    wrt = [embeds] + hidden + ([images] if images is not None else []) + ([trace.x0] if regs else [])
     leaves = [] if positions is None else positions.leaves
     if positions is not None and not leaves:
         raise UnsupportedModelError(
@@ -111,6 +114,8 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
         )
     grads = torch.autograd.grad(y.sum(), wrt + leaves, allow_unused=True)
     pos_grads, grads = grads[len(wrt) :], grads[: len(wrt)]
+    if regs:
+        g0, grads = grads[-1], grads[:-1]
     with torch.no_grad():
         scores = (embeds * grads[0]).sum(-1)  # (B, T) the scored tokens' embeddings
         mask = c.layout.mask
@@ -127,12 +132,14 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
             blocks = blocks * mask[:, None, :].to(blocks.dtype)
         pixels = (images * grads[-1]).sum(1) if images is not None else None
         per_position = _positional(leaves, pos_grads, mask)
+        registers = (trace.x0 * g0).sum(-1)[:, regs] if regs else None  # (B, R)
         conservation = Conservation(
             output=y.detach(),
             blocks=blocks.sum(-1),
             input=scores.sum(-1),
             pixels=None if pixels is None else pixels.sum(dim=(1, 2)),
             positional=None if per_position is None else per_position.sum(-1),
+            registers=None if registers is None else registers.sum(-1),
         )
     positional = None if per_position is None else per_position[:, -scores.shape[1] :]  # the scored tokens'
     return MethodResult(
@@ -143,6 +150,7 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
         token_relevance=blocks,
         conservation=conservation,
         positional=positional,
+        registers=registers,
     )
 
 

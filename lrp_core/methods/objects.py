@@ -226,7 +226,7 @@ class LRP(_RuleSet):
     name = "lrp"
     run = staticmethod(L.lrp)
     memory = Profile(**REPLAY_ONLY, kept=1, **RELPROP)
-    returns = ("pixels", "token_relevance")
+    returns = ("pixels", "token_relevance", "registers")
     rule_pass = EXPLICIT
 
     composite: Optional[Composite] = _composite()
@@ -253,7 +253,7 @@ class AttnLRP(_RuleSet):
     name = "attnlrp"
     run = staticmethod(L.attnlrp)
     memory = Profile(**MODIFIED, **BACKWARD, fused=True)
-    returns = ("pixels", "token_relevance", "conservation")
+    returns = ("pixels", "token_relevance", "conservation", "registers")
     rule_pass = MODIFIED_GRADIENT
 
     composite: Optional[Composite] = _composite()
@@ -266,7 +266,7 @@ class CPLRP(_RuleSet):
     name = "cp_lrp"
     run = staticmethod(L.cp_lrp)
     memory = Profile(**MODIFIED, **BACKWARD, fused=True)
-    returns = ("pixels", "token_relevance", "conservation")
+    returns = ("pixels", "token_relevance", "conservation", "registers")
     rule_pass = MODIFIED_GRADIENT
 
     composite: Optional[Composite] = _composite()
@@ -279,7 +279,7 @@ class PALRP(Method):
     name = "pa_lrp"
     run = staticmethod(L.pa_lrp)
     memory = Profile(**MODIFIED, **BACKWARD, fused=True)
-    returns = ("pixels", "token_relevance", "conservation", "positional")
+    returns = ("pixels", "token_relevance", "conservation", "positional", "registers")
 
     base: Literal["attnlrp", "cp_lrp", "cp_halved"] = own(
         "attnlrp",

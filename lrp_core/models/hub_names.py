@@ -42,6 +42,15 @@ KNOWN_HF_MODELS = {
     "facebook/deit-base-distilled-patch16-224": ("image", "DeiTForImageClassificationWithTeacher (two heads)"),
     "facebook/dinov2-small-imagenet1k-1-layer": ("image", "Dinov2ForImageClassification ([CLS] + mean of patches)"),
     "facebook/dinov2-base-imagenet1k-1-layer": ("image", "Dinov2ForImageClassification ([CLS] + mean of patches)"),
+    "facebook/dinov2-with-registers-small": (
+        "image",
+        "Dinov2WithRegistersForImageClassification ([CLS] + mean of patches, 4 registers in exp.registers; the "
+        "checkpoint is a backbone: its classifier is newly initialised)",
+    ),
+    "microsoft/beit-base-patch16-224": (
+        "image",
+        "BeitForImageClassification (relative position bias per layer, LayerScale, mean pooling; ImageNet-1k)",
+    ),
     # text: the sentiment classifiers people actually use, one per supported family
     "distilbert-base-uncased-finetuned-sst-2-english": ("text", "DistilBertForSequenceClassification (SST-2)"),
     "distilbert/distilbert-base-uncased-finetuned-sst-2-english": (

@@ -225,7 +225,7 @@ def _gated_attention():
         (_gated_attention, ("gated attention",)),
         (lambda: make_eva(use_rot_pos_emb=True, rope_type="mixed"), ("RotaryEmbeddingMixed", "RotaryEmbeddingCat")),
         (lambda: make_eva(use_rot_pos_emb=True, dynamic_img_size=True), ("dynamic_img_size", "patch grid")),
-        (lambda: make_eva(global_pool="map"), ("global_pool='map'",)),
+        (lambda: make_eva(global_pool="max"), ("global_pool='max'",)),
     ],
 )
 def test_refused_variants_say_why(build, words):

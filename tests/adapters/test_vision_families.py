@@ -8,7 +8,6 @@ import torch
 from conftest import make_tiny_vit
 from untouched import assert_untouched, snapshot
 from vision_models import (
-    CFG,
     FAMILIES,
     READOUT_TOKENS,
     hf_classifier,
@@ -262,19 +261,12 @@ def _hf_swin_backbone():
     ).eval()
 
 
-def _hf_beit():
-    from transformers import BeitConfig, BeitForImageClassification
-
-    return BeitForImageClassification(BeitConfig(**{**CFG, "use_relative_position_bias": True})).eval()
-
-
 @pytest.mark.parametrize(
     "build,words",
     [
         (_tiny_swin_v2_cr, ("windows", "merged", "SwinTransformerV2Cr", "learned temperature")),
         (_hf_swin_backbone, ("windows", "merged", "no class to explain", "Captum")),
-        (_hf_beit, ("relative position bias",)),
-        (lambda: make_tiny_vit(global_pool="map"), ("global_pool='map'", "'token'", "'avg'")),
+        (lambda: make_tiny_vit(global_pool="prr"), ("global_pool='prr'", "'token'", "'avg'", "'map'")),
         (lambda: make_tiny_vit(global_pool="max", fc_norm=True), ("global_pool='max'",)),
         (lambda: hf_classifier("Dinov2ForImageClassification", "Dinov2Config", use_swiglu_ffn=True), ("SwiGLU",)),
     ],

@@ -43,7 +43,8 @@ def test_returns_says_which_fields_a_method_fills(tiny_vit, images, method):
     spec = registry.get(method)
     exp = explain(tiny_vit, images[:2], method=method, **({"keep_heads": True} if spec.takes("keep_heads") else {}))
     filled = {name for name in OPTIONAL_FIELDS if getattr(exp, name) is not None}
-    assert filled == set(spec.returns), method
+    # registers: filled where the model has register tokens (tests/adapters/test_vit_variants.py checks which)
+    assert filled == set(spec.returns) - {"registers"}, method
     one = exp[1]
     for name in filled - {"conservation"}:
         assert getattr(one, name).shape[0] == 1 and getattr(one, name).equal(getattr(exp, name)[1:2]), name

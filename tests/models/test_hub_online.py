@@ -57,6 +57,8 @@ CASES: dict[str, tuple[str, str, str]] = {
     ),
     "facebook/deit-small-patch16-224": ("facebook/deit-small-patch16-224", "image", "transformer_attribution"),
     "openai/clip-vit-base-patch32": ("openai/clip-vit-base-patch32", "clip", "generic_attention"),
+    "facebook/dinov2-with-registers-small": ("facebook/dinov2-with-registers-small", "image", "cp_lrp"),
+    "microsoft/beit-base-patch16-224": ("microsoft/beit-base-patch16-224", "image", "attnlrp"),
 }
 
 #: names that are on no hub: an HF repo id, and a timm hub repo
@@ -74,6 +76,8 @@ def _build_repo(repo: str, folder: Path, vocab: Path) -> torch.nn.Module:
         "cardiffnlp/twitter-roberta-base-sentiment-latest": localhub.roberta_sentiment_repo,
         "facebook/deit-small-patch16-224": localhub.deit_image_repo,
         "openai/clip-vit-base-patch32": localhub.clip_repo,
+        "facebook/dinov2-with-registers-small": localhub.dinov2_registers_repo,
+        "microsoft/beit-base-patch16-224": localhub.beit_repo,
     }
     return builders[repo](folder)
 
