@@ -73,6 +73,8 @@ class DisentangledScores:
         N = k.shape[2]
         scale = self.scale(q.dtype)
         c2c = r(MATMUL_QK, lambda a, bT: a @ (bT / scale), q, k.transpose(-2, -1), reuse=False)
+        if self.pos_key is None and self.pos_query is None:  # no relative attention: the content term alone
+            return c2c
         terms = []
         rel = self.relative(N).to(q.device)  # (N, N): δ(i, j) of query i, key j
         top = 2 * self.span - 1
@@ -89,8 +91,6 @@ class DisentangledScores:
             index = (self.span - rel).clamp(0, top).expand(*k.shape[:2], N, N)
             p2c = p2c.gather(-1, index).transpose(-1, -2)  # (B, H, N, N): [query i, key j]
             terms.append(p2c if rows is None else take_rows(p2c, rows.to(q.device), 2))
-        if not terms:
-            return c2c
         return r(ADD, _summed, c2c, *terms)
 
 
