@@ -151,6 +151,8 @@ def test_the_buckets_and_table_are_the_models():
 # ---------------------------------------------------------------- batch = each row alone; padding 0
 @pytest.mark.parametrize("config", ["v3", "embed_proj"])
 def test_batch_equals_each_row_alone_in_float64(config):
+    """Every method but PA-LRP (refused): each row's map is the row's alone (relative positions do not see the
+    right padding), padding scores 0."""
     model = make(config).double()
     inputs = batch()
     mask = inputs["attention_mask"]
@@ -195,8 +197,9 @@ def test_cp_lrp_conserves_without_additive_constants(config):
     inputs = batch()
     exp = explain(model, inputs, method="cp_lrp")
     y = exp.logits.gather(1, exp.target[:, None])[:, 0]
-    assert ((exp.scores.sum(1) - y).abs() / y.abs()).max() <= 1e-9
-    assert ((exp.conservation.blocks - y[:, None]).abs() / y.abs()[:, None]).max() <= 1e-9
+    # the identity rule's 1e-10 stabiliser at GELU aside: measured ≤ 5.9e-10 relative
+    assert ((exp.scores.sum(1) - y).abs() / y.abs()).max() <= 2e-9
+    assert ((exp.conservation.blocks - y[:, None]).abs() / y.abs()[:, None]).max() <= 2e-9
     kept = explain(make(config).double(), inputs, method="cp_lrp")
     y_kept = kept.logits.gather(1, kept.target[:, None])[:, 0]
     assert ((kept.scores.sum(1) - y_kept).abs() / y_kept.abs()).max() > 1e-3
@@ -267,34 +270,27 @@ def test_attnlrp_halves_and_cp_lrp_detaches_each_product():
 
 
 # ---------------------------------------------------------------- methods, the model untouched, refusals
-def test_methods_run_or_are_refused():
-    """Every method of the registry runs, except PA-LRP on a model with relative attention: refused, naming why;
-    without relative attention (positions only absolute) PA-LRP runs."""
-    model = make("v3")
+def test_methods_run_or_are_refused_and_the_model_is_untouched():
+    """Every method of the registry runs (finite scores) on a model left in training mode, except PA-LRP on a model
+    with relative attention: refused, naming why; without relative attention (positions only absolute) PA-LRP runs.
+    Parameters, modes, flags, hooks and gradients stay as they were."""
+    model = make("separate_projections")
+    model.train()  # an unusual mode must survive too
     inputs = batch()
+    before = snapshot(model)
     for method in lrp_core.METHODS:
         if method == "pa_lrp":
             with pytest.raises(UnsupportedModelError, match="relative-position terms"):
                 explain(model, inputs, method=method)
             continue
         assert torch.isfinite(explain(model, inputs, method=method).scores).all(), method
-    absolute = make("no_relative").double()
-    pa = explain(absolute, inputs, method="pa_lrp")
-    assert pa.positional.abs().max() > 0 and (pa.positional[inputs["attention_mask"] == 0] == 0).all()
-
-
-def test_model_is_untouched():
-    model = make("separate_projections")
-    model.train()  # an unusual mode must survive too
-    inputs = batch()
-    before = snapshot(model)
-    for method in lrp_core.METHODS:
-        if method != "pa_lrp":
-            explain(model, inputs, method=method)
     assert_untouched(before, snapshot(model))
     with pytest.raises(InputError):
         explain(model, inputs, target=99)
     assert_untouched(before, snapshot(model))
+    absolute = make("no_relative").double()
+    pa = explain(absolute, inputs, method="pa_lrp")
+    assert pa.positional.abs().max() > 0 and (pa.positional[inputs["attention_mask"] == 0] == 0).all()
 
 
 def _tiny(cls_name: str, config_name: str, **kw):
