@@ -2,7 +2,7 @@
 
 BERT's post-LN layers (``attention.self`` / ``attention.output``, ``intermediate``, ``output``) with DeBERTa's
 **disentangled attention**: the scores add content → position and position → content terms of the relative
-embeddings to ``q·kᵀ`` (:mod:`.disentangled`, docs/METHODS.md §2h). The rest, in the model's order:
+embeddings to ``q·kᵀ`` (:mod:`.disentangled`, docs/METHODS.md §2k). The rest, in the model's order:
 
 * embeddings: words (+ absolute positions where ``position_biased_input``) (+ token types where the model has
   a segment table) → ``embed_proj`` (where the embedding width differs) → LayerNorm → × the padding mask
@@ -46,7 +46,7 @@ REFUSED_METHODS = {
     "pa_lrp": "DeBERTa's positions enter through the relative-position terms of its attention scores (the "
     "projected relative embeddings, gathered by bucket), which PA-LRP's rules do not make relevance inputs (they "
     "take the rotary tables and the added position embeddings only), so the positions' share would be missing. "
-    "Use attnlrp or cp_lrp (the relative-position operand's share is absorbed, docs/METHODS.md §2h)",
+    "Use attnlrp or cp_lrp (the relative-position operand's share is absorbed, docs/METHODS.md §2k)",
 }
 
 

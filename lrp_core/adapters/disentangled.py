@@ -1,4 +1,4 @@
-"""DeBERTa's disentangled attention scores (docs/METHODS.md §2h): a block feature of :mod:`.attention`.
+"""DeBERTa's disentangled attention scores (docs/METHODS.md §2k): a block feature of :mod:`.attention`.
 
 The scores of one head are three products, each divided by ``√(d · f)`` (``f`` = 1 + the number of position
 terms), summed before the mask:
