@@ -26,12 +26,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..errors import UnsupportedModelError
+from ..errors import InputError, UnsupportedModelError
 from ..rules.linear import is_linear
 from ..rules.ops import ADD, ELEMENTWISE, LINEAR, POS_ADD
 from .batches import TextBatch
 from .bert import BertAdapter
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
+from .checks import token_ids
 from .disentangled import DisentangledScores
 from .heads import hf_heads
 from .parts import ModelPart
@@ -137,7 +138,8 @@ class DebertaV2Adapter(BertAdapter):
         from transformers.activations import ACT2FN
 
         model = self.model
-        pooler, clf = getattr(model, "pooler", None), getattr(model, "classifier", None)
+        pooler: ModelPart = getattr(model, "pooler", None)
+        clf = getattr(model, "classifier", None)
         if not is_linear(getattr(pooler, "dense", None)) or not is_linear(clf):
             raise UnsupportedModelError(
                 f"{type(model).__name__}: classification head not recognised (expected pooler.dense and a Linear "
@@ -146,12 +148,20 @@ class DebertaV2Adapter(BertAdapter):
         act = ACT2FN[model.config.pooler_hidden_act]  # the module the pooler's forward looks up
         return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, act), HeadLayer(LINEAR, clf)]
 
-    def _given_positions(self, value, ids: Tensor) -> Optional[Tensor]:
-        """Given ``position_ids`` index the absolute table; without one (``position_biased_input`` off, DeBERTa-v3)
-        the model ignores them, and so does the replay."""
-        if self.base.embeddings.position_embeddings is None:
-            return None
-        return super()._given_positions(value, ids)
+    def _given_positions(self, value, ids: Tensor) -> Tensor:
+        """Given ``position_ids`` (B, T) or (1, T) index the absolute table; without one (``position_biased_input``
+        off, DeBERTa-v3) the model ignores them, and so does the replay (their shape is still checked)."""
+        if self.base.embeddings.position_embeddings is not None:
+            return super()._given_positions(value, ids)
+        pos = token_ids(value, "position_ids").to(ids.device)
+        if pos.shape[0] == 1 and pos.shape[1:] == ids.shape[1:]:
+            pos = pos.expand(ids.shape)
+        if pos.shape != ids.shape:
+            raise InputError(
+                f"position_ids has shape {tuple(pos.shape)}, input_ids {tuple(ids.shape)}: give one position per "
+                "token, (B, T) or (1, T)"
+            )
+        return pos
 
     # --------------------------------------------------------------- forward
     def embed(self, prepared: TextBatch, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:

@@ -55,6 +55,7 @@ CASES: dict[str, tuple[str, str, str]] = {
         "text",
         "attnlrp",
     ),
+    "microsoft/deberta-v3-base": ("microsoft/deberta-v3-base", "text", "attnlrp"),
     "facebook/deit-small-patch16-224": ("facebook/deit-small-patch16-224", "image", "transformer_attribution"),
     "openai/clip-vit-base-patch32": ("openai/clip-vit-base-patch32", "clip", "generic_attention"),
 }
@@ -72,6 +73,7 @@ def _build_repo(repo: str, folder: Path, vocab: Path) -> torch.nn.Module:
         "textattack/bert-base-uncased-SST-2": lambda f: localhub.bert_sst2_repo(f, vocab),
         "distilbert-base-uncased-finetuned-sst-2-english": lambda f: localhub.distilbert_sst2_repo(f, vocab),
         "cardiffnlp/twitter-roberta-base-sentiment-latest": localhub.roberta_sentiment_repo,
+        "microsoft/deberta-v3-base": localhub.deberta_v3_repo,
         "facebook/deit-small-patch16-224": localhub.deit_image_repo,
         "openai/clip-vit-base-patch32": localhub.clip_repo,
     }
