@@ -136,6 +136,12 @@ def _deberta_v2(model):
     return DebertaV2Adapter(model)
 
 
+def _esm(model):
+    from .esm import EsmAdapter
+
+    return EsmAdapter(model)
+
+
 def _modernbert(model):
     from .modernbert import ModernBertAdapter
 
@@ -187,13 +193,12 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "(DebertaV2ForSequenceClassification) or a BERT-family one",
     ),
     (
-        "ESM and RoFormer",
-        hf_type("esm", "roformer"),
-        "their rotary self-attention sits in BERT-layout encoders the replay does not describe: ESM has pre-LN "
-        "layers with a final emb_layer_norm_after, rotary or absolute positions by config and the token-dropout "
-        "rescaling of its embeddings (by the share of mask tokens per row); RoFormer rotates q and k (and, with "
-        "rotary_value, v) by sinusoidal tables in the interleaved-pair layout inside post-LN layers. Neither is "
-        "described by an adapter yet. Use a BERT-family, ModernBERT (rotary) or DeBERTa-v2 / v3 classifier",
+        "RoFormer and ESM other than EsmForSequenceClassification",
+        lambda m: hf_type("roformer")(m) or (hf_type("esm")(m) and not is_hf_sequence_classifier(m)),
+        "RoFormer rotates q and k (and, with rotary_value, v) by sinusoidal tables in the interleaved-pair layout "
+        "inside post-LN layers, which no adapter describes; the ESM masked-LM, token-classification and folding "
+        "models predict per token or have no head. Use EsmForSequenceClassification, ModernBERT (rotary) or a "
+        "DeBERTa-v2 / v3 classifier",
     ),
     (
         "Longformer and BigBird",
@@ -465,6 +470,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "relative positions, shared or separate position projections; ContextPooler head)",
         hf_text("deberta-v2"),
         _deberta_v2,
+    ),
+    (
+        "Hugging Face EsmForSequenceClassification (ESM-2 / ESM-1b protein models: pre-LN layers, rotary or absolute "
+        "positions, token dropout)",
+        hf_text("esm"),
+        _esm,
     ),
     (
         "Hugging Face ModernBertForSequenceClassification (rotary positions, global and sliding-window layers, GLU "

@@ -80,6 +80,9 @@ class AttentionSpec:
     per head in every row's denominator, no value; never fused), the map ``A`` then the softmax without the sink
     column.
 
+    ``query_scale``: the queries are multiplied by it before they are rotated (ESM; a constant scale, its relevance
+    passes unchanged), the scores then taking ``scale`` (1 there); ``None``: no such step.
+
     ``scores``: the scaled scores computed by the family's own forward, ``(q, k, r, rows) -> (B, H, N, M)`` in
     place of one scaled ``q·kᵀ`` (DeBERTa's disentangled c2c + c2p + p2c: :mod:`.disentangled`; never fused).
 
@@ -128,6 +131,7 @@ class AttentionSpec:
     softmax: Optional[Callable[[Tensor], Tensor]] = None
     sinks: Optional[nn.Module] = None
     scores: Optional[Callable[..., Tensor]] = None
+    query_scale: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
@@ -289,6 +293,9 @@ def attention_forward(
     B, N, _ = h.shape
     H, d, groups = p.num_heads, p.head_dim, p.groups
     lin, q, k, v = _project(p, _padded(p, h), r)
+    if p.query_scale is not None:
+        scale = p.query_scale
+        q = r.transparent(lambda t: t * scale, q)
     if p.rotary:
         assert rope is not None, "a rotary attention gets its tables (Adapter.block_context)"
         cos, sin = rope

@@ -51,6 +51,19 @@ REFUSED_METHODS = {
 }
 
 
+def position_ids_shaped(value, ids: Tensor) -> Tensor:
+    """``position_ids`` given as (B, T) or (1, T), as (B, T) long; refused where they are not one per token."""
+    pos = token_ids(value, "position_ids").to(ids.device)
+    if pos.shape[0] == 1 and pos.shape[1:] == ids.shape[1:]:
+        pos = pos.expand(ids.shape)
+    if pos.shape != ids.shape:
+        raise InputError(
+            f"position_ids has shape {tuple(pos.shape)}, input_ids {tuple(ids.shape)}: give one position per token, "
+            "(B, T) or (1, T)"
+        )
+    return pos
+
+
 class DebertaV2Adapter(BertAdapter):
     """``DebertaV2ForSequenceClassification``: post-LN layers with disentangled attention, a ContextPooler head."""
 
@@ -153,15 +166,7 @@ class DebertaV2Adapter(BertAdapter):
         off, DeBERTa-v3) the model ignores them, and so does the replay (their shape is still checked)."""
         if self.base.embeddings.position_embeddings is not None:
             return super()._given_positions(value, ids)
-        pos = token_ids(value, "position_ids").to(ids.device)
-        if pos.shape[0] == 1 and pos.shape[1:] == ids.shape[1:]:
-            pos = pos.expand(ids.shape)
-        if pos.shape != ids.shape:
-            raise InputError(
-                f"position_ids has shape {tuple(pos.shape)}, input_ids {tuple(ids.shape)}: give one position per "
-                "token, (B, T) or (1, T)"
-            )
-        return pos
+        return position_ids_shaped(value, ids)
 
     # --------------------------------------------------------------- forward
     def embed(self, prepared: TextBatch, r: Replay = NO_RECORD, track: bool = False) -> EmbeddingRecord:
@@ -196,4 +201,4 @@ class DebertaV2Adapter(BertAdapter):
         return (1.0 - pair) * torch.finfo(x0.dtype).min
 
 
-__all__ = ["DebertaV2Adapter", "REFUSED_METHODS"]
+__all__ = ["DebertaV2Adapter", "REFUSED_METHODS", "position_ids_shaped"]
