@@ -139,8 +139,9 @@ def test_cp_lrp_conserves_without_additive_constants(config):
     inputs = batch()
     exp = explain(model, inputs, method="cp_lrp")
     y = exp.logits.gather(1, exp.target[:, None])[:, 0]
-    assert ((exp.scores.sum(1) - y).abs() / y.abs()).max() <= 2e-9
-    assert ((exp.conservation.blocks - y[:, None]).abs() / y.abs()[:, None]).max() <= 2e-9
+    # the identity rule's 1e-10 stabiliser at the GELUs aside: measured 1.5e-9 (ESM-2), 1.4e-10 (ESM-1b) relative
+    assert ((exp.scores.sum(1) - y).abs() / y.abs()).max() <= 5e-9
+    assert ((exp.conservation.blocks - y[:, None]).abs() / y.abs()[:, None]).max() <= 5e-9
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
