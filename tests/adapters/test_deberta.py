@@ -337,3 +337,18 @@ def test_inputs_the_replay_does_not_read_are_refused():
     v2 = make("v2").double()
     own = _logits(v2, {**inputs, "position_ids": pos})
     assert (explain(v2, {**inputs, "position_ids": pos}, method="attnlrp").logits - own).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize("config", ["v3", "log_buckets", "c2p_only", "p2c_only"])
+def test_scores_of_one_query_row_are_that_row_of_the_full_scores(config):
+    """``rows`` (a readout that reads one token per row computes the last block at it alone): the scores of query
+    row ``rows[b]`` equal that row of the full (B, H, N, N) scores."""
+    from lrp_core.rules.tensors import take_rows
+
+    spec = get_adapter(make(config).double()).blocks[0].attn.scores
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(3, 2, 6, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    rows = torch.tensor([5, 0, 3])
+    full = spec(q, k, Replay())
+    one = spec(take_rows(q, rows, 2), k, Replay(), rows)
+    assert one.shape == (3, 2, 1, 6) and rel_err(one, take_rows(full, rows, 2)) <= 1e-13  # BLAS round-off
