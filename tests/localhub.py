@@ -396,6 +396,59 @@ def roberta_sentiment_repo(folder: Path, seed: int = 3) -> torch.nn.Module:
     return model
 
 
+def deberta_v3_repo(folder: Path, seed: int = 7) -> torch.nn.Module:
+    """``microsoft/deberta-v3-base``: config.json (DeBERTa-v3's layout: relative attention with 256 buckets, shared
+    position projections, the relative table normalised, no absolute positions, no token types), pytorch_model.bin
+    and tokenizer_config.json as that repo has them; a tiny sentencepiece-style Unigram ``tokenizer.json`` stands for
+    its spm.model (transformers 5 reads it without sentencepiece), and the checkpoint carries a classifier head, so
+    that the loaded logits are the served model's (the real repo has none: loading adds a new head)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+    pieces = ["\u2581"] + [chr(c) for c in range(33, 127)] + ["\u2581" + chr(c) for c in range(97, 123)]
+    vocab = [(t, 0.0) for t in specials] + [(w, -1.0 - 0.01 * i) for i, w in enumerate(pieces)]
+    torch.manual_seed(seed)
+    cfg = DebertaV2Config(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        relative_attention=True,
+        pos_att_type=["p2c", "c2p"],
+        position_buckets=256,
+        max_relative_positions=-1,
+        share_att_key=True,
+        norm_rel_ebd="layer_norm",
+        position_biased_input=False,
+        type_vocab_size=0,
+        layer_norm_eps=1e-7,
+        pad_token_id=0,
+    )
+    model = DebertaV2ForSequenceClassification(cfg).eval()
+    _randomise_norms(model, seed)
+    _save_bin_checkpoint(folder, model)
+    tokenizer = Tokenizer(models.Unigram(vocab, unk_id=3))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    tokenizer.save(str(folder / "tokenizer.json"))
+    _write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "DebertaV2Tokenizer",
+            "do_lower_case": False,
+            "model_max_length": 512,
+            **dict(zip(("pad_token", "cls_token", "sep_token", "unk_token", "mask_token"), specials)),
+        },
+    )
+    return model
+
+
 def deit_image_repo(folder: Path, seed: int = 4) -> torch.nn.Module:
     """``facebook/deit-small-patch16-224``: config.json (ViTForImageClassification, 224 px, 16 px patches),
     pytorch_model.bin and the legacy preprocessor_config.json (DeiTFeatureExtractor, resize 256, crop 224)."""

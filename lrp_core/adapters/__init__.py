@@ -142,6 +142,18 @@ def _mpnet(model):
     return MPNetAdapter(model)
 
 
+def _deberta_v2(model):
+    from .deberta import DebertaV2Adapter
+
+    return DebertaV2Adapter(model)
+
+
+def _esm(model):
+    from .esm import EsmAdapter
+
+    return EsmAdapter(model)
+
+
 def _modernbert(model):
     from .modernbert import ModernBertAdapter
 
@@ -176,12 +188,37 @@ HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassificati
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
 REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     (
-        "DeBERTa / DeBERTa-v2",
-        hf_text("deberta", "deberta-v2"),
-        "its disentangled attention adds content-to-position and position-to-content score terms that depend on "
-        "the tokens (relative position embeddings multiplied with the queries and keys), so the scores are not "
-        "q·kᵀ plus a constant and the block replay and its relevance rules do not apply. Use a BERT, RoBERTa, "
-        "DistilBERT, ALBERT, ELECTRA or MPNet classifier instead",
+        "DeBERTa-v2 / v3 without a sequence-classification head",
+        lambda m: hf_type("deberta-v2")(m) and not is_hf_sequence_classifier(m),
+        "only DebertaV2ForSequenceClassification is explained (one prediction per text, read at token 0 through "
+        "the ContextPooler); the masked-LM, token-classification, question-answering and multiple-choice heads "
+        "predict per token or per choice, and DebertaV2Model has no head. Load the checkpoint as "
+        "DebertaV2ForSequenceClassification",
+    ),
+    (
+        "DeBERTa (v1)",
+        hf_type("deberta"),
+        "its disentangled attention is laid out differently from DeBERTa-v2's, and that layout is not described: "
+        "one fused in_proj whose outputs interleave q, k, v per head, separate q_bias / v_bias parameters, the "
+        "queries scaled before the products, unbucketed relative positions cut to the sequence's span, optional "
+        "talking-heads mixes across heads, and its own float32 DebertaLayerNorm. Use a DeBERTa-v2 / v3 classifier "
+        "(DebertaV2ForSequenceClassification) or a BERT-family one",
+    ),
+    (
+        "RoFormer and ESM other than EsmForSequenceClassification",
+        lambda m: hf_type("roformer")(m) or (hf_type("esm")(m) and not is_hf_sequence_classifier(m)),
+        "RoFormer rotates q and k (and, with rotary_value, v) by sinusoidal tables in the interleaved-pair layout "
+        "inside post-LN layers, which no adapter describes; the ESM masked-LM, token-classification and folding "
+        "models predict per token or have no head. Use EsmForSequenceClassification, ModernBERT (rotary) or a "
+        "DeBERTa-v2 / v3 classifier",
+    ),
+    (
+        "Longformer and BigBird",
+        hf_type("longformer", "big_bird", "bigbird_pegasus"),
+        "their attention is sparse: Longformer's sliding windows with global tokens (separate global q/k/v "
+        "projections) and BigBird's block-sparse pattern of window, global and random key blocks, so a token's "
+        "attention is not one softmax over every key and the N × N maps the layer-product methods multiply do not "
+        "exist as the model computes them. Use a dense-attention encoder (BERT family, ModernBERT, DeBERTa-v2 / v3)",
     ),
     (
         "ModernBERT without a sequence-classification head",
@@ -474,6 +511,18 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         _albert,
     ),
     ("Hugging Face MPNetForSequenceClassification (relative position bias)", hf_text("mpnet"), _mpnet),
+    (
+        "Hugging Face DebertaV2ForSequenceClassification (DeBERTa-v2 / v3: disentangled attention with bucketed "
+        "relative positions, shared or separate position projections; ContextPooler head)",
+        hf_text("deberta-v2"),
+        _deberta_v2,
+    ),
+    (
+        "Hugging Face EsmForSequenceClassification (ESM-2 / ESM-1b protein models: pre-LN layers, rotary or absolute "
+        "positions, token dropout)",
+        hf_text("esm"),
+        _esm,
+    ),
     (
         "Hugging Face ModernBertForSequenceClassification (rotary positions, global and sliding-window layers, GLU "
         "MLPs; [CLS] or mean pooling)",

@@ -80,6 +80,12 @@ class AttentionSpec:
     per head in every row's denominator, no value; never fused), the map ``A`` then the softmax without the sink
     column.
 
+    ``query_scale``: the queries are multiplied by it before they are rotated (ESM; a constant scale, its relevance
+    passes unchanged), the scores then taking ``scale`` (1 there); ``None``: no such step.
+
+    ``scores``: the scaled scores computed by the family's own forward, ``(q, k, r, rows) -> (B, H, N, M)`` in
+    place of one scaled ``q·kᵀ`` (DeBERTa's disentangled c2c + c2p + p2c: :mod:`.disentangled`; never fused).
+
     ``pad_tokens``: the attention reads that many zero tokens after the N tokens of its input (keys and values,
     whose outputs are dropped): the padding a windowed model adds to fill its windows (Swin). The bias then covers
     all N + pad_tokens tokens; the record keeps the unpadded input ``h`` and the cropped output projection
@@ -124,6 +130,8 @@ class AttentionSpec:
     pad_tokens: int = 0
     softmax: Optional[Callable[[Tensor], Tensor]] = None
     sinks: Optional[nn.Module] = None
+    scores: Optional[Callable[..., Tensor]] = None
+    query_scale: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
@@ -199,7 +207,13 @@ def _unpadded(p: AttentionSpec, t: Tensor, n: int) -> Tensor:
 
 
 def _explicit_attention(
-    p: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], r: Replay
+    p: AttentionSpec,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Optional[Tensor],
+    r: Replay,
+    rows: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """The attention with its map computed: ``A = softmax(mask(scaled q·kᵀ))``, then ``A·v``.
 
@@ -217,6 +231,8 @@ def _explicit_attention(
         The additive mask, broadcast to ``(B, H, N, M)``, or ``None``.
     r : Replay
         Runs (and records) each operation through its rule.
+    rows : Tensor or None
+        ``(B,)``: the query row q holds of each sample, for the family's own ``p.scores``; ``None``: every row.
 
     Returns
     -------
@@ -226,7 +242,10 @@ def _explicit_attention(
     groups = p.groups
     k_all, v_all = (k, v) if groups == 1 else (r(KV_REPEAT, lambda t: repeat_kv(t, groups), t) for t in (k, v))
     # the scaled q·kᵀ is one operation; its explicit rule reads q·kᵀ itself (reuse=False)
-    scores = r(MATMUL_QK, scaled_matmul(p.scale, p.scale_queries_first), q, k_all.transpose(-2, -1), reuse=False)
+    if p.scores is not None:  # the family's own scores (DeBERTa's disentangled terms)
+        scores = p.scores(q, k_all, r, rows)
+    else:
+        scores = r(MATMUL_QK, scaled_matmul(p.scale, p.scale_queries_first), q, k_all.transpose(-2, -1), reuse=False)
     if p.softcap is not None:  # not a module of the model: not recorded as the first element-wise layer
         scores = r(ELEMENTWISE, p.softcap, scores, module=p.softcap)
     masked = scores if bias is None else r(MASK_ADD, plus, scores, bias)
@@ -274,21 +293,24 @@ def attention_forward(
     B, N, _ = h.shape
     H, d, groups = p.num_heads, p.head_dim, p.groups
     lin, q, k, v = _project(p, _padded(p, h), r)
+    if p.query_scale is not None:
+        scale = p.query_scale
+        q = r.transparent(lambda t: t * scale, q)
     if p.rotary:
         assert rope is not None, "a rotary attention gets its tables (Adapter.block_context)"
         cos, sin = rope
         q, k = _rotate(p, q, cos, sin, r), _rotate(p, k, cos, sin, r)
-    causal = p.causal
+    causal, picked = p.causal, rows
     if rows is not None:  # every other query row's output reaches nothing that is read
         q = take_rows(q, rows, 2)  # (B, H, 1, d)
         bias = query_row_bias(bias, rows, N, p.causal, q)
         causal = False  # a single query row: its keys are chosen by the row mask
         N = 1
     A = None
-    if p.sdpa and r.fuse and p.softcap is None and p.sinks is None:
+    if p.sdpa and r.fuse and p.softcap is None and p.sinks is None and p.scores is None:
         ctx = r(ATTENTION, fused_attention(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
     else:
-        A, ctx = _explicit_attention(p, q, k, v, bias, r)
+        A, ctx = _explicit_attention(p, q, k, v, bias, r, picked)
     o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N + p.pad_tokens, H * d))
     lin["proj"] = r.module(LINEAR, p.proj, o)
     if p.pad_tokens:  # the padding's outputs are dropped

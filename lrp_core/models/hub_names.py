@@ -21,6 +21,7 @@ _TEXT_HINTS = (
     "imdb",
     "electra",
     "mpnet",
+    "deberta",
 )
 _IMAGE_HINTS = ("vit", "deit", "beit", "dino", "image", "swin", "convnext", "resnet", "patch")
 _VLM_HINTS = ("llava", "vlm", "-vl-", "-vl", "paligemma", "idefics", "image-text")
@@ -66,6 +67,11 @@ KNOWN_HF_MODELS = {
         "XLMRobertaForSequenceClassification (multilingual tweets, negative / neutral / positive)",
     ),
     "textattack/albert-base-v2-SST-2": ("text", "AlbertForSequenceClassification (SST-2)"),
+    "microsoft/deberta-v3-base": (
+        "text",
+        "DebertaV2ForSequenceClassification (DeBERTa-v3 encoder; the repo has no classifier: loading adds a new, "
+        "untrained head, to fine-tune before its predictions mean anything)",
+    ),
     # image–text: CLIP, explained as the similarity of an image to text prompts
     "openai/clip-vit-base-patch32": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
     "openai/clip-vit-base-patch16": ("image", "CLIPModel (image–text similarity; target = a prompt)"),

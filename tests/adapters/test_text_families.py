@@ -174,14 +174,6 @@ def test_mpnet_position_bias_is_in_every_block():
     assert torch.equal(bias[0], position[0])  # sample 0 has no padding
 
 
-def _deberta_v2():
-    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
-
-    return DebertaV2ForSequenceClassification(
-        DebertaV2Config(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
-    )
-
-
 def _modernbert_mlm():
     from transformers import ModernBertConfig, ModernBertForMaskedLM
 
@@ -203,7 +195,9 @@ def _modernbert_mlm():
 
 @pytest.mark.parametrize(
     "build,why",
-    [(_deberta_v2, "disentangled attention"), (_modernbert_mlm, "ModernBertForSequenceClassification is explained")],
+    [
+        (_modernbert_mlm, "ModernBertForSequenceClassification is explained")
+    ],  # DeBERTa's: tests/adapters/test_deberta.py
 )
 def test_refused_families_say_why_and_what_is_supported(build, why):
     model = build()

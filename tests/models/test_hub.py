@@ -116,6 +116,7 @@ def test_known_vision_classifiers_fail_fast_offline_naming_the_embedded_models(o
         "distilbert-base-uncased-finetuned-sst-2-english",
         "cardiffnlp/twitter-roberta-base-sentiment-latest",
         "textattack/albert-base-v2-SST-2",
+        "microsoft/deberta-v3-base",
     ],
 )
 def test_known_text_classifiers_fail_fast_offline_naming_the_embedded_model(offline, name):
