@@ -168,7 +168,18 @@ class InProjection(LinearView):
 
 def siglip_pool_head(head: ModelPart) -> PoolHead:
     """SigLIP's pooling head (``SiglipMultiheadAttentionPoolingHead``: a probe, an ``nn.MultiheadAttention``, a
-    LayerNorm and an MLP) as a :class:`~lrp_core.adapters.attention_pool.PoolHead`."""
+    LayerNorm and an MLP) as a :class:`~lrp_core.adapters.attention_pool.PoolHead`.
+
+    Parameters
+    ----------
+    head : ModelPart
+        the model's pooling head (``vision_model.head``).
+
+    Returns
+    -------
+    PoolHead
+        the head's parts, read from its own modules (q, k, v split from the fused in-projection).
+    """
     att, mlp = head.attention, head.mlp
     d = int(att.head_dim)
     q, k, v = (InProjection(att, i) for i in range(3))
