@@ -79,24 +79,31 @@ def drive_widgets(owners: tuple[str, ...] | None = None) -> list[dict[str, Any]]
             child = stack.pop()
             owner[id(child)] = root
             stack.extend(getattr(child, "children", ()))
-    records = []
-    for c in alive:
-        if not isinstance(c, (W.Dropdown, W.ToggleButtons, W.RadioButtons, W.Select, W.IntSlider, W.FloatSlider)):
-            if not isinstance(c, W.Checkbox):
-                continue
-        if c.disabled or c.layout.display == "none" or c.layout.visibility == "hidden":
-            continue
+    kinds = (W.Dropdown, W.ToggleButtons, W.RadioButtons, W.Select, W.IntSlider, W.FloatSlider, W.Checkbox)
+    controls = [c for c in alive if isinstance(c, kinds)]
+    if owners is not None:
+        controls = [c for c in controls if type(owner.get(id(c), c)).__name__ in owners]
+
+    def usable(c: Any) -> bool:
+        return not c.disabled and c.layout.display != "none" and c.layout.visibility != "hidden"
+
+    records: list[dict[str, Any]] = []
+    driven: set[int] = set()
+
+    def drive(c: Any, within: str | None) -> None:
+        """Every value of ``c``, then back; at each, the controls it enabled (a head menu a view turns on)."""
         top = owner.get(id(c), c)
-        if owners is not None and type(top).__name__ not in owners:
-            continue
+        driven.add(id(c))
         rec: dict[str, Any] = {"owner": type(top).__name__, "control": c.description or type(c).__name__}
-        rec["visited"], rec["errors"] = [], []
+        rec.update(within=within, visited=[], errors=[])
+        records.append(rec)
         if isinstance(c, (W.IntSlider, W.FloatSlider)):
             field, start, values = "value", c.value, [c.min, c.max]
         elif isinstance(c, W.Checkbox):
             field, start, values = "value", c.value, [not c.value]
         else:
             field, start, values = "index", c.index, list(range(len(c.options)))
+        off = [d for d in controls if owner.get(id(d), d) is top and id(d) not in driven and not usable(d)]
         for v in [*values, start]:
             try:
                 setattr(c, field, v)
@@ -106,8 +113,15 @@ def drive_widgets(owners: tuple[str, ...] | None = None) -> list[dict[str, Any]]
             msg = getattr(top, "last_error", None)
             if msg and msg[:200] not in rec["errors"]:
                 rec["errors"].append(msg[:200])
+            if within is None and v != start:
+                for d in off:
+                    if id(d) not in driven and usable(d):
+                        drive(d, within=f"{rec['control']} = {rec['visited'][-1]}")
         rec["visited"] = rec["visited"][:-1]  # the last one set it back
-        records.append(rec)
+
+    for c in controls:
+        if id(c) not in driven and usable(c):
+            drive(c, within=None)
     return records
 
 
