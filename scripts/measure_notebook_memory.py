@@ -56,7 +56,7 @@ def _status_mb(pid: int) -> dict[str, float]:
 def drive_widgets(owners: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """Move every control of every ipywidget alive in this process the way a learner would; what was visited.
 
-    Choice controls (Dropdown, ToggleButtons, RadioButtons, Select) go through every option, sliders to
+    Choice controls (Dropdown, ToggleButtons, RadioButtons, Select, SelectionSlider) go through every option, sliders to
     their two ends, checkboxes are flipped; each is then set back. Disabled or hidden controls are left
     alone (a learner cannot reach them). Runs inside the kernel: self-contained (sent as source).
     Returns one record per control: its owner (the outermost widget holding it), description, the values
@@ -79,7 +79,8 @@ def drive_widgets(owners: tuple[str, ...] | None = None) -> list[dict[str, Any]]
             child = stack.pop()
             owner[id(child)] = root
             stack.extend(getattr(child, "children", ()))
-    kinds = (W.Dropdown, W.ToggleButtons, W.RadioButtons, W.Select, W.IntSlider, W.FloatSlider, W.Checkbox)
+    choices = (W.Dropdown, W.ToggleButtons, W.RadioButtons, W.Select, W.SelectionSlider)
+    kinds = (*choices, W.IntSlider, W.FloatSlider, W.Checkbox)
     controls = [c for c in alive if isinstance(c, kinds)]
     if owners is not None:
         controls = [c for c in controls if type(owner.get(id(c), c)).__name__ in owners]
@@ -254,8 +255,9 @@ def section(data: dict[str, Any]) -> str:
         "",
         "Every notebook ran top to bottom in its own fresh kernel, then its widgets were driven in that kernel",
         "as a learner drives them — every option of every menu and toggle (each class, each method, each view),",
-        "both ends of every slider (the block slider's first and last block), every checkbox — and the kernel's",
-        "`/proc/<pid>/status` was read after the cells and after the widgets (`python",
+        "both ends of every slider (the block slider's first and last block), every checkbox, one control at a",
+        "time and back; a control another one turns on (the head menu of the block views) while it is on — and",
+        "the kernel's `/proc/<pid>/status` was read after the cells and after the widgets (`python",
         "scripts/measure_notebook_memory.py --update-docs`; one notebook: pass its path, its row is replaced).",
         "*Peak* is the most the kernel held at any moment (`VmHWM`), *kept* what it still holds after the",
         "widgets — what a kernel left open keeps while the learner moves on (`VmRSS`). Kernels only; the",
@@ -276,10 +278,10 @@ def section(data: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "**A learner walking a plan.** With each kernel shut down when its notebook is done (the plans say when),",
+        "**A learner walking a plan.** With each kernel shut down when its notebook is done (the plans say when), "
         f"a learner needs the largest single kernel of the plan: **{three['largest_gb']:.1f} GB** for the three-hour "
         f"plan (notebook {three['largest']}), **{day['largest_gb']:.1f} GB** for the full day "
-        f"(notebook {day['largest']}).",
+        f"(notebook {day['largest']}). "
         f"With every kernel left open they add up: the three-hour plan's kernels {three['first']}–{three['last'] - 1} "
         f"keep {three['kept_before_last_gb']:.1f} GB, and notebook {three['last']}'s peak brings the learner to "
         f"**{three['all_open_gb']:.1f} GB**; the full day reaches **{day['all_open_gb']:.1f} GB** (kernels "
@@ -308,10 +310,10 @@ def section(data: dict[str, Any]) -> str:
 
 
 def _wrap(line: str) -> str:
-    """Long prose lines wrapped at 110 characters (tables and markers as they are)."""
+    """Long one-line paragraphs wrapped at 110 characters (tables, markers and written blocks as they are)."""
     return (
         line
-        if line.startswith(("|", "<!--")) or len(line) <= 110
+        if line.startswith(("|", "<!--")) or len(line) <= 110 or "\n" in line
         else textwrap.fill(line, 110, break_long_words=False, break_on_hyphens=False)
     )
 
@@ -408,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for path in paths:
             r = measure(path.resolve(), widgets=not args.no_widgets)
-            data["notebooks"][path.name] = r
+            data["notebooks"][path.name] = {"date": datetime.date.today().isoformat(), **r}
             print(
                 f"| {path.name} | {r['after_cells']['VmHWM']:.0f} | {r['after_widgets']['VmHWM']:.0f} | "
                 f"{r['after_widgets']['VmRSS']:.0f} | {r['seconds']:.0f} |",

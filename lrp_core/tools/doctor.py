@@ -470,7 +470,8 @@ def machine_capacity(total: int | None, available: int | None, disk_free: int) -
             "memory and disk",
             "warn",
             detail,
-            "a kernel peaks near 1.5 GB: close other programs or use a machine with more memory",
+            f"a kernel with its widgets needs up to {LEARNER_BYTES / gb:g} GB: close other programs or use a machine "
+            "with more memory",
         )
     if disk_free < MIN_FREE_DISK:
         return Result("memory and disk", "warn", detail, "free at least 1 GB of disk for caches and saved notebooks")
