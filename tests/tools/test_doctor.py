@@ -107,12 +107,14 @@ def test_tiny_s2s_check_translates_and_fails_on_untrained_weights(monkeypatch):
 
 
 def test_capacity_reports_ram_disk_and_learners():
-    """Learners = available memory // 2 GB; no learner or a nearly full disk is a warning with a fix."""
+    """Learners = available memory // the hub guarantee; no learner or a nearly full disk is a warning with a fix."""
     r = doctor.machine_capacity(total=32_000_000_000, available=25_000_000_000, disk_free=40_000_000_000)
     assert r.status == "ok"
     assert "RAM 32.0 GB, 25.0 GB available" in r.detail and "free disk 40.0 GB" in r.detail
-    assert "holds 12 learners" in r.detail  # 25 GB // 2 GB
-    low = doctor.machine_capacity(total=4_000_000_000, available=1_500_000_000, disk_free=40_000_000_000)
+    assert f"holds {int(25e9 // doctor.LEARNER_BYTES)} learners" in r.detail  # 25 GB // the hub guarantee
+    low = doctor.machine_capacity(
+        total=4_000_000_000, available=int(0.75 * doctor.LEARNER_BYTES), disk_free=40_000_000_000
+    )
     assert low.status == "warn" and "holds 0 learners" in low.detail and low.fix
     full = doctor.machine_capacity(total=32_000_000_000, available=25_000_000_000, disk_free=500_000_000)
     assert full.status == "warn" and "free disk 0.5 GB" in full.detail and full.fix
