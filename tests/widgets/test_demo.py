@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import ipywidgets as W
+
 from lrp_core.errors import UnsupportedModelError
 from widgets import demo
 
