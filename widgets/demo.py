@@ -160,13 +160,14 @@ def vlm_page() -> W.Widget:
 
     vlm = load("tiny-vlm")
     records = make_vqa(EXAMPLES, seed=HELD_OUT_SEED + 14)
+    preprocess: Any = vlm.preprocess  # (image, question) -> the processor's batch (typed for one argument)
 
     def build(i: int) -> W.Widget:
         r = records[i]
         mask = r.mask if r.has_evidence else None
         return GenerationExplorer(
             vlm,
-            prompt=vlm.preprocess(r.image, r.question),
+            prompt=preprocess(r.image, r.question),
             max_new_tokens=1,
             image=np.asarray(r.image),
             mask=mask,
