@@ -23,7 +23,7 @@ LAB_ARGS ?=
 USER_ID  ?= $(shell id -u)
 LAB_ROOT := $(if $(filter 0,$(USER_ID)),--allow-root)
 
-.PHONY: install lab test test-versions lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers slides learner-copy clean
+.PHONY: install lab demo test test-versions lint typecheck browser docs bench bench-quick evaluate wheelhouse figures answers slides learner-copy clean
 
 $(STAMP): pyproject.toml requirements-torch.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,18 @@ browser:
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/00_welcome.ipynb $(LAB_ROOT) $(LAB_ARGS)
+
+# The projector demo: the explorers on the embedded models as one page without code (Voilà), at
+# http://localhost:$(DEMO_PORT)/; Ctrl-C stops it. DEMO_ARGS as LAB_ARGS, e.g. in a container:
+# make demo DEMO_ARGS="--Voila.ip=0.0.0.0 --no-browser". The page's template (no CDN link) is in notebooks/demo/share;
+# only the widgets' extensions are loaded into the page (tests/widgets/test_demo_page.py runs the same arguments).
+DEMO_PORT ?= 8866
+DEMO_ARGS ?=
+DEMO_OPTS := --template=projector --strip_sources=True \
+	--VoilaConfiguration.extension_allowlist=@voila-dashboards/widgets-manager8 \
+	--VoilaConfiguration.extension_allowlist=@jupyter-widgets/jupyterlab-manager
+demo: $(STAMP)
+	JUPYTER_PATH=$(CURDIR)/notebooks/demo/share $(BIN)/voila notebooks/demo/projector.ipynb $(DEMO_OPTS) --port=$(DEMO_PORT) $(DEMO_ARGS)
 
 # The linter, the type checker and the documentation build run first: each fails the run on its first finding.
 # Then every test, then the coverage tests at the other ends of the admitted transformers / timm ranges.
