@@ -100,7 +100,7 @@ class Similarity(EmbeddingTarget):
 
     def __init__(self, e_ref: Any, pooling: Optional[str] = None):
         super().__init__(e_ref, pooling, "e_ref")
-        if bool((self.matrix().norm(dim=-1) == 0).any()):
+        if bool((super().matrix().norm(dim=-1) == 0).any()):
             raise InputError("e_ref has a zero vector: the cosine with it is not defined")
 
     def matrix(self) -> Tensor:
