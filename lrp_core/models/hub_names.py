@@ -57,6 +57,11 @@ KNOWN_HF_MODELS = {
         "XLMRobertaForSequenceClassification (multilingual tweets, negative / neutral / positive)",
     ),
     "textattack/albert-base-v2-SST-2": ("text", "AlbertForSequenceClassification (SST-2)"),
+    # sentence embeddings: a base model (no head), explained with target=Projection(v) / Similarity(e_ref)
+    "sentence-transformers/all-MiniLM-L6-v2": (
+        "text",
+        "BertModel (sentence embeddings: mean pooling, normalised; target=Similarity(e_ref, pooling='mean'))",
+    ),
     # image–text: CLIP, explained as the similarity of an image to text prompts
     "openai/clip-vit-base-patch32": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
     "openai/clip-vit-base-patch16": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
