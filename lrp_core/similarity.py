@@ -9,7 +9,8 @@ of two first-order quantities. With ``M(x; e_k)`` (T,) the token map of ``Projec
 
 so ``Σ_ij R_ij = Σ_k (Σ_i M_i(a; e_k)) (Σ_j M_j(b; e_k)) = ⟨e(a), e(b)⟩`` wherever ``M`` conserves (CP-LRP on a
 model without additive constants: exactly; with biases their share is absorbed). For a SentenceTransformer that
-ends in Normalize, and for ``normalise=True``, ``e`` is the unit embedding and the sum is the cosine similarity.
+ends in Normalize, and with ``normalise=True``, ``e`` is the unit embedding (its norm a constant, as for
+``Similarity``) and the sum is the cosine similarity.
 
 The D maps of a side are one :func:`~lrp_core.explain` call per group of ``dims_per_call`` dimensions: the batch is
 repeated once per dimension in the group and row ``(b, k)`` explains ``e_k(x_b)`` — one modified backward per
@@ -91,6 +92,7 @@ def _side(
     step: int,
     method: MethodLike,
     pooling: Optional[str],
+    normalise: bool,
     progress: bool,
     label: str,
     options: dict,
@@ -99,7 +101,7 @@ def _side(
     maps, embedding, mask, calls = [], [], None, 0
     groups = [range(k0, min(k0 + step, width)) for k0 in range(0, width, step)]
     for dims in progress_bar(groups, progress, desc=f"bilrp {label}", unit="call", leave=False):
-        exp = explain(model, _repeat(x, len(dims)), method=method, target=Basis(width, dims, pooling), **options)
+        exp = explain(model, _repeat(x, len(dims)), method=method, target=Basis(width, dims, pooling, normalise), **options)
         calls += 1
         B = exp.scores.shape[0] // len(dims)
         maps.append(exp.scores.detach().reshape(B, len(dims), -1))
@@ -117,6 +119,7 @@ def bilrp(
     method: MethodLike = "cp_lrp",
     *,
     pooling: Optional[str] = None,
+    normalise: bool = False,
     dims_per_call: int = 64,
     progress: Optional[bool] = None,
     **options: Any,
@@ -133,6 +136,9 @@ def bilrp(
         One of :data:`BILRP_METHODS` (default ``cp_lrp``), by name or as an object.
     pooling : str, optional
         The embedding (``None``: the model's own; ``"cls"``, ``"mean"``, ``"pooler"``).
+    normalise : bool
+        Explain the unit embedding ``e/‖e‖`` (the norm a constant): ``Σ R`` is then the cosine similarity. A
+        SentenceTransformer ending in Normalize is normalised anyway.
     dims_per_call : int
         Embedding dimensions explained per :func:`~lrp_core.explain` call (the batch is repeated that often).
     progress : bool, optional
@@ -156,8 +162,8 @@ def bilrp(
     width = embedding_width(adapter, adapter.check_inputs(a), pooling)
     show = progress if progress is not None else width > dims_per_call
     start = time.perf_counter()
-    Ma, ea, mask_a, na = _side(model, a, width, dims_per_call, method, pooling, show, "a", options)
-    Mb, eb, mask_b, nb = _side(model, b, width, dims_per_call, method, pooling, show, "b", options)
+    Ma, ea, mask_a, na = _side(model, a, width, dims_per_call, method, pooling, normalise, show, "a", options)
+    Mb, eb, mask_b, nb = _side(model, b, width, dims_per_call, method, pooling, normalise, show, "b", options)
     if Ma.shape[0] != Mb.shape[0]:
         raise InputError(f"a has {Ma.shape[0]} samples, b {Mb.shape[0]}: bilrp explains pairs (the same B)")
     seconds = time.perf_counter() - start
@@ -176,7 +182,7 @@ def bilrp(
         method=name,
         seconds=seconds,
         calls=na + nb,
-        options={"pooling": pooling, "dims_per_call": dims_per_call},
+        options={"pooling": pooling, "normalise": normalise, "dims_per_call": dims_per_call},
     )
 
 

@@ -100,3 +100,12 @@ def test_refusals_and_model_untouched():
     before = snapshot(model)
     bilrp(model, a, b, pooling="mean")
     assert_untouched(before, snapshot(model))
+
+
+def test_normalise_explains_the_cosine():
+    model = _bert(constants=False)
+    a, b = _pair()
+    r = bilrp(model, a, b, pooling="mean", normalise=True)
+    ea, eb = r.embeddings_a, r.embeddings_b
+    assert torch.allclose(ea.norm(dim=-1), torch.ones(2, dtype=torch.float64), rtol=1e-12)
+    assert (r.scores.sum(dim=(1, 2)) - r.similarity).abs().max() <= 1e-10

@@ -226,10 +226,12 @@ def own_embedding(adapter: "Adapter", prepared: Any, pooling: Optional[str]) -> 
 
 class Basis(EmbeddingTarget):
     """The unit vectors ``e_k`` for ``k`` in ``dims`` (BiLRP): rows come in groups of ``len(dims)``, row ``i``
-    explains ``e(x)_{dims[i mod K]}`` (``⟨e, one-hot⟩`` after the pipeline's own Normalize where it has one)."""
+    explains ``e(x)_{dims[i mod K]}`` (after the pipeline's own Normalize where it has one; ``normalise``: of
+    ``e/‖e‖``, the norm a constant)."""
 
-    def __init__(self, width: int, dims: range, pooling: Optional[str] = None):
+    def __init__(self, width: int, dims: range, pooling: Optional[str] = None, normalise: bool = False):
         super().__init__(torch.eye(width, dtype=torch.float64)[list(dims)], pooling, "basis")
+        self.normalise = normalise  # ⟨e/‖e‖, e_k⟩: the unit embedding's coordinates
 
     def class_ids(self, batch: int) -> list[int]:
         k = self.matrix().shape[0]
