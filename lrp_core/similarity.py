@@ -101,7 +101,8 @@ def _side(
     maps, embedding, mask, calls = [], [], None, 0
     groups = [range(k0, min(k0 + step, width)) for k0 in range(0, width, step)]
     for dims in progress_bar(groups, progress, desc=f"bilrp {label}", unit="call", leave=False):
-        exp = explain(model, _repeat(x, len(dims)), method=method, target=Basis(width, dims, pooling, normalise), **options)
+        target = Basis(width, dims, pooling, normalise)
+        exp = explain(model, _repeat(x, len(dims)), method=method, target=target, **options)
         calls += 1
         B = exp.scores.shape[0] // len(dims)
         maps.append(exp.scores.detach().reshape(B, len(dims), -1))
