@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..adapters.embeddings import EmbeddingTarget
+from ..adapters import EmbeddingTarget
 from ..errors import InputError
 from . import registry
 from .call import ConceptTarget, Contrast
