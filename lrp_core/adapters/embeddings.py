@@ -210,7 +210,8 @@ def own_embedding(adapter: "Adapter", prepared: Any, pooling: Optional[str]) -> 
         return adapter.sentence(dict(inputs))["sentence_embedding"]
     pooling = pooling or adapter.sentence_pooling
     model = adapter.model
-    out = getattr(model, "base_model", model)(**inputs)
+    base: Any = getattr(model, "base_model", None) or model
+    out = base(**inputs)
     hidden = out.last_hidden_state
     pooled = getattr(out, "pooler_output", None)
     if pooling in (None, "pooler") and pooled is not None:
@@ -297,7 +298,7 @@ def with_target(adapter: "Adapter", target: EmbeddingTarget) -> "Adapter":
         _CLASSES[cls] = type(f"Targeted{cls.__name__}", (_Targeted, cls), {})
     out = object.__new__(_CLASSES[cls])  # a shallow copy: the same attributes, the targeted class
     out.__dict__.update(adapter.__dict__)
-    out.target = target  # type: ignore[attr-defined]
+    out.target = target
     return out
 
 
