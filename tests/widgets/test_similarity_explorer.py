@@ -68,3 +68,23 @@ def test_an_error_is_shown_not_raised_and_the_static_view_is_the_table(tiny):
     assert "trl-pair" in w._repr_mimebundle_()["text/html"]
     w2 = SimilarityExplorer(model, tok, "a cat", "a dog", pooling="nonsense")
     assert w2.last_error is not None and "pooling" in w2.last_error and w2.result is None
+
+
+def test_token_relevance_shows_a_similaritys_words(tiny):
+    """TokenRelevance with a Similarity target: the map of cos(e(x), e_ref), its words, one row per text."""
+    from lrp_core import Similarity, explain
+    from widgets import TokenRelevance
+
+    model, tok = tiny
+    x = dict(tok(["a cat sat on the mat", "dogs run"], padding=True, return_tensors="pt"))
+    ref = torch.randn(2, 16)
+    w = TokenRelevance(model, x, tokenizer=tok, methods=["cp_lrp", "attnlrp"], target=Similarity(ref, "mean"))
+    assert w.last_error is None, w.last_error
+    assert w.class_selector.options == (("the similarity", 0),)
+    want = explain(model, {k: v[:1] for k, v in x.items()}, method="cp_lrp", target=Similarity(ref[0], "mean"))
+    assert np.allclose(w.displayed_map, want.scores[0].numpy(), rtol=1e-5, atol=1e-7)
+    assert "for the similarity" in w.html.value
+    w.sample_selector.value = 1
+    n = int(x["attention_mask"][1].sum())
+    want = explain(model, {k: v[1:, :n] for k, v in x.items()}, method="cp_lrp", target=Similarity(ref[1], "mean"))
+    assert np.allclose(w.displayed_map, want.scores[0].numpy(), rtol=1e-5, atol=1e-7)
