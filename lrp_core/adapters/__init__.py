@@ -330,6 +330,15 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         named("SiglipModel", "Siglip2Model"),
         _siglip_model,
     ),
+    (
+        "Hugging Face CLIPVisionModelWithProjection / CLIPTextModelWithProjection (one tower: image_embeds / "
+        "text_embeds, explained with target=Projection(v) / Similarity(e_ref))",
+        named("CLIPVisionModelWithProjection", "CLIPTextModelWithProjection"),
+        lambda m: _decoder(
+            "clip_towers",
+            "CLIPTextProjectionAdapter" if named("CLIPTextModelWithProjection")(m) else "CLIPVisionProjectionAdapter",
+        )(m),
+    ),
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip, _clip),
     (
         "Hugging Face LlavaForConditionalGeneration (LLaVA: a CLIP-vision or DINOv2 tower, the MLP projector, a "

@@ -251,3 +251,49 @@ def test_images_are_explained_on_the_patch_grid():
     model = make("vit")
     exp = explain(model, images(2), method="cp_lrp", target=Projection(torch.randn(32).double()))
     assert exp.scores.shape == (2, 16) and exp.pixels.shape == (2, 32, 32)
+
+
+# ---------------------------------------------------------------- CLIP towers alone
+def _clip_towers(seed: int = 0):
+    from transformers import (
+        CLIPTextConfig,
+        CLIPTextModelWithProjection,
+        CLIPVisionConfig,
+        CLIPVisionModelWithProjection,
+    )
+
+    torch.manual_seed(seed)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=16)
+    vision = CLIPVisionModelWithProjection(CLIPVisionConfig(image_size=32, patch_size=8, **sizes))
+    text = CLIPTextModelWithProjection(
+        CLIPTextConfig(
+            vocab_size=60, max_position_embeddings=20, eos_token_id=59, bos_token_id=58, pad_token_id=1, **sizes
+        )
+    )
+    prompts = {
+        "input_ids": torch.tensor([[58, 5, 6, 7, 59], [58, 8, 9, 59, 1], [58, 10, 59, 1, 1]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]]),
+    }
+    return vision.double().eval(), text.double().eval(), prompts
+
+
+def test_clip_towers_replay_their_own_embeds_and_conserve_without_constants():
+    vision, text, prompts = _clip_towers()
+    v = torch.randn(16, dtype=torch.float64)
+    x = images()
+    with torch.no_grad():
+        img, txt = vision(pixel_values=x).image_embeds, text(**prompts).text_embeds
+    assert torch.allclose(explain(vision, x, method="cp_lrp", target=Projection(v)).logits[:, 0], img @ v, rtol=1e-10)
+    sim = explain(text, prompts, method="attnlrp", target=Similarity(v))
+    assert torch.allclose(sim.logits[:, 0], F.cosine_similarity(txt, v[None]), rtol=1e-10)
+    assert (sim.scores[prompts["attention_mask"] == 0] == 0).all(), "padding scores 0"
+    n = 3
+    one = explain(text, {k: t[2:, :n] for k, t in prompts.items()}, method="attnlrp", target=Similarity(v))
+    assert torch.allclose(sim.scores[2, :n], one.scores[0], rtol=1e-8, atol=1e-12), "batch = alone"
+    for model, inputs in ((vision, x), (text, prompts)):
+        free = without_additive_constants(model)
+        with torch.no_grad():
+            free.vision_model.embeddings.class_embedding.zero_() if hasattr(free, "vision_model") else None
+        exp = explain(free, inputs, method="cp_lrp", target=Similarity(v))
+        y = exp.conservation.output
+        assert (exp.scores.sum(1) - y).abs().max() <= 1e-8 * y.abs().max(), type(model).__name__
