@@ -210,6 +210,8 @@ def own_embedding(adapter: "Adapter", prepared: Any, pooling: Optional[str]) -> 
         return adapter.sentence(dict(inputs))["sentence_embedding"]
     pooling = pooling or adapter.sentence_pooling
     model = adapter.model
+    if pooling is None and not hasattr(model, "config") and isinstance(inputs.get("pixel_values"), Tensor):
+        return model(inputs["pixel_values"])  # timm without a head (num_classes=0): its pooled features
     base: Any = getattr(model, "base_model", None) or model
     out = base(**inputs)
     hidden = out.last_hidden_state

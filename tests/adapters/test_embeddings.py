@@ -297,3 +297,22 @@ def test_clip_towers_replay_their_own_embeds_and_conserve_without_constants():
         exp = explain(free, inputs, method="cp_lrp", target=Similarity(v))
         y = exp.conservation.output
         assert (exp.scores.sum(1) - y).abs().max() <= 1e-8 * y.abs().max(), type(model).__name__
+
+
+@pytest.mark.parametrize("pool", ["token", "avg"])
+def test_a_timm_vit_without_a_head_projects_its_pooled_features(pool):
+    """timm with num_classes=0: e(x) is its forward's pooled features ([CLS] or the average), by the same readout."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = (
+        VisionTransformer(
+            img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=0, global_pool=pool
+        )
+        .double()
+        .eval()
+    )
+    v = torch.randn(32, dtype=torch.float64)
+    exp = explain(model, images(2), method="cp_lrp", target=Projection(v))
+    with torch.no_grad():
+        assert torch.allclose(exp.logits[:, 0], model(images(2)) @ v, rtol=1e-10)
