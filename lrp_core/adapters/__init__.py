@@ -266,26 +266,6 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
 #: (what the family is called, how to recognise a model, its adapter), tried in order.
 ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Adapter]]] = [
     (
-        "sentence-transformers SentenceTransformer (Transformer → Pooling (mean or cls) → Normalize, on a base model "
-        "named here; explained with target=Projection(v) / Similarity(e_ref))",
-        named("SentenceTransformer"),
-        _sentence,
-    ),
-    (
-        "Hugging Face BertModel and the BERT-family base models (RobertaModel, XLMRobertaModel, ElectraModel, "
-        "CamembertModel, Data2VecTextModel, DistilBertModel, MPNetModel): no head, explained with "
-        "target=Projection(v) / Similarity(e_ref) on the pooler output ([CLS] without a pooler) or pooling='cls' / "
-        "'mean' / 'pooler'",
-        hf_base(*BERT_FAMILY, "distilbert", "mpnet"),
-        _base_text,
-    ),
-    (
-        "Hugging Face ViTModel / DeiTModel (no head: target=Projection(v) / Similarity(e_ref) on the pooler output, "
-        "or [CLS] after the final norm)",
-        lambda m: is_base_model(m) and named("ViTModel", "DeiTModel")(m),
-        lambda m: _hf_deit(m) if named("DeiTModel")(m) else _hf_vit(m),
-    ),
-    (
         "timm VisionTransformer (ViT, DeiT, DINO, DINOv2; [CLS] or average pooling, with or without a class token) "
         "and VisionTransformerDistilled (distilled DeiT: [CLS] and distillation heads averaged)",
         is_timm_vit,
@@ -483,6 +463,26 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "head (RoBERTa, XLM-RoBERTa, ELECTRA, CamemBERT, Data2Vec-text)",
         hf_text(*BERT_FAMILY),
         _bert,
+    ),
+    (
+        "sentence-transformers SentenceTransformer (Transformer → Pooling (mean or cls) → Normalize, on a base model "
+        "named here; explained with target=Projection(v) / Similarity(e_ref))",
+        named("SentenceTransformer"),
+        _sentence,
+    ),
+    (
+        "Hugging Face BertModel and the BERT-family base models (RobertaModel, XLMRobertaModel, ElectraModel, "
+        "CamembertModel, Data2VecTextModel, DistilBertModel, MPNetModel): no head, explained with "
+        "target=Projection(v) / Similarity(e_ref) on the pooler output ([CLS] without a pooler) or pooling='cls' / "
+        "'mean' / 'pooler'",
+        hf_base(*BERT_FAMILY, "distilbert", "mpnet"),
+        _base_text,
+    ),
+    (
+        "Hugging Face ViTModel / DeiTModel (no head: target=Projection(v) / Similarity(e_ref) on the pooler output, "
+        "or [CLS] after the final norm)",
+        lambda m: is_base_model(m) and named("ViTModel", "DeiTModel")(m),
+        lambda m: _hf_deit(m) if named("DeiTModel")(m) else _hf_vit(m),
     ),
 ]
 
