@@ -23,6 +23,11 @@ from .api import METHODS, AttentionParts, ConceptTarget, Contrast, attention_par
 
 __all__ += ["METHODS", "AttentionParts", "ConceptTarget", "Contrast", "attention_parts", "concept_target", "explain"]
 
+from .adapters import Projection, Similarity  # noqa: E402
+from .similarity import SimilarityExplanation, bilrp  # noqa: E402
+
+__all__ += ["Projection", "Similarity", "bilrp", "SimilarityExplanation"]
+
 from .generation import explain_generation  # noqa: E402
 from .methods.generation_result import GenerationExplanation  # noqa: E402
 

@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from .adapters import get_adapter, verification
+from .adapters import EmbeddingTarget, get_adapter, verification, with_target
 from .adapters.batches import DecoderBatch, TextBatch
 from .errors import InputError, UnsupportedModelError
 from .explanation import Explanation, result_fields
@@ -153,6 +153,8 @@ def _explain(
             f"{adapter.refused_methods[name]}. Methods that run on it: {', '.join(runs)}"
         )
     prepared = adapter.check_inputs(inputs)
+    if isinstance(target, EmbeddingTarget):  # the readout ends in the target's projection of the embedding
+        adapter, target = with_target(adapter, target), target.class_ids(prepared.size)
     bound = registry.bound(method, options, adapter)
     run = Shared(**shared)
     if run.position is not None:  # decoders: explain the prediction at another token

@@ -317,6 +317,52 @@ def bert_sst2_repo(folder: Path, vocab_file: Path, seed: int = 1) -> torch.nn.Mo
     return model
 
 
+def minilm_embedding_repo(folder: Path, vocab_file: Path, seed: int = 7) -> torch.nn.Module:
+    """``sentence-transformers/all-MiniLM-L6-v2``: a 2-layer ``BertModel`` (architectures ``["BertModel"]``, no
+    head) with the real uncased word pieces, safetensors, and the pipeline's modules.json / 1_Pooling config."""
+    from transformers import BertConfig, BertModel
+
+    vocab = vocab_file.read_text(encoding="utf-8")
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=len(vocab.splitlines()),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        architectures=["BertModel"],
+    )
+    model = BertModel(cfg).eval()
+    _randomise_norms(model, seed)
+    model.save_pretrained(folder)
+    (folder / "vocab.txt").write_text(vocab, encoding="utf-8")
+    _write_json(folder / "tokenizer_config.json", {"do_lower_case": True, "model_max_length": 512})
+    _write_json(
+        folder / "special_tokens_map.json",
+        {
+            "unk_token": "[UNK]",
+            "sep_token": "[SEP]",
+            "pad_token": "[PAD]",
+            "cls_token": "[CLS]",
+            "mask_token": "[MASK]",
+        },
+    )
+    _write_json(
+        folder / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ],
+    )
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    _write_json(
+        folder / "1_Pooling" / "config.json", {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}
+    )
+    return model
+
+
 def distilbert_sst2_repo(folder: Path, vocab_file: Path, seed: int = 2) -> torch.nn.Module:
     """``distilbert-base-uncased-finetuned-sst-2-english`` (legacy id without an owner): config.json with
     NEGATIVE / POSITIVE labels, model.safetensors, vocab.txt, tokenizer_config.json."""

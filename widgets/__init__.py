@@ -5,6 +5,7 @@
   product growing and the conserved relevance.
 * :class:`ClipExplorer`: the explorer for CLIP, free-text prompts in place of classes.
 * :class:`TokenRelevance`: BERT text coloured by token relevance.
+* :class:`SimilarityExplorer`: two sentences and BiLRP's map over their token pairs.
 * :class:`GenerationExplorer`: each token a language model wrote, explained over its context.
 * :class:`MethodGrid`: several methods side by side.
 * :class:`ConceptBuilder`: a concept from example images, its CDAM on a query.
@@ -23,6 +24,15 @@ from .concept import ConceptBuilder  # noqa: E402
 from .explorer import RelevanceExplorer  # noqa: E402
 from .generation import GenerationExplorer  # noqa: E402
 from .grid import MethodGrid  # noqa: E402
+from .similarity import SimilarityExplorer  # noqa: E402
 from .text import TokenRelevance  # noqa: E402
 
-__all__ = ["ClipExplorer", "ConceptBuilder", "GenerationExplorer", "MethodGrid", "RelevanceExplorer", "TokenRelevance"]
+__all__ = [
+    "ClipExplorer",
+    "ConceptBuilder",
+    "GenerationExplorer",
+    "MethodGrid",
+    "RelevanceExplorer",
+    "SimilarityExplorer",
+    "TokenRelevance",
+]

@@ -12,8 +12,9 @@ import torch
 from lrp_core.errors import InputError
 from lrp_core.viz import merge_wordpieces, token_html
 
+from . import _engine
 from ._common import ResolvedModel, token_page_bundle
-from ._layered import LayerExplorer, forward_logits
+from ._layered import LayerExplorer
 
 _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -62,6 +63,9 @@ class TokenRelevance(LayerExplorer):
         methods: the methods offered (default: all).
         texts: texts to tokenise (alternative to ``inputs``).
         tokenizer: the tokenizer (default: the LoadedModel's).
+        target: a ``lrp_core.Projection`` / ``lrp_core.Similarity`` readout of an embedding model (a
+            ``BertModel``, a ``SentenceTransformer``): the map of ``⟨e, v⟩`` / ``cos(e, e_ref)`` instead of a
+            class (one vector for every text, or one per text); the class selector then names it.
 
     Controls as in :class:`RelevanceExplorer` plus ``word_toggle`` (word-pieces or
     whole words, a word's score being its largest piece score) and ``text_box``
@@ -79,7 +83,9 @@ class TokenRelevance(LayerExplorer):
         methods: Optional[Sequence[str]] = None,
         texts: Any = None,
         tokenizer: Any = None,
+        target: Any = None,
     ) -> None:
+        self.embedding_target = target
         self._tokenizer_arg = tokenizer
         self._texts_arg = texts
         self.html = W.HTML(value="", layout=W.Layout(width="100%"))
@@ -127,7 +133,7 @@ class TokenRelevance(LayerExplorer):
     def _on_text(self, change: dict) -> None:
         def use_text() -> None:
             self.inputs = prepare_text(self.facts, [change["new"]], self.tokenizer)
-            self.logits = forward_logits(self.facts, self.inputs, self.threads)
+            self.logits = self._forward_logits()
             self._cache.clear()  # every entry is of the old text
             self._quiet = True
             self.sample_selector.options = [("0", 0)]
@@ -139,6 +145,40 @@ class TokenRelevance(LayerExplorer):
 
         self._guarded("compute", use_text)
 
+    # -- an embedding readout (Projection / Similarity) in place of a class ----------------------------------
+    def _forward_logits(self) -> torch.Tensor:
+        if self.embedding_target is None:
+            return super()._forward_logits()
+        # the readout's values (B, K), as the engine verifies them (rollout: the cheapest method)
+        return _engine.explain(self.facts.module, self.inputs, "rollout", target=self.embedding_target).logits.float()
+
+    def _fill_classes(self) -> None:
+        if self.embedding_target is None:
+            return super()._fill_classes()
+        self._quiet = True
+        try:
+            self.class_selector.options = [(self._target_name(), 0)]
+            self.class_selector.value = 0
+            self.class_search.layout.display = "none"
+        finally:
+            self._quiet = False
+
+    def _target_key(self) -> Any:
+        return super()._target_key() if self.embedding_target is None else ("embedding", self.sample_selector.value)
+
+    def _engine_target(self, key: Any) -> Any:
+        """The class; or the embedding target of the sample explained (its own row of the vectors)."""
+        t = self.embedding_target
+        if t is None:
+            return key
+        return type(t)(t.vectors[key[1]] if t.vectors.dim() == 2 else t.vectors, t.pooling)
+
+    def _target_name(self) -> str:
+        t = self.embedding_target
+        if t is None:
+            return super()._target_name()
+        return "the similarity" if type(t).__name__ == "Similarity" else "the projection"
+
     def _render(self, values: np.ndarray, title: str) -> None:
         tokens = self.tokens()
         if len(tokens) != len(values):
@@ -147,8 +187,9 @@ class TokenRelevance(LayerExplorer):
             tokens, values = merge_wordpieces(tokens, values, reduce="max")
             self.displayed_map = values
         self.displayed_tokens = list(tokens)
+        explained = "the class" if self.embedding_target is None else self._target_name()
         self.html.value = f'<div style="color:#333;margin:4px 0">{_html.escape(title)}</div>' + token_html(
-            tokens, values, signed=self.signed
+            tokens, values, signed=self.signed, explained=explained
         )
 
     def _static_bundle(self) -> dict[str, Any]:

@@ -17,10 +17,13 @@ from ..rules.quantised import check_quantised_layers
 from ..runtime.versions import check_versions, installed
 from ..runtime.wrappers import unwrap
 from .base import Adapter, BlockRelevance, TokenLayout, Trace
+from .embeddings import Basis, EmbeddingTarget, Projection, Similarity, embedding_width, with_target
 from .predicates import (
     BERT_FAMILY,
+    hf_base,
     hf_text,
     hf_type,
+    is_base_model,
     is_hf_sequence_classifier,
     is_hf_vit,
     is_multimodal_decoder,
@@ -158,6 +161,18 @@ def _modernbert(model):
     from .modernbert import ModernBertAdapter
 
     return ModernBertAdapter(model)
+
+
+def _base_text(model):
+    """A BERT-family base model: the family's adapter, without a classification head."""
+    kind = model.config.model_type
+    return _distilbert(model) if kind == "distilbert" else _mpnet(model) if kind == "mpnet" else _bert(model)
+
+
+def _sentence(model):
+    from .sentence import sentence_adapter
+
+    return sentence_adapter(model, get_adapter)
 
 
 def _decoder(module: str, cls: str) -> Callable[[nn.Module], Adapter]:
@@ -378,6 +393,15 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         named("SiglipModel", "Siglip2Model"),
         _siglip_model,
     ),
+    (
+        "Hugging Face CLIPVisionModelWithProjection / CLIPTextModelWithProjection (one tower: image_embeds / "
+        "text_embeds, explained with target=Projection(v) / Similarity(e_ref))",
+        named("CLIPVisionModelWithProjection", "CLIPTextModelWithProjection"),
+        lambda m: _decoder(
+            "clip_towers",
+            "CLIPTextProjectionAdapter" if named("CLIPTextModelWithProjection")(m) else "CLIPVisionProjectionAdapter",
+        )(m),
+    ),
     ("Hugging Face CLIPModel (image–text similarity, explained on the image; target = a prompt)", _is_hf_clip, _clip),
     (
         "Hugging Face LlavaForConditionalGeneration (LLaVA: a CLIP-vision or DINOv2 tower, the MLP projector, a "
@@ -535,6 +559,26 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         hf_text(*BERT_FAMILY),
         _bert,
     ),
+    (
+        "sentence-transformers SentenceTransformer (Transformer → Pooling (mean or cls) → Normalize, on a base model "
+        "named here; explained with target=Projection(v) / Similarity(e_ref))",
+        named("SentenceTransformer"),
+        _sentence,
+    ),
+    (
+        "Hugging Face BertModel and the BERT-family base models (RobertaModel, XLMRobertaModel, ElectraModel, "
+        "CamembertModel, Data2VecTextModel, DistilBertModel, MPNetModel): no head, explained with "
+        "target=Projection(v) / Similarity(e_ref) on the pooler output ([CLS] without a pooler) or pooling='cls' / "
+        "'mean' / 'pooler'",
+        hf_base(*BERT_FAMILY, "distilbert", "mpnet"),
+        _base_text,
+    ),
+    (
+        "Hugging Face ViTModel / DeiTModel (no head: target=Projection(v) / Similarity(e_ref) on the pooler output, "
+        "or [CLS] after the final norm)",
+        lambda m: is_base_model(m) and named("ViTModel", "DeiTModel")(m),
+        lambda m: _hf_deit(m) if named("DeiTModel")(m) else _hf_vit(m),
+    ),
 ]
 
 SUPPORTED = "; ".join(name for name, _, _ in ADAPTERS)
@@ -619,6 +663,12 @@ __all__ = [
     "REFUSED",
     "Adapter",
     "BlockRelevance",
+    "Basis",
+    "EmbeddingTarget",
+    "embedding_width",
+    "Projection",
+    "Similarity",
+    "with_target",
     "TokenLayout",
     "Trace",
     "get_adapter",

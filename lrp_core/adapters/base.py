@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from functools import cached_property
-from typing import Callable, Generic, Mapping, Optional, TypeVar
+from typing import Callable, Generic, Mapping, Optional, Sequence, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +25,7 @@ from ..runtime.precision import compute_precision
 from .batches import Batch, ImageBatch, TextBatch
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
 from .parts import ModelPart
-from .readouts import PositionReadout, Readout
+from .readouts import HeadLayer, PositionReadout, Readout
 from .records import AttentionRecord, BlockRecord, BlockRelevance, EmbeddingRecord, ReadoutRecord, TokenLayout, Trace
 
 BatchT = TypeVar("BatchT", bound=Batch)
@@ -48,6 +48,13 @@ class Adapter(ABC, Generic[BatchT]):
     #: method name -> why that method has no meaning on this model (``explain`` refuses it, naming the reason);
     #: empty: every method runs
     refused_methods: Mapping[str, str] = {}
+    #: the pooler on [CLS] (dense + tanh) a ``Projection(v, pooling="pooler")`` reads; empty: the model has none
+    pooler_layers: Sequence[HeadLayer] = ()
+    #: a SentenceTransformer pipeline around the model (its own embedding), its Pooling mode and whether it ends in
+    #: Normalize (:mod:`lrp_core.adapters.sentence`); ``None`` / ``False`` for a bare model
+    sentence: Optional[nn.Module] = None
+    sentence_pooling: Optional[str] = None
+    normalised: bool = False
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -146,7 +153,30 @@ class Adapter(ABC, Generic[BatchT]):
         bias = self.attention_bias(x0, mask)
         return [(bias, None)] * len(self.blocks)
 
+    def embedding_readout(self, head: Readout, prepared: BatchT, pooling: Optional[str]) -> Readout:
+        """The readout whose output is the pooled embedding e (B, D) a ``Projection`` / ``Similarity`` target
+        projects (``head``: the family's readout of the batch), as :mod:`lrp_core.adapters.embeddings` builds it."""
+        from .embeddings import embedding_readout
+
+        return embedding_readout(self, head, prepared, pooling)
+
+    def own_embedding(self, prepared: BatchT, pooling: Optional[str]) -> Tensor:
+        """(B, D) the model's own forward's embedding for ``pooling`` (the end-to-end check of a ``Projection``):
+        :func:`lrp_core.adapters.embeddings.own_embedding`."""
+        from .embeddings import own_embedding
+
+        return own_embedding(self, prepared, pooling)
+
     # ------------------------------------------------- the model's own output
+    def own_inputs(self, prepared: BatchT) -> dict:
+        """The keyword inputs of the model's own forward for a prepared batch: images ``pixel_values`` (Hugging
+        Face), text the given inputs the replay honours."""
+        if isinstance(prepared, ImageBatch):
+            return {"pixel_values": prepared.images}
+        names = getattr(self, "honoured_inputs", ("input_ids", "attention_mask"))
+        given = prepared.entries()
+        return {k: given[k] for k in names if given.get(k) is not None}
+
     def own_pieces(self, prepared: BatchT) -> list:
         """``(rows (K,), the batch of those rows)``: the groups the model's own forward runs in for the end-to-end
         check (:mod:`lrp_core.adapters.verification`). Default: the batch at once (decoders: unpadded rows)."""
@@ -166,9 +196,7 @@ class Adapter(ABC, Generic[BatchT]):
             images = prepared.images
             hf = hasattr(self.model, "config") and hasattr(self.model, "base_model_prefix")
             return logits_of(self.model(pixel_values=images) if hf else self.model(images))
-        names = getattr(self, "honoured_inputs", ("input_ids", "attention_mask"))
-        given = prepared.entries()
-        return logits_of(self.model(**{k: given[k] for k in names if given.get(k) is not None}))
+        return logits_of(self.model(**self.own_inputs(prepared)))
 
     # --------------------------------------------------------------- forward
     def forward(

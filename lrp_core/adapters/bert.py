@@ -1,8 +1,10 @@
-"""Post-LayerNorm BERT-family sequence classifiers from Hugging Face.
+"""Post-LayerNorm BERT-family sequence classifiers and base models from Hugging Face.
 
 ``BertForSequenceClassification`` and encoders with the same layout
-(RoBERTa, XLM-R, ELECTRA). As for ViTs, the adapter names the model's own
-submodules and the engine replays them — whatever attention implementation
+(RoBERTa, XLM-R, ELECTRA); the base models (``BertModel``, ``RobertaModel``, ...) have no
+classification head: their readout is the pooler on [CLS] (or [CLS] itself), explained with
+a ``Projection`` / ``Similarity`` target (:mod:`lrp_core.adapters.embeddings`). As for ViTs, the adapter names
+the model's own submodules and the engine replays them — whatever attention implementation
 (eager, sdpa) the model is configured with — and never changes the model.
 
 Shapes: B batch, T tokens (padding included), D width, C classes.
@@ -24,6 +26,7 @@ from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized
 from .heads import hf_heads
 from .parts import ModelPart
+from .predicates import is_base_model
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -43,7 +46,9 @@ class BertAdapter(Adapter[TextBatch]):
         super().__init__(model)
         self.base = self._backbone()
         self.blocks = [self._block(i, layer) for i, layer in enumerate(self._layers())]
-        self.readout = TokenReadout(norm=nn.Identity(), head_layers=self._head())
+        self.pooler_layers = self._pooler()
+        head = self._head() if not is_base_model(model) else list(self.pooler_layers)
+        self.readout = TokenReadout(norm=nn.Identity(), head_layers=head)
         self.max_length = self._max_length()
         self.vocab_size = int(getattr(model.config, "vocab_size", 0)) or None
 
@@ -106,6 +111,14 @@ class BertAdapter(Adapter[TextBatch]):
                 f"layer {i} ({type(layer).__name__}) does not have the BERT layout "
                 f"(attention.self.query/key/value, attention.output, intermediate, output): {e}"
             ) from None
+
+    def _pooler(self) -> list:
+        """The pooler on [CLS] (dense + its activation), or ``[]`` where the model has none (RoBERTa's classifier,
+        ``add_pooling_layer=False``): what ``Projection(v, pooling="pooler")`` reads, and a bare model's embedding."""
+        pooler: ModelPart = getattr(self.base, "pooler", None)
+        if pooler is None or not is_linear(getattr(pooler, "dense", None)):
+            return []
+        return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation)]
 
     def _head(self) -> list:
         """The classification head on [CLS], layer by layer (pooler dense + tanh + classifier, or RoBERTa's)."""

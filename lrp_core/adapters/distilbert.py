@@ -24,6 +24,7 @@ from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .heads import hf_heads
 from .parts import ModelPart
+from .predicates import is_base_model
 from .readouts import HeadLayer
 
 #: the classifier's ReLU (the model applies a fresh ``nn.ReLU()`` inline; it has no state)
@@ -39,7 +40,7 @@ class DistilBertAdapter(BertAdapter):
     def _backbone(self) -> ModelPart:
         model = self.model
         name = type(model).__name__
-        base = getattr(model, "distilbert", None)
+        base = model if is_base_model(model) else getattr(model, "distilbert", None)
         if (
             getattr(model, "config", None) is None
             or base is None
@@ -49,7 +50,7 @@ class DistilBertAdapter(BertAdapter):
             raise UnsupportedModelError(
                 f"{name}: not a DistilBERT classifier (expected distilbert.embeddings and distilbert.transformer.layer)"
             )
-        for part in ("pre_classifier", "classifier"):
+        for part in ("pre_classifier", "classifier") if base is not model else ():
             if not is_linear(getattr(model, part, None)):
                 raise UnsupportedModelError(f"{name}: expected a Linear {part!r} (DistilBERT's [CLS] head)")
         return base

@@ -30,6 +30,7 @@ from .bert import BertAdapter
 from .blocks import AttentionSpec, BlockSpec, MlpSpec
 from .heads import hf_heads
 from .parts import ModelPart
+from .predicates import is_base_model
 
 
 class MPNetAdapter(BertAdapter):
@@ -45,7 +46,7 @@ class MPNetAdapter(BertAdapter):
 
     def _backbone(self) -> ModelPart:
         model = self.model
-        base = getattr(model, "mpnet", None)
+        base = model if is_base_model(model) else getattr(model, "mpnet", None)
         enc = getattr(base, "encoder", None)
         if (
             getattr(model, "config", None) is None

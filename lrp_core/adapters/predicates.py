@@ -28,6 +28,18 @@ def is_hf_sequence_classifier(model: nn.Module) -> bool:
     return type(model).__name__.endswith("ForSequenceClassification")
 
 
+def is_base_model(model: nn.Module) -> bool:
+    """A Hugging Face base model without a head (``BertModel``, ``ViTModel``, ...): it is its own base model."""
+    return getattr(model, "base_model", None) is model
+
+
+def hf_base(*model_types: str) -> Callable[[nn.Module], bool]:
+    """A Hugging Face base model (no head) whose ``config.model_type`` is one of ``model_types``."""
+    return lambda model: (
+        is_base_model(model) and getattr(getattr(model, "config", None), "model_type", None) in model_types
+    )
+
+
 def hf_text(*model_types: str) -> Callable[[nn.Module], bool]:
     """A Hugging Face sequence classifier whose ``config.model_type`` is one of ``model_types``."""
     return lambda model: (

@@ -39,6 +39,9 @@ class Readout(ABC):
     #: the head layers after pooling, in forward order (the last Linear gives the logits)
     head_layers: Sequence[HeadLayer]
     norm: nn.Module
+    #: the head ends in the model's embedding (a projection such as CLIP's ``visual_projection``), not in
+    #: classes: ``num_classes`` is 0 and a ``Projection`` / ``Similarity`` target reads its output
+    embedding: bool = False
 
     @property
     def _logit_layers(self) -> Sequence[HeadLayer]:
@@ -51,6 +54,8 @@ class Readout(ABC):
     @property
     def num_classes(self) -> int:
         """C, or 0 for a model without a classification head."""
+        if self.embedding:
+            return 0
         head = self._logit_layers
         last = head[-1] if head else None
         return last.module.out_features if last is not None and last.kind == LINEAR else 0

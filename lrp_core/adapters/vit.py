@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ..rules.linear import is_linear
 from ..rules.norms import norm_kind
-from ..rules.ops import LINEAR, PATCH_CONV, POS_ADD
+from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, POS_ADD
 from .base import Adapter
 from .batches import ImageBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
@@ -30,6 +30,7 @@ from .checks import to_model_dtype
 from .heads import hf_heads, timm_scale
 from .kernels import eager_softmax_dtype
 from .parts import IDENTITY, ModelPart
+from .predicates import is_base_model
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
 
@@ -508,8 +509,9 @@ class HFViTAdapter(ViTAdapter[ImageBatch]):
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
-        base = getattr(model, self.backbone)
+        base = model if is_base_model(model) else getattr(model, self.backbone)
         self.use_encoder(self.encoder_of(base))
+        self.pooler_layers = _pooler(base)
         self.readout = self._readout(model, base)
 
     def encoder_of(self, base: ModelPart) -> Encoder:
@@ -517,8 +519,18 @@ class HFViTAdapter(ViTAdapter[ImageBatch]):
         return HFViTEncoder(base, self.prefix_names)
 
     def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
+        if base is model:  # ViTModel / DeiTModel: no head; the embedding is the pooler's output (else [CLS])
+            return TokenReadout(norm=base.layernorm, head_layers=list(self.pooler_layers))
         (clf,) = hf_linear_head(model, "classifier")
         return TokenReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)])
+
+
+def _pooler(base: ModelPart) -> list:
+    """A Hugging Face ViT's pooler on [CLS] (dense + activation), or ``[]`` (``add_pooling_layer=False``)."""
+    pooler = getattr(base, "pooler", None)
+    if pooler is None or not is_linear(getattr(pooler, "dense", None)):
+        return []
+    return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation)]
 
 
 class HFDeiTAdapter(HFViTAdapter):
@@ -529,7 +541,7 @@ class HFDeiTAdapter(HFViTAdapter):
     prefix_names = ("cls_token", "distillation_token")
 
     def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
-        if hasattr(model, "distillation_classifier"):
+        if base is not model and hasattr(model, "distillation_classifier"):
             head, head_dist = hf_linear_head(model, "cls_classifier", "distillation_classifier")
             return TwoHeadReadout(norm=base.layernorm, head=head, head_dist=head_dist)
         return super()._readout(model, base)

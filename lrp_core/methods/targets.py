@@ -18,11 +18,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..adapters import EmbeddingTarget
 from ..errors import InputError
 from . import registry
 from .call import ConceptTarget, Contrast
 
-Target = Union[None, int, Sequence[int], Tensor, np.ndarray, ConceptTarget, Contrast]
+Target = Union[None, int, Sequence[int], Tensor, np.ndarray, ConceptTarget, Contrast, EmbeddingTarget]
 
 #: the accepted forms, for error messages
 ACCEPTED = (
@@ -197,7 +198,8 @@ def goal(spec: Any, target: Any, batch: int, num_classes: int, model_name: str) 
     if concept is None and num_classes == 0 and not spec.class_agnostic:
         raise InputError(
             f"{model_name} has no classification head: explain it with a class-agnostic "
-            f"method ({', '.join(registry.CLASS_AGNOSTIC)}) or with method='cdam' and a concept target "
+            f"method ({', '.join(registry.CLASS_AGNOSTIC)}), with target=lrp_core.Projection(v) or "
+            "lrp_core.Similarity(e_ref) (its embedding), or with method='cdam' and a concept target "
             "(lrp_core.concept_target)"
         )
     negative = None

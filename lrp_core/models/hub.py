@@ -358,9 +358,20 @@ def _auto_class(config: Any, kind: str) -> tuple[Any, str]:
         from transformers import AutoModelForImageClassification
 
         return AutoModelForImageClassification, "eager"
+    if is_embedding_model(config):  # a base model (sentence embeddings): no head to add
+        from transformers import AutoModel
+
+        return AutoModel, "eager"
     from transformers import AutoModelForSequenceClassification
 
     return AutoModelForSequenceClassification, "eager"
+
+
+def is_embedding_model(config: Any) -> bool:
+    """A text base model saved without a head (``architectures`` ``["BertModel"]``, ``["MPNetModel"]``, ...):
+    sentence embeddings, loaded with ``AutoModel`` and explained with ``Projection`` / ``Similarity``."""
+    archs = getattr(config, "architectures", None) or []
+    return bool(archs) and all(a.endswith("Model") and "For" not in a for a in archs)
 
 
 def _hf_model(config: Any, kind: str, pretrained: bool, fetch: _Fetch) -> tuple[torch.nn.Module, str]:
@@ -489,6 +500,9 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     }
     if is_causal_lm(config):
         info["task"] = "causal-lm"
+    elif kind == "text" and is_embedding_model(config):
+        info["task"] = "embedding"
+        labels = []  # no classes: the targets are Projection / Similarity readouts of the embedding
     make = _clip_preprocess if clip else _image_preprocess if kind == "image" else _text_preprocess
     preprocess, tokenizer = make(fetch, info)
     if info.get("task") == "causal-lm":

@@ -72,6 +72,11 @@ KNOWN_HF_MODELS = {
         "DebertaV2ForSequenceClassification (DeBERTa-v3 encoder; the repo has no classifier: loading adds a new, "
         "untrained head, to fine-tune before its predictions mean anything)",
     ),
+    # sentence embeddings: a base model (no head), explained with target=Projection(v) / Similarity(e_ref)
+    "sentence-transformers/all-MiniLM-L6-v2": (
+        "text",
+        "BertModel (sentence embeddings: mean pooling, normalised; target=Similarity(e_ref, pooling='mean'))",
+    ),
     # image–text: CLIP, explained as the similarity of an image to text prompts
     "openai/clip-vit-base-patch32": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
     "openai/clip-vit-base-patch16": ("image", "CLIPModel (image–text similarity; target = a prompt)"),

@@ -239,6 +239,21 @@ def base_model() -> torch.nn.Module:
     return model
 
 
+def sentence_encoder() -> torch.nn.Module:
+    """all-MiniLM-L6-v2's encoder as the ``BertModel`` its SentenceTransformer wraps (offline, eval mode): its
+    sentence embedding is the mean of the tokens, normalised — ``target=Similarity(e_ref, pooling="mean")``."""
+    from transformers import BertModel
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no loading bar in a notebook's stored outputs
+    try:
+        return BertModel.from_pretrained(str(encoder_dir()), local_files_only=True).eval()
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def load_tokenizer() -> Any:
     """The encoder's uncased WordPiece tokenizer, from local files only."""
     from transformers import AutoTokenizer

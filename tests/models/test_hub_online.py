@@ -60,6 +60,8 @@ CASES: dict[str, tuple[str, str, str]] = {
     "openai/clip-vit-base-patch32": ("openai/clip-vit-base-patch32", "clip", "generic_attention"),
     "facebook/dinov2-with-registers-small": ("facebook/dinov2-with-registers-small", "image", "cp_lrp"),
     "microsoft/beit-base-patch16-224": ("microsoft/beit-base-patch16-224", "image", "attnlrp"),
+    # a base model (sentence embeddings): explained with target=Projection(ones, "mean"), logits (B, 1)
+    "sentence-transformers/all-MiniLM-L6-v2": ("sentence-transformers/all-MiniLM-L6-v2", "embedding", "cp_lrp"),
 }
 
 #: names that are on no hub: an HF repo id, and a timm hub repo
@@ -80,6 +82,7 @@ def _build_repo(repo: str, folder: Path, vocab: Path) -> torch.nn.Module:
         "openai/clip-vit-base-patch32": localhub.clip_repo,
         "facebook/dinov2-with-registers-small": localhub.dinov2_registers_repo,
         "microsoft/beit-base-patch16-224": localhub.beit_repo,
+        "sentence-transformers/all-MiniLM-L6-v2": lambda f: localhub.minilm_embedding_repo(f, vocab),
     }
     return builders[repo](folder)
 
@@ -95,11 +98,15 @@ def _hashes(model: torch.nn.Module) -> dict[str, str]:
 
 
 def _logits(model: torch.nn.Module, inputs: Any) -> torch.Tensor:
-    """(B, C) logits: timm output, a classifier's ``.logits``, or CLIP's image-to-prompt ``logits_per_image``."""
+    """(B, C) logits: timm output, a classifier's ``.logits``, or CLIP's image-to-prompt ``logits_per_image``; a
+    base model's mean-pooled embedding projected on the ones vector, (B, 1) (``Projection(ones, "mean")``)."""
     with torch.no_grad():
         out = model(inputs) if isinstance(inputs, torch.Tensor) else model(**inputs)
     if isinstance(out, torch.Tensor):
         return out
+    if getattr(out, "logits", None) is None and hasattr(out, "last_hidden_state"):
+        m = inputs["attention_mask"].to(out.last_hidden_state.dtype)[..., None]
+        return ((out.last_hidden_state * m).sum(1) / m.sum(1)).sum(-1, keepdim=True)
     return out.logits_per_image if hasattr(out, "logits_per_image") else out.logits
 
 
@@ -116,7 +123,7 @@ def _free_port() -> int:
 def _driver(spec_file: str, out_file: str) -> None:
     """Load and explain every case of the spec; write what came out (or the traceback) per case."""
     torch.set_num_threads(1)
-    from lrp_core import explain
+    from lrp_core import Projection, explain
     from lrp_core.models import load
     from lrp_core.models.hub import hub_reachable
 
@@ -130,12 +137,15 @@ def _driver(spec_file: str, out_file: str) -> None:
             loaded = time.perf_counter()
             if kind == "image":
                 inputs = m.preprocess(image)
-            elif kind == "text":
+            elif kind in ("text", "embedding"):
                 inputs = dict(m.preprocess(SENTENCES))
             else:
                 inputs = dict(m.preprocess(image, PROMPTS))
             logits = _logits(m.model, inputs)
-            exp = explain(m.model, inputs, method=method, target=1 if kind == "clip" else None)
+            target = 1 if kind == "clip" else None
+            if kind == "embedding":
+                target = Projection(torch.ones(m.model.config.hidden_size), pooling="mean")
+            exp = explain(m.model, inputs, method=method, target=target)
             res = {
                 "class": type(m.model).__name__,
                 "kind": m.kind,
@@ -276,7 +286,7 @@ def test_preprocess_is_the_served_one_and_logits_match(served, run, name):
         from transformers import AutoImageProcessor
 
         expected = AutoImageProcessor.from_pretrained(folder)(images=pil, return_tensors="pt")["pixel_values"]
-    elif kind == "text":
+    elif kind in ("text", "embedding"):
         from transformers import AutoTokenizer
 
         expected = dict(
@@ -306,7 +316,7 @@ def test_explain_runs_on_the_loaded_model(served, run, name):
     _, kind, _ = CASES[name]
     scores, logits = res["scores"], res["logits"]
     batch = logits.shape[0]
-    if kind == "text":
+    if kind in ("text", "embedding"):
         tokens = res["inputs"]["input_ids"].shape[1]
     else:
         pixels = res["inputs"] if kind == "image" else res["inputs"]["pixel_values"]
@@ -329,8 +339,10 @@ def test_explain_runs_on_the_loaded_model(served, run, name):
 def test_labels_and_kind(served, run, name):
     res = _case(served, run, name)
     repo, kind, _ = CASES[name]
-    assert res["kind"] == ("text" if kind == "text" else "image")
-    if repo.startswith("timm/"):
+    assert res["kind"] == ("text" if kind in ("text", "embedding") else "image")
+    if kind == "embedding":
+        assert res["labels"] == [] and res["info"]["task"] == "embedding" and res["class"] == "BertModel"
+    elif repo.startswith("timm/"):
         assert len(res["labels"]) == 1000 and res["labels"][0] == "tench"
     elif kind == "clip":
         assert res["labels"] == []  # CLIP has no classes: its targets are the prompts
