@@ -20,6 +20,7 @@ from .base import Adapter, BlockRelevance, TokenLayout, Trace
 from .predicates import (
     BERT_FAMILY,
     hf_text,
+    hf_text_head,
     hf_type,
     is_hf_sequence_classifier,
     is_hf_vit,
@@ -421,13 +422,22 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         ),
         _decoder("olmo2", "Olmo2Adapter"),
     ),
-    ("Hugging Face DistilBertForSequenceClassification", hf_text("distilbert"), _distilbert),
     (
-        "Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings)",
-        hf_text("albert"),
+        "Hugging Face DistilBertForSequenceClassification (and its token-classification, question-answering, "
+        "masked-LM and multiple-choice heads)",
+        hf_text_head("distilbert"),
+        _distilbert,
+    ),
+    (
+        "Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings; and its task heads)",
+        hf_text_head("albert"),
         _albert,
     ),
-    ("Hugging Face MPNetForSequenceClassification (relative position bias)", hf_text("mpnet"), _mpnet),
+    (
+        "Hugging Face MPNetForSequenceClassification (relative position bias; and its task heads)",
+        hf_text_head("mpnet"),
+        _mpnet,
+    ),
     (
         "Hugging Face ModernBertForSequenceClassification (rotary positions, global and sliding-window layers, GLU "
         "MLPs; [CLS] or mean pooling)",
@@ -436,8 +446,11 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ),
     (
         "Hugging Face BertForSequenceClassification and BERT-family encoders with a pooler/[CLS] classification "
-        "head (RoBERTa, XLM-RoBERTa, ELECTRA, CamemBERT, Data2Vec-text)",
-        hf_text(*BERT_FAMILY),
+        "head (RoBERTa, XLM-RoBERTa, ELECTRA, CamemBERT, Data2Vec-text); their *ForTokenClassification "
+        "(target=class, position=token), *ForQuestionAnswering (target='start' | 'end'), *ForMaskedLM (the mask "
+        "position) and *ForMultipleChoice ((B, C, T) inputs) heads; MLP classifiers (an nn.Sequential of Linear, "
+        "activation, Dropout, LayerNorm)",
+        hf_text_head(*BERT_FAMILY),
         _bert,
     ),
 ]

@@ -135,6 +135,20 @@ class Adapter(ABC, Generic[BatchT]):
             f"{type(self.model).__name__} reads its prediction from a fixed token"
         )
 
+    def task_inputs(self, prepared: BatchT, position, target) -> tuple[BatchT, object]:
+        """(the batch, the target) a call explains: the batch read at ``position`` (:meth:`at_position`; ``None``:
+        as checked) and the target as class ids. A task head (:mod:`lrp_core.adapters.task_heads`: token
+        classification, question answering, masked LM, multiple choice) requires or chooses the position and
+        translates its targets here."""
+        if position is not None:
+            prepared = self.at_position(prepared, position)
+        return prepared, target
+
+    def task_result(self, prepared: BatchT, result):
+        """The method's result as the task reports it (default: as is; question answering: ``logits`` (B,) the
+        explained logit; multiple choice: ``scores`` (B, C, T), ``logits`` (B, C), ``target`` the choice)."""
+        return result
+
     def block_context(
         self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor], fused: bool = False
     ) -> list:

@@ -1,7 +1,8 @@
-"""Post-LayerNorm BERT-family sequence classifiers from Hugging Face.
+"""Post-LayerNorm BERT-family encoders from Hugging Face: sequence classifiers and the task heads.
 
 ``BertForSequenceClassification`` and encoders with the same layout
-(RoBERTa, XLM-R, ELECTRA). As for ViTs, the adapter names the model's own
+(RoBERTa, XLM-R, ELECTRA); their ``*ForTokenClassification``, ``*ForQuestionAnswering``, ``*ForMaskedLM``
+and ``*ForMultipleChoice`` through the hooks of :mod:`lrp_core.adapters.task_heads`. As for ViTs, the adapter names the model's own
 submodules and the engine replays them — whatever attention implementation
 (eager, sdpa) the model is configured with — and never changes the model.
 
@@ -23,27 +24,33 @@ from .batches import TextBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized
 from .heads import hf_heads
+from .mlp_head import head_layers, is_head
 from .parts import ModelPart
-from .readouts import HeadLayer, TokenReadout
+from .readouts import HeadLayer
+from .task_heads import EncoderTaskHeads, task_of
 from .records import EmbeddingRecord, TokenLayout, Trace
 
 #: Additive mask value of the reference implementation; softmax gives exactly 0 there.
 MASK_VALUE = -10000.0
 
 
-class BertAdapter(Adapter[TextBatch]):
-    """Hugging Face BERT-family encoders with a [CLS] classification head."""
+class BertAdapter(EncoderTaskHeads, Adapter[TextBatch]):
+    """Hugging Face BERT-family encoders with a [CLS] classification head, or a task head
+    (:class:`~lrp_core.adapters.task_heads.EncoderTaskHeads`)."""
 
     modality = "text"
     mask_value = MASK_VALUE
 
     def __init__(self, model: nn.Module):
         """The family's facts, each from its own hook: :meth:`_backbone` (checks the layout, returns the
-        module holding ``embeddings``), :meth:`_layers`, :meth:`_block`, :meth:`_head`, :meth:`_max_length`."""
+        module holding ``embeddings``), :meth:`_layers`, :meth:`_block`, :meth:`_head` (a sequence or multiple-choice
+        head on [CLS]) or :meth:`_task_head` (a per-token head), :meth:`_max_length`."""
         super().__init__(model)
+        self.task = task_of(model)
         self.base = self._backbone()
         self.blocks = [self._block(i, layer) for i, layer in enumerate(self._layers())]
-        self.readout = TokenReadout(norm=nn.Identity(), head_layers=self._head())
+        per_token = self.task in ("token", "qa", "mlm")
+        self.readout = self._readout_of(self._task_head(self.task) if per_token else self._head())
         self.max_length = self._max_length()
         self.vocab_size = int(getattr(model.config, "vocab_size", 0)) or None
 
@@ -112,9 +119,10 @@ class BertAdapter(Adapter[TextBatch]):
         model = self.model
         clf = getattr(model, "classifier", None)
         pooler: ModelPart = getattr(self.base, "pooler", None)
-        if is_linear(clf) and pooler is not None and is_linear(getattr(pooler, "dense", None)):
-            # BERT: [CLS] -> dense -> tanh -> classifier
-            return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation), HeadLayer(LINEAR, clf)]
+        where = f"{type(model).__name__}.classifier"
+        if is_head(clf) and pooler is not None and is_linear(getattr(pooler, "dense", None)):
+            # BERT: [CLS] -> dense -> tanh -> classifier (a Linear, or an MLP head)
+            return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation)] + head_layers(clf, where)
         if clf is not None and is_linear(getattr(clf, "dense", None)) and is_linear(getattr(clf, "out_proj", None)):
             act = getattr(clf, "activation", None) or nn.Tanh()  # RoBERTa's head uses tanh inline
             return [HeadLayer(LINEAR, clf.dense), HeadLayer(ELEMENTWISE, act), HeadLayer(LINEAR, clf.out_proj)]

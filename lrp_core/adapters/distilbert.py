@@ -49,7 +49,7 @@ class DistilBertAdapter(BertAdapter):
             raise UnsupportedModelError(
                 f"{name}: not a DistilBERT classifier (expected distilbert.embeddings and distilbert.transformer.layer)"
             )
-        for part in ("pre_classifier", "classifier"):
+        for part in ("pre_classifier", "classifier") if self.task in ("sequence", "choice") else ():
             if not is_linear(getattr(model, part, None)):
                 raise UnsupportedModelError(f"{name}: expected a Linear {part!r} (DistilBERT's [CLS] head)")
         return base
