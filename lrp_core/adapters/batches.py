@@ -208,4 +208,13 @@ class VLMBatch(DecoderBatch):
         return self.image_grid_thw
 
 
-__all__ = ["Batch", "ChoiceBatch", "DecoderBatch", "ImageBatch", "PromptBatch", "PromptedImageBatch", "TextBatch", "VLMBatch"]
+__all__ = [
+    "Batch",
+    "ChoiceBatch",
+    "DecoderBatch",
+    "ImageBatch",
+    "PromptBatch",
+    "PromptedImageBatch",
+    "TextBatch",
+    "VLMBatch",
+]

@@ -2,8 +2,8 @@
 
 ``BertForSequenceClassification`` and encoders with the same layout
 (RoBERTa, XLM-R, ELECTRA); their ``*ForTokenClassification``, ``*ForQuestionAnswering``, ``*ForMaskedLM``
-and ``*ForMultipleChoice`` through the hooks of :mod:`lrp_core.adapters.task_heads`. As for ViTs, the adapter names the model's own
-submodules and the engine replays them — whatever attention implementation
+and ``*ForMultipleChoice`` through the hooks of :mod:`lrp_core.adapters.task_heads`. As for ViTs, the adapter
+names the model's own submodules and the engine replays them — whatever attention implementation
 (eager, sdpa) the model is configured with — and never changes the model.
 
 Shapes: B batch, T tokens (padding included), D width, C classes.
@@ -27,8 +27,8 @@ from .heads import hf_heads
 from .mlp_head import head_layers, is_head
 from .parts import ModelPart
 from .readouts import HeadLayer
-from .task_heads import EncoderTaskHeads, task_of
 from .records import EmbeddingRecord, TokenLayout, Trace
+from .task_heads import EncoderTaskHeads, task_of
 
 #: Additive mask value of the reference implementation; softmax gives exactly 0 there.
 MASK_VALUE = -10000.0
@@ -122,7 +122,8 @@ class BertAdapter(EncoderTaskHeads, Adapter[TextBatch]):
         where = f"{type(model).__name__}.classifier"
         if is_head(clf) and pooler is not None and is_linear(getattr(pooler, "dense", None)):
             # BERT: [CLS] -> dense -> tanh -> classifier (a Linear, or an MLP head)
-            return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation)] + head_layers(clf, where)
+            pooled = [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation)]
+            return pooled + head_layers(clf, where)
         if clf is not None and is_linear(getattr(clf, "dense", None)) and is_linear(getattr(clf, "out_proj", None)):
             act = getattr(clf, "activation", None) or nn.Tanh()  # RoBERTa's head uses tanh inline
             return [HeadLayer(LINEAR, clf.dense), HeadLayer(ELEMENTWISE, act), HeadLayer(LINEAR, clf.out_proj)]

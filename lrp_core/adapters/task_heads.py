@@ -183,11 +183,19 @@ def token_head(model: ModelPart, *names: str) -> list[HeadLayer]:
 #: the MLM heads of the BERT family: (transform dense, activation, LayerNorm, decoder) as attribute paths;
 #: ``None``: GELU applied inline (RoBERTa, XLM-R, MPNet)
 MLM_LAYOUTS: tuple[tuple[str, Optional[str], str, str], ...] = (
-    ("cls.predictions.transform.dense", "cls.predictions.transform.transform_act_fn",
-     "cls.predictions.transform.LayerNorm", "cls.predictions.decoder"),  # BERT  # fmt: skip
+    (
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.transform_act_fn",
+        "cls.predictions.transform.LayerNorm",
+        "cls.predictions.decoder",
+    ),  # BERT  # fmt: skip
     ("lm_head.dense", None, "lm_head.layer_norm", "lm_head.decoder"),  # RoBERTa, XLM-R, CamemBERT, MPNet
-    ("generator_predictions.dense", "generator_predictions.activation", "generator_predictions.LayerNorm",
-     "generator_lm_head"),  # ELECTRA  # fmt: skip
+    (
+        "generator_predictions.dense",
+        "generator_predictions.activation",
+        "generator_predictions.LayerNorm",
+        "generator_lm_head",
+    ),  # ELECTRA  # fmt: skip
     ("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector"),  # DistilBERT
     ("predictions.dense", "predictions.activation", "predictions.LayerNorm", "predictions.decoder"),  # ALBERT
 )
@@ -256,8 +264,6 @@ def choice_scores(scores: Tensor, choice: Tensor, num_choices: int) -> Tensor:
     out = scores.new_zeros((scores.shape[0], num_choices) + tuple(scores.shape[1:]))
     out[torch.arange(scores.shape[0]), choice.to(scores.device)] = scores
     return out
-
-
 
 
 # ---------------------------------------------------------------------------- the hooks of an encoder
