@@ -127,10 +127,26 @@ class BertAdapter(EncoderTaskHeads, Adapter[TextBatch]):
         if clf is not None and is_linear(getattr(clf, "dense", None)) and is_linear(getattr(clf, "out_proj", None)):
             act = getattr(clf, "activation", None) or nn.Tanh()  # RoBERTa's head uses tanh inline
             return [HeadLayer(LINEAR, clf.dense), HeadLayer(ELEMENTWISE, act), HeadLayer(LINEAR, clf.out_proj)]
+        summary = getattr(model, "sequence_summary", None)  # ELECTRA's multiple-choice head
+        if summary is not None and is_linear(clf):
+            return self._summary_head(summary, clf)
         raise UnsupportedModelError(
             f"{type(model).__name__}: classification head not recognised (expected a pooler (dense + tanh) with a "
             "Linear classifier, or a classifier with dense and out_proj)"
         )
+
+    def _summary_head(self, summary: ModelPart, clf: ModelPart) -> list:
+        """ELECTRA's multiple-choice head on [CLS]: ``sequence_summary`` (its Linear and activation) → classifier."""
+        kind = getattr(summary, "summary_type", None)
+        if kind != "first":
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__}.sequence_summary has summary_type={kind!r}: the replay reads the "
+                "summary of the first token only (summary_type='first', ELECTRA's default)"
+            )
+        layers = [HeadLayer(LINEAR, summary.summary)] if is_linear(summary.summary) else []
+        if not isinstance(summary.activation, nn.Identity):
+            layers.append(HeadLayer(ELEMENTWISE, summary.activation))
+        return layers + [HeadLayer(LINEAR, clf)]
 
     # ------------------------------------------------------------ validation
     #: the input keys the replay reads as the model does
@@ -143,7 +159,8 @@ class BertAdapter(EncoderTaskHeads, Adapter[TextBatch]):
         "without one: pass no head_mask",
     }
 
-    def check_inputs(self, inputs) -> TextBatch:
+    def check_rows(self, inputs) -> TextBatch:
+        """The tokenizer output (B, T) as a :class:`TextBatch` (``check_inputs``: the task's inputs, through this)."""
         ids, mask = tokenized(inputs, type(self.model).__name__)
         T = ids.shape[1]
         if T > self.max_length:
@@ -194,7 +211,8 @@ class BertAdapter(EncoderTaskHeads, Adapter[TextBatch]):
             )
         return pos
 
-    def layout(self, prepared: TextBatch) -> TokenLayout:
+    def text_layout(self, prepared: TextBatch) -> TokenLayout:
+        """Every token scored, [CLS] read (``layout``: the task's, through this)."""
         mask = prepared.attention_mask
         return TokenLayout(
             modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=self.readout.tokens, mask=mask

@@ -292,12 +292,21 @@ class EncoderTaskHeads:
             return PositionReadout(nn.Identity(), head, torch.zeros(1))
         return TokenReadout(norm=nn.Identity(), head_layers=head)
 
+    # ------------------------------------------------------------ the family's part
+    def check_rows(self, inputs: Any) -> Any:
+        """The family's check of a tokenizer output (B, T) -> its text batch."""
+        raise NotImplementedError
+
+    def text_layout(self, prepared: Any) -> Any:
+        """The family's token layout of a text batch ([CLS] read)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------ inputs
     def check_inputs(self, inputs: Any) -> Any:
         """A multiple-choice head's (B, C, T) inputs as the B·C rows of a :class:`ChoiceBatch`; else as the family
         checks them."""
         if self.task != "choice":
-            return super().check_inputs(inputs)  # type: ignore[misc]
+            return self.check_rows(inputs)
         from .batches import ChoiceBatch
 
         ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
@@ -309,7 +318,7 @@ class EncoderTaskHeads:
         B, C, T = ids.shape
         flat = {k: v.reshape(B * C, *v.shape[2:]) if isinstance(v, Tensor) and v.dim() >= 3 else v
                 for k, v in inputs.items()}  # fmt: skip
-        rows = super().check_inputs(flat)  # type: ignore[misc]
+        rows = self.check_rows(flat)
         return ChoiceBatch(**rows.entries(), num_choices=torch.tensor(C))
 
     def at_position(self, prepared: Any, position: Any) -> Any:
@@ -350,7 +359,7 @@ class EncoderTaskHeads:
         """Per-token heads: the read token of each row is the readout row (not [CLS]; no [CLS]-minimum)."""
         import dataclasses
 
-        layout = super().layout(prepared)  # type: ignore[misc]
+        layout = self.text_layout(prepared)
         if self.task not in POSITION_TASKS or prepared.read_at is None:
             return layout
         return dataclasses.replace(
