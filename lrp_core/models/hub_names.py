@@ -57,6 +57,12 @@ KNOWN_HF_MODELS = {
         "XLMRobertaForSequenceClassification (multilingual tweets, negative / neutral / positive)",
     ),
     "textattack/albert-base-v2-SST-2": ("text", "AlbertForSequenceClassification (SST-2)"),
+    # text task heads: explained at a token (explain(..., target=..., position=p))
+    "dslim/bert-base-NER": ("text", "BertForTokenClassification (CoNLL-2003 named entities; target=tag, position=p)"),
+    "deepset/roberta-base-squad2": (
+        "text",
+        "RobertaForQuestionAnswering (SQuAD 2.0; target='start' | 'end', position=p or the argmax)",
+    ),
     # image–text: CLIP, explained as the similarity of an image to text prompts
     "openai/clip-vit-base-patch32": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
     "openai/clip-vit-base-patch16": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
