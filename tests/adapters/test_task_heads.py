@@ -370,3 +370,22 @@ def test_a_head_layer_the_rules_do_not_read_is_refused_by_name():
     model.classifier = torch.nn.Sequential(torch.nn.Linear(32, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
     with pytest.raises(UnsupportedModelError, match=r"classifier\.1 is a BatchNorm1d"):
         explain(model.eval(), {"input_ids": torch.tensor([ROWS[0]])}, method="cp_lrp")
+
+
+# ---------------------------------------------------------------- decoders no row names: recognised by structure
+@pytest.mark.parametrize("cls", ["GemmaForTokenClassification", "ArceeForQuestionAnswering"])
+def test_task_heads_of_unlisted_decoders_are_recognised_and_probed(cls):
+    from lrp_core.adapters import get_adapter
+    from lrp_core.adapters.recognise import OpenDecoderAdapter
+
+    config = getattr(transformers, cls.split("For")[0] + "Config")(**dict(CONFIGS["llama"][2], num_labels=3))
+    torch.manual_seed(4)
+    model = getattr(transformers, cls)(config).eval().double()
+    assert isinstance(get_adapter(model), OpenDecoderAdapter)
+    head = "qa" if cls.endswith("QuestionAnswering") else "token"
+    b = batch(model, head, "left")
+    kw = call(head, b, "left")
+    exp = explain(model, b, method="cp_lrp", **kw)
+    expected = torch.cat([_alone(model, head, b, kw, i) for i in range(3)])
+    assert rel_err(exp.logits if head == "qa" else exp.logits[:, kw["target"]], expected) < 1e-10
+    assert (exp.scores[b["attention_mask"] == 0] == 0).all()
