@@ -29,6 +29,7 @@ from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
 from .heads import hf_heads, timm_scale
 from .kernels import eager_softmax_dtype
+from .mlp_head import head_layers
 from .parts import IDENTITY, ModelPart
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
@@ -206,11 +207,12 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
         """[CLS], the mean of the tokens after the prefix, or the distilled model's two heads."""
         heads = [model.head] + ([model.head_dist] if getattr(model, "head_dist", None) is not None else [])
         for h in heads:
-            if not (is_linear(h) or isinstance(h, nn.Identity)):
+            mlp = len(heads) == 1 and isinstance(h, nn.Sequential)  # an MLP head (lrp_core.adapters.mlp_head)
+            if not (is_linear(h) or isinstance(h, nn.Identity) or mlp):
                 raise UnsupportedModelError(f"{type(model).__name__}: head {type(h).__name__} is not a Linear layer")
         if len(heads) == 2:  # timm's distilled forward_head reads tokens 0 and 1, no fc_norm
             return TwoHeadReadout(norm=model.norm, head=model.head, head_dist=model.head_dist)
-        head = [HeadLayer(norm_kind(model.fc_norm), model.fc_norm), HeadLayer(LINEAR, model.head)]
+        head = [HeadLayer(norm_kind(model.fc_norm), model.fc_norm)] + _head_layers(model.head, "head")
         if model.global_pool == "avg":
             start = 0 if getattr(model, "pool_include_prefix", False) else int(model.num_prefix_tokens)
             return MeanReadout(norm=model.norm, head_layers=head, start=start)
@@ -418,6 +420,13 @@ def hf_linear_head(model: nn.Module, *names: str) -> list:
     return out
 
 
+def _head_layers(head: ModelPart, where: str) -> list:
+    """A timm head as head layers: a Linear (or Identity), or an MLP ``nn.Sequential`` expanded layer by layer."""
+    if isinstance(head, nn.Sequential):
+        return head_layers(head, where)
+    return [HeadLayer(LINEAR, head)]
+
+
 class HFViTEncoder(Encoder):
     """Hugging Face ``ViTModel`` / ``DeiTModel`` (``model.vit``, ``model.deit``): the prefix tokens
     ``prefix_names``, the patch convolution, the learned position embedding at the trained size, pre-LN blocks
@@ -488,6 +497,9 @@ class HFViTAdapter(ViTAdapter[ImageBatch]):
         return HFViTEncoder(base, self.prefix_names)
 
     def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
+        clf = model.classifier
+        if isinstance(clf, nn.Sequential):  # an MLP head (lrp_core.adapters.mlp_head)
+            return TokenReadout(norm=base.layernorm, head_layers=head_layers(clf, f"{type(model).__name__}.classifier"))
         (clf,) = hf_linear_head(model, "classifier")
         return TokenReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)])
 

@@ -389,3 +389,32 @@ def test_task_heads_of_unlisted_decoders_are_recognised_and_probed(cls):
     expected = torch.cat([_alone(model, head, b, kw, i) for i in range(3)])
     assert rel_err(exp.logits if head == "qa" else exp.logits[:, kw["target"]], expected) < 1e-10
     assert (exp.scores[b["attention_mask"] == 0] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["timm", "hf"])
+def test_mlp_heads_of_vision_transformers_are_replayed_exactly(kind):
+    """timm's ``model.head`` and Hugging Face ViT's ``model.classifier`` replaced by an MLP: the replay is the model,
+    batch = each image alone, CP-LRP conserves without additive constants (biases, LayerNorm β, positions, [CLS])."""
+    from vision_models import hf_classifier, make_tiny_vit, random_images
+
+    if kind == "timm":
+        model = make_tiny_vit(seed=2)
+        model.head = _mlp(48, 5)
+    else:
+        model = hf_classifier("ViTForImageClassification", "ViTConfig", seed=2)
+        model.classifier = _mlp(48, 5)
+    model = model.eval().double()
+    x = random_images(3).double()
+    with torch.no_grad():
+        own_logits = model(x) if kind == "timm" else model(pixel_values=x).logits
+    for method in ("cp_lrp", "lrp", "transformer_attribution"):
+        exp = explain(model, x, method=method)
+        assert rel_err(exp.logits, own_logits) < 1e-10
+        one = explain(model, x[1:2], method=method)
+        assert rel_err(exp.scores[1], one.scores[0]) < 1e-8
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or name.endswith(("pos_embed", "cls_token", "position_embeddings")):
+                p.zero_()
+    exp = explain(model, x, method="cp_lrp")
+    assert_conserves(exp.scores.sum(-1), exp.logits.gather(1, exp.target[:, None]).squeeze(1), "vit")
