@@ -22,7 +22,6 @@ from .predicates import (
     hf_text,
     hf_text_head,
     hf_type,
-    is_hf_sequence_classifier,
     is_hf_vit,
     is_multimodal_decoder,
     is_other_mixture_of_experts,
@@ -173,12 +172,11 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "DistilBERT, ALBERT, ELECTRA or MPNet classifier instead",
     ),
     (
-        "ModernBERT without a sequence-classification head",
-        lambda m: hf_type("modernbert")(m) and not is_hf_sequence_classifier(m),
-        "only ModernBertForSequenceClassification is explained (one prediction per text, read at [CLS] or the mean "
-        "of the tokens); the masked-LM, token-classification, question-answering and multiple-choice heads predict "
-        "per token or per choice, and ModernBertModel has no head. Load the checkpoint as "
-        "ModernBertForSequenceClassification",
+        "ModernBERT without a head",
+        lambda m: hf_type("modernbert")(m) and not hf_text_head("modernbert")(m),
+        "ModernBertModel has no head, so there is no prediction to explain. Load the checkpoint with its head: "
+        "ModernBertForSequenceClassification, ModernBertForTokenClassification, ModernBertForQuestionAnswering, "
+        "ModernBertForMaskedLM or ModernBertForMultipleChoice",
     ),
     (
         "SwinTransformerV2Cr, Hugging Face Swin models without an image-classification head and other windowed / "
@@ -483,8 +481,9 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ),
     (
         "Hugging Face ModernBertForSequenceClassification (rotary positions, global and sliding-window layers, GLU "
-        "MLPs; [CLS] or mean pooling)",
-        hf_text("modernbert"),
+        "MLPs; [CLS] or mean pooling) and its token-classification, question-answering, masked-LM and "
+        "multiple-choice heads",
+        hf_text_head("modernbert"),
         _modernbert,
     ),
     (

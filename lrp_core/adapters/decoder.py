@@ -242,7 +242,9 @@ class DecoderAdapter(Adapter[DecoderBatch]):
             raise position_required(self.model, self.task)
         if self.task == "qa":
             return qa_task_inputs(self, prepared, position, target)
-        return super().task_inputs(prepared, position, target)
+        if position is not None:
+            prepared = self.at_position(prepared, position)
+        return prepared, target
 
     def task_result(self, prepared: D, result: Any) -> Any:
         """Question answering: ``logits`` (B,) the explained start or end logit."""

@@ -128,8 +128,9 @@ def qa_classes(target: Any, batch: int) -> Any:
 def best_positions(trace: Trace, mask: Tensor, column: Tensor) -> Tensor:
     """(B,) each row's real token with the largest logit of its head column ``column`` (B,): the head applied to
     every token of a plain replay's final hidden states (the readout's norm, then its layers)."""
-    readout = trace.readout
-    h = readout.norm(trace.readout_record.hidden)
+    readout, record = trace.readout, trace.readout_record
+    assert readout is not None and record is not None, "a replay's trace holds its readout and its record"
+    h = readout.norm(record.hidden)
     for layer in readout.head_layers:
         h = layer.module(h)  # (B, N, 2)
     logit = h.gather(-1, column.to(h.device).view(-1, 1, 1).expand(-1, h.shape[1], 1)).squeeze(-1)
@@ -284,13 +285,19 @@ class EncoderTaskHeads:
             return qa_head(self.model)
         return mlm_head(self.model)
 
-    def _readout_of(self, head: list[HeadLayer]) -> Any:
-        """The readout the head is read through: [CLS] (sequence, multiple choice) or one token per row."""
+    def _readout_of(self, head: list[HeadLayer], norm: Optional[nn.Module] = None) -> Any:
+        """The readout the head is read through (after the final ``norm``, default none): [CLS] (sequence, multiple
+        choice) or one token per row."""
         from .readouts import PositionReadout, TokenReadout
 
+        norm = nn.Identity() if norm is None else norm
         if self.task in POSITION_TASKS:
-            return PositionReadout(nn.Identity(), head, torch.zeros(1))
-        return TokenReadout(norm=nn.Identity(), head_layers=head)
+            return PositionReadout(norm, head, torch.zeros(1))
+        return TokenReadout(norm=norm, head_layers=head)
+
+    def sequence_readout(self, prepared: Any) -> Any:
+        """The readout of a sequence or multiple-choice head for this batch (default: the one built, [CLS])."""
+        return self.readout  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------ the family's part
     def check_rows(self, inputs: Any) -> Any:
@@ -347,7 +354,7 @@ class EncoderTaskHeads:
     def readout_for(self, prepared: Any) -> Any:
         """Per-token heads: the head at each row's read token (token 0 before a position is named)."""
         if self.task not in POSITION_TASKS:
-            return super().readout_for(prepared)  # type: ignore[misc]
+            return self.sequence_readout(prepared)
         from .readouts import PositionReadout
 
         read = prepared.read_at

@@ -182,10 +182,10 @@ def _deberta_v2():
     )
 
 
-def _modernbert_mlm():
-    from transformers import ModernBertConfig, ModernBertForMaskedLM
+def _modernbert_headless():
+    from transformers import ModernBertConfig, ModernBertModel
 
-    return ModernBertForMaskedLM(
+    return ModernBertModel(
         ModernBertConfig(
             vocab_size=60,
             hidden_size=32,
@@ -203,7 +203,7 @@ def _modernbert_mlm():
 
 @pytest.mark.parametrize(
     "build,why",
-    [(_deberta_v2, "disentangled attention"), (_modernbert_mlm, "ModernBertForSequenceClassification is explained")],
+    [(_deberta_v2, "disentangled attention"), (_modernbert_headless, "ModernBertModel has no head")],
 )
 def test_refused_families_say_why_and_what_is_supported(build, why):
     model = build()
