@@ -78,7 +78,9 @@ def explain(
         ``None`` (argmax per sample), an int (Python or NumPy), a sequence / array of B ints, an integer tensor
         (B,) — floats and bools are refused (:mod:`lrp_core.methods.targets`); ``Contrast(positive, negative)``
         (explain ``y_positive − y_negative``: "this class rather than that one"); or, for the methods that take
-        one (``cdam``), a :class:`ConceptTarget` from :func:`concept_target`.
+        one (``cdam``), a :class:`ConceptTarget` from :func:`concept_target`. A question-answering head takes
+        ``"start"`` (default) or ``"end"`` (one for all rows or one per row); a multiple-choice head the choice
+        (default: the top one); a token classifier / masked LM the class / vocabulary entry at ``position``.
     progress : bool, optional
         A progress bar (True), none (False); default only for long runs.
     position : int, sequence of B ints or Tensor (B,), optional

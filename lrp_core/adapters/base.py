@@ -129,10 +129,12 @@ class Adapter(ABC, Generic[BatchT]):
         return self.readout
 
     def at_position(self, prepared: BatchT, position) -> BatchT:
-        """The batch read at another position (``explain(..., position=)``): only decoder language models."""
+        """The batch read at another position (``explain(..., position=)``): decoder language models and per-token
+        task heads (:mod:`lrp_core.adapters.task_heads`)."""
         raise InputError(
-            f"position= names the token a decoder language model is explained at; "
-            f"{type(self.model).__name__} reads its prediction from a fixed token"
+            f"position= names the token a decoder language model or a per-token head (token classification, "
+            f"question answering, masked LM) is explained at; {type(self.model).__name__} reads its prediction "
+            "from a fixed token"
         )
 
     def task_inputs(self, prepared: BatchT, position, target) -> tuple[BatchT, object]:
