@@ -29,6 +29,7 @@ from .predicates import (
     is_timm_vit,
     named,
 )
+from .task_heads import decoder_task_family
 
 
 def _hf_deit(model):
@@ -247,40 +248,12 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ),
 ]
 
-#: decoder families with token-classification / question-answering heads: class-name prefix -> (module, adapter)
-DECODER_TASK_HEADS = {
-    "Llama": ("llama", "LlamaAdapter"),
-    "Mistral": ("mistral", "MistralAdapter"),
-    "Qwen2": ("qwen2", "Qwen2Adapter"),
-    "Qwen3": ("qwen3", "Qwen3Adapter"),
-    "Qwen3Moe": ("qwen3_moe", "Qwen3MoeAdapter"),
-    "Qwen2Moe": ("qwen2_moe", "Qwen2MoeAdapter"),
-    "Mixtral": ("mixtral", "MixtralAdapter"),
-    "GptOss": ("gpt_oss", "GptOssAdapter"),
-    "GPT2": ("gpt2", "GPT2Adapter"),
-    "Phi3": ("phi3", "Phi3Adapter"),
-    "GPTNeoX": ("gpt_neox", "GPTNeoXAdapter"),
-    "Phi": ("phi", "PhiAdapter"),
-    "Falcon": ("falcon", "FalconAdapter"),
-    "Gemma2": ("gemma2", "Gemma2Adapter"),
-}
-#: the decoder task heads' class-name endings
-DECODER_TASKS = ("ForTokenClassification", "ForQuestionAnswering")
-
-
-def _decoder_task_family(model: nn.Module) -> str | None:
-    """The :data:`DECODER_TASK_HEADS` prefix of a transformers decoder task head (``LlamaForTokenClassification``)."""
-    name = type(model).__name__
-    if not type(model).__module__.startswith("transformers.") or not name.endswith(DECODER_TASKS):
-        return None
-    prefix = name[: name.index("For")]
-    return prefix if prefix in DECODER_TASK_HEADS else None
-
 
 def _decoder_task_head(model: nn.Module) -> Adapter:
-    family = _decoder_task_family(model)
-    assert family is not None, "the row's predicate found the family"
-    return _decoder(*DECODER_TASK_HEADS[family])(model)
+    """A decoder task head's adapter: its family's (:data:`~lrp_core.adapters.task_heads.DECODER_TASK_HEADS`)."""
+    found = decoder_task_family(model)
+    assert found is not None, "the row's predicate found the family"
+    return _decoder(*found)(model)
 
 
 #: (what the family is called, how to recognise a model, its adapter), tried in order.
@@ -368,7 +341,7 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "Hugging Face decoder *ForTokenClassification (target=class, position=token) and *ForQuestionAnswering "
         "(target='start' | 'end') heads of the decoder families below (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, "
         "Qwen3-MoE, Mixtral, GPT-OSS, GPT-2, Phi-3, GPT-NeoX, Phi, Falcon, Gemma 2)",
-        lambda m: _decoder_task_family(m) is not None,
+        lambda m: decoder_task_family(m) is not None,
         _decoder_task_head,
     ),
     (

@@ -63,6 +63,34 @@ def task_of(model: nn.Module) -> str:
     return next((task for suffix, task in TASK_SUFFIXES.items() if name.endswith(suffix)), "sequence")
 
 
+#: decoder families with token-classification / question-answering heads: class-name prefix -> (module, adapter)
+DECODER_TASK_HEADS = {
+    "Llama": ("llama", "LlamaAdapter"),
+    "Mistral": ("mistral", "MistralAdapter"),
+    "Qwen2": ("qwen2", "Qwen2Adapter"),
+    "Qwen3": ("qwen3", "Qwen3Adapter"),
+    "Qwen3Moe": ("qwen3_moe", "Qwen3MoeAdapter"),
+    "Qwen2Moe": ("qwen2_moe", "Qwen2MoeAdapter"),
+    "Mixtral": ("mixtral", "MixtralAdapter"),
+    "GptOss": ("gpt_oss", "GptOssAdapter"),
+    "GPT2": ("gpt2", "GPT2Adapter"),
+    "Phi3": ("phi3", "Phi3Adapter"),
+    "GPTNeoX": ("gpt_neox", "GPTNeoXAdapter"),
+    "Phi": ("phi", "PhiAdapter"),
+    "Falcon": ("falcon", "FalconAdapter"),
+    "Gemma2": ("gemma2", "Gemma2Adapter"),
+}
+
+
+def decoder_task_family(model: nn.Module) -> Optional[tuple[str, str]]:
+    """(adapter module, adapter class) of a transformers decoder task head (``LlamaForTokenClassification``,
+    ``Qwen2ForQuestionAnswering``) whose family :data:`DECODER_TASK_HEADS` names; else ``None``."""
+    name = type(model).__name__
+    if not type(model).__module__.startswith("transformers.") or task_of(model) not in ("token", "qa"):
+        return None
+    return DECODER_TASK_HEADS.get(name[: name.index("For")])
+
+
 # ---------------------------------------------------------------------------- positions
 def read_positions(mask: Tensor, position: Any) -> Tensor:
     """(B,) long: ``position`` (an int for every row or one per row; negative counts from the end) checked to
@@ -435,6 +463,8 @@ def choose(adapter: Any, prepared: Any, target: Any) -> Any:
 
 __all__ = [
     "TASK_SUFFIXES",
+    "DECODER_TASK_HEADS",
+    "decoder_task_family",
     "POSITION_TASKS",
     "QA_TARGETS",
     "task_of",
