@@ -78,12 +78,15 @@ def explain(
         ``None`` (argmax per sample), an int (Python or NumPy), a sequence / array of B ints, an integer tensor
         (B,) — floats and bools are refused (:mod:`lrp_core.methods.targets`); ``Contrast(positive, negative)``
         (explain ``y_positive − y_negative``: "this class rather than that one"); or, for the methods that take
-        one (``cdam``), a :class:`ConceptTarget` from :func:`concept_target`.
+        one (``cdam``), a :class:`ConceptTarget` from :func:`concept_target`. A question-answering head takes
+        ``"start"`` (default) or ``"end"`` (one for all rows or one per row); a multiple-choice head the choice
+        (default: the top one); a token classifier / masked LM the class / vocabulary entry at ``position``.
     progress : bool, optional
         A progress bar (True), none (False); default only for long runs.
     position : int, sequence of B ints or Tensor (B,), optional
-        Decoder language models only: the token whose prediction is explained, one for all rows or one per row
-        (default: each row's last real token; negative counts from the end).
+        The token whose prediction is explained, one for all rows or one per row (negative counts from the end):
+        decoder language models (default: each row's last real token) and per-token task heads (token
+        classification and masked LM: required; question answering: default the argmax of the explained logit).
     sources : list of (start, end), list of such lists, or Tensor (S, 2) / (B, S, 2), optional
         Text only: token spans (half-open) of the context's sources — documents, sentences, marked passages —
         counted from each row's first real token (special tokens included), one list for every row or one per
@@ -157,8 +160,8 @@ def _explain(
         adapter, target = with_target(adapter, target), target.class_ids(prepared.size)
     bound = registry.bound(method, options, adapter)
     run = Shared(**shared)
-    if run.position is not None:  # decoders: explain the prediction at another token
-        prepared = adapter.at_position(prepared, run.position)
+    # the token read (decoders, per-token task heads) and the target in class ids (question answering: start / end)
+    prepared, target = adapter.task_inputs(prepared, run.position, target)
     layout = adapter.layout(prepared)  # after the position: the layout names the token read (token ablation skips it)
     if run.sources is not None:  # the spans as columns of this batch, checked against its rows
         if not isinstance(prepared, TextBatch) or layout.output_start != 0:
@@ -172,6 +175,7 @@ def _explain(
     result = pieces.run(call, plan)
     if not run.unverified:  # the replay's logits against the model's own forward (lrp_core.adapters.verification)
         verification.check(adapter, prepared, result.logits, plan)
+    result = adapter.task_result(prepared, result)  # question answering, multiple choice: the task's shapes
     used = dict(result.used)
     if run.sources is not None and result.sources is None:  # a token-map method: its scores summed per source
         result.sources = by_source(result.scores.detach(), run.sources.to(result.scores.device))

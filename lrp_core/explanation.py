@@ -189,8 +189,11 @@ class Explanation(ResultFields):
     Attributes:
         scores: (B, T) token relevance. ViT: patch tokens in raster order, no
             [CLS]. BERT: every token, specials included, padding positions 0.
-        target: (B,) the class (or -1 for a concept target) that was explained.
-        logits: (B, C) the model's logits on ``inputs``.
+            A multiple-choice head: (B, C, T), the explained choice's row (the others 0).
+        target: (B,) the class (or -1 for a concept target) that was explained (question answering: 0 start,
+            1 end; multiple choice: the choice).
+        logits: (B, C) the model's logits on ``inputs`` (a per-token head: at the explained position; question
+            answering: (B,) the explained start or end logit; multiple choice: (B, C) every choice's logit).
         method: name of the method in :data:`lrp_core.METHODS`.
         pixels: (B, H, W) pixel relevance from the methods that carry relevance down to the pixels
             (``lrp``, ``attnlrp``, ``cp_lrp``: ``lrp_core.methods.registry.filled_by("pixels")``), else ``None``.

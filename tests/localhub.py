@@ -280,26 +280,26 @@ def timm_repo(folder: Path, hub_id: str, model_args: dict[str, Any] | None = Non
     return model
 
 
-def bert_sst2_repo(folder: Path, vocab_file: Path, seed: int = 1) -> torch.nn.Module:
+def bert_sst2_repo(
+    folder: Path, vocab_file: Path, seed: int = 1, head: str = "BertForSequenceClassification", **config: Any
+) -> torch.nn.Module:
     """``textattack/bert-base-uncased-SST-2``: config.json, pytorch_model.bin, vocab.txt, tokenizer_config.json,
     special_tokens_map.json (no tokenizer.json, no safetensors), with a 2-layer BERT over the real uncased
-    word-piece vocabulary."""
-    from transformers import BertConfig, BertForSequenceClassification
+    word-piece vocabulary (``head``, ``config``: another head of it, e.g. :func:`bert_ner_repo`)."""
+    import transformers
 
     vocab = vocab_file.read_text(encoding="utf-8")
     torch.manual_seed(seed)
-    cfg = BertConfig(
+    cfg = transformers.BertConfig(
         vocab_size=len(vocab.splitlines()),
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=512,
-        num_labels=2,
-        architectures=["BertForSequenceClassification"],
-        finetuning_task="sst-2",
+        **{"num_labels": 2, "architectures": [head], "finetuning_task": "sst-2", **config},
     )
-    model = BertForSequenceClassification(cfg).eval()
+    model = getattr(transformers, head)(cfg).eval()
     _randomise_norms(model, seed)
     _save_bin_checkpoint(folder, model)
     (folder / "vocab.txt").write_text(vocab, encoding="utf-8")
@@ -399,15 +399,18 @@ def _byte_level_vocab(specials: list[str], suffix: str = "") -> dict[str, int]:
     return {t: i for i, t in enumerate(tokens)}
 
 
-def roberta_sentiment_repo(folder: Path, seed: int = 3) -> torch.nn.Module:
+def roberta_sentiment_repo(
+    folder: Path, seed: int = 3, head: str = "RobertaForSequenceClassification", labels: dict | None = None
+) -> torch.nn.Module:
     """``cardiffnlp/twitter-roberta-base-sentiment-latest``: config.json (negative / neutral / positive),
-    pytorch_model.bin, vocab.json, merges.txt, special_tokens_map.json, as that repo has them."""
-    from transformers import RobertaConfig, RobertaForSequenceClassification
+    pytorch_model.bin, vocab.json, merges.txt, special_tokens_map.json, as that repo has them (``head``,
+    ``labels``: another head of it, e.g. :func:`roberta_squad_repo`)."""
+    import transformers
 
     vocab = _byte_level_vocab(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
     torch.manual_seed(seed)
-    labels = {0: "negative", 1: "neutral", 2: "positive"}
-    cfg = RobertaConfig(
+    labels = labels or {0: "negative", 1: "neutral", 2: "positive"}
+    cfg = transformers.RobertaConfig(
         vocab_size=len(vocab),
         hidden_size=32,
         num_hidden_layers=2,
@@ -420,9 +423,9 @@ def roberta_sentiment_repo(folder: Path, seed: int = 3) -> torch.nn.Module:
         eos_token_id=2,
         id2label=labels,
         label2id={v: k for k, v in labels.items()},
-        architectures=["RobertaForSequenceClassification"],
+        architectures=[head],
     )
-    model = RobertaForSequenceClassification(cfg).eval()
+    model = getattr(transformers, head)(cfg).eval()
     _randomise_norms(model, seed)
     _save_bin_checkpoint(folder, model)
     _write_json(folder / "vocab.json", vocab)
@@ -493,6 +496,26 @@ def deberta_v3_repo(folder: Path, seed: int = 7) -> torch.nn.Module:
         },
     )
     return model
+def bert_ner_repo(folder: Path, vocab_file: Path, seed: int = 5) -> torch.nn.Module:
+    """``dslim/bert-base-NER``: a BertForTokenClassification with the CoNLL-2003 tags, files as bert_sst2_repo."""
+    tags = ["O", "B-MISC", "I-MISC", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"]
+    id2label = dict(enumerate(tags))
+    return bert_sst2_repo(
+        folder,
+        vocab_file,
+        seed,
+        head="BertForTokenClassification",
+        num_labels=len(tags),
+        id2label=id2label,
+        label2id={v: k for k, v in id2label.items()},
+        finetuning_task="ner",
+    )
+
+
+def roberta_squad_repo(folder: Path, seed: int = 6) -> torch.nn.Module:
+    """``deepset/roberta-base-squad2``: a RobertaForQuestionAnswering (start, end), files as roberta_sentiment_repo."""
+    labels = {0: "LABEL_0", 1: "LABEL_1"}  # the two columns, start and end
+    return roberta_sentiment_repo(folder, seed, head="RobertaForQuestionAnswering", labels=labels)
 
 
 def deit_image_repo(folder: Path, seed: int = 4) -> torch.nn.Module:

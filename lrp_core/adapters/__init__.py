@@ -22,6 +22,7 @@ from .predicates import (
     BERT_FAMILY,
     hf_base,
     hf_text,
+    hf_text_head,
     hf_type,
     is_base_model,
     is_hf_sequence_classifier,
@@ -33,6 +34,7 @@ from .predicates import (
     named,
 )
 from .refused_vit import HF_RELPOS_CLASSIFIERS, VIT_VARIANTS_REFUSED
+from .task_heads import decoder_task_family
 
 
 def _hf_deit(model):
@@ -236,12 +238,11 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "exist as the model computes them. Use a dense-attention encoder (BERT family, ModernBERT, DeBERTa-v2 / v3)",
     ),
     (
-        "ModernBERT without a sequence-classification head",
-        lambda m: hf_type("modernbert")(m) and not is_hf_sequence_classifier(m),
-        "only ModernBertForSequenceClassification is explained (one prediction per text, read at [CLS] or the mean "
-        "of the tokens); the masked-LM, token-classification, question-answering and multiple-choice heads predict "
-        "per token or per choice, and ModernBertModel has no head. Load the checkpoint as "
-        "ModernBertForSequenceClassification",
+        "ModernBERT without a head",
+        lambda m: hf_type("modernbert")(m) and not hf_text_head("modernbert")(m),
+        "ModernBertModel has no head, so there is no prediction to explain. Load the checkpoint with its head: "
+        "ModernBertForSequenceClassification, ModernBertForTokenClassification, ModernBertForQuestionAnswering, "
+        "ModernBertForMaskedLM or ModernBertForMultipleChoice",
     ),
     (
         "SwinTransformerV2Cr, Hugging Face Swin models without an image-classification head and other windowed / "
@@ -305,6 +306,14 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     ),
     *VIT_VARIANTS_REFUSED,  # BEiT heads, XCiT, CaiT, NaFlexViT, AttentionRope ViTs, IJepaModel (.refused_vit)
 ]
+
+
+def _decoder_task_head(model: nn.Module) -> Adapter:
+    """A decoder task head's adapter: its family's (:data:`~lrp_core.adapters.task_heads.DECODER_TASK_HEADS`)."""
+    found = decoder_task_family(model)
+    assert found is not None, "the row's predicate found the family"
+    return _decoder(*found)(model)
+
 
 #: (what the family is called, how to recognise a model, its adapter), tried in order.
 ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Adapter]]] = [
@@ -437,6 +446,13 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         _decoder("paligemma", "PaliGemmaAdapter"),
     ),
     (
+        "Hugging Face decoder *ForTokenClassification (target=class, position=token) and *ForQuestionAnswering "
+        "(target='start' | 'end') heads of the decoder families below (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, "
+        "Qwen3-MoE, Mixtral, GPT-OSS, GPT-2, Phi-3, GPT-NeoX, Phi, Falcon, Gemma 2)",
+        lambda m: decoder_task_family(m) is not None,
+        _decoder_task_head,
+    ),
+    (
         "Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
         named("LlamaForCausalLM", "LlamaForSequenceClassification"),
         _decoder("llama", "LlamaAdapter"),
@@ -528,13 +544,22 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         ),
         _decoder("olmo2", "Olmo2Adapter"),
     ),
-    ("Hugging Face DistilBertForSequenceClassification", hf_text("distilbert"), _distilbert),
     (
-        "Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings)",
-        hf_text("albert"),
+        "Hugging Face DistilBertForSequenceClassification (and its token-classification, question-answering, "
+        "masked-LM and multiple-choice heads)",
+        hf_text_head("distilbert"),
+        _distilbert,
+    ),
+    (
+        "Hugging Face AlbertForSequenceClassification (shared layers, factorised embeddings; and its task heads)",
+        hf_text_head("albert"),
         _albert,
     ),
-    ("Hugging Face MPNetForSequenceClassification (relative position bias)", hf_text("mpnet"), _mpnet),
+    (
+        "Hugging Face MPNetForSequenceClassification (relative position bias; and its task heads)",
+        hf_text_head("mpnet"),
+        _mpnet,
+    ),
     (
         "Hugging Face DebertaV2ForSequenceClassification (DeBERTa-v2 / v3: disentangled attention with bucketed "
         "relative positions, shared or separate position projections; ContextPooler head)",
@@ -549,14 +574,18 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
     ),
     (
         "Hugging Face ModernBertForSequenceClassification (rotary positions, global and sliding-window layers, GLU "
-        "MLPs; [CLS] or mean pooling)",
-        hf_text("modernbert"),
+        "MLPs; [CLS] or mean pooling) and its token-classification, question-answering, masked-LM and "
+        "multiple-choice heads",
+        hf_text_head("modernbert"),
         _modernbert,
     ),
     (
         "Hugging Face BertForSequenceClassification and BERT-family encoders with a pooler/[CLS] classification "
-        "head (RoBERTa, XLM-RoBERTa, ELECTRA, CamemBERT, Data2Vec-text)",
-        hf_text(*BERT_FAMILY),
+        "head (RoBERTa, XLM-RoBERTa, ELECTRA, CamemBERT, Data2Vec-text); their *ForTokenClassification "
+        "(target=class, position=token), *ForQuestionAnswering (target='start' | 'end'), *ForMaskedLM (the mask "
+        "position) and *ForMultipleChoice ((B, C, T) inputs) heads; MLP classifiers (an nn.Sequential of Linear, "
+        "activation, Dropout, LayerNorm)",
+        hf_text_head(*BERT_FAMILY),
         _bert,
     ),
     (

@@ -47,7 +47,9 @@ class AlbertAdapter(BertAdapter):
                 f"{name}: not an ALBERT classifier (expected albert.embeddings and "
                 "albert.encoder.albert_layer_groups / embedding_hidden_mapping_in)"
             )
-        if not is_linear(getattr(base, "pooler", None)) or not is_linear(model.classifier):
+        if self.task in ("sequence", "choice") and (
+            not is_linear(getattr(base, "pooler", None)) or not is_linear(getattr(model, "classifier", None))
+        ):
             raise UnsupportedModelError(
                 f"{name}: expected a pooler (Linear + tanh) and a Linear classifier; "
                 "ALBERT without its pooling layer is not supported"

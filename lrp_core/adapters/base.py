@@ -136,11 +136,27 @@ class Adapter(ABC, Generic[BatchT]):
         return self.readout
 
     def at_position(self, prepared: BatchT, position) -> BatchT:
-        """The batch read at another position (``explain(..., position=)``): only decoder language models."""
+        """The batch read at another position (``explain(..., position=)``): decoder language models and per-token
+        task heads (:mod:`lrp_core.adapters.task_heads`)."""
         raise InputError(
-            f"position= names the token a decoder language model is explained at; "
-            f"{type(self.model).__name__} reads its prediction from a fixed token"
+            f"position= names the token a decoder language model or a per-token head (token classification, "
+            f"question answering, masked LM) is explained at; {type(self.model).__name__} reads its prediction "
+            "from a fixed token"
         )
+
+    def task_inputs(self, prepared: BatchT, position, target) -> tuple[BatchT, object]:
+        """(the batch, the target) a call explains: the batch read at ``position`` (:meth:`at_position`; ``None``:
+        as checked) and the target as class ids. A task head (:mod:`lrp_core.adapters.task_heads`: token
+        classification, question answering, masked LM, multiple choice) requires or chooses the position and
+        translates its targets here."""
+        if position is not None:
+            prepared = self.at_position(prepared, position)
+        return prepared, target
+
+    def task_result(self, prepared: BatchT, result):
+        """The method's result as the task reports it (default: as is; question answering: ``logits`` (B,) the
+        explained logit; multiple choice: ``scores`` (B, C, T), ``logits`` (B, C), ``target`` the choice)."""
+        return result
 
     def block_context(
         self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor], fused: bool = False

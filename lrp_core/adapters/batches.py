@@ -5,7 +5,7 @@ fields, never keys. Shapes: B samples, T tokens, k images per row, P prompts, E 
 
 - :class:`ImageBatch`: classifiers and vision towers (``images``).
 - :class:`PromptedImageBatch`: CLIP / SigLIP image side, the images and the prompts they are compared with.
-- :class:`TextBatch`: encoders (BERT family, ModernBERT).
+- :class:`TextBatch`: encoders (BERT family, ModernBERT); :class:`ChoiceBatch`: a multiple-choice head's.
 - :class:`PromptBatch`: CLIP's text side, the prompts and the images they are compared with.
 - :class:`DecoderBatch`: decoder language models, with the position each row is read at.
 - :class:`VLMBatch`: vision-language models, a decoder batch with each row's images.
@@ -103,12 +103,33 @@ class TextBatch(Batch):
         attention_mask: (B, T), 1 = real token, 0 = padding.
         token_type_ids: (B, T) segment ids, ``None``: the model's default.
         position_ids: (B, T) position ids, ``None``: the model's default.
+        read_at: (B, T) one-hot, the token a per-token task head is read at (token classification, question
+            answering, masked LM: :mod:`lrp_core.adapters.task_heads`); ``None``: the head reads a fixed token.
     """
 
     input_ids: Tensor
     attention_mask: Tensor
     token_type_ids: Optional[Tensor] = None
     position_ids: Optional[Tensor] = None
+    read_at: Optional[Tensor] = None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ChoiceBatch(TextBatch):
+    """A multiple-choice batch: as checked, the B·C choice rows (B·C, T); as explained, each sample's chosen row.
+
+    Attributes:
+        num_choices: () long, C.
+        choice_logits: (B, C) every choice's logit (set once the choice is made), else ``None``.
+        choice: (B,) long, the explained choice k of each sample, else ``None``.
+    """
+
+    shared: ClassVar[tuple[str, ...]] = ("num_choices",)
+    untrimmed: ClassVar[tuple[str, ...]] = ("choice_logits", "choice")
+
+    num_choices: Tensor
+    choice_logits: Optional[Tensor] = None
+    choice: Optional[Tensor] = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -187,4 +208,13 @@ class VLMBatch(DecoderBatch):
         return self.image_grid_thw
 
 
-__all__ = ["Batch", "DecoderBatch", "ImageBatch", "PromptBatch", "PromptedImageBatch", "TextBatch", "VLMBatch"]
+__all__ = [
+    "Batch",
+    "ChoiceBatch",
+    "DecoderBatch",
+    "ImageBatch",
+    "PromptBatch",
+    "PromptedImageBatch",
+    "TextBatch",
+    "VLMBatch",
+]

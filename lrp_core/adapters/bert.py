@@ -1,11 +1,12 @@
-"""Post-LayerNorm BERT-family sequence classifiers and base models from Hugging Face.
+"""Post-LayerNorm BERT-family encoders from Hugging Face: sequence classifiers, the task heads, base models.
 
 ``BertForSequenceClassification`` and encoders with the same layout
-(RoBERTa, XLM-R, ELECTRA); the base models (``BertModel``, ``RobertaModel``, ...) have no
-classification head: their readout is the pooler on [CLS] (or [CLS] itself), explained with
-a ``Projection`` / ``Similarity`` target (:mod:`lrp_core.adapters.embeddings`). As for ViTs, the adapter names
-the model's own submodules and the engine replays them — whatever attention implementation
-(eager, sdpa) the model is configured with — and never changes the model.
+(RoBERTa, XLM-R, ELECTRA); their ``*ForTokenClassification``, ``*ForQuestionAnswering``, ``*ForMaskedLM``
+and ``*ForMultipleChoice`` through the hooks of :mod:`lrp_core.adapters.task_heads`; the base models
+(``BertModel``, ``RobertaModel``, ...) have no classification head: their readout is the pooler on [CLS] (or
+[CLS] itself), explained with a ``Projection`` / ``Similarity`` target (:mod:`lrp_core.adapters.embeddings`).
+As for ViTs, the adapter names the model's own submodules and the engine replays them — whatever attention
+implementation (eager, sdpa) the model is configured with — and never changes the model.
 
 Shapes: B batch, T tokens (padding included), D width, C classes.
 """
@@ -25,30 +26,38 @@ from .batches import TextBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import input_keys, token_ids, tokenized
 from .heads import hf_heads
+from .mlp_head import head_layers, is_head
 from .parts import ModelPart
 from .predicates import is_base_model
 from .readouts import HeadLayer, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
+from .task_heads import EncoderTaskHeads, task_of
 
 #: Additive mask value of the reference implementation; softmax gives exactly 0 there.
 MASK_VALUE = -10000.0
 
 
-class BertAdapter(Adapter[TextBatch]):
-    """Hugging Face BERT-family encoders with a [CLS] classification head."""
+class BertAdapter(EncoderTaskHeads, Adapter[TextBatch]):
+    """Hugging Face BERT-family encoders with a [CLS] classification head, or a task head
+    (:class:`~lrp_core.adapters.task_heads.EncoderTaskHeads`)."""
 
     modality = "text"
     mask_value = MASK_VALUE
 
     def __init__(self, model: nn.Module):
         """The family's facts, each from its own hook: :meth:`_backbone` (checks the layout, returns the
-        module holding ``embeddings``), :meth:`_layers`, :meth:`_block`, :meth:`_head`, :meth:`_max_length`."""
+        module holding ``embeddings``), :meth:`_layers`, :meth:`_block`, :meth:`_head` (a sequence or multiple-choice
+        head on [CLS]) or :meth:`_task_head` (a per-token head), :meth:`_max_length`."""
         super().__init__(model)
+        self.task = task_of(model)
         self.base = self._backbone()
         self.blocks = [self._block(i, layer) for i, layer in enumerate(self._layers())]
         self.pooler_layers = self._pooler()
-        head = self._head() if not is_base_model(model) else list(self.pooler_layers)
-        self.readout = TokenReadout(norm=nn.Identity(), head_layers=head)
+        if is_base_model(model):
+            head = list(self.pooler_layers)
+        else:
+            head = self._task_head(self.task) if self.task in ("token", "qa", "mlm") else self._head()
+        self.readout = self._readout_of(head)
         self.max_length = self._max_length()
         self.vocab_size = int(getattr(model.config, "vocab_size", 0)) or None
 
@@ -125,16 +134,34 @@ class BertAdapter(Adapter[TextBatch]):
         model = self.model
         clf = getattr(model, "classifier", None)
         pooler: ModelPart = getattr(self.base, "pooler", None)
-        if is_linear(clf) and pooler is not None and is_linear(getattr(pooler, "dense", None)):
-            # BERT: [CLS] -> dense -> tanh -> classifier
-            return [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation), HeadLayer(LINEAR, clf)]
+        where = f"{type(model).__name__}.classifier"
+        if is_head(clf) and pooler is not None and is_linear(getattr(pooler, "dense", None)):
+            # BERT: [CLS] -> dense -> tanh -> classifier (a Linear, or an MLP head)
+            pooled = [HeadLayer(LINEAR, pooler.dense), HeadLayer(ELEMENTWISE, pooler.activation)]
+            return pooled + head_layers(clf, where)
         if clf is not None and is_linear(getattr(clf, "dense", None)) and is_linear(getattr(clf, "out_proj", None)):
             act = getattr(clf, "activation", None) or nn.Tanh()  # RoBERTa's head uses tanh inline
             return [HeadLayer(LINEAR, clf.dense), HeadLayer(ELEMENTWISE, act), HeadLayer(LINEAR, clf.out_proj)]
+        summary = getattr(model, "sequence_summary", None)  # ELECTRA's multiple-choice head
+        if summary is not None and is_linear(clf):
+            return self._summary_head(summary, clf)
         raise UnsupportedModelError(
             f"{type(model).__name__}: classification head not recognised (expected a pooler (dense + tanh) with a "
             "Linear classifier, or a classifier with dense and out_proj)"
         )
+
+    def _summary_head(self, summary: ModelPart, clf: ModelPart) -> list:
+        """ELECTRA's multiple-choice head on [CLS]: ``sequence_summary`` (its Linear and activation) → classifier."""
+        kind = getattr(summary, "summary_type", None)
+        if kind != "first":
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__}.sequence_summary has summary_type={kind!r}: the replay reads the "
+                "summary of the first token only (summary_type='first', ELECTRA's default)"
+            )
+        layers = [HeadLayer(LINEAR, summary.summary)] if is_linear(summary.summary) else []
+        if not isinstance(summary.activation, nn.Identity):
+            layers.append(HeadLayer(ELEMENTWISE, summary.activation))
+        return layers + [HeadLayer(LINEAR, clf)]
 
     # ------------------------------------------------------------ validation
     #: the input keys the replay reads as the model does
@@ -147,7 +174,8 @@ class BertAdapter(Adapter[TextBatch]):
         "without one: pass no head_mask",
     }
 
-    def check_inputs(self, inputs) -> TextBatch:
+    def check_rows(self, inputs) -> TextBatch:
+        """The tokenizer output (B, T) as a :class:`TextBatch` (``check_inputs``: the task's inputs, through this)."""
         ids, mask = tokenized(inputs, type(self.model).__name__)
         T = ids.shape[1]
         if T > self.max_length:
@@ -198,7 +226,8 @@ class BertAdapter(Adapter[TextBatch]):
             )
         return pos
 
-    def layout(self, prepared: TextBatch) -> TokenLayout:
+    def text_layout(self, prepared: TextBatch) -> TokenLayout:
+        """Every token scored, [CLS] read (``layout``: the task's, through this)."""
         mask = prepared.attention_mask
         return TokenLayout(
             modality="text", num_tokens=mask.shape[1], output_start=0, readout_tokens=self.readout.tokens, mask=mask

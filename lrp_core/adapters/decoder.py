@@ -4,7 +4,9 @@ What is explained: the logit of a vocabulary entry (a causal LM's next-token
 logit) or of a class (``*ForSequenceClassification``), read at one position
 per row — by default each row's last real token, whichever side the batch is
 padded on (a sequence classifier: where it pools, its rightmost token that is
-not ``config.pad_token_id``); ``explain(..., position=p)`` names another.
+not ``config.pad_token_id``); ``explain(..., position=p)`` names another. A ``*ForTokenClassification``
+(``position=`` required) and a ``*ForQuestionAnswering`` (``target="start" | "end"``) are read at that position
+(:mod:`lrp_core.adapters.task_heads`).
 Position ids follow the attention mask as ``generate`` computes them, so a
 row's explanation does not depend on its padding — or are the ``position_ids``
 given with the inputs. Rotary tables that depend on the longest position of
@@ -21,6 +23,7 @@ Shapes: B batch, T tokens (padding included), D width, V vocabulary, H heads, d 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, TypeVar
 
@@ -35,6 +38,7 @@ from .batches import DecoderBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import NO_EFFECT, input_keys, tokenized
 from .kernels import eager_softmax_dtype
+from .mlp_head import head_layers
 from .parts import ModelPart
 from .positions import (
     BATCH_DEPENDENT_ROPE,
@@ -49,6 +53,16 @@ from .positions import (
 )
 from .readouts import HeadLayer, PositionReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
+from .task_heads import (
+    explained_logit,
+    one_hot_rows,
+    position_required,
+    qa_head,
+    qa_task_inputs,
+    read_positions,
+    task_of,
+    token_head,
+)
 
 #: a decoder's batch, or a VLM's (a decoder batch with images) read through the VLM's language model
 D = TypeVar("D", bound=DecoderBatch)
@@ -65,6 +79,8 @@ class DecoderAdapter(Adapter[DecoderBatch]):
     def __init__(self, model: ModelPart):
         super().__init__(model)
         self.config: ModelPart = getattr(model, "config", None)  # a transformers config, read by name
+        #: "sequence" (a causal LM or a sequence classifier), "token" or "qa" (lrp_core.adapters.task_heads)
+        self.task = task_of(model)
         self.base, layers, final_norm = self._stack()
         assert self.config is not None, "_stack refuses a model without a config"
         self.sdpa = getattr(self.config, "_attn_implementation", "eager") == "sdpa"
@@ -76,13 +92,20 @@ class DecoderAdapter(Adapter[DecoderBatch]):
         if self._dynamic_rope():  # dynamic NTK scaling is there to run past max_position_embeddings
             self.max_length = None
         #: a sequence classifier pools at its last token that is not the padding id (:func:`pooled_position`)
-        self.pools = self.readout.head_layers[0].module is getattr(self.model, "score", None)
+        self.pools = self.task == "sequence" and getattr(model, "lm_head", None) is None and self._has("score")
+
+    def _has(self, name: str) -> bool:
+        """Whether the model has a submodule ``name`` (a head: ``lm_head``, ``score``)."""
+        return getattr(self.model, name, None) is not None
 
     # ------------------------------------------------------------ the family's part
     def _stack(self) -> tuple[ModelPart, Sequence[ModelPart], ModelPart]:
-        """(the decoder stack, its layers, its final norm): the Llama layout ``model.model`` with ``layers``
-        and ``norm`` (GPT-2 overrides: ``model.transformer`` with ``h`` and ``ln_f``)."""
+        """(the decoder stack, its layers, its final norm): the Llama layout ``model.model`` (a question-answering
+        head: ``model.transformer``) with ``layers`` and ``norm`` (GPT-2 overrides: ``model.transformer`` with ``h``
+        and ``ln_f``)."""
         base = getattr(self.model, "model", None)
+        if base is None and self.task == "qa":
+            base = getattr(self.model, "transformer", None)
         if self.config is None or base is None or not hasattr(base, "layers"):
             raise UnsupportedModelError(
                 f"{type(self.model).__name__}: not a decoder language model (expected model.model.layers)"
@@ -97,7 +120,15 @@ class DecoderAdapter(Adapter[DecoderBatch]):
         return head
 
     def _head_layers(self) -> list[HeadLayer]:
-        """The layers after the final norm: the head alone (Gemma 2 adds its logit soft-cap)."""
+        """The layers after the final norm: the head alone (Gemma 2 adds its logit soft-cap); a classifier
+        (``score``, a token classifier's ``score`` / ``classifier``) may be an MLP head; ``qa_outputs``."""
+        if self.task == "qa":
+            return qa_head(self.model)
+        if self.task == "token":
+            return token_head(self.model, "score", "classifier")
+        score = getattr(self.model, "score", None)
+        if getattr(self.model, "lm_head", None) is None and isinstance(score, nn.Sequential):
+            return head_layers(score, f"{type(self.model).__name__}.score")
         return [HeadLayer(LINEAR, self._head())]
 
     def _block(self, i: int, layer: ModelPart) -> BlockSpec:
@@ -202,25 +233,24 @@ class DecoderAdapter(Adapter[DecoderBatch]):
         A position must be a real token of its row (not padding, not past the row).
         """
         mask = prepared.attention_mask
-        B, T = mask.shape
-        pos = torch.as_tensor(position, device=mask.device)
-        if pos.dim() == 0:
-            pos = pos.expand(B)
-        if pos.shape != (B,) or pos.dtype not in (torch.int64, torch.int32):
-            raise InputError(f"position must be an int or one int per row ({B} rows), got {position!r}")
-        pos = torch.where(pos < 0, pos + T, pos).long()
-        bad = torch.nonzero((pos < 0) | (pos >= T)).flatten().tolist()
-        if bad:
-            raise InputError(
-                f"position {pos[bad[0]].item()} of row {bad[0]} is past the row (the batch has {T} "
-                f"tokens: use 0 … {T - 1}, or -{T} … -1 from the end)"
-            )
-        pad = torch.nonzero(mask[torch.arange(B), pos] == 0).flatten().tolist()
-        if pad:
-            raise InputError(f"position {pos[pad[0]].item()} of row {pad[0]} is padding: name a real token")
-        read = torch.zeros_like(mask)
-        read[torch.arange(B), pos] = 1
-        return prepared.replace(read_at=read)
+        return prepared.replace(read_at=one_hot_rows(mask, read_positions(mask, position)))
+
+    def task_inputs(self, prepared: D, position: Any, target: Any) -> tuple[D, Any]:
+        """A token classifier: ``position`` required; question answering: ``target="start" | "end"``, the position
+        by default each row's argmax of that logit; else the batch read at ``position`` (default: the last token)."""
+        if self.task == "token" and position is None:
+            raise position_required(self.model, self.task)
+        if self.task == "qa":
+            return qa_task_inputs(self, prepared, position, target)
+        if position is not None:
+            prepared = self.at_position(prepared, position)
+        return prepared, target
+
+    def task_result(self, prepared: D, result: Any) -> Any:
+        """Question answering: ``logits`` (B,) the explained start or end logit."""
+        if self.task != "qa":
+            return result
+        return dataclasses.replace(result, logits=explained_logit(result.logits, result.target))
 
     def layout(self, prepared: DecoderBatch) -> TokenLayout:
         """The tokens a row's map covers: its real tokens up to the one read (``position=``), the context of the
@@ -268,7 +298,8 @@ class DecoderAdapter(Adapter[DecoderBatch]):
         """(B, C) the model's own logits at each row's read position (a classifier: its head's there)."""
         from .verification import read_logits
 
-        head = self.readout.head_layers[0].module if self.pools else None
+        # a classifier's own head output at the read tokens (its pooling, or a per-token head's logits there)
+        head = self.readout.head_layers[-1].module if self.pools or self.task != "sequence" else None
         return read_logits(self.model, {**self.own_inputs(prepared), "use_cache": False}, prepared.read, head)
 
     # ------------------------------------------------------------ forward

@@ -40,6 +40,7 @@ from .parts import ModelPart
 from .positions import given_position_ids, row_rotary_tables
 from .readouts import HeadLayer, MaskedMeanReadout, Readout, TokenReadout
 from .records import EmbeddingRecord, TokenLayout, Trace
+from .task_heads import POSITION_TASKS, EncoderTaskHeads, task_of
 
 #: the attention implementations whose padded forward the replay reproduces
 _IMPLEMENTATIONS = ("eager", "sdpa")
@@ -77,8 +78,10 @@ def encoder_bias(mask: Tensor, window: Optional[int], dtype: torch.dtype) -> Ten
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
 
 
-class ModernBertAdapter(Adapter[TextBatch]):
-    """``ModernBertForSequenceClassification`` (eager or sdpa attention; [CLS] or mean pooling)."""
+class ModernBertAdapter(EncoderTaskHeads, Adapter[TextBatch]):
+    """``ModernBertForSequenceClassification`` (eager or sdpa attention; [CLS] or mean pooling), and the
+    token-classification, question-answering, masked-LM and multiple-choice heads
+    (:class:`~lrp_core.adapters.task_heads.EncoderTaskHeads`)."""
 
     modality = "text"
     #: text with a padding mask; the additive values are the dtype's minimum (:func:`encoder_bias`)
@@ -96,6 +99,7 @@ class ModernBertAdapter(Adapter[TextBatch]):
     def __init__(self, model: nn.Module):
         super().__init__(model)
         name = type(model).__name__
+        self.task = task_of(model)
         cfg = self.config = getattr(model, "config", None)
         self.base = getattr(model, "model", None)
         if cfg is None or self.base is None or not hasattr(self.base, "layers") or not hasattr(self.base, "rotary_emb"):
@@ -112,13 +116,21 @@ class ModernBertAdapter(Adapter[TextBatch]):
             )
         self.sdpa = impl == "sdpa"
         self.pooling = getattr(cfg, "classifier_pooling", "cls")
-        if self.pooling not in ("cls", "mean"):
+        if self.task == "mlm" and getattr(cfg, "sparse_prediction", False):
+            raise UnsupportedModelError(
+                f"{name}: sparse_prediction=True computes the logits of the labelled tokens only; load the model "
+                "with sparse_prediction=False (the same function at every token)"
+            )
+        if self.pooling not in ("cls", "mean") and self.task in ("sequence", "choice"):
             raise UnsupportedModelError(
                 f"{name}: classifier_pooling={self.pooling!r}; the model then classifies "
                 "every token, not the text. Supported: 'cls', 'mean'"
             )
         self.blocks = [self._block(i, layer) for i, layer in enumerate(self.base.layers)]
-        self.readout = TokenReadout(norm=self.base.final_norm, head_layers=self._head())
+        if self.task in POSITION_TASKS:
+            self.readout = self._readout_of(self._task_head(self.task), norm=self.base.final_norm)
+        else:
+            self.readout = TokenReadout(norm=self.base.final_norm, head_layers=self._head())
         self.vocab_size = int(cfg.vocab_size)
 
     def _block(self, i: int, layer: ModelPart) -> BlockSpec:
@@ -154,10 +166,22 @@ class ModernBertAdapter(Adapter[TextBatch]):
                 f"/ Wo, mlp_norm, mlp with Wi / Wo, attention_type): {e}"
             ) from None
 
-    def _head(self) -> list:
+    def _task_head(self, task: str) -> list:
+        """A per-token head: head.dense → head.act → head.norm, then the classifier (token classification), the
+        start / end classifier (question answering) or the decoder (masked LM)."""
+        out = "decoder" if task == "mlm" else "classifier"
+        layers = self._head(out)
+        if task == "qa" and layers[-1].module.out_features != 2:
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__}.classifier gives {layers[-1].module.out_features} columns: a "
+                "question-answering head gives two (start, end)"
+            )
+        return layers
+
+    def _head(self, out: str = "classifier") -> list:
         """head.dense → head.act → head.norm → classifier (the pooled token's layers; dropout: inference)."""
         head: ModelPart = getattr(self.model, "head", None)
-        clf: ModelPart = getattr(self.model, "classifier", None)
+        clf: ModelPart = getattr(self.model, out, None)
         if not is_linear(getattr(head, "dense", None)) or not is_linear(clf):
             raise UnsupportedModelError(
                 f"{type(self.model).__name__}: classification head not recognised (expected "
@@ -171,7 +195,8 @@ class ModernBertAdapter(Adapter[TextBatch]):
         ]
 
     # ------------------------------------------------------------ validation
-    def check_inputs(self, inputs) -> TextBatch:
+    def check_rows(self, inputs) -> TextBatch:
+        """The tokenizer output (B, T) as a :class:`TextBatch` (``check_inputs``: the task's inputs, through this)."""
         name = type(self.model).__name__
         ids, mask = tokenized(inputs, name)
         # token_type_ids: the model has no segment table and its forward ignores them (a misshapen one is a mistake)
@@ -185,7 +210,7 @@ class ModernBertAdapter(Adapter[TextBatch]):
             )
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise InputError(f"input_ids must lie in [0, {self.vocab_size}) (the vocabulary size)")
-        if self.pooling == "cls":
+        if self.pooling == "cls" and self.task not in POSITION_TASKS:
             bad = torch.nonzero(mask[:, 0] == 0).flatten().tolist()
             if bad:
                 raise InputError(
@@ -198,7 +223,8 @@ class ModernBertAdapter(Adapter[TextBatch]):
         pos = None if given is None else given_position_ids(given, mask, None, True, False)
         return TextBatch(input_ids=ids, attention_mask=mask, position_ids=pos)
 
-    def layout(self, prepared: TextBatch) -> TokenLayout:
+    def text_layout(self, prepared: TextBatch) -> TokenLayout:
+        """Every token scored, [CLS] read where the head pools it (``layout``: the task's, through this)."""
         mask = prepared.attention_mask
         return TokenLayout(
             modality="text",
@@ -208,7 +234,7 @@ class ModernBertAdapter(Adapter[TextBatch]):
             mask=mask,
         )
 
-    def readout_for(self, prepared: TextBatch) -> Readout:
+    def sequence_readout(self, prepared: TextBatch) -> Readout:
         """[CLS] pooling (:attr:`readout`), or the mean over this batch's real tokens."""
         if self.pooling == "cls":
             return self.readout

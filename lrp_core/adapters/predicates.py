@@ -47,6 +47,25 @@ def hf_text(*model_types: str) -> Callable[[nn.Module], bool]:
     )
 
 
+#: the class-name endings of the Hugging Face heads an encoder adapter reads (lrp_core.adapters.task_heads)
+TEXT_HEADS = (
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMaskedLM",
+    "ForMultipleChoice",
+)
+
+
+def hf_text_head(*model_types: str) -> Callable[[nn.Module], bool]:
+    """A Hugging Face encoder with a sequence-classification or task head (:data:`TEXT_HEADS`) whose
+    ``config.model_type`` is one of ``model_types``."""
+    return lambda model: (
+        type(model).__name__.endswith(TEXT_HEADS)
+        and getattr(getattr(model, "config", None), "model_type", None) in model_types
+    )
+
+
 def named(*class_names: str) -> Callable[[nn.Module], bool]:
     """A model whose class (or a base class) has one of these names."""
     return lambda model: bool(mro_names(model) & set(class_names))

@@ -104,9 +104,10 @@ def probe(adapter: DecoderAdapter) -> float:
             with torch.no_grad():
                 try:
                     with compute_precision(model):  # a half-precision model: its own forward in float32 too
-                        out = model(
+                        own = model(
                             input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False
-                        ).logits
+                        )
+                        out = _logits(own)
                 except Exception as err:  # the model's own forward: any error of its code is a reason to refuse
                     raise UnsupportedModelError(
                         f"{type(model).__name__}'s own forward failed on the probe input ({type(err).__name__}: {err})"
@@ -122,6 +123,23 @@ def probe(adapter: DecoderAdapter) -> float:
     return float((got - out).abs().max() / out.abs().max().clamp(min=1e-30))
 
 
+def _logits(output) -> torch.Tensor:
+    """The model's own logits (B, T, C) or (B, C); a question-answering head's start and end side by side."""
+    if getattr(output, "start_logits", None) is not None:
+        return torch.stack([output.start_logits, output.end_logits], dim=-1)
+    return output.logits
+
+
+#: the class-name endings of the decoders open recognition reads
+OPEN_HEADS = (
+    "ForCausalLM",
+    "LMHeadModel",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+)
+
+
 def open_adapter(model: nn.Module) -> Optional[DecoderAdapter]:
     """The adapter of an unlisted decoder, recognised by its structure.
 
@@ -134,7 +152,8 @@ def open_adapter(model: nn.Module) -> Optional[DecoderAdapter]:
     -------
     DecoderAdapter or None
         The structural adapter, verified against the model's logits; ``None`` where ``model`` is no Hugging Face
-        decoder (no config, not a ``…ForCausalLM`` / ``…LMHeadModel`` / ``…ForSequenceClassification``).
+        decoder (no config, not a ``…ForCausalLM`` / ``…LMHeadModel`` / ``…ForSequenceClassification`` /
+        ``…ForTokenClassification`` / ``…ForQuestionAnswering``).
 
     Raises
     ------
@@ -143,9 +162,7 @@ def open_adapter(model: nn.Module) -> Optional[DecoderAdapter]:
         deviation (the message omits the supported families: the caller appends them).
     """
     cls = type(model).__name__
-    if getattr(model, "config", None) is None or not cls.endswith(
-        ("ForCausalLM", "LMHeadModel", "ForSequenceClassification")
-    ):
+    if getattr(model, "config", None) is None or not cls.endswith(OPEN_HEADS):
         return None
     why = unreplayable(model)
     if why is not None:

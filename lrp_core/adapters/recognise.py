@@ -40,8 +40,9 @@ from .positions import row_rotary_tables
 
 #: What an unlisted decoder must look like to be recognised (the text of every refusal).
 STRUCTURES = (
-    "an unlisted Hugging Face decoder (…ForCausalLM / …ForSequenceClassification) is explained when it has "
-    "model.model.{embed_tokens, layers, norm, rotary_emb} and lm_head (or score); each layer self_attn with "
+    "an unlisted Hugging Face decoder (…ForCausalLM / …ForSequenceClassification / …ForTokenClassification / "
+    "…ForQuestionAnswering) is explained when it has model.model.{embed_tokens, layers, norm, rotary_emb} (a "
+    "question-answering head: model.transformer) and lm_head (or score, or qa_outputs); each layer self_attn with "
     "q_proj / k_proj / v_proj / o_proj (nn.Linear, grouped-query heads allowed), optional per-head q_norm / "
     "k_norm and an optional use_rope flag, and mlp with gate_proj / up_proj / down_proj, up_proj / down_proj, "
     "gate_up_proj / down_proj, c_fc / c_proj or fc1 / fc2 and a SiLU, GELU, ReLU, ReLU² or tanh activation; its "
@@ -225,9 +226,10 @@ class OpenDecoderAdapter(DecoderAdapter):
         super().__init__(model)
 
     def _stack(self):
-        base = getattr(self.model, "model", None)
+        stack = "transformer" if self.task == "qa" and getattr(self.model, "model", None) is None else "model"
+        base = getattr(self.model, stack, None)  # a question-answering head keeps it as model.transformer
         if self.config is None or base is None:
-            raise UnsupportedModelError(f"{type(self.model).__name__} has no model.model (the decoder stack)")
+            raise UnsupportedModelError(f"{type(self.model).__name__} has no model.{stack} (the decoder stack)")
         parts = _children(base)
         missing = {"embed_tokens", "layers", "norm", "rotary_emb"} - set(parts)
         if missing:
@@ -241,7 +243,7 @@ class OpenDecoderAdapter(DecoderAdapter):
             raise UnsupportedModelError(
                 f"model.model.{name} ({type(parts[name]).__name__}) is a part the replay does not describe"
             )
-        top = set(_children(self.model)) - {"model", "lm_head", "score"}
+        top = set(_children(self.model)) - {stack, "lm_head", "score", "qa_outputs"}
         if top:
             name = sorted(top)[0]
             raise UnsupportedModelError(

@@ -29,6 +29,7 @@ from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay
 from .checks import to_model_dtype
 from .heads import hf_heads, timm_scale
 from .kernels import eager_softmax_dtype
+from .mlp_head import head_layers
 from .parts import IDENTITY, ModelPart
 from .predicates import is_base_model
 from .readouts import HeadLayer, MeanReadout, Readout, TokenReadout, TwoHeadReadout
@@ -219,11 +220,12 @@ class TimmViTAdapter(ViTAdapter[ImageBatch]):
         """[CLS], the mean of the tokens after the prefix, the attention pool, or the distilled model's two heads."""
         heads = [model.head] + ([model.head_dist] if getattr(model, "head_dist", None) is not None else [])
         for h in heads:
-            if not (is_linear(h) or isinstance(h, nn.Identity)):
+            mlp = len(heads) == 1 and isinstance(h, nn.Sequential)  # an MLP head (lrp_core.adapters.mlp_head)
+            if not (is_linear(h) or isinstance(h, nn.Identity) or mlp):
                 raise UnsupportedModelError(f"{type(model).__name__}: head {type(h).__name__} is not a Linear layer")
         if len(heads) == 2:  # timm's distilled forward_head reads tokens 0 and 1, no fc_norm
             return TwoHeadReadout(norm=model.norm, head=model.head, head_dist=model.head_dist)
-        head = [HeadLayer(norm_kind(model.fc_norm), model.fc_norm), HeadLayer(LINEAR, model.head)]
+        head = [HeadLayer(norm_kind(model.fc_norm), model.fc_norm)] + _head_layers(model.head, "head")
         if model.global_pool == "map":
             from .attention_pool import AttentionPoolReadout, timm_pool_head
 
@@ -448,6 +450,13 @@ def hf_linear_head(model: nn.Module, *names: str) -> list:
     return out
 
 
+def _head_layers(head: ModelPart, where: str) -> list:
+    """A timm head as head layers: a Linear (or Identity), or an MLP ``nn.Sequential`` expanded layer by layer."""
+    if isinstance(head, nn.Sequential):
+        return head_layers(head, where)
+    return [HeadLayer(LINEAR, head)]
+
+
 class HFViTEncoder(Encoder):
     """Hugging Face ``ViTModel`` / ``DeiTModel`` (``model.vit``, ``model.deit``): the prefix tokens
     ``prefix_names``, the patch convolution, the learned position embedding at the trained size, pre-LN blocks
@@ -521,6 +530,9 @@ class HFViTAdapter(ViTAdapter[ImageBatch]):
     def _readout(self, model: ModelPart, base: ModelPart) -> Readout:
         if base is model:  # ViTModel / DeiTModel: no head; the embedding is the pooler's output (else [CLS])
             return TokenReadout(norm=base.layernorm, head_layers=list(self.pooler_layers))
+        clf = model.classifier
+        if isinstance(clf, nn.Sequential):  # an MLP head (lrp_core.adapters.mlp_head)
+            return TokenReadout(norm=base.layernorm, head_layers=head_layers(clf, f"{type(model).__name__}.classifier"))
         (clf,) = hf_linear_head(model, "classifier")
         return TokenReadout(norm=base.layernorm, head_layers=[HeadLayer(LINEAR, clf)])
 

@@ -23,7 +23,8 @@ from ..errors import InputError
 from . import registry
 from .call import ConceptTarget, Contrast
 
-Target = Union[None, int, Sequence[int], Tensor, np.ndarray, ConceptTarget, Contrast, EmbeddingTarget]
+#: ``str``: a question-answering head's ``"start"`` / ``"end"`` (read by its adapter: lrp_core.adapters.task_heads)
+Target = Union[None, int, str, Sequence[int], Sequence[str], Tensor, np.ndarray, ConceptTarget, Contrast, EmbeddingTarget]
 
 #: the accepted forms, for error messages
 ACCEPTED = (

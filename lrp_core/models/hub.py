@@ -362,6 +362,11 @@ def _auto_class(config: Any, kind: str) -> tuple[Any, str]:
         from transformers import AutoModel
 
         return AutoModel, "eager"
+    head = text_head(config)
+    if head is not None:  # a task head (token classification, question answering, masked LM, multiple choice)
+        import transformers
+
+        return getattr(transformers, TEXT_HEAD_CLASSES[head]), "eager"
     from transformers import AutoModelForSequenceClassification
 
     return AutoModelForSequenceClassification, "eager"
@@ -372,6 +377,29 @@ def is_embedding_model(config: Any) -> bool:
     sentence embeddings, loaded with ``AutoModel`` and explained with ``Projection`` / ``Similarity``."""
     archs = getattr(config, "architectures", None) or []
     return bool(archs) and all(a.endswith("Model") and "For" not in a for a in archs)
+#: the task of a text model's head (the config's architecture ends with it) -> the transformers auto class
+TEXT_HEAD_CLASSES = {
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "fill-mask": "AutoModelForMaskedLM",
+    "multiple-choice": "AutoModelForMultipleChoice",
+}
+_HEAD_SUFFIXES = {
+    "ForTokenClassification": "token-classification",
+    "ForQuestionAnswering": "question-answering",
+    "ForMaskedLM": "fill-mask",
+    "ForMultipleChoice": "multiple-choice",
+}
+
+
+def text_head(config: Any) -> str | None:
+    """The task of the head the config's ``architectures`` name (``"token-classification"``, ...), or ``None``
+    (a sequence classifier, or no architecture named)."""
+    for arch in getattr(config, "architectures", None) or ():
+        for suffix, task in _HEAD_SUFFIXES.items():
+            if str(arch).endswith(suffix):
+                return task
+    return None
 
 
 def _hf_model(config: Any, kind: str, pretrained: bool, fetch: _Fetch) -> tuple[torch.nn.Module, str]:
@@ -503,6 +531,8 @@ def _load_hf(name: str, pretrained: bool) -> LoadedModel:
     elif kind == "text" and is_embedding_model(config):
         info["task"] = "embedding"
         labels = []  # no classes: the targets are Projection / Similarity readouts of the embedding
+    elif kind == "text" and text_head(config) is not None:
+        info["task"] = text_head(config)
     make = _clip_preprocess if clip else _image_preprocess if kind == "image" else _text_preprocess
     preprocess, tokenizer = make(fetch, info)
     if info.get("task") == "causal-lm":

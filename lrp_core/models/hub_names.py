@@ -76,6 +76,11 @@ KNOWN_HF_MODELS = {
     "sentence-transformers/all-MiniLM-L6-v2": (
         "text",
         "BertModel (sentence embeddings: mean pooling, normalised; target=Similarity(e_ref, pooling='mean'))",
+    # text task heads: explained at a token (explain(..., target=..., position=p))
+    "dslim/bert-base-NER": ("text", "BertForTokenClassification (CoNLL-2003 named entities; target=tag, position=p)"),
+    "deepset/roberta-base-squad2": (
+        "text",
+        "RobertaForQuestionAnswering (SQuAD 2.0; target='start' | 'end', position=p or the argmax)",
     ),
     # image–text: CLIP, explained as the similarity of an image to text prompts
     "openai/clip-vit-base-patch32": ("image", "CLIPModel (image–text similarity; target = a prompt)"),
