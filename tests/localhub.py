@@ -496,6 +496,8 @@ def deberta_v3_repo(folder: Path, seed: int = 7) -> torch.nn.Module:
         },
     )
     return model
+
+
 def bert_ner_repo(folder: Path, vocab_file: Path, seed: int = 5) -> torch.nn.Module:
     """``dslim/bert-base-NER``: a BertForTokenClassification with the CoNLL-2003 tags, files as bert_sst2_repo."""
     tags = ["O", "B-MISC", "I-MISC", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"]

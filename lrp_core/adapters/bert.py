@@ -29,7 +29,7 @@ from .heads import hf_heads
 from .mlp_head import head_layers, is_head
 from .parts import ModelPart
 from .predicates import is_base_model
-from .readouts import HeadLayer, TokenReadout
+from .readouts import HeadLayer
 from .records import EmbeddingRecord, TokenLayout, Trace
 from .task_heads import EncoderTaskHeads, task_of
 

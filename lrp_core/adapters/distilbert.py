@@ -50,7 +50,9 @@ class DistilBertAdapter(BertAdapter):
             raise UnsupportedModelError(
                 f"{name}: not a DistilBERT classifier (expected distilbert.embeddings and distilbert.transformer.layer)"
             )
-        for part in ("pre_classifier", "classifier") if base is not model and self.task in ("sequence", "choice") else ():
+        for part in (
+            ("pre_classifier", "classifier") if base is not model and self.task in ("sequence", "choice") else ()
+        ):
             if not is_linear(getattr(model, part, None)):
                 raise UnsupportedModelError(f"{name}: expected a Linear {part!r} (DistilBERT's [CLS] head)")
         return base

@@ -24,7 +24,9 @@ from . import registry
 from .call import ConceptTarget, Contrast
 
 #: ``str``: a question-answering head's ``"start"`` / ``"end"`` (read by its adapter: lrp_core.adapters.task_heads)
-Target = Union[None, int, str, Sequence[int], Sequence[str], Tensor, np.ndarray, ConceptTarget, Contrast, EmbeddingTarget]
+Target = Union[
+    None, int, str, Sequence[int], Sequence[str], Tensor, np.ndarray, ConceptTarget, Contrast, EmbeddingTarget
+]
 
 #: the accepted forms, for error messages
 ACCEPTED = (

@@ -377,6 +377,8 @@ def is_embedding_model(config: Any) -> bool:
     sentence embeddings, loaded with ``AutoModel`` and explained with ``Projection`` / ``Similarity``."""
     archs = getattr(config, "architectures", None) or []
     return bool(archs) and all(a.endswith("Model") and "For" not in a for a in archs)
+
+
 #: the task of a text model's head (the config's architecture ends with it) -> the transformers auto class
 TEXT_HEAD_CLASSES = {
     "token-classification": "AutoModelForTokenClassification",

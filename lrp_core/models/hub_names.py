@@ -76,6 +76,7 @@ KNOWN_HF_MODELS = {
     "sentence-transformers/all-MiniLM-L6-v2": (
         "text",
         "BertModel (sentence embeddings: mean pooling, normalised; target=Similarity(e_ref, pooling='mean'))",
+    ),
     # text task heads: explained at a token (explain(..., target=..., position=p))
     "dslim/bert-base-NER": ("text", "BertForTokenClassification (CoNLL-2003 named entities; target=tag, position=p)"),
     "deepset/roberta-base-squad2": (
