@@ -142,8 +142,8 @@ def test_unsupported_models_are_named():
     named = r"Sequential is not supported( \(read with [^)]*\))?\. Supported: timm"
     with pytest.raises(UnsupportedModelError, match=named):
         explain(torch.nn.Sequential(torch.nn.Linear(3, 3)), torch.randn(1, 3))
-    with pytest.raises(UnsupportedModelError, match="global_pool='map'"):  # average pooling is supported (§4)
-        explain(make_tiny_vit(global_pool="map"), torch.randn(1, 3, 32, 32))
+    with pytest.raises(UnsupportedModelError, match="global_pool='max'"):  # average and attention pooling are (§4)
+        explain(make_tiny_vit(global_pool="max"), torch.randn(1, 3, 32, 32))
     import timm
 
     resnet = timm.create_model("resnet18", pretrained=False, num_classes=3)
