@@ -330,6 +330,18 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         _decoder("paligemma", "PaliGemmaAdapter"),
     ),
     (
+        "Hugging Face BartForConditionalGeneration and MarianMTModel (encoder-decoders, post-LN blocks, learned / "
+        "sinusoidal positions; the next-token logit given source and decoder prefix: exp.source, exp.prefix)",
+        named("BartForConditionalGeneration", "MarianMTModel"),
+        _decoder("seq2seq", "Seq2SeqAdapter"),
+    ),
+    (
+        "Hugging Face MBartForConditionalGeneration and PegasusForConditionalGeneration (as BART, pre-LN blocks "
+        "and a final norm per stack)",
+        named("MBartForConditionalGeneration", "PegasusForConditionalGeneration"),
+        _decoder("seq2seq", "PreNormSeq2SeqAdapter"),
+    ),
+    (
         "Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
         named("LlamaForCausalLM", "LlamaForSequenceClassification"),
         _decoder("llama", "LlamaAdapter"),

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..adapters.base import Adapter
-from ..adapters.batches import Batch, ImageBatch, TextBatch
+from ..adapters.batches import Batch, ImageBatch, Seq2SeqBatch, TextBatch
 from ..errors import InputError, UnsupportedModelError
 from ..runtime.guard import engine_hook
 from .baselines_vlm import contrast as _contrast
@@ -44,6 +44,8 @@ class Attributed:
         cut_anywhere: a row may be cut to its features wherever they lie (decoders: position ids follow the
             mask, so a row cut to its context is the row alone); else only a leading run is cut (encoders'
             position ids count from the first token).
+        token_reference: an encoder-decoder's embeddings of one token id over its source and prefix (the
+            "pad" / "mask" / token-id baselines), else ``None`` (``module`` gives them).
     """
 
     forward: Callable[..., Tensor]
@@ -52,6 +54,9 @@ class Attributed:
     mask: Optional[Tensor] = None
     module: Optional[nn.Module] = None
     cut_anywhere: bool = False
+    #: token id -> (B, T, E) that token's embedding at every position, where ``module`` alone does not give it
+    #: (an encoder-decoder embeds the source and the prefix by two modules); rows are then never cut (:class:`Row`)
+    token_reference: Optional[Callable[[int], Tensor]] = None
 
     @property
     def image(self) -> bool:
@@ -148,6 +153,8 @@ def forward_function(adapter: Adapter, prepared: Batch, negative: Optional[Tenso
 
         return Attributed(forward_images, prepared.images.detach(), (negative,))
 
+    if isinstance(prepared, Seq2SeqBatch):
+        return _seq2seq_function(adapter, prepared, negative)
     assert isinstance(prepared, TextBatch), "a batch holds images or tokens"
     # per-sample fields travel with the samples (Captum repeats / slices them); shared ones (CLIP's images of the
     # text side) are the batch's fact and stay whole
@@ -169,6 +176,27 @@ def forward_function(adapter: Adapter, prepared: Batch, negative: Optional[Tenso
     # a decoder's features are the context of the prediction read (the layout's mask), an encoder's its real tokens
     features = adapter.layout(prepared).mask if decoder else prepared.attention_mask
     return Attributed(forward, embeds, tuple(given.values()) + (negative,), features, module, cut_anywhere=decoder)
+
+
+def _seq2seq_function(adapter: Adapter, prepared: Seq2SeqBatch, negative: Optional[Tensor]) -> Attributed:
+    """An encoder-decoder's forward function: ``f(embeddings (B, S + P, E), *the batch's per-sample fields,
+    negative)``, the embeddings given to the replay in the batch (``inputs_embeds``: source, then prefix); the
+    features are the real source tokens and the prefix up to the read position."""
+    given = {k: v for k, v in prepared.per_sample().items() if v is not None and k != "inputs_embeds"}
+    keys = tuple(given)
+
+    def forward(embeds: Tensor, *values: Any) -> Tensor:
+        *entries, neg = values
+        batch = prepared.replace(inputs_embeds=embeds, **dict(zip(keys, entries)))
+        return _contrast(adapter.forward(batch, grad=torch.is_grad_enabled()).logits, neg)
+
+    with torch.no_grad():
+        embeds = adapter.embed(prepared).embeds
+    assert embeds is not None, "an encoder-decoder's embedding records its word embeddings"
+    features = adapter.layout(prepared).mask
+    reference = getattr(adapter, "token_embeddings", None)
+    token_reference = None if reference is None else (lambda tok: reference(prepared, tok))
+    return Attributed(forward, embeds.detach(), tuple(given.values()) + (negative,), features, None, False, token_reference)
 
 
 # ----------------------------------------------------------------------------
@@ -264,6 +292,8 @@ def reference(c: Call, a: Attributed) -> Tensor:
         ref = torch.zeros_like(a.inputs)
     else:
         tok = choice if isinstance(choice, int) else _special_token(c.adapter, choice)
+        if a.token_reference is not None:
+            return _at_features(a, a.token_reference(tok).to(a.inputs.dtype))
         embedding = a.module
         assert isinstance(embedding, nn.Embedding), "text inputs carry their word-embedding module"
         if not 0 <= tok < embedding.num_embeddings:
@@ -271,8 +301,13 @@ def reference(c: Call, a: Attributed) -> Tensor:
         ids = torch.full(a.inputs.shape[:2], tok, dtype=torch.long, device=a.inputs.device)
         with torch.no_grad():
             ref = embedding(ids).to(a.inputs.dtype)
+    return _at_features(a, ref)
+
+
+def _at_features(a: Attributed, ref: Tensor) -> Tensor:
+    """``ref`` at the features, the inputs' own values elsewhere (padding stays as it is: no method moves it)."""
     real = mask_of(a).bool()[..., None].to(a.inputs.device)
-    return torch.where(real, ref, a.inputs.detach())  # padding stays as it is: no method moves it
+    return torch.where(real, ref, a.inputs.detach())
 
 
 def feature_mask(c: Call, a: Attributed) -> Tensor:
@@ -327,7 +362,7 @@ class Row:
     @staticmethod
     def of(a: Attributed, i: int) -> "Row":
         x, args = a.inputs[i : i + 1], a.row(i)
-        if a.image or a.mask is None:
+        if a.image or a.mask is None or a.token_reference is not None:
             return Row(x, args, None, 0)
         m = a.mask[i].bool()
         T = m.shape[0]
