@@ -334,6 +334,11 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
         return PositionReadout(self.readout.norm, self.readout.head_layers, prepared.read + prepared.source_length)
 
     # ------------------------------------------------------------ the model's own output
+    def context_row(self, prepared: Seq2SeqBatch, b: int) -> Seq2SeqBatch:
+        """Row ``b`` alone, cut to its context: its real source tokens, its real prefix up to ``p`` (the features
+        the Captum baselines perturb, in the row as it is explained alone)."""
+        return _unpadded_row(prepared, b, upto_read=True)
+
     def own_pieces(self, prepared: Seq2SeqBatch) -> list:
         """Each row alone, its source and its prefix without their padding (read at the same real token)."""
         return [(torch.tensor([b]), _unpadded_row(prepared, b)) for b in range(prepared.size)]
@@ -449,11 +454,13 @@ _REFUSED_INPUTS = {
 }
 
 
-def _unpadded_row(prepared: Seq2SeqBatch, b: int) -> Seq2SeqBatch:
-    """Row ``b`` alone, its source and prefix cut to their real tokens (which must be contiguous on each side)."""
+def _unpadded_row(prepared: Seq2SeqBatch, b: int, upto_read: bool = False) -> Seq2SeqBatch:
+    """Row ``b`` alone, its source and prefix cut to their real tokens (``upto_read``: the prefix's up to ``p``)."""
     row = prepared.take(torch.tensor([b], device=prepared.attention_mask.device))
     src_keep = row.attention_mask[0].bool()
     dec_keep = row.decoder_attention_mask[0].bool()
+    if upto_read:
+        dec_keep = dec_keep & (torch.arange(dec_keep.shape[0], device=dec_keep.device) <= row.read[0])
     cut = {
         "input_ids": None if row.input_ids is None else row.input_ids[:, src_keep],
         "attention_mask": row.attention_mask[:, src_keep],

@@ -44,8 +44,11 @@ class Attributed:
         cut_anywhere: a row may be cut to its features wherever they lie (decoders: position ids follow the
             mask, so a row cut to its context is the row alone); else only a leading run is cut (encoders'
             position ids count from the first token).
-        token_reference: an encoder-decoder's embeddings of one token id over its source and prefix (the
-            "pad" / "mask" / token-id baselines), else ``None`` (``module`` gives them).
+        token_reference: token id -> (B, T, E) that token's embedding at every position, where ``module`` alone
+            does not give it (an encoder-decoder embeds its source and its prefix by two modules), else ``None``.
+        row_cut: sample i -> (the columns (n,) of its features, the additional forward arguments of the sample
+            cut to them): the row alone, where its fields are not cut along T (an encoder-decoder's source and
+            prefix); else ``None`` (:class:`Row` cuts the fields itself).
     """
 
     forward: Callable[..., Tensor]
@@ -54,9 +57,8 @@ class Attributed:
     mask: Optional[Tensor] = None
     module: Optional[nn.Module] = None
     cut_anywhere: bool = False
-    #: token id -> (B, T, E) that token's embedding at every position, where ``module`` alone does not give it
-    #: (an encoder-decoder embeds the source and the prefix by two modules); rows are then never cut (:class:`Row`)
     token_reference: Optional[Callable[[int], Tensor]] = None
+    row_cut: Optional[Callable[[int], tuple[Tensor, tuple]]] = None
 
     @property
     def image(self) -> bool:
@@ -194,9 +196,18 @@ def _seq2seq_function(adapter: Adapter, prepared: Seq2SeqBatch, negative: Option
         embeds = adapter.embed(prepared).embeds
     assert embeds is not None, "an encoder-decoder's embedding records its word embeddings"
     features = adapter.layout(prepared).mask
-    reference = getattr(adapter, "token_embeddings", None)
-    token_reference = None if reference is None else (lambda tok: reference(prepared, tok))
-    return Attributed(forward, embeds.detach(), tuple(given.values()) + (negative,), features, None, False, token_reference)
+    assert features is not None, "an encoder-decoder's layout has its mask"
+
+    def reference(token: int) -> Tensor:
+        return getattr(adapter, "token_embeddings")(prepared, token)
+
+    def row_cut(i: int) -> tuple[Tensor, tuple]:
+        alone = getattr(adapter, "context_row")(prepared, i)  # the row without padding, its prefix up to p
+        neg = None if negative is None else negative[i : i + 1]
+        return torch.nonzero(features[i]).flatten(), tuple(getattr(alone, k) for k in keys) + (neg,)
+
+    args = tuple(given.values()) + (negative,)
+    return Attributed(forward, embeds.detach(), args, features, None, False, reference, row_cut)
 
 
 # ----------------------------------------------------------------------------
@@ -352,17 +363,22 @@ class Row:
         args: its additional forward arguments, cut alike.
         span: ``(start, end)`` of the cut in the row, or ``None``.
         length: T, the row's length before the cut.
+        columns: (n,) the columns kept where they are not one span (an encoder-decoder's source and prefix).
     """
 
     x: Tensor
     args: tuple
     span: Optional[tuple[int, int]]
     length: int
+    columns: Optional[Tensor] = None
 
     @staticmethod
     def of(a: Attributed, i: int) -> "Row":
         x, args = a.inputs[i : i + 1], a.row(i)
-        if a.image or a.mask is None or a.token_reference is not None:
+        if a.row_cut is not None:
+            cols, cut_args = a.row_cut(i)
+            return Row(x[:, cols.to(x.device)], cut_args, None, x.shape[1], cols)
+        if a.image or a.mask is None:
             return Row(x, args, None, 0)
         m = a.mask[i].bool()
         T = m.shape[0]
@@ -377,12 +393,17 @@ class Row:
 
     def cut(self, v: Any) -> Any:
         """``v`` (1, T, ...) cut to the span; another value (shared entries, ``None``) as it is."""
+        if self.columns is not None and isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == self.length:
+            return v[:, self.columns.to(v.device)]
         if self.span is None or not isinstance(v, Tensor) or v.dim() < 2 or v.shape[1] != self.length:
             return v
         return v[:, self.span[0] : self.span[1]]
 
     def back(self, attr: Tensor) -> Tensor:
         """Attributions of the cut row (1, n, D) padded back with zeros to the row's length (1, T, D)."""
+        if self.columns is not None:
+            out = attr.new_zeros((attr.shape[0], self.length) + tuple(attr.shape[2:]))
+            return out.index_copy(1, self.columns.to(attr.device), attr)
         if self.span is None:
             return attr
         return F.pad(attr, (0, 0, self.span[0], self.length - self.span[1]))
