@@ -342,6 +342,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         _decoder("seq2seq", "PreNormSeq2SeqAdapter"),
     ),
     (
+        "Hugging Face T5ForConditionalGeneration and MT5ForConditionalGeneration (T5 v1.0 ReLU and v1.1 gated-GELU "
+        "feed-forward, RMSNorm, relative position bias as a constant of the scores)",
+        named("T5ForConditionalGeneration", "MT5ForConditionalGeneration"),
+        _decoder("t5", "T5Adapter"),
+    ),
+    (
         "Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
         named("LlamaForCausalLM", "LlamaForSequenceClassification"),
         _decoder("llama", "LlamaAdapter"),

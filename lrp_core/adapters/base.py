@@ -135,6 +135,16 @@ class Adapter(ABC, Generic[BatchT]):
             f"{type(self.model).__name__} reads its prediction from a fixed token"
         )
 
+    def token_embeddings(self, prepared: BatchT, token: int) -> Tensor:
+        """(B, T, E) the word embedding of ``token`` at every scored position, for a family whose word embeddings
+        no single module gives (an encoder-decoder's source and prefix: the Captum token baselines). Default: none."""
+        raise InputError(f"{type(self.model).__name__}: its token baselines come from its word-embedding module")
+
+    def context_row(self, prepared: BatchT, b: int) -> BatchT:
+        """Sample ``b`` alone, cut to the tokens its prediction reads (an encoder-decoder's real source and
+        prefix up to the read position). Default: the sample as it is."""
+        return prepared.take(torch.tensor([b]))
+
     def block_context(
         self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor], fused: bool = False
     ) -> list:

@@ -137,7 +137,7 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
         super().__init__(model)
         self.config: ModelPart = getattr(model, "config", None)
         self.encoder, self.decoder = self._stacks()
-        enc_layers, dec_layers = list(self.encoder.layers), list(self.decoder.layers)
+        enc_layers, dec_layers = self._layers(self.encoder), self._layers(self.decoder)
         self.num_encoder_blocks = len(enc_layers)
         self.blocks = [self._block(i, layer) for i, layer in enumerate(enc_layers + dec_layers)]
         self.encoder_norm: nn.Module = self._final_norm(self.encoder)
@@ -156,6 +156,10 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
                 "(expected model.model.encoder.layers and model.model.decoder.layers)"
             )
         return enc, dec
+
+    def _layers(self, stack: ModelPart) -> list:
+        """A stack's layers, in order (``layers``)."""
+        return list(stack.layers)
 
     def _final_norm(self, stack: ModelPart) -> nn.Module:
         """A stack's norm after its last block (pre-LN families: ``layer_norm``), identity where none."""

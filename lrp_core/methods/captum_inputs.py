@@ -199,10 +199,10 @@ def _seq2seq_function(adapter: Adapter, prepared: Seq2SeqBatch, negative: Option
     assert features is not None, "an encoder-decoder's layout has its mask"
 
     def reference(token: int) -> Tensor:
-        return getattr(adapter, "token_embeddings")(prepared, token)
+        return adapter.token_embeddings(prepared, token)
 
     def row_cut(i: int) -> tuple[Tensor, tuple]:
-        alone = getattr(adapter, "context_row")(prepared, i)  # the row without padding, its prefix up to p
+        alone = adapter.context_row(prepared, i)  # the row without padding, its prefix up to p
         neg = None if negative is None else negative[i : i + 1]
         return torch.nonzero(features[i]).flatten(), tuple(getattr(alone, k) for k in keys) + (neg,)
 

@@ -29,11 +29,33 @@ FAMILIES = {
 }
 
 
+T5 = dict(
+    vocab_size=VOCAB,
+    d_model=16,
+    d_kv=8,
+    d_ff=24,
+    num_layers=2,
+    num_decoder_layers=2,
+    num_heads=2,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=16,
+    pad_token_id=PAD,
+    decoder_start_token_id=PAD,
+)
+FAMILIES["t5"] = (tf.T5ForConditionalGeneration, tf.T5Config, {})
+FAMILIES["t5_gated"] = (
+    tf.T5ForConditionalGeneration,
+    tf.T5Config,
+    {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
+)
+FAMILIES["mt5"] = (tf.MT5ForConditionalGeneration, tf.MT5Config, {})
+
+
 def make_seq2seq(family: str, dtype: torch.dtype = torch.float64, seed: int = 0, attn: str = "eager"):
     """A tiny ``family`` model in ``dtype``, every parameter (and the final-logits bias) random."""
     cls, config_cls, extra = FAMILIES[family]
     torch.manual_seed(seed)
-    cfg = config_cls(**COMMON, **LAYERS, **extra)
+    cfg = config_cls(**T5, **extra) if family in ("t5", "t5_gated", "mt5") else config_cls(**COMMON, **LAYERS, **extra)
     cfg._attn_implementation = attn
     model = cls(cfg).eval().to(dtype)
     perturb(model, seed)
@@ -105,7 +127,8 @@ def input_x_gradient(model, source: list, prefix: list, target: int) -> torch.Te
     ids, dids = torch.tensor([source]), torch.tensor([prefix])
     e = enc.embed_tokens(ids).detach().requires_grad_(True)  # BART: scaled inside the module
     d = dec.embed_tokens(dids).detach().requires_grad_(True)
-    if not hasattr(enc.embed_tokens, "embed_scale"):  # Marian / Pegasus: the encoder takes scaled embeddings
+    if getattr(enc, "embed_scale", None) is not None and not hasattr(enc.embed_tokens, "embed_scale"):
+        # Marian / Pegasus: the encoder takes scaled embeddings
         e_in = e * enc.embed_scale
         d_in = d  # …and its decoder scales the embeddings it is given
     else:

@@ -138,6 +138,7 @@ def test_model_untouched_and_bad_inputs():
     with pytest.raises(InputError, match="vocabulary"):
         lrp_core.explain(model, {**inputs, "decoder_input_ids": inputs["decoder_input_ids"] + 100}, method="cp_lrp")
 
+
 def test_source_and_prefix_are_the_scores_parts():
     model = make_seq2seq("marian")
     inputs = batch(SOURCES, PREFIXES, "left", "right")
