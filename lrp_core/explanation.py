@@ -244,7 +244,9 @@ class Explanation(ResultFields):
 
     def _source_length(self, name: str) -> int:
         if self.source_length is None:
-            raise InputError(f"exp.{name} is an encoder-decoder's (source and decoder prefix); this model has one input")
+            raise InputError(
+                f"exp.{name} is an encoder-decoder's (source and decoder prefix); this model has one input"
+            )
         return self.source_length
 
     def patch_map(self) -> torch.Tensor:

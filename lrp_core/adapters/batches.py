@@ -233,4 +233,13 @@ class Seq2SeqBatch(Batch):
         return torch.cat([self.attention_mask, self.decoder_attention_mask.to(self.attention_mask.dtype)], dim=1)
 
 
-__all__ = ["Batch", "DecoderBatch", "Seq2SeqBatch", "ImageBatch", "PromptBatch", "PromptedImageBatch", "TextBatch", "VLMBatch"]
+__all__ = [
+    "Batch",
+    "DecoderBatch",
+    "Seq2SeqBatch",
+    "ImageBatch",
+    "PromptBatch",
+    "PromptedImageBatch",
+    "TextBatch",
+    "VLMBatch",
+]
