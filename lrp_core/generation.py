@@ -174,6 +174,8 @@ def explain_generation(
     Returns
     -------
     GenerationExplanation
+        (an encoder-decoder: :class:`~lrp_core.seq2seq_generation.Seq2SeqGenerationExplanation`, ``source``
+        (B, K, S) and ``prefix`` (B, K, K), the prompts its sources)
         ``scores`` (B, K, P+K−1), with ``.show()`` and ``.save_html(path)``; a vision-language model adds
         ``image_tokens``, ``patch_map()`` (B, K, h, w), ``upsample()`` (B, K, H, W) and, where the method
         reaches the pixels, ``pixels`` (B, K, H, W).
@@ -191,6 +193,14 @@ def explain_generation(
         method = method.name
     adapter, vocab = _language_model(model)
     _check_method(method, options, contrast, adapter)
+    if adapter.is_seq2seq:  # an encoder-decoder: the prompts are its sources, the prefix is what it writes
+        if contrast is not None:
+            raise InputError("contrast= is not defined for an encoder-decoder's generation yet: explain each step")
+        from .seq2seq_generation import explain_seq2seq_generation
+
+        return explain_seq2seq_generation(  # type: ignore[return-value]
+            model, tokenizer, prompts, method, max_new_tokens, continuation, stop_at_eos, step_batch, options
+        )
     tokenizer, ids, mask, images, per_token = model_prompts(adapter, tokenizer, prompts)
     B, P = ids.shape
     gen, K = _given_steps(tokenizer, continuation, B, max_new_tokens, vocab)

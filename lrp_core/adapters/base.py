@@ -45,6 +45,8 @@ class Adapter(ABC, Generic[BatchT]):
     is_decoder: bool = False
     #: a vision-language model (:mod:`lrp_core.adapters.vlm`): its batch is a :class:`VLMBatch`, text with images
     is_vlm: bool = False
+    #: an encoder-decoder (:mod:`lrp_core.adapters.seq2seq`): its batch is a :class:`Seq2SeqBatch`, source and prefix
+    is_seq2seq: bool = False
     #: method name -> why that method has no meaning on this model (``explain`` refuses it, naming the reason);
     #: empty: every method runs
     refused_methods: Mapping[str, str] = {}

@@ -126,6 +126,7 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
 
     modality = "text"
     is_decoder = True  # a next-token logit read at one position per row (the decoders' defaults and readout)
+    is_seq2seq = True
     mask_value = float("-inf")
     refused_methods: Mapping[str, str] = SEQ2SEQ_REFUSED_METHODS
     #: the encoder's blocks are pre-LN (mBART, Pegasus, T5, Whisper) rather than post-LN (BART, Marian)
