@@ -342,6 +342,15 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         _decoder("seq2seq", "PreNormSeq2SeqAdapter"),
     ),
     (
+        "Hugging Face BartForSequenceClassification / MBartForSequenceClassification (the encoder-decoder read at "
+        "the source's last end-of-text token by its classification head)",
+        named("BartForSequenceClassification", "MBartForSequenceClassification"),
+        lambda m: _decoder(
+            "bart_classifier",
+            "MBartClassifierAdapter" if named("MBartForSequenceClassification")(m) else "BartClassifierAdapter",
+        )(m),
+    ),
+    (
         "Hugging Face T5ForConditionalGeneration and MT5ForConditionalGeneration (T5 v1.0 ReLU and v1.1 gated-GELU "
         "feed-forward, RMSNorm, relative position bias as a constant of the scores)",
         named("T5ForConditionalGeneration", "MT5ForConditionalGeneration"),

@@ -77,8 +77,9 @@ class HeadView(LinearView):
     ``W_eff = scale · W``, ``b_eff = bias (+ the head's own)``. Holds the model's tensors (no copy)."""
 
     head: ModelPart
+    extra_bias: Optional[Tensor]
 
-    def __init__(self, head: nn.Module, bias: Optional[Tensor] = None, scale: Optional[float] = None):
+    def __init__(self, head: ModelPart, bias: Optional[Tensor] = None, scale: Optional[float] = None):
         super().__init__()
         object.__setattr__(self, "head", head)  # plain attribute: not a child module
         object.__setattr__(self, "extra_bias", bias)
