@@ -161,8 +161,43 @@ VLM_CLASSES = (
 HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassification")
 
 
+#: the encoder-decoders an adapter explains (their rows in ADAPTERS); every other encoder-decoder is refused
+SEQ2SEQ_CLASSES = (
+    "BartForConditionalGeneration",
+    "MarianMTModel",
+    "MBartForConditionalGeneration",
+    "PegasusForConditionalGeneration",
+    "BlenderbotSmallForConditionalGeneration",
+    "BartForSequenceClassification",
+    "MBartForSequenceClassification",
+    "T5ForConditionalGeneration",
+    "MT5ForConditionalGeneration",
+)
+
+
+def _is_other_encoder_decoder(model: nn.Module) -> bool:
+    """An encoder-decoder (``config.is_encoder_decoder``) of a class no row names."""
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False)) and not named(*SEQ2SEQ_CLASSES)(
+        model
+    )
+
+
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
 REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
+    (
+        "Whisper and the other encoder-decoders (Blenderbot, LED, ProphetNet, FSMT, M2M100, NLLB-MoE, "
+        "EncoderDecoderModel, Speech2Text, T5's other heads, ...)",
+        _is_other_encoder_decoder,
+        "the encoder-decoder replay describes the BART layout (BART, Marian, mBART, Pegasus, BlenderbotSmall: "
+        "learned or sinusoidal positions added to the word embeddings, post- or pre-LN blocks, cross-attention) and "
+        "T5's (relative position bias); Whisper's two-convolution audio stem over the log-mel frames, Blenderbot's "
+        "and M2M100's position and norm placement, LED's global / windowed attention, ProphetNet's n-stream "
+        "decoder and the composite EncoderDecoderModel's two separate models are described by none, and a model "
+        "without an LM head has no next token to explain. Use BartForConditionalGeneration, MarianMTModel, "
+        "MBartForConditionalGeneration, PegasusForConditionalGeneration, "
+        "BlenderbotSmallForConditionalGeneration, T5ForConditionalGeneration / MT5ForConditionalGeneration or "
+        "BartForSequenceClassification",
+    ),
     (
         "DeBERTa / DeBERTa-v2",
         hf_text("deberta", "deberta-v2"),
@@ -340,6 +375,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         "and a final norm per stack)",
         named("MBartForConditionalGeneration", "PegasusForConditionalGeneration"),
         _decoder("seq2seq", "PreNormSeq2SeqAdapter"),
+    ),
+    (
+        "Hugging Face BlenderbotSmallForConditionalGeneration (as BART; its decoder normalises the word embeddings "
+        "before the positions are added)",
+        named("BlenderbotSmallForConditionalGeneration"),
+        _decoder("seq2seq", "BlenderbotSmallAdapter"),
     ),
     (
         "Hugging Face BartForSequenceClassification / MBartForSequenceClassification (the encoder-decoder read at "
@@ -549,6 +590,7 @@ __all__ = [
     "ADAPTERS",
     "BERT_FAMILY",
     "REFUSED",
+    "SEQ2SEQ_CLASSES",
     "Adapter",
     "BlockRelevance",
     "TokenLayout",

@@ -485,4 +485,19 @@ class PreNormSeq2SeqAdapter(Seq2SeqAdapter):
     pre_norm = True
 
 
-__all__ = ["HeadView", "PreNormSeq2SeqAdapter", "SEQ2SEQ_REFUSED_METHODS", "Seq2SeqAdapter"]
+class BlenderbotSmallAdapter(Seq2SeqAdapter):
+    """BlenderbotSmall: the BART layout, whose decoder normalises its (unscaled) word embeddings before it adds
+    the positions (the encoder: scaled, positions added, then normalised, as BART)."""
+
+    def word_embeddings(self, stack: ModelPart, ids: Tensor) -> Tensor:
+        words = stack.embed_tokens(ids)
+        return words if stack is self.decoder else words * stack.embed_scale
+
+    def embed_side(self, stack: ModelPart, words: Tensor, positions: Tensor, r: Replay) -> Tensor:
+        if stack is not self.decoder:
+            return super().embed_side(stack, words, positions, r)
+        normed = r.norm(stack.layernorm_embedding, words)
+        return r(POS_ADD, torch.add, normed, self.position_rows(stack, positions).to(words.dtype))
+
+
+__all__ = ["BlenderbotSmallAdapter", "HeadView", "PreNormSeq2SeqAdapter", "SEQ2SEQ_REFUSED_METHODS", "Seq2SeqAdapter"]

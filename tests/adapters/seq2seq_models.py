@@ -26,6 +26,11 @@ FAMILIES = {
     "marian": (tf.MarianMTModel, tf.MarianConfig, {"scale_embedding": True}),
     "mbart": (tf.MBartForConditionalGeneration, tf.MBartConfig, {"scale_embedding": True}),
     "pegasus": (tf.PegasusForConditionalGeneration, tf.PegasusConfig, {"scale_embedding": True}),
+    "blenderbot_small": (
+        tf.BlenderbotSmallForConditionalGeneration,
+        tf.BlenderbotSmallConfig,
+        {"scale_embedding": True},
+    ),
 }
 
 

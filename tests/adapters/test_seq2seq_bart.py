@@ -27,7 +27,7 @@ from lrp_core.adapters import get_adapter  # noqa: E402
 from lrp_core.errors import InputError, UnsupportedModelError  # noqa: E402
 from lrp_core.methods.registry import METHOD_NAMES  # noqa: E402
 
-FAMILIES = ("bart", "marian", "mbart", "pegasus")
+FAMILIES = ("bart", "marian", "mbart", "pegasus", "blenderbot_small")
 QUICK = {"integrated_gradients": {"n_steps": 4}, "smoothgrad": {"n_samples": 3}, "kernel_shap": {"n_samples": 16}}
 SIDES = [("right", "right"), ("left", "left"), ("left", "right"), ("right", "left")]
 
@@ -147,3 +147,26 @@ def test_source_and_prefix_are_the_scores_parts():
     assert exp.source_length == S and exp.scores.shape[1] == S + inputs["decoder_input_ids"].shape[1]
     assert torch.equal(torch.cat([exp.source, exp.prefix], dim=1), exp.scores)
     assert torch.equal(exp[1].source, exp.source[1:2])
+
+
+@pytest.mark.parametrize(
+    "cls, config",
+    [
+        ("WhisperForConditionalGeneration", "WhisperConfig"),
+        ("BlenderbotForConditionalGeneration", "BlenderbotConfig"),
+        ("M2M100ForConditionalGeneration", "M2M100Config"),
+        ("BartModel", "BartConfig"),
+    ],
+)
+def test_other_encoder_decoders_refused_by_name(cls, config):
+    import transformers as tf
+
+    kw = dict(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2)
+    kw.update(decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16)
+    if cls.startswith("Whisper"):
+        kw.update(num_mel_bins=8, max_source_positions=8, max_target_positions=16, pad_token_id=1)
+        kw.update(bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    model = getattr(tf, cls)(getattr(tf, config)(**kw)).eval()
+    with pytest.raises(UnsupportedModelError, match="other encoder-decoders") as err:
+        get_adapter(model)
+    assert cls in str(err.value) and "BartForConditionalGeneration" in str(err.value)
