@@ -242,6 +242,15 @@ class Explanation(ResultFields):
         explained score 0); ``source.sum(-1) + prefix.sum(-1) = scores.sum(-1)``."""
         return self.scores[:, self._source_length("prefix") :]
 
+    @property
+    def frames(self) -> torch.Tensor:
+        """(B, T_audio) a speech encoder-decoder's (Whisper) relevance over its log-mel frames in time, summed
+        over the mel bins: its input-space map, held in ``pixels`` (the methods that reach the input: ``attnlrp``,
+        ``cp_lrp``); ``Σ frames = Σ source`` where the audio stem conserves."""
+        if self.pixels is None or self.pixels.dim() != 2 or self.source_length is None:
+            raise InputError("exp.frames is a speech model's (Whisper, with attnlrp / cp_lrp): none here")
+        return self.pixels
+
     def _source_length(self, name: str) -> int:
         if self.source_length is None:
             raise InputError(

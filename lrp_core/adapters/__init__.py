@@ -172,6 +172,7 @@ SEQ2SEQ_CLASSES = (
     "MBartForSequenceClassification",
     "T5ForConditionalGeneration",
     "MT5ForConditionalGeneration",
+    "WhisperForConditionalGeneration",
 )
 
 
@@ -185,17 +186,18 @@ def _is_other_encoder_decoder(model: nn.Module) -> bool:
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
 REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     (
-        "Whisper and the other encoder-decoders (Blenderbot, LED, ProphetNet, FSMT, M2M100, NLLB-MoE, "
+        "Other encoder-decoders (Blenderbot, LED, ProphetNet, FSMT, M2M100, NLLB-MoE, "
         "EncoderDecoderModel, Speech2Text, T5's other heads, ...)",
         _is_other_encoder_decoder,
         "the encoder-decoder replay describes the BART layout (BART, Marian, mBART, Pegasus, BlenderbotSmall: "
         "learned or sinusoidal positions added to the word embeddings, post- or pre-LN blocks, cross-attention) and "
-        "T5's (relative position bias); Whisper's two-convolution audio stem over the log-mel frames, Blenderbot's "
+        "T5's (relative position bias) and Whisper's speech model; Blenderbot's "
         "and M2M100's position and norm placement, LED's global / windowed attention, ProphetNet's n-stream "
         "decoder and the composite EncoderDecoderModel's two separate models are described by none, and a model "
         "without an LM head has no next token to explain. Use BartForConditionalGeneration, MarianMTModel, "
         "MBartForConditionalGeneration, PegasusForConditionalGeneration, "
-        "BlenderbotSmallForConditionalGeneration, T5ForConditionalGeneration / MT5ForConditionalGeneration or "
+        "BlenderbotSmallForConditionalGeneration, T5ForConditionalGeneration / MT5ForConditionalGeneration, "
+        "WhisperForConditionalGeneration or "
         "BartForSequenceClassification",
     ),
     (
@@ -390,6 +392,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
             "bart_classifier",
             "MBartClassifierAdapter" if named("MBartForSequenceClassification")(m) else "BartClassifierAdapter",
         )(m),
+    ),
+    (
+        "Hugging Face WhisperForConditionalGeneration (speech: the log-mel frames through the two-convolution stem, "
+        "a pre-LN encoder-decoder; exp.source over the encoder positions, exp.frames over the frames in time)",
+        named("WhisperForConditionalGeneration"),
+        _decoder("whisper", "WhisperAdapter"),
     ),
     (
         "Hugging Face T5ForConditionalGeneration and MT5ForConditionalGeneration (T5 v1.0 ReLU and v1.1 gated-GELU "
