@@ -19,11 +19,13 @@ from ..runtime.wrappers import unwrap
 from .base import Adapter, BlockRelevance, TokenLayout, Trace
 from .predicates import (
     BERT_FAMILY,
+    SEQ2SEQ_CLASSES,
     hf_text,
     hf_type,
     is_hf_sequence_classifier,
     is_hf_vit,
     is_multimodal_decoder,
+    is_other_encoder_decoder,
     is_other_mixture_of_experts,
     is_soft_capped,
     is_timm_vit,
@@ -161,34 +163,12 @@ VLM_CLASSES = (
 HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassification")
 
 
-#: the encoder-decoders an adapter explains (their rows in ADAPTERS); every other encoder-decoder is refused
-SEQ2SEQ_CLASSES = (
-    "BartForConditionalGeneration",
-    "MarianMTModel",
-    "MBartForConditionalGeneration",
-    "PegasusForConditionalGeneration",
-    "BlenderbotSmallForConditionalGeneration",
-    "BartForSequenceClassification",
-    "MBartForSequenceClassification",
-    "T5ForConditionalGeneration",
-    "MT5ForConditionalGeneration",
-    "WhisperForConditionalGeneration",
-)
-
-
-def _is_other_encoder_decoder(model: nn.Module) -> bool:
-    """An encoder-decoder (``config.is_encoder_decoder``) of a class no row names."""
-    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False)) and not named(*SEQ2SEQ_CLASSES)(
-        model
-    )
-
-
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
 REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
     (
         "Other encoder-decoders (Blenderbot, LED, ProphetNet, FSMT, M2M100, NLLB-MoE, "
         "EncoderDecoderModel, Speech2Text, T5's other heads, ...)",
-        _is_other_encoder_decoder,
+        is_other_encoder_decoder,
         "the encoder-decoder replay describes the BART layout (BART, Marian, mBART, Pegasus, BlenderbotSmall: "
         "learned or sinusoidal positions added to the word embeddings, post- or pre-LN blocks, cross-attention) and "
         "T5's (relative position bias) and Whisper's speech model; Blenderbot's "
