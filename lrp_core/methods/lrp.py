@@ -131,7 +131,7 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
             output=y.detach(),
             blocks=blocks.sum(-1),
             input=scores.sum(-1),
-            pixels=None if pixels is None else pixels.flatten(1).sum(-1),  # images (B, H, W); speech (B, T)
+            pixels=None if pixels is None else pixels.sum(dim=tuple(range(1, pixels.dim()))),  # (B, H, W) or (B, T)
             positional=None if per_position is None else per_position.sum(-1),
         )
     positional = None if per_position is None else per_position[:, -scores.shape[1] :]  # the scored tokens'
