@@ -192,7 +192,7 @@ def explain_generation(
     _check_method(method, options, contrast, adapter)
     if adapter.is_seq2seq:  # an encoder-decoder: the prompts are its sources, the prefix is what it writes
         steps = (max_new_tokens, continuation, contrast, stop_at_eos, step_batch)
-        return _encoder_decoder(model, tokenizer, prompts, method, steps, options)  # type: ignore[return-value]
+        return _encoder_decoder(model, tokenizer, prompts, method, steps, options)  # a Seq2SeqGenerationExplanation
     tokenizer, ids, mask, images, per_token = model_prompts(adapter, tokenizer, prompts)
     B, P = ids.shape
     gen, K = _given_steps(tokenizer, continuation, B, max_new_tokens, vocab)
