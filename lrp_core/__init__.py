@@ -25,8 +25,9 @@ __all__ += ["METHODS", "AttentionParts", "ConceptTarget", "Contrast", "attention
 
 from .generation import explain_generation  # noqa: E402
 from .methods.generation_result import GenerationExplanation  # noqa: E402
+from .seq2seq_generation import Seq2SeqGenerationExplanation  # noqa: E402
 
-__all__ += ["explain_generation", "GenerationExplanation"]
+__all__ += ["explain_generation", "GenerationExplanation", "Seq2SeqGenerationExplanation"]
 
 from .methods.objects import (  # noqa: E402
     CDAM,
