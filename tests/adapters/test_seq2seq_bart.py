@@ -86,6 +86,7 @@ def test_cp_lrp_conserves_without_additive_constants(family):
     assert not torch.allclose(kept.scores.sum(-1), y_kept, rtol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bart", "marian"])
 def test_every_method_batch_and_padding_invariant(family):
     model = make_seq2seq(family)
