@@ -30,8 +30,9 @@ __all__ += ["Projection", "Similarity", "bilrp", "SimilarityExplanation"]
 
 from .generation import explain_generation  # noqa: E402
 from .methods.generation_result import GenerationExplanation  # noqa: E402
+from .seq2seq_generation import Seq2SeqGenerationExplanation  # noqa: E402
 
-__all__ += ["explain_generation", "GenerationExplanation"]
+__all__ += ["explain_generation", "GenerationExplanation", "Seq2SeqGenerationExplanation"]
 
 from .methods.objects import (  # noqa: E402
     CDAM,

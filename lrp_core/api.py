@@ -188,6 +188,7 @@ def _explain(
         start_layer=used.get("start_layer"),
         attention_mask=layout.mask,
         image_tokens=layout.image_tokens,
+        source_length=layout.source_tokens,
         options=used,
         **result_fields(result),
     )

@@ -225,6 +225,8 @@ class Explanation(ResultFields):
         registers: (B, R) the relevance of a ViT's register tokens (DINOv2 with registers, timm ``reg_tokens``)
             from the relevance methods (``lrp``, ``attnlrp``, ``cp_lrp``, ``pa_lrp``): not part of the patch map, but
             counted in ``conservation`` (``Σ pixels + Σ registers = y_t`` where CP-LRP conserves), else ``None``.
+        source_length: S, an encoder-decoder's source tokens: ``scores`` (B, S + P) holds the source's scores,
+            then the decoder prefix's (:attr:`source`, :attr:`prefix`); ``None`` for every other model.
         options: the method options used.
     """
 
@@ -235,11 +237,39 @@ class Explanation(ResultFields):
     start_layer: Optional[int] = None
     attention_mask: Optional[torch.Tensor] = None
     image_tokens: Optional[torch.Tensor] = None
+    source_length: Optional[int] = None
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
         return self.scores.shape[0]
+
+    @property
+    def source(self) -> torch.Tensor:
+        """(B, S) an encoder-decoder's scores over its source tokens (padding 0; docs/METHODS.md §2i)."""
+        return self.scores[:, : self._source_length("source")]
+
+    @property
+    def prefix(self) -> torch.Tensor:
+        """(B, P) an encoder-decoder's scores over its decoder prefix (padding and positions after the one
+        explained score 0); ``source.sum(-1) + prefix.sum(-1) = scores.sum(-1)``."""
+        return self.scores[:, self._source_length("prefix") :]
+
+    @property
+    def frames(self) -> torch.Tensor:
+        """(B, T_audio) a speech encoder-decoder's (Whisper) relevance over its log-mel frames in time, summed
+        over the mel bins: its input-space map, held in ``pixels`` (the methods that reach the input: ``attnlrp``,
+        ``cp_lrp``); ``Σ frames = Σ source`` where the audio stem conserves."""
+        if self.pixels is None or self.pixels.dim() != 2 or self.source_length is None:
+            raise InputError("exp.frames is a speech model's (Whisper, with attnlrp / cp_lrp): none here")
+        return self.pixels
+
+    def _source_length(self, name: str) -> int:
+        if self.source_length is None:
+            raise InputError(
+                f"exp.{name} is an encoder-decoder's (source and decoder prefix); this model has one input"
+            )
+        return self.source_length
 
     def patch_map(self) -> torch.Tensor:
         """Patch scores on the patch grid: (B, h, w).
@@ -304,6 +334,7 @@ class Explanation(ResultFields):
             start_layer=self.start_layer,
             attention_mask=_sample(self.attention_mask, i),
             image_tokens=_sample(self.image_tokens, i),
+            source_length=self.source_length,
             options=dict(self.options),
             **per_sample,
         )

@@ -175,6 +175,8 @@ def explain_generation(
     Returns
     -------
     GenerationExplanation
+        (an encoder-decoder: :class:`~lrp_core.seq2seq_generation.Seq2SeqGenerationExplanation`, ``source``
+        (B, K, S) and ``prefix`` (B, K, K), the prompts its sources)
         ``scores`` (B, K, P+K−1), with ``.show()`` and ``.save_html(path)``; a vision-language model adds
         ``image_tokens``, ``patch_map()`` (B, K, h, w), ``upsample()`` (B, K, H, W) and, where the method
         reaches the pixels, ``pixels`` (B, K, H, W).
@@ -186,12 +188,12 @@ def explain_generation(
         ``stop_at_eos`` is not a bool, or the prompts, lengths, continuation or
         contrasts do not fit the model (checked before any step is computed).
     """
-    _check_step_options(step_batch, stop_at_eos)
-    if isinstance(method, Method):  # an object: its name, and its fields as the keywords of each step's call
-        options = {**method.keywords(), **options}
-        method = method.name
+    method, options = _method_options(method, options, step_batch, stop_at_eos)
     adapter, vocab = _language_model(model)
     _check_method(method, options, contrast, adapter)
+    if adapter.is_seq2seq:  # an encoder-decoder: the prompts are its sources, the prefix is what it writes
+        steps = (max_new_tokens, continuation, contrast, stop_at_eos, step_batch)
+        return _encoder_decoder(model, tokenizer, prompts, method, steps, options)  # a Seq2SeqGenerationExplanation
     tokenizer, ids, mask, images, per_token = model_prompts(adapter, tokenizer, prompts)
     B, P = ids.shape
     gen, K = _given_steps(tokenizer, continuation, B, max_new_tokens, vocab)
@@ -233,6 +235,28 @@ def explain_generation(
         sources=sources,
         probabilities=probabilities,
         **seen,
+    )
+
+
+def _method_options(method: Union[str, Method], options: dict, step_batch: Any, stop_at_eos: Any) -> tuple[str, dict]:
+    """The method's name and the keywords of each step's call (a method object: its fields), the step options
+    checked (:func:`_check_step_options`)."""
+    _check_step_options(step_batch, stop_at_eos)
+    if isinstance(method, Method):
+        return method.name, {**method.keywords(), **options}
+    return method, options
+
+
+def _encoder_decoder(model: nn.Module, tokenizer: Any, prompts: Any, method: str, steps: tuple, options: dict) -> Any:
+    """An encoder-decoder's generation explained (:mod:`lrp_core.seq2seq_generation`); ``steps``: (max_new_tokens,
+    continuation, contrast, stop_at_eos, step_batch) as :func:`explain_generation` takes them."""
+    from .seq2seq_generation import explain_seq2seq_generation
+
+    max_new_tokens, continuation, contrast, stop_at_eos, step_batch = steps
+    if contrast is not None:
+        raise InputError("contrast= is not defined for an encoder-decoder's generation yet: explain each step")
+    return explain_seq2seq_generation(
+        model, tokenizer, prompts, method, max_new_tokens, continuation, stop_at_eos, step_batch, options
     )
 
 

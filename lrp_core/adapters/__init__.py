@@ -21,6 +21,7 @@ from .embeddings import Basis, EmbeddingTarget, Projection, Similarity, embeddin
 from .predicates import (
     BERT_FAMILY,
     hf_base,
+    SEQ2SEQ_CLASSES,
     hf_text,
     hf_text_head,
     hf_type,
@@ -28,6 +29,7 @@ from .predicates import (
     is_hf_sequence_classifier,
     is_hf_vit,
     is_multimodal_decoder,
+    is_other_encoder_decoder,
     is_other_mixture_of_experts,
     is_soft_capped,
     is_timm_vit,
@@ -204,6 +206,21 @@ HF_SWIN_CLASSIFIERS = ("SwinForImageClassification", "Swinv2ForImageClassificati
 
 #: (family, how to recognise a model, why it is refused and what to use instead), checked before ADAPTERS.
 REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
+    (
+        "Other encoder-decoders (Blenderbot, LED, ProphetNet, FSMT, M2M100, NLLB-MoE, "
+        "EncoderDecoderModel, Speech2Text, T5's other heads, ...)",
+        is_other_encoder_decoder,
+        "the encoder-decoder replay describes the BART layout (BART, Marian, mBART, Pegasus, BlenderbotSmall: "
+        "learned or sinusoidal positions added to the word embeddings, post- or pre-LN blocks, cross-attention) and "
+        "T5's (relative position bias) and Whisper's speech model; Blenderbot's "
+        "and M2M100's position and norm placement, LED's global / windowed attention, ProphetNet's n-stream "
+        "decoder and the composite EncoderDecoderModel's two separate models are described by none, and a model "
+        "without an LM head has no next token to explain. Use BartForConditionalGeneration, MarianMTModel, "
+        "MBartForConditionalGeneration, PegasusForConditionalGeneration, "
+        "BlenderbotSmallForConditionalGeneration, T5ForConditionalGeneration / MT5ForConditionalGeneration, "
+        "WhisperForConditionalGeneration or "
+        "BartForSequenceClassification",
+    ),
     (
         "DeBERTa-v2 / v3 without a sequence-classification head",
         lambda m: hf_type("deberta-v2")(m) and not is_hf_sequence_classifier(m),
@@ -453,6 +470,45 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         _decoder_task_head,
     ),
     (
+        "Hugging Face BartForConditionalGeneration and MarianMTModel (encoder-decoders, post-LN blocks, learned / "
+        "sinusoidal positions; the next-token logit given source and decoder prefix: exp.source, exp.prefix)",
+        named("BartForConditionalGeneration", "MarianMTModel"),
+        _decoder("seq2seq", "Seq2SeqAdapter"),
+    ),
+    (
+        "Hugging Face MBartForConditionalGeneration and PegasusForConditionalGeneration (as BART, pre-LN blocks "
+        "and a final norm per stack)",
+        named("MBartForConditionalGeneration", "PegasusForConditionalGeneration"),
+        _decoder("seq2seq", "PreNormSeq2SeqAdapter"),
+    ),
+    (
+        "Hugging Face BlenderbotSmallForConditionalGeneration (as BART; its decoder normalises the word embeddings "
+        "before the positions are added)",
+        named("BlenderbotSmallForConditionalGeneration"),
+        _decoder("seq2seq", "BlenderbotSmallAdapter"),
+    ),
+    (
+        "Hugging Face BartForSequenceClassification / MBartForSequenceClassification (the encoder-decoder read at "
+        "the source's last end-of-text token by its classification head)",
+        named("BartForSequenceClassification", "MBartForSequenceClassification"),
+        lambda m: _decoder(
+            "bart_classifier",
+            "MBartClassifierAdapter" if named("MBartForSequenceClassification")(m) else "BartClassifierAdapter",
+        )(m),
+    ),
+    (
+        "Hugging Face WhisperForConditionalGeneration (speech: the log-mel frames through the two-convolution stem, "
+        "a pre-LN encoder-decoder; exp.source over the encoder positions, exp.frames over the frames in time)",
+        named("WhisperForConditionalGeneration"),
+        _decoder("whisper", "WhisperAdapter"),
+    ),
+    (
+        "Hugging Face T5ForConditionalGeneration and MT5ForConditionalGeneration (T5 v1.0 ReLU and v1.1 gated-GELU "
+        "feed-forward, RMSNorm, relative position bias as a constant of the scores)",
+        named("T5ForConditionalGeneration", "MT5ForConditionalGeneration"),
+        _decoder("t5", "T5Adapter"),
+    ),
+    (
         "Hugging Face LlamaForCausalLM / LlamaForSequenceClassification (Llama 2 / 3, TinyLlama, SmolLM)",
         named("LlamaForCausalLM", "LlamaForSequenceClassification"),
         _decoder("llama", "LlamaAdapter"),
@@ -690,6 +746,7 @@ __all__ = [
     "ADAPTERS",
     "BERT_FAMILY",
     "REFUSED",
+    "SEQ2SEQ_CLASSES",
     "Adapter",
     "BlockRelevance",
     "Basis",

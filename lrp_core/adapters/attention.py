@@ -147,11 +147,17 @@ class AttentionSpec:
         return self.num_heads // self.kv_heads
 
 
-def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tensor, Tensor]:
+def _project(
+    p: AttentionSpec, h: Tensor, r: Replay, kv: Optional[Tensor] = None
+) -> tuple[dict, Tensor, Tensor, Tensor]:
     """The q, k, v projections of h (B, N, D) -> (Linear outputs by role, q (B, H, N, d), k, v (B, Hkv, N, d)).
 
     q/k norms act on each head's d channels (Qwen3: before the heads are transposed, as the model does).
+    ``kv`` (B, M, D): a cross-attention's keys and values are projected from it (an encoder's output), the
+    queries from ``h``; k, v are then (B, Hkv, M, d).
     """
+    if kv is not None:
+        return _cross_project(p, h, kv, r)
     B, N, _ = h.shape
     H, Hkv, d = p.num_heads, p.kv_heads, p.head_dim
     if p.qkv is not None:
@@ -177,6 +183,15 @@ def _project(p: AttentionSpec, h: Tensor, r: Replay) -> tuple[dict, Tensor, Tens
         return lin, q, k, v
     q, k, v = (lin[n].reshape(B, N, -1, d) for n in "qkv")
     return lin, r.norm(p.q_norm, q).transpose(1, 2), r.norm(p.k_norm, k).transpose(1, 2), v.transpose(1, 2)
+
+
+def _cross_project(p: AttentionSpec, h: Tensor, kv: Tensor, r: Replay) -> tuple[dict, Tensor, Tensor, Tensor]:
+    """A cross-attention's projections: q from h (B, N, D), k and v from kv (B, M, D) (read twice)."""
+    assert p.q is not None and p.k is not None and p.v is not None, "a cross-attention has q, k and v"
+    kv_k, kv_v = r.fork(kv, 2)
+    lin = {n: r.module(LINEAR, m, t) for n, m, t in zip("qkv", (p.q, p.k, p.v), (h, kv_k, kv_v))}
+    q, k, v = (lin[n].reshape(lin[n].shape[0], lin[n].shape[1], -1, p.head_dim).transpose(1, 2) for n in "qkv")
+    return lin, q, k, v
 
 
 def _rotate(p: AttentionSpec, x: Tensor, cos: Tensor, sin: Tensor, r: Replay) -> Tensor:
@@ -264,8 +279,9 @@ def attention_forward(
     r: Replay,
     rope: Optional[tuple] = None,
     rows: Optional[Tensor] = None,
+    kv: Optional[Tensor] = None,
 ) -> AttentionRecord:
-    """Multi-head self-attention on ``h``; the attention map is computed explicitly unless fused.
+    """Multi-head self-attention on ``h`` (or cross-attention, ``kv`` given); the map is explicit unless fused.
 
     Parameters
     ----------
@@ -283,6 +299,9 @@ def attention_forward(
         ``(B,)`` long: only the query at row ``rows[b]`` of each sample is computed (keys and values at every
         row); the output, ``ctx`` and ``A`` then have one row (``(B, 1, D)``, ``(B, H, 1, d)``, ``(B, H, 1, N)``).
         ``None``: every row.
+    kv : Tensor or None
+        ``(B, M, D)``: a cross-attention's keys and values are projected from it (the encoder's output; the
+        bias is then ``(B, 1, 1, M)``), its queries from ``h``; ``None``: self-attention.
 
     Returns
     -------
@@ -292,7 +311,7 @@ def attention_forward(
     """
     B, N, _ = h.shape
     H, d, groups = p.num_heads, p.head_dim, p.groups
-    lin, q, k, v = _project(p, _padded(p, h), r)
+    lin, q, k, v = _project(p, _padded(p, h), r, kv)
     if p.query_scale is not None:
         scale = p.query_scale
         q = r.transparent(lambda t: t * scale, q)

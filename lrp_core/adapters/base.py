@@ -45,6 +45,8 @@ class Adapter(ABC, Generic[BatchT]):
     is_decoder: bool = False
     #: a vision-language model (:mod:`lrp_core.adapters.vlm`): its batch is a :class:`VLMBatch`, text with images
     is_vlm: bool = False
+    #: an encoder-decoder (:mod:`lrp_core.adapters.seq2seq`): its batch is a :class:`Seq2SeqBatch`, source and prefix
+    is_seq2seq: bool = False
     #: method name -> why that method has no meaning on this model (``explain`` refuses it, naming the reason);
     #: empty: every method runs
     refused_methods: Mapping[str, str] = {}
@@ -157,6 +159,16 @@ class Adapter(ABC, Generic[BatchT]):
         """The method's result as the task reports it (default: as is; question answering: ``logits`` (B,) the
         explained logit; multiple choice: ``scores`` (B, C, T), ``logits`` (B, C), ``target`` the choice)."""
         return result
+
+    def token_embeddings(self, prepared: BatchT, token: int) -> Tensor:
+        """(B, T, E) the word embedding of ``token`` at every scored position, for a family whose word embeddings
+        no single module gives (an encoder-decoder's source and prefix: the Captum token baselines). Default: none."""
+        raise InputError(f"{type(self.model).__name__}: its token baselines come from its word-embedding module")
+
+    def context_row(self, prepared: BatchT, b: int) -> BatchT:
+        """Sample ``b`` alone, cut to the tokens its prediction reads (an encoder-decoder's real source and
+        prefix up to the read position). Default: the sample as it is."""
+        return prepared.take(torch.tensor([b]))
 
     def block_context(
         self, x0: Tensor, mask: Optional[Tensor], positions: Optional[Tensor], fused: bool = False

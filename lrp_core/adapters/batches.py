@@ -9,6 +9,7 @@ fields, never keys. Shapes: B samples, T tokens, k images per row, P prompts, E 
 - :class:`PromptBatch`: CLIP's text side, the prompts and the images they are compared with.
 - :class:`DecoderBatch`: decoder language models, with the position each row is read at.
 - :class:`VLMBatch`: vision-language models, a decoder batch with each row's images.
+- :class:`Seq2SeqBatch`: encoder-decoders, the source (tokens or log-mel features) and the decoder prefix.
 
 Three kinds of field: per-token (B, T, ...), cut along T by :meth:`Batch.take`; per-sample without a
 token axis (:attr:`Batch.untrimmed`: a row's images), taken by rows only; shared by every sample
@@ -21,6 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Optional, TypeVar
 
+import torch
 from torch import Tensor
 
 B = TypeVar("B", bound="Batch")
@@ -208,10 +210,55 @@ class VLMBatch(DecoderBatch):
         return self.image_grid_thw
 
 
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Seq2SeqBatch(Batch):
+    """An encoder-decoder's inputs: the source and the decoder prefix, each row read at one prefix position.
+
+    The replay runs one token axis of S + P tokens: the source's S, then the prefix's P (block 0's input is
+    their embeddings side by side), so the scores are (B, S + P): ``source`` then ``prefix``.
+
+    Attributes:
+        input_ids: (B, S) the source tokens; ``None`` for a speech model (``input_features``).
+        attention_mask: (B, S), 1 = real source token (a speech model: all ones over its S encoder positions).
+        decoder_input_ids: (B, P) the decoder prefix (teacher forcing).
+        decoder_attention_mask: (B, P), 1 = real prefix token.
+        read_at: (B, P) one-hot, the prefix position whose next-token prediction is explained.
+        input_features: (B, n_mels, T_audio) Whisper's log-mel frames, else ``None``.
+        inputs_embeds: (B, S + P, D) word embeddings that replace the lookup of the tokens (what the Captum
+            baselines attribute at), else ``None``.
+    """
+
+    untrimmed: ClassVar[tuple[str, ...]] = ("input_features",)
+
+    input_ids: Optional[Tensor]
+    attention_mask: Tensor
+    decoder_input_ids: Tensor
+    decoder_attention_mask: Tensor
+    read_at: Tensor
+    input_features: Optional[Tensor] = None
+    inputs_embeds: Optional[Tensor] = None
+
+    @property
+    def read(self) -> Tensor:
+        """(B,) long, the prefix position each row is read at."""
+        return self.read_at.argmax(dim=-1)
+
+    @property
+    def source_length(self) -> int:
+        """S, the encoder's positions."""
+        return int(self.attention_mask.shape[1])
+
+    @property
+    def mask(self) -> Tensor:
+        """(B, S + P) 1 = a real token of the source or of the prefix."""
+        return torch.cat([self.attention_mask, self.decoder_attention_mask.to(self.attention_mask.dtype)], dim=1)
+
+
 __all__ = [
     "Batch",
     "ChoiceBatch",
     "DecoderBatch",
+    "Seq2SeqBatch",
     "ImageBatch",
     "PromptBatch",
     "PromptedImageBatch",

@@ -28,7 +28,7 @@ from ..rules.tensors import take_rows
 from .attention import AttentionSpec, attention_forward
 from .kernels import parallel_sum, parallel_sum_skip_first, plus, times
 from .parts import IDENTITY, ModelPart
-from .records import BlockRecord, ExpertRun, MlpRecord, MoeRecord
+from .records import AttentionRecord, BlockRecord, ExpertRun, MlpRecord, MoeRecord
 from .replay import NO_RECORD, Replay
 
 LAYOUTS = ("pre_ln", "post_ln", "parallel")
@@ -104,6 +104,9 @@ class BlockSpec:
     ``"parallel"`` layout: ``norm1`` feeds the attention, ``norm2`` the MLP, both from the block input; the same
     module for both where the model has one norm (it is then computed once and its output is a Clone);
     ``skip_first``: the sum is ``(x + attn) + mlp`` (StableLM, Cohere) rather than ``(attn + mlp) + x``.
+    ``cross``: an encoder-decoder's cross-attention after the self-attention (queries from the stream, keys and
+    values from the encoder's output, :func:`block_forward`'s ``memory``), with its own residual and its norm
+    ``norm_cross`` (pre-LN: on the branch input; post-LN: after the Add, as ``norm1``).
     """
 
     layout: str
@@ -116,6 +119,8 @@ class BlockSpec:
     post1: nn.Module = IDENTITY
     post2: nn.Module = IDENTITY
     skip_first: bool = False
+    cross: Optional[AttentionSpec] = None
+    norm_cross: nn.Module = IDENTITY
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -150,6 +155,8 @@ def block_forward(
     r: Replay = NO_RECORD,
     rope: Optional[tuple] = None,
     rows: Optional[Tensor] = None,
+    memory: Optional[Tensor] = None,
+    memory_bias: Optional[Tensor] = None,
 ) -> BlockRecord:
     """One Transformer block on ``x`` (pre-LN, post-LN or parallel layout).
 
@@ -168,6 +175,10 @@ def block_forward(
     rows : Tensor or None
         ``(B,)`` long: the output at row ``rows[b]`` of each sample only (its attention reads every row), for a
         causal block whose other rows reach nothing that is read; ``None``: every row.
+    memory : Tensor or None
+        ``(B, M, D)`` the encoder's output a cross-attention block (``p.cross``) reads its keys and values from.
+    memory_bias : Tensor or None
+        ``(B, 1, 1, M)`` the cross-attention's additive mask (the source's padding), or ``None``.
 
     Returns
     -------
@@ -186,6 +197,10 @@ def block_forward(
     mid = r(ADD, plus, skip, a)
     if not pre:
         mid = r.norm(p.norm1, mid)
+    cross = None
+    if p.cross is not None:
+        assert memory is not None, "a cross-attention block reads the encoder's output"
+        mid, cross = _cross_forward(p, p.cross, mid, memory, memory_bias, r)
     mid_skip, mid_in = r.fork(mid, 2)
     m = r.norm(p.norm2, mid_in) if pre else mid_in
     moe = None
@@ -201,7 +216,21 @@ def block_forward(
     out = r(ADD, plus, mid_skip, f)
     if not pre:
         out = r.norm(p.norm2, out)
-    return BlockRecord(x=x, attn=att, a=a, mid=mid, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up, moe=moe)
+    return BlockRecord(
+        x=x, attn=att, a=a, mid=mid, m=m, g=g, f=f, out=out, lin=lin, gate=gate, up=up, moe=moe, cross=cross
+    )
+
+
+def _cross_forward(
+    p: BlockSpec, spec: AttentionSpec, x: Tensor, memory: Tensor, bias: Optional[Tensor], r: Replay
+) -> tuple[Tensor, AttentionRecord]:
+    """The cross-attention sub-block on the stream x (B, N, D): ``x + cross(norm(x), memory)`` (pre-LN) or
+    ``norm(x + cross(x, memory))`` (post-LN) -> (its output, its attention record)."""
+    pre = p.layout == "pre_ln"
+    skip, x_in = r.fork(x, 2)
+    att = attention_forward(spec, r.norm(p.norm_cross, x_in) if pre else x_in, bias, r, kv=memory)
+    out = r(ADD, plus, skip, att.lin["proj"])
+    return (out if pre else r.norm(p.norm_cross, out)), att
 
 
 def _mlp_run(p: MlpSpec, x: Tensor, r: Replay) -> MlpRecord:

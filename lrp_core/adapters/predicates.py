@@ -144,3 +144,24 @@ def is_multimodal_decoder(model: nn.Module) -> bool:
 
     generates = type(model).__name__.endswith(("ForConditionalGeneration", "ForImageTextToText"))
     return getattr(cfg, "model_type", None) in IMAGE_TEXT or (generates and hasattr(cfg, "vision_config"))
+
+
+#: the encoder-decoders an adapter explains (their rows in ADAPTERS); every other encoder-decoder is refused
+SEQ2SEQ_CLASSES = (
+    "BartForConditionalGeneration",
+    "MarianMTModel",
+    "MBartForConditionalGeneration",
+    "PegasusForConditionalGeneration",
+    "BlenderbotSmallForConditionalGeneration",
+    "BartForSequenceClassification",
+    "MBartForSequenceClassification",
+    "T5ForConditionalGeneration",
+    "MT5ForConditionalGeneration",
+    "WhisperForConditionalGeneration",
+)
+
+
+def is_other_encoder_decoder(model: nn.Module) -> bool:
+    """An encoder-decoder (``config.is_encoder_decoder``) of a class no row names."""
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "is_encoder_decoder", False)) and not named(*SEQ2SEQ_CLASSES)(model)

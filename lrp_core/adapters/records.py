@@ -64,6 +64,8 @@ class BlockRecord:
         gate: gated MLPs: (B, N, D_mlp) ``act(gate(m))``, the first operand of the product ``g``.
         up: gated MLPs: (B, N, D_mlp) ``up(m)``, the second operand.
         moe: a mixture-of-experts MLP's record (then ``g`` is its output (B, N, D), ``lin`` empty).
+        cross: an encoder-decoder's cross-attention record (queries from the stream, keys and values from the
+            encoder's output), between the self-attention and the MLP; else ``None``.
     """
 
     x: Tensor
@@ -78,6 +80,7 @@ class BlockRecord:
     gate: Optional[Tensor] = None
     up: Optional[Tensor] = None
     moe: Optional[MoeRecord] = None
+    cross: Optional[AttentionRecord] = None
 
 
 @dataclass
@@ -274,6 +277,7 @@ class TokenLayout:
             image after image, the position of the token that carries it in the sequence; else ``None``.
         registers: the positions of a ViT's register tokens in block 0's input (prefix tokens, not scored: their
             relevance is ``Explanation.registers``); ``()`` without registers.
+        source_tokens: an encoder-decoder's S (its source tokens come first, its prefix's after); else ``None``.
     """
 
     modality: str
@@ -289,6 +293,8 @@ class TokenLayout:
     readout_minimum_applies: bool = True
     image_tokens: Optional[Tensor] = None
     registers: tuple = ()
+    #: an encoder-decoder's source tokens S: the first S of the N tokens (the prefix's follow); else ``None``
+    source_tokens: Optional[int] = None
 
     def scores(self, row: Tensor) -> Tensor:
         """Token scores from a (B, N) row: the scored tokens, padding set to 0."""

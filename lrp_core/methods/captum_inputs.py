@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..adapters.base import Adapter
-from ..adapters.batches import Batch, ImageBatch, TextBatch
+from ..adapters.batches import Batch, ImageBatch, Seq2SeqBatch, TextBatch
 from ..errors import InputError, UnsupportedModelError
 from ..runtime.guard import engine_hook
 from .baselines_vlm import contrast as _contrast
@@ -44,6 +44,11 @@ class Attributed:
         cut_anywhere: a row may be cut to its features wherever they lie (decoders: position ids follow the
             mask, so a row cut to its context is the row alone); else only a leading run is cut (encoders'
             position ids count from the first token).
+        token_reference: token id -> (B, T, E) that token's embedding at every position, where ``module`` alone
+            does not give it (an encoder-decoder embeds its source and its prefix by two modules), else ``None``.
+        row_cut: sample i -> (the columns (n,) of its features, the additional forward arguments of the sample
+            cut to them): the row alone, where its fields are not cut along T (an encoder-decoder's source and
+            prefix); else ``None`` (:class:`Row` cuts the fields itself).
     """
 
     forward: Callable[..., Tensor]
@@ -52,6 +57,8 @@ class Attributed:
     mask: Optional[Tensor] = None
     module: Optional[nn.Module] = None
     cut_anywhere: bool = False
+    token_reference: Optional[Callable[[int], Tensor]] = None
+    row_cut: Optional[Callable[[int], tuple[Tensor, tuple]]] = None
 
     @property
     def image(self) -> bool:
@@ -148,6 +155,8 @@ def forward_function(adapter: Adapter, prepared: Batch, negative: Optional[Tenso
 
         return Attributed(forward_images, prepared.images.detach(), (negative,))
 
+    if isinstance(prepared, Seq2SeqBatch):
+        return _seq2seq_function(adapter, prepared, negative)
     assert isinstance(prepared, TextBatch), "a batch holds images or tokens"
     # per-sample fields travel with the samples (Captum repeats / slices them); shared ones (CLIP's images of the
     # text side) are the batch's fact and stay whole
@@ -169,6 +178,36 @@ def forward_function(adapter: Adapter, prepared: Batch, negative: Optional[Tenso
     # a decoder's features are the context of the prediction read (the layout's mask), an encoder's its real tokens
     features = adapter.layout(prepared).mask if decoder else prepared.attention_mask
     return Attributed(forward, embeds, tuple(given.values()) + (negative,), features, module, cut_anywhere=decoder)
+
+
+def _seq2seq_function(adapter: Adapter, prepared: Seq2SeqBatch, negative: Optional[Tensor]) -> Attributed:
+    """An encoder-decoder's forward function: ``f(embeddings (B, S + P, E), *the batch's per-sample fields,
+    negative)``, the embeddings given to the replay in the batch (``inputs_embeds``: source, then prefix); the
+    features are the real source tokens and the prefix up to the read position."""
+    given = {k: v for k, v in prepared.per_sample().items() if v is not None and k != "inputs_embeds"}
+    keys = tuple(given)
+
+    def forward(embeds: Tensor, *values: Any) -> Tensor:
+        *entries, neg = values
+        batch = prepared.replace(inputs_embeds=embeds, **dict(zip(keys, entries)))
+        return _contrast(adapter.forward(batch, grad=torch.is_grad_enabled()).logits, neg)
+
+    with torch.no_grad():
+        embeds = adapter.embed(prepared).embeds
+    assert embeds is not None, "an encoder-decoder's embedding records its word embeddings"
+    features = adapter.layout(prepared).mask
+    assert features is not None, "an encoder-decoder's layout has its mask"
+
+    def reference(token: int) -> Tensor:
+        return adapter.token_embeddings(prepared, token)
+
+    def row_cut(i: int) -> tuple[Tensor, tuple]:
+        alone = adapter.context_row(prepared, i)  # the row without padding, its prefix up to p
+        neg = None if negative is None else negative[i : i + 1]
+        return torch.nonzero(features[i]).flatten(), tuple(getattr(alone, k) for k in keys) + (neg,)
+
+    args = tuple(given.values()) + (negative,)
+    return Attributed(forward, embeds.detach(), args, features, None, False, reference, row_cut)
 
 
 # ----------------------------------------------------------------------------
@@ -264,6 +303,8 @@ def reference(c: Call, a: Attributed) -> Tensor:
         ref = torch.zeros_like(a.inputs)
     else:
         tok = choice if isinstance(choice, int) else _special_token(c.adapter, choice)
+        if a.token_reference is not None:
+            return _at_features(a, a.token_reference(tok).to(a.inputs.dtype))
         embedding = a.module
         assert isinstance(embedding, nn.Embedding), "text inputs carry their word-embedding module"
         if not 0 <= tok < embedding.num_embeddings:
@@ -271,8 +312,13 @@ def reference(c: Call, a: Attributed) -> Tensor:
         ids = torch.full(a.inputs.shape[:2], tok, dtype=torch.long, device=a.inputs.device)
         with torch.no_grad():
             ref = embedding(ids).to(a.inputs.dtype)
+    return _at_features(a, ref)
+
+
+def _at_features(a: Attributed, ref: Tensor) -> Tensor:
+    """``ref`` at the features, the inputs' own values elsewhere (padding stays as it is: no method moves it)."""
     real = mask_of(a).bool()[..., None].to(a.inputs.device)
-    return torch.where(real, ref, a.inputs.detach())  # padding stays as it is: no method moves it
+    return torch.where(real, ref, a.inputs.detach())
 
 
 def feature_mask(c: Call, a: Attributed) -> Tensor:
@@ -317,16 +363,21 @@ class Row:
         args: its additional forward arguments, cut alike.
         span: ``(start, end)`` of the cut in the row, or ``None``.
         length: T, the row's length before the cut.
+        columns: (n,) the columns kept where they are not one span (an encoder-decoder's source and prefix).
     """
 
     x: Tensor
     args: tuple
     span: Optional[tuple[int, int]]
     length: int
+    columns: Optional[Tensor] = None
 
     @staticmethod
     def of(a: Attributed, i: int) -> "Row":
         x, args = a.inputs[i : i + 1], a.row(i)
+        if a.row_cut is not None:
+            cols, cut_args = a.row_cut(i)
+            return Row(x[:, cols.to(x.device)], cut_args, None, x.shape[1], cols)
         if a.image or a.mask is None:
             return Row(x, args, None, 0)
         m = a.mask[i].bool()
@@ -342,12 +393,17 @@ class Row:
 
     def cut(self, v: Any) -> Any:
         """``v`` (1, T, ...) cut to the span; another value (shared entries, ``None``) as it is."""
+        if self.columns is not None and isinstance(v, Tensor) and v.dim() >= 2 and v.shape[1] == self.length:
+            return v[:, self.columns.to(v.device)]
         if self.span is None or not isinstance(v, Tensor) or v.dim() < 2 or v.shape[1] != self.length:
             return v
         return v[:, self.span[0] : self.span[1]]
 
     def back(self, attr: Tensor) -> Tensor:
         """Attributions of the cut row (1, n, D) padded back with zeros to the row's length (1, T, D)."""
+        if self.columns is not None:
+            out = attr.new_zeros((attr.shape[0], self.length) + tuple(attr.shape[2:]))
+            return out.index_copy(1, self.columns.to(attr.device), attr)
         if self.span is None:
             return attr
         return F.pad(attr, (0, 0, self.span[0], self.length - self.span[1]))

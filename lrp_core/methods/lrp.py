@@ -137,7 +137,7 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
             output=y.detach(),
             blocks=blocks.sum(-1),
             input=scores.sum(-1),
-            pixels=None if pixels is None else pixels.sum(dim=(1, 2)),
+            pixels=None if pixels is None else pixels.sum(dim=tuple(range(1, pixels.dim()))),  # (B, H, W) or (B, T)
             positional=None if per_position is None else per_position.sum(-1),
             registers=None if registers is None else registers.sum(-1),
         )

@@ -16,7 +16,7 @@ from ..runtime.offload import resolve
 from . import functional as F
 from .explicit import check_coefficient
 from .linear import effective_linear, is_linear
-from .norms import HF_FLOAT32, HF_OFFSET, NATIVE, NATIVE_FLOAT32, native_rms, rms_form
+from .norms import HF_FLOAT32, HF_OFFSET, NATIVE, NATIVE_FLOAT32, T5_VARIANCE, native_rms, rms_form
 from .ops import (
     ATTENTION,
     ELEMENTWISE,
@@ -165,6 +165,12 @@ class DetachedRMSNorm(GradientRule):
             variance = h.pow(2).mean(-1, keepdim=True)
             h = h * torch.rsqrt(variance + module.variance_epsilon).detach()
             return w * h.to(dtype)
+        if form == T5_VARIANCE:
+            assert weight is not None, "a T5 norm has a weight"
+            variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+            h = x * torch.rsqrt(variance + module.variance_epsilon).detach()
+            w = weight.detach()
+            return w * (h.to(w.dtype) if w.dtype in (torch.float16, torch.bfloat16) else h)
         if form == HF_OFFSET:
             assert weight is not None, "a Gemma RMSNorm has a weight"
             w = weight.detach()

@@ -10,7 +10,9 @@ attributes suggest; three RMSNorm arithmetics are in use, told apart by the modu
 * :data:`NATIVE` — ``torch.nn.RMSNorm`` and timm's ``RmsNorm``: ``x · rsqrt(mean(x²) + ε)`` in ``x``'s dtype
   (float32 for half precision, as torch computes it), then ``· w`` where the module has a weight
   (``elementwise_affine=False``: none); ``eps=None`` is ``torch.finfo(x.dtype).eps``; timm's ``RmsNormFp32``:
-  the same in float32, cast back at the end.
+  the same in float32, cast back at the end;
+* :data:`T5_VARIANCE` — T5's ``T5LayerNorm`` (and mT5's): the variance of ``x`` in float32, ``x · rsqrt(…)`` in
+  ``x``'s dtype (a float64 ``x`` times the float32 factor), then ``w ·``.
 
 A class recognised by name only (an RMSNorm of another library) is read as the attribute it has suggests,
 and every norm the rules recompute is checked against the module's own output on the input the forward gave
@@ -36,7 +38,9 @@ HF_OFFSET = "hf_offset"
 NATIVE = "native"
 #: timm's ``RmsNormFp32``: the native arithmetic in float32, cast back at the end
 NATIVE_FLOAT32 = "native_float32"
-RMS_FORMS = (HF_FLOAT32, HF_OFFSET, NATIVE, NATIVE_FLOAT32)
+#: T5's ``T5LayerNorm``: the variance in float32, the product in the input's dtype, then ``w ·``
+T5_VARIANCE = "t5_variance"
+RMS_FORMS = (HF_FLOAT32, HF_OFFSET, NATIVE, NATIVE_FLOAT32, T5_VARIANCE)
 
 #: the largest relative deviation (max |rule − module| / max |module|) of a recomputed norm, by dtype
 NORM_TOLERANCE = {torch.float64: 1e-10}
@@ -68,6 +72,8 @@ def rms_form(module: nn.Module) -> Optional[str]:
         return NATIVE
     if _timm_class(module) == "RmsNormFp32":
         return NATIVE_FLOAT32
+    if type(module).__name__.endswith("T5LayerNorm") and hasattr(module, "variance_epsilon"):
+        return T5_VARIANCE
     if hasattr(module, "variance_epsilon"):
         return HF_FLOAT32
     if hasattr(module, "eps"):
@@ -172,6 +178,7 @@ def check_norm_value(module: nn.Module, x: Tensor, got: Tensor, where: Callable[
 __all__ = [
     "HF_FLOAT32",
     "HF_OFFSET",
+    "T5_VARIANCE",
     "NATIVE",
     "NATIVE_FLOAT32",
     "RMS_FORMS",
