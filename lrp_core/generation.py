@@ -191,9 +191,9 @@ def explain_generation(
     method, options = _method_options(method, options, step_batch, stop_at_eos)
     adapter, vocab = _language_model(model)
     _check_method(method, options, contrast, adapter)
-    if adapter.is_seq2seq:  # an encoder-decoder: the prompts are its sources, the prefix is what it writes
+    if adapter.is_seq2seq:  # an encoder-decoder: the prompts are its sources; a Seq2SeqGenerationExplanation
         steps = (max_new_tokens, continuation, contrast, stop_at_eos, step_batch)
-        return _encoder_decoder(model, tokenizer, prompts, method, steps, options)  # a Seq2SeqGenerationExplanation
+        return _encoder_decoder(model, tokenizer, prompts, method, steps, options)
     tokenizer, ids, mask, images, per_token = model_prompts(adapter, tokenizer, prompts)
     B, P = ids.shape
     gen, K = _given_steps(tokenizer, continuation, B, max_new_tokens, vocab)
@@ -218,8 +218,7 @@ def explain_generation(
     scores, logits, sources, probabilities, seen = _explain_steps(
         model, method, inputs, gen, negative, groups, active, P, progress, options, images, cut
     )
-    if negative is not None:
-        negative = torch.where(active, negative, -1)  # steps after a row's end-of-text token are not explained
+    negative = None if negative is None else torch.where(active, negative, -1)  # none after a row's end of text
     id_to_token, pieces = _token_pieces(tokenizer, full_ids, negative)
     return GenerationExplanation(
         method=method,
