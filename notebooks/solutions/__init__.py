@@ -18,7 +18,7 @@ from typing import Any
 from .exercise import NOT_ATTEMPTED, Exercise, Mistake
 
 _MODULES = ("nb00", "nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09", "nb10", "nb11",
-            "nb12", "nb13", "nb14")
+            "nb12", "nb13", "nb14", "nb15")
 
 
 def _module(mod: str):
