@@ -65,9 +65,10 @@ ex15_1 = Exercise(
                       "positions counted from 1: the first source word is position 0")],
     atol=0,
     discussion="Most words point at the word they translate (compare record.alignment). The object marker `wo` "
-               "translates no source word: its top word is the verb it announces (the sentence's object comes before its verb). When "
-               "the prefix is allowed too, a verb's top position is often the `wo` just written: the decoder reads "
-               "its own output, and that is evidence about the position in the sentence, not about the meaning.",
+               "translates no source word: its top word is a verb (here *sees* both times). When the prefix is "
+               "allowed too, the top position of `wo`, of the verb after it and of `to` is the word just written: "
+               "the decoder reads its own output, and that is evidence about where the sentence stands, not about "
+               "what the source says.",
 )
 
 

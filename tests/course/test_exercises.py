@@ -204,6 +204,8 @@ WRONG = {
     "ex13_3": [(lambda: _ref("ex13_3")[:-1], "wrong shape"), (lambda: _ref("ex13_3").float(), None)],
     "ex14_1": [(lambda: 100 * _ref("ex14_1"), "a percentage"), (lambda: 1 - _ref("ex14_1"), "too small")],
     "ex14_2": [(lambda: _ref("ex14_2") + 0.05, "too large"), (lambda: torch.tensor(_ref("ex14_2")), None)],
+    "ex15_1": [(lambda: _ref("ex15_1")[:-1], "wrong shape"), (lambda: torch.tensor(_ref("ex15_1")), None)],
+    "ex15_2": [(lambda: 100 * _ref("ex15_2"), "a percentage"), (lambda: _ref("ex15_2") + 0.1, "too large")],
 }
 
 
@@ -898,6 +900,41 @@ def _nm_ex14_2(step):
     return float(image_map[torch.as_tensor(record.mask)].sum() / image_map.sum())
 
 
+def _nm_ex15_maps(s2s, record, method):
+    from lrp_core import explain_generation
+
+    gen = explain_generation(s2s.model, s2s.tokenizer, record.source, method=method, max_new_tokens=24, progress=False)
+    return gen, int(gen.steps[0])
+
+
+def _nm_ex15_1(step):
+    c = _nm_ctx("ex15_1")
+    record = c["record"]
+    gen, steps = _nm_ex15_maps(c["s2s"], record, "attnlrp")
+    words = len(record.source_words)
+    rows = steps if step == "without the </s> step" else steps - 1
+    maps = {"the words only": gen.source[0, :rows], "the source only": gen.scores[0, :rows]}.get(
+        step, gen.source[0, :rows, :words]
+    )
+    return maps.argmax(-1).tolist()
+
+
+def _nm_ex15_2(step):
+    c = _nm_ctx("ex15_2")
+    hits = total = 0
+    for r in c["records"]:
+        gen, steps = _nm_ex15_maps(c["s2s"], r, "cp_lrp" if step == "method lrp" else "lrp")
+        maps = (
+            gen.scores[0, : steps - 1]
+            if step == "the source only"
+            else gen.source[0, : steps - 1, : len(r.source_words)]
+        )
+        for top, links in zip(maps.argmax(-1).tolist(), r.alignment):
+            if links or step == "scored words only":
+                hits, total = hits + (top in links), total + 1
+    return hits / total
+
+
 #: For every exercise, the steps it asks for: (step, a fragment the checker's message must contain when the
 #: answer is submitted with that step left out). ``_nm_<name>(step)`` builds that near miss independently.
 STEPS = {
@@ -986,6 +1023,16 @@ STEPS = {
     ],
     "ex14_1": [("the positive part", "clamp(min=0)"), ("the deciding object's mask", "other object's mask")],
     "ex14_2": [("the contrast", "target=Contrast(answer, other)"), ("the right way round", "other way round")],
+    "ex15_1": [
+        ("the words only", "the </s> column was a candidate"),
+        ("the source only", "runs over gen.scores"),
+        ("without the </s> step", "the last step was kept"),
+    ],
+    "ex15_2": [
+        ("the source only", "over the prefix too"),
+        ("scored words only", "were counted"),
+        ("method lrp", "CP-LRP's accuracy"),
+    ],
 }
 
 

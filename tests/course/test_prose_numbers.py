@@ -60,6 +60,7 @@ STRICT = [
     "12_your_own_model.ipynb",
     "13_explaining_a_language_model.ipynb",
     "14_explaining_a_vlm.ipynb",
+    "15_explaining_a_translation.ipynb",
 ]
 #: (notebook, decimal) quoted in prose that is not a cell output, and why
 UNMARKED: dict[tuple[str, str], str] = {
