@@ -67,6 +67,7 @@ UNMARKED: dict[tuple[str, str], str] = {
     ("09_is_an_explanation_right.ipynb", "0.0156"): "1/64 written out, a hand computation",
     ("11_attnlrp_and_cp_lrp.ipynb", "0.5"): "the chance level of an agreement rate, a definition",
     ("11_attnlrp_and_cp_lrp.ipynb", "1.14"): "a section number of docs/METHODS.md",
+    ("15_explaining_a_translation.ipynb", "3.9"): "a section number of docs/METHODS.md",
     ("05_from_blocks_to_a_map.ipynb", "0.06"): "the object's area (about 6 %) as the share an even spread gives",
 }
 
