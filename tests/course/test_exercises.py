@@ -205,7 +205,7 @@ WRONG = {
     "ex14_1": [(lambda: 100 * _ref("ex14_1"), "a percentage"), (lambda: 1 - _ref("ex14_1"), "too small")],
     "ex14_2": [(lambda: _ref("ex14_2") + 0.05, "too large"), (lambda: torch.tensor(_ref("ex14_2")), None)],
     "ex15_1": [(lambda: _ref("ex15_1")[:-1], "wrong shape"), (lambda: torch.tensor(_ref("ex15_1")), None)],
-    "ex15_2": [(lambda: 100 * _ref("ex15_2"), "a percentage"), (lambda: _ref("ex15_2") + 0.1, "too large")],
+    "ex15_2": [(lambda: 100 * _ref("ex15_2"), "too large"), (lambda: torch.tensor(_ref("ex15_2")), None)],
 }
 
 
