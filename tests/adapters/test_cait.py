@@ -22,7 +22,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def cait(seed: int = 0, **kw) -> torch.nn.Module:
     """A tiny timm ``Cait`` (img 32, patch 8, width 32, 2 talking-heads blocks, 2 heads, 5 classes), with random
-    LayerScales, q/k projections (scores far from uniform), talking-heads mixes, class token, positions and head, so that each part matters."""
+    LayerScales, q/k projections (scores far from uniform), talking-heads mixes, class token, positions, norms and
+    head, so that each part matters."""
     from timm.models.cait import Cait
 
     torch.manual_seed(seed)
