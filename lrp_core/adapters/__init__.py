@@ -156,6 +156,12 @@ ADAPTERS: list[tuple[str, Callable[[nn.Module], bool], Callable[[nn.Module], Ada
         _lazy("relpos", "TimmRelPosViTAdapter"),
     ),
     (
+        "timm Cait (CaiT: talking-heads blocks, class-attention blocks; lrp, attnlrp, cp_lrp, cdam, token_ablation, "
+        "the Captum baselines)",
+        named("Cait"),
+        _lazy("cait", "TimmCaitAdapter"),
+    ),
+    (
         "timm SwinTransformer and SwinTransformerV2 (windowed attention, shifted windows, patch merging; V2's cosine "
         "attention and continuous position bias; lrp, attnlrp, cp_lrp, cdam, the Captum baselines)",
         lambda m: type(m).__name__ in ("SwinTransformer", "SwinTransformerV2"),

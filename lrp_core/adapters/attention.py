@@ -80,6 +80,10 @@ class AttentionSpec:
     per head in every row's denominator, no value; never fused), the map ``A`` then the softmax without the sink
     column.
 
+    ``mix_scores`` / ``mix_weights``: talking-heads attention (CaiT): Linear maps across the H heads, one on the
+    scaled scores before the softmax, one on its weights after it (each a LINEAR operation of the replay on the
+    map with the heads last, §1's Linear rule); ``A`` is then the mixed map ``A·v`` reads; never fused.
+
     ``query_scale``: the queries are multiplied by it before they are rotated (ESM; a constant scale, its relevance
     passes unchanged), the scores then taking ``scale`` (1 there); ``None``: no such step.
 
@@ -132,6 +136,8 @@ class AttentionSpec:
     sinks: Optional[nn.Module] = None
     scores: Optional[Callable[..., Tensor]] = None
     query_scale: Optional[float] = None
+    mix_scores: Optional[ModelPart] = None
+    mix_weights: Optional[ModelPart] = None
 
     def __post_init__(self) -> None:
         if self.qkv_layout not in QKV_LAYOUTS:
@@ -221,6 +227,11 @@ def _unpadded(p: AttentionSpec, t: Tensor, n: int) -> Tensor:
     return t[:, :n] if p.pad_tokens else t
 
 
+def _across_heads(linear: ModelPart, t: Tensor, r: Replay) -> Tensor:
+    """(B, H, N, M) -> (B, H, N, M): ``linear`` (H -> H) applied across the heads of every entry (talking heads)."""
+    return r.module(LINEAR, linear, t.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
 def _explicit_attention(
     p: AttentionSpec,
     q: Tensor,
@@ -261,6 +272,8 @@ def _explicit_attention(
         scores = p.scores(q, k_all, r, rows)
     else:
         scores = r(MATMUL_QK, scaled_matmul(p.scale, p.scale_queries_first), q, k_all.transpose(-2, -1), reuse=False)
+    if p.mix_scores is not None:  # talking heads: a Linear across the heads on the scores
+        scores = _across_heads(p.mix_scores, scores, r)
     if p.softcap is not None:  # not a module of the model: not recorded as the first element-wise layer
         scores = r(ELEMENTWISE, p.softcap, scores, module=p.softcap)
     masked = scores if bias is None else r(MASK_ADD, plus, scores, bias)
@@ -269,6 +282,8 @@ def _explicit_attention(
         softmax = segmented_softmax(bias)
     softmax = p.sinks if p.sinks is not None else p.softmax or softmax
     A = r(SOFTMAX, softmax, masked)  # (B, H, N, N)
+    if p.mix_weights is not None:  # talking heads: a Linear across the heads on the weights
+        A = _across_heads(p.mix_weights, A, r)
     return A, r(MATMUL_AV, matmul, A, v_all)  # (B, H, N, d)
 
 
@@ -326,7 +341,7 @@ def attention_forward(
         causal = False  # a single query row: its keys are chosen by the row mask
         N = 1
     A = None
-    if p.sdpa and r.fuse and p.softcap is None and p.sinks is None and p.scores is None:
+    if p.sdpa and r.fuse and p.softcap is None and p.sinks is None and p.scores is None and p.mix_scores is None:
         ctx = r(ATTENTION, fused_attention(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
     else:
         A, ctx = _explicit_attention(p, q, k, v, bias, r, picked)

@@ -164,7 +164,7 @@ REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "similarity). Use SiglipForImageClassification / Siglip2ForImageClassification (mean of the tokens and a "
         "Linear classifier) or SiglipModel / Siglip2Model (image–text sigmoid similarity)",
     ),
-    *VIT_VARIANTS_REFUSED,  # BEiT heads, XCiT, CaiT, NaFlexViT, AttentionRope ViTs, IJepaModel (.refused_vit)
+    *VIT_VARIANTS_REFUSED,  # BEiT heads, XCiT, NaFlexViT, AttentionRope ViTs, IJepaModel (.refused_vit)
 ]
 
 __all__ = ["REFUSED", "SIGLIP_CLASSES", "VLM_CLASSES", "HF_SWIN_CLASSIFIERS"]

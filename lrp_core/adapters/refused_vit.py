@@ -1,5 +1,5 @@
 """The ViT variants refused by name, with the reason and what to use (rows of
-:data:`lrp_core.adapters.REFUSED`): the BEiT / Data2Vec-vision and I-JEPA heads without a classifier, XCiT, CaiT,
+:data:`lrp_core.adapters.REFUSED`): the BEiT / Data2Vec-vision and I-JEPA heads without a classifier, XCiT,
 NaFlexViT and the ViTs built on timm's ``AttentionRope``."""
 
 from __future__ import annotations
@@ -29,13 +29,6 @@ VIT_VARIANTS_REFUSED: list[tuple[str, Callable[[nn.Module], bool], str]] = [
         "of q and k — not across tokens, so there is no token × token attention map for the layer-product methods, "
         "and its local patch interaction (depth-wise convolutions between the tokens), Fourier positions and "
         "class-attention blocks are described by no adapter. Use a ViT / DeiT / DINOv2 / Eva (timm or Hugging Face)",
-    ),
-    (
-        "CaiT",
-        named("Cait"),
-        "its class-attention blocks (only the class token is updated, querying the frozen patch tokens) and "
-        "talking-heads attention (Linear maps across the heads before and after the softmax) are not yet "
-        "described by the block replay, so the replay would not be the model. Use a ViT / DeiT / DINOv2 / Eva",
     ),
     (
         "NaFlexViT",
