@@ -5,6 +5,7 @@ position-bias tables, LayerScales, norms and heads drawn at random so that each 
 from __future__ import annotations
 
 import torch
+from by_path import root_fixtures  # the root conftest by path (tests/widgets has a conftest too)
 from vision_models import CFG, _perturb_norms
 
 
@@ -119,8 +120,7 @@ def hf_dinov2_registers(seed: int = 0, registers: int = 3) -> torch.nn.Module:
 
 def timm_registers(seed: int = 0) -> torch.nn.Module:
     """A tiny timm ``VisionTransformer`` with [CLS] and 2 register tokens (random)."""
-    from conftest import make_tiny_vit
-
+    make_tiny_vit = root_fixtures().make_tiny_vit
     model = make_tiny_vit(seed=seed, reg_tokens=2)
     with torch.no_grad():
         model.reg_token.copy_(torch.randn(model.reg_token.shape, generator=torch.Generator().manual_seed(seed)))
