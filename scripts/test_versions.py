@@ -52,9 +52,22 @@ COVERAGE: dict[str, list[str]] = {
             "test_idefics3.py",
             "test_gemma_vlms.py",
             "test_qwen2_5_vl.py",
+            "test_task_heads.py",
+            "test_embeddings.py",
+            "test_deberta.py",
+            "test_esm.py",
+            "test_vit_variants.py",
+            "test_vit_mae.py",
+            "test_seq2seq_bart.py",
+            "test_seq2seq_t5.py",
+            "test_seq2seq_classifier.py",
+            "test_seq2seq_whisper.py",
         )
     ],
-    "timm": [ADAPTERS + f for f in ("test_vision_families.py", "test_eva.py", "test_swin.py")],
+    "timm": [
+        ADAPTERS + f
+        for f in ("test_vision_families.py", "test_eva.py", "test_swin.py", "test_vit_pooling.py", "test_cait.py")
+    ],
 }
 
 
