@@ -131,8 +131,10 @@ def test_widget_driver_visits_every_class_method_and_slider_end():
 
 @pytest.mark.slow
 def test_a_fresh_measurement_of_notebook_1_matches_its_row():
-    """Runs notebook 1 in a kernel (about 15 s): its peak within 15 % of the documented row."""
+    """Runs notebook 1 in a kernel (about 15 s): the memory the kernel itself holds (``RssAnon``) within 15 % of the
+    documented row. ``VmHWM`` / ``VmRSS`` also count the libraries' file pages, which depend on the page cache
+    (652 against 845 MB for the same notebook in two venvs of the same packages), so they are not compared."""
     row = _stored()["notebooks"]["01_relevance_and_conservation.ipynb"]
     fresh = mnm.measure(ROOT / "notebooks" / "01_relevance_and_conservation.ipynb")
-    assert fresh["after_widgets"]["VmHWM"] == pytest.approx(row["after_widgets"]["VmHWM"], rel=0.15)
-    assert fresh["after_cells"]["VmRSS"] == pytest.approx(row["after_cells"]["VmRSS"], rel=0.15)
+    assert fresh["after_cells"]["RssAnon"] == pytest.approx(row["after_cells"]["RssAnon"], rel=0.15)
+    assert fresh["after_widgets"]["RssAnon"] == pytest.approx(row["after_widgets"]["RssAnon"], rel=0.15)
