@@ -112,22 +112,28 @@ def _class_block(i: int, blk: ModelPart) -> BlockSpec:
     if type(blk).__name__ != "LayerScaleBlockClassAttn" or type(attn).__name__ != "ClassAttn":
         raise UnsupportedModelError(f"{where}: only timm's LayerScaleBlockClassAttn with ClassAttn is supported")
     D, H = int(attn.q.in_features), int(attn.num_heads)
+    spec = AttentionSpec(
+        q=attn.q,
+        k=attn.k,
+        v=attn.v,
+        proj=attn.proj,
+        num_heads=H,
+        head_dim=D // H,
+        scale=float(attn.scale),
+        scale_queries_first=True,
+    )
+    return _layer_scale_block(blk, spec, where)
+
+
+def _layer_scale_block(blk: ModelPart, attn: AttentionSpec, where: str) -> BlockSpec:
+    """A CaiT block (either kind): pre-LN, LayerScale ``gamma_1`` / ``gamma_2``, the attention ``attn``, the MLP."""
     return BlockSpec(
         layout="pre_ln",
         norm1=blk.norm1,
         norm2=blk.norm2,
         ls1=GammaScale(blk, "gamma_1"),
         ls2=GammaScale(blk, "gamma_2"),
-        attn=AttentionSpec(
-            q=attn.q,
-            k=attn.k,
-            v=attn.v,
-            proj=attn.proj,
-            num_heads=H,
-            head_dim=D // H,
-            scale=float(attn.scale),
-            scale_queries_first=True,
-        ),
+        attn=attn,
         mlp=_mlp(blk.mlp, where),
     )
 
@@ -165,24 +171,17 @@ class TimmCaitAdapter(ViTAdapter[ImageBatch]):
         if type(blk).__name__ != "LayerScaleBlock" or type(attn).__name__ != "TalkingHeadAttn":
             raise UnsupportedModelError(f"{where}: only timm's LayerScaleBlock with TalkingHeadAttn is supported")
         D, H = int(attn.qkv.in_features), int(attn.num_heads)
-        return BlockSpec(
-            layout="pre_ln",
-            norm1=blk.norm1,
-            norm2=blk.norm2,
-            ls1=GammaScale(blk, "gamma_1"),
-            ls2=GammaScale(blk, "gamma_2"),
-            attn=AttentionSpec(
-                qkv=attn.qkv,
-                proj=attn.proj,
-                num_heads=H,
-                head_dim=D // H,
-                scale=float(attn.scale),
-                scale_queries_first=True,
-                mix_scores=attn.proj_l,
-                mix_weights=attn.proj_w,
-            ),
-            mlp=_mlp(blk.mlp, where),
+        spec = AttentionSpec(
+            qkv=attn.qkv,
+            proj=attn.proj,
+            num_heads=H,
+            head_dim=D // H,
+            scale=float(attn.scale),
+            scale_queries_first=True,
+            mix_scores=attn.proj_l,
+            mix_weights=attn.proj_w,
         )
+        return _layer_scale_block(blk, spec, where)
 
     @property
     def patch_norm(self) -> ModelPart:
