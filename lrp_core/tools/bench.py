@@ -450,6 +450,11 @@ def _add_measuring(p: argparse.ArgumentParser) -> None:
         help="run cells whose estimated peak (an upper bound) exceeds the available memory too; "
         "watch the machine's memory",
     )
+    p.add_argument(
+        "--no-check-cost",
+        action="store_true",
+        help="time each method once, with the check of the replay (by default also without it: the check's cost)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="save the rows as JSON (rewritten after every row)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table for the README at the end")
@@ -552,6 +557,7 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
         seed=a.seed,
         ablation_max=a.ablation_max,
         sources=N_SOURCES if a.sources else 0,
+        check_cost=not a.no_check_cost,
     )
     if a.threads:
         torch.set_num_threads(a.threads)

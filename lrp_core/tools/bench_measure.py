@@ -90,7 +90,9 @@ def equal_spans(tokens: int, n: int) -> list[tuple[int, int]]:
     return [(i * context // n, (i + 1) * context // n) for i in range(n)]
 
 
-def call_for(model: nn.Module, inputs: Inputs, method: str, sources: int = 0) -> Callable[[], object]:
+def call_for(
+    model: nn.Module, inputs: Inputs, method: str, sources: int = 0, unverified: bool = False
+) -> Callable[[], object]:
     """The call to time: the baseline or ``explain(model, inputs, method=method)``.
 
     Parameters
@@ -104,6 +106,8 @@ def call_for(model: nn.Module, inputs: Inputs, method: str, sources: int = 0) ->
     sources : int
         With ``sources`` > 0: ``sources=`` :func:`equal_spans` of the input's length (and, for the ablation
         methods, ``batch_size`` = :data:`SOURCE_BATCH_SIZE`, ``n_ablations`` = :data:`N_ABLATIONS`).
+    unverified : bool
+        Leave out the check of the replay against the model's own forward (``explain(..., unverified=True)``).
 
     Returns
     -------
@@ -113,14 +117,14 @@ def call_for(model: nn.Module, inputs: Inputs, method: str, sources: int = 0) ->
     if method == BASELINE:
         return lambda: forward_backward(model, inputs)
     if not sources:
-        return lambda: explain(model, inputs, method=method)
+        return lambda: explain(model, inputs, method=method, unverified=unverified)
     assert isinstance(inputs, dict), "sources are token spans of a text"
     opts: dict[str, Any] = {"sources": equal_spans(inputs["input_ids"].shape[1], sources)}
     if method in registry.SOURCE_METHODS:
         opts["batch_size"] = SOURCE_BATCH_SIZE
     if method == "context_cite":
         opts["n_ablations"] = N_ABLATIONS
-    return lambda: explain(model, inputs, method=method, **opts)
+    return lambda: explain(model, inputs, method=method, unverified=unverified, **opts)
 
 
 def best_time(
@@ -196,8 +200,9 @@ def measure(model: nn.Module, inputs: Inputs, method: str, settings: Settings) -
     Returns
     -------
     dict
-        ``seconds`` (the best time), ``runs``, ``rss_before_kb`` (the peak where the RSS cannot be read) and
-        ``peak_rss_kb``.
+        ``seconds`` (the best time), ``runs``, ``rss_before_kb`` (the peak where the RSS cannot be read),
+        ``peak_rss_kb`` and, with ``settings.check_cost`` and a method, ``seconds_unchecked``: the best time of
+        the same call without the check of the replay, timed after the peak is read.
     """
     last: list[object] = []  # the latest explanation: its passes are recorded with the time
     call = call_for(model, inputs, method, settings.sources)
@@ -214,6 +219,9 @@ def measure(model: nn.Module, inputs: Inputs, method: str, settings: Settings) -
         "rss_before_kb": before if before is not None else peak,
         "peak_rss_kb": peak,
     }
+    if settings.check_cost and method != BASELINE:
+        unchecked = call_for(model, inputs, method, settings.sources, unverified=True)
+        out["seconds_unchecked"] = best_time(unchecked, settings.repeat, budget=settings.budget)[0]
     if settings.sources:
         tokens = int(inputs["input_ids"].shape[1])  # type: ignore[index]  # a --sources case's inputs: a dict
         forward, backward = (1.0, 1.0) if method == BASELINE else explanation_passes(method, last[0], tokens)

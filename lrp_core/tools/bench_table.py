@@ -59,6 +59,7 @@ class Settings:
     seed: int = 0
     ablation_max: int = ABLATION_MAX
     sources: int = 0  # explain with this many equal sources (``--sources``); 0: no sources
+    check_cost: bool = True  # time every method a second time without the check of the replay (``unverified``)
 
 
 def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dict], note: str = "") -> dict:
@@ -66,7 +67,9 @@ def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dic
 
     ``ratio`` = method time / baseline time; ``peak_mb`` = the process's peak RSS; ``call_mb`` = that peak
     minus the RSS right before the first call (what the call itself costs above the loaded model and
-    inputs); ``peak_ratio`` = peak / the baseline's peak; ``runs`` = how many timed runs the time is the best of.
+    inputs); ``peak_ratio`` = peak / the baseline's peak; ``runs`` = how many timed runs the time is the best of;
+    ``ratio_unchecked`` = the same call's time without the check of the replay (``unverified=True``) / baseline time
+    (the check's cost is the difference: one forward without gradients).
 
     Parameters
     ----------
@@ -94,6 +97,7 @@ def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dic
         "method": method,
         "ms_per_sample": None,
         "ratio": None,
+        "ratio_unchecked": None,
         "peak_mb": None,
         "call_mb": None,
         "peak_ratio": None,
@@ -110,6 +114,8 @@ def make_row(case: Case, method: str, result: Optional[dict], base: Optional[dic
     row["runs"], row["seconds"], row["threads"] = result["runs"], result["seconds"], result.get("threads")
     if base is not None:
         row["ratio"] = result["seconds"] / base["seconds"]
+        if result.get("seconds_unchecked") is not None:
+            row["ratio_unchecked"] = result["seconds_unchecked"] / base["seconds"]
     if result.get("peak_rss_kb") is not None:
         row["peak_mb"] = result["peak_rss_kb"] / 1024
         row["call_mb"] = (result["peak_rss_kb"] - result["rss_before_kb"]) / 1024
@@ -123,7 +129,7 @@ def _fmt(value: Optional[float], spec: str) -> str:
 
 
 HEADER = (
-    f"{'model':<24}{'batch × tok':>12}  {'method':<24}{'ms/sample':>10}{'×fwd+bwd':>9}"
+    f"{'model':<24}{'batch × tok':>12}  {'method':<24}{'ms/sample':>10}{'×fwd+bwd':>9}{'no check':>9}"
     f"{'peak MB':>9}{'call MB':>9}{'peak×fb':>8}"
 )
 
@@ -144,7 +150,7 @@ def format_row(row: dict) -> str:
     size = f"{row['batch']} × {row['tokens']}"
     line = (
         f"{_model_label(row):<24}{size:>12}  {row['method']:<24}{_fmt(row['ms_per_sample'], '.1f'):>10}"
-        f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
+        f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row.get('ratio_unchecked'), '.2f'):>9}{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
         f"{_fmt(row['peak_ratio'], '.2f'):>8}"
     )
     if "forward_passes" in row:
@@ -184,9 +190,9 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
     """
     passes = any("forward_passes" in r for r in rows)  # --sources rows: with the passes per explanation
     lines = [
-        "| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB | above model MB "
-        "| peak ÷ fwd+bwd peak |" + (" forward / backward passes |" if passes else ""),
-        "|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if passes else ""),
+        "| model | batch × tokens | method | ms/sample | × fwd+bwd | × fwd+bwd without the check | peak MB "
+        "| above model MB | peak ÷ fwd+bwd peak |" + (" forward / backward passes |" if passes else ""),
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if passes else ""),
     ]
     skipped = errors = too_big = False
     for r in rows:
@@ -200,7 +206,7 @@ def markdown(rows: Sequence[dict], settings: Optional[Settings] = None, isolated
         method = r["method"] if r["method"] == BASELINE else f"`{r['method']}`"
         lines.append(
             f"| {_model_label(r)} | {r['batch']} × {r['tokens']} | {method} | {ms} "
-            f"| {_fmt(r['ratio'], '.2f')} "
+            f"| {_fmt(r['ratio'], '.2f')} | {_fmt(r.get('ratio_unchecked'), '.2f')} "
             f"| {_fmt(r['peak_mb'], '.0f')} | {_fmt(r['call_mb'], '.0f')} | {_fmt(r['peak_ratio'], '.2f')} |"
             + (f" {_passes(r)} |" if passes else "")
         )

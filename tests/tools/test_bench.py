@@ -159,7 +159,9 @@ def test_quick_markdown_has_one_row_per_case_and_method(capsys, tmp_path):
         (size, m) for size in ("1 × 17", "2 × 17") for m in [BASELINE] + [f"`{m}`" for m in methods]
     ]
     assert cells[-1][3] == "—¹" and "¹ `token_ablation`" in out  # 2 × 17 > 20: not timed, with a footnote
-    assert all(c[5] == "—" for c in cells)  # in-process: no memory columns
+    assert all(c[6] == "—" for c in cells)  # in-process: no memory columns
+    # the check's cost: every timed method also without the check, the baseline has no check
+    assert all((c[5] == "—") == (c[2] == BASELINE or c[3] == "—¹") for c in cells)
     assert len(json.loads((tmp_path / "q.json").read_text())["rows"]) == len(table)
 
 
@@ -208,12 +210,14 @@ def test_markdown_columns():
     row = bench_table.make_row(
         Case("m", 8, 197),
         "lrp",
-        {"seconds": 2.0, "runs": 3, "rss_before_kb": 1024, "peak_rss_kb": 3072},
+        {"seconds": 2.0, "seconds_unchecked": 1.5, "runs": 3, "rss_before_kb": 1024, "peak_rss_kb": 3072},
         {"seconds": 1.0, "runs": 3, "rss_before_kb": 1024, "peak_rss_kb": 2048},
     )
     lines = bench_table.markdown([row]).splitlines()
-    assert lines[0].startswith("| model | batch × tokens | method | ms/sample | × fwd+bwd | peak MB |")
-    assert lines[2] == "| m | 8 × 197 | `lrp` | 250.0 | 2.00 | 3 | 2 | 1.50 |"
+    assert lines[0].startswith(
+        "| model | batch × tokens | method | ms/sample | × fwd+bwd | × fwd+bwd without the check | peak MB |"
+    )
+    assert lines[2] == "| m | 8 × 197 | `lrp` | 250.0 | 2.00 | 1.50 | 3 | 2 | 1.50 |"
 
 
 @pytest.mark.parametrize(
