@@ -18,8 +18,11 @@ The sides, each timed as the best of ``--repeat`` calls after one warm-up call:
 * ``lxt``: ``lxt.efficient.monkey_patch(modeling_llama, <attnLRP | cp_LRP>)`` before the model is built, then as
   LXT's examples run it: parameters without gradients, ``e = embed(ids)``, ``model(inputs_embeds=e)``, backward of
   the logit, relevance ``(e · ∂/∂e).sum(-1)``;
+  ``--lxt-attention eager`` runs LXT's patched eager attention instead of sdpa (the model's setting, as
+  ``from_pretrained`` loads it; ``both``: two LXT columns);
 * ``ours``: ``lrp_core.explain(model, inputs, method=...)``, the default call (the check of the replay against the
-  model's own forward included; ``--unverified`` leaves it out);
+  model's own forward included), and ``ours_unchecked``: the same with ``unverified=True`` (without the check's
+  forward);
 * ``fwd+bwd``: the unpatched model the same way as ``lxt`` (gradient × input): the cost of one forward + backward.
 
 Peak memory: the process's peak RSS (``ru_maxrss``) minus its RSS once the model and inputs are built ("above
@@ -80,8 +83,9 @@ def make_fixture(path: Path, tokens: int) -> None:
     torch.save({"config": cfg.to_dict(), "state": model.state_dict(), "ids": ids}, path)
 
 
-def load(path: Path, patch: str | None) -> tuple[Any, Any]:
-    """(model, ids) from the fixture, LXT's map applied first when ``patch`` names one."""
+def load(path: Path, patch: str | None, attention: str = "sdpa") -> tuple[Any, Any]:
+    """(model, ids) from the fixture, LXT's map applied first when ``patch`` names one; ``attention``: the
+    model's attention implementation."""
     import torch
     from transformers import LlamaConfig
     from transformers.models.llama import modeling_llama
@@ -93,7 +97,7 @@ def load(path: Path, patch: str | None) -> tuple[Any, Any]:
         monkey_patch(modeling_llama, getattr(lxt_llama, patch), verbose=False)
     fx = torch.load(path, weights_only=False)
     cfg = LlamaConfig.from_dict(fx["config"])
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attention
     model = modeling_llama.LlamaForCausalLM(cfg).eval()
     model.load_state_dict(fx["state"])
     return model, fx["ids"]
@@ -107,23 +111,27 @@ def gradient_x_input(model: Any, ids: Any) -> Any:
     return (e * e.grad).sum(-1)[0].detach()
 
 
-def worker(side: str, method: str, fixture: Path, out: Path, repeat: int, threads: int, verify: bool) -> None:
+def worker(side: str, method: str, fixture: Path, out: Path, repeat: int, threads: int) -> None:
     """One case in this process: times the side, prints its result line, saves its relevance."""
     import torch
 
     torch.set_num_threads(threads)
-    patch = {"attnlrp": "attnLRP", "cp_lrp": "cp_LRP"}[method] if side == "lxt" else None
-    model, ids = load(fixture, patch)
+    patch = {"attnlrp": "attnLRP", "cp_lrp": "cp_LRP"}[method] if side.startswith("lxt") else None
+    model, ids = load(fixture, patch, "eager" if side == "lxt_eager" else "sdpa")
     for p in model.parameters():
         p.requires_grad_(False)
-    if side == "ours":
+    if side.startswith("ours"):
         sys.path.insert(0, str(ROOT))
         from lrp_core import explain
 
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
         def call() -> Any:
-            return explain(model, inputs, method=method, progress=False, unverified=not verify).scores[0].detach()
+            return (
+                explain(model, inputs, method=method, progress=False, unverified=side == "ours_unchecked")
+                .scores[0]
+                .detach()
+            )
     else:
 
         def call() -> Any:
@@ -152,8 +160,14 @@ def run_case(python: str, args: list[str]) -> dict:
     raise RuntimeError(f"worker {args} failed:\n{proc.stderr[-3000:]}")
 
 
+def sides(opts: argparse.Namespace) -> list[tuple[str, str]]:
+    """(side, interpreter) of every timed side but the baseline."""
+    lxt = {"sdpa": ["lxt"], "eager": ["lxt_eager"], "both": ["lxt", "lxt_eager"]}[opts.lxt_attention]
+    return [(name, opts.lxt_python) for name in lxt] + [(name, sys.executable) for name in ("ours", "ours_unchecked")]
+
+
 def race(opts: argparse.Namespace) -> list[dict]:
-    """Every (length, method): the three sides, their ratios and the agreement."""
+    """Every (length, method): each side's time and memory, their ratios and the agreement with LXT."""
     import torch
 
     rows = []
@@ -161,36 +175,37 @@ def race(opts: argparse.Namespace) -> list[dict]:
         for tokens in opts.lengths:
             fixture = Path(tmp) / f"llama_{tokens}.pt"
             make_fixture(fixture, tokens)
-            common = [str(fixture), str(opts.repeat), str(opts.threads), str(int(not opts.unverified))]
+            common = [str(fixture), str(opts.repeat), str(opts.threads)]
             base = run_case(sys.executable, ["fwd+bwd", "attnlrp", *common, str(Path(tmp) / "fb.pt")])
             for method in opts.methods:
-                got = {}
-                for side, python in (("lxt", opts.lxt_python), ("ours", sys.executable)):
+                row: dict[str, Any] = {"tokens": tokens, "method": method, "fwd_bwd_s": base["s"]}
+                row["fwd_bwd_above_mib"] = base["above_model_mib"]
+                rel = {}
+                for side, python in sides(opts):
                     rel_path = Path(tmp) / f"{side}_{method}_{tokens}.pt"
-                    got[side] = run_case(python, [side, method, *common, str(rel_path)])
-                    got[side]["relevance"] = torch.load(rel_path)
-                a, b = got["ours"].pop("relevance"), got["lxt"].pop("relevance")
-                row = {
-                    "tokens": tokens,
-                    "method": method,
-                    "ours_s": got["ours"]["s"],
-                    "lxt_s": got["lxt"]["s"],
-                    "fwd_bwd_s": base["s"],
-                    "ours_over_lxt": got["ours"]["s"] / got["lxt"]["s"],
-                    "ours_over_fwd_bwd": got["ours"]["s"] / base["s"],
-                    "ours_above_mib": got["ours"]["above_model_mib"],
-                    "lxt_above_mib": got["lxt"]["above_model_mib"],
-                    "fwd_bwd_above_mib": base["above_model_mib"],
-                    "memory_ours_over_lxt": got["ours"]["above_model_mib"] / got["lxt"]["above_model_mib"],
-                    "agreement": float((a - b).abs().max() / b.abs().max()),
-                    "runs": got["ours"]["runs"],
-                }
+                    got = run_case(python, [side, method, *common, str(rel_path)])
+                    rel[side] = torch.load(rel_path)
+                    row[f"{side}_s"], row[f"{side}_above_mib"], row["runs"] = (
+                        got["s"],
+                        got["above_model_mib"],
+                        got["runs"],
+                    )
+                lxt = "lxt" if "lxt" in rel else "lxt_eager"
+                for side in rel:
+                    row[f"{side}_over_fwd_bwd"] = row[f"{side}_s"] / base["s"]
+                    if side.startswith("ours"):
+                        for ref in (k for k in rel if k.startswith("lxt")):
+                            row[f"{side}_over_{ref}"] = row[f"{side}_s"] / row[f"{ref}_s"]
+                            row[f"memory_{side}_over_{ref}"] = row[f"{side}_above_mib"] / row[f"{ref}_above_mib"]
+                row["agreement"] = float((rel["ours"] - rel[lxt]).abs().max() / rel[lxt].abs().max())
                 rows.append(row)
                 print(
-                    f"{tokens:>6} {method:<8} ours {row['ours_s']:.3f} s  lxt {row['lxt_s']:.3f} s  "
-                    f"fwd+bwd {row['fwd_bwd_s']:.3f} s  ours/lxt {row['ours_over_lxt']:.2f}  "
-                    f"ours/fwd+bwd {row['ours_over_fwd_bwd']:.2f}  memory ours/lxt {row['memory_ours_over_lxt']:.2f}"
-                    f"  agreement {row['agreement']:.1e}",
+                    f"{tokens:>6} {method:<8} "
+                    + "  ".join(
+                        f"{k} {v:.3g}"
+                        for k, v in row.items()
+                        if k.endswith(("_s", "over_lxt", "over_lxt_eager", "over_fwd_bwd")) or k == "agreement"
+                    ),
                     flush=True,
                 )
                 if opts.json:
@@ -201,8 +216,8 @@ def race(opts: argparse.Namespace) -> list[dict]:
 def main() -> None:
     """Command line: the race, or one worker (``--worker``)."""
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        side, method, fixture, repeat, threads, verify, out = sys.argv[2:9]
-        worker(side, method, Path(fixture), Path(out), int(repeat), int(threads), bool(int(verify)))
+        side, method, fixture, repeat, threads, out = sys.argv[2:8]
+        worker(side, method, Path(fixture), Path(out), int(repeat), int(threads))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 2048, 4096])
@@ -210,7 +225,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--lxt-python", default="/work/lxt-venv/bin/python")
-    ap.add_argument("--unverified", action="store_true", help="leave out the check of the replay (ours)")
+    ap.add_argument("--lxt-attention", choices=("sdpa", "eager", "both"), default="both")
     ap.add_argument("--json", default=None)
     opts = ap.parse_args()
     race(opts)
