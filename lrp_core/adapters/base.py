@@ -22,6 +22,7 @@ from ..errors import InputError, RuleSetError
 from ..rules.composites import Composite, check_pass
 from ..rules.ops import EXPLICIT
 from ..runtime.precision import compute_precision
+from ..runtime.devices import Placement
 from .batches import Batch, ImageBatch, TextBatch
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
 from .parts import ModelPart
@@ -296,7 +297,10 @@ class Adapter(ABC, Generic[BatchT]):
         )
         x = x0
         last = len(self.blocks) - 1
+        place = Placement(self.model, self.module_name)  # a model split over devices: each block where it computes
         for b, (spec, (bias, rope)) in enumerate(zip(self.blocks, self.block_context(x0, mask, positions, r.fuse))):
+            device = place.device(f"block {b}", spec)
+            x, bias, rope = place.move(x, device), place.move(bias, device, True), place.move(rope, device, True)
             if rows is not None and b == last:
                 rec = block_forward(spec, x, bias, r, rope, rows)
                 index = rows.to(x.device).view(-1, 1, 1).expand(-1, 1, x.shape[-1])
@@ -306,7 +310,10 @@ class Adapter(ABC, Generic[BatchT]):
             if keep:
                 trace.blocks.append(rec)
             x = rec.out
-        trace.readout_record = head.forward(x, r)
+        rec = head.forward(place.move(x, place.device("the readout", head)), r)
+        if place.split:  # the logits where the inputs are, as the model's own forward returns them
+            rec.logits, rec.pooled = place.move(rec.logits, x0.device), place.move(rec.pooled, x0.device)
+        trace.readout_record = rec
         return trace
 
     def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:

@@ -299,7 +299,7 @@ class TokenLayout:
     def scores(self, row: Tensor) -> Tensor:
         """Token scores from a (B, N) row: the scored tokens, padding set to 0."""
         row = row[:, self.output_start :]
-        return row if self.mask is None else row * self.mask[:, self.output_start :].to(row.dtype)
+        return row if self.mask is None else row * self.mask[:, self.output_start :].to(row.device, row.dtype)
 
     def ablatable(self) -> Tensor:
         """Positions a token-ablation may remove in every row: every scored token not in ``readout_tokens``."""
