@@ -16,7 +16,7 @@ and kernels that differ by device (the values are the CPU's). A real GPU test ru
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -40,7 +40,9 @@ class OnDevice(Tensor):
     elem: Tensor
 
     @staticmethod
-    def __new__(cls, elem: Tensor, device: torch.device, requires_grad: bool = False):
+    def __new__(cls, elem: Tensor, device: Optional[torch.device] = None, requires_grad: bool = False):
+        if device is None:  # type(param)(value, requires_grad=...), as accelerate remakes a parameter
+            return torch.nn.Parameter(elem, requires_grad)
         out = Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
             cls,
             elem.shape,

@@ -310,7 +310,13 @@ class Adapter(ABC, Generic[BatchT]):
             if keep:
                 trace.blocks.append(rec)
             x = rec.out
-        rec = head.forward(place.move(x, place.device("the readout", head)), r)
+        # the readout's modules may be on several devices (a tied head stays with the embedding): the replay moves
+        # the input of each module of the readout to that module's device
+        r.placement = place if place.split else None
+        try:
+            rec = head.forward(x, r)
+        finally:
+            r.placement = None
         if place.split:  # the logits where the inputs are, as the model's own forward returns them
             rec.logits, rec.pooled = place.move(rec.logits, x0.device), place.move(rec.pooled, x0.device)
         trace.readout_record = rec

@@ -328,7 +328,9 @@ class TokenLayout:
         if not self.readout_minimum_applies or (not positions and self.readout_rows is None):
             return scores
         mask = (
-            torch.ones_like(scores, dtype=torch.bool) if self.mask is None else self.mask[:, self.output_start :].bool()
+            torch.ones_like(scores, dtype=torch.bool)
+            if self.mask is None
+            else self.mask[:, self.output_start :].to(scores.device).bool()
         )
         big = torch.finfo(scores.dtype).max
         row_min = torch.where(mask, scores, torch.full_like(scores, big)).min(dim=1).values

@@ -80,6 +80,7 @@ class Placement:
         self.name = name or (lambda m: type(m).__name__)
         self.hooked = _hooked(model)
         self.cache: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
+        self.modules: dict[int, tuple[Any, Optional[torch.device]]] = {}
         #: every device the model computes on, in module order
         self.all = list(dict.fromkeys(self._model_devices(model)))
         self.split = len(self.all) > 1
@@ -124,6 +125,17 @@ class Placement:
             values = list(getattr(part, "__dict__", {}).values())
         for v in values:
             self._scan(v, found, seen, depth - 1)
+
+    def module_device(self, module: Any) -> Optional[torch.device]:
+        """Where one module (a norm, a head Linear) computes: the first device of its tensors (``None``: the model
+        is on one device, or the module holds no tensor). Looked up once per module and call."""
+        if not self.split:
+            return None
+        got = self.modules.get(id(module))
+        if got is None or got[0] is not module:
+            found = self.devices(module)
+            got = self.modules[id(module)] = (module, found[0][0] if found else None)
+        return got[1]
 
     def device(self, what: str, *parts: Any) -> Optional[torch.device]:
         """The one device ``parts`` compute on (``None``: the model is on one device, or they hold no tensor).
