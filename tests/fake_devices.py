@@ -29,9 +29,24 @@ GPU0, GPU1 = torch.device("cpu", 1), torch.device("cpu", 2)
 CPU = torch.device("cpu")
 
 #: operations allowed to see tensors of several devices: moves, and indexing (its index tensors may be on the CPU)
-CROSS_DEVICE = {"_to_copy", "copy_", "copy", "_copy_from", "_copy_from_and_resize", "index", "index_put_",
-                "index_put", "_index_put_impl_", "lift_fresh", "lift_fresh_copy", "detach", "alias",
-                "set_", "_has_compatible_shallow_copy_type", "_local_scalar_dense"}
+CROSS_DEVICE = {
+    "_to_copy",
+    "copy_",
+    "copy",
+    "_copy_from",
+    "_copy_from_and_resize",
+    "index",
+    "index_put_",
+    "index_put",
+    "_index_put_impl_",
+    "lift_fresh",
+    "lift_fresh_copy",
+    "detach",
+    "alias",
+    "set_",
+    "_has_compatible_shallow_copy_type",
+    "_local_scalar_dense",
+}
 
 
 class OnDevice(Tensor):

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from ..errors import InputError, RuleSetError
 from ..rules.composites import Composite, check_pass
 from ..rules.ops import EXPLICIT
-from ..runtime.precision import compute_precision
 from ..runtime.devices import Placement
+from ..runtime.precision import compute_precision
 from .batches import Batch, ImageBatch, TextBatch
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
 from .parts import ModelPart
@@ -314,12 +314,12 @@ class Adapter(ABC, Generic[BatchT]):
         # the input of each module of the readout to that module's device
         r.placement = place if place.split else None
         try:
-            rec = head.forward(x, r)
+            read = head.forward(x, r)
         finally:
             r.placement = None
         if place.split:  # the logits where the inputs are, as the model's own forward returns them
-            rec.logits, rec.pooled = place.move(rec.logits, x0.device), place.move(rec.pooled, x0.device)
-        trace.readout_record = rec
+            read.logits, read.pooled = place.move(read.logits, x0.device), place.move(read.pooled, x0.device)
+        trace.readout_record = read
         return trace
 
     def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:

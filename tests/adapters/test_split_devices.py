@@ -165,8 +165,11 @@ def test_a_block_split_over_two_devices_is_refused():
         dm.update({"model.layers.1.self_attn": GPU0, "model.layers.1.input_layernorm": GPU0})
         dm.update({"model.layers.1.mlp": GPU1, "model.layers.1.post_attention_layernorm": GPU1})
         model = accelerate.dispatch_model(model, dm)
-        with pytest.raises(UnsupportedModelError, match=r"block 1 of the model computes on several devices: .*"
-                           r"model\.layers\.1\.self_attn\.\w+ on cpu:1, .*model\.layers\.1\.mlp\.\w+ on cpu:2"):
+        with pytest.raises(
+            UnsupportedModelError,
+            match=r"block 1 of the model computes on several devices: .*"
+            r"model\.layers\.1\.self_attn\.\w+ on cpu:1, .*model\.layers\.1\.mlp\.\w+ on cpu:2",
+        ):
             explain(model, _on(x, GPU0), "attnlrp")
 
 
