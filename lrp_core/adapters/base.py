@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ..errors import InputError, RuleSetError
 from ..rules.composites import Composite, check_pass
 from ..rules.ops import EXPLICIT
+from ..runtime.devices import Placement
 from ..runtime.precision import compute_precision
 from .batches import Batch, ImageBatch, TextBatch
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
@@ -296,7 +297,10 @@ class Adapter(ABC, Generic[BatchT]):
         )
         x = x0
         last = len(self.blocks) - 1
+        place = Placement(self.model, self.module_name)  # a model split over devices: each block where it computes
         for b, (spec, (bias, rope)) in enumerate(zip(self.blocks, self.block_context(x0, mask, positions, r.fuse))):
+            device = place.device(f"block {b}", spec)
+            x, bias, rope = place.move(x, device), place.move(bias, device, True), place.move(rope, device, True)
             if rows is not None and b == last:
                 rec = block_forward(spec, x, bias, r, rope, rows)
                 index = rows.to(x.device).view(-1, 1, 1).expand(-1, 1, x.shape[-1])
@@ -306,7 +310,16 @@ class Adapter(ABC, Generic[BatchT]):
             if keep:
                 trace.blocks.append(rec)
             x = rec.out
-        trace.readout_record = head.forward(x, r)
+        # the readout's modules may be on several devices (a tied head stays with the embedding): the replay moves
+        # the input of each module of the readout to that module's device
+        r.placement = place if place.split else None
+        try:
+            read = head.forward(x, r)
+        finally:
+            r.placement = None
+        if place.split:  # the logits where the inputs are, as the model's own forward returns them
+            read.logits, read.pooled = place.move(read.logits, x0.device), place.move(read.pooled, x0.device)
+        trace.readout_record = read
         return trace
 
     def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:

@@ -122,6 +122,8 @@ def _mean(x: Tensor, w: Tensor) -> Tensor:
 def head_layer(layer: HeadLayer, h: Tensor, r: Replay) -> Tensor:
     """One head layer in the replay. Its explicit rule is handed no output (a Linear's rule forms z from two
     products), so a Linear's view is checked on the output here."""
+    if r.placement is not None:  # a model split over devices: the layer's input where it computes
+        h = r.placement.move(h, r.placement.module_device(layer.module))
     out = r.module(layer.kind, layer.module, h, reuse=False)
     if r.explicit and layer.kind == LINEAR and not isinstance(layer.module, nn.Identity):
         check_output(layer.module, h, out)

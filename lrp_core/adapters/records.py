@@ -299,7 +299,7 @@ class TokenLayout:
     def scores(self, row: Tensor) -> Tensor:
         """Token scores from a (B, N) row: the scored tokens, padding set to 0."""
         row = row[:, self.output_start :]
-        return row if self.mask is None else row * self.mask[:, self.output_start :].to(row.dtype)
+        return row if self.mask is None else row * self.mask[:, self.output_start :].to(row.device, row.dtype)
 
     def ablatable(self) -> Tensor:
         """Positions a token-ablation may remove in every row: every scored token not in ``readout_tokens``."""
@@ -328,7 +328,9 @@ class TokenLayout:
         if not self.readout_minimum_applies or (not positions and self.readout_rows is None):
             return scores
         mask = (
-            torch.ones_like(scores, dtype=torch.bool) if self.mask is None else self.mask[:, self.output_start :].bool()
+            torch.ones_like(scores, dtype=torch.bool)
+            if self.mask is None
+            else self.mask[:, self.output_start :].to(scores.device).bool()
         )
         big = torch.finfo(scores.dtype).max
         row_min = torch.where(mask, scores, torch.full_like(scores, big)).min(dim=1).values

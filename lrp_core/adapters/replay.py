@@ -29,6 +29,7 @@ from ..rules.composites import Composite, RuleChoice
 from ..rules.norms import check_norm_value, norm_kind
 from ..rules.ops import CLONE, EXPLICIT, LAYERNORM, LINEAR, MODIFIED_GRADIENT, RMSNORM, ExplicitRule, GradientRule, Op
 from ..rules.views import linear_call
+from ..runtime.devices import Placement
 from ..runtime.offload import loaded
 
 #: the operation kinds whose modified-gradient rules recompute the model's norm from its parameters
@@ -66,6 +67,8 @@ class Replay(RuleChoice):
         self.cache: Optional[dict] = None
         self._gradients = False  # explicit: the backward computes plain gradients (plain_gradients) …
         self.vjps = False  # … which each operation then keeps its own graph for (keep_gradients)
+        #: a model split over devices (lrp_core.runtime.devices): each module's input is moved to its device
+        self.placement: Optional[Placement] = None
         if composite is not None:
             self.serves = getattr(composite, "serves", MODIFIED_GRADIENT) or MODIFIED_GRADIENT
             super().__init__(composite, names, self.first)
@@ -97,6 +100,8 @@ class Replay(RuleChoice):
         """A submodule of the model; identities are skipped."""
         if isinstance(module, nn.Identity):
             return x
+        if self.placement is not None:
+            x = self.placement.move(x, self.placement.module_device(module))
         if self.first is not None:
             self.first.setdefault(kind, module)
         # a quantised Linear: its own forward, with the gradient of the dequantised map the rules read

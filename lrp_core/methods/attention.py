@@ -35,7 +35,9 @@ def _readout_scores(c: Call, M: Tensor) -> Tensor:
 
 
 def _stack(layers: list) -> Tensor:
-    return torch.stack(layers, dim=1)
+    """(B, L, ...) the blocks' tensors, on the first's device (a model split over devices computes each block's
+    on its own)."""
+    return torch.stack([m.to(layers[0].device) for m in layers], dim=1)
 
 
 def _full_layers(parts: dict, L: int, like: Tensor) -> Tensor:
@@ -267,10 +269,10 @@ def attention_gradcam(c: Call) -> MethodResult:
         if mask is None:
             w = g_row.mean(dim=-1, keepdim=True)
         else:
-            m = mask[:, None, first:].to(g_row.dtype)
+            m = mask[:, None, first:].to(g_row.device, g_row.dtype)
             w = (g_row * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True)
         cam = (w * a_row).mean(dim=1).clamp(min=0)  # (B, T)
-        scores = minmax_rows(cam, None if mask is None else mask[:, first:])  # over real tokens
+        scores = minmax_rows(cam, None if mask is None else mask[:, first:].to(cam.device))  # over real tokens
     return MethodResult(scores=scores, target=target, logits=trace.logits.detach())
 
 

@@ -123,7 +123,7 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
             scores = scores * mask[:, c.layout.output_start :].to(scores.dtype)
         blocks = torch.stack(
             [
-                c.adapter.block_tokens(b, (h * g).sum(-1))
+                c.adapter.block_tokens(b, (h * g).sum(-1)).to(scores.device)  # a block's device (split model)
                 for b, (h, g) in enumerate(zip(hidden, grads[1 : 1 + len(hidden)]))
             ],
             dim=1,
@@ -167,9 +167,9 @@ def _positional(leaves: list, grads: tuple, mask: Optional[Tensor]) -> Optional[
         rows.append((leaf * g).sum(-1))  # (B, n)
     total = torch.zeros(rows[0].shape[0], max(r.shape[1] for r in rows), dtype=rows[0].dtype, device=rows[0].device)
     for r in rows:
-        total[:, total.shape[1] - r.shape[1] :] += r
+        total[:, total.shape[1] - r.shape[1] :] += r.to(total.device)  # a table per device (a split model)
     if mask is not None and mask.shape[1] == total.shape[1]:
-        total = total * mask.to(total.dtype)
+        total = total * mask.to(total.device, total.dtype)
     return total
 
 

@@ -26,6 +26,7 @@ from ..explanation import RESULT_FIELDS, Conservation, ResultField
 from ..methods.call import Call, MethodResult
 from ..methods.options import Method, Shared
 from . import memory
+from .devices import Placement, first_device, moved
 from .utils import model_device, progress_bar
 
 
@@ -101,7 +102,9 @@ def plan(adapter: Adapter, prepared: Batch, method: Method, shared: Shared) -> l
             k = 1  # one sample is never split: no need to read the free memory (a file read, or a CUDA query)
         else:
             if budget is None:
-                budget = memory.budget(shared.max_memory, model_device(adapter.model))
+                # a model split over devices: the tightest of them (each holds its blocks' share of the pass)
+                devices = Placement(adapter.model).all or [model_device(adapter.model)]
+                budget = min(memory.budget(shared.max_memory, d) for d in devices)
             facts = memory.facts_of(adapter, prepared, tokens=n)
             k = memory.piece_size(budget, method.memory, facts, len(rows), **method.memory_knobs())
         pieces += [Piece(part, n) for part in rows.split(k)]
@@ -152,6 +155,15 @@ def run(call: Call, pieces: list[Piece]) -> MethodResult:
     MethodResult
         The result for the whole batch, (B, ...) fields in batch order.
     """
+    result = _run(call, pieces)
+    device = first_device(call.prepared)
+    if device is not None and Placement(call.adapter.model).split:  # each field where the inputs are
+        result = moved(result, device)
+    return result
+
+
+def _run(call: Call, pieces: list[Piece]) -> MethodResult:
+    """:func:`run`, the fields on the devices the method left them on."""
     if len(pieces) == 1 and pieces[0].n is None:  # the whole batch at once, as given
         return call.method.run(call)
     method, shown = call.method, call.shared.progress

@@ -1,0 +1,198 @@
+"""Models split over devices are explained block by block where their weights are, equal to the model on one device
+(issue #46 item 3; docs/CONTRACTS.md "Models split over devices").
+
+accelerate's ``dispatch_model`` places the tiny seeded Llama, Qwen2, GPT-2, Gemma 3, BERT and ViT over two
+accelerators — simulated on the CPU (tests/fake_devices.py: ``cpu:1`` and ``cpu:2`` behave as two GPUs, an
+operation mixing them raises as CUDA does) — and over one accelerator with blocks offloaded to CPU memory and
+disk (meta placeholders, computed on the accelerator). Each method's map, logits and target equal the unsplit
+model's (measured 0.0: the same kernels in the same order; bound float32 1e-6, float64 1e-12 relative), the
+results come back on the inputs' device, a row explained alone equals its row of the batch, and the model (its
+hooks, placeholders, devices, offloaded values, its own forward) is left as found. A block whose modules are on
+two devices is refused, naming them. On real GPUs (where lent): the same equality for ``cuda:0`` + CPU offload and
+``cuda:0`` + ``cuda:1``.
+
+Before this, every method on the two-device split raised ``RuntimeError: Expected all tensors to be on the same
+device`` (the replay handed block 1 the stream, mask and rotary tables of block 0's device).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import make_tiny_bert, make_tiny_vit
+from decoders import batch, make_decoder, quick, rows
+from fake_devices import GPU0, GPU1, FakeDevices
+
+from lrp_core import explain
+from lrp_core.errors import UnsupportedModelError
+
+accelerate = pytest.importorskip("accelerate", reason="accelerate is a test extra (pyproject [test-extras])")
+
+METHODS = ("attnlrp", "cp_lrp", "lrp", "transformer_attribution", "input_x_gradient", "integrated_gradients")
+TOL = {torch.float32: 1e-6, torch.float64: 1e-12}
+DECODERS = ("llama", "qwen2", "gpt2", "gemma3")
+#: where each family keeps its blocks
+BLOCKS = {"vit": "blocks", "bert": "bert.encoder.layer", "gpt2": "transformer.h"}
+
+
+def _family(name: str, dtype: torch.dtype = torch.float32):
+    """(model, inputs on the CPU) of a family."""
+    if name == "vit":
+        x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3), dtype=dtype)
+        return make_tiny_vit().to(dtype), x
+    if name == "bert":
+        ids = torch.tensor([[2, 11, 12, 13, 3, 0], [2, 21, 22, 23, 24, 3]])
+        return make_tiny_bert().to(dtype), {"input_ids": ids, "attention_mask": (ids != 0).long()}
+    return make_decoder(name, dtype=dtype), batch(rows(lengths=(5, 7)))
+
+
+def device_map(model: torch.nn.Module, family: str, before, blocks: list, after) -> dict:
+    """A device map at block granularity, as ``from_pretrained(device_map="auto")`` makes one: the modules before
+    the blocks (embeddings; the root's own parameters, a ViT's class token, by name) on ``before``, block i on
+    ``blocks[i]`` (the last entry for the blocks beyond), the modules after them (final norm, head) on ``after``."""
+    path = BLOCKS.get(family, "model.layers")
+    n = len(model.get_submodule(path))
+    out: dict = {}
+    seen = False
+    for name, m in model.named_modules():
+        if name.startswith(f"{path}."):
+            seen, i = True, int(name[len(path) + 1 :].split(".")[0])
+            out.setdefault(f"{path}.{i}", blocks[min(i, len(blocks) - 1)])
+            continue
+        own = [t for t, _ in (*m.named_parameters(recurse=False), *m.named_buffers(recurse=False))]
+        for key in own if not name else ([name] if own else []):
+            out[key] = after if seen else before
+    assert len({k for k in out if k.startswith(path)}) == n
+    for group in accelerate.utils.find_tied_parameters(model):  # a tied head stays with the embedding (as "auto")
+        order = list(out)
+        keys = sorted((max((k for k in out if f"{p}.".startswith(f"{k}.")), key=len) for p in group), key=order.index)
+        for k in keys[1:]:
+            out[k] = out[keys[0]]
+    return out
+
+
+#: (before, blocks, after). Two accelerators; and a split with offloading: block 0 on the second accelerator, the
+#: later blocks in CPU memory and the head on disk, both computed on the first (accelerate's main device), where
+#: the embedding is
+PLACINGS = {"two_devices": (GPU0, [GPU0, GPU1], GPU1), "offloaded": (GPU0, [GPU1, "cpu"], "disk")}
+
+
+def _dispatch(model, family: str, placing: str, tmp_path) -> torch.nn.Module:
+    dm = device_map(model, family, *PLACINGS[placing])
+    return accelerate.dispatch_model(model, dm, offload_dir=str(tmp_path / "offload"))
+
+
+def _on(inputs, device):
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(device)
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def _state(model: torch.nn.Module) -> list:
+    """Hooks (and the forwards they wrap), every tensor's kind, device, dtype and shape, the training flags."""
+    out = []
+    for name, m in model.named_modules():
+        out.append((name, id(m.__dict__.get("_hf_hook")), id(m.__dict__.get("forward")), m.training))
+        for t_name, t in (*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)):
+            out.append((name, t_name, type(t).__name__, str(t.device), t.dtype, tuple(t.shape), t.requires_grad))
+    return out
+
+
+def _dev(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double().cpu() - b.double().cpu()).abs().max() / b.double().abs().max().clamp_min(1e-300))
+
+
+def _check_equal(got, want, tol: float, what) -> None:
+    for field in ("scores", "logits"):
+        assert _dev(getattr(got, field), getattr(want, field)) <= tol, (what, field)
+    assert torch.equal(got.target.cpu(), want.target.cpu()), what
+
+
+FAMILIES = ("vit", "bert") + DECODERS
+
+
+@pytest.mark.parametrize("placing", list(PLACINGS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_split_model_equals_the_model_on_one_device(family, placing, tmp_path):
+    model, x = _family(family)
+    reference = copy.deepcopy(model)
+    wants = {m: explain(reference, x, m, **quick(m)) for m in METHODS}
+    with FakeDevices():
+        model = _dispatch(model, family, placing, tmp_path)
+        if placing == "offloaded":
+            assert any(p.is_meta for p in model.parameters()), "the case offloads something"
+        before = _state(model)
+        xs = _on(x, GPU0)  # the inputs where the model's first module is, as for model.device
+        for method in METHODS:
+            got = explain(model, xs, method, **quick(method))
+            assert got.scores.device == GPU0 and got.logits.device == GPU0, method  # where the inputs are
+            _check_equal(got, wants[method], TOL[torch.float32], method)
+        assert _state(model) == before  # hooks, placeholders, devices: as found
+
+
+@pytest.mark.parametrize("family", ("llama", "vit"))
+def test_a_split_model_in_float64(family, tmp_path):
+    model, x = _family(family, torch.float64)
+    reference = copy.deepcopy(model)
+    with FakeDevices():
+        model = _dispatch(model, family, "two_devices", tmp_path)
+        for method in ("attnlrp", "lrp", "transformer_attribution"):
+            got = explain(model, _on(x, GPU0), method)
+            _check_equal(got, explain(reference, x, method), TOL[torch.float64], method)
+
+
+@pytest.mark.parametrize("family", ("gemma3", "bert"))
+def test_a_row_alone_equals_its_row_of_the_batch_on_a_split_model(family, tmp_path):
+    model, x = _family(family)
+    with FakeDevices():
+        model = _dispatch(model, family, "two_devices", tmp_path)
+        xs = _on(x, GPU0)
+        for method in ("attnlrp", "transformer_attribution"):
+            whole = explain(model, xs, method)
+            for b in range(2):
+                one = explain(model, {k: v[b : b + 1] for k, v in xs.items()}, method)
+                n = one.scores.shape[1]
+                assert _dev(one.scores, whole.scores[b : b + 1, :n]) <= 1e-5, (method, b)
+
+
+def test_a_block_split_over_two_devices_is_refused():
+    model, x = _family("llama")
+    with FakeDevices():
+        dm = device_map(model, "llama", *PLACINGS["two_devices"])
+        del dm["model.layers.1"]
+        dm.update({"model.layers.1.self_attn": GPU0, "model.layers.1.input_layernorm": GPU0})
+        dm.update({"model.layers.1.mlp": GPU1, "model.layers.1.post_attention_layernorm": GPU1})
+        model = accelerate.dispatch_model(model, dm)
+        with pytest.raises(
+            UnsupportedModelError,
+            match=r"block 1 of the model computes on several devices: .*"
+            r"model\.layers\.1\.self_attn\.\w+ on cpu:1, .*model\.layers\.1\.mlp\.\w+ on cpu:2",
+        ):
+            explain(model, _on(x, GPU0), "attnlrp")
+
+
+def _cuda_case(family: str, dm_of, tmp_path) -> None:
+    model, x = _family(family)
+    reference = copy.deepcopy(model)
+    model = accelerate.dispatch_model(model, dm_of(model), offload_dir=str(tmp_path / "offload"))
+    before = _state(model)
+    for method in METHODS:
+        want = explain(reference, x, method, **quick(method))
+        got = explain(model, _on(x, "cuda:0"), method, **quick(method))
+        # different kernels on the GPU (and TF32 off by default for matmul): float32 round-off, not bit equality
+        _check_equal(got, want, 1e-4, method)
+    assert _state(model) == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (cuda:0 + CPU offload)")
+@pytest.mark.parametrize("family", ("llama", "bert", "vit"))
+def test_cuda_and_cpu_offload_split_equals_one_device(family, tmp_path):
+    _cuda_case(family, lambda m: device_map(m, family, 0, [0, "cpu"], "cpu"), tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (cuda:0 + cuda:1)")
+@pytest.mark.parametrize("family", ("llama", "bert", "vit"))
+def test_two_cuda_devices_split_equals_one_device(family, tmp_path):
+    _cuda_case(family, lambda m: device_map(m, family, 0, [0, 1], 1), tmp_path)
