@@ -25,6 +25,7 @@ from ..rules.ops import (
     SOFTMAX,
 )
 from ..rules.tensors import apply_rotary, query_row_bias, repeat_kv, take_rows
+from .chunked import chunkable, chunked_core, rows_per_chunk
 from .kernels import (
     SoftCap,
     computed_rotary,
@@ -343,6 +344,8 @@ def attention_forward(
     A = None
     if p.sdpa and r.fuse and p.softcap is None and p.sinks is None and p.scores is None and p.mix_scores is None:
         ctx = r(ATTENTION, fused_attention(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
+    elif r.chunked and chunkable(p) and N > rows_per_chunk(p):  # the blockwise pass: no N × N map at once
+        ctx = chunked_core(p, q, k, v, bias, r, rows_per_chunk(p))
     else:
         A, ctx = _explicit_attention(p, q, k, v, bias, r, picked)
     o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N + p.pad_tokens, H * d))

@@ -66,6 +66,8 @@ class Replay(RuleChoice):
         self.cache: Optional[dict] = None
         self._gradients = False  # explicit: the backward computes plain gradients (plain_gradients) …
         self.vjps = False  # … which each operation then keeps its own graph for (keep_gradients)
+        #: a modified-gradient replay computes explicit attention in query chunks (lrp_core.adapters.chunked)
+        self.chunked = False
         if composite is not None:
             self.serves = getattr(composite, "serves", MODIFIED_GRADIENT) or MODIFIED_GRADIENT
             super().__init__(composite, names, self.first)

@@ -1,0 +1,3 @@
+"""placeholder"""
+def full_pass_peak(f, batch):
+    return 0
