@@ -116,7 +116,7 @@ def explain(
         input and freed before the next, explicit attention in query chunks — so the pass holds L block inputs
         and one block's tensors, never every block's (B, H, T, T) maps (docs/ARCHITECTURE.md, "Memory and
         pieces"); ``False`` the full pass; ``None`` (default): blockwise where the full pass's predicted peak
-        (:func:`lrp_core.runtime.pass_memory.full_pass_peak`) exceeds the memory budget (``max_memory``).
+        (:func:`lrp_core.runtime.pass_memory.full_pass`) exceeds the memory budget (``max_memory``).
         ``Explanation.options["relevance_pass"]`` is ``"blockwise"`` where it ran. Other methods refuse ``True``.
     unverified : bool, optional
         ``True`` skips the end-to-end check. By default every call compares the logits the method read from

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -163,7 +162,7 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
 def takes_blockwise(c: Call) -> bool:
     """Whether the call runs the blockwise pass (:mod:`lrp_core.adapters.blockwise`): asked (``low_memory=True``;
     refused on an adapter that replays its blocks its own way), or, by default, where the full pass's predicted
-    peak (:func:`lrp_core.runtime.pass_memory.full_pass_peak`) exceeds the call's memory budget."""
+    peak (:func:`lrp_core.runtime.pass_memory.full_pass`) exceeds the call's memory budget."""
     asked = c.shared.low_memory
     if asked is False:
         return False
@@ -178,10 +177,7 @@ def takes_blockwise(c: Call) -> bool:
     if asked:
         return True
     room = memory.budget(c.shared.max_memory, model_device(c.adapter.model))
-    if room == math.inf:
-        return False
-    facts = memory.facts_of(c.adapter, c.prepared)
-    return pass_memory.full_pass_peak(facts, c.prepared.size) > room
+    return not pass_memory.fits(c.adapter, c.prepared, room)
 
 
 def _blockwise_result(c: Call, composite: Composite) -> MethodResult:
