@@ -194,7 +194,7 @@ def _blockwise_result(c: Call, composite: Composite) -> MethodResult:
         blocks = torch.stack([c.adapter.block_tokens(b, row) for b, row in enumerate(got.blocks)], dim=1)
         if mask is not None:
             blocks = blocks * mask[:, None, :].to(blocks.dtype)
-        pixels = None if got.images is None else (got.images * got.images_grad).sum(1)
+        pixels = None if got.images is None or got.images_grad is None else (got.images * got.images_grad).sum(1)
         registers = (got.x0 * got.x0_grad).sum(-1)[:, regs] if regs else None
         conservation = Conservation(
             output=got.y,
