@@ -32,7 +32,6 @@ from torch import Tensor
 
 from ..rules.composites import Composite
 from ..runtime.precision import compute_precision
-from .base import Adapter
 from .batches import TextBatch
 from .blocks import block_forward
 from .readouts import PositionReadout, Readout
@@ -61,15 +60,8 @@ class BlockwiseGradients:
     images_grad: Optional[Tensor] = None
 
 
-def supports_blockwise(adapter: Adapter) -> bool:
-    """Whether the adapter replays with the shared driver (:meth:`Adapter.forward` and :meth:`Adapter.run_blocks`
-    not overridden: one stream of blocks, no shared layer), which the blockwise pass re-enters block by block."""
-    cls = type(adapter)
-    return cls.forward is Adapter.forward and cls.run_blocks is Adapter.run_blocks and not adapter.shares_weights
-
-
 def blockwise_gradients(
-    adapter: Adapter,
+    adapter: Any,
     prepared: Any,
     composite: Composite,
     readout: Readout,
@@ -82,7 +74,7 @@ def blockwise_gradients(
     Parameters
     ----------
     adapter : Adapter
-        The model's adapter (:func:`supports_blockwise`).
+        The model's adapter (:attr:`Adapter.blockwise`).
     prepared : Batch
         The adapter's batch.
     composite : Composite
@@ -124,7 +116,7 @@ def blockwise_gradients(
 
 
 def _backward(
-    adapter: Adapter,
+    adapter: Any,
     r: Replay,
     emb: Any,
     x0: Tensor,
@@ -185,4 +177,4 @@ def _or_zeros(g: Optional[Tensor], like: Tensor) -> Tensor:
     return torch.zeros_like(like) if g is None else g
 
 
-__all__ = ["BlockwiseGradients", "blockwise_gradients", "supports_blockwise"]
+__all__ = ["BlockwiseGradients", "blockwise_gradients"]

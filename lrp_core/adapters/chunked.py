@@ -1,9 +1,9 @@
 """The attention core computed in query chunks: at most ``(B, H, c, M)`` scores and weights alive at once.
 
 The rows of a softmax are independent, so ``softmax(mask(q·kᵀ))·v`` of N queries is the concatenation of the
-same computation on chunks of c query rows. :func:`chunked_core` runs the core
-(:func:`lrp_core.adapters.attention._explicit_attention`: the scaled ``q·kᵀ``, the mask, the softmax and
-``A·v``, each operation through the replay's rule) chunk by chunk as one autograd function that saves q, k, v
+same computation on chunks of c query rows. :func:`chunked_core` runs the core (the attention's
+own: the scaled ``q·kᵀ``, the mask, the softmax and ``A·v``, each operation through the replay's rule,
+:mod:`lrp_core.adapters.attention`) chunk by chunk as one autograd function that saves q, k, v
 only: its backward computes each chunk again with its graph, takes that chunk's gradient (the rules' backward,
 as the full pass would) and frees it before the next — per-chunk checkpointing inside one block. The result and
 its gradients equal the full core's up to the round-off of summing the chunks' gradients of k and v in another
@@ -19,40 +19,14 @@ Shapes: B batch, H heads, Hkv key/value heads, N queries, M keys, d head width, 
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 from torch.overrides import _get_current_function_mode_stack
 
-if TYPE_CHECKING:
-    from .attention import AttentionSpec
-    from .replay import Replay
-
-#: the smallest chunk: fewer rows make the matrix products inefficient
-MIN_ROWS = 32
-
-Core = Callable[[Tensor, Tensor, Tensor, slice], Tensor]  # (q rows (B, H, c, d), k, v, rows) -> (B, H, c, d)
-
-
-def rows_per_chunk(p: "AttentionSpec") -> int:
-    """c: the query rows per chunk, ``4·d`` (at least :data:`MIN_ROWS`), so one chunk's ``(B, H, c, M)`` scores
-    hold ``4·B·M·H·d`` elements, four times the block's ``(B, M, D)`` activations where ``D = H·d``."""
-    return max(MIN_ROWS, 4 * int(p.head_dim))
-
-
-def chunkable(p: "AttentionSpec") -> bool:
-    """Whether the core of ``p`` is row-wise (one softmax per query row over its keys, nothing mixing rows):
-    not a family's own scores (DeBERTa), talking heads, a windowed softmax (Swin, segments) or sinks."""
-    return (
-        p.scores is None
-        and p.mix_scores is None
-        and p.mix_weights is None
-        and p.softmax is None
-        and not p.segmented
-        and p.sinks is None
-        and p.pad_tokens == 0
-    )
+Core = Callable[[Tensor, Tensor, Tensor, Optional[Tensor]], Tensor]  # (q rows, k, v, bias rows) -> (B, H, c, d)
+RowCore = Callable[[Tensor, Tensor, Tensor, slice], Tensor]  # (q rows, k, v, the rows) -> (B, H, c, d)
 
 
 def _bias_rows(bias: Optional[Tensor], rows: slice) -> Optional[Tensor]:
@@ -62,44 +36,40 @@ def _bias_rows(bias: Optional[Tensor], rows: slice) -> Optional[Tensor]:
     return bias[..., rows, :]
 
 
-def chunked_core(
-    p: "AttentionSpec", q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], r: "Replay", rows: int
-) -> Tensor:
-    """``A·v`` of the attention core, computed ``rows`` query rows at a time (see the module docstring).
+def chunked_core(core: Core, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], rows: int) -> Tensor:
+    """``core(q, k, v, bias)`` computed ``rows`` query rows at a time (see the module docstring).
 
     Parameters
     ----------
-    p : AttentionSpec
-        The attention (scale, soft-cap, softmax dtype, groups); :func:`chunkable`.
+    core : Callable
+        The attention core on some query rows: (q rows (B, H, c, d), k, v (B, Hkv, M, d), the mask's rows or
+        ``None``) -> ``A·v`` (B, H, c, d), each operation through the replay's rules.
     q : Tensor
         The queries ``(B, H, N, d)``.
     k, v : Tensor
         The keys and values ``(B, Hkv, M, d)``.
     bias : Tensor or None
         The additive mask, broadcast to ``(B, H, N, M)``, or ``None``.
-    r : Replay
-        The modified-gradient replay whose rules each operation runs through.
     rows : int
-        Query rows per chunk (:func:`rows_per_chunk`).
+        Query rows per chunk.
 
     Returns
     -------
     Tensor
         The heads' outputs ``(B, H, N, d)``.
     """
-    from .attention import _explicit_attention
 
-    def core(q_rows: Tensor, k_all: Tensor, v_all: Tensor, s: slice) -> Tensor:
-        return _explicit_attention(p, q_rows, k_all, v_all, _bias_rows(bias, s), r)[1]
+    def on_rows(q_rows: Tensor, k_all: Tensor, v_all: Tensor, s: slice) -> Tensor:
+        return core(q_rows, k_all, v_all, _bias_rows(bias, s))
 
-    return _Chunked.apply(core, rows, q, k, v)
+    return _Chunked.apply(on_rows, rows, q, k, v)
 
 
 class _Chunked(torch.autograd.Function):
     """The core chunk by chunk: forward without a graph (q, k, v saved), backward recomputing each chunk."""
 
     @staticmethod
-    def forward(ctx, core: Core, rows: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def forward(ctx, core: RowCore, rows: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         ctx.core, ctx.rows = core, rows
         ctx.modes = _get_current_function_mode_stack()  # a precision mode: the backward computes as this did
         ctx.save_for_backward(q, k, v)
@@ -146,4 +116,4 @@ def _entered(modes: list) -> ExitStack:
     return stack
 
 
-__all__ = ["MIN_ROWS", "chunkable", "chunked_core", "rows_per_chunk"]
+__all__ = ["chunked_core"]

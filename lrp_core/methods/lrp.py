@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import Tensor
 
-from ..adapters.blockwise import blockwise_gradients, supports_blockwise
 from ..adapters.records import Trace
 from ..errors import UnsupportedModelError
 from ..explanation import Conservation
@@ -166,7 +165,7 @@ def takes_blockwise(c: Call) -> bool:
     asked = c.shared.low_memory
     if asked is False:
         return False
-    if not supports_blockwise(c.adapter):
+    if not c.adapter.blockwise:
         if asked:
             raise UnsupportedModelError(
                 f"low_memory=True: {type(c.adapter.model).__name__} is replayed by its own block driver (it "
@@ -182,8 +181,8 @@ def takes_blockwise(c: Call) -> bool:
 
 def _blockwise_result(c: Call, composite: Composite) -> MethodResult:
     """:func:`_modified_gradient`'s result from the blockwise pass (the same fields; ``used`` names the pass)."""
-    got = blockwise_gradients(
-        c.adapter, c.prepared, composite, c.readout, c.resolve, c.output, read_rows=c.adapter.is_decoder
+    got = c.adapter.blockwise_gradients(
+        c.prepared, composite, c.readout, c.resolve, c.output, read_rows=c.adapter.is_decoder
     )
     regs = list(c.layout.registers)
     with torch.no_grad():

@@ -80,8 +80,6 @@ def pass_facts(adapter: Any, prepared: Any) -> PassFacts:
     PassFacts
         The facts the predictions read.
     """
-    from ..adapters.chunked import rows_per_chunk
-
     size = facts_of(adapter, prepared)
     attns = [spec.attn for spec in adapter.blocks]
     mask = getattr(prepared, "attention_mask", None)
@@ -94,7 +92,7 @@ def pass_facts(adapter: Any, prepared: Any) -> PassFacts:
         batch=int(prepared.size),
         explicit=not size.sdpa,
         masks=masks,
-        rows=rows_per_chunk(attns[0]),
+        rows=int(adapter.chunk_rows),
         params=sum(int(p.numel()) for p in adapter.model.parameters()),
         largest=max(weights, default=0),
     )
