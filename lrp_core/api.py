@@ -49,6 +49,7 @@ def explain(
     max_memory: MaxMemory = None,
     chunk_size: Optional[int] = None,
     dtype: Optional[torch.dtype] = None,
+    low_memory: Optional[bool] = None,
     unverified: Optional[bool] = None,
     **options: Any,
 ) -> Explanation:
@@ -110,6 +111,13 @@ def explain(
         half-precision model in float64, without copying or changing it — what ``model.double()`` would give.
         Plain LRP and transformer attribution are ill-conditioned in float32 (docs/METHODS.md §5.10).
         ``None`` (default): the model's own precision, half models in float32.
+    low_memory : bool, optional
+        AttnLRP and CP-LRP: ``True`` runs the blockwise relevance pass — each block's graph built again from its
+        input and freed before the next, explicit attention in query chunks — so the pass holds L block inputs
+        and one block's tensors, never every block's (B, H, T, T) maps (docs/ARCHITECTURE.md, "Memory and
+        pieces"); ``False`` the full pass; ``None`` (default): blockwise where the full pass's predicted peak
+        (:func:`lrp_core.runtime.pass_memory.full_pass`) exceeds the memory budget (``max_memory``).
+        ``Explanation.options["relevance_pass"]`` is ``"blockwise"`` where it ran. Other methods refuse ``True``.
     unverified : bool, optional
         ``True`` skips the end-to-end check. By default every call compares the logits the method read from
         the replay with the model's own forward on the same inputs (one forward without gradients, in eval
@@ -138,6 +146,7 @@ def explain(
         max_memory=max_memory,
         chunk_size=chunk_size,
         dtype=dtype,
+        low_memory=low_memory,
         unverified=unverified,
     )
     return _explain(model, inputs, method, target, options, shared)
@@ -160,6 +169,12 @@ def _explain(
         adapter, target = with_target(adapter, target), target.class_ids(prepared.size)
     bound = registry.bound(method, options, adapter)
     run = Shared(**shared)
+    if run.low_memory and not bound.blockwise:
+        have = [m for m in registry.METHODS if getattr(registry.get(m), "blockwise", False)]
+        raise InputError(
+            f"low_memory=True: method {name!r} has no blockwise relevance pass; the methods that have one: "
+            f"{', '.join(have)} (None or False runs {name!r} as usual)"
+        )
     # the token read (decoders, per-token task heads) and the target in class ids (question answering: start / end)
     prepared, target = adapter.task_inputs(prepared, run.position, target)
     layout = adapter.layout(prepared)  # after the position: the layout names the token read (token ablation skips it)

@@ -25,6 +25,7 @@ from ..rules.ops import (
     SOFTMAX,
 )
 from ..rules.tensors import apply_rotary, query_row_bias, repeat_kv, take_rows
+from .chunked import chunked_core
 from .kernels import (
     SoftCap,
     computed_rotary,
@@ -232,6 +233,31 @@ def _across_heads(linear: ModelPart, t: Tensor, r: Replay) -> Tensor:
     return r.module(LINEAR, linear, t.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
+#: the smallest attention chunk of the blockwise pass: fewer rows make the matrix products inefficient
+MIN_ROWS = 32
+
+
+def rows_per_chunk(p: AttentionSpec) -> int:
+    """c: the query rows per chunk of the blockwise pass (:mod:`.chunked`), ``4·d`` (at least :data:`MIN_ROWS`),
+    so one chunk's ``(B, H, c, M)`` scores hold ``4·B·M·H·d`` elements, four times the ``(B, M, D)`` activations
+    where ``D = H·d``."""
+    return max(MIN_ROWS, 4 * int(p.head_dim))
+
+
+def chunkable(p: AttentionSpec) -> bool:
+    """Whether the core of ``p`` is row-wise (one softmax per query row over its keys, nothing mixing rows):
+    not a family's own scores (DeBERTa), talking heads, a windowed softmax (Swin, segments), sinks or padding."""
+    return (
+        p.scores is None
+        and p.mix_scores is None
+        and p.mix_weights is None
+        and p.softmax is None
+        and not p.segmented
+        and p.sinks is None
+        and p.pad_tokens == 0
+    )
+
+
 def _explicit_attention(
     p: AttentionSpec,
     q: Tensor,
@@ -343,6 +369,12 @@ def attention_forward(
     A = None
     if p.sdpa and r.fuse and p.softcap is None and p.sinks is None and p.scores is None and p.mix_scores is None:
         ctx = r(ATTENTION, fused_attention(bias, p.scale, groups, causal and bias is None), q, k, v)  # (B, H, N, d)
+    elif r.chunked and chunkable(p) and N > rows_per_chunk(p):  # the blockwise pass: no N × N map at once
+
+        def core(q_rows: Tensor, k: Tensor, v: Tensor, bias_rows: Optional[Tensor]) -> Tensor:
+            return _explicit_attention(p, q_rows, k, v, bias_rows, r)[1]
+
+        ctx = chunked_core(core, q, k, v, bias, rows_per_chunk(p))
     else:
         A, ctx = _explicit_attention(p, q, k, v, bias, r, picked)
     o = r.norm(p.ctx_norm, ctx.transpose(1, 2).reshape(B, N + p.pad_tokens, H * d))

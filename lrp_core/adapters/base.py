@@ -342,6 +342,28 @@ class Adapter(ABC, Generic[BatchT]):
         """CDAM's tokens: those entering the last block's attention (after its norm in pre-LN blocks)."""
         return trace.blocks[-1].attn.h
 
+    # ------------------------------------------------------------- the blockwise pass
+    @property
+    def blockwise(self) -> bool:
+        """Whether the blockwise relevance pass (:mod:`lrp_core.adapters.blockwise`) can re-enter this model block
+        by block: :meth:`forward` and :meth:`run_blocks` not overridden (one stream of blocks), no shared layer."""
+        cls = type(self)
+        return cls.forward is Adapter.forward and cls.run_blocks is Adapter.run_blocks and not self.shares_weights
+
+    @property
+    def chunk_rows(self) -> int:
+        """Query rows per attention chunk in the blockwise pass (:func:`lrp_core.adapters.attention.rows_per_chunk`)."""
+        from .attention import rows_per_chunk
+
+        return rows_per_chunk(self.blocks[0].attn)
+
+    def blockwise_gradients(self, prepared: BatchT, composite: Composite, readout: Readout, resolve, output, **kw):
+        """The gradients of a modified-gradient pass one block's graph at a time
+        (:func:`lrp_core.adapters.blockwise.blockwise_gradients`, the same arguments)."""
+        from .blockwise import blockwise_gradients
+
+        return blockwise_gradients(self, prepared, composite, readout, resolve, output, **kw)
+
     # ------------------------------------------------------------- relevance
     def relevance_inputs(self, trace: Trace) -> list:
         """The tensors an explicit pass to input space reads the relevance of (handed to :meth:`input_relevance`):

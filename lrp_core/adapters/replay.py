@@ -69,6 +69,8 @@ class Replay(RuleChoice):
         self.vjps = False  # … which each operation then keeps its own graph for (keep_gradients)
         #: a model split over devices (lrp_core.runtime.devices): each module's input is moved to its device
         self.placement: Optional[Placement] = None
+        #: a modified-gradient replay computes explicit attention in query chunks (lrp_core.adapters.chunked)
+        self.chunked = False
         if composite is not None:
             self.serves = getattr(composite, "serves", MODIFIED_GRADIENT) or MODIFIED_GRADIENT
             super().__init__(composite, names, self.first)

@@ -16,6 +16,8 @@ from ..errors import UnsupportedModelError
 from ..explanation import Conservation
 from ..rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE, Composite, pa_lrp_composite
 from ..rules.gradient import PositionLeaves
+from ..runtime import memory, pass_memory
+from ..runtime.utils import model_device
 from .attention import _readout_scores
 from .call import Call, MethodResult
 
@@ -93,6 +95,8 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
     residual stream's relevance after every block (docs/METHODS.md §2b). ``positions``: the leaves a PA-LRP
     composite's rules made of the position encodings; their relevance is read too (§2e).
     """
+    if positions is None and takes_blockwise(c):
+        return _blockwise_result(c, composite)
     # a decoder reads one token per row: its last block is replayed at that token only (the block's other rows
     # reach nothing that is read; at a long context their causal attention is most of that block's cost)
     rows = {"read_rows": True} if c.adapter.is_decoder else {}
@@ -154,6 +158,62 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
     )
 
 
+def takes_blockwise(c: Call) -> bool:
+    """Whether the call runs the blockwise pass (:mod:`lrp_core.adapters.blockwise`): asked (``low_memory=True``;
+    refused on an adapter that replays its blocks its own way), or, by default, where the full pass's predicted
+    peak (:func:`lrp_core.runtime.pass_memory.full_pass`) exceeds the call's memory budget."""
+    asked = c.shared.low_memory
+    if asked is False:
+        return False
+    if not c.adapter.blockwise:
+        if asked:
+            raise UnsupportedModelError(
+                f"low_memory=True: {type(c.adapter.model).__name__} is replayed by its own block driver (it "
+                "overrides Adapter.forward / run_blocks, or shares a layer), which the blockwise pass cannot "
+                "re-enter block by block; use low_memory=None or False (the full pass)"
+            )
+        return False
+    if asked:
+        return True
+    room = memory.budget(c.shared.max_memory, model_device(c.adapter.model))
+    return not pass_memory.fits(c.adapter, c.prepared, room)
+
+
+def _blockwise_result(c: Call, composite: Composite) -> MethodResult:
+    """:func:`_modified_gradient`'s result from the blockwise pass (the same fields; ``used`` names the pass)."""
+    got = c.adapter.blockwise_gradients(
+        c.prepared, composite, c.readout, c.resolve, c.output, read_rows=c.adapter.is_decoder
+    )
+    regs = list(c.layout.registers)
+    with torch.no_grad():
+        scores = (got.embeds * got.embeds_grad).sum(-1)
+        mask = c.layout.mask
+        if mask is not None:
+            scores = scores * mask[:, c.layout.output_start :].to(scores.dtype)
+        blocks = torch.stack([c.adapter.block_tokens(b, row) for b, row in enumerate(got.blocks)], dim=1)
+        if mask is not None:
+            blocks = blocks * mask[:, None, :].to(blocks.dtype)
+        pixels = None if got.images is None or got.images_grad is None else (got.images * got.images_grad).sum(1)
+        registers = (got.x0 * got.x0_grad).sum(-1)[:, regs] if regs else None
+        conservation = Conservation(
+            output=got.y,
+            blocks=blocks.sum(-1),
+            input=scores.sum(-1),
+            pixels=None if pixels is None else pixels.sum(dim=tuple(range(1, pixels.dim()))),
+            registers=None if registers is None else registers.sum(-1),
+        )
+    return MethodResult(
+        scores=scores,
+        target=got.target,
+        logits=got.logits,
+        pixels=pixels,
+        token_relevance=blocks,
+        conservation=conservation,
+        registers=registers,
+        used={"relevance_pass": "blockwise"},
+    )
+
+
 def _positional(leaves: list, grads: tuple, mask: Optional[Tensor]) -> Optional[Tensor]:
     """(B, N) the position encodings' relevance per position: Σ over leaves (position tables; a rotary table
     holds every block's share) of leaf ⊙ gradient, summed over channels; padding 0. ``None`` without leaves.
@@ -178,7 +238,7 @@ def attnlrp(c: Call) -> MethodResult:
     plain softmax gradient, the uniform ÷2 rule at ``Q·Kᵀ`` and ``A·V`` (or the rules of ``composite=``)."""
     composite = _rule_set(c, ATTNLRP)
     result = _modified_gradient(c, composite)
-    result.used = _used(c, composite, "attnlrp")
+    result.used = {**result.used, **_used(c, composite, "attnlrp")}
     return result
 
 
@@ -187,7 +247,7 @@ def cp_lrp(c: Call) -> MethodResult:
     (or the rules of ``composite=``)."""
     composite = _rule_set(c, CP_LRP)
     result = _modified_gradient(c, composite)
-    result.used = _used(c, composite, "cp_lrp")
+    result.used = {**result.used, **_used(c, composite, "cp_lrp")}
     return result
 
 

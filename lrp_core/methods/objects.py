@@ -255,6 +255,7 @@ class AttnLRP(_RuleSet):
     memory = Profile(**MODIFIED, **BACKWARD, fused=True)
     returns = ("pixels", "token_relevance", "conservation", "registers")
     rule_pass = MODIFIED_GRADIENT
+    blockwise = True
 
     composite: Optional[Composite] = _composite()
 
@@ -268,6 +269,7 @@ class CPLRP(_RuleSet):
     memory = Profile(**MODIFIED, **BACKWARD, fused=True)
     returns = ("pixels", "token_relevance", "conservation", "registers")
     rule_pass = MODIFIED_GRADIENT
+    blockwise = True
 
     composite: Optional[Composite] = _composite()
 

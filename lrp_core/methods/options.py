@@ -87,6 +87,12 @@ def flag(name: str) -> Check:
     return check
 
 
+def _low_memory(v: Any) -> Optional[bool]:
+    if v is not None and not isinstance(v, bool):
+        raise InputError(f"low_memory must be None (decided by the memory plan), True or False, got {v!r}")
+    return v
+
+
 def positive_int(name: str, what: str = "", optional: bool = False) -> Check:
     def check(v: Any, L: Optional[int]) -> Optional[int]:
         if optional and v is None:
@@ -251,6 +257,12 @@ class Shared:
         "precision, half models in float32)",
         lambda v, L: check_dtype(v),
     )
+    low_memory: Optional[bool] = own(
+        None,
+        "AttnLRP / CP-LRP: True runs the blockwise relevance pass (one block's graph at a time, attention in query "
+        "chunks), False the full pass; None: blockwise where the full pass's predicted peak exceeds max_memory",
+        lambda v, L: _low_memory(v),
+    )
     unverified: bool = own(
         False,
         "True skips the check that the replay reproduces the model's own output on these inputs (benchmarks): "
@@ -298,6 +310,8 @@ class Method:
     product_norm: ClassVar[Optional[str]] = None
     readout_minimum: ClassVar[bool] = False
     rule_pass: ClassVar[Optional[str]] = None
+    #: it has the blockwise relevance pass (``low_memory``: lrp_core.adapters.blockwise)
+    blockwise: ClassVar[bool] = False
 
     @staticmethod
     def run(c: "Call[Any]") -> "MethodResult":
