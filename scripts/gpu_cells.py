@@ -63,7 +63,7 @@ def is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def run_cell(clock: Clock, fn: Callable[[], Any], repeat: int, budget: float) -> dict:
+def run_cell(clock: Clock, fn: Callable[[], Any], repeat: int, budget: float, deadline: float = math.inf) -> dict:
     """Time ``fn`` as the module docstring says.
 
     Parameters
@@ -76,6 +76,8 @@ def run_cell(clock: Clock, fn: Callable[[], Any], repeat: int, budget: float) ->
         Timed calls after the first, where they fit.
     budget : float
         Seconds the timed calls may take, about.
+    deadline : float, optional
+        ``time.time()`` the timed calls must end by (none are made where they would not).
 
     Returns
     -------
@@ -86,7 +88,7 @@ def run_cell(clock: Clock, fn: Callable[[], Any], repeat: int, budget: float) ->
     before = clock.reset()
     try:
         first, out = clock.time(fn)
-        runs = repeat if first * repeat <= budget else 0
+        runs = repeat if first * repeat <= min(budget, deadline - time.time()) else 0
         times = []
         for _ in range(runs):
             t, out = clock.time(fn)
@@ -111,9 +113,9 @@ def run_cell(clock: Clock, fn: Callable[[], Any], repeat: int, budget: float) ->
 
 
 def predicted_seconds(done: list, tokens: int) -> Optional[float]:
-    """The time a cell at ``tokens`` should take, from the cells ``done`` [(tokens, seconds of its first call +
-    its timed calls)] of the same method: the last one scaled by (tokens ratio)^1.6 (linear layers grow like T,
-    causal attention like T²); ``None`` before any."""
+    """The time one call at ``tokens`` should take, from the cells ``done`` [(tokens, seconds of one call)] of the
+    same method: the last one scaled by (tokens ratio)^1.6 (linear layers grow like T, causal attention like T²);
+    ``None`` before any."""
     if not done:
         return None
     t0, s0 = done[-1]
@@ -205,12 +207,12 @@ def sweep(
                     break
                 try:
                     fn = factory(tokens, row["mode"])
-                    r = run_cell(clock, fn, repeat, budget)
+                    r = run_cell(clock, fn, repeat, budget, deadline)
                 except Exception as e:  # building the call failed (inputs, a refusal): recorded, the others run
                     r = {"note": f"error: {type(e).__name__}: {str(e)[:300]}", "oom": is_oom(e)}
                     clock.reset()
                 if "ms" in r:
-                    done[name].append((tokens, (r["ms_first"] + r["runs"] * r["ms"]) / 1e3))
+                    done[name].append((tokens, r["ms"] / 1e3))
                     keep(name, tokens, r)
                     rows.emit({**row, **r})
                     break

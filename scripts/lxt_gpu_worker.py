@@ -12,7 +12,8 @@ last position only; the relevance is the same, and the T × 128,256 logits of a 
 ``gradient_checkpointing_enable()``, as the example does (its dropout is patched to the identity).
 
 Settings (JSON): shape, device, variant ("bf16" | "nf4"), method ("attnlrp" | "cp_lrp"), lengths, seed, rows
-(the JSON-lines file), maps (the folder of the maps), deadline (``time.time()``), repeat, budget.
+(the JSON-lines file), maps (the folder of the maps), deadline (``time.time()``; the cells get at least
+min_sweep seconds after the setup), repeat, budget.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ from gpu_cells import Clock, Rows, save_map, sweep  # noqa: E402
 def main() -> int:
     s = json.loads(sys.argv[1])
     t_start = time.time()
-    import transformers
-    from transformers.models.llama import modeling_llama
-
     import lxt
+    import transformers
     from lxt.efficient import monkey_patch
     from lxt.efficient.models import llama as lxt_llama
+    from transformers.models.llama import modeling_llama
 
     monkey_patch(modeling_llama, lxt_llama.attnLRP if s["method"] == "attnlrp" else lxt_llama.cp_LRP)
     rows = Rows(s["rows"])
@@ -92,7 +92,7 @@ def main() -> int:
         base,
         s["lengths"],
         [(s["method"], factory, ["plain", "checkpointed"])],
-        s["deadline"],
+        max(s["deadline"], time.time() + s["min_sweep"]),
         s["repeat"],
         s["budget"],
         keep,
