@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.gpu-carry/site:$PWD${PYTHONPATH:+:$P
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu-tests.log"
 python3 -c "import torch, transformers, bitsandbytes as b; print(torch.__version__, transformers.__version__, b.__version__)" \
     2>&1 | tail -1 | tee -a "$out/gpu-tests.log"
-timeout 100 python3 -m pytest -p no:cacheprovider -q tests/adapters/test_quantised_cuda.py 2>&1 | tail -25 \
+timeout 100 python3 -m pytest -p no:cacheprovider -q tests/adapters/test_quantised_cuda.py -k cuda 2>&1 | tail -25 \
     | tee -a "$out/gpu-tests.log"
 python3 scripts/bench_gpu_llama8b.py --site .gpu-carry/site --lxt-src .gpu-carry/lxt --total-budget 360 \
     --json "$out/bench-gpu-llama8b.json" > "$out/bench-gpu-llama8b.log" 2>&1
