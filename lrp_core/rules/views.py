@@ -27,6 +27,7 @@ integers.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable, Optional
 
 import torch
@@ -35,6 +36,7 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ..runtime.offload import explained_model, resolve
+from ..runtime.precision import UpcastMode, active_dtype
 from . import quantised
 from .linear import effective_linear
 
@@ -249,11 +251,16 @@ class _ViewLinearFn(torch.autograd.Function):
             y = module(x)
             check_linear(module, x, y, weight, bias)
         ctx.module = module
+        ctx.target = active_dtype()
         return y
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        weight, _ = effective_linear(ctx.module)  # dequantised again: nothing the size of W kept in between
+        # dequantised again (nothing the size of W kept in between), in the precision the forward computed in:
+        # autograd runs a backward outside the torch-function modes (on CUDA on another thread), and a half
+        # model's 4-bit weight would otherwise dequantise to bfloat16 — 2e-3 off the weight its forward used
+        with UpcastMode(ctx.target) if ctx.target is not None else nullcontext():
+            weight, _ = effective_linear(ctx.module)
         return grad @ weight.detach().to(grad.dtype), None
 
 

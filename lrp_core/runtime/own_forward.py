@@ -38,6 +38,8 @@ INSTALLED = "_output_capturing_hooks_installed"
 #: rotary types whose module rewrites its own frequencies by the length of the call
 LENGTH_DEPENDENT = ("dynamic", "longrope")
 _ROTARY_LOCK = threading.RLock()
+#: the flag of a bitsandbytes 4-bit layer that lets its CPU forward repack the weight (see :func:`no_cpu_repacking`)
+_CPU_KERNEL = "support_avx512bf16_for_cpu"
 
 
 @dataclass
@@ -162,6 +164,22 @@ def _grad_mode(model: nn.Module) -> Any:
 
 
 @contextmanager
+def no_cpu_repacking(model: nn.Module) -> Iterator[None]:
+    """bitsandbytes' 4-bit layers with their CPU bfloat16 kernel switched off (``support_avx512bf16_for_cpu``),
+    put back afterwards: with gradients off their forward would repack the weight in place, and in a half model's
+    pass nothing requires a gradient (the embedding rows and norm scales are upcast constants), so
+    :func:`_grad_mode` alone does not prevent it. They then compute from the stored weight, as the view reads it."""
+    layers = [(m, vars(m)[_CPU_KERNEL]) for m in model.modules() if vars(m).get(_CPU_KERNEL)]
+    for m, _ in layers:
+        setattr(m, _CPU_KERNEL, False)
+    try:
+        yield
+    finally:
+        for m, flag in layers:
+            setattr(m, _CPU_KERNEL, flag)
+
+
+@contextmanager
 def attributes_kept(model: nn.Module) -> Iterator[None]:
     """Every module's public attributes put back as found: what a forward caches on the model (Qwen2-VL's
     ``rope_deltas``, set by its own forward and read by the next call) does not outlive the check."""
@@ -196,6 +214,7 @@ def own_forward(model: nn.Module) -> Iterator[OwnRun]:
     with (
         attributes_kept(model),
         _grad_mode(model),
+        no_cpu_repacking(model),
         eval_semantics(model),
         no_new_observers(model),
         rotary_state_kept(model),
