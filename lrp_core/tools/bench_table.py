@@ -150,7 +150,8 @@ def format_row(row: dict) -> str:
     size = f"{row['batch']} × {row['tokens']}"
     line = (
         f"{_model_label(row):<24}{size:>12}  {row['method']:<24}{_fmt(row['ms_per_sample'], '.1f'):>10}"
-        f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row.get('ratio_unchecked'), '.2f'):>9}{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
+        f"{_fmt(row['ratio'], '.2f'):>9}{_fmt(row.get('ratio_unchecked'), '.2f'):>9}"
+        f"{_fmt(row['peak_mb'], '.0f'):>9}{_fmt(row['call_mb'], '.0f'):>9}"
         f"{_fmt(row['peak_ratio'], '.2f'):>8}"
     )
     if "forward_passes" in row:
