@@ -27,6 +27,7 @@ from .methods.targets import Target, goal, resolver
 from .rules.composites import TRANSFORMER_ATTRIBUTION
 from .runtime import pieces
 from .runtime.guard import model_guard, public_call
+from .runtime.fast_half import FAST, check_method, lifted_fields
 from .runtime.memory import MaxMemory
 from .sources import SourcesLike, by_source, in_columns
 
@@ -160,6 +161,8 @@ def _explain(
         adapter, target = with_target(adapter, target), target.class_ids(prepared.size)
     bound = registry.bound(method, options, adapter)
     run = Shared(**shared)
+    if run.dtype in FAST:  # the fast half mode runs the methods whose steps were checked in half precision
+        check_method(name, run.dtype)
     # the token read (decoders, per-token task heads) and the target in class ids (question answering: start / end)
     prepared, target = adapter.task_inputs(prepared, run.position, target)
     layout = adapter.layout(prepared)  # after the position: the layout names the token read (token ablation skips it)
@@ -176,6 +179,8 @@ def _explain(
     if not run.unverified:  # the replay's logits against the model's own forward (lrp_core.adapters.verification)
         verification.check(adapter, prepared, result.logits, plan)
     result = adapter.task_result(prepared, result)  # question answering, multiple choice: the task's shapes
+    if run.dtype in FAST:  # the fast half mode returns float32 tensors too (the half logits upcast, exactly)
+        result = lifted_fields(result)
     used = dict(result.used)
     if run.sources is not None and result.sources is None:  # a token-map method: its scores summed per source
         result.sources = by_source(result.scores.detach(), run.sources.to(result.scores.device))

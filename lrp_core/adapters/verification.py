@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .base import Adapter
 
 #: max |replay − own| / max |own| accepted, by the dtype the call computes in (a half model: float32)
-TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 
 def tolerance(adapter: "Adapter") -> tuple[float, torch.dtype]:
