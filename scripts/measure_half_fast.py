@@ -27,7 +27,11 @@ from typing import Any, Callable
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "tests"), os.path.join(HERE, "..", "tests", "adapters")]
+sys.path[:0] = [
+    os.path.join(HERE, ".."),
+    os.path.join(HERE, "..", "tests"),
+    os.path.join(HERE, "..", "tests", "adapters"),
+]  # noqa: E501
 
 METHODS = ("attnlrp", "cp_lrp", "pa_lrp", "input_x_gradient")
 DTYPES = ("bfloat16", "float16")

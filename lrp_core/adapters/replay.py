@@ -90,7 +90,10 @@ class Replay(RuleChoice):
             return _Explicit.apply(_Step(self, kind, module, fn, reuse), *inputs)
         rule = cast(GradientRule, self.rule(kind, module))  # a gradient rule set
         half = half_dtype(inputs)  # the fast half mode: the rule in half or lifted to float32 (rules.half)
-        out = rule.forward(fn, *inputs, module=module) if half is None else half_forward(rule, kind, fn, inputs, module, half)
+        if half is None:
+            out = rule.forward(fn, *inputs, module=module)
+        else:
+            out = half_forward(rule, kind, fn, inputs, module, half)
         if kind in NORM_KINDS and module is not None:  # the rule recomputed the norm from its parameters
             check_norm_value(module, inputs[0], out, self.where, rule.name)
         return out

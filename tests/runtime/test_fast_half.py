@@ -32,10 +32,17 @@ from untouched import assert_untouched, snapshot  # noqa: E402
 make_tiny_bert, make_tiny_vit = root_fixtures().make_tiny_bert, root_fixtures().make_tiny_vit
 
 HALF = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-#: bounds on the fast map against the float32 map of the same weights, per dtype: max relative deviation,
-#: Pearson r, top-k overlap (k = 10 % of a row's tokens). Measured on these models (docs/METHODS.md §5.9):
-#: bfloat16 ≤ 3.5e-2 / ≥ 0.9998 / 1.0, float16 ≤ 4e-3 / ≥ 0.99999 / 1.0 — the bounds leave a factor 3 or more.
-BOUNDS = {torch.bfloat16: (0.1, 0.999, 0.75), torch.float16: (0.015, 0.9999, 0.75)}
+#: bounds on the fast map against the float32 map of the same weights: (max relative deviation, Pearson r, top-k
+#: overlap (k = 10 % of a row's tokens: 4 here, one swap is 0.75)), by method kind and dtype. Measured on these
+#: models (docs/METHODS.md §5.9): AttnLRP / CP-LRP bfloat16 ≤ 0.060 / ≥ 0.9988 / ≥ 0.75, float16 ≤ 0.0041 /
+#: ≥ 0.99999 / 1; input × gradient (Captum's products in half) bfloat16 ≤ 0.075 / ≥ 0.994 / ≥ 0.75, float16
+#: ≤ 0.014 / ≥ 0.9999 / 1. The bounds leave a factor 3 or more on the deviation and on 1 − r.
+BOUNDS = {
+    ("lrp", torch.bfloat16): (0.2, 0.995, 0.5),
+    ("lrp", torch.float16): (0.015, 0.9999, 0.75),
+    ("input_x_gradient", torch.bfloat16): (0.25, 0.98, 0.5),
+    ("input_x_gradient", torch.float16): (0.05, 0.999, 0.75),
+}
 
 
 def _rows(n: int = 3, length: int = 40, seed: int = 1) -> list:
@@ -86,8 +93,9 @@ def _compare(fast: torch.Tensor, ref: torch.Tensor, real: torch.Tensor) -> tuple
     for row in range(a.shape[0]):
         idx = real[row].nonzero().squeeze(1)
         k = max(1, round(0.1 * len(idx)))
-        top = lambda m: set(idx[m[row, idx].topk(k).indices].tolist())  # noqa: E731
-        overlaps.append(len(top(a) & top(b)) / k)
+        top_a = set(idx[a[row, idx].topk(k).indices].tolist())
+        top_b = set(idx[b[row, idx].topk(k).indices].tolist())
+        overlaps.append(len(top_a & top_b) / k)
     return rel, r, min(overlaps)
 
 
@@ -106,14 +114,13 @@ def test_fast_maps_are_near_the_float32_maps_of_the_same_weights(family, method,
     before = snapshot(model)
     fast = explain(model, inputs, method=method, dtype=dtype)
     assert_untouched(before, snapshot(model))
-    ref = explain(model, inputs, method=method)
+    # the same prediction: a near tie of two logits may order them otherwise in half precision
+    ref = explain(model, inputs, method=method, target=fast.target)
     assert fast.scores.dtype == torch.float32 and fast.logits.dtype == torch.float32
     assert torch.isfinite(fast.scores).all()
-    assert torch.equal(fast.target, ref.target)
     rel, r, topk = _compare(fast.scores, ref.scores, _real(ref))
-    most, least_r, least_topk = BOUNDS[dtype]
-    bound = most * (1.5 if method == "input_x_gradient" else 1.0)  # its products are Captum's, in half
-    assert rel <= bound and r >= least_r and topk >= least_topk, (rel, r, topk)
+    most, least_r, least_topk = BOUNDS["input_x_gradient" if method == "input_x_gradient" else "lrp", dtype]
+    assert rel <= most and r >= least_r and topk >= least_topk, (rel, r, topk)
 
 
 @pytest.mark.parametrize("dtype", HALF.values(), ids=HALF.keys())
@@ -205,7 +212,7 @@ def test_a_batch_is_its_samples_one_by_one(family):
             one = explain(model, row, method="attnlrp", dtype=dtype).scores[0]
             got = whole[i][real]
         # within the fast mode's own round-off (the bfloat16 bound of the maps against float32)
-        assert float((got - one).abs().max() / one.abs().max()) <= BOUNDS[dtype][0]
+        assert float((got - one).abs().max() / one.abs().max()) <= BOUNDS["lrp", dtype][0]
 
 
 def test_a_float32_model_is_refused_naming_what_it_accepts():
@@ -246,8 +253,8 @@ def test_the_identity_rule_survives_float16_zeros():
             break
     e = explain(model, inputs, method="attnlrp", dtype=torch.float16)
     assert torch.isfinite(e.scores).all()
-    ref = explain(model, inputs, method="attnlrp")
-    assert _compare(e.scores, ref.scores, _real(ref))[1] >= BOUNDS[torch.float16][1]
+    ref = explain(model, inputs, method="attnlrp", target=e.target)
+    assert _compare(e.scores, ref.scores, _real(ref))[1] >= BOUNDS["lrp", torch.float16][1]
 
 
 def test_the_float32_mode_is_unchanged_by_the_fast_modes_edits():
@@ -256,3 +263,24 @@ def test_the_float32_mode_is_unchanged_by_the_fast_modes_edits():
     got = explain(model, inputs, method="attnlrp").scores
     want = explain(copy.deepcopy(model).float(), inputs, method="attnlrp").scores
     assert float((got - want).abs().max() / want.abs().max()) <= 1e-6
+
+
+def test_a_float16_start_scale_that_overflows_is_lowered(monkeypatch):
+    """float16's start relevance is scaled by 2^k (its gradients would be subnormal at N·D ≳ 16k elements); a
+    scale that overflows (inf at the leaves) is lowered and the pass redone: the map is the unforced one."""
+    import lrp_core.runtime.fast_half as fast_half
+
+    model, inputs = _half("llama", torch.float16)
+    want = explain(model, inputs, method="attnlrp", dtype=torch.float16)
+    tries = []
+    real_grad = torch.autograd.grad
+
+    def counted(*args, **kwargs):
+        tries.append(1)
+        return real_grad(*args, **kwargs)
+
+    monkeypatch.setattr(fast_half, "start_scale", lambda t: 24)  # 2^24 > float16's largest, 65504
+    monkeypatch.setattr(fast_half.torch.autograd, "grad", counted)
+    got = explain(model, inputs, method="attnlrp", dtype=torch.float16, unverified=True)
+    assert len(tries) >= 2 and torch.isfinite(got.scores).all()
+    assert float((got.scores - want.scores).abs().max() / want.scores.abs().max()) <= BOUNDS["lrp", torch.float16][0]
