@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.overrides import _get_current_function_mode_stack
 
 from ..rules.composites import Composite, RuleChoice
+from ..rules.half import half_dtype, half_forward
 from ..rules.norms import check_norm_value, norm_kind
 from ..rules.ops import CLONE, EXPLICIT, LAYERNORM, LINEAR, MODIFIED_GRADIENT, RMSNORM, ExplicitRule, GradientRule, Op
 from ..rules.views import linear_call
@@ -93,7 +94,11 @@ class Replay(RuleChoice):
             inputs = tuple(loaded(t) if isinstance(t, Tensor) else t for t in inputs)
             return _Explicit.apply(_Step(self, kind, module, fn, reuse), *inputs)
         rule = cast(GradientRule, self.rule(kind, module))  # a gradient rule set
-        out = rule.forward(fn, *inputs, module=module)
+        half = half_dtype(inputs)  # the fast half mode: the rule in half or lifted to float32 (rules.half)
+        if half is None:
+            out = rule.forward(fn, *inputs, module=module)
+        else:
+            out = half_forward(rule, kind, fn, inputs, module, half)
         if kind in NORM_KINDS and module is not None:  # the rule recomputed the norm from its parameters
             check_norm_value(module, inputs[0], out, self.where, rule.name)
         return out

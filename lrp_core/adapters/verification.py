@@ -6,9 +6,10 @@ on the same inputs (:meth:`~lrp_core.adapters.base.Adapter.own_output`), run onc
 semantics and under the call's precision mode (:mod:`lrp_core.runtime.own_forward`). The figure is
 ``max |replay − own| / max |own|`` over the batch; the tolerance is set by the dtype the call computes in
 (:data:`TOLERANCE`: ``explain(..., dtype=torch.float64)`` and float64 models 1e-10, float32 models 1e-5, half
-models — replayed and run in float32 — 1e-5). Nothing is cached: the verdict depends on the inputs (lengths,
-rotary tables, windows, padding), so it is recomputed on every call at the cost of one forward without
-gradients.
+models — replayed and run in float32 — 1e-5; the fast half mode, ``dtype=`` a half model's own, replayed and run
+in that dtype: bfloat16 5e-2, float16 1e-2, against at most 2.0e-2 / 2.0e-3 measured, docs/METHODS.md §5.9).
+Nothing is cached: the verdict depends on the inputs (lengths, rotary tables, windows, padding), so it is
+recomputed on every call at the cost of one forward without gradients.
 
 On a mismatch the call is refused (:class:`~lrp_core.errors.UnsupportedModelError`) with the figure and where the
 picture departs: the replay and the model are run once more on the worst row, the model with temporary engine
@@ -41,8 +42,9 @@ from .batches import Batch, DecoderBatch
 if TYPE_CHECKING:
     from .base import Adapter
 
-#: max |replay − own| / max |own| accepted, by the dtype the call computes in (a half model: float32)
-TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
+#: max |replay − own| / max |own| accepted, by the dtype the call computes in (a half model: float32; the fast half
+#: mode: its own half dtype, about 5 and 10 units of its last place)
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 
 def tolerance(adapter: "Adapter") -> tuple[float, torch.dtype]:
@@ -137,6 +139,8 @@ def check(adapter: "Adapter", prepared: Batch, logits: Tensor, pieces: Sequence[
     where = locate(adapter, prepared.take(torch.tensor([row])), tol)
     name = type(adapter.model).__name__
     half = " (a half-precision model, replayed and run in float32)" if is_half(adapter.model) else ""
+    if dtype in (torch.float16, torch.bfloat16):
+        half = " (the fast half mode: replayed and run in the model's own dtype)"
     raise UnsupportedModelError(
         f"the replay of {name} does not reproduce the model's own output on these inputs: its explained logits "
         f"differ from the model's forward by {dev:.2e} relative (max |replay − model| / max |model|; tolerance "

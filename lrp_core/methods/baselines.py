@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from ..runtime.extras import require
+from ..runtime.fast_half import sum_dtype
 from .baselines_vlm import (
     is_vlm,
     seeded_rows,
@@ -89,7 +90,8 @@ def _result(
     ``per_feature`` (occlusion, KernelSHAP): every element of a patch / token carries the feature's value, and
     that value is the score (a pixel shows its patch's value); else scores are sums over the patch / channels.
     """
-    attr = attr.detach().to(a.inputs.dtype)  # KernelSHAP's regression returns float32
+    # KernelSHAP's regression returns float32; the fast half mode sums in float32
+    attr = attr.detach().to(sum_dtype(a.inputs.dtype))
     if a.image:
         h, w = grid(c)
         B, _, H, W = attr.shape

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from ..adapters.batches import VLMBatch
 from ..errors import InputError, UnsupportedModelError
+from ..runtime.fast_half import sum_dtype
 from ..runtime.guard import engine_hook
 from .call import Call, MethodResult
 
@@ -290,9 +291,9 @@ def vlm_result(
         image per row, else ``None``.
     """
     pixels, words = v.inputs
-    attr_pixels = attr[0].detach().to(pixels.dtype)  # KernelSHAP's regression returns float32
-    attr_words = attr[1].detach().to(words.dtype)
-    scores = (attr_words[..., 0] if per_feature else attr_words.sum(-1)) * v.text.to(words.dtype)
+    attr_pixels = attr[0].detach().to(sum_dtype(pixels.dtype))  # KernelSHAP's regression returns float32
+    attr_words = attr[1].detach().to(sum_dtype(words.dtype))  # the fast half mode: summed in float32
+    scores = (attr_words[..., 0] if per_feature else attr_words.sum(-1)) * v.text.to(attr_words.dtype)
     layout: Any = c.adapter.layout(c.prepared)  # a VLM's: with its patch grid and image tokens
     h, w = layout.grid
     images = _to_images(c, attr_pixels)  # (B, k, C', H, W)

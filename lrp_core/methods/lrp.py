@@ -12,11 +12,13 @@ import torch
 from torch import Tensor
 
 from ..adapters.records import Trace
-from ..errors import UnsupportedModelError
+from ..errors import InputError, UnsupportedModelError
 from ..explanation import Conservation
 from ..rules.composites import ATTNLRP, CP_LRP, LRP_BASELINE, Composite, pa_lrp_composite
 from ..rules.gradient import PositionLeaves
 from ..runtime import memory, pass_memory
+from ..runtime.devices import Placement
+from ..runtime.fast_half import FAST, gradients, lift
 from ..runtime.utils import model_device
 from .attention import _readout_scores
 from .call import Call, MethodResult
@@ -101,8 +103,9 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
     # reach nothing that is read; at a long context their causal attention is most of that block's cost)
     rows = {"read_rows": True} if c.adapter.is_decoder else {}
     trace = c.forward(grad=True, composite=composite, track=True, **rows)
-    target = c.resolve(trace.logits.detach())
-    y = c.output(trace.logits, target)
+    logits = lift(trace.logits)  # the fast half mode: the explained logit and the start in float32 (exact: ±1)
+    target = c.resolve(logits.detach())
+    y = c.output(logits, target)
     emb = trace.embedding
     assert emb is not None and emb.embeds is not None  # a tracked replay records its embedding
     embeds, images = emb.embeds, emb.images
@@ -116,27 +119,30 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
             "the engine sees (no learned / absolute position embedding added to the tokens, no rotary q/k); "
             "use attnlrp or cp_lrp"
         )
-    grads = torch.autograd.grad(y.sum(), wrt + leaves, allow_unused=True)
+    grads = gradients(y, wrt + leaves, embeds)  # float16: a scaled start (float32 gradients), else plain autograd
     pos_grads, grads = grads[len(wrt) :], grads[: len(wrt)]
     if regs:
         g0, grads = grads[-1], grads[:-1]
     with torch.no_grad():
-        scores = (embeds * grads[0]).sum(-1)  # (B, T) the scored tokens' embeddings
+        # the per-token sums in float32 (the fast half mode; a no-op otherwise): (B, T) the scored tokens' embeddings
+        scores = (lift(embeds) * lift(grads[0])).sum(-1)
         mask = c.layout.mask
         if mask is not None:
             scores = scores * mask[:, c.layout.output_start :].to(scores.dtype)
         blocks = torch.stack(
             [
-                c.adapter.block_tokens(b, (h * g).sum(-1)).to(scores.device)  # a block's device (split model)
+                c.adapter.block_tokens(b, (lift(h) * lift(g)).sum(-1)).to(
+                    scores.device
+                )  # a block's device (split model)
                 for b, (h, g) in enumerate(zip(hidden, grads[1 : 1 + len(hidden)]))
             ],
             dim=1,
         )
         if mask is not None:
             blocks = blocks * mask[:, None, :].to(blocks.dtype)
-        pixels = (images * grads[-1]).sum(1) if images is not None else None
+        pixels = (lift(images) * lift(grads[-1])).sum(1) if images is not None else None
         per_position = _positional(leaves, pos_grads, mask)
-        registers = (trace.x0 * g0).sum(-1)[:, regs] if regs else None  # (B, R)
+        registers = (lift(trace.x0) * lift(g0)).sum(-1)[:, regs] if regs else None  # (B, R)
         conservation = Conservation(
             output=y.detach(),
             blocks=blocks.sum(-1),
@@ -149,7 +155,7 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
     return MethodResult(
         scores=scores,
         target=target,
-        logits=trace.logits.detach(),
+        logits=logits.detach(),
         pixels=pixels,
         token_relevance=blocks,
         conservation=conservation,
@@ -165,6 +171,11 @@ def takes_blockwise(c: Call) -> bool:
     asked = c.shared.low_memory
     if asked is False:
         return False
+    other = _blockwise_excluded(c)
+    if other is not None:
+        if asked:
+            raise InputError(f"low_memory=True: {other}; use low_memory=None or False (the full pass)")
+        return False
     if not c.adapter.blockwise:
         if asked:
             raise UnsupportedModelError(
@@ -177,6 +188,16 @@ def takes_blockwise(c: Call) -> bool:
         return True
     room = memory.budget(c.shared.max_memory, model_device(c.adapter.model))
     return not pass_memory.fits(c.adapter, c.prepared, room)
+
+
+def _blockwise_excluded(c: Call) -> Optional[str]:
+    """Why the blockwise pass does not run on this call, or ``None``: it has not been checked in the fast half
+    mode (``dtype=`` a half dtype) nor on a model split over devices, so those calls take the full pass."""
+    if c.shared.dtype in FAST:
+        return "the blockwise pass is not run in the fast half mode (dtype=torch.float16 / torch.bfloat16)"
+    if Placement(c.adapter.model).split:
+        return "the blockwise pass is not run on a model split over devices"
+    return None
 
 
 def _blockwise_result(c: Call, composite: Composite) -> MethodResult:
@@ -224,7 +245,7 @@ def _positional(leaves: list, grads: tuple, mask: Optional[Tensor]) -> Optional[
     for leaf, g in zip(leaves, grads):
         if g is None:  # a table the output does not depend on (e.g. CP-LRP: q, k detached after RoPE)
             g = torch.zeros_like(leaf)
-        rows.append((leaf * g).sum(-1))  # (B, n)
+        rows.append((lift(leaf) * lift(g)).sum(-1))  # (B, n), float32 in the fast half mode
     total = torch.zeros(rows[0].shape[0], max(r.shape[1] for r in rows), dtype=rows[0].dtype, device=rows[0].device)
     for r in rows:
         total[:, total.shape[1] - r.shape[1] :] += r.to(total.device)  # a table per device (a split model)

@@ -254,7 +254,7 @@ class Shared:
     dtype: Optional[torch.dtype] = own(
         None,
         "torch.float64 computes every pass in float64 without copying the model (None: the model's own "
-        "precision, half models in float32)",
+        "precision, half models in float32; a half model's own dtype: the fast half mode)",
         lambda v, L: check_dtype(v),
     )
     low_memory: Optional[bool] = own(

@@ -49,6 +49,9 @@ class _IdentityRuleFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, y = ctx.saved_tensors
+        if x.dtype in (torch.float16, torch.bfloat16):  # the fast half mode: the ratio in float32 (1e-10 underflows
+            # in float16, x = 0 would divide by zero), the product cast back to the gradient's dtype
+            return (grad.float() * (y.float() / (x.float() + IDENTITY_RULE_EPS))).to(grad.dtype), None
         return grad * (y / (x + IDENTITY_RULE_EPS)), None
 
 

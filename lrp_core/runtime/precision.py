@@ -135,17 +135,21 @@ def check_dtype(dtype: Any, own: Optional[torch.dtype] = None) -> Optional[torch
     Raises
     ------
     InputError
-        If ``dtype`` is not ``None``, ``torch.float32`` or ``torch.float64``, or is below the model's own
+        If ``dtype`` is not ``None``, ``torch.float32``, ``torch.float64`` or a half dtype (the fast mode,
+        :mod:`lrp_core.runtime.fast_half`, which checks it against the model), or is below the model's own
         compute precision (a float64 model is not explained in float32).
     """
     from ..errors import InputError  # late: lrp_core.errors imports nothing of the runtime, but keep it a leaf
 
     if dtype is None:
         return None
+    if dtype in HALF:  # the fast half mode: checked against the model when entered (runtime.fast_half)
+        return dtype
     if dtype not in TARGETS:
         raise InputError(
-            f"dtype must be None (the model's precision; half models in float32), torch.float32 or "
-            f"torch.float64, got {dtype!r}"
+            f"dtype must be None (the model's precision; half models in float32), torch.float32, "
+            f"torch.float64, or a half model's own dtype (torch.bfloat16 / torch.float16: the fast half mode), "
+            f"got {dtype!r}"
         )
     if own is not None and own in TARGETS and TARGETS.index(dtype) < TARGETS.index(own):
         raise InputError(
@@ -156,7 +160,8 @@ def check_dtype(dtype: Any, own: Optional[torch.dtype] = None) -> Optional[torch
 
 
 def active_dtype() -> Optional[torch.dtype]:
-    """The target of the precision mode active in this thread (float32 or float64), ``None`` outside one.
+    """The target of the precision mode active in this thread (float32 or float64; the model's half dtype in the
+    fast half mode, :mod:`lrp_core.runtime.fast_half`), ``None`` outside one.
 
     Returns
     -------
@@ -200,10 +205,16 @@ def compute_precision(model: nn.Module, dtype: Optional[torch.dtype] = None) -> 
 @contextmanager
 def _precision(model: nn.Module, dtype: Optional[torch.dtype]) -> Iterator[None]:
     """:func:`compute_precision` without the offloaded weights."""
+    if dtype in HALF and active_dtype() is None:  # the fast half mode (opt-in): the model's own dtype
+        from .fast_half import fast_half
+
+        with fast_half(model, dtype):
+            yield
+        return
     if dtype is not None:
         compute_dtype(model, dtype)  # checks it: a precision a call may ask for, not below the model's
     active = active_dtype()
-    if active is not None and (dtype is None or TARGETS.index(dtype) <= TARGETS.index(active)):
+    if active in HALF or (active is not None and (dtype is None or TARGETS.index(dtype) <= TARGETS.index(active))):
         yield
         return
     outer = getattr(_state, "float32_model", None)  # the model an enclosing call found in float32, if any

@@ -26,7 +26,7 @@ from decoders import batch, make_decoder, quick, rows
 from fake_devices import GPU0, GPU1, FakeDevices
 
 from lrp_core import explain
-from lrp_core.errors import UnsupportedModelError
+from lrp_core.errors import InputError, UnsupportedModelError
 
 accelerate = pytest.importorskip("accelerate", reason="accelerate is a test extra (pyproject [test-extras])")
 
@@ -196,3 +196,18 @@ def test_cuda_and_cpu_offload_split_equals_one_device(family, tmp_path):
 @pytest.mark.parametrize("family", ("llama", "bert", "vit"))
 def test_two_cuda_devices_split_equals_one_device(family, tmp_path):
     _cuda_case(family, lambda m: device_map(m, family, 0, [0, 1], 1), tmp_path)
+
+
+def test_a_split_model_takes_the_full_pass_and_refuses_the_blockwise_one(tmp_path):
+    """The blockwise pass (low_memory) is not run on a split model: asked for, it is refused by name; by default a
+    budget too small for the full pass still runs the full pass, equal to the model on one device."""
+    model, x = _family("llama")
+    want = explain(copy.deepcopy(model), x, "attnlrp")
+    with FakeDevices():
+        model = _dispatch(model, "llama", "two_devices", tmp_path)
+        xs = _on(x, GPU0)
+        with pytest.raises(InputError, match="low_memory=True: the blockwise pass is not run on a model split"):
+            explain(model, xs, "attnlrp", low_memory=True)
+        got = explain(model, xs, "attnlrp", max_memory=10_000)
+        assert "relevance_pass" not in got.options
+        _check_equal(got, want, TOL[torch.float32], "attnlrp")

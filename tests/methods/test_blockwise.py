@@ -117,3 +117,15 @@ def test_blockwise_on_an_encoder_equals_full():
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     got = _compare(model, x, "attnlrp", 1e-12)
     assert _rel(got["full"].pixels, got["low"].pixels) <= 1e-12
+
+
+def test_not_in_the_fast_half_mode():
+    """The blockwise pass is not run in the fast half mode: asked for, refused by name; by default the full pass."""
+    model = make_decoder("llama", "eager").to(torch.bfloat16)
+    x = batch(rows(1, (20,)))
+    with pytest.raises(InputError, match="low_memory=True: the blockwise pass is not run in the fast half mode"):
+        explain(model, x, method="attnlrp", dtype=torch.bfloat16, low_memory=True)
+    small = explain(model, x, method="attnlrp", dtype=torch.bfloat16, max_memory=10_000)
+    full = explain(model, x, method="attnlrp", dtype=torch.bfloat16)
+    assert "relevance_pass" not in small.options
+    assert torch.equal(small.scores, full.scores)
