@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torch import Tensor, nn
+
 from ..rules.linear import is_linear
 from .memory import SizeFacts, facts_of
 
@@ -86,7 +88,7 @@ def pass_facts(adapter: Any, prepared: Any) -> PassFacts:
     padded = mask is not None and not bool(mask.all())
     windows = {a.window for a in attns}
     masks = sum(1 for w in windows if not size.sdpa or padded or w is not None) if adapter.mask_value is not None else 0
-    weights = [int(m.weight.numel()) for m in adapter.model.modules() if is_linear(m) and hasattr(m, "weight")]
+    weights = [_weight_numel(m) for m in adapter.model.modules() if is_linear(m)]
     return PassFacts(
         size=size,
         batch=int(prepared.size),
@@ -96,6 +98,15 @@ def pass_facts(adapter: Any, prepared: Any) -> PassFacts:
         params=sum(int(p.numel()) for p in adapter.model.parameters()),
         largest=max(weights, default=0),
     )
+
+
+def _weight_numel(module: nn.Module) -> int:
+    """The element count of a Linear-like module's weight: an attribute, or a method (torch's dynamically
+    quantised Linear: ``weight()``); 0 where it has none."""
+    w = getattr(module, "weight", None)
+    if callable(w) and not isinstance(w, Tensor):
+        w = w()
+    return int(w.numel()) if isinstance(w, Tensor) else 0
 
 
 def full_pass(f: PassFacts) -> int:
