@@ -129,17 +129,7 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
         mask = c.layout.mask
         if mask is not None:
             scores = scores * mask[:, c.layout.output_start :].to(scores.dtype)
-        blocks = torch.stack(
-            [
-                c.adapter.block_tokens(b, (lift(h) * lift(g)).sum(-1)).to(
-                    scores.device
-                )  # a block's device (split model)
-                for b, (h, g) in enumerate(zip(hidden, grads[1 : 1 + len(hidden)]))
-            ],
-            dim=1,
-        )
-        if mask is not None:
-            blocks = blocks * mask[:, None, :].to(blocks.dtype)
+        blocks = _block_scores(c, hidden, grads[1 : 1 + len(hidden)], mask, scores.device)
         pixels = (lift(images) * lift(grads[-1])).sum(1) if images is not None else None
         per_position = _positional(leaves, pos_grads, mask)
         registers = (lift(trace.x0) * lift(g0)).sum(-1)[:, regs] if regs else None  # (B, R)
@@ -162,6 +152,19 @@ def _modified_gradient(c: Call, composite: Composite, positions: Optional[Positi
         positional=positional,
         registers=registers,
     )
+
+
+def _block_scores(c: Call, hidden: list, grads: tuple, mask: Optional[Tensor], device: torch.device) -> Tensor:
+    """(B, L, T) the relevance of the residual stream after each block (h ⊙ ∂/∂h summed over channels, in float32 in
+    the fast half mode), on ``device`` (a split model's blocks live on theirs), padding 0."""
+    blocks = torch.stack(
+        [
+            c.adapter.block_tokens(b, (lift(h) * lift(g)).sum(-1)).to(device)
+            for b, (h, g) in enumerate(zip(hidden, grads))
+        ],
+        dim=1,
+    )
+    return blocks if mask is None else blocks * mask[:, None, :].to(blocks.dtype)
 
 
 def takes_blockwise(c: Call) -> bool:

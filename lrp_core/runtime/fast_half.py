@@ -20,9 +20,8 @@ The float32 mode (``dtype=None``) stays the default and the exact reference.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
 from dataclasses import fields
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -178,45 +177,6 @@ def lifted_fields(result: Any) -> Any:
     return result
 
 
-@contextmanager
-def fast_half(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
-    """The enclosed passes compute ``model`` (whose weights are ``dtype``) in its own dtype, autocast off.
-
-    Parameters
-    ----------
-    model : nn.Module
-        A float16 / bfloat16 model.
-    dtype : torch.dtype
-        Its dtype (checked: :func:`check_model`).
-
-    Yields
-    ------
-    None
-        Nothing; :func:`lrp_core.runtime.precision.active_dtype` reads ``dtype`` meanwhile.
-    """
-    from . import precision
-
-    check_model(model, dtype)
-    before = getattr(precision._state, "target", None)
-    precision._state.target = dtype
-    try:
-        with ExitStack() as stack:
-            for device in {"cpu"} | {p.device.type for p in model.parameters()}:
-                if device in ("cpu", "cuda"):
-                    stack.enter_context(torch.autocast(device, enabled=False))
-            yield
-    finally:
-        precision._state.target = before
-
-
-def active() -> Optional[torch.dtype]:
-    """The dtype of the fast mode active in this thread, ``None`` outside one."""
-    from .precision import active_dtype
-
-    dtype = active_dtype()
-    return dtype if dtype in FAST else None
-
-
 __all__ = [
     "FAST",
     "FAST_METHODS",
@@ -228,6 +188,4 @@ __all__ = [
     "start_scale",
     "gradients",
     "lifted_fields",
-    "fast_half",
-    "active",
 ]

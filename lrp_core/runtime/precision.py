@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from . import fast_half as fast
 from .offload import METADATA_FUNCTIONS, loaded_weights
 
 #: the dtypes computed in float32 instead
@@ -206,8 +207,6 @@ def compute_precision(model: nn.Module, dtype: Optional[torch.dtype] = None) -> 
 def _precision(model: nn.Module, dtype: Optional[torch.dtype]) -> Iterator[None]:
     """:func:`compute_precision` without the offloaded weights."""
     if dtype in HALF and active_dtype() is None:  # the fast half mode (opt-in): the model's own dtype
-        from .fast_half import fast_half
-
         with fast_half(model, dtype):
             yield
         return
@@ -365,6 +364,41 @@ def _tensors(model: nn.Module) -> Iterator[Tensor]:
             yield b
 
 
+@contextmanager
+def fast_half(model: nn.Module, dtype: torch.dtype) -> Iterator[None]:
+    """The enclosed passes compute ``model`` (whose weights are ``dtype``) in its own dtype, autocast off.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A float16 / bfloat16 model.
+    dtype : torch.dtype
+        Its dtype (checked: :func:`check_model`).
+
+    Yields
+    ------
+    None
+        Nothing; :func:`lrp_core.runtime.precision.active_dtype` reads ``dtype`` meanwhile.
+    """
+    fast.check_model(model, dtype)
+    before = getattr(_state, "target", None)
+    _state.target = dtype
+    try:
+        with ExitStack() as stack:
+            for device in {"cpu"} | {p.device.type for p in model.parameters()}:
+                if device in ("cpu", "cuda"):
+                    stack.enter_context(torch.autocast(device, enabled=False))
+            yield
+    finally:
+        _state.target = before
+
+
+def active_fast() -> Optional[torch.dtype]:
+    """The dtype of the fast mode active in this thread, ``None`` outside one."""
+    dtype = active_dtype()
+    return dtype if dtype in HALF else None
+
+
 __all__ = [
     "HALF",
     "TARGETS",
@@ -377,4 +411,6 @@ __all__ = [
     "compute_precision",
     "UpcastMode",
     "Float32Mode",
+    "fast_half",
+    "active_fast",
 ]

@@ -450,11 +450,7 @@ def _add_measuring(p: argparse.ArgumentParser) -> None:
         help="run cells whose estimated peak (an upper bound) exceeds the available memory too; "
         "watch the machine's memory",
     )
-    p.add_argument(
-        "--no-check-cost",
-        action="store_true",
-        help="time each method once, with the check of the replay (by default also without it: the check's cost)",
-    )
+    p.add_argument("--no-check-cost", action="store_true", help="do not also time each method without the check")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="save the rows as JSON (rewritten after every row)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table for the README at the end")

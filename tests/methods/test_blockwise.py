@@ -111,9 +111,9 @@ def test_refused_on_an_adapter_with_its_own_block_driver():
 
 def test_blockwise_on_an_encoder_equals_full():
     """The pass is not decoder-only: a ViT (registers none, pixels) gets the same fields."""
-    from conftest import make_tiny_vit
+    from by_path import root_fixtures  # the root conftest by path: tests/widgets has one too
 
-    model = make_tiny_vit().double()
+    model = root_fixtures().make_tiny_vit().double()
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     got = _compare(model, x, "attnlrp", 1e-12)
     assert _rel(got["full"].pixels, got["low"].pixels) <= 1e-12
