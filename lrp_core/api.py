@@ -26,6 +26,7 @@ from .methods.registry import MethodLike
 from .methods.targets import Target, goal, resolver
 from .rules.composites import TRANSFORMER_ATTRIBUTION
 from .runtime import pieces
+from .runtime.devices import at_entry, moved
 from .runtime.fast_half import FAST, check_method, lifted_fields
 from .runtime.guard import model_guard, public_call
 from .runtime.memory import MaxMemory
@@ -171,7 +172,7 @@ def _explain(
             f"method {name!r} is not defined on {type(model).__name__}: "
             f"{adapter.refused_methods[name]}. Methods that run on it: {', '.join(runs)}"
         )
-    prepared = adapter.check_inputs(inputs)
+    prepared, home = at_entry(model, adapter.check_inputs(inputs))  # a split model: the batch where it enters
     if isinstance(target, EmbeddingTarget):  # the readout ends in the target's projection of the embedding
         adapter, target = with_target(adapter, target), target.class_ids(prepared.size)
     bound = registry.bound(method, options, adapter)
@@ -207,7 +208,7 @@ def _explain(
         result.sources = by_source(result.scores.detach(), run.sources.to(result.scores.device))
     if aim.negative is not None:
         used["contrast_with"] = aim.negative.tolist()
-    return Explanation(
+    explanation = Explanation(
         method=name,
         grid=layout.grid,
         image_size=layout.image_size,
@@ -218,6 +219,7 @@ def _explain(
         options=used,
         **result_fields(result),
     )
+    return explanation if home is None else moved(explanation, home)  # where the inputs came from
 
 
 @public_call

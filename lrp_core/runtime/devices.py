@@ -200,6 +200,34 @@ def first_device(value: Any) -> Optional[torch.device]:
     return None
 
 
+def at_entry(model: nn.Module, prepared: Any) -> tuple[Any, Optional[torch.device]]:
+    """A split model's batch on the device its first module computes on, and the device the inputs came on.
+
+    The model's own forward takes inputs on any device (accelerate's hooks move them to each module's device); the
+    replay's methods combine the batch (its mask, its pixels) with relevance computed where the embedding is, so
+    the batch goes there first: the first device in module order, where the embedding is (``model.device`` for a
+    transformers model). For a model on one device, or a batch already there, nothing moves.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model explained.
+    prepared : Any
+        The typed batch (a dataclass of tensors).
+
+    Returns
+    -------
+    tuple
+        ``(batch, home)``: the batch on the entry device, and where its tensors were (``None``: nothing moved;
+        the explanation goes back to ``home``).
+    """
+    home = first_device(prepared)
+    place = Placement(model)
+    if home is None or not place.split or home == place.all[0]:
+        return prepared, None
+    return moved(prepared, place.all[0]), home
+
+
 def moved(value: Any, device: torch.device) -> Any:
     """A dataclass (a method's result) with every tensor field, and those of its dataclass fields, on ``device``.
 
@@ -229,4 +257,4 @@ def moved(value: Any, device: torch.device) -> Any:
     return dataclasses.replace(value, **changes) if changes else value
 
 
-__all__ = ["DEPTH", "hook_device", "Placement", "first_device", "moved"]
+__all__ = ["DEPTH", "hook_device", "Placement", "at_entry", "first_device", "moved"]

@@ -6,7 +6,8 @@ accelerators — simulated on the CPU (tests/fake_devices.py: ``cpu:1`` and ``cp
 operation mixing them raises as CUDA does) — and over one accelerator with blocks offloaded to CPU memory and
 disk (meta placeholders, computed on the accelerator). Each method's map, logits and target equal the unsplit
 model's (measured 0.0: the same kernels in the same order; bound float32 1e-6, float64 1e-12 relative), the
-results come back on the inputs' device, a row explained alone equals its row of the batch, and the model (its
+results come back on the inputs' device (which may be another than the embedding's, as for the model's own
+forward), a row explained alone equals its row of the batch, and the model (its
 hooks, placeholders, devices, offloaded values, its own forward) is left as found. A block whose modules are on
 two devices is refused, naming them. On real GPUs (where lent): the same equality for ``cuda:0`` + CPU offload and
 ``cuda:0`` + ``cuda:1``.
@@ -23,7 +24,7 @@ import pytest
 import torch
 from conftest import make_tiny_bert, make_tiny_vit
 from decoders import batch, make_decoder, quick, rows
-from fake_devices import GPU0, GPU1, FakeDevices
+from fake_devices import CPU, GPU0, GPU1, FakeDevices
 
 from lrp_core import explain
 from lrp_core.errors import InputError, UnsupportedModelError
@@ -211,3 +212,22 @@ def test_a_split_model_takes_the_full_pass_and_refuses_the_blockwise_one(tmp_pat
         got = explain(model, xs, "attnlrp", max_memory=10_000)
         assert "relevance_pass" not in got.options
         _check_equal(got, want, TOL[torch.float32], "attnlrp")
+
+
+@pytest.mark.parametrize("where", ["cpu", "second_device"])
+@pytest.mark.parametrize("family", ("llama", "bert", "vit"))
+def test_inputs_on_another_device_than_the_embedding(family, where, tmp_path):
+    """As the model's own forward does (accelerate's hooks move its inputs), explain takes a split model's inputs
+    on any device: the batch goes where the embedding is, the explanation comes back where the inputs were."""
+    model, x = _family(family)
+    reference = copy.deepcopy(model)
+    with FakeDevices():
+        model = _dispatch(model, family, "offloaded", tmp_path)
+        device = CPU if where == "cpu" else GPU1  # the embedding computes on GPU0
+        xs = _on(x, device)
+        for method in ("attnlrp", "transformer_attribution", "integrated_gradients"):
+            got = explain(model, xs, method, **quick(method))
+            assert got.scores.device == device and got.logits.device == device, method
+            if got.attention_mask is not None:
+                assert got.attention_mask.device == device, method
+            _check_equal(got, explain(reference, x, method, **quick(method)), TOL[torch.float32], method)
