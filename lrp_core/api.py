@@ -241,9 +241,10 @@ def concept_target(model: nn.Module, examples: Any, name: str = "concept") -> Co
         The concept: its (D,) mean embedding, the number of examples and the name.
     """
     adapter = get_adapter(model).for_inputs(examples)
-    prepared = adapter.check_inputs(examples)
+    prepared, home = at_entry(model, adapter.check_inputs(examples))
     with torch.no_grad():
         pooled = adapter.forward(prepared, grad=False).pooled
+    pooled = pooled if home is None else pooled.to(home)
     return ConceptTarget(vector=pooled.mean(dim=0), n_examples=pooled.shape[0], name=name)
 
 
@@ -295,7 +296,7 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
     adapter = get_adapter(model).for_inputs(inputs)
     if adapter.num_classes == 0:
         raise InputError(f"{type(model).__name__} has no classification head: there is no class to explain")
-    prepared = adapter.check_inputs(inputs)
+    prepared, home = at_entry(model, adapter.check_inputs(inputs))
     readout = adapter.readout_for(prepared)
     resolve = resolver(target, prepared.size, readout.num_classes)
     trace = adapter.forward(prepared, grad=True, readout=readout, composite=TRANSFORMER_ATTRIBUTION)
@@ -307,10 +308,12 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
     with trace.replay.plain_gradients():
         grads = torch.autograd.grad(trace.logits.gather(1, t[:, None]).sum(), attns, retain_graph=True)
     rel = adapter.relprop(trace, one_hot(trace.logits.detach(), t), TRANSFORMER_ATTRIBUTION, stop_block=0)
-    stack = lambda ts: torch.stack([x.detach() for x in ts], dim=1)  # noqa: E731
-    return AttentionParts(
+    device = trace.logits.device  # a split model's blocks: each map where its block computed
+    stack = lambda ts: torch.stack([x.detach().to(device) for x in ts], dim=1)  # noqa: E731
+    parts = AttentionParts(
         attention=stack(attns), gradient=stack(grads), relevance=stack(rel.attn), target=t, logits=trace.logits.detach()
     )
+    return parts if home is None else moved(parts, home)
 
 
 __all__ = [

@@ -222,7 +222,7 @@ def own_embedding(adapter: "Adapter", prepared: Any, pooling: Optional[str]) -> 
         mask = getattr(prepared, "attention_mask", None)
         if mask is None:
             return hidden[:, adapter.layout(prepared).output_start :].mean(dim=1)
-        m = mask.to(hidden.dtype)[..., None]
+        m = mask.to(hidden)[..., None]  # its dtype, and its device (a split model: where the last block is)
         return (hidden * m).sum(dim=1) / m.sum(dim=1)
     return hidden[:, 0]
 

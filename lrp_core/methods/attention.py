@@ -286,7 +286,7 @@ def cdam(c: Call) -> MethodResult:
         target = c.resolve(trace.logits.detach())
         y = c.output(trace.logits, target)
     else:
-        v = c.concept.vector.to(trace.pooled.dtype)
+        v = c.concept.vector.to(trace.pooled)  # its dtype, and its device (a split model's inputs elsewhere)
         if v.shape[-1] != trace.pooled.shape[-1]:
             raise InputError(
                 f"concept vector has size {v.shape[-1]}, the model's final embedding {trace.pooled.shape[-1]}"

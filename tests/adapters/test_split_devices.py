@@ -26,7 +26,7 @@ from conftest import make_tiny_bert, make_tiny_vit
 from decoders import batch, make_decoder, quick, rows
 from fake_devices import CPU, GPU0, GPU1, FakeDevices
 
-from lrp_core import explain
+from lrp_core import Projection, attention_parts, concept_target, explain
 from lrp_core.errors import InputError, UnsupportedModelError
 
 accelerate = pytest.importorskip("accelerate", reason="accelerate is a test extra (pyproject [test-extras])")
@@ -231,3 +231,54 @@ def test_inputs_on_another_device_than_the_embedding(family, where, tmp_path):
             if got.attention_mask is not None:
                 assert got.attention_mask.device == device, method
             _check_equal(got, explain(reference, x, method, **quick(method)), TOL[torch.float32], method)
+
+
+@pytest.mark.parametrize("where", ["cpu", "second_device"])
+def test_the_other_entry_points_on_a_split_model(where, tmp_path):
+    """attention_parts (every block's maps stacked: each computed on its block's device), concept_target and CDAM
+    with it, and an embedding target, with the inputs off the embedding's device: equal to the model on one
+    device, on the inputs' device."""
+    device = CPU if where == "cpu" else GPU1
+    vit, images = _family("vit")
+    bert, text = _family("bert")
+    v = torch.randn(bert.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    want_parts, want_concept = attention_parts(copy.deepcopy(vit), images), concept_target(copy.deepcopy(vit), images)
+    want_cdam = explain(copy.deepcopy(vit), images, "cdam", target=want_concept)
+    want_projection = explain(copy.deepcopy(bert), text, "cp_lrp", target=Projection(v, "mean"))
+    with FakeDevices():
+        vit, bert = _dispatch(vit, "vit", "two_devices", tmp_path), _dispatch(bert, "bert", "two_devices", tmp_path)
+        parts = attention_parts(vit, _on(images, device))
+        for field in ("attention", "gradient", "relevance", "logits"):
+            assert getattr(parts, field).device == device, field
+            assert _dev(getattr(parts, field), getattr(want_parts, field)) <= TOL[torch.float32], field
+        concept = concept_target(vit, _on(images, device))
+        assert concept.vector.device == device and _dev(concept.vector, want_concept.vector) <= TOL[torch.float32]
+        for got, want in (
+            (explain(vit, _on(images, device), "cdam", target=concept), want_cdam),
+            (explain(bert, _on(text, device), "cp_lrp", target=Projection(v, "mean")), want_projection),
+        ):
+            assert got.scores.device == device
+            _check_equal(got, want, TOL[torch.float32], got.method)
+
+
+def test_explain_generation_on_a_split_model(tmp_path):
+    """Greedy steps and their explanations on tiny-lm split over two devices, its untied head on the second: the
+    tokenizer's ids (on the CPU) in, the same tokens, maps and probabilities as on one device."""
+    from lrp_core import explain_generation
+    from lrp_core.models.tiny_lm import build_model, build_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    model = build_model(len(tokenizer)).eval()
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    prompts = ["Anna lives in Rome. Where does Anna live? Answer:", "Boris has a dog."]
+    want = explain_generation(copy.deepcopy(model), tokenizer, prompts, max_new_tokens=3)
+    with FakeDevices():
+        n = len(model.model.layers)
+        dm = {"model.embed_tokens": GPU0, "model.norm": GPU1, "model.rotary_emb": GPU1, "lm_head": GPU1}
+        dm.update({f"model.layers.{i}": GPU0 if i < n // 2 else GPU1 for i in range(n)})
+        got = explain_generation(accelerate.dispatch_model(model, dm), tokenizer, prompts, max_new_tokens=3)
+    assert torch.equal(got.targets, want.targets) and torch.equal(got.input_ids, want.input_ids)
+    for field in ("scores", "logits", "probabilities"):
+        assert getattr(got, field).device == CPU and _dev(getattr(got, field), getattr(want, field)) <= 1e-6, field
