@@ -172,7 +172,7 @@ def _explain(
             f"method {name!r} is not defined on {type(model).__name__}: "
             f"{adapter.refused_methods[name]}. Methods that run on it: {', '.join(runs)}"
         )
-    prepared, home = at_entry(model, adapter.check_inputs(inputs))  # a split model: the batch where it enters
+    prepared, home = at_entry(model, adapter.check_inputs(inputs), inputs)  # a split model: the batch where it enters
     if isinstance(target, EmbeddingTarget):  # the readout ends in the target's projection of the embedding
         adapter, target = with_target(adapter, target), target.class_ids(prepared.size)
     bound = registry.bound(method, options, adapter)
@@ -241,7 +241,7 @@ def concept_target(model: nn.Module, examples: Any, name: str = "concept") -> Co
         The concept: its (D,) mean embedding, the number of examples and the name.
     """
     adapter = get_adapter(model).for_inputs(examples)
-    prepared, home = at_entry(model, adapter.check_inputs(examples))
+    prepared, home = at_entry(model, adapter.check_inputs(examples), examples)
     with torch.no_grad():
         pooled = adapter.forward(prepared, grad=False).pooled
     pooled = pooled if home is None else pooled.to(home)
@@ -296,7 +296,7 @@ def attention_parts(model: nn.Module, inputs: Any, target: Target = None) -> Att
     adapter = get_adapter(model).for_inputs(inputs)
     if adapter.num_classes == 0:
         raise InputError(f"{type(model).__name__} has no classification head: there is no class to explain")
-    prepared, home = at_entry(model, adapter.check_inputs(inputs))
+    prepared, home = at_entry(model, adapter.check_inputs(inputs), inputs)
     readout = adapter.readout_for(prepared)
     resolve = resolver(target, prepared.size, readout.num_classes)
     trace = adapter.forward(prepared, grad=True, readout=readout, composite=TRANSFORMER_ATTRIBUTION)

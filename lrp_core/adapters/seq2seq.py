@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ..rules.linear import LinearView, effective_linear, is_linear
 from ..rules.ops import LINEAR, POS_ADD
+from ..runtime.devices import Placement, entry_device
 from ..runtime.precision import compute_precision
 from .base import Adapter
 from .batches import Seq2SeqBatch
@@ -229,17 +230,17 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
         full = lambda n: torch.full((B, n), token, dtype=torch.long, device=prepared.decoder_input_ids.device)  # noqa: E731
         with torch.no_grad():
             src = self.word_embeddings(self.encoder, full(prepared.source_length))
-            return torch.cat([src, self.word_embeddings(self.decoder, full(P))], dim=1)
+            return torch.cat([src, self.word_embeddings(self.decoder, full(P)).to(src)], dim=1)
 
     def position_rows(self, stack: ModelPart, positions: Tensor) -> Tensor:
         """(B, n, D) the stack's position embeddings at ``positions`` (learned with BART's offset, or a
         sinusoidal table): its own table, read at ``positions + offset``."""
         table = stack.embed_positions
-        return F.embedding(positions + int(getattr(table, "offset", 0)), table.weight)
+        return F.embedding(positions.to(table.weight.device) + int(getattr(table, "offset", 0)), table.weight)
 
     def embed_side(self, stack: ModelPart, words: Tensor, positions: Tensor, r: Replay) -> Tensor:
         """One stack's input to its block 0: ``words + positions`` (a constant), then ``layernorm_embedding``."""
-        x = r(POS_ADD, torch.add, words, self.position_rows(stack, positions).to(words.dtype))
+        x = r(POS_ADD, torch.add, words, self.position_rows(stack, positions).to(words))
         norm = getattr(stack, "layernorm_embedding", None)
         return r.norm(norm, x) if isinstance(norm, nn.Module) else x
 
@@ -287,7 +288,7 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
         )
 
     def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return entry_device(self.model)  # the inputs' device: where the embedding computes
 
     @property
     def source_vocab(self) -> int:
@@ -369,19 +370,15 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
         words = prepared.inputs_embeds
         if words is None:
             assert prepared.input_ids is not None, "a text encoder-decoder's batch has source tokens"
-            words = torch.cat(
-                [
-                    self.word_embeddings(self.encoder, prepared.input_ids),
-                    self.word_embeddings(self.decoder, prepared.decoder_input_ids),
-                ],
-                dim=1,
-            )
+            src = self.word_embeddings(self.encoder, prepared.input_ids)
+            words = torch.cat([src, self.word_embeddings(self.decoder, prepared.decoder_input_ids).to(src)], dim=1)
         if track:
             words = words.detach().requires_grad_(True)
         S = prepared.source_length
         src = self.embed_side(self.encoder, words[:, :S], position_ids(prepared.attention_mask), r)
         dec = self.embed_side(self.decoder, words[:, S:], position_ids(prepared.decoder_attention_mask), r)
-        return EmbeddingRecord(x0=torch.cat([src, dec], dim=1), embeds=words)
+        # a split model: both sides where the words are (the inputs' device; block 0 moves the stream on)
+        return EmbeddingRecord(x0=torch.cat([src.to(words.device), dec.to(words.device)], dim=1), embeds=words)
 
     def forward(
         self,
@@ -401,12 +398,17 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
         r.vjps = explicit and grad
         grad, track = grad or explicit, track or explicit
         head = self.readout_for(prepared) if readout is None else readout
-        with compute_precision(self.model), torch.set_grad_enabled(grad):
-            emb = self.embed(prepared, r, track=track)
-            if grad and not emb.x0.requires_grad:
-                emb.x0 = emb.x0.detach().requires_grad_(True)
-            trace = self._stacks_forward(emb.x0, prepared, r, head)
-            trace.embedding = emb
+        place = Placement(self.model, self.module_name)
+        r.placement = place if place.split else None  # a split model: each module's input moved to its device
+        try:
+            with compute_precision(self.model), torch.set_grad_enabled(grad):
+                emb = self.embed(prepared, r, track=track)
+                if grad and not emb.x0.requires_grad:
+                    emb.x0 = emb.x0.detach().requires_grad_(True)
+                trace = self._stacks_forward(emb.x0, prepared, r, head, place)
+                trace.embedding = emb
+        finally:
+            r.placement = None
         return trace
 
     def attention_biases(self, prepared: Seq2SeqBatch, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
@@ -415,27 +417,37 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
         pad = (1.0 - src[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
         return pad, _causal_within(prepared.decoder_attention_mask, dtype), pad
 
-    def _stacks_forward(self, x0: Tensor, prepared: Seq2SeqBatch, r: Replay, head: Readout) -> Trace:
-        """Encoder blocks on the first S tokens, then decoder blocks on the last P (reading the memory)."""
+    def _stacks_forward(self, x0: Tensor, prepared: Seq2SeqBatch, r: Replay, head: Readout, place: Placement) -> Trace:
+        """Encoder blocks on the first S tokens, then decoder blocks on the last P (reading the memory).
+
+        ``place``: where the model computes. Split over devices: each block on its device (the stream and the
+        biases moved there), the modules between them (the encoder's final norm, the readout's) each on its own
+        (``r.placement``), the logits back on x0's."""
         S = prepared.source_length
-        enc_bias, dec_bias, cross_bias = self.attention_biases(prepared, x0.dtype)
+        biases = self.attention_biases(prepared, x0.dtype)
         trace = Trace(x0=x0, mask=prepared.mask, readout=head, replay=r)
         x = x0
         for b, spec in enumerate(self.blocks):
+            device = place.device(f"block {b}", spec)
+            x = place.move(x, device)
+            enc_bias, dec_bias, cross_bias = (place.move(t, device, True) for t in biases)
             if b < self.num_encoder_blocks:
                 src, dec = x[:, :S], x[:, S:]
                 rec = block_forward(spec, src, enc_bias, r)
                 out = rec.out
                 if b == self.num_encoder_blocks - 1:
                     out = r.norm(self.encoder_norm, out)  # the memory
-                rec.out = torch.cat([out, dec], dim=1)
+                rec.out = torch.cat([out, place.move(dec, out.device)], dim=1)
             else:
                 memory, read = r.fork(x[:, :S], 2)
                 rec = block_forward(spec, x[:, S:], dec_bias, r, memory=read, memory_bias=cross_bias)
                 rec.out = torch.cat([memory, rec.out], dim=1)
             trace.blocks.append(rec)
             x = rec.out
-        trace.readout_record = head.forward(x, r)
+        read = head.forward(x, r)
+        if place.split:  # the logits where the inputs are, as the model's own forward returns them
+            read.logits, read.pooled = place.move(read.logits, x0.device), place.move(read.pooled, x0.device)
+        trace.readout_record = read
         return trace
 
     def run_blocks(self, *args: Any, **kwargs: Any) -> Trace:

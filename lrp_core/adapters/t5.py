@@ -109,7 +109,9 @@ class T5Adapter(Seq2SeqAdapter):
         ``compute_bias`` (offsets between tokens: a row's padding shifts none of its real tokens' offsets)."""
         enc, dec, cross = super().attention_biases(prepared, dtype)
         S, P = prepared.source_length, prepared.decoder_input_ids.shape[1]
-        return enc + _position_bias(self.encoder, S, dtype), dec + _position_bias(self.decoder, P, dtype), cross
+        # a split model: each stack's bias is made where its first block is, and added where the masks are
+        enc_pos, dec_pos = _position_bias(self.encoder, S, dtype), _position_bias(self.decoder, P, dtype)
+        return enc + enc_pos.to(enc.device), dec + dec_pos.to(dec.device), cross
 
 
 def _position_bias(stack: ModelPart, n: int, dtype: torch.dtype) -> Tensor:

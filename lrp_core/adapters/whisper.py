@@ -91,12 +91,13 @@ class WhisperAdapter(PreNormSeq2SeqAdapter):
             dec = self.word_embeddings(self.decoder, prepared.decoder_input_ids)
             if track:
                 dec = dec.detach().requires_grad_(True)
-            words = torch.cat([self.stem(feats, r), dec], dim=1)
+            # a split model: the stem's output and the prefix's words where the frames are
+            words = torch.cat([self.stem(feats, r).to(feats.device), dec.to(feats.device)], dim=1)
         S = prepared.source_length
-        table = self.encoder.embed_positions.weight[:S].to(words.dtype)
+        table = self.encoder.embed_positions.weight[:S].to(words)
         src = r(POS_ADD, torch.add, words[:, :S], table.expand(words.shape[0], -1, -1))
         dec_x = self.embed_side(self.decoder, words[:, S:], position_ids(prepared.decoder_attention_mask), r)
-        return EmbeddingRecord(x0=torch.cat([src, dec_x], dim=1), embeds=words, images=feats)
+        return EmbeddingRecord(x0=torch.cat([src, dec_x.to(src.device)], dim=1), embeds=words, images=feats)
 
     def stem(self, feats: Tensor, r: Replay) -> Tensor:
         """(B, n_mels, T_audio) -> (B, S, D): ``gelu(conv2(gelu(conv1(x))))``, time last to time second. The

@@ -111,11 +111,14 @@ class Placement:
             return
         seen.add(id(part))
         if isinstance(part, nn.Module):
+            before = len(found)
             for module in part.modules():
                 for t in (*module._parameters.values(), *module._buffers.values()):
                     device = None if t is None else self._where(module, t)
                     if device is not None:
                         found.setdefault(device, module)
+            if len(found) == before:  # no tensor of its own: a view over the model's parts (plain attributes)
+                self._scan_plain(part, found, seen, depth)
             return
         if isinstance(part, (list, tuple)):
             values: list = list(part)
@@ -125,6 +128,15 @@ class Placement:
             values = list(getattr(part, "__dict__", {}).values())
         for v in values:
             self._scan(v, found, seen, depth - 1)
+
+    def _scan_plain(self, view: nn.Module, found: dict, seen: set, depth: int) -> None:
+        """The modules and tensors a module without registered tensors holds as plain attributes (an adapter's
+        view, e.g. an LM head with a bias and a scale): where they are is where the view computes."""
+        for v in vars(view).values():
+            if isinstance(v, nn.Module):
+                self._scan(v, found, seen, depth - 1)
+            elif isinstance(v, Tensor) and not v.is_meta:
+                found.setdefault(v.device, view)
 
     def module_device(self, module: Any) -> Optional[torch.device]:
         """Where one module (a norm, a head Linear) computes: the first device of its tensors (``None``: the model
@@ -200,13 +212,13 @@ def first_device(value: Any) -> Optional[torch.device]:
     return None
 
 
-def at_entry(model: nn.Module, prepared: Any) -> tuple[Any, Optional[torch.device]]:
+def at_entry(model: nn.Module, prepared: Any, given: Any = None) -> tuple[Any, Optional[torch.device]]:
     """A split model's batch on the device its first module computes on, and the device the inputs came on.
 
     The model's own forward takes inputs on any device (accelerate's hooks move them to each module's device); the
     replay's methods combine the batch (its mask, its pixels) with relevance computed where the embedding is, so
     the batch goes there first: the first device in module order, where the embedding is (``model.device`` for a
-    transformers model). For a model on one device, or a batch already there, nothing moves.
+    transformers model). For a model on one device nothing moves.
 
     Parameters
     ----------
@@ -214,18 +226,41 @@ def at_entry(model: nn.Module, prepared: Any) -> tuple[Any, Optional[torch.devic
         The model explained.
     prepared : Any
         The typed batch (a dataclass of tensors).
+    given : Any, optional
+        The inputs as the user gave them (a tensor or a mapping of them): where the explanation goes back to
+        (default: where ``prepared`` is).
 
     Returns
     -------
     tuple
-        ``(batch, home)``: the batch on the entry device, and where its tensors were (``None``: nothing moved;
-        the explanation goes back to ``home``).
+        ``(batch, home)``: the batch on the entry device, and the device the explanation goes back to (``None``:
+        it stays where the replay leaves it).
     """
-    home = first_device(prepared)
     place = Placement(model)
-    if home is None or not place.split or home == place.all[0]:
+    home = _tensor_device(given) or first_device(prepared)
+    if home is None or not place.split:
         return prepared, None
-    return moved(prepared, place.all[0]), home
+    entry = place.all[0]
+    if first_device(prepared) != entry:
+        prepared = moved(prepared, entry)
+    return prepared, (home if home != entry else None)
+
+
+def entry_device(model: nn.Module) -> torch.device:
+    """Where a model's inputs go: the first device it computes on (an offloaded first module: its hook's device)."""
+    place = Placement(model)
+    if place.all:
+        return place.all[0]
+    return next(model.parameters()).device
+
+
+def _tensor_device(given: Any) -> Optional[torch.device]:
+    """The device of a tensor, or of the first tensor among a mapping's values (a tokenizer's output)."""
+    if isinstance(given, Tensor):
+        return given.device
+    if hasattr(given, "values") and callable(given.values):
+        return next((v.device for v in given.values() if isinstance(v, Tensor)), None)
+    return None
 
 
 def moved(value: Any, device: torch.device) -> Any:
@@ -257,4 +292,4 @@ def moved(value: Any, device: torch.device) -> Any:
     return dataclasses.replace(value, **changes) if changes else value
 
 
-__all__ = ["DEPTH", "hook_device", "Placement", "at_entry", "first_device", "moved"]
+__all__ = ["DEPTH", "hook_device", "Placement", "at_entry", "entry_device", "first_device", "moved"]
