@@ -181,7 +181,8 @@ class _Constructors(TorchFunctionMode):
         device = kwargs.get("device")
         if func in CONSTRUCTORS and _fake(device):
             kwargs["device"] = CPU
-            return func(*args, **kwargs).to(device)
+            # data holding simulated tensors (a list of 0-dim values): their CPU values (a wrapper has no storage)
+            return func(*tree_map(_unwrap, args), **kwargs).to(device)
         return func(*args, **kwargs)
 
 

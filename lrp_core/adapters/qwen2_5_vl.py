@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..rules.ops import ELEMENTWISE, LINEAR, PATCH_CONV, ExplicitRule, Op
+from ..runtime.devices import Placement
 from .base import Adapter
 from .batches import VLMBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward
@@ -450,53 +451,58 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         images = self._image(stacked.reshape(B * k, N, -1), grid).to(conv.weight.dtype)
         if track and k == 1:
             images = images.detach().requires_grad_(True)
-        patches = r.module(PATCH_CONV, conv, self._patches(images, grid))  # (B·k·N, D_v, 1, 1, 1)
-        patches = patches.reshape(B * k, N, -1)
-        unit = self.merge**2
-        index, cu = self._windows(grid, patches.device)
-        order = (index[:, None] * unit + torch.arange(unit, device=patches.device)).flatten()  # (N,) window order
-        x = patches[:, order]
-        x_tower = x
-        rope = self._tables(x, grid, order)
-        window = self._bias(cu, N, x.dtype)
-        for i, spec in enumerate(self.tower_blocks):
-            bias = None if not self.windowed or i in self.full_blocks else window
-            rec = block_forward(spec, x, bias, r, rope)
-            x = rec.out
-        merger = self.visual.merger
-        normed = r.norm(merger.ln_q, x)
-        cat = normed.reshape(B * k, N // unit, -1)  # the m × m patches of a merged token side by side
-        fc1, act, fc2 = merger.mlp[0], merger.mlp[1], merger.mlp[2]
-        h1 = r.module(LINEAR, fc1, cat)
-        a = r.module(ELEMENTWISE, act, h1)
-        out = r.module(LINEAR, fc2, a)
-        features = out[:, torch.argsort(index)]  # (B·k, P, D) the merged tokens in raster order
+        place = Placement(self.model, self.module_name)  # split over devices: each block where it computes
+        r.placement = place if place.split else None  # and each module between them (the merger's)
+        try:
+            patches, x_tower, selected, connector, features = self._tower(images, grid, r, place)
+        finally:
+            r.placement = None
         ids = prepared.input_ids
-        words = self.text.embed_tokens(ids)
+        words = self.text.embed_tokens(ids).to(ids.device)  # a split model: block 0's input where the batch is
         image_mask = ids == self.image_token_id
-        x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
+        x0 = words.masked_scatter(image_mask[..., None], features.to(words))
         vision = EmbeddingRecord(x0=x_tower, embeds=patches, images=images)
         return VLMEmbeddingRecord(
             x0=x0,
             embeds=x0,
             images=images if k == 1 else None,
             vision=vision,
-            selected=x,
-            connector={
-                "norm": normed,
-                "cat": cat,
-                "fc1": h1,
-                "act": a,
-                "out": out,
-                "index": index,
-                "order": order,
-                "grid": grid,
-            },
+            selected=selected,
+            connector=connector,
             features=features,
             image_mask=image_mask,
         )
 
+    def _tower(self, images: Tensor, grid: tuple, r: Replay, place: Placement) -> tuple:
+        """The patch embedding of ``images``, the tower's blocks in window order (on a split model each where it
+        computes) and the merger -> (patches (B·k, N, D_v), block 0's input in window order, the last block's
+        output, the merger's steps, features (B·k, P, D) in raster order)."""
+        conv = self.visual.patch_embed.proj
+        patches = r.module(PATCH_CONV, conv, self._patches(images, grid))  # (B·k·N, D_v, 1, 1, 1)
+        patches = patches.reshape(images.shape[0], -1, patches.shape[1])
+        N, unit = patches.shape[1], self.merge**2
+        index, cu = self._windows(grid, patches.device)
+        order = (index[:, None] * unit + torch.arange(unit, device=patches.device)).flatten()  # (N,) window order
+        x = x_tower = patches[:, order]
+        rope, window = self._tables(x, grid, order), self._bias(cu, N, x.dtype)
+        for i, spec in enumerate(self.tower_blocks):
+            device = place.device(f"vision block {i}", spec)
+            bias = None if not self.windowed or i in self.full_blocks else window
+            x, bias, rope = place.move(x, device), place.move(bias, device, True), place.move(rope, device, True)
+            x = block_forward(spec, x, bias, r, rope).out
+        merger = self.visual.merger
+        normed = r.norm(merger.ln_q, x)
+        cat = normed.reshape(normed.shape[0], N // unit, -1)  # the m × m patches of a merged token side by side
+        fc1, act, fc2 = merger.mlp[0], merger.mlp[1], merger.mlp[2]
+        h1 = r.module(LINEAR, fc1, cat)
+        a = r.module(ELEMENTWISE, act, h1)
+        out = r.module(LINEAR, fc2, a)
+        steps = {"norm": normed, "cat": cat, "fc1": h1, "act": a, "out": out, "index": index, "order": order}
+        features = out[:, torch.argsort(index).to(out.device)]  # (B·k, P, D) the merged tokens in raster order
+        return patches, x_tower, x, {**steps, "grid": grid}, features
+
     # ------------------------------------------------------------ relevance
+
     def relevance_inputs(self, trace: Trace) -> list:
         """Block 0's input, and the patch embedding's output (one image per row): the merger and the tower are the
         replay's operations; the patch embedding's Conv3d gets zᴮ as the Conv2d it equals (:meth:`input_relevance`)."""

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
+from ..runtime.devices import Placement
 from .base import Adapter
 from .batches import ImageBatch, VLMBatch
 from .blocks import NO_RECORD, BlockSpec, Replay, block_forward
@@ -398,18 +399,24 @@ class VLMAdapter(Adapter[VLMBatch]):
         images = stacked[:, 0] if k == 1 else stacked
         if track:
             images = images.detach().requires_grad_(True)
-        vision = self.tower.embed(self.tower_inputs(prepared, images.reshape(B * k, *stacked.shape[2:])), r)
-        x = vision.x0
-        bias = self.tower_bias(prepared, x)
-        for spec in self.tower.blocks:
-            rec = block_forward(spec, x, bias, r)
-            x = rec.out
-        selected = self.select(x)
-        connector, features = self.connect(selected, r)
+        place = Placement(self.model, self.module_name)  # split over devices: each block where it computes
+        r.placement = place if place.split else None  # and each module between them (the connector's)
+        try:
+            vision = self.tower.embed(self.tower_inputs(prepared, images.reshape(B * k, *stacked.shape[2:])), r)
+            x = vision.x0
+            bias = self.tower_bias(prepared, x)
+            for b, spec in enumerate(self.tower.blocks):
+                device = place.device(f"vision block {b}", spec)
+                x, bias = place.move(x, device), place.move(bias, device, True)
+                x = block_forward(spec, x, bias, r).out
+            selected = self.select(x)
+            connector, features = self.connect(selected, r)
+        finally:
+            r.placement = None
         ids = prepared.input_ids
-        words = self.text.embed_tokens(ids)
+        words = self.text.embed_tokens(ids).to(ids.device)  # a split model: block 0's input where the batch is
         image_mask = ids == self.image_token_id
-        x0 = words.masked_scatter(image_mask[..., None], features.to(words.dtype))
+        x0 = words.masked_scatter(image_mask[..., None], features.to(words))
         return VLMEmbeddingRecord(
             x0=x0,
             embeds=x0,

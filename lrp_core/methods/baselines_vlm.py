@@ -187,7 +187,7 @@ def vlm_inputs(c: Call) -> VLMInputs:
     module = adapter.text.model.get_input_embeddings()
     ids = prepared.input_ids
     with torch.no_grad():
-        words = module(ids).detach()
+        words = module(ids).detach().to(ids.device)  # a split model: where the batch is
     given = {k: v for k, v in prepared.per_sample().items() if k != "pixel_values" and v is not None}
     keys = tuple(given)
 
