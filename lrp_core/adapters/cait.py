@@ -86,7 +86,11 @@ class ClassAttentionReadout(Readout):
         cls = self.cls_token.expand(B, -1, -1)
         rows = torch.zeros(B, dtype=torch.long, device=hidden.device)
         records: list[BlockRecord] = []
-        for spec, patches in zip(self.blocks, r.fork(hidden, len(self.blocks)) if self.blocks else ()):
+        place = r.placement  # a model split over devices: each class-attention block where it computes
+        for b, (spec, patches) in enumerate(zip(self.blocks, r.fork(hidden, len(self.blocks)) if self.blocks else ())):
+            if place is not None:
+                device = place.device(f"class-attention block {b}", spec)
+                cls, patches, rows = place.move(cls, device), place.move(patches, device), place.move(rows, device)
             records.append(block_forward(spec, torch.cat((cls, patches), dim=1), None, r, rows=rows))
             cls = records[-1].out  # (B, 1, D)
         token = r(READOUT, _selected, r.norm(self.norm, cls)[:, 0])

@@ -92,7 +92,7 @@ class MPNetAdapter(BertAdapter):
     def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Tensor:
         """Relative position bias (B, H, N, N) + padding mask (B, 1, 1, N), added after the scale."""
         position = self.base.encoder.compute_position_bias(x0)  # the model's own buckets and table
-        return position + super().attention_bias(x0, mask)
+        return position.to(x0.device) + super().attention_bias(x0, mask)  # a split model: where the stream is
 
 
 __all__ = ["MPNetAdapter"]

@@ -61,7 +61,8 @@ def _summed(parts: list) -> Optional[Tensor]:
     parts = [p for p in parts if p is not None]
     if not parts:
         return None
-    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+    # a split model: the shared table where the block's own is (each block's bias moves to its block after)
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1].to(parts[0].device)
 
 
 class RelativeBias:

@@ -38,6 +38,7 @@ from ..errors import UnsupportedModelError
 from ..rules.linear import is_linear
 from ..rules.norms import norm_kind
 from ..rules.ops import LINEAR, PATCH_CONV
+from ..runtime.devices import Placement
 from .batches import ImageBatch
 from .blocks import NO_RECORD, AttentionSpec, BlockSpec, MlpSpec, Replay, block_forward
 from .heads import timm_scale
@@ -261,9 +262,23 @@ class SwinAdapter(ViTAdapter[ImageBatch]):
         """
         head = self.readout if readout is None else readout
         trace = Trace(x0=x0, readout=head, replay=r)
+        place = Placement(self.model, self.module_name)  # split over devices: each block where it computes
+        r.placement = place if place.split else None  # and the patch mergings and the readout's modules
+        try:
+            x = self._stages(x0, r, keep, trace, place)
+            read = head.forward(x, r)
+        finally:
+            r.placement = None
+        if place.split:  # the logits where the inputs are, as the model's own forward returns them
+            read.logits, read.pooled = place.move(read.logits, x0.device), place.move(read.pooled, x0.device)
+        trace.readout_record = read
+        return trace
+
+    def _stages(self, x0: Tensor, r: Replay, keep: bool, trace: Trace, place: Placement) -> Tensor:
+        """The blocks from ``x0`` (each stage after the first behind its patch merging) -> the last block's output."""
         x = x0
         for b, spec in enumerate(self.blocks):
-            if b in self.merges:
+            if b in self.merges:  # its modules where they compute (r.placement): timm's before a stage, HF's after
                 m = self.merges[b]
                 flat = _regroup(x, m.grid)
                 if m.norm_first:
@@ -273,14 +288,14 @@ class SwinAdapter(ViTAdapter[ImageBatch]):
                     mid = r.module(LINEAR, m.reduction, flat)
                     out = r.norm(m.norm, mid)
                 x = out
+            x = place.move(x, place.device(f"block {b}", spec))
             if b in self.logit_scales:  # read now: the parameter's current value, in the pass's dtype
                 spec.attn.scale = self.logit_scale(b, x)
             rec = block_forward(spec, x, self.window_bias(b, x), r)
             if keep:
                 trace.blocks.append(rec)
             x = rec.out
-        trace.readout_record = head.forward(x, r)
-        return trace
+        return x
 
     def block_tokens(self, b: int, row: Tensor) -> Tensor:
         """A block's per-token row (B, N_b) on the input patch grid (B, N_0): each merged token's value spread

@@ -218,7 +218,8 @@ def at_entry(model: nn.Module, prepared: Any, given: Any = None) -> tuple[Any, O
     The model's own forward takes inputs on any device (accelerate's hooks move them to each module's device); the
     replay's methods combine the batch (its mask, its pixels) with relevance computed where the embedding is, so
     the batch goes there first: the first device in module order, where the embedding is (``model.device`` for a
-    transformers model). For a model on one device nothing moves.
+    transformers model). For a model on one device without accelerate's hooks nothing moves (its own forward would
+    not take inputs from elsewhere either).
 
     Parameters
     ----------
@@ -238,7 +239,7 @@ def at_entry(model: nn.Module, prepared: Any, given: Any = None) -> tuple[Any, O
     """
     place = Placement(model)
     home = _tensor_device(given) or first_device(prepared)
-    if home is None or not place.split:
+    if home is None or not (place.split or place.hooked) or not place.all:  # accelerate's hooks move the inputs
         return prepared, None
     entry = place.all[0]
     if first_device(prepared) != entry:

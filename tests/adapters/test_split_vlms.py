@@ -3,7 +3,7 @@ PaliGemma dispatched by accelerate over two accelerators simulated on the CPU (t
 tower's blocks and the language model's each split between the two — are explained block by block where their
 weights are and equal the model on one device: the token map, the pixel map (one image per row) and the logits.
 
-The map (:func:`block_map`) is the one ``from_pretrained(device_map="auto")`` makes at block granularity: every
+The map (``block_maps.block_map``) is the one ``from_pretrained(device_map="auto")`` makes at block granularity: every
 list of blocks (a ``ModuleList``) split in half, its first half on the first device and the rest on the second;
 every other module with the module before it in module order; tied parameters together. Measured: 0.0 for every
 family, method and input device (the same kernels in the same order); bound 1e-6 relative.
@@ -15,6 +15,7 @@ import copy
 
 import pytest
 import torch
+from block_maps import block_map
 from decoders import quick
 from fake_devices import CPU, GPU0, GPU1, FakeDevices
 from test_gemma_vlms import _gemma3_inputs, _pali_inputs
@@ -60,37 +61,6 @@ FAMILIES = {
 
 def _float(x: dict) -> dict:
     return {k: v.float() if v.is_floating_point() else v for k, v in x.items()}
-
-
-def block_map(model: torch.nn.Module) -> dict:
-    """A device map at block granularity: each ModuleList's first half on GPU0, the rest on GPU1; any other module
-    (its own tensors, or no child) where the module before it is; a tied group where its first member is."""
-    out: dict = {}
-    state = {"device": GPU0}
-
-    def visit(module: torch.nn.Module, name: str) -> None:
-        if isinstance(module, torch.nn.ModuleList):
-            for i in range(len(module)):
-                state["device"] = GPU0 if i < (len(module) + 1) // 2 else GPU1
-                out[f"{name}.{i}"] = state["device"]
-            return
-        own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
-        children = list(module.named_children())
-        blocks = any(isinstance(m, torch.nn.ModuleList) for m in module.modules())
-        if name and (not children or (own and not blocks)):  # a leaf, or a unit with tensors of its own
-            out[name] = state["device"]
-            return
-        for t, _ in own if name else []:
-            out[f"{name}.{t}"] = state["device"]
-        for child_name, child in children:
-            visit(child, f"{name}.{child_name}" if name else child_name)
-
-    visit(model, "")
-    for group in accelerate.utils.find_tied_parameters(model):
-        keys = [max((k for k in out if f"{p}.".startswith(f"{k}.")), key=len) for p in group]
-        for k in keys[1:]:
-            out[k] = out[keys[0]]
-    return out
 
 
 def _dev(a: torch.Tensor, b: torch.Tensor) -> float:
