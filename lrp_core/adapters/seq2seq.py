@@ -444,10 +444,10 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
                 rec.out = torch.cat([memory, rec.out], dim=1)
             trace.blocks.append(rec)
             x = rec.out
-        read = head.forward(x, r)
+        record = head.forward(x, r)
         if place.split:  # the logits where the inputs are, as the model's own forward returns them
-            read.logits, read.pooled = place.move(read.logits, x0.device), place.move(read.pooled, x0.device)
-        trace.readout_record = read
+            record.logits, record.pooled = place.move(record.logits, x0.device), place.move(record.pooled, x0.device)
+        trace.readout_record = record
         return trace
 
     def run_blocks(self, *args: Any, **kwargs: Any) -> Trace:

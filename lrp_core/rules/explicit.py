@@ -239,12 +239,14 @@ class ZBox(ExplicitRule):
     kinds = (PATCH_CONV,)
 
     def relevance(self, op, R, cache=None):
-        conv = op.module
-        # the weights its forward computes with (dequantised, loaded), checked on the first image
+        conv, x = op.module, op.inputs[0]
+        # the weights its forward computes with (dequantised, loaded), checked on the first image; on a split model
+        # where the pixels are (accelerate's hook moved them to the convolution inside its forward)
         weight, bias = effective_conv(conv)
-        check_conv(conv, op.inputs[0], weight, bias)
+        weight, bias = weight.to(x.device), None if bias is None else bias.to(x.device)
+        check_conv(conv, x, weight, bias)
         # padding="valid" (SigLIP's patch convolution) is no padding; the transposed convolution needs numbers
-        return (F.zbox_conv2d(op.inputs[0], weight, R, stride=conv.stride, padding=conv_padding(conv)),)
+        return (F.zbox_conv2d(x, weight, R.to(x.device), stride=conv.stride, padding=conv_padding(conv)),)
 
 
 class Rotary(ExplicitRule):

@@ -43,7 +43,8 @@ def block_map(model: torch.nn.Module) -> dict:
 
     visit(model, "")
     for group in accelerate.utils.find_tied_parameters(model):
-        keys = [max((k for k in out if f"{p}.".startswith(f"{k}.")), key=len) for p in group]
+        order = list(out)  # module order: the group goes where its first member (the embedding) is
+        keys = sorted((max((k for k in out if f"{p}.".startswith(f"{k}.")), key=len) for p in group), key=order.index)
         for k in keys[1:]:
             out[k] = out[keys[0]]
     return out
