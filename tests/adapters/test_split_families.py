@@ -73,3 +73,19 @@ def test_a_split_model_of_each_family_equals_the_model_on_one_device(case):
             got = explain(model, x, method, target=target)
             for field in ("scores", "logits"):
                 assert _dev(getattr(got, field), getattr(wants[method], field)) <= 1e-6, (method, field)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3_moe"])
+def test_a_split_bfloat16_model_in_both_modes_equals_the_model_on_one_device(family):
+    """The case users have (a bfloat16 model loaded with device_map="auto"): the exact mode (computed in float32)
+    and the fast half mode (``dtype=torch.bfloat16``) each give, split, what they give on one device."""
+    model, x = make_decoder(family, dtype=torch.bfloat16), batch(rows(lengths=(5, 7)))
+    reference = copy.deepcopy(model)
+    modes = ({}, {"dtype": torch.bfloat16})
+    wants = [explain(reference, x, method, **mode) for method in ("attnlrp", "cp_lrp") for mode in modes]
+    with FakeDevices():
+        model = accelerate.dispatch_model(model, block_map(model))
+        gots = [explain(model, x, method, **mode) for method in ("attnlrp", "cp_lrp") for mode in modes]
+    for got, want in zip(gots, wants):
+        assert got.scores.dtype == torch.float32 and _dev(got.scores, want.scores) <= 1e-6, got.method
+        assert _dev(got.logits, want.logits) <= 1e-6, got.method
