@@ -282,3 +282,16 @@ def test_explain_generation_on_a_split_model(tmp_path):
     assert torch.equal(got.targets, want.targets) and torch.equal(got.input_ids, want.input_ids)
     for field in ("scores", "logits", "probabilities"):
         assert getattr(got, field).device == CPU and _dev(getattr(got, field), getattr(want, field)) <= 1e-6, field
+
+
+@pytest.mark.parametrize("family", ("llama", "vit"))
+def test_cpu_offload_to_an_accelerator_takes_inputs_on_the_cpu(family):
+    """accelerate's ``cpu_offload(model, execution_device=<accelerator>)``: one device under hooks (the weights in
+    CPU memory, loaded for each module's forward), the inputs left on the CPU as the model's own forward takes
+    them: moved to the execution device, the explanation back on the CPU, equal to the model explained in place."""
+    model, x = _family(family)
+    want = explain(copy.deepcopy(model), x, "attnlrp")
+    with FakeDevices():
+        got = explain(accelerate.cpu_offload(model, execution_device=GPU0), x, "attnlrp")
+    assert got.scores.device == CPU and got.logits.device == CPU
+    _check_equal(got, want, TOL[torch.float32], "attnlrp")
