@@ -45,6 +45,25 @@ def test_signed_linear_conserves(seed, n, d_in, d_out):
 
 
 @settings(max_examples=40, deadline=None)
+@given(seed=SEEDS, n=st.integers(1, 4), d_in=st.integers(1, 12), classes=st.integers(1, 3), forward=st.booleans())
+def test_signed_linear_of_a_head_read_at_a_few_classes_is_the_whole_rule(seed, n, d_in, classes, forward):
+    """A head's relevance on a few of many outputs (one-hot targets): the rule reads only those rows of W (no
+    weight-sized signed parts) and gives the relevance of the rule over every output, to float64 round-off."""
+    d_out = 8 * n + 40  # many outputs against the rows: the head case
+    x, W, b = _rand(seed, n, d_in), _rand(seed + 1, d_out, d_in), _rand(seed + 3, d_out)
+    R = torch.zeros(n, d_out, dtype=torch.float64)
+    cols = torch.randperm(d_out, generator=torch.Generator().manual_seed(seed))[:classes]
+    R[:, cols] = _rand(seed + 2, n, classes)
+    kw = {"out": x @ W.T + b, "bias": b} if forward else {}
+    got = rules.linear_signed(x, W, R, **kw)
+    xp, xn = x.clamp(min=0), x.clamp(max=0)
+    Wp, Wn = W.clamp(min=0), W.clamp(max=0)
+    s = R / (xp @ Wp.T + xn @ Wn.T + 1e-9)  # every output's ratio, 0 where R is
+    assert torch.allclose(got, xp * (s @ Wp) + xn * (s @ Wn), rtol=1e-10, atol=1e-12)
+    assert torch.equal(rules.linear_signed(x, W, torch.zeros_like(R)), torch.zeros_like(x))
+
+
+@settings(max_examples=40, deadline=None)
 @given(seed=SEEDS, n=st.integers(1, 5), d_in=st.integers(1, 12), d_out=st.integers(1, 12))
 def test_generic_rule_conserves_for_bias_free_linear(seed, n, d_in, d_out):
     x, W, R = _rand(seed, n, d_in), _rand(seed + 1, d_out, d_in), _rand(seed + 2, n, d_out)
