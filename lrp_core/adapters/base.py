@@ -312,14 +312,8 @@ class Adapter(ABC, Generic[BatchT]):
             x = rec.out
         # the readout's modules may be on several devices (a tied head stays with the embedding): the replay moves
         # the input of each module of the readout to that module's device
-        r.placement = place if place.split else None
-        try:
-            read = head.forward(x, r)
-        finally:
-            r.placement = None
-        if place.split:  # the logits where the inputs are, as the model's own forward returns them
-            read.logits, read.pooled = place.move(read.logits, x0.device), place.move(read.pooled, x0.device)
-        trace.readout_record = read
+        with place.replaying(r):
+            trace.readout_record = place.returned(head.forward(x, r), x0.device)
         return trace
 
     def attention_bias(self, x0: Tensor, mask: Optional[Tensor]) -> Optional[Tensor]:

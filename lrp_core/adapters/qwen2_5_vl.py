@@ -452,11 +452,8 @@ class Qwen2_5_VLAdapter(VLMAdapter):
         if track and k == 1:
             images = images.detach().requires_grad_(True)
         place = Placement(self.model, self.module_name)  # split over devices: each block where it computes
-        r.placement = place if place.split else None  # and each module between them (the merger's)
-        try:
+        with place.replaying(r):  # and each module between them (the merger's)
             patches, x_tower, selected, connector, features = self._tower(images, grid, r, place)
-        finally:
-            r.placement = None
         ids = prepared.input_ids
         words = self.text.embed_tokens(ids).to(ids.device)  # a split model: block 0's input where the batch is
         image_mask = ids == self.image_token_id

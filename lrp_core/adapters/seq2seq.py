@@ -398,17 +398,13 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
         r.vjps = explicit and grad
         grad, track = grad or explicit, track or explicit
         head = self.readout_for(prepared) if readout is None else readout
-        place = Placement(self.model, self.module_name)
-        r.placement = place if place.split else None  # a split model: each module's input moved to its device
-        try:
-            with compute_precision(self.model), torch.set_grad_enabled(grad):
-                emb = self.embed(prepared, r, track=track)
-                if grad and not emb.x0.requires_grad:
-                    emb.x0 = emb.x0.detach().requires_grad_(True)
-                trace = self._stacks_forward(emb.x0, prepared, r, head, place)
-                trace.embedding = emb
-        finally:
-            r.placement = None
+        place = Placement(self.model, self.module_name)  # a split model: each module's input moved to its device
+        with place.replaying(r), compute_precision(self.model), torch.set_grad_enabled(grad):
+            emb = self.embed(prepared, r, track=track)
+            if grad and not emb.x0.requires_grad:
+                emb.x0 = emb.x0.detach().requires_grad_(True)
+            trace = self._stacks_forward(emb.x0, prepared, r, head, place)
+            trace.embedding = emb
         return trace
 
     def attention_biases(self, prepared: Seq2SeqBatch, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
@@ -444,10 +440,7 @@ class Seq2SeqAdapter(Adapter[Seq2SeqBatch]):
                 rec.out = torch.cat([memory, rec.out], dim=1)
             trace.blocks.append(rec)
             x = rec.out
-        record = head.forward(x, r)
-        if place.split:  # the logits where the inputs are, as the model's own forward returns them
-            record.logits, record.pooled = place.move(record.logits, x0.device), place.move(record.pooled, x0.device)
-        trace.readout_record = record
+        trace.readout_record = place.returned(head.forward(x, r), x0.device)
         return trace
 
     def run_blocks(self, *args: Any, **kwargs: Any) -> Trace:

@@ -263,15 +263,9 @@ class SwinAdapter(ViTAdapter[ImageBatch]):
         head = self.readout if readout is None else readout
         trace = Trace(x0=x0, readout=head, replay=r)
         place = Placement(self.model, self.module_name)  # split over devices: each block where it computes
-        r.placement = place if place.split else None  # and the patch mergings and the readout's modules
-        try:
+        with place.replaying(r):  # and the patch mergings and the readout's modules each on its own
             x = self._stages(x0, r, keep, trace, place)
-            read = head.forward(x, r)
-        finally:
-            r.placement = None
-        if place.split:  # the logits where the inputs are, as the model's own forward returns them
-            read.logits, read.pooled = place.move(read.logits, x0.device), place.move(read.pooled, x0.device)
-        trace.readout_record = read
+            trace.readout_record = place.returned(head.forward(x, r), x0.device)
         return trace
 
     def _stages(self, x0: Tensor, r: Replay, keep: bool, trace: Trace, place: Placement) -> Tensor:

@@ -400,8 +400,7 @@ class VLMAdapter(Adapter[VLMBatch]):
         if track:
             images = images.detach().requires_grad_(True)
         place = Placement(self.model, self.module_name)  # split over devices: each block where it computes
-        r.placement = place if place.split else None  # and each module between them (the connector's)
-        try:
+        with place.replaying(r):  # and each module between them (the connector's)
             vision = self.tower.embed(self.tower_inputs(prepared, images.reshape(B * k, *stacked.shape[2:])), r)
             x = vision.x0
             bias = self.tower_bias(prepared, x)
@@ -411,8 +410,6 @@ class VLMAdapter(Adapter[VLMBatch]):
                 x = block_forward(spec, x, bias, r).out
             selected = self.select(x)
             connector, features = self.connect(selected, r)
-        finally:
-            r.placement = None
         ids = prepared.input_ids
         words = self.text.embed_tokens(ids).to(ids.device)  # a split model: block 0's input where the batch is
         image_mask = ids == self.image_token_id

@@ -20,6 +20,7 @@ accelerate is optional: its hooks are recognised by their class name and attribu
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -181,6 +182,24 @@ class Placement:
                 "does)"
             )
         return found[0][0] if found else None
+
+    @contextmanager
+    def replaying(self, r: Any) -> Iterator[None]:
+        """Inside: the replay ``r`` moves each module's input to that module's device (``r.placement``; a model on
+        one device moves nothing). For the modules between blocks: embeddings, connectors, mergings, the readout."""
+        before = r.placement
+        r.placement = self if self.split else None
+        try:
+            yield
+        finally:
+            r.placement = before
+
+    def returned(self, read: Any, device: torch.device) -> Any:
+        """A readout record with its logits and pooled output on ``device`` (where the inputs are, as the model's own
+        forward returns them); as it is for a model on one device."""
+        if self.split:
+            read.logits, read.pooled = self.move(read.logits, device), self.move(read.pooled, device)
+        return read
 
     def move(self, value: Any, device: Optional[torch.device], shared: bool = False) -> Any:
         """``value`` (a tensor, or a tuple / list of them, ``None`` kept) on ``device``; ``None``: as it is.
