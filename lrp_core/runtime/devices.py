@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
+from .offload import align_hooks, as_device
 
 #: how deep :meth:`Placement.devices` looks into a description (a block spec → its attention spec → a projection)
 DEPTH = 4
@@ -46,11 +47,10 @@ def hook_device(module: nn.Module) -> Optional[torch.device]:
     torch.device or None
         Where the hook computes the module's forward.
     """
-    hook = module.__dict__.get("_hf_hook")
-    for h in list(getattr(hook, "hooks", None) or ([hook] if hook is not None else [])):
-        device = getattr(h, "execution_device", None) if type(h).__name__ == "AlignDevicesHook" else None
+    for h in align_hooks(module, offloading=False):
+        device = as_device(getattr(h, "execution_device", None))
         if device is not None:
-            return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+            return device
     return None
 
 

@@ -103,16 +103,15 @@ class Offloaded:
             A new tensor outside autograd (no parameter gradient is ever taken).
         """
         value = self.hook.weights_map[self.key]
-        device = self.hook.execution_device
-        if isinstance(device, int):
-            device = torch.device("cuda", device)
+        device = as_device(self.hook.execution_device)
         with torch.no_grad():
             dtype = like.dtype if value.is_floating_point() and like.is_floating_point() else value.dtype
             return value.to(device=value.device if device is None else device, dtype=dtype)
 
 
-def _align_hooks(module: nn.Module) -> list:
-    """The offloading ``AlignDevicesHook`` s on ``module`` (none for a module accelerate did not hook)."""
+def align_hooks(module: nn.Module, offloading: bool = True) -> list:
+    """The ``AlignDevicesHook`` s on ``module`` (none for a module accelerate did not hook): the offloading ones
+    (holding a weights map), or every one (``offloading=False``: a module placed on a device)."""
     hook = module.__dict__.get("_hf_hook")
     if hook is None:
         return []
@@ -120,8 +119,16 @@ def _align_hooks(module: nn.Module) -> list:
     return [
         h
         for h in hooks
-        if type(h).__name__ == "AlignDevicesHook" and getattr(h, "offload", False) and h.weights_map is not None
+        if type(h).__name__ == "AlignDevicesHook"
+        and (not offloading or (getattr(h, "offload", False) and h.weights_map is not None))
     ]
+
+
+def as_device(device: Any) -> Optional[torch.device]:
+    """accelerate's ``execution_device`` (an int is a CUDA index; ``None`` stays ``None``) as a torch device."""
+    if device is None:
+        return None
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
 
 
 def offloaded_tensors(model: nn.Module) -> list[Offloaded]:
@@ -140,7 +147,7 @@ def offloaded_tensors(model: nn.Module) -> list[Offloaded]:
     """
     out: list[Offloaded] = []
     for module in model.modules():
-        for hook in _align_hooks(module):
+        for hook in align_hooks(module):
             recurse = bool(hook.place_submodules)
             keys = [n for n, _ in module.named_parameters(recurse=recurse)]
             if hook.offload_buffers:  # persistent buffers only: the hook keeps the others on the device
@@ -312,7 +319,7 @@ def resolve(module: nn.Module, name: str) -> Optional[Tensor]:
     index = getattr(_state, "index", None)
     entry = index.find(t) if index is not None else None
     if entry is None:
-        for hook in _align_hooks(module):
+        for hook in align_hooks(module):
             if name in dict(module.named_parameters(recurse=False)) or hook.offload_buffers:
                 entry = Offloaded(module, name, hook, name)
                 break
@@ -336,10 +343,10 @@ def execution_device(module: nn.Module, tensor: Tensor) -> torch.device:
         The device.
     """
     if tensor.is_meta:
-        for hook in _align_hooks(module):
-            device = hook.execution_device
+        for hook in align_hooks(module):
+            device = as_device(hook.execution_device)
             if device is not None:
-                return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+                return device
     return tensor.device
 
 
@@ -384,4 +391,6 @@ __all__ = [
     "resolve",
     "execution_device",
     "check_loaded",
+    "align_hooks",
+    "as_device",
 ]
